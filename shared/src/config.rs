@@ -1,0 +1,114 @@
+//! Configuration from the environment, as the Lambda functions receive it.
+
+use crate::domain::{Backoff, Policy};
+use std::collections::HashMap;
+use std::str::FromStr;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("environment variable {0} is required")]
+    Missing(&'static str),
+    #[error("environment variable {name} is invalid: {problem}")]
+    Invalid { name: &'static str, problem: String },
+}
+
+/// Reads a required variable.
+pub fn required(name: &'static str) -> Result<String, ConfigError> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => Ok(v),
+        _ => Err(ConfigError::Missing(name)),
+    }
+}
+
+/// Reads an optional variable (empty counts as absent).
+pub fn optional(name: &'static str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// Reads and parses an optional variable, with a default.
+pub fn parsed<T: FromStr>(name: &'static str, default: T) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    match optional(name) {
+        None => Ok(default),
+        Some(v) => v.trim().parse().map_err(|e: T::Err| ConfigError::Invalid {
+            name,
+            problem: e.to_string(),
+        }),
+    }
+}
+
+fn seconds(name: &'static str, default: f64) -> Result<chrono::Duration, ConfigError> {
+    let s: f64 = parsed(name, default)?;
+    if !(0.0..=86_400.0).contains(&s) {
+        return Err(ConfigError::Invalid {
+            name,
+            problem: "must be between 0 and 86400 seconds".into(),
+        });
+    }
+    Ok(chrono::Duration::milliseconds((s * 1000.0) as i64))
+}
+
+/// The pattern's policy: `STEP_TIMEOUT_SECONDS`, `PICKUP_TIMEOUT_SECONDS`,
+/// `FAILURE_THRESHOLD`, `RETRY_BASE_DELAY_SECONDS`, `RETRY_MAX_DELAY_SECONDS`.
+pub fn policy() -> Result<Policy, ConfigError> {
+    let d = Policy::default();
+    let secs = |d: chrono::Duration| d.num_milliseconds() as f64 / 1000.0;
+    let threshold: u32 = parsed("FAILURE_THRESHOLD", d.failure_threshold)?;
+    if threshold == 0 {
+        return Err(ConfigError::Invalid {
+            name: "FAILURE_THRESHOLD",
+            problem: "must be at least 1".into(),
+        });
+    }
+    Ok(Policy {
+        step_timeout: seconds("STEP_TIMEOUT_SECONDS", secs(d.step_timeout))?,
+        pickup_timeout: seconds("PICKUP_TIMEOUT_SECONDS", secs(d.pickup_timeout))?,
+        failure_threshold: threshold,
+        retry_base_delay: seconds("RETRY_BASE_DELAY_SECONDS", secs(d.retry_base_delay))?,
+        retry_max_delay: seconds("RETRY_MAX_DELAY_SECONDS", secs(d.retry_max_delay))?,
+    })
+}
+
+/// The agent's backoff: `BACKOFF_BASE_MS` (default 100), `BACKOFF_CAP_MS` (default 5000).
+pub fn backoff() -> Result<Backoff, ConfigError> {
+    Ok(Backoff {
+        base: chrono::Duration::milliseconds(parsed("BACKOFF_BASE_MS", 100)?),
+        cap: chrono::Duration::milliseconds(parsed("BACKOFF_CAP_MS", 5000)?),
+    })
+}
+
+/// `AGENT_QUEUE_URLS`: `agent=url,agent=url`.
+pub fn agent_queues() -> Result<HashMap<String, String>, ConfigError> {
+    let raw = required("AGENT_QUEUE_URLS")?;
+    parse_agent_queues(&raw).map_err(|problem| ConfigError::Invalid {
+        name: "AGENT_QUEUE_URLS",
+        problem,
+    })
+}
+
+/// Parses `agent=url,agent=url`.
+pub fn parse_agent_queues(raw: &str) -> Result<HashMap<String, String>, String> {
+    raw.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|pair| {
+            let (agent, url) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not agent=url"))?;
+            Ok((agent.trim().to_owned(), url.trim().to_owned()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_queues_parse_pairs() {
+        let m = parse_agent_queues("inventory=http://q/1, payment=http://q/2").expect("parses");
+        assert_eq!(m.get("payment").map(String::as_str), Some("http://q/2"));
+        assert!(parse_agent_queues("nonsense").is_err());
+    }
+}

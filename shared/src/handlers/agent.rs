@@ -1,0 +1,109 @@
+//! The agent: wraps one remote service. Retries transient faults with exponential backoff and
+//! full jitter while the step's deadline allows; once `CompleteBy` has passed it stops and
+//! sends nothing (the supervisor takes over); a permanent fault is reported as a failed step.
+
+use super::{HandlerError, RecordOutcome, process_batch};
+use crate::domain::Backoff;
+use crate::domain::transition::StepOutcome;
+use crate::messages::{SchedulerMessage, StepReply, StepRequest};
+use crate::ports::{Clock, Queue, RemoteCall, RemoteFault, RemoteService};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use rand::Rng;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{Instrument, info, info_span, warn};
+
+#[derive(Clone)]
+pub struct AgentDeps {
+    /// The agent's name (`inventory`, `payment`, ...), for the logs.
+    pub name: String,
+    pub queue: Arc<dyn Queue>,
+    pub remote: Arc<dyn RemoteService>,
+    pub clock: Arc<dyn Clock>,
+    pub backoff: Backoff,
+    /// Upper bound on one remote call (the remaining time to the deadline bounds it too).
+    pub call_timeout: Duration,
+    pub dead_letter_url: Option<String>,
+}
+
+/// Handles one SQS batch of step requests.
+pub async fn handle(deps: &AgentDeps, event: SqsEvent) -> SqsBatchResponse {
+    process_batch(
+        event,
+        deps.queue.as_ref(),
+        deps.dead_letter_url.as_deref(),
+        |body| async move { on_message(deps, &body).await },
+    )
+    .await
+}
+
+pub async fn on_message(deps: &AgentDeps, body: &str) -> RecordOutcome {
+    let request: StepRequest = match serde_json::from_str(body) {
+        Ok(r) => r,
+        Err(e) => return RecordOutcome::Poison(format!("not a step request: {e}")),
+    };
+    let span = info_span!("step", agent = %deps.name, order_id = %request.order_id, attempt = request.attempt, step = %request.step);
+    perform(deps, &request).instrument(span).await.into()
+}
+
+async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerError> {
+    let call = RemoteCall {
+        action: request.action.clone(),
+        idempotency_key: request.idempotency_key(),
+        order_id: request.order_id,
+        payload: request.payload.clone(),
+    };
+    let mut retry = 0u32;
+    loop {
+        let Ok(remaining) = (request.complete_by - deps.clock.now()).to_std() else {
+            info!("deadline passed; stopping without a reply");
+            return Ok(());
+        };
+        if remaining.is_zero() {
+            info!("deadline passed; stopping without a reply");
+            return Ok(());
+        }
+        let outcome = match deps
+            .remote
+            .call(&call, remaining.min(deps.call_timeout))
+            .await
+        {
+            Ok(_) => StepOutcome::Succeeded,
+            Err(RemoteFault::Permanent(error)) => {
+                warn!(%error, "permanent fault");
+                StepOutcome::Failed { error }
+            }
+            Err(RemoteFault::Transient(error)) => {
+                let wait = deps
+                    .backoff
+                    .delay(retry, rand::rng().random::<f64>())
+                    .to_std()
+                    .unwrap_or_default();
+                retry += 1;
+                if deps.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default()
+                    >= request.complete_by
+                {
+                    info!(%error, retries = retry, "transient fault and no time left before the deadline; stopping without a reply");
+                    return Ok(());
+                }
+                warn!(%error, retry, ?wait, "transient fault; retrying");
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+        };
+        let reply = SchedulerMessage::Reply(StepReply {
+            order_id: request.order_id,
+            step: request.step.clone(),
+            step_index: request.step_index,
+            attempt: request.attempt,
+            outcome,
+        });
+        let body = serde_json::to_string(&reply)
+            .map_err(|e| HandlerError::Poison(format!("reply does not serialize: {e}")))?;
+        deps.queue
+            .send(&request.reply_queue_url, &body, Duration::ZERO)
+            .await?;
+        info!(retries = retry, "reply sent");
+        return Ok(());
+    }
+}

@@ -1,0 +1,290 @@
+//! Submission: the HTTP API. `POST /orders` accepts an order (idempotently), `GET
+//! /orders/{orderId}` reports its state. Framework-free: the Lambda (`lambda_http`) and the
+//! local runner (`axum`) both adapt their requests to [`handle`].
+
+use crate::domain::{Order, OrderId, OrderRequest, Policy, StateRecord, Workflow};
+use crate::messages::{SchedulerMessage, WorkMessage};
+use crate::ports::{Clock, CreateOutcome, IdempotencyRecord, Queue, StateStore};
+use http::{HeaderMap, Method, Response, StatusCode};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{Instrument, error, info, info_span};
+
+/// Largest accepted request body.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+/// The idempotency header.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Longest accepted idempotency key.
+pub const MAX_KEY_LEN: usize = 255;
+
+#[derive(Clone)]
+pub struct SubmissionDeps {
+    pub store: Arc<dyn StateStore>,
+    pub queue: Arc<dyn Queue>,
+    pub clock: Arc<dyn Clock>,
+    pub workflow: Arc<Workflow>,
+    pub policy: Policy,
+    pub work_queue_url: String,
+}
+
+/// An error answer: `{"error": {"code": ..., "message": ...}}`.
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response<String> {
+    respond(
+        status,
+        &json!({"error": {"code": code, "message": message.into()}}),
+    )
+}
+
+fn respond(status: StatusCode, body: &Value) -> Response<String> {
+    let mut r = Response::new(body.to_string());
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Routes and answers one request.
+pub async fn handle(
+    deps: &SubmissionDeps,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response<String> {
+    let path = path.trim_end_matches('/');
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    match (segments.as_slice(), method) {
+        (["orders"], &Method::POST) => {
+            let span = info_span!("submit", order_id = tracing::field::Empty);
+            submit(deps, headers, body).instrument(span).await
+        }
+        (["orders", id], &Method::GET) => {
+            let span = info_span!("get_order", order_id = %id);
+            get_order(deps, id).instrument(span).await
+        }
+        (["orders"], _) | (["orders", _], _) => {
+            let mut r = error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{method} is not allowed on {path}"),
+            );
+            let allow = if segments.len() == 1 { "POST" } else { "GET" };
+            r.headers_mut()
+                .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+            r
+        }
+        _ => error(
+            StatusCode::NOT_FOUND,
+            "route_not_found",
+            format!("no route for {method} {path}"),
+        ),
+    }
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Response<String>> {
+    let Some(v) = headers.get(IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    let bad = || {
+        error(
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+            format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} visible ASCII characters"),
+        )
+    };
+    let s = v.to_str().map_err(|_| bad())?;
+    if s.is_empty() || s.len() > MAX_KEY_LEN || !s.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(bad());
+    }
+    Ok(Some(s.to_owned()))
+}
+
+async fn submit(deps: &SubmissionDeps, headers: &HeaderMap, body: &[u8]) -> Response<String> {
+    if body.len() > MAX_BODY_BYTES {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "the body is {} bytes; at most {MAX_BODY_BYTES} are accepted",
+                body.len()
+            ),
+        );
+    }
+    if let Some(ct) = headers.get(http::header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or_default();
+        if !ct.starts_with("application/json") {
+            return error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!("Content-Type must be application/json, not {ct:?}"),
+            );
+        }
+    }
+    let key = match idempotency_key(headers) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let request: OrderRequest = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) if e.is_syntax() || e.is_eof() => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                format!("the body is not JSON: {e}"),
+            );
+        }
+        Err(e) => {
+            return error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string());
+        }
+    };
+    let parsed = match request.parse() {
+        Ok(p) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "validation_failed", e.to_string()),
+    };
+    let now = deps.clock.now();
+    let id = OrderId::new_random();
+    tracing::Span::current().record("order_id", tracing::field::display(id));
+    let order = Order::new(id, parsed, crate::domain::state::to_millis(now));
+    let record = StateRecord::new(
+        id,
+        &deps.workflow,
+        order.reply_queue_url.clone(),
+        now,
+        now + deps.policy.pickup_timeout,
+    );
+    let key = key.map(|key| IdempotencyRecord {
+        key,
+        request_hash: request_hash(&request),
+        order_id: id,
+        created_at: order.created_at,
+    });
+    match deps.store.create(&order, &record, key.as_ref()).await {
+        Ok(CreateOutcome::Created) => {}
+        Ok(CreateOutcome::KeyExists(first)) => return replay(deps, key.as_ref(), first).await,
+        Err(e) => {
+            error!(error = %e, "could not store the order");
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                "the order could not be stored; retry with the same Idempotency-Key",
+            );
+        }
+    }
+    // Crash point: the order is stored but not yet enqueued. Its pickup deadline is in the due
+    // index, so the supervisor re-enqueues it if this send never happens.
+    let work = SchedulerMessage::Work(WorkMessage { order_id: id });
+    match serde_json::to_string(&work) {
+        Ok(body) => {
+            if let Err(e) = deps
+                .queue
+                .send(&deps.work_queue_url, &body, Duration::ZERO)
+                .await
+            {
+                error!(error = %e, "order stored but not enqueued; the supervisor will pick it up");
+            }
+        }
+        Err(e) => error!(error = %e, "work message does not serialize"),
+    }
+    info!("order accepted");
+    respond(
+        StatusCode::ACCEPTED,
+        &json!({"orderId": id, "processState": record.process_state}),
+    )
+}
+
+async fn replay(
+    deps: &SubmissionDeps,
+    key: Option<&IdempotencyRecord>,
+    first: IdempotencyRecord,
+) -> Response<String> {
+    if key.map(|k| &k.request_hash) != Some(&first.request_hash) {
+        return error(
+            StatusCode::CONFLICT,
+            "idempotency_key_reused",
+            "this Idempotency-Key was used with a different request body",
+        );
+    }
+    let state = match deps.store.get_state(first.order_id).await {
+        Ok(Some(r)) => r.process_state,
+        Ok(None) => {
+            error!(order_id = %first.order_id, "idempotency key points to a missing order");
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "inconsistent store",
+            );
+        }
+        Err(e) => {
+            error!(error = %e, "could not read the order");
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                "retry later",
+            );
+        }
+    };
+    info!(order_id = %first.order_id, "idempotent replay");
+    let mut r = respond(
+        StatusCode::ACCEPTED,
+        &json!({"orderId": first.order_id, "processState": state}),
+    );
+    r.headers_mut().insert(
+        "idempotent-replayed",
+        http::HeaderValue::from_static("true"),
+    );
+    r
+}
+
+/// SHA-256 of the request re-serialized: two bodies that differ only in whitespace or key order
+/// are the same request.
+fn request_hash(request: &OrderRequest) -> String {
+    let canonical = serde_json::to_vec(request).unwrap_or_default();
+    hex::encode(Sha256::digest(canonical))
+}
+
+async fn get_order(deps: &SubmissionDeps, id: &str) -> Response<String> {
+    let id: OrderId = match id.parse() {
+        Ok(id) => id,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_order_id", e.to_string()),
+    };
+    match deps.store.get(id).await {
+        Ok(Some((order, record))) => respond(StatusCode::OK, &order_view(&order, &record)),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            "order_not_found",
+            format!("no order {id}"),
+        ),
+        Err(e) => {
+            error!(error = %e, "could not read the order");
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                "retry later",
+            )
+        }
+    }
+}
+
+/// The JSON view of an order and its state record.
+pub fn order_view(order: &Order, r: &StateRecord) -> Value {
+    json!({
+        "orderId": order.id,
+        "customerId": order.customer_id,
+        "items": order.items,
+        "replyQueueUrl": order.reply_queue_url,
+        "processState": r.process_state,
+        "lockedBy": r.locked_by,
+        "completeBy": r.complete_by,
+        "failureCount": r.failure_count,
+        "attempt": r.attempt,
+        "currentStep": r.current_step(),
+        "steps": r.steps,
+        "lastError": r.last_error,
+        "createdAt": r.created_at,
+        "updatedAt": r.updated_at,
+    })
+}

@@ -1,0 +1,160 @@
+//! The supervisor: finds records whose deadline passed (through the sparse due index, never a
+//! scan), and hands them back for retry, fails them, or re-delivers their notice.
+
+use super::{HandlerError, deliver_notice};
+use crate::domain::transition::{self, Effect};
+use crate::domain::{OrderId, Policy};
+use crate::messages::{SchedulerMessage, WorkMessage};
+use crate::ports::{Clock, EventBus, Queue, StateStore, StoreError};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use std::sync::Arc;
+use tracing::{Instrument, error, info, info_span, warn};
+
+/// SQS `DelaySeconds` cannot exceed 15 minutes.
+const MAX_SQS_DELAY: std::time::Duration = std::time::Duration::from_secs(900);
+
+#[derive(Clone)]
+pub struct SupervisorDeps {
+    pub store: Arc<dyn StateStore>,
+    pub queue: Arc<dyn Queue>,
+    pub events: Arc<dyn EventBus>,
+    pub clock: Arc<dyn Clock>,
+    pub policy: Policy,
+    pub work_queue_url: String,
+    /// Most records taken from each shard per sweep; the rest wait for the next sweep.
+    pub batch_limit: usize,
+}
+
+/// What one sweep did.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SweepReport {
+    /// Records the due index returned.
+    pub due: usize,
+    /// Processing records handed back as Pending for retry.
+    pub retried: usize,
+    /// Pending records whose work message was re-enqueued.
+    pub requeued: usize,
+    /// Records failed for good at the threshold.
+    pub failed: usize,
+    /// Terminal notices (re)delivered.
+    pub notices: usize,
+    /// Records no longer due, or recovered by another supervisor first.
+    pub skipped: usize,
+    /// Records whose recovery failed; they stay due and are retried next sweep.
+    pub errors: usize,
+}
+
+enum Recovered {
+    Retried,
+    Requeued,
+    Failed,
+    Notice,
+    Skipped,
+}
+
+/// One sweep over every shard of the due index.
+pub async fn sweep(deps: &SupervisorDeps) -> Result<SweepReport, HandlerError> {
+    let now = deps.clock.now();
+    let mut report = SweepReport::default();
+    for shard in 0..deps.store.due_shards() {
+        let due = deps.store.due(shard, now, deps.batch_limit).await?;
+        report.due += due.len();
+        for id in due {
+            let span = info_span!("recover", order_id = %id, attempt = tracing::field::Empty);
+            match recover(deps, id, now).instrument(span).await {
+                Ok(Recovered::Retried) => report.retried += 1,
+                Ok(Recovered::Requeued) => report.requeued += 1,
+                Ok(Recovered::Failed) => report.failed += 1,
+                Ok(Recovered::Notice) => report.notices += 1,
+                Ok(Recovered::Skipped) => report.skipped += 1,
+                Err(e) => {
+                    error!(order_id = %id, error = %e, "recovery failed; will retry next sweep");
+                    report.errors += 1;
+                }
+            }
+        }
+    }
+    if report.due > 0 {
+        info!(?report, "sweep done");
+    }
+    Ok(report)
+}
+
+async fn recover(
+    deps: &SupervisorDeps,
+    id: OrderId,
+    now: DateTime<Utc>,
+) -> Result<Recovered, HandlerError> {
+    let Some(record) = deps.store.get_state(id).await? else {
+        return Ok(Recovered::Skipped);
+    };
+    tracing::Span::current().record("attempt", record.attempt);
+    if record.notice_pending {
+        deliver_notice(
+            deps.store.as_ref(),
+            deps.queue.as_ref(),
+            deps.events.as_ref(),
+            deps.clock.as_ref(),
+            &record,
+        )
+        .await?;
+        return Ok(Recovered::Notice);
+    }
+    let t = match transition::expire(&record, now, &deps.policy) {
+        Ok(t) => t,
+        Err(why) => {
+            info!(%why, "no longer due");
+            return Ok(Recovered::Skipped);
+        }
+    };
+    match deps.store.put(&t.record, &t.condition).await {
+        Ok(()) => {}
+        Err(StoreError::ConditionFailed) => {
+            info!("recovered by someone else first");
+            return Ok(Recovered::Skipped);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let mut outcome = Recovered::Skipped;
+    for effect in &t.effects {
+        match effect {
+            Effect::Enqueue { delay } => {
+                let delay = delay.to_std().unwrap_or_default().min(MAX_SQS_DELAY);
+                let body =
+                    serde_json::to_string(&SchedulerMessage::Work(WorkMessage { order_id: id }))
+                        .map_err(|e| HandlerError::Poison(e.to_string()))?;
+                deps.queue.send(&deps.work_queue_url, &body, delay).await?;
+                outcome = if t.record.failure_count > record.failure_count {
+                    warn!(failure_count = t.record.failure_count, ?delay, last_error = ?t.record.last_error, "deadline expired; handed back for retry");
+                    Recovered::Retried
+                } else {
+                    info!("pickup deadline passed; work message re-enqueued");
+                    Recovered::Requeued
+                };
+            }
+            Effect::DeliverNotice => {
+                warn!(
+                    failure_count = t.record.failure_count,
+                    "failure threshold reached; order failed"
+                );
+                deliver_notice(
+                    deps.store.as_ref(),
+                    deps.queue.as_ref(),
+                    deps.events.as_ref(),
+                    deps.clock.as_ref(),
+                    &t.record,
+                )
+                .await?;
+                outcome = Recovered::Failed;
+            }
+            Effect::SendStepRequest => {
+                return Err(HandlerError::Config(
+                    "the supervisor does not send step requests".into(),
+                ));
+            }
+        }
+    }
+    Ok(outcome)
+}

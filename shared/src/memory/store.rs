@@ -1,0 +1,111 @@
+use crate::domain::{Condition, Order, OrderId, StateRecord};
+use crate::ports::{CreateOutcome, IdempotencyRecord, StateStore, StoreError};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// The state store in a `HashMap` behind one lock: every call is atomic, like a DynamoDB item
+/// write or transaction.
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: u32,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    orders: HashMap<OrderId, Order>,
+    states: HashMap<OrderId, StateRecord>,
+    keys: HashMap<String, IdempotencyRecord>,
+}
+
+impl MemoryStore {
+    pub fn new(shards: u32) -> Self {
+        Self {
+            shards: shards.max(1),
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StoreError> {
+        self.inner
+            .lock()
+            .map_err(|_| StoreError::Unavailable("memory store lock poisoned".into()))
+    }
+
+    /// Every state record (for the local runner's summary and tests).
+    pub fn all_states(&self) -> Vec<StateRecord> {
+        self.lock()
+            .map(|i| i.states.values().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+#[async_trait]
+impl StateStore for MemoryStore {
+    async fn create(
+        &self,
+        order: &Order,
+        record: &StateRecord,
+        key: Option<&IdempotencyRecord>,
+    ) -> Result<CreateOutcome, StoreError> {
+        let mut inner = self.lock()?;
+        if let Some(k) = key {
+            if let Some(existing) = inner.keys.get(&k.key) {
+                return Ok(CreateOutcome::KeyExists(existing.clone()));
+            }
+        }
+        if inner.orders.contains_key(&order.id) || inner.states.contains_key(&record.order_id) {
+            return Err(StoreError::ConditionFailed);
+        }
+        inner.orders.insert(order.id, order.clone());
+        inner.states.insert(record.order_id, record.clone());
+        if let Some(k) = key {
+            inner.keys.insert(k.key.clone(), k.clone());
+        }
+        Ok(CreateOutcome::Created)
+    }
+
+    async fn get(&self, id: OrderId) -> Result<Option<(Order, StateRecord)>, StoreError> {
+        let inner = self.lock()?;
+        Ok(match (inner.orders.get(&id), inner.states.get(&id)) {
+            (Some(o), Some(s)) => Some((o.clone(), s.clone())),
+            _ => None,
+        })
+    }
+
+    async fn get_state(&self, id: OrderId) -> Result<Option<StateRecord>, StoreError> {
+        Ok(self.lock()?.states.get(&id).cloned())
+    }
+
+    async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        if !condition.holds(inner.states.get(&record.order_id)) {
+            return Err(StoreError::ConditionFailed);
+        }
+        inner.states.insert(record.order_id, record.clone());
+        Ok(())
+    }
+
+    async fn due(
+        &self,
+        shard: u32,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<OrderId>, StoreError> {
+        let inner = self.lock()?;
+        let mut due: Vec<_> = inner
+            .states
+            .values()
+            .filter(|r| r.due_shard(self.shards) == shard)
+            .filter_map(|r| r.due_at().filter(|d| *d <= now).map(|d| (d, r.order_id)))
+            .collect();
+        due.sort();
+        Ok(due.into_iter().take(limit).map(|(_, id)| id).collect())
+    }
+
+    fn due_shards(&self) -> u32 {
+        self.shards
+    }
+}

@@ -1,0 +1,174 @@
+//! The small traits the handlers talk to. Each has an AWS implementation ([`crate::aws`]) and
+//! an in-memory one ([`crate::memory`]) that pass the same contract tests.
+
+use crate::domain::{Condition, Order, OrderId, StateRecord};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The write's condition did not hold: someone else moved the record first.
+    #[error("condition check failed")]
+    ConditionFailed,
+    /// The store could not be reached or refused the call; the caller may retry.
+    #[error("state store unavailable: {0}")]
+    Unavailable(String),
+    /// A stored item does not parse: never silently repaired.
+    #[error("corrupt item: {0}")]
+    Corrupt(String),
+}
+
+/// What an `Idempotency-Key` maps to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyRecord {
+    pub key: String,
+    /// SHA-256 of the canonical request, to tell a replay from a reuse with another body.
+    pub request_hash: String,
+    pub order_id: OrderId,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateOutcome {
+    Created,
+    /// The idempotency key is taken; nothing was written.
+    KeyExists(IdempotencyRecord),
+}
+
+/// The state store: orders, their state records and idempotency keys.
+#[async_trait]
+pub trait StateStore: Send + Sync {
+    /// Writes the order, its state record and (if given) the idempotency key in one atomic
+    /// transaction; each must not exist yet.
+    async fn create(
+        &self,
+        order: &Order,
+        record: &StateRecord,
+        key: Option<&IdempotencyRecord>,
+    ) -> Result<CreateOutcome, StoreError>;
+    /// Strongly consistent read of the order and its state record.
+    async fn get(&self, id: OrderId) -> Result<Option<(Order, StateRecord)>, StoreError>;
+    /// Strongly consistent read of the state record.
+    async fn get_state(&self, id: OrderId) -> Result<Option<StateRecord>, StoreError>;
+    /// Replaces the state record if `condition` holds, else [`StoreError::ConditionFailed`].
+    async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError>;
+    /// Records of due-index `shard` due at or before `now`, oldest first (at most `limit`).
+    /// Eventually consistent: callers re-read and write conditionally.
+    async fn due(
+        &self,
+        shard: u32,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<OrderId>, StoreError>;
+    /// How many shards the due index has.
+    fn due_shards(&self) -> u32;
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("queue error: {0}")]
+pub struct QueueError(pub String);
+
+/// A message as a consumer receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedMessage {
+    pub message_id: String,
+    pub receipt_handle: String,
+    pub body: String,
+    pub receive_count: u32,
+}
+
+/// A message queue (SQS semantics: at-least-once, visibility timeout, delayed delivery).
+#[async_trait]
+pub trait Queue: Send + Sync {
+    async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError>;
+    /// Receives up to `max` messages, waiting up to `wait` for the first.
+    async fn receive(
+        &self,
+        queue_url: &str,
+        max: u32,
+        wait: Duration,
+    ) -> Result<Vec<ReceivedMessage>, QueueError>;
+    async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError>;
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("event bus error: {0}")]
+pub struct PublishError(pub String);
+
+/// The event bus (EventBridge).
+#[async_trait]
+pub trait EventBus: Send + Sync {
+    async fn publish(
+        &self,
+        detail_type: &str,
+        detail: &serde_json::Value,
+    ) -> Result<(), PublishError>;
+}
+
+/// One call an agent makes to its remote service.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteCall {
+    pub action: String,
+    pub idempotency_key: String,
+    pub order_id: OrderId,
+    pub payload: serde_json::Value,
+}
+
+/// How a remote call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RemoteFault {
+    /// Worth retrying: timeouts, 5xx, 429, connection errors, an open circuit.
+    #[error("transient fault: {0}")]
+    Transient(String),
+    /// Retrying cannot help: the service refused the request (4xx).
+    #[error("permanent fault: {0}")]
+    Permanent(String),
+}
+
+/// A remote service an agent wraps.
+#[async_trait]
+pub trait RemoteService: Send + Sync {
+    /// Performs `call`, giving up after `timeout`.
+    async fn call(
+        &self,
+        call: &RemoteCall,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, RemoteFault>;
+}
+
+/// Where time comes from. Handlers never read the system clock directly, so tests can move it.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> DateTime<Utc>;
+}
+
+/// The system clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+}
+
+/// The system clock shifted by an adjustable offset: time still flows, and a test can jump
+/// past a deadline instead of waiting for it.
+#[derive(Debug, Default)]
+pub struct OffsetClock {
+    offset_ms: AtomicI64,
+}
+
+impl OffsetClock {
+    pub fn advance(&self, by: chrono::Duration) {
+        self.offset_ms
+            .fetch_add(by.num_milliseconds(), Ordering::SeqCst);
+    }
+}
+
+impl Clock for OffsetClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now() + chrono::Duration::milliseconds(self.offset_ms.load(Ordering::SeqCst))
+    }
+}

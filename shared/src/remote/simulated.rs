@@ -1,0 +1,263 @@
+use crate::ports::{Clock, RemoteCall, RemoteFault, RemoteService};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use rand::Rng;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The fault flags of a simulated service.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Faults {
+    /// Time each call takes.
+    pub latency: Duration,
+    /// Share of calls failing with a transient fault before any effect.
+    pub transient_rate: f64,
+    /// Share of idempotency keys refused for good (the same key is always refused again).
+    pub permanent_rate: f64,
+    /// Share of calls whose effect is applied but whose response is lost (a transient fault
+    /// the caller cannot tell from the others): the reason idempotency keys exist.
+    pub lost_response_rate: f64,
+    /// While the clock is inside this window every call fails with a transient fault.
+    pub outage: Option<(DateTime<Utc>, DateTime<Utc>)>,
+}
+
+/// Counters of a simulated service.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SimStats {
+    pub calls: u64,
+    pub transient_faults: u64,
+    pub permanent_faults: u64,
+    /// Effects applied per idempotency key. A correct system applies each key once.
+    pub effects: HashMap<String, u32>,
+}
+
+#[derive(Debug, Default)]
+struct SimState {
+    stats: SimStats,
+    /// The outcome of every key seen, so a repeated key gets the first answer again.
+    outcomes: HashMap<String, Result<serde_json::Value, String>>,
+}
+
+/// A remote service that lives in the process: it honours idempotency keys like a payment API
+/// does (a repeated key returns the first outcome and applies nothing), and injects the faults
+/// its [`Faults`] ask for.
+pub struct SimulatedService {
+    name: String,
+    faults: Mutex<Faults>,
+    clock: Arc<dyn Clock>,
+    state: Mutex<SimState>,
+}
+
+impl SimulatedService {
+    pub fn new(name: impl Into<String>, faults: Faults, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            name: name.into(),
+            faults: Mutex::new(faults),
+            clock,
+            state: Mutex::new(SimState::default()),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn set_faults(&self, faults: Faults) {
+        if let Ok(mut f) = self.faults.lock() {
+            *f = faults;
+        }
+    }
+
+    pub fn faults(&self) -> Faults {
+        self.faults.lock().map(|f| f.clone()).unwrap_or_default()
+    }
+
+    pub fn stats(&self) -> SimStats {
+        self.state
+            .lock()
+            .map(|s| s.stats.clone())
+            .unwrap_or_default()
+    }
+
+    /// Effects applied for keys that start with `prefix` (e.g. an order id).
+    pub fn effects_for(&self, prefix: &str) -> HashMap<String, u32> {
+        self.stats()
+            .effects
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .collect()
+    }
+
+    fn with_state<T>(&self, f: impl FnOnce(&mut SimState) -> T) -> Result<T, RemoteFault> {
+        self.state
+            .lock()
+            .map(|mut s| f(&mut s))
+            .map_err(|_| RemoteFault::Transient("simulated service lock poisoned".into()))
+    }
+}
+
+#[async_trait]
+impl RemoteService for SimulatedService {
+    async fn call(
+        &self,
+        call: &RemoteCall,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, RemoteFault> {
+        let faults = self.faults();
+        let (transient, permanent, lost) = {
+            let mut rng = rand::rng();
+            (
+                rng.random_bool(faults.transient_rate.clamp(0.0, 1.0)),
+                rng.random_bool(faults.permanent_rate.clamp(0.0, 1.0)),
+                rng.random_bool(faults.lost_response_rate.clamp(0.0, 1.0)),
+            )
+        };
+        self.with_state(|s| s.stats.calls += 1)?;
+        if faults.latency > timeout {
+            tokio::time::sleep(timeout).await;
+            self.with_state(|s| s.stats.transient_faults += 1)?;
+            return Err(RemoteFault::Transient(format!("{}: timed out", self.name)));
+        }
+        tokio::time::sleep(faults.latency).await;
+        let now = self.clock.now();
+        let in_outage = faults
+            .outage
+            .is_some_and(|(from, to)| from <= now && now < to);
+        if in_outage || transient {
+            self.with_state(|s| s.stats.transient_faults += 1)?;
+            let why = if in_outage {
+                "outage"
+            } else {
+                "503 service unavailable"
+            };
+            return Err(RemoteFault::Transient(format!("{}: {why}", self.name)));
+        }
+        let key = call.idempotency_key.clone();
+        let outcome = self.with_state(|s| {
+            if let Some(first) = s.outcomes.get(&key) {
+                return first.clone();
+            }
+            let outcome = if permanent {
+                s.stats.permanent_faults += 1;
+                Err(format!("{} refused {}", self.name, call.action))
+            } else {
+                *s.stats.effects.entry(key.clone()).or_default() += 1;
+                Ok(serde_json::json!({
+                    "service": self.name,
+                    "action": call.action,
+                    "confirmation": uuid::Uuid::new_v4().to_string(),
+                }))
+            };
+            s.outcomes.insert(key.clone(), outcome.clone());
+            outcome
+        })?;
+        match outcome {
+            Ok(_) if lost => {
+                self.with_state(|s| s.stats.transient_faults += 1)?;
+                Err(RemoteFault::Transient(format!(
+                    "{}: response lost",
+                    self.name
+                )))
+            }
+            Ok(v) => Ok(v),
+            Err(e) => Err(RemoteFault::Permanent(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::OrderId;
+    use crate::ports::SystemClock;
+
+    fn call(key: &str) -> RemoteCall {
+        RemoteCall {
+            action: "charge-payment".into(),
+            idempotency_key: key.into(),
+            order_id: OrderId::new_random(),
+            payload: serde_json::json!({}),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_repeated_key_applies_once_and_returns_the_first_answer() {
+        let s = SimulatedService::new("payment", Faults::default(), Arc::new(SystemClock));
+        let a = s
+            .call(&call("k1"), Duration::from_secs(1))
+            .await
+            .expect("ok");
+        let b = s
+            .call(&call("k1"), Duration::from_secs(1))
+            .await
+            .expect("ok");
+        assert_eq!(a, b);
+        s.call(&call("k2"), Duration::from_secs(1))
+            .await
+            .expect("ok");
+        let st = s.stats();
+        assert_eq!(st.calls, 3);
+        assert_eq!(st.effects.get("k1"), Some(&1));
+        assert_eq!(st.effects.get("k2"), Some(&1));
+    }
+
+    #[tokio::test]
+    async fn a_lost_response_still_applies_its_effect_once() {
+        let faults = Faults {
+            lost_response_rate: 1.0,
+            ..Faults::default()
+        };
+        let s = SimulatedService::new("payment", faults, Arc::new(SystemClock));
+        for _ in 0..3 {
+            let e = s.call(&call("k"), Duration::from_secs(1)).await;
+            assert!(matches!(e, Err(RemoteFault::Transient(_))));
+        }
+        assert_eq!(s.stats().effects.get("k"), Some(&1));
+    }
+
+    #[tokio::test]
+    async fn outages_latency_and_refusals_are_faults_of_their_kind() {
+        let now = Utc::now();
+        let s = SimulatedService::new(
+            "inventory",
+            Faults {
+                outage: Some((
+                    now - chrono::Duration::seconds(1),
+                    now + chrono::Duration::hours(1),
+                )),
+                ..Faults::default()
+            },
+            Arc::new(SystemClock),
+        );
+        assert!(matches!(
+            s.call(&call("k"), Duration::from_secs(1)).await,
+            Err(RemoteFault::Transient(_))
+        ));
+        s.set_faults(Faults {
+            latency: Duration::from_millis(50),
+            ..Faults::default()
+        });
+        assert!(matches!(
+            s.call(&call("k"), Duration::from_millis(10)).await,
+            Err(RemoteFault::Transient(_))
+        ));
+        s.set_faults(Faults {
+            permanent_rate: 1.0,
+            ..Faults::default()
+        });
+        assert!(matches!(
+            s.call(&call("k"), Duration::from_secs(1)).await,
+            Err(RemoteFault::Permanent(_))
+        ));
+        s.set_faults(Faults::default());
+        assert!(
+            matches!(
+                s.call(&call("k"), Duration::from_secs(1)).await,
+                Err(RemoteFault::Permanent(_))
+            ),
+            "a refused key stays refused"
+        );
+        assert!(s.stats().effects.is_empty());
+    }
+}

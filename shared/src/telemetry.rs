@@ -1,0 +1,21 @@
+//! Logging: JSON lines in Lambda (CloudWatch Logs Insights can query them), compact text
+//! elsewhere. `RUST_LOG` sets the filter (default `info`).
+
+use tracing_subscriber::EnvFilter;
+
+/// Installs the global subscriber once; later calls are no-ops.
+pub fn init() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let in_lambda = std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = if in_lambda {
+        builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .without_time()
+            .try_init()
+    } else {
+        builder.compact().with_target(false).try_init()
+    };
+}
