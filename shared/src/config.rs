@@ -112,3 +112,25 @@ mod tests {
         assert!(parse_agent_queues("nonsense").is_err());
     }
 }
+
+/// The DynamoDB store from `TABLE_NAME` and `DUE_SHARDS` (default 4).
+pub fn dynamo_store(sdk: &aws_config::SdkConfig) -> Result<crate::aws::DynamoStore, ConfigError> {
+    Ok(crate::aws::DynamoStore::new(
+        aws_sdk_dynamodb::Client::new(sdk),
+        required("TABLE_NAME")?,
+        parsed("DUE_SHARDS", 4u32)?,
+    ))
+}
+
+/// The EventBridge bus from `EVENT_BUS_NAME`.
+pub fn event_bus(sdk: &aws_config::SdkConfig) -> Result<crate::aws::EventBridgeBus, ConfigError> {
+    Ok(crate::aws::EventBridgeBus::new(
+        aws_sdk_eventbridge::Client::new(sdk),
+        required("EVENT_BUS_NAME")?,
+    ))
+}
+
+/// The SQS client.
+pub fn sqs_queue(sdk: &aws_config::SdkConfig) -> crate::aws::SqsQueue {
+    crate::aws::SqsQueue::new(aws_sdk_sqs::Client::new(sdk))
+}

@@ -1,1 +1,35 @@
-fn main() {}
+//! The submission Lambda (API Gateway HTTP API): `POST /orders`, `GET /orders/{orderId}`.
+//! Reads its configuration, builds its clients once, hands requests to
+//! `sas::handlers::submission::handle`.
+
+use lambda_http::{Body, Error, Request, Response, run, service_fn};
+use sas::handlers::submission::{self, SubmissionDeps};
+use sas::{Workflow, config};
+use std::sync::Arc;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    sas::telemetry::init();
+    let sdk = sas::aws::sdk_config().await;
+    let deps = SubmissionDeps {
+        store: Arc::new(config::dynamo_store(&sdk)?),
+        queue: Arc::new(config::sqs_queue(&sdk)),
+        clock: Arc::new(sas::ports::SystemClock),
+        workflow: Arc::new(Workflow::ecommerce()),
+        policy: config::policy()?,
+        work_queue_url: config::required("WORK_QUEUE_URL")?,
+    };
+    let deps = &deps;
+    run(service_fn(move |req: Request| async move {
+        let resp = submission::handle(
+            deps,
+            req.method(),
+            req.uri().path(),
+            req.headers(),
+            req.body().as_ref(),
+        )
+        .await;
+        Ok::<Response<Body>, Error>(resp.map(Body::from))
+    }))
+    .await
+}

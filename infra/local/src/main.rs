@@ -1,1 +1,372 @@
-fn main() {}
+//! `sas-local`: the four functions in one process.
+//!
+//! - `sas-local` (or `sas-local serve`): serves the HTTP API on 127.0.0.1:3000, polls the queues
+//!   as Lambda's event-source mappings would, runs the supervisor every second, with simulated
+//!   remote services. In-memory by default; `--aws` uses the AWS adapters at `AWS_ENDPOINT_URL`.
+//! - `sas-local demo`: the same system on an ephemeral port, N orders submitted over HTTP with
+//!   faults on, a progress bar and a summary (processed, retried, in Error, lost).
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use sas::local::{Backend, Settings, System};
+use sas::ports::{Clock, SystemClock};
+use sas::remote::Faults;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Run the sas functions locally: in memory by default, or on AWS APIs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    opts: Opts,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the HTTP API and run the scheduler, agents and supervisor (the default).
+    Serve {
+        /// Address of the HTTP API.
+        #[arg(long, default_value = "127.0.0.1:3000", env = "SAS_LISTEN")]
+        listen: SocketAddr,
+    },
+    /// Submit orders through the HTTP API with faults on and print a summary.
+    Demo {
+        /// How many orders to submit.
+        #[arg(long, default_value_t = 1000)]
+        orders: usize,
+        /// Requests in flight at once.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// Give up waiting for orders to finish after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout_secs: u64,
+        /// Run without injected faults.
+        #[arg(long)]
+        no_faults: bool,
+    },
+}
+
+#[derive(Args)]
+struct Opts {
+    /// Use the AWS adapters (DynamoDB, SQS, EventBridge) at AWS_ENDPOINT_URL, creating the
+    /// table, queues and bus if missing.
+    #[arg(long, global = true, env = "SAS_AWS")]
+    aws: bool,
+    /// Name prefix of the AWS resources.
+    #[arg(long, global = true, default_value = "sas-local", env = "SAS_PREFIX")]
+    prefix: String,
+    /// Share of remote calls failing transiently.
+    #[arg(long, global = true)]
+    transient_rate: Option<f64>,
+    /// Share of steps a remote service refuses for good.
+    #[arg(long, global = true)]
+    permanent_rate: Option<f64>,
+    /// Share of calls whose effect happens but whose response is lost.
+    #[arg(long, global = true)]
+    lost_response_rate: Option<f64>,
+    /// Latency of every remote call, in milliseconds.
+    #[arg(long, global = true)]
+    latency_ms: Option<u64>,
+    /// The payment service is down from this many seconds after start...
+    #[arg(long, global = true)]
+    outage_after_secs: Option<u64>,
+    /// ...for this many seconds.
+    #[arg(long, global = true)]
+    outage_secs: Option<u64>,
+    /// Deadline of each step, in seconds.
+    #[arg(long, global = true, default_value_t = 5.0)]
+    step_timeout_secs: f64,
+    /// Expired deadlines before an order fails for good.
+    #[arg(long, global = true, default_value_t = 3)]
+    failure_threshold: u32,
+    /// How often the supervisor sweeps, in milliseconds.
+    #[arg(long, global = true, default_value_t = 1000)]
+    supervisor_interval_ms: u64,
+}
+
+/// The demo's fault mix: every kind of fault, often enough to show each recovery path.
+fn demo_faults() -> Faults {
+    Faults {
+        latency: Duration::from_millis(2),
+        transient_rate: 0.2,
+        permanent_rate: 0.005,
+        lost_response_rate: 0.05,
+        outage: None,
+    }
+}
+
+fn settings(opts: &Opts, base_faults: Faults, outage_default: Option<(u64, u64)>) -> Settings {
+    let mut s = Settings::default();
+    let ms = (opts.step_timeout_secs * 1000.0) as i64;
+    s.policy.step_timeout = chrono::Duration::milliseconds(ms);
+    s.policy.pickup_timeout = chrono::Duration::milliseconds(ms * 2);
+    s.policy.failure_threshold = opts.failure_threshold.max(1);
+    s.supervisor_interval = Duration::from_millis(opts.supervisor_interval_ms.max(10));
+    let faults = Faults {
+        latency: opts
+            .latency_ms
+            .map_or(base_faults.latency, Duration::from_millis),
+        transient_rate: opts.transient_rate.unwrap_or(base_faults.transient_rate),
+        permanent_rate: opts.permanent_rate.unwrap_or(base_faults.permanent_rate),
+        lost_response_rate: opts
+            .lost_response_rate
+            .unwrap_or(base_faults.lost_response_rate),
+        outage: None,
+    };
+    let now = SystemClock.now();
+    let outage = match (opts.outage_after_secs, opts.outage_secs) {
+        (Some(a), Some(l)) => Some((a, l)),
+        (None, None) => outage_default,
+        _ => None,
+    }
+    .map(|(after, len)| {
+        let from = now + chrono::Duration::seconds(after as i64);
+        (from, from + chrono::Duration::seconds(len as i64))
+    });
+    for agent in ["inventory", "payment", "shipping"] {
+        let mut f = faults.clone();
+        if agent == "payment" {
+            f.outage = outage;
+        }
+        s.faults.insert(agent.to_owned(), f);
+    }
+    s
+}
+
+async fn backend(opts: &Opts) -> Backend {
+    if opts.aws {
+        Backend::Aws {
+            config: sas::aws::sdk_config().await,
+            prefix: opts.prefix.clone(),
+        }
+    } else {
+        Backend::Memory
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Serve {
+        listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
+    }) {
+        Command::Serve { listen } => {
+            sas::telemetry::init();
+            serve(&cli.opts, listen).await
+        }
+        Command::Demo {
+            orders,
+            concurrency,
+            timeout_secs,
+            no_faults,
+        } => {
+            if std::env::var_os("RUST_LOG").is_none() {
+                // SAFETY: set before any other thread reads the environment.
+                unsafe { std::env::set_var("RUST_LOG", "error") };
+            }
+            sas::telemetry::init();
+            let (faults, outage) = if no_faults {
+                (Faults::default(), None)
+            } else {
+                (demo_faults(), Some((0, 3)))
+            };
+            let mut opts = cli.opts;
+            if !no_faults && opts.step_timeout_secs == 5.0 {
+                opts.step_timeout_secs = 2.0;
+            }
+            demo(&opts, faults, outage, orders, concurrency, timeout_secs).await
+        }
+    }
+}
+
+async fn serve(opts: &Opts, listen: SocketAddr) -> anyhow::Result<()> {
+    let settings = settings(opts, Faults::default(), None);
+    let mut system = System::new(backend(opts).await, settings, Arc::new(SystemClock))
+        .await
+        .context("building the system")?;
+    let bound = system.serve(listen).await.context("binding the HTTP API")?;
+    system.start();
+    println!(
+        "sas is running ({}) on http://{bound}\n  curl -s -XPOST http://{bound}/orders -H 'content-type: application/json' \\\n    -d '{{\"customerId\":\"c-1\",\"items\":[{{\"sku\":\"SKU-1\",\"quantity\":2}}]}}'\n  curl -s http://{bound}/orders/<orderId>\nCtrl-C stops it.",
+        if opts.aws {
+            "AWS adapters"
+        } else {
+            "in memory"
+        }
+    );
+    tokio::signal::ctrl_c().await?;
+    system.shutdown().await;
+    Ok(())
+}
+
+#[derive(Default)]
+struct Tally {
+    processed: usize,
+    error: usize,
+    retried: usize,
+}
+
+async fn demo(
+    opts: &Opts,
+    faults: Faults,
+    outage: Option<(u64, u64)>,
+    n: usize,
+    concurrency: usize,
+    timeout_secs: u64,
+) -> anyhow::Result<()> {
+    let settings = settings(opts, faults, outage);
+    let mut system = System::new(backend(opts).await, settings, Arc::new(SystemClock)).await?;
+    let addr = system.serve(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+    system.start();
+    let base = format!("http://{addr}");
+    let http = reqwest::Client::new();
+    let started = Instant::now();
+
+    let bar = ProgressBar::new(n as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} ({per_sec}, {elapsed})")
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .progress_chars("=> "),
+    );
+    bar.set_message("submitted");
+    let submitted: Vec<anyhow::Result<String>> = futures::stream::iter(0..n)
+        .map(|i| {
+            let (http, base, bar) = (http.clone(), base.clone(), bar.clone());
+            async move {
+                let body = serde_json::json!({
+                    "customerId": format!("demo-{}", i % 97),
+                    "items": [{"sku": format!("SKU-{}", i % 13), "quantity": 1 + i % 5}],
+                });
+                let resp = http
+                    .post(format!("{base}/orders"))
+                    .header("idempotency-key", format!("demo-{i}"))
+                    .json(&body)
+                    .send()
+                    .await?;
+                bar.inc(1);
+                let status = resp.status();
+                let v: serde_json::Value = resp.json().await?;
+                if status != reqwest::StatusCode::ACCEPTED {
+                    bail!("submission answered {status}: {v}");
+                }
+                v["orderId"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .context("no orderId in the answer")
+            }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
+    bar.finish();
+    let mut pending: Vec<String> = Vec::with_capacity(n);
+    let mut rejected = 0;
+    for s in submitted {
+        match s {
+            Ok(id) => pending.push(id),
+            Err(e) => {
+                rejected += 1;
+                eprintln!("submission failed: {e:#}");
+            }
+        }
+    }
+    let accepted = pending.len();
+
+    let bar = ProgressBar::new(accepted as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} ({elapsed})")
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .progress_chars("=> "),
+    );
+    bar.set_message("finished");
+    let mut tally = Tally::default();
+    let deadline = Instant::now() + Duration::from_secs(timeout_secs);
+    while !pending.is_empty() && Instant::now() < deadline {
+        let states: Vec<(String, Option<serde_json::Value>)> = futures::stream::iter(pending)
+            .map(|id| {
+                let (http, base) = (http.clone(), base.clone());
+                async move {
+                    let v = match http.get(format!("{base}/orders/{id}")).send().await {
+                        Ok(r) if r.status().is_success() => r.json().await.ok(),
+                        _ => None,
+                    };
+                    (id, v)
+                }
+            })
+            .buffer_unordered(concurrency.max(1))
+            .collect()
+            .await;
+        pending = Vec::new();
+        for (id, v) in states {
+            let state = v.as_ref().and_then(|v| v["processState"].as_str());
+            let failures = v
+                .as_ref()
+                .and_then(|v| v["failureCount"].as_u64())
+                .unwrap_or(0);
+            match state {
+                Some("Processed") | Some("Error") => {
+                    if state == Some("Processed") {
+                        tally.processed += 1;
+                    } else {
+                        tally.error += 1;
+                    }
+                    if failures > 0 {
+                        tally.retried += 1;
+                    }
+                    bar.inc(1);
+                }
+                _ => pending.push(id),
+            }
+        }
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    bar.finish();
+    let elapsed = started.elapsed();
+
+    // Exactly once: every (order, step) key took effect at most once on its service.
+    let mut duplicate_effects = 0;
+    let mut transient = 0;
+    let mut effects_by_order: HashMap<String, usize> = HashMap::new();
+    for sim in system.services.values() {
+        let stats = sim.stats();
+        transient += stats.transient_faults;
+        for (key, count) in stats.effects {
+            if count > 1 {
+                duplicate_effects += 1;
+            }
+            if let Some((order, _)) = key.split_once(':') {
+                *effects_by_order.entry(order.to_owned()).or_default() += 1;
+            }
+        }
+    }
+    let dead_letters = match &system.memory {
+        Some((_, queues, _)) => queues.depth(&system.resources.dead_letter_url).visible,
+        None => 0,
+    };
+    system.shutdown().await;
+
+    let lost = pending.len() + rejected;
+    println!(
+        "orders: {n} submitted, {accepted} accepted | processed: {} | retried: {} (supervisor recoveries), {transient} transient faults retried by agents | in Error: {} | lost: {lost} | duplicate effects: {duplicate_effects} | dead letters: {dead_letters} | elapsed: {:.1}s | {:.0} orders/s",
+        tally.processed,
+        tally.retried,
+        tally.error,
+        elapsed.as_secs_f64(),
+        accepted as f64 / elapsed.as_secs_f64().max(1e-9),
+    );
+    if lost > 0 || duplicate_effects > 0 {
+        bail!("{lost} orders lost, {duplicate_effects} duplicate effects");
+    }
+    Ok(())
+}

@@ -103,16 +103,18 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Response<Strin
     Ok(Some(s.to_owned()))
 }
 
+/// The answer to a body over [`MAX_BODY_BYTES`] (also used by adapters that stop reading).
+pub fn too_large() -> Response<String> {
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!("the body is over {MAX_BODY_BYTES} bytes, the most accepted"),
+    )
+}
+
 async fn submit(deps: &SubmissionDeps, headers: &HeaderMap, body: &[u8]) -> Response<String> {
     if body.len() > MAX_BODY_BYTES {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!(
-                "the body is {} bytes; at most {MAX_BODY_BYTES} are accepted",
-                body.len()
-            ),
-        );
+        return too_large();
     }
     if let Some(ct) = headers.get(http::header::CONTENT_TYPE) {
         let ct = ct.to_str().unwrap_or_default();

@@ -158,3 +158,12 @@ async fn recover(
     }
     Ok(outcome)
 }
+
+/// The Lambda entry: one sweep per scheduled event (EventBridge `Scheduled Event`).
+pub async fn handle(
+    deps: &SupervisorDeps,
+    event: aws_lambda_events::event::eventbridge::EventBridgeEvent<serde_json::Value>,
+) -> Result<SweepReport, HandlerError> {
+    let span = info_span!("sweep", event_id = event.id.as_deref().unwrap_or_default());
+    sweep(deps).instrument(span).await
+}

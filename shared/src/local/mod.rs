@@ -1,1 +1,470 @@
-//! Local wiring.
+//! Hosts the four functions' handlers in one process, as Lambda would run them: the HTTP API
+//! for submission (axum instead of API Gateway), event-source mappings that poll the queues and
+//! hand SQS batches to the scheduler and agents (deleting what the partial batch response does
+//! not report), and a timer that invokes the supervisor with scheduled events. The local runner
+//! (`sas-local`) and the black-box tests use it, on in-memory adapters or on AWS APIs.
+
+use crate::aws::provision::{self, QueueSettings, Resources};
+use crate::aws::{DynamoStore, EventBridgeBus, SqsQueue};
+use crate::domain::{Backoff, CircuitBreaker, Policy, Workflow};
+use crate::handlers::agent::{self, AgentDeps};
+use crate::handlers::scheduler::{self, SchedulerDeps};
+use crate::handlers::submission::{self, MAX_BODY_BYTES, SubmissionDeps};
+use crate::handlers::supervisor::{self, SupervisorDeps, SweepReport};
+use crate::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
+use crate::ports::{Clock, EventBus, Queue, ReceivedMessage, StateStore};
+use crate::remote::{Breakered, Faults, SimulatedService};
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{error, info};
+
+/// Where the ports point.
+#[derive(Clone)]
+pub enum Backend {
+    /// In-memory adapters: no setup at all.
+    Memory,
+    /// The AWS adapters on whatever `config` points at (`AWS_ENDPOINT_URL`); resources named
+    /// with `prefix` are created if missing.
+    Aws {
+        config: aws_config::SdkConfig,
+        prefix: String,
+    },
+}
+
+/// How the local system behaves.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub policy: Policy,
+    pub backoff: Backoff,
+    pub due_shards: u32,
+    /// Faults of each agent's simulated remote service (by agent name; missing: none).
+    pub faults: HashMap<String, Faults>,
+    /// Pollers per agent queue (Lambda scales agents out the same way).
+    pub agent_concurrency: usize,
+    /// Pollers per scheduler queue.
+    pub scheduler_concurrency: usize,
+    /// How often the supervisor sweeps.
+    pub supervisor_interval: Duration,
+    /// Largest SQS batch handed to a handler.
+    pub batch_size: u32,
+    /// Long-poll wait of each receive.
+    pub poll_wait: Duration,
+    /// Consecutive transient faults that open an agent's circuit breaker, and for how long.
+    pub breaker_threshold: u32,
+    pub breaker_cooldown: chrono::Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            policy: Policy {
+                step_timeout: chrono::Duration::seconds(5),
+                pickup_timeout: chrono::Duration::seconds(10),
+                failure_threshold: 3,
+                retry_base_delay: chrono::Duration::seconds(1),
+                retry_max_delay: chrono::Duration::seconds(30),
+            },
+            backoff: Backoff {
+                base: chrono::Duration::milliseconds(20),
+                cap: chrono::Duration::milliseconds(500),
+            },
+            due_shards: 4,
+            faults: HashMap::new(),
+            agent_concurrency: 8,
+            scheduler_concurrency: 2,
+            supervisor_interval: Duration::from_secs(1),
+            batch_size: 10,
+            poll_wait: Duration::from_secs(1),
+            breaker_threshold: 20,
+            breaker_cooldown: chrono::Duration::milliseconds(500),
+        }
+    }
+}
+
+/// The four functions, wired to one backend, plus the simulated remote services.
+pub struct System {
+    pub submission: SubmissionDeps,
+    pub scheduler: SchedulerDeps,
+    pub agents: Vec<AgentDeps>,
+    pub supervisor: SupervisorDeps,
+    /// Agent name → its simulated remote service.
+    pub services: HashMap<String, Arc<SimulatedService>>,
+    pub resources: Resources,
+    pub queue: Arc<dyn Queue>,
+    pub store: Arc<dyn StateStore>,
+    /// The in-memory adapters, when the backend is [`Backend::Memory`].
+    pub memory: Option<(Arc<MemoryStore>, Arc<MemoryQueues>, Arc<MemoryEventBus>)>,
+    settings: Settings,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl System {
+    /// Builds the system (creating AWS resources if needed) without starting anything.
+    pub async fn new(
+        backend: Backend,
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Self> {
+        let workflow = Arc::new(Workflow::ecommerce());
+        let agent_names = workflow.agents();
+        // Visibility at least 6x the longest handler run, as for Lambda event sources.
+        let visibility = (settings.policy.step_timeout.num_seconds().max(5) * 6) as u32;
+        let (store, queue, events, resources, memory): (
+            Arc<dyn StateStore>,
+            Arc<dyn Queue>,
+            Arc<dyn EventBus>,
+            Resources,
+            _,
+        ) = match backend {
+            Backend::Memory => {
+                let store = Arc::new(MemoryStore::new(settings.due_shards));
+                let queues = Arc::new(MemoryQueues::new());
+                let events = Arc::new(MemoryEventBus::default());
+                let dlq = queues.create_queue("dlq", QueueConfig::default());
+                let q = |name: &str| {
+                    queues.create_queue(
+                        name,
+                        QueueConfig {
+                            visibility_timeout: Duration::from_secs(visibility.into()),
+                            max_receive_count: Some(5),
+                            dead_letter_url: Some(dlq.clone()),
+                        },
+                    )
+                };
+                let resources = Resources {
+                    table: "memory".into(),
+                    work_queue_url: q("work"),
+                    reply_queue_url: q("replies"),
+                    agent_queue_urls: agent_names
+                        .iter()
+                        .map(|a| ((*a).to_owned(), q(&format!("agent-{a}"))))
+                        .collect(),
+                    dead_letter_url: dlq.clone(),
+                    bus_name: "memory".into(),
+                };
+                (
+                    store.clone(),
+                    queues.clone(),
+                    events.clone(),
+                    resources,
+                    Some((store, queues, events)),
+                )
+            }
+            Backend::Aws { config, prefix } => {
+                let resources = provision::provision(
+                    &config,
+                    &prefix,
+                    &agent_names,
+                    QueueSettings {
+                        visibility_timeout_secs: visibility,
+                        max_receive_count: 5,
+                    },
+                )
+                .await?;
+                let store = Arc::new(DynamoStore::new(
+                    aws_sdk_dynamodb::Client::new(&config),
+                    &resources.table,
+                    settings.due_shards,
+                ));
+                let queue = Arc::new(SqsQueue::new(aws_sdk_sqs::Client::new(&config)));
+                let events = Arc::new(EventBridgeBus::new(
+                    aws_sdk_eventbridge::Client::new(&config),
+                    &resources.bus_name,
+                ));
+                (store, queue, events, resources, None)
+            }
+        };
+        let mut services = HashMap::new();
+        let mut agents = Vec::new();
+        for name in &agent_names {
+            let sim = Arc::new(SimulatedService::new(
+                *name,
+                settings.faults.get(*name).cloned().unwrap_or_default(),
+                clock.clone(),
+            ));
+            services.insert((*name).to_owned(), sim.clone());
+            agents.push(AgentDeps {
+                name: (*name).to_owned(),
+                queue: queue.clone(),
+                remote: Arc::new(Breakered::new(
+                    sim,
+                    CircuitBreaker::new(settings.breaker_threshold, settings.breaker_cooldown),
+                    clock.clone(),
+                )),
+                clock: clock.clone(),
+                backoff: settings.backoff,
+                call_timeout: Duration::from_secs(10),
+                dead_letter_url: Some(resources.dead_letter_url.clone()),
+            });
+        }
+        let (shutdown, _) = watch::channel(false);
+        Ok(Self {
+            submission: SubmissionDeps {
+                store: store.clone(),
+                queue: queue.clone(),
+                clock: clock.clone(),
+                workflow: workflow.clone(),
+                policy: settings.policy.clone(),
+                work_queue_url: resources.work_queue_url.clone(),
+            },
+            scheduler: SchedulerDeps {
+                store: store.clone(),
+                queue: queue.clone(),
+                events: events.clone(),
+                clock: clock.clone(),
+                workflow: workflow.clone(),
+                policy: settings.policy.clone(),
+                agent_queues: resources.agent_queue_urls.clone(),
+                reply_queue_url: resources.reply_queue_url.clone(),
+                dead_letter_url: Some(resources.dead_letter_url.clone()),
+                instance_id: format!("local-{}", uuid::Uuid::new_v4()),
+            },
+            supervisor: SupervisorDeps {
+                store: store.clone(),
+                queue: queue.clone(),
+                events,
+                clock,
+                policy: settings.policy.clone(),
+                work_queue_url: resources.work_queue_url.clone(),
+                batch_limit: 100,
+            },
+            agents,
+            services,
+            resources,
+            queue,
+            store,
+            memory,
+            settings,
+            shutdown,
+            tasks: Vec::new(),
+        })
+    }
+
+    /// Starts the event-source mappings (queue pollers) and the supervisor's schedule.
+    pub fn start(&mut self) {
+        let s = &self.settings;
+        for url in [
+            self.resources.work_queue_url.clone(),
+            self.resources.reply_queue_url.clone(),
+        ] {
+            for _ in 0..s.scheduler_concurrency.max(1) {
+                let deps = self.scheduler.clone();
+                self.tasks.push(self.mapping(url.clone(), move |ev| {
+                    let deps = deps.clone();
+                    async move { scheduler::handle(&deps, ev).await }
+                }));
+            }
+        }
+        for a in &self.agents {
+            let url = self.resources.agent_queue_urls[&a.name].clone();
+            for _ in 0..s.agent_concurrency.max(1) {
+                let deps = a.clone();
+                self.tasks.push(self.mapping(url.clone(), move |ev| {
+                    let deps = deps.clone();
+                    async move { agent::handle(&deps, ev).await }
+                }));
+            }
+        }
+        let deps = self.supervisor.clone();
+        let every = s.supervisor_interval;
+        let mut stop = self.shutdown.subscribe();
+        self.tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        if let Err(e) = supervisor::handle(&deps, scheduled_event()).await {
+                            error!(error = %e, "supervisor sweep failed");
+                        }
+                    }
+                    _ = stop.changed() => return,
+                }
+            }
+        }));
+    }
+
+    fn mapping<F, Fut>(&self, url: String, handler: F) -> JoinHandle<()>
+    where
+        F: Fn(SqsEvent) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = SqsBatchResponse> + Send,
+    {
+        let queue = self.queue.clone();
+        let mut stop = self.shutdown.subscribe();
+        let (batch, wait) = (self.settings.batch_size, self.settings.poll_wait);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    r = poll_once(queue.as_ref(), &url, batch, wait, &handler) => {
+                        if let Err(e) = r {
+                            error!(queue = %url, error = %e, "poll failed");
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                    _ = stop.changed() => return,
+                }
+            }
+        })
+    }
+
+    /// Serves the submission HTTP API on `addr` until shutdown; returns the bound address.
+    pub async fn serve(&mut self, addr: SocketAddr) -> anyhow::Result<SocketAddr> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let bound = listener.local_addr()?;
+        let app = router(self.submission.clone());
+        let mut stop = self.shutdown.subscribe();
+        self.tasks.push(tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.changed().await;
+                })
+                .await;
+            if let Err(e) = served {
+                error!(error = %e, "HTTP server failed");
+            }
+        }));
+        info!(%bound, "submission API listening");
+        Ok(bound)
+    }
+
+    /// One poll of the scheduler's queues, handled like a Lambda invocation. Returns how many
+    /// messages were handed to the handler.
+    pub async fn pump_scheduler(&self) -> anyhow::Result<usize> {
+        let mut n = 0;
+        for url in [
+            &self.resources.work_queue_url,
+            &self.resources.reply_queue_url,
+        ] {
+            n += poll_once(self.queue.as_ref(), url, 10, Duration::ZERO, &|ev| {
+                scheduler::handle(&self.scheduler, ev)
+            })
+            .await?;
+        }
+        Ok(n)
+    }
+
+    /// One poll of every agent's request queue.
+    pub async fn pump_agents(&self) -> anyhow::Result<usize> {
+        let mut n = 0;
+        for a in &self.agents {
+            let url = &self.resources.agent_queue_urls[&a.name];
+            n += poll_once(self.queue.as_ref(), url, 10, Duration::ZERO, &|ev| {
+                agent::handle(a, ev)
+            })
+            .await?;
+        }
+        Ok(n)
+    }
+
+    /// Invokes the supervisor once, as its schedule would.
+    pub async fn sweep(&self) -> anyhow::Result<SweepReport> {
+        Ok(supervisor::handle(&self.supervisor, scheduled_event()).await?)
+    }
+
+    /// Stops every background task and waits for them.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+    }
+}
+
+/// The HTTP API as an axum router: every request goes to [`submission::handle`].
+pub fn router(deps: SubmissionDeps) -> axum::Router {
+    async fn any(
+        axum::extract::State(deps): axum::extract::State<SubmissionDeps>,
+        req: axum::extract::Request,
+    ) -> axum::response::Response {
+        let (parts, body) = req.into_parts();
+        let resp = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+            Ok(bytes) => {
+                submission::handle(
+                    &deps,
+                    &parts.method,
+                    parts.uri.path(),
+                    &parts.headers,
+                    &bytes,
+                )
+                .await
+            }
+            Err(_) => submission::too_large(),
+        };
+        resp.map(axum::body::Body::from)
+    }
+    axum::Router::new()
+        .fallback(any)
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(deps)
+}
+
+/// The scheduled event EventBridge sends the supervisor.
+pub fn scheduled_event() -> EventBridgeEvent<serde_json::Value> {
+    let mut e = EventBridgeEvent::default();
+    e.id = Some(uuid::Uuid::new_v4().to_string());
+    e.detail_type = "Scheduled Event".into();
+    e.source = "aws.events".into();
+    e.time = Some(chrono::Utc::now());
+    e.detail = serde_json::json!({});
+    e
+}
+
+/// The SQS event Lambda builds from received messages.
+pub fn sqs_event(messages: &[ReceivedMessage]) -> SqsEvent {
+    let mut event = SqsEvent::default();
+    event.records = messages
+        .iter()
+        .map(|m| {
+            let mut r = SqsMessage::default();
+            r.message_id = Some(m.message_id.clone());
+            r.receipt_handle = Some(m.receipt_handle.clone());
+            r.body = Some(m.body.clone());
+            r.event_source = Some("aws:sqs".into());
+            r.attributes.insert(
+                "ApproximateReceiveCount".into(),
+                m.receive_count.to_string(),
+            );
+            r
+        })
+        .collect();
+    event
+}
+
+/// One turn of an event-source mapping: receive a batch, hand it to `handler`, delete every
+/// message the partial batch response does not report as failed. Returns the batch size.
+pub async fn poll_once<F, Fut>(
+    queue: &dyn Queue,
+    url: &str,
+    batch: u32,
+    wait: Duration,
+    handler: &F,
+) -> anyhow::Result<usize>
+where
+    F: Fn(SqsEvent) -> Fut,
+    Fut: Future<Output = SqsBatchResponse>,
+{
+    let messages = queue.receive(url, batch, wait).await?;
+    if messages.is_empty() {
+        return Ok(0);
+    }
+    let response = handler(sqs_event(&messages)).await;
+    let failed: HashSet<&str> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
+    for m in &messages {
+        if !failed.contains(m.message_id.as_str()) {
+            queue.delete(url, &m.receipt_handle).await?;
+        }
+    }
+    Ok(messages.len())
+}

@@ -1,0 +1,562 @@
+//! The state store on DynamoDB: one table, three item kinds.
+//!
+//! | item            | `pk`             | `sk`    | written by                        |
+//! |-----------------|------------------|---------|-----------------------------------|
+//! | order           | `ORDER#<id>`     | `ORDER` | submission (transaction)          |
+//! | state record    | `ORDER#<id>`     | `STATE` | submission, scheduler, supervisor |
+//! | idempotency key | `IDEM#<key>`     | `IDEM`  | submission (transaction)          |
+//!
+//! The sparse GSI `due-index` (`DueShard` S, `DueAt` N, keys only) holds exactly the state
+//! records with a `DueAt`: non-terminal ones, and terminal ones that still owe a notice.
+
+use crate::domain::state::due_shard;
+use crate::domain::{
+    Condition, CustomerId, Guard, LineItem, Order, OrderId, Quantity, Sku, StateRecord, StepState,
+};
+use crate::ports::{CreateOutcome, IdempotencyRecord, StateStore, StoreError};
+use async_trait::async_trait;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+
+/// The name of the sparse GSI the supervisor queries.
+pub const DUE_INDEX: &str = "due-index";
+/// How long an idempotency key is kept (the table's TTL attribute `ExpiresAt` deletes it).
+const KEY_TTL_SECONDS: i64 = 24 * 3600;
+
+type Item = HashMap<String, AttributeValue>;
+
+#[derive(Debug, Clone)]
+pub struct DynamoStore {
+    client: Client,
+    table: String,
+    shards: u32,
+}
+
+impl DynamoStore {
+    pub fn new(client: Client, table: impl Into<String>, shards: u32) -> Self {
+        Self {
+            client,
+            table: table.into(),
+            shards: shards.max(1),
+        }
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+}
+
+fn order_pk(id: &OrderId) -> String {
+    format!("ORDER#{id}")
+}
+
+fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+fn n(v: impl ToString) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn ms(t: DateTime<Utc>) -> AttributeValue {
+    n(t.timestamp_millis())
+}
+
+fn corrupt(what: impl Into<String>) -> StoreError {
+    StoreError::Corrupt(what.into())
+}
+
+fn get_s<'a>(item: &'a Item, k: &str) -> Result<&'a str, StoreError> {
+    match item.get(k) {
+        Some(AttributeValue::S(v)) => Ok(v),
+        _ => Err(corrupt(format!("{k} missing or not a string"))),
+    }
+}
+
+fn opt_s(item: &Item, k: &str) -> Option<String> {
+    match item.get(k) {
+        Some(AttributeValue::S(v)) => Some(v.clone()),
+        _ => None,
+    }
+}
+
+fn get_n<T: std::str::FromStr>(item: &Item, k: &str) -> Result<T, StoreError> {
+    match item.get(k) {
+        Some(AttributeValue::N(v)) => v
+            .parse()
+            .map_err(|_| corrupt(format!("{k} is not a valid number"))),
+        _ => Err(corrupt(format!("{k} missing or not a number"))),
+    }
+}
+
+fn opt_n<T: std::str::FromStr>(item: &Item, k: &str) -> Result<Option<T>, StoreError> {
+    if item.contains_key(k) {
+        get_n(item, k).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+fn time(millis: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_millis(millis).ok_or_else(|| corrupt("timestamp out of range"))
+}
+
+fn order_item(o: &Order) -> Item {
+    let items = o
+        .items
+        .iter()
+        .map(|i| {
+            AttributeValue::M(HashMap::from([
+                ("Sku".to_owned(), s(i.sku.as_str())),
+                ("Quantity".to_owned(), n(i.quantity.get())),
+            ]))
+        })
+        .collect();
+    let mut item = HashMap::from([
+        ("pk".to_owned(), s(order_pk(&o.id))),
+        ("sk".to_owned(), s("ORDER")),
+        ("OrderId".to_owned(), s(o.id.to_string())),
+        ("CustomerId".to_owned(), s(o.customer_id.as_str())),
+        ("Items".to_owned(), AttributeValue::L(items)),
+        ("CreatedAt".to_owned(), ms(o.created_at)),
+    ]);
+    if let Some(u) = &o.reply_queue_url {
+        item.insert("ReplyQueueUrl".to_owned(), s(u));
+    }
+    item
+}
+
+fn parse_order(item: &Item) -> Result<Order, StoreError> {
+    let bad = |e: crate::domain::ValidationError| corrupt(e.to_string());
+    let items = match item.get("Items") {
+        Some(AttributeValue::L(l)) => l
+            .iter()
+            .map(|v| match v {
+                AttributeValue::M(m) => Ok(LineItem {
+                    sku: Sku::parse(get_s(m, "Sku")?).map_err(bad)?,
+                    quantity: Quantity::parse(get_n(m, "Quantity")?).map_err(bad)?,
+                }),
+                _ => Err(corrupt("Items holds a non-map")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        _ => return Err(corrupt("Items missing")),
+    };
+    Ok(Order {
+        id: get_s(item, "OrderId")?.parse().map_err(bad)?,
+        customer_id: CustomerId::parse(get_s(item, "CustomerId")?).map_err(bad)?,
+        items,
+        reply_queue_url: opt_s(item, "ReplyQueueUrl"),
+        created_at: time(get_n(item, "CreatedAt")?)?,
+    })
+}
+
+fn state_item(r: &StateRecord, shards: u32) -> Item {
+    let steps = r
+        .steps
+        .iter()
+        .map(|st| {
+            let mut m = HashMap::from([
+                ("Name".to_owned(), s(&st.name)),
+                ("Status".to_owned(), s(st.status.as_str())),
+            ]);
+            if let Some(a) = st.finished_attempt {
+                m.insert("FinishedAttempt".to_owned(), n(a));
+            }
+            if let Some(t) = st.finished_at {
+                m.insert("FinishedAt".to_owned(), ms(t));
+            }
+            AttributeValue::M(m)
+        })
+        .collect();
+    let mut item = HashMap::from([
+        ("pk".to_owned(), s(order_pk(&r.order_id))),
+        ("sk".to_owned(), s("STATE")),
+        ("OrderId".to_owned(), s(r.order_id.to_string())),
+        ("Workflow".to_owned(), s(&r.workflow)),
+        ("ProcessState".to_owned(), s(r.process_state.as_str())),
+        ("FailureCount".to_owned(), n(r.failure_count)),
+        ("Attempt".to_owned(), n(r.attempt)),
+        ("StepIndex".to_owned(), n(r.step_index)),
+        ("Steps".to_owned(), AttributeValue::L(steps)),
+        (
+            "NoticePending".to_owned(),
+            AttributeValue::Bool(r.notice_pending),
+        ),
+        ("Version".to_owned(), n(r.version)),
+        ("CreatedAt".to_owned(), ms(r.created_at)),
+        ("UpdatedAt".to_owned(), ms(r.updated_at)),
+    ]);
+    // Absent, not null: `attribute_not_exists(LockedBy)` is the "unlocked" test.
+    if let Some(l) = &r.locked_by {
+        item.insert("LockedBy".to_owned(), s(l));
+    }
+    if let Some(t) = r.complete_by {
+        item.insert("CompleteBy".to_owned(), ms(t));
+    }
+    if let Some(e) = &r.last_error {
+        item.insert("LastError".to_owned(), s(e));
+    }
+    if let Some(u) = &r.reply_queue_url {
+        item.insert("ReplyQueueUrl".to_owned(), s(u));
+    }
+    // The sparse index: only records the supervisor must look at carry its keys.
+    if let Some(due) = r.due_at() {
+        item.insert(
+            "DueShard".to_owned(),
+            s(shard_key(due_shard(&r.order_id, shards))),
+        );
+        item.insert("DueAt".to_owned(), ms(due));
+    }
+    item
+}
+
+fn shard_key(shard: u32) -> String {
+    format!("due#{shard}")
+}
+
+fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
+    let steps = match item.get("Steps") {
+        Some(AttributeValue::L(l)) => l
+            .iter()
+            .map(|v| match v {
+                AttributeValue::M(m) => Ok(StepState {
+                    name: get_s(m, "Name")?.to_owned(),
+                    status: get_s(m, "Status")?.parse().map_err(corrupt)?,
+                    finished_attempt: opt_n(m, "FinishedAttempt")?,
+                    finished_at: opt_n(m, "FinishedAt")?.map(time).transpose()?,
+                }),
+                _ => Err(corrupt("Steps holds a non-map")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        _ => return Err(corrupt("Steps missing")),
+    };
+    Ok(StateRecord {
+        order_id: get_s(item, "OrderId")?
+            .parse()
+            .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
+        workflow: get_s(item, "Workflow")?.to_owned(),
+        process_state: get_s(item, "ProcessState")?.parse().map_err(corrupt)?,
+        locked_by: opt_s(item, "LockedBy"),
+        complete_by: opt_n(item, "CompleteBy")?.map(time).transpose()?,
+        failure_count: get_n(item, "FailureCount")?,
+        attempt: get_n(item, "Attempt")?,
+        step_index: get_n(item, "StepIndex")?,
+        steps,
+        last_error: opt_s(item, "LastError"),
+        notice_pending: matches!(item.get("NoticePending"), Some(AttributeValue::Bool(true))),
+        reply_queue_url: opt_s(item, "ReplyQueueUrl"),
+        version: get_n(item, "Version")?,
+        created_at: time(get_n(item, "CreatedAt")?)?,
+        updated_at: time(get_n(item, "UpdatedAt")?)?,
+    })
+}
+
+/// A condition expression with its names and values.
+#[derive(Debug, Default)]
+struct Expr {
+    clauses: Vec<String>,
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+impl Expr {
+    fn name(&mut self, attr: &str) -> String {
+        let placeholder = format!("#{attr}");
+        self.names.insert(placeholder.clone(), attr.to_owned());
+        placeholder
+    }
+    fn value(&mut self, v: AttributeValue) -> String {
+        let placeholder = format!(":v{}", self.values.len());
+        self.values.insert(placeholder.clone(), v);
+        placeholder
+    }
+    fn cmp(&mut self, attr: &str, op: &str, v: AttributeValue) {
+        let (k, v) = (self.name(attr), self.value(v));
+        self.clauses.push(format!("{k} {op} {v}"));
+    }
+}
+
+/// Translates a domain [`Condition`] to a DynamoDB condition expression: the same guards the
+/// in-memory store checks with [`Condition::holds`].
+fn condition_expr(c: &Condition) -> Expr {
+    let mut e = Expr::default();
+    match c {
+        Condition::Absent => {
+            let pk = e.name("pk");
+            e.clauses.push(format!("attribute_not_exists({pk})"));
+        }
+        Condition::Matches { version, guards } => {
+            e.cmp("Version", "=", n(version));
+            for g in guards {
+                match g {
+                    Guard::StateIs(st) => e.cmp("ProcessState", "=", s(st.as_str())),
+                    Guard::Unlocked => {
+                        let k = e.name("LockedBy");
+                        e.clauses.push(format!("attribute_not_exists({k})"));
+                    }
+                    Guard::LockedBy(who) => e.cmp("LockedBy", "=", s(who)),
+                    Guard::AttemptIs(a) => e.cmp("Attempt", "=", n(a)),
+                    Guard::StepIndexIs(i) => e.cmp("StepIndex", "=", n(i)),
+                    Guard::CompleteByIs(t) => e.cmp("CompleteBy", "=", ms(*t)),
+                    Guard::CompleteByAtOrBefore(t) => e.cmp("CompleteBy", "<=", ms(*t)),
+                    Guard::NoticePending => e.cmp("NoticePending", "=", AttributeValue::Bool(true)),
+                }
+            }
+        }
+    }
+    e
+}
+
+fn unavailable<E, R>(e: &aws_sdk_dynamodb::error::SdkError<E, R>) -> StoreError
+where
+    E: std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    StoreError::Unavailable(super::describe(e))
+}
+
+fn build_err(e: aws_sdk_dynamodb::error::BuildError) -> StoreError {
+    StoreError::Unavailable(format!("request build: {e}"))
+}
+
+impl DynamoStore {
+    /// A `Put` that must create its item.
+    fn create_put(&self, item: Item) -> Result<TransactWriteItem, StoreError> {
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .map_err(build_err)?;
+        Ok(TransactWriteItem::builder().put(put).build())
+    }
+
+    async fn read_key(&self, key: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", s(format!("IDEM#{key}")))
+            .key("sk", s("IDEM"))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let Some(item) = out.item() else {
+            return Ok(None);
+        };
+        Ok(Some(IdempotencyRecord {
+            key: key.to_owned(),
+            request_hash: get_s(item, "RequestHash")?.to_owned(),
+            order_id: get_s(item, "OrderId")?
+                .parse()
+                .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
+            created_at: time(get_n(item, "CreatedAt")?)?,
+        }))
+    }
+}
+
+#[async_trait]
+impl StateStore for DynamoStore {
+    async fn create(
+        &self,
+        order: &Order,
+        record: &StateRecord,
+        key: Option<&IdempotencyRecord>,
+    ) -> Result<CreateOutcome, StoreError> {
+        // One transaction, every item `attribute_not_exists(pk)`: keeps "an order exists iff its
+        // state record exists" and "an idempotency key names exactly one order".
+        let mut writes = Vec::with_capacity(3);
+        if let Some(k) = key {
+            writes.push(self.create_put(HashMap::from([
+                ("pk".to_owned(), s(format!("IDEM#{}", k.key))),
+                ("sk".to_owned(), s("IDEM")),
+                ("RequestHash".to_owned(), s(&k.request_hash)),
+                ("OrderId".to_owned(), s(k.order_id.to_string())),
+                ("CreatedAt".to_owned(), ms(k.created_at)),
+                (
+                    "ExpiresAt".to_owned(),
+                    n(k.created_at.timestamp() + KEY_TTL_SECONDS),
+                ),
+            ]))?);
+        }
+        writes.push(self.create_put(order_item(order))?);
+        writes.push(self.create_put(state_item(record, self.shards))?);
+        let result = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(writes))
+            .send()
+            .await;
+        let err = match result {
+            Ok(_) => return Ok(CreateOutcome::Created),
+            Err(e) => e,
+        };
+        let key_taken = err
+            .as_service_error()
+            .and_then(|se| match se {
+                aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(tc) => Some(tc),
+                _ => None,
+            })
+            .map(|tc| {
+                let reasons = tc.cancellation_reasons();
+                (key.is_some()
+                    && reasons.first().and_then(|r| r.code()) == Some("ConditionalCheckFailed"),
+                    reasons.iter().any(|r| r.code() == Some("ConditionalCheckFailed")))
+            });
+        match (key, key_taken) {
+            (Some(k), Some((true, _))) => match self.read_key(&k.key).await? {
+                Some(first) => Ok(CreateOutcome::KeyExists(first)),
+                None => Err(StoreError::Unavailable(
+                    "idempotency key vanished after a conflict".into(),
+                )),
+            },
+            (_, Some((false, true))) => Err(StoreError::ConditionFailed),
+            _ => Err(unavailable(&err)),
+        }
+    }
+
+    async fn get(&self, id: OrderId) -> Result<Option<(Order, StateRecord)>, StoreError> {
+        let out = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("pk = :pk")
+            .expression_attribute_values(":pk", s(order_pk(&id)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let mut order = None;
+        let mut state = None;
+        for item in out.items() {
+            match get_s(item, "sk")? {
+                "ORDER" => order = Some(parse_order(item)?),
+                "STATE" => state = Some(parse_state(item)?),
+                _ => {}
+            }
+        }
+        Ok(order.zip(state))
+    }
+
+    async fn get_state(&self, id: OrderId) -> Result<Option<StateRecord>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", s(order_pk(&id)))
+            .key("sk", s("STATE"))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        out.item().map(parse_state).transpose()
+    }
+
+    async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
+        let e = condition_expr(condition);
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(state_item(record, self.shards)))
+            .condition_expression(e.clauses.join(" AND "))
+            .set_expression_attribute_names(Some(e.names))
+            .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(err)
+                if err
+                    .as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Err(StoreError::ConditionFailed)
+            }
+            Err(err) => Err(unavailable(&err)),
+        }
+    }
+
+    async fn due(
+        &self,
+        shard: u32,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<OrderId>, StoreError> {
+        let out = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(DUE_INDEX)
+            .key_condition_expression("DueShard = :shard AND DueAt <= :now")
+            .expression_attribute_values(":shard", s(shard_key(shard)))
+            .expression_attribute_values(":now", ms(now))
+            .limit(limit.clamp(1, 1000) as i32)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        out.items()
+            .iter()
+            .map(|item| {
+                get_s(item, "pk")?
+                    .strip_prefix("ORDER#")
+                    .ok_or_else(|| corrupt("due-index item without an order key"))?
+                    .parse()
+                    .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))
+            })
+            .collect()
+    }
+
+    fn due_shards(&self) -> u32 {
+        self.shards
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{ProcessState, Workflow};
+
+    #[test]
+    fn state_items_round_trip_and_carry_index_keys_only_when_due() {
+        let now = crate::domain::state::to_millis(Utc::now());
+        let mut r = StateRecord::new(
+            OrderId::new_random(),
+            &Workflow::ecommerce(),
+            Some("https://sqs.example/q".into()),
+            now,
+            now + chrono::Duration::seconds(5),
+        );
+        let item = state_item(&r, 4);
+        assert!(item.contains_key("DueShard") && item.contains_key("DueAt"));
+        assert!(!item.contains_key("LockedBy"));
+        assert_eq!(parse_state(&item).expect("parses"), r);
+
+        r.process_state = ProcessState::Error;
+        r.complete_by = None;
+        let item = state_item(&r, 4);
+        assert!(!item.contains_key("DueShard") && !item.contains_key("DueAt"));
+        assert_eq!(parse_state(&item).expect("parses"), r);
+    }
+
+    #[test]
+    fn conditions_name_every_guard() {
+        let c = Condition::Matches {
+            version: 3,
+            guards: vec![Guard::StateIs(ProcessState::Pending), Guard::Unlocked],
+        };
+        let e = condition_expr(&c);
+        assert_eq!(
+            e.clauses,
+            [
+                "#Version = :v0",
+                "#ProcessState = :v1",
+                "attribute_not_exists(#LockedBy)"
+            ]
+        );
+        assert_eq!(e.values.get(":v0"), Some(&n(3)));
+    }
+}

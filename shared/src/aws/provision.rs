@@ -1,0 +1,238 @@
+//! Creates the resources on an AWS API (an emulator, LocalStack) when they are missing: the
+//! table with its sparse due index, the queues with their dead-letter queue, the event bus.
+//! Used by the local runner's `--aws` mode and by the tests. In AWS itself `template.yaml`
+//! defines these resources.
+
+use super::DUE_INDEX;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
+    ProjectionType, ScalarAttributeType,
+};
+use aws_sdk_sqs::types::QueueAttributeName;
+use std::collections::HashMap;
+
+#[derive(Debug, thiserror::Error)]
+#[error("provisioning {what}: {why}")]
+pub struct ProvisionError {
+    what: String,
+    why: String,
+}
+
+fn fail(what: impl Into<String>, why: impl ToString) -> ProvisionError {
+    ProvisionError {
+        what: what.into(),
+        why: why.to_string(),
+    }
+}
+
+/// The names and URLs of one deployment's resources.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resources {
+    pub table: String,
+    pub work_queue_url: String,
+    pub reply_queue_url: String,
+    /// Agent name → request queue URL.
+    pub agent_queue_urls: HashMap<String, String>,
+    pub dead_letter_url: String,
+    pub bus_name: String,
+}
+
+/// Queue settings used when creating queues: visibility timeout and redrive.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueSettings {
+    pub visibility_timeout_secs: u32,
+    pub max_receive_count: u32,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        Self {
+            visibility_timeout_secs: 30,
+            max_receive_count: 5,
+        }
+    }
+}
+
+/// Creates (or finds) every resource named with `prefix` for the given agents.
+pub async fn provision(
+    config: &aws_config::SdkConfig,
+    prefix: &str,
+    agents: &[&str],
+    settings: QueueSettings,
+) -> Result<Resources, ProvisionError> {
+    let ddb = aws_sdk_dynamodb::Client::new(config);
+    let sqs = aws_sdk_sqs::Client::new(config);
+    let eb = aws_sdk_eventbridge::Client::new(config);
+    let table = format!("{prefix}-orders");
+    create_table(&ddb, &table).await?;
+    let dead_letter_url = create_queue(&sqs, &format!("{prefix}-dlq"), None, settings).await?;
+    let dlq_arn = queue_arn(&sqs, &dead_letter_url).await?;
+    let redrive = Some(dlq_arn.as_str());
+    let work_queue_url = create_queue(&sqs, &format!("{prefix}-work"), redrive, settings).await?;
+    let reply_queue_url =
+        create_queue(&sqs, &format!("{prefix}-replies"), redrive, settings).await?;
+    let mut agent_queue_urls = HashMap::new();
+    for agent in agents {
+        let url = create_queue(&sqs, &format!("{prefix}-agent-{agent}"), redrive, settings).await?;
+        agent_queue_urls.insert((*agent).to_owned(), url);
+    }
+    let bus_name = format!("{prefix}-bus");
+    match eb.create_event_bus().name(&bus_name).send().await {
+        Ok(_) => {}
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|se| se.is_resource_already_exists_exception()) => {}
+        Err(e) => return Err(fail(format!("bus {bus_name}"), super::describe(&e))),
+    }
+    Ok(Resources {
+        table,
+        work_queue_url,
+        reply_queue_url,
+        agent_queue_urls,
+        dead_letter_url,
+        bus_name,
+    })
+}
+
+/// The table: `pk`/`sk` strings, and the sparse GSI `due-index` on `DueShard` (S) and
+/// `DueAt` (N) projecting keys only.
+pub async fn create_table(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<(), ProvisionError> {
+    let what = || format!("table {table}");
+    if ddb.describe_table().table_name(table).send().await.is_ok() {
+        return Ok(());
+    }
+    let attr = |name: &str, t: ScalarAttributeType| {
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(t)
+            .build()
+            .map_err(|e| fail(what(), e))
+    };
+    let key = |name: &str, t: KeyType| {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(t)
+            .build()
+            .map_err(|e| fail(what(), e))
+    };
+    let gsi = GlobalSecondaryIndex::builder()
+        .index_name(DUE_INDEX)
+        .key_schema(key("DueShard", KeyType::Hash)?)
+        .key_schema(key("DueAt", KeyType::Range)?)
+        .projection(
+            Projection::builder()
+                .projection_type(ProjectionType::KeysOnly)
+                .build(),
+        )
+        .build()
+        .map_err(|e| fail(what(), e))?;
+    let created = ddb
+        .create_table()
+        .table_name(table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(attr("pk", ScalarAttributeType::S)?)
+        .attribute_definitions(attr("sk", ScalarAttributeType::S)?)
+        .attribute_definitions(attr("DueShard", ScalarAttributeType::S)?)
+        .attribute_definitions(attr("DueAt", ScalarAttributeType::N)?)
+        .key_schema(key("pk", KeyType::Hash)?)
+        .key_schema(key("sk", KeyType::Range)?)
+        .global_secondary_indexes(gsi)
+        .send()
+        .await;
+    match created {
+        Ok(_) => Ok(()),
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|se| se.is_resource_in_use_exception()) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(fail(what(), super::describe(&e))),
+    }
+}
+
+/// Creates a queue (SQS returns the existing one if the attributes match) and returns its URL.
+pub async fn create_queue(
+    sqs: &aws_sdk_sqs::Client,
+    name: &str,
+    dead_letter_arn: Option<&str>,
+    settings: QueueSettings,
+) -> Result<String, ProvisionError> {
+    let mut req = sqs.create_queue().queue_name(name).attributes(
+        QueueAttributeName::VisibilityTimeout,
+        settings.visibility_timeout_secs.to_string(),
+    );
+    if let Some(arn) = dead_letter_arn {
+        req = req.attributes(
+            QueueAttributeName::RedrivePolicy,
+            serde_json::json!({
+                "deadLetterTargetArn": arn,
+                "maxReceiveCount": settings.max_receive_count,
+            })
+            .to_string(),
+        );
+    }
+    let out = req
+        .send()
+        .await
+        .map_err(|e| fail(format!("queue {name}"), super::describe(&e)))?;
+    out.queue_url()
+        .map(str::to_owned)
+        .ok_or_else(|| fail(format!("queue {name}"), "no URL returned"))
+}
+
+/// The ARN of a queue, as SQS reports it.
+pub async fn queue_arn(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<String, ProvisionError> {
+    let out = sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| fail(format!("queue {url}"), super::describe(&e)))?;
+    out.attributes()
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn))
+        .cloned()
+        .ok_or_else(|| fail(format!("queue {url}"), "no ARN returned"))
+}
+
+/// Routes the bus's events of the given detail types to a queue (an EventBridge rule with an
+/// SQS target): how an operator's alert queue, or a test, receives `OrderFailed`.
+pub async fn route_to_queue(
+    config: &aws_config::SdkConfig,
+    bus_name: &str,
+    rule_name: &str,
+    detail_types: &[&str],
+    queue_url: &str,
+) -> Result<(), ProvisionError> {
+    let eb = aws_sdk_eventbridge::Client::new(config);
+    let sqs = aws_sdk_sqs::Client::new(config);
+    let arn = queue_arn(&sqs, queue_url).await?;
+    let pattern = serde_json::json!({
+        "source": [crate::messages::EVENT_SOURCE],
+        "detail-type": detail_types,
+    });
+    eb.put_rule()
+        .name(rule_name)
+        .event_bus_name(bus_name)
+        .event_pattern(pattern.to_string())
+        .send()
+        .await
+        .map_err(|e| fail(format!("rule {rule_name}"), super::describe(&e)))?;
+    let target = aws_sdk_eventbridge::types::Target::builder()
+        .id(format!("{rule_name}-queue"))
+        .arn(arn)
+        .build()
+        .map_err(|e| fail(format!("rule {rule_name}"), e))?;
+    eb.put_targets()
+        .rule(rule_name)
+        .event_bus_name(bus_name)
+        .targets(target)
+        .send()
+        .await
+        .map_err(|e| fail(format!("rule {rule_name}"), super::describe(&e)))?;
+    Ok(())
+}

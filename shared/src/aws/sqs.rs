@@ -1,0 +1,76 @@
+use crate::ports::{Queue, QueueError, ReceivedMessage};
+use async_trait::async_trait;
+use aws_sdk_sqs::types::MessageSystemAttributeName;
+use std::time::Duration;
+
+/// SQS queues, addressed by the URLs SQS returns (never built by hand).
+#[derive(Debug, Clone)]
+pub struct SqsQueue {
+    client: aws_sdk_sqs::Client,
+}
+
+impl SqsQueue {
+    pub fn new(client: aws_sdk_sqs::Client) -> Self {
+        Self { client }
+    }
+}
+
+#[async_trait]
+impl Queue for SqsQueue {
+    async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
+        // SQS delays are whole seconds up to 15 minutes: round up, never deliver early.
+        let secs = delay.as_millis().div_ceil(1000).min(900) as i32;
+        self.client
+            .send_message()
+            .queue_url(queue_url)
+            .message_body(body)
+            .delay_seconds(secs)
+            .send()
+            .await
+            .map_err(|e| QueueError(super::describe(&e)))?;
+        Ok(())
+    }
+
+    async fn receive(
+        &self,
+        queue_url: &str,
+        max: u32,
+        wait: Duration,
+    ) -> Result<Vec<ReceivedMessage>, QueueError> {
+        let out = self
+            .client
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(max.clamp(1, 10) as i32)
+            .wait_time_seconds(wait.as_secs().min(20) as i32)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .send()
+            .await
+            .map_err(|e| QueueError(super::describe(&e)))?;
+        Ok(out
+            .messages()
+            .iter()
+            .map(|m| ReceivedMessage {
+                message_id: m.message_id().unwrap_or_default().to_owned(),
+                receipt_handle: m.receipt_handle().unwrap_or_default().to_owned(),
+                body: m.body().unwrap_or_default().to_owned(),
+                receive_count: m
+                    .attributes()
+                    .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(1),
+            })
+            .collect())
+    }
+
+    async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError> {
+        self.client
+            .delete_message()
+            .queue_url(queue_url)
+            .receipt_handle(receipt_handle)
+            .send()
+            .await
+            .map_err(|e| QueueError(super::describe(&e)))?;
+        Ok(())
+    }
+}
