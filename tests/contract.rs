@@ -1,0 +1,58 @@
+//! One contract suite, two implementations: the in-memory adapters and the AWS adapters on the
+//! emulator must behave the same.
+
+use sas::aws::provision::{self, QueueSettings};
+use sas::aws::{DynamoStore, SqsQueue};
+use sas::memory::{MemoryQueues, MemoryStore, QueueConfig};
+use sas_blackbox::{contract, sdk_config, unique};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[tokio::test]
+async fn memory_store_keeps_the_contract() {
+    contract::store_contract(Arc::new(MemoryStore::new(4))).await;
+}
+
+#[tokio::test]
+async fn dynamodb_store_keeps_the_contract() {
+    let config = sdk_config().await;
+    let client = aws_sdk_dynamodb::Client::new(&config);
+    let table = unique("store");
+    provision::create_table(&client, &table)
+        .await
+        .expect("table");
+    contract::store_contract(Arc::new(DynamoStore::new(client, table, 4))).await;
+}
+
+#[tokio::test]
+async fn memory_queue_keeps_the_contract() {
+    let q = MemoryQueues::new();
+    let dlq = q.create_queue("dlq", QueueConfig::default());
+    let url = q.create_queue(
+        "q",
+        QueueConfig {
+            visibility_timeout: Duration::from_secs(1),
+            max_receive_count: Some(2),
+            dead_letter_url: Some(dlq.clone()),
+        },
+    );
+    contract::queue_contract(&q, &url, &dlq).await;
+}
+
+#[tokio::test]
+async fn sqs_queue_keeps_the_contract() {
+    let config = sdk_config().await;
+    let sqs = aws_sdk_sqs::Client::new(&config);
+    let settings = QueueSettings {
+        visibility_timeout_secs: 1,
+        max_receive_count: 2,
+    };
+    let dlq = provision::create_queue(&sqs, &unique("dlq"), None, settings)
+        .await
+        .expect("dlq");
+    let arn = provision::queue_arn(&sqs, &dlq).await.expect("arn");
+    let url = provision::create_queue(&sqs, &unique("q"), Some(&arn), settings)
+        .await
+        .expect("queue");
+    contract::queue_contract(&SqsQueue::new(sqs), &url, &dlq).await;
+}

@@ -1,0 +1,365 @@
+//! The contract of the ports: one suite, run against the in-memory adapters and against the
+//! AWS adapters on the emulator (`tests/contract.rs`).
+
+use chrono::{Duration as Span, Utc};
+use sas::domain::state::to_millis;
+use sas::domain::transition::{self, StepOutcome};
+use sas::ports::{CreateOutcome, IdempotencyRecord, Queue, StateStore, StoreError};
+use sas::{Order, OrderId, OrderRequest, Policy, ProcessState, StateRecord, Workflow};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn order(now: chrono::DateTime<Utc>) -> Order {
+    let req: OrderRequest = serde_json::from_value(serde_json::json!({
+        "customerId": "c-1", "items": [{"sku": "SKU-1", "quantity": 2}, {"sku": "B.2", "quantity": 1}],
+        "replyQueueUrl": "http://127.0.0.1:1/queue/replies"
+    }))
+    .expect("shape");
+    Order::new(
+        OrderId::new_random(),
+        req.parse().expect("valid"),
+        to_millis(now),
+    )
+}
+
+fn record(o: &Order, now: chrono::DateTime<Utc>, pickup: Span) -> StateRecord {
+    StateRecord::new(
+        o.id,
+        &Workflow::ecommerce(),
+        o.reply_queue_url.clone(),
+        now,
+        now + pickup,
+    )
+}
+
+fn is_condition_failed<T: std::fmt::Debug>(r: Result<T, StoreError>) -> bool {
+    matches!(r, Err(StoreError::ConditionFailed))
+}
+
+/// The whole state-store contract.
+pub async fn store_contract(store: Arc<dyn StateStore>) {
+    create_is_atomic_and_reads_back(store.as_ref()).await;
+    idempotency_keys_name_one_order(store.as_ref()).await;
+    conditional_puts_keep_their_guards(store.as_ref()).await;
+    due_index_is_sparse_sharded_and_ordered(store.as_ref()).await;
+    racing_claims_have_one_winner(store).await;
+}
+
+async fn create_is_atomic_and_reads_back(store: &dyn StateStore) {
+    let now = Utc::now();
+    let o = order(now);
+    let r = record(&o, now, Span::seconds(60));
+    assert_eq!(
+        store.create(&o, &r, None).await.expect("create"),
+        CreateOutcome::Created
+    );
+    assert_eq!(
+        store.get(o.id).await.expect("get"),
+        Some((o.clone(), r.clone()))
+    );
+    assert_eq!(
+        store.get_state(o.id).await.expect("get_state"),
+        Some(r.clone())
+    );
+    assert!(
+        is_condition_failed(store.create(&o, &r, None).await),
+        "creating an existing order must fail"
+    );
+    assert_eq!(store.get(OrderId::new_random()).await.expect("get"), None);
+}
+
+async fn idempotency_keys_name_one_order(store: &dyn StateStore) {
+    let now = Utc::now();
+    let key_name = format!("key-{}", uuid::Uuid::new_v4());
+    let (o1, o2) = (order(now), order(now));
+    let key = |o: &Order, hash: &str| IdempotencyRecord {
+        key: key_name.clone(),
+        request_hash: hash.into(),
+        order_id: o.id,
+        created_at: to_millis(now),
+    };
+    let first = key(&o1, "h1");
+    assert_eq!(
+        store
+            .create(&o1, &record(&o1, now, Span::seconds(60)), Some(&first))
+            .await
+            .expect("create"),
+        CreateOutcome::Created
+    );
+    let again = store
+        .create(
+            &o2,
+            &record(&o2, now, Span::seconds(60)),
+            Some(&key(&o2, "h2")),
+        )
+        .await
+        .expect("create with a taken key");
+    assert_eq!(again, CreateOutcome::KeyExists(first));
+    assert_eq!(
+        store.get(o2.id).await.expect("get"),
+        None,
+        "a taken key writes nothing"
+    );
+}
+
+async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
+    let p = Policy::default();
+    let now = Utc::now();
+    let o = order(now);
+    let r = record(&o, now, Span::seconds(60));
+    store.create(&o, &r, None).await.expect("create");
+
+    let claim = transition::claim(&r, "s-1", now, &p).expect("claim");
+    store
+        .put(&claim.record, &claim.condition)
+        .await
+        .expect("claim lands");
+    assert!(
+        is_condition_failed(store.put(&claim.record, &claim.condition).await),
+        "the same claim twice: the version moved on"
+    );
+    let rival = transition::claim(&r, "s-2", now, &p).expect("claim from the stale read");
+    assert!(is_condition_failed(
+        store.put(&rival.record, &rival.condition).await
+    ));
+
+    let claimed = store.get_state(o.id).await.expect("read").expect("exists");
+    assert_eq!(claimed, claim.record);
+    assert_eq!(claimed.locked_by.as_deref(), Some("s-1"));
+
+    // A reply for a wrong attempt is rejected by the domain; a write whose guard names the
+    // wrong attempt is rejected by the store even at the right version.
+    let reply = transition::apply_reply(&claimed, 1, 0, &StepOutcome::Succeeded, now, &p)
+        .expect("reply applies");
+    let mut forged = reply.condition.clone();
+    if let sas::Condition::Matches { guards, .. } = &mut forged {
+        guards.push(sas::Guard::AttemptIs(7));
+    }
+    assert!(is_condition_failed(store.put(&reply.record, &forged).await));
+    store
+        .put(&reply.record, &reply.condition)
+        .await
+        .expect("reply lands");
+
+    // Expiry: guarded on the deadline having passed.
+    let later = now + p.step_timeout + Span::seconds(1);
+    let current = store.get_state(o.id).await.expect("read").expect("exists");
+    let exp = transition::expire(&current, later, &p).expect("expires later");
+    let mut early = exp.condition.clone();
+    if let sas::Condition::Matches { guards, .. } = &mut early {
+        guards.push(sas::Guard::CompleteByAtOrBefore(now));
+    }
+    assert!(is_condition_failed(store.put(&exp.record, &early).await));
+    store
+        .put(&exp.record, &exp.condition)
+        .await
+        .expect("expiry lands");
+    let back = store.get_state(o.id).await.expect("read").expect("exists");
+    assert_eq!(back.process_state, ProcessState::Pending);
+    assert_eq!(back.locked_by, None, "LockedBy is removed, not kept");
+    assert_eq!(back.failure_count, 1);
+
+    let missing = record(&order(now), now, Span::seconds(1));
+    let c = transition::claim(&missing, "s", now, &p).expect("claim");
+    assert!(is_condition_failed(
+        store.put(&c.record, &c.condition).await
+    ));
+}
+
+async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
+    let p = Policy::default();
+    let shards = store.due_shards();
+    let now = Utc::now();
+    // Records due in the past (at distinct instants), one not yet due, one terminal.
+    let mut due = Vec::new();
+    for i in 0..6 {
+        let o = order(now);
+        let r = record(&o, now - Span::hours(1), Span::seconds(i));
+        store.create(&o, &r, None).await.expect("create");
+        due.push(r);
+    }
+    let o = order(now);
+    let future = record(&o, now, Span::hours(1));
+    store.create(&o, &future, None).await.expect("create");
+    let o = order(now);
+    let mut done = record(&o, now - Span::hours(1), Span::seconds(0));
+    store.create(&o, &done, None).await.expect("create");
+    let c = transition::claim(&done, "s", now - Span::hours(1), &p).expect("claim");
+    store.put(&c.record, &c.condition).await.expect("claim");
+    let f = transition::apply_reply(
+        &c.record,
+        1,
+        0,
+        &StepOutcome::Failed { error: "no".into() },
+        now - Span::hours(1),
+        &p,
+    )
+    .expect("fail");
+    store
+        .put(&f.record, &f.condition)
+        .await
+        .expect("fail lands");
+    done = f.record;
+    assert!(done.notice_pending);
+
+    let mut found = Vec::new();
+    for shard in 0..shards {
+        let ids = store.due(shard, now, 1000).await.expect("due");
+        for id in &ids {
+            let r = store.get_state(*id).await.expect("read").expect("exists");
+            assert_eq!(
+                r.due_shard(shards),
+                shard,
+                "a record shows in its own shard only"
+            );
+        }
+        let times: Vec<_> = futures_times(store, &ids).await;
+        assert!(times.windows(2).all(|w| w[0] <= w[1]), "oldest first");
+        found.extend(ids);
+    }
+    for r in &due {
+        assert!(found.contains(&r.order_id), "past-due record missing");
+    }
+    assert!(
+        !found.contains(&future.order_id),
+        "a future deadline is not due"
+    );
+    assert!(
+        found.contains(&done.order_id),
+        "a terminal record owing a notice is due"
+    );
+
+    let delivered = transition::notice_delivered(&done, now).expect("owed");
+    store
+        .put(&delivered.record, &delivered.condition)
+        .await
+        .expect("lands");
+    let shard = done.due_shard(shards);
+    assert!(
+        !store
+            .due(shard, now, 1000)
+            .await
+            .expect("due")
+            .contains(&done.order_id),
+        "a terminal record without a notice leaves the index"
+    );
+    let limited = store
+        .due(due[0].due_shard(shards), now, 1)
+        .await
+        .expect("due");
+    assert_eq!(limited.len(), 1, "limit is respected");
+}
+
+async fn futures_times(store: &dyn StateStore, ids: &[OrderId]) -> Vec<chrono::DateTime<Utc>> {
+    let mut out = Vec::new();
+    for id in ids {
+        let r = store.get_state(*id).await.expect("read").expect("exists");
+        out.extend(r.due_at());
+    }
+    out
+}
+
+async fn racing_claims_have_one_winner(store: Arc<dyn StateStore>) {
+    let p = Policy::default();
+    let now = Utc::now();
+    let o = order(now);
+    let r = record(&o, now, Span::seconds(60));
+    store.create(&o, &r, None).await.expect("create");
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (store, p) = (store.clone(), p.clone());
+        tasks.push(tokio::spawn(async move {
+            let current = store.get_state(o.id).await.expect("read").expect("exists");
+            let Ok(t) = transition::claim(&current, &format!("s-{i}"), Utc::now(), &p) else {
+                return false;
+            };
+            match store.put(&t.record, &t.condition).await {
+                Ok(()) => true,
+                Err(StoreError::ConditionFailed) => false,
+                Err(e) => panic!("unexpected store error {e}"),
+            }
+        }));
+    }
+    let mut winners = 0;
+    for t in tasks {
+        winners += usize::from(t.await.expect("task"));
+    }
+    assert_eq!(winners, 1, "exactly one of 8 racing claims wins");
+    let r = store.get_state(o.id).await.expect("read").expect("exists");
+    assert_eq!(r.attempt, 1);
+}
+
+/// The queue contract. `url` must have a 1 s visibility timeout and redrive to `dlq_url`
+/// after 2 receives.
+pub async fn queue_contract(queue: &dyn Queue, url: &str, dlq_url: &str) {
+    let none = Duration::ZERO;
+    // Send, receive, delete.
+    queue.send(url, "one", none).await.expect("send");
+    let got = queue
+        .receive(url, 10, Duration::from_secs(1))
+        .await
+        .expect("receive");
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].body, "one");
+    assert_eq!(got[0].receive_count, 1);
+    queue
+        .delete(url, &got[0].receipt_handle)
+        .await
+        .expect("delete");
+
+    // Delayed delivery.
+    queue
+        .send(url, "later", Duration::from_secs(1))
+        .await
+        .expect("send");
+    assert!(
+        queue
+            .receive(url, 10, none)
+            .await
+            .expect("receive")
+            .is_empty(),
+        "delayed"
+    );
+    let got = receive_within(queue, url, Duration::from_secs(5)).await;
+    assert_eq!(got.map(|m| m.body).as_deref(), Some("later"));
+    // Not deleted: it comes back after the visibility timeout, counted, then goes to the DLQ.
+    assert!(
+        queue
+            .receive(url, 10, none)
+            .await
+            .expect("receive")
+            .is_empty(),
+        "in flight"
+    );
+    let again = receive_within(queue, url, Duration::from_secs(5))
+        .await
+        .expect("redelivered");
+    assert_eq!(again.body, "later");
+    assert_eq!(again.receive_count, 2);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let _ = queue.receive(url, 10, none).await.expect("receive");
+    let dead = receive_within(queue, dlq_url, Duration::from_secs(5)).await;
+    assert_eq!(
+        dead.map(|m| m.body).as_deref(),
+        Some("later"),
+        "redriven to the DLQ"
+    );
+}
+
+async fn receive_within(
+    queue: &dyn Queue,
+    url: &str,
+    within: Duration,
+) -> Option<sas::ports::ReceivedMessage> {
+    let until = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < until {
+        let mut got = queue
+            .receive(url, 1, Duration::from_secs(1))
+            .await
+            .expect("receive");
+        if let Some(m) = got.pop() {
+            return Some(m);
+        }
+    }
+    None
+}
