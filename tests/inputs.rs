@@ -5,6 +5,9 @@ use sas_blackbox::{aws_system, drain, item_count, manual_settings};
 use serde_json::{Value, json};
 use std::time::Duration;
 
+/// Method, path, body, content type, expected status, expected error code.
+type Case<'a> = (&'a str, &'a str, String, Option<&'a str>, u16, &'a str);
+
 #[tokio::test]
 async fn every_bad_request_gets_a_4xx_json_error_and_writes_nothing() {
     let (mut system, _clock) = aws_system("badinput", manual_settings()).await;
@@ -15,7 +18,7 @@ async fn every_bad_request_gets_a_4xx_json_error_and_writes_nothing() {
     let base = format!("http://{addr}");
     let http = reqwest::Client::new();
     let big = "x".repeat(300 * 1024);
-    let cases: Vec<(&str, &str, String, Option<&str>, u16, &str)> = vec![
+    let cases: Vec<Case> = vec![
         ("POST", "/orders", "{not json".into(), None, 400, "invalid_json"),
         ("POST", "/orders", "".into(), None, 400, "invalid_json"),
         ("POST", "/orders", json!({"items": [{"sku": "A", "quantity": 1}]}).to_string(), None, 400, "invalid_request"),

@@ -3,7 +3,7 @@
 //! and no step takes effect twice.
 
 use sas::local::{Backend, Settings, System};
-use sas::ports::{Clock, StateStore, SystemClock};
+use sas::ports::{Clock, SystemClock};
 use sas::remote::Faults;
 use sas::{OrderId, ProcessState};
 use std::sync::Arc;

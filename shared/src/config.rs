@@ -101,18 +101,6 @@ pub fn parse_agent_queues(raw: &str) -> Result<HashMap<String, String>, String> 
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn agent_queues_parse_pairs() {
-        let m = parse_agent_queues("inventory=http://q/1, payment=http://q/2").expect("parses");
-        assert_eq!(m.get("payment").map(String::as_str), Some("http://q/2"));
-        assert!(parse_agent_queues("nonsense").is_err());
-    }
-}
-
 /// The DynamoDB store from `TABLE_NAME` and `DUE_SHARDS` (default 4).
 pub fn dynamo_store(sdk: &aws_config::SdkConfig) -> Result<crate::aws::DynamoStore, ConfigError> {
     Ok(crate::aws::DynamoStore::new(
@@ -133,4 +121,16 @@ pub fn event_bus(sdk: &aws_config::SdkConfig) -> Result<crate::aws::EventBridgeB
 /// The SQS client.
 pub fn sqs_queue(sdk: &aws_config::SdkConfig) -> crate::aws::SqsQueue {
     crate::aws::SqsQueue::new(aws_sdk_sqs::Client::new(sdk))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_queues_parse_pairs() {
+        let m = parse_agent_queues("inventory=http://q/1, payment=http://q/2").expect("parses");
+        assert_eq!(m.get("payment").map(String::as_str), Some("http://q/2"));
+        assert!(parse_agent_queues("nonsense").is_err());
+    }
 }

@@ -83,7 +83,7 @@ pub fn manual_settings() -> Settings {
 pub async fn aws_system(name: &str, settings: Settings) -> (System, Arc<OffsetClock>) {
     let clock = Arc::new(OffsetClock::default());
     let backend = Backend::Aws {
-        config: sdk_config().await,
+        config: Box::new(sdk_config().await),
         prefix: unique(name),
     };
     let system = System::new(backend, settings, clock.clone() as Arc<dyn Clock>)

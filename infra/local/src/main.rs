@@ -145,7 +145,7 @@ fn settings(opts: &Opts, base_faults: Faults, outage_default: Option<(u64, u64)>
 async fn backend(opts: &Opts) -> Backend {
     if opts.aws {
         Backend::Aws {
-            config: sas::aws::sdk_config().await,
+            config: Box::new(sas::aws::sdk_config().await),
             prefix: opts.prefix.clone(),
         }
     } else {

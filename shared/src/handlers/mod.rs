@@ -123,10 +123,10 @@ pub async fn deliver_notice(
     if notice.detail_type() == "OrderFailed" {
         warn!(order_id = %record.order_id, attempt = record.attempt, last_error = ?record.last_error, "operator alert: order failed");
     }
-    if let Some(url) = &record.reply_queue_url {
-        if let Err(e) = queue.send(url, &detail.to_string(), Duration::ZERO).await {
-            error!(order_id = %record.order_id, error = %e, "could not send the notice to the order's reply queue");
-        }
+    if let Some(url) = &record.reply_queue_url
+        && let Err(e) = queue.send(url, &detail.to_string(), Duration::ZERO).await
+    {
+        error!(order_id = %record.order_id, error = %e, "could not send the notice to the order's reply queue");
     }
     let Ok(t) = notice_delivered(record, clock.now()) else {
         return Ok(());

@@ -85,20 +85,16 @@ pub async fn handle(
     }
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Response<String>> {
+/// A malformed `Idempotency-Key` header.
+struct InvalidKey;
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, InvalidKey> {
     let Some(v) = headers.get(IDEMPOTENCY_KEY) else {
         return Ok(None);
     };
-    let bad = || {
-        error(
-            StatusCode::BAD_REQUEST,
-            "invalid_idempotency_key",
-            format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} visible ASCII characters"),
-        )
-    };
-    let s = v.to_str().map_err(|_| bad())?;
+    let s = v.to_str().map_err(|_| InvalidKey)?;
     if s.is_empty() || s.len() > MAX_KEY_LEN || !s.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(bad());
+        return Err(InvalidKey);
     }
     Ok(Some(s.to_owned()))
 }
@@ -126,9 +122,12 @@ async fn submit(deps: &SubmissionDeps, headers: &HeaderMap, body: &[u8]) -> Resp
             );
         }
     }
-    let key = match idempotency_key(headers) {
-        Ok(k) => k,
-        Err(r) => return r,
+    let Ok(key) = idempotency_key(headers) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+            format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} visible ASCII characters"),
+        );
     };
     let request: OrderRequest = match serde_json::from_slice(body) {
         Ok(r) => r,

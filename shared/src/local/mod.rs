@@ -25,6 +25,17 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info};
 
+/// The in-memory adapters, kept typed so that tests and the demo can look inside.
+pub type MemoryPorts = (Arc<MemoryStore>, Arc<MemoryQueues>, Arc<MemoryEventBus>);
+
+type Ports = (
+    Arc<dyn StateStore>,
+    Arc<dyn Queue>,
+    Arc<dyn EventBus>,
+    Resources,
+    Option<MemoryPorts>,
+);
+
 /// Where the ports point.
 #[derive(Clone)]
 pub enum Backend {
@@ -33,7 +44,7 @@ pub enum Backend {
     /// The AWS adapters on whatever `config` points at (`AWS_ENDPOINT_URL`); resources named
     /// with `prefix` are created if missing.
     Aws {
-        config: aws_config::SdkConfig,
+        config: Box<aws_config::SdkConfig>,
         prefix: String,
     },
 }
@@ -100,7 +111,7 @@ pub struct System {
     pub queue: Arc<dyn Queue>,
     pub store: Arc<dyn StateStore>,
     /// The in-memory adapters, when the backend is [`Backend::Memory`].
-    pub memory: Option<(Arc<MemoryStore>, Arc<MemoryQueues>, Arc<MemoryEventBus>)>,
+    pub memory: Option<MemoryPorts>,
     settings: Settings,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -117,13 +128,7 @@ impl System {
         let agent_names = workflow.agents();
         // Visibility at least 6x the longest handler run, as for Lambda event sources.
         let visibility = (settings.policy.step_timeout.num_seconds().max(5) * 6) as u32;
-        let (store, queue, events, resources, memory): (
-            Arc<dyn StateStore>,
-            Arc<dyn Queue>,
-            Arc<dyn EventBus>,
-            Resources,
-            _,
-        ) = match backend {
+        let (store, queue, events, resources, memory): Ports = match backend {
             Backend::Memory => {
                 let store = Arc::new(MemoryStore::new(settings.due_shards));
                 let queues = Arc::new(MemoryQueues::new());

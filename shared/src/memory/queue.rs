@@ -134,13 +134,13 @@ impl MemoryQueues {
                 i += 1;
                 continue;
             }
-            if let (Some(limit), Some(_)) = (config.max_receive_count, &config.dead_letter_url) {
-                if m.receive_count >= limit {
-                    if let Some(m) = q.messages.remove(i) {
-                        dead.push(m.body);
-                    }
-                    continue;
+            if let (Some(limit), Some(_)) = (config.max_receive_count, &config.dead_letter_url)
+                && m.receive_count >= limit
+            {
+                if let Some(m) = q.messages.remove(i) {
+                    dead.push(m.body);
                 }
+                continue;
             }
             m.receive_count += 1;
             m.visible_at = now + config.visibility_timeout;

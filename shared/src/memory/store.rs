@@ -51,10 +51,10 @@ impl StateStore for MemoryStore {
         key: Option<&IdempotencyRecord>,
     ) -> Result<CreateOutcome, StoreError> {
         let mut inner = self.lock()?;
-        if let Some(k) = key {
-            if let Some(existing) = inner.keys.get(&k.key) {
-                return Ok(CreateOutcome::KeyExists(existing.clone()));
-            }
+        if let Some(k) = key
+            && let Some(existing) = inner.keys.get(&k.key)
+        {
+            return Ok(CreateOutcome::KeyExists(existing.clone()));
         }
         if inner.orders.contains_key(&order.id) || inner.states.contains_key(&record.order_id) {
             return Err(StoreError::ConditionFailed);

@@ -53,7 +53,10 @@ impl RemoteService for HttpRemote {
             .await
             .map_err(|e| RemoteFault::Transient(format!("reading the response failed: {e}")))?;
         if status.is_success() {
-            return serde_json::from_str(&text).or_else(|_| Ok(serde_json::Value::String(text)));
+            return Ok(match serde_json::from_str(&text) {
+                Ok(v) => v,
+                Err(_) => serde_json::Value::String(text),
+            });
         }
         let what = format!("{status}: {}", text.chars().take(200).collect::<String>());
         if status.is_server_error()
