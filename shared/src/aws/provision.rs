@@ -6,7 +6,7 @@
 use super::DUE_INDEX;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
-    ProjectionType, ScalarAttributeType,
+    ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
 };
 use aws_sdk_sqs::types::QueueAttributeName;
 use std::collections::HashMap;
@@ -143,15 +143,25 @@ pub async fn create_table(
         .send()
         .await;
     match created {
-        Ok(_) => Ok(()),
+        Ok(_) => {}
         Err(e)
             if e.as_service_error()
-                .is_some_and(|se| se.is_resource_in_use_exception()) =>
-        {
-            Ok(())
-        }
-        Err(e) => Err(fail(what(), super::describe(&e))),
+                .is_some_and(|se| se.is_resource_in_use_exception()) => {}
+        Err(e) => return Err(fail(what(), super::describe(&e))),
     }
+    // Idempotency keys expire through the table's TTL on `ExpiresAt`.
+    let ttl = TimeToLiveSpecification::builder()
+        .enabled(true)
+        .attribute_name("ExpiresAt")
+        .build()
+        .map_err(|e| fail(what(), e))?;
+    ddb.update_time_to_live()
+        .table_name(table)
+        .time_to_live_specification(ttl)
+        .send()
+        .await
+        .map_err(|e| fail(what(), super::describe(&e)))?;
+    Ok(())
 }
 
 /// Creates a queue (SQS returns the existing one if the attributes match) and returns its URL.
