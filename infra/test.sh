@@ -1,29 +1,58 @@
 #!/usr/bin/env bash
-# The test command of sas: installs and starts the AWS API emulator (moto) on a free loopback
-# port, runs formatting, lints and every test against it, and stops the emulator on exit.
-# Needs only a Rust toolchain and python3. Tests that need the emulator fail without it.
+# The test command of sas. Installs what it needs (pinned, in virtualenvs under .tools/), then:
+#   1. checks the template: cfn-lint, sam validate --lint, checkov, the LocalStack scripts;
+#   2. starts the AWS API emulator (moto) on a free loopback port;
+#   3. runs cargo fmt --check, cargo clippy -D warnings and every test against the emulator,
+#      on resources created from template.yaml itself;
+#   4. builds the four Lambda bootstraps with `sam build` (arm64, cargo-lambda + zig, no Docker)
+#      and prints their sizes;
+#   5. runs the real function binaries under `cargo lambda watch` against the emulator and
+#      invokes each with its events/ samples.
+# The emulator is stopped by PID on exit. Needs only a Rust toolchain and python3.
+# SAS_SKIP_LAMBDA_BUILD=1 skips steps 4 and 5 (quick local runs; CI never sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT="$PWD"
 
 MOTO_VERSION="5.2.5"
-VENV="${SAS_VENV:-.venv}"
+SAM_CLI_VERSION="1.170.0"
+CHECKOV_VERSION="3.3.30"
+CARGO_LAMBDA_VERSION="1.9.2"
+TOOLS="${SAS_TOOLS:-$ROOT/.tools}"
+export SAM_CLI_TELEMETRY=0
 
-installed_moto() {
-  "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("moto"))' 2>/dev/null || true
+# tool VENV PACKAGE VERSION: a virtualenv holding PACKAGE==VERSION.
+tool() {
+  local venv="$TOOLS/$1" package="$2" version="$3" have
+  have="$("$venv/bin/python" -c "import importlib.metadata as m; print(m.version('$package'))" 2>/dev/null || true)"
+  if [ "$have" != "$version" ]; then
+    echo "==> installing $package==$version into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "$package==$version"
+  fi
 }
-if [ ! -x "$VENV/bin/moto_server" ] || [ "$(installed_moto)" != "$MOTO_VERSION" ]; then
-  echo "==> installing moto[server]==$MOTO_VERSION into $VENV"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check "moto[server]==$MOTO_VERSION"
-fi
+tool moto "moto[server]" "$MOTO_VERSION"
+tool sam aws-sam-cli "$SAM_CLI_VERSION"
+tool checkov checkov "$CHECKOV_VERSION"
+tool lambda cargo-lambda "$CARGO_LAMBDA_VERSION"
+
+echo "==> template checks"
+"$TOOLS/sam/bin/cfn-lint" template.yaml
+"$TOOLS/sam/bin/sam" validate --lint --template template.yaml
+"$TOOLS/checkov/bin/checkov" -f template.yaml --framework cloudformation --skip-download \
+  --compact --quiet
+for script in infra/*.sh .ci/run; do bash -n "$script"; done
+"$TOOLS/sam/bin/python" -m py_compile infra/*.py
+mkdir -p target
+"$TOOLS/sam/bin/python" infra/render_template.py template.yaml target/template.json
+export SAS_TEMPLATE_JSON="$ROOT/target/template.json"
 
 PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
-mkdir -p target
-"$VENV/bin/moto_server" -H 127.0.0.1 -p "$PORT" >target/moto.log 2>&1 &
+"$TOOLS/moto/bin/moto_server" -H 127.0.0.1 -p "$PORT" >target/moto.log 2>&1 &
 MOTO_PID=$!
 cleanup() {
   kill "$MOTO_PID" 2>/dev/null || true
-  wait "$MOTO_PID" 2>/dev/null || true
+  wait 2>/dev/null || true
 }
 trap cleanup EXIT
 
@@ -43,7 +72,7 @@ echo "==> moto $MOTO_VERSION on 127.0.0.1:$PORT (pid $MOTO_PID)"
 # Loopback only: dummy credentials, and every SDK client pointed at the emulator.
 export SAS_TEST_ENDPOINT="http://127.0.0.1:$PORT"
 export AWS_ENDPOINT_URL="$SAS_TEST_ENDPOINT"
-export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
+export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
 export AWS_EC2_METADATA_DISABLED=true
 unset AWS_PROFILE AWS_SESSION_TOKEN
 
@@ -55,3 +84,30 @@ echo "==> cargo test"
 start=$(date +%s)
 cargo test --workspace
 echo "==> all tests passed ($(( $(date +%s) - start ))s for the test step)"
+
+if [ "${SAS_SKIP_LAMBDA_BUILD:-0}" = 1 ]; then
+  echo "==> SAS_SKIP_LAMBDA_BUILD=1: skipping sam build and the cargo lambda smoke test"
+  exit 0
+fi
+
+echo "==> sam build (arm64, cargo-lambda)"
+start=$(date +%s)
+PATH="$TOOLS/lambda/bin:$PATH" "$TOOLS/sam/bin/sam" build --template template.yaml
+echo "==> sam build took $(( $(date +%s) - start ))s; bootstrap sizes:"
+python3 - <<'PY'
+import glob, os, sys
+bad = []
+for path in sorted(glob.glob(".aws-sam/build/*/bootstrap")):
+    with open(path, "rb") as f:
+        header = f.read(20)
+    machine = int.from_bytes(header[18:20], "little")  # ELF e_machine; 183 = AArch64
+    size = os.path.getsize(path) / 1048576
+    print(f"    {path.split('/')[2]:<28} {size:6.2f} MB  {'arm64' if machine == 183 else 'NOT arm64'}")
+    if header[:4] != b"\x7fELF" or machine != 183:
+        bad.append(path)
+if len(glob.glob(".aws-sam/build/*/bootstrap")) != 4 or bad:
+    sys.exit(f"expected four arm64 bootstraps (the three agents share one build), bad: {bad}")
+PY
+
+echo "==> smoke: the real binaries under cargo lambda watch"
+PATH="$TOOLS/lambda/bin:$PATH" "$TOOLS/moto/bin/python" infra/smoke.py

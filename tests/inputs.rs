@@ -107,6 +107,7 @@ async fn poison_messages_are_acknowledged_and_moved_to_the_dead_letter_queue() {
     assert_eq!(system.pump_scheduler().await.expect("poll"), 4);
     assert_eq!(system.pump_agents().await.expect("poll"), 1);
     let mut dead = drain(&system, &res.dead_letter_url).await;
+    dead.extend(drain(&system, &res.agent_dead_letter_urls["payment"]).await);
     dead.sort();
     let mut sent: Vec<String> = poison.iter().map(|(_, b)| b.clone()).collect();
     sent.sort();

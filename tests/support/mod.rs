@@ -2,6 +2,7 @@
 //! suite that both the in-memory and the AWS adapters must pass.
 
 pub mod contract;
+pub mod template;
 
 use aws_config::{BehaviorVersion, Region};
 use sas::aws::provision;
@@ -79,12 +80,15 @@ pub fn manual_settings() -> Settings {
     }
 }
 
-/// A system on the emulator with its own resources and a clock the test can move.
+/// A system on the emulator with a clock the test can move, on its own copy of the
+/// resources `template.yaml` defines (named with a unique stage).
 pub async fn aws_system(name: &str, settings: Settings) -> (System, Arc<OffsetClock>) {
     let clock = Arc::new(OffsetClock::default());
-    let backend = Backend::Aws {
-        config: Box::new(sdk_config().await),
-        prefix: unique(name),
+    let config = sdk_config().await;
+    let stack = template::provision(&config, &unique(name)).await;
+    let backend = Backend::Existing {
+        config: Box::new(config),
+        resources: stack.resources,
     };
     let system = System::new(backend, settings, clock.clone() as Arc<dyn Clock>)
         .await

@@ -33,7 +33,10 @@ pub struct Resources {
     pub reply_queue_url: String,
     /// Agent name → request queue URL.
     pub agent_queue_urls: HashMap<String, String>,
+    /// Where the scheduler's poison messages go.
     pub dead_letter_url: String,
+    /// Where each agent's poison messages go (agents without an entry use `dead_letter_url`).
+    pub agent_dead_letter_urls: HashMap<String, String>,
     pub bus_name: String,
 }
 
@@ -90,6 +93,7 @@ pub async fn provision(
         reply_queue_url,
         agent_queue_urls,
         dead_letter_url,
+        agent_dead_letter_urls: HashMap::new(),
         bus_name,
     })
 }

@@ -36,6 +36,21 @@ type Ports = (
     Option<MemoryPorts>,
 );
 
+/// The AWS adapters on `resources`.
+fn aws_ports(config: &aws_config::SdkConfig, resources: Resources, shards: u32) -> Ports {
+    let store = Arc::new(DynamoStore::new(
+        aws_sdk_dynamodb::Client::new(config),
+        &resources.table,
+        shards,
+    ));
+    let queue = Arc::new(SqsQueue::new(aws_sdk_sqs::Client::new(config)));
+    let events = Arc::new(EventBridgeBus::new(
+        aws_sdk_eventbridge::Client::new(config),
+        &resources.bus_name,
+    ));
+    (store, queue, events, resources, None)
+}
+
 /// Where the ports point.
 #[derive(Clone)]
 pub enum Backend {
@@ -46,6 +61,11 @@ pub enum Backend {
     Aws {
         config: Box<aws_config::SdkConfig>,
         prefix: String,
+    },
+    /// The AWS adapters on resources that already exist (e.g. created from `template.yaml`).
+    Existing {
+        config: Box<aws_config::SdkConfig>,
+        resources: Resources,
     },
 }
 
@@ -153,6 +173,7 @@ impl System {
                         .map(|a| ((*a).to_owned(), q(&format!("agent-{a}"))))
                         .collect(),
                     dead_letter_url: dlq.clone(),
+                    agent_dead_letter_urls: HashMap::new(),
                     bus_name: "memory".into(),
                 };
                 (
@@ -164,27 +185,16 @@ impl System {
                 )
             }
             Backend::Aws { config, prefix } => {
-                let resources = provision::provision(
-                    &config,
-                    &prefix,
-                    &agent_names,
-                    QueueSettings {
-                        visibility_timeout_secs: visibility,
-                        max_receive_count: 5,
-                    },
-                )
-                .await?;
-                let store = Arc::new(DynamoStore::new(
-                    aws_sdk_dynamodb::Client::new(&config),
-                    &resources.table,
-                    settings.due_shards,
-                ));
-                let queue = Arc::new(SqsQueue::new(aws_sdk_sqs::Client::new(&config)));
-                let events = Arc::new(EventBridgeBus::new(
-                    aws_sdk_eventbridge::Client::new(&config),
-                    &resources.bus_name,
-                ));
-                (store, queue, events, resources, None)
+                let queues = QueueSettings {
+                    visibility_timeout_secs: visibility,
+                    max_receive_count: 5,
+                };
+                let resources =
+                    provision::provision(&config, &prefix, &agent_names, queues).await?;
+                aws_ports(&config, resources, settings.due_shards)
+            }
+            Backend::Existing { config, resources } => {
+                aws_ports(&config, resources, settings.due_shards)
             }
         };
         let mut services = HashMap::new();
@@ -207,7 +217,13 @@ impl System {
                 clock: clock.clone(),
                 backoff: settings.backoff,
                 call_timeout: Duration::from_secs(10),
-                dead_letter_url: Some(resources.dead_letter_url.clone()),
+                dead_letter_url: Some(
+                    resources
+                        .agent_dead_letter_urls
+                        .get(*name)
+                        .unwrap_or(&resources.dead_letter_url)
+                        .clone(),
+                ),
             });
         }
         let (shutdown, _) = watch::channel(false);

@@ -1,0 +1,418 @@
+//! One source of truth for the resources: the tests create their table, queues and bus from
+//! `template.yaml` itself (rendered to plain CloudFormation JSON by `infra/render_template.py`,
+//! path in `SAS_TEMPLATE_JSON`), and learn which resource each function uses from the
+//! functions' environment in the template. A key, index or queue attribute the code uses but
+//! the template does not define makes the black-box tests fail on the emulator.
+
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
+    ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
+};
+use aws_sdk_sqs::types::QueueAttributeName;
+use sas::aws::provision::{Resources, queue_arn};
+use serde_json::Value;
+use std::collections::HashMap;
+
+/// The rendered template.
+pub struct Template {
+    json: Value,
+}
+
+impl Template {
+    /// Loads the rendered template; fails loudly if the test command did not render it.
+    pub fn load() -> Self {
+        let path = std::env::var("SAS_TEMPLATE_JSON").unwrap_or_else(|_| {
+            panic!("SAS_TEMPLATE_JSON is not set: run ./infra/test.sh, which renders template.yaml")
+        });
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read the rendered template {path}: {e}"));
+        let json: Value = serde_json::from_str(&text).expect("rendered template is JSON");
+        assert!(json["Resources"].is_object(), "the template has Resources");
+        Self { json }
+    }
+
+    fn resources(&self) -> &serde_json::Map<String, Value> {
+        self.json["Resources"].as_object().expect("Resources")
+    }
+
+    /// The properties of a resource, checking its type.
+    pub fn properties(&self, id: &str, kind: &str) -> &Value {
+        let r = self
+            .resources()
+            .get(id)
+            .unwrap_or_else(|| panic!("template has no resource {id}"));
+        assert_eq!(r["Type"], kind, "{id} is not a {kind}");
+        &r["Properties"]
+    }
+
+    /// Logical ids of every resource of a type.
+    pub fn of_type(&self, kind: &str) -> Vec<&str> {
+        self.resources()
+            .iter()
+            .filter(|(_, r)| r["Type"] == kind)
+            .map(|(id, _)| id.as_str())
+            .collect()
+    }
+
+    /// A function's environment variable, as written in the template.
+    pub fn env(&self, function: &str, name: &str) -> &Value {
+        let v =
+            &self.properties(function, "AWS::Lambda::Function")["Environment"]["Variables"][name];
+        assert!(
+            !v.is_null(),
+            "{function} has no environment variable {name}"
+        );
+        v
+    }
+
+    /// The logical id a `{"Ref": id}` names.
+    pub fn ref_of(v: &Value) -> &str {
+        v["Ref"]
+            .as_str()
+            .unwrap_or_else(|| panic!("expected a Ref, got {v}"))
+    }
+
+    /// The queues (logical ids) a function's event source mappings consume.
+    pub fn mapped_queues(&self, function: &str) -> Vec<&str> {
+        self.of_type("AWS::Lambda::EventSourceMapping")
+            .into_iter()
+            .map(|m| self.properties(m, "AWS::Lambda::EventSourceMapping"))
+            .filter(|p| p["FunctionName"]["Ref"] == function)
+            .map(|p| {
+                p["EventSourceArn"]["Fn::GetAtt"][0]
+                    .as_str()
+                    .expect("EventSourceArn is a queue's Arn")
+            })
+            .collect()
+    }
+
+    /// The function whose environment has `AGENT_NAME` = `agent`.
+    pub fn agent_function(&self, agent: &str) -> &str {
+        self.of_type("AWS::Lambda::Function")
+            .into_iter()
+            .find(|f| {
+                self.properties(f, "AWS::Lambda::Function")["Environment"]["Variables"]
+                    ["AGENT_NAME"]
+                    == agent
+            })
+            .unwrap_or_else(|| panic!("no agent function for {agent}"))
+    }
+}
+
+/// Resolves the string intrinsics the template uses in names: `Fn::Sub` over `${Stage}`.
+fn name(v: &Value, stage: &str) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other["Fn::Sub"]
+            .as_str()
+            .unwrap_or_else(|| panic!("unsupported name {other}"))
+            .replace("${Stage}", stage),
+    }
+}
+
+fn number(v: &Value) -> i64 {
+    v.as_i64()
+        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+        .unwrap_or_else(|| panic!("expected a number, got {v}"))
+}
+
+fn key_schema(v: &Value) -> Vec<KeySchemaElement> {
+    v.as_array()
+        .expect("KeySchema is a list")
+        .iter()
+        .map(|k| {
+            KeySchemaElement::builder()
+                .attribute_name(k["AttributeName"].as_str().expect("AttributeName"))
+                .key_type(KeyType::from(k["KeyType"].as_str().expect("KeyType")))
+                .build()
+                .expect("key schema element")
+        })
+        .collect()
+}
+
+/// Creates the template's DynamoDB table, with its key schema, GSIs and TTL, under `stage`.
+async fn create_table(
+    config: &aws_config::SdkConfig,
+    t: &Template,
+    id: &str,
+    stage: &str,
+) -> String {
+    let p = t.properties(id, "AWS::DynamoDB::Table");
+    let table = name(&p["TableName"], stage);
+    let ddb = aws_sdk_dynamodb::Client::new(config);
+    let mut req = ddb
+        .create_table()
+        .table_name(&table)
+        .billing_mode(BillingMode::from(
+            p["BillingMode"].as_str().expect("BillingMode"),
+        ))
+        .set_key_schema(Some(key_schema(&p["KeySchema"])));
+    for a in p["AttributeDefinitions"].as_array().expect("attributes") {
+        req = req.attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(a["AttributeName"].as_str().expect("name"))
+                .attribute_type(ScalarAttributeType::from(
+                    a["AttributeType"].as_str().expect("type"),
+                ))
+                .build()
+                .expect("attribute definition"),
+        );
+    }
+    for g in p["GlobalSecondaryIndexes"].as_array().into_iter().flatten() {
+        req = req.global_secondary_indexes(
+            GlobalSecondaryIndex::builder()
+                .index_name(g["IndexName"].as_str().expect("IndexName"))
+                .set_key_schema(Some(key_schema(&g["KeySchema"])))
+                .projection(
+                    Projection::builder()
+                        .projection_type(ProjectionType::from(
+                            g["Projection"]["ProjectionType"]
+                                .as_str()
+                                .expect("projection"),
+                        ))
+                        .build(),
+                )
+                .build()
+                .expect("gsi"),
+        );
+    }
+    req.send().await.expect("create the template's table");
+    let ttl = &p["TimeToLiveSpecification"];
+    if ttl["Enabled"] == true {
+        ddb.update_time_to_live()
+            .table_name(&table)
+            .time_to_live_specification(
+                TimeToLiveSpecification::builder()
+                    .enabled(true)
+                    .attribute_name(ttl["AttributeName"].as_str().expect("ttl attribute"))
+                    .build()
+                    .expect("ttl"),
+            )
+            .send()
+            .await
+            .expect("enable the template's TTL");
+    }
+    table
+}
+
+/// Creates every queue of the template under `stage` (dead-letter queues first, so redrive
+/// policies can name them); returns logical id → URL.
+async fn create_queues(
+    config: &aws_config::SdkConfig,
+    t: &Template,
+    stage: &str,
+) -> HashMap<String, String> {
+    let sqs = aws_sdk_sqs::Client::new(config);
+    let mut ids = t.of_type("AWS::SQS::Queue");
+    ids.sort_by_key(|id| !t.properties(id, "AWS::SQS::Queue")["RedrivePolicy"].is_null());
+    let mut urls: HashMap<String, String> = HashMap::new();
+    for id in ids {
+        let p = t.properties(id, "AWS::SQS::Queue");
+        let mut req = sqs.create_queue().queue_name(name(&p["QueueName"], stage));
+        if !p["VisibilityTimeout"].is_null() {
+            req = req.attributes(
+                QueueAttributeName::VisibilityTimeout,
+                number(&p["VisibilityTimeout"]).to_string(),
+            );
+        }
+        if !p["MessageRetentionPeriod"].is_null() {
+            req = req.attributes(
+                QueueAttributeName::MessageRetentionPeriod,
+                number(&p["MessageRetentionPeriod"]).to_string(),
+            );
+        }
+        let redrive = &p["RedrivePolicy"];
+        if !redrive.is_null() {
+            let target = redrive["deadLetterTargetArn"]["Fn::GetAtt"][0]
+                .as_str()
+                .expect("redrive names a queue");
+            let arn = queue_arn(&sqs, &urls[target]).await.expect("dlq arn");
+            req = req.attributes(
+                QueueAttributeName::RedrivePolicy,
+                serde_json::json!({
+                    "deadLetterTargetArn": arn,
+                    "maxReceiveCount": number(&redrive["maxReceiveCount"]),
+                })
+                .to_string(),
+            );
+        }
+        let out = req.send().await.expect("create the template's queue");
+        urls.insert(
+            id.to_owned(),
+            out.queue_url().expect("queue url").to_owned(),
+        );
+    }
+    urls
+}
+
+/// A copy of the template's resources on the emulator.
+pub struct Stack {
+    pub stage: String,
+    /// The resources as the functions see them (through their environment in the template).
+    pub resources: Resources,
+    /// Logical id → URL of every queue.
+    pub queue_urls: HashMap<String, String>,
+}
+
+/// Creates the template's table, queues and bus on the emulator, named for `stage`.
+pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
+    let t = Template::load();
+    let table_id = Template::ref_of(t.env("SchedulerFunction", "TABLE_NAME"));
+    for f in ["SubmissionFunction", "SupervisorFunction"] {
+        assert_eq!(
+            Template::ref_of(t.env(f, "TABLE_NAME")),
+            table_id,
+            "{f} uses another table"
+        );
+    }
+    let table = create_table(config, &t, table_id, stage).await;
+    let queues = create_queues(config, &t, stage).await;
+    let url = |v: &Value| queues[Template::ref_of(v)].clone();
+
+    let bus_id = Template::ref_of(t.env("SchedulerFunction", "EVENT_BUS_NAME"));
+    let bus_name = name(
+        &t.properties(bus_id, "AWS::Events::EventBus")["Name"],
+        stage,
+    );
+    aws_sdk_eventbridge::Client::new(config)
+        .create_event_bus()
+        .name(&bus_name)
+        .send()
+        .await
+        .expect("create the template's bus");
+
+    // AGENT_QUEUE_URLS: "agent=${Queue},...".
+    let pairs = t.env("SchedulerFunction", "AGENT_QUEUE_URLS")["Fn::Sub"]
+        .as_str()
+        .expect("AGENT_QUEUE_URLS is a Fn::Sub");
+    let mut agent_queue_urls = HashMap::new();
+    let mut agent_dead_letter_urls = HashMap::new();
+    for pair in pairs.split(',') {
+        let (agent, queue) = pair.split_once('=').expect("agent=${Queue}");
+        let queue = queue.trim_start_matches("${").trim_end_matches('}');
+        agent_queue_urls.insert(agent.to_owned(), queues[queue].clone());
+        let function = t.agent_function(agent);
+        agent_dead_letter_urls.insert(
+            agent.to_owned(),
+            url(t.env(function, "DEAD_LETTER_QUEUE_URL")),
+        );
+    }
+    // Each agent consumes the queue the scheduler sends its steps to, and the scheduler
+    // consumes the work and reply queues.
+    for (agent, queue_url) in &agent_queue_urls {
+        let consumed: Vec<&String> = t
+            .mapped_queues(t.agent_function(agent))
+            .iter()
+            .map(|q| &queues[*q])
+            .collect();
+        assert_eq!(consumed, [queue_url], "{agent}'s event source mapping");
+    }
+    let mut consumed = t.mapped_queues("SchedulerFunction");
+    consumed.sort_unstable();
+    let mut expected = vec![
+        Template::ref_of(t.env("SubmissionFunction", "WORK_QUEUE_URL")),
+        Template::ref_of(t.env("SchedulerFunction", "REPLY_QUEUE_URL")),
+    ];
+    expected.sort_unstable();
+    assert_eq!(consumed, expected, "the scheduler's event source mappings");
+
+    let work_queue_url = url(t.env("SubmissionFunction", "WORK_QUEUE_URL"));
+    assert_eq!(
+        url(t.env("SupervisorFunction", "WORK_QUEUE_URL")),
+        work_queue_url,
+        "the supervisor re-enqueues where submission enqueues"
+    );
+    let resources = Resources {
+        table,
+        work_queue_url,
+        reply_queue_url: url(t.env("SchedulerFunction", "REPLY_QUEUE_URL")),
+        agent_queue_urls,
+        dead_letter_url: url(t.env("SchedulerFunction", "DEAD_LETTER_QUEUE_URL")),
+        agent_dead_letter_urls,
+        bus_name,
+    };
+    Stack {
+        stage: stage.to_owned(),
+        resources,
+        queue_urls: queues,
+    }
+}
+
+impl Template {
+    /// A parameter's default value.
+    fn parameter_default(&self, name: &str) -> Option<String> {
+        let d = &self.json["Parameters"][name]["Default"];
+        match d {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        }
+    }
+}
+
+/// Resolves a function's environment from the template, as CloudFormation would for a stack
+/// whose parameters keep their defaults (except `Stage`) and whose resources are `resources`.
+/// Supports the intrinsics the template uses in environments: `Ref` (parameters, queues,
+/// table, bus), `Fn::Sub` over resource names, and `Fn::If` on `Fn::Equals` conditions.
+pub fn function_env(function: &str, stack: &Stack) -> Vec<(String, String)> {
+    let t = Template::load();
+    let json = &t.json;
+    let resources = &stack.resources;
+    let resolve_ref = |id: &str| -> String {
+        if id == "Stage" {
+            return stack.stage.clone();
+        }
+        if let Some(v) = t.parameter_default(id) {
+            return v;
+        }
+        if let Some(u) = stack.queue_urls.get(id) {
+            return u.clone();
+        }
+        match json["Resources"][id]["Type"].as_str() {
+            Some("AWS::DynamoDB::Table") => resources.table.clone(),
+            Some("AWS::Events::EventBus") => resources.bus_name.clone(),
+            other => panic!("cannot resolve Ref {id} ({other:?})"),
+        }
+    };
+    fn eval(v: &Value, json: &Value, r: &dyn Fn(&str) -> String) -> Value {
+        if let Some(id) = v["Ref"].as_str() {
+            return Value::String(r(id));
+        }
+        if let Some(s) = v["Fn::Sub"].as_str() {
+            let mut out = String::new();
+            let mut rest = s;
+            while let Some(start) = rest.find("${") {
+                out.push_str(&rest[..start]);
+                let end = rest[start..].find('}').expect("closing brace") + start;
+                out.push_str(&r(&rest[start + 2..end]));
+                rest = &rest[end + 1..];
+            }
+            out.push_str(rest);
+            return Value::String(out);
+        }
+        if let Some(args) = v["Fn::If"].as_array() {
+            let cond = args[0].as_str().expect("condition name");
+            let holds = eval(&json["Conditions"][cond], json, r) == Value::Bool(true);
+            return eval(&args[if holds { 1 } else { 2 }], json, r);
+        }
+        if let Some(args) = v["Fn::Equals"].as_array() {
+            return Value::Bool(eval(&args[0], json, r) == eval(&args[1], json, r));
+        }
+        if let Some(args) = v["Fn::Not"].as_array() {
+            return Value::Bool(eval(&args[0], json, r) != Value::Bool(true));
+        }
+        v.clone()
+    }
+    let vars = t.properties(function, "AWS::Lambda::Function")["Environment"]["Variables"]
+        .as_object()
+        .expect("environment");
+    vars.iter()
+        .map(|(k, v)| {
+            let value = match eval(v, json, &resolve_ref) {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            (k.clone(), value)
+        })
+        .collect()
+}
