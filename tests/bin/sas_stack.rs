@@ -22,7 +22,8 @@ async fn main() -> anyhow::Result<()> {
     for function in Template::load().of_type("AWS::Lambda::Function") {
         let env: String = template::function_env(function, &stack)
             .into_iter()
-            .map(|(k, v)| format!("{k}={v}\n"))
+            // Quoted: values hold `=` and `,` (AGENT_QUEUE_URLS).
+            .map(|(k, v)| format!("{k}=\"{}\"\n", v.replace('\\', "\\\\").replace('"', "\\\"")))
             .collect();
         std::fs::write(out.join(format!("{function}.env")), env)?;
     }
