@@ -16,12 +16,12 @@ use sas::ports::{Clock, CreateOutcome, SystemClock};
 use sas::remote::SimulatedService;
 use sas::transition::{self, StepOutcome};
 use sas::{Order, OrderId, OrderRequest, ProcessState, StateRecord, StepStatus};
+use sas_blackbox::drain;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// One entry of `events/manifest.json`.
 #[derive(Debug, Clone, Deserialize)]
@@ -664,29 +664,6 @@ async fn check_store(system: &System, entry: &Entry, subject: &Subject) {
     if let Some(steps) = &want.steps {
         let got: Vec<StepStatus> = r.steps.iter().map(|s| s.status).collect();
         assert_eq!(&got, steps, "step statuses");
-    }
-}
-
-/// Receives and deletes everything `url` holds.
-async fn drain(system: &System, url: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    loop {
-        let got = system
-            .queue
-            .receive(url, 10, Duration::ZERO)
-            .await
-            .expect("receive");
-        if got.is_empty() {
-            return out;
-        }
-        for m in got {
-            system
-                .queue
-                .delete(url, &m.receipt_handle)
-                .await
-                .expect("delete");
-            out.push(m.body);
-        }
     }
 }
 

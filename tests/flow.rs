@@ -7,52 +7,11 @@ use sas::messages::{SchedulerMessage, StepReply, StepRequest};
 use sas::remote::Faults;
 use sas::transition::StepOutcome;
 use sas::{OrderId, ProcessState, StateRecord, StepStatus};
-use sas_blackbox::{aws_system, drain, manual_settings, pump_until_quiet, subscribe};
+use sas_blackbox::{
+    aws_system, drain, manual_settings, order_body, pump_until_quiet, submit, submit_ok, subscribe,
+};
 use serde_json::{Value, json};
 use std::time::Duration;
-
-fn order_body() -> Value {
-    json!({"customerId": "c-42", "items": [{"sku": "SKU-1", "quantity": 2}]})
-}
-
-/// Submits through the submission handler with the request API Gateway would send.
-async fn submit(system: &System, key: Option<&str>, body: &Value) -> (u16, Value) {
-    let mut headers = http::HeaderMap::new();
-    headers.insert(
-        "content-type",
-        http::HeaderValue::from_static("application/json"),
-    );
-    if let Some(k) = key {
-        headers.insert(
-            "idempotency-key",
-            http::HeaderValue::from_str(k).expect("header"),
-        );
-    }
-    let resp = sas::handlers::submission::handle(
-        &system.submission,
-        &http::Method::POST,
-        "/orders",
-        &headers,
-        body.to_string().as_bytes(),
-    )
-    .await;
-    let status = resp.status().as_u16();
-    (
-        status,
-        serde_json::from_str(resp.body()).expect("JSON body"),
-    )
-}
-
-async fn submit_ok(system: &System) -> OrderId {
-    let (status, body) = submit(system, None, &order_body()).await;
-    assert_eq!(status, 202, "{body}");
-    assert_eq!(body["processState"], "Pending");
-    body["orderId"]
-        .as_str()
-        .expect("orderId")
-        .parse()
-        .expect("uuid")
-}
 
 async fn state(system: &System, id: OrderId) -> StateRecord {
     system

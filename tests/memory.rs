@@ -38,19 +38,8 @@ async fn a_faulty_in_memory_run_loses_nothing_and_duplicates_nothing() {
         .expect("builds");
     system.start();
     let mut ids: Vec<OrderId> = Vec::new();
-    for i in 0..150 {
-        let body = serde_json::json!({"customerId": format!("c-{i}"), "items": [{"sku": "S", "quantity": 1}]});
-        let resp = sas::handlers::submission::handle(
-            &system.submission,
-            &http::Method::POST,
-            "/orders",
-            &http::HeaderMap::new(),
-            body.to_string().as_bytes(),
-        )
-        .await;
-        assert_eq!(resp.status(), 202);
-        let v: serde_json::Value = serde_json::from_str(resp.body()).expect("json");
-        ids.push(v["orderId"].as_str().expect("id").parse().expect("uuid"));
+    for _ in 0..150 {
+        ids.push(sas_blackbox::submit_ok(&system).await);
     }
     let until = Instant::now() + Duration::from_secs(60);
     let (mut processed, mut failed, mut recovered) = (0, 0, 0);

@@ -7,7 +7,7 @@ use sas::ProcessState;
 use sas::aws::provision;
 use sas::local::{Backend, System};
 use sas::ports::SystemClock;
-use sas_blackbox::{manual_settings, pump_until_quiet, sdk_config, template, unique};
+use sas_blackbox::{manual_settings, pump_until_quiet, sdk_config, submit_ok, template, unique};
 use std::sync::Arc;
 
 /// The parts of a table description that the code depends on, in a comparable form.
@@ -124,18 +124,7 @@ async fn the_local_runners_aws_mode_provisions_and_runs_an_order() {
     let system = System::new(backend, manual_settings(), Arc::new(SystemClock))
         .await
         .expect("provisions from code");
-    let body = serde_json::json!({"customerId": "c", "items": [{"sku": "S", "quantity": 1}]});
-    let resp = sas::handlers::submission::handle(
-        &system.submission,
-        &http::Method::POST,
-        "/orders",
-        &http::HeaderMap::new(),
-        body.to_string().as_bytes(),
-    )
-    .await;
-    assert_eq!(resp.status(), 202);
-    let v: serde_json::Value = serde_json::from_str(resp.body()).expect("json");
-    let id = v["orderId"].as_str().expect("id").parse().expect("uuid");
+    let id = submit_ok(&system).await;
     pump_until_quiet(&system, 20).await;
     let r = system
         .store

@@ -5,10 +5,12 @@ pub mod contract;
 pub mod template;
 
 use aws_config::{BehaviorVersion, Region};
+use sas::OrderId;
 use sas::aws::provision;
 use sas::local::{Backend, Settings, System};
 use sas::ports::{Clock, OffsetClock};
 use sas::{Backoff, Policy};
+use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -161,4 +163,49 @@ pub async fn pump_until_quiet(system: &System, rounds: usize) {
             return;
         }
     }
+}
+
+/// A valid order request body.
+pub fn order_body() -> Value {
+    json!({"customerId": "c-42", "items": [{"sku": "SKU-1", "quantity": 2}]})
+}
+
+/// Submits through the submission handler with the request API Gateway would send.
+pub async fn submit(system: &System, key: Option<&str>, body: &Value) -> (u16, Value) {
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    if let Some(k) = key {
+        headers.insert(
+            "idempotency-key",
+            http::HeaderValue::from_str(k).expect("header"),
+        );
+    }
+    let resp = sas::handlers::submission::handle(
+        &system.submission,
+        &http::Method::POST,
+        "/orders",
+        &headers,
+        body.to_string().as_bytes(),
+    )
+    .await;
+    let status = resp.status().as_u16();
+    (
+        status,
+        serde_json::from_str(resp.body()).expect("JSON body"),
+    )
+}
+
+/// Submits a valid order and returns its id (asserting the 202).
+pub async fn submit_ok(system: &System) -> OrderId {
+    let (status, body) = submit(system, None, &order_body()).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["processState"], "Pending");
+    body["orderId"]
+        .as_str()
+        .expect("orderId")
+        .parse()
+        .expect("uuid")
 }
