@@ -2,7 +2,7 @@
 //! `SAS_TEST_ENDPOINT` (table, queues, bus, named for STAGE) and writes, for every function of
 //! the template, `OUT_DIR/<LogicalId>.env` with its environment resolved as CloudFormation
 //! would (parameter defaults, resource names and URLs), plus `OUT_DIR/resources.json`.
-//! The smoke test (`infra/smoke.sh`) runs the real function binaries with these environments,
+//! The smoke test (`infra/smoke.py`) runs the real function binaries with these environments,
 //! so a variable a `main.rs` needs but the template does not give fails the smoke test.
 
 use anyhow::Context;

@@ -21,7 +21,13 @@ pub struct HttpRemote {
 }
 
 impl HttpRemote {
-    pub fn new(client: reqwest::Client, base: url::Url) -> Self {
+    /// `base` is the service's root; a missing trailing `/` is added, so that `{base}/{action}`
+    /// keeps every path segment of the base.
+    pub fn new(client: reqwest::Client, mut base: url::Url) -> Self {
+        if !base.path().ends_with('/') {
+            let path = format!("{}/", base.path());
+            base.set_path(&path);
+        }
         Self { client, base }
     }
 }
@@ -122,8 +128,10 @@ mod tests {
             .await
             .expect("bind loopback");
         let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, router(service)).await });
-        url::Url::parse(&format!("http://{addr}/")).expect("url")
+        let app = axum::Router::new().nest("/v1", router(service));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        // No trailing slash: the client must keep the `/v1` segment.
+        url::Url::parse(&format!("http://{addr}/v1")).expect("url")
     }
 
     #[tokio::test]
