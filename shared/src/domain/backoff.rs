@@ -29,7 +29,8 @@ impl Backoff {
 
 /// A circuit breaker around one remote service: after `threshold` consecutive transient
 /// faults it opens for `cooldown`, failing calls fast; then one trial call (half-open) decides
-/// whether it closes again.
+/// whether it closes again. A trial that never reports back (its caller was cancelled) does not
+/// wedge the breaker: after another `cooldown` a new trial is let through.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CircuitBreaker {
     threshold: u32,
@@ -41,7 +42,7 @@ pub struct CircuitBreaker {
 enum Breaker {
     Closed { failures: u32 },
     Open { until: DateTime<Utc> },
-    HalfOpen,
+    HalfOpen { trial_until: DateTime<Utc> },
 }
 
 impl CircuitBreaker {
@@ -58,11 +59,13 @@ impl CircuitBreaker {
     pub fn allow(&mut self, now: DateTime<Utc>) -> bool {
         match self.state {
             Breaker::Closed { .. } => true,
-            Breaker::Open { until } if now >= until => {
-                self.state = Breaker::HalfOpen;
+            Breaker::Open { until } | Breaker::HalfOpen { trial_until: until } if now >= until => {
+                self.state = Breaker::HalfOpen {
+                    trial_until: now + self.cooldown,
+                };
                 true
             }
-            Breaker::Open { .. } | Breaker::HalfOpen => false,
+            Breaker::Open { .. } | Breaker::HalfOpen { .. } => false,
         }
     }
 
@@ -138,5 +141,19 @@ mod tests {
         cb.on_success();
         assert!(!cb.is_open());
         assert!(cb.allow(t + Duration::seconds(20)));
+    }
+
+    #[test]
+    fn a_trial_that_never_reports_back_does_not_wedge_the_breaker() {
+        let t = Utc::now();
+        let mut cb = CircuitBreaker::new(1, Duration::seconds(10));
+        cb.on_transient_fault(t);
+        assert!(cb.allow(t + Duration::seconds(10)), "trial");
+        // The trial's caller vanished: no on_success, no on_transient_fault.
+        assert!(!cb.allow(t + Duration::seconds(19)));
+        assert!(
+            cb.allow(t + Duration::seconds(20)),
+            "a new trial after another cooldown"
+        );
     }
 }
