@@ -3,9 +3,15 @@
 
 use tracing_subscriber::EnvFilter;
 
-/// Installs the global subscriber once; later calls are no-ops.
+/// Installs the global subscriber once (default level `info`); later calls are no-ops.
 pub fn init() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    init_with_default("info");
+}
+
+/// Like [`init`], with another filter when `RUST_LOG` is not set.
+pub fn init_with_default(default_filter: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let in_lambda = std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some();
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let _ = if in_lambda {

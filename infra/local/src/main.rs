@@ -169,11 +169,8 @@ async fn main() -> anyhow::Result<()> {
             timeout_secs,
             no_faults,
         } => {
-            if std::env::var_os("RUST_LOG").is_none() {
-                // SAFETY: set before any other thread reads the environment.
-                unsafe { std::env::set_var("RUST_LOG", "error") };
-            }
-            sas::telemetry::init();
+            // The progress bars and the summary are the demo's output; only errors are logged.
+            sas::telemetry::init_with_default("error");
             let (faults, outage) = if no_faults {
                 (Faults::default(), None)
             } else {
