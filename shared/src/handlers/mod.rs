@@ -6,8 +6,8 @@ pub mod scheduler;
 pub mod submission;
 pub mod supervisor;
 
-use crate::domain::StateRecord;
 use crate::domain::transition::notice_delivered;
+use crate::domain::{StateRecord, Transition};
 use crate::messages::OrderNotice;
 use crate::ports::{Clock, EventBus, PublishError, Queue, QueueError, StateStore, StoreError};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
@@ -103,6 +103,16 @@ where
     response
 }
 
+/// Writes a transition's record under its condition. `Ok(false)`: the condition failed because
+/// another writer moved the record first, which callers treat as a normal race, not an error.
+pub(crate) async fn write(store: &dyn StateStore, t: &Transition) -> Result<bool, HandlerError> {
+    match store.put(&t.record, &t.condition).await {
+        Ok(()) => Ok(true),
+        Err(StoreError::ConditionFailed) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Delivers a terminal record's notice (the outbox) and clears the flag.
 ///
 /// The event goes to the bus first (`OrderFailed` is the operator alert; delivery is at least
@@ -131,13 +141,9 @@ pub async fn deliver_notice(
     let Ok(t) = notice_delivered(record, clock.now()) else {
         return Ok(());
     };
-    match store.put(&t.record, &t.condition).await {
-        // Lost a race with another deliverer: the notice went out twice, which consumers
-        // tolerate, and the flag is cleared either way.
-        Ok(()) | Err(StoreError::ConditionFailed) => {
-            info!(order_id = %record.order_id, state = %record.process_state, "notice delivered");
-            Ok(())
-        }
-        Err(e) => Err(e.into()),
-    }
+    // A lost race with another deliverer means the notice went out twice, which consumers
+    // tolerate; the flag is cleared either way.
+    write(store, &t).await?;
+    info!(state = %record.process_state, "notice delivered");
+    Ok(())
 }

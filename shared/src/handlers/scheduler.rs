@@ -1,10 +1,10 @@
 //! The scheduler: claims Pending orders, sends step requests to agents, applies their replies.
 
-use super::{HandlerError, RecordOutcome, deliver_notice, process_batch};
+use super::{HandlerError, RecordOutcome, deliver_notice, process_batch, write};
 use crate::domain::transition::{self, Effect, Transition};
 use crate::domain::{Order, Policy, StateRecord, Workflow};
 use crate::messages::{SchedulerMessage, StepReply, StepRequest, WorkMessage};
-use crate::ports::{Clock, EventBus, Queue, StateStore, StoreError};
+use crate::ports::{Clock, EventBus, Queue, StateStore};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -70,15 +70,6 @@ async fn load(
         .ok_or_else(|| HandlerError::Poison(format!("no order {w}")))
 }
 
-/// Writes `t` if its condition holds. `Ok(false)`: another writer got there first.
-async fn write(deps: &SchedulerDeps, t: &Transition) -> Result<bool, HandlerError> {
-    match deps.store.put(&t.record, &t.condition).await {
-        Ok(()) => Ok(true),
-        Err(StoreError::ConditionFailed) => Ok(false),
-        Err(e) => Err(e.into()),
-    }
-}
-
 async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerError> {
     let (order, record) = load(deps, w.order_id).await?;
     let t = match transition::claim(&record, &deps.instance_id, deps.clock.now(), &deps.policy) {
@@ -88,7 +79,7 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
             return Ok(());
         }
     };
-    if !write(deps, &t).await? {
+    if !write(deps.store.as_ref(), &t).await? {
         info!("another scheduler claimed the order first; work message dropped");
         return Ok(());
     }
@@ -119,7 +110,7 @@ async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError
             return Ok(());
         }
     };
-    if !write(deps, &t).await? {
+    if !write(deps.store.as_ref(), &t).await? {
         info!("the record moved on meanwhile; reply dropped");
         return Ok(());
     }

@@ -1,11 +1,11 @@
 //! The supervisor: finds records whose deadline passed (through the sparse due index, never a
 //! scan), and hands them back for retry, fails them, or re-delivers their notice.
 
-use super::{HandlerError, deliver_notice};
+use super::{HandlerError, deliver_notice, write};
 use crate::domain::transition::{self, Effect};
 use crate::domain::{OrderId, Policy};
 use crate::messages::{SchedulerMessage, WorkMessage};
-use crate::ports::{Clock, EventBus, Queue, StateStore, StoreError};
+use crate::ports::{Clock, EventBus, Queue, StateStore};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::sync::Arc;
@@ -109,13 +109,9 @@ async fn recover(
             return Ok(Recovered::Skipped);
         }
     };
-    match deps.store.put(&t.record, &t.condition).await {
-        Ok(()) => {}
-        Err(StoreError::ConditionFailed) => {
-            info!("recovered by someone else first");
-            return Ok(Recovered::Skipped);
-        }
-        Err(e) => return Err(e.into()),
+    if !write(deps.store.as_ref(), &t).await? {
+        info!("recovered by someone else first");
+        return Ok(Recovered::Skipped);
     }
     let mut outcome = Recovered::Skipped;
     for effect in &t.effects {
