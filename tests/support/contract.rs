@@ -136,6 +136,22 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
         guards.push(sas::Guard::AttemptIs(7));
     }
     assert!(is_condition_failed(store.put(&reply.record, &forged).await));
+
+    // Someone else writes meanwhile without changing any guarded field: the reply's guards all
+    // still hold, but it was computed from a stale read and must not land.
+    let mut bumped = claimed.clone();
+    bumped.version += 1;
+    let bare = sas::Condition::Matches {
+        version: claimed.version,
+        guards: vec![],
+    };
+    store.put(&bumped, &bare).await.expect("version bump lands");
+    assert!(
+        is_condition_failed(store.put(&reply.record, &reply.condition).await),
+        "a write from a stale read must fail on the version alone"
+    );
+    let reply = transition::apply_reply(&bumped, 1, 0, &StepOutcome::Succeeded, now, &p)
+        .expect("reply applies to the fresh read");
     store
         .put(&reply.record, &reply.condition)
         .await
