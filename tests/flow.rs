@@ -306,15 +306,15 @@ async fn the_same_work_message_and_the_same_reply_twice_take_effect_once() {
     let requests = drain(&system, &res.agent_queue_urls["inventory"]).await;
     assert_eq!(requests.len(), 1, "one step request");
     let request: StepRequest = serde_json::from_str(&requests[0]).expect("request");
-    system
-        .queue
-        .send(
+    // Deliver the step request again, as SQS may.
+    let redeliver = || {
+        system.queue.send(
             &res.agent_queue_urls["inventory"],
             &requests[0],
             Duration::ZERO,
         )
-        .await
-        .expect("requeue");
+    };
+    redeliver().await.expect("requeue");
 
     system.pump_agents().await.expect("agent");
     let replies = system
@@ -335,15 +335,7 @@ async fn the_same_work_message_and_the_same_reply_twice_take_effect_once() {
         "one request for the next step"
     );
     // The duplicate agent run hits the remote again with the same key: one effect.
-    system
-        .queue
-        .send(
-            &res.agent_queue_urls["inventory"],
-            &requests[0],
-            Duration::ZERO,
-        )
-        .await
-        .expect("requeue");
+    redeliver().await.expect("requeue");
     system.pump_agents().await.expect("agent");
     assert_eq!(
         system.services["inventory"]

@@ -328,25 +328,11 @@ pub async fn queue_contract(queue: &dyn Queue, url: &str, dlq_url: &str) {
         .send(url, "later", Duration::from_secs(1))
         .await
         .expect("send");
-    assert!(
-        queue
-            .receive(url, 10, none)
-            .await
-            .expect("receive")
-            .is_empty(),
-        "delayed"
-    );
+    assert_nothing_visible(queue, url, "delayed").await;
     let got = receive_within(queue, url, Duration::from_secs(5)).await;
     assert_eq!(got.map(|m| m.body).as_deref(), Some("later"));
     // Not deleted: it comes back after the visibility timeout, counted, then goes to the DLQ.
-    assert!(
-        queue
-            .receive(url, 10, none)
-            .await
-            .expect("receive")
-            .is_empty(),
-        "in flight"
-    );
+    assert_nothing_visible(queue, url, "in flight").await;
     let again = receive_within(queue, url, Duration::from_secs(5))
         .await
         .expect("redelivered");
@@ -360,6 +346,15 @@ pub async fn queue_contract(queue: &dyn Queue, url: &str, dlq_url: &str) {
         Some("later"),
         "redriven to the DLQ"
     );
+}
+
+/// Nothing can be received from `url` right now.
+async fn assert_nothing_visible(queue: &dyn Queue, url: &str, why: &str) {
+    let got = queue
+        .receive(url, 10, Duration::ZERO)
+        .await
+        .expect("receive");
+    assert!(got.is_empty(), "{why}: got {got:?}");
 }
 
 async fn receive_within(
