@@ -42,10 +42,6 @@ impl DynamoStore {
             shards: shards.max(1),
         }
     }
-
-    pub fn table(&self) -> &str {
-        &self.table
-    }
 }
 
 fn order_pk(id: &OrderId) -> String {
@@ -296,7 +292,6 @@ fn condition_expr(c: &Condition) -> Expr {
                         let k = e.name("LockedBy");
                         e.clauses.push(format!("attribute_not_exists({k})"));
                     }
-                    Guard::LockedBy(who) => e.cmp("LockedBy", "=", s(who)),
                     Guard::AttemptIs(a) => e.cmp("Attempt", "=", n(a)),
                     Guard::StepIndexIs(i) => e.cmp("StepIndex", "=", n(i)),
                     Guard::CompleteByIs(t) => e.cmp("CompleteBy", "=", ms(*t)),

@@ -56,7 +56,6 @@ impl Policy {
 pub enum Guard {
     StateIs(ProcessState),
     Unlocked,
-    LockedBy(String),
     AttemptIs(u64),
     StepIndexIs(usize),
     /// The deadline is still the one the writer saw...
@@ -101,7 +100,6 @@ impl Guard {
         match self {
             Self::StateIs(s) => r.process_state == *s,
             Self::Unlocked => r.locked_by.is_none(),
-            Self::LockedBy(who) => r.locked_by.as_deref() == Some(who.as_str()),
             Self::AttemptIs(a) => r.attempt == *a,
             Self::StepIndexIs(i) => r.step_index == *i,
             Self::CompleteByIs(t) => r.complete_by == Some(*t),
