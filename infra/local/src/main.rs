@@ -205,6 +205,19 @@ async fn serve(opts: &Opts, listen: SocketAddr) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A progress bar labelled `label`, ending with `stats` (indicatif template keys).
+fn progress(len: usize, label: &'static str, stats: &str) -> anyhow::Result<ProgressBar> {
+    let style = ProgressStyle::with_template(&format!(
+        "{{msg:>10}} [{{bar:40}}] {{pos}}/{{len}} ({stats})"
+    ))
+    .map_err(|e| anyhow::anyhow!("{e}"))?
+    .progress_chars("=> ");
+    let bar = ProgressBar::new(len as u64);
+    bar.set_style(style);
+    bar.set_message(label);
+    Ok(bar)
+}
+
 #[derive(Default)]
 struct Tally {
     processed: usize,
@@ -228,13 +241,7 @@ async fn demo(
     let http = reqwest::Client::new();
     let started = Instant::now();
 
-    let bar = ProgressBar::new(n as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} ({per_sec}, {elapsed})")
-            .map_err(|e| anyhow::anyhow!("{e}"))?
-            .progress_chars("=> "),
-    );
-    bar.set_message("submitted");
+    let bar = progress(n, "submitted", "{per_sec}, {elapsed}")?;
     let submitted: Vec<anyhow::Result<String>> = futures::stream::iter(0..n)
         .map(|i| {
             let (http, base, bar) = (http.clone(), base.clone(), bar.clone());
@@ -278,13 +285,7 @@ async fn demo(
     }
     let accepted = pending.len();
 
-    let bar = ProgressBar::new(accepted as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} ({elapsed})")
-            .map_err(|e| anyhow::anyhow!("{e}"))?
-            .progress_chars("=> "),
-    );
-    bar.set_message("finished");
+    let bar = progress(accepted, "finished", "{elapsed}")?;
     let mut tally = Tally::default();
     let deadline = Instant::now() + Duration::from_secs(timeout_secs);
     while !pending.is_empty() && Instant::now() < deadline {
