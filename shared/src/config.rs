@@ -51,7 +51,8 @@ fn seconds(name: &'static str, default: f64) -> Result<chrono::Duration, ConfigE
 }
 
 /// The pattern's policy: `STEP_TIMEOUT_SECONDS`, `PICKUP_TIMEOUT_SECONDS`,
-/// `FAILURE_THRESHOLD`, `RETRY_BASE_DELAY_SECONDS`, `RETRY_MAX_DELAY_SECONDS`.
+/// `FAILURE_THRESHOLD`, `RETRY_BASE_DELAY_SECONDS`, `RETRY_MAX_DELAY_SECONDS`,
+/// `AUTO_COMPENSATE` (`true`/`false`), `COOLDOWN_SECONDS`, `MAX_ROUNDS`.
 pub fn policy() -> Result<Policy, ConfigError> {
     let d = Policy::default();
     let secs = |d: chrono::Duration| d.num_milliseconds() as f64 / 1000.0;
@@ -68,6 +69,9 @@ pub fn policy() -> Result<Policy, ConfigError> {
         failure_threshold: threshold,
         retry_base_delay: seconds("RETRY_BASE_DELAY_SECONDS", secs(d.retry_base_delay))?,
         retry_max_delay: seconds("RETRY_MAX_DELAY_SECONDS", secs(d.retry_max_delay))?,
+        auto_compensate: parsed("AUTO_COMPENSATE", d.auto_compensate)?,
+        cooldown: seconds("COOLDOWN_SECONDS", secs(d.cooldown))?,
+        max_rounds: parsed("MAX_ROUNDS", d.max_rounds)?,
     })
 }
 

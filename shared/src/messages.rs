@@ -2,7 +2,7 @@
 //! answered late carries the `attempt` (fencing token) and `stepIndex` it belongs to.
 
 use crate::domain::transition::StepOutcome;
-use crate::domain::{OrderId, ProcessState, StateRecord};
+use crate::domain::{OrderId, ProcessState, StateRecord, Status};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -15,11 +15,36 @@ pub enum SchedulerMessage {
     Reply(StepReply),
 }
 
-/// "This order needs a scheduler": sent by submission and by the supervisor's recoveries.
+/// "This order needs a scheduler": sent by submission, by the supervisor's recoveries, by the
+/// scheduler when compensation starts, and by the operator API.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkMessage {
     pub order_id: OrderId,
+    /// Not to be acted on before this instant: set when the wanted delay is over SQS's 15
+    /// minutes, so the scheduler sends the message again for the rest of the wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<DateTime<Utc>>,
+}
+
+impl WorkMessage {
+    pub fn new(order_id: OrderId) -> Self {
+        Self {
+            order_id,
+            not_before: None,
+        }
+    }
+}
+
+/// The idempotency key of a step's action (or its undo's) as the remote service sees it: the
+/// same for every attempt, so a retried or re-run step takes effect once; `generation` changes
+/// it only when an operator retries a call the service refused.
+pub fn idempotency_key(order_id: OrderId, step: &str, action: &str, generation: u32) -> String {
+    if generation == 0 {
+        format!("{order_id}:{step}:{action}")
+    } else {
+        format!("{order_id}:{step}:{action}:g{generation}")
+    }
 }
 
 /// A scheduler asks an agent to perform one step.
@@ -32,6 +57,13 @@ pub struct StepRequest {
     /// The action the remote service performs (the step's name).
     pub action: String,
     pub attempt: u64,
+    /// This request undoes the step (compensation); `action` is the undo action and `payload`
+    /// carries `undoes` (the step's idempotency key) and the step's `result`.
+    #[serde(default)]
+    pub undo: bool,
+    /// The key to send to the remote service; absent in older messages, then derived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
     /// Past this instant the agent stops and sends nothing.
     pub complete_by: DateTime<Utc>,
     pub reply_queue_url: String,
@@ -43,7 +75,9 @@ impl StepRequest {
     /// The idempotency key the remote service sees: the same for every attempt of the same
     /// step of the same order, so a retried or re-run step takes effect once.
     pub fn idempotency_key(&self) -> String {
-        format!("{}:{}:{}", self.order_id, self.step, self.action)
+        self.idempotency_key
+            .clone()
+            .unwrap_or_else(|| idempotency_key(self.order_id, &self.step, &self.action, 0))
     }
 }
 
@@ -55,44 +89,52 @@ pub struct StepReply {
     pub step: String,
     pub step_index: usize,
     pub attempt: u64,
+    /// Answers the step's undo, not the step.
+    #[serde(default)]
+    pub undo: bool,
     pub outcome: StepOutcome,
 }
 
-/// The terminal notice of an order: published to the event bus (`OrderProcessed`,
-/// `OrderFailed` - the operator alert) and sent to the order's reply queue if it has one.
-/// Delivery is at least once: consumers deduplicate on (`orderId`, `processState`).
+/// A status message of an order: published to the event bus (detail-type `Order<Status>`, e.g.
+/// `OrderFailed`, the operator alert) and sent to the order's reply queue if it has one.
+/// Delivery is at least once and, across statuses, in order of `sequence` (the record version
+/// that produced it): consumers deduplicate on (`orderId`, `status`, `sequence`) and may reorder
+/// on `sequence`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OrderNotice {
     pub order_id: OrderId,
+    pub status: Status,
     pub process_state: ProcessState,
     pub step: Option<String>,
     pub attempt: u64,
     pub failure_count: u32,
     pub last_error: Option<String>,
+    pub sequence: u64,
+    pub at: DateTime<Utc>,
 }
 
 /// The event source of everything sas publishes.
 pub const EVENT_SOURCE: &str = "sas.orders";
 
 impl OrderNotice {
-    pub fn of(r: &StateRecord) -> Self {
+    pub fn of(r: &StateRecord, status: Status) -> Self {
         Self {
             order_id: r.order_id,
+            status,
             process_state: r.process_state,
             step: r.steps.get(r.step_index).map(|s| s.name.clone()),
             attempt: r.attempt,
             failure_count: r.failure_count,
             last_error: r.last_error.clone(),
+            sequence: r.version,
+            at: r.updated_at,
         }
     }
 
     /// The EventBridge `detail-type`.
     pub fn detail_type(&self) -> &'static str {
-        match self.process_state {
-            ProcessState::Error => "OrderFailed",
-            _ => "OrderProcessed",
-        }
+        self.status.detail_type()
     }
 }
 
@@ -103,7 +145,7 @@ mod tests {
     #[test]
     fn scheduler_messages_are_tagged_by_type() {
         let id = OrderId::new_random();
-        let work = serde_json::to_value(SchedulerMessage::Work(WorkMessage { order_id: id }))
+        let work = serde_json::to_value(SchedulerMessage::Work(WorkMessage::new(id)))
             .expect("serializes");
         assert_eq!(work["type"], "work");
         assert_eq!(work["orderId"], id.to_string());

@@ -11,7 +11,8 @@
 
 use crate::domain::state::due_shard;
 use crate::domain::{
-    Condition, CustomerId, Guard, LineItem, Order, OrderId, Quantity, Sku, StateRecord, StepState,
+    Condition, CustomerId, Guard, HistoryEntry, LineItem, Order, OrderId, ProcessState, Quantity,
+    Sku, StateRecord, StepState,
 };
 use crate::ports::{CreateOutcome, IdempotencyRecord, StateStore, StoreError};
 use async_trait::async_trait;
@@ -149,6 +150,23 @@ fn parse_order(item: &Item) -> Result<Order, StoreError> {
 }
 
 fn state_item(r: &StateRecord, shards: u32) -> Item {
+    let history = r
+        .history
+        .iter()
+        .map(|h| {
+            let mut m = HashMap::from([
+                ("At".to_owned(), ms(h.at)),
+                ("From".to_owned(), s(h.from.as_str())),
+                ("To".to_owned(), s(h.to.as_str())),
+                ("Attempt".to_owned(), n(h.attempt)),
+                ("Reason".to_owned(), s(&h.reason)),
+            ]);
+            if let Some(st) = &h.step {
+                m.insert("Step".to_owned(), s(st));
+            }
+            AttributeValue::M(m)
+        })
+        .collect();
     let steps = r
         .steps
         .iter()
@@ -163,6 +181,21 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
             if let Some(t) = st.finished_at {
                 m.insert("FinishedAt".to_owned(), ms(t));
             }
+            if st.sent {
+                m.insert("Sent".to_owned(), AttributeValue::Bool(true));
+            }
+            if st.generation > 0 {
+                m.insert("Generation".to_owned(), n(st.generation));
+            }
+            if let Some(r) = &st.result {
+                m.insert("Result".to_owned(), s(r));
+            }
+            if let Some(u) = st.undo {
+                m.insert("Undo".to_owned(), s(u.as_str()));
+            }
+            if st.undo_generation > 0 {
+                m.insert("UndoGeneration".to_owned(), n(st.undo_generation));
+            }
             AttributeValue::M(m)
         })
         .collect();
@@ -173,12 +206,19 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
         ("Workflow".to_owned(), s(&r.workflow)),
         ("ProcessState".to_owned(), s(r.process_state.as_str())),
         ("FailureCount".to_owned(), n(r.failure_count)),
+        ("Round".to_owned(), n(r.round)),
         ("Attempt".to_owned(), n(r.attempt)),
         ("StepIndex".to_owned(), n(r.step_index)),
         ("Steps".to_owned(), AttributeValue::L(steps)),
         (
-            "NoticePending".to_owned(),
-            AttributeValue::Bool(r.notice_pending),
+            "Outbox".to_owned(),
+            AttributeValue::L(r.outbox.iter().map(|st| s(st.as_str())).collect()),
+        ),
+        ("History".to_owned(), AttributeValue::L(history)),
+        // The state index: every record, by state, newest first (the operator's list).
+        (
+            "StateShard".to_owned(),
+            s(state_shard_key(r.process_state, due_shard(&r.order_id, shards))),
         ),
         ("Version".to_owned(), n(r.version)),
         ("CreatedAt".to_owned(), ms(r.created_at)),
@@ -212,6 +252,12 @@ fn shard_key(shard: u32) -> String {
     format!("due#{shard}")
 }
 
+/// The state index's partition key: a state and a shard, so that no state's records all land on
+/// one GSI partition (every order passes through Processing).
+fn state_shard_key(state: ProcessState, shard: u32) -> String {
+    format!("{state}#{shard}")
+}
+
 fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
     let steps = match item.get("Steps") {
         Some(AttributeValue::L(l)) => l
@@ -222,11 +268,45 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
                     status: get_s(m, "Status")?.parse().map_err(corrupt)?,
                     finished_attempt: opt_n(m, "FinishedAttempt")?,
                     finished_at: opt_n(m, "FinishedAt")?.map(time).transpose()?,
+                    sent: matches!(m.get("Sent"), Some(AttributeValue::Bool(true))),
+                    generation: opt_n(m, "Generation")?.unwrap_or(0),
+                    result: opt_s(m, "Result"),
+                    undo: opt_s(m, "Undo").map(|u| u.parse()).transpose().map_err(corrupt)?,
+                    undo_generation: opt_n(m, "UndoGeneration")?.unwrap_or(0),
                 }),
                 _ => Err(corrupt("Steps holds a non-map")),
             })
             .collect::<Result<Vec<_>, _>>()?,
         _ => return Err(corrupt("Steps missing")),
+    };
+    let outbox = match item.get("Outbox") {
+        Some(AttributeValue::L(l)) => l
+            .iter()
+            .map(|v| match v {
+                AttributeValue::S(st) => st.parse().map_err(corrupt),
+                _ => Err(corrupt("Outbox holds a non-string")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => vec![],
+        _ => return Err(corrupt("Outbox is not a list")),
+    };
+    let history = match item.get("History") {
+        Some(AttributeValue::L(l)) => l
+            .iter()
+            .map(|v| match v {
+                AttributeValue::M(m) => Ok(HistoryEntry {
+                    at: time(get_n(m, "At")?)?,
+                    from: get_s(m, "From")?.parse().map_err(corrupt)?,
+                    to: get_s(m, "To")?.parse().map_err(corrupt)?,
+                    step: opt_s(m, "Step"),
+                    attempt: get_n(m, "Attempt")?,
+                    reason: get_s(m, "Reason")?.to_owned(),
+                }),
+                _ => Err(corrupt("History holds a non-map")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => vec![],
+        _ => return Err(corrupt("History is not a list")),
     };
     Ok(StateRecord {
         order_id: get_s(item, "OrderId")?
@@ -237,12 +317,14 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
         locked_by: opt_s(item, "LockedBy"),
         complete_by: opt_n(item, "CompleteBy")?.map(time).transpose()?,
         failure_count: get_n(item, "FailureCount")?,
+        round: opt_n(item, "Round")?.unwrap_or(0),
         attempt: get_n(item, "Attempt")?,
         step_index: get_n(item, "StepIndex")?,
         steps,
         last_error: opt_s(item, "LastError"),
-        notice_pending: matches!(item.get("NoticePending"), Some(AttributeValue::Bool(true))),
+        outbox,
         reply_queue_url: opt_s(item, "ReplyQueueUrl"),
+        history,
         version: get_n(item, "Version")?,
         created_at: time(get_n(item, "CreatedAt")?)?,
         updated_at: time(get_n(item, "UpdatedAt")?)?,
@@ -296,7 +378,11 @@ fn condition_expr(c: &Condition) -> Expr {
                     Guard::StepIndexIs(i) => e.cmp("StepIndex", "=", n(i)),
                     Guard::CompleteByIs(t) => e.cmp("CompleteBy", "=", ms(*t)),
                     Guard::CompleteByAtOrBefore(t) => e.cmp("CompleteBy", "<=", ms(*t)),
-                    Guard::NoticePending => e.cmp("NoticePending", "=", AttributeValue::Bool(true)),
+                    Guard::NoticePending => {
+                        let k = e.name("Outbox");
+                        let v = e.value(n(0));
+                        e.clauses.push(format!("size({k}) > {v}"));
+                    }
                 }
             }
         }
@@ -513,7 +599,7 @@ impl StateStore for DynamoStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{ProcessState, Workflow};
+    use crate::domain::Workflow;
 
     #[test]
     fn state_items_round_trip_and_carry_index_keys_only_when_due() {

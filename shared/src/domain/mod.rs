@@ -10,6 +10,8 @@ pub use backoff::{Backoff, CircuitBreaker};
 pub use order::{
     CustomerId, LineItem, Order, OrderId, OrderRequest, Quantity, Sku, ValidationError,
 };
-pub use state::{Invariant, ProcessState, StateRecord, StepState, StepStatus};
+pub use state::{
+    HistoryEntry, Invariant, ProcessState, StateRecord, Status, StepState, StepStatus,
+};
 pub use transition::{Condition, Effect, Guard, Policy, Rejection, Transition};
 pub use workflow::{StepDef, Workflow};

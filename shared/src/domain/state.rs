@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-/// `ProcessState` of the pattern.
+/// `ProcessState` of the pattern, with the compensation states of the Compensating Transaction
+/// pattern. See ARCHITECTURE.md for the state diagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ProcessState {
     /// Waiting for a scheduler to claim it (new, or handed back by the supervisor).
@@ -16,13 +17,35 @@ pub enum ProcessState {
     Processing,
     /// Every step done. Terminal.
     Processed,
-    /// Failed for good (permanent fault or failure threshold reached). Terminal.
+    /// Failed and left for the operator (automatic compensation off). Terminal until an
+    /// operator retries or compensates it.
     Error,
+    /// Undoing the steps that may have taken effect, last first. Unlocked: waiting for a
+    /// scheduler; locked: the current step's undo is out to its agent.
+    Compensating,
+    /// Every step that may have taken effect is undone. Terminal.
+    Compensated,
+    /// An undo was refused, or timed out at the failure threshold. Terminal until an operator
+    /// retries it.
+    CompensationFailed,
 }
 
 impl ProcessState {
+    pub const ALL: [ProcessState; 7] = [
+        Self::Pending,
+        Self::Processing,
+        Self::Processed,
+        Self::Error,
+        Self::Compensating,
+        Self::Compensated,
+        Self::CompensationFailed,
+    ];
+
     pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Processed | Self::Error)
+        matches!(
+            self,
+            Self::Processed | Self::Error | Self::Compensated | Self::CompensationFailed
+        )
     }
     pub fn as_str(self) -> &'static str {
         match self {
@@ -30,6 +53,9 @@ impl ProcessState {
             Self::Processing => "Processing",
             Self::Processed => "Processed",
             Self::Error => "Error",
+            Self::Compensating => "Compensating",
+            Self::Compensated => "Compensated",
+            Self::CompensationFailed => "CompensationFailed",
         }
     }
 }
@@ -43,17 +69,14 @@ impl fmt::Display for ProcessState {
 impl FromStr for ProcessState {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "Pending" => Self::Pending,
-            "Processing" => Self::Processing,
-            "Processed" => Self::Processed,
-            "Error" => Self::Error,
-            other => return Err(format!("unknown ProcessState {other:?}")),
-        })
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("unknown ProcessState {s:?}"))
     }
 }
 
-/// The status of one step.
+/// The status of one step, or of its undo.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum StepStatus {
     /// Not started, or handed back for retry.
@@ -62,35 +85,53 @@ pub enum StepStatus {
     Running,
     /// The remote service confirmed the step.
     Done,
-    /// The remote service refused the step for good.
+    /// The remote service refused the step for good (so it had no effect).
     Failed,
+    /// No reply came before the last allowed deadline: the step may or may not have taken effect.
+    TimedOut,
+    /// The order was cancelled while the step ran: it may or may not have taken effect.
+    Cancelled,
 }
 
 impl StepStatus {
+    const ALL: [StepStatus; 6] = [
+        Self::Pending,
+        Self::Running,
+        Self::Done,
+        Self::Failed,
+        Self::TimedOut,
+        Self::Cancelled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "Pending",
             Self::Running => "Running",
             Self::Done => "Done",
             Self::Failed => "Failed",
+            Self::TimedOut => "TimedOut",
+            Self::Cancelled => "Cancelled",
         }
+    }
+}
+
+impl fmt::Display for StepStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
 impl FromStr for StepStatus {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "Pending" => Self::Pending,
-            "Running" => Self::Running,
-            "Done" => Self::Done,
-            "Failed" => Self::Failed,
-            other => return Err(format!("unknown StepStatus {other:?}")),
-        })
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("unknown StepStatus {s:?}"))
     }
 }
 
-/// One step's progress.
+/// One step's progress, forward and (during compensation) backward.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StepState {
@@ -101,7 +142,139 @@ pub struct StepState {
     pub finished_attempt: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<DateTime<Utc>>,
+    /// A request under the step's current idempotency key has gone out: unless the service
+    /// refused it, the step may have taken effect and compensation must undo it.
+    #[serde(default)]
+    pub sent: bool,
+    /// Bumped when an operator retries a step the service refused: a refused idempotency key
+    /// stays refused, so the retry needs a new one.
+    #[serde(default)]
+    pub generation: u32,
+    /// What the remote service returned when the step succeeded (JSON text): the data its undo
+    /// needs, e.g. the payment id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    /// The undo's status: `None` until compensation starts on this step, then Running, Done,
+    /// Failed (refused) or TimedOut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undo: Option<StepStatus>,
+    /// Like `generation`, for the undo's idempotency key.
+    #[serde(default)]
+    pub undo_generation: u32,
 }
+
+impl StepState {
+    fn new(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            status: StepStatus::Pending,
+            finished_attempt: None,
+            finished_at: None,
+            sent: false,
+            generation: 0,
+            result: None,
+            undo: None,
+            undo_generation: 0,
+        }
+    }
+
+    /// Whether compensation must undo this step: it may have taken effect (a request went out
+    /// and the service did not refuse it) and its undo has not succeeded yet.
+    pub fn needs_undo(&self) -> bool {
+        self.sent && self.status != StepStatus::Failed && self.undo != Some(StepStatus::Done)
+    }
+}
+
+/// What an order announces: status messages to its submitter and events on the bus. The four
+/// that end a phase (Processed, Failed, Compensated, CompensationFailed) go through the record's
+/// outbox and are delivered at least once; the others are published after the write, best
+/// effort.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Status {
+    Received,
+    StepCompleted,
+    Processed,
+    /// The order failed (a refusal, or the failure threshold): the operator alert.
+    Failed,
+    Compensated,
+    /// An undo failed for good: an operator alert too.
+    CompensationFailed,
+    /// An operator resubmitted the failed step.
+    Retrying,
+    /// An operator cancelled the order.
+    Cancelled,
+}
+
+impl Status {
+    const ALL: [Status; 8] = [
+        Self::Received,
+        Self::StepCompleted,
+        Self::Processed,
+        Self::Failed,
+        Self::Compensated,
+        Self::CompensationFailed,
+        Self::Retrying,
+        Self::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Received => "Received",
+            Self::StepCompleted => "StepCompleted",
+            Self::Processed => "Processed",
+            Self::Failed => "Failed",
+            Self::Compensated => "Compensated",
+            Self::CompensationFailed => "CompensationFailed",
+            Self::Retrying => "Retrying",
+            Self::Cancelled => "Cancelled",
+        }
+    }
+
+    /// The EventBridge `detail-type` (`Order` + the status).
+    pub fn detail_type(self) -> &'static str {
+        match self {
+            Self::Received => "OrderReceived",
+            Self::StepCompleted => "OrderStepCompleted",
+            Self::Processed => "OrderProcessed",
+            Self::Failed => "OrderFailed",
+            Self::Compensated => "OrderCompensated",
+            Self::CompensationFailed => "OrderCompensationFailed",
+            Self::Retrying => "OrderRetrying",
+            Self::Cancelled => "OrderCancelled",
+        }
+    }
+
+    /// Whether this status pages the operator.
+    pub fn is_alert(self) -> bool {
+        matches!(self, Self::Failed | Self::CompensationFailed)
+    }
+}
+
+impl FromStr for Status {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("unknown Status {s:?}"))
+    }
+}
+
+/// One line of an order's history: every transition appends one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryEntry {
+    pub at: DateTime<Utc>,
+    pub from: ProcessState,
+    pub to: ProcessState,
+    pub step: Option<String>,
+    pub attempt: u64,
+    pub reason: String,
+}
+
+/// The most history entries a record keeps (the oldest are dropped first): keeps the item far
+/// below DynamoDB's 400 KB limit however often an operator retries.
+pub const MAX_HISTORY: usize = 100;
 
 /// The state record of one order. Field names follow the pattern (`LockedBy`, `CompleteBy`,
 /// `ProcessState`, `FailureCount`) plus the fencing `Attempt` and a `Version` that every write
@@ -112,22 +285,33 @@ pub struct StateRecord {
     pub order_id: OrderId,
     pub workflow: String,
     pub process_state: ProcessState,
-    /// The scheduler instance holding the claim; `None` unless Processing.
+    /// The scheduler instance holding the claim; `None` unless a step (or undo) is out.
     pub locked_by: Option<String>,
-    /// Pending: the pickup deadline. Processing: the current step's deadline. Terminal: none.
+    /// Unlocked: the pickup deadline. Locked: the current step's (or undo's) deadline.
+    /// Terminal: none.
     pub complete_by: Option<DateTime<Utc>>,
-    /// Deadlines that expired (counted by the supervisor).
+    /// Deadlines that expired in the current round (counted by the supervisor).
     pub failure_count: u32,
+    /// Extended-wait rounds used: each one follows a cool-down after `FailureCount` reached the
+    /// threshold.
+    #[serde(default)]
+    pub round: u32,
     /// Bumped on every claim: the fencing token carried by step requests and replies.
     pub attempt: u64,
-    /// The index of the current step (`steps.len()` once Processed).
+    /// The index of the current step (`steps.len()` once Processed). During compensation: the
+    /// step being undone.
     pub step_index: usize,
     pub steps: Vec<StepState>,
     pub last_error: Option<String>,
-    /// A terminal notice (event, reply-queue message) is owed: the outbox flag.
-    pub notice_pending: bool,
-    /// Where the application wants its completion notice, if anywhere.
+    /// Statuses owed to the bus and the submitter: the outbox. Written with the transition that
+    /// causes them, cleared once delivered.
+    #[serde(default)]
+    pub outbox: Vec<Status>,
+    /// Where the application wants its status messages, if anywhere.
     pub reply_queue_url: Option<String>,
+    /// Every transition, oldest first (at most [`MAX_HISTORY`]).
+    #[serde(default)]
+    pub history: Vec<HistoryEntry>,
     /// Optimistic-concurrency version: +1 on every write.
     pub version: u64,
     pub created_at: DateTime<Utc>,
@@ -162,21 +346,25 @@ impl StateRecord {
             locked_by: None,
             complete_by: Some(to_millis(pickup_by)),
             failure_count: 0,
+            round: 0,
             attempt: 0,
             step_index: 0,
             steps: workflow
                 .steps
                 .iter()
-                .map(|s| StepState {
-                    name: s.name.clone(),
-                    status: StepStatus::Pending,
-                    finished_attempt: None,
-                    finished_at: None,
-                })
+                .map(|s| StepState::new(&s.name))
                 .collect(),
             last_error: None,
-            notice_pending: false,
+            outbox: vec![],
             reply_queue_url,
+            history: vec![HistoryEntry {
+                at: now,
+                from: ProcessState::Pending,
+                to: ProcessState::Pending,
+                step: None,
+                attempt: 0,
+                reason: "received".into(),
+            }],
             version: 1,
             created_at: now,
             updated_at: now,
@@ -188,11 +376,16 @@ impl StateRecord {
         self.steps.get(self.step_index).map(|s| s.name.as_str())
     }
 
-    /// When the supervisor must look at this record, if ever: the deadline of a non-terminal
-    /// record, or at once for a terminal record whose notice is still owed. This is what the
-    /// sparse due index carries; `None` means the record is absent from the index.
+    /// A notice is owed (the outbox is not empty).
+    pub fn notice_pending(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
+    /// When the supervisor must look at this record, if ever: at once if the outbox holds a
+    /// notice, else the deadline of a non-terminal record. This is what the sparse due index
+    /// carries; `None` means the record is absent from the index.
     pub fn due_at(&self) -> Option<DateTime<Utc>> {
-        if self.notice_pending {
+        if self.notice_pending() {
             Some(self.updated_at)
         } else if self.process_state.is_terminal() {
             None
@@ -208,14 +401,10 @@ impl StateRecord {
 
     /// Checks every invariant of the record. `threshold` is the failure threshold in force.
     pub fn check(&self, threshold: u32) -> Result<(), Invariant> {
+        use ProcessState as P;
+        use StepStatus as S;
         let bad = |m: String| Err(Invariant(m));
         let n = self.steps.len();
-        let done_before = self.steps[..self.step_index.min(n)]
-            .iter()
-            .all(|s| s.status == StepStatus::Done);
-        let untouched_after = self.steps[(self.step_index + 1).min(n)..]
-            .iter()
-            .all(|s| s.status == StepStatus::Pending);
         if n == 0 {
             return bad("a record has at least one step".into());
         }
@@ -225,58 +414,123 @@ impl StateRecord {
                 self.failure_count
             ));
         }
-        if self.failure_count == threshold && self.process_state != ProcessState::Error {
+        if self.failure_count == threshold
+            && !matches!(self.process_state, P::Error | P::CompensationFailed)
+        {
             return bad(format!(
                 "FailureCount at the threshold while {}",
                 self.process_state
             ));
         }
-        if self.notice_pending && !self.process_state.is_terminal() {
-            return bad("a notice is owed only by a terminal record".into());
+        if self.history.len() > MAX_HISTORY {
+            return bad("history over its cap".into());
         }
         if self.process_state.is_terminal()
             && (self.locked_by.is_some() || self.complete_by.is_some())
         {
             return bad(format!("{} record still locked or due", self.process_state));
         }
-        if !done_before {
-            return bad("a step before the current one is not Done".into());
+        if self.steps.iter().any(|s| s.status == S::Running && !s.sent) {
+            return bad("a Running step that was never sent".into());
         }
-        if !untouched_after {
-            return bad("a step after the current one has started".into());
+        let undo_running = self
+            .steps
+            .iter()
+            .filter(|s| s.undo == Some(S::Running))
+            .count();
+        let forward = matches!(
+            self.process_state,
+            P::Pending | P::Processing | P::Processed | P::Error
+        );
+        if forward {
+            if self.steps.iter().any(|s| s.undo.is_some()) {
+                return bad(format!("{} with an undo started", self.process_state));
+            }
+            let done_before = self.steps[..self.step_index.min(n)]
+                .iter()
+                .all(|s| s.status == S::Done);
+            let untouched_after = self.steps[(self.step_index + 1).min(n)..]
+                .iter()
+                .all(|s| s.status == S::Pending && !s.sent);
+            if !done_before {
+                return bad("a step before the current one is not Done".into());
+            }
+            if !untouched_after {
+                return bad("a step after the current one has started".into());
+            }
+        } else {
+            if self.step_index >= n {
+                return bad(format!("{} without a current step", self.process_state));
+            }
+            let later_need_undo = self.steps[self.step_index + 1..]
+                .iter()
+                .any(StepState::needs_undo);
+            if later_need_undo {
+                return bad("compensation skipped a step that needs its undo".into());
+            }
         }
+        let current = self.steps.get(self.step_index);
         match self.process_state {
-            ProcessState::Pending => {
+            P::Pending => {
                 if self.locked_by.is_some() || self.complete_by.is_none() {
                     return bad("Pending must be unlocked and carry a pickup deadline".into());
                 }
-                if self.step_index >= n || self.steps[self.step_index].status != StepStatus::Pending
-                {
+                if current.map(|s| s.status) != Some(S::Pending) {
                     return bad("Pending must have its current step Pending".into());
                 }
             }
-            ProcessState::Processing => {
+            P::Processing => {
                 if self.locked_by.is_none() || self.complete_by.is_none() || self.attempt == 0 {
                     return bad("Processing must be locked, claimed and carry a deadline".into());
                 }
-                if self.step_index >= n || self.steps[self.step_index].status != StepStatus::Running
-                {
+                if current.map(|s| s.status) != Some(S::Running) {
                     return bad("Processing must have its current step Running".into());
                 }
             }
-            ProcessState::Processed => {
-                if self.step_index != n || self.steps.iter().any(|s| s.status != StepStatus::Done) {
+            P::Processed => {
+                if self.step_index != n || self.steps.iter().any(|s| s.status != S::Done) {
                     return bad("Processed with a step not Done".into());
                 }
             }
-            ProcessState::Error => {
-                if self.step_index < n
-                    && !matches!(
-                        self.steps[self.step_index].status,
-                        StepStatus::Pending | StepStatus::Failed
-                    )
+            P::Error => {
+                if current
+                    .is_some_and(|s| !matches!(s.status, S::Pending | S::Failed | S::TimedOut))
                 {
                     return bad("Error with its current step still Running or Done".into());
+                }
+            }
+            P::Compensating => {
+                let Some(cur) = current else {
+                    return bad("Compensating without a current step".into());
+                };
+                if !cur.needs_undo() || self.complete_by.is_none() {
+                    return bad(
+                        "Compensating on a step that needs no undo, or without a deadline".into(),
+                    );
+                }
+                let locked = self.locked_by.is_some();
+                if locked != (cur.undo == Some(S::Running)) || undo_running != usize::from(locked) {
+                    return bad("Compensating: locked iff the current undo is Running".into());
+                }
+                if !locked && cur.undo.is_some() {
+                    return bad(
+                        "Compensating, unlocked, with the current undo already tried".into(),
+                    );
+                }
+                if locked && self.attempt == 0 {
+                    return bad("an undo out under attempt 0".into());
+                }
+            }
+            P::Compensated => {
+                if undo_running > 0 || self.steps.iter().any(StepState::needs_undo) {
+                    return bad("Compensated with a step still to undo".into());
+                }
+            }
+            P::CompensationFailed => {
+                if undo_running > 0
+                    || !current.is_some_and(|s| matches!(s.undo, Some(S::Failed | S::TimedOut)))
+                {
+                    return bad("CompensationFailed without a failed undo".into());
                 }
             }
         }
@@ -325,13 +579,15 @@ mod tests {
 
     #[test]
     fn process_state_round_trips_through_its_name() {
-        for s in [
-            ProcessState::Pending,
-            ProcessState::Processing,
-            ProcessState::Processed,
-            ProcessState::Error,
-        ] {
+        for s in ProcessState::ALL {
             assert_eq!(s.as_str().parse::<ProcessState>(), Ok(s));
+        }
+        for s in StepStatus::ALL {
+            assert_eq!(s.as_str().parse::<StepStatus>(), Ok(s));
+        }
+        for s in Status::ALL {
+            assert_eq!(s.as_str().parse::<Status>(), Ok(s));
+            assert!(s.detail_type().starts_with("Order"));
         }
         assert!("Done".parse::<ProcessState>().is_err());
     }

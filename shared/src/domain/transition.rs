@@ -6,25 +6,40 @@
 //! overwrite a newer record) and names the semantic guard that keeps the transition's invariant;
 //! the stores evaluate exactly these guards (`ConditionExpression` on DynamoDB,
 //! [`Condition::holds`] in memory).
+//!
+//! Events: a scheduler [`claim`]s, an agent's reply is applied ([`apply_reply`]), the supervisor
+//! finds a deadline passed ([`expire`]), the outbox is delivered ([`notice_delivered`]), and an
+//! operator [`retry`]s, [`compensate`]s or [`cancel`]s.
 
-use super::state::{ProcessState, StateRecord, StepStatus, to_millis};
+use super::state::{
+    HistoryEntry, MAX_HISTORY, ProcessState, StateRecord, Status, StepState, StepStatus, to_millis,
+};
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
 /// The knobs of the pattern. Defaults are production-sized; tests and the local runner shrink
 /// the durations.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     /// How long an agent has for one step (`CompleteBy` = claim or step start + this).
     pub step_timeout: Duration,
     /// How long a Pending record may wait for a scheduler before the supervisor re-enqueues it.
     pub pickup_timeout: Duration,
-    /// Expired deadlines after which the task is failed for good.
+    /// Expired deadlines after which the task is failed for good (or, with extended waits left,
+    /// cools down first).
     pub failure_threshold: u32,
-    /// Delay before the first retry; doubles with every failure.
+    /// Delay before the first retry; doubles with every failure (with jitter).
     pub retry_base_delay: Duration,
-    /// Upper bound on the retry delay (SQS `DelaySeconds` caps at 15 minutes).
+    /// Upper bound on the retry delay.
     pub retry_max_delay: Duration,
+    /// On failure, undo the steps that may have taken effect at once (`true`), or leave the
+    /// order in Error for the operator (`false`).
+    pub auto_compensate: bool,
+    /// Extended wait: how long to cool down when `FailureCount` reaches the threshold before one
+    /// more round of retries...
+    pub cooldown: Duration,
+    /// ...and how many such rounds an order gets before it fails (0: none).
+    pub max_rounds: u32,
 }
 
 impl Default for Policy {
@@ -35,19 +50,26 @@ impl Default for Policy {
             failure_threshold: 3,
             retry_base_delay: Duration::seconds(5),
             retry_max_delay: Duration::seconds(900),
+            auto_compensate: true,
+            cooldown: Duration::minutes(30),
+            max_rounds: 0,
         }
     }
 }
 
 impl Policy {
-    /// The delay before the retry that follows the `failures`-th failure: exponential, capped.
-    pub fn retry_delay(&self, failures: u32) -> Duration {
+    /// The delay before the retry that follows the `failures`-th failure: exponential, capped,
+    /// with "equal jitter" (a uniform wait in `[d/2, d]` for the exponential `d`), so delays
+    /// still grow while retries of many orders failing together spread out. `jitter` in [0, 1).
+    pub fn retry_delay(&self, failures: u32, jitter: f64) -> Duration {
         let exp = failures.saturating_sub(1).min(20);
         let ms = self
             .retry_base_delay
             .num_milliseconds()
-            .saturating_mul(1i64 << exp);
-        Duration::milliseconds(ms.min(self.retry_max_delay.num_milliseconds()))
+            .saturating_mul(1i64 << exp)
+            .min(self.retry_max_delay.num_milliseconds());
+        let half = ms / 2;
+        Duration::milliseconds(half + ((ms - half) as f64 * jitter.clamp(0.0, 1.0)) as i64)
     }
 }
 
@@ -62,6 +84,7 @@ pub enum Guard {
     CompleteByIs(DateTime<Utc>),
     /// ...and it has passed.
     CompleteByAtOrBefore(DateTime<Utc>),
+    /// The outbox holds something to deliver.
     NoticePending,
 }
 
@@ -104,20 +127,23 @@ impl Guard {
             Self::StepIndexIs(i) => r.step_index == *i,
             Self::CompleteByIs(t) => r.complete_by == Some(*t),
             Self::CompleteByAtOrBefore(t) => r.complete_by.is_some_and(|c| c <= *t),
-            Self::NoticePending => r.notice_pending,
+            Self::NoticePending => r.notice_pending(),
         }
     }
 }
 
-/// What must happen once the write succeeded.
+/// What must happen once the write succeeded, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
-    /// Send the request for the record's current step under its current attempt.
+    /// Send the request for the record's current step (or, while Compensating, its undo) under
+    /// its current attempt.
     SendStepRequest,
+    /// Deliver the outbox (event bus, and the order's reply queue if it has one), then clear it.
+    DeliverNotice,
+    /// Publish a status that does not go through the outbox (best effort).
+    Publish(Status),
     /// Put a work message for the order on the scheduler's queue, visible after `delay`.
     Enqueue { delay: Duration },
-    /// Publish the terminal notice (event bus, and the order's reply queue if it has one).
-    DeliverNotice,
 }
 
 /// An accepted transition.
@@ -129,33 +155,55 @@ pub struct Transition {
 }
 
 /// Why an event does not apply to a record. Rejections are normal (duplicates, stale messages,
-/// races): callers log and drop.
+/// races, an operator acting on an order that moved on): callers log and drop, or answer 409.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
-    #[error("record is {0}, not Pending")]
-    NotPending(ProcessState),
-    #[error("record is {0}, not Processing")]
-    NotProcessing(ProcessState),
+    #[error("record is {0}, which no scheduler claims")]
+    NotClaimable(ProcessState),
+    #[error("record is {0}, which is not waiting for a reply")]
+    NotRunning(ProcessState),
     #[error("reply for attempt {message} but the record is at attempt {record}")]
     StaleAttempt { record: u64, message: u64 },
     #[error("reply for step {message} but the record is at step {record}")]
     WrongStep { record: usize, message: usize },
+    #[error("a {got} reply but the record is {state}")]
+    WrongDirection {
+        state: ProcessState,
+        got: &'static str,
+    },
     #[error("record is not due (due at {due:?})")]
     NotDue { due: Option<DateTime<Utc>> },
     #[error("no notice is owed")]
     NoNoticeOwed,
+    #[error("an order that is {0} cannot be retried (only Error or CompensationFailed)")]
+    NotRetryable(ProcessState),
+    #[error("an order that is {0} cannot be compensated (only Error or CompensationFailed)")]
+    NotCompensable(ProcessState),
+    #[error("an order that is {0} cannot be cancelled (only Pending or Processing)")]
+    NotCancellable(ProcessState),
 }
 
 /// What an agent reported for a step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "camelCase")]
 pub enum StepOutcome {
-    /// The remote service confirmed the step.
-    Succeeded,
+    /// The remote service confirmed the step; `result` is what it returned (JSON text), kept
+    /// for the step's undo.
+    Succeeded {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result: Option<String>,
+    },
     /// The remote service refused the step for good (a permanent fault).
     Failed { error: String },
 }
 
+impl StepOutcome {
+    pub fn succeeded() -> Self {
+        Self::Succeeded { result: None }
+    }
+}
+
+/// The next version of `r`, written at `now`.
 fn next(r: &StateRecord, now: DateTime<Utc>) -> StateRecord {
     let mut n = r.clone();
     n.version = r.version + 1;
@@ -163,52 +211,141 @@ fn next(r: &StateRecord, now: DateTime<Utc>) -> StateRecord {
     n
 }
 
-/// A work message arrived: a scheduler instance claims the Pending record.
+/// Appends a history line for the move from `from` to `n`'s state.
+fn log(n: &mut StateRecord, from: ProcessState, step: Option<usize>, reason: impl Into<String>) {
+    if n.history.len() >= MAX_HISTORY {
+        n.history.drain(..=n.history.len() - MAX_HISTORY);
+    }
+    n.history.push(HistoryEntry {
+        at: n.updated_at,
+        from,
+        to: n.process_state,
+        step: step.and_then(|i| n.steps.get(i)).map(|s| s.name.clone()),
+        attempt: n.attempt,
+        reason: reason.into(),
+    });
+}
+
+/// Leaves the record unlocked and without a deadline in terminal state `to`, owing `notice`.
+fn finish(n: &mut StateRecord, to: ProcessState, notice: Status) -> Vec<Effect> {
+    n.process_state = to;
+    n.locked_by = None;
+    n.complete_by = None;
+    n.outbox.push(notice);
+    vec![Effect::DeliverNotice]
+}
+
+/// Starts undoing, last first, every step that may have taken effect: the record becomes
+/// Compensating and unlocked, to be claimed after `delay`; with nothing to undo it is
+/// Compensated at once.
+fn begin_compensation(
+    n: &mut StateRecord,
+    now: DateTime<Utc>,
+    delay: Duration,
+    p: &Policy,
+) -> Vec<Effect> {
+    n.failure_count = 0;
+    n.round = 0;
+    n.locked_by = None;
+    match n.steps.iter().rposition(StepState::needs_undo) {
+        Some(i) => {
+            n.process_state = ProcessState::Compensating;
+            n.step_index = i;
+            n.complete_by = Some(now + delay + p.pickup_timeout);
+            vec![Effect::Enqueue { delay }]
+        }
+        None => finish(n, ProcessState::Compensated, Status::Compensated),
+    }
+}
+
+/// The order failed for good (`reason`): the operator alert is owed, and the order is either
+/// compensated at once or left in Error, as the policy says.
+fn fail(n: &mut StateRecord, now: DateTime<Utc>, reason: String, p: &Policy) -> Vec<Effect> {
+    n.last_error = Some(reason);
+    n.outbox.push(Status::Failed);
+    let mut effects = vec![Effect::DeliverNotice];
+    if p.auto_compensate {
+        effects.extend(
+            begin_compensation(n, now, Duration::zero(), p)
+                .into_iter()
+                .filter(|e| *e != Effect::DeliverNotice),
+        );
+    } else {
+        n.process_state = ProcessState::Error;
+        n.locked_by = None;
+        n.complete_by = None;
+    }
+    effects
+}
+
+/// A work message arrived: a scheduler instance claims the record, which is Pending (the
+/// current step goes out) or Compensating and unlocked (the current step's undo goes out).
 ///
-/// Condition: Pending and unlocked (at the version read) - keeps "one claim per Pending period":
-/// of two schedulers holding the same work message only one wins, and a duplicate work message
-/// arriving while Processing is rejected.
+/// Condition: same state and unlocked (at the version read) - keeps "one claim per waiting
+/// period": of two schedulers holding the same work message only one wins, and a duplicate work
+/// message arriving while a step is out is rejected.
 pub fn claim(
     r: &StateRecord,
     instance: &str,
     now: DateTime<Utc>,
     p: &Policy,
 ) -> Result<Transition, Rejection> {
-    if r.process_state != ProcessState::Pending {
-        return Err(Rejection::NotPending(r.process_state));
-    }
+    let undo = match r.process_state {
+        ProcessState::Pending => false,
+        ProcessState::Compensating if r.locked_by.is_none() => true,
+        other => return Err(Rejection::NotClaimable(other)),
+    };
     let now = to_millis(now);
     let mut n = next(r, now);
-    n.process_state = ProcessState::Processing;
     n.locked_by = Some(instance.to_owned());
     n.attempt = r.attempt + 1;
     n.complete_by = Some(now + p.step_timeout);
-    n.steps[r.step_index].status = StepStatus::Running;
+    let step = &mut n.steps[r.step_index];
+    if undo {
+        step.undo = Some(StepStatus::Running);
+    } else {
+        n.process_state = ProcessState::Processing;
+        step.status = StepStatus::Running;
+        step.sent = true;
+    }
+    log(
+        &mut n,
+        r.process_state,
+        Some(r.step_index),
+        if undo { "undo claimed" } else { "claimed" },
+    );
     Ok(Transition {
-        condition: Condition::on(
-            r,
-            vec![Guard::StateIs(ProcessState::Pending), Guard::Unlocked],
-        ),
+        condition: Condition::on(r, vec![Guard::StateIs(r.process_state), Guard::Unlocked]),
         record: n,
         effects: vec![Effect::SendStepRequest],
     })
 }
 
-/// An agent's reply arrived for (`attempt`, `step_index`).
+/// An agent's reply arrived for (`attempt`, `step_index`); `undo` says whether it answers the
+/// step itself or its undo.
 ///
-/// Condition: Processing at the same attempt and step (at the version read) - keeps "a reply
-/// counts only for the claim and step it answers": a stale reply from before a recovery, or a
-/// duplicate of a reply already applied, changes nothing.
+/// Condition: same state, attempt and step (at the version read) - keeps "a reply counts only
+/// for the claim and step it answers": a stale reply from before a recovery, a reply to a step
+/// of a cancelled order, or a duplicate of a reply already applied, changes nothing.
 pub fn apply_reply(
     r: &StateRecord,
     attempt: u64,
     step_index: usize,
+    undo: bool,
     outcome: &StepOutcome,
     now: DateTime<Utc>,
     p: &Policy,
 ) -> Result<Transition, Rejection> {
-    if r.process_state != ProcessState::Processing {
-        return Err(Rejection::NotProcessing(r.process_state));
+    let expected_undo = match r.process_state {
+        ProcessState::Processing => false,
+        ProcessState::Compensating if r.locked_by.is_some() => true,
+        other => return Err(Rejection::NotRunning(other)),
+    };
+    if undo != expected_undo {
+        return Err(Rejection::WrongDirection {
+            state: r.process_state,
+            got: if undo { "undo" } else { "step" },
+        });
     }
     if r.attempt != attempt {
         return Err(Rejection::StaleAttempt {
@@ -224,40 +361,57 @@ pub fn apply_reply(
     }
     let now = to_millis(now);
     let mut n = next(r, now);
-    let step = &mut n.steps[step_index];
-    step.finished_attempt = Some(attempt);
-    step.finished_at = Some(now);
-    let effects = match outcome {
-        StepOutcome::Succeeded => {
-            step.status = StepStatus::Done;
-            n.step_index = step_index + 1;
-            if n.step_index < n.steps.len() {
-                n.steps[n.step_index].status = StepStatus::Running;
-                n.complete_by = Some(now + p.step_timeout);
-                vec![Effect::SendStepRequest]
-            } else {
-                n.process_state = ProcessState::Processed;
-                n.locked_by = None;
-                n.complete_by = None;
-                n.notice_pending = true;
-                vec![Effect::DeliverNotice]
+    let name = r.steps[step_index].name.clone();
+    let effects = if undo {
+        apply_undo_reply(&mut n, step_index, outcome, now, p)
+    } else {
+        let step = &mut n.steps[step_index];
+        step.finished_attempt = Some(attempt);
+        step.finished_at = Some(now);
+        match outcome {
+            StepOutcome::Succeeded { result } => {
+                step.status = StepStatus::Done;
+                step.result = result.clone();
+                n.step_index = step_index + 1;
+                if n.step_index < n.steps.len() {
+                    n.steps[n.step_index].status = StepStatus::Running;
+                    n.steps[n.step_index].sent = true;
+                    n.complete_by = Some(now + p.step_timeout);
+                    log(&mut n, r.process_state, Some(step_index), "step done");
+                    vec![
+                        Effect::Publish(Status::StepCompleted),
+                        Effect::SendStepRequest,
+                    ]
+                } else {
+                    let e = finish(&mut n, ProcessState::Processed, Status::Processed);
+                    log(
+                        &mut n,
+                        r.process_state,
+                        Some(step_index),
+                        "step done; every step done",
+                    );
+                    e
+                }
             }
-        }
-        StepOutcome::Failed { error } => {
-            step.status = StepStatus::Failed;
-            n.process_state = ProcessState::Error;
-            n.locked_by = None;
-            n.complete_by = None;
-            n.last_error = Some(format!("{}: {error}", r.steps[step_index].name));
-            n.notice_pending = true;
-            vec![Effect::DeliverNotice]
+            StepOutcome::Failed { error } => {
+                step.status = StepStatus::Failed;
+                let reason = format!("{name}: {error}");
+                let e = fail(&mut n, now, reason.clone(), p);
+                log(
+                    &mut n,
+                    r.process_state,
+                    Some(step_index),
+                    format!("refused: {reason}"),
+                );
+                e
+            }
         }
     };
     Ok(Transition {
         condition: Condition::on(
             r,
             vec![
-                Guard::StateIs(ProcessState::Processing),
+                Guard::StateIs(r.process_state),
                 Guard::AttemptIs(attempt),
                 Guard::StepIndexIs(step_index),
             ],
@@ -267,23 +421,71 @@ pub fn apply_reply(
     })
 }
 
-/// The supervisor found the record due.
+fn apply_undo_reply(
+    n: &mut StateRecord,
+    i: usize,
+    outcome: &StepOutcome,
+    now: DateTime<Utc>,
+    p: &Policy,
+) -> Vec<Effect> {
+    let from = n.process_state;
+    match outcome {
+        StepOutcome::Succeeded { .. } => {
+            n.steps[i].undo = Some(StepStatus::Done);
+            match n.steps[..i].iter().rposition(StepState::needs_undo) {
+                Some(j) => {
+                    n.step_index = j;
+                    n.steps[j].undo = Some(StepStatus::Running);
+                    n.complete_by = Some(now + p.step_timeout);
+                    log(n, from, Some(i), "undone");
+                    vec![Effect::SendStepRequest]
+                }
+                None => {
+                    let e = finish(n, ProcessState::Compensated, Status::Compensated);
+                    log(n, from, Some(i), "undone; every step undone");
+                    e
+                }
+            }
+        }
+        StepOutcome::Failed { error } => {
+            n.steps[i].undo = Some(StepStatus::Failed);
+            let reason = format!("undo of {}: {error}", n.steps[i].name);
+            n.last_error = Some(reason.clone());
+            let e = finish(
+                n,
+                ProcessState::CompensationFailed,
+                Status::CompensationFailed,
+            );
+            log(n, from, Some(i), format!("undo refused: {reason}"));
+            e
+        }
+    }
+}
+
+/// The supervisor found the record due; `jitter` in [0, 1) spreads the retry delay.
 ///
-/// - Processing past `CompleteBy`: the step's agent died or overran. `FailureCount` + 1; below
-///   the threshold the record goes back to Pending (unlocked, new pickup deadline after the
-///   retry delay) and is re-enqueued with that delay; at the threshold it is failed for good.
-/// - Pending past its pickup deadline: the work message was lost (e.g. the submission died
+/// - A step (or undo) out past `CompleteBy`: its agent died or overran. `FailureCount` + 1;
+///   below the threshold the record is handed back unlocked (a new pickup deadline after the
+///   retry delay) and re-enqueued with that delay. At the threshold: with extended-wait rounds
+///   left, the count restarts after a cool-down; else a step fails the order ([`fail`]) and an
+///   undo ends in CompensationFailed.
+/// - Unlocked past its pickup deadline: the work message was lost (e.g. the submission died
 ///   after its transaction). It is re-enqueued with a new pickup deadline; that is not a
 ///   failure of the task, so `FailureCount` stays.
 ///
-/// (A terminal record with a notice owed is also due; the supervisor delivers the notice and
-/// then applies [`notice_delivered`].)
+/// (A record with a notice owed is also due; the supervisor delivers the notice and then applies
+/// [`notice_delivered`].)
 ///
 /// Condition: same state, attempt and deadline as read, and the deadline has passed (at the
 /// version read) - keeps "each expiry is recovered once": of several supervisors racing on the
 /// same record only one write succeeds, and a record a scheduler moved on meanwhile is left
 /// alone.
-pub fn expire(r: &StateRecord, now: DateTime<Utc>, p: &Policy) -> Result<Transition, Rejection> {
+pub fn expire(
+    r: &StateRecord,
+    now: DateTime<Utc>,
+    p: &Policy,
+    jitter: f64,
+) -> Result<Transition, Rejection> {
     let now = to_millis(now);
     let due = match r.complete_by {
         Some(d) if d <= now && !r.process_state.is_terminal() => d,
@@ -296,41 +498,81 @@ pub fn expire(r: &StateRecord, now: DateTime<Utc>, p: &Policy) -> Result<Transit
         Guard::CompleteByAtOrBefore(now),
     ];
     let mut n = next(r, now);
-    let effects = match r.process_state {
-        ProcessState::Pending => {
-            n.complete_by = Some(now + p.pickup_timeout);
-            vec![Effect::Enqueue {
-                delay: Duration::zero(),
-            }]
-        }
-        ProcessState::Processing => {
-            n.failure_count = r.failure_count + 1;
-            let step = &r.steps[r.step_index].name;
-            let reason = format!(
-                "{step}: no reply by {} (attempt {})",
-                due.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-                r.attempt
-            );
-            n.locked_by = None;
-            n.last_error = Some(reason);
-            if n.failure_count >= p.failure_threshold {
-                n.process_state = ProcessState::Error;
-                n.complete_by = None;
-                n.steps[r.step_index].status = StepStatus::Failed;
-                n.steps[r.step_index].finished_at = Some(now);
-                n.steps[r.step_index].finished_attempt = Some(r.attempt);
-                n.notice_pending = true;
-                vec![Effect::DeliverNotice]
+    let i = r.step_index;
+    let effects = if r.locked_by.is_none() {
+        n.complete_by = Some(now + p.pickup_timeout);
+        log(
+            &mut n,
+            r.process_state,
+            Some(i),
+            "pickup deadline passed; re-enqueued",
+        );
+        vec![Effect::Enqueue {
+            delay: Duration::zero(),
+        }]
+    } else {
+        let undo = r.process_state == ProcessState::Compensating;
+        let what = if undo { "undo of " } else { "" };
+        let reason = format!(
+            "{what}{}: no reply by {} (attempt {})",
+            r.steps[i].name,
+            due.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            r.attempt
+        );
+        n.failure_count = r.failure_count + 1;
+        n.locked_by = None;
+        n.last_error = Some(reason.clone());
+        let exhausted = n.failure_count >= p.failure_threshold;
+        let cool_down = exhausted && n.round < p.max_rounds;
+        if !exhausted || cool_down {
+            let delay = if cool_down {
+                n.round += 1;
+                n.failure_count = 0;
+                p.cooldown
             } else {
-                let delay = p.retry_delay(n.failure_count);
+                p.retry_delay(n.failure_count, jitter)
+            };
+            if undo {
+                n.steps[i].undo = None;
+            } else {
                 n.process_state = ProcessState::Pending;
-                n.complete_by = Some(now + delay + p.pickup_timeout);
-                n.steps[r.step_index].status = StepStatus::Pending;
-                vec![Effect::Enqueue { delay }]
+                n.steps[i].status = StepStatus::Pending;
             }
-        }
-        ProcessState::Processed | ProcessState::Error => {
-            return Err(Rejection::NotDue { due: r.due_at() });
+            n.complete_by = Some(now + delay + p.pickup_timeout);
+            let why = if cool_down {
+                format!("timed out; cooling down (round {}): {reason}", n.round)
+            } else {
+                format!("timed out; retry {}: {reason}", n.failure_count)
+            };
+            log(&mut n, r.process_state, Some(i), why);
+            vec![Effect::Enqueue { delay }]
+        } else if undo {
+            n.steps[i].undo = Some(StepStatus::TimedOut);
+            let e = finish(
+                &mut n,
+                ProcessState::CompensationFailed,
+                Status::CompensationFailed,
+            );
+            log(
+                &mut n,
+                r.process_state,
+                Some(i),
+                format!("timed out at the threshold: {reason}"),
+            );
+            e
+        } else {
+            let step = &mut n.steps[i];
+            step.status = StepStatus::TimedOut;
+            step.finished_at = Some(now);
+            step.finished_attempt = Some(r.attempt);
+            let e = fail(&mut n, now, reason.clone(), p);
+            log(
+                &mut n,
+                r.process_state,
+                Some(i),
+                format!("timed out at the threshold: {reason}"),
+            );
+            e
         }
     };
     Ok(Transition {
@@ -340,21 +582,153 @@ pub fn expire(r: &StateRecord, now: DateTime<Utc>, p: &Policy) -> Result<Transit
     })
 }
 
-/// The terminal notice was delivered: clear the outbox flag, which also takes the record out of
-/// the due index.
+/// The outbox was delivered: clear it, which also takes a terminal record out of the due index.
 ///
-/// Condition: the notice is still owed (at the version read) - keeps "the flag is cleared only
-/// after a delivery of the record's final state".
+/// Condition: a notice is still owed (at the version read) - keeps "the outbox is cleared only
+/// after a delivery of exactly what it held".
 pub fn notice_delivered(r: &StateRecord, now: DateTime<Utc>) -> Result<Transition, Rejection> {
-    if !r.notice_pending {
+    if !r.notice_pending() {
         return Err(Rejection::NoNoticeOwed);
     }
     let mut n = next(r, to_millis(now));
-    n.notice_pending = false;
+    n.outbox.clear();
     Ok(Transition {
         condition: Condition::on(r, vec![Guard::NoticePending]),
         record: n,
         effects: vec![],
+    })
+}
+
+/// An operator resubmits the failed step: from Error the step runs again (Pending), from
+/// CompensationFailed its undo does (Compensating). `FailureCount` and the rounds restart. A
+/// step or undo the service refused gets a new idempotency key (a refused key stays refused); one
+/// that timed out keeps its key, since it may have taken effect.
+///
+/// Condition: same state (at the version read) - keeps "one retry per failure": of two operators
+/// retrying at once, one write wins and the other is told the order moved on.
+pub fn retry(r: &StateRecord, now: DateTime<Utc>, p: &Policy) -> Result<Transition, Rejection> {
+    let now = to_millis(now);
+    let mut n = next(r, now);
+    let i = r.step_index;
+    match r.process_state {
+        ProcessState::Error if i < r.steps.len() => {
+            let step = &mut n.steps[i];
+            if step.status == StepStatus::Failed {
+                step.generation += 1;
+                step.sent = false;
+            }
+            step.status = StepStatus::Pending;
+            step.finished_at = None;
+            step.finished_attempt = None;
+            n.process_state = ProcessState::Pending;
+        }
+        ProcessState::CompensationFailed => {
+            let step = &mut n.steps[i];
+            if step.undo == Some(StepStatus::Failed) {
+                step.undo_generation += 1;
+            }
+            step.undo = None;
+            n.process_state = ProcessState::Compensating;
+        }
+        other => return Err(Rejection::NotRetryable(other)),
+    }
+    n.failure_count = 0;
+    n.round = 0;
+    n.last_error = None;
+    n.complete_by = Some(now + p.pickup_timeout);
+    log(&mut n, r.process_state, Some(i), "operator retry");
+    Ok(Transition {
+        condition: Condition::on(r, vec![Guard::StateIs(r.process_state)]),
+        record: n,
+        effects: vec![
+            Effect::Publish(Status::Retrying),
+            Effect::Enqueue {
+                delay: Duration::zero(),
+            },
+        ],
+    })
+}
+
+/// An operator asks for compensation: an Error order starts undoing its steps; a
+/// CompensationFailed one retries its failed undo (as [`retry`] does).
+///
+/// Condition: same state (at the version read) - keeps "one compensation per failure".
+pub fn compensate(
+    r: &StateRecord,
+    now: DateTime<Utc>,
+    p: &Policy,
+) -> Result<Transition, Rejection> {
+    match r.process_state {
+        ProcessState::CompensationFailed => retry(r, now, p),
+        ProcessState::Error => {
+            let now = to_millis(now);
+            let mut n = next(r, now);
+            let effects = begin_compensation(&mut n, now, Duration::zero(), p);
+            log(
+                &mut n,
+                r.process_state,
+                Some(r.step_index),
+                "operator compensate",
+            );
+            Ok(Transition {
+                condition: Condition::on(r, vec![Guard::StateIs(r.process_state)]),
+                record: n,
+                effects,
+            })
+        }
+        other => Err(Rejection::NotCompensable(other)),
+    }
+}
+
+/// An operator cancels a Pending or Processing order: any reply to the step that is out is
+/// dropped from now on, and every step that may have taken effect (including the one that was
+/// out) is undone. The undo of a step that was out waits for that step's deadline, when its
+/// agent has stopped calling the service.
+///
+/// Condition: same state, attempt and step (at the version read) - keeps "a cancelled order
+/// takes no further step": a reply applied first makes the cancel retry on the new record.
+pub fn cancel(
+    r: &StateRecord,
+    reason: &str,
+    now: DateTime<Utc>,
+    p: &Policy,
+) -> Result<Transition, Rejection> {
+    let now = to_millis(now);
+    let mut n = next(r, now);
+    let i = r.step_index;
+    let delay = match r.process_state {
+        ProcessState::Pending => Duration::zero(),
+        ProcessState::Processing => {
+            n.steps[i].status = StepStatus::Cancelled;
+            r.complete_by
+                .map_or(Duration::zero(), |d| (d - now).max(Duration::zero()))
+        }
+        other => return Err(Rejection::NotCancellable(other)),
+    };
+    if n.steps[i].status == StepStatus::Pending && n.steps[i].sent {
+        // A step handed back after a timeout may have taken effect: mark it as such.
+        n.steps[i].status = StepStatus::Cancelled;
+    }
+    n.last_error = Some(format!("cancelled: {reason}"));
+    let mut effects = vec![Effect::Publish(Status::Cancelled)];
+    effects.extend(begin_compensation(&mut n, now, delay, p));
+    log(
+        &mut n,
+        r.process_state,
+        Some(i),
+        format!("operator cancel: {reason}"),
+    );
+    Ok(Transition {
+        condition: Condition::on(
+            r,
+            vec![
+                Guard::StateIs(r.process_state),
+                Guard::AttemptIs(r.attempt),
+                Guard::StepIndexIs(i),
+            ],
+        ),
+        record: n,
+        effects,
     })
 }
 
@@ -371,6 +745,16 @@ mod tests {
             failure_threshold: 3,
             retry_base_delay: Duration::seconds(1),
             retry_max_delay: Duration::seconds(8),
+            auto_compensate: true,
+            cooldown: Duration::seconds(60),
+            max_rounds: 0,
+        }
+    }
+
+    fn manual() -> Policy {
+        Policy {
+            auto_compensate: false,
+            ..policy()
         }
     }
 
@@ -389,14 +773,34 @@ mod tests {
         )
     }
 
+    fn ok() -> StepOutcome {
+        StepOutcome::succeeded()
+    }
+
+    fn refused() -> StepOutcome {
+        StepOutcome::Failed {
+            error: "card declined".into(),
+        }
+    }
+
     fn apply(
         r: &mut StateRecord,
         f: impl FnOnce(&StateRecord) -> Result<Transition, Rejection>,
     ) -> Transition {
         let t = f(r).expect("transition applies");
         assert!(t.condition.holds(Some(r)), "condition holds on its source");
+        t.record.check(3).expect("valid after the transition");
         *r = t.record.clone();
         t
+    }
+
+    /// Claims and answers steps until the record's current step is `upto`.
+    fn run_to(r: &mut StateRecord, upto: usize, now: DateTime<Utc>, p: &Policy) {
+        apply(r, |r| claim(r, "s", now, p));
+        for i in 0..upto {
+            let a = r.attempt;
+            apply(r, |r| apply_reply(r, a, i, false, &ok(), now, p));
+        }
     }
 
     #[test]
@@ -410,22 +814,49 @@ mod tests {
         assert_eq!(r.locked_by.as_deref(), Some("s-1"));
         for i in 0..3 {
             let t = apply(&mut r, |r| {
-                apply_reply(r, 1, i, &StepOutcome::Succeeded, now, &p)
+                apply_reply(
+                    r,
+                    1,
+                    i,
+                    false,
+                    &StepOutcome::Succeeded {
+                        result: Some(format!("{{\"id\":{i}}}")),
+                    },
+                    now,
+                    &p,
+                )
             });
-            r.check(p.failure_threshold).expect("valid");
             if i < 2 {
-                assert_eq!(t.effects, [Effect::SendStepRequest]);
+                assert_eq!(
+                    t.effects,
+                    [
+                        Effect::Publish(Status::StepCompleted),
+                        Effect::SendStepRequest
+                    ]
+                );
             } else {
                 assert_eq!(t.effects, [Effect::DeliverNotice]);
             }
         }
         assert_eq!(r.process_state, ProcessState::Processed);
         assert_eq!(r.locked_by, None);
-        assert!(r.notice_pending);
+        assert_eq!(r.outbox, [Status::Processed]);
+        assert_eq!(r.steps[1].result.as_deref(), Some("{\"id\":1}"));
         assert_eq!(r.due_at(), Some(r.updated_at));
         apply(&mut r, |r| notice_delivered(r, now));
         assert_eq!(r.due_at(), None);
         assert_eq!(r.version, 6);
+        let reasons: Vec<_> = r.history.iter().map(|h| h.reason.as_str()).collect();
+        assert_eq!(
+            reasons,
+            [
+                "received",
+                "claimed",
+                "step done",
+                "step done",
+                "step done; every step done"
+            ]
+        );
     }
 
     #[test]
@@ -436,17 +867,19 @@ mod tests {
         apply(&mut r, |r| claim(r, "s-1", now, &p));
         assert_eq!(
             claim(&r, "s-2", now, &p).err(),
-            Some(Rejection::NotPending(ProcessState::Processing))
+            Some(Rejection::NotClaimable(ProcessState::Processing))
         );
-        apply(&mut r, |r| {
-            apply_reply(r, 1, 0, &StepOutcome::Succeeded, now, &p)
-        });
+        apply(&mut r, |r| apply_reply(r, 1, 0, false, &ok(), now, &p));
         assert!(matches!(
-            apply_reply(&r, 1, 0, &StepOutcome::Succeeded, now, &p),
+            apply_reply(&r, 1, 0, false, &ok(), now, &p),
             Err(Rejection::WrongStep {
                 record: 1,
                 message: 0
             })
+        ));
+        assert!(matches!(
+            apply_reply(&r, 1, 1, true, &ok(), now, &p),
+            Err(Rejection::WrongDirection { .. })
         ));
     }
 
@@ -464,16 +897,18 @@ mod tests {
 
     #[test]
     fn expiry_hands_back_with_growing_delay_then_fails_at_the_threshold() {
-        let p = policy();
+        let p = manual();
         let mut now = t0();
         let mut r = fresh(now);
         let mut delays = vec![];
         for round in 1..=3u32 {
             apply(&mut r, |r| claim(r, "s", now, &p));
-            assert!(matches!(expire(&r, now, &p), Err(Rejection::NotDue { .. })));
+            assert!(matches!(
+                expire(&r, now, &p, 0.0),
+                Err(Rejection::NotDue { .. })
+            ));
             now += p.step_timeout;
-            let t = apply(&mut r, |r| expire(r, now, &p));
-            r.check(p.failure_threshold).expect("valid");
+            let t = apply(&mut r, |r| expire(r, now, &p, 0.0));
             assert_eq!(r.failure_count, round);
             match t.effects.as_slice() {
                 [Effect::Enqueue { delay }] => delays.push(*delay),
@@ -481,14 +916,39 @@ mod tests {
                 other => panic!("unexpected effects {other:?}"),
             }
         }
-        assert_eq!(delays, [Duration::seconds(1), Duration::seconds(2)]);
+        // Equal jitter at 0: half the exponential delay.
+        assert_eq!(delays, [Duration::milliseconds(500), Duration::seconds(1)]);
         assert_eq!(r.process_state, ProcessState::Error);
+        assert_eq!(r.steps[0].status, StepStatus::TimedOut);
         assert!(
             r.last_error
                 .as_deref()
                 .is_some_and(|e| e.starts_with("reserve-inventory"))
         );
-        assert!(r.notice_pending);
+        assert_eq!(r.outbox, [Status::Failed]);
+    }
+
+    #[test]
+    fn an_extended_wait_cools_down_and_restarts_the_count_before_failing() {
+        let p = Policy {
+            max_rounds: 1,
+            ..manual()
+        };
+        let mut now = t0();
+        let mut r = fresh(now);
+        let mut delays = vec![];
+        while !r.process_state.is_terminal() {
+            apply(&mut r, |r| claim(r, "s", now, &p));
+            now += p.step_timeout;
+            let t = apply(&mut r, |r| expire(r, now, &p, 0.999));
+            if let [Effect::Enqueue { delay }] = t.effects.as_slice() {
+                delays.push(delay.num_milliseconds());
+                now += *delay;
+            }
+        }
+        assert_eq!(delays, [999, 1999, 60_000, 999, 1999]);
+        assert_eq!((r.round, r.failure_count), (1, 3));
+        assert_eq!(r.process_state, ProcessState::Error);
     }
 
     #[test]
@@ -498,10 +958,10 @@ mod tests {
         let mut r = fresh(now);
         apply(&mut r, |r| claim(r, "s", now, &p));
         now += p.step_timeout;
-        apply(&mut r, |r| expire(r, now, &p));
+        apply(&mut r, |r| expire(r, now, &p, 0.5));
         apply(&mut r, |r| claim(r, "s", now, &p));
         assert_eq!(
-            apply_reply(&r, 1, 0, &StepOutcome::Succeeded, now, &p).err(),
+            apply_reply(&r, 1, 0, false, &ok(), now, &p).err(),
             Some(Rejection::StaleAttempt {
                 record: 2,
                 message: 1
@@ -514,7 +974,7 @@ mod tests {
         let p = policy();
         let mut r = fresh(t0());
         let now = r.complete_by.expect("pickup deadline");
-        let t = apply(&mut r, |r| expire(r, now, &p));
+        let t = apply(&mut r, |r| expire(r, now, &p, 0.5));
         assert_eq!(
             t.effects,
             [Effect::Enqueue {
@@ -527,28 +987,209 @@ mod tests {
     }
 
     #[test]
-    fn a_permanent_failure_is_an_error_with_its_reason() {
-        let p = policy();
+    fn a_refusal_at_the_first_step_leaves_nothing_to_undo() {
         let now = t0();
         let mut r = fresh(now);
-        apply(&mut r, |r| claim(r, "s", now, &p));
-        let failed = StepOutcome::Failed {
-            error: "card declined".into(),
-        };
-        apply(&mut r, |r| apply_reply(r, 1, 0, &failed, now, &p));
-        r.check(p.failure_threshold).expect("valid");
+        apply(&mut r, |r| claim(r, "s", now, &manual()));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 0, false, &refused(), now, &manual())
+        });
         assert_eq!(r.process_state, ProcessState::Error);
         assert_eq!(
             r.last_error.as_deref(),
             Some("reserve-inventory: card declined")
         );
+
+        let mut r = fresh(now);
+        apply(&mut r, |r| claim(r, "s", now, &policy()));
+        let t = apply(&mut r, |r| {
+            apply_reply(r, 1, 0, false, &refused(), now, &policy())
+        });
+        assert_eq!(t.effects, [Effect::DeliverNotice]);
+        assert_eq!(r.process_state, ProcessState::Compensated);
+        assert_eq!(r.outbox, [Status::Failed, Status::Compensated]);
     }
 
     #[test]
-    fn retry_delay_doubles_and_is_capped() {
+    fn a_refusal_at_step_three_undoes_steps_two_then_one() {
         let p = policy();
-        let d: Vec<_> = (1..=6).map(|n| p.retry_delay(n).num_seconds()).collect();
-        assert_eq!(d, [1, 2, 4, 8, 8, 8]);
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 2, now, &p);
+        let t = apply(&mut r, |r| apply_reply(r, 1, 2, false, &refused(), now, &p));
+        assert_eq!(
+            t.effects,
+            [
+                Effect::DeliverNotice,
+                Effect::Enqueue {
+                    delay: Duration::zero()
+                }
+            ]
+        );
+        assert_eq!(r.process_state, ProcessState::Compensating);
+        assert_eq!(r.outbox, [Status::Failed]);
+        apply(&mut r, |r| notice_delivered(r, now));
+        let mut undone = vec![];
+        let t = apply(&mut r, |r| claim(r, "s", now, &p));
+        assert_eq!(t.effects, [Effect::SendStepRequest]);
+        while r.process_state == ProcessState::Compensating {
+            undone.push(r.step_index);
+            let (a, i) = (r.attempt, r.step_index);
+            assert!(matches!(
+                apply_reply(&r, a, i, false, &ok(), now, &p),
+                Err(Rejection::WrongDirection { .. })
+            ));
+            apply(&mut r, |r| apply_reply(r, a, i, true, &ok(), now, &p));
+        }
+        assert_eq!(undone, [1, 0]);
+        assert_eq!(r.process_state, ProcessState::Compensated);
+        assert_eq!(
+            r.steps[2].undo, None,
+            "the refused step had no effect to undo"
+        );
+        assert_eq!(r.outbox, [Status::Compensated]);
+    }
+
+    #[test]
+    fn a_refused_undo_ends_in_compensation_failed_and_an_operator_retry_resumes_it() {
+        let p = policy();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
+        apply(&mut r, |r| claim(r, "s", now, &p));
+        let a = r.attempt;
+        apply(&mut r, |r| apply_reply(r, a, 0, true, &refused(), now, &p));
+        assert_eq!(r.process_state, ProcessState::CompensationFailed);
+        assert!(r.outbox.contains(&Status::CompensationFailed));
+        assert_eq!(
+            compensate(&fresh(now), now, &p).err(),
+            Some(Rejection::NotCompensable(ProcessState::Pending))
+        );
+        let t = apply(&mut r, |r| retry(r, now, &p));
+        assert_eq!(
+            t.effects,
+            [
+                Effect::Publish(Status::Retrying),
+                Effect::Enqueue {
+                    delay: Duration::zero()
+                }
+            ]
+        );
+        assert_eq!(r.steps[0].undo_generation, 1, "a refused key is not reused");
+        apply(&mut r, |r| claim(r, "s", now, &p));
+        let a = r.attempt;
+        apply(&mut r, |r| apply_reply(r, a, 0, true, &ok(), now, &p));
+        assert_eq!(r.process_state, ProcessState::Compensated);
+    }
+
+    #[test]
+    fn an_undo_that_times_out_is_retried_then_fails_at_the_threshold() {
+        let p = policy();
+        let mut now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
+        for n in 1..=3 {
+            apply(&mut r, |r| claim(r, "s", now, &p));
+            now += p.step_timeout;
+            apply(&mut r, |r| expire(r, now, &p, 0.5));
+            assert_eq!(r.failure_count, n);
+            now += p.retry_max_delay;
+        }
+        assert_eq!(r.process_state, ProcessState::CompensationFailed);
+        assert_eq!(r.steps[0].undo, Some(StepStatus::TimedOut));
+    }
+
+    #[test]
+    fn operator_retry_of_an_error_runs_the_step_again_under_a_new_key() {
+        let p = manual();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
+        assert_eq!(r.process_state, ProcessState::Error);
+        assert_eq!(
+            cancel(&r, "x", now, &p).err(),
+            Some(Rejection::NotCancellable(ProcessState::Error))
+        );
+        let first = retry(&r, now, &p).expect("retries");
+        let second = retry(&r, now, &p).expect("computed from the same read");
+        apply(&mut r, |_| Ok(first));
+        assert!(
+            !second.condition.holds(Some(&r)),
+            "a second operator's retry loses"
+        );
+        assert_eq!(
+            retry(&r, now, &p).err(),
+            Some(Rejection::NotRetryable(ProcessState::Pending))
+        );
+        assert_eq!((r.steps[1].generation, r.steps[1].sent), (1, false));
+        run_to(&mut r, 0, now, &p);
+        let a = r.attempt;
+        apply(&mut r, |r| apply_reply(r, a, 1, false, &ok(), now, &p));
+        apply(&mut r, |r| apply_reply(r, a, 2, false, &ok(), now, &p));
+        assert_eq!(r.process_state, ProcessState::Processed);
+    }
+
+    #[test]
+    fn cancel_mid_flight_drops_the_reply_and_undoes_the_running_step_after_its_deadline() {
+        let p = policy();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let deadline = r.complete_by.expect("deadline");
+        let later = now + Duration::seconds(4);
+        let t = apply(&mut r, |r| cancel(r, "customer asked", later, &p));
+        assert_eq!(
+            t.effects,
+            [
+                Effect::Publish(Status::Cancelled),
+                Effect::Enqueue {
+                    delay: deadline - later
+                }
+            ]
+        );
+        assert!(matches!(
+            apply_reply(&r, 1, 1, false, &ok(), later, &p),
+            Err(Rejection::NotRunning(ProcessState::Compensating))
+        ));
+        apply(&mut r, |r| claim(r, "s", deadline, &p));
+        let mut undone = vec![];
+        while r.process_state == ProcessState::Compensating {
+            let (a, i) = (r.attempt, r.step_index);
+            undone.push(i);
+            apply(&mut r, |r| apply_reply(r, a, i, true, &ok(), deadline, &p));
+        }
+        assert_eq!(undone, [1, 0]);
+
+        let mut pending = fresh(now);
+        apply(&mut pending, |r| cancel(r, "changed my mind", now, &p));
+        assert_eq!(pending.process_state, ProcessState::Compensated);
+    }
+
+    #[test]
+    fn retry_delay_grows_with_equal_jitter_and_is_capped() {
+        let p = policy();
+        for (n, full) in [(1, 1000), (2, 2000), (3, 4000), (4, 8000), (5, 8000)] {
+            assert_eq!(p.retry_delay(n, 0.0).num_milliseconds(), full / 2);
+            assert_eq!(p.retry_delay(n, 1.0).num_milliseconds(), full);
+            let mid = p.retry_delay(n, 0.5).num_milliseconds();
+            assert!(full / 2 < mid && mid < full);
+        }
+    }
+
+    #[test]
+    fn history_keeps_its_newest_entries() {
+        let p = policy();
+        let mut now = t0();
+        let mut r = fresh(now);
+        for _ in 0..MAX_HISTORY {
+            now += p.pickup_timeout;
+            apply(&mut r, |r| expire(r, now, &p, 0.5));
+        }
+        assert_eq!(r.history.len(), MAX_HISTORY);
+        assert!(r.history.iter().all(|h| h.reason != "received"));
     }
 
     #[derive(Debug, Clone)]
@@ -557,44 +1198,58 @@ mod tests {
         Reply {
             attempt_back: u8,
             step_shift: i8,
+            undo: bool,
             ok: bool,
         },
         Advance(u16),
-        Expire,
+        Expire(u8),
         Delivered,
+        Retry,
+        Compensate,
+        Cancel,
     }
 
     fn ev() -> impl Strategy<Value = Ev> {
         prop_oneof![
             3 => (0u8..3).prop_map(Ev::Claim),
-            4 => (0u8..2, -1i8..2, proptest::bool::weighted(0.9))
-                .prop_map(|(a, s, ok)| Ev::Reply { attempt_back: a, step_shift: s, ok }),
+            5 => (0u8..2, -1i8..2, proptest::bool::weighted(0.2), proptest::bool::weighted(0.85))
+                .prop_map(|(a, s, undo, ok)| Ev::Reply { attempt_back: a, step_shift: s, undo, ok }),
             2 => (0u16..40).prop_map(Ev::Advance),
-            2 => Just(Ev::Expire),
+            2 => (0u8..10).prop_map(Ev::Expire),
             1 => Just(Ev::Delivered),
+            1 => Just(Ev::Retry),
+            1 => Just(Ev::Compensate),
+            1 => Just(Ev::Cancel),
         ]
     }
 
     proptest! {
         /// No sequence of events reaches an invalid record, every accepted transition's
-        /// condition holds on the record it came from and fails on the record it produced, and
-        /// the fencing attempt never goes back.
+        /// condition holds on the record it came from and fails on the record it produced, the
+        /// fencing attempt never goes back, and every transition leaves a history line.
         #[test]
-        fn no_event_sequence_breaks_an_invariant(events in proptest::collection::vec(ev(), 0..60)) {
-            let p = policy();
+        fn no_event_sequence_breaks_an_invariant(
+            events in proptest::collection::vec(ev(), 0..80),
+            auto in proptest::bool::ANY,
+            rounds in 0u32..2,
+        ) {
+            let p = Policy { auto_compensate: auto, max_rounds: rounds, ..policy() };
             let mut now = t0();
             let mut r = fresh(now);
             for e in events {
                 let out = match e {
                     Ev::Claim(i) => claim(&r, &format!("s-{i}"), now, &p),
-                    Ev::Reply { attempt_back, step_shift, ok } => {
-                        let outcome = if ok { StepOutcome::Succeeded } else { StepOutcome::Failed { error: "no".into() } };
+                    Ev::Reply { attempt_back, step_shift, undo, ok } => {
+                        let outcome = if ok { StepOutcome::succeeded() } else { refused() };
                         let step = (r.step_index as i64 + step_shift as i64).max(0) as usize;
-                        apply_reply(&r, r.attempt.saturating_sub(attempt_back as u64), step, &outcome, now, &p)
+                        apply_reply(&r, r.attempt.saturating_sub(attempt_back as u64), step, undo, &outcome, now, &p)
                     }
                     Ev::Advance(s) => { now += Duration::seconds(s as i64); continue; }
-                    Ev::Expire => expire(&r, now, &p),
+                    Ev::Expire(j) => expire(&r, now, &p, f64::from(j) / 10.0),
                     Ev::Delivered => notice_delivered(&r, now),
+                    Ev::Retry => retry(&r, now, &p),
+                    Ev::Compensate => compensate(&r, now, &p),
+                    Ev::Cancel => cancel(&r, "test", now, &p),
                 };
                 if let Ok(t) = out {
                     prop_assert!(t.condition.holds(Some(&r)));
@@ -603,6 +1258,8 @@ mod tests {
                     if let Err(e) = t.record.check(p.failure_threshold) {
                         return Err(TestCaseError::fail(format!("{e} after {:?} from {:?} to {:?}", t.effects, r, t.record)));
                     }
+                    let logged = t.record.history.last() != r.history.last() || t.effects.is_empty();
+                    prop_assert!(logged, "no history line for {:?}", t.effects);
                     r = t.record;
                 }
             }

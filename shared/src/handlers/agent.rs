@@ -13,6 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{Instrument, info, info_span, warn};
 
+/// The largest service answer kept in the state record for the step's undo.
+pub const MAX_RESULT_BYTES: usize = 4096;
+
 #[derive(Clone)]
 pub struct AgentDeps {
     /// The agent's name (`inventory`, `payment`, ...), for the logs.
@@ -68,7 +71,15 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
             .call(&call, remaining.min(deps.call_timeout))
             .await
         {
-            Ok(_) => StepOutcome::Succeeded,
+            Ok(value) => {
+                let result = value.to_string();
+                if result.len() > MAX_RESULT_BYTES {
+                    warn!(bytes = result.len(), "the service's answer is too large to keep for the undo; dropped");
+                }
+                StepOutcome::Succeeded {
+                    result: (result.len() <= MAX_RESULT_BYTES && !value.is_null()).then_some(result),
+                }
+            }
             Err(RemoteFault::Permanent(error)) => {
                 warn!(%error, "permanent fault");
                 StepOutcome::Failed { error }
@@ -96,6 +107,7 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
             step: request.step.clone(),
             step_index: request.step_index,
             attempt: request.attempt,
+            undo: request.undo,
             outcome,
         });
         let body = serde_json::to_string(&reply)

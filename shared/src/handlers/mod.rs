@@ -6,9 +6,9 @@ pub mod scheduler;
 pub mod submission;
 pub mod supervisor;
 
-use crate::domain::transition::notice_delivered;
-use crate::domain::{StateRecord, Transition};
-use crate::messages::OrderNotice;
+use crate::domain::transition::{Effect, notice_delivered};
+use crate::domain::{StateRecord, Status, Transition};
+use crate::messages::{OrderNotice, SchedulerMessage, WorkMessage};
 use crate::ports::{Clock, EventBus, PublishError, Queue, QueueError, StateStore, StoreError};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use std::future::Future;
@@ -113,12 +113,124 @@ pub(crate) async fn write(store: &dyn StateStore, t: &Transition) -> Result<bool
     }
 }
 
-/// Delivers a terminal record's notice (the outbox) and clears the flag.
+/// SQS `DelaySeconds` cannot exceed 15 minutes.
+pub const MAX_SQS_DELAY: Duration = Duration::from_secs(900);
+
+/// Puts a work message for `order_id` on the work queue, visible after `delay`. A delay over
+/// SQS's 15 minutes is sent as 15 minutes with `notBefore` set: the scheduler sends it again
+/// for the rest of the wait.
+pub(crate) async fn enqueue(
+    queue: &dyn Queue,
+    work_queue_url: &str,
+    order_id: crate::OrderId,
+    delay: chrono::Duration,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), HandlerError> {
+    let wanted = delay.to_std().unwrap_or_default();
+    let mut message = WorkMessage::new(order_id);
+    if wanted > MAX_SQS_DELAY {
+        message.not_before = Some(now + delay);
+    }
+    let body = serde_json::to_string(&SchedulerMessage::Work(message))
+        .map_err(|e| HandlerError::Poison(format!("work message does not serialize: {e}")))?;
+    queue
+        .send(work_queue_url, &body, wanted.min(MAX_SQS_DELAY))
+        .await?;
+    Ok(())
+}
+
+/// Where effects go: the ports a handler owns, and the work queue.
+pub(crate) struct Outlets<'a> {
+    pub store: &'a dyn StateStore,
+    pub queue: &'a dyn Queue,
+    pub events: &'a dyn EventBus,
+    pub clock: &'a dyn Clock,
+    /// The work queue, for [`Effect::Enqueue`].
+    pub work_queue_url: &'a str,
+}
+
+/// Performs the effects of a written transition, in order. [`Effect::SendStepRequest`] belongs
+/// to the scheduler alone: `send_step` performs it, or it is a configuration error.
+pub(crate) async fn perform<'a, F, Fut>(
+    o: &Outlets<'a>,
+    t: &Transition,
+    send_step: Option<F>,
+) -> Result<(), HandlerError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(), HandlerError>>,
+{
+    for effect in &t.effects {
+        match effect {
+            Effect::SendStepRequest => match &send_step {
+                Some(f) => f().await?,
+                None => {
+                    return Err(HandlerError::Config(
+                        "only the scheduler sends step requests".into(),
+                    ));
+                }
+            },
+            Effect::DeliverNotice => {
+                deliver_notice(o.store, o.queue, o.events, o.clock, &t.record).await?
+            }
+            Effect::Publish(status) => publish_status(o.queue, o.events, &t.record, *status).await,
+            Effect::Enqueue { delay } => {
+                enqueue(
+                    o.queue,
+                    o.work_queue_url,
+                    t.record.order_id,
+                    *delay,
+                    o.clock.now(),
+                )
+                .await?
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sends one status to the bus and to the order's reply queue. Either may fail: the first is an
+/// error for the caller to retry (or log); the copy to the reply queue is best effort, since
+/// its URL comes from the application and a bad one must not hold up the order.
+async fn send_status(
+    queue: &dyn Queue,
+    events: &dyn EventBus,
+    record: &StateRecord,
+    status: Status,
+) -> Result<(), HandlerError> {
+    let notice = OrderNotice::of(record, status);
+    let detail = serde_json::to_value(&notice)
+        .map_err(|e| HandlerError::Poison(format!("notice does not serialize: {e}")))?;
+    events.publish(notice.detail_type(), &detail).await?;
+    if status.is_alert() {
+        warn!(order_id = %record.order_id, attempt = record.attempt, status = status.as_str(), last_error = ?record.last_error, "operator alert");
+    }
+    if let Some(url) = &record.reply_queue_url
+        && let Err(e) = queue.send(url, &detail.to_string(), Duration::ZERO).await
+    {
+        error!(order_id = %record.order_id, error = %e, "could not send the status to the order's reply queue");
+    }
+    Ok(())
+}
+
+/// Publishes a status that does not go through the outbox: best effort, logged if it fails.
+pub(crate) async fn publish_status(
+    queue: &dyn Queue,
+    events: &dyn EventBus,
+    record: &StateRecord,
+    status: Status,
+) {
+    if let Err(e) = send_status(queue, events, record, status).await {
+        error!(order_id = %record.order_id, status = status.as_str(), error = %e, "status not published");
+    }
+}
+
+/// Delivers a record's outbox and clears it.
 ///
-/// The event goes to the bus first (`OrderFailed` is the operator alert; delivery is at least
-/// once, consumers deduplicate on order id and state). The copy to the order's own reply queue
-/// is best effort: that URL comes from the application and a bad one must not keep the record
-/// in the outbox forever, so a failure there is logged and not retried.
+/// Every status goes to the bus first (`OrderFailed` and `OrderCompensationFailed` are the
+/// operator alerts; delivery is at least once, consumers deduplicate on order id, status and
+/// sequence), then, best effort, to the order's reply queue. A bus failure leaves the outbox
+/// full: the record stays due and the supervisor delivers it again.
 pub async fn deliver_notice(
     store: &dyn StateStore,
     queue: &dyn Queue,
@@ -126,24 +238,16 @@ pub async fn deliver_notice(
     clock: &dyn Clock,
     record: &StateRecord,
 ) -> Result<(), HandlerError> {
-    let notice = OrderNotice::of(record);
-    let detail = serde_json::to_value(&notice)
-        .map_err(|e| HandlerError::Poison(format!("notice does not serialize: {e}")))?;
-    events.publish(notice.detail_type(), &detail).await?;
-    if notice.detail_type() == "OrderFailed" {
-        warn!(order_id = %record.order_id, attempt = record.attempt, last_error = ?record.last_error, "operator alert: order failed");
-    }
-    if let Some(url) = &record.reply_queue_url
-        && let Err(e) = queue.send(url, &detail.to_string(), Duration::ZERO).await
-    {
-        error!(order_id = %record.order_id, error = %e, "could not send the notice to the order's reply queue");
+    for status in &record.outbox {
+        send_status(queue, events, record, *status).await?;
     }
     let Ok(t) = notice_delivered(record, clock.now()) else {
         return Ok(());
     };
-    // A lost race with another deliverer means the notice went out twice, which consumers
-    // tolerate; the flag is cleared either way.
+    // Condition: the outbox is still owed at the version delivered. A lost race (another
+    // deliverer, or the record moved on) means a status may go out twice, which consumers
+    // tolerate; whoever wrote the newer version delivers what it holds.
     write(store, &t).await?;
-    info!(state = %record.process_state, "notice delivered");
+    info!(state = %record.process_state, outbox = ?record.outbox, "notices delivered");
     Ok(())
 }

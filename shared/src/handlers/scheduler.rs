@@ -1,9 +1,9 @@
 //! The scheduler: claims Pending orders, sends step requests to agents, applies their replies.
 
-use super::{HandlerError, RecordOutcome, deliver_notice, process_batch, write};
-use crate::domain::transition::{self, Effect, Transition};
+use super::{HandlerError, Outlets, RecordOutcome, enqueue, perform, process_batch, write};
+use crate::domain::transition::{self, Transition};
 use crate::domain::{Order, Policy, StateRecord, Workflow};
-use crate::messages::{SchedulerMessage, StepReply, StepRequest, WorkMessage};
+use crate::messages::{SchedulerMessage, StepReply, StepRequest, WorkMessage, idempotency_key};
 use crate::ports::{Clock, EventBus, Queue, StateStore};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use std::collections::HashMap;
@@ -24,6 +24,8 @@ pub struct SchedulerDeps {
     pub agent_queues: HashMap<String, String>,
     /// Where agents send their replies.
     pub reply_queue_url: String,
+    /// The scheduler's own work queue: compensation and long waits re-enqueue work here.
+    pub work_queue_url: String,
     /// Where poison messages go.
     pub dead_letter_url: Option<String>,
     /// This scheduler instance's id, written to `LockedBy`.
@@ -71,8 +73,24 @@ async fn load(
 }
 
 async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerError> {
+    let now = deps.clock.now();
+    if let Some(not_before) = w.not_before
+        && not_before > now
+    {
+        // A wait longer than SQS's 15-minute delay: send it on for the rest.
+        enqueue(
+            deps.queue.as_ref(),
+            &deps.work_queue_url,
+            w.order_id,
+            not_before - now,
+            now,
+        )
+        .await?;
+        info!(%not_before, "long wait: work message sent on");
+        return Ok(());
+    }
     let (order, record) = load(deps, w.order_id).await?;
-    let t = match transition::claim(&record, &deps.instance_id, deps.clock.now(), &deps.policy) {
+    let t = match transition::claim(&record, &deps.instance_id, now, &deps.policy) {
         Ok(t) => t,
         Err(why) => {
             info!(%why, "work message dropped");
@@ -84,8 +102,8 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         return Ok(());
     }
     tracing::Span::current().record("attempt", t.record.attempt);
-    info!(step = ?t.record.current_step(), "claimed");
-    perform(deps, &order, &t).await
+    info!(step = ?t.record.current_step(), state = %t.record.process_state, "claimed");
+    run(deps, &order, &t).await
 }
 
 async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError> {
@@ -100,6 +118,7 @@ async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError
         &record,
         r.attempt,
         r.step_index,
+        r.undo,
         &r.outcome,
         deps.clock.now(),
         &deps.policy,
@@ -114,34 +133,27 @@ async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError
         info!("the record moved on meanwhile; reply dropped");
         return Ok(());
     }
-    info!(outcome = ?r.outcome, state = %t.record.process_state, "reply applied");
-    perform(deps, &order, &t).await
+    info!(outcome = ?r.outcome, undo = r.undo, state = %t.record.process_state, "reply applied");
+    run(deps, &order, &t).await
 }
 
-async fn perform(deps: &SchedulerDeps, order: &Order, t: &Transition) -> Result<(), HandlerError> {
-    for effect in &t.effects {
-        match effect {
-            Effect::SendStepRequest => send_step_request(deps, order, &t.record).await?,
-            Effect::DeliverNotice => {
-                deliver_notice(
-                    deps.store.as_ref(),
-                    deps.queue.as_ref(),
-                    deps.events.as_ref(),
-                    deps.clock.as_ref(),
-                    &t.record,
-                )
-                .await?
-            }
-            Effect::Enqueue { .. } => {
-                return Err(HandlerError::Config(format!(
-                    "the scheduler does not enqueue work ({effect:?})"
-                )));
-            }
-        }
-    }
-    Ok(())
+async fn run(deps: &SchedulerDeps, order: &Order, t: &Transition) -> Result<(), HandlerError> {
+    let outlets = Outlets {
+        store: deps.store.as_ref(),
+        queue: deps.queue.as_ref(),
+        events: deps.events.as_ref(),
+        clock: deps.clock.as_ref(),
+        work_queue_url: &deps.work_queue_url,
+    };
+    perform(
+        &outlets,
+        t,
+        Some(|| send_step_request(deps, order, &t.record)),
+    )
+    .await
 }
 
+/// Sends the request for the record's current step, or for its undo while Compensating.
 async fn send_step_request(
     deps: &SchedulerDeps,
     order: &Order,
@@ -151,25 +163,46 @@ async fn send_step_request(
         .workflow
         .step(record.step_index)
         .ok_or_else(|| HandlerError::Poison(format!("no step {}", record.step_index)))?;
+    let state = record
+        .steps
+        .get(record.step_index)
+        .ok_or_else(|| HandlerError::Poison(format!("no step state {}", record.step_index)))?;
     let url = deps.agent_queues.get(&step.agent).ok_or_else(|| {
         HandlerError::Config(format!("no request queue for agent {}", step.agent))
     })?;
     let complete_by = record
         .complete_by
         .ok_or_else(|| HandlerError::Poison("a running step without a deadline".into()))?;
+    let forward_key = idempotency_key(record.order_id, &step.name, &step.name, state.generation);
+    let undo = record.process_state == crate::domain::ProcessState::Compensating;
+    let mut payload = serde_json::json!({"customerId": order.customer_id, "items": order.items});
+    let (action, key) = if undo {
+        payload["undoes"] = serde_json::Value::String(forward_key);
+        payload["result"] = state
+            .result
+            .as_deref()
+            .and_then(|r| serde_json::from_str(r).ok())
+            .unwrap_or(serde_json::Value::Null);
+        let key = idempotency_key(record.order_id, &step.name, &step.undo, state.undo_generation);
+        (step.undo.clone(), key)
+    } else {
+        (step.name.clone(), forward_key)
+    };
     let request = StepRequest {
         order_id: record.order_id,
         step: step.name.clone(),
         step_index: record.step_index,
-        action: step.name.clone(),
+        action,
         attempt: record.attempt,
+        undo,
+        idempotency_key: Some(key),
         complete_by,
         reply_queue_url: deps.reply_queue_url.clone(),
-        payload: serde_json::json!({"customerId": order.customer_id, "items": order.items}),
+        payload,
     };
     let body = serde_json::to_string(&request)
         .map_err(|e| HandlerError::Poison(format!("step request does not serialize: {e}")))?;
     deps.queue.send(url, &body, Duration::ZERO).await?;
-    info!(step = %step.name, agent = %step.agent, %complete_by, "step request sent");
+    info!(step = %step.name, action = %request.action, agent = %step.agent, %complete_by, "step request sent");
     Ok(())
 }

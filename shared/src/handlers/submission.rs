@@ -4,7 +4,7 @@
 
 use crate::domain::{Order, OrderId, OrderRequest, Policy, StateRecord, Workflow};
 use crate::messages::{SchedulerMessage, WorkMessage};
-use crate::ports::{Clock, CreateOutcome, IdempotencyRecord, Queue, StateStore};
+use crate::ports::{Clock, CreateOutcome, EventBus, IdempotencyRecord, Queue, StateStore};
 use http::{HeaderMap, Method, Response, StatusCode};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -23,6 +23,7 @@ pub const MAX_KEY_LEN: usize = 255;
 pub struct SubmissionDeps {
     pub store: Arc<dyn StateStore>,
     pub queue: Arc<dyn Queue>,
+    pub events: Arc<dyn EventBus>,
     pub clock: Arc<dyn Clock>,
     pub workflow: Arc<Workflow>,
     pub policy: Policy,
@@ -177,7 +178,7 @@ async fn submit(deps: &SubmissionDeps, headers: &HeaderMap, body: &[u8]) -> Resp
     }
     // Crash point: the order is stored but not yet enqueued. Its pickup deadline is in the due
     // index, so the supervisor re-enqueues it if this send never happens.
-    let work = SchedulerMessage::Work(WorkMessage { order_id: id });
+    let work = SchedulerMessage::Work(WorkMessage::new(id));
     match serde_json::to_string(&work) {
         Ok(body) => {
             if let Err(e) = deps

@@ -1,18 +1,15 @@
 //! The supervisor: finds records whose deadline passed (through the sparse due index, never a
 //! scan), and hands them back for retry, fails them, or re-delivers their notice.
 
-use super::{HandlerError, deliver_notice, write};
-use crate::domain::transition::{self, Effect};
-use crate::domain::{OrderId, Policy};
-use crate::messages::{SchedulerMessage, WorkMessage};
+use super::{HandlerError, Outlets, deliver_notice, perform, write};
+use crate::domain::transition;
+use crate::domain::{OrderId, Policy, Status};
 use crate::ports::{Clock, EventBus, Queue, StateStore};
 use chrono::{DateTime, Utc};
+use rand::Rng;
 use serde::Serialize;
 use std::sync::Arc;
 use tracing::{Instrument, error, info, info_span, warn};
-
-/// SQS `DelaySeconds` cannot exceed 15 minutes.
-const MAX_SQS_DELAY: std::time::Duration = std::time::Duration::from_secs(900);
 
 #[derive(Clone)]
 pub struct SupervisorDeps {
@@ -91,7 +88,7 @@ async fn recover(
         return Ok(Recovered::Skipped);
     };
     tracing::Span::current().record("attempt", record.attempt);
-    if record.notice_pending {
+    if record.notice_pending() {
         deliver_notice(
             deps.store.as_ref(),
             deps.queue.as_ref(),
@@ -102,7 +99,8 @@ async fn recover(
         .await?;
         return Ok(Recovered::Notice);
     }
-    let t = match transition::expire(&record, now, &deps.policy) {
+    let jitter = rand::rng().random::<f64>();
+    let t = match transition::expire(&record, now, &deps.policy, jitter) {
         Ok(t) => t,
         Err(why) => {
             info!(%why, "no longer due");
@@ -113,45 +111,29 @@ async fn recover(
         info!("recovered by someone else first");
         return Ok(Recovered::Skipped);
     }
-    let mut outcome = Recovered::Skipped;
-    for effect in &t.effects {
-        match effect {
-            Effect::Enqueue { delay } => {
-                let delay = delay.to_std().unwrap_or_default().min(MAX_SQS_DELAY);
-                let body =
-                    serde_json::to_string(&SchedulerMessage::Work(WorkMessage { order_id: id }))
-                        .map_err(|e| HandlerError::Poison(e.to_string()))?;
-                deps.queue.send(&deps.work_queue_url, &body, delay).await?;
-                outcome = if t.record.failure_count > record.failure_count {
-                    warn!(failure_count = t.record.failure_count, ?delay, last_error = ?t.record.last_error, "deadline expired; handed back for retry");
-                    Recovered::Retried
-                } else {
-                    info!("pickup deadline passed; work message re-enqueued");
-                    Recovered::Requeued
-                };
-            }
-            Effect::DeliverNotice => {
-                warn!(
-                    failure_count = t.record.failure_count,
-                    "failure threshold reached; order failed"
-                );
-                deliver_notice(
-                    deps.store.as_ref(),
-                    deps.queue.as_ref(),
-                    deps.events.as_ref(),
-                    deps.clock.as_ref(),
-                    &t.record,
-                )
-                .await?;
-                outcome = Recovered::Failed;
-            }
-            Effect::SendStepRequest => {
-                return Err(HandlerError::Config(
-                    "the supervisor does not send step requests".into(),
-                ));
-            }
-        }
-    }
+    let outcome = if t
+        .record
+        .outbox
+        .iter()
+        .any(|s| matches!(s, Status::Failed | Status::CompensationFailed))
+    {
+        warn!(failure_count = t.record.failure_count, state = %t.record.process_state, last_error = ?t.record.last_error, "failure threshold reached");
+        Recovered::Failed
+    } else if t.record.failure_count != record.failure_count || t.record.round != record.round {
+        warn!(failure_count = t.record.failure_count, round = t.record.round, last_error = ?t.record.last_error, "deadline expired; handed back for retry");
+        Recovered::Retried
+    } else {
+        info!("pickup deadline passed; work message re-enqueued");
+        Recovered::Requeued
+    };
+    let outlets = Outlets {
+        store: deps.store.as_ref(),
+        queue: deps.queue.as_ref(),
+        events: deps.events.as_ref(),
+        clock: deps.clock.as_ref(),
+        work_queue_url: &deps.work_queue_url,
+    };
+    perform(&outlets, &t, None::<fn() -> std::future::Ready<Result<(), HandlerError>>>).await?;
     Ok(outcome)
 }
 

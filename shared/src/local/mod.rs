@@ -101,6 +101,9 @@ impl Default for Settings {
                 failure_threshold: 3,
                 retry_base_delay: chrono::Duration::seconds(1),
                 retry_max_delay: chrono::Duration::seconds(30),
+                auto_compensate: true,
+                cooldown: chrono::Duration::seconds(30),
+                max_rounds: 0,
             },
             backoff: Backoff {
                 base: chrono::Duration::milliseconds(20),
@@ -231,6 +234,7 @@ impl System {
             submission: SubmissionDeps {
                 store: store.clone(),
                 queue: queue.clone(),
+                events: events.clone(),
                 clock: clock.clone(),
                 workflow: workflow.clone(),
                 policy: settings.policy.clone(),
@@ -245,6 +249,7 @@ impl System {
                 policy: settings.policy.clone(),
                 agent_queues: resources.agent_queue_urls.clone(),
                 reply_queue_url: resources.reply_queue_url.clone(),
+                work_queue_url: resources.work_queue_url.clone(),
                 dead_letter_url: Some(resources.dead_letter_url.clone()),
                 instance_id: format!("local-{}", uuid::Uuid::new_v4()),
             },
