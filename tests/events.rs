@@ -727,7 +727,7 @@ async fn check_message(system: &System, name: &str, body: &str, subject: &Subjec
                 })
             });
             assert!(answers, "the reply answers a request of the event: {body}");
-            assert_eq!(r.outcome, StepOutcome::Succeeded, "{body}");
+            assert!(matches!(r.outcome, StepOutcome::Succeeded { .. }), "{body}");
         }
         "deadLetter" => assert!(
             subject.bodies.iter().any(|b| b == body),

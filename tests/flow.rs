@@ -99,7 +99,7 @@ async fn an_order_submitted_over_http_runs_to_processed_with_every_step_once() {
     assert_eq!(got[0]["detail-type"], "OrderProcessed");
     assert_eq!(got[0]["detail"]["orderId"], id.to_string());
     let final_state = state(&system, id).await;
-    assert!(!final_state.notice_pending, "the outbox flag is cleared");
+    assert!(!final_state.notice_pending(), "the outbox flag is cleared");
     system.shutdown().await;
 }
 
@@ -182,6 +182,7 @@ async fn an_agent_that_overruns_stops_silently_and_the_supervisor_recovers_it() 
 #[tokio::test]
 async fn failures_up_to_the_threshold_end_in_error_with_an_order_failed_event() {
     let mut settings = manual_settings();
+    settings.policy.auto_compensate = false;
     let forever = chrono::Utc::now() - chrono::Duration::hours(1);
     settings.faults.insert(
         "payment".into(),
@@ -232,12 +233,13 @@ async fn failures_up_to_the_threshold_end_in_error_with_an_order_failed_event() 
             .as_str()
             .is_some_and(|e| e.contains("charge-payment"))
     );
-    assert!(!state(&system, id).await.notice_pending);
+    assert!(!state(&system, id).await.notice_pending());
 }
 
 #[tokio::test]
 async fn a_permanent_fault_fails_the_order_at_once_with_an_alert() {
     let mut settings = manual_settings();
+    settings.policy.auto_compensate = false;
     settings.faults.insert(
         "shipping".into(),
         Faults {
@@ -366,7 +368,8 @@ async fn a_stale_reply_after_a_recovery_is_dropped() {
         step: first.step.clone(),
         step_index: first.step_index,
         attempt: first.attempt,
-        outcome: StepOutcome::Succeeded,
+        undo: false,
+        outcome: StepOutcome::succeeded(),
     });
     system
         .queue

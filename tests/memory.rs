@@ -30,6 +30,7 @@ async fn a_faulty_in_memory_run_loses_nothing_and_duplicates_nothing() {
                 // supervisor hands those orders back.
                 outage: (agent == "payment")
                     .then(|| (now, now + chrono::Duration::milliseconds(1000))),
+                ..Faults::default()
             },
         );
     }
@@ -42,9 +43,9 @@ async fn a_faulty_in_memory_run_loses_nothing_and_duplicates_nothing() {
         ids.push(sas_blackbox::submit_ok(&system).await);
     }
     let until = Instant::now() + Duration::from_secs(60);
-    let (mut processed, mut failed, mut recovered) = (0, 0, 0);
+    let mut finals = Vec::new();
     while Instant::now() < until {
-        (processed, failed, recovered) = (0, 0, 0);
+        finals.clear();
         for id in &ids {
             let r = system
                 .store
@@ -53,35 +54,65 @@ async fn a_faulty_in_memory_run_loses_nothing_and_duplicates_nothing() {
                 .expect("read")
                 .expect("exists");
             r.check(3).expect("every stored record is valid");
-            match r.process_state {
-                ProcessState::Processed => processed += 1,
-                ProcessState::Error => failed += 1,
-                _ => {}
-            }
-            recovered += usize::from(r.failure_count > 0);
+            finals.push(r);
         }
-        if processed + failed == ids.len() {
+        if finals.iter().all(|r| r.process_state.is_terminal()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let services = system.services.clone();
     system.shutdown().await;
-    assert_eq!(processed + failed, ids.len(), "orders lost or stuck");
+    let count = |s: ProcessState| finals.iter().filter(|r| r.process_state == s).count();
+    let processed = count(ProcessState::Processed);
+    assert!(
+        finals.iter().all(|r| r.process_state.is_terminal()),
+        "orders stuck: {:?}",
+        finals
+            .iter()
+            .filter(|r| !r.process_state.is_terminal())
+            .map(|r| (r.order_id, r.process_state))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(count(ProcessState::Error), 0, "failures are compensated");
     assert!(
         processed > ids.len() / 2,
         "most orders succeed: {processed}"
     );
+    let recovered = finals
+        .iter()
+        .filter(|r| r.history.iter().any(|h| h.reason.starts_with("timed out")))
+        .count();
     assert!(
         recovered > 0,
         "the outage made the supervisor recover some orders"
     );
+    let mut net: std::collections::HashMap<String, i32> = Default::default();
     for sim in services.values() {
         let stats = sim.stats();
         assert!(
             stats.effects.values().all(|&c| c == 1),
-            "{}: a step took effect twice",
+            "{}: a key took effect twice",
             sim.name()
         );
+        net.extend(stats.net);
+    }
+    for r in &finals {
+        let prefix = r.order_id.to_string();
+        let nets: Vec<i32> = net
+            .iter()
+            .filter(|(k, _)| k.starts_with(&prefix))
+            .map(|(_, v)| *v)
+            .collect();
+        match r.process_state {
+            ProcessState::Processed => assert_eq!(nets, [1, 1, 1], "{prefix}: every step once"),
+            ProcessState::Compensated => {
+                assert!(
+                    nets.iter().all(|&v| v == 0),
+                    "{prefix}: not undone: {nets:?}"
+                )
+            }
+            _ => {}
+        }
     }
 }

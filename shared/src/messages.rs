@@ -145,8 +145,8 @@ mod tests {
     #[test]
     fn scheduler_messages_are_tagged_by_type() {
         let id = OrderId::new_random();
-        let work = serde_json::to_value(SchedulerMessage::Work(WorkMessage::new(id)))
-            .expect("serializes");
+        let work =
+            serde_json::to_value(SchedulerMessage::Work(WorkMessage::new(id))).expect("serializes");
         assert_eq!(work["type"], "work");
         assert_eq!(work["orderId"], id.to_string());
         let reply: SchedulerMessage = serde_json::from_value(serde_json::json!({

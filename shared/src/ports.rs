@@ -1,7 +1,7 @@
 //! The small traits the handlers talk to. Each has an AWS implementation ([`crate::aws`]) and
 //! an in-memory one ([`crate::memory`]) that pass the same contract tests.
 
-use crate::domain::{Condition, Order, OrderId, StateRecord};
+use crate::domain::{Condition, Order, OrderId, ProcessState, StateRecord};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -64,6 +64,89 @@ pub trait StateStore: Send + Sync {
     ) -> Result<Vec<OrderId>, StoreError>;
     /// How many shards the due index has.
     fn due_shards(&self) -> u32;
+    /// One page of the records in `state`, shard by shard and newest first within a shard,
+    /// starting after `after` (at most `limit`; `next` is set when more may follow). Served by
+    /// the state index, never a scan; eventually consistent.
+    async fn list(
+        &self,
+        state: ProcessState,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, StoreError>;
+}
+
+/// What the operator's list shows of one record (what the state index projects).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub order_id: OrderId,
+    pub process_state: ProcessState,
+    pub step: Option<String>,
+    pub failure_count: u32,
+    pub attempt: u64,
+    pub last_error: Option<String>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Summary {
+    pub fn of(r: &StateRecord) -> Self {
+        Self {
+            order_id: r.order_id,
+            process_state: r.process_state,
+            step: r.current_step().map(str::to_owned),
+            failure_count: r.failure_count,
+            attempt: r.attempt,
+            last_error: r.last_error.clone(),
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+/// A page of [`StateStore::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    pub items: Vec<Summary>,
+    pub next: Option<Cursor>,
+}
+
+/// Where a page ends: the last record returned (its shard, `UpdatedAt` and id). Opaque to
+/// clients: [`Cursor::encode`] makes a hex token, [`Cursor::decode`] refuses anything else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    pub shard: u32,
+    pub updated_at_ms: i64,
+    pub order_id: OrderId,
+}
+
+impl Cursor {
+    pub fn after(shard: u32, s: &Summary) -> Self {
+        Self {
+            shard,
+            updated_at_ms: s.updated_at.timestamp_millis(),
+            order_id: s.order_id,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        hex::encode(format!(
+            "v1|{}|{}|{}",
+            self.shard, self.updated_at_ms, self.order_id
+        ))
+    }
+
+    pub fn decode(token: &str) -> Option<Self> {
+        let raw = String::from_utf8(hex::decode(token).ok()?).ok()?;
+        let mut parts = raw.split('|');
+        if parts.next()? != "v1" {
+            return None;
+        }
+        let c = Self {
+            shard: parts.next()?.parse().ok()?,
+            updated_at_ms: parts.next()?.parse().ok()?,
+            order_id: parts.next()?.parse().ok()?,
+        };
+        parts.next().is_none().then_some(c)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -129,7 +129,7 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
 
     // A reply for a wrong attempt is rejected by the domain; a write whose guard names the
     // wrong attempt is rejected by the store even at the right version.
-    let reply = transition::apply_reply(&claimed, 1, 0, &StepOutcome::Succeeded, now, &p)
+    let reply = transition::apply_reply(&claimed, 1, 0, false, &StepOutcome::succeeded(), now, &p)
         .expect("reply applies");
     let mut forged = reply.condition.clone();
     if let sas::Condition::Matches { guards, .. } = &mut forged {
@@ -150,7 +150,7 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
         is_condition_failed(store.put(&reply.record, &reply.condition).await),
         "a write from a stale read must fail on the version alone"
     );
-    let reply = transition::apply_reply(&bumped, 1, 0, &StepOutcome::Succeeded, now, &p)
+    let reply = transition::apply_reply(&bumped, 1, 0, false, &StepOutcome::succeeded(), now, &p)
         .expect("reply applies to the fresh read");
     store
         .put(&reply.record, &reply.condition)
@@ -160,7 +160,7 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
     // Expiry: guarded on the deadline having passed.
     let later = now + p.step_timeout + Span::seconds(1);
     let current = store.get_state(o.id).await.expect("read").expect("exists");
-    let exp = transition::expire(&current, later, &p).expect("expires later");
+    let exp = transition::expire(&current, later, &p, 0.5).expect("expires later");
     let mut early = exp.condition.clone();
     if let sas::Condition::Matches { guards, .. } = &mut early {
         guards.push(sas::Guard::CompleteByAtOrBefore(now));
@@ -206,6 +206,7 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
         &c.record,
         1,
         0,
+        false,
         &StepOutcome::Failed { error: "no".into() },
         now - Span::hours(1),
         &p,
@@ -216,7 +217,7 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
         .await
         .expect("fail lands");
     done = f.record;
-    assert!(done.notice_pending);
+    assert!(done.notice_pending());
 
     let mut found = Vec::new();
     for shard in 0..shards {

@@ -73,6 +73,9 @@ pub fn manual_settings() -> Settings {
             failure_threshold: 3,
             retry_base_delay: chrono::Duration::zero(),
             retry_max_delay: chrono::Duration::zero(),
+            auto_compensate: true,
+            cooldown: chrono::Duration::zero(),
+            max_rounds: 0,
         },
         backoff: Backoff {
             base: chrono::Duration::milliseconds(5),

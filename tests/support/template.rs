@@ -170,6 +170,13 @@ async fn create_table(
                                 .as_str()
                                 .expect("projection"),
                         ))
+                        .set_non_key_attributes(g["Projection"]["NonKeyAttributes"].as_array().map(
+                            |a| {
+                                a.iter()
+                                    .map(|v| v.as_str().expect("attribute name").to_owned())
+                                    .collect()
+                            },
+                        ))
                         .build(),
                 )
                 .build()

@@ -1,4 +1,5 @@
-//! The submission Lambda (API Gateway HTTP API): `POST /orders`, `GET /orders/{orderId}`.
+//! The submission Lambda (API Gateway HTTP API): `POST /orders`, `GET /orders/{orderId}`
+//! and the operator API (`GET /orders?state=`, `POST /orders/{orderId}/retry|compensate|cancel`).
 //! Reads its configuration, builds its clients once, hands requests to
 //! `sas::handlers::submission::handle`.
 
@@ -14,17 +15,23 @@ async fn main() -> Result<(), Error> {
     let deps = SubmissionDeps {
         store: Arc::new(config::dynamo_store(&sdk)?),
         queue: Arc::new(config::sqs_queue(&sdk)),
+        events: Arc::new(config::event_bus(&sdk)?),
         clock: Arc::new(sas::ports::SystemClock),
         workflow: Arc::new(Workflow::ecommerce()),
         policy: config::policy()?,
         work_queue_url: config::required("WORK_QUEUE_URL")?,
+        // The template deploys this binary twice: the public API, and the operator API
+        // (OPERATOR_API=true) behind IAM authorization.
+        operator_api: config::parsed("OPERATOR_API", false)?,
     };
     let deps = &deps;
     run(service_fn(move |req: Request| async move {
         let resp = submission::handle(
             deps,
             req.method(),
-            req.uri().path(),
+            req.uri()
+                .path_and_query()
+                .map_or(req.uri().path(), |p| p.as_str()),
             req.headers(),
             req.body().as_ref(),
         )

@@ -100,7 +100,7 @@ fn demo_faults() -> Faults {
         transient_rate: 0.2,
         permanent_rate: 0.005,
         lost_response_rate: 0.05,
-        outage: None,
+        ..Faults::default()
     }
 }
 
@@ -120,7 +120,7 @@ fn settings(opts: &Opts, base_faults: Faults, outage_default: Option<(u64, u64)>
         lost_response_rate: opts
             .lost_response_rate
             .unwrap_or(base_faults.lost_response_rate),
-        outage: None,
+        ..Faults::default()
     };
     let now = SystemClock.now();
     let outage = match (opts.outage_after_secs, opts.outage_secs) {

@@ -14,7 +14,9 @@ use crate::domain::{
     Condition, CustomerId, Guard, HistoryEntry, LineItem, Order, OrderId, ProcessState, Quantity,
     Sku, StateRecord, StepState,
 };
-use crate::ports::{CreateOutcome, IdempotencyRecord, StateStore, StoreError};
+use crate::ports::{
+    CreateOutcome, Cursor, IdempotencyRecord, Page, StateStore, StoreError, Summary,
+};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
@@ -23,6 +25,17 @@ use std::collections::HashMap;
 
 /// The name of the sparse GSI the supervisor queries.
 pub const DUE_INDEX: &str = "due-index";
+/// The name of the GSI the operator's list queries (`StateShard` S, `UpdatedAt` N).
+pub const STATE_INDEX: &str = "state-index";
+/// The attributes `state-index` projects besides its keys: what a [`Summary`] needs.
+pub const STATE_INDEX_PROJECTION: [&str; 6] = [
+    "OrderId",
+    "ProcessState",
+    "CurrentStep",
+    "FailureCount",
+    "Attempt",
+    "LastError",
+];
 /// How long an idempotency key is kept (the table's TTL attribute `ExpiresAt` deletes it).
 const KEY_TTL_SECONDS: i64 = 24 * 3600;
 
@@ -218,7 +231,10 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
         // The state index: every record, by state, newest first (the operator's list).
         (
             "StateShard".to_owned(),
-            s(state_shard_key(r.process_state, due_shard(&r.order_id, shards))),
+            s(state_shard_key(
+                r.process_state,
+                due_shard(&r.order_id, shards),
+            )),
         ),
         ("Version".to_owned(), n(r.version)),
         ("CreatedAt".to_owned(), ms(r.created_at)),
@@ -236,6 +252,9 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
     }
     if let Some(u) = &r.reply_queue_url {
         item.insert("ReplyQueueUrl".to_owned(), s(u));
+    }
+    if let Some(st) = r.current_step() {
+        item.insert("CurrentStep".to_owned(), s(st));
     }
     // The sparse index: only records the supervisor must look at carry its keys.
     if let Some(due) = r.due_at() {
@@ -271,7 +290,10 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
                     sent: matches!(m.get("Sent"), Some(AttributeValue::Bool(true))),
                     generation: opt_n(m, "Generation")?.unwrap_or(0),
                     result: opt_s(m, "Result"),
-                    undo: opt_s(m, "Undo").map(|u| u.parse()).transpose().map_err(corrupt)?,
+                    undo: opt_s(m, "Undo")
+                        .map(|u| u.parse())
+                        .transpose()
+                        .map_err(corrupt)?,
                     undo_generation: opt_n(m, "UndoGeneration")?.unwrap_or(0),
                 }),
                 _ => Err(corrupt("Steps holds a non-map")),
@@ -594,6 +616,69 @@ impl StateStore for DynamoStore {
     fn due_shards(&self) -> u32 {
         self.shards
     }
+
+    async fn list(
+        &self,
+        state: ProcessState,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, StoreError> {
+        let limit = limit.clamp(1, 1000);
+        let mut items = Vec::new();
+        let mut next = None;
+        for shard in after.map_or(0, |c| c.shard)..self.shards {
+            let mut start = after.filter(|c| c.shard == shard).map(|c| {
+                HashMap::from([
+                    ("pk".to_owned(), s(order_pk(&c.order_id))),
+                    ("sk".to_owned(), s("STATE")),
+                    ("StateShard".to_owned(), s(state_shard_key(state, shard))),
+                    ("UpdatedAt".to_owned(), n(c.updated_at_ms)),
+                ])
+            });
+            loop {
+                let out = self
+                    .client
+                    .query()
+                    .table_name(&self.table)
+                    .index_name(STATE_INDEX)
+                    .key_condition_expression("StateShard = :k")
+                    .expression_attribute_values(":k", s(state_shard_key(state, shard)))
+                    .scan_index_forward(false)
+                    .limit((limit - items.len()) as i32)
+                    .set_exclusive_start_key(start.take())
+                    .send()
+                    .await
+                    .map_err(|e| unavailable(&e))?;
+                for item in out.items() {
+                    let summary = parse_summary(item)?;
+                    next = Some(Cursor::after(shard, &summary));
+                    items.push(summary);
+                }
+                if items.len() >= limit {
+                    return Ok(Page { items, next });
+                }
+                match out.last_evaluated_key() {
+                    Some(k) if !k.is_empty() => start = Some(k.clone()),
+                    _ => break,
+                }
+            }
+        }
+        Ok(Page { items, next: None })
+    }
+}
+
+fn parse_summary(item: &Item) -> Result<Summary, StoreError> {
+    Ok(Summary {
+        order_id: get_s(item, "OrderId")?
+            .parse()
+            .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
+        process_state: get_s(item, "ProcessState")?.parse().map_err(corrupt)?,
+        step: opt_s(item, "CurrentStep"),
+        failure_count: get_n(item, "FailureCount")?,
+        attempt: get_n(item, "Attempt")?,
+        last_error: opt_s(item, "LastError"),
+        updated_at: time(get_n(item, "UpdatedAt")?)?,
+    })
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ mod eventbridge;
 pub mod provision;
 mod sqs;
 
-pub use dynamodb::{DUE_INDEX, DynamoStore};
+pub use dynamodb::{DUE_INDEX, DynamoStore, STATE_INDEX, STATE_INDEX_PROJECTION};
 pub use eventbridge::EventBridgeBus;
 pub use sqs::SqsQueue;
 

@@ -3,7 +3,7 @@
 //! Used by the local runner's `--aws` mode and by the tests. In AWS itself `template.yaml`
 //! defines these resources.
 
-use super::DUE_INDEX;
+use super::{DUE_INDEX, STATE_INDEX, STATE_INDEX_PROJECTION};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
     ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
@@ -98,8 +98,9 @@ pub async fn provision(
     })
 }
 
-/// The table: `pk`/`sk` strings, and the sparse GSI `due-index` on `DueShard` (S) and
-/// `DueAt` (N) projecting keys only.
+/// The table: `pk`/`sk` strings, the sparse GSI `due-index` on `DueShard` (S) and `DueAt` (N)
+/// projecting keys only, and the GSI `state-index` on `StateShard` (S) and `UpdatedAt` (N)
+/// projecting what the operator's list shows.
 pub async fn create_table(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -133,6 +134,23 @@ pub async fn create_table(
         )
         .build()
         .map_err(|e| fail(what(), e))?;
+    let by_state = GlobalSecondaryIndex::builder()
+        .index_name(STATE_INDEX)
+        .key_schema(key("StateShard", KeyType::Hash)?)
+        .key_schema(key("UpdatedAt", KeyType::Range)?)
+        .projection(
+            Projection::builder()
+                .projection_type(ProjectionType::Include)
+                .set_non_key_attributes(Some(
+                    STATE_INDEX_PROJECTION
+                        .iter()
+                        .map(|a| a.to_string())
+                        .collect(),
+                ))
+                .build(),
+        )
+        .build()
+        .map_err(|e| fail(what(), e))?;
     let created = ddb
         .create_table()
         .table_name(table)
@@ -141,9 +159,12 @@ pub async fn create_table(
         .attribute_definitions(attr("sk", ScalarAttributeType::S)?)
         .attribute_definitions(attr("DueShard", ScalarAttributeType::S)?)
         .attribute_definitions(attr("DueAt", ScalarAttributeType::N)?)
+        .attribute_definitions(attr("StateShard", ScalarAttributeType::S)?)
+        .attribute_definitions(attr("UpdatedAt", ScalarAttributeType::N)?)
         .key_schema(key("pk", KeyType::Hash)?)
         .key_schema(key("sk", KeyType::Range)?)
         .global_secondary_indexes(gsi)
+        .global_secondary_indexes(by_state)
         .send()
         .await;
     match created {

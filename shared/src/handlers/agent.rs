@@ -74,10 +74,14 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
             Ok(value) => {
                 let result = value.to_string();
                 if result.len() > MAX_RESULT_BYTES {
-                    warn!(bytes = result.len(), "the service's answer is too large to keep for the undo; dropped");
+                    warn!(
+                        bytes = result.len(),
+                        "the service's answer is too large to keep for the undo; dropped"
+                    );
                 }
                 StepOutcome::Succeeded {
-                    result: (result.len() <= MAX_RESULT_BYTES && !value.is_null()).then_some(result),
+                    result: (result.len() <= MAX_RESULT_BYTES && !value.is_null())
+                        .then_some(result),
                 }
             }
             Err(RemoteFault::Permanent(error)) => {

@@ -183,7 +183,12 @@ async fn send_step_request(
             .as_deref()
             .and_then(|r| serde_json::from_str(r).ok())
             .unwrap_or(serde_json::Value::Null);
-        let key = idempotency_key(record.order_id, &step.name, &step.undo, state.undo_generation);
+        let key = idempotency_key(
+            record.order_id,
+            &step.name,
+            &step.undo,
+            state.undo_generation,
+        );
         (step.undo.clone(), key)
     } else {
         (step.name.clone(), forward_key)

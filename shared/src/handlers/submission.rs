@@ -1,9 +1,18 @@
 //! Submission: the HTTP API. `POST /orders` accepts an order (idempotently), `GET
-//! /orders/{orderId}` reports its state. Framework-free: the Lambda (`lambda_http`) and the
-//! local runner (`axum`) both adapt their requests to [`handle`].
+//! /orders/{orderId}` reports its state and history. The operator's routes (served only when
+//! [`SubmissionDeps::operator_api`] is on; the template deploys them as a separate function
+//! behind IAM authorization): `GET /orders?state=&limit=&cursor=` lists orders by state through
+//! the state index, and `POST /orders/{orderId}/retry|compensate|cancel` act on one.
+//! Framework-free: the Lambda (`lambda_http`) and the local runner (`axum`) both adapt their
+//! requests to [`handle`].
 
-use crate::domain::{Order, OrderId, OrderRequest, Policy, StateRecord, Workflow};
+use super::{Outlets, perform, publish_status, write};
+use crate::domain::transition::{self, Rejection, Transition};
+use crate::domain::{
+    Order, OrderId, OrderRequest, Policy, ProcessState, StateRecord, Status, Workflow,
+};
 use crate::messages::{SchedulerMessage, WorkMessage};
+use crate::ports::Cursor;
 use crate::ports::{Clock, CreateOutcome, EventBus, IdempotencyRecord, Queue, StateStore};
 use http::{HeaderMap, Method, Response, StatusCode};
 use serde_json::{Value, json};
@@ -28,7 +37,12 @@ pub struct SubmissionDeps {
     pub workflow: Arc<Workflow>,
     pub policy: Policy,
     pub work_queue_url: String,
+    /// Serve the operator's routes (list, retry, compensate, cancel). Off on the public API.
+    pub operator_api: bool,
 }
+
+/// The most orders one list page returns.
+pub const MAX_PAGE: usize = 100;
 
 /// An error answer: `{"error": {"code": ..., "message": ...}}`.
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response<String> {
@@ -52,13 +66,26 @@ fn respond(status: StatusCode, body: &Value) -> Response<String> {
 pub async fn handle(
     deps: &SubmissionDeps,
     method: &Method,
-    path: &str,
+    path_and_query: &str,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response<String> {
+    let (path, query) = path_and_query
+        .split_once('?')
+        .unwrap_or((path_and_query, ""));
     let path = path.trim_end_matches('/');
     let segments: Vec<&str> = path.split('/').skip(1).collect();
     match (segments.as_slice(), method) {
+        (["orders"], &Method::GET) if deps.operator_api => {
+            let span = info_span!("list_orders");
+            list(deps, query).instrument(span).await
+        }
+        (["orders", id, action], &Method::POST)
+            if deps.operator_api && ["retry", "compensate", "cancel"].contains(action) =>
+        {
+            let span = info_span!("operator", order_id = %id, action = %action, attempt = tracing::field::Empty);
+            operate(deps, id, action, body).instrument(span).await
+        }
         (["orders"], &Method::POST) => {
             let span = info_span!("submit", order_id = tracing::field::Empty);
             submit(deps, headers, body).instrument(span).await
@@ -73,7 +100,11 @@ pub async fn handle(
                 "method_not_allowed",
                 format!("{method} is not allowed on {path}"),
             );
-            let allow = if segments.len() == 1 { "POST" } else { "GET" };
+            let allow = match (segments.len(), deps.operator_api) {
+                (1, true) => "GET, POST",
+                (1, false) => "POST",
+                _ => "GET",
+            };
             r.headers_mut()
                 .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
             r
@@ -178,6 +209,13 @@ async fn submit(deps: &SubmissionDeps, headers: &HeaderMap, body: &[u8]) -> Resp
     }
     // Crash point: the order is stored but not yet enqueued. Its pickup deadline is in the due
     // index, so the supervisor re-enqueues it if this send never happens.
+    publish_status(
+        deps.queue.as_ref(),
+        deps.events.as_ref(),
+        &record,
+        Status::Received,
+    )
+    .await;
     let work = SchedulerMessage::Work(WorkMessage::new(id));
     match serde_json::to_string(&work) {
         Ok(body) => {
@@ -271,6 +309,155 @@ async fn get_order(deps: &SubmissionDeps, id: &str) -> Response<String> {
     }
 }
 
+fn unavailable(e: impl std::fmt::Display) -> Response<String> {
+    error!(error = %e, "the store is unavailable");
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        "retry later",
+    )
+}
+
+/// `GET /orders?state=Error&limit=50&cursor=...`
+async fn list(deps: &SubmissionDeps, query: &str) -> Response<String> {
+    let (mut state, mut limit, mut cursor) = (None, 50usize, None);
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        match k.as_ref() {
+            "state" => match v.parse::<ProcessState>() {
+                Ok(s) => state = Some(s),
+                Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_state", e),
+            },
+            "limit" => match v.parse::<usize>() {
+                Ok(n) if (1..=MAX_PAGE).contains(&n) => limit = n,
+                _ => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_limit",
+                        format!("limit must be 1 to {MAX_PAGE}"),
+                    );
+                }
+            },
+            "cursor" => match Cursor::decode(&v) {
+                Some(c) => cursor = Some(c),
+                None => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_cursor",
+                        "cursor is not one this API returned",
+                    );
+                }
+            },
+            other => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "unknown_parameter",
+                    format!("unknown query parameter {other:?} (state, limit, cursor)"),
+                );
+            }
+        }
+    }
+    let Some(state) = state else {
+        let names: Vec<_> = ProcessState::ALL.iter().map(|s| s.as_str()).collect();
+        return error(
+            StatusCode::BAD_REQUEST,
+            "missing_state",
+            format!("state is required: one of {}", names.join(", ")),
+        );
+    };
+    match deps.store.list(state, limit, cursor.as_ref()).await {
+        Ok(page) => respond(
+            StatusCode::OK,
+            &json!({"orders": page.items, "nextCursor": page.next.map(|c| c.encode())}),
+        ),
+        Err(e) => unavailable(e),
+    }
+}
+
+/// `POST /orders/{id}/retry|compensate|cancel`: one conditional write, then its effects.
+async fn operate(deps: &SubmissionDeps, id: &str, action: &str, body: &[u8]) -> Response<String> {
+    let id: OrderId = match id.parse() {
+        Ok(id) => id,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_order_id", e.to_string()),
+    };
+    let reason = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct ActionBody {
+            reason: Option<String>,
+        }
+        match serde_json::from_slice::<ActionBody>(body) {
+            Ok(b) => b.reason.filter(|r| r.len() <= 500),
+            Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
+        }
+    };
+    let (order, record) = match deps.store.get(id).await {
+        Ok(Some(found)) => found,
+        Ok(None) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "order_not_found",
+                format!("no order {id}"),
+            );
+        }
+        Err(e) => return unavailable(e),
+    };
+    let now = deps.clock.now();
+    let t: Result<Transition, Rejection> = match action {
+        "retry" => transition::retry(&record, now, &deps.policy),
+        "compensate" => transition::compensate(&record, now, &deps.policy),
+        _ => transition::cancel(
+            &record,
+            reason.as_deref().unwrap_or("cancelled by the operator"),
+            now,
+            &deps.policy,
+        ),
+    };
+    let t = match t {
+        Ok(t) => t,
+        Err(why) => return conflict(&record, why.to_string()),
+    };
+    match write(deps.store.as_ref(), &t).await {
+        Ok(true) => {}
+        Ok(false) => {
+            return conflict(
+                &record,
+                "the order changed meanwhile (another operator, or the order moved on); read it and try again".into(),
+            );
+        }
+        Err(e) => return unavailable(e),
+    }
+    tracing::Span::current().record("attempt", t.record.attempt);
+    info!(from = %record.process_state, to = %t.record.process_state, "operator action applied");
+    let outlets = Outlets {
+        store: deps.store.as_ref(),
+        queue: deps.queue.as_ref(),
+        events: deps.events.as_ref(),
+        clock: deps.clock.as_ref(),
+        work_queue_url: &deps.work_queue_url,
+    };
+    if let Err(e) = perform(
+        &outlets,
+        &t,
+        None::<fn() -> std::future::Ready<Result<(), super::HandlerError>>>,
+    )
+    .await
+    {
+        // The write stands; the supervisor finishes what is owed (a lost work message is
+        // re-enqueued at the pickup deadline, an undelivered notice at once).
+        error!(error = %e, "operator action written, effects left to the supervisor");
+    }
+    respond(StatusCode::ACCEPTED, &order_view(&order, &t.record))
+}
+
+fn conflict(record: &StateRecord, message: String) -> Response<String> {
+    respond(
+        StatusCode::CONFLICT,
+        &json!({"error": {"code": "conflict", "message": message}, "processState": record.process_state}),
+    )
+}
+
 /// The JSON view of an order and its state record.
 pub fn order_view(order: &Order, r: &StateRecord) -> Value {
     json!({
@@ -284,8 +471,11 @@ pub fn order_view(order: &Order, r: &StateRecord) -> Value {
         "failureCount": r.failure_count,
         "attempt": r.attempt,
         "currentStep": r.current_step(),
+        "step": r.current_step(),
+        "round": r.round,
         "steps": r.steps,
         "lastError": r.last_error,
+        "history": r.history,
         "createdAt": r.created_at,
         "updatedAt": r.updated_at,
     })

@@ -133,7 +133,12 @@ async fn recover(
         clock: deps.clock.as_ref(),
         work_queue_url: &deps.work_queue_url,
     };
-    perform(&outlets, &t, None::<fn() -> std::future::Ready<Result<(), HandlerError>>>).await?;
+    perform(
+        &outlets,
+        &t,
+        None::<fn() -> std::future::Ready<Result<(), HandlerError>>>,
+    )
+    .await?;
     Ok(outcome)
 }
 

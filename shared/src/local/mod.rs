@@ -239,6 +239,7 @@ impl System {
                 workflow: workflow.clone(),
                 policy: settings.policy.clone(),
                 work_queue_url: resources.work_queue_url.clone(),
+                operator_api: true,
             },
             scheduler: SchedulerDeps {
                 store: store.clone(),
@@ -416,7 +417,10 @@ pub fn router(deps: SubmissionDeps) -> axum::Router {
                 submission::handle(
                     &deps,
                     &parts.method,
-                    parts.uri.path(),
+                    parts
+                        .uri
+                        .path_and_query()
+                        .map_or(parts.uri.path(), |p| p.as_str()),
                     &parts.headers,
                     &bytes,
                 )

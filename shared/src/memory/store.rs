@@ -1,5 +1,8 @@
-use crate::domain::{Condition, Order, OrderId, StateRecord};
-use crate::ports::{CreateOutcome, IdempotencyRecord, StateStore, StoreError};
+use crate::domain::state::due_shard;
+use crate::domain::{Condition, Order, OrderId, ProcessState, StateRecord};
+use crate::ports::{
+    CreateOutcome, Cursor, IdempotencyRecord, Page, StateStore, StoreError, Summary,
+};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
@@ -107,5 +110,49 @@ impl StateStore for MemoryStore {
 
     fn due_shards(&self) -> u32 {
         self.shards
+    }
+
+    async fn list(
+        &self,
+        state: ProcessState,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, StoreError> {
+        let limit = limit.max(1);
+        let inner = self.lock()?;
+        // The state index's order: shard ascending, then UpdatedAt descending (ties by id, which
+        // DynamoDB leaves unspecified and this store fixes).
+        let key = |shard: u32, ms: i64, id: &OrderId| (shard, std::cmp::Reverse(ms), *id);
+        let mut rows: Vec<_> = inner
+            .states
+            .values()
+            .filter(|r| r.process_state == state)
+            .map(|r| {
+                let shard = due_shard(&r.order_id, self.shards);
+                (
+                    key(shard, r.updated_at.timestamp_millis(), &r.order_id),
+                    shard,
+                    Summary::of(r),
+                )
+            })
+            .collect();
+        rows.sort_by_key(|r| r.0);
+        let start = after.map(|c| key(c.shard, c.updated_at_ms, &c.order_id));
+        let mut items = Vec::new();
+        let mut next = None;
+        for (k, shard, summary) in rows {
+            if start.as_ref().is_some_and(|s| k <= *s) {
+                continue;
+            }
+            if items.len() == limit {
+                break;
+            }
+            next = Some(Cursor::after(shard, &summary));
+            items.push(summary);
+        }
+        if items.len() < limit {
+            next = None;
+        }
+        Ok(Page { items, next })
     }
 }

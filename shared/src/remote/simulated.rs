@@ -20,6 +20,8 @@ pub struct Faults {
     pub lost_response_rate: f64,
     /// While the clock is inside this window every call fails with a transient fault.
     pub outage: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// Actions (e.g. `arrange-shipping`, `release-inventory`) refused for every key.
+    pub refuse_actions: Vec<String>,
 }
 
 /// Counters of a simulated service.
@@ -28,8 +30,14 @@ pub struct SimStats {
     pub calls: u64,
     pub transient_faults: u64,
     pub permanent_faults: u64,
-    /// Effects applied per idempotency key. A correct system applies each key once.
+    /// Effects applied per idempotency key (steps and undos alike). A correct system applies
+    /// each key once.
     pub effects: HashMap<String, u32>,
+    /// The net effect per step key: +1 when the step applies, -1 when its undo reverses it. A
+    /// Processed order nets 1 per step; a compensated one nets 0.
+    pub net: HashMap<String, i32>,
+    /// Keys in the order their effects were applied.
+    pub applied: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -42,6 +50,12 @@ struct SimState {
 /// A remote service that lives in the process: it honours idempotency keys like a payment API
 /// does (a repeated key returns the first outcome and applies nothing), and injects the faults
 /// its [`Faults`] ask for.
+///
+/// A call whose payload carries `undoes` (a step's key) is an undo: it reverses that step's
+/// effect if it applied; if the step never reached the service, the undo leaves a tombstone and
+/// the step's key is refused from then on, so a step request still in flight when its order is
+/// compensated can never take effect afterwards. Remote services used with sas must offer the
+/// same guarantee (cancel-before-capture); see ARCHITECTURE.md.
 pub struct SimulatedService {
     name: String,
     faults: Mutex<Faults>,
@@ -134,15 +148,36 @@ impl RemoteService for SimulatedService {
             return Err(RemoteFault::Transient(format!("{}: {why}", self.name)));
         }
         let key = call.idempotency_key.clone();
+        let undoes = call
+            .payload
+            .get("undoes")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned);
+        let refuse = permanent || faults.refuse_actions.contains(&call.action);
         let outcome = self.with_state(|s| {
             if let Some(first) = s.outcomes.get(&key) {
                 return first.clone();
             }
-            let outcome = if permanent {
+            let outcome = if refuse {
                 s.stats.permanent_faults += 1;
                 Err(format!("{} refused {}", self.name, call.action))
             } else {
                 *s.stats.effects.entry(key.clone()).or_default() += 1;
+                s.stats.applied.push(key.clone());
+                match &undoes {
+                    Some(step_key) => {
+                        if matches!(s.outcomes.get(step_key), Some(Ok(_))) {
+                            *s.stats.net.entry(step_key.clone()).or_default() -= 1;
+                        } else {
+                            // Nothing to reverse: refuse the step's key from now on.
+                            s.outcomes.insert(
+                                step_key.clone(),
+                                Err(format!("{} already undone", step_key)),
+                            );
+                        }
+                    }
+                    None => *s.stats.net.entry(key.clone()).or_default() += 1,
+                }
                 Ok(serde_json::json!({
                     "service": self.name,
                     "action": call.action,
@@ -171,6 +206,44 @@ mod tests {
     use super::*;
     use crate::domain::OrderId;
     use crate::ports::SystemClock;
+
+    fn undo(key: &str, undoes: &str) -> RemoteCall {
+        RemoteCall {
+            action: "refund-payment".into(),
+            idempotency_key: key.into(),
+            order_id: OrderId::new_random(),
+            payload: serde_json::json!({"undoes": undoes}),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_undo_reverses_its_step_once_and_an_undo_first_refuses_the_step() {
+        let s = SimulatedService::new("payment", Faults::default(), Arc::new(SystemClock));
+        let t = Duration::from_secs(1);
+        s.call(&call("k1"), t).await.expect("step");
+        s.call(&undo("u1", "k1"), t).await.expect("undo");
+        s.call(&undo("u1", "k1"), t).await.expect("repeated undo");
+        s.call(&undo("u2", "k2"), t)
+            .await
+            .expect("undo before the step");
+        assert!(matches!(
+            s.call(&call("k2"), t).await,
+            Err(RemoteFault::Permanent(_))
+        ));
+        let st = s.stats();
+        assert_eq!(st.net.get("k1"), Some(&0));
+        assert_eq!(st.net.get("k2"), None);
+        assert_eq!(st.effects.get("u1"), Some(&1));
+        assert_eq!(st.applied, ["k1", "u1", "u2"]);
+        s.set_faults(Faults {
+            refuse_actions: vec!["charge-payment".into()],
+            ..Faults::default()
+        });
+        assert!(matches!(
+            s.call(&call("k3"), t).await,
+            Err(RemoteFault::Permanent(_))
+        ));
+    }
 
     fn call(key: &str) -> RemoteCall {
         RemoteCall {
