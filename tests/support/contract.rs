@@ -42,7 +42,96 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     idempotency_keys_name_one_order(store.as_ref()).await;
     conditional_puts_keep_their_guards(store.as_ref()).await;
     due_index_is_sparse_sharded_and_ordered(store.as_ref()).await;
+    state_index_pages_cover_each_record_once(store.as_ref()).await;
     racing_claims_have_one_winner(store).await;
+}
+
+/// Fails a fresh record at its first step (the service refuses it) at `at`, under `p`.
+async fn failed_record(
+    store: &dyn StateStore,
+    at: chrono::DateTime<Utc>,
+    p: &Policy,
+) -> StateRecord {
+    let o = order(at);
+    let r = record(&o, at, Span::seconds(60));
+    store.create(&o, &r, None).await.expect("create");
+    let c = transition::claim(&r, "s", at, p).expect("claim");
+    store
+        .put(&c.record, &c.condition)
+        .await
+        .expect("claim lands");
+    let refused = StepOutcome::Failed {
+        error: "refused".into(),
+    };
+    let f = transition::apply_reply(&c.record, 1, 0, false, &refused, at, p).expect("fail");
+    store
+        .put(&f.record, &f.condition)
+        .await
+        .expect("fail lands");
+    assert_eq!(
+        store.get_state(o.id).await.expect("read").as_ref(),
+        Some(&f.record),
+        "history, outbox and step details survive the round trip"
+    );
+    f.record
+}
+
+async fn state_index_pages_cover_each_record_once(store: &dyn StateStore) {
+    let manual = Policy {
+        auto_compensate: false,
+        ..Policy::default()
+    };
+    // A far past, so no other part of the suite has records at these instants.
+    let base = Utc::now() - Span::days(400);
+    let mut want = Vec::new();
+    for i in 0..7 {
+        want.push(
+            failed_record(store, base + Span::seconds(i), &manual)
+                .await
+                .order_id,
+        );
+    }
+    // Records in other states stay out of the Error list.
+    let compensated = failed_record(store, base, &Policy::default()).await;
+    assert_eq!(compensated.process_state, ProcessState::Compensated);
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    for _ in 0..20 {
+        let page = store
+            .list(ProcessState::Error, 3, cursor.as_ref())
+            .await
+            .expect("list");
+        assert!(page.items.len() <= 3);
+        for s in &page.items {
+            assert_eq!(s.process_state, ProcessState::Error);
+            assert_eq!(s.step.as_deref(), Some("reserve-inventory"));
+            assert!(
+                s.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("refused"))
+            );
+        }
+        seen.extend(page.items.iter().map(|s| s.order_id));
+        match page.next {
+            Some(c) => {
+                let token = c.encode();
+                cursor = Some(sas::ports::Cursor::decode(&token).expect("round trip"));
+            }
+            None => break,
+        }
+    }
+    let mine: Vec<_> = seen.iter().filter(|id| want.contains(id)).collect();
+    assert_eq!(
+        mine.len(),
+        want.len(),
+        "each Error record exactly once: {seen:?}"
+    );
+    let mut unique = mine.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), want.len(), "no record twice");
+    assert!(!seen.contains(&compensated.order_id));
+    assert!(sas::ports::Cursor::decode("not-a-cursor").is_none());
 }
 
 async fn create_is_atomic_and_reads_back(store: &dyn StateStore) {

@@ -1,0 +1,332 @@
+//! Recovery in depth, on the AWS API emulator: compensation (undo in reverse order, each undo
+//! once), a failing undo, the operator's loop over HTTP with `sasctl` (list, show, retry,
+//! concurrent retries, cancel mid-flight), and status messages to the submitter.
+
+use clap::Parser;
+use sas::aws::provision;
+use sas::local::System;
+use sas::remote::Faults;
+use sas::{OrderId, ProcessState, StateRecord, StepStatus};
+use sas_blackbox::{aws_system, drain, manual_settings, pump_until_quiet, submit, subscribe};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+async fn state(system: &System, id: OrderId) -> StateRecord {
+    system
+        .store
+        .get_state(id)
+        .await
+        .expect("read")
+        .expect("record exists")
+}
+
+fn refuse(actions: &[&str]) -> Faults {
+    Faults {
+        refuse_actions: actions.iter().map(|a| a.to_string()).collect(),
+        ..Faults::default()
+    }
+}
+
+/// A queue of the submitting application (named as the IAM policies require).
+async fn client_queue(system: &System) -> String {
+    let sqs = aws_sdk_sqs::Client::new(&sas_blackbox::sdk_config().await);
+    let name = format!("{}-client-app", sas_blackbox::unique("c"));
+    let url = provision::create_queue(&sqs, &name, None, Default::default())
+        .await
+        .expect("client queue");
+    drain(system, &url).await;
+    url
+}
+
+async fn submit_to(system: &System, reply_queue_url: Option<&str>) -> OrderId {
+    let mut body = json!({"customerId": "c-7", "items": [{"sku": "SKU-9", "quantity": 1}]});
+    if let Some(url) = reply_queue_url {
+        body["replyQueueUrl"] = json!(url);
+    }
+    let (status, answer) = submit(system, None, &body).await;
+    assert_eq!(status, 202, "{answer}");
+    answer["orderId"]
+        .as_str()
+        .expect("orderId")
+        .parse()
+        .expect("uuid")
+}
+
+/// Net effect and undo count of one step of `id` at its service.
+fn effects(system: &System, agent: &str, id: OrderId) -> (Vec<i32>, Vec<(String, u32)>) {
+    let stats = system.services[agent].stats();
+    let prefix = id.to_string();
+    let net = stats
+        .net
+        .iter()
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .map(|(_, v)| *v)
+        .collect();
+    let mut applied: Vec<(String, u32)> = stats
+        .effects
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .collect();
+    applied.sort();
+    (net, applied)
+}
+
+async fn wait_for(system: &System, url: &str, n: usize) -> Vec<Value> {
+    let mut got = Vec::new();
+    for _ in 0..50 {
+        got.extend(
+            drain(system, url)
+                .await
+                .iter()
+                .map(|b| serde_json::from_str::<Value>(b).expect("JSON")),
+        );
+        if got.len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    got
+}
+
+async fn operator(system: &mut System) -> sasctl::Client {
+    let addr = system
+        .serve("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("serves");
+    sasctl::Client::new(format!("http://{addr}").parse().expect("url")).expect("client")
+}
+
+#[tokio::test]
+async fn a_permanent_fault_at_step_three_undoes_steps_two_then_one_each_once() {
+    let mut settings = manual_settings();
+    settings
+        .faults
+        .insert("shipping".into(), refuse(&["arrange-shipping"]));
+    let (system, _clock) = aws_system("compensate", settings).await;
+    let bus = subscribe(&system, &["OrderFailed", "OrderCompensated"]).await;
+    let client = client_queue(&system).await;
+    let id = submit_to(&system, Some(&client)).await;
+    pump_until_quiet(&system, 30).await;
+
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Compensated, "{r:?}");
+    assert_eq!(r.steps[2].status, StepStatus::Failed);
+    assert_eq!(r.steps[2].undo, None, "a refused step has nothing to undo");
+    assert_eq!(r.steps[1].undo, Some(StepStatus::Done));
+    assert_eq!(r.steps[0].undo, Some(StepStatus::Done));
+    let undone: Vec<_> = r
+        .history
+        .iter()
+        .filter(|h| h.reason.starts_with("undone"))
+        .filter_map(|h| h.step.clone())
+        .collect();
+    assert_eq!(
+        undone,
+        ["charge-payment", "reserve-inventory"],
+        "last first"
+    );
+    assert!(
+        r.steps[1].result.is_some(),
+        "the payment's answer was kept for its undo"
+    );
+    for (agent, step, undo) in [
+        ("inventory", "reserve-inventory", "release-inventory"),
+        ("payment", "charge-payment", "refund-payment"),
+    ] {
+        let (net, applied) = effects(&system, agent, id);
+        assert_eq!(net, [0], "{step} is undone");
+        assert_eq!(applied.len(), 2, "{applied:?}");
+        assert!(applied.iter().all(|(_, n)| *n == 1), "{applied:?}");
+        assert!(
+            applied.iter().any(|(k, _)| k.ends_with(undo)),
+            "{applied:?}"
+        );
+    }
+
+    let events = wait_for(&system, &bus, 2).await;
+    let types: Vec<_> = events.iter().map(|e| e["detail-type"].clone()).collect();
+    assert_eq!(types, [json!("OrderFailed"), json!("OrderCompensated")]);
+    assert!(
+        events[0]["detail"]["lastError"]
+            .as_str()
+            .is_some_and(|e| e.contains("arrange-shipping"))
+    );
+
+    // The submitter hears every status, in order.
+    let statuses = wait_for(&system, &client, 5).await;
+    let names: Vec<_> = statuses.iter().map(|s| s["status"].clone()).collect();
+    assert_eq!(
+        names,
+        [
+            json!("Received"),
+            json!("StepCompleted"),
+            json!("StepCompleted"),
+            json!("Failed"),
+            json!("Compensated")
+        ]
+    );
+    let seq: Vec<u64> = statuses
+        .iter()
+        .map(|s| s["sequence"].as_u64().expect("sequence"))
+        .collect();
+    assert!(seq.windows(2).all(|w| w[0] < w[1]), "{seq:?}");
+    assert!(statuses.iter().all(|s| s["orderId"] == json!(id)));
+}
+
+#[tokio::test]
+async fn a_failing_undo_ends_in_compensation_failed_with_an_alert_and_an_operator_retry_finishes_it()
+ {
+    let mut settings = manual_settings();
+    settings
+        .faults
+        .insert("shipping".into(), refuse(&["arrange-shipping"]));
+    settings
+        .faults
+        .insert("inventory".into(), refuse(&["release-inventory"]));
+    let (mut system, _clock) = aws_system("undofails", settings).await;
+    let alerts = subscribe(&system, &["OrderCompensationFailed"]).await;
+    let id = submit_to(&system, None).await;
+    pump_until_quiet(&system, 30).await;
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::CompensationFailed, "{r:?}");
+    assert_eq!(r.steps[1].undo, Some(StepStatus::Done));
+    assert_eq!(r.steps[0].undo, Some(StepStatus::Failed));
+    assert!(
+        r.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("release-inventory"))
+    );
+    let got = wait_for(&system, &alerts, 1).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["detail"]["orderId"], json!(id));
+
+    // The operator finds it, fixes the service and retries the undo.
+    let ops = operator(&mut system).await;
+    let listed = ops
+        .list(&sasctl::ProcessState::CompensationFailed, Some(10), None)
+        .await
+        .expect("list");
+    assert!(
+        listed.orders.iter().any(|o| o.order_id == id.to_string()),
+        "{listed:?}"
+    );
+    system.services["inventory"].set_faults(Faults::default());
+    let view = ops.retry(&id.to_string()).await.expect("retry");
+    assert_eq!(view.process_state, sasctl::ProcessState::Compensating);
+    pump_until_quiet(&system, 20).await;
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Compensated, "{r:?}");
+    let (net, _) = effects(&system, "inventory", id);
+    assert_eq!(net, [0]);
+    let (net, _) = effects(&system, "payment", id);
+    assert_eq!(net, [0]);
+}
+
+#[tokio::test]
+async fn operator_retry_of_an_error_order_reaches_processed_and_two_concurrent_retries_start_one() {
+    let mut settings = manual_settings();
+    settings.policy.auto_compensate = false;
+    settings
+        .faults
+        .insert("payment".into(), refuse(&["charge-payment"]));
+    let (mut system, _clock) = aws_system("opretry", settings).await;
+    let id = submit_to(&system, None).await;
+    pump_until_quiet(&system, 20).await;
+    assert_eq!(state(&system, id).await.process_state, ProcessState::Error);
+
+    let ops = operator(&mut system).await;
+    let base = ops.base().to_string();
+    // `sasctl show` renders the history the API returns.
+    let cli = sasctl::Cli::try_parse_from(["sasctl", "--endpoint", &base, "show", &id.to_string()])
+        .expect("args");
+    let mut out = Vec::new();
+    assert_eq!(sasctl::run(cli, &mut out).await.expect("runs"), 0);
+    let shown = String::from_utf8(out).expect("utf-8");
+    assert!(shown.contains("refused: charge-payment"), "{shown}");
+    assert!(shown.contains("Error"), "{shown}");
+
+    system.services["payment"].set_faults(Faults::default());
+    let key = id.to_string();
+    let (a, b) = tokio::join!(ops.retry(&key), ops.retry(&key));
+    let outcomes = [a, b];
+    let started = outcomes.iter().filter(|o| o.is_ok()).count();
+    assert_eq!(started, 1, "exactly one retry starts: {outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .any(|o| matches!(o, Err(sasctl::ClientError::Api { status: 409, .. }))),
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        system.pump_scheduler().await.expect("poll"),
+        1,
+        "one work message"
+    );
+    pump_until_quiet(&system, 20).await;
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
+    assert_eq!(r.failure_count, 0);
+    let (net, applied) = effects(&system, "payment", id);
+    assert_eq!(net, [1], "charged once");
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert!(applied[0].0.ends_with(":g1"), "a refused key is not reused");
+    // Retrying a Processed order is refused.
+    assert!(matches!(
+        ops.retry(&id.to_string()).await,
+        Err(sasctl::ClientError::Api { status: 409, .. })
+    ));
+}
+
+#[tokio::test]
+async fn cancel_mid_flight_drops_the_step_reply_and_compensates() {
+    let mut settings = manual_settings();
+    // Short deadlines: the undo of the step that was out waits (in real time, as an SQS
+    // delay) for that step's deadline.
+    settings.policy.step_timeout = chrono::Duration::seconds(2);
+    settings.policy.pickup_timeout = chrono::Duration::seconds(4);
+    let (mut system, _clock) = aws_system("cancel", settings).await;
+    let id = submit_to(&system, None).await;
+    system.pump_scheduler().await.expect("claim");
+    system.pump_agents().await.expect("inventory");
+    system.pump_scheduler().await.expect("payment requested");
+    assert_eq!(
+        state(&system, id).await.current_step(),
+        Some("charge-payment")
+    );
+
+    let ops = operator(&mut system).await;
+    let view = ops
+        .cancel(&id.to_string(), Some("customer changed their mind"))
+        .await
+        .expect("cancel");
+    assert_eq!(view.process_state, sasctl::ProcessState::Compensating);
+    // The payment agent still runs the request it holds; its reply is dropped.
+    assert_eq!(system.pump_agents().await.expect("payment"), 1);
+    system.pump_scheduler().await.expect("reply");
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Compensating);
+    assert_eq!(r.steps[1].status, StepStatus::Cancelled);
+
+    let until = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < until && !state(&system, id).await.process_state.is_terminal() {
+        pump_until_quiet(&system, 10).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Compensated, "{r:?}");
+    assert_eq!(effects(&system, "payment", id).0, [0], "payment refunded");
+    assert_eq!(
+        effects(&system, "inventory", id).0,
+        [0],
+        "inventory released"
+    );
+    assert!(
+        effects(&system, "shipping", id).1.is_empty(),
+        "never shipped"
+    );
+    assert!(
+        r.history
+            .iter()
+            .any(|h| h.reason.contains("customer changed their mind"))
+    );
+}
