@@ -330,3 +330,86 @@ async fn cancel_mid_flight_drops_the_step_reply_and_compensates() {
             .any(|h| h.reason.contains("customer changed their mind"))
     );
 }
+
+#[tokio::test]
+async fn a_deadline_timer_recovers_an_overrun_step_without_the_sweep() {
+    let mut settings = manual_settings();
+    // Timers travel as real SQS delays: keep the deadline short.
+    settings.policy.step_timeout = chrono::Duration::seconds(2);
+    let (system, _clock) = aws_system("timers", settings).await;
+    let late = submit_to(&system, None).await;
+    let on_time = submit_to(&system, None).await;
+    assert_eq!(system.pump_scheduler().await.expect("claims"), 2);
+    // One order's step is answered in time; the other's agent never runs before the deadline.
+    let requests = drain(&system, &system.resources.agent_queue_urls["inventory"]).await;
+    let answered = requests
+        .iter()
+        .find(|b| b.contains(&on_time.to_string()))
+        .expect("request");
+    system
+        .queue
+        .send(
+            &system.resources.agent_queue_urls["inventory"],
+            answered,
+            Duration::ZERO,
+        )
+        .await
+        .expect("requeue");
+    system.pump_agents().await.expect("agent");
+    system.pump_scheduler().await.expect("reply");
+    assert_eq!(
+        system.pump_timers().await.expect("timers"),
+        0,
+        "not yet due"
+    );
+
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut fired = 0;
+    while Instant::now() < until && fired < 2 {
+        fired += system.pump_timers().await.expect("timers");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(fired, 2, "both timers arrived");
+    let r = state(&system, late).await;
+    assert_eq!(r.process_state, ProcessState::Pending, "{r:?}");
+    assert_eq!(r.failure_count, 1, "recovered by its timer, no sweep ran");
+    let r = state(&system, on_time).await;
+    assert_eq!(r.failure_count, 0, "a finished step's timer is a no-op");
+    assert_eq!(r.current_step(), Some("charge-payment"));
+}
+
+#[tokio::test]
+async fn a_supervisor_that_dies_holding_a_shard_lease_is_replaced_after_it_expires() {
+    let (system, clock) = aws_system("lease", manual_settings()).await;
+    let id = submit_to(&system, None).await;
+    system.pump_scheduler().await.expect("claim");
+    clock.advance(chrono::Duration::seconds(31));
+    // Another supervisor took every shard's lease and died mid-sweep.
+    let now = sas::ports::Clock::now(clock.as_ref());
+    for shard in 0..system.store.due_shards() {
+        assert!(
+            system
+                .store
+                .acquire_lease(
+                    &format!("sweep#{shard}"),
+                    "dead",
+                    now,
+                    chrono::Duration::seconds(60)
+                )
+                .await
+                .expect("lease")
+        );
+    }
+    let report = system.sweep().await.expect("sweep");
+    assert_eq!(report.leased_elsewhere as u32, system.store.due_shards());
+    assert_eq!(report.due, 0, "{report:?}");
+    assert_eq!(state(&system, id).await.failure_count, 0);
+
+    clock.advance(chrono::Duration::seconds(61));
+    let report = system.sweep().await.expect("sweep");
+    assert_eq!(report.leased_elsewhere, 0, "{report:?}");
+    assert_eq!(report.retried, 1, "{report:?}");
+    assert_eq!(state(&system, id).await.failure_count, 1);
+    // The new holder released its leases: the next sweep by anyone proceeds.
+    assert_eq!(system.sweep().await.expect("sweep").leased_elsewhere, 0);
+}

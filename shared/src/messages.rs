@@ -36,6 +36,18 @@ impl WorkMessage {
     }
 }
 
+/// A deadline timer: sent by the scheduler when it dispatches a step (or undo), delayed to arrive
+/// at `completeBy` (SQS delays cap at 15 minutes; the supervisor re-arms an early timer). The
+/// supervisor then checks that one record; the scheduled sweep stays as the safety net.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadlineTimer {
+    pub order_id: OrderId,
+    pub attempt: u64,
+    pub step_index: usize,
+    pub complete_by: DateTime<Utc>,
+}
+
 /// The idempotency key of a step's action (or its undo's) as the remote service sees it: the
 /// same for every attempt, so a retried or re-run step takes effect once; `generation` changes
 /// it only when an operator retries a call the service refused.

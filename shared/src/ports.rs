@@ -64,6 +64,18 @@ pub trait StateStore: Send + Sync {
     ) -> Result<Vec<OrderId>, StoreError>;
     /// How many shards the due index has.
     fn due_shards(&self) -> u32;
+    /// Takes (or renews) the lease `name` for `owner` until `now + ttl`, if it is free, expired
+    /// or already `owner`'s: a conditional write, so at most one owner holds it at a time
+    /// (Leader Election). `false`: someone else holds it.
+    async fn acquire_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        now: DateTime<Utc>,
+        ttl: chrono::Duration,
+    ) -> Result<bool, StoreError>;
+    /// Gives the lease up if `owner` still holds it (a no-op otherwise).
+    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError>;
     /// One page of the records in `state`, shard by shard and newest first within a shard,
     /// starting after `after` (at most `limit`; `next` is set when more may follow). Served by
     /// the state index, never a scan; eventually consistent.

@@ -43,7 +43,57 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     conditional_puts_keep_their_guards(store.as_ref()).await;
     due_index_is_sparse_sharded_and_ordered(store.as_ref()).await;
     state_index_pages_cover_each_record_once(store.as_ref()).await;
+    leases_have_one_holder_until_they_expire(store.as_ref()).await;
     racing_claims_have_one_winner(store).await;
+}
+
+async fn leases_have_one_holder_until_they_expire(store: &dyn StateStore) {
+    let name = format!("test#{}", OrderId::new_random());
+    let now = to_millis(Utc::now());
+    let ttl = Span::seconds(30);
+    assert!(store.acquire_lease(&name, "a", now, ttl).await.expect("a"));
+    assert!(
+        !store.acquire_lease(&name, "b", now, ttl).await.expect("b"),
+        "held by a"
+    );
+    assert!(
+        store
+            .acquire_lease(&name, "a", now + Span::seconds(10), ttl)
+            .await
+            .expect("renew"),
+        "the holder renews"
+    );
+    assert!(
+        !store
+            .acquire_lease(&name, "b", now + Span::seconds(35), ttl)
+            .await
+            .expect("b"),
+        "the renewal moved the expiry"
+    );
+    assert!(
+        store
+            .acquire_lease(&name, "b", now + Span::seconds(40), ttl)
+            .await
+            .expect("b"),
+        "an expired lease is taken over"
+    );
+    store
+        .release_lease(&name, "a")
+        .await
+        .expect("a's release is a no-op");
+    assert!(
+        !store
+            .acquire_lease(&name, "a", now + Span::seconds(41), ttl)
+            .await
+            .expect("a")
+    );
+    store.release_lease(&name, "b").await.expect("release");
+    assert!(
+        store
+            .acquire_lease(&name, "a", now + Span::seconds(41), ttl)
+            .await
+            .expect("a")
+    );
 }
 
 /// Fails a fresh record at its first step (the service refuses it) at `at`, under `p`.

@@ -333,6 +333,7 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
         table,
         work_queue_url,
         reply_queue_url: url(t.env("SchedulerFunction", "REPLY_QUEUE_URL")),
+        timer_queue_url: url(t.env("SchedulerFunction", "TIMER_QUEUE_URL")),
         agent_queue_urls,
         dead_letter_url: url(t.env("SchedulerFunction", "DEAD_LETTER_QUEUE_URL")),
         agent_dead_letter_urls,

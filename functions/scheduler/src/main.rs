@@ -21,6 +21,7 @@ async fn main() -> Result<(), Error> {
         agent_queues: config::agent_queues()?,
         reply_queue_url: config::required("REPLY_QUEUE_URL")?,
         work_queue_url: config::required("WORK_QUEUE_URL")?,
+        timer_queue_url: config::optional("TIMER_QUEUE_URL"),
         dead_letter_url: config::optional("DEAD_LETTER_QUEUE_URL"),
         // One id per execution environment: `LockedBy` tells which one holds a claim.
         instance_id: format!("{instance}/{}", uuid::Uuid::new_v4()),

@@ -1,11 +1,11 @@
-//! The supervisor Lambda (EventBridge schedule): one sweep of the due index per invocation.
-//! An invocation with failed recoveries returns an error, so the Errors metric and its alarm
-//! see it; the records stay due and the next sweep retries them.
+//! The supervisor Lambda: an EventBridge schedule (one sweep of the due index per invocation)
+//! and the deadline-timer queue (SQS, partial batch responses). A sweep with failed recoveries
+//! returns an error, so the Errors metric and its alarm see it; the records stay due and the
+//! next sweep retries them.
 
-use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use sas::config;
-use sas::handlers::supervisor::{self, SupervisorDeps, SweepReport};
+use sas::handlers::supervisor::{self, Invocation, SupervisorDeps};
 use std::sync::Arc;
 
 #[tokio::main]
@@ -20,18 +20,29 @@ async fn main() -> Result<(), Error> {
         policy: config::policy()?,
         work_queue_url: config::required("WORK_QUEUE_URL")?,
         batch_limit: config::parsed("SWEEP_BATCH_LIMIT", 100usize)?,
+        timer_queue_url: config::optional("TIMER_QUEUE_URL"),
+        dead_letter_url: config::optional("DEAD_LETTER_QUEUE_URL"),
+        // One id per execution environment: the owner of the shard leases it takes.
+        instance_id: format!(
+            "{}/{}",
+            std::env::var("AWS_LAMBDA_LOG_STREAM_NAME").unwrap_or_else(|_| "local".into()),
+            uuid::Uuid::new_v4()
+        ),
+        lease_ttl: chrono::Duration::seconds(config::parsed("LEASE_SECONDS", 150i64)?),
     };
     let deps = &deps;
     run(service_fn(
-        move |event: LambdaEvent<EventBridgeEvent<serde_json::Value>>| async move {
-            let report: SweepReport = supervisor::handle(deps, event.payload).await?;
-            if report.errors > 0 {
+        move |event: LambdaEvent<serde_json::Value>| async move {
+            let out = supervisor::invoke(deps, event.payload).await?;
+            if let Invocation::Sweep(report) = &out
+                && report.errors > 0
+            {
                 return Err(Error::from(format!(
                     "{} recoveries failed: {report:?}",
                     report.errors
                 )));
             }
-            Ok::<SweepReport, Error>(report)
+            Ok::<Invocation, Error>(out)
         },
     ))
     .await

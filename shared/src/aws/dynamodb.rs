@@ -5,6 +5,7 @@
 //! | order           | `ORDER#<id>`     | `ORDER` | submission (transaction)          |
 //! | state record    | `ORDER#<id>`     | `STATE` | submission, scheduler, supervisor |
 //! | idempotency key | `IDEM#<key>`     | `IDEM`  | submission (transaction)          |
+//! | lease           | `LEASE#<name>`   | `LEASE` | supervisor                        |
 //!
 //! The sparse GSI `due-index` (`DueShard` S, `DueAt` N, keys only) holds exactly the state
 //! records with a `DueAt`: non-terminal ones, and terminal ones that still owe a notice.
@@ -615,6 +616,71 @@ impl StateStore for DynamoStore {
 
     fn due_shards(&self) -> u32 {
         self.shards
+    }
+
+    async fn acquire_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        now: DateTime<Utc>,
+        ttl: chrono::Duration,
+    ) -> Result<bool, StoreError> {
+        let until = now + ttl;
+        // Condition: no lease, an expired one, or our own - keeps "at most one holder at a time".
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("pk", s(format!("LEASE#{name}")))
+            .item("sk", s("LEASE"))
+            .item("Owner", s(owner))
+            .item("LeaseUntil", ms(until))
+            // The table's TTL removes leases nobody renews.
+            .item("ExpiresAt", n(until.timestamp() + KEY_TTL_SECONDS))
+            .condition_expression("attribute_not_exists(pk) OR LeaseUntil <= :now OR #owner = :me")
+            .expression_attribute_names("#owner", "Owner")
+            .expression_attribute_values(":now", ms(now))
+            .expression_attribute_values(":me", s(owner))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+
+    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        // Condition: still ours - a lease another supervisor took over is left alone.
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("pk", s(format!("LEASE#{name}")))
+            .item("sk", s("LEASE"))
+            .item("Owner", s(owner))
+            .item("LeaseUntil", n(0))
+            .item("ExpiresAt", n(Utc::now().timestamp() + KEY_TTL_SECONDS))
+            .condition_expression("#owner = :me")
+            .expression_attribute_names("#owner", "Owner")
+            .expression_attribute_values(":me", s(owner))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(unavailable(&e)),
+        }
     }
 
     async fn list(

@@ -31,6 +31,8 @@ pub struct Resources {
     pub table: String,
     pub work_queue_url: String,
     pub reply_queue_url: String,
+    /// The supervisor's deadline-timer queue.
+    pub timer_queue_url: String,
     /// Agent name → request queue URL.
     pub agent_queue_urls: HashMap<String, String>,
     /// Where the scheduler's poison messages go.
@@ -74,6 +76,8 @@ pub async fn provision(
     let work_queue_url = create_queue(&sqs, &format!("{prefix}-work"), redrive, settings).await?;
     let reply_queue_url =
         create_queue(&sqs, &format!("{prefix}-replies"), redrive, settings).await?;
+    let timer_queue_url =
+        create_queue(&sqs, &format!("{prefix}-timers"), redrive, settings).await?;
     let mut agent_queue_urls = HashMap::new();
     for agent in agents {
         let url = create_queue(&sqs, &format!("{prefix}-agent-{agent}"), redrive, settings).await?;
@@ -91,6 +95,7 @@ pub async fn provision(
         table,
         work_queue_url,
         reply_queue_url,
+        timer_queue_url,
         agent_queue_urls,
         dead_letter_url,
         agent_dead_letter_urls: HashMap::new(),

@@ -3,13 +3,15 @@
 use super::{HandlerError, Outlets, RecordOutcome, enqueue, perform, process_batch, write};
 use crate::domain::transition::{self, Transition};
 use crate::domain::{Order, Policy, StateRecord, Workflow};
-use crate::messages::{SchedulerMessage, StepReply, StepRequest, WorkMessage, idempotency_key};
+use crate::messages::{
+    DeadlineTimer, SchedulerMessage, StepReply, StepRequest, WorkMessage, idempotency_key,
+};
 use crate::ports::{Clock, EventBus, Queue, StateStore};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::{Instrument, info, info_span};
+use tracing::{Instrument, info, info_span, warn};
 
 /// Everything the scheduler needs, built once per process.
 #[derive(Clone)]
@@ -26,6 +28,9 @@ pub struct SchedulerDeps {
     pub reply_queue_url: String,
     /// The scheduler's own work queue: compensation and long waits re-enqueue work here.
     pub work_queue_url: String,
+    /// Where deadline timers go (the supervisor's timer queue); `None`: no timers, the sweep
+    /// alone finds expired deadlines.
+    pub timer_queue_url: Option<String>,
     /// Where poison messages go.
     pub dead_letter_url: Option<String>,
     /// This scheduler instance's id, written to `LockedBy`.
@@ -209,5 +214,34 @@ async fn send_step_request(
         .map_err(|e| HandlerError::Poison(format!("step request does not serialize: {e}")))?;
     deps.queue.send(url, &body, Duration::ZERO).await?;
     info!(step = %step.name, action = %request.action, agent = %step.agent, %complete_by, "step request sent");
+    if let Some(timers) = &deps.timer_queue_url {
+        let timer = DeadlineTimer {
+            order_id: record.order_id,
+            attempt: record.attempt,
+            step_index: record.step_index,
+            complete_by,
+        };
+        // Best effort: a timer that is not armed leaves the deadline to the scheduled sweep.
+        if let Err(e) = arm(deps.queue.as_ref(), timers, &timer, deps.clock.now()).await {
+            warn!(error = %e, "deadline timer not armed; the sweep will find the deadline");
+        }
+    }
+    Ok(())
+}
+
+/// Sends `timer` to arrive at its deadline (or after SQS's longest delay, to be re-armed).
+pub(crate) async fn arm(
+    queue: &dyn crate::ports::Queue,
+    url: &str,
+    timer: &DeadlineTimer,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), HandlerError> {
+    let body = serde_json::to_string(timer)
+        .map_err(|e| HandlerError::Poison(format!("timer does not serialize: {e}")))?;
+    let delay = (timer.complete_by - now)
+        .to_std()
+        .unwrap_or_default()
+        .min(super::MAX_SQS_DELAY);
+    queue.send(url, &body, delay).await?;
     Ok(())
 }

@@ -4,6 +4,7 @@
 use super::{HandlerError, Outlets, deliver_notice, perform, write};
 use crate::domain::transition;
 use crate::domain::{OrderId, Policy, Status};
+use crate::messages::DeadlineTimer;
 use crate::ports::{Clock, EventBus, Queue, StateStore};
 use chrono::{DateTime, Utc};
 use rand::Rng;
@@ -21,6 +22,15 @@ pub struct SupervisorDeps {
     pub work_queue_url: String,
     /// Most records taken from each shard per sweep; the rest wait for the next sweep.
     pub batch_limit: usize,
+    /// The deadline-timer queue, to re-arm timers that arrive early (deadlines past 15 min).
+    pub timer_queue_url: Option<String>,
+    /// Where poison timer messages go.
+    pub dead_letter_url: Option<String>,
+    /// This supervisor instance's id: the owner of the shard leases it takes.
+    pub instance_id: String,
+    /// How long a shard's sweep lease lasts: longer than one sweep takes, so a dead holder
+    /// stops blocking that shard after at most this long.
+    pub lease_ttl: chrono::Duration,
 }
 
 /// What one sweep did.
@@ -41,6 +51,8 @@ pub struct SweepReport {
     pub skipped: usize,
     /// Records whose recovery failed; they stay due and are retried next sweep.
     pub errors: usize,
+    /// Shards skipped because another supervisor holds their lease.
+    pub leased_elsewhere: usize,
 }
 
 enum Recovered {
@@ -56,7 +68,23 @@ pub async fn sweep(deps: &SupervisorDeps) -> Result<SweepReport, HandlerError> {
     let now = deps.clock.now();
     let mut report = SweepReport::default();
     for shard in 0..deps.store.due_shards() {
-        let due = deps.store.due(shard, now, deps.batch_limit).await?;
+        let lease = format!("sweep#{shard}");
+        if !deps
+            .store
+            .acquire_lease(&lease, &deps.instance_id, now, deps.lease_ttl)
+            .await?
+        {
+            info!(shard, "another supervisor is sweeping this shard");
+            report.leased_elsewhere += 1;
+            continue;
+        }
+        let due = match deps.store.due(shard, now, deps.batch_limit).await {
+            Ok(due) => due,
+            Err(e) => {
+                let _ = deps.store.release_lease(&lease, &deps.instance_id).await;
+                return Err(e.into());
+            }
+        };
         report.due += due.len();
         for id in due {
             let span = info_span!("recover", order_id = %id, attempt = tracing::field::Empty);
@@ -72,6 +100,9 @@ pub async fn sweep(deps: &SupervisorDeps) -> Result<SweepReport, HandlerError> {
                 }
             }
         }
+        // Crash point: a supervisor that dies before this keeps the shard until the lease
+        // expires; then another takes it over.
+        deps.store.release_lease(&lease, &deps.instance_id).await?;
     }
     if report.due > 0 {
         info!(?report, "sweep done");
@@ -140,6 +171,74 @@ async fn recover(
     )
     .await?;
     Ok(outcome)
+}
+
+/// Handles one batch of deadline timers (SQS, partial batch responses).
+pub async fn handle_timers(
+    deps: &SupervisorDeps,
+    event: aws_lambda_events::event::sqs::SqsEvent,
+) -> aws_lambda_events::event::sqs::SqsBatchResponse {
+    super::process_batch(
+        event,
+        deps.queue.as_ref(),
+        deps.dead_letter_url.as_deref(),
+        |body| async move { on_timer(deps, &body).await },
+    )
+    .await
+}
+
+/// One deadline timer: a no-op if the step finished, a recovery of that one record if its
+/// deadline passed, a re-arm if the timer came early.
+pub async fn on_timer(deps: &SupervisorDeps, body: &str) -> super::RecordOutcome {
+    let timer: DeadlineTimer = match serde_json::from_str(body) {
+        Ok(t) => t,
+        Err(e) => return super::RecordOutcome::Poison(format!("not a deadline timer: {e}")),
+    };
+    let span = info_span!("timer", order_id = %timer.order_id, attempt = timer.attempt);
+    async {
+        let now = deps.clock.now();
+        if timer.complete_by > now {
+            let Some(url) = &deps.timer_queue_url else {
+                return Ok(());
+            };
+            info!(complete_by = %timer.complete_by, "early timer re-armed");
+            return super::scheduler::arm(deps.queue.as_ref(), url, &timer, now).await;
+        }
+        match recover(deps, timer.order_id, now).await? {
+            Recovered::Skipped => info!("timer: nothing to recover"),
+            _ => info!("timer: deadline recovered"),
+        }
+        Ok(())
+    }
+    .instrument(span)
+    .await
+    .into()
+}
+
+/// What one invocation of the supervisor function did.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum Invocation {
+    /// A batch from the timer queue (the partial batch response for the event source mapping).
+    Timers(aws_lambda_events::event::sqs::SqsBatchResponse),
+    /// A scheduled sweep.
+    Sweep(SweepReport),
+}
+
+/// The function's one entry point: a batch of deadline timers (an SQS event, with `Records`) or
+/// a scheduled event (a sweep).
+pub async fn invoke(
+    deps: &SupervisorDeps,
+    payload: serde_json::Value,
+) -> Result<Invocation, HandlerError> {
+    if payload.get("Records").is_some() {
+        let event = serde_json::from_value(payload)
+            .map_err(|e| HandlerError::Poison(format!("not an SQS event: {e}")))?;
+        return Ok(Invocation::Timers(handle_timers(deps, event).await));
+    }
+    let event = serde_json::from_value(payload)
+        .map_err(|e| HandlerError::Poison(format!("not a scheduled event: {e}")))?;
+    Ok(Invocation::Sweep(handle(deps, event).await?))
 }
 
 /// The Lambda entry: one sweep per scheduled event (EventBridge `Scheduled Event`).

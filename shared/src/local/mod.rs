@@ -90,6 +90,8 @@ pub struct Settings {
     /// Consecutive transient faults that open an agent's circuit breaker, and for how long.
     pub breaker_threshold: u32,
     pub breaker_cooldown: chrono::Duration,
+    /// Arm a deadline timer with every step request (off: only the sweep finds deadlines).
+    pub deadline_timers: bool,
 }
 
 impl Default for Settings {
@@ -118,6 +120,7 @@ impl Default for Settings {
             poll_wait: Duration::from_secs(1),
             breaker_threshold: 20,
             breaker_cooldown: chrono::Duration::milliseconds(500),
+            deadline_timers: true,
         }
     }
 }
@@ -171,6 +174,7 @@ impl System {
                     table: "memory".into(),
                     work_queue_url: q("work"),
                     reply_queue_url: q("replies"),
+                    timer_queue_url: q("timers"),
                     agent_queue_urls: agent_names
                         .iter()
                         .map(|a| ((*a).to_owned(), q(&format!("agent-{a}"))))
@@ -251,6 +255,9 @@ impl System {
                 agent_queues: resources.agent_queue_urls.clone(),
                 reply_queue_url: resources.reply_queue_url.clone(),
                 work_queue_url: resources.work_queue_url.clone(),
+                timer_queue_url: settings
+                    .deadline_timers
+                    .then(|| resources.timer_queue_url.clone()),
                 dead_letter_url: Some(resources.dead_letter_url.clone()),
                 instance_id: format!("local-{}", uuid::Uuid::new_v4()),
             },
@@ -262,6 +269,10 @@ impl System {
                 policy: settings.policy.clone(),
                 work_queue_url: resources.work_queue_url.clone(),
                 batch_limit: 100,
+                timer_queue_url: Some(resources.timer_queue_url.clone()),
+                dead_letter_url: Some(resources.dead_letter_url.clone()),
+                instance_id: format!("local-supervisor-{}", uuid::Uuid::new_v4()),
+                lease_ttl: chrono::Duration::seconds(30),
             },
             agents,
             services,
@@ -300,6 +311,12 @@ impl System {
                 }));
             }
         }
+        let deps = self.supervisor.clone();
+        let timers = self.resources.timer_queue_url.clone();
+        self.tasks.push(self.mapping(timers, move |ev| {
+            let deps = deps.clone();
+            async move { supervisor::handle_timers(&deps, ev).await }
+        }));
         let deps = self.supervisor.clone();
         let every = s.supervisor_interval;
         let mut stop = self.shutdown.subscribe();
@@ -389,6 +406,18 @@ impl System {
             .await?;
         }
         Ok(n)
+    }
+
+    /// One poll of the deadline-timer queue, handled by the supervisor.
+    pub async fn pump_timers(&self) -> anyhow::Result<usize> {
+        poll_once(
+            self.queue.as_ref(),
+            &self.resources.timer_queue_url,
+            10,
+            Duration::ZERO,
+            &|ev| supervisor::handle_timers(&self.supervisor, ev),
+        )
+        .await
     }
 
     /// Invokes the supervisor once, as its schedule would.

@@ -21,6 +21,8 @@ struct Inner {
     orders: HashMap<OrderId, Order>,
     states: HashMap<OrderId, StateRecord>,
     keys: HashMap<String, IdempotencyRecord>,
+    /// Lease name → (owner, held until).
+    leases: HashMap<String, (String, DateTime<Utc>)>,
 }
 
 impl MemoryStore {
@@ -110,6 +112,34 @@ impl StateStore for MemoryStore {
 
     fn due_shards(&self) -> u32 {
         self.shards
+    }
+
+    async fn acquire_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        now: DateTime<Utc>,
+        ttl: chrono::Duration,
+    ) -> Result<bool, StoreError> {
+        let mut inner = self.lock()?;
+        let free = inner
+            .leases
+            .get(name)
+            .is_none_or(|(o, until)| *until <= now || o == owner);
+        if free {
+            inner
+                .leases
+                .insert(name.to_owned(), (owner.to_owned(), now + ttl));
+        }
+        Ok(free)
+    }
+
+    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        if inner.leases.get(name).is_some_and(|(o, _)| o == owner) {
+            inner.leases.remove(name);
+        }
+        Ok(())
     }
 
     async fn list(
