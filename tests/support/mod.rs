@@ -93,7 +93,7 @@ pub async fn aws_system(name: &str, settings: Settings) -> (System, Arc<OffsetCl
     let stack = template::provision(&config, &unique(name)).await;
     let backend = Backend::Existing {
         config: Box::new(config),
-        resources: stack.resources,
+        resources: Box::new(stack.resources),
     };
     let system = System::new(backend, settings, clock.clone() as Arc<dyn Clock>)
         .await

@@ -65,7 +65,7 @@ pub enum Backend {
     /// The AWS adapters on resources that already exist (e.g. created from `template.yaml`).
     Existing {
         config: Box<aws_config::SdkConfig>,
-        resources: Resources,
+        resources: Box<Resources>,
     },
 }
 
@@ -201,7 +201,7 @@ impl System {
                 aws_ports(&config, resources, settings.due_shards)
             }
             Backend::Existing { config, resources } => {
-                aws_ports(&config, resources, settings.due_shards)
+                aws_ports(&config, *resources, settings.due_shards)
             }
         };
         let mut services = HashMap::new();
