@@ -357,25 +357,32 @@ async fn a_deadline_timer_recovers_an_overrun_step_without_the_sweep() {
         .expect("requeue");
     system.pump_agents().await.expect("agent");
     system.pump_scheduler().await.expect("reply");
+    // The on-time order runs to the end well before its deadlines.
+    pump_until_quiet(&system, 10).await;
+    assert_eq!(
+        state(&system, on_time).await.process_state,
+        ProcessState::Processed
+    );
     assert_eq!(
         system.pump_timers().await.expect("timers"),
         0,
         "not yet due"
     );
 
+    // One timer per dispatched step: the late order's one, and the on-time order's three.
     let until = Instant::now() + Duration::from_secs(10);
     let mut fired = 0;
-    while Instant::now() < until && fired < 2 {
+    while Instant::now() < until && fired < 4 {
         fired += system.pump_timers().await.expect("timers");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(fired, 2, "both timers arrived");
+    assert_eq!(fired, 4, "every timer arrived");
     let r = state(&system, late).await;
     assert_eq!(r.process_state, ProcessState::Pending, "{r:?}");
     assert_eq!(r.failure_count, 1, "recovered by its timer, no sweep ran");
     let r = state(&system, on_time).await;
-    assert_eq!(r.failure_count, 0, "a finished step's timer is a no-op");
-    assert_eq!(r.current_step(), Some("charge-payment"));
+    assert_eq!(r.process_state, ProcessState::Processed);
+    assert_eq!(r.failure_count, 0, "a finished step's timers are no-ops");
 }
 
 #[tokio::test]
@@ -412,4 +419,97 @@ async fn a_supervisor_that_dies_holding_a_shard_lease_is_replaced_after_it_expir
     assert_eq!(state(&system, id).await.failure_count, 1);
     // The new holder released its leases: the next sweep by anyone proceeds.
     assert_eq!(system.sweep().await.expect("sweep").leased_elsewhere, 0);
+}
+
+#[tokio::test]
+async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_closes() {
+    use sas::domain::{BreakerPolicy, BreakerState};
+    use sas::ports::{RemoteCall, RemoteFault, RemoteService};
+    let mut settings = manual_settings();
+    settings.policy.step_timeout = chrono::Duration::seconds(3);
+    let policy = BreakerPolicy {
+        threshold: 3,
+        cooldown: chrono::Duration::seconds(10),
+        probes: 1,
+        probe_window: chrono::Duration::seconds(5),
+    };
+    settings.breaker = policy;
+    let now = chrono::Utc::now();
+    settings.faults.insert(
+        "payment".into(),
+        Faults {
+            outage: Some((
+                now - chrono::Duration::hours(1),
+                now + chrono::Duration::hours(1),
+            )),
+            ..Faults::default()
+        },
+    );
+    let (system, clock) = aws_system("breaker", settings).await;
+    let id = submit_to(&system, None).await;
+    system.pump_scheduler().await.expect("claim");
+    system.pump_agents().await.expect("inventory");
+    system.pump_scheduler().await.expect("payment requested");
+    let payment = system.services["payment"].clone();
+    let calls = payment.stats().calls;
+    system.pump_agents().await.expect("payment agent");
+    assert_eq!(
+        payment.stats().calls - calls,
+        3,
+        "the breaker opened after 3 faults and stopped the calls"
+    );
+    let b = system
+        .store
+        .get_breaker("payment")
+        .await
+        .expect("read")
+        .expect("stored");
+    assert!(matches!(b.state, BreakerState::Open { .. }), "{b:?}");
+    // The open circuit outlasts the step's deadline: the agent deferred the step at once.
+    system.pump_scheduler().await.expect("deferral");
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Pending, "{r:?}");
+    assert_eq!(r.failure_count, 1);
+    assert!(
+        r.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("circuit open")),
+        "{r:?}"
+    );
+
+    // Another instance of the agent sees the same breaker: no call while it is open.
+    let other = sas::remote::SharedBreaker::new(
+        "payment",
+        payment.clone(),
+        system.store.clone(),
+        policy,
+        clock.clone(),
+    );
+    let call = RemoteCall {
+        action: "charge-payment".into(),
+        idempotency_key: format!("{}:probe", uuid::Uuid::new_v4()),
+        order_id: id,
+        payload: json!({}),
+    };
+    let before = payment.stats().calls;
+    assert!(matches!(
+        other.call(&call, Duration::from_secs(1)).await,
+        Err(RemoteFault::CircuitOpen { .. })
+    ));
+    assert_eq!(payment.stats().calls, before, "no call while open");
+
+    // The outage ends and the cooldown passes: one probe goes out and closes the breaker.
+    clock.advance(chrono::Duration::hours(2));
+    other
+        .call(&call, Duration::from_secs(1))
+        .await
+        .expect("the probe succeeds");
+    assert_eq!(payment.stats().calls, before + 1);
+    let b = system
+        .store
+        .get_breaker("payment")
+        .await
+        .expect("read")
+        .expect("stored");
+    assert_eq!(b.state, BreakerState::Closed { failures: 0 });
 }

@@ -83,6 +83,25 @@ pub fn backoff() -> Result<Backoff, ConfigError> {
     })
 }
 
+/// The shared circuit breaker: `BREAKER_THRESHOLD` (default 5 consecutive transient faults),
+/// `BREAKER_COOLDOWN_MS` (default 5000), `BREAKER_PROBES` (default 1 per window),
+/// `BREAKER_PROBE_WINDOW_MS` (default 10000).
+pub fn breaker() -> Result<crate::domain::BreakerPolicy, ConfigError> {
+    let d = crate::domain::BreakerPolicy::default();
+    Ok(crate::domain::BreakerPolicy {
+        threshold: parsed("BREAKER_THRESHOLD", d.threshold)?.max(1),
+        cooldown: chrono::Duration::milliseconds(parsed(
+            "BREAKER_COOLDOWN_MS",
+            d.cooldown.num_milliseconds(),
+        )?),
+        probes: parsed("BREAKER_PROBES", d.probes)?.max(1),
+        probe_window: chrono::Duration::milliseconds(parsed(
+            "BREAKER_PROBE_WINDOW_MS",
+            d.probe_window.num_milliseconds(),
+        )?),
+    })
+}
+
 /// `AGENT_QUEUE_URLS`: `agent=url,agent=url`.
 pub fn agent_queues() -> Result<HashMap<String, String>, ConfigError> {
     let raw = required("AGENT_QUEUE_URLS")?;

@@ -1,7 +1,7 @@
 //! The small traits the handlers talk to. Each has an AWS implementation ([`crate::aws`]) and
 //! an in-memory one ([`crate::memory`]) that pass the same contract tests.
 
-use crate::domain::{Condition, Order, OrderId, ProcessState, StateRecord};
+use crate::domain::{BreakerRecord, Condition, Order, OrderId, ProcessState, StateRecord};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -76,6 +76,11 @@ pub trait StateStore: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// Gives the lease up if `owner` still holds it (a no-op otherwise).
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError>;
+    /// The shared circuit breaker of service `name`, if stored.
+    async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError>;
+    /// Writes `record` if the stored breaker is still at `record.version - 1` (absent, for
+    /// version 1). `false`: another agent moved it first.
+    async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError>;
     /// One page of the records in `state`, shard by shard and newest first within a shard,
     /// starting after `after` (at most `limit`; `next` is set when more may follow). Served by
     /// the state index, never a scan; eventually consistent.
@@ -220,6 +225,9 @@ pub enum RemoteFault {
     /// Retrying cannot help: the service refused the request (4xx).
     #[error("permanent fault: {0}")]
     Permanent(String),
+    /// The service's shared circuit breaker is open: no call was made; try again at `until`.
+    #[error("circuit open until {until}")]
+    CircuitOpen { until: DateTime<Utc> },
 }
 
 /// A remote service an agent wraps.

@@ -44,6 +44,7 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     due_index_is_sparse_sharded_and_ordered(store.as_ref()).await;
     state_index_pages_cover_each_record_once(store.as_ref()).await;
     leases_have_one_holder_until_they_expire(store.as_ref()).await;
+    breakers_move_one_version_at_a_time(store.as_ref()).await;
     racing_claims_have_one_winner(store).await;
 }
 
@@ -513,4 +514,44 @@ async fn receive_within(
         }
     }
     None
+}
+
+async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
+    use sas::domain::{BreakerRecord, BreakerState};
+    let name = format!("svc-{}", OrderId::new_random());
+    assert_eq!(store.get_breaker(&name).await.expect("read"), None);
+    let closed = BreakerRecord::closed(&name);
+    let p = sas::domain::BreakerPolicy::default();
+    let one = closed.on_fault(Utc::now(), &p).expect("a fault is written");
+    assert!(store.put_breaker(&one).await.expect("first write"));
+    assert!(
+        !store.put_breaker(&one).await.expect("replay"),
+        "a second writer from the same read loses"
+    );
+    let until = to_millis(Utc::now() + Span::seconds(5));
+    let open = BreakerRecord {
+        name: name.clone(),
+        state: BreakerState::Open { until },
+        version: 2,
+    };
+    assert!(store.put_breaker(&open).await.expect("v2"));
+    assert_eq!(
+        store.get_breaker(&name).await.expect("read"),
+        Some(open.clone())
+    );
+    let stale = BreakerRecord {
+        version: 2,
+        ..closed
+    };
+    assert!(!store.put_breaker(&stale).await.expect("stale"));
+    let half = BreakerRecord {
+        name: name.clone(),
+        state: BreakerState::HalfOpen {
+            probes_left: 0,
+            until,
+        },
+        version: 3,
+    };
+    assert!(store.put_breaker(&half).await.expect("v3"));
+    assert_eq!(store.get_breaker(&name).await.expect("read"), Some(half));
 }

@@ -1,13 +1,14 @@
 //! An agent Lambda (SQS: one agent's request queue, partial batch responses). `AGENT_NAME`
 //! names it; `REMOTE_BASE_URL` is its remote service, or `SIMULATED_REMOTE=true` uses the
-//! in-process simulated service (demo stacks and smoke tests).
+//! in-process simulated service (demo stacks and smoke tests). Its circuit breaker is shared
+//! by all its instances through the table (`TABLE_NAME`, `BREAKER_*`).
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use sas::config;
 use sas::handlers::agent::{self, AgentDeps};
 use sas::ports::{Clock, RemoteService, SystemClock};
-use sas::remote::{Breakered, Faults, HttpRemote, SimulatedService};
+use sas::remote::{Faults, HttpRemote, SharedBreaker, SimulatedService};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,14 +28,18 @@ async fn main() -> Result<(), Error> {
         let base = url::Url::parse(&config::required("REMOTE_BASE_URL")?)?;
         Arc::new(HttpRemote::new(reqwest::Client::new(), base))
     };
-    let breaker = sas::CircuitBreaker::new(
-        config::parsed("BREAKER_THRESHOLD", 5u32)?,
-        chrono::Duration::milliseconds(config::parsed("BREAKER_COOLDOWN_MS", 5000i64)?),
+    // The breaker is shared by every instance of this agent: it lives in the table.
+    let remote = SharedBreaker::new(
+        name.clone(),
+        remote,
+        Arc::new(config::dynamo_store(&sdk)?),
+        config::breaker()?,
+        clock.clone(),
     );
     let deps = AgentDeps {
         name,
         queue: Arc::new(config::sqs_queue(&sdk)),
-        remote: Arc::new(Breakered::new(remote, breaker, clock.clone())),
+        remote: Arc::new(remote),
         clock,
         backoff: config::backoff()?,
         call_timeout: Duration::from_millis(config::parsed("CALL_TIMEOUT_MS", 10_000u64)?),

@@ -6,14 +6,15 @@
 //! | state record    | `ORDER#<id>`     | `STATE` | submission, scheduler, supervisor |
 //! | idempotency key | `IDEM#<key>`     | `IDEM`  | submission (transaction)          |
 //! | lease           | `LEASE#<name>`   | `LEASE` | supervisor                        |
+//! | breaker         | `BREAKER#<name>` | `BREAKER` | agents                          |
 //!
 //! The sparse GSI `due-index` (`DueShard` S, `DueAt` N, keys only) holds exactly the state
 //! records with a `DueAt`: non-terminal ones, and terminal ones that still owe a notice.
 
 use crate::domain::state::due_shard;
 use crate::domain::{
-    Condition, CustomerId, Guard, HistoryEntry, LineItem, Order, OrderId, ProcessState, Quantity,
-    Sku, StateRecord, StepState,
+    BreakerRecord, BreakerState, Condition, CustomerId, Guard, HistoryEntry, LineItem, Order,
+    OrderId, ProcessState, Quantity, Sku, StateRecord, StepState,
 };
 use crate::ports::{
     CreateOutcome, Cursor, IdempotencyRecord, Page, StateStore, StoreError, Summary,
@@ -644,6 +645,83 @@ impl StateStore for DynamoStore {
             .send()
             .await;
         match result {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+
+    async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", s(format!("BREAKER#{name}")))
+            .key("sk", s("BREAKER"))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let Some(item) = out.item() else {
+            return Ok(None);
+        };
+        let state = match get_s(item, "State")? {
+            "Closed" => BreakerState::Closed {
+                failures: get_n(item, "Failures")?,
+            },
+            "Open" => BreakerState::Open {
+                until: time(get_n(item, "Until")?)?,
+            },
+            "HalfOpen" => BreakerState::HalfOpen {
+                probes_left: get_n(item, "ProbesLeft")?,
+                until: time(get_n(item, "Until")?)?,
+            },
+            other => return Err(corrupt(format!("unknown breaker state {other:?}"))),
+        };
+        Ok(Some(BreakerRecord {
+            name: name.to_owned(),
+            state,
+            version: get_n(item, "Version")?,
+        }))
+    }
+
+    async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
+        let mut item = HashMap::from([
+            ("pk".to_owned(), s(format!("BREAKER#{}", record.name))),
+            ("sk".to_owned(), s("BREAKER")),
+            ("Version".to_owned(), n(record.version)),
+        ]);
+        let (state, extra): (&str, Vec<(&str, AttributeValue)>) = match record.state {
+            BreakerState::Closed { failures } => ("Closed", vec![("Failures", n(failures))]),
+            BreakerState::Open { until } => ("Open", vec![("Until", ms(until))]),
+            BreakerState::HalfOpen { probes_left, until } => (
+                "HalfOpen",
+                vec![("ProbesLeft", n(probes_left)), ("Until", ms(until))],
+            ),
+        };
+        item.insert("State".to_owned(), s(state));
+        for (k, v) in extra {
+            item.insert(k.to_owned(), v);
+        }
+        // Condition: the version this write was computed from - keeps "every agent's move of
+        // the breaker starts from the breaker as it is" (a probe is handed out once).
+        let req = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item));
+        let req = if record.version <= 1 {
+            req.condition_expression("attribute_not_exists(pk)")
+        } else {
+            req.condition_expression("Version = :v")
+                .expression_attribute_values(":v", n(record.version - 1))
+        };
+        match req.send().await {
             Ok(_) => Ok(true),
             Err(e)
                 if e.as_service_error()

@@ -1,12 +1,14 @@
 //! The pure domain: no AWS types, no I/O, no clocks (time is always passed in).
 
 pub mod backoff;
+pub mod breaker;
 pub mod order;
 pub mod state;
 pub mod transition;
 pub mod workflow;
 
-pub use backoff::{Backoff, CircuitBreaker};
+pub use backoff::Backoff;
+pub use breaker::{BreakerPolicy, BreakerRecord, BreakerState, Decision};
 pub use order::{
     CustomerId, LineItem, Order, OrderId, OrderRequest, Quantity, Sku, ValidationError,
 };

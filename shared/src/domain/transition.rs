@@ -195,6 +195,9 @@ pub enum StepOutcome {
     },
     /// The remote service refused the step for good (a permanent fault).
     Failed { error: String },
+    /// The service's circuit breaker is open until `until`, past the step's deadline: nothing
+    /// was called; hand the step back now rather than at its deadline.
+    Deferred { until: DateTime<Utc> },
 }
 
 impl StepOutcome {
@@ -362,49 +365,74 @@ pub fn apply_reply(
     let now = to_millis(now);
     let mut n = next(r, now);
     let name = r.steps[step_index].name.clone();
-    let effects = if undo {
-        apply_undo_reply(&mut n, step_index, outcome, now, p)
-    } else {
-        let step = &mut n.steps[step_index];
-        step.finished_attempt = Some(attempt);
-        step.finished_at = Some(now);
-        match outcome {
-            StepOutcome::Succeeded { result } => {
-                step.status = StepStatus::Done;
-                step.result = result.clone();
-                n.step_index = step_index + 1;
-                if n.step_index < n.steps.len() {
-                    n.steps[n.step_index].status = StepStatus::Running;
-                    n.steps[n.step_index].sent = true;
-                    n.complete_by = Some(now + p.step_timeout);
-                    log(&mut n, r.process_state, Some(step_index), "step done");
-                    vec![
-                        Effect::Publish(Status::StepCompleted),
-                        Effect::SendStepRequest,
-                    ]
-                } else {
-                    let e = finish(&mut n, ProcessState::Processed, Status::Processed);
-                    log(
-                        &mut n,
-                        r.process_state,
-                        Some(step_index),
-                        "step done; every step done",
-                    );
-                    e
-                }
-            }
-            StepOutcome::Failed { error } => {
-                step.status = StepStatus::Failed;
-                let reason = format!("{name}: {error}");
-                let e = fail(&mut n, now, reason.clone(), p);
+    let effects = match (outcome, undo) {
+        (StepOutcome::Deferred { until }, _) => {
+            let what = if undo {
+                format!("undo of {name}")
+            } else {
+                name.clone()
+            };
+            let reason = format!(
+                "{what}: circuit open until {}",
+                until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            );
+            let wait = (*until - now).max(Duration::zero());
+            hand_back(
+                r,
+                &mut n,
+                now,
+                p,
+                stable_jitter(r),
+                "deferred",
+                reason,
+                wait,
+            )
+        }
+        (StepOutcome::Succeeded { .. }, true) => apply_undo_reply(&mut n, step_index, None, now, p),
+        (StepOutcome::Failed { error }, true) => {
+            apply_undo_reply(&mut n, step_index, Some(error), now, p)
+        }
+        (StepOutcome::Succeeded { result }, false) => {
+            let step = &mut n.steps[step_index];
+            step.finished_attempt = Some(attempt);
+            step.finished_at = Some(now);
+            step.status = StepStatus::Done;
+            step.result = result.clone();
+            n.step_index = step_index + 1;
+            if n.step_index < n.steps.len() {
+                n.steps[n.step_index].status = StepStatus::Running;
+                n.steps[n.step_index].sent = true;
+                n.complete_by = Some(now + p.step_timeout);
+                log(&mut n, r.process_state, Some(step_index), "step done");
+                vec![
+                    Effect::Publish(Status::StepCompleted),
+                    Effect::SendStepRequest,
+                ]
+            } else {
+                let e = finish(&mut n, ProcessState::Processed, Status::Processed);
                 log(
                     &mut n,
                     r.process_state,
                     Some(step_index),
-                    format!("refused: {reason}"),
+                    "step done; every step done",
                 );
                 e
             }
+        }
+        (StepOutcome::Failed { error }, false) => {
+            let step = &mut n.steps[step_index];
+            step.finished_attempt = Some(attempt);
+            step.finished_at = Some(now);
+            step.status = StepStatus::Failed;
+            let reason = format!("{name}: {error}");
+            let e = fail(&mut n, now, reason.clone(), p);
+            log(
+                &mut n,
+                r.process_state,
+                Some(step_index),
+                format!("refused: {reason}"),
+            );
+            e
         }
     };
     Ok(Transition {
@@ -421,16 +449,17 @@ pub fn apply_reply(
     })
 }
 
+/// Applies an undo's answer: `refused` is the service's refusal, `None` a success.
 fn apply_undo_reply(
     n: &mut StateRecord,
     i: usize,
-    outcome: &StepOutcome,
+    refused: Option<&String>,
     now: DateTime<Utc>,
     p: &Policy,
 ) -> Vec<Effect> {
     let from = n.process_state;
-    match outcome {
-        StepOutcome::Succeeded { .. } => {
+    match refused {
+        None => {
             n.steps[i].undo = Some(StepStatus::Done);
             match n.steps[..i].iter().rposition(StepState::needs_undo) {
                 Some(j) => {
@@ -447,7 +476,7 @@ fn apply_undo_reply(
                 }
             }
         }
-        StepOutcome::Failed { error } => {
+        Some(error) => {
             n.steps[i].undo = Some(StepStatus::Failed);
             let reason = format!("undo of {}: {error}", n.steps[i].name);
             n.last_error = Some(reason.clone());
@@ -511,75 +540,118 @@ pub fn expire(
             delay: Duration::zero(),
         }]
     } else {
-        let undo = r.process_state == ProcessState::Compensating;
-        let what = if undo { "undo of " } else { "" };
+        let what = if r.process_state == ProcessState::Compensating {
+            "undo of "
+        } else {
+            ""
+        };
         let reason = format!(
             "{what}{}: no reply by {} (attempt {})",
             r.steps[i].name,
             due.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             r.attempt
         );
-        n.failure_count = r.failure_count + 1;
-        n.locked_by = None;
-        n.last_error = Some(reason.clone());
-        let exhausted = n.failure_count >= p.failure_threshold;
-        let cool_down = exhausted && n.round < p.max_rounds;
-        if !exhausted || cool_down {
-            let delay = if cool_down {
-                n.round += 1;
-                n.failure_count = 0;
-                p.cooldown
-            } else {
-                p.retry_delay(n.failure_count, jitter)
-            };
-            if undo {
-                n.steps[i].undo = None;
-            } else {
-                n.process_state = ProcessState::Pending;
-                n.steps[i].status = StepStatus::Pending;
-            }
-            n.complete_by = Some(now + delay + p.pickup_timeout);
-            let why = if cool_down {
-                format!("timed out; cooling down (round {}): {reason}", n.round)
-            } else {
-                format!("timed out; retry {}: {reason}", n.failure_count)
-            };
-            log(&mut n, r.process_state, Some(i), why);
-            vec![Effect::Enqueue { delay }]
-        } else if undo {
-            n.steps[i].undo = Some(StepStatus::TimedOut);
-            let e = finish(
-                &mut n,
-                ProcessState::CompensationFailed,
-                Status::CompensationFailed,
-            );
-            log(
-                &mut n,
-                r.process_state,
-                Some(i),
-                format!("timed out at the threshold: {reason}"),
-            );
-            e
-        } else {
-            let step = &mut n.steps[i];
-            step.status = StepStatus::TimedOut;
-            step.finished_at = Some(now);
-            step.finished_attempt = Some(r.attempt);
-            let e = fail(&mut n, now, reason.clone(), p);
-            log(
-                &mut n,
-                r.process_state,
-                Some(i),
-                format!("timed out at the threshold: {reason}"),
-            );
-            e
-        }
+        hand_back(
+            r,
+            &mut n,
+            now,
+            p,
+            jitter,
+            "timed out",
+            reason,
+            Duration::zero(),
+        )
     };
     Ok(Transition {
         record: n,
         condition: Condition::on(r, guards),
         effects,
     })
+}
+
+/// A step (or undo) that was out came to nothing (`how`: it timed out, or its service's circuit
+/// is open): `FailureCount` + 1; below the threshold the record is handed back unlocked and
+/// re-enqueued after the retry delay (at least `at_least`); at the threshold, with
+/// extended-wait rounds left, the count restarts after a cool-down; else a step fails the order
+/// ([`fail`]) and an undo ends in CompensationFailed.
+#[allow(clippy::too_many_arguments)]
+fn hand_back(
+    r: &StateRecord,
+    n: &mut StateRecord,
+    now: DateTime<Utc>,
+    p: &Policy,
+    jitter: f64,
+    how: &str,
+    reason: String,
+    at_least: Duration,
+) -> Vec<Effect> {
+    let i = r.step_index;
+    let undo = r.process_state == ProcessState::Compensating;
+    n.failure_count = r.failure_count + 1;
+    n.locked_by = None;
+    n.last_error = Some(reason.clone());
+    let exhausted = n.failure_count >= p.failure_threshold;
+    let cool_down = exhausted && n.round < p.max_rounds;
+    if !exhausted || cool_down {
+        let delay = if cool_down {
+            n.round += 1;
+            n.failure_count = 0;
+            p.cooldown
+        } else {
+            p.retry_delay(n.failure_count, jitter)
+        }
+        .max(at_least);
+        if undo {
+            n.steps[i].undo = None;
+        } else {
+            n.process_state = ProcessState::Pending;
+            n.steps[i].status = StepStatus::Pending;
+        }
+        n.complete_by = Some(now + delay + p.pickup_timeout);
+        let why = if cool_down {
+            format!("{how}; cooling down (round {}): {reason}", n.round)
+        } else {
+            format!("{how}; retry {}: {reason}", n.failure_count)
+        };
+        log(n, r.process_state, Some(i), why);
+        vec![Effect::Enqueue { delay }]
+    } else if undo {
+        n.steps[i].undo = Some(StepStatus::TimedOut);
+        let e = finish(
+            n,
+            ProcessState::CompensationFailed,
+            Status::CompensationFailed,
+        );
+        log(
+            n,
+            r.process_state,
+            Some(i),
+            format!("{how} at the threshold: {reason}"),
+        );
+        e
+    } else {
+        let step = &mut n.steps[i];
+        step.status = StepStatus::TimedOut;
+        step.finished_at = Some(now);
+        step.finished_attempt = Some(r.attempt);
+        let e = fail(n, now, reason.clone(), p);
+        log(
+            n,
+            r.process_state,
+            Some(i),
+            format!("{how} at the threshold: {reason}"),
+        );
+        e
+    }
+}
+
+/// A stable number in [0, 1) from an order and attempt: the jitter of transitions that have no
+/// randomness passed in (spreads the retries of orders deferred by the same open circuit).
+fn stable_jitter(r: &StateRecord) -> f64 {
+    let b = r.order_id.as_uuid().into_bytes();
+    let x = u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+        .wrapping_add((r.attempt as u32).wrapping_mul(2_654_435_761));
+    f64::from(x) / (f64::from(u32::MAX) + 1.0)
 }
 
 /// The outbox was delivered: clear it, which also takes a terminal record out of the due index.
@@ -1169,6 +1241,27 @@ mod tests {
     }
 
     #[test]
+    fn a_deferred_step_is_handed_back_at_once_no_earlier_than_the_circuit_reopens() {
+        let p = policy();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let until = now + Duration::seconds(5);
+        let t = apply(&mut r, |r| {
+            apply_reply(r, 1, 1, false, &StepOutcome::Deferred { until }, now, &p)
+        });
+        assert_eq!(r.process_state, ProcessState::Pending);
+        assert_eq!(r.failure_count, 1);
+        assert_eq!(
+            t.effects,
+            [Effect::Enqueue {
+                delay: Duration::seconds(5)
+            }]
+        );
+        assert!(r.steps[1].sent, "a deferred step may have been sent before");
+    }
+
+    #[test]
     fn retry_delay_grows_with_equal_jitter_and_is_capped() {
         let p = policy();
         for (n, full) in [(1, 1000), (2, 2000), (3, 4000), (4, 8000), (5, 8000)] {
@@ -1199,7 +1292,8 @@ mod tests {
             attempt_back: u8,
             step_shift: i8,
             undo: bool,
-            ok: bool,
+            /// 0: refused, 1: deferred (circuit open), otherwise succeeded.
+            kind: u8,
         },
         Advance(u16),
         Expire(u8),
@@ -1212,8 +1306,8 @@ mod tests {
     fn ev() -> impl Strategy<Value = Ev> {
         prop_oneof![
             3 => (0u8..3).prop_map(Ev::Claim),
-            5 => (0u8..2, -1i8..2, proptest::bool::weighted(0.2), proptest::bool::weighted(0.85))
-                .prop_map(|(a, s, undo, ok)| Ev::Reply { attempt_back: a, step_shift: s, undo, ok }),
+            5 => (0u8..2, -1i8..2, proptest::bool::weighted(0.2), 0u8..10)
+                .prop_map(|(a, s, undo, kind)| Ev::Reply { attempt_back: a, step_shift: s, undo, kind }),
             2 => (0u16..40).prop_map(Ev::Advance),
             2 => (0u8..10).prop_map(Ev::Expire),
             1 => Just(Ev::Delivered),
@@ -1239,8 +1333,12 @@ mod tests {
             for e in events {
                 let out = match e {
                     Ev::Claim(i) => claim(&r, &format!("s-{i}"), now, &p),
-                    Ev::Reply { attempt_back, step_shift, undo, ok } => {
-                        let outcome = if ok { StepOutcome::succeeded() } else { refused() };
+                    Ev::Reply { attempt_back, step_shift, undo, kind } => {
+                        let outcome = match kind {
+                            0 => refused(),
+                            1 => StepOutcome::Deferred { until: now + Duration::seconds(20) },
+                            _ => StepOutcome::succeeded(),
+                        };
                         let step = (r.step_index as i64 + step_shift as i64).max(0) as usize;
                         apply_reply(&r, r.attempt.saturating_sub(attempt_back as u64), step, undo, &outcome, now, &p)
                     }

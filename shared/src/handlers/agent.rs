@@ -88,6 +88,21 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                 warn!(%error, "permanent fault");
                 StepOutcome::Failed { error }
             }
+            Err(RemoteFault::CircuitOpen { until }) if until < request.complete_by => {
+                // The breaker may close before the deadline: wait for it (spread a little, so
+                // the agents waiting on one breaker do not all probe at once).
+                let spread = chrono::Duration::milliseconds(rand::rng().random_range(0..100));
+                let wait = (until + spread - deps.clock.now())
+                    .to_std()
+                    .unwrap_or_default();
+                info!(%until, "circuit open; waiting for it");
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            Err(RemoteFault::CircuitOpen { until }) => {
+                info!(%until, "circuit open past the deadline; the step is deferred");
+                StepOutcome::Deferred { until }
+            }
             Err(RemoteFault::Transient(error)) => {
                 let wait = deps
                     .backoff

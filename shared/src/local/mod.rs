@@ -6,14 +6,14 @@
 
 use crate::aws::provision::{self, QueueSettings, Resources};
 use crate::aws::{DynamoStore, EventBridgeBus, SqsQueue};
-use crate::domain::{Backoff, CircuitBreaker, Policy, Workflow};
+use crate::domain::{Backoff, BreakerPolicy, Policy, Workflow};
 use crate::handlers::agent::{self, AgentDeps};
 use crate::handlers::scheduler::{self, SchedulerDeps};
 use crate::handlers::submission::{self, MAX_BODY_BYTES, SubmissionDeps};
 use crate::handlers::supervisor::{self, SupervisorDeps, SweepReport};
 use crate::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
 use crate::ports::{Clock, EventBus, Queue, ReceivedMessage, StateStore};
-use crate::remote::{Breakered, Faults, SimulatedService};
+use crate::remote::{Faults, SharedBreaker, SimulatedService};
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use std::collections::{HashMap, HashSet};
@@ -87,9 +87,8 @@ pub struct Settings {
     pub batch_size: u32,
     /// Long-poll wait of each receive.
     pub poll_wait: Duration,
-    /// Consecutive transient faults that open an agent's circuit breaker, and for how long.
-    pub breaker_threshold: u32,
-    pub breaker_cooldown: chrono::Duration,
+    /// The agents' shared circuit breakers (one per service, in the state store).
+    pub breaker: BreakerPolicy,
     /// Arm a deadline timer with every step request (off: only the sweep finds deadlines).
     pub deadline_timers: bool,
 }
@@ -118,8 +117,12 @@ impl Default for Settings {
             supervisor_interval: Duration::from_secs(1),
             batch_size: 10,
             poll_wait: Duration::from_secs(1),
-            breaker_threshold: 20,
-            breaker_cooldown: chrono::Duration::milliseconds(500),
+            breaker: BreakerPolicy {
+                threshold: 20,
+                cooldown: chrono::Duration::milliseconds(500),
+                probes: 1,
+                probe_window: chrono::Duration::seconds(2),
+            },
             deadline_timers: true,
         }
     }
@@ -216,9 +219,11 @@ impl System {
             agents.push(AgentDeps {
                 name: (*name).to_owned(),
                 queue: queue.clone(),
-                remote: Arc::new(Breakered::new(
+                remote: Arc::new(SharedBreaker::new(
+                    *name,
                     sim,
-                    CircuitBreaker::new(settings.breaker_threshold, settings.breaker_cooldown),
+                    store.clone(),
+                    settings.breaker,
                     clock.clone(),
                 )),
                 clock: clock.clone(),

@@ -1,5 +1,5 @@
 use crate::domain::state::due_shard;
-use crate::domain::{Condition, Order, OrderId, ProcessState, StateRecord};
+use crate::domain::{BreakerRecord, Condition, Order, OrderId, ProcessState, StateRecord};
 use crate::ports::{
     CreateOutcome, Cursor, IdempotencyRecord, Page, StateStore, StoreError, Summary,
 };
@@ -23,6 +23,7 @@ struct Inner {
     keys: HashMap<String, IdempotencyRecord>,
     /// Lease name → (owner, held until).
     leases: HashMap<String, (String, DateTime<Utc>)>,
+    breakers: HashMap<String, BreakerRecord>,
 }
 
 impl MemoryStore {
@@ -132,6 +133,20 @@ impl StateStore for MemoryStore {
                 .insert(name.to_owned(), (owner.to_owned(), now + ttl));
         }
         Ok(free)
+    }
+
+    async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
+        Ok(self.lock()?.breakers.get(name).cloned())
+    }
+
+    async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
+        let mut inner = self.lock()?;
+        let stored = inner.breakers.get(&record.name).map_or(0, |b| b.version);
+        if stored + 1 != record.version {
+            return Ok(false);
+        }
+        inner.breakers.insert(record.name.clone(), record.clone());
+        Ok(true)
     }
 
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {

@@ -8,58 +8,119 @@ mod simulated;
 pub use self::http::{HttpRemote, router};
 pub use simulated::{Faults, SimStats, SimulatedService};
 
-use crate::domain::CircuitBreaker;
-use crate::ports::{Clock, RemoteCall, RemoteFault, RemoteService};
+use crate::domain::{BreakerPolicy, BreakerRecord, Decision};
+use crate::ports::{Clock, RemoteCall, RemoteFault, RemoteService, StateStore};
 use async_trait::async_trait;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+use tracing::{info, warn};
 
-/// A remote service behind a [`CircuitBreaker`]: while the breaker is open calls fail fast as
-/// transient faults, so the agent's retry loop waits instead of hammering a service that is down.
-pub struct Breakered {
+/// A remote service behind its shared circuit breaker (a [`BreakerRecord`] in the state store,
+/// moved by conditional writes, so every agent instance sees the same breaker). While it is
+/// open no call is made and the call fails with [`RemoteFault::CircuitOpen`]; the agent then
+/// waits or defers the step instead of hammering a service that is down. If the store cannot be
+/// read the call goes ahead (the breaker protects the service; it must not stop work when the
+/// store hiccups).
+pub struct SharedBreaker {
+    name: String,
     inner: Arc<dyn RemoteService>,
-    breaker: Mutex<CircuitBreaker>,
+    store: Arc<dyn StateStore>,
+    policy: BreakerPolicy,
     clock: Arc<dyn Clock>,
 }
 
-impl Breakered {
+impl SharedBreaker {
     pub fn new(
+        name: impl Into<String>,
         inner: Arc<dyn RemoteService>,
-        breaker: CircuitBreaker,
+        store: Arc<dyn StateStore>,
+        policy: BreakerPolicy,
         clock: Arc<dyn Clock>,
     ) -> Self {
         Self {
+            name: name.into(),
             inner,
-            breaker: Mutex::new(breaker),
+            store,
+            policy,
             clock,
         }
     }
 
-    fn with_breaker<T>(&self, f: impl FnOnce(&mut CircuitBreaker) -> T) -> Result<T, RemoteFault> {
-        self.breaker
-            .lock()
-            .map(|mut b| f(&mut b))
-            .map_err(|_| RemoteFault::Transient("circuit breaker lock poisoned".into()))
+    async fn current(&self) -> Option<BreakerRecord> {
+        match self.store.get_breaker(&self.name).await {
+            Ok(b) => Some(b.unwrap_or_else(|| BreakerRecord::closed(&self.name))),
+            Err(e) => {
+                warn!(service = %self.name, error = %e, "circuit breaker unreadable; calling anyway");
+                None
+            }
+        }
+    }
+
+    /// Records the call's outcome; on a lost race, once more from a fresh read.
+    async fn record(&self, mut base: BreakerRecord, healthy: bool) {
+        for _ in 0..2 {
+            let next = if healthy {
+                base.on_success()
+            } else {
+                base.on_fault(self.clock.now(), &self.policy)
+            };
+            let Some(next) = next else { return };
+            match self.store.put_breaker(&next).await {
+                Ok(true) => {
+                    if next.is_closed() != base.is_closed() {
+                        info!(service = %self.name, state = ?next.state, "circuit breaker moved");
+                    }
+                    return;
+                }
+                Ok(false) => match self.current().await {
+                    Some(fresh) => base = fresh,
+                    None => return,
+                },
+                Err(e) => {
+                    warn!(service = %self.name, error = %e, "circuit breaker not updated");
+                    return;
+                }
+            }
+        }
     }
 }
 
 #[async_trait]
-impl RemoteService for Breakered {
+impl RemoteService for SharedBreaker {
     async fn call(
         &self,
         call: &RemoteCall,
         timeout: Duration,
     ) -> Result<serde_json::Value, RemoteFault> {
         let now = self.clock.now();
-        if !self.with_breaker(|b| b.allow(now))? {
-            return Err(RemoteFault::Transient("circuit open".into()));
-        }
+        let Some(current) = self.current().await else {
+            return self.inner.call(call, timeout).await;
+        };
+        let base = match current.decide(now, &self.policy) {
+            Decision::Call => current,
+            Decision::Reject { retry_at } => {
+                return Err(RemoteFault::CircuitOpen { until: retry_at });
+            }
+            // Condition (the version): one agent wins each probe of the budget.
+            Decision::Probe(next) => match self.store.put_breaker(&next).await {
+                Ok(true) => {
+                    info!(service = %self.name, "circuit half-open: probing");
+                    next
+                }
+                Ok(false) => {
+                    return Err(RemoteFault::CircuitOpen {
+                        until: now + self.policy.probe_window,
+                    });
+                }
+                Err(e) => {
+                    warn!(service = %self.name, error = %e, "probe not recorded; calling anyway");
+                    current
+                }
+            },
+        };
         let out = self.inner.call(call, timeout).await;
-        let now = self.clock.now();
-        match &out {
-            Ok(_) | Err(RemoteFault::Permanent(_)) => self.with_breaker(|b| b.on_success())?,
-            Err(RemoteFault::Transient(_)) => self.with_breaker(|b| b.on_transient_fault(now))?,
-        }
+        let healthy = matches!(out, Ok(_) | Err(RemoteFault::Permanent(_)));
+        self.record(base, healthy).await;
         out
     }
 }

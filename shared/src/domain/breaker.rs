@@ -1,0 +1,217 @@
+//! The circuit breaker of one remote service, shared by every agent instance: a versioned record
+//! in the state store that moves only by conditional writes. Closed counts consecutive transient
+//! faults; at the threshold it opens until a cooldown passes; then a budget of probe calls
+//! (half-open) decides: a success closes it, a fault opens it again. A probe whose caller died
+//! does not wedge it: once the probe window passes, a new budget is handed out.
+
+use chrono::{DateTime, Duration, Utc};
+
+/// The knobs of a breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerPolicy {
+    /// Consecutive transient faults that open the breaker.
+    pub threshold: u32,
+    /// How long it stays open before probes are allowed.
+    pub cooldown: Duration,
+    /// Probe calls allowed per half-open window.
+    pub probes: u32,
+    /// How long a half-open window lasts before a new probe budget is handed out.
+    pub probe_window: Duration,
+}
+
+impl Default for BreakerPolicy {
+    fn default() -> Self {
+        Self {
+            threshold: 5,
+            cooldown: Duration::seconds(5),
+            probes: 1,
+            probe_window: Duration::seconds(10),
+        }
+    }
+}
+
+/// Where the breaker is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: DateTime<Utc>,
+    },
+    HalfOpen {
+        probes_left: u32,
+        until: DateTime<Utc>,
+    },
+}
+
+/// The stored breaker of the service `name`. `version` 0: not stored yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerRecord {
+    pub name: String,
+    pub state: BreakerState,
+    pub version: u64,
+}
+
+/// What a caller may do now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Closed: call.
+    Call,
+    /// Write this record (taking one probe from the budget); if the write wins, call.
+    Probe(BreakerRecord),
+    /// Do not call before `retry_at`.
+    Reject { retry_at: DateTime<Utc> },
+}
+
+impl BreakerRecord {
+    /// A closed breaker that was never stored.
+    pub fn closed(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            state: BreakerState::Closed { failures: 0 },
+            version: 0,
+        }
+    }
+
+    fn to(&self, state: BreakerState) -> Self {
+        Self {
+            name: self.name.clone(),
+            state,
+            version: self.version + 1,
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state, BreakerState::Closed { .. })
+    }
+
+    /// Whether a call may go out at `now`.
+    pub fn decide(&self, now: DateTime<Utc>, p: &BreakerPolicy) -> Decision {
+        let fresh_budget = || {
+            Decision::Probe(self.to(BreakerState::HalfOpen {
+                probes_left: p.probes.max(1) - 1,
+                until: now + p.probe_window,
+            }))
+        };
+        match self.state {
+            BreakerState::Closed { .. } => Decision::Call,
+            BreakerState::Open { until } if now < until => Decision::Reject { retry_at: until },
+            BreakerState::Open { .. } => fresh_budget(),
+            BreakerState::HalfOpen { until, .. } if now >= until => fresh_budget(),
+            BreakerState::HalfOpen {
+                probes_left: 0,
+                until,
+            } => Decision::Reject { retry_at: until },
+            BreakerState::HalfOpen { probes_left, until } => {
+                Decision::Probe(self.to(BreakerState::HalfOpen {
+                    probes_left: probes_left - 1,
+                    until,
+                }))
+            }
+        }
+    }
+
+    /// A healthy answer (a success, or a permanent refusal): closes the breaker. `None`: no
+    /// write needed.
+    pub fn on_success(&self) -> Option<Self> {
+        (self.state != BreakerState::Closed { failures: 0 })
+            .then(|| self.to(BreakerState::Closed { failures: 0 }))
+    }
+
+    /// A transient fault at `now`. `None`: no write needed (already open).
+    pub fn on_fault(&self, now: DateTime<Utc>, p: &BreakerPolicy) -> Option<Self> {
+        let open = BreakerState::Open {
+            until: now + p.cooldown,
+        };
+        match self.state {
+            BreakerState::Closed { failures } if failures + 1 < p.threshold.max(1) => {
+                Some(self.to(BreakerState::Closed {
+                    failures: failures + 1,
+                }))
+            }
+            BreakerState::Closed { .. } | BreakerState::HalfOpen { .. } => Some(self.to(open)),
+            BreakerState::Open { .. } => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p() -> BreakerPolicy {
+        BreakerPolicy {
+            threshold: 3,
+            cooldown: Duration::seconds(10),
+            probes: 1,
+            probe_window: Duration::seconds(5),
+        }
+    }
+
+    fn step(r: &mut BreakerRecord, f: impl FnOnce(&BreakerRecord) -> Option<BreakerRecord>) {
+        if let Some(n) = f(r) {
+            assert_eq!(n.version, r.version + 1, "every write bumps the version");
+            *r = n;
+        }
+    }
+
+    #[test]
+    fn opens_at_the_threshold_rejects_then_probes_and_closes() {
+        let t = Utc::now();
+        let mut b = BreakerRecord::closed("payment");
+        for _ in 0..2 {
+            step(&mut b, |b| b.on_fault(t, &p()));
+            assert_eq!(b.decide(t, &p()), Decision::Call);
+        }
+        step(&mut b, |b| b.on_fault(t, &p()));
+        let open_until = t + Duration::seconds(10);
+        assert_eq!(b.state, BreakerState::Open { until: open_until });
+        assert_eq!(b.on_fault(t, &p()), None, "already open");
+        assert_eq!(
+            b.decide(t + Duration::seconds(9), &p()),
+            Decision::Reject {
+                retry_at: open_until
+            }
+        );
+        let later = open_until + Duration::seconds(1);
+        let Decision::Probe(probe) = b.decide(later, &p()) else {
+            panic!("a probe after the cooldown")
+        };
+        b = probe;
+        assert!(
+            matches!(b.decide(later, &p()), Decision::Reject { .. }),
+            "one probe per window"
+        );
+        step(&mut b, |b| b.on_success());
+        assert!(b.is_closed());
+        assert_eq!(b.on_success(), None, "closed and clean: no write");
+    }
+
+    #[test]
+    fn a_failed_probe_reopens_and_a_lost_probe_gets_a_new_budget() {
+        let t = Utc::now();
+        let mut b = BreakerRecord::closed("inventory");
+        for _ in 0..3 {
+            step(&mut b, |b| b.on_fault(t, &p()));
+        }
+        let t1 = t + Duration::seconds(11);
+        let Decision::Probe(probe) = b.decide(t1, &p()) else {
+            panic!("probe")
+        };
+        b = probe;
+        step(&mut b, |b| b.on_fault(t1, &p()));
+        assert!(matches!(b.state, BreakerState::Open { .. }));
+        let t2 = t1 + Duration::seconds(11);
+        let Decision::Probe(probe) = b.decide(t2, &p()) else {
+            panic!("probe")
+        };
+        b = probe;
+        // The prober died: after the window a new probe goes out.
+        assert!(matches!(b.decide(t2, &p()), Decision::Reject { .. }));
+        assert!(matches!(
+            b.decide(t2 + Duration::seconds(6), &p()),
+            Decision::Probe(_)
+        ));
+    }
+}
