@@ -4,7 +4,12 @@
 //!   as Lambda's event-source mappings would, runs the supervisor every second, with simulated
 //!   remote services. In-memory by default; `--aws` uses the AWS adapters at `AWS_ENDPOINT_URL`.
 //! - `sas-local demo`: the same system on an ephemeral port, N orders submitted over HTTP with
-//!   faults on, a progress bar and a summary (processed, retried, in Error, lost).
+//!   faults on, a progress bar and a summary (processed, compensated, recovered, lost,
+//!   doubled effects).
+//! - `sas-local recovery-lag`: measures how long after a deadline a step is dispatched again,
+//!   with deadline timers and with the sweep alone.
+
+mod lag;
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
@@ -52,6 +57,16 @@ enum Command {
         /// Run without injected faults.
         #[arg(long)]
         no_faults: bool,
+    },
+    /// Measure recovery lag (a step's deadline passed → the step dispatched again), with
+    /// deadline timers and with the sweep alone; prints a markdown table.
+    RecoveryLag {
+        /// Orders whose first step overruns its deadline.
+        #[arg(long, default_value_t = 200)]
+        orders: usize,
+        /// The sweep's interval in the sweep-only run, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        sweep_ms: u64,
     },
 }
 
@@ -182,6 +197,10 @@ async fn main() -> anyhow::Result<()> {
             }
             demo(&opts, faults, outage, orders, concurrency, timeout_secs).await
         }
+        Command::RecoveryLag { orders, sweep_ms } => {
+            sas::telemetry::init_with_default("error");
+            lag::run(orders, sweep_ms).await
+        }
     }
 }
 
@@ -221,8 +240,12 @@ fn progress(len: usize, label: &'static str, stats: &str) -> anyhow::Result<Prog
 #[derive(Default)]
 struct Tally {
     processed: usize,
+    compensated: usize,
+    compensation_failed: usize,
     error: usize,
     retried: usize,
+    /// Order id → final state.
+    finals: HashMap<String, String>,
 }
 
 async fn demo(
@@ -306,24 +329,33 @@ async fn demo(
         pending = Vec::new();
         for (id, v) in states {
             let state = v.as_ref().and_then(|v| v["processState"].as_str());
-            let failures = v
+            // Recovered at least once: a deadline expired, or an open circuit deferred a step.
+            let recovered = v
                 .as_ref()
-                .and_then(|v| v["failureCount"].as_u64())
-                .unwrap_or(0);
-            match state {
-                Some("Processed") | Some("Error") => {
-                    if state == Some("Processed") {
-                        tally.processed += 1;
-                    } else {
-                        tally.error += 1;
-                    }
-                    if failures > 0 {
-                        tally.retried += 1;
-                    }
-                    bar.inc(1);
+                .and_then(|v| v["history"].as_array())
+                .is_some_and(|h| {
+                    h.iter().any(|e| {
+                        e["reason"].as_str().is_some_and(|r| {
+                            r.starts_with("timed out") || r.starts_with("deferred")
+                        })
+                    })
+                });
+            let counter = match state {
+                Some("Processed") => &mut tally.processed,
+                Some("Compensated") => &mut tally.compensated,
+                Some("CompensationFailed") => &mut tally.compensation_failed,
+                Some("Error") => &mut tally.error,
+                _ => {
+                    pending.push(id);
+                    continue;
                 }
-                _ => pending.push(id),
-            }
+            };
+            *counter += 1;
+            tally.retried += usize::from(recovered);
+            tally
+                .finals
+                .insert(id, state.unwrap_or_default().to_owned());
+            bar.inc(1);
         }
         if !pending.is_empty() {
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -332,19 +364,25 @@ async fn demo(
     bar.finish();
     let elapsed = started.elapsed();
 
-    // Exactly once: every (order, step) key took effect at most once on its service.
+    // Exactly once: every idempotency key took effect at most once on its service, and each
+    // step's net effect is 1 for a Processed order and 0 for a compensated one.
     let mut duplicate_effects = 0;
+    let mut wrong_net = 0;
     let mut transient = 0;
-    let mut effects_by_order: HashMap<String, usize> = HashMap::new();
     for sim in system.services.values() {
         let stats = sim.stats();
         transient += stats.transient_faults;
-        for (key, count) in stats.effects {
-            if count > 1 {
-                duplicate_effects += 1;
-            }
-            if let Some((order, _)) = key.split_once(':') {
-                *effects_by_order.entry(order.to_owned()).or_default() += 1;
+        duplicate_effects += stats.effects.values().filter(|&&c| c > 1).count();
+        for (key, net) in stats.net {
+            let order = key.split_once(':').map_or("", |(o, _)| o);
+            let want = match tally.finals.get(order).map(String::as_str) {
+                Some("Processed") => 1,
+                Some("Compensated") => 0,
+                _ => continue,
+            };
+            if net != want {
+                eprintln!("order {order}: {key} nets {net}, not {want}");
+                wrong_net += 1;
             }
         }
     }
@@ -356,15 +394,19 @@ async fn demo(
 
     let lost = pending.len() + rejected;
     println!(
-        "orders: {n} submitted, {accepted} accepted | processed: {} | retried: {} (supervisor recoveries), {transient} transient faults retried by agents | in Error: {} | lost: {lost} | duplicate effects: {duplicate_effects} | dead letters: {dead_letters} | elapsed: {:.1}s | {:.0} orders/s",
+        "orders: {n} submitted, {accepted} accepted | processed: {} | compensated: {} | compensation failed: {} | in Error: {} | recovered: {} (expired deadlines or deferred by an open circuit), {transient} transient faults retried by agents | lost: {lost} | duplicate effects: {duplicate_effects} | wrong net effects: {wrong_net} | dead letters: {dead_letters} | elapsed: {:.1}s | {:.0} orders/s",
         tally.processed,
-        tally.retried,
+        tally.compensated,
+        tally.compensation_failed,
         tally.error,
+        tally.retried,
         elapsed.as_secs_f64(),
         accepted as f64 / elapsed.as_secs_f64().max(1e-9),
     );
-    if lost > 0 || duplicate_effects > 0 {
-        bail!("{lost} orders lost, {duplicate_effects} duplicate effects");
+    if lost > 0 || duplicate_effects > 0 || wrong_net > 0 {
+        bail!(
+            "{lost} orders lost, {duplicate_effects} duplicate effects, {wrong_net} wrong net effects"
+        );
     }
     Ok(())
 }

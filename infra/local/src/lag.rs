@@ -1,0 +1,122 @@
+//! `sas-local recovery-lag`: how long after a step's deadline the step is dispatched again, with
+//! deadline timers and with the scheduled sweep alone. In memory, on this machine; the figures
+//! go in the closing notes and the README, never in a timed test.
+
+use sas::local::{Backend, Settings, System};
+use sas::ports::SystemClock;
+use sas::remote::Faults;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One measurement: `orders` orders whose first step always overruns its deadline.
+pub async fn measure(
+    orders: usize,
+    timers: bool,
+    sweep_every: Duration,
+) -> anyhow::Result<Vec<f64>> {
+    let mut s = Settings::default();
+    let step = chrono::Duration::seconds(1);
+    s.policy.step_timeout = step;
+    s.policy.pickup_timeout = chrono::Duration::seconds(2);
+    // No retry delay: what is measured is the lag of the recovery, not a chosen wait.
+    s.policy.retry_base_delay = chrono::Duration::zero();
+    s.policy.retry_max_delay = chrono::Duration::zero();
+    s.deadline_timers = timers;
+    // Every call overruns: keep the shared circuit breaker shut, or it would defer the steps
+    // (a recovery too, but not the one measured here).
+    s.breaker.threshold = 1_000_000;
+    s.supervisor_interval = sweep_every;
+    s.faults.insert(
+        "inventory".into(),
+        Faults {
+            latency: Duration::from_secs(3600),
+            ..Faults::default()
+        },
+    );
+    let mut system = System::new(Backend::Memory, s, Arc::new(SystemClock)).await?;
+    system.start();
+    let mut ids = Vec::with_capacity(orders);
+    let body = serde_json::json!({"customerId": "lag", "items": [{"sku": "SKU-1", "quantity": 1}]});
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    // Spread the submissions over about two seconds, so deadlines fall at every phase of the
+    // sweep's interval rather than all at one.
+    let gap = Duration::from_micros(2_000_000 / orders.max(1) as u64);
+    for _ in 0..orders {
+        tokio::time::sleep(gap.mul_f64(rand::random::<f64>() * 2.0)).await;
+        let resp = sas::handlers::submission::handle(
+            &system.submission,
+            &http::Method::POST,
+            "/orders",
+            &headers,
+            body.to_string().as_bytes(),
+        )
+        .await;
+        let v: serde_json::Value = serde_json::from_str(resp.body())?;
+        ids.push(
+            v["orderId"]
+                .as_str()
+                .unwrap_or_default()
+                .parse::<sas::OrderId>()?,
+        );
+    }
+    let until = Instant::now() + Duration::from_secs(120);
+    let mut lags = Vec::with_capacity(orders);
+    while Instant::now() < until {
+        lags.clear();
+        for id in &ids {
+            let Some(r) = system.store.get_state(*id).await? else {
+                continue;
+            };
+            let claims: Vec<_> = r.history.iter().filter(|h| h.reason == "claimed").collect();
+            if let [first, second, ..] = claims.as_slice() {
+                let deadline = first.at + step;
+                lags.push((second.at - deadline).num_milliseconds() as f64 / 1000.0);
+            }
+        }
+        if lags.len() == ids.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    system.shutdown().await;
+    anyhow::ensure!(
+        lags.len() == ids.len(),
+        "only {} of {} orders were re-dispatched in time",
+        lags.len(),
+        ids.len()
+    );
+    lags.sort_by(f64::total_cmp);
+    Ok(lags)
+}
+
+/// The value at quantile `q` of sorted `v`.
+pub fn quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((v.len() as f64 - 1.0) * q).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+pub async fn run(orders: usize, sweep_ms: u64) -> anyhow::Result<()> {
+    println!("| recovery | sweep every | orders | lag p50 | lag p99 | lag max |");
+    println!("|---|---|---|---|---|---|");
+    for (label, timers, every) in [
+        ("deadline timers", true, Duration::from_secs(60)),
+        ("sweep only", false, Duration::from_millis(sweep_ms)),
+    ] {
+        let lags = measure(orders, timers, every).await?;
+        println!(
+            "| {label} | {:.1} s | {orders} | {:.3} s | {:.3} s | {:.3} s |",
+            every.as_secs_f64(),
+            quantile(&lags, 0.5),
+            quantile(&lags, 0.99),
+            quantile(&lags, 1.0),
+        );
+    }
+    Ok(())
+}
