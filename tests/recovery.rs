@@ -513,3 +513,89 @@ async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_clos
         .expect("stored");
     assert_eq!(b.state, BreakerState::Closed { failures: 0 });
 }
+
+#[tokio::test]
+async fn a_wait_longer_than_sqs_allows_is_sent_on_until_it_is_due() {
+    use sas::messages::{SchedulerMessage, WorkMessage};
+    let (system, _clock) = aws_system("longwait", manual_settings()).await;
+    let id = submit_to(&system, None).await;
+    drain(&system, &system.resources.work_queue_url).await;
+    let later = chrono::Utc::now() + chrono::Duration::minutes(40);
+    let early = SchedulerMessage::Work(WorkMessage {
+        order_id: id,
+        not_before: Some(later),
+    });
+    system
+        .queue
+        .send(
+            &system.resources.work_queue_url,
+            &serde_json::to_string(&early).expect("json"),
+            Duration::ZERO,
+        )
+        .await
+        .expect("send");
+    assert_eq!(system.pump_scheduler().await.expect("poll"), 1);
+    let r = state(&system, id).await;
+    assert_eq!(
+        (r.process_state, r.attempt),
+        (ProcessState::Pending, 0),
+        "not claimed before notBefore"
+    );
+    assert_eq!(
+        system.pump_scheduler().await.expect("poll"),
+        0,
+        "sent on with a delay, so not visible yet"
+    );
+    // Once due, the same message claims the order.
+    let due = SchedulerMessage::Work(WorkMessage {
+        order_id: id,
+        not_before: Some(chrono::Utc::now() - chrono::Duration::seconds(1)),
+    });
+    system
+        .queue
+        .send(
+            &system.resources.work_queue_url,
+            &serde_json::to_string(&due).expect("json"),
+            Duration::ZERO,
+        )
+        .await
+        .expect("send");
+    system.pump_scheduler().await.expect("poll");
+    assert_eq!(
+        state(&system, id).await.process_state,
+        ProcessState::Processing
+    );
+}
+
+#[tokio::test]
+async fn sasctl_watch_follows_an_order_until_it_is_terminal() {
+    use sas::local::{Backend, Settings};
+    let mut system = System::new(
+        Backend::Memory,
+        Settings::default(),
+        std::sync::Arc::new(sas::ports::SystemClock),
+    )
+    .await
+    .expect("system");
+    let ops = operator(&mut system).await;
+    system.start();
+    let id = submit_to(&system, None).await;
+    let cli = sasctl::Cli::try_parse_from([
+        "sasctl",
+        "--endpoint",
+        ops.base().as_str(),
+        "watch",
+        &id.to_string(),
+        "--interval-ms",
+        "20",
+        "--timeout-secs",
+        "30",
+    ])
+    .expect("args");
+    let mut out = Vec::new();
+    let code = sasctl::run(cli, &mut out).await.expect("runs");
+    let shown = String::from_utf8(out).expect("utf-8");
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown.contains("Processed"), "{shown}");
+    system.shutdown().await;
+}
