@@ -28,16 +28,19 @@ use tracing::{error, info};
 /// The in-memory adapters, kept typed so that tests and the demo can look inside.
 pub type MemoryPorts = (Arc<MemoryStore>, Arc<MemoryQueues>, Arc<MemoryEventBus>);
 
-type Ports = (
-    Arc<dyn StateStore>,
-    Arc<dyn Queue>,
-    Arc<dyn EventBus>,
-    Resources,
-    Option<MemoryPorts>,
-);
+/// The ports a [`System`] runs on, before it is built: [`ports`] makes them from a [`Backend`],
+/// and a caller may wrap them (the chaos harness adds failpoints, the benchmark counts calls)
+/// before [`System::from_ports`].
+pub struct Ports {
+    pub store: Arc<dyn StateStore>,
+    pub queue: Arc<dyn Queue>,
+    pub events: Arc<dyn EventBus>,
+    pub resources: Resources,
+    pub memory: Option<MemoryPorts>,
+}
 
 /// The AWS adapters on `resources`.
-fn aws_ports(config: &aws_config::SdkConfig, resources: Resources, shards: u32) -> Ports {
+pub fn aws_ports(config: &aws_config::SdkConfig, resources: Resources, shards: u32) -> Ports {
     let store = Arc::new(DynamoStore::new(
         aws_sdk_dynamodb::Client::new(config),
         &resources.table,
@@ -48,7 +51,72 @@ fn aws_ports(config: &aws_config::SdkConfig, resources: Resources, shards: u32) 
         aws_sdk_eventbridge::Client::new(config),
         &resources.bus_name,
     ));
-    (store, queue, events, resources, None)
+    Ports {
+        store,
+        queue,
+        events,
+        resources,
+        memory: None,
+    }
+}
+
+/// Makes (and, for [`Backend::Aws`], provisions) the ports of `backend`.
+pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Ports> {
+    let workflow = Workflow::ecommerce();
+    let agent_names = workflow.agents();
+    // Visibility at least 6x the longest handler run, as for Lambda event sources.
+    let visibility = settings.visibility_timeout.unwrap_or(Duration::from_secs(
+        (settings.policy.step_timeout.num_seconds().max(5) * 6) as u64,
+    ));
+    Ok(match backend {
+        Backend::Memory => {
+            let store = Arc::new(MemoryStore::new(settings.due_shards));
+            let queues = Arc::new(MemoryQueues::new());
+            let events = Arc::new(MemoryEventBus::default());
+            let dlq = queues.create_queue("dlq", QueueConfig::default());
+            let q = |name: &str| {
+                queues.create_queue(
+                    name,
+                    QueueConfig {
+                        visibility_timeout: visibility,
+                        max_receive_count: Some(5),
+                        dead_letter_url: Some(dlq.clone()),
+                    },
+                )
+            };
+            let resources = Resources {
+                table: "memory".into(),
+                work_queue_url: q("work"),
+                reply_queue_url: q("replies"),
+                timer_queue_url: q("timers"),
+                agent_queue_urls: agent_names
+                    .iter()
+                    .map(|a| ((*a).to_owned(), q(&format!("agent-{a}"))))
+                    .collect(),
+                dead_letter_url: dlq.clone(),
+                agent_dead_letter_urls: HashMap::new(),
+                bus_name: "memory".into(),
+            };
+            Ports {
+                store: store.clone(),
+                queue: queues.clone(),
+                events: events.clone(),
+                resources,
+                memory: Some((store, queues, events)),
+            }
+        }
+        Backend::Aws { config, prefix } => {
+            let queues = QueueSettings {
+                visibility_timeout_secs: visibility.as_secs().max(1) as u32,
+                max_receive_count: 5,
+            };
+            let resources = provision::provision(&config, &prefix, &agent_names, queues).await?;
+            aws_ports(&config, resources, settings.due_shards)
+        }
+        Backend::Existing { config, resources } => {
+            aws_ports(&config, *resources, settings.due_shards)
+        }
+    })
 }
 
 /// Where the ports point.
@@ -91,6 +159,9 @@ pub struct Settings {
     pub breaker: BreakerPolicy,
     /// Arm a deadline timer with every step request (off: only the sweep finds deadlines).
     pub deadline_timers: bool,
+    /// The queues' visibility timeout (memory, and queues `Backend::Aws` creates); default 6×
+    /// the step timeout, as for Lambda event sources.
+    pub visibility_timeout: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -124,6 +195,7 @@ impl Default for Settings {
                 probe_window: chrono::Duration::seconds(2),
             },
             deadline_timers: true,
+            visibility_timeout: None,
         }
     }
 }
@@ -153,60 +225,21 @@ impl System {
         settings: Settings,
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Self> {
+        let ports = ports(backend, &settings).await?;
+        Ok(Self::from_ports(ports, settings, clock))
+    }
+
+    /// Builds the system on ports made (and perhaps wrapped) by the caller.
+    pub fn from_ports(ports: Ports, settings: Settings, clock: Arc<dyn Clock>) -> Self {
         let workflow = Arc::new(Workflow::ecommerce());
         let agent_names = workflow.agents();
-        // Visibility at least 6x the longest handler run, as for Lambda event sources.
-        let visibility = (settings.policy.step_timeout.num_seconds().max(5) * 6) as u32;
-        let (store, queue, events, resources, memory): Ports = match backend {
-            Backend::Memory => {
-                let store = Arc::new(MemoryStore::new(settings.due_shards));
-                let queues = Arc::new(MemoryQueues::new());
-                let events = Arc::new(MemoryEventBus::default());
-                let dlq = queues.create_queue("dlq", QueueConfig::default());
-                let q = |name: &str| {
-                    queues.create_queue(
-                        name,
-                        QueueConfig {
-                            visibility_timeout: Duration::from_secs(visibility.into()),
-                            max_receive_count: Some(5),
-                            dead_letter_url: Some(dlq.clone()),
-                        },
-                    )
-                };
-                let resources = Resources {
-                    table: "memory".into(),
-                    work_queue_url: q("work"),
-                    reply_queue_url: q("replies"),
-                    timer_queue_url: q("timers"),
-                    agent_queue_urls: agent_names
-                        .iter()
-                        .map(|a| ((*a).to_owned(), q(&format!("agent-{a}"))))
-                        .collect(),
-                    dead_letter_url: dlq.clone(),
-                    agent_dead_letter_urls: HashMap::new(),
-                    bus_name: "memory".into(),
-                };
-                (
-                    store.clone(),
-                    queues.clone(),
-                    events.clone(),
-                    resources,
-                    Some((store, queues, events)),
-                )
-            }
-            Backend::Aws { config, prefix } => {
-                let queues = QueueSettings {
-                    visibility_timeout_secs: visibility,
-                    max_receive_count: 5,
-                };
-                let resources =
-                    provision::provision(&config, &prefix, &agent_names, queues).await?;
-                aws_ports(&config, resources, settings.due_shards)
-            }
-            Backend::Existing { config, resources } => {
-                aws_ports(&config, *resources, settings.due_shards)
-            }
-        };
+        let Ports {
+            store,
+            queue,
+            events,
+            resources,
+            memory,
+        } = ports;
         let mut services = HashMap::new();
         let mut agents = Vec::new();
         for name in &agent_names {
@@ -239,7 +272,7 @@ impl System {
             });
         }
         let (shutdown, _) = watch::channel(false);
-        Ok(Self {
+        Self {
             submission: SubmissionDeps {
                 store: store.clone(),
                 queue: queue.clone(),
@@ -288,7 +321,7 @@ impl System {
             settings,
             shutdown,
             tasks: Vec::new(),
-        })
+        }
     }
 
     /// Starts the event-source mappings (queue pollers) and the supervisor's schedule.

@@ -6,7 +6,7 @@ mod http;
 mod simulated;
 
 pub use self::http::{HttpRemote, router};
-pub use simulated::{Faults, SimStats, SimulatedService};
+pub use simulated::{Faults, SimStats, SimulatedService, seeded_unit};
 
 use crate::domain::{BreakerPolicy, BreakerRecord, Decision};
 use crate::ports::{Clock, RemoteCall, RemoteFault, RemoteService, StateStore};

@@ -22,6 +22,23 @@ pub struct Faults {
     pub outage: Option<(DateTime<Utc>, DateTime<Utc>)>,
     /// Actions (e.g. `arrange-shipping`, `release-inventory`) refused for every key.
     pub refuse_actions: Vec<String>,
+    /// Share of calls that take `slow_latency` instead of `latency` (e.g. past the deadline).
+    pub slow_rate: f64,
+    pub slow_latency: Duration,
+    /// Decide every fault from this seed, the idempotency key and the call's number for that
+    /// key, instead of at random: the same seed gives the same faults to the same calls,
+    /// whatever the interleaving.
+    pub seed: Option<u64>,
+}
+
+/// A number in [0, 1) from `seed`, `parts` and `n`: the seeded fault decisions.
+pub fn seeded_unit(seed: u64, parts: &[&str], n: u64) -> f64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    seed.hash(&mut h);
+    parts.hash(&mut h);
+    n.hash(&mut h);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// Counters of a simulated service.
@@ -45,6 +62,8 @@ struct SimState {
     stats: SimStats,
     /// The outcome of every key seen, so a repeated key gets the first answer again.
     outcomes: HashMap<String, Result<serde_json::Value, String>>,
+    /// Calls seen per key (for seeded faults).
+    calls_per_key: HashMap<String, u64>,
 }
 
 /// A remote service that lives in the process: it honours idempotency keys like a payment API
@@ -119,21 +138,35 @@ impl RemoteService for SimulatedService {
         timeout: Duration,
     ) -> Result<serde_json::Value, RemoteFault> {
         let faults = self.faults();
-        let (transient, permanent, lost) = {
-            let mut rng = rand::rng();
-            (
-                rng.random_bool(faults.transient_rate.clamp(0.0, 1.0)),
-                rng.random_bool(faults.permanent_rate.clamp(0.0, 1.0)),
-                rng.random_bool(faults.lost_response_rate.clamp(0.0, 1.0)),
-            )
+        let n = self.with_state(|s| {
+            s.stats.calls += 1;
+            let n = s.calls_per_key.entry(call.idempotency_key.clone()).or_default();
+            *n += 1;
+            *n
+        })?;
+        let key = call.idempotency_key.as_str();
+        let roll = |salt: &str, rate: f64| match faults.seed {
+            Some(seed) => seeded_unit(seed, &[salt, key], n) < rate,
+            None => rand::rng().random_bool(rate.clamp(0.0, 1.0)),
         };
-        self.with_state(|s| s.stats.calls += 1)?;
-        if faults.latency > timeout {
+        let transient = roll("transient", faults.transient_rate);
+        // A refusal is decided once per key: a refused key stays refused.
+        let permanent = match faults.seed {
+            Some(seed) => seeded_unit(seed, &["permanent", key], 0) < faults.permanent_rate,
+            None => roll("permanent", faults.permanent_rate),
+        };
+        let lost = roll("lost", faults.lost_response_rate);
+        let latency = if roll("slow", faults.slow_rate) {
+            faults.slow_latency
+        } else {
+            faults.latency
+        };
+        if latency > timeout {
             tokio::time::sleep(timeout).await;
             self.with_state(|s| s.stats.transient_faults += 1)?;
             return Err(RemoteFault::Transient(format!("{}: timed out", self.name)));
         }
-        tokio::time::sleep(faults.latency).await;
+        tokio::time::sleep(latency).await;
         let now = self.clock.now();
         let in_outage = faults
             .outage
