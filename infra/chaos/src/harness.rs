@@ -132,20 +132,42 @@ impl Report {
         };
         check(
             self.accepted != self.submitted,
-            format!("{} of {} submissions never accepted", self.submitted - self.accepted, self.submitted),
+            format!(
+                "{} of {} submissions never accepted",
+                self.submitted - self.accepted,
+                self.submitted
+            ),
         );
-        check(!self.lost.is_empty(), format!("lost: {:?}", first(&self.lost)));
-        check(!self.doubled.is_empty(), format!("doubled effects: {:?}", first(&self.doubled)));
+        check(
+            !self.lost.is_empty(),
+            format!("lost: {:?}", first(&self.lost)),
+        );
+        check(
+            !self.doubled.is_empty(),
+            format!("doubled effects: {:?}", first(&self.doubled)),
+        );
         check(
             !self.locked_terminal.is_empty(),
-            format!("locked terminal records: {:?}", first(&self.locked_terminal)),
+            format!(
+                "locked terminal records: {:?}",
+                first(&self.locked_terminal)
+            ),
         );
-        check(!self.invalid.is_empty(), format!("invalid records: {:?}", first(&self.invalid)));
+        check(
+            !self.invalid.is_empty(),
+            format!("invalid records: {:?}", first(&self.invalid)),
+        );
         check(
             !self.alert_mismatch.is_empty(),
-            format!("alerts do not match failures: {:?}", first(&self.alert_mismatch)),
+            format!(
+                "alerts do not match failures: {:?}",
+                first(&self.alert_mismatch)
+            ),
         );
-        check(!self.unreached.is_empty(), format!("crash points never reached: {:?}", self.unreached));
+        check(
+            !self.unreached.is_empty(),
+            format!("crash points never reached: {:?}", self.unreached),
+        );
         let not_crashed: Vec<_> = self
             .points
             .iter()
@@ -172,8 +194,16 @@ impl Report {
         }
         row("lost", self.lost.len().to_string(), "0");
         row("doubled effects", self.doubled.len().to_string(), "0");
-        row("terminal records still locked", self.locked_terminal.len().to_string(), "0");
-        row("records breaking an invariant", self.invalid.len().to_string(), "0");
+        row(
+            "terminal records still locked",
+            self.locked_terminal.len().to_string(),
+            "0",
+        );
+        row(
+            "records breaking an invariant",
+            self.invalid.len().to_string(),
+            "0",
+        );
         row(
             "failed orders / OrderFailed alerts",
             format!("{} / {}", self.failed, self.alerted),
@@ -186,7 +216,11 @@ impl Report {
             "",
         );
         row("dead letters", self.dead_letters.to_string(), "");
-        row("elapsed", format!("{:.1} s", self.elapsed.as_secs_f64()), "");
+        row(
+            "elapsed",
+            format!("{:.1} s", self.elapsed.as_secs_f64()),
+            "",
+        );
         let mut t = format!("| check | value | must be |\n|---|---|---|\n{out}");
         t.push_str("\n| crash point | reached | crashed |\n|---|---|---|\n");
         for (p, (reached, crashed)) in &self.points {
@@ -260,9 +294,10 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         for id in &ids {
             finals.insert(*id, system.store.get_state(*id).await.ok().flatten());
         }
-        let done = finals
-            .values()
-            .all(|r| r.as_ref().is_some_and(|r| r.process_state.is_terminal() && !r.notice_pending()));
+        let done = finals.values().all(|r| {
+            r.as_ref()
+                .is_some_and(|r| r.process_state.is_terminal() && !r.notice_pending())
+        });
         if done || Instant::now() >= until {
             break;
         }
@@ -292,7 +327,10 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
             report.lost.push(format!("{id}: no record"));
             continue;
         };
-        *report.states.entry(r.process_state.to_string()).or_default() += 1;
+        *report
+            .states
+            .entry(r.process_state.to_string())
+            .or_default() += 1;
         if !r.process_state.is_terminal() {
             report.lost.push(format!("{id}: still {}", r.process_state));
         }
@@ -302,9 +340,10 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         if let Err(e) = r.check(threshold) {
             report.invalid.push(format!("{id}: {e}"));
         }
-        let failure = r.history.iter().any(|h| {
-            h.reason.starts_with("refused") || h.reason.contains("at the threshold")
-        });
+        let failure = r
+            .history
+            .iter()
+            .any(|h| h.reason.starts_with("refused") || h.reason.contains("at the threshold"));
         if failure {
             failed.insert(id.to_string());
         }
@@ -321,10 +360,18 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         net.extend(stats.net);
     }
     for (key, n) in &net {
-        let Some(id) = key.split(':').next().and_then(|s| s.parse::<OrderId>().ok()) else {
+        let Some(id) = key
+            .split(':')
+            .next()
+            .and_then(|s| s.parse::<OrderId>().ok())
+        else {
             continue;
         };
-        let want = match finals.get(&id).and_then(|r| r.as_ref()).map(|r| r.process_state) {
+        let want = match finals
+            .get(&id)
+            .and_then(|r| r.as_ref())
+            .map(|r| r.process_state)
+        {
             Some(ProcessState::Processed) => 1,
             Some(ProcessState::Compensated) => 0,
             _ => continue,

@@ -8,7 +8,10 @@ use sas_chaos::{Config, run};
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(version, about = "Chaos run of sas: seeded faults and crashes; checks nothing is lost or done twice")]
+#[command(
+    version,
+    about = "Chaos run of sas: seeded faults and crashes; checks nothing is lost or done twice"
+)]
 struct Cli {
     /// Orders to submit.
     #[arg(long, default_value_t = 2000)]

@@ -43,6 +43,8 @@ pub struct SubmissionDeps {
 
 /// The most orders one list page returns.
 pub const MAX_PAGE: usize = 100;
+/// The longest reason an operator may give for a cancel.
+pub const MAX_REASON_CHARS: usize = 500;
 
 /// An error answer: `{"error": {"code": ..., "message": ...}}`.
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response<String> {
@@ -93,6 +95,18 @@ pub async fn handle(
         (["orders", id], &Method::GET) => {
             let span = info_span!("get_order", order_id = %id);
             get_order(deps, id).instrument(span).await
+        }
+        (["orders", _, action], _)
+            if deps.operator_api && ["retry", "compensate", "cancel"].contains(action) =>
+        {
+            let mut r = error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{method} is not allowed on {path}"),
+            );
+            r.headers_mut()
+                .insert(http::header::ALLOW, http::HeaderValue::from_static("POST"));
+            r
         }
         (["orders"], _) | (["orders", _], _) => {
             let mut r = error(
@@ -146,7 +160,9 @@ async fn submit(deps: &SubmissionDeps, headers: &HeaderMap, body: &[u8]) -> Resp
     }
     if let Some(ct) = headers.get(http::header::CONTENT_TYPE) {
         let ct = ct.to_str().unwrap_or_default();
-        if !ct.starts_with("application/json") {
+        // The media type, without parameters; media types are case-insensitive (RFC 9110).
+        let media = ct.split(';').next().unwrap_or_default().trim();
+        if !media.eq_ignore_ascii_case("application/json") {
             return error(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
@@ -161,18 +177,9 @@ async fn submit(deps: &SubmissionDeps, headers: &HeaderMap, body: &[u8]) -> Resp
             format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} visible ASCII characters"),
         );
     };
-    let request: OrderRequest = match serde_json::from_slice(body) {
+    let request: OrderRequest = match json_object(body) {
         Ok(r) => r,
-        Err(e) if e.is_syntax() || e.is_eof() => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_json",
-                format!("the body is not JSON: {e}"),
-            );
-        }
-        Err(e) => {
-            return error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string());
-        }
+        Err(answer) => return *answer,
     };
     let parsed = match request.parse() {
         Ok(p) => p,
@@ -277,6 +284,35 @@ async fn replay(
         http::HeaderValue::from_static("true"),
     );
     r
+}
+
+/// Parses a body that must be one JSON object of shape `T`: `invalid_json` if it is not JSON at
+/// all, `invalid_request` if it is JSON of another shape (an array is not an object, although
+/// serde would build a struct from one by position).
+fn json_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Box<Response<String>>> {
+    // A full parse checks the syntax (and the UTF-8 of every string) before the shape, so a
+    // body that is not JSON is named as such even when its shape is wrong early on.
+    if let Err(e) = serde_json::from_slice::<serde_json::Value>(body) {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the body is not JSON: {e}"),
+        )));
+    }
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "the body must be a JSON object",
+        )));
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            e.to_string(),
+        ))
+    })
 }
 
 /// SHA-256 of the request re-serialized: two bodies that differ only in whitespace or key order
@@ -387,9 +423,16 @@ async fn operate(deps: &SubmissionDeps, id: &str, action: &str, body: &[u8]) -> 
         struct ActionBody {
             reason: Option<String>,
         }
-        match serde_json::from_slice::<ActionBody>(body) {
-            Ok(b) => b.reason.filter(|r| r.len() <= 500),
-            Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
+        match json_object::<ActionBody>(body) {
+            Ok(ActionBody { reason: Some(r) }) if r.chars().count() > MAX_REASON_CHARS => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "validation_failed",
+                    format!("reason is over {MAX_REASON_CHARS} characters"),
+                );
+            }
+            Ok(b) => b.reason,
+            Err(answer) => return *answer,
         }
     };
     let (order, record) = match deps.store.get(id).await {

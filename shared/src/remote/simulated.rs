@@ -140,7 +140,10 @@ impl RemoteService for SimulatedService {
         let faults = self.faults();
         let n = self.with_state(|s| {
             s.stats.calls += 1;
-            let n = s.calls_per_key.entry(call.idempotency_key.clone()).or_default();
+            let n = s
+                .calls_per_key
+                .entry(call.idempotency_key.clone())
+                .or_default();
             *n += 1;
             *n
         })?;

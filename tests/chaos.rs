@@ -1,0 +1,39 @@
+//! The chaos run on the AWS adapters against the emulator: a smaller seeded run than
+//! `sas-chaos`'s default, so that the guarantees are checked on DynamoDB and SQS semantics too
+//! (conditional expressions, GSI queries, SQS delays and visibility), not only in memory.
+
+use sas::local::{Backend, ports};
+use sas_blackbox::{sdk_config, template, unique};
+use sas_chaos::{Config, run};
+use std::time::Duration;
+
+async fn chaos_on_the_emulator(orders: usize, seed: u64) {
+    let config = sdk_config().await;
+    let stack = template::provision(&config, &unique("chaos")).await;
+    let mut cfg = Config::new(orders, seed);
+    // The emulator serves one request at a time: long polls (not busy polling), fewer pollers,
+    // wider deadlines, fewer submissions in flight.
+    cfg.settings.poll_wait = Duration::from_secs(1);
+    cfg.settings.scheduler_concurrency = 3;
+    cfg.settings.agent_concurrency = 3;
+    cfg.settings.policy.step_timeout = chrono::Duration::seconds(4);
+    cfg.settings.policy.pickup_timeout = chrono::Duration::seconds(8);
+    cfg.settings.supervisor_interval = Duration::from_millis(1000);
+    cfg.concurrency = 8;
+    cfg.supervisors = 4;
+    cfg.budget = Duration::from_secs(150);
+    let backend = Backend::Existing {
+        config: Box::new(config),
+        resources: Box::new(stack.resources),
+    };
+    let p = ports(backend, &cfg.settings).await.expect("ports");
+    let report = run(p, &cfg).await.expect("the run completes");
+    println!("{}", report.table());
+    let violations = report.violations();
+    assert!(violations.is_empty(), "{violations:#?}\n{}", report.table());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_seeded_chaos_run_on_the_emulator_loses_nothing_and_does_nothing_twice() {
+    chaos_on_the_emulator(200, 7).await;
+}
