@@ -9,8 +9,6 @@
 //! - `sas-local recovery-lag`: measures how long after a deadline a step is dispatched again,
 //!   with deadline timers and with the sweep alone.
 
-mod lag;
-
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use futures::StreamExt;
@@ -199,7 +197,8 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::RecoveryLag { orders, sweep_ms } => {
             sas::telemetry::init_with_default("error");
-            lag::run(orders, sweep_ms).await
+            print!("{}", sas::local::lag::table(orders, sweep_ms).await?);
+            Ok(())
         }
     }
 }

@@ -279,6 +279,61 @@ fn state_shard_key(state: ProcessState, shard: u32) -> String {
     format!("{state}#{shard}")
 }
 
+/// An item's size as DynamoDB counts it for capacity units: attribute names plus values
+/// (strings in UTF-8 bytes, numbers about one byte per two significant digits plus one, 1 byte
+/// for booleans, 3 bytes of overhead per list or map plus their elements).
+pub fn item_size(item: &Item) -> usize {
+    fn value(v: &AttributeValue) -> usize {
+        match v {
+            AttributeValue::S(s) => s.len(),
+            AttributeValue::N(n) => {
+                let digits = n.trim_start_matches('-').replace('.', "");
+                let significant = digits.trim_start_matches('0').trim_end_matches('0').len();
+                significant.div_ceil(2) + 1
+            }
+            AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
+            AttributeValue::L(l) => 3 + l.iter().map(|e| 1 + value(e)).sum::<usize>(),
+            AttributeValue::M(m) => {
+                3 + m.iter().map(|(k, e)| 1 + k.len() + value(e)).sum::<usize>()
+            }
+            _ => 0,
+        }
+    }
+    item.iter().map(|(k, v)| k.len() + value(v)).sum()
+}
+
+/// The stored size of a state record (see [`item_size`]).
+pub fn state_record_size(record: &StateRecord, shards: u32) -> usize {
+    item_size(&state_item(record, shards))
+}
+
+/// The stored size of a state record and of its order item (see [`item_size`]).
+pub fn stored_sizes(order: &Order, record: &StateRecord, shards: u32) -> (usize, usize) {
+    (
+        item_size(&order_item(order)),
+        item_size(&state_item(record, shards)),
+    )
+}
+
+/// The size of a state record's entries in `due-index` and `state-index` (keys and projected
+/// attributes), `None` where the record is not in that index.
+pub fn index_entry_sizes(record: &StateRecord, shards: u32) -> (Option<usize>, usize) {
+    let item = state_item(record, shards);
+    let pick = |names: &[&str]| -> usize {
+        names
+            .iter()
+            .filter_map(|n| item.get(*n).map(|v| (n, v)))
+            .map(|(n, v)| item_size(&HashMap::from([(n.to_string(), v.clone())])))
+            .sum()
+    };
+    let due = item
+        .contains_key("DueAt")
+        .then(|| pick(&["pk", "sk", "DueShard", "DueAt"]));
+    let mut state_names = vec!["pk", "sk", "StateShard", "UpdatedAt"];
+    state_names.extend(STATE_INDEX_PROJECTION);
+    (due, pick(&state_names))
+}
+
 fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
     let steps = match item.get("Steps") {
         Some(AttributeValue::L(l)) => l

@@ -6,7 +6,10 @@ mod eventbridge;
 pub mod provision;
 mod sqs;
 
-pub use dynamodb::{DUE_INDEX, DynamoStore, STATE_INDEX, STATE_INDEX_PROJECTION};
+pub use dynamodb::{
+    DUE_INDEX, DynamoStore, STATE_INDEX, STATE_INDEX_PROJECTION, index_entry_sizes, item_size,
+    state_record_size, stored_sizes,
+};
 pub use eventbridge::EventBridgeBus;
 pub use sqs::SqsQueue;
 

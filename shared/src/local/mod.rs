@@ -25,6 +25,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info};
 
+pub mod lag;
+
 /// The in-memory adapters, kept typed so that tests and the demo can look inside.
 pub type MemoryPorts = (Arc<MemoryStore>, Arc<MemoryQueues>, Arc<MemoryEventBus>);
 

@@ -1,10 +1,10 @@
-//! `sas-local recovery-lag`: how long after a step's deadline the step is dispatched again, with
-//! deadline timers and with the scheduled sweep alone. In memory, on this machine; the figures
-//! go in the closing notes and the README, never in a timed test.
+//! Recovery lag (`sas-local recovery-lag`, `sas-bench`): how long after a step's deadline the
+//! step is dispatched again, with deadline timers and with the scheduled sweep alone. In memory,
+//! on this machine; the figures go in BENCHMARKS.md and the README, never in a timed test.
 
-use sas::local::{Backend, Settings, System};
-use sas::ports::SystemClock;
-use sas::remote::Faults;
+use super::{Backend, Settings, System};
+use crate::ports::SystemClock;
+use crate::remote::Faults;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,7 +47,7 @@ pub async fn measure(
     let gap = Duration::from_micros(2_000_000 / orders.max(1) as u64);
     for _ in 0..orders {
         tokio::time::sleep(gap.mul_f64(rand::random::<f64>() * 2.0)).await;
-        let resp = sas::handlers::submission::handle(
+        let resp = crate::handlers::submission::handle(
             &system.submission,
             &http::Method::POST,
             "/orders",
@@ -60,7 +60,7 @@ pub async fn measure(
             v["orderId"]
                 .as_str()
                 .unwrap_or_default()
-                .parse::<sas::OrderId>()?,
+                .parse::<crate::OrderId>()?,
         );
     }
     let until = Instant::now() + Duration::from_secs(120);
@@ -102,21 +102,23 @@ pub fn quantile(v: &[f64], q: f64) -> f64 {
     v[i.min(v.len() - 1)]
 }
 
-pub async fn run(orders: usize, sweep_ms: u64) -> anyhow::Result<()> {
-    println!("| recovery | sweep every | orders | lag p50 | lag p99 | lag max |");
-    println!("|---|---|---|---|---|---|");
+/// Both measurements as a markdown table.
+pub async fn table(orders: usize, sweep_ms: u64) -> anyhow::Result<String> {
+    let mut out = String::from(
+        "| recovery | sweep every | orders | lag p50 | lag p99 | lag max |\n|---|---|---|---|---|---|\n",
+    );
     for (label, timers, every) in [
         ("deadline timers", true, Duration::from_secs(60)),
         ("sweep only", false, Duration::from_millis(sweep_ms)),
     ] {
         let lags = measure(orders, timers, every).await?;
-        println!(
-            "| {label} | {:.1} s | {orders} | {:.3} s | {:.3} s | {:.3} s |",
+        out.push_str(&format!(
+            "| {label} | {:.1} s | {orders} | {:.3} s | {:.3} s | {:.3} s |\n",
             every.as_secs_f64(),
             quantile(&lags, 0.5),
             quantile(&lags, 0.99),
             quantile(&lags, 1.0),
-        );
+        ));
     }
-    Ok(())
+    Ok(out)
 }

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs the benchmarks and writes BENCHMARKS.md: throughput and latency in memory, AWS API calls
+# per order and the cost model on the moto emulator (started here, on a free loopback port),
+# recovery lag, handler init time, and the bootstrap sizes of the last `sam build`.
+# Needs the moto virtualenv that ./infra/test.sh installs (.tools/moto); run that once first.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+TOOLS="${SAS_TOOLS:-$ROOT/.tools}"
+if [ ! -x "$TOOLS/moto/bin/moto_server" ]; then
+  echo "no $TOOLS/moto: run ./infra/test.sh once (it installs the pinned emulator)" >&2
+  exit 1
+fi
+PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
+mkdir -p target
+"$TOOLS/moto/bin/moto_server" -H 127.0.0.1 -p "$PORT" >target/bench-moto.log 2>&1 &
+MOTO_PID=$!
+trap 'kill "$MOTO_PID" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+  curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break
+  sleep 0.1
+done
+export AWS_ENDPOINT_URL="http://127.0.0.1:$PORT" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test \
+  AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
+cargo run --release -p sas-bench -- --write BENCHMARKS.md "$@"

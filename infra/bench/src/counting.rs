@@ -1,0 +1,261 @@
+//! Counting wrappers around the ports: every AWS API call the handlers make, by service and
+//! call, and the capacity DynamoDB bills for it (from the items' sizes, by DynamoDB's rules).
+//! Queue receives and deletes are not counted here: in Lambda the event source mapping makes
+//! them, and the cost model adds them per message.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sas::aws::provision::Resources;
+use sas::aws::{index_entry_sizes, state_record_size, stored_sizes};
+use sas::domain::{BreakerRecord, Condition, Order, OrderId, ProcessState, StateRecord};
+use sas::ports::{
+    CreateOutcome, Cursor, EventBus, IdempotencyRecord, Page, PublishError, Queue, QueueError,
+    ReceivedMessage, StateStore, StoreError,
+};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What was counted.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counts {
+    /// "Service Call" → calls.
+    pub calls: BTreeMap<String, u64>,
+    /// DynamoDB write and read request units (on-demand).
+    pub wru: f64,
+    pub rru: f64,
+    /// Messages sent, by the queue's role (`work`, `replies`, `timers`, `agent`, `client`).
+    pub messages: BTreeMap<String, u64>,
+    /// EventBridge events (64 KB chunks).
+    pub events: u64,
+}
+
+impl Counts {
+    pub fn call(&self, name: &str) -> u64 {
+        self.calls.get(name).copied().unwrap_or(0)
+    }
+    pub fn dynamodb_writes(&self) -> u64 {
+        ["DynamoDB PutItem", "DynamoDB TransactWriteItems"]
+            .iter()
+            .map(|c| self.call(c))
+            .sum()
+    }
+    pub fn has_scan(&self) -> bool {
+        self.calls.keys().any(|k| k.contains("Scan"))
+    }
+}
+
+/// The shared counter.
+#[derive(Debug, Default)]
+pub struct Meter(Mutex<Counts>);
+
+impl Meter {
+    fn add(&self, f: impl FnOnce(&mut Counts)) {
+        if let Ok(mut c) = self.0.lock() {
+            f(&mut c);
+        }
+    }
+    fn call(&self, name: &str) {
+        self.add(|c| *c.calls.entry(name.to_owned()).or_default() += 1);
+    }
+    pub fn take(&self) -> Counts {
+        self.0
+            .lock()
+            .map(|mut c| std::mem::take(&mut *c))
+            .unwrap_or_default()
+    }
+}
+
+fn units(bytes: usize, unit: usize) -> f64 {
+    bytes.div_ceil(unit).max(1) as f64
+}
+
+/// The state store, counted.
+pub struct CountingStore {
+    pub inner: Arc<dyn StateStore>,
+    pub meter: Arc<Meter>,
+    pub shards: u32,
+}
+
+#[async_trait]
+impl StateStore for CountingStore {
+    async fn create(
+        &self,
+        order: &Order,
+        record: &StateRecord,
+        key: Option<&IdempotencyRecord>,
+    ) -> Result<CreateOutcome, StoreError> {
+        self.meter.call("DynamoDB TransactWriteItems");
+        let (o, r) = stored_sizes(order, record, self.shards);
+        let (due, state) = index_entry_sizes(record, self.shards);
+        let key_units = if key.is_some() { 1.0 } else { 0.0 };
+        // Transactions bill twice per item on the table; index entries once.
+        let wru = 2.0 * (units(o, 1024) + units(r, 1024) + key_units)
+            + due.map_or(0.0, |d| units(d, 1024))
+            + units(state, 1024);
+        self.meter.add(|c| c.wru += wru);
+        self.inner.create(order, record, key).await
+    }
+    async fn get(&self, id: OrderId) -> Result<Option<(Order, StateRecord)>, StoreError> {
+        self.meter.call("DynamoDB Query");
+        let out = self.inner.get(id).await?;
+        let size = out.as_ref().map_or(0, |(o, r)| {
+            let (a, b) = stored_sizes(o, r, self.shards);
+            a + b
+        });
+        self.meter.add(|c| c.rru += units(size, 4096));
+        Ok(out)
+    }
+    async fn get_state(&self, id: OrderId) -> Result<Option<StateRecord>, StoreError> {
+        self.meter.call("DynamoDB GetItem");
+        let out = self.inner.get_state(id).await?;
+        self.meter.add(|c| c.rru += 1.0);
+        Ok(out)
+    }
+    async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
+        self.meter.call("DynamoDB PutItem");
+        // The bill depends on the item replaced: read it (uncounted; the handlers never do).
+        let old = self.inner.get_state(record.order_id).await.ok().flatten();
+        let out = self.inner.put(record, condition).await;
+        let new_size = state_record_size(record, self.shards);
+        let old_size = old
+            .as_ref()
+            .map_or(0, |o| state_record_size(o, self.shards));
+        let mut wru = units(new_size.max(old_size), 1024);
+        if out.is_ok() {
+            let (new_due, new_state) = index_entry_sizes(record, self.shards);
+            let (old_due, old_state) = old
+                .as_ref()
+                .map_or((None, 0), |o| index_entry_sizes(o, self.shards));
+            let due_moved = old.as_ref().map(|o| o.due_at()) != Some(record.due_at());
+            wru += match (old_due, new_due) {
+                (Some(a), Some(b)) if due_moved => units(a, 1024) + units(b, 1024),
+                (Some(_), Some(_)) => 0.0,
+                (Some(a), None) | (None, Some(a)) => units(a, 1024),
+                (None, None) => 0.0,
+            };
+            // `UpdatedAt` (the state index's sort key) changes on every write: a delete and a put.
+            wru += units(old_state.max(1), 1024) + units(new_state, 1024);
+        }
+        self.meter.add(|c| c.wru += wru);
+        out
+    }
+    async fn due(
+        &self,
+        shard: u32,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<OrderId>, StoreError> {
+        self.meter.call("DynamoDB Query (due-index)");
+        self.meter.add(|c| c.rru += 0.5);
+        self.inner.due(shard, now, limit).await
+    }
+    fn due_shards(&self) -> u32 {
+        self.inner.due_shards()
+    }
+    async fn acquire_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        now: DateTime<Utc>,
+        ttl: chrono::Duration,
+    ) -> Result<bool, StoreError> {
+        self.meter.call("DynamoDB PutItem (lease)");
+        self.meter.add(|c| c.wru += 1.0);
+        self.inner.acquire_lease(name, owner, now, ttl).await
+    }
+    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        self.meter.call("DynamoDB PutItem (lease)");
+        self.meter.add(|c| c.wru += 1.0);
+        self.inner.release_lease(name, owner).await
+    }
+    async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
+        self.meter.call("DynamoDB GetItem (breaker)");
+        self.meter.add(|c| c.rru += 1.0);
+        self.inner.get_breaker(name).await
+    }
+    async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
+        self.meter.call("DynamoDB PutItem (breaker)");
+        self.meter.add(|c| c.wru += 1.0);
+        self.inner.put_breaker(record).await
+    }
+    async fn list(
+        &self,
+        state: ProcessState,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, StoreError> {
+        self.meter.call("DynamoDB Query (state-index)");
+        self.meter.add(|c| c.rru += 0.5);
+        self.inner.list(state, limit, after).await
+    }
+}
+
+/// The queues, counted (sends only; see the module's note).
+pub struct CountingQueue {
+    pub inner: Arc<dyn Queue>,
+    pub meter: Arc<Meter>,
+    pub roles: BTreeMap<String, &'static str>,
+}
+
+impl CountingQueue {
+    pub fn new(inner: Arc<dyn Queue>, meter: Arc<Meter>, r: &Resources) -> Self {
+        let mut roles = BTreeMap::new();
+        roles.insert(r.work_queue_url.clone(), "work");
+        roles.insert(r.reply_queue_url.clone(), "replies");
+        roles.insert(r.timer_queue_url.clone(), "timers");
+        roles.insert(r.dead_letter_url.clone(), "dlq");
+        for u in r.agent_queue_urls.values() {
+            roles.insert(u.clone(), "agent");
+        }
+        Self {
+            inner,
+            meter,
+            roles,
+        }
+    }
+}
+
+#[async_trait]
+impl Queue for CountingQueue {
+    async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
+        let role = self.roles.get(queue_url).copied().unwrap_or("client");
+        let chunks = body.len().div_ceil(64 * 1024).max(1) as u64;
+        self.meter.add(|c| {
+            *c.calls.entry("SQS SendMessage".into()).or_default() += chunks;
+            *c.messages.entry(role.to_owned()).or_default() += 1;
+        });
+        self.inner.send(queue_url, body, delay).await
+    }
+    async fn receive(
+        &self,
+        queue_url: &str,
+        max: u32,
+        wait: Duration,
+    ) -> Result<Vec<ReceivedMessage>, QueueError> {
+        self.inner.receive(queue_url, max, wait).await
+    }
+    async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError> {
+        self.inner.delete(queue_url, receipt_handle).await
+    }
+}
+
+/// The bus, counted.
+pub struct CountingBus {
+    pub inner: Arc<dyn EventBus>,
+    pub meter: Arc<Meter>,
+}
+
+#[async_trait]
+impl EventBus for CountingBus {
+    async fn publish(
+        &self,
+        detail_type: &str,
+        detail: &serde_json::Value,
+    ) -> Result<(), PublishError> {
+        self.meter.call("EventBridge PutEvents");
+        let chunks = detail.to_string().len().div_ceil(64 * 1024).max(1) as u64;
+        self.meter.add(|c| c.events += chunks);
+        self.inner.publish(detail_type, detail).await
+    }
+}

@@ -1,0 +1,413 @@
+//! `sas-bench`: the numbers behind BENCHMARKS.md. Run it with `./infra/bench.sh`, which starts
+//! the emulator for the API-call counts and writes BENCHMARKS.md; or `cargo run --release -p
+//! sas-bench -- --help`. Speed goals are reported here, never asserted in tests.
+
+mod counting;
+mod prices;
+mod scenarios;
+
+use clap::Parser;
+use sas::local::{Backend, Settings, System};
+use sas::ports::SystemClock;
+use scenarios::Scenario;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(version, about = "Benchmarks of sas; writes a markdown report")]
+struct Cli {
+    /// Orders for the in-memory throughput run.
+    #[arg(long, default_value_t = 5000)]
+    orders: usize,
+    /// Submissions in flight at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Orders for the recovery-lag run.
+    #[arg(long, default_value_t = 200)]
+    lag_orders: usize,
+    /// Write the report here (otherwise it is only printed).
+    #[arg(long)]
+    write: Option<std::path::PathBuf>,
+    /// Skip the API-call counts (they need an emulator at AWS_ENDPOINT_URL).
+    #[arg(long)]
+    no_emulator: bool,
+    /// Where `sam build` left the bootstraps, for their sizes.
+    #[arg(long, default_value = ".aws-sam/build")]
+    sam_build: std::path::PathBuf,
+}
+
+// Assumptions of the cost model (stated in the report).
+const AWS_CALL_MS: f64 = 10.0;
+const INVOCATION_OVERHEAD_MS: f64 = 2.0;
+const REMOTE_CALL_MS: f64 = 100.0;
+const MEMORY_GB: f64 = 0.25;
+const SFN_EXPRESS_GB: f64 = 0.0625;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    sas::telemetry::init_with_default("off");
+    let cli = Cli::parse();
+    let mut md = String::new();
+    writeln!(md, "# Benchmarks\n")?;
+    writeln!(
+        md,
+        "Written by `sas-bench` (`./infra/bench.sh`) on {} on this machine: {}. Release build.\n",
+        chrono::Utc::now().format("%Y-%m-%d"),
+        machine()
+    )?;
+
+    eprintln!("throughput and latency in memory…");
+    writeln!(md, "## Throughput and latency (in memory)\n")?;
+    writeln!(
+        md,
+        "3-step orders, no faults, through the HTTP handler without a network; latency is submission to `Processed` (history timestamps, ms resolution). The first row is a burst (throughput); the second, one order in flight at a time (latency without queueing).\n"
+    )?;
+    writeln!(
+        md,
+        "| orders | in flight | all processed in | throughput | latency p50 | latency p99 | latency max |\n|---|---|---|---|---|---|---|"
+    )?;
+    writeln!(md, "{}", throughput(cli.orders, cli.concurrency).await?)?;
+    writeln!(md, "{}", throughput(200, 1).await?)?;
+
+    if !cli.no_emulator {
+        let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_default();
+        anyhow::ensure!(
+            endpoint.starts_with("http://127.0.0.1") || endpoint.starts_with("http://localhost"),
+            "the API-call counts run against an emulator on loopback: set AWS_ENDPOINT_URL (infra/bench.sh does), or pass --no-emulator"
+        );
+        eprintln!("API calls per order on the emulator…");
+        let config = sas::aws::sdk_config().await;
+        let scenarios = scenarios::measure(&config).await?;
+        writeln!(md, "## AWS API calls per order (on the emulator)\n")?;
+        writeln!(md, "{}", calls_table(&scenarios))?;
+        writeln!(md, "## Cost per million orders\n")?;
+        writeln!(md, "{}", cost_table(&scenarios))?;
+    }
+
+    eprintln!("recovery lag…");
+    writeln!(
+        md,
+        "## Recovery lag (deadline passed → step dispatched again)\n"
+    )?;
+    writeln!(
+        md,
+        "In memory: {} orders whose first step always overruns a 1 s deadline, submissions spread over 2 s, no retry delay.\n",
+        cli.lag_orders
+    )?;
+    writeln!(
+        md,
+        "{}",
+        sas::local::lag::table(cli.lag_orders, 1000).await?
+    )?;
+
+    eprintln!("init time…");
+    writeln!(md, "## Handler init and binary size\n")?;
+    writeln!(md, "{}", init_and_size(&cli.sam_build).await?)?;
+
+    print!("{md}");
+    if let Some(path) = cli.write {
+        std::fs::write(&path, &md)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores, {cpu}, {}", std::env::consts::ARCH)
+}
+
+fn quantile(v: &[f64], q: f64) -> f64 {
+    sas::local::lag::quantile(v, q)
+}
+
+/// 3-step orders, no faults, submitted through the HTTP handler (no network) with
+/// `concurrency` in flight; latency is submission → Processed from each order's history.
+async fn throughput(orders: usize, concurrency: usize) -> anyhow::Result<String> {
+    let mut settings = Settings::default();
+    settings.poll_wait = Duration::from_millis(200);
+    let mut system = System::new(Backend::Memory, settings, Arc::new(SystemClock)).await?;
+    system.start();
+    let started = Instant::now();
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    let body =
+        serde_json::json!({"customerId": "bench", "items": [{"sku": "SKU-1", "quantity": 1}]})
+            .to_string();
+    let mut ids = Vec::with_capacity(orders);
+    for chunk in (0..orders).collect::<Vec<_>>().chunks(concurrency.max(1)) {
+        let answers = futures::future::join_all(chunk.iter().map(|_| {
+            sas::handlers::submission::handle(
+                &system.submission,
+                &http::Method::POST,
+                "/orders",
+                &headers,
+                body.as_bytes(),
+            )
+        }))
+        .await;
+        for a in answers {
+            let v: serde_json::Value = serde_json::from_str(a.body())?;
+            ids.push(
+                v["orderId"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .parse::<sas::OrderId>()?,
+            );
+        }
+    }
+    let submitted = started.elapsed();
+    let until = Instant::now() + Duration::from_secs(300);
+    let mut latencies = Vec::new();
+    loop {
+        latencies.clear();
+        let mut done = 0;
+        for id in &ids {
+            if let Some(r) = system.store.get_state(*id).await?
+                && r.process_state == sas::ProcessState::Processed
+            {
+                done += 1;
+                if let Some(last) = r.history.last() {
+                    latencies.push(
+                        (last.at - r.created_at).num_microseconds().unwrap_or(0) as f64 / 1e3,
+                    );
+                }
+            }
+        }
+        if done == ids.len() || Instant::now() > until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let elapsed = started.elapsed();
+    system.shutdown().await;
+    anyhow::ensure!(latencies.len() == ids.len(), "not every order finished");
+    latencies.sort_by(f64::total_cmp);
+    let _ = submitted;
+    Ok(format!(
+        "| {orders} | {concurrency} | {:.2} s | {:.0} orders/s | {:.0} ms | {:.0} ms | {:.0} ms |",
+        elapsed.as_secs_f64(),
+        orders as f64 / elapsed.as_secs_f64(),
+        quantile(&latencies, 0.5),
+        quantile(&latencies, 0.99),
+        quantile(&latencies, 1.0),
+    ))
+}
+
+fn calls_table(scenarios: &[Scenario]) -> String {
+    let mut names: Vec<String> = scenarios
+        .iter()
+        .flat_map(|s| s.counts.calls.keys().cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    let mut t = String::from(
+        "Counted by wrappers around the adapters, each order on its own resources on moto. Queue receives and deletes are made by Lambda's event source mappings and are not counted here (the cost model adds one of each per consumed message). Lambda invocations assume one message per invocation (the upper bound).\n\n| call |",
+    );
+    for s in scenarios {
+        t.push_str(&format!(" {} |", s.name));
+    }
+    t.push_str("\n|---|");
+    t.push_str(&"---|".repeat(scenarios.len()));
+    t.push('\n');
+    let mut row = |label: &str, f: &dyn Fn(&Scenario) -> String| {
+        t.push_str(&format!("| {label} |"));
+        for s in scenarios {
+            t.push_str(&format!(" {} |", f(s)));
+        }
+        t.push('\n');
+    };
+    row("final state", &|s| s.final_state.to_string());
+    for n in &names {
+        row(n, &|s| s.counts.call(n).to_string());
+    }
+    row("DynamoDB write request units", &|s| {
+        format!("{:.0}", s.counts.wru)
+    });
+    row("DynamoDB read request units", &|s| {
+        format!("{:.1}", s.counts.rru)
+    });
+    row("DynamoDB writes per step (3 steps)", &|s| {
+        format!("{:.2}", s.counts.dynamodb_writes() as f64 / 3.0)
+    });
+    row("Scan calls", &|s| {
+        if s.counts.has_scan() {
+            "yes".into()
+        } else {
+            "0".into()
+        }
+    });
+    for k in ["work", "replies", "agent", "timers", "client"] {
+        row(&format!("messages to {k}"), &|s| {
+            s.counts.messages.get(k).copied().unwrap_or(0).to_string()
+        });
+    }
+    row("EventBridge events", &|s| s.counts.events.to_string());
+    for f in ["submission", "scheduler", "agent", "supervisor"] {
+        row(&format!("Lambda invocations: {f}"), &|s| {
+            s.invocations.get(f).copied().unwrap_or(0).to_string()
+        });
+    }
+    row("Step Functions transitions (equivalent)", &|s| {
+        s.sfn_transitions.to_string()
+    });
+    t
+}
+
+/// USD per order, by part.
+struct Cost {
+    orchestration: f64,
+    agents: f64,
+    api: f64,
+    sfn_standard: f64,
+    sfn_express: f64,
+}
+
+fn cost(s: &Scenario) -> Cost {
+    use prices::*;
+    let c = &s.counts;
+    let inv = |f: &str| s.invocations.get(f).copied().unwrap_or(0) as f64;
+    let agent_calls = (c.call("DynamoDB GetItem (breaker)")
+        + c.call("DynamoDB PutItem (breaker)")
+        + c.messages.get("replies").copied().unwrap_or(0)) as f64;
+    let all_calls: f64 = c.calls.values().sum::<u64>() as f64;
+    let orchestration_calls = all_calls - agent_calls;
+    let orch_invocations = inv("submission") + inv("scheduler") + inv("supervisor");
+    let orch_seconds =
+        (orchestration_calls * AWS_CALL_MS + orch_invocations * INVOCATION_OVERHEAD_MS) / 1e3;
+    let consumed: u64 = ["work", "replies", "agent", "timers"]
+        .iter()
+        .map(|k| c.messages.get(*k).copied().unwrap_or(0))
+        .sum();
+    let agent_msgs = c.messages.get("agent").copied().unwrap_or(0) as f64;
+    let sqs_requests = c.call("SQS SendMessage") as f64 + 2.0 * consumed as f64;
+    let agent_sqs = 3.0 * agent_msgs + c.messages.get("replies").copied().unwrap_or(0) as f64 * 3.0;
+    let orchestration = orch_invocations * LAMBDA_REQUEST.usd
+        + orch_seconds * MEMORY_GB * LAMBDA_ARM_GB_SECOND.usd
+        + c.wru * DYNAMODB_WRU.usd
+        + c.rru * DYNAMODB_RRU.usd
+        + (sqs_requests - agent_sqs) * SQS_REQUEST.usd
+        + c.events as f64 * EVENTBRIDGE_EVENT.usd;
+    let agent_seconds = (inv("agent") * (REMOTE_CALL_MS + INVOCATION_OVERHEAD_MS)
+        + agent_calls * AWS_CALL_MS)
+        / 1e3;
+    // The agents and their queues: the same work whichever orchestrator drives them.
+    let agents = inv("agent") * LAMBDA_REQUEST.usd
+        + agent_seconds * MEMORY_GB * LAMBDA_ARM_GB_SECOND.usd
+        + agent_sqs * SQS_REQUEST.usd;
+    let api = HTTP_API_REQUEST.usd;
+    // Step Functions: the transitions, and the phase-ending events it would publish.
+    let terminal_events = if s.final_state == sas::ProcessState::Processed {
+        1.0
+    } else {
+        2.0
+    };
+    let sfn_standard = s.sfn_transitions as f64 * SFN_STANDARD_TRANSITION.usd
+        + terminal_events * EVENTBRIDGE_EVENT.usd;
+    let express_seconds = ((agent_seconds + s.sfn_transitions as f64 * 0.01) * 10.0).ceil() / 10.0;
+    let sfn_express = SFN_EXPRESS_REQUEST.usd
+        + express_seconds * SFN_EXPRESS_GB * SFN_EXPRESS_GB_SECOND.usd
+        + terminal_events * EVENTBRIDGE_EVENT.usd;
+    Cost {
+        orchestration,
+        agents,
+        api,
+        sfn_standard,
+        sfn_express,
+    }
+}
+
+fn cost_table(scenarios: &[Scenario]) -> String {
+    let m = 1e6;
+    let mut t = format!(
+        "USD per million orders, us-east-1, on-demand, no free tier; prices checked {} (sources below). \
+Assumptions: each AWS call from a handler takes {AWS_CALL_MS} ms and calls run one after another; each invocation adds {INVOCATION_OVERHEAD_MS} ms; a remote service answers in {REMOTE_CALL_MS} ms; functions have {} MB; one message per invocation; each consumed message costs one receive and one delete. \
+*Orchestration* is everything but the agents and the API: submission, scheduler and supervisor invocations, DynamoDB (with the GSI writes and the transaction's double charge), SQS, EventBridge. The Step Functions columns replace that with the state machine's transitions (the count is in the table above) and its events; the agents and the API cost the same either way and are added to every total. \
+Fixed monthly costs are left out: the supervisor's schedule (43,200 invocations a month) and the event source mappings' empty long polls.\n\n\
+| order | sas orchestration | Step Functions Standard | Step Functions Express | agents (both) | HTTP API (both) | sas total | Standard total | Express total |\n|---|---|---|---|---|---|---|---|---|\n",
+        prices::CHECKED,
+        (MEMORY_GB * 1024.0) as u32
+    );
+    for s in scenarios {
+        let c = cost(s);
+        t.push_str(&format!(
+            "| {} | ${:.2} | ${:.2} | ${:.2} | ${:.2} | ${:.2} | ${:.2} | ${:.2} | ${:.2} |\n",
+            s.name,
+            c.orchestration * m,
+            c.sfn_standard * m,
+            c.sfn_express * m,
+            c.agents * m,
+            c.api * m,
+            (c.orchestration + c.agents + c.api) * m,
+            (c.sfn_standard + c.agents + c.api) * m,
+            (c.sfn_express + c.agents + c.api) * m,
+        ));
+    }
+    t.push_str("\nPrices:\n\n| item | USD | per | source |\n|---|---|---|---|\n");
+    for p in prices::ALL {
+        t.push_str(&format!(
+            "| {} | {:.10} | {} | {} |\n",
+            p.item, p.usd, p.unit, p.source
+        ));
+    }
+    t.push_str("\nThe equivalent Standard state machine: `Reserve`, `Charge`, `Ship` (Task states that send the request with a task token and wait; `Retry` on timeout, `Catch` to the compensation), `NotifyProcessed` (EventBridge task), `Done` (Succeed): 5 transitions for a clean order, one more per retried task; refused at the third step: `Reserve`, `Charge`, `Ship`, `NotifyFailed`, `Refund`, `Release`, `NotifyCompensated`, `Failed`: 8. Express is billed per request and per GB-second of the whole execution (64 MB, 100 ms increments) and cannot wait out an outage longer than its 5-minute limit.\n");
+    t
+}
+
+/// Handler init (configuration and SDK clients, in process) and the arm64 bootstrap sizes from
+/// the last `sam build`, if there is one.
+async fn init_and_size(build: &std::path::Path) -> anyhow::Result<String> {
+    let mut times = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let sdk = sas::aws::sdk_config().await;
+        let store = sas::aws::DynamoStore::new(aws_sdk_dynamodb_client(&sdk), "orders", 4);
+        let _ = (store, sas::config::policy()?, sas::config::backoff()?);
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    let mut out = format!(
+        "Configuration and SDK client construction, in process (what a `main` does before it serves): median {:.1} ms, max {:.1} ms over 20 runs. (A Lambda cold start adds the runtime's own start and the binary's load.)\n\n",
+        quantile(&times, 0.5),
+        quantile(&times, 1.0)
+    );
+    let mut sizes = Vec::new();
+    if let Ok(dirs) = std::fs::read_dir(build) {
+        for d in dirs.flatten() {
+            let b = d.path().join("bootstrap");
+            if let Ok(m) = std::fs::metadata(&b) {
+                sizes.push((d.file_name().to_string_lossy().into_owned(), m.len()));
+            }
+        }
+    }
+    sizes.sort();
+    if sizes.is_empty() {
+        out.push_str("No `.aws-sam/build` here: run `./infra/test.sh` (its `sam build` step) first for the sizes.\n");
+    } else {
+        out.push_str("arm64 `bootstrap` sizes from `sam build` (cargo-lambda, release profile: opt-level s, fat LTO, stripped):\n\n| function | size |\n|---|---|\n");
+        for (name, bytes) in sizes {
+            out.push_str(&format!(
+                "| {name} | {:.2} MiB |\n",
+                bytes as f64 / 1048576.0
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn aws_sdk_dynamodb_client(sdk: &aws_config::SdkConfig) -> aws_sdk_dynamodb::Client {
+    aws_sdk_dynamodb::Client::new(sdk)
+}
