@@ -134,8 +134,10 @@ fn quantile(v: &[f64], q: f64) -> f64 {
 /// 3-step orders, no faults, submitted through the HTTP handler (no network) with
 /// `concurrency` in flight; latency is submission → Processed from each order's history.
 async fn throughput(orders: usize, concurrency: usize) -> anyhow::Result<String> {
-    let mut settings = Settings::default();
-    settings.poll_wait = Duration::from_millis(200);
+    let settings = Settings {
+        poll_wait: Duration::from_millis(200),
+        ..Settings::default()
+    };
     let mut system = System::new(Backend::Memory, settings, Arc::new(SystemClock)).await?;
     system.start();
     let started = Instant::now();

@@ -192,10 +192,10 @@ pub async fn measure(config: &aws_config::SdkConfig) -> anyhow::Result<Vec<Scena
 }
 
 async fn read(system: &System, id: OrderId) -> anyhow::Result<ProcessState> {
-    Ok(system
+    system
         .store
         .get_state(id)
         .await?
         .map(|r| r.process_state)
-        .ok_or_else(|| anyhow::anyhow!("order {id} has no record"))?)
+        .ok_or_else(|| anyhow::anyhow!("order {id} has no record"))
 }
