@@ -25,6 +25,9 @@ pub struct Config {
     pub concurrency: usize,
     /// How long the orders have to finish after the last submission.
     pub budget: Duration,
+    /// Submissions per second at most (`None`: as fast as `concurrency` allows). A paced run
+    /// keeps the pollers near, not far past, what they can serve within the deadlines.
+    pub rate: Option<u32>,
     pub plan: Plan,
     /// The system's settings: deadlines, pollers, and each service's faults.
     pub settings: Settings,
@@ -34,15 +37,15 @@ impl Config {
     /// A run of `orders` orders from `seed`, sized for the in-memory adapters.
     pub fn new(orders: usize, seed: u64) -> Self {
         let mut settings = Settings::default();
-        settings.policy.step_timeout = chrono::Duration::milliseconds(1000);
-        settings.policy.pickup_timeout = chrono::Duration::milliseconds(2000);
+        settings.policy.step_timeout = chrono::Duration::milliseconds(2000);
+        settings.policy.pickup_timeout = chrono::Duration::milliseconds(4000);
         settings.policy.retry_base_delay = chrono::Duration::milliseconds(100);
         settings.policy.retry_max_delay = chrono::Duration::milliseconds(1000);
         settings.policy.failure_threshold = 4;
         settings.supervisor_interval = Duration::from_millis(200);
         settings.poll_wait = Duration::from_millis(50);
-        settings.scheduler_concurrency = 3;
-        settings.agent_concurrency = 3;
+        settings.scheduler_concurrency = 4;
+        settings.agent_concurrency = 12;
         // Shorter than the slowest agent run: messages come back while still being handled.
         settings.visibility_timeout = Some(Duration::from_millis(700));
         settings.breaker.cooldown = chrono::Duration::milliseconds(300);
@@ -54,7 +57,7 @@ impl Config {
                 permanent_rate: 0.01,
                 lost_response_rate: 0.03,
                 slow_rate: 0.02,
-                slow_latency: Duration::from_secs(5),
+                slow_latency: Duration::from_secs(4),
                 seed: Some(seed.wrapping_add(i as u64)),
                 ..Faults::default()
             };
@@ -71,6 +74,7 @@ impl Config {
             supervisors: 6,
             concurrency: 32,
             budget: Duration::from_secs(120),
+            rate: Some(500),
             plan: Plan::new(seed),
             settings,
         }
@@ -280,8 +284,17 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
     let started = Instant::now();
     let http = reqwest::Client::new();
     let base = format!("http://{addr}");
+    let pace = cfg.rate.map(|r| Duration::from_secs_f64(1.0 / f64::from(r.max(1))));
     let accepted: Vec<Option<OrderId>> = futures::stream::iter(0..cfg.orders)
-        .map(|i| submit(&http, &base, cfg.seed, i))
+        .map(|i| {
+            let (http, base) = (&http, &base);
+            async move {
+                if let Some(p) = pace {
+                    tokio::time::sleep_until((started + p * i as u32).into()).await;
+                }
+                submit(http, base, cfg.seed, i).await
+            }
+        })
         .buffer_unordered(cfg.concurrency.max(1))
         .collect()
         .await;

@@ -28,6 +28,9 @@ struct Cli {
     /// Share of writes after which the writer dies.
     #[arg(long, default_value_t = 0.02)]
     crash_rate: f64,
+    /// Submissions per second at most (0: unpaced).
+    #[arg(long, default_value_t = 500)]
+    rate: u32,
     /// Run on the AWS adapters at AWS_ENDPOINT_URL (resources named with --prefix are created).
     #[arg(long)]
     aws: bool,
@@ -43,6 +46,7 @@ async fn main() -> anyhow::Result<()> {
     cfg.supervisors = cli.supervisors;
     cfg.budget = Duration::from_secs(cli.budget_secs);
     cfg.plan.crash_rate = cli.crash_rate;
+    cfg.rate = (cli.rate > 0).then_some(cli.rate);
     let backend = if cli.aws {
         Backend::Aws {
             config: Box::new(sas::aws::sdk_config().await),
