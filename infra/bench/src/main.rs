@@ -38,8 +38,6 @@ struct Cli {
 }
 
 // Assumptions of the cost model (stated in the report).
-const AWS_CALL_MS: f64 = 10.0;
-const INVOCATION_OVERHEAD_MS: f64 = 2.0;
 const REMOTE_CALL_MS: f64 = 100.0;
 const MEMORY_GB: f64 = 0.25;
 const SFN_EXPRESS_GB: f64 = 0.0625;
@@ -266,6 +264,14 @@ fn calls_table(scenarios: &[Scenario]) -> String {
     row("Step Functions transitions (equivalent)", &|s| {
         s.sfn_transitions.to_string()
     });
+    for f in ["submission", "scheduler", "agent", "supervisor"] {
+        row(&format!("handler time, ms: {f}"), &|s| {
+            format!(
+                "{:.0}",
+                s.handler_seconds.get(f).copied().unwrap_or(0.0) * 1e3
+            )
+        });
+    }
     t
 }
 
@@ -282,14 +288,19 @@ fn cost(s: &Scenario) -> Cost {
     use prices::*;
     let c = &s.counts;
     let inv = |f: &str| s.invocations.get(f).copied().unwrap_or(0) as f64;
-    let agent_calls = (c.call("DynamoDB GetItem (breaker)")
-        + c.call("DynamoDB PutItem (breaker)")
-        + c.messages.get("replies").copied().unwrap_or(0)) as f64;
-    let all_calls: f64 = c.calls.values().sum::<u64>() as f64;
-    let orchestration_calls = all_calls - agent_calls;
+    let secs = |f: &str| s.handler_seconds.get(f).copied().unwrap_or(0.0);
+    // Lambda bills each invocation's duration rounded up to the millisecond; the measured time
+    // is spread evenly over the function's invocations.
+    let billed = |f: &str| {
+        let n = inv(f);
+        if n == 0.0 {
+            0.0
+        } else {
+            n * ((secs(f) / n) * 1e3).ceil() / 1e3
+        }
+    };
     let orch_invocations = inv("submission") + inv("scheduler") + inv("supervisor");
-    let orch_seconds =
-        (orchestration_calls * AWS_CALL_MS + orch_invocations * INVOCATION_OVERHEAD_MS) / 1e3;
+    let orch_seconds = billed("submission") + billed("scheduler") + billed("supervisor");
     let consumed: u64 = ["work", "replies", "agent", "timers"]
         .iter()
         .map(|k| c.messages.get(*k).copied().unwrap_or(0))
@@ -303,9 +314,7 @@ fn cost(s: &Scenario) -> Cost {
         + c.rru * DYNAMODB_RRU.usd
         + (sqs_requests - agent_sqs) * SQS_REQUEST.usd
         + c.events as f64 * EVENTBRIDGE_EVENT.usd;
-    let agent_seconds = (inv("agent") * (REMOTE_CALL_MS + INVOCATION_OVERHEAD_MS)
-        + agent_calls * AWS_CALL_MS)
-        / 1e3;
+    let agent_seconds = billed("agent") + inv("agent") * REMOTE_CALL_MS / 1e3;
     // The agents and their queues: the same work whichever orchestrator drives them.
     let agents = inv("agent") * LAMBDA_REQUEST.usd
         + agent_seconds * MEMORY_GB * LAMBDA_ARM_GB_SECOND.usd
@@ -336,7 +345,7 @@ fn cost_table(scenarios: &[Scenario]) -> String {
     let m = 1e6;
     let mut t = format!(
         "USD per million orders, us-east-1, on-demand, no free tier; prices checked {} (sources below). \
-Assumptions: each AWS call from a handler takes {AWS_CALL_MS} ms and calls run one after another; each invocation adds {INVOCATION_OVERHEAD_MS} ms; a remote service answers in {REMOTE_CALL_MS} ms; functions have {} MB; one message per invocation; each consumed message costs one receive and one delete. \
+Lambda durations are the handlers' wall times measured on the emulator (in the table above; they include the poll's receive and delete, so they are an upper bound), billed per millisecond; the simulated remote services answer at once, so each agent invocation gets {REMOTE_CALL_MS} ms more for a real service's answer. Functions have {} MB; one message per invocation; each consumed message costs one receive and one delete. \
 *Orchestration* is everything but the agents and the API: submission, scheduler and supervisor invocations, DynamoDB (with the GSI writes and the transaction's double charge), SQS, EventBridge. The Step Functions columns replace that with the state machine's transitions (the count is in the table above) and its events; the agents and the API cost the same either way and are added to every total. \
 Fixed monthly costs are left out: the supervisor's schedule (43,200 invocations a month) and the event source mappings' empty long polls.\n\n\
 | order | sas orchestration | Step Functions Standard | Step Functions Express | agents (both) | HTTP API (both) | sas total | Standard total | Express total |\n|---|---|---|---|---|---|---|---|---|\n",

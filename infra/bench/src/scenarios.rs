@@ -22,6 +22,28 @@ pub struct Scenario {
     /// The state transitions of the equivalent Step Functions state machine (see BENCHMARKS.md).
     pub sfn_transitions: u64,
     pub final_state: ProcessState,
+    /// Wall time spent handling this order's messages, by function (on the emulator, including
+    /// the poll's receive and delete, so an upper bound of what Lambda would bill).
+    pub handler_seconds: BTreeMap<&'static str, f64>,
+}
+
+/// Accumulates handler wall time by function.
+#[derive(Default)]
+struct Clocked(BTreeMap<&'static str, f64>);
+
+impl Clocked {
+    async fn time<F: std::future::Future<Output = anyhow::Result<usize>>>(
+        &mut self,
+        function: &'static str,
+        f: F,
+    ) -> anyhow::Result<usize> {
+        let t = std::time::Instant::now();
+        let n = f.await?;
+        if n > 0 {
+            *self.0.entry(function).or_default() += t.elapsed().as_secs_f64();
+        }
+        Ok(n)
+    }
 }
 
 fn wrap(p: Ports, meter: &Arc<Meter>, shards: u32) -> Ports {
@@ -71,7 +93,8 @@ async fn build(
     Ok((system, meter, clock))
 }
 
-async fn submit(system: &System) -> anyhow::Result<OrderId> {
+async fn submit(system: &System, clocked: &mut Clocked) -> anyhow::Result<OrderId> {
+    let t = std::time::Instant::now();
     let mut headers = http::HeaderMap::new();
     headers.insert(
         http::header::CONTENT_TYPE,
@@ -87,6 +110,7 @@ async fn submit(system: &System) -> anyhow::Result<OrderId> {
         body.to_string().as_bytes(),
     )
     .await;
+    *clocked.0.entry("submission").or_default() += t.elapsed().as_secs_f64();
     let v: serde_json::Value = serde_json::from_str(resp.body())?;
     anyhow::ensure!(
         resp.status() == 202,
@@ -96,9 +120,11 @@ async fn submit(system: &System) -> anyhow::Result<OrderId> {
     Ok(v["orderId"].as_str().unwrap_or_default().parse()?)
 }
 
-async fn quiet(system: &System) -> anyhow::Result<()> {
+async fn quiet(system: &System, clocked: &mut Clocked) -> anyhow::Result<()> {
     for _ in 0..30 {
-        if system.pump_scheduler().await? + system.pump_agents().await? == 0 {
+        let s = clocked.time("scheduler", system.pump_scheduler()).await?;
+        let a = clocked.time("agent", system.pump_agents()).await?;
+        if s + a == 0 {
             return Ok(());
         }
     }
@@ -113,6 +139,7 @@ fn finish(
     timers_handled: u64,
     sfn_transitions: u64,
     final_state: ProcessState,
+    clocked: Clocked,
 ) -> Scenario {
     let m = |k: &str| counts.messages.get(k).copied().unwrap_or(0);
     let timers = m("timers");
@@ -125,12 +152,21 @@ fn finish(
         ("agent", m("agent")),
         ("supervisor", timers),
     ]);
+    let mut handler_seconds = clocked.0;
+    // Timers not delivered during the scenario: as long as a delivered one took, or a GetItem's
+    // worth (the submission's own time per call) when none was.
+    let per_timer = handler_seconds
+        .get("supervisor")
+        .map(|t| t / timers_handled.max(1) as f64)
+        .unwrap_or_else(|| handler_seconds.get("submission").copied().unwrap_or(0.0) / 2.0);
+    *handler_seconds.entry("supervisor").or_default() += per_timer * pending_timers as f64;
     Scenario {
         name,
         counts,
         invocations,
         sfn_transitions,
         final_state,
+        handler_seconds,
     }
 }
 
@@ -139,18 +175,21 @@ pub async fn measure(config: &aws_config::SdkConfig) -> anyhow::Result<Vec<Scena
 
     // 1. Clean.
     let (system, meter, _) = build(config, &[], chrono::Duration::seconds(30)).await?;
-    let id = submit(&system).await?;
-    quiet(&system).await?;
+    let mut clocked = Clocked::default();
+    let id = submit(&system, &mut clocked).await?;
+    quiet(&system, &mut clocked).await?;
     let counts = meter.take();
     let r = read(&system, id).await?;
-    // Start, Reserve, Charge, Ship, NotifyProcessed, Succeed: 5 transitions (see BENCHMARKS.md).
-    out.push(finish("clean order", counts, 0, 5, r));
+    // Reserve, Charge, Ship, NotifyProcessed, Done: 5 transitions (see BENCHMARKS.md).
+    out.push(finish("clean order", counts, 0, 5, r, clocked));
 
     // 2. One retry: the first step's agent never answers; its deadline timer recovers it.
     let step = chrono::Duration::seconds(2);
     let (system, meter, _) = build(config, &[], step).await?;
-    let id = submit(&system).await?;
-    system.pump_scheduler().await?; // claimed; the request and its timer go out
+    let mut clocked = Clocked::default();
+    let id = submit(&system, &mut clocked).await?;
+    // Claimed; the request and its timer go out.
+    clocked.time("scheduler", system.pump_scheduler()).await?;
     let inventory = system.resources.agent_queue_urls["inventory"].clone();
     let lost = system.queue.receive(&inventory, 10, Duration::ZERO).await?;
     for m in &lost {
@@ -159,17 +198,17 @@ pub async fn measure(config: &aws_config::SdkConfig) -> anyhow::Result<Vec<Scena
     tokio::time::sleep(Duration::from_millis(3200)).await;
     let mut handled = 0;
     for _ in 0..10 {
-        handled += system.pump_timers().await? as u64;
+        handled += clocked.time("supervisor", system.pump_timers()).await? as u64;
         if handled > 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    quiet(&system).await?;
+    quiet(&system, &mut clocked).await?;
     let counts = meter.take();
     let r = read(&system, id).await?;
     // One more transition than the clean order: the retried task.
-    out.push(finish("one retry (timer)", counts, handled, 6, r));
+    out.push(finish("one retry (timer)", counts, handled, 6, r, clocked));
 
     // 3. Refused at step 3, compensated.
     let refuse = Faults {
@@ -182,12 +221,13 @@ pub async fn measure(config: &aws_config::SdkConfig) -> anyhow::Result<Vec<Scena
         chrono::Duration::seconds(30),
     )
     .await?;
-    let id = submit(&system).await?;
-    quiet(&system).await?;
+    let mut clocked = Clocked::default();
+    let id = submit(&system, &mut clocked).await?;
+    quiet(&system, &mut clocked).await?;
     let counts = meter.take();
     let r = read(&system, id).await?;
     // Reserve, Charge, Ship (caught), NotifyFailed, Refund, Release, NotifyCompensated, Fail: 8.
-    out.push(finish("compensated at step 3", counts, 0, 8, r));
+    out.push(finish("compensated at step 3", counts, 0, 8, r, clocked));
     Ok(out)
 }
 

@@ -284,7 +284,9 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
     let started = Instant::now();
     let http = reqwest::Client::new();
     let base = format!("http://{addr}");
-    let pace = cfg.rate.map(|r| Duration::from_secs_f64(1.0 / f64::from(r.max(1))));
+    let pace = cfg
+        .rate
+        .map(|r| Duration::from_secs_f64(1.0 / f64::from(r.max(1))));
     let accepted: Vec<Option<OrderId>> = futures::stream::iter(0..cfg.orders)
         .map(|i| {
             let (http, base) = (&http, &base);
