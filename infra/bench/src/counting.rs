@@ -200,18 +200,10 @@ pub struct CountingQueue {
 
 impl CountingQueue {
     pub fn new(inner: Arc<dyn Queue>, meter: Arc<Meter>, r: &Resources) -> Self {
-        let mut roles = BTreeMap::new();
-        roles.insert(r.work_queue_url.clone(), "work");
-        roles.insert(r.reply_queue_url.clone(), "replies");
-        roles.insert(r.timer_queue_url.clone(), "timers");
-        roles.insert(r.dead_letter_url.clone(), "dlq");
-        for u in r.agent_queue_urls.values() {
-            roles.insert(u.clone(), "agent");
-        }
         Self {
             inner,
             meter,
-            roles,
+            roles: r.queue_roles(),
         }
     }
 }

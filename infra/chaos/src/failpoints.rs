@@ -235,21 +235,10 @@ pub struct ChaosQueue {
 
 impl ChaosQueue {
     pub fn new(inner: Arc<dyn Queue>, chaos: Arc<Chaos>, resources: &Resources) -> Self {
-        let mut roles = BTreeMap::new();
-        roles.insert(resources.work_queue_url.clone(), "work");
-        roles.insert(resources.reply_queue_url.clone(), "replies");
-        roles.insert(resources.timer_queue_url.clone(), "timers");
-        roles.insert(resources.dead_letter_url.clone(), "dlq");
-        for url in resources.agent_queue_urls.values() {
-            roles.insert(url.clone(), "agent");
-        }
-        for url in resources.agent_dead_letter_urls.values() {
-            roles.insert(url.clone(), "dlq");
-        }
         Self {
             inner,
             chaos,
-            roles,
+            roles: resources.queue_roles(),
             counter: AtomicU64::new(0),
         }
     }

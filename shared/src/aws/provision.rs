@@ -42,6 +42,26 @@ pub struct Resources {
     pub bus_name: String,
 }
 
+impl Resources {
+    /// Every queue URL of the deployment with its role: `work`, `replies`, `timers`, `agent` or
+    /// `dlq`. (Any other URL an order names is a client's reply queue.)
+    pub fn queue_roles(&self) -> std::collections::BTreeMap<String, &'static str> {
+        let mut roles = std::collections::BTreeMap::from([
+            (self.work_queue_url.clone(), "work"),
+            (self.reply_queue_url.clone(), "replies"),
+            (self.timer_queue_url.clone(), "timers"),
+            (self.dead_letter_url.clone(), "dlq"),
+        ]);
+        for url in self.agent_queue_urls.values() {
+            roles.insert(url.clone(), "agent");
+        }
+        for url in self.agent_dead_letter_urls.values() {
+            roles.insert(url.clone(), "dlq");
+        }
+        roles
+    }
+}
+
 /// Queue settings used when creating queues: visibility timeout and redrive.
 #[derive(Debug, Clone, Copy)]
 pub struct QueueSettings {

@@ -189,6 +189,17 @@ where
     Ok(())
 }
 
+/// Performs the effects of a transition that sends no step request (the supervisor's and the
+/// operator's).
+pub(crate) async fn perform_no_step(o: &Outlets<'_>, t: &Transition) -> Result<(), HandlerError> {
+    perform(
+        o,
+        t,
+        None::<fn() -> std::future::Ready<Result<(), HandlerError>>>,
+    )
+    .await
+}
+
 /// Sends one status to the bus and to the order's reply queue. Either may fail: the first is an
 /// error for the caller to retry (or log); the copy to the reply queue is best effort, since
 /// its URL comes from the application and a bad one must not hold up the order.

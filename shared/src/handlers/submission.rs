@@ -6,7 +6,7 @@
 //! Framework-free: the Lambda (`lambda_http`) and the local runner (`axum`) both adapt their
 //! requests to [`handle`].
 
-use super::{Outlets, perform, publish_status, write};
+use super::{Outlets, perform_no_step, publish_status, write};
 use crate::domain::transition::{self, Rejection, Transition};
 use crate::domain::{
     Order, OrderId, OrderRequest, Policy, ProcessState, StateRecord, Status, Workflow,
@@ -480,13 +480,7 @@ async fn operate(deps: &SubmissionDeps, id: &str, action: &str, body: &[u8]) -> 
         clock: deps.clock.as_ref(),
         work_queue_url: &deps.work_queue_url,
     };
-    if let Err(e) = perform(
-        &outlets,
-        &t,
-        None::<fn() -> std::future::Ready<Result<(), super::HandlerError>>>,
-    )
-    .await
-    {
+    if let Err(e) = perform_no_step(&outlets, &t).await {
         // The write stands; the supervisor finishes what is owed (a lost work message is
         // re-enqueued at the pickup deadline, an undelivered notice at once).
         error!(error = %e, "operator action written, effects left to the supervisor");

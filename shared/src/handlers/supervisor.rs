@@ -1,7 +1,7 @@
 //! The supervisor: finds records whose deadline passed (through the sparse due index, never a
 //! scan), and hands them back for retry, fails them, or re-delivers their notice.
 
-use super::{HandlerError, Outlets, deliver_notice, perform, write};
+use super::{HandlerError, Outlets, deliver_notice, perform_no_step, write};
 use crate::domain::transition;
 use crate::domain::{OrderId, Policy, Status};
 use crate::messages::DeadlineTimer;
@@ -164,12 +164,7 @@ async fn recover(
         clock: deps.clock.as_ref(),
         work_queue_url: &deps.work_queue_url,
     };
-    perform(
-        &outlets,
-        &t,
-        None::<fn() -> std::future::Ready<Result<(), HandlerError>>>,
-    )
-    .await?;
+    perform_no_step(&outlets, &t).await?;
     Ok(outcome)
 }
 
