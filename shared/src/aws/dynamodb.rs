@@ -21,6 +21,7 @@ use crate::ports::{
 };
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::operation::put_item::builders::PutItemFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
@@ -493,20 +494,40 @@ impl DynamoStore {
         Ok(TransactWriteItem::builder().put(put).build())
     }
 
-    async fn read_key(&self, key: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
+    /// A strongly consistent `GetItem` of (`pk`, `sk`).
+    async fn read_item(&self, pk: String, sk: &str) -> Result<Option<Item>, StoreError> {
         let out = self
             .client
             .get_item()
             .table_name(&self.table)
-            .key("pk", s(format!("IDEM#{key}")))
-            .key("sk", s("IDEM"))
+            .key("pk", s(pk))
+            .key("sk", s(sk))
             .consistent_read(true)
             .send()
             .await
             .map_err(|e| unavailable(&e))?;
-        let Some(item) = out.item() else {
+        Ok(out.item().cloned())
+    }
+
+    /// Sends a conditional `PutItem`: `true` if it was written, `false` if its condition failed.
+    async fn put_if(req: PutItemFluentBuilder) -> Result<bool, StoreError> {
+        match req.send().await {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+
+    async fn read_key(&self, key: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let Some(item) = self.read_item(format!("IDEM#{key}"), "IDEM").await? else {
             return Ok(None);
         };
+        let item = &item;
         Ok(Some(IdempotencyRecord {
             key: key.to_owned(),
             request_hash: get_s(item, "RequestHash")?.to_owned(),
@@ -602,41 +623,27 @@ impl StateStore for DynamoStore {
     }
 
     async fn get_state(&self, id: OrderId) -> Result<Option<StateRecord>, StoreError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key("pk", s(order_pk(&id)))
-            .key("sk", s("STATE"))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| unavailable(&e))?;
-        out.item().map(parse_state).transpose()
+        self.read_item(order_pk(&id), "STATE")
+            .await?
+            .as_ref()
+            .map(parse_state)
+            .transpose()
     }
 
     async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
         let e = condition_expr(condition);
-        let result = self
+        let req = self
             .client
             .put_item()
             .table_name(&self.table)
             .set_item(Some(state_item(record, self.shards)))
             .condition_expression(e.clauses.join(" AND "))
             .set_expression_attribute_names(Some(e.names))
-            .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values))
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(err)
-                if err
-                    .as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Err(StoreError::ConditionFailed)
-            }
-            Err(err) => Err(unavailable(&err)),
+            .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values));
+        if Self::put_if(req).await? {
+            Ok(())
+        } else {
+            Err(StoreError::ConditionFailed)
         }
     }
 
@@ -683,7 +690,7 @@ impl StateStore for DynamoStore {
     ) -> Result<bool, StoreError> {
         let until = now + ttl;
         // Condition: no lease, an expired one, or our own - keeps "at most one holder at a time".
-        let result = self
+        let req = self
             .client
             .put_item()
             .table_name(&self.table)
@@ -696,35 +703,15 @@ impl StateStore for DynamoStore {
             .condition_expression("attribute_not_exists(pk) OR LeaseUntil <= :now OR #owner = :me")
             .expression_attribute_names("#owner", "Owner")
             .expression_attribute_values(":now", ms(now))
-            .expression_attribute_values(":me", s(owner))
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(true),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(unavailable(&e)),
-        }
+            .expression_attribute_values(":me", s(owner));
+        Self::put_if(req).await
     }
 
     async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key("pk", s(format!("BREAKER#{name}")))
-            .key("sk", s("BREAKER"))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| unavailable(&e))?;
-        let Some(item) = out.item() else {
+        let Some(item) = self.read_item(format!("BREAKER#{name}"), "BREAKER").await? else {
             return Ok(None);
         };
+        let item = &item;
         let state = match get_s(item, "State")? {
             "Closed" => BreakerState::Closed {
                 failures: get_n(item, "Failures")?,
@@ -776,21 +763,12 @@ impl StateStore for DynamoStore {
             req.condition_expression("Version = :v")
                 .expression_attribute_values(":v", n(record.version - 1))
         };
-        match req.send().await {
-            Ok(_) => Ok(true),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(unavailable(&e)),
-        }
+        Self::put_if(req).await
     }
 
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
         // Condition: still ours - a lease another supervisor took over is left alone.
-        let result = self
+        let req = self
             .client
             .put_item()
             .table_name(&self.table)
@@ -801,19 +779,8 @@ impl StateStore for DynamoStore {
             .item("ExpiresAt", n(Utc::now().timestamp() + KEY_TTL_SECONDS))
             .condition_expression("#owner = :me")
             .expression_attribute_names("#owner", "Owner")
-            .expression_attribute_values(":me", s(owner))
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(unavailable(&e)),
-        }
+            .expression_attribute_values(":me", s(owner));
+        Self::put_if(req).await.map(|_| ())
     }
 
     async fn list(
