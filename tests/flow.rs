@@ -6,21 +6,13 @@ use sas::local::{System, sqs_event};
 use sas::messages::{SchedulerMessage, StepReply, StepRequest};
 use sas::remote::Faults;
 use sas::transition::StepOutcome;
-use sas::{OrderId, ProcessState, StateRecord, StepStatus};
+use sas::{OrderId, ProcessState, StepStatus};
 use sas_blackbox::{
-    aws_system, drain, manual_settings, order_body, pump_until_quiet, submit, submit_ok, subscribe,
+    aws_system, drain, manual_settings, order_body, pump_until_quiet, state, submit, submit_ok,
+    subscribe, wait_for_messages,
 };
 use serde_json::{Value, json};
 use std::time::Duration;
-
-async fn state(system: &System, id: OrderId) -> StateRecord {
-    system
-        .store
-        .get_state(id)
-        .await
-        .expect("read")
-        .expect("record exists")
-}
 
 /// Every step of the order took effect exactly once on its service.
 fn assert_each_step_once(system: &System, id: OrderId) {
@@ -35,21 +27,6 @@ fn assert_each_step_once(system: &System, id: OrderId) {
         assert!(key.contains(step), "{key}");
         assert_eq!(*count, 1, "{step} took effect {count} times");
     }
-}
-
-async fn wait_for_events(system: &System, url: &str, n: usize) -> Vec<Value> {
-    let mut got = Vec::new();
-    for _ in 0..50 {
-        got.extend(drain(system, url).await.iter().map(|b| {
-            let v: Value = serde_json::from_str(b).expect("JSON");
-            v
-        }));
-        if got.len() >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    got
 }
 
 #[tokio::test]
@@ -94,7 +71,7 @@ async fn an_order_submitted_over_http_runs_to_processed_with_every_step_once() {
     assert!(steps.iter().all(|s| s["status"] == "Done"), "{view}");
     assert_each_step_once(&system, id);
 
-    let got = wait_for_events(&system, &events, 1).await;
+    let got = wait_for_messages(&system, &events, 1).await;
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0]["detail-type"], "OrderProcessed");
     assert_eq!(got[0]["detail"]["orderId"], id.to_string());
@@ -221,7 +198,7 @@ async fn failures_up_to_the_threshold_end_in_error_with_an_order_failed_event() 
     assert_eq!(r.steps[0].status, StepStatus::Done);
     assert!(system.services["payment"].stats().effects.is_empty());
 
-    let got = wait_for_events(&system, &alerts, 1).await;
+    let got = wait_for_messages(&system, &alerts, 1).await;
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0]["detail-type"], "OrderFailed");
     let detail = &got[0]["detail"];
@@ -255,7 +232,7 @@ async fn a_permanent_fault_fails_the_order_at_once_with_an_alert() {
     assert_eq!(r.process_state, ProcessState::Error);
     assert_eq!(r.failure_count, 0);
     assert_eq!(r.steps[2].status, StepStatus::Failed);
-    let got = wait_for_events(&system, &alerts, 1).await;
+    let got = wait_for_messages(&system, &alerts, 1).await;
     assert_eq!(
         got.first().map(|e| e["detail"]["orderId"].clone()),
         Some(json!(id))

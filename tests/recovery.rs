@@ -6,19 +6,13 @@ use clap::Parser;
 use sas::aws::provision;
 use sas::local::System;
 use sas::remote::Faults;
-use sas::{OrderId, ProcessState, StateRecord, StepStatus};
-use sas_blackbox::{aws_system, drain, manual_settings, pump_until_quiet, submit, subscribe};
-use serde_json::{Value, json};
+use sas::{OrderId, ProcessState, StepStatus};
+use sas_blackbox::{
+    aws_system, drain, manual_settings, pump_until_quiet, state, submit, subscribe,
+    wait_for_messages,
+};
+use serde_json::json;
 use std::time::{Duration, Instant};
-
-async fn state(system: &System, id: OrderId) -> StateRecord {
-    system
-        .store
-        .get_state(id)
-        .await
-        .expect("read")
-        .expect("record exists")
-}
 
 fn refuse(actions: &[&str]) -> Faults {
     Faults {
@@ -69,23 +63,6 @@ fn effects(system: &System, agent: &str, id: OrderId) -> (Vec<i32>, Vec<(String,
         .collect();
     applied.sort();
     (net, applied)
-}
-
-async fn wait_for(system: &System, url: &str, n: usize) -> Vec<Value> {
-    let mut got = Vec::new();
-    for _ in 0..50 {
-        got.extend(
-            drain(system, url)
-                .await
-                .iter()
-                .map(|b| serde_json::from_str::<Value>(b).expect("JSON")),
-        );
-        if got.len() >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    got
 }
 
 async fn operator(system: &mut System) -> sasctl::Client {
@@ -143,7 +120,7 @@ async fn a_permanent_fault_at_step_three_undoes_steps_two_then_one_each_once() {
         );
     }
 
-    let events = wait_for(&system, &bus, 2).await;
+    let events = wait_for_messages(&system, &bus, 2).await;
     let types: Vec<_> = events.iter().map(|e| e["detail-type"].clone()).collect();
     assert_eq!(types, [json!("OrderFailed"), json!("OrderCompensated")]);
     assert!(
@@ -153,7 +130,7 @@ async fn a_permanent_fault_at_step_three_undoes_steps_two_then_one_each_once() {
     );
 
     // The submitter hears every status, in order.
-    let statuses = wait_for(&system, &client, 5).await;
+    let statuses = wait_for_messages(&system, &client, 5).await;
     let names: Vec<_> = statuses.iter().map(|s| s["status"].clone()).collect();
     assert_eq!(
         names,
@@ -196,7 +173,7 @@ async fn a_failing_undo_ends_in_compensation_failed_with_an_alert_and_an_operato
             .as_deref()
             .is_some_and(|e| e.contains("release-inventory"))
     );
-    let got = wait_for(&system, &alerts, 1).await;
+    let got = wait_for_messages(&system, &alerts, 1).await;
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0]["detail"]["orderId"], json!(id));
 

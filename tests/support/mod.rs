@@ -212,3 +212,31 @@ pub async fn submit_ok(system: &System) -> OrderId {
         .parse()
         .expect("uuid")
 }
+
+/// The order's state record (it must exist).
+pub async fn state(system: &System, id: OrderId) -> sas::StateRecord {
+    system
+        .store
+        .get_state(id)
+        .await
+        .expect("read")
+        .expect("record exists")
+}
+
+/// The JSON messages a queue receives within about five seconds, until there are `n`.
+pub async fn wait_for_messages(system: &System, url: &str, n: usize) -> Vec<Value> {
+    let mut got = Vec::new();
+    for _ in 0..50 {
+        got.extend(
+            drain(system, url)
+                .await
+                .iter()
+                .map(|b| serde_json::from_str::<Value>(b).expect("JSON")),
+        );
+        if got.len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    got
+}
