@@ -203,9 +203,9 @@ pub struct Item {
 #[serde(rename_all = "camelCase")]
 pub struct StepView {
     pub name: String,
-    /// Pending, Running, Done or Failed.
+    /// Pending, Running, Done, Failed (refused), TimedOut or Cancelled.
     pub status: String,
-    /// The compensation of this step: `None` (not started), Running, Done or Failed.
+    /// The compensation of this step: `None` (not started), Running, Done, Failed or TimedOut.
     #[serde(default)]
     pub undo: Option<String>,
 }
