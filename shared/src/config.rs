@@ -1,8 +1,8 @@
 //! Configuration from the environment, as the Lambda functions receive it.
 
 use crate::domain::{Backoff, Policy};
-use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -50,8 +50,9 @@ fn seconds(name: &'static str, default: f64) -> Result<chrono::Duration, ConfigE
     Ok(chrono::Duration::milliseconds((s * 1000.0) as i64))
 }
 
-/// The pattern's policy: `STEP_TIMEOUT_SECONDS`, `PICKUP_TIMEOUT_SECONDS`,
-/// `FAILURE_THRESHOLD`, `RETRY_BASE_DELAY_SECONDS`, `RETRY_MAX_DELAY_SECONDS`,
+/// The deployment's default policy (each workflow's steps may set their own timeout and retry):
+/// `STEP_TIMEOUT_SECONDS`, `PICKUP_TIMEOUT_SECONDS`, `FAILURE_THRESHOLD`,
+/// `RETRY_BASE_DELAY_SECONDS`, `RETRY_BACKOFF_RATE`, `RETRY_MAX_DELAY_SECONDS`,
 /// `AUTO_COMPENSATE` (`true`/`false`), `COOLDOWN_SECONDS`, `MAX_ROUNDS`.
 pub fn policy() -> Result<Policy, ConfigError> {
     let d = Policy::default();
@@ -68,6 +69,16 @@ pub fn policy() -> Result<Policy, ConfigError> {
         pickup_timeout: seconds("PICKUP_TIMEOUT_SECONDS", secs(d.pickup_timeout))?,
         failure_threshold: threshold,
         retry_base_delay: seconds("RETRY_BASE_DELAY_SECONDS", secs(d.retry_base_delay))?,
+        backoff_rate: {
+            let r: f64 = parsed("RETRY_BACKOFF_RATE", d.backoff_rate)?;
+            if !(1.0..=10.0).contains(&r) {
+                return Err(ConfigError::Invalid {
+                    name: "RETRY_BACKOFF_RATE",
+                    problem: "must be between 1 and 10".into(),
+                });
+            }
+            r
+        },
         retry_max_delay: seconds("RETRY_MAX_DELAY_SECONDS", secs(d.retry_max_delay))?,
         auto_compensate: parsed("AUTO_COMPENSATE", d.auto_compensate)?,
         cooldown: seconds("COOLDOWN_SECONDS", secs(d.cooldown))?,
@@ -102,26 +113,15 @@ pub fn breaker() -> Result<crate::domain::BreakerPolicy, ConfigError> {
     })
 }
 
-/// `AGENT_QUEUE_URLS`: `agent=url,agent=url`.
-pub fn agent_queues() -> Result<HashMap<String, String>, ConfigError> {
-    let raw = required("AGENT_QUEUE_URLS")?;
-    parse_agent_queues(&raw).map_err(|problem| ConfigError::Invalid {
-        name: "AGENT_QUEUE_URLS",
-        problem,
-    })
-}
-
-/// Parses `agent=url,agent=url`.
-pub fn parse_agent_queues(raw: &str) -> Result<HashMap<String, String>, String> {
-    raw.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(|pair| {
-            let (agent, url) = pair
-                .split_once('=')
-                .ok_or_else(|| format!("{pair:?} is not agent=url"))?;
-            Ok((agent.trim().to_owned(), url.trim().to_owned()))
-        })
-        .collect()
+/// The catalog over the DynamoDB store, with the deployment's policy under every workflow and
+/// `CATALOG_CACHE_SECONDS` (default 5): how long a function keeps the newest version of a
+/// workflow, and the services, before reading them again.
+pub fn definitions(
+    store: Arc<crate::aws::DynamoStore>,
+    clock: Arc<dyn crate::ports::Clock>,
+) -> Result<crate::catalog::Definitions, ConfigError> {
+    let ttl = seconds("CATALOG_CACHE_SECONDS", 5.0)?;
+    Ok(crate::catalog::Definitions::new(store, policy()?, clock, ttl))
 }
 
 /// The DynamoDB store from `TABLE_NAME` and `DUE_SHARDS` (default 4).
@@ -146,14 +146,3 @@ pub fn sqs_queue(sdk: &aws_config::SdkConfig) -> crate::aws::SqsQueue {
     crate::aws::SqsQueue::new(aws_sdk_sqs::Client::new(sdk))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn agent_queues_parse_pairs() {
-        let m = parse_agent_queues("inventory=http://q/1, payment=http://q/2").expect("parses");
-        assert_eq!(m.get("payment").map(String::as_str), Some("http://q/2"));
-        assert!(parse_agent_queues("nonsense").is_err());
-    }
-}

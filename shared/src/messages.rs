@@ -2,7 +2,7 @@
 //! answered late carries the `attempt` (fencing token) and `stepIndex` it belongs to.
 
 use crate::domain::transition::StepOutcome;
-use crate::domain::{OrderId, ProcessState, StateRecord, Status};
+use crate::domain::{ProcessState, StateRecord, Status, TaskId};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -15,12 +15,12 @@ pub enum SchedulerMessage {
     Reply(StepReply),
 }
 
-/// "This order needs a scheduler": sent by submission, by the supervisor's recoveries, by the
+/// "This task needs a scheduler": sent by submission, by the supervisor's recoveries, by the
 /// scheduler when compensation starts, and by the operator API.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkMessage {
-    pub order_id: OrderId,
+    pub task_id: TaskId,
     /// Not to be acted on before this instant: set when the wanted delay is over SQS's 15
     /// minutes, so the scheduler sends the message again for the rest of the wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -28,9 +28,9 @@ pub struct WorkMessage {
 }
 
 impl WorkMessage {
-    pub fn new(order_id: OrderId) -> Self {
+    pub fn new(task_id: TaskId) -> Self {
         Self {
-            order_id,
+            task_id,
             not_before: None,
         }
     }
@@ -42,7 +42,7 @@ impl WorkMessage {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeadlineTimer {
-    pub order_id: OrderId,
+    pub task_id: TaskId,
     pub attempt: u64,
     pub step_index: usize,
     pub complete_by: DateTime<Utc>,
@@ -51,45 +51,51 @@ pub struct DeadlineTimer {
 /// The idempotency key of a step's action (or its undo's) as the remote service sees it: the
 /// same for every attempt, so a retried or re-run step takes effect once; `generation` changes
 /// it only when an operator retries a call the service refused.
-pub fn idempotency_key(order_id: OrderId, step: &str, action: &str, generation: u32) -> String {
+pub fn idempotency_key(task_id: TaskId, step: &str, action: &str, generation: u32) -> String {
     if generation == 0 {
-        format!("{order_id}:{step}:{action}")
+        format!("{task_id}:{step}:{action}")
     } else {
-        format!("{order_id}:{step}:{action}:g{generation}")
+        format!("{task_id}:{step}:{action}:g{generation}")
     }
 }
 
-/// A scheduler asks an agent to perform one step.
+/// A scheduler asks an agent to perform one step (or its undo) on one service.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StepRequest {
-    pub order_id: OrderId,
+    pub task_id: TaskId,
+    pub workflow: String,
+    pub workflow_version: u32,
     pub step: String,
     pub step_index: usize,
-    /// The action the remote service performs (the step's name).
+    /// The service that performs the step.
+    pub service: String,
+    /// What the service is asked to do (the step's action, or its undo's).
     pub action: String,
     pub attempt: u64,
-    /// This request undoes the step (compensation); `action` is the undo action and `payload`
-    /// carries `undoes` (the step's idempotency key) and the step's `result`.
+    /// This request undoes the step (compensation): `action` is the undo's action and
+    /// `undoes` the step's own idempotency key.
     #[serde(default)]
     pub undo: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undoes: Option<String>,
     /// The key to send to the remote service; absent in older messages, then derived.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     /// Past this instant the agent stops and sends nothing.
     pub complete_by: DateTime<Utc>,
     pub reply_queue_url: String,
-    /// The order's content, for the remote service.
-    pub payload: serde_json::Value,
+    /// The request body, built by the step's input mapping.
+    pub input: serde_json::Value,
 }
 
 impl StepRequest {
     /// The idempotency key the remote service sees: the same for every attempt of the same
-    /// step of the same order, so a retried or re-run step takes effect once.
+    /// step of the same task, so a retried or re-run step takes effect once.
     pub fn idempotency_key(&self) -> String {
         self.idempotency_key
             .clone()
-            .unwrap_or_else(|| idempotency_key(self.order_id, &self.step, &self.action, 0))
+            .unwrap_or_else(|| idempotency_key(self.task_id, &self.step, &self.action, 0))
     }
 }
 
@@ -97,7 +103,7 @@ impl StepRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StepReply {
-    pub order_id: OrderId,
+    pub task_id: TaskId,
     pub step: String,
     pub step_index: usize,
     pub attempt: u64,
@@ -107,15 +113,18 @@ pub struct StepReply {
     pub outcome: StepOutcome,
 }
 
-/// A status message of an order: published to the event bus (detail-type `Order<Status>`, e.g.
-/// `OrderFailed`, the operator alert) and sent to the order's reply queue if it has one.
+/// A status message of a task: published to the event bus (detail-type `Task<Status>`, e.g.
+/// `TaskFailed`, the operator alert; the detail names the workflow, so a rule can route one
+/// workflow's events) and sent to the task's reply queue if it has one.
 /// Delivery is at least once and, across statuses, in order of `sequence` (the record version
-/// that produced it): consumers deduplicate on (`orderId`, `status`, `sequence`) and may reorder
+/// that produced it): consumers deduplicate on (`taskId`, `status`, `sequence`) and may reorder
 /// on `sequence`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct OrderNotice {
-    pub order_id: OrderId,
+pub struct TaskNotice {
+    pub task_id: TaskId,
+    pub workflow: String,
+    pub workflow_version: u32,
     pub status: Status,
     pub process_state: ProcessState,
     pub step: Option<String>,
@@ -127,12 +136,14 @@ pub struct OrderNotice {
 }
 
 /// The event source of everything sas publishes.
-pub const EVENT_SOURCE: &str = "sas.orders";
+pub const EVENT_SOURCE: &str = "sas.tasks";
 
-impl OrderNotice {
+impl TaskNotice {
     pub fn of(r: &StateRecord, status: Status) -> Self {
         Self {
-            order_id: r.order_id,
+            task_id: r.task_id,
+            workflow: r.workflow.clone(),
+            workflow_version: r.workflow_version,
             status,
             process_state: r.process_state,
             step: r.steps.get(r.step_index).map(|s| s.name.clone()),
@@ -156,13 +167,13 @@ mod tests {
 
     #[test]
     fn scheduler_messages_are_tagged_by_type() {
-        let id = OrderId::new_random();
+        let id = TaskId::new_random();
         let work =
             serde_json::to_value(SchedulerMessage::Work(WorkMessage::new(id))).expect("serializes");
         assert_eq!(work["type"], "work");
-        assert_eq!(work["orderId"], id.to_string());
+        assert_eq!(work["taskId"], id.to_string());
         let reply: SchedulerMessage = serde_json::from_value(serde_json::json!({
-            "type": "reply", "orderId": id, "step": "charge-payment", "stepIndex": 1,
+            "type": "reply", "taskId": id, "step": "charge-payment", "stepIndex": 1,
             "attempt": 2, "outcome": {"status": "failed", "error": "declined"}
         }))
         .expect("parses");

@@ -1,7 +1,7 @@
 //! The small traits the handlers talk to. Each has an AWS implementation ([`crate::aws`]) and
 //! an in-memory one ([`crate::memory`]) that pass the same contract tests.
 
-use crate::domain::{BreakerRecord, Condition, Order, OrderId, ProcessState, StateRecord};
+use crate::domain::{BreakerRecord, Condition, ProcessState, StateRecord, Task, TaskId};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -26,7 +26,7 @@ pub struct IdempotencyRecord {
     pub key: String,
     /// SHA-256 of the canonical request, to tell a replay from a reuse with another body.
     pub request_hash: String,
-    pub order_id: OrderId,
+    pub task_id: TaskId,
     pub created_at: DateTime<Utc>,
 }
 
@@ -37,21 +37,21 @@ pub enum CreateOutcome {
     KeyExists(IdempotencyRecord),
 }
 
-/// The state store: orders, their state records and idempotency keys.
+/// The state store: tasks, their state records and idempotency keys.
 #[async_trait]
 pub trait StateStore: Send + Sync {
-    /// Writes the order, its state record and (if given) the idempotency key in one atomic
+    /// Writes the task, its state record and (if given) the idempotency key in one atomic
     /// transaction; each must not exist yet.
     async fn create(
         &self,
-        order: &Order,
+        task: &Task,
         record: &StateRecord,
         key: Option<&IdempotencyRecord>,
     ) -> Result<CreateOutcome, StoreError>;
-    /// Strongly consistent read of the order and its state record.
-    async fn get(&self, id: OrderId) -> Result<Option<(Order, StateRecord)>, StoreError>;
+    /// Strongly consistent read of the task and its state record.
+    async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError>;
     /// Strongly consistent read of the state record.
-    async fn get_state(&self, id: OrderId) -> Result<Option<StateRecord>, StoreError>;
+    async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError>;
     /// Replaces the state record if `condition` holds, else [`StoreError::ConditionFailed`].
     async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError>;
     /// Records of due-index `shard` due at or before `now`, oldest first (at most `limit`).
@@ -61,7 +61,7 @@ pub trait StateStore: Send + Sync {
         shard: u32,
         now: DateTime<Utc>,
         limit: usize,
-    ) -> Result<Vec<OrderId>, StoreError>;
+    ) -> Result<Vec<TaskId>, StoreError>;
     /// How many shards the due index has.
     fn due_shards(&self) -> u32;
     /// Takes (or renews) the lease `name` for `owner` until `now + ttl`, if it is free, expired
@@ -81,22 +81,111 @@ pub trait StateStore: Send + Sync {
     /// Writes `record` if the stored breaker is still at `record.version - 1` (absent, for
     /// version 1). `false`: another agent moved it first.
     async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError>;
-    /// One page of the records in `state`, shard by shard and newest first within a shard,
-    /// starting after `after` (at most `limit`; `next` is set when more may follow). Served by
-    /// the state index, never a scan; eventually consistent.
+    /// One page of the records in `state` (of `workflow`, if given), shard by shard and newest
+    /// first within a shard, starting after `after` (at most `limit`; `next` is set when more
+    /// may follow). Served by the state index, never a scan; eventually consistent.
     async fn list(
         &self,
         state: ProcessState,
+        workflow: Option<&str>,
         limit: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError>;
+}
+
+/// The two kinds of definitions the catalog keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Workflow,
+    Service,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Workflow => "WORKFLOW",
+            Self::Service => "SERVICE",
+        }
+    }
+}
+
+/// A definition as the catalog keeps it: immutable once published.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    pub kind: Kind,
+    pub name: String,
+    pub version: u32,
+    pub body: serde_json::Value,
+    pub published_at: DateTime<Utc>,
+}
+
+/// What [`Catalog::publish`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    pub version: u32,
+    /// `false`: the body equals the latest version, which is returned instead.
+    pub created: bool,
+}
+
+/// One name in the catalog and its newest version.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Entry {
+    pub name: String,
+    pub latest: u32,
+}
+
+/// The canonical text of a definition (object keys sorted at every level), which its hash and
+/// the "same as the latest" check use.
+pub fn canonical(v: &serde_json::Value) -> String {
+    fn sorted(v: &serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::Object(m) => {
+                let mut keys: Vec<_> = m.keys().collect();
+                keys.sort();
+                let mut out = serde_json::Map::new();
+                for k in keys {
+                    out.insert(k.clone(), sorted(&m[k]));
+                }
+                serde_json::Value::Object(out)
+            }
+            serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    sorted(v).to_string()
+}
+
+/// The catalog of published workflows and services: versioned, and each version immutable.
+#[async_trait]
+pub trait Catalog: Send + Sync {
+    /// Publishes `body` as the next version of `name` (1 for a new name), unless it equals the
+    /// newest version, which is then returned with `created: false`. Two publishers racing get
+    /// distinct versions; a published version never changes.
+    async fn publish(
+        &self,
+        kind: Kind,
+        name: &str,
+        body: &serde_json::Value,
+        now: DateTime<Utc>,
+    ) -> Result<Published, StoreError>;
+    /// One version of a definition (`None`: the newest).
+    async fn definition(
+        &self,
+        kind: Kind,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Option<Stored>, StoreError>;
+    /// Every name of `kind` with its newest version, by name.
+    async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError>;
 }
 
 /// What the operator's list shows of one record (what the state index projects).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Summary {
-    pub order_id: OrderId,
+    pub task_id: TaskId,
+    pub workflow: String,
     pub process_state: ProcessState,
     pub step: Option<String>,
     pub failure_count: u32,
@@ -108,7 +197,8 @@ pub struct Summary {
 impl Summary {
     pub fn of(r: &StateRecord) -> Self {
         Self {
-            order_id: r.order_id,
+            task_id: r.task_id,
+            workflow: r.workflow.clone(),
             process_state: r.process_state,
             step: r.current_step().map(str::to_owned),
             failure_count: r.failure_count,
@@ -132,7 +222,7 @@ pub struct Page {
 pub struct Cursor {
     pub shard: u32,
     pub updated_at_ms: i64,
-    pub order_id: OrderId,
+    pub task_id: TaskId,
 }
 
 impl Cursor {
@@ -140,14 +230,14 @@ impl Cursor {
         Self {
             shard,
             updated_at_ms: s.updated_at.timestamp_millis(),
-            order_id: s.order_id,
+            task_id: s.task_id,
         }
     }
 
     pub fn encode(&self) -> String {
         hex::encode(format!(
             "v1|{}|{}|{}",
-            self.shard, self.updated_at_ms, self.order_id
+            self.shard, self.updated_at_ms, self.task_id
         ))
     }
 
@@ -160,7 +250,7 @@ impl Cursor {
         let c = Self {
             shard: parts.next()?.parse().ok()?,
             updated_at_ms: parts.next()?.parse().ok()?,
-            order_id: parts.next()?.parse().ok()?,
+            task_id: parts.next()?.parse().ok()?,
         };
         parts.next().is_none().then_some(c)
     }
@@ -207,13 +297,17 @@ pub trait EventBus: Send + Sync {
     ) -> Result<(), PublishError>;
 }
 
-/// One call an agent makes to its remote service.
+/// One call an agent makes to a service.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RemoteCall {
+    pub service: String,
     pub action: String,
     pub idempotency_key: String,
-    pub order_id: OrderId,
-    pub payload: serde_json::Value,
+    pub task_id: TaskId,
+    /// For an undo: the idempotency key of the step it undoes.
+    pub undoes: Option<String>,
+    /// The request body, built by the step's input mapping.
+    pub input: serde_json::Value,
 }
 
 /// How a remote call failed.

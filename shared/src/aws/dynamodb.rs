@@ -1,23 +1,30 @@
-//! The state store on DynamoDB: one table, three item kinds.
+//! The state store and the catalog on DynamoDB: one table.
 //!
-//! | item            | `pk`             | `sk`    | written by                        |
-//! |-----------------|------------------|---------|-----------------------------------|
-//! | order           | `ORDER#<id>`     | `ORDER` | submission (transaction)          |
-//! | state record    | `ORDER#<id>`     | `STATE` | submission, scheduler, supervisor |
-//! | idempotency key | `IDEM#<key>`     | `IDEM`  | submission (transaction)          |
-//! | lease           | `LEASE#<name>`   | `LEASE` | supervisor                        |
-//! | breaker         | `BREAKER#<name>` | `BREAKER` | agents                          |
+//! | item            | `pk`               | `sk`          | written by                        |
+//! |-----------------|--------------------|---------------|-----------------------------------|
+//! | task            | `TASK#<id>`        | `TASK`        | submission (transaction)          |
+//! | state record    | `TASK#<id>`        | `STATE`       | submission, scheduler, supervisor |
+//! | idempotency key | `IDEM#<key>`       | `IDEM`        | submission (transaction)          |
+//! | lease           | `LEASE#<name>`     | `LEASE`       | supervisor                        |
+//! | breaker         | `BREAKER#<name>`   | `BREAKER`     | agents                            |
+//! | definition      | `<KIND>#<name>`    | `V#<version>` | operator API (transaction)        |
+//! | catalog         | `CATALOG#<KIND>`   | `CATALOG`     | operator API (transaction)        |
+//!
+//! `<KIND>` is `WORKFLOW` or `SERVICE`. A definition version is written once
+//! (`attribute_not_exists`) and never changed; the catalog item maps each name to its newest
+//! version and that version's canonical text.
 //!
 //! The sparse GSI `due-index` (`DueShard` S, `DueAt` N, keys only) holds exactly the state
 //! records with a `DueAt`: non-terminal ones, and terminal ones that still owe a notice.
 
 use crate::domain::state::due_shard;
 use crate::domain::{
-    BreakerRecord, BreakerState, Condition, CustomerId, Guard, HistoryEntry, LineItem, Order,
-    OrderId, ProcessState, Quantity, Sku, StateRecord, StepState,
+    BreakerRecord, BreakerState, Condition, Guard, HistoryEntry, ProcessState, StateRecord,
+    StepState, Task, TaskId,
 };
 use crate::ports::{
-    CreateOutcome, Cursor, IdempotencyRecord, Page, StateStore, StoreError, Summary,
+    Catalog, CreateOutcome, Cursor, Entry, IdempotencyRecord, Kind, Page, Published, StateStore,
+    StoreError, Stored, Summary, canonical,
 };
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
@@ -31,8 +38,9 @@ pub const DUE_INDEX: &str = "due-index";
 /// The name of the GSI the operator's list queries (`StateShard` S, `UpdatedAt` N).
 pub const STATE_INDEX: &str = "state-index";
 /// The attributes `state-index` projects besides its keys: what a [`Summary`] needs.
-pub const STATE_INDEX_PROJECTION: [&str; 6] = [
-    "OrderId",
+pub const STATE_INDEX_PROJECTION: [&str; 7] = [
+    "TaskId",
+    "Workflow",
     "ProcessState",
     "CurrentStep",
     "FailureCount",
@@ -61,8 +69,8 @@ impl DynamoStore {
     }
 }
 
-fn order_pk(id: &OrderId) -> String {
-    format!("ORDER#{id}")
+fn task_pk(id: &TaskId) -> String {
+    format!("TASK#{id}")
 }
 
 fn s(v: impl Into<String>) -> AttributeValue {
@@ -116,50 +124,31 @@ fn time(millis: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_millis(millis).ok_or_else(|| corrupt("timestamp out of range"))
 }
 
-fn order_item(o: &Order) -> Item {
-    let items = o
-        .items
-        .iter()
-        .map(|i| {
-            AttributeValue::M(HashMap::from([
-                ("Sku".to_owned(), s(i.sku.as_str())),
-                ("Quantity".to_owned(), n(i.quantity.get())),
-            ]))
-        })
-        .collect();
+fn task_item(t: &Task) -> Item {
     let mut item = HashMap::from([
-        ("pk".to_owned(), s(order_pk(&o.id))),
-        ("sk".to_owned(), s("ORDER")),
-        ("OrderId".to_owned(), s(o.id.to_string())),
-        ("CustomerId".to_owned(), s(o.customer_id.as_str())),
-        ("Items".to_owned(), AttributeValue::L(items)),
-        ("CreatedAt".to_owned(), ms(o.created_at)),
+        ("pk".to_owned(), s(task_pk(&t.id))),
+        ("sk".to_owned(), s("TASK")),
+        ("TaskId".to_owned(), s(t.id.to_string())),
+        ("Workflow".to_owned(), s(&t.workflow)),
+        ("WorkflowVersion".to_owned(), n(t.workflow_version)),
+        ("Input".to_owned(), s(t.input.to_string())),
+        ("CreatedAt".to_owned(), ms(t.created_at)),
     ]);
-    if let Some(u) = &o.reply_queue_url {
+    if let Some(u) = &t.reply_queue_url {
         item.insert("ReplyQueueUrl".to_owned(), s(u));
     }
     item
 }
 
-fn parse_order(item: &Item) -> Result<Order, StoreError> {
-    let bad = |e: crate::domain::ValidationError| corrupt(e.to_string());
-    let items = match item.get("Items") {
-        Some(AttributeValue::L(l)) => l
-            .iter()
-            .map(|v| match v {
-                AttributeValue::M(m) => Ok(LineItem {
-                    sku: Sku::parse(get_s(m, "Sku")?).map_err(bad)?,
-                    quantity: Quantity::parse(get_n(m, "Quantity")?).map_err(bad)?,
-                }),
-                _ => Err(corrupt("Items holds a non-map")),
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        _ => return Err(corrupt("Items missing")),
-    };
-    Ok(Order {
-        id: get_s(item, "OrderId")?.parse().map_err(bad)?,
-        customer_id: CustomerId::parse(get_s(item, "CustomerId")?).map_err(bad)?,
-        items,
+fn parse_task(item: &Item) -> Result<Task, StoreError> {
+    Ok(Task {
+        id: get_s(item, "TaskId")?
+            .parse()
+            .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
+        workflow: get_s(item, "Workflow")?.to_owned(),
+        workflow_version: get_n(item, "WorkflowVersion")?,
+        input: serde_json::from_str(get_s(item, "Input")?)
+            .map_err(|e| corrupt(format!("Input is not JSON: {e}")))?,
         reply_queue_url: opt_s(item, "ReplyQueueUrl"),
         created_at: time(get_n(item, "CreatedAt")?)?,
     })
@@ -191,6 +180,9 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
                 ("Name".to_owned(), s(&st.name)),
                 ("Status".to_owned(), s(st.status.as_str())),
             ]);
+            if st.undoable {
+                m.insert("Undoable".to_owned(), AttributeValue::Bool(true));
+            }
             if let Some(a) = st.finished_attempt {
                 m.insert("FinishedAttempt".to_owned(), n(a));
             }
@@ -216,10 +208,11 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
         })
         .collect();
     let mut item = HashMap::from([
-        ("pk".to_owned(), s(order_pk(&r.order_id))),
+        ("pk".to_owned(), s(task_pk(&r.task_id))),
         ("sk".to_owned(), s("STATE")),
-        ("OrderId".to_owned(), s(r.order_id.to_string())),
+        ("TaskId".to_owned(), s(r.task_id.to_string())),
         ("Workflow".to_owned(), s(&r.workflow)),
+        ("WorkflowVersion".to_owned(), n(r.workflow_version)),
         ("ProcessState".to_owned(), s(r.process_state.as_str())),
         ("FailureCount".to_owned(), n(r.failure_count)),
         ("Round".to_owned(), n(r.round)),
@@ -236,7 +229,7 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
             "StateShard".to_owned(),
             s(state_shard_key(
                 r.process_state,
-                due_shard(&r.order_id, shards),
+                due_shard(&r.task_id, shards),
             )),
         ),
         ("Version".to_owned(), n(r.version)),
@@ -259,11 +252,14 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
     if let Some(st) = r.current_step() {
         item.insert("CurrentStep".to_owned(), s(st));
     }
+    if let Some(p) = r.pivot {
+        item.insert("Pivot".to_owned(), n(p));
+    }
     // The sparse index: only records the supervisor must look at carry its keys.
     if let Some(due) = r.due_at() {
         item.insert(
             "DueShard".to_owned(),
-            s(shard_key(due_shard(&r.order_id, shards))),
+            s(shard_key(due_shard(&r.task_id, shards))),
         );
         item.insert("DueAt".to_owned(), ms(due));
     }
@@ -275,7 +271,7 @@ fn shard_key(shard: u32) -> String {
 }
 
 /// The state index's partition key: a state and a shard, so that no state's records all land on
-/// one GSI partition (every order passes through Processing).
+/// one GSI partition (every task passes through Processing).
 fn state_shard_key(state: ProcessState, shard: u32) -> String {
     format!("{state}#{shard}")
 }
@@ -308,10 +304,10 @@ pub fn state_record_size(record: &StateRecord, shards: u32) -> usize {
     item_size(&state_item(record, shards))
 }
 
-/// The stored size of a state record and of its order item (see [`item_size`]).
-pub fn stored_sizes(order: &Order, record: &StateRecord, shards: u32) -> (usize, usize) {
+/// The stored size of a state record and of its task item (see [`item_size`]).
+pub fn stored_sizes(task: &Task, record: &StateRecord, shards: u32) -> (usize, usize) {
     (
-        item_size(&order_item(order)),
+        item_size(&task_item(task)),
         item_size(&state_item(record, shards)),
     )
 }
@@ -343,6 +339,7 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
                 AttributeValue::M(m) => Ok(StepState {
                     name: get_s(m, "Name")?.to_owned(),
                     status: get_s(m, "Status")?.parse().map_err(corrupt)?,
+                    undoable: matches!(m.get("Undoable"), Some(AttributeValue::Bool(true))),
                     finished_attempt: opt_n(m, "FinishedAttempt")?,
                     finished_at: opt_n(m, "FinishedAt")?.map(time).transpose()?,
                     sent: matches!(m.get("Sent"), Some(AttributeValue::Bool(true))),
@@ -389,10 +386,12 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
         _ => return Err(corrupt("History is not a list")),
     };
     Ok(StateRecord {
-        order_id: get_s(item, "OrderId")?
+        task_id: get_s(item, "TaskId")?
             .parse()
             .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
         workflow: get_s(item, "Workflow")?.to_owned(),
+        workflow_version: get_n(item, "WorkflowVersion")?,
+        pivot: opt_n(item, "Pivot")?,
         process_state: get_s(item, "ProcessState")?.parse().map_err(corrupt)?,
         locked_by: opt_s(item, "LockedBy"),
         complete_by: opt_n(item, "CompleteBy")?.map(time).transpose()?,
@@ -531,7 +530,7 @@ impl DynamoStore {
         Ok(Some(IdempotencyRecord {
             key: key.to_owned(),
             request_hash: get_s(item, "RequestHash")?.to_owned(),
-            order_id: get_s(item, "OrderId")?
+            task_id: get_s(item, "TaskId")?
                 .parse()
                 .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
             created_at: time(get_n(item, "CreatedAt")?)?,
@@ -543,19 +542,19 @@ impl DynamoStore {
 impl StateStore for DynamoStore {
     async fn create(
         &self,
-        order: &Order,
+        task: &Task,
         record: &StateRecord,
         key: Option<&IdempotencyRecord>,
     ) -> Result<CreateOutcome, StoreError> {
-        // One transaction, every item `attribute_not_exists(pk)`: keeps "an order exists iff its
-        // state record exists" and "an idempotency key names exactly one order".
+        // One transaction, every item `attribute_not_exists(pk)`: keeps "a task exists iff its
+        // state record exists" and "an idempotency key names exactly one task".
         let mut writes = Vec::with_capacity(3);
         if let Some(k) = key {
             writes.push(self.create_put(HashMap::from([
                 ("pk".to_owned(), s(format!("IDEM#{}", k.key))),
                 ("sk".to_owned(), s("IDEM")),
                 ("RequestHash".to_owned(), s(&k.request_hash)),
-                ("OrderId".to_owned(), s(k.order_id.to_string())),
+                ("TaskId".to_owned(), s(k.task_id.to_string())),
                 ("CreatedAt".to_owned(), ms(k.created_at)),
                 (
                     "ExpiresAt".to_owned(),
@@ -563,7 +562,7 @@ impl StateStore for DynamoStore {
                 ),
             ]))?);
         }
-        writes.push(self.create_put(order_item(order))?);
+        writes.push(self.create_put(task_item(task))?);
         writes.push(self.create_put(state_item(record, self.shards))?);
         let result = self
             .client
@@ -599,31 +598,31 @@ impl StateStore for DynamoStore {
         }
     }
 
-    async fn get(&self, id: OrderId) -> Result<Option<(Order, StateRecord)>, StoreError> {
+    async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
         let out = self
             .client
             .query()
             .table_name(&self.table)
             .key_condition_expression("pk = :pk")
-            .expression_attribute_values(":pk", s(order_pk(&id)))
+            .expression_attribute_values(":pk", s(task_pk(&id)))
             .consistent_read(true)
             .send()
             .await
             .map_err(|e| unavailable(&e))?;
-        let mut order = None;
+        let mut task = None;
         let mut state = None;
         for item in out.items() {
             match get_s(item, "sk")? {
-                "ORDER" => order = Some(parse_order(item)?),
+                "TASK" => task = Some(parse_task(item)?),
                 "STATE" => state = Some(parse_state(item)?),
                 _ => {}
             }
         }
-        Ok(order.zip(state))
+        Ok(task.zip(state))
     }
 
-    async fn get_state(&self, id: OrderId) -> Result<Option<StateRecord>, StoreError> {
-        self.read_item(order_pk(&id), "STATE")
+    async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
+        self.read_item(task_pk(&id), "STATE")
             .await?
             .as_ref()
             .map(parse_state)
@@ -652,7 +651,7 @@ impl StateStore for DynamoStore {
         shard: u32,
         now: DateTime<Utc>,
         limit: usize,
-    ) -> Result<Vec<OrderId>, StoreError> {
+    ) -> Result<Vec<TaskId>, StoreError> {
         let out = self
             .client
             .query()
@@ -670,7 +669,7 @@ impl StateStore for DynamoStore {
             .map(|item| {
                 get_s(item, "pk")?
                     .strip_prefix("ORDER#")
-                    .ok_or_else(|| corrupt("due-index item without an order key"))?
+                    .ok_or_else(|| corrupt("due-index item without a task key"))?
                     .parse()
                     .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))
             })
@@ -786,6 +785,7 @@ impl StateStore for DynamoStore {
     async fn list(
         &self,
         state: ProcessState,
+        workflow: Option<&str>,
         limit: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError> {
@@ -795,14 +795,14 @@ impl StateStore for DynamoStore {
         for shard in after.map_or(0, |c| c.shard)..self.shards {
             let mut start = after.filter(|c| c.shard == shard).map(|c| {
                 HashMap::from([
-                    ("pk".to_owned(), s(order_pk(&c.order_id))),
+                    ("pk".to_owned(), s(task_pk(&c.task_id))),
                     ("sk".to_owned(), s("STATE")),
                     ("StateShard".to_owned(), s(state_shard_key(state, shard))),
                     ("UpdatedAt".to_owned(), n(c.updated_at_ms)),
                 ])
             });
             loop {
-                let out = self
+                let mut query = self
                     .client
                     .query()
                     .table_name(&self.table)
@@ -811,10 +811,15 @@ impl StateStore for DynamoStore {
                     .expression_attribute_values(":k", s(state_shard_key(state, shard)))
                     .scan_index_forward(false)
                     .limit((limit - items.len()) as i32)
-                    .set_exclusive_start_key(start.take())
-                    .send()
-                    .await
-                    .map_err(|e| unavailable(&e))?;
+                    .set_exclusive_start_key(start.take());
+                if let Some(w) = workflow {
+                    // A filter on the projected `Workflow`: the page may come back short, and
+                    // the loop goes on from `LastEvaluatedKey` until it is full.
+                    query = query
+                        .filter_expression("Workflow = :w")
+                        .expression_attribute_values(":w", s(w));
+                }
+                let out = query.send().await.map_err(|e| unavailable(&e))?;
                 for item in out.items() {
                     let summary = parse_summary(item)?;
                     next = Some(Cursor::after(shard, &summary));
@@ -833,11 +838,229 @@ impl StateStore for DynamoStore {
     }
 }
 
+fn definition_pk(kind: Kind, name: &str) -> String {
+    format!("{}#{name}", kind.as_str())
+}
+
+fn version_sk(version: u32) -> String {
+    format!("V#{version:010}")
+}
+
+fn catalog_pk(kind: Kind) -> String {
+    format!("CATALOG#{}", kind.as_str())
+}
+
+fn text_hash(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+/// The catalog item: name → newest version, and name → the hash of that version's text.
+struct CatalogItem {
+    revision: u64,
+    latest: HashMap<String, u32>,
+    hashes: HashMap<String, String>,
+}
+
+fn parse_catalog(item: &Item) -> Result<CatalogItem, StoreError> {
+    let map = |k: &str| match item.get(k) {
+        Some(AttributeValue::M(m)) => Ok(m.clone()),
+        None => Ok(HashMap::new()),
+        _ => Err(corrupt(format!("{k} is not a map"))),
+    };
+    let latest = map("Latest")?
+        .into_iter()
+        .map(|(name, v)| match v {
+            AttributeValue::N(n) => n
+                .parse()
+                .map(|n| (name, n))
+                .map_err(|_| corrupt("Latest holds a bad number")),
+            _ => Err(corrupt("Latest holds a non-number")),
+        })
+        .collect::<Result<_, _>>()?;
+    let hashes = map("Hashes")?
+        .into_iter()
+        .map(|(name, v)| match v {
+            AttributeValue::S(h) => Ok((name, h)),
+            _ => Err(corrupt("Hashes holds a non-string")),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(CatalogItem {
+        revision: get_n(item, "Revision")?,
+        latest,
+        hashes,
+    })
+}
+
+fn parse_stored(kind: Kind, item: &Item) -> Result<Stored, StoreError> {
+    Ok(Stored {
+        kind,
+        name: get_s(item, "Name")?.to_owned(),
+        version: get_n(item, "Version")?,
+        body: serde_json::from_str(get_s(item, "Body")?)
+            .map_err(|e| corrupt(format!("Body is not JSON: {e}")))?,
+        published_at: time(get_n(item, "PublishedAt")?)?,
+    })
+}
+
+impl DynamoStore {
+    async fn catalog(&self, kind: Kind) -> Result<Option<CatalogItem>, StoreError> {
+        self.read_item(catalog_pk(kind), "CATALOG")
+            .await?
+            .as_ref()
+            .map(parse_catalog)
+            .transpose()
+    }
+}
+
+#[async_trait]
+impl Catalog for DynamoStore {
+    async fn publish(
+        &self,
+        kind: Kind,
+        name: &str,
+        body: &serde_json::Value,
+        now: DateTime<Utc>,
+    ) -> Result<Published, StoreError> {
+        let text = canonical(body);
+        let hash = text_hash(&text);
+        // Two publishers may race: the loser's transaction fails on the catalog's revision and
+        // it tries again on the newer catalog.
+        for _ in 0..8 {
+            let current = self.catalog(kind).await?;
+            let (revision, mut latest, mut hashes) = match current {
+                Some(c) => (c.revision, c.latest, c.hashes),
+                None => (0, HashMap::new(), HashMap::new()),
+            };
+            if let Some(v) = latest.get(name)
+                && hashes.get(name) == Some(&hash)
+            {
+                return Ok(Published {
+                    version: *v,
+                    created: false,
+                });
+            }
+            let version = latest.get(name).copied().unwrap_or(0) + 1;
+            latest.insert(name.to_owned(), version);
+            hashes.insert(name.to_owned(), hash.clone());
+            // Condition: the version does not exist yet - keeps "a published version never
+            // changes".
+            let definition = Put::builder()
+                .table_name(&self.table)
+                .set_item(Some(HashMap::from([
+                    ("pk".to_owned(), s(definition_pk(kind, name))),
+                    ("sk".to_owned(), s(version_sk(version))),
+                    ("Name".to_owned(), s(name)),
+                    ("Version".to_owned(), n(version)),
+                    ("Body".to_owned(), s(&text)),
+                    ("PublishedAt".to_owned(), ms(now)),
+                ])))
+                .condition_expression("attribute_not_exists(pk)")
+                .build()
+                .map_err(build_err)?;
+            // Condition: the catalog is still at the revision read - keeps "versions are dense
+            // and the catalog's newest version of a name is stored".
+            let mut catalog = Put::builder()
+                .table_name(&self.table)
+                .set_item(Some(HashMap::from([
+                    ("pk".to_owned(), s(catalog_pk(kind))),
+                    ("sk".to_owned(), s("CATALOG")),
+                    ("Revision".to_owned(), n(revision + 1)),
+                    (
+                        "Latest".to_owned(),
+                        AttributeValue::M(latest.into_iter().map(|(k, v)| (k, n(v))).collect()),
+                    ),
+                    (
+                        "Hashes".to_owned(),
+                        AttributeValue::M(hashes.into_iter().map(|(k, v)| (k, s(v))).collect()),
+                    ),
+                ])));
+            catalog = if revision == 0 {
+                catalog.condition_expression("attribute_not_exists(pk)")
+            } else {
+                catalog
+                    .condition_expression("Revision = :r")
+                    .expression_attribute_values(":r", n(revision))
+            };
+            let result = self
+                .client
+                .transact_write_items()
+                .transact_items(TransactWriteItem::builder().put(definition).build())
+                .transact_items(
+                    TransactWriteItem::builder()
+                        .put(catalog.build().map_err(build_err)?)
+                        .build(),
+                )
+                .send()
+                .await;
+            match result {
+                Ok(_) => {
+                    return Ok(Published {
+                        version,
+                        created: true,
+                    });
+                }
+                Err(e)
+                    if e.as_service_error().is_some_and(|se| {
+                        matches!(se, aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(_))
+                    }) =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(unavailable(&e)),
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the catalog kept changing; publish again".into(),
+        ))
+    }
+
+    async fn definition(
+        &self,
+        kind: Kind,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Option<Stored>, StoreError> {
+        let version = match version {
+            Some(v) => v,
+            None => match self
+                .catalog(kind)
+                .await?
+                .and_then(|c| c.latest.get(name).copied())
+            {
+                Some(v) => v,
+                None => return Ok(None),
+            },
+        };
+        self.read_item(definition_pk(kind, name), &version_sk(version))
+            .await?
+            .as_ref()
+            .map(|item| parse_stored(kind, item))
+            .transpose()
+    }
+
+    async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError> {
+        let mut out: Vec<Entry> = self
+            .catalog(kind)
+            .await?
+            .map(|c| {
+                c.latest
+                    .into_iter()
+                    .map(|(name, latest)| Entry { name, latest })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+}
+
 fn parse_summary(item: &Item) -> Result<Summary, StoreError> {
     Ok(Summary {
-        order_id: get_s(item, "OrderId")?
+        task_id: get_s(item, "TaskId")?
             .parse()
             .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
+        workflow: get_s(item, "Workflow")?.to_owned(),
         process_state: get_s(item, "ProcessState")?.parse().map_err(corrupt)?,
         step: opt_s(item, "CurrentStep"),
         failure_count: get_n(item, "FailureCount")?,
@@ -850,14 +1073,14 @@ fn parse_summary(item: &Item) -> Result<Summary, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::Workflow;
+    use crate::domain::workflow::examples;
 
     #[test]
     fn state_items_round_trip_and_carry_index_keys_only_when_due() {
         let now = crate::domain::state::to_millis(Utc::now());
         let mut r = StateRecord::new(
-            OrderId::new_random(),
-            &Workflow::ecommerce(),
+            TaskId::new_random(),
+            &examples::loan_application(&crate::Policy::default()),
             Some("https://sqs.example/q".into()),
             now,
             now + chrono::Duration::seconds(5),
@@ -866,6 +1089,17 @@ mod tests {
         assert!(item.contains_key("DueShard") && item.contains_key("DueAt"));
         assert!(!item.contains_key("LockedBy"));
         assert_eq!(parse_state(&item).expect("parses"), r);
+        assert_eq!(r.pivot, Some(2));
+        assert!(!r.steps[0].undoable && r.steps[1].undoable);
+        let task = Task {
+            id: r.task_id,
+            workflow: r.workflow.clone(),
+            workflow_version: 1,
+            input: serde_json::json!({"amount": 12.5, "nested": {"a": [1, null]}}),
+            reply_queue_url: None,
+            created_at: now,
+        };
+        assert_eq!(parse_task(&task_item(&task)).expect("parses"), task);
 
         r.process_state = ProcessState::Error;
         r.complete_by = None;

@@ -9,7 +9,6 @@ use aws_sdk_dynamodb::types::{
     ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
 };
 use aws_sdk_sqs::types::QueueAttributeName;
-use std::collections::HashMap;
 
 #[derive(Debug, thiserror::Error)]
 #[error("provisioning {what}: {why}")]
@@ -33,18 +32,18 @@ pub struct Resources {
     pub reply_queue_url: String,
     /// The supervisor's deadline-timer queue.
     pub timer_queue_url: String,
-    /// Agent name → request queue URL.
-    pub agent_queue_urls: HashMap<String, String>,
+    /// The agents' request queue (every service's steps).
+    pub agent_queue_url: String,
     /// Where the scheduler's poison messages go.
     pub dead_letter_url: String,
-    /// Where each agent's poison messages go (agents without an entry use `dead_letter_url`).
-    pub agent_dead_letter_urls: HashMap<String, String>,
+    /// Where the agents' poison messages go (`None`: `dead_letter_url`).
+    pub agent_dead_letter_url: Option<String>,
     pub bus_name: String,
 }
 
 impl Resources {
     /// Every queue URL of the deployment with its role: `work`, `replies`, `timers`, `agent` or
-    /// `dlq`. (Any other URL an order names is a client's reply queue.)
+    /// `dlq`. (Any other URL a task names is a client's reply queue.)
     pub fn queue_roles(&self) -> std::collections::BTreeMap<String, &'static str> {
         let mut roles = std::collections::BTreeMap::from([
             (self.work_queue_url.clone(), "work"),
@@ -52,10 +51,8 @@ impl Resources {
             (self.timer_queue_url.clone(), "timers"),
             (self.dead_letter_url.clone(), "dlq"),
         ]);
-        for url in self.agent_queue_urls.values() {
-            roles.insert(url.clone(), "agent");
-        }
-        for url in self.agent_dead_letter_urls.values() {
+        roles.insert(self.agent_queue_url.clone(), "agent");
+        if let Some(url) = &self.agent_dead_letter_url {
             roles.insert(url.clone(), "dlq");
         }
         roles
@@ -78,17 +75,16 @@ impl Default for QueueSettings {
     }
 }
 
-/// Creates (or finds) every resource named with `prefix` for the given agents.
+/// Creates (or finds) every resource named with `prefix`.
 pub async fn provision(
     config: &aws_config::SdkConfig,
     prefix: &str,
-    agents: &[&str],
     settings: QueueSettings,
 ) -> Result<Resources, ProvisionError> {
     let ddb = aws_sdk_dynamodb::Client::new(config);
     let sqs = aws_sdk_sqs::Client::new(config);
     let eb = aws_sdk_eventbridge::Client::new(config);
-    let table = format!("{prefix}-orders");
+    let table = format!("{prefix}-tasks");
     create_table(&ddb, &table).await?;
     let dead_letter_url = create_queue(&sqs, &format!("{prefix}-dlq"), None, settings).await?;
     let dlq_arn = queue_arn(&sqs, &dead_letter_url).await?;
@@ -98,11 +94,8 @@ pub async fn provision(
         create_queue(&sqs, &format!("{prefix}-replies"), redrive, settings).await?;
     let timer_queue_url =
         create_queue(&sqs, &format!("{prefix}-timers"), redrive, settings).await?;
-    let mut agent_queue_urls = HashMap::new();
-    for agent in agents {
-        let url = create_queue(&sqs, &format!("{prefix}-agent-{agent}"), redrive, settings).await?;
-        agent_queue_urls.insert((*agent).to_owned(), url);
-    }
+    let agent_queue_url =
+        create_queue(&sqs, &format!("{prefix}-agent"), redrive, settings).await?;
     let bus_name = format!("{prefix}-bus");
     match eb.create_event_bus().name(&bus_name).send().await {
         Ok(_) => {}
@@ -116,9 +109,9 @@ pub async fn provision(
         work_queue_url,
         reply_queue_url,
         timer_queue_url,
-        agent_queue_urls,
+        agent_queue_url,
         dead_letter_url,
-        agent_dead_letter_urls: HashMap::new(),
+        agent_dead_letter_url: None,
         bus_name,
     })
 }

@@ -2,18 +2,18 @@
 
 pub mod backoff;
 pub mod breaker;
-pub mod order;
+pub mod mapping;
 pub mod state;
+pub mod task;
 pub mod transition;
 pub mod workflow;
 
 pub use backoff::Backoff;
 pub use breaker::{BreakerPolicy, BreakerRecord, BreakerState, Decision};
-pub use order::{
-    CustomerId, LineItem, Order, OrderId, OrderRequest, Quantity, Sku, ValidationError,
-};
+pub use mapping::{Mapping, MappingError};
 pub use state::{
     HistoryEntry, Invariant, ProcessState, StateRecord, Status, StepState, StepStatus,
 };
-pub use transition::{Condition, Effect, Guard, Policy, Rejection, Transition};
-pub use workflow::{StepDef, Workflow};
+pub use task::{Task, TaskId, ValidationError};
+pub use transition::{Condition, Effect, Guard, Policies, Policy, Rejection, Transition};
+pub use workflow::{DefinitionError, Document, Format, ServiceDef, Step, Target, Workflow};

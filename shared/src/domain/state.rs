@@ -1,6 +1,7 @@
 //! The state record: the pattern's one source of truth about a task.
 
-use super::order::OrderId;
+use super::task::TaskId;
+use super::transition::Policies;
 use super::workflow::Workflow;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -89,18 +90,23 @@ pub enum StepStatus {
     Failed,
     /// No reply came before the last allowed deadline: the step may or may not have taken effect.
     TimedOut,
-    /// The order was cancelled while the step ran: it may or may not have taken effect.
+    /// The task was cancelled while the step ran: it may or may not have taken effect.
     Cancelled,
+    /// The service confirmed the step, but its answer cannot be kept (over the size limit,
+    /// [`MAX_RESULT_BYTES`](super::task::MAX_RESULT_BYTES)): the step took effect and the
+    /// task fails.
+    Faulted,
 }
 
 impl StepStatus {
-    const ALL: [StepStatus; 6] = [
+    const ALL: [StepStatus; 7] = [
         Self::Pending,
         Self::Running,
         Self::Done,
         Self::Failed,
         Self::TimedOut,
         Self::Cancelled,
+        Self::Faulted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -111,6 +117,7 @@ impl StepStatus {
             Self::Failed => "Failed",
             Self::TimedOut => "TimedOut",
             Self::Cancelled => "Cancelled",
+            Self::Faulted => "Faulted",
         }
     }
 }
@@ -137,6 +144,10 @@ impl FromStr for StepStatus {
 pub struct StepState {
     pub name: String,
     pub status: StepStatus,
+    /// The workflow declares an undo for this step: without one the step is never undone (a
+    /// read-only check, or a step after the pivot).
+    #[serde(default)]
+    pub undoable: bool,
     /// The attempt under which the step finished (Done or Failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_attempt: Option<u64>,
@@ -164,10 +175,11 @@ pub struct StepState {
 }
 
 impl StepState {
-    fn new(name: &str) -> Self {
+    fn new(name: &str, undoable: bool) -> Self {
         Self {
             name: name.to_owned(),
             status: StepStatus::Pending,
+            undoable,
             finished_attempt: None,
             finished_at: None,
             sent: false,
@@ -178,14 +190,17 @@ impl StepState {
         }
     }
 
-    /// Whether compensation must undo this step: it may have taken effect (a request went out
-    /// and the service did not refuse it) and its undo has not succeeded yet.
+    /// Whether compensation must undo this step: it has an undo, it may have taken effect (a
+    /// request went out and the service did not refuse it) and its undo has not succeeded yet.
     pub fn needs_undo(&self) -> bool {
-        self.sent && self.status != StepStatus::Failed && self.undo != Some(StepStatus::Done)
+        self.undoable
+            && self.sent
+            && self.status != StepStatus::Failed
+            && self.undo != Some(StepStatus::Done)
     }
 }
 
-/// What an order announces: status messages to its submitter and events on the bus. The four
+/// What a task announces: status messages to its submitter and events on the bus. The four
 /// that end a phase (Processed, Failed, Compensated, CompensationFailed) go through the record's
 /// outbox and are delivered at least once; the others are published after the write, best
 /// effort.
@@ -194,14 +209,14 @@ pub enum Status {
     Received,
     StepCompleted,
     Processed,
-    /// The order failed (a refusal, or the failure threshold): the operator alert.
+    /// The task failed (a refusal, or the failure threshold): the operator alert.
     Failed,
     Compensated,
     /// An undo failed for good: an operator alert too.
     CompensationFailed,
     /// An operator resubmitted the failed step.
     Retrying,
-    /// An operator cancelled the order.
+    /// An operator cancelled the task.
     Cancelled,
 }
 
@@ -230,17 +245,17 @@ impl Status {
         }
     }
 
-    /// The EventBridge `detail-type` (`Order` + the status).
+    /// The EventBridge `detail-type` (`Task` + the status).
     pub fn detail_type(self) -> &'static str {
         match self {
-            Self::Received => "OrderReceived",
-            Self::StepCompleted => "OrderStepCompleted",
-            Self::Processed => "OrderProcessed",
-            Self::Failed => "OrderFailed",
-            Self::Compensated => "OrderCompensated",
-            Self::CompensationFailed => "OrderCompensationFailed",
-            Self::Retrying => "OrderRetrying",
-            Self::Cancelled => "OrderCancelled",
+            Self::Received => "TaskReceived",
+            Self::StepCompleted => "TaskStepCompleted",
+            Self::Processed => "TaskProcessed",
+            Self::Failed => "TaskFailed",
+            Self::Compensated => "TaskCompensated",
+            Self::CompensationFailed => "TaskCompensationFailed",
+            Self::Retrying => "TaskRetrying",
+            Self::Cancelled => "TaskCancelled",
         }
     }
 
@@ -260,7 +275,7 @@ impl FromStr for Status {
     }
 }
 
-/// One line of an order's history: every transition appends one.
+/// One line of a task's history: every transition appends one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HistoryEntry {
@@ -276,14 +291,19 @@ pub struct HistoryEntry {
 /// below DynamoDB's 400 KB limit however often an operator retries.
 pub const MAX_HISTORY: usize = 100;
 
-/// The state record of one order. Field names follow the pattern (`LockedBy`, `CompleteBy`,
+/// The state record of one task. Field names follow the pattern (`LockedBy`, `CompleteBy`,
 /// `ProcessState`, `FailureCount`) plus the fencing `Attempt` and a `Version` that every write
 /// bumps and every conditional write checks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StateRecord {
-    pub order_id: OrderId,
+    pub task_id: TaskId,
+    /// The workflow and the version of it the task runs on, for its whole life.
     pub workflow: String,
+    pub workflow_version: u32,
+    /// The workflow's pivot step: once it is Done the task only goes forward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pivot: Option<usize>,
     pub process_state: ProcessState,
     /// The scheduler instance holding the claim; `None` unless a step (or undo) is out.
     pub locked_by: Option<String>,
@@ -332,7 +352,7 @@ pub fn to_millis(t: DateTime<Utc>) -> DateTime<Utc> {
 impl StateRecord {
     /// A new Pending record that a scheduler must pick up by `pickup_by`.
     pub fn new(
-        order_id: OrderId,
+        task_id: TaskId,
         workflow: &Workflow,
         reply_queue_url: Option<String>,
         now: DateTime<Utc>,
@@ -340,8 +360,10 @@ impl StateRecord {
     ) -> Self {
         let now = to_millis(now);
         Self {
-            order_id,
+            task_id,
             workflow: workflow.name.clone(),
+            workflow_version: workflow.version,
+            pivot: workflow.pivot,
             process_state: ProcessState::Pending,
             locked_by: None,
             complete_by: Some(to_millis(pickup_by)),
@@ -352,7 +374,7 @@ impl StateRecord {
             steps: workflow
                 .steps
                 .iter()
-                .map(|s| StepState::new(&s.name))
+                .map(|s| StepState::new(&s.name, s.undo.is_some()))
                 .collect(),
             last_error: None,
             outbox: vec![],
@@ -396,17 +418,56 @@ impl StateRecord {
 
     /// The due-index shard of this record (see ARCHITECTURE.md: sharding the sparse index).
     pub fn due_shard(&self, shards: u32) -> u32 {
-        due_shard(&self.order_id, shards)
+        due_shard(&self.task_id, shards)
     }
 
-    /// Checks every invariant of the record. `threshold` is the failure threshold in force.
-    pub fn check(&self, threshold: u32) -> Result<(), Invariant> {
+    /// Whether the pivot step is done: from then on the task only goes forward.
+    pub fn past_pivot(&self) -> bool {
+        self.pivot
+            .and_then(|p| self.steps.get(p))
+            .is_some_and(|s| s.status == StepStatus::Done)
+    }
+
+    /// The results kept so far, as `{<step>: {"result": ...}}`, for input mappings.
+    pub fn results(&self) -> serde_json::Map<String, serde_json::Value> {
+        self.steps
+            .iter()
+            .filter_map(|s| {
+                let result: serde_json::Value = serde_json::from_str(s.result.as_deref()?).ok()?;
+                Some((s.name.clone(), serde_json::json!({ "result": result })))
+            })
+            .collect()
+    }
+
+    /// The bytes the kept results take together.
+    pub fn results_bytes(&self) -> usize {
+        self.steps
+            .iter()
+            .filter_map(|s| s.result.as_ref().map(String::len))
+            .sum()
+    }
+
+    /// Checks every invariant of the record under the workflow's policies (`p`: each step's
+    /// failure threshold).
+    pub fn check(&self, p: &Policies) -> Result<(), Invariant> {
         use ProcessState as P;
         use StepStatus as S;
         let bad = |m: String| Err(Invariant(m));
         let n = self.steps.len();
         if n == 0 {
             return bad("a record has at least one step".into());
+        }
+        let threshold = p.at(self.step_index).failure_threshold;
+        if self.past_pivot()
+            && matches!(
+                self.process_state,
+                P::Compensating | P::Compensated | P::CompensationFailed
+            )
+        {
+            return bad(format!("{} past the pivot", self.process_state));
+        }
+        if self.results_bytes() > super::task::MAX_RESULTS_BYTES {
+            return bad("the kept results are over their limit".into());
         }
         if self.failure_count > threshold {
             return bad(format!(
@@ -493,9 +554,9 @@ impl StateRecord {
                 }
             }
             P::Error => {
-                if current
-                    .is_some_and(|s| !matches!(s.status, S::Pending | S::Failed | S::TimedOut))
-                {
+                if current.is_some_and(|s| {
+                    !matches!(s.status, S::Pending | S::Failed | S::TimedOut | S::Faulted)
+                }) {
                     return bad("Error with its current step still Running or Done".into());
                 }
             }
@@ -538,8 +599,8 @@ impl StateRecord {
     }
 }
 
-/// The due-index shard of an order: a stable function of its id, spreading records evenly.
-pub fn due_shard(id: &OrderId, shards: u32) -> u32 {
+/// The due-index shard of a task: a stable function of its id, spreading records evenly.
+pub fn due_shard(id: &TaskId, shards: u32) -> u32 {
     let b = id.as_uuid().into_bytes();
     u32::from_be_bytes([b[12], b[13], b[14], b[15]]) % shards.max(1)
 }
@@ -553,13 +614,13 @@ mod tests {
         let now = Utc::now();
         let pickup = now + chrono::Duration::seconds(30);
         let r = StateRecord::new(
-            OrderId::new_random(),
-            &Workflow::ecommerce(),
+            TaskId::new_random(),
+            &crate::domain::workflow::examples::ecommerce_order(&Default::default()),
             None,
             now,
             pickup,
         );
-        r.check(3).expect("valid");
+        r.check(&Policies::uniform(Default::default())).expect("valid");
         assert_eq!(r.process_state, ProcessState::Pending);
         assert_eq!(r.due_at(), Some(to_millis(pickup)));
         assert_eq!(r.current_step(), Some("reserve-inventory"));
@@ -569,7 +630,7 @@ mod tests {
     fn shards_cover_the_range_and_are_stable() {
         let mut seen = [0u32; 4];
         for _ in 0..400 {
-            let id = OrderId::new_random();
+            let id = TaskId::new_random();
             let s = due_shard(&id, 4);
             assert_eq!(s, due_shard(&id, 4));
             seen[s as usize] += 1;
@@ -587,7 +648,7 @@ mod tests {
         }
         for s in Status::ALL {
             assert_eq!(s.as_str().parse::<Status>(), Ok(s));
-            assert!(s.detail_type().starts_with("Order"));
+            assert!(s.detail_type().starts_with("Task"));
         }
         assert!("Done".parse::<ProcessState>().is_err());
     }

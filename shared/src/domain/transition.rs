@@ -28,17 +28,20 @@ pub struct Policy {
     /// Expired deadlines after which the task is failed for good (or, with extended waits left,
     /// cools down first).
     pub failure_threshold: u32,
-    /// Delay before the first retry; doubles with every failure (with jitter).
+    /// Delay before the first retry; multiplied by `backoff_rate` with every failure (with
+    /// jitter).
     pub retry_base_delay: Duration,
+    /// What each further retry multiplies the delay by (at least 1).
+    pub backoff_rate: f64,
     /// Upper bound on the retry delay.
     pub retry_max_delay: Duration,
     /// On failure, undo the steps that may have taken effect at once (`true`), or leave the
-    /// order in Error for the operator (`false`).
+    /// task in Error for the operator (`false`).
     pub auto_compensate: bool,
     /// Extended wait: how long to cool down when `FailureCount` reaches the threshold before one
     /// more round of retries...
     pub cooldown: Duration,
-    /// ...and how many such rounds an order gets before it fails (0: none).
+    /// ...and how many such rounds a task gets before it fails (0: none).
     pub max_rounds: u32,
 }
 
@@ -49,6 +52,7 @@ impl Default for Policy {
             pickup_timeout: Duration::seconds(120),
             failure_threshold: 3,
             retry_base_delay: Duration::seconds(5),
+            backoff_rate: 2.0,
             retry_max_delay: Duration::seconds(900),
             auto_compensate: true,
             cooldown: Duration::minutes(30),
@@ -58,18 +62,53 @@ impl Default for Policy {
 }
 
 impl Policy {
-    /// The delay before the retry that follows the `failures`-th failure: exponential, capped,
-    /// with "equal jitter" (a uniform wait in `[d/2, d]` for the exponential `d`), so delays
-    /// still grow while retries of many orders failing together spread out. `jitter` in [0, 1).
+    /// The delay before the retry that follows the `failures`-th failure: exponential
+    /// (`base × rate^(failures-1)`), capped, with "equal jitter" (a uniform wait in `[d/2, d]`
+    /// for the exponential `d`), so delays still grow while retries of many tasks failing
+    /// together spread out. `jitter` in [0, 1).
     pub fn retry_delay(&self, failures: u32, jitter: f64) -> Duration {
-        let exp = failures.saturating_sub(1).min(20);
-        let ms = self
-            .retry_base_delay
-            .num_milliseconds()
-            .saturating_mul(1i64 << exp)
-            .min(self.retry_max_delay.num_milliseconds());
+        let exp = failures.saturating_sub(1).min(60) as i32;
+        let cap = self.retry_max_delay.num_milliseconds();
+        let grown =
+            self.retry_base_delay.num_milliseconds() as f64 * self.backoff_rate.max(1.0).powi(exp);
+        let ms = if grown.is_finite() && grown < cap as f64 {
+            grown as i64
+        } else {
+            cap
+        };
         let half = ms / 2;
         Duration::milliseconds(half + ((ms - half) as f64 * jitter.clamp(0.0, 1.0)) as i64)
+    }
+}
+
+/// The policy of every step of a workflow (the deployment's, with the workflow's defaults and
+/// each step's own settings over it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policies {
+    steps: Vec<Policy>,
+    fallback: Policy,
+}
+
+impl Policies {
+    pub fn new(steps: Vec<Policy>) -> Self {
+        Self {
+            fallback: steps.last().cloned().unwrap_or_default(),
+            steps,
+        }
+    }
+
+    /// The same policy for every step.
+    pub fn uniform(p: Policy) -> Self {
+        Self {
+            steps: vec![],
+            fallback: p,
+        }
+    }
+
+    /// The policy of step `i` (the task-wide fields, such as `auto_compensate` and
+    /// `pickup_timeout`, are the same in every step's).
+    pub fn at(&self, i: usize) -> &Policy {
+        self.steps.get(i).unwrap_or(&self.fallback)
     }
 }
 
@@ -175,12 +214,14 @@ pub enum Rejection {
     NotDue { due: Option<DateTime<Utc>> },
     #[error("no notice is owed")]
     NoNoticeOwed,
-    #[error("an order that is {0} cannot be retried (only Error or CompensationFailed)")]
+    #[error("a task that is {0} cannot be retried (only Error or CompensationFailed)")]
     NotRetryable(ProcessState),
-    #[error("an order that is {0} cannot be compensated (only Error or CompensationFailed)")]
+    #[error("a task that is {0} cannot be compensated (only Error or CompensationFailed)")]
     NotCompensable(ProcessState),
-    #[error("an order that is {0} cannot be cancelled (only Pending or Processing)")]
+    #[error("a task that is {0} cannot be cancelled (only Pending or Processing)")]
     NotCancellable(ProcessState),
+    #[error("the task is {0} past its pivot step: it only goes forward (retry it)")]
+    PastPivot(ProcessState),
 }
 
 /// What an agent reported for a step.
@@ -193,8 +234,12 @@ pub enum StepOutcome {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         result: Option<String>,
     },
-    /// The remote service refused the step for good (a permanent fault).
+    /// The remote service refused the step for good (a permanent fault), or sas could not
+    /// build its request: the step had no effect.
     Failed { error: String },
+    /// The service confirmed the step but its answer cannot be used (`result_too_large`): the
+    /// step took effect, and the task fails.
+    Faulted { error: String },
     /// The service's circuit breaker is open until `until`, past the step's deadline: nothing
     /// was called; hand the step back now rather than at its deadline.
     Deferred { until: DateTime<Utc> },
@@ -245,7 +290,7 @@ fn begin_compensation(
     n: &mut StateRecord,
     now: DateTime<Utc>,
     delay: Duration,
-    p: &Policy,
+    p: &Policies,
 ) -> Vec<Effect> {
     n.failure_count = 0;
     n.round = 0;
@@ -254,20 +299,21 @@ fn begin_compensation(
         Some(i) => {
             n.process_state = ProcessState::Compensating;
             n.step_index = i;
-            n.complete_by = Some(now + delay + p.pickup_timeout);
+            n.complete_by = Some(now + delay + p.at(i).pickup_timeout);
             vec![Effect::Enqueue { delay }]
         }
         None => finish(n, ProcessState::Compensated, Status::Compensated),
     }
 }
 
-/// The order failed for good (`reason`): the operator alert is owed, and the order is either
-/// compensated at once or left in Error, as the policy says.
-fn fail(n: &mut StateRecord, now: DateTime<Utc>, reason: String, p: &Policy) -> Vec<Effect> {
+/// The task failed for good (`reason`): the operator alert is owed, and the task is either
+/// compensated at once or left in Error, as the policy says. Past the pivot it only goes
+/// forward: it is left in Error for an operator to retry.
+fn fail(n: &mut StateRecord, now: DateTime<Utc>, reason: String, p: &Policies) -> Vec<Effect> {
     n.last_error = Some(reason);
     n.outbox.push(Status::Failed);
     let mut effects = vec![Effect::DeliverNotice];
-    if p.auto_compensate {
+    if p.at(n.step_index).auto_compensate && !n.past_pivot() {
         effects.extend(
             begin_compensation(n, now, Duration::zero(), p)
                 .into_iter()
@@ -291,7 +337,7 @@ pub fn claim(
     r: &StateRecord,
     instance: &str,
     now: DateTime<Utc>,
-    p: &Policy,
+    p: &Policies,
 ) -> Result<Transition, Rejection> {
     let undo = match r.process_state {
         ProcessState::Pending => false,
@@ -302,7 +348,7 @@ pub fn claim(
     let mut n = next(r, now);
     n.locked_by = Some(instance.to_owned());
     n.attempt = r.attempt + 1;
-    n.complete_by = Some(now + p.step_timeout);
+    n.complete_by = Some(now + p.at(r.step_index).step_timeout);
     let step = &mut n.steps[r.step_index];
     if undo {
         step.undo = Some(StepStatus::Running);
@@ -337,7 +383,7 @@ pub fn apply_reply(
     undo: bool,
     outcome: &StepOutcome,
     now: DateTime<Utc>,
-    p: &Policy,
+    p: &Policies,
 ) -> Result<Transition, Rejection> {
     let expected_undo = match r.process_state {
         ProcessState::Processing => false,
@@ -402,7 +448,7 @@ pub fn apply_reply(
             if n.step_index < n.steps.len() {
                 n.steps[n.step_index].status = StepStatus::Running;
                 n.steps[n.step_index].sent = true;
-                n.complete_by = Some(now + p.step_timeout);
+                n.complete_by = Some(now + p.at(n.step_index).step_timeout);
                 log(&mut n, r.process_state, Some(step_index), "step done");
                 vec![
                     Effect::Publish(Status::StepCompleted),
@@ -418,6 +464,26 @@ pub fn apply_reply(
                 );
                 e
             }
+        }
+        (StepOutcome::Faulted { error }, true) => {
+            // An undo that took effect but whose answer is unusable still undid the step.
+            let _ = error;
+            apply_undo_reply(&mut n, step_index, None, now, p)
+        }
+        (StepOutcome::Faulted { error }, false) => {
+            let step = &mut n.steps[step_index];
+            step.finished_attempt = Some(attempt);
+            step.finished_at = Some(now);
+            step.status = StepStatus::Faulted;
+            let reason = format!("{name}: {error}");
+            let e = fail(&mut n, now, reason.clone(), p);
+            log(
+                &mut n,
+                r.process_state,
+                Some(step_index),
+                format!("faulted: {reason}"),
+            );
+            e
         }
         (StepOutcome::Failed { error }, false) => {
             let step = &mut n.steps[step_index];
@@ -455,7 +521,7 @@ fn apply_undo_reply(
     i: usize,
     refused: Option<&String>,
     now: DateTime<Utc>,
-    p: &Policy,
+    p: &Policies,
 ) -> Vec<Effect> {
     let from = n.process_state;
     match refused {
@@ -465,7 +531,7 @@ fn apply_undo_reply(
                 Some(j) => {
                     n.step_index = j;
                     n.steps[j].undo = Some(StepStatus::Running);
-                    n.complete_by = Some(now + p.step_timeout);
+                    n.complete_by = Some(now + p.at(j).step_timeout);
                     log(n, from, Some(i), "undone");
                     vec![Effect::SendStepRequest]
                 }
@@ -512,7 +578,7 @@ fn apply_undo_reply(
 pub fn expire(
     r: &StateRecord,
     now: DateTime<Utc>,
-    p: &Policy,
+    p: &Policies,
     jitter: f64,
 ) -> Result<Transition, Rejection> {
     let now = to_millis(now);
@@ -529,7 +595,7 @@ pub fn expire(
     let mut n = next(r, now);
     let i = r.step_index;
     let effects = if r.locked_by.is_none() {
-        n.complete_by = Some(now + p.pickup_timeout);
+        n.complete_by = Some(now + p.at(i).pickup_timeout);
         log(
             &mut n,
             r.process_state,
@@ -579,26 +645,27 @@ fn hand_back(
     r: &StateRecord,
     n: &mut StateRecord,
     now: DateTime<Utc>,
-    p: &Policy,
+    p: &Policies,
     jitter: f64,
     how: &str,
     reason: String,
     at_least: Duration,
 ) -> Vec<Effect> {
     let i = r.step_index;
+    let pi = p.at(i);
     let undo = r.process_state == ProcessState::Compensating;
     n.failure_count = r.failure_count + 1;
     n.locked_by = None;
     n.last_error = Some(reason.clone());
-    let exhausted = n.failure_count >= p.failure_threshold;
-    let cool_down = exhausted && n.round < p.max_rounds;
+    let exhausted = n.failure_count >= pi.failure_threshold;
+    let cool_down = exhausted && n.round < pi.max_rounds;
     if !exhausted || cool_down {
         let delay = if cool_down {
             n.round += 1;
             n.failure_count = 0;
-            p.cooldown
+            pi.cooldown
         } else {
-            p.retry_delay(n.failure_count, jitter)
+            pi.retry_delay(n.failure_count, jitter)
         }
         .max(at_least);
         if undo {
@@ -607,7 +674,7 @@ fn hand_back(
             n.process_state = ProcessState::Pending;
             n.steps[i].status = StepStatus::Pending;
         }
-        n.complete_by = Some(now + delay + p.pickup_timeout);
+        n.complete_by = Some(now + delay + pi.pickup_timeout);
         let why = if cool_down {
             format!("{how}; cooling down (round {}): {reason}", n.round)
         } else {
@@ -648,7 +715,7 @@ fn hand_back(
 /// A stable number in [0, 1) from an order and attempt: the jitter of transitions that have no
 /// randomness passed in (spreads the retries of orders deferred by the same open circuit).
 fn stable_jitter(r: &StateRecord) -> f64 {
-    let b = r.order_id.as_uuid().into_bytes();
+    let b = r.task_id.as_uuid().into_bytes();
     let x = u32::from_be_bytes([b[0], b[1], b[2], b[3]])
         .wrapping_add((r.attempt as u32).wrapping_mul(2_654_435_761));
     f64::from(x) / (f64::from(u32::MAX) + 1.0)
@@ -678,7 +745,7 @@ pub fn notice_delivered(r: &StateRecord, now: DateTime<Utc>) -> Result<Transitio
 ///
 /// Condition: same state (at the version read) - keeps "one retry per failure": of two operators
 /// retrying at once, one write wins and the other is told the order moved on.
-pub fn retry(r: &StateRecord, now: DateTime<Utc>, p: &Policy) -> Result<Transition, Rejection> {
+pub fn retry(r: &StateRecord, now: DateTime<Utc>, p: &Policies) -> Result<Transition, Rejection> {
     let now = to_millis(now);
     let mut n = next(r, now);
     let i = r.step_index;
@@ -707,7 +774,7 @@ pub fn retry(r: &StateRecord, now: DateTime<Utc>, p: &Policy) -> Result<Transiti
     n.failure_count = 0;
     n.round = 0;
     n.last_error = None;
-    n.complete_by = Some(now + p.pickup_timeout);
+    n.complete_by = Some(now + p.at(i).pickup_timeout);
     log(&mut n, r.process_state, Some(i), "operator retry");
     Ok(Transition {
         condition: Condition::on(r, vec![Guard::StateIs(r.process_state)]),
@@ -728,10 +795,11 @@ pub fn retry(r: &StateRecord, now: DateTime<Utc>, p: &Policy) -> Result<Transiti
 pub fn compensate(
     r: &StateRecord,
     now: DateTime<Utc>,
-    p: &Policy,
+    p: &Policies,
 ) -> Result<Transition, Rejection> {
     match r.process_state {
         ProcessState::CompensationFailed => retry(r, now, p),
+        ProcessState::Error if r.past_pivot() => Err(Rejection::PastPivot(r.process_state)),
         ProcessState::Error => {
             let now = to_millis(now);
             let mut n = next(r, now);
@@ -763,8 +831,11 @@ pub fn cancel(
     r: &StateRecord,
     reason: &str,
     now: DateTime<Utc>,
-    p: &Policy,
+    p: &Policies,
 ) -> Result<Transition, Rejection> {
+    if r.past_pivot() {
+        return Err(Rejection::PastPivot(r.process_state));
+    }
     let now = to_millis(now);
     let mut n = next(r, now);
     let i = r.step_index;
@@ -807,15 +878,17 @@ pub fn cancel(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{OrderId, Workflow};
+    use crate::domain::workflow::examples;
+    use crate::domain::{TaskId, Workflow};
     use proptest::prelude::*;
 
-    fn policy() -> Policy {
+    fn base() -> Policy {
         Policy {
             step_timeout: Duration::seconds(10),
             pickup_timeout: Duration::seconds(30),
             failure_threshold: 3,
             retry_base_delay: Duration::seconds(1),
+            backoff_rate: 2.0,
             retry_max_delay: Duration::seconds(8),
             auto_compensate: true,
             cooldown: Duration::seconds(60),
@@ -823,26 +896,37 @@ mod tests {
         }
     }
 
-    fn manual() -> Policy {
-        Policy {
-            auto_compensate: false,
-            ..policy()
-        }
+    fn with(f: impl FnOnce(&mut Policy)) -> Policies {
+        let mut p = base();
+        f(&mut p);
+        Policies::uniform(p)
+    }
+
+    fn policy() -> Policies {
+        with(|_| {})
+    }
+
+    fn manual() -> Policies {
+        with(|p| p.auto_compensate = false)
     }
 
     fn t0() -> DateTime<Utc> {
         to_millis(Utc::now())
     }
 
-    fn fresh(now: DateTime<Utc>) -> StateRecord {
-        let p = policy();
+    fn record(w: &Workflow, now: DateTime<Utc>) -> StateRecord {
         StateRecord::new(
-            OrderId::new_random(),
-            &Workflow::ecommerce(),
+            TaskId::new_random(),
+            w,
             None,
             now,
-            now + p.pickup_timeout,
+            now + base().pickup_timeout,
         )
+    }
+
+    /// A Pending record of the three-step e-commerce order, each step with an undo.
+    fn fresh(now: DateTime<Utc>) -> StateRecord {
+        record(&examples::ecommerce_order(&base()), now)
     }
 
     fn ok() -> StepOutcome {
@@ -861,13 +945,13 @@ mod tests {
     ) -> Transition {
         let t = f(r).expect("transition applies");
         assert!(t.condition.holds(Some(r)), "condition holds on its source");
-        t.record.check(3).expect("valid after the transition");
+        t.record.check(&policy()).expect("valid after the transition");
         *r = t.record.clone();
         t
     }
 
     /// Claims and answers steps until the record's current step is `upto`.
-    fn run_to(r: &mut StateRecord, upto: usize, now: DateTime<Utc>, p: &Policy) {
+    fn run_to(r: &mut StateRecord, upto: usize, now: DateTime<Utc>, p: &Policies) {
         apply(r, |r| claim(r, "s", now, p));
         for i in 0..upto {
             let a = r.attempt;
@@ -979,7 +1063,7 @@ mod tests {
                 expire(&r, now, &p, 0.0),
                 Err(Rejection::NotDue { .. })
             ));
-            now += p.step_timeout;
+            now += p.at(0).step_timeout;
             let t = apply(&mut r, |r| expire(r, now, &p, 0.0));
             assert_eq!(r.failure_count, round);
             match t.effects.as_slice() {
@@ -1002,16 +1086,16 @@ mod tests {
 
     #[test]
     fn an_extended_wait_cools_down_and_restarts_the_count_before_failing() {
-        let p = Policy {
-            max_rounds: 1,
-            ..manual()
-        };
+        let p = with(|p| {
+            p.max_rounds = 1;
+            p.auto_compensate = false;
+        });
         let mut now = t0();
         let mut r = fresh(now);
         let mut delays = vec![];
         while !r.process_state.is_terminal() {
             apply(&mut r, |r| claim(r, "s", now, &p));
-            now += p.step_timeout;
+            now += p.at(0).step_timeout;
             let t = apply(&mut r, |r| expire(r, now, &p, 0.999));
             if let [Effect::Enqueue { delay }] = t.effects.as_slice() {
                 delays.push(delay.num_milliseconds());
@@ -1029,7 +1113,7 @@ mod tests {
         let mut now = t0();
         let mut r = fresh(now);
         apply(&mut r, |r| claim(r, "s", now, &p));
-        now += p.step_timeout;
+        now += p.at(0).step_timeout;
         apply(&mut r, |r| expire(r, now, &p, 0.5));
         apply(&mut r, |r| claim(r, "s", now, &p));
         assert_eq!(
@@ -1055,7 +1139,7 @@ mod tests {
         );
         assert_eq!(r.failure_count, 0);
         assert_eq!(r.process_state, ProcessState::Pending);
-        assert_eq!(r.complete_by, Some(now + p.pickup_timeout));
+        assert_eq!(r.complete_by, Some(now + p.at(0).pickup_timeout));
     }
 
     #[test]
@@ -1164,10 +1248,10 @@ mod tests {
         apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
         for n in 1..=3 {
             apply(&mut r, |r| claim(r, "s", now, &p));
-            now += p.step_timeout;
+            now += p.at(0).step_timeout;
             apply(&mut r, |r| expire(r, now, &p, 0.5));
             assert_eq!(r.failure_count, n);
-            now += p.retry_max_delay;
+            now += p.at(0).retry_max_delay;
         }
         assert_eq!(r.process_state, ProcessState::CompensationFailed);
         assert_eq!(r.steps[0].undo, Some(StepStatus::TimedOut));
@@ -1265,9 +1349,9 @@ mod tests {
     fn retry_delay_grows_with_equal_jitter_and_is_capped() {
         let p = policy();
         for (n, full) in [(1, 1000), (2, 2000), (3, 4000), (4, 8000), (5, 8000)] {
-            assert_eq!(p.retry_delay(n, 0.0).num_milliseconds(), full / 2);
-            assert_eq!(p.retry_delay(n, 1.0).num_milliseconds(), full);
-            let mid = p.retry_delay(n, 0.5).num_milliseconds();
+            assert_eq!(p.at(0).retry_delay(n, 0.0).num_milliseconds(), full / 2);
+            assert_eq!(p.at(0).retry_delay(n, 1.0).num_milliseconds(), full);
+            let mid = p.at(0).retry_delay(n, 0.5).num_milliseconds();
             assert!(full / 2 < mid && mid < full);
         }
     }
@@ -1278,7 +1362,7 @@ mod tests {
         let mut now = t0();
         let mut r = fresh(now);
         for _ in 0..MAX_HISTORY {
-            now += p.pickup_timeout;
+            now += p.at(0).pickup_timeout;
             apply(&mut r, |r| expire(r, now, &p, 0.5));
         }
         assert_eq!(r.history.len(), MAX_HISTORY);
@@ -1317,6 +1401,22 @@ mod tests {
         ]
     }
 
+    /// A workflow of 1 to 8 steps, each with or without an undo, perhaps with a pivot.
+    fn shape() -> impl Strategy<Value = examples::Shape> {
+        proptest::collection::vec(proptest::bool::ANY, 1..=8).prop_flat_map(|undos| {
+            let n = undos.len();
+            (Just(undos), proptest::option::of(0..n)).prop_map(|(undos, pivot)| {
+                // Nothing after the pivot has an undo (validation refuses it).
+                let undos = undos
+                    .iter()
+                    .enumerate()
+                    .map(|(i, u)| *u && pivot.is_none_or(|p| i <= p))
+                    .collect();
+                examples::Shape { undos, pivot }
+            })
+        })
+    }
+
     proptest! {
         /// No sequence of events reaches an invalid record, every accepted transition's
         /// condition holds on the record it came from and fails on the record it produced, the
@@ -1324,12 +1424,14 @@ mod tests {
         #[test]
         fn no_event_sequence_breaks_an_invariant(
             events in proptest::collection::vec(ev(), 0..80),
+            shape in shape(),
             auto in proptest::bool::ANY,
             rounds in 0u32..2,
         ) {
-            let p = Policy { auto_compensate: auto, max_rounds: rounds, ..policy() };
+            let p = with(|p| { p.auto_compensate = auto; p.max_rounds = rounds; });
             let mut now = t0();
-            let mut r = fresh(now);
+            let w = examples::synthetic(&shape, &base());
+            let mut r = record(&w, now);
             for e in events {
                 let out = match e {
                     Ev::Claim(i) => claim(&r, &format!("s-{i}"), now, &p),
@@ -1353,7 +1455,7 @@ mod tests {
                     prop_assert!(t.condition.holds(Some(&r)));
                     prop_assert!(!t.condition.holds(Some(&t.record)));
                     prop_assert!(t.record.attempt >= r.attempt);
-                    if let Err(e) = t.record.check(p.failure_threshold) {
+                    if let Err(e) = t.record.check(&p) {
                         return Err(TestCaseError::fail(format!("{e} after {:?} from {:?} to {:?}", t.effects, r, t.record)));
                     }
                     let logged = t.record.history.last() != r.history.last() || t.effects.is_empty();

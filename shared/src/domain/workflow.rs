@@ -1,76 +1,865 @@
-//! Workflows: an ordered list of steps, each handled by one remote service through one agent.
+//! Workflows and services as data: the definition files a team writes (YAML or JSON, checked
+//! against the published `workflows/schema.json`), parsed once into types that cannot hold an
+//! invalid definition.
+//!
+//! A file holds either one workflow (`name`, `description`, an `input` JSON Schema, `defaults`
+//! and ordered `steps`) or a list of `services`. Parsing checks the shape against the schema;
+//! [`WorkflowDoc::validate`] then checks what a schema cannot say: unique step names, mappings
+//! that are RFC 9535 singular queries referring only to earlier steps, services that exist,
+//! durations in range, one pivot at most and no undo after it. Every problem is reported with
+//! the JSON pointer of its place.
 
+use super::mapping::{Mapping, MappingScope};
+use super::transition::Policy;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::{Arc, LazyLock};
 
-/// One step of a workflow.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StepDef {
-    /// The step's name, also the action the remote service performs (`reserve-inventory`).
-    pub name: String,
-    /// The agent (and so the request queue and remote service) that handles the step.
-    pub agent: String,
-    /// The action that undoes the step, for compensation (`release-inventory`).
-    pub undo: String,
+/// Most steps in one workflow (the state record keeps one entry per step).
+pub const MAX_STEPS: usize = 32;
+/// The largest definition accepted (it is stored as one item, and travels in one request).
+pub const MAX_DEFINITION_BYTES: usize = 128 * 1024;
+/// The shortest and longest step timeout: an agent works on one attempt within one Lambda
+/// invocation (at most 15 minutes).
+pub const MIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+pub const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+/// The longest retry delay a definition may ask for.
+pub const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(86_400);
+
+/// The published JSON Schema of definition files.
+pub const SCHEMA: &str = include_str!("../../../workflows/schema.json");
+
+/// One problem in a definition, at a JSON pointer (`/steps/2/service`; empty: the document).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    pub at: String,
+    pub message: String,
 }
 
-/// An ordered list of steps.
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.at.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "at {}: {}", self.at, self.message)
+        }
+    }
+}
+
+/// Every problem found in a definition.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct DefinitionError(pub Vec<Problem>);
+
+impl DefinitionError {
+    fn one(at: impl Into<String>, message: impl Into<String>) -> Self {
+        Self(vec![Problem {
+            at: at.into(),
+            message: message.into(),
+        }])
+    }
+}
+
+impl fmt::Display for DefinitionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lines: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        f.write_str(&lines.join("; "))
+    }
+}
+
+/// How a definition is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    Yaml,
+}
+
+impl Format {
+    /// From a file name: `.json` is JSON, `.yaml`/`.yml` YAML.
+    pub fn of_path(path: &str) -> Option<Self> {
+        let lower = path.to_ascii_lowercase();
+        if lower.ends_with(".json") {
+            Some(Self::Json)
+        } else if lower.ends_with(".yaml") || lower.ends_with(".yml") {
+            Some(Self::Yaml)
+        } else {
+            None
+        }
+    }
+}
+
+/// A workflow as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkflowDoc {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The JSON Schema of a task's input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<SettingsDoc>,
+    pub steps: Vec<StepDoc>,
+}
+
+/// Timeout and retry, as written (for one step, or as the workflow's defaults).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SettingsDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryDoc>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RetryDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_threshold: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_delay: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_delay: Option<String>,
+}
+
+/// One step, as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StepDoc {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub service: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undo: Option<UndoDoc>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pivot: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryDoc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UndoDoc {
+    pub action: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+}
+
+/// A file of services, as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServicesDoc {
+    pub services: Vec<ServiceDef>,
+}
+
+/// A service: what performs steps, and where its agent sends the calls.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceDef {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub target: Target,
+}
+
+/// Where a service's calls go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase", deny_unknown_fields)]
+pub enum Target {
+    /// The in-process simulated service (demo stacks and tests).
+    Simulated,
+    /// `POST {base_url}/{action}`.
+    #[serde(rename_all = "camelCase")]
+    Http { base_url: String },
+}
+
+/// One definition file: a workflow or a list of services.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Document {
+    Workflow(WorkflowDoc),
+    Services(ServicesDoc),
+}
+
+struct Schemas {
+    workflow: jsonschema::Validator,
+    services: jsonschema::Validator,
+}
+
+fn compile(root: &Value, def: &str) -> jsonschema::Validator {
+    let schema = serde_json::json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$defs": root["$defs"].clone(),
+        "$ref": format!("#/$defs/{def}"),
+    });
+    // The schema is compiled into the binary and tested (`the_published_schema_compiles`):
+    // a failure here is a build defect, not an input error.
+    #[allow(clippy::expect_used)]
+    jsonschema::validator_for(&schema).expect("workflows/schema.json compiles")
+}
+
+static SCHEMAS: LazyLock<Schemas> = LazyLock::new(|| {
+    #[allow(clippy::expect_used)]
+    let root: Value = serde_json::from_str(SCHEMA).expect("workflows/schema.json is JSON");
+    Schemas {
+        workflow: compile(&root, "workflow"),
+        services: compile(&root, "services"),
+    }
+});
+
+/// Checks `value` against a compiled schema, every problem at its pointer.
+fn schema_problems(schema: &jsonschema::Validator, value: &Value) -> Vec<Problem> {
+    schema
+        .iter_errors(value)
+        .map(|e| Problem {
+            at: e.instance_path().to_string(),
+            message: e.to_string(),
+        })
+        .collect()
+}
+
+/// Parses a definition file's text (YAML or JSON) into a value, without checking its shape.
+pub fn parse_value(text: &str, format: Format) -> Result<Value, DefinitionError> {
+    if text.len() > MAX_DEFINITION_BYTES {
+        return Err(DefinitionError::one(
+            "",
+            format!("the definition is over {MAX_DEFINITION_BYTES} bytes"),
+        ));
+    }
+    match format {
+        Format::Json => serde_json::from_str(text)
+            .map_err(|e| DefinitionError::one("", format!("not JSON: {e}"))),
+        Format::Yaml => serde_saphyr::from_str(text)
+            .map_err(|e| DefinitionError::one("", format!("not YAML: {e}"))),
+    }
+}
+
+/// Parses a definition (a workflow or a list of services) from a JSON value and checks its
+/// shape against the published schema.
+pub fn parse_document(value: Value) -> Result<Document, DefinitionError> {
+    let Some(object) = value.as_object() else {
+        return Err(DefinitionError::one(
+            "",
+            "a definition is an object: a workflow (with `steps`) or `services`",
+        ));
+    };
+    if object.contains_key("services") && !object.contains_key("steps") {
+        parse_services(value).map(Document::Services)
+    } else {
+        parse_workflow(value).map(Document::Workflow)
+    }
+}
+
+/// Parses and shape-checks a workflow.
+pub fn parse_workflow(value: Value) -> Result<WorkflowDoc, DefinitionError> {
+    let problems = schema_problems(&SCHEMAS.workflow, &value);
+    if !problems.is_empty() {
+        return Err(DefinitionError(problems));
+    }
+    serde_json::from_value(value).map_err(|e| DefinitionError::one("", e.to_string()))
+}
+
+/// Parses and shape-checks a list of services (names must be unique).
+pub fn parse_services(value: Value) -> Result<ServicesDoc, DefinitionError> {
+    let problems = schema_problems(&SCHEMAS.services, &value);
+    if !problems.is_empty() {
+        return Err(DefinitionError(problems));
+    }
+    let doc: ServicesDoc =
+        serde_json::from_value(value).map_err(|e| DefinitionError::one("", e.to_string()))?;
+    let mut seen = BTreeSet::new();
+    let mut problems = vec![];
+    for (i, s) in doc.services.iter().enumerate() {
+        if !seen.insert(s.name.as_str()) {
+            problems.push(Problem {
+                at: format!("/services/{i}/name"),
+                message: format!("service {:?} is declared twice", s.name),
+            });
+        }
+    }
+    if problems.is_empty() {
+        Ok(doc)
+    } else {
+        Err(DefinitionError(problems))
+    }
+}
+
+fn duration(at: &str, raw: &str, problems: &mut Vec<Problem>) -> Option<std::time::Duration> {
+    match humantime::parse_duration(raw.trim()) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            problems.push(Problem {
+                at: at.to_owned(),
+                message: format!("{raw:?} is not a duration ({e}); write e.g. 500ms, 30s, 5m, 1h"),
+            });
+            None
+        }
+    }
+}
+
+fn chrono(d: std::time::Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+/// Applies `doc` (timeout and retry as written) over `policy`, reporting problems at `at`.
+fn apply_settings(
+    policy: &mut Policy,
+    at: &str,
+    timeout: Option<&String>,
+    retry: Option<&RetryDoc>,
+    problems: &mut Vec<Problem>,
+) {
+    if let Some(raw) = timeout {
+        let here = format!("{at}/timeout");
+        if let Some(d) = duration(&here, raw, problems) {
+            if d < MIN_TIMEOUT || d > MAX_TIMEOUT {
+                problems.push(Problem {
+                    at: here,
+                    message: format!(
+                        "{raw:?} is out of range: a step timeout is 1s to 10m (an agent works on one attempt within one Lambda invocation)"
+                    ),
+                });
+            } else {
+                policy.step_timeout = chrono(d);
+            }
+        }
+    }
+    let Some(retry) = retry else { return };
+    let at = format!("{at}/retry");
+    if let Some(n) = retry.failure_threshold {
+        policy.failure_threshold = n;
+    }
+    if let Some(rate) = retry.backoff_rate {
+        policy.backoff_rate = rate;
+    }
+    for (field, raw, slot) in [
+        ("baseDelay", &retry.base_delay, &mut policy.retry_base_delay),
+        ("maxDelay", &retry.max_delay, &mut policy.retry_max_delay),
+    ] {
+        let Some(raw) = raw else { continue };
+        let here = format!("{at}/{field}");
+        if let Some(d) = duration(&here, raw, problems) {
+            if d > MAX_DELAY {
+                problems.push(Problem {
+                    at: here,
+                    message: format!("{raw:?} is over the longest delay, 1 day"),
+                });
+            } else {
+                *slot = chrono(d);
+            }
+        }
+    }
+    if policy.retry_max_delay < policy.retry_base_delay {
+        problems.push(Problem {
+            at,
+            message: "maxDelay is shorter than baseDelay".into(),
+        });
+    }
+}
+
+/// One step of a validated workflow.
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub name: String,
+    pub service: String,
+    pub action: String,
+    /// Builds the request body.
+    pub input: Mapping,
+    pub undo: Option<Undo>,
+    /// The deployment's policy with the workflow's defaults and the step's own settings over it.
+    pub policy: Policy,
+}
+
+/// How a step is undone.
+#[derive(Debug, Clone)]
+pub struct Undo {
+    pub action: String,
+    pub input: Mapping,
+}
+
+/// A validated, published workflow: what the scheduler runs.
+#[derive(Clone)]
 pub struct Workflow {
     pub name: String,
-    pub steps: Vec<StepDef>,
+    /// The published version (0 for a definition not published yet).
+    pub version: u32,
+    pub description: Option<String>,
+    /// The definition as written (what the catalog stores and the API returns).
+    pub doc: WorkflowDoc,
+    input_schema: Arc<jsonschema::Validator>,
+    pub steps: Vec<Step>,
+    /// The index of the pivot step, if any.
+    pub pivot: Option<usize>,
+}
+
+impl fmt::Debug for Workflow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Workflow")
+            .field("name", &self.name)
+            .field("version", &self.version)
+            .field("steps", &self.steps)
+            .field("pivot", &self.pivot)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A task input that does not match the workflow's input schema: each problem at its JSON
+/// pointer in the input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct InputError(pub Vec<Problem>);
+
+impl WorkflowDoc {
+    /// Checks what the schema cannot and compiles the workflow: `services` says which service
+    /// names exist (`None`: do not check), `policy` is the deployment's default policy.
+    pub fn validate(
+        self,
+        services: Option<&BTreeSet<String>>,
+        policy: &Policy,
+    ) -> Result<Workflow, DefinitionError> {
+        let mut problems = vec![];
+        let input_schema = match &self.input {
+            None => serde_json::json!({"type": "object"}),
+            Some(s) => s.clone(),
+        };
+        let input_validator = match jsonschema::meta::validate(&input_schema) {
+            Err(e) => {
+                problems.push(Problem {
+                    at: format!("/input{}", e.instance_path()),
+                    message: format!("not a valid JSON Schema: {e}"),
+                });
+                None
+            }
+            Ok(()) => match jsonschema::validator_for(&input_schema) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    problems.push(Problem {
+                        at: "/input".into(),
+                        message: format!("the input schema does not compile: {e}"),
+                    });
+                    None
+                }
+            },
+        };
+        let mut base = policy.clone();
+        if let Some(d) = &self.defaults {
+            apply_settings(
+                &mut base,
+                "/defaults",
+                d.timeout.as_ref(),
+                d.retry.as_ref(),
+                &mut problems,
+            );
+        }
+        let mut names: Vec<&str> = vec![];
+        let mut steps = vec![];
+        let mut pivot = None;
+        for (i, s) in self.steps.iter().enumerate() {
+            let at = format!("/steps/{i}");
+            if names.contains(&s.name.as_str()) {
+                problems.push(Problem {
+                    at: format!("{at}/name"),
+                    message: format!("step {:?} is declared twice: step names are unique", s.name),
+                });
+            }
+            if let Some(known) = services
+                && !known.contains(&s.service)
+            {
+                problems.push(Problem {
+                    at: format!("{at}/service"),
+                    message: format!(
+                        "unknown service {:?} (known: {})",
+                        s.service,
+                        known.iter().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                });
+            }
+            if s.pivot {
+                match pivot {
+                    None => pivot = Some(i),
+                    Some(first) => problems.push(Problem {
+                        at: format!("{at}/pivot"),
+                        message: format!(
+                            "step {first} is already the pivot: a workflow has at most one"
+                        ),
+                    }),
+                }
+            } else if let (Some(p), Some(_)) = (pivot, &s.undo) {
+                problems.push(Problem {
+                    at: format!("{at}/undo"),
+                    message: format!(
+                        "step {:?} comes after the pivot (step {p}) and is never undone: remove its undo",
+                        s.name
+                    ),
+                });
+            }
+            let earlier: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+            let input = Mapping::compile(
+                s.input
+                    .clone()
+                    .unwrap_or_else(|| Value::String("$.input".into())),
+                &MappingScope {
+                    steps: &earlier,
+                    own: None,
+                },
+                &format!("{at}/input"),
+                &mut problems,
+            );
+            let undo = s.undo.as_ref().map(|u| Undo {
+                action: u.action.clone(),
+                input: Mapping::compile(
+                    u.input.clone().unwrap_or_else(|| {
+                        Value::String(format!("$.steps['{}'].result", s.name))
+                    }),
+                    &MappingScope {
+                        steps: &earlier,
+                        own: Some(&s.name),
+                    },
+                    &format!("{at}/undo/input"),
+                    &mut problems,
+                ),
+            });
+            let mut step_policy = base.clone();
+            apply_settings(
+                &mut step_policy,
+                &at,
+                s.timeout.as_ref(),
+                s.retry.as_ref(),
+                &mut problems,
+            );
+            names.push(&s.name);
+            steps.push(Step {
+                name: s.name.clone(),
+                service: s.service.clone(),
+                action: s.action.clone().unwrap_or_else(|| s.name.clone()),
+                input,
+                undo,
+                policy: step_policy,
+            });
+        }
+        if steps.len() > MAX_STEPS {
+            problems.push(Problem {
+                at: "/steps".into(),
+                message: format!("at most {MAX_STEPS} steps"),
+            });
+        }
+        match input_validator {
+            Some(v) if problems.is_empty() => Ok(Workflow {
+                name: self.name.clone(),
+                version: 0,
+                description: self.description.clone(),
+                input_schema: Arc::new(v),
+                steps,
+                pivot,
+                doc: self,
+            }),
+            _ => Err(DefinitionError(problems)),
+        }
+    }
 }
 
 impl Workflow {
-    /// The project's example workflow: the e-commerce order.
-    pub fn ecommerce() -> Self {
-        let step = |name: &str, agent: &str, undo: &str| StepDef {
-            name: name.to_owned(),
-            agent: agent.to_owned(),
-            undo: undo.to_owned(),
-        };
-        Self {
-            name: "ecommerce-order".to_owned(),
-            steps: vec![
-                step("reserve-inventory", "inventory", "release-inventory"),
-                step("charge-payment", "payment", "refund-payment"),
-                step("arrange-shipping", "shipping", "cancel-shipping"),
-            ],
-        }
+    /// Parses and validates a workflow from its JSON value.
+    pub fn from_value(
+        value: Value,
+        services: Option<&BTreeSet<String>>,
+        policy: &Policy,
+    ) -> Result<Self, DefinitionError> {
+        parse_workflow(value)?.validate(services, policy)
     }
 
-    pub fn step(&self, index: usize) -> Option<&StepDef> {
+    /// The same workflow, stamped with its published version.
+    pub fn with_version(mut self, version: u32) -> Self {
+        self.version = version;
+        self
+    }
+
+    pub fn step(&self, index: usize) -> Option<&Step> {
         self.steps.get(index)
     }
 
-    /// The distinct agents this workflow uses, in step order.
-    pub fn agents(&self) -> Vec<&str> {
+    /// Checks a task's input against the workflow's input schema.
+    pub fn check_input(&self, input: &Value) -> Result<(), InputError> {
+        let problems = schema_problems(&self.input_schema, input);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(InputError(problems))
+        }
+    }
+
+    /// The policy of each step, in order.
+    pub fn policies(&self) -> super::transition::Policies {
+        super::transition::Policies::new(self.steps.iter().map(|s| s.policy.clone()).collect())
+    }
+
+    /// The distinct services this workflow uses, in step order.
+    pub fn services(&self) -> Vec<&str> {
         let mut out: Vec<&str> = Vec::new();
         for s in &self.steps {
-            if !out.contains(&s.agent.as_str()) {
-                out.push(&s.agent);
+            if !out.contains(&s.service.as_str()) {
+                out.push(&s.service);
             }
         }
         out
     }
 }
 
+/// The definitions shipped in `workflows/` (the examples), compiled in for the tests, the
+/// chaos harness and the bench. A deployment publishes its own; nothing at run time needs
+/// these.
+pub mod examples {
+    use super::*;
+
+    pub const ECOMMERCE_ORDER: &str = include_str!("../../../workflows/ecommerce-order.yaml");
+    pub const LOAN_APPLICATION: &str = include_str!("../../../workflows/loan-application.yaml");
+    pub const SERVICES: &str = include_str!("../../../workflows/services.yaml");
+
+    /// The example services (all simulated).
+    pub fn services() -> Vec<ServiceDef> {
+        parse_value(SERVICES, Format::Yaml)
+            .and_then(parse_services)
+            .map(|d| d.services)
+            .unwrap_or_default()
+    }
+
+    fn example(text: &str, policy: &Policy) -> Workflow {
+        let names: BTreeSet<String> = services().into_iter().map(|s| s.name).collect();
+        // The examples are compiled in and tested (`the_examples_are_valid`).
+        #[allow(clippy::expect_used)]
+        parse_value(text, Format::Yaml)
+            .and_then(|v| Workflow::from_value(v, Some(&names), policy))
+            .expect("the example workflows are valid")
+            .with_version(1)
+    }
+
+    /// `workflows/ecommerce-order.yaml` over `policy`, as version 1.
+    pub fn ecommerce_order(policy: &Policy) -> Workflow {
+        example(ECOMMERCE_ORDER, policy)
+    }
+
+    /// `workflows/loan-application.yaml` over `policy`, as version 1.
+    pub fn loan_application(policy: &Policy) -> Workflow {
+        example(LOAN_APPLICATION, policy)
+    }
+
+    /// The shape of a made-up workflow: which steps have an undo, and the pivot.
+    #[derive(Debug, Clone)]
+    pub struct Shape {
+        pub undos: Vec<bool>,
+        pub pivot: Option<usize>,
+    }
+
+    /// A made-up workflow of `shape` on the service `inventory` (for property tests).
+    pub fn synthetic(shape: &Shape, policy: &Policy) -> Workflow {
+        let steps: Vec<Value> = shape
+            .undos
+            .iter()
+            .enumerate()
+            .map(|(i, undo)| {
+                let mut step = serde_json::json!({"name": format!("s{i}"), "service": "inventory"});
+                if *undo {
+                    step["undo"] = serde_json::json!({"action": format!("undo-s{i}")});
+                }
+                if shape.pivot == Some(i) {
+                    step["pivot"] = Value::Bool(true);
+                }
+                step
+            })
+            .collect();
+        #[allow(clippy::expect_used)]
+        Workflow::from_value(
+            serde_json::json!({"name": "synthetic", "steps": steps}),
+            None,
+            policy,
+        )
+        .expect("a synthetic workflow is valid")
+        .with_version(1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn services() -> BTreeSet<String> {
+        let doc = parse_services(
+            parse_value(examples::SERVICES, Format::Yaml).expect("services.yaml parses"),
+        )
+        .expect("services.yaml is valid");
+        doc.services.into_iter().map(|s| s.name).collect()
+    }
+
+    fn workflow(text: &str) -> Result<Workflow, DefinitionError> {
+        let value = parse_value(text, Format::Yaml)?;
+        Workflow::from_value(value, Some(&services()), &Policy::default())
+    }
+
+    fn problems(text: &str) -> Vec<Problem> {
+        workflow(text).expect_err("invalid").0
+    }
 
     #[test]
-    fn ecommerce_has_three_steps_each_with_an_undo() {
-        let w = Workflow::ecommerce();
-        let names: Vec<_> = w.steps.iter().map(|s| s.name.as_str()).collect();
+    fn the_published_schema_compiles() {
+        LazyLock::force(&SCHEMAS);
+        let root: Value = serde_json::from_str(SCHEMA).expect("JSON");
+        jsonschema::meta::validate(&root).expect("a valid JSON Schema");
+    }
+
+    #[test]
+    fn the_examples_are_valid() {
+        let order = workflow(examples::ECOMMERCE_ORDER).expect("ecommerce-order.yaml");
+        let names: Vec<_> = order.steps.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(
             names,
             ["reserve-inventory", "charge-payment", "arrange-shipping"]
         );
-        let undos: Vec<_> = w.steps.iter().map(|s| s.undo.as_str()).collect();
-        assert_eq!(
-            undos,
-            ["release-inventory", "refund-payment", "cancel-shipping"]
-        );
-        assert_eq!(w.agents(), ["inventory", "payment", "shipping"]);
+        assert!(order.steps.iter().all(|s| s.undo.is_some()));
+        let loan = workflow(examples::LOAN_APPLICATION).expect("loan-application.yaml");
+        assert!(loan.steps[0].undo.is_none(), "the credit check is read-only");
+        assert_eq!(loan.pivot, Some(2));
+        assert_ne!(loan.steps[0].policy.step_timeout, loan.steps[1].policy.step_timeout);
+        assert_eq!(loan.services(), ["credit-bureau", "core-banking", "e-sign"]);
+        assert!(loan.steps[3].undo.is_none(), "nothing after the pivot is undone");
+    }
+
+    #[test]
+    fn inputs_are_checked_against_the_input_schema_with_pointers() {
+        let loan = workflow(examples::LOAN_APPLICATION).expect("valid");
+        loan.check_input(&json!({"applicantId": "a-1", "amount": 25000, "currency": "EUR"}))
+            .expect("a valid application");
+        let err = loan
+            .check_input(&json!({"applicantId": "a-1", "amount": -5, "currency": "EUR"}))
+            .expect_err("a negative amount");
+        assert_eq!(err.0[0].at, "/amount");
+        let err = loan
+            .check_input(&json!({"applicantId": "a-1", "amount": 5}))
+            .expect_err("no currency");
+        assert!(err.to_string().contains("currency"), "{err}");
+    }
+
+    const BASE: &str = "name: w\nsteps:\n";
+
+    #[test]
+    fn a_duplicate_step_is_named() {
+        let p = problems(&format!(
+            "{BASE}  - {{name: a, service: inventory}}\n  - {{name: a, service: payment}}\n"
+        ));
+        assert_eq!(p[0].at, "/steps/1/name");
+        assert!(p[0].message.contains("declared twice"), "{p:?}");
+    }
+
+    #[test]
+    fn an_unknown_service_is_named() {
+        let p = problems(&format!("{BASE}  - {{name: a, service: nowhere}}\n"));
+        assert_eq!(p[0].at, "/steps/0/service");
+        assert!(p[0].message.contains("unknown service \"nowhere\""), "{p:?}");
+    }
+
+    #[test]
+    fn a_forward_reference_is_named() {
+        let p = problems(&format!(
+            "{BASE}  - name: a\n    service: inventory\n    input: {{x: \"$.steps['b'].result.id\"}}\n  - {{name: b, service: payment}}\n"
+        ));
+        assert_eq!(p[0].at, "/steps/0/input/x");
+        assert!(p[0].message.contains("not an earlier step"), "{p:?}");
+    }
+
+    #[test]
+    fn a_dash_without_brackets_gets_a_hint() {
+        let p = problems(&format!(
+            "{BASE}  - {{name: check-it, service: inventory}}\n  - name: b\n    service: payment\n    input: {{s: $.steps.check-it.result}}\n"
+        ));
+        assert_eq!(p[0].at, "/steps/1/input/s");
+        assert!(p[0].message.contains("$.steps['check-it'].result"), "{p:?}");
+    }
+
+    #[test]
+    fn schema_errors_name_their_place() {
+        let p = problems(&format!("{BASE}  - {{name: a, service: inventory, colour: red}}\n"));
+        assert_eq!(p[0].at, "/steps/0", "{p:?}");
+        assert!(p[0].message.contains("colour"), "{p:?}");
+        let p = problems(&format!("{BASE}  - {{name: A!, service: inventory}}\n"));
+        assert_eq!(p[0].at, "/steps/0/name", "{p:?}");
+        let p = problems("name: w\nsteps: []\n");
+        assert_eq!(p[0].at, "/steps", "{p:?}");
+    }
+
+    #[test]
+    fn durations_are_checked_for_range_and_form() {
+        let p = problems(&format!(
+            "{BASE}  - {{name: a, service: inventory, timeout: 2h}}\n  - {{name: b, service: inventory, timeout: 3 parsecs}}\n  - name: c\n    service: inventory\n    retry: {{baseDelay: 10m, maxDelay: 1m}}\n"
+        ));
+        let at: Vec<_> = p.iter().map(|p| p.at.as_str()).collect();
+        assert_eq!(at, ["/steps/0/timeout", "/steps/1/timeout", "/steps/2/retry"]);
+    }
+
+    #[test]
+    fn pivots_are_unique_and_nothing_after_one_is_undone() {
+        let p = problems(&format!(
+            "{BASE}  - {{name: a, service: inventory, pivot: true}}\n  - {{name: b, service: inventory, pivot: true}}\n  - name: c\n    service: inventory\n    undo: {{action: un-c}}\n"
+        ));
+        let at: Vec<_> = p.iter().map(|p| p.at.as_str()).collect();
+        assert_eq!(at, ["/steps/1/pivot", "/steps/2/undo"]);
+    }
+
+    #[test]
+    fn an_undo_may_read_its_own_steps_result_but_a_step_may_not() {
+        let ok = workflow(&format!(
+            "{BASE}  - name: a\n    service: inventory\n    undo: {{action: un-a, input: {{id: \"$.steps['a'].result.id\"}}}}\n"
+        ));
+        assert!(ok.is_ok(), "{ok:?}");
+        let p = problems(&format!(
+            "{BASE}  - name: a\n    service: inventory\n    input: {{id: \"$.steps['a'].result.id\"}}\n"
+        ));
+        assert_eq!(p[0].at, "/steps/0/input/id");
+    }
+
+    #[test]
+    fn a_bad_input_schema_is_rejected() {
+        let p = problems(&format!(
+            "name: w\ninput: {{type: objekt}}\nsteps:\n  - {{name: a, service: inventory}}\n"
+        ));
+        assert!(p[0].at.starts_with("/input"), "{p:?}");
+    }
+
+    #[test]
+    fn settings_fall_back_from_step_to_workflow_to_deployment() {
+        let w = workflow(&format!(
+            "name: w\ndefaults: {{timeout: 20s, retry: {{failureThreshold: 5}}}}\nsteps:\n  - {{name: a, service: inventory, timeout: 3s, retry: {{backoffRate: 3}}}}\n  - {{name: b, service: inventory}}\n"
+        ))
+        .expect("valid");
+        let d = Policy::default();
+        let (a, b) = (&w.steps[0].policy, &w.steps[1].policy);
+        assert_eq!(a.step_timeout, chrono::Duration::seconds(3));
+        assert_eq!((a.failure_threshold, a.backoff_rate), (5, 3.0));
+        assert_eq!(b.step_timeout, chrono::Duration::seconds(20));
+        assert_eq!(b.backoff_rate, d.backoff_rate);
+        assert_eq!(b.retry_base_delay, d.retry_base_delay);
+    }
+
+    #[test]
+    fn services_files_parse_and_reject_duplicates() {
+        let doc = parse_document(json!({"services": [
+            {"name": "a", "target": {"type": "simulated"}},
+            {"name": "a", "target": {"type": "http", "baseUrl": "https://a.example"}}
+        ]}))
+        .expect_err("duplicate");
+        assert_eq!(doc.0[0].at, "/services/1/name");
+        let bad = parse_document(json!({"services": [{"name": "a", "target": {"type": "ftp"}}]}))
+            .expect_err("unknown target");
+        assert!(bad.0[0].at.starts_with("/services/0/target"), "{bad:?}");
     }
 }

@@ -1,27 +1,28 @@
-//! The agent: wraps one remote service. Retries transient faults with exponential backoff and
-//! full jitter while the step's deadline allows; once `CompleteBy` has passed it stops and
-//! sends nothing (the supervisor takes over); a permanent fault is reported as a failed step.
+//! The agent: calls the service each step request names. Retries transient faults with
+//! exponential backoff and full jitter while the step's deadline allows; once `CompleteBy` has
+//! passed it stops and sends nothing (the supervisor takes over); a permanent fault is reported
+//! as a failed step.
 
 use super::{HandlerError, RecordOutcome, process_batch};
 use crate::domain::Backoff;
+use crate::domain::task::MAX_RESULT_BYTES;
 use crate::domain::transition::StepOutcome;
 use crate::messages::{SchedulerMessage, StepReply, StepRequest};
-use crate::ports::{Clock, Queue, RemoteCall, RemoteFault, RemoteService};
+use crate::ports::{Clock, Queue, RemoteCall, RemoteFault};
+use crate::remote::{LookupError, Remotes};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use rand::Rng;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{Instrument, info, info_span, warn};
 
-/// The largest service answer kept in the state record for the step's undo.
-pub const MAX_RESULT_BYTES: usize = 4096;
-
 #[derive(Clone)]
 pub struct AgentDeps {
-    /// The agent's name (`inventory`, `payment`, ...), for the logs.
+    /// The agent's name, for the logs.
     pub name: String,
     pub queue: Arc<dyn Queue>,
-    pub remote: Arc<dyn RemoteService>,
+    /// Each service's remote, from the catalog.
+    pub remotes: Arc<Remotes>,
     pub clock: Arc<dyn Clock>,
     pub backoff: Backoff,
     /// Upper bound on one remote call (the remaining time to the deadline bounds it too).
@@ -45,16 +46,25 @@ pub async fn on_message(deps: &AgentDeps, body: &str) -> RecordOutcome {
         Ok(r) => r,
         Err(e) => return RecordOutcome::Poison(format!("not a step request: {e}")),
     };
-    let span = info_span!("step", agent = %deps.name, order_id = %request.order_id, attempt = request.attempt, step = %request.step);
+    let span = info_span!("step", agent = %deps.name, task_id = %request.task_id, workflow = %request.workflow, attempt = request.attempt, step = %request.step, service = %request.service);
     perform(deps, &request).instrument(span).await.into()
 }
 
 async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerError> {
+    let remote = match deps.remotes.get(&request.service).await {
+        Ok(r) => r,
+        Err(LookupError::Catalog(crate::catalog::CatalogError::Store(e))) => return Err(e.into()),
+        // Left for redelivery (and, after the redrive count, the dead-letter queue): the
+        // deployment is missing the service, which an operator must fix.
+        Err(e) => return Err(HandlerError::Config(e.to_string())),
+    };
     let call = RemoteCall {
+        service: request.service.clone(),
         action: request.action.clone(),
         idempotency_key: request.idempotency_key(),
-        order_id: request.order_id,
-        payload: request.payload.clone(),
+        task_id: request.task_id,
+        undoes: request.undoes.clone(),
+        input: request.input.clone(),
     };
     let mut retry = 0u32;
     loop {
@@ -66,22 +76,21 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
             info!("deadline passed; stopping without a reply");
             return Ok(());
         }
-        let outcome = match deps
-            .remote
-            .call(&call, remaining.min(deps.call_timeout))
-            .await
-        {
+        let outcome = match remote.call(&call, remaining.min(deps.call_timeout)).await {
             Ok(value) => {
                 let result = value.to_string();
                 if result.len() > MAX_RESULT_BYTES {
-                    warn!(
-                        bytes = result.len(),
-                        "the service's answer is too large to keep for the undo; dropped"
-                    );
-                }
-                StepOutcome::Succeeded {
-                    result: (result.len() <= MAX_RESULT_BYTES && !value.is_null())
-                        .then_some(result),
+                    warn!(bytes = result.len(), "the service's answer is over the result limit");
+                    StepOutcome::Faulted {
+                        error: format!(
+                            "result_too_large: the service's answer is {} bytes (at most {MAX_RESULT_BYTES})",
+                            result.len()
+                        ),
+                    }
+                } else {
+                    StepOutcome::Succeeded {
+                        result: (!value.is_null()).then_some(result),
+                    }
                 }
             }
             Err(RemoteFault::Permanent(error)) => {
@@ -122,7 +131,7 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
             }
         };
         let reply = SchedulerMessage::Reply(StepReply {
-            order_id: request.order_id,
+            task_id: request.task_id,
             step: request.step.clone(),
             step_index: request.step_index,
             attempt: request.attempt,

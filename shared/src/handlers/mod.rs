@@ -8,12 +8,35 @@ pub mod supervisor;
 
 use crate::domain::transition::{Effect, notice_delivered};
 use crate::domain::{StateRecord, Status, Transition};
-use crate::messages::{OrderNotice, SchedulerMessage, WorkMessage};
+use crate::catalog::{CatalogError, Definitions};
+use crate::messages::{SchedulerMessage, TaskNotice, WorkMessage};
 use crate::ports::{Clock, EventBus, PublishError, Queue, QueueError, StateStore, StoreError};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use std::future::Future;
 use std::time::Duration;
 use tracing::{error, info, warn};
+
+/// The workflow version a record runs on.
+pub(crate) async fn workflow_of(
+    definitions: &Definitions,
+    record: &StateRecord,
+) -> Result<std::sync::Arc<crate::Workflow>, HandlerError> {
+    match definitions
+        .workflow(&record.workflow, record.workflow_version)
+        .await
+    {
+        Ok(Some(w)) => Ok(w),
+        Ok(None) => Err(HandlerError::Config(format!(
+            "workflow {} v{} is not in the catalog",
+            record.workflow, record.workflow_version
+        ))),
+        Err(CatalogError::Store(e)) => Err(e.into()),
+        Err(CatalogError::Invalid(e)) => Err(HandlerError::Config(format!(
+            "workflow {} v{} no longer validates: {e}",
+            record.workflow, record.workflow_version
+        ))),
+    }
+}
 
 /// Why handling a message or a sweep step failed.
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +47,7 @@ pub enum HandlerError {
     Queue(#[from] QueueError),
     #[error(transparent)]
     Publish(#[from] PublishError),
-    /// The message can never be processed (unknown order, inconsistent with the workflow).
+    /// The message can never be processed (unknown task, inconsistent with the workflow).
     #[error("poison message: {0}")]
     Poison(String),
     /// The deployment is missing something the message needs (e.g. an agent's queue URL).
@@ -116,18 +139,18 @@ pub(crate) async fn write(store: &dyn StateStore, t: &Transition) -> Result<bool
 /// SQS `DelaySeconds` cannot exceed 15 minutes.
 pub const MAX_SQS_DELAY: Duration = Duration::from_secs(900);
 
-/// Puts a work message for `order_id` on the work queue, visible after `delay`. A delay over
+/// Puts a work message for `task_id` on the work queue, visible after `delay`. A delay over
 /// SQS's 15 minutes is sent as 15 minutes with `notBefore` set: the scheduler sends it again
 /// for the rest of the wait.
 pub(crate) async fn enqueue(
     queue: &dyn Queue,
     work_queue_url: &str,
-    order_id: crate::OrderId,
+    task_id: crate::TaskId,
     delay: chrono::Duration,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(), HandlerError> {
     let wanted = delay.to_std().unwrap_or_default();
-    let mut message = WorkMessage::new(order_id);
+    let mut message = WorkMessage::new(task_id);
     if wanted > MAX_SQS_DELAY {
         message.not_before = Some(now + delay);
     }
@@ -178,7 +201,7 @@ where
                 enqueue(
                     o.queue,
                     o.work_queue_url,
-                    t.record.order_id,
+                    t.record.task_id,
                     *delay,
                     o.clock.now(),
                 )
@@ -200,26 +223,26 @@ pub(crate) async fn perform_no_step(o: &Outlets<'_>, t: &Transition) -> Result<(
     .await
 }
 
-/// Sends one status to the bus and to the order's reply queue. Either may fail: the first is an
+/// Sends one status to the bus and to the task's reply queue. Either may fail: the first is an
 /// error for the caller to retry (or log); the copy to the reply queue is best effort, since
-/// its URL comes from the application and a bad one must not hold up the order.
+/// its URL comes from the application and a bad one must not hold up the task.
 async fn send_status(
     queue: &dyn Queue,
     events: &dyn EventBus,
     record: &StateRecord,
     status: Status,
 ) -> Result<(), HandlerError> {
-    let notice = OrderNotice::of(record, status);
+    let notice = TaskNotice::of(record, status);
     let detail = serde_json::to_value(&notice)
         .map_err(|e| HandlerError::Poison(format!("notice does not serialize: {e}")))?;
     events.publish(notice.detail_type(), &detail).await?;
     if status.is_alert() {
-        warn!(order_id = %record.order_id, attempt = record.attempt, status = status.as_str(), last_error = ?record.last_error, "operator alert");
+        warn!(task_id = %record.task_id, workflow = %record.workflow, attempt = record.attempt, status = status.as_str(), last_error = ?record.last_error, "operator alert");
     }
     if let Some(url) = &record.reply_queue_url
         && let Err(e) = queue.send(url, &detail.to_string(), Duration::ZERO).await
     {
-        error!(order_id = %record.order_id, error = %e, "could not send the status to the order's reply queue");
+        error!(task_id = %record.task_id, error = %e, "could not send the status to the task's reply queue");
     }
     Ok(())
 }
@@ -232,15 +255,15 @@ pub(crate) async fn publish_status(
     status: Status,
 ) {
     if let Err(e) = send_status(queue, events, record, status).await {
-        error!(order_id = %record.order_id, status = status.as_str(), error = %e, "status not published");
+        error!(task_id = %record.task_id, status = status.as_str(), error = %e, "status not published");
     }
 }
 
 /// Delivers a record's outbox and clears it.
 ///
-/// Every status goes to the bus first (`OrderFailed` and `OrderCompensationFailed` are the
-/// operator alerts; delivery is at least once, consumers deduplicate on order id, status and
-/// sequence), then, best effort, to the order's reply queue. A bus failure leaves the outbox
+/// Every status goes to the bus first (`TaskFailed` and `TaskCompensationFailed` are the
+/// operator alerts; delivery is at least once, consumers deduplicate on task id, status and
+/// sequence), then, best effort, to the task's reply queue. A bus failure leaves the outbox
 /// full: the record stays due and the supervisor delivers it again.
 pub async fn deliver_notice(
     store: &dyn StateStore,

@@ -1,14 +1,16 @@
-//! The scheduler: claims Pending orders, sends step requests to agents, applies their replies.
+//! The scheduler: claims Pending tasks, sends step requests to the agents, applies their
+//! replies. Each task runs on the workflow version stored in its record.
 
 use super::{HandlerError, Outlets, RecordOutcome, enqueue, perform, process_batch, write};
-use crate::domain::transition::{self, Transition};
-use crate::domain::{Order, Policy, StateRecord, Workflow};
+use crate::catalog::Definitions;
+use crate::domain::task::{MAX_REQUEST_BYTES, MAX_RESULT_BYTES, MAX_RESULTS_BYTES};
+use crate::domain::transition::{self, StepOutcome, Transition};
+use crate::domain::{ProcessState, StateRecord, Task, Workflow};
 use crate::messages::{
     DeadlineTimer, SchedulerMessage, StepReply, StepRequest, WorkMessage, idempotency_key,
 };
 use crate::ports::{Clock, EventBus, Queue, StateStore};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{Instrument, info, info_span, warn};
@@ -20,10 +22,9 @@ pub struct SchedulerDeps {
     pub queue: Arc<dyn Queue>,
     pub events: Arc<dyn EventBus>,
     pub clock: Arc<dyn Clock>,
-    pub workflow: Arc<Workflow>,
-    pub policy: Policy,
-    /// Agent name → its request queue URL.
-    pub agent_queues: HashMap<String, String>,
+    pub definitions: Arc<Definitions>,
+    /// The agents' request queue (one queue; each request names its service).
+    pub agent_queue_url: String,
     /// Where agents send their replies.
     pub reply_queue_url: String,
     /// The scheduler's own work queue: compensation and long waits re-enqueue work here.
@@ -56,25 +57,29 @@ pub async fn on_message(deps: &SchedulerDeps, body: &str) -> RecordOutcome {
     };
     match msg {
         SchedulerMessage::Work(w) => {
-            let span = info_span!("work", order_id = %w.order_id, attempt = tracing::field::Empty);
+            let span = info_span!("work", task_id = %w.task_id, workflow = tracing::field::Empty, attempt = tracing::field::Empty);
             on_work(deps, w).instrument(span).await.into()
         }
         SchedulerMessage::Reply(r) => {
-            let span =
-                info_span!("reply", order_id = %r.order_id, attempt = r.attempt, step = %r.step);
+            let span = info_span!("reply", task_id = %r.task_id, workflow = tracing::field::Empty, attempt = r.attempt, step = %r.step);
             on_reply(deps, r).instrument(span).await.into()
         }
     }
 }
 
+/// The task, its record and the workflow version it runs on.
 async fn load(
     deps: &SchedulerDeps,
-    w: crate::OrderId,
-) -> Result<(Order, StateRecord), HandlerError> {
-    deps.store
-        .get(w)
+    id: crate::TaskId,
+) -> Result<(Task, StateRecord, Arc<Workflow>), HandlerError> {
+    let (task, record) = deps
+        .store
+        .get(id)
         .await?
-        .ok_or_else(|| HandlerError::Poison(format!("no order {w}")))
+        .ok_or_else(|| HandlerError::Poison(format!("no task {id}")))?;
+    tracing::Span::current().record("workflow", record.workflow.as_str());
+    let workflow = super::workflow_of(&deps.definitions, &record).await?;
+    Ok((task, record, workflow))
 }
 
 async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerError> {
@@ -86,7 +91,7 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         enqueue(
             deps.queue.as_ref(),
             &deps.work_queue_url,
-            w.order_id,
+            w.task_id,
             not_before - now,
             now,
         )
@@ -94,8 +99,8 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         info!(%not_before, "long wait: work message sent on");
         return Ok(());
     }
-    let (order, record) = load(deps, w.order_id).await?;
-    let t = match transition::claim(&record, &deps.instance_id, now, &deps.policy) {
+    let (task, record, workflow) = load(deps, w.task_id).await?;
+    let t = match transition::claim(&record, &deps.instance_id, now, &workflow.policies()) {
         Ok(t) => t,
         Err(why) => {
             info!(%why, "work message dropped");
@@ -103,30 +108,31 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         }
     };
     if !write(deps.store.as_ref(), &t).await? {
-        info!("another scheduler claimed the order first; work message dropped");
+        info!("another scheduler claimed the task first; work message dropped");
         return Ok(());
     }
     tracing::Span::current().record("attempt", t.record.attempt);
     info!(step = ?t.record.current_step(), state = %t.record.process_state, "claimed");
-    run(deps, &order, &t).await
+    run(deps, &task, &workflow, &t).await
 }
 
 async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError> {
-    let (order, record) = load(deps, r.order_id).await?;
-    if deps.workflow.step(r.step_index).map(|s| s.name.as_str()) != Some(r.step.as_str()) {
+    let (task, record, workflow) = load(deps, r.task_id).await?;
+    if workflow.step(r.step_index).map(|s| s.name.as_str()) != Some(r.step.as_str()) {
         return Err(HandlerError::Poison(format!(
-            "reply names step {:?} at index {}, which the workflow does not have",
-            r.step, r.step_index
+            "reply names step {:?} at index {}, which {} v{} does not have",
+            r.step, r.step_index, workflow.name, workflow.version
         )));
     }
+    let outcome = keepable(&record, &r.outcome);
     let t = match transition::apply_reply(
         &record,
         r.attempt,
         r.step_index,
         r.undo,
-        &r.outcome,
+        &outcome,
         deps.clock.now(),
-        &deps.policy,
+        &workflow.policies(),
     ) {
         Ok(t) => t,
         Err(why) => {
@@ -138,11 +144,34 @@ async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError
         info!("the record moved on meanwhile; reply dropped");
         return Ok(());
     }
-    info!(outcome = ?r.outcome, undo = r.undo, state = %t.record.process_state, "reply applied");
-    run(deps, &order, &t).await
+    info!(undo = r.undo, state = %t.record.process_state, "reply applied");
+    run(deps, &task, &workflow, &t).await
 }
 
-async fn run(deps: &SchedulerDeps, order: &Order, t: &Transition) -> Result<(), HandlerError> {
+/// A success whose result is over the limits cannot be kept for later steps and undos: it
+/// becomes a `Faulted` outcome (`result_too_large`), which fails the task; the step took
+/// effect, so compensation undoes it.
+fn keepable(record: &StateRecord, outcome: &StepOutcome) -> StepOutcome {
+    if let StepOutcome::Succeeded { result: Some(r) } = outcome {
+        let total = record.results_bytes() + r.len();
+        if r.len() > MAX_RESULT_BYTES || total > MAX_RESULTS_BYTES {
+            return StepOutcome::Faulted {
+                error: format!(
+                    "result_too_large: the service's answer is {} bytes (at most {MAX_RESULT_BYTES} per step and {MAX_RESULTS_BYTES} per task)",
+                    r.len()
+                ),
+            };
+        }
+    }
+    outcome.clone()
+}
+
+async fn run(
+    deps: &SchedulerDeps,
+    task: &Task,
+    workflow: &Workflow,
+    t: &Transition,
+) -> Result<(), HandlerError> {
     let outlets = Outlets {
         store: deps.store.as_ref(),
         queue: deps.queue.as_ref(),
@@ -153,70 +182,117 @@ async fn run(deps: &SchedulerDeps, order: &Order, t: &Transition) -> Result<(), 
     perform(
         &outlets,
         t,
-        Some(|| send_step_request(deps, order, &t.record)),
+        Some(|| send_step_request(deps, task, workflow, &t.record)),
     )
     .await
 }
 
-/// Sends the request for the record's current step, or for its undo while Compensating.
+/// The context input mappings read: `{task: {id, workflow, version}, input, steps}`.
+pub fn mapping_context(task: &Task, record: &StateRecord) -> serde_json::Value {
+    serde_json::json!({
+        "task": {"id": task.id, "workflow": task.workflow, "version": task.workflow_version},
+        "input": task.input,
+        "steps": record.results(),
+    })
+}
+
+/// Sends the request for the record's current step, or for its undo while Compensating. Its
+/// body is built by the step's (or undo's) input mapping; a mapping that selects nothing, or
+/// builds a body over the size limit, means the request can never be sent: the scheduler
+/// answers it itself with a refusal (`input_mapping_failed`), through the reply queue like any
+/// answer, so the usual fencing applies and the step counts as never having taken effect.
 async fn send_step_request(
     deps: &SchedulerDeps,
-    order: &Order,
+    task: &Task,
+    workflow: &Workflow,
     record: &StateRecord,
 ) -> Result<(), HandlerError> {
-    let step = deps
-        .workflow
-        .step(record.step_index)
-        .ok_or_else(|| HandlerError::Poison(format!("no step {}", record.step_index)))?;
+    let i = record.step_index;
+    let step = workflow
+        .step(i)
+        .ok_or_else(|| HandlerError::Poison(format!("no step {i}")))?;
     let state = record
         .steps
-        .get(record.step_index)
-        .ok_or_else(|| HandlerError::Poison(format!("no step state {}", record.step_index)))?;
-    let url = deps.agent_queues.get(&step.agent).ok_or_else(|| {
-        HandlerError::Config(format!("no request queue for agent {}", step.agent))
-    })?;
+        .get(i)
+        .ok_or_else(|| HandlerError::Poison(format!("no step state {i}")))?;
     let complete_by = record
         .complete_by
         .ok_or_else(|| HandlerError::Poison("a running step without a deadline".into()))?;
-    let forward_key = idempotency_key(record.order_id, &step.name, &step.name, state.generation);
-    let undo = record.process_state == crate::domain::ProcessState::Compensating;
-    let mut payload = serde_json::json!({"customerId": order.customer_id, "items": order.items});
-    let (action, key) = if undo {
-        payload["undoes"] = serde_json::Value::String(forward_key);
-        payload["result"] = state
-            .result
-            .as_deref()
-            .and_then(|r| serde_json::from_str(r).ok())
-            .unwrap_or(serde_json::Value::Null);
-        let key = idempotency_key(
-            record.order_id,
-            &step.name,
-            &step.undo,
-            state.undo_generation,
-        );
-        (step.undo.clone(), key)
-    } else {
-        (step.name.clone(), forward_key)
+    let forward_key = idempotency_key(record.task_id, &step.name, &step.action, state.generation);
+    let undo = record.process_state == ProcessState::Compensating;
+    let (action, key, mapping, undoes) = match (&step.undo, undo) {
+        (Some(u), true) => (
+            u.action.clone(),
+            idempotency_key(record.task_id, &step.name, &u.action, state.undo_generation),
+            &u.input,
+            Some(forward_key),
+        ),
+        (None, true) => {
+            return Err(HandlerError::Poison(format!(
+                "step {} has no undo but is being compensated",
+                step.name
+            )));
+        }
+        (_, false) => (step.action.clone(), forward_key, &step.input, None),
+    };
+    let input = mapping
+        .render(&mapping_context(task, record))
+        .map_err(|e| e.to_string())
+        .and_then(|v| {
+            let bytes = v.to_string().len();
+            if bytes > MAX_REQUEST_BYTES {
+                Err(format!(
+                    "request_too_large: the mapped input is {bytes} bytes (at most {MAX_REQUEST_BYTES})"
+                ))
+            } else {
+                Ok(v)
+            }
+        });
+    let input = match input {
+        Ok(v) => v,
+        Err(error) => {
+            warn!(step = %step.name, %error, "the step's request cannot be built; refusing it");
+            let reply = SchedulerMessage::Reply(StepReply {
+                task_id: record.task_id,
+                step: step.name.clone(),
+                step_index: i,
+                attempt: record.attempt,
+                undo,
+                outcome: StepOutcome::Failed { error },
+            });
+            let body = serde_json::to_string(&reply)
+                .map_err(|e| HandlerError::Poison(format!("reply does not serialize: {e}")))?;
+            deps.queue
+                .send(&deps.reply_queue_url, &body, Duration::ZERO)
+                .await?;
+            return Ok(());
+        }
     };
     let request = StepRequest {
-        order_id: record.order_id,
+        task_id: record.task_id,
+        workflow: workflow.name.clone(),
+        workflow_version: workflow.version,
         step: step.name.clone(),
-        step_index: record.step_index,
+        step_index: i,
+        service: step.service.clone(),
         action,
         attempt: record.attempt,
         undo,
+        undoes,
         idempotency_key: Some(key),
         complete_by,
         reply_queue_url: deps.reply_queue_url.clone(),
-        payload,
+        input,
     };
     let body = serde_json::to_string(&request)
         .map_err(|e| HandlerError::Poison(format!("step request does not serialize: {e}")))?;
-    deps.queue.send(url, &body, Duration::ZERO).await?;
-    info!(step = %step.name, action = %request.action, agent = %step.agent, %complete_by, "step request sent");
+    deps.queue
+        .send(&deps.agent_queue_url, &body, Duration::ZERO)
+        .await?;
+    info!(step = %step.name, action = %request.action, service = %step.service, %complete_by, "step request sent");
     if let Some(timers) = &deps.timer_queue_url {
         let timer = DeadlineTimer {
-            order_id: record.order_id,
+            task_id: record.task_id,
             attempt: record.attempt,
             step_index: record.step_index,
             complete_by,

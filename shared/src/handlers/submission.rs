@@ -1,19 +1,22 @@
-//! Submission: the HTTP API. `POST /orders` accepts an order (idempotently), `GET
-//! /orders/{orderId}` reports its state and history. The operator's routes (served only when
-//! [`SubmissionDeps::operator_api`] is on; the template deploys them as a separate function
-//! behind IAM authorization): `GET /orders?state=&limit=&cursor=` lists orders by state through
-//! the state index, and `POST /orders/{orderId}/retry|compensate|cancel` act on one.
-//! Framework-free: the Lambda (`lambda_http`) and the local runner (`axum`) both adapt their
-//! requests to [`handle`].
+//! Submission: the HTTP API. `POST /workflows/{name}/tasks` starts a task of the newest
+//! version of a workflow (idempotently), `GET /tasks/{taskId}` reports its state and history.
+//! The operator's routes (served only when [`SubmissionDeps::operator_api`] is on; the template
+//! deploys them as a separate function behind IAM authorization): `GET /tasks?state=&workflow=`
+//! lists tasks by state through the state index; `POST /tasks/{taskId}/retry|compensate|cancel`
+//! acts on one; `GET /workflows`, `GET|PUT /workflows/{name}`,
+//! `GET /workflows/{name}/versions/{version}`, `GET /services` and `GET|PUT /services/{name}`
+//! read and publish definitions. Framework-free: the Lambda (`lambda_http`) and the local runner
+//! (`axum`) both adapt their requests to [`handle`].
 
 use super::{Outlets, perform_no_step, publish_status, write};
+use crate::catalog::{CatalogError, Definitions};
+use crate::domain::task::{MAX_INPUT_BYTES, parse_queue_url};
 use crate::domain::transition::{self, Rejection, Transition};
-use crate::domain::{
-    Order, OrderId, OrderRequest, Policy, ProcessState, StateRecord, Status, Workflow,
-};
+use crate::domain::workflow::{self, ServiceDef};
+use crate::domain::{ProcessState, StateRecord, Status, Task, TaskId};
 use crate::messages::{SchedulerMessage, WorkMessage};
-use crate::ports::Cursor;
 use crate::ports::{Clock, CreateOutcome, EventBus, IdempotencyRecord, Queue, StateStore};
+use crate::ports::{Cursor, Kind, canonical};
 use http::{HeaderMap, Method, Response, StatusCode};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -21,10 +24,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{Instrument, error, info, info_span};
 
-/// Largest accepted request body.
+/// Largest accepted request body (a definition; a task's input is limited further, to
+/// [`MAX_INPUT_BYTES`]).
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
 /// The idempotency header.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// The header naming a queue for the task's status messages.
+pub const REPLY_QUEUE_URL: &str = "reply-queue-url";
 /// Longest accepted idempotency key.
 pub const MAX_KEY_LEN: usize = 255;
 
@@ -34,14 +40,14 @@ pub struct SubmissionDeps {
     pub queue: Arc<dyn Queue>,
     pub events: Arc<dyn EventBus>,
     pub clock: Arc<dyn Clock>,
-    pub workflow: Arc<Workflow>,
-    pub policy: Policy,
+    pub definitions: Arc<Definitions>,
     pub work_queue_url: String,
-    /// Serve the operator's routes (list, retry, compensate, cancel). Off on the public API.
+    /// Serve the operator's routes (tasks by state, retry, compensate, cancel, definitions).
+    /// Off on the public API.
     pub operator_api: bool,
 }
 
-/// The most orders one list page returns.
+/// The most tasks one list page returns.
 pub const MAX_PAGE: usize = 100;
 /// The longest reason an operator may give for a cancel.
 pub const MAX_REASON_CHARS: usize = 500;
@@ -77,58 +83,78 @@ pub async fn handle(
         .unwrap_or((path_and_query, ""));
     let path = path.trim_end_matches('/');
     let segments: Vec<&str> = path.split('/').skip(1).collect();
-    match (segments.as_slice(), method) {
-        (["orders"], &Method::GET) if deps.operator_api => {
-            let span = info_span!("list_orders");
-            list(deps, query).instrument(span).await
+    let op = deps.operator_api;
+    const ACTIONS: [&str; 3] = ["retry", "compensate", "cancel"];
+    let allowed: &'static str = match (segments.as_slice(), method) {
+        (["workflows", name, "tasks"], &Method::POST) => {
+            let span = info_span!("submit", workflow = %name, task_id = tracing::field::Empty);
+            return submit(deps, name, headers, body).instrument(span).await;
         }
-        (["orders", id, action], &Method::POST)
-            if deps.operator_api && ["retry", "compensate", "cancel"].contains(action) =>
-        {
-            let span = info_span!("operator", order_id = %id, action = %action, attempt = tracing::field::Empty);
-            operate(deps, id, action, body).instrument(span).await
+        (["tasks", id], &Method::GET) => {
+            let span = info_span!("get_task", task_id = %id);
+            return get_task(deps, id).instrument(span).await;
         }
-        (["orders"], &Method::POST) => {
-            let span = info_span!("submit", order_id = tracing::field::Empty);
-            submit(deps, headers, body).instrument(span).await
+        (["tasks"], &Method::GET) if op => {
+            let span = info_span!("list_tasks");
+            return list(deps, query).instrument(span).await;
         }
-        (["orders", id], &Method::GET) => {
-            let span = info_span!("get_order", order_id = %id);
-            get_order(deps, id).instrument(span).await
+        (["tasks", id, action], &Method::POST) if op && ACTIONS.contains(action) => {
+            let span = info_span!("operator", task_id = %id, action = %action, workflow = tracing::field::Empty, attempt = tracing::field::Empty);
+            return operate(deps, id, action, body).instrument(span).await;
         }
-        (["orders", _, action], _)
-            if deps.operator_api && ["retry", "compensate", "cancel"].contains(action) =>
-        {
-            let mut r = error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                format!("{method} is not allowed on {path}"),
-            );
-            r.headers_mut()
-                .insert(http::header::ALLOW, http::HeaderValue::from_static("POST"));
-            r
+        (["workflows"], &Method::GET) if op => return entries(deps, Kind::Workflow).await,
+        (["services"], &Method::GET) if op => return entries(deps, Kind::Service).await,
+        (["workflows", name], &Method::GET) if op => {
+            return definition(deps, Kind::Workflow, name, None).await;
         }
-        (["orders"], _) | (["orders", _], _) => {
-            let mut r = error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                format!("{method} is not allowed on {path}"),
-            );
-            let allow = match (segments.len(), deps.operator_api) {
-                (1, true) => "GET, POST",
-                (1, false) => "POST",
-                _ => "GET",
+        (["workflows", name, "versions", v], &Method::GET) if op => {
+            let Ok(v) = v.parse::<u32>() else {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_version",
+                    "a version is a positive whole number",
+                );
             };
-            r.headers_mut()
-                .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
-            r
+            return definition(deps, Kind::Workflow, name, Some(v)).await;
         }
-        _ => error(
-            StatusCode::NOT_FOUND,
-            "route_not_found",
-            format!("no route for {method} {path}"),
-        ),
-    }
+        (["services", name], &Method::GET) if op => {
+            return definition(deps, Kind::Service, name, None).await;
+        }
+        (["workflows", name], &Method::PUT) if op => {
+            let span = info_span!("publish_workflow", workflow = %name);
+            return publish_workflow(deps, name, headers, body)
+                .instrument(span)
+                .await;
+        }
+        (["services", name], &Method::PUT) if op => {
+            let span = info_span!("publish_service", service = %name);
+            return publish_service(deps, name, headers, body)
+                .instrument(span)
+                .await;
+        }
+        (["workflows", _, "tasks"], _) => "POST",
+        (["tasks", _], _) => "GET",
+        (["tasks"], _) if op => "GET",
+        (["tasks", _, action], _) if op && ACTIONS.contains(action) => "POST",
+        (["workflows" | "services"], _) if op => "GET",
+        (["workflows" | "services", _], _) if op => "GET, PUT",
+        (["workflows", _, "versions", _], _) if op => "GET",
+        _ => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "route_not_found",
+                format!("no route for {method} {path}"),
+            );
+        }
+    };
+    let mut r = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not allowed on {path}"),
+    );
+    r.headers_mut()
+        .insert(http::header::ALLOW, http::HeaderValue::from_static(allowed));
+    r
 }
 
 /// A malformed `Idempotency-Key` header.
@@ -154,21 +180,52 @@ pub fn too_large() -> Response<String> {
     )
 }
 
-async fn submit(deps: &SubmissionDeps, headers: &HeaderMap, body: &[u8]) -> Response<String> {
-    if body.len() > MAX_BODY_BYTES {
-        return too_large();
-    }
+/// Checks the Content-Type (absent, or `application/json` with any parameters).
+fn json_content_type(headers: &HeaderMap) -> Result<(), Box<Response<String>>> {
     if let Some(ct) = headers.get(http::header::CONTENT_TYPE) {
         let ct = ct.to_str().unwrap_or_default();
         // The media type, without parameters; media types are case-insensitive (RFC 9110).
         let media = ct.split(';').next().unwrap_or_default().trim();
         if !media.eq_ignore_ascii_case("application/json") {
-            return error(
+            return Err(Box::new(error(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
                 format!("Content-Type must be application/json, not {ct:?}"),
-            );
+            )));
         }
+    }
+    Ok(())
+}
+
+/// The answer to a definition or service that cannot be read.
+fn catalog_error(e: CatalogError) -> Response<String> {
+    match e {
+        CatalogError::Store(e) => unavailable(e),
+        CatalogError::Invalid(d) => respond(
+            StatusCode::BAD_REQUEST,
+            &json!({"error": {"code": "invalid_definition", "message": d.to_string(), "problems": d.0}}),
+        ),
+    }
+}
+
+async fn submit(
+    deps: &SubmissionDeps,
+    name: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response<String> {
+    if body.len() > MAX_INPUT_BYTES {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "input_too_large",
+            format!(
+                "the task input is {} bytes; at most {MAX_INPUT_BYTES} are accepted",
+                body.len()
+            ),
+        );
+    }
+    if let Err(answer) = json_content_type(headers) {
+        return *answer;
     }
     let Ok(key) = idempotency_key(headers) else {
         return error(
@@ -177,44 +234,89 @@ async fn submit(deps: &SubmissionDeps, headers: &HeaderMap, body: &[u8]) -> Resp
             format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} visible ASCII characters"),
         );
     };
-    let request: OrderRequest = match json_object(body) {
-        Ok(r) => r,
-        Err(answer) => return *answer,
+    let reply_queue_url = match headers.get(REPLY_QUEUE_URL) {
+        None => None,
+        Some(v) => match v.to_str().map_err(|_| ()).and_then(|u| {
+            parse_queue_url(u).map_err(|_| ())
+        }) {
+            Ok(u) => Some(u),
+            Err(()) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_reply_queue_url",
+                    "Reply-Queue-Url must be an http(s) queue URL with a host, at most 1024 characters",
+                );
+            }
+        },
     };
-    let parsed = match request.parse() {
-        Ok(p) => p,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "validation_failed", e.to_string()),
+    let input: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                format!("the body is not JSON: {e}"),
+            );
+        }
     };
+    let workflow = match deps.definitions.latest(name).await {
+        Ok(Some(w)) => w,
+        Ok(None) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "workflow_not_found",
+                format!("no workflow {name:?} is published"),
+            );
+        }
+        Err(e) => return catalog_error(e),
+    };
+    if let Err(e) = workflow.check_input(&input) {
+        return respond(
+            StatusCode::BAD_REQUEST,
+            &json!({"error": {
+                "code": "validation_failed",
+                "message": format!("the input does not match {}'s input schema: {e}", workflow.name),
+                "problems": e.0,
+            }}),
+        );
+    }
     let now = deps.clock.now();
-    let id = OrderId::new_random();
-    tracing::Span::current().record("order_id", tracing::field::display(id));
-    let order = Order::new(id, parsed, crate::domain::state::to_millis(now));
+    let id = TaskId::new_random();
+    tracing::Span::current().record("task_id", tracing::field::display(id));
+    let task = Task {
+        id,
+        workflow: workflow.name.clone(),
+        workflow_version: workflow.version,
+        input,
+        reply_queue_url,
+        created_at: crate::domain::state::to_millis(now),
+    };
     let record = StateRecord::new(
         id,
-        &deps.workflow,
-        order.reply_queue_url.clone(),
+        &workflow,
+        task.reply_queue_url.clone(),
         now,
-        now + deps.policy.pickup_timeout,
+        now + workflow.policies().at(0).pickup_timeout,
     );
     let key = key.map(|key| IdempotencyRecord {
         key,
-        request_hash: request_hash(&request),
-        order_id: id,
-        created_at: order.created_at,
+        request_hash: request_hash(&task),
+        task_id: id,
+        created_at: task.created_at,
     });
-    match deps.store.create(&order, &record, key.as_ref()).await {
+    match deps.store.create(&task, &record, key.as_ref()).await {
         Ok(CreateOutcome::Created) => {}
         Ok(CreateOutcome::KeyExists(first)) => return replay(deps, key.as_ref(), first).await,
         Err(e) => {
-            error!(error = %e, "could not store the order");
+            error!(error = %e, "could not store the task");
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",
-                "the order could not be stored; retry with the same Idempotency-Key",
+                "the task could not be stored; retry with the same Idempotency-Key",
             );
         }
     }
-    // Crash point: the order is stored but not yet enqueued. Its pickup deadline is in the due
+    // Crash point: the task is stored but not yet enqueued. Its pickup deadline is in the due
     // index, so the supervisor re-enqueues it if this send never happens.
     publish_status(
         deps.queue.as_ref(),
@@ -231,15 +333,15 @@ async fn submit(deps: &SubmissionDeps, headers: &HeaderMap, body: &[u8]) -> Resp
                 .send(&deps.work_queue_url, &body, Duration::ZERO)
                 .await
             {
-                error!(error = %e, "order stored but not enqueued; the supervisor will pick it up");
+                error!(error = %e, "task stored but not enqueued; the supervisor will pick it up");
             }
         }
         Err(e) => error!(error = %e, "work message does not serialize"),
     }
-    info!("order accepted");
+    info!(version = workflow.version, "task accepted");
     respond(
         StatusCode::ACCEPTED,
-        &json!({"orderId": id, "processState": record.process_state}),
+        &json!({"taskId": id, "workflow": workflow.name, "workflowVersion": workflow.version, "processState": record.process_state}),
     )
 }
 
@@ -255,10 +357,10 @@ async fn replay(
             "this Idempotency-Key was used with a different request body",
         );
     }
-    let state = match deps.store.get_state(first.order_id).await {
-        Ok(Some(r)) => r.process_state,
+    let state = match deps.store.get_state(first.task_id).await {
+        Ok(Some(r)) => r,
         Ok(None) => {
-            error!(order_id = %first.order_id, "idempotency key points to a missing order");
+            error!(task_id = %first.task_id, "idempotency key points to a missing task");
             return error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -266,7 +368,7 @@ async fn replay(
             );
         }
         Err(e) => {
-            error!(error = %e, "could not read the order");
+            error!(error = %e, "could not read the task");
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",
@@ -274,10 +376,10 @@ async fn replay(
             );
         }
     };
-    info!(order_id = %first.order_id, "idempotent replay");
+    info!(task_id = %first.task_id, "idempotent replay");
     let mut r = respond(
         StatusCode::ACCEPTED,
-        &json!({"orderId": first.order_id, "processState": state}),
+        &json!({"taskId": first.task_id, "workflow": state.workflow, "workflowVersion": state.workflow_version, "processState": state.process_state}),
     );
     r.headers_mut().insert(
         "idempotent-replayed",
@@ -315,27 +417,27 @@ fn json_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Box<Res
     })
 }
 
-/// SHA-256 of the request re-serialized: two bodies that differ only in whitespace or key order
-/// are the same request.
-fn request_hash(request: &OrderRequest) -> String {
-    let canonical = serde_json::to_vec(request).unwrap_or_default();
-    hex::encode(Sha256::digest(canonical))
+/// SHA-256 of the request in canonical form (workflow, input, reply queue): two bodies that
+/// differ only in whitespace or key order are the same request.
+fn request_hash(task: &Task) -> String {
+    let request = json!({"workflow": task.workflow, "input": task.input, "replyQueueUrl": task.reply_queue_url});
+    hex::encode(Sha256::digest(canonical(&request)))
 }
 
-async fn get_order(deps: &SubmissionDeps, id: &str) -> Response<String> {
-    let id: OrderId = match id.parse() {
+async fn get_task(deps: &SubmissionDeps, id: &str) -> Response<String> {
+    let id: TaskId = match id.parse() {
         Ok(id) => id,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_order_id", e.to_string()),
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_task_id", e.to_string()),
     };
     match deps.store.get(id).await {
-        Ok(Some((order, record))) => respond(StatusCode::OK, &order_view(&order, &record)),
+        Ok(Some((task, record))) => respond(StatusCode::OK, &task_view(&task, &record)),
         Ok(None) => error(
             StatusCode::NOT_FOUND,
-            "order_not_found",
-            format!("no order {id}"),
+            "task_not_found",
+            format!("no task {id}"),
         ),
         Err(e) => {
-            error!(error = %e, "could not read the order");
+            error!(error = %e, "could not read the task");
             error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",
@@ -354,11 +456,12 @@ fn unavailable(e: impl std::fmt::Display) -> Response<String> {
     )
 }
 
-/// `GET /orders?state=Error&limit=50&cursor=...`
+/// `GET /tasks?state=Error&workflow=loan-application&limit=50&cursor=...`
 async fn list(deps: &SubmissionDeps, query: &str) -> Response<String> {
-    let (mut state, mut limit, mut cursor) = (None, 50usize, None);
+    let (mut state, mut limit, mut cursor, mut workflow) = (None, 50usize, None, None);
     for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
         match k.as_ref() {
+            "workflow" => workflow = Some(v.into_owned()),
             "state" => match v.parse::<ProcessState>() {
                 Ok(s) => state = Some(s),
                 Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_state", e),
@@ -387,7 +490,7 @@ async fn list(deps: &SubmissionDeps, query: &str) -> Response<String> {
                 return error(
                     StatusCode::BAD_REQUEST,
                     "unknown_parameter",
-                    format!("unknown query parameter {other:?} (state, limit, cursor)"),
+                    format!("unknown query parameter {other:?} (state, workflow, limit, cursor)"),
                 );
             }
         }
@@ -400,20 +503,24 @@ async fn list(deps: &SubmissionDeps, query: &str) -> Response<String> {
             format!("state is required: one of {}", names.join(", ")),
         );
     };
-    match deps.store.list(state, limit, cursor.as_ref()).await {
+    match deps
+        .store
+        .list(state, workflow.as_deref(), limit, cursor.as_ref())
+        .await
+    {
         Ok(page) => respond(
             StatusCode::OK,
-            &json!({"orders": page.items, "nextCursor": page.next.map(|c| c.encode())}),
+            &json!({"tasks": page.items, "nextCursor": page.next.map(|c| c.encode())}),
         ),
         Err(e) => unavailable(e),
     }
 }
 
-/// `POST /orders/{id}/retry|compensate|cancel`: one conditional write, then its effects.
+/// `POST /tasks/{id}/retry|compensate|cancel`: one conditional write, then its effects.
 async fn operate(deps: &SubmissionDeps, id: &str, action: &str, body: &[u8]) -> Response<String> {
-    let id: OrderId = match id.parse() {
+    let id: TaskId = match id.parse() {
         Ok(id) => id,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_order_id", e.to_string()),
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_task_id", e.to_string()),
     };
     let reason = if body.iter().all(u8::is_ascii_whitespace) {
         None
@@ -435,26 +542,31 @@ async fn operate(deps: &SubmissionDeps, id: &str, action: &str, body: &[u8]) -> 
             Err(answer) => return *answer,
         }
     };
-    let (order, record) = match deps.store.get(id).await {
+    let (task, record) = match deps.store.get(id).await {
         Ok(Some(found)) => found,
         Ok(None) => {
             return error(
                 StatusCode::NOT_FOUND,
-                "order_not_found",
-                format!("no order {id}"),
+                "task_not_found",
+                format!("no task {id}"),
             );
         }
         Err(e) => return unavailable(e),
     };
+    tracing::Span::current().record("workflow", record.workflow.as_str());
+    let policies = match super::workflow_of(&deps.definitions, &record).await {
+        Ok(w) => w.policies(),
+        Err(e) => return unavailable(e),
+    };
     let now = deps.clock.now();
     let t: Result<Transition, Rejection> = match action {
-        "retry" => transition::retry(&record, now, &deps.policy),
-        "compensate" => transition::compensate(&record, now, &deps.policy),
+        "retry" => transition::retry(&record, now, &policies),
+        "compensate" => transition::compensate(&record, now, &policies),
         _ => transition::cancel(
             &record,
             reason.as_deref().unwrap_or("cancelled by the operator"),
             now,
-            &deps.policy,
+            &policies,
         ),
     };
     let t = match t {
@@ -466,7 +578,7 @@ async fn operate(deps: &SubmissionDeps, id: &str, action: &str, body: &[u8]) -> 
         Ok(false) => {
             return conflict(
                 &record,
-                "the order changed meanwhile (another operator, or the order moved on); read it and try again".into(),
+                "the task changed meanwhile (another operator, or the task moved on); read it and try again".into(),
             );
         }
         Err(e) => return unavailable(e),
@@ -485,7 +597,7 @@ async fn operate(deps: &SubmissionDeps, id: &str, action: &str, body: &[u8]) -> 
         // re-enqueued at the pickup deadline, an undelivered notice at once).
         error!(error = %e, "operator action written, effects left to the supervisor");
     }
-    respond(StatusCode::ACCEPTED, &order_view(&order, &t.record))
+    respond(StatusCode::ACCEPTED, &task_view(&task, &t.record))
 }
 
 fn conflict(record: &StateRecord, message: String) -> Response<String> {
@@ -495,25 +607,177 @@ fn conflict(record: &StateRecord, message: String) -> Response<String> {
     )
 }
 
-/// The JSON view of an order and its state record.
-pub fn order_view(order: &Order, r: &StateRecord) -> Value {
+/// The JSON view of a task and its state record (each step's result as JSON).
+pub fn task_view(task: &Task, r: &StateRecord) -> Value {
+    let steps: Vec<Value> = r
+        .steps
+        .iter()
+        .map(|st| {
+            let mut v = serde_json::to_value(st).unwrap_or(Value::Null);
+            if let Some(result) = &st.result {
+                v["result"] = serde_json::from_str(result).unwrap_or(Value::String(result.clone()));
+            }
+            v
+        })
+        .collect();
     json!({
-        "orderId": order.id,
-        "customerId": order.customer_id,
-        "items": order.items,
-        "replyQueueUrl": order.reply_queue_url,
+        "taskId": task.id,
+        "workflow": task.workflow,
+        "workflowVersion": task.workflow_version,
+        "input": task.input,
+        "replyQueueUrl": task.reply_queue_url,
         "processState": r.process_state,
         "lockedBy": r.locked_by,
         "completeBy": r.complete_by,
         "failureCount": r.failure_count,
         "attempt": r.attempt,
         "currentStep": r.current_step(),
-        "step": r.current_step(),
         "round": r.round,
-        "steps": r.steps,
+        "steps": steps,
         "lastError": r.last_error,
         "history": r.history,
         "createdAt": r.created_at,
         "updatedAt": r.updated_at,
     })
+}
+
+/// `GET /workflows`, `GET /services`: every name and its newest version.
+async fn entries(deps: &SubmissionDeps, kind: Kind) -> Response<String> {
+    match deps.definitions.catalog().entries(kind).await {
+        Ok(entries) => {
+            let key = match kind {
+                Kind::Workflow => "workflows",
+                Kind::Service => "services",
+            };
+            respond(StatusCode::OK, &json!({ key: entries }))
+        }
+        Err(e) => unavailable(e),
+    }
+}
+
+/// `GET /workflows/{name}[/versions/{v}]`, `GET /services/{name}`.
+async fn definition(
+    deps: &SubmissionDeps,
+    kind: Kind,
+    name: &str,
+    version: Option<u32>,
+) -> Response<String> {
+    match deps.definitions.catalog().definition(kind, name, version).await {
+        Ok(Some(d)) => respond(
+            StatusCode::OK,
+            &json!({"name": d.name, "version": d.version, "publishedAt": d.published_at, "definition": d.body}),
+        ),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            match kind {
+                Kind::Workflow => "workflow_not_found",
+                Kind::Service => "service_not_found",
+            },
+            match version {
+                Some(v) => format!("no version {v} of {name:?}"),
+                None => format!("nothing published as {name:?}"),
+            },
+        ),
+        Err(e) => unavailable(e),
+    }
+}
+
+fn json_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, Box<Response<String>>> {
+    json_content_type(headers)?;
+    serde_json::from_slice(body).map_err(|e| {
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the body is not JSON: {e}"),
+        ))
+    })
+}
+
+fn name_mismatch(path_name: &str, body: &Value) -> Option<Response<String>> {
+    let named = body.get("name").and_then(Value::as_str);
+    (named.is_some() && named != Some(path_name)).then(|| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "name_mismatch",
+            format!("the path names {path_name:?} but the definition's name is {named:?}"),
+        )
+    })
+}
+
+fn published(name: &str, p: crate::ports::Published) -> Response<String> {
+    respond(
+        if p.created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        },
+        &json!({"name": name, "version": p.version, "created": p.created}),
+    )
+}
+
+/// `PUT /workflows/{name}`: publishes a new version (201), or answers the newest one if the
+/// definition is the same (200). A running task stays on the version it started with.
+async fn publish_workflow(
+    deps: &SubmissionDeps,
+    name: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response<String> {
+    let value = match json_body(headers, body) {
+        Ok(v) => v,
+        Err(answer) => return *answer,
+    };
+    if let Some(answer) = name_mismatch(name, &value) {
+        return answer;
+    }
+    match deps.definitions.publish_workflow(value).await {
+        Ok((p, w)) => {
+            info!(version = p.version, created = p.created, "workflow published");
+            published(&w.name, p)
+        }
+        Err(e) => catalog_error(e),
+    }
+}
+
+/// `PUT /services/{name}`: publishes a service (201), or answers its newest version if the
+/// definition is the same (200).
+async fn publish_service(
+    deps: &SubmissionDeps,
+    name: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response<String> {
+    let value = match json_body(headers, body) {
+        Ok(v) => v,
+        Err(answer) => return *answer,
+    };
+    if let Some(answer) = name_mismatch(name, &value) {
+        return answer;
+    }
+    let doc = match workflow::parse_services(json!({ "services": [value] })) {
+        Ok(doc) => doc,
+        Err(e) => {
+            // The problems are at /services/0/...: point them at the body.
+            let problems: Vec<_> = e
+                .0
+                .into_iter()
+                .map(|p| workflow::Problem {
+                    at: p.at.trim_start_matches("/services/0").to_owned(),
+                    message: p.message,
+                })
+                .collect();
+            return catalog_error(CatalogError::Invalid(workflow::DefinitionError(problems)));
+        }
+    };
+    let service: &ServiceDef = &doc.services[0];
+    match deps.definitions.publish_services(&doc).await {
+        Ok(mut out) => match out.pop() {
+            Some((_, p)) => {
+                info!(version = p.version, created = p.created, "service published");
+                published(&service.name, p)
+            }
+            None => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "nothing published"),
+        },
+        Err(e) => catalog_error(e),
+    }
 }

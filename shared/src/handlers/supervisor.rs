@@ -2,8 +2,9 @@
 //! scan), and hands them back for retry, fails them, or re-delivers their notice.
 
 use super::{HandlerError, Outlets, deliver_notice, perform_no_step, write};
+use crate::catalog::Definitions;
 use crate::domain::transition;
-use crate::domain::{OrderId, Policy, Status};
+use crate::domain::{Status, TaskId};
 use crate::messages::DeadlineTimer;
 use crate::ports::{Clock, EventBus, Queue, StateStore};
 use chrono::{DateTime, Utc};
@@ -18,7 +19,8 @@ pub struct SupervisorDeps {
     pub queue: Arc<dyn Queue>,
     pub events: Arc<dyn EventBus>,
     pub clock: Arc<dyn Clock>,
-    pub policy: Policy,
+    /// Each record's workflow version gives its steps' policies.
+    pub definitions: Arc<Definitions>,
     pub work_queue_url: String,
     /// Most records taken from each shard per sweep; the rest wait for the next sweep.
     pub batch_limit: usize,
@@ -87,7 +89,7 @@ pub async fn sweep(deps: &SupervisorDeps) -> Result<SweepReport, HandlerError> {
         };
         report.due += due.len();
         for id in due {
-            let span = info_span!("recover", order_id = %id, attempt = tracing::field::Empty);
+            let span = info_span!("recover", task_id = %id, workflow = tracing::field::Empty, attempt = tracing::field::Empty);
             match recover(deps, id, now).instrument(span).await {
                 Ok(Recovered::Retried) => report.retried += 1,
                 Ok(Recovered::Requeued) => report.requeued += 1,
@@ -95,7 +97,7 @@ pub async fn sweep(deps: &SupervisorDeps) -> Result<SweepReport, HandlerError> {
                 Ok(Recovered::Notice) => report.notices += 1,
                 Ok(Recovered::Skipped) => report.skipped += 1,
                 Err(e) => {
-                    error!(order_id = %id, error = %e, "recovery failed; will retry next sweep");
+                    error!(task_id = %id, error = %e, "recovery failed; will retry next sweep");
                     report.errors += 1;
                 }
             }
@@ -112,13 +114,14 @@ pub async fn sweep(deps: &SupervisorDeps) -> Result<SweepReport, HandlerError> {
 
 async fn recover(
     deps: &SupervisorDeps,
-    id: OrderId,
+    id: TaskId,
     now: DateTime<Utc>,
 ) -> Result<Recovered, HandlerError> {
     let Some(record) = deps.store.get_state(id).await? else {
         return Ok(Recovered::Skipped);
     };
     tracing::Span::current().record("attempt", record.attempt);
+    tracing::Span::current().record("workflow", record.workflow.as_str());
     if record.notice_pending() {
         deliver_notice(
             deps.store.as_ref(),
@@ -131,7 +134,8 @@ async fn recover(
         return Ok(Recovered::Notice);
     }
     let jitter = rand::rng().random::<f64>();
-    let t = match transition::expire(&record, now, &deps.policy, jitter) {
+    let workflow = super::workflow_of(&deps.definitions, &record).await?;
+    let t = match transition::expire(&record, now, &workflow.policies(), jitter) {
         Ok(t) => t,
         Err(why) => {
             info!(%why, "no longer due");
@@ -189,7 +193,7 @@ pub async fn on_timer(deps: &SupervisorDeps, body: &str) -> super::RecordOutcome
         Ok(t) => t,
         Err(e) => return super::RecordOutcome::Poison(format!("not a deadline timer: {e}")),
     };
-    let span = info_span!("timer", order_id = %timer.order_id, attempt = timer.attempt);
+    let span = info_span!("timer", task_id = %timer.task_id, workflow = tracing::field::Empty, attempt = timer.attempt);
     async {
         let now = deps.clock.now();
         if timer.complete_by > now {
@@ -199,7 +203,7 @@ pub async fn on_timer(deps: &SupervisorDeps, body: &str) -> super::RecordOutcome
             info!(complete_by = %timer.complete_by, "early timer re-armed");
             return super::scheduler::arm(deps.queue.as_ref(), url, &timer, now).await;
         }
-        match recover(deps, timer.order_id, now).await? {
+        match recover(deps, timer.task_id, now).await? {
             Recovered::Skipped => info!("timer: nothing to recover"),
             _ => info!("timer: deadline recovered"),
         }

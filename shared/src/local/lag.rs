@@ -8,7 +8,8 @@ use crate::remote::Faults;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// One measurement: `orders` orders whose first step always overruns its deadline.
+/// One measurement: `orders` tasks (e-commerce orders) whose first step always overruns its
+/// deadline.
 pub async fn measure(
     orders: usize,
     timers: bool,
@@ -50,17 +51,17 @@ pub async fn measure(
         let resp = crate::handlers::submission::handle(
             &system.submission,
             &http::Method::POST,
-            "/orders",
+            "/workflows/ecommerce-order/tasks",
             &headers,
             body.to_string().as_bytes(),
         )
         .await;
         let v: serde_json::Value = serde_json::from_str(resp.body())?;
         ids.push(
-            v["orderId"]
+            v["taskId"]
                 .as_str()
                 .unwrap_or_default()
-                .parse::<crate::OrderId>()?,
+                .parse::<crate::TaskId>()?,
         );
     }
     let until = Instant::now() + Duration::from_secs(120);

@@ -6,14 +6,16 @@
 
 use crate::aws::provision::{self, QueueSettings, Resources};
 use crate::aws::{DynamoStore, EventBridgeBus, SqsQueue};
-use crate::domain::{Backoff, BreakerPolicy, Policy, Workflow};
+use crate::catalog::{self, Definitions};
+use crate::domain::{Backoff, BreakerPolicy, Policy};
 use crate::handlers::agent::{self, AgentDeps};
 use crate::handlers::scheduler::{self, SchedulerDeps};
 use crate::handlers::submission::{self, MAX_BODY_BYTES, SubmissionDeps};
 use crate::handlers::supervisor::{self, SupervisorDeps, SweepReport};
 use crate::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
-use crate::ports::{Clock, EventBus, Queue, ReceivedMessage, StateStore};
-use crate::remote::{Faults, SharedBreaker, SimulatedService};
+use crate::ports::{Catalog, Clock, EventBus, Queue, ReceivedMessage, RemoteService, StateStore};
+use crate::remote::{Faults, Remotes, SimulatedService};
+use std::sync::Mutex;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use std::collections::{HashMap, HashSet};
@@ -35,6 +37,7 @@ pub type MemoryPorts = (Arc<MemoryStore>, Arc<MemoryQueues>, Arc<MemoryEventBus>
 /// before [`System::from_ports`].
 pub struct Ports {
     pub store: Arc<dyn StateStore>,
+    pub catalog: Arc<dyn Catalog>,
     pub queue: Arc<dyn Queue>,
     pub events: Arc<dyn EventBus>,
     pub resources: Resources,
@@ -54,6 +57,7 @@ pub fn aws_ports(config: &aws_config::SdkConfig, resources: Resources, shards: u
         &resources.bus_name,
     ));
     Ports {
+        catalog: store.clone(),
         store,
         queue,
         events,
@@ -64,8 +68,6 @@ pub fn aws_ports(config: &aws_config::SdkConfig, resources: Resources, shards: u
 
 /// Makes (and, for [`Backend::Aws`], provisions) the ports of `backend`.
 pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Ports> {
-    let workflow = Workflow::ecommerce();
-    let agent_names = workflow.agents();
     // Visibility at least 6x the longest handler run, as for Lambda event sources.
     let visibility = settings.visibility_timeout.unwrap_or(Duration::from_secs(
         (settings.policy.step_timeout.num_seconds().max(5) * 6) as u64,
@@ -91,15 +93,13 @@ pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Port
                 work_queue_url: q("work"),
                 reply_queue_url: q("replies"),
                 timer_queue_url: q("timers"),
-                agent_queue_urls: agent_names
-                    .iter()
-                    .map(|a| ((*a).to_owned(), q(&format!("agent-{a}"))))
-                    .collect(),
+                agent_queue_url: q("agent"),
                 dead_letter_url: dlq.clone(),
-                agent_dead_letter_urls: HashMap::new(),
+                agent_dead_letter_url: None,
                 bus_name: "memory".into(),
             };
             Ports {
+                catalog: store.clone(),
                 store: store.clone(),
                 queue: queues.clone(),
                 events: events.clone(),
@@ -112,7 +112,7 @@ pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Port
                 visibility_timeout_secs: visibility.as_secs().max(1) as u32,
                 max_receive_count: 5,
             };
-            let resources = provision::provision(&config, &prefix, &agent_names, queues).await?;
+            let resources = provision::provision(&config, &prefix, queues).await?;
             aws_ports(&config, resources, settings.due_shards)
         }
         Backend::Existing { config, resources } => {
@@ -145,9 +145,14 @@ pub struct Settings {
     pub policy: Policy,
     pub backoff: Backoff,
     pub due_shards: u32,
-    /// Faults of each agent's simulated remote service (by agent name; missing: none).
+    /// Faults of each simulated service (by service name; missing: none).
     pub faults: HashMap<String, Faults>,
-    /// Pollers per agent queue (Lambda scales agents out the same way).
+    /// The definitions published when the system is built (file name, text): services and
+    /// workflows. Default: the examples in `workflows/`.
+    pub definitions: Vec<(String, String)>,
+    /// How long the newest version of a workflow, and the services, are kept in memory.
+    pub catalog_ttl: chrono::Duration,
+    /// Pollers of the agent queue (Lambda scales agents out the same way).
     pub agent_concurrency: usize,
     /// Pollers per scheduler queue.
     pub scheduler_concurrency: usize,
@@ -174,6 +179,7 @@ impl Default for Settings {
                 pickup_timeout: chrono::Duration::seconds(10),
                 failure_threshold: 3,
                 retry_base_delay: chrono::Duration::seconds(1),
+                backoff_rate: 2.0,
                 retry_max_delay: chrono::Duration::seconds(30),
                 auto_compensate: true,
                 cooldown: chrono::Duration::seconds(30),
@@ -185,6 +191,8 @@ impl Default for Settings {
             },
             due_shards: 4,
             faults: HashMap::new(),
+            definitions: catalog::example_files(),
+            catalog_ttl: chrono::Duration::zero(),
             agent_concurrency: 8,
             scheduler_concurrency: 2,
             supervisor_interval: Duration::from_secs(1),
@@ -202,14 +210,53 @@ impl Default for Settings {
     }
 }
 
-/// The four functions, wired to one backend, plus the simulated remote services.
+/// The simulated services of a system, made on first use with their faults from the settings.
+#[derive(Clone)]
+pub struct Simulated {
+    faults: HashMap<String, Faults>,
+    clock: Arc<dyn Clock>,
+    made: Arc<Mutex<HashMap<String, Arc<SimulatedService>>>>,
+}
+
+impl Simulated {
+    /// The simulated service `name` (made now if it is not yet).
+    pub fn get(&self, name: &str) -> Arc<SimulatedService> {
+        let Ok(mut made) = self.made.lock() else {
+            return Arc::new(SimulatedService::new(name, Faults::default(), self.clock.clone()));
+        };
+        made.entry(name.to_owned())
+            .or_insert_with(|| {
+                Arc::new(SimulatedService::new(
+                    name,
+                    self.faults.get(name).cloned().unwrap_or_default(),
+                    self.clock.clone(),
+                ))
+            })
+            .clone()
+    }
+
+    /// Every simulated service made so far, by name.
+    pub fn all(&self) -> Vec<(String, Arc<SimulatedService>)> {
+        let mut out: Vec<_> = self
+            .made
+            .lock()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+}
+
+/// The four functions, wired to one backend, plus the simulated services.
 pub struct System {
     pub submission: SubmissionDeps,
     pub scheduler: SchedulerDeps,
-    pub agents: Vec<AgentDeps>,
+    pub agent: AgentDeps,
     pub supervisor: SupervisorDeps,
-    /// Agent name → its simulated remote service.
-    pub services: HashMap<String, Arc<SimulatedService>>,
+    /// The simulated services (by service name).
+    pub services: Simulated,
+    /// The catalog, with what was read kept in memory (shared by the four functions here).
+    pub definitions: Arc<Definitions>,
     pub resources: Resources,
     pub queue: Arc<dyn Queue>,
     pub store: Arc<dyn StateStore>,
@@ -228,51 +275,62 @@ impl System {
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Self> {
         let ports = ports(backend, &settings).await?;
-        Ok(Self::from_ports(ports, settings, clock))
+        let files = settings.definitions.clone();
+        let system = Self::from_ports(ports, settings, clock);
+        system.publish(&files).await?;
+        Ok(system)
+    }
+
+    /// Publishes definition files (file name, text): services first, then workflows.
+    pub async fn publish(&self, files: &[(String, String)]) -> anyhow::Result<Vec<String>> {
+        catalog::publish_files(&self.definitions, files).await
     }
 
     /// Builds the system on ports made (and perhaps wrapped) by the caller.
     pub fn from_ports(ports: Ports, settings: Settings, clock: Arc<dyn Clock>) -> Self {
-        let workflow = Arc::new(Workflow::ecommerce());
-        let agent_names = workflow.agents();
         let Ports {
             store,
+            catalog,
             queue,
             events,
             resources,
             memory,
         } = ports;
-        let mut services = HashMap::new();
-        let mut agents = Vec::new();
-        for name in &agent_names {
-            let sim = Arc::new(SimulatedService::new(
-                *name,
-                settings.faults.get(*name).cloned().unwrap_or_default(),
+        let definitions = Arc::new(Definitions::new(
+            catalog,
+            settings.policy.clone(),
+            clock.clone(),
+            settings.catalog_ttl,
+        ));
+        let services = Simulated {
+            faults: settings.faults.clone(),
+            clock: clock.clone(),
+            made: Arc::new(Mutex::new(HashMap::new())),
+        };
+        let factory = {
+            let services = services.clone();
+            Arc::new(move |name: &str| services.get(name) as Arc<dyn RemoteService>)
+        };
+        let agent = AgentDeps {
+            name: "agent".into(),
+            queue: queue.clone(),
+            remotes: Arc::new(Remotes::new(
+                definitions.clone(),
+                store.clone(),
+                settings.breaker,
                 clock.clone(),
-            ));
-            services.insert((*name).to_owned(), sim.clone());
-            agents.push(AgentDeps {
-                name: (*name).to_owned(),
-                queue: queue.clone(),
-                remote: Arc::new(SharedBreaker::new(
-                    *name,
-                    sim,
-                    store.clone(),
-                    settings.breaker,
-                    clock.clone(),
-                )),
-                clock: clock.clone(),
-                backoff: settings.backoff,
-                call_timeout: Duration::from_secs(10),
-                dead_letter_url: Some(
-                    resources
-                        .agent_dead_letter_urls
-                        .get(*name)
-                        .unwrap_or(&resources.dead_letter_url)
-                        .clone(),
-                ),
-            });
-        }
+                factory,
+            )),
+            clock: clock.clone(),
+            backoff: settings.backoff,
+            call_timeout: Duration::from_secs(10),
+            dead_letter_url: Some(
+                resources
+                    .agent_dead_letter_url
+                    .clone()
+                    .unwrap_or_else(|| resources.dead_letter_url.clone()),
+            ),
+        };
         let (shutdown, _) = watch::channel(false);
         Self {
             submission: SubmissionDeps {
@@ -280,8 +338,7 @@ impl System {
                 queue: queue.clone(),
                 events: events.clone(),
                 clock: clock.clone(),
-                workflow: workflow.clone(),
-                policy: settings.policy.clone(),
+                definitions: definitions.clone(),
                 work_queue_url: resources.work_queue_url.clone(),
                 operator_api: true,
             },
@@ -290,9 +347,8 @@ impl System {
                 queue: queue.clone(),
                 events: events.clone(),
                 clock: clock.clone(),
-                workflow: workflow.clone(),
-                policy: settings.policy.clone(),
-                agent_queues: resources.agent_queue_urls.clone(),
+                definitions: definitions.clone(),
+                agent_queue_url: resources.agent_queue_url.clone(),
                 reply_queue_url: resources.reply_queue_url.clone(),
                 work_queue_url: resources.work_queue_url.clone(),
                 timer_queue_url: settings
@@ -306,7 +362,7 @@ impl System {
                 queue: queue.clone(),
                 events,
                 clock,
-                policy: settings.policy.clone(),
+                definitions: definitions.clone(),
                 work_queue_url: resources.work_queue_url.clone(),
                 batch_limit: 100,
                 timer_queue_url: Some(resources.timer_queue_url.clone()),
@@ -314,8 +370,9 @@ impl System {
                 instance_id: format!("local-supervisor-{}", uuid::Uuid::new_v4()),
                 lease_ttl: chrono::Duration::seconds(30),
             },
-            agents,
+            agent,
             services,
+            definitions,
             resources,
             queue,
             store,
@@ -341,15 +398,13 @@ impl System {
                 }));
             }
         }
-        for a in &self.agents {
-            let url = self.resources.agent_queue_urls[&a.name].clone();
-            for _ in 0..s.agent_concurrency.max(1) {
-                let deps = a.clone();
-                self.tasks.push(self.mapping(url.clone(), move |ev| {
-                    let deps = deps.clone();
-                    async move { agent::handle(&deps, ev).await }
-                }));
-            }
+        let url = self.resources.agent_queue_url.clone();
+        for _ in 0..s.agent_concurrency.max(1) {
+            let deps = self.agent.clone();
+            self.tasks.push(self.mapping(url.clone(), move |ev| {
+                let deps = deps.clone();
+                async move { agent::handle(&deps, ev).await }
+            }));
         }
         let deps = self.supervisor.clone();
         let timers = self.resources.timer_queue_url.clone();
@@ -435,17 +490,16 @@ impl System {
         Ok(n)
     }
 
-    /// One poll of every agent's request queue.
+    /// One poll of the agent queue.
     pub async fn pump_agents(&self) -> anyhow::Result<usize> {
-        let mut n = 0;
-        for a in &self.agents {
-            let url = &self.resources.agent_queue_urls[&a.name];
-            n += poll_once(self.queue.as_ref(), url, 10, Duration::ZERO, &|ev| {
-                agent::handle(a, ev)
-            })
-            .await?;
-        }
-        Ok(n)
+        poll_once(
+            self.queue.as_ref(),
+            &self.resources.agent_queue_url,
+            10,
+            Duration::ZERO,
+            &|ev| agent::handle(&self.agent, ev),
+        )
+        .await
     }
 
     /// One poll of the deadline-timer queue, handled by the supervisor.

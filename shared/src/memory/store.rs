@@ -1,7 +1,8 @@
 use crate::domain::state::due_shard;
-use crate::domain::{BreakerRecord, Condition, Order, OrderId, ProcessState, StateRecord};
+use crate::domain::{BreakerRecord, Condition, ProcessState, StateRecord, Task, TaskId};
 use crate::ports::{
-    CreateOutcome, Cursor, IdempotencyRecord, Page, StateStore, StoreError, Summary,
+    Catalog, CreateOutcome, Cursor, Entry, IdempotencyRecord, Kind, Page, Published, StateStore,
+    StoreError, Stored, Summary, canonical,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -18,12 +19,14 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct Inner {
-    orders: HashMap<OrderId, Order>,
-    states: HashMap<OrderId, StateRecord>,
+    tasks: HashMap<TaskId, Task>,
+    states: HashMap<TaskId, StateRecord>,
     keys: HashMap<String, IdempotencyRecord>,
     /// Lease name → (owner, held until).
     leases: HashMap<String, (String, DateTime<Utc>)>,
     breakers: HashMap<String, BreakerRecord>,
+    /// (kind, name) → every published version, oldest first, with its canonical text.
+    catalog: std::collections::BTreeMap<(Kind, String), Vec<(Stored, String)>>,
 }
 
 impl MemoryStore {
@@ -52,7 +55,7 @@ impl MemoryStore {
 impl StateStore for MemoryStore {
     async fn create(
         &self,
-        order: &Order,
+        task: &Task,
         record: &StateRecord,
         key: Option<&IdempotencyRecord>,
     ) -> Result<CreateOutcome, StoreError> {
@@ -62,35 +65,35 @@ impl StateStore for MemoryStore {
         {
             return Ok(CreateOutcome::KeyExists(existing.clone()));
         }
-        if inner.orders.contains_key(&order.id) || inner.states.contains_key(&record.order_id) {
+        if inner.tasks.contains_key(&task.id) || inner.states.contains_key(&record.task_id) {
             return Err(StoreError::ConditionFailed);
         }
-        inner.orders.insert(order.id, order.clone());
-        inner.states.insert(record.order_id, record.clone());
+        inner.tasks.insert(task.id, task.clone());
+        inner.states.insert(record.task_id, record.clone());
         if let Some(k) = key {
             inner.keys.insert(k.key.clone(), k.clone());
         }
         Ok(CreateOutcome::Created)
     }
 
-    async fn get(&self, id: OrderId) -> Result<Option<(Order, StateRecord)>, StoreError> {
+    async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
         let inner = self.lock()?;
-        Ok(match (inner.orders.get(&id), inner.states.get(&id)) {
+        Ok(match (inner.tasks.get(&id), inner.states.get(&id)) {
             (Some(o), Some(s)) => Some((o.clone(), s.clone())),
             _ => None,
         })
     }
 
-    async fn get_state(&self, id: OrderId) -> Result<Option<StateRecord>, StoreError> {
+    async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
         Ok(self.lock()?.states.get(&id).cloned())
     }
 
     async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
         let mut inner = self.lock()?;
-        if !condition.holds(inner.states.get(&record.order_id)) {
+        if !condition.holds(inner.states.get(&record.task_id)) {
             return Err(StoreError::ConditionFailed);
         }
-        inner.states.insert(record.order_id, record.clone());
+        inner.states.insert(record.task_id, record.clone());
         Ok(())
     }
 
@@ -99,13 +102,13 @@ impl StateStore for MemoryStore {
         shard: u32,
         now: DateTime<Utc>,
         limit: usize,
-    ) -> Result<Vec<OrderId>, StoreError> {
+    ) -> Result<Vec<TaskId>, StoreError> {
         let inner = self.lock()?;
         let mut due: Vec<_> = inner
             .states
             .values()
             .filter(|r| r.due_shard(self.shards) == shard)
-            .filter_map(|r| r.due_at().filter(|d| *d <= now).map(|d| (d, r.order_id)))
+            .filter_map(|r| r.due_at().filter(|d| *d <= now).map(|d| (d, r.task_id)))
             .collect();
         due.sort();
         Ok(due.into_iter().take(limit).map(|(_, id)| id).collect())
@@ -160,6 +163,7 @@ impl StateStore for MemoryStore {
     async fn list(
         &self,
         state: ProcessState,
+        workflow: Option<&str>,
         limit: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError> {
@@ -167,22 +171,23 @@ impl StateStore for MemoryStore {
         let inner = self.lock()?;
         // The state index's order: shard ascending, then UpdatedAt descending (ties by id, which
         // DynamoDB leaves unspecified and this store fixes).
-        let key = |shard: u32, ms: i64, id: &OrderId| (shard, std::cmp::Reverse(ms), *id);
+        let key = |shard: u32, ms: i64, id: &TaskId| (shard, std::cmp::Reverse(ms), *id);
         let mut rows: Vec<_> = inner
             .states
             .values()
             .filter(|r| r.process_state == state)
+            .filter(|r| workflow.is_none_or(|w| r.workflow == w))
             .map(|r| {
-                let shard = due_shard(&r.order_id, self.shards);
+                let shard = due_shard(&r.task_id, self.shards);
                 (
-                    key(shard, r.updated_at.timestamp_millis(), &r.order_id),
+                    key(shard, r.updated_at.timestamp_millis(), &r.task_id),
                     shard,
                     Summary::of(r),
                 )
             })
             .collect();
         rows.sort_by_key(|r| r.0);
-        let start = after.map(|c| key(c.shard, c.updated_at_ms, &c.order_id));
+        let start = after.map(|c| key(c.shard, c.updated_at_ms, &c.task_id));
         let mut items = Vec::new();
         let mut next = None;
         for (k, shard, summary) in rows {
@@ -199,5 +204,73 @@ impl StateStore for MemoryStore {
             next = None;
         }
         Ok(Page { items, next })
+    }
+}
+
+#[async_trait]
+impl Catalog for MemoryStore {
+    async fn publish(
+        &self,
+        kind: Kind,
+        name: &str,
+        body: &serde_json::Value,
+        now: DateTime<Utc>,
+    ) -> Result<Published, StoreError> {
+        let text = canonical(body);
+        let mut inner = self.lock()?;
+        let versions = inner.catalog.entry((kind, name.to_owned())).or_default();
+        if let Some((latest, latest_text)) = versions.last()
+            && *latest_text == text
+        {
+            return Ok(Published {
+                version: latest.version,
+                created: false,
+            });
+        }
+        let version = versions.len() as u32 + 1;
+        versions.push((
+            Stored {
+                kind,
+                name: name.to_owned(),
+                version,
+                body: body.clone(),
+                published_at: now,
+            },
+            text,
+        ));
+        Ok(Published {
+            version,
+            created: true,
+        })
+    }
+
+    async fn definition(
+        &self,
+        kind: Kind,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Option<Stored>, StoreError> {
+        let inner = self.lock()?;
+        let Some(versions) = inner.catalog.get(&(kind, name.to_owned())) else {
+            return Ok(None);
+        };
+        Ok(match version {
+            None => versions.last(),
+            Some(v) => versions.get((v as usize).wrapping_sub(1)),
+        }
+        .map(|(s, _)| s.clone()))
+    }
+
+    async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError> {
+        let inner = self.lock()?;
+        Ok(inner
+            .catalog
+            .iter()
+            .filter(|((k, _), _)| *k == kind)
+            .map(|((_, name), versions)| Entry {
+                name: name.clone(),
+                latest: versions.len() as u32,
+            })
+            .collect())
     }
 }

@@ -10,10 +10,15 @@ use std::time::Duration;
 
 /// The header that carries the idempotency key to the remote service.
 pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
+/// The header that names the task a call belongs to.
+pub const TASK_HEADER: &str = "Sas-Task-Id";
+/// The header that, on an undo, carries the idempotency key of the step it undoes.
+pub const UNDOES_HEADER: &str = "Sas-Undoes";
 
-/// A remote service over HTTP: `POST {base}/{action}` with a JSON body and an
-/// `Idempotency-Key` header. 2xx is success; timeouts, connection errors, 408, 429 and 5xx are
-/// transient; any other status is permanent.
+/// A remote service over HTTP: `POST {base}/{action}` with the mapped input as the JSON body,
+/// and the headers `Idempotency-Key`, `Sas-Task-Id` and (on an undo) `Sas-Undoes`. 2xx is
+/// success; timeouts, connection errors, 408, 429 and 5xx are transient; any other status is
+/// permanent.
 #[derive(Debug, Clone)]
 pub struct HttpRemote {
     client: reqwest::Client,
@@ -43,13 +48,17 @@ impl RemoteService for HttpRemote {
             .base
             .join(&call.action)
             .map_err(|e| RemoteFault::Permanent(format!("bad action {:?}: {e}", call.action)))?;
-        let body = serde_json::json!({"orderId": call.order_id, "payload": call.payload});
-        let resp = self
+        let mut req = self
             .client
             .post(url)
             .timeout(timeout)
             .header(IDEMPOTENCY_HEADER, &call.idempotency_key)
-            .json(&body)
+            .header(TASK_HEADER, call.task_id.to_string());
+        if let Some(undoes) = &call.undoes {
+            req = req.header(UNDOES_HEADER, undoes);
+        }
+        let resp = req
+            .json(&call.input)
             .send()
             .await
             .map_err(|e| RemoteFault::Transient(format!("request failed: {e}")))?;
@@ -76,34 +85,30 @@ impl RemoteService for HttpRemote {
     }
 }
 
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct CallBody {
-    order_id: crate::domain::OrderId,
-    #[serde(default)]
-    payload: serde_json::Value,
-}
-
 /// Serves a [`SimulatedService`] over HTTP with the contract [`HttpRemote`] speaks: 200 on
-/// success, 503 on a transient fault, 422 on a permanent one, 400 without an idempotency key.
+/// success, 503 on a transient fault, 422 on a permanent one, 400 without an idempotency key or
+/// task id.
 pub fn router(service: Arc<SimulatedService>) -> axum::Router {
     async fn handle(
         State(service): State<Arc<SimulatedService>>,
         Path(action): Path<String>,
         headers: HeaderMap,
-        body: axum::Json<CallBody>,
+        body: axum::Json<serde_json::Value>,
     ) -> axum::response::Response {
-        let Some(key) = headers
-            .get(IDEMPOTENCY_HEADER)
-            .and_then(|v| v.to_str().ok())
-        else {
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let Some(key) = header(IDEMPOTENCY_HEADER) else {
             return (StatusCode::BAD_REQUEST, "missing Idempotency-Key").into_response();
         };
+        let Some(task_id) = header(TASK_HEADER).and_then(|t| t.parse().ok()) else {
+            return (StatusCode::BAD_REQUEST, "missing or bad Sas-Task-Id").into_response();
+        };
         let call = RemoteCall {
+            service: service.name().to_owned(),
             action,
             idempotency_key: key.to_owned(),
-            order_id: body.order_id,
-            payload: body.0.payload,
+            task_id,
+            undoes: header(UNDOES_HEADER).map(str::to_owned),
+            input: body.0,
         };
         match service.call(&call, Duration::from_secs(30)).await {
             Ok(v) => axum::Json(v).into_response(),
@@ -122,7 +127,7 @@ pub fn router(service: Arc<SimulatedService>) -> axum::Router {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::OrderId;
+    use crate::domain::TaskId;
     use crate::ports::SystemClock;
     use crate::remote::Faults;
 
@@ -146,10 +151,12 @@ mod tests {
         ));
         let remote = HttpRemote::new(reqwest::Client::new(), serve(sim.clone()).await);
         let call = RemoteCall {
+            service: "payment".into(),
             action: "charge-payment".into(),
             idempotency_key: "o:charge-payment:charge-payment".into(),
-            order_id: OrderId::new_random(),
-            payload: serde_json::json!({"items": []}),
+            task_id: TaskId::new_random(),
+            undoes: None,
+            input: serde_json::json!({"items": [], "amount": 3}),
         };
         let first = remote
             .call(&call, Duration::from_secs(5))
@@ -161,6 +168,15 @@ mod tests {
             .expect("ok");
         assert_eq!(first, again);
         assert_eq!(sim.stats().effects.get(&call.idempotency_key), Some(&1));
+        assert_eq!(sim.stats().requests[0].input, call.input, "the body is the mapped input");
+        let undo = RemoteCall {
+            action: "refund-payment".into(),
+            idempotency_key: "o:charge-payment:refund-payment".into(),
+            undoes: Some(call.idempotency_key.clone()),
+            ..call.clone()
+        };
+        remote.call(&undo, Duration::from_secs(5)).await.expect("undo");
+        assert_eq!(sim.stats().net.get(&call.idempotency_key), Some(&0), "Sas-Undoes reached it");
 
         sim.set_faults(Faults {
             transient_rate: 1.0,

@@ -6,14 +6,97 @@ mod http;
 mod simulated;
 
 pub use self::http::{HttpRemote, router};
-pub use simulated::{Faults, SimStats, SimulatedService, seeded_unit};
+pub use simulated::{Applied, Faults, SimStats, SimulatedService, seeded_unit};
 
-use crate::domain::{BreakerPolicy, BreakerRecord, Decision};
+use crate::catalog::{CatalogError, Definitions};
+use crate::domain::{BreakerPolicy, BreakerRecord, Decision, Target};
 use crate::ports::{Clock, RemoteCall, RemoteFault, RemoteService, StateStore};
 use async_trait::async_trait;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::{info, warn};
+
+/// Makes the simulated service of a name (the local runner hands out its own, with faults).
+pub type SimulatedFactory = Arc<dyn Fn(&str) -> Arc<dyn RemoteService> + Send + Sync>;
+
+/// Why no remote could be had for a service.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    #[error("service {0:?} is not in the catalog")]
+    Unknown(String),
+    #[error("service {service:?} is misconfigured: {problem}")]
+    Misconfigured { service: String, problem: String },
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+}
+
+/// The remote of every service an agent calls: built from the service's definition in the
+/// catalog on first use (and again when the definition changes), behind the service's shared
+/// circuit breaker.
+pub struct Remotes {
+    definitions: Arc<Definitions>,
+    store: Arc<dyn StateStore>,
+    breaker: BreakerPolicy,
+    clock: Arc<dyn Clock>,
+    http: reqwest::Client,
+    simulated: SimulatedFactory,
+    built: Mutex<HashMap<String, (Target, Arc<dyn RemoteService>)>>,
+}
+
+impl Remotes {
+    pub fn new(
+        definitions: Arc<Definitions>,
+        store: Arc<dyn StateStore>,
+        breaker: BreakerPolicy,
+        clock: Arc<dyn Clock>,
+        simulated: SimulatedFactory,
+    ) -> Self {
+        Self {
+            definitions,
+            store,
+            breaker,
+            clock,
+            http: reqwest::Client::new(),
+            simulated,
+            built: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The remote of `service`, behind its breaker.
+    pub async fn get(&self, service: &str) -> Result<Arc<dyn RemoteService>, LookupError> {
+        let services = self.definitions.services().await?;
+        let def = services
+            .get(service)
+            .ok_or_else(|| LookupError::Unknown(service.to_owned()))?;
+        if let Some((target, remote)) = self.built.lock().ok().and_then(|m| m.get(service).cloned())
+            && target == def.target
+        {
+            return Ok(remote);
+        }
+        let inner: Arc<dyn RemoteService> = match &def.target {
+            Target::Simulated => (self.simulated)(service),
+            Target::Http { base_url } => {
+                let base = url::Url::parse(base_url).map_err(|e| LookupError::Misconfigured {
+                    service: service.to_owned(),
+                    problem: format!("baseUrl {base_url:?}: {e}"),
+                })?;
+                Arc::new(HttpRemote::new(self.http.clone(), base))
+            }
+        };
+        let remote: Arc<dyn RemoteService> = Arc::new(SharedBreaker::new(
+            service,
+            inner,
+            self.store.clone(),
+            self.breaker,
+            self.clock.clone(),
+        ));
+        if let Ok(mut m) = self.built.lock() {
+            m.insert(service.to_owned(), (def.target.clone(), remote.clone()));
+        }
+        Ok(remote)
+    }
+}
 
 /// A remote service behind its shared circuit breaker (a [`BreakerRecord`] in the state store,
 /// moved by conditional writes, so every agent instance sees the same breaker). While it is

@@ -55,6 +55,16 @@ pub struct SimStats {
     pub net: HashMap<String, i32>,
     /// Keys in the order their effects were applied.
     pub applied: Vec<String>,
+    /// The request of every applied effect, in order (what the mappings built).
+    pub requests: Vec<Applied>,
+}
+
+/// One applied call: its key, action and request body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    pub key: String,
+    pub action: String,
+    pub input: serde_json::Value,
 }
 
 #[derive(Debug, Default)]
@@ -70,7 +80,7 @@ struct SimState {
 /// does (a repeated key returns the first outcome and applies nothing), and injects the faults
 /// its [`Faults`] ask for.
 ///
-/// A call whose payload carries `undoes` (a step's key) is an undo: it reverses that step's
+/// A call that carries `undoes` (a step's key) is an undo: it reverses that step's
 /// effect if it applied; if the step never reached the service, the undo leaves a tombstone and
 /// the step's key is refused from then on, so a step request still in flight when its order is
 /// compensated can never take effect afterwards. Remote services used with sas must offer the
@@ -113,7 +123,7 @@ impl SimulatedService {
             .unwrap_or_default()
     }
 
-    /// Effects applied for keys that start with `prefix` (e.g. an order id).
+    /// Effects applied for keys that start with `prefix` (e.g. a task id).
     pub fn effects_for(&self, prefix: &str) -> HashMap<String, u32> {
         self.stats()
             .effects
@@ -184,11 +194,7 @@ impl RemoteService for SimulatedService {
             return Err(RemoteFault::Transient(format!("{}: {why}", self.name)));
         }
         let key = call.idempotency_key.clone();
-        let undoes = call
-            .payload
-            .get("undoes")
-            .and_then(|v| v.as_str())
-            .map(str::to_owned);
+        let undoes = call.undoes.clone();
         let refuse = permanent || faults.refuse_actions.contains(&call.action);
         let outcome = self.with_state(|s| {
             if let Some(first) = s.outcomes.get(&key) {
@@ -200,6 +206,11 @@ impl RemoteService for SimulatedService {
             } else {
                 *s.stats.effects.entry(key.clone()).or_default() += 1;
                 s.stats.applied.push(key.clone());
+                s.stats.requests.push(Applied {
+                    key: key.clone(),
+                    action: call.action.clone(),
+                    input: call.input.clone(),
+                });
                 match &undoes {
                     Some(step_key) => {
                         if matches!(s.outcomes.get(step_key), Some(Ok(_))) {
@@ -215,9 +226,9 @@ impl RemoteService for SimulatedService {
                     None => *s.stats.net.entry(key.clone()).or_default() += 1,
                 }
                 Ok(serde_json::json!({
+                    "id": uuid::Uuid::new_v4().to_string(),
                     "service": self.name,
                     "action": call.action,
-                    "confirmation": uuid::Uuid::new_v4().to_string(),
                 }))
             };
             s.outcomes.insert(key.clone(), outcome.clone());
@@ -240,15 +251,17 @@ impl RemoteService for SimulatedService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::OrderId;
+    use crate::domain::TaskId;
     use crate::ports::SystemClock;
 
     fn undo(key: &str, undoes: &str) -> RemoteCall {
         RemoteCall {
+            service: "payment".into(),
             action: "refund-payment".into(),
             idempotency_key: key.into(),
-            order_id: OrderId::new_random(),
-            payload: serde_json::json!({"undoes": undoes}),
+            task_id: TaskId::new_random(),
+            undoes: Some(undoes.into()),
+            input: serde_json::json!({}),
         }
     }
 
@@ -283,10 +296,12 @@ mod tests {
 
     fn call(key: &str) -> RemoteCall {
         RemoteCall {
+            service: "payment".into(),
             action: "charge-payment".into(),
             idempotency_key: key.into(),
-            order_id: OrderId::new_random(),
-            payload: serde_json::json!({}),
+            task_id: TaskId::new_random(),
+            undoes: None,
+            input: serde_json::json!({"n": key}),
         }
     }
 

@@ -1,0 +1,262 @@
+//! Input mappings: how a step's request body is built from the task's input and the results of
+//! earlier steps.
+//!
+//! A mapping is any JSON value. A string that starts with `$` is an RFC 9535 JSONPath *singular
+//! query* (names and indexes only: it selects at most one value), evaluated with `jsonpath-rust`
+//! on the context `{task: {id, workflow, version}, input, steps: {<step>: {result}}}`; every
+//! other value is copied as it is. A string starting with `$$` is a literal with one `$` less.
+
+use super::workflow::Problem;
+use jsonpath_rust::parser::model::{JpQuery, Segment, Selector};
+use serde_json::{Map, Value};
+
+/// What a mapping may refer to: the steps before the one being mapped, and (for an undo) the
+/// step itself.
+pub struct MappingScope<'a> {
+    pub steps: &'a [String],
+    pub own: Option<&'a str>,
+}
+
+/// A compiled mapping.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mapping {
+    Literal(Value),
+    Query { source: String, query: JpQuery },
+    Object(Vec<(String, Mapping)>),
+    Array(Vec<Mapping>),
+}
+
+/// A mapping that cannot be evaluated on a task: it selected nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("input_mapping_failed: {query} (at {at}) selects nothing")]
+pub struct MappingError {
+    pub at: String,
+    pub query: String,
+}
+
+fn escape_pointer(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+/// A hint for the most common mistake: a dashed name written with a dot.
+fn dash_hint(source: &str) -> String {
+    let mut out = String::from("$");
+    for part in source.trim_start_matches('$').split('.').filter(|p| !p.is_empty()) {
+        if part.contains('-') && !part.contains('[') {
+            out.push_str(&format!("['{part}']"));
+        } else {
+            out.push('.');
+            out.push_str(part);
+        }
+    }
+    out
+}
+
+impl Mapping {
+    /// Compiles `value`, reporting every bad query at its JSON pointer under `at`.
+    pub fn compile(
+        value: Value,
+        scope: &MappingScope<'_>,
+        at: &str,
+        problems: &mut Vec<Problem>,
+    ) -> Self {
+        match value {
+            Value::String(s) if s.starts_with("$$") => Self::Literal(Value::String(s[1..].into())),
+            Value::String(s) if s.starts_with('$') => match Self::query(&s, scope) {
+                Ok(query) => Self::Query { source: s, query },
+                Err(message) => {
+                    problems.push(Problem {
+                        at: at.to_owned(),
+                        message,
+                    });
+                    Self::Literal(Value::Null)
+                }
+            },
+            Value::Object(map) => Self::Object(
+                map.into_iter()
+                    .map(|(k, v)| {
+                        let here = format!("{at}/{}", escape_pointer(&k));
+                        (k, Self::compile(v, scope, &here, problems))
+                    })
+                    .collect(),
+            ),
+            Value::Array(items) => Self::Array(
+                items
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, v)| Self::compile(v, scope, &format!("{at}/{i}"), problems))
+                    .collect(),
+            ),
+            other => Self::Literal(other),
+        }
+    }
+
+    fn query(source: &str, scope: &MappingScope<'_>) -> Result<JpQuery, String> {
+        let query = jsonpath_rust::parser::parse_json_path(source).map_err(|e| {
+            let hint = dash_hint(source);
+            if hint != source && jsonpath_rust::parser::parse_json_path(&hint).is_ok() {
+                format!(
+                    "{source:?} is not an RFC 9535 JSONPath: a name with a dash needs brackets, as in {hint}"
+                )
+            } else {
+                format!(
+                    "{source:?} is not an RFC 9535 JSONPath: {}",
+                    e.to_string().lines().next().unwrap_or_default()
+                )
+            }
+        })?;
+        let mut names = vec![];
+        for segment in &query.segments {
+            match segment {
+                Segment::Selector(Selector::Name(n)) => names.push(Some(n.as_str())),
+                Segment::Selector(Selector::Index(_)) => names.push(None),
+                _ => {
+                    return Err(format!(
+                        "{source:?} is not a singular query: use names and indexes only, so that it selects one value"
+                    ));
+                }
+            }
+        }
+        match names.as_slice() {
+            [] => Err(format!(
+                "{source:?} selects the whole context: start with $.input, $.steps or $.task"
+            )),
+            [Some("input"), ..] => Ok(query),
+            [Some("task")] => Ok(query),
+            [Some("task"), Some("id" | "workflow" | "version")] => Ok(query),
+            [Some("task"), ..] => Err(format!(
+                "{source:?}: a task has only id, workflow and version"
+            )),
+            [Some("steps"), Some(step), rest @ ..] => {
+                let known = scope.steps.iter().any(|s| s == step) || scope.own == Some(*step);
+                if !known {
+                    return Err(format!(
+                        "{source:?} refers to {step:?}, which is not an earlier step{}",
+                        if scope.steps.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (earlier: {})", scope.steps.join(", "))
+                        }
+                    ));
+                }
+                match rest {
+                    [] | [Some("result"), ..] => Ok(query),
+                    _ => Err(format!(
+                        "{source:?}: a step offers only its result, as in $.steps['{step}'].result"
+                    )),
+                }
+            }
+            _ => Err(format!(
+                "{source:?} must start with $.input, $.steps['<step>'].result or $.task"
+            )),
+        }
+    }
+
+    /// Builds the value on `context`. A query that selects nothing is an error (a step's
+    /// result lacks a field the mapping needs), never a silent `null`.
+    pub fn render(&self, context: &Value) -> Result<Value, MappingError> {
+        self.render_at(context, "")
+    }
+
+    fn render_at(&self, context: &Value, at: &str) -> Result<Value, MappingError> {
+        Ok(match self {
+            Self::Literal(v) => v.clone(),
+            Self::Query { source, query } => {
+                let found = jsonpath_rust::query::js_path_process(query, context)
+                    .ok()
+                    .and_then(|refs| refs.into_iter().next())
+                    .map(|r| r.val.clone());
+                found.ok_or_else(|| MappingError {
+                    at: if at.is_empty() { "/".into() } else { at.into() },
+                    query: source.clone(),
+                })?
+            }
+            Self::Object(fields) => {
+                let mut out = Map::new();
+                for (k, m) in fields {
+                    let here = format!("{at}/{}", escape_pointer(k));
+                    out.insert(k.clone(), m.render_at(context, &here)?);
+                }
+                Value::Object(out)
+            }
+            Self::Array(items) => Value::Array(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| m.render_at(context, &format!("{at}/{i}")))
+                    .collect::<Result<_, _>>()?,
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn compile(v: Value, steps: &[&str], own: Option<&str>) -> Result<Mapping, Vec<Problem>> {
+        let steps: Vec<String> = steps.iter().map(|s| (*s).to_owned()).collect();
+        let mut problems = vec![];
+        let m = Mapping::compile(
+            v,
+            &MappingScope { steps: &steps, own },
+            "",
+            &mut problems,
+        );
+        if problems.is_empty() { Ok(m) } else { Err(problems) }
+    }
+
+    #[test]
+    fn a_mapping_builds_the_body_from_input_and_earlier_results() {
+        let m = compile(
+            json!({
+                "amount": "$.input.amount",
+                "score": "$.steps['check-credit'].result.score",
+                "first": "$.input.items[0].sku",
+                "task": "$.task.id",
+                "fixed": {"channel": "web", "tags": ["a", 1, null]},
+                "dollar": "$$5"
+            }),
+            &["check-credit"],
+            None,
+        )
+        .expect("compiles");
+        let ctx = json!({
+            "task": {"id": "t-1", "workflow": "w", "version": 1},
+            "input": {"amount": 12, "items": [{"sku": "A"}]},
+            "steps": {"check-credit": {"result": {"score": 710}}}
+        });
+        assert_eq!(
+            m.render(&ctx).expect("renders"),
+            json!({"amount": 12, "score": 710, "first": "A", "task": "t-1",
+                   "fixed": {"channel": "web", "tags": ["a", 1, null]}, "dollar": "$5"})
+        );
+    }
+
+    #[test]
+    fn a_query_that_selects_nothing_is_an_error_naming_its_place() {
+        let m = compile(json!({"a": {"b": "$.input.missing"}}), &[], None).expect("compiles");
+        let err = m.render(&json!({"input": {}})).expect_err("nothing there");
+        assert_eq!(err.at, "/a/b");
+        assert_eq!(err.query, "$.input.missing");
+    }
+
+    #[test]
+    fn only_singular_queries_into_known_places_compile() {
+        for bad in [
+            "$.input[*]",
+            "$..amount",
+            "$.input[?@.x]",
+            "$.steps['later'].result",
+            "$.steps['a'].status",
+            "$.task.secret",
+            "$.other",
+            "$",
+            "$.input[",
+        ] {
+            assert!(compile(json!(bad), &["a"], None).is_err(), "{bad} compiled");
+        }
+        assert!(compile(json!("$.steps['a'].result"), &[], Some("a")).is_ok());
+    }
+}
