@@ -121,7 +121,12 @@ pub fn definitions(
     clock: Arc<dyn crate::ports::Clock>,
 ) -> Result<crate::catalog::Definitions, ConfigError> {
     let ttl = seconds("CATALOG_CACHE_SECONDS", 5.0)?;
-    Ok(crate::catalog::Definitions::new(store, policy()?, clock, ttl))
+    Ok(crate::catalog::Definitions::new(
+        store,
+        policy()?,
+        clock,
+        ttl,
+    ))
 }
 
 /// The DynamoDB store from `TABLE_NAME` and `DUE_SHARDS` (default 4).
@@ -145,4 +150,3 @@ pub fn event_bus(sdk: &aws_config::SdkConfig) -> Result<crate::aws::EventBridgeB
 pub fn sqs_queue(sdk: &aws_config::SdkConfig) -> crate::aws::SqsQueue {
     crate::aws::SqsQueue::new(aws_sdk_sqs::Client::new(sdk))
 }
-

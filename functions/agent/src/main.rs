@@ -1,15 +1,17 @@
-//! An agent Lambda (SQS: one agent's request queue, partial batch responses). `AGENT_NAME`
-//! names it; `REMOTE_BASE_URL` is its remote service, or `SIMULATED_REMOTE=true` uses the
-//! in-process simulated service (demo stacks and smoke tests). Its circuit breaker is shared
-//! by all its instances through the table (`TABLE_NAME`, `BREAKER_*`).
+//! The agent Lambda (SQS: the agent queue, partial batch responses). One function serves every
+//! service: each step request names its service, whose target (HTTP, or the in-process
+//! simulated service for demo stacks and smoke tests) comes from the catalog in the table
+//! (`TABLE_NAME`, kept `CATALOG_CACHE_SECONDS`). Each service's circuit breaker is shared by all
+//! the agent's instances through the table (`BREAKER_*`).
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use sas::config;
 use sas::handlers::agent::{self, AgentDeps};
 use sas::ports::{Clock, RemoteService, SystemClock};
-use sas::remote::{Faults, HttpRemote, SharedBreaker, SimulatedService};
-use std::sync::Arc;
+use sas::remote::{Faults, Remotes, SimulatedService};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[tokio::main]
@@ -17,29 +19,35 @@ async fn main() -> Result<(), Error> {
     sas::telemetry::init();
     let sdk = sas::aws::sdk_config().await;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let name = config::required("AGENT_NAME")?;
-    let remote: Arc<dyn RemoteService> = if config::parsed("SIMULATED_REMOTE", false)? {
-        Arc::new(SimulatedService::new(
-            &name,
-            Faults::default(),
-            clock.clone(),
-        ))
-    } else {
-        let base = url::Url::parse(&config::required("REMOTE_BASE_URL")?)?;
-        Arc::new(HttpRemote::new(reqwest::Client::new(), base))
+    let store = Arc::new(config::dynamo_store(&sdk)?);
+    let definitions = Arc::new(config::definitions(store.clone(), clock.clone())?);
+    // A simulated service keeps its idempotency keys in this execution environment only: it is
+    // for demo stacks and smoke tests, never for real work.
+    let simulated: Arc<Mutex<HashMap<String, Arc<SimulatedService>>>> = Arc::default();
+    let factory = {
+        let clock = clock.clone();
+        Arc::new(move |name: &str| -> Arc<dyn RemoteService> {
+            let made = Arc::new(SimulatedService::new(
+                name,
+                Faults::default(),
+                clock.clone(),
+            ));
+            match simulated.lock() {
+                Ok(mut m) => m.entry(name.to_owned()).or_insert(made).clone(),
+                Err(_) => made,
+            }
+        })
     };
-    // The breaker is shared by every instance of this agent: it lives in the table.
-    let remote = SharedBreaker::new(
-        name.clone(),
-        remote,
-        Arc::new(config::dynamo_store(&sdk)?),
-        config::breaker()?,
-        clock.clone(),
-    );
     let deps = AgentDeps {
-        name,
+        name: config::optional("AGENT_NAME").unwrap_or_else(|| "agent".into()),
         queue: Arc::new(config::sqs_queue(&sdk)),
-        remote: Arc::new(remote),
+        remotes: Arc::new(Remotes::new(
+            definitions,
+            store,
+            config::breaker()?,
+            clock.clone(),
+            factory,
+        )),
         clock,
         backoff: config::backoff()?,
         call_timeout: Duration::from_millis(config::parsed("CALL_TIMEOUT_MS", 10_000u64)?),

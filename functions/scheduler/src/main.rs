@@ -2,8 +2,8 @@
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
+use sas::config;
 use sas::handlers::scheduler::{self, SchedulerDeps};
-use sas::{Workflow, config};
 use std::sync::Arc;
 
 #[tokio::main]
@@ -11,14 +11,15 @@ async fn main() -> Result<(), Error> {
     sas::telemetry::init();
     let sdk = sas::aws::sdk_config().await;
     let instance = std::env::var("AWS_LAMBDA_LOG_STREAM_NAME").unwrap_or_else(|_| "local".into());
+    let store = Arc::new(config::dynamo_store(&sdk)?);
+    let clock: Arc<dyn sas::ports::Clock> = Arc::new(sas::ports::SystemClock);
     let deps = SchedulerDeps {
-        store: Arc::new(config::dynamo_store(&sdk)?),
+        definitions: Arc::new(config::definitions(store.clone(), clock.clone())?),
+        store,
         queue: Arc::new(config::sqs_queue(&sdk)),
         events: Arc::new(config::event_bus(&sdk)?),
-        clock: Arc::new(sas::ports::SystemClock),
-        workflow: Arc::new(Workflow::ecommerce()),
-        policy: config::policy()?,
-        agent_queues: config::agent_queues()?,
+        clock,
+        agent_queue_url: config::required("AGENT_QUEUE_URL")?,
         reply_queue_url: config::required("REPLY_QUEUE_URL")?,
         work_queue_url: config::required("WORK_QUEUE_URL")?,
         timer_queue_url: config::optional("TIMER_QUEUE_URL"),

@@ -12,12 +12,14 @@ use std::sync::Arc;
 async fn main() -> Result<(), Error> {
     sas::telemetry::init();
     let sdk = sas::aws::sdk_config().await;
+    let store = Arc::new(config::dynamo_store(&sdk)?);
+    let clock: Arc<dyn sas::ports::Clock> = Arc::new(sas::ports::SystemClock);
     let deps = SupervisorDeps {
-        store: Arc::new(config::dynamo_store(&sdk)?),
+        definitions: Arc::new(config::definitions(store.clone(), clock.clone())?),
+        store,
         queue: Arc::new(config::sqs_queue(&sdk)),
         events: Arc::new(config::event_bus(&sdk)?),
-        clock: Arc::new(sas::ports::SystemClock),
-        policy: config::policy()?,
+        clock,
         work_queue_url: config::required("WORK_QUEUE_URL")?,
         batch_limit: config::parsed("SWEEP_BATCH_LIMIT", 100usize)?,
         timer_queue_url: config::optional("TIMER_QUEUE_URL"),

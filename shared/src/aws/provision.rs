@@ -94,8 +94,7 @@ pub async fn provision(
         create_queue(&sqs, &format!("{prefix}-replies"), redrive, settings).await?;
     let timer_queue_url =
         create_queue(&sqs, &format!("{prefix}-timers"), redrive, settings).await?;
-    let agent_queue_url =
-        create_queue(&sqs, &format!("{prefix}-agent"), redrive, settings).await?;
+    let agent_queue_url = create_queue(&sqs, &format!("{prefix}-agent"), redrive, settings).await?;
     let bus_name = format!("{prefix}-bus");
     match eb.create_event_bus().name(&bus_name).send().await {
         Ok(_) => {}

@@ -41,7 +41,11 @@ fn escape_pointer(key: &str) -> String {
 /// A hint for the most common mistake: a dashed name written with a dot.
 fn dash_hint(source: &str) -> String {
     let mut out = String::from("$");
-    for part in source.trim_start_matches('$').split('.').filter(|p| !p.is_empty()) {
+    for part in source
+        .trim_start_matches('$')
+        .split('.')
+        .filter(|p| !p.is_empty())
+    {
         if part.contains('-') && !part.contains('[') {
             out.push_str(&format!("['{part}']"));
         } else {
@@ -198,13 +202,12 @@ mod tests {
     fn compile(v: Value, steps: &[&str], own: Option<&str>) -> Result<Mapping, Vec<Problem>> {
         let steps: Vec<String> = steps.iter().map(|s| (*s).to_owned()).collect();
         let mut problems = vec![];
-        let m = Mapping::compile(
-            v,
-            &MappingScope { steps: &steps, own },
-            "",
-            &mut problems,
-        );
-        if problems.is_empty() { Ok(m) } else { Err(problems) }
+        let m = Mapping::compile(v, &MappingScope { steps: &steps, own }, "", &mut problems);
+        if problems.is_empty() {
+            Ok(m)
+        } else {
+            Err(problems)
+        }
     }
 
     #[test]

@@ -620,7 +620,8 @@ mod tests {
             now,
             pickup,
         );
-        r.check(&Policies::uniform(Default::default())).expect("valid");
+        r.check(&Policies::uniform(Default::default()))
+            .expect("valid");
         assert_eq!(r.process_state, ProcessState::Pending);
         assert_eq!(r.due_at(), Some(to_millis(pickup)));
         assert_eq!(r.current_step(), Some("reserve-inventory"));

@@ -945,7 +945,9 @@ mod tests {
     ) -> Transition {
         let t = f(r).expect("transition applies");
         assert!(t.condition.holds(Some(r)), "condition holds on its source");
-        t.record.check(&policy()).expect("valid after the transition");
+        t.record
+            .check(&policy())
+            .expect("valid after the transition");
         *r = t.record.clone();
         t
     }

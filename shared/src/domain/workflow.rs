@@ -519,9 +519,9 @@ impl WorkflowDoc {
             let undo = s.undo.as_ref().map(|u| Undo {
                 action: u.action.clone(),
                 input: Mapping::compile(
-                    u.input.clone().unwrap_or_else(|| {
-                        Value::String(format!("$.steps['{}'].result", s.name))
-                    }),
+                    u.input
+                        .clone()
+                        .unwrap_or_else(|| Value::String(format!("$.steps['{}'].result", s.name))),
                     &MappingScope {
                         steps: &earlier,
                         own: Some(&s.name),
@@ -728,11 +728,20 @@ mod tests {
         );
         assert!(order.steps.iter().all(|s| s.undo.is_some()));
         let loan = workflow(examples::LOAN_APPLICATION).expect("loan-application.yaml");
-        assert!(loan.steps[0].undo.is_none(), "the credit check is read-only");
+        assert!(
+            loan.steps[0].undo.is_none(),
+            "the credit check is read-only"
+        );
         assert_eq!(loan.pivot, Some(2));
-        assert_ne!(loan.steps[0].policy.step_timeout, loan.steps[1].policy.step_timeout);
+        assert_ne!(
+            loan.steps[0].policy.step_timeout,
+            loan.steps[1].policy.step_timeout
+        );
         assert_eq!(loan.services(), ["credit-bureau", "core-banking", "e-sign"]);
-        assert!(loan.steps[3].undo.is_none(), "nothing after the pivot is undone");
+        assert!(
+            loan.steps[3].undo.is_none(),
+            "nothing after the pivot is undone"
+        );
     }
 
     #[test]
@@ -765,7 +774,10 @@ mod tests {
     fn an_unknown_service_is_named() {
         let p = problems(&format!("{BASE}  - {{name: a, service: nowhere}}\n"));
         assert_eq!(p[0].at, "/steps/0/service");
-        assert!(p[0].message.contains("unknown service \"nowhere\""), "{p:?}");
+        assert!(
+            p[0].message.contains("unknown service \"nowhere\""),
+            "{p:?}"
+        );
     }
 
     #[test]
@@ -788,7 +800,9 @@ mod tests {
 
     #[test]
     fn schema_errors_name_their_place() {
-        let p = problems(&format!("{BASE}  - {{name: a, service: inventory, colour: red}}\n"));
+        let p = problems(&format!(
+            "{BASE}  - {{name: a, service: inventory, colour: red}}\n"
+        ));
         assert_eq!(p[0].at, "/steps/0", "{p:?}");
         assert!(p[0].message.contains("colour"), "{p:?}");
         let p = problems(&format!("{BASE}  - {{name: A!, service: inventory}}\n"));
@@ -803,7 +817,10 @@ mod tests {
             "{BASE}  - {{name: a, service: inventory, timeout: 2h}}\n  - {{name: b, service: inventory, timeout: 3 parsecs}}\n  - name: c\n    service: inventory\n    retry: {{baseDelay: 10m, maxDelay: 1m}}\n"
         ));
         let at: Vec<_> = p.iter().map(|p| p.at.as_str()).collect();
-        assert_eq!(at, ["/steps/0/timeout", "/steps/1/timeout", "/steps/2/retry"]);
+        assert_eq!(
+            at,
+            ["/steps/0/timeout", "/steps/1/timeout", "/steps/2/retry"]
+        );
     }
 
     #[test]

@@ -80,7 +80,10 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
             Ok(value) => {
                 let result = value.to_string();
                 if result.len() > MAX_RESULT_BYTES {
-                    warn!(bytes = result.len(), "the service's answer is over the result limit");
+                    warn!(
+                        bytes = result.len(),
+                        "the service's answer is over the result limit"
+                    );
                     StepOutcome::Faulted {
                         error: format!(
                             "result_too_large: the service's answer is {} bytes (at most {MAX_RESULT_BYTES})",

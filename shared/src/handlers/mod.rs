@@ -6,9 +6,9 @@ pub mod scheduler;
 pub mod submission;
 pub mod supervisor;
 
+use crate::catalog::{CatalogError, Definitions};
 use crate::domain::transition::{Effect, notice_delivered};
 use crate::domain::{StateRecord, Status, Transition};
-use crate::catalog::{CatalogError, Definitions};
 use crate::messages::{SchedulerMessage, TaskNotice, WorkMessage};
 use crate::ports::{Clock, EventBus, PublishError, Queue, QueueError, StateStore, StoreError};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};

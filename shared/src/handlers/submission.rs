@@ -236,9 +236,11 @@ async fn submit(
     };
     let reply_queue_url = match headers.get(REPLY_QUEUE_URL) {
         None => None,
-        Some(v) => match v.to_str().map_err(|_| ()).and_then(|u| {
-            parse_queue_url(u).map_err(|_| ())
-        }) {
+        Some(v) => match v
+            .to_str()
+            .map_err(|_| ())
+            .and_then(|u| parse_queue_url(u).map_err(|_| ()))
+        {
             Ok(u) => Some(u),
             Err(()) => {
                 return error(
@@ -662,7 +664,12 @@ async fn definition(
     name: &str,
     version: Option<u32>,
 ) -> Response<String> {
-    match deps.definitions.catalog().definition(kind, name, version).await {
+    match deps
+        .definitions
+        .catalog()
+        .definition(kind, name, version)
+        .await
+    {
         Ok(Some(d)) => respond(
             StatusCode::OK,
             &json!({"name": d.name, "version": d.version, "publishedAt": d.published_at, "definition": d.body}),
@@ -732,7 +739,11 @@ async fn publish_workflow(
     }
     match deps.definitions.publish_workflow(value).await {
         Ok((p, w)) => {
-            info!(version = p.version, created = p.created, "workflow published");
+            info!(
+                version = p.version,
+                created = p.created,
+                "workflow published"
+            );
             published(&w.name, p)
         }
         Err(e) => catalog_error(e),
@@ -758,14 +769,13 @@ async fn publish_service(
         Ok(doc) => doc,
         Err(e) => {
             // The problems are at /services/0/...: point them at the body.
-            let problems: Vec<_> = e
-                .0
-                .into_iter()
-                .map(|p| workflow::Problem {
-                    at: p.at.trim_start_matches("/services/0").to_owned(),
-                    message: p.message,
-                })
-                .collect();
+            let problems: Vec<_> =
+                e.0.into_iter()
+                    .map(|p| workflow::Problem {
+                        at: p.at.trim_start_matches("/services/0").to_owned(),
+                        message: p.message,
+                    })
+                    .collect();
             return catalog_error(CatalogError::Invalid(workflow::DefinitionError(problems)));
         }
     };
@@ -773,10 +783,18 @@ async fn publish_service(
     match deps.definitions.publish_services(&doc).await {
         Ok(mut out) => match out.pop() {
             Some((_, p)) => {
-                info!(version = p.version, created = p.created, "service published");
+                info!(
+                    version = p.version,
+                    created = p.created,
+                    "service published"
+                );
                 published(&service.name, p)
             }
-            None => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "nothing published"),
+            None => error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "nothing published",
+            ),
         },
         Err(e) => catalog_error(e),
     }

@@ -15,13 +15,13 @@ use crate::handlers::supervisor::{self, SupervisorDeps, SweepReport};
 use crate::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
 use crate::ports::{Catalog, Clock, EventBus, Queue, ReceivedMessage, RemoteService, StateStore};
 use crate::remote::{Faults, Remotes, SimulatedService};
-use std::sync::Mutex;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -145,8 +145,10 @@ pub struct Settings {
     pub policy: Policy,
     pub backoff: Backoff,
     pub due_shards: u32,
-    /// Faults of each simulated service (by service name; missing: none).
+    /// Faults of each simulated service (by service name)...
     pub faults: HashMap<String, Faults>,
+    /// ...and of every service not named there.
+    pub default_faults: Faults,
     /// The definitions published when the system is built (file name, text): services and
     /// workflows. Default: the examples in `workflows/`.
     pub definitions: Vec<(String, String)>,
@@ -191,6 +193,7 @@ impl Default for Settings {
             },
             due_shards: 4,
             faults: HashMap::new(),
+            default_faults: Faults::default(),
             definitions: catalog::example_files(),
             catalog_ttl: chrono::Duration::zero(),
             agent_concurrency: 8,
@@ -214,6 +217,7 @@ impl Default for Settings {
 #[derive(Clone)]
 pub struct Simulated {
     faults: HashMap<String, Faults>,
+    default_faults: Faults,
     clock: Arc<dyn Clock>,
     made: Arc<Mutex<HashMap<String, Arc<SimulatedService>>>>,
 }
@@ -222,13 +226,20 @@ impl Simulated {
     /// The simulated service `name` (made now if it is not yet).
     pub fn get(&self, name: &str) -> Arc<SimulatedService> {
         let Ok(mut made) = self.made.lock() else {
-            return Arc::new(SimulatedService::new(name, Faults::default(), self.clock.clone()));
+            return Arc::new(SimulatedService::new(
+                name,
+                Faults::default(),
+                self.clock.clone(),
+            ));
         };
         made.entry(name.to_owned())
             .or_insert_with(|| {
                 Arc::new(SimulatedService::new(
                     name,
-                    self.faults.get(name).cloned().unwrap_or_default(),
+                    self.faults
+                        .get(name)
+                        .unwrap_or(&self.default_faults)
+                        .clone(),
                     self.clock.clone(),
                 ))
             })
@@ -304,6 +315,7 @@ impl System {
         ));
         let services = Simulated {
             faults: settings.faults.clone(),
+            default_faults: settings.default_faults.clone(),
             clock: clock.clone(),
             made: Arc::new(Mutex::new(HashMap::new())),
         };

@@ -168,15 +168,26 @@ mod tests {
             .expect("ok");
         assert_eq!(first, again);
         assert_eq!(sim.stats().effects.get(&call.idempotency_key), Some(&1));
-        assert_eq!(sim.stats().requests[0].input, call.input, "the body is the mapped input");
+        assert_eq!(
+            sim.stats().requests[0].input,
+            call.input,
+            "the body is the mapped input"
+        );
         let undo = RemoteCall {
             action: "refund-payment".into(),
             idempotency_key: "o:charge-payment:refund-payment".into(),
             undoes: Some(call.idempotency_key.clone()),
             ..call.clone()
         };
-        remote.call(&undo, Duration::from_secs(5)).await.expect("undo");
-        assert_eq!(sim.stats().net.get(&call.idempotency_key), Some(&0), "Sas-Undoes reached it");
+        remote
+            .call(&undo, Duration::from_secs(5))
+            .await
+            .expect("undo");
+        assert_eq!(
+            sim.stats().net.get(&call.idempotency_key),
+            Some(&0),
+            "Sas-Undoes reached it"
+        );
 
         sim.set_faults(Faults {
             transient_rate: 1.0,
