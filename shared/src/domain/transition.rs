@@ -1347,6 +1347,110 @@ mod tests {
         assert!(r.steps[1].sent, "a deferred step may have been sent before");
     }
 
+    /// A Pending record of the loan: check-credit (no undo), reserve-funds (undo),
+    /// send-contract (the pivot, undo), disburse-funds (no undo).
+    fn loan(now: DateTime<Utc>) -> StateRecord {
+        record(&examples::loan_application(&base()), now)
+    }
+
+    #[test]
+    fn compensation_skips_a_step_without_an_undo() {
+        let p = policy();
+        let now = t0();
+        let mut r = loan(now);
+        run_to(&mut r, 2, now, &p);
+        let t = apply(&mut r, |r| apply_reply(r, 1, 2, false, &refused(), now, &p));
+        assert_eq!(r.process_state, ProcessState::Compensating);
+        assert_eq!(
+            r.step_index, 1,
+            "reserve-funds is undone first, send-contract was refused"
+        );
+        assert!(t.effects.contains(&Effect::DeliverNotice));
+        apply(&mut r, |r| claim(r, "s", now, &p));
+        let a = r.attempt;
+        apply(&mut r, |r| apply_reply(r, a, 1, true, &ok(), now, &p));
+        assert_eq!(r.process_state, ProcessState::Compensated);
+        assert_eq!(r.steps[0].undo, None, "check-credit is never undone");
+        assert_eq!(r.steps[0].status, StepStatus::Done);
+    }
+
+    #[test]
+    fn past_the_pivot_a_failure_waits_in_error_and_cannot_be_cancelled_or_compensated() {
+        let p = policy();
+        let now = t0();
+        let mut r = loan(now);
+        run_to(&mut r, 3, now, &p);
+        assert!(r.past_pivot());
+        assert_eq!(
+            cancel(&r, "x", now, &p).err(),
+            Some(Rejection::PastPivot(ProcessState::Processing))
+        );
+        let t = apply(&mut r, |r| apply_reply(r, 1, 3, false, &refused(), now, &p));
+        assert_eq!(t.effects, [Effect::DeliverNotice]);
+        assert_eq!(
+            r.process_state,
+            ProcessState::Error,
+            "auto-compensation stops at the pivot"
+        );
+        assert_eq!(r.outbox, [Status::Failed]);
+        assert_eq!(
+            compensate(&r, now, &p).err(),
+            Some(Rejection::PastPivot(ProcessState::Error))
+        );
+        apply(&mut r, |r| retry(r, now, &p));
+        assert_eq!(r.process_state, ProcessState::Pending);
+    }
+
+    #[test]
+    fn a_faulted_step_fails_the_task_and_is_undone_as_taking_effect() {
+        let p = policy();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let faulted = StepOutcome::Faulted {
+            error: "result_too_large".into(),
+        };
+        apply(&mut r, |r| apply_reply(r, 1, 1, false, &faulted, now, &p));
+        assert_eq!(r.steps[1].status, StepStatus::Faulted);
+        assert_eq!(r.process_state, ProcessState::Compensating);
+        assert_eq!(
+            r.step_index, 1,
+            "the faulted step took effect: it is undone first"
+        );
+    }
+
+    #[test]
+    fn each_step_runs_under_its_own_timeout_and_threshold() {
+        let w = examples::loan_application(&base());
+        let p = w.policies();
+        let now = t0();
+        let mut r = record(&w, now);
+        apply_with(&mut r, &p, |r| claim(r, "s", now, &p));
+        assert_eq!(
+            r.complete_by,
+            Some(now + Duration::seconds(5)),
+            "check-credit: 5s"
+        );
+        apply_with(&mut r, &p, |r| apply_reply(r, 1, 0, false, &ok(), now, &p));
+        assert_eq!(
+            r.complete_by,
+            Some(now + Duration::seconds(30)),
+            "reserve-funds: 30s"
+        );
+        assert_eq!(p.at(3).failure_threshold, 5);
+        assert_eq!(p.at(1).failure_threshold, 3);
+    }
+
+    fn apply_with(
+        r: &mut StateRecord,
+        p: &Policies,
+        f: impl FnOnce(&StateRecord) -> Result<Transition, Rejection>,
+    ) {
+        let t = f(r).expect("transition applies");
+        t.record.check(p).expect("valid after the transition");
+        *r = t.record;
+    }
+
     #[test]
     fn retry_delay_grows_with_equal_jitter_and_is_capped() {
         let p = policy();
