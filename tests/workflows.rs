@@ -128,18 +128,30 @@ fn requests(system: &System, service: &str, task: &str) -> Vec<(String, Value)> 
 
 async fn publish(http: &reqwest::Client, base: &str, workflow: &Value) -> (u16, Value) {
     for s in services() {
-        let (status, body) = put(http, format!("{base}/services/{}", s["name"].as_str().unwrap_or_default()), &s).await;
+        let (status, body) = put(
+            http,
+            format!("{base}/services/{}", s["name"].as_str().unwrap_or_default()),
+            &s,
+        )
+        .await;
         assert!(status == 201 || status == 200, "{status} {body}");
     }
     put(http, format!("{base}/workflows/insurance-claim"), workflow).await
 }
 
-async fn unseen_workflow_runs_and_compensates_exactly(system: &System, base: &str, within: Duration) {
+async fn unseen_workflow_runs_and_compensates_exactly(
+    system: &System,
+    base: &str,
+    within: Duration,
+) {
     let http = reqwest::Client::new();
     let (status, body) = publish(&http, base, &claim_workflow("v1")).await;
     assert_eq!((status, body["version"].clone()), (201, json!(1)), "{body}");
     let (status, again) = publish(&http, base, &claim_workflow("v1")).await;
-    assert_eq!((status, again["created"].clone(), again["version"].clone()), (200, json!(false), json!(1)));
+    assert_eq!(
+        (status, again["created"].clone(), again["version"].clone()),
+        (200, json!(false), json!(1))
+    );
 
     // To Processed, each request built by its mapping.
     let input = json!({"claimId": "C-1", "policyNumber": "P-77", "amount": 1200.5});
@@ -156,13 +168,22 @@ async fn unseen_workflow_runs_and_compensates_exactly(system: &System, base: &st
     assert_eq!(
         requests(system, "ledger", &id),
         [
-            ("open-claim".to_owned(), json!({"claim": "C-1", "verification": result_id(&done, 0)})),
-            ("reserve-payout".to_owned(), json!({"amount": 1200.5, "ledgerEntry": result_id(&done, 1)})),
+            (
+                "open-claim".to_owned(),
+                json!({"claim": "C-1", "verification": result_id(&done, 0)})
+            ),
+            (
+                "reserve-payout".to_owned(),
+                json!({"amount": 1200.5, "ledgerEntry": result_id(&done, 1)})
+            ),
         ]
     );
     assert_eq!(
         requests(system, "notifier", &id),
-        [("notify".to_owned(), json!({"claim": "C-1", "reservation": result_id(&done, 2), "task": id}))]
+        [(
+            "notify".to_owned(),
+            json!({"claim": "C-1", "reservation": result_id(&done, 2), "task": id})
+        )]
     );
 
     // A refusal at step 3: only open-claim is undone (verify-policy has no undo; the refused
@@ -171,7 +192,12 @@ async fn unseen_workflow_runs_and_compensates_exactly(system: &System, base: &st
         refuse_actions: vec!["reserve-payout".into()],
         ..Faults::default()
     });
-    let (status, started) = start(&http, base, &json!({"claimId": "C-2", "policyNumber": "P-78", "amount": 5})).await;
+    let (status, started) = start(
+        &http,
+        base,
+        &json!({"claimId": "C-2", "policyNumber": "P-78", "amount": 5}),
+    )
+    .await;
     assert_eq!(status, 202, "{started}");
     let id = started["taskId"].as_str().expect("taskId").to_owned();
     let done = finished(&http, base, &id, within).await;
@@ -180,14 +206,29 @@ async fn unseen_workflow_runs_and_compensates_exactly(system: &System, base: &st
     assert_eq!(
         requests(system, "ledger", &id),
         [
-            ("open-claim".to_owned(), json!({"claim": "C-2", "verification": result_id(&done, 0)})),
-            ("close-claim".to_owned(), json!({"ledgerEntry": result_id(&done, 1)})),
+            (
+                "open-claim".to_owned(),
+                json!({"claim": "C-2", "verification": result_id(&done, 0)})
+            ),
+            (
+                "close-claim".to_owned(),
+                json!({"ledgerEntry": result_id(&done, 1)})
+            ),
         ],
         "exactly one undo, with its mapped input"
     );
-    assert_eq!(requests(system, "policy-db", &id).len(), 1, "the check is never undone");
+    assert_eq!(
+        requests(system, "policy-db", &id).len(),
+        1,
+        "the check is never undone"
+    );
     assert!(requests(system, "notifier", &id).is_empty());
-    let statuses: Vec<_> = done["steps"].as_array().expect("steps").iter().map(|s| (s["status"].clone(), s["undo"].clone())).collect();
+    let statuses: Vec<_> = done["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| (s["status"].clone(), s["undo"].clone()))
+        .collect();
     assert_eq!(
         statuses,
         [
@@ -207,7 +248,12 @@ async fn a_running_task_finishes_on_its_version(system: &System, base: &str, wit
         latency: Duration::from_millis(1500),
         ..Faults::default()
     });
-    let (status, started) = start(&http, base, &json!({"claimId": "C-3", "policyNumber": "P-9", "amount": 7})).await;
+    let (status, started) = start(
+        &http,
+        base,
+        &json!({"claimId": "C-3", "policyNumber": "P-9", "amount": 7}),
+    )
+    .await;
     assert_eq!(status, 202, "{started}");
     let v1_task = started["taskId"].as_str().expect("taskId").to_owned();
     let v1 = started["workflowVersion"].as_u64().expect("version");
@@ -222,19 +268,40 @@ async fn a_running_task_finishes_on_its_version(system: &System, base: &str, wit
     assert_eq!(v2_version, v1 + 1);
     notifier.set_faults(Faults::default());
 
-    let (_, later) = start(&http, base, &json!({"claimId": "C-4", "policyNumber": "P-10", "amount": 8})).await;
-    assert_eq!(later["workflowVersion"].as_u64(), Some(v2_version), "new tasks take the newest");
+    let (_, later) = start(
+        &http,
+        base,
+        &json!({"claimId": "C-4", "policyNumber": "P-10", "amount": 8}),
+    )
+    .await;
+    assert_eq!(
+        later["workflowVersion"].as_u64(),
+        Some(v2_version),
+        "new tasks take the newest"
+    );
     let later_task = later["taskId"].as_str().expect("taskId").to_owned();
 
     let done = finished(&http, base, &v1_task, within).await;
     assert_eq!(done["processState"], "Processed", "{done}");
     assert_eq!(done["workflowVersion"].as_u64(), Some(v1));
-    assert_eq!(requests(system, "notifier", &v1_task).len(), 1, "v1's notify went to the notifier");
-    assert!(requests(system, "ledger", &v1_task).iter().all(|(a, _)| a != "post-notice"));
+    assert_eq!(
+        requests(system, "notifier", &v1_task).len(),
+        1,
+        "v1's notify went to the notifier"
+    );
+    assert!(
+        requests(system, "ledger", &v1_task)
+            .iter()
+            .all(|(a, _)| a != "post-notice")
+    );
     let done = finished(&http, base, &later_task, within).await;
     assert_eq!(done["processState"], "Processed", "{done}");
     assert!(requests(system, "notifier", &later_task).is_empty());
-    assert!(requests(system, "ledger", &later_task).iter().any(|(a, _)| a == "post-notice"));
+    assert!(
+        requests(system, "ledger", &later_task)
+            .iter()
+            .any(|(a, _)| a == "post-notice")
+    );
 
     // Both versions stay readable, unchanged.
     let old: Value = http
@@ -245,7 +312,10 @@ async fn a_running_task_finishes_on_its_version(system: &System, base: &str, wit
         .json()
         .await
         .expect("JSON");
-    assert_eq!(old["definition"]["steps"][3]["service"], "notifier", "{old}");
+    assert_eq!(
+        old["definition"]["steps"][3]["service"], "notifier",
+        "{old}"
+    );
 }
 
 async fn bad_definitions_and_inputs_name_the_place(system: &System, base: &str) {
@@ -264,31 +334,75 @@ async fn bad_definitions_and_inputs_name_the_place(system: &System, base: &str) 
     duplicate["steps"][2]["name"] = json!("open-claim");
     cases.push((duplicate, "/steps/2/name", "declared twice"));
     for (definition, at, words) in cases {
-        let (status, body) = put(&http, format!("{base}/workflows/insurance-claim"), &definition).await;
+        let (status, body) = put(
+            &http,
+            format!("{base}/workflows/insurance-claim"),
+            &definition,
+        )
+        .await;
         assert_eq!(status, 400, "{body}");
         assert_eq!(body["error"]["code"], "invalid_definition", "{body}");
         let problems = body["error"]["problems"].as_array().expect("problems");
         assert!(
-            problems.iter().any(|p| p["at"] == at && p["message"].as_str().is_some_and(|m| m.contains(words))),
+            problems
+                .iter()
+                .any(|p| p["at"] == at && p["message"].as_str().is_some_and(|m| m.contains(words))),
             "{at} / {words}: {body}"
         );
     }
-    let listed: Value = http.get(format!("{base}/workflows")).send().await.expect("GET").json().await.expect("JSON");
-    let latest = listed["workflows"].as_array().expect("list").iter().find(|w| w["name"] == "insurance-claim").map(|w| w["latest"].clone());
-    assert_eq!(latest, Some(json!(2)), "no bad definition was published: {listed}");
+    let listed: Value = http
+        .get(format!("{base}/workflows"))
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON");
+    let latest = listed["workflows"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .find(|w| w["name"] == "insurance-claim")
+        .map(|w| w["latest"].clone());
+    assert_eq!(
+        latest,
+        Some(json!(2)),
+        "no bad definition was published: {listed}"
+    );
 
-    let before = system.store.list(sas::ProcessState::Pending, None, 100, None).await.expect("list").items.len();
+    let before = system
+        .store
+        .list(sas::ProcessState::Pending, None, 100, None)
+        .await
+        .expect("list")
+        .items
+        .len();
     for (input, pointer) in [
-        (json!({"claimId": "C", "policyNumber": "X-1", "amount": 1}), "/policyNumber"),
-        (json!({"claimId": "C", "policyNumber": "P-1", "amount": -1}), "/amount"),
-        (json!({"claimId": "C", "policyNumber": "P-1", "amount": 1, "extra": true}), ""),
+        (
+            json!({"claimId": "C", "policyNumber": "X-1", "amount": 1}),
+            "/policyNumber",
+        ),
+        (
+            json!({"claimId": "C", "policyNumber": "P-1", "amount": -1}),
+            "/amount",
+        ),
+        (
+            json!({"claimId": "C", "policyNumber": "P-1", "amount": 1, "extra": true}),
+            "",
+        ),
     ] {
         let (status, body) = start(&http, base, &input).await;
         assert_eq!(status, 400, "{body}");
         assert_eq!(body["error"]["code"], "validation_failed");
         assert_eq!(body["error"]["problems"][0]["at"], pointer, "{body}");
     }
-    let after = system.store.list(sas::ProcessState::Pending, None, 100, None).await.expect("list").items.len();
+    let after = system
+        .store
+        .list(sas::ProcessState::Pending, None, 100, None)
+        .await
+        .expect("list")
+        .items
+        .len();
     assert_eq!(before, after, "a refused input writes nothing");
 }
 
