@@ -779,7 +779,13 @@ async fn publish_service(
             return catalog_error(CatalogError::Invalid(workflow::DefinitionError(problems)));
         }
     };
-    let service: &ServiceDef = &doc.services[0];
+    let Some(service): Option<&ServiceDef> = doc.services.first() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_definition",
+            "no service given",
+        );
+    };
     match deps.definitions.publish_services(&doc).await {
         Ok(mut out) => match out.pop() {
             Some((_, p)) => {
