@@ -465,18 +465,21 @@ pub fn apply_reply(
                 e
             }
         }
-        (StepOutcome::Faulted { error }, true) => {
+        (StepOutcome::Faulted { .. }, true) => {
             // An undo that took effect but whose answer is unusable still undid the step.
-            let _ = error;
             apply_undo_reply(&mut n, step_index, None, now, p)
         }
         (StepOutcome::Faulted { error }, false) => {
-            let step = &mut n.steps[step_index];
-            step.finished_attempt = Some(attempt);
-            step.finished_at = Some(now);
-            step.status = StepStatus::Faulted;
             let reason = format!("{name}: {error}");
-            let e = fail(&mut n, now, reason.clone(), p);
+            let e = step_failed(
+                &mut n,
+                step_index,
+                attempt,
+                StepStatus::Faulted,
+                &reason,
+                now,
+                p,
+            );
             log(
                 &mut n,
                 r.process_state,
@@ -486,12 +489,16 @@ pub fn apply_reply(
             e
         }
         (StepOutcome::Failed { error }, false) => {
-            let step = &mut n.steps[step_index];
-            step.finished_attempt = Some(attempt);
-            step.finished_at = Some(now);
-            step.status = StepStatus::Failed;
             let reason = format!("{name}: {error}");
-            let e = fail(&mut n, now, reason.clone(), p);
+            let e = step_failed(
+                &mut n,
+                step_index,
+                attempt,
+                StepStatus::Failed,
+                &reason,
+                now,
+                p,
+            );
             log(
                 &mut n,
                 r.process_state,
@@ -513,6 +520,24 @@ pub fn apply_reply(
         record: n,
         effects,
     })
+}
+
+/// Step `i` ended for good as `status` (refused, or faulted) under `attempt`: the task fails.
+#[allow(clippy::too_many_arguments)]
+fn step_failed(
+    n: &mut StateRecord,
+    i: usize,
+    attempt: u64,
+    status: StepStatus,
+    reason: &str,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Vec<Effect> {
+    let step = &mut n.steps[i];
+    step.finished_attempt = Some(attempt);
+    step.finished_at = Some(now);
+    step.status = status;
+    fail(n, now, reason.to_owned(), p)
 }
 
 /// Applies an undo's answer: `refused` is the service's refusal, `None` a success.
