@@ -177,11 +177,11 @@ pub enum Effect {
     /// Send the request for the record's current step (or, while Compensating, its undo) under
     /// its current attempt.
     SendStepRequest,
-    /// Deliver the outbox (event bus, and the order's reply queue if it has one), then clear it.
+    /// Deliver the outbox (event bus, and the task's reply queue if it has one), then clear it.
     DeliverNotice,
     /// Publish a status that does not go through the outbox (best effort).
     Publish(Status),
-    /// Put a work message for the order on the scheduler's queue, visible after `delay`.
+    /// Put a work message for the task on the scheduler's queue, visible after `delay`.
     Enqueue { delay: Duration },
 }
 
@@ -194,7 +194,7 @@ pub struct Transition {
 }
 
 /// Why an event does not apply to a record. Rejections are normal (duplicates, stale messages,
-/// races, an operator acting on an order that moved on): callers log and drop, or answer 409.
+/// races, an operator acting on a task that moved on): callers log and drop, or answer 409.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
     #[error("record is {0}, which no scheduler claims")]
@@ -375,7 +375,7 @@ pub fn claim(
 ///
 /// Condition: same state, attempt and step (at the version read) - keeps "a reply counts only
 /// for the claim and step it answers": a stale reply from before a recovery, a reply to a step
-/// of a cancelled order, or a duplicate of a reply already applied, changes nothing.
+/// of a cancelled task, or a duplicate of a reply already applied, changes nothing.
 pub fn apply_reply(
     r: &StateRecord,
     attempt: u64,
@@ -587,7 +587,7 @@ fn apply_undo_reply(
 /// - A step (or undo) out past `CompleteBy`: its agent died or overran. `FailureCount` + 1;
 ///   below the threshold the record is handed back unlocked (a new pickup deadline after the
 ///   retry delay) and re-enqueued with that delay. At the threshold: with extended-wait rounds
-///   left, the count restarts after a cool-down; else a step fails the order ([`fail`]) and an
+///   left, the count restarts after a cool-down; else a step fails the task ([`fail`]) and an
 ///   undo ends in CompensationFailed.
 /// - Unlocked past its pickup deadline: the work message was lost (e.g. the submission died
 ///   after its transaction). It is re-enqueued with a new pickup deadline; that is not a
@@ -663,7 +663,7 @@ pub fn expire(
 /// A step (or undo) that was out came to nothing (`how`: it timed out, or its service's circuit
 /// is open): `FailureCount` + 1; below the threshold the record is handed back unlocked and
 /// re-enqueued after the retry delay (at least `at_least`); at the threshold, with
-/// extended-wait rounds left, the count restarts after a cool-down; else a step fails the order
+/// extended-wait rounds left, the count restarts after a cool-down; else a step fails the task
 /// ([`fail`]) and an undo ends in CompensationFailed.
 #[allow(clippy::too_many_arguments)]
 fn hand_back(
@@ -737,7 +737,7 @@ fn hand_back(
     }
 }
 
-/// A stable number in [0, 1) from an order and attempt: the jitter of transitions that have no
+/// A stable number in [0, 1) from a task and attempt: the jitter of transitions that have no
 /// randomness passed in (spreads the retries of orders deferred by the same open circuit).
 fn stable_jitter(r: &StateRecord) -> f64 {
     let b = r.task_id.as_uuid().into_bytes();
