@@ -159,10 +159,18 @@ impl Mapping {
     /// Builds the value on `context`. A query that selects nothing is an error (a step's
     /// result lacks a field the mapping needs), never a silent `null`.
     pub fn render(&self, context: &Value) -> Result<Value, MappingError> {
-        self.render_at(context, "")
+        self.render_at(context, "", false)
     }
 
-    fn render_at(&self, context: &Value, at: &str) -> Result<Value, MappingError> {
+    /// Builds the value on `context`, with `null` wherever a query selects nothing. For the
+    /// undo of a step whose outcome is unknown (it timed out, was cancelled while it ran, or its
+    /// answer could not be kept): the step may have taken effect but its result was never
+    /// kept, and the service finds the step by the key it undoes (`Sas-Undoes`).
+    pub fn render_lenient(&self, context: &Value) -> Value {
+        self.render_at(context, "", true).unwrap_or(Value::Null)
+    }
+
+    fn render_at(&self, context: &Value, at: &str, lenient: bool) -> Result<Value, MappingError> {
         Ok(match self {
             Self::Literal(v) => v.clone(),
             Self::Query { source, query } => {
@@ -170,16 +178,22 @@ impl Mapping {
                     .ok()
                     .and_then(|refs| refs.into_iter().next())
                     .map(|r| r.val.clone());
-                found.ok_or_else(|| MappingError {
-                    at: if at.is_empty() { "/".into() } else { at.into() },
-                    query: source.clone(),
-                })?
+                match found {
+                    Some(v) => v,
+                    None if lenient => Value::Null,
+                    None => {
+                        return Err(MappingError {
+                            at: if at.is_empty() { "/".into() } else { at.into() },
+                            query: source.clone(),
+                        });
+                    }
+                }
             }
             Self::Object(fields) => {
                 let mut out = Map::new();
                 for (k, m) in fields {
                     let here = format!("{at}/{}", escape_pointer(k));
-                    out.insert(k.clone(), m.render_at(context, &here)?);
+                    out.insert(k.clone(), m.render_at(context, &here, lenient)?);
                 }
                 Value::Object(out)
             }
@@ -187,7 +201,7 @@ impl Mapping {
                 items
                     .iter()
                     .enumerate()
-                    .map(|(i, m)| m.render_at(context, &format!("{at}/{i}")))
+                    .map(|(i, m)| m.render_at(context, &format!("{at}/{i}"), lenient))
                     .collect::<Result<_, _>>()?,
             ),
         })
@@ -243,6 +257,10 @@ mod tests {
         let err = m.render(&json!({"input": {}})).expect_err("nothing there");
         assert_eq!(err.at, "/a/b");
         assert_eq!(err.query, "$.input.missing");
+        assert_eq!(
+            m.render_lenient(&json!({"input": {}})),
+            json!({"a": {"b": null}})
+        );
     }
 
     #[test]

@@ -235,19 +235,25 @@ async fn send_step_request(
         }
         (_, false) => (step.action.clone(), forward_key, &step.input, None),
     };
-    let input = mapping
-        .render(&mapping_context(task, record))
-        .map_err(|e| e.to_string())
-        .and_then(|v| {
-            let bytes = v.to_string().len();
-            if bytes > MAX_REQUEST_BYTES {
-                Err(format!(
-                    "request_too_large: the mapped input is {bytes} bytes (at most {MAX_REQUEST_BYTES})"
-                ))
-            } else {
-                Ok(v)
-            }
-        });
+    let context = mapping_context(task, record);
+    // The undo of a step whose outcome is unknown (timed out, cancelled while out, or faulted)
+    // has no result of the step to read: its mapping gets `null` there, and the service finds
+    // the step by the key it undoes.
+    let rendered = if undo && state.result.is_none() {
+        Ok(mapping.render_lenient(&context))
+    } else {
+        mapping.render(&context)
+    };
+    let input = rendered.map_err(|e| e.to_string()).and_then(|v| {
+        let bytes = v.to_string().len();
+        if bytes > MAX_REQUEST_BYTES {
+            Err(format!(
+                "request_too_large: the mapped input is {bytes} bytes (at most {MAX_REQUEST_BYTES})"
+            ))
+        } else {
+            Ok(v)
+        }
+    });
     let input = match input {
         Ok(v) => v,
         Err(error) => {

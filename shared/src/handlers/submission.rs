@@ -12,7 +12,7 @@ use super::{Outlets, perform_no_step, publish_status, write};
 use crate::catalog::{CatalogError, Definitions};
 use crate::domain::task::{MAX_INPUT_BYTES, parse_queue_url};
 use crate::domain::transition::{self, Rejection, Transition};
-use crate::domain::workflow::{self, ServiceDef};
+use crate::domain::workflow::{self, MAX_DEFINITION_BYTES, ServiceDef};
 use crate::domain::{ProcessState, StateRecord, Status, Task, TaskId};
 use crate::messages::{SchedulerMessage, WorkMessage};
 use crate::ports::{Clock, CreateOutcome, EventBus, IdempotencyRecord, Queue, StateStore};
@@ -706,6 +706,16 @@ fn definition_body(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Value, Box<Response<String>>> {
+    if body.len() > MAX_DEFINITION_BYTES {
+        return Err(Box::new(error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "definition_too_large",
+            format!(
+                "the definition is {} bytes; at most {MAX_DEFINITION_BYTES} are accepted",
+                body.len()
+            ),
+        )));
+    }
     let value = json_body(headers, body)?;
     let named = value.get("name").and_then(Value::as_str);
     if named.is_some() && named != Some(path_name) {
