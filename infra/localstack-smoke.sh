@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Submits one order through the LocalStack API Gateway URL of a stack deployed by
-# infra/localstack-deploy.sh and polls it until it is Processed (or fails after a timeout).
+# Publishes the example definitions (workflows/) through the LocalStack API Gateway URL of a
+# stack deployed by infra/localstack-deploy.sh with sasctl, starts one loan application and
+# polls it until it is Processed (or fails after a timeout). LocalStack does not enforce the
+# operator routes' IAM authorization by default, so sasctl reaches them unsigned.
 # Needs Docker with LocalStack running; CI checks this script's syntax only.
 set -euo pipefail
 
@@ -17,22 +19,25 @@ port="${ENDPOINT##*:}"
 api="http://$api_id.execute-api.localhost.localstack.cloud:$port"
 echo "API: $api"
 
-answer=$(curl -fsS -X POST "$api/orders" \
+cd "$(dirname "$0")/.."
+cargo run --quiet --release -p sasctl -- --endpoint "$api" workflow apply workflows/
+
+answer=$(curl -fsS -X POST "$api/workflows/loan-application/tasks" \
   -H 'Content-Type: application/json' \
   -H "Idempotency-Key: smoke-$(date +%s)" \
-  -d '{"customerId":"c-smoke","items":[{"sku":"SKU-1","quantity":1}]}')
-echo "POST /orders -> $answer"
-order_id=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["orderId"])' <<<"$answer")
+  -d '{"applicantId":"a-smoke","amount":25000,"currency":"EUR"}')
+echo "POST /workflows/loan-application/tasks -> $answer"
+task_id=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["taskId"])' <<<"$answer")
 
 deadline=$(( $(date +%s) + TIMEOUT ))
 while [ "$(date +%s)" -lt "$deadline" ]; do
-  state=$(curl -fsS "$api/orders/$order_id" | python3 -c 'import json,sys; print(json.load(sys.stdin)["processState"])')
-  echo "  $order_id: $state"
+  state=$(curl -fsS "$api/tasks/$task_id" | python3 -c 'import json,sys; print(json.load(sys.stdin)["processState"])')
+  echo "  $task_id: $state"
   case "$state" in
     Processed) echo "smoke test passed"; exit 0 ;;
-    Error) echo "the order failed" >&2; exit 1 ;;
+    Error|Compensated|CompensationFailed) echo "the task ended $state" >&2; exit 1 ;;
   esac
   sleep 3
 done
-echo "the order did not finish within ${TIMEOUT}s" >&2
+echo "the task did not finish within ${TIMEOUT}s" >&2
 exit 1

@@ -1,9 +1,10 @@
 """Smoke test of the real function binaries: each runs under `cargo lambda watch` (the Lambda
 runtime API emulator, no Docker) with the environment template.yaml gives it, against the AWS
 API emulator, and is invoked with its events/ samples through `cargo lambda invoke
---data-file`. One order is walked through submission -> scheduler -> inventory agent ->
-scheduler, then the supervisor sweeps. This exercises every main.rs: configuration, client
-wiring and the runtime glue.
+--data-file`. `sas-stack` publishes the example definitions to the catalog in the table; one
+loan application is walked through submission -> scheduler -> agent (credit-bureau) ->
+scheduler -> agent (core-banking), then the supervisor sweeps. This exercises every main.rs:
+configuration, client wiring, reading the catalog and the runtime glue.
 
 Run by infra/test.sh (which starts the emulator and sets SAS_TEST_ENDPOINT and
 SAS_TEMPLATE_JSON) with the emulator venv's python (boto3); cargo-lambda must be on PATH.
@@ -132,16 +133,20 @@ def main():
 
     print("==> submission")
     with Watch("SubmissionFunction") as w:
-        created = w.invoke("submission", event("submission/post-order.json"))
-        check(created.get("statusCode") == 202, f"POST /orders answers 202 ({created})")
-        order_id = json.loads(created["body"])["orderId"]
-        get = event("submission/get-order.json", rawPath=f"/orders/{order_id}",
-                    pathParameters={"orderId": order_id})
-        get["requestContext"]["http"]["path"] = f"/orders/{order_id}"
+        created = w.invoke("submission", event("submission/post-task-loan.json"))
+        check(created.get("statusCode") == 202,
+              f"POST /workflows/loan-application/tasks answers 202 ({created})")
+        answer = json.loads(created["body"])
+        check(answer["workflow"] == "loan-application" and answer["workflowVersion"] == 1,
+              "the task runs on loan-application v1 from the catalog")
+        task_id = answer["taskId"]
+        get = event("submission/get-task.json", rawPath=f"/tasks/{task_id}",
+                    pathParameters={"taskId": task_id})
+        get["requestContext"]["http"]["path"] = f"/tasks/{task_id}"
         got = w.invoke("submission", get)
         check(got.get("statusCode") == 200 and json.loads(got["body"])["processState"] == "Pending",
-              "GET /orders/{id} answers 200 Pending")
-        bad = w.invoke("submission", event("submission/post-order-invalid-json.json"))
+              "GET /tasks/{id} answers 200 Pending")
+        bad = w.invoke("submission", event("submission/post-task-invalid-json.json"))
         check(bad.get("statusCode") == 400 and json.loads(bad["body"])["error"]["code"] == "invalid_json",
               "bad JSON answers 400 invalid_json")
         lost = w.invoke("submission", event("submission/unknown-route.json"))
@@ -152,11 +157,14 @@ def main():
     with Watch("SchedulerFunction") as w:
         out = w.invoke("scheduler", sqs_event("scheduler/work-message.json", work))
         check(out.get("batchItemFailures") == [], "the work message is processed")
-    request = take_one(sqs, res["agentQueueUrls"]["inventory"])
-    check(json.loads(request["Body"])["attempt"] == 1, "a step request for attempt 1 went out")
+    request = take_one(sqs, res["agentQueueUrl"])
+    body = json.loads(request["Body"])
+    check(body["attempt"] == 1 and body["service"] == "credit-bureau"
+          and body["input"] == {"applicantId": "a-42", "amount": 25000},
+          "a step request for attempt 1 went to credit-bureau with its mapped input")
 
-    print("==> inventory agent")
-    with Watch("InventoryAgentFunction") as w:
+    print("==> agent")
+    with Watch("AgentFunction") as w:
         out = w.invoke("agent", sqs_event("agent/step-request.json", request))
         check(out.get("batchItemFailures") == [], "the step request is processed")
     reply = take_one(sqs, res["replyQueueUrl"])
@@ -167,10 +175,12 @@ def main():
         out = w.invoke("scheduler", sqs_event("scheduler/reply-success.json", reply))
         check(out.get("batchItemFailures") == [], "the reply is processed")
     item = ddb.get_item(TableName=res["table"], ConsistentRead=True,
-                        Key={"pk": {"S": f"ORDER#{order_id}"}, "sk": {"S": "STATE"}})["Item"]
+                        Key={"pk": {"S": f"TASK#{task_id}"}, "sk": {"S": "STATE"}})["Item"]
     check(item["StepIndex"]["N"] == "1" and item["ProcessState"]["S"] == "Processing",
-          "the order moved to its second step")
-    take_one(sqs, res["agentQueueUrls"]["payment"])
+          "the task moved to its second step")
+    nxt = json.loads(take_one(sqs, res["agentQueueUrl"])["Body"])
+    check(nxt["service"] == "core-banking" and isinstance(nxt["input"].get("creditCheck"), str),
+          "reserve-funds went to core-banking with the credit check's result mapped in")
 
     print("==> supervisor")
     with Watch("SupervisorFunction") as w:

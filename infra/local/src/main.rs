@@ -63,7 +63,7 @@ enum Command {
     RecoveryLag {
         /// Tasks whose first step overruns its deadline.
         #[arg(long, default_value_t = 200)]
-        orders: usize,
+        tasks: usize,
         /// The sweep's interval in the sweep-only run, in milliseconds.
         #[arg(long, default_value_t = 1000)]
         sweep_ms: u64,
@@ -209,9 +209,9 @@ async fn main() -> anyhow::Result<()> {
             }
             demo(&opts, faults, outage, tasks, concurrency, timeout_secs).await
         }
-        Command::RecoveryLag { orders, sweep_ms } => {
+        Command::RecoveryLag { tasks, sweep_ms } => {
             sas::telemetry::init_with_default("error");
-            print!("{}", sas::local::lag::table(orders, sweep_ms).await?);
+            print!("{}", sas::local::lag::table(tasks, sweep_ms).await?);
             Ok(())
         }
     }
@@ -236,8 +236,17 @@ async fn serve(opts: &Opts, listen: SocketAddr) -> anyhow::Result<()> {
         .into_iter()
         .map(|e| format!("{} v{}", e.name, e.latest))
         .collect();
+    let example = if workflows.iter().any(|w| w.starts_with("loan-application ")) {
+        format!(
+            "  curl -s -XPOST http://{bound}/workflows/loan-application/tasks -H 'content-type: application/json' \\\n    -d '{{\"applicantId\":\"a-1\",\"amount\":25000,\"currency\":\"EUR\"}}'\n"
+        )
+    } else {
+        format!(
+            "  curl -s -XPOST http://{bound}/workflows/<workflow>/tasks -H 'content-type: application/json' -d '<input>'\n"
+        )
+    };
     println!(
-        "sas is running ({}) on http://{bound} with {}\n  curl -s -XPOST http://{bound}/workflows/loan-application/tasks -H 'content-type: application/json' \\\n    -d '{{\"applicantId\":\"a-1\",\"amount\":25000,\"currency\":\"EUR\"}}'\n  curl -s http://{bound}/tasks/<taskId>\nCtrl-C stops it.",
+        "sas is running ({}) on http://{bound} with {}\n{example}  curl -s http://{bound}/tasks/<taskId>\nCtrl-C stops it.",
         if opts.aws {
             "AWS adapters"
         } else {

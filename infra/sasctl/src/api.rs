@@ -6,10 +6,11 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
 use std::fmt;
 use std::str::FromStr;
 
-/// The state of an order's process.
+/// The state of a task's process.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ProcessState {
     Pending,
@@ -23,7 +24,7 @@ pub enum ProcessState {
     Other(String),
 }
 
-/// The states the API documents, in lifecycle order.
+/// The states the API documents, as a task goes through them.
 pub static KNOWN_STATES: [ProcessState; 7] = [
     ProcessState::Pending,
     ProcessState::Processing,
@@ -132,22 +133,25 @@ where
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
-/// One page of `GET /orders`.
+/// One page of `GET /tasks`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ListPage {
     #[serde(default, deserialize_with = "null_as_default")]
-    pub orders: Vec<OrderSummary>,
+    pub tasks: Vec<TaskSummary>,
     /// Pass back as `cursor` for the next page; `None` on the last page.
     #[serde(default)]
     pub next_cursor: Option<String>,
 }
 
-/// One row of `GET /orders`.
+/// One row of `GET /tasks`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct OrderSummary {
-    pub order_id: String,
+pub struct TaskSummary {
+    pub task_id: String,
+    /// The workflow the task runs.
+    #[serde(default)]
+    pub workflow: Option<String>,
     pub process_state: ProcessState,
     #[serde(default)]
     pub step: Option<String>,
@@ -161,19 +165,24 @@ pub struct OrderSummary {
     pub updated_at: Option<DateTime<Utc>>,
 }
 
-/// `GET /orders/{id}`, and the answer to the retry, compensate and cancel actions (which may
-/// carry only `orderId` and `processState`).
+/// `GET /tasks/{id}`, and the answer to the retry, compensate and cancel actions (which may
+/// carry only `taskId` and `processState`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct OrderView {
-    pub order_id: String,
+pub struct TaskView {
+    pub task_id: String,
     pub process_state: ProcessState,
+    /// The workflow the task runs, and the version it started on (and stays on).
     #[serde(default)]
-    pub customer_id: Option<String>,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub items: Vec<Item>,
+    pub workflow: Option<String>,
     #[serde(default)]
-    pub step: Option<String>,
+    pub workflow_version: Option<u32>,
+    /// The task's input, as submitted.
+    #[serde(default)]
+    pub input: Option<Value>,
+    /// The step being worked on (forward or, while compensating, backward).
+    #[serde(default, alias = "step")]
+    pub current_step: Option<String>,
     #[serde(default)]
     pub failure_count: Option<u32>,
     #[serde(default)]
@@ -190,27 +199,27 @@ pub struct OrderView {
     pub history: Vec<HistoryEntry>,
 }
 
-/// A line item of an order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Item {
-    pub sku: String,
-    pub quantity: u64,
-}
-
-/// One workflow step of an order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One workflow step of a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StepView {
     pub name: String,
-    /// Pending, Running, Done, Failed (refused), TimedOut or Cancelled.
+    /// Pending, Running, Done, Failed (refused), TimedOut, Cancelled or Faulted (the service
+    /// answered, but with a result over 16 KiB).
     pub status: String,
+    /// Whether the workflow declares an undo for this step (`None`: the server did not say).
+    /// A step without one is never undone.
+    #[serde(default)]
+    pub undoable: Option<bool>,
+    /// What the service returned when the step succeeded.
+    #[serde(default)]
+    pub result: Option<Value>,
     /// The compensation of this step: `None` (not started), Running, Done, Failed or TimedOut.
     #[serde(default)]
     pub undo: Option<String>,
 }
 
-/// One state transition of an order.
+/// One state transition of a task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HistoryEntry {
@@ -226,6 +235,74 @@ pub struct HistoryEntry {
     pub reason: Option<String>,
 }
 
+/// One name in the catalog and its newest version: a row of `GET /workflows` or
+/// `GET /services`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CatalogEntry {
+    pub name: String,
+    pub latest: u32,
+}
+
+/// `GET /workflows`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkflowList {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub workflows: Vec<CatalogEntry>,
+}
+
+/// `GET /services`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceList {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub services: Vec<CatalogEntry>,
+}
+
+/// One published version of a definition: `GET /workflows/{name}`,
+/// `GET /workflows/{name}/versions/{v}`, `GET /services/{name}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DefinitionView {
+    pub name: String,
+    pub version: u32,
+    #[serde(default)]
+    pub published_at: Option<DateTime<Utc>>,
+    /// The definition as published (a workflow or one service), as JSON.
+    pub definition: Value,
+}
+
+/// The answer to `PUT /workflows/{name}` and `PUT /services/{name}`: the version now newest,
+/// and whether this call created it (201) or found the same definition already newest (200).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Published {
+    pub name: String,
+    pub version: u32,
+    pub created: bool,
+}
+
+/// One problem the API found in a definition (`invalid_definition`) or a task input
+/// (`validation_failed`), at a JSON pointer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiProblem {
+    #[serde(default)]
+    pub at: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub problems: Vec<ApiProblem>,
+}
+
+impl fmt::Display for ApiProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.at.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "at {}: {}", self.at, self.message)
+        }
+    }
+}
+
 /// The error body: `{"error": {"code": ..., "message": ...}}`.
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct ErrorBody {
@@ -237,6 +314,8 @@ pub(crate) struct ErrorDetail {
     pub code: String,
     #[serde(default)]
     pub message: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub problems: Vec<ApiProblem>,
 }
 
 #[cfg(test)]
@@ -271,31 +350,91 @@ mod tests {
     }
 
     #[test]
-    fn order_view_decodes_leniently() -> Result<(), serde_json::Error> {
+    fn task_view_decodes_leniently() -> Result<(), serde_json::Error> {
         // A minimal action answer.
-        let v: OrderView =
-            serde_json::from_value(json!({"orderId": "o1", "processState": "Pending"}))?;
+        let v: TaskView =
+            serde_json::from_value(json!({"taskId": "t1", "processState": "Pending"}))?;
         assert_eq!(v.process_state, ProcessState::Pending);
-        assert!(v.steps.is_empty() && v.history.is_empty() && v.step.is_none());
+        assert!(v.steps.is_empty() && v.history.is_empty() && v.current_step.is_none());
+        assert!(v.workflow.is_none() && v.input.is_none());
 
         // A full view with nulls, unknown fields and an unknown state.
-        let v: OrderView = serde_json::from_value(json!({
-            "orderId": "o2", "customerId": "c", "processState": "Cancelled",
-            "items": [{"sku": "A", "quantity": 2}], "step": null, "failureCount": null,
+        let v: TaskView = serde_json::from_value(json!({
+            "taskId": "t2", "workflow": "loan-application", "workflowVersion": 3,
+            "input": {"applicantId": "a1", "amount": 500},
+            "processState": "Cancelled", "currentStep": "reserve-funds", "failureCount": null,
             "attempt": 3, "lastError": null, "createdAt": "2025-01-02T03:04:05Z",
-            "updatedAt": "2025-01-02T03:04:06.123Z", "lockedBy": "x",
-            "steps": [{"name": "s1", "status": "Done", "undo": null, "finishedAt": "2025-01-02T03:04:05Z"}],
+            "updatedAt": "2025-01-02T03:04:06.123Z", "lockedBy": "x", "round": 0,
+            "steps": [
+                {"name": "check-credit", "status": "Done", "undoable": false, "sent": true,
+                 "generation": 0, "result": {"id": "r1"}, "finishedAt": "2025-01-02T03:04:05Z"},
+                {"name": "reserve-funds", "status": "Faulted", "undo": null},
+            ],
             "history": [{"at": "2025-01-02T03:04:05Z", "from": null, "to": "Pending", "reason": "submitted"}],
         }))?;
         assert_eq!(v.process_state, ProcessState::Other("Cancelled".into()));
-        assert_eq!(v.items[0].quantity, 2);
-        assert_eq!(v.steps[0].undo, None);
+        assert_eq!(v.workflow.as_deref(), Some("loan-application"));
+        assert_eq!(v.workflow_version, Some(3));
+        assert_eq!(v.input, Some(json!({"applicantId": "a1", "amount": 500})));
+        assert_eq!(v.current_step.as_deref(), Some("reserve-funds"));
+        assert_eq!(v.steps[0].undoable, Some(false));
+        assert_eq!(v.steps[0].result, Some(json!({"id": "r1"})));
+        assert_eq!(v.steps[1].undoable, None);
+        assert_eq!(v.steps[1].undo, None);
         assert_eq!(v.history[0].from, None);
         assert_eq!(v.history[0].attempt, None);
         assert_eq!(v.attempt, Some(3));
 
-        let p: ListPage = serde_json::from_value(json!({"orders": null}))?;
-        assert!(p.orders.is_empty() && p.next_cursor.is_none());
+        // `step` is read as the current step too.
+        let v: TaskView = serde_json::from_value(
+            json!({"taskId": "t3", "processState": "Processing", "step": "s1"}),
+        )?;
+        assert_eq!(v.current_step.as_deref(), Some("s1"));
+
+        let p: ListPage = serde_json::from_value(json!({"tasks": null}))?;
+        assert!(p.tasks.is_empty() && p.next_cursor.is_none());
+        let p: ListPage = serde_json::from_value(json!({
+            "tasks": [{"taskId": "t1", "workflow": "w", "processState": "Error", "step": null}],
+            "nextCursor": "c",
+        }))?;
+        assert_eq!(p.tasks[0].workflow.as_deref(), Some("w"));
+        assert_eq!(p.next_cursor.as_deref(), Some("c"));
+        Ok(())
+    }
+
+    #[test]
+    fn catalog_answers_decode() -> Result<(), serde_json::Error> {
+        let l: WorkflowList = serde_json::from_value(
+            json!({"workflows": [{"name": "loan-application", "latest": 2}]}),
+        )?;
+        assert_eq!(
+            l.workflows,
+            [CatalogEntry {
+                name: "loan-application".into(),
+                latest: 2
+            }]
+        );
+        let l: ServiceList = serde_json::from_value(json!({"services": null}))?;
+        assert!(l.services.is_empty());
+        let d: DefinitionView = serde_json::from_value(json!({
+            "name": "w", "version": 4, "publishedAt": "2025-01-02T03:04:05Z",
+            "definition": {"name": "w", "steps": []},
+        }))?;
+        assert_eq!(d.version, 4);
+        assert_eq!(d.definition["name"], json!("w"));
+        let p: Published =
+            serde_json::from_value(json!({"name": "w", "version": 1, "created": true}))?;
+        assert!(p.created);
+        let e: ErrorBody = serde_json::from_value(json!({"error": {
+            "code": "invalid_definition", "message": "m",
+            "problems": [{"at": "/steps/0/service", "message": "unknown service"}, {"at": "", "message": "x"}],
+        }}))?;
+        assert_eq!(e.error.problems.len(), 2);
+        assert_eq!(
+            e.error.problems[0].to_string(),
+            "at /steps/0/service: unknown service"
+        );
+        assert_eq!(e.error.problems[1].to_string(), "x");
         Ok(())
     }
 }

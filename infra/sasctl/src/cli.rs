@@ -1,13 +1,18 @@
 //! The command line: arguments ([`Cli`]) and the commands themselves ([`run`]).
 
-use crate::api::{ListPage, OrderView, ProcessState};
+use crate::api::{ListPage, ProcessState, Published, ServiceList, TaskView, WorkflowList};
 use crate::client::{Client, ClientError, Request, decode, describe};
+use crate::definitions::{problem_line, validate_paths};
 use crate::exit;
-use crate::render::{render_confirmation, render_list, render_order, render_watch_line};
+use crate::render::{
+    clean, render_confirmation, render_definition_json, render_definition_yaml, render_list,
+    render_services, render_task, render_watch_line, render_workflows,
+};
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::io::{self, Write};
+use std::path::PathBuf;
 use std::time::Duration;
 use url::Url;
 
@@ -15,21 +20,25 @@ use url::Url;
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:3000";
 
 const LONG_ABOUT: &str = "\
-Operator CLI for sas: list orders by state, show an order's steps and history, retry, \
-compensate or cancel an order, and watch an order until it reaches a terminal state.
+Operator CLI for sas: list tasks by state and workflow, show a task's steps and history, \
+retry, compensate or cancel a task, and watch a task until it reaches a terminal state; \
+validate workflow and service definition files offline, publish them, and read what is \
+published.
 
-It talks to the sas HTTP API only: the submission function behind API Gateway, or \
-`cargo run -p sas-local` (http://127.0.0.1:3000).
+It talks to the sas HTTP API only (the operator routes): the submission function behind API \
+Gateway, or `cargo run -p sas-local` (http://127.0.0.1:3000). `workflow validate` needs no \
+endpoint.
 
 Exit codes:
   0  success
   1  the API answered an error (printed to stderr as `error: <code>: <message>`),
-     or an answer sasctl could not read
+     an answer sasctl could not read, or (workflow validate, workflow apply)
+     a definition file with a problem
   2  usage error (bad arguments)
   3  transport error: the endpoint could not be reached
-  4  watch: the timeout passed before the order reached a terminal state";
+  4  watch: the timeout passed before the task reached a terminal state";
 
-/// sasctl: operate sas orders over the HTTP API.
+/// sasctl: operate sas tasks and publish workflows over the HTTP API.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "sasctl", version, about, long_about = LONG_ABOUT)]
 pub struct Cli {
@@ -43,7 +52,8 @@ pub struct Cli {
     )]
     pub endpoint: Url,
 
-    /// Print the JSON the API returned (pretty) instead of tables.
+    /// Print JSON instead of tables: the API's answer (pretty), or for `workflow show` the
+    /// definition itself.
     #[arg(long, global = true)]
     pub json: bool,
 
@@ -54,22 +64,59 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
 pub enum Command {
-    /// List the orders in one state.
+    /// List the tasks in one state (of one workflow, or of all).
     List(ListArgs),
-    /// Show one order: a summary, its steps, then its history.
+    /// Show one task: a summary, its steps, then its history.
     Show(IdArg),
-    /// Process an order again from its failed step.
+    /// Process a task again from its failed step (or try its failed undo again).
     Retry(IdArg),
-    /// Undo an order's completed steps.
+    /// Undo a task's completed steps.
     Compensate(IdArg),
-    /// Cancel an order.
+    /// Cancel a task.
     Cancel(CancelArgs),
-    /// Follow an order until it is terminal, printing each change.
+    /// Follow a task until it is terminal, printing each change.
     ///
-    /// Polls the order and prints a line whenever its state, step or failure count changes;
+    /// Polls the task and prints a line whenever its state, step or failure count changes;
     /// exits 0 once it is terminal (Processed, Error, Compensated, CompensationFailed), 4 if
     /// the timeout passes first.
     Watch(WatchArgs),
+    /// Workflow definitions: validate files, publish them, list and show what is published.
+    #[command(subcommand)]
+    Workflow(WorkflowCommand),
+    /// Services: list what is published.
+    #[command(subcommand)]
+    Service(ServiceCommand),
+}
+
+/// `workflow` subcommands.
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+pub enum WorkflowCommand {
+    /// Check definition files offline (no endpoint needed).
+    ///
+    /// Parses every .yaml, .yml and .json file given (a folder: the definition files in it;
+    /// schema.json is skipped) and checks it as the API would: the schema, step names, input
+    /// mappings (which may refer only to earlier steps), durations, the pivot. A workflow may
+    /// name only services declared in the same set of files. Prints `FILE: at POINTER:
+    /// message` for each problem and `FILE: ok (...)` for each good file; exits 1 if any file
+    /// has a problem.
+    Validate(FilesArgs),
+    /// Validate definition files, then publish them (services first).
+    ///
+    /// Sends every service (`PUT /services/{name}`), then every workflow
+    /// (`PUT /workflows/{name}`); nothing is sent if any file has a problem. Prints `published <kind> NAME vN` for a new
+    /// version, `unchanged <kind> NAME vN` when the newest version is already the same.
+    Apply(FilesArgs),
+    /// List the published workflows and their newest versions.
+    List,
+    /// Print a published workflow's definition: YAML, or JSON with --json.
+    Show(WorkflowShowArgs),
+}
+
+/// `service` subcommands.
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+pub enum ServiceCommand {
+    /// List the published services and their newest versions.
+    List,
 }
 
 /// `list` arguments.
@@ -78,21 +125,24 @@ pub struct ListArgs {
     /// The state to list.
     #[arg(long, value_enum, ignore_case = true, default_value = "Error")]
     pub state: ProcessState,
-    /// Orders per page (1 to 100).
+    /// Only the tasks of this workflow.
+    #[arg(long, value_name = "NAME", value_parser = parse_non_empty)]
+    pub workflow: Option<String>,
+    /// Tasks per page (1 to 100).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub limit: u32,
     /// Start at this page (the `nextCursor` of a previous page).
     #[arg(long, value_parser = parse_non_empty)]
     pub cursor: Option<String>,
-    /// Follow the cursor to the last page and print every order.
+    /// Follow the cursor to the last page and print every task.
     #[arg(long)]
     pub all: bool,
 }
 
-/// An order id argument.
+/// A task id argument.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct IdArg {
-    /// The order id.
+    /// The task id.
     #[arg(value_parser = parse_id)]
     pub id: String,
 }
@@ -100,10 +150,10 @@ pub struct IdArg {
 /// `cancel` arguments.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct CancelArgs {
-    /// The order id.
+    /// The task id.
     #[arg(value_parser = parse_id)]
     pub id: String,
-    /// Why the order is cancelled (recorded in its history).
+    /// Why the task is cancelled (recorded in its history).
     #[arg(long, value_parser = parse_non_empty)]
     pub reason: Option<String>,
 }
@@ -111,15 +161,34 @@ pub struct CancelArgs {
 /// `watch` arguments.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct WatchArgs {
-    /// The order id.
+    /// The task id.
     #[arg(value_parser = parse_id)]
     pub id: String,
     /// Time between polls, in milliseconds.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..))]
     pub interval_ms: u64,
-    /// Give up (exit 4) if the order is not terminal after this many seconds.
+    /// Give up (exit 4) if the task is not terminal after this many seconds.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout_secs: u64,
+}
+
+/// `workflow validate` and `workflow apply` arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct FilesArgs {
+    /// Definition files, or folders of them.
+    #[arg(required = true, value_name = "FILE|DIR")]
+    pub paths: Vec<PathBuf>,
+}
+
+/// `workflow show` arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct WorkflowShowArgs {
+    /// The workflow's name.
+    #[arg(value_parser = parse_name)]
+    pub name: String,
+    /// This version instead of the newest.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub version: Option<u32>,
 }
 
 fn parse_endpoint(s: &str) -> Result<Url, String> {
@@ -130,12 +199,21 @@ fn parse_endpoint(s: &str) -> Result<Url, String> {
     Ok(url)
 }
 
-fn parse_id(s: &str) -> Result<String, String> {
+/// A path segment: not empty, `.` or `..` (which would change the route).
+fn segment(s: &str, what: &str) -> Result<String, String> {
     let s = s.trim();
     if s.is_empty() || s == "." || s == ".." {
-        return Err("must be an order id".into());
+        return Err(format!("must be {what}"));
     }
     Ok(s.to_owned())
+}
+
+fn parse_id(s: &str) -> Result<String, String> {
+    segment(s, "a task id")
+}
+
+fn parse_name(s: &str) -> Result<String, String> {
+    segment(s, "a workflow name")
 }
 
 fn parse_non_empty(s: &str) -> Result<String, String> {
@@ -176,9 +254,14 @@ pub async fn run_with(
     out: &mut (dyn Write + Send),
     err: &mut (dyn Write + Send),
 ) -> io::Result<i32> {
-    let result = match Client::new(cli.endpoint.clone()) {
-        Ok(client) => dispatch(&client, &cli, out, err).await,
-        Err(e) => Err(e.into()),
+    let result = if let Command::Workflow(WorkflowCommand::Validate(args)) = &cli.command {
+        // Offline: no client, no endpoint.
+        validate(cli.json, args, out)
+    } else {
+        match Client::new(cli.endpoint.clone()) {
+            Ok(client) => dispatch(&client, &cli, out, err).await,
+            Err(e) => Err(e.into()),
+        }
     };
     match result {
         Ok(code) => {
@@ -204,11 +287,11 @@ async fn dispatch(
     match &cli.command {
         Command::List(args) => list(client, cli.json, args, out).await,
         Command::Show(IdArg { id }) => {
-            let (view, raw) = fetch(client, &Request::Show { id }).await?;
+            let (view, raw): (TaskView, Value) = fetch(client, &Request::Show { id }).await?;
             if cli.json {
                 print_json(out, &raw)?;
             } else {
-                out.write_all(render_order(&view).as_bytes())?;
+                out.write_all(render_task(&view).as_bytes())?;
             }
             Ok(exit::OK)
         }
@@ -224,7 +307,144 @@ async fn dispatch(
             act(client, cli.json, &request, out).await
         }
         Command::Watch(args) => watch(client, cli.json, args, out, err).await,
+        Command::Workflow(WorkflowCommand::Validate(args)) => validate(cli.json, args, out),
+        Command::Workflow(WorkflowCommand::Apply(args)) => {
+            apply(client, cli.json, args, out, err).await
+        }
+        Command::Workflow(WorkflowCommand::List) => {
+            let (list, raw): (WorkflowList, Value) = fetch(client, &Request::Workflows).await?;
+            if cli.json {
+                print_json(out, &raw)?;
+            } else {
+                out.write_all(render_workflows(&list).as_bytes())?;
+            }
+            Ok(exit::OK)
+        }
+        Command::Workflow(WorkflowCommand::Show(WorkflowShowArgs { name, version })) => {
+            let request = Request::Workflow {
+                name,
+                version: *version,
+            };
+            let (view, _): (crate::api::DefinitionView, Value) = fetch(client, &request).await?;
+            let text = if cli.json {
+                render_definition_json(&view).map_err(|e| e.to_string())
+            } else {
+                render_definition_yaml(&view).map_err(|e| e.to_string())
+            };
+            let context = describe(&request, &client.url(&request)?);
+            let text = text.map_err(|e| ClientError::Decode {
+                context,
+                message: format!("cannot write the definition: {e}"),
+            })?;
+            out.write_all(text.as_bytes())?;
+            Ok(exit::OK)
+        }
+        Command::Service(ServiceCommand::List) => {
+            let (list, raw): (ServiceList, Value) = fetch(client, &Request::Services).await?;
+            if cli.json {
+                print_json(out, &raw)?;
+            } else {
+                out.write_all(render_services(&list).as_bytes())?;
+            }
+            Ok(exit::OK)
+        }
     }
+}
+
+/// `workflow validate`: the report on `out`; 1 if any file has a problem.
+fn validate(json: bool, args: &FilesArgs, out: &mut (dyn Write + Send)) -> Result<i32, Failure> {
+    let validation = validate_paths(&args.paths);
+    if json {
+        print_json(out, &validation.to_json())?;
+    } else {
+        out.write_all(validation.render().as_bytes())?;
+    }
+    Ok(if validation.is_valid() {
+        exit::OK
+    } else {
+        exit::INVALID
+    })
+}
+
+/// `workflow apply`: validates, then sends the plan one call at a time, stopping at the first
+/// error (what was published before it stays published).
+async fn apply(
+    client: &Client,
+    json: bool,
+    args: &FilesArgs,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+) -> Result<i32, Failure> {
+    let validation = validate_paths(&args.paths);
+    let Some(plan) = validation.plan() else {
+        out.flush()?;
+        for line in validation.problem_lines() {
+            let _ = writeln!(err, "{line}");
+        }
+        let _ = writeln!(
+            err,
+            "error: invalid definitions: nothing was published (see `sasctl workflow validate`)"
+        );
+        return Ok(exit::INVALID);
+    };
+    let mut answers = vec![];
+    for step in &plan {
+        let request = step.request();
+        let (published, mut raw): (Published, Value) = match fetch(client, &request).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                if json && !answers.is_empty() {
+                    print_json(out, &serde_json::json!({ "published": answers }))?;
+                }
+                out.flush()?;
+                if let ClientError::Api { problems, .. } = &e {
+                    for p in problems {
+                        let p = sas::domain::workflow::Problem {
+                            at: p.at.clone(),
+                            message: p.message.clone(),
+                        };
+                        let _ = writeln!(err, "{}", problem_line(&step.file, &p));
+                    }
+                }
+                let _ = writeln!(
+                    err,
+                    "{}",
+                    clean(
+                        &format!(
+                            "{}: {} {} was not published",
+                            step.file, step.kind, step.name
+                        ),
+                        usize::MAX
+                    )
+                );
+                return Err(e.into());
+            }
+        };
+        if json {
+            if let Some(o) = raw.as_object_mut() {
+                o.insert("kind".into(), step.kind.to_string().into());
+                o.insert("file".into(), step.file.clone().into());
+            }
+            answers.push(raw);
+        } else {
+            let verb = if published.created {
+                "published"
+            } else {
+                "unchanged"
+            };
+            writeln!(
+                out,
+                "{verb} {} {} v{}",
+                step.kind,
+                clean(&published.name, usize::MAX),
+                published.version
+            )?;
+        }
+    }
+    if json {
+        print_json(out, &serde_json::json!({ "published": answers }))?;
+    }
+    Ok(exit::OK)
 }
 
 /// Sends a request and decodes its answer, keeping the raw JSON for `--json`.
@@ -248,7 +468,7 @@ async fn act(
     request: &Request<'_>,
     out: &mut (dyn Write + Send),
 ) -> Result<i32, Failure> {
-    let (view, raw): (OrderView, Value) = fetch(client, request).await?;
+    let (view, raw): (TaskView, Value) = fetch(client, request).await?;
     if json {
         print_json(out, &raw)?;
     } else {
@@ -266,10 +486,11 @@ async fn list(
     let mut cursor = args.cursor.clone();
     let mut seen = HashSet::new();
     let mut page = ListPage::default();
-    let mut raw_orders = Vec::new();
+    let mut raw_tasks = Vec::new();
     loop {
         let request = Request::List {
             state: &args.state,
+            workflow: args.workflow.as_deref(),
             limit: Some(args.limit),
             cursor: cursor.as_deref(),
         };
@@ -280,9 +501,14 @@ async fn list(
             } else {
                 out.write_all(render_list(&next).as_bytes())?;
                 if let Some(c) = &next.next_cursor {
+                    let workflow = args
+                        .workflow
+                        .as_deref()
+                        .map(|w| format!(" --workflow {}", shell_quote(w)))
+                        .unwrap_or_default();
                     writeln!(
                         out,
-                        "more: sasctl list --state {} --limit {} --cursor {}",
+                        "more: sasctl list --state {}{workflow} --limit {} --cursor {}",
                         args.state,
                         args.limit,
                         shell_quote(c)
@@ -291,10 +517,10 @@ async fn list(
             }
             return Ok(exit::OK);
         }
-        if let Some(orders) = raw.get("orders").and_then(Value::as_array) {
-            raw_orders.extend(orders.iter().cloned());
+        if let Some(tasks) = raw.get("tasks").and_then(Value::as_array) {
+            raw_tasks.extend(tasks.iter().cloned());
         }
-        page.orders.extend(next.orders);
+        page.tasks.extend(next.tasks);
         match next.next_cursor {
             Some(c) => {
                 if !seen.insert(c.clone()) {
@@ -312,7 +538,7 @@ async fn list(
     if json {
         print_json(
             out,
-            &serde_json::json!({ "orders": raw_orders, "nextCursor": null }),
+            &serde_json::json!({ "tasks": raw_tasks, "nextCursor": null }),
         )?;
     } else {
         out.write_all(render_list(&page).as_bytes())?;
@@ -347,10 +573,10 @@ async fn watch(
         let Ok(answer) = tokio::time::timeout_at(deadline, fetch(client, &request)).await else {
             break;
         };
-        let (view, raw): (OrderView, Value) = answer?;
+        let (view, raw): (TaskView, Value) = answer?;
         let key = (
             view.process_state.clone(),
-            view.step.clone(),
+            view.current_step.clone(),
             view.failure_count,
         );
         if last.as_ref() != Some(&key) {
@@ -378,7 +604,7 @@ async fn watch(
     let state = last_state.map_or_else(|| "unknown".to_owned(), |s| s.to_string());
     let _ = writeln!(
         err,
-        "error: timeout: order {} is not terminal after {}s (last state: {state})",
+        "error: timeout: task {} is not terminal after {}s (last state: {state})",
         args.id, args.timeout_secs
     );
     Ok(exit::TIMEOUT)
@@ -407,6 +633,7 @@ mod tests {
             cli.command,
             Command::List(ListArgs {
                 state: ProcessState::Error,
+                workflow: None,
                 limit: 50,
                 cursor: None,
                 all: false,
@@ -425,6 +652,8 @@ mod tests {
             "list",
             "--state",
             "compensationfailed",
+            "--workflow",
+            "loan-application",
             "--limit",
             "100",
             "--cursor",
@@ -438,6 +667,7 @@ mod tests {
             cli.command,
             Command::List(ListArgs {
                 state: ProcessState::CompensationFailed,
+                workflow: Some("loan-application".into()),
                 limit: 100,
                 cursor: Some("abc".into()),
                 all: true,
@@ -455,6 +685,17 @@ mod tests {
             &["list", "--limit", "101"],
             &["list", "--state", "Bogus"],
             &["list", "--cursor", ""],
+            &["list", "--workflow", " "],
+            &["workflow"],
+            &["workflow", "validate"],
+            &["workflow", "apply"],
+            &["workflow", "show"],
+            &["workflow", "show", ".."],
+            &["workflow", "show", "w", "--version", "0"],
+            &["workflow", "show", "w", "--version", "x"],
+            &["workflow", "frobnicate"],
+            &["service"],
+            &["service", "show", "x"],
             &["show"],
             &["show", "  "],
             &["show", ".."],
@@ -474,48 +715,89 @@ mod tests {
     }
 
     #[test]
-    fn order_commands() -> TestResult {
+    fn task_commands() -> TestResult {
         assert_eq!(
             parse(&["show", " 3f2a "])?.command,
             Command::Show(IdArg { id: "3f2a".into() })
         );
         assert_eq!(
-            parse(&["retry", "o1"])?.command,
-            Command::Retry(IdArg { id: "o1".into() })
+            parse(&["retry", "t1"])?.command,
+            Command::Retry(IdArg { id: "t1".into() })
         );
         assert_eq!(
-            parse(&["compensate", "o1"])?.command,
-            Command::Compensate(IdArg { id: "o1".into() })
+            parse(&["compensate", "t1"])?.command,
+            Command::Compensate(IdArg { id: "t1".into() })
         );
         assert_eq!(
-            parse(&["cancel", "o1"])?.command,
+            parse(&["cancel", "t1"])?.command,
             Command::Cancel(CancelArgs {
-                id: "o1".into(),
+                id: "t1".into(),
                 reason: None
             })
         );
         assert_eq!(
-            parse(&["cancel", "o1", "--reason", "customer asked"])?.command,
+            parse(&["cancel", "t1", "--reason", "customer asked"])?.command,
             Command::Cancel(CancelArgs {
-                id: "o1".into(),
+                id: "t1".into(),
                 reason: Some("customer asked".into())
             })
         );
         assert_eq!(
-            parse(&["watch", "o1"])?.command,
+            parse(&["watch", "t1"])?.command,
             Command::Watch(WatchArgs {
-                id: "o1".into(),
+                id: "t1".into(),
                 interval_ms: 500,
                 timeout_secs: 300
             })
         );
         assert_eq!(
-            parse(&["watch", "o1", "--interval-ms", "50", "--timeout-secs", "5"])?.command,
+            parse(&["watch", "t1", "--interval-ms", "50", "--timeout-secs", "5"])?.command,
             Command::Watch(WatchArgs {
-                id: "o1".into(),
+                id: "t1".into(),
                 interval_ms: 50,
                 timeout_secs: 5
             })
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn workflow_and_service_commands() -> TestResult {
+        assert_eq!(
+            parse(&["workflow", "validate", "workflows", "extra/one.yaml"])?.command,
+            Command::Workflow(WorkflowCommand::Validate(FilesArgs {
+                paths: vec!["workflows".into(), "extra/one.yaml".into()]
+            }))
+        );
+        assert_eq!(
+            parse(&["workflow", "apply", "workflows"])?.command,
+            Command::Workflow(WorkflowCommand::Apply(FilesArgs {
+                paths: vec!["workflows".into()]
+            }))
+        );
+        assert_eq!(
+            parse(&["workflow", "list"])?.command,
+            Command::Workflow(WorkflowCommand::List)
+        );
+        assert_eq!(
+            parse(&["workflow", "show", "loan-application"])?.command,
+            Command::Workflow(WorkflowCommand::Show(WorkflowShowArgs {
+                name: "loan-application".into(),
+                version: None
+            }))
+        );
+        let cli = parse(&["workflow", "show", "w", "--version", "3", "--json"])?;
+        assert!(cli.json);
+        assert_eq!(
+            cli.command,
+            Command::Workflow(WorkflowCommand::Show(WorkflowShowArgs {
+                name: "w".into(),
+                version: Some(3)
+            }))
+        );
+        assert_eq!(
+            parse(&["service", "list"])?.command,
+            Command::Service(ServiceCommand::List)
         );
         Ok(())
     }
@@ -528,6 +810,7 @@ mod tests {
             "3  transport error",
             "SAS_ENDPOINT",
             "--json",
+            "workflow validate",
         ] {
             assert!(help.contains(needle), "{needle} missing from:\n{help}");
         }
@@ -557,18 +840,36 @@ mod tests {
     async fn unreachable_endpoint_exits_3() -> TestResult {
         for args in [
             &["list"][..],
-            &["list", "--all", "--json"],
-            &["show", "o1"],
-            &["retry", "o1"],
-            &["compensate", "o1"],
-            &["cancel", "o1", "--reason", "r"],
-            &["watch", "o1", "--timeout-secs", "30"],
+            &["list", "--all", "--json", "--workflow", "w"],
+            &["show", "t1"],
+            &["retry", "t1"],
+            &["compensate", "t1"],
+            &["cancel", "t1", "--reason", "r"],
+            &["watch", "t1", "--timeout-secs", "30"],
         ] {
             let (code, out, err) = unreachable(args).await?;
             assert_eq!(code, exit::TRANSPORT, "{args:?}: {err}");
             assert_eq!(out, "", "{args:?}");
             assert!(
-                err.starts_with("error: cannot reach http://127.0.0.1:9/orders"),
+                err.starts_with("error: cannot reach http://127.0.0.1:9/tasks"),
+                "{args:?}: {err}"
+            );
+        }
+        for (args, path) in [
+            (&["workflow", "list"][..], "/workflows"),
+            (&["workflow", "show", "w"], "/workflows/w"),
+            (
+                &["workflow", "show", "w", "--version", "2"],
+                "/workflows/w/versions/2",
+            ),
+            (&["--json", "workflow", "show", "w"], "/workflows/w"),
+            (&["service", "list"], "/services"),
+        ] {
+            let (code, out, err) = unreachable(args).await?;
+            assert_eq!(code, exit::TRANSPORT, "{args:?}: {err}");
+            assert_eq!(out, "", "{args:?}");
+            assert!(
+                err.starts_with(&format!("error: cannot reach http://127.0.0.1:9{path}:")),
                 "{args:?}: {err}"
             );
         }
@@ -576,8 +877,75 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn validate_runs_offline_and_exits_1_on_a_problem() -> TestResult {
+        use crate::definitions::tests::{BAD, GOOD, SERVICES, TempDir};
+        let dir = TempDir::new("cli-validate")?;
+        let services = dir.write("services.yaml", SERVICES)?;
+        let good = dir.write("good.yaml", GOOD)?;
+        let (s, g) = (services.display(), good.display());
+        let (code, out, err) =
+            unreachable(&["workflow", "validate", &s.to_string(), &g.to_string()]).await?;
+        assert_eq!(code, exit::OK, "{out}{err}");
+        assert_eq!(
+            out,
+            format!("{s}: ok (2 services)\n{g}: ok (workflow transfer, 2 steps)\n")
+        );
+        assert_eq!(err, "");
+
+        let bad = dir.write("bad.yaml", BAD)?;
+        let (code, out, _) =
+            unreachable(&["workflow", "validate", &dir.0.display().to_string()]).await?;
+        assert_eq!(code, exit::INVALID, "{out}");
+        assert!(
+            out.contains(&format!(
+                "{}: at /steps/0/service: unknown service \"fax\"",
+                bad.display()
+            )),
+            "{out}"
+        );
+
+        let (code, out, _) =
+            unreachable(&["--json", "workflow", "validate", &g.to_string()]).await?;
+        assert_eq!(code, exit::INVALID);
+        let report: Value = serde_json::from_str(&out)?;
+        assert_eq!(report["valid"], serde_json::json!(false));
+        assert_eq!(report["files"][0]["problems"][0]["at"], "/steps/0/service");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn apply_sends_nothing_when_a_file_is_invalid() -> TestResult {
+        use crate::definitions::tests::{BAD, SERVICES, TempDir};
+        let dir = TempDir::new("cli-apply")?;
+        dir.write("services.yaml", SERVICES)?;
+        // Valid files reach for the endpoint, services first (nothing listens: exit 3).
+        let (code, out, err) =
+            unreachable(&["workflow", "apply", &dir.0.display().to_string()]).await?;
+        assert_eq!(code, exit::TRANSPORT, "{err}");
+        assert_eq!(out, "");
+        assert!(
+            err.contains("error: cannot reach http://127.0.0.1:9/services/bank:"),
+            "{err}"
+        );
+        // An invalid file: exit 1 before any call (no transport error).
+        let bad = dir.write("bad.yaml", BAD)?;
+        let (code, out, err) =
+            unreachable(&["workflow", "apply", &dir.0.display().to_string()]).await?;
+        assert_eq!(code, exit::INVALID, "{err}");
+        assert_eq!(out, "");
+        assert!(
+            err.starts_with(&format!("{}: at /steps/0/", bad.display())),
+            "{err}"
+        );
+        assert!(err.contains("nothing was published"), "{err}");
+        assert!(err.contains("unknown service \"fax\""), "{err}");
+        assert!(!err.contains("cannot reach"), "{err}");
+        Ok(())
+    }
+
+    #[tokio::test]
     async fn run_writes_errors_to_stderr() -> TestResult {
-        let cli = parse(&["--endpoint", "http://127.0.0.1:9", "show", "o1"])?;
+        let cli = parse(&["--endpoint", "http://127.0.0.1:9", "show", "t1"])?;
         let mut out = Vec::new();
         assert_eq!(run(cli, &mut out).await?, exit::TRANSPORT);
         assert!(out.is_empty());

@@ -1,6 +1,9 @@
 //! A small typed client of the sas HTTP API.
 
-use crate::api::{ErrorBody, ListPage, OrderView, ProcessState};
+use crate::api::{
+    ApiProblem, DefinitionView, ErrorBody, ListPage, ProcessState, Published, ServiceList,
+    TaskView, WorkflowList,
+};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::time::Duration;
@@ -21,6 +24,9 @@ pub enum ClientError {
         status: u16,
         code: String,
         message: String,
+        /// Each problem of an `invalid_definition` or `validation_failed` answer, at its JSON
+        /// pointer (empty for other errors).
+        problems: Vec<ApiProblem>,
     },
     /// The endpoint could not be reached, or the connection failed mid-answer.
     #[error("cannot reach {url}: {}", innermost(source))]
@@ -63,38 +69,83 @@ impl ClientError {
 /// One API call, for [`Client::send`] (which returns the raw JSON answer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request<'a> {
-    /// `GET /orders?state=..&limit=..&cursor=..`
+    /// `GET /tasks?state=..&workflow=..&limit=..&cursor=..`
     List {
         state: &'a ProcessState,
+        workflow: Option<&'a str>,
         limit: Option<u32>,
         cursor: Option<&'a str>,
     },
-    /// `GET /orders/{id}`
+    /// `GET /tasks/{id}`
     Show { id: &'a str },
-    /// `POST /orders/{id}/retry`
+    /// `POST /tasks/{id}/retry`
     Retry { id: &'a str },
-    /// `POST /orders/{id}/compensate`
+    /// `POST /tasks/{id}/compensate`
     Compensate { id: &'a str },
-    /// `POST /orders/{id}/cancel`, with `{"reason": ..}` if a reason is given.
+    /// `POST /tasks/{id}/cancel`, with `{"reason": ..}` if a reason is given.
     Cancel {
         id: &'a str,
         reason: Option<&'a str>,
     },
+    /// `GET /workflows`
+    Workflows,
+    /// `GET /workflows/{name}`, or `GET /workflows/{name}/versions/{v}` for one version.
+    Workflow { name: &'a str, version: Option<u32> },
+    /// `GET /services`
+    Services,
+    /// `PUT /services/{name}`, the body one service as JSON.
+    PutService { name: &'a str, body: &'a Value },
+    /// `PUT /workflows/{name}`, the body the workflow definition as JSON.
+    PutWorkflow { name: &'a str, body: &'a Value },
 }
 
 impl Request<'_> {
-    fn is_post(&self) -> bool {
-        !matches!(self, Self::List { .. } | Self::Show { .. })
+    /// The HTTP method: `GET`, `POST` or `PUT`.
+    pub fn method(&self) -> &'static str {
+        match self {
+            Self::List { .. }
+            | Self::Show { .. }
+            | Self::Workflows
+            | Self::Workflow { .. }
+            | Self::Services => "GET",
+            Self::Retry { .. } | Self::Compensate { .. } | Self::Cancel { .. } => "POST",
+            Self::PutService { .. } | Self::PutWorkflow { .. } => "PUT",
+        }
+    }
+
+    /// The JSON body sent, if any.
+    fn body(&self) -> Option<Value> {
+        match *self {
+            Self::Cancel {
+                reason: Some(reason),
+                ..
+            } => Some(serde_json::json!({ "reason": reason })),
+            Self::PutService { body, .. } | Self::PutWorkflow { body, .. } => Some(body.clone()),
+            _ => None,
+        }
     }
 
     /// The path segments under the base URL.
-    fn segments(&self) -> Vec<&str> {
+    fn segments(&self) -> Vec<String> {
+        let own = |parts: &[&str]| parts.iter().map(|p| (*p).to_owned()).collect();
         match *self {
-            Self::List { .. } => vec!["orders"],
-            Self::Show { id } => vec!["orders", id],
-            Self::Retry { id } => vec!["orders", id, "retry"],
-            Self::Compensate { id } => vec!["orders", id, "compensate"],
-            Self::Cancel { id, .. } => vec!["orders", id, "cancel"],
+            Self::List { .. } => own(&["tasks"]),
+            Self::Show { id } => own(&["tasks", id]),
+            Self::Retry { id } => own(&["tasks", id, "retry"]),
+            Self::Compensate { id } => own(&["tasks", id, "compensate"]),
+            Self::Cancel { id, .. } => own(&["tasks", id, "cancel"]),
+            Self::Workflows => own(&["workflows"]),
+            Self::Workflow {
+                name,
+                version: None,
+            } => own(&["workflows", name]),
+            Self::Workflow {
+                name,
+                version: Some(v),
+            } => own(&["workflows", name, "versions", &v.to_string()]),
+            Self::Services => own(&["services"]),
+            Self::PutService { name, .. } => own(&["services", name]),
+            Self::PutWorkflow { name, .. } => own(&["workflows", name]),
         }
     }
 }
@@ -156,12 +207,16 @@ impl Client {
             .extend(request.segments());
         if let Request::List {
             state,
+            workflow,
             limit,
             cursor,
         } = *request
         {
             let mut q = url.query_pairs_mut();
             q.append_pair("state", state.as_str());
+            if let Some(workflow) = workflow {
+                q.append_pair("workflow", workflow);
+            }
             if let Some(limit) = limit {
                 q.append_pair("limit", &limit.to_string());
             }
@@ -179,18 +234,14 @@ impl Client {
             url: url.to_string(),
             source,
         };
-        let builder = if request.is_post() {
-            let b = self.http.post(url.clone());
-            match request {
-                Request::Cancel {
-                    reason: Some(reason),
-                    ..
-                } => b.json(&serde_json::json!({ "reason": reason })),
-                _ => b,
-            }
-        } else {
-            self.http.get(url.clone())
+        let mut builder = match request.method() {
+            "POST" => self.http.post(url.clone()),
+            "PUT" => self.http.put(url.clone()),
+            _ => self.http.get(url.clone()),
         };
+        if let Some(body) = request.body() {
+            builder = builder.json(&body);
+        }
         let response = builder
             .header(reqwest::header::ACCEPT, "application/json")
             .send()
@@ -212,48 +263,78 @@ impl Client {
         decode(&describe(request, &self.url(request)?), &raw)
     }
 
-    /// One page of the orders in `state`.
+    /// One page of the tasks in `state`, of one workflow or of all.
     pub async fn list(
         &self,
         state: &ProcessState,
+        workflow: Option<&str>,
         limit: Option<u32>,
         cursor: Option<&str>,
     ) -> Result<ListPage, ClientError> {
         self.call(&Request::List {
             state,
+            workflow,
             limit,
             cursor,
         })
         .await
     }
 
-    /// One order, with its steps and history.
-    pub async fn show(&self, id: &str) -> Result<OrderView, ClientError> {
+    /// One task, with its steps and history.
+    pub async fn show(&self, id: &str) -> Result<TaskView, ClientError> {
         self.call(&Request::Show { id }).await
     }
 
-    /// Asks for an order to be processed again from its failed step.
-    pub async fn retry(&self, id: &str) -> Result<OrderView, ClientError> {
+    /// Asks for a task to be processed again from its failed step (or, when its compensation
+    /// failed, for the failed undo to be tried again).
+    pub async fn retry(&self, id: &str) -> Result<TaskView, ClientError> {
         self.call(&Request::Retry { id }).await
     }
 
-    /// Asks for an order's completed steps to be undone.
-    pub async fn compensate(&self, id: &str) -> Result<OrderView, ClientError> {
+    /// Asks for a task's completed steps to be undone.
+    pub async fn compensate(&self, id: &str) -> Result<TaskView, ClientError> {
         self.call(&Request::Compensate { id }).await
     }
 
-    /// Asks for an order to be cancelled.
-    pub async fn cancel(&self, id: &str, reason: Option<&str>) -> Result<OrderView, ClientError> {
+    /// Asks for a task to be cancelled.
+    pub async fn cancel(&self, id: &str, reason: Option<&str>) -> Result<TaskView, ClientError> {
         self.call(&Request::Cancel { id, reason }).await
+    }
+
+    /// Every published workflow and its newest version.
+    pub async fn workflows(&self) -> Result<WorkflowList, ClientError> {
+        self.call(&Request::Workflows).await
+    }
+
+    /// One published workflow: its newest version, or `version`.
+    pub async fn workflow(
+        &self,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<DefinitionView, ClientError> {
+        self.call(&Request::Workflow { name, version }).await
+    }
+
+    /// Every published service and its newest version.
+    pub async fn services(&self) -> Result<ServiceList, ClientError> {
+        self.call(&Request::Services).await
+    }
+
+    /// Publishes one service (`body`: `{name, description?, target}`).
+    pub async fn put_service(&self, name: &str, body: &Value) -> Result<Published, ClientError> {
+        self.call(&Request::PutService { name, body }).await
+    }
+
+    /// Publishes a workflow definition (`body`: the definition as JSON).
+    pub async fn put_workflow(&self, name: &str, body: &Value) -> Result<Published, ClientError> {
+        self.call(&Request::PutWorkflow { name, body }).await
     }
 }
 
-/// "GET http://host/orders/x": names a call in errors.
+/// "GET http://host/tasks/x": names a call in errors.
 pub(crate) fn describe(request: &Request<'_>, url: &Url) -> String {
-    let method = if request.is_post() { "POST" } else { "GET" };
-    format!("{method} {url}")
+    format!("{} {url}", request.method())
 }
-
 fn check_endpoint(base: &Url) -> Result<(), ClientError> {
     if matches!(base.scheme(), "http" | "https") && base.host().is_some() {
         Ok(())
@@ -280,6 +361,7 @@ fn api_error(status: reqwest::StatusCode, body: &[u8]) -> ClientError {
             status: status.as_u16(),
             code: error.code,
             message: error.message,
+            problems: error.problems,
         };
     }
     let reason = status.canonical_reason().unwrap_or("error");
@@ -293,6 +375,7 @@ fn api_error(status: reqwest::StatusCode, body: &[u8]) -> ClientError {
         status: status.as_u16(),
         code: format!("http_{}", status.as_u16()),
         message,
+        problems: vec![],
     }
 }
 
@@ -309,27 +392,121 @@ mod tests {
         let c = client("http://127.0.0.1:3000")?;
         assert_eq!(
             c.url(&Request::Show { id: "a/b?c" })?.as_str(),
-            "http://127.0.0.1:3000/orders/a%2Fb%3Fc"
+            "http://127.0.0.1:3000/tasks/a%2Fb%3Fc"
         );
         let c = client("https://api.example.com/prod/?x=1#f")?;
         assert_eq!(
             c.url(&Request::Cancel {
-                id: "o1",
+                id: "t1",
                 reason: None
             })?
             .as_str(),
-            "https://api.example.com/prod/orders/o1/cancel"
+            "https://api.example.com/prod/tasks/t1/cancel"
         );
         let state = ProcessState::CompensationFailed;
         let url = c.url(&Request::List {
             state: &state,
+            workflow: None,
             limit: Some(5),
             cursor: Some("a+b=/c"),
         })?;
         assert_eq!(
             url.as_str(),
-            "https://api.example.com/prod/orders?state=CompensationFailed&limit=5&cursor=a%2Bb%3D%2Fc"
+            "https://api.example.com/prod/tasks?state=CompensationFailed&limit=5&cursor=a%2Bb%3D%2Fc"
         );
+        let url = c.url(&Request::List {
+            state: &state,
+            workflow: Some("loan application"),
+            limit: None,
+            cursor: None,
+        })?;
+        assert_eq!(
+            url.as_str(),
+            "https://api.example.com/prod/tasks?state=CompensationFailed&workflow=loan+application"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn catalog_routes_and_methods() -> Result<(), Box<dyn std::error::Error>> {
+        let c = client("http://127.0.0.1:3000/")?;
+        let body = serde_json::json!({"name": "w"});
+        let cases = [
+            (Request::Workflows, "GET", "/workflows"),
+            (Request::Services, "GET", "/services"),
+            (
+                Request::Workflow {
+                    name: "w/x",
+                    version: None,
+                },
+                "GET",
+                "/workflows/w%2Fx",
+            ),
+            (
+                Request::Workflow {
+                    name: "w",
+                    version: Some(3),
+                },
+                "GET",
+                "/workflows/w/versions/3",
+            ),
+            (
+                Request::PutService {
+                    name: "payment",
+                    body: &body,
+                },
+                "PUT",
+                "/services/payment",
+            ),
+            (
+                Request::PutWorkflow {
+                    name: "w",
+                    body: &body,
+                },
+                "PUT",
+                "/workflows/w",
+            ),
+            (Request::Retry { id: "t" }, "POST", "/tasks/t/retry"),
+            (
+                Request::Compensate { id: "t" },
+                "POST",
+                "/tasks/t/compensate",
+            ),
+        ];
+        for (request, method, path) in cases {
+            let url = c.url(&request)?;
+            assert_eq!(request.method(), method, "{request:?}");
+            assert_eq!(url.path(), path, "{request:?}");
+            assert_eq!(
+                describe(&request, &url),
+                format!("{method} http://127.0.0.1:3000{path}")
+            );
+        }
+        assert_eq!(
+            Request::PutWorkflow {
+                name: "w",
+                body: &body
+            }
+            .body(),
+            Some(body.clone())
+        );
+        assert_eq!(
+            Request::Cancel {
+                id: "t",
+                reason: Some("r")
+            }
+            .body(),
+            Some(serde_json::json!({"reason": "r"}))
+        );
+        assert_eq!(
+            Request::Cancel {
+                id: "t",
+                reason: None
+            }
+            .body(),
+            None
+        );
+        assert_eq!(Request::Show { id: "t" }.body(), None);
         Ok(())
     }
 
@@ -350,14 +527,26 @@ mod tests {
     fn error_bodies_become_api_errors() {
         let e = api_error(
             reqwest::StatusCode::CONFLICT,
-            br#"{"error":{"code":"conflict","message":"order is Processing"}}"#,
+            br#"{"error":{"code":"conflict","message":"task is Processing"}}"#,
         );
         assert!(
             matches!(&e, ClientError::Api { status: 409, code, .. } if code == "conflict"),
             "{e:?}"
         );
-        assert_eq!(e.to_string(), "conflict: order is Processing");
+        assert_eq!(e.to_string(), "conflict: task is Processing");
         assert_eq!(e.exit_code(), crate::exit::API);
+
+        let e = api_error(
+            reqwest::StatusCode::BAD_REQUEST,
+            br#"{"error":{"code":"invalid_definition","message":"m","problems":[{"at":"/steps/1/input","message":"no such step"}]}}"#,
+        );
+        match &e {
+            ClientError::Api { problems, .. } => {
+                assert_eq!(problems.len(), 1);
+                assert_eq!(problems[0].to_string(), "at /steps/1/input: no such step");
+            }
+            other => panic!("{other:?}"),
+        }
 
         let e = api_error(
             reqwest::StatusCode::BAD_GATEWAY,

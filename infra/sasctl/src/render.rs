@@ -1,14 +1,23 @@
 //! Plain-text rendering: aligned columns sized to their content, `-` for absent values, and
 //! control characters in server-provided text replaced so they cannot garble the terminal.
 
-use crate::api::{ListPage, OrderSummary, OrderView};
+use crate::api::{
+    CatalogEntry, DefinitionView, ListPage, ServiceList, StepView, TaskSummary, TaskView,
+    WorkflowList,
+};
 use chrono::{DateTime, SecondsFormat, Utc};
+use sas::domain::workflow::WorkflowDoc;
+use serde_json::Value;
 use std::fmt::Write as _;
 
 /// The widest `LAST ERROR` cell of [`render_list`], in characters, `…` included.
 pub const LAST_ERROR_WIDTH: usize = 60;
 /// The widest `REASON` cell of the history table and last error of a watch line.
 pub const REASON_WIDTH: usize = 80;
+/// The widest `input` of [`render_task`] (the whole input is in `--json`).
+pub const INPUT_WIDTH: usize = 200;
+/// The widest `RESULT` cell of the steps table.
+pub const RESULT_WIDTH: usize = 40;
 /// The stand-in for an absent value.
 pub const NONE: &str = "-";
 
@@ -103,60 +112,82 @@ fn header(cells: &[&str]) -> Vec<String> {
     cells.iter().map(|c| (*c).to_owned()).collect()
 }
 
-fn summary_row(o: &OrderSummary) -> Vec<String> {
+fn summary_row(t: &TaskSummary) -> Vec<String> {
     vec![
-        clean(&o.order_id, usize::MAX),
-        clean(o.process_state.as_str(), usize::MAX),
-        opt(o.step.as_deref(), usize::MAX),
-        num(o.failure_count),
-        time(o.updated_at.as_ref()),
-        opt(o.last_error.as_deref(), LAST_ERROR_WIDTH),
+        clean(&t.task_id, usize::MAX),
+        opt(t.workflow.as_deref(), usize::MAX),
+        clean(t.process_state.as_str(), usize::MAX),
+        opt(t.step.as_deref(), usize::MAX),
+        num(t.failure_count),
+        time(t.updated_at.as_ref()),
+        opt(t.last_error.as_deref(), LAST_ERROR_WIDTH),
     ]
 }
 
-/// A page of orders as a table:
-/// `ORDER ID  STATE  STEP  FAILURES  UPDATED  LAST ERROR`, or `no orders` when empty.
+/// A page of tasks as a table:
+/// `TASK ID  WORKFLOW  STATE  STEP  FAILURES  UPDATED  LAST ERROR`, or `no tasks` when empty.
 /// The next-page hint is left to the caller, which knows the command line.
 pub fn render_list(page: &ListPage) -> String {
-    if page.orders.is_empty() {
-        return "no orders\n".to_owned();
+    if page.tasks.is_empty() {
+        return "no tasks\n".to_owned();
     }
     let mut rows = vec![header(&[
-        "ORDER ID",
+        "TASK ID",
+        "WORKFLOW",
         "STATE",
         "STEP",
         "FAILURES",
         "UPDATED",
         "LAST ERROR",
     ])];
-    rows.extend(page.orders.iter().map(summary_row));
+    rows.extend(page.tasks.iter().map(summary_row));
     use Align::{Left, Right};
-    table(&rows, &[Left, Left, Left, Right, Left, Left])
+    table(&rows, &[Left, Left, Left, Left, Right, Left, Left])
 }
 
-/// One order: a summary block, the steps table, then the history table.
-pub fn render_order(o: &OrderView) -> String {
-    let items = if o.items.is_empty() {
-        NONE.to_owned()
-    } else {
-        o.items
-            .iter()
-            .map(|i| format!("{} x{}", clean(&i.sku, usize::MAX), i.quantity))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+/// Compact JSON, cleaned and truncated to `max` characters; `-` for none.
+fn json_cell(v: Option<&Value>, max: usize) -> String {
+    match v {
+        None | Some(Value::Null) => NONE.to_owned(),
+        Some(v) => clean(&v.to_string(), max),
+    }
+}
+
+/// `name vN`, `name`, or `-`.
+fn workflow_cell(name: Option<&str>, version: Option<u32>) -> String {
+    match (opt(name, usize::MAX), version) {
+        (name, Some(v)) if name != NONE => format!("{name} v{v}"),
+        (name, _) => name,
+    }
+}
+
+/// The UNDO cell of a step: the undo's status once compensation reached the step, `no undo`
+/// when the workflow declares none (the step is never undone), `-` otherwise.
+fn undo_cell(s: &StepView) -> String {
+    match (&s.undo, s.undoable) {
+        (Some(status), _) if !status.trim().is_empty() => clean(status, usize::MAX),
+        (_, Some(false)) => "no undo".to_owned(),
+        _ => NONE.to_owned(),
+    }
+}
+
+/// One task: a summary block, the steps table, then the history table.
+pub fn render_task(t: &TaskView) -> String {
     let summary = [
-        ("order", clean(&o.order_id, usize::MAX)),
-        ("customer", opt(o.customer_id.as_deref(), usize::MAX)),
-        ("state", clean(o.process_state.as_str(), usize::MAX)),
-        ("step", opt(o.step.as_deref(), usize::MAX)),
-        ("failures", num(o.failure_count)),
-        ("attempt", num(o.attempt)),
-        ("created", time(o.created_at.as_ref())),
-        ("updated", time(o.updated_at.as_ref())),
-        ("items", items),
+        ("task", clean(&t.task_id, usize::MAX)),
+        (
+            "workflow",
+            workflow_cell(t.workflow.as_deref(), t.workflow_version),
+        ),
+        ("state", clean(t.process_state.as_str(), usize::MAX)),
+        ("step", opt(t.current_step.as_deref(), usize::MAX)),
+        ("failures", num(t.failure_count)),
+        ("attempt", num(t.attempt)),
+        ("created", time(t.created_at.as_ref())),
+        ("updated", time(t.updated_at.as_ref())),
+        ("input", json_cell(t.input.as_ref(), INPUT_WIDTH)),
         // The full error: `show` is where an operator reads it.
-        ("last error", opt(o.last_error.as_deref(), usize::MAX)),
+        ("last error", opt(t.last_error.as_deref(), usize::MAX)),
     ]
     .into_iter()
     .map(|(k, v)| vec![format!("{k}:"), v])
@@ -164,29 +195,30 @@ pub fn render_order(o: &OrderView) -> String {
     let mut out = table(&summary, &[]);
 
     out.push_str("\nSTEPS\n");
-    if o.steps.is_empty() {
+    if t.steps.is_empty() {
         out.push_str("(none)\n");
     } else {
-        let mut rows = vec![header(&["#", "NAME", "STATUS", "UNDO"])];
-        rows.extend(o.steps.iter().enumerate().map(|(i, s)| {
-            let current = o.step.as_deref() == Some(s.name.as_str());
+        let mut rows = vec![header(&["#", "NAME", "STATUS", "UNDO", "RESULT"])];
+        rows.extend(t.steps.iter().enumerate().map(|(i, s)| {
+            let current = t.current_step.as_deref() == Some(s.name.as_str());
             let marker = if current { ">" } else { "" };
             vec![
                 format!("{marker}{}", i + 1),
                 clean(&s.name, usize::MAX),
                 clean(&s.status, usize::MAX),
-                opt(s.undo.as_deref(), usize::MAX),
+                undo_cell(s),
+                json_cell(s.result.as_ref(), RESULT_WIDTH),
             ]
         }));
         out.push_str(&table(&rows, &[Align::Right]));
     }
 
     out.push_str("\nHISTORY\n");
-    if o.history.is_empty() {
+    if t.history.is_empty() {
         out.push_str("(none)\n");
     } else {
         let mut rows = vec![header(&["AT", "FROM", "TO", "STEP", "ATTEMPT", "REASON"])];
-        rows.extend(o.history.iter().map(|h| {
+        rows.extend(t.history.iter().map(|h| {
             vec![
                 time(Some(&h.at)),
                 opt(h.from.as_ref().map(|s| s.as_str()), usize::MAX),
@@ -206,37 +238,92 @@ pub fn render_order(o: &OrderView) -> String {
 const STATE_WIDTH: usize = 18;
 
 /// One `watch` line: `<updated>  <state>  step=<step>  failures=<n>  attempt=<n>[  error=<e>]`.
-pub fn render_watch_line(o: &OrderView) -> String {
+pub fn render_watch_line(t: &TaskView) -> String {
     let mut line = format!(
         "{}  {:<w$}  step={}  failures={}  attempt={}",
-        time(o.updated_at.as_ref()),
-        clean(o.process_state.as_str(), usize::MAX),
-        opt(o.step.as_deref(), usize::MAX),
-        num(o.failure_count),
-        num(o.attempt),
+        time(t.updated_at.as_ref()),
+        clean(t.process_state.as_str(), usize::MAX),
+        opt(t.current_step.as_deref(), usize::MAX),
+        num(t.failure_count),
+        num(t.attempt),
         w = STATE_WIDTH,
     );
-    if let Some(e) = o.last_error.as_deref().filter(|e| !e.trim().is_empty()) {
+    if let Some(e) = t.last_error.as_deref().filter(|e| !e.trim().is_empty()) {
         let _ = write!(line, "  error={}", clean(e, REASON_WIDTH));
     }
     line.push('\n');
     line
 }
 
-/// The confirmation of an action or the end of a watch: `order <id>: <state>`.
-pub fn render_confirmation(o: &OrderView) -> String {
+/// The confirmation of an action or the end of a watch: `task <id>: <state>`.
+pub fn render_confirmation(t: &TaskView) -> String {
     format!(
-        "order {}: {}\n",
-        clean(&o.order_id, usize::MAX),
-        clean(o.process_state.as_str(), usize::MAX)
+        "task {}: {}\n",
+        clean(&t.task_id, usize::MAX),
+        clean(t.process_state.as_str(), usize::MAX)
     )
+}
+
+fn render_entries(entries: &[CatalogEntry], none: &str) -> String {
+    if entries.is_empty() {
+        return format!("{none}\n");
+    }
+    let mut rows = vec![header(&["NAME", "LATEST"])];
+    rows.extend(
+        entries
+            .iter()
+            .map(|e| vec![clean(&e.name, usize::MAX), format!("v{}", e.latest)]),
+    );
+    table(&rows, &[])
+}
+
+/// `GET /workflows` as a table: `NAME  LATEST`, or `no workflows`.
+pub fn render_workflows(list: &WorkflowList) -> String {
+    render_entries(&list.workflows, "no workflows")
+}
+
+/// `GET /services` as a table: `NAME  LATEST`, or `no services`.
+pub fn render_services(list: &ServiceList) -> String {
+    render_entries(&list.services, "no services")
+}
+
+/// A published workflow's definition as pretty JSON (a definition file `workflow apply` reads
+/// back), its fields laid out as in the definition format when this version knows it.
+pub fn render_definition_json(d: &DefinitionView) -> Result<String, serde_json::Error> {
+    let mut out = match serde_json::from_value::<WorkflowDoc>(d.definition.clone()) {
+        Ok(doc) => serde_json::to_string_pretty(&doc)?,
+        Err(_) => serde_json::to_string_pretty(&d.definition)?,
+    };
+    out.push('\n');
+    Ok(out)
+}
+
+/// A published workflow as a YAML definition file, headed by a comment naming its version:
+/// what `workflow apply` reads back. Fields keep the layout of the definition format (name,
+/// description, input, defaults, steps) when the definition is one this version knows.
+pub fn render_definition_yaml(d: &DefinitionView) -> Result<String, serde_saphyr::SerializeError> {
+    let body = match serde_json::from_value::<WorkflowDoc>(d.definition.clone()) {
+        Ok(doc) => serde_saphyr::to_string(&doc)?,
+        Err(_) => serde_saphyr::to_string(&d.definition)?,
+    };
+    let mut out = format!("# {} v{}", clean(&d.name, usize::MAX), d.version);
+    if let Some(at) = &d.published_at {
+        let _ = write!(out, ", published {}", time(Some(at)));
+    }
+    out.push('\n');
+    out.push_str(&body);
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{HistoryEntry, Item, ProcessState, StepView};
+    use crate::api::{HistoryEntry, ProcessState, StepView};
     use chrono::TimeZone;
+    use serde_json::json;
 
     fn at(secs: u32) -> Option<DateTime<Utc>> {
         Utc.with_ymd_and_hms(2025, 1, 2, 3, 4, secs).single()
@@ -247,9 +334,10 @@ mod tests {
         state: ProcessState,
         step: Option<&str>,
         failures: Option<u32>,
-    ) -> OrderSummary {
-        OrderSummary {
-            order_id: id.into(),
+    ) -> TaskSummary {
+        TaskSummary {
+            task_id: id.into(),
+            workflow: Some("loan-application".into()),
             process_state: state,
             step: step.map(Into::into),
             failure_count: failures,
@@ -261,20 +349,21 @@ mod tests {
 
     #[test]
     fn list_columns_align_and_none_is_a_dash() {
-        let mut long = row("order-2", ProcessState::CompensationFailed, None, Some(12));
-        long.last_error = Some("payment declined".into());
+        let mut long = row("task-2", ProcessState::CompensationFailed, None, Some(12));
+        long.last_error = Some("core-banking refused".into());
+        long.workflow = None;
         let page = ListPage {
-            orders: vec![
-                row("o1", ProcessState::Error, Some("charge-payment"), Some(2)),
+            tasks: vec![
+                row("t1", ProcessState::Error, Some("disburse-funds"), Some(2)),
                 long,
             ],
             next_cursor: Some("c".into()),
         };
         let out = render_list(&page);
         let expected = "\
-ORDER ID  STATE               STEP            FAILURES  UPDATED               LAST ERROR
-o1        Error               charge-payment         2  2025-01-02T03:04:05Z  -
-order-2   CompensationFailed  -                     12  2025-01-02T03:04:05Z  payment declined
+TASK ID  WORKFLOW          STATE               STEP            FAILURES  UPDATED               LAST ERROR
+t1       loan-application  Error               disburse-funds         2  2025-01-02T03:04:05Z  -
+task-2   -                 CompensationFailed  -                     12  2025-01-02T03:04:05Z  core-banking refused
 ";
         assert_eq!(out, expected);
         assert!(out.lines().all(|l| l == l.trim_end()), "no trailing spaces");
@@ -282,10 +371,10 @@ order-2   CompensationFailed  -                     12  2025-01-02T03:04:05Z  pa
 
     #[test]
     fn list_truncates_long_errors_and_cleans_control_characters() {
-        let mut r = row("o1", ProcessState::Error, None, None);
+        let mut r = row("t1", ProcessState::Error, None, None);
         r.last_error = Some(format!("line one\nline\ttwo\u{1b}[31m {}", "x".repeat(200)));
         let out = render_list(&ListPage {
-            orders: vec![r],
+            tasks: vec![r],
             next_cursor: None,
         });
         let line = out.lines().nth(1).unwrap_or_default();
@@ -302,7 +391,7 @@ order-2   CompensationFailed  -                     12  2025-01-02T03:04:05Z  pa
 
     #[test]
     fn empty_list() {
-        assert_eq!(render_list(&ListPage::default()), "no orders\n");
+        assert_eq!(render_list(&ListPage::default()), "no tasks\n");
     }
 
     #[test]
@@ -324,38 +413,36 @@ order-2   CompensationFailed  -                     12  2025-01-02T03:04:05Z  pa
         assert_eq!(out, "A       N  Z\nlong    1\nx     100  end\n");
     }
 
-    fn view() -> OrderView {
-        OrderView {
-            order_id: "3f2a".into(),
-            process_state: ProcessState::Error,
-            customer_id: Some("cust-1".into()),
-            items: vec![
-                Item {
-                    sku: "SKU-1".into(),
-                    quantity: 2,
-                },
-                Item {
-                    sku: "SKU-2".into(),
-                    quantity: 1,
-                },
-            ],
-            step: Some("charge-payment".into()),
+    fn step(name: &str, status: &str, undoable: Option<bool>, undo: Option<&str>) -> StepView {
+        StepView {
+            name: name.into(),
+            status: status.into(),
+            undoable,
+            result: None,
+            undo: undo.map(Into::into),
+        }
+    }
+
+    fn view() -> TaskView {
+        let mut check = step("check-credit", "Done", Some(false), None);
+        check.result = Some(json!({"id": "cb-1", "service": "credit-bureau"}));
+        TaskView {
+            task_id: "3f2a".into(),
+            process_state: ProcessState::Compensating,
+            workflow: Some("loan-application".into()),
+            workflow_version: Some(2),
+            input: Some(json!({"amount": 500, "applicantId": "a-1", "currency": "EUR"})),
+            current_step: Some("reserve-funds".into()),
             failure_count: Some(2),
             attempt: Some(3),
-            last_error: Some("card declined".into()),
+            last_error: Some("core-banking refused".into()),
             created_at: at(1),
             updated_at: at(9),
             steps: vec![
-                StepView {
-                    name: "reserve-inventory".into(),
-                    status: "Done".into(),
-                    undo: None,
-                },
-                StepView {
-                    name: "charge-payment".into(),
-                    status: "Failed".into(),
-                    undo: Some("Running".into()),
-                },
+                check,
+                step("reserve-funds", "Done", Some(true), Some("Running")),
+                step("send-contract", "Failed", Some(true), None),
+                step("disburse-funds", "Pending", None, None),
             ],
             history: vec![
                 HistoryEntry {
@@ -370,7 +457,7 @@ order-2   CompensationFailed  -                     12  2025-01-02T03:04:05Z  pa
                     at: at(2).unwrap_or_default(),
                     from: Some(ProcessState::Pending),
                     to: ProcessState::Processing,
-                    step: Some("reserve-inventory".into()),
+                    step: Some("check-credit".into()),
                     attempt: Some(1),
                     reason: Some("claimed".into()),
                 },
@@ -379,40 +466,62 @@ order-2   CompensationFailed  -                     12  2025-01-02T03:04:05Z  pa
     }
 
     #[test]
-    fn order_has_summary_steps_and_history() {
-        let expected = "\
-order:       3f2a
-customer:    cust-1
-state:       Error
-step:        charge-payment
+    fn task_has_summary_steps_and_history() {
+        let expected = r#"task:        3f2a
+workflow:    loan-application v2
+state:       Compensating
+step:        reserve-funds
 failures:    2
 attempt:     3
 created:     2025-01-02T03:04:01Z
 updated:     2025-01-02T03:04:09Z
-items:       SKU-1 x2, SKU-2 x1
-last error:  card declined
+input:       {"amount":500,"applicantId":"a-1","currency":"EUR"}
+last error:  core-banking refused
 
 STEPS
- #  NAME               STATUS  UNDO
- 1  reserve-inventory  Done    -
->2  charge-payment     Failed  Running
+ #  NAME            STATUS   UNDO     RESULT
+ 1  check-credit    Done     no undo  {"id":"cb-1","service":"credit-bureau"}
+>2  reserve-funds   Done     Running  -
+ 3  send-contract   Failed   -        -
+ 4  disburse-funds  Pending  -        -
 
 HISTORY
-AT                    FROM     TO          STEP               ATTEMPT  REASON
-2025-01-02T03:04:01Z  -        Pending     -                        -  submitted
-2025-01-02T03:04:02Z  Pending  Processing  reserve-inventory        1  claimed
-";
-        assert_eq!(render_order(&view()), expected);
+AT                    FROM     TO          STEP          ATTEMPT  REASON
+2025-01-02T03:04:01Z  -        Pending     -                   -  submitted
+2025-01-02T03:04:02Z  Pending  Processing  check-credit        1  claimed
+"#;
+        assert_eq!(render_task(&view()), expected);
     }
 
     #[test]
-    fn minimal_order_renders_dashes() {
-        let o = OrderView {
-            order_id: "o1".into(),
+    fn long_inputs_and_results_are_cut() {
+        let mut v = view();
+        v.input = Some(json!({"note": "x".repeat(500)}));
+        v.steps[0].result = Some(json!({"id": "y".repeat(100)}));
+        let out = render_task(&v);
+        let input = out
+            .lines()
+            .find_map(|l| l.strip_prefix("input:       "))
+            .unwrap_or_default();
+        assert_eq!(input.chars().count(), INPUT_WIDTH);
+        assert!(input.ends_with('…'), "{input}");
+        let result = out
+            .lines()
+            .find(|l| l.contains("check-credit"))
+            .and_then(|l| l.rsplit("  ").next())
+            .unwrap_or_default();
+        assert_eq!(result.chars().count(), RESULT_WIDTH, "{out}");
+    }
+
+    #[test]
+    fn minimal_task_renders_dashes() {
+        let t = TaskView {
+            task_id: "t1".into(),
             process_state: ProcessState::Pending,
-            customer_id: None,
-            items: vec![],
-            step: None,
+            workflow: None,
+            workflow_version: Some(1),
+            input: None,
+            current_step: None,
             failure_count: None,
             attempt: None,
             last_error: None,
@@ -421,21 +530,92 @@ AT                    FROM     TO          STEP               ATTEMPT  REASON
             steps: vec![],
             history: vec![],
         };
-        let out = render_order(&o);
-        assert!(out.contains("customer:    -\n"), "{out}");
+        let out = render_task(&t);
+        assert!(out.contains("workflow:    -\n"), "{out}");
+        assert!(out.contains("input:       -\n"), "{out}");
         assert!(out.contains("STEPS\n(none)\n\nHISTORY\n(none)\n"), "{out}");
         assert_eq!(
-            render_watch_line(&o),
+            render_watch_line(&t),
             "-  Pending             step=-  failures=-  attempt=-\n"
         );
-        assert_eq!(render_confirmation(&o), "order o1: Pending\n");
+        assert_eq!(render_confirmation(&t), "task t1: Pending\n");
     }
 
     #[test]
     fn watch_line_shows_the_error() {
         assert_eq!(
             render_watch_line(&view()),
-            "2025-01-02T03:04:09Z  Error               step=charge-payment  failures=2  attempt=3  error=card declined\n"
+            "2025-01-02T03:04:09Z  Compensating        step=reserve-funds  failures=2  attempt=3  error=core-banking refused\n"
         );
+    }
+
+    #[test]
+    fn catalog_tables() {
+        let list = WorkflowList {
+            workflows: vec![
+                CatalogEntry {
+                    name: "ecommerce-order".into(),
+                    latest: 1,
+                },
+                CatalogEntry {
+                    name: "loan-application".into(),
+                    latest: 12,
+                },
+            ],
+        };
+        assert_eq!(
+            render_workflows(&list),
+            "NAME              LATEST\necommerce-order   v1\nloan-application  v12\n"
+        );
+        assert_eq!(render_workflows(&WorkflowList::default()), "no workflows\n");
+        assert_eq!(render_services(&ServiceList::default()), "no services\n");
+    }
+
+    #[test]
+    fn a_shown_definition_is_yaml_that_parses_back() -> Result<(), Box<dyn std::error::Error>> {
+        use sas::domain::workflow::{Document, Format, parse_document, parse_value};
+        let text = sas::domain::workflow::examples::LOAN_APPLICATION;
+        let definition = parse_value(text, Format::Yaml)?;
+        let d = DefinitionView {
+            name: "loan-application".into(),
+            version: 3,
+            published_at: at(7),
+            definition: definition.clone(),
+        };
+        let yaml = render_definition_yaml(&d)?;
+        assert!(
+            yaml.starts_with("# loan-application v3, published 2025-01-02T03:04:07Z\n"),
+            "{yaml}"
+        );
+        // The definition's own layout: the name first, the steps last.
+        let name = yaml.find("name: loan-application").unwrap_or(usize::MAX);
+        let steps = yaml.find("\nsteps:").unwrap_or(0);
+        assert!(name < steps, "{yaml}");
+        let back = parse_document(parse_value(&yaml, Format::Yaml)?)?;
+        assert!(matches!(back, Document::Workflow(_)), "{back:?}");
+        assert_eq!(back, parse_document(definition)?);
+
+        // A definition this version cannot read is still shown.
+        let odd = DefinitionView {
+            name: "w".into(),
+            version: 1,
+            published_at: None,
+            definition: json!({"name": "w", "futureField": [1, 2]}),
+        };
+        let yaml = render_definition_yaml(&odd)?;
+        assert!(yaml.starts_with("# w v1\n"), "{yaml}");
+        assert_eq!(parse_value(&yaml, Format::Yaml)?, odd.definition);
+        let text = render_definition_json(&odd)?;
+        assert_eq!(serde_json::from_str::<Value>(&text)?, odd.definition);
+
+        // JSON too parses back, the name first.
+        let text = render_definition_json(&d)?;
+        assert!(
+            text.starts_with("{\n  \"name\": \"loan-application\""),
+            "{text}"
+        );
+        let back = parse_document(parse_value(&text, Format::Json)?)?;
+        assert_eq!(back, parse_document(d.definition.clone())?);
+        Ok(())
     }
 }

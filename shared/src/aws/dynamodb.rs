@@ -668,7 +668,7 @@ impl StateStore for DynamoStore {
             .iter()
             .map(|item| {
                 get_s(item, "pk")?
-                    .strip_prefix("ORDER#")
+                    .strip_prefix("TASK#")
                     .ok_or_else(|| corrupt("due-index item without a task key"))?
                     .parse()
                     .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))

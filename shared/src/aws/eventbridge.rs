@@ -3,7 +3,7 @@ use crate::ports::{EventBus, PublishError};
 use async_trait::async_trait;
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
 
-/// Publishes to an EventBridge bus with source `sas.orders`.
+/// Publishes to an EventBridge bus with source `sas.tasks`.
 #[derive(Debug, Clone)]
 pub struct EventBridgeBus {
     client: aws_sdk_eventbridge::Client,

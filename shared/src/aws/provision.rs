@@ -252,7 +252,7 @@ pub async fn queue_arn(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<String, P
 }
 
 /// Routes the bus's events of the given detail types to a queue (an EventBridge rule with an
-/// SQS target): how an operator's alert queue, or a test, receives `OrderFailed`.
+/// SQS target): how an operator's alert queue, or a test, receives `TaskFailed`.
 pub async fn route_to_queue(
     config: &aws_config::SdkConfig,
     bus_name: &str,

@@ -177,11 +177,11 @@ pub enum Effect {
     /// Send the request for the record's current step (or, while Compensating, its undo) under
     /// its current attempt.
     SendStepRequest,
-    /// Deliver the outbox (event bus, and the order's reply queue if it has one), then clear it.
+    /// Deliver the outbox (event bus, and the task's reply queue if it has one), then clear it.
     DeliverNotice,
     /// Publish a status that does not go through the outbox (best effort).
     Publish(Status),
-    /// Put a work message for the order on the scheduler's queue, visible after `delay`.
+    /// Put a work message for the task on the scheduler's queue, visible after `delay`.
     Enqueue { delay: Duration },
 }
 
@@ -194,7 +194,7 @@ pub struct Transition {
 }
 
 /// Why an event does not apply to a record. Rejections are normal (duplicates, stale messages,
-/// races, an operator acting on an order that moved on): callers log and drop, or answer 409.
+/// races, an operator acting on a task that moved on): callers log and drop, or answer 409.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
     #[error("record is {0}, which no scheduler claims")]
@@ -375,7 +375,7 @@ pub fn claim(
 ///
 /// Condition: same state, attempt and step (at the version read) - keeps "a reply counts only
 /// for the claim and step it answers": a stale reply from before a recovery, a reply to a step
-/// of a cancelled order, or a duplicate of a reply already applied, changes nothing.
+/// of a cancelled task, or a duplicate of a reply already applied, changes nothing.
 pub fn apply_reply(
     r: &StateRecord,
     attempt: u64,
@@ -465,18 +465,21 @@ pub fn apply_reply(
                 e
             }
         }
-        (StepOutcome::Faulted { error }, true) => {
+        (StepOutcome::Faulted { .. }, true) => {
             // An undo that took effect but whose answer is unusable still undid the step.
-            let _ = error;
             apply_undo_reply(&mut n, step_index, None, now, p)
         }
         (StepOutcome::Faulted { error }, false) => {
-            let step = &mut n.steps[step_index];
-            step.finished_attempt = Some(attempt);
-            step.finished_at = Some(now);
-            step.status = StepStatus::Faulted;
             let reason = format!("{name}: {error}");
-            let e = fail(&mut n, now, reason.clone(), p);
+            let e = step_failed(
+                &mut n,
+                step_index,
+                attempt,
+                StepStatus::Faulted,
+                &reason,
+                now,
+                p,
+            );
             log(
                 &mut n,
                 r.process_state,
@@ -486,12 +489,16 @@ pub fn apply_reply(
             e
         }
         (StepOutcome::Failed { error }, false) => {
-            let step = &mut n.steps[step_index];
-            step.finished_attempt = Some(attempt);
-            step.finished_at = Some(now);
-            step.status = StepStatus::Failed;
             let reason = format!("{name}: {error}");
-            let e = fail(&mut n, now, reason.clone(), p);
+            let e = step_failed(
+                &mut n,
+                step_index,
+                attempt,
+                StepStatus::Failed,
+                &reason,
+                now,
+                p,
+            );
             log(
                 &mut n,
                 r.process_state,
@@ -513,6 +520,24 @@ pub fn apply_reply(
         record: n,
         effects,
     })
+}
+
+/// Step `i` ended for good as `status` (refused, or faulted) under `attempt`: the task fails.
+#[allow(clippy::too_many_arguments)]
+fn step_failed(
+    n: &mut StateRecord,
+    i: usize,
+    attempt: u64,
+    status: StepStatus,
+    reason: &str,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Vec<Effect> {
+    let step = &mut n.steps[i];
+    step.finished_attempt = Some(attempt);
+    step.finished_at = Some(now);
+    step.status = status;
+    fail(n, now, reason.to_owned(), p)
 }
 
 /// Applies an undo's answer: `refused` is the service's refusal, `None` a success.
@@ -562,7 +587,7 @@ fn apply_undo_reply(
 /// - A step (or undo) out past `CompleteBy`: its agent died or overran. `FailureCount` + 1;
 ///   below the threshold the record is handed back unlocked (a new pickup deadline after the
 ///   retry delay) and re-enqueued with that delay. At the threshold: with extended-wait rounds
-///   left, the count restarts after a cool-down; else a step fails the order ([`fail`]) and an
+///   left, the count restarts after a cool-down; else a step fails the task ([`fail`]) and an
 ///   undo ends in CompensationFailed.
 /// - Unlocked past its pickup deadline: the work message was lost (e.g. the submission died
 ///   after its transaction). It is re-enqueued with a new pickup deadline; that is not a
@@ -638,7 +663,7 @@ pub fn expire(
 /// A step (or undo) that was out came to nothing (`how`: it timed out, or its service's circuit
 /// is open): `FailureCount` + 1; below the threshold the record is handed back unlocked and
 /// re-enqueued after the retry delay (at least `at_least`); at the threshold, with
-/// extended-wait rounds left, the count restarts after a cool-down; else a step fails the order
+/// extended-wait rounds left, the count restarts after a cool-down; else a step fails the task
 /// ([`fail`]) and an undo ends in CompensationFailed.
 #[allow(clippy::too_many_arguments)]
 fn hand_back(
@@ -712,7 +737,7 @@ fn hand_back(
     }
 }
 
-/// A stable number in [0, 1) from an order and attempt: the jitter of transitions that have no
+/// A stable number in [0, 1) from a task and attempt: the jitter of transitions that have no
 /// randomness passed in (spreads the retries of orders deferred by the same open circuit).
 fn stable_jitter(r: &StateRecord) -> f64 {
     let b = r.task_id.as_uuid().into_bytes();
@@ -1345,6 +1370,110 @@ mod tests {
             }]
         );
         assert!(r.steps[1].sent, "a deferred step may have been sent before");
+    }
+
+    /// A Pending record of the loan: check-credit (no undo), reserve-funds (undo),
+    /// send-contract (the pivot, undo), disburse-funds (no undo).
+    fn loan(now: DateTime<Utc>) -> StateRecord {
+        record(&examples::loan_application(&base()), now)
+    }
+
+    #[test]
+    fn compensation_skips_a_step_without_an_undo() {
+        let p = policy();
+        let now = t0();
+        let mut r = loan(now);
+        run_to(&mut r, 2, now, &p);
+        let t = apply(&mut r, |r| apply_reply(r, 1, 2, false, &refused(), now, &p));
+        assert_eq!(r.process_state, ProcessState::Compensating);
+        assert_eq!(
+            r.step_index, 1,
+            "reserve-funds is undone first, send-contract was refused"
+        );
+        assert!(t.effects.contains(&Effect::DeliverNotice));
+        apply(&mut r, |r| claim(r, "s", now, &p));
+        let a = r.attempt;
+        apply(&mut r, |r| apply_reply(r, a, 1, true, &ok(), now, &p));
+        assert_eq!(r.process_state, ProcessState::Compensated);
+        assert_eq!(r.steps[0].undo, None, "check-credit is never undone");
+        assert_eq!(r.steps[0].status, StepStatus::Done);
+    }
+
+    #[test]
+    fn past_the_pivot_a_failure_waits_in_error_and_cannot_be_cancelled_or_compensated() {
+        let p = policy();
+        let now = t0();
+        let mut r = loan(now);
+        run_to(&mut r, 3, now, &p);
+        assert!(r.past_pivot());
+        assert_eq!(
+            cancel(&r, "x", now, &p).err(),
+            Some(Rejection::PastPivot(ProcessState::Processing))
+        );
+        let t = apply(&mut r, |r| apply_reply(r, 1, 3, false, &refused(), now, &p));
+        assert_eq!(t.effects, [Effect::DeliverNotice]);
+        assert_eq!(
+            r.process_state,
+            ProcessState::Error,
+            "auto-compensation stops at the pivot"
+        );
+        assert_eq!(r.outbox, [Status::Failed]);
+        assert_eq!(
+            compensate(&r, now, &p).err(),
+            Some(Rejection::PastPivot(ProcessState::Error))
+        );
+        apply(&mut r, |r| retry(r, now, &p));
+        assert_eq!(r.process_state, ProcessState::Pending);
+    }
+
+    #[test]
+    fn a_faulted_step_fails_the_task_and_is_undone_as_taking_effect() {
+        let p = policy();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let faulted = StepOutcome::Faulted {
+            error: "result_too_large".into(),
+        };
+        apply(&mut r, |r| apply_reply(r, 1, 1, false, &faulted, now, &p));
+        assert_eq!(r.steps[1].status, StepStatus::Faulted);
+        assert_eq!(r.process_state, ProcessState::Compensating);
+        assert_eq!(
+            r.step_index, 1,
+            "the faulted step took effect: it is undone first"
+        );
+    }
+
+    #[test]
+    fn each_step_runs_under_its_own_timeout_and_threshold() {
+        let w = examples::loan_application(&base());
+        let p = w.policies();
+        let now = t0();
+        let mut r = record(&w, now);
+        apply_with(&mut r, &p, |r| claim(r, "s", now, &p));
+        assert_eq!(
+            r.complete_by,
+            Some(now + Duration::seconds(5)),
+            "check-credit: 5s"
+        );
+        apply_with(&mut r, &p, |r| apply_reply(r, 1, 0, false, &ok(), now, &p));
+        assert_eq!(
+            r.complete_by,
+            Some(now + Duration::seconds(30)),
+            "reserve-funds: 30s"
+        );
+        assert_eq!(p.at(3).failure_threshold, 5);
+        assert_eq!(p.at(1).failure_threshold, 3);
+    }
+
+    fn apply_with(
+        r: &mut StateRecord,
+        p: &Policies,
+        f: impl FnOnce(&StateRecord) -> Result<Transition, Rejection>,
+    ) {
+        let t = f(r).expect("transition applies");
+        t.record.check(p).expect("valid after the transition");
+        *r = t.record;
     }
 
     #[test]

@@ -846,17 +846,16 @@ mod tests {
 
     #[test]
     fn a_bad_input_schema_is_rejected() {
-        let p = problems(&format!(
-            "name: w\ninput: {{type: objekt}}\nsteps:\n  - {{name: a, service: inventory}}\n"
-        ));
+        let p =
+            problems("name: w\ninput: {type: objekt}\nsteps:\n  - {name: a, service: inventory}\n");
         assert!(p[0].at.starts_with("/input"), "{p:?}");
     }
 
     #[test]
     fn settings_fall_back_from_step_to_workflow_to_deployment() {
-        let w = workflow(&format!(
-            "name: w\ndefaults: {{timeout: 20s, retry: {{failureThreshold: 5}}}}\nsteps:\n  - {{name: a, service: inventory, timeout: 3s, retry: {{backoffRate: 3}}}}\n  - {{name: b, service: inventory}}\n"
-        ))
+        let w = workflow(
+            "name: w\ndefaults: {timeout: 20s, retry: {failureThreshold: 5}}\nsteps:\n  - {name: a, service: inventory, timeout: 3s, retry: {backoffRate: 3}}\n  - {name: b, service: inventory}\n",
+        )
         .expect("valid");
         let d = Policy::default();
         let (a, b) = (&w.steps[0].policy, &w.steps[1].policy);

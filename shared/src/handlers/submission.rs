@@ -700,15 +700,22 @@ fn json_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, Box<Response<Str
     })
 }
 
-fn name_mismatch(path_name: &str, body: &Value) -> Option<Response<String>> {
-    let named = body.get("name").and_then(Value::as_str);
-    (named.is_some() && named != Some(path_name)).then(|| {
-        error(
+/// A definition's body: JSON, and (if it names itself) named as the path says.
+fn definition_body(
+    path_name: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Value, Box<Response<String>>> {
+    let value = json_body(headers, body)?;
+    let named = value.get("name").and_then(Value::as_str);
+    if named.is_some() && named != Some(path_name) {
+        return Err(Box::new(error(
             StatusCode::BAD_REQUEST,
             "name_mismatch",
             format!("the path names {path_name:?} but the definition's name is {named:?}"),
-        )
-    })
+        )));
+    }
+    Ok(value)
 }
 
 fn published(name: &str, p: crate::ports::Published) -> Response<String> {
@@ -730,13 +737,10 @@ async fn publish_workflow(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response<String> {
-    let value = match json_body(headers, body) {
+    let value = match definition_body(name, headers, body) {
         Ok(v) => v,
         Err(answer) => return *answer,
     };
-    if let Some(answer) = name_mismatch(name, &value) {
-        return answer;
-    }
     match deps.definitions.publish_workflow(value).await {
         Ok((p, w)) => {
             info!(
@@ -758,13 +762,10 @@ async fn publish_service(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response<String> {
-    let value = match json_body(headers, body) {
+    let value = match definition_body(name, headers, body) {
         Ok(v) => v,
         Err(answer) => return *answer,
     };
-    if let Some(answer) = name_mismatch(name, &value) {
-        return answer;
-    }
     let doc = match workflow::parse_services(json!({ "services": [value] })) {
         Ok(doc) => doc,
         Err(e) => {
@@ -779,7 +780,13 @@ async fn publish_service(
             return catalog_error(CatalogError::Invalid(workflow::DefinitionError(problems)));
         }
     };
-    let service: &ServiceDef = &doc.services[0];
+    let Some(service): Option<&ServiceDef> = doc.services.first() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_definition",
+            "no service given",
+        );
+    };
     match deps.definitions.publish_services(&doc).await {
         Ok(mut out) => match out.pop() {
             Some((_, p)) => {

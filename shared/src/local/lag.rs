@@ -8,10 +8,10 @@ use crate::remote::Faults;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// One measurement: `orders` tasks (e-commerce orders) whose first step always overruns its
+/// One measurement: `tasks` tasks (e-commerce orders) whose first step always overruns its
 /// deadline.
 pub async fn measure(
-    orders: usize,
+    tasks: usize,
     timers: bool,
     sweep_every: Duration,
 ) -> anyhow::Result<Vec<f64>> {
@@ -36,7 +36,7 @@ pub async fn measure(
     );
     let mut system = System::new(Backend::Memory, s, Arc::new(SystemClock)).await?;
     system.start();
-    let mut ids = Vec::with_capacity(orders);
+    let mut ids = Vec::with_capacity(tasks);
     let body = serde_json::json!({"customerId": "lag", "items": [{"sku": "SKU-1", "quantity": 1}]});
     let mut headers = http::HeaderMap::new();
     headers.insert(
@@ -45,8 +45,8 @@ pub async fn measure(
     );
     // Spread the submissions over about two seconds, so deadlines fall at every phase of the
     // sweep's interval rather than all at one.
-    let gap = Duration::from_micros(2_000_000 / orders.max(1) as u64);
-    for _ in 0..orders {
+    let gap = Duration::from_micros(2_000_000 / tasks.max(1) as u64);
+    for _ in 0..tasks {
         tokio::time::sleep(gap.mul_f64(rand::random::<f64>() * 2.0)).await;
         let resp = crate::handlers::submission::handle(
             &system.submission,
@@ -65,7 +65,7 @@ pub async fn measure(
         );
     }
     let until = Instant::now() + Duration::from_secs(120);
-    let mut lags = Vec::with_capacity(orders);
+    let mut lags = Vec::with_capacity(tasks);
     while Instant::now() < until {
         lags.clear();
         for id in &ids {
@@ -86,7 +86,7 @@ pub async fn measure(
     system.shutdown().await;
     anyhow::ensure!(
         lags.len() == ids.len(),
-        "only {} of {} orders were re-dispatched in time",
+        "only {} of {} tasks were re-dispatched in time",
         lags.len(),
         ids.len()
     );
@@ -104,17 +104,17 @@ pub fn quantile(v: &[f64], q: f64) -> f64 {
 }
 
 /// Both measurements as a markdown table.
-pub async fn table(orders: usize, sweep_ms: u64) -> anyhow::Result<String> {
+pub async fn table(tasks: usize, sweep_ms: u64) -> anyhow::Result<String> {
     let mut out = String::from(
-        "| recovery | sweep every | orders | lag p50 | lag p99 | lag max |\n|---|---|---|---|---|---|\n",
+        "| recovery | sweep every | tasks | lag p50 | lag p99 | lag max |\n|---|---|---|---|---|---|\n",
     );
     for (label, timers, every) in [
         ("deadline timers", true, Duration::from_secs(60)),
         ("sweep only", false, Duration::from_millis(sweep_ms)),
     ] {
-        let lags = measure(orders, timers, every).await?;
+        let lags = measure(tasks, timers, every).await?;
         out.push_str(&format!(
-            "| {label} | {:.1} s | {orders} | {:.3} s | {:.3} s | {:.3} s |\n",
+            "| {label} | {:.1} s | {tasks} | {:.3} s | {:.3} s | {:.3} s |\n",
             every.as_secs_f64(),
             quantile(&lags, 0.5),
             quantile(&lags, 0.99),

@@ -41,8 +41,11 @@ pub struct Remotes {
     clock: Arc<dyn Clock>,
     http: reqwest::Client,
     simulated: SimulatedFactory,
-    built: Mutex<HashMap<String, (Target, Arc<dyn RemoteService>)>>,
+    built: Mutex<HashMap<String, Built>>,
 }
+
+/// A service's remote and the target it was built for.
+type Built = (Target, Arc<dyn RemoteService>);
 
 impl Remotes {
     pub fn new(

@@ -51,7 +51,7 @@ pub struct SimStats {
     /// each key once.
     pub effects: HashMap<String, u32>,
     /// The net effect per step key: +1 when the step applies, -1 when its undo reverses it. A
-    /// Processed order nets 1 per step; a compensated one nets 0.
+    /// Processed task nets 1 per step; a compensated one nets 0.
     pub net: HashMap<String, i32>,
     /// Keys in the order their effects were applied.
     pub applied: Vec<String>,
@@ -82,7 +82,7 @@ struct SimState {
 ///
 /// A call that carries `undoes` (a step's key) is an undo: it reverses that step's
 /// effect if it applied; if the step never reached the service, the undo leaves a tombstone and
-/// the step's key is refused from then on, so a step request still in flight when its order is
+/// the step's key is refused from then on, so a step request still in flight when its task is
 /// compensated can never take effect afterwards. Remote services used with sas must offer the
 /// same guarantee (cancel-before-capture); see ARCHITECTURE.md.
 pub struct SimulatedService {

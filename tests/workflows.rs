@@ -1,0 +1,431 @@
+//! Your own workflows, end to end: a workflow and services the code has never seen, written by
+//! the test, published through the operator API of a running system (the local runner's code,
+//! served over HTTP) in memory and on the emulator; tasks run through it to `Processed`, and
+//! with a refusal at step 3 to `Compensated` with exactly the undos the definition implies,
+//! each with its mapped input. A task started on version 1 finishes on version 1 after
+//! version 2 is published mid-run. Bad definitions and bad inputs are refused with the place.
+
+use sas::local::{Backend, Settings, System};
+use sas::ports::SystemClock;
+use sas::remote::Faults;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Services the code has never seen.
+fn services() -> Vec<Value> {
+    ["policy-db", "ledger", "notifier"]
+        .iter()
+        .map(|n| json!({"name": n, "description": "made up by the test", "target": {"type": "simulated"}}))
+        .collect()
+}
+
+/// A workflow the code has never seen: 4 steps, the first without an undo, results feeding
+/// later inputs and undos.
+fn claim_workflow(description: &str) -> Value {
+    json!({
+        "name": "insurance-claim",
+        "description": description,
+        "input": {
+            "type": "object",
+            "required": ["claimId", "policyNumber", "amount"],
+            "additionalProperties": false,
+            "properties": {
+                "claimId": {"type": "string", "minLength": 1},
+                "policyNumber": {"type": "string", "pattern": "^P-[0-9]+$"},
+                "amount": {"type": "number", "exclusiveMinimum": 0}
+            }
+        },
+        "defaults": {"timeout": "10s"},
+        "steps": [
+            {"name": "verify-policy", "service": "policy-db",
+             "input": {"policy": "$.input.policyNumber"}},
+            {"name": "open-claim", "service": "ledger",
+             "input": {"claim": "$.input.claimId", "verification": "$.steps['verify-policy'].result.id"},
+             "undo": {"action": "close-claim", "input": {"ledgerEntry": "$.steps['open-claim'].result.id"}}},
+            {"name": "reserve-payout", "service": "ledger",
+             "input": {"amount": "$.input.amount", "ledgerEntry": "$.steps['open-claim'].result.id"},
+             "undo": {"action": "release-payout", "input": {"reservation": "$.steps['reserve-payout'].result.id"}}},
+            {"name": "notify", "service": "notifier",
+             "input": {"claim": "$.input.claimId", "reservation": "$.steps['reserve-payout'].result.id", "task": "$.task.id"},
+             "undo": {"action": "retract-notice"}}
+        ]
+    })
+}
+
+/// A running system (the local runner's code) with nothing published but what the test puts.
+async fn running(backend: Backend) -> (System, String) {
+    let settings = Settings {
+        definitions: vec![],
+        ..Settings::default()
+    };
+    let mut system = System::new(backend, settings, Arc::new(SystemClock))
+        .await
+        .expect("system builds");
+    let addr = system
+        .serve(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("serves");
+    system.start();
+    (system, format!("http://{addr}"))
+}
+
+async fn put(http: &reqwest::Client, url: String, body: &Value) -> (u16, Value) {
+    let r = http.put(url).json(body).send().await.expect("PUT");
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("JSON answer"))
+}
+
+async fn start(http: &reqwest::Client, base: &str, input: &Value) -> (u16, Value) {
+    let r = http
+        .post(format!("{base}/workflows/insurance-claim/tasks"))
+        .json(input)
+        .send()
+        .await
+        .expect("POST");
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("JSON answer"))
+}
+
+/// Polls the task until it is terminal.
+async fn finished(http: &reqwest::Client, base: &str, id: &str, within: Duration) -> Value {
+    let until = Instant::now() + within;
+    loop {
+        let v: Value = http
+            .get(format!("{base}/tasks/{id}"))
+            .send()
+            .await
+            .expect("GET")
+            .json()
+            .await
+            .expect("JSON");
+        let state = v["processState"].as_str().unwrap_or_default();
+        if ["Processed", "Compensated", "CompensationFailed", "Error"].contains(&state) {
+            return v;
+        }
+        assert!(Instant::now() < until, "task {id} did not finish: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn result_id(task: &Value, step: usize) -> Value {
+    task["steps"][step]["result"]["id"].clone()
+}
+
+/// Every request a task's keys brought to a simulated service: (action, input).
+fn requests(system: &System, service: &str, task: &str) -> Vec<(String, Value)> {
+    system
+        .services
+        .get(service)
+        .stats()
+        .requests
+        .into_iter()
+        .filter(|a| a.key.starts_with(task))
+        .map(|a| (a.action, a.input))
+        .collect()
+}
+
+async fn publish(http: &reqwest::Client, base: &str, workflow: &Value) -> (u16, Value) {
+    for s in services() {
+        let (status, body) = put(
+            http,
+            format!("{base}/services/{}", s["name"].as_str().unwrap_or_default()),
+            &s,
+        )
+        .await;
+        assert!(status == 201 || status == 200, "{status} {body}");
+    }
+    put(http, format!("{base}/workflows/insurance-claim"), workflow).await
+}
+
+async fn unseen_workflow_runs_and_compensates_exactly(
+    system: &System,
+    base: &str,
+    within: Duration,
+) {
+    let http = reqwest::Client::new();
+    let (status, body) = publish(&http, base, &claim_workflow("v1")).await;
+    assert_eq!((status, body["version"].clone()), (201, json!(1)), "{body}");
+    let (status, again) = publish(&http, base, &claim_workflow("v1")).await;
+    assert_eq!(
+        (status, again["created"].clone(), again["version"].clone()),
+        (200, json!(false), json!(1))
+    );
+
+    // To Processed, each request built by its mapping.
+    let input = json!({"claimId": "C-1", "policyNumber": "P-77", "amount": 1200.5});
+    let (status, started) = start(&http, base, &input).await;
+    assert_eq!(status, 202, "{started}");
+    assert_eq!(started["workflowVersion"], 1);
+    let id = started["taskId"].as_str().expect("taskId").to_owned();
+    let done = finished(&http, base, &id, within).await;
+    assert_eq!(done["processState"], "Processed", "{done}");
+    assert_eq!(
+        requests(system, "policy-db", &id),
+        [("verify-policy".to_owned(), json!({"policy": "P-77"}))]
+    );
+    assert_eq!(
+        requests(system, "ledger", &id),
+        [
+            (
+                "open-claim".to_owned(),
+                json!({"claim": "C-1", "verification": result_id(&done, 0)})
+            ),
+            (
+                "reserve-payout".to_owned(),
+                json!({"amount": 1200.5, "ledgerEntry": result_id(&done, 1)})
+            ),
+        ]
+    );
+    assert_eq!(
+        requests(system, "notifier", &id),
+        [(
+            "notify".to_owned(),
+            json!({"claim": "C-1", "reservation": result_id(&done, 2), "task": id})
+        )]
+    );
+
+    // A refusal at step 3: only open-claim is undone (verify-policy has no undo; the refused
+    // reserve-payout had no effect), with its mapped input.
+    system.services.get("ledger").set_faults(Faults {
+        refuse_actions: vec!["reserve-payout".into()],
+        ..Faults::default()
+    });
+    let (status, started) = start(
+        &http,
+        base,
+        &json!({"claimId": "C-2", "policyNumber": "P-78", "amount": 5}),
+    )
+    .await;
+    assert_eq!(status, 202, "{started}");
+    let id = started["taskId"].as_str().expect("taskId").to_owned();
+    let done = finished(&http, base, &id, within).await;
+    system.services.get("ledger").set_faults(Faults::default());
+    assert_eq!(done["processState"], "Compensated", "{done}");
+    assert_eq!(
+        requests(system, "ledger", &id),
+        [
+            (
+                "open-claim".to_owned(),
+                json!({"claim": "C-2", "verification": result_id(&done, 0)})
+            ),
+            (
+                "close-claim".to_owned(),
+                json!({"ledgerEntry": result_id(&done, 1)})
+            ),
+        ],
+        "exactly one undo, with its mapped input"
+    );
+    assert_eq!(
+        requests(system, "policy-db", &id).len(),
+        1,
+        "the check is never undone"
+    );
+    assert!(requests(system, "notifier", &id).is_empty());
+    let statuses: Vec<_> = done["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| (s["status"].clone(), s["undo"].clone()))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            (json!("Done"), Value::Null),
+            (json!("Done"), json!("Done")),
+            (json!("Failed"), Value::Null),
+            (json!("Pending"), Value::Null),
+        ]
+    );
+}
+
+async fn a_running_task_finishes_on_its_version(system: &System, base: &str, within: Duration) {
+    let http = reqwest::Client::new();
+    // Hold the notifier so that the task is mid-run when version 2 is published.
+    let notifier = system.services.get("notifier");
+    notifier.set_faults(Faults {
+        latency: Duration::from_millis(1500),
+        ..Faults::default()
+    });
+    let (status, started) = start(
+        &http,
+        base,
+        &json!({"claimId": "C-3", "policyNumber": "P-9", "amount": 7}),
+    )
+    .await;
+    assert_eq!(status, 202, "{started}");
+    let v1_task = started["taskId"].as_str().expect("taskId").to_owned();
+    let v1 = started["workflowVersion"].as_u64().expect("version");
+
+    // Version 2: the notice step goes to the ledger under another action.
+    let mut v2 = claim_workflow("v2");
+    v2["steps"][3] = json!({"name": "notify", "service": "ledger", "action": "post-notice",
+                            "input": {"claim": "$.input.claimId"}});
+    let (status, body) = put(&http, format!("{base}/workflows/insurance-claim"), &v2).await;
+    assert_eq!(status, 201, "{body}");
+    let v2_version = body["version"].as_u64().expect("version");
+    assert_eq!(v2_version, v1 + 1);
+    notifier.set_faults(Faults::default());
+
+    let (_, later) = start(
+        &http,
+        base,
+        &json!({"claimId": "C-4", "policyNumber": "P-10", "amount": 8}),
+    )
+    .await;
+    assert_eq!(
+        later["workflowVersion"].as_u64(),
+        Some(v2_version),
+        "new tasks take the newest"
+    );
+    let later_task = later["taskId"].as_str().expect("taskId").to_owned();
+
+    let done = finished(&http, base, &v1_task, within).await;
+    assert_eq!(done["processState"], "Processed", "{done}");
+    assert_eq!(done["workflowVersion"].as_u64(), Some(v1));
+    assert_eq!(
+        requests(system, "notifier", &v1_task).len(),
+        1,
+        "v1's notify went to the notifier"
+    );
+    assert!(
+        requests(system, "ledger", &v1_task)
+            .iter()
+            .all(|(a, _)| a != "post-notice")
+    );
+    let done = finished(&http, base, &later_task, within).await;
+    assert_eq!(done["processState"], "Processed", "{done}");
+    assert!(requests(system, "notifier", &later_task).is_empty());
+    assert!(
+        requests(system, "ledger", &later_task)
+            .iter()
+            .any(|(a, _)| a == "post-notice")
+    );
+
+    // Both versions stay readable, unchanged.
+    let old: Value = http
+        .get(format!("{base}/workflows/insurance-claim/versions/{v1}"))
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        old["definition"]["steps"][3]["service"], "notifier",
+        "{old}"
+    );
+}
+
+async fn bad_definitions_and_inputs_name_the_place(system: &System, base: &str) {
+    let http = reqwest::Client::new();
+    let mut cases: Vec<(Value, &str, &str)> = vec![];
+    let mut schema_error = claim_workflow("bad");
+    schema_error["steps"][0]["colour"] = json!("red");
+    cases.push((schema_error, "/steps/0", "colour"));
+    let mut unknown = claim_workflow("bad");
+    unknown["steps"][1]["service"] = json!("nowhere");
+    cases.push((unknown, "/steps/1/service", "unknown service"));
+    let mut forward = claim_workflow("bad");
+    forward["steps"][1]["input"]["x"] = json!("$.steps['notify'].result.id");
+    cases.push((forward, "/steps/1/input/x", "not an earlier step"));
+    let mut duplicate = claim_workflow("bad");
+    duplicate["steps"][2]["name"] = json!("open-claim");
+    cases.push((duplicate, "/steps/2/name", "declared twice"));
+    for (definition, at, words) in cases {
+        let (status, body) = put(
+            &http,
+            format!("{base}/workflows/insurance-claim"),
+            &definition,
+        )
+        .await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["code"], "invalid_definition", "{body}");
+        let problems = body["error"]["problems"].as_array().expect("problems");
+        assert!(
+            problems
+                .iter()
+                .any(|p| p["at"] == at && p["message"].as_str().is_some_and(|m| m.contains(words))),
+            "{at} / {words}: {body}"
+        );
+    }
+    let listed: Value = http
+        .get(format!("{base}/workflows"))
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON");
+    let latest = listed["workflows"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .find(|w| w["name"] == "insurance-claim")
+        .map(|w| w["latest"].clone());
+    assert_eq!(
+        latest,
+        Some(json!(2)),
+        "no bad definition was published: {listed}"
+    );
+
+    let before = system
+        .store
+        .list(sas::ProcessState::Pending, None, 100, None)
+        .await
+        .expect("list")
+        .items
+        .len();
+    for (input, pointer) in [
+        (
+            json!({"claimId": "C", "policyNumber": "X-1", "amount": 1}),
+            "/policyNumber",
+        ),
+        (
+            json!({"claimId": "C", "policyNumber": "P-1", "amount": -1}),
+            "/amount",
+        ),
+        (
+            json!({"claimId": "C", "policyNumber": "P-1", "amount": 1, "extra": true}),
+            "",
+        ),
+    ] {
+        let (status, body) = start(&http, base, &input).await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["code"], "validation_failed");
+        assert_eq!(body["error"]["problems"][0]["at"], pointer, "{body}");
+    }
+    let after = system
+        .store
+        .list(sas::ProcessState::Pending, None, 100, None)
+        .await
+        .expect("list")
+        .items
+        .len();
+    assert_eq!(before, after, "a refused input writes nothing");
+}
+
+async fn the_whole_story(backend: Backend, within: Duration) {
+    let (system, base) = running(backend).await;
+    unseen_workflow_runs_and_compensates_exactly(&system, &base, within).await;
+    a_running_task_finishes_on_its_version(&system, &base, within).await;
+    bad_definitions_and_inputs_name_the_place(&system, &base).await;
+    system.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unseen_workflow_in_memory() {
+    the_whole_story(Backend::Memory, Duration::from_secs(30)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unseen_workflow_on_the_emulator() {
+    let config = sas_blackbox::sdk_config().await;
+    let stack = sas_blackbox::template::provision(&config, &sas_blackbox::unique("unseen")).await;
+    let backend = Backend::Existing {
+        config: Box::new(config),
+        resources: Box::new(stack.resources),
+    };
+    the_whole_story(backend, Duration::from_secs(90)).await;
+}
