@@ -1,6 +1,6 @@
 //! Recovery in depth, on the AWS API emulator: compensation (undo in reverse order, each undo
-//! once), a failing undo, the operator's loop over the HTTP API (list by state and workflow,
-//! retry, concurrent retries, cancel mid-flight), `sasctl` (show, watch), and status messages
+//! once), a failing undo, the operator's loop over HTTP with `sasctl` (list by state and
+//! workflow, show, retry, concurrent retries, cancel mid-flight, watch), and status messages
 //! to the submitter.
 
 use clap::Parser;
@@ -60,65 +60,38 @@ fn effects(system: &System, service: &str, id: TaskId) -> (Vec<i32>, Vec<(String
     (net, applied)
 }
 
-/// The operator API of a system, over HTTP.
-struct Ops {
-    http: reqwest::Client,
-    base: String,
+/// Serves the system's API (operator routes on) and returns `sasctl`'s client for it.
+async fn operator(system: &mut System) -> sasctl::Client {
+    let addr = system
+        .serve("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("serves");
+    sasctl::Client::new(format!("http://{addr}").parse().expect("url")).expect("client")
 }
 
-impl Ops {
-    async fn serve(system: &mut System) -> Self {
-        let addr = system
-            .serve("127.0.0.1:0".parse().expect("addr"))
-            .await
-            .expect("serves");
-        Self {
-            http: reqwest::Client::new(),
-            base: format!("http://{addr}"),
-        }
-    }
-
-    /// `GET /tasks?state=..&workflow=..`: the ids listed (first page of up to 100).
-    async fn list(&self, state: &str, workflow: Option<&str>) -> Vec<String> {
-        let mut query = url::form_urlencoded::Serializer::new(String::new());
-        query
-            .append_pair("state", state)
-            .append_pair("limit", "100");
+/// The ids `sasctl` lists in `state` (of `workflow`, if given): one page of up to 100, each
+/// row checked against the filter.
+async fn listed(
+    ops: &sasctl::Client,
+    state: sasctl::ProcessState,
+    workflow: Option<&str>,
+) -> Vec<String> {
+    let page = ops
+        .list(&state, workflow, Some(100), None)
+        .await
+        .expect("list");
+    for t in &page.tasks {
+        assert_eq!(t.process_state, state, "{t:?}");
         if let Some(w) = workflow {
-            query.append_pair("workflow", w);
+            assert_eq!(t.workflow.as_deref(), Some(w), "{t:?}");
         }
-        let resp = self
-            .http
-            .get(format!("{}/tasks?{}", self.base, query.finish()))
-            .send()
-            .await
-            .expect("GET /tasks");
-        assert_eq!(resp.status(), 200);
-        let page: Value = resp.json().await.expect("JSON");
-        page["tasks"]
-            .as_array()
-            .expect("tasks")
-            .iter()
-            .map(|t| {
-                assert_eq!(t["processState"], state, "{t}");
-                if let Some(w) = workflow {
-                    assert_eq!(t["workflow"], w, "{t}");
-                }
-                t["taskId"].as_str().expect("taskId").to_owned()
-            })
-            .collect()
     }
+    page.tasks.into_iter().map(|t| t.task_id).collect()
+}
 
-    /// `POST /tasks/{id}/{action}`: the status and the JSON answer.
-    async fn act(&self, id: TaskId, action: &str, body: Option<Value>) -> (u16, Value) {
-        let mut req = self.http.post(format!("{}/tasks/{id}/{action}", self.base));
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.expect("POST");
-        let status = resp.status().as_u16();
-        (status, resp.json().await.expect("JSON"))
-    }
+/// Whether the API refused the call with this status and code.
+fn refused(r: &Result<sasctl::TaskView, sasctl::ClientError>, want: u16, want_code: &str) -> bool {
+    matches!(r, Err(sasctl::ClientError::Api { status, code, .. }) if *status == want && code == want_code)
 }
 
 #[tokio::test]
@@ -244,28 +217,27 @@ async fn a_failing_undo_ends_in_compensation_failed_with_an_alert_and_an_operato
 
     // The operator finds it (by state, and by state and workflow), fixes the service and
     // retries the undo.
-    let ops = Ops::serve(&mut system).await;
+    let ops = operator(&mut system).await;
     let key = id.to_string();
-    assert!(ops.list("CompensationFailed", None).await.contains(&key));
+    let failed = sasctl::ProcessState::CompensationFailed;
+    assert!(listed(&ops, failed.clone(), None).await.contains(&key));
     assert!(
-        ops.list("CompensationFailed", Some(ECOMMERCE))
+        listed(&ops, failed.clone(), Some(ECOMMERCE))
             .await
             .contains(&key)
     );
     assert!(
-        !ops.list("CompensationFailed", Some(LOAN))
-            .await
-            .contains(&key),
+        !listed(&ops, failed, Some(LOAN)).await.contains(&key),
         "not a loan"
     );
     system
         .services
         .get("inventory")
         .set_faults(Faults::default());
-    let (status, view) = ops.act(id, "retry", None).await;
-    assert_eq!(status, 202, "{view}");
-    assert_eq!(view["processState"], "Compensating", "{view}");
-    assert_eq!(view["taskId"], key);
+    let view = ops.retry(&key).await.expect("retry");
+    assert_eq!(view.process_state, sasctl::ProcessState::Compensating);
+    assert_eq!(view.task_id, key);
+    assert_eq!(view.workflow.as_deref(), Some(ECOMMERCE));
     pump_until_quiet(&system, 20).await;
     let r = state(&system, id).await;
     assert_eq!(r.process_state, ProcessState::Compensated, "{r:?}");
@@ -274,7 +246,7 @@ async fn a_failing_undo_ends_in_compensation_failed_with_an_alert_and_an_operato
     let (net, _) = effects(&system, "payment", id);
     assert_eq!(net, [0]);
     assert!(
-        ops.list("Compensated", Some(ECOMMERCE))
+        listed(&ops, sasctl::ProcessState::Compensated, Some(ECOMMERCE))
             .await
             .contains(&key)
     );
@@ -292,17 +264,20 @@ async fn operator_retry_of_an_error_task_reaches_processed_and_two_concurrent_re
     pump_until_quiet(&system, 20).await;
     assert_eq!(state(&system, id).await.process_state, ProcessState::Error);
 
-    let ops = Ops::serve(&mut system).await;
-    assert!(ops.list("Error", None).await.contains(&id.to_string()));
+    let ops = operator(&mut system).await;
+    let key = id.to_string();
+    assert!(
+        listed(&ops, sasctl::ProcessState::Error, None)
+            .await
+            .contains(&key)
+    );
     system.services.get("payment").set_faults(Faults::default());
-    let (a, b) = tokio::join!(ops.act(id, "retry", None), ops.act(id, "retry", None));
+    let (a, b) = tokio::join!(ops.retry(&key), ops.retry(&key));
     let outcomes = [a, b];
-    let started = outcomes.iter().filter(|(s, _)| *s == 202).count();
+    let started = outcomes.iter().filter(|o| o.is_ok()).count();
     assert_eq!(started, 1, "exactly one retry starts: {outcomes:?}");
     assert!(
-        outcomes
-            .iter()
-            .any(|(s, b)| *s == 409 && b["error"]["code"] == "conflict"),
+        outcomes.iter().any(|o| refused(o, 409, "conflict")),
         "{outcomes:?}"
     );
     assert_eq!(
@@ -319,9 +294,7 @@ async fn operator_retry_of_an_error_task_reaches_processed_and_two_concurrent_re
     assert_eq!(applied.len(), 1, "{applied:?}");
     assert!(applied[0].0.ends_with(":g1"), "a refused key is not reused");
     // Retrying a Processed task is refused.
-    let (status, body) = ops.act(id, "retry", None).await;
-    assert_eq!(status, 409, "{body}");
-    assert_eq!(body["processState"], "Processed", "{body}");
+    assert!(refused(&ops.retry(&key).await, 409, "conflict"));
 }
 
 #[tokio::test]
@@ -341,16 +314,12 @@ async fn cancel_mid_flight_drops_the_step_reply_and_compensates() {
         Some("charge-payment")
     );
 
-    let ops = Ops::serve(&mut system).await;
-    let (status, view) = ops
-        .act(
-            id,
-            "cancel",
-            Some(json!({"reason": "customer changed their mind"})),
-        )
-        .await;
-    assert_eq!(status, 202, "{view}");
-    assert_eq!(view["processState"], "Compensating", "{view}");
+    let ops = operator(&mut system).await;
+    let view = ops
+        .cancel(&id.to_string(), Some("customer changed their mind"))
+        .await
+        .expect("cancel");
+    assert_eq!(view.process_state, sasctl::ProcessState::Compensating);
     // The agent still runs the payment request it holds; its reply is dropped.
     assert_eq!(system.pump_agents().await.expect("payment"), 1);
     system.pump_scheduler().await.expect("reply");
@@ -381,8 +350,11 @@ async fn cancel_mid_flight_drops_the_step_reply_and_compensates() {
             .any(|h| h.reason.contains("customer changed their mind"))
     );
     // A finished task cannot be cancelled.
-    let (status, body) = ops.act(id, "cancel", None).await;
-    assert_eq!(status, 409, "{body}");
+    assert!(refused(
+        &ops.cancel(&id.to_string(), None).await,
+        409,
+        "conflict"
+    ));
 }
 
 #[tokio::test]
@@ -641,10 +613,15 @@ async fn sasctl_show_renders_a_failed_tasks_steps_and_history() {
     let id = submit_to(&system, None).await;
     pump_until_quiet(&system, 20).await;
     assert_eq!(state(&system, id).await.process_state, ProcessState::Error);
-    let ops = Ops::serve(&mut system).await;
-    let cli =
-        sasctl::Cli::try_parse_from(["sasctl", "--endpoint", &ops.base, "show", &id.to_string()])
-            .expect("args");
+    let ops = operator(&mut system).await;
+    let cli = sasctl::Cli::try_parse_from([
+        "sasctl",
+        "--endpoint",
+        ops.base().as_str(),
+        "show",
+        &id.to_string(),
+    ])
+    .expect("args");
     let mut out = Vec::new();
     assert_eq!(sasctl::run(cli, &mut out).await.expect("runs"), 0);
     let shown = String::from_utf8(out).expect("utf-8");
@@ -656,7 +633,7 @@ async fn sasctl_show_renders_a_failed_tasks_steps_and_history() {
 #[tokio::test]
 async fn sasctl_watch_follows_a_task_until_it_is_terminal() {
     let mut system = sas_blackbox::memory_system(sas::local::Settings::default()).await;
-    let ops = Ops::serve(&mut system).await;
+    let ops = operator(&mut system).await;
     system.start();
     let (status, _, answer) = post_task(
         &system,
@@ -670,7 +647,7 @@ async fn sasctl_watch_follows_a_task_until_it_is_terminal() {
     let cli = sasctl::Cli::try_parse_from([
         "sasctl",
         "--endpoint",
-        &ops.base,
+        ops.base().as_str(),
         "watch",
         &id,
         "--interval-ms",
