@@ -25,6 +25,22 @@ async fn dynamodb_store_keeps_the_contract() {
 }
 
 #[tokio::test]
+async fn memory_catalog_keeps_the_contract() {
+    contract::catalog_contract(Arc::new(MemoryStore::new(4))).await;
+}
+
+#[tokio::test]
+async fn dynamodb_catalog_keeps_the_contract() {
+    let config = sdk_config().await;
+    let client = aws_sdk_dynamodb::Client::new(&config);
+    let table = unique("catalog");
+    provision::create_table(&client, &table)
+        .await
+        .expect("table");
+    contract::catalog_contract(Arc::new(DynamoStore::new(client, table, 4))).await;
+}
+
+#[tokio::test]
 async fn memory_queue_keeps_the_contract() {
     let q = MemoryQueues::new();
     let dlq = q.create_queue("dlq", QueueConfig::default());

@@ -10,13 +10,12 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_http::request::LambdaRequest;
 use sas::domain::state::to_millis;
 use sas::handlers::{agent, scheduler, submission, supervisor};
-use sas::local::{Backend, Settings, System};
+use sas::local::{Settings, System};
 use sas::messages::{SchedulerMessage, StepRequest};
 use sas::ports::{Clock, CreateOutcome, SystemClock};
-use sas::remote::SimulatedService;
 use sas::transition::{self, StepOutcome};
-use sas::{Order, OrderId, OrderRequest, ProcessState, StateRecord, StepStatus};
-use sas_blackbox::drain;
+use sas::{ProcessState, StateRecord, StepStatus, Task, TaskId, Workflow};
+use sas_blackbox::{drain, memory_system};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,9 +29,6 @@ struct Entry {
     /// The event file, relative to `events/`, with `/` separators.
     file: String,
     function: Function,
-    /// `agent` entries: which agent (`AGENT_NAME`) handles the event.
-    #[serde(default)]
-    agent: Option<String>,
     /// What the store must hold before the invocation.
     #[serde(default)]
     seed: Option<Seed>,
@@ -55,19 +51,26 @@ enum Function {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct Seed {
-    order_id: OrderId,
+    task_id: TaskId,
     #[serde(rename = "as")]
     state: SeedState,
+    /// The workflow of the seeded task (default `ecommerce-order`).
+    #[serde(default = "default_workflow")]
+    workflow: String,
+}
+
+fn default_workflow() -> String {
+    "ecommerce-order".into()
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum SeedState {
-    /// A new order: Pending, pickup deadline now + pickup timeout.
+    /// A new task: Pending, pickup deadline now + pickup timeout.
     Pending,
-    /// A Pending order claimed once: Processing, attempt 1, step 0 Running.
+    /// A Pending task claimed once: Processing, attempt 1, step 0 Running.
     Claimed,
-    /// A Pending order whose pickup deadline passed a minute ago (a lost work message).
+    /// A Pending task whose pickup deadline passed a minute ago (a lost work message).
     Overdue,
 }
 
@@ -78,7 +81,9 @@ struct Expect {
     status: Option<u16>,
     code: Option<String>,
     message_contains: Option<String>,
-    order_id: Option<OrderId>,
+    problem_at: Option<String>,
+    task_id: Option<TaskId>,
+    workflow: Option<String>,
     process_state: Option<ProcessState>,
     #[serde(default)]
     replay: bool,
@@ -89,11 +94,11 @@ struct Expect {
     report: Option<Value>,
     // every function
     state: Option<ExpectState>,
-    orders: Option<usize>,
+    tasks: Option<usize>,
     #[serde(default)]
     queues: BTreeMap<String, usize>,
     #[serde(default)]
-    events: usize,
+    events: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -209,7 +214,9 @@ fn validate(e: &Entry) {
         ("status", x.status.is_some()),
         ("code", x.code.is_some()),
         ("messageContains", x.message_contains.is_some()),
-        ("orderId", x.order_id.is_some()),
+        ("problemAt", x.problem_at.is_some()),
+        ("taskId", x.task_id.is_some()),
+        ("workflow", x.workflow.is_some()),
         ("processState", x.process_state.is_some()),
         ("replay", x.replay),
     ];
@@ -223,7 +230,9 @@ fn validate(e: &Entry) {
             "status",
             "code",
             "messageContains",
-            "orderId",
+            "problemAt",
+            "taskId",
+            "workflow",
             "processState",
             "replay",
         ],
@@ -247,12 +256,21 @@ fn validate(e: &Entry) {
                 "expect.code is required for, and only for, an error status"
             );
             assert!(
-                error || x.message_contains.is_none(),
-                "expect.messageContains is for error answers"
+                error || (x.message_contains.is_none() && x.problem_at.is_none()),
+                "expect.messageContains and expect.problemAt are for error answers"
             );
             assert!(
-                !error || (x.order_id.is_none() && x.process_state.is_none()),
-                "expect.orderId and expect.processState are for success answers"
+                x.problem_at.is_none()
+                    || matches!(
+                        x.code.as_deref(),
+                        Some("validation_failed" | "invalid_definition")
+                    ),
+                "expect.problemAt is for answers that list problems"
+            );
+            assert!(
+                !error
+                    || (x.task_id.is_none() && x.process_state.is_none() && x.workflow.is_none()),
+                "expect.taskId, expect.workflow and expect.processState are for success answers"
             );
             assert!(!x.replay || status == 202, "expect.replay needs status 202");
         }
@@ -265,26 +283,21 @@ fn validate(e: &Entry) {
             "expect.report is required for supervisor"
         ),
     }
-    assert_eq!(
-        e.agent.is_some(),
-        e.function == Function::Agent,
-        "`agent` is required for, and only for, agent entries"
-    );
     assert!(
         !e.rewrite_reply_queue_url || e.function == Function::Agent,
         "rewriteReplyQueueUrl is for agent entries"
     );
     assert!(
         x.state.is_none() || e.seed.is_some(),
-        "expect.state describes the seeded order: it needs a seed"
+        "expect.state describes the seeded task: it needs a seed"
     );
 }
 
 /// What the invocation was about, for the checks that follow it.
 #[derive(Default)]
 struct Subject {
-    /// The order the checks look at (seeded, or created by the invocation).
-    order: Option<OrderId>,
+    /// The task the checks look at (seeded, or created by the invocation).
+    task: Option<TaskId>,
     /// The record bodies of the SQS event as handed to the handler.
     bodies: Vec<String>,
 }
@@ -292,13 +305,11 @@ struct Subject {
 async fn run(entry: Entry) {
     validate(&entry);
     let json = read_json(&events_dir().join(&entry.file));
-    let system = System::new(Backend::Memory, Settings::default(), Arc::new(SystemClock))
-        .await
-        .expect("in-memory system builds");
+    let system = memory_system(Settings::default()).await;
     let mut subject = Subject::default();
     if let Some(seed) = &entry.seed {
-        seed_order(&system, seed).await;
-        subject.order = Some(seed.order_id);
+        seed_task(&system, seed).await;
+        subject.task = Some(seed.task_id);
     }
     match entry.function {
         Function::Submission => invoke_submission(&system, &entry, json, &mut subject).await,
@@ -310,55 +321,79 @@ async fn run(entry: Entry) {
     check_store(&system, &entry, &subject).await;
     check_queues(&system, &entry, &subject).await;
     let (_, _, bus) = system.memory.as_ref().expect("memory backend");
-    assert_eq!(
-        bus.published().len(),
-        entry.expect.events,
-        "bus events: {:?}",
-        bus.published()
-    );
+    let published = bus.published();
+    let types: Vec<&str> = published.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(types, entry.expect.events, "bus events: {published:?}");
+    for (_, detail) in &published {
+        assert_eq!(
+            detail["taskId"].as_str(),
+            subject.task.map(|t| t.to_string()).as_deref(),
+            "an event about the subject task: {detail}"
+        );
+        let id = subject.task.expect("a subject task");
+        let r = system
+            .store
+            .get_state(id)
+            .await
+            .expect("read")
+            .expect("exists");
+        assert_eq!(detail["workflow"], r.workflow.as_str(), "{detail}");
+    }
 }
 
-/// The order every seed uses.
-fn seed_request() -> OrderRequest {
-    serde_json::from_value(json!({
-        "customerId": "c-42",
-        "items": [{"sku": "SKU-1", "quantity": 2}, {"sku": "SKU-7", "quantity": 1}]
-    }))
-    .expect("seed request shape")
+/// The workflow a seed names, as published.
+async fn workflow(system: &System, name: &str) -> Arc<Workflow> {
+    system
+        .definitions
+        .latest(name)
+        .await
+        .expect("the catalog answers")
+        .unwrap_or_else(|| panic!("no workflow {name}"))
 }
 
-async fn seed_order(system: &System, seed: &Seed) {
+/// The input every seeded task of `workflow` has.
+fn seed_input(workflow: &str) -> Value {
+    match workflow {
+        "loan-application" => json!({"applicantId": "a-42", "amount": 25000, "currency": "EUR"}),
+        _ => json!({
+            "customerId": "c-42",
+            "items": [{"sku": "SKU-1", "quantity": 2}, {"sku": "SKU-7", "quantity": 1}]
+        }),
+    }
+}
+
+async fn seed_task(system: &System, seed: &Seed) {
     let now = SystemClock.now();
-    let policy = &system.scheduler.policy;
+    let w = workflow(system, &seed.workflow).await;
+    w.check_input(&seed_input(&seed.workflow))
+        .expect("the seed input is valid");
+    let policies = w.policies();
     let (created, pickup_by) = match seed.state {
-        SeedState::Pending | SeedState::Claimed => (now, now + policy.pickup_timeout),
+        SeedState::Pending | SeedState::Claimed => (now, now + policies.at(0).pickup_timeout),
         SeedState::Overdue => (
             now - chrono::Duration::minutes(2),
             now - chrono::Duration::minutes(1),
         ),
     };
-    let order = Order::new(
-        seed.order_id,
-        seed_request().parse().expect("seed request is valid"),
-        to_millis(created),
-    );
-    let record = StateRecord::new(
-        seed.order_id,
-        &system.scheduler.workflow,
-        None,
-        created,
-        pickup_by,
-    );
+    let task = Task {
+        id: seed.task_id,
+        workflow: w.name.clone(),
+        workflow_version: w.version,
+        input: seed_input(&seed.workflow),
+        reply_queue_url: None,
+        created_at: to_millis(created),
+    };
+    let record = StateRecord::new(seed.task_id, &w, None, created, pickup_by);
     assert_eq!(
         system
             .store
-            .create(&order, &record, None)
+            .create(&task, &record, None)
             .await
             .expect("seed"),
         CreateOutcome::Created
     );
     if let SeedState::Claimed = seed.state {
-        let t = transition::claim(&record, &system.scheduler.instance_id, now, policy)
+        let t = transition::claim(&record, &system.scheduler.instance_id, now, &policies)
             .expect("a Pending record can be claimed");
         system
             .store
@@ -394,10 +429,16 @@ fn check_http_shape(v: &Value) {
     for name in headers.keys() {
         assert_eq!(*name, name.to_lowercase(), "header names are lower-case");
     }
-    assert!(
-        v.get("body").is_none_or(Value::is_string),
-        "body is a string"
-    );
+    if let Some(body) = v.get("body") {
+        let body = body.as_str().expect("body is a string");
+        if let Some(len) = headers.get("content-length") {
+            assert_eq!(
+                len.as_str(),
+                Some(body.len().to_string().as_str()),
+                "content-length is the body's length"
+            );
+        }
+    }
     let route = v["routeKey"].as_str().expect("routeKey");
     assert_eq!(
         v["requestContext"]["routeKey"], route,
@@ -458,26 +499,52 @@ async fn invoke_submission(system: &System, entry: &Entry, json: Value, subject:
         if let Some(part) = &x.message_contains {
             assert!(message.contains(part.as_str()), "{message:?} names {part}");
         }
+        if let Some(at) = &x.problem_at {
+            let first = &body["error"]["problems"][0];
+            assert_eq!(
+                first["at"],
+                at.as_str(),
+                "the first problem's place: {body}"
+            );
+            assert!(
+                first["message"].as_str().is_some_and(|m| !m.is_empty()),
+                "the first problem's message: {body}"
+            );
+        }
         return;
     }
     assert!(body.get("error").is_none(), "{body}");
     if let Some(state) = x.process_state {
         assert_eq!(body["processState"], state.as_str(), "{body}");
     }
-    if let Some(id) = x.order_id {
-        assert_eq!(body["orderId"], id.to_string(), "{body}");
+    if let Some(id) = x.task_id {
+        assert_eq!(body["taskId"], id.to_string(), "{body}");
     }
-    let id: OrderId = body["orderId"]
+    if let Some(w) = &x.workflow {
+        assert_eq!(body["workflow"], w.as_str(), "{body}");
+        assert_eq!(body["workflowVersion"], 1, "{body}");
+    }
+    let id: TaskId = body["taskId"]
         .as_str()
-        .expect("orderId in the answer")
+        .expect("taskId in the answer")
         .parse()
-        .expect("orderId is a UUID");
+        .expect("taskId is a UUID");
     if resp.status() == http::StatusCode::ACCEPTED {
         assert!(
             resp.headers().get("idempotent-replayed").is_none(),
             "a first request is not a replay"
         );
-        subject.order = Some(id);
+        subject.task = Some(id);
+        // The stored input is the body as sent.
+        let sent: Value =
+            serde_json::from_str(json["body"].as_str().expect("a body")).expect("a JSON body");
+        let (task, _) = system
+            .store
+            .get(id)
+            .await
+            .expect("read")
+            .expect("the task is stored");
+        assert_eq!(task.input, sent, "the stored input");
     }
     if x.replay {
         let again = call_submission(system, &json).await;
@@ -492,9 +559,9 @@ async fn invoke_submission(system: &System, entry: &Entry, json: Value, subject:
             "the repeat is a replay"
         );
         assert_eq!(
-            again_body["orderId"],
+            again_body["taskId"],
             id.to_string(),
-            "the replay names the first order"
+            "the replay names the first task"
         );
     }
 }
@@ -545,24 +612,36 @@ async fn invoke_sqs(system: &System, entry: &Entry, mut json: Value, subject: &m
     let response = match entry.function {
         Function::Scheduler => scheduler::handle(&system.scheduler, event).await,
         _ => {
-            let name = entry.agent.as_deref().expect("agent");
-            let deps = system
-                .agents
-                .iter()
-                .find(|a| a.name == name)
-                .unwrap_or_else(|| panic!("no agent {name}"));
             for body in &subject.bodies {
-                if let Ok(q) = serde_json::from_str::<StepRequest>(body) {
-                    let step = system.scheduler.workflow.step(q.step_index);
-                    assert!(
-                        step.is_some_and(|s| s.agent == name && s.name == q.step),
-                        "step {} at index {} is not {name}'s",
-                        q.step,
-                        q.step_index
-                    );
+                let Ok(q) = serde_json::from_str::<StepRequest>(body) else {
+                    continue;
+                };
+                // A request for a published workflow names that step and its service.
+                if let Ok(Some(w)) = system
+                    .definitions
+                    .workflow(&q.workflow, q.workflow_version)
+                    .await
+                {
+                    let step = w.step(q.step_index).expect("the step exists");
+                    assert_eq!(step.name, q.step, "the step at stepIndex");
+                    let action = if q.undo {
+                        step.undo.as_ref().map(|u| u.action.clone())
+                    } else {
+                        Some(step.action.clone())
+                    };
+                    assert_eq!(Some(q.action.clone()), action, "the step's action");
+                    if system
+                        .definitions
+                        .services()
+                        .await
+                        .expect("services")
+                        .contains_key(&q.service)
+                    {
+                        assert_eq!(step.service, q.service, "the step's service");
+                    }
                 }
             }
-            agent::handle(deps, event).await
+            agent::handle(&system.agent, event).await
         }
     };
     let failures: Vec<&str> = response
@@ -582,17 +661,25 @@ async fn invoke_sqs(system: &System, entry: &Entry, mut json: Value, subject: &m
         );
     }
     if let Some(n) = entry.expect.remote_effects {
-        let effects = |service: &SimulatedService| -> u64 {
-            service.stats().effects.into_values().map(u64::from).sum()
-        };
-        let name = entry.agent.as_deref().expect("agent");
-        assert_eq!(
-            effects(&system.services[name]),
-            n,
-            "effects applied by {name}'s remote service"
-        );
-        let total: u64 = system.services.values().map(|s| effects(s)).sum();
-        assert_eq!(total, n, "effects applied by the other remote services");
+        // Effects only at the services the requests name, under the requests' keys.
+        let named: BTreeMap<String, String> = subject
+            .bodies
+            .iter()
+            .filter_map(|b| serde_json::from_str::<StepRequest>(b).ok())
+            .map(|q| (q.idempotency_key(), q.service))
+            .collect();
+        let mut total = 0u64;
+        for (service, sim) in system.services.all() {
+            for (key, count) in sim.stats().effects {
+                assert_eq!(
+                    named.get(&key),
+                    Some(&service),
+                    "{service} applied {key}, which no request of the event names for it"
+                );
+                total += u64::from(count);
+            }
+        }
+        assert_eq!(total, n, "effects applied by the services");
     }
 }
 
@@ -622,33 +709,38 @@ async fn invoke_supervisor(system: &System, entry: &Entry, json: Value) {
 async fn check_store(system: &System, entry: &Entry, subject: &Subject) {
     let (store, _, _) = system.memory.as_ref().expect("memory backend");
     let states = store.all_states();
-    let policy = &system.scheduler.policy;
     for r in &states {
-        r.check(policy.failure_threshold)
-            .unwrap_or_else(|e| panic!("{}: {e}", r.order_id));
+        let w = system
+            .definitions
+            .workflow(&r.workflow, r.workflow_version)
+            .await
+            .expect("catalog")
+            .expect("the record's workflow version is published");
+        r.check(&w.policies())
+            .unwrap_or_else(|e| panic!("{}: {e}", r.task_id));
     }
     let seeded = usize::from(entry.seed.is_some());
     assert_eq!(
         states.len(),
-        entry.expect.orders.unwrap_or(seeded),
-        "orders in the store"
+        entry.expect.tasks.unwrap_or(seeded),
+        "tasks in the store"
     );
-    if let Some(id) = subject.order {
+    if let Some(id) = subject.task {
         assert!(
             system.store.get(id).await.expect("read").is_some(),
-            "order {id} is stored"
+            "task {id} is stored"
         );
     }
     let Some(want) = &entry.expect.state else {
         return;
     };
-    let id = entry.seed.as_ref().expect("a seed").order_id;
+    let id = entry.seed.as_ref().expect("a seed").task_id;
     let r = system
         .store
         .get_state(id)
         .await
         .expect("read")
-        .expect("the seeded order exists");
+        .expect("the seeded task exists");
     if let Some(s) = want.process_state {
         assert_eq!(r.process_state, s, "processState");
     }
@@ -670,16 +762,13 @@ async fn check_store(system: &System, entry: &Entry, subject: &Subject) {
 async fn check_queues(system: &System, entry: &Entry, subject: &Subject) {
     let res = &system.resources;
     let (_, queues, _) = system.memory.as_ref().expect("memory backend");
-    let mut named: Vec<(String, String)> = vec![
-        ("work".into(), res.work_queue_url.clone()),
-        ("reply".into(), res.reply_queue_url.clone()),
-        ("deadLetter".into(), res.dead_letter_url.clone()),
+    let named: Vec<(&str, String)> = vec![
+        ("work", res.work_queue_url.clone()),
+        ("reply", res.reply_queue_url.clone()),
+        ("agent", res.agent_queue_url.clone()),
+        ("timers", res.timer_queue_url.clone()),
+        ("deadLetter", res.dead_letter_url.clone()),
     ];
-    named.extend(
-        res.agent_queue_urls
-            .iter()
-            .map(|(a, u)| (a.clone(), u.clone())),
-    );
     for name in entry.expect.queues.keys() {
         assert!(
             named.iter().any(|(n, _)| n == name),
@@ -687,13 +776,17 @@ async fn check_queues(system: &System, entry: &Entry, subject: &Subject) {
         );
     }
     for (name, url) in &named {
-        let want = entry.expect.queues.get(name).copied().unwrap_or(0);
+        let want = entry.expect.queues.get(*name).copied().unwrap_or(0);
         let depth = queues.depth(url);
         assert_eq!(
             depth.visible + depth.invisible,
             want,
             "messages on the {name} queue"
         );
+        if *name == "timers" {
+            // Deadline timers are delayed until their deadline: counted, not received.
+            continue;
+        }
         let bodies = drain(system, url).await;
         assert_eq!(bodies.len(), want, "{name}: every message is visible");
         for body in &bodies {
@@ -703,7 +796,7 @@ async fn check_queues(system: &System, entry: &Entry, subject: &Subject) {
 }
 
 /// Checks that a message the invocation left on queue `name` is what that queue carries, for
-/// the order (or the requests) the invocation was about.
+/// the task (or the requests) the invocation was about.
 async fn check_message(system: &System, name: &str, body: &str, subject: &Subject) {
     match name {
         "work" => {
@@ -711,7 +804,7 @@ async fn check_message(system: &System, name: &str, body: &str, subject: &Subjec
             let SchedulerMessage::Work(w) = msg else {
                 panic!("not a work message: {body}")
             };
-            assert_eq!(Some(w.order_id), subject.order, "work message's order");
+            assert_eq!(Some(w.task_id), subject.task, "work message's task");
         }
         "reply" => {
             let msg: SchedulerMessage = serde_json::from_str(body).expect("a scheduler message");
@@ -720,51 +813,77 @@ async fn check_message(system: &System, name: &str, body: &str, subject: &Subjec
             };
             let answers = subject.bodies.iter().any(|b| {
                 serde_json::from_str::<StepRequest>(b).is_ok_and(|q| {
-                    q.order_id == r.order_id
+                    q.task_id == r.task_id
                         && q.step == r.step
                         && q.step_index == r.step_index
                         && q.attempt == r.attempt
+                        && q.undo == r.undo
                 })
             });
             assert!(answers, "the reply answers a request of the event: {body}");
-            assert!(matches!(r.outcome, StepOutcome::Succeeded { .. }), "{body}");
+            let StepOutcome::Succeeded {
+                result: Some(result),
+            } = &r.outcome
+            else {
+                panic!("a success with the service's answer: {body}")
+            };
+            let result: Value = serde_json::from_str(result).expect("the result is JSON");
+            assert!(result["id"].is_string(), "{result}");
         }
         "deadLetter" => assert!(
             subject.bodies.iter().any(|b| b == body),
             "the dead letter is a record of the event, unchanged: {body}"
         ),
-        agent_name => {
+        "agent" => {
             let q: StepRequest = serde_json::from_str(body).expect("a step request");
             let id = subject
-                .order
-                .expect("a step request concerns the subject order");
-            assert_eq!(q.order_id, id, "step request's order");
-            let (order, r) = system
+                .task
+                .expect("a step request concerns the subject task");
+            assert_eq!(q.task_id, id, "step request's task");
+            let (task, r) = system
                 .store
                 .get(id)
                 .await
                 .expect("read")
-                .expect("the order exists");
-            let step = system
-                .scheduler
-                .workflow
-                .step(r.step_index)
-                .expect("a current step");
-            assert_eq!(step.agent, agent_name, "sent to the current step's agent");
+                .expect("the task exists");
+            let w = system
+                .definitions
+                .workflow(&r.workflow, r.workflow_version)
+                .await
+                .expect("catalog")
+                .expect("published");
+            let step = w.step(r.step_index).expect("a current step");
+            assert_eq!(
+                (q.workflow.as_str(), q.workflow_version),
+                (r.workflow.as_str(), r.workflow_version),
+                "workflow"
+            );
+            assert_eq!(
+                q.service, step.service,
+                "sent for the current step's service"
+            );
             assert_eq!(q.step, step.name, "step");
-            assert_eq!(q.action, step.name, "action");
+            assert_eq!(q.action, step.action, "action");
+            assert!(!q.undo, "a step, not an undo");
             assert_eq!(q.step_index, r.step_index, "stepIndex");
             assert_eq!(q.attempt, r.attempt, "attempt");
             assert_eq!(Some(q.complete_by), r.complete_by, "completeBy");
             assert_eq!(
+                q.idempotency_key(),
+                format!("{id}:{}:{}", step.name, step.action),
+                "idempotencyKey"
+            );
+            assert_eq!(
                 q.reply_queue_url, system.resources.reply_queue_url,
                 "replyQueueUrl"
             );
+            let context = scheduler::mapping_context(&task, &r);
             assert_eq!(
-                q.payload["customerId"],
-                order.customer_id.as_str(),
-                "payload"
+                Some(q.input.clone()),
+                step.input.render(&context).ok(),
+                "the input is what the step's mapping builds"
             );
         }
+        other => panic!("no check for queue {other}"),
     }
 }

@@ -1,38 +1,90 @@
 //! Black-box tests of the whole flow on the AWS API emulator, through the handlers' real inputs:
 //! HTTP requests, SQS events built from messages received from the emulator's queues, and
-//! scheduled events for the supervisor.
+//! scheduled events for the supervisor. Both example workflows: the e-commerce order (every
+//! step undoable) and the loan application (a read-only first step, a pivot, a last step
+//! without an undo).
 
 use sas::local::{System, sqs_event};
 use sas::messages::{SchedulerMessage, StepReply, StepRequest};
 use sas::remote::Faults;
 use sas::transition::StepOutcome;
-use sas::{OrderId, ProcessState, StepStatus};
+use sas::{ProcessState, StepStatus, TaskId};
 use sas_blackbox::{
-    aws_system, drain, manual_settings, order_body, pump_until_quiet, state, submit, submit_ok,
-    subscribe, wait_for_messages,
+    ECOMMERCE, LOAN, actions, assert_valid, aws_system, drain, effects, loan_input,
+    manual_settings, net, order_input, pump_until_quiet, state, submit, submit_loan, submit_ok,
+    subscribe, task_items, wait_for_messages,
 };
 use serde_json::{Value, json};
 use std::time::Duration;
 
-/// Every step of the order took effect exactly once on its service.
-fn assert_each_step_once(system: &System, id: OrderId) {
-    for (agent, step) in [
-        ("inventory", "reserve-inventory"),
-        ("payment", "charge-payment"),
-        ("shipping", "arrange-shipping"),
-    ] {
-        let effects = system.services[agent].effects_for(&id.to_string());
-        assert_eq!(effects.len(), 1, "{step}: one key, got {effects:?}");
-        let (key, count) = effects.iter().next().expect("one");
-        assert!(key.contains(step), "{key}");
-        assert_eq!(*count, 1, "{step} took effect {count} times");
+/// Every step of the task took effect exactly once, each at its own service under its own key,
+/// and nothing else took effect for it.
+async fn assert_each_step_once(system: &System, id: TaskId) {
+    let r = state(system, id).await;
+    let w = system
+        .definitions
+        .workflow(&r.workflow, r.workflow_version)
+        .await
+        .expect("catalog")
+        .expect("published");
+    let mut total = 0;
+    for step in &w.steps {
+        let key = format!("{id}:{}:{}", step.name, step.action);
+        let applied = effects(system, &step.service, id);
+        assert_eq!(
+            applied.get(&key),
+            Some(&1),
+            "{}: applied once at {}: {applied:?}",
+            step.name,
+            step.service
+        );
+        total += 1;
+    }
+    let all: u32 = system
+        .services
+        .all()
+        .iter()
+        .map(|(_, s)| s.effects_for(&id.to_string()).values().sum::<u32>())
+        .sum();
+    assert_eq!(all, total, "no other effect for {id}");
+}
+
+/// The request body service `service` received for task `id`'s `action`.
+fn request(system: &System, service: &str, id: TaskId, action: &str) -> Value {
+    let prefix = id.to_string();
+    system
+        .services
+        .get(service)
+        .stats()
+        .requests
+        .into_iter()
+        .find(|a| a.key.starts_with(&prefix) && a.action == action)
+        .unwrap_or_else(|| panic!("{service} applied no {action} for {id}"))
+        .input
+}
+
+/// The result step `step` of the task kept (what its service answered).
+async fn result(system: &System, id: TaskId, step: &str) -> Value {
+    let r = state(system, id).await;
+    let s = r
+        .steps
+        .iter()
+        .find(|s| s.name == step)
+        .unwrap_or_else(|| panic!("no step {step}"));
+    serde_json::from_str(s.result.as_deref().expect("a kept result")).expect("JSON result")
+}
+
+fn refuse(actions: &[&str]) -> Faults {
+    Faults {
+        refuse_actions: actions.iter().map(|a| a.to_string()).collect(),
+        ..Faults::default()
     }
 }
 
 #[tokio::test]
-async fn an_order_submitted_over_http_runs_to_processed_with_every_step_once() {
+async fn a_task_submitted_over_http_runs_to_processed_with_every_step_once() {
     let (mut system, _clock) = aws_system("happy", manual_settings()).await;
-    let events = subscribe(&system, &["OrderProcessed", "OrderFailed"]).await;
+    let events = subscribe(&system, &["TaskProcessed", "TaskFailed"]).await;
     let addr = system
         .serve("127.0.0.1:0".parse().expect("addr"))
         .await
@@ -40,19 +92,21 @@ async fn an_order_submitted_over_http_runs_to_processed_with_every_step_once() {
     system.start();
     let http = reqwest::Client::new();
     let resp = http
-        .post(format!("http://{addr}/orders"))
-        .json(&order_body())
+        .post(format!("http://{addr}/workflows/{ECOMMERCE}/tasks"))
+        .json(&order_input())
         .send()
         .await
         .expect("POST");
     assert_eq!(resp.status(), 202);
     let body: Value = resp.json().await.expect("JSON");
-    let id: OrderId = body["orderId"].as_str().expect("id").parse().expect("uuid");
+    assert_eq!(body["workflow"], ECOMMERCE, "{body}");
+    assert_eq!(body["workflowVersion"], 1, "{body}");
+    let id: TaskId = body["taskId"].as_str().expect("id").parse().expect("uuid");
 
     let mut view = Value::Null;
     for _ in 0..150 {
         view = http
-            .get(format!("http://{addr}/orders/{id}"))
+            .get(format!("http://{addr}/tasks/{id}"))
             .send()
             .await
             .expect("GET")
@@ -65,50 +119,277 @@ async fn an_order_submitted_over_http_runs_to_processed_with_every_step_once() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(view["processState"], "Processed", "{view}");
+    assert_eq!(view["taskId"], id.to_string());
+    assert_eq!(view["workflow"], ECOMMERCE);
+    assert_eq!(view["input"], order_input(), "the input as submitted");
     assert_eq!(view["lockedBy"], Value::Null);
     assert_eq!(view["failureCount"], 0);
     let steps = view["steps"].as_array().expect("steps");
-    assert!(steps.iter().all(|s| s["status"] == "Done"), "{view}");
-    assert_each_step_once(&system, id);
+    let names: Vec<_> = steps.iter().map(|s| s["name"].clone()).collect();
+    assert_eq!(
+        names,
+        [
+            json!("reserve-inventory"),
+            json!("charge-payment"),
+            json!("arrange-shipping")
+        ]
+    );
+    for s in steps {
+        assert_eq!(s["status"], "Done", "{view}");
+        assert_eq!(s["undoable"], true, "{view}");
+        assert!(s["result"]["id"].is_string(), "the result as JSON: {view}");
+    }
+    assert_each_step_once(&system, id).await;
+
+    // Each request was built by the step's input mapping, from the input and earlier results.
+    let reservation = &steps[0]["result"]["id"];
+    assert_eq!(
+        request(&system, "inventory", id, "reserve-inventory"),
+        order_input()
+    );
+    assert_eq!(
+        request(&system, "payment", id, "charge-payment"),
+        json!({"customerId": "c-42", "reservation": reservation})
+    );
+    assert_eq!(
+        request(&system, "shipping", id, "arrange-shipping")["payment"],
+        steps[1]["result"]["id"]
+    );
 
     let got = wait_for_messages(&system, &events, 1).await;
     assert_eq!(got.len(), 1, "{got:?}");
-    assert_eq!(got[0]["detail-type"], "OrderProcessed");
-    assert_eq!(got[0]["detail"]["orderId"], id.to_string());
+    assert_eq!(got[0]["detail-type"], "TaskProcessed");
+    assert_eq!(got[0]["source"], "sas.tasks");
+    assert_eq!(got[0]["detail"]["taskId"], id.to_string());
+    assert_eq!(got[0]["detail"]["workflow"], ECOMMERCE);
+    assert_eq!(got[0]["detail"]["status"], "Processed");
     let final_state = state(&system, id).await;
-    assert!(!final_state.notice_pending(), "the outbox flag is cleared");
+    assert!(!final_state.notice_pending(), "the outbox is cleared");
+    assert_valid(&system, &final_state).await;
     system.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_loan_runs_to_processed_and_each_step_reads_the_results_before_it() {
+    let (system, _clock) = aws_system("loan", manual_settings()).await;
+    let events = subscribe(&system, &["TaskProcessed"]).await;
+    let id = submit_loan(&system).await;
+    pump_until_quiet(&system, 30).await;
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
+    assert_eq!(r.workflow, LOAN);
+    assert_eq!(r.pivot, Some(2));
+    assert!(r.past_pivot());
+    let undoable: Vec<bool> = r.steps.iter().map(|s| s.undoable).collect();
+    assert_eq!(undoable, [false, true, true, false]);
+    assert_valid(&system, &r).await;
+    assert_each_step_once(&system, id).await;
+
+    let credit = result(&system, id, "check-credit").await;
+    let hold = result(&system, id, "reserve-funds").await;
+    let contract = result(&system, id, "send-contract").await;
+    assert_eq!(
+        request(&system, "credit-bureau", id, "check-credit"),
+        json!({"applicantId": "a-42", "amount": 25000})
+    );
+    assert_eq!(
+        request(&system, "core-banking", id, "reserve-funds"),
+        json!({"applicantId": "a-42", "amount": 25000, "currency": "EUR", "creditCheck": credit["id"]})
+    );
+    assert_eq!(
+        request(&system, "e-sign", id, "send-contract"),
+        json!({"applicantId": "a-42", "hold": hold["id"], "loan": id.to_string()})
+    );
+    assert_eq!(
+        request(&system, "core-banking", id, "disburse-funds"),
+        json!({"hold": hold["id"], "contract": contract["id"]})
+    );
+
+    let got = wait_for_messages(&system, &events, 1).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["detail"]["taskId"], id.to_string());
+    assert_eq!(got[0]["detail"]["workflow"], LOAN);
+    assert_eq!(got[0]["detail"]["workflowVersion"], 1);
+}
+
+#[tokio::test]
+async fn a_refused_contract_releases_the_funds_but_never_undoes_the_credit_check() {
+    let mut settings = manual_settings();
+    settings
+        .faults
+        .insert("e-sign".into(), refuse(&["send-contract"]));
+    let (system, _clock) = aws_system("loanrefused", settings).await;
+    let events = subscribe(&system, &["TaskFailed", "TaskCompensated"]).await;
+    let id = submit_loan(&system).await;
+    pump_until_quiet(&system, 30).await;
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Compensated, "{r:?}");
+    assert_valid(&system, &r).await;
+    assert_eq!(r.steps[2].status, StepStatus::Failed);
+    assert_eq!(r.steps[2].undo, None, "a refused step has nothing to undo");
+    assert_eq!(
+        r.steps[1].undo,
+        Some(StepStatus::Done),
+        "the hold is released"
+    );
+    assert_eq!(r.steps[0].status, StepStatus::Done);
+    assert_eq!(r.steps[0].undo, None, "the credit check has no undo");
+    assert_eq!(r.steps[3].status, StepStatus::Pending, "never paid out");
+    let undone: Vec<_> = r
+        .history
+        .iter()
+        .filter(|h| h.reason.starts_with("undone"))
+        .filter_map(|h| h.step.clone())
+        .collect();
+    assert_eq!(undone, ["reserve-funds"]);
+
+    let hold_key = format!("{id}:reserve-funds:reserve-funds");
+    assert_eq!(net(&system, "core-banking", id).get(&hold_key), Some(&0));
+    assert_eq!(
+        actions(&system, "core-banking", id),
+        ["reserve-funds", "release-funds"]
+    );
+    // The release reads the hold's id from the step's kept result.
+    let hold = result(&system, id, "reserve-funds").await;
+    assert_eq!(
+        request(&system, "core-banking", id, "release-funds"),
+        json!({"hold": hold["id"], "amount": 25000})
+    );
+    assert_eq!(actions(&system, "credit-bureau", id), ["check-credit"]);
+    assert_eq!(
+        net(&system, "credit-bureau", id)
+            .values()
+            .collect::<Vec<_>>(),
+        [&1],
+        "the credit check stands"
+    );
+    assert!(
+        actions(&system, "e-sign", id).is_empty(),
+        "refused: no effect"
+    );
+
+    let got = wait_for_messages(&system, &events, 2).await;
+    let types: Vec<_> = got.iter().map(|e| e["detail-type"].clone()).collect();
+    assert_eq!(types, [json!("TaskFailed"), json!("TaskCompensated")]);
+    // The alert names the refusal; its `step` is the task's current step, which compensation
+    // has already moved to the step it undoes.
+    assert!(
+        got[0]["detail"]["lastError"]
+            .as_str()
+            .is_some_and(|e| e.contains("send-contract")),
+        "{}",
+        got[0]
+    );
+    assert_eq!(got[1]["detail"]["workflow"], LOAN);
+}
+
+#[tokio::test]
+async fn a_refused_payout_after_the_pivot_ends_in_error_and_only_goes_forward() {
+    let mut settings = manual_settings();
+    settings
+        .faults
+        .insert("core-banking".into(), refuse(&["disburse-funds"]));
+    let (system, _clock) = aws_system("loanpivot", settings).await;
+    let alerts = subscribe(&system, &["TaskFailed", "TaskCompensated"]).await;
+    let id = submit_loan(&system).await;
+    pump_until_quiet(&system, 30).await;
+    let r = state(&system, id).await;
+    assert_eq!(
+        r.process_state,
+        ProcessState::Error,
+        "automatic compensation stops at the pivot: {r:?}"
+    );
+    assert_valid(&system, &r).await;
+    assert_eq!(r.current_step(), Some("disburse-funds"));
+    assert_eq!(r.steps[3].status, StepStatus::Failed);
+    assert!(r.steps.iter().all(|s| s.undo.is_none()), "nothing undone");
+    for (service, n) in [("credit-bureau", 1), ("core-banking", 1), ("e-sign", 1)] {
+        let nets = net(&system, service, id);
+        assert_eq!(
+            nets.values().filter(|v| **v == 1).count(),
+            n,
+            "{service}: {nets:?}"
+        );
+        assert!(nets.values().all(|v| *v == 1), "{service}: {nets:?}");
+    }
+    assert_eq!(actions(&system, "core-banking", id), ["reserve-funds"]);
+    assert_eq!(actions(&system, "e-sign", id), ["send-contract"]);
+    let got = wait_for_messages(&system, &alerts, 1).await;
+    assert_eq!(got.len(), 1, "an alert and no compensation: {got:?}");
+    assert_eq!(got[0]["detail-type"], "TaskFailed");
+    assert_eq!(got[0]["detail"]["step"], "disburse-funds");
+
+    // The operator cannot undo it past the pivot; a retry pays out once the bank accepts.
+    for action in ["compensate", "cancel"] {
+        let resp = sas::handlers::submission::handle(
+            &system.submission,
+            &http::Method::POST,
+            &format!("/tasks/{id}/{action}"),
+            &http::HeaderMap::new(),
+            b"",
+        )
+        .await;
+        assert_eq!(resp.status(), 409, "{action}: {}", resp.body());
+        let body: Value = serde_json::from_str(resp.body()).expect("JSON");
+        assert_eq!(body["error"]["code"], "conflict", "{body}");
+        assert_eq!(body["processState"], "Error", "{body}");
+    }
+    assert_eq!(state(&system, id).await, r, "the refusals changed nothing");
+    system
+        .services
+        .get("core-banking")
+        .set_faults(Faults::default());
+    let resp = sas::handlers::submission::handle(
+        &system.submission,
+        &http::Method::POST,
+        &format!("/tasks/{id}/retry"),
+        &http::HeaderMap::new(),
+        b"",
+    )
+    .await;
+    assert_eq!(resp.status(), 202, "{}", resp.body());
+    pump_until_quiet(&system, 20).await;
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
+    assert_eq!(
+        actions(&system, "core-banking", id),
+        ["reserve-funds", "disburse-funds"]
+    );
+    assert!(
+        effects(&system, "core-banking", id)
+            .contains_key(&format!("{id}:disburse-funds:disburse-funds:g1")),
+        "a refused key is not reused"
+    );
 }
 
 #[tokio::test]
 async fn transient_faults_and_lost_responses_are_retried_to_processed_once() {
     let mut settings = manual_settings();
-    for agent in ["inventory", "payment", "shipping"] {
-        settings.faults.insert(
-            agent.into(),
-            Faults {
-                transient_rate: 0.4,
-                lost_response_rate: 0.4,
-                ..Faults::default()
-            },
-        );
-    }
+    settings.default_faults = Faults {
+        transient_rate: 0.4,
+        lost_response_rate: 0.4,
+        ..Faults::default()
+    };
     let (system, _clock) = aws_system("transient", settings).await;
     let mut ids = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..3 {
         ids.push(submit_ok(&system).await);
     }
-    pump_until_quiet(&system, 40).await;
+    for _ in 0..2 {
+        ids.push(submit_loan(&system).await);
+    }
+    pump_until_quiet(&system, 60).await;
     for id in ids {
         let r = state(&system, id).await;
         assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
         assert_eq!(r.failure_count, 0, "agents absorbed the faults");
-        assert_each_step_once(&system, id);
+        assert_each_step_once(&system, id).await;
     }
     let faults: u64 = system
         .services
-        .values()
-        .map(|s| s.stats().transient_faults)
+        .all()
+        .iter()
+        .map(|(_, s)| s.stats().transient_faults)
         .sum();
     assert!(faults > 0, "the faults did happen");
 }
@@ -135,7 +416,7 @@ async fn an_agent_that_overruns_stops_silently_and_the_supervisor_recovers_it() 
             .is_empty(),
         "no reply after the deadline"
     );
-    assert!(system.services["inventory"].stats().effects.is_empty());
+    assert!(system.services.get("inventory").stats().effects.is_empty());
 
     let report = system.sweep().await.expect("sweep");
     assert_eq!(report.retried, 1, "{report:?}");
@@ -153,11 +434,11 @@ async fn an_agent_that_overruns_stops_silently_and_the_supervisor_recovers_it() 
     let r = state(&system, id).await;
     assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
     assert_eq!(r.attempt, 2, "one claim per Pending period");
-    assert_each_step_once(&system, id);
+    assert_each_step_once(&system, id).await;
 }
 
 #[tokio::test]
-async fn failures_up_to_the_threshold_end_in_error_with_an_order_failed_event() {
+async fn failures_up_to_the_threshold_end_in_error_with_a_task_failed_event() {
     let mut settings = manual_settings();
     settings.policy.auto_compensate = false;
     let forever = chrono::Utc::now() - chrono::Duration::hours(1);
@@ -169,11 +450,11 @@ async fn failures_up_to_the_threshold_end_in_error_with_an_order_failed_event() 
         },
     );
     let (system, clock) = aws_system("threshold", settings).await;
-    let alerts = subscribe(&system, &["OrderFailed"]).await;
+    let alerts = subscribe(&system, &["TaskFailed"]).await;
     let id = submit_ok(&system).await;
     for round in 1..=3u32 {
         // Claim (on the first round inventory is reserved and payment requested), then the
-        // payment agent only gets to run after the deadline and stops without a reply.
+        // agent only gets to run the payment after the deadline and stops without a reply.
         system.pump_scheduler().await.expect("poll");
         if round == 1 {
             system.pump_agents().await.expect("inventory");
@@ -196,13 +477,14 @@ async fn failures_up_to_the_threshold_end_in_error_with_an_order_failed_event() 
     assert_eq!(r.locked_by, None);
     assert_eq!(r.current_step(), Some("charge-payment"));
     assert_eq!(r.steps[0].status, StepStatus::Done);
-    assert!(system.services["payment"].stats().effects.is_empty());
+    assert!(system.services.get("payment").stats().effects.is_empty());
 
     let got = wait_for_messages(&system, &alerts, 1).await;
     assert_eq!(got.len(), 1, "{got:?}");
-    assert_eq!(got[0]["detail-type"], "OrderFailed");
+    assert_eq!(got[0]["detail-type"], "TaskFailed");
     let detail = &got[0]["detail"];
-    assert_eq!(detail["orderId"], id.to_string());
+    assert_eq!(detail["taskId"], id.to_string());
+    assert_eq!(detail["workflow"], ECOMMERCE);
     assert_eq!(detail["failureCount"], 3);
     assert_eq!(detail["step"], "charge-payment");
     assert!(
@@ -214,7 +496,7 @@ async fn failures_up_to_the_threshold_end_in_error_with_an_order_failed_event() 
 }
 
 #[tokio::test]
-async fn a_permanent_fault_fails_the_order_at_once_with_an_alert() {
+async fn a_permanent_fault_fails_the_task_at_once_with_an_alert() {
     let mut settings = manual_settings();
     settings.policy.auto_compensate = false;
     settings.faults.insert(
@@ -225,7 +507,7 @@ async fn a_permanent_fault_fails_the_order_at_once_with_an_alert() {
         },
     );
     let (system, _clock) = aws_system("permanent", settings).await;
-    let alerts = subscribe(&system, &["OrderFailed"]).await;
+    let alerts = subscribe(&system, &["TaskFailed"]).await;
     let id = submit_ok(&system).await;
     pump_until_quiet(&system, 20).await;
     let r = state(&system, id).await;
@@ -234,7 +516,7 @@ async fn a_permanent_fault_fails_the_order_at_once_with_an_alert() {
     assert_eq!(r.steps[2].status, StepStatus::Failed);
     let got = wait_for_messages(&system, &alerts, 1).await;
     assert_eq!(
-        got.first().map(|e| e["detail"]["orderId"].clone()),
+        got.first().map(|e| e["detail"]["taskId"].clone()),
         Some(json!(id))
     );
 }
@@ -262,7 +544,7 @@ async fn a_submission_that_dies_before_enqueueing_is_recovered_by_the_supervisor
         state(&system, id).await.process_state,
         ProcessState::Processed
     );
-    assert_each_step_once(&system, id);
+    assert_each_step_once(&system, id).await;
 }
 
 #[tokio::test]
@@ -282,16 +564,21 @@ async fn the_same_work_message_and_the_same_reply_twice_take_effect_once() {
         assert!(resp.batch_item_failures.is_empty());
     }
     assert_eq!(state(&system, id).await.attempt, 1, "claimed once");
-    let requests = drain(&system, &res.agent_queue_urls["inventory"]).await;
+    let requests = drain(&system, &res.agent_queue_url).await;
     assert_eq!(requests.len(), 1, "one step request");
     let request: StepRequest = serde_json::from_str(&requests[0]).expect("request");
+    assert_eq!(
+        (request.service.as_str(), request.step.as_str()),
+        ("inventory", "reserve-inventory")
+    );
+    assert_eq!(request.task_id, id);
+    assert_eq!(request.workflow, ECOMMERCE);
+    assert_eq!(request.input, order_input(), "the mapped input");
     // Deliver the step request again, as SQS may.
     let redeliver = || {
-        system.queue.send(
-            &res.agent_queue_urls["inventory"],
-            &requests[0],
-            Duration::ZERO,
-        )
+        system
+            .queue
+            .send(&res.agent_queue_url, &requests[0], Duration::ZERO)
     };
     redeliver().await.expect("requeue");
 
@@ -308,21 +595,17 @@ async fn the_same_work_message_and_the_same_reply_twice_take_effect_once() {
     let r = state(&system, id).await;
     assert_eq!(r.step_index, 1, "the reply counted once");
     assert_eq!(r.attempt, request.attempt);
+    let next = drain(&system, &res.agent_queue_url).await;
+    assert_eq!(next.len(), 1, "one request for the next step");
+    let next: StepRequest = serde_json::from_str(&next[0]).expect("request");
     assert_eq!(
-        drain(&system, &res.agent_queue_urls["payment"]).await.len(),
-        1,
-        "one request for the next step"
+        (next.service.as_str(), next.step.as_str()),
+        ("payment", "charge-payment")
     );
-    // The duplicate agent run hits the remote again with the same key: one effect.
+    // The duplicate agent run hits the service again with the same key: one effect.
     redeliver().await.expect("requeue");
     system.pump_agents().await.expect("agent");
-    assert_eq!(
-        system.services["inventory"]
-            .effects_for(&id.to_string())
-            .values()
-            .sum::<u32>(),
-        1
-    );
+    assert_eq!(effects(&system, "inventory", id).values().sum::<u32>(), 1);
 }
 
 #[tokio::test]
@@ -330,10 +613,9 @@ async fn a_stale_reply_after_a_recovery_is_dropped() {
     let (system, clock) = aws_system("stale", manual_settings()).await;
     let id = submit_ok(&system).await;
     system.pump_scheduler().await.expect("claim");
-    let first: StepRequest = serde_json::from_str(
-        &drain(&system, &system.resources.agent_queue_urls["inventory"]).await[0],
-    )
-    .expect("request");
+    let first: StepRequest =
+        serde_json::from_str(&drain(&system, &system.resources.agent_queue_url).await[0])
+            .expect("request");
     clock.advance(chrono::Duration::seconds(31));
     assert_eq!(system.sweep().await.expect("sweep").retried, 1);
     system.pump_scheduler().await.expect("reclaim");
@@ -341,7 +623,7 @@ async fn a_stale_reply_after_a_recovery_is_dropped() {
 
     // The first attempt's agent answers late.
     let stale = SchedulerMessage::Reply(StepReply {
-        order_id: id,
+        task_id: id,
         step: first.step.clone(),
         step_index: first.step_index,
         attempt: first.attempt,
@@ -375,7 +657,7 @@ async fn two_supervisors_racing_recover_a_record_once() {
     let (system, clock) = aws_system("race", manual_settings()).await;
     let id = submit_ok(&system).await;
     system.pump_scheduler().await.expect("claim");
-    drain(&system, &system.resources.agent_queue_urls["inventory"]).await;
+    drain(&system, &system.resources.agent_queue_url).await;
     clock.advance(chrono::Duration::seconds(31));
     let other = system.supervisor.clone();
     let (a, b) = tokio::join!(
@@ -394,19 +676,24 @@ async fn two_supervisors_racing_recover_a_record_once() {
 }
 
 #[tokio::test]
-async fn idempotent_submission_returns_the_first_order_and_refuses_another_body() {
+async fn idempotent_submission_returns_the_first_task_and_refuses_another_request() {
     let (system, _clock) = aws_system("idem", manual_settings()).await;
-    let (s1, b1) = submit(&system, Some("key-1"), &order_body()).await;
-    let (s2, b2) = submit(&system, Some("key-1"), &order_body()).await;
-    assert_eq!((s1, s2), (202, 202));
-    assert_eq!(b1["orderId"], b2["orderId"]);
-    let mut other = order_body();
+    let (s1, b1) = submit(&system, ECOMMERCE, Some("key-1"), &order_input()).await;
+    let (s2, b2) = submit(&system, ECOMMERCE, Some("key-1"), &order_input()).await;
+    assert_eq!((s1, s2), (202, 202), "{b1} {b2}");
+    assert_eq!(b1["taskId"], b2["taskId"]);
+    assert_eq!(b2["workflow"], ECOMMERCE);
+    let mut other = order_input();
     other["customerId"] = json!("someone-else");
-    let (s3, b3) = submit(&system, Some("key-1"), &other).await;
+    let (s3, b3) = submit(&system, ECOMMERCE, Some("key-1"), &other).await;
     assert_eq!(s3, 409, "{b3}");
     assert_eq!(b3["error"]["code"], "idempotency_key_reused");
-    // One order, one state record, one key; one work message.
-    assert_eq!(sas_blackbox::item_count(&system).await, 3);
+    // A key names one request, whatever the workflow.
+    let (s4, b4) = submit(&system, LOAN, Some("key-1"), &loan_input()).await;
+    assert_eq!(s4, 409, "{b4}");
+    assert_eq!(b4["error"]["code"], "idempotency_key_reused");
+    // One task, one state record, one key; one work message.
+    assert_eq!(task_items(&system).await, 3);
     assert_eq!(
         drain(&system, &system.resources.work_queue_url).await.len(),
         1

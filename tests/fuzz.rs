@@ -1,30 +1,40 @@
 //! Property tests of the HTTP API, black-box over `submission::handle` on the in-memory system
-//! (nothing started: only the handler writes). Arbitrary requests (methods, paths with junk,
-//! UUIDs and the ids of orders made earlier, query strings, content types, idempotency keys,
-//! arbitrary bytes and JSON, mutated order bodies, bodies over 256 KiB) go in, one at a time
-//! and in sequences. For every answer:
+//! (nothing started: only the handler writes). Arbitrary requests go in, one at a time and in
+//! sequences: methods; paths with junk, UUIDs in every spelling and the ids of tasks made
+//! earlier; submissions to both example workflows, to one the case may publish and to unknown
+//! ones; definitions (`PUT /workflows/{name}`, `PUT /services/{name}`), valid and broken;
+//! query strings, content types, idempotency keys, reply queue URLs; bodies of every shape
+//! (arbitrary bytes and JSON, mutated inputs, huge bodies). For every answer:
 //!
 //! - it is a 2xx or a 4xx, never a 5xx, with a JSON object body and `Content-Type:
-//!   application/json`; a 4xx carries `error.code` and `error.message`; a 405 an `Allow`;
-//! - a 202 names an order (`orderId`); a new order is `Pending` and its work message is queued;
-//! - nothing is written partially: every order has its state record and every record its order,
-//!   the record count is the number of distinct orders created, every record passes `check`, and
-//!   an answer other than 202 changes no record, no queue and no event;
-//! - idempotency: a key with the same request (up to whitespace and key order) gets the same
-//!   `orderId`, with a different request a 409;
-//! - the exact routes answer as the README says (`GET /orders/{id}`, the operator actions, the
-//!   list's parameters, 413 over 256 KiB, the body's error codes).
+//!   application/json`; a 4xx carries `error.code` (one of the documented codes) and
+//!   `error.message`; a 405 an `Allow`; the only 2xx are 200, 201 and 202;
+//! - a 202 names a task (`taskId`); a new task is `Pending`, of the newest version of its
+//!   workflow, stored with its input, and its work message is queued;
+//! - nothing is written partially: every task has its state record and every record its task,
+//!   the record count is the number of distinct tasks created, every record passes `check`, a
+//!   201 adds exactly one version of one definition, and any other answer that is not a 202
+//!   changes no record, no queue, no event and no definition;
+//! - idempotency: a key with the same request (workflow, input up to whitespace and key order,
+//!   reply queue) gets the same `taskId`, with a different request a 409;
+//! - the exact routes answer as documented: the submission's checks in order (size, media type,
+//!   key, reply queue, JSON, workflow, input schema, with every problem's `at` a JSON pointer
+//!   into the input), `GET /tasks/{id}`, the operator's actions and list (with its `workflow`
+//!   filter), and the definitions' routes (201 for a new version, 200 for the same, 400 with
+//!   problems for an invalid one, 404 for an unknown name or version).
 
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use sas::domain::task::{MAX_INPUT_BYTES, parse_queue_url};
+use sas::domain::workflow::{self, examples};
 use sas::handlers::submission::{self, MAX_BODY_BYTES, MAX_KEY_LEN};
-use sas::local::{Backend, Settings, System};
-use sas::ports::{StateStore, SystemClock};
-use sas::{OrderId, OrderRequest, ProcessState, StateRecord};
+use sas::local::{Settings, System};
+use sas::ports::{Kind, StateStore};
+use sas::{ProcessState, StateRecord, TaskId, Workflow};
+use sas_blackbox::{ECOMMERCE, LOAN, memory_system};
 use serde_json::{Value, json};
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use uuid::Uuid;
 
 // ---------------------------------------------------------------------------------------------
@@ -53,20 +63,32 @@ impl UuidForm {
     }
 }
 
-/// The `{orderId}` of a path.
+/// The `{taskId}` of a path.
 #[derive(Debug, Clone)]
 enum IdSeg {
-    /// An order created earlier in the case (by index; a never-used UUID if none yet).
+    /// A task created earlier in the case (by index; a never-used UUID if none yet).
     Created(usize, UuidForm),
-    /// Any UUID (almost surely no order's).
+    /// Any UUID (almost surely no task's).
     Random(u128, UuidForm),
+    Junk(String),
+}
+
+/// A workflow's or a service's `{name}` in a path.
+#[derive(Debug, Clone)]
+enum NameSeg {
+    /// One of [`WORKFLOWS`] or [`SERVICES`], by index.
+    Pool(usize),
     Junk(String),
 }
 
 /// A segment of a free-form path.
 #[derive(Debug, Clone)]
 enum Seg {
-    Orders,
+    Workflows,
+    Services,
+    Tasks,
+    Versions,
+    Name(NameSeg),
     Id(IdSeg),
     Action(String),
     Junk(String),
@@ -92,9 +114,10 @@ enum CursorSpec {
 #[derive(Debug, Clone)]
 enum Param {
     State(String),
+    Workflow(String),
     Limit(String),
     Cursor(CursorSpec),
-    /// A name that is none of `state`, `limit`, `cursor`.
+    /// A name that is none of `state`, `workflow`, `limit`, `cursor`.
     Unknown(String, String),
 }
 
@@ -106,23 +129,60 @@ enum QuerySpec {
     Raw(String),
 }
 
+/// `workflows` or `services`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DefKind {
+    Workflows,
+    Services,
+}
+
+impl DefKind {
+    fn kind(self) -> Kind {
+        match self {
+            Self::Workflows => Kind::Workflow,
+            Self::Services => Kind::Service,
+        }
+    }
+    fn segment(self) -> &'static str {
+        match self {
+            Self::Workflows => "workflows",
+            Self::Services => "services",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 enum PathSpec {
-    /// `/orders`
-    Root {
+    /// `/workflows/{name}/tasks`
+    Submit {
+        workflow: NameSeg,
         trailing: bool,
         query: Option<QuerySpec>,
     },
-    /// `/orders/{id}`
-    Order {
+    /// `/tasks`
+    Tasks {
+        trailing: bool,
+        query: Option<QuerySpec>,
+    },
+    /// `/tasks/{id}`
+    Task {
         id: IdSeg,
         trailing: bool,
         query: Option<QuerySpec>,
     },
-    /// `/orders/{id}/{action}`
+    /// `/tasks/{id}/{action}`
     Action {
         id: IdSeg,
         action: String,
+        trailing: bool,
+    },
+    /// `/workflows` or `/services`
+    Catalog { kind: DefKind, trailing: bool },
+    /// `/workflows/{name}` or `/services/{name}`, or `/workflows/{name}/versions/{v}`
+    Definition {
+        kind: DefKind,
+        name: NameSeg,
+        version: Option<String>,
         trailing: bool,
     },
     Free {
@@ -153,16 +213,27 @@ enum KeySpec {
     Raw(Vec<u8>),
 }
 
+/// The `Reply-Queue-Url` header.
+#[derive(Debug, Clone)]
+enum ReplySpec {
+    Absent,
+    Value(String),
+    Raw(Vec<u8>),
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Field {
     CustomerId,
     Items,
     Sku,
     Quantity,
-    ReplyQueueUrl,
+    ApplicantId,
+    Amount,
+    Currency,
+    X,
 }
 
-/// A change to the valid order body.
+/// A change to a valid input.
 #[derive(Debug, Clone)]
 enum Mutation {
     Remove(Field),
@@ -175,7 +246,7 @@ enum Mutation {
     ManyItems(usize),
 }
 
-/// How the (mutated) order body is turned into bytes.
+/// How a (mutated) JSON value is turned into bytes.
 #[derive(Debug, Clone)]
 enum Encoding {
     Compact,
@@ -185,7 +256,7 @@ enum Encoding {
     Twice,
 }
 
-/// A valid order body, written in one of several equivalent ways.
+/// A valid input, written in one of several equivalent ways.
 #[derive(Debug, Clone, Copy)]
 enum Style {
     Compact,
@@ -197,10 +268,58 @@ enum Style {
 #[derive(Debug, Clone, Copy)]
 enum BigKind {
     /// A valid order padded with spaces.
-    PaddedOrder,
+    PaddedInput,
     Garbage,
     /// `{"customerId": "xxx…", …}`
     LongString,
+}
+
+/// A workflow definition to start from.
+#[derive(Debug, Clone, Copy)]
+enum WfBase {
+    Ecommerce,
+    Loan,
+    /// A small workflow of its own, `fuzz-a`, with an input schema `{x: integer >= 0}`.
+    FuzzA,
+}
+
+/// A change to a workflow definition (most make it invalid).
+#[derive(Debug, Clone)]
+enum DefMutation {
+    Description(usize),
+    SetName(Value),
+    Remove(&'static str),
+    EmptySteps,
+    StepService(String),
+    StepName(Value),
+    ExtraTop(String, Value),
+    ExtraStep(String, Value),
+    Timeout(String),
+    ForwardRef,
+    SecondPivot,
+    UndoAfterPivot,
+    InputSchema(Value),
+    BigMapping(usize),
+    ManySteps(usize),
+    Retry(Value),
+}
+
+#[derive(Debug, Clone)]
+enum TargetSpec {
+    Simulated,
+    Http(String),
+    Junk(Value),
+}
+
+#[derive(Debug, Clone)]
+enum DefSpec {
+    Workflow(WfBase, Vec<DefMutation>),
+    Service {
+        name: usize,
+        description: Option<usize>,
+        target: TargetSpec,
+        extra: Option<(String, Value)>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -209,15 +328,16 @@ enum BodySpec {
     Whitespace(String),
     Bytes(Vec<u8>),
     Json(Value),
-    Order(Vec<Mutation>, Encoding),
-    /// One of a few valid order requests (by index), styled.
+    Input(usize, Vec<Mutation>, Encoding),
+    /// One of the valid inputs (by index), styled.
     Pool(usize, Style),
     /// `{"reason": …}` (valid with a string or null and nothing else).
     Reason(Value, Option<(String, Value)>),
     /// Exactly `len` bytes.
     Big(BigKind, usize),
-    /// A JSON array where an object is expected: an order or an action's body by position.
+    /// A JSON array where an object is expected.
     Positional(Vec<Value>),
+    Definition(DefSpec, Encoding),
 }
 
 #[derive(Debug, Clone)]
@@ -226,6 +346,7 @@ struct Req {
     path: PathSpec,
     ct: CtSpec,
     key: KeySpec,
+    reply: ReplySpec,
     body: BodySpec,
 }
 
@@ -235,12 +356,46 @@ struct Req {
 
 const ACTIONS: [&str; 3] = ["retry", "compensate", "cancel"];
 const KEYS: [&str; 3] = ["key-0", "key-1", "key-2"];
+/// Workflow names: the examples, one a case may publish, one never published.
+const WORKFLOWS: [&str; 4] = [ECOMMERCE, LOAN, "fuzz-a", "gift-card"];
+/// Service names: two examples, one a case may publish, one that is no valid name.
+const SERVICES: [&str; 4] = ["inventory", "payment", "fuzz-svc", "Bad Name"];
+const DESCRIPTIONS: [&str; 3] = ["first", "second", "a third one"];
+
+/// Every error code the API documents.
+const CODES: [&str; 25] = [
+    "route_not_found",
+    "method_not_allowed",
+    "invalid_json",
+    "invalid_request",
+    "validation_failed",
+    "input_too_large",
+    "payload_too_large",
+    "unsupported_media_type",
+    "invalid_idempotency_key",
+    "invalid_reply_queue_url",
+    "idempotency_key_reused",
+    "workflow_not_found",
+    "service_not_found",
+    "task_not_found",
+    "invalid_task_id",
+    "invalid_state",
+    "invalid_limit",
+    "invalid_cursor",
+    "unknown_parameter",
+    "missing_state",
+    "invalid_version",
+    "invalid_definition",
+    "name_mismatch",
+    "conflict",
+    "store_unavailable",
+];
 
 fn method() -> BoxedStrategy<Method> {
     prop_oneof![
         4 => Just(Method::GET),
         4 => Just(Method::POST),
-        1 => Just(Method::PUT),
+        2 => Just(Method::PUT),
         1 => Just(Method::DELETE),
         1 => Just(Method::PATCH),
         1 => Just(Method::HEAD),
@@ -269,9 +424,10 @@ fn junk() -> BoxedStrategy<String> {
         Just(".".to_owned()),
         Just(String::new()),
         Just("%2e%2e".to_owned()),
-        Just("orders%2F".to_owned()),
-        Just("ORDERS".to_owned()),
-        Just("orders ".to_owned()),
+        Just("tasks%2F".to_owned()),
+        Just("TASKS".to_owned()),
+        Just("tasks ".to_owned()),
+        Just("orders".to_owned()),
         "%[0-9A-Za-z]{0,2}",
         "%[0-9A-F]{2}%[0-9A-F]{2}",
         "\\PC{1,8}",
@@ -286,6 +442,14 @@ fn id_seg() -> BoxedStrategy<IdSeg> {
         5 => (0usize..8, uuid_form()).prop_map(|(i, f)| IdSeg::Created(i, f)),
         2 => (any::<u128>(), uuid_form()).prop_map(|(n, f)| IdSeg::Random(n, f)),
         2 => junk().prop_map(IdSeg::Junk),
+    ]
+    .boxed()
+}
+
+fn name_seg() -> BoxedStrategy<NameSeg> {
+    prop_oneof![
+        6 => (0usize..4).prop_map(NameSeg::Pool),
+        1 => junk().prop_map(NameSeg::Junk),
     ]
     .boxed()
 }
@@ -374,12 +538,18 @@ fn param() -> BoxedStrategy<Param> {
     let unknown_name = prop_oneof![
         Just("State".to_owned()),
         Just("LIMIT".to_owned()),
+        Just("Workflow".to_owned()),
         Just(String::new()),
         Just("state ".to_owned()),
         "[a-z_]{1,8}".prop_map(|s| format!("x{s}")),
     ];
+    let workflow = prop_oneof![
+        3 => prop::sample::select(WORKFLOWS.to_vec()).prop_map(str::to_owned),
+        1 => junk(),
+    ];
     prop_oneof![
         4 => state_value().prop_map(Param::State),
+        2 => workflow.prop_map(Param::Workflow),
         2 => limit_value().prop_map(Param::Limit),
         2 => cursor().prop_map(Param::Cursor),
         1 => (unknown_name, junk()).prop_map(|(k, v)| Param::Unknown(k, v)),
@@ -395,9 +565,27 @@ fn query() -> BoxedStrategy<QuerySpec> {
     .boxed()
 }
 
+fn def_kind() -> BoxedStrategy<DefKind> {
+    prop_oneof![Just(DefKind::Workflows), Just(DefKind::Services)].boxed()
+}
+
+fn version_seg() -> BoxedStrategy<String> {
+    prop_oneof![
+        4 => (0u32..5).prop_map(|v| v.to_string()),
+        1 => prop_oneof![Just("+1"), Just("01"), Just("-1"), Just("x"), Just(""), Just("4294967296")]
+            .prop_map(str::to_owned),
+        1 => junk(),
+    ]
+    .boxed()
+}
+
 fn seg() -> BoxedStrategy<Seg> {
     prop_oneof![
-        3 => Just(Seg::Orders),
+        2 => Just(Seg::Workflows),
+        1 => Just(Seg::Services),
+        2 => Just(Seg::Tasks),
+        1 => Just(Seg::Versions),
+        2 => name_seg().prop_map(Seg::Name),
         2 => id_seg().prop_map(Seg::Id),
         1 => action().prop_map(Seg::Action),
         2 => junk().prop_map(Seg::Junk),
@@ -407,14 +595,19 @@ fn seg() -> BoxedStrategy<Seg> {
 }
 
 fn path() -> BoxedStrategy<PathSpec> {
-    let trailing = prop::bool::weighted(0.1);
+    let trailing = || prop::bool::weighted(0.1);
     prop_oneof![
-        3 => (trailing, prop::option::weighted(0.2, query()))
-            .prop_map(|(trailing, query)| PathSpec::Root { trailing, query }),
-        3 => (id_seg(), trailing, prop::option::weighted(0.1, query()))
-            .prop_map(|(id, trailing, query)| PathSpec::Order { id, trailing, query }),
-        3 => (id_seg(), action(), trailing)
+        3 => (name_seg(), trailing(), prop::option::weighted(0.1, query()))
+            .prop_map(|(workflow, trailing, query)| PathSpec::Submit { workflow, trailing, query }),
+        2 => (trailing(), prop::option::weighted(0.3, query()))
+            .prop_map(|(trailing, query)| PathSpec::Tasks { trailing, query }),
+        3 => (id_seg(), trailing(), prop::option::weighted(0.1, query()))
+            .prop_map(|(id, trailing, query)| PathSpec::Task { id, trailing, query }),
+        3 => (id_seg(), action(), trailing())
             .prop_map(|(id, action, trailing)| PathSpec::Action { id, action, trailing }),
+        1 => (def_kind(), trailing()).prop_map(|(kind, trailing)| PathSpec::Catalog { kind, trailing }),
+        2 => (def_kind(), name_seg(), prop::option::weighted(0.3, version_seg()), trailing())
+            .prop_map(|(kind, name, version, trailing)| PathSpec::Definition { kind, name, version, trailing }),
         2 => (
             prop::bool::weighted(0.9),
             prop::collection::vec(seg(), 0..5),
@@ -467,33 +660,6 @@ fn key() -> BoxedStrategy<KeySpec> {
     .boxed()
 }
 
-/// Arbitrary JSON values, nested.
-fn arb_json() -> BoxedStrategy<Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::from),
-        any::<i64>().prop_map(Value::from),
-        any::<u64>().prop_map(Value::from),
-        any::<f64>().prop_filter_map("finite", |f| serde_json::Number::from_f64(f)
-            .map(Value::Number)),
-        "\\PC{0,12}".prop_map(Value::from),
-        ".{0,6}".prop_map(Value::from),
-    ];
-    let name = prop_oneof![
-        3 => "[a-zA-Z]{0,10}",
-        1 => prop::sample::select(vec!["customerId", "items", "sku", "quantity", "replyQueueUrl", "reason"])
-            .prop_map(str::to_owned),
-    ];
-    leaf.prop_recursive(4, 48, 6, move |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            prop::collection::vec((name.clone(), inner), 0..6)
-                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
-        ]
-    })
-    .boxed()
-}
-
 /// Strings of interesting lengths and characters.
 fn long_string() -> BoxedStrategy<String> {
     let unit = prop::sample::select(vec![
@@ -512,6 +678,55 @@ fn long_string() -> BoxedStrategy<String> {
     .boxed()
 }
 
+fn reply() -> BoxedStrategy<ReplySpec> {
+    prop_oneof![
+        8 => Just(ReplySpec::Absent),
+        3 => prop::sample::select(vec![
+            "https://sqs.us-east-1.amazonaws.com/123456789012/sas-dev-client-shop",
+            "http://localhost:4566/000000000000/q",
+            "memory://sas/nowhere",
+            "ftp://example.com/q",
+            "https://",
+            "not a url",
+            "",
+        ])
+        .prop_map(|s| ReplySpec::Value(s.to_owned())),
+        1 => long_string().prop_map(|s| ReplySpec::Value(format!("https://example.com/{s}"))),
+        1 => prop::collection::vec(any::<u8>(), 0..30).prop_map(ReplySpec::Raw),
+    ]
+    .boxed()
+}
+
+/// Arbitrary JSON values, nested.
+fn arb_json() -> BoxedStrategy<Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>().prop_filter_map("finite", |f| serde_json::Number::from_f64(f)
+            .map(Value::Number)),
+        "\\PC{0,12}".prop_map(Value::from),
+        ".{0,6}".prop_map(Value::from),
+    ];
+    let name = prop_oneof![
+        3 => "[a-zA-Z]{0,10}",
+        1 => prop::sample::select(vec![
+            "customerId", "items", "sku", "quantity", "applicantId", "amount", "currency",
+            "reason", "name", "steps", "service", "target", "type", "input",
+        ])
+        .prop_map(str::to_owned),
+    ];
+    leaf.prop_recursive(4, 48, 6, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::vec((name.clone(), inner), 0..6)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ]
+    })
+    .boxed()
+}
+
 fn interesting_number() -> BoxedStrategy<Value> {
     prop_oneof![
         3 => prop::sample::select(vec![
@@ -520,40 +735,20 @@ fn interesting_number() -> BoxedStrategy<Value> {
             json!(2),
             json!(10_000),
             json!(10_001),
+            json!(10_000_000),
+            json!(10_000_000.5),
             json!(u32::MAX),
-            json!(u64::from(u32::MAX) + 1),
             json!(u64::MAX),
             json!(-1),
             json!(i64::MIN),
             json!(1.5),
             json!(2.0),
+            json!(1e-9),
             json!(1e300),
             json!("2"),
             Value::Null,
         ]),
         1 => any::<i64>().prop_map(Value::from),
-    ]
-    .boxed()
-}
-
-fn reply_url() -> BoxedStrategy<Value> {
-    prop_oneof![reply_url_string(), arb_json()].boxed()
-}
-
-fn reply_url_string() -> BoxedStrategy<Value> {
-    prop_oneof![
-        prop::sample::select(vec![
-            "https://sqs.us-east-1.amazonaws.com/123456789012/sas-dev-client-shop",
-            "http://localhost:4566/000000000000/q",
-            "memory://sas/work",
-            "memory://sas/nowhere",
-            "ftp://example.com/q",
-            "https://",
-            "not a url",
-            "",
-        ])
-        .prop_map(Value::from),
-        long_string().prop_map(|s| Value::from(format!("https://example.com/{s}"))),
     ]
     .boxed()
 }
@@ -564,8 +759,19 @@ fn field() -> BoxedStrategy<Field> {
         Field::Items,
         Field::Sku,
         Field::Quantity,
-        Field::ReplyQueueUrl,
+        Field::ApplicantId,
+        Field::Amount,
+        Field::Currency,
+        Field::X,
     ])
+    .boxed()
+}
+
+fn currency() -> BoxedStrategy<Value> {
+    prop_oneof![
+        prop::sample::select(vec!["EUR", "USD", "eur", "EURO", "", "€€€"]).prop_map(Value::from),
+        "[A-Z]{3}".prop_map(Value::from),
+    ]
     .boxed()
 }
 
@@ -575,7 +781,9 @@ fn mutation() -> BoxedStrategy<Mutation> {
         2 => long_string().prop_map(|s| Mutation::Set(Field::CustomerId, Value::from(s))),
         2 => long_string().prop_map(|s| Mutation::Set(Field::Sku, Value::from(s))),
         2 => interesting_number().prop_map(|n| Mutation::Set(Field::Quantity, n)),
-        1 => reply_url().prop_map(|u| Mutation::Set(Field::ReplyQueueUrl, u)),
+        2 => interesting_number().prop_map(|n| Mutation::Set(Field::Amount, n)),
+        1 => currency().prop_map(|c| Mutation::Set(Field::Currency, c)),
+        1 => interesting_number().prop_map(|n| Mutation::Set(Field::X, n)),
         2 => (field(), arb_json()).prop_map(|(f, v)| Mutation::Set(f, v)),
         1 => (any::<bool>(), "[a-zA-Z]{1,10}", arb_json())
             .prop_map(|(in_item, name, value)| Mutation::Extra { in_item, name, value }),
@@ -584,14 +792,23 @@ fn mutation() -> BoxedStrategy<Mutation> {
     .boxed()
 }
 
-/// Changes of values only, each of the right JSON type: valid orders or `validation_failed`.
+/// Changes of values only, each of the right JSON type: valid inputs or `validation_failed`.
 fn value_mutation() -> BoxedStrategy<Mutation> {
     prop_oneof![
         long_string().prop_map(|s| Mutation::Set(Field::CustomerId, Value::from(s))),
         long_string().prop_map(|s| Mutation::Set(Field::Sku, Value::from(s))),
+        long_string().prop_map(|s| Mutation::Set(Field::ApplicantId, Value::from(s))),
         prop_oneof![0u32..=3, 9_999u32..=10_001, any::<u32>()]
             .prop_map(|n| Mutation::Set(Field::Quantity, Value::from(n))),
-        reply_url_string().prop_map(|u| Mutation::Set(Field::ReplyQueueUrl, u)),
+        prop_oneof![
+            (-2i64..=2).prop_map(Value::from),
+            Just(json!(9_999_999.99)),
+            Just(json!(10_000_000)),
+            Just(json!(10_000_000.01)),
+            Just(json!(0.01)),
+        ]
+        .prop_map(|n| Mutation::Set(Field::Amount, n)),
+        currency().prop_map(|c| Mutation::Set(Field::Currency, c)),
         prop_oneof![0usize..=3, 99usize..=102].prop_map(Mutation::ManyItems),
     ]
     .boxed()
@@ -618,8 +835,7 @@ fn style() -> BoxedStrategy<Style> {
     .boxed()
 }
 
-/// Arrays in the place of the objects: `["c-1", [["SKU-1", 2]]]`, `[null]`. The README's
-/// bodies are objects: these have the wrong shape.
+/// Arrays in the place of the objects: `["c-1", [["SKU-1", 2]]]`, `[null]`.
 fn positional() -> BoxedStrategy<BodySpec> {
     let item = prop_oneof![
         Just(json!(["SKU-1", 2])),
@@ -643,13 +859,107 @@ fn positional() -> BoxedStrategy<BodySpec> {
     .boxed()
 }
 
+fn def_mutation() -> BoxedStrategy<DefMutation> {
+    prop_oneof![
+        4 => (0usize..DESCRIPTIONS.len()).prop_map(DefMutation::Description),
+        1 => prop_oneof![
+            prop::sample::select(WORKFLOWS.to_vec()).prop_map(Value::from),
+            Just(json!("Bad Name")),
+            Just(json!(7)),
+        ]
+        .prop_map(DefMutation::SetName),
+        1 => prop::sample::select(vec!["name", "steps", "input", "defaults", "description"])
+            .prop_map(DefMutation::Remove),
+        1 => Just(DefMutation::EmptySteps),
+        1 => prop::sample::select(vec!["nowhere", "payment", "fuzz-svc", "Inventory"])
+            .prop_map(|s| DefMutation::StepService(s.to_owned())),
+        1 => prop_oneof![Just(json!("A!")), Just(json!("ok-name")), Just(json!(3))]
+            .prop_map(DefMutation::StepName),
+        1 => ("[a-z]{1,8}", arb_json()).prop_map(|(k, v)| DefMutation::ExtraTop(k, v)),
+        1 => ("[a-z]{1,8}", arb_json()).prop_map(|(k, v)| DefMutation::ExtraStep(k, v)),
+        1 => prop::sample::select(vec!["30s", "0s", "2h", "3 parsecs", "10m", "500ms", "1s"])
+            .prop_map(|s| DefMutation::Timeout(s.to_owned())),
+        1 => Just(DefMutation::ForwardRef),
+        1 => Just(DefMutation::SecondPivot),
+        1 => Just(DefMutation::UndoAfterPivot),
+        1 => prop_oneof![
+            Just(json!({"type": "objekt"})),
+            Just(json!({"type": "object"})),
+            Just(json!({"type": "object", "required": ["customerId"]})),
+            Just(json!([1])),
+            arb_json(),
+        ]
+        .prop_map(DefMutation::InputSchema),
+        1 => prop_oneof![
+            Just(workflow::MAX_DEFINITION_BYTES - 200),
+            Just(workflow::MAX_DEFINITION_BYTES + 200),
+            1usize..4096,
+        ]
+        .prop_map(DefMutation::BigMapping),
+        1 => prop_oneof![Just(32usize), Just(33usize)].prop_map(DefMutation::ManySteps),
+        1 => prop_oneof![
+            Just(json!({"failureThreshold": 5})),
+            Just(json!({"failureThreshold": 0})),
+            Just(json!({"baseDelay": "10m", "maxDelay": "1m"})),
+            Just(json!({"baseDelay": "2s", "backoffRate": 3})),
+            Just(json!({"backoffRate": 11})),
+            arb_json(),
+        ]
+        .prop_map(DefMutation::Retry),
+    ]
+    .boxed()
+}
+
+fn target() -> BoxedStrategy<TargetSpec> {
+    prop_oneof![
+        3 => Just(TargetSpec::Simulated),
+        2 => prop::sample::select(vec![
+            "https://bank.example",
+            "http://127.0.0.1:9/x",
+            "not a url",
+            "",
+        ])
+        .prop_map(|s| TargetSpec::Http(s.to_owned())),
+        1 => prop_oneof![
+            Just(json!({"type": "ftp"})),
+            Just(json!({"type": "http"})),
+            Just(json!({"type": "simulated", "baseUrl": "https://x.example"})),
+            arb_json(),
+        ]
+        .prop_map(TargetSpec::Junk),
+    ]
+    .boxed()
+}
+
+fn definition() -> BoxedStrategy<DefSpec> {
+    let base = prop::sample::select(vec![WfBase::Ecommerce, WfBase::Loan, WfBase::FuzzA]);
+    prop_oneof![
+        3 => (base, prop::collection::vec(def_mutation(), 0..3))
+            .prop_map(|(b, m)| DefSpec::Workflow(b, m)),
+        2 => (
+            0usize..SERVICES.len(),
+            prop::option::weighted(0.5, 0usize..DESCRIPTIONS.len()),
+            target(),
+            prop::option::weighted(0.1, ("[a-z]{1,6}", arb_json()))
+        )
+            .prop_map(|(name, description, target, extra)| DefSpec::Service {
+                name,
+                description,
+                target,
+                extra,
+            }),
+    ]
+    .boxed()
+}
+
 fn body() -> BoxedStrategy<BodySpec> {
     let big_len = prop_oneof![
+        MAX_INPUT_BYTES - 1..=MAX_INPUT_BYTES + 1,
         MAX_BODY_BYTES - 1..=MAX_BODY_BYTES + 1,
         MAX_BODY_BYTES + 2..MAX_BODY_BYTES + 8192,
     ];
     let big_kind = prop::sample::select(vec![
-        BigKind::PaddedOrder,
+        BigKind::PaddedInput,
         BigKind::Garbage,
         BigKind::LongString,
     ]);
@@ -658,9 +968,9 @@ fn body() -> BoxedStrategy<BodySpec> {
         1 => "[ \t\r\n]{1,4}".prop_map(BodySpec::Whitespace),
         2 => prop::collection::vec(any::<u8>(), 0..64).prop_map(BodySpec::Bytes),
         2 => arb_json().prop_map(BodySpec::Json),
-        5 => (prop::collection::vec(mutation(), 0..4), encoding())
-            .prop_map(|(m, e)| BodySpec::Order(m, e)),
-        5 => (0usize..3, style()).prop_map(|(i, s)| BodySpec::Pool(i, s)),
+        5 => (0usize..INPUTS, prop::collection::vec(mutation(), 0..4), encoding())
+            .prop_map(|(i, m, e)| BodySpec::Input(i, m, e)),
+        5 => (0usize..INPUTS, style()).prop_map(|(i, s)| BodySpec::Pool(i, s)),
         2 => (
             prop_oneof![
                 3 => long_string().prop_map(Value::from),
@@ -672,59 +982,96 @@ fn body() -> BoxedStrategy<BodySpec> {
             .prop_map(|(r, extra)| BodySpec::Reason(r, extra)),
         1 => (big_kind, big_len).prop_map(|(k, n)| BodySpec::Big(k, n)),
         1 => positional(),
+        2 => (definition(), encoding()).prop_map(|(d, e)| BodySpec::Definition(d, e)),
     ]
     .boxed()
 }
 
 /// Any request at all.
 fn arbitrary_request() -> BoxedStrategy<Req> {
-    (method(), path(), content_type(), key(), body())
-        .prop_map(|(method, path, ct, key, body)| Req {
+    (method(), path(), content_type(), key(), reply(), body())
+        .prop_map(|(method, path, ct, key, reply, body)| Req {
             method,
             path,
             ct,
             key,
+            reply,
             body,
         })
         .boxed()
 }
 
-/// `POST /orders`, mostly with clean headers, pooled keys and valid or mutated bodies.
-fn submit_request() -> BoxedStrategy<Req> {
-    let ct = prop_oneof![
+fn clean_ct() -> BoxedStrategy<CtSpec> {
+    prop_oneof![
         6 => prop_oneof![Just(CtSpec::Absent), Just(CtSpec::Json), Just(CtSpec::JsonCharset)],
         1 => content_type(),
+    ]
+    .boxed()
+}
+
+/// `POST /workflows/{name}/tasks`, mostly with clean headers, pooled keys and valid or
+/// mutated inputs.
+fn submit_request() -> BoxedStrategy<Req> {
+    let workflow = prop_oneof![
+        4 => Just(NameSeg::Pool(0)),
+        3 => Just(NameSeg::Pool(1)),
+        2 => Just(NameSeg::Pool(2)),
+        1 => Just(NameSeg::Pool(3)),
+        1 => junk().prop_map(NameSeg::Junk),
     ];
+    // Few distinct requests, so that keys are reused with the same request and with others.
+    let own = || prop_oneof![3 => Just(0usize), 1 => 1usize..3];
     let key = prop_oneof![
         3 => Just(KeySpec::Absent),
         6 => (0usize..KEYS.len()).prop_map(KeySpec::Pool),
         1 => key(),
     ];
+    // Mostly an input meant for the workflow named (a valid one, or a value changed).
     let body = prop_oneof![
-        4 => (0usize..3, style()).prop_map(|(i, s)| BodySpec::Pool(i, s)),
+        4 => (own(), style()).prop_map(|(i, s)| BodySpec::Pool(i, s)),
         2 => (
+            own(),
             prop::collection::vec(value_mutation(), 1..3),
             prop_oneof![Just(Encoding::Compact), Just(Encoding::Pretty)]
         )
-            .prop_map(|(m, e)| BodySpec::Order(m, e)),
+            .prop_map(|(i, m, e)| BodySpec::Input(i, m, e)),
+        1 => (0usize..INPUTS, style()).prop_map(|(i, s)| BodySpec::Pool(i + INPUTS, s)),
         1 => positional(),
         2 => body(),
     ];
-    (ct, key, body)
-        .prop_map(|(ct, key, body)| Req {
+    let reply = prop_oneof![3 => Just(ReplySpec::Absent), 1 => reply()];
+    (workflow, clean_ct(), key, reply, body)
+        .prop_map(|(workflow, ct, key, reply, mut body)| {
+            // Inputs 0..3 are the workflow's own: orders, loans, or fuzz-a's.
+            let own = match &workflow {
+                NameSeg::Pool(1) => 3,
+                NameSeg::Pool(2) => 6,
+                _ => 0,
+            };
+            match &mut body {
+                BodySpec::Pool(i, _) | BodySpec::Input(i, _, _) => {
+                    *i = if *i >= INPUTS { *i - INPUTS } else { own + *i };
+                }
+                _ => {}
+            }
+            (workflow, ct, key, reply, body)
+        })
+        .prop_map(|(workflow, ct, key, reply, body)| Req {
             method: Method::POST,
-            path: PathSpec::Root {
+            path: PathSpec::Submit {
+                workflow,
                 trailing: false,
                 query: None,
             },
             ct,
             key,
+            reply,
             body,
         })
         .boxed()
 }
 
-/// `GET /orders/{id}`, the operator's actions and list.
+/// `GET /tasks/{id}`, the operator's actions and list.
 fn operator_request() -> BoxedStrategy<Req> {
     let action_body = prop_oneof![
         3 => Just(BodySpec::Empty),
@@ -732,37 +1079,139 @@ fn operator_request() -> BoxedStrategy<Req> {
         1 => positional(),
         1 => body(),
     ];
+    let plain = |method: Method, path: PathSpec, body: BodySpec| Req {
+        method,
+        path,
+        ct: CtSpec::Absent,
+        key: KeySpec::Absent,
+        reply: ReplySpec::Absent,
+        body,
+    };
     prop_oneof![
-        id_seg().prop_map(|id| Req {
-            method: Method::GET,
-            path: PathSpec::Order {
+        id_seg().prop_map(move |id| plain(
+            Method::GET,
+            PathSpec::Task {
                 id,
                 trailing: false,
                 query: None,
             },
-            ct: CtSpec::Absent,
-            key: KeySpec::Absent,
-            body: BodySpec::Empty,
-        }),
-        (id_seg(), action(), action_body).prop_map(|(id, action, body)| Req {
-            method: Method::POST,
-            path: PathSpec::Action {
+            BodySpec::Empty
+        )),
+        (id_seg(), action(), action_body).prop_map(move |(id, action, body)| plain(
+            Method::POST,
+            PathSpec::Action {
                 id,
                 action,
                 trailing: false,
             },
-            ct: CtSpec::Absent,
-            key: KeySpec::Absent,
-            body,
-        }),
-        prop::collection::vec(param(), 0..4).prop_map(|params| Req {
-            method: Method::GET,
-            path: PathSpec::Root {
+            body
+        )),
+        prop::collection::vec(param(), 0..4).prop_map(move |params| plain(
+            Method::GET,
+            PathSpec::Tasks {
                 trailing: false,
                 query: Some(QuerySpec::Params(params)),
             },
+            BodySpec::Empty
+        )),
+    ]
+    .boxed()
+}
+
+/// The definitions' routes: reads, and `PUT`s of valid and broken definitions.
+fn catalog_request() -> BoxedStrategy<Req> {
+    let mutations = prop_oneof![
+        2 => Just(vec![]),
+        3 => prop::collection::vec(def_mutation(), 1..3),
+    ];
+    let base = prop::sample::select(vec![WfBase::Ecommerce, WfBase::Loan, WfBase::FuzzA]);
+    let workflow = (base, mutations).prop_map(|(b, m)| DefSpec::Workflow(b, m));
+    let service = (
+        0usize..SERVICES.len(),
+        prop::option::weighted(0.5, 0usize..DESCRIPTIONS.len()),
+        target(),
+        prop::option::weighted(0.1, ("[a-z]{1,6}", arb_json())),
+    )
+        .prop_map(|(name, description, target, extra)| DefSpec::Service {
+            name,
+            description,
+            target,
+            extra,
+        });
+    // Mostly to the route of the definition's own kind and name; sometimes elsewhere.
+    let put = (
+        prop_oneof![3 => workflow, 2 => service],
+        prop::option::weighted(0.15, (def_kind(), name_seg())),
+        prop_oneof![4 => Just(Encoding::Compact), 1 => encoding()],
+        clean_ct(),
+    )
+        .prop_map(|(def, elsewhere, encoding, ct)| {
+            let (kind, name) = elsewhere.unwrap_or(match &def {
+                DefSpec::Workflow(base, _) => (
+                    DefKind::Workflows,
+                    NameSeg::Pool(match base {
+                        WfBase::Ecommerce => 0,
+                        WfBase::Loan => 1,
+                        WfBase::FuzzA => 2,
+                    }),
+                ),
+                DefSpec::Service { name, .. } => (DefKind::Services, NameSeg::Pool(*name)),
+            });
+            Req {
+                method: Method::PUT,
+                path: PathSpec::Definition {
+                    kind,
+                    name,
+                    version: None,
+                    trailing: false,
+                },
+                ct,
+                key: KeySpec::Absent,
+                reply: ReplySpec::Absent,
+                body: BodySpec::Definition(def, encoding),
+            }
+        });
+    let put_junk =
+        (def_kind(), name_seg(), clean_ct(), body()).prop_map(|(kind, name, ct, body)| Req {
+            method: Method::PUT,
+            path: PathSpec::Definition {
+                kind,
+                name,
+                version: None,
+                trailing: false,
+            },
+            ct,
+            key: KeySpec::Absent,
+            reply: ReplySpec::Absent,
+            body,
+        });
+    prop_oneof![
+        5 => put,
+        1 => put_junk,
+        2 => (def_kind(), name_seg(), prop::option::weighted(0.4, version_seg())).prop_map(
+            |(kind, name, version)| Req {
+                method: Method::GET,
+                path: PathSpec::Definition {
+                    kind,
+                    name,
+                    version,
+                    trailing: false,
+                },
+                ct: CtSpec::Absent,
+                key: KeySpec::Absent,
+                reply: ReplySpec::Absent,
+                body: BodySpec::Empty,
+            }
+        ),
+        1 => def_kind().prop_map(|kind| Req {
+            method: Method::GET,
+            path: PathSpec::Catalog {
+                kind,
+                trailing: false,
+            },
             ct: CtSpec::Absent,
             key: KeySpec::Absent,
+            reply: ReplySpec::Absent,
             body: BodySpec::Empty,
         }),
     ]
@@ -773,40 +1222,83 @@ fn request() -> BoxedStrategy<Req> {
     prop_oneof![
         4 => submit_request(),
         3 => operator_request(),
+        2 => catalog_request(),
         3 => arbitrary_request(),
     ]
     .boxed()
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rendering a request, and what the README says its answer must be.
+// The model: what the test knows so far, and what the API must answer.
 // ---------------------------------------------------------------------------------------------
 
-/// What the test knows so far: the orders created, the keys used, the cursors returned.
-#[derive(Default)]
+/// What the test knows so far: the tasks created, the keys used, the cursors returned, and the
+/// definitions published.
 struct Model {
-    created: Vec<OrderId>,
-    created_set: HashSet<OrderId>,
-    /// Key → (the request it was first accepted with, re-serialized; the order).
-    keys: HashMap<String, (Value, OrderId)>,
+    created: Vec<TaskId>,
+    created_set: HashSet<TaskId>,
+    /// Key → (the request it was first accepted with; the task).
+    keys: HashMap<String, (Value, TaskId)>,
     cursors: Vec<String>,
+    /// Every version of every definition, as stored (normalized).
+    catalog: BTreeMap<(Kind, String), Vec<Value>>,
+    /// The deployment's policy, under every workflow (what validation uses).
+    policy: sas::Policy,
 }
 
 impl Model {
+    fn new(policy: sas::Policy) -> Self {
+        let mut catalog = BTreeMap::new();
+        for s in examples::services() {
+            let body = serde_json::to_value(&s).expect("a service serializes");
+            catalog.insert((Kind::Service, s.name.clone()), vec![body]);
+        }
+        for text in [examples::ECOMMERCE_ORDER, examples::LOAN_APPLICATION] {
+            let value = workflow::parse_value(text, workflow::Format::Yaml).expect("YAML");
+            let doc = workflow::parse_workflow(value).expect("an example parses");
+            let body = serde_json::to_value(&doc).expect("a workflow serializes");
+            catalog.insert((Kind::Workflow, doc.name.clone()), vec![body]);
+        }
+        Self {
+            created: vec![],
+            created_set: HashSet::new(),
+            keys: HashMap::new(),
+            cursors: vec![],
+            catalog,
+            policy,
+        }
+    }
+
+    fn latest(&self, kind: Kind, name: &str) -> Option<(u32, &Value)> {
+        self.catalog
+            .get(&(kind, name.to_owned()))
+            .and_then(|v| v.last().map(|b| (v.len() as u32, b)))
+    }
+
+    fn services(&self) -> BTreeSet<String> {
+        self.catalog
+            .keys()
+            .filter(|(k, _)| *k == Kind::Service)
+            .map(|(_, n)| n.clone())
+            .collect()
+    }
+
+    /// The newest version of workflow `name`, compiled: the oracle for its inputs.
+    fn workflow(&self, name: &str) -> Option<(u32, Workflow)> {
+        let (v, body) = self.latest(Kind::Workflow, name)?;
+        let w = Workflow::from_value(body.clone(), None, &self.policy)
+            .expect("a published workflow compiles");
+        Some((v, w))
+    }
+
     fn resolve(&self, id: &IdSeg) -> (String, ResolvedId) {
         match id {
             IdSeg::Created(i, form) => match self.created.get(i % self.created.len().max(1)) {
-                Some(id) => (
-                    form.render(id.as_uuid()),
-                    ResolvedId::Known(*id, *form == UuidForm::Lower),
-                ),
-                // No order yet: a UUID no order has (v4 ids never have version 0).
+                Some(id) => (form.render(id.as_uuid()), ResolvedId::Known(*id)),
+                // No task yet: a UUID no task has (v4 ids never have version 0).
                 None => {
                     let u = Uuid::from_u128(0xdead_beef_0000_0000_0000_0000_0000_0000 + *i as u128);
-                    (
-                        form.render(u),
-                        ResolvedId::Unknown(*form == UuidForm::Lower),
-                    )
+                    (form.render(u), ResolvedId::Unknown)
                 }
             },
             IdSeg::Random(n, form) => {
@@ -815,11 +1307,8 @@ impl Model {
                     .created
                     .iter()
                     .find(|c| c.as_uuid() == u)
-                    .map(|c| ResolvedId::Known(*c, *form == UuidForm::Lower));
-                (
-                    form.render(u),
-                    known.unwrap_or(ResolvedId::Unknown(*form == UuidForm::Lower)),
-                )
+                    .map(|c| ResolvedId::Known(*c));
+                (form.render(u), known.unwrap_or(ResolvedId::Unknown))
             }
             IdSeg::Junk(s) => {
                 let r = match Uuid::parse_str(s) {
@@ -833,13 +1322,20 @@ impl Model {
     }
 }
 
-/// What a path's `{orderId}` turned out to be.
+fn name_of(seg: &NameSeg, pool: &[&str]) -> String {
+    match seg {
+        NameSeg::Pool(i) => pool[i % pool.len()].to_owned(),
+        NameSeg::Junk(s) => s.clone(),
+    }
+}
+
+/// What a path's `{taskId}` turned out to be.
 #[derive(Debug, Clone, Copy)]
 enum ResolvedId {
-    /// An order's id; `true` if in canonical form.
-    Known(OrderId, bool),
-    /// A UUID no order has; `true` if in canonical form.
-    Unknown(bool),
+    /// A task's id (in any spelling the UUID parser takes).
+    Known(TaskId),
+    /// A UUID no task has.
+    Unknown,
     /// Not a UUID, and a single segment.
     NotUuid,
     Unpredictable,
@@ -850,14 +1346,18 @@ fn plain(s: &str) -> bool {
     !s.is_empty() && !s.contains(['/', '?'])
 }
 
-/// The route of a request whose answer the README pins down.
+/// The route of a request whose answer is pinned down.
 #[derive(Debug)]
 enum Route {
-    Submit,
+    Submit(String),
     Get(ResolvedId),
-    Operate(ResolvedId, bool),
-    /// `Ok` for 200, or the error code of the first bad parameter; `None`: not predicted.
-    List(Option<Result<(), &'static str>>),
+    Operate(ResolvedId),
+    /// `Ok` for 200 (with the `workflow` filter, if any), or the error code of the first bad
+    /// parameter; `None`: not predicted.
+    List(Option<Result<Option<String>, &'static str>>),
+    Entries(Kind),
+    Definition(Kind, String, Option<String>),
+    Publish(Kind, String),
     /// A known path with a method it does not allow.
     WrongMethod,
     /// A path that is no route.
@@ -873,18 +1373,23 @@ struct Rendered {
     route: Route,
 }
 
-fn pool_request(i: usize) -> Value {
-    match i % 3 {
+/// The number of inputs in [`pool_input`].
+const INPUTS: usize = 8;
+
+/// Valid inputs: orders, loans, and `fuzz-a`'s.
+fn pool_input(i: usize) -> Value {
+    match i % INPUTS {
         0 => json!({"customerId": "c-1", "items": [{"sku": "SKU-1", "quantity": 2}]}),
         1 => json!({"customerId": "c-2", "items": [
             {"sku": "SKU-2", "quantity": 1},
             {"sku": "SKU-3", "quantity": 5}
         ]}),
-        _ => json!({
-            "customerId": "c-1",
-            "items": [{"sku": "SKU-1", "quantity": 3}],
-            "replyQueueUrl": "https://sqs.us-east-1.amazonaws.com/123456789012/sas-dev-client-shop"
-        }),
+        2 => json!({"customerId": "c-1", "items": [{"sku": "SKU-1", "quantity": 3}]}),
+        3 => json!({"applicantId": "a-1", "amount": 1000, "currency": "EUR"}),
+        4 => json!({"applicantId": "a-2", "amount": 2500.5, "currency": "USD"}),
+        5 => json!({"applicantId": "a-1", "amount": 10_000_000, "currency": "JPY"}),
+        6 => json!({"x": 1}),
+        _ => json!({"x": 0}),
     }
 }
 
@@ -911,13 +1416,28 @@ fn reversed(v: &Value) -> String {
     }
 }
 
-fn styled(i: usize, style: Style) -> Vec<u8> {
-    let v = pool_request(i);
+fn styled(v: &Value, style: Style) -> Vec<u8> {
     match style {
-        Style::Compact => to_bytes(&v),
-        Style::Pretty => serde_json::to_vec_pretty(&v).expect("a Value serializes"),
-        Style::Reversed => reversed(&v).into_bytes(),
+        Style::Compact => to_bytes(v),
+        Style::Pretty => serde_json::to_vec_pretty(v).expect("a Value serializes"),
+        Style::Reversed => reversed(v).into_bytes(),
         Style::Padded => format!(" \r\n\t{v}\n ").into_bytes(),
+    }
+}
+
+fn encode(v: &Value, encoding: &Encoding) -> Vec<u8> {
+    let compact = to_bytes(v);
+    match encoding {
+        Encoding::Compact => compact,
+        Encoding::Pretty => serde_json::to_vec_pretty(v).expect("a Value serializes"),
+        Encoding::Truncate(n) => compact[..n % (compact.len() + 1)].to_vec(),
+        Encoding::Insert(at, b) => {
+            let mut c = compact;
+            let at = at % (c.len() + 1);
+            c.insert(at, *b);
+            c
+        }
+        Encoding::Twice => [compact.clone(), compact].concat(),
     }
 }
 
@@ -927,7 +1447,10 @@ fn field_name(f: Field) -> &'static str {
         Field::Items => "items",
         Field::Sku => "sku",
         Field::Quantity => "quantity",
-        Field::ReplyQueueUrl => "replyQueueUrl",
+        Field::ApplicantId => "applicantId",
+        Field::Amount => "amount",
+        Field::Currency => "currency",
+        Field::X => "x",
     }
 }
 
@@ -983,32 +1506,182 @@ fn mutate(v: &mut Value, m: &Mutation) {
     }
 }
 
+/// `fuzz-a`: one step on `inventory`, with an undo.
+fn fuzz_a() -> Value {
+    json!({
+        "name": "fuzz-a",
+        "input": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["x"],
+            "properties": {"x": {"type": "integer", "minimum": 0}}
+        },
+        "steps": [{
+            "name": "one",
+            "service": "inventory",
+            "input": {"x": "$.input.x", "task": "$.task.id"},
+            "undo": {"action": "undo-one"}
+        }]
+    })
+}
+
+fn example_value(text: &str) -> Value {
+    workflow::parse_value(text, workflow::Format::Yaml).expect("an example parses")
+}
+
+fn def_mutate(v: &mut Value, m: &DefMutation) {
+    let Some(top) = v.as_object_mut() else {
+        return;
+    };
+    fn step0(
+        top: &mut serde_json::Map<String, Value>,
+    ) -> Option<&mut serde_json::Map<String, Value>> {
+        top.get_mut("steps")
+            .and_then(Value::as_array_mut)
+            .and_then(|s| s.first_mut())
+            .and_then(Value::as_object_mut)
+    }
+    fn steps(top: &mut serde_json::Map<String, Value>) -> Option<&mut Vec<Value>> {
+        top.get_mut("steps").and_then(Value::as_array_mut)
+    }
+    match m {
+        DefMutation::Description(i) => {
+            top.insert(
+                "description".into(),
+                Value::from(DESCRIPTIONS[i % DESCRIPTIONS.len()]),
+            );
+        }
+        DefMutation::SetName(n) => {
+            top.insert("name".into(), n.clone());
+        }
+        DefMutation::Remove(k) => {
+            top.remove(*k);
+        }
+        DefMutation::EmptySteps => {
+            top.insert("steps".into(), json!([]));
+        }
+        DefMutation::StepService(s) => {
+            if let Some(step) = step0(top) {
+                step.insert("service".into(), Value::from(s.as_str()));
+            }
+        }
+        DefMutation::StepName(n) => {
+            if let Some(step) = step0(top) {
+                step.insert("name".into(), n.clone());
+            }
+        }
+        DefMutation::ExtraTop(k, val) => {
+            top.insert(k.clone(), val.clone());
+        }
+        DefMutation::ExtraStep(k, val) => {
+            if let Some(step) = step0(top) {
+                step.insert(k.clone(), val.clone());
+            }
+        }
+        DefMutation::Timeout(t) => {
+            if let Some(step) = step0(top) {
+                step.insert("timeout".into(), Value::from(t.as_str()));
+            }
+        }
+        DefMutation::ForwardRef => {
+            if let Some(step) = step0(top) {
+                step.insert("input".into(), json!({"x": "$.steps['later'].result.id"}));
+            }
+            if let Some(all) = steps(top) {
+                all.push(json!({"name": "later", "service": "inventory"}));
+            }
+        }
+        DefMutation::SecondPivot => {
+            if let Some(all) = steps(top) {
+                for s in all.iter_mut().take(2) {
+                    if let Some(o) = s.as_object_mut() {
+                        o.insert("pivot".into(), Value::Bool(true));
+                    }
+                }
+            }
+        }
+        DefMutation::UndoAfterPivot => {
+            if let Some(all) = steps(top) {
+                if let Some(o) = all.first_mut().and_then(Value::as_object_mut) {
+                    o.insert("pivot".into(), Value::Bool(true));
+                }
+                all.push(json!({"name": "after", "service": "inventory", "undo": {"action": "un-after"}}));
+            }
+        }
+        DefMutation::InputSchema(s) => {
+            top.insert("input".into(), s.clone());
+        }
+        DefMutation::BigMapping(n) => {
+            if let Some(step) = step0(top) {
+                step.insert("input".into(), json!({"blob": "b".repeat(*n)}));
+            }
+        }
+        DefMutation::ManySteps(n) => {
+            let all: Vec<Value> = (0..*n)
+                .map(|i| json!({"name": format!("s{i}"), "service": "inventory"}))
+                .collect();
+            top.insert("steps".into(), Value::Array(all));
+        }
+        DefMutation::Retry(r) => {
+            if let Some(step) = step0(top) {
+                step.insert("retry".into(), r.clone());
+            }
+        }
+    }
+}
+
+fn render_definition(d: &DefSpec) -> Value {
+    match d {
+        DefSpec::Workflow(base, mutations) => {
+            let mut v = match base {
+                WfBase::Ecommerce => example_value(examples::ECOMMERCE_ORDER),
+                WfBase::Loan => example_value(examples::LOAN_APPLICATION),
+                WfBase::FuzzA => fuzz_a(),
+            };
+            for m in mutations {
+                def_mutate(&mut v, m);
+            }
+            v
+        }
+        DefSpec::Service {
+            name,
+            description,
+            target,
+            extra,
+        } => {
+            let mut v = json!({
+                "name": SERVICES[name % SERVICES.len()],
+                "target": match target {
+                    TargetSpec::Simulated => json!({"type": "simulated"}),
+                    TargetSpec::Http(url) => json!({"type": "http", "baseUrl": url}),
+                    TargetSpec::Junk(j) => j.clone(),
+                },
+            });
+            if let Some(d) = description {
+                v["description"] = Value::from(DESCRIPTIONS[d % DESCRIPTIONS.len()]);
+            }
+            if let Some((k, val)) = extra {
+                v[k.as_str()] = val.clone();
+            }
+            v
+        }
+    }
+}
+
 fn render_body(spec: &BodySpec) -> Vec<u8> {
     match spec {
         BodySpec::Empty => Vec::new(),
         BodySpec::Whitespace(s) => s.clone().into_bytes(),
         BodySpec::Bytes(b) => b.clone(),
         BodySpec::Json(v) => to_bytes(v),
-        BodySpec::Order(mutations, encoding) => {
-            let mut v = pool_request(0);
+        BodySpec::Input(i, mutations, encoding) => {
+            let mut v = pool_input(*i);
             for m in mutations {
                 mutate(&mut v, m);
             }
-            let compact = to_bytes(&v);
-            match encoding {
-                Encoding::Compact => compact,
-                Encoding::Pretty => serde_json::to_vec_pretty(&v).expect("a Value serializes"),
-                Encoding::Truncate(n) => compact[..n % (compact.len() + 1)].to_vec(),
-                Encoding::Insert(at, b) => {
-                    let mut c = compact;
-                    let at = at % (c.len() + 1);
-                    c.insert(at, *b);
-                    c
-                }
-                Encoding::Twice => [compact.clone(), compact].concat(),
-            }
+            encode(&v, encoding)
         }
-        BodySpec::Pool(i, style) => styled(*i, *style),
+        BodySpec::Pool(i, style) => styled(&pool_input(*i), *style),
         BodySpec::Reason(reason, extra) => {
             let mut m = serde_json::Map::new();
             m.insert("reason".into(), reason.clone());
@@ -1020,7 +1693,7 @@ fn render_body(spec: &BodySpec) -> Vec<u8> {
         BodySpec::Positional(values) => to_bytes(&Value::Array(values.clone())),
         BodySpec::Big(kind, len) => {
             let mut b = match kind {
-                BigKind::PaddedOrder => to_bytes(&pool_request(0)),
+                BigKind::PaddedInput => to_bytes(&pool_input(0)),
                 BigKind::Garbage => Vec::new(),
                 BigKind::LongString => {
                     br#"{"items":[{"sku":"SKU-1","quantity":2}],"customerId":""#.to_vec()
@@ -1031,7 +1704,7 @@ fn render_body(spec: &BodySpec) -> Vec<u8> {
                 _ => b"",
             };
             let fill = match kind {
-                BigKind::PaddedOrder => b' ',
+                BigKind::PaddedInput => b' ',
                 _ => b'x',
             };
             let n = len.saturating_sub(b.len() + tail.len());
@@ -1039,6 +1712,7 @@ fn render_body(spec: &BodySpec) -> Vec<u8> {
             b.extend_from_slice(tail);
             b
         }
+        BodySpec::Definition(d, encoding) => encode(&render_definition(d), encoding),
     }
 }
 
@@ -1047,14 +1721,18 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Renders a query; with the list's expected answer if it can be told.
-fn render_query(q: &QuerySpec, model: &Model) -> (String, Option<Result<(), &'static str>>) {
+fn render_query(
+    q: &QuerySpec,
+    model: &Model,
+) -> (String, Option<Result<Option<String>, &'static str>>) {
     match q {
         QuerySpec::Raw(s) => (s.clone(), None),
         QuerySpec::Params(params) => {
             let mut ser = url::form_urlencoded::Serializer::new(String::new());
-            let mut expect: Option<Option<Result<(), &'static str>>> = None;
+            let mut expect: Option<Option<Result<Option<String>, &'static str>>> = None;
             let mut state = false;
-            let mut decide = |e: Option<Result<(), &'static str>>| {
+            let mut filter: Option<String> = None;
+            let mut decide = |e: Option<Result<Option<String>, &'static str>>| {
                 if expect.is_none() {
                     expect = Some(e);
                 }
@@ -1068,6 +1746,11 @@ fn render_query(q: &QuerySpec, model: &Model) -> (String, Option<Result<(), &'st
                         } else {
                             decide(Some(Err("invalid_state")));
                         }
+                    }
+                    Param::Workflow(w) => {
+                        ser.append_pair("workflow", w);
+                        // The last one given counts.
+                        filter = Some(w.clone());
                     }
                     Param::Limit(s) => {
                         ser.append_pair("limit", s);
@@ -1115,7 +1798,7 @@ fn render_query(q: &QuerySpec, model: &Model) -> (String, Option<Result<(), &'st
             }
             let expect = match expect {
                 Some(e) => e,
-                None if state => Some(Ok(())),
+                None if state => Some(Ok(filter)),
                 None => Some(Err("missing_state")),
             };
             (ser.finish(), expect)
@@ -1145,6 +1828,14 @@ fn render(req: &Req, model: &Model) -> Rendered {
     if let Some(v) = key.and_then(|b| HeaderValue::from_bytes(&b).ok()) {
         headers.insert(submission::IDEMPOTENCY_KEY, v);
     }
+    let reply: Option<Vec<u8>> = match &req.reply {
+        ReplySpec::Absent => None,
+        ReplySpec::Value(s) => Some(s.as_bytes().to_vec()),
+        ReplySpec::Raw(b) => Some(b.clone()),
+    };
+    if let Some(v) = reply.and_then(|b| HeaderValue::from_bytes(&b).ok()) {
+        headers.insert(submission::REPLY_QUEUE_URL, v);
+    }
     let body = render_body(&req.body);
     let slash = |t: bool| if t { "/" } else { "" };
     let with_query = |p: String, q: &Option<QuerySpec>| match q {
@@ -1156,25 +1847,42 @@ fn render(req: &Req, model: &Model) -> Rendered {
     };
     let m = &req.method;
     let (path, route) = match &req.path {
-        PathSpec::Root { trailing, query } => {
-            let (path, list) = with_query(format!("/orders{}", slash(*trailing)), query);
+        PathSpec::Submit {
+            workflow,
+            trailing,
+            query,
+        } => {
+            let name = name_of(workflow, &WORKFLOWS);
+            let (path, _) = with_query(
+                format!("/workflows/{name}/tasks{}", slash(*trailing)),
+                query,
+            );
+            let route = if *trailing || query.is_some() || !plain(&name) {
+                Route::Other
+            } else if *m == Method::POST {
+                Route::Submit(name)
+            } else {
+                Route::WrongMethod
+            };
+            (path, route)
+        }
+        PathSpec::Tasks { trailing, query } => {
+            let (path, list) = with_query(format!("/tasks{}", slash(*trailing)), query);
             let route = match (m, trailing, query) {
                 (_, true, _) => Route::Other,
-                (&Method::POST, false, None) => Route::Submit,
                 (&Method::GET, false, None) => Route::List(Some(Err("missing_state"))),
                 (&Method::GET, false, Some(_)) => Route::List(list),
-                (&Method::POST, false, Some(_)) => Route::Other,
                 _ => Route::WrongMethod,
             };
             (path, route)
         }
-        PathSpec::Order {
+        PathSpec::Task {
             id,
             trailing,
             query,
         } => {
             let (seg, resolved) = model.resolve(id);
-            let (path, _) = with_query(format!("/orders/{seg}{}", slash(*trailing)), query);
+            let (path, _) = with_query(format!("/tasks/{seg}{}", slash(*trailing)), query);
             let route = if *trailing || query.is_some() || !plain(&seg) {
                 Route::Other
             } else if *m == Method::GET {
@@ -1190,15 +1898,59 @@ fn render(req: &Req, model: &Model) -> Rendered {
             trailing,
         } => {
             let (seg, resolved) = model.resolve(id);
-            let path = format!("/orders/{seg}/{action}{}", slash(*trailing));
+            let path = format!("/tasks/{seg}/{action}{}", slash(*trailing));
             let route = if *trailing || !plain(&seg) || !plain(action) {
                 Route::Other
             } else if !ACTIONS.contains(&action.as_str()) {
                 Route::Unrouted
             } else if *m == Method::POST {
-                Route::Operate(resolved, action_body_ok(&body))
+                Route::Operate(resolved)
             } else {
                 Route::WrongMethod
+            };
+            (path, route)
+        }
+        PathSpec::Catalog { kind, trailing } => {
+            let path = format!("/{}{}", kind.segment(), slash(*trailing));
+            let route = if *trailing {
+                Route::Other
+            } else if *m == Method::GET {
+                Route::Entries(kind.kind())
+            } else {
+                Route::WrongMethod
+            };
+            (path, route)
+        }
+        PathSpec::Definition {
+            kind,
+            name,
+            version,
+            trailing,
+        } => {
+            let pool: &[&str] = match kind {
+                DefKind::Workflows => &WORKFLOWS,
+                DefKind::Services => &SERVICES,
+            };
+            let name = name_of(name, pool);
+            let tail = match version {
+                Some(v) => format!("/versions/{v}"),
+                None => String::new(),
+            };
+            let path = format!("/{}/{name}{tail}{}", kind.segment(), slash(*trailing));
+            let plain_version = version.as_ref().is_none_or(|v| plain(v));
+            let route = if *trailing || !plain(&name) || !plain_version {
+                Route::Other
+            } else {
+                match (kind, version, m) {
+                    (DefKind::Services, Some(_), _) => Route::Unrouted,
+                    (_, Some(_), &Method::GET) => {
+                        Route::Definition(kind.kind(), name, version.clone())
+                    }
+                    (_, Some(_), _) => Route::WrongMethod,
+                    (_, None, &Method::GET) => Route::Definition(kind.kind(), name, None),
+                    (_, None, &Method::PUT) => Route::Publish(kind.kind(), name),
+                    (_, None, _) => Route::WrongMethod,
+                }
             };
             (path, route)
         }
@@ -1210,7 +1962,11 @@ fn render(req: &Req, model: &Model) -> Rendered {
             let parts: Vec<String> = segs
                 .iter()
                 .map(|s| match s {
-                    Seg::Orders => "orders".to_owned(),
+                    Seg::Workflows => "workflows".to_owned(),
+                    Seg::Services => "services".to_owned(),
+                    Seg::Tasks => "tasks".to_owned(),
+                    Seg::Versions => "versions".to_owned(),
+                    Seg::Name(n) => name_of(n, &WORKFLOWS),
                     Seg::Id(id) => model.resolve(id).0,
                     Seg::Action(a) => a.clone(),
                     Seg::Junk(j) => j.clone(),
@@ -1222,8 +1978,11 @@ fn render(req: &Req, model: &Model) -> Rendered {
                 if *leading_slash { "/" } else { "" },
                 parts.join("/")
             );
+            let routed = ["workflows", "services", "tasks"];
             let route = match (leading_slash, parts.first()) {
-                (true, Some(first)) if plain(first) && first != "orders" => Route::Unrouted,
+                (true, Some(first)) if plain(first) && !routed.contains(&first.as_str()) => {
+                    Route::Unrouted
+                }
                 _ => Route::Other,
             };
             (with_query(p, query).0, route)
@@ -1238,13 +1997,8 @@ fn render(req: &Req, model: &Model) -> Rendered {
     }
 }
 
-/// An operator action's body the README accepts: none, or `{"reason": string|null}` with a
-/// reason of at most 500 characters.
-fn action_body_ok(body: &[u8]) -> bool {
-    action_body_error(body).is_none()
-}
-
-/// The error code the README gives for an operator action's body, if it is refused.
+/// The error code an operator action's body gets, if it is refused: none, or
+/// `{"reason": string|null}` with a reason of at most 500 characters, is accepted.
 fn action_body_error(body: &[u8]) -> Option<&'static str> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return None;
@@ -1271,7 +2025,7 @@ fn action_body_error(body: &[u8]) -> Option<&'static str> {
     }
 }
 
-/// The idempotency key as the README defines a valid one; `Err` if present and invalid.
+/// The idempotency key as documented; `Err` if present and invalid.
 fn key_of(headers: &HeaderMap) -> Result<Option<String>, ()> {
     match headers.get(submission::IDEMPOTENCY_KEY) {
         None => Ok(None),
@@ -1283,6 +2037,17 @@ fn key_of(headers: &HeaderMap) -> Result<Option<String>, ()> {
                 Err(())
             }
         }
+    }
+}
+
+/// The reply queue URL header; `Err` if present and invalid.
+fn reply_of(headers: &HeaderMap) -> Result<Option<String>, ()> {
+    match headers.get(submission::REPLY_QUEUE_URL) {
+        None => Ok(None),
+        Some(v) => match v.to_str().ok().map(parse_queue_url) {
+            Some(Ok(u)) => Ok(Some(u)),
+            _ => Err(()),
+        },
     }
 }
 
@@ -1304,30 +2069,49 @@ fn json_content_type(headers: &HeaderMap) -> bool {
 // Running a request and checking everything.
 // ---------------------------------------------------------------------------------------------
 
-/// Everything the handler may change: the records, the messages queued, the events published.
-#[derive(PartialEq)]
+/// Everything the handler may change: the records, the messages queued, the events published,
+/// the definitions.
+#[derive(PartialEq, Debug)]
 struct Snapshot {
-    records: HashMap<OrderId, StateRecord>,
+    records: HashMap<TaskId, StateRecord>,
     queued: Vec<(String, usize)>,
     events: usize,
+    catalog: BTreeMap<(Kind, String), Vec<Value>>,
 }
 
-fn snapshot(system: &System) -> Snapshot {
+async fn snapshot(system: &System) -> Snapshot {
     let (store, queues, bus) = system.memory.as_ref().expect("the memory backend");
     let r = &system.resources;
     let mut urls = vec![
         r.work_queue_url.clone(),
         r.reply_queue_url.clone(),
         r.timer_queue_url.clone(),
+        r.agent_queue_url.clone(),
         r.dead_letter_url.clone(),
     ];
-    urls.extend(r.agent_queue_urls.values().cloned());
     urls.sort();
+    urls.dedup();
+    let mut catalog = BTreeMap::new();
+    let c = system.definitions.catalog();
+    for kind in [Kind::Workflow, Kind::Service] {
+        for e in c.entries(kind).await.expect("entries") {
+            let mut versions = vec![];
+            for v in 1..=e.latest {
+                let d = c
+                    .definition(kind, &e.name, Some(v))
+                    .await
+                    .expect("read")
+                    .unwrap_or_else(|| panic!("{} v{v} is listed but missing", e.name));
+                versions.push(d.body);
+            }
+            catalog.insert((kind, e.name), versions);
+        }
+    }
     Snapshot {
         records: store
             .all_states()
             .into_iter()
-            .map(|r| (r.order_id, r))
+            .map(|r| (r.task_id, r))
             .collect(),
         queued: urls
             .into_iter()
@@ -1337,6 +2121,7 @@ fn snapshot(system: &System) -> Snapshot {
             })
             .collect(),
         events: bus.published().len(),
+        catalog,
     }
 }
 
@@ -1360,18 +2145,157 @@ fn clip(s: &str) -> String {
     }
 }
 
-fn order_id(json: &Value) -> Option<OrderId> {
-    json["orderId"].as_str().and_then(|s| s.parse().ok())
+fn task_id(json: &Value) -> Option<TaskId> {
+    json["taskId"].as_str().and_then(|s| s.parse().ok())
 }
 
 fn code_of(json: &Value) -> &str {
     json["error"]["code"].as_str().unwrap_or_default()
 }
 
+/// Every `error.problems[*]` has a non-empty message and an `at` that is a JSON pointer into
+/// `doc`.
+fn check_problems(json: &Value, doc: &Value, ctx: &str) -> Result<(), TestCaseError> {
+    let problems = json["error"]["problems"].as_array();
+    prop_assert!(
+        problems.is_some_and(|p| !p.is_empty()),
+        "no problems listed: {ctx}"
+    );
+    for p in problems.into_iter().flatten() {
+        let at = p["at"].as_str();
+        prop_assert!(at.is_some(), "a problem without `at`: {ctx}");
+        let at = at.unwrap_or_default();
+        prop_assert!(
+            at.is_empty() || at.starts_with('/'),
+            "`at` is no JSON pointer ({at:?}): {ctx}"
+        );
+        prop_assert!(
+            doc.pointer(at).is_some(),
+            "`at` {at:?} names nothing in the body: {ctx}"
+        );
+        prop_assert!(
+            p["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "a problem without a message: {ctx}"
+        );
+    }
+    Ok(())
+}
+
+/// What the answer must be for a route whose outcome the model can tell.
+#[derive(Debug, PartialEq)]
+enum Want {
+    Status(StatusCode, &'static str),
+    Created,
+    /// A replay of this task.
+    Replay(TaskId),
+    /// Published: `(version, created)`.
+    Published(u32, bool),
+}
+
+/// `POST /workflows/{name}/tasks`: the checks in the handler's order.
+fn expect_submit(model: &Model, name: &str, r: &Rendered) -> (Want, Option<Value>) {
+    use StatusCode as S;
+    if r.body.len() > MAX_INPUT_BYTES {
+        return (Want::Status(S::PAYLOAD_TOO_LARGE, "input_too_large"), None);
+    }
+    if !json_content_type(&r.headers) {
+        return (
+            Want::Status(S::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+            None,
+        );
+    }
+    let Ok(key) = key_of(&r.headers) else {
+        return (
+            Want::Status(S::BAD_REQUEST, "invalid_idempotency_key"),
+            None,
+        );
+    };
+    let Ok(reply) = reply_of(&r.headers) else {
+        return (
+            Want::Status(S::BAD_REQUEST, "invalid_reply_queue_url"),
+            None,
+        );
+    };
+    let Ok(input) = serde_json::from_slice::<Value>(&r.body) else {
+        return (Want::Status(S::BAD_REQUEST, "invalid_json"), None);
+    };
+    let Some((_, w)) = model.workflow(name) else {
+        return (Want::Status(S::NOT_FOUND, "workflow_not_found"), None);
+    };
+    if w.check_input(&input).is_err() {
+        return (
+            Want::Status(S::BAD_REQUEST, "validation_failed"),
+            Some(input),
+        );
+    }
+    let request = json!({"workflow": name, "input": input, "replyQueueUrl": reply});
+    match key.and_then(|k| model.keys.get(&k).cloned()) {
+        None => (Want::Created, Some(request)),
+        Some((first, id)) if first == request => (Want::Replay(id), Some(request)),
+        Some(_) => (
+            Want::Status(S::CONFLICT, "idempotency_key_reused"),
+            Some(request),
+        ),
+    }
+}
+
+/// `PUT /workflows/{name}`, `PUT /services/{name}`: the checks in the handler's order, and
+/// the body as it would be stored.
+fn expect_publish(model: &Model, kind: Kind, name: &str, r: &Rendered) -> (Want, Option<Value>) {
+    use StatusCode as S;
+    if !json_content_type(&r.headers) {
+        return (
+            Want::Status(S::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+            None,
+        );
+    }
+    let Ok(value) = serde_json::from_slice::<Value>(&r.body) else {
+        return (Want::Status(S::BAD_REQUEST, "invalid_json"), None);
+    };
+    if let Some(named) = value.get("name").and_then(Value::as_str)
+        && named != name
+    {
+        return (Want::Status(S::BAD_REQUEST, "name_mismatch"), None);
+    }
+    let normalized = match kind {
+        Kind::Workflow => {
+            Workflow::from_value(value.clone(), Some(&model.services()), &model.policy)
+                .map(|w| serde_json::to_value(&w.doc).expect("a workflow serializes"))
+        }
+        Kind::Service => workflow::parse_services(json!({ "services": [value.clone()] }))
+            .map(|d| serde_json::to_value(&d.services[0]).expect("a service serializes")),
+    };
+    let Ok(normalized) = normalized else {
+        return (
+            Want::Status(S::BAD_REQUEST, "invalid_definition"),
+            Some(value),
+        );
+    };
+    let stored_name = normalized["name"].as_str().unwrap_or_default();
+    match model.latest(kind, stored_name) {
+        Some((v, latest)) if *latest == normalized => (Want::Published(v, false), Some(normalized)),
+        Some((v, _)) => (Want::Published(v + 1, true), Some(normalized)),
+        None => (Want::Published(1, true), Some(normalized)),
+    }
+}
+
 /// Sends one request and checks the answer and the store against the model.
 async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestCaseError> {
     let r = render(req, model);
-    let before = snapshot(system);
+    let before = snapshot(system).await;
+    prop_assert!(
+        before.catalog == model.catalog,
+        "the model's definitions are the store's"
+    );
+    // The answers the documentation pins down, decided on the state before the request.
+    let submit_want = match &r.route {
+        Route::Submit(name) => Some(expect_submit(model, name, &r)),
+        _ => None,
+    };
+    let publish_want = match &r.route {
+        Route::Publish(kind, name) => Some(expect_publish(model, *kind, name, &r)),
+        _ => None,
+    };
     let resp =
         submission::handle(&system.submission, &r.method, &r.path, &r.headers, &r.body).await;
     let status = resp.status();
@@ -1404,12 +2328,11 @@ async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestC
         "content type: {}",
         ctx
     );
+    let code = code_of(&json);
     if status.is_client_error() {
         prop_assert!(
-            json["error"]["code"]
-                .as_str()
-                .is_some_and(|c| !c.is_empty()),
-            "no error.code: {ctx}"
+            CODES.contains(&code),
+            "error.code {code:?} is none of the documented codes: {ctx}"
         );
         prop_assert!(
             json["error"]["message"].is_string(),
@@ -1423,22 +2346,20 @@ async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestC
         );
     }
     prop_assert!(
-        matches!(status, StatusCode::OK | StatusCode::ACCEPTED) || !status.is_success(),
+        matches!(
+            status,
+            StatusCode::OK | StatusCode::CREATED | StatusCode::ACCEPTED
+        ) || !status.is_success(),
         "an undocumented 2xx: {ctx}"
     );
-    let code = code_of(&json);
 
     // What the answer did, and the model updated with it.
-    let after = snapshot(system);
-    let threshold = system.submission.policy.failure_threshold;
+    let after = snapshot(system).await;
     let mut created_now = None;
     let mut operated = None;
     if status == StatusCode::ACCEPTED {
-        let id: Option<OrderId> = json["orderId"].as_str().and_then(|s| s.parse().ok());
-        let Some(id) = id else {
-            return Err(TestCaseError::fail(format!(
-                "202 without an orderId: {ctx}"
-            )));
+        let Some(id) = task_id(&json) else {
+            return Err(TestCaseError::fail(format!("202 without a taskId: {ctx}")));
         };
         prop_assert!(
             json["processState"].is_string(),
@@ -1447,109 +2368,115 @@ async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestC
         if resp.headers().get("idempotent-replayed").is_some() {
             prop_assert!(
                 model.created_set.contains(&id),
-                "a replay of no order: {ctx}"
+                "a replay of no task: {ctx}"
             );
-        } else if json.get("customerId").is_some() {
+        } else if json.get("steps").is_some() {
             prop_assert!(
                 model.created_set.contains(&id),
-                "an action on no order: {ctx}"
+                "an action on no task: {ctx}"
             );
             operated = Some(id);
         } else {
             prop_assert_eq!(&r.method, &Method::POST, "created by a non-POST: {}", ctx);
             prop_assert!(
                 !model.created_set.contains(&id),
-                "a new order reuses an id: {ctx}"
+                "a new task reuses an id: {ctx}"
             );
             prop_assert_eq!(json["processState"].as_str(), Some("Pending"), "{}", ctx);
+            let name = json["workflow"].as_str().unwrap_or_default();
+            let newest = model.latest(Kind::Workflow, name).map(|(v, _)| v);
+            prop_assert!(newest.is_some(), "a task of no workflow: {ctx}");
+            prop_assert_eq!(
+                json["workflowVersion"].as_u64(),
+                newest.map(u64::from),
+                "a new task runs the newest version: {}",
+                ctx
+            );
             model.created.push(id);
             model.created_set.insert(id);
             created_now = Some(id);
         }
     }
-    if status == StatusCode::OK {
-        if let Some(orders) = json.get("orders") {
-            let orders = orders.as_array();
-            prop_assert!(orders.is_some(), "orders is not an array: {ctx}");
-            let next = &json["nextCursor"];
-            prop_assert!(next.is_null() || next.is_string(), "nextCursor: {ctx}");
-            if let Some(c) = next.as_str() {
-                model.cursors.push(c.to_owned());
-            }
-            for o in orders.into_iter().flatten() {
-                let id: Option<OrderId> = o["orderId"].as_str().and_then(|s| s.parse().ok());
-                let Some(id) = id else {
-                    return Err(TestCaseError::fail(format!(
-                        "a listed order without id: {ctx}"
-                    )));
-                };
-                let stored = after.records.get(&id).map(|r| r.process_state.as_str());
-                prop_assert_eq!(o["processState"].as_str(), stored, "listed state: {}", ctx);
-            }
-        } else {
-            let id: Option<OrderId> = json["orderId"].as_str().and_then(|s| s.parse().ok());
-            let Some(id) = id else {
+    if status == StatusCode::OK
+        && let Some(tasks) = json.get("tasks")
+    {
+        let tasks = tasks.as_array();
+        prop_assert!(tasks.is_some(), "tasks is not an array: {ctx}");
+        let next = &json["nextCursor"];
+        prop_assert!(next.is_null() || next.is_string(), "nextCursor: {ctx}");
+        if let Some(c) = next.as_str() {
+            model.cursors.push(c.to_owned());
+        }
+        for t in tasks.into_iter().flatten() {
+            let Some(id) = task_id(t) else {
                 return Err(TestCaseError::fail(format!(
-                    "a 200 that is neither list nor order: {ctx}"
+                    "a listed task without id: {ctx}"
                 )));
             };
-            let stored = after.records.get(&id).map(|r| r.process_state.as_str());
+            let stored = after.records.get(&id);
             prop_assert_eq!(
-                json["processState"].as_str(),
-                stored,
-                "order's state: {}",
+                t["processState"].as_str(),
+                stored.map(|r| r.process_state.as_str()),
+                "listed state: {}",
+                ctx
+            );
+            prop_assert_eq!(
+                t["workflow"].as_str(),
+                stored.map(|r| r.workflow.as_str()),
+                "listed workflow: {}",
+                ctx
+            );
+        }
+    }
+    let mut published = None;
+    if status == StatusCode::CREATED {
+        prop_assert_eq!(&r.method, &Method::PUT, "created by a non-PUT: {}", ctx);
+        prop_assert_eq!(json["created"].as_bool(), Some(true), "{}", ctx);
+        let name = json["name"].as_str().unwrap_or_default().to_owned();
+        let version = json["version"].as_u64().unwrap_or_default();
+        let kind = if r.path.starts_with("/workflows/") {
+            Kind::Workflow
+        } else {
+            Kind::Service
+        };
+        published = Some((kind, name, version));
+    }
+
+    // Idempotency, whatever the path that got there: a key names one request and one task.
+    let (store, _, _) = system.memory.as_ref().expect("the memory backend");
+    if r.method == Method::POST
+        && let Ok(Some(k)) = key_of(&r.headers)
+    {
+        if let Some(id) = created_now {
+            prop_assert!(
+                !model.keys.contains_key(&k),
+                "a used key created a second task: {ctx}"
+            );
+            let (task, _) = store
+                .get(id)
+                .await
+                .expect("the memory store answers")
+                .unwrap_or_else(|| panic!("task {id} is stored"));
+            let request = json!({"workflow": task.workflow, "input": task.input, "replyQueueUrl": task.reply_queue_url});
+            model.keys.insert(k, (request, id));
+        } else if status == StatusCode::ACCEPTED
+            && resp.headers().get("idempotent-replayed").is_some()
+        {
+            prop_assert_eq!(
+                model.keys.get(&k).map(|(_, id)| *id),
+                task_id(&json),
+                "a replay names the task its key created: {}",
                 ctx
             );
         }
     }
 
-    // Idempotency, whatever the path that got there: a key names one request and one order.
-    if r.method == Method::POST && operated.is_none() {
-        let request = order_request(&r.body);
-        if let (Ok(Some(k)), Some(c)) = (key_of(&r.headers), request.as_ref().map(canonical_form)) {
-            match (status, model.keys.get(&k).cloned()) {
-                (StatusCode::ACCEPTED, None) => {
-                    prop_assert!(
-                        created_now.is_some(),
-                        "a replay of a key never accepted: {ctx}"
-                    );
-                    if let Some(id) = created_now {
-                        model.keys.insert(k, (c, id));
-                    }
-                }
-                (StatusCode::ACCEPTED, Some((first, id))) => {
-                    prop_assert!(
-                        created_now.is_none(),
-                        "a used key created a second order: {ctx}"
-                    );
-                    prop_assert!(
-                        first == c,
-                        "a key reused with another request got 202: {ctx}"
-                    );
-                    prop_assert_eq!(
-                        order_id(&json),
-                        Some(id),
-                        "a replay names another order: {}",
-                        ctx
-                    );
-                }
-                (StatusCode::CONFLICT, first) if code == "idempotency_key_reused" => {
-                    prop_assert!(
-                        first.is_some_and(|(f, _)| f != c),
-                        "409 without a different earlier request under this key: {ctx}"
-                    );
-                }
-                _ => {}
-            }
-        }
-    }
-
-    // Nothing partial: records, queues and events.
-    match (created_now, operated) {
-        (Some(id), _) => {
+    // Nothing partial: records, queues, events and definitions.
+    match (created_now, operated, &published) {
+        (Some(id), _, _) => {
             let mut rest = after.records.clone();
             let new = rest.remove(&id);
-            prop_assert!(new.is_some(), "a 202 order without its record: {ctx}");
+            prop_assert!(new.is_some(), "a 202 task without its record: {ctx}");
             prop_assert!(
                 rest == before.records,
                 "a creation changed other records: {ctx}"
@@ -1557,10 +2484,14 @@ async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestC
             let url = &system.resources.work_queue_url;
             prop_assert!(
                 queued(&after, url) > queued(&before, url),
-                "a new order without its work message: {ctx}"
+                "a new task without its work message: {ctx}"
+            );
+            prop_assert!(
+                after.catalog == before.catalog,
+                "a creation changed a definition: {ctx}"
             );
         }
-        (None, Some(id)) => {
+        (None, Some(id), _) => {
             let mut a = after.records.clone();
             let mut b = before.records.clone();
             let changed = a.remove(&id);
@@ -1573,15 +2504,39 @@ async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestC
                 "action's state: {}",
                 ctx
             );
+            prop_assert!(
+                after.catalog == before.catalog,
+                "an action changed a definition: {ctx}"
+            );
         }
-        (None, None) => {
+        (None, None, Some((kind, name, version))) => {
+            prop_assert!(
+                after.records == before.records
+                    && after.queued == before.queued
+                    && after.events == before.events,
+                "a publication changed tasks, queues or events: {ctx}"
+            );
+            let mut a = after.catalog.clone();
+            let mut b = before.catalog.clone();
+            let key = (*kind, name.clone());
+            let now = a.remove(&key).unwrap_or_default();
+            let then = b.remove(&key).unwrap_or_default();
+            prop_assert!(a == b, "a publication changed other definitions: {ctx}");
+            prop_assert_eq!(now.len(), then.len() + 1, "one new version: {}", ctx);
+            prop_assert_eq!(now.len() as u64, *version, "its number: {}", ctx);
+            prop_assert!(
+                now[..then.len()] == then[..],
+                "an earlier version changed: {ctx}"
+            );
+            model.catalog.insert(key, now);
+        }
+        (None, None, None) => {
             prop_assert!(
                 after == before,
-                "an answer that is no 202 ({status}) changed records, queues or events: {ctx}"
+                "an answer that is no 201 or 202 ({status}) changed records, queues, events or definitions: {ctx}"
             );
         }
     }
-    let (store, _, _) = system.memory.as_ref().expect("the memory backend");
     prop_assert_eq!(
         after.records.len(),
         model.created.len(),
@@ -1591,9 +2546,19 @@ async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestC
     for (id, rec) in &after.records {
         prop_assert!(
             model.created_set.contains(id),
-            "a record of no known order: {ctx}"
+            "a record of no known task: {ctx}"
         );
-        if let Err(e) = rec.check(threshold) {
+        let w = system
+            .definitions
+            .workflow(&rec.workflow, rec.workflow_version)
+            .await
+            .expect("the catalog answers");
+        let Some(w) = w else {
+            return Err(TestCaseError::fail(format!(
+                "record {id} runs an unpublished version: {ctx}"
+            )));
+        };
+        if let Err(e) = rec.check(&w.policies()) {
             return Err(TestCaseError::fail(format!(
                 "record {id} breaks {e:?}: {ctx}"
             )));
@@ -1603,63 +2568,241 @@ async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestC
         let found = store.get(*id).await.expect("the memory store answers");
         prop_assert!(
             found.is_some(),
-            "order {id} without its order or record: {ctx}"
+            "task {id} without its task or record: {ctx}"
         );
     }
 
-    // What the README pins down for this route.
+    // What the documentation pins down for this route.
     match &r.route {
-        Route::Submit => check_submit(model, &r, status, &json, created_now, &ctx)?,
-        Route::Get(ResolvedId::Known(id, canonical)) => {
-            if !canonical && status == StatusCode::BAD_REQUEST {
-                prop_assert_eq!(code, "invalid_order_id", "{}", ctx);
-            } else {
-                prop_assert_eq!(status, StatusCode::OK, "{}", ctx);
-                prop_assert_eq!(order_id(&json), Some(*id), "{}", ctx);
+        Route::Submit(name) => {
+            let (want, request) = submit_want.unwrap_or((Want::Created, None));
+            match want {
+                Want::Status(s, c) => {
+                    prop_assert_eq!(status, s, "{}", ctx);
+                    prop_assert_eq!(code, c, "{}", ctx);
+                    if c == "validation_failed" {
+                        check_problems(&json, &request.unwrap_or_default(), &ctx)?;
+                    }
+                }
+                Want::Created => {
+                    prop_assert!(
+                        created_now.is_some(),
+                        "a valid input must be accepted: {ctx}"
+                    );
+                    let id = created_now.unwrap_or_else(TaskId::new_random);
+                    let (task, _) = store
+                        .get(id)
+                        .await
+                        .expect("read")
+                        .unwrap_or_else(|| panic!("task {id} is stored"));
+                    let request = request.unwrap_or_default();
+                    prop_assert_eq!(&task.input, &request["input"], "the stored input: {}", ctx);
+                    prop_assert_eq!(
+                        task.reply_queue_url.as_deref(),
+                        request["replyQueueUrl"].as_str(),
+                        "the stored reply queue: {}",
+                        ctx
+                    );
+                    prop_assert_eq!(task.workflow.as_str(), name.as_str(), "{}", ctx);
+                }
+                Want::Replay(id) => {
+                    prop_assert_eq!(
+                        status,
+                        StatusCode::ACCEPTED,
+                        "a same-request replay: {}",
+                        ctx
+                    );
+                    prop_assert!(resp.headers().get("idempotent-replayed").is_some(), "{ctx}");
+                    prop_assert_eq!(
+                        task_id(&json),
+                        Some(id),
+                        "a replay names the first task: {}",
+                        ctx
+                    );
+                }
+                Want::Published(..) => {}
             }
         }
-        Route::Get(ResolvedId::Unknown(canonical))
-        | Route::Operate(ResolvedId::Unknown(canonical), true) => {
-            if !canonical && status == StatusCode::BAD_REQUEST {
-                prop_assert_eq!(code, "invalid_order_id", "{}", ctx);
-            } else {
-                prop_assert_eq!(status, StatusCode::NOT_FOUND, "{}", ctx);
-                prop_assert_eq!(code, "order_not_found", "{}", ctx);
-            }
+        Route::Get(ResolvedId::Known(id)) => {
+            prop_assert_eq!(status, StatusCode::OK, "{}", ctx);
+            prop_assert_eq!(task_id(&json), Some(*id), "{}", ctx);
+            let (task, rec) = store
+                .get(*id)
+                .await
+                .expect("read")
+                .unwrap_or_else(|| panic!("task {id} is stored"));
+            prop_assert_eq!(&json["input"], &task.input, "{}", ctx);
+            prop_assert_eq!(
+                json["workflow"].as_str(),
+                Some(task.workflow.as_str()),
+                "{}",
+                ctx
+            );
+            prop_assert_eq!(
+                json["processState"].as_str(),
+                Some(rec.process_state.as_str()),
+                "{}",
+                ctx
+            );
+            prop_assert_eq!(
+                json["steps"].as_array().map(Vec::len),
+                Some(rec.steps.len()),
+                "{}",
+                ctx
+            );
         }
-        Route::Get(ResolvedId::NotUuid) | Route::Operate(ResolvedId::NotUuid, true) => {
+        Route::Get(ResolvedId::Unknown) => {
+            prop_assert_eq!(status, StatusCode::NOT_FOUND, "{}", ctx);
+            prop_assert_eq!(code, "task_not_found", "{}", ctx);
+        }
+        Route::Get(ResolvedId::NotUuid) | Route::Operate(ResolvedId::NotUuid) => {
             prop_assert_eq!(status, StatusCode::BAD_REQUEST, "{}", ctx);
-            prop_assert_eq!(code, "invalid_order_id", "{}", ctx);
+            prop_assert_eq!(code, "invalid_task_id", "{}", ctx);
         }
-        Route::Operate(ResolvedId::Known(id, canonical), body_ok) => {
-            if !canonical && status == StatusCode::BAD_REQUEST && code == "invalid_order_id" {
-                // A non-canonical spelling may be refused.
-            } else if *body_ok {
+        Route::Operate(ResolvedId::Unknown) => match action_body_error(&r.body) {
+            Some(c) => {
+                prop_assert_eq!(status, StatusCode::BAD_REQUEST, "{}", ctx);
+                prop_assert_eq!(code, c, "{}", ctx);
+            }
+            None => {
+                prop_assert_eq!(status, StatusCode::NOT_FOUND, "{}", ctx);
+                prop_assert_eq!(code, "task_not_found", "{}", ctx);
+            }
+        },
+        Route::Operate(ResolvedId::Known(id)) => match action_body_error(&r.body) {
+            Some(c) => {
+                prop_assert_eq!(status, StatusCode::BAD_REQUEST, "{}", ctx);
+                prop_assert_eq!(code, c, "{}", ctx);
+            }
+            None => {
                 prop_assert!(
                     status == StatusCode::ACCEPTED || status == StatusCode::CONFLICT,
-                    "an action on an order is 202 or 409: {ctx}"
+                    "an action on a task is 202 or 409: {ctx}"
                 );
                 if status == StatusCode::ACCEPTED {
                     prop_assert_eq!(operated, Some(*id), "{}", ctx);
                 } else {
                     prop_assert_eq!(code, "conflict", "{}", ctx);
-                    prop_assert!(
-                        json["processState"].is_string(),
-                        "409 without processState: {ctx}"
+                    prop_assert_eq!(
+                        json["processState"].as_str(),
+                        before.records.get(id).map(|r| r.process_state.as_str()),
+                        "409 names the state: {}",
+                        ctx
                     );
                 }
-            } else {
-                prop_assert_eq!(status, StatusCode::BAD_REQUEST, "{}", ctx);
-                prop_assert_eq!(Some(code), action_body_error(&r.body), "{}", ctx);
             }
-        }
-        Route::List(Some(Ok(()))) => {
+        },
+        Route::List(Some(Ok(filter))) => {
             prop_assert_eq!(status, StatusCode::OK, "{}", ctx);
-            prop_assert!(json["orders"].is_array(), "{ctx}");
+            prop_assert!(json["tasks"].is_array(), "{ctx}");
+            if let Some(w) = filter {
+                for t in json["tasks"].as_array().into_iter().flatten() {
+                    prop_assert_eq!(
+                        t["workflow"].as_str(),
+                        Some(w.as_str()),
+                        "filtered: {}",
+                        ctx
+                    );
+                }
+            }
         }
         Route::List(Some(Err(expected))) => {
             prop_assert_eq!(status, StatusCode::BAD_REQUEST, "{}", ctx);
             prop_assert_eq!(code, *expected, "{}", ctx);
+        }
+        Route::Entries(kind) => {
+            prop_assert_eq!(status, StatusCode::OK, "{}", ctx);
+            let key = match kind {
+                Kind::Workflow => "workflows",
+                Kind::Service => "services",
+            };
+            let want: Vec<Value> = model
+                .catalog
+                .iter()
+                .filter(|((k, _), _)| k == kind)
+                .map(|((_, n), v)| json!({"name": n, "latest": v.len()}))
+                .collect();
+            prop_assert_eq!(&json[key], &Value::Array(want), "{}", ctx);
+        }
+        Route::Definition(kind, name, version) => {
+            let missing = match kind {
+                Kind::Workflow => "workflow_not_found",
+                Kind::Service => "service_not_found",
+            };
+            let versions = model.catalog.get(&(*kind, name.clone()));
+            match version.as_ref().map(|v| v.parse::<u32>()) {
+                Some(Err(_)) => {
+                    prop_assert_eq!(status, StatusCode::BAD_REQUEST, "{}", ctx);
+                    prop_assert_eq!(code, "invalid_version", "{}", ctx);
+                }
+                wanted => {
+                    let v = match wanted {
+                        Some(Ok(v)) => v,
+                        _ => versions.map_or(0, |vs| vs.len() as u32),
+                    };
+                    let body = versions.and_then(|vs| vs.get((v as usize).wrapping_sub(1)));
+                    match body {
+                        Some(body) => {
+                            prop_assert_eq!(status, StatusCode::OK, "{}", ctx);
+                            prop_assert_eq!(
+                                json["version"].as_u64(),
+                                Some(u64::from(v)),
+                                "{}",
+                                ctx
+                            );
+                            prop_assert_eq!(json["name"].as_str(), Some(name.as_str()), "{}", ctx);
+                            prop_assert_eq!(&json["definition"], body, "{}", ctx);
+                        }
+                        None => {
+                            prop_assert_eq!(status, StatusCode::NOT_FOUND, "{}", ctx);
+                            prop_assert_eq!(code, missing, "{}", ctx);
+                        }
+                    }
+                }
+            }
+        }
+        Route::Publish(kind, name) => {
+            let (want, doc) = publish_want.unwrap_or((Want::Created, None));
+            match want {
+                Want::Status(s, c) => {
+                    prop_assert_eq!(status, s, "{}", ctx);
+                    prop_assert_eq!(code, c, "{}", ctx);
+                    if c == "invalid_definition" {
+                        check_problems(&json, &doc.unwrap_or_default(), &ctx)?;
+                    }
+                }
+                Want::Published(version, created) => {
+                    prop_assert_eq!(
+                        status,
+                        if created {
+                            StatusCode::CREATED
+                        } else {
+                            StatusCode::OK
+                        },
+                        "{}",
+                        ctx
+                    );
+                    prop_assert_eq!(
+                        json["version"].as_u64(),
+                        Some(u64::from(version)),
+                        "{}",
+                        ctx
+                    );
+                    prop_assert_eq!(json["created"].as_bool(), Some(created), "{}", ctx);
+                    prop_assert_eq!(json["name"].as_str(), Some(name.as_str()), "{}", ctx);
+                    let stored = after
+                        .catalog
+                        .get(&(*kind, name.clone()))
+                        .and_then(|v| v.get(version as usize - 1));
+                    prop_assert_eq!(
+                        stored,
+                        doc.as_ref(),
+                        "the version holds the definition: {}",
+                        ctx
+                    );
+                }
+                Want::Created | Want::Replay(_) => {}
+            }
         }
         Route::WrongMethod => {
             prop_assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{}", ctx);
@@ -1670,106 +2813,9 @@ async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestC
             prop_assert_eq!(code, "route_not_found", "{}", ctx);
         }
         Route::Get(ResolvedId::Unpredictable)
-        | Route::Operate(..)
+        | Route::Operate(ResolvedId::Unpredictable)
         | Route::List(None)
         | Route::Other => {}
-    }
-    Ok(())
-}
-
-/// The body as an order request (before validation), if it is one.
-/// The README's order body is a JSON object: serde would also take a struct from an array.
-fn order_request(body: &[u8]) -> Option<OrderRequest> {
-    if body.len() > MAX_BODY_BYTES
-        || !serde_json::from_slice::<Value>(body).is_ok_and(|v| v.is_object())
-    {
-        return None;
-    }
-    serde_json::from_slice(body).ok()
-}
-
-/// A request re-serialized: equal for bodies that differ only in whitespace or key order.
-fn canonical_form(request: &OrderRequest) -> Value {
-    serde_json::to_value(request).expect("a request serializes")
-}
-
-/// `POST /orders`: the body's error codes, 413, the key's rules and idempotent replays.
-fn check_submit(
-    model: &Model,
-    r: &Rendered,
-    status: StatusCode,
-    json: &Value,
-    created_now: Option<OrderId>,
-    ctx: &str,
-) -> Result<(), TestCaseError> {
-    let code = code_of(json);
-    let key = key_of(&r.headers);
-    let over = r.body.len() > MAX_BODY_BYTES;
-    let request = order_request(&r.body);
-    let canonical = request.as_ref().map(canonical_form);
-    let valid = request.as_ref().is_some_and(|q| q.parse().is_ok());
-    if status == StatusCode::ACCEPTED {
-        prop_assert!(
-            valid,
-            "accepted a body that is no valid order request (a JSON object): {ctx}"
-        );
-    }
-    if over {
-        if key.is_ok() {
-            prop_assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{}", ctx);
-            prop_assert_eq!(code, "payload_too_large", "{}", ctx);
-        }
-        return Ok(());
-    }
-    // The checks in the handler's order: size, media type, key, body.
-    if !json_content_type(&r.headers) {
-        prop_assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{}", ctx);
-        prop_assert_eq!(code, "unsupported_media_type", "{}", ctx);
-        return Ok(());
-    }
-    match (&key, &canonical, valid) {
-        (Err(()), Some(_), true) => {
-            prop_assert_eq!(status, StatusCode::BAD_REQUEST, "{}", ctx);
-            prop_assert_eq!(code, "invalid_idempotency_key", "{}", ctx);
-        }
-        (Ok(None), _, true) => {
-            prop_assert!(
-                created_now.is_some(),
-                "a valid order without a key must be created: {ctx}"
-            );
-        }
-        (Ok(Some(_)), Some(_), true) if created_now.is_some() => {}
-        (Ok(Some(k)), Some(c), true) => match model.keys.get(k) {
-            Some((first, _)) if first == c => {
-                prop_assert_eq!(
-                    status,
-                    StatusCode::ACCEPTED,
-                    "a same-request replay: {}",
-                    ctx
-                );
-            }
-            Some(_) => {
-                prop_assert_eq!(status, StatusCode::CONFLICT, "a key reused: {}", ctx);
-            }
-            None => {
-                return Err(TestCaseError::fail(format!(
-                    "a valid order under a new key must be created: {ctx}"
-                )));
-            }
-        },
-        (Ok(_), None, _) => {
-            prop_assert_eq!(status, StatusCode::BAD_REQUEST, "{}", ctx);
-            if serde_json::from_slice::<Value>(&r.body).is_ok() {
-                prop_assert_eq!(code, "invalid_request", "JSON of the wrong shape: {}", ctx);
-            } else {
-                prop_assert_eq!(code, "invalid_json", "not JSON: {}", ctx);
-            }
-        }
-        (Ok(_), Some(_), false) => {
-            prop_assert_eq!(status, StatusCode::BAD_REQUEST, "{}", ctx);
-            prop_assert_eq!(code, "validation_failed", "{}", ctx);
-        }
-        _ => {}
     }
     Ok(())
 }
@@ -1794,32 +2840,35 @@ fn config(cases: u32) -> Config {
     }
 }
 
-async fn new_system() -> System {
-    System::new(Backend::Memory, Settings::default(), Arc::new(SystemClock))
-        .await
-        .expect("an in-memory system builds")
+async fn new_system() -> (System, Model) {
+    let system = memory_system(Settings::default()).await;
+    let model = Model::new(system.definitions.policy().clone());
+    (system, model)
 }
 
-fn submit(key: Option<usize>, body: usize) -> Req {
+fn submit(workflow: usize, key: Option<usize>, body: usize) -> Req {
     Req {
         method: Method::POST,
-        path: PathSpec::Root {
+        path: PathSpec::Submit {
+            workflow: NameSeg::Pool(workflow),
             trailing: false,
             query: None,
         },
         ct: CtSpec::Json,
         key: key.map_or(KeySpec::Absent, KeySpec::Pool),
+        reply: ReplySpec::Absent,
         body: BodySpec::Pool(body, Style::Compact),
     }
 }
 
-/// Two orders (one under `key-0`) and a list cursor, made through the handler.
+/// Two orders (one under `key-0`), a loan, and a list cursor, made through the handler.
 async fn seed(system: &System, model: &mut Model) -> Result<(), TestCaseError> {
-    step(system, model, &submit(Some(0), 0)).await?;
-    step(system, model, &submit(None, 1)).await?;
+    step(system, model, &submit(0, Some(0), 0)).await?;
+    step(system, model, &submit(0, None, 1)).await?;
+    step(system, model, &submit(1, None, 3)).await?;
     let list = Req {
         method: Method::GET,
-        path: PathSpec::Root {
+        path: PathSpec::Tasks {
             trailing: false,
             query: Some(QuerySpec::Params(vec![
                 Param::State("Pending".into()),
@@ -1828,14 +2877,15 @@ async fn seed(system: &System, model: &mut Model) -> Result<(), TestCaseError> {
         },
         ct: CtSpec::Absent,
         key: KeySpec::Absent,
+        reply: ReplySpec::Absent,
         body: BodySpec::Empty,
     };
     step(system, model, &list).await?;
-    prop_assert_eq!(model.created.len(), 2);
+    prop_assert_eq!(model.created.len(), 3);
     prop_assert_eq!(
         model.cursors.len(),
         1,
-        "a page of 1 of 2 orders has a next cursor"
+        "a page of 1 of 3 tasks has a next cursor"
     );
     Ok(())
 }
@@ -1846,8 +2896,7 @@ fn any_single_request_answers_2xx_or_4xx_json_and_writes_nothing_partial() {
     let mut runner = TestRunner::new(config(1024));
     let result = runner.run(&request(), |req| {
         rt.block_on(async {
-            let system = new_system().await;
-            let mut model = Model::default();
+            let (system, mut model) = new_system().await;
             seed(&system, &mut model).await?;
             step(&system, &mut model, &req).await
         })
@@ -1858,13 +2907,12 @@ fn any_single_request_answers_2xx_or_4xx_json_and_writes_nothing_partial() {
 }
 
 #[test]
-fn request_sequences_keep_the_store_whole_and_replays_idempotent() {
+fn request_sequences_keep_the_store_and_the_catalog_whole_and_replays_idempotent() {
     let rt = runtime();
     let mut runner = TestRunner::new(config(256));
     let result = runner.run(&prop::collection::vec(request(), 1..20), |reqs| {
         rt.block_on(async {
-            let system = new_system().await;
-            let mut model = Model::default();
+            let (system, mut model) = new_system().await;
             for req in &reqs {
                 step(&system, &mut model, req).await?;
             }
@@ -1874,4 +2922,88 @@ fn request_sequences_keep_the_store_whole_and_replays_idempotent() {
     if let Err(e) = result {
         panic!("{e}");
     }
+}
+
+#[test]
+fn a_workflow_published_over_http_takes_new_tasks_and_the_running_ones_keep_their_version() {
+    let rt = runtime();
+    rt.block_on(async {
+        let (system, mut model) = new_system().await;
+        let put = |d: DefSpec| Req {
+            method: Method::PUT,
+            path: PathSpec::Definition {
+                kind: DefKind::Workflows,
+                name: NameSeg::Pool(2),
+                version: None,
+                trailing: false,
+            },
+            ct: CtSpec::Json,
+            key: KeySpec::Absent,
+            reply: ReplySpec::Absent,
+            body: BodySpec::Definition(d, Encoding::Compact),
+        };
+        // fuzz-a is unknown, then published (201), then the same again (200).
+        step(&system, &mut model, &submit(2, None, 6))
+            .await
+            .expect("404");
+        assert!(model.created.is_empty());
+        let v1 = DefSpec::Workflow(WfBase::FuzzA, vec![]);
+        step(&system, &mut model, &put(v1.clone()))
+            .await
+            .expect("201");
+        step(&system, &mut model, &put(v1)).await.expect("200");
+        step(&system, &mut model, &submit(2, None, 6))
+            .await
+            .expect("202");
+        let first = model.created[0];
+        // A second version; the first task stays on version 1, a new one takes version 2.
+        let v2 = DefSpec::Workflow(WfBase::FuzzA, vec![DefMutation::Description(1)]);
+        step(&system, &mut model, &put(v2)).await.expect("201");
+        step(&system, &mut model, &submit(2, None, 7))
+            .await
+            .expect("202");
+        let second = model.created[1];
+        let version = |id: TaskId| {
+            let system = &system;
+            async move {
+                system
+                    .store
+                    .get_state(id)
+                    .await
+                    .expect("read")
+                    .expect("stored")
+                    .workflow_version
+            }
+        };
+        assert_eq!(version(first).await, 1);
+        assert_eq!(version(second).await, 2);
+        assert_eq!(
+            model.latest(Kind::Workflow, "fuzz-a").map(|(v, _)| v),
+            Some(2)
+        );
+        // The same request under a key twice is one task; another request under it, a 409.
+        step(&system, &mut model, &submit(2, Some(1), 6))
+            .await
+            .expect("202");
+        step(&system, &mut model, &submit(2, Some(1), 6))
+            .await
+            .expect("replay");
+        step(&system, &mut model, &submit(2, Some(1), 7))
+            .await
+            .expect("409");
+        step(&system, &mut model, &submit(0, Some(1), 0))
+            .await
+            .expect("409");
+        assert_eq!(model.created.len(), 3, "one task for the key");
+        // An input fuzz-a's schema refuses, named by its pointer.
+        let bad = Req {
+            body: BodySpec::Input(
+                6,
+                vec![Mutation::Set(Field::X, json!(-1))],
+                Encoding::Compact,
+            ),
+            ..submit(2, None, 6)
+        };
+        step(&system, &mut model, &bad).await.expect("400");
+    });
 }

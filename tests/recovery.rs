@@ -1,17 +1,18 @@
 //! Recovery in depth, on the AWS API emulator: compensation (undo in reverse order, each undo
-//! once), a failing undo, the operator's loop over HTTP with `sasctl` (list, show, retry,
-//! concurrent retries, cancel mid-flight), and status messages to the submitter.
+//! once), a failing undo, the operator's loop over HTTP with `sasctl` (list by state and
+//! workflow, show, retry, concurrent retries, cancel mid-flight, watch), and status messages
+//! to the submitter.
 
 use clap::Parser;
 use sas::aws::provision;
 use sas::local::System;
 use sas::remote::Faults;
-use sas::{OrderId, ProcessState, StepStatus};
+use sas::{ProcessState, StepStatus, TaskId};
 use sas_blackbox::{
-    aws_system, drain, manual_settings, pump_until_quiet, state, submit, subscribe,
-    wait_for_messages,
+    ECOMMERCE, LOAN, assert_valid, aws_system, drain, manual_settings, net, order_input, post_task,
+    pump_until_quiet, state, subscribe, wait_for_messages,
 };
-use serde_json::json;
+use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
 fn refuse(actions: &[&str]) -> Faults {
@@ -32,45 +33,65 @@ async fn client_queue(system: &System) -> String {
     url
 }
 
-async fn submit_to(system: &System, reply_queue_url: Option<&str>) -> OrderId {
-    let mut body = json!({"customerId": "c-7", "items": [{"sku": "SKU-9", "quantity": 1}]});
-    if let Some(url) = reply_queue_url {
-        body["replyQueueUrl"] = json!(url);
-    }
-    let (status, answer) = submit(system, None, &body).await;
+/// Submits an e-commerce order, with its status messages sent to `reply_queue_url` if given.
+async fn submit_to(system: &System, reply_queue_url: Option<&str>) -> TaskId {
+    let input = json!({"customerId": "c-7", "items": [{"sku": "SKU-9", "quantity": 1}]});
+    let headers: Vec<(&str, &str)> = reply_queue_url
+        .map(|u| ("reply-queue-url", u))
+        .into_iter()
+        .collect();
+    let (status, _, answer) =
+        post_task(system, ECOMMERCE, &headers, input.to_string().as_bytes()).await;
     assert_eq!(status, 202, "{answer}");
-    answer["orderId"]
+    answer["taskId"]
         .as_str()
-        .expect("orderId")
+        .expect("taskId")
         .parse()
         .expect("uuid")
 }
 
-/// Net effect and undo count of one step of `id` at its service.
-fn effects(system: &System, agent: &str, id: OrderId) -> (Vec<i32>, Vec<(String, u32)>) {
-    let stats = system.services[agent].stats();
-    let prefix = id.to_string();
-    let net = stats
-        .net
-        .iter()
-        .filter(|(k, _)| k.starts_with(&prefix))
-        .map(|(_, v)| *v)
-        .collect();
-    let mut applied: Vec<(String, u32)> = stats
-        .effects
+/// Net effect and applied keys of task `id` at service `service`.
+fn effects(system: &System, service: &str, id: TaskId) -> (Vec<i32>, Vec<(String, u32)>) {
+    let net = net(system, service, id).into_values().collect();
+    let mut applied: Vec<(String, u32)> = sas_blackbox::effects(system, service, id)
         .into_iter()
-        .filter(|(k, _)| k.starts_with(&prefix))
         .collect();
     applied.sort();
     (net, applied)
 }
 
+/// Serves the system's API (operator routes on) and returns `sasctl`'s client for it.
 async fn operator(system: &mut System) -> sasctl::Client {
     let addr = system
         .serve("127.0.0.1:0".parse().expect("addr"))
         .await
         .expect("serves");
     sasctl::Client::new(format!("http://{addr}").parse().expect("url")).expect("client")
+}
+
+/// The ids `sasctl` lists in `state` (of `workflow`, if given): one page of up to 100, each
+/// row checked against the filter.
+async fn listed(
+    ops: &sasctl::Client,
+    state: sasctl::ProcessState,
+    workflow: Option<&str>,
+) -> Vec<String> {
+    let page = ops
+        .list(&state, workflow, Some(100), None)
+        .await
+        .expect("list");
+    for t in &page.tasks {
+        assert_eq!(t.process_state, state, "{t:?}");
+        if let Some(w) = workflow {
+            assert_eq!(t.workflow.as_deref(), Some(w), "{t:?}");
+        }
+    }
+    page.tasks.into_iter().map(|t| t.task_id).collect()
+}
+
+/// Whether the API refused the call with this status and code.
+fn refused(r: &Result<sasctl::TaskView, sasctl::ClientError>, want: u16, want_code: &str) -> bool {
+    matches!(r, Err(sasctl::ClientError::Api { status, code, .. }) if *status == want && code == want_code)
 }
 
 #[tokio::test]
@@ -80,13 +101,14 @@ async fn a_permanent_fault_at_step_three_undoes_steps_two_then_one_each_once() {
         .faults
         .insert("shipping".into(), refuse(&["arrange-shipping"]));
     let (system, _clock) = aws_system("compensate", settings).await;
-    let bus = subscribe(&system, &["OrderFailed", "OrderCompensated"]).await;
+    let bus = subscribe(&system, &["TaskFailed", "TaskCompensated"]).await;
     let client = client_queue(&system).await;
     let id = submit_to(&system, Some(&client)).await;
     pump_until_quiet(&system, 30).await;
 
     let r = state(&system, id).await;
     assert_eq!(r.process_state, ProcessState::Compensated, "{r:?}");
+    assert_valid(&system, &r).await;
     assert_eq!(r.steps[2].status, StepStatus::Failed);
     assert_eq!(r.steps[2].undo, None, "a refused step has nothing to undo");
     assert_eq!(r.steps[1].undo, Some(StepStatus::Done));
@@ -102,15 +124,14 @@ async fn a_permanent_fault_at_step_three_undoes_steps_two_then_one_each_once() {
         ["charge-payment", "reserve-inventory"],
         "last first"
     );
-    assert!(
-        r.steps[1].result.is_some(),
-        "the payment's answer was kept for its undo"
-    );
-    for (agent, step, undo) in [
+    let kept = |i: usize| -> Value {
+        serde_json::from_str(r.steps[i].result.as_deref().expect("kept")).expect("JSON")
+    };
+    for (service, step, undo) in [
         ("inventory", "reserve-inventory", "release-inventory"),
         ("payment", "charge-payment", "refund-payment"),
     ] {
-        let (net, applied) = effects(&system, agent, id);
+        let (net, applied) = effects(&system, service, id);
         assert_eq!(net, [0], "{step} is undone");
         assert_eq!(applied.len(), 2, "{applied:?}");
         assert!(applied.iter().all(|(_, n)| *n == 1), "{applied:?}");
@@ -119,15 +140,31 @@ async fn a_permanent_fault_at_step_three_undoes_steps_two_then_one_each_once() {
             "{applied:?}"
         );
     }
+    // Each undo's request was mapped from the step's kept result.
+    let requests = |service: &str| system.services.get(service).stats().requests;
+    let release = requests("inventory")
+        .into_iter()
+        .find(|a| a.action == "release-inventory")
+        .expect("released");
+    assert_eq!(
+        release.input,
+        json!({"reservation": kept(0)["id"], "items": [{"sku": "SKU-9", "quantity": 1}]})
+    );
+    let refund = requests("payment")
+        .into_iter()
+        .find(|a| a.action == "refund-payment")
+        .expect("refunded");
+    assert_eq!(refund.input, json!({"payment": kept(1)["id"]}));
 
     let events = wait_for_messages(&system, &bus, 2).await;
     let types: Vec<_> = events.iter().map(|e| e["detail-type"].clone()).collect();
-    assert_eq!(types, [json!("OrderFailed"), json!("OrderCompensated")]);
+    assert_eq!(types, [json!("TaskFailed"), json!("TaskCompensated")]);
     assert!(
         events[0]["detail"]["lastError"]
             .as_str()
             .is_some_and(|e| e.contains("arrange-shipping"))
     );
+    assert!(events.iter().all(|e| e["source"] == "sas.tasks"));
 
     // The submitter hears every status, in order.
     let statuses = wait_for_messages(&system, &client, 5).await;
@@ -147,7 +184,8 @@ async fn a_permanent_fault_at_step_three_undoes_steps_two_then_one_each_once() {
         .map(|s| s["sequence"].as_u64().expect("sequence"))
         .collect();
     assert!(seq.windows(2).all(|w| w[0] < w[1]), "{seq:?}");
-    assert!(statuses.iter().all(|s| s["orderId"] == json!(id)));
+    assert!(statuses.iter().all(|s| s["taskId"] == json!(id)));
+    assert!(statuses.iter().all(|s| s["workflow"] == ECOMMERCE));
 }
 
 #[tokio::test]
@@ -161,7 +199,7 @@ async fn a_failing_undo_ends_in_compensation_failed_with_an_alert_and_an_operato
         .faults
         .insert("inventory".into(), refuse(&["release-inventory"]));
     let (mut system, _clock) = aws_system("undofails", settings).await;
-    let alerts = subscribe(&system, &["OrderCompensationFailed"]).await;
+    let alerts = subscribe(&system, &["TaskCompensationFailed"]).await;
     let id = submit_to(&system, None).await;
     pump_until_quiet(&system, 30).await;
     let r = state(&system, id).await;
@@ -175,21 +213,31 @@ async fn a_failing_undo_ends_in_compensation_failed_with_an_alert_and_an_operato
     );
     let got = wait_for_messages(&system, &alerts, 1).await;
     assert_eq!(got.len(), 1, "{got:?}");
-    assert_eq!(got[0]["detail"]["orderId"], json!(id));
+    assert_eq!(got[0]["detail"]["taskId"], json!(id));
 
-    // The operator finds it, fixes the service and retries the undo.
+    // The operator finds it (by state, and by state and workflow), fixes the service and
+    // retries the undo.
     let ops = operator(&mut system).await;
-    let listed = ops
-        .list(&sasctl::ProcessState::CompensationFailed, Some(10), None)
-        .await
-        .expect("list");
+    let key = id.to_string();
+    let failed = sasctl::ProcessState::CompensationFailed;
+    assert!(listed(&ops, failed.clone(), None).await.contains(&key));
     assert!(
-        listed.orders.iter().any(|o| o.order_id == id.to_string()),
-        "{listed:?}"
+        listed(&ops, failed.clone(), Some(ECOMMERCE))
+            .await
+            .contains(&key)
     );
-    system.services["inventory"].set_faults(Faults::default());
-    let view = ops.retry(&id.to_string()).await.expect("retry");
+    assert!(
+        !listed(&ops, failed, Some(LOAN)).await.contains(&key),
+        "not a loan"
+    );
+    system
+        .services
+        .get("inventory")
+        .set_faults(Faults::default());
+    let view = ops.retry(&key).await.expect("retry");
     assert_eq!(view.process_state, sasctl::ProcessState::Compensating);
+    assert_eq!(view.task_id, key);
+    assert_eq!(view.workflow.as_deref(), Some(ECOMMERCE));
     pump_until_quiet(&system, 20).await;
     let r = state(&system, id).await;
     assert_eq!(r.process_state, ProcessState::Compensated, "{r:?}");
@@ -197,10 +245,15 @@ async fn a_failing_undo_ends_in_compensation_failed_with_an_alert_and_an_operato
     assert_eq!(net, [0]);
     let (net, _) = effects(&system, "payment", id);
     assert_eq!(net, [0]);
+    assert!(
+        listed(&ops, sasctl::ProcessState::Compensated, Some(ECOMMERCE))
+            .await
+            .contains(&key)
+    );
 }
 
 #[tokio::test]
-async fn operator_retry_of_an_error_order_reaches_processed_and_two_concurrent_retries_start_one() {
+async fn operator_retry_of_an_error_task_reaches_processed_and_two_concurrent_retries_start_one() {
     let mut settings = manual_settings();
     settings.policy.auto_compensate = false;
     settings
@@ -212,26 +265,19 @@ async fn operator_retry_of_an_error_order_reaches_processed_and_two_concurrent_r
     assert_eq!(state(&system, id).await.process_state, ProcessState::Error);
 
     let ops = operator(&mut system).await;
-    let base = ops.base().to_string();
-    // `sasctl show` renders the history the API returns.
-    let cli = sasctl::Cli::try_parse_from(["sasctl", "--endpoint", &base, "show", &id.to_string()])
-        .expect("args");
-    let mut out = Vec::new();
-    assert_eq!(sasctl::run(cli, &mut out).await.expect("runs"), 0);
-    let shown = String::from_utf8(out).expect("utf-8");
-    assert!(shown.contains("refused: charge-payment"), "{shown}");
-    assert!(shown.contains("Error"), "{shown}");
-
-    system.services["payment"].set_faults(Faults::default());
     let key = id.to_string();
+    assert!(
+        listed(&ops, sasctl::ProcessState::Error, None)
+            .await
+            .contains(&key)
+    );
+    system.services.get("payment").set_faults(Faults::default());
     let (a, b) = tokio::join!(ops.retry(&key), ops.retry(&key));
     let outcomes = [a, b];
     let started = outcomes.iter().filter(|o| o.is_ok()).count();
     assert_eq!(started, 1, "exactly one retry starts: {outcomes:?}");
     assert!(
-        outcomes
-            .iter()
-            .any(|o| matches!(o, Err(sasctl::ClientError::Api { status: 409, .. }))),
+        outcomes.iter().any(|o| refused(o, 409, "conflict")),
         "{outcomes:?}"
     );
     assert_eq!(
@@ -247,11 +293,8 @@ async fn operator_retry_of_an_error_order_reaches_processed_and_two_concurrent_r
     assert_eq!(net, [1], "charged once");
     assert_eq!(applied.len(), 1, "{applied:?}");
     assert!(applied[0].0.ends_with(":g1"), "a refused key is not reused");
-    // Retrying a Processed order is refused.
-    assert!(matches!(
-        ops.retry(&id.to_string()).await,
-        Err(sasctl::ClientError::Api { status: 409, .. })
-    ));
+    // Retrying a Processed task is refused.
+    assert!(refused(&ops.retry(&key).await, 409, "conflict"));
 }
 
 #[tokio::test]
@@ -277,7 +320,7 @@ async fn cancel_mid_flight_drops_the_step_reply_and_compensates() {
         .await
         .expect("cancel");
     assert_eq!(view.process_state, sasctl::ProcessState::Compensating);
-    // The payment agent still runs the request it holds; its reply is dropped.
+    // The agent still runs the payment request it holds; its reply is dropped.
     assert_eq!(system.pump_agents().await.expect("payment"), 1);
     system.pump_scheduler().await.expect("reply");
     let r = state(&system, id).await;
@@ -306,6 +349,12 @@ async fn cancel_mid_flight_drops_the_step_reply_and_compensates() {
             .iter()
             .any(|h| h.reason.contains("customer changed their mind"))
     );
+    // A finished task cannot be cancelled.
+    assert!(refused(
+        &ops.cancel(&id.to_string(), None).await,
+        409,
+        "conflict"
+    ));
 }
 
 #[tokio::test]
@@ -317,24 +366,22 @@ async fn a_deadline_timer_recovers_an_overrun_step_without_the_sweep() {
     let late = submit_to(&system, None).await;
     let on_time = submit_to(&system, None).await;
     assert_eq!(system.pump_scheduler().await.expect("claims"), 2);
-    // One order's step is answered in time; the other's agent never runs before the deadline.
-    let requests = drain(&system, &system.resources.agent_queue_urls["inventory"]).await;
+    // One task's step is answered in time; the other's agent never runs before the deadline.
+    let agent = &system.resources.agent_queue_url;
+    let requests = drain(&system, agent).await;
+    assert_eq!(requests.len(), 2);
     let answered = requests
         .iter()
         .find(|b| b.contains(&on_time.to_string()))
         .expect("request");
     system
         .queue
-        .send(
-            &system.resources.agent_queue_urls["inventory"],
-            answered,
-            Duration::ZERO,
-        )
+        .send(agent, answered, Duration::ZERO)
         .await
         .expect("requeue");
     system.pump_agents().await.expect("agent");
     system.pump_scheduler().await.expect("reply");
-    // The on-time order runs to the end well before its deadlines.
+    // The on-time task runs to the end well before its deadlines.
     pump_until_quiet(&system, 10).await;
     assert_eq!(
         state(&system, on_time).await.process_state,
@@ -346,7 +393,7 @@ async fn a_deadline_timer_recovers_an_overrun_step_without_the_sweep() {
         "not yet due"
     );
 
-    // One timer per dispatched step: the late order's one, and the on-time order's three.
+    // One timer per dispatched step: the late task's one, and the on-time task's three.
     let until = Instant::now() + Duration::from_secs(10);
     let mut fired = 0;
     while Instant::now() < until && fired < 4 {
@@ -427,9 +474,9 @@ async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_clos
     system.pump_scheduler().await.expect("claim");
     system.pump_agents().await.expect("inventory");
     system.pump_scheduler().await.expect("payment requested");
-    let payment = system.services["payment"].clone();
+    let payment = system.services.get("payment");
     let calls = payment.stats().calls;
-    system.pump_agents().await.expect("payment agent");
+    system.pump_agents().await.expect("payment step");
     assert_eq!(
         payment.stats().calls - calls,
         3,
@@ -442,6 +489,11 @@ async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_clos
         .expect("read")
         .expect("stored");
     assert!(matches!(b.state, BreakerState::Open { .. }), "{b:?}");
+    let inventory = system.store.get_breaker("inventory").await.expect("read");
+    assert!(
+        inventory.as_ref().is_none_or(|b| b.is_closed()),
+        "each service has its own breaker: {inventory:?}"
+    );
     // The open circuit outlasts the step's deadline: the agent deferred the step at once.
     system.pump_scheduler().await.expect("deferral");
     let r = state(&system, id).await;
@@ -463,10 +515,12 @@ async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_clos
         clock.clone(),
     );
     let call = RemoteCall {
+        service: "payment".into(),
         action: "charge-payment".into(),
         idempotency_key: format!("{}:probe", uuid::Uuid::new_v4()),
-        order_id: id,
-        payload: json!({}),
+        task_id: id,
+        undoes: None,
+        input: json!({}),
     };
     let before = payment.stats().calls;
     assert!(matches!(
@@ -499,7 +553,7 @@ async fn a_wait_longer_than_sqs_allows_is_sent_on_until_it_is_due() {
     drain(&system, &system.resources.work_queue_url).await;
     let later = chrono::Utc::now() + chrono::Duration::minutes(40);
     let early = SchedulerMessage::Work(WorkMessage {
-        order_id: id,
+        task_id: id,
         not_before: Some(later),
     });
     system
@@ -523,9 +577,9 @@ async fn a_wait_longer_than_sqs_allows_is_sent_on_until_it_is_due() {
         0,
         "sent on with a delay, so not visible yet"
     );
-    // Once due, the same message claims the order.
+    // Once due, the same message claims the task.
     let due = SchedulerMessage::Work(WorkMessage {
-        order_id: id,
+        task_id: id,
         not_before: Some(chrono::Utc::now() - chrono::Duration::seconds(1)),
     });
     system
@@ -544,25 +598,58 @@ async fn a_wait_longer_than_sqs_allows_is_sent_on_until_it_is_due() {
     );
 }
 
+// ---------------------------------------------------------------------------------------------
+// sasctl, the operator's CLI, against the same API.
+// ---------------------------------------------------------------------------------------------
+
 #[tokio::test]
-async fn sasctl_watch_follows_an_order_until_it_is_terminal() {
-    use sas::local::{Backend, Settings};
-    let mut system = System::new(
-        Backend::Memory,
-        Settings::default(),
-        std::sync::Arc::new(sas::ports::SystemClock),
-    )
-    .await
-    .expect("system");
+async fn sasctl_show_renders_a_failed_tasks_steps_and_history() {
+    let mut settings = manual_settings();
+    settings.policy.auto_compensate = false;
+    settings
+        .faults
+        .insert("payment".into(), refuse(&["charge-payment"]));
+    let (mut system, _clock) = aws_system("show", settings).await;
+    let id = submit_to(&system, None).await;
+    pump_until_quiet(&system, 20).await;
+    assert_eq!(state(&system, id).await.process_state, ProcessState::Error);
+    let ops = operator(&mut system).await;
+    let cli = sasctl::Cli::try_parse_from([
+        "sasctl",
+        "--endpoint",
+        ops.base().as_str(),
+        "show",
+        &id.to_string(),
+    ])
+    .expect("args");
+    let mut out = Vec::new();
+    assert_eq!(sasctl::run(cli, &mut out).await.expect("runs"), 0);
+    let shown = String::from_utf8(out).expect("utf-8");
+    assert!(shown.contains("refused: charge-payment"), "{shown}");
+    assert!(shown.contains("Error"), "{shown}");
+    assert!(shown.contains("charge-payment"), "{shown}");
+}
+
+#[tokio::test]
+async fn sasctl_watch_follows_a_task_until_it_is_terminal() {
+    let mut system = sas_blackbox::memory_system(sas::local::Settings::default()).await;
     let ops = operator(&mut system).await;
     system.start();
-    let id = submit_to(&system, None).await;
+    let (status, _, answer) = post_task(
+        &system,
+        ECOMMERCE,
+        &[],
+        order_input().to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 202, "{answer}");
+    let id = answer["taskId"].as_str().expect("taskId").to_owned();
     let cli = sasctl::Cli::try_parse_from([
         "sasctl",
         "--endpoint",
         ops.base().as_str(),
         "watch",
-        &id.to_string(),
+        &id,
         "--interval-ms",
         "20",
         "--timeout-secs",

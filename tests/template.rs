@@ -7,7 +7,10 @@ use sas::ProcessState;
 use sas::aws::provision;
 use sas::local::{Backend, System};
 use sas::ports::SystemClock;
-use sas_blackbox::{manual_settings, pump_until_quiet, sdk_config, submit_ok, template, unique};
+use sas_blackbox::{
+    items_by_kind, manual_settings, pump_until_quiet, sdk_config, state, submit_loan, submit_ok,
+    template, unique,
+};
 use std::sync::Arc;
 
 /// The parts of a table description that the code depends on, in a comparable form.
@@ -29,11 +32,17 @@ fn shape(d: &DescribeTableOutput) -> Vec<String> {
             .iter()
             .map(|k| format!("{} {}", k.attribute_name(), k.key_type()))
             .collect();
+        let mut projected: Vec<&str> = g
+            .projection()
+            .map(|p| p.non_key_attributes().iter().map(String::as_str).collect())
+            .unwrap_or_default();
+        projected.sort_unstable();
         out.push(format!(
-            "index {} [{}] {:?}",
+            "index {} [{}] {:?} [{}]",
             g.index_name().unwrap_or_default(),
             keys.join(", "),
-            g.projection().and_then(|p| p.projection_type())
+            g.projection().and_then(|p| p.projection_type()),
+            projected.join(", ")
         ));
     }
     out.sort();
@@ -65,6 +74,11 @@ async fn the_code_creates_the_table_the_template_defines() {
         code.iter().any(|l| l.starts_with("index due-index")),
         "{code:?}"
     );
+    assert!(
+        code.iter()
+            .any(|l| l.starts_with("index state-index") && l.contains("Workflow")),
+        "the state index projects the workflow, which the list filters on: {code:?}"
+    );
     assert_eq!(
         code, tpl,
         "provision::create_table and template.yaml disagree"
@@ -93,44 +107,49 @@ async fn every_function_gets_its_resources_from_the_template() {
     let scheduler = env("SchedulerFunction");
     assert_eq!(scheduler["TABLE_NAME"], r.table);
     assert_eq!(scheduler["REPLY_QUEUE_URL"], r.reply_queue_url);
-    assert_eq!(
-        sas::config::parse_agent_queues(&scheduler["AGENT_QUEUE_URLS"]).expect("pairs"),
-        r.agent_queue_urls
+    assert_eq!(scheduler["AGENT_QUEUE_URL"], r.agent_queue_url);
+    assert_eq!(scheduler["WORK_QUEUE_URL"], r.work_queue_url);
+    assert!(
+        !scheduler.contains_key("AGENT_QUEUE_URLS"),
+        "one agent queue: the per-agent map is gone"
     );
     assert_eq!(
         env("SubmissionFunction")["WORK_QUEUE_URL"],
         r.work_queue_url
     );
     assert_eq!(env("SupervisorFunction")["EVENT_BUS_NAME"], r.bus_name);
-    let payment = env("PaymentAgentFunction");
-    assert_eq!(payment["AGENT_NAME"], "payment");
+    // Exactly one function consumes the agent queue (`consumer_of` checks it): the agent of
+    // every service.
+    let t = template::Template::load();
+    let agent = env(t.consumer_of(template::Template::ref_of(
+        t.env("SchedulerFunction", "AGENT_QUEUE_URL"),
+    )));
+    assert_eq!(agent["TABLE_NAME"], r.table, "the agent reads the catalog");
     assert_eq!(
-        payment["SIMULATED_REMOTE"], "true",
-        "no service URL given: simulated"
-    );
-    assert_eq!(
-        payment["DEAD_LETTER_QUEUE_URL"],
-        r.agent_dead_letter_urls["payment"]
+        agent.get("DEAD_LETTER_QUEUE_URL"),
+        r.agent_dead_letter_url.as_ref(),
+        "the agent's poison messages go to its dead-letter queue"
     );
     assert_eq!(scheduler["FAILURE_THRESHOLD"], "3");
 }
 
 #[tokio::test]
-async fn the_local_runners_aws_mode_provisions_and_runs_an_order() {
+async fn the_local_runners_aws_mode_provisions_publishes_and_runs_both_examples() {
     let backend = Backend::Aws {
         config: Box::new(sdk_config().await),
         prefix: unique("local"),
     };
     let system = System::new(backend, manual_settings(), Arc::new(SystemClock))
         .await
-        .expect("provisions from code");
-    let id = submit_ok(&system).await;
-    pump_until_quiet(&system, 20).await;
-    let r = system
-        .store
-        .get_state(id)
-        .await
-        .expect("read")
-        .expect("exists");
-    assert_eq!(r.process_state, ProcessState::Processed);
+        .expect("provisions from code and publishes the examples");
+    let order = submit_ok(&system).await;
+    let loan = submit_loan(&system).await;
+    pump_until_quiet(&system, 30).await;
+    for id in [order, loan] {
+        let r = state(&system, id).await;
+        assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
+    }
+    let kinds = items_by_kind(&system).await;
+    assert_eq!(kinds.get("WORKFLOW"), Some(&2), "{kinds:?}");
+    assert_eq!(kinds.get("SERVICE"), Some(&6), "{kinds:?}");
 }

@@ -4,32 +4,59 @@
 use chrono::{Duration as Span, Utc};
 use sas::domain::state::to_millis;
 use sas::domain::transition::{self, StepOutcome};
-use sas::ports::{CreateOutcome, IdempotencyRecord, Queue, StateStore, StoreError};
-use sas::{Order, OrderId, OrderRequest, Policy, ProcessState, StateRecord, Workflow};
+use sas::domain::workflow::examples;
+use sas::ports::{
+    Catalog, CreateOutcome, Entry, IdempotencyRecord, Kind, Published, Queue, StateStore,
+    StoreError,
+};
+use sas::{Policies, Policy, ProcessState, StateRecord, Task, TaskId, Workflow};
+use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
 
-fn order(now: chrono::DateTime<Utc>) -> Order {
-    let req: OrderRequest = serde_json::from_value(serde_json::json!({
-        "customerId": "c-1", "items": [{"sku": "SKU-1", "quantity": 2}, {"sku": "B.2", "quantity": 1}],
-        "replyQueueUrl": "http://127.0.0.1:1/queue/replies"
-    }))
-    .expect("shape");
-    Order::new(
-        OrderId::new_random(),
-        req.parse().expect("valid"),
-        to_millis(now),
-    )
+/// The workflow a test task runs: the e-commerce order example, or the loan application.
+fn workflow(name: &str) -> Workflow {
+    match name {
+        "loan-application" => examples::loan_application(&Policy::default()),
+        _ => examples::ecommerce_order(&Policy::default()),
+    }
 }
 
-fn record(o: &Order, now: chrono::DateTime<Utc>, pickup: Span) -> StateRecord {
+fn task_of(name: &str, now: chrono::DateTime<Utc>) -> Task {
+    let input = match name {
+        "loan-application" => json!({"applicantId": "a-1", "amount": 1250.5, "currency": "EUR"}),
+        _ => json!({
+            "customerId": "c-1",
+            "items": [{"sku": "SKU-1", "quantity": 2}, {"sku": "B.2", "quantity": 1}]
+        }),
+    };
+    Task {
+        id: TaskId::new_random(),
+        workflow: name.to_owned(),
+        workflow_version: 1,
+        input,
+        reply_queue_url: Some("http://127.0.0.1:1/queue/replies".into()),
+        created_at: to_millis(now),
+    }
+}
+
+/// A task of the e-commerce order example.
+fn task(now: chrono::DateTime<Utc>) -> Task {
+    task_of("ecommerce-order", now)
+}
+
+fn record(t: &Task, now: chrono::DateTime<Utc>, pickup: Span) -> StateRecord {
     StateRecord::new(
-        o.id,
-        &Workflow::ecommerce(),
-        o.reply_queue_url.clone(),
+        t.id,
+        &workflow(&t.workflow),
+        t.reply_queue_url.clone(),
         now,
         now + pickup,
     )
+}
+
+fn uniform(p: &Policy) -> Policies {
+    Policies::uniform(p.clone())
 }
 
 fn is_condition_failed<T: std::fmt::Debug>(r: Result<T, StoreError>) -> bool {
@@ -39,17 +66,18 @@ fn is_condition_failed<T: std::fmt::Debug>(r: Result<T, StoreError>) -> bool {
 /// The whole state-store contract.
 pub async fn store_contract(store: Arc<dyn StateStore>) {
     create_is_atomic_and_reads_back(store.as_ref()).await;
-    idempotency_keys_name_one_order(store.as_ref()).await;
+    idempotency_keys_name_one_task(store.as_ref()).await;
     conditional_puts_keep_their_guards(store.as_ref()).await;
     due_index_is_sparse_sharded_and_ordered(store.as_ref()).await;
     state_index_pages_cover_each_record_once(store.as_ref()).await;
     leases_have_one_holder_until_they_expire(store.as_ref()).await;
     breakers_move_one_version_at_a_time(store.as_ref()).await;
+    state_index_filters_by_workflow(store.as_ref()).await;
     racing_claims_have_one_winner(store).await;
 }
 
 async fn leases_have_one_holder_until_they_expire(store: &dyn StateStore) {
-    let name = format!("test#{}", OrderId::new_random());
+    let name = format!("test#{}", TaskId::new_random());
     let now = to_millis(Utc::now());
     let ttl = Span::seconds(30);
     assert!(store.acquire_lease(&name, "a", now, ttl).await.expect("a"));
@@ -97,13 +125,16 @@ async fn leases_have_one_holder_until_they_expire(store: &dyn StateStore) {
     );
 }
 
-/// Fails a fresh record at its first step (the service refuses it) at `at`, under `p`.
+/// Fails a fresh task of `workflow` at its first step (the service refuses it) at `at`, under
+/// `p`.
 async fn failed_record(
     store: &dyn StateStore,
+    workflow: &str,
     at: chrono::DateTime<Utc>,
     p: &Policy,
 ) -> StateRecord {
-    let o = order(at);
+    let p = &uniform(p);
+    let o = task_of(workflow, at);
     let r = record(&o, at, Span::seconds(60));
     store.create(&o, &r, None).await.expect("create");
     let c = transition::claim(&r, "s", at, p).expect("claim");
@@ -137,32 +168,36 @@ async fn state_index_pages_cover_each_record_once(store: &dyn StateStore) {
     let mut want = Vec::new();
     for i in 0..7 {
         want.push(
-            failed_record(store, base + Span::seconds(i), &manual)
+            failed_record(store, "ecommerce-order", base + Span::seconds(i), &manual)
                 .await
-                .order_id,
+                .task_id,
         );
     }
     // Records in other states stay out of the Error list.
-    let compensated = failed_record(store, base, &Policy::default()).await;
+    let compensated = failed_record(store, "ecommerce-order", base, &Policy::default()).await;
     assert_eq!(compensated.process_state, ProcessState::Compensated);
     let mut seen = Vec::new();
     let mut cursor = None;
     for _ in 0..20 {
         let page = store
-            .list(ProcessState::Error, 3, cursor.as_ref())
+            .list(ProcessState::Error, None, 3, cursor.as_ref())
             .await
             .expect("list");
         assert!(page.items.len() <= 3);
         for s in &page.items {
             assert_eq!(s.process_state, ProcessState::Error);
-            assert_eq!(s.step.as_deref(), Some("reserve-inventory"));
-            assert!(
-                s.last_error
-                    .as_deref()
-                    .is_some_and(|e| e.contains("refused"))
-            );
+            if want.contains(&s.task_id) {
+                assert_eq!(s.workflow, "ecommerce-order");
+                assert_eq!(s.step.as_deref(), Some("reserve-inventory"));
+                assert_eq!(s.attempt, 1);
+                assert!(
+                    s.last_error
+                        .as_deref()
+                        .is_some_and(|e| e.contains("refused"))
+                );
+            }
         }
-        seen.extend(page.items.iter().map(|s| s.order_id));
+        seen.extend(page.items.iter().map(|s| s.task_id));
         match page.next {
             Some(c) => {
                 let token = c.encode();
@@ -181,13 +216,27 @@ async fn state_index_pages_cover_each_record_once(store: &dyn StateStore) {
     unique.sort();
     unique.dedup();
     assert_eq!(unique.len(), want.len(), "no record twice");
-    assert!(!seen.contains(&compensated.order_id));
+    assert!(!seen.contains(&compensated.task_id));
     assert!(sas::ports::Cursor::decode("not-a-cursor").is_none());
 }
 
 async fn create_is_atomic_and_reads_back(store: &dyn StateStore) {
     let now = Utc::now();
-    let o = order(now);
+    // A loan: a fractional amount in the input, a pivot and a step without an undo in the
+    // record, all of which must survive the round trip.
+    let loan = task_of("loan-application", now);
+    let lr = record(&loan, now, Span::seconds(60));
+    assert_eq!(lr.pivot, Some(2));
+    assert!(!lr.steps[0].undoable && lr.steps[1].undoable);
+    assert_eq!(
+        store.create(&loan, &lr, None).await.expect("create"),
+        CreateOutcome::Created
+    );
+    assert_eq!(
+        store.get(loan.id).await.expect("get"),
+        Some((loan.clone(), lr.clone()))
+    );
+    let o = task(now);
     let r = record(&o, now, Span::seconds(60));
     assert_eq!(
         store.create(&o, &r, None).await.expect("create"),
@@ -203,19 +252,23 @@ async fn create_is_atomic_and_reads_back(store: &dyn StateStore) {
     );
     assert!(
         is_condition_failed(store.create(&o, &r, None).await),
-        "creating an existing order must fail"
+        "creating an existing task must fail"
     );
-    assert_eq!(store.get(OrderId::new_random()).await.expect("get"), None);
+    assert_eq!(store.get(TaskId::new_random()).await.expect("get"), None);
+    assert_eq!(
+        store.get_state(TaskId::new_random()).await.expect("get"),
+        None
+    );
 }
 
-async fn idempotency_keys_name_one_order(store: &dyn StateStore) {
+async fn idempotency_keys_name_one_task(store: &dyn StateStore) {
     let now = Utc::now();
     let key_name = format!("key-{}", uuid::Uuid::new_v4());
-    let (o1, o2) = (order(now), order(now));
-    let key = |o: &Order, hash: &str| IdempotencyRecord {
+    let (o1, o2) = (task(now), task_of("loan-application", now));
+    let key = |o: &Task, hash: &str| IdempotencyRecord {
         key: key_name.clone(),
         request_hash: hash.into(),
-        order_id: o.id,
+        task_id: o.id,
         created_at: to_millis(now),
     };
     let first = key(&o1, "h1");
@@ -243,9 +296,10 @@ async fn idempotency_keys_name_one_order(store: &dyn StateStore) {
 }
 
 async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
-    let p = Policy::default();
+    let policy = Policy::default();
+    let p = uniform(&policy);
     let now = Utc::now();
-    let o = order(now);
+    let o = task(now);
     let r = record(&o, now, Span::seconds(60));
     store.create(&o, &r, None).await.expect("create");
 
@@ -298,7 +352,7 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
         .expect("reply lands");
 
     // Expiry: guarded on the deadline having passed.
-    let later = now + p.step_timeout + Span::seconds(1);
+    let later = now + policy.step_timeout + Span::seconds(1);
     let current = store.get_state(o.id).await.expect("read").expect("exists");
     let exp = transition::expire(&current, later, &p, 0.5).expect("expires later");
     let mut early = exp.condition.clone();
@@ -315,7 +369,7 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
     assert_eq!(back.locked_by, None, "LockedBy is removed, not kept");
     assert_eq!(back.failure_count, 1);
 
-    let missing = record(&order(now), now, Span::seconds(1));
+    let missing = record(&task(now), now, Span::seconds(1));
     let c = transition::claim(&missing, "s", now, &p).expect("claim");
     assert!(is_condition_failed(
         store.put(&c.record, &c.condition).await
@@ -323,21 +377,21 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
 }
 
 async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
-    let p = Policy::default();
+    let p = uniform(&Policy::default());
     let shards = store.due_shards();
     let now = Utc::now();
     // Records due in the past (at distinct instants), one not yet due, one terminal.
     let mut due = Vec::new();
     for i in 0..6 {
-        let o = order(now);
+        let o = task(now);
         let r = record(&o, now - Span::hours(1), Span::seconds(i));
         store.create(&o, &r, None).await.expect("create");
         due.push(r);
     }
-    let o = order(now);
+    let o = task(now);
     let future = record(&o, now, Span::hours(1));
     store.create(&o, &future, None).await.expect("create");
-    let o = order(now);
+    let o = task(now);
     let mut done = record(&o, now - Span::hours(1), Span::seconds(0));
     store.create(&o, &done, None).await.expect("create");
     let c = transition::claim(&done, "s", now - Span::hours(1), &p).expect("claim");
@@ -375,14 +429,14 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
         found.extend(ids);
     }
     for r in &due {
-        assert!(found.contains(&r.order_id), "past-due record missing");
+        assert!(found.contains(&r.task_id), "past-due record missing");
     }
     assert!(
-        !found.contains(&future.order_id),
+        !found.contains(&future.task_id),
         "a future deadline is not due"
     );
     assert!(
-        found.contains(&done.order_id),
+        found.contains(&done.task_id),
         "a terminal record owing a notice is due"
     );
 
@@ -397,7 +451,7 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
             .due(shard, now, 1000)
             .await
             .expect("due")
-            .contains(&done.order_id),
+            .contains(&done.task_id),
         "a terminal record without a notice leaves the index"
     );
     let limited = store
@@ -407,7 +461,7 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
     assert_eq!(limited.len(), 1, "limit is respected");
 }
 
-async fn futures_times(store: &dyn StateStore, ids: &[OrderId]) -> Vec<chrono::DateTime<Utc>> {
+async fn futures_times(store: &dyn StateStore, ids: &[TaskId]) -> Vec<chrono::DateTime<Utc>> {
     let mut out = Vec::new();
     for id in ids {
         let r = store.get_state(*id).await.expect("read").expect("exists");
@@ -417,9 +471,9 @@ async fn futures_times(store: &dyn StateStore, ids: &[OrderId]) -> Vec<chrono::D
 }
 
 async fn racing_claims_have_one_winner(store: Arc<dyn StateStore>) {
-    let p = Policy::default();
+    let p = uniform(&Policy::default());
     let now = Utc::now();
-    let o = order(now);
+    let o = task(now);
     let r = record(&o, now, Span::seconds(60));
     store.create(&o, &r, None).await.expect("create");
     let mut tasks = Vec::new();
@@ -518,7 +572,7 @@ async fn receive_within(
 
 async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
     use sas::domain::{BreakerRecord, BreakerState};
-    let name = format!("svc-{}", OrderId::new_random());
+    let name = format!("svc-{}", TaskId::new_random());
     assert_eq!(store.get_breaker(&name).await.expect("read"), None);
     let closed = BreakerRecord::closed(&name);
     let p = sas::domain::BreakerPolicy::default();
@@ -554,4 +608,382 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
     };
     assert!(store.put_breaker(&half).await.expect("v3"));
     assert_eq!(store.get_breaker(&name).await.expect("read"), Some(half));
+}
+
+/// `list(state, Some(workflow))` returns the records of that workflow only, each once, across
+/// pages; a workflow with no records gives an empty last page.
+async fn state_index_filters_by_workflow(store: &dyn StateStore) {
+    let manual = Policy {
+        auto_compensate: false,
+        ..Policy::default()
+    };
+    // Another far past, distinct from the other list test's instants.
+    let base = Utc::now() - Span::days(500);
+    let mut loans = Vec::new();
+    let mut orders = Vec::new();
+    for i in 0..4 {
+        let at = base + Span::seconds(i);
+        loans.push(
+            failed_record(store, "loan-application", at, &manual)
+                .await
+                .task_id,
+        );
+        orders.push(
+            failed_record(store, "ecommerce-order", at, &manual)
+                .await
+                .task_id,
+        );
+    }
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    for _ in 0..40 {
+        let page = store
+            .list(
+                ProcessState::Error,
+                Some("loan-application"),
+                2,
+                cursor.as_ref(),
+            )
+            .await
+            .expect("list");
+        assert!(page.items.len() <= 2);
+        for s in &page.items {
+            assert_eq!(s.workflow, "loan-application", "{s:?}");
+            assert_eq!(s.process_state, ProcessState::Error);
+        }
+        seen.extend(page.items.iter().map(|s| s.task_id));
+        match page.next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    for id in &loans {
+        assert_eq!(
+            seen.iter().filter(|s| *s == id).count(),
+            1,
+            "each loan in Error exactly once: {seen:?}"
+        );
+    }
+    assert!(
+        orders.iter().all(|id| !seen.contains(id)),
+        "no order among the loans"
+    );
+    // Unfiltered, both workflows show.
+    let mut all = Vec::new();
+    let mut cursor = None;
+    for _ in 0..100 {
+        let page = store
+            .list(ProcessState::Error, None, 50, cursor.as_ref())
+            .await
+            .expect("list");
+        all.extend(page.items.iter().map(|s| (s.task_id, s.workflow.clone())));
+        match page.next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    for (ids, name) in [(&loans, "loan-application"), (&orders, "ecommerce-order")] {
+        for id in ids {
+            assert!(all.contains(&(*id, name.to_owned())), "{id} of {name}");
+        }
+    }
+    let none = store
+        .list(
+            ProcessState::Error,
+            Some(&format!("no-such-workflow-{}", TaskId::new_random())),
+            10,
+            None,
+        )
+        .await
+        .expect("list");
+    assert!(none.items.is_empty(), "{none:?}");
+    assert_eq!(none.next, None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The catalog.
+// ---------------------------------------------------------------------------------------------
+
+/// The whole catalog contract.
+pub async fn catalog_contract(catalog: Arc<dyn Catalog>) {
+    versions_are_dense_and_never_change(catalog.as_ref()).await;
+    kinds_are_separate(catalog.as_ref()).await;
+    racing_publishers_get_distinct_versions(catalog).await;
+}
+
+fn fresh_name(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    )
+}
+
+fn definition_body(name: &str, description: &str) -> Value {
+    json!({
+        "name": name,
+        "description": description,
+        "steps": [{"name": "a", "service": "inventory", "input": {"x": "$.input.x"}}]
+    })
+}
+
+async fn versions_are_dense_and_never_change(catalog: &dyn Catalog) {
+    let name = fresh_name("w");
+    let kind = Kind::Workflow;
+    assert_eq!(
+        catalog.definition(kind, &name, None).await.expect("read"),
+        None
+    );
+    assert_eq!(
+        catalog
+            .definition(kind, &name, Some(1))
+            .await
+            .expect("read"),
+        None
+    );
+    let t1 = to_millis(Utc::now() - Span::seconds(30));
+    let v1 = definition_body(&name, "first");
+    assert_eq!(
+        catalog
+            .publish(kind, &name, &v1, t1)
+            .await
+            .expect("publish"),
+        Published {
+            version: 1,
+            created: true
+        }
+    );
+    // The same definition (written with its keys in another order) is the same version.
+    let reordered: Value = serde_json::from_str(&format!(
+        r#"{{"steps": [{{"input": {{"x": "$.input.x"}}, "service": "inventory", "name": "a"}}], "description": "first", "name": "{name}"}}"#
+    ))
+    .expect("JSON");
+    let t2 = to_millis(Utc::now() - Span::seconds(20));
+    assert_eq!(
+        catalog
+            .publish(kind, &name, &reordered, t2)
+            .await
+            .expect("publish"),
+        Published {
+            version: 1,
+            created: false
+        }
+    );
+    let first = catalog
+        .definition(kind, &name, Some(1))
+        .await
+        .expect("read")
+        .expect("v1");
+    assert_eq!(
+        (first.kind, first.name.as_str(), first.version),
+        (kind, name.as_str(), 1)
+    );
+    assert_eq!(first.body, v1);
+    assert_eq!(
+        first.published_at, t1,
+        "an identical publish changes nothing"
+    );
+
+    // A change is the next version; the newest is what `None` reads.
+    let v2 = definition_body(&name, "second");
+    assert_eq!(
+        catalog
+            .publish(kind, &name, &v2, t2)
+            .await
+            .expect("publish"),
+        Published {
+            version: 2,
+            created: true
+        }
+    );
+    let newest = catalog
+        .definition(kind, &name, None)
+        .await
+        .expect("read")
+        .expect("newest");
+    assert_eq!((newest.version, &newest.body), (2, &v2));
+    assert_eq!(newest.published_at, t2);
+    // Going back to v1's body makes a new version: only the newest is compared.
+    let t3 = to_millis(Utc::now() - Span::seconds(10));
+    assert_eq!(
+        catalog
+            .publish(kind, &name, &v1, t3)
+            .await
+            .expect("publish"),
+        Published {
+            version: 3,
+            created: true
+        }
+    );
+    // A published version never changes.
+    assert_eq!(
+        catalog
+            .definition(kind, &name, Some(1))
+            .await
+            .expect("read"),
+        Some(first.clone())
+    );
+    let second = catalog
+        .definition(kind, &name, Some(2))
+        .await
+        .expect("read")
+        .expect("v2");
+    assert_eq!(
+        (second.version, &second.body, second.published_at),
+        (2, &v2, t2)
+    );
+    assert_eq!(
+        catalog
+            .definition(kind, &name, None)
+            .await
+            .expect("read")
+            .map(|d| (d.version, d.body)),
+        Some((3, v1.clone()))
+    );
+    for missing in [0, 4, u32::MAX] {
+        assert_eq!(
+            catalog
+                .definition(kind, &name, Some(missing))
+                .await
+                .expect("read"),
+            None,
+            "version {missing}"
+        );
+    }
+
+    // Entries: every name once, with its newest version, by name.
+    let other = fresh_name("a");
+    catalog
+        .publish(kind, &other, &definition_body(&other, "x"), t3)
+        .await
+        .expect("publish");
+    let entries = catalog.entries(kind).await.expect("entries");
+    assert!(
+        entries.windows(2).all(|w| w[0].name < w[1].name),
+        "by name, each once: {entries:?}"
+    );
+    assert!(entries.contains(&Entry {
+        name: name.clone(),
+        latest: 3
+    }));
+    assert!(entries.contains(&Entry {
+        name: other.clone(),
+        latest: 1
+    }));
+}
+
+async fn kinds_are_separate(catalog: &dyn Catalog) {
+    let name = fresh_name("k");
+    let now = to_millis(Utc::now());
+    let workflow = definition_body(&name, "a workflow");
+    let service = json!({"name": name, "target": {"type": "simulated"}});
+    for body in [&workflow, &definition_body(&name, "again")] {
+        catalog
+            .publish(Kind::Workflow, &name, body, now)
+            .await
+            .expect("publish");
+    }
+    assert_eq!(
+        catalog
+            .publish(Kind::Service, &name, &service, now)
+            .await
+            .expect("publish"),
+        Published {
+            version: 1,
+            created: true
+        },
+        "a service's versions are its own"
+    );
+    assert_eq!(
+        catalog
+            .definition(Kind::Service, &name, None)
+            .await
+            .expect("read")
+            .map(|d| (d.kind, d.version, d.body)),
+        Some((Kind::Service, 1, service))
+    );
+    assert_eq!(
+        catalog
+            .definition(Kind::Workflow, &name, None)
+            .await
+            .expect("read")
+            .map(|d| d.version),
+        Some(2)
+    );
+    let services = catalog.entries(Kind::Service).await.expect("entries");
+    assert!(services.contains(&Entry {
+        name: name.clone(),
+        latest: 1
+    }));
+    let workflows = catalog.entries(Kind::Workflow).await.expect("entries");
+    assert!(workflows.contains(&Entry {
+        name: name.clone(),
+        latest: 2
+    }));
+}
+
+async fn racing_publishers_get_distinct_versions(catalog: Arc<dyn Catalog>) {
+    let name = fresh_name("race");
+    let now = to_millis(Utc::now());
+    // Different bodies at once: each gets its own version, and each version holds its body.
+    let racers: Vec<_> = (0..4)
+        .map(|i| {
+            let (catalog, name) = (catalog.clone(), name.clone());
+            let body = definition_body(&name, &format!("publisher {i}"));
+            tokio::spawn(async move {
+                let p = catalog
+                    .publish(Kind::Workflow, &name, &body, now)
+                    .await
+                    .expect("a racing publish succeeds");
+                (p, body)
+            })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for r in racers {
+        got.push(r.await.expect("task"));
+    }
+    let mut versions: Vec<u32> = got.iter().map(|(p, _)| p.version).collect();
+    versions.sort_unstable();
+    assert_eq!(versions, [1, 2, 3, 4], "distinct, dense versions: {got:?}");
+    assert!(got.iter().all(|(p, _)| p.created));
+    for (p, body) in &got {
+        let stored = catalog
+            .definition(Kind::Workflow, &name, Some(p.version))
+            .await
+            .expect("read")
+            .expect("stored");
+        assert_eq!(
+            &stored.body, body,
+            "version {} holds its publisher's body",
+            p.version
+        );
+    }
+    // The same new body at once: one version, created once.
+    let same = definition_body(&name, "everyone");
+    let racers: Vec<_> = (0..4)
+        .map(|_| {
+            let (catalog, name, body) = (catalog.clone(), name.clone(), same.clone());
+            tokio::spawn(async move {
+                catalog
+                    .publish(Kind::Workflow, &name, &body, now)
+                    .await
+                    .expect("a racing publish succeeds")
+            })
+        })
+        .collect();
+    let mut same_got = Vec::new();
+    for r in racers {
+        same_got.push(r.await.expect("task"));
+    }
+    assert!(
+        same_got.iter().all(|p| p.version == 5),
+        "one version for one body: {same_got:?}"
+    );
+    assert_eq!(
+        same_got.iter().filter(|p| p.created).count(),
+        1,
+        "{same_got:?}"
+    );
+    let entries = catalog.entries(Kind::Workflow).await.expect("entries");
+    assert!(entries.contains(&Entry { name, latest: 5 }));
 }

@@ -1,18 +1,24 @@
-//! Test support: the emulator connection, systems wired to it or to memory, and the contract
-//! suite that both the in-memory and the AWS adapters must pass.
+//! Test support: the emulator connection, systems wired to it or to memory, submissions through
+//! the HTTP handler, and the contract suite that both the in-memory and the AWS adapters must
+//! pass.
 
 pub mod contract;
 pub mod template;
 
 use aws_config::{BehaviorVersion, Region};
-use sas::OrderId;
 use sas::aws::provision;
 use sas::local::{Backend, Settings, System};
 use sas::ports::{Clock, OffsetClock};
-use sas::{Backoff, Policy};
+use sas::{Backoff, Policies, Policy, StateRecord, TaskId};
 use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The example workflow of an e-commerce order (`workflows/ecommerce-order.yaml`).
+pub const ECOMMERCE: &str = "ecommerce-order";
+/// The example workflow of a loan application (`workflows/loan-application.yaml`).
+pub const LOAN: &str = "loan-application";
 
 /// The emulator's endpoint, from `SAS_TEST_ENDPOINT` (set by `infra/test.sh`). Tests that need
 /// it fail loudly without it, and refuse anything but a loopback address: tests never reach
@@ -64,7 +70,8 @@ pub fn unique(name: &str) -> String {
 }
 
 /// Settings for step-by-step tests: long deadlines (tests move the clock instead of waiting),
-/// no retry delay (so re-enqueued work is visible at once), quick agent backoff.
+/// no retry delay (so re-enqueued work is visible at once), quick agent backoff. (The loan
+/// example sets its own timeouts and retry delays, which take precedence for its steps.)
 pub fn manual_settings() -> Settings {
     Settings {
         policy: Policy {
@@ -72,6 +79,7 @@ pub fn manual_settings() -> Settings {
             pickup_timeout: chrono::Duration::seconds(60),
             failure_threshold: 3,
             retry_base_delay: chrono::Duration::zero(),
+            backoff_rate: 2.0,
             retry_max_delay: chrono::Duration::zero(),
             auto_compensate: true,
             cooldown: chrono::Duration::zero(),
@@ -86,7 +94,8 @@ pub fn manual_settings() -> Settings {
 }
 
 /// A system on the emulator with a clock the test can move, on its own copy of the
-/// resources `template.yaml` defines (named with a unique stage).
+/// resources `template.yaml` defines (named with a unique stage), with the example definitions
+/// published.
 pub async fn aws_system(name: &str, settings: Settings) -> (System, Arc<OffsetClock>) {
     let clock = Arc::new(OffsetClock::default());
     let config = sdk_config().await;
@@ -99,6 +108,13 @@ pub async fn aws_system(name: &str, settings: Settings) -> (System, Arc<OffsetCl
         .await
         .expect("system builds on the emulator");
     (system, clock)
+}
+
+/// A system on the in-memory adapters with the example definitions published.
+pub async fn memory_system(settings: Settings) -> System {
+    System::new(Backend::Memory, settings, Arc::new(sas::ports::SystemClock))
+        .await
+        .expect("an in-memory system builds")
 }
 
 /// A fresh queue on the emulator subscribed to the system's bus for the given detail types.
@@ -145,19 +161,45 @@ pub async fn drain(system: &System, url: &str) -> Vec<String> {
     }
 }
 
-/// How many items the system's table holds (tests own their table, so a scan is fine here).
-pub async fn item_count(system: &System) -> i32 {
+/// The items of the system's table by kind: the part of `pk` before `#` (`TASK`, `IDEM`,
+/// `WORKFLOW`, `SERVICE`, `CATALOG`, `BREAKER`, `LEASE`). Tests own their table, so a scan is
+/// fine here.
+pub async fn items_by_kind(system: &System) -> BTreeMap<String, usize> {
     let ddb = aws_sdk_dynamodb::Client::new(&sdk_config().await);
-    ddb.scan()
-        .table_name(&system.resources.table)
-        .select(aws_sdk_dynamodb::types::Select::Count)
-        .send()
-        .await
-        .expect("scan")
-        .count()
+    let mut out = BTreeMap::new();
+    let mut start = None;
+    loop {
+        let page = ddb
+            .scan()
+            .table_name(&system.resources.table)
+            .projection_expression("pk")
+            .set_exclusive_start_key(start.take())
+            .send()
+            .await
+            .expect("scan");
+        for item in page.items() {
+            let pk = item
+                .get("pk")
+                .and_then(|v| v.as_s().ok())
+                .expect("every item has a string pk");
+            let kind = pk.split('#').next().unwrap_or_default().to_owned();
+            *out.entry(kind).or_default() += 1;
+        }
+        match page.last_evaluated_key() {
+            Some(k) if !k.is_empty() => start = Some(k.clone()),
+            _ => return out,
+        }
+    }
 }
 
-/// Pumps the scheduler and agents until nothing moves, up to `rounds` turns.
+/// How many items of tasks the table holds: each task's items (task and state record) and its
+/// idempotency key, if any. The catalog's items are not counted.
+pub async fn task_items(system: &System) -> usize {
+    let kinds = items_by_kind(system).await;
+    kinds.get("TASK").copied().unwrap_or(0) + kinds.get("IDEM").copied().unwrap_or(0)
+}
+
+/// Pumps the scheduler and the agent until nothing moves, up to `rounds` turns.
 pub async fn pump_until_quiet(system: &System, rounds: usize) {
     for _ in 0..rounds {
         let moved = system.pump_scheduler().await.expect("scheduler poll")
@@ -168,59 +210,151 @@ pub async fn pump_until_quiet(system: &System, rounds: usize) {
     }
 }
 
-/// A valid order request body.
-pub fn order_body() -> Value {
+/// A valid input of the e-commerce order workflow.
+pub fn order_input() -> Value {
     json!({"customerId": "c-42", "items": [{"sku": "SKU-1", "quantity": 2}]})
 }
 
-/// Submits through the submission handler with the request API Gateway would send.
-pub async fn submit(system: &System, key: Option<&str>, body: &Value) -> (u16, Value) {
-    let mut headers = http::HeaderMap::new();
-    headers.insert(
+/// A valid input of the loan application workflow.
+pub fn loan_input() -> Value {
+    json!({"applicantId": "a-42", "amount": 25000, "currency": "EUR"})
+}
+
+/// Sends `POST /workflows/{workflow}/tasks` through the submission handler, as API Gateway
+/// would: `Content-Type: application/json` and the given extra headers.
+pub async fn post_task(
+    system: &System,
+    workflow: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, http::HeaderMap, Value) {
+    let mut map = http::HeaderMap::new();
+    map.insert(
         "content-type",
         http::HeaderValue::from_static("application/json"),
     );
-    if let Some(k) = key {
-        headers.insert(
-            "idempotency-key",
-            http::HeaderValue::from_str(k).expect("header"),
+    for (k, v) in headers {
+        map.insert(
+            http::HeaderName::from_bytes(k.as_bytes()).expect("header name"),
+            http::HeaderValue::from_str(v).expect("header value"),
         );
     }
     let resp = sas::handlers::submission::handle(
         &system.submission,
         &http::Method::POST,
-        "/orders",
-        &headers,
-        body.to_string().as_bytes(),
+        &format!("/workflows/{workflow}/tasks"),
+        &map,
+        body,
     )
     .await;
     let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
     (
         status,
+        headers,
         serde_json::from_str(resp.body()).expect("JSON body"),
     )
 }
 
-/// Submits a valid order and returns its id (asserting the 202).
-pub async fn submit_ok(system: &System) -> OrderId {
-    let (status, body) = submit(system, None, &order_body()).await;
+/// Submits `input` to `workflow` (with an optional idempotency key).
+pub async fn submit(
+    system: &System,
+    workflow: &str,
+    key: Option<&str>,
+    input: &Value,
+) -> (u16, Value) {
+    let headers: Vec<(&str, &str)> = key.map(|k| ("idempotency-key", k)).into_iter().collect();
+    let (status, _, body) =
+        post_task(system, workflow, &headers, input.to_string().as_bytes()).await;
+    (status, body)
+}
+
+/// Submits `input` to `workflow` and returns the task's id (asserting the 202).
+pub async fn submit_task(system: &System, workflow: &str, input: &Value) -> TaskId {
+    let (status, body) = submit(system, workflow, None, input).await;
     assert_eq!(status, 202, "{body}");
-    assert_eq!(body["processState"], "Pending");
-    body["orderId"]
+    assert_eq!(body["processState"], "Pending", "{body}");
+    assert_eq!(body["workflow"], workflow, "{body}");
+    assert!(
+        body["workflowVersion"].as_u64().is_some_and(|v| v >= 1),
+        "{body}"
+    );
+    body["taskId"]
         .as_str()
-        .expect("orderId")
+        .expect("taskId")
         .parse()
         .expect("uuid")
 }
 
-/// The order's state record (it must exist).
-pub async fn state(system: &System, id: OrderId) -> sas::StateRecord {
+/// Submits a valid e-commerce order and returns its task id.
+pub async fn submit_ok(system: &System) -> TaskId {
+    submit_task(system, ECOMMERCE, &order_input()).await
+}
+
+/// Submits a valid loan application and returns its task id.
+pub async fn submit_loan(system: &System) -> TaskId {
+    submit_task(system, LOAN, &loan_input()).await
+}
+
+/// The task's state record (it must exist).
+pub async fn state(system: &System, id: TaskId) -> StateRecord {
     system
         .store
         .get_state(id)
         .await
         .expect("read")
         .expect("record exists")
+}
+
+/// The policies of the workflow version a record runs on.
+pub async fn policies(system: &System, r: &StateRecord) -> Policies {
+    system
+        .definitions
+        .workflow(&r.workflow, r.workflow_version)
+        .await
+        .expect("the catalog answers")
+        .unwrap_or_else(|| panic!("{} v{} is published", r.workflow, r.workflow_version))
+        .policies()
+}
+
+/// Asserts every invariant of the record under its workflow's policies.
+pub async fn assert_valid(system: &System, r: &StateRecord) {
+    let p = policies(system, r).await;
+    if let Err(e) = r.check(&p) {
+        panic!("task {} breaks an invariant: {e}\n{r:?}", r.task_id);
+    }
+}
+
+/// The effects service `service` applied for task `id`: idempotency key → times applied.
+pub fn effects(system: &System, service: &str, id: TaskId) -> HashMap<String, u32> {
+    system.services.get(service).effects_for(&id.to_string())
+}
+
+/// The net effect of each of task `id`'s steps at `service` (+1 applied, 0 undone), by key.
+pub fn net(system: &System, service: &str, id: TaskId) -> BTreeMap<String, i32> {
+    let prefix = id.to_string();
+    system
+        .services
+        .get(service)
+        .stats()
+        .net
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .collect()
+}
+
+/// The actions service `service` applied for task `id`, in order.
+pub fn actions(system: &System, service: &str, id: TaskId) -> Vec<String> {
+    let prefix = id.to_string();
+    system
+        .services
+        .get(service)
+        .stats()
+        .requests
+        .into_iter()
+        .filter(|a| a.key.starts_with(&prefix))
+        .map(|a| a.action)
+        .collect()
 }
 
 /// The JSON messages a queue receives within about five seconds, until there are `n`.

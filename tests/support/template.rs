@@ -86,16 +86,19 @@ impl Template {
             .collect()
     }
 
-    /// The function whose environment has `AGENT_NAME` = `agent`.
-    pub fn agent_function(&self, agent: &str) -> &str {
-        self.of_type("AWS::Lambda::Function")
+    /// The function whose event source mapping consumes queue `queue` (a logical id).
+    pub fn consumer_of(&self, queue: &str) -> &str {
+        let consumers: Vec<&str> = self
+            .of_type("AWS::Lambda::Function")
             .into_iter()
-            .find(|f| {
-                self.properties(f, "AWS::Lambda::Function")["Environment"]["Variables"]
-                    ["AGENT_NAME"]
-                    == agent
-            })
-            .unwrap_or_else(|| panic!("no agent function for {agent}"))
+            .filter(|f| self.mapped_queues(f).contains(&queue))
+            .collect();
+        assert_eq!(
+            consumers.len(),
+            1,
+            "exactly one function consumes {queue}: {consumers:?}"
+        );
+        consumers[0]
     }
 }
 
@@ -288,32 +291,25 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
         .await
         .expect("create the template's bus");
 
-    // AGENT_QUEUE_URLS: "agent=${Queue},...".
-    let pairs = t.env("SchedulerFunction", "AGENT_QUEUE_URLS")["Fn::Sub"]
-        .as_str()
-        .expect("AGENT_QUEUE_URLS is a Fn::Sub");
-    let mut agent_queue_urls = HashMap::new();
-    let mut agent_dead_letter_urls = HashMap::new();
-    for pair in pairs.split(',') {
-        let (agent, queue) = pair.split_once('=').expect("agent=${Queue}");
-        let queue = queue.trim_start_matches("${").trim_end_matches('}');
-        agent_queue_urls.insert(agent.to_owned(), queues[queue].clone());
-        let function = t.agent_function(agent);
-        agent_dead_letter_urls.insert(
-            agent.to_owned(),
-            url(t.env(function, "DEAD_LETTER_QUEUE_URL")),
-        );
-    }
-    // Each agent consumes the queue the scheduler sends its steps to, and the scheduler
-    // consumes the work and reply queues.
-    for (agent, queue_url) in &agent_queue_urls {
-        let consumed: Vec<&String> = t
-            .mapped_queues(t.agent_function(agent))
-            .iter()
-            .map(|q| &queues[*q])
-            .collect();
-        assert_eq!(consumed, [queue_url], "{agent}'s event source mapping");
-    }
+    // One agent queue for every service: the scheduler sends every step request there, and
+    // one function (the agent) consumes it. Its poison messages go to its own dead-letter
+    // queue when the template names one.
+    let agent_queue = Template::ref_of(t.env("SchedulerFunction", "AGENT_QUEUE_URL"));
+    let agent_function = t.consumer_of(agent_queue);
+    assert_eq!(
+        t.mapped_queues(agent_function),
+        [agent_queue],
+        "{agent_function} consumes the agent queue only"
+    );
+    let agent_env =
+        &t.properties(agent_function, "AWS::Lambda::Function")["Environment"]["Variables"];
+    assert_eq!(
+        Template::ref_of(&agent_env["TABLE_NAME"]),
+        table_id,
+        "the agent reads the services from the catalog in the table"
+    );
+    let agent_dead_letter_url = (!agent_env["DEAD_LETTER_QUEUE_URL"].is_null())
+        .then(|| url(&agent_env["DEAD_LETTER_QUEUE_URL"]));
     let mut consumed = t.mapped_queues("SchedulerFunction");
     consumed.sort_unstable();
     let mut expected = vec![
@@ -322,6 +318,18 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
     ];
     expected.sort_unstable();
     assert_eq!(consumed, expected, "the scheduler's event source mappings");
+    assert_eq!(
+        t.mapped_queues("SupervisorFunction"),
+        [Template::ref_of(
+            t.env("SchedulerFunction", "TIMER_QUEUE_URL")
+        )],
+        "the supervisor consumes the deadline timers the scheduler arms"
+    );
+    assert_eq!(
+        url(t.env("SchedulerFunction", "WORK_QUEUE_URL")),
+        url(t.env("SubmissionFunction", "WORK_QUEUE_URL")),
+        "the scheduler re-enqueues where submission enqueues"
+    );
 
     let work_queue_url = url(t.env("SubmissionFunction", "WORK_QUEUE_URL"));
     assert_eq!(
@@ -334,9 +342,9 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
         work_queue_url,
         reply_queue_url: url(t.env("SchedulerFunction", "REPLY_QUEUE_URL")),
         timer_queue_url: url(t.env("SchedulerFunction", "TIMER_QUEUE_URL")),
-        agent_queue_urls,
+        agent_queue_url: queues[agent_queue].clone(),
         dead_letter_url: url(t.env("SchedulerFunction", "DEAD_LETTER_QUEUE_URL")),
-        agent_dead_letter_urls,
+        agent_dead_letter_url,
         bus_name,
     };
     Stack {
