@@ -1,5 +1,6 @@
 //! The chaos run on the AWS adapters against the emulator: a smaller seeded run than
-//! `sas-chaos`'s default, so that the guarantees are checked on DynamoDB and SQS semantics too
+//! `sas-chaos`'s default (tasks of both example workflows, e-commerce orders and loan
+//! applications in turn), so that the guarantees are checked on DynamoDB and SQS semantics too
 //! (conditional expressions, GSI queries, SQS delays and visibility), not only in memory.
 
 use sas::local::{Backend, ports};
@@ -7,12 +8,13 @@ use sas_blackbox::{sdk_config, template, unique};
 use sas_chaos::{Config, run};
 use std::time::Duration;
 
-async fn chaos_on_the_emulator(orders: usize, seed: u64) {
+async fn chaos_on_the_emulator(tasks: usize, seed: u64) {
     let config = sdk_config().await;
     let stack = template::provision(&config, &unique("chaos")).await;
-    let mut cfg = Config::new(orders, seed);
+    let mut cfg = Config::new(tasks, seed);
     // The emulator serves one request at a time: long polls (not busy polling), fewer pollers,
-    // wider deadlines, fewer submissions in flight.
+    // wider deadlines (the loan application's are scaled from these), fewer submissions in
+    // flight.
     cfg.settings.poll_wait = Duration::from_secs(1);
     cfg.settings.scheduler_concurrency = 3;
     cfg.settings.agent_concurrency = 3;
@@ -31,6 +33,11 @@ async fn chaos_on_the_emulator(orders: usize, seed: u64) {
     println!("{}", report.table());
     let violations = report.violations();
     assert!(violations.is_empty(), "{violations:#?}\n{}", report.table());
+    for name in sas_chaos::WORKFLOWS {
+        let w = &report.workflows[name];
+        assert_eq!(w.accepted, tasks / 2, "{name}\n{}", report.table());
+        assert!(w.effects > 0, "{name} took no effect\n{}", report.table());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -7,10 +7,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sas::aws::provision::Resources;
 use sas::aws::{index_entry_sizes, state_record_size, stored_sizes};
-use sas::domain::{BreakerRecord, Condition, Order, OrderId, ProcessState, StateRecord};
+use sas::domain::{BreakerRecord, Condition, ProcessState, StateRecord, Task, TaskId};
 use sas::ports::{
-    CreateOutcome, Cursor, EventBus, IdempotencyRecord, Page, PublishError, Queue, QueueError,
-    ReceivedMessage, StateStore, StoreError,
+    Catalog, CreateOutcome, Cursor, Entry, EventBus, IdempotencyRecord, Kind, Page, PublishError,
+    Published, Queue, QueueError, ReceivedMessage, StateStore, StoreError, Stored,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -81,12 +81,12 @@ pub struct CountingStore {
 impl StateStore for CountingStore {
     async fn create(
         &self,
-        order: &Order,
+        task: &Task,
         record: &StateRecord,
         key: Option<&IdempotencyRecord>,
     ) -> Result<CreateOutcome, StoreError> {
         self.meter.call("DynamoDB TransactWriteItems");
-        let (o, r) = stored_sizes(order, record, self.shards);
+        let (o, r) = stored_sizes(task, record, self.shards);
         let (due, state) = index_entry_sizes(record, self.shards);
         let key_units = if key.is_some() { 1.0 } else { 0.0 };
         // Transactions bill twice per item on the table; index entries once.
@@ -94,9 +94,9 @@ impl StateStore for CountingStore {
             + due.map_or(0.0, |d| units(d, 1024))
             + units(state, 1024);
         self.meter.add(|c| c.wru += wru);
-        self.inner.create(order, record, key).await
+        self.inner.create(task, record, key).await
     }
-    async fn get(&self, id: OrderId) -> Result<Option<(Order, StateRecord)>, StoreError> {
+    async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
         self.meter.call("DynamoDB Query");
         let out = self.inner.get(id).await?;
         let size = out.as_ref().map_or(0, |(o, r)| {
@@ -106,7 +106,7 @@ impl StateStore for CountingStore {
         self.meter.add(|c| c.rru += units(size, 4096));
         Ok(out)
     }
-    async fn get_state(&self, id: OrderId) -> Result<Option<StateRecord>, StoreError> {
+    async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
         self.meter.call("DynamoDB GetItem");
         let out = self.inner.get_state(id).await?;
         self.meter.add(|c| c.rru += 1.0);
@@ -115,7 +115,7 @@ impl StateStore for CountingStore {
     async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
         self.meter.call("DynamoDB PutItem");
         // The bill depends on the item replaced: read it (uncounted; the handlers never do).
-        let old = self.inner.get_state(record.order_id).await.ok().flatten();
+        let old = self.inner.get_state(record.task_id).await.ok().flatten();
         let out = self.inner.put(record, condition).await;
         let new_size = state_record_size(record, self.shards);
         let old_size = old
@@ -145,7 +145,7 @@ impl StateStore for CountingStore {
         shard: u32,
         now: DateTime<Utc>,
         limit: usize,
-    ) -> Result<Vec<OrderId>, StoreError> {
+    ) -> Result<Vec<TaskId>, StoreError> {
         self.meter.call("DynamoDB Query (due-index)");
         self.meter.add(|c| c.rru += 0.5);
         self.inner.due(shard, now, limit).await
@@ -182,12 +182,59 @@ impl StateStore for CountingStore {
     async fn list(
         &self,
         state: ProcessState,
+        workflow: Option<&str>,
         limit: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError> {
         self.meter.call("DynamoDB Query (state-index)");
         self.meter.add(|c| c.rru += 0.5);
-        self.inner.list(state, limit, after).await
+        self.inner.list(state, workflow, limit, after).await
+    }
+}
+
+/// The catalog (in the same table), counted: each read is one strongly consistent `GetItem`
+/// of the catalog's head or of one definition version, each publish one transaction.
+pub struct CountingCatalog {
+    pub inner: Arc<dyn Catalog>,
+    pub meter: Arc<Meter>,
+}
+
+#[async_trait]
+impl Catalog for CountingCatalog {
+    async fn publish(
+        &self,
+        kind: Kind,
+        name: &str,
+        body: &serde_json::Value,
+        now: DateTime<Utc>,
+    ) -> Result<Published, StoreError> {
+        self.meter.call("DynamoDB TransactWriteItems (catalog)");
+        let size = body.to_string().len();
+        self.meter.add(|c| c.wru += 2.0 * (units(size, 1024) + 1.0));
+        self.inner.publish(kind, name, body, now).await
+    }
+    async fn definition(
+        &self,
+        kind: Kind,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Option<Stored>, StoreError> {
+        // Without a version, the catalog's head is read first for the newest one.
+        let reads = if version.is_some() { 1 } else { 2 };
+        let out = self.inner.definition(kind, name, version).await?;
+        let size = out.as_ref().map_or(0, |s| s.body.to_string().len());
+        self.meter.add(|c| {
+            *c.calls
+                .entry("DynamoDB GetItem (catalog)".into())
+                .or_default() += reads;
+            c.rru += (reads - 1) as f64 + units(size, 4096);
+        });
+        Ok(out)
+    }
+    async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError> {
+        self.meter.call("DynamoDB GetItem (catalog)");
+        self.meter.add(|c| c.rru += 1.0);
+        self.inner.entries(kind).await
     }
 }
 

@@ -17,15 +17,15 @@ use std::time::{Duration, Instant};
 #[derive(Parser)]
 #[command(version, about = "Benchmarks of sas; writes a markdown report")]
 struct Cli {
-    /// Orders for the in-memory throughput run.
+    /// Tasks of each workflow for the in-memory throughput run.
     #[arg(long, default_value_t = 5000)]
-    orders: usize,
+    tasks: usize,
     /// Submissions in flight at once.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
-    /// Orders for the recovery-lag run.
+    /// Tasks for the recovery-lag run.
     #[arg(long, default_value_t = 200)]
-    lag_orders: usize,
+    lag_tasks: usize,
     /// Write the report here (otherwise it is only printed).
     #[arg(long)]
     write: Option<std::path::PathBuf>,
@@ -59,14 +59,21 @@ async fn main() -> anyhow::Result<()> {
     writeln!(md, "## Throughput and latency (in memory)\n")?;
     writeln!(
         md,
-        "3-step orders, no faults, through the HTTP handler without a network; latency is submission to `Processed` (history timestamps, ms resolution). The first row is a burst (throughput); the second, one order in flight at a time (latency without queueing).\n"
+        "Tasks of each example workflow (e-commerce orders: 3 steps; loan applications: 4), no faults, through the HTTP handler without a network; latency is submission to `Processed` (history timestamps, ms resolution). For each workflow the first row is a burst (throughput); the second, one task in flight at a time (latency without queueing).\n"
     )?;
     writeln!(
         md,
-        "| orders | in flight | all processed in | throughput | latency p50 | latency p99 | latency max |\n|---|---|---|---|---|---|---|"
+        "| workflow | tasks | in flight | all processed in | throughput | latency p50 | latency p99 | latency max |\n|---|---|---|---|---|---|---|---|"
     )?;
-    writeln!(md, "{}", throughput(cli.orders, cli.concurrency).await?)?;
-    writeln!(md, "{}", throughput(200, 1).await?)?;
+    for workflow in WORKFLOWS {
+        writeln!(
+            md,
+            "{}",
+            throughput(workflow, cli.tasks, cli.concurrency).await?
+        )?;
+        writeln!(md, "{}", throughput(workflow, 200, 1).await?)?;
+    }
+    writeln!(md)?;
 
     if !cli.no_emulator {
         let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_default();
@@ -74,12 +81,12 @@ async fn main() -> anyhow::Result<()> {
             endpoint.starts_with("http://127.0.0.1") || endpoint.starts_with("http://localhost"),
             "the API-call counts run against an emulator on loopback: set AWS_ENDPOINT_URL (infra/bench.sh does), or pass --no-emulator"
         );
-        eprintln!("API calls per order on the emulator…");
+        eprintln!("API calls per task on the emulator…");
         let config = sas::aws::sdk_config().await;
-        let scenarios = scenarios::measure(&config).await?;
-        writeln!(md, "## AWS API calls per order (on the emulator)\n")?;
+        let scenarios = scenarios::measure(&scenarios::Target::Emulator(Box::new(config))).await?;
+        writeln!(md, "## AWS API calls per task (on the emulator)\n")?;
         writeln!(md, "{}", calls_table(&scenarios))?;
-        writeln!(md, "## Cost per million orders\n")?;
+        writeln!(md, "## Cost per million tasks\n")?;
         writeln!(md, "{}", cost_table(&scenarios))?;
     }
 
@@ -90,14 +97,10 @@ async fn main() -> anyhow::Result<()> {
     )?;
     writeln!(
         md,
-        "In memory: {} orders whose first step always overruns a 1 s deadline, submissions spread over 2 s, no retry delay.\n",
-        cli.lag_orders
+        "In memory: {} tasks whose first step always overruns a 1 s deadline, submissions spread over 2 s, no retry delay.\n",
+        cli.lag_tasks
     )?;
-    writeln!(
-        md,
-        "{}",
-        sas::local::lag::table(cli.lag_orders, 1000).await?
-    )?;
+    writeln!(md, "{}", sas::local::lag::table(cli.lag_tasks, 1000).await?)?;
 
     eprintln!("init time…");
     writeln!(md, "## Handler init and binary size\n")?;
@@ -129,9 +132,21 @@ fn quantile(v: &[f64], q: f64) -> f64 {
     sas::local::lag::quantile(v, q)
 }
 
-/// 3-step orders, no faults, submitted through the HTTP handler (no network) with
-/// `concurrency` in flight; latency is submission → Processed from each order's history.
-async fn throughput(orders: usize, concurrency: usize) -> anyhow::Result<String> {
+/// The workflows the throughput run measures.
+const WORKFLOWS: [&str; 2] = ["ecommerce-order", "loan-application"];
+
+/// The input of a task of `workflow` (one of [`WORKFLOWS`]).
+fn input(workflow: &str) -> serde_json::Value {
+    if workflow == "loan-application" {
+        serde_json::json!({"applicantId": "bench", "amount": 25000, "currency": "EUR"})
+    } else {
+        serde_json::json!({"customerId": "bench", "items": [{"sku": "SKU-1", "quantity": 1}]})
+    }
+}
+
+/// Tasks of `workflow`, no faults, submitted through the HTTP handler (no network) with
+/// `concurrency` in flight; latency is submission → Processed from each task's history.
+async fn throughput(workflow: &str, tasks: usize, concurrency: usize) -> anyhow::Result<String> {
     let settings = Settings {
         poll_wait: Duration::from_millis(200),
         ..Settings::default()
@@ -144,16 +159,15 @@ async fn throughput(orders: usize, concurrency: usize) -> anyhow::Result<String>
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
     );
-    let body =
-        serde_json::json!({"customerId": "bench", "items": [{"sku": "SKU-1", "quantity": 1}]})
-            .to_string();
-    let mut ids = Vec::with_capacity(orders);
-    for chunk in (0..orders).collect::<Vec<_>>().chunks(concurrency.max(1)) {
+    let body = input(workflow).to_string();
+    let path = format!("/workflows/{workflow}/tasks");
+    let mut ids = Vec::with_capacity(tasks);
+    for chunk in (0..tasks).collect::<Vec<_>>().chunks(concurrency.max(1)) {
         let answers = futures::future::join_all(chunk.iter().map(|_| {
             sas::handlers::submission::handle(
                 &system.submission,
                 &http::Method::POST,
-                "/orders",
+                &path,
                 &headers,
                 body.as_bytes(),
             )
@@ -161,11 +175,12 @@ async fn throughput(orders: usize, concurrency: usize) -> anyhow::Result<String>
         .await;
         for a in answers {
             let v: serde_json::Value = serde_json::from_str(a.body())?;
+            anyhow::ensure!(a.status() == 202, "submission answered {}: {v}", a.status());
             ids.push(
-                v["orderId"]
+                v["taskId"]
                     .as_str()
                     .unwrap_or_default()
-                    .parse::<sas::OrderId>()?,
+                    .parse::<sas::TaskId>()?,
             );
         }
     }
@@ -194,13 +209,13 @@ async fn throughput(orders: usize, concurrency: usize) -> anyhow::Result<String>
     }
     let elapsed = started.elapsed();
     system.shutdown().await;
-    anyhow::ensure!(latencies.len() == ids.len(), "not every order finished");
+    anyhow::ensure!(latencies.len() == ids.len(), "not every task finished");
     latencies.sort_by(f64::total_cmp);
     let _ = submitted;
     Ok(format!(
-        "| {orders} | {concurrency} | {:.2} s | {:.0} orders/s | {:.0} ms | {:.0} ms | {:.0} ms |",
+        "| {workflow} | {tasks} | {concurrency} | {:.2} s | {:.0} tasks/s | {:.0} ms | {:.0} ms | {:.0} ms |",
         elapsed.as_secs_f64(),
-        orders as f64 / elapsed.as_secs_f64(),
+        tasks as f64 / elapsed.as_secs_f64(),
         quantile(&latencies, 0.5),
         quantile(&latencies, 0.99),
         quantile(&latencies, 1.0),
@@ -215,7 +230,7 @@ fn calls_table(scenarios: &[Scenario]) -> String {
     names.sort();
     names.dedup();
     let mut t = String::from(
-        "Counted by wrappers around the adapters, each order on its own resources on moto. Queue receives and deletes are made by Lambda's event source mappings and are not counted here (the cost model adds one of each per consumed message). Lambda invocations assume one message per invocation (the upper bound).\n\n| call |",
+        "Counted by wrappers around the adapters, each task on its own resources on moto. Queue receives and deletes are made by Lambda's event source mappings and are not counted here (the cost model adds one of each per consumed message). Lambda invocations assume one message per invocation (the upper bound). Catalog reads (workflow and service definitions, in the same table) are cached by every function for `CATALOG_CACHE_SECONDS` (5 s by default), which rounds to nothing per task under load: each scenario starts with warm caches, and a catalog row shows only if one was read anyway.\n\n| call |",
     );
     for s in scenarios {
         t.push_str(&format!(" {} |", s.name));
@@ -230,6 +245,8 @@ fn calls_table(scenarios: &[Scenario]) -> String {
         }
         t.push('\n');
     };
+    row("workflow", &|s| format!("`{}`", s.workflow));
+    row("steps", &|s| s.steps.to_string());
     row("final state", &|s| s.final_state.to_string());
     for n in &names {
         row(n, &|s| s.counts.call(n).to_string());
@@ -240,8 +257,11 @@ fn calls_table(scenarios: &[Scenario]) -> String {
     row("DynamoDB read request units", &|s| {
         format!("{:.1}", s.counts.rru)
     });
-    row("DynamoDB writes per step (3 steps)", &|s| {
-        format!("{:.2}", s.counts.dynamodb_writes() as f64 / 3.0)
+    row("DynamoDB writes per step", &|s| {
+        format!(
+            "{:.2}",
+            s.counts.dynamodb_writes() as f64 / s.steps.max(1) as f64
+        )
     });
     row("Scan calls", &|s| {
         if s.counts.has_scan() {
@@ -275,7 +295,7 @@ fn calls_table(scenarios: &[Scenario]) -> String {
     t
 }
 
-/// USD per order, by part.
+/// USD per task, by part.
 struct Cost {
     orchestration: f64,
     agents: f64,
@@ -344,11 +364,11 @@ fn cost(s: &Scenario) -> Cost {
 fn cost_table(scenarios: &[Scenario]) -> String {
     let m = 1e6;
     let mut t = format!(
-        "USD per million orders, us-east-1, on-demand, no free tier; prices checked {} (sources below). \
+        "USD per million tasks, us-east-1, on-demand, no free tier; prices checked {} (sources below). \
 Lambda durations are the handlers' wall times measured on the emulator (in the table above; they include the poll's receive and delete, so they are an upper bound), billed per millisecond; the simulated remote services answer at once, so each agent invocation gets {REMOTE_CALL_MS} ms more for a real service's answer. Functions have {} MB; one message per invocation; each consumed message costs one receive and one delete. \
 *Orchestration* is everything but the agents and the API: submission, scheduler and supervisor invocations, DynamoDB (with the GSI writes and the transaction's double charge), SQS, EventBridge. The Step Functions columns replace that with the state machine's transitions (the count is in the table above) and its events; the agents and the API cost the same either way and are added to every total. \
 Fixed monthly costs are left out: the supervisor's schedule (43,200 invocations a month) and the event source mappings' empty long polls.\n\n\
-| order | sas orchestration | Step Functions Standard | Step Functions Express | agents (both) | HTTP API (both) | sas total | Standard total | Express total |\n|---|---|---|---|---|---|---|---|---|\n",
+| task | sas orchestration | Step Functions Standard | Step Functions Express | agents (both) | HTTP API (both) | sas total | Standard total | Express total |\n|---|---|---|---|---|---|---|---|---|\n",
         prices::CHECKED,
         (MEMORY_GB * 1024.0) as u32
     );
@@ -374,7 +394,7 @@ Fixed monthly costs are left out: the supervisor's schedule (43,200 invocations 
             p.item, p.usd, p.unit, p.source
         ));
     }
-    t.push_str("\nThe equivalent Standard state machine: `Reserve`, `Charge`, `Ship` (Task states that send the request with a task token and wait; `Retry` on timeout, `Catch` to the compensation), `NotifyProcessed` (EventBridge task), `Done` (Succeed): 5 transitions for a clean order, one more per retried task; refused at the third step: `Reserve`, `Charge`, `Ship`, `NotifyFailed`, `Refund`, `Release`, `NotifyCompensated`, `Failed`: 8. Express is billed per request and per GB-second of the whole execution (64 MB, 100 ms increments) and cannot wait out an outage longer than its 5-minute limit.\n");
+    t.push_str("\nThe equivalent Standard state machines, one per workflow. E-commerce order: `Reserve`, `Charge`, `Ship` (Task states that send the request with a task token and wait; `Retry` on timeout, `Catch` to the compensation), `NotifyProcessed` (EventBridge task), `Done` (Succeed): 5 transitions for a clean order, one more per retried step; refused at the third step: `Reserve`, `Charge`, `Ship`, `NotifyFailed`, `Refund`, `Release`, `NotifyCompensated`, `Failed`: 8. Loan application: `CheckCredit`, `ReserveFunds`, `SendContract`, `DisburseFunds`, `NotifyProcessed`, `Done`: 6 for a clean loan; refused at the contract: `CheckCredit`, `ReserveFunds`, `SendContract`, `NotifyFailed`, `ReleaseFunds` (the credit check has no undo), `NotifyCompensated`, `Failed`: 7. Express is billed per request and per GB-second of the whole execution (64 MB, 100 ms increments) and cannot wait out an outage longer than its 5-minute limit.\n");
     t
 }
 
@@ -385,7 +405,7 @@ async fn init_and_size(build: &std::path::Path) -> anyhow::Result<String> {
     for _ in 0..20 {
         let t = Instant::now();
         let sdk = sas::aws::sdk_config().await;
-        let store = sas::aws::DynamoStore::new(aws_sdk_dynamodb_client(&sdk), "orders", 4);
+        let store = sas::aws::DynamoStore::new(aws_sdk_dynamodb_client(&sdk), "tasks", 4);
         let _ = (store, sas::config::policy()?, sas::config::backoff()?);
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
@@ -421,4 +441,54 @@ async fn init_and_size(build: &std::path::Path) -> anyhow::Result<String> {
 
 fn aws_sdk_dynamodb_client(sdk: &aws_config::SdkConfig) -> aws_sdk_dynamodb::Client {
     aws_sdk_dynamodb::Client::new(sdk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tables of BENCHMARKS.md from the scenarios run in memory: one column (and one cost
+    /// row) per scenario, both workflows, and totals that add up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_call_and_cost_tables_cover_every_scenario_of_both_workflows() {
+        let s = scenarios::measure(&scenarios::Target::Memory)
+            .await
+            .expect("the scenarios run");
+        let calls = calls_table(&s);
+        let header = calls
+            .lines()
+            .find(|l| l.starts_with("| call |"))
+            .expect("a header");
+        assert_eq!(header.matches('|').count(), s.len() + 2, "{header}");
+        for row in [
+            "| workflow |",
+            "| steps | 3 | 4 |",
+            "| DynamoDB writes per step |",
+        ] {
+            assert!(calls.contains(row), "{row} missing:\n{calls}");
+        }
+        assert!(calls.contains("`loan-application`") && calls.contains("`ecommerce-order`"));
+        let costs = cost_table(&s);
+        assert!(costs.starts_with("USD per million tasks"), "{costs}");
+        for sc in &s {
+            let row = costs
+                .lines()
+                .find(|l| l.starts_with(&format!("| {} |", sc.name)))
+                .unwrap_or_else(|| panic!("no cost row for {}:\n{costs}", sc.name));
+            let usd: Vec<f64> = row
+                .split('|')
+                .filter_map(|c| c.trim().strip_prefix('$')?.parse().ok())
+                .collect();
+            assert_eq!(usd.len(), 8, "{row}");
+            // sas total = orchestration + agents + API.
+            assert!((usd[5] - (usd[0] + usd[3] + usd[4])).abs() < 0.02, "{row}");
+            assert!(usd[0] > 0.0, "{row}");
+        }
+        let c = |i: usize| cost(&s[i]).orchestration;
+        assert!(
+            c(3) > c(0),
+            "a compensated order costs more than a clean one"
+        );
+        assert!(c(1) > c(0), "a 4-step loan costs more than a 3-step order");
+    }
 }

@@ -1,28 +1,33 @@
-//! Three orders driven through the real handlers on the AWS adapters (against the emulator at
-//! `AWS_ENDPOINT_URL`), each on its own resources, with every API call counted: a clean order,
-//! an order whose first step overruns once (recovered by its deadline timer), and an order
-//! refused at step 3 and compensated.
+//! Tasks of both example workflows driven through the real handlers on the AWS adapters
+//! (against the emulator at `AWS_ENDPOINT_URL`), each on its own resources, with every API call
+//! counted: a clean e-commerce order, a clean loan application, an order whose first step
+//! overruns once (recovered by its deadline timer), an order refused at step 3 and compensated,
+//! and a loan refused at its contract and compensated (its credit check has no undo).
 
-use crate::counting::{CountingBus, CountingQueue, CountingStore, Counts, Meter};
+use crate::counting::{CountingBus, CountingCatalog, CountingQueue, CountingStore, Counts, Meter};
 use sas::local::{Backend, Ports, Settings, System, ports};
 use sas::ports::{Clock, OffsetClock};
 use sas::remote::Faults;
-use sas::{OrderId, ProcessState};
+use sas::{ProcessState, TaskId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// What one order cost, in calls.
+/// What one task cost, in calls.
 #[derive(Debug, Clone)]
 pub struct Scenario {
     pub name: &'static str,
+    /// The workflow the task ran.
+    pub workflow: &'static str,
+    /// Its steps (the per-step rows divide by this).
+    pub steps: usize,
     pub counts: Counts,
     /// Lambda invocations by function (one per message: batches of one, the upper bound).
     pub invocations: BTreeMap<&'static str, u64>,
     /// The state transitions of the equivalent Step Functions state machine (see BENCHMARKS.md).
     pub sfn_transitions: u64,
     pub final_state: ProcessState,
-    /// Wall time spent handling this order's messages, by function (on the emulator, including
+    /// Wall time spent handling this task's messages, by function (on the emulator, including
     /// the poll's receive and delete, so an upper bound of what Lambda would bill).
     pub handler_seconds: BTreeMap<&'static str, f64>,
 }
@@ -54,6 +59,10 @@ fn wrap(p: Ports, meter: &Arc<Meter>, shards: u32) -> Ports {
             meter: meter.clone(),
             shards,
         }),
+        catalog: Arc::new(CountingCatalog {
+            inner: p.catalog,
+            meter: meter.clone(),
+        }),
         queue: Arc::new(queue),
         events: Arc::new(CountingBus {
             inner: p.events,
@@ -64,8 +73,25 @@ fn wrap(p: Ports, meter: &Arc<Meter>, shards: u32) -> Ports {
     }
 }
 
+/// Where each scenario's resources come from: the emulator (each scenario its own prefix), or
+/// memory (the unit tests).
+#[derive(Clone)]
+pub enum Target {
+    Emulator(Box<aws_config::SdkConfig>),
+    #[cfg(test)]
+    Memory,
+}
+
+/// How long a function keeps the catalog's newest versions: longer than any scenario, so the
+/// counts are those of a warm function (see [`build`]).
+const CATALOG_TTL_SECONDS: i64 = 600;
+
+/// A system on fresh resources, with the example definitions published and every function's
+/// catalog cache warmed: in a deployment the catalog is read once per function instance every
+/// `CATALOG_CACHE_SECONDS` (5 s), which rounds to nothing per task under any load, so the
+/// scenarios count what a warm function does. The counts start after the warm-up.
 async fn build(
-    config: &aws_config::SdkConfig,
+    target: &Target,
     faults: &[(&str, Faults)],
     step: chrono::Duration,
 ) -> anyhow::Result<(System, Arc<Meter>, Arc<OffsetClock>)> {
@@ -74,13 +100,17 @@ async fn build(
     settings.policy.pickup_timeout = step * 2;
     settings.policy.retry_base_delay = chrono::Duration::zero();
     settings.policy.retry_max_delay = chrono::Duration::zero();
-    for (agent, f) in faults {
-        settings.faults.insert((*agent).to_owned(), f.clone());
+    settings.catalog_ttl = chrono::Duration::seconds(CATALOG_TTL_SECONDS);
+    for (service, f) in faults {
+        settings.faults.insert((*service).to_owned(), f.clone());
     }
-    let prefix = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let backend = Backend::Aws {
-        config: Box::new(config.clone()),
-        prefix,
+    let backend = match target {
+        Target::Emulator(config) => Backend::Aws {
+            config: config.clone(),
+            prefix: format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
+        },
+        #[cfg(test)]
+        Target::Memory => Backend::Memory,
     };
     let meter = Arc::new(Meter::default());
     let p = wrap(
@@ -88,26 +118,40 @@ async fn build(
         &meter,
         settings.due_shards,
     );
+    let files = settings.definitions.clone();
     let clock = Arc::new(OffsetClock::default());
     let system = System::from_ports(p, settings, clock.clone() as Arc<dyn Clock>);
+    system.publish(&files).await?;
+    for workflow in ["ecommerce-order", "loan-application"] {
+        system.definitions.latest(workflow).await?;
+    }
+    system.definitions.services().await?;
+    meter.take();
     Ok((system, meter, clock))
 }
 
-async fn submit(system: &System, clocked: &mut Clocked) -> anyhow::Result<OrderId> {
+/// The input of a task of `workflow`.
+fn input(workflow: &str) -> serde_json::Value {
+    if workflow == "loan-application" {
+        serde_json::json!({"applicantId": "bench", "amount": 25000, "currency": "EUR"})
+    } else {
+        serde_json::json!({"customerId": "bench", "items": [{"sku": "SKU-1", "quantity": 1}]})
+    }
+}
+
+async fn submit(system: &System, clocked: &mut Clocked, workflow: &str) -> anyhow::Result<TaskId> {
     let t = std::time::Instant::now();
     let mut headers = http::HeaderMap::new();
     headers.insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
     );
-    let body =
-        serde_json::json!({"customerId": "bench", "items": [{"sku": "SKU-1", "quantity": 1}]});
     let resp = sas::handlers::submission::handle(
         &system.submission,
         &http::Method::POST,
-        "/orders",
+        &format!("/workflows/{workflow}/tasks"),
         &headers,
-        body.to_string().as_bytes(),
+        input(workflow).to_string().as_bytes(),
     )
     .await;
     *clocked.0.entry("submission").or_default() += t.elapsed().as_secs_f64();
@@ -117,7 +161,7 @@ async fn submit(system: &System, clocked: &mut Clocked) -> anyhow::Result<OrderI
         "submission answered {}: {v}",
         resp.status()
     );
-    Ok(v["orderId"].as_str().unwrap_or_default().parse()?)
+    Ok(v["taskId"].as_str().unwrap_or_default().parse()?)
 }
 
 async fn quiet(system: &System, clocked: &mut Clocked) -> anyhow::Result<()> {
@@ -131,16 +175,30 @@ async fn quiet(system: &System, clocked: &mut Clocked) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a scenario is and what it must come to.
+struct Plan {
+    name: &'static str,
+    workflow: &'static str,
+    steps: usize,
+    sfn_transitions: u64,
+    expect: ProcessState,
+}
+
 /// Turns the counted messages into invocations, and adds what the timers not delivered during
 /// the scenario cost when they are (one supervisor invocation and one GetItem each: a no-op).
 fn finish(
-    name: &'static str,
+    plan: &Plan,
     mut counts: Counts,
     timers_handled: u64,
-    sfn_transitions: u64,
     final_state: ProcessState,
     clocked: Clocked,
-) -> Scenario {
+) -> anyhow::Result<Scenario> {
+    anyhow::ensure!(
+        final_state == plan.expect,
+        "scenario {:?} ended {final_state}, not {}: its counts would not be what it says",
+        plan.name,
+        plan.expect
+    );
     let m = |k: &str| counts.messages.get(k).copied().unwrap_or(0);
     let timers = m("timers");
     let pending_timers = timers.saturating_sub(timers_handled);
@@ -160,40 +218,85 @@ fn finish(
         .map(|t| t / timers_handled.max(1) as f64)
         .unwrap_or_else(|| handler_seconds.get("submission").copied().unwrap_or(0.0) / 2.0);
     *handler_seconds.entry("supervisor").or_default() += per_timer * pending_timers as f64;
-    Scenario {
-        name,
+    Ok(Scenario {
+        name: plan.name,
+        workflow: plan.workflow,
+        steps: plan.steps,
         counts,
         invocations,
-        sfn_transitions,
+        sfn_transitions: plan.sfn_transitions,
         final_state,
         handler_seconds,
-    }
+    })
 }
 
-pub async fn measure(config: &aws_config::SdkConfig) -> anyhow::Result<Vec<Scenario>> {
-    let mut out = Vec::new();
-
-    // 1. Clean.
-    let (system, meter, _) = build(config, &[], chrono::Duration::seconds(30)).await?;
+/// One task of `plan.workflow` on a fresh system with `faults`, run until nothing moves.
+async fn straight(
+    target: &Target,
+    plan: &Plan,
+    faults: &[(&str, Faults)],
+) -> anyhow::Result<Scenario> {
+    let (system, meter, _) = build(target, faults, chrono::Duration::seconds(30)).await?;
     let mut clocked = Clocked::default();
-    let id = submit(&system, &mut clocked).await?;
+    let id = submit(&system, &mut clocked, plan.workflow).await?;
     quiet(&system, &mut clocked).await?;
     let counts = meter.take();
     let r = read(&system, id).await?;
-    // Reserve, Charge, Ship, NotifyProcessed, Done: 5 transitions (see BENCHMARKS.md).
-    out.push(finish("clean order", counts, 0, 5, r, clocked));
+    system.shutdown().await;
+    finish(plan, counts, 0, r, clocked)
+}
 
-    // 2. One retry: the first step's agent never answers; its deadline timer recovers it.
+fn refuse(action: &str) -> Faults {
+    Faults {
+        refuse_actions: vec![action.into()],
+        ..Faults::default()
+    }
+}
+
+pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
+    let mut out = Vec::new();
+
+    // 1. A clean order: Reserve, Charge, Ship, NotifyProcessed, Done: 5 transitions.
+    let plan = Plan {
+        name: "clean order",
+        workflow: "ecommerce-order",
+        steps: 3,
+        sfn_transitions: 5,
+        expect: ProcessState::Processed,
+    };
+    out.push(straight(target, &plan, &[]).await?);
+
+    // 2. A clean loan: CheckCredit, ReserveFunds, SendContract, DisburseFunds,
+    // NotifyProcessed, Done: 6 transitions.
+    let plan = Plan {
+        name: "clean loan",
+        workflow: "loan-application",
+        steps: 4,
+        sfn_transitions: 6,
+        expect: ProcessState::Processed,
+    };
+    out.push(straight(target, &plan, &[]).await?);
+
+    // 3. One retry: the order's first step request is lost (its agent never answers); its
+    // deadline timer recovers it. One transition more than the clean order: the retried task.
+    let plan = Plan {
+        name: "order, one retry (timer)",
+        workflow: "ecommerce-order",
+        steps: 3,
+        sfn_transitions: 6,
+        expect: ProcessState::Processed,
+    };
     let step = chrono::Duration::seconds(2);
-    let (system, meter, _) = build(config, &[], step).await?;
+    let (system, meter, _) = build(target, &[], step).await?;
     let mut clocked = Clocked::default();
-    let id = submit(&system, &mut clocked).await?;
+    let id = submit(&system, &mut clocked, plan.workflow).await?;
     // Claimed; the request and its timer go out.
     clocked.time("scheduler", system.pump_scheduler()).await?;
-    let inventory = system.resources.agent_queue_urls["inventory"].clone();
-    let lost = system.queue.receive(&inventory, 10, Duration::ZERO).await?;
+    let agent = system.resources.agent_queue_url.clone();
+    let lost = system.queue.receive(&agent, 10, Duration::ZERO).await?;
+    anyhow::ensure!(lost.len() == 1, "one step request out, not {}", lost.len());
     for m in &lost {
-        system.queue.delete(&inventory, &m.receipt_handle).await?;
+        system.queue.delete(&agent, &m.receipt_handle).await?;
     }
     tokio::time::sleep(Duration::from_millis(3200)).await;
     let mut handled = 0;
@@ -207,35 +310,88 @@ pub async fn measure(config: &aws_config::SdkConfig) -> anyhow::Result<Vec<Scena
     quiet(&system, &mut clocked).await?;
     let counts = meter.take();
     let r = read(&system, id).await?;
-    // One more transition than the clean order: the retried task.
-    out.push(finish("one retry (timer)", counts, handled, 6, r, clocked));
+    system.shutdown().await;
+    out.push(finish(&plan, counts, handled, r, clocked)?);
 
-    // 3. Refused at step 3, compensated.
-    let refuse = Faults {
-        refuse_actions: vec!["arrange-shipping".into()],
-        ..Faults::default()
+    // 4. An order refused at step 3, compensated: Reserve, Charge, Ship (caught), NotifyFailed,
+    // Refund, Release, NotifyCompensated, Fail: 8.
+    let plan = Plan {
+        name: "order compensated at step 3",
+        workflow: "ecommerce-order",
+        steps: 3,
+        sfn_transitions: 8,
+        expect: ProcessState::Compensated,
     };
-    let (system, meter, _) = build(
-        config,
-        &[("shipping", refuse)],
-        chrono::Duration::seconds(30),
-    )
-    .await?;
-    let mut clocked = Clocked::default();
-    let id = submit(&system, &mut clocked).await?;
-    quiet(&system, &mut clocked).await?;
-    let counts = meter.take();
-    let r = read(&system, id).await?;
-    // Reserve, Charge, Ship (caught), NotifyFailed, Refund, Release, NotifyCompensated, Fail: 8.
-    out.push(finish("compensated at step 3", counts, 0, 8, r, clocked));
+    out.push(straight(target, &plan, &[("shipping", refuse("arrange-shipping"))]).await?);
+
+    // 5. A loan refused at its contract (step 3, the pivot, not yet done), compensated: the
+    // funds are released; the credit check has no undo. CheckCredit, ReserveFunds,
+    // SendContract (caught), NotifyFailed, ReleaseFunds, NotifyCompensated, Fail: 7.
+    let plan = Plan {
+        name: "loan compensated at step 3",
+        workflow: "loan-application",
+        steps: 4,
+        sfn_transitions: 7,
+        expect: ProcessState::Compensated,
+    };
+    out.push(straight(target, &plan, &[("e-sign", refuse("send-contract"))]).await?);
     Ok(out)
 }
 
-async fn read(system: &System, id: OrderId) -> anyhow::Result<ProcessState> {
+async fn read(system: &System, id: TaskId) -> anyhow::Result<ProcessState> {
     system
         .store
         .get_state(id)
         .await?
         .map(|r| r.process_state)
-        .ok_or_else(|| anyhow::anyhow!("order {id} has no record"))
+        .ok_or_else(|| anyhow::anyhow!("task {id} has no record"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scenarios in memory: each ends as planned, and the counts follow the workflows'
+    /// shapes (the sizes and units are DynamoDB's rules applied to the same records).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_scenario_runs_in_memory_and_ends_as_planned() {
+        let s = measure(&Target::Memory).await.expect("the scenarios run");
+        let names: Vec<_> = s.iter().map(|s| s.name).collect();
+        assert_eq!(
+            names,
+            [
+                "clean order",
+                "clean loan",
+                "order, one retry (timer)",
+                "order compensated at step 3",
+                "loan compensated at step 3"
+            ]
+        );
+        let agent = |i: usize| s[i].counts.messages.get("agent").copied().unwrap_or(0);
+        // One request per step; a retry sends its step again; undos are requests too.
+        assert_eq!(agent(0), 3);
+        assert_eq!(agent(1), 4);
+        assert_eq!(agent(2), 4);
+        // Three steps, then the undos of the two before the refused one.
+        assert_eq!(agent(3), 5);
+        // Three steps, then the undo of reserve-funds only: the credit check has none.
+        assert_eq!(agent(4), 4);
+        for sc in &s {
+            assert_eq!(
+                sc.counts.call("DynamoDB TransactWriteItems"),
+                1,
+                "{}",
+                sc.name
+            );
+            assert_eq!(
+                sc.counts.call("DynamoDB GetItem (catalog)"),
+                0,
+                "{}: the catalog is cached",
+                sc.name
+            );
+            assert!(!sc.counts.has_scan(), "{}", sc.name);
+            assert!(sc.counts.wru > 0.0, "{}", sc.name);
+        }
+        assert_eq!(s[2].invocations["supervisor"], 4, "one timer per request");
+    }
 }

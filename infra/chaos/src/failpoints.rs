@@ -8,7 +8,7 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sas::aws::provision::Resources;
-use sas::domain::{BreakerRecord, Condition, Guard, Order, OrderId, ProcessState, StateRecord};
+use sas::domain::{BreakerRecord, Condition, Guard, ProcessState, StateRecord, Task, TaskId};
 use sas::ports::{
     CreateOutcome, Cursor, EventBus, IdempotencyRecord, Page, PublishError, Queue, QueueError,
     ReceivedMessage, StateStore, StoreError,
@@ -55,7 +55,7 @@ impl Plan {
 #[derive(Debug, Default)]
 pub struct Recorder {
     points: Mutex<BTreeMap<String, (u64, u64)>>,
-    /// Events the bus accepted: (detail-type, order id).
+    /// Events the bus accepted: (detail-type, task id).
     published: Mutex<Vec<(String, String)>>,
     sent: AtomicU64,
     duplicated: AtomicU64,
@@ -68,17 +68,22 @@ impl Recorder {
         self.points.lock().map(|p| p.clone()).unwrap_or_default()
     }
 
-    /// Orders with an `OrderFailed` event on the bus (the operator alerts).
-    pub fn alerted(&self) -> BTreeSet<String> {
+    /// Tasks with an event of `detail_type` on the bus (`TaskFailed`: the operator alerts).
+    pub fn published(&self, detail_type: &str) -> BTreeSet<String> {
         self.published
             .lock()
             .map(|p| {
                 p.iter()
-                    .filter(|(t, _)| t == "OrderFailed")
+                    .filter(|(t, _)| t == detail_type)
                     .map(|(_, id)| id.clone())
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Tasks with a `TaskFailed` event on the bus (the operator alerts).
+    pub fn alerted(&self) -> BTreeSet<String> {
+        self.published("TaskFailed")
     }
 
     pub fn messaging(&self) -> (u64, u64, u64, u64) {
@@ -157,26 +162,26 @@ pub struct ChaosStore {
 impl StateStore for ChaosStore {
     async fn create(
         &self,
-        order: &Order,
+        task: &Task,
         record: &StateRecord,
         key: Option<&IdempotencyRecord>,
     ) -> Result<CreateOutcome, StoreError> {
-        let out = self.inner.create(order, record, key).await?;
-        if out == CreateOutcome::Created && self.chaos.crash("create", &order.id.to_string()) {
+        let out = self.inner.create(task, record, key).await?;
+        if out == CreateOutcome::Created && self.chaos.crash("create", &task.id.to_string()) {
             return Err(StoreError::Unavailable(crashed("create")));
         }
         Ok(out)
     }
-    async fn get(&self, id: OrderId) -> Result<Option<(Order, StateRecord)>, StoreError> {
+    async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
         self.inner.get(id).await
     }
-    async fn get_state(&self, id: OrderId) -> Result<Option<StateRecord>, StoreError> {
+    async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
         self.inner.get_state(id).await
     }
     async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
         self.inner.put(record, condition).await?;
         let point = put_point(record, condition);
-        if self.chaos.crash(&point, &record.order_id.to_string()) {
+        if self.chaos.crash(&point, &record.task_id.to_string()) {
             return Err(StoreError::Unavailable(crashed(&point)));
         }
         Ok(())
@@ -186,7 +191,7 @@ impl StateStore for ChaosStore {
         shard: u32,
         now: DateTime<Utc>,
         limit: usize,
-    ) -> Result<Vec<OrderId>, StoreError> {
+    ) -> Result<Vec<TaskId>, StoreError> {
         self.inner.due(shard, now, limit).await
     }
     fn due_shards(&self) -> u32 {
@@ -217,10 +222,11 @@ impl StateStore for ChaosStore {
     async fn list(
         &self,
         state: ProcessState,
+        workflow: Option<&str>,
         limit: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError> {
-        self.inner.list(state, limit, after).await
+        self.inner.list(state, workflow, limit, after).await
     }
 }
 
@@ -244,10 +250,10 @@ impl ChaosQueue {
     }
 }
 
-fn order_of(body: &str) -> String {
+fn task_of(body: &str) -> String {
     serde_json::from_str::<serde_json::Value>(body)
         .ok()
-        .and_then(|v| v["orderId"].as_str().map(str::to_owned))
+        .and_then(|v| v["taskId"].as_str().map(str::to_owned))
         .unwrap_or_default()
 }
 
@@ -255,29 +261,29 @@ fn order_of(body: &str) -> String {
 impl Queue for ChaosQueue {
     async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
         let role = self.roles.get(queue_url).copied().unwrap_or("client");
-        let order = order_of(body);
+        let task = task_of(body);
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         let r = &self.chaos.recorder;
         r.sent.fetch_add(1, Ordering::Relaxed);
         let p = &self.chaos.plan;
-        if role == "timers" && self.chaos.roll("lose-timer", &order, n, p.lose_timer_rate) {
+        if role == "timers" && self.chaos.roll("lose-timer", &task, n, p.lose_timer_rate) {
             r.timers_lost.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
         let mut delay = delay;
-        if self.chaos.roll("delay", &order, n, p.delay_rate) {
+        if self.chaos.roll("delay", &task, n, p.delay_rate) {
             r.delayed.fetch_add(1, Ordering::Relaxed);
             delay += p
                 .max_extra_delay
-                .mul_f64(seeded_unit(p.seed, &["delay-by", &order], n));
+                .mul_f64(seeded_unit(p.seed, &["delay-by", &task], n));
         }
         self.inner.send(queue_url, body, delay).await?;
-        if self.chaos.roll("duplicate", &order, n, p.duplicate_rate) {
+        if self.chaos.roll("duplicate", &task, n, p.duplicate_rate) {
             r.duplicated.fetch_add(1, Ordering::Relaxed);
             self.inner.send(queue_url, body, delay).await?;
         }
         let point = format!("send:{role}");
-        if self.chaos.crash(&point, &order) {
+        if self.chaos.crash(&point, &task) {
             return Err(QueueError(crashed(&point)));
         }
         Ok(())
@@ -309,12 +315,12 @@ impl EventBus for ChaosBus {
         detail: &serde_json::Value,
     ) -> Result<(), PublishError> {
         self.inner.publish(detail_type, detail).await?;
-        let order = detail["orderId"].as_str().unwrap_or_default().to_owned();
+        let task = detail["taskId"].as_str().unwrap_or_default().to_owned();
         if let Ok(mut p) = self.chaos.recorder.published.lock() {
-            p.push((detail_type.to_owned(), order.clone()));
+            p.push((detail_type.to_owned(), task.clone()));
         }
         let point = format!("publish:{detail_type}");
-        if self.chaos.crash(&point, &order) {
+        if self.chaos.crash(&point, &task) {
             return Err(PublishError(crashed(&point)));
         }
         Ok(())

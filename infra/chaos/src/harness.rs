@@ -1,41 +1,70 @@
-//! The chaos run: orders submitted over HTTP to the real handlers, on ports wrapped with
-//! failpoints, with several scheduler and agent pollers and several supervisors at once, and
-//! seeded remote-service faults. At the end every order is checked.
+//! The chaos run: tasks of both example workflows (e-commerce orders and loan applications,
+//! alternately) submitted over HTTP to the real handlers, on ports wrapped with failpoints, with
+//! several scheduler and agent pollers and several supervisors at once, and seeded
+//! remote-service faults. At the end every task is checked against its workflow.
 
 use crate::failpoints::{Chaos, ChaosBus, ChaosQueue, ChaosStore, Plan};
 use futures::StreamExt;
+use sas::domain::workflow::{self, Format};
 use sas::handlers::supervisor;
 use sas::local::{Ports, Settings, System};
+use sas::messages::idempotency_key;
 use sas::ports::SystemClock;
 use sas::remote::Faults;
-use sas::{OrderId, ProcessState, StateRecord};
+use sas::{Policy, ProcessState, StateRecord, StepState, StepStatus, TaskId, Workflow};
+use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// The workflows a run submits tasks of, in turn: task `i` is of `WORKFLOWS[i % 2]`.
+pub const WORKFLOWS: [&str; 2] = ["ecommerce-order", "loan-application"];
+
+/// The workflow of task `i`.
+pub fn workflow_of(i: usize) -> &'static str {
+    WORKFLOWS[i % WORKFLOWS.len()]
+}
+
+/// The input of task `i` (valid for [`workflow_of`]`(i)`'s input schema).
+pub fn input(i: usize) -> Value {
+    if workflow_of(i) == "loan-application" {
+        serde_json::json!({
+            "applicantId": format!("chaos-{}", i % 89),
+            "amount": 1000 * (1 + i % 50),
+            "currency": "EUR",
+        })
+    } else {
+        serde_json::json!({
+            "customerId": format!("chaos-{}", i % 101),
+            "items": [{"sku": format!("SKU-{}", i % 17), "quantity": 1 + i % 4}],
+        })
+    }
+}
+
 /// A chaos run.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub orders: usize,
+    pub tasks: usize,
     pub seed: u64,
     /// Supervisors sweeping at once (each with its own instance id).
     pub supervisors: usize,
     /// Submissions in flight at once.
     pub concurrency: usize,
-    /// How long the orders have to finish after the last submission.
+    /// How long the tasks have to finish after the last submission.
     pub budget: Duration,
     /// Submissions per second at most (`None`: as fast as `concurrency` allows). A paced run
     /// keeps the pollers near, not far past, what they can serve within the deadlines.
     pub rate: Option<u32>,
     pub plan: Plan,
-    /// The system's settings: deadlines, pollers, and each service's faults.
+    /// The system's settings: deadlines, pollers, and each service's faults. The definitions
+    /// published are [`Config::definitions`], not `settings.definitions`.
     pub settings: Settings,
 }
 
 impl Config {
-    /// A run of `orders` orders from `seed`, sized for the in-memory adapters.
-    pub fn new(orders: usize, seed: u64) -> Self {
+    /// A run of `tasks` tasks from `seed`, sized for the in-memory adapters.
+    pub fn new(tasks: usize, seed: u64) -> Self {
         let mut settings = Settings::default();
         settings.policy.step_timeout = chrono::Duration::milliseconds(2000);
         settings.policy.pickup_timeout = chrono::Duration::milliseconds(4000);
@@ -49,8 +78,12 @@ impl Config {
         // Shorter than the slowest agent run: messages come back while still being handled.
         settings.visibility_timeout = Some(Duration::from_millis(700));
         settings.breaker.cooldown = chrono::Duration::milliseconds(300);
+        // The catalog is written once, before the first submission: cache it as a deployment
+        // does (on the emulator, every uncached read is a request).
+        settings.catalog_ttl = chrono::Duration::seconds(5);
         let now = chrono::Utc::now();
-        for (i, agent) in ["inventory", "payment", "shipping"].into_iter().enumerate() {
+        let services = workflow::examples::services();
+        for (i, service) in services.iter().enumerate() {
             let mut f = Faults {
                 latency: Duration::from_millis(1),
                 transient_rate: 0.1,
@@ -61,15 +94,20 @@ impl Config {
                 seed: Some(seed.wrapping_add(i as u64)),
                 ..Faults::default()
             };
-            if agent == "payment" {
-                // A whole-service outage early in the run.
-                let from = now + chrono::Duration::milliseconds(500);
+            // A whole-service outage early in the run, in each workflow.
+            let outage = match service.name.as_str() {
+                "payment" => Some(500),
+                "core-banking" => Some(1500),
+                _ => None,
+            };
+            if let Some(ms) = outage {
+                let from = now + chrono::Duration::milliseconds(ms);
                 f.outage = Some((from, from + chrono::Duration::milliseconds(1500)));
             }
-            settings.faults.insert(agent.into(), f);
+            settings.faults.insert(service.name.clone(), f);
         }
         Self {
-            orders,
+            tasks,
             seed,
             supervisors: 6,
             concurrency: 32,
@@ -79,6 +117,126 @@ impl Config {
             settings,
         }
     }
+
+    /// The definitions the run publishes: the examples (`workflows/`), each workflow's own
+    /// durations scaled to the run's policy (its default step timeout becomes
+    /// `settings.policy.step_timeout`, its retry delays the policy's, every other duration in
+    /// proportion, no step timeout below the policy's), so that a loan application's deadlines and retries come in seconds, as an
+    /// e-commerce order's do (it has no durations of its own). Steps, undos, the pivot and the
+    /// failure thresholds are the examples' own.
+    pub fn definitions(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let mut out = Vec::new();
+        for (name, text) in sas::catalog::example_files() {
+            let Some(format) = Format::of_path(&name) else {
+                continue;
+            };
+            let mut value = workflow::parse_value(&text, format)?;
+            if value.get("steps").is_none() {
+                out.push((name, text));
+                continue;
+            }
+            scale_durations(&mut value, &self.settings.policy)?;
+            let stem = name.rsplit_once('.').map_or(name.as_str(), |(s, _)| s);
+            out.push((format!("{stem}.json"), value.to_string()));
+        }
+        Ok(out)
+    }
+}
+
+fn duration_of(v: &Value) -> anyhow::Result<Option<Duration>> {
+    match v.as_str() {
+        Some(s) => Ok(Some(humantime::parse_duration(s.trim())?)),
+        None => Ok(None),
+    }
+}
+
+fn ratio(to: chrono::Duration, from: Option<Duration>) -> f64 {
+    match from {
+        Some(f) if !f.is_zero() => to.num_milliseconds() as f64 / f.as_millis() as f64,
+        _ => 1.0,
+    }
+}
+
+/// Scales every duration of a workflow definition (see [`Config::definitions`]).
+fn scale_durations(doc: &mut Value, p: &Policy) -> anyhow::Result<()> {
+    let defaults = &doc["defaults"];
+    let timeout = ratio(p.step_timeout, duration_of(&defaults["timeout"])?);
+    let base = ratio(
+        p.retry_base_delay,
+        duration_of(&defaults["retry"]["baseDelay"])?,
+    );
+    let max = ratio(
+        p.retry_max_delay,
+        duration_of(&defaults["retry"]["maxDelay"])?,
+    );
+    // No step gets less time than the run's step timeout: under a burst of submissions the
+    // queues alone take a good part of a second.
+    let shortest = p
+        .step_timeout
+        .to_std()
+        .unwrap_or_default()
+        .clamp(workflow::MIN_TIMEOUT, workflow::MAX_TIMEOUT);
+    let settings = |place: &mut Value| -> anyhow::Result<()> {
+        let Some(obj) = place.as_object_mut() else {
+            return Ok(());
+        };
+        if let Some(t) = obj.get_mut("timeout") {
+            scale(t, timeout, shortest, workflow::MAX_TIMEOUT)?;
+        }
+        if let Some(retry) = obj.get_mut("retry").and_then(Value::as_object_mut) {
+            if let Some(b) = retry.get_mut("baseDelay") {
+                scale(b, base, Duration::ZERO, workflow::MAX_DELAY)?;
+            }
+            if let Some(m) = retry.get_mut("maxDelay") {
+                scale(m, max, Duration::ZERO, workflow::MAX_DELAY)?;
+            }
+        }
+        Ok(())
+    };
+    if let Some(d) = doc.get_mut("defaults") {
+        settings(d)?;
+    }
+    if let Some(steps) = doc.get_mut("steps").and_then(Value::as_array_mut) {
+        for step in steps {
+            settings(step)?;
+        }
+    }
+    Ok(())
+}
+
+/// Multiplies the duration `v` (a string such as `5s`) by `by`, within `[min, cap]`.
+fn scale(v: &mut Value, by: f64, min: Duration, cap: Duration) -> anyhow::Result<()> {
+    if let Some(d) = duration_of(v)? {
+        let ms = (d.as_millis() as f64 * by).round() as u64;
+        let d = Duration::from_millis(ms).clamp(min, cap);
+        *v = Value::String(format!("{}ms", d.as_millis()));
+    }
+    Ok(())
+}
+
+/// What one workflow's tasks came to.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct WorkflowCounts {
+    pub submitted: usize,
+    pub accepted: usize,
+    /// Final state → tasks.
+    pub states: BTreeMap<String, usize>,
+    /// Tasks that failed (a step refused, or timed out at its threshold), and tasks with a
+    /// `TaskFailed` alert.
+    pub failed: usize,
+    pub alerted: usize,
+    /// Effects the services applied for this workflow's tasks (steps and undos).
+    pub effects: usize,
+}
+
+/// How the tasks that failed at one step failed, and how they ended.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct StepFailures {
+    pub refused: usize,
+    pub timed_out: usize,
+    pub faulted: usize,
+    /// Final state → tasks.
+    pub ended: BTreeMap<String, usize>,
 }
 
 /// What the run found.
@@ -86,22 +244,36 @@ impl Config {
 pub struct Report {
     pub submitted: usize,
     pub accepted: usize,
-    /// Final state → orders.
+    /// Workflow name → its tasks' counts.
+    pub workflows: BTreeMap<String, WorkflowCounts>,
+    /// Final state → tasks.
     pub states: BTreeMap<String, usize>,
-    /// Accepted orders with no record, or not terminal when the budget ran out.
+    /// Accepted tasks with no record, or not terminal when the budget ran out.
     pub lost: Vec<String>,
-    /// Idempotency keys applied more than once, or steps whose net effect is not 1 for a
-    /// Processed order and 0 for a compensated one.
+    /// Idempotency keys applied more than once.
     pub doubled: Vec<String>,
+    /// Steps whose net effect is not what the task's final state says (1 per step of a
+    /// Processed task; 0 per undoable step of a Compensated one; for a step without an undo,
+    /// and for the steps of a task left in Error past its pivot, what the step's status says),
+    /// undos applied for a task that owes no compensation, and effects under a key that no step
+    /// of an accepted task has.
+    pub wrong_net: Vec<String>,
     /// Terminal records still locked.
     pub locked_terminal: Vec<String>,
-    /// Records that break an invariant of the state record.
+    /// Records that break an invariant of the state record under their workflow's policies, or
+    /// end in a state their workflow does not allow (Error before the pivot: automatic
+    /// compensation is on).
     pub invalid: Vec<String>,
-    /// Orders that failed (a refusal, or the threshold) and orders with an `OrderFailed` alert.
+    /// Tasks that failed, and tasks with a `TaskFailed` alert.
     pub failed: usize,
     pub alerted: usize,
-    /// Orders in one set and not the other.
+    /// Tasks in one set and not the other.
     pub alert_mismatch: Vec<String>,
+    /// (workflow, step index, step) → how the failed tasks failed there, and how they ended.
+    pub failed_steps: BTreeMap<(String, usize, String), StepFailures>,
+    /// Tasks that ended Processed, Compensated or CompensationFailed without that event on the
+    /// bus, or with it while ending otherwise.
+    pub notice_mismatch: Vec<String>,
     /// Crash point → (reached, crashed).
     pub points: BTreeMap<String, (u64, u64)>,
     /// Crash points the run must reach but did not.
@@ -112,7 +284,7 @@ pub struct Report {
     pub elapsed: Duration,
 }
 
-/// The crash points every run of a few hundred orders reaches.
+/// The crash points every run of a few hundred tasks reaches.
 pub const REQUIRED_POINTS: [&str; 9] = [
     "create",
     "put:claimed",
@@ -122,7 +294,15 @@ pub const REQUIRED_POINTS: [&str; 9] = [
     "send:agent",
     "send:replies",
     "send:timers",
-    "publish:OrderProcessed",
+    "publish:TaskProcessed",
+];
+
+/// The terminal states, in the order the tables show them.
+const TERMINAL: [ProcessState; 4] = [
+    ProcessState::Processed,
+    ProcessState::Compensated,
+    ProcessState::CompensationFailed,
+    ProcessState::Error,
 ];
 
 impl Report {
@@ -148,7 +328,11 @@ impl Report {
         );
         check(
             !self.doubled.is_empty(),
-            format!("doubled effects: {:?}", first(&self.doubled)),
+            format!("keys applied more than once: {:?}", first(&self.doubled)),
+        );
+        check(
+            !self.wrong_net.is_empty(),
+            format!("wrong net effects: {:?}", first(&self.wrong_net)),
         );
         check(
             !self.locked_terminal.is_empty(),
@@ -166,6 +350,13 @@ impl Report {
             format!(
                 "alerts do not match failures: {:?}",
                 first(&self.alert_mismatch)
+            ),
+        );
+        check(
+            !self.notice_mismatch.is_empty(),
+            format!(
+                "events do not match final states: {:?}",
+                first(&self.notice_mismatch)
             ),
         );
         check(
@@ -191,13 +382,18 @@ impl Report {
         let mut row = |k: &str, v: String, must: &str| {
             out.push_str(&format!("| {k} | {v} | {must} |\n"));
         };
-        row("orders submitted", self.submitted.to_string(), "");
-        row("orders accepted", self.accepted.to_string(), "= submitted");
+        row("tasks submitted", self.submitted.to_string(), "");
+        row("tasks accepted", self.accepted.to_string(), "= submitted");
         for (state, n) in &self.states {
             row(&format!("final state {state}"), n.to_string(), "");
         }
         row("lost", self.lost.len().to_string(), "0");
-        row("doubled effects", self.doubled.len().to_string(), "0");
+        row(
+            "keys applied more than once",
+            self.doubled.len().to_string(),
+            "0",
+        );
+        row("wrong net effects", self.wrong_net.len().to_string(), "0");
         row(
             "terminal records still locked",
             self.locked_terminal.len().to_string(),
@@ -209,9 +405,14 @@ impl Report {
             "0",
         );
         row(
-            "failed orders / OrderFailed alerts",
+            "failed tasks / TaskFailed alerts",
             format!("{} / {}", self.failed, self.alerted),
-            "equal, same orders",
+            "equal, same tasks",
+        );
+        row(
+            "final states without their event (or events without their state)",
+            self.notice_mismatch.len().to_string(),
+            "0",
         );
         let (sent, dup, delayed, lost_timers) = self.messaging;
         row(
@@ -226,6 +427,45 @@ impl Report {
             "",
         );
         let mut t = format!("| check | value | must be |\n|---|---|---|\n{out}");
+        t.push_str("\n| workflow | submitted | accepted |");
+        for s in TERMINAL {
+            t.push_str(&format!(" {s} |"));
+        }
+        t.push_str(" not terminal | failed / TaskFailed alerts | effects applied |\n|---|---|---|");
+        t.push_str(&"---|".repeat(TERMINAL.len() + 3));
+        t.push('\n');
+        for (name, w) in &self.workflows {
+            let terminal: usize = TERMINAL
+                .iter()
+                .map(|s| w.states.get(s.as_str()).copied().unwrap_or(0))
+                .sum();
+            t.push_str(&format!("| {name} | {} | {} |", w.submitted, w.accepted));
+            for s in TERMINAL {
+                t.push_str(&format!(
+                    " {} |",
+                    w.states.get(s.as_str()).copied().unwrap_or(0)
+                ));
+            }
+            t.push_str(&format!(
+                " {} | {} / {} | {} |\n",
+                w.accepted - terminal.min(w.accepted),
+                w.failed,
+                w.alerted,
+                w.effects
+            ));
+        }
+        t.push_str("\n| workflow | failed at step | refused | timed out | faulted | ended |\n|---|---|---|---|---|---|\n");
+        for ((workflow, i, step), f) in &self.failed_steps {
+            let ended: Vec<String> = f.ended.iter().map(|(s, n)| format!("{s} {n}")).collect();
+            t.push_str(&format!(
+                "| {workflow} | {} `{step}` | {} | {} | {} | {} |\n",
+                i + 1,
+                f.refused,
+                f.timed_out,
+                f.faulted,
+                ended.join(", ")
+            ));
+        }
         t.push_str("\n| crash point | reached | crashed |\n|---|---|---|\n");
         for (p, (reached, crashed)) in &self.points {
             t.push_str(&format!("| `{p}` | {reached} | {crashed} |\n"));
@@ -238,7 +478,8 @@ fn first(v: &[String]) -> &[String] {
     &v[..v.len().min(5)]
 }
 
-/// Wraps `ports` with the failpoints of `plan`.
+/// Wraps `ports` with the failpoints of `plan`. The catalog is passed through: it is written
+/// once, before the run, and only read after.
 pub fn wrap(ports: Ports, chaos: &Arc<Chaos>) -> Ports {
     let queue = ChaosQueue::new(ports.queue, chaos.clone(), &ports.resources);
     Ports {
@@ -246,6 +487,7 @@ pub fn wrap(ports: Ports, chaos: &Arc<Chaos>) -> Ports {
             inner: ports.store,
             chaos: chaos.clone(),
         }),
+        catalog: ports.catalog,
         queue: Arc::new(queue),
         events: Arc::new(ChaosBus {
             inner: ports.events,
@@ -263,6 +505,7 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
     let dlq = ports.resources.dead_letter_url.clone();
     let memory_queues = ports.memory.as_ref().map(|(_, q, _)| q.clone());
     let mut system = System::from_ports(ports, cfg.settings.clone(), Arc::new(SystemClock));
+    system.publish(&cfg.definitions()?).await?;
     system.supervisor.lease_ttl = chrono::Duration::seconds(2);
     let addr = system.serve("127.0.0.1:0".parse()?).await?;
     system.start();
@@ -287,26 +530,28 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
     let pace = cfg
         .rate
         .map(|r| Duration::from_secs_f64(1.0 / f64::from(r.max(1))));
-    let accepted: Vec<Option<OrderId>> = futures::stream::iter(0..cfg.orders)
+    let accepted: Vec<Option<(TaskId, &'static str)>> = futures::stream::iter(0..cfg.tasks)
         .map(|i| {
             let (http, base) = (&http, &base);
             async move {
                 if let Some(p) = pace {
                     tokio::time::sleep_until((started + p * i as u32).into()).await;
                 }
-                submit(http, base, cfg.seed, i).await
+                submit(http, base, cfg.seed, i)
+                    .await
+                    .map(|id| (id, workflow_of(i)))
             }
         })
         .buffer_unordered(cfg.concurrency.max(1))
         .collect()
         .await;
-    let ids: Vec<OrderId> = accepted.iter().flatten().copied().collect();
+    let ids: HashMap<TaskId, &'static str> = accepted.iter().flatten().copied().collect();
 
     let until = Instant::now() + cfg.budget;
-    let mut finals: HashMap<OrderId, Option<StateRecord>> = HashMap::new();
+    let mut finals: HashMap<TaskId, Option<StateRecord>> = HashMap::new();
     loop {
         finals.clear();
-        for id in &ids {
+        for id in ids.keys() {
             finals.insert(*id, system.store.get_state(*id).await.ok().flatten());
         }
         let done = finals.values().all(|r| {
@@ -324,11 +569,11 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         let _ = t.await;
     }
     let services = system.services.clone();
-    let threshold = cfg.settings.policy.failure_threshold;
+    let definitions = system.definitions.clone();
     system.shutdown().await;
 
     let mut report = Report {
-        submitted: cfg.orders,
+        submitted: cfg.tasks,
         accepted: ids.len(),
         elapsed,
         points: chaos.recorder.points(),
@@ -336,69 +581,197 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         dead_letters: memory_queues.map_or(0, |q| q.depth(&dlq).visible),
         ..Report::default()
     };
+    for i in 0..cfg.tasks {
+        report
+            .workflows
+            .entry(workflow_of(i).to_owned())
+            .or_default()
+            .submitted += 1;
+    }
+    for name in ids.values() {
+        report
+            .workflows
+            .entry((*name).to_owned())
+            .or_default()
+            .accepted += 1;
+    }
+
+    // What the services applied: effects per key, and the net effect per step key.
+    let mut effects: HashMap<String, u32> = HashMap::new();
+    let mut net: HashMap<String, i32> = HashMap::new();
+    for (_, sim) in services.all() {
+        let stats = sim.stats();
+        effects.extend(stats.effects);
+        net.extend(stats.net);
+    }
+    for (key, n) in &effects {
+        if *n > 1 {
+            report.doubled.push(format!("{key} applied {n} times"));
+        }
+    }
+
+    let mut workflows: HashMap<(String, u32), Arc<Workflow>> = HashMap::new();
+    let mut known_keys: BTreeSet<String> = BTreeSet::new();
     let mut failed = BTreeSet::new();
-    for (id, r) in &finals {
+    let mut ended: HashMap<ProcessState, BTreeSet<String>> = HashMap::new();
+    let mut sorted: Vec<_> = finals.iter().collect();
+    sorted.sort_by_key(|(id, _)| **id);
+    for (id, r) in sorted {
+        let name = ids.get(id).copied().unwrap_or("?");
         let Some(r) = r else {
-            report.lost.push(format!("{id}: no record"));
+            report.lost.push(format!("{id} ({name}): no record"));
             continue;
         };
+        let version = (r.workflow.clone(), r.workflow_version);
+        let workflow = match workflows.get(&version) {
+            Some(w) => w.clone(),
+            None => match definitions.workflow(&r.workflow, r.workflow_version).await {
+                Ok(Some(w)) => {
+                    workflows.insert(version, w.clone());
+                    w
+                }
+                other => {
+                    report.invalid.push(format!(
+                        "{id}: its workflow {} v{} cannot be read: {:?}",
+                        r.workflow,
+                        r.workflow_version,
+                        other.err()
+                    ));
+                    continue;
+                }
+            },
+        };
+        if r.workflow != name {
+            report.invalid.push(format!(
+                "{id}: submitted to {name}, its record runs {}",
+                r.workflow
+            ));
+        }
+        let counts = report.workflows.entry(r.workflow.clone()).or_default();
+        *counts
+            .states
+            .entry(r.process_state.to_string())
+            .or_default() += 1;
         *report
             .states
             .entry(r.process_state.to_string())
             .or_default() += 1;
-        if !r.process_state.is_terminal() {
-            report.lost.push(format!("{id}: still {}", r.process_state));
+        ended
+            .entry(r.process_state)
+            .or_default()
+            .insert(id.to_string());
+        let terminal = r.process_state.is_terminal();
+        if !terminal {
+            report
+                .lost
+                .push(format!("{id} ({name}): still {}", r.process_state));
         }
-        if r.process_state.is_terminal() && r.locked_by.is_some() {
+        if terminal && r.locked_by.is_some() {
             report.locked_terminal.push(id.to_string());
         }
-        if let Err(e) = r.check(threshold) {
-            report.invalid.push(format!("{id}: {e}"));
+        if let Err(e) = r.check(&workflow.policies()) {
+            report.invalid.push(format!("{id} ({name}): {e}"));
         }
-        let failure = r
-            .history
-            .iter()
-            .any(|h| h.reason.starts_with("refused") || h.reason.contains("at the threshold"));
-        if failure {
+        if r.process_state == ProcessState::Error && !r.past_pivot() {
+            report.invalid.push(format!(
+                "{id} ({name}): in Error before its pivot (automatic compensation is on)"
+            ));
+        }
+        if let Some((i, s)) = r.steps.iter().enumerate().find(|(_, s)| {
+            matches!(
+                s.status,
+                StepStatus::Failed | StepStatus::TimedOut | StepStatus::Faulted
+            )
+        }) {
             failed.insert(id.to_string());
+            counts.failed += 1;
+            let by = report
+                .failed_steps
+                .entry((r.workflow.clone(), i, s.name.clone()))
+                .or_default();
+            match s.status {
+                StepStatus::Failed => by.refused += 1,
+                StepStatus::TimedOut => by.timed_out += 1,
+                _ => by.faulted += 1,
+            }
+            *by.ended.entry(r.process_state.to_string()).or_default() += 1;
         }
-    }
-    // Effects: every key applied at most once; per step, net 1 (Processed) or 0 (compensated).
-    let mut net: HashMap<String, i32> = HashMap::new();
-    for sim in services.values() {
-        let stats = sim.stats();
-        for (key, n) in &stats.effects {
-            if *n > 1 {
-                report.doubled.push(format!("{key} applied {n} times"));
+        // The keys of the task's steps and undos, and the net effect each step must have.
+        let owes_no_undo = matches!(
+            r.process_state,
+            ProcessState::Processed | ProcessState::Error
+        );
+        for (i, (step, state)) in workflow.steps.iter().zip(&r.steps).enumerate() {
+            let key = idempotency_key(r.task_id, &step.name, &step.action, state.generation);
+            counts.effects += effects.get(&key).map_or(0, |n| *n as usize);
+            if let Some(undo) = &step.undo {
+                let undo_key =
+                    idempotency_key(r.task_id, &step.name, &undo.action, state.undo_generation);
+                let applied = effects.get(&undo_key).copied().unwrap_or(0);
+                counts.effects += applied as usize;
+                if owes_no_undo && applied > 0 {
+                    report.wrong_net.push(format!(
+                        "{id} ({name}) {}: undone though the task is {} and owes no compensation",
+                        step.name, r.process_state
+                    ));
+                }
+                known_keys.insert(undo_key);
+            }
+            let got = net.get(&key).copied().unwrap_or(0);
+            known_keys.insert(key);
+            let Some(want) = wanted_net(r, i, state) else {
+                continue;
+            };
+            if !want.contains(&got) {
+                report.wrong_net.push(format!(
+                    "{id} ({name}) {}: nets {got}, not {want:?} (task {}, step {}{})",
+                    step.name,
+                    r.process_state,
+                    state.status,
+                    state
+                        .undo
+                        .map(|u| format!(", undo {u}"))
+                        .unwrap_or_default()
+                ));
             }
         }
-        net.extend(stats.net);
     }
-    for (key, n) in &net {
-        let Some(id) = key
-            .split(':')
-            .next()
-            .and_then(|s| s.parse::<OrderId>().ok())
-        else {
-            continue;
-        };
-        let want = match finals
-            .get(&id)
-            .and_then(|r| r.as_ref())
-            .map(|r| r.process_state)
-        {
-            Some(ProcessState::Processed) => 1,
-            Some(ProcessState::Compensated) => 0,
-            _ => continue,
-        };
-        if *n != want {
-            report.doubled.push(format!("{key} nets {n}, not {want}"));
+    for key in effects.keys() {
+        if !known_keys.contains(key) {
+            report.wrong_net.push(format!(
+                "{key}: applied, but no step of an accepted task has this key"
+            ));
         }
     }
+
     let alerted = chaos.recorder.alerted();
+    for id in &alerted {
+        if let Some(name) = id.parse::<TaskId>().ok().and_then(|t| ids.get(&t)) {
+            report
+                .workflows
+                .entry((*name).to_owned())
+                .or_default()
+                .alerted += 1;
+        }
+    }
     report.failed = failed.len();
     report.alerted = alerted.len();
     report.alert_mismatch = failed.symmetric_difference(&alerted).cloned().collect();
+    for (state, event) in [
+        (ProcessState::Processed, "TaskProcessed"),
+        (ProcessState::Compensated, "TaskCompensated"),
+        (ProcessState::CompensationFailed, "TaskCompensationFailed"),
+    ] {
+        let published = chaos.recorder.published(event);
+        let empty = BTreeSet::new();
+        let in_state = ended.get(&state).unwrap_or(&empty);
+        for id in in_state.symmetric_difference(&published) {
+            report.notice_mismatch.push(format!(
+                "{id}: ended {state}; {event} on the bus: {}",
+                published.contains(id)
+            ));
+        }
+    }
     report.unreached = REQUIRED_POINTS
         .iter()
         .filter(|p| !report.points.contains_key(**p))
@@ -407,28 +780,168 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-/// Submits order `i` with an idempotency key, retrying 5xx answers and connection errors (a
-/// crashed submission answers 503) as a client would.
-async fn submit(http: &reqwest::Client, base: &str, seed: u64, i: usize) -> Option<OrderId> {
-    let body = serde_json::json!({
-        "customerId": format!("chaos-{}", i % 101),
-        "items": [{"sku": format!("SKU-{}", i % 17), "quantity": 1 + i % 4}],
-    });
+/// The net effects step `i` may have at its service given the task's final state (`None`: not
+/// checked, the task is not terminal). A key never applied nets 0.
+///
+/// - Processed: every step took effect once: 1.
+/// - Compensated: every step with an undo nets 0 (done and undone, or never done); a step
+///   without one (a read-only check) stays as it ran.
+/// - CompensationFailed: the steps after the one whose undo failed are undone (0); that one may
+///   or may not be (its undo was refused, or timed out); those before it stay as they ran.
+/// - Error (past the pivot): nothing is undone; every step stays as it ran.
+///
+/// "As it ran": Done (or Faulted: the service applied it) is 1; refused (Failed) or never sent
+/// (Pending) is 0; a step that timed out may have taken effect or not.
+fn wanted_net(r: &StateRecord, i: usize, s: &StepState) -> Option<&'static [i32]> {
+    use ProcessState as P;
+    use StepStatus as S;
+    let as_it_ran: &'static [i32] = match s.status {
+        S::Done | S::Faulted => &[1],
+        S::Failed | S::Pending => &[0],
+        S::Running | S::TimedOut | S::Cancelled => &[0, 1],
+    };
+    Some(match r.process_state {
+        P::Processed => &[1],
+        P::Compensated if s.undoable => &[0],
+        P::CompensationFailed if i == r.step_index => &[0, 1],
+        P::CompensationFailed if s.undoable && i > r.step_index => &[0],
+        P::Compensated | P::CompensationFailed | P::Error => as_it_ran,
+        P::Pending | P::Processing | P::Compensating => return None,
+    })
+}
+
+/// Submits task `i` (of [`workflow_of`]`(i)`) with an idempotency key, retrying 5xx answers and
+/// connection errors (a crashed submission answers 503) as a client would.
+async fn submit(http: &reqwest::Client, base: &str, seed: u64, i: usize) -> Option<TaskId> {
+    let body = input(i);
+    let workflow = workflow_of(i);
     for attempt in 0..20u32 {
         let resp = http
-            .post(format!("{base}/orders"))
+            .post(format!("{base}/workflows/{workflow}/tasks"))
             .header("idempotency-key", format!("chaos-{seed}-{i}"))
             .json(&body)
             .send()
             .await;
         match resp {
             Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => {
-                let v: serde_json::Value = r.json().await.ok()?;
-                return v["orderId"].as_str()?.parse().ok();
+                let v: Value = r.json().await.ok()?;
+                return v["taskId"].as_str()?.parse().ok();
             }
             Ok(r) if r.status().is_client_error() => return None,
             _ => tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt + 1))).await,
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_loan_is_scaled_to_the_runs_policy_and_keeps_its_shape() {
+        let cfg = Config::new(10, 7);
+        let files = cfg.definitions().expect("definitions");
+        let names: Vec<_> = files.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "services.yaml",
+                "ecommerce-order.json",
+                "loan-application.json"
+            ]
+        );
+        let loan: Value = serde_json::from_str(&files[2].1).expect("JSON");
+        assert_eq!(loan["defaults"]["timeout"], "2000ms");
+        assert_eq!(loan["defaults"]["retry"]["baseDelay"], "100ms");
+        assert_eq!(loan["defaults"]["retry"]["maxDelay"], "1000ms");
+        // 5s of a 20s default: a quarter of 2s, raised to the run's step timeout.
+        assert_eq!(loan["steps"][0]["timeout"], "2000ms");
+        assert_eq!(loan["steps"][1]["timeout"], "3000ms");
+        assert_eq!(loan["steps"][3]["retry"]["maxDelay"], "5000ms");
+        assert_eq!(loan["steps"][3]["retry"]["failureThreshold"], 5);
+        assert_eq!(loan["steps"][2]["pivot"], true);
+        let w = Workflow::from_value(loan, None, &cfg.settings.policy).expect("valid");
+        assert_eq!(w.pivot, Some(2));
+        assert_eq!(w.steps[1].policy.step_timeout, chrono::Duration::seconds(3));
+        let order: Value = serde_json::from_str(&files[1].1).expect("JSON");
+        let original =
+            workflow::parse_value(workflow::examples::ECOMMERCE_ORDER, Format::Yaml).expect("YAML");
+        assert_eq!(order, original, "an order has no durations to scale");
+    }
+
+    #[test]
+    fn inputs_alternate_and_match_their_workflows() {
+        let policy = Policy::default();
+        let order = workflow::examples::ecommerce_order(&policy);
+        let loan = workflow::examples::loan_application(&policy);
+        for i in 0..6 {
+            let w = if i % 2 == 0 { &order } else { &loan };
+            assert_eq!(workflow_of(i), w.name);
+            w.check_input(&input(i)).expect("a valid input");
+        }
+    }
+
+    fn record(state: ProcessState, statuses: &[StepStatus], index: usize) -> StateRecord {
+        let loan = workflow::examples::loan_application(&Policy::default());
+        let mut r = StateRecord::new(
+            TaskId::new_random(),
+            &loan,
+            None,
+            chrono::Utc::now(),
+            chrono::Utc::now(),
+        );
+        r.process_state = state;
+        r.step_index = index;
+        for (s, st) in r.steps.iter_mut().zip(statuses) {
+            s.status = *st;
+        }
+        r
+    }
+
+    #[test]
+    fn wanted_nets_follow_the_final_state_and_the_steps_undo() {
+        use StepStatus as S;
+        let done = [S::Done, S::Done, S::Done, S::Done];
+        let r = record(ProcessState::Processed, &done, 4);
+        assert_eq!(wanted_net(&r, 3, &r.steps[3]), Some(&[1][..]));
+        // Refused at reserve-funds: the credit check has no undo and stays at 1.
+        let r = record(
+            ProcessState::Compensated,
+            &[S::Done, S::Failed, S::Pending, S::Pending],
+            1,
+        );
+        assert_eq!(wanted_net(&r, 0, &r.steps[0]), Some(&[1][..]));
+        assert_eq!(wanted_net(&r, 1, &r.steps[1]), Some(&[0][..]));
+        // Refused at the payout, past the pivot: Error, nothing undone.
+        let r = record(
+            ProcessState::Error,
+            &[S::Done, S::Done, S::Done, S::Failed],
+            3,
+        );
+        assert_eq!(wanted_net(&r, 2, &r.steps[2]), Some(&[1][..]));
+        assert_eq!(wanted_net(&r, 3, &r.steps[3]), Some(&[0][..]));
+        let r = record(
+            ProcessState::Error,
+            &[S::Done, S::Done, S::Done, S::TimedOut],
+            3,
+        );
+        assert_eq!(wanted_net(&r, 3, &r.steps[3]), Some(&[0, 1][..]));
+        let r = record(ProcessState::Processing, &done, 1);
+        assert_eq!(wanted_net(&r, 0, &r.steps[0]), None);
+    }
+
+    #[test]
+    fn a_report_with_a_wrong_net_effect_is_a_violation() {
+        let mut report = Report::default();
+        assert!(report.violations().is_empty());
+        report
+            .wrong_net
+            .push("t reserve-funds: nets 1, not [0]".into());
+        let v = report.violations();
+        assert_eq!(v.len(), 1);
+        assert!(v[0].starts_with("wrong net effects"), "{v:?}");
+        report.points.insert("put:claimed".into(), (3, 0));
+        assert_eq!(report.violations().len(), 2);
+    }
 }

@@ -1,10 +1,14 @@
 //! The chaos harness of sas: seeded remote faults, crash points after every write, and
-//! messaging faults, with a report of what must never happen (lost orders, doubled effects,
-//! locked terminal records, alerts that do not match failures). `sas-chaos` is the command;
-//! `tests/chaos.rs` runs a smaller seeded run on the AWS adapters against the emulator.
+//! messaging faults, over tasks of both example workflows, with a report of what must never
+//! happen (lost tasks, doubled or wrong net effects, locked terminal records, invalid records,
+//! alerts that do not match failures). `sas-chaos` is the command; `tests/chaos.rs` runs a
+//! smaller seeded run on the AWS adapters against the emulator.
 
 pub mod failpoints;
 pub mod harness;
 
 pub use failpoints::{Chaos, Plan, Recorder};
-pub use harness::{Config, REQUIRED_POINTS, Report, run, wrap};
+pub use harness::{
+    Config, REQUIRED_POINTS, Report, StepFailures, WORKFLOWS, WorkflowCounts, input, run,
+    workflow_of, wrap,
+};

@@ -1,6 +1,7 @@
-//! `sas-chaos --orders 10000 --seed 7`: a chaos run in memory (or, with `--aws`, on the AWS
-//! adapters at `AWS_ENDPOINT_URL`). Prints the report as markdown and exits non-zero if any
-//! guarantee broke.
+//! `sas-chaos --tasks 10000 --seed 7`: a chaos run in memory (or, with `--aws`, on the AWS
+//! adapters at `AWS_ENDPOINT_URL`): tasks of both example workflows, e-commerce orders and loan
+//! applications in turn. Prints the report as markdown and exits non-zero if any guarantee
+//! broke.
 
 use clap::Parser;
 use sas::local::{Backend, ports};
@@ -13,16 +14,16 @@ use std::time::Duration;
     about = "Chaos run of sas: seeded faults and crashes; checks nothing is lost or done twice"
 )]
 struct Cli {
-    /// Orders to submit.
+    /// Tasks to submit (alternately e-commerce orders and loan applications).
     #[arg(long, default_value_t = 2000)]
-    orders: usize,
+    tasks: usize,
     /// The seed of every fault decision.
     #[arg(long, default_value_t = 7)]
     seed: u64,
     /// Supervisors sweeping at once.
     #[arg(long, default_value_t = 6)]
     supervisors: usize,
-    /// Seconds the orders have to finish after the last submission.
+    /// Seconds the tasks have to finish after the last submission.
     #[arg(long, default_value_t = 180)]
     budget_secs: u64,
     /// Share of writes after which the writer dies.
@@ -42,7 +43,7 @@ struct Cli {
 async fn main() -> anyhow::Result<()> {
     sas::telemetry::init_with_default("off");
     let cli = Cli::parse();
-    let mut cfg = Config::new(cli.orders, cli.seed);
+    let mut cfg = Config::new(cli.tasks, cli.seed);
     cfg.supervisors = cli.supervisors;
     cfg.budget = Duration::from_secs(cli.budget_secs);
     cfg.plan.crash_rate = cli.crash_rate;
@@ -60,7 +61,7 @@ async fn main() -> anyhow::Result<()> {
     println!("{}", report.table());
     let violations = report.violations();
     if violations.is_empty() {
-        println!("chaos run clean: seed {}, {} orders", cli.seed, cli.orders);
+        println!("chaos run clean: seed {}, {} tasks", cli.seed, cli.tasks);
         Ok(())
     } else {
         for v in &violations {
