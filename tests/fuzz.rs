@@ -27,7 +27,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sas::domain::task::{MAX_INPUT_BYTES, parse_queue_url};
-use sas::domain::workflow::{self, examples};
+use sas::domain::workflow::{self, MAX_DEFINITION_BYTES, examples};
 use sas::handlers::submission::{self, MAX_BODY_BYTES, MAX_KEY_LEN};
 use sas::local::{Settings, System};
 use sas::ports::{Kind, StateStore};
@@ -363,7 +363,7 @@ const SERVICES: [&str; 4] = ["inventory", "payment", "fuzz-svc", "Bad Name"];
 const DESCRIPTIONS: [&str; 3] = ["first", "second", "a third one"];
 
 /// Every error code the API documents.
-const CODES: [&str; 25] = [
+const CODES: [&str; 26] = [
     "route_not_found",
     "method_not_allowed",
     "invalid_json",
@@ -386,6 +386,7 @@ const CODES: [&str; 25] = [
     "missing_state",
     "invalid_version",
     "invalid_definition",
+    "definition_too_large",
     "name_mismatch",
     "conflict",
     "store_unavailable",
@@ -2243,6 +2244,12 @@ fn expect_submit(model: &Model, name: &str, r: &Rendered) -> (Want, Option<Value
 /// the body as it would be stored.
 fn expect_publish(model: &Model, kind: Kind, name: &str, r: &Rendered) -> (Want, Option<Value>) {
     use StatusCode as S;
+    if r.body.len() > MAX_DEFINITION_BYTES {
+        return (
+            Want::Status(S::PAYLOAD_TOO_LARGE, "definition_too_large"),
+            None,
+        );
+    }
     if !json_content_type(&r.headers) {
         return (
             Want::Status(S::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
