@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the benchmarks and writes BENCHMARKS.md: throughput and latency in memory, AWS API calls
-# per order and the cost model on the moto emulator (started here, on a free loopback port),
+# per task and the cost model on the moto emulator (started here, on a free loopback port),
 # recovery lag, handler init time, and the bootstrap sizes of the last `sam build`.
 # Needs the moto virtualenv that ./infra/test.sh installs (.tools/moto); run that once first.
 set -euo pipefail

@@ -738,7 +738,7 @@ fn hand_back(
 }
 
 /// A stable number in [0, 1) from a task and attempt: the jitter of transitions that have no
-/// randomness passed in (spreads the retries of orders deferred by the same open circuit).
+/// randomness passed in (spreads the retries of tasks deferred by the same open circuit).
 fn stable_jitter(r: &StateRecord) -> f64 {
     let b = r.task_id.as_uuid().into_bytes();
     let x = u32::from_be_bytes([b[0], b[1], b[2], b[3]])
@@ -769,7 +769,7 @@ pub fn notice_delivered(r: &StateRecord, now: DateTime<Utc>) -> Result<Transitio
 /// that timed out keeps its key, since it may have taken effect.
 ///
 /// Condition: same state (at the version read) - keeps "one retry per failure": of two operators
-/// retrying at once, one write wins and the other is told the order moved on.
+/// retrying at once, one write wins and the other is told the task moved on.
 pub fn retry(r: &StateRecord, now: DateTime<Utc>, p: &Policies) -> Result<Transition, Rejection> {
     let now = to_millis(now);
     let mut n = next(r, now);
@@ -813,7 +813,7 @@ pub fn retry(r: &StateRecord, now: DateTime<Utc>, p: &Policies) -> Result<Transi
     })
 }
 
-/// An operator asks for compensation: an Error order starts undoing its steps; a
+/// An operator asks for compensation: an Error task starts undoing its steps; a
 /// CompensationFailed one retries its failed undo (as [`retry`] does).
 ///
 /// Condition: same state (at the version read) - keeps "one compensation per failure".
@@ -845,12 +845,12 @@ pub fn compensate(
     }
 }
 
-/// An operator cancels a Pending or Processing order: any reply to the step that is out is
+/// An operator cancels a Pending or Processing task: any reply to the step that is out is
 /// dropped from now on, and every step that may have taken effect (including the one that was
 /// out) is undone. The undo of a step that was out waits for that step's deadline, when its
 /// agent has stopped calling the service.
 ///
-/// Condition: same state, attempt and step (at the version read) - keeps "a cancelled order
+/// Condition: same state, attempt and step (at the version read) - keeps "a cancelled task
 /// takes no further step": a reply applied first makes the cancel retry on the new record.
 pub fn cancel(
     r: &StateRecord,
