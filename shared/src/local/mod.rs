@@ -152,7 +152,9 @@ pub struct Settings {
     /// The definitions published when the system is built (file name, text): services and
     /// workflows. Default: the examples in `workflows/`.
     pub definitions: Vec<(String, String)>,
-    /// How long the newest version of a workflow, and the services, are kept in memory.
+    /// How long the newest version of a workflow, and the services, are kept in memory (as
+    /// `CATALOG_CACHE_SECONDS` in a deployment). Publishing through this system's API clears
+    /// what it changed at once; another process's publication shows after this long.
     pub catalog_ttl: chrono::Duration,
     /// Pollers of the agent queue (Lambda scales agents out the same way).
     pub agent_concurrency: usize,
@@ -195,7 +197,7 @@ impl Default for Settings {
             faults: HashMap::new(),
             default_faults: Faults::default(),
             definitions: catalog::example_files(),
-            catalog_ttl: chrono::Duration::zero(),
+            catalog_ttl: chrono::Duration::seconds(5),
             agent_concurrency: 8,
             scheduler_concurrency: 2,
             supervisor_interval: Duration::from_secs(1),
