@@ -14,16 +14,17 @@ async fn chaos_on_the_emulator(tasks: usize, seed: u64) {
     let mut cfg = Config::new(tasks, seed);
     // The emulator serves one request at a time: long polls (not busy polling), fewer pollers,
     // wider deadlines (the loan application's are scaled from these), fewer submissions in
-    // flight.
+    // flight. Nine agent pollers on the one agent queue: as many as the three per-service
+    // queues had before (with three, the agents fell behind and most steps timed out).
     cfg.settings.poll_wait = Duration::from_secs(1);
     cfg.settings.scheduler_concurrency = 3;
-    cfg.settings.agent_concurrency = 3;
+    cfg.settings.agent_concurrency = 9;
     cfg.settings.policy.step_timeout = chrono::Duration::seconds(4);
     cfg.settings.policy.pickup_timeout = chrono::Duration::seconds(8);
     cfg.settings.supervisor_interval = Duration::from_millis(1000);
     cfg.concurrency = 8;
     cfg.supervisors = 4;
-    cfg.budget = Duration::from_secs(150);
+    cfg.budget = Duration::from_secs(200);
     let backend = Backend::Existing {
         config: Box::new(config),
         resources: Box::new(stack.resources),
