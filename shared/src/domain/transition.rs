@@ -469,41 +469,19 @@ pub fn apply_reply(
             // An undo that took effect but whose answer is unusable still undid the step.
             apply_undo_reply(&mut n, step_index, None, now, p)
         }
-        (StepOutcome::Faulted { error }, false) => {
+        (StepOutcome::Faulted { error }, false) | (StepOutcome::Failed { error }, false) => {
+            let (status, how) = if matches!(outcome, StepOutcome::Faulted { .. }) {
+                (StepStatus::Faulted, "faulted")
+            } else {
+                (StepStatus::Failed, "refused")
+            };
             let reason = format!("{name}: {error}");
-            let e = step_failed(
-                &mut n,
-                step_index,
-                attempt,
-                StepStatus::Faulted,
-                &reason,
-                now,
-                p,
-            );
+            let e = step_failed(&mut n, step_index, attempt, status, &reason, now, p);
             log(
                 &mut n,
                 r.process_state,
                 Some(step_index),
-                format!("faulted: {reason}"),
-            );
-            e
-        }
-        (StepOutcome::Failed { error }, false) => {
-            let reason = format!("{name}: {error}");
-            let e = step_failed(
-                &mut n,
-                step_index,
-                attempt,
-                StepStatus::Failed,
-                &reason,
-                now,
-                p,
-            );
-            log(
-                &mut n,
-                r.process_state,
-                Some(step_index),
-                format!("refused: {reason}"),
+                format!("{how}: {reason}"),
             );
             e
         }
