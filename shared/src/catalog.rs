@@ -133,10 +133,10 @@ impl Definitions {
         for Entry { name, .. } in self.catalog.entries(Kind::Service).await? {
             if let Some(stored) = self.catalog.definition(Kind::Service, &name, None).await? {
                 let def: ServiceDef = serde_json::from_value(stored.body).map_err(|e| {
-                    DefinitionError(vec![workflow::Problem {
-                        at: String::new(),
-                        message: format!("stored service {name:?} does not parse: {e}"),
-                    }])
+                    DefinitionError::one(
+                        String::new(),
+                        format!("stored service {name:?} does not parse: {e}"),
+                    )
                 })?;
                 out.insert(name, def);
             }
@@ -155,12 +155,8 @@ impl Definitions {
     ) -> Result<(Published, Arc<Workflow>), CatalogError> {
         let known: BTreeSet<String> = self.services_now().await?.keys().cloned().collect();
         let w = Workflow::from_value(value, Some(&known), &self.policy)?;
-        let body = serde_json::to_value(&w.doc).map_err(|e| {
-            DefinitionError(vec![workflow::Problem {
-                at: String::new(),
-                message: e.to_string(),
-            }])
-        })?;
+        let body = serde_json::to_value(&w.doc)
+            .map_err(|e| DefinitionError::one(String::new(), e.to_string()))?;
         let published = self
             .catalog
             .publish(Kind::Workflow, &w.name, &body, self.clock.now())
@@ -178,12 +174,8 @@ impl Definitions {
     ) -> Result<Vec<(String, Published)>, CatalogError> {
         let mut out = vec![];
         for s in &doc.services {
-            let body = serde_json::to_value(s).map_err(|e| {
-                DefinitionError(vec![workflow::Problem {
-                    at: String::new(),
-                    message: e.to_string(),
-                }])
-            })?;
+            let body = serde_json::to_value(s)
+                .map_err(|e| DefinitionError::one(String::new(), e.to_string()))?;
             let p = self
                 .catalog
                 .publish(Kind::Service, &s.name, &body, self.clock.now())

@@ -53,7 +53,8 @@ impl fmt::Display for Problem {
 pub struct DefinitionError(pub Vec<Problem>);
 
 impl DefinitionError {
-    fn one(at: impl Into<String>, message: impl Into<String>) -> Self {
+    /// One problem at `at`.
+    pub fn one(at: impl Into<String>, message: impl Into<String>) -> Self {
         Self(vec![Problem {
             at: at.into(),
             message: message.into(),
