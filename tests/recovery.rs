@@ -516,11 +516,14 @@ async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_clos
     );
     let call = RemoteCall {
         service: "payment".into(),
+        step: "step".into(),
         action: "charge-payment".into(),
         idempotency_key: format!("{}:probe", uuid::Uuid::new_v4()),
         task_id: id,
         undoes: None,
         input: json!({}),
+        deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
+        callback: None,
     };
     let before = payment.stats().calls;
     assert!(matches!(

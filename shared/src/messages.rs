@@ -87,6 +87,9 @@ pub struct StepRequest {
     pub reply_queue_url: String,
     /// The request body, built by the step's input mapping.
     pub input: serde_json::Value,
+    /// For a callback step: where the service completes it later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback: Option<crate::ports::CallbackAddress>,
 }
 
 impl StepRequest {

@@ -4,6 +4,7 @@
 use crate::domain::{BreakerRecord, Condition, ProcessState, StateRecord, Task, TaskId};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
@@ -301,6 +302,8 @@ pub trait EventBus: Send + Sync {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RemoteCall {
     pub service: String,
+    /// The step this call performs (or undoes).
+    pub step: String,
     pub action: String,
     pub idempotency_key: String,
     pub task_id: TaskId,
@@ -308,20 +311,53 @@ pub struct RemoteCall {
     pub undoes: Option<String>,
     /// The request body, built by the step's input mapping.
     pub input: serde_json::Value,
+    /// When the step's deadline passes: no answer counts after it.
+    pub deadline: DateTime<Utc>,
+    /// For a callback step: where and with what token the service completes it later. A 2xx
+    /// answer then means "accepted", not "done".
+    pub callback: Option<CallbackAddress>,
+}
+
+/// Where a callback step's service completes the step: `POST {url}` (the task API's
+/// `/tasks/{id}/callbacks/{token}`), once, within the step's callback timeout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallbackAddress {
+    pub token: String,
+    pub url: String,
 }
 
 /// How a remote call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RemoteFault {
-    /// Worth retrying: timeouts, 5xx, 429, connection errors, an open circuit.
+    /// Worth retrying: timeouts, connection errors, 408, 425, 429, 5xx.
     #[error("transient fault: {0}")]
     Transient(String),
-    /// Retrying cannot help: the service refused the request (4xx).
-    #[error("permanent fault: {0}")]
-    Permanent(String),
+    /// A call with the same idempotency key is still in progress at the service (409): the step
+    /// may commit; retry the same key later. Transient, but never a refusal.
+    #[error("in progress: {0}")]
+    InProgress(String),
+    /// The service is misconfigured (401, 403, 404 on its base path, a missing credential): an
+    /// operator must act. Transient for the step (never a refusal), counted by the breaker.
+    #[error("service misconfigured: {0}")]
+    Misconfigured(String),
+    /// The service refused the request for good, with a business outcome (`code`, e.g.
+    /// `declined`) that a workflow can expect: the step had no effect.
+    #[error("refused ({code}): {message}")]
+    Refused { code: String, message: String },
     /// The service's shared circuit breaker is open: no call was made; try again at `until`.
     #[error("circuit open until {until}")]
     CircuitOpen { until: DateTime<Utc> },
+}
+
+impl RemoteFault {
+    /// Whether the fault says the service is unhealthy (counted by its circuit breaker).
+    pub fn is_unhealthy(&self) -> bool {
+        matches!(
+            self,
+            Self::Transient(_) | Self::Misconfigured(_) | Self::CircuitOpen { .. }
+        )
+    }
 }
 
 /// A remote service an agent wraps.

@@ -60,11 +60,14 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
     };
     let call = RemoteCall {
         service: request.service.clone(),
+        step: request.step.clone(),
         action: request.action.clone(),
         idempotency_key: request.idempotency_key(),
         task_id: request.task_id,
         undoes: request.undoes.clone(),
         input: request.input.clone(),
+        deadline: request.complete_by,
+        callback: request.callback.clone(),
     };
     let mut retry = 0u32;
     loop {
@@ -96,9 +99,11 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                     }
                 }
             }
-            Err(RemoteFault::Permanent(error)) => {
-                warn!(%error, "permanent fault");
-                StepOutcome::Failed { error }
+            Err(RemoteFault::Refused { code, message }) => {
+                warn!(%code, %message, "refused");
+                StepOutcome::Failed {
+                    error: format!("{code}: {message}"),
+                }
             }
             Err(RemoteFault::CircuitOpen { until }) if until < request.complete_by => {
                 // The breaker may close before the deadline: wait for it (spread a little, so
@@ -115,7 +120,11 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                 info!(%until, "circuit open past the deadline; the step is deferred");
                 StepOutcome::Deferred { until }
             }
-            Err(RemoteFault::Transient(error)) => {
+            Err(
+                RemoteFault::Transient(error)
+                | RemoteFault::InProgress(error)
+                | RemoteFault::Misconfigured(error),
+            ) => {
                 let wait = deps
                     .backoff
                     .delay(retry, rand::rng().random::<f64>())

@@ -289,6 +289,7 @@ async fn send_step_request(
         complete_by,
         reply_queue_url: deps.reply_queue_url.clone(),
         input,
+        callback: None,
     };
     let body = serde_json::to_string(&request)
         .map_err(|e| HandlerError::Poison(format!("step request does not serialize: {e}")))?;

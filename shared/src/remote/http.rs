@@ -44,10 +44,9 @@ impl RemoteService for HttpRemote {
         call: &RemoteCall,
         timeout: Duration,
     ) -> Result<serde_json::Value, RemoteFault> {
-        let url = self
-            .base
-            .join(&call.action)
-            .map_err(|e| RemoteFault::Permanent(format!("bad action {:?}: {e}", call.action)))?;
+        let url = self.base.join(&call.action).map_err(|e| {
+            RemoteFault::Misconfigured(format!("bad action {:?}: {e}", call.action))
+        })?;
         let mut req = self
             .client
             .post(url)
@@ -80,7 +79,10 @@ impl RemoteService for HttpRemote {
         {
             Err(RemoteFault::Transient(what))
         } else {
-            Err(RemoteFault::Permanent(what))
+            Err(RemoteFault::Refused {
+                code: format!("http_{}", status.as_u16()),
+                message: what,
+            })
         }
     }
 }
@@ -104,11 +106,14 @@ pub fn router(service: Arc<SimulatedService>) -> axum::Router {
         };
         let call = RemoteCall {
             service: service.name().to_owned(),
+            step: "step".into(),
             action,
             idempotency_key: key.to_owned(),
             task_id,
             undoes: header(UNDOES_HEADER).map(str::to_owned),
             input: body.0,
+            deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
+            callback: None,
         };
         match service.call(&call, Duration::from_secs(30)).await {
             Ok(v) => axum::Json(v).into_response(),
@@ -116,7 +121,13 @@ pub fn router(service: Arc<SimulatedService>) -> axum::Router {
             Err(e @ RemoteFault::CircuitOpen { .. }) => {
                 (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
             }
-            Err(RemoteFault::Permanent(e)) => (StatusCode::UNPROCESSABLE_ENTITY, e).into_response(),
+            Err(RemoteFault::InProgress(e)) => (StatusCode::CONFLICT, e).into_response(),
+            Err(RemoteFault::Misconfigured(e)) => (StatusCode::UNAUTHORIZED, e).into_response(),
+            Err(RemoteFault::Refused { code, message }) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                axum::Json(serde_json::json!({"error": {"code": code, "message": message}})),
+            )
+                .into_response(),
         }
     }
     axum::Router::new()
@@ -152,11 +163,14 @@ mod tests {
         let remote = HttpRemote::new(reqwest::Client::new(), serve(sim.clone()).await);
         let call = RemoteCall {
             service: "payment".into(),
+            step: "step".into(),
             action: "charge-payment".into(),
             idempotency_key: "o:charge-payment:charge-payment".into(),
             task_id: TaskId::new_random(),
             undoes: None,
             input: serde_json::json!({"items": [], "amount": 3}),
+            deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
+            callback: None,
         };
         let first = remote
             .call(&call, Duration::from_secs(5))
@@ -207,7 +221,7 @@ mod tests {
         };
         assert!(matches!(
             remote.call(&other, Duration::from_secs(5)).await,
-            Err(RemoteFault::Permanent(_))
+            Err(RemoteFault::Refused { .. })
         ));
         sim.set_faults(Faults {
             latency: Duration::from_millis(500),

@@ -205,7 +205,7 @@ impl RemoteService for SharedBreaker {
             },
         };
         let out = self.inner.call(call, timeout).await;
-        let healthy = matches!(out, Ok(_) | Err(RemoteFault::Permanent(_)));
+        let healthy = !matches!(&out, Err(f) if f.is_unhealthy());
         self.record(base, healthy).await;
         out
     }

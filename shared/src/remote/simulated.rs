@@ -243,7 +243,10 @@ impl RemoteService for SimulatedService {
                 )))
             }
             Ok(v) => Ok(v),
-            Err(e) => Err(RemoteFault::Permanent(e)),
+            Err(e) => Err(RemoteFault::Refused {
+                code: "refused".into(),
+                message: e,
+            }),
         }
     }
 }
@@ -257,11 +260,14 @@ mod tests {
     fn undo(key: &str, undoes: &str) -> RemoteCall {
         RemoteCall {
             service: "payment".into(),
+            step: "step".into(),
             action: "refund-payment".into(),
             idempotency_key: key.into(),
             task_id: TaskId::new_random(),
             undoes: Some(undoes.into()),
             input: serde_json::json!({}),
+            deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
+            callback: None,
         }
     }
 
@@ -277,7 +283,7 @@ mod tests {
             .expect("undo before the step");
         assert!(matches!(
             s.call(&call("k2"), t).await,
-            Err(RemoteFault::Permanent(_))
+            Err(RemoteFault::Refused { .. })
         ));
         let st = s.stats();
         assert_eq!(st.net.get("k1"), Some(&0));
@@ -290,18 +296,21 @@ mod tests {
         });
         assert!(matches!(
             s.call(&call("k3"), t).await,
-            Err(RemoteFault::Permanent(_))
+            Err(RemoteFault::Refused { .. })
         ));
     }
 
     fn call(key: &str) -> RemoteCall {
         RemoteCall {
             service: "payment".into(),
+            step: "step".into(),
             action: "charge-payment".into(),
             idempotency_key: key.into(),
             task_id: TaskId::new_random(),
             undoes: None,
             input: serde_json::json!({"n": key}),
+            deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
+            callback: None,
         }
     }
 
@@ -372,13 +381,13 @@ mod tests {
         });
         assert!(matches!(
             s.call(&call("k"), Duration::from_secs(1)).await,
-            Err(RemoteFault::Permanent(_))
+            Err(RemoteFault::Refused { .. })
         ));
         s.set_faults(Faults::default());
         assert!(
             matches!(
                 s.call(&call("k"), Duration::from_secs(1)).await,
-                Err(RemoteFault::Permanent(_))
+                Err(RemoteFault::Refused { .. })
             ),
             "a refused key stays refused"
         );
