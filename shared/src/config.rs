@@ -53,7 +53,9 @@ fn seconds(name: &'static str, default: f64) -> Result<chrono::Duration, ConfigE
 /// The deployment's default policy (each workflow's steps may set their own timeout and retry):
 /// `STEP_TIMEOUT_SECONDS`, `PICKUP_TIMEOUT_SECONDS`, `FAILURE_THRESHOLD`,
 /// `RETRY_BASE_DELAY_SECONDS`, `RETRY_BACKOFF_RATE`, `RETRY_MAX_DELAY_SECONDS`,
-/// `AUTO_COMPENSATE` (`true`/`false`), `COOLDOWN_SECONDS`, `MAX_ROUNDS`.
+/// `AUTO_COMPENSATE` (`true`/`false`), `COOLDOWN_SECONDS`, `MAX_ROUNDS`; and the undo wait of
+/// a step that may still be in flight: `CALL_TIMEOUT_MS` (the agent's longest call, default
+/// 10 000) + `UNDO_MARGIN_SECONDS` (clock skew, default 30).
 pub fn policy() -> Result<Policy, ConfigError> {
     let d = Policy::default();
     let secs = |d: chrono::Duration| d.num_milliseconds() as f64 / 1000.0;
@@ -83,6 +85,9 @@ pub fn policy() -> Result<Policy, ConfigError> {
         auto_compensate: parsed("AUTO_COMPENSATE", d.auto_compensate)?,
         cooldown: seconds("COOLDOWN_SECONDS", secs(d.cooldown))?,
         max_rounds: parsed("MAX_ROUNDS", d.max_rounds)?,
+        callback: None,
+        undo_wait: chrono::Duration::milliseconds(parsed("CALL_TIMEOUT_MS", 10_000i64)?)
+            + seconds("UNDO_MARGIN_SECONDS", 30.0)?,
     })
 }
 

@@ -84,6 +84,10 @@ pub fn manual_settings() -> Settings {
             auto_compensate: true,
             cooldown: chrono::Duration::zero(),
             max_rounds: 0,
+            callback: None,
+            // The undo of a step that may be in flight still waits for its deadline; these
+            // tests move the clock past it, with no margin on top.
+            undo_wait: chrono::Duration::zero(),
         },
         backoff: Backoff {
             base: chrono::Duration::milliseconds(5),

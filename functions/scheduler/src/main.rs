@@ -26,6 +26,7 @@ async fn main() -> Result<(), Error> {
         dead_letter_url: config::optional("DEAD_LETTER_QUEUE_URL"),
         // One id per execution environment: `LockedBy` tells which one holds a claim.
         instance_id: format!("{instance}/{}", uuid::Uuid::new_v4()),
+        callback_base_url: config::optional("CALLBACK_BASE_URL"),
     };
     let deps = &deps;
     run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {

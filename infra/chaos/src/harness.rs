@@ -761,6 +761,7 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         (ProcessState::Processed, "TaskProcessed"),
         (ProcessState::Compensated, "TaskCompensated"),
         (ProcessState::CompensationFailed, "TaskCompensationFailed"),
+        (ProcessState::Refused, "TaskRefused"),
     ] {
         let published = chaos.recorder.published(event);
         let empty = BTreeSet::new();
@@ -784,7 +785,7 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
 /// checked, the task is not terminal). A key never applied nets 0.
 ///
 /// - Processed: every step took effect once: 1.
-/// - Compensated: every step with an undo nets 0 (done and undone, or never done); a step
+/// - Compensated or Refused: every step with an undo nets 0 (done and undone, or never done); a step
 ///   without one (a read-only check) stays as it ran.
 /// - CompensationFailed: the steps after the one whose undo failed are undone (0); that one may
 ///   or may not be (its undo was refused, or timed out); those before it stay as they ran.
@@ -798,14 +799,14 @@ fn wanted_net(r: &StateRecord, i: usize, s: &StepState) -> Option<&'static [i32]
     let as_it_ran: &'static [i32] = match s.status {
         S::Done | S::Faulted => &[1],
         S::Failed | S::Pending => &[0],
-        S::Running | S::TimedOut | S::Cancelled => &[0, 1],
+        S::Running | S::Waiting | S::TimedOut | S::Cancelled => &[0, 1],
     };
     Some(match r.process_state {
         P::Processed => &[1],
-        P::Compensated if s.undoable => &[0],
+        P::Compensated | P::Refused if s.undoable => &[0],
         P::CompensationFailed if i == r.step_index => &[0, 1],
         P::CompensationFailed if s.undoable && i > r.step_index => &[0],
-        P::Compensated | P::CompensationFailed | P::Error => as_it_ran,
+        P::Compensated | P::Refused | P::CompensationFailed | P::Error => as_it_ran,
         P::Pending | P::Processing | P::Compensating => return None,
     })
 }

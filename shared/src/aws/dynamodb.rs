@@ -204,6 +204,9 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
             if st.undo_generation > 0 {
                 m.insert("UndoGeneration".to_owned(), n(st.undo_generation));
             }
+            if let Some(t) = st.waiting_until {
+                m.insert("WaitingUntil".to_owned(), ms(t));
+            }
             AttributeValue::M(m)
         })
         .collect();
@@ -245,6 +248,22 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
     }
     if let Some(e) = &r.last_error {
         item.insert("LastError".to_owned(), s(e));
+    }
+    if let Some(f) = &r.refusal {
+        item.insert(
+            "Refusal".to_owned(),
+            AttributeValue::M(HashMap::from([
+                ("Step".to_owned(), s(&f.step)),
+                ("Code".to_owned(), s(&f.code)),
+                ("Message".to_owned(), s(&f.message)),
+            ])),
+        );
+    }
+    if let Some(t) = r.undo_after {
+        item.insert("UndoAfter".to_owned(), ms(t));
+    }
+    if !r.callback_key.is_empty() {
+        item.insert("CallbackKey".to_owned(), s(&r.callback_key));
     }
     if let Some(u) = &r.reply_queue_url {
         item.insert("ReplyQueueUrl".to_owned(), s(u));
@@ -350,6 +369,7 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
                         .transpose()
                         .map_err(corrupt)?,
                     undo_generation: opt_n(m, "UndoGeneration")?.unwrap_or(0),
+                    waiting_until: opt_n(m, "WaitingUntil")?.map(time).transpose()?,
                 }),
                 _ => Err(corrupt("Steps holds a non-map")),
             })
@@ -401,6 +421,17 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
         step_index: get_n(item, "StepIndex")?,
         steps,
         last_error: opt_s(item, "LastError"),
+        refusal: match item.get("Refusal") {
+            Some(AttributeValue::M(m)) => Some(crate::domain::state::Refusal {
+                step: get_s(m, "Step")?.to_owned(),
+                code: get_s(m, "Code")?.to_owned(),
+                message: get_s(m, "Message")?.to_owned(),
+            }),
+            None => None,
+            _ => return Err(corrupt("Refusal is not a map")),
+        },
+        undo_after: opt_n(item, "UndoAfter")?.map(time).transpose()?,
+        callback_key: opt_s(item, "CallbackKey").unwrap_or_default(),
         outbox,
         reply_queue_url: opt_s(item, "ReplyQueueUrl"),
         history,

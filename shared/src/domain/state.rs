@@ -29,10 +29,13 @@ pub enum ProcessState {
     /// An undo was refused, or timed out at the failure threshold. Terminal until an operator
     /// retries it.
     CompensationFailed,
+    /// A service refused a step with a business outcome the workflow can expect (a declined
+    /// loan), and every step that had taken effect is undone. Terminal; no operator alert.
+    Refused,
 }
 
 impl ProcessState {
-    pub const ALL: [ProcessState; 7] = [
+    pub const ALL: [ProcessState; 8] = [
         Self::Pending,
         Self::Processing,
         Self::Processed,
@@ -40,12 +43,17 @@ impl ProcessState {
         Self::Compensating,
         Self::Compensated,
         Self::CompensationFailed,
+        Self::Refused,
     ];
 
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            Self::Processed | Self::Error | Self::Compensated | Self::CompensationFailed
+            Self::Processed
+                | Self::Error
+                | Self::Compensated
+                | Self::CompensationFailed
+                | Self::Refused
         )
     }
     pub fn as_str(self) -> &'static str {
@@ -57,6 +65,7 @@ impl ProcessState {
             Self::Compensating => "Compensating",
             Self::Compensated => "Compensated",
             Self::CompensationFailed => "CompensationFailed",
+            Self::Refused => "Refused",
         }
     }
 }
@@ -96,10 +105,13 @@ pub enum StepStatus {
     /// [`MAX_RESULT_BYTES`](super::task::MAX_RESULT_BYTES)): the step took effect and the
     /// task fails.
     Faulted,
+    /// A callback step: the service accepted the request and completes the step later through
+    /// the task API's callback (or the step times out).
+    Waiting,
 }
 
 impl StepStatus {
-    const ALL: [StepStatus; 7] = [
+    const ALL: [StepStatus; 8] = [
         Self::Pending,
         Self::Running,
         Self::Done,
@@ -107,6 +119,7 @@ impl StepStatus {
         Self::TimedOut,
         Self::Cancelled,
         Self::Faulted,
+        Self::Waiting,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -118,6 +131,7 @@ impl StepStatus {
             Self::TimedOut => "TimedOut",
             Self::Cancelled => "Cancelled",
             Self::Faulted => "Faulted",
+            Self::Waiting => "Waiting",
         }
     }
 }
@@ -172,6 +186,10 @@ pub struct StepState {
     /// Like `generation`, for the undo's idempotency key.
     #[serde(default)]
     pub undo_generation: u32,
+    /// A callback step the service accepted: the latest instant its callback may come
+    /// (heartbeats move the record's deadline, never past this).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_until: Option<DateTime<Utc>>,
 }
 
 impl StepState {
@@ -187,6 +205,7 @@ impl StepState {
             result: None,
             undo: None,
             undo_generation: 0,
+            waiting_until: None,
         }
     }
 
@@ -218,10 +237,12 @@ pub enum Status {
     Retrying,
     /// An operator cancelled the task.
     Cancelled,
+    /// A service refused a step (a business outcome) and the task is compensated: no alert.
+    Refused,
 }
 
 impl Status {
-    const ALL: [Status; 8] = [
+    const ALL: [Status; 9] = [
         Self::Received,
         Self::StepCompleted,
         Self::Processed,
@@ -230,6 +251,7 @@ impl Status {
         Self::CompensationFailed,
         Self::Retrying,
         Self::Cancelled,
+        Self::Refused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -242,6 +264,7 @@ impl Status {
             Self::CompensationFailed => "CompensationFailed",
             Self::Retrying => "Retrying",
             Self::Cancelled => "Cancelled",
+            Self::Refused => "Refused",
         }
     }
 
@@ -256,6 +279,7 @@ impl Status {
             Self::CompensationFailed => "TaskCompensationFailed",
             Self::Retrying => "TaskRetrying",
             Self::Cancelled => "TaskCancelled",
+            Self::Refused => "TaskRefused",
         }
     }
 
@@ -323,6 +347,17 @@ pub struct StateRecord {
     pub step_index: usize,
     pub steps: Vec<StepState>,
     pub last_error: Option<String>,
+    /// The refusal that ended (or is ending) the task: the service's business outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<Refusal>,
+    /// While Compensating: the current undo is not claimed before this instant, because the
+    /// step it undoes may still be in flight (its deadline, plus the longest call an agent may
+    /// still make, plus a clock-skew margin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undo_after: Option<DateTime<Utc>>,
+    /// The secret that signs this task's callback tokens (see [`callback_token`]). Never shown.
+    #[serde(default, skip_serializing)]
+    pub callback_key: String,
     /// Statuses owed to the bus and the submitter: the outbox. Written with the transition that
     /// causes them, cleared once delivered.
     #[serde(default)]
@@ -336,6 +371,60 @@ pub struct StateRecord {
     pub version: u64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+/// A service's refusal of a step: a business outcome (`code`, e.g. `declined`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Refusal {
+    pub step: String,
+    pub code: String,
+    pub message: String,
+}
+
+/// The one-time token with which a callback step's service completes it: names the attempt and
+/// step it answers (so a late or replayed callback is fenced like a stale reply) and carries a
+/// MAC under the task's own `callback_key`, so it cannot be forged from the task id.
+pub fn callback_token(key: &str, task_id: &TaskId, attempt: u64, step_index: usize) -> String {
+    use hmac::Mac;
+    let tag = callback_mac(key, task_id, attempt, step_index)
+        .map(|m| hex::encode(&m.finalize().into_bytes()[..CALLBACK_TAG_BYTES]))
+        .unwrap_or_default();
+    format!("{attempt}.{step_index}.{tag}")
+}
+
+/// The MAC bytes a token carries (128 bits).
+const CALLBACK_TAG_BYTES: usize = 16;
+
+type CallbackMac = hmac::Hmac<sha2::Sha256>;
+
+fn callback_mac(
+    key: &str,
+    task_id: &TaskId,
+    attempt: u64,
+    step_index: usize,
+) -> Option<CallbackMac> {
+    use hmac::Mac;
+    let mut mac = CallbackMac::new_from_slice(key.as_bytes()).ok()?;
+    mac.update(format!("{task_id}:{attempt}:{step_index}").as_bytes());
+    Some(mac)
+}
+
+/// A callback token, checked against the task's key: the `(attempt, step_index)` it answers,
+/// or `None` if it is malformed or was not made with this key (compared in constant time).
+pub fn check_callback_token(key: &str, task_id: &TaskId, token: &str) -> Option<(u64, usize)> {
+    use hmac::Mac;
+    let mut parts = token.splitn(3, '.');
+    let attempt: u64 = parts.next()?.parse().ok()?;
+    let step_index: usize = parts.next()?.parse().ok()?;
+    let given = hex::decode(parts.next()?).ok()?;
+    if key.is_empty() || given.len() != CALLBACK_TAG_BYTES {
+        return None;
+    }
+    callback_mac(key, task_id, attempt, step_index)?
+        .verify_truncated_left(&given)
+        .ok()
+        .map(|()| (attempt, step_index))
 }
 
 /// A broken invariant of the state record.
@@ -377,6 +466,9 @@ impl StateRecord {
                 .map(|s| StepState::new(&s.name, s.undo.is_some()))
                 .collect(),
             last_error: None,
+            refusal: None,
+            undo_after: None,
+            callback_key: hex::encode(rand::random::<[u8; 16]>()),
             outbox: vec![],
             reply_queue_url,
             history: vec![HistoryEntry {
@@ -491,8 +583,22 @@ impl StateRecord {
         {
             return bad(format!("{} record still locked or due", self.process_state));
         }
-        if self.steps.iter().any(|s| s.status == S::Running && !s.sent) {
+        if self
+            .steps
+            .iter()
+            .any(|s| matches!(s.status, S::Running | S::Waiting) && !s.sent)
+        {
             return bad("a Running step that was never sent".into());
+        }
+        if self
+            .steps
+            .iter()
+            .any(|s| s.waiting_until.is_some() != (s.status == S::Waiting))
+        {
+            return bad("a step waits for its callback iff it is Waiting".into());
+        }
+        if self.undo_after.is_some() && self.process_state != P::Compensating {
+            return bad(format!("{} with an undo wait", self.process_state));
         }
         let undo_running = self
             .steps
@@ -544,8 +650,8 @@ impl StateRecord {
                 if self.locked_by.is_none() || self.complete_by.is_none() || self.attempt == 0 {
                     return bad("Processing must be locked, claimed and carry a deadline".into());
                 }
-                if current.map(|s| s.status) != Some(S::Running) {
-                    return bad("Processing must have its current step Running".into());
+                if !matches!(current.map(|s| s.status), Some(S::Running | S::Waiting)) {
+                    return bad("Processing must have its current step Running or Waiting".into());
                 }
             }
             P::Processed => {
@@ -582,9 +688,12 @@ impl StateRecord {
                     return bad("an undo out under attempt 0".into());
                 }
             }
-            P::Compensated => {
+            P::Compensated | P::Refused => {
                 if undo_running > 0 || self.steps.iter().any(StepState::needs_undo) {
-                    return bad("Compensated with a step still to undo".into());
+                    return bad(format!("{} with a step still to undo", self.process_state));
+                }
+                if (self.process_state == P::Refused) != self.refusal.is_some() {
+                    return bad("Refused iff a service refused a step".into());
                 }
             }
             P::CompensationFailed => {

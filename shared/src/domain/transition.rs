@@ -12,7 +12,8 @@
 //! operator [`retry`]s, [`compensate`]s or [`cancel`]s.
 
 use super::state::{
-    HistoryEntry, MAX_HISTORY, ProcessState, StateRecord, Status, StepState, StepStatus, to_millis,
+    HistoryEntry, MAX_HISTORY, ProcessState, Refusal, StateRecord, Status, StepState, StepStatus,
+    to_millis,
 };
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
@@ -43,6 +44,22 @@ pub struct Policy {
     pub cooldown: Duration,
     /// ...and how many such rounds a task gets before it fails (0: none).
     pub max_rounds: u32,
+    /// A callback step: the service accepts the request and completes the step later.
+    pub callback: Option<CallbackPolicy>,
+    /// How long after the deadline of a step that may still be in flight (timed out or
+    /// cancelled) its undo waits: the longest call an agent may still make plus a clock-skew
+    /// margin (`CALL_TIMEOUT_MS` + `UNDO_MARGIN_SECONDS`).
+    pub undo_wait: Duration,
+}
+
+/// How long a callback step may wait for its callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallbackPolicy {
+    /// From the service's acceptance to the callback, at most.
+    pub timeout: Duration,
+    /// The longest gap between heartbeats, if the step takes them: a silent step times out
+    /// sooner than `timeout`.
+    pub heartbeat: Option<Duration>,
 }
 
 impl Default for Policy {
@@ -57,6 +74,8 @@ impl Default for Policy {
             auto_compensate: true,
             cooldown: Duration::minutes(30),
             max_rounds: 0,
+            callback: None,
+            undo_wait: Duration::seconds(40),
         }
     }
 }
@@ -222,6 +241,14 @@ pub enum Rejection {
     NotCancellable(ProcessState),
     #[error("the task is {0} past its pivot step: it only goes forward (retry it)")]
     PastPivot(ProcessState),
+    #[error("the undo waits until {until} for the step it undoes to be surely over")]
+    TooEarly { until: DateTime<Utc> },
+    #[error("step {0} is not a callback step")]
+    NotACallbackStep(usize),
+    #[error("step {0} is not waiting for its callback")]
+    NotWaiting(usize),
+    #[error("step {0} takes no heartbeats")]
+    NoHeartbeat(usize),
 }
 
 /// What an agent reported for a step.
@@ -234,9 +261,18 @@ pub enum StepOutcome {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         result: Option<String>,
     },
-    /// The remote service refused the step for good (a permanent fault), or sas could not
-    /// build its request: the step had no effect.
+    /// sas could not build the step's request (a mapping found nothing): the step had no
+    /// effect, and the task fails (an operator alert).
     Failed { error: String },
+    /// The service refused the step with a business outcome (`code`): the step had no effect;
+    /// the task is compensated and ends Refused, without an alert.
+    Refused { code: String, message: String },
+    /// A callback step: the service accepted the request and will complete the step through
+    /// its callback.
+    Accepted,
+    /// A callback step's service is still at work: its deadline moves on by the heartbeat
+    /// interval (never past the callback timeout).
+    Heartbeat,
     /// The service confirmed the step but its answer cannot be used (`result_too_large`): the
     /// step took effect, and the task fails.
     Faulted { error: String },
@@ -248,6 +284,19 @@ pub enum StepOutcome {
 impl StepOutcome {
     pub fn succeeded() -> Self {
         Self::Succeeded { result: None }
+    }
+}
+
+/// Drops what only a step's current status justifies: a callback wait once the step is no
+/// longer Waiting, an undo wait outside compensation.
+fn tidy(n: &mut StateRecord) {
+    for step in &mut n.steps {
+        if step.status != StepStatus::Waiting {
+            step.waiting_until = None;
+        }
+    }
+    if n.process_state != ProcessState::Compensating {
+        n.undo_after = None;
     }
 }
 
@@ -279,6 +328,7 @@ fn finish(n: &mut StateRecord, to: ProcessState, notice: Status) -> Vec<Effect> 
     n.process_state = to;
     n.locked_by = None;
     n.complete_by = None;
+    n.undo_after = None;
     n.outbox.push(notice);
     vec![Effect::DeliverNotice]
 }
@@ -286,36 +336,64 @@ fn finish(n: &mut StateRecord, to: ProcessState, notice: Status) -> Vec<Effect> 
 /// Starts undoing, last first, every step that may have taken effect: the record becomes
 /// Compensating and unlocked, to be claimed after `delay`; with nothing to undo it is
 /// Compensated at once.
+///
+/// `in_flight_until`: the deadline of the current step if it may still be in flight (timed
+/// out or cancelled). Its undo then waits [`Policy::undo_wait`] past it, and [`claim`]
+/// enforces that wait, so a stray work message cannot send the undo early.
 fn begin_compensation(
     n: &mut StateRecord,
     now: DateTime<Utc>,
     delay: Duration,
     p: &Policies,
+    in_flight_until: Option<DateTime<Utc>>,
 ) -> Vec<Effect> {
     n.failure_count = 0;
     n.round = 0;
     n.locked_by = None;
     match n.steps.iter().rposition(StepState::needs_undo) {
         Some(i) => {
+            let mut delay = delay;
+            n.undo_after = None;
+            if let Some(t) = in_flight_until.filter(|_| i == n.step_index) {
+                let after = to_millis(t + p.at(i).undo_wait);
+                delay = delay.max(after - now);
+                n.undo_after = Some(after);
+            }
             n.process_state = ProcessState::Compensating;
             n.step_index = i;
             n.complete_by = Some(now + delay + p.at(i).pickup_timeout);
             vec![Effect::Enqueue { delay }]
         }
-        None => finish(n, ProcessState::Compensated, Status::Compensated),
+        None => compensated(n),
+    }
+}
+
+/// Every step that needed it is undone: the task ends Refused if a service refused a step, else
+/// Compensated.
+fn compensated(n: &mut StateRecord) -> Vec<Effect> {
+    if n.refusal.is_some() {
+        finish(n, ProcessState::Refused, Status::Refused)
+    } else {
+        finish(n, ProcessState::Compensated, Status::Compensated)
     }
 }
 
 /// The task failed for good (`reason`): the operator alert is owed, and the task is either
 /// compensated at once or left in Error, as the policy says. Past the pivot it only goes
 /// forward: it is left in Error for an operator to retry.
-fn fail(n: &mut StateRecord, now: DateTime<Utc>, reason: String, p: &Policies) -> Vec<Effect> {
+fn fail(
+    n: &mut StateRecord,
+    now: DateTime<Utc>,
+    reason: String,
+    p: &Policies,
+    in_flight_until: Option<DateTime<Utc>>,
+) -> Vec<Effect> {
     n.last_error = Some(reason);
     n.outbox.push(Status::Failed);
     let mut effects = vec![Effect::DeliverNotice];
     if p.at(n.step_index).auto_compensate && !n.past_pivot() {
         effects.extend(
-            begin_compensation(n, now, Duration::zero(), p)
+            begin_compensation(n, now, Duration::zero(), p, in_flight_until)
                 .into_iter()
                 .filter(|e| *e != Effect::DeliverNotice),
         );
@@ -345,6 +423,9 @@ pub fn claim(
         other => return Err(Rejection::NotClaimable(other)),
     };
     let now = to_millis(now);
+    if let Some(until) = r.undo_after.filter(|u| undo && *u > now) {
+        return Err(Rejection::TooEarly { until });
+    }
     let mut n = next(r, now);
     n.locked_by = Some(instance.to_owned());
     n.attempt = r.attempt + 1;
@@ -363,6 +444,7 @@ pub fn claim(
         Some(r.step_index),
         if undo { "undo claimed" } else { "claimed" },
     );
+    tidy(&mut n);
     Ok(Transition {
         condition: Condition::on(r, vec![Guard::StateIs(r.process_state), Guard::Unlocked]),
         record: n,
@@ -423,16 +505,75 @@ pub fn apply_reply(
                 until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
             );
             let wait = (*until - now).max(Duration::zero());
-            hand_back(
-                r,
+            defer(r, &mut n, now, p, reason, wait)
+        }
+        (StepOutcome::Accepted, true) | (StepOutcome::Heartbeat, true) => {
+            return Err(Rejection::NotACallbackStep(step_index));
+        }
+        (StepOutcome::Accepted, false) => {
+            let Some(cb) = p.at(step_index).callback else {
+                return Err(Rejection::NotACallbackStep(step_index));
+            };
+            if r.steps[step_index].status != StepStatus::Running {
+                return Err(Rejection::NotRunning(r.process_state));
+            }
+            let until = now + cb.timeout;
+            let step = &mut n.steps[step_index];
+            step.status = StepStatus::Waiting;
+            step.waiting_until = Some(until);
+            n.complete_by = Some(cb.heartbeat.map_or(until, |h| until.min(now + h)));
+            log(
                 &mut n,
-                now,
-                p,
-                stable_jitter(r),
-                "deferred",
-                reason,
-                wait,
-            )
+                r.process_state,
+                Some(step_index),
+                "accepted; waiting for its callback",
+            );
+            vec![]
+        }
+        (StepOutcome::Heartbeat, false) => {
+            let step = &r.steps[step_index];
+            let (Some(until), StepStatus::Waiting) = (step.waiting_until, step.status) else {
+                return Err(Rejection::NotWaiting(step_index));
+            };
+            let Some(h) = p.at(step_index).callback.and_then(|c| c.heartbeat) else {
+                return Err(Rejection::NoHeartbeat(step_index));
+            };
+            // No history line: heartbeats would push the transitions out of it.
+            n.complete_by = Some(until.min(now + h));
+            vec![]
+        }
+        (StepOutcome::Refused { code, message }, true) => apply_undo_reply(
+            &mut n,
+            step_index,
+            Some(&format!("{code}: {message}")),
+            now,
+            p,
+        ),
+        (StepOutcome::Refused { code, message }, false) => {
+            let reason = format!("{name}: refused ({code}): {message}");
+            let step = &mut n.steps[step_index];
+            step.finished_attempt = Some(attempt);
+            step.finished_at = Some(now);
+            step.status = StepStatus::Failed;
+            n.last_error = Some(reason.clone());
+            n.refusal = Some(Refusal {
+                step: name.clone(),
+                code: code.clone(),
+                message: message.clone(),
+            });
+            let e = if n.past_pivot() {
+                // Past the pivot the task cannot go back: a person must decide (alert).
+                fail(&mut n, now, reason.clone(), p, None)
+            } else {
+                begin_compensation(&mut n, now, Duration::zero(), p, None)
+            };
+            log(
+                &mut n,
+                r.process_state,
+                Some(step_index),
+                format!("refused: {reason}"),
+            );
+            e
         }
         (StepOutcome::Succeeded { .. }, true) => apply_undo_reply(&mut n, step_index, None, now, p),
         (StepOutcome::Failed { error }, true) => {
@@ -486,6 +627,7 @@ pub fn apply_reply(
             e
         }
     };
+    tidy(&mut n);
     Ok(Transition {
         condition: Condition::on(
             r,
@@ -515,7 +657,7 @@ fn step_failed(
     step.finished_attempt = Some(attempt);
     step.finished_at = Some(now);
     step.status = status;
-    fail(n, now, reason.to_owned(), p)
+    fail(n, now, reason.to_owned(), p, None)
 }
 
 /// Applies an undo's answer: `refused` is the service's refusal, `None` a success.
@@ -530,6 +672,7 @@ fn apply_undo_reply(
     match refused {
         None => {
             n.steps[i].undo = Some(StepStatus::Done);
+            n.undo_after = None;
             match n.steps[..i].iter().rposition(StepState::needs_undo) {
                 Some(j) => {
                     n.step_index = j;
@@ -539,7 +682,7 @@ fn apply_undo_reply(
                     vec![Effect::SendStepRequest]
                 }
                 None => {
-                    let e = finish(n, ProcessState::Compensated, Status::Compensated);
+                    let e = compensated(n);
                     log(n, from, Some(i), "undone; every step undone");
                     e
                 }
@@ -614,8 +757,13 @@ pub fn expire(
         } else {
             ""
         };
+        let awaited = if r.steps[i].status == StepStatus::Waiting {
+            "callback"
+        } else {
+            "reply"
+        };
         let reason = format!(
-            "{what}{}: no reply by {} (attempt {})",
+            "{what}{}: no {awaited} by {} (attempt {})",
             r.steps[i].name,
             due.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             r.attempt
@@ -631,6 +779,7 @@ pub fn expire(
             Duration::zero(),
         )
     };
+    tidy(&mut n);
     Ok(Transition {
         record: n,
         condition: Condition::on(r, guards),
@@ -704,7 +853,8 @@ fn hand_back(
         step.status = StepStatus::TimedOut;
         step.finished_at = Some(now);
         step.finished_attempt = Some(r.attempt);
-        let e = fail(n, now, reason.clone(), p);
+        // The step may still be in flight: its undo waits past the deadline that just passed.
+        let e = fail(n, now, reason.clone(), p, Some(now));
         log(
             n,
             r.process_state,
@@ -713,6 +863,33 @@ fn hand_back(
         );
         e
     }
+}
+
+/// The step (or undo) that was out could not be tried now (its service's circuit is open):
+/// handed back unlocked and re-enqueued after `wait` (spread by up to a second). Not a failure
+/// of the task: `FailureCount` stays, so an outage or a misconfigured service makes tasks wait,
+/// never compensates them (the breaker's opening alerts the operator).
+fn defer(
+    r: &StateRecord,
+    n: &mut StateRecord,
+    now: DateTime<Utc>,
+    p: &Policies,
+    reason: String,
+    wait: Duration,
+) -> Vec<Effect> {
+    let i = r.step_index;
+    n.locked_by = None;
+    n.last_error = Some(reason.clone());
+    if r.process_state == ProcessState::Compensating {
+        n.steps[i].undo = None;
+    } else {
+        n.process_state = ProcessState::Pending;
+        n.steps[i].status = StepStatus::Pending;
+    }
+    let delay = wait + Duration::milliseconds((stable_jitter(r) * 1000.0) as i64);
+    n.complete_by = Some(now + delay + p.at(i).pickup_timeout);
+    log(n, r.process_state, Some(i), format!("deferred: {reason}"));
+    vec![Effect::Enqueue { delay }]
 }
 
 /// A stable number in [0, 1) from a task and attempt: the jitter of transitions that have no
@@ -734,6 +911,7 @@ pub fn notice_delivered(r: &StateRecord, now: DateTime<Utc>) -> Result<Transitio
     }
     let mut n = next(r, to_millis(now));
     n.outbox.clear();
+    tidy(&mut n);
     Ok(Transition {
         condition: Condition::on(r, vec![Guard::NoticePending]),
         record: n,
@@ -777,8 +955,12 @@ pub fn retry(r: &StateRecord, now: DateTime<Utc>, p: &Policies) -> Result<Transi
     n.failure_count = 0;
     n.round = 0;
     n.last_error = None;
+    if r.process_state == ProcessState::Error {
+        n.refusal = None;
+    }
     n.complete_by = Some(now + p.at(i).pickup_timeout);
     log(&mut n, r.process_state, Some(i), "operator retry");
+    tidy(&mut n);
     Ok(Transition {
         condition: Condition::on(r, vec![Guard::StateIs(r.process_state)]),
         record: n,
@@ -806,13 +988,19 @@ pub fn compensate(
         ProcessState::Error => {
             let now = to_millis(now);
             let mut n = next(r, now);
-            let effects = begin_compensation(&mut n, now, Duration::zero(), p);
+            // A step that timed out may still be in flight: its undo waits past the deadline.
+            let in_flight = r.steps.get(r.step_index).and_then(|s| {
+                matches!(s.status, StepStatus::TimedOut | StepStatus::Cancelled)
+                    .then(|| s.finished_at.unwrap_or(now))
+            });
+            let effects = begin_compensation(&mut n, now, Duration::zero(), p, in_flight);
             log(
                 &mut n,
                 r.process_state,
                 Some(r.step_index),
                 "operator compensate",
             );
+            tidy(&mut n);
             Ok(Transition {
                 condition: Condition::on(r, vec![Guard::StateIs(r.process_state)]),
                 record: n,
@@ -842,12 +1030,14 @@ pub fn cancel(
     let now = to_millis(now);
     let mut n = next(r, now);
     let i = r.step_index;
-    let delay = match r.process_state {
-        ProcessState::Pending => Duration::zero(),
+    // The step that is out (or was out before a hand-back) may still be in flight until its
+    // deadline: its undo waits past it.
+    let in_flight = match r.process_state {
+        ProcessState::Pending if r.steps[i].sent => Some(now),
+        ProcessState::Pending => None,
         ProcessState::Processing => {
             n.steps[i].status = StepStatus::Cancelled;
-            r.complete_by
-                .map_or(Duration::zero(), |d| (d - now).max(Duration::zero()))
+            Some(r.complete_by.map_or(now, |d| d.max(now)))
         }
         other => return Err(Rejection::NotCancellable(other)),
     };
@@ -857,13 +1047,20 @@ pub fn cancel(
     }
     n.last_error = Some(format!("cancelled: {reason}"));
     let mut effects = vec![Effect::Publish(Status::Cancelled)];
-    effects.extend(begin_compensation(&mut n, now, delay, p));
+    effects.extend(begin_compensation(
+        &mut n,
+        now,
+        Duration::zero(),
+        p,
+        in_flight,
+    ));
     log(
         &mut n,
         r.process_state,
         Some(i),
         format!("operator cancel: {reason}"),
     );
+    tidy(&mut n);
     Ok(Transition {
         condition: Condition::on(
             r,
@@ -881,6 +1078,7 @@ pub fn cancel(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::state::{callback_token, check_callback_token};
     use crate::domain::workflow::examples;
     use crate::domain::{TaskId, Workflow};
     use proptest::prelude::*;
@@ -896,6 +1094,8 @@ mod tests {
             auto_compensate: true,
             cooldown: Duration::seconds(60),
             max_rounds: 0,
+            callback: None,
+            undo_wait: Duration::seconds(5),
         }
     }
 
@@ -1302,12 +1502,13 @@ mod tests {
         let deadline = r.complete_by.expect("deadline");
         let later = now + Duration::seconds(4);
         let t = apply(&mut r, |r| cancel(r, "customer asked", later, &p));
+        let wait = p.at(1).undo_wait;
         assert_eq!(
             t.effects,
             [
                 Effect::Publish(Status::Cancelled),
                 Effect::Enqueue {
-                    delay: deadline - later
+                    delay: deadline + wait - later
                 }
             ]
         );
@@ -1315,6 +1516,17 @@ mod tests {
             apply_reply(&r, 1, 1, false, &ok(), later, &p),
             Err(Rejection::NotRunning(ProcessState::Compensating))
         ));
+        // A stray work message cannot send the undo while the step may still be in flight:
+        // not before its deadline plus the undo wait.
+        for early in [later, deadline, deadline + wait - Duration::milliseconds(1)] {
+            assert_eq!(
+                claim(&r, "s", early, &p).err(),
+                Some(Rejection::TooEarly {
+                    until: deadline + wait
+                })
+            );
+        }
+        let deadline = deadline + wait;
         apply(&mut r, |r| claim(r, "s", deadline, &p));
         let mut undone = vec![];
         while r.process_state == ProcessState::Compensating {
@@ -1340,14 +1552,246 @@ mod tests {
             apply_reply(r, 1, 1, false, &StepOutcome::Deferred { until }, now, &p)
         });
         assert_eq!(r.process_state, ProcessState::Pending);
-        assert_eq!(r.failure_count, 1);
+        assert_eq!(
+            r.failure_count, 0,
+            "an open circuit is no failure of the task"
+        );
+        let [Effect::Enqueue { delay }] = t.effects[..] else {
+            panic!("one enqueue: {:?}", t.effects)
+        };
+        assert!(
+            delay >= Duration::seconds(5) && delay < Duration::seconds(6),
+            "{delay}"
+        );
+        assert!(r.steps[1].sent, "a deferred step may have been sent before");
+        // However often the circuit stays open, the task waits and never fails.
+        for _ in 0..10 {
+            let a = r.attempt;
+            apply(&mut r, |r| claim(r, "s", now, &p));
+            apply(&mut r, |r| {
+                apply_reply(
+                    r,
+                    a + 1,
+                    1,
+                    false,
+                    &StepOutcome::Deferred { until },
+                    now,
+                    &p,
+                )
+            });
+        }
+        assert_eq!(
+            (r.process_state, r.failure_count),
+            (ProcessState::Pending, 0)
+        );
+    }
+
+    fn declined() -> StepOutcome {
+        StepOutcome::Refused {
+            code: "declined".into(),
+            message: "card declined".into(),
+        }
+    }
+
+    #[test]
+    fn a_refusal_compensates_and_ends_refused_without_an_alert() {
+        let p = policy();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 2, now, &p);
+        let t = apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &declined(), now, &p)
+        });
+        assert_eq!(r.process_state, ProcessState::Compensating);
+        assert!(r.outbox.is_empty(), "no TaskFailed alert: {:?}", r.outbox);
         assert_eq!(
             t.effects,
             [Effect::Enqueue {
-                delay: Duration::seconds(5)
-            }]
+                delay: Duration::zero()
+            }],
+            "a refused step had no effect: nothing to wait for"
         );
-        assert!(r.steps[1].sent, "a deferred step may have been sent before");
+        assert_eq!(r.step_index, 1, "the refused step needs no undo");
+        while r.process_state == ProcessState::Compensating {
+            if r.locked_by.is_none() {
+                apply(&mut r, |r| claim(r, "s", now, &p));
+            }
+            let (a, i) = (r.attempt, r.step_index);
+            apply(&mut r, |r| apply_reply(r, a, i, true, &ok(), now, &p));
+        }
+        assert_eq!(r.process_state, ProcessState::Refused);
+        assert_eq!(r.outbox, [Status::Refused]);
+        assert!(!Status::Refused.is_alert());
+        let refusal = r.refusal.clone().expect("kept");
+        assert_eq!(
+            (refusal.step.as_str(), refusal.code.as_str()),
+            ("arrange-shipping", "declined")
+        );
+
+        // Refused at the first step: nothing to undo, Refused at once.
+        let mut first = fresh(now);
+        run_to(&mut first, 0, now, &p);
+        apply(&mut first, |r| {
+            apply_reply(r, 1, 0, false, &declined(), now, &p)
+        });
+        assert_eq!(first.process_state, ProcessState::Refused);
+        assert_eq!(first.outbox, [Status::Refused]);
+    }
+
+    #[test]
+    fn a_refusal_past_the_pivot_stops_in_error_and_alerts() {
+        let p = policy();
+        let now = t0();
+        let mut r = loan(now);
+        run_to(&mut r, 3, now, &p);
+        assert!(r.past_pivot());
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 3, false, &declined(), now, &p)
+        });
+        assert_eq!(r.process_state, ProcessState::Error);
+        assert_eq!(r.outbox, [Status::Failed], "a person must decide");
+        let t = apply(&mut r, |r| retry(r, now, &p));
+        assert!(t.record.refusal.is_none(), "a retry forgets the refusal");
+    }
+
+    #[test]
+    fn an_undo_after_a_timeout_at_the_threshold_waits_past_the_deadline() {
+        let p = policy();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let mut at = now;
+        while r.process_state != ProcessState::Compensating {
+            if r.process_state == ProcessState::Pending {
+                apply(&mut r, |r| claim(r, "s", at, &p));
+            }
+            at = r.complete_by.expect("deadline");
+            apply(&mut r, |r| expire(r, at, &p, 0.5));
+        }
+        assert_eq!(r.steps[1].status, StepStatus::TimedOut);
+        assert_eq!(r.step_index, 1, "the step that timed out is undone first");
+        let after = at + p.at(1).undo_wait;
+        assert_eq!(r.undo_after, Some(after));
+        assert_eq!(
+            claim(&r, "s", at, &p).err(),
+            Some(Rejection::TooEarly { until: after })
+        );
+        apply(&mut r, |r| claim(r, "s", after, &p));
+        let a = r.attempt;
+        apply(&mut r, |r| apply_reply(r, a, 1, true, &ok(), after, &p));
+        assert_eq!(
+            r.undo_after, None,
+            "the wait is over once that undo is done"
+        );
+    }
+
+    /// The loan with `send-contract` (step 2) as a callback step.
+    fn callback_policies() -> Policies {
+        let cb = CallbackPolicy {
+            timeout: Duration::hours(1),
+            heartbeat: Some(Duration::minutes(5)),
+        };
+        let mut steps = vec![base(); 4];
+        steps[2].callback = Some(cb);
+        Policies::new(steps)
+    }
+
+    #[test]
+    fn a_callback_step_waits_takes_heartbeats_and_completes_once() {
+        let p = callback_policies();
+        let now = t0();
+        let mut r = loan(now);
+        run_to(&mut r, 2, now, &p);
+        assert_eq!(
+            apply_reply(&r, 1, 1, false, &StepOutcome::Accepted, now, &p).err(),
+            Some(Rejection::WrongStep {
+                record: 2,
+                message: 1
+            })
+        );
+        let t1 = now + Duration::seconds(1);
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &StepOutcome::Accepted, t1, &p)
+        });
+        assert_eq!(r.steps[2].status, StepStatus::Waiting);
+        assert_eq!(r.steps[2].waiting_until, Some(t1 + Duration::hours(1)));
+        assert_eq!(r.complete_by, Some(t1 + Duration::minutes(5)));
+        assert!(
+            apply_reply(&r, 1, 2, false, &StepOutcome::Accepted, t1, &p).is_err(),
+            "a duplicate acceptance changes nothing"
+        );
+        let t2 = t1 + Duration::minutes(4);
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &StepOutcome::Heartbeat, t2, &p)
+        });
+        assert_eq!(r.complete_by, Some(t2 + Duration::minutes(5)));
+        let late = t1 + Duration::minutes(58);
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &StepOutcome::Heartbeat, late, &p)
+        });
+        assert_eq!(
+            r.complete_by,
+            Some(t1 + Duration::hours(1)),
+            "heartbeats never move the deadline past the callback timeout"
+        );
+        let done = StepOutcome::Succeeded {
+            result: Some("{\"id\":\"c-1\"}".into()),
+        };
+        apply(&mut r, |r| apply_reply(r, 1, 2, false, &done, late, &p));
+        assert_eq!(r.steps[2].status, StepStatus::Done);
+        assert_eq!(r.steps[2].waiting_until, None);
+        assert!(
+            apply_reply(&r, 1, 2, false, &done, late, &p).is_err(),
+            "a replayed callback is fenced"
+        );
+        assert_eq!(
+            apply_reply(&r, 1, 3, false, &StepOutcome::Heartbeat, late, &p).err(),
+            Some(Rejection::NotWaiting(3))
+        );
+    }
+
+    #[test]
+    fn a_silent_callback_step_times_out_and_goes_out_again_under_a_new_token() {
+        let p = callback_policies();
+        let now = t0();
+        let mut r = loan(now);
+        run_to(&mut r, 2, now, &p);
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &StepOutcome::Accepted, now, &p)
+        });
+        let token = callback_token(&r.callback_key, &r.task_id, r.attempt, 2);
+        let due = r.complete_by.expect("deadline");
+        apply(&mut r, |r| expire(r, due, &p, 0.5));
+        assert_eq!(r.process_state, ProcessState::Pending);
+        assert_eq!(r.failure_count, 1);
+        assert!(
+            r.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("no callback"))
+        );
+        assert_eq!(r.steps[2].waiting_until, None);
+        let later = r.complete_by.expect("pickup");
+        apply(&mut r, |r| claim(r, "s", later, &p));
+        assert_eq!(
+            check_callback_token(&r.callback_key, &r.task_id, &token),
+            Some((1, 2)),
+            "the old token still names its own attempt"
+        );
+        assert_ne!(
+            callback_token(&r.callback_key, &r.task_id, r.attempt, 2),
+            token,
+            "the new attempt has a new token"
+        );
+        let other = fresh(now);
+        assert_eq!(
+            check_callback_token(&other.callback_key, &r.task_id, &token),
+            None,
+            "a token is only good with its own task's key"
+        );
+        assert_eq!(
+            check_callback_token(&r.callback_key, &r.task_id, "1.2.00"),
+            None
+        );
     }
 
     /// A Pending record of the loan: check-credit (no undo), reserve-funds (undo),
@@ -1485,7 +1929,8 @@ mod tests {
             attempt_back: u8,
             step_shift: i8,
             undo: bool,
-            /// 0: refused, 1: deferred (circuit open), otherwise succeeded.
+            /// 0: failed, 1: deferred (circuit open), 2: refused (a business outcome),
+            /// 3: accepted (callback), 4: heartbeat, otherwise succeeded.
             kind: u8,
         },
         Advance(u16),
@@ -1499,7 +1944,7 @@ mod tests {
     fn ev() -> impl Strategy<Value = Ev> {
         prop_oneof![
             3 => (0u8..3).prop_map(Ev::Claim),
-            5 => (0u8..2, -1i8..2, proptest::bool::weighted(0.2), 0u8..10)
+            5 => (0u8..2, -1i8..2, proptest::bool::weighted(0.2), 0u8..12)
                 .prop_map(|(a, s, undo, kind)| Ev::Reply { attempt_back: a, step_shift: s, undo, kind }),
             2 => (0u16..40).prop_map(Ev::Advance),
             2 => (0u8..10).prop_map(Ev::Expire),
@@ -1536,8 +1981,17 @@ mod tests {
             shape in shape(),
             auto in proptest::bool::ANY,
             rounds in 0u32..2,
+            callbacks in proptest::bool::ANY,
         ) {
-            let p = with(|p| { p.auto_compensate = auto; p.max_rounds = rounds; });
+            let p = with(|p| {
+                p.auto_compensate = auto;
+                p.max_rounds = rounds;
+                // Every step a callback step (Accepted then applies; otherwise it is refused).
+                p.callback = callbacks.then_some(CallbackPolicy {
+                    timeout: Duration::seconds(100),
+                    heartbeat: Some(Duration::seconds(30)),
+                });
+            });
             let mut now = t0();
             let w = examples::synthetic(&shape, &base());
             let mut r = record(&w, now);
@@ -1548,6 +2002,9 @@ mod tests {
                         let outcome = match kind {
                             0 => refused(),
                             1 => StepOutcome::Deferred { until: now + Duration::seconds(20) },
+                            2 => declined(),
+                            3 => StepOutcome::Accepted,
+                            4 => StepOutcome::Heartbeat,
                             _ => StepOutcome::succeeded(),
                         };
                         let step = (r.step_index as i64 + step_shift as i64).max(0) as usize;

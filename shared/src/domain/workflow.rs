@@ -27,6 +27,8 @@ pub const MIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 pub const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 /// The longest retry delay a definition may ask for.
 pub const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(86_400);
+/// The longest a callback step may wait for its callback.
+pub const MAX_CALLBACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 
 /// The published JSON Schema of definition files.
 pub const SCHEMA: &str = include_str!("../../../workflows/schema.json");
@@ -148,6 +150,17 @@ pub struct StepDoc {
     pub timeout: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryDoc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback: Option<CallbackDoc>,
+}
+
+/// A callback step's wait, as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CallbackDoc {
+    pub timeout: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -369,6 +382,47 @@ fn apply_settings(
     }
 }
 
+/// A callback step's wait, checked: a timeout of 1s to 30 days, a heartbeat no longer than it.
+fn callback_policy(
+    at: &str,
+    doc: &CallbackDoc,
+    problems: &mut Vec<Problem>,
+) -> Option<crate::domain::transition::CallbackPolicy> {
+    let here = format!("{at}/timeout");
+    let timeout = duration(&here, &doc.timeout, problems)?;
+    if timeout < MIN_TIMEOUT || timeout > MAX_CALLBACK_TIMEOUT {
+        problems.push(Problem {
+            at: here,
+            message: format!(
+                "{:?} is out of range: a callback timeout is 1s to 30d",
+                doc.timeout
+            ),
+        });
+        return None;
+    }
+    let heartbeat = match &doc.heartbeat {
+        None => None,
+        Some(raw) => {
+            let here = format!("{at}/heartbeat");
+            let h = duration(&here, raw, problems)?;
+            if h < MIN_TIMEOUT || h > timeout {
+                problems.push(Problem {
+                    at: here,
+                    message: format!(
+                        "{raw:?} is out of range: a heartbeat interval is 1s to the callback timeout"
+                    ),
+                });
+                return None;
+            }
+            Some(chrono(h))
+        }
+    };
+    Some(crate::domain::transition::CallbackPolicy {
+        timeout: chrono(timeout),
+        heartbeat,
+    })
+}
+
 /// One step of a validated workflow.
 #[derive(Debug, Clone)]
 pub struct Step {
@@ -539,6 +593,10 @@ impl WorkflowDoc {
                 s.retry.as_ref(),
                 &mut problems,
             );
+            if let Some(cb) = &s.callback {
+                step_policy.callback =
+                    callback_policy(&format!("{at}/callback"), cb, &mut problems);
+            }
             names.push(&s.name);
             steps.push(Step {
                 name: s.name.clone(),

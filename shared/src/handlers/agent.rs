@@ -14,7 +14,7 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use rand::Rng;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, error, info, info_span, warn};
 
 #[derive(Clone)]
 pub struct AgentDeps {
@@ -80,6 +80,8 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
             return Ok(());
         }
         let outcome = match remote.call(&call, remaining.min(deps.call_timeout)).await {
+            // A callback step: the service accepted the request and completes it later.
+            Ok(_) if call.callback.is_some() => StepOutcome::Accepted,
             Ok(value) => {
                 let result = value.to_string();
                 if result.len() > MAX_RESULT_BYTES {
@@ -100,30 +102,19 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                 }
             }
             Err(RemoteFault::Refused { code, message }) => {
-                warn!(%code, %message, "refused");
-                StepOutcome::Failed {
-                    error: format!("{code}: {message}"),
-                }
-            }
-            Err(RemoteFault::CircuitOpen { until }) if until < request.complete_by => {
-                // The breaker may close before the deadline: wait for it (spread a little, so
-                // the agents waiting on one breaker do not all probe at once).
-                let spread = chrono::Duration::milliseconds(rand::rng().random_range(0..100));
-                let wait = (until + spread - deps.clock.now())
-                    .to_std()
-                    .unwrap_or_default();
-                info!(%until, "circuit open; waiting for it");
-                tokio::time::sleep(wait).await;
-                continue;
+                info!(%code, %message, "the service refused the step");
+                StepOutcome::Refused { code, message }
             }
             Err(RemoteFault::CircuitOpen { until }) => {
-                info!(%until, "circuit open past the deadline; the step is deferred");
+                // Hand the step back at once rather than wait here: an agent held by one
+                // service's open breaker would delay the steps of every other service.
+                info!(%until, "circuit open; the step is deferred");
                 StepOutcome::Deferred { until }
             }
             Err(
-                RemoteFault::Transient(error)
-                | RemoteFault::InProgress(error)
-                | RemoteFault::Misconfigured(error),
+                fault @ (RemoteFault::Transient(_)
+                | RemoteFault::InProgress(_)
+                | RemoteFault::Misconfigured(_)),
             ) => {
                 let wait = deps
                     .backoff
@@ -131,15 +122,26 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                     .to_std()
                     .unwrap_or_default();
                 retry += 1;
-                if deps.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default()
-                    >= request.complete_by
-                {
-                    info!(%error, retries = retry, "transient fault and no time left before the deadline; stopping without a reply");
-                    return Ok(());
+                let until = deps.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default();
+                if until >= request.complete_by {
+                    if let RemoteFault::Misconfigured(error) = &fault {
+                        // Not the step's fault, and never a refusal: the step waits (no failure
+                        // counted) until an operator mends the service; its breaker alerts.
+                        error!(%error, retries = retry, "service misconfigured and no time left; the step is deferred");
+                        StepOutcome::Deferred { until }
+                    } else {
+                        info!(error = %fault, retries = retry, "transient fault and no time left before the deadline; stopping without a reply");
+                        return Ok(());
+                    }
+                } else {
+                    if matches!(fault, RemoteFault::Misconfigured(_)) {
+                        error!(error = %fault, retry, ?wait, "service misconfigured; retrying");
+                    } else {
+                        warn!(error = %fault, retry, ?wait, "transient fault; retrying");
+                    }
+                    tokio::time::sleep(wait).await;
+                    continue;
                 }
-                warn!(%error, retry, ?wait, "transient fault; retrying");
-                tokio::time::sleep(wait).await;
-                continue;
             }
         };
         let reply = SchedulerMessage::Reply(StepReply {

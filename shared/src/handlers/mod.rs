@@ -2,6 +2,7 @@
 //! local runner and the tests all call these.
 
 pub mod agent;
+pub mod callback;
 pub mod scheduler;
 pub mod submission;
 pub mod supervisor;

@@ -3,13 +3,14 @@
 
 use super::{HandlerError, Outlets, RecordOutcome, enqueue, perform, process_batch, write};
 use crate::catalog::Definitions;
+use crate::domain::state::callback_token;
 use crate::domain::task::{MAX_REQUEST_BYTES, MAX_RESULT_BYTES, MAX_RESULTS_BYTES};
 use crate::domain::transition::{self, StepOutcome, Transition};
 use crate::domain::{ProcessState, StateRecord, Task, Workflow};
 use crate::messages::{
     DeadlineTimer, SchedulerMessage, StepReply, StepRequest, WorkMessage, idempotency_key,
 };
-use crate::ports::{Clock, EventBus, Queue, StateStore};
+use crate::ports::{CallbackAddress, Clock, EventBus, Queue, StateStore};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +37,9 @@ pub struct SchedulerDeps {
     pub dead_letter_url: Option<String>,
     /// This scheduler instance's id, written to `LockedBy`.
     pub instance_id: String,
+    /// The task API's base URL: callback steps' services complete them at
+    /// `{base}/tasks/{id}/callbacks/{token}`. `None`: callback steps cannot run here.
+    pub callback_base_url: Option<String>,
 }
 
 /// Handles one SQS batch from the work queue or the reply queue.
@@ -102,6 +106,20 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
     let (task, record, workflow) = load(deps, w.task_id).await?;
     let t = match transition::claim(&record, &deps.instance_id, now, &workflow.policies()) {
         Ok(t) => t,
+        Err(transition::Rejection::TooEarly { until }) => {
+            // An undo whose step may still be in flight: the message came early (a stray, or
+            // clock skew); send it on for the rest of the wait.
+            enqueue(
+                deps.queue.as_ref(),
+                &deps.work_queue_url,
+                w.task_id,
+                until - now,
+                now,
+            )
+            .await?;
+            info!(%until, "undo not due yet: work message sent on");
+            return Ok(());
+        }
         Err(why) => {
             info!(%why, "work message dropped");
             return Ok(());
@@ -254,7 +272,25 @@ async fn send_step_request(
             Ok(v)
         }
     });
-    let input = match input {
+    let callback = match (&step.policy.callback, undo) {
+        (Some(_), false) => match &deps.callback_base_url {
+            Some(base) => {
+                let token =
+                    callback_token(&record.callback_key, &record.task_id, record.attempt, i);
+                Ok(Some(CallbackAddress {
+                    url: format!(
+                        "{}/tasks/{}/callbacks/{token}",
+                        base.trim_end_matches('/'),
+                        record.task_id
+                    ),
+                    token,
+                }))
+            }
+            None => Err("callback_unavailable: the deployment has no CALLBACK_BASE_URL".to_owned()),
+        },
+        _ => Ok(None),
+    };
+    let input = match input.and_then(|v| callback.map(|c| (v, c))) {
         Ok(v) => v,
         Err(error) => {
             warn!(step = %step.name, %error, "the step's request cannot be built; refusing it");
@@ -288,8 +324,8 @@ async fn send_step_request(
         idempotency_key: Some(key),
         complete_by,
         reply_queue_url: deps.reply_queue_url.clone(),
-        input,
-        callback: None,
+        input: input.0,
+        callback: input.1,
     };
     let body = serde_json::to_string(&request)
         .map_err(|e| HandlerError::Poison(format!("step request does not serialize: {e}")))?;

@@ -1,5 +1,6 @@
 //! Submission: the HTTP API. `POST /workflows/{name}/tasks` starts a task of the newest
-//! version of a workflow (idempotently), `GET /tasks/{taskId}` reports its state and history.
+//! version of a workflow (idempotently), `GET /tasks/{taskId}` reports its state and history,
+//! `POST /tasks/{taskId}/callbacks/{token}` completes a callback step (see [`super::callback`]).
 //! The operator's routes (served only when [`SubmissionDeps::operator_api`] is on; the template
 //! deploys them as a separate function behind IAM authorization): `GET /tasks?state=&workflow=`
 //! lists tasks by state through the state index; `POST /tasks/{taskId}/retry|compensate|cancel`
@@ -53,14 +54,18 @@ pub const MAX_PAGE: usize = 100;
 pub const MAX_REASON_CHARS: usize = 500;
 
 /// An error answer: `{"error": {"code": ..., "message": ...}}`.
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response<String> {
+pub(super) fn error(
+    status: StatusCode,
+    code: &str,
+    message: impl Into<String>,
+) -> Response<String> {
     respond(
         status,
         &json!({"error": {"code": code, "message": message.into()}}),
     )
 }
 
-fn respond(status: StatusCode, body: &Value) -> Response<String> {
+pub(super) fn respond(status: StatusCode, body: &Value) -> Response<String> {
     let mut r = Response::new(body.to_string());
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -93,6 +98,12 @@ pub async fn handle(
         (["tasks", id], &Method::GET) => {
             let span = info_span!("get_task", task_id = %id);
             return get_task(deps, id).instrument(span).await;
+        }
+        (["tasks", id, "callbacks", token], &Method::POST) => {
+            let span = info_span!("callback", task_id = %id);
+            return super::callback::callback(deps, id, token, body)
+                .instrument(span)
+                .await;
         }
         (["tasks"], &Method::GET) if op => {
             let span = info_span!("list_tasks");
@@ -134,6 +145,7 @@ pub async fn handle(
         }
         (["workflows", _, "tasks"], _) => "POST",
         (["tasks", _], _) => "GET",
+        (["tasks", _, "callbacks", _], _) => "POST",
         (["tasks"], _) if op => "GET",
         (["tasks", _, action], _) if op && ACTIONS.contains(action) => "POST",
         (["workflows" | "services"], _) if op => "GET",
@@ -449,7 +461,7 @@ async fn get_task(deps: &SubmissionDeps, id: &str) -> Response<String> {
     }
 }
 
-fn unavailable(e: impl std::fmt::Display) -> Response<String> {
+pub(super) fn unavailable(e: impl std::fmt::Display) -> Response<String> {
     error!(error = %e, "the store is unavailable");
     error(
         StatusCode::SERVICE_UNAVAILABLE,

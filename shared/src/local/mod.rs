@@ -173,6 +173,11 @@ pub struct Settings {
     /// The queues' visibility timeout (memory, and queues `Backend::Aws` creates); default 6×
     /// the step timeout, as for Lambda event sources.
     pub visibility_timeout: Option<Duration>,
+    /// The task API's address as callback steps' services see it (`sas-local` sets its listen
+    /// address); the simulated services post their callbacks in process whatever it is.
+    pub callback_base_url: String,
+    /// How long a simulated service works on a callback step before it calls back.
+    pub callback_delay: Duration,
 }
 
 impl Default for Settings {
@@ -188,6 +193,9 @@ impl Default for Settings {
                 auto_compensate: true,
                 cooldown: chrono::Duration::seconds(30),
                 max_rounds: 0,
+                callback: None,
+                // One clock, and agents' calls end by the deadline: a short margin.
+                undo_wait: chrono::Duration::seconds(2),
             },
             backoff: Backoff {
                 base: chrono::Duration::milliseconds(20),
@@ -211,7 +219,31 @@ impl Default for Settings {
             },
             deadline_timers: true,
             visibility_timeout: None,
+            callback_base_url: "http://sas-local.invalid".into(),
+            callback_delay: Duration::from_millis(50),
         }
+    }
+}
+
+/// Posts the simulated services' callbacks straight to the task API's handler, in process (the
+/// URL's path is the route; its host is not used).
+struct LocalCallbackSink(SubmissionDeps);
+
+#[async_trait::async_trait]
+impl crate::remote::CallbackSink for LocalCallbackSink {
+    async fn post(&self, url: &str, body: &serde_json::Value) -> Result<u16, String> {
+        let path = url::Url::parse(url)
+            .map(|u| u.path().to_owned())
+            .map_err(|e| e.to_string())?;
+        let answer = submission::handle(
+            &self.0,
+            &http::Method::POST,
+            &path,
+            &http::HeaderMap::new(),
+            body.to_string().as_bytes(),
+        )
+        .await;
+        Ok(answer.status().as_u16())
     }
 }
 
@@ -321,9 +353,27 @@ impl System {
             clock: clock.clone(),
             made: Arc::new(Mutex::new(HashMap::new())),
         };
+        let submission = SubmissionDeps {
+            store: store.clone(),
+            queue: queue.clone(),
+            events: events.clone(),
+            clock: clock.clone(),
+            definitions: definitions.clone(),
+            work_queue_url: resources.work_queue_url.clone(),
+            operator_api: true,
+        };
         let factory = {
             let services = services.clone();
-            Arc::new(move |name: &str| services.get(name) as Arc<dyn RemoteService>)
+            let sink: Arc<dyn crate::remote::CallbackSink> =
+                Arc::new(LocalCallbackSink(submission.clone()));
+            let delay = settings.callback_delay;
+            Arc::new(move |name: &str| {
+                Arc::new(crate::remote::CallbackCompleter::new(
+                    services.get(name),
+                    sink.clone(),
+                    delay,
+                )) as Arc<dyn RemoteService>
+            })
         };
         let agent = AgentDeps {
             name: "agent".into(),
@@ -347,15 +397,7 @@ impl System {
         };
         let (shutdown, _) = watch::channel(false);
         Self {
-            submission: SubmissionDeps {
-                store: store.clone(),
-                queue: queue.clone(),
-                events: events.clone(),
-                clock: clock.clone(),
-                definitions: definitions.clone(),
-                work_queue_url: resources.work_queue_url.clone(),
-                operator_api: true,
-            },
+            submission,
             scheduler: SchedulerDeps {
                 store: store.clone(),
                 queue: queue.clone(),
@@ -370,6 +412,7 @@ impl System {
                     .then(|| resources.timer_queue_url.clone()),
                 dead_letter_url: Some(resources.dead_letter_url.clone()),
                 instance_id: format!("local-{}", uuid::Uuid::new_v4()),
+                callback_base_url: Some(settings.callback_base_url.clone()),
             },
             supervisor: SupervisorDeps {
                 store: store.clone(),

@@ -2,10 +2,12 @@
 //! counting effects per idempotency key), the HTTP client for a real one, and a circuit
 //! breaker that wraps either.
 
+mod callback;
 mod http;
 mod simulated;
 
 pub use self::http::{HttpRemote, router};
+pub use callback::{CallbackCompleter, CallbackSink, HttpCallbackSink};
 pub use simulated::{Applied, Faults, SimStats, SimulatedService, seeded_unit};
 
 use crate::catalog::{CatalogError, Definitions};
