@@ -219,11 +219,11 @@ async fn a_refused_contract_releases_the_funds_but_never_undoes_the_credit_check
         .faults
         .insert("e-sign".into(), refuse(&["send-contract"]));
     let (system, _clock) = aws_system("loanrefused", settings).await;
-    let events = subscribe(&system, &["TaskFailed", "TaskCompensated"]).await;
+    let events = subscribe(&system, &["TaskFailed", "TaskCompensated", "TaskRefused"]).await;
     let id = submit_loan(&system).await;
     pump_until_quiet(&system, 30).await;
     let r = state(&system, id).await;
-    assert_eq!(r.process_state, ProcessState::Compensated, "{r:?}");
+    assert_eq!(r.process_state, ProcessState::Refused, "{r:?}");
     assert_valid(&system, &r).await;
     assert_eq!(r.steps[2].status, StepStatus::Failed);
     assert_eq!(r.steps[2].undo, None, "a refused step has nothing to undo");
@@ -268,19 +268,17 @@ async fn a_refused_contract_releases_the_funds_but_never_undoes_the_credit_check
         "refused: no effect"
     );
 
-    let got = wait_for_messages(&system, &events, 2).await;
+    let got = wait_for_messages(&system, &events, 1).await;
     let types: Vec<_> = got.iter().map(|e| e["detail-type"].clone()).collect();
-    assert_eq!(types, [json!("TaskFailed"), json!("TaskCompensated")]);
-    // The alert names the refusal; its `step` is the task's current step, which compensation
-    // has already moved to the step it undoes.
-    assert!(
-        got[0]["detail"]["lastError"]
-            .as_str()
-            .is_some_and(|e| e.contains("send-contract")),
+    assert_eq!(types, [json!("TaskRefused")], "no TaskFailed alert");
+    // The event names the refusal: its step and the service's code.
+    assert_eq!(
+        got[0]["detail"]["refusal"]["step"],
+        json!("send-contract"),
         "{}",
         got[0]
     );
-    assert_eq!(got[1]["detail"]["workflow"], LOAN);
+    assert_eq!(got[0]["detail"]["workflow"], LOAN);
 }
 
 #[tokio::test]
@@ -496,8 +494,10 @@ async fn failures_up_to_the_threshold_end_in_error_with_a_task_failed_event() {
 }
 
 #[tokio::test]
-async fn a_permanent_fault_fails_the_task_at_once_with_an_alert() {
+async fn a_refusal_compensates_and_ends_refused_with_its_own_event_and_no_alert() {
     let mut settings = manual_settings();
+    // Even with automatic compensation off: a refusal is a business outcome, not a failure
+    // waiting for a person.
     settings.policy.auto_compensate = false;
     settings.faults.insert(
         "shipping".into(),
@@ -507,17 +507,27 @@ async fn a_permanent_fault_fails_the_task_at_once_with_an_alert() {
         },
     );
     let (system, _clock) = aws_system("permanent", settings).await;
-    let alerts = subscribe(&system, &["TaskFailed"]).await;
+    let events = subscribe(&system, &["TaskFailed", "TaskRefused"]).await;
     let id = submit_ok(&system).await;
     pump_until_quiet(&system, 20).await;
     let r = state(&system, id).await;
-    assert_eq!(r.process_state, ProcessState::Error);
+    assert_eq!(r.process_state, ProcessState::Refused, "{r:?}");
     assert_eq!(r.failure_count, 0);
     assert_eq!(r.steps[2].status, StepStatus::Failed);
-    let got = wait_for_messages(&system, &alerts, 1).await;
     assert_eq!(
-        got.first().map(|e| e["detail"]["taskId"].clone()),
-        Some(json!(id))
+        r.steps[..2].iter().map(|s| s.undo).collect::<Vec<_>>(),
+        [Some(StepStatus::Done); 2],
+        "the steps that took effect are undone"
+    );
+    let refusal = r.refusal.clone().expect("the refusal is kept");
+    assert_eq!(refusal.step, "arrange-shipping");
+    let got = wait_for_messages(&system, &events, 1).await;
+    assert_eq!(
+        got.iter()
+            .map(|e| (e["detail-type"].clone(), e["detail"]["taskId"].clone()))
+            .collect::<Vec<_>>(),
+        [(json!("TaskRefused"), json!(id))],
+        "TaskRefused, and no TaskFailed alert"
     );
 }
 

@@ -1,7 +1,7 @@
 //! Your own workflows, end to end: a workflow and services the code has never seen, written by
 //! the test, published through the operator API of a running system (the local runner's code,
 //! served over HTTP) in memory and on the emulator; tasks run through it to `Processed`, and
-//! with a refusal at step 3 to `Compensated` with exactly the undos the definition implies,
+//! with a refusal at step 3 to `Refused` with exactly the undos the definition implies,
 //! each with its mapped input. A task started on version 1 finishes on version 1 after
 //! version 2 is published mid-run. Bad definitions and bad inputs are refused with the place.
 
@@ -101,7 +101,15 @@ async fn finished(http: &reqwest::Client, base: &str, id: &str, within: Duration
             .await
             .expect("JSON");
         let state = v["processState"].as_str().unwrap_or_default();
-        if ["Processed", "Compensated", "CompensationFailed", "Error"].contains(&state) {
+        if [
+            "Processed",
+            "Compensated",
+            "CompensationFailed",
+            "Error",
+            "Refused",
+        ]
+        .contains(&state)
+        {
             return v;
         }
         assert!(Instant::now() < until, "task {id} did not finish: {v}");
@@ -202,7 +210,7 @@ async fn unseen_workflow_runs_and_compensates_exactly(
     let id = started["taskId"].as_str().expect("taskId").to_owned();
     let done = finished(&http, base, &id, within).await;
     system.services.get("ledger").set_faults(Faults::default());
-    assert_eq!(done["processState"], "Compensated", "{done}");
+    assert_eq!(done["processState"], "Refused", "{done}");
     assert_eq!(
         requests(system, "ledger", &id),
         [

@@ -134,6 +134,9 @@ pub struct TaskNotice {
     pub attempt: u64,
     pub failure_count: u32,
     pub last_error: Option<String>,
+    /// The service's refusal (step, code, message), on `TaskRefused` and after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<crate::domain::state::Refusal>,
     pub sequence: u64,
     pub at: DateTime<Utc>,
 }
@@ -153,6 +156,7 @@ impl TaskNotice {
             attempt: r.attempt,
             failure_count: r.failure_count,
             last_error: r.last_error.clone(),
+            refusal: r.refusal.clone(),
             sequence: r.version,
             at: r.updated_at,
         }

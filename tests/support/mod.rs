@@ -93,6 +93,8 @@ pub fn manual_settings() -> Settings {
             base: chrono::Duration::milliseconds(5),
             cap: chrono::Duration::milliseconds(50),
         },
+        // The simulated services call back at once (still after they accepted).
+        callback_delay: std::time::Duration::ZERO,
         ..Settings::default()
     }
 }
@@ -205,11 +207,19 @@ pub async fn task_items(system: &System) -> usize {
 
 /// Pumps the scheduler and the agent until nothing moves, up to `rounds` turns.
 pub async fn pump_until_quiet(system: &System, rounds: usize) {
+    // Quiet means a few idle polls in a row: a callback step's simulated service calls back a
+    // little after it accepted the request (`Settings::callback_delay`).
+    let mut idle = 0;
     for _ in 0..rounds {
         let moved = system.pump_scheduler().await.expect("scheduler poll")
             + system.pump_agents().await.expect("agent poll");
-        if moved == 0 {
+        if moved > 0 {
+            idle = 0;
+        } else if idle == 3 {
             return;
+        } else {
+            idle += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(40)).await;
         }
     }
 }

@@ -375,8 +375,11 @@ pub fn function_env(function: &str, stack: &Stack) -> Vec<(String, String)> {
     let json = &t.json;
     let resources = &stack.resources;
     let resolve_ref = |id: &str| -> String {
-        if id == "Stage" {
-            return stack.stage.clone();
+        match id {
+            "Stage" => return stack.stage.clone(),
+            "AWS::Region" => return "us-east-1".into(),
+            "AWS::URLSuffix" => return "amazonaws.com".into(),
+            _ => {}
         }
         if let Some(v) = t.parameter_default(id) {
             return v;
@@ -387,6 +390,8 @@ pub fn function_env(function: &str, stack: &Stack) -> Vec<(String, String)> {
         match json["Resources"][id]["Type"].as_str() {
             Some("AWS::DynamoDB::Table") => resources.table.clone(),
             Some("AWS::Events::EventBus") => resources.bus_name.clone(),
+            // The API's id: only callback URLs carry it, and no test calls them through AWS.
+            Some("AWS::ApiGatewayV2::Api" | "AWS::Serverless::HttpApi") => "local-api".into(),
             other => panic!("cannot resolve Ref {id} ({other:?})"),
         }
     };

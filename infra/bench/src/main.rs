@@ -333,7 +333,9 @@ fn cost(s: &Scenario) -> Cost {
         + c.wru * DYNAMODB_WRU.usd
         + c.rru * DYNAMODB_RRU.usd
         + (sqs_requests - agent_sqs) * SQS_REQUEST.usd
-        + c.events as f64 * EVENTBRIDGE_EVENT.usd;
+        + c.events as f64 * EVENTBRIDGE_EVENT.usd
+        // A callback reaches sas through the HTTP API (Step Functions' SendTaskSuccess is free).
+        + s.callbacks as f64 * HTTP_API_REQUEST.usd;
     let agent_seconds = billed("agent") + inv("agent") * REMOTE_CALL_MS / 1e3;
     // The agents and their queues: the same work whichever orchestrator drives them.
     let agents = inv("agent") * LAMBDA_REQUEST.usd
@@ -341,10 +343,9 @@ fn cost(s: &Scenario) -> Cost {
         + agent_sqs * SQS_REQUEST.usd;
     let api = HTTP_API_REQUEST.usd;
     // Step Functions: the transitions, and the phase-ending events it would publish.
-    let terminal_events = if s.final_state == sas::ProcessState::Processed {
-        1.0
-    } else {
-        2.0
+    let terminal_events = match s.final_state {
+        sas::ProcessState::Processed | sas::ProcessState::Refused => 1.0,
+        _ => 2.0,
     };
     let sfn_standard = s.sfn_transitions as f64 * SFN_STANDARD_TRANSITION.usd
         + terminal_events * EVENTBRIDGE_EVENT.usd;
@@ -394,7 +395,7 @@ Fixed monthly costs are left out: the supervisor's schedule (43,200 invocations 
             p.item, p.usd, p.unit, p.source
         ));
     }
-    t.push_str("\nThe equivalent Standard state machines, one per workflow. E-commerce order: `Reserve`, `Charge`, `Ship` (Task states that send the request with a task token and wait; `Retry` on timeout, `Catch` to the compensation), `NotifyProcessed` (EventBridge task), `Done` (Succeed): 5 transitions for a clean order, one more per retried step; refused at the third step: `Reserve`, `Charge`, `Ship`, `NotifyFailed`, `Refund`, `Release`, `NotifyCompensated`, `Failed`: 8. Loan application: `CheckCredit`, `ReserveFunds`, `SendContract`, `DisburseFunds`, `NotifyProcessed`, `Done`: 6 for a clean loan; refused at the contract: `CheckCredit`, `ReserveFunds`, `SendContract`, `NotifyFailed`, `ReleaseFunds` (the credit check has no undo), `NotifyCompensated`, `Failed`: 7. Express is billed per request and per GB-second of the whole execution (64 MB, 100 ms increments) and cannot wait out an outage longer than its 5-minute limit.\n");
+    t.push_str("\nThe equivalent Standard state machines, one per workflow. E-commerce order: `Reserve`, `Charge`, `Ship` (Task states that send the request with a task token and wait; `Retry` on timeout, `Catch` to the compensation), `NotifyProcessed` (EventBridge task), `Done` (Succeed): 5 transitions for a clean order, one more per retried step; refused at the third step (a business outcome, no alert): `Reserve`, `Charge`, `Ship`, `Refund`, `Release`, `NotifyRefused`, `Failed`: 7. Loan application: `CheckCredit`, `ReserveFunds`, `SendContract` (`.waitForTaskToken`: the signature comes by callback), `DisburseFunds`, `NotifyProcessed`, `Done`: 6 for a clean loan; refused at the contract: `CheckCredit`, `ReserveFunds`, `SendContract`, `ReleaseFunds` (the credit check has no undo), `NotifyRefused`, `Failed`: 6. Express is billed per request and per GB-second of the whole execution (64 MB, 100 ms increments) and cannot wait out an outage longer than its 5-minute limit.\n");
     t
 }
 

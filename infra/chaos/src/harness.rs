@@ -183,6 +183,16 @@ fn scale_durations(doc: &mut Value, p: &Policy) -> anyhow::Result<()> {
         if let Some(t) = obj.get_mut("timeout") {
             scale(t, timeout, shortest, workflow::MAX_TIMEOUT)?;
         }
+        // A callback wait of days becomes a few step timeouts: long enough for the simulated
+        // service's callback under load, short enough that a lost one times out within the run.
+        if let Some(cb) = obj.get_mut("callback").and_then(Value::as_object_mut) {
+            let cap = shortest * 5;
+            for field in ["timeout", "heartbeat"] {
+                if let Some(t) = cb.get_mut(field) {
+                    scale(t, timeout, shortest, cap)?;
+                }
+            }
+        }
         if let Some(retry) = obj.get_mut("retry").and_then(Value::as_object_mut) {
             if let Some(b) = retry.get_mut("baseDelay") {
                 scale(b, base, Duration::ZERO, workflow::MAX_DELAY)?;
@@ -683,7 +693,14 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
                 StepStatus::Failed | StepStatus::TimedOut | StepStatus::Faulted
             )
         }) {
-            failed.insert(id.to_string());
+            // A refusal is a business outcome: no TaskFailed alert, unless it came past the
+            // pivot (the task then waits in Error for a person).
+            let refusal = s.status == StepStatus::Failed
+                && r.refusal.is_some()
+                && r.process_state != ProcessState::Error;
+            if !refusal {
+                failed.insert(id.to_string());
+            }
             counts.failed += 1;
             let by = report
                 .failed_steps

@@ -20,12 +20,14 @@ pub enum ProcessState {
     Compensating,
     Compensated,
     CompensationFailed,
+    /// A service refused a step (a business outcome) and the task is compensated.
+    Refused,
     /// A state this version of `sasctl` does not know (a newer server); never terminal.
     Other(String),
 }
 
 /// The states the API documents, as a task goes through them.
-pub static KNOWN_STATES: [ProcessState; 7] = [
+pub static KNOWN_STATES: [ProcessState; 8] = [
     ProcessState::Pending,
     ProcessState::Processing,
     ProcessState::Processed,
@@ -33,6 +35,7 @@ pub static KNOWN_STATES: [ProcessState; 7] = [
     ProcessState::Compensating,
     ProcessState::Compensated,
     ProcessState::CompensationFailed,
+    ProcessState::Refused,
 ];
 
 impl ProcessState {
@@ -54,15 +57,21 @@ impl ProcessState {
             Self::Compensating => "Compensating",
             Self::Compensated => "Compensated",
             Self::CompensationFailed => "CompensationFailed",
+            Self::Refused => "Refused",
             Self::Other(_) => return None,
         })
     }
 
-    /// Whether the process has ended: Processed, Error, Compensated or CompensationFailed.
+    /// Whether the process has ended: Processed, Error, Compensated, CompensationFailed or
+    /// Refused.
     pub fn is_terminal(&self) -> bool {
         matches!(
             self,
-            Self::Processed | Self::Error | Self::Compensated | Self::CompensationFailed
+            Self::Processed
+                | Self::Error
+                | Self::Compensated
+                | Self::CompensationFailed
+                | Self::Refused
         )
     }
 
@@ -85,7 +94,7 @@ impl fmt::Display for ProcessState {
 /// An unknown state name given by a user.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown state {0:?}; expected one of Pending, Processing, Processed, Error, Compensating, Compensated, CompensationFailed"
+    "unknown state {0:?}; expected one of Pending, Processing, Processed, Error, Compensating, Compensated, CompensationFailed, Refused"
 )]
 pub struct UnknownState(pub String);
 

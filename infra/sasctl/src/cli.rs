@@ -77,7 +77,7 @@ pub enum Command {
     /// Follow a task until it is terminal, printing each change.
     ///
     /// Polls the task and prints a line whenever its state, step or failure count changes;
-    /// exits 0 once it is terminal (Processed, Error, Compensated, CompensationFailed), 4 if
+    /// exits 0 once it is terminal (Processed, Error, Compensated, CompensationFailed, Refused), 4 if
     /// the timeout passes first.
     Watch(WatchArgs),
     /// Workflow definitions: validate files, publish them, list and show what is published.
