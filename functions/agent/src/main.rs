@@ -2,14 +2,16 @@
 //! service: each step request names its service, whose target (HTTP, or the in-process
 //! simulated service for demo stacks and smoke tests) comes from the catalog in the table
 //! (`TABLE_NAME`, kept `CATALOG_CACHE_SECONDS`). Each service's circuit breaker is shared by all
-//! the agent's instances through the table (`BREAKER_*`).
+//! the agent's instances through the table (`BREAKER_*`). HTTP services' credentials are read
+//! from Secrets Manager or SSM and kept `CREDENTIALS_CACHE_SECONDS` (default 300); Lambda
+//! services are invoked with the function's own role.
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use sas::config;
 use sas::handlers::agent::{self, AgentDeps};
 use sas::ports::{Clock, RemoteService, SystemClock};
-use sas::remote::{Faults, Remotes, SimulatedService};
+use sas::remote::{Connectors, Faults, Remotes, SimulatedService};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -38,6 +40,13 @@ async fn main() -> Result<(), Error> {
             }
         })
     };
+    let credentials_ttl = config::parsed("CREDENTIALS_CACHE_SECONDS", 300u32)?;
+    let connectors = Connectors::new(
+        Arc::new(sas::aws::AwsCredentials::from_config(&sdk)),
+        chrono::Duration::seconds(i64::from(credentials_ttl)),
+        clock.clone(),
+        Some(sas::aws::lambda_client(&sdk)),
+    )?;
     let deps = AgentDeps {
         name: config::optional("AGENT_NAME").unwrap_or_else(|| "agent".into()),
         queue: Arc::new(config::sqs_queue(&sdk)),
@@ -47,6 +56,7 @@ async fn main() -> Result<(), Error> {
             config::breaker()?,
             clock.clone(),
             factory,
+            connectors,
         )),
         clock,
         backoff: config::backoff()?,

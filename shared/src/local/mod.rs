@@ -14,7 +14,9 @@ use crate::handlers::submission::{self, MAX_BODY_BYTES, SubmissionDeps};
 use crate::handlers::supervisor::{self, SupervisorDeps, SweepReport};
 use crate::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
 use crate::ports::{Catalog, Clock, EventBus, Queue, ReceivedMessage, RemoteService, StateStore};
-use crate::remote::{Faults, Remotes, SimulatedService};
+use crate::remote::{
+    CachedCredentials, Connectors, Credentials, Faults, MemoryCredentials, Remotes, SimulatedService,
+};
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use std::collections::{HashMap, HashSet};
@@ -173,6 +175,12 @@ pub struct Settings {
     /// The queues' visibility timeout (memory, and queues `Backend::Aws` creates); default 6×
     /// the step timeout, as for Lambda event sources.
     pub visibility_timeout: Option<Duration>,
+    /// Where HTTP services' credentials are read (default: none, in memory), and how long they
+    /// are kept (as `CREDENTIALS_CACHE_SECONDS`).
+    pub credentials: Arc<dyn Credentials>,
+    pub credentials_ttl: chrono::Duration,
+    /// The client Lambda services are invoked with (none: a Lambda service is misconfigured).
+    pub lambda: Option<aws_sdk_lambda::Client>,
 }
 
 impl Default for Settings {
@@ -211,6 +219,9 @@ impl Default for Settings {
             },
             deadline_timers: true,
             visibility_timeout: None,
+            credentials: Arc::new(MemoryCredentials::default()),
+            credentials_ttl: crate::remote::DEFAULT_CACHE_TTL,
+            lambda: None,
         }
     }
 }
@@ -325,6 +336,20 @@ impl System {
             let services = services.clone();
             Arc::new(move |name: &str| services.get(name) as Arc<dyn RemoteService>)
         };
+        let connectors = Connectors {
+            // Building fails only if the TLS backend cannot start, which the default client
+            // could not either.
+            http: crate::remote::http_client().unwrap_or_else(|e| {
+                error!(error = %e, "the HTTP client for services was not built");
+                reqwest::Client::new()
+            }),
+            credentials: Arc::new(CachedCredentials::new(
+                settings.credentials.clone(),
+                settings.credentials_ttl,
+                clock.clone(),
+            )),
+            lambda: settings.lambda.clone(),
+        };
         let agent = AgentDeps {
             name: "agent".into(),
             queue: queue.clone(),
@@ -334,6 +359,7 @@ impl System {
                 settings.breaker,
                 clock.clone(),
                 factory,
+                connectors,
             )),
             clock: clock.clone(),
             backoff: settings.backoff,

@@ -1,11 +1,21 @@
 //! Remote services as agents see them: the simulated service (in-process, with fault flags,
-//! counting effects per idempotency key), the HTTP client for a real one, and a circuit
-//! breaker that wraps either.
+//! counting effects per idempotency key), the HTTP client and the Lambda invoker for real ones
+//! (with the credentials HTTP services need), and a circuit breaker that wraps each.
 
+mod credentials;
 mod http;
+mod lambda;
 mod simulated;
 
-pub use self::http::{HttpRemote, router};
+pub use self::http::{
+    CALLBACK_TOKEN_HEADER, CALLBACK_URL_HEADER, DEADLINE_HEADER, HttpRemote, IDEMPOTENCY_HEADER,
+    STEP_HEADER, StatusClass, TASK_HEADER, UNDOES_HEADER, classify, client as http_client,
+    outcome, render_path, router,
+};
+pub use credentials::{
+    CachedCredentials, CredentialError, Credentials, DEFAULT_CACHE_TTL, MemoryCredentials, Secret,
+};
+pub use lambda::{LambdaRemote, api_fault, payload as lambda_payload};
 pub use simulated::{Applied, Faults, SimStats, SimulatedService, seeded_unit};
 
 use crate::catalog::{CatalogError, Definitions};
@@ -39,9 +49,36 @@ pub struct Remotes {
     store: Arc<dyn StateStore>,
     breaker: BreakerPolicy,
     clock: Arc<dyn Clock>,
-    http: reqwest::Client,
+    connectors: Connectors,
     simulated: SimulatedFactory,
     built: Mutex<HashMap<String, Built>>,
+}
+
+/// What real targets are reached with: the HTTP client (which must not follow redirects: see
+/// [`http_client`]), the credentials of HTTP services, and the Lambda client (none: a Lambda
+/// target is misconfigured in this process).
+#[derive(Debug, Clone)]
+pub struct Connectors {
+    pub http: reqwest::Client,
+    pub credentials: Arc<CachedCredentials>,
+    pub lambda: Option<aws_sdk_lambda::Client>,
+}
+
+impl Connectors {
+    /// An HTTP client that does not follow redirects, `credentials` kept for `ttl`, and
+    /// `lambda`.
+    pub fn new(
+        credentials: Arc<dyn Credentials>,
+        ttl: chrono::Duration,
+        clock: Arc<dyn Clock>,
+        lambda: Option<aws_sdk_lambda::Client>,
+    ) -> Result<Self, reqwest::Error> {
+        Ok(Self {
+            http: http_client()?,
+            credentials: Arc::new(CachedCredentials::new(credentials, ttl, clock)),
+            lambda,
+        })
+    }
 }
 
 /// A service's remote and the target it was built for.
@@ -54,13 +91,14 @@ impl Remotes {
         breaker: BreakerPolicy,
         clock: Arc<dyn Clock>,
         simulated: SimulatedFactory,
+        connectors: Connectors,
     ) -> Self {
         Self {
             definitions,
             store,
             breaker,
             clock,
-            http: reqwest::Client::new(),
+            connectors,
             simulated,
             built: Mutex::new(HashMap::new()),
         }
@@ -79,13 +117,26 @@ impl Remotes {
         }
         let inner: Arc<dyn RemoteService> = match &def.target {
             Target::Simulated => (self.simulated)(service),
-            Target::Http { base_url } => {
-                let base = url::Url::parse(base_url).map_err(|e| LookupError::Misconfigured {
+            Target::Http(target) => Arc::new(
+                HttpRemote::new(
+                    self.connectors.http.clone(),
+                    target,
+                    self.connectors.credentials.clone(),
+                )
+                .map_err(|problem| LookupError::Misconfigured {
                     service: service.to_owned(),
-                    problem: format!("baseUrl {base_url:?}: {e}"),
-                })?;
-                Arc::new(HttpRemote::new(self.http.clone(), base))
-            }
+                    problem,
+                })?,
+            ),
+            Target::Lambda(target) => match &self.connectors.lambda {
+                Some(client) => Arc::new(LambdaRemote::new(client.clone(), target)),
+                None => {
+                    return Err(LookupError::Misconfigured {
+                        service: service.to_owned(),
+                        problem: "this process has no Lambda client".into(),
+                    });
+                }
+            },
         };
         let remote: Arc<dyn RemoteService> = Arc::new(SharedBreaker::new(
             service,
