@@ -8,11 +8,11 @@ mod eventbridge;
 pub mod provision;
 mod sqs;
 
+pub use credentials::{AwsCredentials, lambda_client};
 pub use dynamodb::{
     DUE_INDEX, DynamoStore, STATE_INDEX, STATE_INDEX_PROJECTION, index_entry_sizes, item_size,
     state_record_size, stored_sizes,
 };
-pub use credentials::{AwsCredentials, lambda_client};
 pub use eventbridge::EventBridgeBus;
 pub use sqs::SqsQueue;
 

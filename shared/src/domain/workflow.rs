@@ -413,7 +413,10 @@ fn service_problems(at: &str, def: &ServiceDef, problems: &mut Vec<Problem>) {
                     format!("{here}/header"),
                     format!("{h:?} is not a header name"),
                 ),
-                Ok(n) if RESERVED_HEADERS.contains(&n.as_str()) && n != http::header::AUTHORIZATION => {
+                Ok(n)
+                    if RESERVED_HEADERS.contains(&n.as_str())
+                        && n != http::header::AUTHORIZATION =>
+                {
                     problem(format!("{here}/header"), format!("{h:?} is set by sas"))
                 }
                 Ok(_) => {}
@@ -1233,6 +1236,184 @@ mod tests {
         assert_eq!(b.step_timeout, chrono::Duration::seconds(20));
         assert_eq!(b.backoff_rate, d.backoff_rate);
         assert_eq!(b.retry_base_delay, d.retry_base_delay);
+    }
+
+    fn service_problems_of(target: Value) -> Vec<Problem> {
+        parse_services(json!({"services": [{"name": "bank", "target": target}]}))
+            .expect_err("invalid")
+            .0
+    }
+
+    fn at(problems: &[Problem], pointer: &str) -> bool {
+        problems.iter().any(|p| p.at == pointer)
+    }
+
+    #[test]
+    fn a_full_http_service_and_a_lambda_service_parse() {
+        let doc = parse_value(
+            r#"
+services:
+  - name: core-banking
+    target:
+      type: http
+      baseUrl: https://bank.example/v1
+      headers: {X-Client: sas}
+      auth: {type: bearer, secret: sas/dev/core-banking-token}
+      actions:
+        reserve-funds: {method: POST, path: /holds}
+        release-funds: {method: DELETE, path: "/holds/{$.input.hold}"}
+      statuses: {refuse: [402], transient: [], misconfigured: []}
+  - name: keyed
+    target:
+      type: http
+      baseUrl: http://127.0.0.1:8080
+      auth: {type: apiKey, header: X-Api-Key, parameter: /sas/dev/bank-key}
+  - name: credit-bureau
+    target: {type: lambda, function: sas-dev-svc-credit-bureau, refusals: [CreditDeclined]}
+  - name: by-arn
+    target: {type: lambda, function: "arn:aws:lambda:eu-west-1:123456789012:function:f:live"}
+  - name: e-sign
+    target: {type: simulated}
+"#,
+            Format::Yaml,
+        )
+        .and_then(parse_services)
+        .expect("valid");
+        let Target::Http(bank) = &doc.services[0].target else {
+            panic!("http: {:?}", doc.services[0].target);
+        };
+        assert_eq!(bank.actions["release-funds"].method, HttpMethod::Delete);
+        assert_eq!(
+            bank.auth.as_ref().and_then(AuthDef::source),
+            Some(CredentialSource::Secret(
+                "sas/dev/core-banking-token".into()
+            ))
+        );
+        assert_eq!(bank.statuses.refuse, vec![402]);
+        assert!(
+            matches!(&doc.services[2].target, Target::Lambda(l) if l.refusals == ["CreditDeclined"])
+        );
+        // What is published reads back the same.
+        let again: ServicesDoc =
+            serde_json::from_value(serde_json::to_value(&doc).expect("json")).expect("parses");
+        assert_eq!(again, doc);
+    }
+
+    #[test]
+    fn http_targets_are_checked_with_pointers() {
+        let p = service_problems_of(json!({"type": "http", "baseUrl": "http://bank.example"}));
+        assert!(at(&p, "/services/0/target/baseUrl"), "{p:?}");
+        for ok in [
+            "http://localhost:1",
+            "http://127.0.0.2",
+            "http://[::1]:80",
+            "https://x.example",
+        ] {
+            parse_services(
+                json!({"services": [{"name": "b", "target": {"type": "http", "baseUrl": ok}}]}),
+            )
+            .unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        let p = service_problems_of(json!({"type": "http", "baseUrl": "https://"}));
+        assert!(at(&p, "/services/0/target/baseUrl"), "{p:?}");
+        let p = service_problems_of(json!({
+            "type": "http", "baseUrl": "https://b.example",
+            "headers": {"Authorization": "Bearer x", "Bad Name": "v", "X-Ok": "line\nbreak", "Sas-Step": "s"}
+        }));
+        assert!(at(&p, "/services/0/target/headers/Authorization"), "{p:?}");
+        assert!(at(&p, "/services/0/target/headers/Bad Name"), "{p:?}");
+        assert!(at(&p, "/services/0/target/headers/X-Ok"), "{p:?}");
+        assert!(at(&p, "/services/0/target/headers/Sas-Step"), "{p:?}");
+        let p = service_problems_of(json!({
+            "type": "http", "baseUrl": "https://b.example",
+            "actions": {
+                "a": {"method": "POST", "path": "/x/{$.steps.s.result.id}"},
+                "b": {"method": "GET", "path": "/x/{$.input..id}"},
+                "c": {"method": "PUT", "path": "/x/{$.task.workflow}"},
+            }
+        }));
+        assert!(at(&p, "/services/0/target/actions/a/path"), "{p:?}");
+        assert!(at(&p, "/services/0/target/actions/b/path"), "{p:?}");
+        assert!(at(&p, "/services/0/target/actions/c/path"), "{p:?}");
+        let p = service_problems_of(json!({
+            "type": "http", "baseUrl": "https://b.example",
+            "actions": {"a": {"method": "HEAD", "path": "/x"}, "b": {"method": "GET", "path": "x"}}
+        }));
+        assert!(at(&p, "/services/0/target/actions/a/method"), "{p:?}");
+        assert!(at(&p, "/services/0/target/actions/b/path"), "{p:?}");
+        let p = service_problems_of(json!({
+            "type": "http", "baseUrl": "https://b.example",
+            "statuses": {"refuse": [402, 404], "transient": [404, 201], "misconfigured": [600]}
+        }));
+        assert!(
+            at(&p, "/services/0/target/statuses/misconfigured/0"),
+            "{p:?}"
+        );
+        let p = service_problems_of(json!({
+            "type": "http", "baseUrl": "https://b.example",
+            "statuses": {"refuse": [402, 404], "transient": [404, 201]}
+        }));
+        assert!(
+            at(&p, "/services/0/target/statuses/transient/0"),
+            "in two lists: {p:?}"
+        );
+        assert!(
+            at(&p, "/services/0/target/statuses/transient/1"),
+            "a 2xx: {p:?}"
+        );
+        assert!(!at(&p, "/services/0/target/statuses/refuse/1"), "{p:?}");
+    }
+
+    #[test]
+    fn auth_needs_one_source_and_an_api_key_its_header() {
+        let http =
+            |auth: Value| json!({"type": "http", "baseUrl": "https://b.example", "auth": auth});
+        for auth in [
+            json!({"type": "bearer"}),
+            json!({"type": "bearer", "secret": "s", "parameter": "/p"}),
+            json!({"type": "apiKey", "secret": "s"}),
+            json!({"type": "basic", "secret": "s", "header": "X-Key"}),
+            json!({"type": "apiKey", "secret": "s", "header": "Bad Header"}),
+            json!({"type": "oauth", "secret": "s"}),
+        ] {
+            let p = service_problems_of(http(auth.clone()));
+            assert!(
+                p.iter()
+                    .all(|p| p.at.starts_with("/services/0/target/auth")),
+                "{auth}: {p:?}"
+            );
+            assert!(!p.is_empty(), "{auth}");
+        }
+        parse_services(json!({"services": [{"name": "b", "target": http(json!({"type": "apiKey", "header": "X-Key", "parameter": "/p"}))}]}))
+            .expect("an apiKey from SSM");
+    }
+
+    #[test]
+    fn lambda_functions_are_names_or_arns() {
+        for bad in [
+            "",
+            "has space",
+            "arn:aws:lambda:us-east-1:12345:function:f",
+            &"f".repeat(65),
+            "a:b:c",
+        ] {
+            let p = service_problems_of(json!({"type": "lambda", "function": bad}));
+            assert!(at(&p, "/services/0/target/function"), "{bad:?}: {p:?}");
+        }
+        for good in [
+            "f",
+            "sas-dev-svc-credit_bureau",
+            "f:live",
+            "f:$LATEST",
+            "arn:aws:lambda:us-east-1:123456789012:function:f",
+            "arn:aws-cn:lambda:cn-north-1:123456789012:function:f:3",
+        ] {
+            parse_services(json!({"services": [{"name": "b", "target": {"type": "lambda", "function": good}}]}))
+                .unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        let p =
+            service_problems_of(json!({"type": "lambda", "function": "f", "baseUrl": "https://x"}));
+        assert!(!p.is_empty());
     }
 
     #[test]

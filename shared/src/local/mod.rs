@@ -15,7 +15,8 @@ use crate::handlers::supervisor::{self, SupervisorDeps, SweepReport};
 use crate::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
 use crate::ports::{Catalog, Clock, EventBus, Queue, ReceivedMessage, RemoteService, StateStore};
 use crate::remote::{
-    CachedCredentials, Connectors, Credentials, Faults, MemoryCredentials, Remotes, SimulatedService,
+    CachedCredentials, Connectors, Credentials, Faults, MemoryCredentials, Remotes,
+    SimulatedService,
 };
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};

@@ -184,9 +184,15 @@ mod tests {
         let memory = Arc::new(MemoryCredentials::default());
         memory.set(secret("a"), "one");
         let clock = Arc::new(OffsetClock::default());
-        let cached =
-            CachedCredentials::new(memory.clone(), chrono::Duration::seconds(300), clock.clone());
-        assert_eq!(cached.get(&secret("a")).await.expect("read").expose(), "one");
+        let cached = CachedCredentials::new(
+            memory.clone(),
+            chrono::Duration::seconds(300),
+            clock.clone(),
+        );
+        assert_eq!(
+            cached.get(&secret("a")).await.expect("read").expose(),
+            "one"
+        );
         memory.set(secret("a"), "two");
         assert_eq!(
             cached.get(&secret("a")).await.expect("kept").expose(),
@@ -215,7 +221,10 @@ mod tests {
         cached.get(&secret("a")).await.expect("read");
         memory.set(secret("a"), "new");
         cached.forget(&secret("a"));
-        assert_eq!(cached.get(&secret("a")).await.expect("read").expose(), "new");
+        assert_eq!(
+            cached.get(&secret("a")).await.expect("read").expose(),
+            "new"
+        );
     }
 
     #[tokio::test]

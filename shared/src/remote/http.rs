@@ -252,7 +252,9 @@ impl HttpRemote {
                         http::HeaderName::from_bytes(h.as_bytes())
                             .map_err(|_| format!("auth header {h:?}: not a header name"))?,
                     ),
-                    (None, AuthScheme::ApiKey) => return Err("auth: an apiKey needs its header".into()),
+                    (None, AuthScheme::ApiKey) => {
+                        return Err("auth: an apiKey needs its header".into());
+                    }
                     _ => None,
                 },
             }),
@@ -308,9 +310,8 @@ impl HttpRemote {
             .get(&auth.source)
             .await
             .map_err(|e| RemoteFault::Misconfigured(e.to_string()))?;
-        let unusable = |what: &str| {
-            RemoteFault::Misconfigured(format!("credential {} {what}", auth.source))
-        };
+        let unusable =
+            |what: &str| RemoteFault::Misconfigured(format!("credential {} {what}", auth.source));
         Ok(match (auth.scheme, &auth.header) {
             (AuthScheme::Bearer, _) => req.bearer_auth(secret.expose().trim()),
             (AuthScheme::ApiKey, Some(header)) => {
@@ -370,7 +371,8 @@ impl RemoteService for HttpRemote {
                 .header(CALLBACK_URL_HEADER, &callback.url)
                 .header(CALLBACK_TOKEN_HEADER, token);
         }
-        let bodiless = matches!(method, HttpMethod::Get | HttpMethod::Delete) && call.input.is_null();
+        let bodiless =
+            matches!(method, HttpMethod::Get | HttpMethod::Delete) && call.input.is_null();
         if !bodiless {
             req = req.json(&call.input);
         }
@@ -539,7 +541,11 @@ mod tests {
             (200, Success),
         ];
         for (status, class) in table {
-            assert_eq!(classify(status, &overrides), class, "status {status} overridden");
+            assert_eq!(
+                classify(status, &overrides),
+                class,
+                "status {status} overridden"
+            );
         }
     }
 
@@ -550,7 +556,11 @@ mod tests {
         assert_eq!(outcome(200, "plain", &none), Ok(json!("plain")));
         assert_eq!(outcome(204, "", &none), Ok(Value::Null));
         assert_eq!(
-            outcome(422, r#"{"error":{"code":"declined","message":"no funds"}}"#, &none),
+            outcome(
+                422,
+                r#"{"error":{"code":"declined","message":"no funds"}}"#,
+                &none
+            ),
             Err(RemoteFault::Refused {
                 code: "declined".into(),
                 message: "no funds".into()
@@ -609,7 +619,10 @@ mod tests {
             &PathTemplate::parse("/x/{$.input}").expect("template"),
             &json!({"input": {"a": 1}}),
         );
-        assert!(matches!(object, Err(RemoteFault::Misconfigured(_))), "{object:?}");
+        assert!(
+            matches!(object, Err(RemoteFault::Misconfigured(_))),
+            "{object:?}"
+        );
     }
 
     #[test]
@@ -668,7 +681,9 @@ mod tests {
             req: axum::extract::Request,
         ) -> axum::response::Response {
             let (parts, body) = req.into_parts();
-            let body = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
+            let body = axum::body::to_bytes(body, 1 << 20)
+                .await
+                .unwrap_or_default();
             rec.seen.lock().expect("lock").push(Seen {
                 method: parts.method.to_string(),
                 uri: parts.uri.to_string(),
@@ -722,17 +737,29 @@ mod tests {
             .await
             .expect("reserved");
         let seen = rec.last();
-        assert_eq!((seen.method.as_str(), seen.uri.as_str()), ("POST", "/v1/holds"));
-        assert_eq!(serde_json::from_str::<Value>(&seen.body).ok(), Some(json!({"amount": 5})));
+        assert_eq!(
+            (seen.method.as_str(), seen.uri.as_str()),
+            ("POST", "/v1/holds")
+        );
+        assert_eq!(
+            serde_json::from_str::<Value>(&seen.body).ok(),
+            Some(json!({"amount": 5}))
+        );
         assert_eq!(header(&seen, "x-client"), Some("sas"));
         assert_eq!(header(&seen, "content-type"), Some("application/json"));
-        assert_eq!(header(&seen, "idempotency-key"), Some("t:hold:reserve-funds"));
+        assert_eq!(
+            header(&seen, "idempotency-key"),
+            Some("t:hold:reserve-funds")
+        );
         assert_eq!(
             header(&seen, "sas-task-id"),
             Some(reserve.task_id.to_string().as_str())
         );
         assert_eq!(header(&seen, "sas-step"), Some("hold"));
-        assert_eq!(header(&seen, "sas-deadline"), Some("2030-01-02T03:04:05.678Z"));
+        assert_eq!(
+            header(&seen, "sas-deadline"),
+            Some("2030-01-02T03:04:05.678Z")
+        );
         assert_eq!(header(&seen, "sas-undoes"), None);
         assert_eq!(header(&seen, "sas-callback-url"), None);
 
@@ -750,7 +777,10 @@ mod tests {
             .await
             .expect("released");
         let seen = rec.last();
-        assert_eq!((seen.method.as_str(), seen.uri.as_str()), ("DELETE", "/v1/holds/h%2F1"));
+        assert_eq!(
+            (seen.method.as_str(), seen.uri.as_str()),
+            ("DELETE", "/v1/holds/h%2F1")
+        );
         assert_eq!(header(&seen, "sas-undoes"), Some("t:hold:reserve-funds"));
         assert_eq!(
             header(&seen, "sas-callback-url"),
@@ -759,12 +789,18 @@ mod tests {
         assert_eq!(header(&seen, "sas-callback-token"), Some("tok"));
 
         let mut look = call("look", json!({"hold": 7}));
-        remote.call(&look, Duration::from_secs(5)).await.expect("ok");
+        remote
+            .call(&look, Duration::from_secs(5))
+            .await
+            .expect("ok");
         assert_eq!(rec.last().uri, "/v1/holds/7");
         assert_eq!(rec.last().method, "GET");
         look.input = Value::Null;
         let missing = remote.call(&look, Duration::from_secs(5)).await;
-        assert!(matches!(missing, Err(RemoteFault::Misconfigured(_))), "{missing:?}");
+        assert!(
+            matches!(missing, Err(RemoteFault::Misconfigured(_))),
+            "{missing:?}"
+        );
         assert_eq!(rec.seen().len(), 3, "no request without its path value");
 
         remote
@@ -772,7 +808,10 @@ mod tests {
             .await
             .expect("ok");
         let seen = rec.last();
-        assert_eq!((seen.method.as_str(), seen.uri.as_str()), ("POST", "/v1/other%20action"));
+        assert_eq!(
+            (seen.method.as_str(), seen.uri.as_str()),
+            ("POST", "/v1/other%20action")
+        );
         assert_eq!(seen.body, "null", "a POST carries its input, even null");
     }
 
@@ -862,7 +901,9 @@ mod tests {
         memory.set(source.clone(), "old");
         let remote = HttpRemote::new(
             client().expect("client"),
-            &target(json!({"baseUrl": base, "auth": {"type": "bearer", "secret": "sas/dev/token"}})),
+            &target(
+                json!({"baseUrl": base, "auth": {"type": "bearer", "secret": "sas/dev/token"}}),
+            ),
             credentials(memory.clone()),
         )
         .expect("remote");
@@ -873,7 +914,10 @@ mod tests {
         memory.set(source.clone(), "new");
         rec.answer(401, "token expired");
         let fault = remote.call(&c, Duration::from_secs(5)).await;
-        assert!(matches!(fault, Err(RemoteFault::Misconfigured(_))), "{fault:?}");
+        assert!(
+            matches!(fault, Err(RemoteFault::Misconfigured(_))),
+            "{fault:?}"
+        );
         assert_eq!(header(&rec.last(), "authorization"), Some("Bearer old"));
         remote.call(&c, Duration::from_secs(5)).await.expect("ok");
         assert_eq!(header(&rec.last(), "authorization"), Some("Bearer new"));
@@ -927,7 +971,11 @@ mod tests {
             String::new(),
         ));
         assert!(matches!(go().await, Err(RemoteFault::Misconfigured(_))));
-        assert_eq!(rec.seen().len(), before + 1, "the redirect was not followed");
+        assert_eq!(
+            rec.seen().len(),
+            before + 1,
+            "the redirect was not followed"
+        );
         assert!(rec.seen().iter().all(|s| !s.uri.contains("elsewhere")));
     }
 
@@ -943,7 +991,9 @@ mod tests {
         )
         .expect("remote");
         assert!(matches!(
-            remote.call(&call("go", json!({})), Duration::from_secs(5)).await,
+            remote
+                .call(&call("go", json!({})), Duration::from_secs(5))
+                .await,
             Err(RemoteFault::Transient(_))
         ));
     }

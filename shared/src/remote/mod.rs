@@ -9,8 +9,8 @@ mod simulated;
 
 pub use self::http::{
     CALLBACK_TOKEN_HEADER, CALLBACK_URL_HEADER, DEADLINE_HEADER, HttpRemote, IDEMPOTENCY_HEADER,
-    STEP_HEADER, StatusClass, TASK_HEADER, UNDOES_HEADER, classify, client as http_client,
-    outcome, render_path, router,
+    STEP_HEADER, StatusClass, TASK_HEADER, UNDOES_HEADER, classify, client as http_client, outcome,
+    render_path, router,
 };
 pub use credentials::{
     CachedCredentials, CredentialError, Credentials, DEFAULT_CACHE_TTL, MemoryCredentials, Secret,
