@@ -71,7 +71,10 @@ async fn secrets_and_parameters_are_read_with_the_real_clients() {
         assert_eq!(e.from, missing);
         let text = e.to_string();
         assert!(text.contains("-missing"), "names the source: {text}");
-        assert!(!text.contains("s3cret") && !text.contains("p4ram"), "{text}");
+        assert!(
+            !text.contains("s3cret") && !text.contains("p4ram"),
+            "{text}"
+        );
     }
 }
 
