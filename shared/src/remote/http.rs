@@ -652,10 +652,13 @@ mod tests {
         body: String,
     }
 
+    /// An answer: status, headers, body.
+    type Answer = (u16, Vec<(&'static str, String)>, String);
+
     #[derive(Default)]
     struct Recorder {
         seen: Mutex<Vec<Seen>>,
-        answers: Mutex<VecDeque<(u16, Vec<(&'static str, String)>, String)>>,
+        answers: Mutex<VecDeque<Answer>>,
     }
 
     impl Recorder {
