@@ -301,8 +301,9 @@ async fn every_bad_request_gets_a_4xx_json_error_and_writes_nothing() {
         ),
         case("PUT", "/workflows/w", "{", 400, "invalid_json"),
         Case {
-            at: Some("/target"),
-            says: None,
+            // The target's kind is checked first, at its own pointer.
+            at: Some("/target/type"),
+            says: Some("lambda"),
             ..case(
                 "PUT",
                 "/services/s",

@@ -477,6 +477,7 @@ async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_clos
         },
     );
     let (system, clock) = aws_system("breaker", settings).await;
+    let alerts = subscribe(&system, &["ServiceUnavailable"]).await;
     let id = submit_to(&system, None).await;
     system.pump_scheduler().await.expect("claim");
     system.pump_agents().await.expect("inventory");
@@ -496,6 +497,11 @@ async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_clos
         .expect("read")
         .expect("stored");
     assert!(matches!(b.state, BreakerState::Open { .. }), "{b:?}");
+    // Its opening is an operator alert, once, naming the service and the fault.
+    let got = wait_for_messages(&system, &alerts, 1).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["detail"]["service"], "payment");
+    assert_eq!(got[0]["detail"]["kind"], "unavailable");
     let inventory = system.store.get_breaker("inventory").await.expect("read");
     assert!(
         inventory.as_ref().is_none_or(|b| b.is_closed()),

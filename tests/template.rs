@@ -153,3 +153,154 @@ async fn the_local_runners_aws_mode_provisions_publishes_and_runs_both_examples(
     assert_eq!(kinds.get("WORKFLOW"), Some(&2), "{kinds:?}");
     assert_eq!(kinds.get("SERVICE"), Some(&6), "{kinds:?}");
 }
+
+/// Every statement of every IAM role in the rendered template (a conditional statement
+/// unwrapped), with the role's logical id.
+fn statements(t: &template::Template) -> Vec<(String, serde_json::Value)> {
+    let mut out = vec![];
+    for role in t.of_type("AWS::IAM::Role") {
+        let props = t.properties(role, "AWS::IAM::Role");
+        for policy in props["Policies"].as_array().into_iter().flatten() {
+            for s in policy["PolicyDocument"]["Statement"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                match s.get("Fn::If") {
+                    Some(branches) => {
+                        out.push((role.to_owned(), branches[1].clone()));
+                        out.push((role.to_owned(), branches[2].clone()));
+                    }
+                    None => out.push((role.to_owned(), s.clone())),
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn only_the_agent_invokes_service_functions_and_reads_credentials_under_the_prefix() {
+    use serde_json::json;
+    let t = template::Template::load();
+    let agent = t.properties("AgentFunction", "AWS::Lambda::Function");
+    assert_eq!(agent["Role"], json!({"Fn::GetAtt": ["AgentRole", "Arn"]}));
+    assert_eq!(
+        agent["VpcConfig"],
+        json!({"Fn::If": ["AgentInVpc", {
+            "SubnetIds": {"Ref": "AgentSubnetIds"},
+            "SecurityGroupIds": {"Ref": "AgentSecurityGroupIds"},
+        }, {"Ref": "AWS::NoValue"}]})
+    );
+    assert_eq!(
+        t.env("AgentFunction", "CREDENTIALS_CACHE_SECONDS"),
+        &json!({"Ref": "CredentialsCacheSeconds"})
+    );
+    let role = t.properties("AgentRole", "AWS::IAM::Role");
+    assert_eq!(
+        role["ManagedPolicyArns"],
+        json!([{"Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"}]),
+        "no VPC access policy unless the agent is in a VPC"
+    );
+
+    let all = statements(&t);
+    let sid = |s: &str| -> serde_json::Value {
+        let found: Vec<_> = all.iter().filter(|(_, st)| st["Sid"] == s).collect();
+        assert_eq!(found.len(), 1, "one statement {s}: {found:?}");
+        assert_eq!(found[0].0, "AgentRole", "{s} is the agent's");
+        found[0].1.clone()
+    };
+    assert_eq!(
+        sid("InvokeServices"),
+        json!({
+            "Sid": "InvokeServices",
+            "Effect": "Allow",
+            "Action": "lambda:InvokeFunction",
+            "Resource": {"Fn::Sub": [
+                "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${Pattern}",
+                {"Pattern": {"Fn::If": ["DefaultServiceFunctions", {"Fn::Sub": "sas-${Stage}-svc-*"}, {"Ref": "ServiceFunctionPattern"}]}}
+            ]}
+        })
+    );
+    let prefix = json!({"Fn::If": ["DefaultSecretsPrefix", {"Fn::Sub": "sas/${Stage}/"}, {"Ref": "SecretsPrefix"}]});
+    assert_eq!(
+        sid("ReadSecrets"),
+        json!({
+            "Sid": "ReadSecrets",
+            "Effect": "Allow",
+            "Action": "secretsmanager:GetSecretValue",
+            "Resource": {"Fn::Sub": [
+                "arn:${AWS::Partition}:secretsmanager:${AWS::Region}:${AWS::AccountId}:secret:${Prefix}*",
+                {"Prefix": prefix}
+            ]}
+        })
+    );
+    assert_eq!(
+        sid("ReadParameters"),
+        json!({
+            "Sid": "ReadParameters",
+            "Effect": "Allow",
+            "Action": "ssm:GetParameter",
+            "Resource": {"Fn::Sub": [
+                "arn:${AWS::Partition}:ssm:${AWS::Region}:${AWS::AccountId}:parameter/${Prefix}*",
+                {"Prefix": prefix}
+            ]}
+        })
+    );
+    let vpc = sid("VpcNetworkInterfaces");
+    assert_eq!(vpc["Resource"], "*");
+    let statement = role["Policies"][0]["PolicyDocument"]["Statement"]
+        .as_array()
+        .expect("statements")
+        .iter()
+        .find(|s| s.get("Fn::If").is_some())
+        .expect("the VPC statement is conditional");
+    assert_eq!(statement["Fn::If"][0], "AgentInVpc");
+    assert_eq!(statement["Fn::If"][2], json!({"Ref": "AWS::NoValue"}));
+
+    // Nothing else anywhere grants these services' actions.
+    for (role, st) in &all {
+        let actions: Vec<String> = match &st["Action"] {
+            serde_json::Value::String(a) => vec![a.clone()],
+            serde_json::Value::Array(a) => a
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect(),
+            _ => vec![],
+        };
+        for a in actions {
+            let sensitive = ["lambda:", "secretsmanager:", "ssm:", "ec2:", "kms:"]
+                .iter()
+                .any(|p| a.starts_with(p));
+            if sensitive {
+                assert!(
+                    role == "AgentRole"
+                        && [
+                            "InvokeServices",
+                            "ReadSecrets",
+                            "ReadParameters",
+                            "VpcNetworkInterfaces"
+                        ]
+                        .contains(&st["Sid"].as_str().unwrap_or_default()),
+                    "{role} grants {a}: {st}"
+                );
+            }
+        }
+    }
+    for (name, condition) in [
+        (
+            "DefaultServiceFunctions",
+            json!({"Fn::Equals": [{"Ref": "ServiceFunctionPattern"}, ""]}),
+        ),
+        (
+            "DefaultSecretsPrefix",
+            json!({"Fn::Equals": [{"Ref": "SecretsPrefix"}, ""]}),
+        ),
+        (
+            "AgentInVpc",
+            json!({"Fn::Not": [{"Fn::Equals": [{"Fn::Join": [",", {"Ref": "AgentSubnetIds"}]}, ""]}]}),
+        ),
+    ] {
+        assert_eq!(t.condition(name), &condition, "{name}");
+    }
+}

@@ -65,6 +65,13 @@ impl Template {
         v
     }
 
+    /// A condition of the template, as written.
+    pub fn condition(&self, name: &str) -> &Value {
+        let c = &self.json["Conditions"][name];
+        assert!(!c.is_null(), "the template has no condition {name}");
+        c
+    }
+
     /// The logical id a `{"Ref": id}` names.
     pub fn ref_of(v: &Value) -> &str {
         v["Ref"]

@@ -1,11 +1,14 @@
-//! The AWS adapters: DynamoDB state store, SQS queues, EventBridge bus, all on the real SDK
+//! The AWS adapters: DynamoDB state store, SQS queues, EventBridge bus, the credentials of
+//! services (Secrets Manager, SSM) and the Lambda client of Lambda services, all on the real SDK
 //! clients. They honour `AWS_ENDPOINT_URL` (an emulator, LocalStack) through `aws-config`.
 
+mod credentials;
 mod dynamodb;
 mod eventbridge;
 pub mod provision;
 mod sqs;
 
+pub use credentials::{AwsCredentials, lambda_client};
 pub use dynamodb::{
     DUE_INDEX, DynamoStore, STATE_INDEX, STATE_INDEX_PROJECTION, index_entry_sizes, item_size,
     state_record_size, stored_sizes,

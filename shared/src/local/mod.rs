@@ -14,7 +14,10 @@ use crate::handlers::submission::{self, MAX_BODY_BYTES, SubmissionDeps};
 use crate::handlers::supervisor::{self, SupervisorDeps, SweepReport};
 use crate::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
 use crate::ports::{Catalog, Clock, EventBus, Queue, ReceivedMessage, RemoteService, StateStore};
-use crate::remote::{Faults, Remotes, SimulatedService};
+use crate::remote::{
+    CachedCredentials, Connectors, Credentials, Faults, MemoryCredentials, Remotes,
+    SimulatedService,
+};
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use std::collections::{HashMap, HashSet};
@@ -178,6 +181,12 @@ pub struct Settings {
     pub callback_base_url: String,
     /// How long a simulated service works on a callback step before it calls back.
     pub callback_delay: Duration,
+    /// Where HTTP services' credentials are read (default: none, in memory), and how long they
+    /// are kept (as `CREDENTIALS_CACHE_SECONDS`).
+    pub credentials: Arc<dyn Credentials>,
+    pub credentials_ttl: chrono::Duration,
+    /// The client Lambda services are invoked with (none: a Lambda service is misconfigured).
+    pub lambda: Option<aws_sdk_lambda::Client>,
 }
 
 impl Default for Settings {
@@ -221,6 +230,9 @@ impl Default for Settings {
             visibility_timeout: None,
             callback_base_url: "http://sas-local.invalid".into(),
             callback_delay: Duration::from_millis(50),
+            credentials: Arc::new(MemoryCredentials::default()),
+            credentials_ttl: crate::remote::DEFAULT_CACHE_TTL,
+            lambda: None,
         }
     }
 }
@@ -375,16 +387,34 @@ impl System {
                 )) as Arc<dyn RemoteService>
             })
         };
+        let connectors = Connectors {
+            // Building fails only if the TLS backend cannot start, which the default client
+            // could not either.
+            http: crate::remote::http_client().unwrap_or_else(|e| {
+                error!(error = %e, "the HTTP client for services was not built");
+                reqwest::Client::new()
+            }),
+            credentials: Arc::new(CachedCredentials::new(
+                settings.credentials.clone(),
+                settings.credentials_ttl,
+                clock.clone(),
+            )),
+            lambda: settings.lambda.clone(),
+        };
         let agent = AgentDeps {
             name: "agent".into(),
             queue: queue.clone(),
-            remotes: Arc::new(Remotes::new(
-                definitions.clone(),
-                store.clone(),
-                settings.breaker,
-                clock.clone(),
-                factory,
-            )),
+            remotes: Arc::new(
+                Remotes::new(
+                    definitions.clone(),
+                    store.clone(),
+                    settings.breaker,
+                    clock.clone(),
+                    factory,
+                    connectors,
+                )
+                .with_alerts(events.clone()),
+            ),
             clock: clock.clone(),
             backoff: settings.backoff,
             call_timeout: Duration::from_secs(10),

@@ -1,23 +1,34 @@
 //! Remote services as agents see them: the simulated service (in-process, with fault flags,
-//! counting effects per idempotency key), the HTTP client for a real one, and a circuit
-//! breaker that wraps either.
+//! counting effects per idempotency key), the HTTP client and the Lambda invoker for real ones
+//! (with the credentials HTTP services need), and a circuit breaker that wraps each.
 
 mod callback;
+mod credentials;
 mod http;
+mod lambda;
 mod simulated;
 
-pub use self::http::{HttpRemote, router};
+pub use self::http::{
+    CALLBACK_TOKEN_HEADER, CALLBACK_URL_HEADER, DEADLINE_HEADER, HttpRemote, IDEMPOTENCY_HEADER,
+    STEP_HEADER, StatusClass, TASK_HEADER, UNDOES_HEADER, classify, client as http_client, outcome,
+    render_path, router,
+};
 pub use callback::{CallbackCompleter, CallbackSink, HttpCallbackSink};
+pub use credentials::{
+    CachedCredentials, CredentialError, Credentials, DEFAULT_CACHE_TTL, MemoryCredentials, Secret,
+};
+pub use lambda::{LambdaRemote, api_fault, payload as lambda_payload};
 pub use simulated::{Applied, Faults, SimStats, SimulatedService, seeded_unit};
 
 use crate::catalog::{CatalogError, Definitions};
-use crate::domain::{BreakerPolicy, BreakerRecord, Decision, Target};
-use crate::ports::{Clock, RemoteCall, RemoteFault, RemoteService, StateStore};
+use crate::domain::{BreakerPolicy, BreakerRecord, BreakerState, Decision, Target};
+use crate::ports::{Clock, EventBus, RemoteCall, RemoteFault, RemoteService, StateStore};
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// Makes the simulated service of a name (the local runner hands out its own, with faults).
 pub type SimulatedFactory = Arc<dyn Fn(&str) -> Arc<dyn RemoteService> + Send + Sync>;
@@ -41,9 +52,37 @@ pub struct Remotes {
     store: Arc<dyn StateStore>,
     breaker: BreakerPolicy,
     clock: Arc<dyn Clock>,
-    http: reqwest::Client,
+    connectors: Connectors,
     simulated: SimulatedFactory,
     built: Mutex<HashMap<String, Built>>,
+    alerts: Option<Arc<dyn EventBus>>,
+}
+
+/// What real targets are reached with: the HTTP client (which must not follow redirects: see
+/// [`http_client`]), the credentials of HTTP services, and the Lambda client (none: a Lambda
+/// target is misconfigured in this process).
+#[derive(Debug, Clone)]
+pub struct Connectors {
+    pub http: reqwest::Client,
+    pub credentials: Arc<CachedCredentials>,
+    pub lambda: Option<aws_sdk_lambda::Client>,
+}
+
+impl Connectors {
+    /// An HTTP client that does not follow redirects, `credentials` kept for `ttl`, and
+    /// `lambda`.
+    pub fn new(
+        credentials: Arc<dyn Credentials>,
+        ttl: chrono::Duration,
+        clock: Arc<dyn Clock>,
+        lambda: Option<aws_sdk_lambda::Client>,
+    ) -> Result<Self, reqwest::Error> {
+        Ok(Self {
+            http: http_client()?,
+            credentials: Arc::new(CachedCredentials::new(credentials, ttl, clock)),
+            lambda,
+        })
+    }
 }
 
 /// A service's remote and the target it was built for.
@@ -56,16 +95,25 @@ impl Remotes {
         breaker: BreakerPolicy,
         clock: Arc<dyn Clock>,
         simulated: SimulatedFactory,
+        connectors: Connectors,
     ) -> Self {
         Self {
             definitions,
             store,
             breaker,
             clock,
-            http: reqwest::Client::new(),
+            connectors,
             simulated,
             built: Mutex::new(HashMap::new()),
+            alerts: None,
         }
+    }
+
+    /// Publishes the operator alert `ServiceUnavailable` on `bus` whenever a service's breaker
+    /// opens.
+    pub fn with_alerts(mut self, bus: Arc<dyn EventBus>) -> Self {
+        self.alerts = Some(bus);
+        self
     }
 
     /// The remote of `service`, behind its breaker.
@@ -81,21 +129,36 @@ impl Remotes {
         }
         let inner: Arc<dyn RemoteService> = match &def.target {
             Target::Simulated => (self.simulated)(service),
-            Target::Http { base_url } => {
-                let base = url::Url::parse(base_url).map_err(|e| LookupError::Misconfigured {
+            Target::Http(target) => Arc::new(
+                HttpRemote::new(
+                    self.connectors.http.clone(),
+                    target,
+                    self.connectors.credentials.clone(),
+                )
+                .map_err(|problem| LookupError::Misconfigured {
                     service: service.to_owned(),
-                    problem: format!("baseUrl {base_url:?}: {e}"),
-                })?;
-                Arc::new(HttpRemote::new(self.http.clone(), base))
-            }
+                    problem,
+                })?,
+            ),
+            Target::Lambda(target) => match &self.connectors.lambda {
+                Some(client) => Arc::new(LambdaRemote::new(client.clone(), target)),
+                None => {
+                    return Err(LookupError::Misconfigured {
+                        service: service.to_owned(),
+                        problem: "this process has no Lambda client".into(),
+                    });
+                }
+            },
         };
-        let remote: Arc<dyn RemoteService> = Arc::new(SharedBreaker::new(
+        let mut breaker = SharedBreaker::new(
             service,
             inner,
             self.store.clone(),
             self.breaker,
             self.clock.clone(),
-        ));
+        );
+        breaker.alerts = self.alerts.clone();
+        let remote: Arc<dyn RemoteService> = Arc::new(breaker);
         if let Ok(mut m) = self.built.lock() {
             m.insert(service.to_owned(), (def.target.clone(), remote.clone()));
         }
@@ -115,7 +178,12 @@ pub struct SharedBreaker {
     store: Arc<dyn StateStore>,
     policy: BreakerPolicy,
     clock: Arc<dyn Clock>,
+    /// Where the opening of the breaker is announced (`ServiceUnavailable`), if anywhere.
+    pub alerts: Option<Arc<dyn EventBus>>,
 }
+
+/// The detail-type of the alert published when a service's breaker opens.
+pub const SERVICE_UNAVAILABLE: &str = "ServiceUnavailable";
 
 impl SharedBreaker {
     pub fn new(
@@ -131,6 +199,32 @@ impl SharedBreaker {
             store,
             policy,
             clock,
+            alerts: None,
+        }
+    }
+
+    /// Announces that this agent's write opened the breaker (one alert per opening: only one
+    /// agent's conditional write moves it), with the fault that tipped it over.
+    async fn alert_opened(&self, until: DateTime<Utc>, fault: Option<&RemoteFault>) {
+        let Some(bus) = &self.alerts else { return };
+        let kind = match fault {
+            Some(RemoteFault::Misconfigured(_)) => "misconfigured",
+            _ => "unavailable",
+        };
+        let error: String = fault
+            .map(|f| f.to_string())
+            .unwrap_or_default()
+            .chars()
+            .take(300)
+            .collect();
+        let detail = serde_json::json!({
+            "service": self.name,
+            "kind": kind,
+            "error": error,
+            "openUntil": until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        });
+        if let Err(e) = bus.publish(SERVICE_UNAVAILABLE, &detail).await {
+            warn!(service = %self.name, error = %e, "ServiceUnavailable alert not published");
         }
     }
 
@@ -145,7 +239,8 @@ impl SharedBreaker {
     }
 
     /// Records the call's outcome; on a lost race, once more from a fresh read.
-    async fn record(&self, mut base: BreakerRecord, healthy: bool) {
+    async fn record(&self, mut base: BreakerRecord, fault: Option<&RemoteFault>) {
+        let healthy = fault.is_none();
         for _ in 0..2 {
             let next = if healthy {
                 base.on_success()
@@ -157,6 +252,10 @@ impl SharedBreaker {
                 Ok(true) => {
                     if next.is_closed() != base.is_closed() {
                         info!(service = %self.name, state = ?next.state, "circuit breaker moved");
+                    }
+                    if let (true, BreakerState::Open { until }) = (base.is_closed(), &next.state) {
+                        error!(service = %self.name, %until, error = ?fault.map(ToString::to_string), "circuit breaker opened: operator alert");
+                        self.alert_opened(*until, fault).await;
                     }
                     return;
                 }
@@ -207,8 +306,8 @@ impl RemoteService for SharedBreaker {
             },
         };
         let out = self.inner.call(call, timeout).await;
-        let healthy = !matches!(&out, Err(f) if f.is_unhealthy());
-        self.record(base, healthy).await;
+        let fault = out.as_ref().err().filter(|f| f.is_unhealthy());
+        self.record(base, fault).await;
         out
     }
 }
