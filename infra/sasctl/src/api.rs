@@ -353,7 +353,13 @@ mod tests {
             .collect();
         assert_eq!(
             terminal,
-            ["Processed", "Error", "Compensated", "CompensationFailed"]
+            [
+                "Processed",
+                "Error",
+                "Compensated",
+                "CompensationFailed",
+                "Refused"
+            ]
         );
         assert!(!ProcessState::Other("X".into()).is_terminal());
     }
