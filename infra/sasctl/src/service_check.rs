@@ -100,8 +100,10 @@ impl Plan {
             task_id: TaskId::new_random(),
             undoes: None,
             input: self.input.clone(),
-            deadline: chrono::Utc::now()
-                + chrono::Duration::from_std(self.timeout).unwrap_or(chrono::Duration::MAX),
+            deadline: chrono::Duration::from_std(self.timeout)
+                .ok()
+                .and_then(|t| chrono::Utc::now().checked_add_signed(t))
+                .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC),
             callback: None,
         }
     }

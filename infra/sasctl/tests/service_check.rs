@@ -9,18 +9,23 @@ use std::sync::Arc;
 
 /// Serves `faults`' simulated service under `/v1` and returns its base URL.
 async fn serve(faults: Faults) -> String {
+    serve_sim(faults).await.0
+}
+
+async fn serve_sim(faults: Faults) -> (String, Arc<SimulatedService>) {
     let sim = Arc::new(SimulatedService::new(
         "payment",
         faults,
         Arc::new(SystemClock),
     ));
+    let served = sim.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");
     let addr = listener.local_addr().expect("addr");
-    let app = axum::Router::new().nest("/v1", router(sim));
+    let app = axum::Router::new().nest("/v1", router(served));
     tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}/v1")
+    (format!("http://{addr}/v1"), sim)
 }
 
 /// Runs `service check` against `url`; returns the exit code, stdout and stderr.
@@ -127,4 +132,55 @@ async fn service_check_of_a_lambda_function_says_what_it_needs() {
             .is_err(),
         "--url or --function is required"
     );
+}
+
+#[tokio::test]
+async fn service_check_sends_the_input_file_as_every_body() {
+    let (url, sim) = serve_sim(Faults::default()).await;
+    let path = std::env::temp_dir().join(format!("sas-check-input-{}.json", std::process::id()));
+    std::fs::write(&path, r#"{"amount": 7, "currency": "EUR"}"#).expect("write the input");
+    let path_text = path.to_string_lossy().into_owned();
+    let cli = Cli::parse_from([
+        "sasctl",
+        "service",
+        "check",
+        "--url",
+        &url,
+        "--action",
+        "charge",
+        "--undo",
+        "refund",
+        "--settle-ms",
+        "0",
+        "--input",
+        &path_text,
+    ]);
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run_with(cli, &mut out, &mut err).await.expect("written");
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    let requests = sim.stats().requests;
+    assert!(requests.len() >= 4, "{requests:?}");
+    for r in &requests {
+        assert_eq!(r.input, serde_json::json!({"amount": 7, "currency": "EUR"}));
+    }
+    assert!(requests.iter().any(|r| r.action == "refund"));
+
+    let cli = Cli::parse_from([
+        "sasctl",
+        "service",
+        "check",
+        "--url",
+        &url,
+        "--action",
+        "charge",
+        "--undo",
+        "refund",
+        "--input",
+        "/nonexistent/input.json",
+    ]);
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run_with(cli, &mut out, &mut err).await.expect("written");
+    assert_eq!(code, sasctl::exit::USAGE);
+    assert!(String::from_utf8_lossy(&err).contains("--input"));
 }
