@@ -129,7 +129,7 @@ pub enum ServiceCommand {
     /// refused); a call given up on and then undone leaves its key refused or reversed; every
     /// answer is in a documented class. The calls are real: use a test account. Exits 5 if a
     /// check does not hold.
-    Check(CheckArgs),
+    Check(Box<CheckArgs>),
 }
 
 /// `service check` arguments.
