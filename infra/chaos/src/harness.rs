@@ -118,6 +118,47 @@ impl Config {
         }
     }
 
+    /// Every service behaves like an ordinary real one (see `docs/services.md`): 2% of calls
+    /// commit late (after the caller's timeout: the effect lands 12 s after it gave up), a key
+    /// still in flight answers 409, and every service answers 401 for 3 s in the middle of the
+    /// submissions (a rotated credential).
+    pub fn realistic(&mut self) {
+        let submitting_ms = self.tasks as f64 * 1000.0 / f64::from(self.rate.unwrap_or(500).max(1));
+        let from = chrono::Utc::now()
+            + chrono::Duration::milliseconds((submitting_ms / 2.0).max(1000.0) as i64);
+        for f in self.settings.faults.values_mut() {
+            f.late_commit_rate = 0.02;
+            f.in_progress = true;
+            // Calls slower than the deadline only time out, however slow: a late commit lands
+            // long after, when the task may be compensating.
+            f.slow_latency = Duration::from_secs(12);
+            f.unauthorized = Some((from, from + chrono::Duration::seconds(3)));
+        }
+    }
+
+    /// Plants the bug of services that keep no tombstone: an undo of a step they have not
+    /// committed (yet) records nothing, so a late step commits after its undo and leaks.
+    pub fn without_tombstones(&mut self) {
+        for f in self.settings.faults.values_mut() {
+            f.tombstones = false;
+        }
+    }
+
+    /// Takes `service` down for the whole run (every call a transient fault).
+    pub fn down(&mut self, service: &str) -> anyhow::Result<()> {
+        let now = chrono::Utc::now();
+        let f = self
+            .settings
+            .faults
+            .get_mut(service)
+            .ok_or_else(|| anyhow::anyhow!("no service {service:?} in the examples"))?;
+        f.outage = Some((
+            now - chrono::Duration::hours(1),
+            now + chrono::Duration::days(1),
+        ));
+        Ok(())
+    }
+
     /// The definitions the run publishes: the examples (`workflows/`), each workflow's own
     /// durations scaled to the run's policy (its default step timeout becomes
     /// `settings.policy.step_timeout`, its retry delays the policy's, every other duration in
@@ -237,6 +278,29 @@ pub struct WorkflowCounts {
     pub alerted: usize,
     /// Effects the services applied for this workflow's tasks (steps and undos).
     pub effects: usize,
+    /// Submission (the record's creation) to the first terminal state, per terminal task, in
+    /// milliseconds, sorted.
+    pub latencies_ms: Vec<i64>,
+}
+
+impl WorkflowCounts {
+    /// The `p`-th percentile (nearest rank, `0 < p <= 1`) of the latencies.
+    pub fn latency_ms(&self, p: f64) -> Option<i64> {
+        let n = self.latencies_ms.len();
+        let rank = ((p * n as f64).ceil() as usize).clamp(1, n.max(1));
+        self.latencies_ms.get(rank - 1).copied()
+    }
+}
+
+/// What one simulated service saw and did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ServiceCounts {
+    pub calls: u64,
+    pub transient: u64,
+    pub in_progress: u64,
+    pub misconfigured: u64,
+    pub late_commits: u64,
+    pub late_dropped: u64,
 }
 
 /// How the tasks that failed at one step failed, and how they ended.
@@ -268,6 +332,11 @@ pub struct Report {
     /// undos applied for a task that owes no compensation, and effects under a key that no step
     /// of an accepted task has.
     pub wrong_net: Vec<String>,
+    /// Step keys that took effect at their service after their undo had succeeded: effects
+    /// nothing will reverse (the service kept no tombstone).
+    pub leaked: Vec<String>,
+    /// Service → what it saw.
+    pub services: BTreeMap<String, ServiceCounts>,
     /// Terminal records still locked.
     pub locked_terminal: Vec<String>,
     /// Records that break an invariant of the state record under their workflow's policies, or
@@ -345,6 +414,13 @@ impl Report {
             format!("wrong net effects: {:?}", first(&self.wrong_net)),
         );
         check(
+            !self.leaked.is_empty(),
+            format!(
+                "steps committed after their undo (leaked): {:?}",
+                first(&self.leaked)
+            ),
+        );
+        check(
             !self.locked_terminal.is_empty(),
             format!(
                 "locked terminal records: {:?}",
@@ -405,6 +481,11 @@ impl Report {
         );
         row("wrong net effects", self.wrong_net.len().to_string(), "0");
         row(
+            "steps committed after their undo (leaked)",
+            self.leaked.len().to_string(),
+            "0",
+        );
+        row(
             "terminal records still locked",
             self.locked_terminal.len().to_string(),
             "0",
@@ -462,6 +543,32 @@ impl Report {
                 w.failed,
                 w.alerted,
                 w.effects
+            ));
+        }
+        t.push_str(
+            "\n| workflow | terminal tasks | p50 submission→terminal | p99 | max |\n|---|---|---|---|---|\n",
+        );
+        let ms =
+            |v: Option<i64>| v.map_or("-".to_owned(), |v| format!("{:.2} s", v as f64 / 1000.0));
+        for (name, w) in &self.workflows {
+            t.push_str(&format!(
+                "| {name} | {} | {} | {} | {} |\n",
+                w.latencies_ms.len(),
+                ms(w.latency_ms(0.5)),
+                ms(w.latency_ms(0.99)),
+                ms(w.latencies_ms.last().copied()),
+            ));
+        }
+        t.push_str("\n| service | calls | transient | 409 in progress | 401 misconfigured | late commits | late commits dropped |\n|---|---|---|---|---|---|---|\n");
+        for (name, c) in &self.services {
+            t.push_str(&format!(
+                "| {name} | {} | {} | {} | {} | {} | {} |\n",
+                c.calls,
+                c.transient,
+                c.in_progress,
+                c.misconfigured,
+                c.late_commits,
+                c.late_dropped
             ));
         }
         t.push_str("\n| workflow | failed at step | refused | timed out | faulted | ended |\n|---|---|---|---|---|---|\n");
@@ -609,10 +716,26 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
     // What the services applied: effects per key, and the net effect per step key.
     let mut effects: HashMap<String, u32> = HashMap::new();
     let mut net: HashMap<String, i32> = HashMap::new();
-    for (_, sim) in services.all() {
+    for (name, sim) in services.all() {
+        // Late commits still pending land (or are dropped) before anything is counted.
+        sim.settle().await;
         let stats = sim.stats();
         effects.extend(stats.effects);
         net.extend(stats.net);
+        report
+            .leaked
+            .extend(stats.leaked.iter().map(|k| format!("{name}: {k}")));
+        report.services.insert(
+            name,
+            ServiceCounts {
+                calls: stats.calls,
+                transient: stats.transient_faults,
+                in_progress: stats.in_progress_faults,
+                misconfigured: stats.misconfigured_faults,
+                late_commits: stats.late_commits,
+                late_dropped: stats.late_dropped,
+            },
+        );
     }
     for (key, n) in &effects {
         if *n > 1 {
@@ -671,6 +794,11 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
             .or_default()
             .insert(id.to_string());
         let terminal = r.process_state.is_terminal();
+        if let Some(at) = r.history.iter().find(|h| h.to.is_terminal()).map(|h| h.at) {
+            counts
+                .latencies_ms
+                .push((at - r.created_at).num_milliseconds());
+        }
         if !terminal {
             report
                 .lost
@@ -770,6 +898,9 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
                 .or_default()
                 .alerted += 1;
         }
+    }
+    for w in report.workflows.values_mut() {
+        w.latencies_ms.sort_unstable();
     }
     report.failed = failed.len();
     report.alerted = alerted.len();
@@ -961,5 +1092,62 @@ mod tests {
         assert!(v[0].starts_with("wrong net effects"), "{v:?}");
         report.points.insert("put:claimed".into(), (3, 0));
         assert_eq!(report.violations().len(), 2);
+    }
+    #[test]
+    fn realistic_no_tombstones_and_down_set_every_services_faults() {
+        let mut cfg = Config::new(2000, 7);
+        let before = cfg.settings.faults.clone();
+        assert!(before.values().all(|f| f.tombstones && !f.in_progress));
+        cfg.realistic();
+        cfg.without_tombstones();
+        cfg.down("e-sign").expect("a service of the examples");
+        assert!(cfg.down("no-such-service").is_err());
+        let now = chrono::Utc::now();
+        for (name, f) in &cfg.settings.faults {
+            assert!(
+                f.late_commit_rate > 0.0 && f.in_progress && !f.tombstones,
+                "{name}"
+            );
+            let (from, to) = f.unauthorized.expect("a 401 window");
+            assert!(
+                from > now && to - from == chrono::Duration::seconds(3),
+                "{name}"
+            );
+            let whole_run = f.outage.is_some_and(|(a, b)| a < now && b > now);
+            assert_eq!(whole_run, name == "e-sign", "{name}");
+        }
+    }
+
+    #[test]
+    fn latency_percentiles_are_nearest_rank_and_leaks_are_violations() {
+        let w = WorkflowCounts {
+            latencies_ms: (1..=100).collect(),
+            ..WorkflowCounts::default()
+        };
+        assert_eq!(w.latency_ms(0.5), Some(50));
+        assert_eq!(w.latency_ms(0.99), Some(99));
+        assert_eq!(WorkflowCounts::default().latency_ms(0.5), None);
+        let three = WorkflowCounts {
+            latencies_ms: vec![10, 20, 30],
+            ..WorkflowCounts::default()
+        };
+        assert_eq!(three.latency_ms(0.5), Some(20));
+        assert_eq!(three.latency_ms(0.99), Some(30));
+        let mut report = Report::default();
+        report.workflows.insert("loan-application".into(), w);
+        report
+            .leaked
+            .push("e-sign: t:send-contract:send-contract:0".into());
+        let v = report.violations();
+        assert!(v.iter().any(|v| v.contains("leaked")), "{v:?}");
+        let t = report.table();
+        assert!(
+            t.contains("| loan-application | 100 | 0.05 s | 0.10 s | 0.10 s |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| steps committed after their undo (leaked) | 1 | 0 |"),
+            "{t}"
+        );
     }
 }

@@ -9,6 +9,6 @@ pub mod harness;
 
 pub use failpoints::{Chaos, Plan, Recorder};
 pub use harness::{
-    Config, REQUIRED_POINTS, Report, StepFailures, WORKFLOWS, WorkflowCounts, input, run,
-    workflow_of, wrap,
+    Config, REQUIRED_POINTS, Report, ServiceCounts, StepFailures, WORKFLOWS, WorkflowCounts, input,
+    run, workflow_of, wrap,
 };

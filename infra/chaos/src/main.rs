@@ -37,6 +37,17 @@ struct Cli {
     aws: bool,
     #[arg(long, default_value = "sas-chaos")]
     prefix: String,
+    /// Services behave like ordinary real ones: late commits (past the caller's timeout), 409
+    /// while a key is in flight, a 401 window of 3 s in the middle of the submissions.
+    #[arg(long)]
+    realistic: bool,
+    /// Services keep no tombstone for an undo of a step they have not committed (a planted
+    /// bug: with --realistic, late steps then leak).
+    #[arg(long)]
+    no_tombstones: bool,
+    /// Take this service down for the whole run (repeatable), e.g. `--down e-sign`.
+    #[arg(long, value_name = "SERVICE")]
+    down: Vec<String>,
 }
 
 #[tokio::main]
@@ -48,6 +59,15 @@ async fn main() -> anyhow::Result<()> {
     cfg.budget = Duration::from_secs(cli.budget_secs);
     cfg.plan.crash_rate = cli.crash_rate;
     cfg.rate = (cli.rate > 0).then_some(cli.rate);
+    if cli.realistic {
+        cfg.realistic();
+    }
+    if cli.no_tombstones {
+        cfg.without_tombstones();
+    }
+    for service in &cli.down {
+        cfg.down(service)?;
+    }
     let backend = if cli.aws {
         Backend::Aws {
             config: Box::new(sas::aws::sdk_config().await),

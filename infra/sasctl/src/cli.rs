@@ -8,6 +8,7 @@ use crate::render::{
     clean, render_confirmation, render_definition_json, render_definition_yaml, render_list,
     render_services, render_task, render_watch_line, render_workflows,
 };
+use crate::service_check::{Plan, run_checks};
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
 use std::collections::HashSet;
@@ -36,7 +37,8 @@ Exit codes:
      a definition file with a problem
   2  usage error (bad arguments)
   3  transport error: the endpoint could not be reached
-  4  watch: the timeout passed before the task reached a terminal state";
+  4  watch: the timeout passed before the task reached a terminal state
+  5  service check: a check of the service contract does not hold";
 
 /// sasctl: operate sas tasks and publish workflows over the HTTP API.
 #[derive(Debug, Clone, Parser)]
@@ -117,6 +119,46 @@ pub enum WorkflowCommand {
 pub enum ServiceCommand {
     /// List the published services and their newest versions.
     List,
+    /// Check a live service against the service contract (docs/services.md); no sas endpoint
+    /// needed.
+    ///
+    /// Calls the service directly, with fresh idempotency keys, and prints per check "holds",
+    /// "does not hold" or "could not tell" with the evidence (each call's key and answer):
+    /// a repeated key returns the first outcome; an undo after its step succeeds; an undo of
+    /// an unknown key succeeds; an undo before its step leaves a tombstone (the step is then
+    /// refused); a call given up on and then undone leaves its key refused or reversed; every
+    /// answer is in a documented class. The calls are real: use a test account. Exits 5 if a
+    /// check does not hold.
+    Check(Box<CheckArgs>),
+}
+
+/// `service check` arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct CheckArgs {
+    /// The service's base URL (an HTTP target's `baseUrl`): calls go to `POST {url}/{action}`.
+    #[arg(long, value_parser = parse_endpoint, required_unless_present = "function", conflicts_with = "function")]
+    pub url: Option<Url>,
+    /// A Lambda target: the function's name or ARN.
+    #[arg(long, value_parser = parse_non_empty)]
+    pub function: Option<String>,
+    /// The step's action.
+    #[arg(long, value_parser = parse_non_empty)]
+    pub action: String,
+    /// The undo's action.
+    #[arg(long, value_parser = parse_non_empty)]
+    pub undo: String,
+    /// A JSON file with the body of the step and of the undo (default `{}`).
+    #[arg(long, value_name = "FILE")]
+    pub input: Option<PathBuf>,
+    /// How long an ordinary call may take, in milliseconds.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_ms: u64,
+    /// How long the "given up" call waits, in milliseconds.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub give_up_ms: u64,
+    /// How long to wait after undoing the given-up call before asking for its key again.
+    #[arg(long, default_value_t = 2_000)]
+    pub settle_ms: u64,
 }
 
 /// `list` arguments.
@@ -257,6 +299,9 @@ pub async fn run_with(
     let result = if let Command::Workflow(WorkflowCommand::Validate(args)) = &cli.command {
         // Offline: no client, no endpoint.
         validate(cli.json, args, out)
+    } else if let Command::Service(ServiceCommand::Check(args)) = &cli.command {
+        // The service itself, not the sas API.
+        service_check(cli.json, args, out, err).await
     } else {
         match Client::new(cli.endpoint.clone()) {
             Ok(client) => dispatch(&client, &cli, out, err).await,
@@ -339,6 +384,9 @@ async fn dispatch(
             out.write_all(text.as_bytes())?;
             Ok(exit::OK)
         }
+        Command::Service(ServiceCommand::Check(args)) => {
+            service_check(cli.json, args, out, err).await
+        }
         Command::Service(ServiceCommand::List) => {
             let (list, raw): (ServiceList, Value) = fetch(client, &Request::Services).await?;
             if cli.json {
@@ -363,6 +411,65 @@ fn validate(json: bool, args: &FilesArgs, out: &mut (dyn Write + Send)) -> Resul
         exit::OK
     } else {
         exit::INVALID
+    })
+}
+
+/// `service check`: the report on `out`; 5 if a check does not hold.
+async fn service_check(
+    json: bool,
+    args: &CheckArgs,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+) -> Result<i32, Failure> {
+    let input = match &args.input {
+        None => Value::Object(Default::default()),
+        Some(path) => match std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+        {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = writeln!(err, "error: --input {}: {e}", path.display());
+                return Ok(exit::USAGE);
+            }
+        },
+    };
+    let (remote, target) = match (&args.url, &args.function) {
+        (Some(url), _) => (
+            sas::remote::HttpRemote::new(reqwest::Client::new(), url.clone()),
+            url.to_string(),
+        ),
+        (None, Some(_)) => {
+            let _ = writeln!(
+                err,
+                "error: Lambda targets: needs the lambda remote (check the service over --url)"
+            );
+            return Ok(exit::USAGE);
+        }
+        (None, None) => {
+            let _ = writeln!(err, "error: give --url or --function");
+            return Ok(exit::USAGE);
+        }
+    };
+    let plan = Plan {
+        timeout: Duration::from_millis(args.timeout_ms),
+        give_up: Duration::from_millis(args.give_up_ms),
+        settle: Duration::from_millis(args.settle_ms),
+        ..Plan::new(&args.action, &args.undo, input)
+    };
+    let report = run_checks(&remote, &plan, &target).await;
+    if json {
+        print_json(
+            out,
+            &serde_json::to_value(&report).map_err(io::Error::other)?,
+        )?;
+    } else {
+        out.write_all(report.render().as_bytes())?;
+    }
+    Ok(if report.broken() {
+        exit::CONTRACT
+    } else {
+        exit::OK
     })
 }
 

@@ -40,6 +40,11 @@
 //! sasctl --json workflow show loan-application --version 1 > loan-application.v1.json
 //! sasctl service list
 //!
+//! # Check a live service against the service contract (docs/services.md); exit 5 if a check
+//! # does not hold. The calls are real: use a test account.
+//! sasctl service check --url https://payments.test.example.com/v1 --action charge-payment \
+//!     --undo refund-payment --input charge.json
+//!
 //! # Raw JSON, for scripts.
 //! sasctl --json list --all | jq -r '.tasks[].taskId'
 //! sasctl --json show 3f2a8c1e-0d3b-4a57-9d0e-1b2c3d4e5f60 | jq '.history'
@@ -73,6 +78,7 @@
 //! | 2 | usage error (bad arguments) |
 //! | 3 | transport error: the endpoint could not be reached |
 //! | 4 | `watch` timed out before the task was terminal |
+//! | 5 | `service check`: a check of the service contract does not hold |
 //!
 //! # As a library
 //!
@@ -85,14 +91,15 @@ pub mod cli;
 pub mod client;
 pub mod definitions;
 pub mod render;
+pub mod service_check;
 
 pub use api::{
     ApiProblem, CatalogEntry, DefinitionView, HistoryEntry, KNOWN_STATES, ListPage, ProcessState,
     Published, ServiceList, StepView, TaskSummary, TaskView, UnknownState, WorkflowList,
 };
 pub use cli::{
-    CancelArgs, Cli, Command, DEFAULT_ENDPOINT, FilesArgs, IdArg, ListArgs, ServiceCommand,
-    WatchArgs, WorkflowCommand, WorkflowShowArgs, run, run_with,
+    CancelArgs, CheckArgs, Cli, Command, DEFAULT_ENDPOINT, FilesArgs, IdArg, ListArgs,
+    ServiceCommand, WatchArgs, WorkflowCommand, WorkflowShowArgs, run, run_with,
 };
 pub use client::{Client, ClientError, Request, decode};
 pub use definitions::{Validation, validate_paths};
@@ -113,6 +120,8 @@ pub mod exit {
     pub const TRANSPORT: i32 = 3;
     /// `watch` gave up before the task was terminal.
     pub const TIMEOUT: i32 = 4;
+    /// `service check`: a check of the service contract does not hold.
+    pub const CONTRACT: i32 = 5;
     /// `workflow validate` or `workflow apply`: a definition file has a problem (the same code
     /// as [`API`]: either way the request was not carried out).
     pub const INVALID: i32 = 1;

@@ -2,12 +2,14 @@ use crate::ports::{Clock, RemoteCall, RemoteFault, RemoteService};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use rand::Rng;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::task::JoinHandle;
 
-/// The fault flags of a simulated service.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// The fault flags of a simulated service. [`Faults::default`] is a well-behaved service:
+/// no faults, tombstones kept.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Faults {
     /// Time each call takes.
     pub latency: Duration,
@@ -25,10 +27,48 @@ pub struct Faults {
     /// Share of calls that take `slow_latency` instead of `latency` (e.g. past the deadline).
     pub slow_rate: f64,
     pub slow_latency: Duration,
+    /// Share of calls that outlast the caller's timeout and still commit: the caller sees a
+    /// transient timeout at its `timeout`, and the effect is applied `slow_latency` after that,
+    /// unless the key has an outcome by then (a retry committed it, or an undo left a
+    /// tombstone: the late commit is then dropped). A key already answered is answered again
+    /// at once, never late.
+    pub late_commit_rate: f64,
+    /// A call whose key's first call is still running (a late commit included) answers
+    /// [`RemoteFault::InProgress`] (HTTP 409) instead of running a second time. Off: the second
+    /// call runs, and the first to commit decides the key's outcome.
+    pub in_progress: bool,
+    /// While the clock is inside this window every call answers
+    /// [`RemoteFault::Misconfigured`] (`401 ...`) with no effect: a rotated credential.
+    pub unauthorized: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// An undo of a step key the service has no success for (never seen, or still running)
+    /// records a tombstone: the step's key is refused from then on. `false` plants the bug of a
+    /// service that forgets this: a late step then commits after its undo and leaks (counted
+    /// in [`SimStats::leaked`]).
+    pub tombstones: bool,
     /// Decide every fault from this seed, the idempotency key and the call's number for that
     /// key, instead of at random: the same seed gives the same faults to the same calls,
     /// whatever the interleaving.
     pub seed: Option<u64>,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Self {
+            latency: Duration::ZERO,
+            transient_rate: 0.0,
+            permanent_rate: 0.0,
+            lost_response_rate: 0.0,
+            outage: None,
+            refuse_actions: Vec::new(),
+            slow_rate: 0.0,
+            slow_latency: Duration::ZERO,
+            late_commit_rate: 0.0,
+            in_progress: false,
+            unauthorized: None,
+            tombstones: true,
+            seed: None,
+        }
+    }
 }
 
 /// A number in [0, 1) from `seed`, `parts` and `n`: the seeded fault decisions.
@@ -47,12 +87,24 @@ pub struct SimStats {
     pub calls: u64,
     pub transient_faults: u64,
     pub permanent_faults: u64,
+    /// Calls answered "in progress" (409): their key's first call was still running.
+    pub in_progress_faults: u64,
+    /// Calls answered "misconfigured" (401) inside the `unauthorized` window.
+    pub misconfigured_faults: u64,
+    /// Calls that committed after their caller had timed out.
+    pub late_commits: u64,
+    /// Late commits dropped because the key had an outcome by then (a tombstone, or a retry
+    /// that committed first).
+    pub late_dropped: u64,
     /// Effects applied per idempotency key (steps and undos alike). A correct system applies
     /// each key once.
     pub effects: HashMap<String, u32>,
     /// The net effect per step key: +1 when the step applies, -1 when its undo reverses it. A
     /// Processed task nets 1 per step; a compensated one nets 0.
     pub net: HashMap<String, i32>,
+    /// Step keys that took effect after an undo of them had succeeded: effects nothing will
+    /// ever reverse. Always empty while tombstones are kept.
+    pub leaked: Vec<String>,
     /// Keys in the order their effects were applied.
     pub applied: Vec<String>,
     /// The request of every applied effect, in order (what the mappings built).
@@ -67,13 +119,85 @@ pub struct Applied {
     pub input: serde_json::Value,
 }
 
+type Outcome = Result<serde_json::Value, String>;
+
 #[derive(Debug, Default)]
 struct SimState {
     stats: SimStats,
     /// The outcome of every key seen, so a repeated key gets the first answer again.
-    outcomes: HashMap<String, Result<serde_json::Value, String>>,
+    outcomes: HashMap<String, Outcome>,
     /// Calls seen per key (for seeded faults).
     calls_per_key: HashMap<String, u64>,
+    /// Calls running per key (a pending late commit included).
+    in_flight: HashMap<String, u32>,
+    /// Step keys an undo succeeded for.
+    undone: HashSet<String>,
+}
+
+impl SimState {
+    /// Applies `call` unless its key has an outcome already; returns the key's outcome.
+    fn commit(&mut self, name: &str, call: &RemoteCall, refuse: bool, tombstones: bool) -> Outcome {
+        let key = &call.idempotency_key;
+        if let Some(first) = self.outcomes.get(key) {
+            return first.clone();
+        }
+        let outcome = if refuse {
+            self.stats.permanent_faults += 1;
+            Err(format!("{name} refused {}", call.action))
+        } else {
+            *self.stats.effects.entry(key.clone()).or_default() += 1;
+            self.stats.applied.push(key.clone());
+            self.stats.requests.push(Applied {
+                key: key.clone(),
+                action: call.action.clone(),
+                input: call.input.clone(),
+            });
+            match &call.undoes {
+                Some(step_key) => {
+                    self.undone.insert(step_key.clone());
+                    if matches!(self.outcomes.get(step_key), Some(Ok(_))) {
+                        *self.stats.net.entry(step_key.clone()).or_default() -= 1;
+                    } else if tombstones {
+                        // Nothing to reverse (yet): refuse the step's key from now on.
+                        self.outcomes
+                            .insert(step_key.clone(), Err(format!("{step_key} already undone")));
+                    }
+                }
+                None => {
+                    if self.undone.contains(key) {
+                        self.stats.leaked.push(key.clone());
+                    }
+                    *self.stats.net.entry(key.clone()).or_default() += 1;
+                }
+            }
+            Ok(serde_json::json!({
+                "id": uuid::Uuid::new_v4().to_string(),
+                "service": name,
+                "action": call.action,
+            }))
+        };
+        self.outcomes.insert(key.clone(), outcome.clone());
+        outcome
+    }
+}
+
+/// Marks a key in flight until dropped.
+struct InFlight {
+    state: Arc<Mutex<SimState>>,
+    key: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.state.lock()
+            && let Some(n) = s.in_flight.get_mut(&self.key)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                s.in_flight.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// A remote service that lives in the process: it honours idempotency keys like a payment API
@@ -81,15 +205,17 @@ struct SimState {
 /// its [`Faults`] ask for.
 ///
 /// A call that carries `undoes` (a step's key) is an undo: it reverses that step's
-/// effect if it applied; if the step never reached the service, the undo leaves a tombstone and
-/// the step's key is refused from then on, so a step request still in flight when its task is
-/// compensated can never take effect afterwards. Remote services used with sas must offer the
-/// same guarantee (cancel-before-capture); see ARCHITECTURE.md.
+/// effect if it applied; if the step never reached the service (or is still running), the undo
+/// leaves a tombstone and the step's key is refused from then on, so a step request still in
+/// flight when its task is compensated can never take effect afterwards. Remote services used
+/// with sas must offer the same guarantee; see `docs/services.md`.
 pub struct SimulatedService {
     name: String,
     faults: Mutex<Faults>,
     clock: Arc<dyn Clock>,
-    state: Mutex<SimState>,
+    state: Arc<Mutex<SimState>>,
+    /// Late commits not yet applied (see [`SimulatedService::settle`]).
+    pending: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl SimulatedService {
@@ -98,7 +224,8 @@ impl SimulatedService {
             name: name.into(),
             faults: Mutex::new(faults),
             clock,
-            state: Mutex::new(SimState::default()),
+            state: Arc::new(Mutex::new(SimState::default())),
+            pending: Mutex::new(Vec::new()),
         }
     }
 
@@ -123,6 +250,26 @@ impl SimulatedService {
             .unwrap_or_default()
     }
 
+    /// Waits until every late commit started so far has been applied (or dropped), so that
+    /// [`SimulatedService::stats`] holds every effect the service will ever apply.
+    pub async fn settle(&self) {
+        loop {
+            let handles: Vec<_> = self
+                .pending
+                .lock()
+                .map(|mut p| std::mem::take(&mut *p))
+                .unwrap_or_default();
+            if handles.is_empty() {
+                return;
+            }
+            for h in handles {
+                if let Err(e) = h.await {
+                    tracing::warn!(service = %self.name, error = %e, "late commit task failed");
+                }
+            }
+        }
+    }
+
     /// Effects applied for keys that start with `prefix` (e.g. a task id).
     pub fn effects_for(&self, prefix: &str) -> HashMap<String, u32> {
         self.stats()
@@ -138,6 +285,35 @@ impl SimulatedService {
             .map(|mut s| f(&mut s))
             .map_err(|_| RemoteFault::Transient("simulated service lock poisoned".into()))
     }
+
+    /// Applies `call` `delay` from now, in the background, unless its key has an outcome by
+    /// then; the key stays in flight until then.
+    fn commit_late(
+        &self,
+        call: &RemoteCall,
+        (refuse, tombstones): (bool, bool),
+        delay: Duration,
+        in_flight: InFlight,
+    ) {
+        let (state, name, call) = (self.state.clone(), self.name.clone(), call.clone());
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            // Decided when the commit lands: an undo seen meanwhile left its tombstone (or not).
+            let Ok(mut s) = state.lock() else { return };
+            if s.outcomes.contains_key(&call.idempotency_key) {
+                s.stats.late_dropped += 1;
+            } else {
+                s.stats.late_commits += 1;
+                let _ = s.commit(&name, &call, refuse, tombstones);
+            }
+            drop(s);
+            drop(in_flight);
+        });
+        if let Ok(mut p) = self.pending.lock() {
+            p.retain(|h| !h.is_finished());
+            p.push(task);
+        }
+    }
 }
 
 #[async_trait]
@@ -148,16 +324,43 @@ impl RemoteService for SimulatedService {
         timeout: Duration,
     ) -> Result<serde_json::Value, RemoteFault> {
         let faults = self.faults();
+        let key = call.idempotency_key.as_str();
+        let started = self.clock.now();
         let n = self.with_state(|s| {
             s.stats.calls += 1;
-            let n = s
-                .calls_per_key
-                .entry(call.idempotency_key.clone())
-                .or_default();
+            let n = s.calls_per_key.entry(key.to_owned()).or_default();
             *n += 1;
             *n
         })?;
-        let key = call.idempotency_key.as_str();
+        if faults
+            .unauthorized
+            .is_some_and(|(from, to)| from <= started && started < to)
+        {
+            self.with_state(|s| s.stats.misconfigured_faults += 1)?;
+            return Err(RemoteFault::Misconfigured(format!(
+                "401 unauthorized: {} does not accept the credential",
+                self.name
+            )));
+        }
+        let (busy, answered) = self.with_state(|s| {
+            let busy = s.in_flight.get(key).is_some_and(|n| *n > 0);
+            if busy && faults.in_progress {
+                s.stats.in_progress_faults += 1;
+            } else {
+                *s.in_flight.entry(key.to_owned()).or_default() += 1;
+            }
+            (busy, s.outcomes.contains_key(key))
+        })?;
+        if busy && faults.in_progress {
+            return Err(RemoteFault::InProgress(format!(
+                "409 conflict: {} is still processing {key}",
+                self.name
+            )));
+        }
+        let in_flight = InFlight {
+            state: self.state.clone(),
+            key: key.to_owned(),
+        };
         let roll = |salt: &str, rate: f64| match faults.seed {
             Some(seed) => seeded_unit(seed, &[salt, key], n) < rate,
             None => rand::rng().random_bool(rate.clamp(0.0, 1.0)),
@@ -168,7 +371,27 @@ impl RemoteService for SimulatedService {
             Some(seed) => seeded_unit(seed, &["permanent", key], 0) < faults.permanent_rate,
             None => roll("permanent", faults.permanent_rate),
         };
+        let refuse = permanent || faults.refuse_actions.contains(&call.action);
         let lost = roll("lost", faults.lost_response_rate);
+        let in_outage = |now: DateTime<Utc>| {
+            faults
+                .outage
+                .is_some_and(|(from, to)| from <= now && now < to)
+        };
+        if !answered && !in_outage(started) && roll("late", faults.late_commit_rate) {
+            tokio::time::sleep(timeout).await;
+            self.with_state(|s| s.stats.transient_faults += 1)?;
+            self.commit_late(
+                call,
+                (refuse, faults.tombstones),
+                faults.slow_latency,
+                in_flight,
+            );
+            return Err(RemoteFault::Transient(format!(
+                "{}: timed out (the call still commits later)",
+                self.name
+            )));
+        }
         let latency = if roll("slow", faults.slow_rate) {
             faults.slow_latency
         } else {
@@ -180,60 +403,18 @@ impl RemoteService for SimulatedService {
             return Err(RemoteFault::Transient(format!("{}: timed out", self.name)));
         }
         tokio::time::sleep(latency).await;
-        let now = self.clock.now();
-        let in_outage = faults
-            .outage
-            .is_some_and(|(from, to)| from <= now && now < to);
-        if in_outage || transient {
+        let outage = in_outage(self.clock.now());
+        if outage || transient {
             self.with_state(|s| s.stats.transient_faults += 1)?;
-            let why = if in_outage {
+            let why = if outage {
                 "outage"
             } else {
                 "503 service unavailable"
             };
             return Err(RemoteFault::Transient(format!("{}: {why}", self.name)));
         }
-        let key = call.idempotency_key.clone();
-        let undoes = call.undoes.clone();
-        let refuse = permanent || faults.refuse_actions.contains(&call.action);
-        let outcome = self.with_state(|s| {
-            if let Some(first) = s.outcomes.get(&key) {
-                return first.clone();
-            }
-            let outcome = if refuse {
-                s.stats.permanent_faults += 1;
-                Err(format!("{} refused {}", self.name, call.action))
-            } else {
-                *s.stats.effects.entry(key.clone()).or_default() += 1;
-                s.stats.applied.push(key.clone());
-                s.stats.requests.push(Applied {
-                    key: key.clone(),
-                    action: call.action.clone(),
-                    input: call.input.clone(),
-                });
-                match &undoes {
-                    Some(step_key) => {
-                        if matches!(s.outcomes.get(step_key), Some(Ok(_))) {
-                            *s.stats.net.entry(step_key.clone()).or_default() -= 1;
-                        } else {
-                            // Nothing to reverse: refuse the step's key from now on.
-                            s.outcomes.insert(
-                                step_key.clone(),
-                                Err(format!("{} already undone", step_key)),
-                            );
-                        }
-                    }
-                    None => *s.stats.net.entry(key.clone()).or_default() += 1,
-                }
-                Ok(serde_json::json!({
-                    "id": uuid::Uuid::new_v4().to_string(),
-                    "service": self.name,
-                    "action": call.action,
-                }))
-            };
-            s.outcomes.insert(key.clone(), outcome.clone());
-            outcome
-        })?;
+        let outcome = self.with_state(|s| s.commit(&self.name, call, refuse, faults.tombstones))?;
+        drop(in_flight);
         match outcome {
             Ok(_) if lost => {
                 self.with_state(|s| s.stats.transient_faults += 1)?;
@@ -392,5 +573,198 @@ mod tests {
             "a refused key stays refused"
         );
         assert!(s.stats().effects.is_empty());
+    }
+    fn late(seed: Option<u64>) -> Faults {
+        Faults {
+            late_commit_rate: 1.0,
+            in_progress: true,
+            slow_latency: Duration::from_millis(30),
+            seed,
+            ..Faults::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_late_call_times_out_then_commits_once_and_its_key_is_in_progress_meanwhile() {
+        let s = SimulatedService::new("payment", late(Some(3)), Arc::new(SystemClock));
+        let e = s.call(&call("k"), Duration::from_millis(5)).await;
+        assert!(matches!(e, Err(RemoteFault::Transient(_))), "{e:?}");
+        assert!(
+            s.stats().effects.is_empty(),
+            "not committed when the caller gives up"
+        );
+        let again = s.call(&call("k"), Duration::from_secs(1)).await;
+        assert!(
+            matches!(again, Err(RemoteFault::InProgress(_))),
+            "{again:?}"
+        );
+        s.settle().await;
+        let st = s.stats();
+        assert_eq!(st.effects.get("k"), Some(&1));
+        assert_eq!(st.net.get("k"), Some(&1));
+        assert_eq!((st.late_commits, st.in_progress_faults), (1, 1));
+        // Answered keys are answered at once (never late again), with the first outcome.
+        let first = s
+            .call(&call("k"), Duration::from_millis(5))
+            .await
+            .expect("the late outcome");
+        let second = s
+            .call(&call("k"), Duration::from_millis(5))
+            .await
+            .expect("again");
+        assert_eq!(first, second);
+        assert_eq!(s.stats().effects.get("k"), Some(&1));
+    }
+
+    #[tokio::test]
+    async fn an_undo_during_a_late_call_wins_with_tombstones_and_leaks_without() {
+        for tombstones in [true, false] {
+            let s = SimulatedService::new("payment", late(None), Arc::new(SystemClock));
+            let e = s.call(&call("k"), Duration::from_millis(5)).await;
+            assert!(matches!(e, Err(RemoteFault::Transient(_))));
+            // The undo arrives while the step is still running at the service.
+            s.set_faults(Faults {
+                tombstones,
+                ..Faults::default()
+            });
+            s.call(&undo("u", "k"), Duration::from_secs(1))
+                .await
+                .expect("an undo of a running step succeeds");
+            s.settle().await;
+            let st = s.stats();
+            let repeat = s.call(&call("k"), Duration::from_secs(1)).await;
+            if tombstones {
+                assert_eq!(st.net.get("k"), None, "the late commit was dropped");
+                assert_eq!((st.late_commits, st.late_dropped), (0, 1));
+                assert!(st.leaked.is_empty());
+                assert!(matches!(repeat, Err(RemoteFault::Refused { .. })));
+            } else {
+                assert_eq!(
+                    st.net.get("k"),
+                    Some(&1),
+                    "the step committed after its undo"
+                );
+                assert_eq!(st.leaked, ["k"]);
+                assert!(repeat.is_ok());
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn late_commits_are_decided_by_the_seed() {
+        let run = |seed| async move {
+            let s = SimulatedService::new(
+                "payment",
+                Faults {
+                    late_commit_rate: 0.3,
+                    ..late(Some(seed))
+                },
+                Arc::new(SystemClock),
+            );
+            let mut late = vec![];
+            for i in 0..40 {
+                let k = format!("k{i}");
+                if s.call(&call(&k), Duration::from_millis(5)).await.is_err() {
+                    late.push(k);
+                }
+            }
+            s.settle().await;
+            assert_eq!(s.stats().late_commits as usize, late.len());
+            assert_eq!(
+                s.stats().effects.len(),
+                40,
+                "every call commits, late or not"
+            );
+            late
+        };
+        let a = run(11).await;
+        assert!(!a.is_empty() && a.len() < 40, "{a:?}");
+        assert_eq!(a, run(11).await, "the same seed, the same late calls");
+        assert_ne!(a, run(12).await);
+    }
+
+    #[tokio::test]
+    async fn a_second_call_of_a_running_key_is_in_progress_or_waits_for_the_first_outcome() {
+        for in_progress in [true, false] {
+            let s = SimulatedService::new(
+                "payment",
+                Faults {
+                    latency: Duration::from_millis(30),
+                    in_progress,
+                    ..Faults::default()
+                },
+                Arc::new(SystemClock),
+            );
+            let t = Duration::from_secs(1);
+            let c = call("k");
+            let (a, b) = tokio::join!(s.call(&c, t), s.call(&c, t));
+            assert!(a.is_ok(), "{a:?}");
+            if in_progress {
+                assert!(matches!(b, Err(RemoteFault::InProgress(_))), "{b:?}");
+                assert_eq!(s.stats().in_progress_faults, 1);
+            } else {
+                assert_eq!(a.ok(), b.ok(), "the first outcome, applied once");
+            }
+            assert_eq!(s.stats().effects.get("k"), Some(&1));
+            // Once the first call is over the key is answered again.
+            assert!(s.call(&c, t).await.is_ok(), "no longer in progress");
+        }
+    }
+
+    #[tokio::test]
+    async fn inside_the_unauthorized_window_every_call_is_misconfigured_with_no_effect() {
+        let now = Utc::now();
+        let s = SimulatedService::new(
+            "e-sign",
+            Faults {
+                unauthorized: Some((
+                    now - chrono::Duration::seconds(1),
+                    now + chrono::Duration::hours(1),
+                )),
+                ..Faults::default()
+            },
+            Arc::new(SystemClock),
+        );
+        let t = Duration::from_secs(1);
+        for c in [call("k"), undo("u", "k2")] {
+            match s.call(&c, t).await {
+                Err(RemoteFault::Misconfigured(m)) => assert!(m.starts_with("401"), "{m}"),
+                other => panic!("not misconfigured: {other:?}"),
+            }
+        }
+        let st = s.stats();
+        assert!(st.effects.is_empty() && st.net.is_empty());
+        assert_eq!(st.misconfigured_faults, 2);
+        s.set_faults(Faults {
+            unauthorized: Some((
+                now - chrono::Duration::hours(2),
+                now - chrono::Duration::hours(1),
+            )),
+            ..Faults::default()
+        });
+        s.call(&call("k"), t).await.expect("after the window");
+        // The undo seen in the window left no tombstone: the step is not refused.
+        s.call(&call("k2"), t).await.expect("no tombstone");
+    }
+
+    #[tokio::test]
+    async fn without_tombstones_an_undo_first_lets_the_step_commit_and_leak() {
+        let s = SimulatedService::new(
+            "payment",
+            Faults {
+                tombstones: false,
+                ..Faults::default()
+            },
+            Arc::new(SystemClock),
+        );
+        let t = Duration::from_secs(1);
+        s.call(&undo("u", "k"), t).await.expect("undo first");
+        s.call(&call("k"), t)
+            .await
+            .expect("the planted bug: applied");
+        let st = s.stats();
+        assert_eq!(st.net.get("k"), Some(&1));
+        assert_eq!(st.leaked, ["k"]);
+        assert!(Faults::default().tombstones, "kept by default");
     }
 }
