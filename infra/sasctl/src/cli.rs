@@ -14,6 +14,7 @@ use serde_json::Value;
 use std::collections::HashSet;
 use std::io::{self, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use url::Url;
 
@@ -147,6 +148,10 @@ pub struct CheckArgs {
     /// The undo's action.
     #[arg(long, value_parser = parse_non_empty)]
     pub undo: String,
+    /// With --function: an `errorType` of the function's errors that is a business refusal
+    /// (repeatable), as the service's declaration lists them.
+    #[arg(long, value_name = "ERROR_TYPE", conflicts_with = "url")]
+    pub refusal: Vec<String>,
     /// A JSON file with the body of the step and of the undo (default `{}`).
     #[arg(long, value_name = "FILE")]
     pub input: Option<PathBuf>,
@@ -434,30 +439,57 @@ async fn service_check(
             }
         },
     };
-    let (remote, target) = match (&args.url, &args.function) {
-        (Some(url), _) => (
-            sas::remote::HttpRemote::new(reqwest::Client::new(), url.clone()),
-            url.to_string(),
-        ),
-        (None, Some(_)) => {
-            let _ = writeln!(
-                err,
-                "error: Lambda targets: needs the lambda remote (check the service over --url)"
-            );
-            return Ok(exit::USAGE);
+    let remote: Box<dyn sas::ports::RemoteService> = match (&args.url, &args.function) {
+        (Some(url), _) => {
+            let target = sas::domain::workflow::HttpTarget {
+                base_url: url.to_string(),
+                headers: Default::default(),
+                auth: None,
+                actions: Default::default(),
+                statuses: Default::default(),
+            };
+            let credentials = Arc::new(sas::remote::CachedCredentials::new(
+                Arc::new(sas::remote::MemoryCredentials::default()),
+                sas::remote::DEFAULT_CACHE_TTL,
+                Arc::new(sas::ports::SystemClock),
+            ));
+            let made = sas::remote::http_client()
+                .map_err(|e| e.to_string())
+                .and_then(|client| sas::remote::HttpRemote::new(client, &target, credentials));
+            match made {
+                Ok(remote) => Box::new(remote),
+                Err(e) => {
+                    let _ = writeln!(err, "error: --url {url}: {e}");
+                    return Ok(exit::USAGE);
+                }
+            }
+        }
+        (None, Some(function)) => {
+            let target = sas::domain::workflow::LambdaTarget {
+                function: function.clone(),
+                refusals: args.refusal.clone(),
+            };
+            let client = aws_sdk_lambda::Client::new(&sas::aws::sdk_config().await);
+            Box::new(sas::remote::LambdaRemote::new(client, &target))
         }
         (None, None) => {
             let _ = writeln!(err, "error: give --url or --function");
             return Ok(exit::USAGE);
         }
     };
+    let target = args
+        .url
+        .as_ref()
+        .map(Url::to_string)
+        .or_else(|| args.function.clone())
+        .unwrap_or_default();
     let plan = Plan {
         timeout: Duration::from_millis(args.timeout_ms),
         give_up: Duration::from_millis(args.give_up_ms),
         settle: Duration::from_millis(args.settle_ms),
         ..Plan::new(&args.action, &args.undo, input)
     };
-    let report = run_checks(&remote, &plan, &target).await;
+    let report = run_checks(remote.as_ref(), &plan, &target).await;
     if json {
         print_json(
             out,

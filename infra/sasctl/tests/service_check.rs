@@ -106,32 +106,17 @@ async fn service_check_tells_a_service_with_tombstones_from_one_without() {
     }
 }
 
-#[tokio::test]
-async fn service_check_of_a_lambda_function_says_what_it_needs() {
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let cli = Cli::parse_from([
-        "sasctl",
-        "service",
-        "check",
-        "--function",
-        "payments",
-        "--action",
-        "a",
-        "--undo",
-        "u",
-    ]);
-    let code = run_with(cli, &mut out, &mut err).await.expect("written");
-    assert_eq!(code, sasctl::exit::USAGE);
-    let err = String::from_utf8(err).expect("UTF-8");
-    assert!(
-        err.contains("Lambda targets: needs the lambda remote"),
-        "{err}"
-    );
-    assert!(
-        Cli::try_parse_from(["sasctl", "service", "check", "--action", "a", "--undo", "u"])
-            .is_err(),
-        "--url or --function is required"
-    );
+#[test]
+fn service_check_needs_one_target_and_refusals_only_for_a_function() {
+    let parse = |extra: &[&str]| {
+        let mut args = vec!["sasctl", "service", "check", "--action", "a", "--undo", "u"];
+        args.extend_from_slice(extra);
+        Cli::try_parse_from(args)
+    };
+    assert!(parse(&[]).is_err(), "--url or --function is required");
+    assert!(parse(&["--url", "http://127.0.0.1:1", "--function", "f"]).is_err());
+    assert!(parse(&["--url", "http://127.0.0.1:1", "--refusal", "Declined"]).is_err());
+    assert!(parse(&["--function", "payments", "--refusal", "Declined"]).is_ok());
 }
 
 #[tokio::test]

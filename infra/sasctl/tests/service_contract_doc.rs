@@ -29,6 +29,18 @@ fn headers() -> BTreeSet<String> {
     ]
     .map(str::to_owned)
     .into();
+    out.extend(
+        [
+            sas::remote::IDEMPOTENCY_HEADER,
+            sas::remote::TASK_HEADER,
+            sas::remote::STEP_HEADER,
+            sas::remote::DEADLINE_HEADER,
+            sas::remote::UNDOES_HEADER,
+            sas::remote::CALLBACK_URL_HEADER,
+            sas::remote::CALLBACK_TOKEN_HEADER,
+        ]
+        .map(str::to_owned),
+    );
     let dir = repo().join("shared/src/remote");
     let mut found = 0;
     for entry in std::fs::read_dir(&dir).expect("shared/src/remote") {
