@@ -341,8 +341,8 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     };
     out.push(straight(target, &plan, &[("shipping", refuse("arrange-shipping"))]).await?);
 
-    // 5. A loan refused at its contract (step 3, the pivot, not yet done: the applicant
-    // declined to sign, by callback), compensated: the funds are released; the credit check
+    // 5. A loan refused at its contract (step 3, the pivot, not yet done: the e-sign service
+    // refuses the request itself, so no callback comes), compensated: the funds are released; the credit check
     // has no undo. CheckCredit, ReserveFunds, SendContract (waitForTaskToken, caught),
     // ReleaseFunds, NotifyRefused, Fail: 6.
     let plan = Plan {
@@ -350,7 +350,7 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
         workflow: "loan-application",
         steps: 4,
         sfn_transitions: 6,
-        callbacks: 1,
+        callbacks: 0,
         expect: ProcessState::Refused,
     };
     out.push(straight(target, &plan, &[("e-sign", refuse("send-contract"))]).await?);

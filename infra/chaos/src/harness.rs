@@ -60,6 +60,10 @@ pub struct Config {
     /// The system's settings: deadlines, pollers, and each service's faults. The definitions
     /// published are [`Config::definitions`], not `settings.definitions`.
     pub settings: Settings,
+    /// The services [`Config::down`] took down for the whole run: its tasks wait for it (an open
+    /// circuit defers a step and fails nothing), so at the end they are counted as waiting, not
+    /// lost.
+    pub down: Vec<String>,
 }
 
 impl Config {
@@ -115,6 +119,7 @@ impl Config {
             rate: Some(500),
             plan: Plan::new(seed),
             settings,
+            down: vec![],
         }
     }
 
@@ -156,6 +161,7 @@ impl Config {
             now - chrono::Duration::hours(1),
             now + chrono::Duration::days(1),
         ));
+        self.down.push(service.to_owned());
         Ok(())
     }
 
@@ -324,6 +330,10 @@ pub struct Report {
     pub states: BTreeMap<String, usize>,
     /// Accepted tasks with no record, or not terminal when the budget ran out.
     pub lost: Vec<String>,
+    /// Tasks not terminal at the end because their current step (or undo) is on a service
+    /// taken down for the whole run (`--down`): they wait for it (deferred by its open circuit,
+    /// or timed out and handed back), they are not lost.
+    pub waiting: Vec<String>,
     /// Idempotency keys applied more than once.
     pub doubled: Vec<String>,
     /// Steps whose net effect is not what the task's final state says (1 per step of a
@@ -474,6 +484,13 @@ impl Report {
             row(&format!("final state {state}"), n.to_string(), "");
         }
         row("lost", self.lost.len().to_string(), "0");
+        if !self.waiting.is_empty() {
+            row(
+                "waiting for the service that is down",
+                self.waiting.len().to_string(),
+                "",
+            );
+        }
         row(
             "keys applied more than once",
             self.doubled.len().to_string(),
@@ -672,8 +689,10 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
             finals.insert(*id, system.store.get_state(*id).await.ok().flatten());
         }
         let done = finals.values().all(|r| {
-            r.as_ref()
-                .is_some_and(|r| r.process_state.is_terminal() && !r.notice_pending())
+            r.as_ref().is_some_and(|r| {
+                (r.process_state.is_terminal() && !r.notice_pending())
+                    || (!cfg.down.is_empty() && deferred(r))
+            })
         });
         if done || Instant::now() >= until {
             break;
@@ -799,7 +818,16 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
                 .latencies_ms
                 .push((at - r.created_at).num_milliseconds());
         }
-        if !terminal {
+        let on_down = workflow
+            .step(r.step_index)
+            .is_some_and(|s| cfg.down.contains(&s.service));
+        // With a service down for the whole run, a task whose current step (or undo) is on it
+        // can only wait: it defers, or times out and is handed back, again and again.
+        if !terminal && on_down {
+            report
+                .waiting
+                .push(format!("{id} ({name}): {}", r.process_state));
+        } else if !terminal {
             report
                 .lost
                 .push(format!("{id} ({name}): still {}", r.process_state));
@@ -957,6 +985,14 @@ fn wanted_net(r: &StateRecord, i: usize, s: &StepState) -> Option<&'static [i32]
         P::Compensated | P::Refused | P::CompensationFailed | P::Error => as_it_ran,
         P::Pending | P::Processing | P::Compensating => return None,
     })
+}
+
+/// Whether the record's last move was a deferral by an open circuit (it waits for the service).
+fn deferred(r: &StateRecord) -> bool {
+    !r.process_state.is_terminal()
+        && r.history
+            .last()
+            .is_some_and(|h| h.reason.starts_with("deferred"))
 }
 
 /// Submits task `i` (of [`workflow_of`]`(i)`) with an idempotency key, retrying 5xx answers and

@@ -262,6 +262,9 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
     if let Some(t) = r.undo_after {
         item.insert("UndoAfter".to_owned(), ms(t));
     }
+    if r.deferrals > 0 {
+        item.insert("Deferrals".to_owned(), n(r.deferrals));
+    }
     if !r.callback_key.is_empty() {
         item.insert("CallbackKey".to_owned(), s(&r.callback_key));
     }
@@ -417,6 +420,7 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
         complete_by: opt_n(item, "CompleteBy")?.map(time).transpose()?,
         failure_count: get_n(item, "FailureCount")?,
         round: opt_n(item, "Round")?.unwrap_or(0),
+        deferrals: opt_n(item, "Deferrals")?.unwrap_or(0),
         attempt: get_n(item, "Attempt")?,
         step_index: get_n(item, "StepIndex")?,
         steps,

@@ -340,6 +340,11 @@ pub struct StateRecord {
     /// threshold.
     #[serde(default)]
     pub round: u32,
+    /// Deferrals in a row of the current step (or undo) by its service's open circuit: each
+    /// waits longer (the step's retry delay for that many), so a long outage costs a few
+    /// wake-ups per task, not one per breaker window. Not failures: the task waits.
+    #[serde(default)]
+    pub deferrals: u32,
     /// Bumped on every claim: the fencing token carried by step requests and replies.
     pub attempt: u64,
     /// The index of the current step (`steps.len()` once Processed). During compensation: the
@@ -458,6 +463,7 @@ impl StateRecord {
             complete_by: Some(to_millis(pickup_by)),
             failure_count: 0,
             round: 0,
+            deferrals: 0,
             attempt: 0,
             step_index: 0,
             steps: workflow

@@ -492,6 +492,10 @@ pub fn apply_reply(
     }
     let now = to_millis(now);
     let mut n = next(r, now);
+    if !matches!(outcome, StepOutcome::Deferred { .. }) {
+        // The service answered: the next outage's deferrals start short again.
+        n.deferrals = 0;
+    }
     let name = r.steps[step_index].name.clone();
     let effects = match (outcome, undo) {
         (StepOutcome::Deferred { until }, _) => {
@@ -866,9 +870,11 @@ fn hand_back(
 }
 
 /// The step (or undo) that was out could not be tried now (its service's circuit is open):
-/// handed back unlocked and re-enqueued after `wait` (spread by up to a second). Not a failure
-/// of the task: `FailureCount` stays, so an outage or a misconfigured service makes tasks wait,
-/// never compensates them (the breaker's opening alerts the operator).
+/// handed back unlocked and re-enqueued after `wait` at least, and at least the step's retry
+/// delay for the deferrals in a row so far (exponential, capped at `maxDelay`, with jitter), so
+/// a long outage costs a few wake-ups per task. Not a failure of the task: `FailureCount`
+/// stays, so an outage or a misconfigured service makes tasks wait, never compensates them (the
+/// breaker's opening alerts the operator).
 fn defer(
     r: &StateRecord,
     n: &mut StateRecord,
@@ -886,7 +892,9 @@ fn defer(
         n.process_state = ProcessState::Pending;
         n.steps[i].status = StepStatus::Pending;
     }
-    let delay = wait + Duration::milliseconds((stable_jitter(r) * 1000.0) as i64);
+    n.deferrals = r.deferrals.saturating_add(1);
+    let delay = wait.max(p.at(i).retry_delay(n.deferrals, stable_jitter(r)))
+        + Duration::milliseconds((stable_jitter(r) * 1000.0) as i64);
     n.complete_by = Some(now + delay + p.at(i).pickup_timeout);
     log(n, r.process_state, Some(i), format!("deferred: {reason}"));
     vec![Effect::Enqueue { delay }]
@@ -1564,26 +1572,42 @@ mod tests {
             "{delay}"
         );
         assert!(r.steps[1].sent, "a deferred step may have been sent before");
-        // However often the circuit stays open, the task waits and never fails.
+        // However often the circuit stays open, the task waits and never fails; the waits
+        // grow (the step's retry delay for the deferrals in a row), up to its `maxDelay`.
+        let soon = now + Duration::milliseconds(10);
+        let mut last = Duration::zero();
         for _ in 0..10 {
             let a = r.attempt;
             apply(&mut r, |r| claim(r, "s", now, &p));
-            apply(&mut r, |r| {
+            let t = apply(&mut r, |r| {
                 apply_reply(
                     r,
                     a + 1,
                     1,
                     false,
-                    &StepOutcome::Deferred { until },
+                    &StepOutcome::Deferred { until: soon },
                     now,
                     &p,
                 )
             });
+            if let [Effect::Enqueue { delay }] = t.effects[..] {
+                last = delay;
+            }
         }
         assert_eq!(
-            (r.process_state, r.failure_count),
-            (ProcessState::Pending, 0)
+            (r.process_state, r.failure_count, r.deferrals),
+            (ProcessState::Pending, 0, 11)
         );
+        let cap = p.at(1).retry_max_delay;
+        assert!(
+            last >= cap / 2 && last <= cap + Duration::seconds(1),
+            "{last} against a cap of {cap}"
+        );
+        // The service answers: the count starts again.
+        let a = r.attempt;
+        apply(&mut r, |r| claim(r, "s", now, &p));
+        apply(&mut r, |r| apply_reply(r, a + 1, 1, false, &ok(), now, &p));
+        assert_eq!(r.deferrals, 0);
     }
 
     fn declined() -> StepOutcome {

@@ -1,7 +1,7 @@
 //! Callback steps for services that answer at once: the simulated services (and any
-//! [`RemoteService`] wrapped here) accept a callback step's request, do the work a little
-//! later, and report its outcome by posting to the step's callback URL, as a real asynchronous
-//! service (an e-sign provider, a person approving) does.
+//! [`RemoteService`] wrapped here) take a callback step's request (answering faults and
+//! refusals at once) and post its result to the step's callback URL a little later, as a real
+//! asynchronous service (an e-sign provider whose customer signs) does.
 
 use crate::ports::{RemoteCall, RemoteFault, RemoteService};
 use async_trait::async_trait;
@@ -35,18 +35,14 @@ impl CallbackSink for HttpCallbackSink {
 }
 
 /// A service that completes callback steps by callback: a call without a callback address goes
-/// to `inner` as usual; one with an address is accepted at once, performed `delay` later (its
-/// transient faults retried a few times, as a service retries its own work), and its outcome
-/// (the result, or the refusal) posted to the callback URL.
+/// to `inner` as usual; one with an address is performed at once (so a service that is down or
+/// refuses answers so, as a real one would), and its outcome, the result, is posted to the
+/// callback URL `delay` later (the signature that comes after the contract went out).
 pub struct CallbackCompleter {
     inner: Arc<dyn RemoteService>,
     sink: Arc<dyn CallbackSink>,
     delay: Duration,
 }
-
-/// How often the completer tries the work before it gives up (the step then times out and is
-/// retried under a new token).
-const WORK_TRIES: u32 = 5;
 
 impl CallbackCompleter {
     pub fn new(
@@ -64,41 +60,20 @@ impl RemoteService for CallbackCompleter {
         let Some(address) = call.callback.clone() else {
             return self.inner.call(call, timeout).await;
         };
-        let (inner, sink, delay) = (self.inner.clone(), self.sink.clone(), self.delay);
         let work = RemoteCall {
             callback: None,
             ..call.clone()
         };
+        // Faults and refusals answer the request itself; a success is only an acceptance.
+        let result = self.inner.call(&work, timeout).await?;
+        let (sink, delay, key) = (self.sink.clone(), self.delay, work.idempotency_key);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            let mut outcome = None;
-            for attempt in 0..WORK_TRIES {
-                match inner.call(&work, Duration::from_secs(30)).await {
-                    Ok(result) => {
-                        outcome = Some(json!({"status": "succeeded", "result": result}));
-                        break;
-                    }
-                    Err(RemoteFault::Refused { code, message }) => {
-                        outcome =
-                            Some(json!({"status": "refused", "code": code, "message": message}));
-                        break;
-                    }
-                    Err(e) => {
-                        warn!(key = %work.idempotency_key, attempt, error = %e, "callback work failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
-                    }
-                }
-            }
-            let Some(body) = outcome else {
-                warn!(key = %work.idempotency_key, "callback work gave up: the step will time out");
-                return;
-            };
+            let body = json!({"status": "succeeded", "result": result});
             match sink.post(&address.url, &body).await {
                 Ok(status) if status < 300 => {}
-                Ok(status) => {
-                    warn!(key = %work.idempotency_key, status, "callback not accepted")
-                }
-                Err(e) => warn!(key = %work.idempotency_key, error = %e, "callback not posted"),
+                Ok(status) => warn!(%key, status, "callback not accepted"),
+                Err(e) => warn!(%key, error = %e, "callback not posted"),
             }
         });
         Ok(json!({"accepted": true}))
