@@ -324,6 +324,44 @@ async fn the_loan_runs_on_two_http_services_and_a_lambda_with_a_callback_through
             "{t}"
         );
     }
+    // A replayed callback is fenced (409), a forged token is unknown (404), a malformed body
+    // is refused (400); none changes a task.
+    let urls: Vec<String> = signed
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter_map(|(_, _, url)| url.clone())
+        .collect();
+    let replay = http
+        .post(&urls[0])
+        .json(&json!({"status": "succeeded", "result": {"id": "again"}}))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(replay.status().as_u16(), 409);
+    let body: Value = replay.json().await.expect("JSON");
+    assert_eq!(body["error"]["code"], "stale_callback");
+    let forged = format!(
+        "{}0",
+        urls[0].trim_end_matches(|c: char| c.is_ascii_hexdigit())
+    );
+    let answer = http
+        .post(&forged)
+        .json(&json!({"status": "heartbeat"}))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(answer.status().as_u16(), 404);
+    let answer = http
+        .post(&urls[0])
+        .json(&json!({"status": "done"}))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(answer.status().as_u16(), 400);
+    for id in &ids {
+        assert_eq!(task(&http, &base, id).await["processState"], "Processed");
+    }
     system.shutdown().await;
 
     let alerts: Vec<_> = bus

@@ -222,11 +222,18 @@ async fn serve(opts: &Opts, listen: SocketAddr) -> anyhow::Result<()> {
         sas::catalog::read_folder(dir)
             .with_context(|| format!("reading the definitions in {}", dir.display()))?;
     }
-    let settings = settings(opts, Faults::default(), None);
+    let mut settings = settings(opts, Faults::default(), None);
+    // Services declared as real ones reach them as the agent does: credentials from Secrets
+    // Manager or SSM and Lambda functions, through this environment's AWS configuration.
+    let sdk = sas::aws::sdk_config().await;
+    settings.credentials = Arc::new(sas::aws::AwsCredentials::from_config(&sdk));
+    settings.lambda = Some(sas::aws::lambda_client(&sdk));
     let mut system = System::new(backend(opts).await, settings, Arc::new(SystemClock))
         .await
         .context("building the system")?;
     let bound = system.serve(listen).await.context("binding the HTTP API")?;
+    // A real callback step's service posts its callback here.
+    system.scheduler.callback_base_url = Some(format!("http://{bound}"));
     system.start();
     let workflows: Vec<String> = system
         .definitions
