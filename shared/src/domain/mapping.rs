@@ -38,6 +38,21 @@ fn escape_pointer(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
+/// The path of a singular query, one entry per segment: `Some(name)` for a name, `None` for
+/// an index; `None` if any segment is not a name or an index (the query may select several
+/// values).
+pub(crate) fn singular_path(query: &JpQuery) -> Option<Vec<Option<&str>>> {
+    query
+        .segments
+        .iter()
+        .map(|segment| match segment {
+            Segment::Selector(Selector::Name(n)) => Some(Some(n.as_str())),
+            Segment::Selector(Selector::Index(_)) => Some(None),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A hint for the most common mistake: a dashed name written with a dot.
 fn dash_hint(source: &str) -> String {
     let mut out = String::from("$");
@@ -109,18 +124,11 @@ impl Mapping {
                 )
             }
         })?;
-        let mut names = vec![];
-        for segment in &query.segments {
-            match segment {
-                Segment::Selector(Selector::Name(n)) => names.push(Some(n.as_str())),
-                Segment::Selector(Selector::Index(_)) => names.push(None),
-                _ => {
-                    return Err(format!(
-                        "{source:?} is not a singular query: use names and indexes only, so that it selects one value"
-                    ));
-                }
-            }
-        }
+        let Some(names) = singular_path(&query) else {
+            return Err(format!(
+                "{source:?} is not a singular query: use names and indexes only, so that it selects one value"
+            ));
+        };
         match names.as_slice() {
             [] => Err(format!(
                 "{source:?} selects the whole context: start with $.input, $.steps or $.task"

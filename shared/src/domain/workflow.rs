@@ -535,25 +535,17 @@ impl PathTemplate {
 }
 
 fn placeholder_query(source: &str) -> Result<jsonpath_rust::parser::model::JpQuery, String> {
-    use jsonpath_rust::parser::model::{Segment, Selector};
     let query = jsonpath_rust::parser::parse_json_path(source).map_err(|e| {
         format!(
             "{{{source}}} is not an RFC 9535 JSONPath: {}",
             e.to_string().lines().next().unwrap_or_default()
         )
     })?;
-    let mut names = vec![];
-    for segment in &query.segments {
-        match segment {
-            Segment::Selector(Selector::Name(n)) => names.push(Some(n.as_str())),
-            Segment::Selector(Selector::Index(_)) => names.push(None),
-            _ => {
-                return Err(format!(
-                    "{{{source}}} is not a singular query: use names and indexes only"
-                ));
-            }
-        }
-    }
+    let Some(names) = super::mapping::singular_path(&query) else {
+        return Err(format!(
+            "{{{source}}} is not a singular query: use names and indexes only"
+        ));
+    };
     match names.as_slice() {
         [Some("input"), ..] | [Some("task"), Some("id")] | [Some("step")] | [Some("action")] => {
             Ok(query)
