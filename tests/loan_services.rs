@@ -18,22 +18,13 @@ use sas::catalog;
 use sas::local::{Backend, Settings, System};
 use sas::ports::SystemClock;
 use sas::remote::{Faults, SimulatedService, router};
-use sas_blackbox::{loan_input, sdk_config, unique};
+use sas_blackbox::{loan_input, sdk_config, serve_loopback, unique};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-async fn serve(app: axum::Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}")
-}
 
 /// The credit bureau: the simulated service over HTTP, 401 without the right bearer token.
 async fn credit_bureau(token: String, seen: Arc<AtomicUsize>) -> (Arc<SimulatedService>, String) {
@@ -59,7 +50,7 @@ async fn credit_bureau(token: String, seen: Arc<AtomicUsize>) -> (Arc<SimulatedS
         }
     };
     let app = router(sim.clone()).layer(middleware::from_fn(check));
-    (sim, serve(app).await)
+    (sim, serve_loopback(app).await)
 }
 
 /// What core-banking's front door does besides serving the simulated service.
@@ -115,7 +106,7 @@ async fn core_banking(bank: Arc<Bank>) -> (Arc<SimulatedService>, String) {
         next.run(req).await
     }
     let app = router(sim.clone()).layer(middleware::from_fn_with_state(bank, front));
-    (sim, serve(app).await)
+    (sim, serve_loopback(app).await)
 }
 
 /// What the e-sign function saw: (action, idempotency key, callback URL).
@@ -166,7 +157,7 @@ async fn e_sign(seen: Invocations) -> String {
             axum::routing::post(invoke),
         )
         .with_state(seen);
-    serve(app).await
+    serve_loopback(app).await
 }
 
 fn lambda_client(endpoint: &str) -> aws_sdk_lambda::Client {

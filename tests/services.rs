@@ -12,7 +12,9 @@ use sas::domain::workflow::CredentialSource;
 use sas::local::{Backend, System};
 use sas::ports::SystemClock;
 use sas::remote::{Credentials, Faults, SimulatedService, router};
-use sas_blackbox::{manual_settings, pump_until_quiet, sdk_config, state, submit_ok, unique};
+use sas_blackbox::{
+    manual_settings, pump_until_quiet, sdk_config, serve_loopback, state, submit_ok, unique,
+};
 use std::sync::{Arc, Mutex};
 
 async fn put_secret(config: &aws_config::SdkConfig, name: &str, value: &str) {
@@ -104,13 +106,7 @@ async fn guarded(expected: Arc<Mutex<String>>) -> String {
         ));
         app = app.nest(&format!("/{name}"), router(sim));
     }
-    let app = app.layer(middleware::from_fn_with_state(expected, check));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}")
+    serve_loopback(app.layer(middleware::from_fn_with_state(expected, check))).await
 }
 
 #[tokio::test]

@@ -388,3 +388,13 @@ pub async fn wait_for_messages(system: &System, url: &str, n: usize) -> Vec<Valu
     }
     got
 }
+
+/// Serves `app` on a free loopback port; its base URL (`http://127.0.0.1:PORT`).
+pub async fn serve_loopback(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
