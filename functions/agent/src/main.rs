@@ -29,7 +29,14 @@ async fn main() -> Result<(), Error> {
     // A simulated service keeps its idempotency keys in this execution environment only: it is
     // for demo stacks and smoke tests, never for real work.
     let simulated: Arc<Mutex<HashMap<String, Arc<SimulatedService>>>> = Arc::default();
-    let callbacks: Arc<dyn CallbackSink> = Arc::new(HttpCallbackSink(sas::remote::http_client()?));
+    let credentials_ttl = config::parsed("CREDENTIALS_CACHE_SECONDS", 300u32)?;
+    let connectors = Connectors::new(
+        Arc::new(sas::aws::AwsCredentials::from_config(&sdk)),
+        chrono::Duration::seconds(i64::from(credentials_ttl)),
+        clock.clone(),
+        Some(sas::aws::lambda_client(&sdk)),
+    )?;
+    let callbacks: Arc<dyn CallbackSink> = Arc::new(HttpCallbackSink(connectors.http.clone()));
     let factory = {
         let clock = clock.clone();
         Arc::new(move |name: &str| -> Arc<dyn RemoteService> {
@@ -50,13 +57,6 @@ async fn main() -> Result<(), Error> {
             ))
         })
     };
-    let credentials_ttl = config::parsed("CREDENTIALS_CACHE_SECONDS", 300u32)?;
-    let connectors = Connectors::new(
-        Arc::new(sas::aws::AwsCredentials::from_config(&sdk)),
-        chrono::Duration::seconds(i64::from(credentials_ttl)),
-        clock.clone(),
-        Some(sas::aws::lambda_client(&sdk)),
-    )?;
     let deps = AgentDeps {
         name: config::optional("AGENT_NAME").unwrap_or_else(|| "agent".into()),
         queue: Arc::new(config::sqs_queue(&sdk)),
