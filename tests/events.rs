@@ -382,6 +382,9 @@ async fn seed_task(system: &System, seed: &Seed) {
         input: seed_input(&seed.workflow),
         reply_queue_url: None,
         created_at: to_millis(created),
+        // The samples' caller (their IAM authorizer context), so they may read it.
+        caller: sas::Caller::from_iam_arn("arn:aws:sts::123456789012:assumed-role/shop/i-0example")
+            .expect("caller"),
     };
     let record = StateRecord::new(seed.task_id, &w, None, created, pickup_by);
     assert_eq!(
@@ -466,8 +469,17 @@ async fn call_submission(system: &System, json: &Value) -> http::Response<String
         panic!("not read as an API Gateway HTTP API (v2) request: {lambda:?}")
     };
     let req = lambda_http::Request::from(lambda);
+    // The caller, as the deployed function takes it: from the IAM authorizer's context.
+    use lambda_http::RequestExt;
+    let identity = match req.request_context_ref() {
+        Some(lambda_http::request::RequestContext::ApiGatewayV2(ctx)) => {
+            sas::auth::from_api_gateway(sas::auth::AuthMode::Iam, ctx)
+        }
+        other => panic!("not an HTTP API request context: {other:?}"),
+    };
     submission::handle(
         &system.submission,
+        &identity,
         req.method(),
         req.uri().path(),
         req.headers(),

@@ -10,6 +10,7 @@ use sas::remote::Faults;
 use sas::transition::StepOutcome;
 use sas::{ProcessState, StepStatus, TaskId};
 use sas_blackbox::{
+    operator_call,
     ECOMMERCE, LOAN, actions, assert_valid, aws_system, drain, effects, loan_input,
     manual_settings, net, order_input, pump_until_quiet, state, submit, submit_loan, submit_ok,
     subscribe, task_items, wait_for_messages,
@@ -319,16 +320,14 @@ async fn a_refused_payout_after_the_pivot_ends_in_error_and_only_goes_forward() 
 
     // The operator cannot undo it past the pivot; a retry pays out once the bank accepts.
     for action in ["compensate", "cancel"] {
-        let resp = sas::handlers::submission::handle(
-            &system.submission,
-            &http::Method::POST,
+        let (status, body) = operator_call(
+            &system,
+            http::Method::POST,
             &format!("/tasks/{id}/{action}"),
-            &http::HeaderMap::new(),
             b"",
         )
         .await;
-        assert_eq!(resp.status(), 409, "{action}: {}", resp.body());
-        let body: Value = serde_json::from_str(resp.body()).expect("JSON");
+        assert_eq!(status, 409, "{action}: {body}");
         assert_eq!(body["error"]["code"], "conflict", "{body}");
         assert_eq!(body["processState"], "Error", "{body}");
     }
@@ -337,15 +336,14 @@ async fn a_refused_payout_after_the_pivot_ends_in_error_and_only_goes_forward() 
         .services
         .get("core-banking")
         .set_faults(Faults::default());
-    let resp = sas::handlers::submission::handle(
-        &system.submission,
-        &http::Method::POST,
+    let (status, body) = operator_call(
+        &system,
+        http::Method::POST,
         &format!("/tasks/{id}/retry"),
-        &http::HeaderMap::new(),
         b"",
     )
     .await;
-    assert_eq!(resp.status(), 202, "{}", resp.body());
+    assert_eq!(status, 202, "{body}");
     pump_until_quiet(&system, 20).await;
     let r = state(&system, id).await;
     assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");

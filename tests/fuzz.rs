@@ -26,7 +26,7 @@
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use sas::domain::task::{MAX_INPUT_BYTES, parse_queue_url};
+use sas::domain::task::{MAX_INPUT_BYTES, ReplyQueues};
 use sas::domain::workflow::{self, MAX_DEFINITION_BYTES, examples};
 use sas::handlers::submission::{self, MAX_BODY_BYTES, MAX_KEY_LEN};
 use sas::local::{Settings, System};
@@ -683,9 +683,12 @@ fn reply() -> BoxedStrategy<ReplySpec> {
     prop_oneof![
         8 => Just(ReplySpec::Absent),
         3 => prop::sample::select(vec![
+            "memory://sas/sasreply-local--shop",
+            "memory://sas/sasreply-local--a_2",
             "https://sqs.us-east-1.amazonaws.com/123456789012/sas-dev-client-shop",
             "http://localhost:4566/000000000000/q",
             "memory://sas/nowhere",
+            "memory://sas/sasreply-local--",
             "ftp://example.com/q",
             "https://",
             "not a url",
@@ -2045,7 +2048,12 @@ fn key_of(headers: &HeaderMap) -> Result<Option<String>, ()> {
 fn reply_of(headers: &HeaderMap) -> Result<Option<String>, ()> {
     match headers.get(submission::REPLY_QUEUE_URL) {
         None => Ok(None),
-        Some(v) => match v.to_str().ok().map(parse_queue_url) {
+        // The local runner's default pattern on the memory backend.
+        Some(v) => match v.to_str().ok().map(|u| {
+            ReplyQueues::parse("memory://sas/sasreply-local--*")
+                .expect("pattern")
+                .check(u)
+        }) {
             Some(Ok(u)) => Ok(Some(u)),
             _ => Err(()),
         },
@@ -2303,8 +2311,16 @@ async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestC
         Route::Publish(kind, name) => Some(expect_publish(model, *kind, name, &r)),
         _ => None,
     };
-    let resp =
-        submission::handle(&system.submission, &r.method, &r.path, &r.headers, &r.body).await;
+    // The operator API (it serves every route the model knows), as an operator.
+    let resp = submission::handle(
+        &system.operator,
+        &sas_blackbox::operator(),
+        &r.method,
+        &format!("{}{}", submission::OPERATOR_PREFIX, r.path),
+        &r.headers,
+        &r.body,
+    )
+    .await;
     let status = resp.status();
     let ctx = format!(
         "{} {:?} {:?} body ({} bytes) {:?} -> {} {}",

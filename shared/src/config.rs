@@ -155,3 +155,17 @@ pub fn event_bus(sdk: &aws_config::SdkConfig) -> Result<crate::aws::EventBridgeB
 pub fn sqs_queue(sdk: &aws_config::SdkConfig) -> crate::aws::SqsQueue {
     crate::aws::SqsQueue::new(aws_sdk_sqs::Client::new(sdk))
 }
+
+/// The reply queues a task's caller may name (`REPLY_QUEUES`: comma-separated queue URL
+/// patterns ending in `*`; absent: none).
+pub fn reply_queues() -> Result<crate::domain::task::ReplyQueues, ConfigError> {
+    match optional("REPLY_QUEUES") {
+        None => Ok(crate::domain::task::ReplyQueues::none()),
+        Some(spec) => crate::domain::task::ReplyQueues::parse(&spec).map_err(|e| {
+            ConfigError::Invalid {
+                name: "REPLY_QUEUES",
+                problem: e.problem,
+            }
+        }),
+    }
+}

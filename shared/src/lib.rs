@@ -9,9 +9,11 @@
 //! - [`memory`] and [`aws`]: the two implementations of the ports.
 //! - [`catalog`]: the published workflows and services, read through the ports and cached.
 //! - [`remote`]: each service's remote (simulated, or HTTP) behind its shared breaker.
+//! - [`auth`]: who is calling the task API (the authorizer's principal as an `Identity`).
 //! - [`handlers`]: the four functions' logic as plain async functions over the ports.
 //! - [`local`]: wiring that hosts the four handlers in one process (local runner and tests).
 
+pub mod auth;
 pub mod aws;
 pub mod catalog;
 pub mod config;

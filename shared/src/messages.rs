@@ -137,6 +137,13 @@ pub struct TaskNotice {
     /// The service's refusal (step, code, message), on `TaskRefused` and after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal: Option<crate::domain::state::Refusal>,
+    /// Who asked for this transition (an operator's principal, or the task's caller for a
+    /// cancel), on the notices of those actions only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// The reason they gave, if any (with `by`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     pub sequence: u64,
     pub at: DateTime<Utc>,
 }
@@ -146,6 +153,12 @@ pub const EVENT_SOURCE: &str = "sas.tasks";
 
 impl TaskNotice {
     pub fn of(r: &StateRecord, status: Status) -> Self {
+        // The action that made this version, if someone asked for it: its history line was
+        // written with it (same time, same state).
+        let acted = r
+            .history
+            .last()
+            .filter(|h| h.by.is_some() && h.at == r.updated_at && h.to == r.process_state);
         Self {
             task_id: r.task_id,
             workflow: r.workflow.clone(),
@@ -157,6 +170,8 @@ impl TaskNotice {
             failure_count: r.failure_count,
             last_error: r.last_error.clone(),
             refusal: r.refusal.clone(),
+            by: acted.and_then(|h| h.by.clone()),
+            reason: acted.map(|h| h.reason.clone()),
             sequence: r.version,
             at: r.updated_at,
         }

@@ -1,7 +1,9 @@
 //! The small traits the handlers talk to. Each has an AWS implementation ([`crate::aws`]) and
 //! an in-memory one ([`crate::memory`]) that pass the same contract tests.
 
-use crate::domain::{BreakerRecord, Condition, ProcessState, StateRecord, Task, TaskId};
+use crate::domain::{
+    BreakerRecord, Caller, Condition, ProcessState, StateRecord, Task, TaskId,
+};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -89,6 +91,15 @@ pub trait StateStore: Send + Sync {
         &self,
         state: ProcessState,
         workflow: Option<&str>,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, StoreError>;
+    /// One page of `caller`'s tasks, newest first (by creation), starting after `after`
+    /// (whose `updated_at_ms` is, here, the last task's creation time). Served by the caller
+    /// index; eventually consistent.
+    async fn list_by_caller(
+        &self,
+        caller: &Caller,
         limit: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError>;

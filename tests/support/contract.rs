@@ -9,7 +9,7 @@ use sas::ports::{
     Catalog, CreateOutcome, Entry, IdempotencyRecord, Kind, Published, Queue, StateStore,
     StoreError,
 };
-use sas::{Policies, Policy, ProcessState, StateRecord, Task, TaskId, Workflow};
+use sas::{Caller, Policies, Policy, ProcessState, StateRecord, Task, TaskId, Workflow};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +37,7 @@ fn task_of(name: &str, now: chrono::DateTime<Utc>) -> Task {
         input,
         reply_queue_url: Some("http://127.0.0.1:1/queue/replies".into()),
         created_at: to_millis(now),
+        caller: Caller::new("arn:aws:iam::123456789012:role/shop").expect("caller"),
     }
 }
 
@@ -73,7 +74,50 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     leases_have_one_holder_until_they_expire(store.as_ref()).await;
     breakers_move_one_version_at_a_time(store.as_ref()).await;
     state_index_filters_by_workflow(store.as_ref()).await;
+    callers_list_their_own_tasks_newest_first(store.as_ref()).await;
     racing_claims_have_one_winner(store).await;
+}
+
+/// The caller index: a caller's tasks only, newest first, in pages that cover each once.
+async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
+    let alice = Caller::new(format!("arn:aws:iam::123456789012:user/alice-{}", TaskId::new_random()))
+        .expect("caller");
+    let bob = Caller::new(format!("bob-{}", TaskId::new_random())).expect("caller");
+    let start = Utc::now();
+    let mut mine = Vec::new();
+    for (i, who) in [&alice, &bob, &alice, &alice, &bob].into_iter().enumerate() {
+        let mut t = task(start + Span::seconds(i as i64));
+        t.caller = who.clone();
+        let r = record(&t, start, Span::seconds(30));
+        assert_eq!(
+            store.create(&t, &r, None).await.expect("create"),
+            CreateOutcome::Created
+        );
+        if who == &alice {
+            mine.push(t.id);
+        }
+    }
+    mine.reverse();
+    let first = store.list_by_caller(&alice, 2, None).await.expect("page 1");
+    let ids: Vec<TaskId> = first.items.iter().map(|s| s.task_id).collect();
+    assert_eq!(ids, mine[..2], "newest first, alice's only");
+    assert!(first.items.iter().all(|s| s.process_state == ProcessState::Pending));
+    let next = first.next.expect("a cursor after a full page");
+    let second = store
+        .list_by_caller(&alice, 2, Some(&next))
+        .await
+        .expect("page 2");
+    let rest: Vec<TaskId> = second.items.iter().map(|s| s.task_id).collect();
+    assert_eq!(rest, mine[2..], "the rest, once");
+    assert!(second.next.is_none(), "{:?}", second.next);
+    let bobs = store.list_by_caller(&bob, 10, None).await.expect("bob");
+    assert_eq!(bobs.items.len(), 2);
+    let nobody = Caller::new("nobody").expect("caller");
+    let none = store.list_by_caller(&nobody, 10, None).await.expect("none");
+    assert!(none.items.is_empty() && none.next.is_none());
+    // The caller is stored with the task.
+    let (t, _) = store.get(mine[0]).await.expect("get").expect("found");
+    assert_eq!(t.caller, alice);
 }
 
 async fn leases_have_one_holder_until_they_expire(store: &dyn StateStore) {

@@ -234,6 +234,37 @@ pub fn loan_input() -> Value {
     json!({"applicantId": "a-42", "amount": 25000, "currency": "EUR"})
 }
 
+/// The principal the tests' operators act as.
+pub const OPERATOR_ARN: &str = "arn:aws:iam::123456789012:user/operator";
+
+/// The identity of the tests' operator.
+pub fn operator() -> sas::auth::Identity {
+    sas::auth::Identity::Caller(sas::Caller::new(OPERATOR_ARN).expect("caller"))
+}
+
+/// Calls the operator API (`/operator` + `path`) as [`operator`]; the status and JSON body.
+pub async fn operator_call(
+    system: &System,
+    method: http::Method,
+    path: &str,
+    body: &[u8],
+) -> (u16, Value) {
+    let resp = sas::handlers::submission::handle(
+        &system.operator,
+        &operator(),
+        &method,
+        &format!("{}{path}", sas::handlers::submission::OPERATOR_PREFIX),
+        &http::HeaderMap::new(),
+        body,
+    )
+    .await;
+    let status = resp.status().as_u16();
+    (
+        status,
+        serde_json::from_str(resp.body()).expect("JSON body"),
+    )
+}
+
 /// Sends `POST /workflows/{workflow}/tasks` through the submission handler, as API Gateway
 /// would: `Content-Type: application/json` and the given extra headers.
 pub async fn post_task(
@@ -255,6 +286,7 @@ pub async fn post_task(
     }
     let resp = sas::handlers::submission::handle(
         &system.submission,
+        &sas::auth::Identity::anonymous(),
         &http::Method::POST,
         &format!("/workflows/{workflow}/tasks"),
         &map,

@@ -1,11 +1,13 @@
-//! The submission Lambda (API Gateway HTTP API): `POST /workflows/{name}/tasks`,
-//! `GET /tasks/{taskId}`, and with `OPERATOR_API=true` the operator API (`GET /tasks?state=`,
-//! `POST /tasks/{taskId}/retry|compensate|cancel`, reading and publishing workflows and
-//! services).
-//! Reads its configuration, builds its clients once, hands requests to
-//! `sas::handlers::submission::handle`.
+//! The submission Lambda (API Gateway HTTP API), deployed twice: the task API
+//! (`POST /workflows/{name}/tasks`, `GET /tasks`, `GET /tasks/{taskId}`,
+//! `POST /tasks/{taskId}/cancel`, callbacks) behind the authorizer `API_AUTH` names (IAM, JWT or
+//! None), and with `OPERATOR_API=true` the operator API under `/operator` (always IAM).
+//! Reads its configuration, builds its clients once, takes the caller from the request
+//! context the authorizer filled, and hands requests to `sas::handlers::submission::handle`.
 
-use lambda_http::{Body, Error, Request, Response, run, service_fn};
+use lambda_http::request::RequestContext;
+use lambda_http::{Body, Error, Request, RequestExt, Response, run, service_fn};
+use sas::auth::{self, AuthMode, Identity};
 use sas::config;
 use sas::handlers::submission::{self, SubmissionDeps};
 use std::sync::Arc;
@@ -16,6 +18,13 @@ async fn main() -> Result<(), Error> {
     let sdk = sas::aws::sdk_config().await;
     let store = Arc::new(config::dynamo_store(&sdk)?);
     let clock: Arc<dyn sas::ports::Clock> = Arc::new(sas::ports::SystemClock);
+    let operator_api = config::parsed("OPERATOR_API", false)?;
+    // The operator API is always behind IAM, whatever the task API uses.
+    let mode: AuthMode = if operator_api {
+        AuthMode::Iam
+    } else {
+        config::parsed("API_AUTH", AuthMode::Iam)?
+    };
     let deps = SubmissionDeps {
         definitions: Arc::new(config::definitions(store.clone(), clock.clone())?),
         store,
@@ -23,14 +32,22 @@ async fn main() -> Result<(), Error> {
         events: Arc::new(config::event_bus(&sdk)?),
         clock,
         work_queue_url: config::required("WORK_QUEUE_URL")?,
-        // The template deploys this binary twice: the public API, and the operator API
-        // (OPERATOR_API=true) behind IAM authorization.
-        operator_api: config::parsed("OPERATOR_API", false)?,
+        operator_api,
+        reply_queues: config::reply_queues()?,
     };
+    if mode == AuthMode::None {
+        tracing::warn!("the task API runs without authentication (API_AUTH=None)");
+    }
     let deps = &deps;
     run(service_fn(move |req: Request| async move {
+        let identity = match req.request_context_ref() {
+            Some(RequestContext::ApiGatewayV2(ctx)) => auth::from_api_gateway(mode, ctx),
+            _ if mode == AuthMode::None => Identity::anonymous(),
+            _ => Identity::Unauthenticated("not an HTTP API request".into()),
+        };
         let resp = submission::handle(
             deps,
+            &identity,
             req.method(),
             req.uri()
                 .path_and_query()

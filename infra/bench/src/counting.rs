@@ -190,6 +190,18 @@ impl StateStore for CountingStore {
         self.meter.add(|c| c.rru += 0.5);
         self.inner.list(state, workflow, limit, after).await
     }
+    async fn list_by_caller(
+        &self,
+        caller: &sas::Caller,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, StoreError> {
+        // A Query of the caller index, then a BatchGetItem of the page's state records.
+        self.meter.call("DynamoDB Query (caller-index)");
+        self.meter.call("DynamoDB BatchGetItem");
+        self.meter.add(|c| c.rru += 0.5 + 0.5 * limit as f64);
+        self.inner.list_by_caller(caller, limit, after).await
+    }
 }
 
 /// The catalog (in the same table), counted: each read is one strongly consistent `GetItem`

@@ -161,11 +161,13 @@ async fn throughput(workflow: &str, tasks: usize, concurrency: usize) -> anyhow:
     );
     let body = input(workflow).to_string();
     let path = format!("/workflows/{workflow}/tasks");
+    let caller = sas::auth::Identity::anonymous();
     let mut ids = Vec::with_capacity(tasks);
     for chunk in (0..tasks).collect::<Vec<_>>().chunks(concurrency.max(1)) {
         let answers = futures::future::join_all(chunk.iter().map(|_| {
             sas::handlers::submission::handle(
                 &system.submission,
+                &caller,
                 &http::Method::POST,
                 &path,
                 &headers,

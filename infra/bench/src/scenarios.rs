@@ -151,6 +151,7 @@ async fn submit(system: &System, clocked: &mut Clocked, workflow: &str) -> anyho
     );
     let resp = sas::handlers::submission::handle(
         &system.submission,
+        &sas::auth::Identity::anonymous(),
         &http::Method::POST,
         &format!("/workflows/{workflow}/tasks"),
         &headers,

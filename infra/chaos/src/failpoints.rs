@@ -228,6 +228,14 @@ impl StateStore for ChaosStore {
     ) -> Result<Page, StoreError> {
         self.inner.list(state, workflow, limit, after).await
     }
+    async fn list_by_caller(
+        &self,
+        caller: &sas::Caller,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, StoreError> {
+        self.inner.list_by_caller(caller, limit, after).await
+    }
 }
 
 /// The queues with failpoints after every send, and messaging faults.

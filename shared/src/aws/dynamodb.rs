@@ -4,7 +4,7 @@
 //! |-----------------|--------------------|---------------|-----------------------------------|
 //! | task            | `TASK#<id>`        | `TASK`        | submission (transaction)          |
 //! | state record    | `TASK#<id>`        | `STATE`       | submission, scheduler, supervisor |
-//! | idempotency key | `IDEM#<key>`       | `IDEM`        | submission (transaction)          |
+//! | idempotency key | `IDEM#<caller>#<key>` | `IDEM`     | submission (transaction)          |
 //! | lease           | `LEASE#<name>`     | `LEASE`       | supervisor                        |
 //! | breaker         | `BREAKER#<name>`   | `BREAKER`     | agents                            |
 //! | definition      | `<KIND>#<name>`    | `V#<version>` | operator API (transaction)        |
@@ -16,10 +16,14 @@
 //!
 //! The sparse GSI `due-index` (`DueShard` S, `DueAt` N, keys only) holds exactly the state
 //! records with a `DueAt`: non-terminal ones, and terminal ones that still owe a notice.
+//! The GSI `caller-index` (`Caller` S, `CreatedAt` N, keys only) holds the task items (the
+//! only items with a `Caller`): a caller's tasks, newest first. A task item is written once,
+//! so the index costs one write per task. `<caller>` in an idempotency key is the SHA-256 of
+//! the caller id ([`crate::domain::Caller::digest`]): keys are scoped by caller.
 
 use crate::domain::state::due_shard;
 use crate::domain::{
-    BreakerRecord, BreakerState, Condition, Guard, HistoryEntry, ProcessState, StateRecord,
+    BreakerRecord, BreakerState, Caller, Condition, Guard, HistoryEntry, ProcessState, StateRecord,
     StepState, Task, TaskId,
 };
 use crate::ports::{
@@ -47,6 +51,8 @@ pub const STATE_INDEX_PROJECTION: [&str; 7] = [
     "Attempt",
     "LastError",
 ];
+/// The name of the GSI a caller's list queries (`Caller` S, `CreatedAt` N, keys only).
+pub const CALLER_INDEX: &str = "caller-index";
 /// How long an idempotency key is kept (the table's TTL attribute `ExpiresAt` deletes it).
 const KEY_TTL_SECONDS: i64 = 24 * 3600;
 
@@ -133,6 +139,7 @@ fn task_item(t: &Task) -> Item {
         ("WorkflowVersion".to_owned(), n(t.workflow_version)),
         ("Input".to_owned(), s(t.input.to_string())),
         ("CreatedAt".to_owned(), ms(t.created_at)),
+        ("Caller".to_owned(), s(t.caller.as_str())),
     ]);
     if let Some(u) = &t.reply_queue_url {
         item.insert("ReplyQueueUrl".to_owned(), s(u));
@@ -151,6 +158,11 @@ fn parse_task(item: &Item) -> Result<Task, StoreError> {
             .map_err(|e| corrupt(format!("Input is not JSON: {e}")))?,
         reply_queue_url: opt_s(item, "ReplyQueueUrl"),
         created_at: time(get_n(item, "CreatedAt")?)?,
+        // Tasks stored before callers were recorded belong to the anonymous caller.
+        caller: match opt_s(item, "Caller") {
+            Some(c) => Caller::new(c).map_err(|e| corrupt(format!("Caller: {e}")))?,
+            None => Caller::anonymous(),
+        },
     })
 }
 
@@ -168,6 +180,9 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
             ]);
             if let Some(st) = &h.step {
                 m.insert("Step".to_owned(), s(st));
+            }
+            if let Some(by) = &h.by {
+                m.insert("By".to_owned(), s(by));
             }
             AttributeValue::M(m)
         })
@@ -401,6 +416,7 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
                     step: opt_s(m, "Step"),
                     attempt: get_n(m, "Attempt")?,
                     reason: get_s(m, "Reason")?.to_owned(),
+                    by: opt_s(m, "By"),
                 }),
                 _ => Err(corrupt("History holds a non-map")),
             })
@@ -871,6 +887,123 @@ impl StateStore for DynamoStore {
         }
         Ok(Page { items, next: None })
     }
+
+    async fn list_by_caller(
+        &self,
+        caller: &Caller,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, StoreError> {
+        let limit = limit.clamp(1, 100);
+        let start = after.map(|c| {
+            HashMap::from([
+                ("pk".to_owned(), s(task_pk(&c.task_id))),
+                ("sk".to_owned(), s("TASK")),
+                ("Caller".to_owned(), s(caller.as_str())),
+                ("CreatedAt".to_owned(), n(c.updated_at_ms)),
+            ])
+        });
+        let out = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(CALLER_INDEX)
+            .key_condition_expression("#caller = :c")
+            .expression_attribute_names("#caller", "Caller")
+            .expression_attribute_values(":c", s(caller.as_str()))
+            .scan_index_forward(false)
+            .limit(limit as i32)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let mut keys = Vec::new();
+        for item in out.items() {
+            let id: TaskId = get_s(item, "pk")?
+                .strip_prefix("TASK#")
+                .ok_or_else(|| corrupt("caller-index item is not a task"))?
+                .parse()
+                .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?;
+            keys.push((id, get_n::<i64>(item, "CreatedAt")?));
+        }
+        let mut found = self.summaries(keys.iter().map(|(id, _)| *id)).await?;
+        let mut items = Vec::with_capacity(keys.len());
+        for (id, _) in &keys {
+            // A task whose state record is gone (expired between the two reads) is left out.
+            if let Some(summary) = found.remove(id) {
+                items.push(summary);
+            }
+        }
+        let next = match (out.last_evaluated_key(), keys.last()) {
+            (Some(k), Some((id, created))) if !k.is_empty() => Some(Cursor {
+                shard: 0,
+                updated_at_ms: *created,
+                task_id: *id,
+            }),
+            _ => None,
+        };
+        Ok(Page { items, next })
+    }
+}
+
+impl DynamoStore {
+    /// The summaries of the given tasks' state records (eventually consistent), by id.
+    async fn summaries(
+        &self,
+        ids: impl Iterator<Item = TaskId>,
+    ) -> Result<HashMap<TaskId, Summary>, StoreError> {
+        use aws_sdk_dynamodb::types::KeysAndAttributes;
+        let keys: Vec<Item> = ids
+            .map(|id| HashMap::from([("pk".to_owned(), s(task_pk(&id))), ("sk".to_owned(), s("STATE"))]))
+            .collect();
+        let mut found = HashMap::new();
+        if keys.is_empty() {
+            return Ok(found);
+        }
+        let names = HashMap::from(
+            STATE_INDEX_PROJECTION
+                .iter()
+                .chain(["UpdatedAt"].iter())
+                .enumerate()
+                .map(|(i, a)| (format!("#a{i}"), (*a).to_owned()))
+                .collect::<Vec<_>>()
+                .into_iter()
+                .collect::<HashMap<_, _>>(),
+        );
+        let projection = names.keys().cloned().collect::<Vec<_>>().join(", ");
+        let mut pending = Some(
+            KeysAndAttributes::builder()
+                .set_keys(Some(keys))
+                .projection_expression(projection)
+                .set_expression_attribute_names(Some(names))
+                .build()
+                .map_err(|e| StoreError::Unavailable(e.to_string()))?,
+        );
+        // Unprocessed keys (throttling) are asked again, a few times, then reported.
+        for _ in 0..5 {
+            let Some(request) = pending.take() else { break };
+            let out = self
+                .client
+                .batch_get_item()
+                .request_items(&self.table, request)
+                .send()
+                .await
+                .map_err(|e| unavailable(&e))?;
+            for item in out.responses().and_then(|r| r.get(&self.table)).into_iter().flatten() {
+                let summary = parse_summary(item)?;
+                found.insert(summary.task_id, summary);
+            }
+            pending = out
+                .unprocessed_keys()
+                .and_then(|u| u.get(&self.table))
+                .filter(|k| !k.keys().is_empty())
+                .cloned();
+        }
+        if pending.is_some() {
+            return Err(StoreError::Unavailable("state records left unread (throttled)".into()));
+        }
+        Ok(found)
+    }
 }
 
 fn definition_pk(kind: Kind, name: &str) -> String {
@@ -1133,6 +1266,7 @@ mod tests {
             input: serde_json::json!({"amount": 12.5, "nested": {"a": [1, null]}}),
             reply_queue_url: None,
             created_at: now,
+            caller: Caller::new("arn:aws:iam::123456789012:role/shop").expect("caller"),
         };
         assert_eq!(parse_task(&task_item(&task)).expect("parses"), task);
 

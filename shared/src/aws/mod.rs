@@ -10,6 +10,7 @@ mod sqs;
 
 pub use credentials::{AwsCredentials, lambda_client};
 pub use dynamodb::{
+    CALLER_INDEX,
     DUE_INDEX, DynamoStore, STATE_INDEX, STATE_INDEX_PROJECTION, index_entry_sizes, item_size,
     state_record_size, stored_sizes,
 };

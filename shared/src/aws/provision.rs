@@ -3,7 +3,7 @@
 //! Used by the local runner's `--aws` mode and by the tests. In AWS itself `template.yaml`
 //! defines these resources.
 
-use super::{DUE_INDEX, STATE_INDEX, STATE_INDEX_PROJECTION};
+use super::{CALLER_INDEX, DUE_INDEX, STATE_INDEX, STATE_INDEX_PROJECTION};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
     ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
@@ -168,6 +168,17 @@ pub async fn create_table(
         )
         .build()
         .map_err(|e| fail(what(), e))?;
+    let by_caller = GlobalSecondaryIndex::builder()
+        .index_name(CALLER_INDEX)
+        .key_schema(key("Caller", KeyType::Hash)?)
+        .key_schema(key("CreatedAt", KeyType::Range)?)
+        .projection(
+            Projection::builder()
+                .projection_type(ProjectionType::KeysOnly)
+                .build(),
+        )
+        .build()
+        .map_err(|e| fail(what(), e))?;
     let created = ddb
         .create_table()
         .table_name(table)
@@ -178,10 +189,13 @@ pub async fn create_table(
         .attribute_definitions(attr("DueAt", ScalarAttributeType::N)?)
         .attribute_definitions(attr("StateShard", ScalarAttributeType::S)?)
         .attribute_definitions(attr("UpdatedAt", ScalarAttributeType::N)?)
+        .attribute_definitions(attr("Caller", ScalarAttributeType::S)?)
+        .attribute_definitions(attr("CreatedAt", ScalarAttributeType::N)?)
         .key_schema(key("pk", KeyType::Hash)?)
         .key_schema(key("sk", KeyType::Range)?)
         .global_secondary_indexes(gsi)
         .global_secondary_indexes(by_state)
+        .global_secondary_indexes(by_caller)
         .send()
         .await;
     match created {

@@ -2,6 +2,7 @@
 
 pub mod backoff;
 pub mod breaker;
+pub mod caller;
 pub mod mapping;
 pub mod state;
 pub mod task;
@@ -10,10 +11,13 @@ pub mod workflow;
 
 pub use backoff::Backoff;
 pub use breaker::{BreakerPolicy, BreakerRecord, BreakerState, Decision};
+pub use caller::Caller;
 pub use mapping::{Mapping, MappingError};
 pub use state::{
     HistoryEntry, Invariant, ProcessState, StateRecord, Status, StepState, StepStatus,
 };
 pub use task::{Task, TaskId, ValidationError};
-pub use transition::{Condition, Effect, Guard, Policies, Policy, Rejection, Transition};
+pub use transition::{
+    Actor, Condition, Effect, Guard, Policies, Policy, Rejection, Transition,
+};
 pub use workflow::{DefinitionError, Document, Format, ServiceDef, Step, Target, Workflow};

@@ -309,6 +309,10 @@ pub struct HistoryEntry {
     pub step: Option<String>,
     pub attempt: u64,
     pub reason: String,
+    /// Who asked for it: the principal of an operator action or of a caller's cancel. `None`
+    /// for what sas did by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// The most history entries a record keeps (the oldest are dropped first): keeps the item far
@@ -484,6 +488,7 @@ impl StateRecord {
                 step: None,
                 attempt: 0,
                 reason: "received".into(),
+                by: None,
             }],
             version: 1,
             created_at: now,

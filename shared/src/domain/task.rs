@@ -87,6 +87,81 @@ pub fn parse_queue_url(u: &str) -> Result<String, ValidationError> {
     Ok(u.to_owned())
 }
 
+/// Where a task's status messages may go (`Reply-Queue-Url`): the deployment's allowed URL
+/// patterns, each a queue URL whose name ends in `*` (the template's
+/// `https://sqs.<region>.<suffix>/<account>/sasreply-<Stage>--*`). The account, the region and
+/// a name prefix that no queue of a sas stack has (they all start `sas-`), and that no other
+/// stage's prefix matches (a stage name has no `--`), so a caller can only name its own queues.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReplyQueues {
+    patterns: Vec<String>,
+}
+
+/// The longest SQS queue name.
+const MAX_QUEUE_NAME: usize = 80;
+
+impl ReplyQueues {
+    /// Patterns as the configuration gives them (comma-separated `...*`). A pattern without
+    /// its trailing `*` is refused: it would allow exactly one queue, which is never meant.
+    pub fn parse(spec: &str) -> Result<Self, ValidationError> {
+        let patterns: Vec<String> = spec
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|p| match p.strip_suffix('*') {
+                Some(base) if base.contains("://") && !base.ends_with('/') => Ok(base.to_owned()),
+                _ => Err(ValidationError::new(
+                    "REPLY_QUEUES",
+                    format!("{p:?} must be a queue URL ending in a name prefix and `*`"),
+                )),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { patterns })
+    }
+
+    /// No reply queue is allowed.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    pub fn patterns(&self) -> impl Iterator<Item = String> + '_ {
+        self.patterns.iter().map(|p| format!("{p}*"))
+    }
+
+    /// Checks `u` against the patterns: a URL that starts with one of them, followed by the
+    /// rest of a standard queue's name (letters, digits, `-`, `_`; at most 80 characters in all).
+    pub fn check(&self, u: &str) -> Result<String, ValidationError> {
+        const FIELD: &str = "Reply-Queue-Url";
+        let u = parse_queue_url(u)?;
+        let allowed = self.patterns.iter().any(|base| {
+            u.strip_prefix(base.as_str()).is_some_and(|rest| {
+                let name_len = base.rsplit('/').next().map_or(0, str::len) + rest.len();
+                !rest.is_empty()
+                    && name_len <= MAX_QUEUE_NAME
+                    && rest
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            })
+        });
+        if allowed {
+            Ok(u)
+        } else if self.patterns.is_empty() {
+            Err(ValidationError::new(
+                FIELD,
+                "this deployment allows no reply queues",
+            ))
+        } else {
+            Err(ValidationError::new(
+                FIELD,
+                format!(
+                    "must be a standard queue matching {}",
+                    self.patterns().collect::<Vec<_>>().join(" or ")
+                ),
+            ))
+        }
+    }
+}
+
 /// An accepted task, as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -99,6 +174,8 @@ pub struct Task {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_queue_url: Option<String>,
     pub created_at: DateTime<Utc>,
+    /// Who started it: the only caller that may read, list or cancel it on the task API.
+    pub caller: super::Caller,
 }
 
 #[cfg(test)]
@@ -110,6 +187,38 @@ mod tests {
         assert!("not-a-uuid".parse::<TaskId>().is_err());
         let id = TaskId::new_random();
         assert_eq!(id.to_string().parse::<TaskId>().ok(), Some(id));
+    }
+
+    #[test]
+    fn reply_queues_must_match_the_deployments_pattern() {
+        let allowed = ReplyQueues::parse(
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/sasreply-prod--*, https://eu-west-1.queue.amazonaws.com/123456789012/sasreply-prod--*",
+        )
+        .expect("patterns");
+        for ok in [
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/sasreply-prod--shop",
+            "https://eu-west-1.queue.amazonaws.com/123456789012/sasreply-prod--shop_2",
+        ] {
+            assert_eq!(allowed.check(ok), Ok(ok.to_owned()), "{ok}");
+        }
+        for bad in [
+            // Another account, another region, the stack's own queues, another stage.
+            "https://sqs.eu-west-1.amazonaws.com/210987654321/sasreply-prod--shop",
+            "https://sqs.us-east-1.amazonaws.com/123456789012/sasreply-prod--shop",
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/sas-prod-work",
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/sasreply-prod-client--shop",
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/sasreply-prod--",
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/sasreply-prod--a/b",
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/sasreply-prod--q.fifo",
+            "http://sqs.eu-west-1.amazonaws.com/123456789012/sasreply-prod--shop",
+            &format!("https://sqs.eu-west-1.amazonaws.com/123456789012/sasreply-prod--{}", "x".repeat(80)),
+        ] {
+            let e = allowed.check(bad).expect_err(bad);
+            assert_eq!(e.field, "Reply-Queue-Url");
+        }
+        assert!(ReplyQueues::none().check("https://sqs.eu-west-1.amazonaws.com/1/q").is_err());
+        assert!(ReplyQueues::parse("https://sqs.eu-west-1.amazonaws.com/1/q").is_err());
+        assert!(ReplyQueues::parse("sasreply-*").is_err());
     }
 
     #[test]

@@ -310,6 +310,17 @@ fn next(r: &StateRecord, now: DateTime<Utc>) -> StateRecord {
 
 /// Appends a history line for the move from `from` to `n`'s state.
 fn log(n: &mut StateRecord, from: ProcessState, step: Option<usize>, reason: impl Into<String>) {
+    log_by(n, from, step, reason, None);
+}
+
+/// Appends a history line, naming who acted (an operator's or a caller's principal).
+fn log_by(
+    n: &mut StateRecord,
+    from: ProcessState,
+    step: Option<usize>,
+    reason: impl Into<String>,
+    by: Option<&str>,
+) {
     if n.history.len() >= MAX_HISTORY {
         n.history.drain(..=n.history.len() - MAX_HISTORY);
     }
@@ -320,7 +331,31 @@ fn log(n: &mut StateRecord, from: ProcessState, step: Option<usize>, reason: imp
         step: step.and_then(|i| n.steps.get(i)).map(|s| s.name.clone()),
         attempt: n.attempt,
         reason: reason.into(),
+        by: by.map(str::to_owned),
     });
+}
+
+/// Who asked for an operator action (or a caller's cancel), and why: recorded in the history
+/// and announced in the action's notice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor {
+    /// The principal (an IAM ARN, a JWT subject).
+    pub by: String,
+    /// The reason given, if any.
+    pub reason: Option<String>,
+    /// An operator (the operator API) rather than the task's own caller (the task API).
+    pub operator: bool,
+}
+
+impl Actor {
+    /// The history line of `action` (e.g. `operator retry: stuck on a bad address`).
+    fn line(&self, action: &str) -> String {
+        let who = if self.operator { "operator" } else { "caller" };
+        match &self.reason {
+            Some(r) => format!("{who} {action}: {r}"),
+            None => format!("{who} {action}"),
+        }
+    }
 }
 
 /// Leaves the record unlocked and without a deadline in terminal state `to`, owing `notice`.
@@ -934,7 +969,12 @@ pub fn notice_delivered(r: &StateRecord, now: DateTime<Utc>) -> Result<Transitio
 ///
 /// Condition: same state (at the version read) - keeps "one retry per failure": of two operators
 /// retrying at once, one write wins and the other is told the task moved on.
-pub fn retry(r: &StateRecord, now: DateTime<Utc>, p: &Policies) -> Result<Transition, Rejection> {
+pub fn retry(
+    r: &StateRecord,
+    actor: &Actor,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Result<Transition, Rejection> {
     let now = to_millis(now);
     let mut n = next(r, now);
     let i = r.step_index;
@@ -967,7 +1007,13 @@ pub fn retry(r: &StateRecord, now: DateTime<Utc>, p: &Policies) -> Result<Transi
         n.refusal = None;
     }
     n.complete_by = Some(now + p.at(i).pickup_timeout);
-    log(&mut n, r.process_state, Some(i), "operator retry");
+    log_by(
+        &mut n,
+        r.process_state,
+        Some(i),
+        actor.line("retry"),
+        Some(&actor.by),
+    );
     tidy(&mut n);
     Ok(Transition {
         condition: Condition::on(r, vec![Guard::StateIs(r.process_state)]),
@@ -987,11 +1033,12 @@ pub fn retry(r: &StateRecord, now: DateTime<Utc>, p: &Policies) -> Result<Transi
 /// Condition: same state (at the version read) - keeps "one compensation per failure".
 pub fn compensate(
     r: &StateRecord,
+    actor: &Actor,
     now: DateTime<Utc>,
     p: &Policies,
 ) -> Result<Transition, Rejection> {
     match r.process_state {
-        ProcessState::CompensationFailed => retry(r, now, p),
+        ProcessState::CompensationFailed => retry(r, actor, now, p),
         ProcessState::Error if r.past_pivot() => Err(Rejection::PastPivot(r.process_state)),
         ProcessState::Error => {
             let now = to_millis(now);
@@ -1002,11 +1049,12 @@ pub fn compensate(
                     .then(|| s.finished_at.unwrap_or(now))
             });
             let effects = begin_compensation(&mut n, now, Duration::zero(), p, in_flight);
-            log(
+            log_by(
                 &mut n,
                 r.process_state,
                 Some(r.step_index),
-                "operator compensate",
+                actor.line("compensate"),
+                Some(&actor.by),
             );
             tidy(&mut n);
             Ok(Transition {
@@ -1028,7 +1076,7 @@ pub fn compensate(
 /// takes no further step": a reply applied first makes the cancel retry on the new record.
 pub fn cancel(
     r: &StateRecord,
-    reason: &str,
+    actor: &Actor,
     now: DateTime<Utc>,
     p: &Policies,
 ) -> Result<Transition, Rejection> {
@@ -1053,7 +1101,11 @@ pub fn cancel(
         // A step handed back after a timeout may have taken effect: mark it as such.
         n.steps[i].status = StepStatus::Cancelled;
     }
-    n.last_error = Some(format!("cancelled: {reason}"));
+    n.last_error = Some(match &actor.reason {
+        Some(reason) => format!("cancelled: {reason}"),
+        None if actor.operator => "cancelled by the operator".to_owned(),
+        None => "cancelled by the caller".to_owned(),
+    });
     let mut effects = vec![Effect::Publish(Status::Cancelled)];
     effects.extend(begin_compensation(
         &mut n,
@@ -1062,11 +1114,12 @@ pub fn cancel(
         p,
         in_flight,
     ));
-    log(
+    log_by(
         &mut n,
         r.process_state,
         Some(i),
-        format!("operator cancel: {reason}"),
+        actor.line("cancel"),
+        Some(&actor.by),
     );
     tidy(&mut n);
     Ok(Transition {
@@ -1090,6 +1143,14 @@ mod tests {
     use crate::domain::workflow::examples;
     use crate::domain::{TaskId, Workflow};
     use proptest::prelude::*;
+
+    fn ops(reason: Option<&str>) -> Actor {
+        Actor {
+            by: "arn:aws:iam::123456789012:user/operator".into(),
+            reason: reason.map(str::to_owned),
+            operator: true,
+        }
+    }
 
     fn base() -> Policy {
         Policy {
@@ -1432,10 +1493,10 @@ mod tests {
         assert_eq!(r.process_state, ProcessState::CompensationFailed);
         assert!(r.outbox.contains(&Status::CompensationFailed));
         assert_eq!(
-            compensate(&fresh(now), now, &p).err(),
+            compensate(&fresh(now), &ops(None), now, &p).err(),
             Some(Rejection::NotCompensable(ProcessState::Pending))
         );
-        let t = apply(&mut r, |r| retry(r, now, &p));
+        let t = apply(&mut r, |r| retry(r, &ops(None), now, &p));
         assert_eq!(
             t.effects,
             [
@@ -1479,18 +1540,18 @@ mod tests {
         apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
         assert_eq!(r.process_state, ProcessState::Error);
         assert_eq!(
-            cancel(&r, "x", now, &p).err(),
+            cancel(&r, &ops(Some("x")), now, &p).err(),
             Some(Rejection::NotCancellable(ProcessState::Error))
         );
-        let first = retry(&r, now, &p).expect("retries");
-        let second = retry(&r, now, &p).expect("computed from the same read");
+        let first = retry(&r, &ops(None), now, &p).expect("retries");
+        let second = retry(&r, &ops(None), now, &p).expect("computed from the same read");
         apply(&mut r, |_| Ok(first));
         assert!(
             !second.condition.holds(Some(&r)),
             "a second operator's retry loses"
         );
         assert_eq!(
-            retry(&r, now, &p).err(),
+            retry(&r, &ops(None), now, &p).err(),
             Some(Rejection::NotRetryable(ProcessState::Pending))
         );
         assert_eq!((r.steps[1].generation, r.steps[1].sent), (1, false));
@@ -1509,7 +1570,7 @@ mod tests {
         run_to(&mut r, 1, now, &p);
         let deadline = r.complete_by.expect("deadline");
         let later = now + Duration::seconds(4);
-        let t = apply(&mut r, |r| cancel(r, "customer asked", later, &p));
+        let t = apply(&mut r, |r| cancel(r, &ops(Some("customer asked")), later, &p));
         let wait = p.at(1).undo_wait;
         assert_eq!(
             t.effects,
@@ -1545,7 +1606,7 @@ mod tests {
         assert_eq!(undone, [1, 0]);
 
         let mut pending = fresh(now);
-        apply(&mut pending, |r| cancel(r, "changed my mind", now, &p));
+        apply(&mut pending, |r| cancel(r, &ops(Some("changed my mind")), now, &p));
         assert_eq!(pending.process_state, ProcessState::Compensated);
     }
 
@@ -1674,7 +1735,7 @@ mod tests {
         });
         assert_eq!(r.process_state, ProcessState::Error);
         assert_eq!(r.outbox, [Status::Failed], "a person must decide");
-        let t = apply(&mut r, |r| retry(r, now, &p));
+        let t = apply(&mut r, |r| retry(r, &ops(None), now, &p));
         assert!(t.record.refusal.is_none(), "a retry forgets the refusal");
     }
 
@@ -1853,7 +1914,7 @@ mod tests {
         run_to(&mut r, 3, now, &p);
         assert!(r.past_pivot());
         assert_eq!(
-            cancel(&r, "x", now, &p).err(),
+            cancel(&r, &ops(Some("x")), now, &p).err(),
             Some(Rejection::PastPivot(ProcessState::Processing))
         );
         let t = apply(&mut r, |r| apply_reply(r, 1, 3, false, &refused(), now, &p));
@@ -1865,10 +1926,10 @@ mod tests {
         );
         assert_eq!(r.outbox, [Status::Failed]);
         assert_eq!(
-            compensate(&r, now, &p).err(),
+            compensate(&r, &ops(None), now, &p).err(),
             Some(Rejection::PastPivot(ProcessState::Error))
         );
-        apply(&mut r, |r| retry(r, now, &p));
+        apply(&mut r, |r| retry(r, &ops(None), now, &p));
         assert_eq!(r.process_state, ProcessState::Pending);
     }
 
@@ -2037,9 +2098,9 @@ mod tests {
                     Ev::Advance(s) => { now += Duration::seconds(s as i64); continue; }
                     Ev::Expire(j) => expire(&r, now, &p, f64::from(j) / 10.0),
                     Ev::Delivered => notice_delivered(&r, now),
-                    Ev::Retry => retry(&r, now, &p),
-                    Ev::Compensate => compensate(&r, now, &p),
-                    Ev::Cancel => cancel(&r, "test", now, &p),
+                    Ev::Retry => retry(&r, &ops(None), now, &p),
+                    Ev::Compensate => compensate(&r, &ops(None), now, &p),
+                    Ev::Cancel => cancel(&r, &ops(Some("test")), now, &p),
                 };
                 if let Ok(t) = out {
                     prop_assert!(t.condition.holds(Some(&r)));

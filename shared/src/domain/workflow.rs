@@ -99,6 +99,9 @@ pub struct WorkflowDoc {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// Show a task's caller its steps' errors (off: only the operator API shows them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub public_errors: bool,
     /// The JSON Schema of a task's input.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<Value>,

@@ -1,20 +1,29 @@
-//! Submission: the HTTP API. `POST /workflows/{name}/tasks` starts a task of the newest
-//! version of a workflow (idempotently), `GET /tasks/{taskId}` reports its state and history,
-//! `POST /tasks/{taskId}/callbacks/{token}` completes a callback step (see [`super::callback`]).
-//! The operator's routes (served only when [`SubmissionDeps::operator_api`] is on; the template
-//! deploys them as a separate function behind IAM authorization): `GET /tasks?state=&workflow=`
-//! lists tasks by state through the state index; `POST /tasks/{taskId}/retry|compensate|cancel`
-//! acts on one; `GET /workflows`, `GET|PUT /workflows/{name}`,
+//! The HTTP APIs. Framework-free: the Lambda (`lambda_http`) and the local runner (`axum`)
+//! both adapt their requests to [`handle`], with the caller's [`Identity`] as the API's
+//! authorizer established it.
+//!
+//! **The task API** (`SubmissionDeps::operator_api` off; authenticated by IAM, a JWT, or
+//! nothing, as deployed): `POST /workflows/{name}/tasks` starts a task of the newest version of
+//! a workflow (idempotently per caller), `GET /tasks` lists the caller's tasks, `GET
+//! /tasks/{taskId}` reports one of them, `POST /tasks/{taskId}/cancel` cancels one. A caller sees
+//! only its own tasks (another's answers 404) and not sas's internals (lock holder, attempts,
+//! raw errors unless the workflow has `publicErrors`). `POST /tasks/{taskId}/callbacks/{token}`
+//! completes a callback step (see [`super::callback`]); its token is its credential.
+//!
+//! **The operator API** (on; every route under `/operator`, always behind IAM): `GET
+//! /tasks?state=&workflow=` lists every caller's tasks by state through the state index;
+//! `GET /tasks/{taskId}` shows everything; `POST /tasks/{taskId}/retry|compensate|cancel` acts
+//! on one, recording who and why; `GET /workflows`, `GET|PUT /workflows/{name}`,
 //! `GET /workflows/{name}/versions/{version}`, `GET /services` and `GET|PUT /services/{name}`
-//! read and publish definitions. Framework-free: the Lambda (`lambda_http`) and the local runner
-//! (`axum`) both adapt their requests to [`handle`].
+//! read and publish definitions.
 
 use super::{Outlets, perform_no_step, publish_status, write};
+use crate::auth::Identity;
 use crate::catalog::{CatalogError, Definitions};
-use crate::domain::task::{MAX_INPUT_BYTES, parse_queue_url};
-use crate::domain::transition::{self, Rejection, Transition};
+use crate::domain::task::{MAX_INPUT_BYTES, ReplyQueues};
+use crate::domain::transition::{self, Actor, Rejection, Transition};
 use crate::domain::workflow::{self, MAX_DEFINITION_BYTES, ServiceDef};
-use crate::domain::{ProcessState, StateRecord, Status, Task, TaskId};
+use crate::domain::{Caller, ProcessState, StateRecord, Status, Task, TaskId};
 use crate::messages::{SchedulerMessage, WorkMessage};
 use crate::ports::{Clock, CreateOutcome, EventBus, IdempotencyRecord, Queue, StateStore};
 use crate::ports::{Cursor, Kind, canonical};
@@ -43,10 +52,15 @@ pub struct SubmissionDeps {
     pub clock: Arc<dyn Clock>,
     pub definitions: Arc<Definitions>,
     pub work_queue_url: String,
-    /// Serve the operator's routes (tasks by state, retry, compensate, cancel, definitions).
-    /// Off on the public API.
+    /// This is the operator API (every route under [`OPERATOR_PREFIX`]; tasks of every caller,
+    /// retry, compensate, cancel, definitions). Off on the task API.
     pub operator_api: bool,
+    /// The queues a task's caller may name for its status messages.
+    pub reply_queues: ReplyQueues,
 }
+
+/// The path every operator route starts with.
+pub const OPERATOR_PREFIX: &str = "/operator";
 
 /// The most tasks one list page returns.
 pub const MAX_PAGE: usize = 100;
@@ -75,9 +89,10 @@ pub(super) fn respond(status: StatusCode, body: &Value) -> Response<String> {
     r
 }
 
-/// Routes and answers one request.
+/// Routes and answers one request of `identity`.
 pub async fn handle(
     deps: &SubmissionDeps,
+    identity: &Identity,
     method: &Method,
     path_and_query: &str,
     headers: &HeaderMap,
@@ -87,38 +102,125 @@ pub async fn handle(
         .split_once('?')
         .unwrap_or((path_and_query, ""));
     let path = path.trim_end_matches('/');
-    let segments: Vec<&str> = path.split('/').skip(1).collect();
     let op = deps.operator_api;
+    let routed = if op {
+        match path.strip_prefix(OPERATOR_PREFIX) {
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => rest,
+            _ => return no_route(method, path),
+        }
+    } else {
+        path
+    };
+    let segments: Vec<&str> = routed.split('/').skip(1).collect();
+    // The callback route is the only one a credential in the path authenticates.
+    if let (["tasks", id, "callbacks", token], &Method::POST) = (segments.as_slice(), method)
+        && !op
+    {
+        let span = info_span!("callback", task_id = %id);
+        return super::callback::callback(deps, id, token, body)
+            .instrument(span)
+            .await;
+    }
+    let Some(allowed) = allowed_methods(&segments, op) else {
+        return no_route(method, path);
+    };
+    if !allowed.split(", ").any(|m| m == method.as_str()) {
+        let mut r = error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{method} is not allowed on {path}"),
+        );
+        r.headers_mut()
+            .insert(http::header::ALLOW, http::HeaderValue::from_static(allowed));
+        return r;
+    }
+    let caller = match identity {
+        Identity::Caller(c) => c,
+        Identity::Unauthenticated(why) => {
+            info!(why = %why, "unauthenticated request");
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "this API needs authentication: a SigV4 signature or a bearer token, as deployed",
+            );
+        }
+    };
+    // The caller is neither a secret nor personal data beyond a principal's name: operators
+    // need it in every log line of the request.
+    let span = info_span!("api", caller = %caller, operator = op);
+    route(deps, caller, method, &segments, query, headers, body)
+        .instrument(span)
+        .await
+}
+
+/// The methods a path allows (`None`: no such route).
+fn allowed_methods(segments: &[&str], op: bool) -> Option<&'static str> {
     const ACTIONS: [&str; 3] = ["retry", "compensate", "cancel"];
-    let allowed: &'static str = match (segments.as_slice(), method) {
+    Some(match segments {
+        ["workflows", _, "tasks"] => "POST",
+        ["tasks"] => "GET",
+        ["tasks", _] => "GET",
+        ["tasks", _, "callbacks", _] if !op => "POST",
+        ["tasks", _, "cancel"] if !op => "POST",
+        ["tasks", _, action] if op && ACTIONS.contains(action) => "POST",
+        ["workflows" | "services"] if op => "GET",
+        ["workflows" | "services", _] if op => "GET, PUT",
+        ["workflows", _, "versions", _] if op => "GET",
+        _ => return None,
+    })
+}
+
+fn no_route(method: &Method, path: &str) -> Response<String> {
+    error(
+        StatusCode::NOT_FOUND,
+        "route_not_found",
+        format!("no route for {method} {path}"),
+    )
+}
+
+/// Answers an authenticated request on a route and method that exist.
+async fn route(
+    deps: &SubmissionDeps,
+    caller: &Caller,
+    method: &Method,
+    segments: &[&str],
+    query: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response<String> {
+    let op = deps.operator_api;
+    match (segments, method) {
         (["workflows", name, "tasks"], &Method::POST) => {
             let span = info_span!("submit", workflow = %name, task_id = tracing::field::Empty);
-            return submit(deps, name, headers, body).instrument(span).await;
-        }
-        (["tasks", id], &Method::GET) => {
-            let span = info_span!("get_task", task_id = %id);
-            return get_task(deps, id).instrument(span).await;
-        }
-        (["tasks", id, "callbacks", token], &Method::POST) => {
-            let span = info_span!("callback", task_id = %id);
-            return super::callback::callback(deps, id, token, body)
+            submit(deps, caller, name, headers, body)
                 .instrument(span)
-                .await;
+                .await
         }
-        (["tasks"], &Method::GET) if op => {
-            let span = info_span!("list_tasks");
-            return list(deps, query).instrument(span).await;
+        (["tasks"], _) if op => list(deps, query).instrument(info_span!("list_tasks")).await,
+        (["tasks"], _) => list_mine(deps, caller, query)
+            .instrument(info_span!("list_my_tasks"))
+            .await,
+        (["tasks", id], _) => {
+            let span = info_span!("get_task", task_id = %id);
+            get_task(deps, caller, id).instrument(span).await
         }
-        (["tasks", id, action], &Method::POST) if op && ACTIONS.contains(action) => {
-            let span = info_span!("operator", task_id = %id, action = %action, workflow = tracing::field::Empty, attempt = tracing::field::Empty);
-            return operate(deps, id, action, body).instrument(span).await;
+        (["tasks", id, action], _) => {
+            let span = info_span!("act", task_id = %id, action = %action, workflow = tracing::field::Empty, attempt = tracing::field::Empty);
+            let actor = |reason| Actor {
+                by: caller.to_string(),
+                reason,
+                operator: op,
+            };
+            operate(deps, caller, id, action, body, actor)
+                .instrument(span)
+                .await
         }
-        (["workflows"], &Method::GET) if op => return entries(deps, Kind::Workflow).await,
-        (["services"], &Method::GET) if op => return entries(deps, Kind::Service).await,
-        (["workflows", name], &Method::GET) if op => {
-            return definition(deps, Kind::Workflow, name, None).await;
+        (["workflows"], _) => entries(deps, Kind::Workflow).await,
+        (["services"], _) => entries(deps, Kind::Service).await,
+        (["workflows", name], &Method::GET) => {
+            definition(deps, Kind::Workflow, name, None).await
         }
-        (["workflows", name, "versions", v], &Method::GET) if op => {
+        (["workflows", name, "versions", v], _) => {
             let Ok(v) = v.parse::<u32>() else {
                 return error(
                     StatusCode::BAD_REQUEST,
@@ -126,47 +228,23 @@ pub async fn handle(
                     "a version is a positive whole number",
                 );
             };
-            return definition(deps, Kind::Workflow, name, Some(v)).await;
+            definition(deps, Kind::Workflow, name, Some(v)).await
         }
-        (["services", name], &Method::GET) if op => {
-            return definition(deps, Kind::Service, name, None).await;
-        }
-        (["workflows", name], &Method::PUT) if op => {
+        (["services", name], &Method::GET) => definition(deps, Kind::Service, name, None).await,
+        (["workflows", name], _) => {
             let span = info_span!("publish_workflow", workflow = %name);
-            return publish_workflow(deps, name, headers, body)
+            publish_workflow(deps, name, headers, body)
                 .instrument(span)
-                .await;
+                .await
         }
-        (["services", name], &Method::PUT) if op => {
+        (["services", name], _) => {
             let span = info_span!("publish_service", service = %name);
-            return publish_service(deps, name, headers, body)
+            publish_service(deps, name, headers, body)
                 .instrument(span)
-                .await;
+                .await
         }
-        (["workflows", _, "tasks"], _) => "POST",
-        (["tasks", _], _) => "GET",
-        (["tasks", _, "callbacks", _], _) => "POST",
-        (["tasks"], _) if op => "GET",
-        (["tasks", _, action], _) if op && ACTIONS.contains(action) => "POST",
-        (["workflows" | "services"], _) if op => "GET",
-        (["workflows" | "services", _], _) if op => "GET, PUT",
-        (["workflows", _, "versions", _], _) if op => "GET",
-        _ => {
-            return error(
-                StatusCode::NOT_FOUND,
-                "route_not_found",
-                format!("no route for {method} {path}"),
-            );
-        }
-    };
-    let mut r = error(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!("{method} is not allowed on {path}"),
-    );
-    r.headers_mut()
-        .insert(http::header::ALLOW, http::HeaderValue::from_static(allowed));
-    r
+        _ => no_route(method, &format!("/{}", segments.join("/"))),
+    }
 }
 
 /// A malformed `Idempotency-Key` header.
@@ -222,6 +300,7 @@ fn catalog_error(e: CatalogError) -> Response<String> {
 
 async fn submit(
     deps: &SubmissionDeps,
+    caller: &Caller,
     name: &str,
     headers: &HeaderMap,
     body: &[u8],
@@ -250,16 +329,12 @@ async fn submit(
         None => None,
         Some(v) => match v
             .to_str()
-            .map_err(|_| ())
-            .and_then(|u| parse_queue_url(u).map_err(|_| ()))
+            .map_err(|_| "Reply-Queue-Url: must be visible ASCII".to_owned())
+            .and_then(|u| deps.reply_queues.check(u).map_err(|e| e.to_string()))
         {
             Ok(u) => Some(u),
-            Err(()) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_reply_queue_url",
-                    "Reply-Queue-Url must be an http(s) queue URL with a host, at most 1024 characters",
-                );
+            Err(why) => {
+                return error(StatusCode::BAD_REQUEST, "invalid_reply_queue_url", why);
             }
         },
     };
@@ -304,6 +379,7 @@ async fn submit(
         input,
         reply_queue_url,
         created_at: crate::domain::state::to_millis(now),
+        caller: caller.clone(),
     };
     let record = StateRecord::new(
         id,
@@ -312,8 +388,10 @@ async fn submit(
         now,
         now + workflow.policies().at(0).pickup_timeout,
     );
+    // Keys are the caller's own: the same key from two callers names two tasks, and one
+    // caller can neither block nor discover another's.
     let key = key.map(|key| IdempotencyRecord {
-        key,
+        key: format!("{}#{key}", caller.digest()),
         request_hash: request_hash(&task),
         task_id: id,
         created_at: task.created_at,
@@ -438,27 +516,46 @@ fn request_hash(task: &Task) -> String {
     hex::encode(Sha256::digest(canonical(&request)))
 }
 
-async fn get_task(deps: &SubmissionDeps, id: &str) -> Response<String> {
-    let id: TaskId = match id.parse() {
-        Ok(id) => id,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_task_id", e.to_string()),
-    };
+/// Reads a task for `caller`: the operator API reads any; the task API only the caller's own.
+/// Another caller's task answers exactly as a task that does not exist.
+async fn load_for(
+    deps: &SubmissionDeps,
+    caller: &Caller,
+    id: &str,
+) -> Result<(Task, StateRecord), Box<Response<String>>> {
+    let id: TaskId = id.parse().map_err(|e: crate::domain::ValidationError| {
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_task_id",
+            e.to_string(),
+        ))
+    })?;
     match deps.store.get(id).await {
-        Ok(Some((task, record))) => respond(StatusCode::OK, &task_view(&task, &record)),
-        Ok(None) => error(
+        Ok(Some((task, record))) if deps.operator_api || &task.caller == caller => {
+            Ok((task, record))
+        }
+        Ok(_) => Err(Box::new(error(
             StatusCode::NOT_FOUND,
             "task_not_found",
             format!("no task {id}"),
-        ),
-        Err(e) => {
-            error!(error = %e, "could not read the task");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
-                "retry later",
-            )
-        }
+        ))),
+        Err(e) => Err(Box::new(unavailable(e))),
     }
+}
+
+async fn get_task(deps: &SubmissionDeps, caller: &Caller, id: &str) -> Response<String> {
+    let (task, record) = match load_for(deps, caller, id).await {
+        Ok(found) => found,
+        Err(answer) => return *answer,
+    };
+    if deps.operator_api {
+        return respond(StatusCode::OK, &task_view(&task, &record));
+    }
+    let public_errors = match super::workflow_of(&deps.definitions, &record).await {
+        Ok(w) => w.doc.public_errors,
+        Err(e) => return unavailable(e),
+    };
+    respond(StatusCode::OK, &caller_view(&task, &record, public_errors))
 }
 
 pub(super) fn unavailable(e: impl std::fmt::Display) -> Response<String> {
@@ -530,12 +627,75 @@ async fn list(deps: &SubmissionDeps, query: &str) -> Response<String> {
     }
 }
 
+/// `GET /tasks?limit=20&cursor=...` on the task API: the caller's own tasks, newest first.
+async fn list_mine(deps: &SubmissionDeps, caller: &Caller, query: &str) -> Response<String> {
+    let (mut limit, mut cursor) = (50usize, None);
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        match k.as_ref() {
+            "limit" => match v.parse::<usize>() {
+                Ok(n) if (1..=MAX_PAGE).contains(&n) => limit = n,
+                _ => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_limit",
+                        format!("limit must be 1 to {MAX_PAGE}"),
+                    );
+                }
+            },
+            "cursor" => match Cursor::decode(&v) {
+                Some(c) => cursor = Some(c),
+                None => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_cursor",
+                        "cursor is not one this API returned",
+                    );
+                }
+            },
+            other => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "unknown_parameter",
+                    format!("unknown query parameter {other:?} (limit, cursor)"),
+                );
+            }
+        }
+    }
+    match deps
+        .store
+        .list_by_caller(caller, limit, cursor.as_ref())
+        .await
+    {
+        Ok(page) => {
+            let tasks: Vec<Value> = page
+                .items
+                .iter()
+                .map(|t| {
+                    json!({"taskId": t.task_id, "workflow": t.workflow, "processState": t.process_state,
+                           "currentStep": t.step, "updatedAt": t.updated_at})
+                })
+                .collect();
+            respond(
+                StatusCode::OK,
+                &json!({"tasks": tasks, "nextCursor": page.next.map(|c| c.encode())}),
+            )
+        }
+        Err(e) => unavailable(e),
+    }
+}
+
 /// `POST /tasks/{id}/retry|compensate|cancel`: one conditional write, then its effects.
-async fn operate(deps: &SubmissionDeps, id: &str, action: &str, body: &[u8]) -> Response<String> {
-    let id: TaskId = match id.parse() {
-        Ok(id) => id,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_task_id", e.to_string()),
-    };
+async fn operate(
+    deps: &SubmissionDeps,
+    caller: &Caller,
+    id: &str,
+    action: &str,
+    body: &[u8],
+    actor: impl FnOnce(Option<String>) -> Actor,
+) -> Response<String> {
+    if let Err(e) = id.parse::<TaskId>() {
+        return error(StatusCode::BAD_REQUEST, "invalid_task_id", e.to_string());
+    }
     let reason = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
@@ -556,16 +716,10 @@ async fn operate(deps: &SubmissionDeps, id: &str, action: &str, body: &[u8]) -> 
             Err(answer) => return *answer,
         }
     };
-    let (task, record) = match deps.store.get(id).await {
-        Ok(Some(found)) => found,
-        Ok(None) => {
-            return error(
-                StatusCode::NOT_FOUND,
-                "task_not_found",
-                format!("no task {id}"),
-            );
-        }
-        Err(e) => return unavailable(e),
+    let actor = actor(reason);
+    let (task, record) = match load_for(deps, caller, id).await {
+        Ok(found) => found,
+        Err(answer) => return *answer,
     };
     tracing::Span::current().record("workflow", record.workflow.as_str());
     let policies = match super::workflow_of(&deps.definitions, &record).await {
@@ -574,14 +728,9 @@ async fn operate(deps: &SubmissionDeps, id: &str, action: &str, body: &[u8]) -> 
     };
     let now = deps.clock.now();
     let t: Result<Transition, Rejection> = match action {
-        "retry" => transition::retry(&record, now, &policies),
-        "compensate" => transition::compensate(&record, now, &policies),
-        _ => transition::cancel(
-            &record,
-            reason.as_deref().unwrap_or("cancelled by the operator"),
-            now,
-            &policies,
-        ),
+        "retry" => transition::retry(&record, &actor, now, &policies),
+        "compensate" => transition::compensate(&record, &actor, now, &policies),
+        _ => transition::cancel(&record, &actor, now, &policies),
     };
     let t = match t {
         Ok(t) => t,
@@ -598,7 +747,7 @@ async fn operate(deps: &SubmissionDeps, id: &str, action: &str, body: &[u8]) -> 
         Err(e) => return unavailable(e),
     }
     tracing::Span::current().record("attempt", t.record.attempt);
-    info!(from = %record.process_state, to = %t.record.process_state, "operator action applied");
+    info!(from = %record.process_state, to = %t.record.process_state, by = %actor.by, "action applied");
     let outlets = Outlets {
         store: deps.store.as_ref(),
         queue: deps.queue.as_ref(),
@@ -611,7 +760,14 @@ async fn operate(deps: &SubmissionDeps, id: &str, action: &str, body: &[u8]) -> 
         // re-enqueued at the pickup deadline, an undelivered notice at once).
         error!(error = %e, "operator action written, effects left to the supervisor");
     }
-    respond(StatusCode::ACCEPTED, &task_view(&task, &t.record))
+    if deps.operator_api {
+        respond(StatusCode::ACCEPTED, &task_view(&task, &t.record))
+    } else {
+        respond(
+            StatusCode::ACCEPTED,
+            &json!({"taskId": task.id, "processState": t.record.process_state}),
+        )
+    }
 }
 
 fn conflict(record: &StateRecord, message: String) -> Response<String> {
@@ -621,7 +777,53 @@ fn conflict(record: &StateRecord, message: String) -> Response<String> {
     )
 }
 
-/// The JSON view of a task and its state record (each step's result as JSON).
+/// What a task's caller sees: its input, states and results, the refusal if any, and (only if
+/// its workflow has `publicErrors`) the last error and the history's reasons. Never the lock
+/// holder, deadlines, attempts or counts: those are sas's, and the operator API shows them.
+pub fn caller_view(task: &Task, r: &StateRecord, public_errors: bool) -> Value {
+    let steps: Vec<Value> = r
+        .steps
+        .iter()
+        .map(|st| {
+            let mut v = json!({"name": st.name, "status": st.status});
+            if let Some(result) = &st.result {
+                v["result"] = serde_json::from_str(result).unwrap_or(Value::String(result.clone()));
+            }
+            v
+        })
+        .collect();
+    let history: Vec<Value> = r
+        .history
+        .iter()
+        .map(|h| {
+            let mut v = json!({"at": h.at, "from": h.from, "to": h.to, "step": h.step});
+            if public_errors {
+                v["reason"] = Value::String(h.reason.clone());
+            }
+            v
+        })
+        .collect();
+    let mut view = json!({
+        "taskId": task.id,
+        "workflow": task.workflow,
+        "workflowVersion": task.workflow_version,
+        "input": task.input,
+        "replyQueueUrl": task.reply_queue_url,
+        "processState": r.process_state,
+        "currentStep": r.current_step(),
+        "steps": steps,
+        "refusal": r.refusal,
+        "history": history,
+        "createdAt": r.created_at,
+        "updatedAt": r.updated_at,
+    });
+    if public_errors {
+        view["lastError"] = json!(r.last_error);
+    }
+    view
+}
+
+/// The operator's view of a task and its state record: everything (each step's result as JSON).
 pub fn task_view(task: &Task, r: &StateRecord) -> Value {
     let steps: Vec<Value> = r
         .steps
@@ -638,6 +840,7 @@ pub fn task_view(task: &Task, r: &StateRecord) -> Value {
         "taskId": task.id,
         "workflow": task.workflow,
         "workflowVersion": task.workflow_version,
+        "caller": task.caller,
         "input": task.input,
         "replyQueueUrl": task.reply_queue_url,
         "processState": r.process_state,

@@ -50,6 +50,7 @@ pub async fn measure(
         tokio::time::sleep(gap.mul_f64(rand::random::<f64>() * 2.0)).await;
         let resp = crate::handlers::submission::handle(
             &system.submission,
+            &crate::auth::Identity::anonymous(),
             &http::Method::POST,
             "/workflows/ecommerce-order/tasks",
             &headers,

@@ -7,6 +7,8 @@
 use crate::aws::provision::{self, QueueSettings, Resources};
 use crate::aws::{DynamoStore, EventBridgeBus, SqsQueue};
 use crate::catalog::{self, Definitions};
+use crate::auth::Identity;
+use crate::domain::task::ReplyQueues;
 use crate::domain::{Backoff, BreakerPolicy, Policy};
 use crate::handlers::agent::{self, AgentDeps};
 use crate::handlers::scheduler::{self, SchedulerDeps};
@@ -30,6 +32,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info};
 
+pub mod auth;
 pub mod lag;
 
 /// The in-memory adapters, kept typed so that tests and the demo can look inside.
@@ -187,6 +190,25 @@ pub struct Settings {
     pub credentials_ttl: chrono::Duration,
     /// The client Lambda services are invoked with (none: a Lambda service is misconfigured).
     pub lambda: Option<aws_sdk_lambda::Client>,
+    /// How the task API authenticates (default none: every request is `anonymous`).
+    pub api_auth: auth::LocalAuth,
+    /// How the operator API (under `/operator`) authenticates (default none).
+    pub operator_auth: auth::LocalAuth,
+    /// The reply queues callers may name (default: the backend's queues named
+    /// [`LOCAL_REPLY_PREFIX`]`*`).
+    pub reply_queues: Option<ReplyQueues>,
+}
+
+/// The name prefix of the reply queues the local runner allows by default.
+pub const LOCAL_REPLY_PREFIX: &str = "sasreply-local--";
+
+/// The default reply-queue pattern of a backend: its queues' URL base (that of the work queue)
+/// and [`LOCAL_REPLY_PREFIX`].
+pub fn local_reply_queues(work_queue_url: &str) -> ReplyQueues {
+    let base = work_queue_url
+        .rsplit_once('/')
+        .map_or(work_queue_url, |(b, _)| b);
+    ReplyQueues::parse(&format!("{base}/{LOCAL_REPLY_PREFIX}*")).unwrap_or_default()
 }
 
 impl Default for Settings {
@@ -233,6 +255,9 @@ impl Default for Settings {
             credentials: Arc::new(MemoryCredentials::default()),
             credentials_ttl: crate::remote::DEFAULT_CACHE_TTL,
             lambda: None,
+            api_auth: auth::LocalAuth::None,
+            operator_auth: auth::LocalAuth::None,
+            reply_queues: None,
         }
     }
 }
@@ -247,8 +272,10 @@ impl crate::remote::CallbackSink for LocalCallbackSink {
         let path = url::Url::parse(url)
             .map(|u| u.path().to_owned())
             .map_err(|e| e.to_string())?;
+        // The callback route authenticates by its token, whoever posts.
         let answer = submission::handle(
             &self.0,
+            &Identity::Unauthenticated("a service's callback".into()),
             &http::Method::POST,
             &path,
             &http::HeaderMap::new(),
@@ -306,7 +333,10 @@ impl Simulated {
 
 /// The four functions, wired to one backend, plus the simulated services.
 pub struct System {
+    /// The task API (a caller's own tasks).
     pub submission: SubmissionDeps,
+    /// The operator API (every task; routes under `/operator`).
+    pub operator: SubmissionDeps,
     pub scheduler: SchedulerDeps,
     pub agent: AgentDeps,
     pub supervisor: SupervisorDeps,
@@ -372,7 +402,15 @@ impl System {
             clock: clock.clone(),
             definitions: definitions.clone(),
             work_queue_url: resources.work_queue_url.clone(),
+            operator_api: false,
+            reply_queues: settings
+                .reply_queues
+                .clone()
+                .unwrap_or_else(|| local_reply_queues(&resources.work_queue_url)),
+        };
+        let operator = SubmissionDeps {
             operator_api: true,
+            ..submission.clone()
         };
         let factory = {
             let services = services.clone();
@@ -428,6 +466,7 @@ impl System {
         let (shutdown, _) = watch::channel(false);
         Self {
             submission,
+            operator,
             scheduler: SchedulerDeps {
                 store: store.clone(),
                 queue: queue.clone(),
@@ -545,7 +584,12 @@ impl System {
     pub async fn serve(&mut self, addr: SocketAddr) -> anyhow::Result<SocketAddr> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let bound = listener.local_addr()?;
-        let app = router(self.submission.clone());
+        let app = router(
+            self.submission.clone(),
+            self.operator.clone(),
+            self.settings.api_auth.clone(),
+            self.settings.operator_auth.clone(),
+        );
         let mut stop = self.shutdown.subscribe();
         self.tasks.push(tokio::spawn(async move {
             let served = axum::serve(listener, app)
@@ -615,22 +659,47 @@ impl System {
     }
 }
 
-/// The HTTP API as an axum router: every request goes to [`submission::handle`].
-pub fn router(deps: SubmissionDeps) -> axum::Router {
+/// The two HTTP APIs as one axum router, as the deployed stack's HTTP API routes them: paths
+/// under `/operator` go to the operator API, the rest to the task API, each after its
+/// authorizer (`auth`, `operator_auth`) has named the caller.
+pub fn router(
+    api: SubmissionDeps,
+    operator: SubmissionDeps,
+    auth: auth::LocalAuth,
+    operator_auth: auth::LocalAuth,
+) -> axum::Router {
+    #[derive(Clone)]
+    struct Apis {
+        api: SubmissionDeps,
+        operator: SubmissionDeps,
+        auth: auth::LocalAuth,
+        operator_auth: auth::LocalAuth,
+    }
     async fn any(
-        axum::extract::State(deps): axum::extract::State<SubmissionDeps>,
+        axum::extract::State(apis): axum::extract::State<Arc<Apis>>,
         req: axum::extract::Request,
     ) -> axum::response::Response {
         let (parts, body) = req.into_parts();
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map_or(parts.uri.path(), |p| p.as_str());
+        let path = parts.uri.path();
+        let to_operator = path == submission::OPERATOR_PREFIX
+            || path.starts_with(&format!("{}/", submission::OPERATOR_PREFIX));
+        let (deps, auth) = if to_operator {
+            (&apis.operator, &apis.operator_auth)
+        } else {
+            (&apis.api, &apis.auth)
+        };
         let resp = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
             Ok(bytes) => {
+                let identity = auth.identify(&parts.method, path_and_query, &parts.headers, &bytes);
                 submission::handle(
-                    &deps,
+                    deps,
+                    &identity,
                     &parts.method,
-                    parts
-                        .uri
-                        .path_and_query()
-                        .map_or(parts.uri.path(), |p| p.as_str()),
+                    path_and_query,
                     &parts.headers,
                     &bytes,
                 )
@@ -643,7 +712,12 @@ pub fn router(deps: SubmissionDeps) -> axum::Router {
     axum::Router::new()
         .fallback(any)
         .layer(axum::extract::DefaultBodyLimit::disable())
-        .with_state(deps)
+        .with_state(Arc::new(Apis {
+            api,
+            operator,
+            auth,
+            operator_auth,
+        }))
 }
 
 /// The scheduled event EventBridge sends the supervisor.

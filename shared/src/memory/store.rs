@@ -1,5 +1,7 @@
 use crate::domain::state::due_shard;
-use crate::domain::{BreakerRecord, Condition, ProcessState, StateRecord, Task, TaskId};
+use crate::domain::{
+    BreakerRecord, Caller, Condition, ProcessState, StateRecord, Task, TaskId,
+};
 use crate::ports::{
     Catalog, CreateOutcome, Cursor, Entry, IdempotencyRecord, Kind, Page, Published, StateStore,
     StoreError, Stored, Summary, canonical,
@@ -199,6 +201,48 @@ impl StateStore for MemoryStore {
             }
             next = Some(Cursor::after(shard, &summary));
             items.push(summary);
+        }
+        if items.len() < limit {
+            next = None;
+        }
+        Ok(Page { items, next })
+    }
+
+    async fn list_by_caller(
+        &self,
+        caller: &Caller,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, StoreError> {
+        let limit = limit.clamp(1, 100);
+        let inner = self.lock()?;
+        // The caller index's order: CreatedAt descending (ties by id, descending).
+        let key = |ms: i64, id: &TaskId| std::cmp::Reverse((ms, *id));
+        let mut rows: Vec<_> = inner
+            .tasks
+            .values()
+            .filter(|t| &t.caller == caller)
+            .map(|t| (key(t.created_at.timestamp_millis(), &t.id), t))
+            .collect();
+        rows.sort_by_key(|r| r.0);
+        let start = after.map(|c| key(c.updated_at_ms, &c.task_id));
+        let mut items = Vec::new();
+        let mut next = None;
+        for (k, task) in rows {
+            if start.as_ref().is_some_and(|s| k <= *s) {
+                continue;
+            }
+            if items.len() == limit {
+                break;
+            }
+            next = Some(Cursor {
+                shard: 0,
+                updated_at_ms: task.created_at.timestamp_millis(),
+                task_id: task.id,
+            });
+            if let Some(r) = inner.states.get(&task.id) {
+                items.push(Summary::of(r));
+            }
         }
         if items.len() < limit {
             next = None;

@@ -1,0 +1,103 @@
+//! Who started a task: the caller, as the task API's authorizer established it.
+//!
+//! A caller owns the tasks it starts: it reads, lists and cancels only those, and its
+//! idempotency keys are its own. The operator API sees every caller's tasks.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::fmt;
+
+/// The longest caller id kept (IAM ARNs are at most 2048 characters; a JWT `sub` far less).
+pub const MAX_CALLER_LEN: usize = 2048;
+
+/// A caller id: an IAM principal ARN (`IAM` mode), the `sub` claim of a JWT (`JWT` mode), or
+/// `anonymous` (an API deployed with `None`: every request is the same caller).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Caller(String);
+
+/// A caller id that cannot be kept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("caller id must be 1 to {MAX_CALLER_LEN} visible characters")]
+pub struct InvalidCaller;
+
+impl Caller {
+    /// The one caller of an API without authentication, and the owner of tasks stored before
+    /// callers were recorded.
+    pub const ANONYMOUS: &'static str = "anonymous";
+
+    pub fn new(id: impl Into<String>) -> Result<Self, InvalidCaller> {
+        let id = id.into();
+        if id.is_empty() || id.len() > MAX_CALLER_LEN || id.chars().any(char::is_control) {
+            return Err(InvalidCaller);
+        }
+        Ok(Self(id))
+    }
+
+    pub fn anonymous() -> Self {
+        Self(Self::ANONYMOUS.to_owned())
+    }
+
+    /// The caller an IAM principal ARN names. An assumed-role session
+    /// (`arn:aws:sts::<account>:assumed-role/<role>/<session>`) is its role
+    /// (`arn:aws:sts::<account>:assumed-role/<role>`): a service's Lambda functions or
+    /// containers get a new session name on every start, and must still own the tasks they
+    /// started.
+    pub fn from_iam_arn(arn: &str) -> Result<Self, InvalidCaller> {
+        let owner = match arn.split_once(":assumed-role/") {
+            Some((head, rest)) => match rest.split_once('/') {
+                Some((role, _session)) => format!("{head}:assumed-role/{role}"),
+                None => arn.to_owned(),
+            },
+            None => arn.to_owned(),
+        };
+        Self::new(owner)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// A fixed-length digest of the id (SHA-256, hex): scopes keys by caller without putting
+    /// an ARN of up to 2048 characters into every key.
+    pub fn digest(&self) -> String {
+        hex::encode(Sha256::digest(self.0.as_bytes()))
+    }
+}
+
+impl fmt::Display for Caller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_assumed_role_session_is_its_role() {
+        let a = Caller::from_iam_arn("arn:aws:sts::123456789012:assumed-role/orders/i-0abc")
+            .expect("valid");
+        let b = Caller::from_iam_arn("arn:aws:sts::123456789012:assumed-role/orders/1700000000")
+            .expect("valid");
+        assert_eq!(a, b);
+        assert_eq!(a.as_str(), "arn:aws:sts::123456789012:assumed-role/orders");
+        let user = Caller::from_iam_arn("arn:aws:iam::123456789012:user/alice").expect("valid");
+        assert_eq!(user.as_str(), "arn:aws:iam::123456789012:user/alice");
+        assert_ne!(a, user);
+    }
+
+    #[test]
+    fn ids_are_bounded_and_digests_differ() {
+        assert!(Caller::new("").is_err());
+        assert!(Caller::new("x".repeat(MAX_CALLER_LEN + 1)).is_err());
+        assert!(Caller::new("a\nb").is_err());
+        let (a, b) = (
+            Caller::new("alice").expect("ok"),
+            Caller::new("bob").expect("ok"),
+        );
+        assert_eq!(a.digest().len(), 64);
+        assert_ne!(a.digest(), b.digest());
+    }
+}
