@@ -10,10 +10,9 @@ use sas::remote::Faults;
 use sas::transition::StepOutcome;
 use sas::{ProcessState, StepStatus, TaskId};
 use sas_blackbox::{
-    operator_call,
     ECOMMERCE, LOAN, actions, assert_valid, aws_system, drain, effects, loan_input,
-    manual_settings, net, order_input, pump_until_quiet, state, submit, submit_loan, submit_ok,
-    subscribe, task_items, wait_for_messages,
+    manual_settings, net, operator_call, order_input, pump_until_quiet, state, submit, submit_loan,
+    submit_ok, subscribe, task_items, wait_for_messages,
 };
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -106,8 +105,9 @@ async fn a_task_submitted_over_http_runs_to_processed_with_every_step_once() {
 
     let mut view = Value::Null;
     for _ in 0..150 {
+        // The operator's view: the caller's hides the lock holder and the counts.
         view = http
-            .get(format!("http://{addr}/tasks/{id}"))
+            .get(format!("http://{addr}/operator/tasks/{id}"))
             .send()
             .await
             .expect("GET")

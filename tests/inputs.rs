@@ -75,7 +75,8 @@ async fn every_bad_request_gets_a_4xx_json_error_and_writes_nothing() {
     let good = json!({"customerId": "c", "items": [{"sku": "A", "quantity": 1}]}).to_string();
     let unknown = "6a1f3e0c-8d5b-4c1e-9f2a-3b4c5d6e7f80";
     let order = tasks(ECOMMERCE);
-    let cases: Vec<Case> = vec![
+    let cases: Vec<Case> =
+        vec![
         case("POST", &order, "{not json", 400, "invalid_json"),
         case("POST", &order, "", 400, "invalid_json"),
         invalid(
@@ -210,7 +211,7 @@ async fn every_bad_request_gets_a_4xx_json_error_and_writes_nothing() {
         ),
         case(
             "POST",
-            &format!("/tasks/{unknown}/retry"),
+            &format!("/operator/tasks/{unknown}/retry"),
             "",
             404,
             "task_not_found",
@@ -232,32 +233,37 @@ async fn every_bad_request_gets_a_4xx_json_error_and_writes_nothing() {
             405,
             "method_not_allowed",
         ),
-        case("GET", "/tasks", "", 400, "missing_state"),
-        case("GET", "/tasks?state=Done", "", 400, "invalid_state"),
+        case("GET", "/operator/tasks", "", 400, "missing_state"),
+        case("GET", "/operator/tasks?state=Done", "", 400, "invalid_state"),
+        case("GET", "/tasks?state=Done", "", 400, "unknown_parameter"),
+        case("GET", "/tasks?limit=0", "", 400, "invalid_limit"),
+        case("POST", "/tasks/not-a-uuid/retry", "", 404, "route_not_found"),
+        case("GET", "/operator", "", 404, "route_not_found"),
+        case("GET", "/operatorx/tasks", "", 404, "route_not_found"),
         case(
             "GET",
-            "/workflows/no-such-workflow",
+            "/operator/workflows/no-such-workflow",
             "",
             404,
             "workflow_not_found",
         ),
         case(
             "GET",
-            &format!("/workflows/{ECOMMERCE}/versions/9"),
+            &format!("/operator/workflows/{ECOMMERCE}/versions/9"),
             "",
             404,
             "workflow_not_found",
         ),
         case(
             "GET",
-            &format!("/workflows/{ECOMMERCE}/versions/x"),
+            &format!("/operator/workflows/{ECOMMERCE}/versions/x"),
             "",
             400,
             "invalid_version",
         ),
         case(
             "GET",
-            "/services/no-such-service",
+            "/operator/services/no-such-service",
             "",
             404,
             "service_not_found",
@@ -268,7 +274,7 @@ async fn every_bad_request_gets_a_4xx_json_error_and_writes_nothing() {
             says: Some("nowhere"),
             ..case(
                 "PUT",
-                &format!("/workflows/{ECOMMERCE}"),
+                &format!("/operator/workflows/{ECOMMERCE}"),
                 json!({"name": ECOMMERCE, "steps": [{"name": "a", "service": "nowhere"}]})
                     .to_string(),
                 400,
@@ -280,7 +286,7 @@ async fn every_bad_request_gets_a_4xx_json_error_and_writes_nothing() {
             says: Some("not an earlier step"),
             ..case(
                 "PUT",
-                "/workflows/w",
+                "/operator/workflows/w",
                 json!({"name": "w", "steps": [
                     {"name": "a", "service": "inventory"},
                     {"name": "b", "service": "payment", "input": {"x": "$.steps['c'].result.id"}},
@@ -293,20 +299,20 @@ async fn every_bad_request_gets_a_4xx_json_error_and_writes_nothing() {
         },
         case(
             "PUT",
-            "/workflows/other-name",
+            "/operator/workflows/other-name",
             json!({"name": ECOMMERCE, "steps": [{"name": "a", "service": "inventory"}]})
                 .to_string(),
             400,
             "name_mismatch",
         ),
-        case("PUT", "/workflows/w", "{", 400, "invalid_json"),
+        case("PUT", "/operator/workflows/w", "{", 400, "invalid_json"),
         Case {
             // The target's kind is checked first, at its own pointer.
             at: Some("/target/type"),
             says: Some("lambda"),
             ..case(
                 "PUT",
-                "/services/s",
+                "/operator/services/s",
                 json!({"name": "s", "target": {"type": "ftp"}}).to_string(),
                 400,
                 "invalid_definition",

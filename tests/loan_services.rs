@@ -173,8 +173,9 @@ fn lambda_client(endpoint: &str) -> aws_sdk_lambda::Client {
     aws_sdk_lambda::Client::from_conf(conf)
 }
 
+/// The operator's view of a task (with sas's internals: failure counts, attempts).
 async fn task(http: &reqwest::Client, base: &str, id: &str) -> Value {
-    http.get(format!("{base}/tasks/{id}"))
+    http.get(format!("{base}/operator/tasks/{id}"))
         .send()
         .await
         .expect("GET")

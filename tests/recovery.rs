@@ -22,10 +22,15 @@ fn refuse(actions: &[&str]) -> Faults {
     }
 }
 
-/// A queue of the submitting application (named as the IAM policies require).
+/// A queue of the submitting application (named as the deployment's reply-queue pattern and
+/// the IAM policies require).
 async fn client_queue(system: &System) -> String {
     let sqs = aws_sdk_sqs::Client::new(&sas_blackbox::sdk_config().await);
-    let name = format!("{}-client-app", sas_blackbox::unique("c"));
+    let name = format!(
+        "{}{}",
+        sas::local::LOCAL_REPLY_PREFIX,
+        sas_blackbox::unique("c")
+    );
     let url = provision::create_queue(&sqs, &name, None, Default::default())
         .await
         .expect("client queue");
@@ -66,7 +71,7 @@ async fn operator(system: &mut System) -> sasctl::Client {
         .serve("127.0.0.1:0".parse().expect("addr"))
         .await
         .expect("serves");
-    sasctl::Client::new(format!("http://{addr}").parse().expect("url")).expect("client")
+    sasctl::Client::new(format!("http://{addr}/operator").parse().expect("url")).expect("client")
 }
 
 /// The ids `sasctl` lists in `state` (of `workflow`, if given): one page of up to 100, each

@@ -161,11 +161,11 @@ pub fn sqs_queue(sdk: &aws_config::SdkConfig) -> crate::aws::SqsQueue {
 pub fn reply_queues() -> Result<crate::domain::task::ReplyQueues, ConfigError> {
     match optional("REPLY_QUEUES") {
         None => Ok(crate::domain::task::ReplyQueues::none()),
-        Some(spec) => crate::domain::task::ReplyQueues::parse(&spec).map_err(|e| {
-            ConfigError::Invalid {
+        Some(spec) => {
+            crate::domain::task::ReplyQueues::parse(&spec).map_err(|e| ConfigError::Invalid {
                 name: "REPLY_QUEUES",
                 problem: e.problem,
-            }
-        }),
+            })
+        }
     }
 }

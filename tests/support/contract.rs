@@ -80,8 +80,11 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
 
 /// The caller index: a caller's tasks only, newest first, in pages that cover each once.
 async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
-    let alice = Caller::new(format!("arn:aws:iam::123456789012:user/alice-{}", TaskId::new_random()))
-        .expect("caller");
+    let alice = Caller::new(format!(
+        "arn:aws:iam::123456789012:user/alice-{}",
+        TaskId::new_random()
+    ))
+    .expect("caller");
     let bob = Caller::new(format!("bob-{}", TaskId::new_random())).expect("caller");
     let start = Utc::now();
     let mut mine = Vec::new();
@@ -101,7 +104,12 @@ async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
     let first = store.list_by_caller(&alice, 2, None).await.expect("page 1");
     let ids: Vec<TaskId> = first.items.iter().map(|s| s.task_id).collect();
     assert_eq!(ids, mine[..2], "newest first, alice's only");
-    assert!(first.items.iter().all(|s| s.process_state == ProcessState::Pending));
+    assert!(
+        first
+            .items
+            .iter()
+            .all(|s| s.process_state == ProcessState::Pending)
+    );
     let next = first.next.expect("a cursor after a full page");
     let second = store
         .list_by_caller(&alice, 2, Some(&next))

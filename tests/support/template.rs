@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 /// The rendered template.
 pub struct Template {
-    json: Value,
+    pub json: Value,
 }
 
 impl Template {
@@ -70,6 +70,107 @@ impl Template {
         let c = &self.json["Conditions"][name];
         assert!(!c.is_null(), "the template has no condition {name}");
         c
+    }
+
+    /// Whether a condition holds for the given parameter values (the rest at their defaults).
+    pub fn condition_holds(&self, name: &str, params: &[(&str, &str)]) -> bool {
+        self.evaluate(self.condition(name), params) == Value::Bool(true)
+    }
+
+    /// A resource's properties with `Fn::If`, `Ref` to parameters and `AWS::NoValue`
+    /// evaluated for the given parameter values (the rest at their defaults); other
+    /// intrinsics are left as written.
+    pub fn evaluated_properties(&self, id: &str, params: &[(&str, &str)]) -> Value {
+        let r = self
+            .resources()
+            .get(id)
+            .unwrap_or_else(|| panic!("template has no resource {id}"));
+        self.evaluate(&r["Properties"], params)
+    }
+
+    fn evaluate(&self, v: &Value, params: &[(&str, &str)]) -> Value {
+        let param = |name: &str| -> Option<Value> {
+            let p = &self.json["Parameters"][name];
+            if p.is_null() {
+                return None;
+            }
+            let given = params
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string());
+            let text = given
+                .or_else(|| self.parameter_default(name))
+                .unwrap_or_default();
+            Some(if p["Type"] == "CommaDelimitedList" {
+                Value::Array(
+                    text.split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(|s| Value::String(s.trim().to_owned()))
+                        .collect(),
+                )
+            } else {
+                Value::String(text)
+            })
+        };
+        match v {
+            Value::Object(m) if m.len() == 1 => {
+                let (k, arg) = m.iter().next().expect("one key");
+                match (k.as_str(), arg) {
+                    ("Ref", Value::String(name)) => param(name).unwrap_or_else(|| v.clone()),
+                    ("Condition", Value::String(name)) => {
+                        Value::Bool(self.condition_holds(name, params))
+                    }
+                    ("Fn::If", Value::Array(a)) if a.len() == 3 => {
+                        let holds = self.condition_holds(a[0].as_str().expect("name"), params);
+                        self.evaluate(&a[if holds { 1 } else { 2 }], params)
+                    }
+                    ("Fn::Equals", Value::Array(a)) if a.len() == 2 => {
+                        Value::Bool(self.evaluate(&a[0], params) == self.evaluate(&a[1], params))
+                    }
+                    ("Fn::Not", Value::Array(a)) if a.len() == 1 => {
+                        Value::Bool(self.evaluate(&a[0], params) != Value::Bool(true))
+                    }
+                    ("Fn::And", Value::Array(a)) => Value::Bool(
+                        a.iter()
+                            .all(|c| self.evaluate(c, params) == Value::Bool(true)),
+                    ),
+                    ("Fn::Or", Value::Array(a)) => Value::Bool(
+                        a.iter()
+                            .any(|c| self.evaluate(c, params) == Value::Bool(true)),
+                    ),
+                    ("Fn::Join", Value::Array(a)) if a.len() == 2 => {
+                        match (self.evaluate(&a[0], params), self.evaluate(&a[1], params)) {
+                            (Value::String(sep), Value::Array(items)) => Value::String(
+                                items
+                                    .iter()
+                                    .map(|i| i.as_str().unwrap_or_default().to_owned())
+                                    .collect::<Vec<_>>()
+                                    .join(&sep),
+                            ),
+                            _ => v.clone(),
+                        }
+                    }
+                    _ => Value::Object(
+                        m.iter()
+                            .map(|(k, x)| (k.clone(), self.evaluate(x, params)))
+                            .collect(),
+                    ),
+                }
+            }
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .map(|(k, x)| (k.clone(), self.evaluate(x, params)))
+                    .filter(|(_, x)| x["Ref"] != "AWS::NoValue")
+                    .collect(),
+            ),
+            Value::Array(a) => Value::Array(
+                a.iter()
+                    .map(|x| self.evaluate(x, params))
+                    .filter(|x| x["Ref"] != "AWS::NoValue")
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
     }
 
     /// The logical id a `{"Ref": id}` names.
@@ -363,7 +464,7 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
 
 impl Template {
     /// A parameter's default value.
-    fn parameter_default(&self, name: &str) -> Option<String> {
+    pub fn parameter_default(&self, name: &str) -> Option<String> {
         let d = &self.json["Parameters"][name]["Default"];
         match d {
             Value::String(s) => Some(s.clone()),
@@ -386,6 +487,7 @@ pub fn function_env(function: &str, stack: &Stack) -> Vec<(String, String)> {
             "Stage" => return stack.stage.clone(),
             "AWS::Region" => return "us-east-1".into(),
             "AWS::URLSuffix" => return "amazonaws.com".into(),
+            "AWS::AccountId" => return "123456789012".into(),
             _ => {}
         }
         if let Some(v) = t.parameter_default(id) {

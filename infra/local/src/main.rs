@@ -41,6 +41,22 @@ enum Command {
         /// Address of the HTTP API.
         #[arg(long, default_value = "127.0.0.1:3000", env = "SAS_LISTEN")]
         listen: SocketAddr,
+        #[command(flatten)]
+        auth: AuthOpts,
+    },
+    /// Print a JWT for the task API in `--auth jwt` mode, signed by the local issuer.
+    Token {
+        /// The caller (`sub`).
+        #[arg(long)]
+        sub: String,
+        /// Scopes to grant (repeatable).
+        #[arg(long = "scope")]
+        scopes: Vec<String>,
+        /// How long it is valid (e.g. `1h`, `15m`).
+        #[arg(long, default_value = "1h")]
+        ttl: humantime::Duration,
+        #[command(flatten)]
+        issuer: IssuerOpts,
     },
     /// Submit tasks of the example workflows (e-commerce orders and loan applications, taking
     /// turns) through the HTTP API with faults on and print a summary.
@@ -68,6 +84,79 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         sweep_ms: u64,
     },
+}
+
+/// How the local task API authenticates, as a deployed stack's `ApiAuth` does.
+#[derive(Args, Clone)]
+struct AuthOpts {
+    /// `none` (every request is the caller `anonymous`), `iam` (SigV4, checked against
+    /// `--users`) or `jwt` (bearer tokens of the local issuer; `sas-local token` makes them).
+    #[arg(long, default_value = "none", env = "SAS_AUTH")]
+    auth: sas::auth::AuthMode,
+    /// Local IAM users: a JSON list of `{"accessKeyId", "secretAccessKey", "arn"}`. Needed by
+    /// `--auth iam`; when given, the operator API (`/operator`) needs SigV4 too.
+    #[arg(long, env = "SAS_USERS")]
+    users: Option<std::path::PathBuf>,
+    /// Scopes of which a token needs one to start or cancel tasks (`--auth jwt`).
+    #[arg(long = "write-scope")]
+    write_scopes: Vec<String>,
+    /// Scopes of which a token needs one to read tasks (`--auth jwt`).
+    #[arg(long = "read-scope")]
+    read_scopes: Vec<String>,
+    #[command(flatten)]
+    issuer: IssuerOpts,
+}
+
+/// The local JWT issuer.
+#[derive(Args, Clone)]
+struct IssuerOpts {
+    /// Where the local issuer's key pair is kept (made on first use).
+    #[arg(long, default_value = ".sas-local/issuer.json", env = "SAS_ISSUER")]
+    issuer_file: std::path::PathBuf,
+    /// The tokens' audience.
+    #[arg(long, default_value = "sas-local")]
+    audience: String,
+}
+
+const LOCAL_ISSUER: &str = "https://sas-local.invalid/issuer";
+
+fn region() -> String {
+    std::env::var("AWS_REGION")
+        .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
+        .unwrap_or_else(|_| "us-east-1".into())
+}
+
+/// The task API's and the operator API's local authorizers.
+fn local_auth(
+    opts: &AuthOpts,
+) -> anyhow::Result<(sas::local::auth::LocalAuth, sas::local::auth::LocalAuth)> {
+    use sas::auth::AuthMode;
+    use sas::local::auth::{JwtCheck, LocalAuth, SigV4Check, TestIssuer};
+    let iam = match &opts.users {
+        Some(path) => Some(LocalAuth::Iam(Arc::new(SigV4Check::from_file(
+            &region(),
+            path,
+        )?))),
+        None => None,
+    };
+    let api = match opts.auth {
+        AuthMode::None => LocalAuth::None,
+        AuthMode::Iam => iam
+            .clone()
+            .context("--auth iam needs --users FILE (the local access keys)")?,
+        AuthMode::Jwt => {
+            let issuer = TestIssuer::load_or_create(&opts.issuer.issuer_file, LOCAL_ISSUER)?;
+            LocalAuth::Jwt(Arc::new(
+                JwtCheck::new(
+                    issuer.issuer.clone(),
+                    vec![opts.issuer.audience.clone()],
+                    issuer.jwks().clone(),
+                )
+                .with_scopes(opts.write_scopes.clone(), opts.read_scopes.clone()),
+            ))
+        }
+    };
+    Ok((api, iam.unwrap_or(LocalAuth::None)))
 }
 
 #[derive(Args)]
@@ -183,12 +272,32 @@ async fn backend(opts: &Opts) -> Backend {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Serve {
-        listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
-    }) {
-        Command::Serve { listen } => {
+    let command = match cli.command {
+        Some(c) => c,
+        None => Cli::parse_from(["sas-local", "serve"])
+            .command
+            .context("the default command")?,
+    };
+    match command {
+        Command::Serve { listen, auth } => {
             sas::telemetry::init();
-            serve(&cli.opts, listen).await
+            serve(&cli.opts, listen, &auth).await
+        }
+        Command::Token {
+            sub,
+            scopes,
+            ttl,
+            issuer,
+        } => {
+            let local =
+                sas::local::auth::TestIssuer::load_or_create(&issuer.issuer_file, LOCAL_ISSUER)?;
+            let scopes: Vec<&str> = scopes.iter().map(String::as_str).collect();
+            let ttl = chrono::Duration::from_std(*ttl)?;
+            println!(
+                "{}",
+                local.token(&sub, &issuer.audience, &scopes, chrono::Utc::now(), ttl)?
+            );
+            Ok(())
         }
         Command::Demo {
             tasks,
@@ -217,12 +326,13 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn serve(opts: &Opts, listen: SocketAddr) -> anyhow::Result<()> {
+async fn serve(opts: &Opts, listen: SocketAddr, auth: &AuthOpts) -> anyhow::Result<()> {
     if let Some(dir) = &opts.workflows {
         sas::catalog::read_folder(dir)
             .with_context(|| format!("reading the definitions in {}", dir.display()))?;
     }
     let mut settings = settings(opts, Faults::default(), None);
+    (settings.api_auth, settings.operator_auth) = local_auth(auth)?;
     // Services declared as real ones reach them as the agent does: credentials from Secrets
     // Manager or SSM and Lambda functions, through this environment's AWS configuration.
     let sdk = sas::aws::sdk_config().await;
@@ -252,6 +362,22 @@ async fn serve(opts: &Opts, listen: SocketAddr) -> anyhow::Result<()> {
             "  curl -s -XPOST http://{bound}/workflows/<workflow>/tasks -H 'content-type: application/json' -d '<input>'\n"
         )
     };
+    let how = match auth.auth {
+        sas::auth::AuthMode::None => "no authentication (--auth none): every request is the caller `anonymous`".to_owned(),
+        sas::auth::AuthMode::Iam => "SigV4 (--auth iam) with the keys in --users, e.g. curl --aws-sigv4 aws:amz:<region>:execute-api --user KEY:SECRET".to_owned(),
+        sas::auth::AuthMode::Jwt => format!(
+            "bearer JWTs (--auth jwt) of the local issuer: -H \"authorization: Bearer $(sas-local token --sub alice --issuer-file {})\"",
+            auth.issuer.issuer_file.display()
+        ),
+    };
+    println!(
+        "task API: {how}; operator API: http://{bound}/operator ({})",
+        if auth.users.is_some() {
+            "SigV4"
+        } else {
+            "no authentication"
+        }
+    );
     println!(
         "sas is running ({}) on http://{bound} with {}\n{example}  curl -s http://{bound}/tasks/<taskId>\nCtrl-C stops it.",
         if opts.aws {

@@ -954,22 +954,24 @@ impl DynamoStore {
     ) -> Result<HashMap<TaskId, Summary>, StoreError> {
         use aws_sdk_dynamodb::types::KeysAndAttributes;
         let keys: Vec<Item> = ids
-            .map(|id| HashMap::from([("pk".to_owned(), s(task_pk(&id))), ("sk".to_owned(), s("STATE"))]))
+            .map(|id| {
+                HashMap::from([
+                    ("pk".to_owned(), s(task_pk(&id))),
+                    ("sk".to_owned(), s("STATE")),
+                ])
+            })
             .collect();
         let mut found = HashMap::new();
         if keys.is_empty() {
             return Ok(found);
         }
-        let names = HashMap::from(
-            STATE_INDEX_PROJECTION
-                .iter()
-                .chain(["UpdatedAt"].iter())
-                .enumerate()
-                .map(|(i, a)| (format!("#a{i}"), (*a).to_owned()))
-                .collect::<Vec<_>>()
-                .into_iter()
-                .collect::<HashMap<_, _>>(),
-        );
+        // The summary's attributes (as the state index projects them), by placeholder.
+        let names: HashMap<String, String> = STATE_INDEX_PROJECTION
+            .iter()
+            .chain(["UpdatedAt"].iter())
+            .enumerate()
+            .map(|(i, a)| (format!("#a{i}"), (*a).to_owned()))
+            .collect();
         let projection = names.keys().cloned().collect::<Vec<_>>().join(", ");
         let mut pending = Some(
             KeysAndAttributes::builder()
@@ -989,7 +991,12 @@ impl DynamoStore {
                 .send()
                 .await
                 .map_err(|e| unavailable(&e))?;
-            for item in out.responses().and_then(|r| r.get(&self.table)).into_iter().flatten() {
+            for item in out
+                .responses()
+                .and_then(|r| r.get(&self.table))
+                .into_iter()
+                .flatten()
+            {
                 let summary = parse_summary(item)?;
                 found.insert(summary.task_id, summary);
             }
@@ -1000,7 +1007,9 @@ impl DynamoStore {
                 .cloned();
         }
         if pending.is_some() {
-            return Err(StoreError::Unavailable("state records left unread (throttled)".into()));
+            return Err(StoreError::Unavailable(
+                "state records left unread (throttled)".into(),
+            ));
         }
         Ok(found)
     }

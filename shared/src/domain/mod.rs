@@ -17,7 +17,5 @@ pub use state::{
     HistoryEntry, Invariant, ProcessState, StateRecord, Status, StepState, StepStatus,
 };
 pub use task::{Task, TaskId, ValidationError};
-pub use transition::{
-    Actor, Condition, Effect, Guard, Policies, Policy, Rejection, Transition,
-};
+pub use transition::{Actor, Condition, Effect, Guard, Policies, Policy, Rejection, Transition};
 pub use workflow::{DefinitionError, Document, Format, ServiceDef, Step, Target, Workflow};

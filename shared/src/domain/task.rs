@@ -211,12 +211,19 @@ mod tests {
             "https://sqs.eu-west-1.amazonaws.com/123456789012/sasreply-prod--a/b",
             "https://sqs.eu-west-1.amazonaws.com/123456789012/sasreply-prod--q.fifo",
             "http://sqs.eu-west-1.amazonaws.com/123456789012/sasreply-prod--shop",
-            &format!("https://sqs.eu-west-1.amazonaws.com/123456789012/sasreply-prod--{}", "x".repeat(80)),
+            &format!(
+                "https://sqs.eu-west-1.amazonaws.com/123456789012/sasreply-prod--{}",
+                "x".repeat(80)
+            ),
         ] {
             let e = allowed.check(bad).expect_err(bad);
             assert_eq!(e.field, "Reply-Queue-Url");
         }
-        assert!(ReplyQueues::none().check("https://sqs.eu-west-1.amazonaws.com/1/q").is_err());
+        assert!(
+            ReplyQueues::none()
+                .check("https://sqs.eu-west-1.amazonaws.com/1/q")
+                .is_err()
+        );
         assert!(ReplyQueues::parse("https://sqs.eu-west-1.amazonaws.com/1/q").is_err());
         assert!(ReplyQueues::parse("sasreply-*").is_err());
     }

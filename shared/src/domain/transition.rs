@@ -1570,7 +1570,9 @@ mod tests {
         run_to(&mut r, 1, now, &p);
         let deadline = r.complete_by.expect("deadline");
         let later = now + Duration::seconds(4);
-        let t = apply(&mut r, |r| cancel(r, &ops(Some("customer asked")), later, &p));
+        let t = apply(&mut r, |r| {
+            cancel(r, &ops(Some("customer asked")), later, &p)
+        });
         let wait = p.at(1).undo_wait;
         assert_eq!(
             t.effects,
@@ -1606,7 +1608,9 @@ mod tests {
         assert_eq!(undone, [1, 0]);
 
         let mut pending = fresh(now);
-        apply(&mut pending, |r| cancel(r, &ops(Some("changed my mind")), now, &p));
+        apply(&mut pending, |r| {
+            cancel(r, &ops(Some("changed my mind")), now, &p)
+        });
         assert_eq!(pending.process_state, ProcessState::Compensated);
     }
 

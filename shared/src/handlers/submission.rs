@@ -197,9 +197,11 @@ async fn route(
                 .await
         }
         (["tasks"], _) if op => list(deps, query).instrument(info_span!("list_tasks")).await,
-        (["tasks"], _) => list_mine(deps, caller, query)
-            .instrument(info_span!("list_my_tasks"))
-            .await,
+        (["tasks"], _) => {
+            list_mine(deps, caller, query)
+                .instrument(info_span!("list_my_tasks"))
+                .await
+        }
         (["tasks", id], _) => {
             let span = info_span!("get_task", task_id = %id);
             get_task(deps, caller, id).instrument(span).await
@@ -217,9 +219,7 @@ async fn route(
         }
         (["workflows"], _) => entries(deps, Kind::Workflow).await,
         (["services"], _) => entries(deps, Kind::Service).await,
-        (["workflows", name], &Method::GET) => {
-            definition(deps, Kind::Workflow, name, None).await
-        }
+        (["workflows", name], &Method::GET) => definition(deps, Kind::Workflow, name, None).await,
         (["workflows", name, "versions", v], _) => {
             let Ok(v) = v.parse::<u32>() else {
                 return error(

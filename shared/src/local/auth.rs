@@ -220,14 +220,8 @@ impl SigV4Check {
             }
             signed.push((name, v));
         }
-        let identity = Credentials::new(
-            auth.access_key,
-            secret.clone(),
-            token,
-            None,
-            "sas-local",
-        )
-        .into();
+        let identity =
+            Credentials::new(auth.access_key, secret.clone(), token, None, "sas-local").into();
         let mut settings = SigningSettings::default();
         settings.excluded_headers = Some(Vec::new());
         let params = v4::SigningParams::builder()
@@ -413,7 +407,9 @@ impl TestIssuer {
         let point = pair.public_key().as_ref();
         anyhow::ensure!(point.len() == 65 && point[0] == 4, "unexpected public key");
         let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-        let key_id = hex::encode(&aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, point).as_ref()[..8]);
+        let key_id = hex::encode(
+            &aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, point).as_ref()[..8],
+        );
         let jwks: JwkSet = serde_json::from_value(serde_json::json!({"keys": [{
             "kty": "EC", "crv": "P-256", "use": "sig", "alg": "ES256", "kid": key_id,
             "x": b64.encode(&point[1..33]), "y": b64.encode(&point[33..]),
@@ -513,13 +509,9 @@ mod tests {
             .expect("params")
             .into();
         let headers = [("content-type", "application/json")];
-        let request = SignableRequest::new(
-            method,
-            uri,
-            headers.into_iter(),
-            SignableBody::Bytes(body),
-        )
-        .expect("signable");
+        let request =
+            SignableRequest::new(method, uri, headers.into_iter(), SignableBody::Bytes(body))
+                .expect("signable");
         let (instructions, _) = sign(request, &params).expect("signed").into_parts();
         let mut req = http::Request::builder()
             .method(method)
@@ -556,7 +548,11 @@ mod tests {
         );
         // Another body, path, method, region, a wrong secret, an old signature: refused.
         assert!(check.verify(&Method::POST, path, &h, b"{}", now).is_err());
-        assert!(check.verify(&Method::POST, "/workflows/v/tasks?x=1", &h, body, now).is_err());
+        assert!(
+            check
+                .verify(&Method::POST, "/workflows/v/tasks?x=1", &h, body, now)
+                .is_err()
+        );
         assert!(check.verify(&Method::PUT, path, &h, body, now).is_err());
         let eu = signed(&alice, "eu-west-1", "POST", uri, body, now);
         assert!(check.verify(&Method::POST, path, &eu, body, now).is_err());
@@ -571,10 +567,25 @@ mod tests {
             body,
             now,
         );
-        assert!(check.verify(&Method::POST, path, &forged, body, now).is_err());
-        let old = signed(&alice, "us-east-1", "POST", uri, body, now - chrono::Duration::minutes(20));
+        assert!(
+            check
+                .verify(&Method::POST, path, &forged, body, now)
+                .is_err()
+        );
+        let old = signed(
+            &alice,
+            "us-east-1",
+            "POST",
+            uri,
+            body,
+            now - chrono::Duration::minutes(20),
+        );
         assert!(check.verify(&Method::POST, path, &old, body, now).is_err());
-        assert!(check.verify(&Method::POST, path, &HeaderMap::new(), body, now).is_err());
+        assert!(
+            check
+                .verify(&Method::POST, path, &HeaderMap::new(), body, now)
+                .is_err()
+        );
     }
 
     #[test]
@@ -600,26 +611,66 @@ mod tests {
             check.verify(&Method::GET, "/tasks", &bearer(good.clone())),
             Ok(Caller::new("alice").expect("ok"))
         );
-        let expired = issuer.token("alice", "sas", &[], now, -hour).expect("token");
-        assert!(check.verify(&Method::GET, "/tasks", &bearer(expired)).is_err());
+        let expired = issuer
+            .token("alice", "sas", &[], now, -hour)
+            .expect("token");
+        assert!(
+            check
+                .verify(&Method::GET, "/tasks", &bearer(expired))
+                .is_err()
+        );
         let other_aud = issuer.token("alice", "web", &[], now, hour).expect("token");
-        assert!(check.verify(&Method::GET, "/tasks", &bearer(other_aud)).is_err());
+        assert!(
+            check
+                .verify(&Method::GET, "/tasks", &bearer(other_aud))
+                .is_err()
+        );
         let stranger = TestIssuer::generate("https://issuer.local").expect("issuer");
-        let forged = stranger.token("alice", "sas", &[], now, hour).expect("token");
-        assert!(check.verify(&Method::GET, "/tasks", &bearer(forged)).is_err());
+        let forged = stranger
+            .token("alice", "sas", &[], now, hour)
+            .expect("token");
+        assert!(
+            check
+                .verify(&Method::GET, "/tasks", &bearer(forged))
+                .is_err()
+        );
         // A tampered payload breaks the signature.
         let mut parts: Vec<String> = good.split('.').map(str::to_owned).collect();
         let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
         let payload = String::from_utf8(b64.decode(&parts[1]).expect("b64")).expect("utf8");
         parts[1] = b64.encode(payload.replace("alice", "bobby"));
-        assert!(check.verify(&Method::GET, "/tasks", &bearer(parts.join("."))).is_err());
+        assert!(
+            check
+                .verify(&Method::GET, "/tasks", &bearer(parts.join(".")))
+                .is_err()
+        );
         // Scopes per route kind.
-        let scoped = JwtCheck::new("https://issuer.local", vec!["sas".into()], issuer.jwks().clone())
-            .with_scopes(vec!["tasks/write".into()], vec![]);
-        let reader = issuer.token("alice", "sas", &["tasks/read"], now, hour).expect("token");
-        assert!(scoped.verify(&Method::GET, "/tasks", &bearer(reader.clone())).is_ok());
-        assert!(scoped.verify(&Method::POST, "/workflows/w/tasks", &bearer(reader)).is_err());
-        let writer = issuer.token("alice", "sas", &["tasks/write"], now, hour).expect("token");
-        assert!(scoped.verify(&Method::POST, "/workflows/w/tasks", &bearer(writer)).is_ok());
+        let scoped = JwtCheck::new(
+            "https://issuer.local",
+            vec!["sas".into()],
+            issuer.jwks().clone(),
+        )
+        .with_scopes(vec!["tasks/write".into()], vec![]);
+        let reader = issuer
+            .token("alice", "sas", &["tasks/read"], now, hour)
+            .expect("token");
+        assert!(
+            scoped
+                .verify(&Method::GET, "/tasks", &bearer(reader.clone()))
+                .is_ok()
+        );
+        assert!(
+            scoped
+                .verify(&Method::POST, "/workflows/w/tasks", &bearer(reader))
+                .is_err()
+        );
+        let writer = issuer
+            .token("alice", "sas", &["tasks/write"], now, hour)
+            .expect("token");
+        assert!(
+            scoped
+                .verify(&Method::POST, "/workflows/w/tasks", &bearer(writer))
+                .is_ok()
+        );
     }
 }

@@ -4,10 +4,10 @@
 //! not report), and a timer that invokes the supervisor with scheduled events. The local runner
 //! (`sas-local`) and the black-box tests use it, on in-memory adapters or on AWS APIs.
 
+use crate::auth::Identity;
 use crate::aws::provision::{self, QueueSettings, Resources};
 use crate::aws::{DynamoStore, EventBridgeBus, SqsQueue};
 use crate::catalog::{self, Definitions};
-use crate::auth::Identity;
 use crate::domain::task::ReplyQueues;
 use crate::domain::{Backoff, BreakerPolicy, Policy};
 use crate::handlers::agent::{self, AgentDeps};

@@ -1,7 +1,5 @@
 use crate::domain::state::due_shard;
-use crate::domain::{
-    BreakerRecord, Caller, Condition, ProcessState, StateRecord, Task, TaskId,
-};
+use crate::domain::{BreakerRecord, Caller, Condition, ProcessState, StateRecord, Task, TaskId};
 use crate::ports::{
     Catalog, CreateOutcome, Cursor, Entry, IdempotencyRecord, Kind, Page, Published, StateStore,
     StoreError, Stored, Summary, canonical,

@@ -1,0 +1,545 @@
+//! The task API's authentication, black-box over HTTP on the local runner in each mode (`None`,
+//! `IAM` with SigV4-signed requests, `JWT` with the local issuer's tokens), and through the
+//! rendered template (each `ApiAuth` value gives the routes the authorization it names).
+//!
+//! In every authenticated mode: no credentials → 401; another caller's task → 404 (as if it
+//! did not exist), also for a cancel; an operator sees it; the same `Idempotency-Key` from two
+//! callers → two tasks; a forged or expired token → 401; a reply queue outside the pattern →
+//! 400 and nothing written; the caller sees no internals; actions record who acted.
+
+use chrono::Utc;
+use reqwest::{Method, StatusCode};
+use sas::local::auth::{JwtCheck, LocalAuth, LocalUser, SigV4Check, TestIssuer};
+use sas::local::{LOCAL_REPLY_PREFIX, System};
+use sas_blackbox::{manual_settings, memory_system, order_input, template};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+const REGION: &str = "us-east-1";
+const AUDIENCE: &str = "sas-tests";
+const ISSUER: &str = "https://issuer.sas-tests.invalid";
+
+fn user(name: &str) -> LocalUser {
+    LocalUser {
+        access_key_id: format!("AKIA{}", name.to_uppercase()),
+        secret_access_key: format!("{name}-secret-{}", uuid::Uuid::new_v4()),
+        arn: format!("arn:aws:iam::123456789012:user/{name}"),
+    }
+}
+
+/// How a request proves who it is.
+#[derive(Clone)]
+enum Cred {
+    Nothing,
+    Sign(LocalUser),
+    Bearer(String),
+}
+
+struct Api {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    async fn call(
+        &self,
+        cred: &Cred,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&Value>,
+    ) -> (StatusCode, Value) {
+        let url = format!("{}{path}", self.base);
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let mut all: Vec<(String, String)> = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        if !body.is_empty() {
+            all.push(("content-type".into(), "application/json".into()));
+        }
+        match cred {
+            Cred::Nothing => {}
+            Cred::Bearer(t) => all.push(("authorization".into(), format!("Bearer {t}"))),
+            Cred::Sign(u) => all.extend(sign(u, method.as_str(), &url, &all, body.as_bytes())),
+        }
+        let mut req = self.http.request(method, &url).body(body);
+        for (k, v) in &all {
+            req = req.header(k, v);
+        }
+        let resp = req.send().await.expect("the API answers");
+        let status = resp.status();
+        let text = resp.text().await.expect("a body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+}
+
+/// SigV4 headers for a request, as `awscurl` or an SDK would make them.
+fn sign(
+    u: &LocalUser,
+    method: &str,
+    url: &str,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> Vec<(String, String)> {
+    use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+    let identity = aws_credential_types::Credentials::new(
+        &u.access_key_id,
+        &u.secret_access_key,
+        None,
+        None,
+        "tests",
+    )
+    .into();
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region(REGION)
+        .name("execute-api")
+        .time(std::time::SystemTime::now())
+        .settings(SigningSettings::default())
+        .build()
+        .expect("params")
+        .into();
+    let request = SignableRequest::new(
+        method,
+        url,
+        headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        SignableBody::Bytes(body),
+    )
+    .expect("signable");
+    let (instructions, _) = sign(request, &params).expect("signs").into_parts();
+    instructions
+        .headers()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// A memory system served on loopback with the given authorizers.
+async fn serve(api: LocalAuth, operator: LocalAuth) -> (System, Api) {
+    let mut settings = manual_settings();
+    settings.api_auth = api;
+    settings.operator_auth = operator;
+    let mut system = memory_system(settings).await;
+    let addr = system
+        .serve("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("serves");
+    let api = Api {
+        base: format!("http://{addr}"),
+        http: reqwest::Client::new(),
+    };
+    (system, api)
+}
+
+/// How many tasks the (in-memory) system holds.
+async fn task_items(system: &System) -> usize {
+    system
+        .memory
+        .as_ref()
+        .expect("memory backend")
+        .0
+        .all_states()
+        .len()
+}
+
+fn task_id(body: &Value) -> String {
+    body["taskId"].as_str().expect("taskId").to_owned()
+}
+
+/// Everything every authenticated mode must hold, for callers `alice` and `bob` and an
+/// operator (SigV4, always), on the served system.
+async fn callers_are_kept_apart(system: &System, api: &Api, alice: Cred, bob: Cred, ops: Cred) {
+    let order = order_input();
+    let submit = "/workflows/ecommerce-order/tasks";
+    // No credentials: 401 on every task route, nothing written.
+    let before = task_items(system).await;
+    for (method, path) in [
+        (Method::POST, submit.to_owned()),
+        (Method::GET, "/tasks".to_owned()),
+        (Method::GET, format!("/tasks/{}", uuid::Uuid::new_v4())),
+        (
+            Method::POST,
+            format!("/tasks/{}/cancel", uuid::Uuid::new_v4()),
+        ),
+        (Method::GET, "/operator/tasks?state=Pending".to_owned()),
+    ] {
+        let (status, body) = api
+            .call(&Cred::Nothing, method.clone(), &path, &[], Some(&order))
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path}: {body}");
+        assert_eq!(body["error"]["code"], "unauthenticated", "{body}");
+    }
+    assert_eq!(
+        task_items(system).await,
+        before,
+        "a refused request writes nothing"
+    );
+
+    // Alice's task: hers to read, not Bob's (404, exactly as for no task at all).
+    let (status, created) = api
+        .call(
+            &alice,
+            Method::POST,
+            submit,
+            &[("idempotency-key", "k-1")],
+            Some(&order),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{created}");
+    let id = task_id(&created);
+    let (status, mine) = api
+        .call(&alice, Method::GET, &format!("/tasks/{id}"), &[], None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{mine}");
+    assert_eq!(mine["input"], order);
+    for internal in [
+        "lockedBy",
+        "completeBy",
+        "attempt",
+        "failureCount",
+        "round",
+        "lastError",
+    ] {
+        assert!(
+            mine.get(internal).is_none(),
+            "a caller sees {internal}: {mine}"
+        );
+    }
+    assert!(
+        mine["history"]
+            .as_array()
+            .is_some_and(|h| h.iter().all(|e| e.get("reason").is_none())),
+        "no raw reasons without publicErrors: {mine}"
+    );
+    let (status, theirs) = api
+        .call(&bob, Method::GET, &format!("/tasks/{id}"), &[], None)
+        .await;
+    let (_, nothing) = api
+        .call(
+            &bob,
+            Method::GET,
+            &format!("/tasks/{}", uuid::Uuid::new_v4()),
+            &[],
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{theirs}");
+    assert_eq!(theirs["error"]["code"], nothing["error"]["code"]);
+    // The operator sees it, with sas's internals and its caller.
+    let (status, seen) = api
+        .call(
+            &ops,
+            Method::GET,
+            &format!("/operator/tasks/{id}"),
+            &[],
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{seen}");
+    assert_eq!(seen["taskId"], id.as_str());
+    assert!(
+        seen.get("lockedBy").is_some() && seen.get("attempt").is_some(),
+        "{seen}"
+    );
+    assert!(
+        seen["caller"].as_str().is_some_and(|c| !c.is_empty()),
+        "{seen}"
+    );
+
+    // The same key from Bob is Bob's own: a second task. Alice's replay is her first task.
+    let (status, bobs) = api
+        .call(
+            &bob,
+            Method::POST,
+            submit,
+            &[("idempotency-key", "k-1")],
+            Some(&order),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{bobs}");
+    assert_ne!(task_id(&bobs), id, "another caller's key is not shared");
+    let (status, again) = api
+        .call(
+            &alice,
+            Method::POST,
+            submit,
+            &[("idempotency-key", "k-1")],
+            Some(&order),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{again}");
+    assert_eq!(task_id(&again), id, "a replay of alice's own key");
+
+    // Lists: each caller's own tasks only.
+    let (status, list) = api.call(&alice, Method::GET, "/tasks", &[], None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let ids: Vec<&str> = list["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .filter_map(|t| t["taskId"].as_str())
+        .collect();
+    assert_eq!(ids, vec![id.as_str()], "{list}");
+
+    // A reply queue outside the pattern: 400, nothing written; inside it: accepted.
+    let before = task_items(system).await;
+    for bad in [
+        "https://sqs.us-east-1.amazonaws.com/123456789012/sas-dev-work".to_owned(),
+        "memory://sas/work".to_owned(),
+        format!("memory://sas/{LOCAL_REPLY_PREFIX}"),
+    ] {
+        let (status, body) = api
+            .call(
+                &alice,
+                Method::POST,
+                submit,
+                &[("reply-queue-url", &bad)],
+                Some(&order),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_reply_queue_url", "{body}");
+    }
+    assert_eq!(
+        task_items(system).await,
+        before,
+        "a refused reply queue writes nothing"
+    );
+    let good = format!("memory://sas/{LOCAL_REPLY_PREFIX}shop");
+    let (status, body) = api
+        .call(
+            &alice,
+            Method::POST,
+            submit,
+            &[("reply-queue-url", &good)],
+            Some(&order),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+
+    // Bob cannot cancel Alice's task (404); Alice can, and the history names her.
+    let cancel = format!("/tasks/{id}/cancel");
+    let why = json!({"reason": "ordered twice"});
+    let (status, _) = api.call(&bob, Method::POST, &cancel, &[], Some(&why)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, body) = api
+        .call(&alice, Method::POST, &cancel, &[], Some(&why))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let (_, seen) = api
+        .call(
+            &ops,
+            Method::GET,
+            &format!("/operator/tasks/{id}"),
+            &[],
+            None,
+        )
+        .await;
+    let last = seen["history"]
+        .as_array()
+        .and_then(|h| h.last())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(last["by"], seen["caller"], "{seen}");
+    assert_eq!(last["reason"], "caller cancel: ordered twice", "{seen}");
+}
+
+#[tokio::test]
+async fn iam_mode_checks_sigv4_and_keeps_callers_apart() {
+    let (alice, bob, operator) = (user("alice"), user("bob"), user("operator"));
+    let users = vec![alice.clone(), bob.clone(), operator.clone()];
+    let check = LocalAuth::Iam(Arc::new(SigV4Check::new(REGION, users).expect("users")));
+    let (system, api) = serve(check.clone(), check).await;
+    callers_are_kept_apart(
+        &system,
+        &api,
+        Cred::Sign(alice.clone()),
+        Cred::Sign(bob),
+        Cred::Sign(operator.clone()),
+    )
+    .await;
+    // A signature with a wrong secret, or by an unknown key: 401.
+    for forged in [
+        LocalUser {
+            secret_access_key: "guessed".into(),
+            ..alice.clone()
+        },
+        user("mallory"),
+    ] {
+        let (status, body) = api
+            .call(&Cred::Sign(forged), Method::GET, "/tasks", &[], None)
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    }
+    // A caller's credentials are no operator's: the operator API needs its own principal,
+    // and a bearer token means nothing to SigV4.
+    let (status, _) = api
+        .call(
+            &Cred::Bearer("x.y.z".into()),
+            Method::GET,
+            "/tasks",
+            &[],
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn jwt_mode_checks_tokens_and_keeps_callers_apart() {
+    let issuer = TestIssuer::generate(ISSUER).expect("issuer");
+    let jwt = LocalAuth::Jwt(Arc::new(JwtCheck::new(
+        ISSUER,
+        vec![AUDIENCE.into()],
+        issuer.jwks().clone(),
+    )));
+    let operator = user("operator");
+    let ops = LocalAuth::Iam(Arc::new(
+        SigV4Check::new(REGION, vec![operator.clone()]).expect("users"),
+    ));
+    let (system, api) = serve(jwt, ops).await;
+    let now = Utc::now();
+    let hour = chrono::Duration::hours(1);
+    let token = |sub: &str| issuer.token(sub, AUDIENCE, &[], now, hour).expect("token");
+    callers_are_kept_apart(
+        &system,
+        &api,
+        Cred::Bearer(token("alice")),
+        Cred::Bearer(token("bob")),
+        Cred::Sign(operator),
+    )
+    .await;
+    // Expired, for another audience, signed by another key, or tampered with: 401.
+    let stranger = TestIssuer::generate(ISSUER).expect("issuer");
+    let good = token("alice");
+    let mut parts: Vec<&str> = good.split('.').collect();
+    let bob_claims = token("bob");
+    parts[1] = bob_claims.split('.').nth(1).expect("payload");
+    for bad in [
+        issuer
+            .token("alice", AUDIENCE, &[], now, -hour)
+            .expect("token"),
+        issuer
+            .token("alice", "another-api", &[], now, hour)
+            .expect("token"),
+        stranger
+            .token("alice", AUDIENCE, &[], now, hour)
+            .expect("token"),
+        parts.join("."),
+        "not-a-jwt".into(),
+    ] {
+        let (status, body) = api
+            .call(&Cred::Bearer(bad), Method::GET, "/tasks", &[], None)
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+        assert_eq!(body["error"]["code"], "unauthenticated", "{body}");
+    }
+}
+
+#[tokio::test]
+async fn none_mode_is_one_anonymous_caller() {
+    let (system, api) = serve(LocalAuth::None, LocalAuth::None).await;
+    let order = order_input();
+    let (status, created) = api
+        .call(
+            &Cred::Nothing,
+            Method::POST,
+            "/workflows/ecommerce-order/tasks",
+            &[],
+            Some(&order),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{created}");
+    let id = task_id(&created);
+    let (status, seen) = api
+        .call(
+            &Cred::Nothing,
+            Method::GET,
+            &format!("/tasks/{id}"),
+            &[],
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{seen}");
+    let (_, ops) = api
+        .call(
+            &Cred::Nothing,
+            Method::GET,
+            &format!("/operator/tasks/{id}"),
+            &[],
+            None,
+        )
+        .await;
+    assert_eq!(ops["caller"], "anonymous", "{ops}");
+    assert_eq!(task_items(&system).await, 1);
+}
+
+/// The rendered template, with its conditions evaluated for each `ApiAuth`.
+#[test]
+fn each_api_auth_value_gives_the_task_routes_its_authorization() {
+    let t = template::Template::load();
+    let task_routes = [
+        "StartTaskRoute",
+        "ListTasksRoute",
+        "GetTaskRoute",
+        "CancelTaskRoute",
+    ];
+    for (mode, want) in [("IAM", "AWS_IAM"), ("JWT", "JWT"), ("None", "NONE")] {
+        let params = [
+            ("ApiAuth", mode),
+            ("JwtIssuer", ISSUER),
+            ("JwtWriteScopes", "tasks/write"),
+        ];
+        for route in task_routes {
+            let props = t.evaluated_properties(route, &params);
+            assert_eq!(props["AuthorizationType"], want, "{mode} {route}: {props}");
+            assert_eq!(
+                props.get("AuthorizerId").is_some(),
+                mode == "JWT",
+                "{mode} {route}: {props}"
+            );
+            let scoped = mode == "JWT" && matches!(route, "StartTaskRoute" | "CancelTaskRoute");
+            assert_eq!(
+                props.get("AuthorizationScopes").is_some(),
+                scoped,
+                "{mode} {route}: {props}"
+            );
+        }
+        // The operator API is IAM whatever the mode; the callback route is the token's.
+        assert_eq!(
+            t.evaluated_properties("OperatorRoute", &params)["AuthorizationType"],
+            "AWS_IAM"
+        );
+        assert_eq!(
+            t.evaluated_properties("CallbackRoute", &params)["AuthorizationType"],
+            "NONE"
+        );
+        assert_eq!(
+            t.condition_holds("AuthJwt", &params),
+            mode == "JWT",
+            "the authorizer exists only for JWT"
+        );
+        assert_eq!(
+            t.condition_holds("AuthNone", &params),
+            mode == "None",
+            "the stack warns exactly when it is open"
+        );
+    }
+    // The warning output is there, under AuthNone; IAM is the default.
+    assert_eq!(t.json["Outputs"]["ApiAuthWarning"]["Condition"], "AuthNone");
+    assert_eq!(t.parameter_default("ApiAuth").as_deref(), Some("IAM"));
+    assert_eq!(t.json["Resources"]["JwtAuthorizer"]["Condition"], "AuthJwt");
+    // The access log names the caller.
+    let format = t.evaluated_properties("HttpApiStage", &[])["AccessLogSettings"]["Format"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        format.contains("$context.identity.userArn")
+            && format.contains("$context.authorizer.claims.sub"),
+        "{format}"
+    );
+}
