@@ -25,7 +25,7 @@ samlocal deploy \
   --capabilities CAPABILITY_IAM \
   --no-confirm-changeset \
   --no-fail-on-empty-changeset \
-  --parameter-overrides "Stage=$STAGE" "StepTimeoutSeconds=30" "PickupTimeoutSeconds=60" "RetryBaseDelaySeconds=1"
+  --parameter-overrides "Stage=$STAGE" "ApiAuth=None" "StepTimeoutSeconds=30" "PickupTimeoutSeconds=60" "RetryBaseDelaySeconds=1"
 awslocal cloudformation describe-stacks --stack-name "$STACK" \
   --query 'Stacks[0].Outputs[].[OutputKey,OutputValue]' --output table
 echo "Deployed. Try: STACK_NAME=$STACK infra/localstack-smoke.sh"

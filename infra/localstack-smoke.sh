@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Publishes the example definitions (workflows/) through the LocalStack API Gateway URL of a
 # stack deployed by infra/localstack-deploy.sh with sasctl, starts one loan application and
-# polls it until it is Processed (or fails after a timeout). LocalStack does not enforce the
-# operator routes' IAM authorization by default, so sasctl reaches them unsigned.
+# polls it until it is Processed (or fails after a timeout). The stack is deployed with
+# ApiAuth=None (infra/localstack-deploy.sh); the operator API is always IAM, and the operator
+# function needs the IAM principal in the request context, which LocalStack fills only with
+# IAM enforcement on (ENFORCE_IAM=1) and signed requests.
 # Needs Docker with LocalStack running; CI checks this script's syntax only.
 set -euo pipefail
 
@@ -20,7 +22,7 @@ api="http://$api_id.execute-api.localhost.localstack.cloud:$port"
 echo "API: $api"
 
 cd "$(dirname "$0")/.."
-cargo run --quiet --release -p sasctl -- --endpoint "$api" workflow apply workflows/
+cargo run --quiet --release -p sasctl -- --endpoint "$api/operator" workflow apply workflows/
 
 answer=$(curl -fsS -X POST "$api/workflows/loan-application/tasks" \
   -H 'Content-Type: application/json' \

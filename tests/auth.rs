@@ -477,6 +477,81 @@ async fn none_mode_is_one_anonymous_caller() {
     assert_eq!(task_items(&system).await, 1);
 }
 
+#[tokio::test]
+async fn a_caller_over_its_rate_gets_429_with_retry_after_and_others_go_on() {
+    let (alice, bob) = (user("alice"), user("bob"));
+    let check = LocalAuth::Iam(Arc::new(
+        SigV4Check::new(REGION, vec![alice.clone(), bob.clone()]).expect("users"),
+    ));
+    let mut settings = manual_settings();
+    settings.api_auth = check.clone();
+    settings.operator_auth = check;
+    settings.rate_limit = Some(sas::domain::rate::RateLimit {
+        per_second: 0.2,
+        burst: 2,
+    });
+    let mut system = memory_system(settings).await;
+    let addr = system
+        .serve("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("serves");
+    let api = Api {
+        base: format!("http://{addr}"),
+        http: reqwest::Client::new(),
+    };
+    let (alice, bob) = (Cred::Sign(alice), Cred::Sign(bob));
+    for _ in 0..2 {
+        let (status, body) = api.call(&alice, Method::GET, "/tasks", &[], None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let resp = api
+        .http
+        .get(format!("{}/tasks", api.base))
+        .headers(
+            sign(
+                match &alice {
+                    Cred::Sign(u) => u,
+                    _ => unreachable!(),
+                },
+                "GET",
+                &format!("{}/tasks", api.base),
+                &[],
+                b"",
+            )
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    reqwest::header::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                    reqwest::header::HeaderValue::from_str(&v).expect("value"),
+                )
+            })
+            .collect(),
+        )
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    let wait: u64 = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After in seconds");
+    assert!(
+        (1..=5).contains(&wait),
+        "one interval of 5 s at most: {wait}"
+    );
+    let body: Value = resp.json().await.expect("JSON");
+    assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+    // Another caller is not held back; an unauthenticated request is refused before counting.
+    let (status, _) = api.call(&bob, Method::GET, "/tasks", &[], None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = api
+        .call(&Cred::Nothing, Method::GET, "/tasks", &[], None)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
 /// The rendered template, with its conditions evaluated for each `ApiAuth`.
 #[test]
 fn each_api_auth_value_gives_the_task_routes_its_authorization() {

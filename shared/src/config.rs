@@ -169,3 +169,17 @@ pub fn reply_queues() -> Result<crate::domain::task::ReplyQueues, ConfigError> {
         }
     }
 }
+
+/// Each caller's allowance on the task API: `CALLER_RATE_PER_SECOND` (default 50; 0: no
+/// limit) and `CALLER_BURST` (default 100).
+pub fn rate_limit() -> Result<Option<crate::domain::rate::RateLimit>, ConfigError> {
+    let per_second: f64 = parsed("CALLER_RATE_PER_SECOND", 50.0)?;
+    let burst: u32 = parsed("CALLER_BURST", 100)?;
+    if !(0.0..=100_000.0).contains(&per_second) || burst == 0 {
+        return Err(ConfigError::Invalid {
+            name: "CALLER_RATE_PER_SECOND",
+            problem: "the rate must be 0 to 100000 a second and the burst at least 1".into(),
+        });
+    }
+    Ok((per_second > 0.0).then_some(crate::domain::rate::RateLimit { per_second, burst }))
+}

@@ -92,6 +92,14 @@ pub trait StateStore: Send + Sync {
         limit: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError>;
+    /// Admits one request of the rate-limited `key` (a caller's digest) at `now`, or says
+    /// when the next one would be admitted: GCRA ([`crate::domain::rate`]) on one item per key.
+    async fn admit(
+        &self,
+        key: &str,
+        limit: &crate::domain::rate::RateLimit,
+        now: DateTime<Utc>,
+    ) -> Result<crate::domain::rate::Admission, StoreError>;
     /// One page of `caller`'s tasks, newest first (by creation), starting after `after`
     /// (whose `updated_at_ms` is, here, the last task's creation time). Served by the caller
     /// index; eventually consistent.

@@ -75,7 +75,60 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     breakers_move_one_version_at_a_time(store.as_ref()).await;
     state_index_filters_by_workflow(store.as_ref()).await;
     callers_list_their_own_tasks_newest_first(store.as_ref()).await;
+    rate_limits_admit_a_burst_then_the_rate(store.as_ref()).await;
     racing_claims_have_one_winner(store).await;
+}
+
+/// GCRA per key: `burst` at once, then one per interval; keys do not share an allowance.
+async fn rate_limits_admit_a_burst_then_the_rate(store: &dyn StateStore) {
+    use sas::domain::rate::{Admission, RateLimit};
+    let limit = RateLimit {
+        per_second: 2.0,
+        burst: 3,
+    };
+    let (alice, bob) = (
+        format!("alice-{}", TaskId::new_random()),
+        format!("bob-{}", TaskId::new_random()),
+    );
+    let t0 = to_millis(Utc::now());
+    for i in 0..3 {
+        assert_eq!(
+            store.admit(&alice, &limit, t0).await.expect("admit"),
+            Admission::Admitted,
+            "request {i} of the burst"
+        );
+    }
+    let refused = store.admit(&alice, &limit, t0).await.expect("admit");
+    assert_eq!(
+        refused,
+        Admission::Limited {
+            retry_after: Span::milliseconds(500)
+        },
+        "the fourth at once waits one interval"
+    );
+    assert_eq!(
+        store.admit(&bob, &limit, t0).await.expect("admit"),
+        Admission::Admitted,
+        "another caller has its own allowance"
+    );
+    // One interval later, one more; then none until the next.
+    let later = t0 + Span::milliseconds(500);
+    assert_eq!(
+        store.admit(&alice, &limit, later).await.expect("admit"),
+        Admission::Admitted
+    );
+    assert!(matches!(
+        store.admit(&alice, &limit, later).await.expect("admit"),
+        Admission::Limited { .. }
+    ));
+    // Idle long enough, the whole burst again.
+    let idle = t0 + Span::seconds(60);
+    for _ in 0..3 {
+        assert_eq!(
+            store.admit(&alice, &limit, idle).await.expect("admit"),
+            Admission::Admitted
+        );
+    }
 }
 
 /// The caller index: a caller's tasks only, newest first, in pages that cover each once.

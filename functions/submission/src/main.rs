@@ -34,6 +34,7 @@ async fn main() -> Result<(), Error> {
         work_queue_url: config::required("WORK_QUEUE_URL")?,
         operator_api,
         reply_queues: config::reply_queues()?,
+        rate_limit: config::rate_limit()?,
     };
     if mode == AuthMode::None {
         tracing::warn!("the task API runs without authentication (API_AUTH=None)");

@@ -190,6 +190,17 @@ impl StateStore for CountingStore {
         self.meter.add(|c| c.rru += 0.5);
         self.inner.list(state, workflow, limit, after).await
     }
+    async fn admit(
+        &self,
+        key: &str,
+        limit: &sas::domain::rate::RateLimit,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<sas::domain::rate::Admission, StoreError> {
+        // One conditional UpdateItem of a small item (the caller's TAT): 1 WRU.
+        self.meter.call("DynamoDB UpdateItem (rate limit)");
+        self.meter.add(|c| c.wru += 1.0);
+        self.inner.admit(key, limit, now).await
+    }
     async fn list_by_caller(
         &self,
         caller: &sas::Caller,

@@ -228,6 +228,14 @@ impl StateStore for ChaosStore {
     ) -> Result<Page, StoreError> {
         self.inner.list(state, workflow, limit, after).await
     }
+    async fn admit(
+        &self,
+        key: &str,
+        limit: &sas::domain::rate::RateLimit,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<sas::domain::rate::Admission, StoreError> {
+        self.inner.admit(key, limit, now).await
+    }
     async fn list_by_caller(
         &self,
         caller: &sas::Caller,

@@ -103,6 +103,13 @@ struct AuthOpts {
     /// Scopes of which a token needs one to read tasks (`--auth jwt`).
     #[arg(long = "read-scope")]
     read_scopes: Vec<String>,
+    /// Requests a second each caller may make to the task API (0: no limit), as the
+    /// template's CallerRatePerSecond; over it, 429 with Retry-After.
+    #[arg(long, default_value_t = 0.0)]
+    caller_rate: f64,
+    /// Requests each caller may make at once before `--caller-rate` applies.
+    #[arg(long, default_value_t = 100)]
+    caller_burst: u32,
     #[command(flatten)]
     issuer: IssuerOpts,
 }
@@ -333,6 +340,10 @@ async fn serve(opts: &Opts, listen: SocketAddr, auth: &AuthOpts) -> anyhow::Resu
     }
     let mut settings = settings(opts, Faults::default(), None);
     (settings.api_auth, settings.operator_auth) = local_auth(auth)?;
+    settings.rate_limit = (auth.caller_rate > 0.0).then_some(sas::domain::rate::RateLimit {
+        per_second: auth.caller_rate,
+        burst: auth.caller_burst.max(1),
+    });
     // Services declared as real ones reach them as the agent does: credentials from Secrets
     // Manager or SSM and Lambda functions, through this environment's AWS configuration.
     let sdk = sas::aws::sdk_config().await;

@@ -19,7 +19,7 @@ use std::time::Duration;
 use url::Url;
 
 /// The endpoint used when neither `--endpoint` nor `SAS_ENDPOINT` is given.
-pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:3000";
+pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:3000/operator";
 
 const LONG_ABOUT: &str = "\
 Operator CLI for sas: list tasks by state and workflow, show a task's steps and history, \
@@ -27,9 +27,9 @@ retry, compensate or cancel a task, and watch a task until it reaches a terminal
 validate workflow and service definition files offline, publish them, and read what is \
 published.
 
-It talks to the sas HTTP API only (the operator routes): the submission function behind API \
-Gateway, or `cargo run -p sas-local` (http://127.0.0.1:3000). `workflow validate` needs no \
-endpoint.
+It talks to the sas operator API only: the stack's `OperatorApiUrl` output (the HTTP API's \
+/operator routes, behind IAM), or `cargo run -p sas-local` (http://127.0.0.1:3000/operator). \
+`workflow validate` needs no endpoint.
 
 Exit codes:
   0  success
@@ -780,7 +780,7 @@ mod tests {
         );
         assert!(!cli.json);
         if std::env::var_os("SAS_ENDPOINT").is_none() {
-            assert_eq!(cli.endpoint.as_str(), "http://127.0.0.1:3000/");
+            assert_eq!(cli.endpoint.as_str(), "http://127.0.0.1:3000/operator");
         }
         Ok(())
     }

@@ -1,7 +1,8 @@
 //! `sasctl`: the operator CLI of sas (Scheduler Agent Supervisor).
 //!
-//! It talks to the sas HTTP API only (the submission function behind API Gateway, or
-//! `cargo run -p sas-local` on `http://127.0.0.1:3000`), on its operator routes: it lists tasks
+//! It talks to the sas operator API only (the stack's `OperatorApiUrl`, the HTTP API's
+//! `/operator` routes behind IAM, or `cargo run -p sas-local` on
+//! `http://127.0.0.1:3000/operator`): it lists tasks
 //! by state (and workflow), shows one task's steps and history, asks for a retry, a
 //! compensation or a cancellation, and watches a task until it reaches a terminal state
 //! (Processed, Error, Compensated, CompensationFailed). It also validates workflow and service
@@ -10,8 +11,8 @@
 //! # Usage
 //!
 //! ```text
-//! # The endpoint: --endpoint, or SAS_ENDPOINT, or http://127.0.0.1:3000.
-//! export SAS_ENDPOINT=https://abc123.execute-api.eu-west-1.amazonaws.com/prod
+//! # The endpoint: --endpoint, or SAS_ENDPOINT, or http://127.0.0.1:3000/operator.
+//! export SAS_ENDPOINT=https://abc123.execute-api.eu-west-1.amazonaws.com/operator
 //!
 //! # Tasks that ended in Error (the default state), 50 per page.
 //! sasctl list

@@ -4,6 +4,7 @@ pub mod backoff;
 pub mod breaker;
 pub mod caller;
 pub mod mapping;
+pub mod rate;
 pub mod state;
 pub mod task;
 pub mod transition;

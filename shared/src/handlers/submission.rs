@@ -20,6 +20,7 @@
 use super::{Outlets, perform_no_step, publish_status, write};
 use crate::auth::Identity;
 use crate::catalog::{CatalogError, Definitions};
+use crate::domain::rate::{Admission, RateLimit};
 use crate::domain::task::{MAX_INPUT_BYTES, ReplyQueues};
 use crate::domain::transition::{self, Actor, Rejection, Transition};
 use crate::domain::workflow::{self, MAX_DEFINITION_BYTES, ServiceDef};
@@ -57,6 +58,8 @@ pub struct SubmissionDeps {
     pub operator_api: bool,
     /// The queues a task's caller may name for its status messages.
     pub reply_queues: ReplyQueues,
+    /// Each caller's allowance on the task API (`None`: unlimited).
+    pub rate_limit: Option<RateLimit>,
 }
 
 /// The path every operator route starts with.
@@ -148,6 +151,35 @@ pub async fn handle(
     // The caller is neither a secret nor personal data beyond a principal's name: operators
     // need it in every log line of the request.
     let span = info_span!("api", caller = %caller, operator = op);
+    if !op && let Some(limit) = &deps.rate_limit {
+        match deps
+            .store
+            .admit(&caller.digest(), limit, deps.clock.now())
+            .instrument(span.clone())
+            .await
+        {
+            Ok(Admission::Admitted) => {}
+            Ok(Admission::Limited { retry_after }) => {
+                let seconds = (retry_after.num_milliseconds().max(1) + 999) / 1000;
+                let _entered = span.enter();
+                info!(retry_after_s = seconds, "caller over its rate limit");
+                let mut r = error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limited",
+                    format!(
+                        "over this caller's limit of {} requests a second (bursts of {}); retry after {seconds} s",
+                        limit.per_second, limit.burst
+                    ),
+                );
+                r.headers_mut()
+                    .insert(http::header::RETRY_AFTER, http::HeaderValue::from(seconds));
+                return r;
+            }
+            // The limit protects the service; an unreadable limit item must not take the API
+            // down with it (the request's own writes fail anyway if the table is down).
+            Err(e) => error!(error = %e, "rate limit unavailable; request admitted"),
+        }
+    }
     route(deps, caller, method, &segments, query, headers, body)
         .instrument(span)
         .await

@@ -197,6 +197,8 @@ pub struct Settings {
     /// The reply queues callers may name (default: the backend's queues named
     /// [`LOCAL_REPLY_PREFIX`]`*`).
     pub reply_queues: Option<ReplyQueues>,
+    /// Each caller's allowance on the task API (default: none).
+    pub rate_limit: Option<crate::domain::rate::RateLimit>,
 }
 
 /// The name prefix of the reply queues the local runner allows by default.
@@ -258,6 +260,7 @@ impl Default for Settings {
             api_auth: auth::LocalAuth::None,
             operator_auth: auth::LocalAuth::None,
             reply_queues: None,
+            rate_limit: None,
         }
     }
 }
@@ -407,6 +410,7 @@ impl System {
                 .reply_queues
                 .clone()
                 .unwrap_or_else(|| local_reply_queues(&resources.work_queue_url)),
+            rate_limit: settings.rate_limit,
         };
         let operator = SubmissionDeps {
             operator_api: true,

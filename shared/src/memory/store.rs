@@ -25,6 +25,8 @@ struct Inner {
     /// Lease name → (owner, held until).
     leases: HashMap<String, (String, DateTime<Utc>)>,
     breakers: HashMap<String, BreakerRecord>,
+    /// Rate-limit key → its GCRA theoretical arrival time (ms).
+    rates: HashMap<String, i64>,
     /// (kind, name) → every published version, oldest first, with its canonical text.
     catalog: std::collections::BTreeMap<(Kind, String), Vec<(Stored, String)>>,
 }
@@ -204,6 +206,23 @@ impl StateStore for MemoryStore {
             next = None;
         }
         Ok(Page { items, next })
+    }
+
+    async fn admit(
+        &self,
+        key: &str,
+        limit: &crate::domain::rate::RateLimit,
+        now: DateTime<Utc>,
+    ) -> Result<crate::domain::rate::Admission, StoreError> {
+        use crate::domain::rate::{Admission, Decision};
+        let mut inner = self.lock()?;
+        match limit.decide(inner.rates.get(key).copied(), now.timestamp_millis()) {
+            Decision::Admit { tat_ms } => {
+                inner.rates.insert(key.to_owned(), tat_ms);
+                Ok(Admission::Admitted)
+            }
+            Decision::Refuse { retry_after } => Ok(Admission::Limited { retry_after }),
+        }
     }
 
     async fn list_by_caller(
