@@ -303,10 +303,11 @@ impl JwtCheck {
             .ok_or("no Authorization header")?
             .to_str()
             .map_err(|_| "Authorization is not visible ASCII")?;
-        let token = value
-            .strip_prefix("Bearer ")
-            .ok_or("not a bearer token")?
-            .trim();
+        // The scheme is case-insensitive (RFC 9110); the token is all that follows one space.
+        let token = match value.split_once(' ') {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token,
+            _ => return Err("not a bearer token".into()),
+        };
         let header = jsonwebtoken::decode_header(token).map_err(|e| format!("token: {e}"))?;
         let jwk = match header.kid.as_deref() {
             Some(kid) => self.keys.find(kid),
