@@ -68,7 +68,8 @@ async fn running(backend: Backend) -> (System, String) {
         .await
         .expect("serves");
     system.start();
-    (system, format!("http://{addr}"))
+    // The operator API: it publishes definitions, starts tasks and shows them whole.
+    (system, format!("http://{addr}/operator"))
 }
 
 async fn put(http: &reqwest::Client, url: String, body: &Value) -> (u16, Value) {

@@ -89,10 +89,12 @@ impl StateStore for CountingStore {
         let (o, r) = stored_sizes(task, record, self.shards);
         let (due, state) = index_entry_sizes(record, self.shards);
         let key_units = if key.is_some() { 1.0 } else { 0.0 };
-        // Transactions bill twice per item on the table; index entries once.
+        // Transactions bill twice per item on the table; index entries once (the caller
+        // index's entry of the task item: its keys, under 1 KB).
         let wru = 2.0 * (units(o, 1024) + units(r, 1024) + key_units)
             + due.map_or(0.0, |d| units(d, 1024))
-            + units(state, 1024);
+            + units(state, 1024)
+            + 1.0;
         self.meter.add(|c| c.wru += wru);
         self.inner.create(task, record, key).await
     }

@@ -104,6 +104,12 @@ async fn build(
     settings.policy.retry_base_delay = chrono::Duration::zero();
     settings.policy.retry_max_delay = chrono::Duration::zero();
     settings.catalog_ttl = chrono::Duration::seconds(CATALOG_TTL_SECONDS);
+    // A deployed task API limits each caller (one conditional write per request, counted);
+    // the bench's one caller is never held back.
+    settings.rate_limit = Some(sas::domain::rate::RateLimit {
+        per_second: 1e6,
+        burst: 1_000_000,
+    });
     for (service, f) in faults {
         settings.faults.insert((*service).to_owned(), f.clone());
     }

@@ -240,8 +240,13 @@ async fn send_status(
     if status.is_alert() {
         warn!(task_id = %record.task_id, workflow = %record.workflow, attempt = record.attempt, status = status.as_str(), last_error = ?record.last_error, "operator alert");
     }
+    // The caller's copy leaves out the raw error text, as the caller's view of the task does.
+    let mut copy = detail.clone();
+    if let Some(m) = copy.as_object_mut() {
+        m.remove("lastError");
+    }
     if let Some(url) = &record.reply_queue_url
-        && let Err(e) = queue.send(url, &detail.to_string(), Duration::ZERO).await
+        && let Err(e) = queue.send(url, &copy.to_string(), Duration::ZERO).await
     {
         error!(task_id = %record.task_id, error = %e, "could not send the status to the task's reply queue");
     }

@@ -1063,3 +1063,52 @@ async fn publish_service(
         Err(e) => catalog_error(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::workflow::examples;
+
+    #[test]
+    fn a_caller_sees_errors_only_if_the_workflow_makes_them_public() {
+        let w = examples::ecommerce_order(&crate::Policy::default());
+        let now = crate::domain::state::to_millis(chrono::Utc::now());
+        let id = TaskId::new_random();
+        let task = Task {
+            id,
+            workflow: w.name.clone(),
+            workflow_version: w.version,
+            input: json!({"customerId": "c"}),
+            reply_queue_url: None,
+            created_at: now,
+            caller: Caller::new("alice").expect("caller"),
+        };
+        let mut r = StateRecord::new(id, &w, None, now, now);
+        r.last_error = Some("payment: HTTP 500 from https://internal.example/charge".into());
+        r.locked_by = Some("scheduler-1".into());
+        let private = caller_view(&task, &r, false);
+        for hidden in [
+            "lastError",
+            "lockedBy",
+            "attempt",
+            "failureCount",
+            "completeBy",
+            "caller",
+        ] {
+            assert!(private.get(hidden).is_none(), "{hidden}: {private}");
+        }
+        assert!(private["history"][0].get("reason").is_none(), "{private}");
+        assert!(
+            !private.to_string().contains("internal.example"),
+            "{private}"
+        );
+        let public = caller_view(&task, &r, true);
+        assert_eq!(public["lastError"], json!(r.last_error), "{public}");
+        assert_eq!(public["history"][0]["reason"], "received", "{public}");
+        assert!(public.get("lockedBy").is_none(), "{public}");
+        // The operator sees everything.
+        let ops = task_view(&task, &r);
+        assert_eq!(ops["lockedBy"], "scheduler-1");
+        assert_eq!(ops["caller"], "alice");
+    }
+}
