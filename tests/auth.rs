@@ -345,6 +345,48 @@ async fn callers_are_kept_apart(system: &System, api: &Api, alice: Cred, bob: Cr
         .unwrap_or_default();
     assert_eq!(last["by"], seen["caller"], "{seen}");
     assert_eq!(last["reason"], "caller cancel: ordered twice", "{seen}");
+    // ...and so does the cancel's event, as an operator's action names the operator.
+    let bus = &system.memory.as_ref().expect("memory").2;
+    let cancelled: Vec<Value> = bus
+        .published()
+        .into_iter()
+        .filter(|(t, d)| t == "TaskCancelled" && d["taskId"] == id.as_str())
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(cancelled.len(), 1, "{cancelled:?}");
+    assert_eq!(cancelled[0]["by"], seen["caller"], "{cancelled:?}");
+    assert_eq!(cancelled[0]["reason"], "caller cancel: ordered twice");
+    // An operator's retry of another task records the operator.
+    let (_, other) = api
+        .call(
+            &bob,
+            Method::POST,
+            submit,
+            &[("idempotency-key", "k-2")],
+            Some(&order),
+        )
+        .await;
+    let other = task_id(&other);
+    let (status, body) = api
+        .call(
+            &ops,
+            Method::POST,
+            &format!("/operator/tasks/{other}/cancel"),
+            &[],
+            Some(&json!({"reason": "fraud check"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let last = body["history"]
+        .as_array()
+        .and_then(|h| h.last())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(last["reason"], "operator cancel: fraud check", "{body}");
+    assert!(
+        last["by"].as_str().is_some_and(|b| b != body["caller"]),
+        "the operator, not the caller: {body}"
+    );
 }
 
 #[tokio::test]
