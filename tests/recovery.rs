@@ -685,3 +685,116 @@ async fn sasctl_watch_follows_a_task_until_it_is_terminal() {
     assert!(shown.contains("Processed"), "{shown}");
     system.shutdown().await;
 }
+
+/// A DynamoDB answer that no retry changes (here: the table does not exist) makes the message
+/// poison at once: it is in the dead-letter queue after one receive, with the reason as its
+/// `sas-reason` attribute, and not left to fail five times.
+#[tokio::test]
+async fn a_store_rejection_sends_the_message_to_the_dead_letter_queue_at_once_with_its_reason() {
+    let config = sas_blackbox::sdk_config().await;
+    let stack = sas_blackbox::template::provision(&config, &sas_blackbox::unique("rejected")).await;
+    let mut resources = stack.resources;
+    resources.table = sas_blackbox::unique("no-such-table");
+    let ports = sas::local::aws_ports(&config, resources.clone(), 4);
+    let system = System::from_ports(
+        ports,
+        sas_blackbox::manual_settings(),
+        std::sync::Arc::new(sas::ports::SystemClock),
+    );
+    let work = json!({"type": "work", "taskId": TaskId::new_random()}).to_string();
+    system
+        .queue
+        .send(&resources.work_queue_url, &work, Duration::ZERO)
+        .await
+        .expect("sent");
+    let mut handled = 0;
+    for _ in 0..20 {
+        handled += system.pump_scheduler().await.expect("poll");
+        if handled > 0 {
+            break;
+        }
+    }
+    assert_eq!(handled, 1, "the message was received once");
+    let sqs = aws_sdk_sqs::Client::new(&config);
+    let dead = sqs
+        .receive_message()
+        .queue_url(&resources.dead_letter_url)
+        .message_attribute_names("All")
+        .wait_time_seconds(2)
+        .send()
+        .await
+        .expect("receive");
+    let m = dead
+        .messages()
+        .first()
+        .expect("in the dead-letter queue after one receive");
+    assert_eq!(
+        m.body(),
+        Some(work.as_str()),
+        "the body as it was, for a redrive"
+    );
+    let reason = m
+        .message_attributes()
+        .and_then(|a| a.get(sas::ports::DEAD_LETTER_REASON))
+        .and_then(|v| v.string_value())
+        .unwrap_or_default();
+    assert!(
+        reason.starts_with("store_rejected: ResourceNotFoundException"),
+        "{reason}"
+    );
+    // Nothing left on the work queue to be received four more times.
+    let left = sqs
+        .get_queue_attributes()
+        .queue_url(&resources.work_queue_url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
+        .send()
+        .await
+        .expect("attributes");
+    let count = |name: aws_sdk_sqs::types::QueueAttributeName| {
+        left.attributes()
+            .and_then(|a| a.get(&name))
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        count(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages),
+        "0"
+    );
+    assert_eq!(
+        count(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+        "0"
+    );
+}
+
+/// The classification on the emulator: a missing table and an item over 400 KB are rejected
+/// (never retryable), and nothing else is.
+#[tokio::test]
+async fn dynamodb_answers_that_never_change_are_rejections() {
+    use sas::ports::{StateStore, StoreError};
+    let config = sas_blackbox::sdk_config().await;
+    let client = aws_sdk_dynamodb::Client::new(&config);
+    let missing = sas::aws::DynamoStore::new(client.clone(), sas_blackbox::unique("nothing"), 4);
+    assert!(
+        matches!(missing.get_state(TaskId::new_random()).await, Err(StoreError::Rejected(ref m)) if m.starts_with("ResourceNotFoundException")),
+        "{:?}",
+        missing.get_state(TaskId::new_random()).await
+    );
+    let table = sas_blackbox::unique("rejects");
+    provision::create_table(&client, &table)
+        .await
+        .expect("table");
+    let store = sas::aws::DynamoStore::new(client, table, 4);
+    let w = sas::domain::workflow::examples::ecommerce_order(&sas::Policy::default());
+    let now = sas::domain::state::to_millis(chrono::Utc::now());
+    let mut r = sas::StateRecord::new(TaskId::new_random(), &w, None, now, now);
+    r.last_error = Some("x".repeat(500 * 1024));
+    let too_big = store.put(&r, &sas::domain::Condition::Absent).await;
+    assert!(
+        matches!(too_big, Err(StoreError::Rejected(ref m)) if m.starts_with("ValidationException")),
+        "{too_big:?}"
+    );
+    assert_eq!(
+        store.get_state(r.task_id).await.expect("a read works"),
+        None
+    );
+}

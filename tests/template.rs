@@ -304,3 +304,35 @@ fn only_the_agent_invokes_service_functions_and_reads_credentials_under_the_pref
         assert_eq!(t.condition(name), &condition, "{name}");
     }
 }
+
+/// Deleting the stack keeps the data: the table and the dead-letter queues are retained (also
+/// when an update would replace them), and every queue keeps a message 14 days.
+#[test]
+fn the_table_and_the_dead_letter_queues_outlive_the_stack_and_queues_keep_14_days() {
+    let t = template::Template::load();
+    let resources = t.json["Resources"].as_object().expect("resources");
+    let mut retained: Vec<&str> = resources
+        .iter()
+        .filter(|(_, r)| r["DeletionPolicy"] == "Retain" && r["UpdateReplacePolicy"] == "Retain")
+        .map(|(id, _)| id.as_str())
+        .collect();
+    retained.sort();
+    assert_eq!(
+        retained,
+        [
+            "AgentDeadLetterQueue",
+            "SchedulerDeadLetterQueue",
+            "SupervisorDeadLetterQueue",
+            "TasksTable"
+        ]
+    );
+    let queues = t.of_type("AWS::SQS::Queue");
+    assert_eq!(queues.len(), 7, "{queues:?}");
+    for q in queues {
+        assert_eq!(
+            t.properties(q, "AWS::SQS::Queue")["MessageRetentionPeriod"],
+            1209600,
+            "{q} keeps messages 14 days"
+        );
+    }
+}

@@ -19,6 +19,10 @@ pub enum StoreError {
     /// A stored item does not parse: never silently repaired.
     #[error("corrupt item: {0}")]
     Corrupt(String),
+    /// The store refused the request in a way no retry changes (a `ValidationException`,
+    /// `AccessDeniedException`, a missing table): the message that asked for it is poison.
+    #[error("the state store rejected the request: {0}")]
+    Rejected(String),
 }
 
 /// What an `Idempotency-Key` maps to.
@@ -299,7 +303,22 @@ pub trait Queue: Send + Sync {
         wait: Duration,
     ) -> Result<Vec<ReceivedMessage>, QueueError>;
     async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError>;
+    /// Copies a poison message to a dead-letter queue with the reason it can never be
+    /// processed (SQS: the message attribute `sas-reason`; the body stays as it was, so it can
+    /// be redriven). By default, a plain send.
+    async fn send_dead_letter(
+        &self,
+        queue_url: &str,
+        body: &str,
+        reason: &str,
+    ) -> Result<(), QueueError> {
+        let _ = reason;
+        self.send(queue_url, body, Duration::ZERO).await
+    }
 }
+
+/// The message attribute that carries a dead letter's reason.
+pub const DEAD_LETTER_REASON: &str = "sas-reason";
 
 #[derive(Debug, thiserror::Error)]
 #[error("event bus error: {0}")]

@@ -521,12 +521,34 @@ fn condition_expr(c: &Condition) -> Expr {
     e
 }
 
+/// The error codes of DynamoDB answers that no retry changes: the request is malformed (an
+/// item over 400 KB, a bad expression), the role may not make it, the table or index does not
+/// exist, or the credentials are not valid. Throttling, 5xx, transaction conflicts and network
+/// errors stay retryable.
+pub const NON_RETRYABLE: [&str; 7] = [
+    "ValidationException",
+    "AccessDeniedException",
+    "ResourceNotFoundException",
+    "SerializationException",
+    "UnrecognizedClientException",
+    "MissingAuthenticationTokenException",
+    "ItemCollectionSizeLimitExceededException",
+];
+
+/// A failed call as a [`StoreError`]: [`StoreError::Rejected`] if DynamoDB's answer can never
+/// change ([`NON_RETRYABLE`]), else [`StoreError::Unavailable`].
 fn unavailable<E, R>(e: &aws_sdk_dynamodb::error::SdkError<E, R>) -> StoreError
 where
-    E: std::error::Error + 'static,
+    E: std::error::Error + aws_sdk_dynamodb::error::ProvideErrorMetadata + 'static,
     R: std::fmt::Debug,
 {
-    StoreError::Unavailable(super::describe(e))
+    let code = e.as_service_error().and_then(|se| se.code());
+    match code {
+        Some(c) if NON_RETRYABLE.contains(&c) => {
+            StoreError::Rejected(format!("{c}: {}", super::describe(e)))
+        }
+        _ => StoreError::Unavailable(super::describe(e)),
+    }
 }
 
 fn build_err(e: aws_sdk_dynamodb::error::BuildError) -> StoreError {

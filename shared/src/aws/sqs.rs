@@ -31,6 +31,34 @@ impl Queue for SqsQueue {
         Ok(())
     }
 
+    async fn send_dead_letter(
+        &self,
+        queue_url: &str,
+        body: &str,
+        reason: &str,
+    ) -> Result<(), QueueError> {
+        // An attribute value is at most the message's size; a reason is short. Keep 1 KB.
+        let reason: String = reason.chars().take(1024).collect();
+        let attribute = aws_sdk_sqs::types::MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value(if reason.is_empty() {
+                "unknown"
+            } else {
+                &reason
+            })
+            .build()
+            .map_err(|e| QueueError(e.to_string()))?;
+        self.client
+            .send_message()
+            .queue_url(queue_url)
+            .message_body(body)
+            .message_attributes(crate::ports::DEAD_LETTER_REASON, attribute)
+            .send()
+            .await
+            .map_err(|e| QueueError(super::describe(&e)))?;
+        Ok(())
+    }
+
     async fn receive(
         &self,
         queue_url: &str,

@@ -72,6 +72,10 @@ impl From<Result<(), HandlerError>> for RecordOutcome {
         match r {
             Ok(()) => Self::Done,
             Err(HandlerError::Poison(why)) => Self::Poison(why),
+            // Never retried as if transient: five receives would fail five times the same way.
+            Err(HandlerError::Store(StoreError::Rejected(why))) => {
+                Self::Poison(format!("store_rejected: {why}"))
+            }
             Err(e) => Self::Retry(e.to_string()),
         }
     }
@@ -103,7 +107,7 @@ where
                     true
                 }
                 RecordOutcome::Poison(why) => match poison_url {
-                    Some(dlq) => match queue.send(dlq, &body, Duration::ZERO).await {
+                    Some(dlq) => match queue.send_dead_letter(dlq, &body, &why).await {
                         Ok(()) => {
                             error!(message_id = %id, %why, "poison message moved to the dead-letter queue");
                             false
