@@ -695,7 +695,7 @@ async fn a_store_rejection_sends_the_message_to_the_dead_letter_queue_at_once_wi
     let stack = sas_blackbox::template::provision(&config, &sas_blackbox::unique("rejected")).await;
     let mut resources = stack.resources;
     resources.table = sas_blackbox::unique("no-such-table");
-    let ports = sas::local::aws_ports(&config, resources.clone(), 4);
+    let ports = sas::local::aws_ports(&config, resources.clone(), 4, None);
     let system = System::from_ports(
         ports,
         sas_blackbox::manual_settings(),
@@ -797,4 +797,82 @@ async fn dynamodb_answers_that_never_change_are_rejections() {
         store.get_state(r.task_id).await.expect("a read works"),
         None
     );
+}
+
+/// The `ExpiresAt` (epoch seconds) of a task's item (`TASK` or `STATE`), read raw.
+async fn expires_at(system: &System, id: TaskId, sk: &str) -> Option<i64> {
+    let ddb = aws_sdk_dynamodb::Client::new(&sas_blackbox::sdk_config().await);
+    let item = ddb
+        .get_item()
+        .table_name(&system.resources.table)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("TASK#{id}")),
+        )
+        .key("sk", aws_sdk_dynamodb::types::AttributeValue::S(sk.into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("get")
+        .item
+        .expect("the item");
+    item.get("ExpiresAt")
+        .and_then(|v| v.as_n().ok())
+        .map(|n| n.parse().expect("a number"))
+}
+
+/// Retention: a final task's items (task and state record) carry `ExpiresAt` = when it got
+/// there + the retention, for DynamoDB's TTL; a task waiting for an operator (`Error`) carries
+/// none; with no retention, nothing expires.
+#[tokio::test]
+async fn final_tasks_expire_after_the_retention_and_tasks_waiting_for_an_operator_never() {
+    let mut settings = manual_settings();
+    settings.retention = Some(chrono::Duration::days(90));
+    settings
+        .faults
+        .insert("core-banking".into(), refuse(&["disburse-funds"]));
+    let (system, _clock) = aws_system("retention", settings).await;
+    let processed = sas_blackbox::submit_ok(&system).await;
+    let stuck = submit_loan(&system).await;
+    pump_until_quiet(&system, 40).await;
+    assert_eq!(
+        state(&system, processed).await.process_state,
+        ProcessState::Processed
+    );
+    assert_eq!(
+        state(&system, stuck).await.process_state,
+        ProcessState::Error
+    );
+    let want = (chrono::Utc::now() + chrono::Duration::days(90)).timestamp();
+    for sk in ["TASK", "STATE"] {
+        let at = expires_at(&system, processed, sk)
+            .await
+            .expect("a final task expires");
+        assert!(
+            (want - 120..=want + 5).contains(&at),
+            "{sk}: {at} vs {want}"
+        );
+        assert_eq!(
+            expires_at(&system, stuck, sk).await,
+            None,
+            "{sk} of an Error task"
+        );
+    }
+
+    let mut keep = manual_settings();
+    keep.retention = None;
+    let (system, _clock) = aws_system("keep", keep).await;
+    let id = sas_blackbox::submit_ok(&system).await;
+    pump_until_quiet(&system, 40).await;
+    assert_eq!(
+        state(&system, id).await.process_state,
+        ProcessState::Processed
+    );
+    for sk in ["TASK", "STATE"] {
+        assert_eq!(
+            expires_at(&system, id, sk).await,
+            None,
+            "RETENTION_DAYS=0 keeps {sk}"
+        );
+    }
 }

@@ -140,7 +140,20 @@ pub fn dynamo_store(sdk: &aws_config::SdkConfig) -> Result<crate::aws::DynamoSto
         aws_sdk_dynamodb::Client::new(sdk),
         required("TABLE_NAME")?,
         parsed("DUE_SHARDS", 4u32)?,
-    ))
+    )
+    .with_retention(retention()?))
+}
+
+/// How long a final task is kept: `RETENTION_DAYS` (default 90; 0: for good).
+pub fn retention() -> Result<Option<chrono::Duration>, ConfigError> {
+    let days: u32 = parsed("RETENTION_DAYS", 90)?;
+    if days > 36_500 {
+        return Err(ConfigError::Invalid {
+            name: "RETENTION_DAYS",
+            problem: "must be 0 (keep) to 36500".into(),
+        });
+    }
+    Ok((days > 0).then(|| chrono::Duration::days(i64::from(days))))
 }
 
 /// The EventBridge bus from `EVENT_BUS_NAME`.

@@ -96,6 +96,11 @@ pub trait StateStore: Send + Sync {
         limit: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError>;
+    /// Starts the retention clock of a task whose record is final
+    /// ([`ProcessState::is_final`]): its items expire (DynamoDB TTL, `ExpiresAt`) the store's
+    /// retention after the record's `updated_at`. Idempotent; a no-op for a record that is not
+    /// final, or with no retention. The state record's own expiry is written with it by `put`.
+    async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError>;
     /// Admits one request of the rate-limited `key` (a caller's digest) at `now`, or says
     /// when the next one would be admitted: GCRA ([`crate::domain::rate`]) on one item per key.
     async fn admit(

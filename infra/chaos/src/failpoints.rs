@@ -228,6 +228,9 @@ impl StateStore for ChaosStore {
     ) -> Result<Page, StoreError> {
         self.inner.list(state, workflow, limit, after).await
     }
+    async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
+        self.inner.expire_task(record).await
+    }
     async fn admit(
         &self,
         key: &str,

@@ -64,6 +64,8 @@ pub struct DynamoStore {
     client: Client,
     table: String,
     shards: u32,
+    /// How long a final task is kept (`None`: for good).
+    retention: Option<chrono::Duration>,
 }
 
 impl DynamoStore {
@@ -72,7 +74,22 @@ impl DynamoStore {
             client,
             table: table.into(),
             shards: shards.max(1),
+            retention: None,
         }
+    }
+
+    /// Final tasks expire this long after they got there (`None`: never).
+    pub fn with_retention(mut self, retention: Option<chrono::Duration>) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// When a record's items expire: its last write plus the retention, for a final record.
+    fn expiry(&self, r: &StateRecord) -> Option<i64> {
+        let keep = self.retention?;
+        r.process_state
+            .is_final()
+            .then(|| (r.updated_at + keep).timestamp())
     }
 }
 
@@ -709,7 +726,14 @@ impl StateStore for DynamoStore {
             .client
             .put_item()
             .table_name(&self.table)
-            .set_item(Some(state_item(record, self.shards)))
+            .set_item(Some({
+                let mut item = state_item(record, self.shards);
+                // A final record expires with the retention (DynamoDB TTL on `ExpiresAt`).
+                if let Some(at) = self.expiry(record) {
+                    item.insert("ExpiresAt".to_owned(), n(at));
+                }
+                item
+            }))
             .condition_expression(e.clauses.join(" AND "))
             .set_expression_attribute_names(Some(e.names))
             .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values));
@@ -909,6 +933,35 @@ impl StateStore for DynamoStore {
             }
         }
         Ok(Page { items, next: None })
+    }
+
+    async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
+        let Some(at) = self.expiry(record) else {
+            return Ok(());
+        };
+        // Condition: the task item exists - keeps "an expiry never creates an item" (a task
+        // whose items were already deleted is left alone).
+        let out = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(task_pk(&record.task_id)))
+            .key("sk", s("TASK"))
+            .update_expression("SET ExpiresAt = :at")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_values(":at", n(at))
+            .send()
+            .await;
+        match out {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(unavailable(&e)),
+        }
     }
 
     async fn admit(

@@ -56,6 +56,11 @@ impl ProcessState {
                 | Self::Refused
         )
     }
+    /// Terminal for good: no operator action moves it again (`Error` and `CompensationFailed`
+    /// wait for one). A final task expires after the deployment's retention.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Processed | Self::Compensated | Self::Refused)
+    }
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "Pending",

@@ -288,6 +288,10 @@ pub async fn deliver_notice(
     let Ok(t) = notice_delivered(record, clock.now()) else {
         return Ok(());
     };
+    // A final task's retention starts now: its task item first, then (with the cleared
+    // outbox) its state record. A crash in between leaves the outbox owed, so the supervisor
+    // does both again.
+    store.expire_task(&t.record).await?;
     // Condition: the outbox is still owed at the version delivered. A lost race (another
     // deliverer, or the record moved on) means a status may go out twice, which consumers
     // tolerate; whoever wrote the newer version delivers what it holds.

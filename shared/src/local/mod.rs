@@ -51,12 +51,20 @@ pub struct Ports {
 }
 
 /// The AWS adapters on `resources`.
-pub fn aws_ports(config: &aws_config::SdkConfig, resources: Resources, shards: u32) -> Ports {
-    let store = Arc::new(DynamoStore::new(
-        aws_sdk_dynamodb::Client::new(config),
-        &resources.table,
-        shards,
-    ));
+pub fn aws_ports(
+    config: &aws_config::SdkConfig,
+    resources: Resources,
+    shards: u32,
+    retention: Option<chrono::Duration>,
+) -> Ports {
+    let store = Arc::new(
+        DynamoStore::new(
+            aws_sdk_dynamodb::Client::new(config),
+            &resources.table,
+            shards,
+        )
+        .with_retention(retention),
+    );
     let queue = Arc::new(SqsQueue::new(aws_sdk_sqs::Client::new(config)));
     let events = Arc::new(EventBridgeBus::new(
         aws_sdk_eventbridge::Client::new(config),
@@ -80,7 +88,8 @@ pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Port
     ));
     Ok(match backend {
         Backend::Memory => {
-            let store = Arc::new(MemoryStore::new(settings.due_shards));
+            let store =
+                Arc::new(MemoryStore::new(settings.due_shards).with_retention(settings.retention));
             let queues = Arc::new(MemoryQueues::new());
             let events = Arc::new(MemoryEventBus::default());
             let dlq = queues.create_queue("dlq", QueueConfig::default());
@@ -119,10 +128,10 @@ pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Port
                 max_receive_count: 5,
             };
             let resources = provision::provision(&config, &prefix, queues).await?;
-            aws_ports(&config, resources, settings.due_shards)
+            aws_ports(&config, resources, settings.due_shards, settings.retention)
         }
         Backend::Existing { config, resources } => {
-            aws_ports(&config, *resources, settings.due_shards)
+            aws_ports(&config, *resources, settings.due_shards, settings.retention)
         }
     })
 }
@@ -199,6 +208,8 @@ pub struct Settings {
     pub reply_queues: Option<ReplyQueues>,
     /// Each caller's allowance on the task API (default: none).
     pub rate_limit: Option<crate::domain::rate::RateLimit>,
+    /// How long a final task is kept (as `RETENTION_DAYS`; default 90 days, `None`: for good).
+    pub retention: Option<chrono::Duration>,
 }
 
 /// The name prefix of the reply queues the local runner allows by default.
@@ -261,6 +272,7 @@ impl Default for Settings {
             operator_auth: auth::LocalAuth::None,
             reply_queues: None,
             rate_limit: None,
+            retention: Some(chrono::Duration::days(90)),
         }
     }
 }

@@ -15,6 +15,8 @@ use std::sync::Mutex;
 pub struct MemoryStore {
     shards: u32,
     inner: Mutex<Inner>,
+    /// How long a final task is kept (`None`: for good).
+    retention: Option<chrono::Duration>,
 }
 
 #[derive(Debug, Default)]
@@ -27,6 +29,9 @@ struct Inner {
     breakers: HashMap<String, BreakerRecord>,
     /// Rate-limit key → its GCRA theoretical arrival time (ms).
     rates: HashMap<String, i64>,
+    /// Task → when its items expire (DynamoDB's TTL deletes them some time after; this store
+    /// only records it, for tests).
+    expiries: HashMap<TaskId, DateTime<Utc>>,
     /// (kind, name) → every published version, oldest first, with its canonical text.
     catalog: std::collections::BTreeMap<(Kind, String), Vec<(Stored, String)>>,
 }
@@ -36,7 +41,19 @@ impl MemoryStore {
         Self {
             shards: shards.max(1),
             inner: Mutex::new(Inner::default()),
+            retention: None,
         }
+    }
+
+    /// Final tasks expire this long after they got there (`None`: never).
+    pub fn with_retention(mut self, retention: Option<chrono::Duration>) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// When a task's items expire, if its retention clock started.
+    pub fn expiry(&self, id: TaskId) -> Option<DateTime<Utc>> {
+        self.lock().ok().and_then(|i| i.expiries.get(&id).copied())
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StoreError> {
@@ -206,6 +223,16 @@ impl StateStore for MemoryStore {
             next = None;
         }
         Ok(Page { items, next })
+    }
+
+    async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        if let (Some(keep), true) = (self.retention, record.process_state.is_final()) {
+            inner
+                .expiries
+                .insert(record.task_id, record.updated_at + keep);
+        }
+        Ok(())
     }
 
     async fn admit(
