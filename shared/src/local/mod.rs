@@ -57,19 +57,37 @@ pub fn aws_ports(
     shards: u32,
     retention: Option<chrono::Duration>,
 ) -> Ports {
+    aws_ports_from(
+        AwsClients {
+            dynamodb: aws_sdk_dynamodb::Client::new(config),
+            sqs: aws_sdk_sqs::Client::new(config),
+            eventbridge: aws_sdk_eventbridge::Client::new(config),
+        },
+        resources,
+        shards,
+        retention,
+    )
+}
+
+/// The SDK clients the AWS ports use (a test may add interceptors to them).
+pub struct AwsClients {
+    pub dynamodb: aws_sdk_dynamodb::Client,
+    pub sqs: aws_sdk_sqs::Client,
+    pub eventbridge: aws_sdk_eventbridge::Client,
+}
+
+/// The AWS adapters on `resources`, over the given clients.
+pub fn aws_ports_from(
+    clients: AwsClients,
+    resources: Resources,
+    shards: u32,
+    retention: Option<chrono::Duration>,
+) -> Ports {
     let store = Arc::new(
-        DynamoStore::new(
-            aws_sdk_dynamodb::Client::new(config),
-            &resources.table,
-            shards,
-        )
-        .with_retention(retention),
+        DynamoStore::new(clients.dynamodb, &resources.table, shards).with_retention(retention),
     );
-    let queue = Arc::new(SqsQueue::new(aws_sdk_sqs::Client::new(config)));
-    let events = Arc::new(EventBridgeBus::new(
-        aws_sdk_eventbridge::Client::new(config),
-        &resources.bus_name,
-    ));
+    let queue = Arc::new(SqsQueue::new(clients.sqs));
+    let events = Arc::new(EventBridgeBus::new(clients.eventbridge, &resources.bus_name));
     Ports {
         catalog: store.clone(),
         store,
