@@ -3,6 +3,7 @@
 //! pass.
 
 pub mod contract;
+pub mod iam;
 pub mod template;
 
 use aws_config::{BehaviorVersion, Region};

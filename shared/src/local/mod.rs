@@ -87,7 +87,10 @@ pub fn aws_ports_from(
         DynamoStore::new(clients.dynamodb, &resources.table, shards).with_retention(retention),
     );
     let queue = Arc::new(SqsQueue::new(clients.sqs));
-    let events = Arc::new(EventBridgeBus::new(clients.eventbridge, &resources.bus_name));
+    let events = Arc::new(EventBridgeBus::new(
+        clients.eventbridge,
+        &resources.bus_name,
+    ));
     Ports {
         catalog: store.clone(),
         store,

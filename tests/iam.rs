@@ -1,0 +1,772 @@
+//! Least privilege, checked both ways: the template's IAM policies against the AWS calls each
+//! function makes.
+//!
+//! Each function runs in its own `System` (its own catalog cache, as its own Lambda would) on
+//! the emulator, over resources created from the template, with SDK clients whose interceptor
+//! (`support/iam.rs`) records every request under the function's logical id. The flows cover
+//! what each function does: submissions (with an idempotency key and its replay, a reply
+//! queue, the rate limit), reads, a caller's list and cancel, an unknown callback; claims,
+//! replies and compensations; the agent's calls to a Lambda service, an HTTP service with a
+//! Secrets Manager token and one with an SSM API key, and its breakers; the supervisor's sweep
+//! (leases, an expired step, an owed outbox) and timers; the operator's list, reads,
+//! publications and cancel; poison messages to each dead-letter queue. Then:
+//!
+//! - every recorded call is allowed by a statement of its function's role (action, resource,
+//!   and `dynamodb:LeadingKeys` for table items);
+//! - every action a statement allows, on each resource and leading-key pattern it names, is
+//!   made by some call of that function, except the queue-consuming actions, which must instead
+//!   belong to an event source mapping of that function on that queue.
+//!
+//! The table of calls is printed and written to `target/iam-calls.md`.
+
+use http::{HeaderMap, HeaderValue, Method};
+use sas::catalog;
+use sas::handlers::submission;
+use sas::local::{AwsClients, System, aws_ports_from};
+use sas::ports::{Clock, OffsetClock};
+use sas::remote::{Faults, SimulatedService};
+use sas_blackbox::iam::{Call, ROLE, Recorder};
+use sas_blackbox::{sdk_config, serve_loopback, template, unique};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+const SUBMISSION: &str = "SubmissionFunction";
+const OPERATOR: &str = "OperatorFunction";
+const SCHEDULER: &str = "SchedulerFunction";
+const AGENT: &str = "AgentFunction";
+const SUPERVISOR: &str = "SupervisorFunction";
+
+/// A service as a Lambda function: a stub of the Invoke API answering every action at once.
+async fn lambda_stub() -> String {
+    async fn invoke(body: axum::body::Bytes) -> String {
+        let p: Value = serde_json::from_slice(&body).unwrap_or_default();
+        json!({"id": format!("{}-{}", p["action"].as_str().unwrap_or("x"), p["idempotencyKey"].as_str().unwrap_or("k"))}).to_string()
+    }
+    serve_loopback(axum::Router::new().route(
+        "/2015-03-31/functions/{name}/invocations",
+        axum::routing::post(invoke),
+    ))
+    .await
+}
+
+struct Fixture {
+    recorder: Recorder,
+    config: aws_config::SdkConfig,
+    stack: template::Stack,
+    clock: Arc<OffsetClock>,
+}
+
+impl Fixture {
+    fn clients(&self, bus_endpoint: Option<&str>) -> AwsClients {
+        let r = self.recorder.clone();
+        let mut eventbridge =
+            aws_sdk_eventbridge::config::Builder::from(&self.config).interceptor(r.clone());
+        if let Some(e) = bus_endpoint {
+            eventbridge = eventbridge
+                .endpoint_url(e)
+                .retry_config(aws_sdk_eventbridge::config::retry::RetryConfig::disabled());
+        }
+        AwsClients {
+            dynamodb: aws_sdk_dynamodb::Client::from_conf(
+                aws_sdk_dynamodb::config::Builder::from(&self.config)
+                    .interceptor(r.clone())
+                    .build(),
+            ),
+            sqs: aws_sdk_sqs::Client::from_conf(
+                aws_sdk_sqs::config::Builder::from(&self.config)
+                    .interceptor(r.clone())
+                    .build(),
+            ),
+            eventbridge: aws_sdk_eventbridge::Client::from_conf(eventbridge.build()),
+        }
+    }
+
+    /// One function's system on the shared resources.
+    fn system(&self, settings: sas::local::Settings, bus_endpoint: Option<&str>) -> System {
+        let ports = aws_ports_from(
+            self.clients(bus_endpoint),
+            self.stack.resources.clone(),
+            settings.due_shards,
+            settings.retention,
+        );
+        System::from_ports(ports, settings, self.clock.clone() as Arc<dyn Clock>)
+    }
+}
+
+async fn call(
+    system: &System,
+    operator: bool,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> (u16, Value) {
+    let mut map = HeaderMap::new();
+    map.insert("content-type", HeaderValue::from_static("application/json"));
+    for (k, v) in headers {
+        map.insert(
+            http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+            HeaderValue::from_str(v).expect("value"),
+        );
+    }
+    let (deps, who, path) = if operator {
+        (
+            &system.operator,
+            sas_blackbox::operator(),
+            format!("/operator{path}"),
+        )
+    } else {
+        (
+            &system.submission,
+            sas::auth::Identity::Caller(
+                sas::Caller::new("arn:aws:iam::123456789012:role/shop").expect("caller"),
+            ),
+            path.to_owned(),
+        )
+    };
+    let body = if body.is_null() {
+        vec![]
+    } else {
+        body.to_string().into_bytes()
+    };
+    let resp = submission::handle(deps, &who, &method, &path, &map, &body).await;
+    let status = resp.status().as_u16();
+    (
+        status,
+        serde_json::from_str(resp.body()).unwrap_or(Value::Null),
+    )
+}
+
+/// Starts an order; its task id.
+async fn submit(
+    system: &System,
+    operator: bool,
+    headers: &[(&str, &str)],
+    order: &Value,
+) -> String {
+    let (status, body) = call(
+        system,
+        operator,
+        Method::POST,
+        "/workflows/ecommerce-order/tasks",
+        headers,
+        order,
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    body["taskId"].as_str().expect("id").to_owned()
+}
+
+/// Pumps the scheduler and the agent (each under its role) until nothing moves.
+async fn pump(scheduler: &System, agent: &System) {
+    let mut idle = 0;
+    for _ in 0..60 {
+        let moved = ROLE
+            .scope(SCHEDULER, scheduler.pump_scheduler())
+            .await
+            .expect("scheduler")
+            + ROLE.scope(AGENT, agent.pump_agents()).await.expect("agent");
+        idle = if moved == 0 { idle + 1 } else { 0 };
+        if idle >= 3 {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_is_granted_and_every_grant_is_used() {
+    let config = sdk_config().await;
+    let stage = unique("iam").replace("t-iam-", "iam");
+    let stack = template::provision(&config, &stage).await;
+    let f = Fixture {
+        recorder: Recorder::default(),
+        config: config.clone(),
+        stack,
+        clock: Arc::new(OffsetClock::default()),
+    };
+    let res = f.stack.resources.clone();
+
+    // The services: inventory a Lambda function, payment an HTTP service with a bearer token in
+    // Secrets Manager, shipping one with an API key in SSM (names under the stage's prefix).
+    let secret = format!("sas/{stage}/payment-token");
+    aws_sdk_secretsmanager::Client::new(&config)
+        .create_secret()
+        .name(&secret)
+        .secret_string("t0ken")
+        .send()
+        .await
+        .expect("secret");
+    let parameter = format!("/sas/{stage}/shipping-key");
+    aws_sdk_ssm::Client::new(&config)
+        .put_parameter()
+        .name(&parameter)
+        .value("k3y")
+        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+        .send()
+        .await
+        .expect("parameter");
+    let clock: Arc<dyn Clock> = f.clock.clone();
+    let payment = Arc::new(SimulatedService::new(
+        "payment",
+        Faults::default(),
+        clock.clone(),
+    ));
+    let shipping = Arc::new(SimulatedService::new(
+        "shipping",
+        Faults::default(),
+        clock.clone(),
+    ));
+    let payment_url = serve_loopback(sas::remote::router(payment.clone())).await;
+    let shipping_url = serve_loopback(sas::remote::router(shipping.clone())).await;
+    let lambda = lambda_stub().await;
+    let services = format!(
+        r#"services:
+  - name: inventory
+    target: {{type: lambda, function: sas-{stage}-svc-inventory}}
+  - name: payment
+    target: {{type: http, baseUrl: "{payment_url}", auth: {{type: bearer, secret: "{secret}"}}}}
+  - name: shipping
+    target: {{type: http, baseUrl: "{shipping_url}", auth: {{type: apiKey, header: X-Api-Key, parameter: "{parameter}"}}}}
+"#
+    );
+    let mut files = catalog::example_files();
+    files.retain(|(name, _)| name == "ecommerce-order.yaml");
+    files.insert(0, ("services.yaml".into(), services));
+
+    let r = f.recorder.clone();
+    let mut settings = sas_blackbox::manual_settings();
+    settings.definitions = files.clone();
+    settings.retention = Some(chrono::Duration::days(90));
+    // The stage's reply-queue pattern, on the emulator's queue URLs.
+    let base = res.work_queue_url.rsplit_once('/').expect("a queue URL").0;
+    settings.reply_queues = Some(
+        sas::domain::task::ReplyQueues::parse(&format!("{base}/sasreply-{stage}--*"))
+            .expect("pattern"),
+    );
+    settings.rate_limit = Some(sas::domain::rate::RateLimit {
+        per_second: 1000.0,
+        burst: 1000,
+    });
+    settings.credentials = Arc::new(sas::aws::AwsCredentials::new(
+        aws_sdk_secretsmanager::Client::from_conf(
+            aws_sdk_secretsmanager::config::Builder::from(&config)
+                .interceptor(r.clone())
+                .build(),
+        ),
+        aws_sdk_ssm::Client::from_conf(
+            aws_sdk_ssm::config::Builder::from(&config)
+                .interceptor(r.clone())
+                .build(),
+        ),
+    ));
+    settings.lambda = Some(aws_sdk_lambda::Client::from_conf(
+        aws_sdk_lambda::config::Builder::from(&config)
+            .endpoint_url(&lambda)
+            .interceptor(r.clone())
+            .build(),
+    ));
+    let submitter = f.system(settings.clone(), None);
+    let operator = f.system(settings.clone(), None);
+    let scheduler = f.system(settings.clone(), None);
+    // A scheduler whose bus is down: a task's final notice stays owed, for the supervisor.
+    let stalled = f.system(settings.clone(), Some("http://127.0.0.1:9"));
+    // An agent whose breaker opens after two faults (and announces it on the bus).
+    let mut agent_settings = settings.clone();
+    agent_settings.breaker.threshold = 2;
+    let agent = f.system(agent_settings, None);
+    let mut supervisor = f.system(settings.clone(), None);
+    // As deployed: the supervisor's poison goes to its own dead-letter queue.
+    supervisor.supervisor.dead_letter_url =
+        Some(f.stack.queue_urls["SupervisorDeadLetterQueue"].clone());
+
+    // The operator publishes the definitions, then reads them back.
+    ROLE.scope(OPERATOR, operator.publish(&files))
+        .await
+        .expect("published");
+    ROLE.scope(OPERATOR, async {
+        for path in [
+            "/workflows",
+            "/services",
+            "/workflows/ecommerce-order",
+            "/workflows/ecommerce-order/versions/1",
+            "/services/payment",
+        ] {
+            let (status, body) = call(&operator, true, Method::GET, path, &[], &Value::Null).await;
+            assert_eq!(status, 200, "{path}: {body}");
+        }
+    })
+    .await;
+
+    // A workflow whose step's input selects nothing: the scheduler refuses the step itself,
+    // through the reply queue.
+    let probe = json!({"name": "iam-probe", "steps": [
+        {"name": "a", "service": "inventory", "input": {"x": "$.input.missing"}}
+    ]});
+    let (status, body) = ROLE
+        .scope(
+            OPERATOR,
+            call(
+                &operator,
+                true,
+                Method::PUT,
+                "/workflows/iam-probe",
+                &[],
+                &probe,
+            ),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = ROLE
+        .scope(
+            SUBMISSION,
+            call(
+                &submitter,
+                false,
+                Method::POST,
+                "/workflows/iam-probe/tasks",
+                &[],
+                &json!({}),
+            ),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+
+    let sqs = aws_sdk_sqs::Client::new(&config);
+    let client_queue = sas::aws::provision::create_queue(
+        &sqs,
+        &format!("sasreply-{stage}--shop"),
+        None,
+        Default::default(),
+    )
+    .await
+    .expect("client queue");
+    let order = json!({"customerId": "c-1", "items": [{"sku": "SKU-1", "quantity": 1}]});
+    let keyed = [
+        ("idempotency-key", "k-1"),
+        ("reply-queue-url", client_queue.as_str()),
+    ];
+    let replying = [("reply-queue-url", client_queue.as_str())];
+    // A caller: an order under a key (replayed), a read, its list, an unknown callback.
+    let first = ROLE
+        .scope(SUBMISSION, submit(&submitter, false, &keyed, &order))
+        .await;
+    let again = ROLE
+        .scope(SUBMISSION, submit(&submitter, false, &keyed, &order))
+        .await;
+    assert_eq!(first, again, "the replay names the first task");
+    ROLE.scope(SUBMISSION, async {
+        let (status, _) = call(
+            &submitter,
+            false,
+            Method::GET,
+            &format!("/tasks/{first}"),
+            &[],
+            &Value::Null,
+        )
+        .await;
+        assert_eq!(status, 200);
+        let (status, _) = call(&submitter, false, Method::GET, "/tasks", &[], &Value::Null).await;
+        assert_eq!(status, 200);
+        let unknown = uuid::Uuid::new_v4();
+        let (status, _) = call(
+            &submitter,
+            false,
+            Method::POST,
+            &format!("/tasks/{unknown}/callbacks/x"),
+            &[],
+            &json!({"status": "heartbeat"}),
+        )
+        .await;
+        assert_eq!(status, 404);
+    })
+    .await;
+    // The operator starts one too (under a key), and an early deadline timer is re-armed.
+    ROLE.scope(OPERATOR, submit(&operator, true, &keyed, &order))
+        .await;
+
+    // Scheduler and agent run them, through an outage of payment: the agents count its
+    // faults on its breaker until it opens (and announce that), and the step is deferred ...
+    payment.set_faults(Faults {
+        transient_rate: 1.0,
+        ..Faults::default()
+    });
+    pump(&scheduler, &agent).await;
+    payment.set_faults(Faults::default());
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    pump(&scheduler, &agent).await;
+    // ... and one refused at shipping and compensated.
+    shipping.set_faults(Faults {
+        refuse_actions: vec!["arrange-shipping".to_owned()],
+        ..Faults::default()
+    });
+    ROLE.scope(SUBMISSION, submit(&submitter, false, &replying, &order))
+        .await;
+    pump(&scheduler, &agent).await;
+    shipping.set_faults(Faults::default());
+
+    // A caller's cancel, and an operator's, of tasks nothing was sent for: compensated at once.
+    for (system, op, role) in [(&submitter, false, SUBMISSION), (&operator, true, OPERATOR)] {
+        let id = ROLE
+            .scope(SUBMISSION, submit(&submitter, false, &replying, &order))
+            .await;
+        ROLE.scope(role, async {
+            if op {
+                let (status, _) = call(
+                    system,
+                    true,
+                    Method::GET,
+                    "/tasks?state=Pending",
+                    &[],
+                    &Value::Null,
+                )
+                .await;
+                assert_eq!(status, 200);
+                let (status, _) = call(
+                    system,
+                    true,
+                    Method::GET,
+                    &format!("/tasks/{id}"),
+                    &[],
+                    &Value::Null,
+                )
+                .await;
+                assert_eq!(status, 200);
+            }
+            let (status, body) = call(
+                system,
+                op,
+                Method::POST,
+                &format!("/tasks/{id}/cancel"),
+                &[],
+                &json!({"reason": "test"}),
+            )
+            .await;
+            assert_eq!(status, 202, "{body}");
+        })
+        .await;
+    }
+    // Drop the cancelled tasks' work messages.
+    pump(&scheduler, &agent).await;
+
+    // A task run by the stalled scheduler: its final notice stays owed.
+    let owed = ROLE
+        .scope(SUBMISSION, submit(&submitter, false, &replying, &order))
+        .await;
+    for _ in 0..10 {
+        ROLE.scope(SCHEDULER, stalled.pump_scheduler())
+            .await
+            .expect("poll");
+        ROLE.scope(AGENT, agent.pump_agents()).await.expect("poll");
+    }
+    // A step that expires: claimed, its agent never runs.
+    let late = ROLE
+        .scope(SUBMISSION, submit(&submitter, false, &[], &order))
+        .await;
+    ROLE.scope(SCHEDULER, scheduler.pump_scheduler())
+        .await
+        .expect("claimed");
+    // An early deadline timer (its deadline past SQS's longest delay): re-armed.
+    let early = json!({"taskId": late, "attempt": 1, "stepIndex": 0,
+        "completeBy": (f.clock.now() + chrono::Duration::hours(2)).to_rfc3339()});
+    sqs.send_message()
+        .queue_url(&res.timer_queue_url)
+        .message_body(early.to_string())
+        .send()
+        .await
+        .expect("sent");
+    ROLE.scope(SUPERVISOR, supervisor.pump_timers())
+        .await
+        .expect("timers");
+    // The supervisor's sweep: the owed notice delivered, the expired step handed back.
+    f.clock.advance(chrono::Duration::minutes(30));
+    ROLE.scope(SUPERVISOR, supervisor.sweep())
+        .await
+        .expect("sweep");
+    let r = ROLE
+        .scope(
+            "test",
+            sas_blackbox::state(&supervisor, owed.parse().expect("id")),
+        )
+        .await;
+    assert!(
+        r.outbox.is_empty(),
+        "the supervisor delivered the owed notice: {r:?}"
+    );
+
+    // Poison: one unreadable message on each consumer's queue.
+    for url in [
+        &res.work_queue_url,
+        &res.agent_queue_url,
+        &res.timer_queue_url,
+    ] {
+        sqs.send_message()
+            .queue_url(url)
+            .message_body("not json")
+            .send()
+            .await
+            .expect("sent");
+    }
+    ROLE.scope(SCHEDULER, scheduler.pump_scheduler())
+        .await
+        .expect("poll");
+    ROLE.scope(AGENT, agent.pump_agents()).await.expect("poll");
+    ROLE.scope(SUPERVISOR, supervisor.pump_timers())
+        .await
+        .expect("poll");
+
+    check(&f, &f.recorder.calls());
+}
+
+/// A resource as the grants name it: a logical id, an index, or a pattern's name.
+fn resource_of_call(f: &Fixture, c: &Call) -> String {
+    let res = &f.stack.resources;
+    let stage = &f.stack.stage;
+    let queues: HashMap<&str, &str> = f
+        .stack
+        .queue_urls
+        .iter()
+        .map(|(id, url)| (url.as_str(), id.as_str()))
+        .collect();
+    if c.resource == res.table {
+        return "TasksTable".into();
+    }
+    if let Some(index) = c.resource.strip_prefix(&format!("{}/index/", res.table)) {
+        return format!("TasksTable/index/{index}");
+    }
+    if let Some(id) = queues.get(c.resource.as_str()) {
+        return (*id).to_owned();
+    }
+    if c.resource
+        .rsplit('/')
+        .next()
+        .is_some_and(|q| q.starts_with(&format!("sasreply-{stage}--")))
+    {
+        return "client-queues".into();
+    }
+    if c.resource == res.bus_name {
+        return "EventBus".into();
+    }
+    if c.resource.starts_with(&format!("sas-{stage}-svc-")) {
+        return "service-functions".into();
+    }
+    let name = c.resource.trim_start_matches('/');
+    if name.starts_with(&format!("sas/{stage}/")) {
+        return if c.action.starts_with("ssm:") {
+            "parameters"
+        } else {
+            "secrets"
+        }
+        .into();
+    }
+    format!("?{}", c.resource)
+}
+
+/// A statement's resource as the calls name it.
+fn resource_of_grant(v: &Value) -> String {
+    if let Some(a) = v["Fn::GetAtt"].as_array() {
+        return a[0].as_str().unwrap_or_default().to_owned();
+    }
+    let sub = match &v["Fn::Sub"] {
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a[0].as_str().unwrap_or_default().to_owned(),
+        _ => return v.as_str().unwrap_or("?").to_owned(),
+    };
+    if let Some(index) = sub.strip_prefix("${TasksTable.Arn}/index/") {
+        return format!("TasksTable/index/{index}");
+    }
+    if sub.contains("sasreply-") {
+        return "client-queues".into();
+    }
+    if sub.contains(":function:") {
+        return "service-functions".into();
+    }
+    if sub.contains(":secret:") {
+        return "secrets".into();
+    }
+    if sub.contains(":parameter/") {
+        return "parameters".into();
+    }
+    format!("?{sub}")
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    match v {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(a) => a
+            .iter()
+            .filter_map(|x| x.as_str().map(str::to_owned))
+            .collect(),
+        _ => vec![],
+    }
+}
+
+/// One grant: (actions, resources, leading-key patterns; none: any key).
+struct Grant {
+    actions: Vec<String>,
+    resources: Vec<String>,
+    keys: Option<Vec<String>>,
+    sid: String,
+}
+
+fn grants(t: &template::Template, function: &str) -> Vec<Grant> {
+    let role = t.properties(function, "AWS::Lambda::Function")["Role"]["Fn::GetAtt"][0]
+        .as_str()
+        .expect("a role")
+        .to_owned();
+    let props = t.evaluated_properties(&role, &[]);
+    let mut out = Vec::new();
+    for policy in props["Policies"].as_array().into_iter().flatten() {
+        for s in policy["PolicyDocument"]["Statement"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let resources = match &s["Resource"] {
+                Value::Array(a) => a.iter().map(resource_of_grant).collect(),
+                other => vec![resource_of_grant(other)],
+            };
+            let keys = s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"].clone();
+            out.push(Grant {
+                actions: strings(&s["Action"]),
+                resources,
+                keys: (!keys.is_null()).then(|| strings(&keys)),
+                sid: s["Sid"].as_str().unwrap_or("?").to_owned(),
+            });
+        }
+    }
+    out
+}
+
+fn key_allowed(patterns: &Option<Vec<String>>, key: &Option<String>) -> bool {
+    match (patterns, key) {
+        (None, _) => true,
+        (Some(p), Some(k)) => p.iter().any(|p| p.trim_end_matches('*') == k),
+        (Some(_), None) => false,
+    }
+}
+
+/// Queue-consuming actions: the event source mapping's, not the code's.
+const CONSUME: [&str; 4] = [
+    "sqs:ReceiveMessage",
+    "sqs:DeleteMessage",
+    "sqs:GetQueueAttributes",
+    "sqs:ChangeMessageVisibility",
+];
+
+fn check(f: &Fixture, all: &BTreeSet<Call>) {
+    let t = template::Template::load();
+    // The test's own reads are no function's.
+    let calls: BTreeSet<Call> = all.iter().filter(|c| c.role != "test").cloned().collect();
+    let calls = &calls;
+    let functions = [SUBMISSION, OPERATOR, SCHEDULER, AGENT, SUPERVISOR];
+    // The table, for the note and ARCHITECTURE.md.
+    let mut table: BTreeMap<(String, String, String), BTreeSet<String>> = BTreeMap::new();
+    for c in calls {
+        table
+            .entry((c.role.clone(), c.action.clone(), resource_of_call(f, c)))
+            .or_default()
+            .insert(
+                c.key
+                    .clone()
+                    .map(|k| format!("{k}*"))
+                    .unwrap_or_else(|| "-".into()),
+            );
+    }
+    let mut md =
+        String::from("| Function | Action | Resource | Leading keys |\n|---|---|---|---|\n");
+    for ((role, action, resource), keys) in &table {
+        md.push_str(&format!(
+            "| {role} | `{action}` | {resource} | {} |\n",
+            keys.iter().cloned().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    println!("{md}");
+    let _ = std::fs::create_dir_all("../target");
+    let _ = std::fs::write("../target/iam-calls.md", &md);
+
+    let mut problems = Vec::new();
+    // (a) Every call is granted.
+    for c in calls {
+        if !functions.contains(&c.role.as_str()) {
+            problems.push(format!("a call outside any function: {c:?}"));
+            continue;
+        }
+        let resource = resource_of_call(f, c);
+        let ok = grants(&t, &c.role).iter().any(|g| {
+            g.actions.contains(&c.action)
+                && g.resources.contains(&resource)
+                && key_allowed(&g.keys, &c.key)
+        });
+        if !ok {
+            problems.push(format!(
+                "{} makes {} on {resource} (key {:?}), which its role does not allow",
+                c.role, c.action, c.key
+            ));
+        }
+    }
+    // (b) Every grant is used (per action, resource and key pattern).
+    let mappings: BTreeSet<(String, String)> = t
+        .of_type("AWS::Lambda::EventSourceMapping")
+        .into_iter()
+        .map(|m| {
+            let p = t.properties(m, "AWS::Lambda::EventSourceMapping");
+            (
+                p["FunctionName"]["Ref"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                p["EventSourceArn"]["Fn::GetAtt"][0]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    for function in functions {
+        for g in grants(&t, function) {
+            for action in &g.actions {
+                for resource in &g.resources {
+                    if CONSUME.contains(&action.as_str()) {
+                        if !mappings.contains(&(function.to_owned(), resource.clone())) {
+                            problems.push(format!(
+                                "{function} ({}) may {action} on {resource} without a mapping on it",
+                                g.sid
+                            ));
+                        }
+                        continue;
+                    }
+                    // The action is made on the resource (with a key the statement allows)...
+                    let used = calls.iter().any(|c| {
+                        c.role == function
+                            && &c.action == action
+                            && &resource_of_call(f, c) == resource
+                            && key_allowed(&g.keys, &c.key)
+                    });
+                    if !used {
+                        problems.push(format!(
+                            "{function} ({}) may {action} on {resource} but no call does",
+                            g.sid
+                        ));
+                    }
+                }
+            }
+            // ...and every leading-key pattern by some action of the statement.
+            for key in g.keys.iter().flatten() {
+                let prefix = key.trim_end_matches('*');
+                let used = calls.iter().any(|c| {
+                    c.role == function
+                        && g.actions.contains(&c.action)
+                        && c.key.as_deref() == Some(prefix)
+                });
+                if !used {
+                    problems.push(format!(
+                        "{function} ({}) names the leading keys {key} but no call uses them",
+                        g.sid
+                    ));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}\n\n{md}", problems.join("\n"));
+}

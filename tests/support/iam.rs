@@ -1,0 +1,187 @@
+//! A recorder of the AWS API calls each function makes: an SDK interceptor, added to the
+//! tests' clients, that writes down every request as the IAM authorization sees it (the action,
+//! the resource, and for DynamoDB the leading key of each item), under the role of the function
+//! whose handler made it (`ROLE`, a task-local the test sets around each handler call).
+
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::Intercept;
+use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+use aws_smithy_runtime_api::client::orchestrator::Metadata;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_types::config_bag::ConfigBag;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+tokio::task_local! {
+    /// The function (template logical id) whose handler is running.
+    pub static ROLE: &'static str;
+}
+
+/// One authorized action: the function, `service:Action`, the resource as the API names it
+/// (a table or index name, a queue URL, a bus, a function, a secret, a parameter), and the
+/// partition key's prefix (`TASK#`) of a DynamoDB item, if any.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Call {
+    pub role: String,
+    pub action: String,
+    pub resource: String,
+    pub key: Option<String>,
+}
+
+/// What the interceptor saw.
+#[derive(Debug, Default, Clone)]
+pub struct Recorder {
+    pub calls: Arc<Mutex<BTreeSet<Call>>>,
+}
+
+impl Recorder {
+    pub fn calls(&self) -> BTreeSet<Call> {
+        self.calls.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+}
+
+/// The prefix of a partition key up to its first `#` (`TASK#…` → `TASK#`).
+fn prefix(pk: &str) -> String {
+    match pk.find('#') {
+        Some(i) => pk[..=i].to_owned(),
+        None => pk.to_owned(),
+    }
+}
+
+fn pk_of(item: &Value) -> Option<String> {
+    item["pk"]["S"].as_str().map(prefix)
+}
+
+impl Intercept for Recorder {
+    fn name(&self) -> &'static str {
+        "iam-recorder"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let role = ROLE.try_with(|r| *r).unwrap_or("unattributed").to_owned();
+        let Some(meta) = cfg.load::<Metadata>() else {
+            return Ok(());
+        };
+        let op = meta.name().to_owned();
+        let service = meta.service().to_ascii_lowercase();
+        let request = context.request();
+        let body: Value = request
+            .body()
+            .bytes()
+            .and_then(|b| serde_json::from_slice(b).ok())
+            .unwrap_or(Value::Null);
+        let mut out = Vec::new();
+        let mut push = |action: String, resource: String, key: Option<String>| {
+            out.push(Call {
+                role: role.clone(),
+                action,
+                resource,
+                key,
+            })
+        };
+        match service.as_str() {
+            "dynamodb" => {
+                let table = body["TableName"].as_str().unwrap_or_default().to_owned();
+                match op.as_str() {
+                    // Authorized per item, as the item's own action.
+                    "TransactWriteItems" => {
+                        for item in body["TransactItems"].as_array().into_iter().flatten() {
+                            for (kind, action) in [
+                                ("Put", "PutItem"),
+                                ("Update", "UpdateItem"),
+                                ("Delete", "DeleteItem"),
+                                ("ConditionCheck", "ConditionCheckItem"),
+                            ] {
+                                let x = &item[kind];
+                                if x.is_object() {
+                                    let key = pk_of(&x["Item"]).or_else(|| pk_of(&x["Key"]));
+                                    push(
+                                        format!("dynamodb:{action}"),
+                                        x["TableName"].as_str().unwrap_or_default().to_owned(),
+                                        key,
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    "BatchGetItem" => {
+                        for (t, req) in body["RequestItems"].as_object().into_iter().flatten() {
+                            for k in req["Keys"].as_array().into_iter().flatten() {
+                                push("dynamodb:BatchGetItem".into(), t.clone(), pk_of(k));
+                            }
+                        }
+                    }
+                    "Query" => match body["IndexName"].as_str() {
+                        Some(index) => push(
+                            "dynamodb:Query".into(),
+                            format!("{table}/index/{index}"),
+                            None,
+                        ),
+                        None => {
+                            // The partition key's value, bound in the key condition.
+                            let key = body["ExpressionAttributeValues"]
+                                .as_object()
+                                .into_iter()
+                                .flatten()
+                                .filter_map(|(_, v)| v["S"].as_str())
+                                .find(|v| v.contains('#'))
+                                .map(prefix);
+                            push("dynamodb:Query".into(), table, key)
+                        }
+                    },
+                    "Scan" => push("dynamodb:Scan".into(), table, None),
+                    other => {
+                        let key = pk_of(&body["Key"]).or_else(|| pk_of(&body["Item"]));
+                        push(format!("dynamodb:{other}"), table, key)
+                    }
+                }
+            }
+            "sqs" => push(
+                format!("sqs:{op}"),
+                body["QueueUrl"].as_str().unwrap_or_default().to_owned(),
+                None,
+            ),
+            "eventbridge" => {
+                for e in body["Entries"].as_array().into_iter().flatten() {
+                    push(
+                        format!("events:{op}"),
+                        e["EventBusName"].as_str().unwrap_or("default").to_owned(),
+                        None,
+                    );
+                }
+            }
+            "lambda" => {
+                // REST: /2015-03-31/functions/{name}/invocations
+                let uri = request.uri().to_owned();
+                let name = uri
+                    .split("/functions/")
+                    .nth(1)
+                    .and_then(|r| r.split('/').next())
+                    .unwrap_or_default()
+                    .to_owned();
+                push(format!("lambda:{op}Function"), name, None)
+            }
+            "secrets manager" => push(
+                format!("secretsmanager:{op}"),
+                body["SecretId"].as_str().unwrap_or_default().to_owned(),
+                None,
+            ),
+            "ssm" => push(
+                format!("ssm:{op}"),
+                body["Name"].as_str().unwrap_or_default().to_owned(),
+                None,
+            ),
+            other => push(format!("{other}:{op}"), String::new(), None),
+        }
+        if let Ok(mut calls) = self.calls.lock() {
+            calls.extend(out);
+        }
+        Ok(())
+    }
+}
