@@ -60,8 +60,23 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
+    /// Sign requests with SigV4 (`execute-api`, credentials and region from the AWS
+    /// configuration: environment, profile, SSO): `auto` signs unless the endpoint is loopback
+    /// (a deployed stack's operator API needs it; `sas-local` only with `--users`).
+    #[arg(long, global = true, env = "SAS_SIGN", default_value = "auto")]
+    pub sign: Sign,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// When `sasctl` signs its requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Sign {
+    /// Unless the endpoint is loopback.
+    Auto,
+    Always,
+    Never,
 }
 
 /// The subcommands.
@@ -308,7 +323,7 @@ pub async fn run_with(
         // The service itself, not the sas API.
         service_check(cli.json, args, out, err).await
     } else {
-        match Client::new(cli.endpoint.clone()) {
+        match client(&cli).await {
             Ok(client) => dispatch(&client, &cli, out, err).await,
             Err(e) => Err(e.into()),
         }
@@ -326,6 +341,28 @@ pub async fn run_with(
         }
         Err(Failure::Io(e)) => Err(e),
     }
+}
+
+/// The API client `cli` asks for, signing as `--sign` says.
+async fn client(cli: &Cli) -> Result<Client, ClientError> {
+    let client = Client::new(cli.endpoint.clone())?;
+    let loopback = cli.endpoint.host().is_some_and(|h| match h {
+        url::Host::Domain(d) => d == "localhost",
+        url::Host::Ipv4(a) => a.is_loopback(),
+        url::Host::Ipv6(a) => a.is_loopback(),
+    });
+    let sign = match cli.sign {
+        Sign::Always => true,
+        Sign::Never => false,
+        Sign::Auto => !loopback,
+    };
+    if !sign {
+        return Ok(client);
+    }
+    let signer = crate::sign::Signer::from_environment(&cli.endpoint)
+        .await
+        .map_err(|e| ClientError::Signing(e.to_string()))?;
+    Ok(client.signed(signer))
 }
 
 async fn dispatch(

@@ -41,6 +41,9 @@ pub enum ClientError {
     /// The endpoint is not a usable http(s) base URL.
     #[error("invalid endpoint {0:?}: it must be an http:// or https:// URL with a host")]
     Endpoint(String),
+    /// The request could not be signed (no credentials, no region).
+    #[error("{0}")]
+    Signing(String),
 }
 
 /// The deepest cause of an error: the useful part of a reqwest error chain (e.g. "Connection
@@ -61,7 +64,7 @@ impl ClientError {
         match self {
             Self::Api { .. } | Self::Decode { .. } => crate::exit::API,
             Self::Transport { .. } => crate::exit::TRANSPORT,
-            Self::Endpoint(_) => crate::exit::USAGE,
+            Self::Endpoint(_) | Self::Signing(_) => crate::exit::USAGE,
         }
     }
 }
@@ -164,6 +167,8 @@ pub fn decode<T: DeserializeOwned>(context: &str, raw: &Value) -> Result<T, Clie
 pub struct Client {
     base: Url,
     http: reqwest::Client,
+    /// Signs every request (SigV4, `execute-api`), for an IAM-authorized operator API.
+    signer: Option<crate::sign::Signer>,
 }
 
 impl Client {
@@ -182,13 +187,27 @@ impl Client {
             url: base.to_string(),
             source,
         })?;
-        Ok(Self { base, http })
+        Ok(Self {
+            base,
+            http,
+            signer: None,
+        })
     }
 
     /// A client using a caller-built `reqwest::Client`.
     pub fn with_http(base: Url, http: reqwest::Client) -> Result<Self, ClientError> {
         check_endpoint(&base)?;
-        Ok(Self { base, http })
+        Ok(Self {
+            base,
+            http,
+            signer: None,
+        })
+    }
+
+    /// The same client, signing every request with `signer`.
+    pub fn signed(mut self, signer: crate::sign::Signer) -> Self {
+        self.signer = Some(signer);
+        self
     }
 
     /// The base URL.
@@ -242,11 +261,17 @@ impl Client {
         if let Some(body) = request.body() {
             builder = builder.json(&body);
         }
-        let response = builder
+        let mut prepared = builder
             .header(reqwest::header::ACCEPT, "application/json")
-            .send()
-            .await
+            .build()
             .map_err(transport)?;
+        if let Some(signer) = &self.signer {
+            signer
+                .sign(&mut prepared)
+                .await
+                .map_err(|e| ClientError::Signing(e.to_string()))?;
+        }
+        let response = self.http.execute(prepared).await.map_err(transport)?;
         let status = response.status();
         let body = response.bytes().await.map_err(transport)?;
         if !status.is_success() {

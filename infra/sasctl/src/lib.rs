@@ -11,7 +11,9 @@
 //! # Usage
 //!
 //! ```text
-//! # The endpoint: --endpoint, or SAS_ENDPOINT, or http://127.0.0.1:3000/operator.
+//! # The endpoint: --endpoint, or SAS_ENDPOINT, or http://127.0.0.1:3000/operator. Requests
+//! # to a non-loopback endpoint are signed with SigV4 (--sign auto|always|never), with the
+//! # credentials and region of the AWS configuration.
 //! export SAS_ENDPOINT=https://abc123.execute-api.eu-west-1.amazonaws.com/operator
 //!
 //! # Tasks that ended in Error (the default state), 50 per page.
@@ -93,6 +95,7 @@ pub mod client;
 pub mod definitions;
 pub mod render;
 pub mod service_check;
+pub mod sign;
 
 pub use api::{
     ApiProblem, CatalogEntry, DefinitionView, HistoryEntry, KNOWN_STATES, ListPage, ProcessState,
