@@ -650,6 +650,111 @@ async fn sasctl_show_renders_a_failed_tasks_steps_and_history() {
     assert!(shown.contains("refused: disburse-funds"), "{shown}");
     assert!(shown.contains("Error"), "{shown}");
     assert!(shown.contains("send-contract"), "{shown}");
+    // Each reached step's service and request body, in full: what a reconciliation needs.
+    assert!(shown.contains("core-banking.disburse-funds"), "{shown}");
+    assert!(shown.contains("\nstep 1 "), "{shown}");
+    assert!(shown.contains("  input:"), "{shown}");
+
+    let run = |args: &[&str]| {
+        let mut argv = vec!["sasctl", "--endpoint", ops.base().as_str()];
+        argv.extend_from_slice(args);
+        let cli = sasctl::Cli::try_parse_from(argv).expect("args");
+        async move {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            let code = sasctl::run_with(cli, &mut out, &mut err)
+                .await
+                .expect("runs");
+            (
+                code,
+                String::from_utf8(out).expect("utf-8"),
+                String::from_utf8(err).expect("utf-8"),
+            )
+        }
+    };
+    let id = id.to_string();
+    // An operator settles the failed loan by hand and closes it with a note.
+    let (code, out, err) = run(&["resolve", &id, "--note", "disbursed by hand, ticket 42"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let r = state(&system, id.parse().expect("id")).await;
+    assert_eq!(r.process_state, ProcessState::Resolved, "{r:?}");
+    let last = r.history.last().expect("history");
+    assert_eq!(
+        last.reason,
+        "operator resolve: disbursed by hand, ticket 42"
+    );
+    assert!(last.by.is_some(), "who resolved it is recorded: {last:?}");
+    // A second resolve is a conflict; under --json stdout is the error document.
+    let (code, out, err) = run(&["--json", "resolve", &id, "--note", "again"]).await;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.is_empty(), "{err}");
+    let doc: Value = serde_json::from_str(&out).expect("one JSON document");
+    assert_eq!(doc["error"]["code"], "conflict", "{doc}");
+    assert_eq!(doc["error"]["status"], 409, "{doc}");
+    // Without --json the same error is a line on stderr.
+    let (code, out, err) = run(&["retry", &id, "--reason", "x"]).await;
+    assert_eq!((code, out.as_str()), (1, ""), "{err}");
+    assert!(err.starts_with("error: conflict: "), "{err}");
+    // The paging hint repeats the endpoint it was given.
+    let (code, out, err) = run(&["list", "--state", "Resolved", "--limit", "1"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&id), "{out}");
+    let (_, out, _) = run(&["show", &id]).await;
+    assert!(out.contains("operator resolve: disbursed by hand"), "{out}");
+}
+
+#[tokio::test]
+async fn sasctl_paging_hints_repeat_every_flag_given() {
+    let mut system = sas_blackbox::memory_system(manual_settings()).await;
+    let ops = operator(&mut system).await;
+    for _ in 0..3 {
+        let (status, _, answer) = post_task(
+            &system,
+            ECOMMERCE,
+            &[],
+            order_input().to_string().as_bytes(),
+        )
+        .await;
+        assert_eq!(status, 202, "{answer}");
+    }
+    let argv = [
+        "sasctl",
+        "--endpoint",
+        ops.base().as_str(),
+        "--sign",
+        "never",
+        "list",
+        "--state",
+        "Pending",
+        "--workflow",
+        ECOMMERCE,
+        "--limit",
+        "1",
+    ];
+    let mut out = Vec::new();
+    let code = sasctl::run(sasctl::Cli::try_parse_from(argv).expect("args"), &mut out)
+        .await
+        .expect("runs");
+    let shown = String::from_utf8(out).expect("utf-8");
+    assert_eq!(code, 0, "{shown}");
+    let hint = shown
+        .lines()
+        .find_map(|l| l.strip_prefix("more: "))
+        .unwrap_or_else(|| panic!("a paging hint: {shown}"));
+    let words: Vec<&str> = hint.split_whitespace().collect();
+    let cursor = words.last().copied().expect("a cursor");
+    let mut expected: Vec<&str> = argv.to_vec();
+    expected.extend(["--cursor", cursor]);
+    assert_eq!(words, expected, "{hint}");
+    // And the hint, run as given, is the next page.
+    let mut out = Vec::new();
+    let code = sasctl::run(
+        sasctl::Cli::try_parse_from(&words).expect("hint parses"),
+        &mut out,
+    )
+    .await
+    .expect("runs");
+    assert_eq!(code, 0);
+    assert_ne!(String::from_utf8(out).expect("utf-8"), shown);
 }
 
 #[tokio::test]

@@ -86,9 +86,10 @@ pub trait StateStore: Send + Sync {
     /// Writes `record` if the stored breaker is still at `record.version - 1` (absent, for
     /// version 1). `false`: another agent moved it first.
     async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError>;
-    /// One page of the records in `state` (of `workflow`, if given), shard by shard and newest
-    /// first within a shard, starting after `after` (at most `limit`; `next` is set when more
-    /// may follow). Served by the state index, never a scan; eventually consistent.
+    /// One page of the records in `state` (of `workflow`, if given), newest first (by
+    /// `UpdatedAt`, ties by id) across every shard, starting after `after` (at most `limit`;
+    /// `next` is set when more may follow). Served by the state index, never a scan (a page
+    /// reads up to `limit` entries of each shard); eventually consistent.
     async fn list(
         &self,
         state: ProcessState,
@@ -96,6 +97,14 @@ pub trait StateStore: Send + Sync {
         limit: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError>;
+    /// How many records are in `state` (of `workflow`, if given), counting up to `cap`. Served
+    /// by the state index (a count query per shard, keys only); eventually consistent.
+    async fn count(
+        &self,
+        state: ProcessState,
+        workflow: Option<&str>,
+        cap: u64,
+    ) -> Result<Count, StoreError>;
     /// Starts the retention clock of a task whose record is final
     /// ([`ProcessState::is_final`]): its items expire (DynamoDB TTL, `ExpiresAt`) the store's
     /// retention after the record's `updated_at`. Idempotent; a no-op for a record that is not
@@ -243,44 +252,59 @@ pub struct Page {
     pub next: Option<Cursor>,
 }
 
-/// Where a page ends: the last record returned (its shard, `UpdatedAt` and id). Opaque to
-/// clients: [`Cursor::encode`] makes a hex token, [`Cursor::decode`] refuses anything else.
+/// Where a page ends: the last record returned (its `UpdatedAt`, or for a caller's list its
+/// creation time, and its id); the next page starts strictly after it in the order
+/// (time descending, then id ascending). Opaque to clients: [`Cursor::encode`] makes a hex
+/// token, [`Cursor::decode`] refuses anything else.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
-    pub shard: u32,
     pub updated_at_ms: i64,
     pub task_id: TaskId,
 }
 
 impl Cursor {
-    pub fn after(shard: u32, s: &Summary) -> Self {
+    pub fn after(s: &Summary) -> Self {
         Self {
-            shard,
             updated_at_ms: s.updated_at.timestamp_millis(),
             task_id: s.task_id,
         }
     }
 
+    /// The order of a list: newest first, ties by id.
+    pub fn order_key(ms: i64, id: TaskId) -> (std::cmp::Reverse<i64>, TaskId) {
+        (std::cmp::Reverse(ms), id)
+    }
+
+    /// Whether the row at (`ms`, `id`) comes after this cursor (belongs to a later page).
+    pub fn precedes(&self, ms: i64, id: TaskId) -> bool {
+        Self::order_key(ms, id) > Self::order_key(self.updated_at_ms, self.task_id)
+    }
+
     pub fn encode(&self) -> String {
-        hex::encode(format!(
-            "v1|{}|{}|{}",
-            self.shard, self.updated_at_ms, self.task_id
-        ))
+        hex::encode(format!("v2|{}|{}", self.updated_at_ms, self.task_id))
     }
 
     pub fn decode(token: &str) -> Option<Self> {
         let raw = String::from_utf8(hex::decode(token).ok()?).ok()?;
         let mut parts = raw.split('|');
-        if parts.next()? != "v1" {
+        if parts.next()? != "v2" {
             return None;
         }
         let c = Self {
-            shard: parts.next()?.parse().ok()?,
             updated_at_ms: parts.next()?.parse().ok()?,
             task_id: parts.next()?.parse().ok()?,
         };
         parts.next().is_none().then_some(c)
     }
+}
+
+/// How many records are in a state: exact up to the cap asked for, else `at_least`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Count {
+    pub count: u64,
+    /// Counting stopped at the cap: there are at least `count`.
+    pub capped: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

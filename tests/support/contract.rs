@@ -47,13 +47,16 @@ fn task(now: chrono::DateTime<Utc>) -> Task {
 }
 
 fn record(t: &Task, now: chrono::DateTime<Utc>, pickup: Span) -> StateRecord {
-    StateRecord::new(
+    let mut r = StateRecord::new(
         t.id,
         &workflow(&t.workflow),
         t.reply_queue_url.clone(),
         now,
         now + pickup,
-    )
+    );
+    // A task of another name runs the e-commerce steps under its own name.
+    r.workflow = t.workflow.clone();
+    r
 }
 
 fn uniform(p: &Policy) -> Policies {
@@ -74,6 +77,7 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     leases_have_one_holder_until_they_expire(store.as_ref()).await;
     breakers_move_one_version_at_a_time(store.as_ref()).await;
     state_index_filters_by_workflow(store.as_ref()).await;
+    state_index_counts(store.as_ref()).await;
     callers_list_their_own_tasks_newest_first(store.as_ref()).await;
     rate_limits_admit_a_burst_then_the_rate(store.as_ref()).await;
     racing_claims_have_one_winner(store).await;
@@ -322,7 +326,37 @@ async fn state_index_pages_cover_each_record_once(store: &dyn StateStore) {
     unique.dedup();
     assert_eq!(unique.len(), want.len(), "no record twice");
     assert!(!seen.contains(&compensated.task_id));
+    // Newest first across every shard (the seven are in at least two of the four shards).
+    let newest_first: Vec<_> = want.iter().rev().collect();
+    assert_eq!(mine, newest_first, "pages in UpdatedAt order, newest first");
     assert!(sas::ports::Cursor::decode("not-a-cursor").is_none());
+}
+
+/// `count` counts the records in a state (of a workflow), exactly up to its cap.
+async fn state_index_counts(store: &dyn StateStore) {
+    let manual = Policy {
+        auto_compensate: false,
+        ..Policy::default()
+    };
+    let workflow = format!("counted-{}", TaskId::new_random());
+    let base = Utc::now() - Span::days(600);
+    for i in 0..3 {
+        failed_record(store, &workflow, base + Span::seconds(i), &manual).await;
+    }
+    let count = |state, cap| store.count(state, Some(&workflow), cap);
+    let exact = count(ProcessState::Error, 10).await.expect("count");
+    assert_eq!((exact.count, exact.capped), (3, false));
+    let at_cap = count(ProcessState::Error, 3).await.expect("count");
+    assert_eq!((at_cap.count, at_cap.capped), (3, false));
+    let capped = count(ProcessState::Error, 2).await.expect("count");
+    assert_eq!((capped.count, capped.capped), (2, true));
+    let other = count(ProcessState::Processed, 10).await.expect("count");
+    assert_eq!((other.count, other.capped), (0, false));
+    let all = store
+        .count(ProcessState::Error, None, 1_000_000)
+        .await
+        .expect("count");
+    assert!(all.count >= 3 && !all.capped, "{all:?}");
 }
 
 async fn create_is_atomic_and_reads_back(store: &dyn StateStore) {

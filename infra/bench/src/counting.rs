@@ -192,6 +192,16 @@ impl StateStore for CountingStore {
         self.meter.add(|c| c.rru += 0.5);
         self.inner.list(state, workflow, limit, after).await
     }
+    async fn count(
+        &self,
+        state: ProcessState,
+        workflow: Option<&str>,
+        cap: u64,
+    ) -> Result<sas::ports::Count, StoreError> {
+        self.meter.call("DynamoDB Query (state-index, count)");
+        self.meter.add(|c| c.rru += 0.5);
+        self.inner.count(state, workflow, cap).await
+    }
     async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
         if record.process_state.is_final() {
             // An UpdateItem of the task item, billed on its size.

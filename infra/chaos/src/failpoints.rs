@@ -228,6 +228,14 @@ impl StateStore for ChaosStore {
     ) -> Result<Page, StoreError> {
         self.inner.list(state, workflow, limit, after).await
     }
+    async fn count(
+        &self,
+        state: ProcessState,
+        workflow: Option<&str>,
+        cap: u64,
+    ) -> Result<sas::ports::Count, StoreError> {
+        self.inner.count(state, workflow, cap).await
+    }
     async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
         self.inner.expire_task(record).await
     }

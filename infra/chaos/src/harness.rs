@@ -966,6 +966,7 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
 /// - CompensationFailed: the steps after the one whose undo failed are undone (0); that one may
 ///   or may not be (its undo was refused, or timed out); those before it stay as they ran.
 /// - Error (past the pivot): nothing is undone; every step stays as it ran.
+/// - Resolved: not checked (an operator settled the task outside sas).
 ///
 /// "As it ran": Done (or Faulted: the service applied it) is 1; refused (Failed) or never sent
 /// (Pending) is 0; a step that timed out may have taken effect or not.
@@ -983,7 +984,8 @@ fn wanted_net(r: &StateRecord, i: usize, s: &StepState) -> Option<&'static [i32]
         P::CompensationFailed if i == r.step_index => &[0, 1],
         P::CompensationFailed if s.undoable && i > r.step_index => &[0],
         P::Compensated | P::Refused | P::CompensationFailed | P::Error => as_it_ran,
-        P::Pending | P::Processing | P::Compensating => return None,
+        // Settled outside sas by an operator: nothing for sas's books to add up.
+        P::Pending | P::Processing | P::Compensating | P::Resolved => return None,
     })
 }
 

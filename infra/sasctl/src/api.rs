@@ -22,12 +22,14 @@ pub enum ProcessState {
     CompensationFailed,
     /// A service refused a step (a business outcome) and the task is compensated.
     Refused,
+    /// An operator closed a failed task by hand, with a note.
+    Resolved,
     /// A state this version of `sasctl` does not know (a newer server); never terminal.
     Other(String),
 }
 
 /// The states the API documents, as a task goes through them.
-pub static KNOWN_STATES: [ProcessState; 8] = [
+pub static KNOWN_STATES: [ProcessState; 9] = [
     ProcessState::Pending,
     ProcessState::Processing,
     ProcessState::Processed,
@@ -36,6 +38,7 @@ pub static KNOWN_STATES: [ProcessState; 8] = [
     ProcessState::Compensated,
     ProcessState::CompensationFailed,
     ProcessState::Refused,
+    ProcessState::Resolved,
 ];
 
 impl ProcessState {
@@ -58,12 +61,13 @@ impl ProcessState {
             Self::Compensated => "Compensated",
             Self::CompensationFailed => "CompensationFailed",
             Self::Refused => "Refused",
+            Self::Resolved => "Resolved",
             Self::Other(_) => return None,
         })
     }
 
-    /// Whether the process has ended: Processed, Error, Compensated, CompensationFailed or
-    /// Refused.
+    /// Whether the process has ended: Processed, Error, Compensated, CompensationFailed,
+    /// Refused or Resolved.
     pub fn is_terminal(&self) -> bool {
         matches!(
             self,
@@ -72,6 +76,7 @@ impl ProcessState {
                 | Self::Compensated
                 | Self::CompensationFailed
                 | Self::Refused
+                | Self::Resolved
         )
     }
 
@@ -94,7 +99,7 @@ impl fmt::Display for ProcessState {
 /// An unknown state name given by a user.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown state {0:?}; expected one of Pending, Processing, Processed, Error, Compensating, Compensated, CompensationFailed, Refused"
+    "unknown state {0:?}; expected one of Pending, Processing, Processed, Error, Compensating, Compensated, CompensationFailed, Refused, Resolved"
 )]
 pub struct UnknownState(pub String);
 
@@ -209,7 +214,7 @@ pub struct TaskView {
 }
 
 /// One workflow step of a task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StepView {
     pub name: String,
@@ -226,6 +231,24 @@ pub struct StepView {
     /// The compensation of this step: `None` (not started), Running, Done, Failed or TimedOut.
     #[serde(default)]
     pub undo: Option<String>,
+    /// The service the step calls and its action.
+    #[serde(default)]
+    pub service: Option<String>,
+    #[serde(default)]
+    pub action: Option<String>,
+    /// The body of the step's request, once the task reached the step.
+    #[serde(default)]
+    pub input: Option<Value>,
+    /// The undo's action and body, once compensation reached the step.
+    #[serde(default)]
+    pub undo_action: Option<String>,
+    #[serde(default)]
+    pub undo_input: Option<Value>,
+    /// The attempt under which the step finished, and when.
+    #[serde(default)]
+    pub finished_attempt: Option<u64>,
+    #[serde(default)]
+    pub finished_at: Option<DateTime<Utc>>,
 }
 
 /// One state transition of a task.
@@ -242,6 +265,9 @@ pub struct HistoryEntry {
     pub attempt: Option<u64>,
     #[serde(default)]
     pub reason: Option<String>,
+    /// Who asked for it (an operator's or caller's principal); `None` for sas itself.
+    #[serde(default)]
+    pub by: Option<String>,
 }
 
 /// One name in the catalog and its newest version: a row of `GET /workflows` or
@@ -358,7 +384,8 @@ mod tests {
                 "Error",
                 "Compensated",
                 "CompensationFailed",
-                "Refused"
+                "Refused",
+                "Resolved"
             ]
         );
         assert!(!ProcessState::Other("X".into()).is_terminal());

@@ -1,7 +1,7 @@
 //! The command line: arguments ([`Cli`]) and the commands themselves ([`run`]).
 
 use crate::api::{ListPage, ProcessState, Published, ServiceList, TaskView, WorkflowList};
-use crate::client::{Client, ClientError, Request, decode, describe};
+use crate::client::{Action, Client, ClientError, Request, decode, describe};
 use crate::definitions::{problem_line, validate_paths};
 use crate::exit;
 use crate::render::{
@@ -87,15 +87,22 @@ pub enum Command {
     /// Show one task: a summary, its steps, then its history.
     Show(IdArg),
     /// Process a task again from its failed step (or try its failed undo again).
-    Retry(IdArg),
+    Retry(ActArgs),
     /// Undo a task's completed steps.
-    Compensate(IdArg),
+    Compensate(ActArgs),
     /// Cancel a task.
-    Cancel(CancelArgs),
+    Cancel(ActArgs),
+    /// Close a failed task (Error or CompensationFailed) by hand: it becomes Resolved, for
+    /// good, with the note recorded in its history (who and why).
+    ///
+    /// Nothing is sent to any service: use it once the task's effects were settled outside sas
+    /// (refunded by hand, reconciled with the service's owner).
+    Resolve(ResolveArgs),
     /// Follow a task until it is terminal, printing each change.
     ///
     /// Polls the task and prints a line whenever its state, step or failure count changes;
-    /// exits 0 once it is terminal (Processed, Error, Compensated, CompensationFailed, Refused), 4 if
+    /// exits 0 once it is terminal (Processed, Error, Compensated, CompensationFailed, Refused,
+    /// Resolved), 4 if
     /// the timeout passes first.
     Watch(WatchArgs),
     /// Workflow definitions: validate files, publish them, list and show what is published.
@@ -209,15 +216,26 @@ pub struct IdArg {
     pub id: String,
 }
 
-/// `cancel` arguments.
+/// `retry`, `compensate` and `cancel` arguments.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
-pub struct CancelArgs {
+pub struct ActArgs {
     /// The task id.
     #[arg(value_parser = parse_id)]
     pub id: String,
-    /// Why the task is cancelled (recorded in its history).
+    /// Why (recorded in the task's history with who asked).
     #[arg(long, value_parser = parse_non_empty)]
     pub reason: Option<String>,
+}
+
+/// `resolve` arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct ResolveArgs {
+    /// The task id.
+    #[arg(value_parser = parse_id)]
+    pub id: String,
+    /// How the task was settled (required; recorded in its history).
+    #[arg(long, value_parser = parse_non_empty)]
+    pub note: String,
 }
 
 /// `watch` arguments.
@@ -316,6 +334,7 @@ pub async fn run_with(
     out: &mut (dyn Write + Send),
     err: &mut (dyn Write + Send),
 ) -> io::Result<i32> {
+    let json = cli.json;
     let result = if let Command::Workflow(WorkflowCommand::Validate(args)) = &cli.command {
         // Offline: no client, no endpoint.
         validate(cli.json, args, out)
@@ -332,6 +351,12 @@ pub async fn run_with(
         Ok(code) => {
             out.flush()?;
             Ok(code)
+        }
+        Err(Failure::Client(e)) if json => {
+            // Under --json stdout is always one JSON document: the answer, or the error.
+            print_json(out, &e.to_json())?;
+            out.flush()?;
+            Ok(e.exit_code())
         }
         Err(Failure::Client(e)) => {
             out.flush()?;
@@ -372,7 +397,7 @@ async fn dispatch(
     err: &mut (dyn Write + Send),
 ) -> Result<i32, Failure> {
     match &cli.command {
-        Command::List(args) => list(client, cli.json, args, out).await,
+        Command::List(args) => list(client, cli, args, out).await,
         Command::Show(IdArg { id }) => {
             let (view, raw): (TaskView, Value) = fetch(client, &Request::Show { id }).await?;
             if cli.json {
@@ -382,14 +407,24 @@ async fn dispatch(
             }
             Ok(exit::OK)
         }
-        Command::Retry(IdArg { id }) => act(client, cli.json, &Request::Retry { id }, out).await,
-        Command::Compensate(IdArg { id }) => {
-            act(client, cli.json, &Request::Compensate { id }, out).await
+        Command::Retry(a) | Command::Compensate(a) | Command::Cancel(a) => {
+            let action = match &cli.command {
+                Command::Retry(_) => Action::Retry,
+                Command::Compensate(_) => Action::Compensate,
+                _ => Action::Cancel,
+            };
+            let request = Request::Act {
+                id: &a.id,
+                action,
+                reason: a.reason.as_deref(),
+            };
+            act(client, cli.json, &request, out).await
         }
-        Command::Cancel(CancelArgs { id, reason }) => {
-            let request = Request::Cancel {
+        Command::Resolve(ResolveArgs { id, note }) => {
+            let request = Request::Act {
                 id,
-                reason: reason.as_deref(),
+                action: Action::Resolve,
+                reason: Some(note),
             };
             act(client, cli.json, &request, out).await
         }
@@ -655,10 +690,11 @@ async fn act(
 
 async fn list(
     client: &Client,
-    json: bool,
+    cli: &Cli,
     args: &ListArgs,
     out: &mut (dyn Write + Send),
 ) -> Result<i32, Failure> {
+    let json = cli.json;
     let mut cursor = args.cursor.clone();
     let mut seen = HashSet::new();
     let mut page = ListPage::default();
@@ -684,7 +720,8 @@ async fn list(
                         .unwrap_or_default();
                     writeln!(
                         out,
-                        "more: sasctl list --state {}{workflow} --limit {} --cursor {}",
+                        "more: sasctl{} list --state {}{workflow} --limit {} --cursor {}",
+                        global_flags(cli),
                         args.state,
                         args.limit,
                         shell_quote(c)
@@ -720,6 +757,24 @@ async fn list(
         out.write_all(render_list(&page).as_bytes())?;
     }
     Ok(exit::OK)
+}
+
+/// The global flags of `cli` as a command line repeats them (each with a leading space):
+/// the endpoint unless it is the default, `--sign` unless it is `auto`.
+fn global_flags(cli: &Cli) -> String {
+    let mut flags = String::new();
+    if cli.endpoint.as_str().trim_end_matches('/') != DEFAULT_ENDPOINT {
+        flags.push_str(&format!(
+            " --endpoint {}",
+            shell_quote(cli.endpoint.as_str())
+        ));
+    }
+    match cli.sign {
+        Sign::Auto => {}
+        Sign::Always => flags.push_str(" --sign always"),
+        Sign::Never => flags.push_str(" --sign never"),
+    }
+    flags
 }
 
 /// Quotes a cursor for a POSIX shell if it holds anything beyond a safe set.
@@ -896,28 +951,36 @@ mod tests {
             parse(&["show", " 3f2a "])?.command,
             Command::Show(IdArg { id: "3f2a".into() })
         );
+        let act = |reason: Option<&str>| ActArgs {
+            id: "t1".into(),
+            reason: reason.map(str::to_owned),
+        };
+        assert_eq!(parse(&["retry", "t1"])?.command, Command::Retry(act(None)));
         assert_eq!(
-            parse(&["retry", "t1"])?.command,
-            Command::Retry(IdArg { id: "t1".into() })
+            parse(&["retry", "t1", "--reason", "address fixed"])?.command,
+            Command::Retry(act(Some("address fixed")))
         );
         assert_eq!(
             parse(&["compensate", "t1"])?.command,
-            Command::Compensate(IdArg { id: "t1".into() })
+            Command::Compensate(act(None))
         );
         assert_eq!(
             parse(&["cancel", "t1"])?.command,
-            Command::Cancel(CancelArgs {
-                id: "t1".into(),
-                reason: None
-            })
+            Command::Cancel(act(None))
         );
         assert_eq!(
             parse(&["cancel", "t1", "--reason", "customer asked"])?.command,
-            Command::Cancel(CancelArgs {
+            Command::Cancel(act(Some("customer asked")))
+        );
+        assert_eq!(
+            parse(&["resolve", "t1", "--note", "refunded by hand"])?.command,
+            Command::Resolve(ResolveArgs {
                 id: "t1".into(),
-                reason: Some("customer asked".into())
+                note: "refunded by hand".into()
             })
         );
+        assert!(parse(&["resolve", "t1"]).is_err(), "a resolve needs a note");
+        assert!(parse(&["resolve", "t1", "--note", " "]).is_err());
         assert_eq!(
             parse(&["watch", "t1"])?.command,
             Command::Watch(WatchArgs {
@@ -1025,6 +1088,19 @@ mod tests {
         ] {
             let (code, out, err) = unreachable(args).await?;
             assert_eq!(code, exit::TRANSPORT, "{args:?}: {err}");
+            if args.contains(&"--json") {
+                // Under --json the error is the one JSON document on stdout.
+                assert_eq!(err, "", "{args:?}");
+                let doc: serde_json::Value = serde_json::from_str(&out)?;
+                assert_eq!(doc["error"]["code"], "transport", "{doc}");
+                assert!(
+                    doc["error"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("cannot reach http://127.0.0.1:9/tasks")),
+                    "{doc}"
+                );
+                continue;
+            }
             assert_eq!(out, "", "{args:?}");
             assert!(
                 err.starts_with("error: cannot reach http://127.0.0.1:9/tasks"),
@@ -1038,7 +1114,6 @@ mod tests {
                 &["workflow", "show", "w", "--version", "2"],
                 "/workflows/w/versions/2",
             ),
-            (&["--json", "workflow", "show", "w"], "/workflows/w"),
             (&["service", "list"], "/services"),
         ] {
             let (code, out, err) = unreachable(args).await?;

@@ -67,6 +67,30 @@ impl ClientError {
             Self::Endpoint(_) | Self::Signing(_) => crate::exit::USAGE,
         }
     }
+
+    /// The error as `--json` prints it: `{"error": {"code", "message"}}` in the API's own
+    /// shape (with `status` and `problems` when the API answered), so a script reads one
+    /// document on stdout whatever happened.
+    pub fn to_json(&self) -> Value {
+        let (code, message) = match self {
+            Self::Api { code, message, .. } => (code.as_str(), message.clone()),
+            Self::Transport { .. } => ("transport", self.to_string()),
+            Self::Decode { .. } => ("unexpected_answer", self.to_string()),
+            Self::Endpoint(_) => ("invalid_endpoint", self.to_string()),
+            Self::Signing(_) => ("signing", self.to_string()),
+        };
+        let mut error = serde_json::json!({"code": code, "message": message});
+        if let Self::Api {
+            status, problems, ..
+        } = self
+        {
+            error["status"] = (*status).into();
+            if !problems.is_empty() {
+                error["problems"] = serde_json::to_value(problems).unwrap_or(Value::Null);
+            }
+        }
+        serde_json::json!({ "error": error })
+    }
 }
 
 /// One API call, for [`Client::send`] (which returns the raw JSON answer).
@@ -81,13 +105,11 @@ pub enum Request<'a> {
     },
     /// `GET /tasks/{id}`
     Show { id: &'a str },
-    /// `POST /tasks/{id}/retry`
-    Retry { id: &'a str },
-    /// `POST /tasks/{id}/compensate`
-    Compensate { id: &'a str },
-    /// `POST /tasks/{id}/cancel`, with `{"reason": ..}` if a reason is given.
-    Cancel {
+    /// `POST /tasks/{id}/retry|compensate|cancel|resolve`, with `{"reason": ..}` if a
+    /// reason is given (a resolve needs one).
+    Act {
         id: &'a str,
+        action: Action,
         reason: Option<&'a str>,
     },
     /// `GET /workflows`
@@ -111,7 +133,7 @@ impl Request<'_> {
             | Self::Workflows
             | Self::Workflow { .. }
             | Self::Services => "GET",
-            Self::Retry { .. } | Self::Compensate { .. } | Self::Cancel { .. } => "POST",
+            Self::Act { .. } => "POST",
             Self::PutService { .. } | Self::PutWorkflow { .. } => "PUT",
         }
     }
@@ -119,7 +141,7 @@ impl Request<'_> {
     /// The JSON body sent, if any.
     fn body(&self) -> Option<Value> {
         match *self {
-            Self::Cancel {
+            Self::Act {
                 reason: Some(reason),
                 ..
             } => Some(serde_json::json!({ "reason": reason })),
@@ -134,9 +156,7 @@ impl Request<'_> {
         match *self {
             Self::List { .. } => own(&["tasks"]),
             Self::Show { id } => own(&["tasks", id]),
-            Self::Retry { id } => own(&["tasks", id, "retry"]),
-            Self::Compensate { id } => own(&["tasks", id, "compensate"]),
-            Self::Cancel { id, .. } => own(&["tasks", id, "cancel"]),
+            Self::Act { id, action, .. } => own(&["tasks", id, action.as_str()]),
             Self::Workflows => own(&["workflows"]),
             Self::Workflow {
                 name,
@@ -149,6 +169,31 @@ impl Request<'_> {
             Self::Services => own(&["services"]),
             Self::PutService { name, .. } => own(&["services", name]),
             Self::PutWorkflow { name, .. } => own(&["workflows", name]),
+        }
+    }
+}
+
+/// An operator's action on one task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Process the task again from its failed step (or try its failed undo again).
+    Retry,
+    /// Undo the task's completed steps.
+    Compensate,
+    /// Stop a Pending or Processing task and undo what it did.
+    Cancel,
+    /// Close a failed task by hand (Error or CompensationFailed to Resolved), with a note.
+    Resolve,
+}
+
+impl Action {
+    /// The route's last segment, e.g. `retry`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Retry => "retry",
+            Self::Compensate => "compensate",
+            Self::Cancel => "cancel",
+            Self::Resolve => "resolve",
         }
     }
 }
@@ -313,17 +358,32 @@ impl Client {
     /// Asks for a task to be processed again from its failed step (or, when its compensation
     /// failed, for the failed undo to be tried again).
     pub async fn retry(&self, id: &str) -> Result<TaskView, ClientError> {
-        self.call(&Request::Retry { id }).await
+        self.act(id, Action::Retry, None).await
     }
 
     /// Asks for a task's completed steps to be undone.
     pub async fn compensate(&self, id: &str) -> Result<TaskView, ClientError> {
-        self.call(&Request::Compensate { id }).await
+        self.act(id, Action::Compensate, None).await
     }
 
     /// Asks for a task to be cancelled.
     pub async fn cancel(&self, id: &str, reason: Option<&str>) -> Result<TaskView, ClientError> {
-        self.call(&Request::Cancel { id, reason }).await
+        self.act(id, Action::Cancel, reason).await
+    }
+
+    /// Closes a failed task by hand, with the note that says how it was settled.
+    pub async fn resolve(&self, id: &str, note: &str) -> Result<TaskView, ClientError> {
+        self.act(id, Action::Resolve, Some(note)).await
+    }
+
+    /// Any action, with the reason recorded in the task's history.
+    pub async fn act(
+        &self,
+        id: &str,
+        action: Action,
+        reason: Option<&str>,
+    ) -> Result<TaskView, ClientError> {
+        self.call(&Request::Act { id, action, reason }).await
     }
 
     /// Every published workflow and its newest version.
@@ -421,8 +481,9 @@ mod tests {
         );
         let c = client("https://api.example.com/prod/?x=1#f")?;
         assert_eq!(
-            c.url(&Request::Cancel {
+            c.url(&Request::Act {
                 id: "t1",
+                action: Action::Cancel,
                 reason: None
             })?
             .as_str(),
@@ -491,11 +552,32 @@ mod tests {
                 "PUT",
                 "/workflows/w",
             ),
-            (Request::Retry { id: "t" }, "POST", "/tasks/t/retry"),
             (
-                Request::Compensate { id: "t" },
+                Request::Act {
+                    id: "t",
+                    action: Action::Retry,
+                    reason: None,
+                },
+                "POST",
+                "/tasks/t/retry",
+            ),
+            (
+                Request::Act {
+                    id: "t",
+                    action: Action::Compensate,
+                    reason: None,
+                },
                 "POST",
                 "/tasks/t/compensate",
+            ),
+            (
+                Request::Act {
+                    id: "t",
+                    action: Action::Resolve,
+                    reason: Some("n"),
+                },
+                "POST",
+                "/tasks/t/resolve",
             ),
         ];
         for (request, method, path) in cases {
@@ -516,16 +598,18 @@ mod tests {
             Some(body.clone())
         );
         assert_eq!(
-            Request::Cancel {
+            Request::Act {
                 id: "t",
+                action: Action::Resolve,
                 reason: Some("r")
             }
             .body(),
             Some(serde_json::json!({"reason": "r"}))
         );
         assert_eq!(
-            Request::Cancel {
+            Request::Act {
                 id: "t",
+                action: Action::Retry,
                 reason: None
             }
             .body(),

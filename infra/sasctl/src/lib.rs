@@ -102,10 +102,10 @@ pub use api::{
     Published, ServiceList, StepView, TaskSummary, TaskView, UnknownState, WorkflowList,
 };
 pub use cli::{
-    CancelArgs, CheckArgs, Cli, Command, DEFAULT_ENDPOINT, FilesArgs, IdArg, ListArgs,
+    ActArgs, CheckArgs, Cli, Command, DEFAULT_ENDPOINT, FilesArgs, IdArg, ListArgs, ResolveArgs,
     ServiceCommand, WatchArgs, WorkflowCommand, WorkflowShowArgs, run, run_with,
 };
-pub use client::{Client, ClientError, Request, decode};
+pub use client::{Action, Client, ClientError, Request, decode};
 pub use definitions::{Validation, validate_paths};
 pub use render::{
     render_confirmation, render_definition_json, render_definition_yaml, render_list,

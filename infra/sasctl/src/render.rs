@@ -198,26 +198,65 @@ pub fn render_task(t: &TaskView) -> String {
     if t.steps.is_empty() {
         out.push_str("(none)\n");
     } else {
-        let mut rows = vec![header(&["#", "NAME", "STATUS", "UNDO", "RESULT"])];
+        let mut rows = vec![header(&[
+            "#", "NAME", "SERVICE", "STATUS", "UNDO", "RESULT",
+        ])];
         rows.extend(t.steps.iter().enumerate().map(|(i, s)| {
             let current = t.current_step.as_deref() == Some(s.name.as_str());
             let marker = if current { ">" } else { "" };
+            let service = match (&s.service, &s.action) {
+                (Some(svc), Some(a)) => clean(&format!("{svc}.{a}"), usize::MAX),
+                (svc, _) => opt(svc.as_deref(), usize::MAX),
+            };
             vec![
                 format!("{marker}{}", i + 1),
                 clean(&s.name, usize::MAX),
+                service,
                 clean(&s.status, usize::MAX),
                 undo_cell(s),
                 json_cell(s.result.as_ref(), RESULT_WIDTH),
             ]
         }));
         out.push_str(&table(&rows, &[Align::Right]));
+        // In full: what an operator reconciles by hand.
+        for (i, s) in t.steps.iter().enumerate() {
+            let lines = [
+                ("input", s.input.as_ref()),
+                ("result", s.result.as_ref()),
+                ("undo input", s.undo_input.as_ref()),
+            ];
+            if lines.iter().all(|(_, v)| v.is_none_or(Value::is_null)) {
+                continue;
+            }
+            let _ = writeln!(out, "\nstep {} {}", i + 1, clean(&s.name, usize::MAX));
+            if let Some(at) = &s.finished_at {
+                let _ = writeln!(
+                    out,
+                    "  finished:   {} (attempt {})",
+                    time(Some(at)),
+                    num(s.finished_attempt)
+                );
+            }
+            for (label, v) in lines {
+                if let Some(v) = v.filter(|v| !v.is_null()) {
+                    let _ = writeln!(
+                        out,
+                        "  {:<11} {}",
+                        format!("{label}:"),
+                        clean(&v.to_string(), usize::MAX)
+                    );
+                }
+            }
+        }
     }
 
     out.push_str("\nHISTORY\n");
     if t.history.is_empty() {
         out.push_str("(none)\n");
     } else {
-        let mut rows = vec![header(&["AT", "FROM", "TO", "STEP", "ATTEMPT", "REASON"])];
+        let mut rows = vec![header(&[
+            "AT", "FROM", "TO", "STEP", "ATTEMPT", "BY", "REASON",
+        ])];
         rows.extend(t.history.iter().map(|h| {
             vec![
                 time(Some(&h.at)),
@@ -225,11 +264,12 @@ pub fn render_task(t: &TaskView) -> String {
                 clean(h.to.as_str(), usize::MAX),
                 opt(h.step.as_deref(), usize::MAX),
                 num(h.attempt),
+                opt(h.by.as_deref(), usize::MAX),
                 opt(h.reason.as_deref(), REASON_WIDTH),
             ]
         }));
         use Align::{Left, Right};
-        out.push_str(&table(&rows, &[Left, Left, Left, Left, Right, Left]));
+        out.push_str(&table(&rows, &[Left, Left, Left, Left, Right, Left, Left]));
     }
     out
 }
@@ -420,12 +460,20 @@ task-2   -                 CompensationFailed  -                     12  2025-01
             undoable,
             result: None,
             undo: undo.map(Into::into),
+            ..StepView::default()
         }
     }
 
     fn view() -> TaskView {
         let mut check = step("check-credit", "Done", Some(false), None);
         check.result = Some(json!({"id": "cb-1", "service": "credit-bureau"}));
+        let mut reserve = step("reserve-funds", "Done", Some(true), Some("Running"));
+        reserve.service = Some("core-banking".into());
+        reserve.action = Some("reserve".into());
+        reserve.input = Some(json!({"amount": 500}));
+        reserve.undo_input = Some(json!({"reservation": null}));
+        reserve.finished_at = at(5);
+        reserve.finished_attempt = Some(2);
         TaskView {
             task_id: "3f2a".into(),
             process_state: ProcessState::Compensating,
@@ -440,7 +488,7 @@ task-2   -                 CompensationFailed  -                     12  2025-01
             updated_at: at(9),
             steps: vec![
                 check,
-                step("reserve-funds", "Done", Some(true), Some("Running")),
+                reserve,
                 step("send-contract", "Failed", Some(true), None),
                 step("disburse-funds", "Pending", None, None),
             ],
@@ -452,6 +500,7 @@ task-2   -                 CompensationFailed  -                     12  2025-01
                     step: None,
                     attempt: None,
                     reason: Some("submitted".into()),
+                    by: None,
                 },
                 HistoryEntry {
                     at: at(2).unwrap_or_default(),
@@ -460,6 +509,16 @@ task-2   -                 CompensationFailed  -                     12  2025-01
                     step: Some("check-credit".into()),
                     attempt: Some(1),
                     reason: Some("claimed".into()),
+                    by: None,
+                },
+                HistoryEntry {
+                    at: at(8).unwrap_or_default(),
+                    from: Some(ProcessState::Error),
+                    to: ProcessState::Compensating,
+                    step: Some("send-contract".into()),
+                    attempt: Some(3),
+                    reason: Some("operator compensate: customer withdrew".into()),
+                    by: Some("arn:aws:iam::123456789012:user/ops".into()),
                 },
             ],
         }
@@ -479,16 +538,25 @@ input:       {"amount":500,"applicantId":"a-1","currency":"EUR"}
 last error:  core-banking refused
 
 STEPS
- #  NAME            STATUS   UNDO     RESULT
- 1  check-credit    Done     no undo  {"id":"cb-1","service":"credit-bureau"}
->2  reserve-funds   Done     Running  -
- 3  send-contract   Failed   -        -
- 4  disburse-funds  Pending  -        -
+ #  NAME            SERVICE               STATUS   UNDO     RESULT
+ 1  check-credit    -                     Done     no undo  {"id":"cb-1","service":"credit-bureau"}
+>2  reserve-funds   core-banking.reserve  Done     Running  -
+ 3  send-contract   -                     Failed   -        -
+ 4  disburse-funds  -                     Pending  -        -
+
+step 1 check-credit
+  result:     {"id":"cb-1","service":"credit-bureau"}
+
+step 2 reserve-funds
+  finished:   2025-01-02T03:04:05Z (attempt 2)
+  input:      {"amount":500}
+  undo input: {"reservation":null}
 
 HISTORY
-AT                    FROM     TO          STEP          ATTEMPT  REASON
-2025-01-02T03:04:01Z  -        Pending     -                   -  submitted
-2025-01-02T03:04:02Z  Pending  Processing  check-credit        1  claimed
+AT                    FROM     TO            STEP           ATTEMPT  BY                                  REASON
+2025-01-02T03:04:01Z  -        Pending       -                    -  -                                   submitted
+2025-01-02T03:04:02Z  Pending  Processing    check-credit         1  -                                   claimed
+2025-01-02T03:04:08Z  Error    Compensating  send-contract        3  arn:aws:iam::123456789012:user/ops  operator compensate: customer withdrew
 "#;
         assert_eq!(render_task(&view()), expected);
     }

@@ -28,8 +28,8 @@ use crate::domain::{
     StepState, Task, TaskId,
 };
 use crate::ports::{
-    Catalog, CreateOutcome, Cursor, Entry, IdempotencyRecord, Kind, Page, Published, StateStore,
-    StoreError, Stored, Summary, canonical,
+    Catalog, Count, CreateOutcome, Cursor, Entry, IdempotencyRecord, Kind, Page, Published,
+    StateStore, StoreError, Stored, Summary, canonical,
 };
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
@@ -888,28 +888,30 @@ impl StateStore for DynamoStore {
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError> {
         let limit = limit.clamp(1, 1000);
-        let mut items = Vec::new();
-        let mut next = None;
-        for shard in after.map_or(0, |c| c.shard)..self.shards {
-            let mut start = after.filter(|c| c.shard == shard).map(|c| {
-                HashMap::from([
-                    ("pk".to_owned(), s(task_pk(&c.task_id))),
-                    ("sk".to_owned(), s("STATE")),
-                    ("StateShard".to_owned(), s(state_shard_key(state, shard))),
-                    ("UpdatedAt".to_owned(), n(c.updated_at_ms)),
-                ])
-            });
+        // Each shard's newest `limit` after the cursor, merged: the page is the newest `limit`
+        // of them all. A shard is read from the cursor's time down (`UpdatedAt <= t`); rows at
+        // exactly `t` are ordered by id here, as DynamoDB leaves equal sort keys unordered.
+        let mut rows = Vec::new();
+        let mut more = false;
+        for shard in 0..self.shards {
+            let mut start = None;
+            let mut taken = 0;
             loop {
                 let mut query = self
                     .client
                     .query()
                     .table_name(&self.table)
                     .index_name(STATE_INDEX)
-                    .key_condition_expression("StateShard = :k")
                     .expression_attribute_values(":k", s(state_shard_key(state, shard)))
                     .scan_index_forward(false)
-                    .limit((limit - items.len()) as i32)
+                    .limit((limit - taken).max(1) as i32)
                     .set_exclusive_start_key(start.take());
+                query = match after {
+                    Some(c) => query
+                        .key_condition_expression("StateShard = :k AND UpdatedAt <= :t")
+                        .expression_attribute_values(":t", n(c.updated_at_ms)),
+                    None => query.key_condition_expression("StateShard = :k"),
+                };
                 if let Some(w) = workflow {
                     // A filter on the projected `Workflow`: the page may come back short, and
                     // the loop goes on from `LastEvaluatedKey` until it is full.
@@ -920,11 +922,60 @@ impl StateStore for DynamoStore {
                 let out = query.send().await.map_err(|e| unavailable(&e))?;
                 for item in out.items() {
                     let summary = parse_summary(item)?;
-                    next = Some(Cursor::after(shard, &summary));
-                    items.push(summary);
+                    let ms = summary.updated_at.timestamp_millis();
+                    if after.is_none_or(|c| c.precedes(ms, summary.task_id)) {
+                        taken += 1;
+                        rows.push(summary);
+                    }
                 }
-                if items.len() >= limit {
-                    return Ok(Page { items, next });
+                match out.last_evaluated_key() {
+                    Some(k) if !k.is_empty() && taken < limit => start = Some(k.clone()),
+                    Some(k) if !k.is_empty() => {
+                        more = true;
+                        break;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        rows.sort_by_key(|s| Cursor::order_key(s.updated_at.timestamp_millis(), s.task_id));
+        more |= rows.len() > limit;
+        rows.truncate(limit);
+        let next = more.then(|| rows.last().map(Cursor::after)).flatten();
+        Ok(Page { items: rows, next })
+    }
+
+    async fn count(
+        &self,
+        state: ProcessState,
+        workflow: Option<&str>,
+        cap: u64,
+    ) -> Result<Count, StoreError> {
+        let mut total = 0u64;
+        for shard in 0..self.shards {
+            let mut start = None;
+            loop {
+                let mut query = self
+                    .client
+                    .query()
+                    .table_name(&self.table)
+                    .index_name(STATE_INDEX)
+                    .key_condition_expression("StateShard = :k")
+                    .expression_attribute_values(":k", s(state_shard_key(state, shard)))
+                    .select(aws_sdk_dynamodb::types::Select::Count)
+                    .set_exclusive_start_key(start.take());
+                if let Some(w) = workflow {
+                    query = query
+                        .filter_expression("Workflow = :w")
+                        .expression_attribute_values(":w", s(w));
+                }
+                let out = query.send().await.map_err(|e| unavailable(&e))?;
+                total += out.count().max(0) as u64;
+                if total > cap {
+                    return Ok(Count {
+                        count: cap,
+                        capped: true,
+                    });
                 }
                 match out.last_evaluated_key() {
                     Some(k) if !k.is_empty() => start = Some(k.clone()),
@@ -932,7 +983,10 @@ impl StateStore for DynamoStore {
                 }
             }
         }
-        Ok(Page { items, next: None })
+        Ok(Count {
+            count: total,
+            capped: false,
+        })
     }
 
     async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
@@ -1101,7 +1155,6 @@ impl StateStore for DynamoStore {
         }
         let next = match (out.last_evaluated_key(), keys.last()) {
             (Some(k), Some((id, created))) if !k.is_empty() => Some(Cursor {
-                shard: 0,
                 updated_at_ms: *created,
                 task_id: *id,
             }),

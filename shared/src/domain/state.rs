@@ -32,10 +32,13 @@ pub enum ProcessState {
     /// A service refused a step with a business outcome the workflow can expect (a declined
     /// loan), and every step that had taken effect is undone. Terminal; no operator alert.
     Refused,
+    /// An operator closed an `Error` or `CompensationFailed` task by hand (reconciled outside
+    /// sas), with a note. Terminal for good: nothing moves it again.
+    Resolved,
 }
 
 impl ProcessState {
-    pub const ALL: [ProcessState; 8] = [
+    pub const ALL: [ProcessState; 9] = [
         Self::Pending,
         Self::Processing,
         Self::Processed,
@@ -44,6 +47,7 @@ impl ProcessState {
         Self::Compensated,
         Self::CompensationFailed,
         Self::Refused,
+        Self::Resolved,
     ];
 
     pub fn is_terminal(self) -> bool {
@@ -54,12 +58,16 @@ impl ProcessState {
                 | Self::Compensated
                 | Self::CompensationFailed
                 | Self::Refused
+                | Self::Resolved
         )
     }
     /// Terminal for good: no operator action moves it again (`Error` and `CompensationFailed`
     /// wait for one). A final task expires after the deployment's retention.
     pub fn is_final(self) -> bool {
-        matches!(self, Self::Processed | Self::Compensated | Self::Refused)
+        matches!(
+            self,
+            Self::Processed | Self::Compensated | Self::Refused | Self::Resolved
+        )
     }
     pub fn as_str(self) -> &'static str {
         match self {
@@ -71,6 +79,7 @@ impl ProcessState {
             Self::Compensated => "Compensated",
             Self::CompensationFailed => "CompensationFailed",
             Self::Refused => "Refused",
+            Self::Resolved => "Resolved",
         }
     }
 }
@@ -224,9 +233,9 @@ impl StepState {
     }
 }
 
-/// What a task announces: status messages to its submitter and events on the bus. The four
-/// that end a phase (Processed, Failed, Compensated, CompensationFailed) go through the record's
-/// outbox and are delivered at least once; the others are published after the write, best
+/// What a task announces: status messages to its submitter and events on the bus. Those that
+/// end a phase (Processed, Failed, Compensated, CompensationFailed, Refused, Resolved) go
+/// through the record's outbox and are delivered at least once; the others are published after the write, best
 /// effort.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Status {
@@ -244,10 +253,12 @@ pub enum Status {
     Cancelled,
     /// A service refused a step (a business outcome) and the task is compensated: no alert.
     Refused,
+    /// An operator closed a failed task by hand, with a note.
+    Resolved,
 }
 
 impl Status {
-    const ALL: [Status; 9] = [
+    const ALL: [Status; 10] = [
         Self::Received,
         Self::StepCompleted,
         Self::Processed,
@@ -257,6 +268,7 @@ impl Status {
         Self::Retrying,
         Self::Cancelled,
         Self::Refused,
+        Self::Resolved,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -270,6 +282,7 @@ impl Status {
             Self::Retrying => "Retrying",
             Self::Cancelled => "Cancelled",
             Self::Refused => "Refused",
+            Self::Resolved => "Resolved",
         }
     }
 
@@ -285,6 +298,7 @@ impl Status {
             Self::Retrying => "TaskRetrying",
             Self::Cancelled => "TaskCancelled",
             Self::Refused => "TaskRefused",
+            Self::Resolved => "TaskResolved",
         }
     }
 
@@ -583,8 +597,12 @@ impl StateRecord {
                 self.failure_count
             ));
         }
+        // A resolved task keeps the count it failed with (what the operator resolved).
         if self.failure_count == threshold
-            && !matches!(self.process_state, P::Error | P::CompensationFailed)
+            && !matches!(
+                self.process_state,
+                P::Error | P::CompensationFailed | P::Resolved
+            )
         {
             return bad(format!(
                 "FailureCount at the threshold while {}",
@@ -717,6 +735,11 @@ impl StateRecord {
                     || !current.is_some_and(|s| matches!(s.undo, Some(S::Failed | S::TimedOut)))
                 {
                     return bad("CompensationFailed without a failed undo".into());
+                }
+            }
+            P::Resolved => {
+                if undo_running > 0 || current.is_some_and(|s| s.status == S::Running) {
+                    return bad("Resolved with a step or undo still out".into());
                 }
             }
         }

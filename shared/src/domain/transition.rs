@@ -239,6 +239,8 @@ pub enum Rejection {
     NotCompensable(ProcessState),
     #[error("a task that is {0} cannot be cancelled (only Pending or Processing)")]
     NotCancellable(ProcessState),
+    #[error("a task that is {0} cannot be resolved (only Error or CompensationFailed)")]
+    NotResolvable(ProcessState),
     #[error("the task is {0} past its pivot step: it only goes forward (retry it)")]
     PastPivot(ProcessState),
     #[error("the undo waits until {until} for the step it undoes to be surely over")]
@@ -1136,6 +1138,43 @@ pub fn cancel(
     })
 }
 
+/// An operator closes a failed task by hand (it was reconciled outside sas): an `Error` or
+/// `CompensationFailed` task becomes `Resolved`, unlocked and without deadlines, owing a
+/// `Resolved` notice. Nothing is sent to any service; whatever the steps did stays as the
+/// operator left it. The note is required (the API refuses a resolve without one).
+///
+/// Condition: same state (at the version read) - keeps "a resolved task was failed when it was
+/// resolved": a retry or compensation that won the race makes the resolve fail as a conflict.
+pub fn resolve(
+    r: &StateRecord,
+    actor: &Actor,
+    now: DateTime<Utc>,
+) -> Result<Transition, Rejection> {
+    if !matches!(
+        r.process_state,
+        ProcessState::Error | ProcessState::CompensationFailed
+    ) {
+        return Err(Rejection::NotResolvable(r.process_state));
+    }
+    let now = to_millis(now);
+    let mut n = next(r, now);
+    n.round = 0;
+    let effects = finish(&mut n, ProcessState::Resolved, Status::Resolved);
+    log_by(
+        &mut n,
+        r.process_state,
+        Some(r.step_index),
+        actor.line("resolve"),
+        Some(&actor.by),
+    );
+    tidy(&mut n);
+    Ok(Transition {
+        condition: Condition::on(r, vec![Guard::StateIs(r.process_state)]),
+        record: n,
+        effects,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1560,6 +1599,49 @@ mod tests {
         apply(&mut r, |r| apply_reply(r, a, 1, false, &ok(), now, &p));
         apply(&mut r, |r| apply_reply(r, a, 2, false, &ok(), now, &p));
         assert_eq!(r.process_state, ProcessState::Processed);
+    }
+
+    #[test]
+    fn an_operator_resolves_a_failed_task_by_hand_and_nothing_moves_it_again() {
+        let p = manual();
+        let now = t0();
+        let mut r = fresh(now);
+        assert_eq!(
+            resolve(&r, &ops(Some("x")), now).err(),
+            Some(Rejection::NotResolvable(ProcessState::Pending))
+        );
+        run_to(&mut r, 1, now, &p);
+        apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
+        assert_eq!(r.process_state, ProcessState::Error);
+        let later = now + Duration::seconds(5);
+        let raced = retry(&r, &ops(None), later, &p).expect("retries");
+        let t = apply(&mut r, |r| {
+            resolve(r, &ops(Some("refunded by hand, ticket 42")), later)
+        });
+        assert!(!raced.condition.holds(Some(&r)), "a racing retry loses");
+        assert_eq!(t.effects, [Effect::DeliverNotice]);
+        assert_eq!(r.process_state, ProcessState::Resolved);
+        assert!(r.process_state.is_final());
+        assert_eq!(r.outbox.last(), Some(&Status::Resolved));
+        assert_eq!((r.locked_by.as_deref(), r.complete_by), (None, None));
+        let h = r.history.last().expect("logged");
+        assert_eq!(
+            (h.from, h.to, h.reason.as_str(), h.by.as_deref()),
+            (
+                ProcessState::Error,
+                ProcessState::Resolved,
+                "operator resolve: refunded by hand, ticket 42",
+                Some("arn:aws:iam::123456789012:user/operator")
+            )
+        );
+        assert_eq!(
+            retry(&r, &ops(None), later, &p).err(),
+            Some(Rejection::NotRetryable(ProcessState::Resolved))
+        );
+        assert_eq!(
+            resolve(&r, &ops(Some("again")), later).err(),
+            Some(Rejection::NotResolvable(ProcessState::Resolved))
+        );
     }
 
     #[test]

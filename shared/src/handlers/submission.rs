@@ -24,7 +24,7 @@ use crate::domain::rate::{Admission, RateLimit};
 use crate::domain::task::{MAX_INPUT_BYTES, ReplyQueues};
 use crate::domain::transition::{self, Actor, Rejection, Transition};
 use crate::domain::workflow::{self, MAX_DEFINITION_BYTES, ServiceDef};
-use crate::domain::{Caller, ProcessState, StateRecord, Status, Task, TaskId};
+use crate::domain::{Caller, ProcessState, StateRecord, Status, StepStatus, Task, TaskId};
 use crate::messages::{SchedulerMessage, WorkMessage};
 use crate::ports::{Clock, CreateOutcome, EventBus, IdempotencyRecord, Queue, StateStore};
 use crate::ports::{Cursor, Kind, canonical};
@@ -187,7 +187,7 @@ pub async fn handle(
 
 /// The methods a path allows (`None`: no such route).
 fn allowed_methods(segments: &[&str], op: bool) -> Option<&'static str> {
-    const ACTIONS: [&str; 3] = ["retry", "compensate", "cancel"];
+    const ACTIONS: [&str; 4] = ["retry", "compensate", "cancel", "resolve"];
     Some(match segments {
         ["workflows", _, "tasks"] => "POST",
         ["tasks"] => "GET",
@@ -580,10 +580,14 @@ async fn get_task(deps: &SubmissionDeps, caller: &Caller, id: &str) -> Response<
         Ok(found) => found,
         Err(answer) => return *answer,
     };
+    let workflow = super::workflow_of(&deps.definitions, &record).await;
     if deps.operator_api {
-        return respond(StatusCode::OK, &task_view(&task, &record));
+        // An operator sees the task even when its workflow cannot be read (without the steps'
+        // inputs then): that is when they need it most.
+        let workflow = workflow.as_deref().ok();
+        return respond(StatusCode::OK, &task_view(&task, &record, workflow));
     }
-    let public_errors = match super::workflow_of(&deps.definitions, &record).await {
+    let public_errors = match workflow {
         Ok(w) => w.doc.public_errors,
         Err(e) => return unavailable(e),
     };
@@ -716,7 +720,8 @@ async fn list_mine(deps: &SubmissionDeps, caller: &Caller, query: &str) -> Respo
     }
 }
 
-/// `POST /tasks/{id}/retry|compensate|cancel`: one conditional write, then its effects.
+/// `POST /tasks/{id}/retry|compensate|cancel|resolve`: one conditional write, then its
+/// effects. A resolve needs a reason.
 async fn operate(
     deps: &SubmissionDeps,
     caller: &Caller,
@@ -748,20 +753,29 @@ async fn operate(
             Err(answer) => return *answer,
         }
     };
+    if action == "resolve" && reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "validation_failed",
+            "reason is required to resolve a task: say how it was settled",
+        );
+    }
     let actor = actor(reason);
     let (task, record) = match load_for(deps, caller, id).await {
         Ok(found) => found,
         Err(answer) => return *answer,
     };
     tracing::Span::current().record("workflow", record.workflow.as_str());
-    let policies = match super::workflow_of(&deps.definitions, &record).await {
-        Ok(w) => w.policies(),
+    let workflow = match super::workflow_of(&deps.definitions, &record).await {
+        Ok(w) => w,
         Err(e) => return unavailable(e),
     };
+    let policies = workflow.policies();
     let now = deps.clock.now();
     let t: Result<Transition, Rejection> = match action {
         "retry" => transition::retry(&record, &actor, now, &policies),
         "compensate" => transition::compensate(&record, &actor, now, &policies),
+        "resolve" => transition::resolve(&record, &actor, now),
         _ => transition::cancel(&record, &actor, now, &policies),
     };
     let t = match t {
@@ -793,7 +807,10 @@ async fn operate(
         error!(error = %e, "operator action written, effects left to the supervisor");
     }
     if deps.operator_api {
-        respond(StatusCode::ACCEPTED, &task_view(&task, &t.record))
+        respond(
+            StatusCode::ACCEPTED,
+            &task_view(&task, &t.record, Some(&workflow)),
+        )
     } else {
         respond(
             StatusCode::ACCEPTED,
@@ -855,15 +872,32 @@ pub fn caller_view(task: &Task, r: &StateRecord, public_errors: bool) -> Value {
     view
 }
 
-/// The operator's view of a task and its state record: everything (each step's result as JSON).
-pub fn task_view(task: &Task, r: &StateRecord) -> Value {
+/// The operator's view of a task and its state record: everything (each step's result as
+/// JSON). With its workflow, each step also names its service and action and shows the input
+/// its request was (or would be) built from, and its undo's once compensation reached it:
+/// rendered from the task's input and the results so far, as the scheduler does.
+pub fn task_view(task: &Task, r: &StateRecord, workflow: Option<&crate::Workflow>) -> Value {
+    let context = super::scheduler::mapping_context(task, r);
     let steps: Vec<Value> = r
         .steps
         .iter()
-        .map(|st| {
+        .enumerate()
+        .map(|(i, st)| {
             let mut v = serde_json::to_value(st).unwrap_or(Value::Null);
             if let Some(result) = &st.result {
                 v["result"] = serde_json::from_str(result).unwrap_or(Value::String(result.clone()));
+            }
+            if let Some(step) = workflow.and_then(|w| w.step(i)) {
+                v["service"] = json!(step.service);
+                v["action"] = json!(step.action);
+                let reached = i <= r.step_index || st.status != StepStatus::Pending;
+                if reached {
+                    v["input"] = step.input.render_lenient(&context);
+                }
+                if let (Some(undo), Some(_)) = (&step.undo, st.undo) {
+                    v["undoAction"] = json!(undo.action);
+                    v["undoInput"] = undo.input.render_lenient(&context);
+                }
             }
             v
         })
@@ -1107,7 +1141,7 @@ mod tests {
         assert_eq!(public["history"][0]["reason"], "received", "{public}");
         assert!(public.get("lockedBy").is_none(), "{public}");
         // The operator sees everything.
-        let ops = task_view(&task, &r);
+        let ops = task_view(&task, &r, None);
         assert_eq!(ops["lockedBy"], "scheduler-1");
         assert_eq!(ops["caller"], "alice");
     }

@@ -1,8 +1,7 @@
-use crate::domain::state::due_shard;
 use crate::domain::{BreakerRecord, Caller, Condition, ProcessState, StateRecord, Task, TaskId};
 use crate::ports::{
-    Catalog, CreateOutcome, Cursor, Entry, IdempotencyRecord, Kind, Page, Published, StateStore,
-    StoreError, Stored, Summary, canonical,
+    Catalog, Count, CreateOutcome, Cursor, Entry, IdempotencyRecord, Kind, Page, Published,
+    StateStore, StoreError, Stored, Summary, canonical,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -188,41 +187,42 @@ impl StateStore for MemoryStore {
     ) -> Result<Page, StoreError> {
         let limit = limit.max(1);
         let inner = self.lock()?;
-        // The state index's order: shard ascending, then UpdatedAt descending (ties by id, which
-        // DynamoDB leaves unspecified and this store fixes).
-        let key = |shard: u32, ms: i64, id: &TaskId| (shard, std::cmp::Reverse(ms), *id);
-        let mut rows: Vec<_> = inner
+        // The list's order: UpdatedAt descending across shards, ties by id (which DynamoDB's
+        // index leaves unspecified and the DynamoDB store sorts by too).
+        let mut rows: Vec<Summary> = inner
             .states
             .values()
             .filter(|r| r.process_state == state)
             .filter(|r| workflow.is_none_or(|w| r.workflow == w))
-            .map(|r| {
-                let shard = due_shard(&r.task_id, self.shards);
-                (
-                    key(shard, r.updated_at.timestamp_millis(), &r.task_id),
-                    shard,
-                    Summary::of(r),
-                )
+            .map(Summary::of)
+            .filter(|s| {
+                after.is_none_or(|c| c.precedes(s.updated_at.timestamp_millis(), s.task_id))
             })
             .collect();
-        rows.sort_by_key(|r| r.0);
-        let start = after.map(|c| key(c.shard, c.updated_at_ms, &c.task_id));
-        let mut items = Vec::new();
-        let mut next = None;
-        for (k, shard, summary) in rows {
-            if start.as_ref().is_some_and(|s| k <= *s) {
-                continue;
-            }
-            if items.len() == limit {
-                break;
-            }
-            next = Some(Cursor::after(shard, &summary));
-            items.push(summary);
-        }
-        if items.len() < limit {
-            next = None;
-        }
-        Ok(Page { items, next })
+        rows.sort_by_key(|s| Cursor::order_key(s.updated_at.timestamp_millis(), s.task_id));
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        let next = more.then(|| rows.last().map(Cursor::after)).flatten();
+        Ok(Page { items: rows, next })
+    }
+
+    async fn count(
+        &self,
+        state: ProcessState,
+        workflow: Option<&str>,
+        cap: u64,
+    ) -> Result<Count, StoreError> {
+        let inner = self.lock()?;
+        let n = inner
+            .states
+            .values()
+            .filter(|r| r.process_state == state)
+            .filter(|r| workflow.is_none_or(|w| r.workflow == w))
+            .count() as u64;
+        Ok(Count {
+            count: n.min(cap),
+            capped: n > cap,
+        })
     }
 
     async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
@@ -280,7 +280,6 @@ impl StateStore for MemoryStore {
                 break;
             }
             next = Some(Cursor {
-                shard: 0,
                 updated_at_ms: task.created_at.timestamp_millis(),
                 task_id: task.id,
             });
