@@ -8,7 +8,10 @@
 #      and prints their sizes;
 #   5. runs the real function binaries under `cargo lambda watch` against the emulator and
 #      invokes each with its events/ samples.
-# The emulator is stopped by PID on exit. Needs only a Rust toolchain and python3.
+# The console's browser test (tests/console.rs) drives Debian's chromium with playwright-core,
+# both installed here; its screenshots are kept under target/console/.
+# The emulator is stopped by PID on exit. Needs a Rust toolchain, python3, Node.js with npm,
+# and apt (as root, or sudo without a password) for chromium.
 # SAS_SKIP_LAMBDA_BUILD=1 skips steps 4 and 5 (quick local runs; CI never sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +38,21 @@ tool moto "moto[server]" "$MOTO_VERSION"
 tool sam aws-sam-cli "$SAM_CLI_VERSION"
 tool checkov checkov "$CHECKOV_VERSION"
 tool lambda cargo-lambda "$CARGO_LAMBDA_VERSION"
+
+# The console's browser test: Debian's Chromium (a test tool's own browser download is not
+# reachable here) and playwright-core, pinned by tests/browser/package-lock.json.
+if ! command -v chromium >/dev/null 2>&1 && [ -z "${SAS_CHROMIUM:-}" ]; then
+  echo "==> installing Debian's chromium"
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null \
+    || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+fi
+if [ ! -f tests/browser/node_modules/playwright-core/package.json ]; then
+  echo "==> installing playwright-core (npm ci)"
+  (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
+fi
 
 echo "==> template checks"
 "$TOOLS/sam/bin/cfn-lint" template.yaml

@@ -9,8 +9,8 @@ use std::fmt;
 use std::str::FromStr;
 
 /// `ProcessState` of the pattern, with the compensation states of the Compensating Transaction
-/// pattern. See ARCHITECTURE.md for the state diagram.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// pattern. See ARCHITECTURE.md for the state diagram. Ordered as a task goes through them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum ProcessState {
     /// Waiting for a scheduler to claim it (new, or handed back by the supervisor).
     Pending,

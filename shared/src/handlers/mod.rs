@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod callback;
+pub mod console;
 pub mod scheduler;
 pub mod submission;
 pub mod supervisor;

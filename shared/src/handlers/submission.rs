@@ -124,6 +124,21 @@ pub async fn handle(
             .instrument(span)
             .await;
     }
+    if op && segments.first() == Some(&"console") {
+        return match identity {
+            Identity::Caller(caller) => {
+                let span = info_span!("console", caller = %caller, path = %routed);
+                super::console::page(deps, caller, method, &segments[1..], query, headers, body)
+                    .instrument(span)
+                    .await
+            }
+            Identity::Unauthenticated(_) => error(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "the console is part of the operator API: sign the request (sasctl console does)",
+            ),
+        };
+    }
     let Some(allowed) = allowed_methods(&segments, op) else {
         return no_route(method, path);
     };
@@ -195,7 +210,7 @@ fn allowed_methods(segments: &[&str], op: bool) -> Option<&'static str> {
         ["tasks", _, "callbacks", _] if !op => "POST",
         ["tasks", _, "cancel"] if !op => "POST",
         ["tasks", _, action] if op && ACTIONS.contains(action) => "POST",
-        ["workflows" | "services"] if op => "GET",
+        ["workflows" | "services" | "counts"] if op => "GET",
         ["workflows" | "services", _] if op => "GET, PUT",
         ["workflows", _, "versions", _] if op => "GET",
         _ => return None,
@@ -210,8 +225,9 @@ fn no_route(method: &Method, path: &str) -> Response<String> {
     )
 }
 
-/// Answers an authenticated request on a route and method that exist.
-async fn route(
+/// Answers an authenticated request on a route and method that exist (the console calls it
+/// in process for the data of its pages).
+pub(crate) async fn route(
     deps: &SubmissionDeps,
     caller: &Caller,
     method: &Method,
@@ -249,8 +265,9 @@ async fn route(
                 .instrument(span)
                 .await
         }
+        (["counts"], _) => counts(deps, query).await,
         (["workflows"], _) => entries(deps, Kind::Workflow).await,
-        (["services"], _) => entries(deps, Kind::Service).await,
+        (["services"], _) => services(deps).await,
         (["workflows", name], &Method::GET) => definition(deps, Kind::Workflow, name, None).await,
         (["workflows", name, "versions", v], _) => {
             let Ok(v) = v.parse::<u32>() else {
@@ -922,6 +939,75 @@ pub fn task_view(task: &Task, r: &StateRecord, workflow: Option<&crate::Workflow
         "createdAt": r.created_at,
         "updatedAt": r.updated_at,
     })
+}
+
+/// Counts stop here (`capped`): a count reads the state index.
+pub const MAX_COUNT: u64 = 1000;
+
+/// `GET /counts?workflow=...`: how many tasks are in each state (of a workflow, or of all),
+/// each exact up to [`MAX_COUNT`].
+async fn counts(deps: &SubmissionDeps, query: &str) -> Response<String> {
+    let mut workflow = None;
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        match k.as_ref() {
+            "workflow" if !v.is_empty() => workflow = Some(v.into_owned()),
+            "workflow" => {}
+            other => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "unknown_parameter",
+                    format!("unknown query parameter {other:?} (workflow)"),
+                );
+            }
+        }
+    }
+    let counted = futures::future::join_all(
+        ProcessState::ALL
+            .iter()
+            .map(|s| deps.store.count(*s, workflow.as_deref(), MAX_COUNT)),
+    )
+    .await;
+    let mut counts = serde_json::Map::new();
+    for (state, c) in ProcessState::ALL.iter().zip(counted) {
+        match c {
+            Ok(c) => {
+                counts.insert(state.as_str().to_owned(), json!(c));
+            }
+            Err(e) => return unavailable(e),
+        }
+    }
+    respond(
+        StatusCode::OK,
+        &json!({"workflow": workflow, "counts": counts, "cap": MAX_COUNT}),
+    )
+}
+
+/// `GET /services`: every service, its newest version and its circuit breaker (`closed` with
+/// its count of consecutive faults, `open` until when, `half-open` with its probes left).
+async fn services(deps: &SubmissionDeps) -> Response<String> {
+    let entries = match deps.definitions.catalog().entries(Kind::Service).await {
+        Ok(entries) => entries,
+        Err(e) => return unavailable(e),
+    };
+    let breakers =
+        futures::future::join_all(entries.iter().map(|e| deps.store.get_breaker(&e.name))).await;
+    let mut services = Vec::with_capacity(entries.len());
+    for (entry, breaker) in entries.iter().zip(breakers) {
+        use crate::domain::BreakerState as B;
+        let breaker = match breaker {
+            Ok(b) => match b.map(|b| b.state) {
+                None => json!({"state": "closed", "failures": 0}),
+                Some(B::Closed { failures }) => json!({"state": "closed", "failures": failures}),
+                Some(B::Open { until }) => json!({"state": "open", "until": until}),
+                Some(B::HalfOpen { probes_left, until }) => {
+                    json!({"state": "half-open", "probesLeft": probes_left, "until": until})
+                }
+            },
+            Err(e) => return unavailable(e),
+        };
+        services.push(json!({"name": entry.name, "latest": entry.latest, "breaker": breaker}));
+    }
+    respond(StatusCode::OK, &json!({ "services": services }))
 }
 
 /// `GET /workflows`, `GET /services`: every name and its newest version.

@@ -34,6 +34,7 @@ use tracing::{error, info};
 
 pub mod auth;
 pub mod lag;
+pub mod showcase;
 
 /// The in-memory adapters, kept typed so that tests and the demo can look inside.
 pub type MemoryPorts = (Arc<MemoryStore>, Arc<MemoryQueues>, Arc<MemoryEventBus>);
@@ -722,6 +723,16 @@ pub fn router(
             .path_and_query()
             .map_or(parts.uri.path(), |p| p.as_str());
         let path = parts.uri.path();
+        // The console lives in the operator API; `/console` is its short address here.
+        if path == "/console" || path.starts_with("/console/") {
+            let target = format!("{}{path_and_query}", submission::OPERATOR_PREFIX);
+            let mut r = axum::response::Response::new(axum::body::Body::empty());
+            *r.status_mut() = http::StatusCode::PERMANENT_REDIRECT;
+            if let Ok(v) = http::HeaderValue::from_str(&target) {
+                r.headers_mut().insert(http::header::LOCATION, v);
+            }
+            return r;
+        }
         let to_operator = path == submission::OPERATOR_PREFIX
             || path.starts_with(&format!("{}/", submission::OPERATOR_PREFIX));
         let (deps, auth) = if to_operator {

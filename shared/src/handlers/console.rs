@@ -1,0 +1,778 @@
+//! The operator's console: server-rendered HTML pages under `/operator/console`, served by the
+//! operator function (behind IAM, like every operator route) and by `sas-local`.
+//!
+//! Every page is built from the operator API's own answers (the same routes `sasctl` calls, in
+//! process), so the console shows and does exactly what the API does: no second path to the
+//! store. Pages are plain HTML from [`maud`] templates (escaped by construction, compiled into
+//! the binary, no build step and no JavaScript); actions are forms with a confirmation page and
+//! a reason, posted back and answered with a redirect (post/redirect/get).
+//!
+//! A form post must come from the console itself: a browser's `Sec-Fetch-Site` must say
+//! `same-origin` (a request without it and without `Origin` is not a browser's, and cannot be a
+//! cross-site forgery). `sasctl console` also checks the `Host` of what it forwards.
+
+use super::submission::{MAX_REASON_CHARS, OPERATOR_PREFIX, route};
+use crate::domain::{Caller, ProcessState};
+use chrono::{DateTime, SecondsFormat, Utc};
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
+use maud::{DOCTYPE, Markup, html};
+use serde_json::{Value, json};
+
+/// The console's path under the operator API.
+pub const CONSOLE: &str = "/console";
+/// Tasks per list page.
+const PAGE: usize = 25;
+
+const STYLE: &str = include_str!("console.css");
+
+/// The console's root path (`/operator/console`).
+pub fn root() -> String {
+    format!("{OPERATOR_PREFIX}{CONSOLE}")
+}
+
+/// The operator actions the console offers, in the API's words.
+const ACTIONS: [&str; 4] = ["retry", "compensate", "cancel", "resolve"];
+
+/// Answers one console request of an authenticated operator. `segments`: the path under the
+/// console's root.
+pub async fn page(
+    deps: &super::submission::SubmissionDeps,
+    caller: &Caller,
+    method: &Method,
+    segments: &[&str],
+    query: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response<String> {
+    let api = Api { deps, caller };
+    match (segments, method) {
+        ([] | [""], &Method::GET) => tasks(&api, query).await,
+        (["style.css"], &Method::GET) => {
+            let mut r = Response::new(STYLE.to_owned());
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/css; charset=utf-8"),
+            );
+            r.headers_mut().insert(
+                header::CACHE_CONTROL,
+                HeaderValue::from_static("max-age=300"),
+            );
+            r
+        }
+        (["tasks", id], &Method::GET) => task(&api, id, query).await,
+        (["tasks", id, action], &Method::GET) if ACTIONS.contains(action) => {
+            confirm(&api, id, action, None, StatusCode::OK).await
+        }
+        (["tasks", id, action], &Method::POST) if ACTIONS.contains(action) => {
+            if !same_origin(headers) {
+                return error_page(
+                    StatusCode::FORBIDDEN,
+                    "Refused",
+                    "This form was not posted from the console itself (Sec-Fetch-Site is not same-origin).",
+                );
+            }
+            act(&api, id, action, body).await
+        }
+        (["workflows"], &Method::GET) => workflows(&api).await,
+        (["workflows", name], &Method::GET) => workflow(&api, name, query).await,
+        (["services"], &Method::GET) => services(&api).await,
+        (_, &Method::GET | &Method::POST) => error_page(
+            StatusCode::NOT_FOUND,
+            "Not found",
+            "There is no such page in the console.",
+        ),
+        _ => {
+            let mut r = error_page(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Not allowed",
+                "The console answers GET, and POST on its forms.",
+            );
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, POST"));
+            r
+        }
+    }
+}
+
+/// Whether a form post comes from a page of the same origin, or from no browser at all.
+fn same_origin(headers: &HeaderMap) -> bool {
+    match headers.get("sec-fetch-site").map(HeaderValue::to_str) {
+        Some(Ok(site)) => site.eq_ignore_ascii_case("same-origin"),
+        Some(Err(_)) => false,
+        // No fetch metadata: a browser old enough not to send it still sends Origin on a
+        // cross-site form post; a request with neither is a script's, not a forgery.
+        None => headers.get(header::ORIGIN).is_none(),
+    }
+}
+
+/// The operator API, called in process as the console's operator.
+struct Api<'a> {
+    deps: &'a super::submission::SubmissionDeps,
+    caller: &'a Caller,
+}
+
+impl Api<'_> {
+    async fn call(&self, method: Method, segments: &[&str], query: &str, body: &[u8]) -> Answer {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let resp = route(
+            self.deps,
+            self.caller,
+            &method,
+            segments,
+            query,
+            &headers,
+            body,
+        )
+        .await;
+        let status = resp.status();
+        let value = serde_json::from_str(resp.body()).unwrap_or(Value::Null);
+        Answer { status, value }
+    }
+
+    async fn get(&self, segments: &[&str], query: &str) -> Answer {
+        self.call(Method::GET, segments, query, b"").await
+    }
+}
+
+/// An answer of the operator API.
+struct Answer {
+    status: StatusCode,
+    value: Value,
+}
+
+impl Answer {
+    fn ok(&self) -> bool {
+        self.status.is_success()
+    }
+
+    /// The error page of an answer that is not a success.
+    fn error_page(&self) -> Response<String> {
+        let message = self.value["error"]["message"]
+            .as_str()
+            .unwrap_or("the operator API did not answer");
+        let title = self.status.canonical_reason().unwrap_or("Error").to_owned();
+        error_page(self.status, &title, message)
+    }
+}
+
+fn text<'v>(v: &'v Value, key: &str) -> &'v str {
+    v[key].as_str().unwrap_or("")
+}
+
+/// `2026-11-24 10:31:05Z` for an RFC 3339 time; `-` for none.
+fn when(v: &Value) -> String {
+    v.as_str()
+        .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+        .map(|t| {
+            t.with_timezone(&Utc)
+                .to_rfc3339_opts(SecondsFormat::Secs, true)
+                .replace('T', " ")
+        })
+        .unwrap_or_else(|| "-".to_owned())
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_default()
+}
+
+/// A form-encoded query's value of `key`.
+fn param(query: &str, key: &str) -> Option<String> {
+    url::form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.into_owned())
+        .filter(|v| !v.is_empty())
+}
+
+/// A query string from pairs (values encoded).
+fn query_of(pairs: &[(&str, &str)]) -> String {
+    let mut q = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        if !v.is_empty() {
+            q.append_pair(k, v);
+        }
+    }
+    q.finish()
+}
+
+fn href(path: &str, pairs: &[(&str, &str)]) -> String {
+    let q = query_of(pairs);
+    let path = format!("{}{path}", root());
+    if q.is_empty() {
+        path
+    } else {
+        format!("{path}?{q}")
+    }
+}
+
+/// What a path segment must escape (RFC 3986's path characters stay as they are).
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'/')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'`')
+    .add(b'{')
+    .add(b'}');
+
+fn segment(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, SEGMENT).to_string()
+}
+
+/// A state's badge: its name, coloured by kind (the colour is never the only signal).
+fn badge(state: &str) -> Markup {
+    let kind = match state {
+        "Processed" | "Done" | "closed" => "ok",
+        "Error" | "CompensationFailed" | "Failed" | "TimedOut" | "Faulted" | "open" => "bad",
+        "Compensating" | "Compensated" | "Refused" | "Cancelled" | "half-open" => "warn",
+        "Resolved" => "done",
+        _ => "busy",
+    };
+    html! { span class={ "badge " (kind) } { (state) } }
+}
+
+/// The page frame: title, navigation (with the current section marked), content.
+fn frame(title: &str, section: &str, content: Markup) -> Markup {
+    let nav = [
+        ("Tasks", "tasks", ""),
+        ("Workflows", "workflows", "/workflows"),
+        ("Services", "services", "/services"),
+    ];
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · sas console" }
+                link rel="stylesheet" href={ (root()) "/style.css" };
+            }
+            body {
+                a class="skip" href="#main" { "Skip to content" }
+                header {
+                    nav aria-label="Console" {
+                        span class="brand" { "sas" }
+                        @for (label, key, path) in nav {
+                            @if key == section {
+                                a href=(href(path, &[])) aria-current="page" { (label) }
+                            } @else {
+                                a href=(href(path, &[])) { (label) }
+                            }
+                        }
+                    }
+                }
+                main id="main" { (content) }
+            }
+        }
+    }
+}
+
+/// An HTML answer with the console's headers: no caching, no framing, nothing but its own
+/// stylesheet loaded, forms posted only to itself.
+fn html_response(status: StatusCode, markup: Markup) -> Response<String> {
+    let mut r = Response::new(markup.into_string());
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    r
+}
+
+fn error_page(status: StatusCode, title: &str, message: &str) -> Response<String> {
+    html_response(
+        status,
+        frame(
+            title,
+            "",
+            html! {
+                h1 { (title) }
+                p role="alert" { (message) }
+                p { a href=(href("", &[])) { "Back to the tasks" } }
+            },
+        ),
+    )
+}
+
+fn redirect(location: &str) -> Response<String> {
+    let mut r = html_response(
+        StatusCode::SEE_OTHER,
+        html! { a href=(location) { "Continue" } },
+    );
+    if let Ok(v) = HeaderValue::from_str(location) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    r
+}
+
+/// The task list: one state (default Error) of one workflow (or all), newest first, paged,
+/// with each state's count as its tab.
+async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
+    let state = match param(query, "state") {
+        None => ProcessState::Error,
+        Some(s) => match s.parse::<ProcessState>() {
+            Ok(s) => s,
+            Err(e) => return error_page(StatusCode::BAD_REQUEST, "Bad request", &e),
+        },
+    };
+    let workflow = param(query, "workflow").unwrap_or_default();
+    let cursor = param(query, "cursor").unwrap_or_default();
+    let limit = PAGE.to_string();
+    let list = api
+        .get(
+            &["tasks"],
+            &query_of(&[
+                ("state", state.as_str()),
+                ("workflow", &workflow),
+                ("limit", &limit),
+                ("cursor", &cursor),
+            ]),
+        )
+        .await;
+    if !list.ok() {
+        return list.error_page();
+    }
+    let counts = api
+        .get(&["counts"], &query_of(&[("workflow", &workflow)]))
+        .await;
+    let workflows = api.get(&["workflows"], "").await;
+    let names: Vec<&str> = workflows.value["workflows"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|w| w["name"].as_str()).collect())
+        .unwrap_or_default();
+    let rows = list.value["tasks"].as_array().cloned().unwrap_or_default();
+    let next = list.value["nextCursor"].as_str();
+    let count_of = |s: ProcessState| -> String {
+        let c = &counts.value["counts"][s.as_str()];
+        match (c["count"].as_u64(), c["capped"].as_bool()) {
+            (Some(n), Some(true)) => format!("{n}+"),
+            (Some(n), _) => n.to_string(),
+            _ => "?".to_owned(),
+        }
+    };
+    let title = if workflow.is_empty() {
+        format!("{state} tasks")
+    } else {
+        format!("{state} tasks of {workflow}")
+    };
+    let content = html! {
+        h1 { (title) }
+        form class="filter" method="get" action=(href("", &[])) {
+            input type="hidden" name="state" value=(state.as_str());
+            label for="workflow" { "Workflow" }
+            select id="workflow" name="workflow" {
+                option value="" selected[workflow.is_empty()] { "All workflows" }
+                @for name in &names {
+                    option value=(name) selected[*name == workflow] { (name) }
+                }
+            }
+            button type="submit" { "Show" }
+        }
+        nav class="states" aria-label="States" {
+            ul {
+                @for s in ProcessState::ALL {
+                    li {
+                        a href=(href("", &[("state", s.as_str()), ("workflow", &workflow)]))
+                            aria-current=[(s == state).then_some("page")] {
+                            (s.as_str()) " " span class="count" { (count_of(s)) }
+                        }
+                    }
+                }
+            }
+        }
+        @if rows.is_empty() {
+            p class="empty" { "No " (state.as_str()) " tasks." }
+        } @else {
+            table class="tasks" {
+                caption { (title) ", newest first" }
+                thead { tr {
+                    th scope="col" { "Task" } th scope="col" { "Workflow" } th scope="col" { "Step" }
+                    th scope="col" { "Failures" } th scope="col" { "Attempt" } th scope="col" { "Updated" }
+                    th scope="col" { "Last error" }
+                } }
+                tbody {
+                    @for t in &rows {
+                        tr {
+                            td { a class="id" href=(href(&format!("/tasks/{}", segment(text(t, "taskId"))), &[])) { (text(t, "taskId")) } }
+                            td { (text(t, "workflow")) }
+                            td { (t["step"].as_str().unwrap_or("-")) }
+                            td class="num" { (t["failureCount"]) }
+                            td class="num" { (t["attempt"]) }
+                            td { time { (when(&t["updatedAt"])) } }
+                            td class="error" { (t["lastError"].as_str().unwrap_or("")) }
+                        }
+                    }
+                }
+            }
+        }
+        nav class="pager" aria-label="Pages" {
+            @if !cursor.is_empty() {
+                a href=(href("", &[("state", state.as_str()), ("workflow", &workflow)])) { "First page" }
+            }
+            @if let Some(next) = next {
+                a rel="next" href=(href("", &[("state", state.as_str()), ("workflow", &workflow), ("cursor", next)])) { "Next page" }
+            }
+        }
+    };
+    html_response(StatusCode::OK, frame(&title, "tasks", content))
+}
+
+/// The actions a task in `state` may take (the API decides; this only offers them).
+fn actions_for(state: &str) -> &'static [&'static str] {
+    match state {
+        "Error" => &["retry", "compensate", "resolve"],
+        "CompensationFailed" => &["retry", "resolve"],
+        "Pending" | "Processing" => &["cancel"],
+        _ => &[],
+    }
+}
+
+fn action_label(action: &str) -> &'static str {
+    match action {
+        "retry" => "Retry",
+        "compensate" => "Compensate",
+        "cancel" => "Cancel",
+        _ => "Resolve",
+    }
+}
+
+/// What an action does, as the confirmation page says it.
+fn action_help(action: &str) -> &'static str {
+    match action {
+        "retry" => {
+            "The failed step runs again (a step the service refused gets a new idempotency key); from CompensationFailed, the failed undo runs again."
+        }
+        "compensate" => {
+            "Every step that may have taken effect is undone, last first. A task past its pivot step cannot be compensated."
+        }
+        "cancel" => {
+            "The task takes no further step; every step that may have taken effect is undone (a step still out is undone after its deadline)."
+        }
+        _ => {
+            "The task is closed by hand, for good: nothing is sent to any service. Say how it was settled."
+        }
+    }
+}
+
+/// A task: its summary, its actions, its steps as a timeline, and its history.
+async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
+    let answer = api.get(&["tasks", id], "").await;
+    if !answer.ok() {
+        return answer.error_page();
+    }
+    let t = &answer.value;
+    let state = text(t, "processState");
+    let task_id = text(t, "taskId");
+    let history = t["history"].as_array().cloned().unwrap_or_default();
+    let steps = t["steps"].as_array().cloned().unwrap_or_default();
+    let current = t["currentStep"].as_str();
+    let done = param(query, "done").filter(|a| ACTIONS.contains(&a.as_str()));
+    let content = html! {
+        h1 { "Task " span class="id" { (task_id) } " " (badge(state)) }
+        @if let Some(a) = &done {
+            p class="notice" role="status" { (action_label(a)) " applied: the task is now " strong { (state) } "." }
+        }
+        dl class="summary" {
+            dt { "Workflow" }
+            dd { a href=(href(&format!("/workflows/{}", segment(text(t, "workflow"))), &[("version", &t["workflowVersion"].to_string())])) { (text(t, "workflow")) " v" (t["workflowVersion"]) } }
+            dt { "State" } dd { (state) }
+            dt { "Current step" } dd { (current.unwrap_or("-")) }
+            dt { "Failures" } dd { (t["failureCount"]) }
+            dt { "Attempt" } dd { (t["attempt"]) }
+            dt { "Locked by" } dd { (t["lockedBy"].as_str().unwrap_or("-")) }
+            dt { "Deadline" } dd { (when(&t["completeBy"])) }
+            dt { "Caller" } dd { (text(t, "caller")) }
+            dt { "Created" } dd { (when(&t["createdAt"])) }
+            dt { "Updated" } dd { (when(&t["updatedAt"])) }
+            @if let Some(e) = t["lastError"].as_str() {
+                dt { "Last error" } dd class="error" { (e) }
+            }
+        }
+        @let actions = actions_for(state);
+        @if !actions.is_empty() {
+            section aria-labelledby="actions" {
+                h2 id="actions" { "Actions" }
+                ul class="actions" {
+                    @for a in actions {
+                        li { a class="button" href=(href(&format!("/tasks/{}/{a}", segment(task_id)), &[])) { (action_label(a)) "…" } }
+                    }
+                }
+            }
+        }
+        section aria-labelledby="steps" {
+            h2 id="steps" { "Steps" }
+            ol class="timeline" {
+                @for s in &steps {
+                    @let name = text(s, "name");
+                    li class=[(current == Some(name)).then_some("current")] {
+                        div class="step-head" {
+                            strong { (name) }
+                            @if let (Some(svc), Some(action)) = (s["service"].as_str(), s["action"].as_str()) {
+                                " " span class="service" { (svc) "." (action) }
+                            }
+                            " " (badge(text(s, "status")))
+                            @if let Some(u) = s["undo"].as_str() { " undo " (badge(u)) }
+                            @if s["undoable"] == json!(false) { " " span class="muted" { "no undo" } }
+                        }
+                        p class="step-facts" {
+                            @if let Some(a) = s["finishedAttempt"].as_u64() { "finished under attempt " (a) " at " (when(&s["finishedAt"])) ". " }
+                            @if current == Some(name) && !t["completeBy"].is_null() { "Deadline " (when(&t["completeBy"])) ". " }
+                            @if !s["waitingUntil"].is_null() { "Waits for its callback until " (when(&s["waitingUntil"])) ". " }
+                            @if s["generation"].as_u64().is_some_and(|g| g > 0) { "Key generation " (s["generation"]) ". " }
+                        }
+                        @for (label, key) in [("Input", "input"), ("Result", "result"), ("Undo input", "undoInput")] {
+                            @if !s[key].is_null() {
+                                details {
+                                    summary { (label) }
+                                    pre { (pretty(&s[key])) }
+                                }
+                            }
+                        }
+                        @let events: Vec<&Value> = history.iter().filter(|h| h["step"].as_str() == Some(name)).collect();
+                        @if !events.is_empty() {
+                            ul class="events" {
+                                @for h in events {
+                                    li { time { (when(&h["at"])) } " " (text(h, "from")) " → " (text(h, "to")) ": " (text(h, "reason"))
+                                        @if let Some(by) = h["by"].as_str() { " (" (by) ")" } }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        section aria-labelledby="history" {
+            h2 id="history" { "History" }
+            table class="history" {
+                thead { tr { th scope="col" { "At" } th scope="col" { "From" } th scope="col" { "To" } th scope="col" { "Step" } th scope="col" { "Attempt" } th scope="col" { "By" } th scope="col" { "Reason" } } }
+                tbody {
+                    @for h in &history {
+                        tr {
+                            td { time { (when(&h["at"])) } }
+                            td { (text(h, "from")) } td { (text(h, "to")) }
+                            td { (h["step"].as_str().unwrap_or("-")) }
+                            td class="num" { (h["attempt"]) }
+                            td { (h["by"].as_str().unwrap_or("sas")) }
+                            td { (text(h, "reason")) }
+                        }
+                    }
+                }
+            }
+        }
+        section aria-labelledby="input" {
+            h2 id="input" { "Input" }
+            pre { (pretty(&t["input"])) }
+        }
+    };
+    html_response(
+        StatusCode::OK,
+        frame(&format!("Task {task_id}"), "tasks", content),
+    )
+}
+
+/// The confirmation of an action: what it does, the reason asked for, and the button.
+async fn confirm(
+    api: &Api<'_>,
+    id: &str,
+    action: &str,
+    problem: Option<&str>,
+    status: StatusCode,
+) -> Response<String> {
+    let answer = api.get(&["tasks", id], "").await;
+    if !answer.ok() {
+        return answer.error_page();
+    }
+    let t = &answer.value;
+    let task_id = text(t, "taskId");
+    let label = action_label(action);
+    let required = action == "resolve";
+    let content = html! {
+        h1 { (label) " task " span class="id" { (task_id) } }
+        p { "The task is " (badge(text(t, "processState"))) (t["currentStep"].as_str().map(|s| format!(" at step {s}")).unwrap_or_default()) "." }
+        p { (action_help(action)) }
+        @if let Some(p) = problem {
+            p class="problem" role="alert" { (p) }
+        }
+        form method="post" action=(href(&format!("/tasks/{}/{action}", segment(task_id)), &[])) {
+            label for="reason" { @if required { "How it was settled (required)" } @else { "Reason (recorded in the history)" } }
+            textarea id="reason" name="reason" rows="3" maxlength=(MAX_REASON_CHARS) required[required] {}
+            div class="buttons" {
+                button type="submit" class="primary" { (label) " task" }
+                a href=(href(&format!("/tasks/{}", segment(task_id)), &[])) { "Back" }
+            }
+        }
+    };
+    html_response(
+        status,
+        frame(&format!("{label} task {task_id}"), "tasks", content),
+    )
+}
+
+/// Applies a confirmed action, then sends the browser to the task's page.
+async fn act(api: &Api<'_>, id: &str, action: &str, body: &[u8]) -> Response<String> {
+    let reason = url::form_urlencoded::parse(body)
+        .find(|(k, _)| k == "reason")
+        .map(|(_, v)| v.trim().to_owned())
+        .filter(|v| !v.is_empty());
+    let payload = match &reason {
+        Some(r) => json!({ "reason": r }).to_string(),
+        None => String::new(),
+    };
+    let answer = api
+        .call(Method::POST, &["tasks", id, action], "", payload.as_bytes())
+        .await;
+    if answer.status == StatusCode::NOT_FOUND {
+        return answer.error_page();
+    }
+    if !answer.ok() {
+        let message = answer.value["error"]["message"]
+            .as_str()
+            .unwrap_or("the operator API refused the action")
+            .to_owned();
+        return confirm(api, id, action, Some(&message), answer.status).await;
+    }
+    redirect(&href(
+        &format!("/tasks/{}", segment(id)),
+        &[("done", action)],
+    ))
+}
+
+/// The published workflows and their newest versions.
+async fn workflows(api: &Api<'_>) -> Response<String> {
+    let answer = api.get(&["workflows"], "").await;
+    if !answer.ok() {
+        return answer.error_page();
+    }
+    let rows = answer.value["workflows"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let content = html! {
+        h1 { "Workflows" }
+        table {
+            caption { "Published workflows" }
+            thead { tr { th scope="col" { "Workflow" } th scope="col" { "Newest version" } th scope="col" { "Tasks" } } }
+            tbody {
+                @for w in &rows {
+                    @let name = text(w, "name");
+                    tr {
+                        td { a href=(href(&format!("/workflows/{}", segment(name)), &[])) { (name) } }
+                        td class="num" { (w["latest"]) }
+                        td { a href=(href("", &[("state", "Error"), ("workflow", name)])) { "failed" } " · "
+                             a href=(href("", &[("state", "Processing"), ("workflow", name)])) { "running" } }
+                    }
+                }
+            }
+        }
+    };
+    html_response(StatusCode::OK, frame("Workflows", "workflows", content))
+}
+
+/// One workflow's definition (the newest, or `?version=N`), with links to every version.
+async fn workflow(api: &Api<'_>, name: &str, query: &str) -> Response<String> {
+    let version = param(query, "version").filter(|v| v.parse::<u32>().is_ok());
+    let answer = match &version {
+        Some(v) => api.get(&["workflows", name, "versions", v], "").await,
+        None => api.get(&["workflows", name], "").await,
+    };
+    if !answer.ok() {
+        return answer.error_page();
+    }
+    let v = &answer.value;
+    let shown = v["version"].as_u64().unwrap_or(0);
+    let latest = v["latest"].as_u64().unwrap_or(shown);
+    let definition = &v["definition"];
+    let steps = definition["steps"].as_array().cloned().unwrap_or_default();
+    let content = html! {
+        h1 { "Workflow " (name) " v" (shown) }
+        nav class="versions" aria-label="Versions" {
+            "Versions: "
+            @for n in 1..=latest {
+                @let s = n.to_string();
+                a href=(href(&format!("/workflows/{}", segment(name)), &[("version", &s)])) aria-current=[(n == shown).then_some("page")] { "v" (n) } " "
+            }
+        }
+        @if let Some(d) = definition["description"].as_str() { p { (d) } }
+        table {
+            caption { "Steps" }
+            thead { tr { th scope="col" { "#" } th scope="col" { "Step" } th scope="col" { "Service" } th scope="col" { "Undo" } } }
+            tbody {
+                @for (i, s) in steps.iter().enumerate() {
+                    tr {
+                        td class="num" { (i + 1) }
+                        td { (text(s, "name")) @if s["pivot"] == json!(true) { " " span class="muted" { "(pivot)" } } }
+                        td { (text(s, "service")) @if let Some(a) = s["action"].as_str() { "." (a) } }
+                        td { (s["undo"]["action"].as_str().unwrap_or("-")) }
+                    }
+                }
+            }
+        }
+        details {
+            summary { "Definition" }
+            pre { (pretty(definition)) }
+        }
+        p { a href=(href("", &[("state", "Error"), ("workflow", name)])) { "Failed tasks of " (name) } }
+    };
+    html_response(
+        StatusCode::OK,
+        frame(&format!("Workflow {name}"), "workflows", content),
+    )
+}
+
+/// The published services, each with its circuit breaker's state.
+async fn services(api: &Api<'_>) -> Response<String> {
+    let answer = api.get(&["services"], "").await;
+    if !answer.ok() {
+        return answer.error_page();
+    }
+    let rows = answer.value["services"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let content = html! {
+        h1 { "Services" }
+        table {
+            caption { "Published services and their circuit breakers" }
+            thead { tr { th scope="col" { "Service" } th scope="col" { "Newest version" } th scope="col" { "Breaker" } th scope="col" { "Detail" } } }
+            tbody {
+                @for s in &rows {
+                    @let b = &s["breaker"];
+                    tr {
+                        td { (text(s, "name")) }
+                        td class="num" { (s["latest"]) }
+                        td { (badge(b["state"].as_str().unwrap_or("unknown"))) }
+                        td {
+                            @if let Some(f) = b["failures"].as_u64() { (f) " consecutive faults" }
+                            @if !b["until"].is_null() { "until " (when(&b["until"])) }
+                            @if let Some(p) = b["probesLeft"].as_u64() { ", " (p) " probes left" }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    html_response(StatusCode::OK, frame("Services", "services", content))
+}

@@ -1,0 +1,174 @@
+//! Tasks in every state, for a look at the console (`sas-local serve --showcase`) and for its
+//! browser test: the example workflows run against the simulated services with a refusal
+//! planted where each state needs one, and an operator's resolve and cancels. Nothing here is
+//! a shortcut: every task gets where it is through the API, the scheduler and the agents.
+
+use super::System;
+use crate::auth::Identity;
+use crate::domain::{Caller, ProcessState, TaskId};
+use crate::handlers::submission::{self, OPERATOR_PREFIX};
+use crate::remote::Faults;
+use anyhow::{Context, anyhow, bail};
+use http::{HeaderMap, Method};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+/// The principal the showcase's operator actions are recorded under.
+pub const SHOWCASE_OPERATOR: &str = "arn:aws:iam::000000000000:user/showcase";
+
+/// The example workflows' names (the showcase needs both).
+const ORDER: &str = "ecommerce-order";
+const LOAN: &str = "loan-application";
+
+fn order() -> Value {
+    json!({"customerId": "c-showcase", "items": [{"sku": "SKU-1", "quantity": 2}]})
+}
+
+fn loan() -> Value {
+    json!({"applicantId": "a-showcase", "amount": 25000, "currency": "EUR"})
+}
+
+/// Makes tasks of the example workflows in every state and returns them by state. Needs a
+/// system that is not started (it pumps by hand) with automatic compensation on; it leaves
+/// every service without faults. The tasks left Pending, Processing and Compensating move on
+/// once the system is started.
+pub async fn tasks_in_every_state(
+    system: &System,
+) -> anyhow::Result<BTreeMap<ProcessState, Vec<TaskId>>> {
+    let mut made = BTreeMap::<ProcessState, Vec<TaskId>>::new();
+    let set = |service: &str, refuse: &[&str]| {
+        system.services.get(service).set_faults(Faults {
+            refuse_actions: refuse.iter().map(|a| (*a).to_owned()).collect(),
+            ..Faults::default()
+        });
+    };
+    // Processed: two orders and a loan, nothing refused.
+    let mut ids = vec![
+        submit(system, ORDER, order()).await?,
+        submit(system, ORDER, order()).await?,
+        submit(system, LOAN, loan()).await?,
+    ];
+    settle(system).await?;
+    made.insert(ProcessState::Processed, std::mem::take(&mut ids));
+    // Refused: the payment is declined and the stock released.
+    set("payment", &["charge-payment"]);
+    ids.push(submit(system, ORDER, order()).await?);
+    settle(system).await?;
+    made.insert(ProcessState::Refused, std::mem::take(&mut ids));
+    // CompensationFailed: declined, and the stock cannot be released either.
+    set("inventory", &["release-inventory"]);
+    ids.push(submit(system, ORDER, order()).await?);
+    settle(system).await?;
+    made.insert(ProcessState::CompensationFailed, std::mem::take(&mut ids));
+    set("payment", &[]);
+    set("inventory", &[]);
+    // Error: the disbursement is refused past the loan's pivot (the contract is signed), so
+    // nothing is undone; one of the two is then resolved by hand.
+    set("core-banking", &["disburse-funds"]);
+    let failed = [
+        submit(system, LOAN, loan()).await?,
+        submit(system, LOAN, loan()).await?,
+    ];
+    settle(system).await?;
+    set("core-banking", &[]);
+    operate(
+        system,
+        failed[1],
+        "resolve",
+        "disbursed by hand from the back office",
+    )
+    .await?;
+    made.insert(ProcessState::Error, vec![failed[0]]);
+    made.insert(ProcessState::Resolved, vec![failed[1]]);
+    // Compensated: an order cancelled before any step went out.
+    let cancelled = submit(system, ORDER, order()).await?;
+    operate(system, cancelled, "cancel", "ordered twice by mistake").await?;
+    made.insert(ProcessState::Compensated, vec![cancelled]);
+    // Compensating: an order cancelled while its payment is out (its undo waits for the
+    // payment's deadline).
+    let compensating = submit(system, ORDER, order()).await?;
+    system.pump_scheduler().await?; // claims, sends the reservation
+    system.pump_agents().await?; // reserves
+    system.pump_scheduler().await?; // applies it, sends the payment
+    operate(system, compensating, "cancel", "customer called to cancel").await?;
+    made.insert(ProcessState::Compensating, vec![compensating]);
+    // Processing: claimed, its first request out.
+    let processing = submit(system, LOAN, loan()).await?;
+    system.pump_scheduler().await?;
+    made.insert(ProcessState::Processing, vec![processing]);
+    // Pending: accepted, not yet claimed.
+    made.insert(
+        ProcessState::Pending,
+        vec![submit(system, ORDER, order()).await?],
+    );
+    for (want, ids) in &made {
+        for id in ids {
+            let got = system
+                .store
+                .get_state(*id)
+                .await?
+                .map(|r| r.process_state)
+                .ok_or_else(|| anyhow!("task {id} has no state record"))?;
+            if got != *want {
+                bail!("showcase task {id} is {got}, not {want}");
+            }
+        }
+    }
+    Ok(made)
+}
+
+/// Submits a task through the task API (as the local runner's anonymous caller).
+async fn submit(system: &System, workflow: &str, input: Value) -> anyhow::Result<TaskId> {
+    let resp = submission::handle(
+        &system.submission,
+        &Identity::anonymous(),
+        &Method::POST,
+        &format!("/workflows/{workflow}/tasks"),
+        &HeaderMap::new(),
+        input.to_string().as_bytes(),
+    )
+    .await;
+    let body: Value = serde_json::from_str(resp.body()).context("submission answer")?;
+    if resp.status() != http::StatusCode::ACCEPTED {
+        bail!("submitting a {workflow} task: {} {body}", resp.status());
+    }
+    body["taskId"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow!("no taskId in {body}"))
+}
+
+/// An operator action through the operator API, with its reason.
+async fn operate(system: &System, id: TaskId, action: &str, reason: &str) -> anyhow::Result<()> {
+    let caller = Caller::new(SHOWCASE_OPERATOR).map_err(|e| anyhow!("{e}"))?;
+    let resp = submission::handle(
+        &system.operator,
+        &Identity::Caller(caller),
+        &Method::POST,
+        &format!("{OPERATOR_PREFIX}/tasks/{id}/{action}"),
+        &HeaderMap::new(),
+        json!({ "reason": reason }).to_string().as_bytes(),
+    )
+    .await;
+    if !resp.status().is_success() {
+        bail!("{action} of {id}: {} {}", resp.status(), resp.body());
+    }
+    Ok(())
+}
+
+/// Pumps the scheduler and the agents until nothing moves for a few polls.
+async fn settle(system: &System) -> anyhow::Result<()> {
+    let mut idle = 0;
+    for _ in 0..500 {
+        let moved = system.pump_scheduler().await? + system.pump_agents().await?;
+        if moved > 0 {
+            idle = 0;
+        } else if idle == 3 {
+            return Ok(());
+        } else {
+            idle += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(40)).await;
+        }
+    }
+    bail!("the showcase's tasks did not settle")
+}

@@ -1,0 +1,100 @@
+// The console in a real browser: Playwright (playwright-core) driving Debian's headless
+// Chromium against a local runner seeded with tasks in every state. Run by tests/console.rs,
+// which passes:
+//   CONSOLE_URL    the console's address (http://127.0.0.1:PORT/console)
+//   CONSOLE_TASKS  {"State": [task ids]} of the seeded tasks
+//   CONSOLE_SHOTS  the folder for screenshots
+//   CHROMIUM       the browser (default /usr/bin/chromium)
+// Exits non-zero on the first expectation that fails.
+import { chromium } from 'playwright-core';
+import assert from 'node:assert/strict';
+import path from 'node:path';
+
+const base = process.env.CONSOLE_URL;
+const tasks = JSON.parse(process.env.CONSOLE_TASKS);
+const shots = process.env.CONSOLE_SHOTS;
+const shot = (page, name) => page.screenshot({ path: path.join(shots, name), fullPage: true });
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  // Root in a sandbox, on a closed network: no sandbox-in-sandbox, no background calls home.
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+try {
+  const page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
+  page.setDefaultTimeout(10_000);
+  const heading = () => page.getByRole('heading', { level: 1 }).innerText();
+  const rows = () => page.locator('table.tasks tbody tr');
+
+  // The list opens on the failed tasks.
+  await page.goto(base);
+  assert.equal(await heading(), 'Error tasks');
+  assert.equal(await rows().count(), tasks.Error.length);
+
+  // Filter by state: the Processed tab, with its count.
+  const states = page.getByRole('navigation', { name: 'States' });
+  const processedTab = states.getByRole('link', { name: /^Processed \d+/ });
+  assert.match(await processedTab.innerText(), new RegExp(`Processed\\s+${tasks.Processed.length}`));
+  await processedTab.click();
+  assert.equal(await heading(), 'Processed tasks');
+  assert.equal(await rows().count(), tasks.Processed.length);
+  assert.equal(await states.locator('[aria-current="page"]').innerText().then((t) => t.split(/\s/)[0]), 'Processed');
+
+  // And by workflow: only the loan stays.
+  await page.getByLabel('Workflow').selectOption('loan-application');
+  await page.getByRole('button', { name: 'Show' }).click();
+  assert.equal(await heading(), 'Processed tasks of loan-application');
+  assert.equal(await rows().count(), 1);
+  assert.equal(await rows().first().locator('td').nth(1).innerText(), 'loan-application');
+  await shot(page, 'tasks.png');
+
+  // A task's page: the steps as a timeline, inputs and results one click away.
+  const failed = tasks.CompensationFailed[0];
+  await page.goto(`${base}?state=CompensationFailed`);
+  await page.getByRole('link', { name: failed }).click();
+  assert.match(await heading(), new RegExp(`^Task ${failed}`));
+  const steps = page.locator('ol.timeline > li');
+  assert.equal(await steps.count(), 3);
+  assert.match(await steps.nth(0).innerText(), /reserve-inventory[\s\S]*inventory\.reserve-inventory[\s\S]*Done[\s\S]*undo[\s\S]*Failed/);
+  assert.match(await steps.nth(1).innerText(), /charge-payment[\s\S]*Failed/);
+  const result = steps.nth(0).locator('details').filter({ has: page.getByText('Result', { exact: true }) });
+  assert.equal(await result.locator('pre').isVisible(), false, 'closed until asked for');
+  await result.getByText('Result', { exact: true }).click();
+  assert.match(await result.locator('pre').innerText(), /"id"/);
+  const history = page.locator('table.history tbody tr');
+  assert.ok(await history.count() >= 5, 'the history is shown');
+  await shot(page, 'task.png');
+
+  // A retry from the page: confirm with a reason, and the task moves.
+  const error = tasks.Error[0];
+  await page.goto(`${base}/tasks/${error}`);
+  assert.match(await page.locator('h1 .badge').innerText(), /^Error$/);
+  await page.getByRole('link', { name: 'Retry…' }).click();
+  assert.match(await heading(), /^Retry task/);
+  await page.getByLabel('Reason (recorded in the history)').fill('retried from the browser');
+  await shot(page, 'confirm.png');
+  await page.getByRole('button', { name: 'Retry task' }).click();
+  assert.match(await page.getByRole('status').innerText(), /Retry applied: the task is now Pending/);
+  assert.match(await page.locator('h1 .badge').innerText(), /^Pending$/);
+  assert.match(await page.locator('table.history tbody tr').last().innerText(), /operator retry: retried from the browser/);
+  await shot(page, 'retried.png');
+
+  // The resolve form will not go without its note.
+  const other = tasks.CompensationFailed[0];
+  await page.goto(`${base}/tasks/${other}/resolve`);
+  await page.getByRole('button', { name: 'Resolve task' }).click();
+  assert.match(await heading(), /^Resolve task/, 'the browser keeps a required note');
+
+  // The services and their breakers; the workflows and their versions.
+  await page.getByRole('link', { name: 'Services' }).click();
+  assert.equal(await heading(), 'Services');
+  assert.ok(await page.getByRole('cell', { name: 'core-banking' }).isVisible());
+  await shot(page, 'services.png');
+  await page.getByRole('link', { name: 'Workflows' }).click();
+  await page.getByRole('link', { name: 'loan-application' }).click();
+  assert.match(await heading(), /^Workflow loan-application v\d+/);
+  console.log('console browser test: ok');
+} finally {
+  await browser.close();
+}

@@ -1,0 +1,283 @@
+//! The operator's console: its pages over HTTP on the local runner, with tasks in every state
+//! (`sas::local::showcase`), and the same pages in a real browser (Playwright driving Debian's
+//! headless Chromium; `infra/test.sh` installs both).
+
+use sas::ProcessState;
+use sas::local::{Settings, System};
+use sas_blackbox::memory_system;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// A served system (not started: nothing moves unless a test moves it) with tasks in every
+/// state.
+async fn showcase() -> (System, SocketAddr, BTreeMap<ProcessState, Vec<sas::TaskId>>) {
+    let mut system = memory_system(Settings::default()).await;
+    let tasks = sas::local::showcase::tasks_in_every_state(&system)
+        .await
+        .expect("tasks in every state");
+    let addr = system
+        .serve("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("serves");
+    (system, addr, tasks)
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+}
+
+/// A form body with the field `reason`.
+fn reason(text: &str) -> String {
+    url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("reason", text)
+        .finish()
+}
+
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let resp = client()
+        .get(format!("http://{addr}{path}"))
+        .send()
+        .await
+        .expect("answers");
+    let status = resp.status().as_u16();
+    (status, resp.text().await.expect("body"))
+}
+
+#[tokio::test]
+async fn the_console_lists_tasks_by_state_with_counts_and_shows_each_tasks_timeline() {
+    let (system, addr, tasks) = showcase().await;
+    // `/console` is the local runner's short address of the operator API's console.
+    let resp = client()
+        .get(format!("http://{addr}/console?state=Error"))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(resp.status().as_u16(), 308);
+    assert_eq!(
+        resp.headers()["location"],
+        "/operator/console?state=Error",
+        "the query survives the redirect"
+    );
+    for state in ProcessState::ALL {
+        let (status, page) = get(addr, &format!("/operator/console?state={state}")).await;
+        assert_eq!(status, 200, "{page}");
+        for id in &tasks[&state] {
+            assert!(page.contains(&id.to_string()), "{state}: {id} listed");
+        }
+        // The other states' tasks are not on this state's page.
+        for (other, ids) in &tasks {
+            if *other != state {
+                for id in ids {
+                    assert!(
+                        !page.contains(&id.to_string()),
+                        "{state} lists {other} {id}"
+                    );
+                }
+            }
+        }
+        // Each state's tab carries its count.
+        for (s, ids) in &tasks {
+            let tab = format!("{s} <span class=\"count\">{}</span>", ids.len());
+            assert!(page.contains(&tab), "{state} page: tab {tab}");
+        }
+    }
+    // Filtered by workflow: the loan in Error is there, no order is.
+    let (_, loans) = get(
+        addr,
+        "/operator/console?state=Processed&workflow=loan-application",
+    )
+    .await;
+    let (_, orders) = get(
+        addr,
+        "/operator/console?state=Processed&workflow=ecommerce-order",
+    )
+    .await;
+    let processed = &tasks[&ProcessState::Processed];
+    let in_page = |page: &str| {
+        processed
+            .iter()
+            .filter(|id| page.contains(&id.to_string()))
+            .count()
+    };
+    assert_eq!((in_page(&loans), in_page(&orders)), (1, 2));
+    // A task's page: its steps as a timeline with inputs and results, and its history.
+    let failed = tasks[&ProcessState::CompensationFailed][0];
+    let (status, page) = get(addr, &format!("/operator/console/tasks/{failed}")).await;
+    assert_eq!(status, 200);
+    for want in [
+        "<ol class=\"timeline\">",
+        "inventory.reserve-inventory",
+        "payment.charge-payment",
+        "<summary>Input</summary>",
+        "<summary>Result</summary>",
+        "<summary>Undo input</summary>",
+        "CompensationFailed",
+        "/retry\"",
+        "/resolve\"",
+    ] {
+        assert!(page.contains(want), "task page lacks {want:?}");
+    }
+    assert!(!page.contains("/cancel\""), "no cancel for a failed task");
+    // The resolved task's history names the operator and the note.
+    let resolved = tasks[&ProcessState::Resolved][0];
+    let (_, page) = get(addr, &format!("/operator/console/tasks/{resolved}")).await;
+    assert!(page.contains("operator resolve: disbursed by hand from the back office"));
+    assert!(page.contains(sas::local::showcase::SHOWCASE_OPERATOR));
+    // Workflows and services.
+    let (_, page) = get(addr, "/operator/console/workflows").await;
+    assert!(page.contains("loan-application") && page.contains("ecommerce-order"));
+    let (_, page) = get(addr, "/operator/console/workflows/loan-application").await;
+    assert!(page.contains("(pivot)"), "the pivot step is marked");
+    let (_, page) = get(addr, "/operator/console/services").await;
+    assert!(page.contains("core-banking") && page.contains("badge ok\">closed"));
+    let (status, page) = get(addr, "/operator/console/tasks/not-a-task").await;
+    assert_eq!(status, 400, "{page}");
+    drop(system);
+}
+
+#[tokio::test]
+async fn a_console_action_needs_a_same_origin_form_and_moves_the_task() {
+    let (system, addr, tasks) = showcase().await;
+    let error = tasks[&ProcessState::Error][0];
+    let url = format!("http://{addr}/operator/console/tasks/{error}/retry");
+    // A cross-site form (another page's POST into the operator's console) is refused.
+    for (header, value) in [
+        ("sec-fetch-site", "cross-site"),
+        ("origin", "https://evil.example"),
+    ] {
+        let resp = client()
+            .post(&url)
+            .header(header, value)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(reason("forged"))
+            .send()
+            .await
+            .expect("answers");
+        assert_eq!(resp.status().as_u16(), 403, "{header}: {value}");
+    }
+    assert_eq!(
+        sas_blackbox::state(&system, error).await.process_state,
+        ProcessState::Error,
+        "a refused form changes nothing"
+    );
+    // A resolve without its note is shown again with the API's reason.
+    let resp = client()
+        .post(format!(
+            "http://{addr}/operator/console/tasks/{error}/resolve"
+        ))
+        .header("sec-fetch-site", "same-origin")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(reason(" "))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(resp.status().as_u16(), 400);
+    assert!(
+        resp.text()
+            .await
+            .expect("body")
+            .contains("reason is required")
+    );
+    // The console's own form: applied, then the browser is sent to the task's page.
+    let resp = client()
+        .post(&url)
+        .header("sec-fetch-site", "same-origin")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(reason("core banking fixed the limit"))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(resp.status().as_u16(), 303);
+    let location = resp.headers()["location"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    assert_eq!(
+        location,
+        format!("/operator/console/tasks/{error}?done=retry")
+    );
+    let (_, page) = get(addr, &location).await;
+    assert!(page.contains("Retry applied"), "{page}");
+    let r = sas_blackbox::state(&system, error).await;
+    assert_eq!(r.process_state, ProcessState::Pending);
+    let last = r.history.last().expect("history");
+    assert_eq!(last.reason, "operator retry: core banking fixed the limit");
+    // Retrying again is a conflict, shown on the confirmation page.
+    let resp = client()
+        .post(&url)
+        .header("sec-fetch-site", "same-origin")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(reason("again"))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(resp.status().as_u16(), 409);
+    assert!(resp.text().await.expect("body").contains("role=\"alert\""));
+}
+
+/// The console in Debian's headless Chromium, driven by Playwright (`tests/browser/console.mjs`):
+/// the list filters by workflow and state, a task's page shows its timeline, and a retry from
+/// the page moves the task. Screenshots go to `target/console/`.
+#[tokio::test]
+async fn the_console_works_in_a_real_browser() {
+    let (system, addr, tasks) = showcase().await;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let script = root.join("tests/browser/console.mjs");
+    let shots = root.join("target/console");
+    std::fs::create_dir_all(&shots).expect("screenshot folder");
+    let chromium = std::env::var("SAS_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let ids = serde_json::to_string(
+        &tasks
+            .iter()
+            .map(|(s, ids)| (s.as_str(), ids))
+            .collect::<BTreeMap<_, _>>(),
+    )
+    .expect("json");
+    let out = tokio::process::Command::new("node")
+        .arg(&script)
+        .env("CONSOLE_URL", format!("http://{addr}/console"))
+        .env("CONSOLE_TASKS", ids)
+        .env("CONSOLE_SHOTS", &shots)
+        .env("CHROMIUM", &chromium)
+        .env("NODE_PATH", root.join("tests/browser/node_modules"))
+        .output()
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "node {}: {e} (infra/test.sh installs node's playwright-core and chromium)",
+                script.display()
+            )
+        });
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the browser test failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    // What the browser did, checked on the store: the retried task moved.
+    let retried = tasks[&ProcessState::Error][0];
+    let r = sas_blackbox::state(&system, retried).await;
+    assert_eq!(r.process_state, ProcessState::Pending, "{stdout}");
+    assert!(
+        r.history
+            .last()
+            .is_some_and(|h| h.reason == "operator retry: retried from the browser"),
+        "{:?}",
+        r.history.last()
+    );
+    for shot in [
+        "tasks.png",
+        "task.png",
+        "confirm.png",
+        "retried.png",
+        "services.png",
+    ] {
+        let meta = std::fs::metadata(shots.join(shot)).expect(shot);
+        assert!(meta.len() > 1_000, "{shot} is an image");
+    }
+}
