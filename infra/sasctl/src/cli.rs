@@ -105,6 +105,17 @@ pub enum Command {
     /// Resolved), 4 if
     /// the timeout passes first.
     Watch(WatchArgs),
+    /// Start a task of a workflow with an input (a JSON file, or - for stdin).
+    ///
+    /// Prints the task's id (the API's answer under --json). With --idempotency-key, sending
+    /// the same command again returns the same task instead of starting a second one.
+    Submit(SubmitArgs),
+    /// Serve the operator console on a loopback address, signing what it forwards.
+    ///
+    /// A small proxy: the browser talks to it, it forwards the console's pages to the operator
+    /// API (`--endpoint`) signed with SigV4 (as --sign says), so no credentials reach the
+    /// browser. Runs until interrupted.
+    Console(ConsoleArgs),
     /// Workflow definitions: validate files, publish them, list and show what is published.
     #[command(subcommand)]
     Workflow(WorkflowCommand),
@@ -227,6 +238,28 @@ pub struct ActArgs {
     pub reason: Option<String>,
 }
 
+/// `submit` arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct SubmitArgs {
+    /// The workflow's name.
+    #[arg(value_parser = parse_name)]
+    pub workflow: String,
+    /// The task's input: a JSON file, or - to read it from stdin.
+    #[arg(long, value_name = "FILE|-")]
+    pub input: PathBuf,
+    /// An idempotency key: the same key gives the same task.
+    #[arg(long, value_parser = parse_non_empty)]
+    pub idempotency_key: Option<String>,
+}
+
+/// `console` arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct ConsoleArgs {
+    /// The loopback address to serve on (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:8321")]
+    pub listen: std::net::SocketAddr,
+}
+
 /// `resolve` arguments.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct ResolveArgs {
@@ -341,6 +374,8 @@ pub async fn run_with(
     } else if let Command::Service(ServiceCommand::Check(args)) = &cli.command {
         // The service itself, not the sas API.
         service_check(cli.json, args, out, err).await
+    } else if let Command::Console(args) = &cli.command {
+        console(&cli, args, out).await
     } else {
         match client(&cli).await {
             Ok(client) => dispatch(&client, &cli, out, err).await,
@@ -371,6 +406,14 @@ pub async fn run_with(
 /// The API client `cli` asks for, signing as `--sign` says.
 async fn client(cli: &Cli) -> Result<Client, ClientError> {
     let client = Client::new(cli.endpoint.clone())?;
+    Ok(match signer(cli).await? {
+        Some(signer) => client.signed(signer),
+        None => client,
+    })
+}
+
+/// The signer `--sign` asks for (`None`: requests go unsigned).
+async fn signer(cli: &Cli) -> Result<Option<crate::sign::Signer>, ClientError> {
     let loopback = cli.endpoint.host().is_some_and(|h| match h {
         url::Host::Domain(d) => d == "localhost",
         url::Host::Ipv4(a) => a.is_loopback(),
@@ -382,12 +425,40 @@ async fn client(cli: &Cli) -> Result<Client, ClientError> {
         Sign::Auto => !loopback,
     };
     if !sign {
-        return Ok(client);
+        return Ok(None);
     }
-    let signer = crate::sign::Signer::from_environment(&cli.endpoint)
+    crate::sign::Signer::from_environment(&cli.endpoint)
         .await
-        .map_err(|e| ClientError::Signing(e.to_string()))?;
-    Ok(client.signed(signer))
+        .map(Some)
+        .map_err(|e| ClientError::Signing(e.to_string()))
+}
+
+/// `console`: serves the signing proxy until interrupted.
+async fn console(
+    cli: &Cli,
+    args: &ConsoleArgs,
+    out: &mut (dyn Write + Send),
+) -> Result<i32, Failure> {
+    let signer = signer(cli).await?;
+    let signing = signer
+        .as_ref()
+        .map(|s| format!("signing for {}", s.region()))
+        .unwrap_or_else(|| "not signing".to_owned());
+    let (bound, serving) = crate::console::bind(&cli.endpoint, signer, args.listen)
+        .await
+        .map_err(|e| ClientError::Listen(e.to_string()))?;
+    writeln!(
+        out,
+        "console: http://{bound}{} (the operator API at {}, {signing}; Ctrl-C stops it)",
+        crate::console::CONSOLE_PATH,
+        cli.endpoint
+    )?;
+    out.flush()?;
+    tokio::select! {
+        served = serving => served?,
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    Ok(exit::OK)
 }
 
 async fn dispatch(
@@ -429,6 +500,44 @@ async fn dispatch(
             act(client, cli.json, &request, out).await
         }
         Command::Watch(args) => watch(client, cli.json, args, out, err).await,
+        Command::Submit(args) => {
+            let text = if args.input.as_os_str() == "-" {
+                let mut text = String::new();
+                io::Read::read_to_string(&mut io::stdin(), &mut text).map(|_| text)
+            } else {
+                std::fs::read_to_string(&args.input)
+            };
+            let input: Value = match text
+                .map_err(|e| e.to_string())
+                .and_then(|t| serde_json::from_str(&t).map_err(|e| format!("not JSON: {e}")))
+            {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = writeln!(err, "error: --input {}: {e}", args.input.display());
+                    return Ok(exit::USAGE);
+                }
+            };
+            let request = Request::Submit {
+                workflow: &args.workflow,
+                input: &input,
+                idempotency_key: args.idempotency_key.as_deref(),
+            };
+            let raw = client.send(&request).await?;
+            if cli.json {
+                print_json(out, &raw)?;
+            } else {
+                writeln!(
+                    out,
+                    "{} ({} v{}, {})",
+                    raw["taskId"].as_str().unwrap_or("?"),
+                    args.workflow,
+                    raw["workflowVersion"],
+                    raw["processState"].as_str().unwrap_or("Pending")
+                )?;
+            }
+            Ok(exit::OK)
+        }
+        Command::Console(_) => Ok(exit::USAGE),
         Command::Workflow(WorkflowCommand::Validate(args)) => validate(cli.json, args, out),
         Command::Workflow(WorkflowCommand::Apply(args)) => {
             apply(client, cli.json, args, out, err).await

@@ -44,6 +44,9 @@ pub enum ClientError {
     /// The request could not be signed (no credentials, no region).
     #[error("{0}")]
     Signing(String),
+    /// `console` cannot listen where it was asked to.
+    #[error("{0}")]
+    Listen(String),
 }
 
 /// The deepest cause of an error: the useful part of a reqwest error chain (e.g. "Connection
@@ -64,7 +67,7 @@ impl ClientError {
         match self {
             Self::Api { .. } | Self::Decode { .. } => crate::exit::API,
             Self::Transport { .. } => crate::exit::TRANSPORT,
-            Self::Endpoint(_) | Self::Signing(_) => crate::exit::USAGE,
+            Self::Endpoint(_) | Self::Signing(_) | Self::Listen(_) => crate::exit::USAGE,
         }
     }
 
@@ -78,6 +81,7 @@ impl ClientError {
             Self::Decode { .. } => ("unexpected_answer", self.to_string()),
             Self::Endpoint(_) => ("invalid_endpoint", self.to_string()),
             Self::Signing(_) => ("signing", self.to_string()),
+            Self::Listen(_) => ("listen", self.to_string()),
         };
         let mut error = serde_json::json!({"code": code, "message": message});
         if let Self::Api {
@@ -122,6 +126,13 @@ pub enum Request<'a> {
     PutService { name: &'a str, body: &'a Value },
     /// `PUT /workflows/{name}`, the body the workflow definition as JSON.
     PutWorkflow { name: &'a str, body: &'a Value },
+    /// `POST /workflows/{name}/tasks`, the body the task's input, with an `Idempotency-Key`
+    /// if given.
+    Submit {
+        workflow: &'a str,
+        input: &'a Value,
+        idempotency_key: Option<&'a str>,
+    },
 }
 
 impl Request<'_> {
@@ -133,7 +144,7 @@ impl Request<'_> {
             | Self::Workflows
             | Self::Workflow { .. }
             | Self::Services => "GET",
-            Self::Act { .. } => "POST",
+            Self::Act { .. } | Self::Submit { .. } => "POST",
             Self::PutService { .. } | Self::PutWorkflow { .. } => "PUT",
         }
     }
@@ -146,6 +157,7 @@ impl Request<'_> {
                 ..
             } => Some(serde_json::json!({ "reason": reason })),
             Self::PutService { body, .. } | Self::PutWorkflow { body, .. } => Some(body.clone()),
+            Self::Submit { input, .. } => Some(input.clone()),
             _ => None,
         }
     }
@@ -169,6 +181,7 @@ impl Request<'_> {
             Self::Services => own(&["services"]),
             Self::PutService { name, .. } => own(&["services", name]),
             Self::PutWorkflow { name, .. } => own(&["workflows", name]),
+            Self::Submit { workflow, .. } => own(&["workflows", workflow, "tasks"]),
         }
     }
 }
@@ -305,6 +318,13 @@ impl Client {
         };
         if let Some(body) = request.body() {
             builder = builder.json(&body);
+        }
+        if let Request::Submit {
+            idempotency_key: Some(key),
+            ..
+        } = request
+        {
+            builder = builder.header("idempotency-key", *key);
         }
         let mut prepared = builder
             .header(reqwest::header::ACCEPT, "application/json")

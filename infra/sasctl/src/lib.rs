@@ -92,6 +92,7 @@
 pub mod api;
 pub mod cli;
 pub mod client;
+pub mod console;
 pub mod definitions;
 pub mod render;
 pub mod service_check;
@@ -102,8 +103,9 @@ pub use api::{
     Published, ServiceList, StepView, TaskSummary, TaskView, UnknownState, WorkflowList,
 };
 pub use cli::{
-    ActArgs, CheckArgs, Cli, Command, DEFAULT_ENDPOINT, FilesArgs, IdArg, ListArgs, ResolveArgs,
-    ServiceCommand, WatchArgs, WorkflowCommand, WorkflowShowArgs, run, run_with,
+    ActArgs, CheckArgs, Cli, Command, ConsoleArgs, DEFAULT_ENDPOINT, FilesArgs, IdArg, ListArgs,
+    ResolveArgs, ServiceCommand, SubmitArgs, WatchArgs, WorkflowCommand, WorkflowShowArgs, run,
+    run_with,
 };
 pub use client::{Action, Client, ClientError, Request, decode};
 pub use definitions::{Validation, validate_paths};

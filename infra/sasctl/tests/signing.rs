@@ -108,3 +108,188 @@ async fn a_signed_sasctl_reaches_an_iam_operator_api_and_an_unsigned_one_does_no
     assert_eq!(code, 1, "unsigned to an IAM API: {text}");
     assert!(text.contains("unauthenticated"), "{text}");
 }
+
+/// `sasctl console` serves the console on loopback and signs what it forwards: the browser
+/// needs no credentials, the IAM-only operator API gets signed requests.
+#[tokio::test]
+async fn the_console_proxy_signs_what_it_forwards_and_nothing_else() {
+    let user = LocalUser {
+        access_key_id: "AKIDCONSOLE".into(),
+        secret_access_key: "console-secret".into(),
+        arn: "arn:aws:iam::123456789012:user/console-operator".into(),
+    };
+    let settings = Settings {
+        operator_auth: LocalAuth::Iam(Arc::new(
+            SigV4Check::new("us-east-1", vec![user.clone()]).expect("users"),
+        )),
+        ..Settings::default()
+    };
+    let mut system = System::new(Backend::Memory, settings, Arc::new(sas::ports::SystemClock))
+        .await
+        .expect("system");
+    let addr = system
+        .serve("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("serves");
+    let endpoint: url::Url = format!("http://{addr}/operator").parse().expect("url");
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    // Unsigned, the console is the operator API's and refuses.
+    let direct = http
+        .get(format!("http://{addr}/operator/console"))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(direct.status().as_u16(), 401);
+
+    let (bound, serving) = sasctl::console::bind(
+        &endpoint,
+        Some(signer(&user)),
+        "127.0.0.1:0".parse().expect("addr"),
+    )
+    .await
+    .expect("binds");
+    let proxy = tokio::spawn(serving);
+    let page = http
+        .get(format!("http://{bound}/operator/console?state=Pending"))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(page.status().as_u16(), 200);
+    assert_eq!(
+        page.headers()["content-type"],
+        "text/html; charset=utf-8",
+        "the console's own headers come through"
+    );
+    assert!(page.headers().contains_key("content-security-policy"));
+    assert!(page.text().await.expect("body").contains("Pending tasks"));
+    // `/` is the console.
+    let root = http
+        .get(format!("http://{bound}/"))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(root.status().as_u16(), 303);
+    assert_eq!(root.headers()["location"], "/operator/console");
+    // Nothing but the console is forwarded: not the JSON API, not the task API.
+    for path in [
+        "/operator/tasks?state=Error",
+        "/workflows/ecommerce-order/tasks",
+    ] {
+        let resp = http
+            .get(format!("http://{bound}{path}"))
+            .send()
+            .await
+            .expect("answers");
+        assert_eq!(resp.status().as_u16(), 404, "{path}");
+    }
+    // A page that reached the proxy under another host name (DNS rebinding) is refused.
+    let rebound = http
+        .get(format!("http://{bound}/operator/console"))
+        .header("host", format!("evil.example:{}", bound.port()))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(rebound.status().as_u16(), 403);
+    // A form through the proxy: signed, applied, recorded under the signer's principal.
+    let (_, _, answer) = {
+        let resp = sas::handlers::submission::handle(
+            &system.submission,
+            &sas::auth::Identity::anonymous(),
+            &http::Method::POST,
+            "/workflows/ecommerce-order/tasks",
+            &http::HeaderMap::new(),
+            br#"{"customerId": "c-1", "items": [{"sku": "SKU-1", "quantity": 1}]}"#,
+        )
+        .await;
+        let body: serde_json::Value = serde_json::from_str(resp.body()).expect("json");
+        (resp.status(), (), body)
+    };
+    let id = answer["taskId"].as_str().expect("taskId").to_owned();
+    let cancel = http
+        .post(format!("http://{bound}/operator/console/tasks/{id}/cancel"))
+        .header("sec-fetch-site", "same-origin")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("reason=from+the+proxy")
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(cancel.status().as_u16(), 303, "{:?}", cancel.text().await);
+    let r = system
+        .store
+        .get_state(id.parse().expect("id"))
+        .await
+        .expect("read")
+        .expect("record");
+    let last = r.history.last().expect("history");
+    assert_eq!(last.reason, "operator cancel: from the proxy");
+    assert_eq!(last.by.as_deref(), Some(user.arn.as_str()));
+    proxy.abort();
+}
+
+/// `sasctl submit` starts a task from a file, once per idempotency key.
+#[tokio::test]
+async fn sasctl_submit_starts_a_task_once_per_key() {
+    use clap::Parser;
+    let mut system = System::new(
+        Backend::Memory,
+        Settings::default(),
+        Arc::new(sas::ports::SystemClock),
+    )
+    .await
+    .expect("system");
+    let addr = system
+        .serve("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("serves");
+    let dir = std::env::temp_dir().join(format!("sasctl-submit-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let input = dir.join("order.json");
+    std::fs::write(
+        &input,
+        r#"{"customerId": "c-9", "items": [{"sku": "SKU-9", "quantity": 3}]}"#,
+    )
+    .expect("write");
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, r#"{"customerId": ""}"#).expect("write");
+    let endpoint = format!("http://{addr}/operator");
+    let run = |file: std::path::PathBuf, key: &'static str| {
+        let endpoint = endpoint.clone();
+        async move {
+            let cli = sasctl::Cli::try_parse_from([
+                "sasctl",
+                "--endpoint",
+                &endpoint,
+                "--json",
+                "submit",
+                "ecommerce-order",
+                "--input",
+                file.to_str().expect("utf-8 path"),
+                "--idempotency-key",
+                key,
+            ])
+            .expect("args");
+            let mut out = Vec::new();
+            let code = sasctl::run(cli, &mut out).await.expect("runs");
+            let doc: serde_json::Value = serde_json::from_slice(&out).expect("one JSON document");
+            (code, doc)
+        }
+    };
+    let (code, first) = run(input.clone(), "order-9").await;
+    assert_eq!(code, 0, "{first}");
+    let (code, again) = run(input.clone(), "order-9").await;
+    assert_eq!(code, 0, "{again}");
+    assert_eq!(
+        first["taskId"], again["taskId"],
+        "the same key, the same task"
+    );
+    let id: sas::TaskId = first["taskId"].as_str().expect("id").parse().expect("id");
+    let (task, _) = system.store.get(id).await.expect("read").expect("task");
+    assert_eq!(task.input["items"][0]["sku"], "SKU-9");
+    let (code, refused) = run(bad, "order-10").await;
+    assert_eq!(code, 1, "{refused}");
+    assert_eq!(refused["error"]["code"], "validation_failed", "{refused}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
