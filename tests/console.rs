@@ -139,6 +139,50 @@ async fn the_console_lists_tasks_by_state_with_counts_and_shows_each_tasks_timel
     drop(system);
 }
 
+/// Every task the showcase made is counted in the EMF metrics, by workflow (and per service for
+/// the step calls), in documents CloudWatch can read.
+#[tokio::test]
+async fn the_showcase_is_counted_in_the_metrics() {
+    let (system, _addr, tasks) = showcase().await;
+    let m = &system.metrics;
+    let order = ("Workflow", "ecommerce-order");
+    let loan = ("Workflow", "loan-application");
+    assert_eq!(m.sum("TasksAccepted", &[order]), 7.0);
+    assert_eq!(m.sum("TasksAccepted", &[loan]), 4.0);
+    let made: usize = tasks.values().map(Vec::len).sum();
+    assert_eq!(m.sum("TasksAccepted", &[]), made as f64);
+    assert_eq!(m.sum("TasksProcessed", &[order]), 2.0);
+    assert_eq!(m.sum("TasksProcessed", &[loan]), 1.0);
+    assert_eq!(m.sum("TasksRefused", &[order]), 1.0);
+    assert_eq!(m.sum("TasksCompensationFailed", &[order]), 1.0);
+    assert_eq!(
+        m.sum("TasksFailed", &[loan]),
+        2.0,
+        "both loans reached Error"
+    );
+    assert_eq!(m.sum("TasksResolved", &[loan]), 1.0);
+    assert_eq!(m.sum("TasksCompensated", &[order]), 1.0);
+    assert_eq!(m.sum("PoisonMessages", &[]), 0.0);
+    // Each step request's calls, per service: the payment was asked for by the two processed
+    // orders, the refused one and the one whose undo failed (the cancelled order's payment
+    // request was never picked up by an agent).
+    let payment = ("Service", "payment");
+    assert_eq!(m.sum("StepAttempts", &[order, payment]), 4.0);
+    assert!(m.sum("StepLatency", &[order, payment]) >= 0.0);
+    // Three loans got as far as the signature: the processed one and the two that failed.
+    assert_eq!(m.sum("CallbackWaits", &[loan, ("Service", "e-sign")]), 3.0);
+    for doc in system.metrics.documents() {
+        assert_eq!(
+            doc["_aws"]["CloudWatchMetrics"][0]["Namespace"],
+            "sas/local"
+        );
+        assert!(
+            doc["_aws"]["Timestamp"].as_i64().is_some_and(|t| t > 0),
+            "{doc}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_console_action_needs_a_same_origin_form_and_moves_the_task() {
     let (system, addr, tasks) = showcase().await;

@@ -488,7 +488,13 @@ async fn failures_up_to_the_threshold_end_in_error_with_a_task_failed_event() {
             .as_str()
             .is_some_and(|e| e.contains("charge-payment"))
     );
-    assert!(!state(&system, id).await.notice_pending());
+    assert!(!state(&system, id).await.notice_pending()); // The metrics say the same: three recoveries by the sweep, one failed task.
+    let m = &system.metrics;
+    let order = ("Workflow", "ecommerce-order");
+    assert_eq!(m.sum("Recoveries", &[order, ("Cause", "sweep")]), 3.0);
+    assert_eq!(m.sum("Recoveries", &[("Cause", "pickup")]), 0.0);
+    assert_eq!(m.sum("TasksFailed", &[order]), 1.0);
+    assert_eq!(m.sum("SweepsCompleted", &[]), 3.0);
 }
 
 #[tokio::test]
@@ -545,6 +551,14 @@ async fn a_submission_that_dies_before_enqueueing_is_recovered_by_the_supervisor
     clock.advance(chrono::Duration::seconds(61));
     let report = system.sweep().await.expect("sweep");
     assert_eq!(report.requeued, 1, "{report:?}");
+    assert_eq!(
+        system.metrics.sum(
+            "Recoveries",
+            &[("Workflow", "ecommerce-order"), ("Cause", "pickup")]
+        ),
+        1.0,
+        "a task never picked up is a pickup recovery"
+    );
     let r = state(&system, id).await;
     assert_eq!(r.failure_count, 0, "a lost message is not a task failure");
     pump_until_quiet(&system, 20).await;

@@ -291,6 +291,8 @@ async fn every_call_is_granted_and_every_grant_is_used() {
             "/workflows/ecommerce-order",
             "/workflows/ecommerce-order/versions/1",
             "/services/payment",
+            "/counts",
+            "/counts?workflow=ecommerce-order",
         ] {
             let (status, body) = call(&operator, true, Method::GET, path, &[], &Value::Null).await;
             assert_eq!(status, 200, "{path}: {body}");

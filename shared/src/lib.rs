@@ -22,6 +22,7 @@ pub mod handlers;
 pub mod local;
 pub mod memory;
 pub mod messages;
+pub mod metrics;
 pub mod ports;
 pub mod remote;
 pub mod telemetry;

@@ -22,6 +22,12 @@ pub fn init_with_default(default_filter: &str) {
             .without_time()
             .try_init()
     } else {
-        builder.compact().with_target(false).try_init()
+        // Colours only on a terminal: piped or captured logs stay plain text.
+        let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
+        builder
+            .compact()
+            .with_target(false)
+            .with_ansi(tty)
+            .try_init()
     };
 }

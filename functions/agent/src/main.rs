@@ -58,6 +58,7 @@ async fn main() -> Result<(), Error> {
         })
     };
     let deps = AgentDeps {
+        metrics: sas::metrics::Metrics::from_env(),
         name: config::optional("AGENT_NAME").unwrap_or_else(|| "agent".into()),
         queue: Arc::new(config::sqs_queue(&sdk)),
         remotes: Arc::new(
@@ -69,7 +70,8 @@ async fn main() -> Result<(), Error> {
                 factory,
                 connectors,
             )
-            .with_alerts(Arc::new(config::event_bus(&sdk)?)),
+            .with_alerts(Arc::new(config::event_bus(&sdk)?))
+            .with_metrics(sas::metrics::Metrics::from_env()),
         ),
         clock,
         backoff: config::backoff()?,

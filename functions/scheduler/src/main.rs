@@ -14,6 +14,7 @@ async fn main() -> Result<(), Error> {
     let store = Arc::new(config::dynamo_store(&sdk)?);
     let clock: Arc<dyn sas::ports::Clock> = Arc::new(sas::ports::SystemClock);
     let deps = SchedulerDeps {
+        metrics: sas::metrics::Metrics::from_env(),
         definitions: Arc::new(config::definitions(store.clone(), clock.clone())?),
         store,
         queue: Arc::new(config::sqs_queue(&sdk)),

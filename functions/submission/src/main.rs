@@ -26,6 +26,7 @@ async fn main() -> Result<(), Error> {
         config::parsed("API_AUTH", AuthMode::Iam)?
     };
     let deps = SubmissionDeps {
+        metrics: sas::metrics::Metrics::from_env(),
         definitions: Arc::new(config::definitions(store.clone(), clock.clone())?),
         store,
         queue: Arc::new(config::sqs_queue(&sdk)),

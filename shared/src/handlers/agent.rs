@@ -28,6 +28,8 @@ pub struct AgentDeps {
     /// Upper bound on one remote call (the remaining time to the deadline bounds it too).
     pub call_timeout: Duration,
     pub dead_letter_url: Option<String>,
+    /// Where the handler's EMF metrics go.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Handles one SQS batch of step requests.
@@ -36,6 +38,7 @@ pub async fn handle(deps: &AgentDeps, event: SqsEvent) -> SqsBatchResponse {
         event,
         deps.queue.as_ref(),
         deps.dead_letter_url.as_deref(),
+        (&deps.metrics, "agent"),
         |body| async move { on_message(deps, &body).await },
     )
     .await
@@ -70,6 +73,27 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
         callback: request.callback.clone(),
     };
     let mut retry = 0u32;
+    let started = std::time::Instant::now();
+    let observe = |calls: u32| {
+        deps.metrics.emit(
+            &[
+                ("Workflow", request.workflow.as_str()),
+                ("Service", request.service.as_str()),
+            ],
+            &[
+                (
+                    "StepLatency",
+                    crate::metrics::Unit::Milliseconds,
+                    started.elapsed().as_secs_f64() * 1000.0,
+                ),
+                (
+                    "StepAttempts",
+                    crate::metrics::Unit::Count,
+                    f64::from(calls),
+                ),
+            ],
+        );
+    };
     loop {
         let Ok(remaining) = (request.complete_by - deps.clock.now()).to_std() else {
             info!("deadline passed; stopping without a reply");
@@ -131,6 +155,7 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                         StepOutcome::Deferred { until }
                     } else {
                         info!(error = %fault, retries = retry, "transient fault and no time left before the deadline; stopping without a reply");
+                        observe(retry);
                         return Ok(());
                     }
                 } else {
@@ -158,6 +183,7 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
             .send(&request.reply_queue_url, &body, Duration::ZERO)
             .await?;
         info!(retries = retry, "reply sent");
+        observe(retry + 1);
         return Ok(());
     }
 }

@@ -10,7 +10,7 @@ pub mod supervisor;
 
 use crate::catalog::{CatalogError, Definitions};
 use crate::domain::transition::{Effect, notice_delivered};
-use crate::domain::{StateRecord, Status, Transition};
+use crate::domain::{ProcessState, StateRecord, Status, Transition};
 use crate::messages::{SchedulerMessage, TaskNotice, WorkMessage};
 use crate::ports::{Clock, EventBus, PublishError, Queue, QueueError, StateStore, StoreError};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
@@ -90,6 +90,7 @@ pub async fn process_batch<'a, F, Fut>(
     event: SqsEvent,
     queue: &'a dyn Queue,
     poison_url: Option<&'a str>,
+    (metrics, function): (&'a crate::metrics::Metrics, &'a str),
     f: F,
 ) -> SqsBatchResponse
 where
@@ -107,7 +108,9 @@ where
                     warn!(message_id = %id, %why, "message left for redelivery");
                     true
                 }
-                RecordOutcome::Poison(why) => match poison_url {
+                RecordOutcome::Poison(why) => {
+                    metrics.count("PoisonMessages", &[("Function", function)]);
+                    match poison_url {
                     Some(dlq) => match queue.send_dead_letter(dlq, &body, &why).await {
                         Ok(()) => {
                             error!(message_id = %id, %why, "poison message moved to the dead-letter queue");
@@ -122,7 +125,8 @@ where
                         error!(message_id = %id, %why, "poison message left for redrive (no dead-letter queue configured)");
                         true
                     }
-                },
+                }
+                }
             };
             keep.then_some(id)
         }
@@ -130,6 +134,25 @@ where
     let mut response = SqsBatchResponse::default();
     response.set_failures(futures::future::join_all(work).await.into_iter().flatten());
     response
+}
+
+/// Counts a transition that ended a task's run in `Tasks<State>` (by workflow): Processed,
+/// Compensated, Refused, Error (`TasksFailed`), CompensationFailed, Resolved.
+pub(crate) fn count_outcome(metrics: &crate::metrics::Metrics, from: ProcessState, t: &Transition) {
+    let to = t.record.process_state;
+    if to == from {
+        return;
+    }
+    let name = match to {
+        ProcessState::Processed => "TasksProcessed",
+        ProcessState::Compensated => "TasksCompensated",
+        ProcessState::Refused => "TasksRefused",
+        ProcessState::Error => "TasksFailed",
+        ProcessState::CompensationFailed => "TasksCompensationFailed",
+        ProcessState::Resolved => "TasksResolved",
+        _ => return,
+    };
+    metrics.count(name, &[("Workflow", t.record.workflow.as_str())]);
 }
 
 /// Writes a transition's record under its condition. `Ok(false)`: the condition failed because

@@ -40,6 +40,8 @@ pub struct SchedulerDeps {
     /// The task API's base URL: callback steps' services complete them at
     /// `{base}/tasks/{id}/callbacks/{token}`. `None`: callback steps cannot run here.
     pub callback_base_url: Option<String>,
+    /// Where the handler's EMF metrics go.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Handles one SQS batch from the work queue or the reply queue.
@@ -48,6 +50,7 @@ pub async fn handle(deps: &SchedulerDeps, event: SqsEvent) -> SqsBatchResponse {
         event,
         deps.queue.as_ref(),
         deps.dead_letter_url.as_deref(),
+        (&deps.metrics, "scheduler"),
         |body| async move { on_message(deps, &body).await },
     )
     .await
@@ -129,6 +132,7 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         info!("another scheduler claimed the task first; work message dropped");
         return Ok(());
     }
+    super::count_outcome(&deps.metrics, record.process_state, &t);
     tracing::Span::current().record("attempt", t.record.attempt);
     info!(step = ?t.record.current_step(), state = %t.record.process_state, "claimed");
     run(deps, &task, &workflow, &t).await
@@ -161,6 +165,25 @@ async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError
     if !write(deps.store.as_ref(), &t).await? {
         info!("the record moved on meanwhile; reply dropped");
         return Ok(());
+    }
+    super::count_outcome(&deps.metrics, record.process_state, &t);
+    let i = r.step_index;
+    let waits = |rec: &crate::StateRecord| {
+        rec.steps
+            .get(i)
+            .is_some_and(|s| s.status == crate::StepStatus::Waiting)
+    };
+    if waits(&t.record)
+        && !waits(&record)
+        && let Some(step) = workflow.step(i)
+    {
+        deps.metrics.count(
+            "CallbackWaits",
+            &[
+                ("Workflow", workflow.name.as_str()),
+                ("Service", step.service.as_str()),
+            ],
+        );
     }
     info!(undo = r.undo, state = %t.record.process_state, "reply applied");
     run(deps, &task, &workflow, &t).await

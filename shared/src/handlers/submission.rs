@@ -60,6 +60,8 @@ pub struct SubmissionDeps {
     pub reply_queues: ReplyQueues,
     /// Each caller's allowance on the task API (`None`: unlimited).
     pub rate_limit: Option<RateLimit>,
+    /// Where the handler's EMF metrics go.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// The path every operator route starts with.
@@ -446,7 +448,10 @@ async fn submit(
         created_at: task.created_at,
     });
     match deps.store.create(&task, &record, key.as_ref()).await {
-        Ok(CreateOutcome::Created) => {}
+        Ok(CreateOutcome::Created) => {
+            deps.metrics
+                .count("TasksAccepted", &[("Workflow", task.workflow.as_str())]);
+        }
         Ok(CreateOutcome::KeyExists(first)) => return replay(deps, key.as_ref(), first).await,
         Err(e) => {
             error!(error = %e, "could not store the task");
@@ -809,6 +814,7 @@ async fn operate(
         }
         Err(e) => return unavailable(e),
     }
+    super::count_outcome(&deps.metrics, record.process_state, &t);
     tracing::Span::current().record("attempt", t.record.attempt);
     info!(from = %record.process_state, to = %t.record.process_state, by = %actor.by, "action applied");
     let outlets = Outlets {

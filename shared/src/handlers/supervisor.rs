@@ -33,6 +33,8 @@ pub struct SupervisorDeps {
     /// How long a shard's sweep lease lasts: longer than one sweep takes, so a dead holder
     /// stops blocking that shard after at most this long.
     pub lease_ttl: chrono::Duration,
+    /// Where the handler's EMF metrics go.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// What one sweep did.
@@ -90,7 +92,7 @@ pub async fn sweep(deps: &SupervisorDeps) -> Result<SweepReport, HandlerError> {
         report.due += due.len();
         for id in due {
             let span = info_span!("recover", task_id = %id, workflow = tracing::field::Empty, attempt = tracing::field::Empty);
-            match recover(deps, id, now).instrument(span).await {
+            match recover(deps, id, now, "sweep").instrument(span).await {
                 Ok(Recovered::Retried) => report.retried += 1,
                 Ok(Recovered::Requeued) => report.requeued += 1,
                 Ok(Recovered::Failed) => report.failed += 1,
@@ -109,6 +111,8 @@ pub async fn sweep(deps: &SupervisorDeps) -> Result<SweepReport, HandlerError> {
     if report.due > 0 {
         info!(?report, "sweep done");
     }
+    // The supervisor's heartbeat: an alarm fires when sweeps stop.
+    deps.metrics.count("SweepsCompleted", &[]);
     Ok(report)
 }
 
@@ -116,6 +120,7 @@ async fn recover(
     deps: &SupervisorDeps,
     id: TaskId,
     now: DateTime<Utc>,
+    cause: &str,
 ) -> Result<Recovered, HandlerError> {
     let Some(record) = deps.store.get_state(id).await? else {
         return Ok(Recovered::Skipped);
@@ -146,6 +151,17 @@ async fn recover(
         info!("recovered by someone else first");
         return Ok(Recovered::Skipped);
     }
+    super::count_outcome(&deps.metrics, record.process_state, &t);
+    // A task never claimed in time is a pickup recovery, whoever found it.
+    let cause = if record.process_state == crate::ProcessState::Pending {
+        "pickup"
+    } else {
+        cause
+    };
+    deps.metrics.count(
+        "Recoveries",
+        &[("Workflow", record.workflow.as_str()), ("Cause", cause)],
+    );
     let outcome = if t
         .record
         .outbox
@@ -181,6 +197,7 @@ pub async fn handle_timers(
         event,
         deps.queue.as_ref(),
         deps.dead_letter_url.as_deref(),
+        (&deps.metrics, "supervisor"),
         |body| async move { on_timer(deps, &body).await },
     )
     .await
@@ -203,7 +220,7 @@ pub async fn on_timer(deps: &SupervisorDeps, body: &str) -> super::RecordOutcome
             info!(complete_by = %timer.complete_by, "early timer re-armed");
             return super::scheduler::arm(deps.queue.as_ref(), url, &timer, now).await;
         }
-        match recover(deps, timer.task_id, now).await? {
+        match recover(deps, timer.task_id, now, "timer").await? {
             Recovered::Skipped => info!("timer: nothing to recover"),
             _ => info!("timer: deadline recovered"),
         }

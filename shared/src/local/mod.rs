@@ -386,6 +386,8 @@ pub struct System {
     pub store: Arc<dyn StateStore>,
     /// The in-memory adapters, when the backend is [`Backend::Memory`].
     pub memory: Option<MemoryPorts>,
+    /// The EMF metrics every function here emitted (totals by dimensions).
+    pub metrics: Arc<crate::metrics::Memory>,
     settings: Settings,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -432,7 +434,10 @@ impl System {
             clock: clock.clone(),
             made: Arc::new(Mutex::new(HashMap::new())),
         };
+        let metrics_sink = Arc::new(crate::metrics::Memory::default());
+        let metrics = crate::metrics::Metrics::new("sas/local", metrics_sink.clone());
         let submission = SubmissionDeps {
+            metrics: metrics.clone(),
             store: store.clone(),
             queue: queue.clone(),
             events: events.clone(),
@@ -478,6 +483,7 @@ impl System {
             lambda: settings.lambda.clone(),
         };
         let agent = AgentDeps {
+            metrics: metrics.clone(),
             name: "agent".into(),
             queue: queue.clone(),
             remotes: Arc::new(
@@ -489,7 +495,8 @@ impl System {
                     factory,
                     connectors,
                 )
-                .with_alerts(events.clone()),
+                .with_alerts(events.clone())
+                .with_metrics(metrics.clone()),
             ),
             clock: clock.clone(),
             backoff: settings.backoff,
@@ -506,6 +513,7 @@ impl System {
             submission,
             operator,
             scheduler: SchedulerDeps {
+                metrics: metrics.clone(),
                 store: store.clone(),
                 queue: queue.clone(),
                 events: events.clone(),
@@ -522,6 +530,7 @@ impl System {
                 callback_base_url: Some(settings.callback_base_url.clone()),
             },
             supervisor: SupervisorDeps {
+                metrics,
                 store: store.clone(),
                 queue: queue.clone(),
                 events,
@@ -541,6 +550,7 @@ impl System {
             queue,
             store,
             memory,
+            metrics: metrics_sink,
             settings,
             shutdown,
             tasks: Vec::new(),

@@ -56,6 +56,7 @@ pub struct Remotes {
     simulated: SimulatedFactory,
     built: Mutex<HashMap<String, Built>>,
     alerts: Option<Arc<dyn EventBus>>,
+    metrics: crate::metrics::Metrics,
 }
 
 /// What real targets are reached with: the HTTP client (which must not follow redirects: see
@@ -106,7 +107,14 @@ impl Remotes {
             simulated,
             built: Mutex::new(HashMap::new()),
             alerts: None,
+            metrics: crate::metrics::Metrics::off(),
         }
+    }
+
+    /// Counts each breaker transition this process's writes make (`BreakerTransitions`).
+    pub fn with_metrics(mut self, metrics: crate::metrics::Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Publishes the operator alert `ServiceUnavailable` on `bus` whenever a service's breaker
@@ -158,6 +166,7 @@ impl Remotes {
             self.clock.clone(),
         );
         breaker.alerts = self.alerts.clone();
+        breaker.metrics = self.metrics.clone();
         let remote: Arc<dyn RemoteService> = Arc::new(breaker);
         if let Ok(mut m) = self.built.lock() {
             m.insert(service.to_owned(), (def.target.clone(), remote.clone()));
@@ -180,6 +189,8 @@ pub struct SharedBreaker {
     clock: Arc<dyn Clock>,
     /// Where the opening of the breaker is announced (`ServiceUnavailable`), if anywhere.
     pub alerts: Option<Arc<dyn EventBus>>,
+    /// Where its transitions are counted.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// The detail-type of the alert published when a service's breaker opens.
@@ -200,7 +211,21 @@ impl SharedBreaker {
             policy,
             clock,
             alerts: None,
+            metrics: crate::metrics::Metrics::off(),
         }
+    }
+
+    /// Counts a transition this agent's write made.
+    fn count_transition(&self, to: &BreakerState) {
+        let to = match to {
+            BreakerState::Closed { .. } => "closed",
+            BreakerState::Open { .. } => "open",
+            BreakerState::HalfOpen { .. } => "half-open",
+        };
+        self.metrics.count(
+            "BreakerTransitions",
+            &[("Service", self.name.as_str()), ("To", to)],
+        );
     }
 
     /// Announces that this agent's write opened the breaker (one alert per opening: only one
@@ -250,6 +275,9 @@ impl SharedBreaker {
             let Some(next) = next else { return };
             match self.store.put_breaker(&next).await {
                 Ok(true) => {
+                    if std::mem::discriminant(&next.state) != std::mem::discriminant(&base.state) {
+                        self.count_transition(&next.state);
+                    }
                     if next.is_closed() != base.is_closed() {
                         info!(service = %self.name, state = ?next.state, "circuit breaker moved");
                     }
@@ -292,6 +320,7 @@ impl RemoteService for SharedBreaker {
             Decision::Probe(next) => match self.store.put_breaker(&next).await {
                 Ok(true) => {
                     info!(service = %self.name, "circuit half-open: probing");
+                    self.count_transition(&next.state);
                     next
                 }
                 Ok(false) => {
