@@ -55,6 +55,12 @@ pub struct Cli {
     )]
     pub endpoint: Url,
 
+    /// The deployed stack to talk to: its `OperatorApiUrl` output (read with CloudFormation's
+    /// DescribeStacks, credentials and region from the AWS configuration) instead of
+    /// --endpoint.
+    #[arg(long, global = true, env = "SAS_STACK", value_name = "NAME", value_parser = parse_non_empty)]
+    pub stack: Option<String>,
+
     /// Print JSON instead of tables: the API's answer (pretty), or for `workflow show` the
     /// definition itself.
     #[arg(long, global = true)]
@@ -368,6 +374,27 @@ pub async fn run_with(
     err: &mut (dyn Write + Send),
 ) -> io::Result<i32> {
     let json = cli.json;
+    let mut cli = cli;
+    let offline = matches!(
+        &cli.command,
+        Command::Workflow(WorkflowCommand::Validate(_))
+            | Command::Service(ServiceCommand::Check(_))
+    );
+    if let (Some(stack), false) = (cli.stack.clone(), offline) {
+        match crate::stack::operator_endpoint(&stack).await {
+            Ok(url) => cli.endpoint = url,
+            Err(e) => {
+                let e = ClientError::Stack(e.to_string());
+                if json {
+                    print_json(out, &e.to_json())?;
+                } else {
+                    let _ = writeln!(err, "error: {e}");
+                }
+                return Ok(e.exit_code());
+            }
+        }
+    }
+    let cli = cli;
     let result = if let Command::Workflow(WorkflowCommand::Validate(args)) = &cli.command {
         // Offline: no client, no endpoint.
         validate(cli.json, args, out)
@@ -872,7 +899,9 @@ async fn list(
 /// the endpoint unless it is the default, `--sign` unless it is `auto`.
 fn global_flags(cli: &Cli) -> String {
     let mut flags = String::new();
-    if cli.endpoint.as_str().trim_end_matches('/') != DEFAULT_ENDPOINT {
+    if let Some(stack) = &cli.stack {
+        flags.push_str(&format!(" --stack {}", shell_quote(stack)));
+    } else if cli.endpoint.as_str().trim_end_matches('/') != DEFAULT_ENDPOINT {
         flags.push_str(&format!(
             " --endpoint {}",
             shell_quote(cli.endpoint.as_str())

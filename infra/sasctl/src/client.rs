@@ -47,6 +47,9 @@ pub enum ClientError {
     /// `console` cannot listen where it was asked to.
     #[error("{0}")]
     Listen(String),
+    /// `--stack`: the stack or its output cannot be read.
+    #[error("{0}")]
+    Stack(String),
 }
 
 /// The deepest cause of an error: the useful part of a reqwest error chain (e.g. "Connection
@@ -68,6 +71,7 @@ impl ClientError {
             Self::Api { .. } | Self::Decode { .. } => crate::exit::API,
             Self::Transport { .. } => crate::exit::TRANSPORT,
             Self::Endpoint(_) | Self::Signing(_) | Self::Listen(_) => crate::exit::USAGE,
+            Self::Stack(_) => crate::exit::TRANSPORT,
         }
     }
 
@@ -82,6 +86,7 @@ impl ClientError {
             Self::Endpoint(_) => ("invalid_endpoint", self.to_string()),
             Self::Signing(_) => ("signing", self.to_string()),
             Self::Listen(_) => ("listen", self.to_string()),
+            Self::Stack(_) => ("stack", self.to_string()),
         };
         let mut error = serde_json::json!({"code": code, "message": message});
         if let Self::Api {

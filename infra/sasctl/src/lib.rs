@@ -97,6 +97,7 @@ pub mod definitions;
 pub mod render;
 pub mod service_check;
 pub mod sign;
+pub mod stack;
 
 pub use api::{
     ApiProblem, CatalogEntry, DefinitionView, HistoryEntry, KNOWN_STATES, ListPage, ProcessState,

@@ -293,3 +293,105 @@ async fn sasctl_submit_starts_a_task_once_per_key() {
     assert_eq!(refused["error"]["code"], "validation_failed", "{refused}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--stack NAME` finds the operator API in the stack's `OperatorApiUrl` output (here a stack
+/// on the AWS API emulator whose output names a local runner), and the paging hints repeat it.
+#[tokio::test]
+async fn sasctl_finds_the_operator_api_in_the_stacks_outputs() {
+    use clap::Parser;
+    let mut system = System::new(
+        Backend::Memory,
+        Settings::default(),
+        Arc::new(sas::ports::SystemClock),
+    )
+    .await
+    .expect("system");
+    let addr = system
+        .serve("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("serves");
+    for _ in 0..2 {
+        let resp = sas::handlers::submission::handle(
+            &system.submission,
+            &sas::auth::Identity::anonymous(),
+            &http::Method::POST,
+            "/workflows/ecommerce-order/tasks",
+            &http::HeaderMap::new(),
+            br#"{"customerId": "c-1", "items": [{"sku": "SKU-1", "quantity": 1}]}"#,
+        )
+        .await;
+        assert_eq!(resp.status(), 202);
+    }
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .load()
+        .await;
+    let cfn = aws_sdk_cloudformation::Client::new(&config);
+    let stack = format!(
+        "sas-stack-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let template = serde_json::json!({
+        "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
+        "Outputs": {
+            "OperatorApiUrl": {"Value": format!("http://{addr}/operator")},
+            "ApiUrl": {"Value": format!("http://{addr}")}
+        }
+    });
+    cfn.create_stack()
+        .stack_name(&stack)
+        .template_body(template.to_string())
+        .send()
+        .await
+        .expect("stack created on the emulator");
+    let found = sasctl::stack::operator_endpoint_with(&cfn, &stack)
+        .await
+        .expect("output read");
+    assert_eq!(found.as_str(), format!("http://{addr}/operator"));
+
+    let run = |args: Vec<String>| async move {
+        let cli = sasctl::Cli::try_parse_from(args).expect("args");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = sasctl::cli::run_with(cli, &mut out, &mut err)
+            .await
+            .expect("runs");
+        (
+            code,
+            String::from_utf8_lossy(&out).into_owned(),
+            String::from_utf8_lossy(&err).into_owned(),
+        )
+    };
+    let argv = |rest: &[&str]| {
+        let mut v: Vec<String> = vec!["sasctl".into(), "--stack".into(), stack.clone()];
+        v.extend(rest.iter().map(|s| (*s).to_owned()));
+        v
+    };
+    let (code, out, err) = run(argv(&["list", "--state", "Pending", "--limit", "1"])).await;
+    assert_eq!(code, 0, "{err}");
+    let hint = out
+        .lines()
+        .find_map(|l| l.strip_prefix("more: "))
+        .unwrap_or_else(|| panic!("a paging hint: {out}"));
+    assert!(
+        hint.starts_with(&format!("sasctl --stack {stack} list --state Pending")),
+        "{hint}"
+    );
+    // A stack that does not exist: a transport-class error naming it, JSON under --json.
+    let (code, out, err) = run(vec![
+        "sasctl".into(),
+        "--json".into(),
+        "--stack".into(),
+        "no-such-stack".into(),
+        "workflow".into(),
+        "list".into(),
+    ])
+    .await;
+    assert_eq!(code, 3, "{out}{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("one JSON document");
+    assert_eq!(doc["error"]["code"], "stack", "{doc}");
+    assert!(
+        doc["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no-such-stack")),
+        "{doc}"
+    );
+}
