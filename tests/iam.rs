@@ -297,6 +297,18 @@ async fn every_call_is_granted_and_every_grant_is_used() {
             let (status, body) = call(&operator, true, Method::GET, path, &[], &Value::Null).await;
             assert_eq!(status, 200, "{path}: {body}");
         }
+        // An operator pauses a service and resumes it: a write of its breaker each.
+        for (path, body) in [
+            (
+                "/services/shipping/pause",
+                json!({"reason": "carrier maintenance"}),
+            ),
+            ("/services/shipping/resume", json!({})),
+        ] {
+            let (status, answer) = call(&operator, true, Method::POST, path, &[], &body).await;
+            assert_eq!(status, 200, "{path}: {answer}");
+            assert_eq!(answer["changed"], true, "{answer}");
+        }
     })
     .await;
 

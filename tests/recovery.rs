@@ -981,3 +981,82 @@ async fn final_tasks_expire_after_the_retention_and_tasks_waiting_for_an_operato
         );
     }
 }
+
+/// An operator pauses a service: its steps wait (deferred, no failure, no call) while other
+/// services' steps go on; `service list` shows who paused it and why; a resume closes it.
+#[tokio::test]
+async fn a_paused_service_makes_its_steps_wait_without_failing_until_it_is_resumed() {
+    use sas::domain::BreakerState;
+    let (mut system, _clock) = aws_system("paused", manual_settings()).await;
+    let ops = operator(&mut system).await;
+    let run = |args: &[&str]| {
+        let mut argv = vec!["sasctl", "--endpoint", ops.base().as_str()];
+        argv.extend_from_slice(args);
+        let cli = sasctl::Cli::try_parse_from(argv).expect("args");
+        async move {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            let code = sasctl::run_with(cli, &mut out, &mut err)
+                .await
+                .expect("runs");
+            (
+                code,
+                String::from_utf8(out).expect("utf-8") + &String::from_utf8(err).expect("utf-8"),
+            )
+        }
+    };
+    let (code, text) = run(&["service", "pause", "payment"]).await;
+    assert_eq!(code, 1, "a pause needs a reason: {text}");
+    assert!(text.contains("reason is required"), "{text}");
+    let (code, text) = run(&["service", "pause", "nope", "--reason", "x"]).await;
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("service_not_found"), "{text}");
+    let (code, text) = run(&[
+        "service",
+        "pause",
+        "payment",
+        "--reason",
+        "bank maintenance",
+    ])
+    .await;
+    assert_eq!((code, text.trim()), (0, "payment paused"));
+    let (code, text) = run(&["service", "pause", "payment", "--reason", "again"]).await;
+    assert_eq!((code, text.trim()), (0, "payment paused (already)"));
+    let (_, listed) = run(&["service", "list"]).await;
+    let line = listed
+        .lines()
+        .find(|l| l.starts_with("payment"))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(line.contains("paused"), "{line}");
+    assert!(line.contains(": bank maintenance"), "who and why: {line}");
+
+    let payment = system.services.get("payment");
+    let calls = payment.stats().calls;
+    let id = sas_blackbox::submit_task(&system, ECOMMERCE, &order_input()).await;
+    pump_until_quiet(&system, 30).await;
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Pending, "{r:?}");
+    assert_eq!(
+        r.current_step(),
+        Some("charge-payment"),
+        "the inventory step went on"
+    );
+    assert_eq!(r.failure_count, 0, "waiting is no failure");
+    assert_eq!(payment.stats().calls, calls, "no call to a paused service");
+    assert!(
+        r.complete_by
+            .is_some_and(|d| d > chrono::Utc::now() + chrono::Duration::seconds(30))
+    );
+
+    let (code, text) = run(&["service", "resume", "payment"]).await;
+    assert_eq!((code, text.trim()), (0, "payment closed"), "{text}");
+    let b = system
+        .store
+        .get_breaker("payment")
+        .await
+        .expect("read")
+        .expect("stored");
+    assert_eq!(
+        (b.state, b.note),
+        (BreakerState::Closed { failures: 0 }, None)
+    );
+}

@@ -726,6 +726,7 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
         name: name.clone(),
         state: BreakerState::Open { until },
         version: 2,
+        note: None,
     };
     assert!(store.put_breaker(&open).await.expect("v2"));
     assert_eq!(
@@ -744,9 +745,36 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
             until,
         },
         version: 3,
+        note: None,
     };
     assert!(store.put_breaker(&half).await.expect("v3"));
-    assert_eq!(store.get_breaker(&name).await.expect("read"), Some(half));
+    assert_eq!(
+        store.get_breaker(&name).await.expect("read"),
+        Some(half.clone())
+    );
+    // A pause keeps when and the operator's note; a resume clears both.
+    let paused = half
+        .pause(
+            until,
+            "arn:aws:iam::123456789012:user/ops: maintenance".into(),
+        )
+        .expect("pausable");
+    assert!(store.put_breaker(&paused).await.expect("v4"));
+    assert_eq!(
+        store.get_breaker(&name).await.expect("read"),
+        Some(paused.clone())
+    );
+    let resumed = paused.resume().expect("resumable");
+    assert!(store.put_breaker(&resumed).await.expect("v5"));
+    let read = store
+        .get_breaker(&name)
+        .await
+        .expect("read")
+        .expect("stored");
+    assert_eq!(
+        (read.state, read.note),
+        (BreakerState::Closed { failures: 0 }, None)
+    );
 }
 
 /// `list(state, Some(workflow))` returns the records of that workflow only, each once, across

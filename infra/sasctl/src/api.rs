@@ -290,7 +290,33 @@ pub struct WorkflowList {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceList {
     #[serde(default, deserialize_with = "null_as_default")]
-    pub services: Vec<CatalogEntry>,
+    pub services: Vec<ServiceEntry>,
+}
+
+/// A published service, its newest version and its circuit breaker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceEntry {
+    pub name: String,
+    pub latest: u32,
+    /// `None`: a server that does not show breakers.
+    #[serde(default)]
+    pub breaker: Option<BreakerView>,
+}
+
+/// A service's circuit breaker: `closed`, `open`, `half-open` or `paused`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BreakerView {
+    pub state: String,
+    #[serde(default)]
+    pub failures: Option<u32>,
+    #[serde(default)]
+    pub until: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub since: Option<DateTime<Utc>>,
+    /// Who paused it and why.
+    #[serde(default)]
+    pub note: Option<String>,
 }
 
 /// One published version of a definition: `GET /workflows/{name}`,

@@ -157,8 +157,13 @@ pub enum WorkflowCommand {
 /// `service` subcommands.
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
 pub enum ServiceCommand {
-    /// List the published services and their newest versions.
+    /// List the published services, their newest versions and their circuit breakers.
     List,
+    /// Pause a service: no call goes out to it and its tasks' steps wait (nothing fails) until
+    /// it is resumed.
+    Pause(ServiceActionArgs),
+    /// Resume a paused service: its waiting steps go out again within a minute.
+    Resume(ServiceActionArgs),
     /// Check a live service against the service contract (docs/services.md); no sas endpoint
     /// needed.
     ///
@@ -170,6 +175,17 @@ pub enum ServiceCommand {
     /// answer is in a documented class. The calls are real: use a test account. Exits 5 if a
     /// check does not hold.
     Check(Box<CheckArgs>),
+}
+
+/// `service pause` and `service resume` arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct ServiceActionArgs {
+    /// The service's name.
+    #[arg(value_parser = parse_name)]
+    pub name: String,
+    /// Why (required to pause; kept with the pause and shown with the service).
+    #[arg(long, value_parser = parse_non_empty)]
+    pub reason: Option<String>,
 }
 
 /// `service check` arguments.
@@ -599,6 +615,29 @@ async fn dispatch(
         }
         Command::Service(ServiceCommand::Check(args)) => {
             service_check(cli.json, args, out, err).await
+        }
+        Command::Service(ServiceCommand::Pause(a) | ServiceCommand::Resume(a)) => {
+            let pause = matches!(&cli.command, Command::Service(ServiceCommand::Pause(_)));
+            let request = Request::ServiceAction {
+                name: &a.name,
+                pause,
+                reason: a.reason.as_deref(),
+            };
+            let raw = client.send(&request).await?;
+            if cli.json {
+                print_json(out, &raw)?;
+            } else {
+                let changed = raw["changed"].as_bool().unwrap_or(true);
+                let state = raw["breaker"]["state"].as_str().unwrap_or("?");
+                writeln!(
+                    out,
+                    "{} {}{}",
+                    a.name,
+                    state,
+                    if changed { "" } else { " (already)" }
+                )?;
+            }
+            Ok(exit::OK)
         }
         Command::Service(ServiceCommand::List) => {
             let (list, raw): (ServiceList, Value) = fetch(client, &Request::Services).await?;

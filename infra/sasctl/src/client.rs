@@ -131,6 +131,12 @@ pub enum Request<'a> {
     PutService { name: &'a str, body: &'a Value },
     /// `PUT /workflows/{name}`, the body the workflow definition as JSON.
     PutWorkflow { name: &'a str, body: &'a Value },
+    /// `POST /services/{name}/pause|resume`, with `{"reason": ..}` if given (a pause needs one).
+    ServiceAction {
+        name: &'a str,
+        pause: bool,
+        reason: Option<&'a str>,
+    },
     /// `POST /workflows/{name}/tasks`, the body the task's input, with an `Idempotency-Key`
     /// if given.
     Submit {
@@ -149,7 +155,7 @@ impl Request<'_> {
             | Self::Workflows
             | Self::Workflow { .. }
             | Self::Services => "GET",
-            Self::Act { .. } | Self::Submit { .. } => "POST",
+            Self::Act { .. } | Self::Submit { .. } | Self::ServiceAction { .. } => "POST",
             Self::PutService { .. } | Self::PutWorkflow { .. } => "PUT",
         }
     }
@@ -158,6 +164,10 @@ impl Request<'_> {
     fn body(&self) -> Option<Value> {
         match *self {
             Self::Act {
+                reason: Some(reason),
+                ..
+            }
+            | Self::ServiceAction {
                 reason: Some(reason),
                 ..
             } => Some(serde_json::json!({ "reason": reason })),
@@ -187,6 +197,9 @@ impl Request<'_> {
             Self::PutService { name, .. } => own(&["services", name]),
             Self::PutWorkflow { name, .. } => own(&["workflows", name]),
             Self::Submit { workflow, .. } => own(&["workflows", workflow, "tasks"]),
+            Self::ServiceAction { name, pause, .. } => {
+                own(&["services", name, if pause { "pause" } else { "resume" }])
+            }
         }
     }
 }

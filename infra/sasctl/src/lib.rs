@@ -100,8 +100,9 @@ pub mod sign;
 pub mod stack;
 
 pub use api::{
-    ApiProblem, CatalogEntry, DefinitionView, HistoryEntry, KNOWN_STATES, ListPage, ProcessState,
-    Published, ServiceList, StepView, TaskSummary, TaskView, UnknownState, WorkflowList,
+    ApiProblem, BreakerView, CatalogEntry, DefinitionView, HistoryEntry, KNOWN_STATES, ListPage,
+    ProcessState, Published, ServiceEntry, ServiceList, StepView, TaskSummary, TaskView,
+    UnknownState, WorkflowList,
 };
 pub use cli::{
     ActArgs, CheckArgs, Cli, Command, ConsoleArgs, DEFAULT_ENDPOINT, FilesArgs, IdArg, ListArgs,

@@ -322,9 +322,36 @@ pub fn render_workflows(list: &WorkflowList) -> String {
     render_entries(&list.workflows, "no workflows")
 }
 
-/// `GET /services` as a table: `NAME  LATEST`, or `no services`.
+/// `GET /services` as a table: `NAME  LATEST  BREAKER  DETAIL`, or `no services`.
 pub fn render_services(list: &ServiceList) -> String {
-    render_entries(&list.services, "no services")
+    if list.services.is_empty() {
+        return "no services\n".to_owned();
+    }
+    let mut rows = vec![header(&["NAME", "LATEST", "BREAKER", "DETAIL"])];
+    rows.extend(list.services.iter().map(|e| {
+        let (state, detail) = match &e.breaker {
+            None => (NONE.to_owned(), String::new()),
+            Some(b) => {
+                let detail = match b.state.as_str() {
+                    "closed" => format!("{} consecutive faults", b.failures.unwrap_or(0)),
+                    "paused" => format!(
+                        "since {}: {}",
+                        time(b.since.as_ref()),
+                        opt(b.note.as_deref(), REASON_WIDTH)
+                    ),
+                    _ => format!("until {}", time(b.until.as_ref())),
+                };
+                (clean(&b.state, usize::MAX), detail)
+            }
+        };
+        vec![
+            clean(&e.name, usize::MAX),
+            format!("v{}", e.latest),
+            state,
+            detail,
+        ]
+    }));
+    table(&rows, &[])
 }
 
 /// A published workflow's definition as pretty JSON (a definition file `workflow apply` reads

@@ -816,6 +816,9 @@ impl StateStore for DynamoStore {
             "Open" => BreakerState::Open {
                 until: time(get_n(item, "Until")?)?,
             },
+            "Paused" => BreakerState::Paused {
+                since: time(get_n(item, "Since")?)?,
+            },
             "HalfOpen" => BreakerState::HalfOpen {
                 probes_left: get_n(item, "ProbesLeft")?,
                 until: time(get_n(item, "Until")?)?,
@@ -826,6 +829,7 @@ impl StateStore for DynamoStore {
             name: name.to_owned(),
             state,
             version: get_n(item, "Version")?,
+            note: item.get("Note").and_then(|v| v.as_s().ok()).cloned(),
         }))
     }
 
@@ -842,7 +846,11 @@ impl StateStore for DynamoStore {
                 "HalfOpen",
                 vec![("ProbesLeft", n(probes_left)), ("Until", ms(until))],
             ),
+            BreakerState::Paused { since } => ("Paused", vec![("Since", ms(since))]),
         };
+        if let Some(note) = &record.note {
+            item.insert("Note".to_owned(), s(note));
+        }
         item.insert("State".to_owned(), s(state));
         for (k, v) in extra {
             item.insert(k.to_owned(), v);

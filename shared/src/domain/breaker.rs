@@ -43,7 +43,15 @@ pub enum BreakerState {
         probes_left: u32,
         until: DateTime<Utc>,
     },
+    /// An operator paused the service: no call goes out and its steps wait (deferred, no
+    /// failure counted) until an operator resumes it. Nothing an agent sees moves it.
+    Paused {
+        since: DateTime<Utc>,
+    },
 }
+
+/// How long a step of a paused service waits before it looks again.
+pub const PAUSE_RECHECK: Duration = Duration::seconds(60);
 
 /// The stored breaker of the service `name`. `version` 0: not stored yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +59,8 @@ pub struct BreakerRecord {
     pub name: String,
     pub state: BreakerState,
     pub version: u64,
+    /// Who paused the service and why (`principal: reason`), while it is paused.
+    pub note: Option<String>,
 }
 
 /// What a caller may do now.
@@ -71,6 +81,7 @@ impl BreakerRecord {
             name: name.to_owned(),
             state: BreakerState::Closed { failures: 0 },
             version: 0,
+            note: None,
         }
     }
 
@@ -79,7 +90,27 @@ impl BreakerRecord {
             name: self.name.clone(),
             state,
             version: self.version + 1,
+            note: None,
         }
+    }
+
+    pub fn is_paused(&self) -> bool {
+        matches!(self.state, BreakerState::Paused { .. })
+    }
+
+    /// An operator pauses the service at `now`; `None` if it is paused already.
+    pub fn pause(&self, now: DateTime<Utc>, note: String) -> Option<Self> {
+        (!self.is_paused()).then(|| Self {
+            note: Some(note),
+            ..self.to(BreakerState::Paused { since: now })
+        })
+    }
+
+    /// An operator resumes a paused service: closed, with a clean count. `None` if it is not
+    /// paused.
+    pub fn resume(&self) -> Option<Self> {
+        self.is_paused()
+            .then(|| self.to(BreakerState::Closed { failures: 0 }))
     }
 
     pub fn is_closed(&self) -> bool {
@@ -109,13 +140,16 @@ impl BreakerRecord {
                     until,
                 }))
             }
+            BreakerState::Paused { .. } => Decision::Reject {
+                retry_at: now + PAUSE_RECHECK,
+            },
         }
     }
 
     /// A healthy answer (a success, or a permanent refusal): closes the breaker. `None`: no
     /// write needed.
     pub fn on_success(&self) -> Option<Self> {
-        (self.state != BreakerState::Closed { failures: 0 })
+        (self.state != BreakerState::Closed { failures: 0 } && !self.is_paused())
             .then(|| self.to(BreakerState::Closed { failures: 0 }))
     }
 
@@ -131,7 +165,7 @@ impl BreakerRecord {
                 }))
             }
             BreakerState::Closed { .. } | BreakerState::HalfOpen { .. } => Some(self.to(open)),
-            BreakerState::Open { .. } => None,
+            BreakerState::Open { .. } | BreakerState::Paused { .. } => None,
         }
     }
 }
@@ -186,6 +220,33 @@ mod tests {
         step(&mut b, |b| b.on_success());
         assert!(b.is_closed());
         assert_eq!(b.on_success(), None, "closed and clean: no write");
+    }
+
+    #[test]
+    fn a_paused_service_takes_no_call_and_only_an_operator_resumes_it() {
+        let t = Utc::now();
+        let mut b = BreakerRecord::closed("core-banking");
+        step(&mut b, |b| b.on_fault(t, &p()));
+        step(&mut b, |b| b.pause(t, "arn:ops: bank maintenance".into()));
+        assert_eq!(b.state, BreakerState::Paused { since: t });
+        assert_eq!(b.note.as_deref(), Some("arn:ops: bank maintenance"));
+        assert_eq!(b.pause(t, "again".into()), None, "paused already");
+        for later in [t, t + Duration::days(3)] {
+            assert_eq!(
+                b.decide(later, &p()),
+                Decision::Reject {
+                    retry_at: later + PAUSE_RECHECK
+                },
+                "no probe however long it waits"
+            );
+        }
+        assert_eq!(b.on_success(), None, "a late answer does not resume it");
+        assert_eq!(b.on_fault(t, &p()), None);
+        step(&mut b, |b| b.resume());
+        assert_eq!(b.state, BreakerState::Closed { failures: 0 });
+        assert_eq!(b.note, None);
+        assert_eq!(b.resume(), None, "not paused");
+        assert_eq!(b.decide(t, &p()), Decision::Call);
     }
 
     #[test]

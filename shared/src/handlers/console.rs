@@ -231,7 +231,7 @@ fn badge(state: &str) -> Markup {
     let kind = match state {
         "Processed" | "Done" | "closed" => "ok",
         "Error" | "CompensationFailed" | "Failed" | "TimedOut" | "Faulted" | "open" => "bad",
-        "Compensating" | "Compensated" | "Refused" | "Cancelled" | "half-open" => "warn",
+        "Compensating" | "Compensated" | "Refused" | "Cancelled" | "half-open" | "paused" => "warn",
         "Resolved" => "done",
         _ => "busy",
     };
@@ -768,6 +768,8 @@ async fn services(api: &Api<'_>) -> Response<String> {
                             @if let Some(f) = b["failures"].as_u64() { (f) " consecutive faults" }
                             @if !b["until"].is_null() { "until " (when(&b["until"])) }
                             @if let Some(p) = b["probesLeft"].as_u64() { ", " (p) " probes left" }
+                            @if !b["since"].is_null() { "paused since " (when(&b["since"])) }
+                            @if let Some(n) = b["note"].as_str() { ": " (n) }
                         }
                     }
                 }

@@ -214,6 +214,7 @@ fn allowed_methods(segments: &[&str], op: bool) -> Option<&'static str> {
         ["tasks", _, action] if op && ACTIONS.contains(action) => "POST",
         ["workflows" | "services" | "counts"] if op => "GET",
         ["workflows" | "services", _] if op => "GET, PUT",
+        ["services", _, "pause" | "resume"] if op => "POST",
         ["workflows", _, "versions", _] if op => "GET",
         _ => return None,
     })
@@ -282,6 +283,12 @@ pub(crate) async fn route(
             definition(deps, Kind::Workflow, name, Some(v)).await
         }
         (["services", name], &Method::GET) => definition(deps, Kind::Service, name, None).await,
+        (["services", name, action], _) => {
+            let span = info_span!("service_action", service = %name, action = %action);
+            pause_or_resume(deps, caller, name, action, body)
+                .instrument(span)
+                .await
+        }
         (["workflows", name], _) => {
             let span = info_span!("publish_workflow", workflow = %name);
             publish_workflow(deps, name, headers, body)
@@ -999,21 +1006,119 @@ async fn services(deps: &SubmissionDeps) -> Response<String> {
         futures::future::join_all(entries.iter().map(|e| deps.store.get_breaker(&e.name))).await;
     let mut services = Vec::with_capacity(entries.len());
     for (entry, breaker) in entries.iter().zip(breakers) {
-        use crate::domain::BreakerState as B;
         let breaker = match breaker {
-            Ok(b) => match b.map(|b| b.state) {
-                None => json!({"state": "closed", "failures": 0}),
-                Some(B::Closed { failures }) => json!({"state": "closed", "failures": failures}),
-                Some(B::Open { until }) => json!({"state": "open", "until": until}),
-                Some(B::HalfOpen { probes_left, until }) => {
-                    json!({"state": "half-open", "probesLeft": probes_left, "until": until})
-                }
-            },
+            Ok(b) => breaker_view(b.as_ref()),
             Err(e) => return unavailable(e),
         };
         services.push(json!({"name": entry.name, "latest": entry.latest, "breaker": breaker}));
     }
     respond(StatusCode::OK, &json!({ "services": services }))
+}
+
+/// A breaker as the API shows it: `closed` with its count of consecutive faults, `open` until
+/// when, `half-open` with its probes left, `paused` since when, by whom and why.
+fn breaker_view(b: Option<&crate::domain::BreakerRecord>) -> Value {
+    use crate::domain::BreakerState as B;
+    match b.map(|b| (b.state, b.note.as_deref())) {
+        None => json!({"state": "closed", "failures": 0}),
+        Some((B::Closed { failures }, _)) => json!({"state": "closed", "failures": failures}),
+        Some((B::Open { until }, _)) => json!({"state": "open", "until": until}),
+        Some((B::HalfOpen { probes_left, until }, _)) => {
+            json!({"state": "half-open", "probesLeft": probes_left, "until": until})
+        }
+        Some((B::Paused { since }, note)) => {
+            json!({"state": "paused", "since": since, "note": note})
+        }
+    }
+}
+
+/// `POST /services/{name}/pause|resume`: an operator stops every call to a service (its steps
+/// wait, deferred, and nothing fails) or lets them go again. A conditional write of the
+/// service's breaker, retried on a lost race with an agent's move of it.
+async fn pause_or_resume(
+    deps: &SubmissionDeps,
+    caller: &Caller,
+    name: &str,
+    action: &str,
+    body: &[u8],
+) -> Response<String> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct PauseBody {
+        reason: Option<String>,
+    }
+    let reason = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        match json_object::<PauseBody>(body) {
+            Ok(b) => b.reason.filter(|r| !r.trim().is_empty()),
+            Err(answer) => return *answer,
+        }
+    };
+    if reason
+        .as_ref()
+        .is_some_and(|r| r.chars().count() > MAX_REASON_CHARS)
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "validation_failed",
+            format!("reason is over {MAX_REASON_CHARS} characters"),
+        );
+    }
+    let pausing = action == "pause";
+    let Some(reason) = reason.or_else(|| (!pausing).then(String::new)) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "validation_failed",
+            "reason is required to pause a service: say why its steps wait",
+        );
+    };
+    match deps.definitions.services().await {
+        Ok(services) if services.contains_key(name) => {}
+        Ok(_) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "service_not_found",
+                format!("no service {name:?} is published"),
+            );
+        }
+        Err(e) => return catalog_error(e),
+    }
+    for _ in 0..5 {
+        let current = match deps.store.get_breaker(name).await {
+            Ok(b) => b.unwrap_or_else(|| crate::domain::BreakerRecord::closed(name)),
+            Err(e) => return unavailable(e),
+        };
+        let next = if pausing {
+            current.pause(deps.clock.now(), format!("{caller}: {reason}"))
+        } else {
+            current.resume()
+        };
+        let Some(next) = next else {
+            return respond(
+                StatusCode::OK,
+                &json!({"name": name, "breaker": breaker_view(Some(&current)), "changed": false}),
+            );
+        };
+        // Condition (in put_breaker): the version read - keeps "a pause or resume starts from
+        // the breaker as it is": an agent's move in between makes this read again.
+        match deps.store.put_breaker(&next).await {
+            Ok(true) => {
+                info!(service = %name, action, by = %caller, %reason, "service {action}d");
+                return respond(
+                    StatusCode::OK,
+                    &json!({"name": name, "breaker": breaker_view(Some(&next)), "changed": true}),
+                );
+            }
+            Ok(false) => continue,
+            Err(e) => return unavailable(e),
+        }
+    }
+    error(
+        StatusCode::CONFLICT,
+        "conflict",
+        "the service's breaker kept moving; try again",
+    )
 }
 
 /// `GET /workflows`, `GET /services`: every name and its newest version.

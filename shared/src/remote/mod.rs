@@ -221,6 +221,7 @@ impl SharedBreaker {
             BreakerState::Closed { .. } => "closed",
             BreakerState::Open { .. } => "open",
             BreakerState::HalfOpen { .. } => "half-open",
+            BreakerState::Paused { .. } => "paused",
         };
         self.metrics.count(
             "BreakerTransitions",
