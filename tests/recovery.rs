@@ -1060,3 +1060,99 @@ async fn a_paused_service_makes_its_steps_wait_without_failing_until_it_is_resum
         (BreakerState::Closed { failures: 0 }, None)
     );
 }
+
+/// `sasctl bulk`: a dry run counts what a selection holds and changes nothing; `--yes` acts on
+/// each task once, with the reason in its history; the time range narrows the selection.
+#[tokio::test]
+async fn sasctl_bulk_counts_first_then_acts_on_each_task_of_the_selection() {
+    let mut settings = manual_settings();
+    settings
+        .faults
+        .insert("core-banking".into(), refuse(&["disburse-funds"]));
+    let mut system = sas_blackbox::memory_system(settings).await;
+    let ops = operator(&mut system).await;
+    let mut loans = Vec::new();
+    for _ in 0..3 {
+        loans.push(submit_loan(&system).await);
+    }
+    let order = sas_blackbox::submit_task(&system, ECOMMERCE, &order_input()).await;
+    pump_until_quiet(&system, 60).await;
+    for id in &loans {
+        assert_eq!(state(&system, *id).await.process_state, ProcessState::Error);
+    }
+    let run = |args: &[&str]| {
+        let mut argv = vec!["sasctl", "--endpoint", ops.base().as_str(), "--json"];
+        argv.extend_from_slice(args);
+        let cli = sasctl::Cli::try_parse_from(argv).expect("args");
+        async move {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            let code = sasctl::run_with(cli, &mut out, &mut err)
+                .await
+                .expect("runs");
+            let doc: Value = serde_json::from_slice(&out)
+                .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(&out), "err": String::from_utf8_lossy(&err)}));
+            (code, doc)
+        }
+    };
+    let (code, dry) = run(&[
+        "bulk",
+        "resolve",
+        "--state",
+        "Error",
+        "--reason",
+        "paid by hand",
+    ])
+    .await;
+    assert_eq!(code, 0, "{dry}");
+    assert_eq!(
+        (dry["dryRun"].as_bool(), dry["count"].as_u64()),
+        (Some(true), Some(3)),
+        "{dry}"
+    );
+    for id in &loans {
+        assert_eq!(
+            state(&system, *id).await.process_state,
+            ProcessState::Error,
+            "a dry run changes nothing"
+        );
+    }
+    // A range that ends before the tasks failed holds none of them.
+    let (_, none) = run(&["bulk", "retry", "--state", "Error", "--until", "1h"]).await;
+    assert_eq!(none["count"], 0, "{none}");
+    let (code, _) = run(&["bulk", "resolve", "--state", "Error"]).await;
+    assert_eq!(code, 2, "resolve needs a reason");
+    let (code, done) = run(&[
+        "bulk",
+        "resolve",
+        "--state",
+        "Error",
+        "--workflow",
+        LOAN,
+        "--since",
+        "1h",
+        "--reason",
+        "paid by hand",
+        "--yes",
+    ])
+    .await;
+    assert_eq!(code, 0, "{done}");
+    assert_eq!(
+        done["tally"]["applied"].as_array().map(Vec::len),
+        Some(3),
+        "{done}"
+    );
+    for id in &loans {
+        let r = state(&system, *id).await;
+        assert_eq!(r.process_state, ProcessState::Resolved);
+        assert_eq!(
+            r.history.last().map(|h| h.reason.as_str()),
+            Some("operator resolve: paid by hand")
+        );
+    }
+    assert_eq!(
+        state(&system, order).await.process_state,
+        ProcessState::Processed
+    );
+    let (_, again) = run(&["bulk", "resolve", "--state", "Error", "--reason", "x"]).await;
+    assert_eq!(again["count"], 0, "{again}");
+}

@@ -111,6 +111,13 @@ pub enum Command {
     /// Resolved), 4 if
     /// the timeout passes first.
     Watch(WatchArgs),
+    /// One action on every task of a state (of a workflow, updated in a time range).
+    ///
+    /// A dry run unless --yes is given: it counts the tasks and lists them. With --yes each
+    /// task gets the action (its own conditional write, recorded with who and why); a task
+    /// that moved on meanwhile is counted as a conflict and left alone. Exits 1 if any action
+    /// failed for another reason.
+    Bulk(BulkArgs),
     /// Start a task of a workflow with an input (a JSON file, or - for stdin).
     ///
     /// Prints the task's id (the API's answer under --json). With --idempotency-key, sending
@@ -258,6 +265,35 @@ pub struct ActArgs {
     /// Why (recorded in the task's history with who asked).
     #[arg(long, value_parser = parse_non_empty)]
     pub reason: Option<String>,
+}
+
+/// `bulk` arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct BulkArgs {
+    /// The action: retry, compensate, cancel or resolve.
+    #[arg(value_parser = ["retry", "compensate", "cancel", "resolve"])]
+    pub action: String,
+    /// The state of the tasks to act on.
+    #[arg(long, value_enum, ignore_case = true)]
+    pub state: ProcessState,
+    /// Only the tasks of this workflow.
+    #[arg(long, value_name = "NAME", value_parser = parse_non_empty)]
+    pub workflow: Option<String>,
+    /// Only tasks updated at or after this time (RFC 3339, or a duration ago: 2h).
+    #[arg(long, value_parser = crate::bulk::parse_instant)]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only tasks updated before this time (RFC 3339, or a duration ago).
+    #[arg(long, value_parser = crate::bulk::parse_instant)]
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
+    /// Why (recorded in each task's history; required to resolve).
+    #[arg(long, value_parser = parse_non_empty)]
+    pub reason: Option<String>,
+    /// Apply the action (without it, a dry run that only counts).
+    #[arg(long)]
+    pub yes: bool,
+    /// Actions in flight at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub concurrency: u32,
 }
 
 /// `submit` arguments.
@@ -476,6 +512,95 @@ async fn signer(cli: &Cli) -> Result<Option<crate::sign::Signer>, ClientError> {
         .map_err(|e| ClientError::Signing(e.to_string()))
 }
 
+/// `bulk`: counts (a dry run) or acts on every task the selection holds.
+async fn bulk(
+    client: &Client,
+    json: bool,
+    args: &BulkArgs,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+) -> Result<i32, Failure> {
+    let action = match args.action.as_str() {
+        "retry" => Action::Retry,
+        "compensate" => Action::Compensate,
+        "cancel" => Action::Cancel,
+        _ => Action::Resolve,
+    };
+    if action == Action::Resolve && args.reason.is_none() {
+        let _ = writeln!(
+            err,
+            "error: bulk resolve needs --reason (how the tasks were settled)"
+        );
+        return Ok(exit::USAGE);
+    }
+    let selection = crate::bulk::Selection {
+        state: args.state.clone(),
+        workflow: args.workflow.clone(),
+        since: args.since,
+        until: args.until,
+    };
+    let tasks = crate::bulk::select(client, &selection).await?;
+    let what = format!(
+        "{} {} task(s){}",
+        tasks.len(),
+        args.state,
+        args.workflow
+            .as_deref()
+            .map(|w| format!(" of {w}"))
+            .unwrap_or_default()
+    );
+    if !args.yes {
+        if json {
+            let ids: Vec<&str> = tasks.iter().map(|t| t.task_id.as_str()).collect();
+            print_json(
+                out,
+                &serde_json::json!({"dryRun": true, "action": args.action, "count": tasks.len(), "taskIds": ids}),
+            )?;
+        } else {
+            writeln!(out, "dry run: {} would be sent {}", what, args.action)?;
+            for t in tasks.iter().take(20) {
+                writeln!(out, "  {}", t.task_id)?;
+            }
+            if tasks.len() > 20 {
+                writeln!(out, "  ... and {} more", tasks.len() - 20)?;
+            }
+            writeln!(out, "add --yes to apply")?;
+        }
+        return Ok(exit::OK);
+    }
+    let tally = crate::bulk::apply(
+        client,
+        &tasks,
+        action,
+        args.reason.as_deref(),
+        args.concurrency as usize,
+    )
+    .await;
+    if json {
+        print_json(
+            out,
+            &serde_json::json!({"action": args.action, "tally": tally}),
+        )?;
+    } else {
+        writeln!(
+            out,
+            "{}: {} applied, {} moved on meanwhile (conflict), {} failed",
+            args.action,
+            tally.applied.len(),
+            tally.conflicts.len(),
+            tally.failed.len()
+        )?;
+        for (id, e) in &tally.failed {
+            writeln!(out, "  {id}: {e}")?;
+        }
+    }
+    Ok(if tally.failed.is_empty() {
+        exit::OK
+    } else {
+        exit::API
+    })
+}
+
 /// `console`: serves the signing proxy until interrupted.
 async fn console(
     cli: &Cli,
@@ -581,6 +706,7 @@ async fn dispatch(
             Ok(exit::OK)
         }
         Command::Console(_) => Ok(exit::USAGE),
+        Command::Bulk(args) => bulk(client, cli.json, args, out, err).await,
         Command::Workflow(WorkflowCommand::Validate(args)) => validate(cli.json, args, out),
         Command::Workflow(WorkflowCommand::Apply(args)) => {
             apply(client, cli.json, args, out, err).await

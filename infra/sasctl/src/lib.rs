@@ -90,6 +90,7 @@
 //! drives a whole parsed command line against any writer.
 
 pub mod api;
+pub mod bulk;
 pub mod cli;
 pub mod client;
 pub mod console;
@@ -105,9 +106,9 @@ pub use api::{
     UnknownState, WorkflowList,
 };
 pub use cli::{
-    ActArgs, CheckArgs, Cli, Command, ConsoleArgs, DEFAULT_ENDPOINT, FilesArgs, IdArg, ListArgs,
-    ResolveArgs, ServiceCommand, SubmitArgs, WatchArgs, WorkflowCommand, WorkflowShowArgs, run,
-    run_with,
+    ActArgs, BulkArgs, CheckArgs, Cli, Command, ConsoleArgs, DEFAULT_ENDPOINT, FilesArgs, IdArg,
+    ListArgs, ResolveArgs, ServiceCommand, SubmitArgs, WatchArgs, WorkflowCommand,
+    WorkflowShowArgs, run, run_with,
 };
 pub use client::{Action, Client, ClientError, Request, decode};
 pub use definitions::{Validation, validate_paths};
