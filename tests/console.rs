@@ -263,6 +263,48 @@ async fn a_console_action_needs_a_same_origin_form_and_moves_the_task() {
     assert!(resp.text().await.expect("body").contains("role=\"alert\""));
 }
 
+/// Skipping a failed step from the console: the result typed in the form is kept, a result
+/// that is not JSON is shown back with the reason.
+#[tokio::test]
+async fn a_step_skipped_from_the_console_keeps_the_result_given() {
+    let (system, addr, tasks) = showcase().await;
+    let error = tasks[&ProcessState::Error][0];
+    let url = format!("http://{addr}/operator/console/tasks/{error}/skip");
+    let (status, page) = get(addr, &format!("/operator/console/tasks/{error}/skip")).await;
+    assert_eq!(status, 200);
+    assert!(page.contains("name=\"result\""), "{page}");
+    let form = |result: &str| {
+        url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("reason", "paid out from the back office")
+            .append_pair("result", result)
+            .finish()
+    };
+    let post = |body: String| {
+        client()
+            .post(&url)
+            .header("sec-fetch-site", "same-origin")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body)
+            .send()
+    };
+    let bad = post(form("{oops")).await.expect("answers");
+    assert_eq!(bad.status().as_u16(), 400);
+    assert!(
+        bad.text()
+            .await
+            .expect("body")
+            .contains("the result is not JSON")
+    );
+    let ok = post(form(r#"{"transfer": "T-9"}"#)).await.expect("answers");
+    assert_eq!(ok.status().as_u16(), 303);
+    let r = sas_blackbox::state(&system, error).await;
+    assert_eq!(r.process_state, ProcessState::Processed);
+    assert_eq!(
+        r.steps.last().and_then(|s| s.result.as_deref()),
+        Some(r#"{"transfer":"T-9"}"#)
+    );
+}
+
 /// The console in Debian's headless Chromium, driven by Playwright (`tests/browser/console.mjs`):
 /// the list filters by workflow and state, a task's page shows its timeline, and a retry from
 /// the page moves the task. Screenshots go to `target/console/`.

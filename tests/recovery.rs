@@ -1156,3 +1156,64 @@ async fn sasctl_bulk_counts_first_then_acts_on_each_task_of_the_selection() {
     let (_, again) = run(&["bulk", "resolve", "--state", "Error", "--reason", "x"]).await;
     assert_eq!(again["count"], 0, "{again}");
 }
+
+/// `sasctl skip`: an operator did the failed step by hand; its result is kept and the task
+/// goes on (here the loan's last step, so it is Processed), with who and why in its history.
+#[tokio::test]
+async fn sasctl_skip_marks_the_failed_step_done_by_hand_and_the_task_goes_on() {
+    let mut settings = manual_settings();
+    settings
+        .faults
+        .insert("core-banking".into(), refuse(&["disburse-funds"]));
+    let mut system = sas_blackbox::memory_system(settings).await;
+    let ops = operator(&mut system).await;
+    let id = submit_loan(&system).await;
+    pump_until_quiet(&system, 60).await;
+    assert_eq!(state(&system, id).await.process_state, ProcessState::Error);
+    let id = id.to_string();
+    let run = |args: Vec<&str>| {
+        let mut argv = vec!["sasctl", "--endpoint", ops.base().as_str()];
+        argv.extend(args);
+        let parsed = sasctl::Cli::try_parse_from(argv);
+        async move {
+            let cli = match parsed {
+                Ok(cli) => cli,
+                Err(e) => return (2, e.to_string()),
+            };
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            let code = sasctl::run_with(cli, &mut out, &mut err)
+                .await
+                .expect("runs");
+            (
+                code,
+                String::from_utf8_lossy(&out).into_owned() + &String::from_utf8_lossy(&err),
+            )
+        }
+    };
+    let (code, text) = run(vec!["skip", &id, "--result", "{}"]).await;
+    assert_eq!(code, 2, "a skip needs a reason: {text}");
+    let (code, text) = run(vec!["skip", &id, "--reason", "x", "--result", "{not json"]).await;
+    assert_eq!(code, 2, "{text}");
+    let (code, text) = run(vec![
+        "skip",
+        &id,
+        "--reason",
+        "paid out by hand, transfer T-1",
+        "--result",
+        r#"{"transfer": "T-1"}"#,
+    ])
+    .await;
+    assert_eq!(code, 0, "{text}");
+    let r = state(&system, id.parse().expect("id")).await;
+    assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
+    let last = r.steps.last().expect("steps");
+    assert_eq!(last.status, StepStatus::Done);
+    assert_eq!(last.result.as_deref(), Some(r#"{"transfer":"T-1"}"#));
+    assert_eq!(
+        r.history.last().map(|h| h.reason.as_str()),
+        Some("operator skip of disburse-funds: paid out by hand, transfer T-1")
+    );
+    let (code, text) = run(vec!["skip", &id, "--reason", "again"]).await;
+    assert_eq!(code, 1, "a Processed task has no step to skip: {text}");
+    assert!(text.contains("conflict"), "{text}");
+}

@@ -104,6 +104,9 @@ pub enum Command {
     /// Nothing is sent to any service: use it once the task's effects were settled outside sas
     /// (refunded by hand, reconciled with the service's owner).
     Resolve(ResolveArgs),
+    /// Mark an Error task's failed step as done by hand, with its result, and go on from the
+    /// next step (the last step skipped: Processed). Nothing is sent for the skipped step.
+    Skip(SkipArgs),
     /// Follow a task until it is terminal, printing each change.
     ///
     /// Polls the task and prints a line whenever its state, step or failure count changes;
@@ -316,6 +319,29 @@ pub struct ConsoleArgs {
     /// The loopback address to serve on (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:8321")]
     pub listen: std::net::SocketAddr,
+}
+
+/// `skip` arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct SkipArgs {
+    /// The task id.
+    #[arg(value_parser = parse_id)]
+    pub id: String,
+    /// How the step was done (required; recorded in the history).
+    #[arg(long, value_parser = parse_non_empty)]
+    pub reason: String,
+    /// The step's result: JSON, or @FILE (what later steps and the step's undo read).
+    #[arg(long, value_parser = parse_json_arg)]
+    pub result: Option<Value>,
+}
+
+/// A JSON value given inline, or as `@FILE`.
+fn parse_json_arg(s: &str) -> Result<Value, String> {
+    let text = match s.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?,
+        None => s.to_owned(),
+    };
+    serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}"))
 }
 
 /// `resolve` arguments.
@@ -656,6 +682,14 @@ async fn dispatch(
                 id: &a.id,
                 action,
                 reason: a.reason.as_deref(),
+            };
+            act(client, cli.json, &request, out).await
+        }
+        Command::Skip(SkipArgs { id, reason, result }) => {
+            let request = Request::Skip {
+                id,
+                reason,
+                result: result.as_ref(),
             };
             act(client, cli.json, &request, out).await
         }

@@ -131,6 +131,12 @@ pub enum Request<'a> {
     PutService { name: &'a str, body: &'a Value },
     /// `PUT /workflows/{name}`, the body the workflow definition as JSON.
     PutWorkflow { name: &'a str, body: &'a Value },
+    /// `POST /tasks/{id}/skip`: the failed step done by hand, with its result.
+    Skip {
+        id: &'a str,
+        reason: &'a str,
+        result: Option<&'a Value>,
+    },
     /// `POST /services/{name}/pause|resume`, with `{"reason": ..}` if given (a pause needs one).
     ServiceAction {
         name: &'a str,
@@ -155,7 +161,10 @@ impl Request<'_> {
             | Self::Workflows
             | Self::Workflow { .. }
             | Self::Services => "GET",
-            Self::Act { .. } | Self::Submit { .. } | Self::ServiceAction { .. } => "POST",
+            Self::Act { .. }
+            | Self::Skip { .. }
+            | Self::Submit { .. }
+            | Self::ServiceAction { .. } => "POST",
             Self::PutService { .. } | Self::PutWorkflow { .. } => "PUT",
         }
     }
@@ -173,6 +182,13 @@ impl Request<'_> {
             } => Some(serde_json::json!({ "reason": reason })),
             Self::PutService { body, .. } | Self::PutWorkflow { body, .. } => Some(body.clone()),
             Self::Submit { input, .. } => Some(input.clone()),
+            Self::Skip { reason, result, .. } => {
+                let mut body = serde_json::json!({ "reason": reason });
+                if let Some(r) = result {
+                    body["result"] = r.clone();
+                }
+                Some(body)
+            }
             _ => None,
         }
     }
@@ -197,6 +213,7 @@ impl Request<'_> {
             Self::PutService { name, .. } => own(&["services", name]),
             Self::PutWorkflow { name, .. } => own(&["workflows", name]),
             Self::Submit { workflow, .. } => own(&["workflows", workflow, "tasks"]),
+            Self::Skip { id, .. } => own(&["tasks", id, "skip"]),
             Self::ServiceAction { name, pause, .. } => {
                 own(&["services", name, if pause { "pause" } else { "resume" }])
             }

@@ -107,7 +107,7 @@ pub use api::{
 };
 pub use cli::{
     ActArgs, BulkArgs, CheckArgs, Cli, Command, ConsoleArgs, DEFAULT_ENDPOINT, FilesArgs, IdArg,
-    ListArgs, ResolveArgs, ServiceCommand, SubmitArgs, WatchArgs, WorkflowCommand,
+    ListArgs, ResolveArgs, ServiceCommand, SkipArgs, SubmitArgs, WatchArgs, WorkflowCommand,
     WorkflowShowArgs, run, run_with,
 };
 pub use client::{Action, Client, ClientError, Request, decode};

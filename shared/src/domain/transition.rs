@@ -241,6 +241,8 @@ pub enum Rejection {
     NotCancellable(ProcessState),
     #[error("a task that is {0} cannot be resolved (only Error or CompensationFailed)")]
     NotResolvable(ProcessState),
+    #[error("a task that is {0} has no step to skip (only Error)")]
+    NotSkippable(ProcessState),
     #[error("the task is {0} past its pivot step: it only goes forward (retry it)")]
     PastPivot(ProcessState),
     #[error("the undo waits until {until} for the step it undoes to be surely over")]
@@ -1175,6 +1177,63 @@ pub fn resolve(
     })
 }
 
+/// An operator did the failed step by hand and supplies its result: the Error task's current
+/// step becomes Done with that result (what later steps' inputs and its own undo read), and the
+/// task goes on from the next step (Pending), or is Processed if it was the last. Nothing is
+/// sent for the skipped step.
+///
+/// Condition: same state (at the version read) - keeps "a step is skipped only while the task
+/// waits for a person": a retry or compensation that won the race makes the skip a conflict.
+pub fn skip(
+    r: &StateRecord,
+    actor: &Actor,
+    now: DateTime<Utc>,
+    p: &Policies,
+    result: Option<String>,
+) -> Result<Transition, Rejection> {
+    let i = r.step_index;
+    if r.process_state != ProcessState::Error || i >= r.steps.len() {
+        return Err(Rejection::NotSkippable(r.process_state));
+    }
+    let now = to_millis(now);
+    let mut n = next(r, now);
+    let step = &mut n.steps[i];
+    step.status = StepStatus::Done;
+    step.result = result;
+    step.finished_at = Some(now);
+    step.finished_attempt = Some(r.attempt);
+    n.failure_count = 0;
+    n.round = 0;
+    n.last_error = None;
+    n.refusal = None;
+    n.step_index = i + 1;
+    let effects = if n.step_index < n.steps.len() {
+        n.process_state = ProcessState::Pending;
+        n.complete_by = Some(now + p.at(n.step_index).pickup_timeout);
+        vec![
+            Effect::Publish(Status::StepCompleted),
+            Effect::Enqueue {
+                delay: Duration::zero(),
+            },
+        ]
+    } else {
+        finish(&mut n, ProcessState::Processed, Status::Processed)
+    };
+    log_by(
+        &mut n,
+        r.process_state,
+        Some(i),
+        actor.line(&format!("skip of {}", r.steps[i].name)),
+        Some(&actor.by),
+    );
+    tidy(&mut n);
+    Ok(Transition {
+        condition: Condition::on(r, vec![Guard::StateIs(ProcessState::Error)]),
+        record: n,
+        effects,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1642,6 +1701,52 @@ mod tests {
             resolve(&r, &ops(Some("again")), later).err(),
             Some(Rejection::NotResolvable(ProcessState::Resolved))
         );
+    }
+
+    #[test]
+    fn an_operator_skips_a_failed_step_with_its_result_and_the_task_goes_on() {
+        let p = manual();
+        let now = t0();
+        let mut r = fresh(now);
+        assert_eq!(
+            skip(&r, &ops(None), now, &p, None).err(),
+            Some(Rejection::NotSkippable(ProcessState::Pending))
+        );
+        run_to(&mut r, 1, now, &p);
+        apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
+        assert_eq!(r.process_state, ProcessState::Error);
+        let raced = retry(&r, &ops(None), now, &p).expect("retries");
+        let by_hand = Some(r#"{"id":"pay-by-phone-7"}"#.to_owned());
+        let t = apply(&mut r, |r| {
+            skip(r, &ops(Some("charged by phone")), now, &p, by_hand.clone())
+        });
+        assert!(!raced.condition.holds(Some(&r)), "a racing retry loses");
+        assert_eq!(
+            t.effects,
+            [
+                Effect::Publish(Status::StepCompleted),
+                Effect::Enqueue {
+                    delay: Duration::zero()
+                }
+            ]
+        );
+        assert_eq!((r.process_state, r.step_index), (ProcessState::Pending, 2));
+        assert_eq!(r.steps[1].status, StepStatus::Done);
+        assert_eq!(r.steps[1].result, by_hand);
+        assert_eq!((r.failure_count, r.last_error.as_deref()), (0, None));
+        assert_eq!(
+            r.history.last().map(|h| h.reason.as_str()),
+            Some("operator skip of charge-payment: charged by phone")
+        );
+        // The last step skipped: the task is Processed and owes its notice.
+        run_to(&mut r, 0, now, &p);
+        let a = r.attempt;
+        apply(&mut r, |r| apply_reply(r, a, 2, false, &refused(), now, &p));
+        apply(&mut r, |r| {
+            skip(r, &ops(Some("shipped by hand")), now, &p, None)
+        });
+        assert_eq!(r.process_state, ProcessState::Processed);
+        assert_eq!(r.outbox.last(), Some(&Status::Processed));
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub fn root() -> String {
 }
 
 /// The operator actions the console offers, in the API's words.
-const ACTIONS: [&str; 4] = ["retry", "compensate", "cancel", "resolve"];
+const ACTIONS: [&str; 5] = ["retry", "compensate", "cancel", "resolve", "skip"];
 
 /// Answers one console request of an authenticated operator. `segments`: the path under the
 /// console's root.
@@ -443,7 +443,7 @@ async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
 /// The actions a task in `state` may take (the API decides; this only offers them).
 fn actions_for(state: &str) -> &'static [&'static str] {
     match state {
-        "Error" => &["retry", "compensate", "resolve"],
+        "Error" => &["retry", "compensate", "skip", "resolve"],
         "CompensationFailed" => &["retry", "resolve"],
         "Pending" | "Processing" => &["cancel"],
         _ => &[],
@@ -455,6 +455,7 @@ fn action_label(action: &str) -> &'static str {
         "retry" => "Retry",
         "compensate" => "Compensate",
         "cancel" => "Cancel",
+        "skip" => "Skip step",
         _ => "Resolve",
     }
 }
@@ -608,7 +609,7 @@ async fn confirm(
     let t = &answer.value;
     let task_id = text(t, "taskId");
     let label = action_label(action);
-    let required = action == "resolve";
+    let required = matches!(action, "resolve" | "skip");
     let content = html! {
         h1 { (label) " task " span class="id" { (task_id) } }
         p { "The task is " (badge(text(t, "processState"))) (t["currentStep"].as_str().map(|s| format!(" at step {s}")).unwrap_or_default()) "." }
@@ -619,6 +620,10 @@ async fn confirm(
         form method="post" action=(href(&format!("/tasks/{}/{action}", segment(task_id)), &[])) {
             label for="reason" { @if required { "How it was settled (required)" } @else { "Reason (recorded in the history)" } }
             textarea id="reason" name="reason" rows="3" maxlength=(MAX_REASON_CHARS) required[required] {}
+            @if action == "skip" {
+                label for="result" { "The step's result (JSON, optional)" }
+                textarea id="result" name="result" rows="5" spellcheck="false" {}
+            }
             div class="buttons" {
                 button type="submit" class="primary" { (label) " task" }
                 a href=(href(&format!("/tasks/{}", segment(task_id)), &[])) { "Back" }
@@ -637,10 +642,24 @@ async fn act(api: &Api<'_>, id: &str, action: &str, body: &[u8]) -> Response<Str
         .find(|(k, _)| k == "reason")
         .map(|(_, v)| v.trim().to_owned())
         .filter(|v| !v.is_empty());
-    let payload = match &reason {
-        Some(r) => json!({ "reason": r }).to_string(),
-        None => String::new(),
-    };
+    let result = url::form_urlencoded::parse(body)
+        .find(|(k, _)| k == "result")
+        .map(|(_, v)| v.trim().to_owned())
+        .filter(|v| !v.is_empty());
+    let mut payload = json!({});
+    if let Some(r) = &reason {
+        payload["reason"] = json!(r);
+    }
+    if let Some(text) = result {
+        match serde_json::from_str::<Value>(&text) {
+            Ok(v) => payload["result"] = v,
+            Err(e) => {
+                let problem = format!("the result is not JSON: {e}");
+                return confirm(api, id, action, Some(&problem), StatusCode::BAD_REQUEST).await;
+            }
+        }
+    }
+    let payload = payload.to_string();
     let answer = api
         .call(Method::POST, &["tasks", id, action], "", payload.as_bytes())
         .await;

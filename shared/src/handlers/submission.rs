@@ -204,7 +204,7 @@ pub async fn handle(
 
 /// The methods a path allows (`None`: no such route).
 fn allowed_methods(segments: &[&str], op: bool) -> Option<&'static str> {
-    const ACTIONS: [&str; 4] = ["retry", "compensate", "cancel", "resolve"];
+    const ACTIONS: [&str; 5] = ["retry", "compensate", "cancel", "resolve", "skip"];
     Some(match segments {
         ["workflows", _, "tasks"] => "POST",
         ["tasks"] => "GET",
@@ -749,8 +749,8 @@ async fn list_mine(deps: &SubmissionDeps, caller: &Caller, query: &str) -> Respo
     }
 }
 
-/// `POST /tasks/{id}/retry|compensate|cancel|resolve`: one conditional write, then its
-/// effects. A resolve needs a reason.
+/// `POST /tasks/{id}/retry|compensate|cancel|resolve|skip`: one conditional write, then its
+/// effects. A resolve or skip needs a reason; a skip may carry the step's `result`.
 async fn operate(
     deps: &SubmissionDeps,
     caller: &Caller,
@@ -762,33 +762,65 @@ async fn operate(
     if let Err(e) = id.parse::<TaskId>() {
         return error(StatusCode::BAD_REQUEST, "invalid_task_id", e.to_string());
     }
-    let reason = if body.iter().all(u8::is_ascii_whitespace) {
-        None
+    #[derive(serde::Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct ActionBody {
+        reason: Option<String>,
+        /// `skip` only: the step's result, supplied by hand.
+        result: Option<Value>,
+    }
+    let ActionBody { reason, result } = if body.iter().all(u8::is_ascii_whitespace) {
+        ActionBody::default()
     } else {
-        #[derive(serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct ActionBody {
-            reason: Option<String>,
-        }
         match json_object::<ActionBody>(body) {
-            Ok(ActionBody { reason: Some(r) }) if r.chars().count() > MAX_REASON_CHARS => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "validation_failed",
-                    format!("reason is over {MAX_REASON_CHARS} characters"),
-                );
-            }
-            Ok(b) => b.reason,
+            Ok(b) => b,
             Err(answer) => return *answer,
         }
     };
-    if action == "resolve" && reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
+    if reason
+        .as_ref()
+        .is_some_and(|r| r.chars().count() > MAX_REASON_CHARS)
+    {
         return error(
             StatusCode::BAD_REQUEST,
             "validation_failed",
-            "reason is required to resolve a task: say how it was settled",
+            format!("reason is over {MAX_REASON_CHARS} characters"),
         );
     }
+    if matches!(action, "resolve" | "skip") && reason.as_deref().is_none_or(|r| r.trim().is_empty())
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "validation_failed",
+            format!("reason is required to {action} a task: say how the step was settled"),
+        );
+    }
+    let result = match (action, result) {
+        ("skip", Some(Value::Null) | None) => None,
+        ("skip", Some(v)) => {
+            let text = v.to_string();
+            if text.len() > crate::domain::task::MAX_RESULT_BYTES {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "validation_failed",
+                    format!(
+                        "result is {} bytes (at most {})",
+                        text.len(),
+                        crate::domain::task::MAX_RESULT_BYTES
+                    ),
+                );
+            }
+            Some(text)
+        }
+        (_, Some(_)) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "validation_failed",
+                format!("result is only for skip, not {action}"),
+            );
+        }
+        (_, None) => None,
+    };
     let actor = actor(reason);
     let (task, record) = match load_for(deps, caller, id).await {
         Ok(found) => found,
@@ -805,6 +837,7 @@ async fn operate(
         "retry" => transition::retry(&record, &actor, now, &policies),
         "compensate" => transition::compensate(&record, &actor, now, &policies),
         "resolve" => transition::resolve(&record, &actor, now),
+        "skip" => transition::skip(&record, &actor, now, &policies, result),
         _ => transition::cancel(&record, &actor, now, &policies),
     };
     let t = match t {
