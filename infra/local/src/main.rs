@@ -43,6 +43,10 @@ enum Command {
         listen: SocketAddr,
         #[command(flatten)]
         auth: AuthOpts,
+        /// First make example tasks in every state (Processed, Refused, Error, Resolved,
+        /// CompensationFailed, ...), to look around the console at /console.
+        #[arg(long)]
+        showcase: bool,
     },
     /// Print a JWT for the task API in `--auth jwt` mode, signed by the local issuer.
     Token {
@@ -286,9 +290,13 @@ async fn main() -> anyhow::Result<()> {
             .context("the default command")?,
     };
     match command {
-        Command::Serve { listen, auth } => {
+        Command::Serve {
+            listen,
+            auth,
+            showcase,
+        } => {
             sas::telemetry::init();
-            serve(&cli.opts, listen, &auth).await
+            serve(&cli.opts, listen, &auth, showcase).await
         }
         Command::Token {
             sub,
@@ -333,7 +341,12 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn serve(opts: &Opts, listen: SocketAddr, auth: &AuthOpts) -> anyhow::Result<()> {
+async fn serve(
+    opts: &Opts,
+    listen: SocketAddr,
+    auth: &AuthOpts,
+    showcase: bool,
+) -> anyhow::Result<()> {
     if let Some(dir) = &opts.workflows {
         sas::catalog::read_folder(dir)
             .with_context(|| format!("reading the definitions in {}", dir.display()))?;
@@ -355,6 +368,15 @@ async fn serve(opts: &Opts, listen: SocketAddr, auth: &AuthOpts) -> anyhow::Resu
     let bound = system.serve(listen).await.context("binding the HTTP API")?;
     // A real callback step's service posts its callback here.
     system.scheduler.callback_base_url = Some(format!("http://{bound}"));
+    if showcase {
+        let made = sas::local::showcase::tasks_in_every_state(&system)
+            .await
+            .context("making the showcase's tasks (it needs the example workflows)")?;
+        let count: usize = made.values().map(Vec::len).sum();
+        println!(
+            "showcase: {count} example tasks in every state; the console: http://{bound}/console"
+        );
+    }
     system.start();
     let workflows: Vec<String> = system
         .definitions
