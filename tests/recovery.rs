@@ -74,6 +74,41 @@ async fn operator(system: &mut System) -> sasctl::Client {
     sasctl::Client::new(format!("http://{addr}/operator").parse().expect("url")).expect("client")
 }
 
+/// Runs `sasctl` with `args` against the operator API `ops` serves: its exit code, stdout and
+/// stderr (a command line clap refuses: 2 and clap's message).
+async fn sasctl_at(ops: &sasctl::Client, args: &[&str]) -> (i32, String, String) {
+    let mut argv = vec!["sasctl", "--endpoint", ops.base().as_str()];
+    argv.extend_from_slice(args);
+    let cli = match sasctl::Cli::try_parse_from(argv) {
+        Ok(cli) => cli,
+        Err(e) => return (2, String::new(), e.to_string()),
+    };
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = sasctl::run_with(cli, &mut out, &mut err)
+        .await
+        .expect("runs");
+    (
+        code,
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    )
+}
+
+/// [`sasctl_at`], with stdout and stderr as one text.
+async fn sasctl_text(ops: &sasctl::Client, args: &[&str]) -> (i32, String) {
+    let (code, out, err) = sasctl_at(ops, args).await;
+    (code, out + &err)
+}
+
+/// [`sasctl_at`] with `--json`: the document on stdout (or what was printed, if it is none).
+async fn sasctl_json(ops: &sasctl::Client, args: &[&str]) -> (i32, Value) {
+    let mut argv = vec!["--json"];
+    argv.extend_from_slice(args);
+    let (code, out, err) = sasctl_at(ops, &argv).await;
+    let doc = serde_json::from_str(&out).unwrap_or_else(|_| json!({"raw": out, "err": err}));
+    (code, doc)
+}
+
 /// The ids `sasctl` lists in `state` (of `workflow`, if given): one page of up to 100, each
 /// row checked against the filter.
 async fn listed(
@@ -655,25 +690,13 @@ async fn sasctl_show_renders_a_failed_tasks_steps_and_history() {
     assert!(shown.contains("\nstep 1 "), "{shown}");
     assert!(shown.contains("  input:"), "{shown}");
 
-    let run = |args: &[&str]| {
-        let mut argv = vec!["sasctl", "--endpoint", ops.base().as_str()];
-        argv.extend_from_slice(args);
-        let cli = sasctl::Cli::try_parse_from(argv).expect("args");
-        async move {
-            let (mut out, mut err) = (Vec::new(), Vec::new());
-            let code = sasctl::run_with(cli, &mut out, &mut err)
-                .await
-                .expect("runs");
-            (
-                code,
-                String::from_utf8(out).expect("utf-8"),
-                String::from_utf8(err).expect("utf-8"),
-            )
-        }
-    };
     let id = id.to_string();
     // An operator settles the failed loan by hand and closes it with a note.
-    let (code, out, err) = run(&["resolve", &id, "--note", "disbursed by hand, ticket 42"]).await;
+    let (code, out, err) = sasctl_at(
+        &ops,
+        &["resolve", &id, "--note", "disbursed by hand, ticket 42"],
+    )
+    .await;
     assert_eq!(code, 0, "{out}{err}");
     let r = state(&system, id.parse().expect("id")).await;
     assert_eq!(r.process_state, ProcessState::Resolved, "{r:?}");
@@ -684,21 +707,21 @@ async fn sasctl_show_renders_a_failed_tasks_steps_and_history() {
     );
     assert!(last.by.is_some(), "who resolved it is recorded: {last:?}");
     // A second resolve is a conflict; under --json stdout is the error document.
-    let (code, out, err) = run(&["--json", "resolve", &id, "--note", "again"]).await;
+    let (code, out, err) = sasctl_at(&ops, &["--json", "resolve", &id, "--note", "again"]).await;
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.is_empty(), "{err}");
     let doc: Value = serde_json::from_str(&out).expect("one JSON document");
     assert_eq!(doc["error"]["code"], "conflict", "{doc}");
     assert_eq!(doc["error"]["status"], 409, "{doc}");
     // Without --json the same error is a line on stderr.
-    let (code, out, err) = run(&["retry", &id, "--reason", "x"]).await;
+    let (code, out, err) = sasctl_at(&ops, &["retry", &id, "--reason", "x"]).await;
     assert_eq!((code, out.as_str()), (1, ""), "{err}");
     assert!(err.starts_with("error: conflict: "), "{err}");
     // The paging hint repeats the endpoint it was given.
-    let (code, out, err) = run(&["list", "--state", "Resolved", "--limit", "1"]).await;
+    let (code, out, err) = sasctl_at(&ops, &["list", "--state", "Resolved", "--limit", "1"]).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains(&id), "{out}");
-    let (_, out, _) = run(&["show", &id]).await;
+    let (_, out, _) = sasctl_at(&ops, &["show", &id]).await;
     assert!(out.contains("operator resolve: disbursed by hand"), "{out}");
 }
 
@@ -989,39 +1012,28 @@ async fn a_paused_service_makes_its_steps_wait_without_failing_until_it_is_resum
     use sas::domain::BreakerState;
     let (mut system, _clock) = aws_system("paused", manual_settings()).await;
     let ops = operator(&mut system).await;
-    let run = |args: &[&str]| {
-        let mut argv = vec!["sasctl", "--endpoint", ops.base().as_str()];
-        argv.extend_from_slice(args);
-        let cli = sasctl::Cli::try_parse_from(argv).expect("args");
-        async move {
-            let (mut out, mut err) = (Vec::new(), Vec::new());
-            let code = sasctl::run_with(cli, &mut out, &mut err)
-                .await
-                .expect("runs");
-            (
-                code,
-                String::from_utf8(out).expect("utf-8") + &String::from_utf8(err).expect("utf-8"),
-            )
-        }
-    };
-    let (code, text) = run(&["service", "pause", "payment"]).await;
+    let (code, text) = sasctl_text(&ops, &["service", "pause", "payment"]).await;
     assert_eq!(code, 1, "a pause needs a reason: {text}");
     assert!(text.contains("reason is required"), "{text}");
-    let (code, text) = run(&["service", "pause", "nope", "--reason", "x"]).await;
+    let (code, text) = sasctl_text(&ops, &["service", "pause", "nope", "--reason", "x"]).await;
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("service_not_found"), "{text}");
-    let (code, text) = run(&[
-        "service",
-        "pause",
-        "payment",
-        "--reason",
-        "bank maintenance",
-    ])
+    let (code, text) = sasctl_text(
+        &ops,
+        &[
+            "service",
+            "pause",
+            "payment",
+            "--reason",
+            "bank maintenance",
+        ],
+    )
     .await;
     assert_eq!((code, text.trim()), (0, "payment paused"));
-    let (code, text) = run(&["service", "pause", "payment", "--reason", "again"]).await;
+    let (code, text) =
+        sasctl_text(&ops, &["service", "pause", "payment", "--reason", "again"]).await;
     assert_eq!((code, text.trim()), (0, "payment paused (already)"));
-    let (_, listed) = run(&["service", "list"]).await;
+    let (_, listed) = sasctl_text(&ops, &["service", "list"]).await;
     let line = listed
         .lines()
         .find(|l| l.starts_with("payment"))
@@ -1047,7 +1059,7 @@ async fn a_paused_service_makes_its_steps_wait_without_failing_until_it_is_resum
             .is_some_and(|d| d > chrono::Utc::now() + chrono::Duration::seconds(30))
     );
 
-    let (code, text) = run(&["service", "resume", "payment"]).await;
+    let (code, text) = sasctl_text(&ops, &["service", "resume", "payment"]).await;
     assert_eq!((code, text.trim()), (0, "payment closed"), "{text}");
     let b = system
         .store
@@ -1080,28 +1092,17 @@ async fn sasctl_bulk_counts_first_then_acts_on_each_task_of_the_selection() {
     for id in &loans {
         assert_eq!(state(&system, *id).await.process_state, ProcessState::Error);
     }
-    let run = |args: &[&str]| {
-        let mut argv = vec!["sasctl", "--endpoint", ops.base().as_str(), "--json"];
-        argv.extend_from_slice(args);
-        let cli = sasctl::Cli::try_parse_from(argv).expect("args");
-        async move {
-            let (mut out, mut err) = (Vec::new(), Vec::new());
-            let code = sasctl::run_with(cli, &mut out, &mut err)
-                .await
-                .expect("runs");
-            let doc: Value = serde_json::from_slice(&out)
-                .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(&out), "err": String::from_utf8_lossy(&err)}));
-            (code, doc)
-        }
-    };
-    let (code, dry) = run(&[
-        "bulk",
-        "resolve",
-        "--state",
-        "Error",
-        "--reason",
-        "paid by hand",
-    ])
+    let (code, dry) = sasctl_json(
+        &ops,
+        &[
+            "bulk",
+            "resolve",
+            "--state",
+            "Error",
+            "--reason",
+            "paid by hand",
+        ],
+    )
     .await;
     assert_eq!(code, 0, "{dry}");
     assert_eq!(
@@ -1117,23 +1118,30 @@ async fn sasctl_bulk_counts_first_then_acts_on_each_task_of_the_selection() {
         );
     }
     // A range that ends before the tasks failed holds none of them.
-    let (_, none) = run(&["bulk", "retry", "--state", "Error", "--until", "1h"]).await;
+    let (_, none) = sasctl_json(
+        &ops,
+        &["bulk", "retry", "--state", "Error", "--until", "1h"],
+    )
+    .await;
     assert_eq!(none["count"], 0, "{none}");
-    let (code, _) = run(&["bulk", "resolve", "--state", "Error"]).await;
+    let (code, _) = sasctl_json(&ops, &["bulk", "resolve", "--state", "Error"]).await;
     assert_eq!(code, 2, "resolve needs a reason");
-    let (code, done) = run(&[
-        "bulk",
-        "resolve",
-        "--state",
-        "Error",
-        "--workflow",
-        LOAN,
-        "--since",
-        "1h",
-        "--reason",
-        "paid by hand",
-        "--yes",
-    ])
+    let (code, done) = sasctl_json(
+        &ops,
+        &[
+            "bulk",
+            "resolve",
+            "--state",
+            "Error",
+            "--workflow",
+            LOAN,
+            "--since",
+            "1h",
+            "--reason",
+            "paid by hand",
+            "--yes",
+        ],
+    )
     .await;
     assert_eq!(code, 0, "{done}");
     assert_eq!(
@@ -1153,7 +1161,11 @@ async fn sasctl_bulk_counts_first_then_acts_on_each_task_of_the_selection() {
         state(&system, order).await.process_state,
         ProcessState::Processed
     );
-    let (_, again) = run(&["bulk", "resolve", "--state", "Error", "--reason", "x"]).await;
+    let (_, again) = sasctl_json(
+        &ops,
+        &["bulk", "resolve", "--state", "Error", "--reason", "x"],
+    )
+    .await;
     assert_eq!(again["count"], 0, "{again}");
 }
 
@@ -1171,37 +1183,25 @@ async fn sasctl_skip_marks_the_failed_step_done_by_hand_and_the_task_goes_on() {
     pump_until_quiet(&system, 60).await;
     assert_eq!(state(&system, id).await.process_state, ProcessState::Error);
     let id = id.to_string();
-    let run = |args: Vec<&str>| {
-        let mut argv = vec!["sasctl", "--endpoint", ops.base().as_str()];
-        argv.extend(args);
-        let parsed = sasctl::Cli::try_parse_from(argv);
-        async move {
-            let cli = match parsed {
-                Ok(cli) => cli,
-                Err(e) => return (2, e.to_string()),
-            };
-            let (mut out, mut err) = (Vec::new(), Vec::new());
-            let code = sasctl::run_with(cli, &mut out, &mut err)
-                .await
-                .expect("runs");
-            (
-                code,
-                String::from_utf8_lossy(&out).into_owned() + &String::from_utf8_lossy(&err),
-            )
-        }
-    };
-    let (code, text) = run(vec!["skip", &id, "--result", "{}"]).await;
+    let (code, text) = sasctl_text(&ops, &["skip", &id, "--result", "{}"]).await;
     assert_eq!(code, 2, "a skip needs a reason: {text}");
-    let (code, text) = run(vec!["skip", &id, "--reason", "x", "--result", "{not json"]).await;
+    let (code, text) = sasctl_text(
+        &ops,
+        &["skip", &id, "--reason", "x", "--result", "{not json"],
+    )
+    .await;
     assert_eq!(code, 2, "{text}");
-    let (code, text) = run(vec![
-        "skip",
-        &id,
-        "--reason",
-        "paid out by hand, transfer T-1",
-        "--result",
-        r#"{"transfer": "T-1"}"#,
-    ])
+    let (code, text) = sasctl_text(
+        &ops,
+        &[
+            "skip",
+            &id,
+            "--reason",
+            "paid out by hand, transfer T-1",
+            "--result",
+            r#"{"transfer": "T-1"}"#,
+        ],
+    )
     .await;
     assert_eq!(code, 0, "{text}");
     let r = state(&system, id.parse().expect("id")).await;
@@ -1213,7 +1213,7 @@ async fn sasctl_skip_marks_the_failed_step_done_by_hand_and_the_task_goes_on() {
         r.history.last().map(|h| h.reason.as_str()),
         Some("operator skip of disburse-funds: paid out by hand, transfer T-1")
     );
-    let (code, text) = run(vec!["skip", &id, "--reason", "again"]).await;
+    let (code, text) = sasctl_text(&ops, &["skip", &id, "--reason", "again"]).await;
     assert_eq!(code, 1, "a Processed task has no step to skip: {text}");
     assert!(text.contains("conflict"), "{text}");
 }

@@ -252,6 +252,18 @@ pub struct Page {
     pub next: Option<Cursor>,
 }
 
+impl Page {
+    /// The newest `limit` of `rows` (in the list's order), with a cursor after the last one
+    /// if more rows were left out or `more` may follow.
+    pub fn newest_first(mut rows: Vec<Summary>, limit: usize, more: bool) -> Self {
+        rows.sort_by_key(|s| Cursor::order_key(s.updated_at.timestamp_millis(), s.task_id));
+        let more = more || rows.len() > limit;
+        rows.truncate(limit);
+        let next = more.then(|| rows.last().map(Cursor::after)).flatten();
+        Self { items: rows, next }
+    }
+}
+
 /// Where a page ends: the last record returned (its `UpdatedAt`, or for a caller's list its
 /// creation time, and its id); the next page starts strictly after it in the order
 /// (time descending, then id ascending). Opaque to clients: [`Cursor::encode`] makes a hex

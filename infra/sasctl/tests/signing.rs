@@ -22,6 +22,22 @@ fn signer(user: &LocalUser) -> Signer {
     )
 }
 
+/// Starts an e-commerce order through the task API (as the anonymous local caller); its id.
+async fn submit_order(system: &System) -> String {
+    let resp = sas::handlers::submission::handle(
+        &system.submission,
+        &sas::auth::Identity::anonymous(),
+        &http::Method::POST,
+        "/workflows/ecommerce-order/tasks",
+        &http::HeaderMap::new(),
+        br#"{"customerId": "c-1", "items": [{"sku": "SKU-1", "quantity": 1}]}"#,
+    )
+    .await;
+    assert_eq!(resp.status(), 202, "{}", resp.body());
+    let body: serde_json::Value = serde_json::from_str(resp.body()).expect("json");
+    body["taskId"].as_str().expect("taskId").to_owned()
+}
+
 #[tokio::test]
 async fn a_signed_sasctl_reaches_an_iam_operator_api_and_an_unsigned_one_does_not() {
     // The CLI path signs with the environment's credentials (the test command exports
@@ -194,20 +210,7 @@ async fn the_console_proxy_signs_what_it_forwards_and_nothing_else() {
         .expect("answers");
     assert_eq!(rebound.status().as_u16(), 403);
     // A form through the proxy: signed, applied, recorded under the signer's principal.
-    let (_, _, answer) = {
-        let resp = sas::handlers::submission::handle(
-            &system.submission,
-            &sas::auth::Identity::anonymous(),
-            &http::Method::POST,
-            "/workflows/ecommerce-order/tasks",
-            &http::HeaderMap::new(),
-            br#"{"customerId": "c-1", "items": [{"sku": "SKU-1", "quantity": 1}]}"#,
-        )
-        .await;
-        let body: serde_json::Value = serde_json::from_str(resp.body()).expect("json");
-        (resp.status(), (), body)
-    };
-    let id = answer["taskId"].as_str().expect("taskId").to_owned();
+    let id = submit_order(&system).await;
     let cancel = http
         .post(format!("http://{bound}/operator/console/tasks/{id}/cancel"))
         .header("sec-fetch-site", "same-origin")
@@ -311,16 +314,7 @@ async fn sasctl_finds_the_operator_api_in_the_stacks_outputs() {
         .await
         .expect("serves");
     for _ in 0..2 {
-        let resp = sas::handlers::submission::handle(
-            &system.submission,
-            &sas::auth::Identity::anonymous(),
-            &http::Method::POST,
-            "/workflows/ecommerce-order/tasks",
-            &http::HeaderMap::new(),
-            br#"{"customerId": "c-1", "items": [{"sku": "SKU-1", "quantity": 1}]}"#,
-        )
-        .await;
-        assert_eq!(resp.status(), 202);
+        submit_order(&system).await;
     }
     let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .load()

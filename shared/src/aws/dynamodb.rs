@@ -946,11 +946,7 @@ impl StateStore for DynamoStore {
                 }
             }
         }
-        rows.sort_by_key(|s| Cursor::order_key(s.updated_at.timestamp_millis(), s.task_id));
-        more |= rows.len() > limit;
-        rows.truncate(limit);
-        let next = more.then(|| rows.last().map(Cursor::after)).flatten();
-        Ok(Page { items: rows, next })
+        Ok(Page::newest_first(rows, limit, more))
     }
 
     async fn count(

@@ -749,6 +749,27 @@ async fn list_mine(deps: &SubmissionDeps, caller: &Caller, query: &str) -> Respo
     }
 }
 
+/// An action's optional JSON body (empty: the default), and its `reason` held to
+/// [`MAX_REASON_CHARS`].
+fn action_body<T: serde::de::DeserializeOwned + Default>(
+    body: &[u8],
+    reason: impl Fn(&T) -> Option<&String>,
+) -> Result<T, Box<Response<String>>> {
+    let parsed = if body.iter().all(u8::is_ascii_whitespace) {
+        T::default()
+    } else {
+        json_object::<T>(body)?
+    };
+    if reason(&parsed).is_some_and(|r| r.chars().count() > MAX_REASON_CHARS) {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "validation_failed",
+            format!("reason is over {MAX_REASON_CHARS} characters"),
+        )));
+    }
+    Ok(parsed)
+}
+
 /// `POST /tasks/{id}/retry|compensate|cancel|resolve|skip`: one conditional write, then its
 /// effects. A resolve or skip needs a reason; a skip may carry the step's `result`.
 async fn operate(
@@ -769,24 +790,11 @@ async fn operate(
         /// `skip` only: the step's result, supplied by hand.
         result: Option<Value>,
     }
-    let ActionBody { reason, result } = if body.iter().all(u8::is_ascii_whitespace) {
-        ActionBody::default()
-    } else {
-        match json_object::<ActionBody>(body) {
-            Ok(b) => b,
-            Err(answer) => return *answer,
-        }
-    };
-    if reason
-        .as_ref()
-        .is_some_and(|r| r.chars().count() > MAX_REASON_CHARS)
+    let ActionBody { reason, result } = match action_body(body, |b: &ActionBody| b.reason.as_ref())
     {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "validation_failed",
-            format!("reason is over {MAX_REASON_CHARS} characters"),
-        );
-    }
+        Ok(b) => b,
+        Err(answer) => return *answer,
+    };
     if matches!(action, "resolve" | "skip") && reason.as_deref().is_none_or(|r| r.trim().is_empty())
     {
         return error(
@@ -1075,29 +1083,15 @@ async fn pause_or_resume(
     action: &str,
     body: &[u8],
 ) -> Response<String> {
-    #[derive(serde::Deserialize)]
+    #[derive(serde::Deserialize, Default)]
     #[serde(deny_unknown_fields)]
     struct PauseBody {
         reason: Option<String>,
     }
-    let reason = if body.iter().all(u8::is_ascii_whitespace) {
-        None
-    } else {
-        match json_object::<PauseBody>(body) {
-            Ok(b) => b.reason.filter(|r| !r.trim().is_empty()),
-            Err(answer) => return *answer,
-        }
+    let reason = match action_body(body, |b: &PauseBody| b.reason.as_ref()) {
+        Ok(b) => b.reason.filter(|r| !r.trim().is_empty()),
+        Err(answer) => return *answer,
     };
-    if reason
-        .as_ref()
-        .is_some_and(|r| r.chars().count() > MAX_REASON_CHARS)
-    {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "validation_failed",
-            format!("reason is over {MAX_REASON_CHARS} characters"),
-        );
-    }
     let pausing = action == "pause";
     let Some(reason) = reason.or_else(|| (!pausing).then(String::new)) else {
         return error(

@@ -189,7 +189,7 @@ impl StateStore for MemoryStore {
         let inner = self.lock()?;
         // The list's order: UpdatedAt descending across shards, ties by id (which DynamoDB's
         // index leaves unspecified and the DynamoDB store sorts by too).
-        let mut rows: Vec<Summary> = inner
+        let rows: Vec<Summary> = inner
             .states
             .values()
             .filter(|r| r.process_state == state)
@@ -199,11 +199,7 @@ impl StateStore for MemoryStore {
                 after.is_none_or(|c| c.precedes(s.updated_at.timestamp_millis(), s.task_id))
             })
             .collect();
-        rows.sort_by_key(|s| Cursor::order_key(s.updated_at.timestamp_millis(), s.task_id));
-        let more = rows.len() > limit;
-        rows.truncate(limit);
-        let next = more.then(|| rows.last().map(Cursor::after)).flatten();
-        Ok(Page { items: rows, next })
+        Ok(Page::newest_first(rows, limit, false))
     }
 
     async fn count(
