@@ -89,8 +89,16 @@ try {
   // The services and their breakers; the workflows and their versions.
   await page.getByRole('link', { name: 'Services' }).click();
   assert.equal(await heading(), 'Services');
-  assert.ok(await page.getByRole('cell', { name: 'core-banking' }).isVisible());
+  const bank = () => page.getByRole('row').filter({ has: page.getByRole('cell', { name: 'core-banking', exact: true }) });
+  assert.match(await bank().innerText(), /closed/);
+  // Pause a service with its reason, then resume it.
+  await page.getByLabel('Why pause core-banking').fill('bank maintenance');
+  await bank().getByRole('button', { name: 'Pause' }).click();
+  assert.equal(await heading(), 'Services');
+  assert.match(await bank().innerText(), /paused[\s\S]*bank maintenance/);
   await shot(page, 'services.png');
+  await bank().getByRole('button', { name: 'Resume' }).click();
+  assert.match(await bank().innerText(), /closed/);
   await page.getByRole('link', { name: 'Workflows' }).click();
   await page.getByRole('link', { name: 'loan-application' }).click();
   assert.match(await heading(), /^Workflow loan-application v\d+/);

@@ -75,7 +75,17 @@ pub async fn page(
         }
         (["workflows"], &Method::GET) => workflows(&api).await,
         (["workflows", name], &Method::GET) => workflow(&api, name, query).await,
-        (["services"], &Method::GET) => services(&api).await,
+        (["services"], &Method::GET) => services(&api, None, StatusCode::OK).await,
+        (["services", name, action @ ("pause" | "resume")], &Method::POST) => {
+            if !same_origin(headers) {
+                return error_page(
+                    StatusCode::FORBIDDEN,
+                    "Refused",
+                    "This form was not posted from the console itself (Sec-Fetch-Site is not same-origin).",
+                );
+            }
+            service_action(&api, name, action, body).await
+        }
         (_, &Method::GET | &Method::POST) => error_page(
             StatusCode::NOT_FOUND,
             "Not found",
@@ -762,7 +772,7 @@ async fn workflow(api: &Api<'_>, name: &str, query: &str) -> Response<String> {
 }
 
 /// The published services, each with its circuit breaker's state.
-async fn services(api: &Api<'_>) -> Response<String> {
+async fn services(api: &Api<'_>, problem: Option<&str>, status: StatusCode) -> Response<String> {
     let answer = api.get(&["services"], "").await;
     if !answer.ok() {
         return answer.error_page();
@@ -773,14 +783,20 @@ async fn services(api: &Api<'_>) -> Response<String> {
         .unwrap_or_default();
     let content = html! {
         h1 { "Services" }
+        p { "Pausing a service stops every call to it: its tasks' steps wait (nothing fails) until it is resumed." }
+        @if let Some(p) = problem {
+            p class="problem" role="alert" { (p) }
+        }
         table {
             caption { "Published services and their circuit breakers" }
-            thead { tr { th scope="col" { "Service" } th scope="col" { "Newest version" } th scope="col" { "Breaker" } th scope="col" { "Detail" } } }
+            thead { tr { th scope="col" { "Service" } th scope="col" { "Newest version" } th scope="col" { "Breaker" } th scope="col" { "Detail" } th scope="col" { "Action" } } }
             tbody {
                 @for s in &rows {
                     @let b = &s["breaker"];
+                    @let name = text(s, "name");
+                    @let paused = b["state"] == json!("paused");
                     tr {
-                        td { (text(s, "name")) }
+                        td { (name) }
                         td class="num" { (s["latest"]) }
                         td { (badge(b["state"].as_str().unwrap_or("unknown"))) }
                         td {
@@ -790,10 +806,48 @@ async fn services(api: &Api<'_>) -> Response<String> {
                             @if !b["since"].is_null() { "paused since " (when(&b["since"])) }
                             @if let Some(n) = b["note"].as_str() { ": " (n) }
                         }
+                        td {
+                            @let action = if paused { "resume" } else { "pause" };
+                            form class="inline" method="post" action=(href(&format!("/services/{}/{action}", segment(name)), &[])) {
+                                @if !paused {
+                                    label for={ "why-" (name) } class="visually-hidden" { "Why pause " (name) }
+                                    input id={ "why-" (name) } name="reason" required placeholder="why (required)" maxlength=(MAX_REASON_CHARS);
+                                }
+                                button type="submit" { @if paused { "Resume" } @else { "Pause" } }
+                            }
+                        }
                     }
                 }
             }
         }
     };
-    html_response(StatusCode::OK, frame("Services", "services", content))
+    html_response(status, frame("Services", "services", content))
+}
+
+/// Pauses or resumes a service, then shows the services again.
+async fn service_action(api: &Api<'_>, name: &str, action: &str, body: &[u8]) -> Response<String> {
+    let reason = url::form_urlencoded::parse(body)
+        .find(|(k, _)| k == "reason")
+        .map(|(_, v)| v.trim().to_owned())
+        .filter(|v| !v.is_empty());
+    let payload = match &reason {
+        Some(r) => json!({ "reason": r }).to_string(),
+        None => String::new(),
+    };
+    let answer = api
+        .call(
+            Method::POST,
+            &["services", name, action],
+            "",
+            payload.as_bytes(),
+        )
+        .await;
+    if !answer.ok() {
+        let message = answer.value["error"]["message"]
+            .as_str()
+            .unwrap_or("the operator API refused the action")
+            .to_owned();
+        return services(api, Some(&message), answer.status).await;
+    }
+    redirect(&href("/services", &[]))
 }
