@@ -362,7 +362,7 @@ struct Req {
 // Strategies.
 // ---------------------------------------------------------------------------------------------
 
-const ACTIONS: [&str; 3] = ["retry", "compensate", "cancel"];
+const ACTIONS: [&str; 5] = ["retry", "compensate", "cancel", "resolve", "skip"];
 const KEYS: [&str; 3] = ["key-0", "key-1", "key-2"];
 /// Workflow names: the examples, one a case may publish, one never published.
 const WORKFLOWS: [&str; 4] = [ECOMMERCE, LOAN, "fuzz-a", "gift-card"];
@@ -1363,7 +1363,8 @@ fn plain(s: &str) -> bool {
 enum Route {
     Submit(String),
     Get(ResolvedId),
-    Operate(ResolvedId),
+    /// An operator action: the task and the action's name.
+    Operate(ResolvedId, String),
     /// `Ok` for 200 (with the `workflow` filter, if any), or the error code of the first bad
     /// parameter; `None`: not predicted.
     List(Option<Result<Option<String>, &'static str>>),
@@ -1916,7 +1917,7 @@ fn render(req: &Req, model: &Model) -> Rendered {
             } else if !ACTIONS.contains(&action.as_str()) {
                 Route::Unrouted
             } else if *m == Method::POST {
-                Route::Operate(resolved)
+                Route::Operate(resolved, action.clone())
             } else {
                 Route::WrongMethod
             };
@@ -1990,7 +1991,7 @@ fn render(req: &Req, model: &Model) -> Rendered {
                 if *leading_slash { "/" } else { "" },
                 parts.join("/")
             );
-            let routed = ["workflows", "services", "tasks"];
+            let routed = ["workflows", "services", "tasks", "counts", "console"];
             let route = match (leading_slash, parts.first()) {
                 (true, Some(first)) if plain(first) && !routed.contains(&first.as_str()) => {
                     Route::Unrouted
@@ -2011,22 +2012,29 @@ fn render(req: &Req, model: &Model) -> Rendered {
 
 /// The error code an operator action's body gets, if it is refused: none, or
 /// `{"reason": string|null}` with a reason of at most 500 characters, is accepted.
-fn action_body_error(body: &[u8]) -> Option<&'static str> {
+fn action_body_error(body: &[u8], action: &str) -> Option<&'static str> {
+    // A resolve and a skip need a reason; a skip may carry the step's result.
+    let needs_reason = matches!(action, "resolve" | "skip");
     if body.iter().all(u8::is_ascii_whitespace) {
-        return None;
+        return needs_reason.then_some("validation_failed");
     }
     match serde_json::from_slice::<Value>(body) {
         Err(_) => Some("invalid_json"),
         Ok(Value::Object(m)) => {
-            if !m
-                .iter()
-                .all(|(k, v)| k == "reason" && (v.is_string() || v.is_null()))
-            {
+            let known = |k: &str, v: &Value| {
+                (k == "reason" && (v.is_string() || v.is_null()))
+                    || (k == "result" && action == "skip")
+            };
+            let reason = m.get("reason").and_then(Value::as_str);
+            if !m.iter().all(|(k, v)| known(k, v)) {
                 Some("invalid_request")
+            } else if reason.is_some_and(|r| r.chars().count() > submission::MAX_REASON_CHARS) {
+                Some("validation_failed")
+            } else if needs_reason && reason.is_none_or(|r| r.trim().is_empty()) {
+                Some("validation_failed")
             } else if m
-                .get("reason")
-                .and_then(Value::as_str)
-                .is_some_and(|r| r.chars().count() > submission::MAX_REASON_CHARS)
+                .get("result")
+                .is_some_and(|v| v.to_string().len() > sas::domain::task::MAX_RESULT_BYTES)
             {
                 Some("validation_failed")
             } else {
@@ -2686,11 +2694,11 @@ async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestC
             prop_assert_eq!(status, StatusCode::NOT_FOUND, "{}", ctx);
             prop_assert_eq!(code, "task_not_found", "{}", ctx);
         }
-        Route::Get(ResolvedId::NotUuid) | Route::Operate(ResolvedId::NotUuid) => {
+        Route::Get(ResolvedId::NotUuid) | Route::Operate(ResolvedId::NotUuid, _) => {
             prop_assert_eq!(status, StatusCode::BAD_REQUEST, "{}", ctx);
             prop_assert_eq!(code, "invalid_task_id", "{}", ctx);
         }
-        Route::Operate(ResolvedId::Unknown) => match action_body_error(&r.body) {
+        Route::Operate(ResolvedId::Unknown, action) => match action_body_error(&r.body, action) {
             Some(c) => {
                 prop_assert_eq!(status, StatusCode::BAD_REQUEST, "{}", ctx);
                 prop_assert_eq!(code, c, "{}", ctx);
@@ -2700,7 +2708,7 @@ async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestC
                 prop_assert_eq!(code, "task_not_found", "{}", ctx);
             }
         },
-        Route::Operate(ResolvedId::Known(id)) => match action_body_error(&r.body) {
+        Route::Operate(ResolvedId::Known(id), action) => match action_body_error(&r.body, action) {
             Some(c) => {
                 prop_assert_eq!(status, StatusCode::BAD_REQUEST, "{}", ctx);
                 prop_assert_eq!(code, c, "{}", ctx);
@@ -2751,7 +2759,12 @@ async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestC
                 .catalog
                 .iter()
                 .filter(|((k, _), _)| k == kind)
-                .map(|((_, n), v)| json!({"name": n, "latest": v.len()}))
+                .map(|((_, n), v)| match kind {
+                    // No breaker is ever written here: each is closed, with no fault.
+                    Kind::Service => json!({"name": n, "latest": v.len(),
+                        "breaker": {"state": "closed", "failures": 0}}),
+                    Kind::Workflow => json!({"name": n, "latest": v.len()}),
+                })
                 .collect();
             prop_assert_eq!(&json[key], &Value::Array(want), "{}", ctx);
         }
@@ -2844,7 +2857,7 @@ async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestC
             prop_assert_eq!(code, "route_not_found", "{}", ctx);
         }
         Route::Get(ResolvedId::Unpredictable)
-        | Route::Operate(ResolvedId::Unpredictable)
+        | Route::Operate(ResolvedId::Unpredictable, _)
         | Route::List(None)
         | Route::Other => {}
     }

@@ -196,12 +196,17 @@ fn only_the_agent_invokes_service_functions_and_reads_credentials_under_the_pref
         t.env("AgentFunction", "CREDENTIALS_CACHE_SECONDS"),
         &json!({"Ref": "CredentialsCacheSeconds"})
     );
+    let basic = json!({"Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"});
+    let xray = json!({"Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/AWSXRayDaemonWriteAccess"});
     let role = t.properties("AgentRole", "AWS::IAM::Role");
+    let untraced = t.evaluated_properties("AgentRole", &[]);
     assert_eq!(
-        role["ManagedPolicyArns"],
-        json!([{"Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"}]),
-        "no VPC access policy unless the agent is in a VPC"
+        untraced["ManagedPolicyArns"],
+        json!([basic]),
+        "no VPC access policy unless the agent is in a VPC, no X-Ray unless Tracing=Active"
     );
+    let traced = t.evaluated_properties("AgentRole", &[("Tracing", "Active")]);
+    assert_eq!(traced["ManagedPolicyArns"], json!([basic, xray]));
 
     let all = statements(&t);
     let sid = |s: &str| -> serde_json::Value {
@@ -335,4 +340,112 @@ fn the_table_and_the_dead_letter_queues_outlive_the_stack_and_queues_keep_14_day
             "{q} keeps messages 14 days"
         );
     }
+}
+
+/// The dashboard and the alarms name only metrics the handlers emit (`sas::metrics::NAMES`), in
+/// the namespace the functions are given; every source queue has an age alarm; every alarm
+/// goes to the alert topic.
+#[test]
+fn the_dashboard_and_alarms_watch_what_the_code_emits() {
+    use serde_json::json;
+    let t = template::Template::load();
+    let namespace = json!({"Fn::Sub": "sas/${Stage}"});
+    assert_eq!(t.env("SchedulerFunction", "METRICS_NAMESPACE"), &namespace);
+    let mut named = std::collections::BTreeSet::new();
+    let mut aged = std::collections::BTreeSet::new();
+    for (id, r) in t.resources() {
+        if r["Type"] != "AWS::CloudWatch::Alarm" {
+            continue;
+        }
+        let p = &r["Properties"];
+        assert_eq!(p["AlarmActions"], json!([{"Ref": "AlertTopic"}]), "{id}");
+        if p["Namespace"] == namespace {
+            named.insert(p["MetricName"].as_str().unwrap_or_default().to_owned());
+        }
+        let metric = |m: &serde_json::Value| m["MetricStat"]["Metric"].clone();
+        let watched: Vec<serde_json::Value> = match p["Metrics"].as_array() {
+            Some(ms) => ms.iter().map(metric).filter(|m| !m.is_null()).collect(),
+            None => vec![p.clone()],
+        };
+        for m in watched {
+            if m["MetricName"] == "ApproximateAgeOfOldestMessage" {
+                let queue = &m["Dimensions"][0]["Value"]["Fn::GetAtt"][0];
+                aged.insert(queue.as_str().unwrap_or_default().to_owned());
+            }
+        }
+        for q in p["Metrics"].as_array().into_iter().flatten() {
+            if let Some(e) = q["Expression"]["Fn::Sub"].as_str() {
+                named.insert(insights_metric(e));
+            }
+        }
+    }
+    let body = t.resources()["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"][0]
+        .as_str()
+        .expect("a dashboard body")
+        .replace("${Stage}", "STAGE");
+    // The other `${...}` are names and regions: any string keeps the JSON valid.
+    let body = regex_free_subst(&body);
+    let dashboard: serde_json::Value = serde_json::from_str(&body).expect("the body is JSON");
+    for widget in dashboard["widgets"].as_array().expect("widgets") {
+        let mut namespace = String::new();
+        for m in widget["properties"]["metrics"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            match m[0].as_str() {
+                Some("...") => continue,
+                Some(".") => {}
+                Some(ns) => namespace = ns.to_owned(),
+                None => {
+                    // A search expression: SEARCH('{sas/STAGE,...} MetricName="X"', ...).
+                    let e = m[0]["expression"].as_str().unwrap_or_default();
+                    if let Some(rest) = e.split("MetricName=\"").nth(1) {
+                        assert!(e.contains("{sas/STAGE,"), "{e}");
+                        named.insert(rest.split('"').next().unwrap_or_default().to_owned());
+                    }
+                    continue;
+                }
+            }
+            if namespace == "sas/STAGE" {
+                named.insert(m[1].as_str().unwrap_or_default().to_owned());
+            }
+        }
+    }
+    assert!(named.len() >= 10, "{named:?}");
+    for name in &named {
+        assert!(
+            sas::metrics::NAMES.contains(&name.as_str()),
+            "{name} is not emitted"
+        );
+    }
+    let sources: std::collections::BTreeSet<String> =
+        ["WorkQueue", "ReplyQueue", "AgentQueue", "TimerQueue"]
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+    assert_eq!(aged, sources, "an age alarm on every source queue");
+}
+
+/// `SUM(TasksFailed)` → `TasksFailed`.
+fn insights_metric(query: &str) -> String {
+    query
+        .split("SUM(")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// `${...}` placeholders replaced by `X`.
+fn regex_free_subst(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find("${") {
+        out.push_str(&rest[..i]);
+        out.push('X');
+        rest = rest[i..].split_once('}').map_or("", |(_, after)| after);
+    }
+    out.push_str(rest);
+    out
 }

@@ -20,6 +20,24 @@
 use serde_json::{Map, Value, json};
 use std::sync::{Arc, Mutex};
 
+/// Every metric the handlers emit (the dashboard and the alarms may name only these).
+pub const NAMES: [&str; 14] = [
+    "TasksAccepted",
+    "TasksProcessed",
+    "TasksCompensated",
+    "TasksRefused",
+    "TasksFailed",
+    "TasksCompensationFailed",
+    "TasksResolved",
+    "StepLatency",
+    "StepAttempts",
+    "Recoveries",
+    "BreakerTransitions",
+    "PoisonMessages",
+    "CallbackWaits",
+    "SweepsCompleted",
+];
+
 /// A metric's unit, as EMF names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unit {
@@ -185,6 +203,10 @@ impl Metrics {
 
     /// Emits `metrics` (name, unit, value) under `dimensions` and under no dimensions.
     pub fn emit(&self, dimensions: &[(&str, &str)], metrics: &[(&str, Unit, f64)]) {
+        debug_assert!(
+            metrics.iter().all(|(name, _, _)| NAMES.contains(name)),
+            "a metric missing from NAMES: {metrics:?}"
+        );
         let Some(sink) = &self.sink else { return };
         let now = chrono::Utc::now().timestamp_millis();
         sink.write(&document(&self.namespace, now, dimensions, metrics));

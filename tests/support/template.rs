@@ -31,7 +31,8 @@ impl Template {
         Self { json }
     }
 
-    fn resources(&self) -> &serde_json::Map<String, Value> {
+    /// Every resource, by logical id.
+    pub fn resources(&self) -> &serde_json::Map<String, Value> {
         self.json["Resources"].as_object().expect("Resources")
     }
 

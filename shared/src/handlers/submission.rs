@@ -787,11 +787,21 @@ async fn operate(
     #[serde(deny_unknown_fields)]
     struct ActionBody {
         reason: Option<String>,
-        /// `skip` only: the step's result, supplied by hand.
+    }
+    #[derive(serde::Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct SkipBody {
+        reason: Option<String>,
+        /// The step's result, supplied by hand.
         result: Option<Value>,
     }
-    let ActionBody { reason, result } = match action_body(body, |b: &ActionBody| b.reason.as_ref())
-    {
+    // Only a skip carries a result: on any other action it is an unknown field.
+    let parsed = if action == "skip" {
+        action_body(body, |b: &SkipBody| b.reason.as_ref()).map(|b| (b.reason, b.result))
+    } else {
+        action_body(body, |b: &ActionBody| b.reason.as_ref()).map(|b| (b.reason, None))
+    };
+    let (reason, result) = match parsed {
         Ok(b) => b,
         Err(answer) => return *answer,
     };
@@ -820,14 +830,7 @@ async fn operate(
             }
             Some(text)
         }
-        (_, Some(_)) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "validation_failed",
-                format!("result is only for skip, not {action}"),
-            );
-        }
-        (_, None) => None,
+        _ => None,
     };
     let actor = actor(reason);
     let (task, record) = match load_for(deps, caller, id).await {
