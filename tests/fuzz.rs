@@ -2011,7 +2011,8 @@ fn render(req: &Req, model: &Model) -> Rendered {
 }
 
 /// The error code an operator action's body gets, if it is refused: none, or
-/// `{"reason": string|null}` with a reason of at most 500 characters, is accepted.
+/// `{"reason": string|null}` with a reason of at most 500 characters, is accepted (a resolve
+/// and a skip need the reason; a skip may add `result`).
 fn action_body_error(body: &[u8], action: &str) -> Option<&'static str> {
     // A resolve and a skip need a reason; a skip may carry the step's result.
     let needs_reason = matches!(action, "resolve" | "skip");
@@ -2026,16 +2027,14 @@ fn action_body_error(body: &[u8], action: &str) -> Option<&'static str> {
                     || (k == "result" && action == "skip")
             };
             let reason = m.get("reason").and_then(Value::as_str);
+            let too_long = reason.is_some_and(|r| r.chars().count() > submission::MAX_REASON_CHARS);
+            let missing = needs_reason && reason.is_none_or(|r| r.trim().is_empty());
+            let too_large = m
+                .get("result")
+                .is_some_and(|v| v.to_string().len() > sas::domain::task::MAX_RESULT_BYTES);
             if !m.iter().all(|(k, v)| known(k, v)) {
                 Some("invalid_request")
-            } else if reason.is_some_and(|r| r.chars().count() > submission::MAX_REASON_CHARS) {
-                Some("validation_failed")
-            } else if needs_reason && reason.is_none_or(|r| r.trim().is_empty()) {
-                Some("validation_failed")
-            } else if m
-                .get("result")
-                .is_some_and(|v| v.to_string().len() > sas::domain::task::MAX_RESULT_BYTES)
-            {
+            } else if too_long || missing || too_large {
                 Some("validation_failed")
             } else {
                 None
