@@ -305,6 +305,43 @@ async fn a_step_skipped_from_the_console_keeps_the_result_given() {
     );
 }
 
+/// A retry on a new input from the console's form: the input is checked and kept, the task
+/// moves; a compensation form offers the earlier steps to start from.
+#[tokio::test]
+async fn a_retry_from_the_console_may_give_the_task_a_new_input() {
+    let (system, addr, tasks) = showcase().await;
+    let error = tasks[&ProcessState::Error][0];
+    let (_, page) = get(addr, &format!("/operator/console/tasks/{error}/retry")).await;
+    assert!(page.contains("name=\"input\""), "{page}");
+    let (_, page) = get(addr, &format!("/operator/console/tasks/{error}/compensate")).await;
+    assert!(page.contains("<option value=\"reserve-funds\">"), "{page}");
+    let post = |input: &str| {
+        let body = url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("reason", "amount lowered")
+            .append_pair("input", input)
+            .finish();
+        client()
+            .post(format!(
+                "http://{addr}/operator/console/tasks/{error}/retry"
+            ))
+            .header("sec-fetch-site", "same-origin")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body)
+            .send()
+    };
+    let bad = post(r#"{"applicantId": "a-1"}"#).await.expect("answers");
+    assert_eq!(bad.status().as_u16(), 400);
+    assert!(bad.text().await.expect("body").contains("input schema"));
+    let input = serde_json::json!({"applicantId": "a-showcase", "amount": 1000, "currency": "EUR"});
+    let ok = post(&input.to_string()).await.expect("answers");
+    assert_eq!(ok.status().as_u16(), 303);
+    let (task, r) = system.store.get(error).await.expect("read").expect("found");
+    assert_eq!(
+        (task.input, r.process_state),
+        (input, ProcessState::Pending)
+    );
+}
+
 /// The console in Debian's headless Chromium, driven by Playwright (`tests/browser/console.mjs`):
 /// the list filters by workflow and state, a task's page shows its timeline, and a retry from
 /// the page moves the task. Screenshots go to `target/console/`.

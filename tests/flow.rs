@@ -721,3 +721,101 @@ async fn idempotent_submission_returns_the_first_task_and_refuses_another_reques
         1
     );
 }
+
+/// An operator's step-level actions on a task that failed at its payment (the payment service
+/// down until the threshold): compensation from the first step records the payment as settled
+/// by hand and undoes only the reservation; on a twin task, a retry on a new input is refused
+/// because the timed-out payment may have taken effect under its key.
+#[tokio::test]
+async fn compensation_from_a_step_and_a_retry_on_a_new_input_keep_their_rules() {
+    let mut settings = manual_settings();
+    settings.policy.auto_compensate = false;
+    let forever = chrono::Utc::now() - chrono::Duration::hours(1);
+    settings.faults.insert(
+        "payment".into(),
+        Faults {
+            outage: Some((forever, forever + chrono::Duration::days(1))),
+            ..Faults::default()
+        },
+    );
+    let (system, clock) = aws_system("stepops", settings).await;
+    let ids = [submit_ok(&system).await, submit_ok(&system).await];
+    for round in 1..=3u32 {
+        system.pump_scheduler().await.expect("poll");
+        if round == 1 {
+            system.pump_agents().await.expect("inventory");
+            system.pump_scheduler().await.expect("reply");
+        }
+        clock.advance(chrono::Duration::seconds(31));
+        system.pump_agents().await.expect("payment");
+        system.sweep().await.expect("sweep");
+    }
+    for id in ids {
+        let r = state(&system, id).await;
+        assert_eq!(
+            (r.process_state, r.current_step()),
+            (ProcessState::Error, Some("charge-payment")),
+            "{r:?}"
+        );
+    }
+    let [first, second] = ids;
+    let (status, body) = operator_call(
+        &system,
+        http::Method::POST,
+        &format!("/tasks/{second}/retry-with-input"),
+        json!({"reason": "new card", "input": {"customerId": "c-42", "items": [{"sku": "SKU-1", "quantity": 1}]}})
+            .to_string()
+            .as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("may have taken effect")),
+        "{body}"
+    );
+    let (status, body) = operator_call(
+        &system,
+        http::Method::POST,
+        &format!("/tasks/{first}/compensate-from"),
+        json!({"reason": "no charge at the bank", "fromStep": "nope"})
+            .to_string()
+            .as_bytes(),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("validation_failed")),
+        "{body}"
+    );
+    let (status, body) = operator_call(
+        &system,
+        http::Method::POST,
+        &format!("/tasks/{first}/compensate-from"),
+        json!({"reason": "no charge at the bank", "fromStep": "reserve-inventory"})
+            .to_string()
+            .as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    pump_until_quiet(&system, 30).await;
+    let r = state(&system, first).await;
+    assert_eq!(r.process_state, ProcessState::Compensated, "{r:?}");
+    assert_eq!(
+        r.steps[1].undo,
+        Some(StepStatus::Done),
+        "the payment settled by hand"
+    );
+    let payment = system.services.get("payment").stats();
+    assert!(
+        payment.effects.is_empty(),
+        "no refund was asked for: {payment:?}"
+    );
+    let inventory = system.services.get("inventory").stats();
+    assert_eq!(
+        inventory.net.values().sum::<i32>(),
+        1,
+        "the first order's reservation undone, the second's kept: {inventory:?}"
+    );
+}

@@ -1217,3 +1217,66 @@ async fn sasctl_skip_marks_the_failed_step_done_by_hand_and_the_task_goes_on() {
     assert_eq!(code, 1, "a Processed task has no step to skip: {text}");
     assert!(text.contains("conflict"), "{text}");
 }
+
+/// `sasctl retry --input`: a refused step runs again on the task's new input (checked against
+/// the workflow's schema first), under a new key, and the input is the task's from then on.
+#[tokio::test]
+async fn sasctl_retry_with_a_new_input_reruns_the_refused_step_on_it() {
+    let mut settings = manual_settings();
+    settings
+        .faults
+        .insert("core-banking".into(), refuse(&["disburse-funds"]));
+    let mut system = sas_blackbox::memory_system(settings).await;
+    let ops = operator(&mut system).await;
+    let id = submit_loan(&system).await;
+    pump_until_quiet(&system, 60).await;
+    assert_eq!(state(&system, id).await.process_state, ProcessState::Error);
+    let id_text = id.to_string();
+    let (code, text) = sasctl_text(
+        &ops,
+        &["retry", &id_text, "--input", r#"{"applicantId": "a-42"}"#],
+    )
+    .await;
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("validation_failed"),
+        "the schema is checked: {text}"
+    );
+    let new_input = json!({"applicantId": "a-42", "amount": 20000, "currency": "EUR"});
+    let (code, text) = sasctl_text(
+        &ops,
+        &[
+            "retry",
+            &id_text,
+            "--reason",
+            "the applicant lowered the amount",
+            "--input",
+            &new_input.to_string(),
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{text}");
+    let (task, r) = system.store.get(id).await.expect("read").expect("found");
+    assert_eq!(task.input, new_input);
+    assert_eq!(r.process_state, ProcessState::Pending);
+    assert_eq!(r.steps[3].generation, 1, "a new key for the new body");
+    system
+        .services
+        .get("core-banking")
+        .set_faults(Faults::default());
+    pump_until_quiet(&system, 60).await;
+    assert_eq!(
+        state(&system, id).await.process_state,
+        ProcessState::Processed
+    );
+    let banking = system.services.get("core-banking").stats();
+    let disbursed = banking
+        .requests
+        .iter()
+        .rfind(|a| a.action == "disburse-funds")
+        .expect("disbursed");
+    assert!(
+        disbursed.key.ends_with(":g1"),
+        "under the new key: {disbursed:?}"
+    );
+}

@@ -401,7 +401,8 @@ fn the_dashboard_and_alarms_watch_what_the_code_emits() {
                     // A search expression: SEARCH('{sas/STAGE,...} MetricName="X"', ...).
                     let e = m[0]["expression"].as_str().unwrap_or_default();
                     if let Some(rest) = e.split("MetricName=\"").nth(1) {
-                        assert!(e.contains("{sas/STAGE,"), "{e}");
+                        // The namespace quoted: a stage may hold a dash.
+                        assert!(e.contains("{\"sas/STAGE\","), "{e}");
                         named.insert(rest.split('"').next().unwrap_or_default().to_owned());
                     }
                     continue;

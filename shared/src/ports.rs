@@ -105,6 +105,15 @@ pub trait StateStore: Send + Sync {
         workflow: Option<&str>,
         cap: u64,
     ) -> Result<Count, StoreError>;
+    /// Writes `record` under `condition` and, in the same transaction, gives its task the new
+    /// `input` (an operator's retry on a patched input): both or neither. `ConditionFailed`
+    /// when the record's condition does not hold (or the task item is gone).
+    async fn put_with_input(
+        &self,
+        record: &StateRecord,
+        condition: &Condition,
+        input: &serde_json::Value,
+    ) -> Result<(), StoreError>;
     /// Starts the retention clock of a task whose record is final
     /// ([`ProcessState::is_final`]): its items expire (DynamoDB TTL, `ExpiresAt`) the store's
     /// retention after the record's `updated_at`. Idempotent; a no-op for a record that is not

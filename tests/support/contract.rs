@@ -78,9 +78,66 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     breakers_move_one_version_at_a_time(store.as_ref()).await;
     state_index_filters_by_workflow(store.as_ref()).await;
     state_index_counts(store.as_ref()).await;
+    a_new_input_lands_with_its_record_or_not_at_all(store.as_ref()).await;
     callers_list_their_own_tasks_newest_first(store.as_ref()).await;
     rate_limits_admit_a_burst_then_the_rate(store.as_ref()).await;
     racing_claims_have_one_winner(store).await;
+}
+
+/// `put_with_input`: the task's input and its record change together, under the record's
+/// condition; a stale condition or a missing task changes neither.
+async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore) {
+    let manual = Policy {
+        auto_compensate: false,
+        ..Policy::default()
+    };
+    let failed = failed_record(store, "ecommerce-order", Utc::now(), &manual).await;
+    let p = uniform(&manual);
+    let actor = transition::Actor {
+        by: "arn:aws:iam::123456789012:user/ops".into(),
+        reason: Some("new address".into()),
+        operator: true,
+    };
+    let t = transition::retry_with_input(&failed, &actor, Utc::now(), &p).expect("retries");
+    let patched = json!({"customerId": "c-2", "items": [{"sku": "SKU-9", "quantity": 1}]});
+    // A stale condition: nothing changes.
+    let mut stale = t.clone();
+    stale.condition = sas::domain::Condition::Matches {
+        version: failed.version + 5,
+        guards: vec![],
+    };
+    assert!(is_condition_failed(
+        store
+            .put_with_input(&stale.record, &stale.condition, &patched)
+            .await
+    ));
+    let (task, record) = store
+        .get(failed.task_id)
+        .await
+        .expect("read")
+        .expect("found");
+    assert_ne!(task.input, patched);
+    assert_eq!(record, failed);
+    // The condition holds: both change.
+    store
+        .put_with_input(&t.record, &t.condition, &patched)
+        .await
+        .expect("lands");
+    let (task, record) = store
+        .get(failed.task_id)
+        .await
+        .expect("read")
+        .expect("found");
+    assert_eq!((task.input, record), (patched.clone(), t.record.clone()));
+    // A task that does not exist: refused, nothing written.
+    let mut ghost = t.record.clone();
+    ghost.task_id = TaskId::new_random();
+    assert!(is_condition_failed(
+        store
+            .put_with_input(&ghost, &sas::domain::Condition::Absent, &patched)
+            .await
+    ));
+    assert_eq!(store.get_state(ghost.task_id).await.expect("read"), None);
 }
 
 /// GCRA per key: `burst` at once, then one per interval; keys do not share an allowance.

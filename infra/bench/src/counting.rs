@@ -192,6 +192,16 @@ impl StateStore for CountingStore {
         self.meter.add(|c| c.rru += 0.5);
         self.inner.list(state, workflow, limit, after).await
     }
+    async fn put_with_input(
+        &self,
+        record: &StateRecord,
+        condition: &sas::domain::Condition,
+        input: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        self.meter
+            .call("DynamoDB TransactWriteItems (input + state)");
+        self.inner.put_with_input(record, condition, input).await
+    }
     async fn count(
         &self,
         state: ProcessState,

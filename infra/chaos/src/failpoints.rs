@@ -228,6 +228,14 @@ impl StateStore for ChaosStore {
     ) -> Result<Page, StoreError> {
         self.inner.list(state, workflow, limit, after).await
     }
+    async fn put_with_input(
+        &self,
+        record: &StateRecord,
+        condition: &sas::domain::Condition,
+        input: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        self.inner.put_with_input(record, condition, input).await
+    }
     async fn count(
         &self,
         state: ProcessState,

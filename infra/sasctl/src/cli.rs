@@ -93,9 +93,16 @@ pub enum Command {
     /// Show one task: a summary, its steps, then its history.
     Show(IdArg),
     /// Process a task again from its failed step (or try its failed undo again).
-    Retry(ActArgs),
+    ///
+    /// With --input, the task's input is replaced (checked against its workflow's schema) and
+    /// the failed step runs on it under a new key: only for a step that surely did not take
+    /// effect (refused, or never sent).
+    Retry(RetryArgs),
     /// Undo a task's completed steps.
-    Compensate(ActArgs),
+    ///
+    /// With --from STEP, compensation starts at that step: the steps after it that may have
+    /// taken effect are recorded as settled by hand (nothing is sent for them).
+    Compensate(CompensateArgs),
     /// Cancel a task.
     Cancel(ActArgs),
     /// Close a failed task (Error or CompensationFailed) by hand: it becomes Resolved, for
@@ -319,6 +326,34 @@ pub struct ConsoleArgs {
     /// The loopback address to serve on (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:8321")]
     pub listen: std::net::SocketAddr,
+}
+
+/// `retry` arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct RetryArgs {
+    /// The task id.
+    #[arg(value_parser = parse_id)]
+    pub id: String,
+    /// Why (recorded in the task's history with who asked).
+    #[arg(long, value_parser = parse_non_empty)]
+    pub reason: Option<String>,
+    /// The task's new input: JSON, or @FILE.
+    #[arg(long, value_parser = parse_json_arg)]
+    pub input: Option<Value>,
+}
+
+/// `compensate` arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct CompensateArgs {
+    /// The task id.
+    #[arg(value_parser = parse_id)]
+    pub id: String,
+    /// Why (recorded in the task's history with who asked).
+    #[arg(long, value_parser = parse_non_empty)]
+    pub reason: Option<String>,
+    /// Start compensation at this step; the later ones are settled by hand.
+    #[arg(long, value_name = "STEP", value_parser = parse_non_empty)]
+    pub from: Option<String>,
 }
 
 /// `skip` arguments.
@@ -672,16 +707,44 @@ async fn dispatch(
             }
             Ok(exit::OK)
         }
-        Command::Retry(a) | Command::Compensate(a) | Command::Cancel(a) => {
+        Command::Retry(RetryArgs {
+            id,
+            reason,
+            input: Some(input),
+        }) => {
+            let body = serde_json::json!({"reason": reason, "input": input});
+            let request = Request::ActWith {
+                id,
+                route: "retry-with-input",
+                body: &body,
+            };
+            act(client, cli.json, &request, out).await
+        }
+        Command::Compensate(CompensateArgs {
+            id,
+            reason,
+            from: Some(from),
+        }) => {
+            let body = serde_json::json!({"reason": reason, "fromStep": from});
+            let request = Request::ActWith {
+                id,
+                route: "compensate-from",
+                body: &body,
+            };
+            act(client, cli.json, &request, out).await
+        }
+        Command::Retry(RetryArgs { id, reason, .. })
+        | Command::Compensate(CompensateArgs { id, reason, .. })
+        | Command::Cancel(ActArgs { id, reason }) => {
             let action = match &cli.command {
                 Command::Retry(_) => Action::Retry,
                 Command::Compensate(_) => Action::Compensate,
                 _ => Action::Cancel,
             };
             let request = Request::Act {
-                id: &a.id,
+                id,
                 action,
-                reason: a.reason.as_deref(),
+                reason: reason.as_deref(),
             };
             act(client, cli.json, &request, out).await
         }
@@ -1292,14 +1355,29 @@ mod tests {
             id: "t1".into(),
             reason: reason.map(str::to_owned),
         };
-        assert_eq!(parse(&["retry", "t1"])?.command, Command::Retry(act(None)));
+        let retry = |reason: Option<&str>, input: Option<Value>| {
+            Command::Retry(RetryArgs {
+                id: "t1".into(),
+                reason: reason.map(str::to_owned),
+                input,
+            })
+        };
+        assert_eq!(parse(&["retry", "t1"])?.command, retry(None, None));
         assert_eq!(
             parse(&["retry", "t1", "--reason", "address fixed"])?.command,
-            Command::Retry(act(Some("address fixed")))
+            retry(Some("address fixed"), None)
         );
         assert_eq!(
-            parse(&["compensate", "t1"])?.command,
-            Command::Compensate(act(None))
+            parse(&["retry", "t1", "--input", r#"{"a": 1}"#])?.command,
+            retry(None, Some(serde_json::json!({"a": 1})))
+        );
+        assert_eq!(
+            parse(&["compensate", "t1", "--from", "reserve"])?.command,
+            Command::Compensate(CompensateArgs {
+                id: "t1".into(),
+                reason: None,
+                from: Some("reserve".into())
+            })
         );
         assert_eq!(
             parse(&["cancel", "t1"])?.command,

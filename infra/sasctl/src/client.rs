@@ -131,6 +131,13 @@ pub enum Request<'a> {
     PutService { name: &'a str, body: &'a Value },
     /// `PUT /workflows/{name}`, the body the workflow definition as JSON.
     PutWorkflow { name: &'a str, body: &'a Value },
+    /// `POST /tasks/{id}/{route}` with a prepared body: `retry-with-input`
+    /// (`{"reason", "input"}`), `compensate-from` (`{"reason", "fromStep"}`).
+    ActWith {
+        id: &'a str,
+        route: &'static str,
+        body: &'a Value,
+    },
     /// `POST /tasks/{id}/skip`: the failed step done by hand, with its result.
     Skip {
         id: &'a str,
@@ -162,6 +169,7 @@ impl Request<'_> {
             | Self::Workflow { .. }
             | Self::Services => "GET",
             Self::Act { .. }
+            | Self::ActWith { .. }
             | Self::Skip { .. }
             | Self::Submit { .. }
             | Self::ServiceAction { .. } => "POST",
@@ -182,6 +190,7 @@ impl Request<'_> {
             } => Some(serde_json::json!({ "reason": reason })),
             Self::PutService { body, .. } | Self::PutWorkflow { body, .. } => Some(body.clone()),
             Self::Submit { input, .. } => Some(input.clone()),
+            Self::ActWith { body, .. } => Some(body.clone()),
             Self::Skip { reason, result, .. } => {
                 let mut body = serde_json::json!({ "reason": reason });
                 if let Some(r) = result {
@@ -214,6 +223,7 @@ impl Request<'_> {
             Self::PutWorkflow { name, .. } => own(&["workflows", name]),
             Self::Submit { workflow, .. } => own(&["workflows", workflow, "tasks"]),
             Self::Skip { id, .. } => own(&["tasks", id, "skip"]),
+            Self::ActWith { id, route, .. } => own(&["tasks", id, route]),
             Self::ServiceAction { name, pause, .. } => {
                 own(&["services", name, if pause { "pause" } else { "resume" }])
             }

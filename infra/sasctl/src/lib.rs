@@ -106,9 +106,9 @@ pub use api::{
     UnknownState, WorkflowList,
 };
 pub use cli::{
-    ActArgs, BulkArgs, CheckArgs, Cli, Command, ConsoleArgs, DEFAULT_ENDPOINT, FilesArgs, IdArg,
-    ListArgs, ResolveArgs, ServiceCommand, SkipArgs, SubmitArgs, WatchArgs, WorkflowCommand,
-    WorkflowShowArgs, run, run_with,
+    ActArgs, BulkArgs, CheckArgs, Cli, Command, CompensateArgs, ConsoleArgs, DEFAULT_ENDPOINT,
+    FilesArgs, IdArg, ListArgs, ResolveArgs, RetryArgs, ServiceCommand, SkipArgs, SubmitArgs,
+    WatchArgs, WorkflowCommand, WorkflowShowArgs, run, run_with,
 };
 pub use client::{Action, Client, ClientError, Request, decode};
 pub use definitions::{Validation, validate_paths};

@@ -744,6 +744,64 @@ impl StateStore for DynamoStore {
         }
     }
 
+    async fn put_with_input(
+        &self,
+        record: &StateRecord,
+        condition: &Condition,
+        input: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        // One transaction: the task's new input (condition: the task item exists - keeps "an
+        // input is replaced, never created") and the record under its own condition (keeps
+        // whatever invariant the transition's condition names). Both or neither.
+        let e = condition_expr(condition);
+        let update = aws_sdk_dynamodb::types::Update::builder()
+            .table_name(&self.table)
+            .key("pk", s(task_pk(&record.task_id)))
+            .key("sk", s("TASK"))
+            .update_expression("SET #input = :input")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_names("#input", "Input")
+            .expression_attribute_values(":input", s(input.to_string()))
+            .build()
+            .map_err(build_err)?;
+        let mut item = state_item(record, self.shards);
+        if let Some(at) = self.expiry(record) {
+            item.insert("ExpiresAt".to_owned(), n(at));
+        }
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression(e.clauses.join(" AND "))
+            .set_expression_attribute_names(Some(e.names))
+            .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values))
+            .build()
+            .map_err(build_err)?;
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().update(update).build())
+            .transact_items(TransactWriteItem::builder().put(put).build())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(err) => {
+                let lost = err.as_service_error().is_some_and(|se| match se {
+                    aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(tc) => tc
+                        .cancellation_reasons()
+                        .iter()
+                        .any(|r| r.code() == Some("ConditionalCheckFailed")),
+                    _ => false,
+                });
+                if lost {
+                    Err(StoreError::ConditionFailed)
+                } else {
+                    Err(unavailable(&err))
+                }
+            }
+        }
+    }
+
     async fn due(
         &self,
         shard: u32,

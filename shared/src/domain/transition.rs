@@ -243,6 +243,10 @@ pub enum Rejection {
     NotResolvable(ProcessState),
     #[error("a task that is {0} has no step to skip (only Error)")]
     NotSkippable(ProcessState),
+    #[error(
+        "step {0} may have taken effect (it timed out or faulted): it cannot run on a new input; compensate, skip or resolve the task"
+    )]
+    MayHaveTakenEffect(String),
     #[error("the task is {0} past its pivot step: it only goes forward (retry it)")]
     PastPivot(ProcessState),
     #[error("the undo waits until {until} for the step it undoes to be surely over")]
@@ -1234,6 +1238,83 @@ pub fn skip(
     })
 }
 
+/// An operator compensates an Error task from step `from` down: the steps after `from` that may
+/// have taken effect are recorded as settled by hand (their undo `Done`, nothing is sent for
+/// them), and compensation undoes `from` and the steps before it, last first. `from` at or
+/// past the current step is [`compensate`].
+///
+/// Condition: same state (at the version read), as [`compensate`].
+pub fn compensate_from(
+    r: &StateRecord,
+    actor: &Actor,
+    now: DateTime<Utc>,
+    p: &Policies,
+    from: usize,
+) -> Result<Transition, Rejection> {
+    if r.process_state != ProcessState::Error || from >= r.steps.len() {
+        return compensate(r, actor, now, p);
+    }
+    if r.past_pivot() {
+        return Err(Rejection::PastPivot(r.process_state));
+    }
+    if from >= r.step_index {
+        return compensate(r, actor, now, p);
+    }
+    let mut settled = r.clone();
+    for step in &mut settled.steps[from + 1..] {
+        if step.needs_undo() {
+            step.undo = Some(StepStatus::Done);
+        }
+    }
+    let mut t = compensate(&settled, actor, now, p)?;
+    // The condition is on the record as read, not on the settled copy.
+    t.condition = Condition::on(r, vec![Guard::StateIs(r.process_state)]);
+    if let Some(h) = t.record.history.last_mut() {
+        h.reason = actor.line(&format!(
+            "compensate from {} ({} settled by hand)",
+            r.steps[from].name,
+            r.steps[from + 1..]
+                .iter()
+                .filter(|s| s.needs_undo())
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(t)
+}
+
+/// An operator retries an Error task's failed step with a new task input (the caller writes
+/// the input with the record, in one transaction). Only a step that surely did not take effect
+/// (refused, or never sent) may run on a new input: its key's generation moves on, since a
+/// service must not see one key with two bodies.
+///
+/// Condition: same state (at the version read), as [`retry`].
+pub fn retry_with_input(
+    r: &StateRecord,
+    actor: &Actor,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Result<Transition, Rejection> {
+    let i = r.step_index;
+    let Some(step) = r
+        .steps
+        .get(i)
+        .filter(|_| r.process_state == ProcessState::Error)
+    else {
+        return Err(Rejection::NotRetryable(r.process_state));
+    };
+    if step.status != StepStatus::Failed && step.sent {
+        return Err(Rejection::MayHaveTakenEffect(step.name.clone()));
+    }
+    // A refused step gets its new key from `retry`; one never sent never used its key.
+    let mut t = retry(r, actor, now, p)?;
+    if let Some(h) = t.record.history.last_mut() {
+        h.reason = actor.line("retry with a new input");
+    }
+    Ok(t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1747,6 +1828,72 @@ mod tests {
         });
         assert_eq!(r.process_state, ProcessState::Processed);
         assert_eq!(r.outbox.last(), Some(&Status::Processed));
+    }
+
+    #[test]
+    fn compensation_from_an_earlier_step_leaves_the_later_ones_to_the_operator() {
+        let p = manual();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 2, now, &p);
+        apply(&mut r, |r| apply_reply(r, 1, 2, false, &refused(), now, &p));
+        assert_eq!((r.process_state, r.step_index), (ProcessState::Error, 2));
+        let raced = retry(&r, &ops(None), now, &p).expect("retries");
+        apply(&mut r, |r| {
+            compensate_from(r, &ops(Some("payment refunded by phone")), now, &p, 0)
+        });
+        assert!(!raced.condition.holds(Some(&r)), "a racing retry loses");
+        assert_eq!(
+            (r.process_state, r.step_index),
+            (ProcessState::Compensating, 0)
+        );
+        assert_eq!(r.steps[1].undo, Some(StepStatus::Done), "settled by hand");
+        assert_eq!(r.steps[0].undo, None, "still to undo");
+        assert_eq!(
+            r.history.last().map(|h| h.reason.as_str()),
+            Some(
+                "operator compensate from reserve-inventory (charge-payment settled by hand): payment refunded by phone"
+            )
+        );
+        apply(&mut r, |r| claim(r, "s", now, &p));
+        let a = r.attempt;
+        apply(&mut r, |r| apply_reply(r, a, 0, true, &ok(), now, &p));
+        assert_eq!(r.process_state, ProcessState::Compensated);
+    }
+
+    #[test]
+    fn a_refused_step_reruns_on_a_new_input_but_one_that_may_have_taken_effect_does_not() {
+        let p = manual();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
+        let t = apply(&mut r, |r| {
+            retry_with_input(r, &ops(Some("card number fixed")), now, &p)
+        });
+        assert_eq!(t.record.process_state, ProcessState::Pending);
+        assert_eq!(r.steps[1].generation, 1, "a new key for the new body");
+        assert_eq!(
+            r.history.last().map(|h| h.reason.as_str()),
+            Some("operator retry with a new input: card number fixed")
+        );
+        // A step that timed out may have taken effect under its key: no new body for it.
+        let mut late = fresh(now);
+        run_to(&mut late, 0, now, &p);
+        let mut t = now;
+        for _ in 0..3 {
+            t += p.at(0).step_timeout;
+            apply(&mut late, |r| expire(r, t, &p, 0.5));
+            if late.process_state == ProcessState::Pending {
+                t += p.at(0).retry_max_delay;
+                apply(&mut late, |r| claim(r, "s", t, &p));
+            }
+        }
+        assert_eq!(late.process_state, ProcessState::Error);
+        assert_eq!(
+            retry_with_input(&late, &ops(None), t, &p).err(),
+            Some(Rejection::MayHaveTakenEffect("reserve-inventory".into()))
+        );
     }
 
     #[test]

@@ -634,6 +634,26 @@ async fn confirm(
                 label for="result" { "The step's result (JSON, optional)" }
                 textarea id="result" name="result" rows="5" spellcheck="false" {}
             }
+            @if action == "retry" && t["processState"] == json!("Error") {
+                label for="input" { "A new input for the task (JSON, optional: only for a step that surely did not take effect)" }
+                textarea id="input" name="input" rows="5" spellcheck="false" {}
+            }
+            @if action == "compensate" {
+                @let current = t["currentStep"].as_str();
+                @let names: Vec<&str> = t["steps"].as_array().into_iter().flatten()
+                    .filter_map(|s| s["name"].as_str())
+                    .take_while(|n| Some(*n) != current)
+                    .collect();
+                @if !names.is_empty() {
+                    label for="fromStep" { "Start from" }
+                    select id="fromStep" name="fromStep" {
+                        option value="" { "the failed step (every step that may have taken effect)" }
+                        @for n in names.iter().rev() {
+                            option value=(n) { (n) " (later steps settled by hand)" }
+                        }
+                    }
+                }
+            }
             div class="buttons" {
                 button type="submit" class="primary" { (label) " task" }
                 a href=(href(&format!("/tasks/{}", segment(task_id)), &[])) { "Back" }
@@ -656,9 +676,31 @@ async fn act(api: &Api<'_>, id: &str, action: &str, body: &[u8]) -> Response<Str
         .find(|(k, _)| k == "result")
         .map(|(_, v)| v.trim().to_owned())
         .filter(|v| !v.is_empty());
+    let field = |name: &str| {
+        url::form_urlencoded::parse(body)
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
     let mut payload = json!({});
     if let Some(r) = &reason {
         payload["reason"] = json!(r);
+    }
+    // A retry on a new input and a compensation from a step have routes of their own.
+    let mut route = action;
+    if let (true, Some(text)) = (action == "retry", field("input")) {
+        match serde_json::from_str::<Value>(&text) {
+            Ok(v) => payload["input"] = v,
+            Err(e) => {
+                let problem = format!("the new input is not JSON: {e}");
+                return confirm(api, id, action, Some(&problem), StatusCode::BAD_REQUEST).await;
+            }
+        }
+        route = "retry-with-input";
+    }
+    if let (true, Some(step)) = (action == "compensate", field("fromStep")) {
+        payload["fromStep"] = json!(step);
+        route = "compensate-from";
     }
     if let Some(text) = result {
         match serde_json::from_str::<Value>(&text) {
@@ -671,7 +713,7 @@ async fn act(api: &Api<'_>, id: &str, action: &str, body: &[u8]) -> Response<Str
     }
     let payload = payload.to_string();
     let answer = api
-        .call(Method::POST, &["tasks", id, action], "", payload.as_bytes())
+        .call(Method::POST, &["tasks", id, route], "", payload.as_bytes())
         .await;
     if answer.status == StatusCode::NOT_FOUND {
         return answer.error_page();

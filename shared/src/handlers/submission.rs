@@ -204,7 +204,15 @@ pub async fn handle(
 
 /// The methods a path allows (`None`: no such route).
 fn allowed_methods(segments: &[&str], op: bool) -> Option<&'static str> {
-    const ACTIONS: [&str; 5] = ["retry", "compensate", "cancel", "resolve", "skip"];
+    const ACTIONS: [&str; 7] = [
+        "retry",
+        "compensate",
+        "cancel",
+        "resolve",
+        "skip",
+        "retry-with-input",
+        "compensate-from",
+    ];
     Some(match segments {
         ["workflows", _, "tasks"] => "POST",
         ["tasks"] => "GET",
@@ -795,16 +803,54 @@ async fn operate(
         /// The step's result, supplied by hand.
         result: Option<Value>,
     }
-    // Only a skip carries a result: on any other action it is an unknown field.
-    let parsed = if action == "skip" {
-        action_body(body, |b: &SkipBody| b.reason.as_ref()).map(|b| (b.reason, b.result))
-    } else {
-        action_body(body, |b: &ActionBody| b.reason.as_ref()).map(|b| (b.reason, None))
+    #[derive(serde::Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct InputBody {
+        reason: Option<String>,
+        /// The task's new input.
+        input: Option<Value>,
+    }
+    #[derive(serde::Deserialize, Default)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct FromBody {
+        reason: Option<String>,
+        /// The step compensation starts from.
+        from_step: Option<String>,
+    }
+    // Each action reads its own fields: any other is an unknown field.
+    let parsed = match action {
+        "skip" => {
+            action_body(body, |b: &SkipBody| b.reason.as_ref()).map(|b| (b.reason, b.result, None))
+        }
+        "retry-with-input" => action_body(body, |b: &InputBody| b.reason.as_ref())
+            .map(|b| (b.reason, b.input.filter(|v| !v.is_null()), None)),
+        "compensate-from" => action_body(body, |b: &FromBody| b.reason.as_ref())
+            .map(|b| (b.reason, None, b.from_step)),
+        _ => action_body(body, |b: &ActionBody| b.reason.as_ref()).map(|b| (b.reason, None, None)),
     };
-    let (reason, result) = match parsed {
+    let (reason, payload, from_step) = match parsed {
         Ok(b) => b,
         Err(answer) => return *answer,
     };
+    let (result, new_input) = if action == "skip" {
+        (payload, None)
+    } else {
+        (None, payload)
+    };
+    if action == "retry-with-input" && new_input.is_none() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "validation_failed",
+            "input is required: the task's new input",
+        );
+    }
+    if action == "compensate-from" && from_step.is_none() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "validation_failed",
+            "fromStep is required: the step compensation starts from",
+        );
+    }
     if matches!(action, "resolve" | "skip") && reason.as_deref().is_none_or(|r| r.trim().is_empty())
     {
         return error(
@@ -844,8 +890,40 @@ async fn operate(
     };
     let policies = workflow.policies();
     let now = deps.clock.now();
+    if let Some(input) = &new_input
+        && let Err(e) = workflow.check_input(input)
+    {
+        return respond(
+            StatusCode::BAD_REQUEST,
+            &json!({"error": {
+                "code": "validation_failed",
+                "message": format!("the input does not match {}'s input schema: {e}", workflow.name),
+                "problems": e.0,
+            }}),
+        );
+    }
+    let from = match from_step.as_deref() {
+        None => None,
+        Some(name) => match workflow.steps.iter().position(|s| s.name == name) {
+            Some(i) => Some(i),
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "validation_failed",
+                    format!(
+                        "fromStep {name:?} is not a step of {} v{}",
+                        workflow.name, workflow.version
+                    ),
+                );
+            }
+        },
+    };
     let t: Result<Transition, Rejection> = match action {
         "retry" => transition::retry(&record, &actor, now, &policies),
+        "retry-with-input" => transition::retry_with_input(&record, &actor, now, &policies),
+        "compensate-from" => {
+            transition::compensate_from(&record, &actor, now, &policies, from.unwrap_or_default())
+        }
         "compensate" => transition::compensate(&record, &actor, now, &policies),
         "resolve" => transition::resolve(&record, &actor, now),
         "skip" => transition::skip(&record, &actor, now, &policies, result),
@@ -855,7 +933,23 @@ async fn operate(
         Ok(t) => t,
         Err(why) => return conflict(&record, why.to_string()),
     };
-    match write(deps.store.as_ref(), &t).await {
+    let written = match &new_input {
+        // The input and the record in one transaction, the record under its condition.
+        Some(input) => match deps
+            .store
+            .put_with_input(&t.record, &t.condition, input)
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(crate::ports::StoreError::ConditionFailed) => Ok(false),
+            Err(e) => Err(e),
+        },
+        None => write(deps.store.as_ref(), &t).await.map_err(|e| match e {
+            super::HandlerError::Store(e) => e,
+            other => crate::ports::StoreError::Unavailable(other.to_string()),
+        }),
+    };
+    match written {
         Ok(true) => {}
         Ok(false) => {
             return conflict(
@@ -865,6 +959,10 @@ async fn operate(
         }
         Err(e) => return unavailable(e),
     }
+    let task = match new_input {
+        Some(input) => Task { input, ..task },
+        None => task,
+    };
     super::count_outcome(&deps.metrics, record.process_state, &t);
     tracing::Span::current().record("attempt", t.record.attempt);
     info!(from = %record.process_state, to = %t.record.process_state, by = %actor.by, "action applied");

@@ -202,6 +202,25 @@ impl StateStore for MemoryStore {
         Ok(Page::newest_first(rows, limit, false))
     }
 
+    async fn put_with_input(
+        &self,
+        record: &StateRecord,
+        condition: &Condition,
+        input: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        if !inner.tasks.contains_key(&record.task_id)
+            || !condition.holds(inner.states.get(&record.task_id))
+        {
+            return Err(StoreError::ConditionFailed);
+        }
+        if let Some(task) = inner.tasks.get_mut(&record.task_id) {
+            task.input = input.clone();
+        }
+        inner.states.insert(record.task_id, record.clone());
+        Ok(())
+    }
+
     async fn count(
         &self,
         state: ProcessState,
