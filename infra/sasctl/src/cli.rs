@@ -179,7 +179,8 @@ pub enum ServiceCommand {
     /// Pause a service: no call goes out to it and its tasks' steps wait (nothing fails) until
     /// it is resumed.
     Pause(ServiceActionArgs),
-    /// Resume a paused service: its waiting steps go out again within a minute.
+    /// Resume a paused service: its waiting steps go out again at their next look (deferrals
+    /// back off up to the retry delay cap, 15 minutes by default).
     Resume(ServiceActionArgs),
     /// Check a live service against the service contract (docs/services.md); no sas endpoint
     /// needed.
