@@ -94,6 +94,26 @@ async fn sasctl_at(ops: &sasctl::Client, args: &[&str]) -> (i32, String, String)
     )
 }
 
+/// A served in-memory system (manual compensation) where the bank refuses every payout, with
+/// `n` loans waiting in Error past their pivot, and an operator client.
+async fn loans_in_error(n: usize) -> (System, sasctl::Client, Vec<TaskId>) {
+    let mut settings = manual_settings();
+    settings
+        .faults
+        .insert("core-banking".into(), refuse(&["disburse-funds"]));
+    let mut system = sas_blackbox::memory_system(settings).await;
+    let ops = operator(&mut system).await;
+    let mut loans = Vec::new();
+    for _ in 0..n {
+        loans.push(submit_loan(&system).await);
+    }
+    pump_until_quiet(&system, 60).await;
+    for id in &loans {
+        assert_eq!(state(&system, *id).await.process_state, ProcessState::Error);
+    }
+    (system, ops, loans)
+}
+
 /// [`sasctl_at`], with stdout and stderr as one text.
 async fn sasctl_text(ops: &sasctl::Client, args: &[&str]) -> (i32, String) {
     let (code, out, err) = sasctl_at(ops, args).await;
@@ -1077,21 +1097,9 @@ async fn a_paused_service_makes_its_steps_wait_without_failing_until_it_is_resum
 /// each task once, with the reason in its history; the time range narrows the selection.
 #[tokio::test]
 async fn sasctl_bulk_counts_first_then_acts_on_each_task_of_the_selection() {
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("core-banking".into(), refuse(&["disburse-funds"]));
-    let mut system = sas_blackbox::memory_system(settings).await;
-    let ops = operator(&mut system).await;
-    let mut loans = Vec::new();
-    for _ in 0..3 {
-        loans.push(submit_loan(&system).await);
-    }
+    let (system, ops, loans) = loans_in_error(3).await;
     let order = sas_blackbox::submit_task(&system, ECOMMERCE, &order_input()).await;
     pump_until_quiet(&system, 60).await;
-    for id in &loans {
-        assert_eq!(state(&system, *id).await.process_state, ProcessState::Error);
-    }
     let (code, dry) = sasctl_json(
         &ops,
         &[
@@ -1173,16 +1181,8 @@ async fn sasctl_bulk_counts_first_then_acts_on_each_task_of_the_selection() {
 /// goes on (here the loan's last step, so it is Processed), with who and why in its history.
 #[tokio::test]
 async fn sasctl_skip_marks_the_failed_step_done_by_hand_and_the_task_goes_on() {
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("core-banking".into(), refuse(&["disburse-funds"]));
-    let mut system = sas_blackbox::memory_system(settings).await;
-    let ops = operator(&mut system).await;
-    let id = submit_loan(&system).await;
-    pump_until_quiet(&system, 60).await;
-    assert_eq!(state(&system, id).await.process_state, ProcessState::Error);
-    let id = id.to_string();
+    let (system, ops, loans) = loans_in_error(1).await;
+    let id = loans[0].to_string();
     let (code, text) = sasctl_text(&ops, &["skip", &id, "--result", "{}"]).await;
     assert_eq!(code, 2, "a skip needs a reason: {text}");
     let (code, text) = sasctl_text(
@@ -1222,15 +1222,8 @@ async fn sasctl_skip_marks_the_failed_step_done_by_hand_and_the_task_goes_on() {
 /// the workflow's schema first), under a new key, and the input is the task's from then on.
 #[tokio::test]
 async fn sasctl_retry_with_a_new_input_reruns_the_refused_step_on_it() {
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("core-banking".into(), refuse(&["disburse-funds"]));
-    let mut system = sas_blackbox::memory_system(settings).await;
-    let ops = operator(&mut system).await;
-    let id = submit_loan(&system).await;
-    pump_until_quiet(&system, 60).await;
-    assert_eq!(state(&system, id).await.process_state, ProcessState::Error);
+    let (system, ops, loans) = loans_in_error(1).await;
+    let id = loans[0];
     let id_text = id.to_string();
     let (code, text) = sasctl_text(
         &ops,

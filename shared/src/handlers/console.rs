@@ -65,11 +65,7 @@ pub async fn page(
         }
         (["tasks", id, action], &Method::POST) if ACTIONS.contains(action) => {
             if !same_origin(headers) {
-                return error_page(
-                    StatusCode::FORBIDDEN,
-                    "Refused",
-                    "This form was not posted from the console itself (Sec-Fetch-Site is not same-origin).",
-                );
+                return cross_site();
             }
             act(&api, id, action, body).await
         }
@@ -78,11 +74,7 @@ pub async fn page(
         (["services"], &Method::GET) => services(&api, None, StatusCode::OK).await,
         (["services", name, action @ ("pause" | "resume")], &Method::POST) => {
             if !same_origin(headers) {
-                return error_page(
-                    StatusCode::FORBIDDEN,
-                    "Refused",
-                    "This form was not posted from the console itself (Sec-Fetch-Site is not same-origin).",
-                );
+                return cross_site();
             }
             service_action(&api, name, action, body).await
         }
@@ -102,6 +94,15 @@ pub async fn page(
             r
         }
     }
+}
+
+/// The answer to a form posted from elsewhere.
+fn cross_site() -> Response<String> {
+    error_page(
+        StatusCode::FORBIDDEN,
+        "Refused",
+        "This form was not posted from the console itself (Sec-Fetch-Site is not same-origin).",
+    )
 }
 
 /// Whether a form post comes from a page of the same origin, or from no browser at all.

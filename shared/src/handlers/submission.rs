@@ -426,14 +426,7 @@ async fn submit(
         Err(e) => return catalog_error(e),
     };
     if let Err(e) = workflow.check_input(&input) {
-        return respond(
-            StatusCode::BAD_REQUEST,
-            &json!({"error": {
-                "code": "validation_failed",
-                "message": format!("the input does not match {}'s input schema: {e}", workflow.name),
-                "problems": e.0,
-            }}),
-        );
+        return input_problems(&workflow, e);
     }
     let now = deps.clock.now();
     let id = TaskId::new_random();
@@ -757,6 +750,19 @@ async fn list_mine(deps: &SubmissionDeps, caller: &Caller, query: &str) -> Respo
     }
 }
 
+/// The answer to a task input that does not match its workflow's schema: `400
+/// validation_failed` with each problem at its JSON pointer.
+fn input_problems(workflow: &crate::Workflow, e: workflow::InputError) -> Response<String> {
+    respond(
+        StatusCode::BAD_REQUEST,
+        &json!({"error": {
+            "code": "validation_failed",
+            "message": format!("the input does not match {}'s input schema: {e}", workflow.name),
+            "problems": e.0,
+        }}),
+    )
+}
+
 /// An action's optional JSON body (empty: the default), and its `reason` held to
 /// [`MAX_REASON_CHARS`].
 fn action_body<T: serde::de::DeserializeOwned + Default>(
@@ -893,14 +899,7 @@ async fn operate(
     if let Some(input) = &new_input
         && let Err(e) = workflow.check_input(input)
     {
-        return respond(
-            StatusCode::BAD_REQUEST,
-            &json!({"error": {
-                "code": "validation_failed",
-                "message": format!("the input does not match {}'s input schema: {e}", workflow.name),
-                "problems": e.0,
-            }}),
-        );
+        return input_problems(&workflow, e);
     }
     let from = match from_step.as_deref() {
         None => None,
