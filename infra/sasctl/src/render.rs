@@ -225,7 +225,12 @@ pub fn render_task(t: &TaskView) -> String {
                 ("result", s.result.as_ref()),
                 ("undo input", s.undo_input.as_ref()),
             ];
-            if lines.iter().all(|(_, v)| v.is_none_or(Value::is_null)) {
+            let events: Vec<_> = t
+                .history
+                .iter()
+                .filter(|h| h.step.as_deref() == Some(s.name.as_str()))
+                .collect();
+            if lines.iter().all(|(_, v)| v.is_none_or(Value::is_null)) && events.is_empty() {
                 continue;
             }
             let _ = writeln!(out, "\nstep {} {}", i + 1, clean(&s.name, usize::MAX));
@@ -235,6 +240,16 @@ pub fn render_task(t: &TaskView) -> String {
                     "  finished:   {} (attempt {})",
                     time(Some(at)),
                     num(s.finished_attempt)
+                );
+            }
+            for h in &events {
+                let _ = writeln!(
+                    out,
+                    "  {} {} -> {}: {}",
+                    time(Some(&h.at)),
+                    opt(h.from.as_ref().map(|s| s.as_str()), usize::MAX),
+                    clean(h.to.as_str(), usize::MAX),
+                    opt(h.reason.as_deref(), usize::MAX)
                 );
             }
             for (label, v) in lines {
@@ -572,12 +587,16 @@ STEPS
  4  disburse-funds  -                     Pending  -        -
 
 step 1 check-credit
+  2025-01-02T03:04:02Z Pending -> Processing: claimed
   result:     {"id":"cb-1","service":"credit-bureau"}
 
 step 2 reserve-funds
   finished:   2025-01-02T03:04:05Z (attempt 2)
   input:      {"amount":500}
   undo input: {"reservation":null}
+
+step 3 send-contract
+  2025-01-02T03:04:08Z Error -> Compensating: operator compensate: customer withdrew
 
 HISTORY
 AT                    FROM     TO            STEP           ATTEMPT  BY                                  REASON
