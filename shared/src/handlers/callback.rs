@@ -135,7 +135,7 @@ pub async fn callback(
     // The same answer for an unknown task and a token that is not this task's: an id alone
     // tells nothing.
     let Some((attempt, step_index)) = check_callback_token(&record.callback_key, &id, token) else {
-        warn!(task_id = %id, "callback with a token that is not this task's");
+        warn!("callback with a token that is not this task's");
         return error(
             StatusCode::NOT_FOUND,
             "callback_not_found",
@@ -150,7 +150,7 @@ pub async fn callback(
             .get(step_index)
             .is_some_and(|s| matches!(s.status, StepStatus::Running | StepStatus::Waiting));
     let Some(step) = record.steps.get(step_index).filter(|_| waiting) else {
-        info!(task_id = %id, attempt, step_index, state = %record.process_state, "stale callback");
+        info!(attempt, step_index, state = %record.process_state, "stale callback");
         return error(
             StatusCode::CONFLICT,
             "stale_callback",
@@ -176,7 +176,7 @@ pub async fn callback(
     {
         return unavailable(e);
     }
-    info!(task_id = %id, workflow = %record.workflow, attempt, step = %step.name, "callback accepted");
+    info!(workflow = %record.workflow, attempt, step = %step.name, "callback accepted");
     respond(
         StatusCode::ACCEPTED,
         &json!({"taskId": id, "step": step.name, "attempt": attempt, "accepted": true}),

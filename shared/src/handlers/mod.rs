@@ -266,7 +266,8 @@ async fn send_status(
         .map_err(|e| HandlerError::Poison(format!("notice does not serialize: {e}")))?;
     events.publish(notice.detail_type(), &detail).await?;
     if status.is_alert() {
-        warn!(task_id = %record.task_id, workflow = %record.workflow, attempt = record.attempt, status = status.as_str(), last_error = ?record.last_error, "operator alert");
+        // The span carries the task id, workflow and attempt: once per line.
+        warn!(status = status.as_str(), last_error = ?record.last_error, "operator alert");
     }
     // The caller's copy leaves out the raw error text, as the caller's view of the task does.
     let mut copy = detail.clone();
@@ -276,7 +277,7 @@ async fn send_status(
     if let Some(url) = &record.reply_queue_url
         && let Err(e) = queue.send(url, &copy.to_string(), Duration::ZERO).await
     {
-        error!(task_id = %record.task_id, error = %e, "could not send the status to the task's reply queue");
+        error!(error = %e, "could not send the status to the task's reply queue");
     }
     Ok(())
 }
@@ -289,7 +290,7 @@ pub(crate) async fn publish_status(
     status: Status,
 ) {
     if let Err(e) = send_status(queue, events, record, status).await {
-        error!(task_id = %record.task_id, status = status.as_str(), error = %e, "status not published");
+        error!(status = status.as_str(), error = %e, "status not published");
     }
 }
 
