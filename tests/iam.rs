@@ -419,6 +419,63 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     pump(&scheduler, &agent).await;
     shipping.set_faults(Faults::default());
 
+    // A task that failed past its pivot (shipping refused after the pivot step), and an
+    // operator's retry on a new input: the input and the record in one transaction.
+    let pivot = json!({"name": "iam-pivot", "steps": [
+        {"name": "reserve", "service": "inventory", "pivot": true, "input": {"items": "$.input.items"}},
+        {"name": "ship", "service": "shipping", "input": {"items": "$.input.items"}}
+    ]});
+    let (status, body) = ROLE
+        .scope(
+            OPERATOR,
+            call(
+                &operator,
+                true,
+                Method::PUT,
+                "/workflows/iam-pivot",
+                &[],
+                &pivot,
+            ),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    shipping.set_faults(Faults {
+        refuse_actions: vec!["ship".to_owned()],
+        ..Faults::default()
+    });
+    let (status, body) = ROLE
+        .scope(
+            SUBMISSION,
+            call(
+                &submitter,
+                false,
+                Method::POST,
+                "/workflows/iam-pivot/tasks",
+                &[],
+                &order,
+            ),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let failed = body["taskId"].as_str().expect("taskId").to_owned();
+    pump(&scheduler, &agent).await;
+    shipping.set_faults(Faults::default());
+    let (status, body) = ROLE
+        .scope(
+            OPERATOR,
+            call(
+                &operator,
+                true,
+                Method::POST,
+                &format!("/tasks/{failed}/retry-with-input"),
+                &[],
+                &json!({"reason": "address fixed", "input": order}),
+            ),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    pump(&scheduler, &agent).await;
+
     // A caller's cancel, and an operator's, of tasks nothing was sent for: compensated at once.
     for (system, op, role) in [(&submitter, false, SUBMISSION), (&operator, true, OPERATOR)] {
         let id = ROLE
