@@ -26,5 +26,6 @@ pub mod metrics;
 pub mod ports;
 pub mod remote;
 pub mod telemetry;
+pub mod xray;
 
 pub use domain::*;

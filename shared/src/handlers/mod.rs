@@ -102,7 +102,8 @@ where
         let body = record.body.unwrap_or_default();
         let fut = f(body.clone());
         async move {
-            let keep = match fut.await {
+            // Traced invocations get a subsegment per record, annotated with its task.
+            let keep = match crate::xray::around_message(function, &body, fut).await {
                 RecordOutcome::Done => false,
                 RecordOutcome::Retry(why) => {
                     warn!(message_id = %id, %why, "message left for redelivery");

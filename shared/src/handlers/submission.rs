@@ -197,9 +197,27 @@ pub async fn handle(
             Err(e) => error!(error = %e, "rate limit unavailable; request admitted"),
         }
     }
-    route(deps, caller, method, &segments, query, headers, body)
+    let started = crate::xray::now_seconds();
+    let resp = route(deps, caller, method, &segments, query, headers, body)
         .instrument(span)
-        .await
+        .await;
+    // Traced: the request's subsegment names its task (from the path, or a new task's answer).
+    let task = match segments.as_slice() {
+        _ if !crate::xray::enabled() => None,
+        ["tasks", id, ..] => id.parse::<TaskId>().ok().map(|id| id.to_string()),
+        ["workflows", _, "tasks"] => serde_json::from_str::<Value>(resp.body())
+            .ok()
+            .and_then(|v| v["taskId"].as_str().map(str::to_owned)),
+        _ => None,
+    };
+    if let Some(id) = task {
+        crate::xray::record(
+            if op { "operator" } else { "api" },
+            started,
+            &[("task_id", &id)],
+        );
+    }
+    resp
 }
 
 /// The methods a path allows (`None`: no such route).
