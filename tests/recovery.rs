@@ -523,6 +523,7 @@ async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_clos
         cooldown: chrono::Duration::seconds(10),
         probes: 1,
         probe_window: chrono::Duration::seconds(5),
+        pause_after: None,
     };
     settings.breaker = policy;
     let now = chrono::Utc::now();

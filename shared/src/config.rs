@@ -115,6 +115,11 @@ pub fn breaker() -> Result<crate::domain::BreakerPolicy, ConfigError> {
             "BREAKER_PROBE_WINDOW_MS",
             d.probe_window.num_milliseconds(),
         )?),
+        // 0 (the default): a service is paused only by hand.
+        pause_after: match parsed("BREAKER_PAUSE_AFTER_SECONDS", 0i64)? {
+            0 => None,
+            s => Some(chrono::Duration::seconds(s.max(1))),
+        },
     })
 }
 

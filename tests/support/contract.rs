@@ -784,6 +784,7 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
         state: BreakerState::Open { until },
         version: 2,
         note: None,
+        open_since: Some(until - Span::seconds(5)),
     };
     assert!(store.put_breaker(&open).await.expect("v2"));
     assert_eq!(
@@ -803,6 +804,7 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
         },
         version: 3,
         note: None,
+        open_since: Some(until - Span::seconds(5)),
     };
     assert!(store.put_breaker(&half).await.expect("v3"));
     assert_eq!(

@@ -888,6 +888,10 @@ impl StateStore for DynamoStore {
             state,
             version: get_n(item, "Version")?,
             note: item.get("Note").and_then(|v| v.as_s().ok()).cloned(),
+            open_since: match item.get("OpenSince") {
+                Some(_) => Some(time(get_n(item, "OpenSince")?)?),
+                None => None,
+            },
         }))
     }
 
@@ -908,6 +912,9 @@ impl StateStore for DynamoStore {
         };
         if let Some(note) = &record.note {
             item.insert("Note".to_owned(), s(note));
+        }
+        if let Some(since) = record.open_since {
+            item.insert("OpenSince".to_owned(), ms(since));
         }
         item.insert("State".to_owned(), s(state));
         for (k, v) in extra {

@@ -17,6 +17,10 @@ pub struct BreakerPolicy {
     pub probes: u32,
     /// How long a half-open window lasts before a new probe budget is handed out.
     pub probe_window: Duration,
+    /// Pause the service automatically once its breaker has stayed open this long (a failed
+    /// probe past it writes `Paused` instead of `Open`): its steps keep waiting, no more probes
+    /// go out, and an operator resumes it. `None`: never.
+    pub pause_after: Option<Duration>,
 }
 
 impl Default for BreakerPolicy {
@@ -26,6 +30,7 @@ impl Default for BreakerPolicy {
             cooldown: Duration::seconds(5),
             probes: 1,
             probe_window: Duration::seconds(10),
+            pause_after: None,
         }
     }
 }
@@ -61,6 +66,9 @@ pub struct BreakerRecord {
     pub version: u64,
     /// Who paused the service and why (`principal: reason`), while it is paused.
     pub note: Option<String>,
+    /// Since when the breaker has been open without closing in between (through its probes'
+    /// half-open windows); `None` while closed.
+    pub open_since: Option<DateTime<Utc>>,
 }
 
 /// What a caller may do now.
@@ -82,6 +90,7 @@ impl BreakerRecord {
             state: BreakerState::Closed { failures: 0 },
             version: 0,
             note: None,
+            open_since: None,
         }
     }
 
@@ -91,6 +100,10 @@ impl BreakerRecord {
             state,
             version: self.version + 1,
             note: None,
+            open_since: match state {
+                BreakerState::Closed { .. } => None,
+                _ => self.open_since,
+            },
         }
     }
 
@@ -164,7 +177,28 @@ impl BreakerRecord {
                     failures: failures + 1,
                 }))
             }
-            BreakerState::Closed { .. } | BreakerState::HalfOpen { .. } => Some(self.to(open)),
+            BreakerState::Closed { .. } => Some(Self {
+                open_since: Some(now),
+                ..self.to(open)
+            }),
+            BreakerState::HalfOpen { .. } => {
+                let since = self.open_since.unwrap_or(now);
+                if p.pause_after.is_some_and(|d| now - since >= d) {
+                    Some(Self {
+                        note: Some(format!(
+                            "sas: open since {}, paused automatically",
+                            since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                        )),
+                        open_since: Some(since),
+                        ..self.to(BreakerState::Paused { since: now })
+                    })
+                } else {
+                    Some(Self {
+                        open_since: Some(since),
+                        ..self.to(open)
+                    })
+                }
+            }
             BreakerState::Open { .. } | BreakerState::Paused { .. } => None,
         }
     }
@@ -176,6 +210,7 @@ mod tests {
 
     fn p() -> BreakerPolicy {
         BreakerPolicy {
+            pause_after: None,
             threshold: 3,
             cooldown: Duration::seconds(10),
             probes: 1,
@@ -247,6 +282,62 @@ mod tests {
         assert_eq!(b.note, None);
         assert_eq!(b.resume(), None, "not paused");
         assert_eq!(b.decide(t, &p()), Decision::Call);
+    }
+
+    #[test]
+    fn a_breaker_open_longer_than_pause_after_pauses_at_its_next_failed_probe() {
+        let t = Utc::now();
+        let policy = BreakerPolicy {
+            pause_after: Some(Duration::seconds(30)),
+            ..p()
+        };
+        let mut b = BreakerRecord::closed("core-banking");
+        for _ in 0..3 {
+            step(&mut b, |b| b.on_fault(t, &policy));
+        }
+        assert_eq!(b.open_since, Some(t));
+        // A failed probe before the limit reopens it, keeping when it first opened.
+        let t1 = t + Duration::seconds(11);
+        let Decision::Probe(probe) = b.decide(t1, &policy) else {
+            panic!("probe")
+        };
+        b = probe;
+        step(&mut b, |b| b.on_fault(t1, &policy));
+        assert!(matches!(b.state, BreakerState::Open { .. }));
+        assert_eq!(b.open_since, Some(t));
+        // Past the limit, the next failed probe pauses it, with sas's note.
+        let t2 = t + Duration::seconds(31);
+        let Decision::Probe(probe) = b.decide(t2, &policy) else {
+            panic!("probe")
+        };
+        b = probe;
+        step(&mut b, |b| b.on_fault(t2, &policy));
+        assert_eq!(b.state, BreakerState::Paused { since: t2 });
+        assert!(
+            b.note
+                .as_deref()
+                .is_some_and(|n| n.starts_with("sas: open since"))
+        );
+        assert!(matches!(
+            b.decide(t2 + Duration::days(1), &policy),
+            Decision::Reject { .. }
+        ));
+        step(&mut b, |b| b.resume());
+        assert_eq!(
+            (b.state, b.open_since),
+            (BreakerState::Closed { failures: 0 }, None)
+        );
+        // Without the setting, the same history only reopens it.
+        let mut open = BreakerRecord::closed("x");
+        for _ in 0..3 {
+            step(&mut open, |b| b.on_fault(t, &p()));
+        }
+        let Decision::Probe(probe) = open.decide(t2, &p()) else {
+            panic!("probe")
+        };
+        open = probe;
+        step(&mut open, |b| b.on_fault(t2, &p()));
+        assert!(matches!(open.state, BreakerState::Open { .. }));
     }
 
     #[test]

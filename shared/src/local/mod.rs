@@ -282,6 +282,7 @@ impl Default for Settings {
                 cooldown: chrono::Duration::milliseconds(500),
                 probes: 1,
                 probe_window: chrono::Duration::seconds(2),
+                pause_after: None,
             },
             deadline_timers: true,
             visibility_timeout: None,

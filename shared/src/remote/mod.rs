@@ -254,6 +254,20 @@ impl SharedBreaker {
         }
     }
 
+    /// Announces that this agent's write paused the service automatically (its breaker stayed
+    /// open past `pause_after`): an operator must resume it.
+    async fn alert_paused(&self, note: &str) {
+        let Some(bus) = &self.alerts else { return };
+        let detail = serde_json::json!({
+            "service": self.name,
+            "kind": "paused",
+            "error": note,
+        });
+        if let Err(e) = bus.publish(SERVICE_UNAVAILABLE, &detail).await {
+            warn!(service = %self.name, error = %e, "ServiceUnavailable alert not published");
+        }
+    }
+
     async fn current(&self) -> Option<BreakerRecord> {
         match self.store.get_breaker(&self.name).await {
             Ok(b) => Some(b.unwrap_or_else(|| BreakerRecord::closed(&self.name))),
@@ -281,6 +295,11 @@ impl SharedBreaker {
                     }
                     if next.is_closed() != base.is_closed() {
                         info!(service = %self.name, state = ?next.state, "circuit breaker moved");
+                    }
+                    if next.is_paused() && !base.is_paused() {
+                        error!(service = %self.name, note = ?next.note, "service paused automatically: operator alert");
+                        self.alert_paused(next.note.as_deref().unwrap_or_default())
+                            .await;
                     }
                     if let (true, BreakerState::Open { until }) = (base.is_closed(), &next.state) {
                         error!(service = %self.name, %until, error = ?fault.map(ToString::to_string), "circuit breaker opened: operator alert");
