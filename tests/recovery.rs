@@ -243,6 +243,19 @@ async fn a_permanent_fault_at_step_three_undoes_steps_two_then_one_each_once() {
         .map(|s| s["sequence"].as_u64().expect("sequence"))
         .collect();
     assert!(seq.windows(2).all(|w| w[0] < w[1]), "{seq:?}");
+    // Each notice's id names its task, the version that made it and its status.
+    for s in &statuses {
+        let want = format!(
+            "{id}:{}:{}",
+            s["sequence"],
+            s["status"].as_str().unwrap_or("?")
+        );
+        assert_eq!(s["id"], json!(want), "{s}");
+    }
+    assert_eq!(
+        events[0]["detail"]["id"], statuses[3]["id"],
+        "the bus and the submitter get the same notice"
+    );
     assert!(statuses.iter().all(|s| s["taskId"] == json!(id)));
     assert!(statuses.iter().all(|s| s["workflow"] == ECOMMERCE));
 }

@@ -119,12 +119,19 @@ pub struct StepReply {
 /// A status message of a task: published to the event bus (detail-type `Task<Status>`, e.g.
 /// `TaskFailed`, the operator alert; the detail names the workflow, so a rule can route one
 /// workflow's events) and sent to the task's reply queue if it has one.
-/// Delivery is at least once and, across statuses, in order of `sequence` (the record version
-/// that produced it): consumers deduplicate on (`taskId`, `status`, `sequence`) and may reorder
-/// on `sequence`.
+/// Delivery is at least once. Every notice has an `id`, `{taskId}:{sequence}:{status}`, where
+/// `sequence` is the version of the task's record written by the transition that made the
+/// status: a redelivered notice (after a crash, a lost race or a lost response) carries the same
+/// id, so consumers deduplicate on `id`. A task's sequences grow with its transitions, so
+/// consumers may reorder one task's notices on `sequence`. The statuses of the outbox (see
+/// [`Status`]) are first published in the order they were made; the best-effort ones
+/// (`TaskReceived`, `TaskStepCompleted`, `TaskRetrying`, `TaskCancelled`) may be missing or
+/// arrive out of order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskNotice {
+    /// `{taskId}:{sequence}:{status}`: the same on every delivery of this notice.
+    pub id: String,
     pub task_id: TaskId,
     pub workflow: String,
     pub workflow_version: u32,
@@ -152,7 +159,9 @@ pub struct TaskNotice {
 pub const EVENT_SOURCE: &str = "sas.tasks";
 
 impl TaskNotice {
-    pub fn of(r: &StateRecord, status: Status) -> Self {
+    /// The notice of `status`, made by the transition that wrote version `sequence` of the
+    /// record; the other fields are `r`'s (the record as it is when the notice goes out).
+    pub fn of(r: &StateRecord, status: Status, sequence: u64) -> Self {
         // The action that made this version, if someone asked for it: its history line was
         // written with it (same time, same state).
         let acted = r
@@ -160,6 +169,7 @@ impl TaskNotice {
             .last()
             .filter(|h| h.by.is_some() && h.at == r.updated_at && h.to == r.process_state);
         Self {
+            id: format!("{}:{sequence}:{}", r.task_id, status.as_str()),
             task_id: r.task_id,
             workflow: r.workflow.clone(),
             workflow_version: r.workflow_version,
@@ -172,7 +182,7 @@ impl TaskNotice {
             refusal: r.refusal.clone(),
             by: acted.and_then(|h| h.by.clone()),
             reason: acted.map(|h| h.reason.clone()),
-            sequence: r.version,
+            sequence,
             at: r.updated_at,
         }
     }
@@ -186,6 +196,36 @@ impl TaskNotice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_notice_keeps_its_id_when_it_is_delivered_after_the_record_moved_on() {
+        let policy = crate::Policy::default();
+        let w = crate::domain::workflow::examples::ecommerce_order(&policy);
+        let now = chrono::Utc::now();
+        let mut r = StateRecord::new(TaskId::new_random(), &w, None, now, now);
+        r.version = 5;
+        r.owe(Status::Failed);
+        // The task goes on compensating before the alert is delivered (its deliverer died).
+        r.version = 8;
+        r.owe(Status::Compensated);
+        let ids: Vec<String> = r
+            .outbox
+            .iter()
+            .map(|o| TaskNotice::of(&r, o.status, o.sequence).id)
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                format!("{}:5:Failed", r.task_id),
+                format!("{}:8:Compensated", r.task_id)
+            ]
+        );
+        let alert = TaskNotice::of(&r, Status::Failed, r.outbox[0].sequence);
+        assert_eq!((alert.sequence, alert.detail_type()), (5, "TaskFailed"));
+        let v = serde_json::to_value(&alert).expect("serializes");
+        assert_eq!(v["id"], serde_json::json!(ids[0]));
+        assert_eq!(v["sequence"], 5);
+    }
 
     #[test]
     fn scheduler_messages_are_tagged_by_type() {

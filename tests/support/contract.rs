@@ -81,7 +81,95 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     a_new_input_lands_with_its_record_or_not_at_all(store.as_ref()).await;
     callers_list_their_own_tasks_newest_first(store.as_ref()).await;
     rate_limits_admit_a_burst_then_the_rate(store.as_ref()).await;
+    ambiguous_writes_read_back(store.as_ref()).await;
     racing_claims_have_one_winner(store).await;
+}
+
+/// A write whose response was lost is retried by the SDK and fails its condition against its
+/// own first attempt: "the record already is what I wrote" is success, not a lost race. A
+/// different write under the same condition is still a lost race.
+async fn ambiguous_writes_read_back(store: &dyn StateStore) {
+    let p = &uniform(&Policy::default());
+    let now = to_millis(Utc::now());
+    let o = task(now);
+    let r = record(&o, now, Span::seconds(60));
+    // The create, twice: one task, and the second call says Created too.
+    assert_eq!(
+        store.create(&o, &r, None).await.expect("create"),
+        CreateOutcome::Created
+    );
+    assert_eq!(
+        store.create(&o, &r, None).await.expect("its retry"),
+        CreateOutcome::Created,
+        "a retried create that was applied is a success"
+    );
+    let mut other = r.clone();
+    other.callback_key = "another request's".into();
+    assert!(
+        is_condition_failed(store.create(&o, &other, None).await),
+        "another create of the same id is a conflict"
+    );
+    assert_eq!(store.get_state(o.id).await.expect("read"), Some(r.clone()));
+    // A pickup re-enqueue (with its count), then a claim, each twice.
+    let due = r.complete_by.expect("pickup");
+    let e = transition::expire(&r, due, p, 0.5).expect("due");
+    assert_eq!(e.record.requeues, 1);
+    for _ in 0..2 {
+        store
+            .put(&e.record, &e.condition)
+            .await
+            .expect("applied, or already applied");
+    }
+    assert_eq!(
+        store.get_state(o.id).await.expect("read"),
+        Some(e.record.clone())
+    );
+    let c = transition::claim(&e.record, "s1", due, p).expect("claim");
+    let rival = transition::claim(&e.record, "s2", due, p).expect("claim");
+    store.put(&c.record, &c.condition).await.expect("claim");
+    store
+        .put(&c.record, &c.condition)
+        .await
+        .expect("the claim's retry reads back as applied");
+    assert!(
+        is_condition_failed(store.put(&rival.record, &rival.condition).await),
+        "a rival claim under the same condition lost the race"
+    );
+    let got = store.get_state(o.id).await.expect("read").expect("found");
+    assert_eq!((got.locked_by.as_deref(), got.requeues), (Some("s1"), 0));
+    // A new input with its record, twice; a different input under the same condition loses.
+    let manual = Policy {
+        auto_compensate: false,
+        ..Policy::default()
+    };
+    let failed = failed_record(store, "ecommerce-order", Utc::now(), &manual).await;
+    let actor = transition::Actor {
+        by: "arn:aws:iam::123456789012:user/ops".into(),
+        reason: None,
+        operator: true,
+    };
+    let t = transition::retry_with_input(&failed, &actor, Utc::now(), &uniform(&manual))
+        .expect("retries");
+    let patched = json!({"customerId": "c-3", "items": [{"sku": "SKU-3", "quantity": 3}]});
+    for _ in 0..2 {
+        store
+            .put_with_input(&t.record, &t.condition, &patched)
+            .await
+            .expect("applied, or already applied");
+    }
+    let mut other = patched.clone();
+    other["customerId"] = json!("c-4");
+    let mut rival = t.record.clone();
+    rival.history.pop();
+    assert!(is_condition_failed(
+        store.put_with_input(&rival, &t.condition, &other).await
+    ));
+    let (task, record) = store
+        .get(failed.task_id)
+        .await
+        .expect("read")
+        .expect("found");
+    assert_eq!((task.input, record), (patched, t.record));
 }
 
 /// `put_with_input`: the task's input and its record change together, under the record's
@@ -446,9 +534,11 @@ async fn create_is_atomic_and_reads_back(store: &dyn StateStore) {
         store.get_state(o.id).await.expect("get_state"),
         Some(r.clone())
     );
+    let mut again = r.clone();
+    again.created_at += Span::milliseconds(1);
     assert!(
-        is_condition_failed(store.create(&o, &r, None).await),
-        "creating an existing task must fail"
+        is_condition_failed(store.create(&o, &again, None).await),
+        "creating an existing task must fail (unless it is the same request's retry: see ambiguous_writes_read_back)"
     );
     assert_eq!(store.get(TaskId::new_random()).await.expect("get"), None);
     assert_eq!(
@@ -504,9 +594,8 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
         .put(&claim.record, &claim.condition)
         .await
         .expect("claim lands");
-    assert!(
-        is_condition_failed(store.put(&claim.record, &claim.condition).await),
-        "the same claim twice: the version moved on"
+    store.put(&claim.record, &claim.condition).await.expect(
+        "the same claim twice: the record already is that claim (a retry after a lost response)",
     );
     let rival = transition::claim(&r, "s-2", now, &p).expect("claim from the stale read");
     assert!(is_condition_failed(

@@ -33,8 +33,12 @@ use crate::ports::{
 };
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::put_item::builders::PutItemFluentBuilder;
-use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+};
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 
@@ -257,7 +261,7 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
         ("Steps".to_owned(), AttributeValue::L(steps)),
         (
             "Outbox".to_owned(),
-            AttributeValue::L(r.outbox.iter().map(|st| s(st.as_str())).collect()),
+            AttributeValue::L(r.outbox.iter().map(|o| s(o.encode())).collect()),
         ),
         ("History".to_owned(), AttributeValue::L(history)),
         // The state index: every record, by state, newest first (the operator's list).
@@ -297,6 +301,9 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
     }
     if r.deferrals > 0 {
         item.insert("Deferrals".to_owned(), n(r.deferrals));
+    }
+    if r.requeues > 0 {
+        item.insert("Requeues".to_owned(), n(r.requeues));
     }
     if !r.callback_key.is_empty() {
         item.insert("CallbackKey".to_owned(), s(&r.callback_key));
@@ -387,6 +394,7 @@ pub fn index_entry_sizes(record: &StateRecord, shards: u32) -> (Option<usize>, u
 }
 
 fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
+    let version: u64 = get_n(item, "Version")?;
     let steps = match item.get("Steps") {
         Some(AttributeValue::L(l)) => l
             .iter()
@@ -416,7 +424,9 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
         Some(AttributeValue::L(l)) => l
             .iter()
             .map(|v| match v {
-                AttributeValue::S(st) => st.parse().map_err(corrupt),
+                AttributeValue::S(st) => {
+                    crate::domain::state::Owed::decode(st, version).map_err(corrupt)
+                }
                 _ => Err(corrupt("Outbox holds a non-string")),
             })
             .collect::<Result<Vec<_>, _>>()?,
@@ -455,6 +465,7 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
         failure_count: get_n(item, "FailureCount")?,
         round: opt_n(item, "Round")?.unwrap_or(0),
         deferrals: opt_n(item, "Deferrals")?.unwrap_or(0),
+        requeues: opt_n(item, "Requeues")?.unwrap_or(0),
         attempt: get_n(item, "Attempt")?,
         step_index: get_n(item, "StepIndex")?,
         steps,
@@ -473,7 +484,7 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
         outbox,
         reply_queue_url: opt_s(item, "ReplyQueueUrl"),
         history,
-        version: get_n(item, "Version")?,
+        version,
         created_at: time(get_n(item, "CreatedAt")?)?,
         updated_at: time(get_n(item, "UpdatedAt")?)?,
     })
@@ -573,12 +584,13 @@ fn build_err(e: aws_sdk_dynamodb::error::BuildError) -> StoreError {
 }
 
 impl DynamoStore {
-    /// A `Put` that must create its item.
+    /// A `Put` that must create its item (returning the item found on a conditional failure).
     fn create_put(&self, item: Item) -> Result<TransactWriteItem, StoreError> {
         let put = Put::builder()
             .table_name(&self.table)
             .set_item(Some(item))
             .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .map_err(build_err)?;
         Ok(TransactWriteItem::builder().put(put).build())
@@ -654,29 +666,48 @@ impl StateStore for DynamoStore {
             ]))?);
         }
         writes.push(self.create_put(task_item(task))?);
-        writes.push(self.create_put(state_item(record, self.shards))?);
+        let state = state_item(record, self.shards);
+        writes.push(self.create_put(state.clone())?);
         let result = self
             .client
             .transact_write_items()
             .set_transact_items(Some(writes))
+            // The task id is new for every submission and the same for the SDK's retries of
+            // this one: DynamoDB answers a retry of a committed transaction with success (for
+            // ten minutes) instead of a conflict. (Not the idempotency key: a client's retry
+            // under the same key makes new items, which DynamoDB would refuse as an
+            // IdempotentParameterMismatch; the key item already covers client retries.)
+            .client_request_token(task.id.to_string())
             .send()
             .await;
         let err = match result {
             Ok(_) => return Ok(CreateOutcome::Created),
             Err(e) => e,
         };
-        let key_taken = err
-            .as_service_error()
-            .and_then(|se| match se {
-                aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(tc) => Some(tc),
-                _ => None,
-            })
-            .map(|tc| {
-                let reasons = tc.cancellation_reasons();
-                (key.is_some()
+        let canceled = err.as_service_error().and_then(|se| match se {
+            TransactWriteItemsError::TransactionCanceledException(tc) => Some(tc),
+            _ => None,
+        });
+        // The read-back, where no token helps (past its ten minutes, or on an emulator that
+        // ignores it): the state record already is the one this request made (it holds this
+        // request's random task id, callback key and times), so this request created it.
+        if canceled
+            .and_then(|tc| tc.cancellation_reasons().last())
+            .and_then(|r| r.item())
+            == Some(&state)
+        {
+            return Ok(CreateOutcome::Created);
+        }
+        let key_taken = canceled.map(|tc| {
+            let reasons = tc.cancellation_reasons();
+            (
+                key.is_some()
                     && reasons.first().and_then(|r| r.code()) == Some("ConditionalCheckFailed"),
-                    reasons.iter().any(|r| r.code() == Some("ConditionalCheckFailed")))
-            });
+                reasons
+                    .iter()
+                    .any(|r| r.code() == Some("ConditionalCheckFailed")),
+            )
+        });
         match (key, key_taken) {
             (Some(k), Some((true, _))) => match self.read_key(&k.key).await? {
                 Some(first) => Ok(CreateOutcome::KeyExists(first)),
@@ -722,25 +753,40 @@ impl StateStore for DynamoStore {
 
     async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
         let e = condition_expr(condition);
-        let req = self
+        let mut item = state_item(record, self.shards);
+        // A final record expires with the retention (DynamoDB TTL on `ExpiresAt`).
+        if let Some(at) = self.expiry(record) {
+            item.insert("ExpiresAt".to_owned(), n(at));
+        }
+        let result = self
             .client
             .put_item()
             .table_name(&self.table)
-            .set_item(Some({
-                let mut item = state_item(record, self.shards);
-                // A final record expires with the retention (DynamoDB TTL on `ExpiresAt`).
-                if let Some(at) = self.expiry(record) {
-                    item.insert("ExpiresAt".to_owned(), n(at));
-                }
-                item
-            }))
+            .set_item(Some(item.clone()))
             .condition_expression(e.clauses.join(" AND "))
             .set_expression_attribute_names(Some(e.names))
-            .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values));
-        if Self::put_if(req).await? {
-            Ok(())
-        } else {
-            Err(StoreError::ConditionFailed)
+            .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values))
+            // On a conditional failure DynamoDB returns the item as it is, at no extra cost:
+            // what the read-back below needs.
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(err) => match err.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(c)) => {
+                    // An ambiguous write: the SDK retries a request whose response was lost
+                    // (a timeout, a 5xx), and the retry fails its condition against the
+                    // first attempt's own write. "The record already is what I wrote" is
+                    // success; anything else is a lost race.
+                    if c.item() == Some(&item) {
+                        Ok(())
+                    } else {
+                        Err(StoreError::ConditionFailed)
+                    }
+                }
+                _ => Err(unavailable(&err)),
+            },
         }
     }
 
@@ -770,10 +816,11 @@ impl StateStore for DynamoStore {
         }
         let put = Put::builder()
             .table_name(&self.table)
-            .set_item(Some(item))
+            .set_item(Some(item.clone()))
             .condition_expression(e.clauses.join(" AND "))
             .set_expression_attribute_names(Some(e.names))
             .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .map_err(build_err)?;
         let result = self
@@ -781,19 +828,27 @@ impl StateStore for DynamoStore {
             .transact_write_items()
             .transact_items(TransactWriteItem::builder().update(update).build())
             .transact_items(TransactWriteItem::builder().put(put).build())
+            // The same for the SDK's retries of this call: a retry of a committed transaction
+            // succeeds instead of failing its conditions.
+            .client_request_token(uuid::Uuid::new_v4().to_string())
             .send()
             .await;
         match result {
             Ok(_) => Ok(()),
             Err(err) => {
-                let lost = err.as_service_error().is_some_and(|se| match se {
-                    aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(tc) => tc
-                        .cancellation_reasons()
-                        .iter()
-                        .any(|r| r.code() == Some("ConditionalCheckFailed")),
-                    _ => false,
+                let canceled = err.as_service_error().and_then(|se| match se {
+                    TransactWriteItemsError::TransactionCanceledException(tc) => Some(tc),
+                    _ => None,
                 });
-                if lost {
+                let reasons = canceled.map(|tc| tc.cancellation_reasons()).unwrap_or(&[]);
+                // The read-back (see `put`): the record already is the one this call wrote,
+                // so the transaction committed, input and all.
+                if reasons.last().and_then(|r| r.item()) == Some(&item) {
+                    Ok(())
+                } else if reasons
+                    .iter()
+                    .any(|r| r.code() == Some("ConditionalCheckFailed"))
+                {
                     Err(StoreError::ConditionFailed)
                 } else {
                     Err(unavailable(&err))
@@ -1094,7 +1149,6 @@ impl StateStore for DynamoStore {
         now: DateTime<Utc>,
     ) -> Result<crate::domain::rate::Admission, StoreError> {
         use crate::domain::rate::{Admission, Decision};
-        use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
         let now_ms = now.timestamp_millis();
         let pk = format!("RATE#{key}");
         // An idle caller's item goes an hour after its bucket refilled.

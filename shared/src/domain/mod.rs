@@ -15,7 +15,7 @@ pub use breaker::{BreakerPolicy, BreakerRecord, BreakerState, Decision};
 pub use caller::Caller;
 pub use mapping::{Mapping, MappingError};
 pub use state::{
-    HistoryEntry, Invariant, ProcessState, StateRecord, Status, StepState, StepStatus,
+    HistoryEntry, Invariant, Owed, ProcessState, StateRecord, Status, StepState, StepStatus,
 };
 pub use task::{Task, TaskId, ValidationError};
 pub use transition::{Actor, Condition, Effect, Guard, Policies, Policy, Rejection, Transition};

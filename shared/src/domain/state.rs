@@ -368,6 +368,12 @@ pub struct StateRecord {
     /// wake-ups per task, not one per breaker window. Not failures: the task waits.
     #[serde(default)]
     pub deferrals: u32,
+    /// Times in a row the supervisor re-enqueued the task because its pickup deadline passed
+    /// unclaimed (a lost work message, or a backlog in the work queue). Each waits longer (see
+    /// [`crate::Policy::requeue_delay`]), so a backlog costs a few messages per task, not one per
+    /// pickup period. Reset by a claim. Not failures.
+    #[serde(default)]
+    pub requeues: u32,
     /// Bumped on every claim: the fencing token carried by step requests and replies.
     pub attempt: u64,
     /// The index of the current step (`steps.len()` once Processed). During compensation: the
@@ -387,9 +393,10 @@ pub struct StateRecord {
     #[serde(default, skip_serializing)]
     pub callback_key: String,
     /// Statuses owed to the bus and the submitter: the outbox. Written with the transition that
-    /// causes them, cleared once delivered.
+    /// causes them (which gives each its `sequence`, hence its notice id), cleared once
+    /// delivered.
     #[serde(default)]
-    pub outbox: Vec<Status>,
+    pub outbox: Vec<Owed>,
     /// Where the application wants its status messages, if anywhere.
     pub reply_queue_url: Option<String>,
     /// Every transition, oldest first (at most [`MAX_HISTORY`]).
@@ -399,6 +406,39 @@ pub struct StateRecord {
     pub version: u64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+/// A status in the outbox, with the version of the record whose transition made it: the
+/// notice's `sequence`, from which its id comes. Stored with the record, so every delivery of
+/// it (the first, and any after a crash or a lost race) carries the same id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owed {
+    pub status: Status,
+    pub sequence: u64,
+}
+
+impl Owed {
+    /// The stored form: `Status@sequence` (e.g. `Failed@7`).
+    pub fn encode(&self) -> String {
+        format!("{}@{}", self.status.as_str(), self.sequence)
+    }
+
+    /// Parses [`Owed::encode`]'s form. A bare status (written before notices had ids) gets
+    /// `version`, the record's version: what its delivery would have used then.
+    pub fn decode(s: &str, version: u64) -> Result<Self, String> {
+        let (status, sequence) = match s.split_once('@') {
+            Some((st, seq)) => (
+                st,
+                seq.parse()
+                    .map_err(|e| format!("bad outbox sequence in {s:?}: {e}"))?,
+            ),
+            None => (s, version),
+        };
+        Ok(Self {
+            status: status.parse()?,
+            sequence,
+        })
+    }
 }
 
 /// A service's refusal of a step: a business outcome (`code`, e.g. `declined`).
@@ -487,6 +527,7 @@ impl StateRecord {
             failure_count: 0,
             round: 0,
             deferrals: 0,
+            requeues: 0,
             attempt: 0,
             step_index: 0,
             steps: workflow
@@ -518,6 +559,20 @@ impl StateRecord {
     /// The current step's name, if the record has a current step.
     pub fn current_step(&self) -> Option<&str> {
         self.steps.get(self.step_index).map(|s| s.name.as_str())
+    }
+
+    /// The statuses the outbox holds, oldest first.
+    pub fn owed(&self) -> Vec<Status> {
+        self.outbox.iter().map(|o| o.status).collect()
+    }
+
+    /// Adds `status` to the outbox, made by this version of the record (call it on the record a
+    /// transition writes, after its version was bumped).
+    pub fn owe(&mut self, status: Status) {
+        self.outbox.push(Owed {
+            status,
+            sequence: self.version,
+        });
     }
 
     /// A notice is owed (the outbox is not empty).
@@ -756,6 +811,25 @@ pub fn due_shard(id: &TaskId, shards: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_owed_status_round_trips_and_a_bare_one_takes_the_records_version() {
+        let o = Owed {
+            status: Status::CompensationFailed,
+            sequence: 12,
+        };
+        assert_eq!(o.encode(), "CompensationFailed@12");
+        assert_eq!(Owed::decode(&o.encode(), 99), Ok(o));
+        assert_eq!(
+            Owed::decode("Failed", 7),
+            Ok(Owed {
+                status: Status::Failed,
+                sequence: 7
+            })
+        );
+        assert!(Owed::decode("Failed@x", 7).is_err());
+        assert!(Owed::decode("Nope@1", 7).is_err());
+    }
 
     #[test]
     fn a_new_record_is_valid_pending_and_due_at_its_pickup_deadline() {

@@ -98,7 +98,32 @@ impl Policy {
         let half = ms / 2;
         Duration::milliseconds(half + ((ms - half) as f64 * jitter.clamp(0.0, 1.0)) as i64)
     }
+
+    /// The delay of the `requeues`-th re-enqueue in a row of a task whose pickup deadline
+    /// passed unclaimed (counting from 1). The first goes at once: its work message was most
+    /// likely lost. Later ones mean the work queue has a backlog longer than the pickup timeout
+    /// (a throttled or failing scheduler): each waits twice as long as the one before
+    /// (`pickup_timeout × 2^(n-2)`, equal jitter, capped at the larger of the pickup timeout
+    /// and [`MAX_REQUEUE_DELAY`]), so a backlog of length `B` costs about `log2(B / pickup)`
+    /// extra messages per task instead of `B / pickup`, and the extra messages do not feed
+    /// the backlog they wait behind.
+    pub fn requeue_delay(&self, requeues: u32, jitter: f64) -> Duration {
+        if requeues <= 1 {
+            return Duration::zero();
+        }
+        let pickup = self.pickup_timeout.num_milliseconds().max(1);
+        let cap = pickup.max(MAX_REQUEUE_DELAY.num_milliseconds());
+        let ms = pickup
+            .checked_mul(1_i64 << (requeues - 2).min(40))
+            .map_or(cap, |d| d.min(cap));
+        let half = ms / 2;
+        Duration::milliseconds(half + ((ms - half) as f64 * jitter.clamp(0.0, 1.0)) as i64)
+    }
 }
+
+/// The longest wait between two re-enqueues of a task nobody picks up (unless its pickup
+/// timeout is longer): the longest delay SQS gives a message.
+pub const MAX_REQUEUE_DELAY: Duration = Duration::minutes(15);
 
 /// The policy of every step of a workflow (the deployment's, with the workflow's defaults and
 /// each step's own settings over it).
@@ -372,7 +397,7 @@ fn finish(n: &mut StateRecord, to: ProcessState, notice: Status) -> Vec<Effect> 
     n.locked_by = None;
     n.complete_by = None;
     n.undo_after = None;
-    n.outbox.push(notice);
+    n.owe(notice);
     vec![Effect::DeliverNotice]
 }
 
@@ -432,7 +457,7 @@ fn fail(
     in_flight_until: Option<DateTime<Utc>>,
 ) -> Vec<Effect> {
     n.last_error = Some(reason);
-    n.outbox.push(Status::Failed);
+    n.owe(Status::Failed);
     let mut effects = vec![Effect::DeliverNotice];
     if p.at(n.step_index).auto_compensate && !n.past_pivot() {
         effects.extend(
@@ -472,6 +497,7 @@ pub fn claim(
     let mut n = next(r, now);
     n.locked_by = Some(instance.to_owned());
     n.attempt = r.attempt + 1;
+    n.requeues = 0;
     n.complete_by = Some(now + p.at(r.step_index).step_timeout);
     let step = &mut n.steps[r.step_index];
     if undo {
@@ -788,16 +814,18 @@ pub fn expire(
     let mut n = next(r, now);
     let i = r.step_index;
     let effects = if r.locked_by.is_none() {
-        n.complete_by = Some(now + p.at(i).pickup_timeout);
+        // Growing delays: a backlog in the work queue must not be fed by the re-enqueues of
+        // the tasks waiting in it (see `Policy::requeue_delay`).
+        n.requeues = r.requeues.saturating_add(1);
+        let delay = p.at(i).requeue_delay(n.requeues, jitter);
+        n.complete_by = Some(now + delay + p.at(i).pickup_timeout);
         log(
             &mut n,
             r.process_state,
             Some(i),
             "pickup deadline passed; re-enqueued",
         );
-        vec![Effect::Enqueue {
-            delay: Duration::zero(),
-        }]
+        vec![Effect::Enqueue { delay }]
     } else {
         let what = if r.process_state == ProcessState::Compensating {
             "undo of "
@@ -1449,7 +1477,7 @@ mod tests {
         }
         assert_eq!(r.process_state, ProcessState::Processed);
         assert_eq!(r.locked_by, None);
-        assert_eq!(r.outbox, [Status::Processed]);
+        assert_eq!(r.owed(), [Status::Processed]);
         assert_eq!(r.steps[1].result.as_deref(), Some("{\"id\":1}"));
         assert_eq!(r.due_at(), Some(r.updated_at));
         apply(&mut r, |r| notice_delivered(r, now));
@@ -1534,7 +1562,7 @@ mod tests {
                 .as_deref()
                 .is_some_and(|e| e.starts_with("reserve-inventory"))
         );
-        assert_eq!(r.outbox, [Status::Failed]);
+        assert_eq!(r.owed(), [Status::Failed]);
     }
 
     #[test]
@@ -1593,6 +1621,46 @@ mod tests {
         assert_eq!(r.failure_count, 0);
         assert_eq!(r.process_state, ProcessState::Pending);
         assert_eq!(r.complete_by, Some(now + p.at(0).pickup_timeout));
+        assert_eq!(r.requeues, 1);
+    }
+
+    #[test]
+    fn a_task_stuck_behind_a_backlog_is_re_enqueued_with_growing_delays_until_claimed() {
+        // The work queue holds a backlog of an hour: every pickup deadline passes. The
+        // re-enqueues must be a few per task (log of the backlog), not one per pickup period.
+        let p = policy();
+        let pickup = p.at(0).pickup_timeout;
+        let mut r = fresh(t0());
+        let start = r.complete_by.expect("pickup deadline") - pickup;
+        let mut delays = Vec::new();
+        while let Some(due) = r.complete_by.filter(|d| *d < start + Duration::hours(1)) {
+            let t = apply(&mut r, |r| expire(r, due, &p, 1.0));
+            let [Effect::Enqueue { delay }] = t.effects[..] else {
+                panic!("{:?}", t.effects)
+            };
+            assert_eq!(
+                r.complete_by,
+                Some(due + delay + pickup),
+                "waits out its delay"
+            );
+            delays.push(delay);
+        }
+        let secs: Vec<i64> = delays.iter().map(|d| d.num_seconds()).collect();
+        assert_eq!(
+            secs,
+            [0, 30, 60, 120, 240, 480, 900, 900, 900],
+            "pickup 30 s"
+        );
+        assert_eq!(r.requeues, 9);
+        assert_eq!(r.failure_count, 0, "waiting in a queue is not a failure");
+        // Jitter spreads a herd over [d/2, d]; the first re-enqueue never waits.
+        assert_eq!(p.at(0).requeue_delay(1, 0.0), Duration::zero());
+        assert_eq!(p.at(0).requeue_delay(3, 0.0), Duration::seconds(30));
+        assert_eq!(p.at(0).requeue_delay(40, 0.0), Duration::seconds(450));
+        // A claim ends the streak: the next lost message goes out at once again.
+        let now = r.complete_by.expect("deadline") - Duration::seconds(1);
+        apply(&mut r, |r| claim(r, "s", now, &p));
+        assert_eq!(r.requeues, 0);
     }
 
     #[test]
@@ -1616,7 +1684,7 @@ mod tests {
         });
         assert_eq!(t.effects, [Effect::DeliverNotice]);
         assert_eq!(r.process_state, ProcessState::Compensated);
-        assert_eq!(r.outbox, [Status::Failed, Status::Compensated]);
+        assert_eq!(r.owed(), [Status::Failed, Status::Compensated]);
     }
 
     #[test]
@@ -1636,7 +1704,7 @@ mod tests {
             ]
         );
         assert_eq!(r.process_state, ProcessState::Compensating);
-        assert_eq!(r.outbox, [Status::Failed]);
+        assert_eq!(r.owed(), [Status::Failed]);
         apply(&mut r, |r| notice_delivered(r, now));
         let mut undone = vec![];
         let t = apply(&mut r, |r| claim(r, "s", now, &p));
@@ -1656,7 +1724,7 @@ mod tests {
             r.steps[2].undo, None,
             "the refused step had no effect to undo"
         );
-        assert_eq!(r.outbox, [Status::Compensated]);
+        assert_eq!(r.owed(), [Status::Compensated]);
     }
 
     #[test]
@@ -1670,7 +1738,7 @@ mod tests {
         let a = r.attempt;
         apply(&mut r, |r| apply_reply(r, a, 0, true, &refused(), now, &p));
         assert_eq!(r.process_state, ProcessState::CompensationFailed);
-        assert!(r.outbox.contains(&Status::CompensationFailed));
+        assert!(r.owed().contains(&Status::CompensationFailed));
         assert_eq!(
             compensate(&fresh(now), &ops(None), now, &p).err(),
             Some(Rejection::NotCompensable(ProcessState::Pending))
@@ -1762,7 +1830,7 @@ mod tests {
         assert_eq!(t.effects, [Effect::DeliverNotice]);
         assert_eq!(r.process_state, ProcessState::Resolved);
         assert!(r.process_state.is_final());
-        assert_eq!(r.outbox.last(), Some(&Status::Resolved));
+        assert_eq!(r.owed().last(), Some(&Status::Resolved));
         assert_eq!((r.locked_by.as_deref(), r.complete_by), (None, None));
         let h = r.history.last().expect("logged");
         assert_eq!(
@@ -1827,7 +1895,7 @@ mod tests {
             skip(r, &ops(Some("shipped by hand")), now, &p, None)
         });
         assert_eq!(r.process_state, ProcessState::Processed);
-        assert_eq!(r.outbox.last(), Some(&Status::Processed));
+        assert_eq!(r.owed().last(), Some(&Status::Processed));
     }
 
     #[test]
@@ -2026,7 +2094,7 @@ mod tests {
             apply_reply(r, 1, 2, false, &declined(), now, &p)
         });
         assert_eq!(r.process_state, ProcessState::Compensating);
-        assert!(r.outbox.is_empty(), "no TaskFailed alert: {:?}", r.outbox);
+        assert!(r.outbox.is_empty(), "no TaskFailed alert: {:?}", r.owed());
         assert_eq!(
             t.effects,
             [Effect::Enqueue {
@@ -2043,7 +2111,7 @@ mod tests {
             apply(&mut r, |r| apply_reply(r, a, i, true, &ok(), now, &p));
         }
         assert_eq!(r.process_state, ProcessState::Refused);
-        assert_eq!(r.outbox, [Status::Refused]);
+        assert_eq!(r.owed(), [Status::Refused]);
         assert!(!Status::Refused.is_alert());
         let refusal = r.refusal.clone().expect("kept");
         assert_eq!(
@@ -2058,7 +2126,7 @@ mod tests {
             apply_reply(r, 1, 0, false, &declined(), now, &p)
         });
         assert_eq!(first.process_state, ProcessState::Refused);
-        assert_eq!(first.outbox, [Status::Refused]);
+        assert_eq!(first.owed(), [Status::Refused]);
     }
 
     #[test]
@@ -2072,7 +2140,7 @@ mod tests {
             apply_reply(r, 1, 3, false, &declined(), now, &p)
         });
         assert_eq!(r.process_state, ProcessState::Error);
-        assert_eq!(r.outbox, [Status::Failed], "a person must decide");
+        assert_eq!(r.owed(), [Status::Failed], "a person must decide");
         let t = apply(&mut r, |r| retry(r, &ops(None), now, &p));
         assert!(t.record.refusal.is_none(), "a retry forgets the refusal");
     }
@@ -2262,7 +2330,7 @@ mod tests {
             ProcessState::Error,
             "auto-compensation stops at the pivot"
         );
-        assert_eq!(r.outbox, [Status::Failed]);
+        assert_eq!(r.owed(), [Status::Failed]);
         assert_eq!(
             compensate(&r, &ops(None), now, &p).err(),
             Some(Rejection::PastPivot(ProcessState::Error))
@@ -2338,7 +2406,7 @@ mod tests {
         let mut now = t0();
         let mut r = fresh(now);
         for _ in 0..MAX_HISTORY {
-            now += p.at(0).pickup_timeout;
+            now = r.complete_by.expect("pickup deadline");
             apply(&mut r, |r| expire(r, now, &p, 0.5));
         }
         assert_eq!(r.history.len(), MAX_HISTORY);

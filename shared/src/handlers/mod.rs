@@ -261,8 +261,9 @@ async fn send_status(
     events: &dyn EventBus,
     record: &StateRecord,
     status: Status,
+    sequence: u64,
 ) -> Result<(), HandlerError> {
-    let notice = TaskNotice::of(record, status);
+    let notice = TaskNotice::of(record, status, sequence);
     let detail = serde_json::to_value(&notice)
         .map_err(|e| HandlerError::Poison(format!("notice does not serialize: {e}")))?;
     events.publish(notice.detail_type(), &detail).await?;
@@ -290,7 +291,8 @@ pub(crate) async fn publish_status(
     record: &StateRecord,
     status: Status,
 ) {
-    if let Err(e) = send_status(queue, events, record, status).await {
+    // Made by the write of this very version.
+    if let Err(e) = send_status(queue, events, record, status, record.version).await {
         error!(status = status.as_str(), error = %e, "status not published");
     }
 }
@@ -298,8 +300,8 @@ pub(crate) async fn publish_status(
 /// Delivers a record's outbox and clears it.
 ///
 /// Every status goes to the bus first (`TaskFailed` and `TaskCompensationFailed` are the
-/// operator alerts; delivery is at least once, consumers deduplicate on task id, status and
-/// sequence), then, best effort, to the task's reply queue. A bus failure leaves the outbox
+/// operator alerts; delivery is at least once, consumers deduplicate on the notice's id, made
+/// from the sequence stored with the status), then, best effort, to the task's reply queue. A bus failure leaves the outbox
 /// full: the record stays due and the supervisor delivers it again.
 pub async fn deliver_notice(
     store: &dyn StateStore,
@@ -308,8 +310,8 @@ pub async fn deliver_notice(
     clock: &dyn Clock,
     record: &StateRecord,
 ) -> Result<(), HandlerError> {
-    for status in &record.outbox {
-        send_status(queue, events, record, *status).await?;
+    for owed in &record.outbox {
+        send_status(queue, events, record, owed.status, owed.sequence).await?;
     }
     let Ok(t) = notice_delivered(record, clock.now()) else {
         return Ok(());
@@ -322,6 +324,6 @@ pub async fn deliver_notice(
     // deliverer, or the record moved on) means a status may go out twice, which consumers
     // tolerate; whoever wrote the newer version delivers what it holds.
     write(store, &t).await?;
-    info!(state = %record.process_state, outbox = ?record.outbox, "notices delivered");
+    info!(state = %record.process_state, outbox = ?record.owed(), "notices delivered");
     Ok(())
 }

@@ -166,7 +166,7 @@ async fn recover(
         .record
         .outbox
         .iter()
-        .any(|s| matches!(s, Status::Failed | Status::CompensationFailed))
+        .any(|o| matches!(o.status, Status::Failed | Status::CompensationFailed))
     {
         warn!(failure_count = t.record.failure_count, state = %t.record.process_state, last_error = ?t.record.last_error, "failure threshold reached");
         Recovered::Failed

@@ -78,6 +78,13 @@ impl StateStore for MemoryStore {
         key: Option<&IdempotencyRecord>,
     ) -> Result<CreateOutcome, StoreError> {
         let mut inner = self.lock()?;
+        // The read-back of an ambiguous create (a retry of one that was applied): the task
+        // and its record already are these, so this request created them.
+        if inner.tasks.get(&task.id) == Some(task)
+            && inner.states.get(&record.task_id) == Some(record)
+        {
+            return Ok(CreateOutcome::Created);
+        }
         if let Some(k) = key
             && let Some(existing) = inner.keys.get(&k.key)
         {
@@ -108,8 +115,15 @@ impl StateStore for MemoryStore {
 
     async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
         let mut inner = self.lock()?;
-        if !condition.holds(inner.states.get(&record.task_id)) {
-            return Err(StoreError::ConditionFailed);
+        let current = inner.states.get(&record.task_id);
+        if !condition.holds(current) {
+            // The read-back of an ambiguous write (see the DynamoDB store): the record already
+            // is what this write holds, so it was applied; anything else is a lost race.
+            return if current == Some(record) {
+                Ok(())
+            } else {
+                Err(StoreError::ConditionFailed)
+            };
         }
         inner.states.insert(record.task_id, record.clone());
         Ok(())
@@ -212,7 +226,17 @@ impl StateStore for MemoryStore {
         if !inner.tasks.contains_key(&record.task_id)
             || !condition.holds(inner.states.get(&record.task_id))
         {
-            return Err(StoreError::ConditionFailed);
+            // The read-back (see `put`): the record already is this one, input and all.
+            let applied = inner.states.get(&record.task_id) == Some(record)
+                && inner
+                    .tasks
+                    .get(&record.task_id)
+                    .is_some_and(|t| &t.input == input);
+            return if applied {
+                Ok(())
+            } else {
+                Err(StoreError::ConditionFailed)
+            };
         }
         if let Some(task) = inner.tasks.get_mut(&record.task_id) {
             task.input = input.clone();
