@@ -35,7 +35,24 @@ pub struct Plan {
     pub max_extra_delay: Duration,
     /// Share of deadline timers lost.
     pub lose_timer_rate: f64,
+    /// AWS's rough edges, each a switch (0 or `None`: off; [`Plan::every_switch`] turns them on):
+    /// share of state-store writes whose response is lost after they were applied, so the
+    /// SDK's retry of the same request answers (and fails its condition unless the store reads
+    /// back).
+    pub lost_response_rate: f64,
+    /// Share of writes, sends and publishes refused with a throttling error before they happen.
+    pub throttle_rate: f64,
+    /// A slow, bursty work queue: a share ([`SLOW_SHARE`]) of its messages is held back by up
+    /// to this long (a scheduler that is throttled or behind), past the pickup timeout.
+    pub slow_work_queue: Option<Duration>,
+    /// Share of received batches that time out: the handler works on them, but its Lambda
+    /// dies before the event source mapping deletes anything, so the whole batch comes back
+    /// after the visibility timeout.
+    pub batch_timeout_rate: f64,
 }
+
+/// The share of a slow work queue's messages that are held back.
+pub const SLOW_SHARE: f64 = 0.3;
 
 impl Plan {
     pub fn new(seed: u64) -> Self {
@@ -47,7 +64,21 @@ impl Plan {
             delay_rate: 0.05,
             max_extra_delay: Duration::from_millis(300),
             lose_timer_rate: 0.1,
+            lost_response_rate: 0.0,
+            throttle_rate: 0.0,
+            slow_work_queue: None,
+            batch_timeout_rate: 0.0,
         }
+    }
+
+    /// Turns every rough edge of AWS on; `pickup` is the run's pickup timeout. A slow work
+    /// queue holds messages back by up to 8 times it: a backlog long enough that re-enqueues
+    /// at a fixed period (8 in a row) and at growing delays (at most 5) differ.
+    pub fn every_switch(&mut self, pickup: Duration) {
+        self.lost_response_rate = 0.02;
+        self.throttle_rate = 0.01;
+        self.slow_work_queue = Some(pickup * 8);
+        self.batch_timeout_rate = 0.02;
     }
 }
 
@@ -55,12 +86,25 @@ impl Plan {
 #[derive(Debug, Default)]
 pub struct Recorder {
     points: Mutex<BTreeMap<String, (u64, u64)>>,
-    /// Events the bus accepted: (detail-type, task id).
-    published: Mutex<Vec<(String, String)>>,
+    /// Events the bus accepted: (detail-type, task id, notice id).
+    published: Mutex<Vec<(String, String, String)>>,
+    /// Notice ids the records owed (from every applied write's outbox): task id → ids.
+    owed: Mutex<BTreeMap<String, BTreeSet<String>>>,
+    /// Task id → the (attempt, count) of every re-enqueue after a missed pickup deadline.
+    requeues: Mutex<BTreeMap<String, BTreeSet<(u64, u32)>>>,
+    /// Writes that were applied but reported to the writer as a lost race (after a lost
+    /// response): each one is a violation.
+    pub misreported: Mutex<Vec<String>>,
     sent: AtomicU64,
     duplicated: AtomicU64,
     delayed: AtomicU64,
     timers_lost: AtomicU64,
+    /// Rough edges injected: lost responses, throttles, slowed work messages, timed-out
+    /// batches.
+    pub lost_responses: AtomicU64,
+    pub throttled: AtomicU64,
+    pub slowed: AtomicU64,
+    pub batches_timed_out: AtomicU64,
 }
 
 impl Recorder {
@@ -74,16 +118,95 @@ impl Recorder {
             .lock()
             .map(|p| {
                 p.iter()
-                    .filter(|(t, _)| t == detail_type)
-                    .map(|(_, id)| id.clone())
+                    .filter(|(t, _, _)| t == detail_type)
+                    .map(|(_, id, _)| id.clone())
                     .collect()
             })
             .unwrap_or_default()
     }
 
-    /// Tasks with a `TaskFailed` event on the bus (the operator alerts).
-    pub fn alerted(&self) -> BTreeSet<String> {
-        self.published("TaskFailed")
+    /// The distinct notices of `detail_type` on the bus, per task: task id → (notice id →
+    /// deliveries). At least once means a notice may be delivered twice; a task failing once
+    /// must still have one notice id.
+    pub fn notices(&self, detail_type: &str) -> BTreeMap<String, BTreeMap<String, u32>> {
+        let mut out: BTreeMap<String, BTreeMap<String, u32>> = BTreeMap::new();
+        if let Ok(p) = self.published.lock() {
+            for (t, task, id) in p.iter().filter(|(t, _, _)| t == detail_type) {
+                let _ = t;
+                *out.entry(task.clone())
+                    .or_default()
+                    .entry(id.clone())
+                    .or_default() += 1;
+            }
+        }
+        out
+    }
+
+    /// The notice ids of `status` the records owed, per task.
+    pub fn owed(&self, status: &str) -> BTreeMap<String, BTreeSet<String>> {
+        let suffix = format!(":{status}");
+        self.owed
+            .lock()
+            .map(|o| {
+                o.iter()
+                    .map(|(task, ids)| {
+                        let ids: BTreeSet<String> = ids
+                            .iter()
+                            .filter(|i| i.ends_with(&suffix))
+                            .cloned()
+                            .collect();
+                        (task.clone(), ids)
+                    })
+                    .filter(|(_, ids)| !ids.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Task id → (re-enqueues after a missed pickup deadline, the longest run of them
+    /// between two claims).
+    pub fn requeues(&self) -> BTreeMap<String, (usize, u32)> {
+        self.requeues
+            .lock()
+            .map(|r| {
+                r.iter()
+                    .map(|(t, set)| {
+                        let longest = set.iter().map(|(_, n)| *n).max().unwrap_or(0);
+                        (t.clone(), (set.len(), longest))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Notes what an applied write of `record` owes and whether it re-enqueued the task.
+    fn applied(&self, record: &StateRecord) {
+        let task = record.task_id.to_string();
+        if let Ok(mut owed) = self.owed.lock() {
+            let ids = owed.entry(task.clone()).or_default();
+            for o in &record.outbox {
+                ids.insert(format!("{task}:{}:{}", o.sequence, o.status.as_str()));
+            }
+        }
+        if record.requeues > 0
+            && let Ok(mut r) = self.requeues.lock()
+        {
+            // Each re-enqueue writes a new (attempt, count): a claim bumps the attempt and
+            // resets the count. Other writes (and retries) repeat a pair already seen.
+            r.entry(task)
+                .or_default()
+                .insert((record.attempt, record.requeues));
+        }
+    }
+
+    /// (lost responses, throttles, slowed work messages, timed-out batches) injected.
+    pub fn edges(&self) -> (u64, u64, u64, u64) {
+        (
+            self.lost_responses.load(Ordering::Relaxed),
+            self.throttled.load(Ordering::Relaxed),
+            self.slowed.load(Ordering::Relaxed),
+            self.batches_timed_out.load(Ordering::Relaxed),
+        )
     }
 
     pub fn messaging(&self) -> (u64, u64, u64, u64) {
@@ -101,6 +224,7 @@ impl Recorder {
 pub struct Chaos {
     pub plan: Plan,
     pub recorder: Arc<Recorder>,
+    calls: AtomicU64,
 }
 
 impl Chaos {
@@ -108,6 +232,7 @@ impl Chaos {
         Arc::new(Self {
             plan,
             recorder: Arc::default(),
+            calls: AtomicU64::new(0),
         })
     }
 
@@ -130,6 +255,52 @@ impl Chaos {
     fn roll(&self, what: &str, subject: &str, n: u64, rate: f64) -> bool {
         seeded_unit(self.plan.seed, &[what, subject], n) < rate
     }
+
+    /// Whether this call is refused with a throttling error (before it happens).
+    fn throttle(&self, what: &str, subject: &str) -> bool {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let hit = self.plan.throttle_rate > 0.0
+            && self.roll(
+                &format!("throttle {what}"),
+                subject,
+                n,
+                self.plan.throttle_rate,
+            );
+        if hit {
+            self.recorder.throttled.fetch_add(1, Ordering::Relaxed);
+        }
+        hit
+    }
+
+    /// Whether the response of this applied write is lost (the SDK then retries it).
+    fn lose_response(&self, what: &str, subject: &str) -> bool {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let hit = self.plan.lost_response_rate > 0.0
+            && self.roll(
+                &format!("lose {what}"),
+                subject,
+                n,
+                self.plan.lost_response_rate,
+            );
+        if hit {
+            self.recorder.lost_responses.fetch_add(1, Ordering::Relaxed);
+        }
+        hit
+    }
+
+    /// The SDK's retry of an applied write answered `result`: a conflict there is an applied
+    /// write reported as a lost race.
+    fn retried<T>(&self, what: &str, subject: &str, result: &Result<T, StoreError>) {
+        if matches!(result, Err(StoreError::ConditionFailed))
+            && let Ok(mut m) = self.recorder.misreported.lock()
+        {
+            m.push(format!("{what} of {subject}"));
+        }
+    }
+}
+
+fn throttled(what: &str) -> String {
+    format!("chaos: ThrottlingException on {what} (nothing happened)")
 }
 
 fn crashed(point: &str) -> String {
@@ -166,8 +337,20 @@ impl StateStore for ChaosStore {
         record: &StateRecord,
         key: Option<&IdempotencyRecord>,
     ) -> Result<CreateOutcome, StoreError> {
-        let out = self.inner.create(task, record, key).await?;
-        if out == CreateOutcome::Created && self.chaos.crash("create", &task.id.to_string()) {
+        let subject = task.id.to_string();
+        if self.chaos.throttle("create", &subject) {
+            return Err(StoreError::Unavailable(throttled("create")));
+        }
+        let mut out = self.inner.create(task, record, key).await?;
+        if out == CreateOutcome::Created {
+            self.chaos.recorder.applied(record);
+            if self.chaos.lose_response("create", &subject) {
+                let again = self.inner.create(task, record, key).await;
+                self.chaos.retried("create", &subject, &again);
+                out = again?;
+            }
+        }
+        if out == CreateOutcome::Created && self.chaos.crash("create", &subject) {
             return Err(StoreError::Unavailable(crashed("create")));
         }
         Ok(out)
@@ -179,7 +362,17 @@ impl StateStore for ChaosStore {
         self.inner.get_state(id).await
     }
     async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
+        let subject = record.task_id.to_string();
+        if self.chaos.throttle("put", &subject) {
+            return Err(StoreError::Unavailable(throttled("put")));
+        }
         self.inner.put(record, condition).await?;
+        self.chaos.recorder.applied(record);
+        if self.chaos.lose_response("put", &subject) {
+            let again = self.inner.put(record, condition).await;
+            self.chaos.retried("put", &subject, &again);
+            again?;
+        }
         let point = put_point(record, condition);
         if self.chaos.crash(&point, &record.task_id.to_string()) {
             return Err(StoreError::Unavailable(crashed(&point)));
@@ -234,7 +427,18 @@ impl StateStore for ChaosStore {
         condition: &sas::domain::Condition,
         input: &serde_json::Value,
     ) -> Result<(), StoreError> {
-        self.inner.put_with_input(record, condition, input).await
+        let subject = record.task_id.to_string();
+        if self.chaos.throttle("put_with_input", &subject) {
+            return Err(StoreError::Unavailable(throttled("put_with_input")));
+        }
+        self.inner.put_with_input(record, condition, input).await?;
+        self.chaos.recorder.applied(record);
+        if self.chaos.lose_response("put_with_input", &subject) {
+            let again = self.inner.put_with_input(record, condition, input).await;
+            self.chaos.retried("put_with_input", &subject, &again);
+            again?;
+        }
+        Ok(())
     }
     async fn count(
         &self,
@@ -272,6 +476,8 @@ pub struct ChaosQueue {
     /// Queue URL → role (`work`, `replies`, `timers`, `agent`, `dlq`).
     pub roles: BTreeMap<String, &'static str>,
     counter: AtomicU64,
+    /// Receipt handles of batches that timed out: their deletes never happen.
+    timed_out: Mutex<BTreeSet<String>>,
 }
 
 impl ChaosQueue {
@@ -281,6 +487,7 @@ impl ChaosQueue {
             chaos,
             roles: resources.queue_roles(),
             counter: AtomicU64::new(0),
+            timed_out: Mutex::default(),
         }
     }
 }
@@ -301,11 +508,21 @@ impl Queue for ChaosQueue {
         let r = &self.chaos.recorder;
         r.sent.fetch_add(1, Ordering::Relaxed);
         let p = &self.chaos.plan;
+        if self.chaos.throttle(&format!("send:{role}"), &task) {
+            return Err(QueueError(throttled(&format!("send:{role}"))));
+        }
         if role == "timers" && self.chaos.roll("lose-timer", &task, n, p.lose_timer_rate) {
             r.timers_lost.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
         let mut delay = delay;
+        if let Some(slow) = p.slow_work_queue
+            && role == "work"
+            && self.chaos.roll("slow", &task, n, SLOW_SHARE)
+        {
+            r.slowed.fetch_add(1, Ordering::Relaxed);
+            delay += slow.mul_f64(seeded_unit(p.seed, &["slow-by", &task], n));
+        }
         if self.chaos.roll("delay", &task, n, p.delay_rate) {
             r.delayed.fetch_add(1, Ordering::Relaxed);
             delay += p
@@ -329,9 +546,37 @@ impl Queue for ChaosQueue {
         max: u32,
         wait: Duration,
     ) -> Result<Vec<ReceivedMessage>, QueueError> {
-        self.inner.receive(queue_url, max, wait).await
+        let got = self.inner.receive(queue_url, max, wait).await?;
+        let p = &self.chaos.plan;
+        if let Some(m) = got.first()
+            && p.batch_timeout_rate > 0.0
+            && seeded_unit(
+                p.seed,
+                &["batch-timeout", &m.message_id],
+                u64::from(m.receive_count),
+            ) < p.batch_timeout_rate
+        {
+            // The Lambda that gets this batch times out: its work happens (or part of it),
+            // its deletes do not.
+            self.chaos
+                .recorder
+                .batches_timed_out
+                .fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut t) = self.timed_out.lock() {
+                t.extend(got.iter().map(|m| m.receipt_handle.clone()));
+            }
+        }
+        Ok(got)
     }
     async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError> {
+        let timed_out = self
+            .timed_out
+            .lock()
+            .map(|mut t| t.remove(receipt_handle))
+            .unwrap_or(false);
+        if timed_out {
+            return Ok(());
+        }
         self.inner.delete(queue_url, receipt_handle).await
     }
 }
@@ -349,10 +594,17 @@ impl EventBus for ChaosBus {
         detail_type: &str,
         detail: &serde_json::Value,
     ) -> Result<(), PublishError> {
-        self.inner.publish(detail_type, detail).await?;
         let task = detail["taskId"].as_str().unwrap_or_default().to_owned();
+        if self
+            .chaos
+            .throttle(&format!("publish:{detail_type}"), &task)
+        {
+            return Err(PublishError(throttled(&format!("publish:{detail_type}"))));
+        }
+        self.inner.publish(detail_type, detail).await?;
+        let id = detail["id"].as_str().unwrap_or_default().to_owned();
         if let Ok(mut p) = self.chaos.recorder.published.lock() {
-            p.push((detail_type.to_owned(), task.clone()));
+            p.push((detail_type.to_owned(), task.clone(), id));
         }
         let point = format!("publish:{detail_type}");
         if self.chaos.crash(&point, &task) {

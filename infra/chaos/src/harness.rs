@@ -11,7 +11,7 @@ use sas::local::{Ports, Settings, System};
 use sas::messages::idempotency_key;
 use sas::ports::SystemClock;
 use sas::remote::Faults;
-use sas::{Policy, ProcessState, StateRecord, StepState, StepStatus, TaskId, Workflow};
+use sas::{Policy, ProcessState, StateRecord, Status, StepState, StepStatus, TaskId, Workflow};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -60,6 +60,9 @@ pub struct Config {
     /// The system's settings: deadlines, pollers, and each service's faults. The definitions
     /// published are [`Config::definitions`], not `settings.definitions`.
     pub settings: Settings,
+    /// The most re-enqueues after a missed pickup deadline per task, on average (`None`: not
+    /// checked).
+    pub max_requeues_per_task: Option<f64>,
     /// The services [`Config::down`] took down for the whole run: its tasks wait for it (an open
     /// circuit defers a step and fails nothing), so at the end they are counted as waiting, not
     /// lost.
@@ -119,6 +122,7 @@ impl Config {
             rate: Some(500),
             plan: Plan::new(seed),
             settings,
+            max_requeues_per_task: Some(2.0),
             down: vec![],
         }
     }
@@ -356,8 +360,25 @@ pub struct Report {
     /// Tasks that failed, and tasks with a `TaskFailed` alert.
     pub failed: usize,
     pub alerted: usize,
-    /// Tasks in one set and not the other.
+    /// Tasks whose distinct `TaskFailed` alerts (notice ids) are not one per failure.
     pub alert_mismatch: Vec<String>,
+    /// `TaskFailed` deliveries (at least once: a notice may go out twice under one id).
+    pub alert_deliveries: usize,
+    /// Re-enqueues after a missed pickup deadline, the tasks that had any, and the most one
+    /// task had.
+    pub requeues: usize,
+    pub requeued_tasks: usize,
+    pub max_requeues: usize,
+    /// The most re-enqueues in a row a task may have: enough to outlast the slow work queue's
+    /// hold-back at growing delays (see [`requeue_limit`]).
+    pub requeue_limit: usize,
+    /// Tasks re-enqueued more often in a row than that, and the run if it re-enqueued more
+    /// than [`Config::max_requeues_per_task`] per task on average.
+    pub over_requeued: Vec<String>,
+    /// Applied writes reported to their writer as a lost race (after a lost response).
+    pub misreported: Vec<String>,
+    /// (lost responses, throttles, slowed work messages, timed-out batches) injected.
+    pub edges: (u64, u64, u64, u64),
     /// (workflow, step index, step) → how the failed tasks failed there, and how they ended.
     pub failed_steps: BTreeMap<(String, usize, String), StepFailures>,
     /// Tasks that ended Processed, Compensated or CompensationFailed without that event on the
@@ -449,6 +470,20 @@ impl Report {
             ),
         );
         check(
+            !self.over_requeued.is_empty(),
+            format!(
+                "tasks re-enqueued too often: {:?}",
+                first(&self.over_requeued)
+            ),
+        );
+        check(
+            !self.misreported.is_empty(),
+            format!(
+                "applied writes reported as lost races: {:?}",
+                first(&self.misreported)
+            ),
+        );
+        check(
             !self.notice_mismatch.is_empty(),
             format!(
                 "events do not match final states: {:?}",
@@ -513,12 +548,34 @@ impl Report {
             "0",
         );
         row(
-            "failed tasks / TaskFailed alerts",
-            format!("{} / {}", self.failed, self.alerted),
-            "equal, same tasks",
+            "failed tasks / distinct TaskFailed alerts (deliveries)",
+            format!(
+                "{} / {} ({})",
+                self.failed, self.alerted, self.alert_deliveries
+            ),
+            "one alert per failure",
         );
         row(
-            "final states without their event (or events without their state)",
+            "re-enqueues after a missed pickup / tasks / most in a row for one task",
+            format!(
+                "{} / {} / {}",
+                self.requeues, self.requeued_tasks, self.max_requeues
+            ),
+            &format!("most in a row <= {}", self.requeue_limit),
+        );
+        row(
+            "applied writes reported as lost races",
+            self.misreported.len().to_string(),
+            "0",
+        );
+        let (lost, throttled, slowed, batches) = self.edges;
+        row(
+            "lost responses / throttles / slowed work messages / timed-out batches",
+            format!("{lost} / {throttled} / {slowed} / {batches}"),
+            "",
+        );
+        row(
+            "notices on the bus not owed by a record, or owed and never published",
             self.notice_mismatch.len().to_string(),
             "0",
         );
@@ -917,22 +974,96 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         }
     }
 
-    let alerted = chaos.recorder.alerted();
-    for id in &alerted {
-        if let Some(name) = id.parse::<TaskId>().ok().and_then(|t| ids.get(&t)) {
+    // Alerts as a multiset: every failure is one alert, i.e. one notice id however often it
+    // is delivered (at least once). A task the operator never touched fails at most once.
+    let alerts = chaos.recorder.notices("TaskFailed");
+    for (task, ids_of) in &alerts {
+        report.alerted += ids_of.len();
+        report.alert_deliveries += ids_of.values().map(|n| *n as usize).sum::<usize>();
+        if let Some(name) = task.parse::<TaskId>().ok().and_then(|t| ids.get(&t)) {
             report
                 .workflows
                 .entry((*name).to_owned())
                 .or_default()
-                .alerted += 1;
+                .alerted += ids_of.len();
         }
     }
+    for id in ids.keys() {
+        let task = id.to_string();
+        let n = alerts.get(&task).map_or(0, BTreeMap::len);
+        let want = usize::from(failed.contains(&task));
+        if n != want {
+            report.alert_mismatch.push(format!(
+                "{task}: {n} distinct TaskFailed alerts, {want} failure(s) by its record"
+            ));
+        }
+    }
+    // Every notice on the bus is one a record owed (same id), and every owed one went out.
+    for status in [
+        Status::Processed,
+        Status::Failed,
+        Status::Compensated,
+        Status::CompensationFailed,
+        Status::Refused,
+        Status::Resolved,
+    ] {
+        let published = chaos.recorder.notices(status.detail_type());
+        let owed = chaos.recorder.owed(status.as_str());
+        let tasks: BTreeSet<&String> = published.keys().chain(owed.keys()).collect();
+        for task in tasks {
+            let got: BTreeSet<&String> = published
+                .get(task)
+                .map(|m| m.keys().collect())
+                .unwrap_or_default();
+            let want: BTreeSet<&String> = owed
+                .get(task)
+                .map(|s| s.iter().collect())
+                .unwrap_or_default();
+            for id in got.symmetric_difference(&want) {
+                report.notice_mismatch.push(format!(
+                    "{id}: published {}, owed by a record {}",
+                    got.contains(id),
+                    want.contains(id)
+                ));
+            }
+        }
+    }
+    let requeues = chaos.recorder.requeues();
+    report.requeues = requeues.values().map(|(n, _)| *n).sum();
+    report.requeued_tasks = requeues.len();
+    report.max_requeues = requeues
+        .values()
+        .map(|(_, longest)| *longest as usize)
+        .max()
+        .unwrap_or(0);
+    report.requeue_limit = requeue_limit(&cfg.settings.policy, cfg.plan.slow_work_queue);
+    for (task, (n, longest)) in &requeues {
+        if *longest as usize > report.requeue_limit {
+            report.over_requeued.push(format!(
+                "{task}: re-enqueued {longest} times in a row ({n} in all)"
+            ));
+        }
+    }
+    if let Some(mean) = cfg.max_requeues_per_task {
+        if report.requeues as f64 > mean * ids.len().max(1) as f64 {
+            report.over_requeued.push(format!(
+                "{} re-enqueues for {} tasks: more than {mean} per task",
+                report.requeues,
+                ids.len()
+            ));
+        }
+    }
+    report.misreported = chaos
+        .recorder
+        .misreported
+        .lock()
+        .map(|m| m.clone())
+        .unwrap_or_default();
+    report.edges = chaos.recorder.edges();
     for w in report.workflows.values_mut() {
         w.latencies_ms.sort_unstable();
     }
     report.failed = failed.len();
-    report.alerted = alerted.len();
-    report.alert_mismatch = failed.symmetric_difference(&alerted).cloned().collect();
     for (state, event) in [
         (ProcessState::Processed, "TaskProcessed"),
         (ProcessState::Compensated, "TaskCompensated"),
@@ -955,6 +1086,26 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         .map(|p| p.to_string())
         .collect();
     Ok(report)
+}
+
+/// The most re-enqueues in a row a task waiting behind a work queue that holds its messages
+/// back by up to `slow` may need, with re-enqueues at growing delays
+/// ([`Policy::requeue_delay`], at its shortest jitter): the deadlines that pass before the
+/// hold-back ends, plus one for a work message lost outright (a crash after the write that
+/// made the task Pending), plus one for the other delays of a run (duplicates, throttles,
+/// timed-out batches). At a fixed period it would be `slow / pickup` and more.
+pub fn requeue_limit(p: &Policy, slow: Option<Duration>) -> usize {
+    let Some(slow) = slow else {
+        return 3;
+    };
+    let slow = chrono::Duration::from_std(slow).unwrap_or(chrono::Duration::MAX);
+    let mut deadline = p.pickup_timeout;
+    let mut n: u32 = 0;
+    while deadline <= slow && n < 64 {
+        n += 1;
+        deadline += p.requeue_delay(n, 0.0) + p.pickup_timeout;
+    }
+    n as usize + 2
 }
 
 /// The net effects step `i` may have at its service given the task's final state (`None`: not
@@ -991,10 +1142,7 @@ fn wanted_net(r: &StateRecord, i: usize, s: &StepState) -> Option<&'static [i32]
 
 /// Whether the record's last move was a deferral by an open circuit (it waits for the service).
 fn deferred(r: &StateRecord) -> bool {
-    !r.process_state.is_terminal()
-        && r.history
-            .last()
-            .is_some_and(|h| h.reason.starts_with("deferred"))
+    !r.process_state.is_terminal() && r.deferrals > 0
 }
 
 /// Submits task `i` (of [`workflow_of`]`(i)`) with an idempotency key, retrying 5xx answers and

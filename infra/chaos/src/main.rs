@@ -48,6 +48,10 @@ struct Cli {
     /// Take this service down for the whole run (repeatable), e.g. `--down e-sign`.
     #[arg(long, value_name = "SERVICE")]
     down: Vec<String>,
+    /// Turn on every rough edge of AWS: lost write responses (the SDK's retry answers),
+    /// throttling, a slow and bursty work queue, Lambda timeouts that return a whole batch.
+    #[arg(long)]
+    every_switch: bool,
 }
 
 #[tokio::main]
@@ -64,6 +68,10 @@ async fn main() -> anyhow::Result<()> {
     }
     if cli.no_tombstones {
         cfg.without_tombstones();
+    }
+    if cli.every_switch {
+        let pickup = cfg.settings.policy.pickup_timeout.to_std()?;
+        cfg.plan.every_switch(pickup);
     }
     for service in &cli.down {
         cfg.down(service)?;
