@@ -42,17 +42,15 @@ pub struct Plan {
     pub lost_response_rate: f64,
     /// Share of writes, sends and publishes refused with a throttling error before they happen.
     pub throttle_rate: f64,
-    /// A slow, bursty work queue: a share ([`SLOW_SHARE`]) of its messages is held back by up
-    /// to this long (a scheduler that is throttled or behind), past the pickup timeout.
+    /// A slow, bursty work queue: it stalls for this long (a scheduler that is throttled or
+    /// behind) once every four times this long, from 1 s into the run; every work message
+    /// sent during a stall is delivered in a burst when it ends (spread over a second).
     pub slow_work_queue: Option<Duration>,
     /// Share of received batches that time out: the handler works on them, but its Lambda
     /// dies before the event source mapping deletes anything, so the whole batch comes back
     /// after the visibility timeout.
     pub batch_timeout_rate: f64,
 }
-
-/// The share of a slow work queue's messages that are held back.
-pub const SLOW_SHARE: f64 = 0.3;
 
 impl Plan {
     pub fn new(seed: u64) -> Self {
@@ -71,13 +69,14 @@ impl Plan {
         }
     }
 
-    /// Turns every rough edge of AWS on; `pickup` is the run's pickup timeout. A slow work
-    /// queue holds messages back by up to 8 times it: a backlog long enough that re-enqueues
-    /// at a fixed period (8 in a row) and at growing delays (at most 5) differ.
+    /// Turns every rough edge of AWS on; `pickup` is the run's pickup timeout. The work queue
+    /// stalls for 3 times it: a backlog that re-enqueues at a fixed period answer with 3
+    /// messages per waiting task, and growing delays with 2. (`sas-chaos --stall-pickups N`
+    /// makes it longer.)
     pub fn every_switch(&mut self, pickup: Duration) {
         self.lost_response_rate = 0.02;
         self.throttle_rate = 0.01;
-        self.slow_work_queue = Some(pickup * 8);
+        self.slow_work_queue = Some(pickup * 3);
         self.batch_timeout_rate = 0.02;
     }
 }
@@ -478,7 +477,12 @@ pub struct ChaosQueue {
     counter: AtomicU64,
     /// Receipt handles of batches that timed out: their deletes never happen.
     timed_out: Mutex<BTreeSet<String>>,
+    /// When the run started (the slow work queue's stalls are timed from it).
+    started: std::time::Instant,
 }
+
+/// When a slow work queue first stalls, into the run.
+pub const STALL_FROM: Duration = Duration::from_secs(1);
 
 impl ChaosQueue {
     pub fn new(inner: Arc<dyn Queue>, chaos: Arc<Chaos>, resources: &Resources) -> Self {
@@ -488,6 +492,7 @@ impl ChaosQueue {
             roles: resources.queue_roles(),
             counter: AtomicU64::new(0),
             timed_out: Mutex::default(),
+            started: std::time::Instant::now(),
         }
     }
 }
@@ -516,12 +521,19 @@ impl Queue for ChaosQueue {
             return Ok(());
         }
         let mut delay = delay;
-        if let Some(slow) = p.slow_work_queue
+        if let Some(stall) = p.slow_work_queue
             && role == "work"
-            && self.chaos.roll("slow", &task, n, SLOW_SHARE)
+            && !stall.is_zero()
         {
-            r.slowed.fetch_add(1, Ordering::Relaxed);
-            delay += slow.mul_f64(seeded_unit(p.seed, &["slow-by", &task], n));
+            // Where the message lands in the stall cycle: inside a stall, it waits for its end.
+            let since = self.started.elapsed().saturating_sub(STALL_FROM);
+            let into = Duration::from_nanos((since.as_nanos() % (stall * 4).as_nanos()) as u64);
+            if self.started.elapsed() >= STALL_FROM && into < stall {
+                r.slowed.fetch_add(1, Ordering::Relaxed);
+                let spread =
+                    Duration::from_secs(1).mul_f64(seeded_unit(p.seed, &["burst", &task], n));
+                delay = delay.max(stall - into + spread);
+            }
         }
         if self.chaos.roll("delay", &task, n, p.delay_rate) {
             r.delayed.fetch_add(1, Ordering::Relaxed);

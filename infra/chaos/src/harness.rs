@@ -1088,22 +1088,33 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-/// The most re-enqueues in a row a task waiting behind a work queue that holds its messages
-/// back by up to `slow` may need, with re-enqueues at growing delays
-/// ([`Policy::requeue_delay`], at its shortest jitter): the deadlines that pass before the
-/// hold-back ends, plus one for a work message lost outright (a crash after the write that
-/// made the task Pending), plus one for the other delays of a run (duplicates, throttles,
-/// timed-out batches). At a fixed period it would be `slow / pickup` and more.
-pub fn requeue_limit(p: &Policy, slow: Option<Duration>) -> usize {
-    let Some(slow) = slow else {
+/// The most re-enqueues in a row a task waiting behind a work queue that stalls for `stall`
+/// may need if re-enqueues come at growing delays as documented (the first at once, the
+/// `n`-th after at least `pickup × 2^(n-1)`; modelled here, not taken from the code under
+/// test): the pickup deadlines that pass before the stall ends (and its
+/// burst of a second), plus one for a work message lost outright (a crash after the write
+/// that made the task Pending), plus one for a run's other delays (duplicates, throttles,
+/// timed-out batches). At a fixed period it would be `stall / pickup` and more.
+pub fn requeue_limit(p: &Policy, stall: Option<Duration>) -> usize {
+    let pickup = p
+        .pickup_timeout
+        .to_std()
+        .unwrap_or_default()
+        .max(Duration::from_millis(1));
+    let Some(stall) = stall else {
         return 3;
     };
-    let slow = chrono::Duration::from_std(slow).unwrap_or(chrono::Duration::MAX);
-    let mut deadline = p.pickup_timeout;
+    let end = stall + Duration::from_secs(1);
+    let mut deadline = pickup;
     let mut n: u32 = 0;
-    while deadline <= slow && n < 64 {
+    while deadline <= end && n < 64 {
         n += 1;
-        deadline += p.requeue_delay(n, 0.0) + p.pickup_timeout;
+        let delay = if n <= 1 {
+            Duration::ZERO
+        } else {
+            (pickup * 2u32.saturating_pow(n - 1).min(1 << 20)).min(Duration::from_secs(900))
+        };
+        deadline += delay + pickup;
     }
     n as usize + 2
 }

@@ -52,6 +52,10 @@ struct Cli {
     /// throttling, a slow and bursty work queue, Lambda timeouts that return a whole batch.
     #[arg(long)]
     every_switch: bool,
+    /// Stall the work queue for this many pickup timeouts (once every four stalls; with
+    /// --every-switch the default is 4), to show re-enqueues stay proportional to tasks.
+    #[arg(long, value_name = "PICKUPS")]
+    stall_pickups: Option<u32>,
 }
 
 #[tokio::main]
@@ -69,9 +73,12 @@ async fn main() -> anyhow::Result<()> {
     if cli.no_tombstones {
         cfg.without_tombstones();
     }
+    let pickup = cfg.settings.policy.pickup_timeout.to_std()?;
     if cli.every_switch {
-        let pickup = cfg.settings.policy.pickup_timeout.to_std()?;
         cfg.plan.every_switch(pickup);
+    }
+    if let Some(n) = cli.stall_pickups {
+        cfg.plan.slow_work_queue = (n > 0).then(|| pickup * n);
     }
     for service in &cli.down {
         cfg.down(service)?;
