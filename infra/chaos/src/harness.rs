@@ -1040,9 +1040,11 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
             ));
         }
     }
-    // On average, no more than growing delays need to outlast the stall (2 at least: the
-    // issue's bound for the default run).
-    let mean = (report.requeue_limit - 2).max(2);
+    // On average: 2 per task up to a stall that growing delays outlast in 2 (three pickup
+    // timeouts); beyond, one more than they need (a task may wait through a stall twice: for
+    // its first step and after a step handed back).
+    let needed = report.requeue_limit - 2;
+    let mean = if needed <= 2 { 2 } else { needed + 1 };
     if report.requeues > mean * ids.len().max(1) {
         report.over_requeued.push(format!(
             "{} re-enqueues for {} tasks: more than {mean} per task",
