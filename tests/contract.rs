@@ -24,6 +24,14 @@ async fn dynamodb_store_keeps_the_contract() {
     contract::store_contract(Arc::new(DynamoStore::new(client, table, 4))).await;
 }
 
+/// With the indexes lagging writes by up to 300 ms, as DynamoDB's GSIs may: the contract reads
+/// its indexes eventually, never right after a write.
+#[tokio::test]
+async fn memory_store_with_lagging_indexes_keeps_the_contract() {
+    let store = MemoryStore::new(4).with_index_lag(Some(Duration::from_millis(300)));
+    contract::store_contract(Arc::new(store)).await;
+}
+
 #[tokio::test]
 async fn memory_catalog_keeps_the_contract() {
     contract::catalog_contract(Arc::new(MemoryStore::new(4))).await;

@@ -14,6 +14,43 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How long an index read may lag the writes before it: DynamoDB's GSIs are eventually
+/// consistent (usually well under a second), and so is the memory store with an index lag.
+const INDEX_SETTLE: Duration = Duration::from_secs(10);
+
+/// Runs `$body` (an async block's contents returning `Result<T, String>`) until it returns
+/// `Ok`, for up to [`INDEX_SETTLE`]: a check on an index holds once the writes before it have
+/// reached the index, not necessarily at once. The last failure is the test's message.
+macro_rules! eventually {
+    ($what:expr, $body:block) => {{
+        let deadline = std::time::Instant::now() + INDEX_SETTLE;
+        loop {
+            let result: Result<_, String> = async { $body }.await;
+            match result {
+                Ok(v) => break v,
+                Err(_) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(25)).await
+                }
+                Err(e) => panic!("{} (after {:?}): {e}", $what, INDEX_SETTLE),
+            }
+        }
+    }};
+}
+
+/// `assert!` inside [`eventually!`]: a failed check is an `Err` to try again.
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
+}
+
+/// A store error inside [`eventually!`].
+fn err(e: StoreError) -> String {
+    e.to_string()
+}
+
 /// The workflow a test task runs: the e-commerce order example, or the loan application.
 fn workflow(name: &str) -> Workflow {
     match name {
@@ -82,6 +119,7 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     callers_list_their_own_tasks_newest_first(store.as_ref()).await;
     rate_limits_admit_a_burst_then_the_rate(store.as_ref()).await;
     ambiguous_writes_read_back(store.as_ref()).await;
+    ties_in_the_state_index_page_once_each(store.as_ref()).await;
     racing_claims_have_one_winner(store).await;
 }
 
@@ -303,25 +341,32 @@ async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
         }
     }
     mine.reverse();
-    let first = store.list_by_caller(&alice, 2, None).await.expect("page 1");
-    let ids: Vec<TaskId> = first.items.iter().map(|s| s.task_id).collect();
-    assert_eq!(ids, mine[..2], "newest first, alice's only");
-    assert!(
-        first
-            .items
-            .iter()
-            .all(|s| s.process_state == ProcessState::Pending)
-    );
-    let next = first.next.expect("a cursor after a full page");
-    let second = store
-        .list_by_caller(&alice, 2, Some(&next))
-        .await
-        .expect("page 2");
-    let rest: Vec<TaskId> = second.items.iter().map(|s| s.task_id).collect();
-    assert_eq!(rest, mine[2..], "the rest, once");
-    assert!(second.next.is_none(), "{:?}", second.next);
-    let bobs = store.list_by_caller(&bob, 10, None).await.expect("bob");
-    assert_eq!(bobs.items.len(), 2);
+    eventually!("the caller index", {
+        let first = store.list_by_caller(&alice, 2, None).await.map_err(err)?;
+        let ids: Vec<TaskId> = first.items.iter().map(|s| s.task_id).collect();
+        ensure!(ids == mine[..2], "newest first, alice's only: {ids:?}");
+        ensure!(
+            first
+                .items
+                .iter()
+                .all(|s| s.process_state == ProcessState::Pending),
+            "{:?}",
+            first.items
+        );
+        let Some(next) = first.next else {
+            return Err("no cursor after a full page".into());
+        };
+        let second = store
+            .list_by_caller(&alice, 2, Some(&next))
+            .await
+            .map_err(err)?;
+        let rest: Vec<TaskId> = second.items.iter().map(|s| s.task_id).collect();
+        ensure!(rest == mine[2..], "the rest, once: {rest:?}");
+        ensure!(second.next.is_none(), "{:?}", second.next);
+        let bobs = store.list_by_caller(&bob, 10, None).await.map_err(err)?;
+        ensure!(bobs.items.len() == 2, "{:?}", bobs.items);
+        Ok(())
+    });
     let nobody = Caller::new("nobody").expect("caller");
     let none = store.list_by_caller(&nobody, 10, None).await.expect("none");
     assert!(none.items.is_empty() && none.next.is_none());
@@ -430,51 +475,101 @@ async fn state_index_pages_cover_each_record_once(store: &dyn StateStore) {
     // Records in other states stay out of the Error list.
     let compensated = failed_record(store, "ecommerce-order", base, &Policy::default()).await;
     assert_eq!(compensated.process_state, ProcessState::Compensated);
-    let mut seen = Vec::new();
-    let mut cursor = None;
-    for _ in 0..20 {
-        let page = store
-            .list(ProcessState::Error, None, 3, cursor.as_ref())
-            .await
-            .expect("list");
-        assert!(page.items.len() <= 3);
-        for s in &page.items {
-            assert_eq!(s.process_state, ProcessState::Error);
-            if want.contains(&s.task_id) {
-                assert_eq!(s.workflow, "ecommerce-order");
-                assert_eq!(s.step.as_deref(), Some("reserve-inventory"));
-                assert_eq!(s.attempt, 1);
-                assert!(
-                    s.last_error
-                        .as_deref()
-                        .is_some_and(|e| e.contains("refused"))
-                );
+    eventually!("pages of the state index", {
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        for _ in 0..20 {
+            let page = store
+                .list(ProcessState::Error, None, 3, cursor.as_ref())
+                .await
+                .map_err(err)?;
+            ensure!(page.items.len() <= 3, "{:?}", page.items);
+            for s in &page.items {
+                ensure!(s.process_state == ProcessState::Error, "{s:?}");
+                if want.contains(&s.task_id) {
+                    ensure!(
+                        s.workflow == "ecommerce-order"
+                            && s.step.as_deref() == Some("reserve-inventory")
+                            && s.attempt == 1
+                            && s.last_error
+                                .as_deref()
+                                .is_some_and(|e| e.contains("refused")),
+                        "{s:?}"
+                    );
+                }
+            }
+            seen.extend(page.items.iter().map(|s| s.task_id));
+            match page.next {
+                Some(c) => {
+                    let token = c.encode();
+                    cursor = Some(sas::ports::Cursor::decode(&token).expect("round trip"));
+                }
+                None => break,
             }
         }
-        seen.extend(page.items.iter().map(|s| s.task_id));
-        match page.next {
-            Some(c) => {
-                let token = c.encode();
-                cursor = Some(sas::ports::Cursor::decode(&token).expect("round trip"));
-            }
-            None => break,
-        }
-    }
-    let mine: Vec<_> = seen.iter().filter(|id| want.contains(id)).collect();
-    assert_eq!(
-        mine.len(),
-        want.len(),
-        "each Error record exactly once: {seen:?}"
-    );
-    let mut unique = mine.clone();
-    unique.sort();
-    unique.dedup();
-    assert_eq!(unique.len(), want.len(), "no record twice");
-    assert!(!seen.contains(&compensated.task_id));
-    // Newest first across every shard (the seven are in at least two of the four shards).
-    let newest_first: Vec<_> = want.iter().rev().collect();
-    assert_eq!(mine, newest_first, "pages in UpdatedAt order, newest first");
+        let mine: Vec<_> = seen.iter().filter(|id| want.contains(id)).collect();
+        // Each Error record exactly once, newest first across every shard (the seven are in
+        // at least two of the four shards).
+        let newest_first: Vec<_> = want.iter().rev().collect();
+        ensure!(
+            mine == newest_first,
+            "each Error record once, in UpdatedAt order, newest first: {seen:?}"
+        );
+        ensure!(!seen.contains(&compensated.task_id), "{seen:?}");
+        Ok(())
+    });
     assert!(sas::ports::Cursor::decode("not-a-cursor").is_none());
+}
+
+/// Records whose `UpdatedAt` is equal (many tasks failing in one millisecond) page once each, in
+/// id order, however the index returns its ties: DynamoDB leaves rows with equal sort keys in
+/// no defined order, and a page that cut a shard's ties short would skip some.
+async fn ties_in_the_state_index_page_once_each(store: &dyn StateStore) {
+    let manual = Policy {
+        auto_compensate: false,
+        ..Policy::default()
+    };
+    let workflow = format!("tied-{}", TaskId::new_random());
+    // One instant, far in the past and unlike any other record's in the suite.
+    let at = to_millis(Utc::now() - Span::days(550) - Span::milliseconds(rand_ms()));
+    let mut want = Vec::new();
+    for _ in 0..12 {
+        want.push(failed_record(store, &workflow, at, &manual).await.task_id);
+    }
+    want.sort();
+    for filter in [Some(workflow.as_str()), None] {
+        eventually!("tied records in the state index", {
+            let mut seen = Vec::new();
+            let mut cursor = None;
+            for _ in 0..200 {
+                let page = store
+                    .list(ProcessState::Error, filter, 2, cursor.as_ref())
+                    .await
+                    .map_err(err)?;
+                ensure!(page.items.len() <= 2, "{:?}", page.items);
+                seen.extend(
+                    page.items
+                        .iter()
+                        .map(|s| s.task_id)
+                        .filter(|id| want.contains(id)),
+                );
+                match page.next {
+                    Some(c) => cursor = Some(c),
+                    None => break,
+                }
+            }
+            ensure!(
+                seen == want,
+                "each tied record once, ties in id order (workflow filter {filter:?}): {seen:?}"
+            );
+            Ok(())
+        });
+    }
+}
+
+/// Up to a day of random milliseconds, so that runs sharing a table do not tie with each other.
+fn rand_ms() -> i64 {
+    (uuid::Uuid::new_v4().as_u128() % 86_400_000) as i64
 }
 
 /// `count` counts the records in a state (of a workflow), exactly up to its cap.
@@ -488,20 +583,24 @@ async fn state_index_counts(store: &dyn StateStore) {
     for i in 0..3 {
         failed_record(store, &workflow, base + Span::seconds(i), &manual).await;
     }
-    let count = |state, cap| store.count(state, Some(&workflow), cap);
-    let exact = count(ProcessState::Error, 10).await.expect("count");
-    assert_eq!((exact.count, exact.capped), (3, false));
-    let at_cap = count(ProcessState::Error, 3).await.expect("count");
-    assert_eq!((at_cap.count, at_cap.capped), (3, false));
-    let capped = count(ProcessState::Error, 2).await.expect("count");
-    assert_eq!((capped.count, capped.capped), (2, true));
-    let other = count(ProcessState::Processed, 10).await.expect("count");
-    assert_eq!((other.count, other.capped), (0, false));
-    let all = store
-        .count(ProcessState::Error, None, 1_000_000)
-        .await
-        .expect("count");
-    assert!(all.count >= 3 && !all.capped, "{all:?}");
+    eventually!("counts of the state index", {
+        let count = |state, cap| store.count(state, Some(&workflow), cap);
+        let got = |c: sas::ports::Count| (c.count, c.capped);
+        let exact = got(count(ProcessState::Error, 10).await.map_err(err)?);
+        ensure!(exact == (3, false), "{exact:?}");
+        let at_cap = got(count(ProcessState::Error, 3).await.map_err(err)?);
+        ensure!(at_cap == (3, false), "{at_cap:?}");
+        let capped = got(count(ProcessState::Error, 2).await.map_err(err)?);
+        ensure!(capped == (2, true), "{capped:?}");
+        let other = got(count(ProcessState::Processed, 10).await.map_err(err)?);
+        ensure!(other == (0, false), "{other:?}");
+        let all = store
+            .count(ProcessState::Error, None, 1_000_000)
+            .await
+            .map_err(err)?;
+        ensure!(all.count >= 3 && !all.capped, "{all:?}");
+        Ok(())
+    });
 }
 
 async fn create_is_atomic_and_reads_back(store: &dyn StateStore) {
@@ -698,32 +797,34 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
     done = f.record;
     assert!(done.notice_pending());
 
-    let mut found = Vec::new();
-    for shard in 0..shards {
-        let ids = store.due(shard, now, 1000).await.expect("due");
-        for id in &ids {
-            let r = store.get_state(*id).await.expect("read").expect("exists");
-            assert_eq!(
-                r.due_shard(shards),
-                shard,
-                "a record shows in its own shard only"
-            );
+    eventually!("the due index", {
+        let mut found = Vec::new();
+        for shard in 0..shards {
+            let ids = store.due(shard, now, 1000).await.map_err(err)?;
+            for id in &ids {
+                let r = store.get_state(*id).await.map_err(err)?.expect("exists");
+                ensure!(
+                    r.due_shard(shards) == shard,
+                    "a record shows in its own shard only"
+                );
+            }
+            let times: Vec<_> = futures_times(store, &ids).await;
+            ensure!(times.windows(2).all(|w| w[0] <= w[1]), "oldest first");
+            found.extend(ids);
         }
-        let times: Vec<_> = futures_times(store, &ids).await;
-        assert!(times.windows(2).all(|w| w[0] <= w[1]), "oldest first");
-        found.extend(ids);
-    }
-    for r in &due {
-        assert!(found.contains(&r.task_id), "past-due record missing");
-    }
-    assert!(
-        !found.contains(&future.task_id),
-        "a future deadline is not due"
-    );
-    assert!(
-        found.contains(&done.task_id),
-        "a terminal record owing a notice is due"
-    );
+        for r in &due {
+            ensure!(found.contains(&r.task_id), "past-due record missing");
+        }
+        ensure!(
+            !found.contains(&future.task_id),
+            "a future deadline is not due"
+        );
+        ensure!(
+            found.contains(&done.task_id),
+            "a terminal record owing a notice is due"
+        );
+        Ok(())
+    });
 
     let delivered = transition::notice_delivered(&done, now).expect("owed");
     store
@@ -731,19 +832,19 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
         .await
         .expect("lands");
     let shard = done.due_shard(shards);
-    assert!(
-        !store
-            .due(shard, now, 1000)
+    eventually!("the due index after a delivery", {
+        let ids = store.due(shard, now, 1000).await.map_err(err)?;
+        ensure!(
+            !ids.contains(&done.task_id),
+            "a terminal record without a notice leaves the index"
+        );
+        let limited = store
+            .due(due[0].due_shard(shards), now, 1)
             .await
-            .expect("due")
-            .contains(&done.task_id),
-        "a terminal record without a notice leaves the index"
-    );
-    let limited = store
-        .due(due[0].due_shard(shards), now, 1)
-        .await
-        .expect("due");
-    assert_eq!(limited.len(), 1, "limit is respected");
+            .map_err(err)?;
+        ensure!(limited.len() == 1, "limit is respected: {limited:?}");
+        Ok(())
+    });
 }
 
 async fn futures_times(store: &dyn StateStore, ids: &[TaskId]) -> Vec<chrono::DateTime<Utc>> {
@@ -949,59 +1050,63 @@ async fn state_index_filters_by_workflow(store: &dyn StateStore) {
                 .task_id,
         );
     }
-    let mut seen = Vec::new();
-    let mut cursor = None;
-    for _ in 0..40 {
-        let page = store
-            .list(
-                ProcessState::Error,
-                Some("loan-application"),
-                2,
-                cursor.as_ref(),
-            )
-            .await
-            .expect("list");
-        assert!(page.items.len() <= 2);
-        for s in &page.items {
-            assert_eq!(s.workflow, "loan-application", "{s:?}");
-            assert_eq!(s.process_state, ProcessState::Error);
+    eventually!("the state index filtered by workflow", {
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        for _ in 0..40 {
+            let page = store
+                .list(
+                    ProcessState::Error,
+                    Some("loan-application"),
+                    2,
+                    cursor.as_ref(),
+                )
+                .await
+                .map_err(err)?;
+            ensure!(page.items.len() <= 2, "{:?}", page.items);
+            for s in &page.items {
+                ensure!(
+                    s.workflow == "loan-application" && s.process_state == ProcessState::Error,
+                    "{s:?}"
+                );
+            }
+            seen.extend(page.items.iter().map(|s| s.task_id));
+            match page.next {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
         }
-        seen.extend(page.items.iter().map(|s| s.task_id));
-        match page.next {
-            Some(c) => cursor = Some(c),
-            None => break,
+        for id in &loans {
+            ensure!(
+                seen.iter().filter(|s| *s == id).count() == 1,
+                "each loan in Error exactly once: {seen:?}"
+            );
         }
-    }
-    for id in &loans {
-        assert_eq!(
-            seen.iter().filter(|s| *s == id).count(),
-            1,
-            "each loan in Error exactly once: {seen:?}"
+        ensure!(
+            orders.iter().all(|id| !seen.contains(id)),
+            "no order among the loans"
         );
-    }
-    assert!(
-        orders.iter().all(|id| !seen.contains(id)),
-        "no order among the loans"
-    );
-    // Unfiltered, both workflows show.
-    let mut all = Vec::new();
-    let mut cursor = None;
-    for _ in 0..100 {
-        let page = store
-            .list(ProcessState::Error, None, 50, cursor.as_ref())
-            .await
-            .expect("list");
-        all.extend(page.items.iter().map(|s| (s.task_id, s.workflow.clone())));
-        match page.next {
-            Some(c) => cursor = Some(c),
-            None => break,
+        // Unfiltered, both workflows show.
+        let mut all = Vec::new();
+        let mut cursor = None;
+        for _ in 0..100 {
+            let page = store
+                .list(ProcessState::Error, None, 50, cursor.as_ref())
+                .await
+                .map_err(err)?;
+            all.extend(page.items.iter().map(|s| (s.task_id, s.workflow.clone())));
+            match page.next {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
         }
-    }
-    for (ids, name) in [(&loans, "loan-application"), (&orders, "ecommerce-order")] {
-        for id in ids {
-            assert!(all.contains(&(*id, name.to_owned())), "{id} of {name}");
+        for (ids, name) in [(&loans, "loan-application"), (&orders, "ecommerce-order")] {
+            for id in ids {
+                ensure!(all.contains(&(*id, name.to_owned())), "{id} of {name}");
+            }
         }
-    }
+        Ok(())
+    });
     let none = store
         .list(
             ProcessState::Error,

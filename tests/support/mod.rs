@@ -48,10 +48,36 @@ fn url_host(ep: &str) -> String {
         .to_owned()
 }
 
+/// The endpoint of a second DynamoDB (DynamoDB Local), from `AWS_ENDPOINT_URL_DYNAMODB` when
+/// `infra/test.sh` reruns the DynamoDB-backed suites on it; loopback only, like [`endpoint`].
+pub fn dynamodb_endpoint() -> Option<String> {
+    let ep = std::env::var("AWS_ENDPOINT_URL_DYNAMODB").ok()?;
+    let host = url_host(&ep);
+    assert!(
+        matches!(host.as_str(), "127.0.0.1" | "localhost" | "[::1]"),
+        "AWS_ENDPOINT_URL_DYNAMODB must be a loopback address, not {ep}"
+    );
+    Some(ep)
+}
+
 /// SDK configuration for the emulator: dummy credentials, us-east-1, the loopback endpoint.
+/// With `AWS_ENDPOINT_URL_DYNAMODB` set, DynamoDB clients go there and every other client to
+/// the emulator: the endpoint then comes from the environment, because an endpoint set here
+/// would override the per-service one.
 pub async fn sdk_config() -> aws_config::SdkConfig {
-    aws_config::defaults(BehaviorVersion::latest())
-        .endpoint_url(endpoint())
+    let loader = aws_config::defaults(BehaviorVersion::latest());
+    let loader = if dynamodb_endpoint().is_some() {
+        let global = std::env::var("AWS_ENDPOINT_URL").unwrap_or_default();
+        assert_eq!(
+            global,
+            endpoint(),
+            "with AWS_ENDPOINT_URL_DYNAMODB set, AWS_ENDPOINT_URL must be the emulator (SAS_TEST_ENDPOINT)"
+        );
+        loader
+    } else {
+        loader.endpoint_url(endpoint())
+    };
+    loader
         .region(Region::new("us-east-1"))
         .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
             "test",

@@ -684,6 +684,14 @@ impl StateStore for DynamoStore {
             Ok(_) => return Ok(CreateOutcome::Created),
             Err(e) => e,
         };
+        // The token (the task id) was used, within ten minutes, by a transaction with other
+        // items: another request made this task id, so it exists and is not this request's.
+        if matches!(
+            err.as_service_error(),
+            Some(TransactWriteItemsError::IdempotentParameterMismatchException(_))
+        ) {
+            return Err(StoreError::ConditionFailed);
+        }
         let canceled = err.as_service_error().and_then(|se| match se {
             TransactWriteItemsError::TransactionCanceledException(tc) => Some(tc),
             _ => None,
@@ -1017,14 +1025,21 @@ impl StateStore for DynamoStore {
     ) -> Result<Page, StoreError> {
         let limit = limit.clamp(1, 1000);
         // Each shard's newest `limit` after the cursor, merged: the page is the newest `limit`
-        // of them all. A shard is read from the cursor's time down (`UpdatedAt <= t`); rows at
-        // exactly `t` are ordered by id here, as DynamoDB leaves equal sort keys unordered.
+        // of them all. A shard is read from the cursor's time down (`UpdatedAt <= t`). DynamoDB
+        // leaves rows with equal sort keys in no defined order, so a shard is read past its
+        // `limit` rows until its `UpdatedAt` changes: every row tied with its last one is
+        // taken, and the merge orders the ties by id. (Cut at `limit`, a shard could leave out
+        // a tied row whose id sorts before the page's last one, and the next page, starting
+        // after that id, would skip it.)
         let mut rows = Vec::new();
         let mut more = false;
         for shard in 0..self.shards {
             let mut start = None;
             let mut taken = 0;
-            loop {
+            let mut last_ms = None;
+            'shard: loop {
+                // Past `limit`, only the boundary's ties are wanted: a few rows at a time.
+                let want = if taken < limit { limit - taken } else { 25 };
                 let mut query = self
                     .client
                     .query()
@@ -1032,7 +1047,7 @@ impl StateStore for DynamoStore {
                     .index_name(STATE_INDEX)
                     .expression_attribute_values(":k", s(state_shard_key(state, shard)))
                     .scan_index_forward(false)
-                    .limit((limit - taken).max(1) as i32)
+                    .limit(want as i32)
                     .set_exclusive_start_key(start.take());
                 query = match after {
                     Some(c) => query
@@ -1051,17 +1066,20 @@ impl StateStore for DynamoStore {
                 for item in out.items() {
                     let summary = parse_summary(item)?;
                     let ms = summary.updated_at.timestamp_millis();
-                    if after.is_none_or(|c| c.precedes(ms, summary.task_id)) {
-                        taken += 1;
-                        rows.push(summary);
+                    if !after.is_none_or(|c| c.precedes(ms, summary.task_id)) {
+                        continue;
                     }
+                    if taken >= limit && last_ms != Some(ms) {
+                        // The first row after the boundary's ties: this shard has more.
+                        more = true;
+                        break 'shard;
+                    }
+                    taken += 1;
+                    last_ms = Some(ms);
+                    rows.push(summary);
                 }
                 match out.last_evaluated_key() {
-                    Some(k) if !k.is_empty() && taken < limit => start = Some(k.clone()),
-                    Some(k) if !k.is_empty() => {
-                        more = true;
-                        break;
-                    }
+                    Some(k) if !k.is_empty() => start = Some(k.clone()),
                     _ => break,
                 }
             }

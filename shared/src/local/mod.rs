@@ -110,8 +110,11 @@ pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Port
     ));
     Ok(match backend {
         Backend::Memory => {
-            let store =
-                Arc::new(MemoryStore::new(settings.due_shards).with_retention(settings.retention));
+            let store = Arc::new(
+                MemoryStore::new(settings.due_shards)
+                    .with_retention(settings.retention)
+                    .with_index_lag(settings.index_lag),
+            );
             let queues = Arc::new(MemoryQueues::new());
             let events = Arc::new(MemoryEventBus::default());
             let dlq = queues.create_queue("dlq", QueueConfig::default());
@@ -232,6 +235,9 @@ pub struct Settings {
     pub rate_limit: Option<crate::domain::rate::RateLimit>,
     /// How long a final task is kept (as `RETENTION_DAYS`; default 90 days, `None`: for good).
     pub retention: Option<chrono::Duration>,
+    /// In memory: the most a write takes to reach the indexes (`None`: at once), as
+    /// DynamoDB's eventually consistent GSIs (see [`MemoryStore::with_index_lag`]).
+    pub index_lag: Option<Duration>,
 }
 
 /// The name prefix of the reply queues the local runner allows by default.
@@ -296,6 +302,7 @@ impl Default for Settings {
             reply_queues: None,
             rate_limit: None,
             retention: Some(chrono::Duration::days(90)),
+            index_lag: None,
         }
     }
 }

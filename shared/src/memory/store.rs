@@ -5,8 +5,9 @@ use crate::ports::{
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// The state store in a `HashMap` behind one lock: every call is atomic, like a DynamoDB item
 /// write or transaction.
@@ -16,6 +17,10 @@ pub struct MemoryStore {
     inner: Mutex<Inner>,
     /// How long a final task is kept (`None`: for good).
     retention: Option<chrono::Duration>,
+    /// The most a write may take to reach the indexes (`None`: at once). DynamoDB's GSIs are
+    /// eventually consistent: a write reaches them some time later (usually well under a
+    /// second), so a query right after a write may miss it or see the record as it was.
+    index_lag: Option<Duration>,
 }
 
 #[derive(Debug, Default)]
@@ -33,6 +38,45 @@ struct Inner {
     expiries: HashMap<TaskId, DateTime<Utc>>,
     /// (kind, name) → every published version, oldest first, with its canonical text.
     catalog: std::collections::BTreeMap<(Kind, String), Vec<(Stored, String)>>,
+    /// With an index lag: what the indexes hold of each record, and the writes still on their
+    /// way to them (in the order they were made, each with when it arrives).
+    index: HashMap<TaskId, StateRecord>,
+    in_flight: HashMap<TaskId, VecDeque<(Instant, StateRecord)>>,
+}
+
+impl Inner {
+    /// Writes `record` to the table; it reaches the indexes within `lag` (at once without
+    /// one), never before an earlier write of the same record.
+    fn write(&mut self, record: &StateRecord, lag: Option<Duration>) {
+        self.states.insert(record.task_id, record.clone());
+        let Some(lag) = lag else {
+            return;
+        };
+        let queue = self.in_flight.entry(record.task_id).or_default();
+        let mut at = Instant::now() + lag.mul_f64(rand::random::<f64>());
+        if let Some((last, _)) = queue.back() {
+            at = at.max(*last);
+        }
+        queue.push_back((at, record.clone()));
+    }
+
+    /// The records as the indexes hold them now: every record, or with a lag, the writes that
+    /// have arrived.
+    fn indexed(&mut self, lag: Option<Duration>) -> Box<dyn Iterator<Item = &StateRecord> + '_> {
+        if lag.is_none() {
+            return Box::new(self.states.values());
+        }
+        let now = Instant::now();
+        for (id, queue) in &mut self.in_flight {
+            while queue.front().is_some_and(|(at, _)| *at <= now) {
+                if let Some((_, r)) = queue.pop_front() {
+                    self.index.insert(*id, r);
+                }
+            }
+        }
+        self.in_flight.retain(|_, q| !q.is_empty());
+        Box::new(self.index.values())
+    }
 }
 
 impl MemoryStore {
@@ -41,7 +85,16 @@ impl MemoryStore {
             shards: shards.max(1),
             inner: Mutex::new(Inner::default()),
             retention: None,
+            index_lag: None,
         }
+    }
+
+    /// Writes reach the indexes (`due`, `list`, `count`, `list_by_caller`) up to `lag` after
+    /// they are made, each after its own random share of it, as DynamoDB's eventually
+    /// consistent GSIs do; reads of a record by its key stay strongly consistent.
+    pub fn with_index_lag(mut self, lag: Option<Duration>) -> Self {
+        self.index_lag = lag.filter(|l| !l.is_zero());
+        self
     }
 
     /// Final tasks expire this long after they got there (`None`: never).
@@ -94,7 +147,7 @@ impl StateStore for MemoryStore {
             return Err(StoreError::ConditionFailed);
         }
         inner.tasks.insert(task.id, task.clone());
-        inner.states.insert(record.task_id, record.clone());
+        inner.write(record, self.index_lag);
         if let Some(k) = key {
             inner.keys.insert(k.key.clone(), k.clone());
         }
@@ -125,7 +178,7 @@ impl StateStore for MemoryStore {
                 Err(StoreError::ConditionFailed)
             };
         }
-        inner.states.insert(record.task_id, record.clone());
+        inner.write(record, self.index_lag);
         Ok(())
     }
 
@@ -135,10 +188,9 @@ impl StateStore for MemoryStore {
         now: DateTime<Utc>,
         limit: usize,
     ) -> Result<Vec<TaskId>, StoreError> {
-        let inner = self.lock()?;
+        let mut inner = self.lock()?;
         let mut due: Vec<_> = inner
-            .states
-            .values()
+            .indexed(self.index_lag)
             .filter(|r| r.due_shard(self.shards) == shard)
             .filter_map(|r| r.due_at().filter(|d| *d <= now).map(|d| (d, r.task_id)))
             .collect();
@@ -200,12 +252,11 @@ impl StateStore for MemoryStore {
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError> {
         let limit = limit.max(1);
-        let inner = self.lock()?;
+        let mut inner = self.lock()?;
         // The list's order: UpdatedAt descending across shards, ties by id (which DynamoDB's
         // index leaves unspecified and the DynamoDB store sorts by too).
         let rows: Vec<Summary> = inner
-            .states
-            .values()
+            .indexed(self.index_lag)
             .filter(|r| r.process_state == state)
             .filter(|r| workflow.is_none_or(|w| r.workflow == w))
             .map(Summary::of)
@@ -241,7 +292,7 @@ impl StateStore for MemoryStore {
         if let Some(task) = inner.tasks.get_mut(&record.task_id) {
             task.input = input.clone();
         }
-        inner.states.insert(record.task_id, record.clone());
+        inner.write(record, self.index_lag);
         Ok(())
     }
 
@@ -251,10 +302,9 @@ impl StateStore for MemoryStore {
         workflow: Option<&str>,
         cap: u64,
     ) -> Result<Count, StoreError> {
-        let inner = self.lock()?;
+        let mut inner = self.lock()?;
         let n = inner
-            .states
-            .values()
+            .indexed(self.index_lag)
             .filter(|r| r.process_state == state)
             .filter(|r| workflow.is_none_or(|w| r.workflow == w))
             .count() as u64;
@@ -298,13 +348,20 @@ impl StateStore for MemoryStore {
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError> {
         let limit = limit.clamp(1, 100);
-        let inner = self.lock()?;
+        let mut inner = self.lock()?;
+        // With an index lag, a task is in the caller index once its first write has arrived
+        // there, and its summary is the record as the index has it (an eventually consistent
+        // read, as the DynamoDB store's).
+        let seen: HashMap<TaskId, Summary> = inner
+            .indexed(self.index_lag)
+            .map(|r| (r.task_id, Summary::of(r)))
+            .collect();
         // The caller index's order: CreatedAt descending (ties by id, descending).
         let key = |ms: i64, id: &TaskId| std::cmp::Reverse((ms, *id));
         let mut rows: Vec<_> = inner
             .tasks
             .values()
-            .filter(|t| &t.caller == caller)
+            .filter(|t| &t.caller == caller && seen.contains_key(&t.id))
             .map(|t| (key(t.created_at.timestamp_millis(), &t.id), t))
             .collect();
         rows.sort_by_key(|r| r.0);
@@ -322,8 +379,8 @@ impl StateStore for MemoryStore {
                 updated_at_ms: task.created_at.timestamp_millis(),
                 task_id: task.id,
             });
-            if let Some(r) = inner.states.get(&task.id) {
-                items.push(Summary::of(r));
+            if let Some(summary) = seen.get(&task.id) {
+                items.push(summary.clone());
             }
         }
         if items.len() < limit {
