@@ -14,7 +14,7 @@ use sas::ports::{
     ReceivedMessage, StateStore, StoreError,
 };
 use sas::remote::seeded_unit;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -50,6 +50,10 @@ pub struct Plan {
     /// dies before the event source mapping deletes anything, so the whole batch comes back
     /// after the visibility timeout.
     pub batch_timeout_rate: f64,
+    /// The event bus is down (every publish fails) for this long, from 2 s into the run and
+    /// again every eight times this long: notices stay owed while their tasks move on, and
+    /// operators act on tasks whose alerts have not gone out.
+    pub bus_outage: Option<Duration>,
 }
 
 impl Plan {
@@ -66,6 +70,7 @@ impl Plan {
             throttle_rate: 0.0,
             slow_work_queue: None,
             batch_timeout_rate: 0.0,
+            bus_outage: None,
         }
     }
 
@@ -78,6 +83,18 @@ impl Plan {
         self.throttle_rate = 0.01;
         self.slow_work_queue = Some(pickup * 3);
         self.batch_timeout_rate = 0.02;
+        self.bus_outage = Some(Duration::from_secs(1));
+    }
+
+    /// Whether the bus is down `since` the run started.
+    pub fn bus_down(&self, since: Duration) -> bool {
+        let Some(outage) = self.bus_outage.filter(|o| !o.is_zero()) else {
+            return false;
+        };
+        let Some(into) = since.checked_sub(BUS_OUTAGE_FROM) else {
+            return false;
+        };
+        into.as_nanos() % (outage * 8).as_nanos() < outage.as_nanos()
     }
 }
 
@@ -94,6 +111,9 @@ pub struct Recorder {
     /// Writes that were applied but reported to the writer as a lost race (after a lost
     /// response): each one is a violation.
     pub misreported: Mutex<Vec<String>>,
+    /// Task id → (version, settled) of its newest applied write: settled is terminal with no
+    /// notice owed. How the run sees progress without reading the store.
+    latest: Mutex<HashMap<TaskId, (u64, bool)>>,
     sent: AtomicU64,
     duplicated: AtomicU64,
     delayed: AtomicU64,
@@ -104,6 +124,8 @@ pub struct Recorder {
     pub throttled: AtomicU64,
     pub slowed: AtomicU64,
     pub batches_timed_out: AtomicU64,
+    /// Publishes refused while the bus was down.
+    pub bus_refused: AtomicU64,
 }
 
 impl Recorder {
@@ -178,8 +200,23 @@ impl Recorder {
             .unwrap_or_default()
     }
 
+    /// How many tasks are settled (terminal, no notice owed) by their newest applied write.
+    pub fn settled(&self) -> usize {
+        self.latest
+            .lock()
+            .map(|l| l.values().filter(|(_, settled)| *settled).count())
+            .unwrap_or(0)
+    }
+
     /// Notes what an applied write of `record` owes and whether it re-enqueued the task.
     fn applied(&self, record: &StateRecord) {
+        if let Ok(mut latest) = self.latest.lock() {
+            let settled = record.process_state.is_terminal() && !record.notice_pending();
+            let entry = latest.entry(record.task_id).or_insert((0, false));
+            if record.version >= entry.0 {
+                *entry = (record.version, settled);
+            }
+        }
         let task = record.task_id.to_string();
         if let Ok(mut owed) = self.owed.lock() {
             let ids = owed.entry(task.clone()).or_default();
@@ -224,7 +261,12 @@ pub struct Chaos {
     pub plan: Plan,
     pub recorder: Arc<Recorder>,
     calls: AtomicU64,
+    /// When the run started (the bus outages are timed from it).
+    started: std::time::Instant,
 }
+
+/// When the first bus outage starts.
+pub const BUS_OUTAGE_FROM: Duration = Duration::from_secs(2);
 
 impl Chaos {
     pub fn new(plan: Plan) -> Arc<Self> {
@@ -232,6 +274,7 @@ impl Chaos {
             plan,
             recorder: Arc::default(),
             calls: AtomicU64::new(0),
+            started: std::time::Instant::now(),
         })
     }
 
@@ -607,6 +650,15 @@ impl EventBus for ChaosBus {
         detail: &serde_json::Value,
     ) -> Result<(), PublishError> {
         let task = detail["taskId"].as_str().unwrap_or_default().to_owned();
+        if self.chaos.plan.bus_down(self.chaos.started.elapsed()) {
+            self.chaos
+                .recorder
+                .bus_refused
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(PublishError(format!(
+                "chaos: the event bus is down (publish:{detail_type} refused)"
+            )));
+        }
         if self
             .chaos
             .throttle(&format!("publish:{detail_type}"), &task)

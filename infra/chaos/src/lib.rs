@@ -6,9 +6,11 @@
 
 pub mod failpoints;
 pub mod harness;
+pub mod operator;
 
 pub use failpoints::{Chaos, Plan, Recorder};
 pub use harness::{
     Config, REQUIRED_POINTS, Report, ServiceCounts, StepFailures, WORKFLOWS, WorkflowCounts, input,
     run, workflow_of, wrap,
 };
+pub use operator::{OperatorLog, OperatorPlan};

@@ -23,9 +23,17 @@ struct Cli {
     /// Supervisors sweeping at once.
     #[arg(long, default_value_t = 6)]
     supervisors: usize,
-    /// Seconds the tasks have to finish after the last submission.
-    #[arg(long, default_value_t = 180)]
-    budget_secs: u64,
+    /// Seconds the run waits for a task to settle before it gives up (it goes on as long as
+    /// tasks keep settling).
+    #[arg(long, default_value_t = 60)]
+    patience_secs: u64,
+    /// At most this many tasks in flight (submitted, not yet settled) at once; 0: no limit.
+    #[arg(long, default_value_t = 0)]
+    window: usize,
+    /// Nobody acts at the operator API during the run (by default an operator retries,
+    /// skips, resolves and compensates some waiting tasks, and cancels 2% of tasks).
+    #[arg(long)]
+    no_operator: bool,
     /// Share of writes after which the writer dies.
     #[arg(long, default_value_t = 0.02)]
     crash_rate: f64,
@@ -64,7 +72,11 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let mut cfg = Config::new(cli.tasks, cli.seed);
     cfg.supervisors = cli.supervisors;
-    cfg.budget = Duration::from_secs(cli.budget_secs);
+    cfg.patience = Duration::from_secs(cli.patience_secs);
+    cfg.window = (cli.window > 0).then_some(cli.window);
+    if cli.no_operator {
+        cfg.operator = None;
+    }
     cfg.plan.crash_rate = cli.crash_rate;
     cfg.rate = (cli.rate > 0).then_some(cli.rate);
     if cli.realistic {
@@ -75,7 +87,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let pickup = cfg.settings.policy.pickup_timeout.to_std()?;
     if cli.every_switch {
-        cfg.plan.every_switch(pickup);
+        cfg.every_switch();
     }
     if let Some(n) = cli.stall_pickups {
         cfg.plan.slow_work_queue = (n > 0).then(|| pickup * n);
