@@ -121,7 +121,7 @@ cargo test --workspace
 echo "==> all tests passed ($(( $(date +%s) - start ))s for the test step)"
 
 # The second DynamoDB: the suites that exercise the DynamoDB adapter (the store contract, the
-# flow and recovery) again, with DynamoDB on DynamoDB Local and
+# flow, recovery, and the chaos run on the emulator) again, with DynamoDB on DynamoDB Local and
 # SQS/EventBridge on moto (per-service endpoints: AWS_ENDPOINT_URL_DYNAMODB). DynamoDB Local
 # has no bind-address flag: it listens on every interface, on a free port, only while these
 # suites run, and is stopped by PID.
@@ -140,10 +140,10 @@ for _ in range(300):
         time.sleep(0.1)
 sys.exit("DynamoDB Local did not listen on 127.0.0.1:" + sys.argv[1])
 PY
-echo "==> DynamoDB Local on 127.0.0.1:$DDB_PORT (pid $DDB_LOCAL_PID): contract, flow, recovery"
+echo "==> DynamoDB Local on 127.0.0.1:$DDB_PORT (pid $DDB_LOCAL_PID): contract, flow, recovery, chaos"
 start=$(date +%s)
 AWS_ENDPOINT_URL_DYNAMODB="http://127.0.0.1:$DDB_PORT" \
-  cargo test --workspace --test contract --test flow --test recovery
+  cargo test --workspace --test contract --test flow --test recovery --test chaos
 kill "$DDB_LOCAL_PID" 2>/dev/null || true
 wait "$DDB_LOCAL_PID" 2>/dev/null || true
 DDB_LOCAL_PID=""

@@ -80,3 +80,75 @@ async fn sqs_queue_keeps_the_contract() {
         .expect("queue");
     contract::queue_contract(&SqsQueue::new(sqs), &url, &dlq).await;
 }
+
+/// What real DynamoDB rejects and moto accepts (measured; `../shared/emulators.md`): an
+/// `ExpressionAttributeValues` entry the expressions do not use, and an `ExclusiveStartKey`
+/// from another partition than the query's. DynamoDB Local rejects both, as DynamoDB does: that
+/// is why the suites that exercise the DynamoDB store run on it too, where an adapter that sent
+/// either would fail. The test pins each emulator's answer, so a change in either shows.
+#[tokio::test]
+async fn dynamodb_rejects_unused_values_and_foreign_start_keys_where_moto_does_not() {
+    use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let config = sdk_config().await;
+    let client = aws_sdk_dynamodb::Client::new(&config);
+    let table = unique("probe");
+    provision::create_table(&client, &table)
+        .await
+        .expect("table");
+    for pk in ["TASK#a", "TASK#b"] {
+        for sk in ["1", "2"] {
+            client
+                .put_item()
+                .table_name(&table)
+                .item("pk", AttributeValue::S(pk.into()))
+                .item("sk", AttributeValue::S(sk.into()))
+                .send()
+                .await
+                .expect("put");
+        }
+    }
+    let query = || {
+        client
+            .query()
+            .table_name(&table)
+            .key_condition_expression("pk = :pk")
+            .expression_attribute_values(":pk", AttributeValue::S("TASK#a".into()))
+    };
+    let unused = query()
+        .expression_attribute_values(":unused", AttributeValue::S("x".into()))
+        .send()
+        .await;
+    let foreign = query()
+        .exclusive_start_key("pk", AttributeValue::S("TASK#b".into()))
+        .exclusive_start_key("sk", AttributeValue::S("1".into()))
+        .send()
+        .await;
+    let ok = query().send().await.expect("a well-formed query");
+    assert_eq!(ok.items().len(), 2);
+    if sas_blackbox::dynamodb_endpoint().is_some() {
+        for (what, result) in [
+            ("an unused value", &unused.err()),
+            ("a foreign start key", &foreign.err()),
+        ] {
+            let e = result
+                .as_ref()
+                .unwrap_or_else(|| panic!("DynamoDB Local accepted {what}"));
+            assert_eq!(
+                e.code(),
+                Some("ValidationException"),
+                "{what}: {}",
+                sas::aws::describe(e)
+            );
+        }
+    } else {
+        assert!(
+            unused.is_ok(),
+            "moto now rejects an unused value: {unused:?}"
+        );
+        assert!(
+            foreign.is_ok(),
+            "moto now rejects a foreign start key: {foreign:?}"
+        );
+    }
+}

@@ -432,11 +432,13 @@ pub const REQUIRED_POINTS: [&str; 9] = [
 ];
 
 /// The terminal states, in the order the tables show them.
-const TERMINAL: [ProcessState; 4] = [
+const TERMINAL: [ProcessState; 6] = [
     ProcessState::Processed,
+    ProcessState::Refused,
     ProcessState::Compensated,
     ProcessState::CompensationFailed,
     ProcessState::Error,
+    ProcessState::Resolved,
 ];
 
 impl Report {
@@ -1257,6 +1259,7 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         (ProcessState::Compensated, "TaskCompensated"),
         (ProcessState::CompensationFailed, "TaskCompensationFailed"),
         (ProcessState::Refused, "TaskRefused"),
+        (ProcessState::Resolved, "TaskResolved"),
     ] {
         let published = chaos.recorder.published(event);
         let empty = BTreeSet::new();
