@@ -51,7 +51,7 @@ pub struct Plan {
     /// after the visibility timeout.
     pub batch_timeout_rate: f64,
     /// The event bus is down (every publish fails) for this long, from 2 s into the run and
-    /// again every eight times this long: notices stay owed while their tasks move on, and
+    /// again every four times this long: notices stay owed while their tasks move on, and
     /// operators act on tasks whose alerts have not gone out.
     pub bus_outage: Option<Duration>,
 }
@@ -83,7 +83,7 @@ impl Plan {
         self.throttle_rate = 0.01;
         self.slow_work_queue = Some(pickup * 3);
         self.batch_timeout_rate = 0.02;
-        self.bus_outage = Some(Duration::from_secs(1));
+        self.bus_outage = Some(Duration::from_secs(2));
     }
 
     /// Whether the bus is down `since` the run started.
@@ -94,7 +94,7 @@ impl Plan {
         let Some(into) = since.checked_sub(BUS_OUTAGE_FROM) else {
             return false;
         };
-        into.as_nanos() % (outage * 8).as_nanos() < outage.as_nanos()
+        into.as_nanos() % (outage * 4).as_nanos() < outage.as_nanos()
     }
 }
 
