@@ -126,6 +126,9 @@ pub struct Recorder {
     pub batches_timed_out: AtomicU64,
     /// Publishes refused while the bus was down.
     pub bus_refused: AtomicU64,
+    /// Applied writes whose SDK retry came after another writer had moved the record on
+    /// (reported to their writer as lost races: inherent, see `Chaos::retried`).
+    pub overtaken: AtomicU64,
 }
 
 impl Recorder {
@@ -330,13 +333,28 @@ impl Chaos {
         hit
     }
 
-    /// The SDK's retry of an applied write answered `result`: a conflict there is an applied
-    /// write reported as a lost race.
-    fn retried<T>(&self, what: &str, subject: &str, result: &Result<T, StoreError>) {
-        if matches!(result, Err(StoreError::ConditionFailed))
-            && let Ok(mut m) = self.recorder.misreported.lock()
-        {
-            m.push(format!("{what} of {subject}"));
+    /// The SDK's retry of an applied write of `record` answered `result`; `now` is the record
+    /// as stored after it. A conflict while the record still is what the write made is an
+    /// applied write reported as a lost race (the read-back must see it). A conflict after
+    /// another writer moved the record on is the ambiguity no read-back resolves (the writer
+    /// cannot tell its write from a rival's at that version): it is counted, not a violation,
+    /// and is safe because every writer treats a lost race by reading again.
+    fn retried<T>(
+        &self,
+        what: &str,
+        record: &StateRecord,
+        result: &Result<T, StoreError>,
+        now: Option<&StateRecord>,
+    ) {
+        if !matches!(result, Err(StoreError::ConditionFailed)) {
+            return;
+        }
+        if now == Some(record) {
+            if let Ok(mut m) = self.recorder.misreported.lock() {
+                m.push(format!("{what} of {}", record.task_id));
+            }
+        } else {
+            self.recorder.overtaken.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -388,7 +406,8 @@ impl StateStore for ChaosStore {
             self.chaos.recorder.applied(record);
             if self.chaos.lose_response("create", &subject) {
                 let again = self.inner.create(task, record, key).await;
-                self.chaos.retried("create", &subject, &again);
+                let now = self.inner.get_state(record.task_id).await.ok().flatten();
+                self.chaos.retried("create", record, &again, now.as_ref());
                 out = again?;
             }
         }
@@ -412,7 +431,8 @@ impl StateStore for ChaosStore {
         self.chaos.recorder.applied(record);
         if self.chaos.lose_response("put", &subject) {
             let again = self.inner.put(record, condition).await;
-            self.chaos.retried("put", &subject, &again);
+            let now = self.inner.get_state(record.task_id).await.ok().flatten();
+            self.chaos.retried("put", record, &again, now.as_ref());
             again?;
         }
         let point = put_point(record, condition);
@@ -477,7 +497,9 @@ impl StateStore for ChaosStore {
         self.chaos.recorder.applied(record);
         if self.chaos.lose_response("put_with_input", &subject) {
             let again = self.inner.put_with_input(record, condition, input).await;
-            self.chaos.retried("put_with_input", &subject, &again);
+            let now = self.inner.get_state(record.task_id).await.ok().flatten();
+            self.chaos
+                .retried("put_with_input", record, &again, now.as_ref());
             again?;
         }
         Ok(())

@@ -399,6 +399,7 @@ pub struct Report {
     /// (lost responses, throttles, slowed work messages, timed-out batches) injected.
     pub edges: (u64, u64, u64, u64),
     pub bus_refused: u64,
+    pub overtaken: u64,
     /// (workflow, step index, step) → how the failed tasks failed there, and how they ended.
     pub failed_steps: BTreeMap<(String, usize, String), StepFailures>,
     /// Tasks that ended Processed, Compensated or CompensationFailed without that event on the
@@ -590,8 +591,8 @@ impl Report {
             &format!("most in a row <= {}", self.requeue_limit),
         );
         row(
-            "applied writes reported as lost races",
-            self.misreported.len().to_string(),
+            "applied writes reported as lost races (and, inherent, overtaken before the retry)",
+            format!("{} ({})", self.misreported.len(), self.overtaken),
             "0",
         );
         let (lost, throttled, slowed, batches) = self.edges;
@@ -1250,6 +1251,7 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         .unwrap_or_default();
     report.edges = chaos.recorder.edges();
     report.bus_refused = chaos.recorder.bus_refused.load(Ordering::Relaxed);
+    report.overtaken = chaos.recorder.overtaken.load(Ordering::Relaxed);
     for w in report.workflows.values_mut() {
         w.latencies_ms.sort_unstable();
     }
