@@ -301,8 +301,8 @@ pub struct WorkflowCounts {
     pub accepted: usize,
     /// Final state → tasks.
     pub states: BTreeMap<String, usize>,
-    /// Tasks that failed (a step refused, or timed out at its threshold), and tasks with a
-    /// `TaskFailed` alert.
+    /// Failures that owe an alert (see `operator::alerts_owed`), and distinct `TaskFailed`
+    /// alerts.
     pub failed: usize,
     pub alerted: usize,
     /// Effects the services applied for this workflow's tasks (steps and undos).
@@ -1078,7 +1078,6 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
             if !refusal {
                 failed.insert(id.to_string());
             }
-            counts.failed += 1;
             let by = report
                 .failed_steps
                 .entry((r.workflow.clone(), i, s.name.clone()))
@@ -1179,6 +1178,13 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
             None => 0,
         };
         failures += want;
+        if let Some(name) = ids.get(id) {
+            report
+                .workflows
+                .entry((*name).to_owned())
+                .or_default()
+                .failed += want;
+        }
         if n != want {
             report.alert_mismatch.push(format!(
                 "{task}: {n} distinct TaskFailed alerts, {want} failure(s) by its record and the operator's actions {by_hand:?}"
