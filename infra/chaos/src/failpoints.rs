@@ -389,6 +389,25 @@ pub struct ChaosStore {
     pub chaos: Arc<Chaos>,
 }
 
+impl ChaosStore {
+    /// Judges the SDK's retry of an applied write of `record` (see [`Chaos::retried`]),
+    /// reading the stored record only when the retry met a conflict.
+    async fn after_retry<T>(
+        &self,
+        what: &str,
+        record: &StateRecord,
+        again: &Result<T, StoreError>,
+    ) {
+        let now = match again {
+            Err(StoreError::ConditionFailed) => {
+                self.inner.get_state(record.task_id).await.ok().flatten()
+            }
+            _ => None,
+        };
+        self.chaos.retried(what, record, again, now.as_ref());
+    }
+}
+
 #[async_trait]
 impl StateStore for ChaosStore {
     async fn create(
@@ -406,8 +425,7 @@ impl StateStore for ChaosStore {
             self.chaos.recorder.applied(record);
             if self.chaos.lose_response("create", &subject) {
                 let again = self.inner.create(task, record, key).await;
-                let now = self.inner.get_state(record.task_id).await.ok().flatten();
-                self.chaos.retried("create", record, &again, now.as_ref());
+                self.after_retry("create", record, &again).await;
                 out = again?;
             }
         }
@@ -431,8 +449,7 @@ impl StateStore for ChaosStore {
         self.chaos.recorder.applied(record);
         if self.chaos.lose_response("put", &subject) {
             let again = self.inner.put(record, condition).await;
-            let now = self.inner.get_state(record.task_id).await.ok().flatten();
-            self.chaos.retried("put", record, &again, now.as_ref());
+            self.after_retry("put", record, &again).await;
             again?;
         }
         let point = put_point(record, condition);
@@ -497,9 +514,7 @@ impl StateStore for ChaosStore {
         self.chaos.recorder.applied(record);
         if self.chaos.lose_response("put_with_input", &subject) {
             let again = self.inner.put_with_input(record, condition, input).await;
-            let now = self.inner.get_state(record.task_id).await.ok().flatten();
-            self.chaos
-                .retried("put_with_input", record, &again, now.as_ref());
+            self.after_retry("put_with_input", record, &again).await;
             again?;
         }
         Ok(())
