@@ -8,6 +8,16 @@ use sas_blackbox::{contract, sdk_config, unique};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// A DynamoDB client on the emulator and a new table made by the code's own provisioning.
+async fn fresh_table(name: &str) -> (aws_sdk_dynamodb::Client, String) {
+    let client = aws_sdk_dynamodb::Client::new(&sdk_config().await);
+    let table = unique(name);
+    provision::create_table(&client, &table)
+        .await
+        .expect("table");
+    (client, table)
+}
+
 #[tokio::test]
 async fn memory_store_keeps_the_contract() {
     contract::store_contract(Arc::new(MemoryStore::new(4))).await;
@@ -15,12 +25,7 @@ async fn memory_store_keeps_the_contract() {
 
 #[tokio::test]
 async fn dynamodb_store_keeps_the_contract() {
-    let config = sdk_config().await;
-    let client = aws_sdk_dynamodb::Client::new(&config);
-    let table = unique("store");
-    provision::create_table(&client, &table)
-        .await
-        .expect("table");
+    let (client, table) = fresh_table("store").await;
     contract::store_contract(Arc::new(DynamoStore::new(client, table, 4))).await;
 }
 
@@ -39,12 +44,7 @@ async fn memory_catalog_keeps_the_contract() {
 
 #[tokio::test]
 async fn dynamodb_catalog_keeps_the_contract() {
-    let config = sdk_config().await;
-    let client = aws_sdk_dynamodb::Client::new(&config);
-    let table = unique("catalog");
-    provision::create_table(&client, &table)
-        .await
-        .expect("table");
+    let (client, table) = fresh_table("catalog").await;
     contract::catalog_contract(Arc::new(DynamoStore::new(client, table, 4))).await;
 }
 
@@ -90,12 +90,7 @@ async fn sqs_queue_keeps_the_contract() {
 async fn dynamodb_rejects_unused_values_and_foreign_start_keys_where_moto_does_not() {
     use aws_sdk_dynamodb::error::ProvideErrorMetadata;
     use aws_sdk_dynamodb::types::AttributeValue;
-    let config = sdk_config().await;
-    let client = aws_sdk_dynamodb::Client::new(&config);
-    let table = unique("probe");
-    provision::create_table(&client, &table)
-        .await
-        .expect("table");
+    let (client, table) = fresh_table("probe").await;
     for pk in ["TASK#a", "TASK#b"] {
         for sk in ["1", "2"] {
             client

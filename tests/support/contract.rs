@@ -51,6 +51,40 @@ fn err(e: StoreError) -> String {
     e.to_string()
 }
 
+/// Every page of `list(state, workflow)` at `limit` rows a page, in order, each cursor passed
+/// through its opaque token and back; no page may be longer than `limit`.
+async fn every_page(
+    store: &dyn StateStore,
+    state: ProcessState,
+    workflow: Option<&str>,
+    limit: usize,
+) -> Result<Vec<sas::ports::Summary>, String> {
+    let mut rows = Vec::new();
+    let mut cursor = None;
+    for _ in 0..1000 {
+        let page = store
+            .list(state, workflow, limit, cursor.as_ref())
+            .await
+            .map_err(err)?;
+        ensure!(
+            page.items.len() <= limit,
+            "a page of {} rows (limit {limit})",
+            page.items.len()
+        );
+        rows.extend(page.items);
+        match page.next {
+            Some(c) => {
+                cursor = Some(
+                    sas::ports::Cursor::decode(&c.encode())
+                        .ok_or("a cursor that does not round-trip")?,
+                )
+            }
+            None => return Ok(rows),
+        }
+    }
+    Err("more than 1000 pages".into())
+}
+
 /// The workflow a test task runs: the e-commerce order example, or the loan application.
 fn workflow(name: &str) -> Workflow {
     match name {
@@ -476,37 +510,22 @@ async fn state_index_pages_cover_each_record_once(store: &dyn StateStore) {
     let compensated = failed_record(store, "ecommerce-order", base, &Policy::default()).await;
     assert_eq!(compensated.process_state, ProcessState::Compensated);
     eventually!("pages of the state index", {
-        let mut seen = Vec::new();
-        let mut cursor = None;
-        for _ in 0..20 {
-            let page = store
-                .list(ProcessState::Error, None, 3, cursor.as_ref())
-                .await
-                .map_err(err)?;
-            ensure!(page.items.len() <= 3, "{:?}", page.items);
-            for s in &page.items {
-                ensure!(s.process_state == ProcessState::Error, "{s:?}");
-                if want.contains(&s.task_id) {
-                    ensure!(
-                        s.workflow == "ecommerce-order"
-                            && s.step.as_deref() == Some("reserve-inventory")
-                            && s.attempt == 1
-                            && s.last_error
-                                .as_deref()
-                                .is_some_and(|e| e.contains("refused")),
-                        "{s:?}"
-                    );
-                }
-            }
-            seen.extend(page.items.iter().map(|s| s.task_id));
-            match page.next {
-                Some(c) => {
-                    let token = c.encode();
-                    cursor = Some(sas::ports::Cursor::decode(&token).expect("round trip"));
-                }
-                None => break,
+        let rows = every_page(store, ProcessState::Error, None, 3).await?;
+        for s in &rows {
+            ensure!(s.process_state == ProcessState::Error, "{s:?}");
+            if want.contains(&s.task_id) {
+                ensure!(
+                    s.workflow == "ecommerce-order"
+                        && s.step.as_deref() == Some("reserve-inventory")
+                        && s.attempt == 1
+                        && s.last_error
+                            .as_deref()
+                            .is_some_and(|e| e.contains("refused")),
+                    "{s:?}"
+                );
             }
         }
+        let seen: Vec<TaskId> = rows.iter().map(|s| s.task_id).collect();
         let mine: Vec<_> = seen.iter().filter(|id| want.contains(id)).collect();
         // Each Error record exactly once, newest first across every shard (the seven are in
         // at least two of the four shards).
@@ -539,25 +558,12 @@ async fn ties_in_the_state_index_page_once_each(store: &dyn StateStore) {
     want.sort();
     for filter in [Some(workflow.as_str()), None] {
         eventually!("tied records in the state index", {
-            let mut seen = Vec::new();
-            let mut cursor = None;
-            for _ in 0..200 {
-                let page = store
-                    .list(ProcessState::Error, filter, 2, cursor.as_ref())
-                    .await
-                    .map_err(err)?;
-                ensure!(page.items.len() <= 2, "{:?}", page.items);
-                seen.extend(
-                    page.items
-                        .iter()
-                        .map(|s| s.task_id)
-                        .filter(|id| want.contains(id)),
-                );
-                match page.next {
-                    Some(c) => cursor = Some(c),
-                    None => break,
-                }
-            }
+            let seen: Vec<TaskId> = every_page(store, ProcessState::Error, filter, 2)
+                .await?
+                .iter()
+                .map(|s| s.task_id)
+                .filter(|id| want.contains(id))
+                .collect();
             ensure!(
                 seen == want,
                 "each tied record once, ties in id order (workflow filter {filter:?}): {seen:?}"
@@ -1051,31 +1057,14 @@ async fn state_index_filters_by_workflow(store: &dyn StateStore) {
         );
     }
     eventually!("the state index filtered by workflow", {
-        let mut seen = Vec::new();
-        let mut cursor = None;
-        for _ in 0..40 {
-            let page = store
-                .list(
-                    ProcessState::Error,
-                    Some("loan-application"),
-                    2,
-                    cursor.as_ref(),
-                )
-                .await
-                .map_err(err)?;
-            ensure!(page.items.len() <= 2, "{:?}", page.items);
-            for s in &page.items {
-                ensure!(
-                    s.workflow == "loan-application" && s.process_state == ProcessState::Error,
-                    "{s:?}"
-                );
-            }
-            seen.extend(page.items.iter().map(|s| s.task_id));
-            match page.next {
-                Some(c) => cursor = Some(c),
-                None => break,
-            }
+        let rows = every_page(store, ProcessState::Error, Some("loan-application"), 2).await?;
+        for s in &rows {
+            ensure!(
+                s.workflow == "loan-application" && s.process_state == ProcessState::Error,
+                "{s:?}"
+            );
         }
+        let seen: Vec<TaskId> = rows.iter().map(|s| s.task_id).collect();
         for id in &loans {
             ensure!(
                 seen.iter().filter(|s| *s == id).count() == 1,
@@ -1087,19 +1076,11 @@ async fn state_index_filters_by_workflow(store: &dyn StateStore) {
             "no order among the loans"
         );
         // Unfiltered, both workflows show.
-        let mut all = Vec::new();
-        let mut cursor = None;
-        for _ in 0..100 {
-            let page = store
-                .list(ProcessState::Error, None, 50, cursor.as_ref())
-                .await
-                .map_err(err)?;
-            all.extend(page.items.iter().map(|s| (s.task_id, s.workflow.clone())));
-            match page.next {
-                Some(c) => cursor = Some(c),
-                None => break,
-            }
-        }
+        let all: Vec<(TaskId, String)> = every_page(store, ProcessState::Error, None, 50)
+            .await?
+            .into_iter()
+            .map(|s| (s.task_id, s.workflow))
+            .collect();
         for (ids, name) in [(&loans, "loan-application"), (&orders, "ecommerce-order")] {
             for id in ids {
                 ensure!(all.contains(&(*id, name.to_owned())), "{id} of {name}");
