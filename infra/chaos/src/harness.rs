@@ -146,6 +146,13 @@ impl Config {
         self.settings.index_lag = Some(Duration::from_millis(500));
     }
 
+    /// Failures wait in Error for a person instead of compensating on their own (the
+    /// deployment's `AUTO_COMPENSATE=false`): the operator's compensate and compensate-from
+    /// then apply to tasks that failed before their pivot, not only to those past it.
+    pub fn manual_compensation(&mut self) {
+        self.settings.policy.auto_compensate = false;
+    }
+
     /// Every service behaves like an ordinary real one (see `docs/services.md`): 2% of calls
     /// commit late (after the caller's timeout: the effect lands 12 s after it gave up), a key
     /// still in flight answers 409, and every service answers 401 for 3 s in the middle of the
@@ -1059,7 +1066,10 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         if let Err(e) = r.check(&workflow.policies()) {
             report.invalid.push(format!("{id} ({name}): {e}"));
         }
-        if r.process_state == ProcessState::Error && !r.past_pivot() {
+        if cfg.settings.policy.auto_compensate
+            && r.process_state == ProcessState::Error
+            && !r.past_pivot()
+        {
             report.invalid.push(format!(
                 "{id} ({name}): in Error before its pivot (automatic compensation is on)"
             ));

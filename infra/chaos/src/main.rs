@@ -60,6 +60,10 @@ struct Cli {
     /// throttling, a slow and bursty work queue, Lambda timeouts that return a whole batch.
     #[arg(long)]
     every_switch: bool,
+    /// Failures wait in Error for the operator (`AUTO_COMPENSATE=false`) instead of
+    /// compensating on their own, so the operator's compensations apply before the pivot too.
+    #[arg(long)]
+    manual_compensation: bool,
     /// Stall the work queue for this many pickup timeouts (once every four stalls; with
     /// --every-switch the default is 4), to show re-enqueues stay proportional to tasks.
     #[arg(long, value_name = "PICKUPS")]
@@ -88,6 +92,9 @@ async fn main() -> anyhow::Result<()> {
     let pickup = cfg.settings.policy.pickup_timeout.to_std()?;
     if cli.every_switch {
         cfg.every_switch();
+    }
+    if cli.manual_compensation {
+        cfg.manual_compensation();
     }
     if let Some(n) = cli.stall_pickups {
         cfg.plan.slow_work_queue = (n > 0).then(|| pickup * n);
