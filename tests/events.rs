@@ -305,7 +305,11 @@ struct Subject {
 async fn run(entry: Entry) {
     validate(&entry);
     let json = read_json(&events_dir().join(&entry.file));
-    let system = memory_system(Settings::default()).await;
+    // With progress events on (`PROGRESS_EVENTS=true`), so that the samples show every status
+    // a function publishes; by default `TaskReceived` and `TaskStepCompleted` stay off the bus.
+    let mut settings = Settings::default();
+    settings.policy.progress_events = true;
+    let system = memory_system(settings).await;
     let mut subject = Subject::default();
     if let Some(seed) = &entry.seed {
         seed_task(&system, seed).await;

@@ -88,6 +88,7 @@ pub fn policy() -> Result<Policy, ConfigError> {
         callback: None,
         undo_wait: chrono::Duration::milliseconds(parsed("CALL_TIMEOUT_MS", 10_000i64)?)
             + seconds("UNDO_MARGIN_SECONDS", 30.0)?,
+        progress_events: parsed("PROGRESS_EVENTS", d.progress_events)?,
     })
 }
 

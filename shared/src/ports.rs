@@ -128,7 +128,7 @@ pub trait StateStore: Send + Sync {
         now: DateTime<Utc>,
     ) -> Result<crate::domain::rate::Admission, StoreError>;
     /// One page of `caller`'s tasks, newest first (by creation), starting after `after`
-    /// (whose `updated_at_ms` is, here, the last task's creation time). Served by the caller
+    /// (whose `at_ms` is, here, the last task's creation time). Served by the caller
     /// index; eventually consistent.
     async fn list_by_caller(
         &self,
@@ -225,7 +225,7 @@ pub trait Catalog: Send + Sync {
     async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError>;
 }
 
-/// What the operator's list shows of one record (what the state index projects).
+/// What the operator's list shows of one record.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Summary {
@@ -237,6 +237,8 @@ pub struct Summary {
     pub attempt: u64,
     pub last_error: Option<String>,
     pub updated_at: DateTime<Utc>,
+    /// When the task entered its state: the state list's order.
+    pub since: DateTime<Utc>,
 }
 
 impl Summary {
@@ -250,6 +252,7 @@ impl Summary {
             attempt: r.attempt,
             last_error: r.last_error.clone(),
             updated_at: r.updated_at,
+            since: r.since,
         }
     }
 }
@@ -265,7 +268,7 @@ impl Page {
     /// The newest `limit` of `rows` (in the list's order), with a cursor after the last one
     /// if more rows were left out or `more` may follow.
     pub fn newest_first(mut rows: Vec<Summary>, limit: usize, more: bool) -> Self {
-        rows.sort_by_key(|s| Cursor::order_key(s.updated_at.timestamp_millis(), s.task_id));
+        rows.sort_by_key(|s| Cursor::order_key(s.since.timestamp_millis(), s.task_id));
         let more = more || rows.len() > limit;
         rows.truncate(limit);
         let next = more.then(|| rows.last().map(Cursor::after)).flatten();
@@ -273,20 +276,21 @@ impl Page {
     }
 }
 
-/// Where a page ends: the last record returned (its `UpdatedAt`, or for a caller's list its
-/// creation time, and its id); the next page starts strictly after it in the order
+/// Where a page ends: the last record returned (when it entered its state, or for a caller's
+/// list its creation time, and its id); the next page starts strictly after it in the order
 /// (time descending, then id ascending). Opaque to clients: [`Cursor::encode`] makes a hex
 /// token, [`Cursor::decode`] refuses anything else.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
-    pub updated_at_ms: i64,
+    /// The list's sort time of the last row, in milliseconds.
+    pub at_ms: i64,
     pub task_id: TaskId,
 }
 
 impl Cursor {
     pub fn after(s: &Summary) -> Self {
         Self {
-            updated_at_ms: s.updated_at.timestamp_millis(),
+            at_ms: s.since.timestamp_millis(),
             task_id: s.task_id,
         }
     }
@@ -298,11 +302,11 @@ impl Cursor {
 
     /// Whether the row at (`ms`, `id`) comes after this cursor (belongs to a later page).
     pub fn precedes(&self, ms: i64, id: TaskId) -> bool {
-        Self::order_key(ms, id) > Self::order_key(self.updated_at_ms, self.task_id)
+        Self::order_key(ms, id) > Self::order_key(self.at_ms, self.task_id)
     }
 
     pub fn encode(&self) -> String {
-        hex::encode(format!("v2|{}|{}", self.updated_at_ms, self.task_id))
+        hex::encode(format!("v2|{}|{}", self.at_ms, self.task_id))
     }
 
     pub fn decode(token: &str) -> Option<Self> {
@@ -312,7 +316,7 @@ impl Cursor {
             return None;
         }
         let c = Self {
-            updated_at_ms: parts.next()?.parse().ok()?,
+            at_ms: parts.next()?.parse().ok()?,
             task_id: parts.next()?.parse().ok()?,
         };
         parts.next().is_none().then_some(c)

@@ -115,6 +115,7 @@ pub fn manual_settings() -> Settings {
             // The undo of a step that may be in flight still waits for its deadline; these
             // tests move the clock past it, with no margin on top.
             undo_wait: chrono::Duration::zero(),
+            progress_events: false,
         },
         backoff: Backoff {
             base: chrono::Duration::milliseconds(5),

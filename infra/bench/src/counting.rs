@@ -28,6 +28,36 @@ pub struct Counts {
     pub messages: BTreeMap<String, u64>,
     /// EventBridge events (64 KB chunks).
     pub events: u64,
+    /// Every DynamoDB write, in order, with what it billed where.
+    pub writes: Vec<WriteUnits>,
+}
+
+/// One DynamoDB write's bill: the write request units on the table's item and on each index
+/// entry it added, moved or removed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WriteUnits {
+    /// What the write did (`create`, a transition's name, `breaker`, ...).
+    pub label: String,
+    /// The size of the item written (the larger of old and new, which is what DynamoDB bills).
+    pub item_bytes: usize,
+    pub table: f64,
+    pub due_index: f64,
+    pub state_index: f64,
+    pub caller_index: f64,
+}
+
+impl WriteUnits {
+    fn small(label: &str) -> Self {
+        Self {
+            label: label.to_owned(),
+            item_bytes: 0,
+            table: 1.0,
+            ..Self::default()
+        }
+    }
+    pub fn total(&self) -> f64 {
+        self.table + self.due_index + self.state_index + self.caller_index
+    }
 }
 
 impl Counts {
@@ -43,6 +73,20 @@ impl Counts {
     pub fn has_scan(&self) -> bool {
         self.calls.keys().any(|k| k.contains("Scan"))
     }
+    /// The write units billed on the table's items and on each index, summed over the writes.
+    pub fn wru_by_place(&self) -> WriteUnits {
+        let mut sum = WriteUnits {
+            label: "all writes".into(),
+            ..WriteUnits::default()
+        };
+        for w in &self.writes {
+            sum.table += w.table;
+            sum.due_index += w.due_index;
+            sum.state_index += w.state_index;
+            sum.caller_index += w.caller_index;
+        }
+        sum
+    }
 }
 
 /// The shared counter.
@@ -57,6 +101,12 @@ impl Meter {
     }
     fn call(&self, name: &str) {
         self.add(|c| *c.calls.entry(name.to_owned()).or_default() += 1);
+    }
+    fn write(&self, w: WriteUnits) {
+        self.add(|c| {
+            c.wru += w.total();
+            c.writes.push(w);
+        });
     }
     pub fn take(&self) -> Counts {
         self.0
@@ -91,11 +141,14 @@ impl StateStore for CountingStore {
         let key_units = if key.is_some() { 1.0 } else { 0.0 };
         // Transactions bill twice per item on the table; index entries once (the caller
         // index's entry of the task item: its keys, under 1 KB).
-        let wru = 2.0 * (units(o, 1024) + units(r, 1024) + key_units)
-            + due.map_or(0.0, |d| units(d, 1024))
-            + units(state, 1024)
-            + 1.0;
-        self.meter.add(|c| c.wru += wru);
+        self.meter.write(WriteUnits {
+            label: "create (task, state, key: a transaction)".into(),
+            item_bytes: o + r,
+            table: 2.0 * (units(o, 1024) + units(r, 1024) + key_units),
+            due_index: due.map_or(0.0, |d| units(d, 1024)),
+            state_index: units(state, 1024),
+            caller_index: 1.0,
+        });
         self.inner.create(task, record, key).await
     }
     async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
@@ -123,23 +176,37 @@ impl StateStore for CountingStore {
         let old_size = old
             .as_ref()
             .map_or(0, |o| state_record_size(o, self.shards));
-        let mut wru = units(new_size.max(old_size), 1024);
+        let mut w = WriteUnits {
+            label: sas::domain::write_label(record, condition),
+            item_bytes: new_size.max(old_size),
+            table: units(new_size.max(old_size), 1024),
+            ..WriteUnits::default()
+        };
         if out.is_ok() {
             let (new_due, new_state) = index_entry_sizes(record, self.shards);
             let (old_due, old_state) = old
                 .as_ref()
                 .map_or((None, 0), |o| index_entry_sizes(o, self.shards));
             let due_moved = old.as_ref().map(|o| o.due_at()) != Some(record.due_at());
-            wru += match (old_due, new_due) {
+            w.due_index = match (old_due, new_due) {
                 (Some(a), Some(b)) if due_moved => units(a, 1024) + units(b, 1024),
                 (Some(_), Some(_)) => 0.0,
                 (Some(a), None) | (None, Some(a)) => units(a, 1024),
                 (None, None) => 0.0,
             };
-            // `UpdatedAt` (the state index's sort key) changes on every write: a delete and a put.
-            wru += units(old_state.max(1), 1024) + units(new_state, 1024);
+            // The state index's keys (`StateShard`, `StateSince`) change only with the state: then
+            // a delete and a put; its projected attributes (id, workflow) never change.
+            let state_moved = old.as_ref().map(|o| (o.process_state, o.since))
+                != Some((record.process_state, record.since));
+            w.state_index = match &old {
+                Some(_) if state_moved => units(old_state, 1024) + units(new_state, 1024),
+                Some(_) => 0.0,
+                None => units(new_state, 1024),
+            };
+        } else {
+            w.label = format!("{} (condition failed)", w.label);
         }
-        self.meter.add(|c| c.wru += wru);
+        self.meter.write(w);
         out
     }
     async fn due(
@@ -163,12 +230,12 @@ impl StateStore for CountingStore {
         ttl: chrono::Duration,
     ) -> Result<bool, StoreError> {
         self.meter.call("DynamoDB PutItem (lease)");
-        self.meter.add(|c| c.wru += 1.0);
+        self.meter.write(WriteUnits::small("lease"));
         self.inner.acquire_lease(name, owner, now, ttl).await
     }
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
         self.meter.call("DynamoDB PutItem (lease)");
-        self.meter.add(|c| c.wru += 1.0);
+        self.meter.write(WriteUnits::small("lease released"));
         self.inner.release_lease(name, owner).await
     }
     async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
@@ -178,7 +245,7 @@ impl StateStore for CountingStore {
     }
     async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
         self.meter.call("DynamoDB PutItem (breaker)");
-        self.meter.add(|c| c.wru += 1.0);
+        self.meter.write(WriteUnits::small("breaker"));
         self.inner.put_breaker(record).await
     }
     async fn list(
@@ -216,7 +283,7 @@ impl StateStore for CountingStore {
         if record.process_state.is_final() {
             // An UpdateItem of the task item, billed on its size.
             self.meter.call("DynamoDB UpdateItem (retention)");
-            self.meter.add(|c| c.wru += 1.0);
+            self.meter.write(WriteUnits::small("retention"));
         }
         self.inner.expire_task(record).await
     }
@@ -228,7 +295,7 @@ impl StateStore for CountingStore {
     ) -> Result<sas::domain::rate::Admission, StoreError> {
         // One conditional UpdateItem of a small item (the caller's TAT): 1 WRU.
         self.meter.call("DynamoDB UpdateItem (rate limit)");
-        self.meter.add(|c| c.wru += 1.0);
+        self.meter.write(WriteUnits::small("rate limit"));
         self.inner.admit(key, limit, now).await
     }
     async fn list_by_caller(

@@ -86,6 +86,8 @@ async fn main() -> anyhow::Result<()> {
         let scenarios = scenarios::measure(&scenarios::Target::Emulator(Box::new(config))).await?;
         writeln!(md, "## AWS API calls per task (on the emulator)\n")?;
         writeln!(md, "{}", calls_table(&scenarios))?;
+        writeln!(md, "## DynamoDB write units, write by write\n")?;
+        writeln!(md, "{}", writes_table(&scenarios))?;
         writeln!(md, "## Cost per million tasks\n")?;
         writeln!(md, "{}", cost_table(&scenarios))?;
     }
@@ -256,6 +258,18 @@ fn calls_table(scenarios: &[Scenario]) -> String {
     row("DynamoDB write request units", &|s| {
         format!("{:.0}", s.counts.wru)
     });
+    row("WRU on the table's items", &|s| {
+        format!("{:.0}", s.counts.wru_by_place().table)
+    });
+    row("WRU on `due-index`", &|s| {
+        format!("{:.0}", s.counts.wru_by_place().due_index)
+    });
+    row("WRU on `state-index`", &|s| {
+        format!("{:.0}", s.counts.wru_by_place().state_index)
+    });
+    row("WRU on `caller-index`", &|s| {
+        format!("{:.0}", s.counts.wru_by_place().caller_index)
+    });
     row("DynamoDB read request units", &|s| {
         format!("{:.1}", s.counts.rru)
     });
@@ -362,6 +376,43 @@ fn cost(s: &Scenario) -> Cost {
         sfn_standard,
         sfn_express,
     }
+}
+
+/// Every DynamoDB write of the clean task of each workflow: what it billed on the item and on
+/// each index, so that the WRU rows of the call table can be checked by hand.
+fn writes_table(scenarios: &[Scenario]) -> String {
+    let mut t = String::from(
+        "The clean task of each workflow, every write in order: the item's size (the larger of the old and the new item: DynamoDB bills that, in 1 KB units; a transaction twice), and the units each index entry cost (an entry added or removed: 1 per KB; an entry whose key changed: a delete and a put; an entry whose keys and projected attributes did not change: nothing).\n",
+    );
+    for s in scenarios.iter().filter(|s| s.name.starts_with("clean")) {
+        t.push_str(&format!(
+            "\n`{}` ({}):\n\n| # | write | item bytes | table | `due-index` | `state-index` | `caller-index` | total |\n|---|---|---|---|---|---|---|---|\n",
+            s.workflow, s.name
+        ));
+        for (i, w) in s.counts.writes.iter().enumerate() {
+            t.push_str(&format!(
+                "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+                i + 1,
+                w.label,
+                w.item_bytes,
+                w.table,
+                w.due_index,
+                w.state_index,
+                w.caller_index,
+                w.total()
+            ));
+        }
+        let sum = s.counts.wru_by_place();
+        t.push_str(&format!(
+            "| | all writes | | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+            sum.table,
+            sum.due_index,
+            sum.state_index,
+            sum.caller_index,
+            sum.total()
+        ));
+    }
+    t
 }
 
 fn cost_table(scenarios: &[Scenario]) -> String {
@@ -471,6 +522,29 @@ mod tests {
             assert!(calls.contains(row), "{row} missing:\n{calls}");
         }
         assert!(calls.contains("`loan-application`") && calls.contains("`ecommerce-order`"));
+        // The write-by-write table adds up to the call table's WRU.
+        let writes = writes_table(&s);
+        for sc in s.iter().filter(|sc| sc.name.starts_with("clean")) {
+            let sum = sc.counts.wru_by_place().total();
+            assert!(
+                (sum - sc.counts.wru).abs() < 1e-9,
+                "{}: {sum} vs {}",
+                sc.name,
+                sc.counts.wru
+            );
+            assert!(
+                sc.counts.writes.len() >= 5,
+                "{}: {:?}",
+                sc.name,
+                sc.counts.writes
+            );
+            assert!(
+                writes.contains(&format!("`{}` ({})", sc.workflow, sc.name)),
+                "{writes}"
+            );
+        }
+        assert!(writes.contains(" | create (task, state, key"), "{writes}");
+        println!("{writes}");
         let costs = cost_table(&s);
         assert!(costs.starts_with("USD per million tasks"), "{costs}");
         for sc in &s {
@@ -487,6 +561,9 @@ mod tests {
             assert!((usd[5] - (usd[0] + usd[3] + usd[4])).abs() < 0.02, "{row}");
             assert!(usd[0] > 0.0, "{row}");
         }
+        // Progress events are off by default: a clean order publishes only `TaskProcessed`.
+        assert_eq!(s[0].name, "clean order");
+        assert_eq!(s[0].counts.events, 1, "{:?}", s[0].counts);
         let c = |i: usize| cost(&s[i]).orchestration;
         assert!(
             c(3) > c(0),

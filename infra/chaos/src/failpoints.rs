@@ -8,7 +8,7 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sas::aws::provision::Resources;
-use sas::domain::{BreakerRecord, Condition, Guard, ProcessState, StateRecord, Task, TaskId};
+use sas::domain::{BreakerRecord, Condition, ProcessState, StateRecord, Task, TaskId};
 use sas::ports::{
     CreateOutcome, Cursor, EventBus, IdempotencyRecord, Page, PublishError, Queue, QueueError,
     ReceivedMessage, StateStore, StoreError,
@@ -369,18 +369,7 @@ fn crashed(point: &str) -> String {
 
 /// The transition a state-record write makes, as a crash point name.
 fn put_point(record: &StateRecord, condition: &Condition) -> String {
-    let clears_outbox = record.outbox.is_empty()
-        && matches!(condition, Condition::Matches { guards, .. } if guards.contains(&Guard::NoticePending));
-    if clears_outbox {
-        return "put:outbox cleared".into();
-    }
-    let reason = record.history.last().map_or("", |h| h.reason.as_str());
-    let head = reason.split(':').next().unwrap_or(reason);
-    let name: String = head
-        .chars()
-        .map(|c| if c.is_ascii_digit() { '#' } else { c })
-        .collect();
-    format!("put:{}", name.trim())
+    format!("put:{}", sas::domain::write_label(record, condition))
 }
 
 /// The state store with failpoints after every write.

@@ -46,8 +46,13 @@ use std::collections::HashMap;
 pub const DUE_INDEX: &str = "due-index";
 /// The name of the GSI the operator's list queries (`StateShard` S, `UpdatedAt` N).
 pub const STATE_INDEX: &str = "state-index";
-/// The attributes `state-index` projects besides its keys: what a [`Summary`] needs.
-pub const STATE_INDEX_PROJECTION: [&str; 7] = [
+/// The attributes `state-index` projects besides its keys: the task's id (for the page's
+/// summaries, read from the records) and its workflow (the list's filter). Neither changes in a
+/// task's life, and the index's sort key `StateSince` changes only with the state: a write
+/// within a state costs the index nothing.
+pub const STATE_INDEX_PROJECTION: [&str; 2] = ["TaskId", "Workflow"];
+/// The attributes of a state record a [`Summary`] is made of.
+const SUMMARY_ATTRIBUTES: [&str; 9] = [
     "TaskId",
     "Workflow",
     "ProcessState",
@@ -55,6 +60,8 @@ pub const STATE_INDEX_PROJECTION: [&str; 7] = [
     "FailureCount",
     "Attempt",
     "LastError",
+    "UpdatedAt",
+    "StateSince",
 ];
 /// The name of the GSI a caller's list queries (`Caller` S, `CreatedAt` N, keys only).
 pub const CALLER_INDEX: &str = "caller-index";
@@ -188,7 +195,56 @@ fn parse_task(item: &Item) -> Result<Task, StoreError> {
     })
 }
 
-fn state_item(r: &StateRecord, shards: u32) -> Item {
+/// A record's steps and history, stored together deflated (`Body`, binary): they are most of
+/// its size (a map per step with its kept result, a line per transition up to
+/// [`MAX_HISTORY`]) and mostly repeated names and words, and every write bills the whole item
+/// by the KB. No condition reads inside them. Written as lists of maps (`Steps`, `History`,
+/// the layout before `Body`, still read) only if deflating fails.
+///
+/// [`MAX_HISTORY`]: crate::domain::state::MAX_HISTORY
+#[derive(serde::Serialize)]
+struct Body<'a> {
+    steps: &'a [StepState],
+    history: &'a [HistoryEntry],
+}
+
+#[derive(serde::Deserialize)]
+struct OwnedBody {
+    steps: Vec<StepState>,
+    history: Vec<HistoryEntry>,
+}
+
+fn pack_body(r: &StateRecord) -> Option<Vec<u8>> {
+    use std::io::Write;
+    let json = serde_json::to_vec(&Body {
+        steps: &r.steps,
+        history: &r.history,
+    })
+    .ok()?;
+    let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
+    z.write_all(&json).ok()?;
+    z.finish().ok()
+}
+
+/// The most bytes a stored body may inflate to: far above what a record holds, so a corrupt
+/// or hostile blob cannot exhaust memory.
+const MAX_BODY_BYTES: u64 = 4 << 20;
+
+fn unpack_body(bytes: &[u8]) -> Result<OwnedBody, StoreError> {
+    use std::io::Read;
+    let mut json = Vec::new();
+    flate2::read::DeflateDecoder::new(bytes)
+        .take(MAX_BODY_BYTES + 1)
+        .read_to_end(&mut json)
+        .map_err(|e| corrupt(format!("Body does not inflate: {e}")))?;
+    if json.len() as u64 > MAX_BODY_BYTES {
+        return Err(corrupt("Body inflates past its limit"));
+    }
+    serde_json::from_slice(&json)
+        .map_err(|e| corrupt(format!("Body is not steps and history: {e}")))
+}
+
+fn history_list(r: &StateRecord) -> AttributeValue {
     let history = r
         .history
         .iter()
@@ -209,6 +265,10 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
             AttributeValue::M(m)
         })
         .collect();
+    AttributeValue::L(history)
+}
+
+fn steps_list(r: &StateRecord) -> AttributeValue {
     let steps = r
         .steps
         .iter()
@@ -247,6 +307,10 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
             AttributeValue::M(m)
         })
         .collect();
+    AttributeValue::L(steps)
+}
+
+fn state_item(r: &StateRecord, shards: u32) -> Item {
     let mut item = HashMap::from([
         ("pk".to_owned(), s(task_pk(&r.task_id))),
         ("sk".to_owned(), s("STATE")),
@@ -258,12 +322,10 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
         ("Round".to_owned(), n(r.round)),
         ("Attempt".to_owned(), n(r.attempt)),
         ("StepIndex".to_owned(), n(r.step_index)),
-        ("Steps".to_owned(), AttributeValue::L(steps)),
         (
             "Outbox".to_owned(),
             AttributeValue::L(r.outbox.iter().map(|o| s(o.encode())).collect()),
         ),
-        ("History".to_owned(), AttributeValue::L(history)),
         // The state index: every record, by state, newest first (the operator's list).
         (
             "StateShard".to_owned(),
@@ -275,7 +337,21 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
         ("Version".to_owned(), n(r.version)),
         ("CreatedAt".to_owned(), ms(r.created_at)),
         ("UpdatedAt".to_owned(), ms(r.updated_at)),
+        // The state index's sort key: changes with the state only.
+        ("StateSince".to_owned(), ms(r.since)),
     ]);
+    match pack_body(r) {
+        Some(z) => {
+            item.insert(
+                "Body".to_owned(),
+                AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(z)),
+            );
+        }
+        None => {
+            item.insert("Steps".to_owned(), steps_list(r));
+            item.insert("History".to_owned(), history_list(r));
+        }
+    }
     // Absent, not null: `attribute_not_exists(LockedBy)` is the "unlocked" test.
     if let Some(l) = &r.locked_by {
         item.insert("LockedBy".to_owned(), s(l));
@@ -351,6 +427,7 @@ pub fn item_size(item: &Item) -> usize {
                 significant.div_ceil(2) + 1
             }
             AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
+            AttributeValue::B(b) => b.as_ref().len(),
             AttributeValue::L(l) => 3 + l.iter().map(|e| 1 + value(e)).sum::<usize>(),
             AttributeValue::M(m) => {
                 3 + m.iter().map(|(k, e)| 1 + k.len() + value(e)).sum::<usize>()
@@ -388,13 +465,20 @@ pub fn index_entry_sizes(record: &StateRecord, shards: u32) -> (Option<usize>, u
     let due = item
         .contains_key("DueAt")
         .then(|| pick(&["pk", "sk", "DueShard", "DueAt"]));
-    let mut state_names = vec!["pk", "sk", "StateShard", "UpdatedAt"];
+    let mut state_names = vec!["pk", "sk", "StateShard", "StateSince"];
     state_names.extend(STATE_INDEX_PROJECTION);
     (due, pick(&state_names))
 }
 
 fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
     let version: u64 = get_n(item, "Version")?;
+    if let Some(body) = item.get("Body") {
+        let AttributeValue::B(z) = body else {
+            return Err(corrupt("Body is not binary"));
+        };
+        let body = unpack_body(z.as_ref())?;
+        return record_of(item, version, body.steps, body.history);
+    }
     let steps = match item.get("Steps") {
         Some(AttributeValue::L(l)) => l
             .iter()
@@ -420,19 +504,6 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
             .collect::<Result<Vec<_>, _>>()?,
         _ => return Err(corrupt("Steps missing")),
     };
-    let outbox = match item.get("Outbox") {
-        Some(AttributeValue::L(l)) => l
-            .iter()
-            .map(|v| match v {
-                AttributeValue::S(st) => {
-                    crate::domain::state::Owed::decode(st, version).map_err(corrupt)
-                }
-                _ => Err(corrupt("Outbox holds a non-string")),
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        None => vec![],
-        _ => return Err(corrupt("Outbox is not a list")),
-    };
     let history = match item.get("History") {
         Some(AttributeValue::L(l)) => l
             .iter()
@@ -451,6 +522,29 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
             .collect::<Result<Vec<_>, _>>()?,
         None => vec![],
         _ => return Err(corrupt("History is not a list")),
+    };
+    record_of(item, version, steps, history)
+}
+
+/// The record of a state item whose steps and history were read.
+fn record_of(
+    item: &Item,
+    version: u64,
+    steps: Vec<StepState>,
+    history: Vec<HistoryEntry>,
+) -> Result<StateRecord, StoreError> {
+    let outbox = match item.get("Outbox") {
+        Some(AttributeValue::L(l)) => l
+            .iter()
+            .map(|v| match v {
+                AttributeValue::S(st) => {
+                    crate::domain::state::Owed::decode(st, version).map_err(corrupt)
+                }
+                _ => Err(corrupt("Outbox holds a non-string")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => vec![],
+        _ => return Err(corrupt("Outbox is not a list")),
     };
     Ok(StateRecord {
         task_id: get_s(item, "TaskId")?
@@ -487,7 +581,17 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
         version,
         created_at: time(get_n(item, "CreatedAt")?)?,
         updated_at: time(get_n(item, "UpdatedAt")?)?,
+        since: since(item)?,
     })
+}
+
+/// When the record entered its state (`StateSince`; a record written before it was stored:
+/// its last write).
+fn since(item: &Item) -> Result<DateTime<Utc>, StoreError> {
+    match opt_n::<i64>(item, "StateSince")? {
+        Some(ms) => time(ms),
+        None => time(get_n(item, "UpdatedAt")?),
+    }
 }
 
 /// A condition expression with its names and values.
@@ -1025,13 +1129,15 @@ impl StateStore for DynamoStore {
     ) -> Result<Page, StoreError> {
         let limit = limit.clamp(1, 1000);
         // Each shard's newest `limit` after the cursor, merged: the page is the newest `limit`
-        // of them all. A shard is read from the cursor's time down (`UpdatedAt <= t`). DynamoDB
+        // of them all. A shard is read from the cursor's time down (`StateSince <= t`). DynamoDB
         // leaves rows with equal sort keys in no defined order, so a shard is read past its
-        // `limit` rows until its `UpdatedAt` changes: every row tied with its last one is
+        // `limit` rows until its `StateSince` changes: every row tied with its last one is
         // taken, and the merge orders the ties by id. (Cut at `limit`, a shard could leave out
         // a tied row whose id sorts before the page's last one, and the next page, starting
-        // after that id, would skip it.)
-        let mut rows = Vec::new();
+        // after that id, would skip it.) The index projects only the task's id and workflow:
+        // the page's summaries are then read from the state records (one `BatchGetItem`), so a
+        // write within a state changes nothing in the index.
+        let mut rows: Vec<(i64, TaskId)> = Vec::new();
         let mut more = false;
         for shard in 0..self.shards {
             let mut start = None;
@@ -1051,8 +1157,8 @@ impl StateStore for DynamoStore {
                     .set_exclusive_start_key(start.take());
                 query = match after {
                     Some(c) => query
-                        .key_condition_expression("StateShard = :k AND UpdatedAt <= :t")
-                        .expression_attribute_values(":t", n(c.updated_at_ms)),
+                        .key_condition_expression("StateShard = :k AND StateSince <= :t")
+                        .expression_attribute_values(":t", n(c.at_ms)),
                     None => query.key_condition_expression("StateShard = :k"),
                 };
                 if let Some(w) = workflow {
@@ -1064,9 +1170,11 @@ impl StateStore for DynamoStore {
                 }
                 let out = query.send().await.map_err(|e| unavailable(&e))?;
                 for item in out.items() {
-                    let summary = parse_summary(item)?;
-                    let ms = summary.updated_at.timestamp_millis();
-                    if !after.is_none_or(|c| c.precedes(ms, summary.task_id)) {
+                    let id: TaskId = get_s(item, "TaskId")?
+                        .parse()
+                        .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?;
+                    let ms: i64 = get_n(item, "StateSince")?;
+                    if !after.is_none_or(|c| c.precedes(ms, id)) {
                         continue;
                     }
                     if taken >= limit && last_ms != Some(ms) {
@@ -1076,7 +1184,7 @@ impl StateStore for DynamoStore {
                     }
                     taken += 1;
                     last_ms = Some(ms);
-                    rows.push(summary);
+                    rows.push((ms, id));
                 }
                 match out.last_evaluated_key() {
                     Some(k) if !k.is_empty() => start = Some(k.clone()),
@@ -1084,7 +1192,29 @@ impl StateStore for DynamoStore {
                 }
             }
         }
-        Ok(Page::newest_first(rows, limit, more))
+        rows.sort_by_key(|(ms, id)| Cursor::order_key(*ms, *id));
+        let more = more || rows.len() > limit;
+        rows.truncate(limit);
+        let next = more
+            .then(|| {
+                rows.last().map(|(ms, id)| Cursor {
+                    at_ms: *ms,
+                    task_id: *id,
+                })
+            })
+            .flatten();
+        let mut found = self.summaries(rows.iter().map(|(_, id)| *id)).await?;
+        let items = rows
+            .iter()
+            .filter_map(|(ms, id)| {
+                let mut summary = found.remove(id)?;
+                // The index lags the table: a record that has left the state since is left
+                // out; one that left and came back is listed where the index has it.
+                summary.since = time(*ms).ok()?;
+                (summary.process_state == state).then_some(summary)
+            })
+            .collect();
+        Ok(Page { items, next })
     }
 
     async fn count(
@@ -1260,7 +1390,7 @@ impl StateStore for DynamoStore {
                 ("pk".to_owned(), s(task_pk(&c.task_id))),
                 ("sk".to_owned(), s("TASK")),
                 ("Caller".to_owned(), s(caller.as_str())),
-                ("CreatedAt".to_owned(), n(c.updated_at_ms)),
+                ("CreatedAt".to_owned(), n(c.at_ms)),
             ])
         });
         let out = self
@@ -1296,7 +1426,7 @@ impl StateStore for DynamoStore {
         }
         let next = match (out.last_evaluated_key(), keys.last()) {
             (Some(k), Some((id, created))) if !k.is_empty() => Some(Cursor {
-                updated_at_ms: *created,
+                at_ms: *created,
                 task_id: *id,
             }),
             _ => None,
@@ -1321,25 +1451,34 @@ impl DynamoStore {
             })
             .collect();
         let mut found = HashMap::new();
-        if keys.is_empty() {
-            return Ok(found);
-        }
-        // The summary's attributes (as the state index projects them), by placeholder.
-        let names: HashMap<String, String> = STATE_INDEX_PROJECTION
+        // The summary's attributes, by placeholder.
+        let names: HashMap<String, String> = SUMMARY_ATTRIBUTES
             .iter()
-            .chain(["UpdatedAt"].iter())
             .enumerate()
             .map(|(i, a)| (format!("#a{i}"), (*a).to_owned()))
             .collect();
         let projection = names.keys().cloned().collect::<Vec<_>>().join(", ");
-        let mut pending = Some(
-            KeysAndAttributes::builder()
-                .set_keys(Some(keys))
-                .projection_expression(projection)
-                .set_expression_attribute_names(Some(names))
-                .build()
-                .map_err(|e| StoreError::Unavailable(e.to_string()))?,
-        );
+        // At most 100 keys a request.
+        for chunk in keys.chunks(100) {
+            let pending = Some(
+                KeysAndAttributes::builder()
+                    .set_keys(Some(chunk.to_vec()))
+                    .projection_expression(projection.clone())
+                    .set_expression_attribute_names(Some(names.clone()))
+                    .build()
+                    .map_err(|e| StoreError::Unavailable(e.to_string()))?,
+            );
+            self.batch_summaries(pending, &mut found).await?;
+        }
+        Ok(found)
+    }
+
+    /// One `BatchGetItem` of summaries, its unprocessed keys asked again.
+    async fn batch_summaries(
+        &self,
+        mut pending: Option<aws_sdk_dynamodb::types::KeysAndAttributes>,
+        found: &mut HashMap<TaskId, Summary>,
+    ) -> Result<(), StoreError> {
         // Unprocessed keys (throttling) are asked again, a few times, then reported.
         for _ in 0..5 {
             let Some(request) = pending.take() else { break };
@@ -1370,7 +1509,7 @@ impl DynamoStore {
                 "state records left unread (throttled)".into(),
             ));
         }
-        Ok(found)
+        Ok(())
     }
 }
 
@@ -1603,6 +1742,7 @@ fn parse_summary(item: &Item) -> Result<Summary, StoreError> {
         attempt: get_n(item, "Attempt")?,
         last_error: opt_s(item, "LastError"),
         updated_at: time(get_n(item, "UpdatedAt")?)?,
+        since: since(item)?,
     })
 }
 
@@ -1643,6 +1783,77 @@ mod tests {
         let item = state_item(&r, 4);
         assert!(!item.contains_key("DueShard") && !item.contains_key("DueAt"));
         assert_eq!(parse_state(&item).expect("parses"), r);
+    }
+
+    #[test]
+    fn steps_and_history_are_stored_deflated_and_old_lists_still_read() {
+        let now = crate::domain::state::to_millis(Utc::now());
+        let mut r = StateRecord::new(
+            TaskId::new_random(),
+            &examples::ecommerce_order(&crate::Policy::default()),
+            None,
+            now,
+            now + chrono::Duration::seconds(5),
+        );
+        r.steps[0].status = crate::domain::StepStatus::Done;
+        r.steps[0].result = Some(r#"{"id":"res-123","items":[{"sku":"SKU-9"}]}"#.into());
+        r.steps[0].finished_at = Some(now);
+        r.steps[0].finished_attempt = Some(1);
+        r.steps[1].sent = true;
+        r.steps[1].status = crate::domain::StepStatus::Running;
+        for i in 0..100u64 {
+            r.history.push(HistoryEntry {
+                at: now + chrono::Duration::milliseconds(i as i64),
+                from: ProcessState::Processing,
+                to: ProcessState::Processing,
+                step: Some("charge-payment".into()),
+                attempt: i,
+                reason: format!("timed out; retry #{i} in 5s"),
+                by: (i % 7 == 0).then(|| "arn:aws:iam::123456789012:role/ops".to_owned()),
+            });
+        }
+        r.history.truncate(crate::domain::state::MAX_HISTORY);
+        let item = state_item(&r, 4);
+        assert!(matches!(item.get("Body"), Some(AttributeValue::B(_))));
+        assert!(!item.contains_key("History") && !item.contains_key("Steps"));
+        assert_eq!(parse_state(&item).expect("parses"), r);
+        // 100 lines: about 12 KB as lists of maps, a fraction of it deflated.
+        let mut plain = item.clone();
+        plain.remove("Body");
+        plain.insert("Steps".into(), steps_list(&r));
+        plain.insert("History".into(), history_list(&r));
+        assert!(
+            item_size(&item) * 4 < item_size(&plain),
+            "{} deflated, {} plain",
+            item_size(&item),
+            item_size(&plain)
+        );
+        // An item written before `Body` reads the same.
+        assert_eq!(parse_state(&plain).expect("parses"), r);
+        // A blob that is not a deflated body is a corrupt record, not a panic or an empty
+        // history.
+        let mut bad = item.clone();
+        bad.insert(
+            "Body".into(),
+            AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(
+                b"not deflate".to_vec(),
+            )),
+        );
+        assert!(matches!(parse_state(&bad), Err(StoreError::Corrupt(_))));
+        // Nor is one that inflates past the limit (a deflate bomb: 5 MB of spaces).
+        use std::io::Write;
+        let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
+        z.write_all(&vec![b' '; 5 << 20]).expect("deflates");
+        let bomb = z.finish().expect("deflates");
+        assert!(bomb.len() < 64 * 1024);
+        bad.insert(
+            "Body".into(),
+            AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(bomb)),
+        );
+        match parse_state(&bad) {
+            Err(StoreError::Corrupt(m)) => assert!(m.contains("limit"), "{m}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

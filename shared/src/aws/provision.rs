@@ -116,8 +116,8 @@ pub async fn provision(
 }
 
 /// The table: `pk`/`sk` strings, the sparse GSI `due-index` on `DueShard` (S) and `DueAt` (N)
-/// projecting keys only, and the GSI `state-index` on `StateShard` (S) and `UpdatedAt` (N)
-/// projecting what the operator's list shows.
+/// projecting keys only, and the GSI `state-index` on `StateShard` (S) and `StateSince` (N)
+/// projecting the task's id and workflow.
 pub async fn create_table(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -154,7 +154,7 @@ pub async fn create_table(
     let by_state = GlobalSecondaryIndex::builder()
         .index_name(STATE_INDEX)
         .key_schema(key("StateShard", KeyType::Hash)?)
-        .key_schema(key("UpdatedAt", KeyType::Range)?)
+        .key_schema(key("StateSince", KeyType::Range)?)
         .projection(
             Projection::builder()
                 .projection_type(ProjectionType::Include)
@@ -188,7 +188,7 @@ pub async fn create_table(
         .attribute_definitions(attr("DueShard", ScalarAttributeType::S)?)
         .attribute_definitions(attr("DueAt", ScalarAttributeType::N)?)
         .attribute_definitions(attr("StateShard", ScalarAttributeType::S)?)
-        .attribute_definitions(attr("UpdatedAt", ScalarAttributeType::N)?)
+        .attribute_definitions(attr("StateSince", ScalarAttributeType::N)?)
         .attribute_definitions(attr("Caller", ScalarAttributeType::S)?)
         .attribute_definitions(attr("CreatedAt", ScalarAttributeType::N)?)
         .key_schema(key("pk", KeyType::Hash)?)

@@ -18,5 +18,7 @@ pub use state::{
     HistoryEntry, Invariant, Owed, ProcessState, StateRecord, Status, StepState, StepStatus,
 };
 pub use task::{Task, TaskId, ValidationError};
-pub use transition::{Actor, Condition, Effect, Guard, Policies, Policy, Rejection, Transition};
+pub use transition::{
+    Actor, Condition, Effect, Guard, Policies, Policy, Rejection, Transition, write_label,
+};
 pub use workflow::{DefinitionError, Document, Format, ServiceDef, Step, Target, Workflow};

@@ -406,6 +406,10 @@ pub struct StateRecord {
     pub version: u64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// When the record entered its current `process_state` (the write that changed it): the
+    /// state index's sort key, which therefore changes only when the state does, so a write
+    /// within a state costs the index nothing.
+    pub since: DateTime<Utc>,
 }
 
 /// A status in the outbox, with the version of the record whose transition made it: the
@@ -553,6 +557,7 @@ impl StateRecord {
             version: 1,
             created_at: now,
             updated_at: now,
+            since: now,
         }
     }
 
@@ -666,6 +671,9 @@ impl StateRecord {
         }
         if self.history.len() > MAX_HISTORY {
             return bad("history over its cap".into());
+        }
+        if self.since < self.created_at || self.since > self.updated_at {
+            return bad("entered its state outside its life".into());
         }
         if self.process_state.is_terminal()
             && (self.locked_by.is_some() || self.complete_by.is_some())

@@ -227,6 +227,7 @@ where
                 deliver_notice(o.store, o.queue, o.events, o.clock, &t.record).await?
             }
             Effect::Publish(status) => publish_status(o.queue, o.events, &t.record, *status).await,
+            Effect::Progress(status) => progress_status(o.queue, &t.record, *status).await,
             Effect::Enqueue { delay } => {
                 enqueue(
                     o.queue,
@@ -271,17 +272,31 @@ async fn send_status(
         // The span carries the task id, workflow and attempt: once per line.
         warn!(status = status.as_str(), last_error = ?record.last_error, "operator alert");
     }
-    // The caller's copy leaves out the raw error text, as the caller's view of the task does.
+    reply_copy(queue, record, &detail).await;
+    Ok(())
+}
+
+/// Sends a status's copy to the task's reply queue, if it has one: best effort, logged if it
+/// fails. The copy leaves out the raw error text, as the caller's view of the task does.
+async fn reply_copy(queue: &dyn Queue, record: &StateRecord, detail: &serde_json::Value) {
+    let Some(url) = &record.reply_queue_url else {
+        return;
+    };
     let mut copy = detail.clone();
     if let Some(m) = copy.as_object_mut() {
         m.remove("lastError");
     }
-    if let Some(url) = &record.reply_queue_url
-        && let Err(e) = queue.send(url, &copy.to_string(), Duration::ZERO).await
-    {
+    if let Err(e) = queue.send(url, &copy.to_string(), Duration::ZERO).await {
         error!(error = %e, "could not send the status to the task's reply queue");
     }
-    Ok(())
+}
+
+/// Sends a progress status to the task's reply queue only (progress events are off).
+pub(crate) async fn progress_status(queue: &dyn Queue, record: &StateRecord, status: Status) {
+    match serde_json::to_value(TaskNotice::of(record, status, record.version)) {
+        Ok(detail) => reply_copy(queue, record, &detail).await,
+        Err(e) => error!(status = status.as_str(), error = %e, "status does not serialize"),
+    }
 }
 
 /// Publishes a status that does not go through the outbox: best effort, logged if it fails.

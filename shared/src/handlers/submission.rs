@@ -17,12 +17,12 @@
 //! `GET /workflows/{name}/versions/{version}`, `GET /services` and `GET|PUT /services/{name}`
 //! read and publish definitions.
 
-use super::{Outlets, perform_no_step, publish_status, write};
+use super::{Outlets, perform_no_step, progress_status, publish_status, write};
 use crate::auth::Identity;
 use crate::catalog::{CatalogError, Definitions};
 use crate::domain::rate::{Admission, RateLimit};
 use crate::domain::task::{MAX_INPUT_BYTES, ReplyQueues};
-use crate::domain::transition::{self, Actor, Rejection, Transition};
+use crate::domain::transition::{self, Actor, Effect, Rejection, Transition};
 use crate::domain::workflow::{self, MAX_DEFINITION_BYTES, ServiceDef};
 use crate::domain::{Caller, ProcessState, StateRecord, Status, StepStatus, Task, TaskId};
 use crate::messages::{SchedulerMessage, WorkMessage};
@@ -490,13 +490,12 @@ async fn submit(
     }
     // Crash point: the task is stored but not yet enqueued. Its pickup deadline is in the due
     // index, so the supervisor re-enqueues it if this send never happens.
-    publish_status(
-        deps.queue.as_ref(),
-        deps.events.as_ref(),
-        &record,
-        Status::Received,
-    )
-    .await;
+    match workflow.policies().at(0).progress(Status::Received) {
+        Effect::Publish(status) => {
+            publish_status(deps.queue.as_ref(), deps.events.as_ref(), &record, status).await
+        }
+        _ => progress_status(deps.queue.as_ref(), &record, Status::Received).await,
+    }
     let work = SchedulerMessage::Work(WorkMessage::new(id));
     match serde_json::to_string(&work) {
         Ok(body) => {
@@ -1054,6 +1053,7 @@ pub fn caller_view(task: &Task, r: &StateRecord, public_errors: bool) -> Value {
         "history": history,
         "createdAt": r.created_at,
         "updatedAt": r.updated_at,
+        "since": r.since,
     });
     if public_errors {
         view["lastError"] = json!(r.last_error);
@@ -1110,6 +1110,7 @@ pub fn task_view(task: &Task, r: &StateRecord, workflow: Option<&crate::Workflow
         "history": r.history,
         "createdAt": r.created_at,
         "updatedAt": r.updated_at,
+        "since": r.since,
     })
 }
 

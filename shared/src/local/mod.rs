@@ -268,6 +268,7 @@ impl Default for Settings {
                 callback: None,
                 // One clock, and agents' calls end by the deadline: a short margin.
                 undo_wait: chrono::Duration::seconds(2),
+                progress_events: false,
             },
             backoff: Backoff {
                 base: chrono::Duration::milliseconds(20),

@@ -253,16 +253,14 @@ impl StateStore for MemoryStore {
     ) -> Result<Page, StoreError> {
         let limit = limit.max(1);
         let mut inner = self.lock()?;
-        // The list's order: UpdatedAt descending across shards, ties by id (which DynamoDB's
+        // The list's order: when the task entered its state, descending across shards, ties by id (which DynamoDB's
         // index leaves unspecified and the DynamoDB store sorts by too).
         let rows: Vec<Summary> = inner
             .indexed(self.index_lag)
             .filter(|r| r.process_state == state)
             .filter(|r| workflow.is_none_or(|w| r.workflow == w))
             .map(Summary::of)
-            .filter(|s| {
-                after.is_none_or(|c| c.precedes(s.updated_at.timestamp_millis(), s.task_id))
-            })
+            .filter(|s| after.is_none_or(|c| c.precedes(s.since.timestamp_millis(), s.task_id)))
             .collect();
         Ok(Page::newest_first(rows, limit, false))
     }
@@ -365,7 +363,7 @@ impl StateStore for MemoryStore {
             .map(|t| (key(t.created_at.timestamp_millis(), &t.id), t))
             .collect();
         rows.sort_by_key(|r| r.0);
-        let start = after.map(|c| key(c.updated_at_ms, &c.task_id));
+        let start = after.map(|c| key(c.at_ms, &c.task_id));
         let mut items = Vec::new();
         let mut next = None;
         for (k, task) in rows {
@@ -376,7 +374,7 @@ impl StateStore for MemoryStore {
                 break;
             }
             next = Some(Cursor {
-                updated_at_ms: task.created_at.timestamp_millis(),
+                at_ms: task.created_at.timestamp_millis(),
                 task_id: task.id,
             });
             if let Some(summary) = seen.get(&task.id) {
