@@ -537,6 +537,8 @@ async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_clos
         probes: 1,
         probe_window: chrono::Duration::seconds(5),
         pause_after: None,
+        // This test reads the breaker's semantics across agents: every call reads it.
+        read_cache: chrono::Duration::zero(),
     };
     settings.breaker = policy;
     let now = chrono::Utc::now();

@@ -102,7 +102,7 @@ pub fn backoff() -> Result<Backoff, ConfigError> {
 
 /// The shared circuit breaker: `BREAKER_THRESHOLD` (default 5 consecutive transient faults),
 /// `BREAKER_COOLDOWN_MS` (default 5000), `BREAKER_PROBES` (default 1 per window),
-/// `BREAKER_PROBE_WINDOW_MS` (default 10000).
+/// `BREAKER_PROBE_WINDOW_MS` (default 10000), `BREAKER_CACHE_MS` (default 1000).
 pub fn breaker() -> Result<crate::domain::BreakerPolicy, ConfigError> {
     let d = crate::domain::BreakerPolicy::default();
     Ok(crate::domain::BreakerPolicy {
@@ -121,6 +121,9 @@ pub fn breaker() -> Result<crate::domain::BreakerPolicy, ConfigError> {
             0 => None,
             s => Some(chrono::Duration::seconds(s.max(1))),
         },
+        read_cache: chrono::Duration::milliseconds(
+            parsed("BREAKER_CACHE_MS", d.read_cache.num_milliseconds())?.max(0),
+        ),
     })
 }
 

@@ -57,8 +57,23 @@ pub trait StateStore: Send + Sync {
     async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError>;
     /// Strongly consistent read of the state record.
     async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError>;
-    /// Replaces the state record if `condition` holds, else [`StoreError::ConditionFailed`].
-    async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError>;
+    /// Replaces the state record if `condition` holds, else [`StoreError::ConditionFailed`]:
+    /// one write request with a new id (see [`StateStore::put_as`]).
+    async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
+        self.put_as(record, condition, rand::random()).await
+    }
+    /// [`StateStore::put`] as the request `write`. A write whose response was lost is retried
+    /// (by the SDK) as the same request, fails its condition against its own first attempt,
+    /// and reads back: it succeeded if the stored record is this one *and was written by this
+    /// request*. Two writers making the very same transition from the same version (two
+    /// supervisors recovering one record in one millisecond) are two requests: one wins, the
+    /// other gets a lost race, however alike their records.
+    async fn put_as(
+        &self,
+        record: &StateRecord,
+        condition: &Condition,
+        write: u64,
+    ) -> Result<(), StoreError>;
     /// Records of due-index `shard` due at or before `now`, oldest first (at most `limit`).
     /// Eventually consistent: callers re-read and write conditionally.
     async fn due(

@@ -186,9 +186,10 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     let due = r.complete_by.expect("pickup");
     let e = transition::expire(&r, due, p, 0.5).expect("due");
     assert_eq!(e.record.requeues, 1);
+    // (The SDK's retry is the same request: `put_as` with the same id.)
     for _ in 0..2 {
         store
-            .put(&e.record, &e.condition)
+            .put_as(&e.record, &e.condition, 7)
             .await
             .expect("applied, or already applied");
     }
@@ -198,11 +199,26 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     );
     let c = transition::claim(&e.record, "s1", due, p).expect("claim");
     let rival = transition::claim(&e.record, "s2", due, p).expect("claim");
-    store.put(&c.record, &c.condition).await.expect("claim");
     store
-        .put(&c.record, &c.condition)
+        .put_as(&c.record, &c.condition, 8)
+        .await
+        .expect("claim");
+    store
+        .put_as(&c.record, &c.condition, 8)
         .await
         .expect("the claim's retry reads back as applied");
+    // Another writer making the very same claim from the same version (the same record, byte
+    // for byte) is another request: it lost the race, however alike the records.
+    let twin = transition::claim(&e.record, "s1", due, p).expect("claim");
+    assert_eq!(twin, c, "the same transition");
+    assert!(
+        is_condition_failed(store.put_as(&twin.record, &twin.condition, 9).await),
+        "an identical write by another request lost the race"
+    );
+    assert!(
+        is_condition_failed(store.put(&twin.record, &twin.condition).await),
+        "so does one by a plain put (a new request)"
+    );
     assert!(
         is_condition_failed(store.put(&rival.record, &rival.condition).await),
         "a rival claim under the same condition lost the race"
@@ -696,11 +712,11 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
 
     let claim = transition::claim(&r, "s-1", now, &p).expect("claim");
     store
-        .put(&claim.record, &claim.condition)
+        .put_as(&claim.record, &claim.condition, 1)
         .await
         .expect("claim lands");
-    store.put(&claim.record, &claim.condition).await.expect(
-        "the same claim twice: the record already is that claim (a retry after a lost response)",
+    store.put_as(&claim.record, &claim.condition, 1).await.expect(
+        "the same request twice: the record already is that claim (a retry after a lost response)",
     );
     let rival = transition::claim(&r, "s-2", now, &p).expect("claim from the stale read");
     assert!(is_condition_failed(
@@ -857,7 +873,7 @@ async fn futures_times(store: &dyn StateStore, ids: &[TaskId]) -> Vec<chrono::Da
     let mut out = Vec::new();
     for id in ids {
         let r = store.get_state(*id).await.expect("read").expect("exists");
-        out.extend(r.due_at());
+        out.extend(r.due_key);
     }
     out
 }

@@ -167,11 +167,16 @@ impl StateStore for CountingStore {
         self.meter.add(|c| c.rru += 1.0);
         Ok(out)
     }
-    async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
+    async fn put_as(
+        &self,
+        record: &StateRecord,
+        condition: &Condition,
+        write: u64,
+    ) -> Result<(), StoreError> {
         self.meter.call("DynamoDB PutItem");
         // The bill depends on the item replaced: read it (uncounted; the handlers never do).
         let old = self.inner.get_state(record.task_id).await.ok().flatten();
-        let out = self.inner.put(record, condition).await;
+        let out = self.inner.put_as(record, condition, write).await;
         let new_size = state_record_size(record, self.shards);
         let old_size = old
             .as_ref()
@@ -187,7 +192,7 @@ impl StateStore for CountingStore {
             let (old_due, old_state) = old
                 .as_ref()
                 .map_or((None, 0), |o| index_entry_sizes(o, self.shards));
-            let due_moved = old.as_ref().map(|o| o.due_at()) != Some(record.due_at());
+            let due_moved = old.as_ref().map(|o| o.due_key) != Some(record.due_key);
             w.due_index = match (old_due, new_due) {
                 (Some(a), Some(b)) if due_moved => units(a, 1024) + units(b, 1024),
                 (Some(_), Some(_)) => 0.0,

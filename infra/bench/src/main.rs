@@ -41,6 +41,9 @@ struct Cli {
 const REMOTE_CALL_MS: f64 = 100.0;
 const MEMORY_GB: f64 = 0.25;
 const SFN_EXPRESS_GB: f64 = 0.0625;
+/// Messages per invocation (and per receive and delete) when the queues are busy: the
+/// scheduler's and the supervisor's mappings take batches of 10 (`template.yaml`).
+const AT_LOAD_BATCH: f64 = 10.0;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -90,6 +93,8 @@ async fn main() -> anyhow::Result<()> {
         writeln!(md, "{}", writes_table(&scenarios))?;
         writeln!(md, "## Cost per million tasks\n")?;
         writeln!(md, "{}", cost_table(&scenarios))?;
+        writeln!(md, "## Before and after\n")?;
+        writeln!(md, "{}", before_after_table(&scenarios)?)?;
     }
 
     eprintln!("recovery lag…");
@@ -321,6 +326,14 @@ struct Cost {
 }
 
 fn cost(s: &Scenario) -> Cost {
+    cost_with(s, 1.0)
+}
+
+/// The cost with `batch` messages per invocation of every SQS-triggered function (and per
+/// receive and per delete, which the event source mapping makes in batches): 1 is the upper
+/// bound, one message per invocation; the template's mappings take up to 10 (the agent's 5),
+/// which they fill when the queues are busy.
+fn cost_with(s: &Scenario, batch: f64) -> Cost {
     use prices::*;
     let c = &s.counts;
     let inv = |f: &str| s.invocations.get(f).copied().unwrap_or(0) as f64;
@@ -335,15 +348,18 @@ fn cost(s: &Scenario) -> Cost {
             n * ((secs(f) / n) * 1e3).ceil() / 1e3
         }
     };
-    let orch_invocations = inv("submission") + inv("scheduler") + inv("supervisor");
+    let orch_invocations = inv("submission") + (inv("scheduler") + inv("supervisor")) / batch;
     let orch_seconds = billed("submission") + billed("scheduler") + billed("supervisor");
     let consumed: u64 = ["work", "replies", "agent", "timers"]
         .iter()
         .map(|k| c.messages.get(*k).copied().unwrap_or(0))
         .sum();
     let agent_msgs = c.messages.get("agent").copied().unwrap_or(0) as f64;
-    let sqs_requests = c.call("SQS SendMessage") as f64 + 2.0 * consumed as f64;
-    let agent_sqs = 3.0 * agent_msgs + c.messages.get("replies").copied().unwrap_or(0) as f64 * 3.0;
+    let sqs_requests = c.call("SQS SendMessage") as f64 + 2.0 * consumed as f64 / batch;
+    // The agent's mapping takes at most 5 a batch.
+    let per_message = 1.0 + 2.0 / batch.min(5.0);
+    let agent_sqs = per_message * agent_msgs
+        + c.messages.get("replies").copied().unwrap_or(0) as f64 * per_message;
     let orchestration = orch_invocations * LAMBDA_REQUEST.usd
         + orch_seconds * MEMORY_GB * LAMBDA_ARM_GB_SECOND.usd
         + c.wru * DYNAMODB_WRU.usd
@@ -354,7 +370,7 @@ fn cost(s: &Scenario) -> Cost {
         + s.callbacks as f64 * HTTP_API_REQUEST.usd;
     let agent_seconds = billed("agent") + inv("agent") * REMOTE_CALL_MS / 1e3;
     // The agents and their queues: the same work whichever orchestrator drives them.
-    let agents = inv("agent") * LAMBDA_REQUEST.usd
+    let agents = inv("agent") / batch.min(5.0) * LAMBDA_REQUEST.usd
         + agent_seconds * MEMORY_GB * LAMBDA_ARM_GB_SECOND.usd
         + agent_sqs * SQS_REQUEST.usd;
     let api = HTTP_API_REQUEST.usd;
@@ -415,6 +431,44 @@ fn writes_table(scenarios: &[Scenario]) -> String {
     t
 }
 
+/// The figures of the baseline run (`infra/bench/baseline.json`, committed with the commit and
+/// date they were measured at) beside this run's, scenario by scenario.
+fn before_after_table(scenarios: &[Scenario]) -> anyhow::Result<String> {
+    let baseline: serde_json::Value = serde_json::from_str(include_str!("../baseline.json"))?;
+    let mut t = format!(
+        "This run against the baseline measured on {} at `{}` ({}). Orchestration in USD per million tasks; the rest per task. `sas / Standard` is this run's orchestration against Step Functions Standard's.\n\n| task | orchestration before | now | change | WRU before | now | RRU before | now | events before | now | SQS sends before | now | sas / Standard |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        baseline["measured"].as_str().unwrap_or("?"),
+        baseline["commit"].as_str().unwrap_or("?"),
+        baseline["note"].as_str().unwrap_or_default(),
+    );
+    for s in scenarios {
+        let b = &baseline["scenarios"][s.name];
+        let f = |k: &str| b[k].as_f64();
+        let c = cost(s);
+        let now = c.orchestration * 1e6;
+        let (Some(usd), Some(wru), Some(rru), Some(events), Some(sends)) = (
+            f("orchestration_usd"),
+            f("wru"),
+            f("rru"),
+            f("events"),
+            f("sqs_sends"),
+        ) else {
+            anyhow::bail!("baseline.json has no complete row for {:?}", s.name);
+        };
+        t.push_str(&format!(
+            "| {} | ${usd:.2} | ${now:.2} | {:+.0}% | {wru:.0} | {:.0} | {rru:.1} | {:.1} | {events:.0} | {} | {sends:.0} | {} | 1/{:.1} |\n",
+            s.name,
+            (now / usd - 1.0) * 100.0,
+            s.counts.wru,
+            s.counts.rru,
+            s.counts.events,
+            s.counts.call("SQS SendMessage"),
+            c.sfn_standard / c.orchestration,
+        ));
+    }
+    Ok(t)
+}
+
 fn cost_table(scenarios: &[Scenario]) -> String {
     let m = 1e6;
     let mut t = format!(
@@ -439,6 +493,20 @@ Fixed monthly costs are left out: the supervisor's schedule (43,200 invocations 
             (c.orchestration + c.agents + c.api) * m,
             (c.sfn_standard + c.agents + c.api) * m,
             (c.sfn_express + c.agents + c.api) * m,
+        ));
+    }
+    t.push_str(&format!(
+        "\nUnder load the event source mappings fill their batches (up to 10 messages; the agent's 5), so the scheduler's and the supervisor's invocations and the queues' receives and deletes are shared by the batch (the sends, the writes and the events are not). With full batches of {AT_LOAD_BATCH}:\n\n| task | sas orchestration, one message per invocation | sas orchestration, full batches | Step Functions Standard | sas / Standard, full batches |\n|---|---|---|---|---|\n"
+    ));
+    for s in scenarios {
+        let (one, full) = (cost(s), cost_with(s, AT_LOAD_BATCH));
+        t.push_str(&format!(
+            "| {} | ${:.2} | ${:.2} | ${:.2} | 1/{:.1} |\n",
+            s.name,
+            one.orchestration * m,
+            full.orchestration * m,
+            one.sfn_standard * m,
+            one.sfn_standard / full.orchestration
         ));
     }
     t.push_str("\nPrices:\n\n| item | USD | per | source |\n|---|---|---|---|\n");
@@ -561,10 +629,27 @@ mod tests {
             assert!((usd[5] - (usd[0] + usd[3] + usd[4])).abs() < 0.02, "{row}");
             assert!(usd[0] > 0.0, "{row}");
         }
+        // Every scenario has its baseline row, and the change is computed from both.
+        let before_after = before_after_table(&s).expect("every scenario has a baseline");
+        for sc in &s {
+            let row = before_after
+                .lines()
+                .find(|l| l.starts_with(&format!("| {} |", sc.name)))
+                .unwrap_or_else(|| panic!("no before/after row for {}:\n{before_after}", sc.name));
+            assert!(row.contains('%') && row.contains("1/"), "{row}");
+        }
         // Progress events are off by default: a clean order publishes only `TaskProcessed`.
         assert_eq!(s[0].name, "clean order");
         assert_eq!(s[0].counts.events, 1, "{:?}", s[0].counts);
         let c = |i: usize| cost(&s[i]).orchestration;
+        for sc in &s {
+            assert!(
+                cost_with(sc, AT_LOAD_BATCH).orchestration < cost(sc).orchestration,
+                "full batches cost less: {}",
+                sc.name
+            );
+        }
+        assert!(costs.contains("full batches"), "{costs}");
         assert!(
             c(3) > c(0),
             "a compensated order costs more than a clean one"

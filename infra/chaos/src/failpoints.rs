@@ -429,15 +429,21 @@ impl StateStore for ChaosStore {
     async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
         self.inner.get_state(id).await
     }
-    async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
+    async fn put_as(
+        &self,
+        record: &StateRecord,
+        condition: &Condition,
+        write: u64,
+    ) -> Result<(), StoreError> {
         let subject = record.task_id.to_string();
         if self.chaos.throttle("put", &subject) {
             return Err(StoreError::Unavailable(throttled("put")));
         }
-        self.inner.put(record, condition).await?;
+        self.inner.put_as(record, condition, write).await?;
         self.chaos.recorder.applied(record);
         if self.chaos.lose_response("put", &subject) {
-            let again = self.inner.put(record, condition).await;
+            // The SDK's retry: the same request again.
+            let again = self.inner.put_as(record, condition, write).await;
             self.after_retry("put", record, &again).await;
             again?;
         }

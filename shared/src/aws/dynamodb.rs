@@ -394,7 +394,7 @@ fn state_item(r: &StateRecord, shards: u32) -> Item {
         item.insert("Pivot".to_owned(), n(p));
     }
     // The sparse index: only records the supervisor must look at carry its keys.
-    if let Some(due) = r.due_at() {
+    if let Some(due) = r.due_key {
         item.insert(
             "DueShard".to_owned(),
             s(shard_key(due_shard(&r.task_id, shards))),
@@ -582,6 +582,7 @@ fn record_of(
         created_at: time(get_n(item, "CreatedAt")?)?,
         updated_at: time(get_n(item, "UpdatedAt")?)?,
         since: since(item)?,
+        due_key: opt_n::<i64>(item, "DueAt")?.map(time).transpose()?,
     })
 }
 
@@ -863,9 +864,17 @@ impl StateStore for DynamoStore {
             .transpose()
     }
 
-    async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
+    async fn put_as(
+        &self,
+        record: &StateRecord,
+        condition: &Condition,
+        write: u64,
+    ) -> Result<(), StoreError> {
         let e = condition_expr(condition);
         let mut item = state_item(record, self.shards);
+        // The request's id, so the read-back below tells this request's write (its own retry)
+        // from a rival's identical one.
+        item.insert("WriteId".to_owned(), s(format!("{write:016x}")));
         // A final record expires with the retention (DynamoDB TTL on `ExpiresAt`).
         if let Some(at) = self.expiry(record) {
             item.insert("ExpiresAt".to_owned(), n(at));
@@ -889,8 +898,9 @@ impl StateStore for DynamoStore {
                 Some(PutItemError::ConditionalCheckFailedException(c)) => {
                     // An ambiguous write: the SDK retries a request whose response was lost
                     // (a timeout, a 5xx), and the retry fails its condition against the
-                    // first attempt's own write. "The record already is what I wrote" is
-                    // success; anything else is a lost race.
+                    // first attempt's own write. "The record already is what I wrote" (this
+                    // item, `WriteId` and all) is success; anything else, a rival's identical
+                    // transition included, is a lost race.
                     if c.item() == Some(&item) {
                         Ok(())
                     } else {
@@ -1780,6 +1790,7 @@ mod tests {
 
         r.process_state = ProcessState::Error;
         r.complete_by = None;
+        r.due_key = None;
         let item = state_item(&r, 4);
         assert!(!item.contains_key("DueShard") && !item.contains_key("DueAt"));
         assert_eq!(parse_state(&item).expect("parses"), r);

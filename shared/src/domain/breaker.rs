@@ -21,6 +21,10 @@ pub struct BreakerPolicy {
     /// probe past it writes `Paused` instead of `Open`): its steps keep waiting, no more probes
     /// go out, and an operator resumes it. `None`: never.
     pub pause_after: Option<Duration>,
+    /// How long an agent instance may reuse the breaker it last read or wrote instead of
+    /// reading it again before each call (`BREAKER_CACHE_MS`; zero: read every time). See
+    /// ARCHITECTURE.md, "The breaker's read cache", for why a stale read is safe.
+    pub read_cache: Duration,
 }
 
 impl Default for BreakerPolicy {
@@ -31,6 +35,7 @@ impl Default for BreakerPolicy {
             probes: 1,
             probe_window: Duration::seconds(10),
             pause_after: None,
+            read_cache: Duration::seconds(1),
         }
     }
 }
@@ -215,6 +220,7 @@ mod tests {
             cooldown: Duration::seconds(10),
             probes: 1,
             probe_window: Duration::seconds(5),
+            read_cache: Duration::zero(),
         }
     }
 

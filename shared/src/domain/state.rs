@@ -410,6 +410,31 @@ pub struct StateRecord {
     /// state index's sort key, which therefore changes only when the state does, so a write
     /// within a state costs the index nothing.
     pub since: DateTime<Utc>,
+    /// The due index's sort key: at or before [`StateRecord::due_at`] (so the sweep is never
+    /// late), and kept across writes while the due time stays within [`DUE_KEY_SLACK`] after it
+    /// (so a step done, whose next deadline is a little later, does not move the index entry:
+    /// a delete and a put). The sweep may therefore find a record up to the slack early; it
+    /// reads it and leaves it. `None` iff `due_at()` is.
+    pub due_key: Option<DateTime<Utc>>,
+}
+
+/// How far before its due time a record's due-index key may stay (see
+/// [`StateRecord::due_key`]): a task that runs for up to this long after its first deadline
+/// was set moves its entry only when its state ends.
+pub fn due_key_slack() -> chrono::Duration {
+    chrono::Duration::seconds(60)
+}
+
+/// The due-index key of a record due at `due` whose key was `before`: kept while it is at or
+/// before `due` and at most [`due_key_slack`] before it, else `due` itself.
+pub fn next_due_key(
+    before: Option<DateTime<Utc>>,
+    due: Option<DateTime<Utc>>,
+) -> Option<DateTime<Utc>> {
+    match (before, due) {
+        (Some(k), Some(d)) if k <= d && d - k <= due_key_slack() => Some(k),
+        (_, d) => d,
+    }
 }
 
 /// A status in the outbox, with the version of the record whose transition made it: the
@@ -520,6 +545,12 @@ impl StateRecord {
         pickup_by: DateTime<Utc>,
     ) -> Self {
         let now = to_millis(now);
+        let pickup_by = to_millis(pickup_by);
+        // The first step's deadline will be at least its timeout from now: a key no later than
+        // that stays put when the task is claimed.
+        let first_deadline = now
+            .checked_add_signed(workflow.policies().at(0).step_timeout)
+            .unwrap_or(pickup_by);
         Self {
             task_id,
             workflow: workflow.name.clone(),
@@ -527,7 +558,7 @@ impl StateRecord {
             pivot: workflow.pivot,
             process_state: ProcessState::Pending,
             locked_by: None,
-            complete_by: Some(to_millis(pickup_by)),
+            complete_by: Some(pickup_by),
             failure_count: 0,
             round: 0,
             deferrals: 0,
@@ -558,6 +589,7 @@ impl StateRecord {
             created_at: now,
             updated_at: now,
             since: now,
+            due_key: Some(pickup_by.min(first_deadline)),
         }
     }
 
@@ -674,6 +706,11 @@ impl StateRecord {
         }
         if self.since < self.created_at || self.since > self.updated_at {
             return bad("entered its state outside its life".into());
+        }
+        match (self.due_key, self.due_at()) {
+            (None, None) => {}
+            (Some(k), Some(d)) if k <= d => {}
+            (k, d) => return bad(format!("due key {k:?} for a record due {d:?}")),
         }
         if self.process_state.is_terminal()
             && (self.locked_by.is_some() || self.complete_by.is_some())
@@ -819,6 +856,30 @@ pub fn due_shard(id: &TaskId, shards: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_due_key_is_kept_only_at_or_before_the_due_time_and_within_the_slack() {
+        let t = to_millis(chrono::Utc::now());
+        let s = due_key_slack();
+        assert_eq!(next_due_key(None, Some(t)), Some(t));
+        assert_eq!(next_due_key(Some(t), None), None);
+        assert_eq!(
+            next_due_key(Some(t), Some(t + s)),
+            Some(t),
+            "within the slack: kept"
+        );
+        assert_eq!(
+            next_due_key(Some(t), Some(t + s + chrono::Duration::milliseconds(1))),
+            Some(t + s + chrono::Duration::milliseconds(1)),
+            "past the slack: moved up"
+        );
+        let earlier = t - chrono::Duration::milliseconds(1);
+        assert_eq!(
+            next_due_key(Some(t), Some(earlier)),
+            Some(earlier),
+            "due before the key: moved down (the sweep is never late)"
+        );
+    }
 
     #[test]
     fn an_owed_status_round_trips_and_a_bare_one_takes_the_records_version() {

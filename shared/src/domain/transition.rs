@@ -276,7 +276,8 @@ pub struct Transition {
 
 impl Transition {
     /// The transition from `r` to `record`: `record.since` is the write's time if the state
-    /// changed, else `r`'s (every transition is made here, so `since` cannot drift).
+    /// changed, else `r`'s; `record.due_key` follows [`super::state::next_due_key`] (every
+    /// transition is made here, so neither can drift).
     fn from(
         r: &StateRecord,
         condition: Condition,
@@ -288,6 +289,7 @@ impl Transition {
         } else {
             record.updated_at
         };
+        record.due_key = super::state::next_due_key(r.due_key, record.due_at());
         Self {
             record,
             condition,
@@ -1502,6 +1504,43 @@ mod tests {
             let a = r.attempt;
             apply(r, |r| apply_reply(r, a, i, false, &ok(), now, p));
         }
+    }
+
+    #[test]
+    fn the_due_key_stays_put_through_a_quick_task_and_never_passes_the_due_time() {
+        // base(): steps time out after 10 s, a pickup after 30 s.
+        let p = policy();
+        let t0 = t0();
+        let mut r = fresh(t0);
+        let key = r.due_key.expect("a new record is due");
+        assert_eq!(
+            key,
+            t0 + Duration::seconds(10),
+            "the first step's deadline, not the pickup's"
+        );
+        assert_eq!(r.due_at(), Some(t0 + Duration::seconds(30)));
+        // Claimed and answered within a few seconds: every deadline is a little later than the
+        // key, which stays (no index write).
+        let mut at = t0 + Duration::seconds(1);
+        apply(&mut r, |r| claim(r, "s-1", at, &p));
+        assert_eq!(r.due_key, Some(key));
+        for i in 0..2 {
+            at += Duration::seconds(2);
+            apply(&mut r, |r| apply_reply(r, 1, i, false, &ok(), at, &p));
+            assert_eq!(r.due_key, Some(key), "after step {i}");
+            assert!(r.due_key <= r.due_at());
+        }
+        // The last step: the notice is owed at once, before the key: the key moves to it.
+        at += Duration::seconds(2);
+        apply(&mut r, |r| apply_reply(r, 1, 2, false, &ok(), at, &p));
+        assert_eq!(r.due_key, Some(at));
+        let t = notice_delivered(&r, at).expect("owed");
+        assert_eq!(t.record.due_key, None, "a settled record leaves the index");
+        // A slow task: a deadline more than the slack past the key moves it.
+        let mut r = fresh(t0);
+        let late = t0 + Duration::seconds(100);
+        apply(&mut r, |r| claim(r, "s-1", late, &p));
+        assert_eq!(r.due_key, Some(late + Duration::seconds(10)));
     }
 
     #[test]

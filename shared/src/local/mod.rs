@@ -290,6 +290,8 @@ impl Default for Settings {
                 probes: 1,
                 probe_window: chrono::Duration::seconds(2),
                 pause_after: None,
+                // Shorter than the cooldown, so the cache is exercised and stays honest.
+                read_cache: chrono::Duration::milliseconds(200),
             },
             deadline_timers: true,
             visibility_timeout: None,

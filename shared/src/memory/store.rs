@@ -27,6 +27,8 @@ pub struct MemoryStore {
 struct Inner {
     tasks: HashMap<TaskId, Task>,
     states: HashMap<TaskId, StateRecord>,
+    /// The request that wrote each record last (see [`StateStore::put_as`]).
+    writes: HashMap<TaskId, u64>,
     keys: HashMap<String, IdempotencyRecord>,
     /// Lease name → (owner, held until).
     leases: HashMap<String, (String, DateTime<Utc>)>,
@@ -166,19 +168,27 @@ impl StateStore for MemoryStore {
         Ok(self.lock()?.states.get(&id).cloned())
     }
 
-    async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
+    async fn put_as(
+        &self,
+        record: &StateRecord,
+        condition: &Condition,
+        write: u64,
+    ) -> Result<(), StoreError> {
         let mut inner = self.lock()?;
         let current = inner.states.get(&record.task_id);
         if !condition.holds(current) {
             // The read-back of an ambiguous write (see the DynamoDB store): the record already
-            // is what this write holds, so it was applied; anything else is a lost race.
-            return if current == Some(record) {
+            // is what this request wrote, so it was applied; anything else (a rival's record,
+            // however alike) is a lost race.
+            let mine = inner.writes.get(&record.task_id) == Some(&write);
+            return if mine && current == Some(record) {
                 Ok(())
             } else {
                 Err(StoreError::ConditionFailed)
             };
         }
         inner.write(record, self.index_lag);
+        inner.writes.insert(record.task_id, write);
         Ok(())
     }
 
@@ -192,7 +202,7 @@ impl StateStore for MemoryStore {
         let mut due: Vec<_> = inner
             .indexed(self.index_lag)
             .filter(|r| r.due_shard(self.shards) == shard)
-            .filter_map(|r| r.due_at().filter(|d| *d <= now).map(|d| (d, r.task_id)))
+            .filter_map(|r| r.due_key.filter(|d| *d <= now).map(|d| (d, r.task_id)))
             .collect();
         due.sort();
         Ok(due.into_iter().take(limit).map(|(_, id)| id).collect())

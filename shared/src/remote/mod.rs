@@ -191,6 +191,9 @@ pub struct SharedBreaker {
     pub alerts: Option<Arc<dyn EventBus>>,
     /// Where its transitions are counted.
     pub metrics: crate::metrics::Metrics,
+    /// The breaker as this instance last read or wrote it, and when (see
+    /// [`BreakerPolicy::read_cache`]).
+    cache: std::sync::Mutex<Option<(DateTime<Utc>, BreakerRecord)>>,
 }
 
 /// The detail-type of the alert published when a service's breaker opens.
@@ -212,6 +215,27 @@ impl SharedBreaker {
             clock,
             alerts: None,
             metrics: crate::metrics::Metrics::off(),
+            cache: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The breaker this instance last read or wrote, if that was within the read cache.
+    fn cached(&self) -> Option<BreakerRecord> {
+        let ttl = self.policy.read_cache;
+        if ttl <= chrono::Duration::zero() {
+            return None;
+        }
+        let now = self.clock.now();
+        let cache = self.cache.lock().ok()?;
+        cache
+            .as_ref()
+            .filter(|(at, _)| *at <= now && now - *at < ttl)
+            .map(|(_, b)| b.clone())
+    }
+
+    fn remember(&self, b: Option<&BreakerRecord>) {
+        if let Ok(mut cache) = self.cache.lock() {
+            *cache = b.map(|b| (self.clock.now(), b.clone()));
         }
     }
 
@@ -268,10 +292,24 @@ impl SharedBreaker {
         }
     }
 
+    /// The breaker: from the read cache if fresh, else read (strongly consistent).
     async fn current(&self) -> Option<BreakerRecord> {
+        match self.cached() {
+            Some(b) => Some(b),
+            None => self.fresh().await,
+        }
+    }
+
+    /// The breaker as stored now (after a lost race: the cached one is stale).
+    async fn fresh(&self) -> Option<BreakerRecord> {
         match self.store.get_breaker(&self.name).await {
-            Ok(b) => Some(b.unwrap_or_else(|| BreakerRecord::closed(&self.name))),
+            Ok(b) => {
+                let b = b.unwrap_or_else(|| BreakerRecord::closed(&self.name));
+                self.remember(Some(&b));
+                Some(b)
+            }
             Err(e) => {
+                self.remember(None);
                 warn!(service = %self.name, error = %e, "circuit breaker unreadable; calling anyway");
                 None
             }
@@ -290,6 +328,7 @@ impl SharedBreaker {
             let Some(next) = next else { return };
             match self.store.put_breaker(&next).await {
                 Ok(true) => {
+                    self.remember(Some(&next));
                     if std::mem::discriminant(&next.state) != std::mem::discriminant(&base.state) {
                         self.count_transition(&next.state);
                     }
@@ -307,7 +346,7 @@ impl SharedBreaker {
                     }
                     return;
                 }
-                Ok(false) => match self.current().await {
+                Ok(false) => match self.fresh().await {
                     Some(fresh) => base = fresh,
                     None => return,
                 },
@@ -339,11 +378,14 @@ impl RemoteService for SharedBreaker {
             // Condition (the version): one agent wins each probe of the budget.
             Decision::Probe(next) => match self.store.put_breaker(&next).await {
                 Ok(true) => {
+                    self.remember(Some(&next));
                     info!(service = %self.name, "circuit half-open: probing");
                     self.count_transition(&next.state);
                     next
                 }
                 Ok(false) => {
+                    // Another agent took the probe: what this one cached is stale.
+                    self.remember(None);
                     return Err(RemoteFault::CircuitOpen {
                         until: now + self.policy.probe_window,
                     });
@@ -358,5 +400,112 @@ impl RemoteService for SharedBreaker {
         let fault = out.as_ref().err().filter(|f| f.is_unhealthy());
         self.record(base, fault).await;
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::TaskId;
+    use crate::memory::MemoryStore;
+    use crate::ports::OffsetClock;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A service that always answers, counting its calls.
+    #[derive(Default)]
+    struct Counting(AtomicUsize);
+
+    #[async_trait]
+    impl RemoteService for Counting {
+        async fn call(
+            &self,
+            _call: &RemoteCall,
+            _timeout: Duration,
+        ) -> Result<serde_json::Value, RemoteFault> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(serde_json::json!({}))
+        }
+    }
+
+    fn call() -> RemoteCall {
+        RemoteCall {
+            service: "payment".into(),
+            step: "charge-payment".into(),
+            action: "charge-payment".into(),
+            idempotency_key: "k".into(),
+            task_id: TaskId::new_random(),
+            undoes: None,
+            input: serde_json::json!({}),
+            deadline: Utc::now() + chrono::Duration::seconds(30),
+            callback: None,
+        }
+    }
+
+    /// The read cache: an agent reuses the breaker it read for `read_cache`, so another agent's
+    /// opening reaches it that much later (a bounded few extra calls), never later; with no
+    /// cache it is seen at once.
+    #[tokio::test]
+    async fn a_cached_breaker_sees_another_agents_opening_within_the_cache_time() {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new(1));
+        let clock = Arc::new(OffsetClock::default());
+        let policy = BreakerPolicy {
+            threshold: 1,
+            cooldown: chrono::Duration::seconds(60),
+            read_cache: chrono::Duration::seconds(1),
+            ..BreakerPolicy::default()
+        };
+        let service = Arc::new(Counting::default());
+        let cached = SharedBreaker::new(
+            "payment",
+            service.clone(),
+            store.clone(),
+            policy,
+            clock.clone(),
+        );
+        let uncached = SharedBreaker::new(
+            "payment",
+            service.clone(),
+            store.clone(),
+            BreakerPolicy {
+                read_cache: chrono::Duration::zero(),
+                ..policy
+            },
+            clock.clone(),
+        );
+        let timeout = Duration::from_secs(1);
+        cached.call(&call(), timeout).await.expect("closed: called");
+        uncached
+            .call(&call(), timeout)
+            .await
+            .expect("closed: called");
+        assert_eq!(service.0.load(Ordering::SeqCst), 2);
+
+        // Another agent opens the breaker.
+        let open = BreakerRecord::closed("payment")
+            .on_fault(clock.now(), &policy)
+            .expect("one fault opens it");
+        assert!(store.put_breaker(&open).await.expect("written"));
+
+        assert!(
+            matches!(
+                uncached.call(&call(), timeout).await,
+                Err(RemoteFault::CircuitOpen { .. })
+            ),
+            "without a cache: seen at once"
+        );
+        cached
+            .call(&call(), timeout)
+            .await
+            .expect("within the cache time: the stale closed breaker still calls");
+        assert_eq!(service.0.load(Ordering::SeqCst), 3);
+        clock.advance(chrono::Duration::seconds(1));
+        assert!(
+            matches!(
+                cached.call(&call(), timeout).await,
+                Err(RemoteFault::CircuitOpen { .. })
+            ),
+            "past the cache time: read again, open"
+        );
+        assert_eq!(service.0.load(Ordering::SeqCst), 3, "no call while open");
     }
 }
