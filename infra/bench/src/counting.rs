@@ -30,6 +30,9 @@ pub struct Counts {
     pub events: u64,
     /// Every DynamoDB write, in order, with what it billed where.
     pub writes: Vec<WriteUnits>,
+    /// Partition key (an item's `pk`, or a GSI's partition key value, named by its index) →
+    /// the write and read units it took: what a hot key would show.
+    pub keys: BTreeMap<String, (f64, f64)>,
 }
 
 /// One DynamoDB write's bill: the write request units on the table's item and on each index
@@ -102,6 +105,13 @@ impl Meter {
     fn call(&self, name: &str) {
         self.add(|c| *c.calls.entry(name.to_owned()).or_default() += 1);
     }
+    fn key(&self, key: String, wru: f64, rru: f64) {
+        self.add(|c| {
+            let k = c.keys.entry(key).or_default();
+            k.0 += wru;
+            k.1 += rru;
+        });
+    }
     fn write(&self, w: WriteUnits) {
         self.add(|c| {
             c.wru += w.total();
@@ -141,6 +151,26 @@ impl StateStore for CountingStore {
         let key_units = if key.is_some() { 1.0 } else { 0.0 };
         // Transactions bill twice per item on the table; index entries once (the caller
         // index's entry of the task item: its keys, under 1 KB).
+        let shard = record.due_shard(self.shards);
+        self.meter.key(
+            format!("TASK#<id>: {}", task.id),
+            2.0 * (units(o, 1024) + units(r, 1024)),
+            0.0,
+        );
+        if let Some(k) = key {
+            self.meter.key(format!("IDEM#: {}", k.key), 2.0, 0.0);
+        }
+        if let Some(d) = due {
+            self.meter
+                .key(format!("due-index due#{shard}"), units(d, 1024), 0.0);
+        }
+        self.meter.key(
+            format!("state-index {}#{shard}", record.process_state),
+            units(state, 1024),
+            0.0,
+        );
+        self.meter
+            .key(format!("caller-index {}", task.caller.as_str()), 1.0, 0.0);
         self.meter.write(WriteUnits {
             label: "create (task, state, key: a transaction)".into(),
             item_bytes: o + r,
@@ -159,12 +189,15 @@ impl StateStore for CountingStore {
             a + b
         });
         self.meter.add(|c| c.rru += units(size, 4096));
+        self.meter
+            .key(format!("TASK#<id>: {id}"), 0.0, units(size, 4096));
         Ok(out)
     }
     async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
         self.meter.call("DynamoDB GetItem");
         let out = self.inner.get_state(id).await?;
         self.meter.add(|c| c.rru += 1.0);
+        self.meter.key(format!("TASK#<id>: {id}"), 0.0, 1.0);
         Ok(out)
     }
     async fn put_as(
@@ -208,9 +241,29 @@ impl StateStore for CountingStore {
                 Some(_) => 0.0,
                 None => units(new_state, 1024),
             };
+            // By key: the item, its due shard, and the state index's old and new partitions.
+            let shard = record.due_shard(self.shards);
+            if w.due_index > 0.0 {
+                self.meter
+                    .key(format!("due-index due#{shard}"), w.due_index, 0.0);
+            }
+            if let Some(o) = old.as_ref().filter(|_| w.state_index > 0.0) {
+                self.meter.key(
+                    format!("state-index {}#{shard}", o.process_state),
+                    units(old_state, 1024),
+                    0.0,
+                );
+                self.meter.key(
+                    format!("state-index {}#{shard}", record.process_state),
+                    units(new_state, 1024),
+                    0.0,
+                );
+            }
         } else {
             w.label = format!("{} (condition failed)", w.label);
         }
+        self.meter
+            .key(format!("TASK#<id>: {}", record.task_id), w.table, 0.0);
         self.meter.write(w);
         out
     }
@@ -222,6 +275,7 @@ impl StateStore for CountingStore {
     ) -> Result<Vec<TaskId>, StoreError> {
         self.meter.call("DynamoDB Query (due-index)");
         self.meter.add(|c| c.rru += 0.5);
+        self.meter.key(format!("due-index due#{shard}"), 0.0, 0.5);
         self.inner.due(shard, now, limit).await
     }
     fn due_shards(&self) -> u32 {
@@ -236,21 +290,25 @@ impl StateStore for CountingStore {
     ) -> Result<bool, StoreError> {
         self.meter.call("DynamoDB PutItem (lease)");
         self.meter.write(WriteUnits::small("lease"));
+        self.meter.key(format!("LEASE#{name}"), 1.0, 0.0);
         self.inner.acquire_lease(name, owner, now, ttl).await
     }
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
         self.meter.call("DynamoDB PutItem (lease)");
         self.meter.write(WriteUnits::small("lease released"));
+        self.meter.key(format!("LEASE#{name}"), 1.0, 0.0);
         self.inner.release_lease(name, owner).await
     }
     async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
         self.meter.call("DynamoDB GetItem (breaker)");
         self.meter.add(|c| c.rru += 1.0);
+        self.meter.key(format!("BREAKER#{name}"), 0.0, 1.0);
         self.inner.get_breaker(name).await
     }
     async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
         self.meter.call("DynamoDB PutItem (breaker)");
         self.meter.write(WriteUnits::small("breaker"));
+        self.meter.key(format!("BREAKER#{}", record.name), 1.0, 0.0);
         self.inner.put_breaker(record).await
     }
     async fn list(
@@ -301,6 +359,7 @@ impl StateStore for CountingStore {
         // One conditional UpdateItem of a small item (the caller's TAT): 1 WRU.
         self.meter.call("DynamoDB UpdateItem (rate limit)");
         self.meter.write(WriteUnits::small("rate limit"));
+        self.meter.key(format!("RATE#{key}"), 1.0, 0.0);
         self.inner.admit(key, limit, now).await
     }
     async fn list_by_caller(

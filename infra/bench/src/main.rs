@@ -32,6 +32,9 @@ struct Cli {
     /// Skip the API-call counts (they need an emulator at AWS_ENDPOINT_URL).
     #[arg(long)]
     no_emulator: bool,
+    /// Clean orders for the load-per-key run.
+    #[arg(long, default_value_t = 2000)]
+    key_load_tasks: usize,
     /// Where `sam build` left the bootstraps, for their sizes.
     #[arg(long, default_value = ".aws-sam/build")]
     sam_build: std::path::PathBuf,
@@ -96,6 +99,10 @@ async fn main() -> anyhow::Result<()> {
         writeln!(md, "## Before and after\n")?;
         writeln!(md, "{}", before_after_table(&scenarios)?)?;
     }
+
+    eprintln!("load per key…");
+    writeln!(md, "## Load per key (in memory)\n")?;
+    writeln!(md, "{}", key_load(cli.key_load_tasks).await?)?;
 
     eprintln!("recovery lag…");
     writeln!(
@@ -394,6 +401,136 @@ fn cost_with(s: &Scenario, batch: f64) -> Cost {
     }
 }
 
+/// Clean orders through the in-memory system, every store call counted by the key it lands on
+/// (an item's partition key, or a GSI partition): the write and read units each key takes per
+/// task, and what that is at 1,000 tasks a second against DynamoDB's per-partition limits
+/// (1,000 WCU, 3,000 RCU). Backs the table in ARCHITECTURE.md ("Load per key").
+async fn key_load(tasks: usize) -> anyhow::Result<String> {
+    let mut settings = Settings {
+        poll_wait: Duration::from_millis(50),
+        ..Settings::default()
+    };
+    // One caller, limited as a deployed task API limits it (never held back here).
+    settings.rate_limit = Some(sas::domain::rate::RateLimit {
+        per_second: 1e6,
+        burst: 1_000_000,
+    });
+    let meter = Arc::new(counting::Meter::default());
+    let p = scenarios::wrap(
+        sas::local::ports(Backend::Memory, &settings).await?,
+        &meter,
+        settings.due_shards,
+    );
+    let files = settings.definitions.clone();
+    let shards = settings.due_shards;
+    let mut system = System::from_ports(p, settings, Arc::new(SystemClock));
+    system.publish(&files).await?;
+    system.start();
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    let body = input("ecommerce-order").to_string();
+    let caller = sas::auth::Identity::anonymous();
+    let mut ids = Vec::with_capacity(tasks);
+    for chunk in (0..tasks).collect::<Vec<_>>().chunks(64) {
+        let answers = futures::future::join_all(chunk.iter().map(|_| {
+            sas::handlers::submission::handle(
+                &system.submission,
+                &caller,
+                &http::Method::POST,
+                "/workflows/ecommerce-order/tasks",
+                &headers,
+                body.as_bytes(),
+            )
+        }))
+        .await;
+        for a in answers {
+            let v: serde_json::Value = serde_json::from_str(a.body())?;
+            anyhow::ensure!(a.status() == 202, "submission answered {}: {v}", a.status());
+            ids.push(
+                v["taskId"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .parse::<sas::TaskId>()?,
+            );
+        }
+    }
+    // The bench reads the uncounted memory store: its reads are not the system's.
+    let store = system
+        .memory
+        .as_ref()
+        .map(|(store, _, _)| store.clone())
+        .ok_or_else(|| anyhow::anyhow!("no memory store"))?;
+    let until = Instant::now() + Duration::from_secs(300);
+    loop {
+        let mut done = 0;
+        for id in &ids {
+            if let Some(r) = sas::ports::StateStore::get_state(store.as_ref(), *id).await?
+                && r.process_state == sas::ProcessState::Processed
+                && !r.notice_pending()
+            {
+                done += 1;
+            }
+        }
+        if done == ids.len() {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < until,
+            "{done} of {} processed in 300 s",
+            ids.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    system.shutdown().await;
+    Ok(key_table(&meter.take(), tasks, shards))
+}
+
+/// The key-load table of a run of `tasks` tasks (see [`key_load`]).
+fn key_table(c: &counting::Counts, tasks: usize, shards: u32) -> String {
+    let n = tasks.max(1) as f64;
+    // Per-task keys (one item per task or per idempotency key) are summed by kind: the table
+    // shows one such key's share (a task's whole life, not a rate).
+    let mut per_task: std::collections::BTreeMap<&str, (f64, f64, usize)> = Default::default();
+    let mut shared = Vec::new();
+    for (key, (w, r)) in &c.keys {
+        match key.split_once(": ") {
+            Some((kind, _)) => {
+                let e = per_task.entry(kind).or_default();
+                e.0 += w;
+                e.1 += r;
+                e.2 += 1;
+            }
+            None => shared.push((key.as_str(), *w, *r)),
+        }
+    }
+    shared.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let mut t = format!(
+        "{tasks} clean e-commerce orders through the in-memory system (one caller, `DUE_SHARDS={shards}`), every store call counted by the partition it lands on. Per task: the key's units over the run divided by the tasks; at 1,000 tasks a second: that times 1,000, against DynamoDB's per-partition 1,000 WCU and 3,000 RCU. Leases are written per sweep, not per task. Index reads (the sweep's queries) count 0.5 RRU a query.\n\n| key | WRU per task | RRU per task | WRU/s at 1,000 tasks/s | of 1,000 WCU | RRU/s | of 3,000 RCU |\n|---|---|---|---|---|---|---|\n"
+    );
+    for (kind, (w, r, keys)) in &per_task {
+        let keys = (*keys).max(1) as f64;
+        t.push_str(&format!(
+            "| `{kind}` (one per task: a task's life) | {:.2} | {:.2} | - | - | - | - |\n",
+            w / keys,
+            r / keys
+        ));
+    }
+    for (key, w, r) in shared {
+        let (wps, rps) = (w / n * 1000.0, r / n * 1000.0);
+        t.push_str(&format!(
+            "| `{key}` | {:.3} | {:.3} | {wps:.0} | {:.0}% | {rps:.0} | {:.0}% |\n",
+            w / n,
+            r / n,
+            wps / 10.0,
+            rps / 30.0
+        ));
+    }
+    t
+}
+
 /// Every DynamoDB write of the clean task of each workflow: what it billed on the item and on
 /// each index, so that the WRU rows of the call table can be checked by hand.
 fn writes_table(scenarios: &[Scenario]) -> String {
@@ -568,6 +705,33 @@ fn aws_sdk_dynamodb_client(sdk: &aws_config::SdkConfig) -> aws_sdk_dynamodb::Cli
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The load-per-key run adds up to the write-by-write table: a clean order writes its due
+    /// shard 4 WRU and its state-index partitions 5, one caller-index entry, one rate-limit
+    /// update; the shared keys are spread over the shards.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_load_per_key_adds_up_to_the_writes_of_a_clean_order() {
+        let t = key_load(200).await.expect("the run");
+        let per_task = |prefix: &str| -> f64 {
+            t.lines()
+                .filter(|l| l.starts_with(&format!("| `{prefix}")))
+                .filter_map(|l| l.split('|').nth(2)?.trim().parse::<f64>().ok())
+                .sum()
+        };
+        let due = per_task("due-index due#");
+        assert!((3.5..=4.5).contains(&due), "due-index {due}:\n{t}");
+        let state = per_task("state-index ");
+        assert!((4.5..=5.5).contains(&state), "state-index {state}:\n{t}");
+        assert!((per_task("caller-index ") - 1.0).abs() < 1e-9, "{t}");
+        assert!((per_task("RATE#") - 1.0).abs() < 1e-9, "{t}");
+        assert!(t.contains("`TASK#<id>` (one per task"), "{t}");
+        // Four due shards share the load: none takes all of it.
+        let rows = t
+            .lines()
+            .filter(|l| l.starts_with("| `due-index due#"))
+            .count();
+        assert_eq!(rows, 4, "{t}");
+    }
 
     /// The tables of BENCHMARKS.md from the scenarios run in memory: one column (and one cost
     /// row) per scenario, both workflows, and totals that add up.

@@ -54,7 +54,7 @@ impl Clocked {
     }
 }
 
-fn wrap(p: Ports, meter: &Arc<Meter>, shards: u32) -> Ports {
+pub(crate) fn wrap(p: Ports, meter: &Arc<Meter>, shards: u32) -> Ports {
     let queue = CountingQueue::new(p.queue, meter.clone(), &p.resources);
     Ports {
         store: Arc::new(CountingStore {
