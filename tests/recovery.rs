@@ -526,6 +526,62 @@ async fn a_supervisor_that_dies_holding_a_shard_lease_is_replaced_after_it_expir
 }
 
 #[tokio::test]
+async fn a_record_that_always_fails_does_not_block_its_shard_and_one_sweep_pages_to_the_end() {
+    // One shard, one entry a page: the poison record heads the shard, four good ones follow.
+    let mut settings = manual_settings();
+    settings.due_shards = 1;
+    let (mut system, clock) = aws_system("poison", settings).await;
+    system.supervisor.sweep.page_size = 1;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(submit_to(&system, None).await);
+        // Distinct pickup deadlines: the first submitted is the first due.
+        clock.advance(chrono::Duration::milliseconds(5));
+    }
+    // The first one's record names a workflow version the catalog never had: every recovery of
+    // it fails (a poison record), now and on every later sweep.
+    let first = state(&system, ids[0]).await;
+    let mut poison = first.clone();
+    poison.workflow_version = 999;
+    poison.version += 1;
+    system
+        .store
+        .put(
+            &poison,
+            &sas::domain::Condition::Matches {
+                version: first.version,
+                guards: vec![],
+            },
+        )
+        .await
+        .expect("plant the poison record");
+    // Nobody claims them: each misses its pickup deadline.
+    clock.advance(chrono::Duration::seconds(61));
+    // (Both emulators' indexes are read-after-write consistent.)
+    let report = system.sweep().await.expect("sweep");
+    assert_eq!(report.due, 5, "{report:?}");
+    assert_eq!(report.errors, 1, "the poison record fails: {report:?}");
+    assert_eq!(
+        report.requeued, 4,
+        "every good record behind it: {report:?}"
+    );
+    assert_eq!(
+        report.pages, 6,
+        "five pages of one and an empty one: {report:?}"
+    );
+    assert_eq!(report.cut_short, 0, "{report:?}");
+    for id in &ids[1..] {
+        assert!(
+            state(&system, *id).await.version > first.version,
+            "{id} was re-enqueued"
+        );
+    }
+    // The next sweep tries the poison record again and still reaches nothing else first.
+    let again = system.sweep().await.expect("sweep");
+    assert_eq!(again.errors, 1, "{again:?}");
+}
+
+#[tokio::test]
 async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_closes() {
     use sas::domain::{BreakerPolicy, BreakerState};
     use sas::ports::{RemoteCall, RemoteFault, RemoteService};

@@ -151,6 +151,7 @@ pub fn dynamo_store(sdk: &aws_config::SdkConfig) -> Result<crate::aws::DynamoSto
         required("TABLE_NAME")?,
         parsed("DUE_SHARDS", 16u32)?,
     )
+    .with_caller_shards(parsed("CALLER_SHARDS", crate::aws::DEFAULT_CALLER_SHARDS)?)
     .with_retention(retention()?))
 }
 
@@ -205,4 +206,43 @@ pub fn rate_limit() -> Result<Option<crate::domain::rate::RateLimit>, ConfigErro
         });
     }
     Ok((per_second > 0.0).then_some(crate::domain::rate::RateLimit { per_second, burst }))
+}
+
+/// The supervisor's sweep: `SWEEP_PAGE_SIZE` (due-index entries per query, default 100),
+/// `SWEEP_CONCURRENCY` (recoveries in flight, default 32) and `SWEEP_BUDGET_SECONDS` (how long
+/// one sweep pages, default 60), which must stay below `lease` (the shard lease's TTL, itself
+/// above the function's timeout): a sweep ends before its leases could pass to another.
+pub fn sweep_settings(
+    lease: chrono::Duration,
+) -> Result<crate::handlers::supervisor::SweepSettings, ConfigError> {
+    let d = crate::handlers::supervisor::SweepSettings::default();
+    let page_size: usize = parsed("SWEEP_PAGE_SIZE", d.page_size)?;
+    if !(1..=1000).contains(&page_size) {
+        return Err(ConfigError::Invalid {
+            name: "SWEEP_PAGE_SIZE",
+            problem: "must be between 1 and 1000 (a due-index query's limit)".into(),
+        });
+    }
+    let concurrency: usize = parsed("SWEEP_CONCURRENCY", d.concurrency)?;
+    if !(1..=1000).contains(&concurrency) {
+        return Err(ConfigError::Invalid {
+            name: "SWEEP_CONCURRENCY",
+            problem: "must be between 1 and 1000".into(),
+        });
+    }
+    let budget = seconds("SWEEP_BUDGET_SECONDS", d.budget.num_seconds() as f64)?;
+    if budget >= lease || budget <= chrono::Duration::zero() {
+        return Err(ConfigError::Invalid {
+            name: "SWEEP_BUDGET_SECONDS",
+            problem: format!(
+                "must be above 0 and below the shard lease ({} s)",
+                lease.num_seconds()
+            ),
+        });
+    }
+    Ok(crate::handlers::supervisor::SweepSettings {
+        page_size,
+        concurrency,
+        budget,
+    })
 }

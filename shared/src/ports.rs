@@ -74,14 +74,17 @@ pub trait StateStore: Send + Sync {
         condition: &Condition,
         write: u64,
     ) -> Result<(), StoreError>;
-    /// Records of due-index `shard` due at or before `now`, oldest first (at most `limit`).
-    /// Eventually consistent: callers re-read and write conditionally.
+    /// Records of due-index `shard` due at or before `now`, oldest first (by due key, ties by
+    /// id), starting strictly after `after` (at most `limit`): a sweep pages past entries it
+    /// could not recover instead of reading them again. Eventually consistent: callers re-read
+    /// and write conditionally.
     async fn due(
         &self,
         shard: u32,
         now: DateTime<Utc>,
         limit: usize,
-    ) -> Result<Vec<TaskId>, StoreError>;
+        after: Option<&DueEntry>,
+    ) -> Result<Vec<DueEntry>, StoreError>;
     /// How many shards the due index has.
     fn due_shards(&self) -> u32;
     /// Takes (or renews) the lease `name` for `owner` until `now + ttl`, if it is free, expired
@@ -151,6 +154,14 @@ pub trait StateStore: Send + Sync {
         limit: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError>;
+}
+
+/// One entry of the due index: a record and the due key it is filed under (at or before its
+/// earliest deadline; see [`StateRecord::due_key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DueEntry {
+    pub due_at: DateTime<Utc>,
+    pub task_id: TaskId,
 }
 
 /// The two kinds of definitions the catalog keeps.
@@ -303,6 +314,11 @@ pub struct Cursor {
 }
 
 impl Cursor {
+    /// The cursor after the row at (`at_ms`, `task_id`).
+    pub fn at(at_ms: i64, task_id: TaskId) -> Self {
+        Self { at_ms, task_id }
+    }
+
     pub fn after(s: &Summary) -> Self {
         Self {
             at_ms: s.since.timestamp_millis(),

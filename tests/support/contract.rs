@@ -423,6 +423,36 @@ async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
     // The caller is stored with the task.
     let (t, _) = store.get(mine[0]).await.expect("get").expect("found");
     assert_eq!(t.caller, alice);
+
+    // Nine tasks of one caller created in one millisecond (spread over the index's
+    // partitions): pages of two list each once, ties in id order.
+    let carol = Caller::new(format!("carol-{}", TaskId::new_random())).expect("caller");
+    let mut tied = Vec::new();
+    for _ in 0..9 {
+        let mut t = task(start);
+        t.caller = carol.clone();
+        let r = record(&t, start, Span::seconds(30));
+        store.create(&t, &r, None).await.expect("create");
+        tied.push(t.id);
+    }
+    tied.sort();
+    eventually!("tied tasks in the caller index", {
+        let mut seen = Vec::new();
+        let mut after = None;
+        for _ in 0..20 {
+            let page = store
+                .list_by_caller(&carol, 2, after.as_ref())
+                .await
+                .map_err(err)?;
+            seen.extend(page.items.iter().map(|s| s.task_id));
+            match page.next {
+                Some(c) => after = Some(c),
+                None => break,
+            }
+        }
+        ensure!(seen == tied, "each tied task once, in id order: {seen:?}");
+        Ok(())
+    });
 }
 
 async fn leases_have_one_holder_until_they_expire(store: &dyn StateStore) {
@@ -822,7 +852,16 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
     eventually!("the due index", {
         let mut found = Vec::new();
         for shard in 0..shards {
-            let ids = store.due(shard, now, 1000).await.map_err(err)?;
+            let entries = store.due(shard, now, 1000, None).await.map_err(err)?;
+            let ids: Vec<TaskId> = entries.iter().map(|e| e.task_id).collect();
+            // Paging: the entries after the first are the rest, in the same order.
+            if let Some(first) = entries.first() {
+                let rest = store
+                    .due(shard, now, 1000, Some(first))
+                    .await
+                    .map_err(err)?;
+                ensure!(rest == entries[1..], "a page after an entry is the rest");
+            }
             for id in &ids {
                 let r = store.get_state(*id).await.map_err(err)?.expect("exists");
                 ensure!(
@@ -855,13 +894,19 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
         .expect("lands");
     let shard = done.due_shard(shards);
     eventually!("the due index after a delivery", {
-        let ids = store.due(shard, now, 1000).await.map_err(err)?;
+        let ids: Vec<TaskId> = store
+            .due(shard, now, 1000, None)
+            .await
+            .map_err(err)?
+            .iter()
+            .map(|e| e.task_id)
+            .collect();
         ensure!(
             !ids.contains(&done.task_id),
             "a terminal record without a notice leaves the index"
         );
         let limited = store
-            .due(due[0].due_shard(shards), now, 1)
+            .due(due[0].due_shard(shards), now, 1, None)
             .await
             .map_err(err)?;
         ensure!(limited.len() == 1, "limit is respected: {limited:?}");

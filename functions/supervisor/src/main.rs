@@ -14,6 +14,7 @@ async fn main() -> Result<(), Error> {
     let sdk = sas::aws::sdk_config().await;
     let store = Arc::new(config::dynamo_store(&sdk)?);
     let clock: Arc<dyn sas::ports::Clock> = Arc::new(sas::ports::SystemClock);
+    let lease_ttl = chrono::Duration::seconds(config::parsed("LEASE_SECONDS", 150i64)?);
     let deps = SupervisorDeps {
         metrics: sas::metrics::Metrics::from_env(),
         definitions: Arc::new(config::definitions(store.clone(), clock.clone())?),
@@ -22,7 +23,7 @@ async fn main() -> Result<(), Error> {
         events: Arc::new(config::event_bus(&sdk)?),
         clock,
         work_queue_url: config::required("WORK_QUEUE_URL")?,
-        batch_limit: config::parsed("SWEEP_BATCH_LIMIT", 100usize)?,
+        sweep: config::sweep_settings(lease_ttl)?,
         timer_queue_url: config::optional("TIMER_QUEUE_URL"),
         dead_letter_url: config::optional("DEAD_LETTER_QUEUE_URL"),
         // One id per execution environment: the owner of the shard leases it takes.
@@ -31,7 +32,7 @@ async fn main() -> Result<(), Error> {
             std::env::var("AWS_LAMBDA_LOG_STREAM_NAME").unwrap_or_else(|_| "local".into()),
             uuid::Uuid::new_v4()
         ),
-        lease_ttl: chrono::Duration::seconds(config::parsed("LEASE_SECONDS", 150i64)?),
+        lease_ttl,
     };
     let deps = &deps;
     run(service_fn(

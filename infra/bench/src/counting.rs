@@ -9,8 +9,8 @@ use sas::aws::provision::Resources;
 use sas::aws::{index_entry_sizes, state_record_size, stored_sizes};
 use sas::domain::{BreakerRecord, Condition, ProcessState, StateRecord, Task, TaskId};
 use sas::ports::{
-    Catalog, CreateOutcome, Cursor, Entry, EventBus, IdempotencyRecord, Kind, Page, PublishError,
-    Published, Queue, QueueError, ReceivedMessage, StateStore, StoreError, Stored,
+    Catalog, CreateOutcome, Cursor, DueEntry, Entry, EventBus, IdempotencyRecord, Kind, Page,
+    PublishError, Published, Queue, QueueError, ReceivedMessage, StateStore, StoreError, Stored,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -169,8 +169,13 @@ impl StateStore for CountingStore {
             units(state, 1024),
             0.0,
         );
-        self.meter
-            .key(format!("caller-index {}", task.caller.as_str()), 1.0, 0.0);
+        // The caller's partition of its tasks' index, as the DynamoDB store files it.
+        let caller_shard = sas::domain::state::due_shard(&task.id, sas::aws::DEFAULT_CALLER_SHARDS);
+        self.meter.key(
+            format!("caller-shard-index {}", task.caller.index_key(caller_shard)),
+            1.0,
+            0.0,
+        );
         self.meter.write(WriteUnits {
             label: "create (task, state, key: a transaction)".into(),
             item_bytes: o + r,
@@ -272,11 +277,12 @@ impl StateStore for CountingStore {
         shard: u32,
         now: DateTime<Utc>,
         limit: usize,
-    ) -> Result<Vec<TaskId>, StoreError> {
+        after: Option<&DueEntry>,
+    ) -> Result<Vec<DueEntry>, StoreError> {
         self.meter.call("DynamoDB Query (due-index)");
         self.meter.add(|c| c.rru += 0.5);
         self.meter.key(format!("due-index due#{shard}"), 0.0, 0.5);
-        self.inner.due(shard, now, limit).await
+        self.inner.due(shard, now, limit, after).await
     }
     fn due_shards(&self) -> u32 {
         self.inner.due_shards()
@@ -369,7 +375,7 @@ impl StateStore for CountingStore {
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError> {
         // A Query of the caller index, then a BatchGetItem of the page's state records.
-        self.meter.call("DynamoDB Query (caller-index)");
+        self.meter.call("DynamoDB Query (caller-shard-index)");
         self.meter.call("DynamoDB BatchGetItem");
         self.meter.add(|c| c.rru += 0.5 + 0.5 * limit as f64);
         self.inner.list_by_caller(caller, limit, after).await

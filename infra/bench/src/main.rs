@@ -279,7 +279,7 @@ fn calls_table(scenarios: &[Scenario]) -> String {
     row("WRU on `state-index`", &|s| {
         format!("{:.0}", s.counts.wru_by_place().state_index)
     });
-    row("WRU on `caller-index`", &|s| {
+    row("WRU on `caller-shard-index`", &|s| {
         format!("{:.0}", s.counts.wru_by_place().caller_index)
     });
     row("DynamoDB read request units", &|s| {
@@ -410,9 +410,11 @@ async fn key_load(tasks: usize) -> anyhow::Result<String> {
         poll_wait: Duration::from_millis(50),
         ..Settings::default()
     };
-    // One caller, limited as a deployed task API limits it (never held back here).
+    // One caller, allowed 1,000 requests a second as a deployment serving it at that rate
+    // would (its allowance then spreads over 10 items); a burst large enough that the run,
+    // faster than that, is never held back.
     settings.rate_limit = Some(sas::domain::rate::RateLimit {
-        per_second: 1e6,
+        per_second: 1000.0,
         burst: 1_000_000,
     });
     let meter = Arc::new(counting::Meter::default());
@@ -539,7 +541,7 @@ fn writes_table(scenarios: &[Scenario]) -> String {
     );
     for s in scenarios.iter().filter(|s| s.name.starts_with("clean")) {
         t.push_str(&format!(
-            "\n`{}` ({}):\n\n| # | write | item bytes | table | `due-index` | `state-index` | `caller-index` | total |\n|---|---|---|---|---|---|---|---|\n",
+            "\n`{}` ({}):\n\n| # | write | item bytes | table | `due-index` | `state-index` | `caller-shard-index` | total |\n|---|---|---|---|---|---|---|---|\n",
             s.workflow, s.name
         ));
         for (i, w) in s.counts.writes.iter().enumerate() {
@@ -707,7 +709,7 @@ mod tests {
     use super::*;
 
     /// The load-per-key run adds up to the write-by-write table: a clean order writes its due
-    /// shard 4 WRU and its state-index partitions 5, one caller-index entry, one rate-limit
+    /// shard 4 WRU and its state-index partitions 5, one caller-shard-index entry, one rate-limit
     /// update; the shared keys are spread over the shards.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_load_per_key_adds_up_to_the_writes_of_a_clean_order() {
@@ -722,8 +724,19 @@ mod tests {
         assert!((3.5..=4.5).contains(&due), "due-index {due}:\n{t}");
         let state = per_task("state-index ");
         assert!((4.5..=5.5).contains(&state), "state-index {state}:\n{t}");
-        assert!((per_task("caller-index ") - 1.0).abs() < 1e-9, "{t}");
+        assert!((per_task("caller-shard-index ") - 1.0).abs() < 1e-9, "{t}");
+        // One caller's entries spread over its four partitions: none takes all of them.
+        let caller_rows: Vec<f64> = t
+            .lines()
+            .filter(|l| l.starts_with("| `caller-shard-index "))
+            .filter_map(|l| l.split('|').nth(2)?.trim().parse::<f64>().ok())
+            .collect();
+        assert_eq!(caller_rows.len(), 4, "{t}");
+        assert!(caller_rows.iter().all(|&w| w < 0.5), "{t}");
         assert!((per_task("RATE#") - 1.0).abs() < 1e-9, "{t}");
+        // The allowance of 1,000 a second spread over ten items.
+        let rate_rows = t.lines().filter(|l| l.starts_with("| `RATE#")).count();
+        assert_eq!(rate_rows, 10, "{t}");
         assert!(t.contains("`TASK#<id>` (one per task"), "{t}");
         // Four due shards share the load: none takes all of it.
         let rows = t

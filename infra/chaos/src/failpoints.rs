@@ -10,8 +10,8 @@ use chrono::{DateTime, Utc};
 use sas::aws::provision::Resources;
 use sas::domain::{BreakerRecord, Condition, ProcessState, StateRecord, Task, TaskId};
 use sas::ports::{
-    CreateOutcome, Cursor, EventBus, IdempotencyRecord, Page, PublishError, Queue, QueueError,
-    ReceivedMessage, StateStore, StoreError,
+    CreateOutcome, Cursor, DueEntry, EventBus, IdempotencyRecord, Page, PublishError, Queue,
+    QueueError, ReceivedMessage, StateStore, StoreError,
 };
 use sas::remote::seeded_unit;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -458,8 +458,9 @@ impl StateStore for ChaosStore {
         shard: u32,
         now: DateTime<Utc>,
         limit: usize,
-    ) -> Result<Vec<TaskId>, StoreError> {
-        self.inner.due(shard, now, limit).await
+        after: Option<&DueEntry>,
+    ) -> Result<Vec<DueEntry>, StoreError> {
+        self.inner.due(shard, now, limit, after).await
     }
     fn due_shards(&self) -> u32 {
         self.inner.due_shards()

@@ -17,9 +17,10 @@
 //!
 //! The sparse GSI `due-index` (`DueShard` S, `DueAt` N, keys only) holds exactly the state
 //! records with a `DueAt`: non-terminal ones, and terminal ones that still owe a notice.
-//! The GSI `caller-index` (`Caller` S, `CreatedAt` N, keys only) holds the task items (the
-//! only items with a `Caller`): a caller's tasks, newest first. A task item is written once,
-//! so the index costs one write per task. `<caller>` in an idempotency key is the SHA-256 of
+//! The GSI `caller-shard-index` (`CallerShard` S, `CreatedAt` N, keys only) holds the task
+//! items (the only items with a `CallerShard`: the caller's digest and a shard of the task id,
+//! [`Caller::index_key`]): a caller's tasks, newest first, merged from its shards. A task item
+//! is written once, so the index costs one write per task. `<caller>` in an idempotency key is the SHA-256 of
 //! the caller id ([`crate::domain::Caller::digest`]): keys are scoped by caller.
 
 use crate::domain::state::due_shard;
@@ -28,8 +29,8 @@ use crate::domain::{
     StepState, Task, TaskId,
 };
 use crate::ports::{
-    Catalog, Count, CreateOutcome, Cursor, Entry, IdempotencyRecord, Kind, Page, Published,
-    StateStore, StoreError, Stored, Summary, canonical,
+    Catalog, Count, CreateOutcome, Cursor, DueEntry, Entry, IdempotencyRecord, Kind, Page,
+    Published, StateStore, StoreError, Stored, Summary, canonical,
 };
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
@@ -63,8 +64,8 @@ const SUMMARY_ATTRIBUTES: [&str; 9] = [
     "UpdatedAt",
     "StateSince",
 ];
-/// The name of the GSI a caller's list queries (`Caller` S, `CreatedAt` N, keys only).
-pub const CALLER_INDEX: &str = "caller-index";
+/// The name of the GSI a caller's list queries (`CallerShard` S, `CreatedAt` N, keys only).
+pub const CALLER_INDEX: &str = "caller-shard-index";
 /// How long an idempotency key is kept (the table's TTL attribute `ExpiresAt` deletes it).
 const KEY_TTL_SECONDS: i64 = 24 * 3600;
 
@@ -77,7 +78,14 @@ pub struct DynamoStore {
     shards: u32,
     /// How long a final task is kept (`None`: for good).
     retention: Option<chrono::Duration>,
+    /// How many partitions of `caller-shard-index` a caller's tasks spread over.
+    caller_shards: u32,
 }
+
+/// Partitions of a caller's tasks in `caller-shard-index`, unless set otherwise: a caller
+/// submitting 1,000 tasks a second writes 250 a second to each (a quarter of a partition's
+/// limit), and its list reads four partitions.
+pub const DEFAULT_CALLER_SHARDS: u32 = 4;
 
 impl DynamoStore {
     pub fn new(client: Client, table: impl Into<String>, shards: u32) -> Self {
@@ -86,7 +94,16 @@ impl DynamoStore {
             table: table.into(),
             shards: shards.max(1),
             retention: None,
+            caller_shards: DEFAULT_CALLER_SHARDS,
         }
+    }
+
+    /// How many partitions of `caller-shard-index` a caller's tasks spread over. Raise it, never
+    /// lower it: a list reads partitions `0..n`, so tasks filed under a higher one would drop
+    /// out of their caller's list.
+    pub fn with_caller_shards(mut self, shards: u32) -> Self {
+        self.caller_shards = shards.max(1);
+        self
     }
 
     /// Final tasks expire this long after they got there (`None`: never).
@@ -159,7 +176,7 @@ fn time(millis: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_millis(millis).ok_or_else(|| corrupt("timestamp out of range"))
 }
 
-fn task_item(t: &Task) -> Item {
+fn task_item(t: &Task, caller_shards: u32) -> Item {
     let mut item = HashMap::from([
         ("pk".to_owned(), s(task_pk(&t.id))),
         ("sk".to_owned(), s("TASK")),
@@ -169,6 +186,10 @@ fn task_item(t: &Task) -> Item {
         ("Input".to_owned(), s(t.input.to_string())),
         ("CreatedAt".to_owned(), ms(t.created_at)),
         ("Caller".to_owned(), s(t.caller.as_str())),
+        (
+            "CallerShard".to_owned(),
+            s(t.caller.index_key(due_shard(&t.id, caller_shards))),
+        ),
     ]);
     if let Some(u) = &t.reply_queue_url {
         item.insert("ReplyQueueUrl".to_owned(), s(u));
@@ -446,7 +467,7 @@ pub fn state_record_size(record: &StateRecord, shards: u32) -> usize {
 /// The stored size of a state record and of its task item (see [`item_size`]).
 pub fn stored_sizes(task: &Task, record: &StateRecord, shards: u32) -> (usize, usize) {
     (
-        item_size(&task_item(task)),
+        item_size(&task_item(task, DEFAULT_CALLER_SHARDS)),
         item_size(&state_item(record, shards)),
     )
 }
@@ -770,7 +791,7 @@ impl StateStore for DynamoStore {
                 ),
             ]))?);
         }
-        writes.push(self.create_put(task_item(task))?);
+        writes.push(self.create_put(task_item(task, self.caller_shards))?);
         let state = state_item(record, self.shards);
         writes.push(self.create_put(state.clone())?);
         let result = self
@@ -984,7 +1005,18 @@ impl StateStore for DynamoStore {
         shard: u32,
         now: DateTime<Utc>,
         limit: usize,
-    ) -> Result<Vec<TaskId>, StoreError> {
+        after: Option<&DueEntry>,
+    ) -> Result<Vec<DueEntry>, StoreError> {
+        // Where the previous page ended: the index's keys and the table's, as DynamoDB's own
+        // `LastEvaluatedKey` of that entry would be (same shard, so never a foreign key).
+        let start = after.map(|a| {
+            HashMap::from([
+                ("DueShard".to_owned(), s(shard_key(shard))),
+                ("DueAt".to_owned(), ms(a.due_at)),
+                ("pk".to_owned(), s(task_pk(&a.task_id))),
+                ("sk".to_owned(), s("STATE")),
+            ])
+        });
         let out = self
             .client
             .query()
@@ -993,6 +1025,7 @@ impl StateStore for DynamoStore {
             .key_condition_expression("DueShard = :shard AND DueAt <= :now")
             .expression_attribute_values(":shard", s(shard_key(shard)))
             .expression_attribute_values(":now", ms(now))
+            .set_exclusive_start_key(start)
             .limit(limit.clamp(1, 1000) as i32)
             .send()
             .await
@@ -1000,11 +1033,14 @@ impl StateStore for DynamoStore {
         out.items()
             .iter()
             .map(|item| {
-                get_s(item, "pk")?
-                    .strip_prefix("TASK#")
-                    .ok_or_else(|| corrupt("due-index item without a task key"))?
-                    .parse()
-                    .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))
+                Ok(DueEntry {
+                    task_id: get_s(item, "pk")?
+                        .strip_prefix("TASK#")
+                        .ok_or_else(|| corrupt("due-index item without a task key"))?
+                        .parse()
+                        .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
+                    due_at: time(get_n(item, "DueAt")?)?,
+                })
             })
             .collect()
     }
@@ -1138,80 +1174,30 @@ impl StateStore for DynamoStore {
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError> {
         let limit = limit.clamp(1, 1000);
-        // Each shard's newest `limit` after the cursor, merged: the page is the newest `limit`
-        // of them all. A shard is read from the cursor's time down (`StateSince <= t`). DynamoDB
-        // leaves rows with equal sort keys in no defined order, so a shard is read past its
-        // `limit` rows until its `StateSince` changes: every row tied with its last one is
-        // taken, and the merge orders the ties by id. (Cut at `limit`, a shard could leave out
-        // a tied row whose id sorts before the page's last one, and the next page, starting
-        // after that id, would skip it.) The index projects only the task's id and workflow:
-        // the page's summaries are then read from the state records (one `BatchGetItem`), so a
-        // write within a state changes nothing in the index.
-        let mut rows: Vec<(i64, TaskId)> = Vec::new();
-        let mut more = false;
-        for shard in 0..self.shards {
-            let mut start = None;
-            let mut taken = 0;
-            let mut last_ms = None;
-            'shard: loop {
-                // Past `limit`, only the boundary's ties are wanted: a few rows at a time.
-                let want = if taken < limit { limit - taken } else { 25 };
-                let mut query = self
-                    .client
-                    .query()
-                    .table_name(&self.table)
-                    .index_name(STATE_INDEX)
-                    .expression_attribute_values(":k", s(state_shard_key(state, shard)))
-                    .scan_index_forward(false)
-                    .limit(want as i32)
-                    .set_exclusive_start_key(start.take());
-                query = match after {
-                    Some(c) => query
-                        .key_condition_expression("StateShard = :k AND StateSince <= :t")
-                        .expression_attribute_values(":t", n(c.at_ms)),
-                    None => query.key_condition_expression("StateShard = :k"),
-                };
-                if let Some(w) = workflow {
-                    // A filter on the projected `Workflow`: the page may come back short, and
-                    // the loop goes on from `LastEvaluatedKey` until it is full.
-                    query = query
-                        .filter_expression("Workflow = :w")
-                        .expression_attribute_values(":w", s(w));
-                }
-                let out = query.send().await.map_err(|e| unavailable(&e))?;
-                for item in out.items() {
-                    let id: TaskId = get_s(item, "TaskId")?
-                        .parse()
-                        .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?;
-                    let ms: i64 = get_n(item, "StateSince")?;
-                    if !after.is_none_or(|c| c.precedes(ms, id)) {
-                        continue;
-                    }
-                    if taken >= limit && last_ms != Some(ms) {
-                        // The first row after the boundary's ties: this shard has more.
-                        more = true;
-                        break 'shard;
-                    }
-                    taken += 1;
-                    last_ms = Some(ms);
-                    rows.push((ms, id));
-                }
-                match out.last_evaluated_key() {
-                    Some(k) if !k.is_empty() => start = Some(k.clone()),
-                    _ => break,
-                }
-            }
-        }
+        // The shards merged ([`DynamoStore::newest_first`]). The index projects only the task's
+        // id and workflow: the page's summaries are then read from the state records (one
+        // `BatchGetItem`), so a write within a state changes nothing in the index.
+        let partitions = (0..self.shards)
+            .map(|shard| state_shard_key(state, shard))
+            .collect();
+        let (mut rows, more) = self
+            .newest_first(
+                Partitions {
+                    index: STATE_INDEX,
+                    hash: "StateShard",
+                    values: partitions,
+                    sort: "StateSince",
+                    workflow,
+                },
+                limit,
+                after,
+            )
+            .await?;
         rows.sort_by_key(|(ms, id)| Cursor::order_key(*ms, *id));
         let more = more || rows.len() > limit;
         rows.truncate(limit);
         let next = more
-            .then(|| {
-                rows.last().map(|(ms, id)| Cursor {
-                    at_ms: *ms,
-                    task_id: *id,
-                })
-            })
+            .then(|| rows.last().map(|(ms, id)| Cursor::at(*ms, *id)))
             .flatten();
         let mut found = self.summaries(rows.iter().map(|(_, id)| *id)).await?;
         let items = rows
@@ -1395,53 +1381,122 @@ impl StateStore for DynamoStore {
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError> {
         let limit = limit.clamp(1, 100);
-        let start = after.map(|c| {
-            HashMap::from([
-                ("pk".to_owned(), s(task_pk(&c.task_id))),
-                ("sk".to_owned(), s("TASK")),
-                ("Caller".to_owned(), s(caller.as_str())),
-                ("CreatedAt".to_owned(), n(c.at_ms)),
-            ])
-        });
-        let out = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .index_name(CALLER_INDEX)
-            .key_condition_expression("#caller = :c")
-            .expression_attribute_names("#caller", "Caller")
-            .expression_attribute_values(":c", s(caller.as_str()))
-            .scan_index_forward(false)
-            .limit(limit as i32)
-            .set_exclusive_start_key(start)
-            .send()
-            .await
-            .map_err(|e| unavailable(&e))?;
-        let mut keys = Vec::new();
-        for item in out.items() {
-            let id: TaskId = get_s(item, "pk")?
-                .strip_prefix("TASK#")
-                .ok_or_else(|| corrupt("caller-index item is not a task"))?
-                .parse()
-                .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?;
-            keys.push((id, get_n::<i64>(item, "CreatedAt")?));
-        }
-        let mut found = self.summaries(keys.iter().map(|(id, _)| *id)).await?;
-        let mut items = Vec::with_capacity(keys.len());
-        for (id, _) in &keys {
-            // A task whose state record is gone (expired between the two reads) is left out.
-            if let Some(summary) = found.remove(id) {
-                items.push(summary);
+        let partitions = (0..self.caller_shards)
+            .map(|shard| caller.index_key(shard))
+            .collect();
+        let (mut rows, more) = self
+            .newest_first(
+                Partitions {
+                    index: CALLER_INDEX,
+                    hash: "CallerShard",
+                    values: partitions,
+                    sort: "CreatedAt",
+                    workflow: None,
+                },
+                limit,
+                after,
+            )
+            .await?;
+        rows.sort_by_key(|(ms, id)| Cursor::order_key(*ms, *id));
+        let more = more || rows.len() > limit;
+        rows.truncate(limit);
+        let next = more
+            .then(|| rows.last().map(|(ms, id)| Cursor::at(*ms, *id)))
+            .flatten();
+        let mut found = self.summaries(rows.iter().map(|(_, id)| *id)).await?;
+        // A task whose state record is gone (expired between the two reads) is left out.
+        let items = rows.iter().filter_map(|(_, id)| found.remove(id)).collect();
+        Ok(Page { items, next })
+    }
+}
+
+/// The GSI partitions a list merges: `hash` = each of `values`, newest `sort` first.
+struct Partitions<'a> {
+    index: &'static str,
+    hash: &'static str,
+    values: Vec<String>,
+    sort: &'static str,
+    /// Only entries with this `Workflow` (a filter on a projected attribute).
+    workflow: Option<&'a str>,
+}
+
+impl DynamoStore {
+    /// The rows (sort key in ms, task id) of several partitions of one index after `after`,
+    /// for a page of `limit`: each partition's newest `limit` (and their ties), and whether any
+    /// partition has more. The caller merges them (newest first, ties by id) and cuts at
+    /// `limit`. A partition is read from the cursor's time down (`sort <= t`). DynamoDB
+    /// leaves rows with equal sort keys in no defined order, so a partition is read past its
+    /// `limit` rows until its sort key changes: every row tied with its last one is taken, and
+    /// the merge orders the ties by id. (Cut at `limit`, a partition could leave out a tied row
+    /// whose id sorts before the page's last one, and the next page, starting after that id,
+    /// would skip it.)
+    async fn newest_first(
+        &self,
+        p: Partitions<'_>,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<(Vec<(i64, TaskId)>, bool), StoreError> {
+        let mut rows: Vec<(i64, TaskId)> = Vec::new();
+        let mut more = false;
+        for value in &p.values {
+            let mut start = None;
+            let mut taken = 0;
+            let mut last_ms = None;
+            'partition: loop {
+                // Past `limit`, only the boundary's ties are wanted: a few rows at a time.
+                let want = if taken < limit { limit - taken } else { 25 };
+                let mut query = self
+                    .client
+                    .query()
+                    .table_name(&self.table)
+                    .index_name(p.index)
+                    .expression_attribute_names("#h", p.hash)
+                    .expression_attribute_values(":k", s(value))
+                    .scan_index_forward(false)
+                    .limit(want as i32)
+                    .set_exclusive_start_key(start.take());
+                query = match after {
+                    // (DynamoDB refuses a name or value the expression does not use.)
+                    Some(c) => query
+                        .key_condition_expression("#h = :k AND #s <= :t")
+                        .expression_attribute_names("#s", p.sort)
+                        .expression_attribute_values(":t", n(c.at_ms)),
+                    None => query.key_condition_expression("#h = :k"),
+                };
+                if let Some(w) = p.workflow {
+                    // A filter on the projected `Workflow`: the page may come back short, and
+                    // the loop goes on from `LastEvaluatedKey` until it is full.
+                    query = query
+                        .filter_expression("Workflow = :w")
+                        .expression_attribute_values(":w", s(w));
+                }
+                let out = query.send().await.map_err(|e| unavailable(&e))?;
+                for item in out.items() {
+                    let id: TaskId = get_s(item, "pk")?
+                        .strip_prefix("TASK#")
+                        .ok_or_else(|| corrupt(format!("{} item is not a task's", p.index)))?
+                        .parse()
+                        .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?;
+                    let ms: i64 = get_n(item, p.sort)?;
+                    if !after.is_none_or(|c| c.precedes(ms, id)) {
+                        continue;
+                    }
+                    if taken >= limit && last_ms != Some(ms) {
+                        // The first row after the boundary's ties: this partition has more.
+                        more = true;
+                        break 'partition;
+                    }
+                    taken += 1;
+                    last_ms = Some(ms);
+                    rows.push((ms, id));
+                }
+                match out.last_evaluated_key() {
+                    Some(k) if !k.is_empty() => start = Some(k.clone()),
+                    _ => break,
+                }
             }
         }
-        let next = match (out.last_evaluated_key(), keys.last()) {
-            (Some(k), Some((id, created))) if !k.is_empty() => Some(Cursor {
-                at_ms: *created,
-                task_id: *id,
-            }),
-            _ => None,
-        };
-        Ok(Page { items, next })
+        Ok((rows, more))
     }
 }
 
@@ -1786,7 +1841,7 @@ mod tests {
             created_at: now,
             caller: Caller::new("arn:aws:iam::123456789012:role/shop").expect("caller"),
         };
-        assert_eq!(parse_task(&task_item(&task)).expect("parses"), task);
+        assert_eq!(parse_task(&task_item(&task, 4)).expect("parses"), task);
 
         r.process_state = ProcessState::Error;
         r.complete_by = None;

@@ -170,7 +170,7 @@ pub async fn create_table(
         .map_err(|e| fail(what(), e))?;
     let by_caller = GlobalSecondaryIndex::builder()
         .index_name(CALLER_INDEX)
-        .key_schema(key("Caller", KeyType::Hash)?)
+        .key_schema(key("CallerShard", KeyType::Hash)?)
         .key_schema(key("CreatedAt", KeyType::Range)?)
         .projection(
             Projection::builder()
@@ -189,7 +189,7 @@ pub async fn create_table(
         .attribute_definitions(attr("DueAt", ScalarAttributeType::N)?)
         .attribute_definitions(attr("StateShard", ScalarAttributeType::S)?)
         .attribute_definitions(attr("StateSince", ScalarAttributeType::N)?)
-        .attribute_definitions(attr("Caller", ScalarAttributeType::S)?)
+        .attribute_definitions(attr("CallerShard", ScalarAttributeType::S)?)
         .attribute_definitions(attr("CreatedAt", ScalarAttributeType::N)?)
         .key_schema(key("pk", KeyType::Hash)?)
         .key_schema(key("sk", KeyType::Range)?)

@@ -63,6 +63,13 @@ impl Caller {
     pub fn digest(&self) -> String {
         hex::encode(Sha256::digest(self.0.as_bytes()))
     }
+
+    /// The caller's partition `shard` of the index of its tasks: its digest and the shard. A
+    /// task is filed under the shard its id hashes to, so one caller's tasks spread over every
+    /// shard and no index partition takes all of a busy caller's writes.
+    pub fn index_key(&self, shard: u32) -> String {
+        format!("{}#{shard}", self.digest())
+    }
 }
 
 impl fmt::Display for Caller {

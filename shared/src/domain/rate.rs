@@ -44,6 +44,43 @@ impl RateLimit {
     }
 }
 
+/// The most requests a second one limiter item is meant to admit. Every request is one write
+/// to its item (a refused one too: a conditional write that fails still costs a unit), and
+/// DynamoDB takes 1,000 a second on one item; a caller allowed more than this has its
+/// allowance split over [`RateLimit::shards`] items.
+pub const PER_ITEM: f64 = 100.0;
+
+impl RateLimit {
+    /// How many items hold this allowance: one per [`PER_ITEM`] requests a second (at least
+    /// one, at most 100).
+    pub fn shards(&self) -> u32 {
+        (self.per_second / PER_ITEM).ceil().clamp(1.0, 100.0) as u32
+    }
+
+    /// One shard's part of the allowance: the rate split evenly, the burst too (at least one
+    /// each). Each request goes to one shard chosen at random, so over any second a caller is
+    /// admitted about `per_second` (a sum of independent shares: within a few percent at a
+    /// hundred requests a shard) and at most `burst` rounded up to a multiple of the shards at
+    /// once.
+    pub fn per_shard(&self) -> RateLimit {
+        let shards = self.shards();
+        RateLimit {
+            per_second: self.per_second / f64::from(shards),
+            burst: self.burst.div_ceil(shards).max(1),
+        }
+    }
+}
+
+/// The key of shard `shard` of a caller's allowance (`digest`: [`crate::domain::Caller::digest`]).
+/// Shard 0 keeps the unsharded key, so a limit raised past [`PER_ITEM`] keeps its first item.
+pub fn shard_key(digest: &str, shard: u32) -> String {
+    if shard == 0 {
+        digest.to_owned()
+    } else {
+        format!("{digest}#{shard}")
+    }
+}
+
 /// What [`RateLimit::decide`] says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
@@ -64,6 +101,66 @@ pub enum Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_limit_past_one_item_is_split_evenly_and_the_default_stays_on_one() {
+        let default = RateLimit {
+            per_second: 50.0,
+            burst: 100,
+        };
+        assert_eq!(default.shards(), 1);
+        assert_eq!(default.per_shard(), default);
+        assert_eq!(shard_key("d", 0), "d");
+        let big = RateLimit {
+            per_second: 1000.0,
+            burst: 2000,
+        };
+        assert_eq!(big.shards(), 10);
+        assert_eq!(
+            big.per_shard(),
+            RateLimit {
+                per_second: 100.0,
+                burst: 200
+            }
+        );
+        assert_eq!(shard_key("d", 3), "d#3");
+        let odd = RateLimit {
+            per_second: 250.0,
+            burst: 5,
+        };
+        assert_eq!(odd.shards(), 3);
+        assert_eq!(odd.per_shard().burst, 2);
+    }
+
+    #[test]
+    fn a_sharded_limit_admits_about_its_rate_and_no_item_takes_more_than_its_share() {
+        use rand::{Rng, SeedableRng};
+        let limit = RateLimit {
+            per_second: 1000.0,
+            burst: 1000,
+        };
+        let part = limit.per_shard();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut tats = vec![None; limit.shards() as usize];
+        let mut per_item = vec![0u32; tats.len()];
+        let mut admitted = 0u32;
+        // 3,000 requests a second for 10 s, each to a random shard.
+        for i in 0..30_000i64 {
+            let now = i / 3;
+            let shard = rng.random_range(0..tats.len());
+            if let Decision::Admit { tat_ms } = part.decide(tats[shard], now) {
+                tats[shard] = Some(tat_ms);
+                admitted += 1;
+                per_item[shard] += 1;
+            }
+        }
+        // At most the rate over 10 s plus the burst; the shards' chance leaves a few percent.
+        assert!(admitted <= 10_000 + 1000, "{admitted}");
+        assert!(admitted >= 10_000 * 95 / 100, "{admitted}");
+        for n in per_item {
+            assert!(n <= 1000 + 100, "one item took {n}");
+        }
+    }
 
     /// Replays requests at the given times (ms) through `decide`, keeping the TAT.
     fn admitted(limit: RateLimit, times: &[i64]) -> Vec<bool> {

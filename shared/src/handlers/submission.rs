@@ -169,9 +169,13 @@ pub async fn handle(
     // need it in every log line of the request.
     let span = info_span!("api", caller = %caller, operator = op);
     if !op && let Some(limit) = &deps.rate_limit {
+        // A caller allowed more than one item takes is spread over several (no hot key):
+        // each request is admitted by one, at random, against its share.
+        let shard = rand::random_range(0..limit.shards());
+        let key = crate::domain::rate::shard_key(&caller.digest(), shard);
         match deps
             .store
-            .admit(&caller.digest(), limit, deps.clock.now())
+            .admit(&key, &limit.per_shard(), deps.clock.now())
             .instrument(span.clone())
             .await
         {

@@ -22,8 +22,8 @@ pub struct SupervisorDeps {
     /// Each record's workflow version gives its steps' policies.
     pub definitions: Arc<Definitions>,
     pub work_queue_url: String,
-    /// Most records taken from each shard per sweep; the rest wait for the next sweep.
-    pub batch_limit: usize,
+    /// How the sweep reads and works through the due index.
+    pub sweep: SweepSettings,
     /// The deadline-timer queue, to re-arm timers that arrive early (deadlines past 15 min).
     pub timer_queue_url: Option<String>,
     /// Where poison timer messages go.
@@ -35,6 +35,29 @@ pub struct SupervisorDeps {
     pub lease_ttl: chrono::Duration,
     /// Where the handler's EMF metrics go.
     pub metrics: crate::metrics::Metrics,
+}
+
+/// How a sweep works through the due index.
+#[derive(Debug, Clone, Copy)]
+pub struct SweepSettings {
+    /// Entries read by one due-index query (one page).
+    pub page_size: usize,
+    /// Recoveries in flight at once, across every shard.
+    pub concurrency: usize,
+    /// How long one sweep keeps paging: less than the function's timeout and the shard lease's
+    /// TTL, so a sweep ends (and releases its leases) before either runs out. What is left is
+    /// the next sweep's.
+    pub budget: chrono::Duration,
+}
+
+impl Default for SweepSettings {
+    fn default() -> Self {
+        Self {
+            page_size: 100,
+            concurrency: 32,
+            budget: chrono::Duration::seconds(60),
+        }
+    }
 }
 
 /// What one sweep did.
@@ -53,10 +76,30 @@ pub struct SweepReport {
     pub notices: usize,
     /// Records no longer due, or recovered by another supervisor first.
     pub skipped: usize,
-    /// Records whose recovery failed; they stay due and are retried next sweep.
+    /// Records whose recovery failed; they stay due and are retried next sweep. The sweep pages
+    /// past them: a record that always fails never blocks the records behind it.
     pub errors: usize,
     /// Shards skipped because another supervisor holds their lease.
     pub leased_elsewhere: usize,
+    /// Shards whose sweep stopped at the budget with due records left for the next sweep.
+    pub cut_short: usize,
+    /// Due-index queries made.
+    pub pages: usize,
+}
+
+impl SweepReport {
+    fn add(&mut self, o: &Self) {
+        self.due += o.due;
+        self.retried += o.retried;
+        self.requeued += o.requeued;
+        self.failed += o.failed;
+        self.notices += o.notices;
+        self.skipped += o.skipped;
+        self.errors += o.errors;
+        self.leased_elsewhere += o.leased_elsewhere;
+        self.cut_short += o.cut_short;
+        self.pages += o.pages;
+    }
 }
 
 enum Recovered {
@@ -67,32 +110,107 @@ enum Recovered {
     Skipped,
 }
 
-/// One sweep over every shard of the due index.
+/// One sweep over every shard of the due index: the shards side by side, each under its lease
+/// and paged to the end of what was due when the sweep began (or to the budget), with at most
+/// `concurrency` recoveries in flight. Every recovery re-reads its record and writes
+/// conditionally, so running them concurrently (and alongside other supervisors' timers) is as
+/// safe as running them one by one.
 pub async fn sweep(deps: &SupervisorDeps) -> Result<SweepReport, HandlerError> {
     let now = deps.clock.now();
+    let stop_at = now + deps.sweep.budget;
+    let permits = tokio::sync::Semaphore::new(deps.sweep.concurrency.max(1));
+    let shards =
+        (0..deps.store.due_shards()).map(|shard| sweep_shard(deps, shard, now, stop_at, &permits));
     let mut report = SweepReport::default();
-    for shard in 0..deps.store.due_shards() {
-        let lease = format!("sweep#{shard}");
-        if !deps
-            .store
-            .acquire_lease(&lease, &deps.instance_id, now, deps.lease_ttl)
-            .await?
-        {
-            info!(shard, "another supervisor is sweeping this shard");
-            report.leased_elsewhere += 1;
-            continue;
-        }
-        let due = match deps.store.due(shard, now, deps.batch_limit).await {
-            Ok(due) => due,
+    let mut failure = None;
+    for result in futures::future::join_all(shards).await {
+        match result {
+            Ok(r) => report.add(&r),
             Err(e) => {
-                let _ = deps.store.release_lease(&lease, &deps.instance_id).await;
-                return Err(e.into());
+                error!(error = %e, "a shard's sweep failed; its records stay due");
+                failure.get_or_insert(e);
             }
-        };
-        report.due += due.len();
-        for id in due {
+        }
+    }
+    if report.due > 0 || failure.is_some() {
+        info!(?report, "sweep done");
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    // The supervisor's heartbeat: an alarm fires when sweeps stop.
+    deps.metrics.count("SweepsCompleted", &[]);
+    Ok(report)
+}
+
+/// One shard of a sweep, under its lease.
+async fn sweep_shard(
+    deps: &SupervisorDeps,
+    shard: u32,
+    now: DateTime<Utc>,
+    stop_at: DateTime<Utc>,
+    permits: &tokio::sync::Semaphore,
+) -> Result<SweepReport, HandlerError> {
+    let lease = format!("sweep#{shard}");
+    if !deps
+        .store
+        .acquire_lease(&lease, &deps.instance_id, now, deps.lease_ttl)
+        .await?
+    {
+        info!(shard, "another supervisor is sweeping this shard");
+        return Ok(SweepReport {
+            leased_elsewhere: 1,
+            ..SweepReport::default()
+        });
+    }
+    let drained = drain_shard(deps, shard, now, stop_at, permits).await;
+    // Crash point: a supervisor that dies before this keeps the shard until the lease
+    // expires; then another takes it over.
+    let released = deps.store.release_lease(&lease, &deps.instance_id).await;
+    let report = drained?;
+    released?;
+    Ok(report)
+}
+
+/// Pages through one shard's records due at `now`, recovering each page concurrently.
+async fn drain_shard(
+    deps: &SupervisorDeps,
+    shard: u32,
+    now: DateTime<Utc>,
+    stop_at: DateTime<Utc>,
+    permits: &tokio::sync::Semaphore,
+) -> Result<SweepReport, HandlerError> {
+    let page_size = deps.sweep.page_size.max(1);
+    let mut report = SweepReport::default();
+    let mut after = None;
+    loop {
+        if deps.clock.now() >= stop_at {
+            warn!(
+                shard,
+                "sweep budget spent; the rest of the shard is the next sweep's"
+            );
+            report.cut_short += 1;
+            return Ok(report);
+        }
+        let page = deps
+            .store
+            .due(shard, now, page_size, after.as_ref())
+            .await?;
+        report.pages += 1;
+        report.due += page.len();
+        // The next page starts after this one, whatever became of its entries: a record that
+        // fails (or is no longer due) is not read again in this sweep.
+        after = page.last().copied();
+        let recoveries = page.iter().map(|entry| async move {
+            let id = entry.task_id;
+            let _permit = permits.acquire().await;
             let span = info_span!("recover", task_id = %id, workflow = tracing::field::Empty, attempt = tracing::field::Empty);
-            match recover(deps, id, now, "sweep").instrument(span).await {
+            // Each recovery judges its deadline at its own time, not the sweep's start.
+            let at = deps.clock.now();
+            (id, recover(deps, id, at, "sweep").instrument(span).await)
+        });
+        for (id, outcome) in futures::future::join_all(recoveries).await {
+            match outcome {
                 Ok(Recovered::Retried) => report.retried += 1,
                 Ok(Recovered::Requeued) => report.requeued += 1,
                 Ok(Recovered::Failed) => report.failed += 1,
@@ -104,16 +222,10 @@ pub async fn sweep(deps: &SupervisorDeps) -> Result<SweepReport, HandlerError> {
                 }
             }
         }
-        // Crash point: a supervisor that dies before this keeps the shard until the lease
-        // expires; then another takes it over.
-        deps.store.release_lease(&lease, &deps.instance_id).await?;
+        if page.len() < page_size {
+            return Ok(report);
+        }
     }
-    if report.due > 0 {
-        info!(?report, "sweep done");
-    }
-    // The supervisor's heartbeat: an alarm fires when sweeps stop.
-    deps.metrics.count("SweepsCompleted", &[]);
-    Ok(report)
 }
 
 async fn recover(

@@ -548,7 +548,11 @@ impl System {
                 clock,
                 definitions: definitions.clone(),
                 work_queue_url: resources.work_queue_url.clone(),
-                batch_limit: 100,
+                // Below the 30 s lease.
+                sweep: supervisor::SweepSettings {
+                    budget: chrono::Duration::seconds(20),
+                    ..supervisor::SweepSettings::default()
+                },
                 timer_queue_url: Some(resources.timer_queue_url.clone()),
                 dead_letter_url: Some(resources.dead_letter_url.clone()),
                 instance_id: format!("local-supervisor-{}", uuid::Uuid::new_v4()),

@@ -1,7 +1,7 @@
 use crate::domain::{BreakerRecord, Caller, Condition, ProcessState, StateRecord, Task, TaskId};
 use crate::ports::{
-    Catalog, Count, CreateOutcome, Cursor, Entry, IdempotencyRecord, Kind, Page, Published,
-    StateStore, StoreError, Stored, Summary, canonical,
+    Catalog, Count, CreateOutcome, Cursor, DueEntry, Entry, IdempotencyRecord, Kind, Page,
+    Published, StateStore, StoreError, Stored, Summary, canonical,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -197,15 +197,23 @@ impl StateStore for MemoryStore {
         shard: u32,
         now: DateTime<Utc>,
         limit: usize,
-    ) -> Result<Vec<TaskId>, StoreError> {
+        after: Option<&DueEntry>,
+    ) -> Result<Vec<DueEntry>, StoreError> {
         let mut inner = self.lock()?;
         let mut due: Vec<_> = inner
             .indexed(self.index_lag)
             .filter(|r| r.due_shard(self.shards) == shard)
-            .filter_map(|r| r.due_key.filter(|d| *d <= now).map(|d| (d, r.task_id)))
+            .filter_map(|r| {
+                r.due_key.filter(|d| *d <= now).map(|due_at| DueEntry {
+                    due_at,
+                    task_id: r.task_id,
+                })
+            })
+            .filter(|e| after.is_none_or(|a| e > a))
             .collect();
         due.sort();
-        Ok(due.into_iter().take(limit).map(|(_, id)| id).collect())
+        due.truncate(limit);
+        Ok(due)
     }
 
     fn due_shards(&self) -> u32 {
@@ -364,8 +372,8 @@ impl StateStore for MemoryStore {
             .indexed(self.index_lag)
             .map(|r| (r.task_id, Summary::of(r)))
             .collect();
-        // The caller index's order: CreatedAt descending (ties by id, descending).
-        let key = |ms: i64, id: &TaskId| std::cmp::Reverse((ms, *id));
+        // The caller index's order: CreatedAt descending, ties by id (as every list's).
+        let key = |ms: i64, id: &TaskId| Cursor::order_key(ms, *id);
         let mut rows: Vec<_> = inner
             .tasks
             .values()
