@@ -92,11 +92,24 @@ impl Counts {
     }
 }
 
-/// The shared counter.
+/// The shared counter; with a latency, every counted call also waits that long (a modeled
+/// round trip, for runs that measure time rather than count calls).
 #[derive(Debug, Default)]
-pub struct Meter(Mutex<Counts>);
+pub struct Meter(Mutex<Counts>, std::sync::OnceLock<Duration>);
 
 impl Meter {
+    /// A meter whose counted calls each take `latency`.
+    pub fn with_latency(latency: Duration) -> Self {
+        let m = Self::default();
+        let _ = m.1.set(latency);
+        m
+    }
+    /// The modeled round trip of one call (nothing without a latency).
+    async fn io(&self) {
+        if let Some(d) = self.1.get() {
+            tokio::time::sleep(*d).await;
+        }
+    }
     fn add(&self, f: impl FnOnce(&mut Counts)) {
         if let Ok(mut c) = self.0.lock() {
             f(&mut c);
@@ -146,6 +159,7 @@ impl StateStore for CountingStore {
         key: Option<&IdempotencyRecord>,
     ) -> Result<CreateOutcome, StoreError> {
         self.meter.call("DynamoDB TransactWriteItems");
+        self.meter.io().await;
         let (o, r) = stored_sizes(task, record, self.shards);
         let (due, state) = index_entry_sizes(record, self.shards);
         let key_units = if key.is_some() { 1.0 } else { 0.0 };
@@ -188,6 +202,7 @@ impl StateStore for CountingStore {
     }
     async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
         self.meter.call("DynamoDB Query");
+        self.meter.io().await;
         let out = self.inner.get(id).await?;
         let size = out.as_ref().map_or(0, |(o, r)| {
             let (a, b) = stored_sizes(o, r, self.shards);
@@ -200,6 +215,7 @@ impl StateStore for CountingStore {
     }
     async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
         self.meter.call("DynamoDB GetItem");
+        self.meter.io().await;
         let out = self.inner.get_state(id).await?;
         self.meter.add(|c| c.rru += 1.0);
         self.meter.key(format!("TASK#<id>: {id}"), 0.0, 1.0);
@@ -212,6 +228,7 @@ impl StateStore for CountingStore {
         write: u64,
     ) -> Result<(), StoreError> {
         self.meter.call("DynamoDB PutItem");
+        self.meter.io().await;
         // The bill depends on the item replaced: read it (uncounted; the handlers never do).
         let old = self.inner.get_state(record.task_id).await.ok().flatten();
         let out = self.inner.put_as(record, condition, write).await;
@@ -280,6 +297,7 @@ impl StateStore for CountingStore {
         after: Option<&DueEntry>,
     ) -> Result<Vec<DueEntry>, StoreError> {
         self.meter.call("DynamoDB Query (due-index)");
+        self.meter.io().await;
         self.meter.add(|c| c.rru += 0.5);
         self.meter.key(format!("due-index due#{shard}"), 0.0, 0.5);
         self.inner.due(shard, now, limit, after).await
@@ -295,24 +313,28 @@ impl StateStore for CountingStore {
         ttl: chrono::Duration,
     ) -> Result<bool, StoreError> {
         self.meter.call("DynamoDB PutItem (lease)");
+        self.meter.io().await;
         self.meter.write(WriteUnits::small("lease"));
         self.meter.key(format!("LEASE#{name}"), 1.0, 0.0);
         self.inner.acquire_lease(name, owner, now, ttl).await
     }
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
         self.meter.call("DynamoDB PutItem (lease)");
+        self.meter.io().await;
         self.meter.write(WriteUnits::small("lease released"));
         self.meter.key(format!("LEASE#{name}"), 1.0, 0.0);
         self.inner.release_lease(name, owner).await
     }
     async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
         self.meter.call("DynamoDB GetItem (breaker)");
+        self.meter.io().await;
         self.meter.add(|c| c.rru += 1.0);
         self.meter.key(format!("BREAKER#{name}"), 0.0, 1.0);
         self.inner.get_breaker(name).await
     }
     async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
         self.meter.call("DynamoDB PutItem (breaker)");
+        self.meter.io().await;
         self.meter.write(WriteUnits::small("breaker"));
         self.meter.key(format!("BREAKER#{}", record.name), 1.0, 0.0);
         self.inner.put_breaker(record).await
@@ -325,6 +347,7 @@ impl StateStore for CountingStore {
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError> {
         self.meter.call("DynamoDB Query (state-index)");
+        self.meter.io().await;
         self.meter.add(|c| c.rru += 0.5);
         self.inner.list(state, workflow, limit, after).await
     }
@@ -345,6 +368,7 @@ impl StateStore for CountingStore {
         cap: u64,
     ) -> Result<sas::ports::Count, StoreError> {
         self.meter.call("DynamoDB Query (state-index, count)");
+        self.meter.io().await;
         self.meter.add(|c| c.rru += 0.5);
         self.inner.count(state, workflow, cap).await
     }
@@ -352,6 +376,7 @@ impl StateStore for CountingStore {
         if record.process_state.is_final() {
             // An UpdateItem of the task item, billed on its size.
             self.meter.call("DynamoDB UpdateItem (retention)");
+            self.meter.io().await;
             self.meter.write(WriteUnits::small("retention"));
         }
         self.inner.expire_task(record).await
@@ -364,6 +389,7 @@ impl StateStore for CountingStore {
     ) -> Result<sas::domain::rate::Admission, StoreError> {
         // One conditional UpdateItem of a small item (the caller's TAT): 1 WRU.
         self.meter.call("DynamoDB UpdateItem (rate limit)");
+        self.meter.io().await;
         self.meter.write(WriteUnits::small("rate limit"));
         self.meter.key(format!("RATE#{key}"), 1.0, 0.0);
         self.inner.admit(key, limit, now).await
@@ -377,6 +403,7 @@ impl StateStore for CountingStore {
         // A Query of the caller index, then a BatchGetItem of the page's state records.
         self.meter.call("DynamoDB Query (caller-shard-index)");
         self.meter.call("DynamoDB BatchGetItem");
+        self.meter.io().await;
         self.meter.add(|c| c.rru += 0.5 + 0.5 * limit as f64);
         self.inner.list_by_caller(caller, limit, after).await
     }
@@ -399,6 +426,7 @@ impl Catalog for CountingCatalog {
         now: DateTime<Utc>,
     ) -> Result<Published, StoreError> {
         self.meter.call("DynamoDB TransactWriteItems (catalog)");
+        self.meter.io().await;
         let size = body.to_string().len();
         self.meter.add(|c| c.wru += 2.0 * (units(size, 1024) + 1.0));
         self.inner.publish(kind, name, body, now).await
@@ -423,6 +451,7 @@ impl Catalog for CountingCatalog {
     }
     async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError> {
         self.meter.call("DynamoDB GetItem (catalog)");
+        self.meter.io().await;
         self.meter.add(|c| c.rru += 1.0);
         self.inner.entries(kind).await
     }
@@ -454,6 +483,7 @@ impl Queue for CountingQueue {
             *c.calls.entry("SQS SendMessage".into()).or_default() += chunks;
             *c.messages.entry(role.to_owned()).or_default() += 1;
         });
+        self.meter.io().await;
         self.inner.send(queue_url, body, delay).await
     }
     async fn receive(
@@ -483,6 +513,7 @@ impl EventBus for CountingBus {
         detail: &serde_json::Value,
     ) -> Result<(), PublishError> {
         self.meter.call("EventBridge PutEvents");
+        self.meter.io().await;
         let chunks = detail.to_string().len().div_ceil(64 * 1024).max(1) as u64;
         self.meter.add(|c| c.events += chunks);
         self.inner.publish(detail_type, detail).await

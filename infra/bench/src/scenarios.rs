@@ -87,7 +87,7 @@ pub enum Target {
 
 /// How long a function keeps the catalog's newest versions: longer than any scenario, so the
 /// counts are those of a warm function (see [`build`]).
-const CATALOG_TTL_SECONDS: i64 = 600;
+pub(crate) const CATALOG_TTL_SECONDS: i64 = 600;
 
 /// A system on fresh resources, with the example definitions published and every function's
 /// catalog cache warmed: in a deployment the catalog is read once per function instance every
