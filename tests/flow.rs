@@ -434,6 +434,64 @@ async fn an_agent_that_overruns_stops_silently_and_the_supervisor_recovers_it() 
 }
 
 #[tokio::test]
+async fn a_request_that_waited_in_the_queue_still_runs_within_its_start_allowance() {
+    // 60 s to be picked up, 30 s to run: the deadline is the dispatch + 90 s.
+    let mut settings = manual_settings();
+    settings.policy.start_within = chrono::Duration::seconds(60);
+    let (system, clock) = aws_system("late", settings).await;
+    let id = submit_ok(&system).await;
+    assert_eq!(system.pump_scheduler().await.expect("poll"), 1);
+    let claimed = state(&system, id).await;
+    // A backlog held the request 45 s: past the step's 30 s timeout, within its allowance.
+    clock.advance(chrono::Duration::seconds(45));
+    assert_eq!(system.pump_agents().await.expect("poll"), 1);
+    let report = system.sweep().await.expect("sweep");
+    assert_eq!(report.due, 0, "nothing expired: {report:?}");
+    pump_until_quiet(&system, 20).await;
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
+    assert_eq!(r.failure_count, 0, "late, not failed: {r:?}");
+    assert_eq!(r.attempt, claimed.attempt, "no second claim");
+    assert_each_step_once(&system, id).await;
+}
+
+#[tokio::test]
+async fn an_agent_out_of_its_step_timeout_before_the_deadline_hands_the_attempt_back_at_once() {
+    // A second to run, a minute to be picked up; the service fails every call, and the breaker
+    // never opens (so the agent retries until the step's timeout).
+    let mut settings = manual_settings();
+    settings.policy.step_timeout = chrono::Duration::seconds(1);
+    settings.policy.start_within = chrono::Duration::seconds(60);
+    settings.breaker.threshold = 1_000_000;
+    settings.faults.insert(
+        "inventory".into(),
+        Faults {
+            transient_rate: 1.0,
+            ..Faults::default()
+        },
+    );
+    let (system, _clock) = aws_system("gaveup", settings).await;
+    let id = submit_ok(&system).await;
+    assert_eq!(system.pump_scheduler().await.expect("poll"), 1);
+    // The agent stops at the step's timeout (not at the deadline a minute away) and says so.
+    assert_eq!(system.pump_agents().await.expect("poll"), 1);
+    // Its reply, applied: a timed-out attempt, handed back now (not 61 s later by the sweep).
+    assert_eq!(system.pump_scheduler().await.expect("reply"), 1);
+    let r = state(&system, id).await;
+    assert_eq!(
+        (r.process_state, r.failure_count),
+        (ProcessState::Pending, 1),
+        "{r:?}"
+    );
+    assert!(
+        r.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("reserve-inventory") && e.contains("timeout")),
+        "{r:?}"
+    );
+}
+
+#[tokio::test]
 async fn failures_up_to_the_threshold_end_in_error_with_a_task_failed_event() {
     let mut settings = manual_settings();
     settings.policy.auto_compensate = false;

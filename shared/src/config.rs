@@ -51,7 +51,8 @@ fn seconds(name: &'static str, default: f64) -> Result<chrono::Duration, ConfigE
 }
 
 /// The deployment's default policy (each workflow's steps may set their own timeout and retry):
-/// `STEP_TIMEOUT_SECONDS`, `PICKUP_TIMEOUT_SECONDS`, `FAILURE_THRESHOLD`,
+/// `STEP_TIMEOUT_SECONDS`, `START_WITHIN_SECONDS` (how long a step's request may wait for an
+/// agent, default 0), `PICKUP_TIMEOUT_SECONDS`, `FAILURE_THRESHOLD`,
 /// `RETRY_BASE_DELAY_SECONDS`, `RETRY_BACKOFF_RATE`, `RETRY_MAX_DELAY_SECONDS`,
 /// `AUTO_COMPENSATE` (`true`/`false`), `COOLDOWN_SECONDS`, `MAX_ROUNDS`; and the undo wait of
 /// a step that may still be in flight: `CALL_TIMEOUT_MS` (the agent's longest call, default
@@ -68,6 +69,7 @@ pub fn policy() -> Result<Policy, ConfigError> {
     }
     Ok(Policy {
         step_timeout: seconds("STEP_TIMEOUT_SECONDS", secs(d.step_timeout))?,
+        start_within: seconds("START_WITHIN_SECONDS", secs(d.start_within))?,
         pickup_timeout: seconds("PICKUP_TIMEOUT_SECONDS", secs(d.pickup_timeout))?,
         failure_threshold: threshold,
         retry_base_delay: seconds("RETRY_BASE_DELAY_SECONDS", secs(d.retry_base_delay))?,

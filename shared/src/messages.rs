@@ -82,8 +82,13 @@ pub struct StepRequest {
     /// The key to send to the remote service; absent in older messages, then derived.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
-    /// Past this instant the agent stops and sends nothing.
+    /// The step's deadline: past it the agent stops and sends nothing.
     pub complete_by: DateTime<Utc>,
+    /// The step's timeout (start to close), in milliseconds: the agent stops this long after it
+    /// picked the request up, even if `complete_by` (which also allows for the request's wait in
+    /// the queue) is later. Absent in older requests: `complete_by` alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
     pub reply_queue_url: String,
     /// The request body, built by the step's input mapping.
     pub input: serde_json::Value,

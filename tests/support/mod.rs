@@ -103,6 +103,7 @@ pub fn manual_settings() -> Settings {
     Settings {
         policy: Policy {
             step_timeout: chrono::Duration::seconds(30),
+            start_within: chrono::Duration::zero(),
             pickup_timeout: chrono::Duration::seconds(60),
             failure_threshold: 3,
             retry_base_delay: chrono::Duration::zero(),

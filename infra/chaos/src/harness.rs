@@ -132,6 +132,36 @@ impl Config {
         }
     }
 
+    /// Overload: the agents serve [`OVERLOAD_CAPACITY`] calls a second (4 agent pollers taking
+    /// one request at a time, every call 25 ms, no faults), and for `seconds` the run submits
+    /// three times the tasks a second that serves (orders make 3 calls, loans 4). A backlog of
+    /// step requests builds in the agent queue for `seconds` and drains in about twice that:
+    /// the last requests wait about `2 × seconds` for an agent. No crashes and no operator (a
+    /// cancel compensates): any failure or compensation is the overload's doing. Each step's
+    /// request may wait `start_within` for an agent (`START_WITHIN_SECONDS`).
+    pub fn overload(&mut self, seconds: u64, start_within: chrono::Duration) {
+        let latency = Duration::from_millis(OVERLOAD_CALL_MS);
+        self.settings.agent_concurrency = OVERLOAD_AGENTS;
+        self.settings.batch_size = 1;
+        for f in self.settings.faults.values_mut() {
+            *f = Faults {
+                latency,
+                seed: f.seed,
+                ..Faults::default()
+            };
+        }
+        self.settings.policy.start_within = start_within;
+        self.plan.crash_rate = 0.0;
+        self.operator = None;
+        // Orders and loans alternate: 3.5 calls a task.
+        let rate = (3.0 * OVERLOAD_CAPACITY / 3.5).round() as u32;
+        self.rate = Some(rate);
+        self.tasks = rate as usize * seconds as usize;
+        // The backlog drains for about twice the overload: the run waits that long for tasks
+        // that are late, not lost.
+        self.patience = self.patience.max(Duration::from_secs(3 * seconds + 30));
+    }
+
     /// Turns every rough edge of AWS on ([`Plan::every_switch`]), and the memory store's
     /// indexes lag its writes by up to half a second (DynamoDB's GSIs are eventually
     /// consistent: the sweep and the operator's lists then read stale entries).
@@ -424,7 +454,16 @@ pub struct Report {
     pub operator: (u64, usize, u64, u64),
     pub operator_actions: BTreeMap<String, usize>,
     pub elapsed: Duration,
+    /// The longest a task took from its submission to its last write.
+    pub slowest: Duration,
 }
+
+/// Agent pollers in an overload run, each taking one request at a time...
+pub const OVERLOAD_AGENTS: usize = 4;
+/// ...and the time each call takes there...
+pub const OVERLOAD_CALL_MS: u64 = 25;
+/// ...so the calls a second the agents serve.
+pub const OVERLOAD_CAPACITY: f64 = OVERLOAD_AGENTS as f64 * 1000.0 / OVERLOAD_CALL_MS as f64;
 
 /// The crash points every run of a few hundred tasks reaches.
 pub const REQUIRED_POINTS: [&str; 9] = [
@@ -552,6 +591,11 @@ impl Report {
         for (state, n) in &self.states {
             row(&format!("final state {state}"), n.to_string(), "");
         }
+        row(
+            "slowest task (submission to last write)",
+            format!("{:.1} s", self.slowest.as_secs_f64()),
+            "",
+        );
         row("lost", self.lost.len().to_string(), "0");
         if !self.waiting.is_empty() {
             row(
@@ -1036,6 +1080,9 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
             .states
             .entry(r.process_state.to_string())
             .or_default() += 1;
+        report.slowest = report
+            .slowest
+            .max((r.updated_at - r.created_at).to_std().unwrap_or_default());
         ended
             .entry(r.process_state)
             .or_default()

@@ -68,6 +68,16 @@ struct Cli {
     /// --every-switch the default is 4), to show re-enqueues stay proportional to tasks.
     #[arg(long, value_name = "PICKUPS")]
     stall_pickups: Option<u32>,
+    /// Overload: for this many seconds, submit three times the tasks a second the agents serve
+    /// (no faults, crashes or operator; replaces --tasks and --rate). Every task must end
+    /// Processed: late, not failed.
+    #[arg(long, value_name = "SECONDS")]
+    overload: Option<u64>,
+    /// How long a step's request may wait for an agent (START_WITHIN_SECONDS; with --overload,
+    /// three times its seconds by default; 0 plants "the deadline runs while the request
+    /// waits").
+    #[arg(long, value_name = "SECONDS")]
+    start_within: Option<u64>,
 }
 
 #[tokio::main]
@@ -99,6 +109,12 @@ async fn main() -> anyhow::Result<()> {
     if let Some(n) = cli.stall_pickups {
         cfg.plan.slow_work_queue = (n > 0).then(|| pickup * n);
     }
+    if let Some(seconds) = cli.overload {
+        let within = cli.start_within.unwrap_or(3 * seconds);
+        cfg.overload(seconds, chrono::Duration::seconds(within as i64));
+    } else if let Some(within) = cli.start_within {
+        cfg.settings.policy.start_within = chrono::Duration::seconds(within as i64);
+    }
     for service in &cli.down {
         cfg.down(service)?;
     }
@@ -113,6 +129,20 @@ async fn main() -> anyhow::Result<()> {
     let p = ports(backend, &cfg.settings).await?;
     let report = run(p, &cfg).await?;
     println!("{}", report.table());
+    if cli.overload.is_some() {
+        // Late, not failed: every task Processed, none failed, none compensated.
+        let processed = report.states.get("Processed").copied().unwrap_or(0);
+        println!(
+            "overload: {} tasks at {} a second; {processed} Processed, {} failed, slowest {:.1} s",
+            report.accepted,
+            cfg.rate.unwrap_or(0),
+            report.failed,
+            report.slowest.as_secs_f64()
+        );
+        if processed != report.accepted || report.failed > 0 {
+            anyhow::bail!("overload: tasks failed or were compensated instead of finishing late");
+        }
+    }
     let violations = report.violations();
     if violations.is_empty() {
         println!("chaos run clean: seed {}, {} tasks", cli.seed, cli.tasks);

@@ -22,8 +22,15 @@ use serde::{Deserialize, Serialize};
 /// the durations.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
-    /// How long an agent has for one step (`CompleteBy` = claim or step start + this).
+    /// How long an agent has for one step once it has picked the request up (start to close).
     pub step_timeout: Duration,
+    /// How long a step's request may wait in its agent's queue before an agent picks it up
+    /// (schedule to start): the step's deadline is its dispatch + this + `step_timeout`, and
+    /// the agent itself stops `step_timeout` after it started. A backlog in front of the agents
+    /// (more requests than they serve) then makes steps late, not failed, for up to this long.
+    /// The price: a request lost outright (an agent that dies without its message coming back)
+    /// is recovered this much later.
+    pub start_within: Duration,
     /// How long a Pending record may wait for a scheduler before the supervisor re-enqueues it.
     pub pickup_timeout: Duration,
     /// Expired deadlines after which the task is failed for good (or, with extended waits left,
@@ -71,6 +78,7 @@ impl Default for Policy {
     fn default() -> Self {
         Self {
             step_timeout: Duration::seconds(60),
+            start_within: Duration::zero(),
             pickup_timeout: Duration::seconds(120),
             failure_threshold: 3,
             retry_base_delay: Duration::seconds(5),
@@ -87,6 +95,12 @@ impl Default for Policy {
 }
 
 impl Policy {
+    /// The deadline of a step (or undo) dispatched at `now`: the time its request may wait for
+    /// an agent and the time the agent may take.
+    pub fn dispatch_deadline(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        now + self.start_within + self.step_timeout
+    }
+
     /// The effect that reports a progress status: published, or (progress events off) only
     /// sent to the task's reply queue.
     pub fn progress(&self, status: Status) -> Effect {
@@ -373,6 +387,10 @@ pub enum StepOutcome {
     /// The service's circuit breaker is open until `until`, past the step's deadline: nothing
     /// was called; hand the step back now rather than at its deadline.
     Deferred { until: DateTime<Utc> },
+    /// The agent spent the step's whole timeout (start to close) on transient faults, before
+    /// the step's deadline (which also allows for the request's wait in the queue): a timed-out
+    /// attempt, handed back now rather than at the deadline.
+    TimedOut { error: String },
 }
 
 impl StepOutcome {
@@ -559,7 +577,7 @@ pub fn claim(
     n.locked_by = Some(instance.to_owned());
     n.attempt = r.attempt + 1;
     n.requeues = 0;
-    n.complete_by = Some(now + p.at(r.step_index).step_timeout);
+    n.complete_by = Some(p.at(r.step_index).dispatch_deadline(now));
     let step = &mut n.steps[r.step_index];
     if undo {
         step.undo = Some(StepStatus::Running);
@@ -641,6 +659,24 @@ pub fn apply_reply(
             );
             let wait = (*until - now).max(Duration::zero());
             defer(r, &mut n, now, p, reason, wait)
+        }
+        (StepOutcome::TimedOut { error }, _) => {
+            let what = if undo {
+                format!("undo of {name}")
+            } else {
+                name.clone()
+            };
+            let reason = format!("{what}: {error} (attempt {attempt})");
+            hand_back(
+                r,
+                &mut n,
+                now,
+                p,
+                stable_jitter(r),
+                "timed out",
+                reason,
+                Duration::zero(),
+            )
         }
         (StepOutcome::Accepted, true) | (StepOutcome::Heartbeat, true) => {
             return Err(Rejection::NotACallbackStep(step_index));
@@ -724,7 +760,7 @@ pub fn apply_reply(
             if n.step_index < n.steps.len() {
                 n.steps[n.step_index].status = StepStatus::Running;
                 n.steps[n.step_index].sent = true;
-                n.complete_by = Some(now + p.at(n.step_index).step_timeout);
+                n.complete_by = Some(p.at(n.step_index).dispatch_deadline(now));
                 log(&mut n, r.process_state, Some(step_index), "step done");
                 vec![
                     p.at(step_index).progress(Status::StepCompleted),
@@ -813,7 +849,7 @@ fn apply_undo_reply(
                 Some(j) => {
                     n.step_index = j;
                     n.steps[j].undo = Some(StepStatus::Running);
-                    n.complete_by = Some(now + p.at(j).step_timeout);
+                    n.complete_by = Some(p.at(j).dispatch_deadline(now));
                     log(n, from, Some(i), "undone");
                     vec![Effect::SendStepRequest]
                 }
@@ -1427,6 +1463,7 @@ mod tests {
     fn base() -> Policy {
         Policy {
             step_timeout: Duration::seconds(10),
+            start_within: Duration::zero(),
             pickup_timeout: Duration::seconds(30),
             failure_threshold: 3,
             retry_base_delay: Duration::seconds(1),
@@ -2143,6 +2180,60 @@ mod tests {
             cancel(r, &ops(Some("changed my mind")), now, &p)
         });
         assert_eq!(pending.process_state, ProcessState::Compensated);
+    }
+
+    #[test]
+    fn a_step_may_wait_for_an_agent_and_an_agent_out_of_time_hands_the_attempt_back() {
+        // 10 s to run once picked up, 20 s to be picked up.
+        let p = with(|p| p.start_within = Duration::seconds(20));
+        let now = t0();
+        let mut r = fresh(now);
+        apply(&mut r, |r| claim(r, "s", now, &p));
+        assert_eq!(r.complete_by, Some(now + Duration::seconds(30)));
+        // The next step's deadline allows for its wait too.
+        let later = now + Duration::seconds(25);
+        apply(&mut r, |r| apply_reply(r, 1, 0, false, &ok(), later, &p));
+        assert_eq!(r.complete_by, Some(later + Duration::seconds(30)));
+        // Not expired within the allowance.
+        assert!(expire(&r, later + Duration::seconds(29), &p, 0.5).is_err());
+        // The agent spent its 10 s on faults: a timed-out attempt, now.
+        let gave_up = later + Duration::seconds(11);
+        let t = apply(&mut r, |r| {
+            let error = "no answer within the step's timeout (7 retries)".to_owned();
+            apply_reply(
+                r,
+                1,
+                1,
+                false,
+                &StepOutcome::TimedOut { error },
+                gave_up,
+                &p,
+            )
+        });
+        assert_eq!(r.process_state, ProcessState::Pending);
+        assert_eq!(r.failure_count, 1);
+        assert_eq!(r.locked_by, None);
+        assert!(matches!(t.effects[..], [Effect::Enqueue { .. }]), "{t:?}");
+        assert!(
+            r.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("timeout") && e.contains("attempt 1")),
+            "{r:?}"
+        );
+        // A late duplicate of it changes nothing (fenced by the attempt).
+        let error = "again".to_owned();
+        assert!(
+            apply_reply(
+                &r,
+                1,
+                1,
+                false,
+                &StepOutcome::TimedOut { error },
+                gave_up,
+                &p
+            )
+            .is_err()
+        );
     }
 
     #[test]

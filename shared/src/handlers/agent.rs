@@ -1,7 +1,9 @@
 //! The agent: calls the service each step request names. Retries transient faults with
-//! exponential backoff and full jitter while the step's deadline allows; once `CompleteBy` has
-//! passed it stops and sends nothing (the supervisor takes over); a permanent fault is reported
-//! as a failed step.
+//! exponential backoff and full jitter for the step's timeout from when it picked the request
+//! up (start to close), never past the step's deadline `CompleteBy` (which also allows for the
+//! request's wait in the queue). Out of time before `CompleteBy`, it reports the attempt timed
+//! out (handed back now); once `CompleteBy` has passed it stops and sends nothing (the
+//! supervisor takes over); a permanent fault is reported as a failed step.
 
 use super::{HandlerError, RecordOutcome, process_batch};
 use crate::domain::Backoff;
@@ -72,6 +74,16 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
         deadline: request.complete_by,
         callback: request.callback.clone(),
     };
+    // Start to close: the step's timeout from now, within its deadline.
+    let picked_up = deps.clock.now();
+    let give_up_at = request.timeout_ms.map_or(request.complete_by, |ms| {
+        let timeout = chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX));
+        request.complete_by.min(
+            picked_up
+                .checked_add_signed(timeout)
+                .unwrap_or(request.complete_by),
+        )
+    });
     let mut retry = 0u32;
     let started = std::time::Instant::now();
     let observe = |calls: u32| {
@@ -95,11 +107,14 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
         );
     };
     loop {
-        let Ok(remaining) = (request.complete_by - deps.clock.now()).to_std() else {
-            info!("deadline passed; stopping without a reply");
-            return Ok(());
-        };
+        let remaining = (give_up_at - deps.clock.now()).to_std().unwrap_or_default();
         if remaining.is_zero() {
+            if give_up_at < request.complete_by {
+                // Only with a request picked up late enough that its timeout ends first, and a
+                // clock that jumped: report it like a retry loop that ran out.
+                info!("the step's timeout passed before a call; the attempt timed out");
+                return reply(deps, request, timed_out(retry)).await;
+            }
             info!("deadline passed; stopping without a reply");
             return Ok(());
         }
@@ -147,12 +162,18 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                     .unwrap_or_default();
                 retry += 1;
                 let until = deps.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default();
-                if until >= request.complete_by {
+                if until >= give_up_at {
                     if let RemoteFault::Misconfigured(error) = &fault {
                         // Not the step's fault, and never a refusal: the step waits (no failure
                         // counted) until an operator mends the service; its breaker alerts.
                         error!(%error, retries = retry, "service misconfigured and no time left; the step is deferred");
                         StepOutcome::Deferred { until }
+                    } else if give_up_at < request.complete_by {
+                        // The step's own timeout ran out before its deadline (the deadline
+                        // also covers the wait in the queue): hand the attempt back now.
+                        info!(error = %fault, retries = retry, "transient fault and the step's timeout spent; the attempt timed out");
+                        observe(retry);
+                        timed_out(retry)
                     } else {
                         info!(error = %fault, retries = retry, "transient fault and no time left before the deadline; stopping without a reply");
                         observe(retry);
@@ -169,21 +190,40 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                 }
             }
         };
-        let reply = SchedulerMessage::Reply(StepReply {
-            task_id: request.task_id,
-            step: request.step.clone(),
-            step_index: request.step_index,
-            attempt: request.attempt,
-            undo: request.undo,
-            outcome,
-        });
-        let body = serde_json::to_string(&reply)
-            .map_err(|e| HandlerError::Poison(format!("reply does not serialize: {e}")))?;
-        deps.queue
-            .send(&request.reply_queue_url, &body, Duration::ZERO)
-            .await?;
+        let timed_out = matches!(outcome, StepOutcome::TimedOut { .. });
+        reply(deps, request, outcome).await?;
         info!(retries = retry, "reply sent");
-        observe(retry + 1);
+        if !timed_out {
+            observe(retry + 1);
+        }
         return Ok(());
     }
+}
+
+fn timed_out(retries: u32) -> StepOutcome {
+    StepOutcome::TimedOut {
+        error: format!("no answer within the step's timeout ({retries} retries)"),
+    }
+}
+
+/// Sends the agent's answer to the step's reply queue.
+async fn reply(
+    deps: &AgentDeps,
+    request: &StepRequest,
+    outcome: StepOutcome,
+) -> Result<(), HandlerError> {
+    let reply = SchedulerMessage::Reply(StepReply {
+        task_id: request.task_id,
+        step: request.step.clone(),
+        step_index: request.step_index,
+        attempt: request.attempt,
+        undo: request.undo,
+        outcome,
+    });
+    let body = serde_json::to_string(&reply)
+        .map_err(|e| HandlerError::Poison(format!("reply does not serialize: {e}")))?;
+    deps.queue
+        .send(&request.reply_queue_url, &body, Duration::ZERO)
+        .await?;
+    Ok(())
 }

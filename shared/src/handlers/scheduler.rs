@@ -346,6 +346,7 @@ async fn send_step_request(
         undoes,
         idempotency_key: Some(key),
         complete_by,
+        timeout_ms: u64::try_from(step.policy.step_timeout.num_milliseconds()).ok(),
         reply_queue_url: deps.reply_queue_url.clone(),
         input: input.0,
         callback: input.1,

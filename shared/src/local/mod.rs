@@ -257,6 +257,7 @@ impl Default for Settings {
         Self {
             policy: Policy {
                 step_timeout: chrono::Duration::seconds(5),
+                start_within: chrono::Duration::zero(),
                 pickup_timeout: chrono::Duration::seconds(10),
                 failure_threshold: 3,
                 retry_base_delay: chrono::Duration::seconds(1),
