@@ -101,6 +101,9 @@ async fn build(
     let mut settings = Settings::default();
     settings.policy.step_timeout = step;
     settings.policy.pickup_timeout = step * 2;
+    // As the template's defaults (60 s to run, 120 s to be claimed, 90 s to be picked up by an
+    // agent), so the counts include what the start allowance costs the due index.
+    settings.policy.start_within = step * 3 / 2;
     settings.policy.retry_base_delay = chrono::Duration::zero();
     settings.policy.retry_max_delay = chrono::Duration::zero();
     settings.catalog_ttl = chrono::Duration::seconds(CATALOG_TTL_SECONDS);
@@ -321,7 +324,8 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     for m in &lost {
         system.queue.delete(&agent, &m.receipt_handle).await?;
     }
-    tokio::time::sleep(Duration::from_millis(3200)).await;
+    // Past the step's deadline: its start allowance and its timeout (build: 1.5 + 1 steps).
+    tokio::time::sleep((step * 5 / 2).to_std()? + Duration::from_millis(200)).await;
     let mut handled = 0;
     for _ in 0..10 {
         handled += clocked.time("supervisor", system.pump_timers()).await? as u64;

@@ -136,8 +136,9 @@ impl Config {
     /// one request at a time, every call 25 ms, no faults), and for `seconds` the run submits
     /// three times the tasks a second that serves (orders make 3 calls, loans 4). A backlog of
     /// step requests builds in the agent queue for `seconds` and drains in about twice that:
-    /// the last requests wait about `2 × seconds` for an agent. No crashes and no operator (a
-    /// cancel compensates): any failure or compensation is the overload's doing. Each step's
+    /// the last requests wait about `2 × seconds` for an agent. No random crashes (only the first
+    /// two at each crash point) and no operator (a cancel compensates): any failure or
+    /// compensation is the overload's doing. Each step's
     /// request may wait `start_within` for an agent (`START_WITHIN_SECONDS`).
     pub fn overload(&mut self, seconds: u64, start_within: chrono::Duration) {
         let latency = Duration::from_millis(OVERLOAD_CALL_MS);

@@ -145,7 +145,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let violations = report.violations();
     if violations.is_empty() {
-        println!("chaos run clean: seed {}, {} tasks", cli.seed, cli.tasks);
+        println!("chaos run clean: seed {}, {} tasks", cli.seed, cfg.tasks);
         Ok(())
     } else {
         for v in &violations {

@@ -546,10 +546,12 @@ impl StateRecord {
     ) -> Self {
         let now = to_millis(now);
         let pickup_by = to_millis(pickup_by);
-        // The first step's deadline will be at least its timeout from now: a key no later than
-        // that stays put when the task is claimed.
+        // The first step's deadline will be at least its dispatch deadline from now (its
+        // start allowance and timeout): a key no later than that stays put when the task is
+        // claimed, if the claim's deadline is within the slack of it.
+        let first = workflow.policies().at(0).clone();
         let first_deadline = now
-            .checked_add_signed(workflow.policies().at(0).step_timeout)
+            .checked_add_signed(first.start_within + first.step_timeout)
             .unwrap_or(pickup_by);
         Self {
             task_id,

@@ -2655,7 +2655,7 @@ mod tests {
     fn ev() -> impl Strategy<Value = Ev> {
         prop_oneof![
             3 => (0u8..3).prop_map(Ev::Claim),
-            5 => (0u8..2, -1i8..2, proptest::bool::weighted(0.2), 0u8..12)
+            5 => (0u8..2, -1i8..2, proptest::bool::weighted(0.2), 0u8..13)
                 .prop_map(|(a, s, undo, kind)| Ev::Reply { attempt_back: a, step_shift: s, undo, kind }),
             2 => (0u16..40).prop_map(Ev::Advance),
             2 => (0u8..10).prop_map(Ev::Expire),
@@ -2693,10 +2693,12 @@ mod tests {
             auto in proptest::bool::ANY,
             rounds in 0u32..2,
             callbacks in proptest::bool::ANY,
+            start_within in 0i64..30,
         ) {
             let p = with(|p| {
                 p.auto_compensate = auto;
                 p.max_rounds = rounds;
+                p.start_within = Duration::seconds(start_within);
                 // Every step a callback step (Accepted then applies; otherwise it is refused).
                 p.callback = callbacks.then_some(CallbackPolicy {
                     timeout: Duration::seconds(100),
@@ -2716,6 +2718,7 @@ mod tests {
                             2 => declined(),
                             3 => StepOutcome::Accepted,
                             4 => StepOutcome::Heartbeat,
+                            5 => StepOutcome::TimedOut { error: "spent".into() },
                             _ => StepOutcome::succeeded(),
                         };
                         let step = (r.step_index as i64 + step_shift as i64).max(0) as usize;
