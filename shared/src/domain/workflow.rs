@@ -25,6 +25,8 @@ pub const MAX_DEFINITION_BYTES: usize = 128 * 1024;
 /// invocation (at most 15 minutes).
 pub const MIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 pub const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+/// The longest a step's request may wait for an agent (`startWithin`).
+pub const MAX_START_WITHIN: std::time::Duration = std::time::Duration::from_secs(3600);
 /// The longest retry delay a definition may ask for.
 pub const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(86_400);
 /// The longest a callback step may wait for its callback.
@@ -117,6 +119,8 @@ pub struct SettingsDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_within: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryDoc>,
 }
 
@@ -151,6 +155,8 @@ pub struct StepDoc {
     pub pivot: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_within: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryDoc>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -564,8 +570,10 @@ fn pointer_token(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
-/// One definition file: a workflow or a list of services.
+/// One definition file: a workflow or a list of services. (One per file read, never kept in
+/// bulk: the variants' sizes do not matter.)
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)]
 pub enum Document {
     Workflow(WorkflowDoc),
     Services(ServicesDoc),
@@ -692,14 +700,30 @@ fn chrono(d: std::time::Duration) -> chrono::Duration {
     chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
-/// Applies `doc` (timeout and retry as written) over `policy`, reporting problems at `at`.
+/// Applies `doc` (timeout, start allowance and retry as written) over `policy`, reporting
+/// problems at `at`.
 fn apply_settings(
     policy: &mut Policy,
     at: &str,
-    timeout: Option<&String>,
+    (timeout, start_within): (Option<&String>, Option<&String>),
     retry: Option<&RetryDoc>,
     problems: &mut Vec<Problem>,
 ) {
+    if let Some(raw) = start_within {
+        let here = format!("{at}/startWithin");
+        if let Some(d) = duration(&here, raw, problems) {
+            if d > MAX_START_WITHIN {
+                problems.push(Problem {
+                    at: here,
+                    message: format!(
+                        "{raw:?} is out of range: a step's request may wait for an agent 0s to 1h"
+                    ),
+                });
+            } else {
+                policy.start_within = chrono(d);
+            }
+        }
+    }
     if let Some(raw) = timeout {
         let here = format!("{at}/timeout");
         if let Some(d) = duration(&here, raw, problems) {
@@ -878,7 +902,7 @@ impl WorkflowDoc {
             apply_settings(
                 &mut base,
                 "/defaults",
-                d.timeout.as_ref(),
+                (d.timeout.as_ref(), d.start_within.as_ref()),
                 d.retry.as_ref(),
                 &mut problems,
             );
@@ -955,7 +979,7 @@ impl WorkflowDoc {
             apply_settings(
                 &mut step_policy,
                 &at,
-                s.timeout.as_ref(),
+                (s.timeout.as_ref(), s.start_within.as_ref()),
                 s.retry.as_ref(),
                 &mut problems,
             );
@@ -1289,6 +1313,28 @@ mod tests {
         assert_eq!(b.step_timeout, chrono::Duration::seconds(20));
         assert_eq!(b.backoff_rate, d.backoff_rate);
         assert_eq!(b.retry_base_delay, d.retry_base_delay);
+    }
+
+    #[test]
+    fn a_start_allowance_falls_back_from_step_to_workflow_to_deployment_and_has_a_range() {
+        let w = workflow(
+            "name: w\ndefaults: {startWithin: 2m}\nsteps:\n  - {name: a, service: inventory, startWithin: 0s}\n  - {name: b, service: inventory}\n",
+        )
+        .expect("valid");
+        assert_eq!(w.steps[0].policy.start_within, chrono::Duration::zero());
+        assert_eq!(w.steps[1].policy.start_within, chrono::Duration::minutes(2));
+        let plain =
+            workflow("name: w\nsteps:\n  - {name: a, service: inventory}\n").expect("valid");
+        assert_eq!(
+            plain.steps[0].policy.start_within,
+            Policy::default().start_within
+        );
+        let found =
+            problems("name: w\nsteps:\n  - {name: a, service: inventory, startWithin: 2h}\n");
+        assert!(
+            found.iter().any(|p| p.at == "/steps/0/startWithin"),
+            "{found:?}"
+        );
     }
 
     fn service_problems_of(target: Value) -> Vec<Problem> {
