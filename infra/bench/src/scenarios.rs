@@ -97,8 +97,13 @@ async fn build(
     target: &Target,
     faults: &[(&str, Faults)],
     step: chrono::Duration,
+    timers: bool,
 ) -> anyhow::Result<(System, Arc<Meter>, Arc<OffsetClock>)> {
-    let mut settings = Settings::default();
+    let mut settings = Settings {
+        // A deployment with `DeadlineTimers=false` arms none: the sweep alone finds deadlines.
+        deadline_timers: timers,
+        ..Settings::default()
+    };
     settings.policy.step_timeout = step;
     settings.policy.pickup_timeout = step * 2;
     // As the template's defaults (60 s to run, 120 s to be claimed, 90 s to be picked up by an
@@ -259,7 +264,16 @@ async fn straight(
     plan: &Plan,
     faults: &[(&str, Faults)],
 ) -> anyhow::Result<Scenario> {
-    let (system, meter, _) = build(target, faults, chrono::Duration::seconds(30)).await?;
+    straight_with(target, plan, faults, true).await
+}
+
+async fn straight_with(
+    target: &Target,
+    plan: &Plan,
+    faults: &[(&str, Faults)],
+    timers: bool,
+) -> anyhow::Result<Scenario> {
+    let (system, meter, _) = build(target, faults, chrono::Duration::seconds(30), timers).await?;
     let mut clocked = Clocked::default();
     let id = submit(&system, &mut clocked, plan.workflow).await?;
     quiet(&system, &mut clocked).await?;
@@ -313,7 +327,7 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
         expect: ProcessState::Processed,
     };
     let step = chrono::Duration::seconds(2);
-    let (system, meter, _) = build(target, &[], step).await?;
+    let (system, meter, _) = build(target, &[], step, true).await?;
     let mut clocked = Clocked::default();
     let id = submit(&system, &mut clocked, plan.workflow).await?;
     // Claimed; the request and its timer go out.
@@ -365,6 +379,18 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
         expect: ProcessState::Refused,
     };
     out.push(straight(target, &plan, &[("e-sign", refuse("send-contract"))]).await?);
+    // 6. A clean order in a deployment without deadline timers (`DeadlineTimers=false`): no
+    // timer message, no supervisor invocation; a missed deadline waits for the sweep.
+    let plan = Plan {
+        name: "clean order (no deadline timers)",
+        workflow: "ecommerce-order",
+        steps: 3,
+        sfn_transitions: 5,
+        callbacks: 0,
+        expect: ProcessState::Processed,
+    };
+    out.push(straight_with(target, &plan, &[], false).await?);
+
     Ok(out)
 }
 
@@ -394,9 +420,16 @@ mod tests {
                 "clean loan",
                 "order, one retry (timer)",
                 "order refused at step 3",
-                "loan refused at step 3"
+                "loan refused at step 3",
+                "clean order (no deadline timers)"
             ]
         );
+        // Without timers: the clean order's messages and writes, less the timers and the
+        // supervisor's invocations.
+        let timers = |i: usize| s[i].counts.messages.get("timers").copied().unwrap_or(0);
+        assert_eq!((timers(0), timers(5)), (3, 0));
+        assert_eq!(s[5].invocations.get("supervisor").copied().unwrap_or(0), 0);
+        assert_eq!(s[5].counts.wru, s[0].counts.wru);
         let agent = |i: usize| s[i].counts.messages.get("agent").copied().unwrap_or(0);
         // One request per step; a retry sends its step again; undos are requests too.
         assert_eq!(agent(0), 3);
