@@ -23,7 +23,10 @@ async fn main() -> Result<(), Error> {
         agent_queue_url: config::required("AGENT_QUEUE_URL")?,
         reply_queue_url: config::required("REPLY_QUEUE_URL")?,
         work_queue_url: config::required("WORK_QUEUE_URL")?,
-        timer_queue_url: config::optional("TIMER_QUEUE_URL"),
+        // `DEADLINE_TIMERS=false`: no timers; the sweep alone finds deadlines.
+        timer_queue_url: config::parsed("DEADLINE_TIMERS", true)?
+            .then(|| config::optional("TIMER_QUEUE_URL"))
+            .flatten(),
         dead_letter_url: config::optional("DEAD_LETTER_QUEUE_URL"),
         // One id per execution environment: `LockedBy` tells which one holds a claim.
         instance_id: format!("{instance}/{}", uuid::Uuid::new_v4()),
