@@ -190,37 +190,7 @@ async fn sweep_capacity(tasks: usize) -> anyhow::Result<String> {
         let mut system = System::from_ports(p, settings, clock.clone());
         system.publish(&files).await?;
         system.supervisor.sweep = sweep;
-        let mut headers = http::HeaderMap::new();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        );
-        let body = input("ecommerce-order").to_string();
-        let caller = sas::auth::Identity::anonymous();
-        let mut ids = Vec::with_capacity(tasks);
-        for chunk in (0..tasks).collect::<Vec<_>>().chunks(64) {
-            let answers = futures::future::join_all(chunk.iter().map(|_| {
-                sas::handlers::submission::handle(
-                    &system.submission,
-                    &caller,
-                    &http::Method::POST,
-                    "/workflows/ecommerce-order/tasks",
-                    &headers,
-                    body.as_bytes(),
-                )
-            }))
-            .await;
-            for a in answers {
-                let v: serde_json::Value = serde_json::from_str(a.body())?;
-                anyhow::ensure!(a.status() == 202, "submission answered {}: {v}", a.status());
-                ids.push(
-                    v["taskId"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .parse::<sas::TaskId>()?,
-                );
-            }
-        }
+        let ids = submit_burst(&system, "ecommerce-order", tasks, 64).await?;
         if poison {
             // One record per shard, the first submitted there, names a workflow version the
             // catalog never had: its recovery fails every time.
@@ -294,16 +264,15 @@ fn input(workflow: &str) -> serde_json::Value {
     }
 }
 
-/// Tasks of `workflow`, no faults, submitted through the HTTP handler (no network) with
-/// `concurrency` in flight; latency is submission → Processed from each task's history.
-async fn throughput(workflow: &str, tasks: usize, concurrency: usize) -> anyhow::Result<String> {
-    let settings = Settings {
-        poll_wait: Duration::from_millis(200),
-        ..Settings::default()
-    };
-    let mut system = System::new(Backend::Memory, settings, Arc::new(SystemClock)).await?;
-    system.start();
-    let started = Instant::now();
+/// Submits `tasks` tasks of `workflow` (one of [`WORKFLOWS`]) as the anonymous caller through
+/// the HTTP handler (no network), `in_flight` at a time; their ids, in order. Every
+/// submission must be accepted (202).
+async fn submit_burst(
+    system: &System,
+    workflow: &str,
+    tasks: usize,
+    in_flight: usize,
+) -> anyhow::Result<Vec<sas::TaskId>> {
     let mut headers = http::HeaderMap::new();
     headers.insert(
         http::header::CONTENT_TYPE,
@@ -313,7 +282,7 @@ async fn throughput(workflow: &str, tasks: usize, concurrency: usize) -> anyhow:
     let path = format!("/workflows/{workflow}/tasks");
     let caller = sas::auth::Identity::anonymous();
     let mut ids = Vec::with_capacity(tasks);
-    for chunk in (0..tasks).collect::<Vec<_>>().chunks(concurrency.max(1)) {
+    for chunk in (0..tasks).collect::<Vec<_>>().chunks(in_flight.max(1)) {
         let answers = futures::future::join_all(chunk.iter().map(|_| {
             sas::handlers::submission::handle(
                 &system.submission,
@@ -336,6 +305,20 @@ async fn throughput(workflow: &str, tasks: usize, concurrency: usize) -> anyhow:
             );
         }
     }
+    Ok(ids)
+}
+
+/// Tasks of `workflow`, no faults, submitted through the HTTP handler (no network) with
+/// `concurrency` in flight; latency is submission → Processed from each task's history.
+async fn throughput(workflow: &str, tasks: usize, concurrency: usize) -> anyhow::Result<String> {
+    let settings = Settings {
+        poll_wait: Duration::from_millis(200),
+        ..Settings::default()
+    };
+    let mut system = System::new(Backend::Memory, settings, Arc::new(SystemClock)).await?;
+    system.start();
+    let started = Instant::now();
+    let ids = submit_burst(&system, workflow, tasks, concurrency).await?;
     let submitted = started.elapsed();
     let until = Instant::now() + Duration::from_secs(300);
     let mut latencies = Vec::new();
@@ -566,37 +549,7 @@ async fn key_load(tasks: usize) -> anyhow::Result<String> {
     let mut system = System::from_ports(p, settings, Arc::new(SystemClock));
     system.publish(&files).await?;
     system.start();
-    let mut headers = http::HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    let body = input("ecommerce-order").to_string();
-    let caller = sas::auth::Identity::anonymous();
-    let mut ids = Vec::with_capacity(tasks);
-    for chunk in (0..tasks).collect::<Vec<_>>().chunks(64) {
-        let answers = futures::future::join_all(chunk.iter().map(|_| {
-            sas::handlers::submission::handle(
-                &system.submission,
-                &caller,
-                &http::Method::POST,
-                "/workflows/ecommerce-order/tasks",
-                &headers,
-                body.as_bytes(),
-            )
-        }))
-        .await;
-        for a in answers {
-            let v: serde_json::Value = serde_json::from_str(a.body())?;
-            anyhow::ensure!(a.status() == 202, "submission answered {}: {v}", a.status());
-            ids.push(
-                v["taskId"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .parse::<sas::TaskId>()?,
-            );
-        }
-    }
+    let ids = submit_burst(&system, "ecommerce-order", tasks, 64).await?;
     // The bench reads the uncounted memory store: its reads are not the system's.
     let store = system
         .memory

@@ -11,6 +11,6 @@ pub mod operator;
 pub use failpoints::{Chaos, Plan, Recorder};
 pub use harness::{
     Config, REQUIRED_POINTS, Report, ServiceCounts, StepFailures, WORKFLOWS, WorkflowCounts, input,
-    run, workflow_of, wrap,
+    run, run_in_memory, workflow_of, wrap,
 };
 pub use operator::{OperatorLog, OperatorPlan};

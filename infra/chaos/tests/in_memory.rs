@@ -4,8 +4,7 @@
 //! (`sas-chaos --tasks 20000 --every-switch --manual-compensation`) are in the README; this one
 //! keeps the path in every CI run.
 
-use sas::local::{Backend, ports};
-use sas_chaos::{Config, run};
+use sas_chaos::{Config, run_in_memory};
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -22,10 +21,7 @@ async fn every_switch_with_manual_compensation_loses_nothing_and_does_nothing_tw
     for f in cfg.settings.faults.values_mut() {
         f.slow_rate = 0.1;
     }
-    let p = ports(Backend::Memory, &cfg.settings)
-        .await
-        .expect("in-memory ports");
-    let report = run(p, &cfg).await.expect("the run completes");
+    let report = run_in_memory(&cfg).await.expect("the run completes");
     println!("{}", report.table());
     let violations = report.violations();
     assert!(violations.is_empty(), "{violations:#?}\n{}", report.table());

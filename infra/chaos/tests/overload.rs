@@ -6,8 +6,7 @@
 //! (`START_WITHIN_SECONDS=0`, the design before) fails and compensates them en masse (shown in
 //! the README: `sas-chaos --overload 10 --start-within 0`).
 
-use sas::local::{Backend, ports};
-use sas_chaos::{Config, run};
+use sas_chaos::{Config, run_in_memory};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_times_what_the_agents_serve_makes_tasks_late_not_failed() {
@@ -19,10 +18,7 @@ async fn three_times_what_the_agents_serve_makes_tasks_late_not_failed() {
         .step_timeout
         .to_std()
         .expect("a positive timeout");
-    let p = ports(Backend::Memory, &cfg.settings)
-        .await
-        .expect("in-memory ports");
-    let report = run(p, &cfg).await.expect("the run completes");
+    let report = run_in_memory(&cfg).await.expect("the run completes");
     println!("{}", report.table());
     let violations = report.violations();
     assert!(violations.is_empty(), "{violations:#?}\n{}", report.table());

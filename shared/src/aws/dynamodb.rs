@@ -1180,7 +1180,7 @@ impl StateStore for DynamoStore {
         let partitions = (0..self.shards)
             .map(|shard| state_shard_key(state, shard))
             .collect();
-        let (mut rows, more) = self
+        let (rows, next) = self
             .newest_first(
                 Partitions {
                     index: STATE_INDEX,
@@ -1193,12 +1193,6 @@ impl StateStore for DynamoStore {
                 after,
             )
             .await?;
-        rows.sort_by_key(|(ms, id)| Cursor::order_key(*ms, *id));
-        let more = more || rows.len() > limit;
-        rows.truncate(limit);
-        let next = more
-            .then(|| rows.last().map(|(ms, id)| Cursor::at(*ms, *id)))
-            .flatten();
         let mut found = self.summaries(rows.iter().map(|(_, id)| *id)).await?;
         let items = rows
             .iter()
@@ -1384,7 +1378,7 @@ impl StateStore for DynamoStore {
         let partitions = (0..self.caller_shards)
             .map(|shard| caller.index_key(shard))
             .collect();
-        let (mut rows, more) = self
+        let (rows, next) = self
             .newest_first(
                 Partitions {
                     index: CALLER_INDEX,
@@ -1397,12 +1391,6 @@ impl StateStore for DynamoStore {
                 after,
             )
             .await?;
-        rows.sort_by_key(|(ms, id)| Cursor::order_key(*ms, *id));
-        let more = more || rows.len() > limit;
-        rows.truncate(limit);
-        let next = more
-            .then(|| rows.last().map(|(ms, id)| Cursor::at(*ms, *id)))
-            .flatten();
         let mut found = self.summaries(rows.iter().map(|(_, id)| *id)).await?;
         // A task whose state record is gone (expired between the two reads) is left out.
         let items = rows.iter().filter_map(|(_, id)| found.remove(id)).collect();
@@ -1421,10 +1409,10 @@ struct Partitions<'a> {
 }
 
 impl DynamoStore {
-    /// The rows (sort key in ms, task id) of several partitions of one index after `after`,
-    /// for a page of `limit`: each partition's newest `limit` (and their ties), and whether any
-    /// partition has more. The caller merges them (newest first, ties by id) and cuts at
-    /// `limit`. A partition is read from the cursor's time down (`sort <= t`). DynamoDB
+    /// One page of the rows (sort key in ms, task id) of several partitions of one index after
+    /// `after`: each partition's newest `limit` (and their ties) merged, newest first and ties
+    /// by id, cut at `limit`, with the cursor after the last one if any partition has more. A
+    /// partition is read from the cursor's time down (`sort <= t`). DynamoDB
     /// leaves rows with equal sort keys in no defined order, so a partition is read past its
     /// `limit` rows until its sort key changes: every row tied with its last one is taken, and
     /// the merge orders the ties by id. (Cut at `limit`, a partition could leave out a tied row
@@ -1435,7 +1423,7 @@ impl DynamoStore {
         p: Partitions<'_>,
         limit: usize,
         after: Option<&Cursor>,
-    ) -> Result<(Vec<(i64, TaskId)>, bool), StoreError> {
+    ) -> Result<(Vec<(i64, TaskId)>, Option<Cursor>), StoreError> {
         let mut rows: Vec<(i64, TaskId)> = Vec::new();
         let mut more = false;
         for value in &p.values {
@@ -1496,7 +1484,13 @@ impl DynamoStore {
                 }
             }
         }
-        Ok((rows, more))
+        rows.sort_by_key(|(ms, id)| Cursor::order_key(*ms, *id));
+        let more = more || rows.len() > limit;
+        rows.truncate(limit);
+        let next = more
+            .then(|| rows.last().map(|(ms, id)| Cursor::at(*ms, *id)))
+            .flatten();
+        Ok((rows, next))
     }
 }
 

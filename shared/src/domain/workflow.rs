@@ -700,6 +700,26 @@ fn chrono(d: std::time::Duration) -> chrono::Duration {
     chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
+/// `raw` (at `here`) as a duration within `range`; outside it, a problem "`raw` `why`".
+fn duration_in(
+    here: &str,
+    raw: &str,
+    range: std::ops::RangeInclusive<std::time::Duration>,
+    why: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<chrono::Duration> {
+    let d = duration(here, raw, problems)?;
+    if range.contains(&d) {
+        Some(chrono(d))
+    } else {
+        problems.push(Problem {
+            at: here.to_owned(),
+            message: format!("{raw:?} {why}"),
+        });
+        None
+    }
+}
+
 /// Applies `doc` (timeout, start allowance and retry as written) over `policy`, reporting
 /// problems at `at`.
 fn apply_settings(
@@ -711,32 +731,17 @@ fn apply_settings(
 ) {
     if let Some(raw) = start_within {
         let here = format!("{at}/startWithin");
-        if let Some(d) = duration(&here, raw, problems) {
-            if d > MAX_START_WITHIN {
-                problems.push(Problem {
-                    at: here,
-                    message: format!(
-                        "{raw:?} is out of range: a step's request may wait for an agent 0s to 1h"
-                    ),
-                });
-            } else {
-                policy.start_within = chrono(d);
-            }
+        let range = std::time::Duration::ZERO..=MAX_START_WITHIN;
+        let why = "is out of range: a step's request may wait for an agent 0s to 1h";
+        if let Some(d) = duration_in(&here, raw, range, why, problems) {
+            policy.start_within = d;
         }
     }
     if let Some(raw) = timeout {
         let here = format!("{at}/timeout");
-        if let Some(d) = duration(&here, raw, problems) {
-            if d < MIN_TIMEOUT || d > MAX_TIMEOUT {
-                problems.push(Problem {
-                    at: here,
-                    message: format!(
-                        "{raw:?} is out of range: a step timeout is 1s to 10m (an agent works on one attempt within one Lambda invocation)"
-                    ),
-                });
-            } else {
-                policy.step_timeout = chrono(d);
-            }
+        let why = "is out of range: a step timeout is 1s to 10m (an agent works on one attempt within one Lambda invocation)";
+        if let Some(d) = duration_in(&here, raw, MIN_TIMEOUT..=MAX_TIMEOUT, why, problems) {
+            policy.step_timeout = d;
         }
     }
     let Some(retry) = retry else { return };
@@ -753,15 +758,15 @@ fn apply_settings(
     ] {
         let Some(raw) = raw else { continue };
         let here = format!("{at}/{field}");
-        if let Some(d) = duration(&here, raw, problems) {
-            if d > MAX_DELAY {
-                problems.push(Problem {
-                    at: here,
-                    message: format!("{raw:?} is over the longest delay, 1 day"),
-                });
-            } else {
-                *slot = chrono(d);
-            }
+        let range = std::time::Duration::ZERO..=MAX_DELAY;
+        if let Some(d) = duration_in(
+            &here,
+            raw,
+            range,
+            "is over the longest delay, 1 day",
+            problems,
+        ) {
+            *slot = d;
         }
     }
     if policy.retry_max_delay < policy.retry_base_delay {
