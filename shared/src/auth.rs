@@ -123,12 +123,12 @@ mod tests {
     fn iam_mode_reads_the_principal_arn_and_needs_one() {
         let ctx = context(serde_json::json!({"iam": {
             "accessKey": "ASIA", "accountId": "123456789012", "callerId": "AROA:i-1",
-            "userArn": "arn:aws:sts::123456789012:assumed-role/orders/i-1", "userId": "AROA:i-1"
+            "userArn": "arn:aws:sts::123456789012:assumed-role/submitter/i-1", "userId": "AROA:i-1"
         }}));
         assert_eq!(
             from_api_gateway(AuthMode::Iam, &ctx),
             Identity::Caller(
-                Caller::new("arn:aws:sts::123456789012:assumed-role/orders").expect("ok")
+                Caller::new("arn:aws:sts::123456789012:assumed-role/submitter").expect("ok")
             )
         );
         // The IAM principal does not count in JWT mode, nor a JWT in IAM mode.

@@ -84,12 +84,15 @@ mod tests {
 
     #[test]
     fn an_assumed_role_session_is_its_role() {
-        let a = Caller::from_iam_arn("arn:aws:sts::123456789012:assumed-role/orders/i-0abc")
+        let a = Caller::from_iam_arn("arn:aws:sts::123456789012:assumed-role/submitter/i-0abc")
             .expect("valid");
-        let b = Caller::from_iam_arn("arn:aws:sts::123456789012:assumed-role/orders/1700000000")
+        let b = Caller::from_iam_arn("arn:aws:sts::123456789012:assumed-role/submitter/1700000000")
             .expect("valid");
         assert_eq!(a, b);
-        assert_eq!(a.as_str(), "arn:aws:sts::123456789012:assumed-role/orders");
+        assert_eq!(
+            a.as_str(),
+            "arn:aws:sts::123456789012:assumed-role/submitter"
+        );
         let user = Caller::from_iam_arn("arn:aws:iam::123456789012:user/alice").expect("valid");
         assert_eq!(user.as_str(), "arn:aws:iam::123456789012:user/alice");
         assert_ne!(a, user);
