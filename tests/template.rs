@@ -450,3 +450,115 @@ fn regex_free_subst(s: &str) -> String {
     out.push_str(rest);
     out
 }
+
+/// The table bills on demand unless `TableBillingMode=PROVISIONED`; then every capacity it has
+/// (the table's and each index's, reads and writes) starts at its minimum and has one
+/// target-tracking policy holding it at `TableTargetUtilization`, and nothing else scales.
+#[test]
+fn provisioned_capacity_scales_the_table_and_every_index_and_on_demand_scales_nothing() {
+    use serde_json::{Value, json};
+    let t = template::Template::load();
+    let provisioned = [("TableBillingMode", "PROVISIONED")];
+    let on_demand = t.evaluated_properties("TasksTable", &[]);
+    assert_eq!(on_demand["BillingMode"], "PAY_PER_REQUEST");
+    let table = t.evaluated_properties("TasksTable", &provisioned);
+    assert_eq!(table["BillingMode"], "PROVISIONED");
+    let minimum = json!({
+        "ReadCapacityUnits": t.parameter_default("TableMinReadCapacity").expect("min read"),
+        "WriteCapacityUnits": t.parameter_default("TableMinWriteCapacity").expect("min write"),
+    });
+    // (`AWS::NoValue` leaves the property out.)
+    assert!(on_demand["ProvisionedThroughput"].is_null());
+    assert_eq!(table["ProvisionedThroughput"], minimum);
+    let mut wanted = vec![("table/${TasksTable}".to_owned(), "table")];
+    for (g, d) in table["GlobalSecondaryIndexes"]
+        .as_array()
+        .expect("indexes")
+        .iter()
+        .zip(
+            on_demand["GlobalSecondaryIndexes"]
+                .as_array()
+                .expect("indexes"),
+        )
+    {
+        let name = g["IndexName"].as_str().expect("index name");
+        assert_eq!(g["ProvisionedThroughput"], minimum, "{name}");
+        assert!(d["ProvisionedThroughput"].is_null(), "{name}");
+        wanted.push((format!("table/${{TasksTable}}/index/{name}"), "index"));
+    }
+    assert_eq!(wanted.len(), 4, "the table and its three indexes");
+    let resources = t.resources();
+    let holds = |params: &[(&str, &str)], id: &str| -> bool {
+        match resources[id]["Condition"].as_str() {
+            Some(c) => t.condition_holds(c, params),
+            None => true,
+        }
+    };
+    let targets: Vec<&str> = t.of_type("AWS::ApplicationAutoScaling::ScalableTarget");
+    let policies: Vec<&str> = t.of_type("AWS::ApplicationAutoScaling::ScalingPolicy");
+    assert!(
+        targets.iter().chain(&policies).all(|id| !holds(&[], id)),
+        "on demand, nothing scales"
+    );
+    let mut covered = Vec::new();
+    for id in &targets {
+        assert!(holds(&provisioned, id), "{id}");
+        let p = t.evaluated_properties(id, &provisioned);
+        assert_eq!(p["ServiceNamespace"], "dynamodb");
+        let resource = p["ResourceId"]["Fn::Sub"].as_str().expect("ResourceId");
+        let dimension = p["ScalableDimension"].as_str().expect("dimension");
+        let kind = wanted
+            .iter()
+            .find(|(r, _)| r == resource)
+            .map(|(_, k)| *k)
+            .unwrap_or_else(|| panic!("{id} scales {resource}, not the table or an index"));
+        let rw = if dimension == format!("dynamodb:{kind}:WriteCapacityUnits") {
+            "Write"
+        } else {
+            assert_eq!(
+                dimension,
+                format!("dynamodb:{kind}:ReadCapacityUnits"),
+                "{id}"
+            );
+            "Read"
+        };
+        for (bound, param) in [("MinCapacity", "Min"), ("MaxCapacity", "Max")] {
+            assert_eq!(
+                p[bound],
+                Value::String(
+                    t.parameter_default(&format!("Table{param}{rw}Capacity"))
+                        .expect("bound")
+                ),
+                "{id} {bound}"
+            );
+        }
+        let mine: Vec<Value> = policies
+            .iter()
+            .map(|pid| t.evaluated_properties(pid, &provisioned))
+            .filter(|pp| pp["ScalingTargetId"] == json!({"Ref": id}))
+            .collect();
+        assert_eq!(mine.len(), 1, "{id} has one policy");
+        assert_eq!(mine[0]["PolicyType"], "TargetTrackingScaling");
+        let config = &mine[0]["TargetTrackingScalingPolicyConfiguration"];
+        assert_eq!(
+            config["TargetValue"],
+            Value::String(
+                t.parameter_default("TableTargetUtilization")
+                    .expect("target")
+            )
+        );
+        assert_eq!(
+            config["PredefinedMetricSpecification"]["PredefinedMetricType"],
+            format!("DynamoDB{rw}CapacityUtilization")
+        );
+        covered.push(format!("{resource} {rw}"));
+    }
+    covered.sort();
+    let mut expected: Vec<String> = wanted
+        .iter()
+        .flat_map(|(r, _)| [format!("{r} Read"), format!("{r} Write")])
+        .collect();
+    expected.sort();
+    assert_eq!(covered, expected, "every capacity scales, once");
+    assert_eq!(policies.len(), targets.len());
+}

@@ -249,7 +249,9 @@ async fn create_table(
     id: &str,
     stage: &str,
 ) -> String {
-    let p = t.properties(id, "AWS::DynamoDB::Table");
+    // At the parameters' defaults (the billing mode is one).
+    t.properties(id, "AWS::DynamoDB::Table");
+    let p = t.evaluated_properties(id, &[]);
     let table = name(&p["TableName"], stage);
     let ddb = aws_sdk_dynamodb::Client::new(config);
     let mut req = ddb

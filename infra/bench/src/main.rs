@@ -455,12 +455,47 @@ fn cost(s: &Scenario) -> Cost {
     cost_with(s, 1.0)
 }
 
+/// How the table pays for its reads and writes (the template's `TableBillingMode`).
+#[derive(Debug, Clone, Copy)]
+enum Capacity {
+    /// Per request unit.
+    OnDemand,
+    /// Per capacity-unit hour, auto scaling holding the capacity at `utilization` of what is
+    /// provisioned: a unit consumed costs the unit-second's price over the utilization.
+    Provisioned { utilization: f64 },
+}
+
+/// The utilization auto scaling holds a provisioned table at: the template's
+/// `TableTargetUtilization` default. A steady load runs near it; a load that swings faster
+/// than auto scaling follows runs below it, and costs more per unit.
+const PROVISIONED_UTILIZATION: f64 = 0.70;
+
+impl Capacity {
+    /// USD per write request unit and per read request unit consumed.
+    fn unit_prices(self) -> (f64, f64) {
+        use prices::*;
+        match self {
+            Capacity::OnDemand => (DYNAMODB_WRU.usd, DYNAMODB_RRU.usd),
+            Capacity::Provisioned { utilization } => (
+                DYNAMODB_WCU_HOUR.usd / 3600.0 / utilization,
+                DYNAMODB_RCU_HOUR.usd / 3600.0 / utilization,
+            ),
+        }
+    }
+}
+
 /// The cost with `batch` messages per invocation of every SQS-triggered function (and per
 /// receive and per delete, which the event source mapping makes in batches): 1 is the upper
 /// bound, one message per invocation; the template's mappings take up to 10 (the agent's 5),
 /// which they fill when the queues are busy.
 fn cost_with(s: &Scenario, batch: f64) -> Cost {
+    cost_in(s, batch, Capacity::OnDemand)
+}
+
+/// [`cost_with`] on a table paying by `capacity`.
+fn cost_in(s: &Scenario, batch: f64, capacity: Capacity) -> Cost {
     use prices::*;
+    let (wru_usd, rru_usd) = capacity.unit_prices();
     let c = &s.counts;
     let inv = |f: &str| s.invocations.get(f).copied().unwrap_or(0) as f64;
     let secs = |f: &str| s.handler_seconds.get(f).copied().unwrap_or(0.0);
@@ -488,8 +523,8 @@ fn cost_with(s: &Scenario, batch: f64) -> Cost {
         + c.messages.get("replies").copied().unwrap_or(0) as f64 * per_message;
     let orchestration = orch_invocations * LAMBDA_REQUEST.usd
         + orch_seconds * MEMORY_GB * LAMBDA_ARM_GB_SECOND.usd
-        + c.wru * DYNAMODB_WRU.usd
-        + c.rru * DYNAMODB_RRU.usd
+        + c.wru * wru_usd
+        + c.rru * rru_usd
         + (sqs_requests - agent_sqs) * SQS_REQUEST.usd
         + c.events as f64 * EVENTBRIDGE_EVENT.usd
         // A callback reaches sas through the HTTP API (Step Functions' SendTaskSuccess is free).
@@ -713,6 +748,9 @@ fn before_after_table(scenarios: &[Scenario]) -> anyhow::Result<String> {
 
 fn cost_table(scenarios: &[Scenario]) -> String {
     let m = 1e6;
+    let provisioned = Capacity::Provisioned {
+        utilization: PROVISIONED_UTILIZATION,
+    };
     let mut t = format!(
         "USD per million tasks, us-east-1, on-demand, no free tier; prices checked {} (sources below). \
 Lambda durations are the handlers' wall times measured on the emulator (in the table above; they include the poll's receive and delete, so they are an upper bound), billed per millisecond; the simulated remote services answer at once, so each agent invocation gets {REMOTE_CALL_MS} ms more for a real service's answer. Functions have {} MB; one message per invocation; each consumed message costs one receive and one delete. \
@@ -738,17 +776,25 @@ Fixed monthly costs are left out: the supervisor's schedule (43,200 invocations 
         ));
     }
     t.push_str(&format!(
-        "\nUnder load the event source mappings fill their batches (up to 10 messages; the agent's 5), so the scheduler's and the supervisor's invocations and the queues' receives and deletes are shared by the batch (the sends, the writes and the events are not). With full batches of {AT_LOAD_BATCH}:\n\n| task | sas orchestration, one message per invocation | sas orchestration, full batches | Step Functions Standard | sas / Standard, full batches |\n|---|---|---|---|---|\n"
+        "\nUnder load the event source mappings fill their batches (up to 10 messages; the agent's 5), so the scheduler's and the supervisor's invocations and the queues' receives and deletes are shared by the batch (the sends, the writes and the events are not). With full batches of {AT_LOAD_BATCH}, on demand and, for a steady load, on provisioned capacity (`TableBillingMode=PROVISIONED`: auto scaling holds the table and each index at {:.0}% of their capacity, so a unit consumed costs the capacity-hour's price / 3,600 / {PROVISIONED_UTILIZATION}: ${:.3} per million writes against ${:.3} on demand, ${:.3} per million reads against ${:.3}):\n\n| task | sas orchestration, one message per invocation | sas orchestration, full batches | sas orchestration, full batches, provisioned | Step Functions Standard | sas / Standard, full batches | sas / Standard, full batches, provisioned |\n|---|---|---|---|---|---|---|\n",
+        PROVISIONED_UTILIZATION * 100.0,
+        provisioned.unit_prices().0 * m,
+        prices::DYNAMODB_WRU.usd * m,
+        provisioned.unit_prices().1 * m,
+        prices::DYNAMODB_RRU.usd * m,
     ));
     for s in scenarios {
         let (one, full) = (cost(s), cost_with(s, AT_LOAD_BATCH));
+        let steady = cost_in(s, AT_LOAD_BATCH, provisioned);
         t.push_str(&format!(
-            "| {} | ${:.2} | ${:.2} | ${:.2} | 1/{:.1} |\n",
+            "| {} | ${:.2} | ${:.2} | ${:.2} | ${:.2} | 1/{:.1} | 1/{:.1} |\n",
             s.name,
             one.orchestration * m,
             full.orchestration * m,
+            steady.orchestration * m,
             one.sfn_standard * m,
-            one.sfn_standard / full.orchestration
+            one.sfn_standard / full.orchestration,
+            one.sfn_standard / steady.orchestration
         ));
     }
     t.push_str("\nPrices:\n\n| item | USD | per | source |\n|---|---|---|---|\n");
@@ -812,7 +858,7 @@ mod tests {
     use super::*;
 
     /// The load-per-key run adds up to the write-by-write table: a clean order writes its due
-    /// shard 4 WRU and its state-index partitions 5, one caller-shard-index entry, one rate-limit
+    /// shard 2 WRU (its entry made at submission, removed once its notice is out) and its state-index partitions 5, one caller-shard-index entry, one rate-limit
     /// update; the shared keys are spread over the shards.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_load_per_key_adds_up_to_the_writes_of_a_clean_order() {
@@ -824,7 +870,7 @@ mod tests {
                 .sum()
         };
         let due = per_task("due-index due#");
-        assert!((3.5..=4.5).contains(&due), "due-index {due}:\n{t}");
+        assert!((1.5..=2.5).contains(&due), "due-index {due}:\n{t}");
         let state = per_task("state-index ");
         assert!((4.5..=5.5).contains(&state), "state-index {state}:\n{t}");
         assert!((per_task("caller-shard-index ") - 1.0).abs() < 1e-9, "{t}");
@@ -935,6 +981,26 @@ mod tests {
             );
         }
         assert!(costs.contains("full batches"), "{costs}");
+        // Provisioned capacity at the template's target costs less per unit than on demand,
+        // so less per task; at 10% utilization it would cost more.
+        let steady = Capacity::Provisioned {
+            utilization: PROVISIONED_UTILIZATION,
+        };
+        let idle = Capacity::Provisioned { utilization: 0.1 };
+        for sc in &s {
+            let on_demand = cost_with(sc, AT_LOAD_BATCH).orchestration;
+            assert!(
+                cost_in(sc, AT_LOAD_BATCH, steady).orchestration < on_demand,
+                "{}",
+                sc.name
+            );
+            assert!(
+                cost_in(sc, AT_LOAD_BATCH, idle).orchestration > on_demand,
+                "{}",
+                sc.name
+            );
+        }
+        assert!(costs.contains("provisioned"), "{costs}");
         assert!(
             c(3) > c(0),
             "a compensated order costs more than a clean one"

@@ -1,4 +1,5 @@
-//! The prices the cost model uses: AWS, us-east-1, on-demand, no free tier, as published on
+//! The prices the cost model uses: AWS, us-east-1, on-demand (and DynamoDB's provisioned
+//! capacity), no free tier, as published on
 //! 2026-11-23 (the date this table was checked). Each has its source; the stored copies of AWS's
 //! own pricing pages did not carry every figure (they are filled in by the browser), so some
 //! come from AWS documents quoting them or from third-party copies, as marked. Check them with
@@ -40,6 +41,18 @@ pub const DYNAMODB_RRU: Price = Price {
     unit: "RRU",
     source: "aws.amazon.com/dynamodb/pricing/on-demand ($0.125 per 1M RRU; figure via airbyte.com)",
 };
+pub const DYNAMODB_WCU_HOUR: Price = Price {
+    item: "DynamoDB provisioned write capacity unit",
+    usd: 0.000_65,
+    unit: "WCU-hour",
+    source: "aws.amazon.com/dynamodb/pricing/provisioned ($0.00065 per WCU-hour in us-east-1; figure via AWS guidance quoting it and third-party copies)",
+};
+pub const DYNAMODB_RCU_HOUR: Price = Price {
+    item: "DynamoDB provisioned read capacity unit",
+    usd: 0.000_13,
+    unit: "RCU-hour",
+    source: "aws.amazon.com/dynamodb/pricing/provisioned ($0.00013 per RCU-hour in us-east-1; figure via AWS guidance quoting it and third-party copies)",
+};
 pub const SQS_REQUEST: Price = Price {
     item: "SQS standard request (64 KB chunk)",
     usd: 0.40 / 1e6,
@@ -77,11 +90,13 @@ pub const SFN_EXPRESS_GB_SECOND: Price = Price {
     source: "aws.amazon.com/step-functions/pricing ($0.06 per GB-hour for the first 1,000 GB-hours; 64 MB and 100 ms increments)",
 };
 
-pub const ALL: [Price; 10] = [
+pub const ALL: [Price; 12] = [
     LAMBDA_ARM_GB_SECOND,
     LAMBDA_REQUEST,
     DYNAMODB_WRU,
     DYNAMODB_RRU,
+    DYNAMODB_WCU_HOUR,
+    DYNAMODB_RCU_HOUR,
     SQS_REQUEST,
     EVENTBRIDGE_EVENT,
     HTTP_API_REQUEST,

@@ -425,6 +425,13 @@ pub fn due_key_slack() -> chrono::Duration {
     chrono::Duration::seconds(60)
 }
 
+/// How long after its write an undelivered notice may wait for the sweep (see
+/// [`StateRecord::due_at`]): its writer delivers it at once, so this delays only the backstop
+/// for a writer that died between the write and the delivery, or a bus that failed.
+pub fn notice_backstop() -> chrono::Duration {
+    chrono::Duration::minutes(5)
+}
+
 /// The due-index key of a record due at `due` whose key was `before`: kept while it is at or
 /// before `due` and at most [`due_key_slack`] before it, else `due` itself.
 pub fn next_due_key(
@@ -619,12 +626,21 @@ impl StateRecord {
         !self.outbox.is_empty()
     }
 
-    /// When the supervisor must look at this record, if ever: at once if the outbox holds a
-    /// notice, else the deadline of a non-terminal record. This is what the sparse due index
-    /// carries; `None` means the record is absent from the index.
+    /// When the supervisor must look at this record, if ever: if the outbox holds a notice,
+    /// when the sweep delivers it should its writer not (see [`notice_backstop`]); else the
+    /// deadline of a non-terminal record. This is what the sparse due index carries; `None`
+    /// means the record is absent from the index.
     pub fn due_at(&self) -> Option<DateTime<Utc>> {
         if self.notice_pending() {
-            Some(self.updated_at)
+            // The writer of a notice delivers it at once; the sweep is the backstop for a
+            // writer that died or a bus that failed. The backstop may wait for the record's
+            // due key if that is no more than `notice_backstop` after the write: the index
+            // entry then stays where it is, where moving it to the write's time would cost a
+            // delete and a put on `due-index` (the clean task's final write).
+            Some(match self.due_key {
+                Some(k) if k >= self.updated_at && k - self.updated_at <= notice_backstop() => k,
+                _ => self.updated_at,
+            })
         } else if self.process_state.is_terminal() {
             None
         } else {

@@ -1567,12 +1567,21 @@ mod tests {
             assert_eq!(r.due_key, Some(key), "after step {i}");
             assert!(r.due_key <= r.due_at());
         }
-        // The last step: the notice is owed at once, before the key: the key moves to it.
+        // The last step: the notice's writer delivers it; the sweep's backstop waits for the
+        // key, which is within `notice_backstop` of the write: the key stays.
         at += Duration::seconds(2);
         apply(&mut r, |r| apply_reply(r, 1, 2, false, &ok(), at, &p));
-        assert_eq!(r.due_key, Some(at));
+        assert_eq!(r.due_key, Some(key));
+        assert_eq!(r.due_at(), Some(key));
         let t = notice_delivered(&r, at).expect("owed");
         assert_eq!(t.record.due_key, None, "a settled record leaves the index");
+        // A notice owed after the key passed, or long before it, is due at its write.
+        let mut late = r.clone();
+        late.updated_at = key + Duration::seconds(1);
+        assert_eq!(late.due_at(), Some(late.updated_at));
+        let mut early = r.clone();
+        early.updated_at = key - crate::domain::state::notice_backstop() - Duration::seconds(1);
+        assert_eq!(early.due_at(), Some(early.updated_at));
         // A slow task: a deadline more than the slack past the key moves it.
         let mut r = fresh(t0);
         let late = t0 + Duration::seconds(100);
@@ -1645,7 +1654,10 @@ mod tests {
         assert_eq!(r.locked_by, None);
         assert_eq!(r.owed(), [Status::Processed]);
         assert_eq!(r.steps[1].result.as_deref(), Some("{\"id\":1}"));
-        assert_eq!(r.due_at(), Some(r.updated_at));
+        // The notice's backstop waits for the key the record already has (the pickup
+        // deadline): no index write.
+        assert_eq!(r.due_at(), r.due_key);
+        assert!(r.due_at() > Some(r.updated_at));
         apply(&mut r, |r| notice_delivered(r, now));
         assert_eq!(r.due_at(), None);
         assert_eq!(r.version, 6);
