@@ -634,13 +634,21 @@ impl StateRecord {
         if self.notice_pending() {
             // The writer of a notice delivers it at once; the sweep is the backstop for a
             // writer that died or a bus that failed. The backstop may wait for the record's
-            // due key if that is no more than `notice_backstop` after the write: the index
-            // entry then stays where it is, where moving it to the write's time would cost a
-            // delete and a put on `due-index` (the clean task's final write).
-            Some(match self.due_key {
-                Some(k) if k >= self.updated_at && k - self.updated_at <= notice_backstop() => k,
+            // due key if that is no more than `notice_backstop` after the write (a key already
+            // passed is due at once anyway): the index entry then stays where it is, where
+            // moving it to the write's time would cost a delete and a put on `due-index` (the
+            // final write of a clean task, or of a retried one).
+            let backstop = match self.due_key {
+                Some(k) if k <= self.updated_at + notice_backstop() => k,
                 _ => self.updated_at,
-            })
+            };
+            // A record still running is due at its deadline if that comes first.
+            let deadline = if self.process_state.is_terminal() {
+                None
+            } else {
+                self.complete_by
+            };
+            Some(deadline.map_or(backstop, |d| d.min(backstop)))
         } else if self.process_state.is_terminal() {
             None
         } else {

@@ -1575,13 +1575,22 @@ mod tests {
         assert_eq!(r.due_at(), Some(key));
         let t = notice_delivered(&r, at).expect("owed");
         assert_eq!(t.record.due_key, None, "a settled record leaves the index");
-        // A notice owed after the key passed, or long before it, is due at its write.
+        // A notice owed after its key passed stays due at the key (due at once: the next
+        // sweep); one owed long before its key is due at its write.
         let mut late = r.clone();
-        late.updated_at = key + Duration::seconds(1);
-        assert_eq!(late.due_at(), Some(late.updated_at));
+        late.updated_at = key + Duration::seconds(100);
+        assert_eq!(late.due_at(), Some(key));
         let mut early = r.clone();
         early.updated_at = key - crate::domain::state::notice_backstop() - Duration::seconds(1);
         assert_eq!(early.due_at(), Some(early.updated_at));
+        // A record still running owes its notice no later than its own deadline.
+        let mut running = r.clone();
+        running.process_state = ProcessState::Compensating;
+        running.complete_by = Some(key - Duration::seconds(5));
+        running.updated_at = key - Duration::seconds(30);
+        assert_eq!(running.due_at(), running.complete_by);
+        running.complete_by = Some(key + Duration::seconds(5));
+        assert_eq!(running.due_at(), Some(key));
         // A slow task: a deadline more than the slack past the key moves it.
         let mut r = fresh(t0);
         let late = t0 + Duration::seconds(100);
