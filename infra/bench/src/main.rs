@@ -470,6 +470,11 @@ enum Capacity {
 /// than auto scaling follows runs below it, and costs more per unit.
 const PROVISIONED_UTILIZATION: f64 = 0.70;
 
+/// A provisioned table under a steady load, at [`PROVISIONED_UTILIZATION`].
+const STEADY: Capacity = Capacity::Provisioned {
+    utilization: PROVISIONED_UTILIZATION,
+};
+
 impl Capacity {
     /// USD per write request unit and per read request unit consumed.
     fn unit_prices(self) -> (f64, f64) {
@@ -748,9 +753,7 @@ fn before_after_table(scenarios: &[Scenario]) -> anyhow::Result<String> {
 
 fn cost_table(scenarios: &[Scenario]) -> String {
     let m = 1e6;
-    let provisioned = Capacity::Provisioned {
-        utilization: PROVISIONED_UTILIZATION,
-    };
+    let (steady_wru, steady_rru) = STEADY.unit_prices();
     let mut t = format!(
         "USD per million tasks, us-east-1, on-demand, no free tier; prices checked {} (sources below). \
 Lambda durations are the handlers' wall times measured on the emulator (in the table above; they include the poll's receive and delete, so they are an upper bound), billed per millisecond; the simulated remote services answer at once, so each agent invocation gets {REMOTE_CALL_MS} ms more for a real service's answer. Functions have {} MB; one message per invocation; each consumed message costs one receive and one delete. \
@@ -778,14 +781,14 @@ Fixed monthly costs are left out: the supervisor's schedule (43,200 invocations 
     t.push_str(&format!(
         "\nUnder load the event source mappings fill their batches (up to 10 messages; the agent's 5), so the scheduler's and the supervisor's invocations and the queues' receives and deletes are shared by the batch (the sends, the writes and the events are not). With full batches of {AT_LOAD_BATCH}, on demand and, for a steady load, on provisioned capacity (`TableBillingMode=PROVISIONED`: auto scaling holds the table and each index at {:.0}% of their capacity, so a unit consumed costs the capacity-hour's price / 3,600 / {PROVISIONED_UTILIZATION}: ${:.3} per million writes against ${:.3} on demand, ${:.3} per million reads against ${:.3}):\n\n| task | sas orchestration, one message per invocation | sas orchestration, full batches | sas orchestration, full batches, provisioned | Step Functions Standard | sas / Standard, full batches | sas / Standard, full batches, provisioned |\n|---|---|---|---|---|---|---|\n",
         PROVISIONED_UTILIZATION * 100.0,
-        provisioned.unit_prices().0 * m,
+        steady_wru * m,
         prices::DYNAMODB_WRU.usd * m,
-        provisioned.unit_prices().1 * m,
+        steady_rru * m,
         prices::DYNAMODB_RRU.usd * m,
     ));
     for s in scenarios {
         let (one, full) = (cost(s), cost_with(s, AT_LOAD_BATCH));
-        let steady = cost_in(s, AT_LOAD_BATCH, provisioned);
+        let steady = cost_in(s, AT_LOAD_BATCH, STEADY);
         t.push_str(&format!(
             "| {} | ${:.2} | ${:.2} | ${:.2} | ${:.2} | 1/{:.1} | 1/{:.1} |\n",
             s.name,
@@ -983,14 +986,11 @@ mod tests {
         assert!(costs.contains("full batches"), "{costs}");
         // Provisioned capacity at the template's target costs less per unit than on demand,
         // so less per task; at 10% utilization it would cost more.
-        let steady = Capacity::Provisioned {
-            utilization: PROVISIONED_UTILIZATION,
-        };
         let idle = Capacity::Provisioned { utilization: 0.1 };
         for sc in &s {
             let on_demand = cost_with(sc, AT_LOAD_BATCH).orchestration;
             assert!(
-                cost_in(sc, AT_LOAD_BATCH, steady).orchestration < on_demand,
+                cost_in(sc, AT_LOAD_BATCH, STEADY).orchestration < on_demand,
                 "{}",
                 sc.name
             );

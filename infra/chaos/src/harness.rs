@@ -812,13 +812,13 @@ pub fn wrap(ports: Ports, chaos: &Arc<Chaos>) -> Ports {
     }
 }
 
-/// Runs `cfg` on `ports` (unwrapped: the harness adds the failpoints).
 /// [`run`] on fresh in-memory adapters built from the run's settings.
 pub async fn run_in_memory(cfg: &Config) -> anyhow::Result<Report> {
     let ports = sas::local::ports(sas::local::Backend::Memory, &cfg.settings).await?;
     run(ports, cfg).await
 }
 
+/// Runs `cfg` on `ports` (unwrapped: the harness adds the failpoints).
 pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
     let chaos = Chaos::new(cfg.plan.clone());
     let ports = wrap(ports, &chaos);
