@@ -709,6 +709,7 @@ async fn a_stale_reply_after_a_recovery_is_dropped() {
         attempt: first.attempt,
         undo: false,
         outcome: StepOutcome::succeeded(),
+        generation: None,
     });
     system
         .queue

@@ -119,6 +119,11 @@ pub struct StepReply {
     #[serde(default)]
     pub undo: bool,
     pub outcome: StepOutcome,
+    /// A service's callback, not an agent's reply: the key generation its token names. It is
+    /// fenced by the step and this generation instead of `attempt` (see
+    /// [`crate::domain::transition::apply_callback`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u32>,
 }
 
 /// A status message of a task: published to the event bus (detail-type `Task<Status>`, e.g.

@@ -54,6 +54,7 @@ async fn main() -> Result<(), Error> {
                 service,
                 callbacks.clone(),
                 Duration::from_millis(200),
+                clock.clone(),
             ))
         })
     };

@@ -443,6 +443,9 @@ pub struct Report {
     /// Tasks that ended Processed, Compensated or CompensationFailed without that event on the
     /// bus, or with it while ending otherwise.
     pub notice_mismatch: Vec<String>,
+    /// Callback steps that waited out a callback their service had already posted (the
+    /// service calls back once, at the first URL it got).
+    pub ignored_callbacks: Vec<String>,
     /// Crash point → (reached, crashed).
     pub points: BTreeMap<String, (u64, u64)>,
     /// Crash points the run must reach but did not.
@@ -523,6 +526,13 @@ impl Report {
             format!(
                 "steps committed after their undo (leaked): {:?}",
                 first(&self.leaked)
+            ),
+        );
+        check(
+            !self.ignored_callbacks.is_empty(),
+            format!(
+                "callbacks posted and then waited for: {:?}",
+                first(&self.ignored_callbacks)
             ),
         );
         check(
@@ -824,7 +834,12 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
     let ports = wrap(ports, &chaos);
     let dlq = ports.resources.dead_letter_url.clone();
     let memory_queues = ports.memory.as_ref().map(|(_, q, _)| q.clone());
-    let mut system = System::from_ports(ports, cfg.settings.clone(), Arc::new(SystemClock));
+    // The simulated services keep the callback contract (they call back once, at the URL a key
+    // first arrived with); what they posted is checked against the records at the end.
+    let callbacks = sas::remote::CallbackLog::default();
+    let mut settings = cfg.settings.clone();
+    settings.callback_log = Some(callbacks.clone());
+    let mut system = System::from_ports(ports, settings, Arc::new(SystemClock));
     system.publish(&cfg.definitions()?).await?;
     system.supervisor.lease_ttl = chrono::Duration::seconds(2);
     let addr = system.serve("127.0.0.1:0".parse()?).await?;
@@ -1041,6 +1056,11 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         }
     }
 
+    // Each key's callback as posted: when, and whether sas took it (202) or called it stale.
+    let posted: HashMap<String, sas::remote::PostedCallback> = callbacks
+        .lock()
+        .map(|log| log.iter().map(|c| (c.key.clone(), c.clone())).collect())
+        .unwrap_or_default();
     let mut workflows: HashMap<(String, u32), Arc<Workflow>> = HashMap::new();
     let mut known_keys: BTreeSet<String> = BTreeSet::new();
     let mut failed = BTreeSet::new();
@@ -1117,6 +1137,9 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         if terminal && r.locked_by.is_some() {
             report.locked_terminal.push(id.to_string());
         }
+        report
+            .ignored_callbacks
+            .extend(ignored_callbacks(r, &workflow, &posted));
         if let Err(e) = r.check(&workflow.policies()) {
             report.invalid.push(format!("{id} ({name}): {e}"));
         }
@@ -1402,6 +1425,39 @@ pub fn requeue_limit(p: &Policy, stall: Option<Duration>) -> usize {
 ///
 /// "As it ran": Done (or Faulted: the service applied it) is 1; refused (Failed) or never sent
 /// (Pending) is 0; a step that timed out may have taken effect or not.
+/// The callback steps of `r` that timed out waiting for their callback ("no callback by")
+/// after their service had posted it: sas took it (202) and lost it, or called it stale (409)
+/// while the step still waited. A second is allowed for the callback's own way through the
+/// queues.
+fn ignored_callbacks(
+    r: &StateRecord,
+    workflow: &Workflow,
+    posted: &HashMap<String, sas::remote::PostedCallback>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, s) in r.steps.iter().enumerate() {
+        let Some(step) = workflow.step(i) else {
+            continue;
+        };
+        let key = sas::messages::idempotency_key(r.task_id, &step.name, &step.action, s.generation);
+        let Some(c) = posted.get(&key) else {
+            continue;
+        };
+        let waited = r.history.iter().find(|h| {
+            h.step.as_deref() == Some(s.name.as_str())
+                && h.reason.contains("no callback by")
+                && h.at > c.at + chrono::Duration::seconds(1)
+        });
+        if let Some(h) = waited {
+            out.push(format!(
+                "{} {}: callback posted at {} (answered {:?}), then {:?} at {}",
+                r.task_id, s.name, c.at, c.status, h.reason, h.at
+            ));
+        }
+    }
+    out
+}
+
 fn wanted_net(r: &StateRecord, i: usize, s: &StepState) -> Option<&'static [i32]> {
     use ProcessState as P;
     let as_it_ran = as_it_ran(s.status);

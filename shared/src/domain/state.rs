@@ -486,15 +486,30 @@ pub struct Refusal {
     pub message: String,
 }
 
-/// The one-time token with which a callback step's service completes it: names the attempt and
-/// step it answers (so a late or replayed callback is fenced like a stale reply) and carries a
-/// MAC under the task's own `callback_key`, so it cannot be forged from the task id.
-pub fn callback_token(key: &str, task_id: &TaskId, attempt: u64, step_index: usize) -> String {
+/// The token with which a callback step's service completes it. It names the step and its
+/// idempotency key's generation, which is what the service can know: every attempt of a step
+/// carries the same key, and the contract tells a service to answer a repeated key with its
+/// first outcome (the first acceptance) and to call back once, at the first URL it got. So a
+/// step sent again (after a timed-out attempt, a missed heartbeat, an agent that died) is
+/// completed by the callback of its first acceptance. A token of an older generation (the step
+/// was retried by an operator under a new key) stays stale. It carries a MAC under the task's
+/// own `callback_key`, so it cannot be forged from the task id.
+pub fn callback_token(key: &str, task_id: &TaskId, step_index: usize, generation: u32) -> String {
     use hmac::Mac;
-    let tag = callback_mac(key, task_id, attempt, step_index)
+    let tag = callback_mac(key, &format!("{task_id}:g{generation}:{step_index}"))
         .map(|m| hex::encode(&m.finalize().into_bytes()[..CALLBACK_TAG_BYTES]))
         .unwrap_or_default();
-    format!("{attempt}.{step_index}.{tag}")
+    format!("g{generation}.{step_index}.{tag}")
+}
+
+/// What a callback token answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallbackFence {
+    /// A step under its key's generation ([`callback_token`]).
+    Step { step_index: usize, generation: u32 },
+    /// A token made before tokens named the generation: it names the attempt it answers, and
+    /// is fenced by it as before (a step that was sent again cannot be completed with it).
+    Attempt { attempt: u64, step_index: usize },
 }
 
 /// The MAC bytes a token carries (128 bits).
@@ -502,33 +517,51 @@ const CALLBACK_TAG_BYTES: usize = 16;
 
 type CallbackMac = hmac::Hmac<sha2::Sha256>;
 
-fn callback_mac(
-    key: &str,
-    task_id: &TaskId,
-    attempt: u64,
-    step_index: usize,
-) -> Option<CallbackMac> {
+fn callback_mac(key: &str, message: &str) -> Option<CallbackMac> {
     use hmac::Mac;
     let mut mac = CallbackMac::new_from_slice(key.as_bytes()).ok()?;
-    mac.update(format!("{task_id}:{attempt}:{step_index}").as_bytes());
+    mac.update(message.as_bytes());
     Some(mac)
 }
 
-/// A callback token, checked against the task's key: the `(attempt, step_index)` it answers,
-/// or `None` if it is malformed or was not made with this key (compared in constant time).
-pub fn check_callback_token(key: &str, task_id: &TaskId, token: &str) -> Option<(u64, usize)> {
+/// A callback token, checked against the task's key: what it answers, or `None` if it is
+/// malformed or was not made with this key (compared in constant time).
+pub fn check_callback_token(key: &str, task_id: &TaskId, token: &str) -> Option<CallbackFence> {
     use hmac::Mac;
     let mut parts = token.splitn(3, '.');
-    let attempt: u64 = parts.next()?.parse().ok()?;
+    let head = parts.next()?;
     let step_index: usize = parts.next()?.parse().ok()?;
     let given = hex::decode(parts.next()?).ok()?;
     if key.is_empty() || given.len() != CALLBACK_TAG_BYTES {
         return None;
     }
-    callback_mac(key, task_id, attempt, step_index)?
+    // The generation's `g` keeps the two forms' signed messages apart: an attempt is digits.
+    let (message, fence) = match head.strip_prefix('g') {
+        Some(g) => {
+            let generation: u32 = g.parse().ok()?;
+            (
+                format!("{task_id}:g{generation}:{step_index}"),
+                CallbackFence::Step {
+                    step_index,
+                    generation,
+                },
+            )
+        }
+        None => {
+            let attempt: u64 = head.parse().ok()?;
+            (
+                format!("{task_id}:{attempt}:{step_index}"),
+                CallbackFence::Attempt {
+                    attempt,
+                    step_index,
+                },
+            )
+        }
+    };
+    callback_mac(key, &message)?
         .verify_truncated_left(&given)
         .ok()
-        .map(|()| (attempt, step_index))
+        .map(|()| fence)
 }
 
 /// A broken invariant of the state record.

@@ -351,6 +351,8 @@ pub enum Rejection {
     PastPivot(ProcessState),
     #[error("the undo waits until {until} for the step it undoes to be surely over")]
     TooEarly { until: DateTime<Utc> },
+    #[error("a callback for key generation {message} but the step is at generation {record}")]
+    StaleGeneration { record: u32, message: u32 },
     #[error("step {0} is not a callback step")]
     NotACallbackStep(usize),
     #[error("step {0} is not waiting for its callback")]
@@ -721,61 +723,14 @@ pub fn apply_reply(
             p,
         ),
         (StepOutcome::Refused { code, message }, false) => {
-            let reason = format!("{name}: refused ({code}): {message}");
-            let step = &mut n.steps[step_index];
-            step.finished_attempt = Some(attempt);
-            step.finished_at = Some(now);
-            step.status = StepStatus::Failed;
-            n.last_error = Some(reason.clone());
-            n.refusal = Some(Refusal {
-                step: name.clone(),
-                code: code.clone(),
-                message: message.clone(),
-            });
-            let e = if n.past_pivot() {
-                // Past the pivot the task cannot go back: a person must decide (alert).
-                fail(&mut n, now, reason.clone(), p, None)
-            } else {
-                begin_compensation(&mut n, now, Duration::zero(), p, None)
-            };
-            log(
-                &mut n,
-                r.process_state,
-                Some(step_index),
-                format!("refused: {reason}"),
-            );
-            e
+            step_refused(&mut n, step_index, attempt, code, message, now, p)
         }
         (StepOutcome::Succeeded { .. }, true) => apply_undo_reply(&mut n, step_index, None, now, p),
         (StepOutcome::Failed { error }, true) => {
             apply_undo_reply(&mut n, step_index, Some(error), now, p)
         }
         (StepOutcome::Succeeded { result }, false) => {
-            let step = &mut n.steps[step_index];
-            step.finished_attempt = Some(attempt);
-            step.finished_at = Some(now);
-            step.status = StepStatus::Done;
-            step.result = result.clone();
-            n.step_index = step_index + 1;
-            if n.step_index < n.steps.len() {
-                n.steps[n.step_index].status = StepStatus::Running;
-                n.steps[n.step_index].sent = true;
-                n.complete_by = Some(p.at(n.step_index).dispatch_deadline(now));
-                log(&mut n, r.process_state, Some(step_index), "step done");
-                vec![
-                    p.at(step_index).progress(Status::StepCompleted),
-                    Effect::SendStepRequest,
-                ]
-            } else {
-                let e = finish(&mut n, ProcessState::Processed, Status::Processed);
-                log(
-                    &mut n,
-                    r.process_state,
-                    Some(step_index),
-                    "step done; every step done",
-                );
-                e
-            }
+            step_done(&mut n, step_index, attempt, result, now, p)
         }
         (StepOutcome::Faulted { .. }, true) => {
             // An undo that took effect but whose answer is unusable still undid the step.
@@ -812,6 +767,173 @@ pub fn apply_reply(
         n,
         effects,
     ))
+}
+
+/// Step `i` succeeded under `attempt` with `result`. From Processing the next step goes out at
+/// once under the same claim; from Pending or Error (a step handed back for another attempt, or
+/// failed waiting, and completed by its callback meanwhile) the next step waits for a claim,
+/// enqueued now.
+fn step_done(
+    n: &mut StateRecord,
+    i: usize,
+    attempt: u64,
+    result: &Option<String>,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Vec<Effect> {
+    let from = n.process_state;
+    let step = &mut n.steps[i];
+    step.finished_attempt = Some(attempt);
+    step.finished_at = Some(now);
+    step.status = StepStatus::Done;
+    step.result = result.clone();
+    n.step_index = i + 1;
+    if n.step_index >= n.steps.len() {
+        let e = finish(n, ProcessState::Processed, Status::Processed);
+        log(n, from, Some(i), "step done; every step done");
+        return e;
+    }
+    let progress = p.at(i).progress(Status::StepCompleted);
+    if from != ProcessState::Processing {
+        if from == ProcessState::Error {
+            // The failure was the wait for this outcome: the next step starts afresh.
+            n.failure_count = 0;
+            n.round = 0;
+            n.last_error = None;
+        }
+        n.process_state = ProcessState::Pending;
+        n.complete_by = Some(now + p.at(n.step_index).pickup_timeout);
+        log(n, from, Some(i), "step done by its callback");
+        return vec![
+            progress,
+            Effect::Enqueue {
+                delay: Duration::zero(),
+            },
+        ];
+    }
+    n.steps[n.step_index].status = StepStatus::Running;
+    n.steps[n.step_index].sent = true;
+    n.complete_by = Some(p.at(n.step_index).dispatch_deadline(now));
+    log(n, from, Some(i), "step done");
+    vec![progress, Effect::SendStepRequest]
+}
+
+/// The service refused step `i` (under `attempt`) with a business outcome: the step had no
+/// effect; the task is compensated (or, past the pivot, fails for a person to decide).
+fn step_refused(
+    n: &mut StateRecord,
+    i: usize,
+    attempt: u64,
+    code: &str,
+    message: &str,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Vec<Effect> {
+    let from = n.process_state;
+    let name = n.steps[i].name.clone();
+    let reason = format!("{name}: refused ({code}): {message}");
+    let step = &mut n.steps[i];
+    step.finished_attempt = Some(attempt);
+    step.finished_at = Some(now);
+    step.status = StepStatus::Failed;
+    n.last_error = Some(reason.clone());
+    n.refusal = Some(Refusal {
+        step: name,
+        code: code.to_owned(),
+        message: message.to_owned(),
+    });
+    let e = if n.past_pivot() {
+        // Past the pivot the task cannot go back: a person must decide (alert).
+        fail(n, now, reason.clone(), p, None)
+    } else {
+        begin_compensation(n, now, Duration::zero(), p, None)
+    };
+    log(n, from, Some(i), format!("refused: {reason}"));
+    e
+}
+
+/// A callback arrived for step `step_index` under its key's `generation` (see
+/// [`super::state::callback_token`]): the outcome of the service's first acceptance of the
+/// step's key, which holds for every attempt of the step. It applies while the step is out
+/// (Processing, Running or Waiting, whatever the attempt: a step sent again after its
+/// acceptance is completed by the first callback, which the service sends once), while it is
+/// handed back for another attempt (Pending, sent before), and once the task failed waiting
+/// for it (Error, the step TimedOut: the outcome the failure was waiting for came late; an
+/// operator's retry would send the key again, and the service would not call back twice). Once
+/// the step is being undone, or the task ended for good, it is stale. A token of another generation
+/// (an operator retried a refused step under a new key) or another step is stale.
+///
+/// Condition: as [`apply_reply`] (same state, attempt and step at the version read) - keeps
+/// "a callback counts only for the step and key generation it answers, once".
+pub fn apply_callback(
+    r: &StateRecord,
+    step_index: usize,
+    generation: u32,
+    outcome: &StepOutcome,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Result<Transition, Rejection> {
+    let Some(step) = r
+        .steps
+        .get(step_index)
+        .filter(|_| r.step_index == step_index)
+    else {
+        return Err(Rejection::WrongStep {
+            record: r.step_index,
+            message: step_index,
+        });
+    };
+    if step.generation != generation {
+        return Err(Rejection::StaleGeneration {
+            record: step.generation,
+            message: generation,
+        });
+    }
+    if p.at(step_index).callback.is_none()
+        || !matches!(
+            outcome,
+            StepOutcome::Succeeded { .. } | StepOutcome::Refused { .. } | StepOutcome::Heartbeat
+        )
+    {
+        return Err(Rejection::NotACallbackStep(step_index));
+    }
+    match (r.process_state, step.status) {
+        (ProcessState::Processing, StepStatus::Running | StepStatus::Waiting) => {
+            apply_reply(r, r.attempt, step_index, false, outcome, now, p)
+        }
+        (ProcessState::Pending, StepStatus::Pending)
+        | (ProcessState::Error, StepStatus::TimedOut)
+            if step.sent =>
+        {
+            let now = to_millis(now);
+            let mut n = next(r, now);
+            n.deferrals = 0;
+            let effects = match outcome {
+                StepOutcome::Succeeded { result } => {
+                    step_done(&mut n, step_index, r.attempt, result, now, p)
+                }
+                StepOutcome::Refused { code, message } => {
+                    step_refused(&mut n, step_index, r.attempt, code, message, now, p)
+                }
+                _ => return Err(Rejection::NotWaiting(step_index)),
+            };
+            tidy(&mut n);
+            Ok(Transition::from(
+                r,
+                Condition::on(
+                    r,
+                    vec![
+                        Guard::StateIs(r.process_state),
+                        Guard::AttemptIs(r.attempt),
+                        Guard::StepIndexIs(step_index),
+                    ],
+                ),
+                n,
+                effects,
+            ))
+        }
+        (state, _) => Err(Rejection::NotRunning(state)),
+    }
 }
 
 /// Step `i` ended for good as `status` (refused, or faulted) under `attempt`: the task fails.
@@ -1447,7 +1569,7 @@ pub fn retry_with_input(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::{callback_token, check_callback_token};
+    use crate::domain::state::{CallbackFence, callback_token, check_callback_token};
     use crate::domain::workflow::examples;
     use crate::domain::{TaskId, Workflow};
     use proptest::prelude::*;
@@ -2483,7 +2605,7 @@ mod tests {
     }
 
     #[test]
-    fn a_silent_callback_step_times_out_and_goes_out_again_under_a_new_token() {
+    fn a_silent_callback_step_times_out_goes_out_again_and_keeps_its_token() {
         let p = callback_policies();
         let now = t0();
         let mut r = loan(now);
@@ -2491,7 +2613,7 @@ mod tests {
         apply(&mut r, |r| {
             apply_reply(r, 1, 2, false, &StepOutcome::Accepted, now, &p)
         });
-        let token = callback_token(&r.callback_key, &r.task_id, r.attempt, 2);
+        let token = callback_token(&r.callback_key, &r.task_id, 2, r.steps[2].generation);
         let due = r.complete_by.expect("deadline");
         apply(&mut r, |r| expire(r, due, &p, 0.5));
         assert_eq!(r.process_state, ProcessState::Pending);
@@ -2505,14 +2627,16 @@ mod tests {
         let later = r.complete_by.expect("pickup");
         apply(&mut r, |r| claim(r, "s", later, &p));
         assert_eq!(
-            check_callback_token(&r.callback_key, &r.task_id, &token),
-            Some((1, 2)),
-            "the old token still names its own attempt"
-        );
-        assert_ne!(
-            callback_token(&r.callback_key, &r.task_id, r.attempt, 2),
+            callback_token(&r.callback_key, &r.task_id, 2, r.steps[2].generation),
             token,
-            "the new attempt has a new token"
+            "every attempt of a step carries its key, and so its token"
+        );
+        assert_eq!(
+            check_callback_token(&r.callback_key, &r.task_id, &token),
+            Some(CallbackFence::Step {
+                step_index: 2,
+                generation: 0
+            })
         );
         let other = fresh(now);
         assert_eq!(
@@ -2520,9 +2644,183 @@ mod tests {
             None,
             "a token is only good with its own task's key"
         );
+        for bad in ["g0.2.00", "g.2.00", "0.2", ""] {
+            assert_eq!(check_callback_token(&r.callback_key, &r.task_id, bad), None);
+        }
+    }
+
+    /// The token of the form made before tokens named the key generation: `attempt.step.mac`
+    /// over `task:attempt:step`.
+    fn attempt_token(key: &str, id: &TaskId, attempt: u64, step: usize) -> String {
+        use hmac::Mac;
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).expect("key");
+        mac.update(format!("{id}:{attempt}:{step}").as_bytes());
+        let tag = hex::encode(&mac.finalize().into_bytes()[..16]);
+        format!("{attempt}.{step}.{tag}")
+    }
+
+    #[test]
+    fn a_token_made_before_generations_still_names_its_attempt() {
+        let r = loan(t0());
+        let old = attempt_token(&r.callback_key, &r.task_id, 3, 2);
         assert_eq!(
-            check_callback_token(&r.callback_key, &r.task_id, "1.2.00"),
+            check_callback_token(&r.callback_key, &r.task_id, &old),
+            Some(CallbackFence::Attempt {
+                attempt: 3,
+                step_index: 2
+            })
+        );
+        // The two forms sign different messages: neither passes for the other.
+        let forged = old.replacen('3', "g3", 1);
+        assert_eq!(
+            check_callback_token(&r.callback_key, &r.task_id, &forged),
             None
+        );
+    }
+
+    #[test]
+    fn a_callback_step_sent_again_is_completed_by_its_first_callback() {
+        let p = callback_policies();
+        let now = t0();
+        let done = StepOutcome::Succeeded {
+            result: Some("{\"contract\":\"c-1\"}".into()),
+        };
+        // Handed back (its callback wait timed out): the first acceptance's callback completes
+        // the step, and the next step is enqueued for a claim.
+        let mut r = loan(now);
+        run_to(&mut r, 2, now, &p);
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &StepOutcome::Accepted, now, &p)
+        });
+        let due = r.complete_by.expect("deadline");
+        apply(&mut r, |r| expire(r, due, &p, 0.5));
+        assert_eq!(r.process_state, ProcessState::Pending);
+        let t = apply(&mut r, |r| apply_callback(r, 2, 0, &done, due, &p));
+        assert_eq!(r.steps[2].status, StepStatus::Done);
+        assert_eq!(r.steps[2].result.as_deref(), Some("{\"contract\":\"c-1\"}"));
+        assert_eq!((r.process_state, r.step_index), (ProcessState::Pending, 3));
+        assert!(t.effects.contains(&Effect::Enqueue {
+            delay: Duration::zero()
+        }));
+        assert!(!r.steps[3].sent, "the next step waits for its claim");
+        apply(&mut r, |r| claim(r, "s", due, &p));
+        assert_eq!(r.current_step(), Some("disburse-funds"));
+
+        // Sent again under a new attempt (the service answers the repeated key with its first
+        // acceptance and will not call back again): the first callback completes it, and the
+        // new attempt's late acceptance is stale.
+        let mut r = loan(now);
+        run_to(&mut r, 2, now, &p);
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &StepOutcome::Accepted, now, &p)
+        });
+        let due = r.complete_by.expect("deadline");
+        apply(&mut r, |r| expire(r, due, &p, 0.5));
+        let later = r.complete_by.expect("pickup");
+        apply(&mut r, |r| claim(r, "s", later, &p));
+        assert_eq!((r.attempt, r.steps[2].status), (2, StepStatus::Running));
+        apply(&mut r, |r| apply_callback(r, 2, 0, &done, later, &p));
+        assert_eq!(r.steps[2].status, StepStatus::Done);
+        assert_eq!(
+            (r.process_state, r.current_step()),
+            (ProcessState::Processing, Some("disburse-funds"))
+        );
+        assert!(
+            apply_reply(&r, 2, 2, false, &StepOutcome::Accepted, later, &p).is_err(),
+            "the second attempt's acceptance comes after the step is done"
+        );
+        assert!(
+            apply_callback(&r, 2, 0, &done, later, &p).is_err(),
+            "a replayed callback is fenced"
+        );
+
+        // Failed waiting (the threshold, past the pivot... here with compensation off): the
+        // late callback completes the step and the task goes on; an operator's retry would
+        // have sent the key again to a service that calls back once.
+        let mut manual = vec![base(); 4];
+        manual[2].callback = p.at(2).callback;
+        for s in &mut manual {
+            s.auto_compensate = false;
+        }
+        let manual = Policies::new(manual);
+        let mut r = loan(now);
+        run_to(&mut r, 2, now, &manual);
+        let mut at = now;
+        while r.process_state != ProcessState::Error {
+            if r.process_state == ProcessState::Pending {
+                at = r.complete_by.expect("pickup");
+                apply(&mut r, |r| claim(r, "s", at, &manual));
+            }
+            let a = r.attempt;
+            apply(&mut r, |r| {
+                apply_reply(r, a, 2, false, &StepOutcome::Accepted, at, &manual)
+            });
+            at = r.complete_by.expect("deadline");
+            apply(&mut r, |r| expire(r, at, &manual, 0.5));
+        }
+        assert_eq!(r.steps[2].status, StepStatus::TimedOut);
+        apply(&mut r, |r| apply_callback(r, 2, 0, &done, at, &manual));
+        assert_eq!(
+            (r.process_state, r.current_step(), r.failure_count),
+            (ProcessState::Pending, Some("disburse-funds"), 0)
+        );
+        assert_eq!(r.steps[2].status, StepStatus::Done);
+    }
+
+    #[test]
+    fn a_callback_of_an_older_key_generation_or_a_heartbeat_between_attempts_changes_nothing() {
+        let p = callback_policies();
+        let now = t0();
+        // A step the scheduler could not send fails (a refused key: the step had no effect);
+        // with compensation off it waits in Error, and the operator's retry gives it a new key.
+        let manual = {
+            let mut steps = vec![base(); 4];
+            steps[2].callback = p.at(2).callback;
+            for s in &mut steps {
+                s.auto_compensate = false;
+            }
+            Policies::new(steps)
+        };
+        let mut r = loan(now);
+        run_to(&mut r, 2, now, &manual);
+        let failed = StepOutcome::Failed {
+            error: "input_mapping_failed".into(),
+        };
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &failed, now, &manual)
+        });
+        assert_eq!(r.process_state, ProcessState::Error);
+        apply(&mut r, |r| retry(r, &ops(None), now, &manual));
+        assert_eq!(r.steps[2].generation, 1, "a refused key is not used again");
+        assert_eq!(
+            apply_callback(&r, 2, 0, &StepOutcome::succeeded(), now, &manual).err(),
+            Some(Rejection::StaleGeneration {
+                record: 1,
+                message: 0
+            })
+        );
+        assert_eq!(
+            apply_callback(&r, 2, 1, &StepOutcome::succeeded(), now, &manual).err(),
+            Some(Rejection::NotRunning(ProcessState::Pending)),
+            "the new key was never sent: no callback can answer it yet"
+        );
+        apply(&mut r, |r| claim(r, "s", now, &manual));
+        apply(&mut r, |r| {
+            apply_reply(r, 2, 2, false, &StepOutcome::Accepted, now, &manual)
+        });
+        let due = r.complete_by.expect("deadline");
+        apply(&mut r, |r| expire(r, due, &manual, 0.5));
+        assert_eq!(
+            apply_callback(&r, 2, 1, &StepOutcome::Heartbeat, due, &manual).err(),
+            Some(Rejection::NotWaiting(2)),
+            "between attempts there is no callback wait to extend"
+        );
+        assert_eq!(
+            apply_callback(&r, 1, 0, &StepOutcome::succeeded(), due, &manual).err(),
+            Some(Rejection::WrongStep {
+                record: 2,
+                message: 1
+            })
         );
     }
 
@@ -2665,6 +2963,13 @@ mod tests {
             /// 3: accepted (callback), 4: heartbeat, otherwise succeeded.
             kind: u8,
         },
+        /// A service's callback for the current step (shifted), under its key's generation
+        /// (less `generation_back`); `kind` as for replies.
+        Callback {
+            generation_back: u8,
+            step_shift: i8,
+            kind: u8,
+        },
         Advance(u16),
         Expire(u8),
         Delivered,
@@ -2678,6 +2983,8 @@ mod tests {
             3 => (0u8..3).prop_map(Ev::Claim),
             5 => (0u8..2, -1i8..2, proptest::bool::weighted(0.2), 0u8..13)
                 .prop_map(|(a, s, undo, kind)| Ev::Reply { attempt_back: a, step_shift: s, undo, kind }),
+            2 => (0u8..2, -1i8..2, 0u8..6)
+                .prop_map(|(g, s, kind)| Ev::Callback { generation_back: g, step_shift: s, kind }),
             2 => (0u16..40).prop_map(Ev::Advance),
             2 => (0u8..10).prop_map(Ev::Expire),
             1 => Just(Ev::Delivered),
@@ -2744,6 +3051,16 @@ mod tests {
                         };
                         let step = (r.step_index as i64 + step_shift as i64).max(0) as usize;
                         apply_reply(&r, r.attempt.saturating_sub(attempt_back as u64), step, undo, &outcome, now, &p)
+                    }
+                    Ev::Callback { generation_back, step_shift, kind } => {
+                        let outcome = match kind {
+                            0 => declined(),
+                            1 => StepOutcome::Heartbeat,
+                            _ => StepOutcome::Succeeded { result: Some("{\"id\":1}".into()) },
+                        };
+                        let step = (r.step_index as i64 + step_shift as i64).max(0) as usize;
+                        let generation = r.steps.get(step).map_or(0, |s| s.generation);
+                        apply_callback(&r, step, generation.saturating_sub(u32::from(generation_back)), &outcome, now, &p)
                     }
                     Ev::Advance(s) => { now += Duration::seconds(s as i64); continue; }
                     Ev::Expire(j) => expire(&r, now, &p, f64::from(j) / 10.0),

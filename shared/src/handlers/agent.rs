@@ -219,6 +219,7 @@ async fn reply(
         attempt: request.attempt,
         undo: request.undo,
         outcome,
+        generation: None,
     });
     let body = serde_json::to_string(&reply)
         .map_err(|e| HandlerError::Poison(format!("reply does not serialize: {e}")))?;

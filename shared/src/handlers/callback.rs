@@ -1,21 +1,24 @@
 //! Callbacks: how a callback step's service (or a person) completes it, through the task API's
 //! `POST /tasks/{taskId}/callbacks/{token}`. The token came with the step's request
-//! (`Sas-Callback-Token`, inside `Sas-Callback-Url`); it names the attempt and step it answers
-//! and is signed with the task's own key, so it cannot be guessed from the task id.
+//! (`Sas-Callback-Token`, inside `Sas-Callback-Url`); it names the step and its idempotency
+//! key's generation (the same for every attempt of the step, as the key is) and is signed with
+//! the task's own key, so it cannot be guessed from the task id.
 //!
 //! The body is `{"status": "succeeded", "result": ...}`, `{"status": "refused", "code": ...,
-//! "message": ...}` or `{"status": "heartbeat"}`. A valid callback becomes a step reply on the
-//! scheduler's queue, applied with the same fencing as an agent's reply (state, attempt and
-//! step), so a late or replayed callback changes nothing. Answers: 202 accepted; 404 for an
-//! unknown task or a token that is not this task's; 409 `stale_callback` when the step is no
-//! longer waiting for this callback (an earlier callback was applied, or the step timed out and
-//! went out again under a new token); 400 for a malformed body.
+//! "message": ...}` or `{"status": "heartbeat"}`. A valid callback becomes a reply on the
+//! scheduler's queue, applied by [`crate::domain::transition::apply_callback`]: fenced by the
+//! step and the key generation, so the first callback completes a step that was sent again
+//! meanwhile (the service answers a repeated key with its first acceptance and calls back once),
+//! and a late or replayed one changes nothing. Answers: 202 accepted; 404 for an unknown task
+//! or a token that is not this task's; 409 `stale_callback` when the step no longer waits for
+//! it (an earlier callback was applied, the step is being undone, an operator retried it under
+//! a new key, or the task moved on); 400 for a malformed body.
 
 use super::submission::{SubmissionDeps, error, respond, unavailable};
-use crate::domain::state::check_callback_token;
+use crate::domain::TaskId;
+use crate::domain::state::{CallbackFence, check_callback_token};
 use crate::domain::task::MAX_RESULT_BYTES;
-use crate::domain::transition::StepOutcome;
-use crate::domain::{ProcessState, StepStatus, TaskId};
+use crate::domain::transition::{self, Rejection, StepOutcome};
 use crate::messages::{SchedulerMessage, StepReply};
 use http::{Response, StatusCode};
 use serde::Deserialize;
@@ -134,7 +137,7 @@ pub async fn callback(
     };
     // The same answer for an unknown task and a token that is not this task's: an id alone
     // tells nothing.
-    let Some((attempt, step_index)) = check_callback_token(&record.callback_key, &id, token) else {
+    let Some(fence) = check_callback_token(&record.callback_key, &id, token) else {
         warn!("callback with a token that is not this task's");
         return error(
             StatusCode::NOT_FOUND,
@@ -142,28 +145,63 @@ pub async fn callback(
             "no such callback",
         );
     };
-    let waiting = record.process_state == ProcessState::Processing
-        && record.attempt == attempt
-        && record.step_index == step_index
-        && record
-            .steps
-            .get(step_index)
-            .is_some_and(|s| matches!(s.status, StepStatus::Running | StepStatus::Waiting));
-    let Some(step) = record.steps.get(step_index).filter(|_| waiting) else {
-        info!(attempt, step_index, state = %record.process_state, "stale callback");
-        return error(
-            StatusCode::CONFLICT,
-            "stale_callback",
-            "this step no longer waits for this callback: an earlier callback was applied, the step timed out and went out again under a new token, or the task moved on",
-        );
+    let (step_index, attempt, generation) = match fence {
+        CallbackFence::Step {
+            step_index,
+            generation,
+        } => (step_index, record.attempt, Some(generation)),
+        CallbackFence::Attempt {
+            attempt,
+            step_index,
+        } => (step_index, attempt, None),
     };
+    let workflow = match super::workflow_of(&deps.definitions, &record).await {
+        Ok(w) => w,
+        Err(e) => return unavailable(e),
+    };
+    // The scheduler applies the callback under this same rule, to the record as it then is;
+    // here it only picks the answer.
+    let (now, p) = (deps.clock.now(), workflow.policies());
+    let applies = match generation {
+        Some(g) => transition::apply_callback(&record, step_index, g, &outcome, now, &p),
+        None => transition::apply_reply(&record, attempt, step_index, false, &outcome, now, &p),
+    };
+    let name = record
+        .steps
+        .get(step_index)
+        .map(|s| s.name.clone())
+        .unwrap_or_default();
+    match applies {
+        Ok(_) => {}
+        Err(Rejection::NotWaiting(_)) if outcome == StepOutcome::Heartbeat => {
+            // The step's key is out again (or about to be): the service's work goes on and
+            // its outcome is still awaited; there is no callback wait to extend.
+            info!(
+                attempt,
+                step_index, "heartbeat while the step is sent again: nothing to extend"
+            );
+            return respond(
+                StatusCode::ACCEPTED,
+                &json!({"taskId": id, "step": name, "attempt": attempt, "accepted": true}),
+            );
+        }
+        Err(why) => {
+            info!(attempt, step_index, state = %record.process_state, %why, "stale callback");
+            return error(
+                StatusCode::CONFLICT,
+                "stale_callback",
+                "this step no longer waits for this callback: an earlier callback was applied, the step is being undone, it was retried under a new key, or the task moved on",
+            );
+        }
+    }
     let reply = SchedulerMessage::Reply(StepReply {
         task_id: id,
-        step: step.name.clone(),
+        step: name.clone(),
         step_index,
         attempt,
         undo: false,
         outcome,
+        generation,
     });
     let body = match serde_json::to_string(&reply) {
         Ok(b) => b,
@@ -176,9 +214,9 @@ pub async fn callback(
     {
         return unavailable(e);
     }
-    info!(workflow = %record.workflow, attempt, step = %step.name, "callback accepted");
+    info!(workflow = %record.workflow, attempt, step = %name, "callback accepted");
     respond(
         StatusCode::ACCEPTED,
-        &json!({"taskId": id, "step": step.name, "attempt": attempt, "accepted": true}),
+        &json!({"taskId": id, "step": name, "attempt": attempt, "accepted": true}),
     )
 }

@@ -138,34 +138,72 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
     run(deps, &task, &workflow, &t).await
 }
 
+/// How often a callback that lost a race for its record is applied again to the record read
+/// anew (an agent's reply that loses is stale by then, or its deadline recovers the step; a
+/// callback is sent once by its service and must not be dropped for a heartbeat or an outbox
+/// cleared meanwhile).
+const CALLBACK_TRIES: usize = 4;
+
 async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError> {
-    let (task, record, workflow) = load(deps, r.task_id).await?;
-    if workflow.step(r.step_index).map(|s| s.name.as_str()) != Some(r.step.as_str()) {
-        return Err(HandlerError::Poison(format!(
-            "reply names step {:?} at index {}, which {} v{} does not have",
-            r.step, r.step_index, workflow.name, workflow.version
-        )));
-    }
-    let outcome = keepable(&record, &r.outcome);
-    let t = match transition::apply_reply(
-        &record,
-        r.attempt,
-        r.step_index,
-        r.undo,
-        &outcome,
-        deps.clock.now(),
-        &workflow.policies(),
-    ) {
-        Ok(t) => t,
-        Err(why) => {
-            info!(%why, "stale or duplicate reply dropped");
-            return Ok(());
-        }
+    let tries = if r.generation.is_some() {
+        CALLBACK_TRIES
+    } else {
+        1
     };
-    if !write(deps.store.as_ref(), &t).await? {
-        info!("the record moved on meanwhile; reply dropped");
-        return Ok(());
+    for _ in 0..tries {
+        let (task, record, workflow) = load(deps, r.task_id).await?;
+        if workflow.step(r.step_index).map(|s| s.name.as_str()) != Some(r.step.as_str()) {
+            return Err(HandlerError::Poison(format!(
+                "reply names step {:?} at index {}, which {} v{} does not have",
+                r.step, r.step_index, workflow.name, workflow.version
+            )));
+        }
+        let outcome = keepable(&record, &r.outcome);
+        let applied = match r.generation {
+            Some(generation) => transition::apply_callback(
+                &record,
+                r.step_index,
+                generation,
+                &outcome,
+                deps.clock.now(),
+                &workflow.policies(),
+            ),
+            None => transition::apply_reply(
+                &record,
+                r.attempt,
+                r.step_index,
+                r.undo,
+                &outcome,
+                deps.clock.now(),
+                &workflow.policies(),
+            ),
+        };
+        let t = match applied {
+            Ok(t) => t,
+            Err(why) => {
+                info!(%why, "stale or duplicate reply dropped");
+                return Ok(());
+            }
+        };
+        if !write(deps.store.as_ref(), &t).await? {
+            info!("the record moved on meanwhile");
+            continue;
+        }
+        return applied_reply(deps, &r, &task, &record, &workflow, &t).await;
     }
+    info!("reply dropped: the record moved on meanwhile");
+    Ok(())
+}
+
+/// A reply's transition was written: its metrics, and its effects.
+async fn applied_reply(
+    deps: &SchedulerDeps,
+    r: &StepReply,
+    task: &Task,
+    record: &StateRecord,
+    workflow: &Workflow,
+    t: &Transition,
+) -> Result<(), HandlerError> {
     super::count_outcome(&deps.metrics, record.process_state, &t);
     let i = r.step_index;
     let waits = |rec: &crate::StateRecord| {
@@ -186,7 +224,7 @@ async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError
         );
     }
     info!(undo = r.undo, state = %t.record.process_state, "reply applied");
-    run(deps, &task, &workflow, &t).await
+    run(deps, task, workflow, t).await
 }
 
 /// A success whose result is over the limits cannot be kept for later steps and undos: it
@@ -299,7 +337,7 @@ async fn send_step_request(
         (Some(_), false) => match &deps.callback_base_url {
             Some(base) => {
                 let token =
-                    callback_token(&record.callback_key, &record.task_id, record.attempt, i);
+                    callback_token(&record.callback_key, &record.task_id, i, state.generation);
                 Ok(Some(CallbackAddress {
                     url: format!(
                         "{}/tasks/{}/callbacks/{token}",
@@ -324,6 +362,7 @@ async fn send_step_request(
                 attempt: record.attempt,
                 undo,
                 outcome: StepOutcome::Failed { error },
+                generation: None,
             });
             let body = serde_json::to_string(&reply)
                 .map_err(|e| HandlerError::Poison(format!("reply does not serialize: {e}")))?;

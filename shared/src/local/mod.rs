@@ -218,6 +218,8 @@ pub struct Settings {
     pub callback_base_url: String,
     /// How long a simulated service works on a callback step before it calls back.
     pub callback_delay: Duration,
+    /// Where the simulated services record the callbacks they post (none: not recorded).
+    pub callback_log: Option<crate::remote::CallbackLog>,
     /// Where HTTP services' credentials are read (default: none, in memory), and how long they
     /// are kept (as `CREDENTIALS_CACHE_SECONDS`).
     pub credentials: Arc<dyn Credentials>,
@@ -298,6 +300,7 @@ impl Default for Settings {
             visibility_timeout: None,
             callback_base_url: "http://sas-local.invalid".into(),
             callback_delay: Duration::from_millis(50),
+            callback_log: None,
             credentials: Arc::new(MemoryCredentials::default()),
             credentials_ttl: crate::remote::DEFAULT_CACHE_TTL,
             lambda: None,
@@ -472,12 +475,18 @@ impl System {
             let sink: Arc<dyn crate::remote::CallbackSink> =
                 Arc::new(LocalCallbackSink(submission.clone()));
             let delay = settings.callback_delay;
+            let (clock, log) = (clock.clone(), settings.callback_log.clone());
             Arc::new(move |name: &str| {
-                Arc::new(crate::remote::CallbackCompleter::new(
+                let completer = crate::remote::CallbackCompleter::new(
                     services.get(name),
                     sink.clone(),
                     delay,
-                )) as Arc<dyn RemoteService>
+                    clock.clone(),
+                );
+                Arc::new(match &log {
+                    Some(log) => completer.with_log(log.clone()),
+                    None => completer,
+                }) as Arc<dyn RemoteService>
             })
         };
         let connectors = Connectors {

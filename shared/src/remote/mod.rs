@@ -13,7 +13,9 @@ pub use self::http::{
     STEP_HEADER, StatusClass, TASK_HEADER, UNDOES_HEADER, classify, client as http_client, outcome,
     render_path, router,
 };
-pub use callback::{CallbackCompleter, CallbackSink, HttpCallbackSink};
+pub use callback::{
+    CallbackCompleter, CallbackLog, CallbackSink, HttpCallbackSink, PostedCallback,
+};
 pub use credentials::{
     CachedCredentials, CredentialError, Credentials, DEFAULT_CACHE_TTL, MemoryCredentials, Secret,
 };
