@@ -325,6 +325,9 @@ fn steps_list(r: &StateRecord) -> AttributeValue {
             if let Some(t) = st.waiting_until {
                 m.insert("WaitingUntil".to_owned(), ms(t));
             }
+            if let Some(t) = st.sent_until {
+                m.insert("SentUntil".to_owned(), ms(t));
+            }
             AttributeValue::M(m)
         })
         .collect();
@@ -519,6 +522,7 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
                         .map_err(corrupt)?,
                     undo_generation: opt_n(m, "UndoGeneration")?.unwrap_or(0),
                     waiting_until: opt_n(m, "WaitingUntil")?.map(time).transpose()?,
+                    sent_until: opt_n(m, "SentUntil")?.map(time).transpose()?,
                 }),
                 _ => Err(corrupt("Steps holds a non-map")),
             })

@@ -204,6 +204,13 @@ pub struct StepState {
     /// (heartbeats move the record's deadline, never past this).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_until: Option<DateTime<Utc>>,
+    /// A step handed back (Pending again), timed out or cancelled after it was sent: the latest
+    /// deadline a request for it went out with. A copy of that request (a duplicated delivery,
+    /// a message that came back) may call the service until then, even when the attempt was
+    /// handed back early (an agent out of time, an open circuit), so its undo waits past it. A
+    /// step out again needs none: its new deadline is later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_until: Option<DateTime<Utc>>,
 }
 
 impl StepState {
@@ -220,6 +227,7 @@ impl StepState {
             undo: None,
             undo_generation: 0,
             waiting_until: None,
+            sent_until: None,
         }
     }
 
@@ -789,6 +797,13 @@ impl StateRecord {
             .any(|s| s.waiting_until.is_some() != (s.status == S::Waiting))
         {
             return bad("a step waits for its callback iff it is Waiting".into());
+        }
+        if self.steps.iter().any(|s| {
+            s.sent_until.is_some() && !matches!(s.status, S::Pending | S::TimedOut | S::Cancelled)
+        }) {
+            return bad(
+                "a step out, done or refused keeps the deadline it was handed back at".into(),
+            );
         }
         if self.undo_after.is_some() && self.process_state != P::Compensating {
             return bad(format!("{} with an undo wait", self.process_state));

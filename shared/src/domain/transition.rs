@@ -408,6 +408,12 @@ fn tidy(n: &mut StateRecord) {
         if step.status != StepStatus::Waiting {
             step.waiting_until = None;
         }
+        if !matches!(
+            step.status,
+            StepStatus::Pending | StepStatus::TimedOut | StepStatus::Cancelled
+        ) {
+            step.sent_until = None;
+        }
     }
     if n.process_state != ProcessState::Compensating {
         n.undo_after = None;
@@ -487,8 +493,10 @@ fn finish(n: &mut StateRecord, to: ProcessState, notice: Status) -> Vec<Effect> 
 /// Compensated at once.
 ///
 /// `in_flight_until`: the deadline of the current step if it may still be in flight (timed
-/// out or cancelled). Its undo then waits [`Policy::undo_wait`] past it, and [`claim`]
-/// enforces that wait, so a stray work message cannot send the undo early.
+/// out or cancelled). Its undo then waits [`Policy::undo_wait`] past it, or past the latest
+/// deadline a request for the step went out with if that is later (see
+/// [`StepState::sent_until`]), and [`claim`] enforces that wait, so a stray work message cannot
+/// send the undo early.
 fn begin_compensation(
     n: &mut StateRecord,
     now: DateTime<Utc>,
@@ -504,6 +512,7 @@ fn begin_compensation(
             let mut delay = delay;
             n.undo_after = None;
             if let Some(t) = in_flight_until.filter(|_| i == n.step_index) {
+                let t = n.steps[i].sent_until.map_or(t, |s| s.max(t));
                 let after = to_millis(t + p.at(i).undo_wait);
                 delay = delay.max(after - now);
                 n.undo_after = Some(after);
@@ -1101,6 +1110,9 @@ fn hand_back(
     n.failure_count = r.failure_count + 1;
     n.locked_by = None;
     n.last_error = Some(reason.clone());
+    if !undo {
+        keep_sent_until(r, n);
+    }
     let exhausted = n.failure_count >= pi.failure_threshold;
     let cool_down = exhausted && n.round < pi.max_rounds;
     if !exhausted || cool_down {
@@ -1157,6 +1169,16 @@ fn hand_back(
     }
 }
 
+/// The current step of `r` is handed back before or at its deadline: `n` keeps that deadline
+/// (or a later one kept before) as the step's [`StepState::sent_until`].
+fn keep_sent_until(r: &StateRecord, n: &mut StateRecord) {
+    let i = r.step_index;
+    n.steps[i].sent_until = match (r.steps[i].sent_until, r.complete_by) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+}
+
 /// The step (or undo) that was out could not be tried now (its service's circuit is open):
 /// handed back unlocked and re-enqueued after `wait` at least, and at least the step's retry
 /// delay for the deferrals in a row so far (exponential, capped at `maxDelay`, with jitter), so
@@ -1177,6 +1199,7 @@ fn defer(
     if r.process_state == ProcessState::Compensating {
         n.steps[i].undo = None;
     } else {
+        keep_sent_until(r, n);
         n.process_state = ProcessState::Pending;
         n.steps[i].status = StepStatus::Pending;
     }
@@ -2537,6 +2560,70 @@ mod tests {
             r.undo_after, None,
             "the wait is over once that undo is done"
         );
+    }
+
+    #[test]
+    fn an_undo_waits_past_the_deadline_of_an_attempt_handed_back_early() {
+        // A start allowance: a request may wait for an agent, so the deadline is well after
+        // the agent's give-up time, and a duplicated delivery may call until the deadline.
+        let p = with(|p| p.start_within = Duration::seconds(60));
+        let now = t0();
+        let spent = StepOutcome::TimedOut {
+            error: "spent its timeout on transient faults".into(),
+        };
+
+        // A timed-out reply at the threshold: the undo waits past the attempt's deadline, not
+        // past the reply.
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let mut at = now;
+        let mut deadline = r.complete_by.expect("deadline");
+        while r.process_state != ProcessState::Compensating {
+            if r.process_state == ProcessState::Pending {
+                at = r.complete_by.expect("pickup");
+                apply(&mut r, |r| claim(r, "s", at, &p));
+            }
+            deadline = r.complete_by.expect("deadline");
+            at += p.at(1).step_timeout;
+            let a = r.attempt;
+            apply(&mut r, |r| apply_reply(r, a, 1, false, &spent, at, &p));
+        }
+        assert!(at < deadline, "the reply came before the deadline");
+        assert_eq!(r.undo_after, Some(deadline + p.at(1).undo_wait));
+
+        // A cancel of a step handed back by such a reply: the same.
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let deadline = r.complete_by.expect("deadline");
+        let at = now + p.at(1).step_timeout;
+        apply(&mut r, |r| apply_reply(r, 1, 1, false, &spent, at, &p));
+        assert_eq!(r.process_state, ProcessState::Pending);
+        assert_eq!(r.steps[1].sent_until, Some(deadline));
+        apply(&mut r, |r| cancel(r, &ops(None), at, &p));
+        assert_eq!(r.undo_after, Some(deadline + p.at(1).undo_wait));
+
+        // An operator's compensation of a task that failed so, with compensation off.
+        let manual = with(|p| {
+            p.start_within = Duration::seconds(60);
+            p.auto_compensate = false;
+        });
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &manual);
+        let mut at = now;
+        let mut deadline = r.complete_by.expect("deadline");
+        while r.process_state != ProcessState::Error {
+            if r.process_state == ProcessState::Pending {
+                at = r.complete_by.expect("pickup");
+                apply(&mut r, |r| claim(r, "s", at, &manual));
+            }
+            deadline = r.complete_by.expect("deadline");
+            at += manual.at(1).step_timeout;
+            let a = r.attempt;
+            apply(&mut r, |r| apply_reply(r, a, 1, false, &spent, at, &manual));
+        }
+        assert_eq!(r.steps[1].sent_until, Some(deadline));
+        apply(&mut r, |r| compensate(r, &ops(None), at, &manual));
+        assert_eq!(r.undo_after, Some(deadline + manual.at(1).undo_wait));
     }
 
     /// The loan with `send-contract` (step 2) as a callback step.
