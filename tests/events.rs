@@ -384,6 +384,8 @@ async fn seed_task(system: &System, seed: &Seed) {
         workflow: w.name.clone(),
         workflow_version: w.version,
         input: seed_input(&seed.workflow),
+        input_revision: 0,
+        earlier_inputs: vec![],
         reply_queue_url: None,
         created_at: to_millis(created),
         // The samples' caller (their IAM authorizer context), so they may read it.
@@ -893,7 +895,8 @@ async fn check_message(system: &System, name: &str, body: &str, subject: &Subjec
                 q.reply_queue_url, system.resources.reply_queue_url,
                 "replyQueueUrl"
             );
-            let context = scheduler::mapping_context(&task, &r);
+            let context =
+                scheduler::mapping_context(&task, &r, r.step_index).expect("the step's input");
             assert_eq!(
                 Some(q.input.clone()),
                 step.input.render(&context).ok(),

@@ -11,8 +11,8 @@ use sas::transition::StepOutcome;
 use sas::{ProcessState, StepStatus, TaskId};
 use sas_blackbox::{
     ECOMMERCE, LOAN, actions, assert_valid, aws_system, drain, effects, loan_input,
-    manual_settings, net, operator_call, order_input, pump_until_quiet, state, submit, submit_loan,
-    submit_ok, subscribe, task_items, wait_for_messages,
+    manual_settings, memory_system, net, operator_call, order_input, pump_until_quiet, state,
+    submit, submit_loan, submit_ok, submit_task, subscribe, task_items, wait_for_messages,
 };
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -877,4 +877,104 @@ async fn compensation_from_a_step_and_a_retry_on_a_new_input_keep_their_rules() 
         1,
         "the first order's reservation undone, the second's kept: {inventory:?}"
     );
+}
+
+/// An order whose payment step reads a card the input may lack: without it the step's request
+/// cannot be built and the task waits in Error for an operator's retry on a new input.
+const PATCHED_ORDER: &str = r#"
+name: patched-order
+input:
+  type: object
+  additionalProperties: false
+  required: [customerId, items]
+  properties:
+    customerId: {type: string}
+    items: {type: array}
+    card: {type: string}
+steps:
+  - name: reserve-inventory
+    service: inventory
+    input: {customerId: $.input.customerId, items: $.input.items}
+    undo:
+      action: release-inventory
+      input: {reservation: "$.steps['reserve-inventory'].result.id", items: $.input.items}
+  - name: charge-payment
+    service: payment
+    input: {card: $.input.card}
+"#;
+
+#[tokio::test]
+async fn a_retry_on_a_new_input_leaves_the_steps_that_ran_and_their_undos_on_the_input_they_ran_with()
+ {
+    let mut settings = manual_settings();
+    settings.policy.auto_compensate = false;
+    let system = memory_system(settings).await;
+    system
+        .publish(&[("patched-order.yaml".into(), PATCHED_ORDER.into())])
+        .await
+        .expect("published");
+    let first = json!({"customerId": "c-1", "items": [{"sku": "A", "quantity": 1}]});
+    let id = submit_task(&system, "patched-order", &first).await;
+    pump_until_quiet(&system, 20).await;
+    let r = state(&system, id).await;
+    assert_eq!(
+        (r.process_state, r.current_step()),
+        (ProcessState::Error, Some("charge-payment")),
+        "{r:?}"
+    );
+
+    // The operator fixes the input: another item list, and the card.
+    let second =
+        json!({"customerId": "c-1", "items": [{"sku": "B", "quantity": 9}], "card": "4242"});
+    let (status, body) = operator_call(
+        &system,
+        http::Method::POST,
+        &format!("/tasks/{id}/retry-with-input"),
+        json!({"reason": "card added", "input": second})
+            .to_string()
+            .as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    // The payment service declines: the order is compensated.
+    system.services.get("payment").set_faults(Faults {
+        permanent_rate: 1.0,
+        ..Faults::default()
+    });
+    pump_until_quiet(&system, 20).await;
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Refused, "{r:?}");
+
+    let inventory = system.services.get("inventory").stats().requests;
+    let input_of = |action: &str| {
+        inventory
+            .iter()
+            .find(|a| a.action == action && a.key.starts_with(&id.to_string()))
+            .map(|a| a.input["items"].clone())
+    };
+    assert_eq!(input_of("reserve-inventory"), Some(first["items"].clone()));
+    assert_eq!(
+        input_of("release-inventory"),
+        Some(first["items"].clone()),
+        "the undo releases what the step reserved, not the new input's items"
+    );
+
+    // The operator's view shows both inputs, and each step with the one it ran with.
+    let (status, view) =
+        operator_call(&system, http::Method::GET, &format!("/tasks/{id}"), b"").await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["input"], second, "{view}");
+    assert_eq!(view["inputRevision"], 1, "{view}");
+    assert_eq!(
+        view["earlierInputs"],
+        json!([{"revision": 0, "input": first}]),
+        "{view}"
+    );
+    assert_eq!(view["steps"][0]["inputRevision"], 0, "{view}");
+    assert_eq!(view["steps"][0]["input"]["items"], first["items"], "{view}");
+    assert_eq!(
+        view["steps"][0]["undoInput"]["items"], first["items"],
+        "{view}"
+    );
+    assert_eq!(view["steps"][1]["input"]["card"], "4242", "{view}");
 }

@@ -124,13 +124,15 @@ pub trait StateStore: Send + Sync {
         cap: u64,
     ) -> Result<Count, StoreError>;
     /// Writes `record` under `condition` and, in the same transaction, gives its task the new
-    /// `input` (an operator's retry on a patched input): both or neither. `ConditionFailed`
-    /// when the record's condition does not hold (or the task item is gone).
+    /// input of `task` (an operator's retry on a patched input), with its revision and the
+    /// earlier inputs steps ran with: both or neither. `ConditionFailed` when the record's
+    /// condition does not hold (or the task item is gone, or at another revision than the one
+    /// before `task`'s).
     async fn put_with_input(
         &self,
         record: &StateRecord,
         condition: &Condition,
-        input: &serde_json::Value,
+        task: &Task,
     ) -> Result<(), StoreError>;
     /// Starts the retention clock of a task whose record is final
     /// ([`ProcessState::is_final`]): its items expire (DynamoDB TTL, `ExpiresAt`) the store's

@@ -106,6 +106,8 @@ fn task_of(name: &str, now: chrono::DateTime<Utc>) -> Task {
         workflow: name.to_owned(),
         workflow_version: 1,
         input,
+        input_revision: 0,
+        earlier_inputs: vec![],
         reply_queue_url: Some("http://127.0.0.1:1/queue/replies".into()),
         created_at: to_millis(now),
         caller: Caller::new("arn:aws:iam::123456789012:role/shop").expect("caller"),
@@ -236,17 +238,25 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
         reason: None,
         operator: true,
     };
-    let t = transition::retry_with_input(&failed, &actor, Utc::now(), &uniform(&manual))
+    let t = transition::retry_with_input(&failed, &actor, Utc::now(), &uniform(&manual), 0)
         .expect("retries");
+    let (before, _) = store
+        .get(failed.task_id)
+        .await
+        .expect("read")
+        .expect("found");
     let patched = json!({"customerId": "c-3", "items": [{"sku": "SKU-3", "quantity": 3}]});
+    let changed = before
+        .with_new_input(patched.clone(), &t.record)
+        .expect("fits");
     for _ in 0..2 {
         store
-            .put_with_input(&t.record, &t.condition, &patched)
+            .put_with_input(&t.record, &t.condition, &changed)
             .await
             .expect("applied, or already applied");
     }
-    let mut other = patched.clone();
-    other["customerId"] = json!("c-4");
+    let mut other = changed.clone();
+    other.input["customerId"] = json!("c-4");
     let mut rival = t.record.clone();
     rival.history.pop();
     assert!(is_condition_failed(
@@ -257,7 +267,8 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
         .await
         .expect("read")
         .expect("found");
-    assert_eq!((task.input, record), (patched, t.record));
+    assert_eq!((task.input.clone(), record), (patched, t.record));
+    assert_eq!(task, changed, "the revision and the earlier inputs with it");
 }
 
 /// `put_with_input`: the task's input and its record change together, under the record's
@@ -274,8 +285,16 @@ async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore)
         reason: Some("new address".into()),
         operator: true,
     };
-    let t = transition::retry_with_input(&failed, &actor, Utc::now(), &p).expect("retries");
-    let patched = json!({"customerId": "c-2", "items": [{"sku": "SKU-9", "quantity": 1}]});
+    let t = transition::retry_with_input(&failed, &actor, Utc::now(), &p, 0).expect("retries");
+    let (before, _) = store
+        .get(failed.task_id)
+        .await
+        .expect("read")
+        .expect("found");
+    let input = json!({"customerId": "c-2", "items": [{"sku": "SKU-9", "quantity": 1}]});
+    let patched = before
+        .with_new_input(input.clone(), &t.record)
+        .expect("fits");
     // A stale condition: nothing changes.
     let mut stale = t.clone();
     stale.condition = sas::domain::Condition::Matches {
@@ -292,8 +311,26 @@ async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore)
         .await
         .expect("read")
         .expect("found");
-    assert_ne!(task.input, patched);
+    assert_ne!(task.input, input);
     assert_eq!(record, failed);
+    // A task at another revision than the one before: nothing changes either.
+    let skipped = sas::domain::Task {
+        input_revision: patched.input_revision + 1,
+        ..patched.clone()
+    };
+    assert!(is_condition_failed(
+        store
+            .put_with_input(&t.record, &t.condition, &skipped)
+            .await
+    ));
+    assert_eq!(
+        store
+            .get(failed.task_id)
+            .await
+            .expect("read")
+            .map(|(t, _)| t),
+        Some(before.clone())
+    );
     // The condition holds: both change.
     store
         .put_with_input(&t.record, &t.condition, &patched)
@@ -304,7 +341,9 @@ async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore)
         .await
         .expect("read")
         .expect("found");
-    assert_eq!((task.input, record), (patched.clone(), t.record.clone()));
+    assert_eq!((task.clone(), record), (patched.clone(), t.record.clone()));
+    // The first step failed: no step ran on the submitted input, which is not kept.
+    assert_eq!((task.input_revision, task.earlier_inputs.len()), (1, 0));
     // A task that does not exist: refused, nothing written.
     let mut ghost = t.record.clone();
     ghost.task_id = TaskId::new_random();

@@ -355,11 +355,11 @@ impl StateStore for CountingStore {
         &self,
         record: &StateRecord,
         condition: &sas::domain::Condition,
-        input: &serde_json::Value,
+        task: &Task,
     ) -> Result<(), StoreError> {
         self.meter
             .call("DynamoDB TransactWriteItems (input + state)");
-        self.inner.put_with_input(record, condition, input).await
+        self.inner.put_with_input(record, condition, task).await
     }
     async fn count(
         &self,

@@ -500,16 +500,16 @@ impl StateStore for ChaosStore {
         &self,
         record: &StateRecord,
         condition: &sas::domain::Condition,
-        input: &serde_json::Value,
+        task: &Task,
     ) -> Result<(), StoreError> {
         let subject = record.task_id.to_string();
         if self.chaos.throttle("put_with_input", &subject) {
             return Err(StoreError::Unavailable(throttled("put_with_input")));
         }
-        self.inner.put_with_input(record, condition, input).await?;
+        self.inner.put_with_input(record, condition, task).await?;
         self.chaos.recorder.applied(record);
         if self.chaos.lose_response("put_with_input", &subject) {
-            let again = self.inner.put_with_input(record, condition, input).await;
+            let again = self.inner.put_with_input(record, condition, task).await;
             self.after_retry("put_with_input", record, &again).await;
             again?;
         }

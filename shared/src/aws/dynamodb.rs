@@ -194,7 +194,18 @@ fn task_item(t: &Task, caller_shards: u32) -> Item {
     if let Some(u) = &t.reply_queue_url {
         item.insert("ReplyQueueUrl".to_owned(), s(u));
     }
+    if t.input_revision > 0 {
+        item.insert("InputRevision".to_owned(), n(t.input_revision));
+    }
+    if !t.earlier_inputs.is_empty() {
+        item.insert("EarlierInputs".to_owned(), s(earlier_inputs(t)));
+    }
     item
+}
+
+/// A task's earlier inputs as stored (`EarlierInputs`, a JSON array).
+fn earlier_inputs(t: &Task) -> String {
+    serde_json::to_string(&t.earlier_inputs).unwrap_or_else(|_| "[]".into())
 }
 
 fn parse_task(item: &Item) -> Result<Task, StoreError> {
@@ -206,6 +217,12 @@ fn parse_task(item: &Item) -> Result<Task, StoreError> {
         workflow_version: get_n(item, "WorkflowVersion")?,
         input: serde_json::from_str(get_s(item, "Input")?)
             .map_err(|e| corrupt(format!("Input is not JSON: {e}")))?,
+        input_revision: opt_n(item, "InputRevision")?.unwrap_or(0),
+        earlier_inputs: match opt_s(item, "EarlierInputs") {
+            Some(json) => serde_json::from_str(&json)
+                .map_err(|e| corrupt(format!("EarlierInputs is not a list of inputs: {e}")))?,
+            None => vec![],
+        },
         reply_queue_url: opt_s(item, "ReplyQueueUrl"),
         created_at: time(get_n(item, "CreatedAt")?)?,
         // Tasks stored before callers were recorded belong to the anonymous caller.
@@ -327,6 +344,9 @@ fn steps_list(r: &StateRecord) -> AttributeValue {
             }
             if let Some(t) = st.sent_until {
                 m.insert("SentUntil".to_owned(), ms(t));
+            }
+            if let Some(r) = st.input_revision {
+                m.insert("InputRevision".to_owned(), n(r));
             }
             AttributeValue::M(m)
         })
@@ -523,6 +543,7 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
                     undo_generation: opt_n(m, "UndoGeneration")?.unwrap_or(0),
                     waiting_until: opt_n(m, "WaitingUntil")?.map(time).transpose()?,
                     sent_until: opt_n(m, "SentUntil")?.map(time).transpose()?,
+                    input_revision: opt_n(m, "InputRevision")?,
                 }),
                 _ => Err(corrupt("Steps holds a non-map")),
             })
@@ -941,22 +962,40 @@ impl StateStore for DynamoStore {
         &self,
         record: &StateRecord,
         condition: &Condition,
-        input: &serde_json::Value,
+        task: &Task,
     ) -> Result<(), StoreError> {
-        // One transaction: the task's new input (condition: the task item exists - keeps "an
-        // input is replaced, never created") and the record under its own condition (keeps
-        // whatever invariant the transition's condition names). Both or neither.
+        // One transaction: the task's new input, its revision and the earlier inputs steps ran
+        // with (condition: the task item exists at the revision before - keeps "an input is
+        // replaced, never created, and each revision follows the one it replaces") and the
+        // record under its own condition (keeps whatever invariant the transition's condition
+        // names). Both or neither.
         let e = condition_expr(condition);
-        let update = aws_sdk_dynamodb::types::Update::builder()
+        let (set, was) = match task.input_revision.checked_sub(1) {
+            Some(0) | None => ("attribute_exists(pk) AND attribute_not_exists(#rev)", None),
+            Some(prev) => ("attribute_exists(pk) AND #rev = :prev", Some(prev)),
+        };
+        let mut update = aws_sdk_dynamodb::types::Update::builder()
             .table_name(&self.table)
             .key("pk", s(task_pk(&record.task_id)))
             .key("sk", s("TASK"))
-            .update_expression("SET #input = :input")
-            .condition_expression("attribute_exists(pk)")
+            .condition_expression(set)
             .expression_attribute_names("#input", "Input")
-            .expression_attribute_values(":input", s(input.to_string()))
-            .build()
-            .map_err(build_err)?;
+            .expression_attribute_names("#rev", "InputRevision")
+            .expression_attribute_names("#earlier", "EarlierInputs")
+            .expression_attribute_values(":input", s(task.input.to_string()))
+            .expression_attribute_values(":rev", n(task.input_revision));
+        if let Some(prev) = was {
+            update = update.expression_attribute_values(":prev", n(prev));
+        }
+        let update = if task.earlier_inputs.is_empty() {
+            update.update_expression("SET #input = :input, #rev = :rev REMOVE #earlier")
+        } else {
+            update
+                .update_expression("SET #input = :input, #rev = :rev, #earlier = :earlier")
+                .expression_attribute_values(":earlier", s(earlier_inputs(task)))
+        }
+        .build()
+        .map_err(build_err)?;
         let mut item = state_item(record, self.shards);
         if let Some(at) = self.expiry(record) {
             item.insert("ExpiresAt".to_owned(), n(at));
@@ -1835,6 +1874,8 @@ mod tests {
             workflow: r.workflow.clone(),
             workflow_version: 1,
             input: serde_json::json!({"amount": 12.5, "nested": {"a": [1, null]}}),
+            input_revision: 0,
+            earlier_inputs: vec![],
             reply_queue_url: None,
             created_at: now,
             caller: Caller::new("arn:aws:iam::123456789012:role/shop").expect("caller"),

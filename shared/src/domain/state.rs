@@ -211,6 +211,11 @@ pub struct StepState {
     /// step out again needs none: its new deadline is later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sent_until: Option<DateTime<Utc>>,
+    /// The revision of the task's input the step ran with, once an operator's retry replaced
+    /// that input (`None`: the task's current input). The step's view and its undo read that
+    /// input, not the new one: the undo reverses what the step did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_revision: Option<u32>,
 }
 
 impl StepState {
@@ -228,6 +233,7 @@ impl StepState {
             undo_generation: 0,
             waiting_until: None,
             sent_until: None,
+            input_revision: None,
         }
     }
 

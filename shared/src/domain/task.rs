@@ -169,8 +169,19 @@ pub struct Task {
     pub id: TaskId,
     pub workflow: String,
     pub workflow_version: u32,
-    /// The input, as the workflow's input schema accepted it.
+    /// The input, as the workflow's input schema accepted it: the submitted one, or the one
+    /// an operator's retry on a new input gave it.
     pub input: serde_json::Value,
+    /// How many times an operator's retry replaced the input (0: the submitted one).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub input_revision: u32,
+    /// The inputs replaced since that steps ran with: each such step, and its undo, keeps
+    /// reading the input it ran with (see [`StepState::input_revision`]). Only revisions a step
+    /// names are kept.
+    ///
+    /// [`StepState::input_revision`]: super::state::StepState::input_revision
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier_inputs: Vec<EarlierInput>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_queue_url: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -178,9 +189,128 @@ pub struct Task {
     pub caller: super::Caller,
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// An input a task had before an operator's retry replaced it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EarlierInput {
+    pub revision: u32,
+    pub input: serde_json::Value,
+}
+
+/// The most the inputs a task keeps for steps that ran with them may take together
+/// (serialized JSON): two full inputs, so the task's item stays far below DynamoDB's 400 KB.
+pub const MAX_EARLIER_INPUTS_BYTES: usize = 2 * MAX_INPUT_BYTES;
+
+impl Task {
+    /// The input of `revision` (`None`: the current one), if the task still has it.
+    pub fn input_of(&self, revision: Option<u32>) -> Option<&serde_json::Value> {
+        match revision {
+            None => Some(&self.input),
+            Some(r) if r == self.input_revision => Some(&self.input),
+            Some(r) => self
+                .earlier_inputs
+                .iter()
+                .find(|e| e.revision == r)
+                .map(|e| &e.input),
+        }
+    }
+
+    /// The task once an operator's retry replaced its input with `input`, the steps of
+    /// `record` (as the retry leaves them) naming the revisions they ran with: the replaced
+    /// input is kept if a step names it, and any earlier input no step names is dropped.
+    /// `Err` with the bytes the kept inputs would take when that is over
+    /// [`MAX_EARLIER_INPUTS_BYTES`].
+    pub fn with_new_input(
+        &self,
+        input: serde_json::Value,
+        record: &super::StateRecord,
+    ) -> Result<Task, usize> {
+        let named = |r: u32| record.steps.iter().any(|s| s.input_revision == Some(r));
+        let mut earlier: Vec<EarlierInput> = self
+            .earlier_inputs
+            .iter()
+            .filter(|e| named(e.revision))
+            .cloned()
+            .collect();
+        if named(self.input_revision) {
+            earlier.push(EarlierInput {
+                revision: self.input_revision,
+                input: self.input.clone(),
+            });
+        }
+        let bytes: usize = earlier.iter().map(|e| e.input.to_string().len()).sum();
+        if bytes > MAX_EARLIER_INPUTS_BYTES {
+            return Err(bytes);
+        }
+        Ok(Task {
+            input,
+            input_revision: self.input_revision + 1,
+            earlier_inputs: earlier,
+            ..self.clone()
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_input_keeps_the_inputs_steps_ran_with_and_drops_the_rest() {
+        let w = super::super::workflow::examples::ecommerce_order(&Default::default());
+        let now = Utc::now();
+        let task = Task {
+            id: TaskId::new_random(),
+            workflow: w.name.clone(),
+            workflow_version: w.version,
+            input: serde_json::json!({"items": ["A"]}),
+            input_revision: 0,
+            earlier_inputs: vec![],
+            reply_queue_url: None,
+            created_at: now,
+            caller: super::super::Caller::anonymous(),
+        };
+        let mut r = super::super::StateRecord::new(task.id, &w, None, now, now);
+        // Nothing ran on the first input: it is not kept.
+        let second = task
+            .with_new_input(serde_json::json!({"items": ["B"]}), &r)
+            .expect("fits");
+        assert_eq!(second.input_revision, 1);
+        assert!(second.earlier_inputs.is_empty());
+        // The first step ran on the second input: kept, and found by its revision.
+        r.steps[0].input_revision = Some(1);
+        let third = second
+            .with_new_input(serde_json::json!({"items": ["C"]}), &r)
+            .expect("fits");
+        assert_eq!(third.input_revision, 2);
+        assert_eq!(
+            third.input_of(Some(1)),
+            Some(&serde_json::json!({"items": ["B"]}))
+        );
+        assert_eq!(
+            third.input_of(None),
+            Some(&serde_json::json!({"items": ["C"]}))
+        );
+        assert_eq!(third.input_of(Some(2)), third.input_of(None));
+        assert_eq!(third.input_of(Some(0)), None, "never named: dropped");
+        // Over the bound: refused with the bytes it would take.
+        let big = serde_json::json!({"blob": "x".repeat(MAX_INPUT_BYTES)});
+        let mut r2 = r.clone();
+        r2.steps[1].input_revision = Some(2);
+        let heavy = Task {
+            input: big.clone(),
+            earlier_inputs: vec![EarlierInput {
+                revision: 1,
+                input: big.clone(),
+            }],
+            ..third.clone()
+        };
+        assert!(heavy.with_new_input(serde_json::json!({}), &r2).is_err());
+    }
 
     #[test]
     fn task_id_parses_only_uuids() {

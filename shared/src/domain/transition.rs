@@ -1561,7 +1561,9 @@ pub fn compensate_from(
 /// An operator retries an Error task's failed step with a new task input (the caller writes
 /// the input with the record, in one transaction). Only a step that surely did not take effect
 /// (refused, or never sent) may run on a new input: its key's generation moves on, since a
-/// service must not see one key with two bodies.
+/// service must not see one key with two bodies. The steps before it ran on the task's input
+/// of `input_revision` (or an earlier one they name already): they name it, so their views and
+/// their undos keep reading what they ran with.
 ///
 /// Condition: same state (at the version read), as [`retry`].
 pub fn retry_with_input(
@@ -1569,6 +1571,7 @@ pub fn retry_with_input(
     actor: &Actor,
     now: DateTime<Utc>,
     p: &Policies,
+    input_revision: u32,
 ) -> Result<Transition, Rejection> {
     let i = r.step_index;
     let Some(step) = r
@@ -1583,6 +1586,10 @@ pub fn retry_with_input(
     }
     // A refused step gets its new key from `retry`; one never sent never used its key.
     let mut t = retry(r, actor, now, p)?;
+    for s in t.record.steps[..i].iter_mut().filter(|s| s.sent) {
+        s.input_revision.get_or_insert(input_revision);
+    }
+    t.record.steps[i].input_revision = None;
     if let Some(h) = t.record.history.last_mut() {
         h.reason = actor.line("retry with a new input");
     }
@@ -2269,13 +2276,27 @@ mod tests {
         run_to(&mut r, 1, now, &p);
         apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
         let t = apply(&mut r, |r| {
-            retry_with_input(r, &ops(Some("card number fixed")), now, &p)
+            retry_with_input(r, &ops(Some("card number fixed")), now, &p, 0)
         });
         assert_eq!(t.record.process_state, ProcessState::Pending);
         assert_eq!(r.steps[1].generation, 1, "a new key for the new body");
         assert_eq!(
             r.history.last().map(|h| h.reason.as_str()),
             Some("operator retry with a new input: card number fixed")
+        );
+        assert_eq!(
+            (r.steps[0].input_revision, r.steps[1].input_revision),
+            (Some(0), None),
+            "the step that ran keeps the input it ran with; the retried one takes the new"
+        );
+        // Refused again, retried on a third input: the first step still names the first.
+        apply(&mut r, |r| claim(r, "s", now, &p));
+        let a = r.attempt;
+        apply(&mut r, |r| apply_reply(r, a, 1, false, &refused(), now, &p));
+        apply(&mut r, |r| retry_with_input(r, &ops(None), now, &p, 1));
+        assert_eq!(
+            (r.steps[0].input_revision, r.steps[1].input_revision),
+            (Some(0), None)
         );
         // A step that timed out may have taken effect under its key: no new body for it.
         let mut late = fresh(now);
@@ -2291,7 +2312,7 @@ mod tests {
         }
         assert_eq!(late.process_state, ProcessState::Error);
         assert_eq!(
-            retry_with_input(&late, &ops(None), t, &p).err(),
+            retry_with_input(&late, &ops(None), t, &p, 0).err(),
             Some(Rejection::MayHaveTakenEffect("reserve-inventory".into()))
         );
     }

@@ -266,13 +266,17 @@ async fn run(
     .await
 }
 
-/// The context input mappings read: `{task: {id, workflow, version}, input, steps}`.
-pub fn mapping_context(task: &Task, record: &StateRecord) -> serde_json::Value {
-    serde_json::json!({
+/// The context the input mappings of step `i` (and of its undo) read: `{task: {id, workflow,
+/// version}, input, steps}`, where `input` is the task's input the step ran with (see
+/// [`crate::domain::state::StepState::input_revision`]). `None` if the task no longer has that
+/// input (a broken invariant).
+pub fn mapping_context(task: &Task, record: &StateRecord, i: usize) -> Option<serde_json::Value> {
+    let revision = record.steps.get(i).and_then(|s| s.input_revision);
+    Some(serde_json::json!({
         "task": {"id": task.id, "workflow": task.workflow, "version": task.workflow_version},
-        "input": task.input,
+        "input": task.input_of(revision)?,
         "steps": record.results(),
-    })
+    }))
 }
 
 /// Sends the request for the record's current step, or for its undo while Compensating. Its
@@ -314,7 +318,12 @@ async fn send_step_request(
         }
         (_, false) => (step.action.clone(), forward_key, &step.input, None),
     };
-    let context = mapping_context(task, record);
+    let context = mapping_context(task, record, i).ok_or_else(|| {
+        HandlerError::Poison(format!(
+            "the input step {} ran with (revision {:?}) is not kept",
+            step.name, state.input_revision
+        ))
+    })?;
     // The undo of a step whose outcome is unknown (timed out, cancelled while out, or faulted)
     // has no result of the step to read: its mapping gets `null` there, and the service finds
     // the step by the key it undoes.

@@ -458,6 +458,8 @@ async fn submit(
         workflow: workflow.name.clone(),
         workflow_version: workflow.version,
         input,
+        input_revision: 0,
+        earlier_inputs: vec![],
         reply_queue_url,
         created_at: crate::domain::state::to_millis(now),
         caller: caller.clone(),
@@ -940,7 +942,9 @@ async fn operate(
     };
     let t: Result<Transition, Rejection> = match action {
         "retry" => transition::retry(&record, &actor, now, &policies),
-        "retry-with-input" => transition::retry_with_input(&record, &actor, now, &policies),
+        "retry-with-input" => {
+            transition::retry_with_input(&record, &actor, now, &policies, task.input_revision)
+        }
         "compensate-from" => {
             transition::compensate_from(&record, &actor, now, &policies, from.unwrap_or_default())
         }
@@ -953,18 +957,34 @@ async fn operate(
         Ok(t) => t,
         Err(why) => return conflict(&record, why.to_string()),
     };
-    let written = match &new_input {
+    let task = match new_input {
+        Some(input) => match task.with_new_input(input, &t.record) {
+            Ok(changed) => Some(changed),
+            Err(bytes) => {
+                return conflict(
+                    &record,
+                    format!(
+                        "too_many_inputs: the inputs this task's steps ran with would take {bytes} bytes (at most {}): resolve or compensate it instead",
+                        crate::domain::task::MAX_EARLIER_INPUTS_BYTES
+                    ),
+                );
+            }
+        },
+        None => None,
+    }
+    .ok_or(task);
+    let written = match &task {
         // The input and the record in one transaction, the record under its condition.
-        Some(input) => match deps
+        Ok(changed) => match deps
             .store
-            .put_with_input(&t.record, &t.condition, input)
+            .put_with_input(&t.record, &t.condition, changed)
             .await
         {
             Ok(()) => Ok(true),
             Err(crate::ports::StoreError::ConditionFailed) => Ok(false),
             Err(e) => Err(e),
         },
-        None => write(deps.store.as_ref(), &t).await.map_err(|e| match e {
+        Err(_) => write(deps.store.as_ref(), &t).await.map_err(|e| match e {
             super::HandlerError::Store(e) => e,
             other => crate::ports::StoreError::Unavailable(other.to_string()),
         }),
@@ -979,10 +999,7 @@ async fn operate(
         }
         Err(e) => return unavailable(e),
     }
-    let task = match new_input {
-        Some(input) => Task { input, ..task },
-        None => task,
-    };
+    let task = task.unwrap_or_else(|unchanged| unchanged);
     super::count_outcome(&deps.metrics, record.process_state, &t);
     tracing::Span::current().record("attempt", t.record.attempt);
     info!(from = %record.process_state, to = %t.record.process_state, by = %actor.by, "action applied");
@@ -1049,6 +1066,8 @@ pub fn caller_view(task: &Task, r: &StateRecord, public_errors: bool) -> Value {
         "workflow": task.workflow,
         "workflowVersion": task.workflow_version,
         "input": task.input,
+        "inputRevision": task.input_revision,
+        "earlierInputs": task.earlier_inputs,
         "replyQueueUrl": task.reply_queue_url,
         "processState": r.process_state,
         "currentStep": r.current_step(),
@@ -1070,7 +1089,6 @@ pub fn caller_view(task: &Task, r: &StateRecord, public_errors: bool) -> Value {
 /// its request was (or would be) built from, and its undo's once compensation reached it:
 /// rendered from the task's input and the results so far, as the scheduler does.
 pub fn task_view(task: &Task, r: &StateRecord, workflow: Option<&crate::Workflow>) -> Value {
-    let context = super::scheduler::mapping_context(task, r);
     let steps: Vec<Value> = r
         .steps
         .iter()
@@ -1081,6 +1099,9 @@ pub fn task_view(task: &Task, r: &StateRecord, workflow: Option<&crate::Workflow
                 v["result"] = serde_json::from_str(result).unwrap_or(Value::String(result.clone()));
             }
             if let Some(step) = workflow.and_then(|w| w.step(i)) {
+                // The input this step ran with (or will run with): the view shows what its
+                // request and its undo's were built from.
+                let context = super::scheduler::mapping_context(task, r, i).unwrap_or(Value::Null);
                 v["service"] = json!(step.service);
                 v["action"] = json!(step.action);
                 let reached = i <= r.step_index || st.status != StepStatus::Pending;
@@ -1101,6 +1122,8 @@ pub fn task_view(task: &Task, r: &StateRecord, workflow: Option<&crate::Workflow
         "workflowVersion": task.workflow_version,
         "caller": task.caller,
         "input": task.input,
+        "inputRevision": task.input_revision,
+        "earlierInputs": task.earlier_inputs,
         "replyQueueUrl": task.reply_queue_url,
         "processState": r.process_state,
         "lockedBy": r.locked_by,
@@ -1460,6 +1483,8 @@ mod tests {
             workflow: w.name.clone(),
             workflow_version: w.version,
             input: json!({"customerId": "c"}),
+            input_revision: 0,
+            earlier_inputs: vec![],
             reply_queue_url: None,
             created_at: now,
             caller: Caller::new("alice").expect("caller"),

@@ -287,26 +287,28 @@ impl StateStore for MemoryStore {
         &self,
         record: &StateRecord,
         condition: &Condition,
-        input: &serde_json::Value,
+        task: &Task,
     ) -> Result<(), StoreError> {
         let mut inner = self.lock()?;
-        if !inner.tasks.contains_key(&record.task_id)
-            || !condition.holds(inner.states.get(&record.task_id))
-        {
+        // As the DynamoDB store: the task at the revision before, and the record's condition.
+        let follows = inner
+            .tasks
+            .get(&record.task_id)
+            .is_some_and(|t| t.input_revision + 1 == task.input_revision);
+        if !follows || !condition.holds(inner.states.get(&record.task_id)) {
             // The read-back (see `put`): the record already is this one, input and all.
             let applied = inner.states.get(&record.task_id) == Some(record)
-                && inner
-                    .tasks
-                    .get(&record.task_id)
-                    .is_some_and(|t| &t.input == input);
+                && inner.tasks.get(&record.task_id) == Some(task);
             return if applied {
                 Ok(())
             } else {
                 Err(StoreError::ConditionFailed)
             };
         }
-        if let Some(task) = inner.tasks.get_mut(&record.task_id) {
-            task.input = input.clone();
+        if let Some(stored) = inner.tasks.get_mut(&record.task_id) {
+            stored.input = task.input.clone();
+            stored.input_revision = task.input_revision;
+            stored.earlier_inputs = task.earlier_inputs.clone();
         }
         inner.write(record, self.index_lag);
         Ok(())
