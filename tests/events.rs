@@ -899,7 +899,9 @@ async fn check_message(system: &System, name: &str, body: &str, subject: &Subjec
                 scheduler::mapping_context(&task, &r, r.step_index).expect("the step's input");
             assert_eq!(
                 Some(q.input.clone()),
-                step.input.render(&context).ok(),
+                step.input
+                    .render(&context, sas::domain::task::MAX_REQUEST_BYTES)
+                    .ok(),
                 "the input is what the step's mapping builds"
             );
         }

@@ -342,6 +342,11 @@ async fn bad_definitions_and_inputs_name_the_place(system: &System, base: &str) 
     let mut duplicate = claim_workflow("bad");
     duplicate["steps"][2]["name"] = json!("open-claim");
     cases.push((duplicate, "/steps/2/name", "declared twice"));
+    // Thousands of references to the input would make every render (and every operator read)
+    // build megabytes: a mapping holds a bounded number of queries.
+    let mut blow_up = claim_workflow("bad");
+    blow_up["steps"][1]["input"]["x"] = json!(vec!["$.input"; 300]);
+    cases.push((blow_up, "/steps/1/input", "at most 256"));
     for (definition, at, words) in cases {
         let (status, body) = put(
             &http,

@@ -26,12 +26,66 @@ pub enum Mapping {
     Array(Vec<Mapping>),
 }
 
-/// A mapping that cannot be evaluated on a task: it selected nothing.
+/// A mapping that cannot be evaluated on a task.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("input_mapping_failed: {query} (at {at}) selects nothing")]
-pub struct MappingError {
-    pub at: String,
-    pub query: String,
+pub enum MappingError {
+    /// A query selected nothing.
+    #[error("input_mapping_failed: {query} (at {at}) selects nothing")]
+    SelectsNothing { at: String, query: String },
+    /// The body would be larger than `limit` bytes (serialized JSON): rendering stopped there,
+    /// so a mapping that repeats a large value many times costs at most that much.
+    #[error("request_too_large: the mapped input is over {limit} bytes")]
+    TooLarge { limit: usize },
+}
+
+/// The most queries one mapping (a step's input, or its undo's) may hold: with the size bound
+/// on rendering, what a definition can make every render cost.
+pub const MAX_QUERIES: usize = 256;
+
+/// Counts the bytes written, and fails once they pass `cap`: measures a value's JSON size
+/// without writing it, and without reading past the cap.
+struct Meter {
+    bytes: usize,
+    cap: usize,
+}
+
+impl std::io::Write for Meter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.bytes += buf.len();
+        if self.bytes > self.cap {
+            Err(std::io::Error::other("over the cap"))
+        } else {
+            Ok(buf.len())
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The serialized size of `v` if it is at most `cap` bytes.
+fn json_len(v: &Value, cap: usize) -> Option<usize> {
+    let mut meter = Meter { bytes: 0, cap };
+    serde_json::to_writer(&mut meter, v)
+        .ok()
+        .map(|()| meter.bytes)
+}
+
+/// What is left of a render's byte budget.
+struct Budget {
+    left: usize,
+    limit: usize,
+}
+
+impl Budget {
+    /// Takes the size of `v` (plus `extra` bytes of punctuation and key) from the budget.
+    fn take(&mut self, v: &Value, extra: usize) -> Result<(), MappingError> {
+        let too_large = MappingError::TooLarge { limit: self.limit };
+        let cap = self.left.checked_sub(extra).ok_or(too_large.clone())?;
+        let n = json_len(v, cap).ok_or(too_large)?;
+        self.left -= n + extra;
+        Ok(())
+    }
 }
 
 fn escape_pointer(key: &str) -> String {
@@ -164,33 +218,60 @@ impl Mapping {
         }
     }
 
-    /// Builds the value on `context`. A query that selects nothing is an error (a step's
-    /// result lacks a field the mapping needs), never a silent `null`.
-    pub fn render(&self, context: &Value) -> Result<Value, MappingError> {
-        self.render_at(context, "", false)
+    /// How many queries the mapping holds.
+    pub fn queries(&self) -> usize {
+        match self {
+            Self::Literal(_) => 0,
+            Self::Query { .. } => 1,
+            Self::Object(fields) => fields.iter().map(|(_, m)| m.queries()).sum(),
+            Self::Array(items) => items.iter().map(Mapping::queries).sum(),
+        }
     }
 
-    /// Builds the value on `context`, with `null` wherever a query selects nothing. For the
-    /// undo of a step whose outcome is unknown (it timed out, was cancelled while it ran, or its
-    /// answer could not be kept): the step may have taken effect but its result was never
-    /// kept, and the service finds the step by the key it undoes (`Sas-Undoes`).
-    pub fn render_lenient(&self, context: &Value) -> Value {
-        self.render_at(context, "", true).unwrap_or(Value::Null)
+    /// Builds the value on `context`, at most `limit` bytes of it (serialized JSON). A query
+    /// that selects nothing is an error (a step's result lacks a field the mapping needs),
+    /// never a silent `null`.
+    pub fn render(&self, context: &Value, limit: usize) -> Result<Value, MappingError> {
+        let mut budget = Budget { left: limit, limit };
+        self.render_at(context, "", false, &mut budget)
     }
 
-    fn render_at(&self, context: &Value, at: &str, lenient: bool) -> Result<Value, MappingError> {
+    /// Builds the value on `context` (at most `limit` bytes of it), with `null` wherever a
+    /// query selects nothing. For the undo of a step whose outcome is unknown (it timed out,
+    /// was cancelled while it ran, or its answer could not be kept): the step may have taken
+    /// effect but its result was never kept, and the service finds the step by the key it
+    /// undoes (`Sas-Undoes`). Fails only with [`MappingError::TooLarge`].
+    pub fn render_lenient(&self, context: &Value, limit: usize) -> Result<Value, MappingError> {
+        let mut budget = Budget { left: limit, limit };
+        self.render_at(context, "", true, &mut budget)
+    }
+
+    fn render_at(
+        &self,
+        context: &Value,
+        at: &str,
+        lenient: bool,
+        budget: &mut Budget,
+    ) -> Result<Value, MappingError> {
         Ok(match self {
-            Self::Literal(v) => v.clone(),
+            Self::Literal(v) => {
+                budget.take(v, 0)?;
+                v.clone()
+            }
             Self::Query { source, query } => {
                 let found = jsonpath_rust::query::js_path_process(query, context)
                     .ok()
                     .and_then(|refs| refs.into_iter().next())
-                    .map(|r| r.val.clone());
+                    .map(|r| r.val);
                 match found {
-                    Some(v) => v,
+                    Some(v) => {
+                        // Measured before it is copied: a copy is what could blow up.
+                        budget.take(v, 0)?;
+                        v.clone()
+                    }
                     None if lenient => Value::Null,
                     None => {
-                        return Err(MappingError {
+                        return Err(MappingError::SelectsNothing {
                             at: if at.is_empty() { "/".into() } else { at.into() },
                             query: source.clone(),
                         });
@@ -200,8 +281,10 @@ impl Mapping {
             Self::Object(fields) => {
                 let mut out = Map::new();
                 for (k, m) in fields {
+                    // The key, its quotes, the colon and a comma.
+                    budget.take(&Value::Null, k.len().saturating_sub(1))?;
                     let here = format!("{at}/{}", escape_pointer(k));
-                    out.insert(k.clone(), m.render_at(context, &here, lenient)?);
+                    out.insert(k.clone(), m.render_at(context, &here, lenient, budget)?);
                 }
                 Value::Object(out)
             }
@@ -209,7 +292,7 @@ impl Mapping {
                 items
                     .iter()
                     .enumerate()
-                    .map(|(i, m)| m.render_at(context, &format!("{at}/{i}"), lenient))
+                    .map(|(i, m)| m.render_at(context, &format!("{at}/{i}"), lenient, budget))
                     .collect::<Result<_, _>>()?,
             ),
         })
@@ -253,7 +336,7 @@ mod tests {
             "steps": {"check-credit": {"result": {"score": 710}}}
         });
         assert_eq!(
-            m.render(&ctx).expect("renders"),
+            m.render(&ctx, 1 << 20).expect("renders"),
             json!({"amount": 12, "score": 710, "first": "A", "task": "t-1",
                    "fixed": {"channel": "web", "tags": ["a", 1, null]}, "dollar": "$5"})
         );
@@ -262,12 +345,54 @@ mod tests {
     #[test]
     fn a_query_that_selects_nothing_is_an_error_naming_its_place() {
         let m = compile(json!({"a": {"b": "$.input.missing"}}), &[], None).expect("compiles");
-        let err = m.render(&json!({"input": {}})).expect_err("nothing there");
-        assert_eq!(err.at, "/a/b");
-        assert_eq!(err.query, "$.input.missing");
+        let err = m
+            .render(&json!({"input": {}}), 1 << 20)
+            .expect_err("nothing there");
         assert_eq!(
-            m.render_lenient(&json!({"input": {}})),
-            json!({"a": {"b": null}})
+            err,
+            MappingError::SelectsNothing {
+                at: "/a/b".into(),
+                query: "$.input.missing".into()
+            }
+        );
+        assert_eq!(
+            m.render_lenient(&json!({"input": {}}), 1 << 20),
+            Ok(json!({"a": {"b": null}}))
+        );
+    }
+
+    #[test]
+    fn rendering_stops_at_its_byte_limit_before_copying_more() {
+        // A thousand references to a 64 KiB input would build 64 MB: it stops at the limit.
+        let refs: Vec<Value> = (0..1000).map(|_| json!("$.input")).collect();
+        let m = compile(Value::Array(refs), &[], None).expect("compiles");
+        assert_eq!(m.queries(), 1000);
+        let ctx = json!({"input": "x".repeat(64 * 1024)});
+        let limit = 192 * 1024;
+        assert_eq!(m.render(&ctx, limit), Err(MappingError::TooLarge { limit }));
+        assert_eq!(
+            m.render_lenient(&ctx, limit),
+            Err(MappingError::TooLarge { limit })
+        );
+        // Within the limit it renders whole, and the budget is close to the real size.
+        let small = json!({"input": "x".repeat(100)});
+        let body = m.render(&small, limit).expect("fits");
+        let size = body.to_string().len();
+        assert!(size <= limit, "{size}");
+        let tight = compile(json!({"key": "$.input", "list": ["$.input", 1]}), &[], None)
+            .expect("compiles");
+        let exact = tight
+            .render(&small, 1 << 20)
+            .expect("renders")
+            .to_string()
+            .len();
+        assert!(
+            tight.render(&small, exact).is_ok(),
+            "the budget does not overcount"
+        );
+        assert!(
+            tight.render(&small, exact - 150).is_err(),
+            "nor undercount by more than punctuation"
         );
     }
 

@@ -955,6 +955,18 @@ impl WorkflowDoc {
                 });
             }
             let earlier: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+            let too_many = |m: &Mapping, at: String, problems: &mut Vec<Problem>| {
+                if m.queries() > super::mapping::MAX_QUERIES {
+                    problems.push(Problem {
+                        at,
+                        message: format!(
+                            "{} queries: a mapping holds at most {}",
+                            m.queries(),
+                            super::mapping::MAX_QUERIES
+                        ),
+                    });
+                }
+            };
             let input = Mapping::compile(
                 s.input
                     .clone()
@@ -980,6 +992,10 @@ impl WorkflowDoc {
                     &mut problems,
                 ),
             });
+            too_many(&input, format!("{at}/input"), &mut problems);
+            if let Some(u) = &undo {
+                too_many(&u.input, format!("{at}/undo/input"), &mut problems);
+            }
             let mut step_policy = base.clone();
             apply_settings(
                 &mut step_policy,

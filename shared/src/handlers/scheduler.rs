@@ -327,10 +327,12 @@ async fn send_step_request(
     // The undo of a step whose outcome is unknown (timed out, cancelled while out, or faulted)
     // has no result of the step to read: its mapping gets `null` there, and the service finds
     // the step by the key it undoes.
+    // Rendering stops at the size limit: a mapping repeating a large input cannot make the
+    // scheduler build more than that.
     let rendered = if undo && state.result.is_none() {
-        Ok(mapping.render_lenient(&context))
+        mapping.render_lenient(&context, MAX_REQUEST_BYTES)
     } else {
-        mapping.render(&context)
+        mapping.render(&context, MAX_REQUEST_BYTES)
     };
     let input = rendered.map_err(|e| e.to_string()).and_then(|v| {
         let bytes = v.to_string().len();

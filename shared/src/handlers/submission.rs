@@ -1084,6 +1084,11 @@ pub fn caller_view(task: &Task, r: &StateRecord, public_errors: bool) -> Value {
     view
 }
 
+/// A rendered input as a view shows it: the body, or what stopped it.
+fn shown(rendered: Result<Value, crate::domain::MappingError>) -> Value {
+    rendered.unwrap_or_else(|e| json!({"error": e.to_string()}))
+}
+
 /// The operator's view of a task and its state record: everything (each step's result as
 /// JSON). With its workflow, each step also names its service and action and shows the input
 /// its request was (or would be) built from, and its undo's once compensation reached it:
@@ -1106,11 +1111,17 @@ pub fn task_view(task: &Task, r: &StateRecord, workflow: Option<&crate::Workflow
                 v["action"] = json!(step.action);
                 let reached = i <= r.step_index || st.status != StepStatus::Pending;
                 if reached {
-                    v["input"] = step.input.render_lenient(&context);
+                    v["input"] = shown(
+                        step.input
+                            .render_lenient(&context, crate::domain::task::MAX_REQUEST_BYTES),
+                    );
                 }
                 if let (Some(undo), Some(_)) = (&step.undo, st.undo) {
                     v["undoAction"] = json!(undo.action);
-                    v["undoInput"] = undo.input.render_lenient(&context);
+                    v["undoInput"] = shown(
+                        undo.input
+                            .render_lenient(&context, crate::domain::task::MAX_REQUEST_BYTES),
+                    );
                 }
             }
             v
