@@ -204,7 +204,7 @@ async fn applied_reply(
     workflow: &Workflow,
     t: &Transition,
 ) -> Result<(), HandlerError> {
-    super::count_outcome(&deps.metrics, record.process_state, &t);
+    super::count_outcome(&deps.metrics, record.process_state, t);
     let i = r.step_index;
     let waits = |rec: &crate::StateRecord| {
         rec.steps
@@ -212,7 +212,7 @@ async fn applied_reply(
             .is_some_and(|s| s.status == crate::StepStatus::Waiting)
     };
     if waits(&t.record)
-        && !waits(&record)
+        && !waits(record)
         && let Some(step) = workflow.step(i)
     {
         deps.metrics.count(
