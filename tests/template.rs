@@ -606,3 +606,55 @@ fn provisioned_capacity_scales_the_table_and_every_index_and_on_demand_scales_no
     watched.sort();
     assert_eq!(watched, expected, "the alarm watches every capacity");
 }
+
+/// The HTTP API's access log names the route a request took, never the path it asked for: a
+/// callback's path carries its one-time token, and whoever reads the logs could complete the
+/// waiting step with it. Every variable of the format is one known to carry no path.
+#[test]
+fn the_access_log_names_the_route_and_never_the_path() {
+    let t = template::Template::load();
+    let stage = t.properties("HttpApiStage", "AWS::ApiGatewayV2::Stage");
+    let format = stage["AccessLogSettings"]["Format"]
+        .as_str()
+        .expect("an access log format");
+    let fields: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(format).expect("the format is one JSON object");
+    let mut variables = vec![];
+    let mut rest = format;
+    while let Some(start) = rest.find("$context.") {
+        let tail = &rest[start..];
+        let end = tail[1..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '_'))
+            .map_or(tail.len(), |e| e + 1);
+        variables.push(tail[..end].trim_end_matches('.').to_owned());
+        rest = &tail[end..];
+    }
+    // None of these holds the request's path or a part of it.
+    const NO_PATH: [&str; 13] = [
+        "$context.requestId",
+        "$context.extendedRequestId",
+        "$context.requestTime",
+        "$context.identity.sourceIp",
+        "$context.identity.userArn",
+        "$context.authorizer.claims.sub",
+        "$context.authorizer.error",
+        "$context.httpMethod",
+        "$context.routeKey",
+        "$context.status",
+        "$context.responseLatency",
+        "$context.integrationErrorMessage",
+        "$context.protocol",
+    ];
+    for v in &variables {
+        assert!(
+            NO_PATH.contains(&v.as_str()),
+            "the access log writes {v}, which may carry the path (and a callback's token): {format}"
+        );
+    }
+    assert!(
+        variables.iter().any(|v| v == "$context.routeKey"),
+        "the route is logged: {format}"
+    );
+    assert!(fields.contains_key("requestId"), "{format}");
+}
+
