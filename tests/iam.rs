@@ -223,7 +223,7 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     let services = format!(
         r#"services:
   - name: inventory
-    target: {{type: lambda, function: sas-{stage}-svc-inventory}}
+    target: {{type: lambda, function: sas-{stage}--svc-inventory}}
   - name: payment
     target: {{type: http, baseUrl: "{payment_url}", auth: {{type: bearer, secret: "{secret}"}}}}
   - name: shipping
@@ -618,7 +618,7 @@ fn resource_of_call(f: &Fixture, c: &Call) -> String {
     if c.resource == res.bus_name {
         return "EventBus".into();
     }
-    if c.resource.starts_with(&format!("sas-{stage}-svc-")) {
+    if c.resource.starts_with(&format!("sas-{stage}--svc-")) {
         return "service-functions".into();
     }
     let name = c.resource.trim_start_matches('/');

@@ -223,7 +223,7 @@ fn only_the_agent_invokes_service_functions_and_reads_credentials_under_the_pref
             "Action": "lambda:InvokeFunction",
             "Resource": {"Fn::Sub": [
                 "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${Pattern}",
-                {"Pattern": {"Fn::If": ["DefaultServiceFunctions", {"Fn::Sub": "sas-${Stage}-svc-*"}, {"Ref": "ServiceFunctionPattern"}]}}
+                {"Pattern": {"Fn::If": ["DefaultServiceFunctions", {"Fn::Sub": "sas-${Stage}--svc-*"}, {"Ref": "ServiceFunctionPattern"}]}}
             ]}
         })
     );
@@ -658,3 +658,53 @@ fn the_access_log_names_the_route_and_never_the_path() {
     assert!(fields.contains_key("requestId"), "{format}");
 }
 
+/// The agent's default Lambda pattern names only service functions of its own stage: no
+/// function of another stage (whose name may begin with this stage's, `dev-svc` after `dev`)
+/// matches it. Stage names have no `--` (the template's `AllowedPattern`), so `sas-<stage>--`
+/// begins no other stage's names.
+#[test]
+fn the_default_service_pattern_matches_no_other_stages_functions() {
+    let t = template::Template::load();
+    let statement = t.evaluated_properties("AgentRole", &[])["Policies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| {
+            p["PolicyDocument"]["Statement"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .find(|s| s["Sid"] == "InvokeServices")
+        .cloned()
+        .expect("the InvokeServices statement");
+    let pattern = statement["Resource"]["Fn::Sub"][1]["Pattern"]["Fn::Sub"]
+        .as_str()
+        .expect("the default pattern, a Fn::Sub over Stage");
+    let of_stage = |stage: &str, name: &str| name.replace("${Stage}", stage);
+    let dev = of_stage("dev", pattern);
+    assert!(
+        template::iam_matches(&dev, "sas-dev--svc-inventory"),
+        "a service function of stage dev, named as documented: {dev}"
+    );
+    // Every function the template names, in stages whose names begin with `dev-`.
+    let functions: Vec<String> = t
+        .of_type("AWS::Lambda::Function")
+        .into_iter()
+        .filter_map(|f| {
+            t.properties(f, "AWS::Lambda::Function")["FunctionName"]["Fn::Sub"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert!(functions.len() >= 5, "{functions:?}");
+    for stage in ["dev-svc", "dev-svc-a", "dev-svc-svc"] {
+        for f in &functions {
+            let name = of_stage(stage, f);
+            assert!(
+                !template::iam_matches(&dev, &name),
+                "stage dev's agent may invoke {name}, a function of stage {stage} ({dev})"
+            );
+        }
+    }
+}
