@@ -228,6 +228,8 @@ fn only_the_agent_invokes_service_functions_and_reads_credentials_under_the_pref
         })
     );
     let prefix = json!({"Fn::If": ["DefaultSecretsPrefix", {"Fn::Sub": "sas/${Stage}/"}, {"Ref": "SecretsPrefix"}]});
+    // The operator function checks a published service's credentials against the same prefix.
+    assert_eq!(t.env("OperatorFunction", "SECRETS_PREFIX"), &prefix);
     assert_eq!(
         sid("ReadSecrets"),
         json!({
