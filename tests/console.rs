@@ -203,6 +203,16 @@ async fn a_console_action_needs_a_same_origin_form_and_moves_the_task() {
             .expect("answers");
         assert_eq!(resp.status().as_u16(), 403, "{header}: {value}");
     }
+    // The console is for browsers, which say where a form comes from: a post saying nothing
+    // (neither Sec-Fetch-Site nor Origin) is refused too.
+    let resp = client()
+        .post(&url)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(reason("no fetch metadata"))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(resp.status().as_u16(), 403, "a post without fetch metadata");
     assert_eq!(
         sas_blackbox::state(&system, error).await.process_state,
         ProcessState::Error,

@@ -223,7 +223,7 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     let services = format!(
         r#"services:
   - name: inventory
-    target: {{type: lambda, function: sas-{stage}-svc-inventory}}
+    target: {{type: lambda, function: sas-{stage}--svc-inventory}}
   - name: payment
     target: {{type: http, baseUrl: "{payment_url}", auth: {{type: bearer, secret: "{secret}"}}}}
   - name: shipping
@@ -618,7 +618,7 @@ fn resource_of_call(f: &Fixture, c: &Call) -> String {
     if c.resource == res.bus_name {
         return "EventBus".into();
     }
-    if c.resource.starts_with(&format!("sas-{stage}-svc-")) {
+    if c.resource.starts_with(&format!("sas-{stage}--svc-")) {
         return "service-functions".into();
     }
     let name = c.resource.trim_start_matches('/');
@@ -840,4 +840,99 @@ fn check(f: &Fixture, all: &BTreeSet<Call>) {
         }
     }
     assert!(problems.is_empty(), "{}\n\n{md}", problems.join("\n"));
+}
+
+/// The README's submitter policy reaches the task routes and none of the operator routes: the
+/// operator function skips a caller's rate limit, and its console and API are the operators'.
+/// Each route of the template becomes sample request ARNs (the operator's greedy path with
+/// hostile samples that spell a task route inside it); the documented resources are matched
+/// against them as IAM matches (`*` spans `/`).
+#[test]
+fn the_documented_submitter_policy_reaches_the_task_routes_and_no_operator_route() {
+    let t = template::Template::load();
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let section = readme
+        .split("### Use the deployed API")
+        .nth(1)
+        .and_then(|s| s.split("\n### ").next())
+        .expect("the README's section on the deployed task API");
+    let documented: Vec<String> = section
+        .match_indices("arn:aws:execute-api:")
+        .map(|(at, _)| {
+            let arn: String = section[at..]
+                .chars()
+                .take_while(|c| !matches!(c, '`' | '"' | ',' | ')' | ' ' | '\n'))
+                .collect();
+            arn.replace("<region>", "us-east-1")
+                .replace("<account>", "123456789012")
+                .replace("<api-id>", "abc123")
+        })
+        .collect();
+    assert!(!documented.is_empty(), "no resource documented: {section}");
+
+    let arn = |method: &str, path: &str| {
+        format!("arn:aws:execute-api:us-east-1:123456789012:abc123/$default/{method}{path}")
+    };
+    const METHODS: [&str; 5] = ["GET", "POST", "PUT", "DELETE", "PATCH"];
+    // Values for a route's parameters; the greedy one also spells task routes inside it.
+    let proxy = [
+        "tasks",
+        "tasks/0f0c9d6e-1b1a-4c55-9a3e-3a3c1f3f2b10",
+        "workflows/loan-application/tasks",
+        "console",
+        "console/tasks/x/retry",
+        "console/x/POST/workflows/w/tasks",
+        "console/GET/tasks",
+        "console/GET/tasks/x",
+        "console/x/POST/tasks/y/cancel",
+        "services/s",
+    ];
+    let (mut task_routes, mut operator_routes) = (vec![], vec![]);
+    for route in t.of_type("AWS::ApiGatewayV2::Route") {
+        let p = t.properties(route, "AWS::ApiGatewayV2::Route");
+        let key = p["RouteKey"].as_str().expect("a route key");
+        let target = p["Target"]["Fn::Sub"].as_str().unwrap_or_default();
+        let Some((method, path)) = key.split_once(' ') else {
+            continue; // $default: no authorization, the task function's 404s
+        };
+        let paths: Vec<String> = if path.contains("{proxy+}") {
+            proxy.iter().map(|x| path.replace("{proxy+}", x)).collect()
+        } else {
+            vec![
+                path.replace("{name}", "loan-application")
+                    .replace("{taskId}", "0f0c9d6e-1b1a-4c55-9a3e-3a3c1f3f2b10")
+                    .replace("{token}", "tok"),
+            ]
+        };
+        let methods: Vec<&str> = if method == "ANY" {
+            METHODS.to_vec()
+        } else {
+            vec![method]
+        };
+        let arns = methods
+            .iter()
+            .flat_map(|m| paths.iter().map(move |x| arn(m, x)));
+        if target.contains("OperatorApiIntegration") {
+            operator_routes.extend(arns);
+        } else if p["AuthorizationType"] != "NONE" {
+            task_routes.extend(arns.map(|a| (key.to_owned(), a)));
+        }
+    }
+    assert!(operator_routes.len() >= proxy.len(), "{operator_routes:?}");
+    assert_eq!(task_routes.len(), 4, "{task_routes:?}");
+    for op in &operator_routes {
+        for d in &documented {
+            assert!(
+                !template::iam_matches(d, op),
+                "the documented submitter resource {d} also allows the operator route {op}"
+            );
+        }
+    }
+    for (key, a) in &task_routes {
+        assert!(
+            documented.iter().any(|d| template::iam_matches(d, a)),
+            "no documented resource allows {key} ({a}): {documented:?}"
+        );
+    }
 }

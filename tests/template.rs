@@ -223,11 +223,13 @@ fn only_the_agent_invokes_service_functions_and_reads_credentials_under_the_pref
             "Action": "lambda:InvokeFunction",
             "Resource": {"Fn::Sub": [
                 "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${Pattern}",
-                {"Pattern": {"Fn::If": ["DefaultServiceFunctions", {"Fn::Sub": "sas-${Stage}-svc-*"}, {"Ref": "ServiceFunctionPattern"}]}}
+                {"Pattern": {"Fn::If": ["DefaultServiceFunctions", {"Fn::Sub": "sas-${Stage}--svc-*"}, {"Ref": "ServiceFunctionPattern"}]}}
             ]}
         })
     );
     let prefix = json!({"Fn::If": ["DefaultSecretsPrefix", {"Fn::Sub": "sas/${Stage}/"}, {"Ref": "SecretsPrefix"}]});
+    // The operator function checks a published service's credentials against the same prefix.
+    assert_eq!(t.env("OperatorFunction", "SECRETS_PREFIX"), &prefix);
     assert_eq!(
         sid("ReadSecrets"),
         json!({
@@ -605,4 +607,106 @@ fn provisioned_capacity_scales_the_table_and_every_index_and_on_demand_scales_no
     }
     watched.sort();
     assert_eq!(watched, expected, "the alarm watches every capacity");
+}
+
+/// The HTTP API's access log names the route a request took, never the path it asked for: a
+/// callback's path carries its one-time token, and whoever reads the logs could complete the
+/// waiting step with it. Every variable of the format is one known to carry no path.
+#[test]
+fn the_access_log_names_the_route_and_never_the_path() {
+    let t = template::Template::load();
+    let stage = t.properties("HttpApiStage", "AWS::ApiGatewayV2::Stage");
+    let format = stage["AccessLogSettings"]["Format"]
+        .as_str()
+        .expect("an access log format");
+    let fields: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(format).expect("the format is one JSON object");
+    let mut variables = vec![];
+    let mut rest = format;
+    while let Some(start) = rest.find("$context.") {
+        let tail = &rest[start..];
+        let end = tail[1..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '_'))
+            .map_or(tail.len(), |e| e + 1);
+        variables.push(tail[..end].trim_end_matches('.').to_owned());
+        rest = &tail[end..];
+    }
+    // None of these holds the request's path or a part of it.
+    const NO_PATH: [&str; 13] = [
+        "$context.requestId",
+        "$context.extendedRequestId",
+        "$context.requestTime",
+        "$context.identity.sourceIp",
+        "$context.identity.userArn",
+        "$context.authorizer.claims.sub",
+        "$context.authorizer.error",
+        "$context.httpMethod",
+        "$context.routeKey",
+        "$context.status",
+        "$context.responseLatency",
+        "$context.integrationErrorMessage",
+        "$context.protocol",
+    ];
+    for v in &variables {
+        assert!(
+            NO_PATH.contains(&v.as_str()),
+            "the access log writes {v}, which may carry the path (and a callback's token): {format}"
+        );
+    }
+    assert!(
+        variables.iter().any(|v| v == "$context.routeKey"),
+        "the route is logged: {format}"
+    );
+    assert!(fields.contains_key("requestId"), "{format}");
+}
+
+/// The agent's default Lambda pattern names only service functions of its own stage: no
+/// function of another stage (whose name may begin with this stage's, `dev-svc` after `dev`)
+/// matches it. Stage names have no `--` (the template's `AllowedPattern`), so `sas-<stage>--`
+/// begins no other stage's names.
+#[test]
+fn the_default_service_pattern_matches_no_other_stages_functions() {
+    let t = template::Template::load();
+    let statement = t.evaluated_properties("AgentRole", &[])["Policies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| {
+            p["PolicyDocument"]["Statement"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .find(|s| s["Sid"] == "InvokeServices")
+        .cloned()
+        .expect("the InvokeServices statement");
+    let pattern = statement["Resource"]["Fn::Sub"][1]["Pattern"]["Fn::Sub"]
+        .as_str()
+        .expect("the default pattern, a Fn::Sub over Stage");
+    let of_stage = |stage: &str, name: &str| name.replace("${Stage}", stage);
+    let dev = of_stage("dev", pattern);
+    assert!(
+        template::iam_matches(&dev, "sas-dev--svc-inventory"),
+        "a service function of stage dev, named as documented: {dev}"
+    );
+    // Every function the template names, in stages whose names begin with `dev-`.
+    let functions: Vec<String> = t
+        .of_type("AWS::Lambda::Function")
+        .into_iter()
+        .filter_map(|f| {
+            t.properties(f, "AWS::Lambda::Function")["FunctionName"]["Fn::Sub"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert!(functions.len() >= 5, "{functions:?}");
+    for stage in ["dev-svc", "dev-svc-a", "dev-svc-svc"] {
+        for f in &functions {
+            let name = of_stage(stage, f);
+            assert!(
+                !template::iam_matches(&dev, &name),
+                "stage dev's agent may invoke {name}, a function of stage {stage} ({dev})"
+            );
+        }
+    }
 }

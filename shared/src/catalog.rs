@@ -5,7 +5,7 @@
 //! `ttl` (a few seconds in a deployment, so a new version is taken up by new tasks within that
 //! long; zero in the local runner and the tests).
 
-use crate::domain::workflow::{self, ServicesDoc};
+use crate::domain::workflow::{self, ServiceRules, ServicesDoc};
 use crate::domain::{DefinitionError, Policy, ServiceDef, Workflow};
 use crate::ports::{Catalog, Clock, Entry, Kind, Published, StoreError};
 use chrono::{DateTime, Utc};
@@ -31,13 +31,17 @@ pub struct Definitions {
     policy: Policy,
     clock: Arc<dyn Clock>,
     ttl: chrono::Duration,
+    /// What publishing a service must also satisfy here.
+    rules: ServiceRules,
     versions: Mutex<HashMap<(String, u32), Arc<Workflow>>>,
     latest: Mutex<HashMap<String, (DateTime<Utc>, u32)>>,
     services: Mutex<Option<(DateTime<Utc>, Services)>>,
 }
 
 impl Definitions {
-    /// `policy` is the deployment's default policy, under every workflow's own settings.
+    /// `policy` is the deployment's default policy, under every workflow's own settings. The
+    /// services published may run on this machine ([`ServiceRules::local`]): a deployment sets
+    /// its own rules with [`Definitions::with_service_rules`].
     pub fn new(
         catalog: Arc<dyn Catalog>,
         policy: Policy,
@@ -49,10 +53,17 @@ impl Definitions {
             policy,
             clock,
             ttl,
+            rules: ServiceRules::local(),
             versions: Mutex::new(HashMap::new()),
             latest: Mutex::new(HashMap::new()),
             services: Mutex::new(None),
         }
+    }
+
+    /// The same catalog, publishing services under `rules`.
+    pub fn with_service_rules(mut self, rules: ServiceRules) -> Self {
+        self.rules = rules;
+        self
     }
 
     pub fn policy(&self) -> &Policy {
@@ -172,6 +183,17 @@ impl Definitions {
         &self,
         doc: &ServicesDoc,
     ) -> Result<Vec<(String, Published)>, CatalogError> {
+        let problems: Vec<_> = doc
+            .services
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| {
+                workflow::deployment_problems(&format!("/services/{i}"), s, &self.rules)
+            })
+            .collect();
+        if !problems.is_empty() {
+            return Err(DefinitionError(problems).into());
+        }
         let mut out = vec![];
         for s in &doc.services {
             let body = serde_json::to_value(s)
@@ -258,4 +280,107 @@ pub fn example_files() -> Vec<(String, String)> {
         ("ecommerce-order.yaml".into(), ECOMMERCE_ORDER.into()),
         ("loan-application.yaml".into(), LOAN_APPLICATION.into()),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryStore;
+    use serde_json::json;
+
+    fn definitions(rules: ServiceRules) -> Definitions {
+        Definitions::new(
+            Arc::new(MemoryStore::new(1)),
+            Policy::default(),
+            Arc::new(crate::ports::SystemClock),
+            chrono::Duration::zero(),
+        )
+        .with_service_rules(rules)
+    }
+
+    fn doc(target: Value) -> ServicesDoc {
+        workflow::parse_services(json!({"services": [{"name": "core-banking", "target": target}]}))
+            .expect("valid everywhere")
+    }
+
+    async fn refused(d: &Definitions, target: Value) -> Vec<workflow::Problem> {
+        match d.publish_services(&doc(target.clone())).await {
+            Err(CatalogError::Invalid(e)) => e.0,
+            other => panic!("{target}: {other:?}"),
+        }
+    }
+
+    /// A deployed stack publishes no service on the function's own machine: its loopback is
+    /// the Lambda Runtime API, its link-local addresses the platform's endpoints.
+    #[tokio::test]
+    async fn a_deployment_refuses_services_on_the_functions_own_machine() {
+        let deployed = definitions(ServiceRules::default());
+        for url in [
+            "http://127.0.0.1:9001",
+            "http://localhost:9001/2018-06-01/runtime",
+            "https://127.1.2.3",
+            "http://[::1]:8080",
+            "https://169.254.169.254/latest",
+            "https://169.254.170.2",
+            "https://[fe80::1]",
+            "https://LOCALHOST.",
+            "https://0.0.0.0",
+            "https://[::ffff:127.0.0.1]",
+        ] {
+            let p = refused(&deployed, json!({"type": "http", "baseUrl": url})).await;
+            assert!(
+                p.iter().any(|p| p.at == "/services/0/target/baseUrl"),
+                "{url}: {p:?}"
+            );
+        }
+        deployed
+            .publish_services(&doc(
+                json!({"type": "http", "baseUrl": "https://bank.example"}),
+            ))
+            .await
+            .expect("a service elsewhere");
+        // The local runner (and the tests) run their services on the loopback.
+        definitions(ServiceRules::local())
+            .publish_services(&doc(
+                json!({"type": "http", "baseUrl": "http://127.0.0.1:9001"}),
+            ))
+            .await
+            .expect("local services");
+    }
+
+    /// With a credentials prefix, a service reads only the credentials under its own name.
+    #[tokio::test]
+    async fn a_service_may_use_only_the_credentials_under_its_own_name() {
+        let d = definitions(ServiceRules {
+            local_hosts: false,
+            secrets_prefix: Some("sas/prod/".into()),
+        });
+        let with =
+            |auth: Value| json!({"type": "http", "baseUrl": "https://bank.example", "auth": auth});
+        for auth in [
+            json!({"type": "bearer", "secret": "sas/prod/credit-bureau/token"}),
+            json!({"type": "bearer", "secret": "sas/prod/core-banking-token"}),
+            json!({"type": "bearer", "secret": "sas/prod/core-banking"}),
+            json!({"type": "bearer", "secret": "arn:aws:secretsmanager:us-east-1:123456789012:secret:sas/prod/credit-bureau/token-AbCdEf"}),
+            json!({"type": "apiKey", "header": "X-Key", "parameter": "/sas/prod/credit-bureau/key"}),
+            json!({"type": "apiKey", "header": "X-Key", "parameter": "sas/prod/core-banking/../credit-bureau/key"}),
+        ] {
+            let p = refused(&d, with(auth.clone())).await;
+            assert!(
+                p.iter()
+                    .any(|p| p.at.starts_with("/services/0/target/auth")),
+                "{auth}: {p:?}"
+            );
+        }
+        for auth in [
+            json!({"type": "bearer", "secret": "sas/prod/core-banking/token"}),
+            json!({"type": "bearer", "secret": "arn:aws:secretsmanager:us-east-1:123456789012:secret:sas/prod/core-banking/token-AbCdEf"}),
+            json!({"type": "apiKey", "header": "X-Key", "parameter": "/sas/prod/core-banking/key"}),
+            json!({"type": "apiKey", "header": "X-Key", "parameter": "sas/prod/core-banking/key"}),
+        ] {
+            d.publish_services(&doc(with(auth.clone())))
+                .await
+                .unwrap_or_else(|e| panic!("{auth}: {e}"));
+        }
+    }
 }

@@ -131,18 +131,22 @@ pub fn breaker() -> Result<crate::domain::BreakerPolicy, ConfigError> {
 
 /// The catalog over the DynamoDB store, with the deployment's policy under every workflow and
 /// `CATALOG_CACHE_SECONDS` (default 5): how long a function keeps the newest version of a
-/// workflow, and the services, before reading them again.
+/// workflow, and the services, before reading them again. A deployed function publishes no
+/// service on its own machine (loopback, link-local), and with `SECRETS_PREFIX` (the
+/// operator function's) none that reads credentials outside `<prefix><service name>/`.
 pub fn definitions(
     store: Arc<crate::aws::DynamoStore>,
     clock: Arc<dyn crate::ports::Clock>,
 ) -> Result<crate::catalog::Definitions, ConfigError> {
     let ttl = seconds("CATALOG_CACHE_SECONDS", 5.0)?;
-    Ok(crate::catalog::Definitions::new(
-        store,
-        policy()?,
-        clock,
-        ttl,
-    ))
+    Ok(
+        crate::catalog::Definitions::new(store, policy()?, clock, ttl).with_service_rules(
+            crate::domain::workflow::ServiceRules {
+                local_hosts: false,
+                secrets_prefix: optional("SECRETS_PREFIX"),
+            },
+        ),
+    )
 }
 
 /// The DynamoDB store from `TABLE_NAME` and `DUE_SHARDS` (default 16: see ARCHITECTURE.md,

@@ -549,3 +549,47 @@ pub fn function_env(function: &str, stack: &Stack) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+/// Whether `value` matches the IAM resource pattern `pattern` as IAM compares them: `*`
+/// matches any run of characters (`/` and `:` included, none at all too), `?` exactly one,
+/// every other character itself (case-sensitively).
+pub fn iam_matches(pattern: &str, value: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let v: Vec<char> = value.chars().collect();
+    let (mut i, mut j) = (0, 0);
+    // The last `*` seen and the value position it was tried at: backtrack there on a mismatch.
+    let mut star: Option<(usize, usize)> = None;
+    while j < v.len() {
+        if i < p.len() && (p[i] == '?' || p[i] == v[j]) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some((i, j));
+            i += 1;
+        } else if let Some((si, sj)) = star {
+            i = si + 1;
+            j = sj + 1;
+            star = Some((si, sj + 1));
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|c| *c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::iam_matches;
+
+    #[test]
+    fn iam_wildcards_span_slashes_and_question_marks_take_one_character() {
+        assert!(iam_matches("a/*/c", "a/b/x/c"));
+        assert!(iam_matches("a/*", "a/"));
+        assert!(iam_matches("*", ""));
+        assert!(iam_matches("a?c", "abc"));
+        assert!(!iam_matches("a?c", "ac"));
+        assert!(!iam_matches("a/*/c", "a/b/x/d"));
+        assert!(!iam_matches("A", "a"), "case-sensitive");
+        assert!(iam_matches("*/*/w/*/t", "$default/POST/operator/w/x/t"));
+    }
+}

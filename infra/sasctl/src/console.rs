@@ -3,7 +3,8 @@
 //! stack's operator API and signs each request with SigV4, so the AWS credentials stay in
 //! this process and never reach the browser.
 //!
-//! It forwards nothing but the console's own paths, answers only requests addressed to its own
+//! It forwards nothing but the console's own paths (checked once percent-decoded and with dot
+//! segments resolved, and forwarded as checked), answers only requests addressed to its own
 //! host and port (a page on another site that resolves its name to 127.0.0.1 gets 403: DNS
 //! rebinding), and passes the browser's `Sec-Fetch-Site` on so the console refuses forms
 //! posted from elsewhere.
@@ -117,6 +118,33 @@ pub async fn bind(
     Ok((bound, async move { axum::serve(listener, app).await }))
 }
 
+/// The segments of the path `raw` once read as a server may read it (percent-decoded, `\` as
+/// a separator, `.` and `..` resolved), if it is the console's or a page under it; `None` for
+/// any other path, and for one that is not UTF-8 or is percent-encoded twice (`%252e`: a
+/// server that decodes again would find other segments than the ones checked here).
+fn console_segments(raw: &str) -> Option<Vec<String>> {
+    let decoded = percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .ok()?;
+    if decoded.contains('%') {
+        return None;
+    }
+    let mut segments: Vec<String> = vec![];
+    for s in decoded.split(['/', '\\']) {
+        match s {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s.to_owned()),
+        }
+    }
+    let console: Vec<&str> = CONSOLE_PATH.split('/').filter(|s| !s.is_empty()).collect();
+    segments
+        .starts_with(&console.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+        .then_some(segments)
+}
+
 fn answer(status: StatusCode, text: &str) -> Response {
     let mut r = Response::new(Body::from(text.to_owned()));
     *r.status_mut() = status;
@@ -146,17 +174,25 @@ async fn forward(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
             .insert(header::LOCATION, HeaderValue::from_static(CONSOLE_PATH));
         return r;
     }
-    if path != CONSOLE_PATH && !path.starts_with(&format!("{CONSOLE_PATH}/")) {
+    // Checked as the operator API would read it, and forwarded as checked.
+    let Some(segments) = console_segments(&path) else {
         return answer(
             StatusCode::NOT_FOUND,
             "this proxy forwards the console's pages only",
         );
-    }
+    };
     let mut url = proxy.upstream.clone();
-    url.set_path(&format!(
-        "{}{path}",
-        proxy.upstream.path().trim_end_matches('/')
-    ));
+    match url.path_segments_mut() {
+        Ok(mut p) => {
+            p.pop_if_empty().extend(&segments);
+        }
+        Err(()) => {
+            return answer(
+                StatusCode::BAD_GATEWAY,
+                "the operator API's address takes no path",
+            );
+        }
+    }
     url.set_query(req.uri().query());
     let method = req.method().clone();
     let mut headers = http::HeaderMap::new();
@@ -213,6 +249,33 @@ async fn forward(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_paths_that_stay_in_the_console_once_normalised_are_forwarded() {
+        for (raw, want) in [
+            ("/operator/console", Some("operator/console")),
+            ("/operator/console/", Some("operator/console")),
+            (
+                "/operator//console/./tasks/x/../y",
+                Some("operator/console/tasks/y"),
+            ),
+            ("/operator/console/%74asks", Some("operator/console/tasks")),
+            ("/operator/console/..", None),
+            ("/operator/console/%2E%2e/services", None),
+            ("/operator/console/..%2Fservices", None),
+            ("/operator/console/..%5Cservices", None),
+            ("/operator/console%2f..%2fservices", None),
+            ("/operator/console/%252e%252e/services", None),
+            ("/operator/console/%ff", None),
+            ("/operator/consoles", None),
+        ] {
+            assert_eq!(
+                console_segments(raw).map(|s| s.join("/")).as_deref(),
+                want,
+                "{raw}"
+            );
+        }
+    }
 
     #[test]
     fn the_upstream_keeps_a_base_path_and_drops_operator() -> Result<(), url::ParseError> {

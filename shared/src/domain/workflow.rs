@@ -32,6 +32,80 @@ pub const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(86_400
 /// The longest a callback step may wait for its callback.
 pub const MAX_CALLBACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 
+/// The most regular expressions (`pattern` values and `patternProperties` names) in one input
+/// schema: each may run on every string (or key) of every task input.
+pub const MAX_SCHEMA_PATTERNS: usize = 16;
+/// The most keywords (object members, at any depth) in one input schema.
+pub const MAX_SCHEMA_KEYWORDS: usize = 1000;
+/// The deepest an input schema nests (objects and arrays).
+pub const MAX_SCHEMA_DEPTH: usize = 32;
+
+/// The most backtracking steps one match of an input schema's pattern may take (the engine's
+/// default is 1,000,000): a pattern that needs more fails the input.
+pub const SCHEMA_BACKTRACK_LIMIT: usize = 1_000;
+/// The largest an input schema's pattern may compile to, in bytes.
+pub const SCHEMA_REGEX_BYTES: usize = 256 * 1024;
+
+/// What an input schema costs beyond the budget: every task input is checked against it, in
+/// the submission function, so patterns (each may run on every string and key of a 64 KiB
+/// input), keywords and nesting are capped when the workflow is published.
+fn schema_budget_problems(schema: &Value) -> Vec<Problem> {
+    #[derive(Default)]
+    struct Cost {
+        patterns: usize,
+        keywords: usize,
+        depth: usize,
+    }
+    fn walk(v: &Value, depth: usize, cost: &mut Cost) {
+        cost.depth = cost.depth.max(depth);
+        if depth > MAX_SCHEMA_DEPTH {
+            return;
+        }
+        match v {
+            Value::Object(m) => {
+                cost.keywords += m.len();
+                for (k, x) in m {
+                    match (k.as_str(), x) {
+                        ("pattern", Value::String(_)) => cost.patterns += 1,
+                        ("patternProperties", Value::Object(p)) => cost.patterns += p.len(),
+                        _ => {}
+                    }
+                    walk(x, depth + 1, cost);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| walk(x, depth + 1, cost)),
+            _ => {}
+        }
+    }
+    let mut cost = Cost::default();
+    walk(schema, 0, &mut cost);
+    let mut problems = vec![];
+    let mut over = |message: String| {
+        problems.push(Problem {
+            at: "/input".into(),
+            message,
+        })
+    };
+    if cost.patterns > MAX_SCHEMA_PATTERNS {
+        over(format!(
+            "{} patterns (pattern, patternProperties): at most {MAX_SCHEMA_PATTERNS}, each runs on every task input",
+            cost.patterns
+        ));
+    }
+    if cost.keywords > MAX_SCHEMA_KEYWORDS {
+        over(format!(
+            "{} keywords: at most {MAX_SCHEMA_KEYWORDS} in an input schema",
+            cost.keywords
+        ));
+    }
+    if cost.depth > MAX_SCHEMA_DEPTH {
+        over(format!(
+            "nested too deep: at most {MAX_SCHEMA_DEPTH} levels in an input schema"
+        ));
+    }
+    problems
+}
+
 /// The published JSON Schema of definition files.
 pub const SCHEMA: &str = include_str!("../../../workflows/schema.json");
 
@@ -404,6 +478,14 @@ fn service_problems(at: &str, def: &ServiceDef, problems: &mut Vec<Problem>) {
             "a base URL has no query or fragment".into(),
         );
     }
+    if let Ok(u) = url::Url::parse(&http.base_url)
+        && (!u.username().is_empty() || u.password().is_some())
+    {
+        problem(
+            format!("{at}/baseUrl"),
+            "a base URL carries no user or password (user:pass@): credentials go in `auth`, read from Secrets Manager or SSM".into(),
+        );
+    }
     for (name, value) in &http.headers {
         let here = format!("{at}/headers/{}", pointer_token(name));
         match http::HeaderName::from_bytes(name.as_bytes()) {
@@ -474,6 +556,106 @@ fn service_problems(at: &str, def: &ServiceDef, problems: &mut Vec<Problem>) {
             }
         }
     }
+}
+
+/// What one deployment allows a service beyond what [`parse_services`] checks everywhere.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceRules {
+    /// Services on this machine: loopback and link-local hosts (`localhost`, `127.0.0.0/8`,
+    /// `::1`, `169.254.0.0/16`, `fe80::/10`). The local runner and the tests run their services
+    /// there; in a deployed function the loopback is the Lambda Runtime API's and link-local
+    /// holds the platform's endpoints, so a deployment refuses them (the default).
+    pub local_hosts: bool,
+    /// Where the agent may read credentials (`SecretsPrefix`): when set, a service may use only
+    /// the secrets and parameters under `<prefix><service name>/`, so no publisher can pair
+    /// another service's credential with a base URL of its own.
+    pub secrets_prefix: Option<String>,
+}
+
+impl ServiceRules {
+    /// The local runner's and the tests': services may run on this machine; no credential
+    /// prefix.
+    pub fn local() -> Self {
+        Self {
+            local_hosts: true,
+            secrets_prefix: None,
+        }
+    }
+}
+
+/// Whether `url`'s host is this machine or its link: `localhost` (and `*.localhost`), the
+/// loopback, link-local and unspecified addresses (IPv4, IPv6, and IPv4 mapped into IPv6).
+fn is_local_host(url: &url::Url) -> bool {
+    fn v4(ip: std::net::Ipv4Addr) -> bool {
+        ip.is_loopback() || ip.is_link_local() || ip.is_unspecified()
+    }
+    match url.host() {
+        Some(url::Host::Domain(d)) => {
+            let d = d.trim_end_matches('.').to_ascii_lowercase();
+            d == "localhost" || d.ends_with(".localhost")
+        }
+        Some(url::Host::Ipv4(ip)) => v4(ip),
+        Some(url::Host::Ipv6(ip)) => {
+            ip.is_loopback()
+                || ip.is_unspecified()
+                || (ip.segments()[0] & 0xffc0) == 0xfe80
+                || ip.to_ipv4_mapped().is_some_and(v4)
+        }
+        None => false,
+    }
+}
+
+/// The name of a credential, whether given as a name or an ARN (a secret's ARN ends in its
+/// name and a random suffix; a parameter's name may start with `/`).
+fn credential_name(source: &CredentialSource) -> &str {
+    match source {
+        CredentialSource::Secret(id) => id.split_once(":secret:").map_or(id.as_str(), |(_, n)| n),
+        CredentialSource::Parameter(p) => p
+            .split_once(":parameter/")
+            .map_or(p.as_str(), |(_, n)| n)
+            .trim_start_matches('/'),
+    }
+}
+
+/// What `rules` refuse in the service `def` (at `at`, e.g. `/services/0`), beyond what
+/// [`parse_services`] refuses everywhere.
+pub fn deployment_problems(at: &str, def: &ServiceDef, rules: &ServiceRules) -> Vec<Problem> {
+    let mut problems = vec![];
+    let Target::Http(http) = &def.target else {
+        return problems;
+    };
+    let at = format!("{at}/target");
+    if !rules.local_hosts
+        && let Ok(u) = url::Url::parse(&http.base_url)
+        && is_local_host(&u)
+    {
+        problems.push(Problem {
+            at: format!("{at}/baseUrl"),
+            message: format!(
+                "{:?} is the function's own machine (loopback or link-local), where the Lambda runtime listens: give the service's own address",
+                u.host_str().unwrap_or_default()
+            ),
+        });
+    }
+    if let (Some(prefix), Some(auth)) = (&rules.secrets_prefix, &http.auth)
+        && let Some(source) = auth.source()
+    {
+        let name = credential_name(&source);
+        let own = format!("{prefix}{}/", def.name);
+        if !name.starts_with(&own) || name.split('/').any(|s| s == "." || s == "..") {
+            let field = match source {
+                CredentialSource::Secret(_) => "secret",
+                CredentialSource::Parameter(_) => "parameter",
+            };
+            problems.push(Problem {
+                at: format!("{at}/auth/{field}"),
+                message: format!(
+                    "{name:?} is not under {own}: a service reads only the credentials under its own name"
+                ),
+            });
+        }
+    }
+    problems
 }
 
 /// A compiled `path` of an HTTP action: literal text and `{...}` placeholders, each an RFC 9535
@@ -883,7 +1065,12 @@ impl WorkflowDoc {
             None => serde_json::json!({"type": "object"}),
             Some(s) => s.clone(),
         };
+        let budget = schema_budget_problems(&input_schema);
         let input_validator = match jsonschema::meta::validate(&input_schema) {
+            _ if !budget.is_empty() => {
+                problems.extend(budget);
+                None
+            }
             Err(e) => {
                 problems.push(Problem {
                     at: format!("/input{}", e.instance_path()),
@@ -891,7 +1078,14 @@ impl WorkflowDoc {
                 });
                 None
             }
-            Ok(()) => match jsonschema::validator_for(&input_schema) {
+            Ok(()) => match jsonschema::options()
+                .with_pattern_options(
+                    jsonschema::PatternOptions::fancy_regex()
+                        .backtrack_limit(SCHEMA_BACKTRACK_LIMIT)
+                        .size_limit(SCHEMA_REGEX_BYTES),
+                )
+                .build(&input_schema)
+            {
                 Ok(v) => Some(v),
                 Err(e) => {
                     problems.push(Problem {
@@ -1378,7 +1572,7 @@ services:
       type: http
       baseUrl: https://bank.example/v1
       headers: {X-Client: sas}
-      auth: {type: bearer, secret: sas/dev/core-banking-token}
+      auth: {type: bearer, secret: sas/dev/core-banking/token}
       actions:
         reserve-funds: {method: POST, path: /holds}
         release-funds: {method: DELETE, path: "/holds/{$.input.hold}"}
@@ -1387,9 +1581,9 @@ services:
     target:
       type: http
       baseUrl: http://127.0.0.1:8080
-      auth: {type: apiKey, header: X-Api-Key, parameter: /sas/dev/bank-key}
+      auth: {type: apiKey, header: X-Api-Key, parameter: /sas/dev/keyed/key}
   - name: credit-bureau
-    target: {type: lambda, function: sas-dev-svc-credit-bureau, refusals: [CreditDeclined]}
+    target: {type: lambda, function: sas-dev--svc-credit-bureau, refusals: [CreditDeclined]}
   - name: by-arn
     target: {type: lambda, function: "arn:aws:lambda:eu-west-1:123456789012:function:f:live"}
   - name: e-sign
@@ -1406,7 +1600,7 @@ services:
         assert_eq!(
             bank.auth.as_ref().and_then(AuthDef::source),
             Some(CredentialSource::Secret(
-                "sas/dev/core-banking-token".into()
+                "sas/dev/core-banking/token".into()
             ))
         );
         assert_eq!(bank.statuses.refuse, vec![402]);
@@ -1522,7 +1716,7 @@ services:
         }
         for good in [
             "f",
-            "sas-dev-svc-credit_bureau",
+            "sas-dev--svc-credit_bureau",
             "f:live",
             "f:$LATEST",
             "arn:aws:lambda:us-east-1:123456789012:function:f",
@@ -1547,5 +1741,96 @@ services:
         let bad = parse_document(json!({"services": [{"name": "a", "target": {"type": "ftp"}}]}))
             .expect_err("unknown target");
         assert!(bad.0[0].at.starts_with("/services/0/target"), "{bad:?}");
+    }
+
+    #[test]
+    fn a_base_url_with_credentials_is_refused() {
+        for url in [
+            "https://user:pass@bank.example/v1",
+            "https://user@bank.example",
+            "http://u:p@127.0.0.1:8080",
+        ] {
+            let p = service_problems_of(json!({"type": "http", "baseUrl": url}));
+            assert!(
+                p.iter()
+                    .any(|p| p.at == "/services/0/target/baseUrl" && p.message.contains("auth")),
+                "{url}: {p:?}"
+            );
+        }
+    }
+
+    fn input_problems(schema: Value) -> Vec<Problem> {
+        Workflow::from_value(
+            json!({"name": "w", "input": schema, "steps": [{"name": "a", "service": "inventory"}]}),
+            None,
+            &Policy::default(),
+        )
+        .expect_err("a hostile input schema is refused")
+        .0
+    }
+
+    /// Every task input is checked against its workflow's input schema, in the submission
+    /// function: a schema that costs much per input (many patterns, each run on every string
+    /// of a 64 KiB input; thousands of keywords; deep nesting) is refused when published.
+    #[test]
+    fn a_hostile_input_schema_is_refused_at_publish() {
+        // Many patterns, on one property...
+        let patterns: Vec<Value> = (0..MAX_SCHEMA_PATTERNS + 1)
+            .map(|i| json!({"pattern": format!("^(?=(a|aa)*c){i}")}))
+            .collect();
+        let p = input_problems(json!({"type": "object", "properties": {"s": {"allOf": patterns}}}));
+        assert!(
+            p.iter()
+                .any(|p| p.at == "/input" && p.message.contains("patterns")),
+            "{p:?}"
+        );
+        // ...or as property name patterns.
+        let names: serde_json::Map<String, Value> = (0..MAX_SCHEMA_PATTERNS + 1)
+            .map(|i| (format!("^k{i}(a|b)*$"), json!({})))
+            .collect();
+        let p = input_problems(json!({"type": "object", "patternProperties": names}));
+        assert!(
+            p.iter()
+                .any(|p| p.at == "/input" && p.message.contains("patterns")),
+            "{p:?}"
+        );
+        // Many keywords.
+        let properties: serde_json::Map<String, Value> = (0..MAX_SCHEMA_KEYWORDS)
+            .map(|i| (format!("p{i}"), json!({"type": "string", "maxLength": 8})))
+            .collect();
+        let p = input_problems(json!({"type": "object", "properties": properties}));
+        assert!(
+            p.iter()
+                .any(|p| p.at == "/input" && p.message.contains("keywords")),
+            "{p:?}"
+        );
+        // Deep nesting.
+        let mut deep = json!({"type": "string"});
+        for _ in 0..MAX_SCHEMA_DEPTH {
+            deep = json!({"type": "object", "properties": {"a": deep}});
+        }
+        let p = input_problems(deep);
+        assert!(
+            p.iter()
+                .any(|p| p.at == "/input" && p.message.contains("deep")),
+            "{p:?}"
+        );
+        // A pattern that compiles too large (here about 0.5 MB).
+        let p = input_problems(json!({"type": "string", "pattern": "^x?.{0,20000}$"}));
+        assert!(p.iter().any(|p| p.at == "/input"), "{p:?}");
+        // A schema within the budget (every example's, and one at the limits) is accepted.
+        let patterns: Vec<Value> = (0..MAX_SCHEMA_PATTERNS)
+            .map(|i| json!({"pattern": format!("^x{i}")}))
+            .collect();
+        let w = Workflow::from_value(
+            json!({"name": "w", "input": {"type": "object", "properties": {"s": {"anyOf": patterns}}},
+                   "steps": [{"name": "a", "service": "inventory"}]}),
+            None,
+            &Policy::default(),
+        )
+        .expect("a schema at the limits");
+        w.check_input(&json!({"s": "x7"}))
+            .expect("matches one pattern");
+        assert!(w.check_input(&json!({"s": "y"})).is_err());
     }
 }

@@ -7,9 +7,10 @@
 //! the binary, no build step and no JavaScript); actions are forms with a confirmation page and
 //! a reason, posted back and answered with a redirect (post/redirect/get).
 //!
-//! A form post must come from the console itself: a browser's `Sec-Fetch-Site` must say
-//! `same-origin` (a request without it and without `Origin` is not a browser's, and cannot be a
-//! cross-site forgery). `sasctl console` also checks the `Host` of what it forwards.
+//! A form post must come from the console itself: its `Sec-Fetch-Site` must say `same-origin`.
+//! The console is for browsers, and every current browser sends it; a post without it (a
+//! script's, or a browser too old to say where the form comes from) is refused. `sasctl
+//! console` also checks the `Host` of what it forwards.
 
 use super::submission::{MAX_REASON_CHARS, OPERATOR_PREFIX, route};
 use crate::domain::{Caller, ProcessState};
@@ -101,19 +102,17 @@ fn cross_site() -> Response<String> {
     error_page(
         StatusCode::FORBIDDEN,
         "Refused",
-        "This form was not posted from the console itself (Sec-Fetch-Site is not same-origin).",
+        "This form was not posted from the console itself (Sec-Fetch-Site is not same-origin, or missing).",
     )
 }
 
-/// Whether a form post comes from a page of the same origin, or from no browser at all.
+/// Whether a form post says it comes from a page of the same origin. Without fetch metadata
+/// it is refused, `Origin` or not: the console cannot tell its own forms from others then.
 fn same_origin(headers: &HeaderMap) -> bool {
-    match headers.get("sec-fetch-site").map(HeaderValue::to_str) {
-        Some(Ok(site)) => site.eq_ignore_ascii_case("same-origin"),
-        Some(Err(_)) => false,
-        // No fetch metadata: a browser old enough not to send it still sends Origin on a
-        // cross-site form post; a request with neither is a script's, not a forgery.
-        None => headers.get(header::ORIGIN).is_none(),
-    }
+    headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|site| site.eq_ignore_ascii_case("same-origin"))
 }
 
 /// The operator API, called in process as the console's operator.

@@ -1438,19 +1438,20 @@ async fn publish_service(
         Ok(v) => v,
         Err(answer) => return *answer,
     };
+    // The problems are at /services/0/...: point them at the body.
+    let in_body = |e: workflow::DefinitionError| {
+        let problems: Vec<_> =
+            e.0.into_iter()
+                .map(|p| workflow::Problem {
+                    at: p.at.trim_start_matches("/services/0").to_owned(),
+                    message: p.message,
+                })
+                .collect();
+        catalog_error(CatalogError::Invalid(workflow::DefinitionError(problems)))
+    };
     let doc = match workflow::parse_services(json!({ "services": [value] })) {
         Ok(doc) => doc,
-        Err(e) => {
-            // The problems are at /services/0/...: point them at the body.
-            let problems: Vec<_> =
-                e.0.into_iter()
-                    .map(|p| workflow::Problem {
-                        at: p.at.trim_start_matches("/services/0").to_owned(),
-                        message: p.message,
-                    })
-                    .collect();
-            return catalog_error(CatalogError::Invalid(workflow::DefinitionError(problems)));
-        }
+        Err(e) => return in_body(e),
     };
     let Some(service): Option<&ServiceDef> = doc.services.first() else {
         return error(
@@ -1475,6 +1476,7 @@ async fn publish_service(
                 "nothing published",
             ),
         },
+        Err(CatalogError::Invalid(e)) => in_body(e),
         Err(e) => catalog_error(e),
     }
 }
