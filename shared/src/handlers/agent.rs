@@ -11,7 +11,7 @@ use crate::domain::task::MAX_RESULT_BYTES;
 use crate::domain::transition::StepOutcome;
 use crate::messages::{SchedulerMessage, StepReply, StepRequest};
 use crate::ports::{Clock, Queue, RemoteCall, RemoteFault};
-use crate::remote::{LookupError, Remotes};
+use crate::remote::{LookupError, MAX_CODE_BYTES, MAX_TEXT_BYTES, Remotes, cap};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use rand::Rng;
 use std::sync::Arc;
@@ -140,7 +140,16 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                     }
                 }
             }
+            Err(RemoteFault::TooLarge(error)) => {
+                warn!(%error, "the service's answer is over the limit sas reads");
+                StepOutcome::Faulted {
+                    error: format!("result_too_large: {}", cap(&error, MAX_TEXT_BYTES)),
+                }
+            }
             Err(RemoteFault::Refused { code, message }) => {
+                // Whatever the remote kept, only capped texts go into the reply (SQS's 256 KB),
+                // the record (DynamoDB's 400 KB) and the events.
+                let (code, message) = (cap(&code, MAX_CODE_BYTES), cap(&message, MAX_TEXT_BYTES));
                 info!(%code, %message, "the service refused the step");
                 StepOutcome::Refused { code, message }
             }
