@@ -150,3 +150,100 @@ async fn a_refusal_with_a_huge_message_is_refused_with_a_capped_message() {
     }
     system.shutdown().await;
 }
+
+/// An accounts-style payment service: `POST /charges/{customerId}` answers 404 for the
+/// customer `ghost` (an id it does not know) and succeeds for anyone else; refunds succeed.
+async fn lookup_payment() -> String {
+    async fn charge(Path(customer): Path<String>) -> Response {
+        if customer == "ghost" {
+            return (StatusCode::NOT_FOUND, "no such customer").into_response();
+        }
+        axum::Json(json!({"id": format!("p-{customer}")})).into_response()
+    }
+    async fn refund() -> Response {
+        axum::Json(json!({"id": "refund"})).into_response()
+    }
+    serve_loopback(
+        axum::Router::new()
+            .route("/charges/{customer}", axum::routing::post(charge))
+            .route("/refund-payment", axum::routing::post(refund)),
+    )
+    .await
+}
+
+/// A 404 on one task's own path (`/charges/{$.input.customerId}` with an unknown id) is about
+/// that task, not the service: its retries do not open the shared breaker (which would defer,
+/// or pause, every other task of the service), the other tasks go through undeferred, and the
+/// task itself fails within its threshold, with the `Failed` alert, instead of waiting for
+/// ever.
+#[tokio::test]
+async fn a_404_on_one_tasks_path_fails_that_task_with_an_alert_and_stalls_no_other() {
+    let base = lookup_payment().await;
+    let payment = format!(
+        "{{type: http, baseUrl: \"{base}\", actions: {{charge-payment: {{method: POST, path: \"/charges/{{$.input.customerId}}\"}}}}}}"
+    );
+    let mut settings = sas::local::Settings {
+        definitions: with_payment(&payment),
+        ..manual_settings()
+    };
+    // Each attempt retries the 404 for a second (dozens of calls); three attempts fail the
+    // step. A breaker counting every fault in a row would open within one attempt.
+    settings.policy.step_timeout = chrono::Duration::seconds(1);
+    settings.breaker.threshold = 3;
+    settings.breaker.read_cache = chrono::Duration::zero();
+    let system = System::new(Backend::Memory, settings, Arc::new(SystemClock))
+        .await
+        .expect("system");
+    let (_, _, bus) = system.memory.clone().expect("in memory");
+
+    let ghost = submit_task(&system, "ecommerce-order", &order("ghost")).await;
+    let mut others = Vec::new();
+    for round in 0..2 {
+        for i in 0..2 {
+            others.push(
+                submit_task(
+                    &system,
+                    "ecommerce-order",
+                    &order(&format!("c-{round}-{i}")),
+                )
+                .await,
+            );
+        }
+        pump_until_quiet(&system, 200).await;
+    }
+
+    let r = state(&system, ghost).await;
+    assert_eq!(r.process_state, ProcessState::Compensated, "{r:?}");
+    assert_eq!(r.steps[1].status, StepStatus::TimedOut, "{r:?}");
+    assert!(
+        r.last_error.as_deref().is_some_and(|e| e.contains("404")),
+        "{r:?}"
+    );
+    let events = bus.published();
+    let failed: Vec<_> = events
+        .iter()
+        .filter(|(t, d)| t == "TaskFailed" && d["taskId"] == ghost.to_string())
+        .collect();
+    assert_eq!(failed.len(), 1, "one Failed alert: {events:?}");
+    assert!(
+        !events.iter().any(|(t, _)| t == "ServiceUnavailable"),
+        "the breaker never opened: {events:?}"
+    );
+    let breaker = system
+        .store
+        .get_breaker("payment")
+        .await
+        .expect("read")
+        .expect("written");
+    assert!(breaker.is_closed(), "{breaker:?}");
+    for id in others {
+        let r = state(&system, id).await;
+        assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
+        assert!(
+            r.history.iter().all(|h| !h.reason.starts_with("deferred")),
+            "not deferred: {:?}",
+            r.history
+        );
+    }
+    system.shutdown().await;
+}

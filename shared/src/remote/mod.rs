@@ -343,14 +343,16 @@ impl SharedBreaker {
         }
     }
 
-    /// Records the call's outcome; on a lost race, once more from a fresh read.
-    async fn record(&self, mut base: BreakerRecord, fault: Option<&RemoteFault>) {
-        let healthy = fault.is_none();
+    /// Records the outcome of a call of `task`; on a lost race, once more from a fresh read.
+    async fn record(&self, mut base: BreakerRecord, fault: Option<&RemoteFault>, task: &str) {
         for _ in 0..2 {
-            let next = if healthy {
-                base.on_success()
-            } else {
-                base.on_fault(self.clock.now(), &self.policy)
+            let next = match fault {
+                None => base.on_success(),
+                // Maybe about this task's request only: counted once per task.
+                Some(RemoteFault::Misconfigured(_)) => {
+                    base.on_misconfigured(self.clock.now(), task, &self.policy)
+                }
+                Some(_) => base.on_fault(self.clock.now(), &self.policy),
             };
             let Some(next) = next else { return };
             match self.store.put_breaker(&next).await {
@@ -425,7 +427,7 @@ impl RemoteService for SharedBreaker {
         };
         let out = self.inner.call(call, timeout).await;
         let fault = out.as_ref().err().filter(|f| f.is_unhealthy());
-        self.record(base, fault).await;
+        self.record(base, fault, &call.task_id.to_string()).await;
         out
     }
 }
