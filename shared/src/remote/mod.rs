@@ -18,7 +18,7 @@ pub use credentials::{
     CachedCredentials, CredentialError, Credentials, DEFAULT_CACHE_TTL, MemoryCredentials, Secret,
 };
 pub use lambda::{LambdaRemote, api_fault, payload as lambda_payload};
-pub use simulated::{Applied, Faults, SimStats, SimulatedService, seeded_unit};
+pub use simulated::{Applied, Faults, OVERSIZED_BYTES, SimStats, SimulatedService, seeded_unit};
 
 use crate::catalog::{CatalogError, Definitions};
 use crate::domain::{BreakerPolicy, BreakerRecord, BreakerState, Decision, Target};
