@@ -471,6 +471,12 @@ pub enum RemoteFault {
     /// The service's shared circuit breaker is open: no call was made; try again at `until`.
     #[error("circuit open until {until}")]
     CircuitOpen { until: DateTime<Utc> },
+    /// The service answered success with more than sas reads
+    /// ([`crate::remote::MAX_ANSWER_BYTES`]): the step took effect, but its result cannot be
+    /// kept (the agent reports it `Faulted`, `result_too_large`). A healthy answer for the
+    /// breaker.
+    #[error("answer too large: {0}")]
+    TooLarge(String),
 }
 
 impl RemoteFault {

@@ -1068,8 +1068,15 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
     assert_eq!(store.get_breaker(&name).await.expect("read"), None);
     let closed = BreakerRecord::closed(&name);
     let p = sas::domain::BreakerPolicy::default();
-    let one = closed.on_fault(Utc::now(), &p).expect("a fault is written");
+    let one = closed
+        .on_misconfigured(Utc::now(), "task-a", &p)
+        .expect("a fault is written");
     assert!(store.put_breaker(&one).await.expect("first write"));
+    assert_eq!(
+        store.get_breaker(&name).await.expect("read"),
+        Some(one.clone()),
+        "the tasks counted are kept"
+    );
     assert!(
         !store.put_breaker(&one).await.expect("replay"),
         "a second writer from the same read loses"
@@ -1081,6 +1088,7 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
         version: 2,
         note: None,
         open_since: Some(until - Span::seconds(5)),
+        fault_keys: vec![],
     };
     assert!(store.put_breaker(&open).await.expect("v2"));
     assert_eq!(
@@ -1101,6 +1109,7 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
         version: 3,
         note: None,
         open_since: Some(until - Span::seconds(5)),
+        fault_keys: vec![],
     };
     assert!(store.put_breaker(&half).await.expect("v3"));
     assert_eq!(

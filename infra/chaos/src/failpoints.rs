@@ -111,6 +111,9 @@ pub struct Recorder {
     /// Writes that were applied but reported to the writer as a lost race (after a lost
     /// response): each one is a violation.
     pub misreported: Mutex<Vec<String>>,
+    /// Messages over SQS's size limit and records over DynamoDB's, refused as AWS would: each
+    /// one is a violation (a service's answer reached them uncapped).
+    pub too_large: Mutex<Vec<String>>,
     /// Task id → (version, settled) of its newest applied write: settled is terminal with no
     /// notice owed. How the run sees progress without reading the store.
     latest: Mutex<HashMap<TaskId, (u64, bool)>>,
@@ -373,6 +376,39 @@ fn put_point(record: &StateRecord, condition: &Condition) -> String {
 }
 
 /// The state store with failpoints after every write.
+/// SQS's largest message body, in bytes.
+pub const SQS_MAX_MESSAGE: usize = 256 * 1024;
+/// DynamoDB's largest item, in bytes (a record's JSON stands in for its item).
+pub const DYNAMODB_MAX_ITEM: usize = 400 * 1024;
+
+impl Recorder {
+    /// Whether `bytes` is over `limit`; if so, records `what` as a violation.
+    fn over(&self, what: impl FnOnce() -> String, bytes: usize, limit: usize) -> bool {
+        if bytes <= limit {
+            return false;
+        }
+        if let Ok(mut v) = self.too_large.lock() {
+            v.push(format!("{} ({bytes} bytes, at most {limit})", what()));
+        }
+        true
+    }
+
+    /// Refuses, as DynamoDB would, a record over its item limit.
+    fn check_record(&self, record: &StateRecord) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(record).map_or(0, |j| j.len());
+        if self.over(
+            || format!("record of {}", record.task_id),
+            bytes,
+            DYNAMODB_MAX_ITEM,
+        ) {
+            return Err(StoreError::Rejected(format!(
+                "ValidationException: item size {bytes} has exceeded the maximum allowed size"
+            )));
+        }
+        Ok(())
+    }
+}
+
 pub struct ChaosStore {
     pub inner: Arc<dyn StateStore>,
     pub chaos: Arc<Chaos>,
@@ -406,6 +442,7 @@ impl StateStore for ChaosStore {
         key: Option<&IdempotencyRecord>,
     ) -> Result<CreateOutcome, StoreError> {
         let subject = task.id.to_string();
+        self.chaos.recorder.check_record(record)?;
         if self.chaos.throttle("create", &subject) {
             return Err(StoreError::Unavailable(throttled("create")));
         }
@@ -436,6 +473,7 @@ impl StateStore for ChaosStore {
         write: u64,
     ) -> Result<(), StoreError> {
         let subject = record.task_id.to_string();
+        self.chaos.recorder.check_record(record)?;
         if self.chaos.throttle("put", &subject) {
             return Err(StoreError::Unavailable(throttled("put")));
         }
@@ -589,6 +627,15 @@ impl Queue for ChaosQueue {
         let r = &self.chaos.recorder;
         r.sent.fetch_add(1, Ordering::Relaxed);
         let p = &self.chaos.plan;
+        if r.over(
+            || format!("{role} message for task {task:?}"),
+            body.len(),
+            SQS_MAX_MESSAGE,
+        ) {
+            return Err(QueueError(format!(
+                "InvalidParameterValue: message must be shorter than {SQS_MAX_MESSAGE} bytes"
+            )));
+        }
         if self.chaos.throttle(&format!("send:{role}"), &task) {
             return Err(QueueError(throttled(&format!("send:{role}"))));
         }

@@ -202,6 +202,16 @@ impl Config {
         }
     }
 
+    /// Every service answers a share `rate` of its step keys oversized
+    /// ([`Faults::oversized`]): half refused with a message of megabytes, half applied with a
+    /// result of megabytes. What sas keeps of them must stay within SQS's and DynamoDB's
+    /// limits (checked), the refusals ending Refused and the results faulting their step.
+    pub fn oversized(&mut self, rate: f64) {
+        for f in self.settings.faults.values_mut() {
+            f.oversized = rate;
+        }
+    }
+
     /// Plants the bug of services that keep no tombstone: an undo of a step they have not
     /// committed (yet) records nothing, so a late step commits after its undo and leaks.
     pub fn without_tombstones(&mut self) {
@@ -368,6 +378,8 @@ pub struct ServiceCounts {
     pub misconfigured: u64,
     pub late_commits: u64,
     pub late_dropped: u64,
+    /// Answers over the result limit or with a huge refusal message.
+    pub oversized: u64,
 }
 
 /// How the tasks that failed at one step failed, and how they ended.
@@ -434,6 +446,8 @@ pub struct Report {
     pub over_requeued: Vec<String>,
     /// Applied writes reported to their writer as a lost race (after a lost response).
     pub misreported: Vec<String>,
+    /// Messages over SQS's 256 KB and records over DynamoDB's 400 KB (refused, as AWS does).
+    pub too_large: Vec<String>,
     /// (lost responses, throttles, slowed work messages, timed-out batches) injected.
     pub edges: (u64, u64, u64, u64),
     pub bus_refused: u64,
@@ -568,6 +582,13 @@ impl Report {
             ),
         );
         check(
+            !self.too_large.is_empty(),
+            format!(
+                "messages or records over AWS's limits: {:?}",
+                first(&self.too_large)
+            ),
+        );
+        check(
             !self.notice_mismatch.is_empty(),
             format!(
                 "events do not match final states: {:?}",
@@ -667,6 +688,11 @@ impl Report {
             "",
         );
         row(
+            "messages over SQS's 256 KB / records over DynamoDB's 400 KB",
+            self.too_large.len().to_string(),
+            "0",
+        );
+        row(
             "notices on the bus not owed by a record, or owed and never published",
             self.notice_mismatch.len().to_string(),
             "0",
@@ -739,16 +765,17 @@ impl Report {
                 ms(w.latencies_ms.last().copied()),
             ));
         }
-        t.push_str("\n| service | calls | transient | 409 in progress | 401 misconfigured | late commits | late commits dropped |\n|---|---|---|---|---|---|---|\n");
+        t.push_str("\n| service | calls | transient | 409 in progress | 401 misconfigured | late commits | late commits dropped | oversized |\n|---|---|---|---|---|---|---|---|\n");
         for (name, c) in &self.services {
             t.push_str(&format!(
-                "| {name} | {} | {} | {} | {} | {} | {} |\n",
+                "| {name} | {} | {} | {} | {} | {} | {} | {} |\n",
                 c.calls,
                 c.transient,
                 c.in_progress,
                 c.misconfigured,
                 c.late_commits,
-                c.late_dropped
+                c.late_dropped,
+                c.oversized
             ));
         }
         t.push_str("\n| workflow | failed at step | refused | timed out | faulted | ended |\n|---|---|---|---|---|---|\n");
@@ -1047,6 +1074,7 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
                 misconfigured: stats.misconfigured_faults,
                 late_commits: stats.late_commits,
                 late_dropped: stats.late_dropped,
+                oversized: stats.oversized,
             },
         );
     }
@@ -1339,6 +1367,12 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
     report.misreported = chaos
         .recorder
         .misreported
+        .lock()
+        .map(|m| m.clone())
+        .unwrap_or_default();
+    report.too_large = chaos
+        .recorder
+        .too_large
         .lock()
         .map(|m| m.clone())
         .unwrap_or_default();

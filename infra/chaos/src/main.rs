@@ -53,6 +53,10 @@ struct Cli {
     /// bug: with --realistic, late steps then leak).
     #[arg(long)]
     no_tombstones: bool,
+    /// Services answer this share of step keys oversized: half refused with a message of
+    /// megabytes, half applied with a result of megabytes (e.g. `--oversized 0.05`).
+    #[arg(long, value_name = "RATE")]
+    oversized: Option<f64>,
     /// Take this service down for the whole run (repeatable), e.g. `--down e-sign`.
     #[arg(long, value_name = "SERVICE")]
     down: Vec<String>,
@@ -98,6 +102,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if cli.no_tombstones {
         cfg.without_tombstones();
+    }
+    if let Some(rate) = cli.oversized {
+        cfg.oversized(rate);
     }
     let pickup = cfg.settings.policy.pickup_timeout.to_std()?;
     if cli.every_switch {

@@ -450,6 +450,13 @@ pub async fn run_checks(remote: &dyn RemoteService, plan: &Plan, target: &str) -
             Err(RemoteFault::CircuitOpen { .. }) => {
                 seen.insert("circuit open");
             }
+            Err(RemoteFault::TooLarge(m)) => {
+                seen.insert("too large");
+                bad.push(format!(
+                    "too large ({}): sas keeps a result of 16 KiB at most",
+                    crate::render::clean(m, 120)
+                ));
+            }
         }
     }
     let classes: Vec<_> = seen.into_iter().collect();

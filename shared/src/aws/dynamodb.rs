@@ -1148,6 +1148,19 @@ impl StateStore for DynamoStore {
                 Some(_) => Some(time(get_n(item, "OpenSince")?)?),
                 None => None,
             },
+            fault_keys: match item.get("FaultKeys") {
+                Some(v) => v
+                    .as_l()
+                    .map_err(|_| corrupt("FaultKeys is not a list"))?
+                    .iter()
+                    .map(|k| {
+                        k.as_s()
+                            .cloned()
+                            .map_err(|_| corrupt("FaultKeys holds a non-string"))
+                    })
+                    .collect::<Result<_, _>>()?,
+                None => Vec::new(),
+            },
         }))
     }
 
@@ -1171,6 +1184,12 @@ impl StateStore for DynamoStore {
         }
         if let Some(since) = record.open_since {
             item.insert("OpenSince".to_owned(), ms(since));
+        }
+        if !record.fault_keys.is_empty() {
+            item.insert(
+                "FaultKeys".to_owned(),
+                AttributeValue::L(record.fault_keys.iter().map(s).collect()),
+            );
         }
         item.insert("State".to_owned(), s(state));
         for (k, v) in extra {

@@ -74,6 +74,11 @@ pub struct BreakerRecord {
     /// Since when the breaker has been open without closing in between (through its probes'
     /// half-open windows); `None` while closed.
     pub open_since: Option<DateTime<Utc>>,
+    /// While closed, the tasks whose misconfigured answers (401, 403, 404...) are counted in
+    /// `failures` since it last closed clean: such an answer may be about one request (a path
+    /// built from its input), so each task counts once ([`BreakerRecord::on_misconfigured`]).
+    /// At most `threshold` entries: opening clears it.
+    pub fault_keys: Vec<String>,
 }
 
 /// What a caller may do now.
@@ -96,6 +101,7 @@ impl BreakerRecord {
             version: 0,
             note: None,
             open_since: None,
+            fault_keys: Vec::new(),
         }
     }
 
@@ -108,6 +114,10 @@ impl BreakerRecord {
             open_since: match state {
                 BreakerState::Closed { .. } => None,
                 _ => self.open_since,
+            },
+            fault_keys: match state {
+                BreakerState::Closed { failures } if failures > 0 => self.fault_keys.clone(),
+                _ => Vec::new(),
             },
         }
     }
@@ -169,6 +179,31 @@ impl BreakerRecord {
     pub fn on_success(&self) -> Option<Self> {
         (self.state != BreakerState::Closed { failures: 0 } && !self.is_paused())
             .then(|| self.to(BreakerState::Closed { failures: 0 }))
+    }
+
+    /// A misconfigured answer (401, 403, 404, another 4xx the mapping does not refuse) to a
+    /// call of task `task` at `now`. It may say the service is misconfigured (every task gets
+    /// it) or only that this task's request is wrong (a lookup of an id that does not exist):
+    /// while closed it counts once per task, so one task's retries never open the breaker and
+    /// defer every other task of the service; `threshold` distinct tasks in a row do. On a
+    /// probe (half-open) it reopens the breaker like any fault. `None`: no write needed.
+    pub fn on_misconfigured(
+        &self,
+        now: DateTime<Utc>,
+        task: &str,
+        p: &BreakerPolicy,
+    ) -> Option<Self> {
+        if !self.is_closed() {
+            return self.on_fault(now, p);
+        }
+        if self.fault_keys.iter().any(|k| k == task) {
+            return None;
+        }
+        let mut next = self.on_fault(now, p)?;
+        if next.is_closed() {
+            next.fault_keys.push(task.to_owned());
+        }
+        Some(next)
     }
 
     /// A transient fault at `now`. `None`: no write needed (already open).
@@ -261,6 +296,41 @@ mod tests {
         step(&mut b, |b| b.on_success());
         assert!(b.is_closed());
         assert_eq!(b.on_success(), None, "closed and clean: no write");
+    }
+
+    #[test]
+    fn misconfigured_answers_count_once_per_task() {
+        let t = Utc::now();
+        let mut b = BreakerRecord::closed("accounts");
+        // One task's 404s, however many: one failure, no opening.
+        for _ in 0..10 {
+            step(&mut b, |b| b.on_misconfigured(t, "task-a", &p()));
+        }
+        assert_eq!(b.state, BreakerState::Closed { failures: 1 });
+        assert_eq!(b.fault_keys, ["task-a"]);
+        // A success of another task closes it clean and forgets the task.
+        step(&mut b, |b| b.on_success());
+        assert_eq!(
+            (b.state, b.fault_keys.len()),
+            (BreakerState::Closed { failures: 0 }, 0)
+        );
+        // A transient fault still counts each time, and keeps the tasks counted.
+        step(&mut b, |b| b.on_misconfigured(t, "task-a", &p()));
+        step(&mut b, |b| b.on_fault(t, &p()));
+        assert_eq!(b.state, BreakerState::Closed { failures: 2 });
+        assert_eq!(b.on_misconfigured(t, "task-a", &p()), None);
+        // Three distinct tasks in a row (the threshold): the service is misconfigured.
+        step(&mut b, |b| b.on_misconfigured(t, "task-b", &p()));
+        assert!(matches!(b.state, BreakerState::Open { .. }), "{b:?}");
+        assert!(b.fault_keys.is_empty(), "opening clears the tasks");
+        // A failed probe reopens it, whoever's it was.
+        let later = t + Duration::seconds(11);
+        let Decision::Probe(probe) = b.decide(later, &p()) else {
+            panic!("probe")
+        };
+        b = probe;
+        step(&mut b, |b| b.on_misconfigured(later, "task-a", &p()));
+        assert!(matches!(b.state, BreakerState::Open { .. }), "{b:?}");
     }
 
     #[test]

@@ -386,9 +386,16 @@ pub enum StepOutcome {
     /// The service confirmed the step but its answer cannot be used (`result_too_large`): the
     /// step took effect, and the task fails.
     Faulted { error: String },
-    /// The service's circuit breaker is open until `until`, past the step's deadline: nothing
-    /// was called; hand the step back now rather than at its deadline.
-    Deferred { until: DateTime<Utc> },
+    /// The step could not be done now: its service's circuit breaker is open until `until`
+    /// (nothing was called), or, with `misconfigured`, the service answered every try of this
+    /// attempt as misconfigured (401, 403, 404...: the error) while its breaker stayed closed,
+    /// so maybe only this task's request is wrong. Hand the step back now rather than at its
+    /// deadline; an open circuit is no failure of the task, a misconfigured attempt is one.
+    Deferred {
+        until: DateTime<Utc>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        misconfigured: Option<String>,
+    },
     /// The agent spent the step's whole timeout (start to close) on transient faults, before
     /// the step's deadline (which also allows for the request's wait in the queue): a timed-out
     /// attempt, handed back now rather than at the deadline.
@@ -658,18 +665,44 @@ pub fn apply_reply(
     }
     let name = r.steps[step_index].name.clone();
     let effects = match (outcome, undo) {
-        (StepOutcome::Deferred { until }, _) => {
+        (
+            StepOutcome::Deferred {
+                until,
+                misconfigured,
+            },
+            _,
+        ) => {
             let what = if undo {
                 format!("undo of {name}")
             } else {
                 name.clone()
             };
-            let reason = format!(
-                "{what}: circuit open until {}",
-                until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-            );
             let wait = (*until - now).max(Duration::zero());
-            defer(r, &mut n, now, p, reason, wait)
+            match misconfigured {
+                // Only this task may be affected (the breaker stayed closed): a failed attempt,
+                // so the step fails, with the alert, within its threshold instead of waiting
+                // for ever with none.
+                Some(error) => {
+                    let reason = format!("{what}: {error} (attempt {attempt})");
+                    hand_back(
+                        r,
+                        &mut n,
+                        now,
+                        p,
+                        stable_jitter(r),
+                        "misconfigured",
+                        reason,
+                        wait,
+                    )
+                }
+                None => {
+                    let reason = format!(
+                        "{what}: circuit open until {}",
+                        until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                    );
+                    defer(r, &mut n, now, p, reason, wait)
+                }
+            }
         }
         (StepOutcome::TimedOut { error }, _) => {
             let what = if undo {
@@ -1184,7 +1217,8 @@ fn keep_sent_until(r: &StateRecord, n: &mut StateRecord) {
 /// delay for the deferrals in a row so far (exponential, capped at `maxDelay`, with jitter), so
 /// a long outage costs a few wake-ups per task. Not a failure of the task: `FailureCount`
 /// stays, so an outage or a misconfigured service makes tasks wait, never compensates them (the
-/// breaker's opening alerts the operator).
+/// breaker's opening alerts the operator). (A misconfigured answer to one task while the
+/// breaker stays closed is a failed attempt instead: [`hand_back`].)
 fn defer(
     r: &StateRecord,
     n: &mut StateRecord,
@@ -2431,7 +2465,18 @@ mod tests {
         run_to(&mut r, 1, now, &p);
         let until = now + Duration::seconds(5);
         let t = apply(&mut r, |r| {
-            apply_reply(r, 1, 1, false, &StepOutcome::Deferred { until }, now, &p)
+            apply_reply(
+                r,
+                1,
+                1,
+                false,
+                &StepOutcome::Deferred {
+                    until,
+                    misconfigured: None,
+                },
+                now,
+                &p,
+            )
         });
         assert_eq!(r.process_state, ProcessState::Pending);
         assert_eq!(
@@ -2459,7 +2504,10 @@ mod tests {
                     a + 1,
                     1,
                     false,
-                    &StepOutcome::Deferred { until: soon },
+                    &StepOutcome::Deferred {
+                        until: soon,
+                        misconfigured: None,
+                    },
                     now,
                     &p,
                 )
@@ -2482,6 +2530,63 @@ mod tests {
         apply(&mut r, |r| claim(r, "s", now, &p));
         apply(&mut r, |r| apply_reply(r, a + 1, 1, false, &ok(), now, &p));
         assert_eq!(r.deferrals, 0);
+    }
+
+    #[test]
+    fn a_misconfigured_attempt_counts_and_fails_the_step_at_the_threshold_with_the_alert() {
+        let p = policy();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let threshold = p.at(1).failure_threshold;
+        for n in 1..=threshold {
+            let a = r.attempt;
+            if n > 1 {
+                apply(&mut r, |r| claim(r, "s", now, &p));
+            }
+            let attempt = if n > 1 { a + 1 } else { a };
+            apply(&mut r, |r| {
+                apply_reply(
+                    r,
+                    attempt,
+                    1,
+                    false,
+                    &StepOutcome::Deferred {
+                        until: now + Duration::milliseconds(50),
+                        misconfigured: Some(
+                            "service misconfigured: HTTP 404: no such account".into(),
+                        ),
+                    },
+                    now,
+                    &p,
+                )
+            });
+            if n < threshold {
+                assert_eq!(
+                    (r.process_state, r.failure_count),
+                    (ProcessState::Pending, n),
+                    "a misconfigured attempt is a failed one"
+                );
+            }
+        }
+        assert_eq!(r.steps[1].status, StepStatus::TimedOut, "{r:?}");
+        assert!(
+            r.outbox.iter().any(|o| o.status == Status::Failed),
+            "the alert is owed: {r:?}"
+        );
+        assert!(
+            r.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("HTTP 404")),
+            "{r:?}"
+        );
+        assert!(
+            r.history
+                .iter()
+                .any(|h| h.reason.starts_with("misconfigured; retry 1")),
+            "{:?}",
+            r.history
+        );
     }
 
     fn declined() -> StepOutcome {
@@ -3150,7 +3255,10 @@ mod tests {
                     Ev::Reply { attempt_back, step_shift, undo, kind } => {
                         let outcome = match kind {
                             0 => refused(),
-                            1 => StepOutcome::Deferred { until: now + Duration::seconds(20) },
+                            1 => StepOutcome::Deferred {
+                                until: now + Duration::seconds(20),
+                                misconfigured: None,
+                            },
                             2 => declined(),
                             3 => StepOutcome::Accepted,
                             4 => StepOutcome::Heartbeat,

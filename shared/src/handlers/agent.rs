@@ -11,7 +11,7 @@ use crate::domain::task::MAX_RESULT_BYTES;
 use crate::domain::transition::StepOutcome;
 use crate::messages::{SchedulerMessage, StepReply, StepRequest};
 use crate::ports::{Clock, Queue, RemoteCall, RemoteFault};
-use crate::remote::{LookupError, Remotes};
+use crate::remote::{LookupError, MAX_CODE_BYTES, MAX_TEXT_BYTES, Remotes, cap};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use rand::Rng;
 use std::sync::Arc;
@@ -140,7 +140,16 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                     }
                 }
             }
+            Err(RemoteFault::TooLarge(error)) => {
+                warn!(%error, "the service's answer is over the limit sas reads");
+                StepOutcome::Faulted {
+                    error: format!("result_too_large: {}", cap(&error, MAX_TEXT_BYTES)),
+                }
+            }
             Err(RemoteFault::Refused { code, message }) => {
+                // Whatever the remote kept, only capped texts go into the reply (SQS's 256 KB),
+                // the record (DynamoDB's 400 KB) and the events.
+                let (code, message) = (cap(&code, MAX_CODE_BYTES), cap(&message, MAX_TEXT_BYTES));
                 info!(%code, %message, "the service refused the step");
                 StepOutcome::Refused { code, message }
             }
@@ -148,7 +157,10 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                 // Hand the step back at once rather than wait here: an agent held by one
                 // service's open breaker would delay the steps of every other service.
                 info!(%until, "circuit open; the step is deferred");
-                StepOutcome::Deferred { until }
+                StepOutcome::Deferred {
+                    until,
+                    misconfigured: None,
+                }
             }
             Err(
                 fault @ (RemoteFault::Transient(_)
@@ -164,10 +176,16 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                 let until = deps.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default();
                 if until >= give_up_at {
                     if let RemoteFault::Misconfigured(error) = &fault {
-                        // Not the step's fault, and never a refusal: the step waits (no failure
-                        // counted) until an operator mends the service; its breaker alerts.
-                        error!(%error, retries = retry, "service misconfigured and no time left; the step is deferred");
-                        StepOutcome::Deferred { until }
+                        // Never a refusal. Had the whole service been misconfigured, its
+                        // breaker (counting distinct tasks) would have opened and deferred
+                        // the step; it stayed closed, so maybe only this task's request is
+                        // wrong (a 404 on its own path): a failed attempt, which fails the
+                        // step, with the alert, at its threshold.
+                        error!(%error, retries = retry, "service misconfigured for this step and no time left; the attempt failed");
+                        StepOutcome::Deferred {
+                            until,
+                            misconfigured: Some(cap(&fault.to_string(), MAX_TEXT_BYTES)),
+                        }
                     } else if give_up_at < request.complete_by {
                         // The step's own timeout ran out before its deadline (the deadline
                         // also covers the wait in the queue): hand the attempt back now.

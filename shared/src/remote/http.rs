@@ -2,8 +2,8 @@
 //! headers, a credential read at run time, and the status mapping that says which answers are
 //! refusals, which are worth retrying and which need an operator.
 
-use super::SimulatedService;
 use super::credentials::{CachedCredentials, Secret};
+use super::{MAX_ANSWER_BYTES, MAX_TEXT_BYTES, SimulatedService, cap};
 use crate::domain::workflow::{
     AuthScheme, CredentialSource, HttpMethod, HttpTarget, PathPart, PathTemplate, StatusOverrides,
 };
@@ -114,7 +114,8 @@ pub fn classify(status: u16, overrides: &StatusOverrides) -> StatusClass {
     }
 }
 
-/// The outcome of an answer (`status`, body `text`): the result, or the fault.
+/// The outcome of an answer (`status`, body `text`): the result, or the fault. A refusal's
+/// message is capped at [`MAX_TEXT_BYTES`]; the other faults quote the body's start.
 pub fn outcome(status: u16, text: &str, overrides: &StatusOverrides) -> Result<Value, RemoteFault> {
     let quoted = || {
         format!(
@@ -145,8 +146,10 @@ pub fn outcome(status: u16, text: &str, overrides: &StatusOverrides) -> Result<V
             let code = field("code")
                 .filter(|c| !c.is_empty() && c.chars().count() <= MAX_CODE_CHARS)
                 .unwrap_or_else(|| format!("http_{status}"));
-            let message =
-                field("message").unwrap_or_else(|| text.chars().take(QUOTED_CHARS).collect());
+            let message = field("message").map_or_else(
+                || text.chars().take(QUOTED_CHARS).collect(),
+                |m| cap(&m, MAX_TEXT_BYTES),
+            );
             Err(RemoteFault::Refused { code, message })
         }
     }
@@ -394,12 +397,36 @@ impl RemoteService for HttpRemote {
             self.credentials.forget(&auth.source);
             warn!(service = %call.service, status, source = %auth.source, "credential refused; it will be read again");
         }
-        let text = resp
-            .text()
+        let (body, more) = read_at_most(resp, MAX_ANSWER_BYTES)
             .await
             .map_err(|e| RemoteFault::Transient(format!("reading the response failed: {e}")))?;
-        outcome(status, &text, &self.statuses)
+        if more && classify(status, &self.statuses) == StatusClass::Success {
+            warn!(service = %call.service, status, "the service's answer is over the limit; not read further");
+            return Err(RemoteFault::TooLarge(format!(
+                "HTTP {status}: the service's answer is over {MAX_ANSWER_BYTES} bytes"
+            )));
+        }
+        outcome(status, &String::from_utf8_lossy(&body), &self.statuses)
     }
+}
+
+/// The first `limit` bytes of `resp`'s body, and whether it has more: read chunk by chunk and
+/// no further than `limit` + 1 bytes, so an endless or huge answer costs bounded memory (the
+/// connection is dropped with the rest unread).
+pub async fn read_at_most(
+    mut resp: reqwest::Response,
+    limit: usize,
+) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        let room = limit + 1 - body.len();
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if body.len() > limit {
+            body.truncate(limit);
+            return Ok((body, true));
+        }
+    }
+    Ok((body, false))
 }
 
 /// Serves a [`SimulatedService`] over HTTP with the contract [`HttpRemote`] speaks: 200 on
@@ -435,6 +462,9 @@ pub fn router(service: Arc<SimulatedService>) -> axum::Router {
             Err(RemoteFault::Transient(e)) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
             Err(e @ RemoteFault::CircuitOpen { .. }) => {
                 (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
+            }
+            Err(e @ RemoteFault::TooLarge(_)) => {
+                (StatusCode::BAD_GATEWAY, e.to_string()).into_response()
             }
             Err(RemoteFault::InProgress(e)) => (StatusCode::CONFLICT, e).into_response(),
             Err(RemoteFault::Misconfigured(e)) => (StatusCode::UNAUTHORIZED, e).into_response(),
@@ -582,6 +612,15 @@ mod tests {
             }),
             "a code over 64 characters is not taken"
         );
+        let long = json!({"error": {"code": "declined", "message": "é".repeat(20_000)}});
+        match outcome(422, &long.to_string(), &none) {
+            Err(RemoteFault::Refused { code, message }) => {
+                assert_eq!(code, "declined", "a long message keeps its code");
+                assert!(message.len() <= MAX_TEXT_BYTES, "{}", message.len());
+                assert!(message.ends_with(super::super::CUT_MARKER), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
         let text = "y".repeat(300);
         match outcome(422, &text, &none) {
             Err(RemoteFault::Refused { code, message }) => {

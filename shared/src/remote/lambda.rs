@@ -4,6 +4,7 @@
 //! own errors are transient (throttling, service and network faults) or misconfigured (not
 //! found, access denied, a bad request).
 
+use super::{MAX_ANSWER_BYTES, MAX_CODE_BYTES, MAX_TEXT_BYTES, cap};
 use crate::domain::workflow::LambdaTarget;
 use crate::ports::{RemoteCall, RemoteFault, RemoteService};
 use async_trait::async_trait;
@@ -38,7 +39,10 @@ pub fn payload(call: &RemoteCall) -> Value {
 /// operator.
 pub fn api_fault(code: Option<&str>, status: u16, message: String) -> RemoteFault {
     let code_str = code.unwrap_or("unknown");
-    let what = format!("lambda {code_str} (HTTP {status}): {message}");
+    let what = cap(
+        &format!("lambda {code_str} (HTTP {status}): {message}"),
+        MAX_TEXT_BYTES,
+    );
     let transient = status == 429
         || status >= 500
         || matches!(
@@ -75,11 +79,17 @@ impl LambdaRemote {
     /// What a function error (`X-Amz-Function-Error`, with `{errorType, errorMessage}` as the
     /// payload) means.
     fn function_error(&self, kind: &str, body: &[u8]) -> RemoteFault {
+        // The SDK hands the payload over whole (up to Lambda's 6 MB): keep only capped texts.
         let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-        let field = |name: &str| parsed.get(name).and_then(Value::as_str).map(str::to_owned);
-        let error_type = field("errorType");
-        let message = field("errorMessage")
-            .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(200).collect());
+        let field = |name: &str| parsed.get(name).and_then(Value::as_str);
+        let error_type = field("errorType").map(|t| cap(t, MAX_CODE_BYTES));
+        let message = field("errorMessage").map_or_else(
+            || {
+                let head = &body[..body.len().min(MAX_TEXT_BYTES)];
+                String::from_utf8_lossy(head).chars().take(200).collect()
+            },
+            |m| cap(m, MAX_TEXT_BYTES),
+        );
         match error_type {
             Some(t) if self.refusals.contains(&t) => RemoteFault::Refused { code: t, message },
             t => RemoteFault::Transient(format!(
@@ -138,6 +148,13 @@ impl RemoteService for LambdaRemote {
         let body = out.payload().map(Blob::as_ref).unwrap_or_default();
         if let Some(kind) = out.function_error() {
             return Err(self.function_error(kind, body));
+        }
+        if body.len() > MAX_ANSWER_BYTES {
+            return Err(RemoteFault::TooLarge(format!(
+                "function {} answered {} bytes (sas reads at most {MAX_ANSWER_BYTES})",
+                self.function,
+                body.len()
+            )));
         }
         if body.iter().all(u8::is_ascii_whitespace) {
             return Ok(Value::Null);
@@ -213,6 +230,19 @@ mod tests {
                     "errorMessage": "score too low",
                     "errorType": "CreditDeclined",
                     "stackTrace": ["at score (index.js:3)"],
+                })),
+                "sas-dev-svc-huge" => (
+                    StatusCode::OK,
+                    json!({"pad": "x".repeat(1 << 20)}).to_string(),
+                )
+                    .into_response(),
+                "sas-dev-svc-declines-loudly" => function_error(json!({
+                    "errorMessage": "é".repeat(1 << 20),
+                    "errorType": "CreditDeclined",
+                })),
+                "sas-dev-svc-crashes-loudly" => function_error(json!({
+                    "errorMessage": "x".repeat(2 << 20),
+                    "errorType": "T".repeat(1000),
                 })),
                 "sas-dev-svc-crashes" => function_error(json!({
                     "errorMessage": "Cannot read properties of undefined",
@@ -371,6 +401,33 @@ mod tests {
                 matches!(out, Err(RemoteFault::Transient(_))),
                 "{f}: {out:?}"
             );
+        }
+    }
+
+    /// The SDK hands over the whole payload (up to Lambda's 6 MB): a success over
+    /// [`MAX_ANSWER_BYTES`] is too large to keep, and a function error's texts are capped.
+    #[tokio::test]
+    async fn a_huge_payload_is_too_large_and_huge_error_texts_are_capped() {
+        let (_, endpoint) = stub().await;
+        let out = remote(&endpoint, "sas-dev-svc-huge").call(&call(), T).await;
+        assert!(matches!(&out, Err(RemoteFault::TooLarge(_))), "{out:?}");
+        match remote(&endpoint, "sas-dev-svc-declines-loudly")
+            .call(&call(), T)
+            .await
+        {
+            Err(RemoteFault::Refused { code, message }) => {
+                assert_eq!(code, "CreditDeclined");
+                assert!(message.len() <= MAX_TEXT_BYTES, "{}", message.len());
+                assert!(message.ends_with(crate::remote::CUT_MARKER), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match remote(&endpoint, "sas-dev-svc-crashes-loudly")
+            .call(&call(), T)
+            .await
+        {
+            Err(RemoteFault::Transient(e)) => assert!(e.len() < 2 * MAX_TEXT_BYTES, "{}", e.len()),
+            other => panic!("{other:?}"),
         }
     }
 

@@ -20,7 +20,7 @@ pub use credentials::{
     CachedCredentials, CredentialError, Credentials, DEFAULT_CACHE_TTL, MemoryCredentials, Secret,
 };
 pub use lambda::{LambdaRemote, api_fault, payload as lambda_payload};
-pub use simulated::{Applied, Faults, SimStats, SimulatedService, seeded_unit};
+pub use simulated::{Applied, Faults, OVERSIZED_BYTES, SimStats, SimulatedService, seeded_unit};
 
 use crate::catalog::{CatalogError, Definitions};
 use crate::domain::{BreakerPolicy, BreakerRecord, BreakerState, Decision, Target};
@@ -31,6 +31,33 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::{error, info, warn};
+
+/// The most of a service's answer an agent reads, in bytes: an HTTP body is read no further
+/// (a success over it is [`RemoteFault::TooLarge`]: the step took effect, its result cannot be
+/// kept); a Lambda payload over it is not parsed. Above the result limit
+/// ([`crate::domain::task::MAX_RESULT_BYTES`]), so that a success with some whitespace and a
+/// refusal with a long message are still read whole.
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
+/// The most of any text from a service (a refusal's message, a fault's error) that reaches a
+/// record, a message or an event, in bytes: [`cap`] cuts the rest.
+pub const MAX_TEXT_BYTES: usize = 1024;
+/// The longest refusal code kept, in bytes.
+pub const MAX_CODE_BYTES: usize = 64;
+/// What ends a text [`cap`] cut.
+pub const CUT_MARKER: &str = "…[cut]";
+
+/// `text`, or, if it is over `max` bytes, as much of it as fits on a char boundary followed by
+/// [`CUT_MARKER`] (`max` bytes at most in all).
+pub fn cap(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    if max < CUT_MARKER.len() {
+        return text[..text.floor_char_boundary(max)].to_owned();
+    }
+    let keep = text.floor_char_boundary(max - CUT_MARKER.len());
+    format!("{}{CUT_MARKER}", &text[..keep])
+}
 
 /// Makes the simulated service of a name (the local runner hands out its own, with faults).
 pub type SimulatedFactory = Arc<dyn Fn(&str) -> Arc<dyn RemoteService> + Send + Sync>;
@@ -318,14 +345,16 @@ impl SharedBreaker {
         }
     }
 
-    /// Records the call's outcome; on a lost race, once more from a fresh read.
-    async fn record(&self, mut base: BreakerRecord, fault: Option<&RemoteFault>) {
-        let healthy = fault.is_none();
+    /// Records the outcome of a call of `task`; on a lost race, once more from a fresh read.
+    async fn record(&self, mut base: BreakerRecord, fault: Option<&RemoteFault>, task: &str) {
         for _ in 0..2 {
-            let next = if healthy {
-                base.on_success()
-            } else {
-                base.on_fault(self.clock.now(), &self.policy)
+            let next = match fault {
+                None => base.on_success(),
+                // Maybe about this task's request only: counted once per task.
+                Some(RemoteFault::Misconfigured(_)) => {
+                    base.on_misconfigured(self.clock.now(), task, &self.policy)
+                }
+                Some(_) => base.on_fault(self.clock.now(), &self.policy),
             };
             let Some(next) = next else { return };
             match self.store.put_breaker(&next).await {
@@ -400,7 +429,7 @@ impl RemoteService for SharedBreaker {
         };
         let out = self.inner.call(call, timeout).await;
         let fault = out.as_ref().err().filter(|f| f.is_unhealthy());
-        self.record(base, fault).await;
+        self.record(base, fault, &call.task_id.to_string()).await;
         out
     }
 }
@@ -441,6 +470,16 @@ mod tests {
             deadline: Utc::now() + chrono::Duration::seconds(30),
             callback: None,
         }
+    }
+
+    #[test]
+    fn cap_cuts_on_a_char_boundary_with_a_marker() {
+        assert_eq!(cap("short", 10), "short");
+        assert_eq!(cap("0123456789", 10), "0123456789");
+        let cut = cap(&"é".repeat(100), 20);
+        assert!(cut.len() <= 20, "{cut}");
+        assert!(cut.ends_with(CUT_MARKER) && cut.starts_with("éé"), "{cut}");
+        assert_eq!(cap("abcdef", 2), "ab", "no room for the marker");
     }
 
     /// The read cache: an agent reuses the breaker it read for `read_cache`, so another agent's

@@ -45,6 +45,11 @@ pub struct Faults {
     /// service that forgets this: a late step then commits after its undo and leaks (counted
     /// in [`SimStats::leaked`]).
     pub tombstones: bool,
+    /// Share of step keys (not undos) answered oversized, decided once per key: half of them
+    /// refused with a message of [`OVERSIZED_BYTES`] (no effect), the others applied and
+    /// answered with a result padded to that size (the effect took place). What an agent keeps
+    /// of either must stay within the limits of a reply, a record and an event.
+    pub oversized: f64,
     /// Decide every fault from this seed, the idempotency key and the call's number for that
     /// key, instead of at random: the same seed gives the same faults to the same calls,
     /// whatever the interleaving.
@@ -66,10 +71,15 @@ impl Default for Faults {
             in_progress: false,
             unauthorized: None,
             tombstones: true,
+            oversized: 0.0,
             seed: None,
         }
     }
 }
+
+/// The size of an oversized answer's padding (see [`Faults::oversized`]): past SQS's 256 KB
+/// and DynamoDB's 400 KB.
+pub const OVERSIZED_BYTES: usize = 2 << 20;
 
 /// A number in [0, 1) from `seed`, `parts` and `n`: the seeded fault decisions.
 pub fn seeded_unit(seed: u64, parts: &[&str], n: u64) -> f64 {
@@ -91,6 +101,8 @@ pub struct SimStats {
     pub in_progress_faults: u64,
     /// Calls answered "misconfigured" (401) inside the `unauthorized` window.
     pub misconfigured_faults: u64,
+    /// Calls answered oversized (see [`Faults::oversized`]).
+    pub oversized: u64,
     /// Calls that committed after their caller had timed out.
     pub late_commits: u64,
     /// Late commits dropped because the key had an outcome by then (a tombstone, or a retry
@@ -371,7 +383,17 @@ impl RemoteService for SimulatedService {
             Some(seed) => seeded_unit(seed, &["permanent", key], 0) < faults.permanent_rate,
             None => roll("permanent", faults.permanent_rate),
         };
-        let refuse = permanent || faults.refuse_actions.contains(&call.action);
+        // Oversized is decided once per step key too (a refused key stays refused).
+        let oversized = call.undoes.is_none()
+            && seeded_unit(faults.seed.unwrap_or_default(), &["oversized", key], 0)
+                < faults.oversized;
+        let oversized_refusal = oversized
+            && seeded_unit(
+                faults.seed.unwrap_or_default(),
+                &["oversized-refusal", key],
+                0,
+            ) < 0.5;
+        let refuse = permanent || oversized_refusal || faults.refuse_actions.contains(&call.action);
         let lost = roll("lost", faults.lost_response_rate);
         let in_outage = |now: DateTime<Utc>| {
             faults
@@ -423,7 +445,20 @@ impl RemoteService for SimulatedService {
                     self.name
                 )))
             }
+            // The outcome kept per key stays small; the padding is added on the way out.
+            Ok(mut v) if oversized => {
+                self.with_state(|s| s.stats.oversized += 1)?;
+                v["pad"] = serde_json::Value::String("x".repeat(OVERSIZED_BYTES));
+                Ok(v)
+            }
             Ok(v) => Ok(v),
+            Err(e) if oversized_refusal => {
+                self.with_state(|s| s.stats.oversized += 1)?;
+                Err(RemoteFault::Refused {
+                    code: "refused".into(),
+                    message: format!("{e}: {}", "x".repeat(OVERSIZED_BYTES)),
+                })
+            }
             Err(e) => Err(RemoteFault::Refused {
                 code: "refused".into(),
                 message: e,
@@ -493,6 +528,46 @@ mod tests {
             deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
             callback: None,
         }
+    }
+
+    #[tokio::test]
+    async fn oversized_keys_are_refused_hugely_or_applied_with_a_huge_result_every_time() {
+        let s = SimulatedService::new(
+            "payment",
+            Faults {
+                oversized: 1.0,
+                seed: Some(3),
+                ..Faults::default()
+            },
+            Arc::new(SystemClock),
+        );
+        let t = Duration::from_secs(1);
+        let (mut refused, mut applied) = (0, 0);
+        for i in 0..20 {
+            let key = format!("k{i}");
+            for _ in 0..2 {
+                match s.call(&call(&key), t).await {
+                    Err(RemoteFault::Refused { message, .. }) => {
+                        assert!(message.len() > OVERSIZED_BYTES);
+                        refused += 1;
+                    }
+                    Ok(v) => {
+                        assert!(v.to_string().len() > OVERSIZED_BYTES);
+                        applied += 1;
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert!(s.stats().effects.get(&key).is_none_or(|n| *n == 1));
+        }
+        assert!(
+            refused > 0 && applied > 0,
+            "{refused} refused, {applied} applied"
+        );
+        assert_eq!(s.stats().oversized, 40);
+        s.call(&undo("u1", "k0"), t)
+            .await
+            .expect("an undo is never oversized");
     }
 
     #[tokio::test]
