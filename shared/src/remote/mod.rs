@@ -15,7 +15,8 @@ pub use self::http::{
 };
 pub use callback::{CallbackCompleter, CallbackSink, HttpCallbackSink};
 pub use credentials::{
-    CachedCredentials, CredentialError, Credentials, DEFAULT_CACHE_TTL, MemoryCredentials, Secret,
+    CachedCredentials, CredentialError, Credentials, DEFAULT_CACHE_TTL, MemoryCredentials,
+    ScopedCredentials, Secret, check_prefix,
 };
 pub use lambda::{LambdaRemote, api_fault, payload as lambda_payload};
 pub use simulated::{Applied, Faults, SimStats, SimulatedService, seeded_unit};
