@@ -12,17 +12,81 @@ pub enum ConfigError {
     Invalid { name: &'static str, problem: String },
 }
 
+/// Where the variables are read: the process's environment (the Lambdas), or a given set
+/// (`sas-local` reads the process's too; tests give theirs). Empty counts as absent.
+#[derive(Debug, Clone, Default)]
+pub enum Vars {
+    #[default]
+    Process,
+    Given(std::collections::HashMap<String, String>),
+}
+
+impl Vars {
+    /// A given set of variables.
+    pub fn given<K: Into<String>, V: Into<String>>(
+        pairs: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        Self::Given(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        )
+    }
+
+    /// The value of `name`, if set and not blank.
+    pub fn get(&self, name: &str) -> Option<String> {
+        match self {
+            Self::Process => std::env::var(name).ok(),
+            Self::Given(m) => m.get(name).cloned(),
+        }
+        .filter(|v| !v.trim().is_empty())
+    }
+
+    /// Whether `name` is set (not blank).
+    pub fn is_set(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Reads and parses an optional variable, with a default.
+    pub fn parsed<T: FromStr>(&self, name: &'static str, default: T) -> Result<T, ConfigError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => v.trim().parse().map_err(|e: T::Err| ConfigError::Invalid {
+                name,
+                problem: e.to_string(),
+            }),
+        }
+    }
+
+    /// Reads decimal seconds (0 to 86400), with a default.
+    pub fn seconds(
+        &self,
+        name: &'static str,
+        default: chrono::Duration,
+    ) -> Result<chrono::Duration, ConfigError> {
+        let s: f64 = self.parsed(name, default.num_milliseconds() as f64 / 1000.0)?;
+        if !(0.0..=86_400.0).contains(&s) {
+            return Err(ConfigError::Invalid {
+                name,
+                problem: "must be between 0 and 86400 seconds".into(),
+            });
+        }
+        Ok(chrono::Duration::milliseconds((s * 1000.0) as i64))
+    }
+}
+
 /// Reads a required variable.
 pub fn required(name: &'static str) -> Result<String, ConfigError> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => Ok(v),
-        _ => Err(ConfigError::Missing(name)),
-    }
+    Vars::Process.get(name).ok_or(ConfigError::Missing(name))
 }
 
 /// Reads an optional variable (empty counts as absent).
 pub fn optional(name: &'static str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+    Vars::Process.get(name)
 }
 
 /// Reads and parses an optional variable, with a default.
@@ -30,24 +94,29 @@ pub fn parsed<T: FromStr>(name: &'static str, default: T) -> Result<T, ConfigErr
 where
     T::Err: std::fmt::Display,
 {
-    match optional(name) {
-        None => Ok(default),
-        Some(v) => v.trim().parse().map_err(|e: T::Err| ConfigError::Invalid {
-            name,
-            problem: e.to_string(),
-        }),
-    }
+    Vars::Process.parsed(name, default)
 }
 
-fn seconds(name: &'static str, default: f64) -> Result<chrono::Duration, ConfigError> {
-    let s: f64 = parsed(name, default)?;
-    if !(0.0..=86_400.0).contains(&s) {
-        return Err(ConfigError::Invalid {
-            name,
-            problem: "must be between 0 and 86400 seconds".into(),
-        });
+/// The defaults of what [`policy_in`] reads: a deployment's ([`PolicyDefaults::default`]) or
+/// `sas-local`'s.
+#[derive(Debug, Clone)]
+pub struct PolicyDefaults {
+    /// Every field but `undo_wait`, which is `call_timeout` + `undo_margin`.
+    pub policy: Policy,
+    /// `CALL_TIMEOUT_MS`'s default.
+    pub call_timeout: std::time::Duration,
+    /// `UNDO_MARGIN_SECONDS`'s default.
+    pub undo_margin: chrono::Duration,
+}
+
+impl Default for PolicyDefaults {
+    fn default() -> Self {
+        Self {
+            policy: Policy::default(),
+            call_timeout: std::time::Duration::from_millis(10_000),
+            undo_margin: chrono::Duration::seconds(30),
+        }
     }
-    Ok(chrono::Duration::milliseconds((s * 1000.0) as i64))
 }
 
 /// The deployment's default policy (each workflow's steps may set their own timeout and retry):
@@ -58,23 +127,28 @@ fn seconds(name: &'static str, default: f64) -> Result<chrono::Duration, ConfigE
 /// a step that may still be in flight: `CALL_TIMEOUT_MS` (the agent's longest call, default
 /// 10 000) + `UNDO_MARGIN_SECONDS` (clock skew, default 30).
 pub fn policy() -> Result<Policy, ConfigError> {
-    let d = Policy::default();
-    let secs = |d: chrono::Duration| d.num_milliseconds() as f64 / 1000.0;
-    let threshold: u32 = parsed("FAILURE_THRESHOLD", d.failure_threshold)?;
+    policy_in(&Vars::Process, &PolicyDefaults::default())
+}
+
+/// [`policy`] from `vars`, with `defaults` for what is unset.
+pub fn policy_in(vars: &Vars, defaults: &PolicyDefaults) -> Result<Policy, ConfigError> {
+    let d = &defaults.policy;
+    let threshold: u32 = vars.parsed("FAILURE_THRESHOLD", d.failure_threshold)?;
     if threshold == 0 {
         return Err(ConfigError::Invalid {
             name: "FAILURE_THRESHOLD",
             problem: "must be at least 1".into(),
         });
     }
+    let call_timeout = call_timeout_in(vars, defaults.call_timeout)?;
     Ok(Policy {
-        step_timeout: seconds("STEP_TIMEOUT_SECONDS", secs(d.step_timeout))?,
-        start_within: seconds("START_WITHIN_SECONDS", secs(d.start_within))?,
-        pickup_timeout: seconds("PICKUP_TIMEOUT_SECONDS", secs(d.pickup_timeout))?,
+        step_timeout: vars.seconds("STEP_TIMEOUT_SECONDS", d.step_timeout)?,
+        start_within: vars.seconds("START_WITHIN_SECONDS", d.start_within)?,
+        pickup_timeout: vars.seconds("PICKUP_TIMEOUT_SECONDS", d.pickup_timeout)?,
         failure_threshold: threshold,
-        retry_base_delay: seconds("RETRY_BASE_DELAY_SECONDS", secs(d.retry_base_delay))?,
+        retry_base_delay: vars.seconds("RETRY_BASE_DELAY_SECONDS", d.retry_base_delay)?,
         backoff_rate: {
-            let r: f64 = parsed("RETRY_BACKOFF_RATE", d.backoff_rate)?;
+            let r: f64 = vars.parsed("RETRY_BACKOFF_RATE", d.backoff_rate)?;
             if !(1.0..=10.0).contains(&r) {
                 return Err(ConfigError::Invalid {
                     name: "RETRY_BACKOFF_RATE",
@@ -83,22 +157,47 @@ pub fn policy() -> Result<Policy, ConfigError> {
             }
             r
         },
-        retry_max_delay: seconds("RETRY_MAX_DELAY_SECONDS", secs(d.retry_max_delay))?,
-        auto_compensate: parsed("AUTO_COMPENSATE", d.auto_compensate)?,
-        cooldown: seconds("COOLDOWN_SECONDS", secs(d.cooldown))?,
-        max_rounds: parsed("MAX_ROUNDS", d.max_rounds)?,
+        retry_max_delay: vars.seconds("RETRY_MAX_DELAY_SECONDS", d.retry_max_delay)?,
+        auto_compensate: vars.parsed("AUTO_COMPENSATE", d.auto_compensate)?,
+        cooldown: vars.seconds("COOLDOWN_SECONDS", d.cooldown)?,
+        max_rounds: vars.parsed("MAX_ROUNDS", d.max_rounds)?,
         callback: None,
-        undo_wait: chrono::Duration::milliseconds(parsed("CALL_TIMEOUT_MS", 10_000i64)?)
-            + seconds("UNDO_MARGIN_SECONDS", 30.0)?,
-        progress_events: parsed("PROGRESS_EVENTS", d.progress_events)?,
+        undo_wait: chrono::Duration::milliseconds(call_timeout.as_millis() as i64)
+            + vars.seconds("UNDO_MARGIN_SECONDS", defaults.undo_margin)?,
+        progress_events: vars.parsed("PROGRESS_EVENTS", d.progress_events)?,
     })
+}
+
+/// The agent's longest service call, `CALL_TIMEOUT_MS` (the time left before the step's
+/// deadline bounds each call too).
+pub fn call_timeout_in(
+    vars: &Vars,
+    default: std::time::Duration,
+) -> Result<std::time::Duration, ConfigError> {
+    let ms: u64 = vars.parsed("CALL_TIMEOUT_MS", default.as_millis() as u64)?;
+    Ok(std::time::Duration::from_millis(ms))
 }
 
 /// The agent's backoff: `BACKOFF_BASE_MS` (default 100), `BACKOFF_CAP_MS` (default 5000).
 pub fn backoff() -> Result<Backoff, ConfigError> {
+    backoff_in(
+        &Vars::Process,
+        Backoff {
+            base: chrono::Duration::milliseconds(100),
+            cap: chrono::Duration::milliseconds(5000),
+        },
+    )
+}
+
+/// [`backoff`] from `vars`, with `d` for what is unset.
+pub fn backoff_in(vars: &Vars, d: Backoff) -> Result<Backoff, ConfigError> {
     Ok(Backoff {
-        base: chrono::Duration::milliseconds(parsed("BACKOFF_BASE_MS", 100)?),
-        cap: chrono::Duration::milliseconds(parsed("BACKOFF_CAP_MS", 5000)?),
+        base: chrono::Duration::milliseconds(
+            vars.parsed("BACKOFF_BASE_MS", d.base.num_milliseconds())?,
+        ),
+        cap: chrono::Duration::milliseconds(
+            vars.parsed("BACKOFF_CAP_MS", d.cap.num_milliseconds())?,
+        ),
     })
 }
 
@@ -106,27 +205,52 @@ pub fn backoff() -> Result<Backoff, ConfigError> {
 /// `BREAKER_COOLDOWN_MS` (default 5000), `BREAKER_PROBES` (default 1 per window),
 /// `BREAKER_PROBE_WINDOW_MS` (default 10000), `BREAKER_CACHE_MS` (default 1000).
 pub fn breaker() -> Result<crate::domain::BreakerPolicy, ConfigError> {
-    let d = crate::domain::BreakerPolicy::default();
+    breaker_in(&Vars::Process, crate::domain::BreakerPolicy::default())
+}
+
+/// [`breaker`] from `vars`, with `d` for what is unset.
+pub fn breaker_in(
+    vars: &Vars,
+    d: crate::domain::BreakerPolicy,
+) -> Result<crate::domain::BreakerPolicy, ConfigError> {
     Ok(crate::domain::BreakerPolicy {
-        threshold: parsed("BREAKER_THRESHOLD", d.threshold)?.max(1),
-        cooldown: chrono::Duration::milliseconds(parsed(
-            "BREAKER_COOLDOWN_MS",
-            d.cooldown.num_milliseconds(),
-        )?),
-        probes: parsed("BREAKER_PROBES", d.probes)?.max(1),
-        probe_window: chrono::Duration::milliseconds(parsed(
-            "BREAKER_PROBE_WINDOW_MS",
-            d.probe_window.num_milliseconds(),
-        )?),
+        threshold: vars.parsed("BREAKER_THRESHOLD", d.threshold)?.max(1),
+        cooldown: chrono::Duration::milliseconds(
+            vars.parsed("BREAKER_COOLDOWN_MS", d.cooldown.num_milliseconds())?,
+        ),
+        probes: vars.parsed("BREAKER_PROBES", d.probes)?.max(1),
+        probe_window: chrono::Duration::milliseconds(
+            vars.parsed("BREAKER_PROBE_WINDOW_MS", d.probe_window.num_milliseconds())?,
+        ),
         // 0 (the default): a service is paused only by hand.
-        pause_after: match parsed("BREAKER_PAUSE_AFTER_SECONDS", 0i64)? {
+        pause_after: match vars.parsed(
+            "BREAKER_PAUSE_AFTER_SECONDS",
+            d.pause_after.map_or(0, |p| p.num_seconds()),
+        )? {
             0 => None,
             s => Some(chrono::Duration::seconds(s.max(1))),
         },
         read_cache: chrono::Duration::milliseconds(
-            parsed("BREAKER_CACHE_MS", d.read_cache.num_milliseconds())?.max(0),
+            vars.parsed("BREAKER_CACHE_MS", d.read_cache.num_milliseconds())?
+                .max(0),
         ),
     })
+}
+
+/// How long a function keeps the newest version of a workflow, and the services, before
+/// reading them again: `CATALOG_CACHE_SECONDS`.
+pub fn catalog_ttl_in(vars: &Vars, d: chrono::Duration) -> Result<chrono::Duration, ConfigError> {
+    vars.seconds("CATALOG_CACHE_SECONDS", d)
+}
+
+/// How long the agent keeps a service's credential: `CREDENTIALS_CACHE_SECONDS` (whole
+/// seconds).
+pub fn credentials_ttl_in(
+    vars: &Vars,
+    d: chrono::Duration,
+) -> Result<chrono::Duration, ConfigError> {
+    let s: u32 = vars.parsed("CREDENTIALS_CACHE_SECONDS", d.num_seconds().max(0) as u32)?;
+    Ok(chrono::Duration::seconds(i64::from(s)))
 }
 
 /// The catalog over the DynamoDB store, with the deployment's policy under every workflow and
@@ -138,7 +262,7 @@ pub fn definitions(
     store: Arc<crate::aws::DynamoStore>,
     clock: Arc<dyn crate::ports::Clock>,
 ) -> Result<crate::catalog::Definitions, ConfigError> {
-    let ttl = seconds("CATALOG_CACHE_SECONDS", 5.0)?;
+    let ttl = catalog_ttl_in(&Vars::Process, chrono::Duration::seconds(5))?;
     Ok(
         crate::catalog::Definitions::new(store, policy()?, clock, ttl).with_service_rules(
             crate::domain::workflow::ServiceRules {
@@ -163,7 +287,15 @@ pub fn dynamo_store(sdk: &aws_config::SdkConfig) -> Result<crate::aws::DynamoSto
 
 /// How long a final task is kept: `RETENTION_DAYS` (default 90; 0: for good).
 pub fn retention() -> Result<Option<chrono::Duration>, ConfigError> {
-    let days: u32 = parsed("RETENTION_DAYS", 90)?;
+    retention_in(&Vars::Process, Some(chrono::Duration::days(90)))
+}
+
+/// [`retention`] from `vars`, with `d` if unset.
+pub fn retention_in(
+    vars: &Vars,
+    d: Option<chrono::Duration>,
+) -> Result<Option<chrono::Duration>, ConfigError> {
+    let days: u32 = vars.parsed("RETENTION_DAYS", d.map_or(0, |d| d.num_days() as u32))?;
     if days > 36_500 {
         return Err(ConfigError::Invalid {
             name: "RETENTION_DAYS",
@@ -189,22 +321,38 @@ pub fn sqs_queue(sdk: &aws_config::SdkConfig) -> crate::aws::SqsQueue {
 /// The reply queues a task's caller may name (`REPLY_QUEUES`: comma-separated queue URL
 /// patterns ending in `*`; absent: none).
 pub fn reply_queues() -> Result<crate::domain::task::ReplyQueues, ConfigError> {
-    match optional("REPLY_QUEUES") {
-        None => Ok(crate::domain::task::ReplyQueues::none()),
-        Some(spec) => {
-            crate::domain::task::ReplyQueues::parse(&spec).map_err(|e| ConfigError::Invalid {
+    Ok(reply_queues_in(&Vars::Process)?.unwrap_or_else(crate::domain::task::ReplyQueues::none))
+}
+
+/// [`reply_queues`] from `vars` (`None`: unset).
+pub fn reply_queues_in(
+    vars: &Vars,
+) -> Result<Option<crate::domain::task::ReplyQueues>, ConfigError> {
+    match vars.get("REPLY_QUEUES") {
+        None => Ok(None),
+        Some(spec) => crate::domain::task::ReplyQueues::parse(&spec)
+            .map(Some)
+            .map_err(|e| ConfigError::Invalid {
                 name: "REPLY_QUEUES",
                 problem: e.problem,
-            })
-        }
+            }),
     }
 }
 
 /// Each caller's allowance on the task API: `CALLER_RATE_PER_SECOND` (default 50; 0: no
 /// limit) and `CALLER_BURST` (default 100).
 pub fn rate_limit() -> Result<Option<crate::domain::rate::RateLimit>, ConfigError> {
-    let per_second: f64 = parsed("CALLER_RATE_PER_SECOND", 50.0)?;
-    let burst: u32 = parsed("CALLER_BURST", 100)?;
+    rate_limit_in(&Vars::Process, 50.0, 100)
+}
+
+/// [`rate_limit`] from `vars`, with `per_second` and `burst` if unset.
+pub fn rate_limit_in(
+    vars: &Vars,
+    per_second: f64,
+    burst: u32,
+) -> Result<Option<crate::domain::rate::RateLimit>, ConfigError> {
+    let per_second: f64 = vars.parsed("CALLER_RATE_PER_SECOND", per_second)?;
+    let burst: u32 = vars.parsed("CALLER_BURST", burst)?;
     if !(0.0..=100_000.0).contains(&per_second) || burst == 0 {
         return Err(ConfigError::Invalid {
             name: "CALLER_RATE_PER_SECOND",
@@ -221,22 +369,34 @@ pub fn rate_limit() -> Result<Option<crate::domain::rate::RateLimit>, ConfigErro
 pub fn sweep_settings(
     lease: chrono::Duration,
 ) -> Result<crate::handlers::supervisor::SweepSettings, ConfigError> {
-    let d = crate::handlers::supervisor::SweepSettings::default();
-    let page_size: usize = parsed("SWEEP_PAGE_SIZE", d.page_size)?;
+    sweep_settings_in(
+        &Vars::Process,
+        lease,
+        crate::handlers::supervisor::SweepSettings::default(),
+    )
+}
+
+/// [`sweep_settings`] from `vars`, with `d` for what is unset.
+pub fn sweep_settings_in(
+    vars: &Vars,
+    lease: chrono::Duration,
+    d: crate::handlers::supervisor::SweepSettings,
+) -> Result<crate::handlers::supervisor::SweepSettings, ConfigError> {
+    let page_size: usize = vars.parsed("SWEEP_PAGE_SIZE", d.page_size)?;
     if !(1..=1000).contains(&page_size) {
         return Err(ConfigError::Invalid {
             name: "SWEEP_PAGE_SIZE",
             problem: "must be between 1 and 1000 (a due-index query's limit)".into(),
         });
     }
-    let concurrency: usize = parsed("SWEEP_CONCURRENCY", d.concurrency)?;
+    let concurrency: usize = vars.parsed("SWEEP_CONCURRENCY", d.concurrency)?;
     if !(1..=1000).contains(&concurrency) {
         return Err(ConfigError::Invalid {
             name: "SWEEP_CONCURRENCY",
             problem: "must be between 1 and 1000".into(),
         });
     }
-    let budget = seconds("SWEEP_BUDGET_SECONDS", d.budget.num_seconds() as f64)?;
+    let budget = vars.seconds("SWEEP_BUDGET_SECONDS", d.budget)?;
     if budget >= lease || budget <= chrono::Duration::zero() {
         return Err(ConfigError::Invalid {
             name: "SWEEP_BUDGET_SECONDS",

@@ -41,6 +41,10 @@ enum Command {
         /// Address of the HTTP API.
         #[arg(long, default_value = "127.0.0.1:3000", env = "SAS_LISTEN")]
         listen: SocketAddr,
+        /// Another host name the HTTP API answers to (repeatable); besides it, only
+        /// `localhost`, loopback addresses and the listen address (against DNS rebinding).
+        #[arg(long = "allow-host")]
+        allow_hosts: Vec<String>,
         #[command(flatten)]
         auth: AuthOpts,
         /// First make example tasks in every state (Processed, Refused, Error, Resolved,
@@ -108,12 +112,14 @@ struct AuthOpts {
     #[arg(long = "read-scope")]
     read_scopes: Vec<String>,
     /// Requests a second each caller may make to the task API (0: no limit), as the
-    /// template's CallerRatePerSecond; over it, 429 with Retry-After.
-    #[arg(long, default_value_t = 0.0)]
-    caller_rate: f64,
-    /// Requests each caller may make at once before `--caller-rate` applies.
-    #[arg(long, default_value_t = 100)]
-    caller_burst: u32,
+    /// template's CallerRatePerSecond; over it, 429 with Retry-After. Default:
+    /// `CALLER_RATE_PER_SECOND`, else no limit.
+    #[arg(long)]
+    caller_rate: Option<f64>,
+    /// Requests each caller may make at once before `--caller-rate` applies (default:
+    /// `CALLER_BURST`, else 100).
+    #[arg(long)]
+    caller_burst: Option<u32>,
     #[command(flatten)]
     issuer: IssuerOpts,
 }
@@ -204,12 +210,17 @@ struct Opts {
     /// The service the outage takes down.
     #[arg(long, global = true, default_value = "payment")]
     outage_service: String,
-    /// Deadline of each step, in seconds.
-    #[arg(long, global = true, default_value_t = 5.0)]
-    step_timeout_secs: f64,
-    /// Expired deadlines before a task fails for good (a workflow's steps may set their own).
-    #[arg(long, global = true, default_value_t = 3)]
-    failure_threshold: u32,
+    /// Deadline of each step, in seconds (default: `STEP_TIMEOUT_SECONDS`, else 5).
+    #[arg(long, global = true)]
+    step_timeout_secs: Option<f64>,
+    /// Expired deadlines before a task fails for good (a workflow's steps may set their own;
+    /// default: `FAILURE_THRESHOLD`, else 3).
+    #[arg(long, global = true)]
+    failure_threshold: Option<u32>,
+    /// The only Secrets Manager secrets and SSM parameters services' credentials are read
+    /// from (names under it), as the template's SecretsPrefix lets the deployed agent read.
+    #[arg(long, global = true, env = "SAS_SECRETS_PREFIX", default_value = sas::local::LOCAL_SECRETS_PREFIX)]
+    secrets_prefix: String,
     /// How often the supervisor sweeps, in milliseconds.
     #[arg(long, global = true, default_value_t = 1000)]
     supervisor_interval_ms: u64,
@@ -226,12 +237,27 @@ fn demo_faults() -> Faults {
     }
 }
 
-fn settings(opts: &Opts, base_faults: Faults, outage_default: Option<(u64, u64)>) -> Settings {
-    let mut s = Settings::default();
-    let ms = (opts.step_timeout_secs * 1000.0) as i64;
-    s.policy.step_timeout = chrono::Duration::milliseconds(ms);
-    s.policy.pickup_timeout = chrono::Duration::milliseconds(ms * 2);
-    s.policy.failure_threshold = opts.failure_threshold.max(1);
+/// The settings from the functions' variables (local defaults for what is unset), then the
+/// flags.
+fn settings(
+    opts: &Opts,
+    base_faults: Faults,
+    outage_default: Option<(u64, u64)>,
+) -> anyhow::Result<Settings> {
+    let vars = sas::config::Vars::Process;
+    let mut s = Settings::from_vars(&vars)?;
+    if let Some(secs) = opts.step_timeout_secs {
+        let ms = (secs * 1000.0) as i64;
+        s.policy.step_timeout = chrono::Duration::milliseconds(ms);
+        if !vars.is_set("PICKUP_TIMEOUT_SECONDS") {
+            s.policy.pickup_timeout = chrono::Duration::milliseconds(ms * 2);
+        }
+    }
+    if let Some(n) = opts.failure_threshold {
+        s.policy.failure_threshold = n.max(1);
+    }
+    sas::remote::check_prefix(&opts.secrets_prefix).map_err(anyhow::Error::msg)?;
+    s.secrets_prefix = Some(opts.secrets_prefix.clone());
     s.supervisor_interval = Duration::from_millis(opts.supervisor_interval_ms.max(10));
     let faults = Faults {
         latency: opts
@@ -266,7 +292,31 @@ fn settings(opts: &Opts, base_faults: Faults, outage_default: Option<(u64, u64)>
             _ => sas::catalog::example_files(),
         },
     };
-    s
+    Ok(s)
+}
+
+/// The effective settings, by the functions' variable names (`*`: from the environment), a few
+/// a line.
+fn describe(settings: &Settings) -> String {
+    let vars = sas::config::Vars::Process;
+    let mut out = String::from(
+        "settings (the functions' variables; * set in the environment, else sas-local's default):",
+    );
+    let mut line = String::new();
+    for (name, value) in settings.describe() {
+        let star = if vars.is_set(name) { "*" } else { "" };
+        let item = format!(" {name}={value}{star}");
+        if line.len() + item.len() > 96 {
+            out.push_str(&format!("\n {line}"));
+            line.clear();
+        }
+        line.push_str(&item);
+    }
+    out.push_str(&format!(
+        "\n {line}\n secrets and parameters read only under {:?}",
+        settings.secrets_prefix.as_deref().unwrap_or("")
+    ));
+    out
 }
 
 async fn backend(opts: &Opts) -> Backend {
@@ -292,11 +342,12 @@ async fn main() -> anyhow::Result<()> {
     match command {
         Command::Serve {
             listen,
+            allow_hosts,
             auth,
             showcase,
         } => {
             sas::telemetry::init();
-            serve(&cli.opts, listen, &auth, showcase).await
+            serve(&cli.opts, listen, allow_hosts, &auth, showcase).await
         }
         Command::Token {
             sub,
@@ -328,8 +379,11 @@ async fn main() -> anyhow::Result<()> {
                 (demo_faults(), Some((0, 3)))
             };
             let mut opts = cli.opts;
-            if !no_faults && opts.step_timeout_secs == 5.0 {
-                opts.step_timeout_secs = 2.0;
+            if !no_faults
+                && opts.step_timeout_secs.is_none()
+                && !sas::config::Vars::Process.is_set("STEP_TIMEOUT_SECONDS")
+            {
+                opts.step_timeout_secs = Some(2.0);
             }
             demo(&opts, faults, outage, tasks, concurrency, timeout_secs).await
         }
@@ -344,6 +398,7 @@ async fn main() -> anyhow::Result<()> {
 async fn serve(
     opts: &Opts,
     listen: SocketAddr,
+    allow_hosts: Vec<String>,
     auth: &AuthOpts,
     showcase: bool,
 ) -> anyhow::Result<()> {
@@ -351,12 +406,31 @@ async fn serve(
         sas::catalog::read_folder(dir)
             .with_context(|| format!("reading the definitions in {}", dir.display()))?;
     }
-    let mut settings = settings(opts, Faults::default(), None);
+    // Without authentication anyone who reaches the port is every caller and the operator:
+    // only this machine may.
+    if auth.auth == sas::auth::AuthMode::None && !listen.ip().is_loopback() {
+        bail!(
+            "--auth none serves only a loopback address (not {listen}): give --auth iam or jwt (with --users) to listen there"
+        );
+    }
+    let mut settings = settings(opts, Faults::default(), None)?;
+    settings.allowed_hosts = allow_hosts;
     (settings.api_auth, settings.operator_auth) = local_auth(auth)?;
-    settings.rate_limit = (auth.caller_rate > 0.0).then_some(sas::domain::rate::RateLimit {
-        per_second: auth.caller_rate,
-        burst: auth.caller_burst.max(1),
-    });
+    if auth.caller_rate.is_some() || auth.caller_burst.is_some() {
+        let per_second = auth
+            .caller_rate
+            .or(settings.rate_limit.map(|r| r.per_second))
+            .unwrap_or(0.0);
+        let burst = auth
+            .caller_burst
+            .or(settings.rate_limit.map(|r| r.burst))
+            .unwrap_or(100);
+        settings.rate_limit = (per_second > 0.0).then_some(sas::domain::rate::RateLimit {
+            per_second,
+            burst: burst.max(1),
+        });
+    }
+    println!("{}", describe(&settings));
     // Services declared as real ones reach them as the agent does: credentials from Secrets
     // Manager or SSM and Lambda functions, through this environment's AWS configuration.
     let sdk = sas::aws::sdk_config().await;
@@ -405,10 +479,10 @@ async fn serve(
     };
     println!(
         "task API: {how}; operator API: http://{bound}/operator ({})",
-        if auth.users.is_some() {
-            "SigV4"
-        } else {
-            "no authentication"
+        match (&auth.auth, auth.users.is_some()) {
+            (_, true) => "SigV4 with the keys in --users",
+            (sas::auth::AuthMode::None, false) => "no authentication",
+            (_, false) => "closed: give --users to open it with SigV4",
         }
     );
     println!(
@@ -459,7 +533,7 @@ async fn demo(
     concurrency: usize,
     timeout_secs: u64,
 ) -> anyhow::Result<()> {
-    let settings = settings(opts, faults, outage);
+    let settings = settings(opts, faults, outage)?;
     let mut system = System::new(backend(opts).await, settings, Arc::new(SystemClock)).await?;
     let addr = system.serve(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
     system.start();

@@ -37,6 +37,8 @@ pub enum LocalAuth {
     None,
     Iam(Arc<SigV4Check>),
     Jwt(Arc<JwtCheck>),
+    /// No request is authenticated (an API given no credentials while another needs them).
+    Closed(&'static str),
 }
 
 impl std::fmt::Debug for LocalAuth {
@@ -45,11 +47,25 @@ impl std::fmt::Debug for LocalAuth {
             Self::None => "None",
             Self::Iam(_) => "Iam",
             Self::Jwt(_) => "Jwt",
+            Self::Closed(_) => "Closed",
         })
     }
 }
 
 impl LocalAuth {
+    /// The operator API's authorizer when the task API uses `api`: `operator` as given, except
+    /// that an operator API without credentials behind an authenticated task API is closed (its
+    /// routes act on every caller's tasks; no credentials given means none will do).
+    pub fn for_operator(api: &LocalAuth, operator: LocalAuth) -> LocalAuth {
+        match (api, operator) {
+            (LocalAuth::None, operator) => operator,
+            (_, LocalAuth::None) => LocalAuth::Closed(
+                "the operator API needs SigV4 with local users (--users) when the task API authenticates",
+            ),
+            (_, operator) => operator,
+        }
+    }
+
     /// The identity of a request: `uri` is its absolute URI as the client addressed it (the
     /// `Host` header gives the authority when the URI has none).
     pub fn identify(
@@ -61,6 +77,7 @@ impl LocalAuth {
     ) -> Identity {
         let result = match self {
             Self::None => return Identity::anonymous(),
+            Self::Closed(why) => return Identity::Unauthenticated((*why).to_owned()),
             Self::Iam(check) => check.verify(method, path_and_query, headers, body, Utc::now()),
             Self::Jwt(check) => check.verify(method, path_and_query, headers),
         };

@@ -18,7 +18,7 @@ use crate::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
 use crate::ports::{Catalog, Clock, EventBus, Queue, ReceivedMessage, RemoteService, StateStore};
 use crate::remote::{
     CachedCredentials, Connectors, Credentials, Faults, MemoryCredentials, Remotes,
-    SimulatedService,
+    ScopedCredentials, SimulatedService,
 };
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
@@ -33,6 +33,7 @@ use tokio::task::JoinHandle;
 use tracing::{error, info};
 
 pub mod auth;
+pub mod guard;
 pub mod lag;
 pub mod showcase;
 
@@ -240,6 +241,17 @@ pub struct Settings {
     /// In memory: the most a write takes to reach the indexes (`None`: at once), as
     /// DynamoDB's eventually consistent GSIs (see [`MemoryStore::with_index_lag`]).
     pub index_lag: Option<Duration>,
+    /// The agent's longest service call (as `CALL_TIMEOUT_MS`).
+    pub call_timeout: Duration,
+    /// How the supervisor's sweep pages (as `SWEEP_*`) and its shard leases' TTL (as
+    /// `LEASE_SECONDS`).
+    pub sweep: supervisor::SweepSettings,
+    pub lease_ttl: chrono::Duration,
+    /// The only secrets and SSM parameters services' credentials may be read from (names under
+    /// this prefix), as the template's `SecretsPrefix` lets the agent's role read (`None`: any).
+    pub secrets_prefix: Option<String>,
+    /// Host names the HTTP API answers besides loopback and its bound address.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// The name prefix of the reply queues the local runner allows by default.
@@ -269,7 +281,9 @@ impl Default for Settings {
                 cooldown: chrono::Duration::seconds(30),
                 max_rounds: 0,
                 callback: None,
-                // One clock, and agents' calls end by the deadline: a short margin.
+                // For the in-process harnesses (the chaos run, the benchmark), whose simulated
+                // services commit within the call: a short wait. `sas-local` does not use it:
+                // `from_vars` makes it CALL_TIMEOUT_MS + UNDO_MARGIN_SECONDS, as a stack does.
                 undo_wait: chrono::Duration::seconds(2),
                 progress_events: false,
             },
@@ -310,7 +324,127 @@ impl Default for Settings {
             rate_limit: None,
             retention: Some(chrono::Duration::days(90)),
             index_lag: None,
+            call_timeout: Duration::from_secs(10),
+            // Below the 30 s lease.
+            sweep: supervisor::SweepSettings {
+                budget: chrono::Duration::seconds(20),
+                ..supervisor::SweepSettings::default()
+            },
+            lease_ttl: chrono::Duration::seconds(30),
+            secrets_prefix: None,
+            allowed_hosts: Vec::new(),
         }
+    }
+}
+
+/// The secrets prefix `sas-local` applies unless told otherwise: the template's default
+/// `SecretsPrefix` for its default stage (`sas/<Stage>/`, `dev`).
+pub const LOCAL_SECRETS_PREFIX: &str = "sas/dev/";
+
+/// `UNDO_MARGIN_SECONDS` in `sas-local` unless set: one process, one clock, no skew.
+pub const LOCAL_UNDO_MARGIN: chrono::Duration = chrono::Duration::zero();
+
+impl Settings {
+    /// `sas-local`'s settings from the variables the functions read, parsed by the same
+    /// functions ([`crate::config`]), with the local defaults ([`Settings::default`]) for what
+    /// is unset; the undo wait is `CALL_TIMEOUT_MS` + `UNDO_MARGIN_SECONDS` (default
+    /// [`LOCAL_UNDO_MARGIN`]) as in a stack, and credentials are read only under
+    /// [`LOCAL_SECRETS_PREFIX`]. Resource names (`TABLE_NAME`, the queue URLs, ...) are not
+    /// read: `sas-local` has its own.
+    pub fn from_vars(vars: &crate::config::Vars) -> Result<Self, crate::config::ConfigError> {
+        use crate::config;
+        let d = Self::default();
+        let call_timeout = config::call_timeout_in(vars, d.call_timeout)?;
+        let policy = config::policy_in(
+            vars,
+            &config::PolicyDefaults {
+                policy: d.policy.clone(),
+                call_timeout: d.call_timeout,
+                undo_margin: LOCAL_UNDO_MARGIN,
+            },
+        )?;
+        let lease_ttl =
+            chrono::Duration::seconds(vars.parsed("LEASE_SECONDS", d.lease_ttl.num_seconds())?);
+        Ok(Self {
+            policy,
+            call_timeout,
+            backoff: config::backoff_in(vars, d.backoff)?,
+            breaker: config::breaker_in(vars, d.breaker)?,
+            catalog_ttl: config::catalog_ttl_in(vars, d.catalog_ttl)?,
+            credentials_ttl: config::credentials_ttl_in(vars, d.credentials_ttl)?,
+            retention: config::retention_in(vars, d.retention)?,
+            // Off unless asked for (the flags or the variables).
+            rate_limit: config::rate_limit_in(vars, 0.0, 100)?,
+            due_shards: vars.parsed("DUE_SHARDS", d.due_shards)?.max(1),
+            deadline_timers: vars.parsed("DEADLINE_TIMERS", d.deadline_timers)?,
+            reply_queues: config::reply_queues_in(vars)?,
+            sweep: config::sweep_settings_in(vars, lease_ttl, d.sweep)?,
+            lease_ttl,
+            secrets_prefix: Some(LOCAL_SECRETS_PREFIX.to_owned()),
+            ..d
+        })
+    }
+
+    /// The effective values of the variables [`Settings::from_vars`] reads, by name, as
+    /// `sas-local` prints them at start.
+    pub fn describe(&self) -> Vec<(&'static str, String)> {
+        let secs = |d: chrono::Duration| format!("{}", d.num_milliseconds() as f64 / 1000.0);
+        let ms = |d: chrono::Duration| d.num_milliseconds().to_string();
+        let p = &self.policy;
+        let undo_margin =
+            p.undo_wait - chrono::Duration::milliseconds(self.call_timeout.as_millis() as i64);
+        vec![
+            ("STEP_TIMEOUT_SECONDS", secs(p.step_timeout)),
+            ("START_WITHIN_SECONDS", secs(p.start_within)),
+            ("PICKUP_TIMEOUT_SECONDS", secs(p.pickup_timeout)),
+            ("FAILURE_THRESHOLD", p.failure_threshold.to_string()),
+            ("RETRY_BASE_DELAY_SECONDS", secs(p.retry_base_delay)),
+            ("RETRY_BACKOFF_RATE", p.backoff_rate.to_string()),
+            ("RETRY_MAX_DELAY_SECONDS", secs(p.retry_max_delay)),
+            ("AUTO_COMPENSATE", p.auto_compensate.to_string()),
+            ("COOLDOWN_SECONDS", secs(p.cooldown)),
+            ("MAX_ROUNDS", p.max_rounds.to_string()),
+            ("PROGRESS_EVENTS", p.progress_events.to_string()),
+            ("CALL_TIMEOUT_MS", self.call_timeout.as_millis().to_string()),
+            ("UNDO_MARGIN_SECONDS", secs(undo_margin)),
+            ("BACKOFF_BASE_MS", ms(self.backoff.base)),
+            ("BACKOFF_CAP_MS", ms(self.backoff.cap)),
+            ("BREAKER_THRESHOLD", self.breaker.threshold.to_string()),
+            ("BREAKER_COOLDOWN_MS", ms(self.breaker.cooldown)),
+            ("BREAKER_PROBES", self.breaker.probes.to_string()),
+            ("BREAKER_PROBE_WINDOW_MS", ms(self.breaker.probe_window)),
+            (
+                "BREAKER_PAUSE_AFTER_SECONDS",
+                self.breaker
+                    .pause_after
+                    .map_or(0, |d| d.num_seconds())
+                    .to_string(),
+            ),
+            ("BREAKER_CACHE_MS", ms(self.breaker.read_cache)),
+            ("CATALOG_CACHE_SECONDS", secs(self.catalog_ttl)),
+            (
+                "CREDENTIALS_CACHE_SECONDS",
+                self.credentials_ttl.num_seconds().to_string(),
+            ),
+            (
+                "RETENTION_DAYS",
+                self.retention.map_or(0, |d| d.num_days()).to_string(),
+            ),
+            (
+                "CALLER_RATE_PER_SECOND",
+                self.rate_limit.map_or(0.0, |r| r.per_second).to_string(),
+            ),
+            (
+                "CALLER_BURST",
+                self.rate_limit.map_or(100, |r| r.burst).to_string(),
+            ),
+            ("DUE_SHARDS", self.due_shards.to_string()),
+            ("DEADLINE_TIMERS", self.deadline_timers.to_string()),
+            ("SWEEP_PAGE_SIZE", self.sweep.page_size.to_string()),
+            ("SWEEP_CONCURRENCY", self.sweep.concurrency.to_string()),
+            ("SWEEP_BUDGET_SECONDS", secs(self.sweep.budget)),
+            ("LEASE_SECONDS", self.lease_ttl.num_seconds().to_string()),
+        ]
     }
 }
 
@@ -497,7 +631,13 @@ impl System {
                 reqwest::Client::new()
             }),
             credentials: Arc::new(CachedCredentials::new(
-                settings.credentials.clone(),
+                match &settings.secrets_prefix {
+                    Some(prefix) => Arc::new(ScopedCredentials::new(
+                        settings.credentials.clone(),
+                        prefix.clone(),
+                    )),
+                    None => settings.credentials.clone(),
+                },
                 settings.credentials_ttl,
                 clock.clone(),
             )),
@@ -521,7 +661,7 @@ impl System {
             ),
             clock: clock.clone(),
             backoff: settings.backoff,
-            call_timeout: Duration::from_secs(10),
+            call_timeout: settings.call_timeout,
             dead_letter_url: Some(
                 resources
                     .agent_dead_letter_url
@@ -558,15 +698,11 @@ impl System {
                 clock,
                 definitions: definitions.clone(),
                 work_queue_url: resources.work_queue_url.clone(),
-                // Below the 30 s lease.
-                sweep: supervisor::SweepSettings {
-                    budget: chrono::Duration::seconds(20),
-                    ..supervisor::SweepSettings::default()
-                },
+                sweep: settings.sweep,
                 timer_queue_url: Some(resources.timer_queue_url.clone()),
                 dead_letter_url: Some(resources.dead_letter_url.clone()),
                 instance_id: format!("local-supervisor-{}", uuid::Uuid::new_v4()),
-                lease_ttl: chrono::Duration::seconds(30),
+                lease_ttl: settings.lease_ttl,
             },
             agent,
             services,
@@ -662,6 +798,7 @@ impl System {
             self.operator.clone(),
             self.settings.api_auth.clone(),
             self.settings.operator_auth.clone(),
+            guard::Hosts::new(bound, &self.settings.allowed_hosts),
         );
         let mut stop = self.shutdown.subscribe();
         self.tasks.push(tokio::spawn(async move {
@@ -734,12 +871,16 @@ impl System {
 
 /// The two HTTP APIs as one axum router, as the deployed stack's HTTP API routes them: paths
 /// under `/operator` go to the operator API, the rest to the task API, each after its
-/// authorizer (`auth`, `operator_auth`) has named the caller.
+/// authorizer (`auth`, `operator_auth`) has named the caller. First, every request must be
+/// addressed to `hosts` and pass the browser checks of [`guard::check`]; the operator API is
+/// closed if the task API authenticates and it was given no authorizer
+/// ([`auth::LocalAuth::for_operator`]).
 pub fn router(
     api: SubmissionDeps,
     operator: SubmissionDeps,
     auth: auth::LocalAuth,
     operator_auth: auth::LocalAuth,
+    hosts: guard::Hosts,
 ) -> axum::Router {
     #[derive(Clone)]
     struct Apis {
@@ -747,12 +888,26 @@ pub fn router(
         operator: SubmissionDeps,
         auth: auth::LocalAuth,
         operator_auth: auth::LocalAuth,
+        hosts: guard::Hosts,
     }
     async fn any(
         axum::extract::State(apis): axum::extract::State<Arc<Apis>>,
         req: axum::extract::Request,
     ) -> axum::response::Response {
         let (parts, body) = req.into_parts();
+        let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+            Ok(bytes) => bytes,
+            Err(_) => return submission::too_large().map(axum::body::Body::from),
+        };
+        if let Err(refused) = guard::check(
+            &apis.hosts,
+            &parts.method,
+            &parts.uri,
+            &parts.headers,
+            &bytes,
+        ) {
+            return refused.map(axum::body::Body::from);
+        }
         let path_and_query = parts
             .uri
             .path_and_query()
@@ -775,22 +930,17 @@ pub fn router(
         } else {
             (&apis.api, &apis.auth)
         };
-        let resp = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
-            Ok(bytes) => {
-                let identity = auth.identify(&parts.method, path_and_query, &parts.headers, &bytes);
-                submission::handle(
-                    deps,
-                    &identity,
-                    &parts.method,
-                    path_and_query,
-                    &parts.headers,
-                    &bytes,
-                )
-                .await
-            }
-            Err(_) => submission::too_large(),
-        };
-        resp.map(axum::body::Body::from)
+        let identity = auth.identify(&parts.method, path_and_query, &parts.headers, &bytes);
+        submission::handle(
+            deps,
+            &identity,
+            &parts.method,
+            path_and_query,
+            &parts.headers,
+            &bytes,
+        )
+        .await
+        .map(axum::body::Body::from)
     }
     axum::Router::new()
         .fallback(any)
@@ -798,8 +948,9 @@ pub fn router(
         .with_state(Arc::new(Apis {
             api,
             operator,
+            operator_auth: auth::LocalAuth::for_operator(&auth, operator_auth),
             auth,
-            operator_auth,
+            hosts,
         }))
 }
 

@@ -100,6 +100,94 @@ impl Credentials for MemoryCredentials {
     }
 }
 
+/// Credentials read only from sources under a name prefix, as a deployment's IAM policy lets
+/// the agent read only `SecretsPrefix` (template.yaml, `ReadSecrets` and `ReadParameters`):
+/// `sas-local` wraps the developer's profile in it, which may reach far more.
+pub struct ScopedCredentials {
+    inner: Arc<dyn Credentials>,
+    prefix: String,
+}
+
+impl ScopedCredentials {
+    /// `prefix`: as the template's `SecretsPrefix`, e.g. `sas/dev/` (checked by
+    /// [`check_prefix`]).
+    pub fn new(inner: Arc<dyn Credentials>, prefix: impl Into<String>) -> Self {
+        Self {
+            inner,
+            prefix: prefix.into(),
+        }
+    }
+
+    /// Whether `source` is under the prefix: the name a policy's resource ARN ends with
+    /// (`secret:<name>`, `parameter/<name without its leading slash>`), also when the source is
+    /// given as an ARN.
+    pub fn allows(&self, source: &CredentialSource) -> bool {
+        let name = match source {
+            CredentialSource::Secret(id) => match id.strip_prefix("arn:") {
+                Some(arn) => match arn.splitn(5, ':').collect::<Vec<_>>()[..] {
+                    [_, "secretsmanager", _, _, resource] => resource.strip_prefix("secret:"),
+                    _ => None,
+                },
+                None => Some(id.as_str()),
+            },
+            CredentialSource::Parameter(name) => match name.strip_prefix("arn:") {
+                Some(arn) => match arn.splitn(5, ':').collect::<Vec<_>>()[..] {
+                    [_, "ssm", _, _, resource] => resource.strip_prefix("parameter/"),
+                    _ => None,
+                },
+                None => Some(name.strip_prefix('/').unwrap_or(name)),
+            },
+        };
+        name.is_some_and(|n| n.starts_with(&self.prefix))
+    }
+}
+
+/// Checks a secrets prefix as the template's `SecretsPrefix` pattern does, and refuses an
+/// empty one (that would allow every secret): segments of `A-Za-z0-9_.+=@-`, each ending in
+/// `/`.
+pub fn check_prefix(prefix: &str) -> Result<(), String> {
+    let ok = !prefix.is_empty()
+        && prefix.ends_with('/')
+        && prefix[..prefix.len() - 1].split('/').all(|seg| {
+            !seg.is_empty()
+                && seg
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.+=@-".contains(c))
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "secrets prefix {prefix:?}: must be one or more segments of letters, digits and _.+=@- each ending in / (e.g. sas/dev/)"
+        ))
+    }
+}
+
+impl fmt::Debug for ScopedCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScopedCredentials")
+            .field("prefix", &self.prefix)
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Credentials for ScopedCredentials {
+    async fn read(&self, source: &CredentialSource) -> Result<Secret, CredentialError> {
+        if !self.allows(source) {
+            return Err(CredentialError {
+                from: source.clone(),
+                problem: format!(
+                    "it is outside the secrets prefix {:?} (SecretsPrefix): not read",
+                    self.prefix
+                ),
+            });
+        }
+        self.inner.read(source).await
+    }
+}
+
 /// Credentials kept per source for a time to live, and dropped at once when a service says a
 /// credential is no good (401/403), so that a rotated secret is picked up on the next call.
 pub struct CachedCredentials {
@@ -225,6 +313,54 @@ mod tests {
             cached.get(&secret("a")).await.expect("read").expose(),
             "new"
         );
+    }
+
+    #[tokio::test]
+    async fn only_sources_under_the_prefix_are_read() {
+        let memory = Arc::new(MemoryCredentials::default());
+        let param = |n: &str| CredentialSource::Parameter(n.into());
+        let all = [
+            secret("sas/dev/bank"),
+            secret("sas/devx/bank"),
+            secret("prod/db"),
+            secret("arn:aws:secretsmanager:eu-west-1:123456789012:secret:sas/dev/bank-AbCdEf"),
+            secret("arn:aws:secretsmanager:eu-west-1:123456789012:secret:prod/db-AbCdEf"),
+            secret("arn:aws:ssm:eu-west-1:123456789012:parameter/sas/dev/bank"),
+            param("/sas/dev/key"),
+            param("sas/dev/key"),
+            param("/prod/key"),
+            param("arn:aws:ssm:eu-west-1:123456789012:parameter/sas/dev/key"),
+            param("arn:aws:ssm:eu-west-1:123456789012:parameter/prod/key"),
+        ];
+        for s in &all {
+            memory.set(s.clone(), "value");
+        }
+        let scoped = ScopedCredentials::new(memory.clone(), "sas/dev/");
+        let read: Vec<bool> = futures::future::join_all(all.iter().map(|s| scoped.read(s)))
+            .await
+            .iter()
+            .map(Result::is_ok)
+            .collect();
+        assert_eq!(
+            read,
+            [
+                true, false, false, true, false, false, true, true, false, true, false
+            ]
+        );
+        assert_eq!(
+            memory.reads(),
+            5,
+            "a source outside is refused before any read"
+        );
+        let e = scoped.read(&secret("prod/db")).await.expect_err("outside");
+        assert!(
+            e.to_string().contains("prod/db") && e.to_string().contains("sas/dev/"),
+            "{e}"
+        );
+        assert!(check_prefix("sas/dev/").is_ok());
+        for bad in ["", "/", "sas/dev", "/sas/dev/", "sas//", "sas/*/"] {
+            assert!(check_prefix(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[tokio::test]

@@ -17,7 +17,8 @@ pub use callback::{
     CallbackCompleter, CallbackLog, CallbackSink, HttpCallbackSink, PostedCallback,
 };
 pub use credentials::{
-    CachedCredentials, CredentialError, Credentials, DEFAULT_CACHE_TTL, MemoryCredentials, Secret,
+    CachedCredentials, CredentialError, Credentials, DEFAULT_CACHE_TTL, MemoryCredentials,
+    ScopedCredentials, Secret, check_prefix,
 };
 pub use lambda::{LambdaRemote, api_fault, payload as lambda_payload};
 pub use simulated::{Applied, Faults, OVERSIZED_BYTES, SimStats, SimulatedService, seeded_unit};
