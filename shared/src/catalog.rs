@@ -96,8 +96,7 @@ impl Definitions {
             return Ok(None);
         };
         // Services were checked when it was published; they cannot be unpublished.
-        let w =
-            Arc::new(Workflow::from_value(stored.body, None, &self.policy)?.with_version(version));
+        let w = Arc::new(Workflow::from_stored(stored.body, &self.policy)?.with_version(version));
         if let Ok(mut m) = self.versions.lock() {
             m.insert(key, w.clone());
         }

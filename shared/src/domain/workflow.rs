@@ -1060,12 +1060,24 @@ impl WorkflowDoc {
         services: Option<&BTreeSet<String>>,
         policy: &Policy,
     ) -> Result<Workflow, DefinitionError> {
+        self.validate_with(services, policy, Limits::Publish)
+    }
+
+    fn validate_with(
+        self,
+        services: Option<&BTreeSet<String>>,
+        policy: &Policy,
+        limits: Limits,
+    ) -> Result<Workflow, DefinitionError> {
         let mut problems = vec![];
         let input_schema = match &self.input {
             None => serde_json::json!({"type": "object"}),
             Some(s) => s.clone(),
         };
-        let budget = schema_budget_problems(&input_schema);
+        let budget = match limits {
+            Limits::Publish => schema_budget_problems(&input_schema),
+            Limits::Stored => vec![],
+        };
         let input_validator = match jsonschema::meta::validate(&input_schema) {
             _ if !budget.is_empty() => {
                 problems.extend(budget);
@@ -1150,7 +1162,7 @@ impl WorkflowDoc {
             }
             let earlier: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
             let too_many = |m: &Mapping, at: String, problems: &mut Vec<Problem>| {
-                if m.queries() > super::mapping::MAX_QUERIES {
+                if limits == Limits::Publish && m.queries() > super::mapping::MAX_QUERIES {
                     problems.push(Problem {
                         at,
                         message: format!(
@@ -1233,6 +1245,17 @@ impl WorkflowDoc {
     }
 }
 
+/// Which bounds a definition is held to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Limits {
+    /// Those of today, for a definition being published (and any other check of one).
+    Publish,
+    /// None of the bounds on cost (schema budget, queries per mapping): a definition stored
+    /// under the bounds of its day still loads, so the tasks running on it go on. Rendering
+    /// and matching stay bounded at run time whatever the definition.
+    Stored,
+}
+
 impl Workflow {
     /// Parses and validates a workflow from its JSON value.
     pub fn from_value(
@@ -1241,6 +1264,13 @@ impl Workflow {
         policy: &Policy,
     ) -> Result<Self, DefinitionError> {
         parse_workflow(value)?.validate(services, policy)
+    }
+
+    /// Parses and validates a workflow the catalog stored when it was published: as
+    /// [`Workflow::from_value`] without the bounds on cost a definition is published under
+    /// (see `Limits::Stored`).
+    pub fn from_stored(value: Value, policy: &Policy) -> Result<Self, DefinitionError> {
+        parse_workflow(value)?.validate_with(None, policy, Limits::Stored)
     }
 
     /// The same workflow, stamped with its published version.
@@ -1832,5 +1862,18 @@ services:
         w.check_input(&json!({"s": "x7"}))
             .expect("matches one pattern");
         assert!(w.check_input(&json!({"s": "y"})).is_err());
+    }
+
+    #[test]
+    fn a_stored_definition_over_todays_cost_bounds_still_loads() {
+        let mut doc = parse_value(examples::ECOMMERCE_ORDER, Format::Yaml).expect("yaml");
+        doc["steps"][0]["input"]["many"] = json!(vec!["$.input.customerId"; 300]);
+        let names: BTreeSet<String> = examples::services().into_iter().map(|s| s.name).collect();
+        let publish = Workflow::from_value(doc.clone(), Some(&names), &Policy::default());
+        assert!(
+            publish.is_err_and(|e| e.to_string().contains("at most 256")),
+            "refused at publish"
+        );
+        Workflow::from_stored(doc, &Policy::default()).expect("a stored one loads");
     }
 }
