@@ -212,7 +212,11 @@ fn mapped_files(root: &Path, architecture: &str) -> BTreeSet<String> {
                     text.push_str(&code);
                 }
             }
-            Event::Text(t) if heading.as_ref().is_some_and(|(l, _)| *l <= HeadingLevel::H2) => {
+            Event::Text(t)
+                if heading
+                    .as_ref()
+                    .is_some_and(|(l, _)| *l <= HeadingLevel::H2) =>
+            {
                 if let Some((_, text)) = heading.as_mut() {
                     text.push_str(&t);
                 }
@@ -249,7 +253,11 @@ fn mapped_files(root: &Path, architecture: &str) -> BTreeSet<String> {
 fn every_relative_link_and_anchor_of_the_docs_resolves() {
     let root = root();
     let problems = broken_links(&root, &doc_files());
-    assert!(problems.is_empty(), "broken links:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "broken links:\n{}",
+        problems.join("\n")
+    );
 }
 
 #[test]
@@ -272,18 +280,27 @@ fn the_code_map_names_every_source_file_and_no_other() {
         .difference(&sources)
         .filter(|p| !root.join(p).is_file())
         .collect();
-    assert!(stale.is_empty(), "ARCHITECTURE.md's code map names files that do not exist: {stale:?}");
+    assert!(
+        stale.is_empty(),
+        "ARCHITECTURE.md's code map names files that do not exist: {stale:?}"
+    );
 }
 
 #[test]
 fn slugs_follow_githubs_rules() {
     assert_eq!(slug("Run it"), "run-it");
-    assert_eq!(slug("Metrics, dashboard and alarms"), "metrics-dashboard-and-alarms");
+    assert_eq!(
+        slug("Metrics, dashboard and alarms"),
+        "metrics-dashboard-and-alarms"
+    );
     assert_eq!(
         slug("shared/ (sas-shared, imported as sas)"),
         "shared-sas-shared-imported-as-sas"
     );
-    assert_eq!(slug("Load per key at 1,000 tasks a second"), "load-per-key-at-1000-tasks-a-second");
+    assert_eq!(
+        slug("Load per key at 1,000 tasks a second"),
+        "load-per-key-at-1000-tasks-a-second"
+    );
     assert_eq!(slug("snake_case and-dash"), "snake_case-and-dash");
     let text = "# A\n\n## Notes\n\n## Notes\n\n### `code` heading\n";
     let got = anchors(text);
