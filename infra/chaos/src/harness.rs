@@ -1171,9 +1171,16 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         if let Err(e) = r.check(&workflow.policies()) {
             report.invalid.push(format!("{id} ({name}): {e}"));
         }
+        // (A step its service answered as misconfigured too often stops in Error whatever
+        // the policy: no business failure, for an operator to mend.)
+        let misconfigured = r
+            .steps
+            .get(r.step_index)
+            .is_some_and(|s| s.misconfigured > 0 && s.status == StepStatus::Pending);
         if cfg.settings.policy.auto_compensate
             && r.process_state == ProcessState::Error
             && !r.past_pivot()
+            && !misconfigured
         {
             report.invalid.push(format!(
                 "{id} ({name}): in Error before its pivot (automatic compensation is on)"

@@ -543,6 +543,17 @@ fn compensated(n: &mut StateRecord) -> Vec<Effect> {
     }
 }
 
+/// The task stops in Error for an operator (`reason`), whatever the policy on compensation:
+/// the alert is owed.
+fn stop_in_error(n: &mut StateRecord, reason: String) -> Vec<Effect> {
+    n.last_error = Some(reason);
+    n.owe(Status::Failed);
+    n.process_state = ProcessState::Error;
+    n.locked_by = None;
+    n.complete_by = None;
+    vec![Effect::DeliverNotice]
+}
+
 /// The task failed for good (`reason`): the operator alert is owed, and the task is either
 /// compensated at once or left in Error, as the policy says. Past the pivot it only goes
 /// forward: it is left in Error for an operator to retry.
@@ -679,9 +690,40 @@ pub fn apply_reply(
             };
             let wait = (*until - now).max(Duration::zero());
             match misconfigured {
-                // Only this task may be affected (the breaker stayed closed): a failed attempt,
-                // so the step fails, with the alert, within its threshold instead of waiting
-                // for ever with none.
+                // Only this task's request may be wrong (the breaker stayed closed), or the
+                // whole service (an expired credential at low traffic, where too few tasks
+                // reach the breaker): no failure of the task, so no compensation, but a bound.
+                // The step waits, deferred; at its failure threshold of such attempts it stops
+                // in Error with the alert, for an operator to mend and retry.
+                Some(error) if !undo => {
+                    let reason = format!("{what}: {error} (attempt {attempt})");
+                    let count = r.steps[step_index].misconfigured.saturating_add(1);
+                    n.steps[step_index].misconfigured = count;
+                    let threshold = p.at(step_index).failure_threshold;
+                    if count >= threshold {
+                        n.locked_by = None;
+                        n.steps[step_index].status = StepStatus::Pending;
+                        let e = stop_in_error(&mut n, reason.clone());
+                        log(
+                            &mut n,
+                            r.process_state,
+                            Some(step_index),
+                            format!("misconfigured {count} times: {reason}"),
+                        );
+                        e
+                    } else {
+                        defer(
+                            r,
+                            &mut n,
+                            now,
+                            p,
+                            format!("misconfigured ({count} of {threshold}): {reason}"),
+                            wait,
+                        )
+                    }
+                }
+                // An undo: a failed attempt, so it ends CompensationFailed, with the alert,
+                // within its threshold.
                 Some(error) => {
                     let reason = format!("{what}: {error} (attempt {attempt})");
                     hand_back(
@@ -1292,6 +1334,9 @@ pub fn retry(
     match r.process_state {
         ProcessState::Error if i < r.steps.len() => {
             let step = &mut n.steps[i];
+            // The operator mended what the service answered as misconfigured (or retries
+            // anyway): the count starts again.
+            step.misconfigured = 0;
             if step.status == StepStatus::Failed {
                 step.generation += 1;
                 step.sent = false;
@@ -2533,43 +2578,38 @@ mod tests {
     }
 
     #[test]
-    fn a_misconfigured_attempt_counts_and_fails_the_step_at_the_threshold_with_the_alert() {
+    fn misconfigured_attempts_defer_the_step_then_stop_it_in_error_with_the_alert() {
         let p = policy();
         let now = t0();
         let mut r = fresh(now);
         run_to(&mut r, 1, now, &p);
         let threshold = p.at(1).failure_threshold;
+        let misconfigured = StepOutcome::Deferred {
+            until: now + Duration::milliseconds(50),
+            misconfigured: Some("service misconfigured: HTTP 404: no such account".into()),
+        };
         for n in 1..=threshold {
-            let a = r.attempt;
             if n > 1 {
-                apply(&mut r, |r| claim(r, "s", now, &p));
+                let at = r.complete_by.expect("pickup");
+                apply(&mut r, |r| claim(r, "s", at, &p));
             }
-            let attempt = if n > 1 { a + 1 } else { a };
+            let a = r.attempt;
             apply(&mut r, |r| {
-                apply_reply(
-                    r,
-                    attempt,
-                    1,
-                    false,
-                    &StepOutcome::Deferred {
-                        until: now + Duration::milliseconds(50),
-                        misconfigured: Some(
-                            "service misconfigured: HTTP 404: no such account".into(),
-                        ),
-                    },
-                    now,
-                    &p,
-                )
+                apply_reply(r, a, 1, false, &misconfigured, now, &p)
             });
             if n < threshold {
                 assert_eq!(
-                    (r.process_state, r.failure_count),
-                    (ProcessState::Pending, n),
-                    "a misconfigured attempt is a failed one"
+                    (r.process_state, r.failure_count, r.steps[1].misconfigured),
+                    (ProcessState::Pending, 0, n),
+                    "deferred, no failure of the task"
                 );
             }
         }
-        assert_eq!(r.steps[1].status, StepStatus::TimedOut, "{r:?}");
+        assert_eq!(
+            (r.process_state, r.steps[1].status),
+            (ProcessState::Error, StepStatus::Pending),
+            "stopped for an operator, not compensated although compensation is automatic: {r:?}"
+        );
         assert!(
             r.outbox.iter().any(|o| o.status == Status::Failed),
             "the alert is owed: {r:?}"
@@ -2580,13 +2620,36 @@ mod tests {
                 .is_some_and(|e| e.contains("HTTP 404")),
             "{r:?}"
         );
-        assert!(
-            r.history
-                .iter()
-                .any(|h| h.reason.starts_with("misconfigured; retry 1")),
-            "{:?}",
-            r.history
+        // The operator mends it and retries: the count starts again, under the same key.
+        apply(&mut r, |r| retry(r, &ops(None), now, &p));
+        assert_eq!(
+            (
+                r.process_state,
+                r.steps[1].misconfigured,
+                r.steps[1].generation
+            ),
+            (ProcessState::Pending, 0, 0)
         );
+        // An undo answered so fails its attempts, and ends CompensationFailed at the threshold.
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let a = r.attempt;
+        apply(&mut r, |r| {
+            apply_reply(r, a, 1, false, &declined(), now, &p)
+        });
+        assert_eq!(r.process_state, ProcessState::Compensating);
+        for _ in 0..threshold {
+            let at = r
+                .complete_by
+                .expect("pickup")
+                .max(r.undo_after.unwrap_or(now));
+            apply(&mut r, |r| claim(r, "s", at, &p));
+            let (a, i) = (r.attempt, r.step_index);
+            apply(&mut r, |r| {
+                apply_reply(r, a, i, true, &misconfigured, at, &p)
+            });
+        }
+        assert_eq!(r.process_state, ProcessState::CompensationFailed, "{r:?}");
     }
 
     fn declined() -> StepOutcome {
