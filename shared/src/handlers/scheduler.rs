@@ -138,19 +138,49 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
     run(deps, &task, &workflow, &t).await
 }
 
-/// How often a callback that lost a race for its record is applied again to the record read
-/// anew (an agent's reply that loses is stale by then, or its deadline recovers the step; a
-/// callback is sent once by its service and must not be dropped for a heartbeat or an outbox
-/// cleared meanwhile).
-const CALLBACK_TRIES: usize = 4;
+/// How often a callback that lost a race for its record, or met a store fault, is applied
+/// again to the record read anew, and the first pause before a try after a fault. An agent's
+/// reply that loses is stale by then, or its deadline recovers the step, and one that meets a
+/// fault comes back with its message; a callback is sent once by its service, and its message
+/// would come back only after the queue's visibility timeout, which may be longer than the
+/// step's callback wait: it must not be dropped for a heartbeat or an outbox cleared
+/// meanwhile, nor wait out a throttled write.
+const CALLBACK_TRIES: u32 = 4;
+const CALLBACK_PAUSE: Duration = Duration::from_millis(100);
 
 async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError> {
-    let tries = if r.generation.is_some() {
-        CALLBACK_TRIES
-    } else {
-        1
-    };
-    for _ in 0..tries {
+    if r.generation.is_none() {
+        return apply_one(deps, &r).await.map(|_| ());
+    }
+    let mut pause = CALLBACK_PAUSE;
+    for attempt in 1..=CALLBACK_TRIES {
+        match apply_one(deps, &r).await {
+            Ok(Applied::Yes | Applied::Dropped) => return Ok(()),
+            Ok(Applied::LostRace) => {}
+            Err(HandlerError::Store(e)) if attempt < CALLBACK_TRIES => {
+                warn!(error = %e, attempt, "callback not applied: the store failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    info!("callback dropped: the record moved on meanwhile");
+    Ok(())
+}
+
+/// What became of a reply.
+enum Applied {
+    Yes,
+    /// Stale, a duplicate, or for a step that no longer waits for it.
+    Dropped,
+    /// Another write came between the read and this one.
+    LostRace,
+}
+
+/// Applies `r` once to its record as read now.
+async fn apply_one(deps: &SchedulerDeps, r: &StepReply) -> Result<Applied, HandlerError> {
+    {
         let (task, record, workflow) = load(deps, r.task_id).await?;
         if workflow.step(r.step_index).map(|s| s.name.as_str()) != Some(r.step.as_str()) {
             return Err(HandlerError::Poison(format!(
@@ -182,17 +212,16 @@ async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError
             Ok(t) => t,
             Err(why) => {
                 info!(%why, "stale or duplicate reply dropped");
-                return Ok(());
+                return Ok(Applied::Dropped);
             }
         };
         if !write(deps.store.as_ref(), &t).await? {
-            info!("the record moved on meanwhile");
-            continue;
+            info!("the record moved on meanwhile; reply dropped");
+            return Ok(Applied::LostRace);
         }
-        return applied_reply(deps, &r, &task, &record, &workflow, &t).await;
+        applied_reply(deps, r, &task, &record, &workflow, &t).await?;
+        Ok(Applied::Yes)
     }
-    info!("reply dropped: the record moved on meanwhile");
-    Ok(())
 }
 
 /// A reply's transition was written: its metrics, and its effects.
