@@ -10,7 +10,8 @@
 //! the JSON pointer of its place.
 
 use super::mapping::{Mapping, MappingScope};
-use super::transition::Policy;
+use super::policy::{CallbackPolicy, Policies, Policy};
+pub use super::problem::{DefinitionError, InputError, Problem};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -108,44 +109,6 @@ fn schema_budget_problems(schema: &Value) -> Vec<Problem> {
 
 /// The published JSON Schema of definition files.
 pub const SCHEMA: &str = include_str!("../../../workflows/schema.json");
-
-/// One problem in a definition, at a JSON pointer (`/steps/2/service`; empty: the document).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Problem {
-    pub at: String,
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.at.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "at {}: {}", self.at, self.message)
-        }
-    }
-}
-
-/// Every problem found in a definition.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct DefinitionError(pub Vec<Problem>);
-
-impl DefinitionError {
-    /// One problem at `at`.
-    pub fn one(at: impl Into<String>, message: impl Into<String>) -> Self {
-        Self(vec![Problem {
-            at: at.into(),
-            message: message.into(),
-        }])
-    }
-}
-
-impl fmt::Display for DefinitionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let lines: Vec<String> = self.0.iter().map(ToString::to_string).collect();
-        f.write_str(&lines.join("; "))
-    }
-}
 
 /// How a definition is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -964,7 +927,7 @@ fn callback_policy(
     at: &str,
     doc: &CallbackDoc,
     problems: &mut Vec<Problem>,
-) -> Option<crate::domain::transition::CallbackPolicy> {
+) -> Option<CallbackPolicy> {
     let here = format!("{at}/timeout");
     let timeout = duration(&here, &doc.timeout, problems)?;
     if timeout < MIN_TIMEOUT || timeout > MAX_CALLBACK_TIMEOUT {
@@ -994,7 +957,7 @@ fn callback_policy(
             Some(chrono(h))
         }
     };
-    Some(crate::domain::transition::CallbackPolicy {
+    Some(CallbackPolicy {
         timeout: chrono(timeout),
         heartbeat,
     })
@@ -1045,12 +1008,6 @@ impl fmt::Debug for Workflow {
             .finish_non_exhaustive()
     }
 }
-
-/// A task input that does not match the workflow's input schema: each problem at its JSON
-/// pointer in the input.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
-pub struct InputError(pub Vec<Problem>);
 
 impl WorkflowDoc {
     /// Checks what the schema cannot and compiles the workflow: `services` says which service
@@ -1294,8 +1251,8 @@ impl Workflow {
     }
 
     /// The policy of each step, in order.
-    pub fn policies(&self) -> super::transition::Policies {
-        super::transition::Policies::new(self.steps.iter().map(|s| s.policy.clone()).collect())
+    pub fn policies(&self) -> Policies {
+        Policies::new(self.steps.iter().map(|s| s.policy.clone()).collect())
     }
 
     /// The distinct services this workflow uses, in step order.
