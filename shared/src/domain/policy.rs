@@ -161,3 +161,25 @@ impl Policies {
         self.steps.get(i).unwrap_or(&self.fallback)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delay_grows_with_equal_jitter_and_is_capped() {
+        // A second at first, doubled with every failure, at most 8 seconds.
+        let p = Policies::uniform(Policy {
+            retry_base_delay: Duration::seconds(1),
+            backoff_rate: 2.0,
+            retry_max_delay: Duration::seconds(8),
+            ..Policy::default()
+        });
+        for (n, full) in [(1, 1000), (2, 2000), (3, 4000), (4, 8000), (5, 8000)] {
+            assert_eq!(p.at(0).retry_delay(n, 0.0).num_milliseconds(), full / 2);
+            assert_eq!(p.at(0).retry_delay(n, 1.0).num_milliseconds(), full);
+            let mid = p.at(0).retry_delay(n, 0.5).num_milliseconds();
+            assert!(full / 2 < mid && mid < full);
+        }
+    }
+}
