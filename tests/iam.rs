@@ -842,21 +842,23 @@ fn check(f: &Fixture, all: &BTreeSet<Call>) {
     assert!(problems.is_empty(), "{}\n\n{md}", problems.join("\n"));
 }
 
-/// The README's submitter policy reaches the task routes and none of the operator routes: the
-/// operator function skips a caller's rate limit, and its console and API are the operators'.
+/// The documented submitter policy (docs/deploying.md) reaches the task routes and none of the
+/// operator routes: the operator function skips a caller's rate limit, and its console and API
+/// are the operators'.
 /// Each route of the template becomes sample request ARNs (the operator's greedy path with
 /// hostile samples that spell a task route inside it); the documented resources are matched
 /// against them as IAM matches (`*` spans `/`).
 #[test]
 fn the_documented_submitter_policy_reaches_the_task_routes_and_no_operator_route() {
     let t = template::Template::load();
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/deploying.md"))
+            .expect("docs/deploying.md");
     let section = readme
         .split("### Use the deployed API")
         .nth(1)
         .and_then(|s| s.split("\n### ").next())
-        .expect("the README's section on the deployed task API");
+        .expect("docs/deploying.md's section on the deployed task API");
     let documented: Vec<String> = section
         .match_indices("arn:aws:execute-api:")
         .map(|(at, _)| {

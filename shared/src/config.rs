@@ -273,8 +273,8 @@ pub fn definitions(
     )
 }
 
-/// The DynamoDB store from `TABLE_NAME` and `DUE_SHARDS` (default 16: see ARCHITECTURE.md,
-/// "Load per key at 1,000 tasks a second").
+/// The DynamoDB store from `TABLE_NAME` and `DUE_SHARDS` (default 16: see docs/capacity.md,
+/// "Load per key").
 pub fn dynamo_store(sdk: &aws_config::SdkConfig) -> Result<crate::aws::DynamoStore, ConfigError> {
     Ok(crate::aws::DynamoStore::new(
         aws_sdk_dynamodb::Client::new(sdk),

@@ -563,7 +563,7 @@ fn cost_in(s: &Scenario, batch: f64, capacity: Capacity) -> Cost {
 /// Clean orders through the in-memory system, every store call counted by the key it lands on
 /// (an item's partition key, or a GSI partition): the write and read units each key takes per
 /// task, and what that is at 1,000 tasks a second against DynamoDB's per-partition limits
-/// (1,000 WCU, 3,000 RCU). Backs the table in ARCHITECTURE.md ("Load per key").
+/// (1,000 WCU, 3,000 RCU). Backs docs/capacity.md ("Load per key").
 async fn key_load(tasks: usize) -> anyhow::Result<String> {
     // The deployed default's due shards (the template's `DueShards`), not the local runner's.
     let mut settings = Settings {

@@ -1171,9 +1171,16 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         if let Err(e) = r.check(&workflow.policies()) {
             report.invalid.push(format!("{id} ({name}): {e}"));
         }
+        // (A step its service answered as misconfigured too often stops in Error whatever
+        // the policy: no business failure, for an operator to mend.)
+        let misconfigured = r
+            .steps
+            .get(r.step_index)
+            .is_some_and(|s| s.misconfigured > 0 && s.status == StepStatus::Pending);
         if cfg.settings.policy.auto_compensate
             && r.process_state == ProcessState::Error
             && !r.past_pivot()
+            && !misconfigured
         {
             report.invalid.push(format!(
                 "{id} ({name}): in Error before its pivot (automatic compensation is on)"
@@ -1460,9 +1467,10 @@ pub fn requeue_limit(p: &Policy, stall: Option<Duration>) -> usize {
 /// "As it ran": Done (or Faulted: the service applied it) is 1; refused (Failed) or never sent
 /// (Pending) is 0; a step that timed out may have taken effect or not.
 /// The callback steps of `r` that timed out waiting for their callback ("no callback by")
-/// after their service had posted it: sas took it (202) and lost it, or called it stale (409)
-/// while the step still waited. A second is allowed for the callback's own way through the
-/// queues.
+/// after their service had posted it, and never took it: the step did not end Done. sas lost
+/// a callback it had taken (202), or called it stale (409) while the step still waited. (A
+/// callback held up in a stalled queue may arrive after such a timeout: it completes the step
+/// then, which is no violation.)
 fn ignored_callbacks(
     r: &StateRecord,
     workflow: &Workflow,
@@ -1474,7 +1482,7 @@ fn ignored_callbacks(
             continue;
         };
         let key = sas::messages::idempotency_key(r.task_id, &step.name, &step.action, s.generation);
-        let Some(c) = posted.get(&key) else {
+        let Some(c) = posted.get(&key).filter(|_| s.status != StepStatus::Done) else {
             continue;
         };
         let waited = r.history.iter().find(|h| {
@@ -1484,8 +1492,8 @@ fn ignored_callbacks(
         });
         if let Some(h) = waited {
             out.push(format!(
-                "{} {}: callback posted at {} (answered {:?}), then {:?} at {}",
-                r.task_id, s.name, c.at, c.status, h.reason, h.at
+                "{} {}: callback posted at {} (answered {:?}), then {:?} at {}, and the step ended {}",
+                r.task_id, s.name, c.at, c.status, h.reason, h.at, s.status
             ));
         }
     }

@@ -1,8 +1,8 @@
 //! A chaos run in memory with every rough edge of AWS on and automatic compensation off
 //! (`AUTO_COMPENSATE=false`): failures wait in Error, and the operator's compensate and
 //! compensate-from apply to tasks that failed before their pivot. The larger runs
-//! (`sas-chaos --tasks 20000 --every-switch --manual-compensation`) are in the README; this one
-//! keeps the path in every CI run.
+//! (`sas-chaos --tasks 20000 --every-switch --manual-compensation`, docs/guarantees.md) are
+//! run by hand; this one keeps the path in every CI run.
 
 use sas_chaos::{Config, run_in_memory};
 use std::time::Duration;

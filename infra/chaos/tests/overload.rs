@@ -4,7 +4,7 @@
 //! timeout. With each request allowed 30 s to be picked up (`START_WITHIN_SECONDS`), every
 //! task ends Processed, late, with no failure; the deadline running from the dispatch
 //! (`START_WITHIN_SECONDS=0`, the design before) fails and compensates them en masse (shown in
-//! the README: `sas-chaos --overload 10 --start-within 0`).
+//! docs/guarantees.md: `sas-chaos --overload 10 --start-within 0`).
 
 use sas_chaos::{Config, run_in_memory};
 

@@ -348,6 +348,9 @@ fn steps_list(r: &StateRecord) -> AttributeValue {
             if let Some(r) = st.input_revision {
                 m.insert("InputRevision".to_owned(), n(r));
             }
+            if st.misconfigured > 0 {
+                m.insert("Misconfigured".to_owned(), n(st.misconfigured));
+            }
             AttributeValue::M(m)
         })
         .collect();
@@ -544,6 +547,7 @@ fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
                     waiting_until: opt_n(m, "WaitingUntil")?.map(time).transpose()?,
                     sent_until: opt_n(m, "SentUntil")?.map(time).transpose()?,
                     input_revision: opt_n(m, "InputRevision")?,
+                    misconfigured: opt_n(m, "Misconfigured")?.unwrap_or(0),
                 }),
                 _ => Err(corrupt("Steps holds a non-map")),
             })

@@ -216,6 +216,15 @@ pub struct StepState {
     /// input, not the new one: the undo reverses what the step did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_revision: Option<u32>,
+    /// Attempts of the step its service answered as misconfigured (401, 403, 404...) while its
+    /// breaker stayed closed: maybe only this task's request is wrong. Each defers the step;
+    /// at the failure threshold the task stops in Error, with the alert.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub misconfigured: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl StepState {
@@ -234,6 +243,7 @@ impl StepState {
             waiting_until: None,
             sent_until: None,
             input_revision: None,
+            misconfigured: 0,
         }
     }
 
@@ -708,7 +718,7 @@ impl StateRecord {
         }
     }
 
-    /// The due-index shard of this record (see ARCHITECTURE.md: sharding the sparse index).
+    /// The due-index shard of this record (see docs/capacity.md: the sharded sparse due index).
     pub fn due_shard(&self, shards: u32) -> u32 {
         due_shard(&self.task_id, shards)
     }

@@ -1,6 +1,6 @@
 //! Recovery lag (`sas-local recovery-lag`, `sas-bench`): how long after a step's deadline the
 //! step is dispatched again, with deadline timers and with the scheduled sweep alone. In memory,
-//! on this machine; the figures go in BENCHMARKS.md and the README, never in a timed test.
+//! on this machine; the figures go in BENCHMARKS.md only, never in a timed test.
 
 use super::{Backend, Settings, System};
 use crate::ports::SystemClock;

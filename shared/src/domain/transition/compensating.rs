@@ -55,6 +55,17 @@ pub(super) fn compensated(n: &mut StateRecord) -> Vec<Effect> {
     }
 }
 
+/// The task stops in Error for an operator (`reason`), whatever the policy on compensation:
+/// the alert is owed.
+pub(super) fn stop_in_error(n: &mut StateRecord, reason: String) -> Vec<Effect> {
+    n.last_error = Some(reason);
+    n.owe(Status::Failed);
+    n.process_state = ProcessState::Error;
+    n.locked_by = None;
+    n.complete_by = None;
+    vec![Effect::DeliverNotice]
+}
+
 /// The task failed for good (`reason`): the operator alert is owed, and the task is either
 /// compensated at once or left in Error, as the policy says. Past the pivot it only goes
 /// forward: it is left in Error for an operator to retry.

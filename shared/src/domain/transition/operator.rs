@@ -28,6 +28,9 @@ pub fn retry(
     match r.process_state {
         ProcessState::Error if i < r.steps.len() => {
             let step = &mut n.steps[i];
+            // The operator mended what the service answered as misconfigured (or retries
+            // anyway): the count starts again.
+            step.misconfigured = 0;
             if step.status == StepStatus::Failed {
                 step.generation += 1;
                 step.sent = false;

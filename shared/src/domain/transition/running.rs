@@ -6,7 +6,7 @@
 use super::super::policy::Policies;
 use super::super::state::{ProcessState, Refusal, StateRecord, Status, StepStatus, to_millis};
 use super::common::{Effect, Rejection, StepOutcome, Transition, finish, log, next, tidy};
-use super::compensating::{apply_undo_reply, begin_compensation, fail};
+use super::compensating::{apply_undo_reply, begin_compensation, fail, stop_in_error};
 use super::{Condition, Guard};
 use chrono::{DateTime, Duration, Utc};
 
@@ -188,9 +188,12 @@ fn subject(r: &StateRecord) -> String {
 
 /// The step (or undo) could not be done now, to be tried again no earlier than `until`: its
 /// service's circuit is open ([`defer`]), or, `misconfigured`, the service answered every try of
-/// the attempt as misconfigured while its breaker stayed closed. Only this task may be affected
-/// then: a failed attempt ([`hand_back`]), so the step fails, with the alert, within its
-/// threshold instead of waiting for ever with none.
+/// the attempt as misconfigured while its breaker stayed closed. Then only this task's request
+/// may be wrong, or the whole service (an expired credential at low traffic, where too few
+/// tasks reach the breaker): no failure of the task, so no compensation, but a bound. The step
+/// waits, deferred; at its failure threshold of such attempts it stops in Error with the alert,
+/// for an operator to mend and retry. An undo so answered fails its attempt ([`hand_back`]),
+/// and ends CompensationFailed, with the alert, within its threshold.
 fn deferred(
     r: &StateRecord,
     n: &mut StateRecord,
@@ -201,7 +204,36 @@ fn deferred(
 ) -> Vec<Effect> {
     let what = subject(r);
     let wait = (until - now).max(Duration::zero());
+    let undo = r.process_state == ProcessState::Compensating;
     match misconfigured {
+        Some(error) if !undo => {
+            let i = r.step_index;
+            let reason = format!("{what}: {error} (attempt {})", r.attempt);
+            let count = r.steps[i].misconfigured.saturating_add(1);
+            n.steps[i].misconfigured = count;
+            let threshold = p.at(i).failure_threshold;
+            if count >= threshold {
+                n.locked_by = None;
+                n.steps[i].status = StepStatus::Pending;
+                let e = stop_in_error(n, reason.clone());
+                log(
+                    n,
+                    r.process_state,
+                    Some(i),
+                    format!("misconfigured {count} times: {reason}"),
+                );
+                e
+            } else {
+                defer(
+                    r,
+                    n,
+                    now,
+                    p,
+                    format!("misconfigured ({count} of {threshold}): {reason}"),
+                    wait,
+                )
+            }
+        }
         Some(error) => {
             let reason = format!("{what}: {error} (attempt {})", r.attempt);
             let jitter = stable_jitter(r);
@@ -1046,43 +1078,38 @@ mod tests {
     }
 
     #[test]
-    fn a_misconfigured_attempt_counts_and_fails_the_step_at_the_threshold_with_the_alert() {
+    fn misconfigured_attempts_defer_the_step_then_stop_it_in_error_with_the_alert() {
         let p = policy();
         let now = t0();
         let mut r = fresh(now);
         run_to(&mut r, 1, now, &p);
         let threshold = p.at(1).failure_threshold;
+        let misconfigured = StepOutcome::Deferred {
+            until: now + Duration::milliseconds(50),
+            misconfigured: Some("service misconfigured: HTTP 404: no such account".into()),
+        };
         for n in 1..=threshold {
-            let a = r.attempt;
             if n > 1 {
-                apply(&mut r, |r| claim(r, "s", now, &p));
+                let at = r.complete_by.expect("pickup");
+                apply(&mut r, |r| claim(r, "s", at, &p));
             }
-            let attempt = if n > 1 { a + 1 } else { a };
+            let a = r.attempt;
             apply(&mut r, |r| {
-                apply_reply(
-                    r,
-                    attempt,
-                    1,
-                    false,
-                    &StepOutcome::Deferred {
-                        until: now + Duration::milliseconds(50),
-                        misconfigured: Some(
-                            "service misconfigured: HTTP 404: no such account".into(),
-                        ),
-                    },
-                    now,
-                    &p,
-                )
+                apply_reply(r, a, 1, false, &misconfigured, now, &p)
             });
             if n < threshold {
                 assert_eq!(
-                    (r.process_state, r.failure_count),
-                    (ProcessState::Pending, n),
-                    "a misconfigured attempt is a failed one"
+                    (r.process_state, r.failure_count, r.steps[1].misconfigured),
+                    (ProcessState::Pending, 0, n),
+                    "deferred, no failure of the task"
                 );
             }
         }
-        assert_eq!(r.steps[1].status, StepStatus::TimedOut, "{r:?}");
+        assert_eq!(
+            (r.process_state, r.steps[1].status),
+            (ProcessState::Error, StepStatus::Pending),
+            "stopped for an operator, not compensated although compensation is automatic: {r:?}"
+        );
         assert!(
             r.outbox.iter().any(|o| o.status == Status::Failed),
             "the alert is owed: {r:?}"
@@ -1093,13 +1120,36 @@ mod tests {
                 .is_some_and(|e| e.contains("HTTP 404")),
             "{r:?}"
         );
-        assert!(
-            r.history
-                .iter()
-                .any(|h| h.reason.starts_with("misconfigured; retry 1")),
-            "{:?}",
-            r.history
+        // The operator mends it and retries: the count starts again, under the same key.
+        apply(&mut r, |r| retry(r, &ops(None), now, &p));
+        assert_eq!(
+            (
+                r.process_state,
+                r.steps[1].misconfigured,
+                r.steps[1].generation
+            ),
+            (ProcessState::Pending, 0, 0)
         );
+        // An undo answered so fails its attempts, and ends CompensationFailed at the threshold.
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let a = r.attempt;
+        apply(&mut r, |r| {
+            apply_reply(r, a, 1, false, &declined(), now, &p)
+        });
+        assert_eq!(r.process_state, ProcessState::Compensating);
+        for _ in 0..threshold {
+            let at = r
+                .complete_by
+                .expect("pickup")
+                .max(r.undo_after.unwrap_or(now));
+            apply(&mut r, |r| claim(r, "s", at, &p));
+            let (a, i) = (r.attempt, r.step_index);
+            apply(&mut r, |r| {
+                apply_reply(r, a, i, true, &misconfigured, at, &p)
+            });
+        }
+        assert_eq!(r.process_state, ProcessState::CompensationFailed, "{r:?}");
     }
 
     /// The loan with `send-contract` (step 2) as a callback step.
