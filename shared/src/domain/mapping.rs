@@ -6,7 +6,7 @@
 //! on the context `{task: {id, workflow, version}, input, steps: {<step>: {result}}}`; every
 //! other value is copied as it is. A string starting with `$$` is a literal with one `$` less.
 
-use super::workflow::Problem;
+use super::problem::Problem;
 use jsonpath_rust::parser::model::{JpQuery, Segment, Selector};
 use serde_json::{Map, Value};
 

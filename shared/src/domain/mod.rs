@@ -3,22 +3,30 @@
 pub mod backoff;
 pub mod breaker;
 pub mod caller;
+pub mod condition;
 pub mod mapping;
+#[cfg(test)]
+mod module_graph;
+pub mod policy;
+pub mod problem;
 pub mod rate;
 pub mod state;
 pub mod task;
+pub mod task_id;
 pub mod transition;
+pub mod validation;
 pub mod workflow;
 
 pub use backoff::Backoff;
 pub use breaker::{BreakerPolicy, BreakerRecord, BreakerState, Decision};
 pub use caller::Caller;
+pub use condition::{Condition, Guard, write_label};
 pub use mapping::{Mapping, MappingError};
+pub use policy::{Policies, Policy};
+pub use problem::DefinitionError;
 pub use state::{
     HistoryEntry, Invariant, Owed, ProcessState, StateRecord, Status, StepState, StepStatus,
 };
 pub use task::{Task, TaskId, ValidationError};
-pub use transition::{
-    Actor, Condition, Effect, Guard, Policies, Policy, Rejection, Transition, write_label,
-};
-pub use workflow::{DefinitionError, Document, Format, ServiceDef, Step, Target, Workflow};
+pub use transition::{Actor, Effect, Rejection, Transition};
+pub use workflow::{Document, Format, ServiceDef, Step, Target, Workflow};

@@ -1,7 +1,7 @@
 //! The state record: the pattern's one source of truth about a task.
 
-use super::task::TaskId;
-use super::transition::Policies;
+use super::policy::Policies;
+use super::task_id::TaskId;
 use super::workflow::Workflow;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -116,7 +116,7 @@ pub enum StepStatus {
     /// The task was cancelled while the step ran: it may or may not have taken effect.
     Cancelled,
     /// The service confirmed the step, but its answer cannot be kept (over the size limit,
-    /// [`MAX_RESULT_BYTES`](super::task::MAX_RESULT_BYTES)): the step took effect and the
+    /// [`MAX_RESULT_BYTES`]): the step took effect and the
     /// task fails.
     Faulted,
     /// A callback step: the service accepted the request and completes the step later through
@@ -361,6 +361,11 @@ pub struct HistoryEntry {
 /// The most history entries a record keeps (the oldest are dropped first): keeps the item far
 /// below DynamoDB's 400 KB limit however often an operator retries.
 pub const MAX_HISTORY: usize = 100;
+
+/// The largest result of one step kept in the state record (serialized JSON).
+pub const MAX_RESULT_BYTES: usize = 16 * 1024;
+/// The most all of a task's kept results may take together (serialized JSON).
+pub const MAX_RESULTS_BYTES: usize = 128 * 1024;
 
 /// The state record of one task. Field names follow the pattern (`LockedBy`, `CompleteBy`,
 /// `ProcessState`, `FailureCount`) plus the fencing `Attempt` and a `Version` that every write
@@ -713,7 +718,7 @@ impl StateRecord {
         }
     }
 
-    /// The due-index shard of this record (see ARCHITECTURE.md: sharding the sparse index).
+    /// The due-index shard of this record (see docs/capacity.md: the sharded sparse due index).
     pub fn due_shard(&self, shards: u32) -> u32 {
         due_shard(&self.task_id, shards)
     }
@@ -763,7 +768,7 @@ impl StateRecord {
         {
             return bad(format!("{} past the pivot", self.process_state));
         }
-        if self.results_bytes() > super::task::MAX_RESULTS_BYTES {
+        if self.results_bytes() > MAX_RESULTS_BYTES {
             return bad("the kept results are over their limit".into());
         }
         if self.failure_count > threshold {

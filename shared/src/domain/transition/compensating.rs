@@ -1,0 +1,421 @@
+//! Compensation: a failed task starts undoing, last first, every step that may have taken
+//! effect ([`begin_compensation`], [`fail`]), and each undo's answer moves it to the next undo or
+//! ends it ([`apply_undo_reply`]).
+
+use super::super::policy::Policies;
+use super::super::state::{ProcessState, StateRecord, Status, StepState, StepStatus, to_millis};
+use super::common::{Effect, finish, log};
+use chrono::{DateTime, Duration, Utc};
+
+/// Starts undoing, last first, every step that may have taken effect: the record becomes
+/// Compensating and unlocked, to be claimed after `delay`; with nothing to undo it is
+/// Compensated at once.
+///
+/// `in_flight_until`: the deadline of the current step if it may still be in flight (timed
+/// out or cancelled). Its undo then waits [`Policy::undo_wait`] past it, or past the latest
+/// deadline a request for the step went out with if that is later (see
+/// [`StepState::sent_until`]), and [`claim`] enforces that wait, so a stray work message cannot
+/// send the undo early.
+pub(super) fn begin_compensation(
+    n: &mut StateRecord,
+    now: DateTime<Utc>,
+    delay: Duration,
+    p: &Policies,
+    in_flight_until: Option<DateTime<Utc>>,
+) -> Vec<Effect> {
+    n.failure_count = 0;
+    n.round = 0;
+    n.locked_by = None;
+    match n.steps.iter().rposition(StepState::needs_undo) {
+        Some(i) => {
+            let mut delay = delay;
+            n.undo_after = None;
+            if let Some(t) = in_flight_until.filter(|_| i == n.step_index) {
+                let t = n.steps[i].sent_until.map_or(t, |s| s.max(t));
+                let after = to_millis(t + p.at(i).undo_wait);
+                delay = delay.max(after - now);
+                n.undo_after = Some(after);
+            }
+            n.process_state = ProcessState::Compensating;
+            n.step_index = i;
+            n.complete_by = Some(now + delay + p.at(i).pickup_timeout);
+            vec![Effect::Enqueue { delay }]
+        }
+        None => compensated(n),
+    }
+}
+
+/// Every step that needed it is undone: the task ends Refused if a service refused a step, else
+/// Compensated.
+pub(super) fn compensated(n: &mut StateRecord) -> Vec<Effect> {
+    if n.refusal.is_some() {
+        finish(n, ProcessState::Refused, Status::Refused)
+    } else {
+        finish(n, ProcessState::Compensated, Status::Compensated)
+    }
+}
+
+/// The task stops in Error for an operator (`reason`), whatever the policy on compensation:
+/// the alert is owed.
+pub(super) fn stop_in_error(n: &mut StateRecord, reason: String) -> Vec<Effect> {
+    n.last_error = Some(reason);
+    n.owe(Status::Failed);
+    n.process_state = ProcessState::Error;
+    n.locked_by = None;
+    n.complete_by = None;
+    vec![Effect::DeliverNotice]
+}
+
+/// The task failed for good (`reason`): the operator alert is owed, and the task is either
+/// compensated at once or left in Error, as the policy says. Past the pivot it only goes
+/// forward: it is left in Error for an operator to retry.
+pub(super) fn fail(
+    n: &mut StateRecord,
+    now: DateTime<Utc>,
+    reason: String,
+    p: &Policies,
+    in_flight_until: Option<DateTime<Utc>>,
+) -> Vec<Effect> {
+    n.last_error = Some(reason);
+    n.owe(Status::Failed);
+    let mut effects = vec![Effect::DeliverNotice];
+    if p.at(n.step_index).auto_compensate && !n.past_pivot() {
+        effects.extend(
+            begin_compensation(n, now, Duration::zero(), p, in_flight_until)
+                .into_iter()
+                .filter(|e| *e != Effect::DeliverNotice),
+        );
+    } else {
+        n.process_state = ProcessState::Error;
+        n.locked_by = None;
+        n.complete_by = None;
+    }
+    effects
+}
+
+/// Applies an undo's answer: `refused` is the service's refusal, `None` a success.
+pub(super) fn apply_undo_reply(
+    n: &mut StateRecord,
+    i: usize,
+    refused: Option<&String>,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Vec<Effect> {
+    let from = n.process_state;
+    match refused {
+        None => {
+            n.steps[i].undo = Some(StepStatus::Done);
+            n.undo_after = None;
+            match n.steps[..i].iter().rposition(StepState::needs_undo) {
+                Some(j) => {
+                    n.step_index = j;
+                    n.steps[j].undo = Some(StepStatus::Running);
+                    n.complete_by = Some(p.at(j).dispatch_deadline(now));
+                    log(n, from, Some(i), "undone");
+                    vec![Effect::SendStepRequest]
+                }
+                None => {
+                    let e = compensated(n);
+                    log(n, from, Some(i), "undone; every step undone");
+                    e
+                }
+            }
+        }
+        Some(error) => {
+            n.steps[i].undo = Some(StepStatus::Failed);
+            let reason = format!("undo of {}: {error}", n.steps[i].name);
+            n.last_error = Some(reason.clone());
+            let e = finish(
+                n,
+                ProcessState::CompensationFailed,
+                Status::CompensationFailed,
+            );
+            log(n, from, Some(i), format!("undo refused: {reason}"));
+            e
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::transition::testkit::*;
+    use crate::domain::transition::*;
+
+    #[test]
+    fn a_refusal_at_the_first_step_leaves_nothing_to_undo() {
+        let now = t0();
+        let mut r = fresh(now);
+        apply(&mut r, |r| claim(r, "s", now, &manual()));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 0, false, &refused(), now, &manual())
+        });
+        assert_eq!(r.process_state, ProcessState::Error);
+        assert_eq!(
+            r.last_error.as_deref(),
+            Some("reserve-inventory: card declined")
+        );
+
+        let mut r = fresh(now);
+        apply(&mut r, |r| claim(r, "s", now, &policy()));
+        let t = apply(&mut r, |r| {
+            apply_reply(r, 1, 0, false, &refused(), now, &policy())
+        });
+        assert_eq!(t.effects, [Effect::DeliverNotice]);
+        assert_eq!(r.process_state, ProcessState::Compensated);
+        assert_eq!(r.owed(), [Status::Failed, Status::Compensated]);
+    }
+
+    #[test]
+    fn a_refusal_at_step_three_undoes_steps_two_then_one() {
+        let p = policy();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 2, now, &p);
+        let t = apply(&mut r, |r| apply_reply(r, 1, 2, false, &refused(), now, &p));
+        assert_eq!(
+            t.effects,
+            [
+                Effect::DeliverNotice,
+                Effect::Enqueue {
+                    delay: Duration::zero()
+                }
+            ]
+        );
+        assert_eq!(r.process_state, ProcessState::Compensating);
+        assert_eq!(r.owed(), [Status::Failed]);
+        apply(&mut r, |r| notice_delivered(r, now));
+        let mut undone = vec![];
+        let t = apply(&mut r, |r| claim(r, "s", now, &p));
+        assert_eq!(t.effects, [Effect::SendStepRequest]);
+        while r.process_state == ProcessState::Compensating {
+            undone.push(r.step_index);
+            let (a, i) = (r.attempt, r.step_index);
+            assert!(matches!(
+                apply_reply(&r, a, i, false, &ok(), now, &p),
+                Err(Rejection::WrongDirection { .. })
+            ));
+            apply(&mut r, |r| apply_reply(r, a, i, true, &ok(), now, &p));
+        }
+        assert_eq!(undone, [1, 0]);
+        assert_eq!(r.process_state, ProcessState::Compensated);
+        assert_eq!(
+            r.steps[2].undo, None,
+            "the refused step had no effect to undo"
+        );
+        assert_eq!(r.owed(), [Status::Compensated]);
+    }
+
+    #[test]
+    fn an_undo_that_times_out_is_retried_then_fails_at_the_threshold() {
+        let p = policy();
+        let mut now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
+        for n in 1..=3 {
+            apply(&mut r, |r| claim(r, "s", now, &p));
+            now += p.at(0).step_timeout;
+            apply(&mut r, |r| expire(r, now, &p, 0.5));
+            assert_eq!(r.failure_count, n);
+            now += p.at(0).retry_max_delay;
+        }
+        assert_eq!(r.process_state, ProcessState::CompensationFailed);
+        assert_eq!(r.steps[0].undo, Some(StepStatus::TimedOut));
+    }
+
+    #[test]
+    fn a_refusal_compensates_and_ends_refused_without_an_alert() {
+        let p = policy();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 2, now, &p);
+        let t = apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &declined(), now, &p)
+        });
+        assert_eq!(r.process_state, ProcessState::Compensating);
+        assert!(r.outbox.is_empty(), "no TaskFailed alert: {:?}", r.owed());
+        assert_eq!(
+            t.effects,
+            [Effect::Enqueue {
+                delay: Duration::zero()
+            }],
+            "a refused step had no effect: nothing to wait for"
+        );
+        assert_eq!(r.step_index, 1, "the refused step needs no undo");
+        while r.process_state == ProcessState::Compensating {
+            if r.locked_by.is_none() {
+                apply(&mut r, |r| claim(r, "s", now, &p));
+            }
+            let (a, i) = (r.attempt, r.step_index);
+            apply(&mut r, |r| apply_reply(r, a, i, true, &ok(), now, &p));
+        }
+        assert_eq!(r.process_state, ProcessState::Refused);
+        assert_eq!(r.owed(), [Status::Refused]);
+        assert!(!Status::Refused.is_alert());
+        let refusal = r.refusal.clone().expect("kept");
+        assert_eq!(
+            (refusal.step.as_str(), refusal.code.as_str()),
+            ("arrange-shipping", "declined")
+        );
+
+        // Refused at the first step: nothing to undo, Refused at once.
+        let mut first = fresh(now);
+        run_to(&mut first, 0, now, &p);
+        apply(&mut first, |r| {
+            apply_reply(r, 1, 0, false, &declined(), now, &p)
+        });
+        assert_eq!(first.process_state, ProcessState::Refused);
+        assert_eq!(first.owed(), [Status::Refused]);
+    }
+
+    #[test]
+    fn a_refusal_past_the_pivot_stops_in_error_and_alerts() {
+        let p = policy();
+        let now = t0();
+        let mut r = loan(now);
+        run_to(&mut r, 3, now, &p);
+        assert!(r.past_pivot());
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 3, false, &declined(), now, &p)
+        });
+        assert_eq!(r.process_state, ProcessState::Error);
+        assert_eq!(r.owed(), [Status::Failed], "a person must decide");
+        let t = apply(&mut r, |r| retry(r, &ops(None), now, &p));
+        assert!(t.record.refusal.is_none(), "a retry forgets the refusal");
+    }
+
+    #[test]
+    fn an_undo_after_a_timeout_at_the_threshold_waits_past_the_deadline() {
+        let p = policy();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let mut at = now;
+        while r.process_state != ProcessState::Compensating {
+            if r.process_state == ProcessState::Pending {
+                apply(&mut r, |r| claim(r, "s", at, &p));
+            }
+            at = r.complete_by.expect("deadline");
+            apply(&mut r, |r| expire(r, at, &p, 0.5));
+        }
+        assert_eq!(r.steps[1].status, StepStatus::TimedOut);
+        assert_eq!(r.step_index, 1, "the step that timed out is undone first");
+        let after = at + p.at(1).undo_wait;
+        assert_eq!(r.undo_after, Some(after));
+        assert_eq!(
+            claim(&r, "s", at, &p).err(),
+            Some(Rejection::TooEarly { until: after })
+        );
+        apply(&mut r, |r| claim(r, "s", after, &p));
+        let a = r.attempt;
+        apply(&mut r, |r| apply_reply(r, a, 1, true, &ok(), after, &p));
+        assert_eq!(
+            r.undo_after, None,
+            "the wait is over once that undo is done"
+        );
+    }
+
+    #[test]
+    fn an_undo_waits_past_the_deadline_of_an_attempt_handed_back_early() {
+        // A start allowance: a request may wait for an agent, so the deadline is well after
+        // the agent's give-up time, and a duplicated delivery may call until the deadline.
+        let p = with(|p| p.start_within = Duration::seconds(60));
+        let now = t0();
+        let spent = StepOutcome::TimedOut {
+            error: "spent its timeout on transient faults".into(),
+        };
+
+        // A timed-out reply at the threshold: the undo waits past the attempt's deadline, not
+        // past the reply.
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let mut at = now;
+        let mut deadline = r.complete_by.expect("deadline");
+        while r.process_state != ProcessState::Compensating {
+            if r.process_state == ProcessState::Pending {
+                at = r.complete_by.expect("pickup");
+                apply(&mut r, |r| claim(r, "s", at, &p));
+            }
+            deadline = r.complete_by.expect("deadline");
+            at += p.at(1).step_timeout;
+            let a = r.attempt;
+            apply(&mut r, |r| apply_reply(r, a, 1, false, &spent, at, &p));
+        }
+        assert!(at < deadline, "the reply came before the deadline");
+        assert_eq!(r.undo_after, Some(deadline + p.at(1).undo_wait));
+
+        // A cancel of a step handed back by such a reply: the same.
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let deadline = r.complete_by.expect("deadline");
+        let at = now + p.at(1).step_timeout;
+        apply(&mut r, |r| apply_reply(r, 1, 1, false, &spent, at, &p));
+        assert_eq!(r.process_state, ProcessState::Pending);
+        assert_eq!(r.steps[1].sent_until, Some(deadline));
+        apply(&mut r, |r| cancel(r, &ops(None), at, &p));
+        assert_eq!(r.undo_after, Some(deadline + p.at(1).undo_wait));
+
+        // An operator's compensation of a task that failed so, with compensation off.
+        let manual = with(|p| {
+            p.start_within = Duration::seconds(60);
+            p.auto_compensate = false;
+        });
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &manual);
+        let mut at = now;
+        let mut deadline = r.complete_by.expect("deadline");
+        while r.process_state != ProcessState::Error {
+            if r.process_state == ProcessState::Pending {
+                at = r.complete_by.expect("pickup");
+                apply(&mut r, |r| claim(r, "s", at, &manual));
+            }
+            deadline = r.complete_by.expect("deadline");
+            at += manual.at(1).step_timeout;
+            let a = r.attempt;
+            apply(&mut r, |r| apply_reply(r, a, 1, false, &spent, at, &manual));
+        }
+        assert_eq!(r.steps[1].sent_until, Some(deadline));
+        apply(&mut r, |r| compensate(r, &ops(None), at, &manual));
+        assert_eq!(r.undo_after, Some(deadline + manual.at(1).undo_wait));
+    }
+
+    #[test]
+    fn compensation_skips_a_step_without_an_undo() {
+        let p = policy();
+        let now = t0();
+        let mut r = loan(now);
+        run_to(&mut r, 2, now, &p);
+        let t = apply(&mut r, |r| apply_reply(r, 1, 2, false, &refused(), now, &p));
+        assert_eq!(r.process_state, ProcessState::Compensating);
+        assert_eq!(
+            r.step_index, 1,
+            "reserve-funds is undone first, send-contract was refused"
+        );
+        assert!(t.effects.contains(&Effect::DeliverNotice));
+        apply(&mut r, |r| claim(r, "s", now, &p));
+        let a = r.attempt;
+        apply(&mut r, |r| apply_reply(r, a, 1, true, &ok(), now, &p));
+        assert_eq!(r.process_state, ProcessState::Compensated);
+        assert_eq!(r.steps[0].undo, None, "check-credit is never undone");
+        assert_eq!(r.steps[0].status, StepStatus::Done);
+    }
+
+    #[test]
+    fn a_faulted_step_fails_the_task_and_is_undone_as_taking_effect() {
+        let p = policy();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let faulted = StepOutcome::Faulted {
+            error: "result_too_large".into(),
+        };
+        apply(&mut r, |r| apply_reply(r, 1, 1, false, &faulted, now, &p));
+        assert_eq!(r.steps[1].status, StepStatus::Faulted);
+        assert_eq!(r.process_state, ProcessState::Compensating);
+        assert_eq!(
+            r.step_index, 1,
+            "the faulted step took effect: it is undone first"
+        );
+    }
+}

@@ -1,0 +1,25 @@
+//! The state record's transitions, as pure functions:
+//! (record, event, now, policy) → new record + the conditional write that must succeed for the
+//! transition to count ([`Condition`]) + the effects to perform after it did, or a typed
+//! rejection.
+//!
+//! Events: a scheduler [`claim`]s, an agent's reply is applied ([`apply_reply`]), a callback
+//! step's service calls back ([`apply_callback`]), the supervisor finds a deadline passed
+//! ([`expire`]), the outbox is delivered ([`notice_delivered`]) (`running`); a failed task is
+//! compensated (`compensating`); and an operator [`retry`]s, [`compensate`]s, [`cancel`]s,
+//! [`resolve`]s or [`skip`]s (`operator`). What they share is in `common`.
+
+mod common;
+mod compensating;
+mod operator;
+#[cfg(test)]
+mod properties;
+mod running;
+#[cfg(test)]
+mod testkit;
+
+pub use super::condition::{Condition, Guard, write_label};
+pub use super::policy::{CallbackPolicy, MAX_REQUEUE_DELAY, Policies, Policy};
+pub use common::{Actor, Effect, Rejection, StepOutcome, Transition};
+pub use operator::{cancel, compensate, compensate_from, resolve, retry, retry_with_input, skip};
+pub use running::{apply_callback, apply_reply, claim, expire, notice_delivered};

@@ -1,0 +1,112 @@
+//! What the transitions' tests share: small policies, records of the example workflows, and
+//! helpers that apply a transition and check the record it leaves.
+
+pub(super) use super::super::state::{StateRecord, to_millis};
+pub(super) use super::super::workflow::examples;
+pub(super) use super::super::{TaskId, Workflow};
+pub(super) use super::*;
+pub(super) use chrono::{DateTime, Duration, Utc};
+
+pub(super) fn ops(reason: Option<&str>) -> Actor {
+    Actor {
+        by: "arn:aws:iam::123456789012:user/operator".into(),
+        reason: reason.map(str::to_owned),
+        operator: true,
+    }
+}
+
+pub(super) fn base() -> Policy {
+    Policy {
+        step_timeout: Duration::seconds(10),
+        start_within: Duration::zero(),
+        pickup_timeout: Duration::seconds(30),
+        failure_threshold: 3,
+        retry_base_delay: Duration::seconds(1),
+        backoff_rate: 2.0,
+        retry_max_delay: Duration::seconds(8),
+        auto_compensate: true,
+        cooldown: Duration::seconds(60),
+        max_rounds: 0,
+        callback: None,
+        undo_wait: Duration::seconds(5),
+        progress_events: false,
+    }
+}
+
+pub(super) fn with(f: impl FnOnce(&mut Policy)) -> Policies {
+    let mut p = base();
+    f(&mut p);
+    Policies::uniform(p)
+}
+
+pub(super) fn policy() -> Policies {
+    with(|_| {})
+}
+
+pub(super) fn manual() -> Policies {
+    with(|p| p.auto_compensate = false)
+}
+
+pub(super) fn t0() -> DateTime<Utc> {
+    to_millis(Utc::now())
+}
+
+pub(super) fn record(w: &Workflow, now: DateTime<Utc>) -> StateRecord {
+    StateRecord::new(
+        TaskId::new_random(),
+        w,
+        None,
+        now,
+        now + base().pickup_timeout,
+    )
+}
+
+/// A Pending record of the three-step e-commerce order, each step with an undo.
+pub(super) fn fresh(now: DateTime<Utc>) -> StateRecord {
+    record(&examples::ecommerce_order(&base()), now)
+}
+
+pub(super) fn ok() -> StepOutcome {
+    StepOutcome::succeeded()
+}
+
+pub(super) fn refused() -> StepOutcome {
+    StepOutcome::Failed {
+        error: "card declined".into(),
+    }
+}
+
+pub(super) fn declined() -> StepOutcome {
+    StepOutcome::Refused {
+        code: "declined".into(),
+        message: "card declined".into(),
+    }
+}
+
+/// A Pending record of the loan: check-credit (no undo), reserve-funds (undo),
+/// send-contract (the pivot, undo), disburse-funds (no undo).
+pub(super) fn loan(now: DateTime<Utc>) -> StateRecord {
+    record(&examples::loan_application(&base()), now)
+}
+
+pub(super) fn apply(
+    r: &mut StateRecord,
+    f: impl FnOnce(&StateRecord) -> Result<Transition, Rejection>,
+) -> Transition {
+    let t = f(r).expect("transition applies");
+    assert!(t.condition.holds(Some(r)), "condition holds on its source");
+    t.record
+        .check(&policy())
+        .expect("valid after the transition");
+    *r = t.record.clone();
+    t
+}
+
+/// Claims and answers steps until the record's current step is `upto`.
+pub(super) fn run_to(r: &mut StateRecord, upto: usize, now: DateTime<Utc>, p: &Policies) {
+    apply(r, |r| claim(r, "s", now, p));
+    for i in 0..upto {
+        let a = r.attempt;
+        apply(r, |r| apply_reply(r, a, i, false, &ok(), now, p));
+    }
+}
