@@ -1335,8 +1335,25 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
                 .map(|s| s.iter().collect())
                 .unwrap_or_default();
             for id in got.symmetric_difference(&want) {
+                // The record as the run ended, to tell a notice still owed (and why the sweep
+                // left it) from one cleared without its delivery.
+                let record = task
+                    .parse::<TaskId>()
+                    .ok()
+                    .and_then(|t| finals.get(&t).cloned().flatten())
+                    .map(|r| {
+                        format!(
+                            "{} v{}, outbox {:?}, due key {:?}, updated {}, last: {:?}",
+                            r.process_state,
+                            r.version,
+                            r.owed(),
+                            r.due_key,
+                            r.updated_at,
+                            r.history.last().map(|h| h.reason.clone())
+                        )
+                    });
                 report.notice_mismatch.push(format!(
-                    "{id}: published {}, owed by a record {}",
+                    "{id}: published {}, owed by a record {}; the record at the end: {record:?}",
                     got.contains(id),
                     want.contains(id)
                 ));
@@ -1482,7 +1499,12 @@ fn ignored_callbacks(
             continue;
         };
         let key = sas::messages::idempotency_key(r.task_id, &step.name, &step.action, s.generation);
-        let Some(c) = posted.get(&key).filter(|_| s.status != StepStatus::Done) else {
+        // A callback sas refused as malformed (400: an oversized result, say) is the service's
+        // to mend; one it took (202) or called stale (409) is sas's to keep.
+        let Some(c) = posted
+            .get(&key)
+            .filter(|c| matches!(c.status, Some(202 | 409)) && s.status != StepStatus::Done)
+        else {
             continue;
         };
         let waited = r.history.iter().find(|h| {

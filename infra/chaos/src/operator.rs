@@ -280,10 +280,17 @@ pub fn alerts_owed(fails_now: bool, r: &StateRecord, applied: &[Applied]) -> usi
                 && matches!(a.action, "retry" | "retry-with-input" | "skip" | "resolve")
         })
         .count();
+    // A failure a late callback settled (the step failed waiting for it, then it came): the
+    // task left Error by itself, with no operator's action.
+    let revived = r
+        .history
+        .iter()
+        .filter(|h| h.from == ProcessState::Error && h.to != ProcessState::Error && h.by.is_none())
+        .count();
     // A task resolved from Error still shows the failed step the resolve settled.
     let resolved_from_error = r.process_state == ProcessState::Resolved
         && applied
             .last()
             .is_some_and(|a| a.action == "resolve" && a.from == ProcessState::Error);
-    settled + usize::from(fails_now && !resolved_from_error)
+    settled + revived + usize::from(fails_now && !resolved_from_error)
 }
