@@ -559,9 +559,18 @@ async fn a_credential_outside_the_secrets_prefix_is_never_read() {
         loop {
             pump_until_quiet(&system, 5).await;
             let r = state(&system, id).await;
+            // Tried: the payment's breaker recorded its misconfigured answer (it counts once
+            // per task, so it may stay closed while the agent retries to its give-up time).
+            let tried = system
+                .store
+                .get_breaker("payment")
+                .await
+                .ok()
+                .flatten()
+                .is_some();
             if r.process_state == ProcessState::Processed
                 || (r.steps[0].status == StepStatus::Done
-                    && (r.failure_count > 0 || r.deferrals > 0))
+                    && (r.failure_count > 0 || r.deferrals > 0 || tried))
             {
                 return;
             }
