@@ -213,9 +213,13 @@ async fn a_404_on_one_tasks_path_stops_that_task_with_an_alert_and_stalls_no_oth
     }
 
     // Each deferral of the ghost's step waits a little (a jitter of up to a second, so the
-    // tasks deferred together do not come back together): pump until it has stopped.
+    // tasks deferred together do not come back together): pump until it has stopped (neither
+    // waiting for a claim nor out).
     for _ in 0..100 {
-        if state(&system, ghost).await.process_state != ProcessState::Pending {
+        if !matches!(
+            state(&system, ghost).await.process_state,
+            ProcessState::Pending | ProcessState::Processing
+        ) {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
