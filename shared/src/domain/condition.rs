@@ -39,6 +39,20 @@ impl Condition {
         }
     }
 
+    /// The condition of a write about the record's current step as read: same state, attempt
+    /// and step (at the version read) - keeps "an answer counts only for the claim and step it
+    /// answers" (replies, callbacks, a cancel of a step that may be out).
+    pub(crate) fn on_step(record: &StateRecord, step_index: usize) -> Self {
+        Self::on(
+            record,
+            vec![
+                Guard::StateIs(record.process_state),
+                Guard::AttemptIs(record.attempt),
+                Guard::StepIndexIs(step_index),
+            ],
+        )
+    }
+
     /// Whether the condition holds for the stored record (`None`: no record). The in-memory
     /// store uses this; the DynamoDB store translates the same guards to a condition expression.
     pub fn holds(&self, stored: Option<&StateRecord>) -> bool {

@@ -180,48 +180,46 @@ enum Applied {
 
 /// Applies `r` once to its record as read now.
 async fn apply_one(deps: &SchedulerDeps, r: &StepReply) -> Result<Applied, HandlerError> {
-    {
-        let (task, record, workflow) = load(deps, r.task_id).await?;
-        if workflow.step(r.step_index).map(|s| s.name.as_str()) != Some(r.step.as_str()) {
-            return Err(HandlerError::Poison(format!(
-                "reply names step {:?} at index {}, which {} v{} does not have",
-                r.step, r.step_index, workflow.name, workflow.version
-            )));
-        }
-        let outcome = keepable(&record, &r.outcome);
-        let applied = match r.generation {
-            Some(generation) => transition::apply_callback(
-                &record,
-                r.step_index,
-                generation,
-                &outcome,
-                deps.clock.now(),
-                &workflow.policies(),
-            ),
-            None => transition::apply_reply(
-                &record,
-                r.attempt,
-                r.step_index,
-                r.undo,
-                &outcome,
-                deps.clock.now(),
-                &workflow.policies(),
-            ),
-        };
-        let t = match applied {
-            Ok(t) => t,
-            Err(why) => {
-                info!(%why, "stale or duplicate reply dropped");
-                return Ok(Applied::Dropped);
-            }
-        };
-        if !write(deps.store.as_ref(), &t).await? {
-            info!("the record moved on meanwhile; reply dropped");
-            return Ok(Applied::LostRace);
-        }
-        applied_reply(deps, r, &task, &record, &workflow, &t).await?;
-        Ok(Applied::Yes)
+    let (task, record, workflow) = load(deps, r.task_id).await?;
+    if workflow.step(r.step_index).map(|s| s.name.as_str()) != Some(r.step.as_str()) {
+        return Err(HandlerError::Poison(format!(
+            "reply names step {:?} at index {}, which {} v{} does not have",
+            r.step, r.step_index, workflow.name, workflow.version
+        )));
     }
+    let outcome = keepable(&record, &r.outcome);
+    let applied = match r.generation {
+        Some(generation) => transition::apply_callback(
+            &record,
+            r.step_index,
+            generation,
+            &outcome,
+            deps.clock.now(),
+            &workflow.policies(),
+        ),
+        None => transition::apply_reply(
+            &record,
+            r.attempt,
+            r.step_index,
+            r.undo,
+            &outcome,
+            deps.clock.now(),
+            &workflow.policies(),
+        ),
+    };
+    let t = match applied {
+        Ok(t) => t,
+        Err(why) => {
+            info!(%why, "stale or duplicate reply dropped");
+            return Ok(Applied::Dropped);
+        }
+    };
+    if !write(deps.store.as_ref(), &t).await? {
+        info!("the record moved on meanwhile; reply dropped");
+        return Ok(Applied::LostRace);
+    }
+    applied_reply(deps, r, &task, &record, &workflow, &t).await?;
+    Ok(Applied::Yes)
 }
 
 /// A reply's transition was written: its metrics, and its effects.

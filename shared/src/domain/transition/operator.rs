@@ -174,19 +174,7 @@ pub fn cancel(
         Some(&actor.by),
     );
     tidy(&mut n);
-    Ok(Transition::from(
-        r,
-        Condition::on(
-            r,
-            vec![
-                Guard::StateIs(r.process_state),
-                Guard::AttemptIs(r.attempt),
-                Guard::StepIndexIs(i),
-            ],
-        ),
-        n,
-        effects,
-    ))
+    Ok(Transition::from(r, Condition::on_step(r, i), n, effects))
 }
 
 /// An operator closes a failed task by hand (it was reconciled outside sas): an `Error` or

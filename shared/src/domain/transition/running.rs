@@ -134,14 +134,7 @@ pub fn apply_reply(
     tidy(&mut n);
     Ok(Transition::from(
         r,
-        Condition::on(
-            r,
-            vec![
-                Guard::StateIs(r.process_state),
-                Guard::AttemptIs(attempt),
-                Guard::StepIndexIs(step_index),
-            ],
-        ),
+        Condition::on_step(r, step_index),
         n,
         effects,
     ))
@@ -450,14 +443,7 @@ pub fn apply_callback(
             tidy(&mut n);
             Ok(Transition::from(
                 r,
-                Condition::on(
-                    r,
-                    vec![
-                        Guard::StateIs(r.process_state),
-                        Guard::AttemptIs(r.attempt),
-                        Guard::StepIndexIs(step_index),
-                    ],
-                ),
+                Condition::on_step(r, step_index),
                 n,
                 effects,
             ))
