@@ -493,7 +493,7 @@ fn no_domain_module_imports_itself() {
     let found = cycles(&g);
     assert!(
         found.is_empty(),
-        "import cycles in shared/src/domain:\n  {}",
+        "import cycles in sas/src/domain:\n  {}",
         found.join("\n  ")
     );
 }
