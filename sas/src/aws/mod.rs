@@ -6,6 +6,7 @@ mod credentials;
 mod dynamodb;
 mod eventbridge;
 pub mod provision;
+mod sdk;
 mod sqs;
 
 pub use credentials::{AwsCredentials, lambda_client};
@@ -14,24 +15,5 @@ pub use dynamodb::{
     STATE_INDEX_PROJECTION, index_entry_sizes, item_size, state_record_size, stored_sizes,
 };
 pub use eventbridge::EventBridgeBus;
+pub use sdk::{describe, sdk_config};
 pub use sqs::SqsQueue;
-
-/// Loads the SDK configuration from the environment (region, credentials, `AWS_ENDPOINT_URL`).
-pub async fn sdk_config() -> aws_config::SdkConfig {
-    aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .load()
-        .await
-}
-
-/// Renders an SDK error with its service error's code and message (the `Display` of an
-/// `SdkError` says only "service error").
-pub fn describe<E, R>(e: &aws_sdk_dynamodb::error::SdkError<E, R>) -> String
-where
-    E: std::error::Error + 'static,
-    R: std::fmt::Debug,
-{
-    match e {
-        aws_sdk_dynamodb::error::SdkError::ServiceError(s) => format!("{}", s.err()),
-        other => format!("{}", aws_sdk_dynamodb::error::DisplayErrorContext(other)),
-    }
-}

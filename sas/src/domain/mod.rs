@@ -5,8 +5,6 @@ pub mod breaker;
 pub mod caller;
 pub mod condition;
 pub mod mapping;
-#[cfg(test)]
-mod module_graph;
 pub mod policy;
 pub mod problem;
 pub mod rate;

@@ -2,6 +2,7 @@
 //! counting effects per idempotency key), the HTTP client and the Lambda invoker for real ones
 //! (with the credentials HTTP services need), and a circuit breaker that wraps each.
 
+mod bounds;
 mod callback;
 mod credentials;
 mod http;
@@ -13,6 +14,7 @@ pub use self::http::{
     STEP_HEADER, StatusClass, TASK_HEADER, UNDOES_HEADER, classify, client as http_client, outcome,
     render_path, router,
 };
+pub use bounds::{CUT_MARKER, MAX_ANSWER_BYTES, MAX_CODE_BYTES, MAX_TEXT_BYTES, cap};
 pub use callback::{
     CallbackCompleter, CallbackLog, CallbackSink, HttpCallbackSink, PostedCallback,
 };
@@ -32,33 +34,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::{error, info, warn};
-
-/// The most of a service's answer an agent reads, in bytes: an HTTP body is read no further
-/// (a success over it is [`RemoteFault::TooLarge`]: the step took effect, its result cannot be
-/// kept); a Lambda payload over it is not parsed. Above the result limit
-/// ([`crate::domain::task::MAX_RESULT_BYTES`]), so that a success with some whitespace and a
-/// refusal with a long message are still read whole.
-pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
-/// The most of any text from a service (a refusal's message, a fault's error) that reaches a
-/// record, a message or an event, in bytes: [`cap`] cuts the rest.
-pub const MAX_TEXT_BYTES: usize = 1024;
-/// The longest refusal code kept, in bytes.
-pub const MAX_CODE_BYTES: usize = 64;
-/// What ends a text [`cap`] cut.
-pub const CUT_MARKER: &str = "…[cut]";
-
-/// `text`, or, if it is over `max` bytes, as much of it as fits on a char boundary followed by
-/// [`CUT_MARKER`] (`max` bytes at most in all).
-pub fn cap(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    if max < CUT_MARKER.len() {
-        return text[..text.floor_char_boundary(max)].to_owned();
-    }
-    let keep = text.floor_char_boundary(max - CUT_MARKER.len());
-    format!("{}{CUT_MARKER}", &text[..keep])
-}
 
 /// Makes the simulated service of a name (the local runner hands out its own, with faults).
 pub type SimulatedFactory = Arc<dyn Fn(&str) -> Arc<dyn RemoteService> + Send + Sync>;

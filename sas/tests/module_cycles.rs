@@ -1,5 +1,6 @@
-//! The domain's module graph has no cycle: no module of `src/domain` uses (through any chain of
-//! modules) an item of its own.
+//! The product crate's module graph has no cycle: no module of `sas/src` uses (through any chain
+//! of modules) an item of its own. A module is a file (`a/b.rs` or `a/b/mod.rs`: `a::b`); what it
+//! names of its own children counts, what it declares with `mod` does not.
 //!
 //! The graph is read from the sources: every path a file names that starts at `crate`, `super`
 //! or `self` (in a `use` or inline), and every `use` of a child module, is an edge from the file's
@@ -12,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// A module of the domain, as its path below `domain` (`[]`: the domain itself).
+/// A module of the crate, as its path below `crate` (`[]`: the crate root, `lib.rs`).
 type Module = Vec<String>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,6 +188,8 @@ struct FileInfo {
     paths: Vec<(Vec<String>, Vec<String>)>,
     /// Re-exported name -> the path re-exported (relative to the file's module).
     reexports: BTreeMap<String, Vec<String>>,
+    /// The paths of its public glob re-exports (`pub use a::*`), relative to the file's module.
+    globs: Vec<Vec<String>>,
     /// The file modules it declares under `#[cfg(test)]`.
     test_children: BTreeSet<String>,
 }
@@ -215,6 +218,7 @@ fn read_file(module: Module, src: &str) -> FileInfo {
         module,
         paths: vec![],
         reexports: BTreeMap::new(),
+        globs: vec![],
         test_children: BTreeSet::new(),
     };
     // The inline modules open at `i`, with the brace depth they opened at and whether they are
@@ -267,7 +271,9 @@ fn read_file(module: Module, src: &str) -> FileInfo {
                 }
                 let inner: Vec<String> = stack.iter().map(|(n, _, _)| n.clone()).collect();
                 for (path, name) in leaves {
-                    if public && inner.is_empty() && !name.is_empty() && name != "*" {
+                    if public && inner.is_empty() && name == "*" {
+                        info.globs.push(path.clone());
+                    } else if public && inner.is_empty() && !name.is_empty() {
                         info.reexports.insert(name, path.clone());
                     }
                     info.paths.push((inner.clone(), path));
@@ -294,10 +300,10 @@ fn read_file(module: Module, src: &str) -> FileInfo {
     info
 }
 
-/// The domain's module graph: module -> the modules it uses.
+/// The crate's module graph: module -> the modules it uses.
 type Graph = BTreeMap<Module, BTreeSet<Module>>;
 
-/// Builds the graph of the files given as (path below `domain`, source).
+/// Builds the graph of the files given as (path below `src`, source).
 fn graph(files: &[(String, String)]) -> Graph {
     let mut infos: BTreeMap<Module, FileInfo> = files
         .iter()
@@ -307,7 +313,7 @@ fn graph(files: &[(String, String)]) -> Graph {
                 .split('/')
                 .map(str::to_owned)
                 .collect();
-            if m.last().is_some_and(|s| s == "mod") {
+            if m.last().is_some_and(|s| s == "mod") || m == ["lib"] {
                 m.pop();
             }
             (m.clone(), read_file(m, src))
@@ -327,7 +333,7 @@ fn graph(files: &[(String, String)]) -> Graph {
     infos.retain(|m, _| !tests.iter().any(|t| m.starts_with(t)));
     let is_module = |m: &Module| infos.contains_key(m);
     // Resolves `path`, named in file module `at` (inside its inline modules `inner`), to the
-    // domain module defining what it names; `None` outside the domain.
+    // module defining what it names; `None` outside the crate.
     fn resolve(
         infos: &BTreeMap<Module, FileInfo>,
         is_module: &dyn Fn(&Module) -> bool,
@@ -347,17 +353,6 @@ fn graph(files: &[(String, String)]) -> Graph {
                 rest = &rest[1..];
                 m = vec![];
                 inner = 0;
-                if rest.first().is_some_and(|s| s == "domain") {
-                    rest = &rest[1..];
-                } else if !rest.first().is_some_and(|s| {
-                    is_module(&vec![s.clone()])
-                        || infos
-                            .get(&vec![])
-                            .is_some_and(|r| r.reexports.contains_key(s))
-                }) {
-                    // Outside the domain (`lib.rs` re-exports all of the domain's root).
-                    return None;
-                }
             }
             Some("self") => rest = &rest[1..],
             Some("super") => {
@@ -392,9 +387,31 @@ fn graph(files: &[(String, String)]) -> Graph {
                 rest = &rest[1..];
                 continue;
             }
-            if let Some(target) = infos.get(&m).and_then(|f| f.reexports.get(seg)) {
+            let Some(file) = infos.get(&m) else { break };
+            if let Some(target) = file.reexports.get(seg) {
                 let mut full = target.clone();
                 full.extend(rest[1..].iter().cloned());
+                return resolve(infos, is_module, &m, &[], &full, hops + 1);
+            }
+            // A glob re-export: the first glob whose module names `seg` (a child or a
+            // re-export) takes it; the module of the only glob takes any other name.
+            let through = file.globs.iter().find_map(|glob| {
+                let at = resolve(infos, is_module, &m, &[], glob, hops + 1)?;
+                let mut child = at.clone();
+                child.push(seg.clone());
+                let names = is_module(&child)
+                    || infos
+                        .get(&at)
+                        .is_some_and(|f| f.reexports.contains_key(seg));
+                names.then_some(glob)
+            });
+            let glob = through.or(match file.globs.as_slice() {
+                [only] => Some(only),
+                _ => None,
+            });
+            if let Some(glob) = glob {
+                let mut full = glob.clone();
+                full.extend(rest.iter().cloned());
                 return resolve(infos, is_module, &m, &[], &full, hops + 1);
             }
             break;
@@ -417,7 +434,7 @@ fn graph(files: &[(String, String)]) -> Graph {
 
 fn name(m: &Module) -> String {
     if m.is_empty() {
-        "domain".into()
+        "crate".into()
     } else {
         m.join("::")
     }
@@ -455,11 +472,11 @@ fn cycles(g: &Graph) -> Vec<String> {
     found
 }
 
-/// The sources of `src/domain`, as (path below it, text).
-fn domain_sources() -> Vec<(String, String)> {
+/// The sources of `src`, as (path below it, text).
+fn crate_sources() -> Vec<(String, String)> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
         let mut entries: Vec<_> = std::fs::read_dir(dir)
-            .expect("src/domain is readable")
+            .expect("src is readable")
             .map(|e| e.expect("a directory entry").path())
             .collect();
         entries.sort();
@@ -469,7 +486,7 @@ fn domain_sources() -> Vec<(String, String)> {
             } else if path.extension().is_some_and(|e| e == "rs") {
                 let rel = path
                     .strip_prefix(root)
-                    .expect("under src/domain")
+                    .expect("under src")
                     .to_string_lossy()
                     .replace('\\', "/");
                 let src = std::fs::read_to_string(&path).expect("a readable source file");
@@ -477,34 +494,41 @@ fn domain_sources() -> Vec<(String, String)> {
             }
         }
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/domain");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut out = vec![];
     walk(&root, &root, &mut out);
     out
 }
 
 #[test]
-fn no_domain_module_imports_itself() {
-    let g = graph(&domain_sources());
+fn no_module_of_the_product_crate_imports_itself() {
+    let g = graph(&crate_sources());
     assert!(
-        g.values().map(BTreeSet::len).sum::<usize>() >= 10,
+        g.values().map(BTreeSet::len).sum::<usize>() >= 50,
         "the graph was read: {g:?}"
     );
     let found = cycles(&g);
     assert!(
         found.is_empty(),
-        "import cycles in sas/src/domain:\n  {}",
+        "import cycles in sas/src:\n  {}",
         found.join("\n  ")
     );
 }
 
 #[test]
 fn a_cycle_through_any_kind_of_path_is_found() {
+    // The fixtures are a crate whose root re-exports all of its `domain`, as sas's does.
     let files = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(p, s)| (p.to_string(), s.to_string()))
-            .collect()
+        let mut out = vec![(
+            "lib.rs".to_string(),
+            "pub mod domain; pub use domain::*;".to_string(),
+        )];
+        out.extend(
+            pairs
+                .iter()
+                .map(|(p, s)| (format!("domain/{p}"), s.to_string())),
+        );
+        out
     };
     let root = "pub mod a; pub mod b; pub mod c; pub use a::A; pub use c::{x::X, C as Sea};";
     // Through the root's re-export, from a test module, a grouped use and an inline path.
@@ -534,7 +558,7 @@ fn a_cycle_through_any_kind_of_path_is_found() {
     for (n, (a, b, c)) in cases.iter().enumerate() {
         let mut srcs = files(&[("mod.rs", root), ("a.rs", a), ("b.rs", b), ("c/mod.rs", c)]);
         srcs.push((
-            "c/x.rs".into(),
+            "domain/c/x.rs".into(),
             "use crate::domain::a::A; pub struct X;".into(),
         ));
         let found = cycles(&graph(&srcs));
@@ -546,7 +570,7 @@ fn a_cycle_through_any_kind_of_path_is_found() {
         assert!(
             found
                 .iter()
-                .all(|c| c.starts_with('a') || c.contains("-> a")),
+                .all(|c| c.starts_with("domain::a") || c.contains("-> domain::a")),
             "case {n}: {found:?}"
         );
     }
@@ -565,9 +589,10 @@ fn a_cycle_through_any_kind_of_path_is_found() {
     ]);
     let g = graph(&clean);
     assert_eq!(cycles(&g), Vec::<String>::new(), "{g:?}");
-    let b = &g[&vec!["b".to_string()]];
+    let module = |path: &str| -> Module { path.split("::").map(str::to_owned).collect() };
+    let b = &g[&module("domain::b")];
     assert!(
-        b.contains(&vec!["a".to_string()]) && b.contains(&vec!["c".to_string()]),
+        b.contains(&module("domain::a")) && b.contains(&module("domain::c")),
         "{g:?}"
     );
 }
