@@ -9,7 +9,8 @@ use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_http::request::LambdaRequest;
 use sas::domain::state::to_millis;
-use sas::handlers::{agent, scheduler, submission, supervisor};
+use sas::api;
+use sas::handlers::{agent, scheduler, supervisor};
 use sas::local::{Settings, System};
 use sas::messages::{SchedulerMessage, StepRequest};
 use sas::ports::{Clock, CreateOutcome, SystemClock};
@@ -483,7 +484,7 @@ async fn call_submission(system: &System, json: &Value) -> http::Response<String
         }
         other => panic!("not an HTTP API request context: {other:?}"),
     };
-    submission::handle(
+    api::handle(
         &system.submission,
         &identity,
         req.method(),

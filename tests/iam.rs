@@ -21,7 +21,7 @@
 
 use http::{HeaderMap, HeaderValue, Method};
 use sas::catalog;
-use sas::handlers::submission;
+use sas::api;
 use sas::local::{AwsClients, System, aws_ports_from};
 use sas::ports::{Clock, OffsetClock};
 use sas::remote::{Faults, SimulatedService};
@@ -130,7 +130,7 @@ async fn call(
     } else {
         body.to_string().into_bytes()
     };
-    let resp = submission::handle(deps, &who, &method, &path, &map, &body).await;
+    let resp = api::handle(deps, &who, &method, &path, &map, &body).await;
     let status = resp.status().as_u16();
     (
         status,

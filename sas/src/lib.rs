@@ -13,6 +13,7 @@
 //! - [`handlers`]: the four functions' logic as plain async functions over the ports.
 //! - [`local`]: wiring that hosts the four handlers in one process (local runner and tests).
 
+pub mod api;
 pub mod auth;
 pub mod aws;
 pub mod catalog;

@@ -3,13 +3,13 @@
 //! `POST /tasks/{taskId}/cancel`, callbacks) behind the authorizer `API_AUTH` names (IAM, JWT or
 //! None), and with `OPERATOR_API=true` the operator API under `/operator` (always IAM).
 //! Reads its configuration, builds its clients once, takes the caller from the request
-//! context the authorizer filled, and hands requests to `sas::handlers::submission::handle`.
+//! context the authorizer filled, and hands requests to `sas::api::handle`.
 
 use lambda_http::request::RequestContext;
 use lambda_http::{Body, Error, Request, RequestExt, Response, run, service_fn};
 use sas::auth::{self, AuthMode, Identity};
 use sas::config;
-use sas::handlers::submission::{self, SubmissionDeps};
+use sas::api::{self, SubmissionDeps};
 use std::sync::Arc;
 
 #[tokio::main]
@@ -47,7 +47,7 @@ async fn main() -> Result<(), Error> {
             _ if mode == AuthMode::None => Identity::anonymous(),
             _ => Identity::Unauthenticated("not an HTTP API request".into()),
         };
-        let resp = submission::handle(
+        let resp = api::handle(
             deps,
             &identity,
             req.method(),

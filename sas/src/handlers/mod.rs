@@ -2,10 +2,7 @@
 //! local runner and the tests all call these.
 
 pub mod agent;
-pub mod callback;
-pub mod console;
 pub mod scheduler;
-pub mod submission;
 pub mod supervisor;
 
 use crate::catalog::{CatalogError, Definitions};

@@ -12,7 +12,7 @@ use crate::domain::task::ReplyQueues;
 use crate::domain::{Backoff, BreakerPolicy, Policy};
 use crate::handlers::agent::{self, AgentDeps};
 use crate::handlers::scheduler::{self, SchedulerDeps};
-use crate::handlers::submission::{self, MAX_BODY_BYTES, SubmissionDeps};
+use crate::api::{self, MAX_BODY_BYTES, SubmissionDeps};
 use crate::handlers::supervisor::{self, SupervisorDeps, SweepReport};
 use crate::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
 use crate::ports::{Catalog, Clock, EventBus, Queue, ReceivedMessage, RemoteService, StateStore};
@@ -459,7 +459,7 @@ impl crate::remote::CallbackSink for LocalCallbackSink {
             .map(|u| u.path().to_owned())
             .map_err(|e| e.to_string())?;
         // The callback route authenticates by its token, whoever posts.
-        let answer = submission::handle(
+        let answer = api::handle(
             &self.0,
             &Identity::Unauthenticated("a service's callback".into()),
             &http::Method::POST,
@@ -897,7 +897,7 @@ pub fn router(
         let (parts, body) = req.into_parts();
         let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
             Ok(bytes) => bytes,
-            Err(_) => return submission::too_large().map(axum::body::Body::from),
+            Err(_) => return api::too_large().map(axum::body::Body::from),
         };
         if let Err(refused) = guard::check(
             &apis.hosts,
@@ -915,7 +915,7 @@ pub fn router(
         let path = parts.uri.path();
         // The console lives in the operator API; `/console` is its short address here.
         if path == "/console" || path.starts_with("/console/") {
-            let target = format!("{}{path_and_query}", submission::OPERATOR_PREFIX);
+            let target = format!("{}{path_and_query}", api::OPERATOR_PREFIX);
             let mut r = axum::response::Response::new(axum::body::Body::empty());
             *r.status_mut() = http::StatusCode::PERMANENT_REDIRECT;
             if let Ok(v) = http::HeaderValue::from_str(&target) {
@@ -923,15 +923,15 @@ pub fn router(
             }
             return r;
         }
-        let to_operator = path == submission::OPERATOR_PREFIX
-            || path.starts_with(&format!("{}/", submission::OPERATOR_PREFIX));
+        let to_operator = path == api::OPERATOR_PREFIX
+            || path.starts_with(&format!("{}/", api::OPERATOR_PREFIX));
         let (deps, auth) = if to_operator {
             (&apis.operator, &apis.operator_auth)
         } else {
             (&apis.api, &apis.auth)
         };
         let identity = auth.identify(&parts.method, path_and_query, &parts.headers, &bytes);
-        submission::handle(
+        api::handle(
             deps,
             &identity,
             &parts.method,

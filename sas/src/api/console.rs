@@ -12,7 +12,7 @@
 //! script's, or a browser too old to say where the form comes from) is refused. `sasctl
 //! console` also checks the `Host` of what it forwards.
 
-use super::submission::{MAX_REASON_CHARS, OPERATOR_PREFIX, route};
+use super::{MAX_REASON_CHARS, OPERATOR_PREFIX, route};
 use crate::domain::{Caller, ProcessState};
 use chrono::{DateTime, SecondsFormat, Utc};
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
@@ -37,7 +37,7 @@ const ACTIONS: [&str; 5] = ["retry", "compensate", "cancel", "resolve", "skip"];
 /// Answers one console request of an authenticated operator. `segments`: the path under the
 /// console's root.
 pub async fn page(
-    deps: &super::submission::SubmissionDeps,
+    deps: &super::SubmissionDeps,
     caller: &Caller,
     method: &Method,
     segments: &[&str],
@@ -117,7 +117,7 @@ fn same_origin(headers: &HeaderMap) -> bool {
 
 /// The operator API, called in process as the console's operator.
 struct Api<'a> {
-    deps: &'a super::submission::SubmissionDeps,
+    deps: &'a super::SubmissionDeps,
     caller: &'a Caller,
 }
 

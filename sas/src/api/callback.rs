@@ -14,7 +14,7 @@
 //! it (an earlier callback was applied, the step is being undone, an operator retried it under
 //! a new key, or the task moved on); 400 for a malformed body.
 
-use super::submission::{SubmissionDeps, error, respond, unavailable};
+use super::{SubmissionDeps, error, respond, unavailable};
 use crate::domain::TaskId;
 use crate::domain::state::{CallbackFence, check_callback_token};
 use crate::domain::task::MAX_RESULT_BYTES;
@@ -155,7 +155,7 @@ pub async fn callback(
             step_index,
         } => (step_index, attempt, None),
     };
-    let workflow = match super::workflow_of(&deps.definitions, &record).await {
+    let workflow = match crate::handlers::workflow_of(&deps.definitions, &record).await {
         Ok(w) => w,
         Err(e) => return unavailable(e),
     };

@@ -17,7 +17,10 @@
 //! `GET /workflows/{name}/versions/{version}`, `GET /services` and `GET|PUT /services/{name}`
 //! read and publish definitions.
 
-use super::{Outlets, perform_no_step, progress_status, publish_status, write};
+use crate::handlers::{Outlets, perform_no_step, progress_status, publish_status, write};
+pub mod callback;
+pub mod console;
+
 use crate::auth::Identity;
 use crate::catalog::{CatalogError, Definitions};
 use crate::domain::rate::{Admission, RateLimit};
@@ -73,7 +76,7 @@ pub const MAX_PAGE: usize = 100;
 pub const MAX_REASON_CHARS: usize = 500;
 
 /// An error answer: `{"error": {"code": ..., "message": ...}}`.
-pub(super) fn error(
+pub(crate) fn error(
     status: StatusCode,
     code: &str,
     message: impl Into<String>,
@@ -84,7 +87,7 @@ pub(super) fn error(
     )
 }
 
-pub(super) fn respond(status: StatusCode, body: &Value) -> Response<String> {
+pub(crate) fn respond(status: StatusCode, body: &Value) -> Response<String> {
     let mut r = Response::new(body.to_string());
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -122,7 +125,7 @@ pub async fn handle(
         && !op
     {
         let span = info_span!("callback", task_id = %id);
-        return super::callback::callback(deps, id, token, body)
+        return callback::callback(deps, id, token, body)
             .instrument(span)
             .await;
     }
@@ -130,7 +133,7 @@ pub async fn handle(
         return match identity {
             Identity::Caller(caller) => {
                 let span = info_span!("console", caller = %caller, path = %routed);
-                super::console::page(deps, caller, method, &segments[1..], query, headers, body)
+                console::page(deps, caller, method, &segments[1..], query, headers, body)
                     .instrument(span)
                     .await
             }
@@ -633,7 +636,7 @@ async fn get_task(deps: &SubmissionDeps, caller: &Caller, id: &str) -> Response<
         Ok(found) => found,
         Err(answer) => return *answer,
     };
-    let workflow = super::workflow_of(&deps.definitions, &record).await;
+    let workflow = crate::handlers::workflow_of(&deps.definitions, &record).await;
     if deps.operator_api {
         // An operator sees the task even when its workflow cannot be read (without the steps'
         // inputs then): that is when they need it most.
@@ -647,7 +650,7 @@ async fn get_task(deps: &SubmissionDeps, caller: &Caller, id: &str) -> Response<
     respond(StatusCode::OK, &caller_view(&task, &record, public_errors))
 }
 
-pub(super) fn unavailable(e: impl std::fmt::Display) -> Response<String> {
+pub(crate) fn unavailable(e: impl std::fmt::Display) -> Response<String> {
     error!(error = %e, "the store is unavailable");
     error(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -913,7 +916,7 @@ async fn operate(
         Err(answer) => return *answer,
     };
     tracing::Span::current().record("workflow", record.workflow.as_str());
-    let workflow = match super::workflow_of(&deps.definitions, &record).await {
+    let workflow = match crate::handlers::workflow_of(&deps.definitions, &record).await {
         Ok(w) => w,
         Err(e) => return unavailable(e),
     };
@@ -985,7 +988,7 @@ async fn operate(
             Err(e) => Err(e),
         },
         Err(_) => write(deps.store.as_ref(), &t).await.map_err(|e| match e {
-            super::HandlerError::Store(e) => e,
+            crate::handlers::HandlerError::Store(e) => e,
             other => crate::ports::StoreError::Unavailable(other.to_string()),
         }),
     };
@@ -1000,7 +1003,7 @@ async fn operate(
         Err(e) => return unavailable(e),
     }
     let task = task.unwrap_or_else(|unchanged| unchanged);
-    super::count_outcome(&deps.metrics, record.process_state, &t);
+    crate::handlers::count_outcome(&deps.metrics, record.process_state, &t);
     tracing::Span::current().record("attempt", t.record.attempt);
     info!(from = %record.process_state, to = %t.record.process_state, by = %actor.by, "action applied");
     let outlets = Outlets {
@@ -1106,7 +1109,7 @@ pub fn task_view(task: &Task, r: &StateRecord, workflow: Option<&crate::Workflow
             if let Some(step) = workflow.and_then(|w| w.step(i)) {
                 // The input this step ran with (or will run with): the view shows what its
                 // request and its undo's were built from.
-                let context = super::scheduler::mapping_context(task, r, i).unwrap_or(Value::Null);
+                let context = crate::handlers::scheduler::mapping_context(task, r, i).unwrap_or(Value::Null);
                 v["service"] = json!(step.service);
                 v["action"] = json!(step.action);
                 let reached = i <= r.step_index || st.status != StepStatus::Pending;
