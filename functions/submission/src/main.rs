@@ -9,7 +9,7 @@ use lambda_http::request::RequestContext;
 use lambda_http::{Body, Error, Request, RequestExt, Response, run, service_fn};
 use sas::auth::{self, AuthMode, Identity};
 use sas::config;
-use sas::api::{self, SubmissionDeps};
+use sas::api::{self, ApiDeps};
 use std::sync::Arc;
 
 #[tokio::main]
@@ -25,7 +25,7 @@ async fn main() -> Result<(), Error> {
     } else {
         config::parsed("API_AUTH", AuthMode::Iam)?
     };
-    let deps = SubmissionDeps {
+    let deps = ApiDeps {
         metrics: sas::metrics::Metrics::from_env(),
         definitions: Arc::new(config::definitions(store.clone(), clock.clone())?),
         store,

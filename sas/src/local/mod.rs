@@ -12,7 +12,7 @@ use crate::domain::task::ReplyQueues;
 use crate::domain::{Backoff, BreakerPolicy, Policy};
 use crate::handlers::agent::{self, AgentDeps};
 use crate::handlers::scheduler::{self, SchedulerDeps};
-use crate::api::{self, MAX_BODY_BYTES, SubmissionDeps};
+use crate::api::{self, ApiDeps, MAX_BODY_BYTES};
 use crate::handlers::supervisor::{self, SupervisorDeps, SweepReport};
 use crate::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
 use crate::ports::{Catalog, Clock, EventBus, Queue, ReceivedMessage, RemoteService, StateStore};
@@ -450,7 +450,7 @@ impl Settings {
 
 /// Posts the simulated services' callbacks straight to the task API's handler, in process (the
 /// URL's path is the route; its host is not used).
-struct LocalCallbackSink(SubmissionDeps);
+struct LocalCallbackSink(ApiDeps);
 
 #[async_trait::async_trait]
 impl crate::remote::CallbackSink for LocalCallbackSink {
@@ -520,9 +520,9 @@ impl Simulated {
 /// The four functions, wired to one backend, plus the simulated services.
 pub struct System {
     /// The task API (a caller's own tasks).
-    pub submission: SubmissionDeps,
+    pub submission: ApiDeps,
     /// The operator API (every task; routes under `/operator`).
-    pub operator: SubmissionDeps,
+    pub operator: ApiDeps,
     pub scheduler: SchedulerDeps,
     pub agent: AgentDeps,
     pub supervisor: SupervisorDeps,
@@ -585,7 +585,7 @@ impl System {
         };
         let metrics_sink = Arc::new(crate::metrics::Memory::default());
         let metrics = crate::metrics::Metrics::new("sas/local", metrics_sink.clone());
-        let submission = SubmissionDeps {
+        let submission = ApiDeps {
             metrics: metrics.clone(),
             store: store.clone(),
             queue: queue.clone(),
@@ -600,7 +600,7 @@ impl System {
                 .unwrap_or_else(|| local_reply_queues(&resources.work_queue_url)),
             rate_limit: settings.rate_limit,
         };
-        let operator = SubmissionDeps {
+        let operator = ApiDeps {
             operator_api: true,
             ..submission.clone()
         };
@@ -876,16 +876,16 @@ impl System {
 /// closed if the task API authenticates and it was given no authorizer
 /// ([`auth::LocalAuth::for_operator`]).
 pub fn router(
-    api: SubmissionDeps,
-    operator: SubmissionDeps,
+    api: ApiDeps,
+    operator: ApiDeps,
     auth: auth::LocalAuth,
     operator_auth: auth::LocalAuth,
     hosts: guard::Hosts,
 ) -> axum::Router {
     #[derive(Clone)]
     struct Apis {
-        api: SubmissionDeps,
-        operator: SubmissionDeps,
+        api: ApiDeps,
+        operator: ApiDeps,
         auth: auth::LocalAuth,
         operator_auth: auth::LocalAuth,
         hosts: guard::Hosts,
