@@ -1,5 +1,6 @@
-//! The four functions' logic as plain async functions over the ports: the Lambda `main`s, the
-//! local runner and the tests all call these.
+//! The queue-driven functions' logic (scheduler, agent, supervisor) as plain async functions over
+//! the ports, and the effects they share with the HTTP API ([`crate::api`]): the Lambda `main`s,
+//! the local runner and the tests all call these.
 
 pub mod agent;
 pub mod scheduler;

@@ -1,4 +1,4 @@
-//! The submission Lambda (API Gateway HTTP API), deployed twice: the task API
+//! The API Lambda (API Gateway HTTP API), deployed twice: the task API
 //! (`POST /workflows/{name}/tasks`, `GET /tasks`, `GET /tasks/{taskId}`,
 //! `POST /tasks/{taskId}/cancel`, callbacks) behind the authorizer `API_AUTH` names (IAM, JWT or
 //! None), and with `OPERATOR_API=true` the operator API under `/operator` (always IAM).
