@@ -20,8 +20,8 @@
 //! The table of calls is printed and written to `target/iam-calls.md`.
 
 use http::{HeaderMap, HeaderValue, Method};
-use sas::catalog;
 use sas::api;
+use sas::catalog;
 use sas::local::{AwsClients, System, aws_ports_from};
 use sas::ports::{Clock, OffsetClock};
 use sas::remote::{Faults, SimulatedService};

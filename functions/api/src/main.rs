@@ -7,9 +7,9 @@
 
 use lambda_http::request::RequestContext;
 use lambda_http::{Body, Error, Request, RequestExt, Response, run, service_fn};
+use sas::api::{self, ApiDeps};
 use sas::auth::{self, AuthMode, Identity};
 use sas::config;
-use sas::api::{self, ApiDeps};
 use std::sync::Arc;
 
 #[tokio::main]

@@ -5,8 +5,8 @@
 //! [`ProcessState::Other`] rather than failing the whole answer.
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sas::api::views;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use std::fmt;
 use std::str::FromStr;

@@ -17,11 +17,11 @@
 use super::deps::ApiDeps;
 use super::error::{Answer, ApiError, respond};
 use super::views::CallbackAccepted;
-use crate::domain::workflow::Problem;
 use crate::domain::TaskId;
 use crate::domain::state::{CallbackFence, check_callback_token};
 use crate::domain::task::MAX_RESULT_BYTES;
 use crate::domain::transition::{self, Rejection, StepOutcome};
+use crate::domain::workflow::Problem;
 use crate::messages::{SchedulerMessage, StepReply};
 use http::StatusCode;
 use serde::Deserialize;

@@ -394,7 +394,9 @@ mod tests {
         for code in ApiError::CODES {
             let snake = !code.is_empty()
                 && code.split('_').all(|w| {
-                    !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+                    !w.is_empty()
+                        && w.bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
                 });
             assert!(snake, "{code} is not snake_case");
         }

@@ -19,15 +19,22 @@ pub const OPERATOR_PREFIX: &str = "/operator";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route<'a> {
     /// `POST /workflows/{name}/tasks`.
-    Submit { workflow: &'a str },
+    Submit {
+        workflow: &'a str,
+    },
     /// `GET /tasks` on the operator API: by state.
     ListTasks,
     /// `GET /tasks` on the task API: the caller's own.
     ListMyTasks,
     /// `GET /tasks/{id}`.
-    GetTask { id: &'a str },
+    GetTask {
+        id: &'a str,
+    },
     /// `POST /tasks/{id}/{action}` (on the task API, `cancel` only).
-    Act { id: &'a str, action: OperatorAction },
+    Act {
+        id: &'a str,
+        action: OperatorAction,
+    },
     /// `GET /counts`.
     Counts,
     /// `GET /workflows`, `GET /services` (with their breakers).
@@ -41,9 +48,15 @@ pub enum Route<'a> {
         version: Option<&'a str>,
     },
     /// `PUT /workflows/{name}`, `PUT /services/{name}`.
-    Publish { kind: Kind, name: &'a str },
+    Publish {
+        kind: Kind,
+        name: &'a str,
+    },
     /// `POST /services/{name}/pause|resume`.
-    PauseOrResume { name: &'a str, action: ServiceAction },
+    PauseOrResume {
+        name: &'a str,
+        action: ServiceAction,
+    },
 }
 
 /// Who answers a request: the front door itself (before authentication), or the API's

@@ -6,8 +6,8 @@
 //! type `S` is the domain's [`ProcessState`] on the server; a client may use its own (one that
 //! keeps a state it does not know rather than failing the answer).
 
-use crate::domain::task::EarlierInput;
 use crate::domain::state::Refusal;
+use crate::domain::task::EarlierInput;
 use crate::domain::{ProcessState, StateRecord, StepState, StepStatus, Task, Workflow};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -361,17 +361,17 @@ impl TaskView {
                     v.action = Some(step.action.clone());
                     let reached = i <= r.step_index || st.status != StepStatus::Pending;
                     if reached {
-                        v.input = Some(shown(step.input.render_lenient(
-                            &context,
-                            crate::domain::task::MAX_REQUEST_BYTES,
-                        )));
+                        v.input = Some(shown(
+                            step.input
+                                .render_lenient(&context, crate::domain::task::MAX_REQUEST_BYTES),
+                        ));
                     }
                     if let (Some(undo), Some(_)) = (&step.undo, st.undo) {
                         v.undo_action = Some(undo.action.clone());
-                        v.undo_input = Some(shown(undo.input.render_lenient(
-                            &context,
-                            crate::domain::task::MAX_REQUEST_BYTES,
-                        )));
+                        v.undo_input = Some(shown(
+                            undo.input
+                                .render_lenient(&context, crate::domain::task::MAX_REQUEST_BYTES),
+                        ));
                     }
                 }
                 v
@@ -511,7 +511,11 @@ mod tests {
             rendered.unwrap_or_else(|e| json!({"error": e.to_string()}))
         }
 
-        pub fn task_view(task: &Task, r: &StateRecord, workflow: Option<&crate::Workflow>) -> Value {
+        pub fn task_view(
+            task: &Task,
+            r: &StateRecord,
+            workflow: Option<&crate::Workflow>,
+        ) -> Value {
             let max = crate::domain::task::MAX_REQUEST_BYTES;
             let steps: Vec<Value> = r
                 .steps
@@ -635,8 +639,8 @@ mod tests {
                 assert_eq!(typed.to_string(), before.to_string(), "byte for byte");
             }
             for workflow in [None, Some(&w)] {
-                let typed = serde_json::to_value(TaskView::of(&task, &r, workflow))
-                    .unwrap_or(Value::Null);
+                let typed =
+                    serde_json::to_value(TaskView::of(&task, &r, workflow)).unwrap_or(Value::Null);
                 let before = before::task_view(&task, &r, workflow);
                 assert_eq!(typed, before);
                 assert_eq!(typed.to_string(), before.to_string(), "byte for byte");

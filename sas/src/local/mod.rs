@@ -4,6 +4,7 @@
 //! not report), and a timer that invokes the supervisor with scheduled events. The local runner
 //! (`sas-local`) and the black-box tests use it, on in-memory adapters or on AWS APIs.
 
+use crate::api::{self, ApiDeps, MAX_BODY_BYTES};
 use crate::auth::Identity;
 use crate::aws::provision::{self, QueueSettings, Resources};
 use crate::aws::{DynamoStore, EventBridgeBus, SqsQueue};
@@ -12,7 +13,6 @@ use crate::domain::task::ReplyQueues;
 use crate::domain::{Backoff, BreakerPolicy, Policy};
 use crate::handlers::agent::{self, AgentDeps};
 use crate::handlers::scheduler::{self, SchedulerDeps};
-use crate::api::{self, ApiDeps, MAX_BODY_BYTES};
 use crate::handlers::supervisor::{self, SupervisorDeps, SweepReport};
 use crate::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
 use crate::ports::{Catalog, Clock, EventBus, Queue, ReceivedMessage, RemoteService, StateStore};
@@ -923,8 +923,8 @@ pub fn router(
             }
             return r;
         }
-        let to_operator = path == api::OPERATOR_PREFIX
-            || path.starts_with(&format!("{}/", api::OPERATOR_PREFIX));
+        let to_operator =
+            path == api::OPERATOR_PREFIX || path.starts_with(&format!("{}/", api::OPERATOR_PREFIX));
         let (deps, auth) = if to_operator {
             (&apis.operator, &apis.operator_auth)
         } else {

@@ -4,9 +4,9 @@
 //! a shortcut: every task gets where it is through the API, the scheduler and the agents.
 
 use super::System;
+use crate::api::{self, OPERATOR_PREFIX};
 use crate::auth::Identity;
 use crate::domain::{Caller, ProcessState, TaskId};
-use crate::api::{self, OPERATOR_PREFIX};
 use crate::remote::Faults;
 use anyhow::{Context, anyhow, bail};
 use http::{HeaderMap, Method};
