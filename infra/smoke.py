@@ -2,7 +2,7 @@
 runtime API emulator, no Docker) with the environment template.yaml gives it, against the AWS
 API emulator, and is invoked with its events/ samples through `cargo lambda invoke
 --data-file`. `sas-stack` publishes the example definitions to the catalog in the table; one
-loan application is walked through submission -> scheduler -> agent (credit-bureau) ->
+loan application is walked through api -> scheduler -> agent (credit-bureau) ->
 scheduler -> agent (core-banking), then the supervisor sweeps. This exercises every main.rs:
 configuration, client wiring, reading the catalog and the runtime glue.
 
@@ -131,25 +131,25 @@ def main():
     sqs = boto3.client("sqs", endpoint_url=ENDPOINT, region_name="us-east-1")
     ddb = boto3.client("dynamodb", endpoint_url=ENDPOINT, region_name="us-east-1")
 
-    print("==> submission")
+    print("==> api")
     with Watch("SubmissionFunction") as w:
-        created = w.invoke("submission", event("submission/post-task-loan.json"))
+        created = w.invoke("api", event("api/post-task-loan.json"))
         check(created.get("statusCode") == 202,
               f"POST /workflows/loan-application/tasks answers 202 ({created})")
         answer = json.loads(created["body"])
         check(answer["workflow"] == "loan-application" and answer["workflowVersion"] == 1,
               "the task runs on loan-application v1 from the catalog")
         task_id = answer["taskId"]
-        get = event("submission/get-task.json", rawPath=f"/tasks/{task_id}",
+        get = event("api/get-task.json", rawPath=f"/tasks/{task_id}",
                     pathParameters={"taskId": task_id})
         get["requestContext"]["http"]["path"] = f"/tasks/{task_id}"
-        got = w.invoke("submission", get)
+        got = w.invoke("api", get)
         check(got.get("statusCode") == 200 and json.loads(got["body"])["processState"] == "Pending",
               "GET /tasks/{id} answers 200 Pending")
-        bad = w.invoke("submission", event("submission/post-task-invalid-json.json"))
+        bad = w.invoke("api", event("api/post-task-invalid-json.json"))
         check(bad.get("statusCode") == 400 and json.loads(bad["body"])["error"]["code"] == "invalid_json",
               "bad JSON answers 400 invalid_json")
-        lost = w.invoke("submission", event("submission/unknown-route.json"))
+        lost = w.invoke("api", event("api/unknown-route.json"))
         check(lost.get("statusCode") == 404, "an unknown route answers 404")
 
     print("==> scheduler: the work message")

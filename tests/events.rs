@@ -8,8 +8,9 @@ use aws_lambda_events::event::apigw::ApiGatewayV2httpRequest;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_http::request::LambdaRequest;
+use sas::api;
 use sas::domain::state::to_millis;
-use sas::handlers::{agent, scheduler, submission, supervisor};
+use sas::handlers::{agent, scheduler, supervisor};
 use sas::local::{Settings, System};
 use sas::messages::{SchedulerMessage, StepRequest};
 use sas::ports::{Clock, CreateOutcome, SystemClock};
@@ -42,7 +43,7 @@ struct Entry {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum Function {
-    Submission,
+    Api,
     Scheduler,
     Agent,
     Supervisor,
@@ -77,7 +78,7 @@ enum SeedState {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct Expect {
-    // submission
+    // api
     status: Option<u16>,
     code: Option<String>,
     message_contains: Option<String>,
@@ -226,7 +227,7 @@ fn validate(e: &Entry) {
     ];
     let sweep = [("report", x.report.is_some())];
     let allowed: &[&str] = match e.function {
-        Function::Submission => &[
+        Function::Api => &[
             "status",
             "code",
             "messageContains",
@@ -248,8 +249,8 @@ fn validate(e: &Entry) {
         );
     }
     match e.function {
-        Function::Submission => {
-            let status = x.status.expect("expect.status is required for submission");
+        Function::Api => {
+            let status = x.status.expect("expect.status is required for api");
             let error = status >= 400;
             assert!(
                 error == x.code.is_some(),
@@ -316,7 +317,7 @@ async fn run(entry: Entry) {
         subject.task = Some(seed.task_id);
     }
     match entry.function {
-        Function::Submission => invoke_submission(&system, &entry, json, &mut subject).await,
+        Function::Api => invoke_api(&system, &entry, json, &mut subject).await,
         Function::Scheduler | Function::Agent => {
             invoke_sqs(&system, &entry, json, &mut subject).await
         }
@@ -467,7 +468,7 @@ fn check_http_shape(v: &Value) {
     }
 }
 
-async fn call_submission(system: &System, json: &Value) -> http::Response<String> {
+async fn call_api(system: &System, json: &Value) -> http::Response<String> {
     // The real Lambda input: lambda_http's LambdaRequest, then its http::Request.
     let lambda: LambdaRequest =
         serde_json::from_value(json.clone()).expect("deserializes as a LambdaRequest");
@@ -483,7 +484,7 @@ async fn call_submission(system: &System, json: &Value) -> http::Response<String
         }
         other => panic!("not an HTTP API request context: {other:?}"),
     };
-    submission::handle(
+    api::handle(
         &system.submission,
         &identity,
         req.method(),
@@ -494,13 +495,13 @@ async fn call_submission(system: &System, json: &Value) -> http::Response<String
     .await
 }
 
-async fn invoke_submission(system: &System, entry: &Entry, json: Value, subject: &mut Subject) {
+async fn invoke_api(system: &System, entry: &Entry, json: Value, subject: &mut Subject) {
     check_http_shape(&json);
     // For a precise error if the file does not match the HTTP API event.
     let _: ApiGatewayV2httpRequest =
         serde_json::from_value(json.clone()).expect("an API Gateway HTTP API request");
     let x = &entry.expect;
-    let resp = call_submission(system, &json).await;
+    let resp = call_api(system, &json).await;
     let body: Value = serde_json::from_str(resp.body()).expect("a JSON answer");
     assert_eq!(resp.status().as_u16(), x.status.expect("status"), "{body}");
     assert_eq!(
@@ -565,7 +566,7 @@ async fn invoke_submission(system: &System, entry: &Entry, json: Value, subject:
         assert_eq!(task.input, sent, "the stored input");
     }
     if x.replay {
-        let again = call_submission(system, &json).await;
+        let again = call_api(system, &json).await;
         let again_body: Value = serde_json::from_str(again.body()).expect("a JSON answer");
         assert_eq!(again.status().as_u16(), 202, "{again_body}");
         assert_eq!(

@@ -1,4 +1,4 @@
-//! Property tests of the HTTP API, black-box over `submission::handle` on the in-memory system
+//! Property tests of the HTTP API, black-box over `api::handle` on the in-memory system
 //! (nothing started: only the handler writes). Arbitrary requests go in, one at a time and in
 //! sequences: methods; paths with junk, UUIDs in every spelling and the ids of tasks made
 //! earlier; submissions to both example workflows, to one the case may publish and to unknown
@@ -34,9 +34,9 @@ use chrono::Utc;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use sas::api::{self, MAX_BODY_BYTES, MAX_KEY_LEN};
 use sas::domain::task::{MAX_INPUT_BYTES, ReplyQueues};
 use sas::domain::workflow::{self, MAX_DEFINITION_BYTES, examples};
-use sas::handlers::submission::{self, MAX_BODY_BYTES, MAX_KEY_LEN};
 use sas::local::{Settings, System};
 use sas::ports::{Kind, StateStore};
 use sas::{ProcessState, StateRecord, TaskId, Workflow};
@@ -1839,7 +1839,7 @@ fn render(req: &Req, model: &Model) -> Rendered {
         KeySpec::Raw(b) => Some(b.clone()),
     };
     if let Some(v) = key.and_then(|b| HeaderValue::from_bytes(&b).ok()) {
-        headers.insert(submission::IDEMPOTENCY_KEY, v);
+        headers.insert(api::IDEMPOTENCY_KEY, v);
     }
     let reply: Option<Vec<u8>> = match &req.reply {
         ReplySpec::Absent => None,
@@ -1847,7 +1847,7 @@ fn render(req: &Req, model: &Model) -> Rendered {
         ReplySpec::Raw(b) => Some(b.clone()),
     };
     if let Some(v) = reply.and_then(|b| HeaderValue::from_bytes(&b).ok()) {
-        headers.insert(submission::REPLY_QUEUE_URL, v);
+        headers.insert(api::REPLY_QUEUE_URL, v);
     }
     let body = render_body(&req.body);
     let slash = |t: bool| if t { "/" } else { "" };
@@ -2027,7 +2027,7 @@ fn action_body_error(body: &[u8], action: &str) -> Option<&'static str> {
                     || (k == "result" && action == "skip")
             };
             let reason = m.get("reason").and_then(Value::as_str);
-            let too_long = reason.is_some_and(|r| r.chars().count() > submission::MAX_REASON_CHARS);
+            let too_long = reason.is_some_and(|r| r.chars().count() > api::MAX_REASON_CHARS);
             let missing = needs_reason && reason.is_none_or(|r| r.trim().is_empty());
             let too_large = m
                 .get("result")
@@ -2046,7 +2046,7 @@ fn action_body_error(body: &[u8], action: &str) -> Option<&'static str> {
 
 /// The idempotency key as documented; `Err` if present and invalid.
 fn key_of(headers: &HeaderMap) -> Result<Option<String>, ()> {
-    match headers.get(submission::IDEMPOTENCY_KEY) {
+    match headers.get(api::IDEMPOTENCY_KEY) {
         None => Ok(None),
         Some(v) => {
             let b = v.as_bytes();
@@ -2061,7 +2061,7 @@ fn key_of(headers: &HeaderMap) -> Result<Option<String>, ()> {
 
 /// The reply queue URL header; `Err` if present and invalid.
 fn reply_of(headers: &HeaderMap) -> Result<Option<String>, ()> {
-    match headers.get(submission::REPLY_QUEUE_URL) {
+    match headers.get(api::REPLY_QUEUE_URL) {
         None => Ok(None),
         // The local runner's default pattern on the memory backend.
         Some(v) => match v.to_str().ok().map(|u| {
@@ -2327,11 +2327,11 @@ async fn step(system: &System, model: &mut Model, req: &Req) -> Result<(), TestC
         _ => None,
     };
     // The operator API (it serves every route the model knows), as an operator.
-    let resp = submission::handle(
+    let resp = api::handle(
         &system.operator,
         &sas_blackbox::operator(),
         &r.method,
-        &format!("{}{}", submission::OPERATOR_PREFIX, r.path),
+        &format!("{}{}", api::OPERATOR_PREFIX, r.path),
         &r.headers,
         &r.body,
     )
@@ -3159,7 +3159,7 @@ async fn auth_fixture() -> AuthFixture {
             let caller = sas::Caller::from_iam_arn(&id).expect("caller");
             let mut headers = HeaderMap::new();
             headers.insert("content-type", HeaderValue::from_static("application/json"));
-            let resp = submission::handle(
+            let resp = api::handle(
                 &system.submission,
                 &sas::auth::Identity::Caller(caller),
                 &Method::POST,
@@ -3378,7 +3378,7 @@ async fn auth_case(
         (got, want) => prop_assert!(false, "{spec:?} named {got:?}, expected caller {want:?}"),
     }
     let before = f.system.memory.as_ref().expect("memory").0.all_states();
-    let resp = submission::handle(
+    let resp = api::handle(
         &f.system.submission,
         &identity,
         &method,

@@ -20,8 +20,8 @@
 //! The table of calls is printed and written to `target/iam-calls.md`.
 
 use http::{HeaderMap, HeaderValue, Method};
+use sas::api;
 use sas::catalog;
-use sas::handlers::submission;
 use sas::local::{AwsClients, System, aws_ports_from};
 use sas::ports::{Clock, OffsetClock};
 use sas::remote::{Faults, SimulatedService};
@@ -130,7 +130,7 @@ async fn call(
     } else {
         body.to_string().into_bytes()
     };
-    let resp = submission::handle(deps, &who, &method, &path, &map, &body).await;
+    let resp = api::handle(deps, &who, &method, &path, &map, &body).await;
     let status = resp.status().as_u16();
     (
         status,

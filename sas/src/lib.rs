@@ -10,9 +10,11 @@
 //! - [`catalog`]: the published workflows and services, read through the ports and cached.
 //! - [`remote`]: each service's remote (simulated, or HTTP) behind its shared breaker.
 //! - [`auth`]: who is calling the task API (the authorizer's principal as an `Identity`).
-//! - [`handlers`]: the four functions' logic as plain async functions over the ports.
+//! - [`handlers`]: the queue-driven functions' logic as plain async functions over the ports.
+//! - [`api`]: the HTTP APIs (task and operator API, callbacks, console) over the handlers' helpers.
 //! - [`local`]: wiring that hosts the four handlers in one process (local runner and tests).
 
+pub mod api;
 pub mod auth;
 pub mod aws;
 pub mod catalog;

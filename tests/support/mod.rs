@@ -278,11 +278,11 @@ pub async fn operator_call(
     path: &str,
     body: &[u8],
 ) -> (u16, Value) {
-    let resp = sas::handlers::submission::handle(
+    let resp = sas::api::handle(
         &system.operator,
         &operator(),
         &method,
-        &format!("{}{path}", sas::handlers::submission::OPERATOR_PREFIX),
+        &format!("{}{path}", sas::api::OPERATOR_PREFIX),
         &http::HeaderMap::new(),
         body,
     )
@@ -313,7 +313,7 @@ pub async fn post_task(
             http::HeaderValue::from_str(v).expect("header value"),
         );
     }
-    let resp = sas::handlers::submission::handle(
+    let resp = sas::api::handle(
         &system.submission,
         &sas::auth::Identity::anonymous(),
         &http::Method::POST,

@@ -284,7 +284,7 @@ async fn submit_burst(
     let mut ids = Vec::with_capacity(tasks);
     for chunk in (0..tasks).collect::<Vec<_>>().chunks(in_flight.max(1)) {
         let answers = futures::future::join_all(chunk.iter().map(|_| {
-            sas::handlers::submission::handle(
+            sas::api::handle(
                 &system.submission,
                 &caller,
                 &http::Method::POST,

@@ -163,7 +163,7 @@ async fn submit(system: &System, clocked: &mut Clocked, workflow: &str) -> anyho
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
     );
-    let resp = sas::handlers::submission::handle(
+    let resp = sas::api::handle(
         &system.submission,
         &sas::auth::Identity::anonymous(),
         &http::Method::POST,

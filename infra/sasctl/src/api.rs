@@ -5,6 +5,7 @@
 //! [`ProcessState::Other`] rather than failing the whole answer.
 
 use chrono::{DateTime, Utc};
+use sas::api::views;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use std::fmt;
@@ -147,128 +148,22 @@ where
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
-/// One page of `GET /tasks`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ListPage {
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub tasks: Vec<TaskSummary>,
-    /// Pass back as `cursor` for the next page; `None` on the last page.
-    #[serde(default)]
-    pub next_cursor: Option<String>,
-}
+/// One page of `GET /tasks`: the server's own type ([`sas::api::views`]) with this crate's
+/// lenient [`ProcessState`].
+pub type ListPage = views::ListPage<TaskSummary>;
 
 /// One row of `GET /tasks`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TaskSummary {
-    pub task_id: String,
-    /// The workflow the task runs.
-    #[serde(default)]
-    pub workflow: Option<String>,
-    pub process_state: ProcessState,
-    #[serde(default)]
-    pub step: Option<String>,
-    #[serde(default)]
-    pub failure_count: Option<u32>,
-    #[serde(default)]
-    pub attempt: Option<u64>,
-    #[serde(default)]
-    pub last_error: Option<String>,
-    #[serde(default)]
-    pub updated_at: Option<DateTime<Utc>>,
-}
+pub type TaskSummary = views::TaskSummary<ProcessState>;
 
-/// `GET /tasks/{id}`, and the answer to the retry, compensate and cancel actions (which may
-/// carry only `taskId` and `processState`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TaskView {
-    pub task_id: String,
-    pub process_state: ProcessState,
-    /// The workflow the task runs, and the version it started on (and stays on).
-    #[serde(default)]
-    pub workflow: Option<String>,
-    #[serde(default)]
-    pub workflow_version: Option<u32>,
-    /// The task's input, as submitted.
-    #[serde(default)]
-    pub input: Option<Value>,
-    /// The step being worked on (forward or, while compensating, backward).
-    #[serde(default, alias = "step")]
-    pub current_step: Option<String>,
-    #[serde(default)]
-    pub failure_count: Option<u32>,
-    #[serde(default)]
-    pub attempt: Option<u64>,
-    #[serde(default)]
-    pub last_error: Option<String>,
-    #[serde(default)]
-    pub created_at: Option<DateTime<Utc>>,
-    #[serde(default)]
-    pub updated_at: Option<DateTime<Utc>>,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub steps: Vec<StepView>,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub history: Vec<HistoryEntry>,
-}
+/// `GET /tasks/{id}`, and the answer to the actions (which may carry only `taskId` and
+/// `processState`).
+pub type TaskView = views::TaskView<ProcessState>;
 
 /// One workflow step of a task.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StepView {
-    pub name: String,
-    /// Pending, Running, Done, Failed (refused), TimedOut, Cancelled or Faulted (the service
-    /// answered, but with a result over 16 KiB).
-    pub status: String,
-    /// Whether the workflow declares an undo for this step (`None`: the server did not say).
-    /// A step without one is never undone.
-    #[serde(default)]
-    pub undoable: Option<bool>,
-    /// What the service returned when the step succeeded.
-    #[serde(default)]
-    pub result: Option<Value>,
-    /// The compensation of this step: `None` (not started), Running, Done, Failed or TimedOut.
-    #[serde(default)]
-    pub undo: Option<String>,
-    /// The service the step calls and its action.
-    #[serde(default)]
-    pub service: Option<String>,
-    #[serde(default)]
-    pub action: Option<String>,
-    /// The body of the step's request, once the task reached the step.
-    #[serde(default)]
-    pub input: Option<Value>,
-    /// The undo's action and body, once compensation reached the step.
-    #[serde(default)]
-    pub undo_action: Option<String>,
-    #[serde(default)]
-    pub undo_input: Option<Value>,
-    /// The attempt under which the step finished, and when.
-    #[serde(default)]
-    pub finished_attempt: Option<u64>,
-    #[serde(default)]
-    pub finished_at: Option<DateTime<Utc>>,
-}
+pub use views::StepView;
 
 /// One state transition of a task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct HistoryEntry {
-    pub at: DateTime<Utc>,
-    #[serde(default)]
-    pub from: Option<ProcessState>,
-    pub to: ProcessState,
-    #[serde(default)]
-    pub step: Option<String>,
-    #[serde(default)]
-    pub attempt: Option<u64>,
-    #[serde(default)]
-    pub reason: Option<String>,
-    /// Who asked for it (an operator's or caller's principal); `None` for sas itself.
-    #[serde(default)]
-    pub by: Option<String>,
-}
+pub type HistoryEntry = views::HistoryEntry<ProcessState>;
 
 /// One name in the catalog and its newest version: a row of `GET /workflows` or
 /// `GET /services`.

@@ -141,6 +141,7 @@ mod tests {
             until: at("2026-11-24T11:00:00Z"),
         };
         let task = |updated: &str| TaskSummary {
+            since: None,
             task_id: "t".into(),
             workflow: None,
             process_state: ProcessState::Error,

@@ -418,6 +418,7 @@ mod tests {
         failures: Option<u32>,
     ) -> TaskSummary {
         TaskSummary {
+            since: None,
             task_id: id.into(),
             workflow: Some("loan-application".into()),
             process_state: state,
@@ -517,6 +518,14 @@ task-2   -                 CompensationFailed  -                     12  2025-01
         reserve.finished_at = at(5);
         reserve.finished_attempt = Some(2);
         TaskView {
+            caller: None,
+            input_revision: None,
+            earlier_inputs: vec![],
+            reply_queue_url: None,
+            locked_by: None,
+            complete_by: None,
+            round: None,
+            since: None,
             task_id: "3f2a".into(),
             process_state: ProcessState::Compensating,
             workflow: Some("loan-application".into()),
@@ -630,6 +639,14 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
     #[test]
     fn minimal_task_renders_dashes() {
         let t = TaskView {
+            caller: None,
+            input_revision: None,
+            earlier_inputs: vec![],
+            reply_queue_url: None,
+            locked_by: None,
+            complete_by: None,
+            round: None,
+            since: None,
             task_id: "t1".into(),
             process_state: ProcessState::Pending,
             workflow: None,

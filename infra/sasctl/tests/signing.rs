@@ -24,7 +24,7 @@ fn signer(user: &LocalUser) -> Signer {
 
 /// Starts an e-commerce order through the task API (as the anonymous local caller); its id.
 async fn submit_order(system: &System) -> String {
-    let resp = sas::handlers::submission::handle(
+    let resp = sas::api::handle(
         &system.submission,
         &sas::auth::Identity::anonymous(),
         &http::Method::POST,

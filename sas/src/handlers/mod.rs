@@ -1,11 +1,9 @@
-//! The four functions' logic as plain async functions over the ports: the Lambda `main`s, the
-//! local runner and the tests all call these.
+//! The queue-driven functions' logic (scheduler, agent, supervisor) as plain async functions over
+//! the ports, and the effects they share with the HTTP API ([`crate::api`]): the Lambda `main`s,
+//! the local runner and the tests all call these.
 
 pub mod agent;
-pub mod callback;
-pub mod console;
 pub mod scheduler;
-pub mod submission;
 pub mod supervisor;
 
 use crate::catalog::{CatalogError, Definitions};

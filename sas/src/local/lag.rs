@@ -48,7 +48,7 @@ pub async fn measure(
     let gap = Duration::from_micros(2_000_000 / tasks.max(1) as u64);
     for _ in 0..tasks {
         tokio::time::sleep(gap.mul_f64(rand::random::<f64>() * 2.0)).await;
-        let resp = crate::handlers::submission::handle(
+        let resp = crate::api::handle(
             &system.submission,
             &crate::auth::Identity::anonymous(),
             &http::Method::POST,

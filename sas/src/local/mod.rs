@@ -4,6 +4,7 @@
 //! not report), and a timer that invokes the supervisor with scheduled events. The local runner
 //! (`sas-local`) and the black-box tests use it, on in-memory adapters or on AWS APIs.
 
+use crate::api::{self, ApiDeps, MAX_BODY_BYTES};
 use crate::auth::Identity;
 use crate::aws::provision::{self, QueueSettings, Resources};
 use crate::aws::{DynamoStore, EventBridgeBus, SqsQueue};
@@ -12,7 +13,6 @@ use crate::domain::task::ReplyQueues;
 use crate::domain::{Backoff, BreakerPolicy, Policy};
 use crate::handlers::agent::{self, AgentDeps};
 use crate::handlers::scheduler::{self, SchedulerDeps};
-use crate::handlers::submission::{self, MAX_BODY_BYTES, SubmissionDeps};
 use crate::handlers::supervisor::{self, SupervisorDeps, SweepReport};
 use crate::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
 use crate::ports::{Catalog, Clock, EventBus, Queue, ReceivedMessage, RemoteService, StateStore};
@@ -450,7 +450,7 @@ impl Settings {
 
 /// Posts the simulated services' callbacks straight to the task API's handler, in process (the
 /// URL's path is the route; its host is not used).
-struct LocalCallbackSink(SubmissionDeps);
+struct LocalCallbackSink(ApiDeps);
 
 #[async_trait::async_trait]
 impl crate::remote::CallbackSink for LocalCallbackSink {
@@ -459,7 +459,7 @@ impl crate::remote::CallbackSink for LocalCallbackSink {
             .map(|u| u.path().to_owned())
             .map_err(|e| e.to_string())?;
         // The callback route authenticates by its token, whoever posts.
-        let answer = submission::handle(
+        let answer = api::handle(
             &self.0,
             &Identity::Unauthenticated("a service's callback".into()),
             &http::Method::POST,
@@ -520,9 +520,9 @@ impl Simulated {
 /// The four functions, wired to one backend, plus the simulated services.
 pub struct System {
     /// The task API (a caller's own tasks).
-    pub submission: SubmissionDeps,
+    pub submission: ApiDeps,
     /// The operator API (every task; routes under `/operator`).
-    pub operator: SubmissionDeps,
+    pub operator: ApiDeps,
     pub scheduler: SchedulerDeps,
     pub agent: AgentDeps,
     pub supervisor: SupervisorDeps,
@@ -585,7 +585,7 @@ impl System {
         };
         let metrics_sink = Arc::new(crate::metrics::Memory::default());
         let metrics = crate::metrics::Metrics::new("sas/local", metrics_sink.clone());
-        let submission = SubmissionDeps {
+        let submission = ApiDeps {
             metrics: metrics.clone(),
             store: store.clone(),
             queue: queue.clone(),
@@ -600,7 +600,7 @@ impl System {
                 .unwrap_or_else(|| local_reply_queues(&resources.work_queue_url)),
             rate_limit: settings.rate_limit,
         };
-        let operator = SubmissionDeps {
+        let operator = ApiDeps {
             operator_api: true,
             ..submission.clone()
         };
@@ -876,16 +876,16 @@ impl System {
 /// closed if the task API authenticates and it was given no authorizer
 /// ([`auth::LocalAuth::for_operator`]).
 pub fn router(
-    api: SubmissionDeps,
-    operator: SubmissionDeps,
+    api: ApiDeps,
+    operator: ApiDeps,
     auth: auth::LocalAuth,
     operator_auth: auth::LocalAuth,
     hosts: guard::Hosts,
 ) -> axum::Router {
     #[derive(Clone)]
     struct Apis {
-        api: SubmissionDeps,
-        operator: SubmissionDeps,
+        api: ApiDeps,
+        operator: ApiDeps,
         auth: auth::LocalAuth,
         operator_auth: auth::LocalAuth,
         hosts: guard::Hosts,
@@ -897,7 +897,7 @@ pub fn router(
         let (parts, body) = req.into_parts();
         let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
             Ok(bytes) => bytes,
-            Err(_) => return submission::too_large().map(axum::body::Body::from),
+            Err(_) => return api::too_large().map(axum::body::Body::from),
         };
         if let Err(refused) = guard::check(
             &apis.hosts,
@@ -915,7 +915,7 @@ pub fn router(
         let path = parts.uri.path();
         // The console lives in the operator API; `/console` is its short address here.
         if path == "/console" || path.starts_with("/console/") {
-            let target = format!("{}{path_and_query}", submission::OPERATOR_PREFIX);
+            let target = format!("{}{path_and_query}", api::OPERATOR_PREFIX);
             let mut r = axum::response::Response::new(axum::body::Body::empty());
             *r.status_mut() = http::StatusCode::PERMANENT_REDIRECT;
             if let Ok(v) = http::HeaderValue::from_str(&target) {
@@ -923,15 +923,15 @@ pub fn router(
             }
             return r;
         }
-        let to_operator = path == submission::OPERATOR_PREFIX
-            || path.starts_with(&format!("{}/", submission::OPERATOR_PREFIX));
+        let to_operator =
+            path == api::OPERATOR_PREFIX || path.starts_with(&format!("{}/", api::OPERATOR_PREFIX));
         let (deps, auth) = if to_operator {
             (&apis.operator, &apis.operator_auth)
         } else {
             (&apis.api, &apis.auth)
         };
         let identity = auth.identify(&parts.method, path_and_query, &parts.headers, &bytes);
-        submission::handle(
+        api::handle(
             deps,
             &identity,
             &parts.method,

@@ -4,9 +4,9 @@
 //! a shortcut: every task gets where it is through the API, the scheduler and the agents.
 
 use super::System;
+use crate::api::{self, OPERATOR_PREFIX};
 use crate::auth::Identity;
 use crate::domain::{Caller, ProcessState, TaskId};
-use crate::handlers::submission::{self, OPERATOR_PREFIX};
 use crate::remote::Faults;
 use anyhow::{Context, anyhow, bail};
 use http::{HeaderMap, Method};
@@ -119,7 +119,7 @@ pub async fn tasks_in_every_state(
 
 /// Submits a task through the task API (as the local runner's anonymous caller).
 async fn submit(system: &System, workflow: &str, input: Value) -> anyhow::Result<TaskId> {
-    let resp = submission::handle(
+    let resp = api::handle(
         &system.submission,
         &Identity::anonymous(),
         &Method::POST,
@@ -141,7 +141,7 @@ async fn submit(system: &System, workflow: &str, input: Value) -> anyhow::Result
 /// An operator action through the operator API, with its reason.
 async fn operate(system: &System, id: TaskId, action: &str, reason: &str) -> anyhow::Result<()> {
     let caller = Caller::new(SHOWCASE_OPERATOR).map_err(|e| anyhow!("{e}"))?;
-    let resp = submission::handle(
+    let resp = api::handle(
         &system.operator,
         &Identity::Caller(caller),
         &Method::POST,

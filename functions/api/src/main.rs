@@ -1,15 +1,15 @@
-//! The submission Lambda (API Gateway HTTP API), deployed twice: the task API
+//! The API Lambda (API Gateway HTTP API), deployed twice: the task API
 //! (`POST /workflows/{name}/tasks`, `GET /tasks`, `GET /tasks/{taskId}`,
 //! `POST /tasks/{taskId}/cancel`, callbacks) behind the authorizer `API_AUTH` names (IAM, JWT or
 //! None), and with `OPERATOR_API=true` the operator API under `/operator` (always IAM).
 //! Reads its configuration, builds its clients once, takes the caller from the request
-//! context the authorizer filled, and hands requests to `sas::handlers::submission::handle`.
+//! context the authorizer filled, and hands requests to `sas::api::handle`.
 
 use lambda_http::request::RequestContext;
 use lambda_http::{Body, Error, Request, RequestExt, Response, run, service_fn};
+use sas::api::{self, ApiDeps};
 use sas::auth::{self, AuthMode, Identity};
 use sas::config;
-use sas::handlers::submission::{self, SubmissionDeps};
 use std::sync::Arc;
 
 #[tokio::main]
@@ -25,7 +25,7 @@ async fn main() -> Result<(), Error> {
     } else {
         config::parsed("API_AUTH", AuthMode::Iam)?
     };
-    let deps = SubmissionDeps {
+    let deps = ApiDeps {
         metrics: sas::metrics::Metrics::from_env(),
         definitions: Arc::new(config::definitions(store.clone(), clock.clone())?),
         store,
@@ -47,7 +47,7 @@ async fn main() -> Result<(), Error> {
             _ if mode == AuthMode::None => Identity::anonymous(),
             _ => Identity::Unauthenticated("not an HTTP API request".into()),
         };
-        let resp = submission::handle(
+        let resp = api::handle(
             deps,
             &identity,
             req.method(),

@@ -12,7 +12,12 @@
 //! script's, or a browser too old to say where the form comes from) is refused. `sasctl
 //! console` also checks the `Host` of what it forwards.
 
-use super::submission::{MAX_REASON_CHARS, OPERATOR_PREFIX, route};
+use super::catalog::ServiceAction;
+use super::deps::ApiDeps;
+use super::error::ApiError;
+use super::operator::OperatorAction;
+use super::request::MAX_REASON_CHARS;
+use super::routes::{OPERATOR_PREFIX, Target, answer};
 use crate::domain::{Caller, ProcessState};
 use chrono::{DateTime, SecondsFormat, Utc};
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
@@ -31,13 +36,25 @@ pub fn root() -> String {
     format!("{OPERATOR_PREFIX}{CONSOLE}")
 }
 
-/// The operator actions the console offers, in the API's words.
-const ACTIONS: [&str; 5] = ["retry", "compensate", "cancel", "resolve", "skip"];
+/// The operator actions the console offers (a retry on a new input and a compensation from a
+/// step are options of retry and compensate).
+const ACTIONS: [OperatorAction; 5] = [
+    OperatorAction::Retry,
+    OperatorAction::Compensate,
+    OperatorAction::Cancel,
+    OperatorAction::Resolve,
+    OperatorAction::Skip,
+];
+
+/// The console's action named `name`, if it offers one.
+fn console_action(name: &str) -> Option<OperatorAction> {
+    name.parse().ok().filter(|a| ACTIONS.contains(a))
+}
 
 /// Answers one console request of an authenticated operator. `segments`: the path under the
 /// console's root.
 pub async fn page(
-    deps: &super::submission::SubmissionDeps,
+    deps: &ApiDeps,
     caller: &Caller,
     method: &Method,
     segments: &[&str],
@@ -61,29 +78,23 @@ pub async fn page(
             r
         }
         (["tasks", id], &Method::GET) => task(&api, id, query).await,
-        (["tasks", id, action], &Method::GET) if ACTIONS.contains(action) => {
-            confirm(&api, id, action, None, StatusCode::OK).await
-        }
-        (["tasks", id, action], &Method::POST) if ACTIONS.contains(action) => {
-            if !same_origin(headers) {
-                return cross_site();
+        (["tasks", id, action], &Method::GET | &Method::POST) => match console_action(action) {
+            None => not_found(),
+            Some(action) if method == Method::GET => {
+                confirm(&api, id, action, None, StatusCode::OK).await
             }
-            act(&api, id, action, body).await
-        }
+            Some(_) if !same_origin(headers) => cross_site(),
+            Some(action) => act(&api, id, action, body).await,
+        },
         (["workflows"], &Method::GET) => workflows(&api).await,
         (["workflows", name], &Method::GET) => workflow(&api, name, query).await,
         (["services"], &Method::GET) => services(&api, None, StatusCode::OK).await,
-        (["services", name, action @ ("pause" | "resume")], &Method::POST) => {
-            if !same_origin(headers) {
-                return cross_site();
-            }
-            service_action(&api, name, action, body).await
-        }
-        (_, &Method::GET | &Method::POST) => error_page(
-            StatusCode::NOT_FOUND,
-            "Not found",
-            "There is no such page in the console.",
-        ),
+        (["services", name, action], &Method::POST) => match ServiceAction::parse(action) {
+            None => not_found(),
+            Some(_) if !same_origin(headers) => cross_site(),
+            Some(action) => service_action(&api, name, action, body).await,
+        },
+        (_, &Method::GET | &Method::POST) => not_found(),
         _ => {
             let mut r = error_page(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -95,6 +106,15 @@ pub async fn page(
             r
         }
     }
+}
+
+/// The answer to a page the console does not have.
+fn not_found() -> Response<String> {
+    error_page(
+        StatusCode::NOT_FOUND,
+        "Not found",
+        "There is no such page in the console.",
+    )
 }
 
 /// The answer to a form posted from elsewhere.
@@ -117,7 +137,7 @@ fn same_origin(headers: &HeaderMap) -> bool {
 
 /// The operator API, called in process as the console's operator.
 struct Api<'a> {
-    deps: &'a super::submission::SubmissionDeps,
+    deps: &'a ApiDeps,
     caller: &'a Caller,
 }
 
@@ -128,16 +148,16 @@ impl Api<'_> {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        let resp = route(
-            self.deps,
-            self.caller,
-            &method,
-            segments,
-            query,
-            &headers,
-            body,
-        )
-        .await;
+        let resp = match Target::parse(segments, &method, true) {
+            Ok(Target::Api(route)) => answer(self.deps, self.caller, route, query, &headers, body)
+                .await
+                .unwrap_or_else(ApiError::response),
+            _ => ApiError::RouteNotFound {
+                method: method.to_string(),
+                path: format!("/{}", segments.join("/")),
+            }
+            .response(),
+        };
         let status = resp.status();
         let value = serde_json::from_str(resp.body()).unwrap_or(Value::Null);
         Answer { status, value }
@@ -451,38 +471,39 @@ async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
 }
 
 /// The actions a task in `state` may take (the API decides; this only offers them).
-fn actions_for(state: &str) -> &'static [&'static str] {
+fn actions_for(state: &str) -> &'static [OperatorAction] {
+    use OperatorAction::*;
     match state {
-        "Error" => &["retry", "compensate", "skip", "resolve"],
-        "CompensationFailed" => &["retry", "resolve"],
-        "Pending" | "Processing" => &["cancel"],
+        "Error" => &[Retry, Compensate, Skip, Resolve],
+        "CompensationFailed" => &[Retry, Resolve],
+        "Pending" | "Processing" => &[Cancel],
         _ => &[],
     }
 }
 
-fn action_label(action: &str) -> &'static str {
+fn action_label(action: OperatorAction) -> &'static str {
     match action {
-        "retry" => "Retry",
-        "compensate" => "Compensate",
-        "cancel" => "Cancel",
-        "skip" => "Skip step",
-        _ => "Resolve",
+        OperatorAction::Retry | OperatorAction::RetryWithInput => "Retry",
+        OperatorAction::Compensate | OperatorAction::CompensateFrom => "Compensate",
+        OperatorAction::Cancel => "Cancel",
+        OperatorAction::Skip => "Skip step",
+        OperatorAction::Resolve => "Resolve",
     }
 }
 
 /// What an action does, as the confirmation page says it.
-fn action_help(action: &str) -> &'static str {
+fn action_help(action: OperatorAction) -> &'static str {
     match action {
-        "retry" => {
+        OperatorAction::Retry | OperatorAction::RetryWithInput => {
             "The failed step runs again (a step the service refused gets a new idempotency key); from CompensationFailed, the failed undo runs again."
         }
-        "compensate" => {
+        OperatorAction::Compensate | OperatorAction::CompensateFrom => {
             "Every step that may have taken effect is undone, last first. A task past its pivot step cannot be compensated."
         }
-        "cancel" => {
+        OperatorAction::Cancel => {
             "The task takes no further step; every step that may have taken effect is undone (a step still out is undone after its deadline)."
         }
-        _ => {
+        OperatorAction::Resolve | OperatorAction::Skip => {
             "The task is closed by hand, for good: nothing is sent to any service. Say how it was settled."
         }
     }
@@ -500,11 +521,11 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
     let history = t["history"].as_array().cloned().unwrap_or_default();
     let steps = t["steps"].as_array().cloned().unwrap_or_default();
     let current = t["currentStep"].as_str();
-    let done = param(query, "done").filter(|a| ACTIONS.contains(&a.as_str()));
+    let done = param(query, "done").and_then(|a| console_action(&a));
     let content = html! {
         h1 { "Task " span class="id" { (task_id) } " " (badge(state)) }
         @if let Some(a) = &done {
-            p class="notice" role="status" { (action_label(a)) " applied: the task is now " strong { (state) } "." }
+            p class="notice" role="status" { (action_label(*a)) " applied: the task is now " strong { (state) } "." }
         }
         dl class="summary" {
             dt { "Workflow" }
@@ -528,7 +549,7 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                 h2 id="actions" { "Actions" }
                 ul class="actions" {
                     @for a in actions {
-                        li { a class="button" href=(href(&format!("/tasks/{}/{a}", segment(task_id)), &[])) { (action_label(a)) "…" } }
+                        li { a class="button" href=(href(&format!("/tasks/{}/{a}", segment(task_id)), &[])) { (action_label(*a)) "…" } }
                     }
                 }
             }
@@ -608,7 +629,7 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
 async fn confirm(
     api: &Api<'_>,
     id: &str,
-    action: &str,
+    action: OperatorAction,
     problem: Option<&str>,
     status: StatusCode,
 ) -> Response<String> {
@@ -619,7 +640,7 @@ async fn confirm(
     let t = &answer.value;
     let task_id = text(t, "taskId");
     let label = action_label(action);
-    let required = matches!(action, "resolve" | "skip");
+    let required = action.needs_reason();
     let content = html! {
         h1 { (label) " task " span class="id" { (task_id) } }
         p { "The task is " (badge(text(t, "processState"))) (t["currentStep"].as_str().map(|s| format!(" at step {s}")).unwrap_or_default()) "." }
@@ -630,15 +651,15 @@ async fn confirm(
         form method="post" action=(href(&format!("/tasks/{}/{action}", segment(task_id)), &[])) {
             label for="reason" { @if required { "How it was settled (required)" } @else { "Reason (recorded in the history)" } }
             textarea id="reason" name="reason" rows="3" maxlength=(MAX_REASON_CHARS) required[required] {}
-            @if action == "skip" {
+            @if action == OperatorAction::Skip {
                 label for="result" { "The step's result (JSON, optional)" }
                 textarea id="result" name="result" rows="5" spellcheck="false" {}
             }
-            @if action == "retry" && t["processState"] == json!("Error") {
+            @if action == OperatorAction::Retry && t["processState"] == json!("Error") {
                 label for="input" { "A new input for the task (JSON, optional: only for a step that surely did not take effect)" }
                 textarea id="input" name="input" rows="5" spellcheck="false" {}
             }
-            @if action == "compensate" {
+            @if action == OperatorAction::Compensate {
                 @let current = t["currentStep"].as_str();
                 @let names: Vec<&str> = t["steps"].as_array().into_iter().flatten()
                     .filter_map(|s| s["name"].as_str())
@@ -667,7 +688,7 @@ async fn confirm(
 }
 
 /// Applies a confirmed action, then sends the browser to the task's page.
-async fn act(api: &Api<'_>, id: &str, action: &str, body: &[u8]) -> Response<String> {
+async fn act(api: &Api<'_>, id: &str, action: OperatorAction, body: &[u8]) -> Response<String> {
     let reason = url::form_urlencoded::parse(body)
         .find(|(k, _)| k == "reason")
         .map(|(_, v)| v.trim().to_owned())
@@ -688,7 +709,7 @@ async fn act(api: &Api<'_>, id: &str, action: &str, body: &[u8]) -> Response<Str
     }
     // A retry on a new input and a compensation from a step have routes of their own.
     let mut route = action;
-    if let (true, Some(text)) = (action == "retry", field("input")) {
+    if let (OperatorAction::Retry, Some(text)) = (action, field("input")) {
         match serde_json::from_str::<Value>(&text) {
             Ok(v) => payload["input"] = v,
             Err(e) => {
@@ -696,11 +717,11 @@ async fn act(api: &Api<'_>, id: &str, action: &str, body: &[u8]) -> Response<Str
                 return confirm(api, id, action, Some(&problem), StatusCode::BAD_REQUEST).await;
             }
         }
-        route = "retry-with-input";
+        route = OperatorAction::RetryWithInput;
     }
-    if let (true, Some(step)) = (action == "compensate", field("fromStep")) {
+    if let (OperatorAction::Compensate, Some(step)) = (action, field("fromStep")) {
         payload["fromStep"] = json!(step);
-        route = "compensate-from";
+        route = OperatorAction::CompensateFrom;
     }
     if let Some(text) = result {
         match serde_json::from_str::<Value>(&text) {
@@ -713,7 +734,12 @@ async fn act(api: &Api<'_>, id: &str, action: &str, body: &[u8]) -> Response<Str
     }
     let payload = payload.to_string();
     let answer = api
-        .call(Method::POST, &["tasks", id, route], "", payload.as_bytes())
+        .call(
+            Method::POST,
+            &["tasks", id, route.as_str()],
+            "",
+            payload.as_bytes(),
+        )
         .await;
     if answer.status == StatusCode::NOT_FOUND {
         return answer.error_page();
@@ -727,7 +753,7 @@ async fn act(api: &Api<'_>, id: &str, action: &str, body: &[u8]) -> Response<Str
     }
     redirect(&href(
         &format!("/tasks/{}", segment(id)),
-        &[("done", action)],
+        &[("done", action.as_str())],
     ))
 }
 
@@ -849,8 +875,8 @@ async fn services(api: &Api<'_>, problem: Option<&str>, status: StatusCode) -> R
                             @if let Some(n) = b["note"].as_str() { ": " (n) }
                         }
                         td {
-                            @let action = if paused { "resume" } else { "pause" };
-                            form class="inline" method="post" action=(href(&format!("/services/{}/{action}", segment(name)), &[])) {
+                            @let action = if paused { ServiceAction::Resume } else { ServiceAction::Pause };
+                            form class="inline" method="post" action=(href(&format!("/services/{}/{}", segment(name), action.as_str()), &[])) {
                                 @if !paused {
                                     label for={ "why-" (name) } class="visually-hidden" { "Why pause " (name) }
                                     input id={ "why-" (name) } name="reason" required placeholder="why (required)" maxlength=(MAX_REASON_CHARS);
@@ -867,7 +893,12 @@ async fn services(api: &Api<'_>, problem: Option<&str>, status: StatusCode) -> R
 }
 
 /// Pauses or resumes a service, then shows the services again.
-async fn service_action(api: &Api<'_>, name: &str, action: &str, body: &[u8]) -> Response<String> {
+async fn service_action(
+    api: &Api<'_>,
+    name: &str,
+    action: ServiceAction,
+    body: &[u8],
+) -> Response<String> {
     let reason = url::form_urlencoded::parse(body)
         .find(|(k, _)| k == "reason")
         .map(|(_, v)| v.trim().to_owned())
@@ -879,7 +910,7 @@ async fn service_action(api: &Api<'_>, name: &str, action: &str, body: &[u8]) ->
     let answer = api
         .call(
             Method::POST,
-            &["services", name, action],
+            &["services", name, action.as_str()],
             "",
             payload.as_bytes(),
         )

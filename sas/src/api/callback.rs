@@ -14,15 +14,18 @@
 //! it (an earlier callback was applied, the step is being undone, an operator retried it under
 //! a new key, or the task moved on); 400 for a malformed body.
 
-use super::submission::{SubmissionDeps, error, respond, unavailable};
+use super::deps::ApiDeps;
+use super::error::{Answer, ApiError, respond};
+use super::views::CallbackAccepted;
 use crate::domain::TaskId;
 use crate::domain::state::{CallbackFence, check_callback_token};
 use crate::domain::task::MAX_RESULT_BYTES;
 use crate::domain::transition::{self, Rejection, StepOutcome};
+use crate::domain::workflow::Problem;
 use crate::messages::{SchedulerMessage, StepReply};
-use http::{Response, StatusCode};
+use http::StatusCode;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::time::Duration;
 use tracing::{info, warn};
 
@@ -45,16 +48,15 @@ enum Callback {
     Heartbeat,
 }
 
-fn invalid(at: &str, message: impl Into<String>) -> Response<String> {
-    let message = message.into();
-    respond(
-        StatusCode::BAD_REQUEST,
-        &json!({"error": {
-            "code": "validation_failed",
-            "message": format!("{at}: {message}"),
-            "problems": [{"at": at, "message": message}],
-        }}),
-    )
+/// A malformed callback: `validation_failed` with its one problem.
+fn invalid(at: &str, message: String) -> ApiError {
+    ApiError::ValidationFailed {
+        message: format!("{at}: {message}"),
+        problems: Some(vec![Problem {
+            at: at.to_owned(),
+            message,
+        }]),
+    }
 }
 
 /// Checks a callback's body: the outcome it reports, or the 400 answer.
@@ -107,43 +109,21 @@ fn outcome(body: &[u8]) -> Result<StepOutcome, (&'static str, String)> {
 }
 
 /// `POST /tasks/{id}/callbacks/{token}`.
-pub async fn callback(
-    deps: &SubmissionDeps,
-    id: &str,
-    token: &str,
-    body: &[u8],
-) -> Response<String> {
+pub async fn callback(deps: &ApiDeps, id: &str, token: &str, body: &[u8]) -> Answer {
     let Ok(id) = id.parse::<TaskId>() else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "callback_not_found",
-            "no such callback",
-        );
+        return Err(ApiError::CallbackNotFound);
     };
-    let outcome = match outcome(body) {
-        Ok(o) => o,
-        Err((at, message)) => return invalid(at, message),
-    };
+    let outcome = outcome(body).map_err(|(at, message)| invalid(at, message))?;
     let record = match deps.store.get(id).await {
         Ok(Some((_, r))) => r,
-        Ok(None) => {
-            return error(
-                StatusCode::NOT_FOUND,
-                "callback_not_found",
-                "no such callback",
-            );
-        }
-        Err(e) => return unavailable(e),
+        Ok(None) => return Err(ApiError::CallbackNotFound),
+        Err(e) => return Err(ApiError::unavailable(e)),
     };
     // The same answer for an unknown task and a token that is not this task's: an id alone
     // tells nothing.
     let Some(fence) = check_callback_token(&record.callback_key, &id, token) else {
         warn!("callback with a token that is not this task's");
-        return error(
-            StatusCode::NOT_FOUND,
-            "callback_not_found",
-            "no such callback",
-        );
+        return Err(ApiError::CallbackNotFound);
     };
     let (step_index, attempt, generation) = match fence {
         CallbackFence::Step {
@@ -155,10 +135,9 @@ pub async fn callback(
             step_index,
         } => (step_index, attempt, None),
     };
-    let workflow = match super::workflow_of(&deps.definitions, &record).await {
-        Ok(w) => w,
-        Err(e) => return unavailable(e),
-    };
+    let workflow = crate::handlers::workflow_of(&deps.definitions, &record)
+        .await
+        .map_err(ApiError::unavailable)?;
     // The scheduler applies the callback under this same rule, to the record as it then is;
     // here it only picks the answer.
     let (now, p) = (deps.clock.now(), workflow.policies());
@@ -180,18 +159,11 @@ pub async fn callback(
                 attempt,
                 step_index, "heartbeat while the step is sent again: nothing to extend"
             );
-            return respond(
-                StatusCode::ACCEPTED,
-                &json!({"taskId": id, "step": name, "attempt": attempt, "accepted": true}),
-            );
+            return Ok(accepted(id, name, attempt));
         }
         Err(why) => {
             info!(attempt, step_index, state = %record.process_state, %why, "stale callback");
-            return error(
-                StatusCode::CONFLICT,
-                "stale_callback",
-                "this step no longer waits for this callback: an earlier callback was applied, the step is being undone, it was retried under a new key, or the task moved on",
-            );
+            return Err(ApiError::StaleCallback);
         }
     }
     let reply = SchedulerMessage::Reply(StepReply {
@@ -203,20 +175,24 @@ pub async fn callback(
         outcome,
         generation,
     });
-    let body = match serde_json::to_string(&reply) {
-        Ok(b) => b,
-        Err(e) => return unavailable(e),
-    };
-    if let Err(e) = deps
-        .queue
+    let body = serde_json::to_string(&reply).map_err(ApiError::unavailable)?;
+    deps.queue
         .send(&deps.work_queue_url, &body, Duration::ZERO)
         .await
-    {
-        return unavailable(e);
-    }
+        .map_err(ApiError::unavailable)?;
     info!(workflow = %record.workflow, attempt, step = %name, "callback accepted");
+    Ok(accepted(id, name, attempt))
+}
+
+/// `202`: the callback is on the scheduler's queue (or, a heartbeat, has nothing to extend).
+fn accepted(id: TaskId, step: String, attempt: u64) -> http::Response<String> {
     respond(
         StatusCode::ACCEPTED,
-        &json!({"taskId": id, "step": name, "attempt": attempt, "accepted": true}),
+        &CallbackAccepted {
+            task_id: id.to_string(),
+            step,
+            attempt,
+            accepted: true,
+        },
     )
 }

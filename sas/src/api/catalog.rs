@@ -1,0 +1,287 @@
+//! The operator API's catalog routes: `GET /workflows`, `GET|PUT /workflows/{name}`, `GET
+//! /workflows/{name}/versions/{version}`, `GET /services` (with each service's breaker), `GET|PUT
+//! /services/{name}`, and `POST /services/{name}/pause|resume` ([`ServiceAction`]).
+
+use super::deps::ApiDeps;
+use super::error::{Answer, ApiError, respond};
+use super::request::{action_body, json_body};
+use crate::catalog::CatalogError;
+use crate::domain::workflow::{self, MAX_DEFINITION_BYTES, ServiceDef};
+use crate::domain::{BreakerRecord, Caller};
+use crate::ports::Kind;
+use http::{HeaderMap, StatusCode};
+use serde_json::{Value, json};
+use tracing::info;
+
+/// What an operator may do to a service: the last segment of `POST /services/{name}/{action}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceAction {
+    /// Stop every call to the service (its steps wait); a reason is required.
+    Pause,
+    /// Let the calls go again.
+    Resume,
+}
+
+impl ServiceAction {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "pause" => Some(Self::Pause),
+            "resume" => Some(Self::Resume),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pause => "pause",
+            Self::Resume => "resume",
+        }
+    }
+}
+
+/// The catalog's word for a definition's kind.
+fn not_found(kind: Kind, message: String) -> ApiError {
+    match kind {
+        Kind::Workflow => ApiError::WorkflowNotFound(message),
+        Kind::Service => ApiError::ServiceNotFound(message),
+    }
+}
+
+/// `GET /services`: every service, its newest version and its circuit breaker.
+pub(super) async fn services(deps: &ApiDeps) -> Answer {
+    let entries = deps
+        .definitions
+        .catalog()
+        .entries(Kind::Service)
+        .await
+        .map_err(ApiError::unavailable)?;
+    let breakers =
+        futures::future::join_all(entries.iter().map(|e| deps.store.get_breaker(&e.name))).await;
+    let mut services = Vec::with_capacity(entries.len());
+    for (entry, breaker) in entries.iter().zip(breakers) {
+        let breaker = breaker_view(breaker.map_err(ApiError::unavailable)?.as_ref());
+        services.push(json!({"name": entry.name, "latest": entry.latest, "breaker": breaker}));
+    }
+    Ok(respond(StatusCode::OK, &json!({ "services": services })))
+}
+
+/// A breaker as the API shows it: `closed` with its count of consecutive faults, `open` until
+/// when, `half-open` with its probes left, `paused` since when, by whom and why.
+fn breaker_view(b: Option<&BreakerRecord>) -> Value {
+    use crate::domain::BreakerState as B;
+    match b.map(|b| (b.state, b.note.as_deref())) {
+        None => json!({"state": "closed", "failures": 0}),
+        Some((B::Closed { failures }, _)) => json!({"state": "closed", "failures": failures}),
+        Some((B::Open { until }, _)) => json!({"state": "open", "until": until}),
+        Some((B::HalfOpen { probes_left, until }, _)) => {
+            json!({"state": "half-open", "probesLeft": probes_left, "until": until})
+        }
+        Some((B::Paused { since }, note)) => {
+            json!({"state": "paused", "since": since, "note": note})
+        }
+    }
+}
+
+/// `POST /services/{name}/pause|resume`: an operator stops every call to a service (its steps
+/// wait, deferred, and nothing fails) or lets them go again. A conditional write of the
+/// service's breaker, retried on a lost race with an agent's move of it.
+pub(super) async fn pause_or_resume(
+    deps: &ApiDeps,
+    caller: &Caller,
+    name: &str,
+    action: ServiceAction,
+    body: &[u8],
+) -> Answer {
+    #[derive(serde::Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct PauseBody {
+        reason: Option<String>,
+    }
+    let reason = action_body(body, |b: &PauseBody| b.reason.as_ref())?
+        .reason
+        .filter(|r| !r.trim().is_empty());
+    let pausing = action == ServiceAction::Pause;
+    let Some(reason) = reason.or_else(|| (!pausing).then(String::new)) else {
+        return Err(ApiError::validation(
+            "reason is required to pause a service: say why its steps wait",
+        ));
+    };
+    if !deps.definitions.services().await?.contains_key(name) {
+        return Err(ApiError::ServiceNotFound(format!(
+            "no service {name:?} is published"
+        )));
+    }
+    for _ in 0..5 {
+        let current = deps
+            .store
+            .get_breaker(name)
+            .await
+            .map_err(ApiError::unavailable)?
+            .unwrap_or_else(|| BreakerRecord::closed(name));
+        let next = if pausing {
+            current.pause(deps.clock.now(), format!("{caller}: {reason}"))
+        } else {
+            current.resume()
+        };
+        let Some(next) = next else {
+            return Ok(respond(
+                StatusCode::OK,
+                &json!({"name": name, "breaker": breaker_view(Some(&current)), "changed": false}),
+            ));
+        };
+        // Condition (in put_breaker): the version read - keeps "a pause or resume starts from
+        // the breaker as it is": an agent's move in between makes this read again.
+        if deps
+            .store
+            .put_breaker(&next)
+            .await
+            .map_err(ApiError::unavailable)?
+        {
+            let action = action.as_str();
+            info!(service = %name, action, by = %caller, %reason, "service {action}d");
+            return Ok(respond(
+                StatusCode::OK,
+                &json!({"name": name, "breaker": breaker_view(Some(&next)), "changed": true}),
+            ));
+        }
+    }
+    Err(ApiError::Conflict {
+        message: "the service's breaker kept moving; try again".into(),
+        process_state: None,
+    })
+}
+
+/// `GET /workflows`, `GET /services`: every name and its newest version.
+pub(super) async fn entries(deps: &ApiDeps, kind: Kind) -> Answer {
+    let entries = deps
+        .definitions
+        .catalog()
+        .entries(kind)
+        .await
+        .map_err(ApiError::unavailable)?;
+    let key = match kind {
+        Kind::Workflow => "workflows",
+        Kind::Service => "services",
+    };
+    Ok(respond(StatusCode::OK, &json!({ key: entries })))
+}
+
+/// `GET /workflows/{name}[/versions/{v}]`, `GET /services/{name}`.
+pub(super) async fn definition(
+    deps: &ApiDeps,
+    kind: Kind,
+    name: &str,
+    version: Option<u32>,
+) -> Answer {
+    match deps
+        .definitions
+        .catalog()
+        .definition(kind, name, version)
+        .await
+        .map_err(ApiError::unavailable)?
+    {
+        Some(d) => Ok(respond(
+            StatusCode::OK,
+            &json!({"name": d.name, "version": d.version, "publishedAt": d.published_at, "definition": d.body}),
+        )),
+        None => Err(not_found(
+            kind,
+            match version {
+                Some(v) => format!("no version {v} of {name:?}"),
+                None => format!("nothing published as {name:?}"),
+            },
+        )),
+    }
+}
+
+/// A definition's body: JSON, and (if it names itself) named as the path says.
+fn definition_body(path_name: &str, headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    if body.len() > MAX_DEFINITION_BYTES {
+        return Err(ApiError::DefinitionTooLarge {
+            bytes: body.len(),
+            limit: MAX_DEFINITION_BYTES,
+        });
+    }
+    let value = json_body(headers, body)?;
+    let named = value.get("name").and_then(Value::as_str);
+    if named.is_some() && named != Some(path_name) {
+        return Err(ApiError::NameMismatch {
+            path: path_name.to_owned(),
+            named: named.map(str::to_owned),
+        });
+    }
+    Ok(value)
+}
+
+fn published(name: &str, p: crate::ports::Published) -> http::Response<String> {
+    respond(
+        if p.created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        },
+        &json!({"name": name, "version": p.version, "created": p.created}),
+    )
+}
+
+/// `PUT /workflows/{name}`: publishes a new version (201), or answers the newest one if the
+/// definition is the same (200). A running task stays on the version it started with.
+pub(super) async fn publish_workflow(
+    deps: &ApiDeps,
+    name: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Answer {
+    let value = definition_body(name, headers, body)?;
+    let (p, w) = deps.definitions.publish_workflow(value).await?;
+    info!(
+        version = p.version,
+        created = p.created,
+        "workflow published"
+    );
+    Ok(published(&w.name, p))
+}
+
+/// `PUT /services/{name}`: publishes a service (201), or answers its newest version if the
+/// definition is the same (200).
+pub(super) async fn publish_service(
+    deps: &ApiDeps,
+    name: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Answer {
+    let value = definition_body(name, headers, body)?;
+    // The problems are at /services/0/...: point them at the body.
+    let in_body = |e: workflow::DefinitionError| {
+        let problems: Vec<_> =
+            e.0.into_iter()
+                .map(|p| workflow::Problem {
+                    at: p.at.trim_start_matches("/services/0").to_owned(),
+                    message: p.message,
+                })
+                .collect();
+        ApiError::from(CatalogError::Invalid(workflow::DefinitionError(problems)))
+    };
+    let doc = workflow::parse_services(json!({ "services": [value] })).map_err(in_body)?;
+    let Some(service): Option<&ServiceDef> = doc.services.first() else {
+        return Err(ApiError::InvalidDefinition {
+            message: "no service given".into(),
+            problems: None,
+        });
+    };
+    match deps.definitions.publish_services(&doc).await {
+        Ok(mut out) => match out.pop() {
+            Some((_, p)) => {
+                info!(
+                    version = p.version,
+                    created = p.created,
+                    "service published"
+                );
+                Ok(published(&service.name, p))
+            }
+            None => Err(ApiError::Internal("nothing published")),
+        },
+        Err(CatalogError::Invalid(e)) => Err(in_body(e)),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,265 @@
+//! The route table: a method and a path (below [`OPERATOR_PREFIX`] on the operator API) to the
+//! [`Target`] that answers it, in one place ([`Target::parse`]), and [`answer`], which hands an
+//! authenticated request's route to its handler.
+
+use super::catalog::{self, ServiceAction};
+use super::deps::ApiDeps;
+use super::error::{Answer, ApiError};
+use super::operator::{self, OperatorAction};
+use super::tasks;
+use crate::domain::Caller;
+use crate::ports::Kind;
+use http::{HeaderMap, Method};
+use tracing::{Instrument, info_span};
+
+/// The path every operator route starts with.
+pub const OPERATOR_PREFIX: &str = "/operator";
+
+/// What a request asks for. `'a`: the path's segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route<'a> {
+    /// `POST /workflows/{name}/tasks`.
+    Submit {
+        workflow: &'a str,
+    },
+    /// `GET /tasks` on the operator API: by state.
+    ListTasks,
+    /// `GET /tasks` on the task API: the caller's own.
+    ListMyTasks,
+    /// `GET /tasks/{id}`.
+    GetTask {
+        id: &'a str,
+    },
+    /// `POST /tasks/{id}/{action}` (on the task API, `cancel` only).
+    Act {
+        id: &'a str,
+        action: OperatorAction,
+    },
+    /// `GET /counts`.
+    Counts,
+    /// `GET /workflows`, `GET /services` (with their breakers).
+    Workflows,
+    Services,
+    /// `GET /workflows/{name}`, `GET /services/{name}`, `GET /workflows/{name}/versions/{v}`
+    /// (`version`: as given, checked when answered).
+    Definition {
+        kind: Kind,
+        name: &'a str,
+        version: Option<&'a str>,
+    },
+    /// `PUT /workflows/{name}`, `PUT /services/{name}`.
+    Publish {
+        kind: Kind,
+        name: &'a str,
+    },
+    /// `POST /services/{name}/pause|resume`.
+    PauseOrResume {
+        name: &'a str,
+        action: ServiceAction,
+    },
+}
+
+/// Who answers a request: the front door itself (before authentication), or the API's
+/// handler of a [`Route`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target<'a> {
+    /// `POST /tasks/{id}/callbacks/{token}` (task API): the token is the credential.
+    Callback { id: &'a str, token: &'a str },
+    /// `/console/...` (operator API, any method): the console's pages, `rest` the path below.
+    Console { rest: &'a [&'a str] },
+    /// A route of the task or operator API.
+    Api(Route<'a>),
+}
+
+/// Why a request has no route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unrouted {
+    /// No such path.
+    NotFound,
+    /// The path exists with these methods only.
+    MethodNotAllowed(&'static str),
+}
+
+impl<'a> Target<'a> {
+    /// The target of `method` on `segments` (the path below the API's root, split at `/`),
+    /// on the operator API if `operator`.
+    pub fn parse(
+        segments: &'a [&'a str],
+        method: &Method,
+        operator: bool,
+    ) -> Result<Self, Unrouted> {
+        use Route::*;
+        let put = method == Method::PUT;
+        let op = operator;
+        let (allow, target): (&'static str, Target<'a>) = match segments {
+            ["console", rest @ ..] if op => return Ok(Target::Console { rest }),
+            ["tasks", id, "callbacks", token] if !op => ("POST", Target::Callback { id, token }),
+            ["workflows", workflow, "tasks"] => ("POST", Target::Api(Submit { workflow })),
+            ["tasks"] if op => ("GET", Target::Api(ListTasks)),
+            ["tasks"] => ("GET", Target::Api(ListMyTasks)),
+            ["tasks", id] => ("GET", Target::Api(GetTask { id })),
+            ["tasks", id, "cancel"] if !op => (
+                "POST",
+                Target::Api(Act {
+                    id,
+                    action: OperatorAction::Cancel,
+                }),
+            ),
+            ["tasks", id, action] if op => match action.parse() {
+                Ok(action) => ("POST", Target::Api(Act { id, action })),
+                Err(_) => return Err(Unrouted::NotFound),
+            },
+            ["counts"] if op => ("GET", Target::Api(Counts)),
+            ["workflows"] if op => ("GET", Target::Api(Workflows)),
+            ["services"] if op => ("GET", Target::Api(Services)),
+            [kind @ ("workflows" | "services"), name] if op => {
+                let kind = if *kind == "workflows" {
+                    Kind::Workflow
+                } else {
+                    Kind::Service
+                };
+                let route = if put {
+                    Publish { kind, name }
+                } else {
+                    Definition {
+                        kind,
+                        name,
+                        version: None,
+                    }
+                };
+                ("GET, PUT", Target::Api(route))
+            }
+            ["services", name, action] if op => match ServiceAction::parse(action) {
+                Some(action) => ("POST", Target::Api(PauseOrResume { name, action })),
+                None => return Err(Unrouted::NotFound),
+            },
+            ["workflows", name, "versions", v] if op => (
+                "GET",
+                Target::Api(Definition {
+                    kind: Kind::Workflow,
+                    name,
+                    version: Some(v),
+                }),
+            ),
+            _ => return Err(Unrouted::NotFound),
+        };
+        if allow.split(", ").any(|m| m == method.as_str()) {
+            Ok(target)
+        } else {
+            Err(Unrouted::MethodNotAllowed(allow))
+        }
+    }
+}
+
+/// Answers an authenticated request on a route of the task or operator API (not a callback or
+/// a console page: the front door answers those). The console calls it in process for the data
+/// of its pages.
+pub(crate) async fn answer(
+    deps: &ApiDeps,
+    caller: &Caller,
+    route: Route<'_>,
+    query: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Answer {
+    match route {
+        Route::Submit { workflow } => {
+            let span = info_span!("submit", workflow = %workflow, task_id = tracing::field::Empty);
+            tasks::submit(deps, caller, workflow, headers, body)
+                .instrument(span)
+                .await
+        }
+        Route::ListTasks => {
+            operator::list(deps, query)
+                .instrument(info_span!("list_tasks"))
+                .await
+        }
+        Route::ListMyTasks => {
+            tasks::list_mine(deps, caller, query)
+                .instrument(info_span!("list_my_tasks"))
+                .await
+        }
+        Route::GetTask { id } => {
+            let span = info_span!("get_task", task_id = %id);
+            tasks::get_task(deps, caller, id).instrument(span).await
+        }
+        Route::Act { id, action } => {
+            let span = info_span!("act", task_id = %id, action = %action, workflow = tracing::field::Empty, attempt = tracing::field::Empty);
+            operator::act(deps, caller, id, action, body)
+                .instrument(span)
+                .await
+        }
+        Route::Counts => operator::counts(deps, query).await,
+        Route::Workflows => catalog::entries(deps, Kind::Workflow).await,
+        Route::Services => catalog::services(deps).await,
+        Route::Definition {
+            kind,
+            name,
+            version,
+        } => {
+            let version = match version.map(str::parse::<u32>) {
+                None => None,
+                Some(Ok(v)) => Some(v),
+                Some(Err(_)) => return Err(ApiError::InvalidVersion),
+            };
+            catalog::definition(deps, kind, name, version).await
+        }
+        Route::PauseOrResume { name, action } => {
+            let span = info_span!("service_action", service = %name, action = %action.as_str());
+            catalog::pause_or_resume(deps, caller, name, action, body)
+                .instrument(span)
+                .await
+        }
+        Route::Publish {
+            kind: Kind::Workflow,
+            name,
+        } => {
+            let span = info_span!("publish_workflow", workflow = %name);
+            catalog::publish_workflow(deps, name, headers, body)
+                .instrument(span)
+                .await
+        }
+        Route::Publish {
+            kind: Kind::Service,
+            name,
+        } => {
+            let span = info_span!("publish_service", service = %name);
+            catalog::publish_service(deps, name, headers, body)
+                .instrument(span)
+                .await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(method: Method, path: &str, op: bool) -> Result<String, Unrouted> {
+        let segments: Vec<&str> = path.split('/').skip(1).collect();
+        Target::parse(&segments, &method, op).map(|r| format!("{r:?}"))
+    }
+
+    #[test]
+    fn each_api_has_its_own_routes_and_methods() {
+        use Unrouted::*;
+        assert!(parse(Method::POST, "/tasks/t/cancel", false).is_ok());
+        assert!(parse(Method::POST, "/tasks/t/retry", false) == Err(NotFound));
+        assert!(parse(Method::POST, "/tasks/t/retry-with-input", true).is_ok());
+        assert!(parse(Method::POST, "/tasks/t/bogus", true) == Err(NotFound));
+        assert!(parse(Method::POST, "/tasks/t/callbacks/k", true) == Err(NotFound));
+        assert_eq!(
+            parse(Method::GET, "/tasks/t/callbacks/k", false),
+            Err(MethodNotAllowed("POST"))
+        );
+        assert_eq!(
+            parse(Method::DELETE, "/workflows/w", true),
+            Err(MethodNotAllowed("GET, PUT"))
+        );
+        assert!(parse(Method::PUT, "/workflows/w", false) == Err(NotFound));
+        assert!(parse(Method::DELETE, "/console/anything", true).is_ok());
+        assert!(parse(Method::GET, "/console", false) == Err(NotFound));
+        assert!(parse(Method::POST, "/services/s/resume", true).is_ok());
+        assert!(parse(Method::POST, "/services/s/stop", true) == Err(NotFound));
+    }
+}

@@ -1,0 +1,692 @@
+//! The API's answers about tasks as types: what the server builds and what clients (`sasctl`)
+//! read, one definition for both.
+//!
+//! The server fills every field it sends; a client decodes leniently: unknown fields are
+//! ignored, and a field that is missing or `null` becomes `None` (or an empty list). The state
+//! type `S` is the domain's [`ProcessState`] on the server; a client may use its own (one that
+//! keeps a state it does not know rather than failing the answer).
+
+use crate::domain::state::Refusal;
+use crate::domain::task::EarlierInput;
+use crate::domain::{ProcessState, StateRecord, StepState, StepStatus, Task, Workflow};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Value, json};
+
+/// Deserializes a possibly `null` value as its default.
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// The operator's view of a task (`GET /operator/tasks/{id}`, and the operator actions'
+/// answers): everything.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", bound(deserialize = "S: Deserialize<'de>"))]
+pub struct TaskView<S = ProcessState> {
+    pub task_id: String,
+    pub process_state: S,
+    /// The workflow the task runs, and the version it started on (and stays on).
+    #[serde(default)]
+    pub workflow: Option<String>,
+    #[serde(default)]
+    pub workflow_version: Option<u32>,
+    /// Who started it.
+    #[serde(default)]
+    pub caller: Option<String>,
+    /// The task's input: as submitted, or as an operator's retry replaced it.
+    #[serde(default)]
+    pub input: Option<Value>,
+    #[serde(default)]
+    pub input_revision: Option<u32>,
+    /// The inputs replaced since steps ran with them.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub earlier_inputs: Vec<EarlierInput>,
+    #[serde(default)]
+    pub reply_queue_url: Option<String>,
+    #[serde(default)]
+    pub locked_by: Option<String>,
+    #[serde(default)]
+    pub complete_by: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub failure_count: Option<u32>,
+    #[serde(default)]
+    pub attempt: Option<u64>,
+    /// The step being worked on (forward or, while compensating, backward).
+    #[serde(default, alias = "step")]
+    pub current_step: Option<String>,
+    #[serde(default)]
+    pub round: Option<u32>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub steps: Vec<StepView>,
+    #[serde(default)]
+    pub last_error: Option<String>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub history: Vec<HistoryEntry<S>>,
+    #[serde(default)]
+    pub created_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub updated_at: Option<DateTime<Utc>>,
+    /// When the task entered its state.
+    #[serde(default)]
+    pub since: Option<DateTime<Utc>>,
+}
+
+/// What a task's caller sees (`GET /tasks/{id}` on the task API): its input, states and
+/// results, the refusal if any, and (only if its workflow has `publicErrors`) the last error and
+/// the history's reasons. Never the lock holder, deadlines, attempts or counts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", bound(deserialize = "S: Deserialize<'de>"))]
+pub struct CallerTaskView<S = ProcessState> {
+    pub task_id: String,
+    pub process_state: S,
+    #[serde(default)]
+    pub workflow: Option<String>,
+    #[serde(default)]
+    pub workflow_version: Option<u32>,
+    #[serde(default)]
+    pub input: Option<Value>,
+    #[serde(default)]
+    pub input_revision: Option<u32>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub earlier_inputs: Vec<EarlierInput>,
+    #[serde(default)]
+    pub reply_queue_url: Option<String>,
+    #[serde(default)]
+    pub current_step: Option<String>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub steps: Vec<StepView>,
+    #[serde(default)]
+    pub refusal: Option<Refusal>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub history: Vec<HistoryEntry<S>>,
+    #[serde(default)]
+    pub created_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub updated_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub since: Option<DateTime<Utc>>,
+    /// Left out unless the workflow makes errors public; then the last error, or `null`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<Option<String>>,
+}
+
+/// One workflow step of a task. The caller's view has only `name`, `status` and `result`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepView {
+    pub name: String,
+    /// Pending, Running, Waiting, Done, Failed (refused), TimedOut, Cancelled or Faulted (the
+    /// service answered, but with a result over the size limit).
+    pub status: String,
+    /// Whether the workflow declares an undo for this step (`None`: the server did not say).
+    /// A step without one is never undone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undoable: Option<bool>,
+    /// The attempt under which the step finished, and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_attempt: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+    /// A request under the step's current idempotency key has gone out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent: Option<bool>,
+    /// The generation of the step's idempotency key (bumped by a retry of a refused step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u32>,
+    /// What the service returned when the step succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// The compensation of this step: `None` (not started), Running, Done, Failed or TimedOut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undo: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undo_generation: Option<u32>,
+    /// A callback step the service accepted: the latest its callback may come.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_until: Option<DateTime<Utc>>,
+    /// The latest deadline a request for the step went out with, once it was handed back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_until: Option<DateTime<Utc>>,
+    /// The revision of the task's input the step ran with, if not the current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_revision: Option<u32>,
+    /// Attempts its service answered as misconfigured (left out at 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub misconfigured: Option<u32>,
+    /// The service the step calls and its action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    /// The body of the step's request, once the task reached the step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    /// The undo's action and body, once compensation reached the step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undo_action: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undo_input: Option<Value>,
+}
+
+/// One state transition of a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", bound(deserialize = "S: Deserialize<'de>"))]
+pub struct HistoryEntry<S = ProcessState> {
+    pub at: DateTime<Utc>,
+    #[serde(default)]
+    pub from: Option<S>,
+    pub to: S,
+    #[serde(default)]
+    pub step: Option<String>,
+    /// Left out of the caller's view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u64>,
+    /// Left out of the caller's view unless the workflow makes errors public.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Who asked for it (an operator's or caller's principal); `None` for sas itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+/// One page of a task list: `GET /operator/tasks` ([`TaskSummary`]) or the caller's `GET
+/// /tasks` ([`CallerTaskSummary`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", bound(deserialize = "T: Deserialize<'de>"))]
+pub struct ListPage<T> {
+    #[serde(default = "Vec::new", deserialize_with = "null_as_default")]
+    pub tasks: Vec<T>,
+    /// Pass back as `cursor` for the next page; `None` on the last page.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
+}
+
+impl<T> Default for ListPage<T> {
+    fn default() -> Self {
+        Self {
+            tasks: Vec::new(),
+            next_cursor: None,
+        }
+    }
+}
+
+/// One row of the operator's `GET /operator/tasks`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", bound(deserialize = "S: Deserialize<'de>"))]
+pub struct TaskSummary<S = ProcessState> {
+    pub task_id: String,
+    /// The workflow the task runs.
+    #[serde(default)]
+    pub workflow: Option<String>,
+    pub process_state: S,
+    #[serde(default)]
+    pub step: Option<String>,
+    #[serde(default)]
+    pub failure_count: Option<u32>,
+    #[serde(default)]
+    pub attempt: Option<u64>,
+    #[serde(default)]
+    pub last_error: Option<String>,
+    #[serde(default)]
+    pub updated_at: Option<DateTime<Utc>>,
+    /// When the task entered its state: the list's order.
+    #[serde(default)]
+    pub since: Option<DateTime<Utc>>,
+}
+
+/// One row of a caller's `GET /tasks`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", bound(deserialize = "S: Deserialize<'de>"))]
+pub struct CallerTaskSummary<S = ProcessState> {
+    pub task_id: String,
+    pub workflow: String,
+    pub process_state: S,
+    #[serde(default)]
+    pub current_step: Option<String>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The answer to a new task (`202`), or to its replay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", bound(deserialize = "S: Deserialize<'de>"))]
+pub struct Accepted<S = ProcessState> {
+    pub task_id: String,
+    pub workflow: String,
+    pub workflow_version: u32,
+    pub process_state: S,
+}
+
+/// The answer to a caller's cancel (`202`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", bound(deserialize = "S: Deserialize<'de>"))]
+pub struct ActionTaken<S = ProcessState> {
+    pub task_id: String,
+    pub process_state: S,
+}
+
+/// The answer to a callback the API took (`202`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallbackAccepted {
+    pub task_id: String,
+    pub step: String,
+    pub attempt: u64,
+    pub accepted: bool,
+}
+
+/// A step's result as the views show it: the JSON it is, or (not JSON) its text.
+fn result_value(result: &str) -> Value {
+    serde_json::from_str(result).unwrap_or_else(|_| Value::String(result.to_owned()))
+}
+
+/// A rendered input as a view shows it: the body, or what stopped it.
+fn shown(rendered: Result<Value, crate::domain::MappingError>) -> Value {
+    rendered.unwrap_or_else(|e| json!({"error": e.to_string()}))
+}
+
+impl StepView {
+    /// A step as the caller sees it: its name, status and result.
+    pub fn for_caller(st: &StepState) -> Self {
+        Self {
+            name: st.name.clone(),
+            status: st.status.as_str().to_owned(),
+            result: st.result.as_deref().map(result_value),
+            ..Self::default()
+        }
+    }
+
+    /// A step as the operator sees it: everything the record holds.
+    pub fn of(st: &StepState) -> Self {
+        Self {
+            name: st.name.clone(),
+            status: st.status.as_str().to_owned(),
+            undoable: Some(st.undoable),
+            finished_attempt: st.finished_attempt,
+            finished_at: st.finished_at,
+            sent: Some(st.sent),
+            generation: Some(st.generation),
+            result: st.result.as_deref().map(result_value),
+            undo: st.undo.map(|u| u.as_str().to_owned()),
+            undo_generation: Some(st.undo_generation),
+            waiting_until: st.waiting_until,
+            sent_until: st.sent_until,
+            input_revision: st.input_revision,
+            misconfigured: (st.misconfigured != 0).then_some(st.misconfigured),
+            service: None,
+            action: None,
+            input: None,
+            undo_action: None,
+            undo_input: None,
+        }
+    }
+}
+
+impl HistoryEntry {
+    /// A history line as the operator sees it.
+    pub fn of(h: &crate::domain::state::HistoryEntry) -> Self {
+        Self {
+            at: h.at,
+            from: Some(h.from),
+            to: h.to,
+            step: h.step.clone(),
+            attempt: Some(h.attempt),
+            reason: Some(h.reason.clone()),
+            by: h.by.clone(),
+        }
+    }
+}
+
+impl TaskView {
+    /// The operator's view of a task and its state record: everything (each step's result as
+    /// JSON). With its workflow, each step also names its service and action and shows the
+    /// input its request was (or would be) built from, and its undo's once compensation reached
+    /// it: rendered from the task's input and the results so far, as the scheduler does.
+    pub fn of(task: &Task, r: &StateRecord, workflow: Option<&Workflow>) -> Self {
+        let steps = r
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, st)| {
+                let mut v = StepView::of(st);
+                if let Some(step) = workflow.and_then(|w| w.step(i)) {
+                    // The input this step ran with (or will run with): the view shows what its
+                    // request and its undo's were built from.
+                    let context = crate::handlers::scheduler::mapping_context(task, r, i)
+                        .unwrap_or(Value::Null);
+                    v.service = Some(step.service.clone());
+                    v.action = Some(step.action.clone());
+                    let reached = i <= r.step_index || st.status != StepStatus::Pending;
+                    if reached {
+                        v.input = Some(shown(
+                            step.input
+                                .render_lenient(&context, crate::domain::task::MAX_REQUEST_BYTES),
+                        ));
+                    }
+                    if let (Some(undo), Some(_)) = (&step.undo, st.undo) {
+                        v.undo_action = Some(undo.action.clone());
+                        v.undo_input = Some(shown(
+                            undo.input
+                                .render_lenient(&context, crate::domain::task::MAX_REQUEST_BYTES),
+                        ));
+                    }
+                }
+                v
+            })
+            .collect();
+        Self {
+            task_id: task.id.to_string(),
+            workflow: Some(task.workflow.clone()),
+            workflow_version: Some(task.workflow_version),
+            caller: Some(task.caller.to_string()),
+            input: Some(task.input.clone()),
+            input_revision: Some(task.input_revision),
+            earlier_inputs: task.earlier_inputs.clone(),
+            reply_queue_url: task.reply_queue_url.clone(),
+            process_state: r.process_state,
+            locked_by: r.locked_by.clone(),
+            complete_by: r.complete_by,
+            failure_count: Some(r.failure_count),
+            attempt: Some(r.attempt),
+            current_step: r.current_step().map(str::to_owned),
+            round: Some(r.round),
+            steps,
+            last_error: r.last_error.clone(),
+            history: r.history.iter().map(HistoryEntry::of).collect(),
+            created_at: Some(r.created_at),
+            updated_at: Some(r.updated_at),
+            since: Some(r.since),
+        }
+    }
+}
+
+impl CallerTaskView {
+    /// What a task's caller sees (see the type); errors only if `public_errors`.
+    pub fn of(task: &Task, r: &StateRecord, public_errors: bool) -> Self {
+        Self {
+            task_id: task.id.to_string(),
+            workflow: Some(task.workflow.clone()),
+            workflow_version: Some(task.workflow_version),
+            input: Some(task.input.clone()),
+            input_revision: Some(task.input_revision),
+            earlier_inputs: task.earlier_inputs.clone(),
+            reply_queue_url: task.reply_queue_url.clone(),
+            process_state: r.process_state,
+            current_step: r.current_step().map(str::to_owned),
+            steps: r.steps.iter().map(StepView::for_caller).collect(),
+            refusal: r.refusal.clone(),
+            history: r
+                .history
+                .iter()
+                .map(|h| HistoryEntry {
+                    at: h.at,
+                    from: Some(h.from),
+                    to: h.to,
+                    step: h.step.clone(),
+                    attempt: None,
+                    reason: public_errors.then(|| h.reason.clone()),
+                    by: None,
+                })
+                .collect(),
+            created_at: Some(r.created_at),
+            updated_at: Some(r.updated_at),
+            since: Some(r.since),
+            last_error: public_errors.then(|| r.last_error.clone()),
+        }
+    }
+}
+
+impl TaskSummary {
+    /// A row of the operator's list.
+    pub fn of(s: &crate::ports::Summary) -> Self {
+        Self {
+            task_id: s.task_id.to_string(),
+            workflow: Some(s.workflow.clone()),
+            process_state: s.process_state,
+            step: s.step.clone(),
+            failure_count: Some(s.failure_count),
+            attempt: Some(s.attempt),
+            last_error: s.last_error.clone(),
+            updated_at: Some(s.updated_at),
+            since: Some(s.since),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Caller;
+    use crate::domain::workflow::examples;
+
+    /// The views as the server built them with `json!` before they were types: the typed views
+    /// must serialize to the same JSON.
+    mod before {
+        use crate::domain::{StateRecord, StepStatus, Task};
+        use serde_json::{Value, json};
+
+        pub fn caller_view(task: &Task, r: &StateRecord, public_errors: bool) -> Value {
+            let steps: Vec<Value> = r
+                .steps
+                .iter()
+                .map(|st| {
+                    let mut v = json!({"name": st.name, "status": st.status});
+                    if let Some(result) = &st.result {
+                        v["result"] =
+                            serde_json::from_str(result).unwrap_or(Value::String(result.clone()));
+                    }
+                    v
+                })
+                .collect();
+            let history: Vec<Value> = r
+                .history
+                .iter()
+                .map(|h| {
+                    let mut v = json!({"at": h.at, "from": h.from, "to": h.to, "step": h.step});
+                    if public_errors {
+                        v["reason"] = Value::String(h.reason.clone());
+                    }
+                    v
+                })
+                .collect();
+            let mut view = json!({
+                "taskId": task.id, "workflow": task.workflow,
+                "workflowVersion": task.workflow_version, "input": task.input,
+                "inputRevision": task.input_revision, "earlierInputs": task.earlier_inputs,
+                "replyQueueUrl": task.reply_queue_url, "processState": r.process_state,
+                "currentStep": r.current_step(), "steps": steps, "refusal": r.refusal,
+                "history": history, "createdAt": r.created_at, "updatedAt": r.updated_at,
+                "since": r.since,
+            });
+            if public_errors {
+                view["lastError"] = json!(r.last_error);
+            }
+            view
+        }
+
+        fn shown(rendered: Result<Value, crate::domain::MappingError>) -> Value {
+            rendered.unwrap_or_else(|e| json!({"error": e.to_string()}))
+        }
+
+        pub fn task_view(
+            task: &Task,
+            r: &StateRecord,
+            workflow: Option<&crate::Workflow>,
+        ) -> Value {
+            let max = crate::domain::task::MAX_REQUEST_BYTES;
+            let steps: Vec<Value> = r
+                .steps
+                .iter()
+                .enumerate()
+                .map(|(i, st)| {
+                    let mut v = serde_json::to_value(st).unwrap_or(Value::Null);
+                    if let Some(result) = &st.result {
+                        v["result"] =
+                            serde_json::from_str(result).unwrap_or(Value::String(result.clone()));
+                    }
+                    if let Some(step) = workflow.and_then(|w| w.step(i)) {
+                        let context = crate::handlers::scheduler::mapping_context(task, r, i)
+                            .unwrap_or(Value::Null);
+                        v["service"] = json!(step.service);
+                        v["action"] = json!(step.action);
+                        let reached = i <= r.step_index || st.status != StepStatus::Pending;
+                        if reached {
+                            v["input"] = shown(step.input.render_lenient(&context, max));
+                        }
+                        if let (Some(undo), Some(_)) = (&step.undo, st.undo) {
+                            v["undoAction"] = json!(undo.action);
+                            v["undoInput"] = shown(undo.input.render_lenient(&context, max));
+                        }
+                    }
+                    v
+                })
+                .collect();
+            json!({
+                "taskId": task.id, "workflow": task.workflow,
+                "workflowVersion": task.workflow_version, "caller": task.caller,
+                "input": task.input, "inputRevision": task.input_revision,
+                "earlierInputs": task.earlier_inputs, "replyQueueUrl": task.reply_queue_url,
+                "processState": r.process_state, "lockedBy": r.locked_by,
+                "completeBy": r.complete_by, "failureCount": r.failure_count,
+                "attempt": r.attempt, "currentStep": r.current_step(), "round": r.round,
+                "steps": steps, "lastError": r.last_error, "history": r.history,
+                "createdAt": r.created_at, "updatedAt": r.updated_at, "since": r.since,
+            })
+        }
+    }
+
+    fn task_and_record() -> (Task, StateRecord, Workflow) {
+        let w = examples::ecommerce_order(&crate::Policy::default());
+        let now = crate::domain::state::to_millis(chrono::Utc::now());
+        let id = crate::domain::TaskId::new_random();
+        let task = Task {
+            id,
+            workflow: w.name.clone(),
+            workflow_version: w.version,
+            input: json!({"customerId": "c", "items": [{"sku": "a", "quantity": 1}]}),
+            input_revision: 0,
+            earlier_inputs: vec![],
+            reply_queue_url: None,
+            created_at: now,
+            caller: Caller::new("alice").expect("caller"),
+        };
+        let mut r = StateRecord::new(id, &w, None, now, now);
+        r.last_error = Some("payment: HTTP 500 from https://internal.example/charge".into());
+        r.locked_by = Some("scheduler-1".into());
+        (task, r, w)
+    }
+
+    /// Records in several shapes: new; a step done with a JSON result and one with text, an
+    /// undo out, a refusal, an operator's entry, a replaced input, a misconfigured count.
+    fn shapes() -> Vec<(Task, StateRecord, Workflow)> {
+        let (task, r, w) = task_and_record();
+        let mut out = vec![(task.clone(), r.clone(), w.clone())];
+        let mut r2 = r.clone();
+        let now = r.created_at;
+        r2.process_state = ProcessState::Compensating;
+        r2.step_index = 1;
+        r2.steps[0].status = StepStatus::Done;
+        r2.steps[0].result = Some(r#"{"id":"r1"}"#.into());
+        r2.steps[0].finished_attempt = Some(1);
+        r2.steps[0].finished_at = Some(now);
+        r2.steps[0].sent = true;
+        r2.steps[0].undo = Some(StepStatus::Running);
+        r2.steps[1].status = StepStatus::Failed;
+        r2.steps[1].result = Some("not json".into());
+        r2.steps[1].generation = 2;
+        r2.steps[1].misconfigured = 3;
+        r2.steps[1].input_revision = Some(1);
+        r2.steps[1].sent_until = Some(now);
+        r2.refusal = Some(Refusal {
+            step: r2.steps[1].name.clone(),
+            code: "declined".into(),
+            message: "no".into(),
+        });
+        r2.history.push(crate::domain::state::HistoryEntry {
+            at: now,
+            from: ProcessState::Error,
+            to: ProcessState::Compensating,
+            step: None,
+            attempt: 2,
+            reason: "operator compensate".into(),
+            by: Some("bob".into()),
+        });
+        r2.complete_by = None;
+        r2.locked_by = None;
+        r2.last_error = None;
+        let mut t2 = task.clone();
+        t2.reply_queue_url = Some("https://sqs.example/q".into());
+        t2.input_revision = 1;
+        t2.earlier_inputs = vec![EarlierInput {
+            revision: 0,
+            input: json!({"customerId": "old"}),
+        }];
+        out.push((t2, r2, w));
+        out
+    }
+
+    #[test]
+    fn the_typed_views_serialize_as_the_views_built_by_hand_did() {
+        for (task, r, w) in shapes() {
+            for public in [false, true] {
+                let typed = serde_json::to_value(CallerTaskView::of(&task, &r, public))
+                    .unwrap_or(Value::Null);
+                let before = before::caller_view(&task, &r, public);
+                assert_eq!(typed, before);
+                assert_eq!(typed.to_string(), before.to_string(), "byte for byte");
+            }
+            for workflow in [None, Some(&w)] {
+                let typed =
+                    serde_json::to_value(TaskView::of(&task, &r, workflow)).unwrap_or(Value::Null);
+                let before = before::task_view(&task, &r, workflow);
+                assert_eq!(typed, before);
+                assert_eq!(typed.to_string(), before.to_string(), "byte for byte");
+            }
+        }
+    }
+
+    #[test]
+    fn a_caller_sees_errors_only_if_the_workflow_makes_them_public() {
+        let (task, r, _) = task_and_record();
+        let view = |public| {
+            serde_json::to_value(CallerTaskView::of(&task, &r, public)).unwrap_or(Value::Null)
+        };
+        let private = view(false);
+        for hidden in [
+            "lastError",
+            "lockedBy",
+            "attempt",
+            "failureCount",
+            "completeBy",
+            "caller",
+        ] {
+            assert!(private.get(hidden).is_none(), "{hidden}: {private}");
+        }
+        assert!(private["history"][0].get("reason").is_none(), "{private}");
+        assert!(
+            !private.to_string().contains("internal.example"),
+            "{private}"
+        );
+        let public = view(true);
+        assert_eq!(public["lastError"], json!(r.last_error), "{public}");
+        assert_eq!(public["history"][0]["reason"], "received", "{public}");
+        assert!(public.get("lockedBy").is_none(), "{public}");
+        // The operator sees everything.
+        let ops = serde_json::to_value(TaskView::of(&task, &r, None)).unwrap_or(Value::Null);
+        assert_eq!(ops["lockedBy"], "scheduler-1");
+        assert_eq!(ops["caller"], "alice");
+    }
+
+    #[test]
+    fn a_view_decodes_back_into_its_type() {
+        for (task, r, w) in shapes() {
+            let view = TaskView::of(&task, &r, Some(&w));
+            let text = serde_json::to_string(&view).unwrap_or_default();
+            let back: Result<TaskView, _> = serde_json::from_str(&text);
+            assert_eq!(back.ok(), Some(view));
+        }
+    }
+}
