@@ -175,13 +175,7 @@ fn lambda_client(endpoint: &str) -> aws_sdk_lambda::Client {
 
 /// The operator's view of a task (with sas's internals: failure counts, attempts).
 async fn task(http: &reqwest::Client, base: &str, id: &str) -> Value {
-    http.get(format!("{base}/operator/tasks/{id}"))
-        .send()
-        .await
-        .expect("GET")
-        .json()
-        .await
-        .expect("JSON")
+    sas_blackbox::get_json(http, &format!("{base}/operator/tasks/{id}")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,18 +9,11 @@ use sas::local::System;
 use sas::remote::Faults;
 use sas::{ProcessState, StepStatus, TaskId};
 use sas_blackbox::{
-    ECOMMERCE, LOAN, assert_valid, aws_system, drain, manual_settings, net, order_input, post_task,
+    ECOMMERCE, LOAN, aws_system, drain, manual_settings, net, order_input, post_task,
     pump_until_quiet, state, submit_loan, subscribe, wait_for_messages,
 };
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-
-fn refuse(actions: &[&str]) -> Faults {
-    Faults {
-        refuse_actions: actions.iter().map(|a| a.to_string()).collect(),
-        ..Faults::default()
-    }
-}
 
 /// A queue of the submitting application (named as the deployment's reply-queue pattern and
 /// the IAM policies require).
@@ -97,10 +90,7 @@ async fn sasctl_at(ops: &sasctl::Client, args: &[&str]) -> (i32, String, String)
 /// A served in-memory system (manual compensation) where the bank refuses every payout, with
 /// `n` loans waiting in Error past their pivot, and an operator client.
 async fn loans_in_error(n: usize) -> (System, sasctl::Client, Vec<TaskId>) {
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("core-banking".into(), refuse(&["disburse-funds"]));
+    let settings = sas_blackbox::faulty("core-banking", sas_blackbox::refuse(&["disburse-funds"]));
     let mut system = sas_blackbox::memory_system(settings).await;
     let ops = operator(&mut system).await;
     let mut loans = Vec::new();
@@ -156,29 +146,17 @@ fn refused(r: &Result<sasctl::TaskView, sasctl::ClientError>, want: u16, want_co
 
 #[tokio::test]
 async fn a_permanent_fault_at_step_three_undoes_steps_two_then_one_each_once() {
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("shipping".into(), refuse(&["arrange-shipping"]));
+    let settings = sas_blackbox::faulty("shipping", sas_blackbox::refuse(&["arrange-shipping"]));
     let (system, _clock) = aws_system("compensate", settings).await;
     let bus = subscribe(&system, &["TaskFailed", "TaskCompensated", "TaskRefused"]).await;
     let client = client_queue(&system).await;
     let id = submit_to(&system, Some(&client)).await;
     pump_until_quiet(&system, 30).await;
 
-    let r = state(&system, id).await;
-    assert_eq!(r.process_state, ProcessState::Refused, "{r:?}");
-    assert_valid(&system, &r).await;
-    assert_eq!(r.steps[2].status, StepStatus::Failed);
-    assert_eq!(r.steps[2].undo, None, "a refused step has nothing to undo");
+    let r = sas_blackbox::refused_at(&system, id, 2).await;
     assert_eq!(r.steps[1].undo, Some(StepStatus::Done));
     assert_eq!(r.steps[0].undo, Some(StepStatus::Done));
-    let undone: Vec<_> = r
-        .history
-        .iter()
-        .filter(|h| h.reason.starts_with("undone"))
-        .filter_map(|h| h.step.clone())
-        .collect();
+    let undone = sas_blackbox::undone_steps(&r);
     assert_eq!(
         undone,
         ["charge-payment", "reserve-inventory"],
@@ -263,13 +241,12 @@ async fn a_permanent_fault_at_step_three_undoes_steps_two_then_one_each_once() {
 #[tokio::test]
 async fn a_failing_undo_ends_in_compensation_failed_with_an_alert_and_an_operator_retry_finishes_it()
  {
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("shipping".into(), refuse(&["arrange-shipping"]));
-    settings
-        .faults
-        .insert("inventory".into(), refuse(&["release-inventory"]));
+    let mut settings =
+        sas_blackbox::faulty("shipping", sas_blackbox::refuse(&["arrange-shipping"]));
+    settings.faults.insert(
+        "inventory".into(),
+        sas_blackbox::refuse(&["release-inventory"]),
+    );
     let (mut system, _clock) = aws_system("undofails", settings).await;
     let alerts = subscribe(&system, &["TaskCompensationFailed"]).await;
     let id = submit_to(&system, None).await;
@@ -328,10 +305,7 @@ async fn a_failing_undo_ends_in_compensation_failed_with_an_alert_and_an_operato
 async fn operator_retry_of_an_error_task_reaches_processed_and_two_concurrent_retries_start_one() {
     // A refusal past the loan's pivot (the contract is signed) cannot be compensated: the task
     // waits in Error for a person.
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("core-banking".into(), refuse(&["disburse-funds"]));
+    let settings = sas_blackbox::faulty("core-banking", sas_blackbox::refuse(&["disburse-funds"]));
     let (mut system, _clock) = aws_system("opretry", settings).await;
     let id = submit_loan(&system).await;
     pump_until_quiet(&system, 30).await;
@@ -695,6 +669,17 @@ async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_clos
     assert_eq!(b.state, BreakerState::Closed { failures: 0 });
 }
 
+/// Sends `message` to the scheduler's work queue, visible at once.
+async fn send_work(system: &System, message: &sas::messages::SchedulerMessage) {
+    let body = serde_json::to_string(message).expect("json");
+    let url = &system.resources.work_queue_url;
+    system
+        .queue
+        .send(url, &body, Duration::ZERO)
+        .await
+        .expect("send");
+}
+
 #[tokio::test]
 async fn a_wait_longer_than_sqs_allows_is_sent_on_until_it_is_due() {
     use sas::messages::{SchedulerMessage, WorkMessage};
@@ -706,15 +691,7 @@ async fn a_wait_longer_than_sqs_allows_is_sent_on_until_it_is_due() {
         task_id: id,
         not_before: Some(later),
     });
-    system
-        .queue
-        .send(
-            &system.resources.work_queue_url,
-            &serde_json::to_string(&early).expect("json"),
-            Duration::ZERO,
-        )
-        .await
-        .expect("send");
+    send_work(&system, &early).await;
     assert_eq!(system.pump_scheduler().await.expect("poll"), 1);
     let r = state(&system, id).await;
     assert_eq!(
@@ -732,15 +709,7 @@ async fn a_wait_longer_than_sqs_allows_is_sent_on_until_it_is_due() {
         task_id: id,
         not_before: Some(chrono::Utc::now() - chrono::Duration::seconds(1)),
     });
-    system
-        .queue
-        .send(
-            &system.resources.work_queue_url,
-            &serde_json::to_string(&due).expect("json"),
-            Duration::ZERO,
-        )
-        .await
-        .expect("send");
+    send_work(&system, &due).await;
     system.pump_scheduler().await.expect("poll");
     assert_eq!(
         state(&system, id).await.process_state,
@@ -754,10 +723,7 @@ async fn a_wait_longer_than_sqs_allows_is_sent_on_until_it_is_due() {
 
 #[tokio::test]
 async fn sasctl_show_renders_a_failed_tasks_steps_and_history() {
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("core-banking".into(), refuse(&["disburse-funds"]));
+    let settings = sas_blackbox::faulty("core-banking", sas_blackbox::refuse(&["disburse-funds"]));
     let (mut system, _clock) = aws_system("show", settings).await;
     let id = submit_loan(&system).await;
     pump_until_quiet(&system, 30).await;
@@ -1048,9 +1014,10 @@ async fn expires_at(system: &System, id: TaskId, sk: &str) -> Option<i64> {
 async fn final_tasks_expire_after_the_retention_and_tasks_waiting_for_an_operator_never() {
     let mut settings = manual_settings();
     settings.retention = Some(chrono::Duration::days(90));
-    settings
-        .faults
-        .insert("core-banking".into(), refuse(&["disburse-funds"]));
+    settings.faults.insert(
+        "core-banking".into(),
+        sas_blackbox::refuse(&["disburse-funds"]),
+    );
     let (system, _clock) = aws_system("retention", settings).await;
     let processed = sas_blackbox::submit_ok(&system).await;
     let stuck = submit_loan(&system).await;

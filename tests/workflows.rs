@@ -93,14 +93,7 @@ async fn start(http: &reqwest::Client, base: &str, input: &Value) -> (u16, Value
 async fn finished(http: &reqwest::Client, base: &str, id: &str, within: Duration) -> Value {
     let until = Instant::now() + within;
     loop {
-        let v: Value = http
-            .get(format!("{base}/tasks/{id}"))
-            .send()
-            .await
-            .expect("GET")
-            .json()
-            .await
-            .expect("JSON");
+        let v: Value = sas_blackbox::get_json(http, &format!("{base}/tasks/{id}")).await;
         let state = v["processState"].as_str().unwrap_or_default();
         if [
             "Processed",
@@ -124,15 +117,7 @@ fn result_id(task: &Value, step: usize) -> Value {
 
 /// Every request a task's keys brought to a simulated service: (action, input).
 fn requests(system: &System, service: &str, task: &str) -> Vec<(String, Value)> {
-    system
-        .services
-        .get(service)
-        .stats()
-        .requests
-        .into_iter()
-        .filter(|a| a.key.starts_with(task))
-        .map(|a| (a.action, a.input))
-        .collect()
+    sas_blackbox::requests(system, service, task)
 }
 
 async fn publish(http: &reqwest::Client, base: &str, workflow: &Value) -> (u16, Value) {
@@ -313,14 +298,11 @@ async fn a_running_task_finishes_on_its_version(system: &System, base: &str, wit
     );
 
     // Both versions stay readable, unchanged.
-    let old: Value = http
-        .get(format!("{base}/workflows/insurance-claim/versions/{v1}"))
-        .send()
-        .await
-        .expect("GET")
-        .json()
-        .await
-        .expect("JSON");
+    let old: Value = sas_blackbox::get_json(
+        &http,
+        &format!("{base}/workflows/insurance-claim/versions/{v1}"),
+    )
+    .await;
     assert_eq!(
         old["definition"]["steps"][3]["service"], "notifier",
         "{old}"
@@ -364,14 +346,7 @@ async fn bad_definitions_and_inputs_name_the_place(system: &System, base: &str) 
             "{at} / {words}: {body}"
         );
     }
-    let listed: Value = http
-        .get(format!("{base}/workflows"))
-        .send()
-        .await
-        .expect("GET")
-        .json()
-        .await
-        .expect("JSON");
+    let listed: Value = sas_blackbox::get_json(&http, &format!("{base}/workflows")).await;
     let latest = listed["workflows"]
         .as_array()
         .expect("list")
