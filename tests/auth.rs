@@ -148,10 +148,7 @@ async fn serve_limited(
     settings.operator_auth = operator;
     settings.rate_limit = rate_limit;
     let mut system = memory_system(settings).await;
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serves");
+    let addr = sas_blackbox::serve_system(&mut system).await;
     let api = Api {
         base: format!("http://{addr}"),
         http: reqwest::Client::new(),

@@ -16,10 +16,7 @@ async fn showcase() -> (System, SocketAddr, BTreeMap<ProcessState, Vec<sas::Task
     let tasks = sas::local::showcase::tasks_in_every_state(&system)
         .await
         .expect("tasks in every state");
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serves");
+    let addr = sas_blackbox::serve_system(&mut system).await;
     (system, addr, tasks)
 }
 

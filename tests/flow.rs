@@ -107,10 +107,7 @@ async fn one_step_request(system: &System, what: &str) -> (String, StepRequest) 
 async fn a_task_submitted_over_http_runs_to_processed_with_every_step_once() {
     let (mut system, _clock) = aws_system("happy", manual_settings()).await;
     let events = subscribe(&system, &["TaskProcessed", "TaskFailed"]).await;
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serve");
+    let addr = sas_blackbox::serve_system(&mut system).await;
     system.start();
     let http = reqwest::Client::new();
     let resp = http

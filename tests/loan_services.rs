@@ -15,7 +15,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use sas::aws::AwsCredentials;
 use sas::catalog;
-use sas::local::{Backend, Settings, System};
+use sas::local::Settings;
 use sas::ports::SystemClock;
 use sas::remote::{Faults, SimulatedService, router};
 use sas_blackbox::{loan_input, sdk_config, serve_loopback, unique};
@@ -229,9 +229,7 @@ async fn the_loan_runs_on_two_http_services_and_a_lambda_with_a_callback_through
     settings.breaker.threshold = 3;
     settings.breaker.cooldown = chrono::Duration::milliseconds(500);
     settings.breaker.probe_window = chrono::Duration::seconds(1);
-    let mut system = System::new(Backend::Memory, settings, Arc::new(SystemClock))
-        .await
-        .expect("system");
+    let mut system = sas_blackbox::memory_system(settings).await;
     let addr = system
         .serve(SocketAddr::from(([127, 0, 0, 1], 0)))
         .await

@@ -228,13 +228,8 @@ async fn serve(api: LocalAuth, operator: LocalAuth) -> (System, SocketAddr) {
         operator_auth: operator,
         ..Settings::default()
     };
-    let mut system = System::new(Backend::Memory, settings, Arc::new(SystemClock))
-        .await
-        .expect("system");
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serves");
+    let mut system = sas_blackbox::memory_system(settings).await;
+    let addr = sas_blackbox::serve_system(&mut system).await;
     (system, addr)
 }
 
@@ -548,9 +543,7 @@ async fn a_credential_outside_the_secrets_prefix_is_never_read() {
     .expect("settings");
     settings.definitions = files;
     settings.credentials = profile.clone();
-    let system = System::new(Backend::Memory, settings, Arc::new(SystemClock))
-        .await
-        .expect("system");
+    let system = sas_blackbox::memory_system(settings).await;
     let id = submit_ok(&system).await;
     // The inventory step runs with its token; the payment step's credential is refused, so
     // the payment step is deferred, as a misconfigured service's (or, unfixed, the task goes

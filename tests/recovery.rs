@@ -60,10 +60,7 @@ fn effects(system: &System, service: &str, id: TaskId) -> (Vec<i32>, Vec<(String
 
 /// Serves the system's API (operator routes on) and returns `sasctl`'s client for it.
 async fn operator(system: &mut System) -> sasctl::Client {
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serves");
+    let addr = sas_blackbox::serve_system(system).await;
     sasctl::Client::new(format!("http://{addr}/operator").parse().expect("url")).expect("client")
 }
 

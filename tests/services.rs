@@ -9,7 +9,6 @@ use sas::ProcessState;
 use sas::aws::AwsCredentials;
 use sas::catalog;
 use sas::domain::workflow::CredentialSource;
-use sas::local::{Backend, System};
 use sas::ports::SystemClock;
 use sas::remote::{Credentials, Faults, SimulatedService, router};
 use sas_blackbox::{
@@ -132,9 +131,7 @@ async fn a_task_runs_on_http_services_with_a_rotated_bearer_token() {
         credentials: Arc::new(AwsCredentials::from_config(&config)),
         ..manual_settings()
     };
-    let system = System::new(Backend::Memory, settings, Arc::new(SystemClock))
-        .await
-        .expect("system");
+    let system = sas_blackbox::memory_system(settings).await;
 
     let first = submit_ok(&system).await;
     pump_until_quiet(&system, 30).await;

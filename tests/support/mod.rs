@@ -184,6 +184,14 @@ pub async fn memory_system(settings: Settings) -> System {
         .expect("an in-memory system builds")
 }
 
+/// Serves `system`'s APIs on a free loopback port; the address.
+pub async fn serve_system(system: &mut System) -> std::net::SocketAddr {
+    system
+        .serve("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("serves")
+}
+
 /// A fresh queue on the emulator subscribed to the system's bus for the given detail types.
 pub async fn subscribe(system: &System, detail_types: &[&str]) -> String {
     let config = sdk_config().await;
