@@ -193,9 +193,7 @@ async fn the_undo_of_a_step_in_flight_waits_call_timeout_plus_the_margin() {
     system.pump_scheduler().await.expect("too early");
     system.pump_agents().await.expect("nothing to call");
     assert_eq!(
-        net(&system, "payment", id)
-            .into_values()
-            .collect::<Vec<_>>(),
+        payment_net(&system, id),
         [1],
         "refunded before deadline + {wait}"
     );
@@ -208,13 +206,7 @@ async fn the_undo_of_a_step_in_flight_waits_call_timeout_plus_the_margin() {
     clock.advance(chrono::Duration::seconds(2));
     nudge(&system, id).await;
     pump_until_quiet(&system, 20).await;
-    assert_eq!(
-        net(&system, "payment", id)
-            .into_values()
-            .collect::<Vec<_>>(),
-        [0],
-        "refunded once due"
-    );
+    assert_eq!(payment_net(&system, id), [0], "refunded once due");
     assert_eq!(
         state(&system, id).await.process_state,
         ProcessState::Compensated
@@ -256,6 +248,21 @@ async fn call(
     )
 }
 
+/// `POST`s `order` to the e-commerce workflow's task route with `headers`.
+async fn submit_order(
+    addr: SocketAddr,
+    headers: &[(&str, &str)],
+    order: &str,
+) -> (StatusCode, Value) {
+    let path = "/workflows/ecommerce-order/tasks";
+    call(addr, reqwest::Method::POST, path, headers, order).await
+}
+
+/// The net effects the payment service holds for task `id`.
+fn payment_net(system: &System, id: sas::TaskId) -> Vec<i32> {
+    net(system, "payment", id).into_values().collect()
+}
+
 fn tasks_held(system: &System) -> usize {
     system.memory.as_ref().expect("memory").0.all_states().len()
 }
@@ -276,14 +283,7 @@ async fn a_request_for_another_host_is_refused() {
         // The right name on another port is another origin.
         format!("localhost:{}", port.wrapping_add(1)),
     ] {
-        let (status, body) = call(
-            addr,
-            reqwest::Method::POST,
-            "/workflows/ecommerce-order/tasks",
-            &[("host", &host), json_type],
-            &order,
-        )
-        .await;
+        let (status, body) = submit_order(addr, &[("host", &host), json_type], &order).await;
         assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{host}: {body}");
         assert_eq!(body["error"]["code"], "misdirected_request", "{body}");
         assert!(
@@ -309,14 +309,7 @@ async fn a_request_for_another_host_is_refused() {
         format!("LocalHost:{port}"),
         format!("127.0.0.1:{port}"),
     ] {
-        let (status, body) = call(
-            addr,
-            reqwest::Method::POST,
-            "/workflows/ecommerce-order/tasks",
-            &[("host", &host), json_type],
-            &order,
-        )
-        .await;
+        let (status, body) = submit_order(addr, &[("host", &host), json_type], &order).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{host}: {body}");
     }
     assert_eq!(tasks_held(&system), 3);
@@ -356,10 +349,8 @@ async fn a_post_whose_body_is_not_declared_json_is_refused() {
     }
     assert_eq!(tasks_held(&system), 0, "nothing written");
     // A cross-origin browser request is refused whatever it declares.
-    let (status, body) = call(
+    let (status, body) = submit_order(
         addr,
-        reqwest::Method::POST,
-        "/workflows/ecommerce-order/tasks",
         &[
             ("content-type", "application/json"),
             ("origin", "https://evil.example"),
@@ -380,14 +371,7 @@ async fn a_post_whose_body_is_not_declared_json_is_refused() {
             ("origin", own.as_str()),
         ],
     ] {
-        let (status, body) = call(
-            addr,
-            reqwest::Method::POST,
-            "/workflows/ecommerce-order/tasks",
-            &headers,
-            &order,
-        )
-        .await;
+        let (status, body) = submit_order(addr, &headers, &order).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{headers:?}: {body}");
     }
 }
@@ -412,10 +396,8 @@ async fn the_operator_api_needs_authentication_whenever_the_task_api_does() {
         )
         .expect("token");
     let bearer = format!("Bearer {token}");
-    let (status, body) = call(
+    let (status, body) = submit_order(
         addr,
-        reqwest::Method::POST,
-        "/workflows/ecommerce-order/tasks",
         &[
             ("content-type", "application/json"),
             ("authorization", &bearer),
