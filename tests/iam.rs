@@ -217,22 +217,9 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     // The services: inventory a Lambda function, payment an HTTP service with a bearer token in
     // Secrets Manager, shipping one with an API key in SSM (names under the stage's prefix).
     let secret = format!("sas/{stage}/payment-token");
-    aws_sdk_secretsmanager::Client::new(&config)
-        .create_secret()
-        .name(&secret)
-        .secret_string("t0ken")
-        .send()
-        .await
-        .expect("secret");
+    sas_blackbox::put_secret(&config, &secret, "t0ken").await;
     let parameter = format!("/sas/{stage}/shipping-key");
-    aws_sdk_ssm::Client::new(&config)
-        .put_parameter()
-        .name(&parameter)
-        .value("k3y")
-        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
-        .send()
-        .await
-        .expect("parameter");
+    sas_blackbox::put_parameter(&config, &parameter, "k3y").await;
     let clock: Arc<dyn Clock> = f.clock.clone();
     let payment = Arc::new(SimulatedService::new(
         "payment",

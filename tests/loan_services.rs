@@ -182,13 +182,7 @@ async fn task(http: &reqwest::Client, base: &str, id: &str) -> Value {
 async fn the_loan_runs_on_two_http_services_and_a_lambda_with_a_callback_through_a_401_window() {
     let config = sdk_config().await;
     let secret = format!("sas/test/{}", unique("bureau"));
-    aws_sdk_secretsmanager::Client::new(&config)
-        .create_secret()
-        .name(&secret)
-        .secret_string("bureau-t0ken")
-        .send()
-        .await
-        .expect("create the secret");
+    sas_blackbox::put_secret(&config, &secret, "bureau-t0ken").await;
     let bureau_calls = Arc::new(AtomicUsize::new(0));
     let (_, bureau) = credit_bureau("bureau-t0ken".into(), bureau_calls.clone()).await;
     let bank = Arc::new(Bank::default());

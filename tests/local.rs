@@ -19,10 +19,8 @@ use sas::config::{self, PolicyDefaults, Vars};
 use sas::domain::workflow::CredentialSource;
 use sas::local::auth::{JwtCheck, LocalAuth, TestIssuer};
 use sas::local::{Backend, Settings, System};
-use sas::ports::{Clock, OffsetClock, SystemClock};
-use sas::remote::{
-    CredentialError, Credentials, Faults, MemoryCredentials, Secret, SimulatedService, router,
-};
+use sas::ports::{Clock, OffsetClock};
+use sas::remote::{CredentialError, Credentials, MemoryCredentials, Secret};
 use sas::{ProcessState, StepStatus};
 use sas_blackbox::{net, order_input, pump_until_quiet, serve_loopback, state, submit_ok};
 use serde_json::{Value, json};
@@ -451,15 +449,7 @@ async fn recording(seen: Arc<Mutex<Vec<String>>>) -> String {
         }
         next.run(req).await
     }
-    let mut app = axum::Router::new();
-    for name in ["inventory", "payment", "shipping"] {
-        let sim = Arc::new(SimulatedService::new(
-            name,
-            Faults::default(),
-            Arc::new(SystemClock),
-        ));
-        app = app.nest(&format!("/{name}"), router(sim));
-    }
+    let app = sas_blackbox::simulated_services(&["inventory", "payment", "shipping"]);
     serve_loopback(app.layer(middleware::from_fn_with_state(seen, record))).await
 }
 

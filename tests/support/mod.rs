@@ -192,6 +192,44 @@ pub async fn serve_system(system: &mut System) -> std::net::SocketAddr {
         .expect("serves")
 }
 
+/// Creates the secret `name` holding `value` on the emulator.
+pub async fn put_secret(config: &aws_config::SdkConfig, name: &str, value: &str) {
+    aws_sdk_secretsmanager::Client::new(config)
+        .create_secret()
+        .name(name)
+        .secret_string(value)
+        .send()
+        .await
+        .expect("create the secret");
+}
+
+/// Stores the SecureString parameter `name` holding `value` on the emulator.
+pub async fn put_parameter(config: &aws_config::SdkConfig, name: &str, value: &str) {
+    aws_sdk_ssm::Client::new(config)
+        .put_parameter()
+        .name(name)
+        .value(value)
+        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+        .send()
+        .await
+        .expect("put the parameter");
+}
+
+/// Simulated services (no faults, the system clock) under `/{name}` each, as one router.
+pub fn simulated_services(names: &[&str]) -> axum::Router {
+    let mut app = axum::Router::new();
+    for &name in names {
+        let clock = Arc::new(sas::ports::SystemClock);
+        let sim = Arc::new(sas::remote::SimulatedService::new(
+            name,
+            sas::remote::Faults::default(),
+            clock,
+        ));
+        app = app.nest(&format!("/{name}"), sas::remote::router(sim));
+    }
+    app
+}
+
 /// A fresh queue on the emulator subscribed to the system's bus for the given detail types.
 pub async fn subscribe(system: &System, detail_types: &[&str]) -> String {
     let config = sdk_config().await;
