@@ -21,12 +21,7 @@ use std::time::Duration;
 /// and nothing else took effect for it.
 async fn assert_each_step_once(system: &System, id: TaskId) {
     let r = state(system, id).await;
-    let w = system
-        .definitions
-        .workflow(&r.workflow, r.workflow_version)
-        .await
-        .expect("catalog")
-        .expect("published");
+    let w = sas_blackbox::workflow_of(system, &r).await;
     let mut total = 0;
     for step in &w.steps {
         let key = format!("{id}:{}:{}", step.name, step.action);

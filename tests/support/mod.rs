@@ -471,13 +471,27 @@ pub async fn state(system: &System, id: TaskId) -> StateRecord {
 
 /// The policies of the workflow version a record runs on.
 pub async fn policies(system: &System, r: &StateRecord) -> Policies {
+    workflow_of(system, r).await.policies()
+}
+
+/// The workflow version a record runs on (it must be published).
+pub async fn workflow_of(system: &System, r: &StateRecord) -> Arc<sas::Workflow> {
     system
         .definitions
         .workflow(&r.workflow, r.workflow_version)
         .await
         .expect("the catalog answers")
         .unwrap_or_else(|| panic!("{} v{} is published", r.workflow, r.workflow_version))
-        .policies()
+}
+
+/// The newest published version of workflow `name`.
+pub async fn latest_workflow(system: &System, name: &str) -> Arc<sas::Workflow> {
+    system
+        .definitions
+        .latest(name)
+        .await
+        .expect("the catalog answers")
+        .unwrap_or_else(|| panic!("no workflow {name}"))
 }
 
 /// Asserts every invariant of the record under its workflow's policies.
