@@ -546,12 +546,7 @@ async fn invoke_submission(system: &System, entry: &Entry, json: Value, subject:
         // The stored input is the body as sent.
         let sent: Value =
             serde_json::from_str(json["body"].as_str().expect("a body")).expect("a JSON body");
-        let (task, _) = system
-            .store
-            .get(id)
-            .await
-            .expect("read")
-            .expect("the task is stored");
+        let (task, _) = sas_blackbox::task_and_state(system, id).await;
         assert_eq!(task.input, sent, "the stored input");
     }
     if x.replay {
@@ -836,12 +831,7 @@ async fn check_message(system: &System, name: &str, body: &str, subject: &Subjec
                 .task
                 .expect("a step request concerns the subject task");
             assert_eq!(q.task_id, id, "step request's task");
-            let (task, r) = system
-                .store
-                .get(id)
-                .await
-                .expect("read")
-                .expect("the task exists");
+            let (task, r) = sas_blackbox::task_and_state(system, id).await;
             let w = sas_blackbox::workflow_of(system, &r).await;
             let step = w.step(r.step_index).expect("a current step");
             assert_eq!(

@@ -1214,7 +1214,7 @@ async fn sasctl_retry_with_a_new_input_reruns_the_refused_step_on_it() {
         format!("retry {id_text} --reason 'the applicant lowered the amount' --input {new_input}");
     let (code, text) = sasctl_text(&ops, &words(&line)).await;
     assert_eq!(code, 0, "{text}");
-    let (task, r) = system.store.get(id).await.expect("read").expect("found");
+    let (task, r) = sas_blackbox::task_and_state(&system, id).await;
     assert_eq!(task.input, new_input);
     assert_eq!(r.process_state, ProcessState::Pending);
     assert_eq!(r.steps[3].generation, 1, "a new key for the new body");

@@ -469,6 +469,16 @@ pub async fn state(system: &System, id: TaskId) -> StateRecord {
         .expect("record exists")
 }
 
+/// The task `id` and its state record (both must exist).
+pub async fn task_and_state(system: &System, id: TaskId) -> (sas::Task, StateRecord) {
+    system
+        .store
+        .get(id)
+        .await
+        .expect("read")
+        .expect("the task exists")
+}
+
 /// The policies of the workflow version a record runs on.
 pub async fn policies(system: &System, r: &StateRecord) -> Policies {
     workflow_of(system, r).await.policies()
