@@ -106,6 +106,12 @@ async fn task_api(system: &System, method: Method, path: &str, body: &Value) -> 
         .await
 }
 
+/// A `POST` of `body` to `path` on the operator API (`operator`) or the task API, in the
+/// caller's role.
+async fn post(system: &System, operator: bool, path: &str, body: &Value) -> (u16, Value) {
+    call(system, operator, Method::POST, path, &[], body).await
+}
+
 /// A `GET` of `path` on the operator API (`operator`) or the task API, in the caller's role.
 async fn get(system: &System, operator: bool, path: &str) -> (u16, Value) {
     call(system, operator, Method::GET, path, &[], &Value::Null).await
@@ -314,7 +320,7 @@ async fn every_call_is_granted_and_every_grant_is_used() {
             ),
             ("/services/shipping/resume", json!({})),
         ] {
-            let (status, answer) = call(&operator, true, Method::POST, path, &[], &body).await;
+            let (status, answer) = post(&operator, true, path, &body).await;
             assert_eq!(status, 200, "{path}: {answer}");
             assert_eq!(answer["changed"], true, "{answer}");
         }
@@ -366,12 +372,10 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         let (status, _) = get(&submitter, false, "/tasks").await;
         assert_eq!(status, 200);
         let unknown = uuid::Uuid::new_v4();
-        let (status, _) = call(
+        let (status, _) = post(
             &submitter,
             false,
-            Method::POST,
             &format!("/tasks/{unknown}/callbacks/x"),
-            &[],
             &json!({"status": "heartbeat"}),
         )
         .await;
@@ -447,12 +451,10 @@ async fn every_call_is_granted_and_every_grant_is_used() {
                 let (status, _) = get(system, true, &format!("/tasks/{id}")).await;
                 assert_eq!(status, 200);
             }
-            let (status, body) = call(
+            let (status, body) = post(
                 system,
                 op,
-                Method::POST,
                 &format!("/tasks/{id}/cancel"),
-                &[],
                 &json!({"reason": "test"}),
             )
             .await;

@@ -426,12 +426,7 @@ async fn the_operator_api_needs_authentication_whenever_the_task_api_does() {
             );
         }
     }
-    let r = system
-        .store
-        .get_state(id.parse().expect("uuid"))
-        .await
-        .expect("read")
-        .expect("the task");
+    let r = sas_blackbox::state(&system, id.parse().expect("uuid")).await;
     assert_eq!(r.process_state, ProcessState::Pending, "not cancelled");
 }
 

@@ -1190,6 +1190,11 @@ async fn version(
     catalog.definition(kind, name, version).await.expect("read")
 }
 
+/// What a publish answers: the version, and whether it is new.
+fn published(version: u32, created: bool) -> Published {
+    Published { version, created }
+}
+
 fn definition_body(name: &str, description: &str) -> Value {
     json!({
         "name": name,
@@ -1207,10 +1212,7 @@ async fn versions_are_dense_and_never_change(catalog: &dyn Catalog) {
     let v1 = definition_body(&name, "first");
     assert_eq!(
         publish(catalog, kind, &name, &v1, t1).await,
-        Published {
-            version: 1,
-            created: true
-        }
+        published(1, true)
     );
     // The same definition (written with its keys in another order) is the same version.
     let reordered: Value = serde_json::from_str(&format!(
@@ -1220,10 +1222,7 @@ async fn versions_are_dense_and_never_change(catalog: &dyn Catalog) {
     let t2 = to_millis(Utc::now() - Span::seconds(20));
     assert_eq!(
         publish(catalog, kind, &name, &reordered, t2).await,
-        Published {
-            version: 1,
-            created: false
-        }
+        published(1, false)
     );
     let first = version(catalog, kind, &name, Some(1)).await.expect("v1");
     assert_eq!(
@@ -1240,10 +1239,7 @@ async fn versions_are_dense_and_never_change(catalog: &dyn Catalog) {
     let v2 = definition_body(&name, "second");
     assert_eq!(
         publish(catalog, kind, &name, &v2, t2).await,
-        Published {
-            version: 2,
-            created: true
-        }
+        published(2, true)
     );
     let newest = version(catalog, kind, &name, None).await.expect("newest");
     assert_eq!((newest.version, &newest.body), (2, &v2));
@@ -1252,10 +1248,7 @@ async fn versions_are_dense_and_never_change(catalog: &dyn Catalog) {
     let t3 = to_millis(Utc::now() - Span::seconds(10));
     assert_eq!(
         publish(catalog, kind, &name, &v1, t3).await,
-        Published {
-            version: 3,
-            created: true
-        }
+        published(3, true)
     );
     // A published version never changes.
     assert_eq!(
@@ -1309,10 +1302,7 @@ async fn kinds_are_separate(catalog: &dyn Catalog) {
     }
     assert_eq!(
         publish(catalog, Kind::Service, &name, &service, now).await,
-        Published {
-            version: 1,
-            created: true
-        },
+        published(1, true),
         "a service's versions are its own"
     );
     assert_eq!(
