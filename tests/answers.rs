@@ -7,8 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use sas::catalog;
-use sas::local::{Backend, System};
-use sas::ports::SystemClock;
+use sas::local::System;
 use sas::{ProcessState, StepStatus};
 use sas_blackbox::{manual_settings, pump_until_quiet, serve_loopback, state, submit_task};
 use serde_json::{Value, json};
@@ -84,9 +83,7 @@ async fn loud_system(sent: Arc<AtomicUsize>) -> System {
         definitions: with_payment(&format!("{{type: http, baseUrl: \"{base}\"}}")),
         ..manual_settings()
     };
-    System::new(Backend::Memory, settings, Arc::new(SystemClock))
-        .await
-        .expect("system")
+    sas_blackbox::memory_system(settings).await
 }
 
 /// Asserts that `r` fits well within DynamoDB's item limit and its history lines are short.
@@ -191,9 +188,7 @@ async fn a_404_on_one_tasks_path_stops_that_task_with_an_alert_and_stalls_no_oth
     settings.policy.step_timeout = chrono::Duration::seconds(1);
     settings.breaker.threshold = 3;
     settings.breaker.read_cache = chrono::Duration::zero();
-    let system = System::new(Backend::Memory, settings, Arc::new(SystemClock))
-        .await
-        .expect("system");
+    let system = sas_blackbox::memory_system(settings).await;
     let (_, _, bus) = system.memory.clone().expect("in memory");
 
     let ghost = submit_task(&system, "ecommerce-order", &order("ghost")).await;

@@ -75,6 +75,21 @@ impl Api {
             serde_json::from_str(&text).unwrap_or(Value::String(text)),
         )
     }
+
+    async fn get(&self, cred: &Cred, path: &str) -> (StatusCode, Value) {
+        self.call(cred, Method::GET, path, &[], None).await
+    }
+
+    async fn post(
+        &self,
+        cred: &Cred,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> (StatusCode, Value) {
+        self.call(cred, Method::POST, path, headers, Some(body))
+            .await
+    }
 }
 
 /// SigV4 headers for a request, as `awscurl` or an SDK would make them.
@@ -119,14 +134,21 @@ fn sign(
 
 /// A memory system served on loopback with the given authorizers.
 async fn serve(api: LocalAuth, operator: LocalAuth) -> (System, Api) {
+    serve_limited(api, operator, None).await
+}
+
+/// A memory system served on loopback with the given authorizers and rate limit.
+async fn serve_limited(
+    api: LocalAuth,
+    operator: LocalAuth,
+    rate_limit: Option<sas::domain::rate::RateLimit>,
+) -> (System, Api) {
     let mut settings = manual_settings();
     settings.api_auth = api;
     settings.operator_auth = operator;
+    settings.rate_limit = rate_limit;
     let mut system = memory_system(settings).await;
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serves");
+    let addr = sas_blackbox::serve_system(&mut system).await;
     let api = Api {
         base: format!("http://{addr}"),
         http: reqwest::Client::new(),
@@ -143,6 +165,23 @@ async fn task_items(system: &System) -> usize {
         .0
         .all_states()
         .len()
+}
+
+/// A refusal: `want`, with the error code `code`.
+fn assert_error(status: StatusCode, body: &Value, want: StatusCode, code: &str, what: &str) {
+    assert_eq!(status, want, "{what}: {body}");
+    assert_eq!(body["error"]["code"], code, "{body}");
+}
+
+/// A 401 with the code `unauthenticated`.
+fn assert_unauthenticated((status, body): &(StatusCode, Value), what: &str) {
+    assert_error(
+        *status,
+        body,
+        StatusCode::UNAUTHORIZED,
+        "unauthenticated",
+        what,
+    );
 }
 
 fn task_id(body: &Value) -> String {
@@ -166,11 +205,9 @@ async fn callers_are_kept_apart(system: &System, api: &Api, alice: Cred, bob: Cr
         ),
         (Method::GET, "/operator/tasks?state=Pending".to_owned()),
     ] {
-        let (status, body) = api
-            .call(&Cred::Nothing, method.clone(), &path, &[], Some(&order))
-            .await;
-        assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path}: {body}");
-        assert_eq!(body["error"]["code"], "unauthenticated", "{body}");
+        let what = format!("{method} {path}");
+        let answer = api.call(&Cred::Nothing, method, &path, &[], Some(&order));
+        assert_unauthenticated(&answer.await, &what);
     }
     assert_eq!(
         task_items(system).await,
@@ -180,19 +217,11 @@ async fn callers_are_kept_apart(system: &System, api: &Api, alice: Cred, bob: Cr
 
     // Alice's task: hers to read, not Bob's (404, exactly as for no task at all).
     let (status, created) = api
-        .call(
-            &alice,
-            Method::POST,
-            submit,
-            &[("idempotency-key", "k-1")],
-            Some(&order),
-        )
+        .post(&alice, submit, &[("idempotency-key", "k-1")], &order)
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{created}");
     let id = task_id(&created);
-    let (status, mine) = api
-        .call(&alice, Method::GET, &format!("/tasks/{id}"), &[], None)
-        .await;
+    let (status, mine) = api.get(&alice, &format!("/tasks/{id}")).await;
     assert_eq!(status, StatusCode::OK, "{mine}");
     assert_eq!(mine["input"], order);
     for internal in [
@@ -214,30 +243,14 @@ async fn callers_are_kept_apart(system: &System, api: &Api, alice: Cred, bob: Cr
             .is_some_and(|h| h.iter().all(|e| e.get("reason").is_none())),
         "no raw reasons without publicErrors: {mine}"
     );
-    let (status, theirs) = api
-        .call(&bob, Method::GET, &format!("/tasks/{id}"), &[], None)
-        .await;
+    let (status, theirs) = api.get(&bob, &format!("/tasks/{id}")).await;
     let (_, nothing) = api
-        .call(
-            &bob,
-            Method::GET,
-            &format!("/tasks/{}", uuid::Uuid::new_v4()),
-            &[],
-            None,
-        )
+        .get(&bob, &format!("/tasks/{}", uuid::Uuid::new_v4()))
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{theirs}");
     assert_eq!(theirs["error"]["code"], nothing["error"]["code"]);
     // The operator sees it, with sas's internals and its caller.
-    let (status, seen) = api
-        .call(
-            &ops,
-            Method::GET,
-            &format!("/operator/tasks/{id}"),
-            &[],
-            None,
-        )
-        .await;
+    let (status, seen) = api.get(&ops, &format!("/operator/tasks/{id}")).await;
     assert_eq!(status, StatusCode::OK, "{seen}");
     assert_eq!(seen["taskId"], id.as_str());
     assert!(
@@ -251,30 +264,18 @@ async fn callers_are_kept_apart(system: &System, api: &Api, alice: Cred, bob: Cr
 
     // The same key from Bob is Bob's own: a second task. Alice's replay is her first task.
     let (status, bobs) = api
-        .call(
-            &bob,
-            Method::POST,
-            submit,
-            &[("idempotency-key", "k-1")],
-            Some(&order),
-        )
+        .post(&bob, submit, &[("idempotency-key", "k-1")], &order)
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{bobs}");
     assert_ne!(task_id(&bobs), id, "another caller's key is not shared");
     let (status, again) = api
-        .call(
-            &alice,
-            Method::POST,
-            submit,
-            &[("idempotency-key", "k-1")],
-            Some(&order),
-        )
+        .post(&alice, submit, &[("idempotency-key", "k-1")], &order)
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{again}");
     assert_eq!(task_id(&again), id, "a replay of alice's own key");
 
     // Lists: each caller's own tasks only.
-    let (status, list) = api.call(&alice, Method::GET, "/tasks", &[], None).await;
+    let (status, list) = api.get(&alice, "/tasks").await;
     assert_eq!(status, StatusCode::OK, "{list}");
     let ids: Vec<&str> = list["tasks"]
         .as_array()
@@ -292,16 +293,10 @@ async fn callers_are_kept_apart(system: &System, api: &Api, alice: Cred, bob: Cr
         format!("memory://sas/{LOCAL_REPLY_PREFIX}"),
     ] {
         let (status, body) = api
-            .call(
-                &alice,
-                Method::POST,
-                submit,
-                &[("reply-queue-url", &bad)],
-                Some(&order),
-            )
+            .post(&alice, submit, &[("reply-queue-url", &bad)], &order)
             .await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
-        assert_eq!(body["error"]["code"], "invalid_reply_queue_url", "{body}");
+        let code = "invalid_reply_queue_url";
+        assert_error(status, &body, StatusCode::BAD_REQUEST, code, &bad);
     }
     assert_eq!(
         task_items(system).await,
@@ -310,34 +305,18 @@ async fn callers_are_kept_apart(system: &System, api: &Api, alice: Cred, bob: Cr
     );
     let good = format!("memory://sas/{LOCAL_REPLY_PREFIX}shop");
     let (status, body) = api
-        .call(
-            &alice,
-            Method::POST,
-            submit,
-            &[("reply-queue-url", &good)],
-            Some(&order),
-        )
+        .post(&alice, submit, &[("reply-queue-url", &good)], &order)
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
 
     // Bob cannot cancel Alice's task (404); Alice can, and the history names her.
     let cancel = format!("/tasks/{id}/cancel");
     let why = json!({"reason": "ordered twice"});
-    let (status, _) = api.call(&bob, Method::POST, &cancel, &[], Some(&why)).await;
+    let (status, _) = api.post(&bob, &cancel, &[], &why).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    let (status, body) = api
-        .call(&alice, Method::POST, &cancel, &[], Some(&why))
-        .await;
+    let (status, body) = api.post(&alice, &cancel, &[], &why).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    let (_, seen) = api
-        .call(
-            &ops,
-            Method::GET,
-            &format!("/operator/tasks/{id}"),
-            &[],
-            None,
-        )
-        .await;
+    let (_, seen) = api.get(&ops, &format!("/operator/tasks/{id}")).await;
     let last = seen["history"]
         .as_array()
         .and_then(|h| h.last())
@@ -358,22 +337,15 @@ async fn callers_are_kept_apart(system: &System, api: &Api, alice: Cred, bob: Cr
     assert_eq!(cancelled[0]["reason"], "caller cancel: ordered twice");
     // An operator's retry of another task records the operator.
     let (_, other) = api
-        .call(
-            &bob,
-            Method::POST,
-            submit,
-            &[("idempotency-key", "k-2")],
-            Some(&order),
-        )
+        .post(&bob, submit, &[("idempotency-key", "k-2")], &order)
         .await;
     let other = task_id(&other);
     let (status, body) = api
-        .call(
+        .post(
             &ops,
-            Method::POST,
             &format!("/operator/tasks/{other}/cancel"),
             &[],
-            Some(&json!({"reason": "fraud check"})),
+            &json!({"reason": "fraud check"}),
         )
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
@@ -411,22 +383,12 @@ async fn iam_mode_checks_sigv4_and_keeps_callers_apart() {
         },
         user("mallory"),
     ] {
-        let (status, body) = api
-            .call(&Cred::Sign(forged), Method::GET, "/tasks", &[], None)
-            .await;
+        let (status, body) = api.get(&Cred::Sign(forged), "/tasks").await;
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
     }
     // A caller's credentials are no operator's: the operator API needs its own principal,
     // and a bearer token means nothing to SigV4.
-    let (status, _) = api
-        .call(
-            &Cred::Bearer("x.y.z".into()),
-            Method::GET,
-            "/tasks",
-            &[],
-            None,
-        )
-        .await;
+    let (status, _) = api.get(&Cred::Bearer("x.y.z".into()), "/tasks").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 
@@ -473,11 +435,8 @@ async fn jwt_mode_checks_tokens_and_keeps_callers_apart() {
         parts.join("."),
         "not-a-jwt".into(),
     ] {
-        let (status, body) = api
-            .call(&Cred::Bearer(bad), Method::GET, "/tasks", &[], None)
-            .await;
-        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
-        assert_eq!(body["error"]["code"], "unauthenticated", "{body}");
+        let answer = api.get(&Cred::Bearer(bad), "/tasks").await;
+        assert_unauthenticated(&answer, "a refused token");
     }
 }
 
@@ -486,34 +445,19 @@ async fn none_mode_is_one_anonymous_caller() {
     let (system, api) = serve(LocalAuth::None, LocalAuth::None).await;
     let order = order_input();
     let (status, created) = api
-        .call(
+        .post(
             &Cred::Nothing,
-            Method::POST,
             "/workflows/ecommerce-order/tasks",
             &[],
-            Some(&order),
+            &order,
         )
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{created}");
     let id = task_id(&created);
-    let (status, seen) = api
-        .call(
-            &Cred::Nothing,
-            Method::GET,
-            &format!("/tasks/{id}"),
-            &[],
-            None,
-        )
-        .await;
+    let (status, seen) = api.get(&Cred::Nothing, &format!("/tasks/{id}")).await;
     assert_eq!(status, StatusCode::OK, "{seen}");
     let (_, ops) = api
-        .call(
-            &Cred::Nothing,
-            Method::GET,
-            &format!("/operator/tasks/{id}"),
-            &[],
-            None,
-        )
+        .get(&Cred::Nothing, &format!("/operator/tasks/{id}"))
         .await;
     assert_eq!(ops["caller"], "anonymous", "{ops}");
     assert_eq!(task_items(&system).await, 1);
@@ -525,25 +469,14 @@ async fn a_caller_over_its_rate_gets_429_with_retry_after_and_others_go_on() {
     let check = LocalAuth::Iam(Arc::new(
         SigV4Check::new(REGION, vec![alice.clone(), bob.clone()]).expect("users"),
     ));
-    let mut settings = manual_settings();
-    settings.api_auth = check.clone();
-    settings.operator_auth = check;
-    settings.rate_limit = Some(sas::domain::rate::RateLimit {
+    let limit = sas::domain::rate::RateLimit {
         per_second: 0.2,
         burst: 2,
-    });
-    let mut system = memory_system(settings).await;
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serves");
-    let api = Api {
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
     };
+    let (_system, api) = serve_limited(check.clone(), check, Some(limit)).await;
     let (alice, bob) = (Cred::Sign(alice), Cred::Sign(bob));
     for _ in 0..2 {
-        let (status, body) = api.call(&alice, Method::GET, "/tasks", &[], None).await;
+        let (status, body) = api.get(&alice, "/tasks").await;
         assert_eq!(status, StatusCode::OK, "{body}");
     }
     let resp = api
@@ -586,11 +519,9 @@ async fn a_caller_over_its_rate_gets_429_with_retry_after_and_others_go_on() {
     let body: Value = resp.json().await.expect("JSON");
     assert_eq!(body["error"]["code"], "rate_limited", "{body}");
     // Another caller is not held back; an unauthenticated request is refused before counting.
-    let (status, _) = api.call(&bob, Method::GET, "/tasks", &[], None).await;
+    let (status, _) = api.get(&bob, "/tasks").await;
     assert_eq!(status, StatusCode::OK);
-    let (status, _) = api
-        .call(&Cred::Nothing, Method::GET, "/tasks", &[], None)
-        .await;
+    let (status, _) = api.get(&Cred::Nothing, "/tasks").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 

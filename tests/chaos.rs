@@ -16,6 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+#[path = "../infra/chaos/tests/common/mod.rs"]
+mod common;
+
 /// A thread spinning on one core until dropped.
 struct Busy(Arc<AtomicBool>, Option<std::thread::JoinHandle<()>>);
 
@@ -73,14 +76,7 @@ async fn chaos_on_the_emulator(tasks: usize, seed: u64) {
     };
     let p = ports(backend, &cfg.settings).await.expect("ports");
     let report = run(p, &cfg).await.expect("the run completes");
-    println!("{}", report.table());
-    let violations = report.violations();
-    assert!(violations.is_empty(), "{violations:#?}\n{}", report.table());
-    for name in sas_chaos::WORKFLOWS {
-        let w = &report.workflows[name];
-        assert_eq!(w.accepted, tasks / 2, "{name}\n{}", report.table());
-        assert!(w.effects > 0, "{name} took no effect\n{}", report.table());
-    }
+    common::assert_clean(&report, tasks);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

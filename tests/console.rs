@@ -16,10 +16,7 @@ async fn showcase() -> (System, SocketAddr, BTreeMap<ProcessState, Vec<sas::Task
     let tasks = sas::local::showcase::tasks_in_every_state(&system)
         .await
         .expect("tasks in every state");
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serves");
+    let addr = sas_blackbox::serve_system(&mut system).await;
     (system, addr, tasks)
 }
 
@@ -35,6 +32,27 @@ fn reason(text: &str) -> String {
     url::form_urlencoded::Serializer::new(String::new())
         .append_pair("reason", text)
         .finish()
+}
+
+/// Where a form comes from, as a browser says it for the console's own pages.
+const SAME_ORIGIN: &[(&str, &str)] = &[("sec-fetch-site", "same-origin")];
+
+/// POSTs the form `body` to `url` with `headers` besides its content type.
+async fn post_form(url: &str, headers: &[(&str, &str)], body: String) -> reqwest::Response {
+    let mut req = client()
+        .post(url)
+        .header("content-type", "application/x-www-form-urlencoded");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.body(body).send().await.expect("answers")
+}
+
+/// A form refused as a 400 whose page (the form shown again) says `why`.
+async fn assert_shown_again(resp: reqwest::Response, why: &str) {
+    assert_eq!(resp.status().as_u16(), 400);
+    let page = resp.text().await.expect("body");
+    assert!(page.contains(why), "{why}: {page}");
 }
 
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -193,25 +211,12 @@ async fn a_console_action_needs_a_same_origin_form_and_moves_the_task() {
         ("sec-fetch-site", "cross-site"),
         ("origin", "https://evil.example"),
     ] {
-        let resp = client()
-            .post(&url)
-            .header(header, value)
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(reason("forged"))
-            .send()
-            .await
-            .expect("answers");
+        let resp = post_form(&url, &[(header, value)], reason("forged")).await;
         assert_eq!(resp.status().as_u16(), 403, "{header}: {value}");
     }
     // The console is for browsers, which say where a form comes from: a post saying nothing
     // (neither Sec-Fetch-Site nor Origin) is refused too.
-    let resp = client()
-        .post(&url)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(reason("no fetch metadata"))
-        .send()
-        .await
-        .expect("answers");
+    let resp = post_form(&url, &[], reason("no fetch metadata")).await;
     assert_eq!(resp.status().as_u16(), 403, "a post without fetch metadata");
     assert_eq!(
         sas_blackbox::state(&system, error).await.process_state,
@@ -219,32 +224,15 @@ async fn a_console_action_needs_a_same_origin_form_and_moves_the_task() {
         "a refused form changes nothing"
     );
     // A resolve without its note is shown again with the API's reason.
-    let resp = client()
-        .post(format!(
-            "http://{addr}/operator/console/tasks/{error}/resolve"
-        ))
-        .header("sec-fetch-site", "same-origin")
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(reason(" "))
-        .send()
-        .await
-        .expect("answers");
-    assert_eq!(resp.status().as_u16(), 400);
-    assert!(
-        resp.text()
-            .await
-            .expect("body")
-            .contains("reason is required")
-    );
+    let resp = post_form(
+        &format!("http://{addr}/operator/console/tasks/{error}/resolve"),
+        SAME_ORIGIN,
+        reason(" "),
+    )
+    .await;
+    assert_shown_again(resp, "reason is required").await;
     // The console's own form: applied, then the browser is sent to the task's page.
-    let resp = client()
-        .post(&url)
-        .header("sec-fetch-site", "same-origin")
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(reason("core banking fixed the limit"))
-        .send()
-        .await
-        .expect("answers");
+    let resp = post_form(&url, SAME_ORIGIN, reason("core banking fixed the limit")).await;
     assert_eq!(resp.status().as_u16(), 303);
     let location = resp.headers()["location"]
         .to_str()
@@ -261,14 +249,7 @@ async fn a_console_action_needs_a_same_origin_form_and_moves_the_task() {
     let last = r.history.last().expect("history");
     assert_eq!(last.reason, "operator retry: core banking fixed the limit");
     // Retrying again is a conflict, shown on the confirmation page.
-    let resp = client()
-        .post(&url)
-        .header("sec-fetch-site", "same-origin")
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(reason("again"))
-        .send()
-        .await
-        .expect("answers");
+    let resp = post_form(&url, SAME_ORIGIN, reason("again")).await;
     assert_eq!(resp.status().as_u16(), 409);
     assert!(resp.text().await.expect("body").contains("role=\"alert\""));
 }
@@ -289,23 +270,9 @@ async fn a_step_skipped_from_the_console_keeps_the_result_given() {
             .append_pair("result", result)
             .finish()
     };
-    let post = |body: String| {
-        client()
-            .post(&url)
-            .header("sec-fetch-site", "same-origin")
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(body)
-            .send()
-    };
-    let bad = post(form("{oops")).await.expect("answers");
-    assert_eq!(bad.status().as_u16(), 400);
-    assert!(
-        bad.text()
-            .await
-            .expect("body")
-            .contains("the result is not JSON")
-    );
-    let ok = post(form(r#"{"transfer": "T-9"}"#)).await.expect("answers");
+    let bad = post_form(&url, SAME_ORIGIN, form("{oops")).await;
+    assert_shown_again(bad, "the result is not JSON").await;
+    let ok = post_form(&url, SAME_ORIGIN, form(r#"{"transfer": "T-9"}"#)).await;
     assert_eq!(ok.status().as_u16(), 303);
     let r = sas_blackbox::state(&system, error).await;
     assert_eq!(r.process_state, ProcessState::Processed);
@@ -345,7 +312,7 @@ async fn a_retry_from_the_console_may_give_the_task_a_new_input() {
     let input = serde_json::json!({"applicantId": "a-showcase", "amount": 1000, "currency": "EUR"});
     let ok = post(&input.to_string()).await.expect("answers");
     assert_eq!(ok.status().as_u16(), 303);
-    let (task, r) = system.store.get(error).await.expect("read").expect("found");
+    let (task, r) = sas_blackbox::task_and_state(&system, error).await;
     assert_eq!(
         (task.input, r.process_state),
         (input, ProcessState::Pending)
@@ -403,14 +370,9 @@ async fn the_console_works_in_a_real_browser() {
         "{:?}",
         r.history.last()
     );
-    for shot in [
-        "tasks.png",
-        "task.png",
-        "confirm.png",
-        "retried.png",
-        "services.png",
-    ] {
-        let meta = std::fs::metadata(shots.join(shot)).expect(shot);
+    for page in ["tasks", "task", "confirm", "retried", "services"] {
+        let shot = format!("{page}.png");
+        let meta = std::fs::metadata(shots.join(&shot)).expect(&shot);
         assert!(meta.len() > 1_000, "{shot} is an image");
     }
 }

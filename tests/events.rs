@@ -336,24 +336,14 @@ async fn run(entry: Entry) {
             "an event about the subject task: {detail}"
         );
         let id = subject.task.expect("a subject task");
-        let r = system
-            .store
-            .get_state(id)
-            .await
-            .expect("read")
-            .expect("exists");
+        let r = sas_blackbox::state(&system, id).await;
         assert_eq!(detail["workflow"], r.workflow.as_str(), "{detail}");
     }
 }
 
 /// The workflow a seed names, as published.
 async fn workflow(system: &System, name: &str) -> Arc<Workflow> {
-    system
-        .definitions
-        .latest(name)
-        .await
-        .expect("the catalog answers")
-        .unwrap_or_else(|| panic!("no workflow {name}"))
+    sas_blackbox::latest_workflow(system, name).await
 }
 
 /// The input every seeded task of `workflow` has.
@@ -557,12 +547,7 @@ async fn invoke_api(system: &System, entry: &Entry, json: Value, subject: &mut S
         // The stored input is the body as sent.
         let sent: Value =
             serde_json::from_str(json["body"].as_str().expect("a body")).expect("a JSON body");
-        let (task, _) = system
-            .store
-            .get(id)
-            .await
-            .expect("read")
-            .expect("the task is stored");
+        let (task, _) = sas_blackbox::task_and_state(system, id).await;
         assert_eq!(task.input, sent, "the stored input");
     }
     if x.replay {
@@ -729,14 +714,7 @@ async fn check_store(system: &System, entry: &Entry, subject: &Subject) {
     let (store, _, _) = system.memory.as_ref().expect("memory backend");
     let states = store.all_states();
     for r in &states {
-        let w = system
-            .definitions
-            .workflow(&r.workflow, r.workflow_version)
-            .await
-            .expect("catalog")
-            .expect("the record's workflow version is published");
-        r.check(&w.policies())
-            .unwrap_or_else(|e| panic!("{}: {e}", r.task_id));
+        sas_blackbox::assert_valid(system, r).await;
     }
     let seeded = usize::from(entry.seed.is_some());
     assert_eq!(
@@ -754,12 +732,7 @@ async fn check_store(system: &System, entry: &Entry, subject: &Subject) {
         return;
     };
     let id = entry.seed.as_ref().expect("a seed").task_id;
-    let r = system
-        .store
-        .get_state(id)
-        .await
-        .expect("read")
-        .expect("the seeded task exists");
+    let r = sas_blackbox::state(system, id).await;
     if let Some(s) = want.process_state {
         assert_eq!(r.process_state, s, "processState");
     }
@@ -859,18 +832,8 @@ async fn check_message(system: &System, name: &str, body: &str, subject: &Subjec
                 .task
                 .expect("a step request concerns the subject task");
             assert_eq!(q.task_id, id, "step request's task");
-            let (task, r) = system
-                .store
-                .get(id)
-                .await
-                .expect("read")
-                .expect("the task exists");
-            let w = system
-                .definitions
-                .workflow(&r.workflow, r.workflow_version)
-                .await
-                .expect("catalog")
-                .expect("published");
+            let (task, r) = sas_blackbox::task_and_state(system, id).await;
+            let w = sas_blackbox::workflow_of(system, &r).await;
             let step = w.step(r.step_index).expect("a current step");
             assert_eq!(
                 (q.workflow.as_str(), q.workflow_version),

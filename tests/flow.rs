@@ -21,12 +21,7 @@ use std::time::Duration;
 /// and nothing else took effect for it.
 async fn assert_each_step_once(system: &System, id: TaskId) {
     let r = state(system, id).await;
-    let w = system
-        .definitions
-        .workflow(&r.workflow, r.workflow_version)
-        .await
-        .expect("catalog")
-        .expect("published");
+    let w = sas_blackbox::workflow_of(system, &r).await;
     let mut total = 0;
     for step in &w.steps {
         let key = format!("{id}:{}:{}", step.name, step.action);
@@ -51,16 +46,11 @@ async fn assert_each_step_once(system: &System, id: TaskId) {
 
 /// The request body service `service` received for task `id`'s `action`.
 fn request(system: &System, service: &str, id: TaskId, action: &str) -> Value {
-    let prefix = id.to_string();
-    system
-        .services
-        .get(service)
-        .stats()
-        .requests
+    sas_blackbox::requests(system, service, &id.to_string())
         .into_iter()
-        .find(|a| a.key.starts_with(&prefix) && a.action == action)
+        .find(|(a, _)| a == action)
         .unwrap_or_else(|| panic!("{service} applied no {action} for {id}"))
-        .input
+        .1
 }
 
 /// The result step `step` of the task kept (what its service answered).
@@ -74,21 +64,45 @@ async fn result(system: &System, id: TaskId, step: &str) -> Value {
     serde_json::from_str(s.result.as_deref().expect("a kept result")).expect("JSON result")
 }
 
-fn refuse(actions: &[&str]) -> Faults {
-    Faults {
-        refuse_actions: actions.iter().map(|a| a.to_string()).collect(),
-        ..Faults::default()
+/// Round `round` of a payment that never answers: the scheduler claims the task (on the first
+/// round the inventory step runs and the payment is requested), then the clock moves past the
+/// step's deadline.
+async fn claim_then_miss_the_deadline(
+    system: &System,
+    clock: &sas::ports::OffsetClock,
+    round: u32,
+) {
+    system.pump_scheduler().await.expect("poll");
+    if round == 1 {
+        system.pump_agents().await.expect("inventory");
+        system.pump_scheduler().await.expect("reply");
     }
+    clock.advance(chrono::Duration::seconds(31));
+}
+
+/// Up to ten messages visible on `url` now (received, not deleted).
+async fn receive_now(system: &System, url: &str) -> Vec<sas::ports::ReceivedMessage> {
+    system
+        .queue
+        .receive(url, 10, Duration::ZERO)
+        .await
+        .expect("receive")
+}
+
+/// The one step request on the agents' queue (drained): as sent, and parsed.
+async fn one_step_request(system: &System, what: &str) -> (String, StepRequest) {
+    let mut requests = drain(system, &system.resources.agent_queue_url).await;
+    assert_eq!(requests.len(), 1, "{what}: {requests:?}");
+    let raw = requests.remove(0);
+    let request = serde_json::from_str(&raw).expect("request");
+    (raw, request)
 }
 
 #[tokio::test]
 async fn a_task_submitted_over_http_runs_to_processed_with_every_step_once() {
     let (mut system, _clock) = aws_system("happy", manual_settings()).await;
     let events = subscribe(&system, &["TaskProcessed", "TaskFailed"]).await;
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serve");
+    let addr = sas_blackbox::serve_system(&mut system).await;
     system.start();
     let http = reqwest::Client::new();
     let resp = http
@@ -106,14 +120,7 @@ async fn a_task_submitted_over_http_runs_to_processed_with_every_step_once() {
     let mut view = Value::Null;
     for _ in 0..150 {
         // The operator's view: the caller's hides the lock holder and the counts.
-        view = http
-            .get(format!("http://{addr}/operator/tasks/{id}"))
-            .send()
-            .await
-            .expect("GET")
-            .json()
-            .await
-            .expect("JSON");
+        view = sas_blackbox::get_json(&http, &format!("http://{addr}/operator/tasks/{id}")).await;
         if view["processState"] == "Processed" {
             break;
         }
@@ -215,19 +222,12 @@ async fn a_loan_runs_to_processed_and_each_step_reads_the_results_before_it() {
 
 #[tokio::test]
 async fn a_refused_contract_releases_the_funds_but_never_undoes_the_credit_check() {
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("e-sign".into(), refuse(&["send-contract"]));
+    let settings = sas_blackbox::faulty("e-sign", sas_blackbox::refuse(&["send-contract"]));
     let (system, _clock) = aws_system("loanrefused", settings).await;
     let events = subscribe(&system, &["TaskFailed", "TaskCompensated", "TaskRefused"]).await;
     let id = submit_loan(&system).await;
     pump_until_quiet(&system, 30).await;
-    let r = state(&system, id).await;
-    assert_eq!(r.process_state, ProcessState::Refused, "{r:?}");
-    assert_valid(&system, &r).await;
-    assert_eq!(r.steps[2].status, StepStatus::Failed);
-    assert_eq!(r.steps[2].undo, None, "a refused step has nothing to undo");
+    let r = sas_blackbox::refused_at(&system, id, 2).await;
     assert_eq!(
         r.steps[1].undo,
         Some(StepStatus::Done),
@@ -236,12 +236,7 @@ async fn a_refused_contract_releases_the_funds_but_never_undoes_the_credit_check
     assert_eq!(r.steps[0].status, StepStatus::Done);
     assert_eq!(r.steps[0].undo, None, "the credit check has no undo");
     assert_eq!(r.steps[3].status, StepStatus::Pending, "never paid out");
-    let undone: Vec<_> = r
-        .history
-        .iter()
-        .filter(|h| h.reason.starts_with("undone"))
-        .filter_map(|h| h.step.clone())
-        .collect();
+    let undone = sas_blackbox::undone_steps(&r);
     assert_eq!(undone, ["reserve-funds"]);
 
     let hold_key = format!("{id}:reserve-funds:reserve-funds");
@@ -284,10 +279,7 @@ async fn a_refused_contract_releases_the_funds_but_never_undoes_the_credit_check
 
 #[tokio::test]
 async fn a_refused_payout_after_the_pivot_ends_in_error_and_only_goes_forward() {
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("core-banking".into(), refuse(&["disburse-funds"]));
+    let settings = sas_blackbox::faulty("core-banking", sas_blackbox::refuse(&["disburse-funds"]));
     let (system, _clock) = aws_system("loanpivot", settings).await;
     let alerts = subscribe(&system, &["TaskFailed", "TaskCompensated"]).await;
     let id = submit_loan(&system).await;
@@ -320,13 +312,8 @@ async fn a_refused_payout_after_the_pivot_ends_in_error_and_only_goes_forward() 
 
     // The operator cannot undo it past the pivot; a retry pays out once the bank accepts.
     for action in ["compensate", "cancel"] {
-        let (status, body) = operator_call(
-            &system,
-            http::Method::POST,
-            &format!("/tasks/{id}/{action}"),
-            b"",
-        )
-        .await;
+        let (status, body) =
+            sas_blackbox::operator_post(&system, &format!("/tasks/{id}/{action}"), b"").await;
         assert_eq!(status, 409, "{action}: {body}");
         assert_eq!(body["error"]["code"], "conflict", "{body}");
         assert_eq!(body["processState"], "Error", "{body}");
@@ -336,13 +323,8 @@ async fn a_refused_payout_after_the_pivot_ends_in_error_and_only_goes_forward() 
         .services
         .get("core-banking")
         .set_faults(Faults::default());
-    let (status, body) = operator_call(
-        &system,
-        http::Method::POST,
-        &format!("/tasks/{id}/retry"),
-        b"",
-    )
-    .await;
+    let (status, body) =
+        sas_blackbox::operator_post(&system, &format!("/tasks/{id}/retry"), b"").await;
     assert_eq!(status, 202, "{body}");
     pump_until_quiet(&system, 20).await;
     let r = state(&system, id).await;
@@ -463,13 +445,11 @@ async fn an_agent_out_of_its_step_timeout_before_the_deadline_hands_the_attempt_
     settings.policy.step_timeout = chrono::Duration::seconds(1);
     settings.policy.start_within = chrono::Duration::seconds(60);
     settings.breaker.threshold = 1_000_000;
-    settings.faults.insert(
-        "inventory".into(),
-        Faults {
-            transient_rate: 1.0,
-            ..Faults::default()
-        },
-    );
+    let always = Faults {
+        transient_rate: 1.0,
+        ..Faults::default()
+    };
+    settings.faults.insert("inventory".into(), always);
     let (system, _clock) = aws_system("gaveup", settings).await;
     let id = submit_ok(&system).await;
     assert_eq!(system.pump_scheduler().await.expect("poll"), 1);
@@ -493,28 +473,14 @@ async fn an_agent_out_of_its_step_timeout_before_the_deadline_hands_the_attempt_
 
 #[tokio::test]
 async fn failures_up_to_the_threshold_end_in_error_with_a_task_failed_event() {
-    let mut settings = manual_settings();
-    settings.policy.auto_compensate = false;
-    let forever = chrono::Utc::now() - chrono::Duration::hours(1);
-    settings.faults.insert(
-        "payment".into(),
-        Faults {
-            outage: Some((forever, forever + chrono::Duration::days(1))),
-            ..Faults::default()
-        },
-    );
+    let settings = sas_blackbox::down_until_an_operator("payment");
     let (system, clock) = aws_system("threshold", settings).await;
     let alerts = subscribe(&system, &["TaskFailed"]).await;
     let id = submit_ok(&system).await;
     for round in 1..=3u32 {
         // Claim (on the first round inventory is reserved and payment requested), then the
         // agent only gets to run the payment after the deadline and stops without a reply.
-        system.pump_scheduler().await.expect("poll");
-        if round == 1 {
-            system.pump_agents().await.expect("inventory");
-            system.pump_scheduler().await.expect("reply");
-        }
-        clock.advance(chrono::Duration::seconds(31));
+        claim_then_miss_the_deadline(&system, &clock, round).await;
         assert_eq!(system.pump_agents().await.expect("payment"), 1);
         let report = system.sweep().await.expect("sweep");
         let r = state(&system, id).await;
@@ -561,13 +527,11 @@ async fn a_refusal_compensates_and_ends_refused_with_its_own_event_and_no_alert(
     // Even with automatic compensation off: a refusal is a business outcome, not a failure
     // waiting for a person.
     settings.policy.auto_compensate = false;
-    settings.faults.insert(
-        "shipping".into(),
-        Faults {
-            permanent_rate: 1.0,
-            ..Faults::default()
-        },
-    );
+    let refuses = Faults {
+        permanent_rate: 1.0,
+        ..Faults::default()
+    };
+    settings.faults.insert("shipping".into(), refuses);
     let (system, _clock) = aws_system("permanent", settings).await;
     let events = subscribe(&system, &["TaskFailed", "TaskRefused"]).await;
     let id = submit_ok(&system).await;
@@ -633,20 +597,14 @@ async fn the_same_work_message_and_the_same_reply_twice_take_effect_once() {
     let id = submit_ok(&system).await;
     let res = &system.resources;
 
-    let work = system
-        .queue
-        .receive(&res.work_queue_url, 10, Duration::ZERO)
-        .await
-        .expect("receive");
+    let work = receive_now(&system, &res.work_queue_url).await;
     assert_eq!(work.len(), 1);
     for _ in 0..2 {
         let resp = sas::handlers::scheduler::handle(&system.scheduler, sqs_event(&work)).await;
         assert!(resp.batch_item_failures.is_empty());
     }
     assert_eq!(state(&system, id).await.attempt, 1, "claimed once");
-    let requests = drain(&system, &res.agent_queue_url).await;
-    assert_eq!(requests.len(), 1, "one step request");
-    let request: StepRequest = serde_json::from_str(&requests[0]).expect("request");
+    let (raw, request) = one_step_request(&system, "one step request").await;
     assert_eq!(
         (request.service.as_str(), request.step.as_str()),
         ("inventory", "reserve-inventory")
@@ -658,16 +616,12 @@ async fn the_same_work_message_and_the_same_reply_twice_take_effect_once() {
     let redeliver = || {
         system
             .queue
-            .send(&res.agent_queue_url, &requests[0], Duration::ZERO)
+            .send(&res.agent_queue_url, &raw, Duration::ZERO)
     };
     redeliver().await.expect("requeue");
 
     system.pump_agents().await.expect("agent");
-    let replies = system
-        .queue
-        .receive(&res.reply_queue_url, 10, Duration::ZERO)
-        .await
-        .expect("receive");
+    let replies = receive_now(&system, &res.reply_queue_url).await;
     assert_eq!(replies.len(), 1);
     for _ in 0..2 {
         sas::handlers::scheduler::handle(&system.scheduler, sqs_event(&replies)).await;
@@ -675,9 +629,7 @@ async fn the_same_work_message_and_the_same_reply_twice_take_effect_once() {
     let r = state(&system, id).await;
     assert_eq!(r.step_index, 1, "the reply counted once");
     assert_eq!(r.attempt, request.attempt);
-    let next = drain(&system, &res.agent_queue_url).await;
-    assert_eq!(next.len(), 1, "one request for the next step");
-    let next: StepRequest = serde_json::from_str(&next[0]).expect("request");
+    let (_, next) = one_step_request(&system, "one request for the next step").await;
     assert_eq!(
         (next.service.as_str(), next.step.as_str()),
         ("payment", "charge-payment")
@@ -787,25 +739,11 @@ async fn idempotent_submission_returns_the_first_task_and_refuses_another_reques
 /// because the timed-out payment may have taken effect under its key.
 #[tokio::test]
 async fn compensation_from_a_step_and_a_retry_on_a_new_input_keep_their_rules() {
-    let mut settings = manual_settings();
-    settings.policy.auto_compensate = false;
-    let forever = chrono::Utc::now() - chrono::Duration::hours(1);
-    settings.faults.insert(
-        "payment".into(),
-        Faults {
-            outage: Some((forever, forever + chrono::Duration::days(1))),
-            ..Faults::default()
-        },
-    );
+    let settings = sas_blackbox::down_until_an_operator("payment");
     let (system, clock) = aws_system("stepops", settings).await;
     let ids = [submit_ok(&system).await, submit_ok(&system).await];
     for round in 1..=3u32 {
-        system.pump_scheduler().await.expect("poll");
-        if round == 1 {
-            system.pump_agents().await.expect("inventory");
-            system.pump_scheduler().await.expect("reply");
-        }
-        clock.advance(chrono::Duration::seconds(31));
+        claim_then_miss_the_deadline(&system, &clock, round).await;
         system.pump_agents().await.expect("payment");
         system.sweep().await.expect("sweep");
     }
@@ -818,15 +756,10 @@ async fn compensation_from_a_step_and_a_retry_on_a_new_input_keep_their_rules() 
         );
     }
     let [first, second] = ids;
-    let (status, body) = operator_call(
-        &system,
-        http::Method::POST,
-        &format!("/tasks/{second}/retry-with-input"),
-        json!({"reason": "new card", "input": {"customerId": "c-42", "items": [{"sku": "SKU-1", "quantity": 1}]}})
-            .to_string()
-            .as_bytes(),
-    )
-    .await;
+    let card = json!({"customerId": "c-42", "items": [{"sku": "SKU-1", "quantity": 1}]});
+    let new_card = json!({"reason": "new card", "input": card});
+    let retry = format!("/tasks/{second}/retry-with-input");
+    let (status, body) = sas_blackbox::operator_json(&system, &retry, &new_card).await;
     assert_eq!(status, 409, "{body}");
     assert!(
         body["error"]["message"]
@@ -834,29 +767,16 @@ async fn compensation_from_a_step_and_a_retry_on_a_new_input_keep_their_rules() 
             .is_some_and(|m| m.contains("may have taken effect")),
         "{body}"
     );
-    let (status, body) = operator_call(
-        &system,
-        http::Method::POST,
-        &format!("/tasks/{first}/compensate-from"),
-        json!({"reason": "no charge at the bank", "fromStep": "nope"})
-            .to_string()
-            .as_bytes(),
-    )
-    .await;
+    let compensate = format!("/tasks/{first}/compensate-from");
+    let nope = json!({"reason": "no charge at the bank", "fromStep": "nope"});
+    let (status, body) = sas_blackbox::operator_json(&system, &compensate, &nope).await;
     assert_eq!(
         (status, body["error"]["code"].as_str()),
         (400, Some("validation_failed")),
         "{body}"
     );
-    let (status, body) = operator_call(
-        &system,
-        http::Method::POST,
-        &format!("/tasks/{first}/compensate-from"),
-        json!({"reason": "no charge at the bank", "fromStep": "reserve-inventory"})
-            .to_string()
-            .as_bytes(),
-    )
-    .await;
+    let from_first = json!({"reason": "no charge at the bank", "fromStep": "reserve-inventory"});
+    let (status, body) = sas_blackbox::operator_json(&system, &compensate, &from_first).await;
     assert_eq!(status, 202, "{body}");
     pump_until_quiet(&system, 30).await;
     let r = state(&system, first).await;
@@ -926,15 +846,9 @@ async fn a_retry_on_a_new_input_leaves_the_steps_that_ran_and_their_undos_on_the
     // The operator fixes the input: another item list, and the card.
     let second =
         json!({"customerId": "c-1", "items": [{"sku": "B", "quantity": 9}], "card": "4242"});
-    let (status, body) = operator_call(
-        &system,
-        http::Method::POST,
-        &format!("/tasks/{id}/retry-with-input"),
-        json!({"reason": "card added", "input": second})
-            .to_string()
-            .as_bytes(),
-    )
-    .await;
+    let retry = format!("/tasks/{id}/retry-with-input");
+    let card_added = json!({"reason": "card added", "input": second});
+    let (status, body) = sas_blackbox::operator_json(&system, &retry, &card_added).await;
     assert_eq!(status, 202, "{body}");
     // The payment service declines: the order is compensated.
     system.services.get("payment").set_faults(Faults {

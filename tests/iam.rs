@@ -94,6 +94,39 @@ impl Fixture {
     }
 }
 
+/// [`call`] to the operator API, as the operator function, without extra headers.
+async fn operator_api(system: &System, method: Method, path: &str, body: &Value) -> (u16, Value) {
+    ROLE.scope(OPERATOR, call(system, true, method, path, &[], body))
+        .await
+}
+
+/// [`call`] to the task API, as the submission function, without extra headers.
+async fn task_api(system: &System, method: Method, path: &str, body: &Value) -> (u16, Value) {
+    ROLE.scope(SUBMISSION, call(system, false, method, path, &[], body))
+        .await
+}
+
+/// A `POST` of `body` to `path` on the operator API (`operator`) or the task API, in the
+/// caller's role.
+async fn post(system: &System, operator: bool, path: &str, body: &Value) -> (u16, Value) {
+    call(system, operator, Method::POST, path, &[], body).await
+}
+
+/// A `GET` of `path` on the operator API (`operator`) or the task API, in the caller's role.
+async fn get(system: &System, operator: bool, path: &str) -> (u16, Value) {
+    call(system, operator, Method::GET, path, &[], &Value::Null).await
+}
+
+/// Sends `body` as it is to the queue at `url`.
+async fn send_raw(sqs: &aws_sdk_sqs::Client, url: &str, body: impl Into<String>) {
+    sqs.send_message()
+        .queue_url(url)
+        .message_body(body)
+        .send()
+        .await
+        .expect("sent");
+}
+
 async fn call(
     system: &System,
     operator: bool,
@@ -190,22 +223,9 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     // The services: inventory a Lambda function, payment an HTTP service with a bearer token in
     // Secrets Manager, shipping one with an API key in SSM (names under the stage's prefix).
     let secret = format!("sas/{stage}/payment-token");
-    aws_sdk_secretsmanager::Client::new(&config)
-        .create_secret()
-        .name(&secret)
-        .secret_string("t0ken")
-        .send()
-        .await
-        .expect("secret");
+    sas_blackbox::put_secret(&config, &secret, "t0ken").await;
     let parameter = format!("/sas/{stage}/shipping-key");
-    aws_sdk_ssm::Client::new(&config)
-        .put_parameter()
-        .name(&parameter)
-        .value("k3y")
-        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
-        .send()
-        .await
-        .expect("parameter");
+    sas_blackbox::put_parameter(&config, &parameter, "k3y").await;
     let clock: Arc<dyn Clock> = f.clock.clone();
     let payment = Arc::new(SimulatedService::new(
         "payment",
@@ -285,16 +305,11 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         .await
         .expect("published");
     ROLE.scope(OPERATOR, async {
-        for path in [
-            "/workflows",
-            "/services",
-            "/workflows/ecommerce-order",
-            "/workflows/ecommerce-order/versions/1",
-            "/services/payment",
-            "/counts",
-            "/counts?workflow=ecommerce-order",
-        ] {
-            let (status, body) = call(&operator, true, Method::GET, path, &[], &Value::Null).await;
+        let reads = "/workflows /services /workflows/ecommerce-order \
+            /workflows/ecommerce-order/versions/1 /services/payment \
+            /counts /counts?workflow=ecommerce-order";
+        for path in reads.split_whitespace() {
+            let (status, body) = get(&operator, true, path).await;
             assert_eq!(status, 200, "{path}: {body}");
         }
         // An operator pauses a service and resumes it: a write of its breaker each.
@@ -305,7 +320,7 @@ async fn every_call_is_granted_and_every_grant_is_used() {
             ),
             ("/services/shipping/resume", json!({})),
         ] {
-            let (status, answer) = call(&operator, true, Method::POST, path, &[], &body).await;
+            let (status, answer) = post(&operator, true, path, &body).await;
             assert_eq!(status, 200, "{path}: {answer}");
             assert_eq!(answer["changed"], true, "{answer}");
         }
@@ -317,33 +332,15 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     let probe = json!({"name": "iam-probe", "steps": [
         {"name": "a", "service": "inventory", "input": {"x": "$.input.missing"}}
     ]});
-    let (status, body) = ROLE
-        .scope(
-            OPERATOR,
-            call(
-                &operator,
-                true,
-                Method::PUT,
-                "/workflows/iam-probe",
-                &[],
-                &probe,
-            ),
-        )
-        .await;
+    let (status, body) = operator_api(&operator, Method::PUT, "/workflows/iam-probe", &probe).await;
     assert_eq!(status, 201, "{body}");
-    let (status, body) = ROLE
-        .scope(
-            SUBMISSION,
-            call(
-                &submitter,
-                false,
-                Method::POST,
-                "/workflows/iam-probe/tasks",
-                &[],
-                &json!({}),
-            ),
-        )
-        .await;
+    let (status, body) = task_api(
+        &submitter,
+        Method::POST,
+        "/workflows/iam-probe/tasks",
+        &json!({}),
+    )
+    .await;
     assert_eq!(status, 202, "{body}");
 
     let sqs = aws_sdk_sqs::Client::new(&config);
@@ -370,25 +367,15 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         .await;
     assert_eq!(first, again, "the replay names the first task");
     ROLE.scope(SUBMISSION, async {
-        let (status, _) = call(
-            &submitter,
-            false,
-            Method::GET,
-            &format!("/tasks/{first}"),
-            &[],
-            &Value::Null,
-        )
-        .await;
+        let (status, _) = get(&submitter, false, &format!("/tasks/{first}")).await;
         assert_eq!(status, 200);
-        let (status, _) = call(&submitter, false, Method::GET, "/tasks", &[], &Value::Null).await;
+        let (status, _) = get(&submitter, false, "/tasks").await;
         assert_eq!(status, 200);
         let unknown = uuid::Uuid::new_v4();
-        let (status, _) = call(
+        let (status, _) = post(
             &submitter,
             false,
-            Method::POST,
             &format!("/tasks/{unknown}/callbacks/x"),
-            &[],
             &json!({"status": "heartbeat"}),
         )
         .await;
@@ -425,54 +412,30 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         {"name": "reserve", "service": "inventory", "pivot": true, "input": {"items": "$.input.items"}},
         {"name": "ship", "service": "shipping", "input": {"items": "$.input.items"}}
     ]});
-    let (status, body) = ROLE
-        .scope(
-            OPERATOR,
-            call(
-                &operator,
-                true,
-                Method::PUT,
-                "/workflows/iam-pivot",
-                &[],
-                &pivot,
-            ),
-        )
-        .await;
+    let (status, body) = operator_api(&operator, Method::PUT, "/workflows/iam-pivot", &pivot).await;
     assert_eq!(status, 201, "{body}");
     shipping.set_faults(Faults {
         refuse_actions: vec!["ship".to_owned()],
         ..Faults::default()
     });
-    let (status, body) = ROLE
-        .scope(
-            SUBMISSION,
-            call(
-                &submitter,
-                false,
-                Method::POST,
-                "/workflows/iam-pivot/tasks",
-                &[],
-                &order,
-            ),
-        )
-        .await;
+    let (status, body) = task_api(
+        &submitter,
+        Method::POST,
+        "/workflows/iam-pivot/tasks",
+        &order,
+    )
+    .await;
     assert_eq!(status, 202, "{body}");
     let failed = body["taskId"].as_str().expect("taskId").to_owned();
     pump(&scheduler, &agent).await;
     shipping.set_faults(Faults::default());
-    let (status, body) = ROLE
-        .scope(
-            OPERATOR,
-            call(
-                &operator,
-                true,
-                Method::POST,
-                &format!("/tasks/{failed}/retry-with-input"),
-                &[],
-                &json!({"reason": "address fixed", "input": order}),
-            ),
-        )
-        .await;
+    let (status, body) = operator_api(
+        &operator,
+        Method::POST,
+        &format!("/tasks/{failed}/retry-with-input"),
+        &json!({"reason": "address fixed", "input": order}),
+    )
+    .await;
     assert_eq!(status, 202, "{body}");
     pump(&scheduler, &agent).await;
 
@@ -483,33 +446,15 @@ async fn every_call_is_granted_and_every_grant_is_used() {
             .await;
         ROLE.scope(role, async {
             if op {
-                let (status, _) = call(
-                    system,
-                    true,
-                    Method::GET,
-                    "/tasks?state=Pending",
-                    &[],
-                    &Value::Null,
-                )
-                .await;
+                let (status, _) = get(system, true, "/tasks?state=Pending").await;
                 assert_eq!(status, 200);
-                let (status, _) = call(
-                    system,
-                    true,
-                    Method::GET,
-                    &format!("/tasks/{id}"),
-                    &[],
-                    &Value::Null,
-                )
-                .await;
+                let (status, _) = get(system, true, &format!("/tasks/{id}")).await;
                 assert_eq!(status, 200);
             }
-            let (status, body) = call(
+            let (status, body) = post(
                 system,
                 op,
-                Method::POST,
                 &format!("/tasks/{id}/cancel"),
-                &[],
                 &json!({"reason": "test"}),
             )
             .await;
@@ -540,12 +485,7 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     // An early deadline timer (its deadline past SQS's longest delay): re-armed.
     let early = json!({"taskId": late, "attempt": 1, "stepIndex": 0,
         "completeBy": (f.clock.now() + chrono::Duration::hours(2)).to_rfc3339()});
-    sqs.send_message()
-        .queue_url(&res.timer_queue_url)
-        .message_body(early.to_string())
-        .send()
-        .await
-        .expect("sent");
+    send_raw(&sqs, &res.timer_queue_url, early.to_string()).await;
     ROLE.scope(SUPERVISOR, supervisor.pump_timers())
         .await
         .expect("timers");
@@ -571,12 +511,7 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         &res.agent_queue_url,
         &res.timer_queue_url,
     ] {
-        sqs.send_message()
-            .queue_url(url)
-            .message_body("not json")
-            .send()
-            .await
-            .expect("sent");
+        send_raw(&sqs, url, "not json").await;
     }
     ROLE.scope(SCHEDULER, scheduler.pump_scheduler())
         .await

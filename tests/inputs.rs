@@ -65,10 +65,7 @@ fn tasks(workflow: &str) -> String {
 #[tokio::test]
 async fn every_bad_request_gets_a_4xx_json_error_and_writes_nothing() {
     let (mut system, _clock) = aws_system("badinput", manual_settings()).await;
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serve");
+    let addr = sas_blackbox::serve_system(&mut system).await;
     let base = format!("http://{addr}");
     let http = reqwest::Client::new();
     let catalog_before = items_by_kind(&system).await;

@@ -15,7 +15,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use sas::aws::AwsCredentials;
 use sas::catalog;
-use sas::local::{Backend, Settings, System};
+use sas::local::Settings;
 use sas::ports::SystemClock;
 use sas::remote::{Faults, SimulatedService, router};
 use sas_blackbox::{loan_input, sdk_config, serve_loopback, unique};
@@ -175,26 +175,14 @@ fn lambda_client(endpoint: &str) -> aws_sdk_lambda::Client {
 
 /// The operator's view of a task (with sas's internals: failure counts, attempts).
 async fn task(http: &reqwest::Client, base: &str, id: &str) -> Value {
-    http.get(format!("{base}/operator/tasks/{id}"))
-        .send()
-        .await
-        .expect("GET")
-        .json()
-        .await
-        .expect("JSON")
+    sas_blackbox::get_json(http, &format!("{base}/operator/tasks/{id}")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_loan_runs_on_two_http_services_and_a_lambda_with_a_callback_through_a_401_window() {
     let config = sdk_config().await;
     let secret = format!("sas/test/{}", unique("bureau"));
-    aws_sdk_secretsmanager::Client::new(&config)
-        .create_secret()
-        .name(&secret)
-        .secret_string("bureau-t0ken")
-        .send()
-        .await
-        .expect("create the secret");
+    sas_blackbox::put_secret(&config, &secret, "bureau-t0ken").await;
     let bureau_calls = Arc::new(AtomicUsize::new(0));
     let (_, bureau) = credit_bureau("bureau-t0ken".into(), bureau_calls.clone()).await;
     let bank = Arc::new(Bank::default());
@@ -235,9 +223,7 @@ async fn the_loan_runs_on_two_http_services_and_a_lambda_with_a_callback_through
     settings.breaker.threshold = 3;
     settings.breaker.cooldown = chrono::Duration::milliseconds(500);
     settings.breaker.probe_window = chrono::Duration::seconds(1);
-    let mut system = System::new(Backend::Memory, settings, Arc::new(SystemClock))
-        .await
-        .expect("system");
+    let mut system = sas_blackbox::memory_system(settings).await;
     let addr = system
         .serve(SocketAddr::from(([127, 0, 0, 1], 0)))
         .await

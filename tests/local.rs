@@ -19,10 +19,8 @@ use sas::config::{self, PolicyDefaults, Vars};
 use sas::domain::workflow::CredentialSource;
 use sas::local::auth::{JwtCheck, LocalAuth, TestIssuer};
 use sas::local::{Backend, Settings, System};
-use sas::ports::{Clock, OffsetClock, SystemClock};
-use sas::remote::{
-    CredentialError, Credentials, Faults, MemoryCredentials, Secret, SimulatedService, router,
-};
+use sas::ports::{Clock, OffsetClock};
+use sas::remote::{CredentialError, Credentials, MemoryCredentials, Secret};
 use sas::{ProcessState, StepStatus};
 use sas_blackbox::{net, order_input, pump_until_quiet, serve_loopback, state, submit_ok};
 use serde_json::{Value, json};
@@ -193,9 +191,7 @@ async fn the_undo_of_a_step_in_flight_waits_call_timeout_plus_the_margin() {
     system.pump_scheduler().await.expect("too early");
     system.pump_agents().await.expect("nothing to call");
     assert_eq!(
-        net(&system, "payment", id)
-            .into_values()
-            .collect::<Vec<_>>(),
+        payment_net(&system, id),
         [1],
         "refunded before deadline + {wait}"
     );
@@ -208,13 +204,7 @@ async fn the_undo_of_a_step_in_flight_waits_call_timeout_plus_the_margin() {
     clock.advance(chrono::Duration::seconds(2));
     nudge(&system, id).await;
     pump_until_quiet(&system, 20).await;
-    assert_eq!(
-        net(&system, "payment", id)
-            .into_values()
-            .collect::<Vec<_>>(),
-        [0],
-        "refunded once due"
-    );
+    assert_eq!(payment_net(&system, id), [0], "refunded once due");
     assert_eq!(
         state(&system, id).await.process_state,
         ProcessState::Compensated
@@ -228,13 +218,8 @@ async fn serve(api: LocalAuth, operator: LocalAuth) -> (System, SocketAddr) {
         operator_auth: operator,
         ..Settings::default()
     };
-    let mut system = System::new(Backend::Memory, settings, Arc::new(SystemClock))
-        .await
-        .expect("system");
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serves");
+    let mut system = sas_blackbox::memory_system(settings).await;
+    let addr = sas_blackbox::serve_system(&mut system).await;
     (system, addr)
 }
 
@@ -261,6 +246,21 @@ async fn call(
     )
 }
 
+/// `POST`s `order` to the e-commerce workflow's task route with `headers`.
+async fn submit_order(
+    addr: SocketAddr,
+    headers: &[(&str, &str)],
+    order: &str,
+) -> (StatusCode, Value) {
+    let path = "/workflows/ecommerce-order/tasks";
+    call(addr, reqwest::Method::POST, path, headers, order).await
+}
+
+/// The net effects the payment service holds for task `id`.
+fn payment_net(system: &System, id: sas::TaskId) -> Vec<i32> {
+    net(system, "payment", id).into_values().collect()
+}
+
 fn tasks_held(system: &System) -> usize {
     system.memory.as_ref().expect("memory").0.all_states().len()
 }
@@ -281,14 +281,7 @@ async fn a_request_for_another_host_is_refused() {
         // The right name on another port is another origin.
         format!("localhost:{}", port.wrapping_add(1)),
     ] {
-        let (status, body) = call(
-            addr,
-            reqwest::Method::POST,
-            "/workflows/ecommerce-order/tasks",
-            &[("host", &host), json_type],
-            &order,
-        )
-        .await;
+        let (status, body) = submit_order(addr, &[("host", &host), json_type], &order).await;
         assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{host}: {body}");
         assert_eq!(body["error"]["code"], "misdirected_request", "{body}");
         assert!(
@@ -314,14 +307,7 @@ async fn a_request_for_another_host_is_refused() {
         format!("LocalHost:{port}"),
         format!("127.0.0.1:{port}"),
     ] {
-        let (status, body) = call(
-            addr,
-            reqwest::Method::POST,
-            "/workflows/ecommerce-order/tasks",
-            &[("host", &host), json_type],
-            &order,
-        )
-        .await;
+        let (status, body) = submit_order(addr, &[("host", &host), json_type], &order).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{host}: {body}");
     }
     assert_eq!(tasks_held(&system), 3);
@@ -361,10 +347,8 @@ async fn a_post_whose_body_is_not_declared_json_is_refused() {
     }
     assert_eq!(tasks_held(&system), 0, "nothing written");
     // A cross-origin browser request is refused whatever it declares.
-    let (status, body) = call(
+    let (status, body) = submit_order(
         addr,
-        reqwest::Method::POST,
-        "/workflows/ecommerce-order/tasks",
         &[
             ("content-type", "application/json"),
             ("origin", "https://evil.example"),
@@ -385,14 +369,7 @@ async fn a_post_whose_body_is_not_declared_json_is_refused() {
             ("origin", own.as_str()),
         ],
     ] {
-        let (status, body) = call(
-            addr,
-            reqwest::Method::POST,
-            "/workflows/ecommerce-order/tasks",
-            &headers,
-            &order,
-        )
-        .await;
+        let (status, body) = submit_order(addr, &headers, &order).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{headers:?}: {body}");
     }
 }
@@ -417,10 +394,8 @@ async fn the_operator_api_needs_authentication_whenever_the_task_api_does() {
         )
         .expect("token");
     let bearer = format!("Bearer {token}");
-    let (status, body) = call(
+    let (status, body) = submit_order(
         addr,
-        reqwest::Method::POST,
-        "/workflows/ecommerce-order/tasks",
         &[
             ("content-type", "application/json"),
             ("authorization", &bearer),
@@ -451,12 +426,7 @@ async fn the_operator_api_needs_authentication_whenever_the_task_api_does() {
             );
         }
     }
-    let r = system
-        .store
-        .get_state(id.parse().expect("uuid"))
-        .await
-        .expect("read")
-        .expect("the task");
+    let r = sas_blackbox::state(&system, id.parse().expect("uuid")).await;
     assert_eq!(r.process_state, ProcessState::Pending, "not cancelled");
 }
 
@@ -474,15 +444,7 @@ async fn recording(seen: Arc<Mutex<Vec<String>>>) -> String {
         }
         next.run(req).await
     }
-    let mut app = axum::Router::new();
-    for name in ["inventory", "payment", "shipping"] {
-        let sim = Arc::new(SimulatedService::new(
-            name,
-            Faults::default(),
-            Arc::new(SystemClock),
-        ));
-        app = app.nest(&format!("/{name}"), router(sim));
-    }
+    let app = sas_blackbox::simulated_services(&["inventory", "payment", "shipping"]);
     serve_loopback(app.layer(middleware::from_fn_with_state(seen, record))).await
 }
 
@@ -548,9 +510,7 @@ async fn a_credential_outside_the_secrets_prefix_is_never_read() {
     .expect("settings");
     settings.definitions = files;
     settings.credentials = profile.clone();
-    let system = System::new(Backend::Memory, settings, Arc::new(SystemClock))
-        .await
-        .expect("system");
+    let system = sas_blackbox::memory_system(settings).await;
     let id = submit_ok(&system).await;
     // The inventory step runs with its token; the payment step's credential is refused, so
     // the payment step is deferred, as a misconfigured service's (or, unfixed, the task goes

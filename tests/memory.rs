@@ -45,12 +45,7 @@ async fn a_faulty_in_memory_run_loses_nothing_and_duplicates_nothing() {
     }
     let mut policies: HashMap<String, Policies> = HashMap::new();
     for name in [ECOMMERCE, LOAN] {
-        let w = system
-            .definitions
-            .latest(name)
-            .await
-            .expect("catalog")
-            .expect("published");
+        let w = sas_blackbox::latest_workflow(&system, name).await;
         policies.insert(name.to_owned(), w.policies());
     }
     let until = Instant::now() + Duration::from_secs(60);

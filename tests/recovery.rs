@@ -9,18 +9,11 @@ use sas::local::System;
 use sas::remote::Faults;
 use sas::{ProcessState, StepStatus, TaskId};
 use sas_blackbox::{
-    ECOMMERCE, LOAN, assert_valid, aws_system, drain, manual_settings, net, order_input, post_task,
+    ECOMMERCE, LOAN, aws_system, drain, manual_settings, net, order_input, post_task,
     pump_until_quiet, state, submit_loan, subscribe, wait_for_messages,
 };
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-
-fn refuse(actions: &[&str]) -> Faults {
-    Faults {
-        refuse_actions: actions.iter().map(|a| a.to_string()).collect(),
-        ..Faults::default()
-    }
-}
 
 /// A queue of the submitting application (named as the deployment's reply-queue pattern and
 /// the IAM policies require).
@@ -67,10 +60,7 @@ fn effects(system: &System, service: &str, id: TaskId) -> (Vec<i32>, Vec<(String
 
 /// Serves the system's API (operator routes on) and returns `sasctl`'s client for it.
 async fn operator(system: &mut System) -> sasctl::Client {
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serves");
+    let addr = sas_blackbox::serve_system(system).await;
     sasctl::Client::new(format!("http://{addr}/operator").parse().expect("url")).expect("client")
 }
 
@@ -97,10 +87,7 @@ async fn sasctl_at(ops: &sasctl::Client, args: &[&str]) -> (i32, String, String)
 /// A served in-memory system (manual compensation) where the bank refuses every payout, with
 /// `n` loans waiting in Error past their pivot, and an operator client.
 async fn loans_in_error(n: usize) -> (System, sasctl::Client, Vec<TaskId>) {
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("core-banking".into(), refuse(&["disburse-funds"]));
+    let settings = sas_blackbox::faulty("core-banking", sas_blackbox::refuse(&["disburse-funds"]));
     let mut system = sas_blackbox::memory_system(settings).await;
     let ops = operator(&mut system).await;
     let mut loans = Vec::new();
@@ -118,6 +105,50 @@ async fn loans_in_error(n: usize) -> (System, sasctl::Client, Vec<TaskId>) {
 async fn sasctl_text(ops: &sasctl::Client, args: &[&str]) -> (i32, String) {
     let (code, out, err) = sasctl_at(ops, args).await;
     (code, out + &err)
+}
+
+/// The stored breaker of `service` (it must have one).
+async fn breaker(system: &System, service: &str) -> sas::domain::BreakerRecord {
+    system
+        .store
+        .get_breaker(service)
+        .await
+        .expect("read")
+        .expect("stored")
+}
+
+/// Submits an e-commerce order through the task API (202 asserted); the answer.
+async fn post_order(system: &System) -> Value {
+    let order = order_input().to_string();
+    let (status, _, answer) = post_task(system, ECOMMERCE, &[], order.as_bytes()).await;
+    assert_eq!(status, 202, "{answer}");
+    answer
+}
+
+/// A loan on the emulator (a system named `name`) that the bank's refused payout left in
+/// Error past its pivot.
+async fn loan_in_error_on_the_emulator(name: &str) -> (System, TaskId) {
+    let settings = sas_blackbox::faulty("core-banking", sas_blackbox::refuse(&["disburse-funds"]));
+    let (system, _clock) = aws_system(name, settings).await;
+    let id = submit_loan(&system).await;
+    pump_until_quiet(&system, 30).await;
+    assert_eq!(state(&system, id).await.process_state, ProcessState::Error);
+    (system, id)
+}
+
+/// A command line's words: split at spaces, but a '…' quoted word keeps its spaces.
+fn words(line: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = line.trim_start();
+    while !rest.is_empty() {
+        let (word, after) = match rest.strip_prefix('\'') {
+            Some(quoted) => quoted.split_once('\'').expect("a closing quote"),
+            None => rest.split_once(' ').unwrap_or((rest, "")),
+        };
+        out.push(word);
+        rest = after.trim_start();
+    }
+    out
 }
 
 /// [`sasctl_at`] with `--json`: the document on stdout (or what was printed, if it is none).
@@ -156,29 +187,17 @@ fn refused(r: &Result<sasctl::TaskView, sasctl::ClientError>, want: u16, want_co
 
 #[tokio::test]
 async fn a_permanent_fault_at_step_three_undoes_steps_two_then_one_each_once() {
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("shipping".into(), refuse(&["arrange-shipping"]));
+    let settings = sas_blackbox::faulty("shipping", sas_blackbox::refuse(&["arrange-shipping"]));
     let (system, _clock) = aws_system("compensate", settings).await;
     let bus = subscribe(&system, &["TaskFailed", "TaskCompensated", "TaskRefused"]).await;
     let client = client_queue(&system).await;
     let id = submit_to(&system, Some(&client)).await;
     pump_until_quiet(&system, 30).await;
 
-    let r = state(&system, id).await;
-    assert_eq!(r.process_state, ProcessState::Refused, "{r:?}");
-    assert_valid(&system, &r).await;
-    assert_eq!(r.steps[2].status, StepStatus::Failed);
-    assert_eq!(r.steps[2].undo, None, "a refused step has nothing to undo");
+    let r = sas_blackbox::refused_at(&system, id, 2).await;
     assert_eq!(r.steps[1].undo, Some(StepStatus::Done));
     assert_eq!(r.steps[0].undo, Some(StepStatus::Done));
-    let undone: Vec<_> = r
-        .history
-        .iter()
-        .filter(|h| h.reason.starts_with("undone"))
-        .filter_map(|h| h.step.clone())
-        .collect();
+    let undone = sas_blackbox::undone_steps(&r);
     assert_eq!(
         undone,
         ["charge-payment", "reserve-inventory"],
@@ -263,13 +282,12 @@ async fn a_permanent_fault_at_step_three_undoes_steps_two_then_one_each_once() {
 #[tokio::test]
 async fn a_failing_undo_ends_in_compensation_failed_with_an_alert_and_an_operator_retry_finishes_it()
  {
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("shipping".into(), refuse(&["arrange-shipping"]));
-    settings
-        .faults
-        .insert("inventory".into(), refuse(&["release-inventory"]));
+    let mut settings =
+        sas_blackbox::faulty("shipping", sas_blackbox::refuse(&["arrange-shipping"]));
+    settings.faults.insert(
+        "inventory".into(),
+        sas_blackbox::refuse(&["release-inventory"]),
+    );
     let (mut system, _clock) = aws_system("undofails", settings).await;
     let alerts = subscribe(&system, &["TaskCompensationFailed"]).await;
     let id = submit_to(&system, None).await;
@@ -328,14 +346,7 @@ async fn a_failing_undo_ends_in_compensation_failed_with_an_alert_and_an_operato
 async fn operator_retry_of_an_error_task_reaches_processed_and_two_concurrent_retries_start_one() {
     // A refusal past the loan's pivot (the contract is signed) cannot be compensated: the task
     // waits in Error for a person.
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("core-banking".into(), refuse(&["disburse-funds"]));
-    let (mut system, _clock) = aws_system("opretry", settings).await;
-    let id = submit_loan(&system).await;
-    pump_until_quiet(&system, 30).await;
-    assert_eq!(state(&system, id).await.process_state, ProcessState::Error);
+    let (mut system, id) = loan_in_error_on_the_emulator("opretry").await;
 
     let ops = operator(&mut system).await;
     let key = id.to_string();
@@ -622,12 +633,7 @@ async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_clos
         3,
         "the breaker opened after 3 faults and stopped the calls"
     );
-    let b = system
-        .store
-        .get_breaker("payment")
-        .await
-        .expect("read")
-        .expect("stored");
+    let b = breaker(&system, "payment").await;
     assert!(matches!(b.state, BreakerState::Open { .. }), "{b:?}");
     // Its opening is an operator alert, once, naming the service and the fault.
     let got = wait_for_messages(&system, &alerts, 1).await;
@@ -686,13 +692,19 @@ async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_clos
         .await
         .expect("the probe succeeds");
     assert_eq!(payment.stats().calls, before + 1);
-    let b = system
-        .store
-        .get_breaker("payment")
-        .await
-        .expect("read")
-        .expect("stored");
+    let b = breaker(&system, "payment").await;
     assert_eq!(b.state, BreakerState::Closed { failures: 0 });
+}
+
+/// Sends `message` to the scheduler's work queue, visible at once.
+async fn send_work(system: &System, message: &sas::messages::SchedulerMessage) {
+    let body = serde_json::to_string(message).expect("json");
+    let url = &system.resources.work_queue_url;
+    system
+        .queue
+        .send(url, &body, Duration::ZERO)
+        .await
+        .expect("send");
 }
 
 #[tokio::test]
@@ -706,15 +718,7 @@ async fn a_wait_longer_than_sqs_allows_is_sent_on_until_it_is_due() {
         task_id: id,
         not_before: Some(later),
     });
-    system
-        .queue
-        .send(
-            &system.resources.work_queue_url,
-            &serde_json::to_string(&early).expect("json"),
-            Duration::ZERO,
-        )
-        .await
-        .expect("send");
+    send_work(&system, &early).await;
     assert_eq!(system.pump_scheduler().await.expect("poll"), 1);
     let r = state(&system, id).await;
     assert_eq!(
@@ -732,15 +736,7 @@ async fn a_wait_longer_than_sqs_allows_is_sent_on_until_it_is_due() {
         task_id: id,
         not_before: Some(chrono::Utc::now() - chrono::Duration::seconds(1)),
     });
-    system
-        .queue
-        .send(
-            &system.resources.work_queue_url,
-            &serde_json::to_string(&due).expect("json"),
-            Duration::ZERO,
-        )
-        .await
-        .expect("send");
+    send_work(&system, &due).await;
     system.pump_scheduler().await.expect("poll");
     assert_eq!(
         state(&system, id).await.process_state,
@@ -754,14 +750,7 @@ async fn a_wait_longer_than_sqs_allows_is_sent_on_until_it_is_due() {
 
 #[tokio::test]
 async fn sasctl_show_renders_a_failed_tasks_steps_and_history() {
-    let mut settings = manual_settings();
-    settings
-        .faults
-        .insert("core-banking".into(), refuse(&["disburse-funds"]));
-    let (mut system, _clock) = aws_system("show", settings).await;
-    let id = submit_loan(&system).await;
-    pump_until_quiet(&system, 30).await;
-    assert_eq!(state(&system, id).await.process_state, ProcessState::Error);
+    let (mut system, id) = loan_in_error_on_the_emulator("show").await;
     let ops = operator(&mut system).await;
     let cli = sasctl::Cli::try_parse_from([
         "sasctl",
@@ -784,11 +773,8 @@ async fn sasctl_show_renders_a_failed_tasks_steps_and_history() {
 
     let id = id.to_string();
     // An operator settles the failed loan by hand and closes it with a note.
-    let (code, out, err) = sasctl_at(
-        &ops,
-        &["resolve", &id, "--note", "disbursed by hand, ticket 42"],
-    )
-    .await;
+    let line = format!("resolve {id} --note 'disbursed by hand, ticket 42'");
+    let (code, out, err) = sasctl_at(&ops, &words(&line)).await;
     assert_eq!(code, 0, "{out}{err}");
     let r = state(&system, id.parse().expect("id")).await;
     assert_eq!(r.process_state, ProcessState::Resolved, "{r:?}");
@@ -822,31 +808,13 @@ async fn sasctl_paging_hints_repeat_every_flag_given() {
     let mut system = sas_blackbox::memory_system(manual_settings()).await;
     let ops = operator(&mut system).await;
     for _ in 0..3 {
-        let (status, _, answer) = post_task(
-            &system,
-            ECOMMERCE,
-            &[],
-            order_input().to_string().as_bytes(),
-        )
-        .await;
-        assert_eq!(status, 202, "{answer}");
+        post_order(&system).await;
     }
-    let argv = [
-        "sasctl",
-        "--endpoint",
-        ops.base().as_str(),
-        "--sign",
-        "never",
-        "list",
-        "--state",
-        "Pending",
-        "--workflow",
-        ECOMMERCE,
-        "--limit",
-        "1",
-    ];
+    let flags = format!("--sign never list --state Pending --workflow {ECOMMERCE} --limit 1");
+    let mut argv = vec!["sasctl", "--endpoint", ops.base().as_str()];
+    argv.extend(words(&flags));
     let mut out = Vec::new();
-    let code = sasctl::run(sasctl::Cli::try_parse_from(argv).expect("args"), &mut out)
+    let code = sasctl::run(sasctl::Cli::try_parse_from(&argv).expect("args"), &mut out)
         .await
         .expect("runs");
     let shown = String::from_utf8(out).expect("utf-8");
@@ -877,14 +845,7 @@ async fn sasctl_watch_follows_a_task_until_it_is_terminal() {
     let mut system = sas_blackbox::memory_system(sas::local::Settings::default()).await;
     let ops = operator(&mut system).await;
     system.start();
-    let (status, _, answer) = post_task(
-        &system,
-        ECOMMERCE,
-        &[],
-        order_input().to_string().as_bytes(),
-    )
-    .await;
-    assert_eq!(status, 202, "{answer}");
+    let answer = post_order(&system).await;
     let id = answer["taskId"].as_str().expect("taskId").to_owned();
     let cli = sasctl::Cli::try_parse_from([
         "sasctl",
@@ -1048,9 +1009,10 @@ async fn expires_at(system: &System, id: TaskId, sk: &str) -> Option<i64> {
 async fn final_tasks_expire_after_the_retention_and_tasks_waiting_for_an_operator_never() {
     let mut settings = manual_settings();
     settings.retention = Some(chrono::Duration::days(90));
-    settings
-        .faults
-        .insert("core-banking".into(), refuse(&["disburse-funds"]));
+    settings.faults.insert(
+        "core-banking".into(),
+        sas_blackbox::refuse(&["disburse-funds"]),
+    );
     let (system, _clock) = aws_system("retention", settings).await;
     let processed = sas_blackbox::submit_ok(&system).await;
     let stuck = submit_loan(&system).await;
@@ -1110,17 +1072,8 @@ async fn a_paused_service_makes_its_steps_wait_without_failing_until_it_is_resum
     let (code, text) = sasctl_text(&ops, &["service", "pause", "nope", "--reason", "x"]).await;
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("service_not_found"), "{text}");
-    let (code, text) = sasctl_text(
-        &ops,
-        &[
-            "service",
-            "pause",
-            "payment",
-            "--reason",
-            "bank maintenance",
-        ],
-    )
-    .await;
+    let line = "service pause payment --reason 'bank maintenance'";
+    let (code, text) = sasctl_text(&ops, &words(line)).await;
     assert_eq!((code, text.trim()), (0, "payment paused"));
     let (code, text) =
         sasctl_text(&ops, &["service", "pause", "payment", "--reason", "again"]).await;
@@ -1153,12 +1106,7 @@ async fn a_paused_service_makes_its_steps_wait_without_failing_until_it_is_resum
 
     let (code, text) = sasctl_text(&ops, &["service", "resume", "payment"]).await;
     assert_eq!((code, text.trim()), (0, "payment closed"), "{text}");
-    let b = system
-        .store
-        .get_breaker("payment")
-        .await
-        .expect("read")
-        .expect("stored");
+    let b = breaker(&system, "payment").await;
     assert_eq!(
         (b.state, b.note),
         (BreakerState::Closed { failures: 0 }, None)
@@ -1172,18 +1120,8 @@ async fn sasctl_bulk_counts_first_then_acts_on_each_task_of_the_selection() {
     let (system, ops, loans) = loans_in_error(3).await;
     let order = sas_blackbox::submit_task(&system, ECOMMERCE, &order_input()).await;
     pump_until_quiet(&system, 60).await;
-    let (code, dry) = sasctl_json(
-        &ops,
-        &[
-            "bulk",
-            "resolve",
-            "--state",
-            "Error",
-            "--reason",
-            "paid by hand",
-        ],
-    )
-    .await;
+    let line = "bulk resolve --state Error --reason 'paid by hand'";
+    let (code, dry) = sasctl_json(&ops, &words(line)).await;
     assert_eq!(code, 0, "{dry}");
     assert_eq!(
         (dry["dryRun"].as_bool(), dry["count"].as_u64()),
@@ -1198,31 +1136,14 @@ async fn sasctl_bulk_counts_first_then_acts_on_each_task_of_the_selection() {
         );
     }
     // A range that ends before the tasks failed holds none of them.
-    let (_, none) = sasctl_json(
-        &ops,
-        &["bulk", "retry", "--state", "Error", "--until", "1h"],
-    )
-    .await;
+    let (_, none) = sasctl_json(&ops, &words("bulk retry --state Error --until 1h")).await;
     assert_eq!(none["count"], 0, "{none}");
     let (code, _) = sasctl_json(&ops, &["bulk", "resolve", "--state", "Error"]).await;
     assert_eq!(code, 2, "resolve needs a reason");
-    let (code, done) = sasctl_json(
-        &ops,
-        &[
-            "bulk",
-            "resolve",
-            "--state",
-            "Error",
-            "--workflow",
-            LOAN,
-            "--since",
-            "1h",
-            "--reason",
-            "paid by hand",
-            "--yes",
-        ],
-    )
-    .await;
+    let line = format!(
+        "bulk resolve --state Error --workflow {LOAN} --since 1h --reason 'paid by hand' --yes"
+    );
+    let (code, done) = sasctl_json(&ops, &words(&line)).await;
     assert_eq!(code, 0, "{done}");
     assert_eq!(
         done["tally"]["applied"].as_array().map(Vec::len),
@@ -1241,11 +1162,7 @@ async fn sasctl_bulk_counts_first_then_acts_on_each_task_of_the_selection() {
         state(&system, order).await.process_state,
         ProcessState::Processed
     );
-    let (_, again) = sasctl_json(
-        &ops,
-        &["bulk", "resolve", "--state", "Error", "--reason", "x"],
-    )
-    .await;
+    let (_, again) = sasctl_json(&ops, &words("bulk resolve --state Error --reason x")).await;
     assert_eq!(again["count"], 0, "{again}");
 }
 
@@ -1257,24 +1174,12 @@ async fn sasctl_skip_marks_the_failed_step_done_by_hand_and_the_task_goes_on() {
     let id = loans[0].to_string();
     let (code, text) = sasctl_text(&ops, &["skip", &id, "--result", "{}"]).await;
     assert_eq!(code, 2, "a skip needs a reason: {text}");
-    let (code, text) = sasctl_text(
-        &ops,
-        &["skip", &id, "--reason", "x", "--result", "{not json"],
-    )
-    .await;
+    let line = format!("skip {id} --reason x --result '{{not json'");
+    let (code, text) = sasctl_text(&ops, &words(&line)).await;
     assert_eq!(code, 2, "{text}");
-    let (code, text) = sasctl_text(
-        &ops,
-        &[
-            "skip",
-            &id,
-            "--reason",
-            "paid out by hand, transfer T-1",
-            "--result",
-            r#"{"transfer": "T-1"}"#,
-        ],
-    )
-    .await;
+    let result = r#"{"transfer": "T-1"}"#;
+    let line = format!("skip {id} --reason 'paid out by hand, transfer T-1' --result '{result}'");
+    let (code, text) = sasctl_text(&ops, &words(&line)).await;
     assert_eq!(code, 0, "{text}");
     let r = state(&system, id.parse().expect("id")).await;
     assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
@@ -1297,31 +1202,19 @@ async fn sasctl_retry_with_a_new_input_reruns_the_refused_step_on_it() {
     let (system, ops, loans) = loans_in_error(1).await;
     let id = loans[0];
     let id_text = id.to_string();
-    let (code, text) = sasctl_text(
-        &ops,
-        &["retry", &id_text, "--input", r#"{"applicantId": "a-42"}"#],
-    )
-    .await;
+    let line = format!(r#"retry {id_text} --input '{{"applicantId": "a-42"}}'"#);
+    let (code, text) = sasctl_text(&ops, &words(&line)).await;
     assert_eq!(code, 1, "{text}");
     assert!(
         text.contains("validation_failed"),
         "the schema is checked: {text}"
     );
     let new_input = json!({"applicantId": "a-42", "amount": 20000, "currency": "EUR"});
-    let (code, text) = sasctl_text(
-        &ops,
-        &[
-            "retry",
-            &id_text,
-            "--reason",
-            "the applicant lowered the amount",
-            "--input",
-            &new_input.to_string(),
-        ],
-    )
-    .await;
+    let line =
+        format!("retry {id_text} --reason 'the applicant lowered the amount' --input {new_input}");
+    let (code, text) = sasctl_text(&ops, &words(&line)).await;
     assert_eq!(code, 0, "{text}");
-    let (task, r) = system.store.get(id).await.expect("read").expect("found");
+    let (task, r) = sas_blackbox::task_and_state(&system, id).await;
     assert_eq!(task.input, new_input);
     assert_eq!(r.process_state, ProcessState::Pending);
     assert_eq!(r.steps[3].generation, 1, "a new key for the new body");

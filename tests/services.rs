@@ -9,28 +9,17 @@ use sas::ProcessState;
 use sas::aws::AwsCredentials;
 use sas::catalog;
 use sas::domain::workflow::CredentialSource;
-use sas::local::{Backend, System};
-use sas::ports::SystemClock;
-use sas::remote::{Credentials, Faults, SimulatedService, router};
+use sas::remote::Credentials;
 use sas_blackbox::{
     manual_settings, pump_until_quiet, sdk_config, serve_loopback, state, submit_ok, unique,
 };
 use std::sync::{Arc, Mutex};
 
-async fn put_secret(config: &aws_config::SdkConfig, name: &str, value: &str) {
-    aws_sdk_secretsmanager::Client::new(config)
-        .create_secret()
-        .name(name)
-        .secret_string(value)
-        .send()
-        .await
-        .expect("create the secret");
-}
-
+/// Stores `value` as the newest version of the existing secret `name`.
 async fn rotate_secret(config: &aws_config::SdkConfig, name: &str, value: &str) {
-    aws_sdk_secretsmanager::Client::new(config)
-        .put_secret_value()
-        .secret_id(name)
+    let secrets = aws_sdk_secretsmanager::Client::new(config);
+    let rotation = secrets.put_secret_value().secret_id(name);
+    rotation
         .secret_string(value)
         .send()
         .await
@@ -41,16 +30,9 @@ async fn rotate_secret(config: &aws_config::SdkConfig, name: &str, value: &str) 
 async fn secrets_and_parameters_are_read_with_the_real_clients() {
     let config = sdk_config().await;
     let secret = format!("sas/test/{}", unique("token"));
-    put_secret(&config, &secret, "s3cret-value").await;
+    sas_blackbox::put_secret(&config, &secret, "s3cret-value").await;
     let parameter = format!("/sas/test/{}", unique("key"));
-    aws_sdk_ssm::Client::new(&config)
-        .put_parameter()
-        .name(&parameter)
-        .value("p4ram-value")
-        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
-        .send()
-        .await
-        .expect("put the parameter");
+    sas_blackbox::put_parameter(&config, &parameter, "p4ram-value").await;
 
     let creds = AwsCredentials::from_config(&config);
     let got = creds
@@ -97,15 +79,7 @@ async fn guarded(expected: Arc<Mutex<String>>) -> String {
         }
         next.run(req).await
     }
-    let mut app = axum::Router::new();
-    for name in ["inventory", "payment", "shipping"] {
-        let sim = Arc::new(SimulatedService::new(
-            name,
-            Faults::default(),
-            Arc::new(SystemClock),
-        ));
-        app = app.nest(&format!("/{name}"), router(sim));
-    }
+    let app = sas_blackbox::simulated_services(&["inventory", "payment", "shipping"]);
     serve_loopback(app.layer(middleware::from_fn_with_state(expected, check))).await
 }
 
@@ -113,7 +87,7 @@ async fn guarded(expected: Arc<Mutex<String>>) -> String {
 async fn a_task_runs_on_http_services_with_a_rotated_bearer_token() {
     let config = sdk_config().await;
     let secret = format!("sas/test/{}", unique("bearer"));
-    put_secret(&config, &secret, "first").await;
+    sas_blackbox::put_secret(&config, &secret, "first").await;
     let expected = Arc::new(Mutex::new("first".to_owned()));
     let base = guarded(expected.clone()).await;
     let services: String = ["inventory", "payment", "shipping"]
@@ -132,9 +106,7 @@ async fn a_task_runs_on_http_services_with_a_rotated_bearer_token() {
         credentials: Arc::new(AwsCredentials::from_config(&config)),
         ..manual_settings()
     };
-    let system = System::new(Backend::Memory, settings, Arc::new(SystemClock))
-        .await
-        .expect("system");
+    let system = sas_blackbox::memory_system(settings).await;
 
     let first = submit_ok(&system).await;
     pump_until_quiet(&system, 30).await;

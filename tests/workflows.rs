@@ -89,18 +89,26 @@ async fn start(http: &reqwest::Client, base: &str, input: &Value) -> (u16, Value
     (status, r.json().await.expect("JSON answer"))
 }
 
+/// Starts a claim with `input`, which must be accepted; the answer.
+async fn accepted(http: &reqwest::Client, base: &str, input: &Value) -> Value {
+    let (status, started) = start(http, base, input).await;
+    assert_eq!(status, 202, "{started}");
+    started
+}
+
+/// How many tasks are Pending.
+async fn pending(system: &System) -> usize {
+    let page = system
+        .store
+        .list(sas::ProcessState::Pending, None, 100, None);
+    page.await.expect("list").items.len()
+}
+
 /// Polls the task until it is terminal.
 async fn finished(http: &reqwest::Client, base: &str, id: &str, within: Duration) -> Value {
     let until = Instant::now() + within;
     loop {
-        let v: Value = http
-            .get(format!("{base}/tasks/{id}"))
-            .send()
-            .await
-            .expect("GET")
-            .json()
-            .await
-            .expect("JSON");
+        let v: Value = sas_blackbox::get_json(http, &format!("{base}/tasks/{id}")).await;
         let state = v["processState"].as_str().unwrap_or_default();
         if [
             "Processed",
@@ -124,15 +132,7 @@ fn result_id(task: &Value, step: usize) -> Value {
 
 /// Every request a task's keys brought to a simulated service: (action, input).
 fn requests(system: &System, service: &str, task: &str) -> Vec<(String, Value)> {
-    system
-        .services
-        .get(service)
-        .stats()
-        .requests
-        .into_iter()
-        .filter(|a| a.key.starts_with(task))
-        .map(|a| (a.action, a.input))
-        .collect()
+    sas_blackbox::requests(system, service, task)
 }
 
 async fn publish(http: &reqwest::Client, base: &str, workflow: &Value) -> (u16, Value) {
@@ -164,8 +164,7 @@ async fn unseen_workflow_runs_and_compensates_exactly(
 
     // To Processed, each request built by its mapping.
     let input = json!({"claimId": "C-1", "policyNumber": "P-77", "amount": 1200.5});
-    let (status, started) = start(&http, base, &input).await;
-    assert_eq!(status, 202, "{started}");
+    let started = accepted(&http, base, &input).await;
     assert_eq!(started["workflowVersion"], 1);
     let id = started["taskId"].as_str().expect("taskId").to_owned();
     let done = finished(&http, base, &id, within).await;
@@ -201,13 +200,8 @@ async fn unseen_workflow_runs_and_compensates_exactly(
         refuse_actions: vec!["reserve-payout".into()],
         ..Faults::default()
     });
-    let (status, started) = start(
-        &http,
-        base,
-        &json!({"claimId": "C-2", "policyNumber": "P-78", "amount": 5}),
-    )
-    .await;
-    assert_eq!(status, 202, "{started}");
+    let input = json!({"claimId": "C-2", "policyNumber": "P-78", "amount": 5});
+    let started = accepted(&http, base, &input).await;
     let id = started["taskId"].as_str().expect("taskId").to_owned();
     let done = finished(&http, base, &id, within).await;
     system.services.get("ledger").set_faults(Faults::default());
@@ -257,13 +251,8 @@ async fn a_running_task_finishes_on_its_version(system: &System, base: &str, wit
         latency: Duration::from_millis(1500),
         ..Faults::default()
     });
-    let (status, started) = start(
-        &http,
-        base,
-        &json!({"claimId": "C-3", "policyNumber": "P-9", "amount": 7}),
-    )
-    .await;
-    assert_eq!(status, 202, "{started}");
+    let input = json!({"claimId": "C-3", "policyNumber": "P-9", "amount": 7});
+    let started = accepted(&http, base, &input).await;
     let v1_task = started["taskId"].as_str().expect("taskId").to_owned();
     let v1 = started["workflowVersion"].as_u64().expect("version");
 
@@ -313,14 +302,11 @@ async fn a_running_task_finishes_on_its_version(system: &System, base: &str, wit
     );
 
     // Both versions stay readable, unchanged.
-    let old: Value = http
-        .get(format!("{base}/workflows/insurance-claim/versions/{v1}"))
-        .send()
-        .await
-        .expect("GET")
-        .json()
-        .await
-        .expect("JSON");
+    let old: Value = sas_blackbox::get_json(
+        &http,
+        &format!("{base}/workflows/insurance-claim/versions/{v1}"),
+    )
+    .await;
     assert_eq!(
         old["definition"]["steps"][3]["service"], "notifier",
         "{old}"
@@ -364,14 +350,7 @@ async fn bad_definitions_and_inputs_name_the_place(system: &System, base: &str) 
             "{at} / {words}: {body}"
         );
     }
-    let listed: Value = http
-        .get(format!("{base}/workflows"))
-        .send()
-        .await
-        .expect("GET")
-        .json()
-        .await
-        .expect("JSON");
+    let listed: Value = sas_blackbox::get_json(&http, &format!("{base}/workflows")).await;
     let latest = listed["workflows"]
         .as_array()
         .expect("list")
@@ -384,13 +363,7 @@ async fn bad_definitions_and_inputs_name_the_place(system: &System, base: &str) 
         "no bad definition was published: {listed}"
     );
 
-    let before = system
-        .store
-        .list(sas::ProcessState::Pending, None, 100, None)
-        .await
-        .expect("list")
-        .items
-        .len();
+    let before = pending(system).await;
     for (input, pointer) in [
         (
             json!({"claimId": "C", "policyNumber": "X-1", "amount": 1}),
@@ -410,13 +383,7 @@ async fn bad_definitions_and_inputs_name_the_place(system: &System, base: &str) 
         assert_eq!(body["error"]["code"], "validation_failed");
         assert_eq!(body["error"]["problems"][0]["at"], pointer, "{body}");
     }
-    let after = system
-        .store
-        .list(sas::ProcessState::Pending, None, 100, None)
-        .await
-        .expect("list")
-        .items
-        .len();
+    let after = pending(system).await;
     assert_eq!(before, after, "a refused input writes nothing");
 }
 

@@ -140,6 +140,27 @@ fn is_condition_failed<T: std::fmt::Debug>(r: Result<T, StoreError>) -> bool {
     matches!(r, Err(StoreError::ConditionFailed))
 }
 
+/// The default policy without automatic compensation: a failed task stays in Error.
+fn manual() -> Policy {
+    Policy {
+        auto_compensate: false,
+        ..Policy::default()
+    }
+}
+
+/// The task and record stored under `id`, which must exist.
+async fn stored(store: &dyn StateStore, id: TaskId) -> (Task, StateRecord) {
+    store.get(id).await.expect("read").expect("found")
+}
+
+/// Creates `t` with its record `r`, which must be new.
+async fn create_new(store: &dyn StateStore, t: &Task, r: &StateRecord) {
+    assert_eq!(
+        store.create(t, r, None).await.expect("create"),
+        CreateOutcome::Created
+    );
+}
+
 /// The whole state-store contract.
 pub async fn store_contract(store: Arc<dyn StateStore>) {
     create_is_atomic_and_reads_back(store.as_ref()).await;
@@ -168,10 +189,7 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     let o = task(now);
     let r = record(&o, now, Span::seconds(60));
     // The create, twice: one task, and the second call says Created too.
-    assert_eq!(
-        store.create(&o, &r, None).await.expect("create"),
-        CreateOutcome::Created
-    );
+    create_new(store, &o, &r).await;
     assert_eq!(
         store.create(&o, &r, None).await.expect("its retry"),
         CreateOutcome::Created,
@@ -228,10 +246,7 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     let got = store.get_state(o.id).await.expect("read").expect("found");
     assert_eq!((got.locked_by.as_deref(), got.requeues), (Some("s1"), 0));
     // A new input with its record, twice; a different input under the same condition loses.
-    let manual = Policy {
-        auto_compensate: false,
-        ..Policy::default()
-    };
+    let manual = manual();
     let failed = failed_record(store, "ecommerce-order", Utc::now(), &manual).await;
     let actor = transition::Actor {
         by: "arn:aws:iam::123456789012:user/ops".into(),
@@ -240,11 +255,7 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     };
     let t = transition::retry_with_input(&failed, &actor, Utc::now(), &uniform(&manual), 0)
         .expect("retries");
-    let (before, _) = store
-        .get(failed.task_id)
-        .await
-        .expect("read")
-        .expect("found");
+    let (before, _) = stored(store, failed.task_id).await;
     let patched = json!({"customerId": "c-3", "items": [{"sku": "SKU-3", "quantity": 3}]});
     let changed = before
         .with_new_input(patched.clone(), &t.record)
@@ -262,11 +273,7 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     assert!(is_condition_failed(
         store.put_with_input(&rival, &t.condition, &other).await
     ));
-    let (task, record) = store
-        .get(failed.task_id)
-        .await
-        .expect("read")
-        .expect("found");
+    let (task, record) = stored(store, failed.task_id).await;
     assert_eq!((task.input.clone(), record), (patched, t.record));
     assert_eq!(task, changed, "the revision and the earlier inputs with it");
 }
@@ -274,10 +281,7 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
 /// `put_with_input`: the task's input and its record change together, under the record's
 /// condition; a stale condition or a missing task changes neither.
 async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore) {
-    let manual = Policy {
-        auto_compensate: false,
-        ..Policy::default()
-    };
+    let manual = manual();
     let failed = failed_record(store, "ecommerce-order", Utc::now(), &manual).await;
     let p = uniform(&manual);
     let actor = transition::Actor {
@@ -286,11 +290,7 @@ async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore)
         operator: true,
     };
     let t = transition::retry_with_input(&failed, &actor, Utc::now(), &p, 0).expect("retries");
-    let (before, _) = store
-        .get(failed.task_id)
-        .await
-        .expect("read")
-        .expect("found");
+    let (before, _) = stored(store, failed.task_id).await;
     let input = json!({"customerId": "c-2", "items": [{"sku": "SKU-9", "quantity": 1}]});
     let patched = before
         .with_new_input(input.clone(), &t.record)
@@ -306,11 +306,7 @@ async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore)
             .put_with_input(&stale.record, &stale.condition, &patched)
             .await
     ));
-    let (task, record) = store
-        .get(failed.task_id)
-        .await
-        .expect("read")
-        .expect("found");
+    let (task, record) = stored(store, failed.task_id).await;
     assert_ne!(task.input, input);
     assert_eq!(record, failed);
     // A task at another revision than the one before: nothing changes either.
@@ -336,11 +332,7 @@ async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore)
         .put_with_input(&t.record, &t.condition, &patched)
         .await
         .expect("lands");
-    let (task, record) = store
-        .get(failed.task_id)
-        .await
-        .expect("read")
-        .expect("found");
+    let (task, record) = stored(store, failed.task_id).await;
     assert_eq!((task.clone(), record), (patched.clone(), t.record.clone()));
     // The first step failed: no step ran on the submitted input, which is not kept.
     assert_eq!((task.input_revision, task.earlier_inputs.len()), (1, 0));
@@ -421,10 +413,7 @@ async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
         let mut t = task(start + Span::seconds(i as i64));
         t.caller = who.clone();
         let r = record(&t, start, Span::seconds(30));
-        assert_eq!(
-            store.create(&t, &r, None).await.expect("create"),
-            CreateOutcome::Created
-        );
+        create_new(store, &t, &r).await;
         if who == &alice {
             mine.push(t.id);
         }
@@ -498,49 +487,25 @@ async fn leases_have_one_holder_until_they_expire(store: &dyn StateStore) {
     let name = format!("test#{}", TaskId::new_random());
     let now = to_millis(Utc::now());
     let ttl = Span::seconds(30);
-    assert!(store.acquire_lease(&name, "a", now, ttl).await.expect("a"));
-    assert!(
-        !store.acquire_lease(&name, "b", now, ttl).await.expect("b"),
-        "held by a"
-    );
-    assert!(
+    let key = name.as_str();
+    let lease = |who: &'static str, after: i64| async move {
         store
-            .acquire_lease(&name, "a", now + Span::seconds(10), ttl)
+            .acquire_lease(key, who, now + Span::seconds(after), ttl)
             .await
-            .expect("renew"),
-        "the holder renews"
-    );
-    assert!(
-        !store
-            .acquire_lease(&name, "b", now + Span::seconds(35), ttl)
-            .await
-            .expect("b"),
-        "the renewal moved the expiry"
-    );
-    assert!(
-        store
-            .acquire_lease(&name, "b", now + Span::seconds(40), ttl)
-            .await
-            .expect("b"),
-        "an expired lease is taken over"
-    );
+            .expect(who)
+    };
+    assert!(lease("a", 0).await);
+    assert!(!lease("b", 0).await, "held by a");
+    assert!(lease("a", 10).await, "the holder renews");
+    assert!(!lease("b", 35).await, "the renewal moved the expiry");
+    assert!(lease("b", 40).await, "an expired lease is taken over");
     store
         .release_lease(&name, "a")
         .await
         .expect("a's release is a no-op");
-    assert!(
-        !store
-            .acquire_lease(&name, "a", now + Span::seconds(41), ttl)
-            .await
-            .expect("a")
-    );
+    assert!(!lease("a", 41).await);
     store.release_lease(&name, "b").await.expect("release");
-    assert!(
-        store
-            .acquire_lease(&name, "a", now + Span::seconds(41), ttl)
-            .await
-            .expect("a")
-    );
+    assert!(lease("a", 41).await);
 }
 
 /// Fails a fresh task of `workflow` at its first step (the service refuses it) at `at`, under
@@ -577,10 +542,7 @@ async fn failed_record(
 }
 
 async fn state_index_pages_cover_each_record_once(store: &dyn StateStore) {
-    let manual = Policy {
-        auto_compensate: false,
-        ..Policy::default()
-    };
+    let manual = manual();
     // A far past, so no other part of the suite has records at these instants.
     let base = Utc::now() - Span::days(400);
     let mut want = Vec::new();
@@ -629,10 +591,7 @@ async fn state_index_pages_cover_each_record_once(store: &dyn StateStore) {
 /// id order, however the index returns its ties: DynamoDB leaves rows with equal sort keys in
 /// no defined order, and a page that cut a shard's ties short would skip some.
 async fn ties_in_the_state_index_page_once_each(store: &dyn StateStore) {
-    let manual = Policy {
-        auto_compensate: false,
-        ..Policy::default()
-    };
+    let manual = manual();
     let workflow = format!("tied-{}", TaskId::new_random());
     // One instant, far in the past and unlike any other record's in the suite.
     let at = to_millis(Utc::now() - Span::days(550) - Span::milliseconds(rand_ms()));
@@ -665,10 +624,7 @@ fn rand_ms() -> i64 {
 
 /// `count` counts the records in a state (of a workflow), exactly up to its cap.
 async fn state_index_counts(store: &dyn StateStore) {
-    let manual = Policy {
-        auto_compensate: false,
-        ..Policy::default()
-    };
+    let manual = manual();
     let workflow = format!("counted-{}", TaskId::new_random());
     let base = Utc::now() - Span::days(600);
     for i in 0..3 {
@@ -702,20 +658,14 @@ async fn create_is_atomic_and_reads_back(store: &dyn StateStore) {
     let lr = record(&loan, now, Span::seconds(60));
     assert_eq!(lr.pivot, Some(2));
     assert!(!lr.steps[0].undoable && lr.steps[1].undoable);
-    assert_eq!(
-        store.create(&loan, &lr, None).await.expect("create"),
-        CreateOutcome::Created
-    );
+    create_new(store, &loan, &lr).await;
     assert_eq!(
         store.get(loan.id).await.expect("get"),
         Some((loan.clone(), lr.clone()))
     );
     let o = task(now);
     let r = record(&o, now, Span::seconds(60));
-    assert_eq!(
-        store.create(&o, &r, None).await.expect("create"),
-        CreateOutcome::Created
-    );
+    create_new(store, &o, &r).await;
     assert_eq!(
         store.get(o.id).await.expect("get"),
         Some((o.clone(), r.clone()))
@@ -1062,6 +1012,16 @@ async fn receive_within(
     None
 }
 
+/// Writes `b` as the next version of its breaker, which must land and read back.
+async fn put_breaker_anew(store: &dyn StateStore, b: &sas::domain::BreakerRecord, what: &str) {
+    assert!(store.put_breaker(b).await.expect(what), "{what} lands");
+    assert_eq!(
+        store.get_breaker(&b.name).await.expect("read").as_ref(),
+        Some(b),
+        "{what} reads back"
+    );
+}
+
 async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
     use sas::domain::{BreakerRecord, BreakerState};
     let name = format!("svc-{}", TaskId::new_random());
@@ -1071,12 +1031,8 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
     let one = closed
         .on_misconfigured(Utc::now(), "task-a", &p)
         .expect("a fault is written");
-    assert!(store.put_breaker(&one).await.expect("first write"));
-    assert_eq!(
-        store.get_breaker(&name).await.expect("read"),
-        Some(one.clone()),
-        "the tasks counted are kept"
-    );
+    // The tasks counted are kept.
+    put_breaker_anew(store, &one, "the first write").await;
     assert!(
         !store.put_breaker(&one).await.expect("replay"),
         "a second writer from the same read loses"
@@ -1090,32 +1046,21 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
         open_since: Some(until - Span::seconds(5)),
         fault_keys: vec![],
     };
-    assert!(store.put_breaker(&open).await.expect("v2"));
-    assert_eq!(
-        store.get_breaker(&name).await.expect("read"),
-        Some(open.clone())
-    );
+    put_breaker_anew(store, &open, "v2").await;
     let stale = BreakerRecord {
         version: 2,
         ..closed
     };
     assert!(!store.put_breaker(&stale).await.expect("stale"));
     let half = BreakerRecord {
-        name: name.clone(),
         state: BreakerState::HalfOpen {
             probes_left: 0,
             until,
         },
         version: 3,
-        note: None,
-        open_since: Some(until - Span::seconds(5)),
-        fault_keys: vec![],
+        ..open.clone()
     };
-    assert!(store.put_breaker(&half).await.expect("v3"));
-    assert_eq!(
-        store.get_breaker(&name).await.expect("read"),
-        Some(half.clone())
-    );
+    put_breaker_anew(store, &half, "v3").await;
     // A pause keeps when and the operator's note; a resume clears both.
     let paused = half
         .pause(
@@ -1123,11 +1068,7 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
             "arn:aws:iam::123456789012:user/ops: maintenance".into(),
         )
         .expect("pausable");
-    assert!(store.put_breaker(&paused).await.expect("v4"));
-    assert_eq!(
-        store.get_breaker(&name).await.expect("read"),
-        Some(paused.clone())
-    );
+    put_breaker_anew(store, &paused, "v4").await;
     let resumed = paused.resume().expect("resumable");
     assert!(store.put_breaker(&resumed).await.expect("v5"));
     let read = store
@@ -1144,10 +1085,7 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
 /// `list(state, Some(workflow))` returns the records of that workflow only, each once, across
 /// pages; a workflow with no records gives an empty last page.
 async fn state_index_filters_by_workflow(store: &dyn StateStore) {
-    let manual = Policy {
-        auto_compensate: false,
-        ..Policy::default()
-    };
+    let manual = manual();
     // Another far past, distinct from the other list test's instants.
     let base = Utc::now() - Span::days(500);
     let mut loans = Vec::new();
@@ -1228,6 +1166,35 @@ fn fresh_name(prefix: &str) -> String {
     )
 }
 
+/// Publishes `body` as `name`, which must succeed.
+async fn publish(
+    catalog: &dyn Catalog,
+    kind: Kind,
+    name: &str,
+    body: &Value,
+    at: chrono::DateTime<Utc>,
+) -> Published {
+    catalog
+        .publish(kind, name, body, at)
+        .await
+        .expect("publish")
+}
+
+/// One version of `name` (`None`: the newest), if there is one.
+async fn version(
+    catalog: &dyn Catalog,
+    kind: Kind,
+    name: &str,
+    version: Option<u32>,
+) -> Option<sas::ports::Stored> {
+    catalog.definition(kind, name, version).await.expect("read")
+}
+
+/// What a publish answers: the version, and whether it is new.
+fn published(version: u32, created: bool) -> Published {
+    Published { version, created }
+}
+
 fn definition_body(name: &str, description: &str) -> Value {
     json!({
         "name": name,
@@ -1239,28 +1206,13 @@ fn definition_body(name: &str, description: &str) -> Value {
 async fn versions_are_dense_and_never_change(catalog: &dyn Catalog) {
     let name = fresh_name("w");
     let kind = Kind::Workflow;
-    assert_eq!(
-        catalog.definition(kind, &name, None).await.expect("read"),
-        None
-    );
-    assert_eq!(
-        catalog
-            .definition(kind, &name, Some(1))
-            .await
-            .expect("read"),
-        None
-    );
+    assert_eq!(version(catalog, kind, &name, None).await, None);
+    assert_eq!(version(catalog, kind, &name, Some(1)).await, None);
     let t1 = to_millis(Utc::now() - Span::seconds(30));
     let v1 = definition_body(&name, "first");
     assert_eq!(
-        catalog
-            .publish(kind, &name, &v1, t1)
-            .await
-            .expect("publish"),
-        Published {
-            version: 1,
-            created: true
-        }
+        publish(catalog, kind, &name, &v1, t1).await,
+        published(1, true)
     );
     // The same definition (written with its keys in another order) is the same version.
     let reordered: Value = serde_json::from_str(&format!(
@@ -1269,20 +1221,10 @@ async fn versions_are_dense_and_never_change(catalog: &dyn Catalog) {
     .expect("JSON");
     let t2 = to_millis(Utc::now() - Span::seconds(20));
     assert_eq!(
-        catalog
-            .publish(kind, &name, &reordered, t2)
-            .await
-            .expect("publish"),
-        Published {
-            version: 1,
-            created: false
-        }
+        publish(catalog, kind, &name, &reordered, t2).await,
+        published(1, false)
     );
-    let first = catalog
-        .definition(kind, &name, Some(1))
-        .await
-        .expect("read")
-        .expect("v1");
+    let first = version(catalog, kind, &name, Some(1)).await.expect("v1");
     assert_eq!(
         (first.kind, first.name.as_str(), first.version),
         (kind, name.as_str(), 1)
@@ -1296,65 +1238,37 @@ async fn versions_are_dense_and_never_change(catalog: &dyn Catalog) {
     // A change is the next version; the newest is what `None` reads.
     let v2 = definition_body(&name, "second");
     assert_eq!(
-        catalog
-            .publish(kind, &name, &v2, t2)
-            .await
-            .expect("publish"),
-        Published {
-            version: 2,
-            created: true
-        }
+        publish(catalog, kind, &name, &v2, t2).await,
+        published(2, true)
     );
-    let newest = catalog
-        .definition(kind, &name, None)
-        .await
-        .expect("read")
-        .expect("newest");
+    let newest = version(catalog, kind, &name, None).await.expect("newest");
     assert_eq!((newest.version, &newest.body), (2, &v2));
     assert_eq!(newest.published_at, t2);
     // Going back to v1's body makes a new version: only the newest is compared.
     let t3 = to_millis(Utc::now() - Span::seconds(10));
     assert_eq!(
-        catalog
-            .publish(kind, &name, &v1, t3)
-            .await
-            .expect("publish"),
-        Published {
-            version: 3,
-            created: true
-        }
+        publish(catalog, kind, &name, &v1, t3).await,
+        published(3, true)
     );
     // A published version never changes.
     assert_eq!(
-        catalog
-            .definition(kind, &name, Some(1))
-            .await
-            .expect("read"),
+        version(catalog, kind, &name, Some(1)).await,
         Some(first.clone())
     );
-    let second = catalog
-        .definition(kind, &name, Some(2))
-        .await
-        .expect("read")
-        .expect("v2");
+    let second = version(catalog, kind, &name, Some(2)).await.expect("v2");
     assert_eq!(
         (second.version, &second.body, second.published_at),
         (2, &v2, t2)
     );
     assert_eq!(
-        catalog
-            .definition(kind, &name, None)
+        version(catalog, kind, &name, None)
             .await
-            .expect("read")
             .map(|d| (d.version, d.body)),
         Some((3, v1.clone()))
     );
     for missing in [0, 4, u32::MAX] {
         assert_eq!(
-            catalog
-                .definition(kind, &name, Some(missing))
-                .await
-                .expect("read"),
+            version(catalog, kind, &name, Some(missing)).await,
             None,
             "version {missing}"
         );
@@ -1362,10 +1276,7 @@ async fn versions_are_dense_and_never_change(catalog: &dyn Catalog) {
 
     // Entries: every name once, with its newest version, by name.
     let other = fresh_name("a");
-    catalog
-        .publish(kind, &other, &definition_body(&other, "x"), t3)
-        .await
-        .expect("publish");
+    publish(catalog, kind, &other, &definition_body(&other, "x"), t3).await;
     let entries = catalog.entries(kind).await.expect("entries");
     assert!(
         entries.windows(2).all(|w| w[0].name < w[1].name),
@@ -1387,35 +1298,22 @@ async fn kinds_are_separate(catalog: &dyn Catalog) {
     let workflow = definition_body(&name, "a workflow");
     let service = json!({"name": name, "target": {"type": "simulated"}});
     for body in [&workflow, &definition_body(&name, "again")] {
-        catalog
-            .publish(Kind::Workflow, &name, body, now)
-            .await
-            .expect("publish");
+        publish(catalog, Kind::Workflow, &name, body, now).await;
     }
     assert_eq!(
-        catalog
-            .publish(Kind::Service, &name, &service, now)
-            .await
-            .expect("publish"),
-        Published {
-            version: 1,
-            created: true
-        },
+        publish(catalog, Kind::Service, &name, &service, now).await,
+        published(1, true),
         "a service's versions are its own"
     );
     assert_eq!(
-        catalog
-            .definition(Kind::Service, &name, None)
+        version(catalog, Kind::Service, &name, None)
             .await
-            .expect("read")
             .map(|d| (d.kind, d.version, d.body)),
         Some((Kind::Service, 1, service))
     );
     assert_eq!(
-        catalog
-            .definition(Kind::Workflow, &name, None)
+        version(catalog, Kind::Workflow, &name, None)
             .await
-            .expect("read")
             .map(|d| d.version),
         Some(2)
     );

@@ -128,6 +128,38 @@ pub fn manual_settings() -> Settings {
     }
 }
 
+/// [`manual_settings`] with `faults` at the simulated service `service`.
+pub fn faulty(service: &str, faults: sas::remote::Faults) -> Settings {
+    let mut settings = manual_settings();
+    settings.faults.insert(service.into(), faults);
+    settings
+}
+
+/// Faults that refuse `actions` outright (the service's business "no").
+pub fn refuse(actions: &[&str]) -> sas::remote::Faults {
+    sas::remote::Faults {
+        refuse_actions: actions.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// Faults of a service that is down (unreachable) from an hour ago for a day.
+pub fn down_all_day() -> sas::remote::Faults {
+    let from = chrono::Utc::now() - chrono::Duration::hours(1);
+    sas::remote::Faults {
+        outage: Some((from, from + chrono::Duration::days(1))),
+        ..Default::default()
+    }
+}
+
+/// [`manual_settings`] with `service` down all day and no automatic compensation: a task
+/// that fails there waits in Error for an operator.
+pub fn down_until_an_operator(service: &str) -> Settings {
+    let mut settings = faulty(service, down_all_day());
+    settings.policy.auto_compensate = false;
+    settings
+}
+
 /// A system on the emulator with a clock the test can move, on its own copy of the
 /// resources `template.yaml` defines (named with a unique stage), with the example definitions
 /// published.
@@ -150,6 +182,52 @@ pub async fn memory_system(settings: Settings) -> System {
     System::new(Backend::Memory, settings, Arc::new(sas::ports::SystemClock))
         .await
         .expect("an in-memory system builds")
+}
+
+/// Serves `system`'s APIs on a free loopback port; the address.
+pub async fn serve_system(system: &mut System) -> std::net::SocketAddr {
+    system
+        .serve("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("serves")
+}
+
+/// Creates the secret `name` holding `value` on the emulator.
+pub async fn put_secret(config: &aws_config::SdkConfig, name: &str, value: &str) {
+    aws_sdk_secretsmanager::Client::new(config)
+        .create_secret()
+        .name(name)
+        .secret_string(value)
+        .send()
+        .await
+        .expect("create the secret");
+}
+
+/// Stores the SecureString parameter `name` holding `value` on the emulator.
+pub async fn put_parameter(config: &aws_config::SdkConfig, name: &str, value: &str) {
+    aws_sdk_ssm::Client::new(config)
+        .put_parameter()
+        .name(name)
+        .value(value)
+        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+        .send()
+        .await
+        .expect("put the parameter");
+}
+
+/// Simulated services (no faults, the system clock) under `/{name}` each, as one router.
+pub fn simulated_services(names: &[&str]) -> axum::Router {
+    let mut app = axum::Router::new();
+    for &name in names {
+        let clock = Arc::new(sas::ports::SystemClock);
+        let sim = Arc::new(sas::remote::SimulatedService::new(
+            name,
+            sas::remote::Faults::default(),
+            clock,
+        ));
+        app = app.nest(&format!("/{name}"), sas::remote::router(sim));
+    }
+    app
 }
 
 /// A fresh queue on the emulator subscribed to the system's bus for the given detail types.
@@ -294,6 +372,16 @@ pub async fn operator_call(
     )
 }
 
+/// `POST`s `body` to the operator API (`/operator` + `path`) as [`operator`].
+pub async fn operator_post(system: &System, path: &str, body: &[u8]) -> (u16, Value) {
+    operator_call(system, http::Method::POST, path, body).await
+}
+
+/// `POST`s the JSON `body` to the operator API (`/operator` + `path`) as [`operator`].
+pub async fn operator_json(system: &System, path: &str, body: &Value) -> (u16, Value) {
+    operator_post(system, path, body.to_string().as_bytes()).await
+}
+
 /// Sends `POST /workflows/{workflow}/tasks` through the submission handler, as API Gateway
 /// would: `Content-Type: application/json` and the given extra headers.
 pub async fn post_task(
@@ -381,15 +469,39 @@ pub async fn state(system: &System, id: TaskId) -> StateRecord {
         .expect("record exists")
 }
 
+/// The task `id` and its state record (both must exist).
+pub async fn task_and_state(system: &System, id: TaskId) -> (sas::Task, StateRecord) {
+    system
+        .store
+        .get(id)
+        .await
+        .expect("read")
+        .expect("the task exists")
+}
+
 /// The policies of the workflow version a record runs on.
 pub async fn policies(system: &System, r: &StateRecord) -> Policies {
+    workflow_of(system, r).await.policies()
+}
+
+/// The workflow version a record runs on (it must be published).
+pub async fn workflow_of(system: &System, r: &StateRecord) -> Arc<sas::Workflow> {
     system
         .definitions
         .workflow(&r.workflow, r.workflow_version)
         .await
         .expect("the catalog answers")
         .unwrap_or_else(|| panic!("{} v{} is published", r.workflow, r.workflow_version))
-        .policies()
+}
+
+/// The newest published version of workflow `name`.
+pub async fn latest_workflow(system: &System, name: &str) -> Arc<sas::Workflow> {
+    system
+        .definitions
+        .latest(name)
+        .await
+        .expect("the catalog answers")
+        .unwrap_or_else(|| panic!("no workflow {name}"))
 }
 
 /// Asserts every invariant of the record under its workflow's policies.
@@ -418,18 +530,60 @@ pub fn net(system: &System, service: &str, id: TaskId) -> BTreeMap<String, i32> 
         .collect()
 }
 
-/// The actions service `service` applied for task `id`, in order.
-pub fn actions(system: &System, service: &str, id: TaskId) -> Vec<String> {
-    let prefix = id.to_string();
+/// Every request whose key starts with `task` that simulated service `service` received:
+/// (action, input), in order.
+pub fn requests(system: &System, service: &str, task: &str) -> Vec<(String, Value)> {
     system
         .services
         .get(service)
         .stats()
         .requests
         .into_iter()
-        .filter(|a| a.key.starts_with(&prefix))
-        .map(|a| a.action)
+        .filter(|a| a.key.starts_with(task))
+        .map(|a| (a.action, a.input))
         .collect()
+}
+
+/// The steps whose undo the task's history records, in the order they were undone.
+pub fn undone_steps(r: &StateRecord) -> Vec<String> {
+    r.history
+        .iter()
+        .filter(|h| h.reason.starts_with("undone"))
+        .filter_map(|h| h.step.clone())
+        .collect()
+}
+
+/// The record of task `id`, which must have ended Refused at step `step` (a valid record whose
+/// refused step has nothing to undo).
+pub async fn refused_at(system: &System, id: TaskId, step: usize) -> StateRecord {
+    let r = state(system, id).await;
+    assert_eq!(r.process_state, sas::ProcessState::Refused, "{r:?}");
+    assert_valid(system, &r).await;
+    assert_eq!(r.steps[step].status, sas::StepStatus::Failed);
+    assert_eq!(
+        r.steps[step].undo, None,
+        "a refused step has nothing to undo"
+    );
+    r
+}
+
+/// The actions service `service` applied for task `id`, in order.
+pub fn actions(system: &System, service: &str, id: TaskId) -> Vec<String> {
+    requests(system, service, &id.to_string())
+        .into_iter()
+        .map(|(action, _)| action)
+        .collect()
+}
+
+/// `GET url` and its JSON answer.
+pub async fn get_json(http: &reqwest::Client, url: &str) -> Value {
+    http.get(url)
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON")
 }
 
 /// The JSON messages a queue receives within about five seconds, until there are `n`.

@@ -7,6 +7,8 @@
 use sas_chaos::{Config, run_in_memory};
 use std::time::Duration;
 
+mod common;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_switch_with_manual_compensation_loses_nothing_and_does_nothing_twice() {
     let tasks = 1000;
@@ -22,14 +24,7 @@ async fn every_switch_with_manual_compensation_loses_nothing_and_does_nothing_tw
         f.slow_rate = 0.1;
     }
     let report = run_in_memory(&cfg).await.expect("the run completes");
-    println!("{}", report.table());
-    let violations = report.violations();
-    assert!(violations.is_empty(), "{violations:#?}\n{}", report.table());
-    for name in sas_chaos::WORKFLOWS {
-        let w = &report.workflows[name];
-        assert_eq!(w.accepted, tasks / 2, "{name}\n{}", report.table());
-        assert!(w.effects > 0, "{name} took no effect\n{}", report.table());
-    }
+    common::assert_clean(&report, tasks);
     // Automatic compensation is off, so a failure waits in Error before its pivot, where a
     // compensation from the first step applies (with it on, only tasks past their pivot wait,
     // and the API refuses that action: the 20,000-task runs applied none).

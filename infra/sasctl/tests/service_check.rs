@@ -30,22 +30,24 @@ async fn serve_sim(faults: Faults) -> (String, Arc<SimulatedService>) {
 
 /// Runs `service check` against `url`; returns the exit code, stdout and stderr.
 async fn check(url: &str, json: bool) -> (i32, String, String) {
-    let mut args = vec![
-        "sasctl",
-        "service",
-        "check",
-        "--url",
-        url,
-        "--action",
-        "charge-payment",
-        "--undo",
-        "refund-payment",
-        "--settle-ms",
-        "100",
-    ];
+    let mut extra = vec!["--settle-ms", "100"];
     if json {
-        args.push("--json");
+        extra.push("--json");
     }
+    check_service(url, "charge-payment", "refund-payment", &extra).await
+}
+
+/// Runs `service check --url URL --action ACTION --undo UNDO` with the `extra` arguments;
+/// returns the exit code, stdout and stderr.
+async fn check_service(
+    url: &str,
+    action: &str,
+    undo: &str,
+    extra: &[&str],
+) -> (i32, String, String) {
+    let mut args = vec!["sasctl", "service", "check", "--url", url];
+    args.extend(["--action", action, "--undo", undo]);
+    args.extend_from_slice(extra);
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let code = run_with(Cli::parse_from(args), &mut out, &mut err)
         .await
@@ -125,25 +127,10 @@ async fn service_check_sends_the_input_file_as_every_body() {
     let path = std::env::temp_dir().join(format!("sas-check-input-{}.json", std::process::id()));
     std::fs::write(&path, r#"{"amount": 7, "currency": "EUR"}"#).expect("write the input");
     let path_text = path.to_string_lossy().into_owned();
-    let cli = Cli::parse_from([
-        "sasctl",
-        "service",
-        "check",
-        "--url",
-        &url,
-        "--action",
-        "charge",
-        "--undo",
-        "refund",
-        "--settle-ms",
-        "0",
-        "--input",
-        &path_text,
-    ]);
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = run_with(cli, &mut out, &mut err).await.expect("written");
+    let extra = ["--settle-ms", "0", "--input", &path_text];
+    let (code, _, err) = check_service(&url, "charge", "refund", &extra).await;
     let _ = std::fs::remove_file(&path);
-    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    assert_eq!(code, 0, "{err}");
     let requests = sim.stats().requests;
     assert!(requests.len() >= 4, "{requests:?}");
     for r in &requests {
@@ -151,21 +138,8 @@ async fn service_check_sends_the_input_file_as_every_body() {
     }
     assert!(requests.iter().any(|r| r.action == "refund"));
 
-    let cli = Cli::parse_from([
-        "sasctl",
-        "service",
-        "check",
-        "--url",
-        &url,
-        "--action",
-        "charge",
-        "--undo",
-        "refund",
-        "--input",
-        "/nonexistent/input.json",
-    ]);
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = run_with(cli, &mut out, &mut err).await.expect("written");
+    let missing = ["--input", "/nonexistent/input.json"];
+    let (code, _, err) = check_service(&url, "charge", "refund", &missing).await;
     assert_eq!(code, sasctl::exit::USAGE);
-    assert!(String::from_utf8_lossy(&err).contains("--input"));
+    assert!(err.contains("--input"));
 }

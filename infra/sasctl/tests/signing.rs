@@ -22,6 +22,50 @@ fn signer(user: &LocalUser) -> Signer {
     )
 }
 
+/// A memory system whose operator API accepts SigV4 requests by `user` only.
+fn iam_operator_api(user: &LocalUser) -> Settings {
+    let check = SigV4Check::new("us-east-1", vec![user.clone()]).expect("users");
+    Settings {
+        operator_auth: LocalAuth::Iam(Arc::new(check)),
+        ..Settings::default()
+    }
+}
+
+/// A memory system with `settings`, served on loopback; its address.
+async fn served(settings: Settings) -> (System, std::net::SocketAddr) {
+    let clock = Arc::new(sas::ports::SystemClock);
+    let mut system = System::new(Backend::Memory, settings, clock)
+        .await
+        .expect("system");
+    let addr = system
+        .serve("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("serves");
+    (system, addr)
+}
+
+/// Runs `sasctl` with the command line `argv`: its exit code, stdout and stderr.
+async fn run_cli<T: Into<std::ffi::OsString> + Clone>(
+    argv: impl IntoIterator<Item = T>,
+) -> (i32, String, String) {
+    use clap::Parser;
+    let cli = sasctl::Cli::try_parse_from(argv).expect("args");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = sasctl::cli::run_with(cli, &mut out, &mut err)
+        .await
+        .expect("runs");
+    (
+        code,
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    )
+}
+
+/// `GET url`, which must answer.
+async fn get(http: &reqwest::Client, url: String) -> reqwest::Response {
+    http.get(url).send().await.expect("answers")
+}
+
 /// Starts an e-commerce order through the task API (as the anonymous local caller); its id.
 async fn submit_order(system: &System) -> String {
     let resp = sas::api::handle(
@@ -47,20 +91,7 @@ async fn a_signed_sasctl_reaches_an_iam_operator_api_and_an_unsigned_one_does_no
         secret_access_key: std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_else(|_| "test".into()),
         arn: "arn:aws:iam::123456789012:user/operator".into(),
     };
-    let ops = LocalAuth::Iam(Arc::new(
-        SigV4Check::new("us-east-1", vec![env_user.clone()]).expect("users"),
-    ));
-    let settings = Settings {
-        operator_auth: ops,
-        ..Settings::default()
-    };
-    let mut system = System::new(Backend::Memory, settings, Arc::new(sas::ports::SystemClock))
-        .await
-        .expect("system");
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serves");
+    let (_system, addr) = served(iam_operator_api(&env_user)).await;
     let base: url::Url = format!("http://{addr}/operator").parse().expect("url");
 
     let signed = Client::new(base.clone())
@@ -93,28 +124,12 @@ async fn a_signed_sasctl_reaches_an_iam_operator_api_and_an_unsigned_one_does_no
 
     // The command line: `--sign always` signs with the environment's credentials; the
     // default (`auto`) does not sign a loopback endpoint.
-    use clap::Parser;
     let run = |sign: &'static str| {
         let base = base.to_string();
         async move {
-            let cli = sasctl::Cli::try_parse_from([
-                "sasctl",
-                "--endpoint",
-                &base,
-                "--sign",
-                sign,
-                "workflow",
-                "list",
-            ])
-            .expect("args");
-            let (mut out, mut err) = (Vec::new(), Vec::new());
-            let code = sasctl::cli::run_with(cli, &mut out, &mut err)
-                .await
-                .expect("runs");
-            (
-                code,
-                String::from_utf8_lossy(&out).into_owned() + &String::from_utf8_lossy(&err),
-            )
+            let argv = ["sasctl", "--endpoint", &base, "--sign", sign];
+            let (code, out, err) = run_cli(argv.into_iter().chain(["workflow", "list"])).await;
+            (code, out + &err)
         }
     };
     let (code, text) = run("always").await;
@@ -134,30 +149,14 @@ async fn the_console_proxy_signs_what_it_forwards_and_nothing_else() {
         secret_access_key: "console-secret".into(),
         arn: "arn:aws:iam::123456789012:user/console-operator".into(),
     };
-    let settings = Settings {
-        operator_auth: LocalAuth::Iam(Arc::new(
-            SigV4Check::new("us-east-1", vec![user.clone()]).expect("users"),
-        )),
-        ..Settings::default()
-    };
-    let mut system = System::new(Backend::Memory, settings, Arc::new(sas::ports::SystemClock))
-        .await
-        .expect("system");
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serves");
+    let (system, addr) = served(iam_operator_api(&user)).await;
     let endpoint: url::Url = format!("http://{addr}/operator").parse().expect("url");
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("client");
     // Unsigned, the console is the operator API's and refuses.
-    let direct = http
-        .get(format!("http://{addr}/operator/console"))
-        .send()
-        .await
-        .expect("answers");
+    let direct = get(&http, format!("http://{addr}/operator/console")).await;
     assert_eq!(direct.status().as_u16(), 401);
 
     let (bound, serving) = sasctl::console::bind(
@@ -168,11 +167,11 @@ async fn the_console_proxy_signs_what_it_forwards_and_nothing_else() {
     .await
     .expect("binds");
     let proxy = tokio::spawn(serving);
-    let page = http
-        .get(format!("http://{bound}/operator/console?state=Pending"))
-        .send()
-        .await
-        .expect("answers");
+    let page = get(
+        &http,
+        format!("http://{bound}/operator/console?state=Pending"),
+    )
+    .await;
     assert_eq!(page.status().as_u16(), 200);
     assert_eq!(
         page.headers()["content-type"],
@@ -182,11 +181,7 @@ async fn the_console_proxy_signs_what_it_forwards_and_nothing_else() {
     assert!(page.headers().contains_key("content-security-policy"));
     assert!(page.text().await.expect("body").contains("Pending tasks"));
     // `/` is the console.
-    let root = http
-        .get(format!("http://{bound}/"))
-        .send()
-        .await
-        .expect("answers");
+    let root = get(&http, format!("http://{bound}/")).await;
     assert_eq!(root.status().as_u16(), 303);
     assert_eq!(root.headers()["location"], "/operator/console");
     // Nothing but the console is forwarded: not the JSON API, not the task API.
@@ -194,11 +189,7 @@ async fn the_console_proxy_signs_what_it_forwards_and_nothing_else() {
         "/operator/tasks?state=Error",
         "/workflows/ecommerce-order/tasks",
     ] {
-        let resp = http
-            .get(format!("http://{bound}{path}"))
-            .send()
-            .await
-            .expect("answers");
+        let resp = get(&http, format!("http://{bound}{path}")).await;
         assert_eq!(resp.status().as_u16(), 404, "{path}");
     }
     // A page that reached the proxy under another host name (DNS rebinding) is refused.
@@ -235,18 +226,7 @@ async fn the_console_proxy_signs_what_it_forwards_and_nothing_else() {
 /// `sasctl submit` starts a task from a file, once per idempotency key.
 #[tokio::test]
 async fn sasctl_submit_starts_a_task_once_per_key() {
-    use clap::Parser;
-    let mut system = System::new(
-        Backend::Memory,
-        Settings::default(),
-        Arc::new(sas::ports::SystemClock),
-    )
-    .await
-    .expect("system");
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serves");
+    let (system, addr) = served(Settings::default()).await;
     let dir = std::env::temp_dir().join(format!("sasctl-submit-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).expect("dir");
     let input = dir.join("order.json");
@@ -261,6 +241,7 @@ async fn sasctl_submit_starts_a_task_once_per_key() {
     let run = |file: std::path::PathBuf, key: &'static str| {
         let endpoint = endpoint.clone();
         async move {
+            use clap::Parser;
             let cli = sasctl::Cli::try_parse_from([
                 "sasctl",
                 "--endpoint",
@@ -301,18 +282,7 @@ async fn sasctl_submit_starts_a_task_once_per_key() {
 /// on the AWS API emulator whose output names a local runner), and the paging hints repeat it.
 #[tokio::test]
 async fn sasctl_finds_the_operator_api_in_the_stacks_outputs() {
-    use clap::Parser;
-    let mut system = System::new(
-        Backend::Memory,
-        Settings::default(),
-        Arc::new(sas::ports::SystemClock),
-    )
-    .await
-    .expect("system");
-    let addr = system
-        .serve("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("serves");
+    let (system, addr) = served(Settings::default()).await;
     for _ in 0..2 {
         submit_order(&system).await;
     }
@@ -342,24 +312,12 @@ async fn sasctl_finds_the_operator_api_in_the_stacks_outputs() {
         .expect("output read");
     assert_eq!(found.as_str(), format!("http://{addr}/operator"));
 
-    let run = |args: Vec<String>| async move {
-        let cli = sasctl::Cli::try_parse_from(args).expect("args");
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let code = sasctl::cli::run_with(cli, &mut out, &mut err)
-            .await
-            .expect("runs");
-        (
-            code,
-            String::from_utf8_lossy(&out).into_owned(),
-            String::from_utf8_lossy(&err).into_owned(),
-        )
-    };
     let argv = |rest: &[&str]| {
         let mut v: Vec<String> = vec!["sasctl".into(), "--stack".into(), stack.clone()];
         v.extend(rest.iter().map(|s| (*s).to_owned()));
         v
     };
-    let (code, out, err) = run(argv(&["list", "--state", "Pending", "--limit", "1"])).await;
+    let (code, out, err) = run_cli(argv(&["list", "--state", "Pending", "--limit", "1"])).await;
     assert_eq!(code, 0, "{err}");
     let hint = out
         .lines()
@@ -370,15 +328,8 @@ async fn sasctl_finds_the_operator_api_in_the_stacks_outputs() {
         "{hint}"
     );
     // A stack that does not exist: a transport-class error naming it, JSON under --json.
-    let (code, out, err) = run(vec![
-        "sasctl".into(),
-        "--json".into(),
-        "--stack".into(),
-        "no-such-stack".into(),
-        "workflow".into(),
-        "list".into(),
-    ])
-    .await;
+    let no_stack = ["--json", "--stack", "no-such-stack", "workflow", "list"];
+    let (code, out, err) = run_cli(["sasctl"].into_iter().chain(no_stack)).await;
     assert_eq!(code, 3, "{out}{err}");
     let doc: serde_json::Value = serde_json::from_str(&out).expect("one JSON document");
     assert_eq!(doc["error"]["code"], "stack", "{doc}");
