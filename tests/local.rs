@@ -17,14 +17,15 @@ use axum::response::Response;
 use reqwest::StatusCode;
 use sas::config::{self, PolicyDefaults, Vars};
 use sas::domain::workflow::CredentialSource;
-use sas::local::auth::{JwtCheck, LocalAuth, TestIssuer};
-use sas::local::{Backend, Settings, System};
 use sas::ports::{Clock, OffsetClock, SystemClock};
 use sas::remote::{
-    CredentialError, Credentials, Faults, MemoryCredentials, Secret, SimulatedService, router,
+    CredentialError, Credentials, Faults, MemoryCredentials, Secret, SimulatedService,
 };
 use sas::{ProcessState, StepStatus};
 use sas_blackbox::{net, order_input, pump_until_quiet, serve_loopback, state, submit_ok};
+use sas_local::auth::{JwtCheck, LocalAuth, TestIssuer};
+use sas_local::simulated::router;
+use sas_local::{Backend, Settings, System};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

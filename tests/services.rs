@@ -9,12 +9,13 @@ use sas::ProcessState;
 use sas::aws::AwsCredentials;
 use sas::catalog;
 use sas::domain::workflow::CredentialSource;
-use sas::local::{Backend, System};
 use sas::ports::SystemClock;
-use sas::remote::{Credentials, Faults, SimulatedService, router};
+use sas::remote::{Credentials, Faults, SimulatedService};
 use sas_blackbox::{
     manual_settings, pump_until_quiet, sdk_config, serve_loopback, state, submit_ok, unique,
 };
+use sas_local::simulated::router;
+use sas_local::{Backend, System};
 use std::sync::{Arc, Mutex};
 
 async fn put_secret(config: &aws_config::SdkConfig, name: &str, value: &str) {
@@ -127,7 +128,7 @@ async fn a_task_runs_on_http_services_with_a_rotated_bearer_token() {
     let mut files = catalog::example_files();
     files[0].1 = format!("services:\n{services}");
     files.retain(|(name, _)| name != "loan-application.yaml");
-    let settings = sas::local::Settings {
+    let settings = sas_local::Settings {
         definitions: files,
         credentials: Arc::new(AwsCredentials::from_config(&config)),
         ..manual_settings()

@@ -11,7 +11,11 @@
 //! - [`remote`]: each service's remote (simulated, or HTTP) behind its shared breaker.
 //! - [`auth`]: who is calling the task API (the authorizer's principal as an `Identity`).
 //! - [`handlers`]: the four functions' logic as plain async functions over the ports.
-//! - [`local`]: wiring that hosts the four handlers in one process (local runner and tests).
+//!
+//! What runs it outside AWS (the local runner, provisioning, test helpers) is the kit, in
+//! `infra/local` (`sas_local`). The feature `testkit` (off by default, never enabled by the
+//! functions) adds what the kit shares with this crate's own tests: the examples
+//! (`domain::workflow::examples`, `catalog::example_files`) and `ports::OffsetClock`.
 
 pub mod auth;
 pub mod aws;
@@ -19,7 +23,6 @@ pub mod catalog;
 pub mod config;
 pub mod domain;
 pub mod handlers;
-pub mod local;
 pub mod memory;
 pub mod messages;
 pub mod metrics;

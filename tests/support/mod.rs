@@ -7,10 +7,10 @@ pub mod iam;
 pub mod template;
 
 use aws_config::{BehaviorVersion, Region};
-use sas::aws::provision;
-use sas::local::{Backend, Settings, System};
 use sas::ports::{Clock, OffsetClock};
 use sas::{Backoff, Policies, Policy, StateRecord, TaskId};
+use sas_local::provision;
+use sas_local::{Backend, Settings, System};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -5,7 +5,6 @@
 mod credentials;
 mod dynamodb;
 mod eventbridge;
-pub mod provision;
 mod sqs;
 
 pub use credentials::{AwsCredentials, lambda_client};

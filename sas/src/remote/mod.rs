@@ -11,7 +11,7 @@ mod simulated;
 pub use self::http::{
     CALLBACK_TOKEN_HEADER, CALLBACK_URL_HEADER, DEADLINE_HEADER, HttpRemote, IDEMPOTENCY_HEADER,
     STEP_HEADER, StatusClass, TASK_HEADER, UNDOES_HEADER, classify, client as http_client, outcome,
-    render_path, router,
+    render_path,
 };
 pub use callback::{
     CallbackCompleter, CallbackLog, CallbackSink, HttpCallbackSink, PostedCallback,
