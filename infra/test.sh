@@ -113,6 +113,21 @@ unset AWS_PROFILE AWS_SESSION_TOKEN
 
 echo "==> cargo fmt --check"
 cargo fmt --all --check
+echo "==> the product crate holds only the product"
+# The kit (infra/local) serves HTTP and signs test tokens; the Lambdas never link it: the
+# product crate must not depend on axum or jsonwebtoken...
+kit_deps="$(cargo tree -p sas -e normal --prefix none | grep -E '^(axum|jsonwebtoken) ' || true)"
+if [ -n "$kit_deps" ]; then
+  echo "sas (the product crate) depends on the kit's crates; move what uses them to infra/local:" >&2
+  echo "$kit_deps" >&2
+  exit 1
+fi
+# ...and a build of the functions at the root (what sam build and cargo lambda watch run) must
+# not turn on sas's feature testkit.
+if cargo tree -e features -i sas --prefix none | grep -qF 'sas feature "testkit"'; then
+  echo "a build of the functions at the root enables sas/testkit: keep the kit out of the workspace's default-members" >&2
+  exit 1
+fi
 echo "==> cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "==> cargo test"

@@ -7,9 +7,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use sas::catalog;
-use sas::local::System;
 use sas::{ProcessState, StepStatus};
 use sas_blackbox::{manual_settings, pump_until_quiet, serve_loopback, state, submit_task};
+use sas_local::System;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -79,7 +79,7 @@ fn order(customer: &str) -> Value {
 /// An in-memory system whose payment service is [`loud_payment`].
 async fn loud_system(sent: Arc<AtomicUsize>) -> System {
     let base = loud_payment(sent).await;
-    let settings = sas::local::Settings {
+    let settings = sas_local::Settings {
         definitions: with_payment(&format!("{{type: http, baseUrl: \"{base}\"}}")),
         ..manual_settings()
     };
@@ -179,7 +179,7 @@ async fn a_404_on_one_tasks_path_stops_that_task_with_an_alert_and_stalls_no_oth
     let payment = format!(
         "{{type: http, baseUrl: \"{base}\", actions: {{charge-payment: {{method: POST, path: \"/charges/{{$.input.customerId}}\"}}}}}}"
     );
-    let mut settings = sas::local::Settings {
+    let mut settings = sas_local::Settings {
         definitions: with_payment(&payment),
         ..manual_settings()
     };

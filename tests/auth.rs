@@ -9,9 +9,9 @@
 
 use chrono::Utc;
 use reqwest::{Method, StatusCode};
-use sas::local::auth::{JwtCheck, LocalAuth, LocalUser, SigV4Check, TestIssuer};
-use sas::local::{LOCAL_REPLY_PREFIX, System};
 use sas_blackbox::{manual_settings, memory_system, order_input, template};
+use sas_local::auth::{JwtCheck, LocalAuth, LocalUser, SigV4Check, TestIssuer};
+use sas_local::{LOCAL_REPLY_PREFIX, System};
 use serde_json::{Value, json};
 use std::sync::Arc;
 

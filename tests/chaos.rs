@@ -9,9 +9,9 @@
 //! as tasks keep settling instead of for a fixed time. It runs with one core kept busy by a
 //! spinning thread, as on a loaded CI machine.
 
-use sas::local::{Backend, ports};
 use sas_blackbox::{sdk_config, template, unique};
 use sas_chaos::{Config, run};
+use sas_local::{Backend, ports};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

@@ -1,10 +1,10 @@
 //! The operator's console: its pages over HTTP on the local runner, with tasks in every state
-//! (`sas::local::showcase`), and the same pages in a real browser (Playwright driving Debian's
+//! (`sas_local::showcase`), and the same pages in a real browser (Playwright driving Debian's
 //! headless Chromium; `infra/test.sh` installs both).
 
 use sas::ProcessState;
-use sas::local::{Settings, System};
 use sas_blackbox::memory_system;
+use sas_local::{Settings, System};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,7 +13,7 @@ use std::path::PathBuf;
 /// state.
 async fn showcase() -> (System, SocketAddr, BTreeMap<ProcessState, Vec<sas::TaskId>>) {
     let mut system = memory_system(Settings::default()).await;
-    let tasks = sas::local::showcase::tasks_in_every_state(&system)
+    let tasks = sas_local::showcase::tasks_in_every_state(&system)
         .await
         .expect("tasks in every state");
     let addr = sas_blackbox::serve_system(&mut system).await;
@@ -144,7 +144,7 @@ async fn the_console_lists_tasks_by_state_with_counts_and_shows_each_tasks_timel
     let resolved = tasks[&ProcessState::Resolved][0];
     let (_, page) = get(addr, &format!("/operator/console/tasks/{resolved}")).await;
     assert!(page.contains("operator resolve: disbursed by hand from the back office"));
-    assert!(page.contains(sas::local::showcase::SHOWCASE_OPERATOR));
+    assert!(page.contains(sas_local::showcase::SHOWCASE_OPERATOR));
     // Workflows and services.
     let (_, page) = get(addr, "/operator/console/workflows").await;
     assert!(page.contains("loan-application") && page.contains("ecommerce-order"));

@@ -1,10 +1,10 @@
 //! One contract suite, two implementations: the in-memory adapters and the AWS adapters on the
 //! emulator must behave the same.
 
-use sas::aws::provision::{self, QueueSettings};
 use sas::aws::{DynamoStore, SqsQueue};
 use sas::memory::{MemoryQueues, MemoryStore, QueueConfig};
 use sas_blackbox::{contract, sdk_config, unique};
+use sas_local::provision::{self, QueueSettings};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -4,7 +4,6 @@
 //! step undoable) and the loan application (a read-only first step, a pivot, a last step
 //! without an undo).
 
-use sas::local::{System, sqs_event};
 use sas::messages::{SchedulerMessage, StepReply, StepRequest};
 use sas::remote::Faults;
 use sas::transition::StepOutcome;
@@ -14,6 +13,7 @@ use sas_blackbox::{
     manual_settings, memory_system, net, operator_call, order_input, pump_until_quiet, state,
     submit, submit_loan, submit_ok, submit_task, subscribe, task_items, wait_for_messages,
 };
+use sas_local::{System, sqs_event};
 use serde_json::{Value, json};
 use std::time::Duration;
 

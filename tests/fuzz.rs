@@ -37,10 +37,10 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sas::api::{self, MAX_BODY_BYTES, MAX_KEY_LEN};
 use sas::domain::task::{MAX_INPUT_BYTES, ReplyQueues};
 use sas::domain::workflow::{self, MAX_DEFINITION_BYTES, examples};
-use sas::local::{Settings, System};
 use sas::ports::{Kind, StateStore};
 use sas::{ProcessState, StateRecord, TaskId, Workflow};
 use sas_blackbox::{ECOMMERCE, LOAN, memory_system};
+use sas_local::{Settings, System};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use uuid::Uuid;
@@ -3126,9 +3126,9 @@ fn auth_route() -> impl Strategy<Value = AuthRoute> {
 /// The fixture: a system whose task API has the given authorizer, and one task per caller.
 struct AuthFixture {
     system: System,
-    issuer: sas::local::auth::TestIssuer,
-    stranger: sas::local::auth::TestIssuer,
-    users: Vec<sas::local::auth::LocalUser>,
+    issuer: sas_local::auth::TestIssuer,
+    stranger: sas_local::auth::TestIssuer,
+    users: Vec<sas_local::auth::LocalUser>,
     /// (IAM mode, caller) → that caller's task.
     tasks: HashMap<(bool, usize), String>,
 }
@@ -3137,7 +3137,7 @@ const FUZZ_ISSUER: &str = "https://issuer.fuzz.invalid";
 const FUZZ_AUDIENCE: &str = "sas-fuzz";
 
 async fn auth_fixture() -> AuthFixture {
-    use sas::local::auth::{LocalUser, TestIssuer};
+    use sas_local::auth::{LocalUser, TestIssuer};
     let users: Vec<LocalUser> = CALLERS
         .iter()
         .map(|n| LocalUser {
@@ -3188,7 +3188,7 @@ async fn auth_fixture() -> AuthFixture {
 
 /// The SigV4 headers of a request (signed over `signed_path`), as an SDK makes them.
 fn sigv4(
-    user: &sas::local::auth::LocalUser,
+    user: &sas_local::auth::LocalUser,
     secret: &str,
     method: &Method,
     signed_path: &str,
@@ -3232,7 +3232,7 @@ async fn auth_case(
     spec: &AuthSpec,
     route: AuthRoute,
 ) -> Result<(), TestCaseError> {
-    use sas::local::auth::{JwtCheck, LocalAuth, SigV4Check};
+    use sas_local::auth::{JwtCheck, LocalAuth, SigV4Check};
     let auth = if iam {
         LocalAuth::Iam(std::sync::Arc::new(
             SigV4Check::new("us-east-1", f.users.clone()).expect("users"),

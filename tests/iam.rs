@@ -22,11 +22,11 @@
 use http::{HeaderMap, HeaderValue, Method};
 use sas::api;
 use sas::catalog;
-use sas::local::{AwsClients, System, aws_ports_from};
 use sas::ports::{Clock, OffsetClock};
 use sas::remote::{Faults, SimulatedService};
 use sas_blackbox::iam::{Call, ROLE, Recorder};
 use sas_blackbox::{sdk_config, serve_loopback, template, unique};
+use sas_local::{AwsClients, System, aws_ports_from};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -83,7 +83,7 @@ impl Fixture {
     }
 
     /// One function's system on the shared resources.
-    fn system(&self, settings: sas::local::Settings, bus_endpoint: Option<&str>) -> System {
+    fn system(&self, settings: sas_local::Settings, bus_endpoint: Option<&str>) -> System {
         let ports = aws_ports_from(
             self.clients(bus_endpoint),
             self.stack.resources.clone(),
@@ -237,8 +237,8 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         Faults::default(),
         clock.clone(),
     ));
-    let payment_url = serve_loopback(sas::remote::router(payment.clone())).await;
-    let shipping_url = serve_loopback(sas::remote::router(shipping.clone())).await;
+    let payment_url = serve_loopback(sas_local::simulated::router(payment.clone())).await;
+    let shipping_url = serve_loopback(sas_local::simulated::router(shipping.clone())).await;
     let lambda = lambda_stub().await;
     let services = format!(
         r#"services:
@@ -344,7 +344,7 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     assert_eq!(status, 202, "{body}");
 
     let sqs = aws_sdk_sqs::Client::new(&config);
-    let client_queue = sas::aws::provision::create_queue(
+    let client_queue = sas_local::provision::create_queue(
         &sqs,
         &format!("sasreply-{stage}--shop"),
         None,

@@ -4,11 +4,11 @@
 //! except for the steps that have no undo, and a loan that fails past its pivot is left in
 //! Error with nothing undone.
 
-use sas::local::Settings;
 use sas::ports::{Clock, SystemClock};
 use sas::remote::Faults;
 use sas::{Policies, ProcessState, StepStatus, TaskId};
 use sas_blackbox::{ECOMMERCE, LOAN, memory_system, submit_loan, submit_ok};
+use sas_local::Settings;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 

@@ -4,14 +4,14 @@
 //! to the submitter.
 
 use clap::Parser;
-use sas::aws::provision;
-use sas::local::System;
 use sas::remote::Faults;
 use sas::{ProcessState, StepStatus, TaskId};
 use sas_blackbox::{
     ECOMMERCE, LOAN, aws_system, drain, manual_settings, net, order_input, post_task,
     pump_until_quiet, state, submit_loan, subscribe, wait_for_messages,
 };
+use sas_local::System;
+use sas_local::provision;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,7 @@ async fn client_queue(system: &System) -> String {
     let sqs = aws_sdk_sqs::Client::new(&sas_blackbox::sdk_config().await);
     let name = format!(
         "{}{}",
-        sas::local::LOCAL_REPLY_PREFIX,
+        sas_local::LOCAL_REPLY_PREFIX,
         sas_blackbox::unique("c")
     );
     let url = provision::create_queue(&sqs, &name, None, Default::default())
@@ -842,7 +842,7 @@ async fn sasctl_paging_hints_repeat_every_flag_given() {
 
 #[tokio::test]
 async fn sasctl_watch_follows_a_task_until_it_is_terminal() {
-    let mut system = sas_blackbox::memory_system(sas::local::Settings::default()).await;
+    let mut system = sas_blackbox::memory_system(sas_local::Settings::default()).await;
     let ops = operator(&mut system).await;
     system.start();
     let answer = post_order(&system).await;
@@ -876,7 +876,7 @@ async fn a_store_rejection_sends_the_message_to_the_dead_letter_queue_at_once_wi
     let stack = sas_blackbox::template::provision(&config, &sas_blackbox::unique("rejected")).await;
     let mut resources = stack.resources;
     resources.table = sas_blackbox::unique("no-such-table");
-    let ports = sas::local::aws_ports(&config, resources.clone(), 4, None);
+    let ports = sas_local::aws_ports(&config, resources.clone(), 4, None);
     let system = System::from_ports(
         ports,
         sas_blackbox::manual_settings(),

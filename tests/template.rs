@@ -4,13 +4,13 @@
 
 use aws_sdk_dynamodb::operation::describe_table::DescribeTableOutput;
 use sas::ProcessState;
-use sas::aws::provision;
-use sas::local::{Backend, System};
 use sas::ports::SystemClock;
 use sas_blackbox::{
     items_by_kind, manual_settings, pump_until_quiet, sdk_config, state, submit_loan, submit_ok,
     template, unique,
 };
+use sas_local::provision;
+use sas_local::{Backend, System};
 use std::sync::Arc;
 
 /// The parts of a table description that the code depends on, in a comparable form.

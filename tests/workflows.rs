@@ -5,9 +5,9 @@
 //! each with its mapped input. A task started on version 1 finishes on version 1 after
 //! version 2 is published mid-run. Bad definitions and bad inputs are refused with the place.
 
-use sas::local::{Backend, Settings, System};
 use sas::ports::SystemClock;
 use sas::remote::Faults;
+use sas_local::{Backend, Settings, System};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //!
 //! The API authenticates every request before a handler sees it: in a deployed stack API
 //! Gateway's authorizer does (`AWS_IAM` SigV4, or a JWT authorizer), and the handler reads the
-//! principal it put in the request context; in `sas-local`, [`crate::local::auth`] checks the
+//! principal it put in the request context; in `sas-local`, the kit's `sas_local::auth` checks the
 //! same credentials itself. The handlers only ever see an [`Identity`].
 
 use crate::domain::Caller;

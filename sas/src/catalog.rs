@@ -271,7 +271,8 @@ pub fn read_folder(dir: &std::path::Path) -> anyhow::Result<Vec<(String, String)
     Ok(files)
 }
 
-/// The example definitions (`workflows/`), as files for [`publish_files`].
+/// The example definitions (`workflows/`), as files for [`publish_files`] (feature `testkit`).
+#[cfg(any(test, feature = "testkit"))]
 pub fn example_files() -> Vec<(String, String)> {
     use workflow::examples::*;
     vec![

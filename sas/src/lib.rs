@@ -12,7 +12,11 @@
 //! - [`auth`]: who is calling the task API (the authorizer's principal as an `Identity`).
 //! - [`handlers`]: the queue-driven functions' logic as plain async functions over the ports.
 //! - [`api`]: the HTTP APIs (task and operator API, callbacks, console) over the handlers' helpers.
-//! - [`local`]: wiring that hosts the four handlers in one process (local runner and tests).
+//!
+//! What runs it outside AWS (the local runner, provisioning, test helpers) is the kit, in
+//! `infra/local` (`sas_local`). The feature `testkit` (off by default, never enabled by the
+//! functions) adds what the kit shares with this crate's own tests: the examples
+//! (`domain::workflow::examples`, `catalog::example_files`) and `ports::OffsetClock`.
 
 pub mod api;
 pub mod auth;
@@ -21,7 +25,6 @@ pub mod catalog;
 pub mod config;
 pub mod domain;
 pub mod handlers;
-pub mod local;
 pub mod memory;
 pub mod messages;
 pub mod metrics;

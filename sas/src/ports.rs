@@ -5,6 +5,7 @@ use crate::domain::{BreakerRecord, Caller, Condition, ProcessState, StateRecord,
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+#[cfg(any(test, feature = "testkit"))]
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
@@ -516,12 +517,14 @@ impl Clock for SystemClock {
 }
 
 /// The system clock shifted by an adjustable offset: time still flows, and a test can jump
-/// past a deadline instead of waiting for it.
+/// past a deadline instead of waiting for it. For tests and the bench (feature `testkit`).
+#[cfg(any(test, feature = "testkit"))]
 #[derive(Debug, Default)]
 pub struct OffsetClock {
     offset_ms: AtomicI64,
 }
 
+#[cfg(any(test, feature = "testkit"))]
 impl OffsetClock {
     pub fn advance(&self, by: chrono::Duration) {
         self.offset_ms
@@ -529,6 +532,7 @@ impl OffsetClock {
     }
 }
 
+#[cfg(any(test, feature = "testkit"))]
 impl Clock for OffsetClock {
     fn now(&self) -> DateTime<Utc> {
         Utc::now() + chrono::Duration::milliseconds(self.offset_ms.load(Ordering::SeqCst))

@@ -7,10 +7,10 @@ pub mod iam;
 pub mod template;
 
 use aws_config::{BehaviorVersion, Region};
-use sas::aws::provision;
-use sas::local::{Backend, Settings, System};
 use sas::ports::{Clock, OffsetClock};
 use sas::{Backoff, Policies, Policy, StateRecord, TaskId};
+use sas_local::provision;
+use sas_local::{Backend, Settings, System};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -225,7 +225,7 @@ pub fn simulated_services(names: &[&str]) -> axum::Router {
             sas::remote::Faults::default(),
             clock,
         ));
-        app = app.nest(&format!("/{name}"), sas::remote::router(sim));
+        app = app.nest(&format!("/{name}"), sas_local::simulated::router(sim));
     }
     app
 }

@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::types::{
     ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
 };
 use aws_sdk_sqs::types::QueueAttributeName;
-use sas::aws::provision::{Resources, queue_arn};
+use sas_local::provision::{Resources, queue_arn};
 use serde_json::Value;
 use std::collections::HashMap;
 

@@ -5,13 +5,13 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sas::aws::provision::Resources;
 use sas::aws::{index_entry_sizes, state_record_size, stored_sizes};
 use sas::domain::{BreakerRecord, Condition, ProcessState, StateRecord, Task, TaskId};
 use sas::ports::{
     Catalog, CreateOutcome, Cursor, DueEntry, Entry, EventBus, IdempotencyRecord, Kind, Page,
     PublishError, Published, Queue, QueueError, ReceivedMessage, StateStore, StoreError, Stored,
 };
+use sas_local::provision::Resources;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

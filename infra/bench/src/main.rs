@@ -7,8 +7,8 @@ mod prices;
 mod scenarios;
 
 use clap::Parser;
-use sas::local::{Backend, Settings, System};
 use sas::ports::SystemClock;
+use sas_local::{Backend, Settings, System};
 use scenarios::Scenario;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -121,7 +121,7 @@ async fn main() -> anyhow::Result<()> {
         "In memory: {} tasks whose first step always overruns a 1 s deadline, submissions spread over 2 s, no retry delay.\n",
         cli.lag_tasks
     )?;
-    writeln!(md, "{}", sas::local::lag::table(cli.lag_tasks, 1000).await?)?;
+    writeln!(md, "{}", sas_local::lag::table(cli.lag_tasks, 1000).await?)?;
 
     eprintln!("init time…");
     writeln!(md, "## Handler init and binary size\n")?;
@@ -181,7 +181,7 @@ async fn sweep_capacity(tasks: usize) -> anyhow::Result<String> {
             MODELED_CALL_MS,
         )));
         let p = scenarios::wrap(
-            sas::local::ports(Backend::Memory, &settings).await?,
+            sas_local::ports(Backend::Memory, &settings).await?,
             &meter,
             settings.due_shards,
         );
@@ -249,7 +249,7 @@ fn machine() -> String {
 }
 
 fn quantile(v: &[f64], q: f64) -> f64 {
-    sas::local::lag::quantile(v, q)
+    sas_local::lag::quantile(v, q)
 }
 
 /// The workflows the throughput run measures.
@@ -580,7 +580,7 @@ async fn key_load(tasks: usize) -> anyhow::Result<String> {
     });
     let meter = Arc::new(counting::Meter::default());
     let p = scenarios::wrap(
-        sas::local::ports(Backend::Memory, &settings).await?,
+        sas_local::ports(Backend::Memory, &settings).await?,
         &meter,
         settings.due_shards,
     );

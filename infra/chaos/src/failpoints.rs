@@ -7,13 +7,13 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sas::aws::provision::Resources;
 use sas::domain::{BreakerRecord, Condition, ProcessState, StateRecord, Task, TaskId};
 use sas::ports::{
     CreateOutcome, Cursor, DueEntry, EventBus, IdempotencyRecord, Page, PublishError, Queue,
     QueueError, ReceivedMessage, StateStore, StoreError,
 };
 use sas::remote::seeded_unit;
+use sas_local::provision::Resources;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

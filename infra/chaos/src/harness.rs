@@ -8,11 +8,11 @@ use crate::operator::{Operator, alerts_owed};
 use futures::StreamExt;
 use sas::domain::workflow::{self, Format};
 use sas::handlers::supervisor;
-use sas::local::{Ports, Settings, System};
 use sas::messages::idempotency_key;
 use sas::ports::SystemClock;
 use sas::remote::Faults;
 use sas::{Policy, ProcessState, StateRecord, Status, StepState, StepStatus, TaskId, Workflow};
+use sas_local::{Ports, Settings, System};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -851,7 +851,7 @@ pub fn wrap(ports: Ports, chaos: &Arc<Chaos>) -> Ports {
 
 /// [`run`] on fresh in-memory adapters built from the run's settings.
 pub async fn run_in_memory(cfg: &Config) -> anyhow::Result<Report> {
-    let ports = sas::local::ports(sas::local::Backend::Memory, &cfg.settings).await?;
+    let ports = sas_local::ports(sas_local::Backend::Memory, &cfg.settings).await?;
     run(ports, cfg).await
 }
 

@@ -4,8 +4,8 @@
 //! broke.
 
 use clap::Parser;
-use sas::local::{Backend, ports};
 use sas_chaos::{Config, run};
+use sas_local::{Backend, ports};
 use std::time::Duration;
 
 #[derive(Parser)]

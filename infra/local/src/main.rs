@@ -14,9 +14,9 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
-use sas::local::{Backend, Settings, System};
 use sas::ports::{Clock, SystemClock};
 use sas::remote::Faults;
+use sas_local::{Backend, Settings, System};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -146,9 +146,9 @@ fn region() -> String {
 /// The task API's and the operator API's local authorizers.
 fn local_auth(
     opts: &AuthOpts,
-) -> anyhow::Result<(sas::local::auth::LocalAuth, sas::local::auth::LocalAuth)> {
+) -> anyhow::Result<(sas_local::auth::LocalAuth, sas_local::auth::LocalAuth)> {
     use sas::auth::AuthMode;
-    use sas::local::auth::{JwtCheck, LocalAuth, SigV4Check, TestIssuer};
+    use sas_local::auth::{JwtCheck, LocalAuth, SigV4Check, TestIssuer};
     let iam = match &opts.users {
         Some(path) => Some(LocalAuth::Iam(Arc::new(SigV4Check::from_file(
             &region(),
@@ -219,7 +219,7 @@ struct Opts {
     failure_threshold: Option<u32>,
     /// The only Secrets Manager secrets and SSM parameters services' credentials are read
     /// from (names under it), as the template's SecretsPrefix lets the deployed agent read.
-    #[arg(long, global = true, env = "SAS_SECRETS_PREFIX", default_value = sas::local::LOCAL_SECRETS_PREFIX)]
+    #[arg(long, global = true, env = "SAS_SECRETS_PREFIX", default_value = sas_local::LOCAL_SECRETS_PREFIX)]
     secrets_prefix: String,
     /// How often the supervisor sweeps, in milliseconds.
     #[arg(long, global = true, default_value_t = 1000)]
@@ -356,7 +356,7 @@ async fn main() -> anyhow::Result<()> {
             issuer,
         } => {
             let local =
-                sas::local::auth::TestIssuer::load_or_create(&issuer.issuer_file, LOCAL_ISSUER)?;
+                sas_local::auth::TestIssuer::load_or_create(&issuer.issuer_file, LOCAL_ISSUER)?;
             let scopes: Vec<&str> = scopes.iter().map(String::as_str).collect();
             let ttl = chrono::Duration::from_std(*ttl)?;
             println!(
@@ -389,7 +389,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::RecoveryLag { tasks, sweep_ms } => {
             sas::telemetry::init_with_default("error");
-            print!("{}", sas::local::lag::table(tasks, sweep_ms).await?);
+            print!("{}", sas_local::lag::table(tasks, sweep_ms).await?);
             Ok(())
         }
     }
@@ -443,7 +443,7 @@ async fn serve(
     // A real callback step's service posts its callback here.
     system.scheduler.callback_base_url = Some(format!("http://{bound}"));
     if showcase {
-        let made = sas::local::showcase::tasks_in_every_state(&system)
+        let made = sas_local::showcase::tasks_in_every_state(&system)
             .await
             .context("making the showcase's tasks (it needs the example workflows)")?;
         let count: usize = made.values().map(Vec::len).sum();

@@ -1,9 +1,10 @@
 //! `sasctl service check` end to end: against a simulated service served over HTTP on loopback
-//! (`sas::remote::router`), with and without tombstones.
+//! (`sas_local::simulated::router`), with and without tombstones.
 
 use clap::Parser;
 use sas::ports::SystemClock;
-use sas::remote::{Faults, SimulatedService, router};
+use sas::remote::{Faults, SimulatedService};
+use sas_local::simulated::router;
 use sasctl::{Cli, run_with};
 use std::sync::Arc;
 

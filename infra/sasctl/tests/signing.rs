@@ -3,8 +3,8 @@
 
 use aws_credential_types::Credentials;
 use aws_credential_types::provider::SharedCredentialsProvider;
-use sas::local::auth::{LocalAuth, LocalUser, SigV4Check};
-use sas::local::{Backend, Settings, System};
+use sas_local::auth::{LocalAuth, LocalUser, SigV4Check};
+use sas_local::{Backend, Settings, System};
 use sasctl::sign::Signer;
 use sasctl::{Client, ClientError, ProcessState};
 use std::sync::Arc;

@@ -463,7 +463,9 @@ fn state_shard_key(state: ProcessState, shard: u32) -> String {
 
 /// An item's size as DynamoDB counts it for capacity units: attribute names plus values
 /// (strings in UTF-8 bytes, numbers about one byte per two significant digits plus one, 1 byte
-/// for booleans, 3 bytes of overhead per list or map plus their elements).
+/// for booleans, 3 bytes of overhead per list or map plus their elements). For the bench's
+/// write units (feature `testkit`).
+#[cfg(any(test, feature = "testkit"))]
 pub fn item_size(item: &Item) -> usize {
     fn value(v: &AttributeValue) -> usize {
         match v {
@@ -486,11 +488,13 @@ pub fn item_size(item: &Item) -> usize {
 }
 
 /// The stored size of a state record (see [`item_size`]).
+#[cfg(any(test, feature = "testkit"))]
 pub fn state_record_size(record: &StateRecord, shards: u32) -> usize {
     item_size(&state_item(record, shards))
 }
 
 /// The stored size of a state record and of its task item (see [`item_size`]).
+#[cfg(any(test, feature = "testkit"))]
 pub fn stored_sizes(task: &Task, record: &StateRecord, shards: u32) -> (usize, usize) {
     (
         item_size(&task_item(task, DEFAULT_CALLER_SHARDS)),
@@ -500,6 +504,7 @@ pub fn stored_sizes(task: &Task, record: &StateRecord, shards: u32) -> (usize, u
 
 /// The size of a state record's entries in `due-index` and `state-index` (keys and projected
 /// attributes), `None` where the record is not in that index.
+#[cfg(any(test, feature = "testkit"))]
 pub fn index_entry_sizes(record: &StateRecord, shards: u32) -> (Option<usize>, usize) {
     let item = state_item(record, shards);
     let pick = |names: &[&str]| -> usize {

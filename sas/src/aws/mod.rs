@@ -5,15 +5,16 @@
 mod credentials;
 mod dynamodb;
 mod eventbridge;
-pub mod provision;
 mod sdk;
 mod sqs;
 
 pub use credentials::{AwsCredentials, lambda_client};
 pub use dynamodb::{
     CALLER_INDEX, DEFAULT_CALLER_SHARDS, DUE_INDEX, DynamoStore, STATE_INDEX,
-    STATE_INDEX_PROJECTION, index_entry_sizes, item_size, state_record_size, stored_sizes,
+    STATE_INDEX_PROJECTION,
 };
+#[cfg(any(test, feature = "testkit"))]
+pub use dynamodb::{index_entry_sizes, item_size, state_record_size, stored_sizes};
 pub use eventbridge::EventBridgeBus;
 pub use sdk::{describe, sdk_config};
 pub use sqs::SqsQueue;

@@ -12,7 +12,7 @@ mod simulated;
 pub use self::http::{
     CALLBACK_TOKEN_HEADER, CALLBACK_URL_HEADER, DEADLINE_HEADER, HttpRemote, IDEMPOTENCY_HEADER,
     STEP_HEADER, StatusClass, TASK_HEADER, UNDOES_HEADER, classify, client as http_client, outcome,
-    render_path, router,
+    render_path,
 };
 pub use bounds::{CUT_MARKER, MAX_ANSWER_BYTES, MAX_CODE_BYTES, MAX_TEXT_BYTES, cap};
 pub use callback::{

@@ -1,6 +1,6 @@
-//! The definitions shipped in `workflows/` (the examples), compiled in for the tests, the
-//! chaos harness and the bench. A deployment publishes its own; nothing at run time needs
-//! these.
+//! The definitions shipped in `workflows/` (the examples), compiled in for this crate's tests
+//! and, with the feature `testkit`, for the kit (the local runner, the chaos harness, the bench,
+//! the black-box tests). A deployment publishes its own; no function needs these.
 
 use super::super::policy::Policy;
 use super::definition::Workflow;

@@ -11,10 +11,11 @@
 //!
 //! Modules: the files as written and their parsing (`doc`), the validated [`Workflow`]
 //! (`definition`), services (`service`), the input schema (`schema`), step settings
-//! (`settings`), and the shipped [`examples`].
+//! (`settings`), and the shipped `examples` (tests and feature `testkit` only).
 
 mod definition;
 mod doc;
+#[cfg(any(test, feature = "testkit"))]
 pub mod examples;
 mod schema;
 mod service;

@@ -3,12 +3,12 @@
 //! Used by the local runner's `--aws` mode and by the tests. In AWS itself `template.yaml`
 //! defines these resources.
 
-use super::{CALLER_INDEX, DUE_INDEX, STATE_INDEX, STATE_INDEX_PROJECTION};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
     ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
 };
 use aws_sdk_sqs::types::QueueAttributeName;
+use sas::aws::{CALLER_INDEX, DUE_INDEX, STATE_INDEX, STATE_INDEX_PROJECTION, describe};
 
 #[derive(Debug, thiserror::Error)]
 #[error("provisioning {what}: {why}")]
@@ -101,7 +101,7 @@ pub async fn provision(
         Err(e)
             if e.as_service_error()
                 .is_some_and(|se| se.is_resource_already_exists_exception()) => {}
-        Err(e) => return Err(fail(format!("bus {bus_name}"), super::describe(&e))),
+        Err(e) => return Err(fail(format!("bus {bus_name}"), describe(&e))),
     }
     Ok(Resources {
         table,
@@ -203,7 +203,7 @@ pub async fn create_table(
         Err(e)
             if e.as_service_error()
                 .is_some_and(|se| se.is_resource_in_use_exception()) => {}
-        Err(e) => return Err(fail(what(), super::describe(&e))),
+        Err(e) => return Err(fail(what(), describe(&e))),
     }
     // Idempotency keys expire through the table's TTL on `ExpiresAt`.
     let ttl = TimeToLiveSpecification::builder()
@@ -216,7 +216,7 @@ pub async fn create_table(
         .time_to_live_specification(ttl)
         .send()
         .await
-        .map_err(|e| fail(what(), super::describe(&e)))?;
+        .map_err(|e| fail(what(), describe(&e)))?;
     Ok(())
 }
 
@@ -244,7 +244,7 @@ pub async fn create_queue(
     let out = req
         .send()
         .await
-        .map_err(|e| fail(format!("queue {name}"), super::describe(&e)))?;
+        .map_err(|e| fail(format!("queue {name}"), describe(&e)))?;
     out.queue_url()
         .map(str::to_owned)
         .ok_or_else(|| fail(format!("queue {name}"), "no URL returned"))
@@ -258,7 +258,7 @@ pub async fn queue_arn(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<String, P
         .attribute_names(QueueAttributeName::QueueArn)
         .send()
         .await
-        .map_err(|e| fail(format!("queue {url}"), super::describe(&e)))?;
+        .map_err(|e| fail(format!("queue {url}"), describe(&e)))?;
     out.attributes()
         .and_then(|a| a.get(&QueueAttributeName::QueueArn))
         .cloned()
@@ -278,7 +278,7 @@ pub async fn route_to_queue(
     let sqs = aws_sdk_sqs::Client::new(config);
     let arn = queue_arn(&sqs, queue_url).await?;
     let pattern = serde_json::json!({
-        "source": [crate::messages::EVENT_SOURCE],
+        "source": [sas::messages::EVENT_SOURCE],
         "detail-type": detail_types,
     });
     eb.put_rule()
@@ -287,7 +287,7 @@ pub async fn route_to_queue(
         .event_pattern(pattern.to_string())
         .send()
         .await
-        .map_err(|e| fail(format!("rule {rule_name}"), super::describe(&e)))?;
+        .map_err(|e| fail(format!("rule {rule_name}"), describe(&e)))?;
     let target = aws_sdk_eventbridge::types::Target::builder()
         .id(format!("{rule_name}-queue"))
         .arn(arn)
@@ -299,6 +299,6 @@ pub async fn route_to_queue(
         .targets(target)
         .send()
         .await
-        .map_err(|e| fail(format!("rule {rule_name}"), super::describe(&e)))?;
+        .map_err(|e| fail(format!("rule {rule_name}"), describe(&e)))?;
     Ok(())
 }

@@ -4,24 +4,25 @@
 //! not report), and a timer that invokes the supervisor with scheduled events. The local runner
 //! (`sas-local`) and the black-box tests use it, on in-memory adapters or on AWS APIs.
 
-use crate::api::{self, ApiDeps, MAX_BODY_BYTES};
-use crate::auth::Identity;
-use crate::aws::provision::{self, QueueSettings, Resources};
-use crate::aws::{DynamoStore, EventBridgeBus, SqsQueue};
-use crate::catalog::{self, Definitions};
-use crate::domain::task::ReplyQueues;
-use crate::domain::{Backoff, BreakerPolicy, Policy};
-use crate::handlers::agent::{self, AgentDeps};
-use crate::handlers::scheduler::{self, SchedulerDeps};
-use crate::handlers::supervisor::{self, SupervisorDeps, SweepReport};
-use crate::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
-use crate::ports::{Catalog, Clock, EventBus, Queue, ReceivedMessage, RemoteService, StateStore};
-use crate::remote::{
+use crate::provision::{self, QueueSettings, Resources};
+use crate::{auth, guard};
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use sas::api::{self, ApiDeps, MAX_BODY_BYTES};
+use sas::auth::Identity;
+use sas::aws::{DynamoStore, EventBridgeBus, SqsQueue};
+use sas::catalog::{self, Definitions};
+use sas::domain::task::ReplyQueues;
+use sas::domain::{Backoff, BreakerPolicy, Policy};
+use sas::handlers::agent::{self, AgentDeps};
+use sas::handlers::scheduler::{self, SchedulerDeps};
+use sas::handlers::supervisor::{self, SupervisorDeps, SweepReport};
+use sas::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
+use sas::ports::{Catalog, Clock, EventBus, Queue, ReceivedMessage, RemoteService, StateStore};
+use sas::remote::{
     CachedCredentials, Connectors, Credentials, Faults, MemoryCredentials, Remotes,
     ScopedCredentials, SimulatedService,
 };
-use aws_lambda_events::event::eventbridge::EventBridgeEvent;
-use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -31,11 +32,6 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info};
-
-pub mod auth;
-pub mod guard;
-pub mod lag;
-pub mod showcase;
 
 /// The in-memory adapters, kept typed so that tests and the demo can look inside.
 pub type MemoryPorts = (Arc<MemoryStore>, Arc<MemoryQueues>, Arc<MemoryEventBus>);
@@ -220,7 +216,7 @@ pub struct Settings {
     /// How long a simulated service works on a callback step before it calls back.
     pub callback_delay: Duration,
     /// Where the simulated services record the callbacks they post (none: not recorded).
-    pub callback_log: Option<crate::remote::CallbackLog>,
+    pub callback_log: Option<sas::remote::CallbackLog>,
     /// Where HTTP services' credentials are read (default: none, in memory), and how long they
     /// are kept (as `CREDENTIALS_CACHE_SECONDS`).
     pub credentials: Arc<dyn Credentials>,
@@ -235,7 +231,7 @@ pub struct Settings {
     /// [`LOCAL_REPLY_PREFIX`]`*`).
     pub reply_queues: Option<ReplyQueues>,
     /// Each caller's allowance on the task API (default: none).
-    pub rate_limit: Option<crate::domain::rate::RateLimit>,
+    pub rate_limit: Option<sas::domain::rate::RateLimit>,
     /// How long a final task is kept (as `RETENTION_DAYS`; default 90 days, `None`: for good).
     pub retention: Option<chrono::Duration>,
     /// In memory: the most a write takes to reach the indexes (`None`: at once), as
@@ -316,7 +312,7 @@ impl Default for Settings {
             callback_delay: Duration::from_millis(50),
             callback_log: None,
             credentials: Arc::new(MemoryCredentials::default()),
-            credentials_ttl: crate::remote::DEFAULT_CACHE_TTL,
+            credentials_ttl: sas::remote::DEFAULT_CACHE_TTL,
             lambda: None,
             api_auth: auth::LocalAuth::None,
             operator_auth: auth::LocalAuth::None,
@@ -346,13 +342,13 @@ pub const LOCAL_UNDO_MARGIN: chrono::Duration = chrono::Duration::zero();
 
 impl Settings {
     /// `sas-local`'s settings from the variables the functions read, parsed by the same
-    /// functions ([`crate::config`]), with the local defaults ([`Settings::default`]) for what
+    /// functions ([`sas::config`]), with the local defaults ([`Settings::default`]) for what
     /// is unset; the undo wait is `CALL_TIMEOUT_MS` + `UNDO_MARGIN_SECONDS` (default
     /// [`LOCAL_UNDO_MARGIN`]) as in a stack, and credentials are read only under
     /// [`LOCAL_SECRETS_PREFIX`]. Resource names (`TABLE_NAME`, the queue URLs, ...) are not
     /// read: `sas-local` has its own.
-    pub fn from_vars(vars: &crate::config::Vars) -> Result<Self, crate::config::ConfigError> {
-        use crate::config;
+    pub fn from_vars(vars: &sas::config::Vars) -> Result<Self, sas::config::ConfigError> {
+        use sas::config;
         let d = Self::default();
         let call_timeout = config::call_timeout_in(vars, d.call_timeout)?;
         let policy = config::policy_in(
@@ -453,7 +449,7 @@ impl Settings {
 struct LocalCallbackSink(ApiDeps);
 
 #[async_trait::async_trait]
-impl crate::remote::CallbackSink for LocalCallbackSink {
+impl sas::remote::CallbackSink for LocalCallbackSink {
     async fn post(&self, url: &str, body: &serde_json::Value) -> Result<u16, String> {
         let path = url::Url::parse(url)
             .map(|u| u.path().to_owned())
@@ -536,7 +532,7 @@ pub struct System {
     /// The in-memory adapters, when the backend is [`Backend::Memory`].
     pub memory: Option<MemoryPorts>,
     /// The EMF metrics every function here emitted (totals by dimensions).
-    pub metrics: Arc<crate::metrics::Memory>,
+    pub metrics: Arc<sas::metrics::Memory>,
     settings: Settings,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -583,8 +579,8 @@ impl System {
             clock: clock.clone(),
             made: Arc::new(Mutex::new(HashMap::new())),
         };
-        let metrics_sink = Arc::new(crate::metrics::Memory::default());
-        let metrics = crate::metrics::Metrics::new("sas/local", metrics_sink.clone());
+        let metrics_sink = Arc::new(sas::metrics::Memory::default());
+        let metrics = sas::metrics::Metrics::new("sas/local", metrics_sink.clone());
         let submission = ApiDeps {
             metrics: metrics.clone(),
             store: store.clone(),
@@ -606,12 +602,12 @@ impl System {
         };
         let factory = {
             let services = services.clone();
-            let sink: Arc<dyn crate::remote::CallbackSink> =
+            let sink: Arc<dyn sas::remote::CallbackSink> =
                 Arc::new(LocalCallbackSink(submission.clone()));
             let delay = settings.callback_delay;
             let (clock, log) = (clock.clone(), settings.callback_log.clone());
             Arc::new(move |name: &str| {
-                let completer = crate::remote::CallbackCompleter::new(
+                let completer = sas::remote::CallbackCompleter::new(
                     services.get(name),
                     sink.clone(),
                     delay,
@@ -626,7 +622,7 @@ impl System {
         let connectors = Connectors {
             // Building fails only if the TLS backend cannot start, which the default client
             // could not either.
-            http: crate::remote::http_client().unwrap_or_else(|e| {
+            http: sas::remote::http_client().unwrap_or_else(|e| {
                 error!(error = %e, "the HTTP client for services was not built");
                 reqwest::Client::new()
             }),

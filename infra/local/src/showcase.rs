@@ -3,13 +3,13 @@
 //! planted where each state needs one, and an operator's resolve and cancels. Nothing here is
 //! a shortcut: every task gets where it is through the API, the scheduler and the agents.
 
-use super::System;
-use crate::api::{self, OPERATOR_PREFIX};
-use crate::auth::Identity;
-use crate::domain::{Caller, ProcessState, TaskId};
-use crate::remote::Faults;
+use crate::System;
 use anyhow::{Context, anyhow, bail};
 use http::{HeaderMap, Method};
+use sas::api::{self, OPERATOR_PREFIX};
+use sas::auth::Identity;
+use sas::domain::{Caller, ProcessState, TaskId};
+use sas::remote::Faults;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 

@@ -11,8 +11,6 @@
 //! - [`TestIssuer`] is a local issuer with a fresh ES256 key pair, for tests and the quickstart:
 //!   its JWKS for the runner, and tokens for the callers.
 
-use crate::auth::Identity;
-use crate::domain::Caller;
 use aws_credential_types::Credentials;
 use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
 use aws_sigv4::sign::v4;
@@ -21,6 +19,8 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use http::{HeaderMap, Method};
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use sas::auth::Identity;
+use sas::domain::Caller;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;

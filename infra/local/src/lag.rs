@@ -2,9 +2,9 @@
 //! step is dispatched again, with deadline timers and with the scheduled sweep alone. In memory,
 //! on this machine; the figures go in BENCHMARKS.md only, never in a timed test.
 
-use super::{Backend, Settings, System};
-use crate::ports::SystemClock;
-use crate::remote::Faults;
+use crate::{Backend, Settings, System};
+use sas::ports::SystemClock;
+use sas::remote::Faults;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,9 +48,9 @@ pub async fn measure(
     let gap = Duration::from_micros(2_000_000 / tasks.max(1) as u64);
     for _ in 0..tasks {
         tokio::time::sleep(gap.mul_f64(rand::random::<f64>() * 2.0)).await;
-        let resp = crate::api::handle(
+        let resp = sas::api::handle(
             &system.submission,
-            &crate::auth::Identity::anonymous(),
+            &sas::auth::Identity::anonymous(),
             &http::Method::POST,
             "/workflows/ecommerce-order/tasks",
             &headers,
@@ -62,7 +62,7 @@ pub async fn measure(
             v["taskId"]
                 .as_str()
                 .unwrap_or_default()
-                .parse::<crate::TaskId>()?,
+                .parse::<sas::TaskId>()?,
         );
     }
     let until = Instant::now() + Duration::from_secs(120);
