@@ -1,0 +1,31 @@
+//! The error codes the API documents: a 4xx answer's `error.code` is one of them.
+
+/// Every error code the API documents.
+pub(crate) const API_ERROR_CODES: [&str; 26] = [
+    "route_not_found",
+    "method_not_allowed",
+    "invalid_json",
+    "invalid_request",
+    "validation_failed",
+    "input_too_large",
+    "payload_too_large",
+    "unsupported_media_type",
+    "invalid_idempotency_key",
+    "invalid_reply_queue_url",
+    "idempotency_key_reused",
+    "workflow_not_found",
+    "service_not_found",
+    "task_not_found",
+    "invalid_task_id",
+    "invalid_state",
+    "invalid_limit",
+    "invalid_cursor",
+    "unknown_parameter",
+    "missing_state",
+    "invalid_version",
+    "invalid_definition",
+    "definition_too_large",
+    "name_mismatch",
+    "conflict",
+    "store_unavailable",
+];
