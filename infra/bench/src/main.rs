@@ -32,7 +32,7 @@ struct Cli {
     /// Skip the API-call counts (they need an emulator at AWS_ENDPOINT_URL).
     #[arg(long)]
     no_emulator: bool,
-    /// Clean orders for the load-per-key run.
+    /// Clean e-commerce orders for the load-per-key run.
     #[arg(long, default_value_t = 2000)]
     key_load_tasks: usize,
     /// Overdue tasks one sweep recovers in the sweep-capacity run.
@@ -560,10 +560,10 @@ fn cost_in(s: &Scenario, batch: f64, capacity: Capacity) -> Cost {
     }
 }
 
-/// Clean orders through the in-memory system, every store call counted by the key it lands on
-/// (an item's partition key, or a GSI partition): the write and read units each key takes per
-/// task, and what that is at 1,000 tasks a second against DynamoDB's per-partition limits
-/// (1,000 WCU, 3,000 RCU). Backs docs/capacity.md ("Load per key").
+/// Clean e-commerce orders through the in-memory system, every store call counted by the key it
+/// lands on (an item's partition key, or a GSI partition): the write and read units each key
+/// takes per task, and what that is at 1,000 tasks a second against DynamoDB's per-partition
+/// limits (1,000 WCU, 3,000 RCU). Backs docs/capacity.md ("Load per key").
 async fn key_load(tasks: usize) -> anyhow::Result<String> {
     // The deployed default's due shards (the template's `DueShards`), not the local runner's.
     let mut settings = Settings {
@@ -716,8 +716,9 @@ fn before_after_table(scenarios: &[Scenario]) -> anyhow::Result<String> {
         baseline["note"].as_str().unwrap_or_default(),
     );
     for s in scenarios {
-        // A variant of a scenario ("clean order (no deadline timers)") is measured against the
-        // scenario's own baseline ("clean order"): the same task before the cost work.
+        // A variant of a scenario ("clean e-commerce order (no deadline timers)") is measured
+        // against the scenario's own baseline ("clean e-commerce order"): the same task before the
+        // cost work.
         let b = match &baseline["scenarios"][s.name] {
             serde_json::Value::Null => {
                 let base = s.name.split(" (").next().unwrap_or(s.name);
@@ -807,7 +808,7 @@ Fixed monthly costs are left out: the supervisor's schedule (43,200 invocations 
             p.item, p.usd, p.unit, p.source
         ));
     }
-    t.push_str("\nThe equivalent Standard state machines, one per workflow. E-commerce order: `Reserve`, `Charge`, `Ship` (Task states that send the request with a task token and wait; `Retry` on timeout, `Catch` to the compensation), `NotifyProcessed` (EventBridge task), `Done` (Succeed): 5 transitions for a clean order, one more per retried step; refused at the third step (a business outcome, no alert): `Reserve`, `Charge`, `Ship`, `Refund`, `Release`, `NotifyRefused`, `Failed`: 7. Loan application: `CheckCredit`, `ReserveFunds`, `SendContract` (`.waitForTaskToken`: the signature comes by callback), `DisburseFunds`, `NotifyProcessed`, `Done`: 6 for a clean loan; refused at the contract: `CheckCredit`, `ReserveFunds`, `SendContract`, `ReleaseFunds` (the credit check has no undo), `NotifyRefused`, `Failed`: 6. Express is billed per request and per GB-second of the whole execution (64 MB, 100 ms increments) and cannot wait out an outage longer than its 5-minute limit.\n");
+    t.push_str("\nThe equivalent Standard state machines, one per workflow. E-commerce order: `Reserve`, `Charge`, `Ship` (Task states that send the request with a task token and wait; `Retry` on timeout, `Catch` to the compensation), `NotifyProcessed` (EventBridge task), `Done` (Succeed): 5 transitions for a clean e-commerce order, one more per retried step; refused at the third step (a business outcome, no alert): `Reserve`, `Charge`, `Ship`, `Refund`, `Release`, `NotifyRefused`, `Failed`: 7. Loan application: `CheckCredit`, `ReserveFunds`, `SendContract` (`.waitForTaskToken`: the signature comes by callback), `DisburseFunds`, `NotifyProcessed`, `Done`: 6 for a clean loan; refused at the contract: `CheckCredit`, `ReserveFunds`, `SendContract`, `ReleaseFunds` (the credit check has no undo), `NotifyRefused`, `Failed`: 6. Express is billed per request and per GB-second of the whole execution (64 MB, 100 ms increments) and cannot wait out an outage longer than its 5-minute limit.\n");
     t
 }
 
@@ -860,11 +861,11 @@ fn aws_sdk_dynamodb_client(sdk: &aws_config::SdkConfig) -> aws_sdk_dynamodb::Cli
 mod tests {
     use super::*;
 
-    /// The load-per-key run adds up to the write-by-write table: a clean order writes its due
-    /// shard 2 WRU (its entry made at submission, removed once its notice is out) and its state-index partitions 5, one caller-shard-index entry, one rate-limit
+    /// The load-per-key run adds up to the write-by-write table: a clean e-commerce order writes
+    /// its due shard 2 WRU (its entry made at submission, removed once its notice is out) and its state-index partitions 5, one caller-shard-index entry, one rate-limit
     /// update; the shared keys are spread over the shards.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_load_per_key_adds_up_to_the_writes_of_a_clean_order() {
+    async fn the_load_per_key_adds_up_to_the_writes_of_a_clean_ecommerce_order() {
         let t = key_load(200).await.expect("the run");
         let per_task = |prefix: &str| -> f64 {
             t.lines()
@@ -972,8 +973,9 @@ mod tests {
                 .unwrap_or_else(|| panic!("no before/after row for {}:\n{before_after}", sc.name));
             assert!(row.contains('%') && row.contains("1/"), "{row}");
         }
-        // Progress events are off by default: a clean order publishes only `TaskProcessed`.
-        assert_eq!(s[0].name, "clean order");
+        // Progress events are off by default: a clean e-commerce order publishes only
+        // `TaskProcessed`.
+        assert_eq!(s[0].name, "clean e-commerce order");
         assert_eq!(s[0].counts.events, 1, "{:?}", s[0].counts);
         let c = |i: usize| cost(&s[i]).orchestration;
         for sc in &s {

@@ -293,9 +293,9 @@ fn refuse(action: &str) -> Faults {
 pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     let mut out = Vec::new();
 
-    // 1. A clean order: Reserve, Charge, Ship, NotifyProcessed, Done: 5 transitions.
+    // 1. A clean e-commerce order: Reserve, Charge, Ship, NotifyProcessed, Done: 5 transitions.
     let plan = Plan {
-        name: "clean order",
+        name: "clean e-commerce order",
         workflow: "ecommerce-order",
         steps: 3,
         sfn_transitions: 5,
@@ -317,7 +317,8 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     out.push(straight(target, &plan, &[]).await?);
 
     // 3. One retry: the order's first step request is lost (its agent never answers); its
-    // deadline timer recovers it. One transition more than the clean order: the retried task.
+    // deadline timer recovers it. One transition more than the clean e-commerce order: the
+    // retried task.
     let plan = Plan {
         name: "order, one retry (timer)",
         workflow: "ecommerce-order",
@@ -379,10 +380,11 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
         expect: ProcessState::Refused,
     };
     out.push(straight(target, &plan, &[("e-sign", refuse("send-contract"))]).await?);
-    // 6. A clean order in a deployment without deadline timers (`DeadlineTimers=false`): no
-    // timer message, no supervisor invocation; a missed deadline waits for the sweep.
+    // 6. A clean e-commerce order in a deployment without deadline timers
+    // (`DeadlineTimers=false`): no timer message, no supervisor invocation; a missed deadline
+    // waits for the sweep.
     let plan = Plan {
-        name: "clean order (no deadline timers)",
+        name: "clean e-commerce order (no deadline timers)",
         workflow: "ecommerce-order",
         steps: 3,
         sfn_transitions: 5,
@@ -416,15 +418,15 @@ mod tests {
         assert_eq!(
             names,
             [
-                "clean order",
+                "clean e-commerce order",
                 "clean loan",
                 "order, one retry (timer)",
                 "order refused at step 3",
                 "loan refused at step 3",
-                "clean order (no deadline timers)"
+                "clean e-commerce order (no deadline timers)"
             ]
         );
-        // Without timers: the clean order's messages and writes, less the timers and the
+        // Without timers: the clean e-commerce order's messages and writes, less the timers and the
         // supervisor's invocations.
         let timers = |i: usize| s[i].counts.messages.get("timers").copied().unwrap_or(0);
         assert_eq!((timers(0), timers(5)), (3, 0));

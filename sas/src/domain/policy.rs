@@ -45,8 +45,8 @@ pub struct Policy {
     pub undo_wait: Duration,
     /// Publish the progress statuses of the happy path (`TaskReceived`, `TaskStepCompleted`)
     /// to the event bus (`PROGRESS_EVENTS`). Off by default: they are most of a clean task's
-    /// events (3 of 4 for a clean order, at $1 per million each) and serve dashboards, not the
-    /// pattern. A task's reply queue gets them either way (its submitter asked for them).
+    /// events (3 of 4 for a clean e-commerce order, at $1 per million each) and serve dashboards,
+    /// not the pattern. A task's reply queue gets them either way (its submitter asked for them).
     pub progress_events: bool,
 }
 

@@ -1,0 +1,153 @@
+//! The definitions a run publishes: the examples, each workflow's durations scaled to the
+//! run's policy ([`Config::definitions`]).
+
+use super::config::Config;
+use sas::Policy;
+use sas::domain::workflow::{self, Format};
+use serde_json::Value;
+use std::time::Duration;
+
+impl Config {
+    /// The definitions the run publishes: the examples (`workflows/`), each workflow's own
+    /// durations scaled to the run's policy (its default step timeout becomes
+    /// `settings.policy.step_timeout`, its retry delays the policy's, every other duration in
+    /// proportion, no step timeout below the policy's), so that a loan application's deadlines and retries come in seconds, as an
+    /// e-commerce order's do (it has no durations of its own). Steps, undos, the pivot and the
+    /// failure thresholds are the examples' own.
+    pub fn definitions(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let mut out = Vec::new();
+        for (name, text) in sas::catalog::example_files() {
+            let Some(format) = Format::of_path(&name) else {
+                continue;
+            };
+            let mut value = workflow::parse_value(&text, format)?;
+            if value.get("steps").is_none() {
+                out.push((name, text));
+                continue;
+            }
+            scale_durations(&mut value, &self.settings.policy)?;
+            let stem = name.rsplit_once('.').map_or(name.as_str(), |(s, _)| s);
+            out.push((format!("{stem}.json"), value.to_string()));
+        }
+        Ok(out)
+    }
+}
+
+fn duration_of(v: &Value) -> anyhow::Result<Option<Duration>> {
+    match v.as_str() {
+        Some(s) => Ok(Some(humantime::parse_duration(s.trim())?)),
+        None => Ok(None),
+    }
+}
+
+fn ratio(to: chrono::Duration, from: Option<Duration>) -> f64 {
+    match from {
+        Some(f) if !f.is_zero() => to.num_milliseconds() as f64 / f.as_millis() as f64,
+        _ => 1.0,
+    }
+}
+
+/// Scales every duration of a workflow definition (see [`Config::definitions`]).
+fn scale_durations(doc: &mut Value, p: &Policy) -> anyhow::Result<()> {
+    let defaults = &doc["defaults"];
+    let timeout = ratio(p.step_timeout, duration_of(&defaults["timeout"])?);
+    let base = ratio(
+        p.retry_base_delay,
+        duration_of(&defaults["retry"]["baseDelay"])?,
+    );
+    let max = ratio(
+        p.retry_max_delay,
+        duration_of(&defaults["retry"]["maxDelay"])?,
+    );
+    // No step gets less time than the run's step timeout: under a burst of submissions the
+    // queues alone take a good part of a second.
+    let shortest = p
+        .step_timeout
+        .to_std()
+        .unwrap_or_default()
+        .clamp(workflow::MIN_TIMEOUT, workflow::MAX_TIMEOUT);
+    let settings = |place: &mut Value| -> anyhow::Result<()> {
+        let Some(obj) = place.as_object_mut() else {
+            return Ok(());
+        };
+        if let Some(t) = obj.get_mut("timeout") {
+            scale(t, timeout, shortest, workflow::MAX_TIMEOUT)?;
+        }
+        // A callback wait of days becomes a few step timeouts: long enough for the simulated
+        // service's callback under load, short enough that a lost one times out within the run.
+        if let Some(cb) = obj.get_mut("callback").and_then(Value::as_object_mut) {
+            let cap = shortest * 5;
+            for field in ["timeout", "heartbeat"] {
+                if let Some(t) = cb.get_mut(field) {
+                    scale(t, timeout, shortest, cap)?;
+                }
+            }
+        }
+        if let Some(retry) = obj.get_mut("retry").and_then(Value::as_object_mut) {
+            if let Some(b) = retry.get_mut("baseDelay") {
+                scale(b, base, Duration::ZERO, workflow::MAX_DELAY)?;
+            }
+            if let Some(m) = retry.get_mut("maxDelay") {
+                scale(m, max, Duration::ZERO, workflow::MAX_DELAY)?;
+            }
+        }
+        Ok(())
+    };
+    if let Some(d) = doc.get_mut("defaults") {
+        settings(d)?;
+    }
+    if let Some(steps) = doc.get_mut("steps").and_then(Value::as_array_mut) {
+        for step in steps {
+            settings(step)?;
+        }
+    }
+    Ok(())
+}
+
+/// Multiplies the duration `v` (a string such as `5s`) by `by`, within `[min, cap]`.
+fn scale(v: &mut Value, by: f64, min: Duration, cap: Duration) -> anyhow::Result<()> {
+    if let Some(d) = duration_of(v)? {
+        let ms = (d.as_millis() as f64 * by).round() as u64;
+        let d = Duration::from_millis(ms).clamp(min, cap);
+        *v = Value::String(format!("{}ms", d.as_millis()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sas::Workflow;
+
+    #[test]
+    fn the_loan_is_scaled_to_the_runs_policy_and_keeps_its_shape() {
+        let cfg = Config::new(10, 7);
+        let files = cfg.definitions().expect("definitions");
+        let names: Vec<_> = files.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "services.yaml",
+                "ecommerce-order.json",
+                "loan-application.json"
+            ]
+        );
+        let loan: Value = serde_json::from_str(&files[2].1).expect("JSON");
+        assert_eq!(loan["defaults"]["timeout"], "2000ms");
+        assert_eq!(loan["defaults"]["retry"]["baseDelay"], "100ms");
+        assert_eq!(loan["defaults"]["retry"]["maxDelay"], "1000ms");
+        // 5s of a 20s default: a quarter of 2s, raised to the run's step timeout.
+        assert_eq!(loan["steps"][0]["timeout"], "2000ms");
+        assert_eq!(loan["steps"][1]["timeout"], "3000ms");
+        assert_eq!(loan["steps"][3]["retry"]["maxDelay"], "5000ms");
+        assert_eq!(loan["steps"][3]["retry"]["failureThreshold"], 5);
+        assert_eq!(loan["steps"][2]["pivot"], true);
+        let w = Workflow::from_value(loan, None, &cfg.settings.policy).expect("valid");
+        assert_eq!(w.pivot, Some(2));
+        assert_eq!(w.steps[1].policy.step_timeout, chrono::Duration::seconds(3));
+        let order: Value = serde_json::from_str(&files[1].1).expect("JSON");
+        let original =
+            workflow::parse_value(workflow::examples::ECOMMERCE_ORDER, Format::Yaml).expect("YAML");
+        assert_eq!(order, original, "an order has no durations to scale");
+    }
+}

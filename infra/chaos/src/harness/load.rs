@@ -1,0 +1,132 @@
+//! Driving the load: tasks of both example workflows, alternately, submitted over HTTP at the
+//! run's pace, within its window of tasks in flight, as a client would (an idempotency key,
+//! retries of 5xx answers); the operator may cancel each one a while after.
+
+use super::config::Config;
+use super::operating::Operating;
+use super::settle::Progress;
+use super::world::World;
+use futures::StreamExt;
+use sas::TaskId;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The workflows a run submits tasks of, in turn: task `i` is of `WORKFLOWS[i % 2]`.
+pub const WORKFLOWS: [&str; 2] = ["ecommerce-order", "loan-application"];
+
+/// The workflow of task `i`.
+pub fn workflow_of(i: usize) -> &'static str {
+    WORKFLOWS[i % WORKFLOWS.len()]
+}
+
+/// The input of task `i` (valid for [`workflow_of`]`(i)`'s input schema).
+pub fn input(i: usize) -> Value {
+    if workflow_of(i) == "loan-application" {
+        serde_json::json!({
+            "applicantId": format!("chaos-{}", i % 89),
+            "amount": 1000 * (1 + i % 50),
+            "currency": "EUR",
+        })
+    } else {
+        serde_json::json!({
+            "customerId": format!("chaos-{}", i % 101),
+            "items": [{"sku": format!("SKU-{}", i % 17), "quantity": 1 + i % 4}],
+        })
+    }
+}
+
+/// Submits the run's tasks (paced from `started`, within the window) and hands each accepted
+/// one to the operator; the accepted tasks and their workflows.
+pub(super) async fn submit_all(
+    cfg: &Config,
+    world: &World,
+    operator: &Operating,
+    progress: &Progress,
+    started: Instant,
+) -> HashMap<TaskId, &'static str> {
+    let http = reqwest::Client::new();
+    let base = &world.base;
+    let pace = cfg
+        .rate
+        .map(|r| Duration::from_secs_f64(1.0 / f64::from(r.max(1))));
+    let recorder = &world.chaos.recorder;
+    let begun = AtomicUsize::new(0);
+    let accepted: Vec<Option<(TaskId, &'static str)>> = futures::stream::iter(0..cfg.tasks)
+        .map(|i| {
+            let (http, begun) = (&http, &begun);
+            async move {
+                if let Some(p) = pace {
+                    tokio::time::sleep_until((started + p * i as u32).into()).await;
+                }
+                // Room in the window: fewer than `window` tasks begun and not yet settled (or
+                // no task settling for the run's patience: submit anyway, and let the checks
+                // tell).
+                if let Some(window) = cfg.window {
+                    loop {
+                        let n = begun.load(Ordering::Relaxed);
+                        let settled = recorder.settled();
+                        if (n < settled + window || progress.stalled(settled))
+                            && begun
+                                .compare_exchange(n, n + 1, Ordering::Relaxed, Ordering::Relaxed)
+                                .is_ok()
+                        {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                let id = submit(http, base, cfg.seed, i).await?;
+                operator.maybe_cancel(id, i);
+                Some((id, workflow_of(i)))
+            }
+        })
+        .buffer_unordered(cfg.concurrency.max(1))
+        .collect()
+        .await;
+    accepted.iter().flatten().copied().collect()
+}
+
+/// Submits task `i` (of [`workflow_of`]`(i)`) with an idempotency key, retrying 5xx answers and
+/// connection errors (a crashed submission answers 503) as a client would.
+async fn submit(http: &reqwest::Client, base: &str, seed: u64, i: usize) -> Option<TaskId> {
+    let body = input(i);
+    let workflow = workflow_of(i);
+    for attempt in 0..20u32 {
+        let resp = http
+            .post(format!("{base}/workflows/{workflow}/tasks"))
+            .header("idempotency-key", format!("chaos-{seed}-{i}"))
+            .json(&body)
+            .send()
+            .await;
+        match resp {
+            Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => {
+                let v: Value = r.json().await.ok()?;
+                return v["taskId"].as_str()?.parse().ok();
+            }
+            Ok(r) if r.status().is_client_error() => return None,
+            _ => tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt + 1))).await,
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sas::Policy;
+    use sas::domain::workflow;
+
+    #[test]
+    fn inputs_alternate_and_match_their_workflows() {
+        let policy = Policy::default();
+        let order = workflow::examples::ecommerce_order(&policy);
+        let loan = workflow::examples::loan_application(&policy);
+        for i in 0..6 {
+            let w = if i % 2 == 0 { &order } else { &loan };
+            assert_eq!(workflow_of(i), w.name);
+            w.check_input(&input(i)).expect("a valid input");
+        }
+    }
+}
