@@ -43,9 +43,20 @@ pub enum CreateOutcome {
     KeyExists(IdempotencyRecord),
 }
 
-/// The state store: tasks, their state records and idempotency keys.
+/// The state store: every item the state table holds, one small trait per kind of item
+/// ([`TaskStore`], [`TaskLists`], [`DueIndex`], [`Leases`], [`Breakers`], [`RateLimits`]), each
+/// in its own file of [`crate::aws`]'s DynamoDB adapter. The handlers hold the whole of it; a
+/// component that needs one kind takes the narrow trait (an `Arc<dyn StateStore>` upcasts).
+pub trait StateStore: TaskStore + TaskLists + DueIndex + Leases + Breakers + RateLimits {}
+
+impl<T> StateStore for T where
+    T: TaskStore + TaskLists + DueIndex + Leases + Breakers + RateLimits + ?Sized
+{
+}
+
+/// Tasks, their state records and idempotency keys (items `TASK#<id>` and `IDEM#<key>`).
 #[async_trait]
-pub trait StateStore: Send + Sync {
+pub trait TaskStore: Send + Sync {
     /// Writes the task, its state record and (if given) the idempotency key in one atomic
     /// transaction; each must not exist yet.
     async fn create(
@@ -59,11 +70,11 @@ pub trait StateStore: Send + Sync {
     /// Strongly consistent read of the state record.
     async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError>;
     /// Replaces the state record if `condition` holds, else [`StoreError::ConditionFailed`]:
-    /// one write request with a new id (see [`StateStore::put_as`]).
+    /// one write request with a new id (see [`TaskStore::put_as`]).
     async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
         self.put_as(record, condition, rand::random()).await
     }
-    /// [`StateStore::put`] as the request `write`. A write whose response was lost is retried
+    /// [`TaskStore::put`] as the request `write`. A write whose response was lost is retried
     /// (by the SDK) as the same request, fails its condition against its own first attempt,
     /// and reads back: it succeeded if the stored record is this one *and was written by this
     /// request*. Two writers making the very same transition from the same version (two
@@ -75,36 +86,28 @@ pub trait StateStore: Send + Sync {
         condition: &Condition,
         write: u64,
     ) -> Result<(), StoreError>;
-    /// Records of due-index `shard` due at or before `now`, oldest first (by due key, ties by
-    /// id), starting strictly after `after` (at most `limit`): a sweep pages past entries it
-    /// could not recover instead of reading them again. Eventually consistent: callers re-read
-    /// and write conditionally.
-    async fn due(
+    /// Writes `record` under `condition` and, in the same transaction, gives its task the new
+    /// input of `task` (an operator's retry on a patched input), with its revision and the
+    /// earlier inputs steps ran with: both or neither. `ConditionFailed` when the record's
+    /// condition does not hold (or the task item is gone, or at another revision than the one
+    /// before `task`'s).
+    async fn put_with_input(
         &self,
-        shard: u32,
-        now: DateTime<Utc>,
-        limit: usize,
-        after: Option<&DueEntry>,
-    ) -> Result<Vec<DueEntry>, StoreError>;
-    /// How many shards the due index has.
-    fn due_shards(&self) -> u32;
-    /// Takes (or renews) the lease `name` for `owner` until `now + ttl`, if it is free, expired
-    /// or already `owner`'s: a conditional write, so at most one owner holds it at a time
-    /// (Leader Election). `false`: someone else holds it.
-    async fn acquire_lease(
-        &self,
-        name: &str,
-        owner: &str,
-        now: DateTime<Utc>,
-        ttl: chrono::Duration,
-    ) -> Result<bool, StoreError>;
-    /// Gives the lease up if `owner` still holds it (a no-op otherwise).
-    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError>;
-    /// The shared circuit breaker of service `name`, if stored.
-    async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError>;
-    /// Writes `record` if the stored breaker is still at `record.version - 1` (absent, for
-    /// version 1). `false`: another agent moved it first.
-    async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError>;
+        record: &StateRecord,
+        condition: &Condition,
+        task: &Task,
+    ) -> Result<(), StoreError>;
+    /// Starts the retention clock of a task whose record is final
+    /// ([`ProcessState::is_final`]): its items expire (DynamoDB TTL, `ExpiresAt`) the store's
+    /// retention after the record's `updated_at`. Idempotent; a no-op for a record that is not
+    /// final, or with no retention. The state record's own expiry is written with it by `put`.
+    async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError>;
+}
+
+/// The lists of tasks an operator and a caller read: the state index and the caller index
+/// (read-only views of the items [`TaskStore`] writes).
+#[async_trait]
+pub trait TaskLists: Send + Sync {
     /// One page of the records in `state` (of `workflow`, if given), newest first (by
     /// `UpdatedAt`, ties by id) across every shard, starting after `after` (at most `limit`;
     /// `next` is set when more may follow). Served by the state index, never a scan (a page
@@ -124,30 +127,6 @@ pub trait StateStore: Send + Sync {
         workflow: Option<&str>,
         cap: u64,
     ) -> Result<Count, StoreError>;
-    /// Writes `record` under `condition` and, in the same transaction, gives its task the new
-    /// input of `task` (an operator's retry on a patched input), with its revision and the
-    /// earlier inputs steps ran with: both or neither. `ConditionFailed` when the record's
-    /// condition does not hold (or the task item is gone, or at another revision than the one
-    /// before `task`'s).
-    async fn put_with_input(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        task: &Task,
-    ) -> Result<(), StoreError>;
-    /// Starts the retention clock of a task whose record is final
-    /// ([`ProcessState::is_final`]): its items expire (DynamoDB TTL, `ExpiresAt`) the store's
-    /// retention after the record's `updated_at`. Idempotent; a no-op for a record that is not
-    /// final, or with no retention. The state record's own expiry is written with it by `put`.
-    async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError>;
-    /// Admits one request of the rate-limited `key` (a caller's digest) at `now`, or says
-    /// when the next one would be admitted: GCRA ([`crate::domain::rate`]) on one item per key.
-    async fn admit(
-        &self,
-        key: &str,
-        limit: &crate::domain::rate::RateLimit,
-        now: DateTime<Utc>,
-    ) -> Result<crate::domain::rate::Admission, StoreError>;
     /// One page of `caller`'s tasks, newest first (by creation), starting after `after`
     /// (whose `at_ms` is, here, the last task's creation time). Served by the caller
     /// index; eventually consistent.
@@ -157,6 +136,64 @@ pub trait StateStore: Send + Sync {
         limit: usize,
         after: Option<&Cursor>,
     ) -> Result<Page, StoreError>;
+}
+
+/// The due index the supervisor sweeps: the state records with a deadline, by shard.
+#[async_trait]
+pub trait DueIndex: Send + Sync {
+    /// Records of due-index `shard` due at or before `now`, oldest first (by due key, ties by
+    /// id), starting strictly after `after` (at most `limit`): a sweep pages past entries it
+    /// could not recover instead of reading them again. Eventually consistent: callers re-read
+    /// and write conditionally.
+    async fn due(
+        &self,
+        shard: u32,
+        now: DateTime<Utc>,
+        limit: usize,
+        after: Option<&DueEntry>,
+    ) -> Result<Vec<DueEntry>, StoreError>;
+    /// How many shards the due index has.
+    fn due_shards(&self) -> u32;
+}
+
+/// Named leases (items `LEASE#<name>`): one holder at a time.
+#[async_trait]
+pub trait Leases: Send + Sync {
+    /// Takes (or renews) the lease `name` for `owner` until `now + ttl`, if it is free, expired
+    /// or already `owner`'s: a conditional write, so at most one owner holds it at a time
+    /// (Leader Election). `false`: someone else holds it.
+    async fn acquire_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        now: DateTime<Utc>,
+        ttl: chrono::Duration,
+    ) -> Result<bool, StoreError>;
+    /// Gives the lease up if `owner` still holds it (a no-op otherwise).
+    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError>;
+}
+
+/// The services' shared circuit breakers (items `BREAKER#<name>`).
+#[async_trait]
+pub trait Breakers: Send + Sync {
+    /// The shared circuit breaker of service `name`, if stored.
+    async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError>;
+    /// Writes `record` if the stored breaker is still at `record.version - 1` (absent, for
+    /// version 1). `false`: another agent moved it first.
+    async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError>;
+}
+
+/// The callers' rate limits (items `RATE#<key>`).
+#[async_trait]
+pub trait RateLimits: Send + Sync {
+    /// Admits one request of the rate-limited `key` (a caller's digest) at `now`, or says
+    /// when the next one would be admitted: GCRA ([`crate::domain::rate`]) on one item per key.
+    async fn admit(
+        &self,
+        key: &str,
+        limit: &crate::domain::rate::RateLimit,
+        now: DateTime<Utc>,
+    ) -> Result<crate::domain::rate::Admission, StoreError>;
 }
 
 /// One entry of the due index: a record and the due key it is filed under (at or before its
@@ -286,7 +323,7 @@ impl Summary {
     }
 }
 
-/// A page of [`StateStore::list`].
+/// A page of [`TaskLists::list`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Page {
     pub items: Vec<Summary>,

@@ -1,7 +1,8 @@
 use crate::domain::{BreakerRecord, Caller, Condition, ProcessState, StateRecord, Task, TaskId};
 use crate::ports::{
-    Catalog, Count, CreateOutcome, Cursor, DueEntry, Entry, IdempotencyRecord, Kind, Page,
-    Published, StateStore, StoreError, Stored, Summary, canonical,
+    Breakers, Catalog, Count, CreateOutcome, Cursor, DueEntry, DueIndex, Entry, IdempotencyRecord,
+    Kind, Leases, Page, Published, RateLimits, StoreError, Stored, Summary, TaskLists, TaskStore,
+    canonical,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -27,7 +28,7 @@ pub struct MemoryStore {
 struct Inner {
     tasks: HashMap<TaskId, Task>,
     states: HashMap<TaskId, StateRecord>,
-    /// The request that wrote each record last (see [`StateStore::put_as`]).
+    /// The request that wrote each record last (see [`TaskStore::put_as`]).
     writes: HashMap<TaskId, u64>,
     keys: HashMap<String, IdempotencyRecord>,
     /// Lease name → (owner, held until).
@@ -125,7 +126,7 @@ impl MemoryStore {
 }
 
 #[async_trait]
-impl StateStore for MemoryStore {
+impl TaskStore for MemoryStore {
     async fn create(
         &self,
         task: &Task,
@@ -155,7 +156,6 @@ impl StateStore for MemoryStore {
         }
         Ok(CreateOutcome::Created)
     }
-
     async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
         let inner = self.lock()?;
         Ok(match (inner.tasks.get(&id), inner.states.get(&id)) {
@@ -163,11 +163,9 @@ impl StateStore for MemoryStore {
             _ => None,
         })
     }
-
     async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
         Ok(self.lock()?.states.get(&id).cloned())
     }
-
     async fn put_as(
         &self,
         record: &StateRecord,
@@ -191,98 +189,6 @@ impl StateStore for MemoryStore {
         inner.writes.insert(record.task_id, write);
         Ok(())
     }
-
-    async fn due(
-        &self,
-        shard: u32,
-        now: DateTime<Utc>,
-        limit: usize,
-        after: Option<&DueEntry>,
-    ) -> Result<Vec<DueEntry>, StoreError> {
-        let mut inner = self.lock()?;
-        let mut due: Vec<_> = inner
-            .indexed(self.index_lag)
-            .filter(|r| r.due_shard(self.shards) == shard)
-            .filter_map(|r| {
-                r.due_key.filter(|d| *d <= now).map(|due_at| DueEntry {
-                    due_at,
-                    task_id: r.task_id,
-                })
-            })
-            .filter(|e| after.is_none_or(|a| e > a))
-            .collect();
-        due.sort();
-        due.truncate(limit);
-        Ok(due)
-    }
-
-    fn due_shards(&self) -> u32 {
-        self.shards
-    }
-
-    async fn acquire_lease(
-        &self,
-        name: &str,
-        owner: &str,
-        now: DateTime<Utc>,
-        ttl: chrono::Duration,
-    ) -> Result<bool, StoreError> {
-        let mut inner = self.lock()?;
-        let free = inner
-            .leases
-            .get(name)
-            .is_none_or(|(o, until)| *until <= now || o == owner);
-        if free {
-            inner
-                .leases
-                .insert(name.to_owned(), (owner.to_owned(), now + ttl));
-        }
-        Ok(free)
-    }
-
-    async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
-        Ok(self.lock()?.breakers.get(name).cloned())
-    }
-
-    async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
-        let mut inner = self.lock()?;
-        let stored = inner.breakers.get(&record.name).map_or(0, |b| b.version);
-        if stored + 1 != record.version {
-            return Ok(false);
-        }
-        inner.breakers.insert(record.name.clone(), record.clone());
-        Ok(true)
-    }
-
-    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
-        let mut inner = self.lock()?;
-        if inner.leases.get(name).is_some_and(|(o, _)| o == owner) {
-            inner.leases.remove(name);
-        }
-        Ok(())
-    }
-
-    async fn list(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError> {
-        let limit = limit.max(1);
-        let mut inner = self.lock()?;
-        // The list's order: when the task entered its state, descending across shards, ties by id (which DynamoDB's
-        // index leaves unspecified and the DynamoDB store sorts by too).
-        let rows: Vec<Summary> = inner
-            .indexed(self.index_lag)
-            .filter(|r| r.process_state == state)
-            .filter(|r| workflow.is_none_or(|w| r.workflow == w))
-            .map(Summary::of)
-            .filter(|s| after.is_none_or(|c| c.precedes(s.since.timestamp_millis(), s.task_id)))
-            .collect();
-        Ok(Page::newest_first(rows, limit, false))
-    }
-
     async fn put_with_input(
         &self,
         record: &StateRecord,
@@ -313,7 +219,39 @@ impl StateStore for MemoryStore {
         inner.write(record, self.index_lag);
         Ok(())
     }
+    async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        if let (Some(keep), true) = (self.retention, record.process_state.is_final()) {
+            inner
+                .expiries
+                .insert(record.task_id, record.updated_at + keep);
+        }
+        Ok(())
+    }
+}
 
+#[async_trait]
+impl TaskLists for MemoryStore {
+    async fn list(
+        &self,
+        state: ProcessState,
+        workflow: Option<&str>,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, StoreError> {
+        let limit = limit.max(1);
+        let mut inner = self.lock()?;
+        // The list's order: when the task entered its state, descending across shards, ties by id (which DynamoDB's
+        // index leaves unspecified and the DynamoDB store sorts by too).
+        let rows: Vec<Summary> = inner
+            .indexed(self.index_lag)
+            .filter(|r| r.process_state == state)
+            .filter(|r| workflow.is_none_or(|w| r.workflow == w))
+            .map(Summary::of)
+            .filter(|s| after.is_none_or(|c| c.precedes(s.since.timestamp_millis(), s.task_id)))
+            .collect();
+        Ok(Page::newest_first(rows, limit, false))
+    }
     async fn count(
         &self,
         state: ProcessState,
@@ -331,34 +269,6 @@ impl StateStore for MemoryStore {
             capped: n > cap,
         })
     }
-
-    async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
-        let mut inner = self.lock()?;
-        if let (Some(keep), true) = (self.retention, record.process_state.is_final()) {
-            inner
-                .expiries
-                .insert(record.task_id, record.updated_at + keep);
-        }
-        Ok(())
-    }
-
-    async fn admit(
-        &self,
-        key: &str,
-        limit: &crate::domain::rate::RateLimit,
-        now: DateTime<Utc>,
-    ) -> Result<crate::domain::rate::Admission, StoreError> {
-        use crate::domain::rate::{Admission, Decision};
-        let mut inner = self.lock()?;
-        match limit.decide(inner.rates.get(key).copied(), now.timestamp_millis()) {
-            Decision::Admit { tat_ms } => {
-                inner.rates.insert(key.to_owned(), tat_ms);
-                Ok(Admission::Admitted)
-            }
-            Decision::Refuse { retry_after } => Ok(Admission::Limited { retry_after }),
-        }
-    }
-
     async fn list_by_caller(
         &self,
         caller: &Caller,
@@ -405,6 +315,102 @@ impl StateStore for MemoryStore {
             next = None;
         }
         Ok(Page { items, next })
+    }
+}
+
+#[async_trait]
+impl DueIndex for MemoryStore {
+    async fn due(
+        &self,
+        shard: u32,
+        now: DateTime<Utc>,
+        limit: usize,
+        after: Option<&DueEntry>,
+    ) -> Result<Vec<DueEntry>, StoreError> {
+        let mut inner = self.lock()?;
+        let mut due: Vec<_> = inner
+            .indexed(self.index_lag)
+            .filter(|r| r.due_shard(self.shards) == shard)
+            .filter_map(|r| {
+                r.due_key.filter(|d| *d <= now).map(|due_at| DueEntry {
+                    due_at,
+                    task_id: r.task_id,
+                })
+            })
+            .filter(|e| after.is_none_or(|a| e > a))
+            .collect();
+        due.sort();
+        due.truncate(limit);
+        Ok(due)
+    }
+    fn due_shards(&self) -> u32 {
+        self.shards
+    }
+}
+
+#[async_trait]
+impl Leases for MemoryStore {
+    async fn acquire_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        now: DateTime<Utc>,
+        ttl: chrono::Duration,
+    ) -> Result<bool, StoreError> {
+        let mut inner = self.lock()?;
+        let free = inner
+            .leases
+            .get(name)
+            .is_none_or(|(o, until)| *until <= now || o == owner);
+        if free {
+            inner
+                .leases
+                .insert(name.to_owned(), (owner.to_owned(), now + ttl));
+        }
+        Ok(free)
+    }
+    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        if inner.leases.get(name).is_some_and(|(o, _)| o == owner) {
+            inner.leases.remove(name);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Breakers for MemoryStore {
+    async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
+        Ok(self.lock()?.breakers.get(name).cloned())
+    }
+    async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
+        let mut inner = self.lock()?;
+        let stored = inner.breakers.get(&record.name).map_or(0, |b| b.version);
+        if stored + 1 != record.version {
+            return Ok(false);
+        }
+        inner.breakers.insert(record.name.clone(), record.clone());
+        Ok(true)
+    }
+}
+
+#[async_trait]
+impl RateLimits for MemoryStore {
+    async fn admit(
+        &self,
+        key: &str,
+        limit: &crate::domain::rate::RateLimit,
+        now: DateTime<Utc>,
+    ) -> Result<crate::domain::rate::Admission, StoreError> {
+        use crate::domain::rate::{Admission, Decision};
+        let mut inner = self.lock()?;
+        match limit.decide(inner.rates.get(key).copied(), now.timestamp_millis()) {
+            Decision::Admit { tat_ms } => {
+                inner.rates.insert(key.to_owned(), tat_ms);
+                Ok(Admission::Admitted)
+            }
+            Decision::Refuse { retry_after } => Ok(Admission::Limited { retry_after }),
+        }
     }
 }
 

@@ -1,0 +1,309 @@
+//! [`TaskLists`] on DynamoDB: the operator's list (`state-index`) and a caller's list
+//! (`caller-shard-index`), merged across their shards.
+
+use super::*;
+use crate::domain::{Caller, ProcessState};
+use crate::ports::{Count, Cursor, Page, Summary, TaskLists};
+use async_trait::async_trait;
+
+#[async_trait]
+impl TaskLists for DynamoStore {
+    async fn list(
+        &self,
+        state: ProcessState,
+        workflow: Option<&str>,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, StoreError> {
+        let limit = limit.clamp(1, 1000);
+        // The shards merged ([`DynamoStore::newest_first`]). The index projects only the task's
+        // id and workflow: the page's summaries are then read from the state records (one
+        // `BatchGetItem`), so a write within a state changes nothing in the index.
+        let partitions = (0..self.shards)
+            .map(|shard| state_shard_key(state, shard))
+            .collect();
+        let (rows, next) = self
+            .newest_first(
+                Partitions {
+                    index: STATE_INDEX,
+                    hash: "StateShard",
+                    values: partitions,
+                    sort: "StateSince",
+                    workflow,
+                },
+                limit,
+                after,
+            )
+            .await?;
+        let mut found = self.summaries(rows.iter().map(|(_, id)| *id)).await?;
+        let items = rows
+            .iter()
+            .filter_map(|(ms, id)| {
+                let mut summary = found.remove(id)?;
+                // The index lags the table: a record that has left the state since is left
+                // out; one that left and came back is listed where the index has it.
+                summary.since = time(*ms).ok()?;
+                (summary.process_state == state).then_some(summary)
+            })
+            .collect();
+        Ok(Page { items, next })
+    }
+    async fn count(
+        &self,
+        state: ProcessState,
+        workflow: Option<&str>,
+        cap: u64,
+    ) -> Result<Count, StoreError> {
+        let mut total = 0u64;
+        for shard in 0..self.shards {
+            let mut start = None;
+            loop {
+                let mut query = self
+                    .client
+                    .query()
+                    .table_name(&self.table)
+                    .index_name(STATE_INDEX)
+                    .key_condition_expression("StateShard = :k")
+                    .expression_attribute_values(":k", s(state_shard_key(state, shard)))
+                    .select(aws_sdk_dynamodb::types::Select::Count)
+                    .set_exclusive_start_key(start.take());
+                if let Some(w) = workflow {
+                    query = query
+                        .filter_expression("Workflow = :w")
+                        .expression_attribute_values(":w", s(w));
+                }
+                let out = query.send().await.map_err(|e| unavailable(&e))?;
+                total += out.count().max(0) as u64;
+                if total > cap {
+                    return Ok(Count {
+                        count: cap,
+                        capped: true,
+                    });
+                }
+                match out.last_evaluated_key() {
+                    Some(k) if !k.is_empty() => start = Some(k.clone()),
+                    _ => break,
+                }
+            }
+        }
+        Ok(Count {
+            count: total,
+            capped: false,
+        })
+    }
+    async fn list_by_caller(
+        &self,
+        caller: &Caller,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, StoreError> {
+        let limit = limit.clamp(1, 100);
+        let partitions = (0..self.caller_shards)
+            .map(|shard| caller.index_key(shard))
+            .collect();
+        let (rows, next) = self
+            .newest_first(
+                Partitions {
+                    index: CALLER_INDEX,
+                    hash: "CallerShard",
+                    values: partitions,
+                    sort: "CreatedAt",
+                    workflow: None,
+                },
+                limit,
+                after,
+            )
+            .await?;
+        let mut found = self.summaries(rows.iter().map(|(_, id)| *id)).await?;
+        // A task whose state record is gone (expired between the two reads) is left out.
+        let items = rows.iter().filter_map(|(_, id)| found.remove(id)).collect();
+        Ok(Page { items, next })
+    }
+}
+
+/// The attributes of a state record a [`Summary`] is made of.
+const SUMMARY_ATTRIBUTES: [&str; 9] = [
+    "TaskId",
+    "Workflow",
+    "ProcessState",
+    "CurrentStep",
+    "FailureCount",
+    "Attempt",
+    "LastError",
+    "UpdatedAt",
+    "StateSince",
+];
+
+/// The GSI partitions a list merges: `hash` = each of `values`, newest `sort` first.
+struct Partitions<'a> {
+    index: &'static str,
+    hash: &'static str,
+    values: Vec<String>,
+    sort: &'static str,
+    /// Only entries with this `Workflow` (a filter on a projected attribute).
+    workflow: Option<&'a str>,
+}
+
+impl DynamoStore {
+    /// One page of the rows (sort key in ms, task id) of several partitions of one index after
+    /// `after`: each partition's newest `limit` (and their ties) merged, newest first and ties
+    /// by id, cut at `limit`, with the cursor after the last one if any partition has more. A
+    /// partition is read from the cursor's time down (`sort <= t`). DynamoDB
+    /// leaves rows with equal sort keys in no defined order, so a partition is read past its
+    /// `limit` rows until its sort key changes: every row tied with its last one is taken, and
+    /// the merge orders the ties by id. (Cut at `limit`, a partition could leave out a tied row
+    /// whose id sorts before the page's last one, and the next page, starting after that id,
+    /// would skip it.)
+    async fn newest_first(
+        &self,
+        p: Partitions<'_>,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<(Vec<(i64, TaskId)>, Option<Cursor>), StoreError> {
+        let mut rows: Vec<(i64, TaskId)> = Vec::new();
+        let mut more = false;
+        for value in &p.values {
+            let mut start = None;
+            let mut taken = 0;
+            let mut last_ms = None;
+            'partition: loop {
+                // Past `limit`, only the boundary's ties are wanted: a few rows at a time.
+                let want = if taken < limit { limit - taken } else { 25 };
+                let mut query = self
+                    .client
+                    .query()
+                    .table_name(&self.table)
+                    .index_name(p.index)
+                    .expression_attribute_names("#h", p.hash)
+                    .expression_attribute_values(":k", s(value))
+                    .scan_index_forward(false)
+                    .limit(want as i32)
+                    .set_exclusive_start_key(start.take());
+                query = match after {
+                    // (DynamoDB refuses a name or value the expression does not use.)
+                    Some(c) => query
+                        .key_condition_expression("#h = :k AND #s <= :t")
+                        .expression_attribute_names("#s", p.sort)
+                        .expression_attribute_values(":t", n(c.at_ms)),
+                    None => query.key_condition_expression("#h = :k"),
+                };
+                if let Some(w) = p.workflow {
+                    // A filter on the projected `Workflow`: the page may come back short, and
+                    // the loop goes on from `LastEvaluatedKey` until it is full.
+                    query = query
+                        .filter_expression("Workflow = :w")
+                        .expression_attribute_values(":w", s(w));
+                }
+                let out = query.send().await.map_err(|e| unavailable(&e))?;
+                for item in out.items() {
+                    let id: TaskId = get_s(item, "pk")?
+                        .strip_prefix("TASK#")
+                        .ok_or_else(|| corrupt(format!("{} item is not a task's", p.index)))?
+                        .parse()
+                        .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?;
+                    let ms: i64 = get_n(item, p.sort)?;
+                    if !after.is_none_or(|c| c.precedes(ms, id)) {
+                        continue;
+                    }
+                    if taken >= limit && last_ms != Some(ms) {
+                        // The first row after the boundary's ties: this partition has more.
+                        more = true;
+                        break 'partition;
+                    }
+                    taken += 1;
+                    last_ms = Some(ms);
+                    rows.push((ms, id));
+                }
+                match out.last_evaluated_key() {
+                    Some(k) if !k.is_empty() => start = Some(k.clone()),
+                    _ => break,
+                }
+            }
+        }
+        rows.sort_by_key(|(ms, id)| Cursor::order_key(*ms, *id));
+        let more = more || rows.len() > limit;
+        rows.truncate(limit);
+        let next = more
+            .then(|| rows.last().map(|(ms, id)| Cursor::at(*ms, *id)))
+            .flatten();
+        Ok((rows, next))
+    }
+}
+
+impl DynamoStore {
+    /// The summaries of the given tasks' state records (eventually consistent), by id.
+    async fn summaries(
+        &self,
+        ids: impl Iterator<Item = TaskId>,
+    ) -> Result<HashMap<TaskId, Summary>, StoreError> {
+        use aws_sdk_dynamodb::types::KeysAndAttributes;
+        let keys: Vec<Item> = ids
+            .map(|id| {
+                HashMap::from([
+                    ("pk".to_owned(), s(task_pk(&id))),
+                    ("sk".to_owned(), s("STATE")),
+                ])
+            })
+            .collect();
+        let mut found = HashMap::new();
+        // The summary's attributes, by placeholder.
+        let names: HashMap<String, String> = SUMMARY_ATTRIBUTES
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (format!("#a{i}"), (*a).to_owned()))
+            .collect();
+        let projection = names.keys().cloned().collect::<Vec<_>>().join(", ");
+        // At most 100 keys a request.
+        for chunk in keys.chunks(100) {
+            let pending = Some(
+                KeysAndAttributes::builder()
+                    .set_keys(Some(chunk.to_vec()))
+                    .projection_expression(projection.clone())
+                    .set_expression_attribute_names(Some(names.clone()))
+                    .build()
+                    .map_err(|e| StoreError::Unavailable(e.to_string()))?,
+            );
+            self.batch_summaries(pending, &mut found).await?;
+        }
+        Ok(found)
+    }
+
+    /// One `BatchGetItem` of summaries, its unprocessed keys asked again.
+    async fn batch_summaries(
+        &self,
+        mut pending: Option<aws_sdk_dynamodb::types::KeysAndAttributes>,
+        found: &mut HashMap<TaskId, Summary>,
+    ) -> Result<(), StoreError> {
+        // Unprocessed keys (throttling) are asked again, a few times, then reported.
+        for _ in 0..5 {
+            let Some(request) = pending.take() else { break };
+            let out = self
+                .client
+                .batch_get_item()
+                .request_items(&self.table, request)
+                .send()
+                .await
+                .map_err(|e| unavailable(&e))?;
+            for item in out
+                .responses()
+                .and_then(|r| r.get(&self.table))
+                .into_iter()
+                .flatten()
+            {
+                let summary = parse_summary(item)?;
+                found.insert(summary.task_id, summary);
+            }
+            pending = out
+                .unprocessed_keys()
+                .and_then(|u| u.get(&self.table))
+                .filter(|k| !k.keys().is_empty())
+                .cloned();
+        }
+        if pending.is_some() {
+            return Err(StoreError::Unavailable(
+                "state records left unread (throttled)".into(),
+            ));
+        }
+        Ok(())
+    }
+}

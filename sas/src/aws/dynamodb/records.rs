@@ -1,0 +1,662 @@
+//! The item codec of tasks and state records: their items, the index keys a record carries,
+//! the sizes DynamoDB bills, and a [`Condition`] as a condition expression.
+
+use super::*;
+use crate::domain::state::due_shard;
+use crate::domain::{Caller, Condition, Guard, HistoryEntry, ProcessState, StepState, Task};
+use crate::ports::Summary;
+
+pub(super) fn task_item(t: &Task, caller_shards: u32) -> Item {
+    let mut item = HashMap::from([
+        ("pk".to_owned(), s(task_pk(&t.id))),
+        ("sk".to_owned(), s("TASK")),
+        ("TaskId".to_owned(), s(t.id.to_string())),
+        ("Workflow".to_owned(), s(&t.workflow)),
+        ("WorkflowVersion".to_owned(), n(t.workflow_version)),
+        ("Input".to_owned(), s(t.input.to_string())),
+        ("CreatedAt".to_owned(), ms(t.created_at)),
+        ("Caller".to_owned(), s(t.caller.as_str())),
+        (
+            "CallerShard".to_owned(),
+            s(t.caller.index_key(due_shard(&t.id, caller_shards))),
+        ),
+    ]);
+    if let Some(u) = &t.reply_queue_url {
+        item.insert("ReplyQueueUrl".to_owned(), s(u));
+    }
+    if t.input_revision > 0 {
+        item.insert("InputRevision".to_owned(), n(t.input_revision));
+    }
+    if !t.earlier_inputs.is_empty() {
+        item.insert("EarlierInputs".to_owned(), s(earlier_inputs(t)));
+    }
+    item
+}
+
+/// A task's earlier inputs as stored (`EarlierInputs`, a JSON array).
+pub(super) fn earlier_inputs(t: &Task) -> String {
+    serde_json::to_string(&t.earlier_inputs).unwrap_or_else(|_| "[]".into())
+}
+
+pub(super) fn parse_task(item: &Item) -> Result<Task, StoreError> {
+    Ok(Task {
+        id: get_s(item, "TaskId")?
+            .parse()
+            .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
+        workflow: get_s(item, "Workflow")?.to_owned(),
+        workflow_version: get_n(item, "WorkflowVersion")?,
+        input: serde_json::from_str(get_s(item, "Input")?)
+            .map_err(|e| corrupt(format!("Input is not JSON: {e}")))?,
+        input_revision: opt_n(item, "InputRevision")?.unwrap_or(0),
+        earlier_inputs: match opt_s(item, "EarlierInputs") {
+            Some(json) => serde_json::from_str(&json)
+                .map_err(|e| corrupt(format!("EarlierInputs is not a list of inputs: {e}")))?,
+            None => vec![],
+        },
+        reply_queue_url: opt_s(item, "ReplyQueueUrl"),
+        created_at: time(get_n(item, "CreatedAt")?)?,
+        // Tasks stored before callers were recorded belong to the anonymous caller.
+        caller: match opt_s(item, "Caller") {
+            Some(c) => Caller::new(c).map_err(|e| corrupt(format!("Caller: {e}")))?,
+            None => Caller::anonymous(),
+        },
+    })
+}
+
+/// A record's steps and history, stored together deflated (`Body`, binary): they are most of
+/// its size (a map per step with its kept result, a line per transition up to
+/// [`MAX_HISTORY`]) and mostly repeated names and words, and every write bills the whole item
+/// by the KB. No condition reads inside them. Written as lists of maps (`Steps`, `History`,
+/// the layout before `Body`, still read) only if deflating fails.
+///
+/// [`MAX_HISTORY`]: crate::domain::state::MAX_HISTORY
+#[derive(serde::Serialize)]
+pub(super) struct Body<'a> {
+    steps: &'a [StepState],
+    history: &'a [HistoryEntry],
+}
+
+#[derive(serde::Deserialize)]
+pub(super) struct OwnedBody {
+    steps: Vec<StepState>,
+    history: Vec<HistoryEntry>,
+}
+
+pub(super) fn pack_body(r: &StateRecord) -> Option<Vec<u8>> {
+    use std::io::Write;
+    let json = serde_json::to_vec(&Body {
+        steps: &r.steps,
+        history: &r.history,
+    })
+    .ok()?;
+    let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
+    z.write_all(&json).ok()?;
+    z.finish().ok()
+}
+
+/// The most bytes a stored body may inflate to: far above what a record holds, so a corrupt
+/// or hostile blob cannot exhaust memory.
+pub(super) const MAX_BODY_BYTES: u64 = 4 << 20;
+
+pub(super) fn unpack_body(bytes: &[u8]) -> Result<OwnedBody, StoreError> {
+    use std::io::Read;
+    let mut json = Vec::new();
+    flate2::read::DeflateDecoder::new(bytes)
+        .take(MAX_BODY_BYTES + 1)
+        .read_to_end(&mut json)
+        .map_err(|e| corrupt(format!("Body does not inflate: {e}")))?;
+    if json.len() as u64 > MAX_BODY_BYTES {
+        return Err(corrupt("Body inflates past its limit"));
+    }
+    serde_json::from_slice(&json)
+        .map_err(|e| corrupt(format!("Body is not steps and history: {e}")))
+}
+
+pub(super) fn history_list(r: &StateRecord) -> AttributeValue {
+    let history = r
+        .history
+        .iter()
+        .map(|h| {
+            let mut m = HashMap::from([
+                ("At".to_owned(), ms(h.at)),
+                ("From".to_owned(), s(h.from.as_str())),
+                ("To".to_owned(), s(h.to.as_str())),
+                ("Attempt".to_owned(), n(h.attempt)),
+                ("Reason".to_owned(), s(&h.reason)),
+            ]);
+            if let Some(st) = &h.step {
+                m.insert("Step".to_owned(), s(st));
+            }
+            if let Some(by) = &h.by {
+                m.insert("By".to_owned(), s(by));
+            }
+            AttributeValue::M(m)
+        })
+        .collect();
+    AttributeValue::L(history)
+}
+
+pub(super) fn steps_list(r: &StateRecord) -> AttributeValue {
+    let steps = r
+        .steps
+        .iter()
+        .map(|st| {
+            let mut m = HashMap::from([
+                ("Name".to_owned(), s(&st.name)),
+                ("Status".to_owned(), s(st.status.as_str())),
+            ]);
+            if st.undoable {
+                m.insert("Undoable".to_owned(), AttributeValue::Bool(true));
+            }
+            if let Some(a) = st.finished_attempt {
+                m.insert("FinishedAttempt".to_owned(), n(a));
+            }
+            if let Some(t) = st.finished_at {
+                m.insert("FinishedAt".to_owned(), ms(t));
+            }
+            if st.sent {
+                m.insert("Sent".to_owned(), AttributeValue::Bool(true));
+            }
+            if st.generation > 0 {
+                m.insert("Generation".to_owned(), n(st.generation));
+            }
+            if let Some(r) = &st.result {
+                m.insert("Result".to_owned(), s(r));
+            }
+            if let Some(u) = st.undo {
+                m.insert("Undo".to_owned(), s(u.as_str()));
+            }
+            if st.undo_generation > 0 {
+                m.insert("UndoGeneration".to_owned(), n(st.undo_generation));
+            }
+            if let Some(t) = st.waiting_until {
+                m.insert("WaitingUntil".to_owned(), ms(t));
+            }
+            if let Some(t) = st.sent_until {
+                m.insert("SentUntil".to_owned(), ms(t));
+            }
+            if let Some(r) = st.input_revision {
+                m.insert("InputRevision".to_owned(), n(r));
+            }
+            if st.misconfigured > 0 {
+                m.insert("Misconfigured".to_owned(), n(st.misconfigured));
+            }
+            AttributeValue::M(m)
+        })
+        .collect();
+    AttributeValue::L(steps)
+}
+
+pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
+    let mut item = HashMap::from([
+        ("pk".to_owned(), s(task_pk(&r.task_id))),
+        ("sk".to_owned(), s("STATE")),
+        ("TaskId".to_owned(), s(r.task_id.to_string())),
+        ("Workflow".to_owned(), s(&r.workflow)),
+        ("WorkflowVersion".to_owned(), n(r.workflow_version)),
+        ("ProcessState".to_owned(), s(r.process_state.as_str())),
+        ("FailureCount".to_owned(), n(r.failure_count)),
+        ("Round".to_owned(), n(r.round)),
+        ("Attempt".to_owned(), n(r.attempt)),
+        ("StepIndex".to_owned(), n(r.step_index)),
+        (
+            "Outbox".to_owned(),
+            AttributeValue::L(r.outbox.iter().map(|o| s(o.encode())).collect()),
+        ),
+        // The state index: every record, by state, newest first (the operator's list).
+        (
+            "StateShard".to_owned(),
+            s(state_shard_key(
+                r.process_state,
+                due_shard(&r.task_id, shards),
+            )),
+        ),
+        ("Version".to_owned(), n(r.version)),
+        ("CreatedAt".to_owned(), ms(r.created_at)),
+        ("UpdatedAt".to_owned(), ms(r.updated_at)),
+        // The state index's sort key: changes with the state only.
+        ("StateSince".to_owned(), ms(r.since)),
+    ]);
+    match pack_body(r) {
+        Some(z) => {
+            item.insert(
+                "Body".to_owned(),
+                AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(z)),
+            );
+        }
+        None => {
+            item.insert("Steps".to_owned(), steps_list(r));
+            item.insert("History".to_owned(), history_list(r));
+        }
+    }
+    // Absent, not null: `attribute_not_exists(LockedBy)` is the "unlocked" test.
+    if let Some(l) = &r.locked_by {
+        item.insert("LockedBy".to_owned(), s(l));
+    }
+    if let Some(t) = r.complete_by {
+        item.insert("CompleteBy".to_owned(), ms(t));
+    }
+    if let Some(e) = &r.last_error {
+        item.insert("LastError".to_owned(), s(e));
+    }
+    if let Some(f) = &r.refusal {
+        item.insert(
+            "Refusal".to_owned(),
+            AttributeValue::M(HashMap::from([
+                ("Step".to_owned(), s(&f.step)),
+                ("Code".to_owned(), s(&f.code)),
+                ("Message".to_owned(), s(&f.message)),
+            ])),
+        );
+    }
+    if let Some(t) = r.undo_after {
+        item.insert("UndoAfter".to_owned(), ms(t));
+    }
+    if r.deferrals > 0 {
+        item.insert("Deferrals".to_owned(), n(r.deferrals));
+    }
+    if r.requeues > 0 {
+        item.insert("Requeues".to_owned(), n(r.requeues));
+    }
+    if !r.callback_key.is_empty() {
+        item.insert("CallbackKey".to_owned(), s(&r.callback_key));
+    }
+    if let Some(u) = &r.reply_queue_url {
+        item.insert("ReplyQueueUrl".to_owned(), s(u));
+    }
+    if let Some(st) = r.current_step() {
+        item.insert("CurrentStep".to_owned(), s(st));
+    }
+    if let Some(p) = r.pivot {
+        item.insert("Pivot".to_owned(), n(p));
+    }
+    // The sparse index: only records the supervisor must look at carry its keys.
+    if let Some(due) = r.due_key {
+        item.insert(
+            "DueShard".to_owned(),
+            s(shard_key(due_shard(&r.task_id, shards))),
+        );
+        item.insert("DueAt".to_owned(), ms(due));
+    }
+    item
+}
+
+pub(super) fn shard_key(shard: u32) -> String {
+    format!("due#{shard}")
+}
+
+/// The state index's partition key: a state and a shard, so that no state's records all land on
+/// one GSI partition (every task passes through Processing).
+pub(super) fn state_shard_key(state: ProcessState, shard: u32) -> String {
+    format!("{state}#{shard}")
+}
+
+/// The stored size of a state record (see [`item_size`]).
+#[cfg(any(test, feature = "testkit"))]
+pub fn state_record_size(record: &StateRecord, shards: u32) -> usize {
+    item_size(&state_item(record, shards))
+}
+
+/// The stored size of a state record and of its task item (see [`item_size`]).
+#[cfg(any(test, feature = "testkit"))]
+pub fn stored_sizes(task: &Task, record: &StateRecord, shards: u32) -> (usize, usize) {
+    (
+        item_size(&task_item(task, DEFAULT_CALLER_SHARDS)),
+        item_size(&state_item(record, shards)),
+    )
+}
+
+/// The size of a state record's entries in `due-index` and `state-index` (keys and projected
+/// attributes), `None` where the record is not in that index.
+#[cfg(any(test, feature = "testkit"))]
+pub fn index_entry_sizes(record: &StateRecord, shards: u32) -> (Option<usize>, usize) {
+    let item = state_item(record, shards);
+    let pick = |names: &[&str]| -> usize {
+        names
+            .iter()
+            .filter_map(|n| item.get(*n).map(|v| (n, v)))
+            .map(|(n, v)| item_size(&HashMap::from([(n.to_string(), v.clone())])))
+            .sum()
+    };
+    let due = item
+        .contains_key("DueAt")
+        .then(|| pick(&["pk", "sk", "DueShard", "DueAt"]));
+    let mut state_names = vec!["pk", "sk", "StateShard", "StateSince"];
+    state_names.extend(STATE_INDEX_PROJECTION);
+    (due, pick(&state_names))
+}
+
+pub(super) fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
+    let version: u64 = get_n(item, "Version")?;
+    if let Some(body) = item.get("Body") {
+        let AttributeValue::B(z) = body else {
+            return Err(corrupt("Body is not binary"));
+        };
+        let body = unpack_body(z.as_ref())?;
+        return record_of(item, version, body.steps, body.history);
+    }
+    let steps = match item.get("Steps") {
+        Some(AttributeValue::L(l)) => l
+            .iter()
+            .map(|v| match v {
+                AttributeValue::M(m) => Ok(StepState {
+                    name: get_s(m, "Name")?.to_owned(),
+                    status: get_s(m, "Status")?.parse().map_err(corrupt)?,
+                    undoable: matches!(m.get("Undoable"), Some(AttributeValue::Bool(true))),
+                    finished_attempt: opt_n(m, "FinishedAttempt")?,
+                    finished_at: opt_n(m, "FinishedAt")?.map(time).transpose()?,
+                    sent: matches!(m.get("Sent"), Some(AttributeValue::Bool(true))),
+                    generation: opt_n(m, "Generation")?.unwrap_or(0),
+                    result: opt_s(m, "Result"),
+                    undo: opt_s(m, "Undo")
+                        .map(|u| u.parse())
+                        .transpose()
+                        .map_err(corrupt)?,
+                    undo_generation: opt_n(m, "UndoGeneration")?.unwrap_or(0),
+                    waiting_until: opt_n(m, "WaitingUntil")?.map(time).transpose()?,
+                    sent_until: opt_n(m, "SentUntil")?.map(time).transpose()?,
+                    input_revision: opt_n(m, "InputRevision")?,
+                    misconfigured: opt_n(m, "Misconfigured")?.unwrap_or(0),
+                }),
+                _ => Err(corrupt("Steps holds a non-map")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        _ => return Err(corrupt("Steps missing")),
+    };
+    let history = match item.get("History") {
+        Some(AttributeValue::L(l)) => l
+            .iter()
+            .map(|v| match v {
+                AttributeValue::M(m) => Ok(HistoryEntry {
+                    at: time(get_n(m, "At")?)?,
+                    from: get_s(m, "From")?.parse().map_err(corrupt)?,
+                    to: get_s(m, "To")?.parse().map_err(corrupt)?,
+                    step: opt_s(m, "Step"),
+                    attempt: get_n(m, "Attempt")?,
+                    reason: get_s(m, "Reason")?.to_owned(),
+                    by: opt_s(m, "By"),
+                }),
+                _ => Err(corrupt("History holds a non-map")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => vec![],
+        _ => return Err(corrupt("History is not a list")),
+    };
+    record_of(item, version, steps, history)
+}
+
+/// The record of a state item whose steps and history were read.
+pub(super) fn record_of(
+    item: &Item,
+    version: u64,
+    steps: Vec<StepState>,
+    history: Vec<HistoryEntry>,
+) -> Result<StateRecord, StoreError> {
+    let outbox = match item.get("Outbox") {
+        Some(AttributeValue::L(l)) => l
+            .iter()
+            .map(|v| match v {
+                AttributeValue::S(st) => {
+                    crate::domain::state::Owed::decode(st, version).map_err(corrupt)
+                }
+                _ => Err(corrupt("Outbox holds a non-string")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => vec![],
+        _ => return Err(corrupt("Outbox is not a list")),
+    };
+    Ok(StateRecord {
+        task_id: get_s(item, "TaskId")?
+            .parse()
+            .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
+        workflow: get_s(item, "Workflow")?.to_owned(),
+        workflow_version: get_n(item, "WorkflowVersion")?,
+        pivot: opt_n(item, "Pivot")?,
+        process_state: get_s(item, "ProcessState")?.parse().map_err(corrupt)?,
+        locked_by: opt_s(item, "LockedBy"),
+        complete_by: opt_n(item, "CompleteBy")?.map(time).transpose()?,
+        failure_count: get_n(item, "FailureCount")?,
+        round: opt_n(item, "Round")?.unwrap_or(0),
+        deferrals: opt_n(item, "Deferrals")?.unwrap_or(0),
+        requeues: opt_n(item, "Requeues")?.unwrap_or(0),
+        attempt: get_n(item, "Attempt")?,
+        step_index: get_n(item, "StepIndex")?,
+        steps,
+        last_error: opt_s(item, "LastError"),
+        refusal: match item.get("Refusal") {
+            Some(AttributeValue::M(m)) => Some(crate::domain::state::Refusal {
+                step: get_s(m, "Step")?.to_owned(),
+                code: get_s(m, "Code")?.to_owned(),
+                message: get_s(m, "Message")?.to_owned(),
+            }),
+            None => None,
+            _ => return Err(corrupt("Refusal is not a map")),
+        },
+        undo_after: opt_n(item, "UndoAfter")?.map(time).transpose()?,
+        callback_key: opt_s(item, "CallbackKey").unwrap_or_default(),
+        outbox,
+        reply_queue_url: opt_s(item, "ReplyQueueUrl"),
+        history,
+        version,
+        created_at: time(get_n(item, "CreatedAt")?)?,
+        updated_at: time(get_n(item, "UpdatedAt")?)?,
+        since: since(item)?,
+        due_key: opt_n::<i64>(item, "DueAt")?.map(time).transpose()?,
+    })
+}
+
+/// When the record entered its state (`StateSince`; a record written before it was stored:
+/// its last write).
+pub(super) fn since(item: &Item) -> Result<DateTime<Utc>, StoreError> {
+    match opt_n::<i64>(item, "StateSince")? {
+        Some(ms) => time(ms),
+        None => time(get_n(item, "UpdatedAt")?),
+    }
+}
+
+/// A condition expression with its names and values.
+#[derive(Debug, Default)]
+pub(super) struct Expr {
+    pub(super) clauses: Vec<String>,
+    pub(super) names: HashMap<String, String>,
+    pub(super) values: HashMap<String, AttributeValue>,
+}
+
+impl Expr {
+    pub(super) fn name(&mut self, attr: &str) -> String {
+        let placeholder = format!("#{attr}");
+        self.names.insert(placeholder.clone(), attr.to_owned());
+        placeholder
+    }
+    pub(super) fn value(&mut self, v: AttributeValue) -> String {
+        let placeholder = format!(":v{}", self.values.len());
+        self.values.insert(placeholder.clone(), v);
+        placeholder
+    }
+    pub(super) fn cmp(&mut self, attr: &str, op: &str, v: AttributeValue) {
+        let (k, v) = (self.name(attr), self.value(v));
+        self.clauses.push(format!("{k} {op} {v}"));
+    }
+}
+
+/// Translates a domain [`Condition`] to a DynamoDB condition expression: the same guards the
+/// in-memory store checks with [`Condition::holds`].
+pub(super) fn condition_expr(c: &Condition) -> Expr {
+    let mut e = Expr::default();
+    match c {
+        Condition::Absent => {
+            let pk = e.name("pk");
+            e.clauses.push(format!("attribute_not_exists({pk})"));
+        }
+        Condition::Matches { version, guards } => {
+            e.cmp("Version", "=", n(version));
+            for g in guards {
+                match g {
+                    Guard::StateIs(st) => e.cmp("ProcessState", "=", s(st.as_str())),
+                    Guard::Unlocked => {
+                        let k = e.name("LockedBy");
+                        e.clauses.push(format!("attribute_not_exists({k})"));
+                    }
+                    Guard::AttemptIs(a) => e.cmp("Attempt", "=", n(a)),
+                    Guard::StepIndexIs(i) => e.cmp("StepIndex", "=", n(i)),
+                    Guard::CompleteByIs(t) => e.cmp("CompleteBy", "=", ms(*t)),
+                    Guard::CompleteByAtOrBefore(t) => e.cmp("CompleteBy", "<=", ms(*t)),
+                    Guard::NoticePending => {
+                        let k = e.name("Outbox");
+                        let v = e.value(n(0));
+                        e.clauses.push(format!("size({k}) > {v}"));
+                    }
+                }
+            }
+        }
+    }
+    e
+}
+
+pub(super) fn parse_summary(item: &Item) -> Result<Summary, StoreError> {
+    Ok(Summary {
+        task_id: get_s(item, "TaskId")?
+            .parse()
+            .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
+        workflow: get_s(item, "Workflow")?.to_owned(),
+        process_state: get_s(item, "ProcessState")?.parse().map_err(corrupt)?,
+        step: opt_s(item, "CurrentStep"),
+        failure_count: get_n(item, "FailureCount")?,
+        attempt: get_n(item, "Attempt")?,
+        last_error: opt_s(item, "LastError"),
+        updated_at: time(get_n(item, "UpdatedAt")?)?,
+        since: since(item)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::workflow::examples;
+
+    #[test]
+    fn state_items_round_trip_and_carry_index_keys_only_when_due() {
+        let now = crate::domain::state::to_millis(Utc::now());
+        let mut r = StateRecord::new(
+            TaskId::new_random(),
+            &examples::loan_application(&crate::Policy::default()),
+            Some("https://sqs.example/q".into()),
+            now,
+            now + chrono::Duration::seconds(5),
+        );
+        let item = state_item(&r, 4);
+        assert!(item.contains_key("DueShard") && item.contains_key("DueAt"));
+        assert!(!item.contains_key("LockedBy"));
+        assert_eq!(parse_state(&item).expect("parses"), r);
+        assert_eq!(r.pivot, Some(2));
+        assert!(!r.steps[0].undoable && r.steps[1].undoable);
+        let task = Task {
+            id: r.task_id,
+            workflow: r.workflow.clone(),
+            workflow_version: 1,
+            input: serde_json::json!({"amount": 12.5, "nested": {"a": [1, null]}}),
+            input_revision: 0,
+            earlier_inputs: vec![],
+            reply_queue_url: None,
+            created_at: now,
+            caller: Caller::new("arn:aws:iam::123456789012:role/shop").expect("caller"),
+        };
+        assert_eq!(parse_task(&task_item(&task, 4)).expect("parses"), task);
+
+        r.process_state = ProcessState::Error;
+        r.complete_by = None;
+        r.due_key = None;
+        let item = state_item(&r, 4);
+        assert!(!item.contains_key("DueShard") && !item.contains_key("DueAt"));
+        assert_eq!(parse_state(&item).expect("parses"), r);
+    }
+
+    #[test]
+    fn steps_and_history_are_stored_deflated_and_old_lists_still_read() {
+        let now = crate::domain::state::to_millis(Utc::now());
+        let mut r = StateRecord::new(
+            TaskId::new_random(),
+            &examples::ecommerce_order(&crate::Policy::default()),
+            None,
+            now,
+            now + chrono::Duration::seconds(5),
+        );
+        r.steps[0].status = crate::domain::StepStatus::Done;
+        r.steps[0].result = Some(r#"{"id":"res-123","items":[{"sku":"SKU-9"}]}"#.into());
+        r.steps[0].finished_at = Some(now);
+        r.steps[0].finished_attempt = Some(1);
+        r.steps[1].sent = true;
+        r.steps[1].status = crate::domain::StepStatus::Running;
+        for i in 0..100u64 {
+            r.history.push(HistoryEntry {
+                at: now + chrono::Duration::milliseconds(i as i64),
+                from: ProcessState::Processing,
+                to: ProcessState::Processing,
+                step: Some("charge-payment".into()),
+                attempt: i,
+                reason: format!("timed out; retry #{i} in 5s"),
+                by: (i % 7 == 0).then(|| "arn:aws:iam::123456789012:role/ops".to_owned()),
+            });
+        }
+        r.history.truncate(crate::domain::state::MAX_HISTORY);
+        let item = state_item(&r, 4);
+        assert!(matches!(item.get("Body"), Some(AttributeValue::B(_))));
+        assert!(!item.contains_key("History") && !item.contains_key("Steps"));
+        assert_eq!(parse_state(&item).expect("parses"), r);
+        // 100 lines: about 12 KB as lists of maps, a fraction of it deflated.
+        let mut plain = item.clone();
+        plain.remove("Body");
+        plain.insert("Steps".into(), steps_list(&r));
+        plain.insert("History".into(), history_list(&r));
+        assert!(
+            item_size(&item) * 4 < item_size(&plain),
+            "{} deflated, {} plain",
+            item_size(&item),
+            item_size(&plain)
+        );
+        // An item written before `Body` reads the same.
+        assert_eq!(parse_state(&plain).expect("parses"), r);
+        // A blob that is not a deflated body is a corrupt record, not a panic or an empty
+        // history.
+        let mut bad = item.clone();
+        bad.insert(
+            "Body".into(),
+            AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(
+                b"not deflate".to_vec(),
+            )),
+        );
+        assert!(matches!(parse_state(&bad), Err(StoreError::Corrupt(_))));
+        // Nor is one that inflates past the limit (a deflate bomb: 5 MB of spaces).
+        use std::io::Write;
+        let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
+        z.write_all(&vec![b' '; 5 << 20]).expect("deflates");
+        let bomb = z.finish().expect("deflates");
+        assert!(bomb.len() < 64 * 1024);
+        bad.insert(
+            "Body".into(),
+            AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(bomb)),
+        );
+        match parse_state(&bad) {
+            Err(StoreError::Corrupt(m)) => assert!(m.contains("limit"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn conditions_name_every_guard() {
+        let c = Condition::Matches {
+            version: 3,
+            guards: vec![Guard::StateIs(ProcessState::Pending), Guard::Unlocked],
+        };
+        let e = condition_expr(&c);
+        assert_eq!(
+            e.clauses,
+            [
+                "#Version = :v0",
+                "#ProcessState = :v1",
+                "attribute_not_exists(#LockedBy)"
+            ]
+        );
+        assert_eq!(e.values.get(":v0"), Some(&n(3)));
+    }
+}

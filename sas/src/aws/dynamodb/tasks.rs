@@ -1,0 +1,314 @@
+//! [`TaskStore`] on DynamoDB: tasks, their state records and idempotency keys.
+
+use super::*;
+use crate::domain::{Condition, Task};
+use crate::ports::{CreateOutcome, IdempotencyRecord, TaskStore};
+use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem};
+
+impl DynamoStore {
+    /// A `Put` that must create its item (returning the item found on a conditional failure).
+    fn create_put(&self, item: Item) -> Result<TransactWriteItem, StoreError> {
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(build_err)?;
+        Ok(TransactWriteItem::builder().put(put).build())
+    }
+
+    async fn read_key(&self, key: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let Some(item) = self.read_item(format!("IDEM#{key}"), "IDEM").await? else {
+            return Ok(None);
+        };
+        let item = &item;
+        Ok(Some(IdempotencyRecord {
+            key: key.to_owned(),
+            request_hash: get_s(item, "RequestHash")?.to_owned(),
+            task_id: get_s(item, "TaskId")?
+                .parse()
+                .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
+            created_at: time(get_n(item, "CreatedAt")?)?,
+        }))
+    }
+}
+
+#[async_trait]
+impl TaskStore for DynamoStore {
+    async fn create(
+        &self,
+        task: &Task,
+        record: &StateRecord,
+        key: Option<&IdempotencyRecord>,
+    ) -> Result<CreateOutcome, StoreError> {
+        // One transaction, every item `attribute_not_exists(pk)`: keeps "a task exists iff its
+        // state record exists" and "an idempotency key names exactly one task".
+        let mut writes = Vec::with_capacity(3);
+        if let Some(k) = key {
+            writes.push(self.create_put(HashMap::from([
+                ("pk".to_owned(), s(format!("IDEM#{}", k.key))),
+                ("sk".to_owned(), s("IDEM")),
+                ("RequestHash".to_owned(), s(&k.request_hash)),
+                ("TaskId".to_owned(), s(k.task_id.to_string())),
+                ("CreatedAt".to_owned(), ms(k.created_at)),
+                (
+                    "ExpiresAt".to_owned(),
+                    n(k.created_at.timestamp() + KEY_TTL_SECONDS),
+                ),
+            ]))?);
+        }
+        writes.push(self.create_put(task_item(task, self.caller_shards))?);
+        let state = state_item(record, self.shards);
+        writes.push(self.create_put(state.clone())?);
+        let result = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(writes))
+            // The task id is new for every submission and the same for the SDK's retries of
+            // this one: DynamoDB answers a retry of a committed transaction with success (for
+            // ten minutes) instead of a conflict. (Not the idempotency key: a client's retry
+            // under the same key makes new items, which DynamoDB would refuse as an
+            // IdempotentParameterMismatch; the key item already covers client retries.)
+            .client_request_token(task.id.to_string())
+            .send()
+            .await;
+        let err = match result {
+            Ok(_) => return Ok(CreateOutcome::Created),
+            Err(e) => e,
+        };
+        // The token (the task id) was used, within ten minutes, by a transaction with other
+        // items: another request made this task id, so it exists and is not this request's.
+        if matches!(
+            err.as_service_error(),
+            Some(TransactWriteItemsError::IdempotentParameterMismatchException(_))
+        ) {
+            return Err(StoreError::ConditionFailed);
+        }
+        let canceled = err.as_service_error().and_then(|se| match se {
+            TransactWriteItemsError::TransactionCanceledException(tc) => Some(tc),
+            _ => None,
+        });
+        // The read-back, where no token helps (past its ten minutes, or on an emulator that
+        // ignores it): the state record already is the one this request made (it holds this
+        // request's random task id, callback key and times), so this request created it.
+        if canceled
+            .and_then(|tc| tc.cancellation_reasons().last())
+            .and_then(|r| r.item())
+            == Some(&state)
+        {
+            return Ok(CreateOutcome::Created);
+        }
+        let key_taken = canceled.map(|tc| {
+            let reasons = tc.cancellation_reasons();
+            (
+                key.is_some()
+                    && reasons.first().and_then(|r| r.code()) == Some("ConditionalCheckFailed"),
+                reasons
+                    .iter()
+                    .any(|r| r.code() == Some("ConditionalCheckFailed")),
+            )
+        });
+        match (key, key_taken) {
+            (Some(k), Some((true, _))) => match self.read_key(&k.key).await? {
+                Some(first) => Ok(CreateOutcome::KeyExists(first)),
+                None => Err(StoreError::Unavailable(
+                    "idempotency key vanished after a conflict".into(),
+                )),
+            },
+            (_, Some((false, true))) => Err(StoreError::ConditionFailed),
+            _ => Err(unavailable(&err)),
+        }
+    }
+    async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
+        let out = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("pk = :pk")
+            .expression_attribute_values(":pk", s(task_pk(&id)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let mut task = None;
+        let mut state = None;
+        for item in out.items() {
+            match get_s(item, "sk")? {
+                "TASK" => task = Some(parse_task(item)?),
+                "STATE" => state = Some(parse_state(item)?),
+                _ => {}
+            }
+        }
+        Ok(task.zip(state))
+    }
+    async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
+        self.read_item(task_pk(&id), "STATE")
+            .await?
+            .as_ref()
+            .map(parse_state)
+            .transpose()
+    }
+    async fn put_as(
+        &self,
+        record: &StateRecord,
+        condition: &Condition,
+        write: u64,
+    ) -> Result<(), StoreError> {
+        let e = condition_expr(condition);
+        let mut item = state_item(record, self.shards);
+        // The request's id, so the read-back below tells this request's write (its own retry)
+        // from a rival's identical one.
+        item.insert("WriteId".to_owned(), s(format!("{write:016x}")));
+        // A final record expires with the retention (DynamoDB TTL on `ExpiresAt`).
+        if let Some(at) = self.expiry(record) {
+            item.insert("ExpiresAt".to_owned(), n(at));
+        }
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item.clone()))
+            .condition_expression(e.clauses.join(" AND "))
+            .set_expression_attribute_names(Some(e.names))
+            .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values))
+            // On a conditional failure DynamoDB returns the item as it is, at no extra cost:
+            // what the read-back below needs.
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(err) => match err.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(c)) => {
+                    // An ambiguous write: the SDK retries a request whose response was lost
+                    // (a timeout, a 5xx), and the retry fails its condition against the
+                    // first attempt's own write. "The record already is what I wrote" (this
+                    // item, `WriteId` and all) is success; anything else, a rival's identical
+                    // transition included, is a lost race.
+                    if c.item() == Some(&item) {
+                        Ok(())
+                    } else {
+                        Err(StoreError::ConditionFailed)
+                    }
+                }
+                _ => Err(unavailable(&err)),
+            },
+        }
+    }
+    async fn put_with_input(
+        &self,
+        record: &StateRecord,
+        condition: &Condition,
+        task: &Task,
+    ) -> Result<(), StoreError> {
+        // One transaction: the task's new input, its revision and the earlier inputs steps ran
+        // with (condition: the task item exists at the revision before - keeps "an input is
+        // replaced, never created, and each revision follows the one it replaces") and the
+        // record under its own condition (keeps whatever invariant the transition's condition
+        // names). Both or neither.
+        let e = condition_expr(condition);
+        let (set, was) = match task.input_revision.checked_sub(1) {
+            Some(0) | None => ("attribute_exists(pk) AND attribute_not_exists(#rev)", None),
+            Some(prev) => ("attribute_exists(pk) AND #rev = :prev", Some(prev)),
+        };
+        let mut update = aws_sdk_dynamodb::types::Update::builder()
+            .table_name(&self.table)
+            .key("pk", s(task_pk(&record.task_id)))
+            .key("sk", s("TASK"))
+            .condition_expression(set)
+            .expression_attribute_names("#input", "Input")
+            .expression_attribute_names("#rev", "InputRevision")
+            .expression_attribute_names("#earlier", "EarlierInputs")
+            .expression_attribute_values(":input", s(task.input.to_string()))
+            .expression_attribute_values(":rev", n(task.input_revision));
+        if let Some(prev) = was {
+            update = update.expression_attribute_values(":prev", n(prev));
+        }
+        let update = if task.earlier_inputs.is_empty() {
+            update.update_expression("SET #input = :input, #rev = :rev REMOVE #earlier")
+        } else {
+            update
+                .update_expression("SET #input = :input, #rev = :rev, #earlier = :earlier")
+                .expression_attribute_values(":earlier", s(earlier_inputs(task)))
+        }
+        .build()
+        .map_err(build_err)?;
+        let mut item = state_item(record, self.shards);
+        if let Some(at) = self.expiry(record) {
+            item.insert("ExpiresAt".to_owned(), n(at));
+        }
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item.clone()))
+            .condition_expression(e.clauses.join(" AND "))
+            .set_expression_attribute_names(Some(e.names))
+            .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(build_err)?;
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().update(update).build())
+            .transact_items(TransactWriteItem::builder().put(put).build())
+            // The same for the SDK's retries of this call: a retry of a committed transaction
+            // succeeds instead of failing its conditions.
+            .client_request_token(uuid::Uuid::new_v4().to_string())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(err) => {
+                let canceled = err.as_service_error().and_then(|se| match se {
+                    TransactWriteItemsError::TransactionCanceledException(tc) => Some(tc),
+                    _ => None,
+                });
+                let reasons = canceled.map(|tc| tc.cancellation_reasons()).unwrap_or(&[]);
+                // The read-back (see `put`): the record already is the one this call wrote,
+                // so the transaction committed, input and all.
+                if reasons.last().and_then(|r| r.item()) == Some(&item) {
+                    Ok(())
+                } else if reasons
+                    .iter()
+                    .any(|r| r.code() == Some("ConditionalCheckFailed"))
+                {
+                    Err(StoreError::ConditionFailed)
+                } else {
+                    Err(unavailable(&err))
+                }
+            }
+        }
+    }
+    async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
+        let Some(at) = self.expiry(record) else {
+            return Ok(());
+        };
+        // Condition: the task item exists - keeps "an expiry never creates an item" (a task
+        // whose items were already deleted is left alone).
+        let out = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(task_pk(&record.task_id)))
+            .key("sk", s("TASK"))
+            .update_expression("SET ExpiresAt = :at")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_values(":at", n(at))
+            .send()
+            .await;
+        match out {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+}
