@@ -951,7 +951,7 @@ async fn a_store_rejection_sends_the_message_to_the_dead_letter_queue_at_once_wi
 /// (never retryable), and nothing else is.
 #[tokio::test]
 async fn dynamodb_answers_that_never_change_are_rejections() {
-    use sas::ports::{StateStore, StoreError};
+    use sas::ports::{StoreError, TaskStore};
     let config = sas_blackbox::sdk_config().await;
     let client = aws_sdk_dynamodb::Client::new(&config);
     let missing = sas::aws::DynamoStore::new(client.clone(), sas_blackbox::unique("nothing"), 4);

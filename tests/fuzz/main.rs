@@ -49,7 +49,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sas::api::{self, MAX_BODY_BYTES, MAX_KEY_LEN};
 use sas::domain::task::{MAX_INPUT_BYTES, ReplyQueues};
 use sas::domain::workflow::{self, MAX_DEFINITION_BYTES, examples};
-use sas::ports::{Kind, StateStore};
+use sas::ports::{Kind, TaskStore};
 use sas::{ProcessState, StateRecord, TaskId, Workflow};
 use sas_blackbox::{ECOMMERCE, LOAN, memory_system};
 use sas_local::{Settings, System};

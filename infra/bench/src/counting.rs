@@ -1,16 +1,14 @@
-//! Counting wrappers around the ports: every AWS API call the handlers make, by service and
-//! call, and the capacity DynamoDB bills for it (from the items' sizes, by DynamoDB's rules).
+//! A counting interceptor over the ports ([`sas_local::intercept`]): every AWS API call the
+//! handlers make, by service and call, and the capacity DynamoDB bills for it (from the items'
+//! sizes, by DynamoDB's rules).
 //! Queue receives and deletes are not counted here: in Lambda the event source mapping makes
 //! them, and the cost model adds them per message.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use sas::aws::{index_entry_sizes, state_record_size, stored_sizes};
-use sas::domain::{BreakerRecord, Condition, ProcessState, StateRecord, Task, TaskId};
-use sas::ports::{
-    Catalog, CreateOutcome, Cursor, DueEntry, Entry, EventBus, IdempotencyRecord, Kind, Page,
-    PublishError, Published, Queue, QueueError, ReceivedMessage, StateStore, StoreError, Stored,
-};
+use sas::domain::{StateRecord, Task};
+use sas::ports::{IdempotencyRecord, StateStore, Stored};
+use sas_local::intercept::{Call, Failure, Interceptor, Next, Reply, answer};
 use sas_local::provision::Resources;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -143,23 +141,31 @@ fn units(bytes: usize, unit: usize) -> f64 {
     bytes.div_ceil(unit).max(1) as f64
 }
 
-/// The state store, counted.
-pub struct CountingStore {
-    pub inner: Arc<dyn StateStore>,
+/// The counter: an [`Interceptor`] that counts each call on `meter` before (or, for reads
+/// billed by what they read, after) passing it on. Wrap the store, the catalog, the queues and
+/// the bus with one (see `scenarios::wrap`).
+pub struct Counter {
     pub meter: Arc<Meter>,
+    /// The store it counts, unwrapped: a write's bill depends on the item it replaces, read
+    /// from here (uncounted; the handlers never do).
+    pub store: Arc<dyn StateStore>,
     pub shards: u32,
+    /// Queue URL → role (`work`, `replies`, ...; any other queue is a `client`'s).
+    pub roles: BTreeMap<String, &'static str>,
 }
 
-#[async_trait]
-impl StateStore for CountingStore {
-    async fn create(
-        &self,
-        task: &Task,
-        record: &StateRecord,
-        key: Option<&IdempotencyRecord>,
-    ) -> Result<CreateOutcome, StoreError> {
-        self.meter.call("DynamoDB TransactWriteItems");
-        self.meter.io().await;
+impl Counter {
+    pub fn new(meter: Arc<Meter>, store: Arc<dyn StateStore>, shards: u32, r: &Resources) -> Self {
+        Self {
+            meter,
+            store,
+            shards,
+            roles: r.queue_roles(),
+        }
+    }
+
+    /// A create: one transaction of the task, its state record and its key.
+    fn create(&self, task: &Task, record: &StateRecord, key: Option<&IdempotencyRecord>) {
         let (o, r) = stored_sizes(task, record, self.shards);
         let (due, state) = index_entry_sizes(record, self.shards);
         let key_units = if key.is_some() { 1.0 } else { 0.0 };
@@ -198,56 +204,22 @@ impl StateStore for CountingStore {
             state_index: units(state, 1024),
             caller_index: 1.0,
         });
-        self.inner.create(task, record, key).await
     }
-    async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
-        self.meter.call("DynamoDB Query");
-        self.meter.io().await;
-        let out = self.inner.get(id).await?;
-        let size = out.as_ref().map_or(0, |(o, r)| {
-            let (a, b) = stored_sizes(o, r, self.shards);
-            a + b
-        });
-        self.meter.add(|c| c.rru += units(size, 4096));
-        self.meter
-            .key(format!("TASK#<id>: {id}"), 0.0, units(size, 4096));
-        Ok(out)
-    }
-    async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
-        self.meter.call("DynamoDB GetItem");
-        self.meter.io().await;
-        let out = self.inner.get_state(id).await?;
-        self.meter.add(|c| c.rru += 1.0);
-        self.meter.key(format!("TASK#<id>: {id}"), 0.0, 1.0);
-        Ok(out)
-    }
-    async fn put_as(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        write: u64,
-    ) -> Result<(), StoreError> {
-        self.meter.call("DynamoDB PutItem");
-        self.meter.io().await;
-        // The bill depends on the item replaced: read it (uncounted; the handlers never do).
-        let old = self.inner.get_state(record.task_id).await.ok().flatten();
-        let out = self.inner.put_as(record, condition, write).await;
+
+    /// A put of `record` over `old`, applied or not.
+    fn put(&self, record: &StateRecord, old: Option<&StateRecord>, label: String, applied: bool) {
         let new_size = state_record_size(record, self.shards);
-        let old_size = old
-            .as_ref()
-            .map_or(0, |o| state_record_size(o, self.shards));
+        let old_size = old.map_or(0, |o| state_record_size(o, self.shards));
         let mut w = WriteUnits {
-            label: sas::domain::write_label(record, condition),
+            label,
             item_bytes: new_size.max(old_size),
             table: units(new_size.max(old_size), 1024),
             ..WriteUnits::default()
         };
-        if out.is_ok() {
+        if applied {
             let (new_due, new_state) = index_entry_sizes(record, self.shards);
-            let (old_due, old_state) = old
-                .as_ref()
-                .map_or((None, 0), |o| index_entry_sizes(o, self.shards));
-            let due_moved = old.as_ref().map(|o| o.due_key) != Some(record.due_key);
+            let (old_due, old_state) = old.map_or((None, 0), |o| index_entry_sizes(o, self.shards));
+            let due_moved = old.map(|o| o.due_key) != Some(record.due_key);
             w.due_index = match (old_due, new_due) {
                 (Some(a), Some(b)) if due_moved => units(a, 1024) + units(b, 1024),
                 (Some(_), Some(_)) => 0.0,
@@ -256,9 +228,9 @@ impl StateStore for CountingStore {
             };
             // The state index's keys (`StateShard`, `StateSince`) change only with the state: then
             // a delete and a put; its projected attributes (id, workflow) never change.
-            let state_moved = old.as_ref().map(|o| (o.process_state, o.since))
+            let state_moved = old.map(|o| (o.process_state, o.since))
                 != Some((record.process_state, record.since));
-            w.state_index = match &old {
+            w.state_index = match old {
                 Some(_) if state_moved => units(old_state, 1024) + units(new_state, 1024),
                 Some(_) => 0.0,
                 None => units(new_state, 1024),
@@ -269,7 +241,7 @@ impl StateStore for CountingStore {
                 self.meter
                     .key(format!("due-index due#{shard}"), w.due_index, 0.0);
             }
-            if let Some(o) = old.as_ref().filter(|_| w.state_index > 0.0) {
+            if let Some(o) = old.filter(|_| w.state_index > 0.0) {
                 self.meter.key(
                     format!("state-index {}#{shard}", o.process_state),
                     units(old_state, 1024),
@@ -287,235 +259,181 @@ impl StateStore for CountingStore {
         self.meter
             .key(format!("TASK#<id>: {}", record.task_id), w.table, 0.0);
         self.meter.write(w);
-        out
     }
-    async fn due(
-        &self,
-        shard: u32,
-        now: DateTime<Utc>,
-        limit: usize,
-        after: Option<&DueEntry>,
-    ) -> Result<Vec<DueEntry>, StoreError> {
-        self.meter.call("DynamoDB Query (due-index)");
-        self.meter.io().await;
-        self.meter.add(|c| c.rru += 0.5);
-        self.meter.key(format!("due-index due#{shard}"), 0.0, 0.5);
-        self.inner.due(shard, now, limit, after).await
-    }
-    fn due_shards(&self) -> u32 {
-        self.inner.due_shards()
-    }
-    async fn acquire_lease(
-        &self,
-        name: &str,
-        owner: &str,
-        now: DateTime<Utc>,
-        ttl: chrono::Duration,
-    ) -> Result<bool, StoreError> {
-        self.meter.call("DynamoDB PutItem (lease)");
-        self.meter.io().await;
-        self.meter.write(WriteUnits::small("lease"));
-        self.meter.key(format!("LEASE#{name}"), 1.0, 0.0);
-        self.inner.acquire_lease(name, owner, now, ttl).await
-    }
-    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
-        self.meter.call("DynamoDB PutItem (lease)");
-        self.meter.io().await;
-        self.meter.write(WriteUnits::small("lease released"));
-        self.meter.key(format!("LEASE#{name}"), 1.0, 0.0);
-        self.inner.release_lease(name, owner).await
-    }
-    async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
-        self.meter.call("DynamoDB GetItem (breaker)");
-        self.meter.io().await;
-        self.meter.add(|c| c.rru += 1.0);
-        self.meter.key(format!("BREAKER#{name}"), 0.0, 1.0);
-        self.inner.get_breaker(name).await
-    }
-    async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
-        self.meter.call("DynamoDB PutItem (breaker)");
-        self.meter.io().await;
-        self.meter.write(WriteUnits::small("breaker"));
-        self.meter.key(format!("BREAKER#{}", record.name), 1.0, 0.0);
-        self.inner.put_breaker(record).await
-    }
-    async fn list(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError> {
-        self.meter.call("DynamoDB Query (state-index)");
-        self.meter.io().await;
-        self.meter.add(|c| c.rru += 0.5);
-        self.inner.list(state, workflow, limit, after).await
-    }
-    async fn put_with_input(
-        &self,
-        record: &StateRecord,
-        condition: &sas::domain::Condition,
-        task: &Task,
-    ) -> Result<(), StoreError> {
-        self.meter
-            .call("DynamoDB TransactWriteItems (input + state)");
-        self.inner.put_with_input(record, condition, task).await
-    }
-    async fn count(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        cap: u64,
-    ) -> Result<sas::ports::Count, StoreError> {
-        self.meter.call("DynamoDB Query (state-index, count)");
-        self.meter.io().await;
-        self.meter.add(|c| c.rru += 0.5);
-        self.inner.count(state, workflow, cap).await
-    }
-    async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
-        if record.process_state.is_final() {
-            // An UpdateItem of the task item, billed on its size.
-            self.meter.call("DynamoDB UpdateItem (retention)");
-            self.meter.io().await;
-            self.meter.write(WriteUnits::small("retention"));
+}
+
+#[async_trait]
+impl Interceptor for Counter {
+    async fn around<'a, R: Reply, E: Failure>(
+        &'a self,
+        call: Call<'a>,
+        next: Next<'a, R, E>,
+    ) -> Result<R, E> {
+        let m = &self.meter;
+        match call {
+            Call::Create { task, record, key } => {
+                m.call("DynamoDB TransactWriteItems");
+                m.io().await;
+                self.create(task, record, key);
+                next.run(call).await
+            }
+            Call::Get { id } => {
+                m.call("DynamoDB Query");
+                m.io().await;
+                let out = next.run(call).await?;
+                let size = answer::<Option<(Task, StateRecord)>, _>(&out)
+                    .and_then(Option::as_ref)
+                    .map_or(0, |(o, r)| {
+                        let (a, b) = stored_sizes(o, r, self.shards);
+                        a + b
+                    });
+                m.add(|c| c.rru += units(size, 4096));
+                m.key(format!("TASK#<id>: {id}"), 0.0, units(size, 4096));
+                Ok(out)
+            }
+            Call::GetState { id } => {
+                m.call("DynamoDB GetItem");
+                m.io().await;
+                let out = next.run(call).await?;
+                m.add(|c| c.rru += 1.0);
+                m.key(format!("TASK#<id>: {id}"), 0.0, 1.0);
+                Ok(out)
+            }
+            Call::PutAs {
+                record, condition, ..
+            } => {
+                m.call("DynamoDB PutItem");
+                m.io().await;
+                // The bill depends on the item replaced: read it (uncounted; the handlers never do).
+                let old = self.store.get_state(record.task_id).await.ok().flatten();
+                let out = next.run(call).await;
+                let label = sas::domain::write_label(record, condition);
+                self.put(record, old.as_ref(), label, out.is_ok());
+                out
+            }
+            Call::Due { shard, .. } => {
+                m.call("DynamoDB Query (due-index)");
+                m.io().await;
+                m.add(|c| c.rru += 0.5);
+                m.key(format!("due-index due#{shard}"), 0.0, 0.5);
+                next.run(call).await
+            }
+            Call::AcquireLease { name, .. } | Call::ReleaseLease { name, .. } => {
+                m.call("DynamoDB PutItem (lease)");
+                m.io().await;
+                m.write(WriteUnits::small(match call {
+                    Call::AcquireLease { .. } => "lease",
+                    _ => "lease released",
+                }));
+                m.key(format!("LEASE#{name}"), 1.0, 0.0);
+                next.run(call).await
+            }
+            Call::GetBreaker { name } => {
+                m.call("DynamoDB GetItem (breaker)");
+                m.io().await;
+                m.add(|c| c.rru += 1.0);
+                m.key(format!("BREAKER#{name}"), 0.0, 1.0);
+                next.run(call).await
+            }
+            Call::PutBreaker { record } => {
+                m.call("DynamoDB PutItem (breaker)");
+                m.io().await;
+                m.write(WriteUnits::small("breaker"));
+                m.key(format!("BREAKER#{}", record.name), 1.0, 0.0);
+                next.run(call).await
+            }
+            Call::List { .. } => {
+                m.call("DynamoDB Query (state-index)");
+                m.io().await;
+                m.add(|c| c.rru += 0.5);
+                next.run(call).await
+            }
+            Call::PutWithInput { .. } => {
+                m.call("DynamoDB TransactWriteItems (input + state)");
+                next.run(call).await
+            }
+            Call::Count { .. } => {
+                m.call("DynamoDB Query (state-index, count)");
+                m.io().await;
+                m.add(|c| c.rru += 0.5);
+                next.run(call).await
+            }
+            Call::ExpireTask { record } => {
+                if record.process_state.is_final() {
+                    // An UpdateItem of the task item, billed on its size.
+                    m.call("DynamoDB UpdateItem (retention)");
+                    m.io().await;
+                    m.write(WriteUnits::small("retention"));
+                }
+                next.run(call).await
+            }
+            Call::Admit { key, .. } => {
+                // One conditional UpdateItem of a small item (the caller's TAT): 1 WRU.
+                m.call("DynamoDB UpdateItem (rate limit)");
+                m.io().await;
+                m.write(WriteUnits::small("rate limit"));
+                m.key(format!("RATE#{key}"), 1.0, 0.0);
+                next.run(call).await
+            }
+            Call::ListByCaller { limit, .. } => {
+                // A Query of the caller index, then a BatchGetItem of the page's state records.
+                m.call("DynamoDB Query (caller-shard-index)");
+                m.call("DynamoDB BatchGetItem");
+                m.io().await;
+                m.add(|c| c.rru += 0.5 + 0.5 * limit as f64);
+                next.run(call).await
+            }
+            // The catalog (in the same table): each read is one strongly consistent `GetItem`
+            // of the catalog's head or of one definition version, each publish one transaction.
+            Call::PublishDefinition { body, .. } => {
+                m.call("DynamoDB TransactWriteItems (catalog)");
+                m.io().await;
+                let size = body.to_string().len();
+                m.add(|c| c.wru += 2.0 * (units(size, 1024) + 1.0));
+                next.run(call).await
+            }
+            Call::Definition { version, .. } => {
+                // Without a version, the catalog's head is read first for the newest one.
+                let reads = if version.is_some() { 1 } else { 2 };
+                let out = next.run(call).await?;
+                let size = answer::<Option<Stored>, _>(&out)
+                    .and_then(Option::as_ref)
+                    .map_or(0, |s| s.body.to_string().len());
+                m.add(|c| {
+                    *c.calls
+                        .entry("DynamoDB GetItem (catalog)".into())
+                        .or_default() += reads;
+                    c.rru += (reads - 1) as f64 + units(size, 4096);
+                });
+                Ok(out)
+            }
+            Call::Entries { .. } => {
+                m.call("DynamoDB GetItem (catalog)");
+                m.io().await;
+                m.add(|c| c.rru += 1.0);
+                next.run(call).await
+            }
+            // The queues: sends only (see the module's note).
+            Call::Send {
+                queue_url, body, ..
+            } => {
+                let role = self.roles.get(queue_url).copied().unwrap_or("client");
+                let chunks = body.len().div_ceil(64 * 1024).max(1) as u64;
+                m.add(|c| {
+                    *c.calls.entry("SQS SendMessage".into()).or_default() += chunks;
+                    *c.messages.entry(role.to_owned()).or_default() += 1;
+                });
+                m.io().await;
+                next.run(call).await
+            }
+            Call::Receive { .. } | Call::Delete { .. } => next.run(call).await,
+            Call::PublishEvent { detail, .. } => {
+                m.call("EventBridge PutEvents");
+                m.io().await;
+                let chunks = detail.to_string().len().div_ceil(64 * 1024).max(1) as u64;
+                m.add(|c| c.events += chunks);
+                next.run(call).await
+            }
         }
-        self.inner.expire_task(record).await
-    }
-    async fn admit(
-        &self,
-        key: &str,
-        limit: &sas::domain::rate::RateLimit,
-        now: chrono::DateTime<chrono::Utc>,
-    ) -> Result<sas::domain::rate::Admission, StoreError> {
-        // One conditional UpdateItem of a small item (the caller's TAT): 1 WRU.
-        self.meter.call("DynamoDB UpdateItem (rate limit)");
-        self.meter.io().await;
-        self.meter.write(WriteUnits::small("rate limit"));
-        self.meter.key(format!("RATE#{key}"), 1.0, 0.0);
-        self.inner.admit(key, limit, now).await
-    }
-    async fn list_by_caller(
-        &self,
-        caller: &sas::Caller,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError> {
-        // A Query of the caller index, then a BatchGetItem of the page's state records.
-        self.meter.call("DynamoDB Query (caller-shard-index)");
-        self.meter.call("DynamoDB BatchGetItem");
-        self.meter.io().await;
-        self.meter.add(|c| c.rru += 0.5 + 0.5 * limit as f64);
-        self.inner.list_by_caller(caller, limit, after).await
-    }
-}
-
-/// The catalog (in the same table), counted: each read is one strongly consistent `GetItem`
-/// of the catalog's head or of one definition version, each publish one transaction.
-pub struct CountingCatalog {
-    pub inner: Arc<dyn Catalog>,
-    pub meter: Arc<Meter>,
-}
-
-#[async_trait]
-impl Catalog for CountingCatalog {
-    async fn publish(
-        &self,
-        kind: Kind,
-        name: &str,
-        body: &serde_json::Value,
-        now: DateTime<Utc>,
-    ) -> Result<Published, StoreError> {
-        self.meter.call("DynamoDB TransactWriteItems (catalog)");
-        self.meter.io().await;
-        let size = body.to_string().len();
-        self.meter.add(|c| c.wru += 2.0 * (units(size, 1024) + 1.0));
-        self.inner.publish(kind, name, body, now).await
-    }
-    async fn definition(
-        &self,
-        kind: Kind,
-        name: &str,
-        version: Option<u32>,
-    ) -> Result<Option<Stored>, StoreError> {
-        // Without a version, the catalog's head is read first for the newest one.
-        let reads = if version.is_some() { 1 } else { 2 };
-        let out = self.inner.definition(kind, name, version).await?;
-        let size = out.as_ref().map_or(0, |s| s.body.to_string().len());
-        self.meter.add(|c| {
-            *c.calls
-                .entry("DynamoDB GetItem (catalog)".into())
-                .or_default() += reads;
-            c.rru += (reads - 1) as f64 + units(size, 4096);
-        });
-        Ok(out)
-    }
-    async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError> {
-        self.meter.call("DynamoDB GetItem (catalog)");
-        self.meter.io().await;
-        self.meter.add(|c| c.rru += 1.0);
-        self.inner.entries(kind).await
-    }
-}
-
-/// The queues, counted (sends only; see the module's note).
-pub struct CountingQueue {
-    pub inner: Arc<dyn Queue>,
-    pub meter: Arc<Meter>,
-    pub roles: BTreeMap<String, &'static str>,
-}
-
-impl CountingQueue {
-    pub fn new(inner: Arc<dyn Queue>, meter: Arc<Meter>, r: &Resources) -> Self {
-        Self {
-            inner,
-            meter,
-            roles: r.queue_roles(),
-        }
-    }
-}
-
-#[async_trait]
-impl Queue for CountingQueue {
-    async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
-        let role = self.roles.get(queue_url).copied().unwrap_or("client");
-        let chunks = body.len().div_ceil(64 * 1024).max(1) as u64;
-        self.meter.add(|c| {
-            *c.calls.entry("SQS SendMessage".into()).or_default() += chunks;
-            *c.messages.entry(role.to_owned()).or_default() += 1;
-        });
-        self.meter.io().await;
-        self.inner.send(queue_url, body, delay).await
-    }
-    async fn receive(
-        &self,
-        queue_url: &str,
-        max: u32,
-        wait: Duration,
-    ) -> Result<Vec<ReceivedMessage>, QueueError> {
-        self.inner.receive(queue_url, max, wait).await
-    }
-    async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError> {
-        self.inner.delete(queue_url, receipt_handle).await
-    }
-}
-
-/// The bus, counted.
-pub struct CountingBus {
-    pub inner: Arc<dyn EventBus>,
-    pub meter: Arc<Meter>,
-}
-
-#[async_trait]
-impl EventBus for CountingBus {
-    async fn publish(
-        &self,
-        detail_type: &str,
-        detail: &serde_json::Value,
-    ) -> Result<(), PublishError> {
-        self.meter.call("EventBridge PutEvents");
-        self.meter.io().await;
-        let chunks = detail.to_string().len().div_ceil(64 * 1024).max(1) as u64;
-        self.meter.add(|c| c.events += chunks);
-        self.inner.publish(detail_type, detail).await
     }
 }

@@ -600,7 +600,7 @@ async fn key_load(tasks: usize) -> anyhow::Result<String> {
     loop {
         let mut done = 0;
         for id in &ids {
-            if let Some(r) = sas::ports::StateStore::get_state(store.as_ref(), *id).await?
+            if let Some(r) = sas::ports::TaskStore::get_state(store.as_ref(), *id).await?
                 && r.process_state == sas::ProcessState::Processed
                 && !r.notice_pending()
             {

@@ -4,7 +4,8 @@
 //! overruns once (recovered by its deadline timer), an order refused at step 3 and compensated,
 //! and a loan refused at its contract and compensated (its credit check has no undo).
 
-use crate::counting::{CountingBus, CountingCatalog, CountingQueue, CountingStore, Counts, Meter};
+use crate::counting::{Counter, Counts, Meter};
+use sas_local::intercept::Intercepted;
 use sas::ports::{Clock, OffsetClock};
 use sas::remote::Faults;
 use sas::{ProcessState, TaskId};
@@ -55,22 +56,17 @@ impl Clocked {
 }
 
 pub(crate) fn wrap(p: Ports, meter: &Arc<Meter>, shards: u32) -> Ports {
-    let queue = CountingQueue::new(p.queue, meter.clone(), &p.resources);
+    let counter = Arc::new(Counter::new(
+        meter.clone(),
+        p.store.clone(),
+        shards,
+        &p.resources,
+    ));
     Ports {
-        store: Arc::new(CountingStore {
-            inner: p.store,
-            meter: meter.clone(),
-            shards,
-        }),
-        catalog: Arc::new(CountingCatalog {
-            inner: p.catalog,
-            meter: meter.clone(),
-        }),
-        queue: Arc::new(queue),
-        events: Arc::new(CountingBus {
-            inner: p.events,
-            meter: meter.clone(),
-        }),
+        store: Arc::new(Intercepted::new(p.store, counter.clone())),
+        catalog: Arc::new(Intercepted::new(p.catalog, counter.clone())),
+        queue: Arc::new(Intercepted::new(p.queue, counter.clone())),
+        events: Arc::new(Intercepted::new(p.events, counter)),
         resources: p.resources,
         memory: p.memory,
     }

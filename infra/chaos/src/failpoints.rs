@@ -1,18 +1,16 @@
-//! Failpoints around the ports: after a write succeeds, the wrapper may report a failure
-//! instead, which is what the handler sees when its process dies right after that write (its
+//! Failpoints around the ports, an interceptor ([`Faults`]) over [`sas_local::intercept`]:
+//! after a write succeeds, it may report a failure instead, which is what the handler sees when its process dies right after that write (its
 //! message is not acknowledged, its remaining effects never happen). Every write the code makes
 //! goes through here under a name (`create`, `put:<transition>`, `lease`, `send:<queue>`,
 //! `publish:<detail-type>`): the named crash points. The queue wrapper also duplicates, delays
 //! (so reorders) and drops (deadline timers only) messages.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-use sas::domain::{BreakerRecord, Condition, ProcessState, StateRecord, Task, TaskId};
-use sas::ports::{
-    CreateOutcome, Cursor, DueEntry, EventBus, IdempotencyRecord, Page, PublishError, Queue,
-    QueueError, ReceivedMessage, StateStore, StoreError,
-};
+use sas::domain::{Condition, StateRecord, TaskId};
+use sas::ports::{CreateOutcome, ReceivedMessage, StateStore};
 use sas::remote::seeded_unit;
+use sas_local::Ports;
+use sas_local::intercept::{Call, Failure, Intercepted, Interceptor, Next, Reply, answer, nothing};
 use sas_local::provision::Resources;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -342,14 +340,18 @@ impl Chaos {
     /// another writer moved the record on is the ambiguity no read-back resolves (the writer
     /// cannot tell its write from a rival's at that version): it is counted, not a violation,
     /// and is safe because every writer treats a lost race by reading again.
-    fn retried<T>(
+    fn retried<T, E: Failure>(
         &self,
         what: &str,
         record: &StateRecord,
-        result: &Result<T, StoreError>,
+        result: &Result<T, E>,
         now: Option<&StateRecord>,
     ) {
-        if !matches!(result, Err(StoreError::ConditionFailed)) {
+        if !result
+            .as_ref()
+            .err()
+            .is_some_and(Failure::is_condition_failed)
+        {
             return;
         }
         if now == Some(record) {
@@ -375,7 +377,6 @@ fn put_point(record: &StateRecord, condition: &Condition) -> String {
     format!("put:{}", sas::domain::write_label(record, condition))
 }
 
-/// The state store with failpoints after every write.
 /// SQS's largest message body, in bytes.
 pub const SQS_MAX_MESSAGE: usize = 256 * 1024;
 /// DynamoDB's largest item, in bytes (a record's JSON stands in for its item).
@@ -394,14 +395,14 @@ impl Recorder {
     }
 
     /// Refuses, as DynamoDB would, a record over its item limit.
-    fn check_record(&self, record: &StateRecord) -> Result<(), StoreError> {
+    fn check_record<E: Failure>(&self, record: &StateRecord) -> Result<(), E> {
         let bytes = serde_json::to_vec(record).map_or(0, |j| j.len());
         if self.over(
             || format!("record of {}", record.task_id),
             bytes,
             DYNAMODB_MAX_ITEM,
         ) {
-            return Err(StoreError::Rejected(format!(
+            return Err(E::rejected(format!(
                 "ValidationException: item size {bytes} has exceeded the maximum allowed size"
             )));
         }
@@ -409,183 +410,12 @@ impl Recorder {
     }
 }
 
-pub struct ChaosStore {
-    pub inner: Arc<dyn StateStore>,
+/// The failpoints: an [`Interceptor`] that wraps the store, the queues and the bus (see
+/// [`wrap`]) and decides, from the plan's seed, what each call meets.
+pub struct Faults {
     pub chaos: Arc<Chaos>,
-}
-
-impl ChaosStore {
-    /// Judges the SDK's retry of an applied write of `record` (see [`Chaos::retried`]),
-    /// reading the stored record only when the retry met a conflict.
-    async fn after_retry<T>(
-        &self,
-        what: &str,
-        record: &StateRecord,
-        again: &Result<T, StoreError>,
-    ) {
-        let now = match again {
-            Err(StoreError::ConditionFailed) => {
-                self.inner.get_state(record.task_id).await.ok().flatten()
-            }
-            _ => None,
-        };
-        self.chaos.retried(what, record, again, now.as_ref());
-    }
-}
-
-#[async_trait]
-impl StateStore for ChaosStore {
-    async fn create(
-        &self,
-        task: &Task,
-        record: &StateRecord,
-        key: Option<&IdempotencyRecord>,
-    ) -> Result<CreateOutcome, StoreError> {
-        let subject = task.id.to_string();
-        self.chaos.recorder.check_record(record)?;
-        if self.chaos.throttle("create", &subject) {
-            return Err(StoreError::Unavailable(throttled("create")));
-        }
-        let mut out = self.inner.create(task, record, key).await?;
-        if out == CreateOutcome::Created {
-            self.chaos.recorder.applied(record);
-            if self.chaos.lose_response("create", &subject) {
-                let again = self.inner.create(task, record, key).await;
-                self.after_retry("create", record, &again).await;
-                out = again?;
-            }
-        }
-        if out == CreateOutcome::Created && self.chaos.crash("create", &subject) {
-            return Err(StoreError::Unavailable(crashed("create")));
-        }
-        Ok(out)
-    }
-    async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
-        self.inner.get(id).await
-    }
-    async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
-        self.inner.get_state(id).await
-    }
-    async fn put_as(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        write: u64,
-    ) -> Result<(), StoreError> {
-        let subject = record.task_id.to_string();
-        self.chaos.recorder.check_record(record)?;
-        if self.chaos.throttle("put", &subject) {
-            return Err(StoreError::Unavailable(throttled("put")));
-        }
-        self.inner.put_as(record, condition, write).await?;
-        self.chaos.recorder.applied(record);
-        if self.chaos.lose_response("put", &subject) {
-            // The SDK's retry: the same request again.
-            let again = self.inner.put_as(record, condition, write).await;
-            self.after_retry("put", record, &again).await;
-            again?;
-        }
-        let point = put_point(record, condition);
-        if self.chaos.crash(&point, &record.task_id.to_string()) {
-            return Err(StoreError::Unavailable(crashed(&point)));
-        }
-        Ok(())
-    }
-    async fn due(
-        &self,
-        shard: u32,
-        now: DateTime<Utc>,
-        limit: usize,
-        after: Option<&DueEntry>,
-    ) -> Result<Vec<DueEntry>, StoreError> {
-        self.inner.due(shard, now, limit, after).await
-    }
-    fn due_shards(&self) -> u32 {
-        self.inner.due_shards()
-    }
-    async fn acquire_lease(
-        &self,
-        name: &str,
-        owner: &str,
-        now: DateTime<Utc>,
-        ttl: chrono::Duration,
-    ) -> Result<bool, StoreError> {
-        let got = self.inner.acquire_lease(name, owner, now, ttl).await?;
-        if got && self.chaos.crash("lease", owner) {
-            return Err(StoreError::Unavailable(crashed("lease")));
-        }
-        Ok(got)
-    }
-    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
-        self.inner.release_lease(name, owner).await
-    }
-    async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
-        self.inner.get_breaker(name).await
-    }
-    async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
-        self.inner.put_breaker(record).await
-    }
-    async fn list(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError> {
-        self.inner.list(state, workflow, limit, after).await
-    }
-    async fn put_with_input(
-        &self,
-        record: &StateRecord,
-        condition: &sas::domain::Condition,
-        task: &Task,
-    ) -> Result<(), StoreError> {
-        let subject = record.task_id.to_string();
-        if self.chaos.throttle("put_with_input", &subject) {
-            return Err(StoreError::Unavailable(throttled("put_with_input")));
-        }
-        self.inner.put_with_input(record, condition, task).await?;
-        self.chaos.recorder.applied(record);
-        if self.chaos.lose_response("put_with_input", &subject) {
-            let again = self.inner.put_with_input(record, condition, task).await;
-            self.after_retry("put_with_input", record, &again).await;
-            again?;
-        }
-        Ok(())
-    }
-    async fn count(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        cap: u64,
-    ) -> Result<sas::ports::Count, StoreError> {
-        self.inner.count(state, workflow, cap).await
-    }
-    async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
-        self.inner.expire_task(record).await
-    }
-    async fn admit(
-        &self,
-        key: &str,
-        limit: &sas::domain::rate::RateLimit,
-        now: chrono::DateTime<chrono::Utc>,
-    ) -> Result<sas::domain::rate::Admission, StoreError> {
-        self.inner.admit(key, limit, now).await
-    }
-    async fn list_by_caller(
-        &self,
-        caller: &sas::Caller,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError> {
-        self.inner.list_by_caller(caller, limit, after).await
-    }
-}
-
-/// The queues with failpoints after every send, and messaging faults.
-pub struct ChaosQueue {
-    pub inner: Arc<dyn Queue>,
-    pub chaos: Arc<Chaos>,
+    /// The store, unwrapped: read back after an SDK retry met a conflict.
+    store: Arc<dyn StateStore>,
     /// Queue URL → role (`work`, `replies`, `timers`, `agent`, `dlq`).
     pub roles: BTreeMap<String, &'static str>,
     counter: AtomicU64,
@@ -598,29 +428,108 @@ pub struct ChaosQueue {
 /// When a slow work queue first stalls, into the run.
 pub const STALL_FROM: Duration = Duration::from_secs(1);
 
-impl ChaosQueue {
-    pub fn new(inner: Arc<dyn Queue>, chaos: Arc<Chaos>, resources: &Resources) -> Self {
+/// Wraps `ports` with the failpoints of `chaos`. The catalog is passed through: it is written
+/// once, before the run, and only read after.
+pub fn wrap(ports: Ports, chaos: &Arc<Chaos>) -> Ports {
+    let faults = Arc::new(Faults::new(
+        chaos.clone(),
+        ports.store.clone(),
+        &ports.resources,
+    ));
+    Ports {
+        store: Arc::new(Intercepted::new(ports.store, faults.clone())),
+        catalog: ports.catalog,
+        queue: Arc::new(Intercepted::new(ports.queue, faults.clone())),
+        events: Arc::new(Intercepted::new(ports.events, faults)),
+        resources: ports.resources,
+        memory: ports.memory,
+    }
+}
+
+impl Faults {
+    pub fn new(chaos: Arc<Chaos>, store: Arc<dyn StateStore>, resources: &Resources) -> Self {
         Self {
-            inner,
             chaos,
+            store,
             roles: resources.queue_roles(),
             counter: AtomicU64::new(0),
             timed_out: Mutex::default(),
             started: std::time::Instant::now(),
         }
     }
-}
 
-fn task_of(body: &str) -> String {
-    serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v["taskId"].as_str().map(str::to_owned))
-        .unwrap_or_default()
-}
+    /// Judges the SDK's retry of an applied write of `record` (see [`Chaos::retried`]),
+    /// reading the stored record only when the retry met a conflict.
+    async fn after_retry<T, E: Failure>(
+        &self,
+        what: &str,
+        record: &StateRecord,
+        again: &Result<T, E>,
+    ) {
+        let now = match again {
+            Err(e) if e.is_condition_failed() => {
+                self.store.get_state(record.task_id).await.ok().flatten()
+            }
+            _ => None,
+        };
+        self.chaos.retried(what, record, again, now.as_ref());
+    }
 
-#[async_trait]
-impl Queue for ChaosQueue {
-    async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
+    /// A write of a state record (`create`, `put`, `put_with_input`) about task `subject`:
+    /// refused as DynamoDB would if too large (`check`), throttled, applied; its response maybe
+    /// lost (the SDK retries it); then the writer maybe dies (at `point`, if any).
+    async fn write<'a, R: Reply, E: Failure>(
+        &self,
+        what: &str,
+        subject: TaskId,
+        record: &StateRecord,
+        check: bool,
+        point: Option<String>,
+        call: Call<'a>,
+        next: &Next<'a, R, E>,
+    ) -> Result<R, E> {
+        let subject = subject.to_string();
+        if check {
+            self.chaos.recorder.check_record::<E>(record)?;
+        }
+        if self.chaos.throttle(what, &subject) {
+            return Err(E::unavailable(throttled(what)));
+        }
+        let mut out = next.run(call).await?;
+        // A create that found its key taken wrote nothing.
+        let applied = answer::<CreateOutcome, _>(&out).is_none_or(|o| *o == CreateOutcome::Created);
+        if !applied {
+            return Ok(out);
+        }
+        self.chaos.recorder.applied(record);
+        if self.chaos.lose_response(what, &subject) {
+            // The SDK's retry: the same request again.
+            let again = next.run(call).await;
+            self.after_retry(what, record, &again).await;
+            out = again?;
+        }
+        let applied = answer::<CreateOutcome, _>(&out).is_none_or(|o| *o == CreateOutcome::Created);
+        if let Some(point) = point.filter(|_| applied)
+            && self.chaos.crash(&point, &subject)
+        {
+            return Err(E::unavailable(crashed(&point)));
+        }
+        Ok(out)
+    }
+
+    async fn send<'a, R: Reply, E: Failure>(
+        &self,
+        call: Call<'a>,
+        next: Next<'a, R, E>,
+    ) -> Result<R, E> {
+        let Call::Send {
+            queue_url,
+            body,
+            delay,
+        } = call
+        else {
+            return next.run(call).await;
+        };
         let role = self.roles.get(queue_url).copied().unwrap_or("client");
         let task = task_of(body);
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
@@ -632,16 +541,18 @@ impl Queue for ChaosQueue {
             body.len(),
             SQS_MAX_MESSAGE,
         ) {
-            return Err(QueueError(format!(
+            return Err(E::rejected(format!(
                 "InvalidParameterValue: message must be shorter than {SQS_MAX_MESSAGE} bytes"
             )));
         }
         if self.chaos.throttle(&format!("send:{role}"), &task) {
-            return Err(QueueError(throttled(&format!("send:{role}"))));
+            return Err(E::unavailable(throttled(&format!("send:{role}"))));
         }
         if role == "timers" && self.chaos.roll("lose-timer", &task, n, p.lose_timer_rate) {
             r.timers_lost.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+            if let Some(sent) = nothing() {
+                return Ok(sent);
+            }
         }
         let mut delay = delay;
         if let Some(stall) = p.slow_work_queue
@@ -664,96 +575,149 @@ impl Queue for ChaosQueue {
                 .max_extra_delay
                 .mul_f64(seeded_unit(p.seed, &["delay-by", &task], n));
         }
-        self.inner.send(queue_url, body, delay).await?;
+        let send = Call::Send {
+            queue_url,
+            body,
+            delay,
+        };
+        let mut out = next.run(send).await?;
         if self.chaos.roll("duplicate", &task, n, p.duplicate_rate) {
             r.duplicated.fetch_add(1, Ordering::Relaxed);
-            self.inner.send(queue_url, body, delay).await?;
+            out = next.run(send).await?;
         }
         let point = format!("send:{role}");
         if self.chaos.crash(&point, &task) {
-            return Err(QueueError(crashed(&point)));
+            return Err(E::unavailable(crashed(&point)));
         }
-        Ok(())
-    }
-    async fn receive(
-        &self,
-        queue_url: &str,
-        max: u32,
-        wait: Duration,
-    ) -> Result<Vec<ReceivedMessage>, QueueError> {
-        let got = self.inner.receive(queue_url, max, wait).await?;
-        let p = &self.chaos.plan;
-        if let Some(m) = got.first()
-            && p.batch_timeout_rate > 0.0
-            && seeded_unit(
-                p.seed,
-                &["batch-timeout", &m.message_id],
-                u64::from(m.receive_count),
-            ) < p.batch_timeout_rate
-        {
-            // The Lambda that gets this batch times out: its work happens (or part of it),
-            // its deletes do not.
-            self.chaos
-                .recorder
-                .batches_timed_out
-                .fetch_add(1, Ordering::Relaxed);
-            if let Ok(mut t) = self.timed_out.lock() {
-                t.extend(got.iter().map(|m| m.receipt_handle.clone()));
-            }
-        }
-        Ok(got)
-    }
-    async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError> {
-        let timed_out = self
-            .timed_out
-            .lock()
-            .map(|mut t| t.remove(receipt_handle))
-            .unwrap_or(false);
-        if timed_out {
-            return Ok(());
-        }
-        self.inner.delete(queue_url, receipt_handle).await
+        Ok(out)
     }
 }
 
-/// The event bus with failpoints after every publish; it records what the bus accepted.
-pub struct ChaosBus {
-    pub inner: Arc<dyn EventBus>,
-    pub chaos: Arc<Chaos>,
+fn task_of(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["taskId"].as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 #[async_trait]
-impl EventBus for ChaosBus {
-    async fn publish(
-        &self,
-        detail_type: &str,
-        detail: &serde_json::Value,
-    ) -> Result<(), PublishError> {
-        let task = detail["taskId"].as_str().unwrap_or_default().to_owned();
-        if self.chaos.plan.bus_down(self.chaos.started.elapsed()) {
-            self.chaos
-                .recorder
-                .bus_refused
-                .fetch_add(1, Ordering::Relaxed);
-            return Err(PublishError(format!(
-                "chaos: the event bus is down (publish:{detail_type} refused)"
-            )));
+impl Interceptor for Faults {
+    async fn around<'a, R: Reply, E: Failure>(
+        &'a self,
+        call: Call<'a>,
+        next: Next<'a, R, E>,
+    ) -> Result<R, E> {
+        match call {
+            Call::Create { task, record, .. } => {
+                let point = Some("create".to_owned());
+                self.write("create", task.id, record, true, point, call, &next)
+                    .await
+            }
+            Call::PutAs {
+                record, condition, ..
+            } => {
+                let point = put_point(record, condition);
+                self.write(
+                    "put",
+                    record.task_id,
+                    record,
+                    true,
+                    Some(point),
+                    call,
+                    &next,
+                )
+                .await
+            }
+            Call::PutWithInput { record, .. } => {
+                self.write(
+                    "put_with_input",
+                    record.task_id,
+                    record,
+                    false,
+                    None,
+                    call,
+                    &next,
+                )
+                .await
+            }
+            Call::AcquireLease { owner, .. } => {
+                let got = next.run(call).await?;
+                if answer::<bool, _>(&got) == Some(&true) && self.chaos.crash("lease", owner) {
+                    return Err(E::unavailable(crashed("lease")));
+                }
+                Ok(got)
+            }
+            Call::Send { .. } => self.send(call, next).await,
+            Call::Receive { .. } => {
+                let got = next.run(call).await?;
+                let p = &self.chaos.plan;
+                if let Some(got) = answer::<Vec<ReceivedMessage>, _>(&got)
+                    && let Some(m) = got.first()
+                    && p.batch_timeout_rate > 0.0
+                    && seeded_unit(
+                        p.seed,
+                        &["batch-timeout", &m.message_id],
+                        u64::from(m.receive_count),
+                    ) < p.batch_timeout_rate
+                {
+                    // The Lambda that gets this batch times out: its work happens (or part of
+                    // it), its deletes do not.
+                    self.chaos
+                        .recorder
+                        .batches_timed_out
+                        .fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut t) = self.timed_out.lock() {
+                        t.extend(got.iter().map(|m| m.receipt_handle.clone()));
+                    }
+                }
+                Ok(got)
+            }
+            Call::Delete { receipt_handle, .. } => {
+                let timed_out = self
+                    .timed_out
+                    .lock()
+                    .map(|mut t| t.remove(receipt_handle))
+                    .unwrap_or(false);
+                if timed_out && let Some(deleted) = nothing() {
+                    return Ok(deleted);
+                }
+                next.run(call).await
+            }
+            Call::PublishEvent {
+                detail_type,
+                detail,
+            } => {
+                // The bus records what it accepted.
+                let task = detail["taskId"].as_str().unwrap_or_default().to_owned();
+                if self.chaos.plan.bus_down(self.chaos.started.elapsed()) {
+                    self.chaos
+                        .recorder
+                        .bus_refused
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Err(E::unavailable(format!(
+                        "chaos: the event bus is down (publish:{detail_type} refused)"
+                    )));
+                }
+                if self
+                    .chaos
+                    .throttle(&format!("publish:{detail_type}"), &task)
+                {
+                    return Err(E::unavailable(throttled(&format!("publish:{detail_type}"))));
+                }
+                let out = next.run(call).await?;
+                let id = detail["id"].as_str().unwrap_or_default().to_owned();
+                if let Ok(mut p) = self.chaos.recorder.published.lock() {
+                    p.push((detail_type.to_owned(), task.clone(), id));
+                }
+                let point = format!("publish:{detail_type}");
+                if self.chaos.crash(&point, &task) {
+                    return Err(E::unavailable(crashed(&point)));
+                }
+                Ok(out)
+            }
+            // Reads, and the writes no failpoint stands after (leases given up, breakers, rate
+            // limits, retention), pass through.
+            _ => next.run(call).await,
         }
-        if self
-            .chaos
-            .throttle(&format!("publish:{detail_type}"), &task)
-        {
-            return Err(PublishError(throttled(&format!("publish:{detail_type}"))));
-        }
-        self.inner.publish(detail_type, detail).await?;
-        let id = detail["id"].as_str().unwrap_or_default().to_owned();
-        if let Ok(mut p) = self.chaos.recorder.published.lock() {
-            p.push((detail_type.to_owned(), task.clone(), id));
-        }
-        let point = format!("publish:{detail_type}");
-        if self.chaos.crash(&point, &task) {
-            return Err(PublishError(crashed(&point)));
-        }
-        Ok(())
     }
 }

@@ -8,9 +8,9 @@ pub mod failpoints;
 pub mod harness;
 pub mod operator;
 
-pub use failpoints::{Chaos, Plan, Recorder};
+pub use failpoints::{Chaos, Plan, Recorder, wrap};
 pub use harness::{
     Config, REQUIRED_POINTS, Report, ServiceCounts, StepFailures, WORKFLOWS, WorkflowCounts, input,
-    run, run_in_memory, workflow_of, wrap,
+    run, run_in_memory, workflow_of,
 };
 pub use operator::{OperatorLog, OperatorPlan};

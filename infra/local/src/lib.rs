@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod guard;
+pub mod intercept;
 pub mod lag;
 pub mod provision;
 pub mod showcase;

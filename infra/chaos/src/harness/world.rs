@@ -3,7 +3,7 @@
 //! extra supervisors; and taking it down at the end, keeping what the checks read.
 
 use super::config::Config;
-use crate::failpoints::{Chaos, ChaosBus, ChaosQueue, ChaosStore, Plan};
+use crate::failpoints::{Chaos, Plan, wrap};
 use sas::catalog::Definitions;
 use sas::handlers::supervisor;
 use sas::memory::MemoryQueues;
@@ -91,26 +91,6 @@ fn with_failpoints(ports: Ports, plan: &Plan) -> (Ports, Arc<Chaos>) {
     let chaos = Chaos::new(plan.clone());
     let ports = wrap(ports, &chaos);
     (ports, chaos)
-}
-
-/// Wraps `ports` with the failpoints of `plan`. The catalog is passed through: it is written
-/// once, before the run, and only read after.
-pub fn wrap(ports: Ports, chaos: &Arc<Chaos>) -> Ports {
-    let queue = ChaosQueue::new(ports.queue, chaos.clone(), &ports.resources);
-    Ports {
-        store: Arc::new(ChaosStore {
-            inner: ports.store,
-            chaos: chaos.clone(),
-        }),
-        catalog: ports.catalog,
-        queue: Arc::new(queue),
-        events: Arc::new(ChaosBus {
-            inner: ports.events,
-            chaos: chaos.clone(),
-        }),
-        resources: ports.resources,
-        memory: ports.memory,
-    }
 }
 
 /// The supervisors besides the system's own, each its own instance (its own lease owner),

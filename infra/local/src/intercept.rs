@@ -1,0 +1,475 @@
+//! One interception layer over the ports: [`Intercepted`] forwards every call of the store
+//! traits, the catalog, the queue and the event bus to the port it wraps, through an
+//! [`Interceptor`] that sees which call it is ([`Call`]: the operation and its arguments) and
+//! runs it ([`Next::run`]) zero, one or more times, looking at the answer and replacing it
+//! with an error before or after. The bench's call counter and the chaos harness's failpoints
+//! are two interceptors.
+//!
+//! Two defaults are not intercepted as calls of their own, so what an interceptor sees is what
+//! the handlers' calls make: [`TaskStore::put`] is its [`TaskStore::put_as`] with a new write
+//! id, and [`Queue::send_dead_letter`] its plain [`Queue::send`] (the wrapped queue's own
+//! dead-letter send, with the reason as an attribute, is not reached through the wrapper).
+//! [`DueIndex::due_shards`] is configuration, not a call: it is passed through.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sas::domain::rate::{Admission, RateLimit};
+use sas::domain::{BreakerRecord, Caller, Condition, ProcessState, StateRecord, Task, TaskId};
+use sas::ports::{
+    Breakers, Catalog, Count, CreateOutcome, Cursor, DueEntry, DueIndex, Entry, EventBus,
+    IdempotencyRecord, Kind, Leases, Page, PublishError, Published, Queue, QueueError, RateLimits,
+    ReceivedMessage, StoreError, Stored, TaskLists, TaskStore,
+};
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One call through [`Intercepted`]: which operation, with its arguments.
+#[derive(Debug, Clone, Copy)]
+pub enum Call<'a> {
+    // TaskStore
+    Create {
+        task: &'a Task,
+        record: &'a StateRecord,
+        key: Option<&'a IdempotencyRecord>,
+    },
+    Get {
+        id: TaskId,
+    },
+    GetState {
+        id: TaskId,
+    },
+    PutAs {
+        record: &'a StateRecord,
+        condition: &'a Condition,
+        write: u64,
+    },
+    PutWithInput {
+        record: &'a StateRecord,
+        condition: &'a Condition,
+        task: &'a Task,
+    },
+    ExpireTask {
+        record: &'a StateRecord,
+    },
+    // TaskLists
+    List {
+        state: ProcessState,
+        workflow: Option<&'a str>,
+        limit: usize,
+        after: Option<&'a Cursor>,
+    },
+    Count {
+        state: ProcessState,
+        workflow: Option<&'a str>,
+        cap: u64,
+    },
+    ListByCaller {
+        caller: &'a Caller,
+        limit: usize,
+        after: Option<&'a Cursor>,
+    },
+    // DueIndex
+    Due {
+        shard: u32,
+        now: DateTime<Utc>,
+        limit: usize,
+        after: Option<&'a DueEntry>,
+    },
+    // Leases
+    AcquireLease {
+        name: &'a str,
+        owner: &'a str,
+        now: DateTime<Utc>,
+        ttl: chrono::Duration,
+    },
+    ReleaseLease {
+        name: &'a str,
+        owner: &'a str,
+    },
+    // Breakers
+    GetBreaker {
+        name: &'a str,
+    },
+    PutBreaker {
+        record: &'a BreakerRecord,
+    },
+    // RateLimits
+    Admit {
+        key: &'a str,
+        limit: &'a RateLimit,
+        now: DateTime<Utc>,
+    },
+    // Catalog
+    PublishDefinition {
+        kind: Kind,
+        name: &'a str,
+        body: &'a serde_json::Value,
+        now: DateTime<Utc>,
+    },
+    Definition {
+        kind: Kind,
+        name: &'a str,
+        version: Option<u32>,
+    },
+    Entries {
+        kind: Kind,
+    },
+    // Queue
+    Send {
+        queue_url: &'a str,
+        body: &'a str,
+        delay: Duration,
+    },
+    Receive {
+        queue_url: &'a str,
+        max: u32,
+        wait: Duration,
+    },
+    Delete {
+        queue_url: &'a str,
+        receipt_handle: &'a str,
+    },
+    // EventBus
+    PublishEvent {
+        detail_type: &'a str,
+        detail: &'a serde_json::Value,
+    },
+}
+
+impl Call<'_> {
+    /// The operation's name: the port method it calls.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Create { .. } => "create",
+            Self::Get { .. } => "get",
+            Self::GetState { .. } => "get_state",
+            Self::PutAs { .. } => "put_as",
+            Self::PutWithInput { .. } => "put_with_input",
+            Self::ExpireTask { .. } => "expire_task",
+            Self::List { .. } => "list",
+            Self::Count { .. } => "count",
+            Self::ListByCaller { .. } => "list_by_caller",
+            Self::Due { .. } => "due",
+            Self::AcquireLease { .. } => "acquire_lease",
+            Self::ReleaseLease { .. } => "release_lease",
+            Self::GetBreaker { .. } => "get_breaker",
+            Self::PutBreaker { .. } => "put_breaker",
+            Self::Admit { .. } => "admit",
+            Self::PublishDefinition { .. } => "publish_definition",
+            Self::Definition { .. } => "definition",
+            Self::Entries { .. } => "entries",
+            Self::Send { .. } => "send",
+            Self::Receive { .. } => "receive",
+            Self::Delete { .. } => "delete",
+            Self::PublishEvent { .. } => "publish_event",
+        }
+    }
+}
+
+/// The error of a port's calls ([`StoreError`], [`QueueError`], [`PublishError`]), as an
+/// interceptor makes and reads it without knowing which port it stands in front of.
+pub trait Failure: std::error::Error + Send + Sync + 'static {
+    /// A call that failed on the way (throttled, or its answer lost): the caller may retry.
+    fn unavailable(message: String) -> Self;
+    /// A call refused for good (e.g. an item or message over the service's size limit).
+    fn rejected(message: String) -> Self;
+    /// Whether this is a lost race: a store write whose condition did not hold.
+    fn is_condition_failed(&self) -> bool {
+        false
+    }
+}
+
+impl Failure for StoreError {
+    fn unavailable(message: String) -> Self {
+        Self::Unavailable(message)
+    }
+    fn rejected(message: String) -> Self {
+        Self::Rejected(message)
+    }
+    fn is_condition_failed(&self) -> bool {
+        matches!(self, Self::ConditionFailed)
+    }
+}
+
+impl Failure for QueueError {
+    fn unavailable(message: String) -> Self {
+        Self(message)
+    }
+    fn rejected(message: String) -> Self {
+        Self(message)
+    }
+}
+
+impl Failure for PublishError {
+    fn unavailable(message: String) -> Self {
+        Self(message)
+    }
+    fn rejected(message: String) -> Self {
+        Self(message)
+    }
+}
+
+/// The answer of a call, typed as its port answers it. An interceptor reads it with
+/// [`answer`] (it knows the type from the [`Call`]).
+pub trait Reply: Any + Send + Sync {}
+impl<R: Any + Send + Sync> Reply for R {}
+
+/// The answer `r` as a `T`, if it is one (e.g. `answer::<bool>(&got)` for
+/// [`Call::AcquireLease`]).
+pub fn answer<T: Any, R: Reply>(r: &R) -> Option<&T> {
+    (r as &dyn Any).downcast_ref()
+}
+
+/// The answer of a call that returns nothing (`()`: a send, a delete), for an interceptor that
+/// answers it without making it; `None` for a call that returns something.
+pub fn nothing<R: Reply>() -> Option<R> {
+    (Box::new(()) as Box<dyn Any>).downcast().ok().map(|r| *r)
+}
+
+type Answer<'a, R, E> = Pin<Box<dyn Future<Output = Result<R, E>> + Send + 'a>>;
+
+/// The wrapped port's side of a call: [`Next::run`] makes it.
+pub struct Next<'a, R, E> {
+    #[allow(clippy::type_complexity)]
+    run: Box<dyn Fn(Call<'a>) -> Answer<'a, R, E> + Send + Sync + 'a>,
+}
+
+impl<'a, R, E> Next<'a, R, E> {
+    fn new(run: impl Fn(Call<'a>) -> Answer<'a, R, E> + Send + Sync + 'a) -> Self {
+        Self { run: Box::new(run) }
+    }
+
+    /// Makes `call` on the wrapped port: the call as the interceptor got it, or with other
+    /// arguments (e.g. a send held back longer). Each run is one more call (an SDK retry, a
+    /// duplicate send). A call of another operation than the one intercepted is refused.
+    pub async fn run(&self, call: Call<'a>) -> Result<R, E> {
+        (self.run)(call).await
+    }
+}
+
+/// Decides around each call through [`Intercepted`]: [`Next::run`] it (or not, or twice), and
+/// answer, or fail with an error of the port ([`Failure`]).
+#[async_trait]
+pub trait Interceptor: Send + Sync {
+    async fn around<'a, R: Reply, E: Failure>(
+        &'a self,
+        call: Call<'a>,
+        next: Next<'a, R, E>,
+    ) -> Result<R, E>;
+}
+
+/// A port (`T`: the store, the catalog, a queue or the bus) with every call through `hook`.
+pub struct Intercepted<T: ?Sized, H> {
+    pub inner: Arc<T>,
+    pub hook: Arc<H>,
+}
+
+impl<T: ?Sized, H> Intercepted<T, H> {
+    pub fn new(inner: Arc<T>, hook: Arc<H>) -> Self {
+        Self { inner, hook }
+    }
+}
+
+fn misrouted<E: Failure>(got: &Call<'_>, expected: &str) -> E {
+    E::unavailable(format!(
+        "interceptor passed a {} call on as {expected}",
+        got.name()
+    ))
+}
+
+/// Forwards one port method: the call through the hook, and the hook's [`Next`] to the
+/// wrapped port with the arguments the hook passes on.
+macro_rules! forward {
+    ($self:ident, $variant:ident { $($arg:ident),* } => $method:ident) => {{
+        let this = $self;
+        this.hook
+            .around(
+                Call::$variant { $($arg),* },
+                Next::new(move |call| {
+                    Box::pin(async move {
+                        match call {
+                            Call::$variant { $($arg),* } => this.inner.$method($($arg),*).await,
+                            other => Err(misrouted(&other, stringify!($method))),
+                        }
+                    })
+                }),
+            )
+            .await
+    }};
+}
+
+#[async_trait]
+impl<T: TaskStore + ?Sized, H: Interceptor> TaskStore for Intercepted<T, H> {
+    async fn create(
+        &self,
+        task: &Task,
+        record: &StateRecord,
+        key: Option<&IdempotencyRecord>,
+    ) -> Result<CreateOutcome, StoreError> {
+        forward!(self, Create { task, record, key } => create)
+    }
+    async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
+        forward!(self, Get { id } => get)
+    }
+    async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
+        forward!(self, GetState { id } => get_state)
+    }
+    async fn put_as(
+        &self,
+        record: &StateRecord,
+        condition: &Condition,
+        write: u64,
+    ) -> Result<(), StoreError> {
+        forward!(self, PutAs { record, condition, write } => put_as)
+    }
+    async fn put_with_input(
+        &self,
+        record: &StateRecord,
+        condition: &Condition,
+        task: &Task,
+    ) -> Result<(), StoreError> {
+        forward!(self, PutWithInput { record, condition, task } => put_with_input)
+    }
+    async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
+        forward!(self, ExpireTask { record } => expire_task)
+    }
+}
+
+#[async_trait]
+impl<T: TaskLists + ?Sized, H: Interceptor> TaskLists for Intercepted<T, H> {
+    async fn list(
+        &self,
+        state: ProcessState,
+        workflow: Option<&str>,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, StoreError> {
+        forward!(self, List { state, workflow, limit, after } => list)
+    }
+    async fn count(
+        &self,
+        state: ProcessState,
+        workflow: Option<&str>,
+        cap: u64,
+    ) -> Result<Count, StoreError> {
+        forward!(self, Count { state, workflow, cap } => count)
+    }
+    async fn list_by_caller(
+        &self,
+        caller: &Caller,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Result<Page, StoreError> {
+        forward!(self, ListByCaller { caller, limit, after } => list_by_caller)
+    }
+}
+
+#[async_trait]
+impl<T: DueIndex + ?Sized, H: Interceptor> DueIndex for Intercepted<T, H> {
+    async fn due(
+        &self,
+        shard: u32,
+        now: DateTime<Utc>,
+        limit: usize,
+        after: Option<&DueEntry>,
+    ) -> Result<Vec<DueEntry>, StoreError> {
+        forward!(self, Due { shard, now, limit, after } => due)
+    }
+    fn due_shards(&self) -> u32 {
+        self.inner.due_shards()
+    }
+}
+
+#[async_trait]
+impl<T: Leases + ?Sized, H: Interceptor> Leases for Intercepted<T, H> {
+    async fn acquire_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        now: DateTime<Utc>,
+        ttl: chrono::Duration,
+    ) -> Result<bool, StoreError> {
+        forward!(self, AcquireLease { name, owner, now, ttl } => acquire_lease)
+    }
+    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        forward!(self, ReleaseLease { name, owner } => release_lease)
+    }
+}
+
+#[async_trait]
+impl<T: Breakers + ?Sized, H: Interceptor> Breakers for Intercepted<T, H> {
+    async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
+        forward!(self, GetBreaker { name } => get_breaker)
+    }
+    async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
+        forward!(self, PutBreaker { record } => put_breaker)
+    }
+}
+
+#[async_trait]
+impl<T: RateLimits + ?Sized, H: Interceptor> RateLimits for Intercepted<T, H> {
+    async fn admit(
+        &self,
+        key: &str,
+        limit: &RateLimit,
+        now: DateTime<Utc>,
+    ) -> Result<Admission, StoreError> {
+        forward!(self, Admit { key, limit, now } => admit)
+    }
+}
+
+#[async_trait]
+impl<T: Catalog + ?Sized, H: Interceptor> Catalog for Intercepted<T, H> {
+    async fn publish(
+        &self,
+        kind: Kind,
+        name: &str,
+        body: &serde_json::Value,
+        now: DateTime<Utc>,
+    ) -> Result<Published, StoreError> {
+        forward!(self, PublishDefinition { kind, name, body, now } => publish)
+    }
+    async fn definition(
+        &self,
+        kind: Kind,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Option<Stored>, StoreError> {
+        forward!(self, Definition { kind, name, version } => definition)
+    }
+    async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError> {
+        forward!(self, Entries { kind } => entries)
+    }
+}
+
+#[async_trait]
+impl<T: Queue + ?Sized, H: Interceptor> Queue for Intercepted<T, H> {
+    async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
+        forward!(self, Send { queue_url, body, delay } => send)
+    }
+    async fn receive(
+        &self,
+        queue_url: &str,
+        max: u32,
+        wait: Duration,
+    ) -> Result<Vec<ReceivedMessage>, QueueError> {
+        forward!(self, Receive { queue_url, max, wait } => receive)
+    }
+    async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError> {
+        forward!(self, Delete { queue_url, receipt_handle } => delete)
+    }
+}
+
+#[async_trait]
+impl<T: EventBus + ?Sized, H: Interceptor> EventBus for Intercepted<T, H> {
+    async fn publish(
+        &self,
+        detail_type: &str,
+        detail: &serde_json::Value,
+    ) -> Result<(), PublishError> {
+        forward!(self, PublishEvent { detail_type, detail } => publish)
+    }
+}
