@@ -27,7 +27,7 @@ pub use simulated::{Applied, Faults, OVERSIZED_BYTES, SimStats, SimulatedService
 
 use crate::catalog::{CatalogError, Definitions};
 use crate::domain::{BreakerPolicy, BreakerRecord, BreakerState, Decision, Target};
-use crate::ports::{Clock, EventBus, RemoteCall, RemoteFault, RemoteService, StateStore};
+use crate::ports::{Breakers, Clock, EventBus, RemoteCall, RemoteFault, RemoteService};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
@@ -54,7 +54,7 @@ pub enum LookupError {
 /// circuit breaker.
 pub struct Remotes {
     definitions: Arc<Definitions>,
-    store: Arc<dyn StateStore>,
+    store: Arc<dyn Breakers>,
     breaker: BreakerPolicy,
     clock: Arc<dyn Clock>,
     connectors: Connectors,
@@ -97,7 +97,7 @@ type Built = (Target, Arc<dyn RemoteService>);
 impl Remotes {
     pub fn new(
         definitions: Arc<Definitions>,
-        store: Arc<dyn StateStore>,
+        store: Arc<dyn Breakers>,
         breaker: BreakerPolicy,
         clock: Arc<dyn Clock>,
         simulated: SimulatedFactory,
@@ -189,7 +189,7 @@ impl Remotes {
 pub struct SharedBreaker {
     name: String,
     inner: Arc<dyn RemoteService>,
-    store: Arc<dyn StateStore>,
+    store: Arc<dyn Breakers>,
     policy: BreakerPolicy,
     clock: Arc<dyn Clock>,
     /// Where the opening of the breaker is announced (`ServiceUnavailable`), if anywhere.
@@ -208,7 +208,7 @@ impl SharedBreaker {
     pub fn new(
         name: impl Into<String>,
         inner: Arc<dyn RemoteService>,
-        store: Arc<dyn StateStore>,
+        store: Arc<dyn Breakers>,
         policy: BreakerPolicy,
         clock: Arc<dyn Clock>,
     ) -> Self {
@@ -463,7 +463,7 @@ mod tests {
     /// cache it is seen at once.
     #[tokio::test]
     async fn a_cached_breaker_sees_another_agents_opening_within_the_cache_time() {
-        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new(1));
+        let store: Arc<dyn crate::ports::StateStore> = Arc::new(MemoryStore::new(1));
         let clock = Arc::new(OffsetClock::default());
         let policy = BreakerPolicy {
             threshold: 1,
