@@ -473,3 +473,91 @@ impl<T: EventBus + ?Sized, H: Interceptor> EventBus for Intercepted<T, H> {
         forward!(self, PublishEvent { detail_type, detail } => publish)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sas::memory::{MemoryQueues, MemoryStore, QueueConfig};
+    use std::sync::Mutex;
+
+    /// Records every call it sees; fails `get_breaker` before it is made, `put_breaker` after
+    /// it applied, sends every message twice, and passes a `delete` on as another call.
+    #[derive(Default)]
+    struct Hook(Mutex<Vec<&'static str>>);
+
+    #[async_trait]
+    impl Interceptor for Hook {
+        async fn around<'a, R: Reply, E: Failure>(
+            &'a self,
+            call: Call<'a>,
+            next: Next<'a, R, E>,
+        ) -> Result<R, E> {
+            if let Ok(mut seen) = self.0.lock() {
+                seen.push(call.name());
+            }
+            match call {
+                Call::GetBreaker { .. } => Err(E::unavailable("before".into())),
+                Call::PutBreaker { .. } => {
+                    next.run(call).await?;
+                    Err(E::unavailable("after: the answer was lost".into()))
+                }
+                Call::Send { .. } => {
+                    next.run(call).await?;
+                    next.run(call).await
+                }
+                Call::Delete { queue_url, .. } => {
+                    next.run(Call::Receive {
+                        queue_url,
+                        max: 1,
+                        wait: Duration::ZERO,
+                    })
+                    .await
+                }
+                _ => next.run(call).await,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hook_fails_calls_before_or_after_they_apply() {
+        let inner = Arc::new(MemoryStore::new(1));
+        let hook = Arc::new(Hook::default());
+        let store = Intercepted::new(inner.clone(), hook.clone());
+        let record = BreakerRecord {
+            version: 1,
+            ..BreakerRecord::closed("payment")
+        };
+        assert!(matches!(
+            store.put_breaker(&record).await,
+            Err(StoreError::Unavailable(m)) if m.contains("after")
+        ));
+        // Applied, though the caller was told otherwise.
+        assert_eq!(
+            inner.get_breaker("payment").await.ok().flatten(),
+            Some(record)
+        );
+        assert!(matches!(
+            store.get_breaker("payment").await,
+            Err(StoreError::Unavailable(m)) if m == "before"
+        ));
+        assert_eq!(store.due_shards(), 1);
+        assert_eq!(
+            hook.0.lock().map(|s| s.clone()).unwrap_or_default(),
+            ["put_breaker", "get_breaker"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_hook_runs_a_call_twice_and_cannot_turn_it_into_another() {
+        let queues = Arc::new(MemoryQueues::new());
+        let url = queues.create_queue("work", QueueConfig::default());
+        let queue = Intercepted::new(queues.clone(), Arc::new(Hook::default()));
+        queue.send(&url, "{}", Duration::ZERO).await.expect("sent");
+        assert_eq!(queues.depth(&url).visible, 2, "sent twice");
+        let refused = queue.delete(&url, "no-such-handle").await;
+        assert!(
+            matches!(&refused, Err(QueueError(m)) if m.contains("receive call on as delete")),
+            "{refused:?}"
+        );
+    }
+}
