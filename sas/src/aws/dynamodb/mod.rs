@@ -15,6 +15,11 @@
 //! (`attribute_not_exists`) and never changed; the catalog item maps each name to its newest
 //! version and that version's canonical text.
 //!
+//! Each kind of item has its file, implementing its trait of [`crate::ports`]: `tasks.rs`
+//! ([`TaskStore`](crate::ports::TaskStore)), `lists.rs` (the two list indexes), `due.rs`,
+//! `leases.rs`, `breakers.rs`, `rate.rs`, `catalog.rs`; `records.rs` is the codec of task and
+//! state items.
+//!
 //! The sparse GSI `due-index` (`DueShard` S, `DueAt` N, keys only) holds exactly the state
 //! records with a `DueAt`: non-terminal ones, and terminal ones that still owe a notice.
 //! The GSI `caller-shard-index` (`CallerShard` S, `CreatedAt` N, keys only) holds the task
