@@ -475,19 +475,29 @@ impl Faults {
         self.chaos.retried(what, record, again, now.as_ref());
     }
 
-    /// A write of a state record (`create`, `put`, `put_with_input`) about task `subject`:
-    /// refused as DynamoDB would if too large (`check`), throttled, applied; its response maybe
-    /// lost (the SDK retries it); then the writer maybe dies (at `point`, if any).
+    /// A write of a state record (`create`, `put`, `put_with_input`): refused as DynamoDB
+    /// would if too large (not a new input's), throttled, applied; its response maybe lost (the
+    /// SDK retries it); then the writer maybe dies (not after a new input).
     async fn write<'a, R: Reply, E: Failure>(
         &self,
-        what: &str,
-        subject: TaskId,
-        record: &StateRecord,
-        check: bool,
-        point: Option<String>,
         call: Call<'a>,
         next: &Next<'a, R, E>,
     ) -> Result<R, E> {
+        let (what, subject, record, check, point) = match call {
+            Call::Create { task, record, .. } => {
+                ("create", task.id, record, true, Some("create".to_owned()))
+            }
+            Call::PutAs {
+                record, condition, ..
+            } => {
+                let point = put_point(record, condition);
+                ("put", record.task_id, record, true, Some(point))
+            }
+            Call::PutWithInput { record, .. } => {
+                ("put_with_input", record.task_id, record, false, None)
+            }
+            _ => return next.run(call).await,
+        };
         let subject = subject.to_string();
         if check {
             self.chaos.recorder.check_record::<E>(record)?;
@@ -608,37 +618,8 @@ impl Interceptor for Faults {
         next: Next<'a, R, E>,
     ) -> Result<R, E> {
         match call {
-            Call::Create { task, record, .. } => {
-                let point = Some("create".to_owned());
-                self.write("create", task.id, record, true, point, call, &next)
-                    .await
-            }
-            Call::PutAs {
-                record, condition, ..
-            } => {
-                let point = put_point(record, condition);
-                self.write(
-                    "put",
-                    record.task_id,
-                    record,
-                    true,
-                    Some(point),
-                    call,
-                    &next,
-                )
-                .await
-            }
-            Call::PutWithInput { record, .. } => {
-                self.write(
-                    "put_with_input",
-                    record.task_id,
-                    record,
-                    false,
-                    None,
-                    call,
-                    &next,
-                )
-                .await
+            Call::Create { .. } | Call::PutAs { .. } | Call::PutWithInput { .. } => {
+                self.write(call, &next).await
             }
             Call::AcquireLease { owner, .. } => {
                 let got = next.run(call).await?;
