@@ -1,9 +1,13 @@
 //! [`Breakers`] on DynamoDB: items `BREAKER#<name>`.
 
-use super::*;
+use super::item::*;
+use super::store::*;
 use crate::domain::{BreakerRecord, BreakerState};
 use crate::ports::Breakers;
+use crate::ports::StoreError;
 use async_trait::async_trait;
+use aws_sdk_dynamodb::types::AttributeValue;
+use std::collections::HashMap;
 
 #[async_trait]
 impl Breakers for DynamoStore {

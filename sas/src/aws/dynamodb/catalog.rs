@@ -1,10 +1,15 @@
 //! [`Catalog`] on DynamoDB: definition versions (`<KIND>#<name>`, `V#<version>`) and the
 //! catalog item of each kind (`CATALOG#<KIND>`).
 
-use super::*;
+use super::item::*;
+use super::store::*;
+use crate::ports::StoreError;
 use crate::ports::{Catalog, Entry, Kind, Published, Stored, canonical};
 use async_trait::async_trait;
+use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
 
 fn definition_pk(kind: Kind, name: &str) -> String {
     format!("{}#{name}", kind.as_str())

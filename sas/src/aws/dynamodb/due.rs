@@ -1,8 +1,13 @@
 //! [`DueIndex`] on DynamoDB: the sparse `due-index`, by shard.
 
-use super::*;
+use super::item::*;
+use super::records::*;
+use super::store::*;
+use crate::ports::StoreError;
 use crate::ports::{DueEntry, DueIndex};
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
 
 #[async_trait]
 impl DueIndex for DynamoStore {

@@ -1,8 +1,11 @@
 //! [`Leases`] on DynamoDB: items `LEASE#<name>`.
 
-use super::*;
+use super::item::*;
+use super::store::*;
 use crate::ports::Leases;
+use crate::ports::StoreError;
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 #[async_trait]
 impl Leases for DynamoStore {

@@ -1,10 +1,15 @@
 //! [`TaskLists`] on DynamoDB: the operator's list (`state-index`) and a caller's list
 //! (`caller-shard-index`), merged across their shards.
 
-use super::*;
+use super::item::*;
+use super::records::*;
+use super::store::*;
+use crate::domain::TaskId;
 use crate::domain::{Caller, ProcessState};
+use crate::ports::StoreError;
 use crate::ports::{Count, Cursor, Page, Summary, TaskLists};
 use async_trait::async_trait;
+use std::collections::HashMap;
 
 #[async_trait]
 impl TaskLists for DynamoStore {

@@ -1,9 +1,12 @@
 //! [`RateLimits`] on DynamoDB: items `RATE#<key>`, GCRA by conditional updates.
 
-use super::*;
+use super::item::*;
+use super::store::*;
 use crate::ports::RateLimits;
+use crate::ports::StoreError;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
+use chrono::{DateTime, Utc};
 
 #[async_trait]
 impl RateLimits for DynamoStore {

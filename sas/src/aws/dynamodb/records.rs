@@ -1,10 +1,17 @@
 //! The item codec of tasks and state records: their items, the index keys a record carries,
 //! the sizes DynamoDB bills, and a [`Condition`] as a condition expression.
 
-use super::*;
+use super::item::*;
+#[cfg(any(test, feature = "testkit"))]
+use super::store::{DEFAULT_CALLER_SHARDS, STATE_INDEX_PROJECTION};
+use crate::domain::StateRecord;
 use crate::domain::state::due_shard;
 use crate::domain::{Caller, Condition, Guard, HistoryEntry, ProcessState, StepState, Task};
+use crate::ports::StoreError;
 use crate::ports::Summary;
+use aws_sdk_dynamodb::types::AttributeValue;
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
 
 pub(super) fn task_item(t: &Task, caller_shards: u32) -> Item {
     let mut item = HashMap::from([
@@ -532,6 +539,7 @@ pub(super) fn parse_summary(item: &Item) -> Result<Summary, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::TaskId;
     use crate::domain::workflow::examples;
 
     #[test]

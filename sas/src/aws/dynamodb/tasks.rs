@@ -1,12 +1,17 @@
 //! [`TaskStore`] on DynamoDB: tasks, their state records and idempotency keys.
 
-use super::*;
+use super::item::*;
+use super::records::*;
+use super::store::*;
 use crate::domain::{Condition, Task};
+use crate::domain::{StateRecord, TaskId};
+use crate::ports::StoreError;
 use crate::ports::{CreateOutcome, IdempotencyRecord, TaskStore};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem};
+use std::collections::HashMap;
 
 impl DynamoStore {
     /// A `Put` that must create its item (returning the item found on a conditional failure).
