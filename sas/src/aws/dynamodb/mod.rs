@@ -17,8 +17,8 @@
 //!
 //! Each kind of item has its file, implementing its trait of [`crate::ports`]: `tasks.rs`
 //! ([`TaskStore`](crate::ports::TaskStore)), `lists.rs` (the two list indexes), `due.rs`,
-//! `leases.rs`, `breakers.rs`, `rate.rs`, `catalog.rs`; `records.rs` is the codec of task and
-//! state items.
+//! `leases.rs`, `breakers.rs`, `rate.rs`, `catalog.rs`. They share `store.rs` (the store, the
+//! index names), `item.rs` (the attribute codec) and `records.rs` (task and state items).
 //!
 //! The sparse GSI `due-index` (`DueShard` S, `DueAt` N, keys only) holds exactly the state
 //! records with a `DueAt`: non-terminal ones, and terminal ones that still owe a notice.
