@@ -5,10 +5,10 @@
 //! and a loan refused at its contract and compensated (its credit check has no undo).
 
 use crate::counting::{Counter, Counts, Meter};
-use sas_local::intercept::Intercepted;
 use sas::ports::{Clock, OffsetClock};
 use sas::remote::Faults;
 use sas::{ProcessState, TaskId};
+use sas_local::intercept::Intercepted;
 use sas_local::{Backend, Ports, Settings, System, ports};
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -19,12 +19,12 @@ mod settle;
 mod table;
 mod world;
 
+pub use crate::failpoints::wrap;
 pub use checks::crash_points::REQUIRED_POINTS;
 pub use checks::requeues::requeue_limit;
 pub use config::{Config, OVERLOAD_AGENTS, OVERLOAD_CALL_MS, OVERLOAD_CAPACITY};
 pub use load::{WORKFLOWS, input, workflow_of};
 pub use report::{Report, ServiceCounts, StepFailures, WorkflowCounts};
-pub use crate::failpoints::wrap;
 
 use sas_local::Ports;
 use std::time::Instant;
