@@ -1,10 +1,12 @@
 //! The small traits the handlers talk to. Each has an AWS implementation ([`crate::aws`]) and
 //! an in-memory one ([`crate::memory`]) that pass the same contract tests.
 
+use crate::domain::rate::{Admission, RateLimit};
 use crate::domain::{BreakerRecord, Caller, Condition, ProcessState, StateRecord, Task, TaskId};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 #[cfg(any(test, feature = "testkit"))]
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
@@ -108,69 +110,88 @@ pub trait TaskStore: Send + Sync {
 /// (read-only views of the items [`TaskStore`] writes).
 #[async_trait]
 pub trait TaskLists: Send + Sync {
-    /// One page of the records in `state` (of `workflow`, if given), newest first (by
-    /// `UpdatedAt`, ties by id) across every shard, starting after `after` (at most `limit`;
-    /// `next` is set when more may follow). Served by the state index, never a scan (a page
-    /// reads up to `limit` entries of each shard); eventually consistent.
-    async fn list(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError>;
-    /// How many records are in `state` (of `workflow`, if given), counting up to `cap`. Served
-    /// by the state index (a count query per shard, keys only); eventually consistent.
-    async fn count(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        cap: u64,
-    ) -> Result<Count, StoreError>;
-    /// One page of `caller`'s tasks, newest first (by creation), starting after `after`
-    /// (whose `at_ms` is, here, the last task's creation time). Served by the caller
-    /// index; eventually consistent.
-    async fn list_by_caller(
-        &self,
-        caller: &Caller,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError>;
+    /// One page of the records `of` a state (and workflow), newest first (by `UpdatedAt`, ties
+    /// by id) across every shard, as `page` asks (`next` is set when more may follow). Served
+    /// by the state index, never a scan (a page reads up to `limit` entries of each shard);
+    /// eventually consistent.
+    async fn list(&self, of: InState<'_>, page: Paging<'_>) -> Result<Page, StoreError>;
+    /// How many records are `of` a state (and workflow), counting up to `cap`. Served by the
+    /// state index (a count query per shard, keys only); eventually consistent.
+    async fn count(&self, of: InState<'_>, cap: u64) -> Result<Count, StoreError>;
+    /// One page of `caller`'s tasks, newest first (by creation), as `page` asks (its cursor's
+    /// `at_ms` is, here, the last task's creation time). Served by the caller index;
+    /// eventually consistent.
+    async fn list_by_caller(&self, caller: &Caller, page: Paging<'_>) -> Result<Page, StoreError>;
+}
+
+/// Which records a state list reads: those in `state`, of `workflow` if given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InState<'a> {
+    pub state: ProcessState,
+    pub workflow: Option<&'a str>,
+}
+
+impl InState<'_> {
+    /// Whether `r` is one of the records this list reads.
+    pub fn holds(&self, r: &StateRecord) -> bool {
+        r.process_state == self.state && self.workflow.is_none_or(|w| r.workflow == w)
+    }
+}
+
+/// Which page of a list to read: at most `limit` rows, starting strictly after `after`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Paging<'a> {
+    pub limit: usize,
+    pub after: Option<&'a Cursor>,
 }
 
 /// The due index the supervisor sweeps: the state records with a deadline, by shard.
 #[async_trait]
 pub trait DueIndex: Send + Sync {
-    /// Records of due-index `shard` due at or before `now`, oldest first (by due key, ties by
-    /// id), starting strictly after `after` (at most `limit`): a sweep pages past entries it
-    /// could not recover instead of reading them again. Eventually consistent: callers re-read
-    /// and write conditionally.
-    async fn due(
-        &self,
-        shard: u32,
-        now: DateTime<Utc>,
-        limit: usize,
-        after: Option<&DueEntry>,
-    ) -> Result<Vec<DueEntry>, StoreError>;
+    /// Records of due-index `q.shard` due at or before `q.now`, oldest first (by due key, ties
+    /// by id), starting strictly after `q.after` (at most `q.limit`): a sweep pages past
+    /// entries it could not recover instead of reading them again. Eventually consistent:
+    /// callers re-read and write conditionally.
+    async fn due(&self, q: DueQuery<'_>) -> Result<Vec<DueEntry>, StoreError>;
     /// How many shards the due index has.
     fn due_shards(&self) -> u32;
+}
+
+/// One page of a due-index shard: the entries of `shard` due at or before `now`, at most
+/// `limit`, strictly after `after`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DueQuery<'a> {
+    pub shard: u32,
+    pub now: DateTime<Utc>,
+    pub limit: usize,
+    pub after: Option<&'a DueEntry>,
 }
 
 /// Named leases (items `LEASE#<name>`): one holder at a time.
 #[async_trait]
 pub trait Leases: Send + Sync {
-    /// Takes (or renews) the lease `name` for `owner` until `now + ttl`, if it is free, expired
-    /// or already `owner`'s: a conditional write, so at most one owner holds it at a time
-    /// (Leader Election). `false`: someone else holds it.
-    async fn acquire_lease(
-        &self,
-        name: &str,
-        owner: &str,
-        now: DateTime<Utc>,
-        ttl: chrono::Duration,
-    ) -> Result<bool, StoreError>;
+    /// Takes (or renews) the lease `claim.name` for `claim.owner` until [`LeaseClaim::until`],
+    /// if it is free, expired or already the owner's: a conditional write, so at most one
+    /// owner holds it at a time (Leader Election). `false`: someone else holds it.
+    async fn acquire_lease(&self, claim: LeaseClaim<'_>) -> Result<bool, StoreError>;
     /// Gives the lease up if `owner` still holds it (a no-op otherwise).
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError>;
+}
+
+/// A claim on the lease `name` by `owner` at `now`, for `ttl`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseClaim<'a> {
+    pub name: &'a str,
+    pub owner: &'a str,
+    pub now: DateTime<Utc>,
+    pub ttl: chrono::Duration,
+}
+
+impl LeaseClaim<'_> {
+    /// When the lease, if taken, runs out.
+    pub fn until(&self) -> DateTime<Utc> {
+        self.now + self.ttl
+    }
 }
 
 /// The services' shared circuit breakers (items `BREAKER#<name>`).
@@ -186,14 +207,19 @@ pub trait Breakers: Send + Sync {
 /// The callers' rate limits (items `RATE#<key>`).
 #[async_trait]
 pub trait RateLimits: Send + Sync {
-    /// Admits one request of the rate-limited `key` (a caller's digest) at `now`, or says
-    /// when the next one would be admitted: GCRA ([`crate::domain::rate`]) on one item per key.
-    async fn admit(
-        &self,
-        key: &str,
-        limit: &crate::domain::rate::RateLimit,
-        now: DateTime<Utc>,
-    ) -> Result<crate::domain::rate::Admission, StoreError>;
+    /// Admits one request of the rate-limited `ask.key` (a caller's digest) at `ask.now`, or
+    /// says when the next one would be admitted: GCRA ([`crate::domain::rate`]) on one item
+    /// per key.
+    async fn admit(&self, ask: RateRequest<'_>) -> Result<Admission, StoreError>;
+}
+
+/// One request to admit under a rate limit: of `key` (a caller's digest), under `limit`, at
+/// `now`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateRequest<'a> {
+    pub key: &'a str,
+    pub limit: &'a RateLimit,
+    pub now: DateTime<Utc>,
 }
 
 /// One entry of the due index: a record and the due key it is filed under (at or before its
@@ -452,11 +478,7 @@ pub struct PublishError(pub String);
 /// The event bus (EventBridge).
 #[async_trait]
 pub trait EventBus: Send + Sync {
-    async fn publish(
-        &self,
-        detail_type: &str,
-        detail: &serde_json::Value,
-    ) -> Result<(), PublishError>;
+    async fn publish(&self, detail_type: &str, detail: &Value) -> Result<(), PublishError>;
 }
 
 /// One call an agent makes to a service.

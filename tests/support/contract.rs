@@ -6,8 +6,8 @@ use sas::domain::state::to_millis;
 use sas::domain::transition::{self, StepOutcome};
 use sas::domain::workflow::examples;
 use sas::ports::{
-    Catalog, CreateOutcome, Entry, IdempotencyRecord, Kind, Published, Queue, StateStore,
-    StoreError,
+    Catalog, CreateOutcome, DueQuery, Entry, IdempotencyRecord, InState, Kind, LeaseClaim, Paging,
+    Published, Queue, RateRequest, StateStore, StoreError,
 };
 use sas::{Caller, Policies, Policy, ProcessState, StateRecord, Task, TaskId, Workflow};
 use serde_json::{Value, json};
@@ -63,7 +63,13 @@ async fn every_page(
     let mut cursor = None;
     for _ in 0..1000 {
         let page = store
-            .list(state, workflow, limit, cursor.as_ref())
+            .list(
+                InState { state, workflow },
+                Paging {
+                    limit,
+                    after: cursor.as_ref(),
+                },
+            )
             .await
             .map_err(err)?;
         ensure!(
@@ -359,14 +365,25 @@ async fn rate_limits_admit_a_burst_then_the_rate(store: &dyn StateStore) {
         format!("bob-{}", TaskId::new_random()),
     );
     let t0 = to_millis(Utc::now());
+    let admit = |key: &str, now| {
+        let key = key.to_owned();
+        async move {
+            let ask = RateRequest {
+                key: &key,
+                limit: &limit,
+                now,
+            };
+            store.admit(ask).await.expect("admit")
+        }
+    };
     for i in 0..3 {
         assert_eq!(
-            store.admit(&alice, &limit, t0).await.expect("admit"),
+            admit(&alice, t0).await,
             Admission::Admitted,
             "request {i} of the burst"
         );
     }
-    let refused = store.admit(&alice, &limit, t0).await.expect("admit");
+    let refused = admit(&alice, t0).await;
     assert_eq!(
         refused,
         Admission::Limited {
@@ -375,27 +392,21 @@ async fn rate_limits_admit_a_burst_then_the_rate(store: &dyn StateStore) {
         "the fourth at once waits one interval"
     );
     assert_eq!(
-        store.admit(&bob, &limit, t0).await.expect("admit"),
+        admit(&bob, t0).await,
         Admission::Admitted,
         "another caller has its own allowance"
     );
     // One interval later, one more; then none until the next.
     let later = t0 + Span::milliseconds(500);
-    assert_eq!(
-        store.admit(&alice, &limit, later).await.expect("admit"),
-        Admission::Admitted
-    );
+    assert_eq!(admit(&alice, later).await, Admission::Admitted);
     assert!(matches!(
-        store.admit(&alice, &limit, later).await.expect("admit"),
+        admit(&alice, later).await,
         Admission::Limited { .. }
     ));
     // Idle long enough, the whole burst again.
     let idle = t0 + Span::seconds(60);
     for _ in 0..3 {
-        assert_eq!(
-            store.admit(&alice, &limit, idle).await.expect("admit"),
-            Admission::Admitted
-        );
+        assert_eq!(admit(&alice, idle).await, Admission::Admitted);
     }
 }
 
@@ -419,8 +430,12 @@ async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
         }
     }
     mine.reverse();
+    let first_page = |limit| Paging { limit, after: None };
     eventually!("the caller index", {
-        let first = store.list_by_caller(&alice, 2, None).await.map_err(err)?;
+        let first = store
+            .list_by_caller(&alice, first_page(2))
+            .await
+            .map_err(err)?;
         let ids: Vec<TaskId> = first.items.iter().map(|s| s.task_id).collect();
         ensure!(ids == mine[..2], "newest first, alice's only: {ids:?}");
         ensure!(
@@ -435,18 +450,30 @@ async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
             return Err("no cursor after a full page".into());
         };
         let second = store
-            .list_by_caller(&alice, 2, Some(&next))
+            .list_by_caller(
+                &alice,
+                Paging {
+                    limit: 2,
+                    after: Some(&next),
+                },
+            )
             .await
             .map_err(err)?;
         let rest: Vec<TaskId> = second.items.iter().map(|s| s.task_id).collect();
         ensure!(rest == mine[2..], "the rest, once: {rest:?}");
         ensure!(second.next.is_none(), "{:?}", second.next);
-        let bobs = store.list_by_caller(&bob, 10, None).await.map_err(err)?;
+        let bobs = store
+            .list_by_caller(&bob, first_page(10))
+            .await
+            .map_err(err)?;
         ensure!(bobs.items.len() == 2, "{:?}", bobs.items);
         Ok(())
     });
     let nobody = Caller::new("nobody").expect("caller");
-    let none = store.list_by_caller(&nobody, 10, None).await.expect("none");
+    let none = store
+        .list_by_caller(&nobody, first_page(10))
+        .await
+        .expect("none");
     assert!(none.items.is_empty() && none.next.is_none());
     // The caller is stored with the task.
     let (t, _) = store.get(mine[0]).await.expect("get").expect("found");
@@ -469,7 +496,13 @@ async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
         let mut after = None;
         for _ in 0..20 {
             let page = store
-                .list_by_caller(&carol, 2, after.as_ref())
+                .list_by_caller(
+                    &carol,
+                    Paging {
+                        limit: 2,
+                        after: after.as_ref(),
+                    },
+                )
                 .await
                 .map_err(err)?;
             seen.extend(page.items.iter().map(|s| s.task_id));
@@ -490,7 +523,12 @@ async fn leases_have_one_holder_until_they_expire(store: &dyn StateStore) {
     let key = name.as_str();
     let lease = |who: &'static str, after: i64| async move {
         store
-            .acquire_lease(key, who, now + Span::seconds(after), ttl)
+            .acquire_lease(LeaseClaim {
+                name: key,
+                owner: who,
+                now: now + Span::seconds(after),
+                ttl,
+            })
             .await
             .expect(who)
     };
@@ -631,7 +669,8 @@ async fn state_index_counts(store: &dyn StateStore) {
         failed_record(store, &workflow, base + Span::seconds(i), &manual).await;
     }
     eventually!("counts of the state index", {
-        let count = |state, cap| store.count(state, Some(&workflow), cap);
+        let workflow = Some(workflow.as_str());
+        let count = |state, cap| store.count(InState { state, workflow }, cap);
         let got = |c: sas::ports::Count| (c.count, c.capped);
         let exact = got(count(ProcessState::Error, 10).await.map_err(err)?);
         ensure!(exact == (3, false), "{exact:?}");
@@ -642,7 +681,13 @@ async fn state_index_counts(store: &dyn StateStore) {
         let other = got(count(ProcessState::Processed, 10).await.map_err(err)?);
         ensure!(other == (0, false), "{other:?}");
         let all = store
-            .count(ProcessState::Error, None, 1_000_000)
+            .count(
+                InState {
+                    state: ProcessState::Error,
+                    workflow: None,
+                },
+                1_000_000,
+            )
             .await
             .map_err(err)?;
         ensure!(all.count >= 3 && !all.capped, "{all:?}");
@@ -841,12 +886,21 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
     eventually!("the due index", {
         let mut found = Vec::new();
         for shard in 0..shards {
-            let entries = store.due(shard, now, 1000, None).await.map_err(err)?;
+            let whole = DueQuery {
+                shard,
+                now,
+                limit: 1000,
+                after: None,
+            };
+            let entries = store.due(whole).await.map_err(err)?;
             let ids: Vec<TaskId> = entries.iter().map(|e| e.task_id).collect();
             // Paging: the entries after the first are the rest, in the same order.
             if let Some(first) = entries.first() {
                 let rest = store
-                    .due(shard, now, 1000, Some(first))
+                    .due(DueQuery {
+                        after: Some(first),
+                        ..whole
+                    })
                     .await
                     .map_err(err)?;
                 ensure!(rest == entries[1..], "a page after an entry is the rest");
@@ -884,7 +938,12 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
     let shard = done.due_shard(shards);
     eventually!("the due index after a delivery", {
         let ids: Vec<TaskId> = store
-            .due(shard, now, 1000, None)
+            .due(DueQuery {
+                shard,
+                now,
+                limit: 1000,
+                after: None,
+            })
             .await
             .map_err(err)?
             .iter()
@@ -895,7 +954,12 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
             "a terminal record without a notice leaves the index"
         );
         let limited = store
-            .due(due[0].due_shard(shards), now, 1, None)
+            .due(DueQuery {
+                shard: due[0].due_shard(shards),
+                now,
+                limit: 1,
+                after: None,
+            })
             .await
             .map_err(err)?;
         ensure!(limited.len() == 1, "limit is respected: {limited:?}");
@@ -1137,10 +1201,14 @@ async fn state_index_filters_by_workflow(store: &dyn StateStore) {
     });
     let none = store
         .list(
-            ProcessState::Error,
-            Some(&format!("no-such-workflow-{}", TaskId::new_random())),
-            10,
-            None,
+            InState {
+                state: ProcessState::Error,
+                workflow: Some(&format!("no-such-workflow-{}", TaskId::new_random())),
+            },
+            Paging {
+                limit: 10,
+                after: None,
+            },
         )
         .await
         .expect("list");

@@ -7,7 +7,7 @@
 use async_trait::async_trait;
 use sas::aws::{index_entry_sizes, state_record_size, stored_sizes};
 use sas::domain::{StateRecord, Task};
-use sas::ports::{IdempotencyRecord, StateStore, Stored};
+use sas::ports::{IdempotencyRecord, LeaseClaim, StateStore, Stored};
 use sas_local::intercept::{Call, Failure, Interceptor, Next, Reply, answer};
 use sas_local::provision::Resources;
 use std::collections::BTreeMap;
@@ -311,14 +311,17 @@ impl Interceptor for Counter {
                 self.put(record, old.as_ref(), label, out.is_ok());
                 out
             }
-            Call::Due { shard, .. } => {
+            Call::Due { q } => {
                 m.call("DynamoDB Query (due-index)");
                 m.io().await;
                 m.add(|c| c.rru += 0.5);
-                m.key(format!("due-index due#{shard}"), 0.0, 0.5);
+                m.key(format!("due-index due#{}", q.shard), 0.0, 0.5);
                 next.run(call).await
             }
-            Call::AcquireLease { name, .. } | Call::ReleaseLease { name, .. } => {
+            Call::AcquireLease {
+                claim: LeaseClaim { name, .. },
+            }
+            | Call::ReleaseLease { name, .. } => {
                 m.call("DynamoDB PutItem (lease)");
                 m.io().await;
                 m.write(WriteUnits::small(match call {
@@ -367,20 +370,20 @@ impl Interceptor for Counter {
                 }
                 next.run(call).await
             }
-            Call::Admit { key, .. } => {
+            Call::Admit { ask } => {
                 // One conditional UpdateItem of a small item (the caller's TAT): 1 WRU.
                 m.call("DynamoDB UpdateItem (rate limit)");
                 m.io().await;
                 m.write(WriteUnits::small("rate limit"));
-                m.key(format!("RATE#{key}"), 1.0, 0.0);
+                m.key(format!("RATE#{}", ask.key), 1.0, 0.0);
                 next.run(call).await
             }
-            Call::ListByCaller { limit, .. } => {
+            Call::ListByCaller { page, .. } => {
                 // A Query of the caller index, then a BatchGetItem of the page's state records.
                 m.call("DynamoDB Query (caller-shard-index)");
                 m.call("DynamoDB BatchGetItem");
                 m.io().await;
-                m.add(|c| c.rru += 0.5 + 0.5 * limit as f64);
+                m.add(|c| c.rru += 0.5 + 0.5 * page.limit as f64);
                 next.run(call).await
             }
             // The catalog (in the same table): each read is one strongly consistent `GetItem`

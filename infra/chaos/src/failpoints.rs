@@ -621,9 +621,10 @@ impl Interceptor for Faults {
             Call::Create { .. } | Call::PutAs { .. } | Call::PutWithInput { .. } => {
                 self.write(call, &next).await
             }
-            Call::AcquireLease { owner, .. } => {
+            Call::AcquireLease { claim } => {
                 let got = next.run(call).await?;
-                if answer::<bool, _>(&got) == Some(&true) && self.chaos.crash("lease", owner) {
+                if answer::<bool, _>(&got) == Some(&true) && self.chaos.crash("lease", claim.owner)
+                {
                     return Err(E::unavailable(crashed("lease")));
                 }
                 Ok(got)

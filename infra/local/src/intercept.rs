@@ -13,13 +13,15 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sas::domain::rate::{Admission, RateLimit};
-use sas::domain::{BreakerRecord, Caller, Condition, ProcessState, StateRecord, Task, TaskId};
+use sas::domain::rate::Admission;
+use sas::domain::{BreakerRecord, Caller, Condition, StateRecord, Task, TaskId};
 use sas::ports::{
-    Breakers, Catalog, Count, CreateOutcome, Cursor, DueEntry, DueIndex, Entry, EventBus,
-    IdempotencyRecord, Kind, Leases, Page, PublishError, Published, Queue, QueueError, RateLimits,
-    ReceivedMessage, StoreError, Stored, TaskLists, TaskStore,
+    Breakers, Catalog, Count, CreateOutcome, DueEntry, DueIndex, DueQuery, Entry, EventBus,
+    IdempotencyRecord, InState, Kind, LeaseClaim, Leases, Page, Paging, PublishError, Published,
+    Queue, QueueError, RateLimits, RateRequest, ReceivedMessage, StoreError, Stored, TaskLists,
+    TaskStore,
 };
+use serde_json::Value;
 use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
@@ -56,34 +58,24 @@ pub enum Call<'a> {
     },
     // TaskLists
     List {
-        state: ProcessState,
-        workflow: Option<&'a str>,
-        limit: usize,
-        after: Option<&'a Cursor>,
+        of: InState<'a>,
+        page: Paging<'a>,
     },
     Count {
-        state: ProcessState,
-        workflow: Option<&'a str>,
+        of: InState<'a>,
         cap: u64,
     },
     ListByCaller {
         caller: &'a Caller,
-        limit: usize,
-        after: Option<&'a Cursor>,
+        page: Paging<'a>,
     },
     // DueIndex
     Due {
-        shard: u32,
-        now: DateTime<Utc>,
-        limit: usize,
-        after: Option<&'a DueEntry>,
+        q: DueQuery<'a>,
     },
     // Leases
     AcquireLease {
-        name: &'a str,
-        owner: &'a str,
-        now: DateTime<Utc>,
-        ttl: chrono::Duration,
+        claim: LeaseClaim<'a>,
     },
     ReleaseLease {
         name: &'a str,
@@ -98,9 +90,7 @@ pub enum Call<'a> {
     },
     // RateLimits
     Admit {
-        key: &'a str,
-        limit: &'a RateLimit,
-        now: DateTime<Utc>,
+        ask: RateRequest<'a>,
     },
     // Catalog
     PublishDefinition {
@@ -340,43 +330,21 @@ impl<T: TaskStore + ?Sized, H: Interceptor> TaskStore for Intercepted<T, H> {
 
 #[async_trait]
 impl<T: TaskLists + ?Sized, H: Interceptor> TaskLists for Intercepted<T, H> {
-    async fn list(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError> {
-        forward!(self, List { state, workflow, limit, after } => list)
+    async fn list(&self, of: InState<'_>, page: Paging<'_>) -> Result<Page, StoreError> {
+        forward!(self, List { of, page } => list)
     }
-    async fn count(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        cap: u64,
-    ) -> Result<Count, StoreError> {
-        forward!(self, Count { state, workflow, cap } => count)
+    async fn count(&self, of: InState<'_>, cap: u64) -> Result<Count, StoreError> {
+        forward!(self, Count { of, cap } => count)
     }
-    async fn list_by_caller(
-        &self,
-        caller: &Caller,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError> {
-        forward!(self, ListByCaller { caller, limit, after } => list_by_caller)
+    async fn list_by_caller(&self, caller: &Caller, page: Paging<'_>) -> Result<Page, StoreError> {
+        forward!(self, ListByCaller { caller, page } => list_by_caller)
     }
 }
 
 #[async_trait]
 impl<T: DueIndex + ?Sized, H: Interceptor> DueIndex for Intercepted<T, H> {
-    async fn due(
-        &self,
-        shard: u32,
-        now: DateTime<Utc>,
-        limit: usize,
-        after: Option<&DueEntry>,
-    ) -> Result<Vec<DueEntry>, StoreError> {
-        forward!(self, Due { shard, now, limit, after } => due)
+    async fn due(&self, q: DueQuery<'_>) -> Result<Vec<DueEntry>, StoreError> {
+        forward!(self, Due { q } => due)
     }
     fn due_shards(&self) -> u32 {
         self.inner.due_shards()
@@ -385,14 +353,8 @@ impl<T: DueIndex + ?Sized, H: Interceptor> DueIndex for Intercepted<T, H> {
 
 #[async_trait]
 impl<T: Leases + ?Sized, H: Interceptor> Leases for Intercepted<T, H> {
-    async fn acquire_lease(
-        &self,
-        name: &str,
-        owner: &str,
-        now: DateTime<Utc>,
-        ttl: chrono::Duration,
-    ) -> Result<bool, StoreError> {
-        forward!(self, AcquireLease { name, owner, now, ttl } => acquire_lease)
+    async fn acquire_lease(&self, claim: LeaseClaim<'_>) -> Result<bool, StoreError> {
+        forward!(self, AcquireLease { claim } => acquire_lease)
     }
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
         forward!(self, ReleaseLease { name, owner } => release_lease)
@@ -411,13 +373,8 @@ impl<T: Breakers + ?Sized, H: Interceptor> Breakers for Intercepted<T, H> {
 
 #[async_trait]
 impl<T: RateLimits + ?Sized, H: Interceptor> RateLimits for Intercepted<T, H> {
-    async fn admit(
-        &self,
-        key: &str,
-        limit: &RateLimit,
-        now: DateTime<Utc>,
-    ) -> Result<Admission, StoreError> {
-        forward!(self, Admit { key, limit, now } => admit)
+    async fn admit(&self, ask: RateRequest<'_>) -> Result<Admission, StoreError> {
+        forward!(self, Admit { ask } => admit)
     }
 }
 
@@ -465,11 +422,7 @@ impl<T: Queue + ?Sized, H: Interceptor> Queue for Intercepted<T, H> {
 
 #[async_trait]
 impl<T: EventBus + ?Sized, H: Interceptor> EventBus for Intercepted<T, H> {
-    async fn publish(
-        &self,
-        detail_type: &str,
-        detail: &serde_json::Value,
-    ) -> Result<(), PublishError> {
+    async fn publish(&self, detail_type: &str, detail: &Value) -> Result<(), PublishError> {
         forward!(self, PublishEvent { detail_type, detail } => publish)
     }
 }

@@ -14,6 +14,7 @@ use crate::domain::workflow;
 use crate::domain::{Caller, StateRecord, Status, Task, TaskId};
 use crate::handlers::{progress_status, publish_status};
 use crate::messages::{SchedulerMessage, WorkMessage};
+use crate::ports::Paging;
 use crate::ports::{CreateOutcome, IdempotencyRecord, canonical};
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
@@ -260,7 +261,13 @@ pub(super) async fn list_mine(deps: &ApiDeps, caller: &Caller, query: &str) -> A
     }
     let found = deps
         .store
-        .list_by_caller(caller, page.limit, page.cursor.as_ref())
+        .list_by_caller(
+            caller,
+            Paging {
+                limit: page.limit,
+                after: page.cursor.as_ref(),
+            },
+        )
         .await
         .map_err(ApiError::unavailable)?;
     let tasks = found

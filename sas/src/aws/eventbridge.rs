@@ -2,6 +2,7 @@ use crate::messages::EVENT_SOURCE;
 use crate::ports::{EventBus, PublishError};
 use async_trait::async_trait;
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
+use serde_json::Value;
 
 /// Publishes to an EventBridge bus with source `sas.tasks`.
 #[derive(Debug, Clone)]
@@ -21,11 +22,7 @@ impl EventBridgeBus {
 
 #[async_trait]
 impl EventBus for EventBridgeBus {
-    async fn publish(
-        &self,
-        detail_type: &str,
-        detail: &serde_json::Value,
-    ) -> Result<(), PublishError> {
+    async fn publish(&self, detail_type: &str, detail: &Value) -> Result<(), PublishError> {
         let entry = PutEventsRequestEntry::builder()
             .event_bus_name(&self.bus_name)
             .source(EVENT_SOURCE)
