@@ -7,7 +7,9 @@
 
 use crate::domain::workflow::{self, ServiceRules, ServicesDoc};
 use crate::domain::{DefinitionError, Policy, ServiceDef, Workflow};
-use crate::ports::{Catalog, Clock, Entry, Kind, Published, StoreError};
+use crate::ports::{
+    Catalog, Clock, DefinitionRef, Entry, Kind, Publication, Published, StoreError,
+};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -90,7 +92,7 @@ impl Definitions {
         }
         let Some(stored) = self
             .catalog
-            .definition(Kind::Workflow, name, Some(version))
+            .definition(DefinitionRef::at(Kind::Workflow, name, version))
             .await?
         else {
             return Ok(None);
@@ -141,7 +143,8 @@ impl Definitions {
         }
         let mut out = BTreeMap::new();
         for Entry { name, .. } in self.catalog.entries(Kind::Service).await? {
-            if let Some(stored) = self.catalog.definition(Kind::Service, &name, None).await? {
+            let newest = DefinitionRef::newest(Kind::Service, &name);
+            if let Some(stored) = self.catalog.definition(newest).await? {
                 let def: ServiceDef = serde_json::from_value(stored.body).map_err(|e| {
                     DefinitionError::one(
                         String::new(),
@@ -169,7 +172,12 @@ impl Definitions {
             .map_err(|e| DefinitionError::one(String::new(), e.to_string()))?;
         let published = self
             .catalog
-            .publish(Kind::Workflow, &w.name, &body, self.clock.now())
+            .publish(Publication {
+                kind: Kind::Workflow,
+                name: &w.name,
+                body: &body,
+                now: self.clock.now(),
+            })
             .await?;
         if let Ok(mut m) = self.latest.lock() {
             m.remove(&w.name);
@@ -199,7 +207,12 @@ impl Definitions {
                 .map_err(|e| DefinitionError::one(String::new(), e.to_string()))?;
             let p = self
                 .catalog
-                .publish(Kind::Service, &s.name, &body, self.clock.now())
+                .publish(Publication {
+                    kind: Kind::Service,
+                    name: &s.name,
+                    body: &body,
+                    now: self.clock.now(),
+                })
                 .await?;
             out.push((s.name.clone(), p));
         }

@@ -293,26 +293,52 @@ pub fn canonical(v: &serde_json::Value) -> String {
     sorted(v).to_string()
 }
 
+/// What to publish: `body` as the next version of the definition `name` of `kind`, at `now`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Publication<'a> {
+    pub kind: Kind,
+    pub name: &'a str,
+    pub body: &'a Value,
+    pub now: DateTime<Utc>,
+}
+
+/// Which definition to read: `version` of the definition `name` of `kind` (`None`: the newest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DefinitionRef<'a> {
+    pub kind: Kind,
+    pub name: &'a str,
+    pub version: Option<u32>,
+}
+
+impl<'a> DefinitionRef<'a> {
+    /// The newest version of `name`.
+    pub fn newest(kind: Kind, name: &'a str) -> Self {
+        Self {
+            kind,
+            name,
+            version: None,
+        }
+    }
+
+    /// Version `version` of `name`.
+    pub fn at(kind: Kind, name: &'a str, version: u32) -> Self {
+        Self {
+            kind,
+            name,
+            version: Some(version),
+        }
+    }
+}
+
 /// The catalog of published workflows and services: versioned, and each version immutable.
 #[async_trait]
 pub trait Catalog: Send + Sync {
     /// Publishes `body` as the next version of `name` (1 for a new name), unless it equals the
     /// newest version, which is then returned with `created: false`. Two publishers racing get
     /// distinct versions; a published version never changes.
-    async fn publish(
-        &self,
-        kind: Kind,
-        name: &str,
-        body: &serde_json::Value,
-        now: DateTime<Utc>,
-    ) -> Result<Published, StoreError>;
+    async fn publish(&self, p: Publication<'_>) -> Result<Published, StoreError>;
     /// One version of a definition (`None`: the newest).
-    async fn definition(
-        &self,
-        kind: Kind,
-        name: &str,
-        version: Option<u32>,
-    ) -> Result<Option<Stored>, StoreError>;
+    async fn definition(&self, wanted: DefinitionRef<'_>) -> Result<Option<Stored>, StoreError>;
     /// Every name of `kind` with its newest version, by name.
     async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError>;
 }

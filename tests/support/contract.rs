@@ -6,8 +6,8 @@ use sas::domain::state::to_millis;
 use sas::domain::transition::{self, StepOutcome};
 use sas::domain::workflow::examples;
 use sas::ports::{
-    Catalog, CreateOutcome, DueQuery, Entry, IdempotencyRecord, InState, Kind, LeaseClaim, Paging,
-    Published, Queue, RateRequest, StateStore, StoreError,
+    Catalog, CreateOutcome, DefinitionRef, DueQuery, Entry, IdempotencyRecord, InState, Kind,
+    LeaseClaim, Paging, Publication, Published, Queue, RateRequest, StateStore, StoreError,
 };
 use sas::{Caller, Policies, Policy, ProcessState, StateRecord, Task, TaskId, Workflow};
 use serde_json::{Value, json};
@@ -1243,7 +1243,12 @@ async fn publish(
     at: chrono::DateTime<Utc>,
 ) -> Published {
     catalog
-        .publish(kind, name, body, at)
+        .publish(Publication {
+            kind,
+            name,
+            body,
+            now: at,
+        })
         .await
         .expect("publish")
 }
@@ -1255,7 +1260,12 @@ async fn version(
     name: &str,
     version: Option<u32>,
 ) -> Option<sas::ports::Stored> {
-    catalog.definition(kind, name, version).await.expect("read")
+    let wanted = DefinitionRef {
+        kind,
+        name,
+        version,
+    };
+    catalog.definition(wanted).await.expect("read")
 }
 
 /// What a publish answers: the version, and whether it is new.
@@ -1407,7 +1417,12 @@ async fn racing_publishers_get_distinct_versions(catalog: Arc<dyn Catalog>) {
             let body = definition_body(&name, &format!("publisher {i}"));
             tokio::spawn(async move {
                 let p = catalog
-                    .publish(Kind::Workflow, &name, &body, now)
+                    .publish(Publication {
+                        kind: Kind::Workflow,
+                        name: &name,
+                        body: &body,
+                        now,
+                    })
                     .await
                     .expect("a racing publish succeeds");
                 (p, body)
@@ -1424,7 +1439,7 @@ async fn racing_publishers_get_distinct_versions(catalog: Arc<dyn Catalog>) {
     assert!(got.iter().all(|(p, _)| p.created));
     for (p, body) in &got {
         let stored = catalog
-            .definition(Kind::Workflow, &name, Some(p.version))
+            .definition(DefinitionRef::at(Kind::Workflow, &name, p.version))
             .await
             .expect("read")
             .expect("stored");
@@ -1441,7 +1456,12 @@ async fn racing_publishers_get_distinct_versions(catalog: Arc<dyn Catalog>) {
             let (catalog, name, body) = (catalog.clone(), name.clone(), same.clone());
             tokio::spawn(async move {
                 catalog
-                    .publish(Kind::Workflow, &name, &body, now)
+                    .publish(Publication {
+                        kind: Kind::Workflow,
+                        name: &name,
+                        body: &body,
+                        now,
+                    })
                     .await
                     .expect("a racing publish succeeds")
             })

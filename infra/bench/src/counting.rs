@@ -388,16 +388,16 @@ impl Interceptor for Counter {
             }
             // The catalog (in the same table): each read is one strongly consistent `GetItem`
             // of the catalog's head or of one definition version, each publish one transaction.
-            Call::PublishDefinition { body, .. } => {
+            Call::PublishDefinition { publication } => {
                 m.call("DynamoDB TransactWriteItems (catalog)");
                 m.io().await;
-                let size = body.to_string().len();
+                let size = publication.body.to_string().len();
                 m.add(|c| c.wru += 2.0 * (units(size, 1024) + 1.0));
                 next.run(call).await
             }
-            Call::Definition { version, .. } => {
+            Call::Definition { wanted } => {
                 // Without a version, the catalog's head is read first for the newest one.
-                let reads = if version.is_some() { 1 } else { 2 };
+                let reads = if wanted.version.is_some() { 1 } else { 2 };
                 let out = next.run(call).await?;
                 let size = answer::<Option<Stored>, _>(&out)
                     .and_then(Option::as_ref)

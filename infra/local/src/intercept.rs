@@ -12,14 +12,13 @@
 //! [`DueIndex::due_shards`] is configuration, not a call: it is passed through.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use sas::domain::rate::Admission;
 use sas::domain::{BreakerRecord, Caller, Condition, StateRecord, Task, TaskId};
 use sas::ports::{
-    Breakers, Catalog, Count, CreateOutcome, DueEntry, DueIndex, DueQuery, Entry, EventBus,
-    IdempotencyRecord, InState, Kind, LeaseClaim, Leases, Page, Paging, PublishError, Published,
-    Queue, QueueError, RateLimits, RateRequest, ReceivedMessage, StoreError, Stored, TaskLists,
-    TaskStore,
+    Breakers, Catalog, Count, CreateOutcome, DefinitionRef, DueEntry, DueIndex, DueQuery, Entry,
+    EventBus, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, Page, Paging, Publication,
+    PublishError, Published, Queue, QueueError, RateLimits, RateRequest, ReceivedMessage,
+    StoreError, Stored, TaskLists, TaskStore,
 };
 use serde_json::Value;
 use std::any::Any;
@@ -94,15 +93,10 @@ pub enum Call<'a> {
     },
     // Catalog
     PublishDefinition {
-        kind: Kind,
-        name: &'a str,
-        body: &'a serde_json::Value,
-        now: DateTime<Utc>,
+        publication: Publication<'a>,
     },
     Definition {
-        kind: Kind,
-        name: &'a str,
-        version: Option<u32>,
+        wanted: DefinitionRef<'a>,
     },
     Entries {
         kind: Kind,
@@ -380,22 +374,11 @@ impl<T: RateLimits + ?Sized, H: Interceptor> RateLimits for Intercepted<T, H> {
 
 #[async_trait]
 impl<T: Catalog + ?Sized, H: Interceptor> Catalog for Intercepted<T, H> {
-    async fn publish(
-        &self,
-        kind: Kind,
-        name: &str,
-        body: &serde_json::Value,
-        now: DateTime<Utc>,
-    ) -> Result<Published, StoreError> {
-        forward!(self, PublishDefinition { kind, name, body, now } => publish)
+    async fn publish(&self, publication: Publication<'_>) -> Result<Published, StoreError> {
+        forward!(self, PublishDefinition { publication } => publish)
     }
-    async fn definition(
-        &self,
-        kind: Kind,
-        name: &str,
-        version: Option<u32>,
-    ) -> Result<Option<Stored>, StoreError> {
-        forward!(self, Definition { kind, name, version } => definition)
+    async fn definition(&self, wanted: DefinitionRef<'_>) -> Result<Option<Stored>, StoreError> {
+        forward!(self, Definition { wanted } => definition)
     }
     async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError> {
         forward!(self, Entries { kind } => entries)

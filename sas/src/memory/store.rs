@@ -1,9 +1,10 @@
 use crate::domain::rate::Admission;
 use crate::domain::{BreakerRecord, Caller, Condition, StateRecord, Task, TaskId};
 use crate::ports::{
-    Breakers, Catalog, Count, CreateOutcome, Cursor, DueEntry, DueIndex, DueQuery, Entry,
-    IdempotencyRecord, InState, Kind, LeaseClaim, Leases, Page, Paging, Published, RateLimits,
-    RateRequest, StoreError, Stored, Summary, TaskLists, TaskStore, canonical,
+    Breakers, Catalog, Count, CreateOutcome, Cursor, DefinitionRef, DueEntry, DueIndex, DueQuery,
+    Entry, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, Page, Paging, Publication,
+    Published, RateLimits, RateRequest, StoreError, Stored, Summary, TaskLists, TaskStore,
+    canonical,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -388,13 +389,13 @@ impl RateLimits for MemoryStore {
 
 #[async_trait]
 impl Catalog for MemoryStore {
-    async fn publish(
-        &self,
-        kind: Kind,
-        name: &str,
-        body: &serde_json::Value,
-        now: DateTime<Utc>,
-    ) -> Result<Published, StoreError> {
+    async fn publish(&self, p: Publication<'_>) -> Result<Published, StoreError> {
+        let Publication {
+            kind,
+            name,
+            body,
+            now,
+        } = p;
         let text = canonical(body);
         let mut inner = self.lock()?;
         let versions = inner.catalog.entry((kind, name.to_owned())).or_default();
@@ -423,17 +424,12 @@ impl Catalog for MemoryStore {
         })
     }
 
-    async fn definition(
-        &self,
-        kind: Kind,
-        name: &str,
-        version: Option<u32>,
-    ) -> Result<Option<Stored>, StoreError> {
+    async fn definition(&self, wanted: DefinitionRef<'_>) -> Result<Option<Stored>, StoreError> {
         let inner = self.lock()?;
-        let Some(versions) = inner.catalog.get(&(kind, name.to_owned())) else {
+        let Some(versions) = inner.catalog.get(&(wanted.kind, wanted.name.to_owned())) else {
             return Ok(None);
         };
-        Ok(match version {
+        Ok(match wanted.version {
             None => versions.last(),
             Some(v) => versions.get((v as usize).wrapping_sub(1)),
         }
