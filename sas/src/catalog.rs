@@ -170,19 +170,28 @@ impl Definitions {
         let w = Workflow::from_value(value, Some(&known), &self.policy)?;
         let body = serde_json::to_value(&w.doc)
             .map_err(|e| DefinitionError::one(String::new(), e.to_string()))?;
-        let published = self
-            .catalog
-            .publish(Publication {
-                kind: Kind::Workflow,
-                name: &w.name,
-                body: &body,
-                now: self.clock.now(),
-            })
-            .await?;
+        let published = self.publish_now(Kind::Workflow, &w.name, &body).await?;
         if let Ok(mut m) = self.latest.lock() {
             m.remove(&w.name);
         }
         Ok((published, Arc::new(w.with_version(published.version))))
+    }
+
+    /// Publishes `body` as the next version of `name` of `kind`, now.
+    async fn publish_now(
+        &self,
+        kind: Kind,
+        name: &str,
+        body: &Value,
+    ) -> Result<Published, StoreError> {
+        let now = self.clock.now();
+        let publication = Publication {
+            kind,
+            name,
+            body,
+            now,
+        };
+        self.catalog.publish(publication).await
     }
 
     /// Publishes every service of `doc` (each one a new version if it changed).
@@ -205,15 +214,7 @@ impl Definitions {
         for s in &doc.services {
             let body = serde_json::to_value(s)
                 .map_err(|e| DefinitionError::one(String::new(), e.to_string()))?;
-            let p = self
-                .catalog
-                .publish(Publication {
-                    kind: Kind::Service,
-                    name: &s.name,
-                    body: &body,
-                    now: self.clock.now(),
-                })
-                .await?;
+            let p = self.publish_now(Kind::Service, &s.name, &body).await?;
             out.push((s.name.clone(), p));
         }
         if let Ok(mut g) = self.services.lock() {

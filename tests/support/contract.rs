@@ -1268,6 +1268,20 @@ async fn version(
     catalog.definition(wanted).await.expect("read")
 }
 
+/// A publication of the workflow `name`.
+fn workflow_publication<'a>(
+    name: &'a str,
+    body: &'a Value,
+    now: chrono::DateTime<Utc>,
+) -> Publication<'a> {
+    Publication {
+        kind: Kind::Workflow,
+        name,
+        body,
+        now,
+    }
+}
+
 /// What a publish answers: the version, and whether it is new.
 fn published(version: u32, created: bool) -> Published {
     Published { version, created }
@@ -1417,12 +1431,7 @@ async fn racing_publishers_get_distinct_versions(catalog: Arc<dyn Catalog>) {
             let body = definition_body(&name, &format!("publisher {i}"));
             tokio::spawn(async move {
                 let p = catalog
-                    .publish(Publication {
-                        kind: Kind::Workflow,
-                        name: &name,
-                        body: &body,
-                        now,
-                    })
+                    .publish(workflow_publication(&name, &body, now))
                     .await
                     .expect("a racing publish succeeds");
                 (p, body)
@@ -1456,12 +1465,7 @@ async fn racing_publishers_get_distinct_versions(catalog: Arc<dyn Catalog>) {
             let (catalog, name, body) = (catalog.clone(), name.clone(), same.clone());
             tokio::spawn(async move {
                 catalog
-                    .publish(Publication {
-                        kind: Kind::Workflow,
-                        name: &name,
-                        body: &body,
-                        now,
-                    })
+                    .publish(workflow_publication(&name, &body, now))
                     .await
                     .expect("a racing publish succeeds")
             })

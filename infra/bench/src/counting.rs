@@ -311,21 +311,18 @@ impl Interceptor for Counter {
                 self.put(record, old.as_ref(), label, out.is_ok());
                 out
             }
-            Call::Due { q } => {
+            Call::Due(q) => {
                 m.call("DynamoDB Query (due-index)");
                 m.io().await;
                 m.add(|c| c.rru += 0.5);
                 m.key(format!("due-index due#{}", q.shard), 0.0, 0.5);
                 next.run(call).await
             }
-            Call::AcquireLease {
-                claim: LeaseClaim { name, .. },
-            }
-            | Call::ReleaseLease { name, .. } => {
+            Call::AcquireLease(LeaseClaim { name, .. }) | Call::ReleaseLease { name, .. } => {
                 m.call("DynamoDB PutItem (lease)");
                 m.io().await;
                 m.write(WriteUnits::small(match call {
-                    Call::AcquireLease { .. } => "lease",
+                    Call::AcquireLease(_) => "lease",
                     _ => "lease released",
                 }));
                 m.key(format!("LEASE#{name}"), 1.0, 0.0);
@@ -370,7 +367,7 @@ impl Interceptor for Counter {
                 }
                 next.run(call).await
             }
-            Call::Admit { ask } => {
+            Call::Admit(ask) => {
                 // One conditional UpdateItem of a small item (the caller's TAT): 1 WRU.
                 m.call("DynamoDB UpdateItem (rate limit)");
                 m.io().await;
@@ -388,14 +385,14 @@ impl Interceptor for Counter {
             }
             // The catalog (in the same table): each read is one strongly consistent `GetItem`
             // of the catalog's head or of one definition version, each publish one transaction.
-            Call::PublishDefinition { publication } => {
+            Call::PublishDefinition(publication) => {
                 m.call("DynamoDB TransactWriteItems (catalog)");
                 m.io().await;
                 let size = publication.body.to_string().len();
                 m.add(|c| c.wru += 2.0 * (units(size, 1024) + 1.0));
                 next.run(call).await
             }
-            Call::Definition { wanted } => {
+            Call::Definition(wanted) => {
                 // Without a version, the catalog's head is read first for the newest one.
                 let reads = if wanted.version.is_some() { 1 } else { 2 };
                 let out = next.run(call).await?;

@@ -621,7 +621,7 @@ impl Interceptor for Faults {
             Call::Create { .. } | Call::PutAs { .. } | Call::PutWithInput { .. } => {
                 self.write(call, &next).await
             }
-            Call::AcquireLease { claim } => {
+            Call::AcquireLease(claim) => {
                 let got = next.run(call).await?;
                 if answer::<bool, _>(&got) == Some(&true) && self.chaos.crash("lease", claim.owner)
                 {

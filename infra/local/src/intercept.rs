@@ -69,13 +69,9 @@ pub enum Call<'a> {
         page: Paging<'a>,
     },
     // DueIndex
-    Due {
-        q: DueQuery<'a>,
-    },
+    Due(DueQuery<'a>),
     // Leases
-    AcquireLease {
-        claim: LeaseClaim<'a>,
-    },
+    AcquireLease(LeaseClaim<'a>),
     ReleaseLease {
         name: &'a str,
         owner: &'a str,
@@ -88,16 +84,10 @@ pub enum Call<'a> {
         record: &'a BreakerRecord,
     },
     // RateLimits
-    Admit {
-        ask: RateRequest<'a>,
-    },
+    Admit(RateRequest<'a>),
     // Catalog
-    PublishDefinition {
-        publication: Publication<'a>,
-    },
-    Definition {
-        wanted: DefinitionRef<'a>,
-    },
+    PublishDefinition(Publication<'a>),
+    Definition(DefinitionRef<'a>),
     Entries {
         kind: Kind,
     },
@@ -136,14 +126,14 @@ impl Call<'_> {
             Self::List { .. } => "list",
             Self::Count { .. } => "count",
             Self::ListByCaller { .. } => "list_by_caller",
-            Self::Due { .. } => "due",
-            Self::AcquireLease { .. } => "acquire_lease",
+            Self::Due(_) => "due",
+            Self::AcquireLease(_) => "acquire_lease",
             Self::ReleaseLease { .. } => "release_lease",
             Self::GetBreaker { .. } => "get_breaker",
             Self::PutBreaker { .. } => "put_breaker",
-            Self::Admit { .. } => "admit",
-            Self::PublishDefinition { .. } => "publish_definition",
-            Self::Definition { .. } => "definition",
+            Self::Admit(_) => "admit",
+            Self::PublishDefinition(_) => "publish_definition",
+            Self::Definition(_) => "definition",
             Self::Entries { .. } => "entries",
             Self::Send { .. } => "send",
             Self::Receive { .. } => "receive",
@@ -265,8 +255,25 @@ fn misrouted<E: Failure>(got: &Call<'_>, expected: &str) -> E {
 }
 
 /// Forwards one port method: the call through the hook, and the hook's [`Next`] to the
-/// wrapped port with the arguments the hook passes on.
+/// wrapped port with the arguments the hook passes on. A call of one parameter struct is a
+/// tuple variant (`Due(q)`), any other a struct variant of its arguments.
 macro_rules! forward {
+    ($self:ident, $variant:ident ( $arg:ident ) => $method:ident) => {{
+        let this = $self;
+        this.hook
+            .around(
+                Call::$variant($arg),
+                Next::new(move |call| {
+                    Box::pin(async move {
+                        match call {
+                            Call::$variant($arg) => this.inner.$method($arg).await,
+                            other => Err(misrouted(&other, stringify!($method))),
+                        }
+                    })
+                }),
+            )
+            .await
+    }};
     ($self:ident, $variant:ident { $($arg:ident),* } => $method:ident) => {{
         let this = $self;
         this.hook
@@ -338,7 +345,7 @@ impl<T: TaskLists + ?Sized, H: Interceptor> TaskLists for Intercepted<T, H> {
 #[async_trait]
 impl<T: DueIndex + ?Sized, H: Interceptor> DueIndex for Intercepted<T, H> {
     async fn due(&self, q: DueQuery<'_>) -> Result<Vec<DueEntry>, StoreError> {
-        forward!(self, Due { q } => due)
+        forward!(self, Due(q) => due)
     }
     fn due_shards(&self) -> u32 {
         self.inner.due_shards()
@@ -348,7 +355,7 @@ impl<T: DueIndex + ?Sized, H: Interceptor> DueIndex for Intercepted<T, H> {
 #[async_trait]
 impl<T: Leases + ?Sized, H: Interceptor> Leases for Intercepted<T, H> {
     async fn acquire_lease(&self, claim: LeaseClaim<'_>) -> Result<bool, StoreError> {
-        forward!(self, AcquireLease { claim } => acquire_lease)
+        forward!(self, AcquireLease(claim) => acquire_lease)
     }
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
         forward!(self, ReleaseLease { name, owner } => release_lease)
@@ -368,17 +375,17 @@ impl<T: Breakers + ?Sized, H: Interceptor> Breakers for Intercepted<T, H> {
 #[async_trait]
 impl<T: RateLimits + ?Sized, H: Interceptor> RateLimits for Intercepted<T, H> {
     async fn admit(&self, ask: RateRequest<'_>) -> Result<Admission, StoreError> {
-        forward!(self, Admit { ask } => admit)
+        forward!(self, Admit(ask) => admit)
     }
 }
 
 #[async_trait]
 impl<T: Catalog + ?Sized, H: Interceptor> Catalog for Intercepted<T, H> {
     async fn publish(&self, publication: Publication<'_>) -> Result<Published, StoreError> {
-        forward!(self, PublishDefinition { publication } => publish)
+        forward!(self, PublishDefinition(publication) => publish)
     }
     async fn definition(&self, wanted: DefinitionRef<'_>) -> Result<Option<Stored>, StoreError> {
-        forward!(self, Definition { wanted } => definition)
+        forward!(self, Definition(wanted) => definition)
     }
     async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError> {
         forward!(self, Entries { kind } => entries)

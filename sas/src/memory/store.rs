@@ -390,13 +390,8 @@ impl RateLimits for MemoryStore {
 #[async_trait]
 impl Catalog for MemoryStore {
     async fn publish(&self, p: Publication<'_>) -> Result<Published, StoreError> {
-        let Publication {
-            kind,
-            name,
-            body,
-            now,
-        } = p;
-        let text = canonical(body);
+        let (kind, name) = (p.kind, p.name);
+        let text = canonical(p.body);
         let mut inner = self.lock()?;
         let versions = inner.catalog.entry((kind, name.to_owned())).or_default();
         if let Some((latest, latest_text)) = versions.last()
@@ -413,8 +408,8 @@ impl Catalog for MemoryStore {
                 kind,
                 name: name.to_owned(),
                 version,
-                body: body.clone(),
-                published_at: now,
+                body: p.body.clone(),
+                published_at: p.now,
             },
             text,
         ));

@@ -90,13 +90,8 @@ impl DynamoStore {
 #[async_trait]
 impl Catalog for DynamoStore {
     async fn publish(&self, p: Publication<'_>) -> Result<Published, StoreError> {
-        let Publication {
-            kind,
-            name,
-            body,
-            now,
-        } = p;
-        let text = canonical(body);
+        let (kind, name, now) = (p.kind, p.name, p.now);
+        let text = canonical(p.body);
         let hash = text_hash(&text);
         // Two publishers may race: the loser's transaction fails on the catalog's revision and
         // it tries again on the newer catalog.
