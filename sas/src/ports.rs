@@ -38,6 +38,26 @@ pub struct IdempotencyRecord {
     pub created_at: DateTime<Utc>,
 }
 
+/// What [`TaskStore::create`] writes: a task, its first state record and, if the request had
+/// one, its idempotency key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewTask<'a> {
+    pub task: &'a Task,
+    pub record: &'a StateRecord,
+    pub key: Option<&'a IdempotencyRecord>,
+}
+
+impl<'a> NewTask<'a> {
+    /// `task` and its first `record`, with no idempotency key.
+    pub fn new(task: &'a Task, record: &'a StateRecord) -> Self {
+        Self {
+            task,
+            record,
+            key: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CreateOutcome {
     Created,
@@ -61,12 +81,7 @@ impl<T> StateStore for T where
 pub trait TaskStore: Send + Sync {
     /// Writes the task, its state record and (if given) the idempotency key in one atomic
     /// transaction; each must not exist yet.
-    async fn create(
-        &self,
-        task: &Task,
-        record: &StateRecord,
-        key: Option<&IdempotencyRecord>,
-    ) -> Result<CreateOutcome, StoreError>;
+    async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError>;
     /// Strongly consistent read of the task and its state record.
     async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError>;
     /// Strongly consistent read of the state record.

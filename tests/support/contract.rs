@@ -7,7 +7,8 @@ use sas::domain::transition::{self, StepOutcome};
 use sas::domain::workflow::examples;
 use sas::ports::{
     Catalog, CreateOutcome, DefinitionRef, DueQuery, Entry, IdempotencyRecord, InState, Kind,
-    LeaseClaim, Paging, Publication, Published, Queue, RateRequest, StateStore, StoreError,
+    LeaseClaim, NewTask, Paging, Publication, Published, Queue, RateRequest, StateStore,
+    StoreError,
 };
 use sas::{Caller, Policies, Policy, ProcessState, StateRecord, Task, TaskId, Workflow};
 use serde_json::{Value, json};
@@ -162,7 +163,7 @@ async fn stored(store: &dyn StateStore, id: TaskId) -> (Task, StateRecord) {
 /// Creates `t` with its record `r`, which must be new.
 async fn create_new(store: &dyn StateStore, t: &Task, r: &StateRecord) {
     assert_eq!(
-        store.create(t, r, None).await.expect("create"),
+        store.create(NewTask::new(t, r)).await.expect("create"),
         CreateOutcome::Created
     );
 }
@@ -197,14 +198,14 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     // The create, twice: one task, and the second call says Created too.
     create_new(store, &o, &r).await;
     assert_eq!(
-        store.create(&o, &r, None).await.expect("its retry"),
+        store.create(NewTask::new(&o, &r)).await.expect("its retry"),
         CreateOutcome::Created,
         "a retried create that was applied is a success"
     );
     let mut other = r.clone();
     other.callback_key = "another request's".into();
     assert!(
-        is_condition_failed(store.create(&o, &other, None).await),
+        is_condition_failed(store.create(NewTask::new(&o, &other)).await),
         "another create of the same id is a conflict"
     );
     assert_eq!(store.get_state(o.id).await.expect("read"), Some(r.clone()));
@@ -487,7 +488,7 @@ async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
         let mut t = task(start);
         t.caller = carol.clone();
         let r = record(&t, start, Span::seconds(30));
-        store.create(&t, &r, None).await.expect("create");
+        store.create(NewTask::new(&t, &r)).await.expect("create");
         tied.push(t.id);
     }
     tied.sort();
@@ -557,7 +558,7 @@ async fn failed_record(
     let p = &uniform(p);
     let o = task_of(workflow, at);
     let r = record(&o, at, Span::seconds(60));
-    store.create(&o, &r, None).await.expect("create");
+    store.create(NewTask::new(&o, &r)).await.expect("create");
     let c = transition::claim(&r, "s", at, p).expect("claim");
     store
         .put(&c.record, &c.condition)
@@ -722,7 +723,7 @@ async fn create_is_atomic_and_reads_back(store: &dyn StateStore) {
     let mut again = r.clone();
     again.created_at += Span::milliseconds(1);
     assert!(
-        is_condition_failed(store.create(&o, &again, None).await),
+        is_condition_failed(store.create(NewTask::new(&o, &again)).await),
         "creating an existing task must fail (unless it is the same request's retry: see ambiguous_writes_read_back)"
     );
     assert_eq!(store.get(TaskId::new_random()).await.expect("get"), None);
@@ -745,17 +746,19 @@ async fn idempotency_keys_name_one_task(store: &dyn StateStore) {
     let first = key(&o1, "h1");
     assert_eq!(
         store
-            .create(&o1, &record(&o1, now, Span::seconds(60)), Some(&first))
+            .create(NewTask {
+                key: Some(&first),
+                ..NewTask::new(&o1, &record(&o1, now, Span::seconds(60)))
+            })
             .await
             .expect("create"),
         CreateOutcome::Created
     );
     let again = store
-        .create(
-            &o2,
-            &record(&o2, now, Span::seconds(60)),
-            Some(&key(&o2, "h2")),
-        )
+        .create(NewTask {
+            key: Some(&key(&o2, "h2")),
+            ..NewTask::new(&o2, &record(&o2, now, Span::seconds(60)))
+        })
         .await
         .expect("create with a taken key");
     assert_eq!(again, CreateOutcome::KeyExists(first));
@@ -772,7 +775,7 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
     let now = Utc::now();
     let o = task(now);
     let r = record(&o, now, Span::seconds(60));
-    store.create(&o, &r, None).await.expect("create");
+    store.create(NewTask::new(&o, &r)).await.expect("create");
 
     let claim = transition::claim(&r, "s-1", now, &p).expect("claim");
     store
@@ -855,15 +858,18 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
     for i in 0..6 {
         let o = task(now);
         let r = record(&o, now - Span::hours(1), Span::seconds(i));
-        store.create(&o, &r, None).await.expect("create");
+        store.create(NewTask::new(&o, &r)).await.expect("create");
         due.push(r);
     }
     let o = task(now);
     let future = record(&o, now, Span::hours(1));
-    store.create(&o, &future, None).await.expect("create");
+    store
+        .create(NewTask::new(&o, &future))
+        .await
+        .expect("create");
     let o = task(now);
     let mut done = record(&o, now - Span::hours(1), Span::seconds(0));
-    store.create(&o, &done, None).await.expect("create");
+    store.create(NewTask::new(&o, &done)).await.expect("create");
     let c = transition::claim(&done, "s", now - Span::hours(1), &p).expect("claim");
     store.put(&c.record, &c.condition).await.expect("claim");
     let f = transition::apply_reply(
@@ -981,7 +987,7 @@ async fn racing_claims_have_one_winner(store: Arc<dyn StateStore>) {
     let now = Utc::now();
     let o = task(now);
     let r = record(&o, now, Span::seconds(60));
-    store.create(&o, &r, None).await.expect("create");
+    store.create(NewTask::new(&o, &r)).await.expect("create");
     let mut tasks = Vec::new();
     for i in 0..8 {
         let (store, p) = (store.clone(), p.clone());

@@ -7,7 +7,7 @@
 use async_trait::async_trait;
 use sas::aws::{index_entry_sizes, state_record_size, stored_sizes};
 use sas::domain::{StateRecord, Task};
-use sas::ports::{IdempotencyRecord, LeaseClaim, StateStore, Stored};
+use sas::ports::{LeaseClaim, NewTask, StateStore, Stored};
 use sas_local::intercept::{Call, Failure, Interceptor, Next, Reply, answer};
 use sas_local::provision::Resources;
 use std::collections::BTreeMap;
@@ -165,7 +165,8 @@ impl Counter {
     }
 
     /// A create: one transaction of the task, its state record and its key.
-    fn create(&self, task: &Task, record: &StateRecord, key: Option<&IdempotencyRecord>) {
+    fn create(&self, new: NewTask<'_>) {
+        let NewTask { task, record, key } = new;
         let (o, r) = stored_sizes(task, record, self.shards);
         let (due, state) = index_entry_sizes(record, self.shards);
         let key_units = if key.is_some() { 1.0 } else { 0.0 };
@@ -271,10 +272,10 @@ impl Interceptor for Counter {
     ) -> Result<R, E> {
         let m = &self.meter;
         match call {
-            Call::Create { task, record, key } => {
+            Call::Create(new) => {
                 m.call("DynamoDB TransactWriteItems");
                 m.io().await;
-                self.create(task, record, key);
+                self.create(new);
                 next.run(call).await
             }
             Call::Get { id } => {

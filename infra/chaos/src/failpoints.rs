@@ -484,9 +484,13 @@ impl Faults {
         next: &Next<'a, R, E>,
     ) -> Result<R, E> {
         let (what, subject, record, check, point) = match call {
-            Call::Create { task, record, .. } => {
-                ("create", task.id, record, true, Some("create".to_owned()))
-            }
+            Call::Create(new) => (
+                "create",
+                new.task.id,
+                new.record,
+                true,
+                Some("create".to_owned()),
+            ),
             Call::PutAs {
                 record, condition, ..
             } => {
@@ -618,7 +622,7 @@ impl Interceptor for Faults {
         next: Next<'a, R, E>,
     ) -> Result<R, E> {
         match call {
-            Call::Create { .. } | Call::PutAs { .. } | Call::PutWithInput { .. } => {
+            Call::Create(_) | Call::PutAs { .. } | Call::PutWithInput { .. } => {
                 self.write(call, &next).await
             }
             Call::AcquireLease(claim) => {

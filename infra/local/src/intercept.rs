@@ -16,9 +16,9 @@ use sas::domain::rate::Admission;
 use sas::domain::{BreakerRecord, Caller, Condition, StateRecord, Task, TaskId};
 use sas::ports::{
     Breakers, Catalog, Count, CreateOutcome, DefinitionRef, DueEntry, DueIndex, DueQuery, Entry,
-    EventBus, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, Page, Paging, Publication,
-    PublishError, Published, Queue, QueueError, RateLimits, RateRequest, ReceivedMessage,
-    StoreError, Stored, TaskLists, TaskStore,
+    EventBus, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging, Publication, PublishError,
+    Published, Queue, QueueError, RateLimits, RateRequest, ReceivedMessage, StoreError, Stored,
+    TaskLists, TaskStore,
 };
 use serde_json::Value;
 use std::any::Any;
@@ -31,11 +31,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy)]
 pub enum Call<'a> {
     // TaskStore
-    Create {
-        task: &'a Task,
-        record: &'a StateRecord,
-        key: Option<&'a IdempotencyRecord>,
-    },
+    Create(NewTask<'a>),
     Get {
         id: TaskId,
     },
@@ -117,7 +113,7 @@ impl Call<'_> {
     /// The operation's name: the port method it calls.
     pub fn name(&self) -> &'static str {
         match self {
-            Self::Create { .. } => "create",
+            Self::Create(_) => "create",
             Self::Get { .. } => "get",
             Self::GetState { .. } => "get_state",
             Self::PutAs { .. } => "put_as",
@@ -294,13 +290,8 @@ macro_rules! forward {
 
 #[async_trait]
 impl<T: TaskStore + ?Sized, H: Interceptor> TaskStore for Intercepted<T, H> {
-    async fn create(
-        &self,
-        task: &Task,
-        record: &StateRecord,
-        key: Option<&IdempotencyRecord>,
-    ) -> Result<CreateOutcome, StoreError> {
-        forward!(self, Create { task, record, key } => create)
+    async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError> {
+        forward!(self, Create(new) => create)
     }
     async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
         forward!(self, Get { id } => get)

@@ -2,9 +2,9 @@ use crate::domain::rate::Admission;
 use crate::domain::{BreakerRecord, Caller, Condition, StateRecord, Task, TaskId};
 use crate::ports::{
     Breakers, Catalog, Count, CreateOutcome, Cursor, DefinitionRef, DueEntry, DueIndex, DueQuery,
-    Entry, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, Page, Paging, Publication,
-    Published, RateLimits, RateRequest, StoreError, Stored, Summary, TaskLists, TaskStore,
-    canonical,
+    Entry, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging,
+    Publication, Published, RateLimits, RateRequest, StoreError, Stored, Summary, TaskLists,
+    TaskStore, canonical,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -129,12 +129,8 @@ impl MemoryStore {
 
 #[async_trait]
 impl TaskStore for MemoryStore {
-    async fn create(
-        &self,
-        task: &Task,
-        record: &StateRecord,
-        key: Option<&IdempotencyRecord>,
-    ) -> Result<CreateOutcome, StoreError> {
+    async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError> {
+        let NewTask { task, record, key } = new;
         let mut inner = self.lock()?;
         // The read-back of an ambiguous create (a retry of one that was applied): the task
         // and its record already are these, so this request created them.

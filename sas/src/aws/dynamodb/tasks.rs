@@ -6,7 +6,7 @@ use super::store::*;
 use crate::domain::{Condition, Task};
 use crate::domain::{StateRecord, TaskId};
 use crate::ports::StoreError;
-use crate::ports::{CreateOutcome, IdempotencyRecord, TaskStore};
+use crate::ports::{CreateOutcome, IdempotencyRecord, NewTask, TaskStore};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
@@ -44,12 +44,8 @@ impl DynamoStore {
 
 #[async_trait]
 impl TaskStore for DynamoStore {
-    async fn create(
-        &self,
-        task: &Task,
-        record: &StateRecord,
-        key: Option<&IdempotencyRecord>,
-    ) -> Result<CreateOutcome, StoreError> {
+    async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError> {
+        let NewTask { task, record, key } = new;
         // One transaction, every item `attribute_not_exists(pk)`: keeps "a task exists iff its
         // state record exists" and "an idempotency key names exactly one task".
         let mut writes = Vec::with_capacity(3);
