@@ -38,6 +38,20 @@ pub struct IdempotencyRecord {
     pub created_at: DateTime<Utc>,
 }
 
+/// A state record to write and the condition the stored one must meet for it
+/// ([`TaskStore::put_as`], [`TaskStore::put_with_input`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Guarded<'a> {
+    pub record: &'a StateRecord,
+    pub condition: &'a Condition,
+}
+
+impl<'a> Guarded<'a> {
+    pub fn new(record: &'a StateRecord, condition: &'a Condition) -> Self {
+        Self { record, condition }
+    }
+}
+
 /// What [`TaskStore::create`] writes: a task, its first state record and, if the request had
 /// one, its idempotency key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +103,8 @@ pub trait TaskStore: Send + Sync {
     /// Replaces the state record if `condition` holds, else [`StoreError::ConditionFailed`]:
     /// one write request with a new id (see [`TaskStore::put_as`]).
     async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
-        self.put_as(record, condition, rand::random()).await
+        self.put_as(Guarded::new(record, condition), rand::random())
+            .await
     }
     /// [`TaskStore::put`] as the request `write`. A write whose response was lost is retried
     /// (by the SDK) as the same request, fails its condition against its own first attempt,
@@ -97,23 +112,13 @@ pub trait TaskStore: Send + Sync {
     /// request*. Two writers making the very same transition from the same version (two
     /// supervisors recovering one record in one millisecond) are two requests: one wins, the
     /// other gets a lost race, however alike their records.
-    async fn put_as(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        write: u64,
-    ) -> Result<(), StoreError>;
-    /// Writes `record` under `condition` and, in the same transaction, gives its task the new
+    async fn put_as(&self, put: Guarded<'_>, write: u64) -> Result<(), StoreError>;
+    /// Writes `put.record` under `put.condition` and, in the same transaction, gives its task the new
     /// input of `task` (an operator's retry on a patched input), with its revision and the
     /// earlier inputs steps ran with: both or neither. `ConditionFailed` when the record's
     /// condition does not hold (or the task item is gone, or at another revision than the one
     /// before `task`'s).
-    async fn put_with_input(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        task: &Task,
-    ) -> Result<(), StoreError>;
+    async fn put_with_input(&self, put: Guarded<'_>, task: &Task) -> Result<(), StoreError>;
     /// Starts the retention clock of a task whose record is final
     /// ([`ProcessState::is_final`]): its items expire (DynamoDB TTL, `ExpiresAt`) the store's
     /// retention after the record's `updated_at`. Idempotent; a no-op for a record that is not

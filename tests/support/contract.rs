@@ -6,8 +6,8 @@ use sas::domain::state::to_millis;
 use sas::domain::transition::{self, StepOutcome};
 use sas::domain::workflow::examples;
 use sas::ports::{
-    Catalog, CreateOutcome, DefinitionRef, DueQuery, Entry, IdempotencyRecord, InState, Kind,
-    LeaseClaim, NewTask, Paging, Publication, Published, Queue, RateRequest, StateStore,
+    Catalog, CreateOutcome, DefinitionRef, DueQuery, Entry, Guarded, IdempotencyRecord, InState,
+    Kind, LeaseClaim, NewTask, Paging, Publication, Published, Queue, RateRequest, StateStore,
     StoreError,
 };
 use sas::{Caller, Policies, Policy, ProcessState, StateRecord, Task, TaskId, Workflow};
@@ -216,7 +216,7 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     // (The SDK's retry is the same request: `put_as` with the same id.)
     for _ in 0..2 {
         store
-            .put_as(&e.record, &e.condition, 7)
+            .put_as(Guarded::new(&e.record, &e.condition), 7)
             .await
             .expect("applied, or already applied");
     }
@@ -227,11 +227,11 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     let c = transition::claim(&e.record, "s1", due, p).expect("claim");
     let rival = transition::claim(&e.record, "s2", due, p).expect("claim");
     store
-        .put_as(&c.record, &c.condition, 8)
+        .put_as(Guarded::new(&c.record, &c.condition), 8)
         .await
         .expect("claim");
     store
-        .put_as(&c.record, &c.condition, 8)
+        .put_as(Guarded::new(&c.record, &c.condition), 8)
         .await
         .expect("the claim's retry reads back as applied");
     // Another writer making the very same claim from the same version (the same record, byte
@@ -239,7 +239,11 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     let twin = transition::claim(&e.record, "s1", due, p).expect("claim");
     assert_eq!(twin, c, "the same transition");
     assert!(
-        is_condition_failed(store.put_as(&twin.record, &twin.condition, 9).await),
+        is_condition_failed(
+            store
+                .put_as(Guarded::new(&twin.record, &twin.condition), 9)
+                .await
+        ),
         "an identical write by another request lost the race"
     );
     assert!(
@@ -269,7 +273,7 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
         .expect("fits");
     for _ in 0..2 {
         store
-            .put_with_input(&t.record, &t.condition, &changed)
+            .put_with_input(Guarded::new(&t.record, &t.condition), &changed)
             .await
             .expect("applied, or already applied");
     }
@@ -278,7 +282,9 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     let mut rival = t.record.clone();
     rival.history.pop();
     assert!(is_condition_failed(
-        store.put_with_input(&rival, &t.condition, &other).await
+        store
+            .put_with_input(Guarded::new(&rival, &t.condition), &other)
+            .await
     ));
     let (task, record) = stored(store, failed.task_id).await;
     assert_eq!((task.input.clone(), record), (patched, t.record));
@@ -310,7 +316,7 @@ async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore)
     };
     assert!(is_condition_failed(
         store
-            .put_with_input(&stale.record, &stale.condition, &patched)
+            .put_with_input(Guarded::new(&stale.record, &stale.condition), &patched)
             .await
     ));
     let (task, record) = stored(store, failed.task_id).await;
@@ -323,7 +329,7 @@ async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore)
     };
     assert!(is_condition_failed(
         store
-            .put_with_input(&t.record, &t.condition, &skipped)
+            .put_with_input(Guarded::new(&t.record, &t.condition), &skipped)
             .await
     ));
     assert_eq!(
@@ -336,7 +342,7 @@ async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore)
     );
     // The condition holds: both change.
     store
-        .put_with_input(&t.record, &t.condition, &patched)
+        .put_with_input(Guarded::new(&t.record, &t.condition), &patched)
         .await
         .expect("lands");
     let (task, record) = stored(store, failed.task_id).await;
@@ -348,7 +354,10 @@ async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore)
     ghost.task_id = TaskId::new_random();
     assert!(is_condition_failed(
         store
-            .put_with_input(&ghost, &sas::domain::Condition::Absent, &patched)
+            .put_with_input(
+                Guarded::new(&ghost, &sas::domain::Condition::Absent),
+                &patched
+            )
             .await
     ));
     assert_eq!(store.get_state(ghost.task_id).await.expect("read"), None);
@@ -779,10 +788,10 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
 
     let claim = transition::claim(&r, "s-1", now, &p).expect("claim");
     store
-        .put_as(&claim.record, &claim.condition, 1)
+        .put_as(Guarded::new(&claim.record, &claim.condition), 1)
         .await
         .expect("claim lands");
-    store.put_as(&claim.record, &claim.condition, 1).await.expect(
+    store.put_as(Guarded::new(&claim.record, &claim.condition), 1).await.expect(
         "the same request twice: the record already is that claim (a retry after a lost response)",
     );
     let rival = transition::claim(&r, "s-2", now, &p).expect("claim from the stale read");

@@ -7,7 +7,7 @@
 use async_trait::async_trait;
 use sas::aws::{index_entry_sizes, state_record_size, stored_sizes};
 use sas::domain::{StateRecord, Task};
-use sas::ports::{LeaseClaim, NewTask, StateStore, Stored};
+use sas::ports::{Guarded, LeaseClaim, NewTask, StateStore, Stored};
 use sas_local::intercept::{Call, Failure, Interceptor, Next, Reply, answer};
 use sas_local::provision::Resources;
 use std::collections::BTreeMap;
@@ -301,7 +301,8 @@ impl Interceptor for Counter {
                 Ok(out)
             }
             Call::PutAs {
-                record, condition, ..
+                put: Guarded { record, condition },
+                ..
             } => {
                 m.call("DynamoDB PutItem");
                 m.io().await;

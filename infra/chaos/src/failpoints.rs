@@ -7,7 +7,7 @@
 
 use async_trait::async_trait;
 use sas::domain::{Condition, StateRecord, TaskId};
-use sas::ports::{CreateOutcome, ReceivedMessage, StateStore};
+use sas::ports::{CreateOutcome, Guarded, ReceivedMessage, StateStore};
 use sas::remote::seeded_unit;
 use sas_local::Ports;
 use sas_local::intercept::{Call, Failure, Intercepted, Interceptor, Next, Reply, answer, nothing};
@@ -492,14 +492,16 @@ impl Faults {
                 Some("create".to_owned()),
             ),
             Call::PutAs {
-                record, condition, ..
+                put: Guarded { record, condition },
+                ..
             } => {
                 let point = put_point(record, condition);
                 ("put", record.task_id, record, true, Some(point))
             }
-            Call::PutWithInput { record, .. } => {
-                ("put_with_input", record.task_id, record, false, None)
-            }
+            Call::PutWithInput {
+                put: Guarded { record, .. },
+                ..
+            } => ("put_with_input", record.task_id, record, false, None),
             _ => return next.run(call).await,
         };
         let subject = subject.to_string();

@@ -13,12 +13,12 @@
 
 use async_trait::async_trait;
 use sas::domain::rate::Admission;
-use sas::domain::{BreakerRecord, Caller, Condition, StateRecord, Task, TaskId};
+use sas::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use sas::ports::{
     Breakers, Catalog, Count, CreateOutcome, DefinitionRef, DueEntry, DueIndex, DueQuery, Entry,
-    EventBus, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging, Publication, PublishError,
-    Published, Queue, QueueError, RateLimits, RateRequest, ReceivedMessage, StoreError, Stored,
-    TaskLists, TaskStore,
+    EventBus, Guarded, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging, Publication,
+    PublishError, Published, Queue, QueueError, RateLimits, RateRequest, ReceivedMessage,
+    StoreError, Stored, TaskLists, TaskStore,
 };
 use serde_json::Value;
 use std::any::Any;
@@ -39,13 +39,11 @@ pub enum Call<'a> {
         id: TaskId,
     },
     PutAs {
-        record: &'a StateRecord,
-        condition: &'a Condition,
+        put: Guarded<'a>,
         write: u64,
     },
     PutWithInput {
-        record: &'a StateRecord,
-        condition: &'a Condition,
+        put: Guarded<'a>,
         task: &'a Task,
     },
     ExpireTask {
@@ -299,21 +297,11 @@ impl<T: TaskStore + ?Sized, H: Interceptor> TaskStore for Intercepted<T, H> {
     async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
         forward!(self, GetState { id } => get_state)
     }
-    async fn put_as(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        write: u64,
-    ) -> Result<(), StoreError> {
-        forward!(self, PutAs { record, condition, write } => put_as)
+    async fn put_as(&self, put: Guarded<'_>, write: u64) -> Result<(), StoreError> {
+        forward!(self, PutAs { put, write } => put_as)
     }
-    async fn put_with_input(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        task: &Task,
-    ) -> Result<(), StoreError> {
-        forward!(self, PutWithInput { record, condition, task } => put_with_input)
+    async fn put_with_input(&self, put: Guarded<'_>, task: &Task) -> Result<(), StoreError> {
+        forward!(self, PutWithInput { put, task } => put_with_input)
     }
     async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
         forward!(self, ExpireTask { record } => expire_task)

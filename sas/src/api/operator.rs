@@ -12,7 +12,7 @@ use crate::domain::transition::{self, Actor, Rejection, Transition};
 use crate::domain::{Caller, ProcessState, StateRecord, TaskId};
 use crate::handlers::{HandlerError, count_outcome, perform_no_step, workflow_of, write};
 use crate::ports::StoreError;
-use crate::ports::{InState, Paging};
+use crate::ports::{Guarded, InState, Paging};
 use http::StatusCode;
 use serde_json::{Value, json};
 use std::fmt;
@@ -273,7 +273,7 @@ pub(super) async fn act(
         // The input and the record in one transaction, the record under its condition.
         Ok(changed) => match deps
             .store
-            .put_with_input(&t.record, &t.condition, changed)
+            .put_with_input(Guarded::new(&t.record, &t.condition), changed)
             .await
         {
             Ok(()) => Ok(true),

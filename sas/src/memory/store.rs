@@ -1,8 +1,8 @@
 use crate::domain::rate::Admission;
-use crate::domain::{BreakerRecord, Caller, Condition, StateRecord, Task, TaskId};
+use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use crate::ports::{
     Breakers, Catalog, Count, CreateOutcome, Cursor, DefinitionRef, DueEntry, DueIndex, DueQuery,
-    Entry, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging,
+    Entry, Guarded, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging,
     Publication, Published, RateLimits, RateRequest, StoreError, Stored, Summary, TaskLists,
     TaskStore, canonical,
 };
@@ -164,12 +164,8 @@ impl TaskStore for MemoryStore {
     async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
         Ok(self.lock()?.states.get(&id).cloned())
     }
-    async fn put_as(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        write: u64,
-    ) -> Result<(), StoreError> {
+    async fn put_as(&self, put: Guarded<'_>, write: u64) -> Result<(), StoreError> {
+        let Guarded { record, condition } = put;
         let mut inner = self.lock()?;
         let current = inner.states.get(&record.task_id);
         if !condition.holds(current) {
@@ -187,12 +183,8 @@ impl TaskStore for MemoryStore {
         inner.writes.insert(record.task_id, write);
         Ok(())
     }
-    async fn put_with_input(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        task: &Task,
-    ) -> Result<(), StoreError> {
+    async fn put_with_input(&self, put: Guarded<'_>, task: &Task) -> Result<(), StoreError> {
+        let Guarded { record, condition } = put;
         let mut inner = self.lock()?;
         // As the DynamoDB store: the task at the revision before, and the record's condition.
         let follows = inner

@@ -3,10 +3,10 @@
 use super::item::*;
 use super::records::*;
 use super::store::*;
-use crate::domain::{Condition, Task};
+use crate::domain::Task;
 use crate::domain::{StateRecord, TaskId};
 use crate::ports::StoreError;
-use crate::ports::{CreateOutcome, IdempotencyRecord, NewTask, TaskStore};
+use crate::ports::{CreateOutcome, Guarded, IdempotencyRecord, NewTask, TaskStore};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
@@ -153,12 +153,8 @@ impl TaskStore for DynamoStore {
             .map(parse_state)
             .transpose()
     }
-    async fn put_as(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        write: u64,
-    ) -> Result<(), StoreError> {
+    async fn put_as(&self, put: Guarded<'_>, write: u64) -> Result<(), StoreError> {
+        let Guarded { record, condition } = put;
         let e = condition_expr(condition);
         let mut item = state_item(record, self.shards);
         // The request's id, so the read-back below tells this request's write (its own retry)
@@ -200,12 +196,8 @@ impl TaskStore for DynamoStore {
             },
         }
     }
-    async fn put_with_input(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        task: &Task,
-    ) -> Result<(), StoreError> {
+    async fn put_with_input(&self, put: Guarded<'_>, task: &Task) -> Result<(), StoreError> {
+        let Guarded { record, condition } = put;
         // One transaction: the task's new input, its revision and the earlier inputs steps ran
         // with (condition: the task item exists at the revision before - keeps "an input is
         // replaced, never created, and each revision follows the one it replaces") and the
