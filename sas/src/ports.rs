@@ -492,26 +492,33 @@ pub struct ReceivedMessage {
 #[async_trait]
 pub trait Queue: Send + Sync {
     async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError>;
-    /// Receives up to `max` messages, waiting up to `wait` for the first.
-    async fn receive(
-        &self,
-        queue_url: &str,
-        max: u32,
-        wait: Duration,
-    ) -> Result<Vec<ReceivedMessage>, QueueError>;
+    /// Receives up to `ask.max` messages, waiting up to `ask.wait` for the first.
+    async fn receive(&self, ask: ReceiveRequest<'_>) -> Result<Vec<ReceivedMessage>, QueueError>;
     async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError>;
     /// Copies a poison message to a dead-letter queue with the reason it can never be
     /// processed (SQS: the message attribute `sas-reason`; the body stays as it was, so it can
     /// be redriven). By default, a plain send.
-    async fn send_dead_letter(
-        &self,
-        queue_url: &str,
-        body: &str,
-        reason: &str,
-    ) -> Result<(), QueueError> {
-        let _ = reason;
-        self.send(queue_url, body, Duration::ZERO).await
+    async fn send_dead_letter(&self, letter: DeadLetter<'_>) -> Result<(), QueueError> {
+        self.send(letter.queue_url, letter.body, Duration::ZERO)
+            .await
     }
+}
+
+/// A receive from `queue_url`: up to `max` messages, waiting up to `wait` for the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiveRequest<'a> {
+    pub queue_url: &'a str,
+    pub max: u32,
+    pub wait: Duration,
+}
+
+/// A poison message for the dead-letter queue `queue_url`: its `body`, as it was, and the
+/// `reason` it can never be processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadLetter<'a> {
+    pub queue_url: &'a str,
+    pub body: &'a str,
+    pub reason: &'a str,
 }
 
 /// The message attribute that carries a dead letter's reason.

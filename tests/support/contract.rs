@@ -7,8 +7,8 @@ use sas::domain::transition::{self, StepOutcome};
 use sas::domain::workflow::examples;
 use sas::ports::{
     Catalog, CreateOutcome, DefinitionRef, DueQuery, Entry, Guarded, IdempotencyRecord, InState,
-    Kind, LeaseClaim, NewTask, Paging, Publication, Published, Queue, RateRequest, StateStore,
-    StoreError,
+    Kind, LeaseClaim, NewTask, Paging, Publication, Published, Queue, RateRequest, ReceiveRequest,
+    StateStore, StoreError,
 };
 use sas::{Caller, Policies, Policy, ProcessState, StateRecord, Task, TaskId, Workflow};
 use serde_json::{Value, json};
@@ -1028,7 +1028,11 @@ pub async fn queue_contract(queue: &dyn Queue, url: &str, dlq_url: &str) {
     // Send, receive, delete.
     queue.send(url, "one", none).await.expect("send");
     let got = queue
-        .receive(url, 10, Duration::from_secs(1))
+        .receive(ReceiveRequest {
+            queue_url: url,
+            max: 10,
+            wait: Duration::from_secs(1),
+        })
         .await
         .expect("receive");
     assert_eq!(got.len(), 1);
@@ -1055,7 +1059,14 @@ pub async fn queue_contract(queue: &dyn Queue, url: &str, dlq_url: &str) {
     assert_eq!(again.body, "later");
     assert_eq!(again.receive_count, 2);
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let _ = queue.receive(url, 10, none).await.expect("receive");
+    let _ = queue
+        .receive(ReceiveRequest {
+            queue_url: url,
+            max: 10,
+            wait: none,
+        })
+        .await
+        .expect("receive");
     let dead = receive_within(queue, dlq_url, Duration::from_secs(5)).await;
     assert_eq!(
         dead.map(|m| m.body).as_deref(),
@@ -1067,7 +1078,11 @@ pub async fn queue_contract(queue: &dyn Queue, url: &str, dlq_url: &str) {
 /// Nothing can be received from `url` right now.
 async fn assert_nothing_visible(queue: &dyn Queue, url: &str, why: &str) {
     let got = queue
-        .receive(url, 10, Duration::ZERO)
+        .receive(ReceiveRequest {
+            queue_url: url,
+            max: 10,
+            wait: Duration::ZERO,
+        })
         .await
         .expect("receive");
     assert!(got.is_empty(), "{why}: got {got:?}");
@@ -1081,7 +1096,11 @@ async fn receive_within(
     let until = tokio::time::Instant::now() + within;
     while tokio::time::Instant::now() < until {
         let mut got = queue
-            .receive(url, 1, Duration::from_secs(1))
+            .receive(ReceiveRequest {
+                queue_url: url,
+                max: 1,
+                wait: Duration::from_secs(1),
+            })
             .await
             .expect("receive");
         if let Some(m) = got.pop() {

@@ -428,7 +428,7 @@ impl Interceptor for Counter {
                 m.io().await;
                 next.run(call).await
             }
-            Call::Receive { .. } | Call::Delete { .. } => next.run(call).await,
+            Call::Receive(_) | Call::Delete { .. } => next.run(call).await,
             Call::PublishEvent { detail, .. } => {
                 m.call("EventBridge PutEvents");
                 m.io().await;

@@ -636,7 +636,7 @@ impl Interceptor for Faults {
                 Ok(got)
             }
             Call::Send { .. } => self.send(call, next).await,
-            Call::Receive { .. } => {
+            Call::Receive(_) => {
                 let got = next.run(call).await?;
                 let p = &self.chaos.plan;
                 if let Some(got) = answer::<Vec<ReceivedMessage>, _>(&got)

@@ -17,8 +17,8 @@ use sas::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use sas::ports::{
     Breakers, Catalog, Count, CreateOutcome, DefinitionRef, DueEntry, DueIndex, DueQuery, Entry,
     EventBus, Guarded, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging, Publication,
-    PublishError, Published, Queue, QueueError, RateLimits, RateRequest, ReceivedMessage,
-    StoreError, Stored, TaskLists, TaskStore,
+    PublishError, Published, Queue, QueueError, RateLimits, RateRequest, ReceiveRequest,
+    ReceivedMessage, StoreError, Stored, TaskLists, TaskStore,
 };
 use serde_json::Value;
 use std::any::Any;
@@ -91,11 +91,7 @@ pub enum Call<'a> {
         body: &'a str,
         delay: Duration,
     },
-    Receive {
-        queue_url: &'a str,
-        max: u32,
-        wait: Duration,
-    },
+    Receive(ReceiveRequest<'a>),
     Delete {
         queue_url: &'a str,
         receipt_handle: &'a str,
@@ -130,7 +126,7 @@ impl Call<'_> {
             Self::Definition(_) => "definition",
             Self::Entries { .. } => "entries",
             Self::Send { .. } => "send",
-            Self::Receive { .. } => "receive",
+            Self::Receive(_) => "receive",
             Self::Delete { .. } => "delete",
             Self::PublishEvent { .. } => "publish_event",
         }
@@ -376,13 +372,8 @@ impl<T: Queue + ?Sized, H: Interceptor> Queue for Intercepted<T, H> {
     async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
         forward!(self, Send { queue_url, body, delay } => send)
     }
-    async fn receive(
-        &self,
-        queue_url: &str,
-        max: u32,
-        wait: Duration,
-    ) -> Result<Vec<ReceivedMessage>, QueueError> {
-        forward!(self, Receive { queue_url, max, wait } => receive)
+    async fn receive(&self, ask: ReceiveRequest<'_>) -> Result<Vec<ReceivedMessage>, QueueError> {
+        forward!(self, Receive(ask) => receive)
     }
     async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError> {
         forward!(self, Delete { queue_url, receipt_handle } => delete)
@@ -428,11 +419,11 @@ mod tests {
                     next.run(call).await
                 }
                 Call::Delete { queue_url, .. } => {
-                    next.run(Call::Receive {
+                    next.run(Call::Receive(ReceiveRequest {
                         queue_url,
                         max: 1,
                         wait: Duration::ZERO,
-                    })
+                    }))
                     .await
                 }
                 _ => next.run(call).await,
