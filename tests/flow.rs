@@ -85,11 +85,7 @@ async fn claim_then_miss_the_deadline(
 async fn receive_now(system: &System, url: &str) -> Vec<sas::ports::ReceivedMessage> {
     system
         .queue
-        .receive(ReceiveRequest {
-            queue_url: url,
-            max: 10,
-            wait: Duration::ZERO,
-        })
+        .receive(ReceiveRequest::visible(url))
         .await
         .expect("receive")
 }

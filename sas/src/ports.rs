@@ -512,6 +512,17 @@ pub struct ReceiveRequest<'a> {
     pub wait: Duration,
 }
 
+impl<'a> ReceiveRequest<'a> {
+    /// The messages visible on `queue_url` now: up to ten (SQS's most), without waiting.
+    pub fn visible(queue_url: &'a str) -> Self {
+        Self {
+            queue_url,
+            max: 10,
+            wait: Duration::ZERO,
+        }
+    }
+}
+
 /// A poison message for the dead-letter queue `queue_url`: its `body`, as it was, and the
 /// `reason` it can never be processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1078,11 +1078,7 @@ pub async fn queue_contract(queue: &dyn Queue, url: &str, dlq_url: &str) {
 /// Nothing can be received from `url` right now.
 async fn assert_nothing_visible(queue: &dyn Queue, url: &str, why: &str) {
     let got = queue
-        .receive(ReceiveRequest {
-            queue_url: url,
-            max: 10,
-            wait: Duration::ZERO,
-        })
+        .receive(ReceiveRequest::visible(url))
         .await
         .expect("receive");
     assert!(got.is_empty(), "{why}: got {got:?}");

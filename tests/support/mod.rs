@@ -257,11 +257,7 @@ pub async fn drain(system: &System, url: &str) -> Vec<String> {
     loop {
         let got = system
             .queue
-            .receive(ReceiveRequest {
-                queue_url: url,
-                max: 10,
-                wait: Duration::ZERO,
-            })
+            .receive(ReceiveRequest::visible(url))
             .await
             .expect("receive");
         if got.is_empty() {

@@ -344,20 +344,17 @@ impl Interceptor for Counter {
                 m.key(format!("BREAKER#{}", record.name), 1.0, 0.0);
                 next.run(call).await
             }
-            Call::List { .. } => {
-                m.call("DynamoDB Query (state-index)");
+            Call::List { .. } | Call::Count { .. } => {
+                m.call(match call {
+                    Call::List { .. } => "DynamoDB Query (state-index)",
+                    _ => "DynamoDB Query (state-index, count)",
+                });
                 m.io().await;
                 m.add(|c| c.rru += 0.5);
                 next.run(call).await
             }
             Call::PutWithInput { .. } => {
                 m.call("DynamoDB TransactWriteItems (input + state)");
-                next.run(call).await
-            }
-            Call::Count { .. } => {
-                m.call("DynamoDB Query (state-index, count)");
-                m.io().await;
-                m.add(|c| c.rru += 0.5);
                 next.run(call).await
             }
             Call::ExpireTask { record } => {

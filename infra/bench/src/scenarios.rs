@@ -330,12 +330,10 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     // Claimed; the request and its timer go out.
     clocked.time("scheduler", system.pump_scheduler()).await?;
     let agent = system.resources.agent_queue_url.clone();
-    let ask = ReceiveRequest {
-        queue_url: &agent,
-        max: 10,
-        wait: Duration::ZERO,
-    };
-    let lost = system.queue.receive(ask).await?;
+    let lost = system
+        .queue
+        .receive(ReceiveRequest::visible(&agent))
+        .await?;
     anyhow::ensure!(lost.len() == 1, "one step request out, not {}", lost.len());
     for m in &lost {
         system.queue.delete(&agent, &m.receipt_handle).await?;

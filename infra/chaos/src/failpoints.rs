@@ -304,32 +304,33 @@ impl Chaos {
 
     /// Whether this call is refused with a throttling error (before it happens).
     fn throttle(&self, what: &str, subject: &str) -> bool {
-        let n = self.calls.fetch_add(1, Ordering::Relaxed);
-        let hit = self.plan.throttle_rate > 0.0
-            && self.roll(
-                &format!("throttle {what}"),
-                subject,
-                n,
-                self.plan.throttle_rate,
-            );
-        if hit {
-            self.recorder.throttled.fetch_add(1, Ordering::Relaxed);
-        }
-        hit
+        let rate = self.plan.throttle_rate;
+        self.strike(
+            &format!("throttle {what}"),
+            subject,
+            rate,
+            &self.recorder.throttled,
+        )
     }
 
     /// Whether the response of this applied write is lost (the SDK then retries it).
     fn lose_response(&self, what: &str, subject: &str) -> bool {
+        let rate = self.plan.lost_response_rate;
+        self.strike(
+            &format!("lose {what}"),
+            subject,
+            rate,
+            &self.recorder.lost_responses,
+        )
+    }
+
+    /// Whether the fault `fault` strikes this call (one more call counted either way) at
+    /// `rate`; a strike is counted in `struck`.
+    fn strike(&self, fault: &str, subject: &str, rate: f64, struck: &AtomicU64) -> bool {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
-        let hit = self.plan.lost_response_rate > 0.0
-            && self.roll(
-                &format!("lose {what}"),
-                subject,
-                n,
-                self.plan.lost_response_rate,
-            );
+        let hit = rate > 0.0 && self.roll(fault, subject, n, rate);
         if hit {
-            self.recorder.lost_responses.fetch_add(1, Ordering::Relaxed);
+            struck.fetch_add(1, Ordering::Relaxed);
         }
         hit
     }

@@ -1,3 +1,4 @@
+use super::Described;
 use crate::messages::EVENT_SOURCE;
 use crate::ports::{EventBus, PublishError};
 use async_trait::async_trait;
@@ -35,7 +36,7 @@ impl EventBus for EventBridgeBus {
             .entries(entry)
             .send()
             .await
-            .map_err(|e| PublishError(super::describe(&e)))?;
+            .described(PublishError)?;
         if out.failed_entry_count() > 0 {
             let why = out
                 .entries()

@@ -1,3 +1,4 @@
+use super::Described;
 use crate::ports::{DeadLetter, Queue, QueueError, ReceiveRequest, ReceivedMessage};
 use async_trait::async_trait;
 use aws_sdk_sqs::types::MessageSystemAttributeName;
@@ -27,7 +28,7 @@ impl Queue for SqsQueue {
             .delay_seconds(secs)
             .send()
             .await
-            .map_err(|e| QueueError(super::describe(&e)))?;
+            .described(QueueError)?;
         Ok(())
     }
 
@@ -50,7 +51,7 @@ impl Queue for SqsQueue {
             .message_attributes(crate::ports::DEAD_LETTER_REASON, attribute)
             .send()
             .await
-            .map_err(|e| QueueError(super::describe(&e)))?;
+            .described(QueueError)?;
         Ok(())
     }
 
@@ -64,7 +65,7 @@ impl Queue for SqsQueue {
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .send()
             .await
-            .map_err(|e| QueueError(super::describe(&e)))?;
+            .described(QueueError)?;
         Ok(out
             .messages()
             .iter()
@@ -88,7 +89,7 @@ impl Queue for SqsQueue {
             .receipt_handle(receipt_handle)
             .send()
             .await
-            .map_err(|e| QueueError(super::describe(&e)))?;
+            .described(QueueError)?;
         Ok(())
     }
 }

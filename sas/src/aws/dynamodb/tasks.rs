@@ -42,6 +42,22 @@ impl DynamoStore {
     }
 }
 
+/// A put of the state record `item` under the condition expression `e` (an [`Expr`]), on a
+/// `PutItem` request or a transaction's `Put` (`builder`): the stored item comes back on a
+/// conditional failure, for the read-back of an ambiguous write.
+macro_rules! guarded_put {
+    ($builder:expr, $table:expr, $item:expr, $e:expr) => {{
+        let e = $e;
+        $builder
+            .table_name($table)
+            .set_item(Some($item))
+            .condition_expression(e.clauses.join(" AND "))
+            .set_expression_attribute_names(Some(e.names))
+            .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+    }};
+}
+
 #[async_trait]
 impl TaskStore for DynamoStore {
     async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError> {
@@ -164,17 +180,9 @@ impl TaskStore for DynamoStore {
         if let Some(at) = self.expiry(record) {
             item.insert("ExpiresAt".to_owned(), n(at));
         }
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item.clone()))
-            .condition_expression(e.clauses.join(" AND "))
-            .set_expression_attribute_names(Some(e.names))
-            .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values))
-            // On a conditional failure DynamoDB returns the item as it is, at no extra cost:
-            // what the read-back below needs.
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+        // On a conditional failure DynamoDB returns the item as it is, at no extra cost: what
+        // the read-back below needs.
+        let result = guarded_put!(self.client.put_item(), &self.table, item.clone(), e)
             .send()
             .await;
         match result {
@@ -234,13 +242,7 @@ impl TaskStore for DynamoStore {
         if let Some(at) = self.expiry(record) {
             item.insert("ExpiresAt".to_owned(), n(at));
         }
-        let put = Put::builder()
-            .table_name(&self.table)
-            .set_item(Some(item.clone()))
-            .condition_expression(e.clauses.join(" AND "))
-            .set_expression_attribute_names(Some(e.names))
-            .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+        let put = guarded_put!(Put::builder(), &self.table, item.clone(), e)
             .build()
             .map_err(build_err)?;
         let result = self
