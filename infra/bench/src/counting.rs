@@ -265,11 +265,8 @@ impl Counter {
 
 #[async_trait]
 impl Interceptor for Counter {
-    async fn around<'a, R: Reply, E: Failure>(
-        &'a self,
-        call: Call<'a>,
-        next: Next<'a, R, E>,
-    ) -> Result<R, E> {
+    async fn around<'a, R: Reply, E: Failure>(&'a self, next: Next<'a, R, E>) -> Result<R, E> {
+        let call = next.call();
         let m = &self.meter;
         match call {
             Call::Create(new) => {

@@ -304,31 +304,31 @@ impl Chaos {
 
     /// Whether this call is refused with a throttling error (before it happens).
     fn throttle(&self, what: &str, subject: &str) -> bool {
-        let rate = self.plan.throttle_rate;
-        self.strike(
-            &format!("throttle {what}"),
-            subject,
-            rate,
-            &self.recorder.throttled,
-        )
+        self.strike(Strike::Throttle, what, subject)
     }
 
     /// Whether the response of this applied write is lost (the SDK then retries it).
     fn lose_response(&self, what: &str, subject: &str) -> bool {
-        let rate = self.plan.lost_response_rate;
-        self.strike(
-            &format!("lose {what}"),
-            subject,
-            rate,
-            &self.recorder.lost_responses,
-        )
+        self.strike(Strike::LoseResponse, what, subject)
     }
 
-    /// Whether the fault `fault` strikes this call (one more call counted either way) at
-    /// `rate`; a strike is counted in `struck`.
-    fn strike(&self, fault: &str, subject: &str, rate: f64, struck: &AtomicU64) -> bool {
+    /// Whether `fault` strikes this call (one more call counted either way), at its rate in
+    /// the plan; a strike is counted in the recorder.
+    fn strike(&self, fault: Strike, what: &str, subject: &str) -> bool {
+        let (name, rate, struck) = match fault {
+            Strike::Throttle => (
+                "throttle",
+                self.plan.throttle_rate,
+                &self.recorder.throttled,
+            ),
+            Strike::LoseResponse => (
+                "lose",
+                self.plan.lost_response_rate,
+                &self.recorder.lost_responses,
+            ),
+        };
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
-        let hit = rate > 0.0 && self.roll(fault, subject, n, rate);
+        let hit = rate > 0.0 && self.roll(&format!("{name} {what}"), subject, n, rate);
         if hit {
             struck.fetch_add(1, Ordering::Relaxed);
         }
@@ -610,6 +610,15 @@ impl Faults {
     }
 }
 
+/// A fault that strikes a call at random, at its rate in the plan.
+#[derive(Debug, Clone, Copy)]
+enum Strike {
+    /// The call is refused with a throttling error before it happens.
+    Throttle,
+    /// The applied write's response is lost.
+    LoseResponse,
+}
+
 fn task_of(body: &str) -> String {
     serde_json::from_str::<serde_json::Value>(body)
         .ok()
@@ -619,11 +628,8 @@ fn task_of(body: &str) -> String {
 
 #[async_trait]
 impl Interceptor for Faults {
-    async fn around<'a, R: Reply, E: Failure>(
-        &'a self,
-        call: Call<'a>,
-        next: Next<'a, R, E>,
-    ) -> Result<R, E> {
+    async fn around<'a, R: Reply, E: Failure>(&'a self, next: Next<'a, R, E>) -> Result<R, E> {
+        let call = next.call();
         match call {
             Call::Create(_) | Call::PutAs { .. } | Call::PutWithInput { .. } => {
                 self.write(call, &next).await

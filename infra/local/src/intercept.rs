@@ -1,7 +1,7 @@
 //! One interception layer over the ports: [`Intercepted`] forwards every call of the store
 //! traits, the catalog, the queue and the event bus to the port it wraps, through an
-//! [`Interceptor`] that sees which call it is ([`Call`]: the operation and its arguments) and
-//! runs it ([`Next::run`]) zero, one or more times, looking at the answer and replacing it
+//! [`Interceptor`] that sees which call it is ([`Next::call`]: the operation and its
+//! arguments) and runs it ([`Next::run`]) zero, one or more times, looking at the answer and replacing it
 //! with an error before or after. The bench's call counter and the chaos harness's failpoints
 //! are two interceptors.
 //!
@@ -107,7 +107,7 @@ impl Call<'_> {
     /// The operation's name: the port method it calls.
     pub fn name(&self) -> &'static str {
         match self {
-            Self::Create(_) => "create",
+            Self::Create { .. } => "create",
             Self::Get { .. } => "get",
             Self::GetState { .. } => "get_state",
             Self::PutAs { .. } => "put_as",
@@ -116,17 +116,17 @@ impl Call<'_> {
             Self::List { .. } => "list",
             Self::Count { .. } => "count",
             Self::ListByCaller { .. } => "list_by_caller",
-            Self::Due(_) => "due",
-            Self::AcquireLease(_) => "acquire_lease",
+            Self::Due { .. } => "due",
+            Self::AcquireLease { .. } => "acquire_lease",
             Self::ReleaseLease { .. } => "release_lease",
             Self::GetBreaker { .. } => "get_breaker",
             Self::PutBreaker { .. } => "put_breaker",
-            Self::Admit(_) => "admit",
-            Self::PublishDefinition(_) => "publish_definition",
-            Self::Definition(_) => "definition",
+            Self::Admit { .. } => "admit",
+            Self::PublishDefinition { .. } => "publish_definition",
+            Self::Definition { .. } => "definition",
             Self::Entries { .. } => "entries",
             Self::Send { .. } => "send",
-            Self::Receive(_) => "receive",
+            Self::Receive { .. } => "receive",
             Self::Delete { .. } => "delete",
             Self::PublishEvent { .. } => "publish_event",
         }
@@ -195,15 +195,25 @@ pub fn nothing<R: Reply>() -> Option<R> {
 
 type Answer<'a, R, E> = Pin<Box<dyn Future<Output = Result<R, E>> + Send + 'a>>;
 
-/// The wrapped port's side of a call: [`Next::run`] makes it.
+/// A call an interceptor stands around ([`Next::call`]) and the wrapped port's side of it:
+/// [`Next::run`] makes it.
 pub struct Next<'a, R, E> {
+    call: Call<'a>,
     #[allow(clippy::type_complexity)]
     run: Box<dyn Fn(Call<'a>) -> Answer<'a, R, E> + Send + Sync + 'a>,
 }
 
 impl<'a, R, E> Next<'a, R, E> {
-    fn new(run: impl Fn(Call<'a>) -> Answer<'a, R, E> + Send + Sync + 'a) -> Self {
-        Self { run: Box::new(run) }
+    fn new(call: Call<'a>, run: impl Fn(Call<'a>) -> Answer<'a, R, E> + Send + Sync + 'a) -> Self {
+        Self {
+            call,
+            run: Box::new(run),
+        }
+    }
+
+    /// The call intercepted: which operation, with its arguments.
+    pub fn call(&self) -> Call<'a> {
+        self.call
     }
 
     /// Makes `call` on the wrapped port: the call as the interceptor got it, or with other
@@ -214,15 +224,11 @@ impl<'a, R, E> Next<'a, R, E> {
     }
 }
 
-/// Decides around each call through [`Intercepted`]: [`Next::run`] it (or not, or twice), and
-/// answer, or fail with an error of the port ([`Failure`]).
+/// Decides around each call through [`Intercepted`] ([`Next::call`]): [`Next::run`] it (or
+/// not, or twice), and answer, or fail with an error of the port ([`Failure`]).
 #[async_trait]
 pub trait Interceptor: Send + Sync {
-    async fn around<'a, R: Reply, E: Failure>(
-        &'a self,
-        call: Call<'a>,
-        next: Next<'a, R, E>,
-    ) -> Result<R, E>;
+    async fn around<'a, R: Reply, E: Failure>(&'a self, next: Next<'a, R, E>) -> Result<R, E>;
 }
 
 /// A port (`T`: the store, the catalog, a queue or the bus) with every call through `hook`.
@@ -252,8 +258,7 @@ macro_rules! forward {
         let this = $self;
         this.hook
             .around(
-                Call::$variant($arg),
-                Next::new(move |call| {
+                Next::new(Call::$variant($arg), move |call| {
                     Box::pin(async move {
                         match call {
                             Call::$variant($arg) => this.inner.$method($arg).await,
@@ -268,8 +273,7 @@ macro_rules! forward {
         let this = $self;
         this.hook
             .around(
-                Call::$variant { $($arg),* },
-                Next::new(move |call| {
+                Next::new(Call::$variant { $($arg),* }, move |call| {
                     Box::pin(async move {
                         match call {
                             Call::$variant { $($arg),* } => this.inner.$method($($arg),*).await,
@@ -400,11 +404,8 @@ mod tests {
 
     #[async_trait]
     impl Interceptor for Hook {
-        async fn around<'a, R: Reply, E: Failure>(
-            &'a self,
-            call: Call<'a>,
-            next: Next<'a, R, E>,
-        ) -> Result<R, E> {
+        async fn around<'a, R: Reply, E: Failure>(&'a self, next: Next<'a, R, E>) -> Result<R, E> {
+            let call = next.call();
             if let Ok(mut seen) = self.0.lock() {
                 seen.push(call.name());
             }
