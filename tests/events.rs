@@ -387,7 +387,7 @@ async fn seed_task(system: &System, seed: &Seed) {
     assert_eq!(
         system
             .store
-            .create(&task, &record, None)
+            .create(sas::ports::NewTask::new(&task, &record))
             .await
             .expect("seed"),
         CreateOutcome::Created

@@ -5,6 +5,7 @@
 //! without an undo).
 
 use sas::messages::{SchedulerMessage, StepReply, StepRequest};
+use sas::ports::ReceiveRequest;
 use sas::remote::Faults;
 use sas::transition::StepOutcome;
 use sas::{ProcessState, StepStatus, TaskId};
@@ -84,7 +85,7 @@ async fn claim_then_miss_the_deadline(
 async fn receive_now(system: &System, url: &str) -> Vec<sas::ports::ReceivedMessage> {
     system
         .queue
-        .receive(url, 10, Duration::ZERO)
+        .receive(ReceiveRequest::visible(url))
         .await
         .expect("receive")
 }

@@ -512,12 +512,12 @@ async fn a_supervisor_that_dies_holding_a_shard_lease_is_replaced_after_it_expir
         assert!(
             system
                 .store
-                .acquire_lease(
-                    &format!("sweep#{shard}"),
-                    "dead",
+                .acquire_lease(sas::ports::LeaseClaim {
+                    name: &format!("sweep#{shard}"),
+                    owner: "dead",
                     now,
-                    chrono::Duration::seconds(60)
-                )
+                    ttl: chrono::Duration::seconds(60),
+                })
                 .await
                 .expect("lease")
         );

@@ -5,7 +5,7 @@
 //! each with its mapped input. A task started on version 1 finishes on version 1 after
 //! version 2 is published mid-run. Bad definitions and bad inputs are refused with the place.
 
-use sas::ports::SystemClock;
+use sas::ports::{InState, Paging, SystemClock};
 use sas::remote::Faults;
 use sas_local::{Backend, Settings, System};
 use serde_json::{Value, json};
@@ -98,9 +98,17 @@ async fn accepted(http: &reqwest::Client, base: &str, input: &Value) -> Value {
 
 /// How many tasks are Pending.
 async fn pending(system: &System) -> usize {
-    let page = system
-        .store
-        .list(sas::ProcessState::Pending, None, 100, None);
+    let of = InState {
+        state: sas::ProcessState::Pending,
+        workflow: None,
+    };
+    let page = system.store.list(
+        of,
+        Paging {
+            limit: 100,
+            after: None,
+        },
+    );
     page.await.expect("list").items.len()
 }
 

@@ -7,7 +7,9 @@
 
 use crate::domain::workflow::{self, ServiceRules, ServicesDoc};
 use crate::domain::{DefinitionError, Policy, ServiceDef, Workflow};
-use crate::ports::{Catalog, Clock, Entry, Kind, Published, StoreError};
+use crate::ports::{
+    Catalog, Clock, DefinitionRef, Entry, Kind, Publication, Published, StoreError,
+};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -90,7 +92,7 @@ impl Definitions {
         }
         let Some(stored) = self
             .catalog
-            .definition(Kind::Workflow, name, Some(version))
+            .definition(DefinitionRef::at(Kind::Workflow, name, version))
             .await?
         else {
             return Ok(None);
@@ -141,7 +143,8 @@ impl Definitions {
         }
         let mut out = BTreeMap::new();
         for Entry { name, .. } in self.catalog.entries(Kind::Service).await? {
-            if let Some(stored) = self.catalog.definition(Kind::Service, &name, None).await? {
+            let newest = DefinitionRef::newest(Kind::Service, &name);
+            if let Some(stored) = self.catalog.definition(newest).await? {
                 let def: ServiceDef = serde_json::from_value(stored.body).map_err(|e| {
                     DefinitionError::one(
                         String::new(),
@@ -167,14 +170,28 @@ impl Definitions {
         let w = Workflow::from_value(value, Some(&known), &self.policy)?;
         let body = serde_json::to_value(&w.doc)
             .map_err(|e| DefinitionError::one(String::new(), e.to_string()))?;
-        let published = self
-            .catalog
-            .publish(Kind::Workflow, &w.name, &body, self.clock.now())
-            .await?;
+        let published = self.publish_now(Kind::Workflow, &w.name, &body).await?;
         if let Ok(mut m) = self.latest.lock() {
             m.remove(&w.name);
         }
         Ok((published, Arc::new(w.with_version(published.version))))
+    }
+
+    /// Publishes `body` as the next version of `name` of `kind`, now.
+    async fn publish_now(
+        &self,
+        kind: Kind,
+        name: &str,
+        body: &Value,
+    ) -> Result<Published, StoreError> {
+        let now = self.clock.now();
+        let publication = Publication {
+            kind,
+            name,
+            body,
+            now,
+        };
+        self.catalog.publish(publication).await
     }
 
     /// Publishes every service of `doc` (each one a new version if it changed).
@@ -197,10 +214,7 @@ impl Definitions {
         for s in &doc.services {
             let body = serde_json::to_value(s)
                 .map_err(|e| DefinitionError::one(String::new(), e.to_string()))?;
-            let p = self
-                .catalog
-                .publish(Kind::Service, &s.name, &body, self.clock.now())
-                .await?;
+            let p = self.publish_now(Kind::Service, &s.name, &body).await?;
             out.push((s.name.clone(), p));
         }
         if let Ok(mut g) = self.services.lock() {

@@ -1,10 +1,12 @@
 //! The small traits the handlers talk to. Each has an AWS implementation ([`crate::aws`]) and
 //! an in-memory one ([`crate::memory`]) that pass the same contract tests.
 
+use crate::domain::rate::{Admission, RateLimit};
 use crate::domain::{BreakerRecord, Caller, Condition, ProcessState, StateRecord, Task, TaskId};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 #[cfg(any(test, feature = "testkit"))]
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
@@ -36,6 +38,40 @@ pub struct IdempotencyRecord {
     pub created_at: DateTime<Utc>,
 }
 
+/// A state record to write and the condition the stored one must meet for it
+/// ([`TaskStore::put_as`], [`TaskStore::put_with_input`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Guarded<'a> {
+    pub record: &'a StateRecord,
+    pub condition: &'a Condition,
+}
+
+impl<'a> Guarded<'a> {
+    pub fn new(record: &'a StateRecord, condition: &'a Condition) -> Self {
+        Self { record, condition }
+    }
+}
+
+/// What [`TaskStore::create`] writes: a task, its first state record and, if the request had
+/// one, its idempotency key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewTask<'a> {
+    pub task: &'a Task,
+    pub record: &'a StateRecord,
+    pub key: Option<&'a IdempotencyRecord>,
+}
+
+impl<'a> NewTask<'a> {
+    /// `task` and its first `record`, with no idempotency key.
+    pub fn new(task: &'a Task, record: &'a StateRecord) -> Self {
+        Self {
+            task,
+            record,
+            key: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CreateOutcome {
     Created,
@@ -59,12 +95,7 @@ impl<T> StateStore for T where
 pub trait TaskStore: Send + Sync {
     /// Writes the task, its state record and (if given) the idempotency key in one atomic
     /// transaction; each must not exist yet.
-    async fn create(
-        &self,
-        task: &Task,
-        record: &StateRecord,
-        key: Option<&IdempotencyRecord>,
-    ) -> Result<CreateOutcome, StoreError>;
+    async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError>;
     /// Strongly consistent read of the task and its state record.
     async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError>;
     /// Strongly consistent read of the state record.
@@ -72,7 +103,8 @@ pub trait TaskStore: Send + Sync {
     /// Replaces the state record if `condition` holds, else [`StoreError::ConditionFailed`]:
     /// one write request with a new id (see [`TaskStore::put_as`]).
     async fn put(&self, record: &StateRecord, condition: &Condition) -> Result<(), StoreError> {
-        self.put_as(record, condition, rand::random()).await
+        self.put_as(Guarded::new(record, condition), rand::random())
+            .await
     }
     /// [`TaskStore::put`] as the request `write`. A write whose response was lost is retried
     /// (by the SDK) as the same request, fails its condition against its own first attempt,
@@ -80,23 +112,13 @@ pub trait TaskStore: Send + Sync {
     /// request*. Two writers making the very same transition from the same version (two
     /// supervisors recovering one record in one millisecond) are two requests: one wins, the
     /// other gets a lost race, however alike their records.
-    async fn put_as(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        write: u64,
-    ) -> Result<(), StoreError>;
-    /// Writes `record` under `condition` and, in the same transaction, gives its task the new
+    async fn put_as(&self, put: Guarded<'_>, write: u64) -> Result<(), StoreError>;
+    /// Writes `put.record` under `put.condition` and, in the same transaction, gives its task the new
     /// input of `task` (an operator's retry on a patched input), with its revision and the
     /// earlier inputs steps ran with: both or neither. `ConditionFailed` when the record's
     /// condition does not hold (or the task item is gone, or at another revision than the one
     /// before `task`'s).
-    async fn put_with_input(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        task: &Task,
-    ) -> Result<(), StoreError>;
+    async fn put_with_input(&self, put: Guarded<'_>, task: &Task) -> Result<(), StoreError>;
     /// Starts the retention clock of a task whose record is final
     /// ([`ProcessState::is_final`]): its items expire (DynamoDB TTL, `ExpiresAt`) the store's
     /// retention after the record's `updated_at`. Idempotent; a no-op for a record that is not
@@ -108,69 +130,88 @@ pub trait TaskStore: Send + Sync {
 /// (read-only views of the items [`TaskStore`] writes).
 #[async_trait]
 pub trait TaskLists: Send + Sync {
-    /// One page of the records in `state` (of `workflow`, if given), newest first (by
-    /// `UpdatedAt`, ties by id) across every shard, starting after `after` (at most `limit`;
-    /// `next` is set when more may follow). Served by the state index, never a scan (a page
-    /// reads up to `limit` entries of each shard); eventually consistent.
-    async fn list(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError>;
-    /// How many records are in `state` (of `workflow`, if given), counting up to `cap`. Served
-    /// by the state index (a count query per shard, keys only); eventually consistent.
-    async fn count(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        cap: u64,
-    ) -> Result<Count, StoreError>;
-    /// One page of `caller`'s tasks, newest first (by creation), starting after `after`
-    /// (whose `at_ms` is, here, the last task's creation time). Served by the caller
-    /// index; eventually consistent.
-    async fn list_by_caller(
-        &self,
-        caller: &Caller,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError>;
+    /// One page of the records `of` a state (and workflow), newest first (by `UpdatedAt`, ties
+    /// by id) across every shard, as `page` asks (`next` is set when more may follow). Served
+    /// by the state index, never a scan (a page reads up to `limit` entries of each shard);
+    /// eventually consistent.
+    async fn list(&self, of: InState<'_>, page: Paging<'_>) -> Result<Page, StoreError>;
+    /// How many records are `of` a state (and workflow), counting up to `cap`. Served by the
+    /// state index (a count query per shard, keys only); eventually consistent.
+    async fn count(&self, of: InState<'_>, cap: u64) -> Result<Count, StoreError>;
+    /// One page of `caller`'s tasks, newest first (by creation), as `page` asks (its cursor's
+    /// `at_ms` is, here, the last task's creation time). Served by the caller index;
+    /// eventually consistent.
+    async fn list_by_caller(&self, caller: &Caller, page: Paging<'_>) -> Result<Page, StoreError>;
+}
+
+/// Which records a state list reads: those in `state`, of `workflow` if given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InState<'a> {
+    pub state: ProcessState,
+    pub workflow: Option<&'a str>,
+}
+
+impl InState<'_> {
+    /// Whether `r` is one of the records this list reads.
+    pub fn holds(&self, r: &StateRecord) -> bool {
+        r.process_state == self.state && self.workflow.is_none_or(|w| r.workflow == w)
+    }
+}
+
+/// Which page of a list to read: at most `limit` rows, starting strictly after `after`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Paging<'a> {
+    pub limit: usize,
+    pub after: Option<&'a Cursor>,
 }
 
 /// The due index the supervisor sweeps: the state records with a deadline, by shard.
 #[async_trait]
 pub trait DueIndex: Send + Sync {
-    /// Records of due-index `shard` due at or before `now`, oldest first (by due key, ties by
-    /// id), starting strictly after `after` (at most `limit`): a sweep pages past entries it
-    /// could not recover instead of reading them again. Eventually consistent: callers re-read
-    /// and write conditionally.
-    async fn due(
-        &self,
-        shard: u32,
-        now: DateTime<Utc>,
-        limit: usize,
-        after: Option<&DueEntry>,
-    ) -> Result<Vec<DueEntry>, StoreError>;
+    /// Records of due-index `q.shard` due at or before `q.now`, oldest first (by due key, ties
+    /// by id), starting strictly after `q.after` (at most `q.limit`): a sweep pages past
+    /// entries it could not recover instead of reading them again. Eventually consistent:
+    /// callers re-read and write conditionally.
+    async fn due(&self, q: DueQuery<'_>) -> Result<Vec<DueEntry>, StoreError>;
     /// How many shards the due index has.
     fn due_shards(&self) -> u32;
+}
+
+/// One page of a due-index shard: the entries of `shard` due at or before `now`, at most
+/// `limit`, strictly after `after`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DueQuery<'a> {
+    pub shard: u32,
+    pub now: DateTime<Utc>,
+    pub limit: usize,
+    pub after: Option<&'a DueEntry>,
 }
 
 /// Named leases (items `LEASE#<name>`): one holder at a time.
 #[async_trait]
 pub trait Leases: Send + Sync {
-    /// Takes (or renews) the lease `name` for `owner` until `now + ttl`, if it is free, expired
-    /// or already `owner`'s: a conditional write, so at most one owner holds it at a time
-    /// (Leader Election). `false`: someone else holds it.
-    async fn acquire_lease(
-        &self,
-        name: &str,
-        owner: &str,
-        now: DateTime<Utc>,
-        ttl: chrono::Duration,
-    ) -> Result<bool, StoreError>;
+    /// Takes (or renews) the lease `claim.name` for `claim.owner` until [`LeaseClaim::until`],
+    /// if it is free, expired or already the owner's: a conditional write, so at most one
+    /// owner holds it at a time (Leader Election). `false`: someone else holds it.
+    async fn acquire_lease(&self, claim: LeaseClaim<'_>) -> Result<bool, StoreError>;
     /// Gives the lease up if `owner` still holds it (a no-op otherwise).
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError>;
+}
+
+/// A claim on the lease `name` by `owner` at `now`, for `ttl`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseClaim<'a> {
+    pub name: &'a str,
+    pub owner: &'a str,
+    pub now: DateTime<Utc>,
+    pub ttl: chrono::Duration,
+}
+
+impl LeaseClaim<'_> {
+    /// When the lease, if taken, runs out.
+    pub fn until(&self) -> DateTime<Utc> {
+        self.now + self.ttl
+    }
 }
 
 /// The services' shared circuit breakers (items `BREAKER#<name>`).
@@ -186,14 +227,19 @@ pub trait Breakers: Send + Sync {
 /// The callers' rate limits (items `RATE#<key>`).
 #[async_trait]
 pub trait RateLimits: Send + Sync {
-    /// Admits one request of the rate-limited `key` (a caller's digest) at `now`, or says
-    /// when the next one would be admitted: GCRA ([`crate::domain::rate`]) on one item per key.
-    async fn admit(
-        &self,
-        key: &str,
-        limit: &crate::domain::rate::RateLimit,
-        now: DateTime<Utc>,
-    ) -> Result<crate::domain::rate::Admission, StoreError>;
+    /// Admits one request of the rate-limited `ask.key` (a caller's digest) at `ask.now`, or
+    /// says when the next one would be admitted: GCRA ([`crate::domain::rate`]) on one item
+    /// per key.
+    async fn admit(&self, ask: RateRequest<'_>) -> Result<Admission, StoreError>;
+}
+
+/// One request to admit under a rate limit: of `key` (a caller's digest), under `limit`, at
+/// `now`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateRequest<'a> {
+    pub key: &'a str,
+    pub limit: &'a RateLimit,
+    pub now: DateTime<Utc>,
 }
 
 /// One entry of the due index: a record and the due key it is filed under (at or before its
@@ -267,26 +313,52 @@ pub fn canonical(v: &serde_json::Value) -> String {
     sorted(v).to_string()
 }
 
+/// What to publish: `body` as the next version of the definition `name` of `kind`, at `now`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Publication<'a> {
+    pub kind: Kind,
+    pub name: &'a str,
+    pub body: &'a Value,
+    pub now: DateTime<Utc>,
+}
+
+/// Which definition to read: `version` of the definition `name` of `kind` (`None`: the newest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DefinitionRef<'a> {
+    pub kind: Kind,
+    pub name: &'a str,
+    pub version: Option<u32>,
+}
+
+impl<'a> DefinitionRef<'a> {
+    /// The newest version of `name`.
+    pub fn newest(kind: Kind, name: &'a str) -> Self {
+        Self {
+            kind,
+            name,
+            version: None,
+        }
+    }
+
+    /// Version `version` of `name`.
+    pub fn at(kind: Kind, name: &'a str, version: u32) -> Self {
+        Self {
+            kind,
+            name,
+            version: Some(version),
+        }
+    }
+}
+
 /// The catalog of published workflows and services: versioned, and each version immutable.
 #[async_trait]
 pub trait Catalog: Send + Sync {
     /// Publishes `body` as the next version of `name` (1 for a new name), unless it equals the
     /// newest version, which is then returned with `created: false`. Two publishers racing get
     /// distinct versions; a published version never changes.
-    async fn publish(
-        &self,
-        kind: Kind,
-        name: &str,
-        body: &serde_json::Value,
-        now: DateTime<Utc>,
-    ) -> Result<Published, StoreError>;
+    async fn publish(&self, p: Publication<'_>) -> Result<Published, StoreError>;
     /// One version of a definition (`None`: the newest).
-    async fn definition(
-        &self,
-        kind: Kind,
-        name: &str,
-        version: Option<u32>,
-    ) -> Result<Option<Stored>, StoreError>;
+    async fn definition(&self, wanted: DefinitionRef<'_>) -> Result<Option<Stored>, StoreError>;
     /// Every name of `kind` with its newest version, by name.
     async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError>;
 }
@@ -420,26 +492,44 @@ pub struct ReceivedMessage {
 #[async_trait]
 pub trait Queue: Send + Sync {
     async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError>;
-    /// Receives up to `max` messages, waiting up to `wait` for the first.
-    async fn receive(
-        &self,
-        queue_url: &str,
-        max: u32,
-        wait: Duration,
-    ) -> Result<Vec<ReceivedMessage>, QueueError>;
+    /// Receives up to `ask.max` messages, waiting up to `ask.wait` for the first.
+    async fn receive(&self, ask: ReceiveRequest<'_>) -> Result<Vec<ReceivedMessage>, QueueError>;
     async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError>;
     /// Copies a poison message to a dead-letter queue with the reason it can never be
     /// processed (SQS: the message attribute `sas-reason`; the body stays as it was, so it can
     /// be redriven). By default, a plain send.
-    async fn send_dead_letter(
-        &self,
-        queue_url: &str,
-        body: &str,
-        reason: &str,
-    ) -> Result<(), QueueError> {
-        let _ = reason;
-        self.send(queue_url, body, Duration::ZERO).await
+    async fn send_dead_letter(&self, letter: DeadLetter<'_>) -> Result<(), QueueError> {
+        self.send(letter.queue_url, letter.body, Duration::ZERO)
+            .await
     }
+}
+
+/// A receive from `queue_url`: up to `max` messages, waiting up to `wait` for the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiveRequest<'a> {
+    pub queue_url: &'a str,
+    pub max: u32,
+    pub wait: Duration,
+}
+
+impl<'a> ReceiveRequest<'a> {
+    /// The messages visible on `queue_url` now: up to ten (SQS's most), without waiting.
+    pub fn visible(queue_url: &'a str) -> Self {
+        Self {
+            queue_url,
+            max: 10,
+            wait: Duration::ZERO,
+        }
+    }
+}
+
+/// A poison message for the dead-letter queue `queue_url`: its `body`, as it was, and the
+/// `reason` it can never be processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadLetter<'a> {
+    pub queue_url: &'a str,
+    pub body: &'a str,
+    pub reason: &'a str,
 }
 
 /// The message attribute that carries a dead letter's reason.
@@ -452,11 +542,7 @@ pub struct PublishError(pub String);
 /// The event bus (EventBridge).
 #[async_trait]
 pub trait EventBus: Send + Sync {
-    async fn publish(
-        &self,
-        detail_type: &str,
-        detail: &serde_json::Value,
-    ) -> Result<(), PublishError>;
+    async fn publish(&self, detail_type: &str, detail: &Value) -> Result<(), PublishError>;
 }
 
 /// One call an agent makes to a service.

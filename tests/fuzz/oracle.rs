@@ -32,7 +32,7 @@ pub(crate) async fn snapshot(system: &System) -> Snapshot {
             let mut versions = vec![];
             for v in 1..=e.latest {
                 let d = c
-                    .definition(kind, &e.name, Some(v))
+                    .definition(sas::ports::DefinitionRef::at(kind, &e.name, v))
                     .await
                     .expect("read")
                     .unwrap_or_else(|| panic!("{} v{v} is listed but missing", e.name));

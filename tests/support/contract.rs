@@ -6,8 +6,9 @@ use sas::domain::state::to_millis;
 use sas::domain::transition::{self, StepOutcome};
 use sas::domain::workflow::examples;
 use sas::ports::{
-    Catalog, CreateOutcome, Entry, IdempotencyRecord, Kind, Published, Queue, StateStore,
-    StoreError,
+    Catalog, CreateOutcome, DefinitionRef, DueQuery, Entry, Guarded, IdempotencyRecord, InState,
+    Kind, LeaseClaim, NewTask, Paging, Publication, Published, Queue, RateRequest, ReceiveRequest,
+    StateStore, StoreError,
 };
 use sas::{Caller, Policies, Policy, ProcessState, StateRecord, Task, TaskId, Workflow};
 use serde_json::{Value, json};
@@ -63,7 +64,13 @@ async fn every_page(
     let mut cursor = None;
     for _ in 0..1000 {
         let page = store
-            .list(state, workflow, limit, cursor.as_ref())
+            .list(
+                InState { state, workflow },
+                Paging {
+                    limit,
+                    after: cursor.as_ref(),
+                },
+            )
             .await
             .map_err(err)?;
         ensure!(
@@ -156,7 +163,7 @@ async fn stored(store: &dyn StateStore, id: TaskId) -> (Task, StateRecord) {
 /// Creates `t` with its record `r`, which must be new.
 async fn create_new(store: &dyn StateStore, t: &Task, r: &StateRecord) {
     assert_eq!(
-        store.create(t, r, None).await.expect("create"),
+        store.create(NewTask::new(t, r)).await.expect("create"),
         CreateOutcome::Created
     );
 }
@@ -191,14 +198,14 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     // The create, twice: one task, and the second call says Created too.
     create_new(store, &o, &r).await;
     assert_eq!(
-        store.create(&o, &r, None).await.expect("its retry"),
+        store.create(NewTask::new(&o, &r)).await.expect("its retry"),
         CreateOutcome::Created,
         "a retried create that was applied is a success"
     );
     let mut other = r.clone();
     other.callback_key = "another request's".into();
     assert!(
-        is_condition_failed(store.create(&o, &other, None).await),
+        is_condition_failed(store.create(NewTask::new(&o, &other)).await),
         "another create of the same id is a conflict"
     );
     assert_eq!(store.get_state(o.id).await.expect("read"), Some(r.clone()));
@@ -209,7 +216,7 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     // (The SDK's retry is the same request: `put_as` with the same id.)
     for _ in 0..2 {
         store
-            .put_as(&e.record, &e.condition, 7)
+            .put_as(Guarded::new(&e.record, &e.condition), 7)
             .await
             .expect("applied, or already applied");
     }
@@ -220,11 +227,11 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     let c = transition::claim(&e.record, "s1", due, p).expect("claim");
     let rival = transition::claim(&e.record, "s2", due, p).expect("claim");
     store
-        .put_as(&c.record, &c.condition, 8)
+        .put_as(Guarded::new(&c.record, &c.condition), 8)
         .await
         .expect("claim");
     store
-        .put_as(&c.record, &c.condition, 8)
+        .put_as(Guarded::new(&c.record, &c.condition), 8)
         .await
         .expect("the claim's retry reads back as applied");
     // Another writer making the very same claim from the same version (the same record, byte
@@ -232,7 +239,11 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     let twin = transition::claim(&e.record, "s1", due, p).expect("claim");
     assert_eq!(twin, c, "the same transition");
     assert!(
-        is_condition_failed(store.put_as(&twin.record, &twin.condition, 9).await),
+        is_condition_failed(
+            store
+                .put_as(Guarded::new(&twin.record, &twin.condition), 9)
+                .await
+        ),
         "an identical write by another request lost the race"
     );
     assert!(
@@ -262,7 +273,7 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
         .expect("fits");
     for _ in 0..2 {
         store
-            .put_with_input(&t.record, &t.condition, &changed)
+            .put_with_input(Guarded::new(&t.record, &t.condition), &changed)
             .await
             .expect("applied, or already applied");
     }
@@ -271,7 +282,9 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
     let mut rival = t.record.clone();
     rival.history.pop();
     assert!(is_condition_failed(
-        store.put_with_input(&rival, &t.condition, &other).await
+        store
+            .put_with_input(Guarded::new(&rival, &t.condition), &other)
+            .await
     ));
     let (task, record) = stored(store, failed.task_id).await;
     assert_eq!((task.input.clone(), record), (patched, t.record));
@@ -303,7 +316,7 @@ async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore)
     };
     assert!(is_condition_failed(
         store
-            .put_with_input(&stale.record, &stale.condition, &patched)
+            .put_with_input(Guarded::new(&stale.record, &stale.condition), &patched)
             .await
     ));
     let (task, record) = stored(store, failed.task_id).await;
@@ -316,7 +329,7 @@ async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore)
     };
     assert!(is_condition_failed(
         store
-            .put_with_input(&t.record, &t.condition, &skipped)
+            .put_with_input(Guarded::new(&t.record, &t.condition), &skipped)
             .await
     ));
     assert_eq!(
@@ -329,7 +342,7 @@ async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore)
     );
     // The condition holds: both change.
     store
-        .put_with_input(&t.record, &t.condition, &patched)
+        .put_with_input(Guarded::new(&t.record, &t.condition), &patched)
         .await
         .expect("lands");
     let (task, record) = stored(store, failed.task_id).await;
@@ -341,7 +354,10 @@ async fn a_new_input_lands_with_its_record_or_not_at_all(store: &dyn StateStore)
     ghost.task_id = TaskId::new_random();
     assert!(is_condition_failed(
         store
-            .put_with_input(&ghost, &sas::domain::Condition::Absent, &patched)
+            .put_with_input(
+                Guarded::new(&ghost, &sas::domain::Condition::Absent),
+                &patched
+            )
             .await
     ));
     assert_eq!(store.get_state(ghost.task_id).await.expect("read"), None);
@@ -359,14 +375,25 @@ async fn rate_limits_admit_a_burst_then_the_rate(store: &dyn StateStore) {
         format!("bob-{}", TaskId::new_random()),
     );
     let t0 = to_millis(Utc::now());
+    let admit = |key: &str, now| {
+        let key = key.to_owned();
+        async move {
+            let ask = RateRequest {
+                key: &key,
+                limit: &limit,
+                now,
+            };
+            store.admit(ask).await.expect("admit")
+        }
+    };
     for i in 0..3 {
         assert_eq!(
-            store.admit(&alice, &limit, t0).await.expect("admit"),
+            admit(&alice, t0).await,
             Admission::Admitted,
             "request {i} of the burst"
         );
     }
-    let refused = store.admit(&alice, &limit, t0).await.expect("admit");
+    let refused = admit(&alice, t0).await;
     assert_eq!(
         refused,
         Admission::Limited {
@@ -375,27 +402,21 @@ async fn rate_limits_admit_a_burst_then_the_rate(store: &dyn StateStore) {
         "the fourth at once waits one interval"
     );
     assert_eq!(
-        store.admit(&bob, &limit, t0).await.expect("admit"),
+        admit(&bob, t0).await,
         Admission::Admitted,
         "another caller has its own allowance"
     );
     // One interval later, one more; then none until the next.
     let later = t0 + Span::milliseconds(500);
-    assert_eq!(
-        store.admit(&alice, &limit, later).await.expect("admit"),
-        Admission::Admitted
-    );
+    assert_eq!(admit(&alice, later).await, Admission::Admitted);
     assert!(matches!(
-        store.admit(&alice, &limit, later).await.expect("admit"),
+        admit(&alice, later).await,
         Admission::Limited { .. }
     ));
     // Idle long enough, the whole burst again.
     let idle = t0 + Span::seconds(60);
     for _ in 0..3 {
-        assert_eq!(
-            store.admit(&alice, &limit, idle).await.expect("admit"),
-            Admission::Admitted
-        );
+        assert_eq!(admit(&alice, idle).await, Admission::Admitted);
     }
 }
 
@@ -419,8 +440,12 @@ async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
         }
     }
     mine.reverse();
+    let first_page = |limit| Paging { limit, after: None };
     eventually!("the caller index", {
-        let first = store.list_by_caller(&alice, 2, None).await.map_err(err)?;
+        let first = store
+            .list_by_caller(&alice, first_page(2))
+            .await
+            .map_err(err)?;
         let ids: Vec<TaskId> = first.items.iter().map(|s| s.task_id).collect();
         ensure!(ids == mine[..2], "newest first, alice's only: {ids:?}");
         ensure!(
@@ -435,18 +460,30 @@ async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
             return Err("no cursor after a full page".into());
         };
         let second = store
-            .list_by_caller(&alice, 2, Some(&next))
+            .list_by_caller(
+                &alice,
+                Paging {
+                    limit: 2,
+                    after: Some(&next),
+                },
+            )
             .await
             .map_err(err)?;
         let rest: Vec<TaskId> = second.items.iter().map(|s| s.task_id).collect();
         ensure!(rest == mine[2..], "the rest, once: {rest:?}");
         ensure!(second.next.is_none(), "{:?}", second.next);
-        let bobs = store.list_by_caller(&bob, 10, None).await.map_err(err)?;
+        let bobs = store
+            .list_by_caller(&bob, first_page(10))
+            .await
+            .map_err(err)?;
         ensure!(bobs.items.len() == 2, "{:?}", bobs.items);
         Ok(())
     });
     let nobody = Caller::new("nobody").expect("caller");
-    let none = store.list_by_caller(&nobody, 10, None).await.expect("none");
+    let none = store
+        .list_by_caller(&nobody, first_page(10))
+        .await
+        .expect("none");
     assert!(none.items.is_empty() && none.next.is_none());
     // The caller is stored with the task.
     let (t, _) = store.get(mine[0]).await.expect("get").expect("found");
@@ -460,7 +497,7 @@ async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
         let mut t = task(start);
         t.caller = carol.clone();
         let r = record(&t, start, Span::seconds(30));
-        store.create(&t, &r, None).await.expect("create");
+        store.create(NewTask::new(&t, &r)).await.expect("create");
         tied.push(t.id);
     }
     tied.sort();
@@ -469,7 +506,13 @@ async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
         let mut after = None;
         for _ in 0..20 {
             let page = store
-                .list_by_caller(&carol, 2, after.as_ref())
+                .list_by_caller(
+                    &carol,
+                    Paging {
+                        limit: 2,
+                        after: after.as_ref(),
+                    },
+                )
                 .await
                 .map_err(err)?;
             seen.extend(page.items.iter().map(|s| s.task_id));
@@ -490,7 +533,12 @@ async fn leases_have_one_holder_until_they_expire(store: &dyn StateStore) {
     let key = name.as_str();
     let lease = |who: &'static str, after: i64| async move {
         store
-            .acquire_lease(key, who, now + Span::seconds(after), ttl)
+            .acquire_lease(LeaseClaim {
+                name: key,
+                owner: who,
+                now: now + Span::seconds(after),
+                ttl,
+            })
             .await
             .expect(who)
     };
@@ -519,7 +567,7 @@ async fn failed_record(
     let p = &uniform(p);
     let o = task_of(workflow, at);
     let r = record(&o, at, Span::seconds(60));
-    store.create(&o, &r, None).await.expect("create");
+    store.create(NewTask::new(&o, &r)).await.expect("create");
     let c = transition::claim(&r, "s", at, p).expect("claim");
     store
         .put(&c.record, &c.condition)
@@ -631,7 +679,8 @@ async fn state_index_counts(store: &dyn StateStore) {
         failed_record(store, &workflow, base + Span::seconds(i), &manual).await;
     }
     eventually!("counts of the state index", {
-        let count = |state, cap| store.count(state, Some(&workflow), cap);
+        let workflow = Some(workflow.as_str());
+        let count = |state, cap| store.count(InState { state, workflow }, cap);
         let got = |c: sas::ports::Count| (c.count, c.capped);
         let exact = got(count(ProcessState::Error, 10).await.map_err(err)?);
         ensure!(exact == (3, false), "{exact:?}");
@@ -642,7 +691,13 @@ async fn state_index_counts(store: &dyn StateStore) {
         let other = got(count(ProcessState::Processed, 10).await.map_err(err)?);
         ensure!(other == (0, false), "{other:?}");
         let all = store
-            .count(ProcessState::Error, None, 1_000_000)
+            .count(
+                InState {
+                    state: ProcessState::Error,
+                    workflow: None,
+                },
+                1_000_000,
+            )
             .await
             .map_err(err)?;
         ensure!(all.count >= 3 && !all.capped, "{all:?}");
@@ -677,7 +732,7 @@ async fn create_is_atomic_and_reads_back(store: &dyn StateStore) {
     let mut again = r.clone();
     again.created_at += Span::milliseconds(1);
     assert!(
-        is_condition_failed(store.create(&o, &again, None).await),
+        is_condition_failed(store.create(NewTask::new(&o, &again)).await),
         "creating an existing task must fail (unless it is the same request's retry: see ambiguous_writes_read_back)"
     );
     assert_eq!(store.get(TaskId::new_random()).await.expect("get"), None);
@@ -700,17 +755,19 @@ async fn idempotency_keys_name_one_task(store: &dyn StateStore) {
     let first = key(&o1, "h1");
     assert_eq!(
         store
-            .create(&o1, &record(&o1, now, Span::seconds(60)), Some(&first))
+            .create(NewTask {
+                key: Some(&first),
+                ..NewTask::new(&o1, &record(&o1, now, Span::seconds(60)))
+            })
             .await
             .expect("create"),
         CreateOutcome::Created
     );
     let again = store
-        .create(
-            &o2,
-            &record(&o2, now, Span::seconds(60)),
-            Some(&key(&o2, "h2")),
-        )
+        .create(NewTask {
+            key: Some(&key(&o2, "h2")),
+            ..NewTask::new(&o2, &record(&o2, now, Span::seconds(60)))
+        })
         .await
         .expect("create with a taken key");
     assert_eq!(again, CreateOutcome::KeyExists(first));
@@ -727,14 +784,14 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
     let now = Utc::now();
     let o = task(now);
     let r = record(&o, now, Span::seconds(60));
-    store.create(&o, &r, None).await.expect("create");
+    store.create(NewTask::new(&o, &r)).await.expect("create");
 
     let claim = transition::claim(&r, "s-1", now, &p).expect("claim");
     store
-        .put_as(&claim.record, &claim.condition, 1)
+        .put_as(Guarded::new(&claim.record, &claim.condition), 1)
         .await
         .expect("claim lands");
-    store.put_as(&claim.record, &claim.condition, 1).await.expect(
+    store.put_as(Guarded::new(&claim.record, &claim.condition), 1).await.expect(
         "the same request twice: the record already is that claim (a retry after a lost response)",
     );
     let rival = transition::claim(&r, "s-2", now, &p).expect("claim from the stale read");
@@ -810,15 +867,18 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
     for i in 0..6 {
         let o = task(now);
         let r = record(&o, now - Span::hours(1), Span::seconds(i));
-        store.create(&o, &r, None).await.expect("create");
+        store.create(NewTask::new(&o, &r)).await.expect("create");
         due.push(r);
     }
     let o = task(now);
     let future = record(&o, now, Span::hours(1));
-    store.create(&o, &future, None).await.expect("create");
+    store
+        .create(NewTask::new(&o, &future))
+        .await
+        .expect("create");
     let o = task(now);
     let mut done = record(&o, now - Span::hours(1), Span::seconds(0));
-    store.create(&o, &done, None).await.expect("create");
+    store.create(NewTask::new(&o, &done)).await.expect("create");
     let c = transition::claim(&done, "s", now - Span::hours(1), &p).expect("claim");
     store.put(&c.record, &c.condition).await.expect("claim");
     let f = transition::apply_reply(
@@ -841,12 +901,21 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
     eventually!("the due index", {
         let mut found = Vec::new();
         for shard in 0..shards {
-            let entries = store.due(shard, now, 1000, None).await.map_err(err)?;
+            let whole = DueQuery {
+                shard,
+                now,
+                limit: 1000,
+                after: None,
+            };
+            let entries = store.due(whole).await.map_err(err)?;
             let ids: Vec<TaskId> = entries.iter().map(|e| e.task_id).collect();
             // Paging: the entries after the first are the rest, in the same order.
             if let Some(first) = entries.first() {
                 let rest = store
-                    .due(shard, now, 1000, Some(first))
+                    .due(DueQuery {
+                        after: Some(first),
+                        ..whole
+                    })
                     .await
                     .map_err(err)?;
                 ensure!(rest == entries[1..], "a page after an entry is the rest");
@@ -884,7 +953,12 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
     let shard = done.due_shard(shards);
     eventually!("the due index after a delivery", {
         let ids: Vec<TaskId> = store
-            .due(shard, now, 1000, None)
+            .due(DueQuery {
+                shard,
+                now,
+                limit: 1000,
+                after: None,
+            })
             .await
             .map_err(err)?
             .iter()
@@ -895,7 +969,12 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
             "a terminal record without a notice leaves the index"
         );
         let limited = store
-            .due(due[0].due_shard(shards), now, 1, None)
+            .due(DueQuery {
+                shard: due[0].due_shard(shards),
+                now,
+                limit: 1,
+                after: None,
+            })
             .await
             .map_err(err)?;
         ensure!(limited.len() == 1, "limit is respected: {limited:?}");
@@ -917,7 +996,7 @@ async fn racing_claims_have_one_winner(store: Arc<dyn StateStore>) {
     let now = Utc::now();
     let o = task(now);
     let r = record(&o, now, Span::seconds(60));
-    store.create(&o, &r, None).await.expect("create");
+    store.create(NewTask::new(&o, &r)).await.expect("create");
     let mut tasks = Vec::new();
     for i in 0..8 {
         let (store, p) = (store.clone(), p.clone());
@@ -949,7 +1028,11 @@ pub async fn queue_contract(queue: &dyn Queue, url: &str, dlq_url: &str) {
     // Send, receive, delete.
     queue.send(url, "one", none).await.expect("send");
     let got = queue
-        .receive(url, 10, Duration::from_secs(1))
+        .receive(ReceiveRequest {
+            queue_url: url,
+            max: 10,
+            wait: Duration::from_secs(1),
+        })
         .await
         .expect("receive");
     assert_eq!(got.len(), 1);
@@ -976,7 +1059,14 @@ pub async fn queue_contract(queue: &dyn Queue, url: &str, dlq_url: &str) {
     assert_eq!(again.body, "later");
     assert_eq!(again.receive_count, 2);
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let _ = queue.receive(url, 10, none).await.expect("receive");
+    let _ = queue
+        .receive(ReceiveRequest {
+            queue_url: url,
+            max: 10,
+            wait: none,
+        })
+        .await
+        .expect("receive");
     let dead = receive_within(queue, dlq_url, Duration::from_secs(5)).await;
     assert_eq!(
         dead.map(|m| m.body).as_deref(),
@@ -988,7 +1078,7 @@ pub async fn queue_contract(queue: &dyn Queue, url: &str, dlq_url: &str) {
 /// Nothing can be received from `url` right now.
 async fn assert_nothing_visible(queue: &dyn Queue, url: &str, why: &str) {
     let got = queue
-        .receive(url, 10, Duration::ZERO)
+        .receive(ReceiveRequest::visible(url))
         .await
         .expect("receive");
     assert!(got.is_empty(), "{why}: got {got:?}");
@@ -1002,7 +1092,11 @@ async fn receive_within(
     let until = tokio::time::Instant::now() + within;
     while tokio::time::Instant::now() < until {
         let mut got = queue
-            .receive(url, 1, Duration::from_secs(1))
+            .receive(ReceiveRequest {
+                queue_url: url,
+                max: 1,
+                wait: Duration::from_secs(1),
+            })
             .await
             .expect("receive");
         if let Some(m) = got.pop() {
@@ -1137,10 +1231,14 @@ async fn state_index_filters_by_workflow(store: &dyn StateStore) {
     });
     let none = store
         .list(
-            ProcessState::Error,
-            Some(&format!("no-such-workflow-{}", TaskId::new_random())),
-            10,
-            None,
+            InState {
+                state: ProcessState::Error,
+                workflow: Some(&format!("no-such-workflow-{}", TaskId::new_random())),
+            },
+            Paging {
+                limit: 10,
+                after: None,
+            },
         )
         .await
         .expect("list");
@@ -1175,7 +1273,12 @@ async fn publish(
     at: chrono::DateTime<Utc>,
 ) -> Published {
     catalog
-        .publish(kind, name, body, at)
+        .publish(Publication {
+            kind,
+            name,
+            body,
+            now: at,
+        })
         .await
         .expect("publish")
 }
@@ -1187,7 +1290,26 @@ async fn version(
     name: &str,
     version: Option<u32>,
 ) -> Option<sas::ports::Stored> {
-    catalog.definition(kind, name, version).await.expect("read")
+    let wanted = DefinitionRef {
+        kind,
+        name,
+        version,
+    };
+    catalog.definition(wanted).await.expect("read")
+}
+
+/// A publication of the workflow `name`.
+fn workflow_publication<'a>(
+    name: &'a str,
+    body: &'a Value,
+    now: chrono::DateTime<Utc>,
+) -> Publication<'a> {
+    Publication {
+        kind: Kind::Workflow,
+        name,
+        body,
+        now,
+    }
 }
 
 /// What a publish answers: the version, and whether it is new.
@@ -1339,7 +1461,7 @@ async fn racing_publishers_get_distinct_versions(catalog: Arc<dyn Catalog>) {
             let body = definition_body(&name, &format!("publisher {i}"));
             tokio::spawn(async move {
                 let p = catalog
-                    .publish(Kind::Workflow, &name, &body, now)
+                    .publish(workflow_publication(&name, &body, now))
                     .await
                     .expect("a racing publish succeeds");
                 (p, body)
@@ -1356,7 +1478,7 @@ async fn racing_publishers_get_distinct_versions(catalog: Arc<dyn Catalog>) {
     assert!(got.iter().all(|(p, _)| p.created));
     for (p, body) in &got {
         let stored = catalog
-            .definition(Kind::Workflow, &name, Some(p.version))
+            .definition(DefinitionRef::at(Kind::Workflow, &name, p.version))
             .await
             .expect("read")
             .expect("stored");
@@ -1373,7 +1495,7 @@ async fn racing_publishers_get_distinct_versions(catalog: Arc<dyn Catalog>) {
             let (catalog, name, body) = (catalog.clone(), name.clone(), same.clone());
             tokio::spawn(async move {
                 catalog
-                    .publish(Kind::Workflow, &name, &body, now)
+                    .publish(workflow_publication(&name, &body, now))
                     .await
                     .expect("a racing publish succeeds")
             })

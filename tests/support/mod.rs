@@ -7,7 +7,7 @@ pub mod iam;
 pub mod template;
 
 use aws_config::{BehaviorVersion, Region};
-use sas::ports::{Clock, OffsetClock};
+use sas::ports::{Clock, OffsetClock, ReceiveRequest};
 use sas::{Backoff, Policies, Policy, StateRecord, TaskId};
 use sas_local::provision;
 use sas_local::{Backend, Settings, System};
@@ -257,7 +257,7 @@ pub async fn drain(system: &System, url: &str) -> Vec<String> {
     loop {
         let got = system
             .queue
-            .receive(url, 10, Duration::ZERO)
+            .receive(ReceiveRequest::visible(url))
             .await
             .expect("receive");
         if got.is_empty() {

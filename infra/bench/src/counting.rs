@@ -7,7 +7,7 @@
 use async_trait::async_trait;
 use sas::aws::{index_entry_sizes, state_record_size, stored_sizes};
 use sas::domain::{StateRecord, Task};
-use sas::ports::{IdempotencyRecord, StateStore, Stored};
+use sas::ports::{Guarded, LeaseClaim, NewTask, StateStore, Stored};
 use sas_local::intercept::{Call, Failure, Interceptor, Next, Reply, answer};
 use sas_local::provision::Resources;
 use std::collections::BTreeMap;
@@ -165,7 +165,8 @@ impl Counter {
     }
 
     /// A create: one transaction of the task, its state record and its key.
-    fn create(&self, task: &Task, record: &StateRecord, key: Option<&IdempotencyRecord>) {
+    fn create(&self, new: NewTask<'_>) {
+        let NewTask { task, record, key } = new;
         let (o, r) = stored_sizes(task, record, self.shards);
         let (due, state) = index_entry_sizes(record, self.shards);
         let key_units = if key.is_some() { 1.0 } else { 0.0 };
@@ -264,17 +265,14 @@ impl Counter {
 
 #[async_trait]
 impl Interceptor for Counter {
-    async fn around<'a, R: Reply, E: Failure>(
-        &'a self,
-        call: Call<'a>,
-        next: Next<'a, R, E>,
-    ) -> Result<R, E> {
+    async fn around<'a, R: Reply, E: Failure>(&'a self, next: Next<'a, R, E>) -> Result<R, E> {
+        let call = next.call();
         let m = &self.meter;
         match call {
-            Call::Create { task, record, key } => {
+            Call::Create(new) => {
                 m.call("DynamoDB TransactWriteItems");
                 m.io().await;
-                self.create(task, record, key);
+                self.create(new);
                 next.run(call).await
             }
             Call::Get { id } => {
@@ -300,7 +298,8 @@ impl Interceptor for Counter {
                 Ok(out)
             }
             Call::PutAs {
-                record, condition, ..
+                put: Guarded { record, condition },
+                ..
             } => {
                 m.call("DynamoDB PutItem");
                 m.io().await;
@@ -311,18 +310,18 @@ impl Interceptor for Counter {
                 self.put(record, old.as_ref(), label, out.is_ok());
                 out
             }
-            Call::Due { shard, .. } => {
+            Call::Due(q) => {
                 m.call("DynamoDB Query (due-index)");
                 m.io().await;
                 m.add(|c| c.rru += 0.5);
-                m.key(format!("due-index due#{shard}"), 0.0, 0.5);
+                m.key(format!("due-index due#{}", q.shard), 0.0, 0.5);
                 next.run(call).await
             }
-            Call::AcquireLease { name, .. } | Call::ReleaseLease { name, .. } => {
+            Call::AcquireLease(LeaseClaim { name, .. }) | Call::ReleaseLease { name, .. } => {
                 m.call("DynamoDB PutItem (lease)");
                 m.io().await;
                 m.write(WriteUnits::small(match call {
-                    Call::AcquireLease { .. } => "lease",
+                    Call::AcquireLease(_) => "lease",
                     _ => "lease released",
                 }));
                 m.key(format!("LEASE#{name}"), 1.0, 0.0);
@@ -342,20 +341,17 @@ impl Interceptor for Counter {
                 m.key(format!("BREAKER#{}", record.name), 1.0, 0.0);
                 next.run(call).await
             }
-            Call::List { .. } => {
-                m.call("DynamoDB Query (state-index)");
+            Call::List { .. } | Call::Count { .. } => {
+                m.call(match call {
+                    Call::List { .. } => "DynamoDB Query (state-index)",
+                    _ => "DynamoDB Query (state-index, count)",
+                });
                 m.io().await;
                 m.add(|c| c.rru += 0.5);
                 next.run(call).await
             }
             Call::PutWithInput { .. } => {
                 m.call("DynamoDB TransactWriteItems (input + state)");
-                next.run(call).await
-            }
-            Call::Count { .. } => {
-                m.call("DynamoDB Query (state-index, count)");
-                m.io().await;
-                m.add(|c| c.rru += 0.5);
                 next.run(call).await
             }
             Call::ExpireTask { record } => {
@@ -367,34 +363,34 @@ impl Interceptor for Counter {
                 }
                 next.run(call).await
             }
-            Call::Admit { key, .. } => {
+            Call::Admit(ask) => {
                 // One conditional UpdateItem of a small item (the caller's TAT): 1 WRU.
                 m.call("DynamoDB UpdateItem (rate limit)");
                 m.io().await;
                 m.write(WriteUnits::small("rate limit"));
-                m.key(format!("RATE#{key}"), 1.0, 0.0);
+                m.key(format!("RATE#{}", ask.key), 1.0, 0.0);
                 next.run(call).await
             }
-            Call::ListByCaller { limit, .. } => {
+            Call::ListByCaller { page, .. } => {
                 // A Query of the caller index, then a BatchGetItem of the page's state records.
                 m.call("DynamoDB Query (caller-shard-index)");
                 m.call("DynamoDB BatchGetItem");
                 m.io().await;
-                m.add(|c| c.rru += 0.5 + 0.5 * limit as f64);
+                m.add(|c| c.rru += 0.5 + 0.5 * page.limit as f64);
                 next.run(call).await
             }
             // The catalog (in the same table): each read is one strongly consistent `GetItem`
             // of the catalog's head or of one definition version, each publish one transaction.
-            Call::PublishDefinition { body, .. } => {
+            Call::PublishDefinition(publication) => {
                 m.call("DynamoDB TransactWriteItems (catalog)");
                 m.io().await;
-                let size = body.to_string().len();
+                let size = publication.body.to_string().len();
                 m.add(|c| c.wru += 2.0 * (units(size, 1024) + 1.0));
                 next.run(call).await
             }
-            Call::Definition { version, .. } => {
+            Call::Definition(wanted) => {
                 // Without a version, the catalog's head is read first for the newest one.
-                let reads = if version.is_some() { 1 } else { 2 };
+                let reads = if wanted.version.is_some() { 1 } else { 2 };
                 let out = next.run(call).await?;
                 let size = answer::<Option<Stored>, _>(&out)
                     .and_then(Option::as_ref)
@@ -426,7 +422,7 @@ impl Interceptor for Counter {
                 m.io().await;
                 next.run(call).await
             }
-            Call::Receive { .. } | Call::Delete { .. } => next.run(call).await,
+            Call::Receive(_) | Call::Delete { .. } => next.run(call).await,
             Call::PublishEvent { detail, .. } => {
                 m.call("EventBridge PutEvents");
                 m.io().await;

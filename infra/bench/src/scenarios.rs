@@ -5,7 +5,7 @@
 //! and a loan refused at its contract and compensated (its credit check has no undo).
 
 use crate::counting::{Counter, Counts, Meter};
-use sas::ports::{Clock, OffsetClock};
+use sas::ports::{Clock, OffsetClock, ReceiveRequest};
 use sas::remote::Faults;
 use sas::{ProcessState, TaskId};
 use sas_local::intercept::Intercepted;
@@ -330,7 +330,10 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     // Claimed; the request and its timer go out.
     clocked.time("scheduler", system.pump_scheduler()).await?;
     let agent = system.resources.agent_queue_url.clone();
-    let lost = system.queue.receive(&agent, 10, Duration::ZERO).await?;
+    let lost = system
+        .queue
+        .receive(ReceiveRequest::visible(&agent))
+        .await?;
     anyhow::ensure!(lost.len() == 1, "one step request out, not {}", lost.len());
     for m in &lost {
         system.queue.delete(&agent, &m.receipt_handle).await?;

@@ -7,7 +7,7 @@
 
 use async_trait::async_trait;
 use sas::domain::{Condition, StateRecord, TaskId};
-use sas::ports::{CreateOutcome, ReceivedMessage, StateStore};
+use sas::ports::{CreateOutcome, Guarded, ReceivedMessage, StateStore};
 use sas::remote::seeded_unit;
 use sas_local::Ports;
 use sas_local::intercept::{Call, Failure, Intercepted, Interceptor, Next, Reply, answer, nothing};
@@ -304,32 +304,33 @@ impl Chaos {
 
     /// Whether this call is refused with a throttling error (before it happens).
     fn throttle(&self, what: &str, subject: &str) -> bool {
-        let n = self.calls.fetch_add(1, Ordering::Relaxed);
-        let hit = self.plan.throttle_rate > 0.0
-            && self.roll(
-                &format!("throttle {what}"),
-                subject,
-                n,
-                self.plan.throttle_rate,
-            );
-        if hit {
-            self.recorder.throttled.fetch_add(1, Ordering::Relaxed);
-        }
-        hit
+        self.strike(Strike::Throttle, what, subject)
     }
 
     /// Whether the response of this applied write is lost (the SDK then retries it).
     fn lose_response(&self, what: &str, subject: &str) -> bool {
-        let n = self.calls.fetch_add(1, Ordering::Relaxed);
-        let hit = self.plan.lost_response_rate > 0.0
-            && self.roll(
-                &format!("lose {what}"),
-                subject,
-                n,
+        self.strike(Strike::LoseResponse, what, subject)
+    }
+
+    /// Whether `fault` strikes this call (one more call counted either way), at its rate in
+    /// the plan; a strike is counted in the recorder.
+    fn strike(&self, fault: Strike, what: &str, subject: &str) -> bool {
+        let (name, rate, struck) = match fault {
+            Strike::Throttle => (
+                "throttle",
+                self.plan.throttle_rate,
+                &self.recorder.throttled,
+            ),
+            Strike::LoseResponse => (
+                "lose",
                 self.plan.lost_response_rate,
-            );
+                &self.recorder.lost_responses,
+            ),
+        };
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let hit = rate > 0.0 && self.roll(&format!("{name} {what}"), subject, n, rate);
         if hit {
-            self.recorder.lost_responses.fetch_add(1, Ordering::Relaxed);
+            struck.fetch_add(1, Ordering::Relaxed);
         }
         hit
     }
@@ -484,18 +485,24 @@ impl Faults {
         next: &Next<'a, R, E>,
     ) -> Result<R, E> {
         let (what, subject, record, check, point) = match call {
-            Call::Create { task, record, .. } => {
-                ("create", task.id, record, true, Some("create".to_owned()))
-            }
+            Call::Create(new) => (
+                "create",
+                new.task.id,
+                new.record,
+                true,
+                Some("create".to_owned()),
+            ),
             Call::PutAs {
-                record, condition, ..
+                put: Guarded { record, condition },
+                ..
             } => {
                 let point = put_point(record, condition);
                 ("put", record.task_id, record, true, Some(point))
             }
-            Call::PutWithInput { record, .. } => {
-                ("put_with_input", record.task_id, record, false, None)
-            }
+            Call::PutWithInput {
+                put: Guarded { record, .. },
+                ..
+            } => ("put_with_input", record.task_id, record, false, None),
             _ => return next.run(call).await,
         };
         let subject = subject.to_string();
@@ -603,6 +610,15 @@ impl Faults {
     }
 }
 
+/// A fault that strikes a call at random, at its rate in the plan.
+#[derive(Debug, Clone, Copy)]
+enum Strike {
+    /// The call is refused with a throttling error before it happens.
+    Throttle,
+    /// The applied write's response is lost.
+    LoseResponse,
+}
+
 fn task_of(body: &str) -> String {
     serde_json::from_str::<serde_json::Value>(body)
         .ok()
@@ -612,24 +628,22 @@ fn task_of(body: &str) -> String {
 
 #[async_trait]
 impl Interceptor for Faults {
-    async fn around<'a, R: Reply, E: Failure>(
-        &'a self,
-        call: Call<'a>,
-        next: Next<'a, R, E>,
-    ) -> Result<R, E> {
+    async fn around<'a, R: Reply, E: Failure>(&'a self, next: Next<'a, R, E>) -> Result<R, E> {
+        let call = next.call();
         match call {
-            Call::Create { .. } | Call::PutAs { .. } | Call::PutWithInput { .. } => {
+            Call::Create(_) | Call::PutAs { .. } | Call::PutWithInput { .. } => {
                 self.write(call, &next).await
             }
-            Call::AcquireLease { owner, .. } => {
+            Call::AcquireLease(claim) => {
                 let got = next.run(call).await?;
-                if answer::<bool, _>(&got) == Some(&true) && self.chaos.crash("lease", owner) {
+                if answer::<bool, _>(&got) == Some(&true) && self.chaos.crash("lease", claim.owner)
+                {
                     return Err(E::unavailable(crashed("lease")));
                 }
                 Ok(got)
             }
             Call::Send { .. } => self.send(call, next).await,
-            Call::Receive { .. } => {
+            Call::Receive(_) => {
                 let got = next.run(call).await?;
                 let p = &self.chaos.plan;
                 if let Some(got) = answer::<Vec<ReceivedMessage>, _>(&got)

@@ -1,7 +1,7 @@
 //! One interception layer over the ports: [`Intercepted`] forwards every call of the store
 //! traits, the catalog, the queue and the event bus to the port it wraps, through an
-//! [`Interceptor`] that sees which call it is ([`Call`]: the operation and its arguments) and
-//! runs it ([`Next::run`]) zero, one or more times, looking at the answer and replacing it
+//! [`Interceptor`] that sees which call it is ([`Next::call`]: the operation and its
+//! arguments) and runs it ([`Next::run`]) zero, one or more times, looking at the answer and replacing it
 //! with an error before or after. The bench's call counter and the chaos harness's failpoints
 //! are two interceptors.
 //!
@@ -12,14 +12,15 @@
 //! [`DueIndex::due_shards`] is configuration, not a call: it is passed through.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-use sas::domain::rate::{Admission, RateLimit};
-use sas::domain::{BreakerRecord, Caller, Condition, ProcessState, StateRecord, Task, TaskId};
+use sas::domain::rate::Admission;
+use sas::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use sas::ports::{
-    Breakers, Catalog, Count, CreateOutcome, Cursor, DueEntry, DueIndex, Entry, EventBus,
-    IdempotencyRecord, Kind, Leases, Page, PublishError, Published, Queue, QueueError, RateLimits,
+    Breakers, Catalog, Count, CreateOutcome, DefinitionRef, DueEntry, DueIndex, DueQuery, Entry,
+    EventBus, Guarded, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging, Publication,
+    PublishError, Published, Queue, QueueError, RateLimits, RateRequest, ReceiveRequest,
     ReceivedMessage, StoreError, Stored, TaskLists, TaskStore,
 };
+use serde_json::Value;
 use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
@@ -30,11 +31,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy)]
 pub enum Call<'a> {
     // TaskStore
-    Create {
-        task: &'a Task,
-        record: &'a StateRecord,
-        key: Option<&'a IdempotencyRecord>,
-    },
+    Create(NewTask<'a>),
     Get {
         id: TaskId,
     },
@@ -42,13 +39,11 @@ pub enum Call<'a> {
         id: TaskId,
     },
     PutAs {
-        record: &'a StateRecord,
-        condition: &'a Condition,
+        put: Guarded<'a>,
         write: u64,
     },
     PutWithInput {
-        record: &'a StateRecord,
-        condition: &'a Condition,
+        put: Guarded<'a>,
         task: &'a Task,
     },
     ExpireTask {
@@ -56,35 +51,21 @@ pub enum Call<'a> {
     },
     // TaskLists
     List {
-        state: ProcessState,
-        workflow: Option<&'a str>,
-        limit: usize,
-        after: Option<&'a Cursor>,
+        of: InState<'a>,
+        page: Paging<'a>,
     },
     Count {
-        state: ProcessState,
-        workflow: Option<&'a str>,
+        of: InState<'a>,
         cap: u64,
     },
     ListByCaller {
         caller: &'a Caller,
-        limit: usize,
-        after: Option<&'a Cursor>,
+        page: Paging<'a>,
     },
     // DueIndex
-    Due {
-        shard: u32,
-        now: DateTime<Utc>,
-        limit: usize,
-        after: Option<&'a DueEntry>,
-    },
+    Due(DueQuery<'a>),
     // Leases
-    AcquireLease {
-        name: &'a str,
-        owner: &'a str,
-        now: DateTime<Utc>,
-        ttl: chrono::Duration,
-    },
+    AcquireLease(LeaseClaim<'a>),
     ReleaseLease {
         name: &'a str,
         owner: &'a str,
@@ -97,23 +78,10 @@ pub enum Call<'a> {
         record: &'a BreakerRecord,
     },
     // RateLimits
-    Admit {
-        key: &'a str,
-        limit: &'a RateLimit,
-        now: DateTime<Utc>,
-    },
+    Admit(RateRequest<'a>),
     // Catalog
-    PublishDefinition {
-        kind: Kind,
-        name: &'a str,
-        body: &'a serde_json::Value,
-        now: DateTime<Utc>,
-    },
-    Definition {
-        kind: Kind,
-        name: &'a str,
-        version: Option<u32>,
-    },
+    PublishDefinition(Publication<'a>),
+    Definition(DefinitionRef<'a>),
     Entries {
         kind: Kind,
     },
@@ -123,11 +91,7 @@ pub enum Call<'a> {
         body: &'a str,
         delay: Duration,
     },
-    Receive {
-        queue_url: &'a str,
-        max: u32,
-        wait: Duration,
-    },
+    Receive(ReceiveRequest<'a>),
     Delete {
         queue_url: &'a str,
         receipt_handle: &'a str,
@@ -231,15 +195,25 @@ pub fn nothing<R: Reply>() -> Option<R> {
 
 type Answer<'a, R, E> = Pin<Box<dyn Future<Output = Result<R, E>> + Send + 'a>>;
 
-/// The wrapped port's side of a call: [`Next::run`] makes it.
+/// A call an interceptor stands around ([`Next::call`]) and the wrapped port's side of it:
+/// [`Next::run`] makes it.
 pub struct Next<'a, R, E> {
+    call: Call<'a>,
     #[allow(clippy::type_complexity)]
     run: Box<dyn Fn(Call<'a>) -> Answer<'a, R, E> + Send + Sync + 'a>,
 }
 
 impl<'a, R, E> Next<'a, R, E> {
-    fn new(run: impl Fn(Call<'a>) -> Answer<'a, R, E> + Send + Sync + 'a) -> Self {
-        Self { run: Box::new(run) }
+    fn new(call: Call<'a>, run: impl Fn(Call<'a>) -> Answer<'a, R, E> + Send + Sync + 'a) -> Self {
+        Self {
+            call,
+            run: Box::new(run),
+        }
+    }
+
+    /// The call intercepted: which operation, with its arguments.
+    pub fn call(&self) -> Call<'a> {
+        self.call
     }
 
     /// Makes `call` on the wrapped port: the call as the interceptor got it, or with other
@@ -250,15 +224,11 @@ impl<'a, R, E> Next<'a, R, E> {
     }
 }
 
-/// Decides around each call through [`Intercepted`]: [`Next::run`] it (or not, or twice), and
-/// answer, or fail with an error of the port ([`Failure`]).
+/// Decides around each call through [`Intercepted`] ([`Next::call`]): [`Next::run`] it (or
+/// not, or twice), and answer, or fail with an error of the port ([`Failure`]).
 #[async_trait]
 pub trait Interceptor: Send + Sync {
-    async fn around<'a, R: Reply, E: Failure>(
-        &'a self,
-        call: Call<'a>,
-        next: Next<'a, R, E>,
-    ) -> Result<R, E>;
+    async fn around<'a, R: Reply, E: Failure>(&'a self, next: Next<'a, R, E>) -> Result<R, E>;
 }
 
 /// A port (`T`: the store, the catalog, a queue or the bus) with every call through `hook`.
@@ -281,14 +251,29 @@ fn misrouted<E: Failure>(got: &Call<'_>, expected: &str) -> E {
 }
 
 /// Forwards one port method: the call through the hook, and the hook's [`Next`] to the
-/// wrapped port with the arguments the hook passes on.
+/// wrapped port with the arguments the hook passes on. A call of one parameter struct is a
+/// tuple variant (`Due(q)`), any other a struct variant of its arguments.
 macro_rules! forward {
+    ($self:ident, $variant:ident ( $arg:ident ) => $method:ident) => {{
+        let this = $self;
+        this.hook
+            .around(
+                Next::new(Call::$variant($arg), move |call| {
+                    Box::pin(async move {
+                        match call {
+                            Call::$variant($arg) => this.inner.$method($arg).await,
+                            other => Err(misrouted(&other, stringify!($method))),
+                        }
+                    })
+                }),
+            )
+            .await
+    }};
     ($self:ident, $variant:ident { $($arg:ident),* } => $method:ident) => {{
         let this = $self;
         this.hook
             .around(
-                Call::$variant { $($arg),* },
-                Next::new(move |call| {
+                Next::new(Call::$variant { $($arg),* }, move |call| {
                     Box::pin(async move {
                         match call {
                             Call::$variant { $($arg),* } => this.inner.$method($($arg),*).await,
@@ -303,13 +288,8 @@ macro_rules! forward {
 
 #[async_trait]
 impl<T: TaskStore + ?Sized, H: Interceptor> TaskStore for Intercepted<T, H> {
-    async fn create(
-        &self,
-        task: &Task,
-        record: &StateRecord,
-        key: Option<&IdempotencyRecord>,
-    ) -> Result<CreateOutcome, StoreError> {
-        forward!(self, Create { task, record, key } => create)
+    async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError> {
+        forward!(self, Create(new) => create)
     }
     async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
         forward!(self, Get { id } => get)
@@ -317,21 +297,11 @@ impl<T: TaskStore + ?Sized, H: Interceptor> TaskStore for Intercepted<T, H> {
     async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
         forward!(self, GetState { id } => get_state)
     }
-    async fn put_as(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        write: u64,
-    ) -> Result<(), StoreError> {
-        forward!(self, PutAs { record, condition, write } => put_as)
+    async fn put_as(&self, put: Guarded<'_>, write: u64) -> Result<(), StoreError> {
+        forward!(self, PutAs { put, write } => put_as)
     }
-    async fn put_with_input(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        task: &Task,
-    ) -> Result<(), StoreError> {
-        forward!(self, PutWithInput { record, condition, task } => put_with_input)
+    async fn put_with_input(&self, put: Guarded<'_>, task: &Task) -> Result<(), StoreError> {
+        forward!(self, PutWithInput { put, task } => put_with_input)
     }
     async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
         forward!(self, ExpireTask { record } => expire_task)
@@ -340,43 +310,21 @@ impl<T: TaskStore + ?Sized, H: Interceptor> TaskStore for Intercepted<T, H> {
 
 #[async_trait]
 impl<T: TaskLists + ?Sized, H: Interceptor> TaskLists for Intercepted<T, H> {
-    async fn list(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError> {
-        forward!(self, List { state, workflow, limit, after } => list)
+    async fn list(&self, of: InState<'_>, page: Paging<'_>) -> Result<Page, StoreError> {
+        forward!(self, List { of, page } => list)
     }
-    async fn count(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        cap: u64,
-    ) -> Result<Count, StoreError> {
-        forward!(self, Count { state, workflow, cap } => count)
+    async fn count(&self, of: InState<'_>, cap: u64) -> Result<Count, StoreError> {
+        forward!(self, Count { of, cap } => count)
     }
-    async fn list_by_caller(
-        &self,
-        caller: &Caller,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError> {
-        forward!(self, ListByCaller { caller, limit, after } => list_by_caller)
+    async fn list_by_caller(&self, caller: &Caller, page: Paging<'_>) -> Result<Page, StoreError> {
+        forward!(self, ListByCaller { caller, page } => list_by_caller)
     }
 }
 
 #[async_trait]
 impl<T: DueIndex + ?Sized, H: Interceptor> DueIndex for Intercepted<T, H> {
-    async fn due(
-        &self,
-        shard: u32,
-        now: DateTime<Utc>,
-        limit: usize,
-        after: Option<&DueEntry>,
-    ) -> Result<Vec<DueEntry>, StoreError> {
-        forward!(self, Due { shard, now, limit, after } => due)
+    async fn due(&self, q: DueQuery<'_>) -> Result<Vec<DueEntry>, StoreError> {
+        forward!(self, Due(q) => due)
     }
     fn due_shards(&self) -> u32 {
         self.inner.due_shards()
@@ -385,14 +333,8 @@ impl<T: DueIndex + ?Sized, H: Interceptor> DueIndex for Intercepted<T, H> {
 
 #[async_trait]
 impl<T: Leases + ?Sized, H: Interceptor> Leases for Intercepted<T, H> {
-    async fn acquire_lease(
-        &self,
-        name: &str,
-        owner: &str,
-        now: DateTime<Utc>,
-        ttl: chrono::Duration,
-    ) -> Result<bool, StoreError> {
-        forward!(self, AcquireLease { name, owner, now, ttl } => acquire_lease)
+    async fn acquire_lease(&self, claim: LeaseClaim<'_>) -> Result<bool, StoreError> {
+        forward!(self, AcquireLease(claim) => acquire_lease)
     }
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
         forward!(self, ReleaseLease { name, owner } => release_lease)
@@ -411,34 +353,18 @@ impl<T: Breakers + ?Sized, H: Interceptor> Breakers for Intercepted<T, H> {
 
 #[async_trait]
 impl<T: RateLimits + ?Sized, H: Interceptor> RateLimits for Intercepted<T, H> {
-    async fn admit(
-        &self,
-        key: &str,
-        limit: &RateLimit,
-        now: DateTime<Utc>,
-    ) -> Result<Admission, StoreError> {
-        forward!(self, Admit { key, limit, now } => admit)
+    async fn admit(&self, ask: RateRequest<'_>) -> Result<Admission, StoreError> {
+        forward!(self, Admit(ask) => admit)
     }
 }
 
 #[async_trait]
 impl<T: Catalog + ?Sized, H: Interceptor> Catalog for Intercepted<T, H> {
-    async fn publish(
-        &self,
-        kind: Kind,
-        name: &str,
-        body: &serde_json::Value,
-        now: DateTime<Utc>,
-    ) -> Result<Published, StoreError> {
-        forward!(self, PublishDefinition { kind, name, body, now } => publish)
+    async fn publish(&self, publication: Publication<'_>) -> Result<Published, StoreError> {
+        forward!(self, PublishDefinition(publication) => publish)
     }
-    async fn definition(
-        &self,
-        kind: Kind,
-        name: &str,
-        version: Option<u32>,
-    ) -> Result<Option<Stored>, StoreError> {
-        forward!(self, Definition { kind, name, version } => definition)
+    async fn definition(&self, wanted: DefinitionRef<'_>) -> Result<Option<Stored>, StoreError> {
+        forward!(self, Definition(wanted) => definition)
     }
     async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError> {
         forward!(self, Entries { kind } => entries)
@@ -450,13 +376,8 @@ impl<T: Queue + ?Sized, H: Interceptor> Queue for Intercepted<T, H> {
     async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
         forward!(self, Send { queue_url, body, delay } => send)
     }
-    async fn receive(
-        &self,
-        queue_url: &str,
-        max: u32,
-        wait: Duration,
-    ) -> Result<Vec<ReceivedMessage>, QueueError> {
-        forward!(self, Receive { queue_url, max, wait } => receive)
+    async fn receive(&self, ask: ReceiveRequest<'_>) -> Result<Vec<ReceivedMessage>, QueueError> {
+        forward!(self, Receive(ask) => receive)
     }
     async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError> {
         forward!(self, Delete { queue_url, receipt_handle } => delete)
@@ -465,11 +386,7 @@ impl<T: Queue + ?Sized, H: Interceptor> Queue for Intercepted<T, H> {
 
 #[async_trait]
 impl<T: EventBus + ?Sized, H: Interceptor> EventBus for Intercepted<T, H> {
-    async fn publish(
-        &self,
-        detail_type: &str,
-        detail: &serde_json::Value,
-    ) -> Result<(), PublishError> {
+    async fn publish(&self, detail_type: &str, detail: &Value) -> Result<(), PublishError> {
         forward!(self, PublishEvent { detail_type, detail } => publish)
     }
 }
@@ -487,11 +404,8 @@ mod tests {
 
     #[async_trait]
     impl Interceptor for Hook {
-        async fn around<'a, R: Reply, E: Failure>(
-            &'a self,
-            call: Call<'a>,
-            next: Next<'a, R, E>,
-        ) -> Result<R, E> {
+        async fn around<'a, R: Reply, E: Failure>(&'a self, next: Next<'a, R, E>) -> Result<R, E> {
+            let call = next.call();
             if let Ok(mut seen) = self.0.lock() {
                 seen.push(call.name());
             }
@@ -506,11 +420,11 @@ mod tests {
                     next.run(call).await
                 }
                 Call::Delete { queue_url, .. } => {
-                    next.run(Call::Receive {
+                    next.run(Call::Receive(ReceiveRequest {
                         queue_url,
                         max: 1,
                         wait: Duration::ZERO,
-                    })
+                    }))
                     .await
                 }
                 _ => next.run(call).await,

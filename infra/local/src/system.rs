@@ -18,7 +18,9 @@ use sas::handlers::agent::{self, AgentDeps};
 use sas::handlers::scheduler::{self, SchedulerDeps};
 use sas::handlers::supervisor::{self, SupervisorDeps, SweepReport};
 use sas::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
-use sas::ports::{Catalog, Clock, EventBus, Queue, ReceivedMessage, RemoteService, StateStore};
+use sas::ports::{
+    Catalog, Clock, EventBus, Queue, ReceiveRequest, ReceivedMessage, RemoteService, StateStore,
+};
 use sas::remote::{
     CachedCredentials, Connectors, Credentials, Faults, MemoryCredentials, Remotes,
     ScopedCredentials, SimulatedService,
@@ -995,7 +997,12 @@ where
     F: Fn(SqsEvent) -> Fut,
     Fut: Future<Output = SqsBatchResponse>,
 {
-    let messages = queue.receive(url, batch, wait).await?;
+    let ask = ReceiveRequest {
+        queue_url: url,
+        max: batch,
+        wait,
+    };
+    let messages = queue.receive(ask).await?;
     if messages.is_empty() {
         return Ok(0);
     }

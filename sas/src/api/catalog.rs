@@ -8,6 +8,7 @@ use super::request::{action_body, json_body};
 use crate::catalog::CatalogError;
 use crate::domain::workflow::{self, MAX_DEFINITION_BYTES, ServiceDef};
 use crate::domain::{BreakerRecord, Caller};
+use crate::ports::DefinitionRef;
 use crate::ports::Kind;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
@@ -176,7 +177,11 @@ pub(super) async fn definition(
     match deps
         .definitions
         .catalog()
-        .definition(kind, name, version)
+        .definition(DefinitionRef {
+            kind,
+            name,
+            version,
+        })
         .await
         .map_err(ApiError::unavailable)?
     {

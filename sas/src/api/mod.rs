@@ -39,6 +39,7 @@ pub use tasks::{IDEMPOTENCY_KEY, MAX_KEY_LEN, REPLY_QUEUE_URL};
 use crate::auth::Identity;
 use crate::domain::TaskId;
 use crate::domain::rate::Admission;
+use crate::ports::RateRequest;
 use http::{HeaderMap, Method, Response};
 use routes::{Target, Unrouted};
 use serde_json::Value;
@@ -140,7 +141,11 @@ pub async fn handle(
         let key = crate::domain::rate::shard_key(&caller.digest(), shard);
         match deps
             .store
-            .admit(&key, &limit.per_shard(), deps.clock.now())
+            .admit(RateRequest {
+                key: &key,
+                limit: &limit.per_shard(),
+                now: deps.clock.now(),
+            })
             .instrument(span.clone())
             .await
         {

@@ -12,6 +12,7 @@ use crate::domain::transition::{self, Actor, Rejection, Transition};
 use crate::domain::{Caller, ProcessState, StateRecord, TaskId};
 use crate::handlers::{HandlerError, count_outcome, perform_no_step, workflow_of, write};
 use crate::ports::StoreError;
+use crate::ports::{Guarded, InState, Paging};
 use http::StatusCode;
 use serde_json::{Value, json};
 use std::fmt;
@@ -272,7 +273,7 @@ pub(super) async fn act(
         // The input and the record in one transaction, the record under its condition.
         Ok(changed) => match deps
             .store
-            .put_with_input(&t.record, &t.condition, changed)
+            .put_with_input(Guarded::new(&t.record, &t.condition), changed)
             .await
         {
             Ok(()) => Ok(true),
@@ -347,7 +348,16 @@ pub(super) async fn list(deps: &ApiDeps, query: &str) -> Answer {
     };
     let found = deps
         .store
-        .list(state, workflow.as_deref(), page.limit, page.cursor.as_ref())
+        .list(
+            InState {
+                state,
+                workflow: workflow.as_deref(),
+            },
+            Paging {
+                limit: page.limit,
+                after: page.cursor.as_ref(),
+            },
+        )
         .await
         .map_err(ApiError::unavailable)?;
     Ok(respond(
@@ -378,11 +388,10 @@ pub(super) async fn counts(deps: &ApiDeps, query: &str) -> Answer {
             }
         }
     }
-    let counted = futures::future::join_all(
-        ProcessState::ALL
-            .iter()
-            .map(|s| deps.store.count(*s, workflow.as_deref(), MAX_COUNT)),
-    )
+    let counted = futures::future::join_all(ProcessState::ALL.iter().map(|&state| {
+        let workflow = workflow.as_deref();
+        deps.store.count(InState { state, workflow }, MAX_COUNT)
+    }))
     .await;
     let mut counts = serde_json::Map::new();
     for (state, c) in ProcessState::ALL.iter().zip(counted) {

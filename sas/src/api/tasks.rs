@@ -14,7 +14,8 @@ use crate::domain::workflow;
 use crate::domain::{Caller, StateRecord, Status, Task, TaskId};
 use crate::handlers::{progress_status, publish_status};
 use crate::messages::{SchedulerMessage, WorkMessage};
-use crate::ports::{CreateOutcome, IdempotencyRecord, canonical};
+use crate::ports::Paging;
+use crate::ports::{CreateOutcome, IdempotencyRecord, NewTask, canonical};
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -118,7 +119,12 @@ pub(super) async fn submit(
         task_id: id,
         created_at: task.created_at,
     });
-    match deps.store.create(&task, &record, key.as_ref()).await {
+    let new = NewTask {
+        task: &task,
+        record: &record,
+        key: key.as_ref(),
+    };
+    match deps.store.create(new).await {
         Ok(CreateOutcome::Created) => {
             deps.metrics
                 .count("TasksAccepted", &[("Workflow", task.workflow.as_str())]);
@@ -260,7 +266,13 @@ pub(super) async fn list_mine(deps: &ApiDeps, caller: &Caller, query: &str) -> A
     }
     let found = deps
         .store
-        .list_by_caller(caller, page.limit, page.cursor.as_ref())
+        .list_by_caller(
+            caller,
+            Paging {
+                limit: page.limit,
+                after: page.cursor.as_ref(),
+            },
+        )
         .await
         .map_err(ApiError::unavailable)?;
     let tasks = found

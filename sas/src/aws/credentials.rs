@@ -1,6 +1,7 @@
 //! Credentials of HTTP services from Secrets Manager (a secret's string) and SSM Parameter
 //! Store (a parameter, read with decryption).
 
+use super::Described;
 use crate::domain::workflow::CredentialSource;
 use crate::remote::{CredentialError, Credentials, Secret};
 use async_trait::async_trait;
@@ -43,7 +44,7 @@ impl Credentials for AwsCredentials {
                     .secret_id(id)
                     .send()
                     .await
-                    .map_err(|e| fail(super::describe(&e)))?;
+                    .described(fail)?;
                 if let Some(s) = out.secret_string() {
                     return Ok(Secret::new(s));
                 }
@@ -62,7 +63,7 @@ impl Credentials for AwsCredentials {
                     .with_decryption(true)
                     .send()
                     .await
-                    .map_err(|e| fail(super::describe(&e)))?;
+                    .described(fail)?;
                 out.parameter()
                     .and_then(|p| p.value())
                     .map(Secret::new)

@@ -1,7 +1,9 @@
+use super::Described;
 use crate::messages::EVENT_SOURCE;
 use crate::ports::{EventBus, PublishError};
 use async_trait::async_trait;
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
+use serde_json::Value;
 
 /// Publishes to an EventBridge bus with source `sas.tasks`.
 #[derive(Debug, Clone)]
@@ -21,11 +23,7 @@ impl EventBridgeBus {
 
 #[async_trait]
 impl EventBus for EventBridgeBus {
-    async fn publish(
-        &self,
-        detail_type: &str,
-        detail: &serde_json::Value,
-    ) -> Result<(), PublishError> {
+    async fn publish(&self, detail_type: &str, detail: &Value) -> Result<(), PublishError> {
         let entry = PutEventsRequestEntry::builder()
             .event_bus_name(&self.bus_name)
             .source(EVENT_SOURCE)
@@ -38,7 +36,7 @@ impl EventBus for EventBridgeBus {
             .entries(entry)
             .send()
             .await
-            .map_err(|e| PublishError(super::describe(&e)))?;
+            .described(PublishError)?;
         if out.failed_entry_count() > 0 {
             let why = out
                 .entries()

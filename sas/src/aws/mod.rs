@@ -16,5 +16,5 @@ pub use dynamodb::{
 #[cfg(any(test, feature = "testkit"))]
 pub use dynamodb::{index_entry_sizes, item_size, state_record_size, stored_sizes};
 pub use eventbridge::EventBridgeBus;
-pub use sdk::{describe, sdk_config};
+pub use sdk::{Described, describe, sdk_config};
 pub use sqs::SqsQueue;

@@ -19,3 +19,19 @@ where
         other => format!("{}", aws_sdk_dynamodb::error::DisplayErrorContext(other)),
     }
 }
+
+/// The answer of an SDK call, its error [`describe`]d and made the adapter's own by `wrap`
+/// (e.g. `.described(QueueError)?`).
+pub trait Described<T> {
+    fn described<X>(self, wrap: impl FnOnce(String) -> X) -> Result<T, X>;
+}
+
+impl<T, E, R> Described<T> for Result<T, aws_sdk_dynamodb::error::SdkError<E, R>>
+where
+    E: std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    fn described<X>(self, wrap: impl FnOnce(String) -> X) -> Result<T, X> {
+        self.map_err(|e| wrap(describe(&e)))
+    }
+}

@@ -1,4 +1,5 @@
-use crate::ports::{Queue, QueueError, ReceivedMessage};
+use super::Described;
+use crate::ports::{DeadLetter, Queue, QueueError, ReceiveRequest, ReceivedMessage};
 use async_trait::async_trait;
 use aws_sdk_sqs::types::MessageSystemAttributeName;
 use std::time::Duration;
@@ -27,18 +28,13 @@ impl Queue for SqsQueue {
             .delay_seconds(secs)
             .send()
             .await
-            .map_err(|e| QueueError(super::describe(&e)))?;
+            .described(QueueError)?;
         Ok(())
     }
 
-    async fn send_dead_letter(
-        &self,
-        queue_url: &str,
-        body: &str,
-        reason: &str,
-    ) -> Result<(), QueueError> {
+    async fn send_dead_letter(&self, letter: DeadLetter<'_>) -> Result<(), QueueError> {
         // An attribute value is at most the message's size; a reason is short. Keep 1 KB.
-        let reason: String = reason.chars().take(1024).collect();
+        let reason: String = letter.reason.chars().take(1024).collect();
         let attribute = aws_sdk_sqs::types::MessageAttributeValue::builder()
             .data_type("String")
             .string_value(if reason.is_empty() {
@@ -50,31 +46,26 @@ impl Queue for SqsQueue {
             .map_err(|e| QueueError(e.to_string()))?;
         self.client
             .send_message()
-            .queue_url(queue_url)
-            .message_body(body)
+            .queue_url(letter.queue_url)
+            .message_body(letter.body)
             .message_attributes(crate::ports::DEAD_LETTER_REASON, attribute)
             .send()
             .await
-            .map_err(|e| QueueError(super::describe(&e)))?;
+            .described(QueueError)?;
         Ok(())
     }
 
-    async fn receive(
-        &self,
-        queue_url: &str,
-        max: u32,
-        wait: Duration,
-    ) -> Result<Vec<ReceivedMessage>, QueueError> {
+    async fn receive(&self, ask: ReceiveRequest<'_>) -> Result<Vec<ReceivedMessage>, QueueError> {
         let out = self
             .client
             .receive_message()
-            .queue_url(queue_url)
-            .max_number_of_messages(max.clamp(1, 10) as i32)
-            .wait_time_seconds(wait.as_secs().min(20) as i32)
+            .queue_url(ask.queue_url)
+            .max_number_of_messages(ask.max.clamp(1, 10) as i32)
+            .wait_time_seconds(ask.wait.as_secs().min(20) as i32)
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .send()
             .await
-            .map_err(|e| QueueError(super::describe(&e)))?;
+            .described(QueueError)?;
         Ok(out
             .messages()
             .iter()
@@ -98,7 +89,7 @@ impl Queue for SqsQueue {
             .receipt_handle(receipt_handle)
             .send()
             .await
-            .map_err(|e| QueueError(super::describe(&e)))?;
+            .described(QueueError)?;
         Ok(())
     }
 }

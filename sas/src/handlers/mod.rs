@@ -10,7 +10,8 @@ use crate::catalog::{CatalogError, Definitions};
 use crate::domain::transition::{Effect, notice_delivered};
 use crate::domain::{ProcessState, StateRecord, Status, Transition};
 use crate::messages::{SchedulerMessage, TaskNotice, WorkMessage};
-use crate::ports::{Clock, EventBus, PublishError, Queue, QueueError, StateStore, StoreError};
+use crate::ports::StoreError;
+use crate::ports::{Clock, DeadLetter, EventBus, PublishError, Queue, QueueError, StateStore};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use std::future::Future;
 use std::time::Duration;
@@ -110,7 +111,14 @@ where
                 RecordOutcome::Poison(why) => {
                     metrics.count("PoisonMessages", &[("Function", function)]);
                     match poison_url {
-                    Some(dlq) => match queue.send_dead_letter(dlq, &body, &why).await {
+                    Some(dlq) => match queue
+                        .send_dead_letter(DeadLetter {
+                            queue_url: dlq,
+                            body: &body,
+                            reason: &why,
+                        })
+                        .await
+                    {
                         Ok(()) => {
                             error!(message_id = %id, %why, "poison message moved to the dead-letter queue");
                             false

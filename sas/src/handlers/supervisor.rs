@@ -6,7 +6,7 @@ use crate::catalog::Definitions;
 use crate::domain::transition;
 use crate::domain::{Status, TaskId};
 use crate::messages::DeadlineTimer;
-use crate::ports::{Clock, EventBus, Queue, StateStore};
+use crate::ports::{Clock, DueQuery, EventBus, LeaseClaim, Queue, StateStore};
 use chrono::{DateTime, Utc};
 use rand::Rng;
 use serde::Serialize;
@@ -154,7 +154,12 @@ async fn sweep_shard(
     let lease = format!("sweep#{shard}");
     if !deps
         .store
-        .acquire_lease(&lease, &deps.instance_id, now, deps.lease_ttl)
+        .acquire_lease(LeaseClaim {
+            name: &lease,
+            owner: &deps.instance_id,
+            now,
+            ttl: deps.lease_ttl,
+        })
         .await?
     {
         info!(shard, "another supervisor is sweeping this shard");
@@ -192,10 +197,13 @@ async fn drain_shard(
             report.cut_short += 1;
             return Ok(report);
         }
-        let page = deps
-            .store
-            .due(shard, now, page_size, after.as_ref())
-            .await?;
+        let query = DueQuery {
+            shard,
+            now,
+            limit: page_size,
+            after: after.as_ref(),
+        };
+        let page = deps.store.due(query).await?;
         report.pages += 1;
         report.due += page.len();
         // The next page starts after this one, whatever became of its entries: a record that

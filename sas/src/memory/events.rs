@@ -1,5 +1,6 @@
 use crate::ports::{EventBus, PublishError};
 use async_trait::async_trait;
+use serde_json::Value;
 use std::sync::Mutex;
 
 /// An event bus that keeps what was published, in order.
@@ -17,11 +18,7 @@ impl MemoryEventBus {
 
 #[async_trait]
 impl EventBus for MemoryEventBus {
-    async fn publish(
-        &self,
-        detail_type: &str,
-        detail: &serde_json::Value,
-    ) -> Result<(), PublishError> {
+    async fn publish(&self, detail_type: &str, detail: &Value) -> Result<(), PublishError> {
         self.events
             .lock()
             .map_err(|_| PublishError("memory bus lock poisoned".into()))?

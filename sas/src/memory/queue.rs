@@ -1,4 +1,4 @@
-use crate::ports::{Queue, QueueError, ReceivedMessage};
+use crate::ports::{Queue, QueueError, ReceiveRequest, ReceivedMessage};
 use async_trait::async_trait;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -172,15 +172,10 @@ impl Queue for MemoryQueues {
         Ok(())
     }
 
-    async fn receive(
-        &self,
-        queue_url: &str,
-        max: u32,
-        wait: Duration,
-    ) -> Result<Vec<ReceivedMessage>, QueueError> {
-        let deadline = Instant::now() + wait;
+    async fn receive(&self, ask: ReceiveRequest<'_>) -> Result<Vec<ReceivedMessage>, QueueError> {
+        let deadline = Instant::now() + ask.wait;
         loop {
-            let got = self.take_visible(queue_url, max.clamp(1, 10))?;
+            let got = self.take_visible(ask.queue_url, ask.max.clamp(1, 10))?;
             let now = Instant::now();
             if !got.is_empty() || now >= deadline {
                 return Ok(got);

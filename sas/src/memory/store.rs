@@ -1,8 +1,10 @@
-use crate::domain::{BreakerRecord, Caller, Condition, ProcessState, StateRecord, Task, TaskId};
+use crate::domain::rate::Admission;
+use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use crate::ports::{
-    Breakers, Catalog, Count, CreateOutcome, Cursor, DueEntry, DueIndex, Entry, IdempotencyRecord,
-    Kind, Leases, Page, Published, RateLimits, StoreError, Stored, Summary, TaskLists, TaskStore,
-    canonical,
+    Breakers, Catalog, Count, CreateOutcome, Cursor, DefinitionRef, DueEntry, DueIndex, DueQuery,
+    Entry, Guarded, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging,
+    Publication, Published, RateLimits, RateRequest, StoreError, Stored, Summary, TaskLists,
+    TaskStore, canonical,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -127,12 +129,8 @@ impl MemoryStore {
 
 #[async_trait]
 impl TaskStore for MemoryStore {
-    async fn create(
-        &self,
-        task: &Task,
-        record: &StateRecord,
-        key: Option<&IdempotencyRecord>,
-    ) -> Result<CreateOutcome, StoreError> {
+    async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError> {
+        let NewTask { task, record, key } = new;
         let mut inner = self.lock()?;
         // The read-back of an ambiguous create (a retry of one that was applied): the task
         // and its record already are these, so this request created them.
@@ -166,12 +164,8 @@ impl TaskStore for MemoryStore {
     async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
         Ok(self.lock()?.states.get(&id).cloned())
     }
-    async fn put_as(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        write: u64,
-    ) -> Result<(), StoreError> {
+    async fn put_as(&self, put: Guarded<'_>, write: u64) -> Result<(), StoreError> {
+        let Guarded { record, condition } = put;
         let mut inner = self.lock()?;
         let current = inner.states.get(&record.task_id);
         if !condition.holds(current) {
@@ -189,12 +183,8 @@ impl TaskStore for MemoryStore {
         inner.writes.insert(record.task_id, write);
         Ok(())
     }
-    async fn put_with_input(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        task: &Task,
-    ) -> Result<(), StoreError> {
+    async fn put_with_input(&self, put: Guarded<'_>, task: &Task) -> Result<(), StoreError> {
+        let Guarded { record, condition } = put;
         let mut inner = self.lock()?;
         // As the DynamoDB store: the task at the revision before, and the record's condition.
         let follows = inner
@@ -232,50 +222,32 @@ impl TaskStore for MemoryStore {
 
 #[async_trait]
 impl TaskLists for MemoryStore {
-    async fn list(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError> {
-        let limit = limit.max(1);
+    async fn list(&self, of: InState<'_>, page: Paging<'_>) -> Result<Page, StoreError> {
+        let (limit, after) = (page.limit.max(1), page.after);
         let mut inner = self.lock()?;
         // The list's order: when the task entered its state, descending across shards, ties by id (which DynamoDB's
         // index leaves unspecified and the DynamoDB store sorts by too).
         let rows: Vec<Summary> = inner
             .indexed(self.index_lag)
-            .filter(|r| r.process_state == state)
-            .filter(|r| workflow.is_none_or(|w| r.workflow == w))
+            .filter(|r| of.holds(r))
             .map(Summary::of)
             .filter(|s| after.is_none_or(|c| c.precedes(s.since.timestamp_millis(), s.task_id)))
             .collect();
         Ok(Page::newest_first(rows, limit, false))
     }
-    async fn count(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        cap: u64,
-    ) -> Result<Count, StoreError> {
+    async fn count(&self, of: InState<'_>, cap: u64) -> Result<Count, StoreError> {
         let mut inner = self.lock()?;
         let n = inner
             .indexed(self.index_lag)
-            .filter(|r| r.process_state == state)
-            .filter(|r| workflow.is_none_or(|w| r.workflow == w))
+            .filter(|r| of.holds(r))
             .count() as u64;
         Ok(Count {
             count: n.min(cap),
             capped: n > cap,
         })
     }
-    async fn list_by_caller(
-        &self,
-        caller: &Caller,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError> {
-        let limit = limit.clamp(1, 100);
+    async fn list_by_caller(&self, caller: &Caller, page: Paging<'_>) -> Result<Page, StoreError> {
+        let (limit, after) = (page.limit.clamp(1, 100), page.after);
         let mut inner = self.lock()?;
         // With an index lag, a task is in the caller index once its first write has arrived
         // there, and its summary is the record as the index has it (an eventually consistent
@@ -320,13 +292,13 @@ impl TaskLists for MemoryStore {
 
 #[async_trait]
 impl DueIndex for MemoryStore {
-    async fn due(
-        &self,
-        shard: u32,
-        now: DateTime<Utc>,
-        limit: usize,
-        after: Option<&DueEntry>,
-    ) -> Result<Vec<DueEntry>, StoreError> {
+    async fn due(&self, q: DueQuery<'_>) -> Result<Vec<DueEntry>, StoreError> {
+        let DueQuery {
+            shard,
+            now,
+            limit,
+            after,
+        } = q;
         let mut inner = self.lock()?;
         let mut due: Vec<_> = inner
             .indexed(self.index_lag)
@@ -350,22 +322,15 @@ impl DueIndex for MemoryStore {
 
 #[async_trait]
 impl Leases for MemoryStore {
-    async fn acquire_lease(
-        &self,
-        name: &str,
-        owner: &str,
-        now: DateTime<Utc>,
-        ttl: chrono::Duration,
-    ) -> Result<bool, StoreError> {
+    async fn acquire_lease(&self, claim: LeaseClaim<'_>) -> Result<bool, StoreError> {
         let mut inner = self.lock()?;
         let free = inner
             .leases
-            .get(name)
-            .is_none_or(|(o, until)| *until <= now || o == owner);
+            .get(claim.name)
+            .is_none_or(|(o, until)| *until <= claim.now || o == claim.owner);
         if free {
-            inner
-                .leases
-                .insert(name.to_owned(), (owner.to_owned(), now + ttl));
+            let held = (claim.owner.to_owned(), claim.until());
+            inner.leases.insert(claim.name.to_owned(), held);
         }
         Ok(free)
     }
@@ -396,13 +361,9 @@ impl Breakers for MemoryStore {
 
 #[async_trait]
 impl RateLimits for MemoryStore {
-    async fn admit(
-        &self,
-        key: &str,
-        limit: &crate::domain::rate::RateLimit,
-        now: DateTime<Utc>,
-    ) -> Result<crate::domain::rate::Admission, StoreError> {
-        use crate::domain::rate::{Admission, Decision};
+    async fn admit(&self, ask: RateRequest<'_>) -> Result<Admission, StoreError> {
+        use crate::domain::rate::Decision;
+        let RateRequest { key, limit, now } = ask;
         let mut inner = self.lock()?;
         match limit.decide(inner.rates.get(key).copied(), now.timestamp_millis()) {
             Decision::Admit { tat_ms } => {
@@ -416,14 +377,9 @@ impl RateLimits for MemoryStore {
 
 #[async_trait]
 impl Catalog for MemoryStore {
-    async fn publish(
-        &self,
-        kind: Kind,
-        name: &str,
-        body: &serde_json::Value,
-        now: DateTime<Utc>,
-    ) -> Result<Published, StoreError> {
-        let text = canonical(body);
+    async fn publish(&self, p: Publication<'_>) -> Result<Published, StoreError> {
+        let (kind, name) = (p.kind, p.name);
+        let text = canonical(p.body);
         let mut inner = self.lock()?;
         let versions = inner.catalog.entry((kind, name.to_owned())).or_default();
         if let Some((latest, latest_text)) = versions.last()
@@ -440,8 +396,8 @@ impl Catalog for MemoryStore {
                 kind,
                 name: name.to_owned(),
                 version,
-                body: body.clone(),
-                published_at: now,
+                body: p.body.clone(),
+                published_at: p.now,
             },
             text,
         ));
@@ -451,17 +407,12 @@ impl Catalog for MemoryStore {
         })
     }
 
-    async fn definition(
-        &self,
-        kind: Kind,
-        name: &str,
-        version: Option<u32>,
-    ) -> Result<Option<Stored>, StoreError> {
+    async fn definition(&self, wanted: DefinitionRef<'_>) -> Result<Option<Stored>, StoreError> {
         let inner = self.lock()?;
-        let Some(versions) = inner.catalog.get(&(kind, name.to_owned())) else {
+        let Some(versions) = inner.catalog.get(&(wanted.kind, wanted.name.to_owned())) else {
             return Ok(None);
         };
-        Ok(match version {
+        Ok(match wanted.version {
             None => versions.last(),
             Some(v) => versions.get((v as usize).wrapping_sub(1)),
         }

@@ -4,11 +4,12 @@
 use super::item::*;
 use super::store::*;
 use crate::ports::StoreError;
-use crate::ports::{Catalog, Entry, Kind, Published, Stored, canonical};
+use crate::ports::{
+    Catalog, DefinitionRef, Entry, Kind, Publication, Published, Stored, canonical,
+};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
-use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 
 fn definition_pk(kind: Kind, name: &str) -> String {
@@ -88,14 +89,9 @@ impl DynamoStore {
 
 #[async_trait]
 impl Catalog for DynamoStore {
-    async fn publish(
-        &self,
-        kind: Kind,
-        name: &str,
-        body: &serde_json::Value,
-        now: DateTime<Utc>,
-    ) -> Result<Published, StoreError> {
-        let text = canonical(body);
+    async fn publish(&self, p: Publication<'_>) -> Result<Published, StoreError> {
+        let (kind, name, now) = (p.kind, p.name, p.now);
+        let text = canonical(p.body);
         let hash = text_hash(&text);
         // Two publishers may race: the loser's transaction fails on the catalog's revision and
         // it tries again on the newer catalog.
@@ -188,12 +184,12 @@ impl Catalog for DynamoStore {
         ))
     }
 
-    async fn definition(
-        &self,
-        kind: Kind,
-        name: &str,
-        version: Option<u32>,
-    ) -> Result<Option<Stored>, StoreError> {
+    async fn definition(&self, wanted: DefinitionRef<'_>) -> Result<Option<Stored>, StoreError> {
+        let DefinitionRef {
+            kind,
+            name,
+            version,
+        } = wanted;
         let version = match version {
             Some(v) => v,
             None => match self

@@ -4,23 +4,17 @@ use super::item::*;
 use super::records::*;
 use super::store::*;
 use crate::ports::StoreError;
-use crate::ports::{DueEntry, DueIndex};
+use crate::ports::{DueEntry, DueIndex, DueQuery};
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 
 #[async_trait]
 impl DueIndex for DynamoStore {
-    async fn due(
-        &self,
-        shard: u32,
-        now: DateTime<Utc>,
-        limit: usize,
-        after: Option<&DueEntry>,
-    ) -> Result<Vec<DueEntry>, StoreError> {
+    async fn due(&self, q: DueQuery<'_>) -> Result<Vec<DueEntry>, StoreError> {
+        let shard = q.shard;
         // Where the previous page ended: the index's keys and the table's, as DynamoDB's own
         // `LastEvaluatedKey` of that entry would be (same shard, so never a foreign key).
-        let start = after.map(|a| {
+        let start = q.after.map(|a| {
             HashMap::from([
                 ("DueShard".to_owned(), s(shard_key(shard))),
                 ("DueAt".to_owned(), ms(a.due_at)),
@@ -35,9 +29,9 @@ impl DueIndex for DynamoStore {
             .index_name(DUE_INDEX)
             .key_condition_expression("DueShard = :shard AND DueAt <= :now")
             .expression_attribute_values(":shard", s(shard_key(shard)))
-            .expression_attribute_values(":now", ms(now))
+            .expression_attribute_values(":now", ms(q.now))
             .set_exclusive_start_key(start)
-            .limit(limit.clamp(1, 1000) as i32)
+            .limit(q.limit.clamp(1, 1000) as i32)
             .send()
             .await
             .map_err(|e| unavailable(&e))?;

@@ -4,23 +4,21 @@
 use super::item::*;
 use super::records::*;
 use super::store::*;
+use crate::domain::Caller;
 use crate::domain::TaskId;
-use crate::domain::{Caller, ProcessState};
 use crate::ports::StoreError;
-use crate::ports::{Count, Cursor, Page, Summary, TaskLists};
+use crate::ports::{Count, Cursor, InState, Page, Paging, Summary, TaskLists};
 use async_trait::async_trait;
 use std::collections::HashMap;
 
 #[async_trait]
 impl TaskLists for DynamoStore {
-    async fn list(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError> {
-        let limit = limit.clamp(1, 1000);
+    async fn list(&self, of: InState<'_>, page: Paging<'_>) -> Result<Page, StoreError> {
+        let (state, workflow) = (of.state, of.workflow);
+        let page = Paging {
+            limit: page.limit.clamp(1, 1000),
+            ..page
+        };
         // The shards merged ([`DynamoStore::newest_first`]). The index projects only the task's
         // id and workflow: the page's summaries are then read from the state records (one
         // `BatchGetItem`), so a write within a state changes nothing in the index.
@@ -36,8 +34,7 @@ impl TaskLists for DynamoStore {
                     sort: "StateSince",
                     workflow,
                 },
-                limit,
-                after,
+                page,
             )
             .await?;
         let mut found = self.summaries(rows.iter().map(|(_, id)| *id)).await?;
@@ -53,12 +50,8 @@ impl TaskLists for DynamoStore {
             .collect();
         Ok(Page { items, next })
     }
-    async fn count(
-        &self,
-        state: ProcessState,
-        workflow: Option<&str>,
-        cap: u64,
-    ) -> Result<Count, StoreError> {
+    async fn count(&self, of: InState<'_>, cap: u64) -> Result<Count, StoreError> {
+        let (state, workflow) = (of.state, of.workflow);
         let mut total = 0u64;
         for shard in 0..self.shards {
             let mut start = None;
@@ -96,13 +89,11 @@ impl TaskLists for DynamoStore {
             capped: false,
         })
     }
-    async fn list_by_caller(
-        &self,
-        caller: &Caller,
-        limit: usize,
-        after: Option<&Cursor>,
-    ) -> Result<Page, StoreError> {
-        let limit = limit.clamp(1, 100);
+    async fn list_by_caller(&self, caller: &Caller, page: Paging<'_>) -> Result<Page, StoreError> {
+        let page = Paging {
+            limit: page.limit.clamp(1, 100),
+            ..page
+        };
         let partitions = (0..self.caller_shards)
             .map(|shard| caller.index_key(shard))
             .collect();
@@ -115,8 +106,7 @@ impl TaskLists for DynamoStore {
                     sort: "CreatedAt",
                     workflow: None,
                 },
-                limit,
-                after,
+                page,
             )
             .await?;
         let mut found = self.summaries(rows.iter().map(|(_, id)| *id)).await?;
@@ -150,8 +140,8 @@ struct Partitions<'a> {
 }
 
 impl DynamoStore {
-    /// One page of the rows (sort key in ms, task id) of several partitions of one index after
-    /// `after`: each partition's newest `limit` (and their ties) merged, newest first and ties
+    /// One page of the rows (sort key in ms, task id) of several partitions of one index as
+    /// `page` asks (after `after`, at most `limit`): each partition's newest `limit` (and their ties) merged, newest first and ties
     /// by id, cut at `limit`, with the cursor after the last one if any partition has more. A
     /// partition is read from the cursor's time down (`sort <= t`). DynamoDB
     /// leaves rows with equal sort keys in no defined order, so a partition is read past its
@@ -162,9 +152,9 @@ impl DynamoStore {
     async fn newest_first(
         &self,
         p: Partitions<'_>,
-        limit: usize,
-        after: Option<&Cursor>,
+        page: Paging<'_>,
     ) -> Result<(Vec<(i64, TaskId)>, Option<Cursor>), StoreError> {
+        let Paging { limit, after } = page;
         let mut rows: Vec<(i64, TaskId)> = Vec::new();
         let mut more = false;
         for value in &p.values {

@@ -2,21 +2,17 @@
 
 use super::item::*;
 use super::store::*;
-use crate::ports::RateLimits;
+use crate::domain::rate::{Admission, Decision};
 use crate::ports::StoreError;
+use crate::ports::{RateLimits, RateRequest};
 use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
-use chrono::{DateTime, Utc};
 
 #[async_trait]
 impl RateLimits for DynamoStore {
-    async fn admit(
-        &self,
-        key: &str,
-        limit: &crate::domain::rate::RateLimit,
-        now: DateTime<Utc>,
-    ) -> Result<crate::domain::rate::Admission, StoreError> {
-        use crate::domain::rate::{Admission, Decision};
+    async fn admit(&self, ask: RateRequest<'_>) -> Result<Admission, StoreError> {
+        let RateRequest { key, limit, now } = ask;
         let now_ms = now.timestamp_millis();
         let pk = format!("RATE#{key}");
         // An idle caller's item goes an hour after its bucket refilled.
@@ -27,15 +23,10 @@ impl RateLimits for DynamoStore {
             // × t requests of one caller are admitted in any t", however many functions admit
             // at once (one conditional write per request, no read).
             let busy = self
-                .client
-                .update_item()
-                .table_name(&self.table)
-                .key("pk", s(&pk))
-                .key("sk", s("RATE"))
+                .rate_update(&pk, now_ms)
                 .update_expression("SET Tat = Tat + :i, ExpiresAt = :e")
                 .condition_expression("Tat BETWEEN :now AND :max")
                 .expression_attribute_values(":i", n(limit.interval_ms()))
-                .expression_attribute_values(":now", n(now_ms))
                 .expression_attribute_values(":max", n(now_ms + limit.tolerance_ms()))
                 .expression_attribute_values(":e", expires(now_ms + limit.tolerance_ms()))
                 .return_values_on_condition_check_failure(
@@ -72,15 +63,10 @@ impl RateLimits for DynamoStore {
             // A new or idle caller: no TAT, or one in the past. Condition: still so - a racing
             // admission that moved it first sends this one round again.
             let idle = self
-                .client
-                .update_item()
-                .table_name(&self.table)
-                .key("pk", s(&pk))
-                .key("sk", s("RATE"))
+                .rate_update(&pk, now_ms)
                 .update_expression("SET Tat = :t, ExpiresAt = :e")
                 .condition_expression("attribute_not_exists(Tat) OR Tat < :now")
                 .expression_attribute_values(":t", n(tat_ms))
-                .expression_attribute_values(":now", n(now_ms))
                 .expression_attribute_values(":e", expires(tat_ms))
                 .send()
                 .await;
@@ -96,5 +82,18 @@ impl RateLimits for DynamoStore {
         Ok(Admission::Limited {
             retry_after: chrono::Duration::milliseconds(limit.interval_ms()),
         })
+    }
+}
+
+impl DynamoStore {
+    /// An update of the rate item `pk`, with `:now` (`now_ms`) for its condition; the caller
+    /// adds the update and the condition.
+    fn rate_update(&self, pk: &str, now_ms: i64) -> UpdateItemFluentBuilder {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(pk))
+            .key("sk", s("RATE"))
+            .expression_attribute_values(":now", n(now_ms))
     }
 }

@@ -3,10 +3,10 @@
 use super::item::*;
 use super::records::*;
 use super::store::*;
-use crate::domain::{Condition, Task};
+use crate::domain::Task;
 use crate::domain::{StateRecord, TaskId};
 use crate::ports::StoreError;
-use crate::ports::{CreateOutcome, IdempotencyRecord, TaskStore};
+use crate::ports::{CreateOutcome, Guarded, IdempotencyRecord, NewTask, TaskStore};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
@@ -42,14 +42,26 @@ impl DynamoStore {
     }
 }
 
+/// A put of the state record `item` under the condition expression `e` (an [`Expr`]), on a
+/// `PutItem` request or a transaction's `Put` (`builder`): the stored item comes back on a
+/// conditional failure, for the read-back of an ambiguous write.
+macro_rules! guarded_put {
+    ($builder:expr, $table:expr, $item:expr, $e:expr) => {{
+        let e = $e;
+        $builder
+            .table_name($table)
+            .set_item(Some($item))
+            .condition_expression(e.clauses.join(" AND "))
+            .set_expression_attribute_names(Some(e.names))
+            .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+    }};
+}
+
 #[async_trait]
 impl TaskStore for DynamoStore {
-    async fn create(
-        &self,
-        task: &Task,
-        record: &StateRecord,
-        key: Option<&IdempotencyRecord>,
-    ) -> Result<CreateOutcome, StoreError> {
+    async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError> {
+        let NewTask { task, record, key } = new;
         // One transaction, every item `attribute_not_exists(pk)`: keeps "a task exists iff its
         // state record exists" and "an idempotency key names exactly one task".
         let mut writes = Vec::with_capacity(3);
@@ -157,12 +169,8 @@ impl TaskStore for DynamoStore {
             .map(parse_state)
             .transpose()
     }
-    async fn put_as(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        write: u64,
-    ) -> Result<(), StoreError> {
+    async fn put_as(&self, put: Guarded<'_>, write: u64) -> Result<(), StoreError> {
+        let Guarded { record, condition } = put;
         let e = condition_expr(condition);
         let mut item = state_item(record, self.shards);
         // The request's id, so the read-back below tells this request's write (its own retry)
@@ -172,17 +180,9 @@ impl TaskStore for DynamoStore {
         if let Some(at) = self.expiry(record) {
             item.insert("ExpiresAt".to_owned(), n(at));
         }
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item.clone()))
-            .condition_expression(e.clauses.join(" AND "))
-            .set_expression_attribute_names(Some(e.names))
-            .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values))
-            // On a conditional failure DynamoDB returns the item as it is, at no extra cost:
-            // what the read-back below needs.
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+        // On a conditional failure DynamoDB returns the item as it is, at no extra cost: what
+        // the read-back below needs.
+        let result = guarded_put!(self.client.put_item(), &self.table, item.clone(), e)
             .send()
             .await;
         match result {
@@ -204,12 +204,8 @@ impl TaskStore for DynamoStore {
             },
         }
     }
-    async fn put_with_input(
-        &self,
-        record: &StateRecord,
-        condition: &Condition,
-        task: &Task,
-    ) -> Result<(), StoreError> {
+    async fn put_with_input(&self, put: Guarded<'_>, task: &Task) -> Result<(), StoreError> {
+        let Guarded { record, condition } = put;
         // One transaction: the task's new input, its revision and the earlier inputs steps ran
         // with (condition: the task item exists at the revision before - keeps "an input is
         // replaced, never created, and each revision follows the one it replaces") and the
@@ -246,13 +242,7 @@ impl TaskStore for DynamoStore {
         if let Some(at) = self.expiry(record) {
             item.insert("ExpiresAt".to_owned(), n(at));
         }
-        let put = Put::builder()
-            .table_name(&self.table)
-            .set_item(Some(item.clone()))
-            .condition_expression(e.clauses.join(" AND "))
-            .set_expression_attribute_names(Some(e.names))
-            .set_expression_attribute_values((!e.values.is_empty()).then_some(e.values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+        let put = guarded_put!(Put::builder(), &self.table, item.clone(), e)
             .build()
             .map_err(build_err)?;
         let result = self
