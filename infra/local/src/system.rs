@@ -14,6 +14,7 @@ use sas::aws::{DynamoStore, EventBridgeBus, SqsQueue};
 use sas::catalog::{self, Definitions};
 use sas::domain::task::ReplyQueues;
 use sas::domain::{Backoff, BreakerPolicy, Policy};
+use sas::handlers::TaskPorts;
 use sas::handlers::agent::{self, AgentDeps};
 use sas::handlers::scheduler::{self, SchedulerDeps};
 use sas::handlers::supervisor::{self, SupervisorDeps, SweepReport};
@@ -581,7 +582,7 @@ impl System {
         };
         let metrics_sink = Arc::new(sas::metrics::Memory::default());
         let metrics = sas::metrics::Metrics::new("sas/local", metrics_sink.clone());
-        let submission = ApiDeps {
+        let ports = TaskPorts {
             metrics: metrics.clone(),
             store: store.clone(),
             queue: queue.clone(),
@@ -589,6 +590,9 @@ impl System {
             clock: clock.clone(),
             definitions: definitions.clone(),
             work_queue_url: resources.work_queue_url.clone(),
+        };
+        let submission = ApiDeps {
+            ports: ports.clone(),
             operator_api: false,
             reply_queues: settings
                 .reply_queues
@@ -670,15 +674,9 @@ impl System {
             submission,
             operator,
             scheduler: SchedulerDeps {
-                metrics: metrics.clone(),
-                store: store.clone(),
-                queue: queue.clone(),
-                events: events.clone(),
-                clock: clock.clone(),
-                definitions: definitions.clone(),
+                ports: ports.clone(),
                 agent_queue_url: resources.agent_queue_url.clone(),
                 reply_queue_url: resources.reply_queue_url.clone(),
-                work_queue_url: resources.work_queue_url.clone(),
                 timer_queue_url: settings
                     .deadline_timers
                     .then(|| resources.timer_queue_url.clone()),
@@ -687,13 +685,7 @@ impl System {
                 callback_base_url: Some(settings.callback_base_url.clone()),
             },
             supervisor: SupervisorDeps {
-                metrics,
-                store: store.clone(),
-                queue: queue.clone(),
-                events,
-                clock,
-                definitions: definitions.clone(),
-                work_queue_url: resources.work_queue_url.clone(),
+                ports,
                 sweep: settings.sweep,
                 timer_queue_url: Some(resources.timer_queue_url.clone()),
                 dead_letter_url: Some(resources.dead_letter_url.clone()),

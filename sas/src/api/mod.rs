@@ -139,8 +139,9 @@ pub async fn handle(
         let shard = rand::random_range(0..limit.shards());
         let key = crate::domain::rate::shard_key(&caller.digest(), shard);
         match deps
+            .ports
             .store
-            .admit(&key, &limit.per_shard(), deps.clock.now())
+            .admit(&key, &limit.per_shard(), deps.ports.clock.now())
             .instrument(span.clone())
             .await
         {
