@@ -803,6 +803,16 @@ impl System {
         Ok(bound)
     }
 
+    /// One poll of `url` (a batch of up to 10, no wait), handed to `handler` like a Lambda
+    /// invocation. Returns how many messages were handed to it.
+    async fn pump<F, Fut>(&self, url: &str, handler: F) -> anyhow::Result<usize>
+    where
+        F: Fn(SqsEvent) -> Fut,
+        Fut: Future<Output = SqsBatchResponse>,
+    {
+        poll_once(self.queue.as_ref(), url, 10, Duration::ZERO, &handler).await
+    }
+
     /// One poll of the scheduler's queues, handled like a Lambda invocation. Returns how many
     /// messages were handed to the handler.
     pub async fn pump_scheduler(&self) -> anyhow::Result<usize> {
@@ -811,35 +821,26 @@ impl System {
             &self.resources.work_queue_url,
             &self.resources.reply_queue_url,
         ] {
-            n += poll_once(self.queue.as_ref(), url, 10, Duration::ZERO, &|ev| {
-                scheduler::handle(&self.scheduler, ev)
-            })
-            .await?;
+            n += self
+                .pump(url, |ev| scheduler::handle(&self.scheduler, ev))
+                .await?;
         }
         Ok(n)
     }
 
     /// One poll of the agent queue.
     pub async fn pump_agents(&self) -> anyhow::Result<usize> {
-        poll_once(
-            self.queue.as_ref(),
-            &self.resources.agent_queue_url,
-            10,
-            Duration::ZERO,
-            &|ev| agent::handle(&self.agent, ev),
-        )
+        self.pump(&self.resources.agent_queue_url, |ev| {
+            agent::handle(&self.agent, ev)
+        })
         .await
     }
 
     /// One poll of the deadline-timer queue, handled by the supervisor.
     pub async fn pump_timers(&self) -> anyhow::Result<usize> {
-        poll_once(
-            self.queue.as_ref(),
-            &self.resources.timer_queue_url,
-            10,
-            Duration::ZERO,
-            &|ev| supervisor::handle_timers(&self.supervisor, ev),
-        )
+        self.pump(&self.resources.timer_queue_url, |ev| {
+            supervisor::handle_timers(&self.supervisor, ev)
+        })
         .await
     }
 

@@ -83,20 +83,31 @@ async fn load(
     Ok((task, record, workflow))
 }
 
+/// Sends a task's work message on, to come back at `until` (SQS delays at most 15 minutes).
+async fn send_on(
+    deps: &SchedulerDeps,
+    task_id: crate::TaskId,
+    until: chrono::DateTime<chrono::Utc>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), HandlerError> {
+    let ports = &deps.ports;
+    enqueue(
+        ports.queue.as_ref(),
+        &ports.work_queue_url,
+        task_id,
+        until - now,
+        now,
+    )
+    .await
+}
+
 async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerError> {
     let now = deps.ports.clock.now();
     if let Some(not_before) = w.not_before
         && not_before > now
     {
         // A wait longer than SQS's 15-minute delay: send it on for the rest.
-        enqueue(
-            deps.ports.queue.as_ref(),
-            &deps.ports.work_queue_url,
-            w.task_id,
-            not_before - now,
-            now,
-        )
-        .await?;
+        send_on(deps, w.task_id, not_before, now).await?;
         info!(%not_before, "long wait: work message sent on");
         return Ok(());
     }
@@ -106,14 +117,7 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         Err(transition::Rejection::TooEarly { until }) => {
             // An undo whose step may still be in flight: the message came early (a stray, or
             // clock skew); send it on for the rest of the wait.
-            enqueue(
-                deps.ports.queue.as_ref(),
-                &deps.ports.work_queue_url,
-                w.task_id,
-                until - now,
-                now,
-            )
-            .await?;
+            send_on(deps, w.task_id, until, now).await?;
             info!(%until, "undo not due yet: work message sent on");
             return Ok(());
         }
