@@ -878,11 +878,7 @@ async fn dispatch(
 /// `workflow validate`: the report on `out`; 1 if any file has a problem.
 fn validate(json: bool, args: &FilesArgs, out: &mut (dyn Write + Send)) -> Result<i32, Failure> {
     let validation = validate_paths(&args.paths);
-    if json {
-        print_json(out, &validation.to_json())?;
-    } else {
-        out.write_all(validation.render().as_bytes())?;
-    }
+    print_answer(out, json, &validation.to_json(), || validation.render())?;
     Ok(if validation.is_valid() {
         exit::OK
     } else {
@@ -961,14 +957,8 @@ async fn service_check(
         ..Plan::new(&args.action, &args.undo, input)
     };
     let report = run_checks(remote.as_ref(), &plan, &target).await;
-    if json {
-        print_json(
-            out,
-            &serde_json::to_value(&report).map_err(io::Error::other)?,
-        )?;
-    } else {
-        out.write_all(report.render().as_bytes())?;
-    }
+    let raw = serde_json::to_value(&report).map_err(io::Error::other)?;
+    print_answer(out, json, &raw, || report.render())?;
     Ok(if report.broken() {
         exit::CONTRACT
     } else {
@@ -1067,6 +1057,20 @@ async fn fetch<T: serde::de::DeserializeOwned>(
     Ok((typed, raw))
 }
 
+/// Writes an answer: `raw` as JSON with `--json`, else its rendered text.
+fn print_answer(
+    out: &mut (dyn Write + Send),
+    json: bool,
+    raw: &Value,
+    text: impl FnOnce() -> String,
+) -> io::Result<()> {
+    if json {
+        print_json(out, raw)
+    } else {
+        out.write_all(text().as_bytes())
+    }
+}
+
 fn print_json(out: &mut (dyn Write + Send), raw: &Value) -> io::Result<()> {
     let text = serde_json::to_string_pretty(raw).map_err(io::Error::other)?;
     writeln!(out, "{text}")
@@ -1079,11 +1083,7 @@ async fn act(
     out: &mut (dyn Write + Send),
 ) -> Result<i32, Failure> {
     let (view, raw): (TaskView, Value) = fetch(client, request).await?;
-    if json {
-        print_json(out, &raw)?;
-    } else {
-        out.write_all(render_confirmation(&view).as_bytes())?;
-    }
+    print_answer(out, json, &raw, || render_confirmation(&view))?;
     Ok(exit::OK)
 }
 
@@ -1147,14 +1147,8 @@ async fn list(
             None => break,
         }
     }
-    if json {
-        print_json(
-            out,
-            &serde_json::json!({ "tasks": raw_tasks, "nextCursor": null }),
-        )?;
-    } else {
-        out.write_all(render_list(&page).as_bytes())?;
-    }
+    let raw = serde_json::json!({ "tasks": raw_tasks, "nextCursor": null });
+    print_answer(out, json, &raw, || render_list(&page))?;
     Ok(exit::OK)
 }
 
@@ -1212,11 +1206,7 @@ async fn watch(
             view.failure_count,
         );
         if last.as_ref() != Some(&key) {
-            if json {
-                print_json(out, &raw)?;
-            } else {
-                out.write_all(render_watch_line(&view).as_bytes())?;
-            }
+            print_answer(out, json, &raw, || render_watch_line(&view))?;
             out.flush()?;
             last = Some(key);
         }
