@@ -1498,11 +1498,10 @@ mod tests {
                 // Under --json the error is the one JSON document on stdout.
                 assert_eq!(err, "", "{args:?}");
                 let doc: serde_json::Value = serde_json::from_str(&out)?;
-                assert_eq!(doc["error"]["code"], "transport", "{doc}");
+                let error = sas::api::error::code_and_message(&doc);
                 assert!(
-                    doc["error"]["message"]
-                        .as_str()
-                        .is_some_and(|m| m.starts_with("cannot reach http://127.0.0.1:9/tasks")),
+                    error.is_some_and(|(code, m)| code == "transport"
+                        && m.starts_with("cannot reach http://127.0.0.1:9/tasks")),
                     "{doc}"
                 );
                 continue;
