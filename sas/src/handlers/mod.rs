@@ -183,11 +183,28 @@ pub(crate) async fn enqueue(
     if wanted > MAX_SQS_DELAY {
         message.not_before = Some(now + delay);
     }
-    let body = serde_json::to_string(&SchedulerMessage::Work(message))
-        .map_err(|e| HandlerError::Poison(format!("work message does not serialize: {e}")))?;
-    queue
-        .send(work_queue_url, &body, wanted.min(MAX_SQS_DELAY))
-        .await?;
+    send_json(
+        queue,
+        work_queue_url,
+        "work message",
+        &SchedulerMessage::Work(message),
+        wanted.min(MAX_SQS_DELAY),
+    )
+    .await
+}
+
+/// Sends `message` (named `what` in the error) to `url` as JSON after `delay`; a message that
+/// does not serialize is poison.
+pub(crate) async fn send_json(
+    queue: &dyn Queue,
+    url: &str,
+    what: &str,
+    message: &impl serde::Serialize,
+    delay: Duration,
+) -> Result<(), HandlerError> {
+    let body = serde_json::to_string(message)
+        .map_err(|e| HandlerError::Poison(format!("{what} does not serialize: {e}")))?;
+    queue.send(url, &body, delay).await?;
     Ok(())
 }
 

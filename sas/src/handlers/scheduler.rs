@@ -1,7 +1,9 @@
 //! The scheduler: claims Pending tasks, sends step requests to the agents, applies their
 //! replies. Each task runs on the workflow version stored in its record.
 
-use super::{HandlerError, RecordOutcome, TaskPorts, enqueue, perform, process_batch, write};
+use super::{
+    HandlerError, RecordOutcome, TaskPorts, enqueue, perform, process_batch, send_json, write,
+};
 use crate::domain::state::callback_token;
 use crate::domain::task::{MAX_REQUEST_BYTES, MAX_RESULT_BYTES, MAX_RESULTS_BYTES};
 use crate::domain::transition::{self, StepOutcome, Transition};
@@ -393,13 +395,14 @@ async fn send_step_request(
                 outcome: StepOutcome::Failed { error },
                 generation: None,
             });
-            let body = serde_json::to_string(&reply)
-                .map_err(|e| HandlerError::Poison(format!("reply does not serialize: {e}")))?;
-            deps.ports
-                .queue
-                .send(&deps.reply_queue_url, &body, Duration::ZERO)
-                .await?;
-            return Ok(());
+            return send_json(
+                deps.ports.queue.as_ref(),
+                &deps.reply_queue_url,
+                "reply",
+                &reply,
+                Duration::ZERO,
+            )
+            .await;
         }
     };
     let request = StepRequest {
@@ -420,12 +423,14 @@ async fn send_step_request(
         input: input.0,
         callback: input.1,
     };
-    let body = serde_json::to_string(&request)
-        .map_err(|e| HandlerError::Poison(format!("step request does not serialize: {e}")))?;
-    deps.ports
-        .queue
-        .send(&deps.agent_queue_url, &body, Duration::ZERO)
-        .await?;
+    send_json(
+        deps.ports.queue.as_ref(),
+        &deps.agent_queue_url,
+        "step request",
+        &request,
+        Duration::ZERO,
+    )
+    .await?;
     info!(step = %step.name, action = %request.action, service = %step.service, %complete_by, "step request sent");
     if let Some(timers) = &deps.timer_queue_url {
         let timer = DeadlineTimer {
@@ -456,12 +461,9 @@ pub(crate) async fn arm(
     timer: &DeadlineTimer,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(), HandlerError> {
-    let body = serde_json::to_string(timer)
-        .map_err(|e| HandlerError::Poison(format!("timer does not serialize: {e}")))?;
     let delay = (timer.complete_by - now)
         .to_std()
         .unwrap_or_default()
         .min(super::MAX_SQS_DELAY);
-    queue.send(url, &body, delay).await?;
-    Ok(())
+    send_json(queue, url, "timer", timer, delay).await
 }
