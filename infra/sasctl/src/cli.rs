@@ -701,11 +701,7 @@ async fn dispatch(
         Command::List(args) => list(client, cli, args, out).await,
         Command::Show(IdArg { id }) => {
             let (view, raw): (TaskView, Value) = fetch(client, &Request::Show { id }).await?;
-            if cli.json {
-                print_json(out, &raw)?;
-            } else {
-                out.write_all(render_task(&view).as_bytes())?;
-            }
+            print_answer(out, cli.json, &raw, || render_task(&view))?;
             Ok(exit::OK)
         }
         Command::Retry(RetryArgs {
@@ -714,12 +710,7 @@ async fn dispatch(
             input: Some(input),
         }) => {
             let body = serde_json::json!({"reason": reason, "input": input});
-            let request = Request::ActWith {
-                id,
-                route: "retry-with-input",
-                body: &body,
-            };
-            act(client, cli.json, &request, out).await
+            act_with(client, cli.json, id, "retry-with-input", &body, out).await
         }
         Command::Compensate(CompensateArgs {
             id,
@@ -727,12 +718,7 @@ async fn dispatch(
             from: Some(from),
         }) => {
             let body = serde_json::json!({"reason": reason, "fromStep": from});
-            let request = Request::ActWith {
-                id,
-                route: "compensate-from",
-                body: &body,
-            };
-            act(client, cli.json, &request, out).await
+            act_with(client, cli.json, id, "compensate-from", &body, out).await
         }
         Command::Retry(RetryArgs { id, reason, .. })
         | Command::Compensate(CompensateArgs { id, reason, .. })
@@ -811,11 +797,7 @@ async fn dispatch(
         }
         Command::Workflow(WorkflowCommand::List) => {
             let (list, raw): (WorkflowList, Value) = fetch(client, &Request::Workflows).await?;
-            if cli.json {
-                print_json(out, &raw)?;
-            } else {
-                out.write_all(render_workflows(&list).as_bytes())?;
-            }
+            print_answer(out, cli.json, &raw, || render_workflows(&list))?;
             Ok(exit::OK)
         }
         Command::Workflow(WorkflowCommand::Show(WorkflowShowArgs { name, version })) => {
@@ -865,11 +847,7 @@ async fn dispatch(
         }
         Command::Service(ServiceCommand::List) => {
             let (list, raw): (ServiceList, Value) = fetch(client, &Request::Services).await?;
-            if cli.json {
-                print_json(out, &raw)?;
-            } else {
-                out.write_all(render_services(&list).as_bytes())?;
-            }
+            print_answer(out, cli.json, &raw, || render_services(&list))?;
             Ok(exit::OK)
         }
     }
@@ -1074,6 +1052,18 @@ fn print_answer(
 fn print_json(out: &mut (dyn Write + Send), raw: &Value) -> io::Result<()> {
     let text = serde_json::to_string_pretty(raw).map_err(io::Error::other)?;
     writeln!(out, "{text}")
+}
+
+/// An action with a body (`route` under the task: `retry-with-input`, `compensate-from`).
+async fn act_with(
+    client: &Client,
+    json: bool,
+    id: &str,
+    route: &'static str,
+    body: &Value,
+    out: &mut (dyn Write + Send),
+) -> Result<i32, Failure> {
+    act(client, json, &Request::ActWith { id, route, body }, out).await
 }
 
 async fn act(
