@@ -161,19 +161,6 @@ async fn e_sign(seen: Invocations) -> String {
     serve_loopback(app).await
 }
 
-fn lambda_client(endpoint: &str) -> aws_sdk_lambda::Client {
-    let conf = aws_sdk_lambda::Config::builder()
-        .behavior_version(aws_sdk_lambda::config::BehaviorVersion::latest())
-        .region(aws_sdk_lambda::config::Region::new("us-east-1"))
-        .credentials_provider(aws_sdk_lambda::config::Credentials::new(
-            "test", "test", None, None, "test",
-        ))
-        .endpoint_url(endpoint)
-        .retry_config(aws_sdk_lambda::config::retry::RetryConfig::disabled())
-        .build();
-    aws_sdk_lambda::Client::from_conf(conf)
-}
-
 /// The operator's view of a task (with sas's internals: failure counts, attempts).
 async fn task(http: &reqwest::Client, base: &str, id: &str) -> Value {
     sas_blackbox::get_json(http, &format!("{base}/operator/tasks/{id}")).await
@@ -216,7 +203,7 @@ async fn the_loan_runs_on_two_http_services_and_a_lambda_with_a_callback_through
     let mut settings = Settings {
         definitions: files,
         credentials: Arc::new(AwsCredentials::from_config(&config)),
-        lambda: Some(lambda_client(&lambda)),
+        lambda: Some(sas::remote::lambda_client_at(&lambda)),
         ..Settings::default()
     };
     settings.policy.step_timeout = chrono::Duration::seconds(3);

@@ -285,6 +285,33 @@ pub fn dynamo_store(sdk: &aws_config::SdkConfig) -> Result<crate::aws::DynamoSto
     .with_retention(retention()?))
 }
 
+/// What the API, scheduler and supervisor functions share ([`crate::handlers::TaskPorts`]):
+/// the [`dynamo_store`], SQS, the [`event_bus`], the system clock, the [`definitions`] over
+/// the store, `WORK_QUEUE_URL` and the EMF metrics.
+pub fn task_ports(sdk: &aws_config::SdkConfig) -> Result<crate::handlers::TaskPorts, ConfigError> {
+    let store = Arc::new(dynamo_store(sdk)?);
+    let clock: Arc<dyn crate::ports::Clock> = Arc::new(crate::ports::SystemClock);
+    Ok(crate::handlers::TaskPorts {
+        metrics: crate::metrics::Metrics::from_env(),
+        definitions: Arc::new(definitions(store.clone(), clock.clone())?),
+        store,
+        queue: Arc::new(sqs_queue(sdk)),
+        events: Arc::new(event_bus(sdk)?),
+        clock,
+        work_queue_url: required("WORK_QUEUE_URL")?,
+    })
+}
+
+/// One id per execution environment (its log stream, `local` outside Lambda, and a UUID): a
+/// scheduler's `LockedBy`, a supervisor's shard leases.
+pub fn instance_id() -> String {
+    format!(
+        "{}/{}",
+        std::env::var("AWS_LAMBDA_LOG_STREAM_NAME").unwrap_or_else(|_| "local".into()),
+        uuid::Uuid::new_v4()
+    )
+}
+
 /// How long a final task is kept: `RETENTION_DAYS` (default 90; 0: for good).
 pub fn retention() -> Result<Option<chrono::Duration>, ConfigError> {
     retention_in(&Vars::Process, Some(chrono::Duration::days(90)))

@@ -10,14 +10,11 @@ use lambda_http::{Body, Error, Request, RequestExt, Response, run, service_fn};
 use sas::api::{self, ApiDeps};
 use sas::auth::{self, AuthMode, Identity};
 use sas::config;
-use std::sync::Arc;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     sas::telemetry::init();
     let sdk = sas::aws::sdk_config().await;
-    let store = Arc::new(config::dynamo_store(&sdk)?);
-    let clock: Arc<dyn sas::ports::Clock> = Arc::new(sas::ports::SystemClock);
     let operator_api = config::parsed("OPERATOR_API", false)?;
     // The operator API is always behind IAM, whatever the task API uses.
     let mode: AuthMode = if operator_api {
@@ -26,13 +23,7 @@ async fn main() -> Result<(), Error> {
         config::parsed("API_AUTH", AuthMode::Iam)?
     };
     let deps = ApiDeps {
-        metrics: sas::metrics::Metrics::from_env(),
-        definitions: Arc::new(config::definitions(store.clone(), clock.clone())?),
-        store,
-        queue: Arc::new(config::sqs_queue(&sdk)),
-        events: Arc::new(config::event_bus(&sdk)?),
-        clock,
-        work_queue_url: config::required("WORK_QUEUE_URL")?,
+        ports: config::task_ports(&sdk)?,
         operator_api,
         reply_queues: config::reply_queues()?,
         rate_limit: config::rate_limit()?,

@@ -6,32 +6,19 @@
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use sas::config;
 use sas::handlers::supervisor::{self, Invocation, SupervisorDeps};
-use std::sync::Arc;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     sas::telemetry::init();
     let sdk = sas::aws::sdk_config().await;
-    let store = Arc::new(config::dynamo_store(&sdk)?);
-    let clock: Arc<dyn sas::ports::Clock> = Arc::new(sas::ports::SystemClock);
     let lease_ttl = chrono::Duration::seconds(config::parsed("LEASE_SECONDS", 150i64)?);
     let deps = SupervisorDeps {
-        metrics: sas::metrics::Metrics::from_env(),
-        definitions: Arc::new(config::definitions(store.clone(), clock.clone())?),
-        store,
-        queue: Arc::new(config::sqs_queue(&sdk)),
-        events: Arc::new(config::event_bus(&sdk)?),
-        clock,
-        work_queue_url: config::required("WORK_QUEUE_URL")?,
+        ports: config::task_ports(&sdk)?,
         sweep: config::sweep_settings(lease_ttl)?,
         timer_queue_url: config::optional("TIMER_QUEUE_URL"),
         dead_letter_url: config::optional("DEAD_LETTER_QUEUE_URL"),
         // One id per execution environment: the owner of the shard leases it takes.
-        instance_id: format!(
-            "{}/{}",
-            std::env::var("AWS_LAMBDA_LOG_STREAM_NAME").unwrap_or_else(|_| "local".into()),
-            uuid::Uuid::new_v4()
-        ),
+        instance_id: config::instance_id(),
         lease_ttl,
     };
     let deps = &deps;

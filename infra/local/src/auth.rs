@@ -114,6 +114,15 @@ pub struct SigV4Check {
     users: HashMap<String, (String, Caller)>,
 }
 
+/// The request's `Authorization` header, as text.
+fn authorization(headers: &HeaderMap) -> Result<&str, &'static str> {
+    headers
+        .get(http::header::AUTHORIZATION)
+        .ok_or("no Authorization header")?
+        .to_str()
+        .map_err(|_| "Authorization is not visible ASCII")
+}
+
 /// The parts of an `Authorization: AWS4-HMAC-SHA256 ...` header.
 struct Authorization<'a> {
     access_key: &'a str,
@@ -181,11 +190,7 @@ impl SigV4Check {
         body: &[u8],
         now: DateTime<Utc>,
     ) -> Result<Caller, String> {
-        let value = headers
-            .get(http::header::AUTHORIZATION)
-            .ok_or("no Authorization header")?
-            .to_str()
-            .map_err(|_| "Authorization is not visible ASCII")?;
+        let value = authorization(headers)?;
         let auth = parse_authorization(value).ok_or("not a SigV4 Authorization header")?;
         if auth.service != "execute-api" || auth.region != self.region {
             return Err(format!(
@@ -315,11 +320,7 @@ impl JwtCheck {
         _path_and_query: &str,
         headers: &HeaderMap,
     ) -> Result<Caller, String> {
-        let value = headers
-            .get(http::header::AUTHORIZATION)
-            .ok_or("no Authorization header")?
-            .to_str()
-            .map_err(|_| "Authorization is not visible ASCII")?;
+        let value = authorization(headers)?;
         // The scheme is case-insensitive (RFC 9110); the token is all that follows one space.
         let token = match value.split_once(' ') {
             Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token,

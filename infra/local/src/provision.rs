@@ -140,45 +140,37 @@ pub async fn create_table(
             .build()
             .map_err(|e| fail(what(), e))
     };
-    let gsi = GlobalSecondaryIndex::builder()
-        .index_name(DUE_INDEX)
-        .key_schema(key("DueShard", KeyType::Hash)?)
-        .key_schema(key("DueAt", KeyType::Range)?)
-        .projection(
-            Projection::builder()
-                .projection_type(ProjectionType::KeysOnly)
-                .build(),
-        )
-        .build()
-        .map_err(|e| fail(what(), e))?;
-    let by_state = GlobalSecondaryIndex::builder()
-        .index_name(STATE_INDEX)
-        .key_schema(key("StateShard", KeyType::Hash)?)
-        .key_schema(key("StateSince", KeyType::Range)?)
-        .projection(
-            Projection::builder()
-                .projection_type(ProjectionType::Include)
-                .set_non_key_attributes(Some(
-                    STATE_INDEX_PROJECTION
-                        .iter()
-                        .map(|a| a.to_string())
-                        .collect(),
-                ))
-                .build(),
-        )
-        .build()
-        .map_err(|e| fail(what(), e))?;
-    let by_caller = GlobalSecondaryIndex::builder()
-        .index_name(CALLER_INDEX)
-        .key_schema(key("CallerShard", KeyType::Hash)?)
-        .key_schema(key("CreatedAt", KeyType::Range)?)
-        .projection(
-            Projection::builder()
-                .projection_type(ProjectionType::KeysOnly)
-                .build(),
-        )
-        .build()
-        .map_err(|e| fail(what(), e))?;
+    // An index on (`hash`, `range`) that projects `projection`.
+    let index = |name: &str, hash: &str, range: &str, projection: Projection| {
+        GlobalSecondaryIndex::builder()
+            .index_name(name)
+            .key_schema(key(hash, KeyType::Hash)?)
+            .key_schema(key(range, KeyType::Range)?)
+            .projection(projection)
+            .build()
+            .map_err(|e| fail(what(), e))
+    };
+    let keys_only = || {
+        Projection::builder()
+            .projection_type(ProjectionType::KeysOnly)
+            .build()
+    };
+    let gsi = index(DUE_INDEX, "DueShard", "DueAt", keys_only())?;
+    let by_state = index(
+        STATE_INDEX,
+        "StateShard",
+        "StateSince",
+        Projection::builder()
+            .projection_type(ProjectionType::Include)
+            .set_non_key_attributes(Some(
+                STATE_INDEX_PROJECTION
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect(),
+            ))
+            .build(),
+    )?;
+    let by_caller = index(CALLER_INDEX, "CallerShard", "CreatedAt", keys_only())?;
     let created = ddb
         .create_table()
         .table_name(table)

@@ -14,6 +14,7 @@ use sas::aws::{DynamoStore, EventBridgeBus, SqsQueue};
 use sas::catalog::{self, Definitions};
 use sas::domain::task::ReplyQueues;
 use sas::domain::{Backoff, BreakerPolicy, Policy};
+use sas::handlers::TaskPorts;
 use sas::handlers::agent::{self, AgentDeps};
 use sas::handlers::scheduler::{self, SchedulerDeps};
 use sas::handlers::supervisor::{self, SupervisorDeps, SweepReport};
@@ -583,7 +584,7 @@ impl System {
         };
         let metrics_sink = Arc::new(sas::metrics::Memory::default());
         let metrics = sas::metrics::Metrics::new("sas/local", metrics_sink.clone());
-        let submission = ApiDeps {
+        let ports = TaskPorts {
             metrics: metrics.clone(),
             store: store.clone(),
             queue: queue.clone(),
@@ -591,6 +592,9 @@ impl System {
             clock: clock.clone(),
             definitions: definitions.clone(),
             work_queue_url: resources.work_queue_url.clone(),
+        };
+        let submission = ApiDeps {
+            ports: ports.clone(),
             operator_api: false,
             reply_queues: settings
                 .reply_queues
@@ -672,15 +676,9 @@ impl System {
             submission,
             operator,
             scheduler: SchedulerDeps {
-                metrics: metrics.clone(),
-                store: store.clone(),
-                queue: queue.clone(),
-                events: events.clone(),
-                clock: clock.clone(),
-                definitions: definitions.clone(),
+                ports: ports.clone(),
                 agent_queue_url: resources.agent_queue_url.clone(),
                 reply_queue_url: resources.reply_queue_url.clone(),
-                work_queue_url: resources.work_queue_url.clone(),
                 timer_queue_url: settings
                     .deadline_timers
                     .then(|| resources.timer_queue_url.clone()),
@@ -689,13 +687,7 @@ impl System {
                 callback_base_url: Some(settings.callback_base_url.clone()),
             },
             supervisor: SupervisorDeps {
-                metrics,
-                store: store.clone(),
-                queue: queue.clone(),
-                events,
-                clock,
-                definitions: definitions.clone(),
-                work_queue_url: resources.work_queue_url.clone(),
+                ports,
                 sweep: settings.sweep,
                 timer_queue_url: Some(resources.timer_queue_url.clone()),
                 dead_letter_url: Some(resources.dead_letter_url.clone()),
@@ -813,6 +805,16 @@ impl System {
         Ok(bound)
     }
 
+    /// One poll of `url` (a batch of up to 10, no wait), handed to `handler` like a Lambda
+    /// invocation. Returns how many messages were handed to it.
+    async fn pump<F, Fut>(&self, url: &str, handler: F) -> anyhow::Result<usize>
+    where
+        F: Fn(SqsEvent) -> Fut,
+        Fut: Future<Output = SqsBatchResponse>,
+    {
+        poll_once(self.queue.as_ref(), url, 10, Duration::ZERO, &handler).await
+    }
+
     /// One poll of the scheduler's queues, handled like a Lambda invocation. Returns how many
     /// messages were handed to the handler.
     pub async fn pump_scheduler(&self) -> anyhow::Result<usize> {
@@ -821,35 +823,26 @@ impl System {
             &self.resources.work_queue_url,
             &self.resources.reply_queue_url,
         ] {
-            n += poll_once(self.queue.as_ref(), url, 10, Duration::ZERO, &|ev| {
-                scheduler::handle(&self.scheduler, ev)
-            })
-            .await?;
+            n += self
+                .pump(url, |ev| scheduler::handle(&self.scheduler, ev))
+                .await?;
         }
         Ok(n)
     }
 
     /// One poll of the agent queue.
     pub async fn pump_agents(&self) -> anyhow::Result<usize> {
-        poll_once(
-            self.queue.as_ref(),
-            &self.resources.agent_queue_url,
-            10,
-            Duration::ZERO,
-            &|ev| agent::handle(&self.agent, ev),
-        )
+        self.pump(&self.resources.agent_queue_url, |ev| {
+            agent::handle(&self.agent, ev)
+        })
         .await
     }
 
     /// One poll of the deadline-timer queue, handled by the supervisor.
     pub async fn pump_timers(&self) -> anyhow::Result<usize> {
-        poll_once(
-            self.queue.as_ref(),
-            &self.resources.timer_queue_url,
-            10,
-            Duration::ZERO,
-            &|ev| supervisor::handle_timers(&self.supervisor, ev),
-        )
+        self.pump(&self.resources.timer_queue_url, |ev| {
+            supervisor::handle_timers(&self.supervisor, ev)
+        })
         .await
     }
 

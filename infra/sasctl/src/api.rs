@@ -251,11 +251,7 @@ pub struct ApiProblem {
 
 impl fmt::Display for ApiProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.at.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "at {}: {}", self.at, self.message)
-        }
+        sas::domain::problem::Problem::write(f, &self.at, &self.message)
     }
 }
 

@@ -701,11 +701,7 @@ async fn dispatch(
         Command::List(args) => list(client, cli, args, out).await,
         Command::Show(IdArg { id }) => {
             let (view, raw): (TaskView, Value) = fetch(client, &Request::Show { id }).await?;
-            if cli.json {
-                print_json(out, &raw)?;
-            } else {
-                out.write_all(render_task(&view).as_bytes())?;
-            }
+            print_answer(out, cli.json, &raw, || render_task(&view))?;
             Ok(exit::OK)
         }
         Command::Retry(RetryArgs {
@@ -714,12 +710,7 @@ async fn dispatch(
             input: Some(input),
         }) => {
             let body = serde_json::json!({"reason": reason, "input": input});
-            let request = Request::ActWith {
-                id,
-                route: "retry-with-input",
-                body: &body,
-            };
-            act(client, cli.json, &request, out).await
+            act_with(client, cli.json, id, "retry-with-input", &body, out).await
         }
         Command::Compensate(CompensateArgs {
             id,
@@ -727,12 +718,7 @@ async fn dispatch(
             from: Some(from),
         }) => {
             let body = serde_json::json!({"reason": reason, "fromStep": from});
-            let request = Request::ActWith {
-                id,
-                route: "compensate-from",
-                body: &body,
-            };
-            act(client, cli.json, &request, out).await
+            act_with(client, cli.json, id, "compensate-from", &body, out).await
         }
         Command::Retry(RetryArgs { id, reason, .. })
         | Command::Compensate(CompensateArgs { id, reason, .. })
@@ -811,11 +797,7 @@ async fn dispatch(
         }
         Command::Workflow(WorkflowCommand::List) => {
             let (list, raw): (WorkflowList, Value) = fetch(client, &Request::Workflows).await?;
-            if cli.json {
-                print_json(out, &raw)?;
-            } else {
-                out.write_all(render_workflows(&list).as_bytes())?;
-            }
+            print_answer(out, cli.json, &raw, || render_workflows(&list))?;
             Ok(exit::OK)
         }
         Command::Workflow(WorkflowCommand::Show(WorkflowShowArgs { name, version })) => {
@@ -865,11 +847,7 @@ async fn dispatch(
         }
         Command::Service(ServiceCommand::List) => {
             let (list, raw): (ServiceList, Value) = fetch(client, &Request::Services).await?;
-            if cli.json {
-                print_json(out, &raw)?;
-            } else {
-                out.write_all(render_services(&list).as_bytes())?;
-            }
+            print_answer(out, cli.json, &raw, || render_services(&list))?;
             Ok(exit::OK)
         }
     }
@@ -878,11 +856,7 @@ async fn dispatch(
 /// `workflow validate`: the report on `out`; 1 if any file has a problem.
 fn validate(json: bool, args: &FilesArgs, out: &mut (dyn Write + Send)) -> Result<i32, Failure> {
     let validation = validate_paths(&args.paths);
-    if json {
-        print_json(out, &validation.to_json())?;
-    } else {
-        out.write_all(validation.render().as_bytes())?;
-    }
+    print_answer(out, json, &validation.to_json(), || validation.render())?;
     Ok(if validation.is_valid() {
         exit::OK
     } else {
@@ -961,14 +935,8 @@ async fn service_check(
         ..Plan::new(&args.action, &args.undo, input)
     };
     let report = run_checks(remote.as_ref(), &plan, &target).await;
-    if json {
-        print_json(
-            out,
-            &serde_json::to_value(&report).map_err(io::Error::other)?,
-        )?;
-    } else {
-        out.write_all(report.render().as_bytes())?;
-    }
+    let raw = serde_json::to_value(&report).map_err(io::Error::other)?;
+    print_answer(out, json, &raw, || report.render())?;
     Ok(if report.broken() {
         exit::CONTRACT
     } else {
@@ -1067,9 +1035,35 @@ async fn fetch<T: serde::de::DeserializeOwned>(
     Ok((typed, raw))
 }
 
+/// Writes an answer: `raw` as JSON with `--json`, else its rendered text.
+fn print_answer(
+    out: &mut (dyn Write + Send),
+    json: bool,
+    raw: &Value,
+    text: impl FnOnce() -> String,
+) -> io::Result<()> {
+    if json {
+        print_json(out, raw)
+    } else {
+        out.write_all(text().as_bytes())
+    }
+}
+
 fn print_json(out: &mut (dyn Write + Send), raw: &Value) -> io::Result<()> {
     let text = serde_json::to_string_pretty(raw).map_err(io::Error::other)?;
     writeln!(out, "{text}")
+}
+
+/// An action with a body (`route` under the task: `retry-with-input`, `compensate-from`).
+async fn act_with(
+    client: &Client,
+    json: bool,
+    id: &str,
+    route: &'static str,
+    body: &Value,
+    out: &mut (dyn Write + Send),
+) -> Result<i32, Failure> {
+    act(client, json, &Request::ActWith { id, route, body }, out).await
 }
 
 async fn act(
@@ -1079,11 +1073,7 @@ async fn act(
     out: &mut (dyn Write + Send),
 ) -> Result<i32, Failure> {
     let (view, raw): (TaskView, Value) = fetch(client, request).await?;
-    if json {
-        print_json(out, &raw)?;
-    } else {
-        out.write_all(render_confirmation(&view).as_bytes())?;
-    }
+    print_answer(out, json, &raw, || render_confirmation(&view))?;
     Ok(exit::OK)
 }
 
@@ -1147,14 +1137,8 @@ async fn list(
             None => break,
         }
     }
-    if json {
-        print_json(
-            out,
-            &serde_json::json!({ "tasks": raw_tasks, "nextCursor": null }),
-        )?;
-    } else {
-        out.write_all(render_list(&page).as_bytes())?;
-    }
+    let raw = serde_json::json!({ "tasks": raw_tasks, "nextCursor": null });
+    print_answer(out, json, &raw, || render_list(&page))?;
     Ok(exit::OK)
 }
 
@@ -1212,11 +1196,7 @@ async fn watch(
             view.failure_count,
         );
         if last.as_ref() != Some(&key) {
-            if json {
-                print_json(out, &raw)?;
-            } else {
-                out.write_all(render_watch_line(&view).as_bytes())?;
-            }
+            print_answer(out, json, &raw, || render_watch_line(&view))?;
             out.flush()?;
             last = Some(key);
         }
@@ -1508,11 +1488,10 @@ mod tests {
                 // Under --json the error is the one JSON document on stdout.
                 assert_eq!(err, "", "{args:?}");
                 let doc: serde_json::Value = serde_json::from_str(&out)?;
-                assert_eq!(doc["error"]["code"], "transport", "{doc}");
+                let error = sas::api::error::code_and_message(&doc);
                 assert!(
-                    doc["error"]["message"]
-                        .as_str()
-                        .is_some_and(|m| m.starts_with("cannot reach http://127.0.0.1:9/tasks")),
+                    error.is_some_and(|(code, m)| code == "transport"
+                        && m.starts_with("cannot reach http://127.0.0.1:9/tasks")),
                     "{doc}"
                 );
                 continue;

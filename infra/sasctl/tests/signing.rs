@@ -332,11 +332,9 @@ async fn sasctl_finds_the_operator_api_in_the_stacks_outputs() {
     let (code, out, err) = run_cli(["sasctl"].into_iter().chain(no_stack)).await;
     assert_eq!(code, 3, "{out}{err}");
     let doc: serde_json::Value = serde_json::from_str(&out).expect("one JSON document");
-    assert_eq!(doc["error"]["code"], "stack", "{doc}");
+    let error = sas::api::error::code_and_message(&doc);
     assert!(
-        doc["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("no-such-stack")),
+        error.is_some_and(|(code, m)| code == "stack" && m.contains("no-such-stack")),
         "{doc}"
     );
 }

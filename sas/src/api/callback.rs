@@ -114,7 +114,7 @@ pub async fn callback(deps: &ApiDeps, id: &str, token: &str, body: &[u8]) -> Ans
         return Err(ApiError::CallbackNotFound);
     };
     let outcome = outcome(body).map_err(|(at, message)| invalid(at, message))?;
-    let record = match deps.store.get(id).await {
+    let record = match deps.ports.store.get(id).await {
         Ok(Some((_, r))) => r,
         Ok(None) => return Err(ApiError::CallbackNotFound),
         Err(e) => return Err(ApiError::unavailable(e)),
@@ -135,12 +135,12 @@ pub async fn callback(deps: &ApiDeps, id: &str, token: &str, body: &[u8]) -> Ans
             step_index,
         } => (step_index, attempt, None),
     };
-    let workflow = crate::handlers::workflow_of(&deps.definitions, &record)
+    let workflow = crate::handlers::workflow_of(&deps.ports.definitions, &record)
         .await
         .map_err(ApiError::unavailable)?;
     // The scheduler applies the callback under this same rule, to the record as it then is;
     // here it only picks the answer.
-    let (now, p) = (deps.clock.now(), workflow.policies());
+    let (now, p) = (deps.ports.clock.now(), workflow.policies());
     let applies = match generation {
         Some(g) => transition::apply_callback(&record, step_index, g, &outcome, now, &p),
         None => transition::apply_reply(&record, attempt, step_index, false, &outcome, now, &p),
@@ -176,8 +176,9 @@ pub async fn callback(deps: &ApiDeps, id: &str, token: &str, body: &[u8]) -> Ans
         generation,
     });
     let body = serde_json::to_string(&reply).map_err(ApiError::unavailable)?;
-    deps.queue
-        .send(&deps.work_queue_url, &body, Duration::ZERO)
+    deps.ports
+        .queue
+        .send(&deps.ports.work_queue_url, &body, Duration::ZERO)
         .await
         .map_err(ApiError::unavailable)?;
     info!(workflow = %record.workflow, attempt, step = %name, "callback accepted");

@@ -51,13 +51,18 @@ fn not_found(kind: Kind, message: String) -> ApiError {
 /// `GET /services`: every service, its newest version and its circuit breaker.
 pub(super) async fn services(deps: &ApiDeps) -> Answer {
     let entries = deps
+        .ports
         .definitions
         .catalog()
         .entries(Kind::Service)
         .await
         .map_err(ApiError::unavailable)?;
-    let breakers =
-        futures::future::join_all(entries.iter().map(|e| deps.store.get_breaker(&e.name))).await;
+    let breakers = futures::future::join_all(
+        entries
+            .iter()
+            .map(|e| deps.ports.store.get_breaker(&e.name)),
+    )
+    .await;
     let mut services = Vec::with_capacity(entries.len());
     for (entry, breaker) in entries.iter().zip(breakers) {
         let breaker = breaker_view(breaker.map_err(ApiError::unavailable)?.as_ref());
@@ -107,20 +112,21 @@ pub(super) async fn pause_or_resume(
             "reason is required to pause a service: say why its steps wait",
         ));
     };
-    if !deps.definitions.services().await?.contains_key(name) {
+    if !deps.ports.definitions.services().await?.contains_key(name) {
         return Err(ApiError::ServiceNotFound(format!(
             "no service {name:?} is published"
         )));
     }
     for _ in 0..5 {
         let current = deps
+            .ports
             .store
             .get_breaker(name)
             .await
             .map_err(ApiError::unavailable)?
             .unwrap_or_else(|| BreakerRecord::closed(name));
         let next = if pausing {
-            current.pause(deps.clock.now(), format!("{caller}: {reason}"))
+            current.pause(deps.ports.clock.now(), format!("{caller}: {reason}"))
         } else {
             current.resume()
         };
@@ -133,6 +139,7 @@ pub(super) async fn pause_or_resume(
         // Condition (in put_breaker): the version read - keeps "a pause or resume starts from
         // the breaker as it is": an agent's move in between makes this read again.
         if deps
+            .ports
             .store
             .put_breaker(&next)
             .await
@@ -155,6 +162,7 @@ pub(super) async fn pause_or_resume(
 /// `GET /workflows`, `GET /services`: every name and its newest version.
 pub(super) async fn entries(deps: &ApiDeps, kind: Kind) -> Answer {
     let entries = deps
+        .ports
         .definitions
         .catalog()
         .entries(kind)
@@ -175,6 +183,7 @@ pub(super) async fn definition(
     version: Option<u32>,
 ) -> Answer {
     match deps
+        .ports
         .definitions
         .catalog()
         .definition(DefinitionRef {
@@ -238,7 +247,7 @@ pub(super) async fn publish_workflow(
     body: &[u8],
 ) -> Answer {
     let value = definition_body(name, headers, body)?;
-    let (p, w) = deps.definitions.publish_workflow(value).await?;
+    let (p, w) = deps.ports.definitions.publish_workflow(value).await?;
     info!(
         version = p.version,
         created = p.created,
@@ -274,7 +283,7 @@ pub(super) async fn publish_service(
             problems: None,
         });
     };
-    match deps.definitions.publish_services(&doc).await {
+    match deps.ports.definitions.publish_services(&doc).await {
         Ok(mut out) => match out.pop() {
             Some((_, p)) => {
                 info!(

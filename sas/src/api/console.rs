@@ -193,6 +193,11 @@ fn text<'v>(v: &'v Value, key: &str) -> &'v str {
     v[key].as_str().unwrap_or("")
 }
 
+/// The list under `key` (empty if none).
+fn items(v: &Value, key: &str) -> Vec<Value> {
+    v[key].as_array().cloned().unwrap_or_default()
+}
+
 /// `2026-11-24 10:31:05Z` for an RFC 3339 time; `-` for none.
 fn when(v: &Value) -> String {
     v.as_str()
@@ -393,7 +398,7 @@ async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
         .as_array()
         .map(|a| a.iter().filter_map(|w| w["name"].as_str()).collect())
         .unwrap_or_default();
-    let rows = list.value["tasks"].as_array().cloned().unwrap_or_default();
+    let rows = items(&list.value, "tasks");
     let next = list.value["nextCursor"].as_str();
     let count_of = |s: ProcessState| -> String {
         let c = &counts.value["counts"][s.as_str()];
@@ -518,8 +523,8 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
     let t = &answer.value;
     let state = text(t, "processState");
     let task_id = text(t, "taskId");
-    let history = t["history"].as_array().cloned().unwrap_or_default();
-    let steps = t["steps"].as_array().cloned().unwrap_or_default();
+    let history = items(t, "history");
+    let steps = items(t, "steps");
     let current = t["currentStep"].as_str();
     let done = param(query, "done").and_then(|a| console_action(&a));
     let content = html! {
@@ -763,10 +768,7 @@ async fn workflows(api: &Api<'_>) -> Response<String> {
     if !answer.ok() {
         return answer.error_page();
     }
-    let rows = answer.value["workflows"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let rows = items(&answer.value, "workflows");
     let content = html! {
         h1 { "Workflows" }
         table {
@@ -802,7 +804,7 @@ async fn workflow(api: &Api<'_>, name: &str, query: &str) -> Response<String> {
     let shown = v["version"].as_u64().unwrap_or(0);
     let latest = v["latest"].as_u64().unwrap_or(shown);
     let definition = &v["definition"];
-    let steps = definition["steps"].as_array().cloned().unwrap_or_default();
+    let steps = items(definition, "steps");
     let content = html! {
         h1 { "Workflow " (name) " v" (shown) }
         nav class="versions" aria-label="Versions" {
@@ -845,10 +847,7 @@ async fn services(api: &Api<'_>, problem: Option<&str>, status: StatusCode) -> R
     if !answer.ok() {
         return answer.error_page();
     }
-    let rows = answer.value["services"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let rows = items(&answer.value, "services");
     let content = html! {
         h1 { "Services" }
         p { "Pausing a service stops every call to it: its tasks' steps wait (nothing fails) until it is resumed." }

@@ -136,6 +136,17 @@ pub enum ApiError {
     Internal(&'static str),
 }
 
+/// The `code` and `message` of an error body (`{"error": {"code", "message"}}`), for tests
+/// that check an answer's error; `None` if `body` is not one.
+#[cfg(any(test, feature = "testkit"))]
+pub fn code_and_message(body: &serde_json::Value) -> Option<(&str, &str)> {
+    let error = body.get("error")?;
+    Some((
+        error.get("code")?.as_str()?,
+        error.get("message")?.as_str()?,
+    ))
+}
+
 impl ApiError {
     /// Every code, in the order of the variants: what clients may see in `error.code`.
     pub const CODES: &'static [&'static str] = &[

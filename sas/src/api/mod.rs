@@ -140,11 +140,12 @@ pub async fn handle(
         let shard = rand::random_range(0..limit.shards());
         let key = crate::domain::rate::shard_key(&caller.digest(), shard);
         match deps
+            .ports
             .store
             .admit(RateRequest {
                 key: &key,
                 limit: &limit.per_shard(),
-                now: deps.clock.now(),
+                now: deps.ports.clock.now(),
             })
             .instrument(span.clone())
             .await

@@ -217,11 +217,11 @@ pub(super) async fn act(
     };
     let (task, record) = load_for(deps, caller, id).await?;
     tracing::Span::current().record("workflow", record.workflow.as_str());
-    let workflow = workflow_of(&deps.definitions, &record)
+    let workflow = workflow_of(&deps.ports.definitions, &record)
         .await
         .map_err(ApiError::unavailable)?;
     let policies = workflow.policies();
-    let now = deps.clock.now();
+    let now = deps.ports.clock.now();
     if let Some(new) = &input.new_input {
         workflow
             .check_input(new)
@@ -272,6 +272,7 @@ pub(super) async fn act(
     let written = match &task {
         // The input and the record in one transaction, the record under its condition.
         Ok(changed) => match deps
+            .ports
             .store
             .put_with_input(Guarded::new(&t.record, &t.condition), changed)
             .await
@@ -280,10 +281,12 @@ pub(super) async fn act(
             Err(StoreError::ConditionFailed) => Ok(false),
             Err(e) => Err(e),
         },
-        Err(_) => write(deps.store.as_ref(), &t).await.map_err(|e| match e {
-            HandlerError::Store(e) => e,
-            other => StoreError::Unavailable(other.to_string()),
-        }),
+        Err(_) => write(deps.ports.store.as_ref(), &t)
+            .await
+            .map_err(|e| match e {
+                HandlerError::Store(e) => e,
+                other => StoreError::Unavailable(other.to_string()),
+            }),
     };
     match written {
         Ok(true) => {}
@@ -296,10 +299,10 @@ pub(super) async fn act(
         Err(e) => return Err(ApiError::unavailable(e)),
     }
     let task = task.unwrap_or_else(|unchanged| unchanged);
-    count_outcome(&deps.metrics, record.process_state, &t);
+    count_outcome(&deps.ports.metrics, record.process_state, &t);
     tracing::Span::current().record("attempt", t.record.attempt);
     info!(from = %record.process_state, to = %t.record.process_state, by = %actor.by, "action applied");
-    if let Err(e) = perform_no_step(&deps.outlets(), &t).await {
+    if let Err(e) = perform_no_step(&deps.ports.outlets(), &t).await {
         // The write stands; the supervisor finishes what is owed (a lost work message is
         // re-enqueued at the pickup deadline, an undelivered notice at once).
         error!(error = %e, "operator action written, effects left to the supervisor");
@@ -347,6 +350,7 @@ pub(super) async fn list(deps: &ApiDeps, query: &str) -> Answer {
         return Err(ApiError::MissingState(names.join(", ")));
     };
     let found = deps
+        .ports
         .store
         .list(
             InState {
@@ -390,7 +394,9 @@ pub(super) async fn counts(deps: &ApiDeps, query: &str) -> Answer {
     }
     let counted = futures::future::join_all(ProcessState::ALL.iter().map(|&state| {
         let workflow = workflow.as_deref();
-        deps.store.count(InState { state, workflow }, MAX_COUNT)
+        deps.ports
+            .store
+            .count(InState { state, workflow }, MAX_COUNT)
     }))
     .await;
     let mut counts = serde_json::Map::new();

@@ -82,7 +82,7 @@ pub(super) async fn submit(
     };
     let input: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
-    let Some(workflow) = deps.definitions.latest(name).await? else {
+    let Some(workflow) = deps.ports.definitions.latest(name).await? else {
         return Err(ApiError::WorkflowNotFound(format!(
             "no workflow {name:?} is published"
         )));
@@ -90,7 +90,7 @@ pub(super) async fn submit(
     workflow
         .check_input(&input)
         .map_err(|e| input_problems(&workflow, e))?;
-    let now = deps.clock.now();
+    let now = deps.ports.clock.now();
     let id = TaskId::new_random();
     tracing::Span::current().record("task_id", tracing::field::display(id));
     let task = Task {
@@ -124,9 +124,10 @@ pub(super) async fn submit(
         record: &record,
         key: key.as_ref(),
     };
-    match deps.store.create(new).await {
+    match deps.ports.store.create(new).await {
         Ok(CreateOutcome::Created) => {
-            deps.metrics
+            deps.ports
+                .metrics
                 .count("TasksAccepted", &[("Workflow", task.workflow.as_str())]);
         }
         Ok(CreateOutcome::KeyExists(first)) => return replay(deps, key.as_ref(), first).await,
@@ -141,16 +142,23 @@ pub(super) async fn submit(
     // index, so the supervisor re-enqueues it if this send never happens.
     match workflow.policies().at(0).progress(Status::Received) {
         Effect::Publish(status) => {
-            publish_status(deps.queue.as_ref(), deps.events.as_ref(), &record, status).await
+            publish_status(
+                deps.ports.queue.as_ref(),
+                deps.ports.events.as_ref(),
+                &record,
+                status,
+            )
+            .await
         }
-        _ => progress_status(deps.queue.as_ref(), &record, Status::Received).await,
+        _ => progress_status(deps.ports.queue.as_ref(), &record, Status::Received).await,
     }
     let work = SchedulerMessage::Work(WorkMessage::new(id));
     match serde_json::to_string(&work) {
         Ok(body) => {
             if let Err(e) = deps
+                .ports
                 .queue
-                .send(&deps.work_queue_url, &body, Duration::ZERO)
+                .send(&deps.ports.work_queue_url, &body, Duration::ZERO)
                 .await
             {
                 error!(error = %e, "task stored but not enqueued; the supervisor will pick it up");
@@ -179,7 +187,7 @@ async fn replay(
     if key.map(|k| &k.request_hash) != Some(&first.request_hash) {
         return Err(ApiError::IdempotencyKeyReused);
     }
-    let state = match deps.store.get_state(first.task_id).await {
+    let state = match deps.ports.store.get_state(first.task_id).await {
         Ok(Some(r)) => r,
         Ok(None) => {
             error!(task_id = %first.task_id, "idempotency key points to a missing task");
@@ -224,7 +232,7 @@ pub(super) async fn load_for(
     let id: TaskId = id
         .parse()
         .map_err(|e: crate::domain::ValidationError| ApiError::InvalidTaskId(e.to_string()))?;
-    match deps.store.get(id).await {
+    match deps.ports.store.get(id).await {
         Ok(Some((task, record))) if deps.operator_api || &task.caller == caller => {
             Ok((task, record))
         }
@@ -236,7 +244,7 @@ pub(super) async fn load_for(
 /// `GET /tasks/{taskId}`: the caller's view, or on the operator API everything.
 pub(super) async fn get_task(deps: &ApiDeps, caller: &Caller, id: &str) -> Answer {
     let (task, record) = load_for(deps, caller, id).await?;
-    let workflow = crate::handlers::workflow_of(&deps.definitions, &record).await;
+    let workflow = crate::handlers::workflow_of(&deps.ports.definitions, &record).await;
     if deps.operator_api {
         // An operator sees the task even when its workflow cannot be read (without the steps'
         // inputs then): that is when they need it most.
@@ -265,6 +273,7 @@ pub(super) async fn list_mine(deps: &ApiDeps, caller: &Caller, query: &str) -> A
         }
     }
     let found = deps
+        .ports
         .store
         .list_by_caller(
             caller,

@@ -11,13 +11,21 @@ pub struct Problem {
     pub message: String,
 }
 
+impl Problem {
+    /// Writes a problem as its display shows it: `at /steps/2: message`, or the message alone
+    /// at the document. Clients that decode problems (`sasctl`) show theirs the same way.
+    pub fn write(f: &mut fmt::Formatter<'_>, at: &str, message: &str) -> fmt::Result {
+        if at.is_empty() {
+            f.write_str(message)
+        } else {
+            write!(f, "at {at}: {message}")
+        }
+    }
+}
+
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.at.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "at {}: {}", self.at, self.message)
-        }
+        Self::write(f, &self.at, &self.message)
     }
 }
 

@@ -239,10 +239,12 @@ async fn reply(
         outcome,
         generation: None,
     });
-    let body = serde_json::to_string(&reply)
-        .map_err(|e| HandlerError::Poison(format!("reply does not serialize: {e}")))?;
-    deps.queue
-        .send(&request.reply_queue_url, &body, Duration::ZERO)
-        .await?;
-    Ok(())
+    super::send_json(
+        deps.queue.as_ref(),
+        &request.reply_queue_url,
+        "reply",
+        &reply,
+        Duration::ZERO,
+    )
+    .await
 }

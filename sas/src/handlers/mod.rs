@@ -14,6 +14,7 @@ use crate::ports::StoreError;
 use crate::ports::{Clock, DeadLetter, EventBus, PublishError, Queue, QueueError, StateStore};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::{error, info, warn};
 
@@ -190,12 +191,58 @@ pub(crate) async fn enqueue(
     if wanted > MAX_SQS_DELAY {
         message.not_before = Some(now + delay);
     }
-    let body = serde_json::to_string(&SchedulerMessage::Work(message))
-        .map_err(|e| HandlerError::Poison(format!("work message does not serialize: {e}")))?;
-    queue
-        .send(work_queue_url, &body, wanted.min(MAX_SQS_DELAY))
-        .await?;
+    send_json(
+        queue,
+        work_queue_url,
+        "work message",
+        &SchedulerMessage::Work(message),
+        wanted.min(MAX_SQS_DELAY),
+    )
+    .await
+}
+
+/// Sends `message` (named `what` in the error) to `url` as JSON after `delay`; a message that
+/// does not serialize is poison.
+pub(crate) async fn send_json(
+    queue: &dyn Queue,
+    url: &str,
+    what: &str,
+    message: &impl serde::Serialize,
+    delay: Duration,
+) -> Result<(), HandlerError> {
+    let body = serde_json::to_string(message)
+        .map_err(|e| HandlerError::Poison(format!("{what} does not serialize: {e}")))?;
+    queue.send(url, &body, delay).await?;
     Ok(())
+}
+
+/// What the handlers that move tasks (the API, the scheduler, the supervisor) all work with,
+/// built once per process and embedded in their `*Deps`.
+#[derive(Clone)]
+pub struct TaskPorts {
+    pub store: Arc<dyn StateStore>,
+    pub queue: Arc<dyn Queue>,
+    pub events: Arc<dyn EventBus>,
+    pub clock: Arc<dyn Clock>,
+    /// Each record's workflow version gives its steps and their policies.
+    pub definitions: Arc<Definitions>,
+    /// The scheduler's work queue: new tasks, compensation and long waits are enqueued here.
+    pub work_queue_url: String,
+    /// Where the handler's EMF metrics go.
+    pub metrics: crate::metrics::Metrics,
+}
+
+impl TaskPorts {
+    /// Where a transition's effects go.
+    pub(crate) fn outlets(&self) -> Outlets<'_> {
+        Outlets {
+            store: self.store.as_ref(),
+            queue: self.queue.as_ref(),
+            events: self.events.as_ref(),
+            clock: self.clock.as_ref(),
+            work_queue_url: &self.work_queue_url,
+        }
+    }
 }
 
 /// Where effects go: the ports a handler owns, and the work queue.

@@ -1,8 +1,9 @@
 //! The scheduler: claims Pending tasks, sends step requests to the agents, applies their
 //! replies. Each task runs on the workflow version stored in its record.
 
-use super::{HandlerError, Outlets, RecordOutcome, enqueue, perform, process_batch, write};
-use crate::catalog::Definitions;
+use super::{
+    HandlerError, RecordOutcome, TaskPorts, enqueue, perform, process_batch, send_json, write,
+};
 use crate::domain::state::callback_token;
 use crate::domain::task::{MAX_REQUEST_BYTES, MAX_RESULT_BYTES, MAX_RESULTS_BYTES};
 use crate::domain::transition::{self, StepOutcome, Transition};
@@ -10,7 +11,7 @@ use crate::domain::{ProcessState, StateRecord, Task, Workflow};
 use crate::messages::{
     DeadlineTimer, SchedulerMessage, StepReply, StepRequest, WorkMessage, idempotency_key,
 };
-use crate::ports::{CallbackAddress, Clock, EventBus, Queue, StateStore};
+use crate::ports::CallbackAddress;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,17 +20,13 @@ use tracing::{Instrument, info, info_span, warn};
 /// Everything the scheduler needs, built once per process.
 #[derive(Clone)]
 pub struct SchedulerDeps {
-    pub store: Arc<dyn StateStore>,
-    pub queue: Arc<dyn Queue>,
-    pub events: Arc<dyn EventBus>,
-    pub clock: Arc<dyn Clock>,
-    pub definitions: Arc<Definitions>,
+    /// The store, queue, bus, clock, definitions, work queue (compensation and long waits
+    /// re-enqueue work there) and metrics.
+    pub ports: TaskPorts,
     /// The agents' request queue (one queue; each request names its service).
     pub agent_queue_url: String,
     /// Where agents send their replies.
     pub reply_queue_url: String,
-    /// The scheduler's own work queue: compensation and long waits re-enqueue work here.
-    pub work_queue_url: String,
     /// Where deadline timers go (the supervisor's timer queue); `None`: no timers, the sweep
     /// alone finds expired deadlines.
     pub timer_queue_url: Option<String>,
@@ -40,17 +37,15 @@ pub struct SchedulerDeps {
     /// The task API's base URL: callback steps' services complete them at
     /// `{base}/tasks/{id}/callbacks/{token}`. `None`: callback steps cannot run here.
     pub callback_base_url: Option<String>,
-    /// Where the handler's EMF metrics go.
-    pub metrics: crate::metrics::Metrics,
 }
 
 /// Handles one SQS batch from the work queue or the reply queue.
 pub async fn handle(deps: &SchedulerDeps, event: SqsEvent) -> SqsBatchResponse {
     process_batch(
         event,
-        deps.queue.as_ref(),
+        deps.ports.queue.as_ref(),
         deps.dead_letter_url.as_deref(),
-        (&deps.metrics, "scheduler"),
+        (&deps.ports.metrics, "scheduler"),
         |body| async move { on_message(deps, &body).await },
     )
     .await
@@ -80,29 +75,41 @@ async fn load(
     id: crate::TaskId,
 ) -> Result<(Task, StateRecord, Arc<Workflow>), HandlerError> {
     let (task, record) = deps
+        .ports
         .store
         .get(id)
         .await?
         .ok_or_else(|| HandlerError::Poison(format!("no task {id}")))?;
     tracing::Span::current().record("workflow", record.workflow.as_str());
-    let workflow = super::workflow_of(&deps.definitions, &record).await?;
+    let workflow = super::workflow_of(&deps.ports.definitions, &record).await?;
     Ok((task, record, workflow))
 }
 
+/// Sends a task's work message on, to come back at `until` (SQS delays at most 15 minutes).
+async fn send_on(
+    deps: &SchedulerDeps,
+    task_id: crate::TaskId,
+    until: chrono::DateTime<chrono::Utc>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), HandlerError> {
+    let ports = &deps.ports;
+    enqueue(
+        ports.queue.as_ref(),
+        &ports.work_queue_url,
+        task_id,
+        until - now,
+        now,
+    )
+    .await
+}
+
 async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerError> {
-    let now = deps.clock.now();
+    let now = deps.ports.clock.now();
     if let Some(not_before) = w.not_before
         && not_before > now
     {
         // A wait longer than SQS's 15-minute delay: send it on for the rest.
-        enqueue(
-            deps.queue.as_ref(),
-            &deps.work_queue_url,
-            w.task_id,
-            not_before - now,
-            now,
-        )
-        .await?;
+        send_on(deps, w.task_id, not_before, now).await?;
         info!(%not_before, "long wait: work message sent on");
         return Ok(());
     }
@@ -112,14 +119,7 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         Err(transition::Rejection::TooEarly { until }) => {
             // An undo whose step may still be in flight: the message came early (a stray, or
             // clock skew); send it on for the rest of the wait.
-            enqueue(
-                deps.queue.as_ref(),
-                &deps.work_queue_url,
-                w.task_id,
-                until - now,
-                now,
-            )
-            .await?;
+            send_on(deps, w.task_id, until, now).await?;
             info!(%until, "undo not due yet: work message sent on");
             return Ok(());
         }
@@ -128,11 +128,11 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
             return Ok(());
         }
     };
-    if !write(deps.store.as_ref(), &t).await? {
+    if !write(deps.ports.store.as_ref(), &t).await? {
         info!("another scheduler claimed the task first; work message dropped");
         return Ok(());
     }
-    super::count_outcome(&deps.metrics, record.process_state, &t);
+    super::count_outcome(&deps.ports.metrics, record.process_state, &t);
     tracing::Span::current().record("attempt", t.record.attempt);
     info!(step = ?t.record.current_step(), state = %t.record.process_state, "claimed");
     run(deps, &task, &workflow, &t).await
@@ -194,7 +194,7 @@ async fn apply_one(deps: &SchedulerDeps, r: &StepReply) -> Result<Applied, Handl
             r.step_index,
             generation,
             &outcome,
-            deps.clock.now(),
+            deps.ports.clock.now(),
             &workflow.policies(),
         ),
         None => transition::apply_reply(
@@ -203,7 +203,7 @@ async fn apply_one(deps: &SchedulerDeps, r: &StepReply) -> Result<Applied, Handl
             r.step_index,
             r.undo,
             &outcome,
-            deps.clock.now(),
+            deps.ports.clock.now(),
             &workflow.policies(),
         ),
     };
@@ -214,7 +214,7 @@ async fn apply_one(deps: &SchedulerDeps, r: &StepReply) -> Result<Applied, Handl
             return Ok(Applied::Dropped);
         }
     };
-    if !write(deps.store.as_ref(), &t).await? {
+    if !write(deps.ports.store.as_ref(), &t).await? {
         info!("the record moved on meanwhile; reply dropped");
         return Ok(Applied::LostRace);
     }
@@ -231,7 +231,7 @@ async fn applied_reply(
     workflow: &Workflow,
     t: &Transition,
 ) -> Result<(), HandlerError> {
-    super::count_outcome(&deps.metrics, record.process_state, t);
+    super::count_outcome(&deps.ports.metrics, record.process_state, t);
     let i = r.step_index;
     let waits = |rec: &crate::StateRecord| {
         rec.steps
@@ -242,7 +242,7 @@ async fn applied_reply(
         && !waits(record)
         && let Some(step) = workflow.step(i)
     {
-        deps.metrics.count(
+        deps.ports.metrics.count(
             "CallbackWaits",
             &[
                 ("Workflow", workflow.name.as_str()),
@@ -278,15 +278,8 @@ async fn run(
     workflow: &Workflow,
     t: &Transition,
 ) -> Result<(), HandlerError> {
-    let outlets = Outlets {
-        store: deps.store.as_ref(),
-        queue: deps.queue.as_ref(),
-        events: deps.events.as_ref(),
-        clock: deps.clock.as_ref(),
-        work_queue_url: &deps.work_queue_url,
-    };
     perform(
-        &outlets,
+        &deps.ports.outlets(),
         t,
         Some(|| send_step_request(deps, task, workflow, &t.record)),
     )
@@ -402,12 +395,14 @@ async fn send_step_request(
                 outcome: StepOutcome::Failed { error },
                 generation: None,
             });
-            let body = serde_json::to_string(&reply)
-                .map_err(|e| HandlerError::Poison(format!("reply does not serialize: {e}")))?;
-            deps.queue
-                .send(&deps.reply_queue_url, &body, Duration::ZERO)
-                .await?;
-            return Ok(());
+            return send_json(
+                deps.ports.queue.as_ref(),
+                &deps.reply_queue_url,
+                "reply",
+                &reply,
+                Duration::ZERO,
+            )
+            .await;
         }
     };
     let request = StepRequest {
@@ -428,11 +423,14 @@ async fn send_step_request(
         input: input.0,
         callback: input.1,
     };
-    let body = serde_json::to_string(&request)
-        .map_err(|e| HandlerError::Poison(format!("step request does not serialize: {e}")))?;
-    deps.queue
-        .send(&deps.agent_queue_url, &body, Duration::ZERO)
-        .await?;
+    send_json(
+        deps.ports.queue.as_ref(),
+        &deps.agent_queue_url,
+        "step request",
+        &request,
+        Duration::ZERO,
+    )
+    .await?;
     info!(step = %step.name, action = %request.action, service = %step.service, %complete_by, "step request sent");
     if let Some(timers) = &deps.timer_queue_url {
         let timer = DeadlineTimer {
@@ -442,7 +440,14 @@ async fn send_step_request(
             complete_by,
         };
         // Best effort: a timer that is not armed leaves the deadline to the scheduled sweep.
-        if let Err(e) = arm(deps.queue.as_ref(), timers, &timer, deps.clock.now()).await {
+        if let Err(e) = arm(
+            deps.ports.queue.as_ref(),
+            timers,
+            &timer,
+            deps.ports.clock.now(),
+        )
+        .await
+        {
             warn!(error = %e, "deadline timer not armed; the sweep will find the deadline");
         }
     }
@@ -456,12 +461,9 @@ pub(crate) async fn arm(
     timer: &DeadlineTimer,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(), HandlerError> {
-    let body = serde_json::to_string(timer)
-        .map_err(|e| HandlerError::Poison(format!("timer does not serialize: {e}")))?;
     let delay = (timer.complete_by - now)
         .to_std()
         .unwrap_or_default()
         .min(super::MAX_SQS_DELAY);
-    queue.send(url, &body, delay).await?;
-    Ok(())
+    send_json(queue, url, "timer", timer, delay).await
 }

@@ -1,27 +1,20 @@
 //! The supervisor: finds records whose deadline passed (through the sparse due index, never a
 //! scan), and hands them back for retry, fails them, or re-delivers their notice.
 
-use super::{HandlerError, Outlets, deliver_notice, perform_no_step, write};
-use crate::catalog::Definitions;
+use super::{HandlerError, TaskPorts, deliver_notice, perform_no_step, write};
 use crate::domain::transition;
 use crate::domain::{Status, TaskId};
 use crate::messages::DeadlineTimer;
-use crate::ports::{Clock, DueQuery, EventBus, LeaseClaim, Queue, StateStore};
+use crate::ports::{DueQuery, LeaseClaim};
 use chrono::{DateTime, Utc};
 use rand::Rng;
 use serde::Serialize;
-use std::sync::Arc;
 use tracing::{Instrument, error, info, info_span, warn};
 
 #[derive(Clone)]
 pub struct SupervisorDeps {
-    pub store: Arc<dyn StateStore>,
-    pub queue: Arc<dyn Queue>,
-    pub events: Arc<dyn EventBus>,
-    pub clock: Arc<dyn Clock>,
-    /// Each record's workflow version gives its steps' policies.
-    pub definitions: Arc<Definitions>,
-    pub work_queue_url: String,
+    /// The store, queue, bus, clock, definitions, work queue and metrics.
+    pub ports: TaskPorts,
     /// How the sweep reads and works through the due index.
     pub sweep: SweepSettings,
     /// The deadline-timer queue, to re-arm timers that arrive early (deadlines past 15 min).
@@ -33,8 +26,6 @@ pub struct SupervisorDeps {
     /// How long a shard's sweep lease lasts: longer than one sweep takes, so a dead holder
     /// stops blocking that shard after at most this long.
     pub lease_ttl: chrono::Duration,
-    /// Where the handler's EMF metrics go.
-    pub metrics: crate::metrics::Metrics,
 }
 
 /// How a sweep works through the due index.
@@ -116,11 +107,11 @@ enum Recovered {
 /// conditionally, so running them concurrently (and alongside other supervisors' timers) is as
 /// safe as running them one by one.
 pub async fn sweep(deps: &SupervisorDeps) -> Result<SweepReport, HandlerError> {
-    let now = deps.clock.now();
+    let now = deps.ports.clock.now();
     let stop_at = now + deps.sweep.budget;
     let permits = tokio::sync::Semaphore::new(deps.sweep.concurrency.max(1));
-    let shards =
-        (0..deps.store.due_shards()).map(|shard| sweep_shard(deps, shard, now, stop_at, &permits));
+    let shards = (0..deps.ports.store.due_shards())
+        .map(|shard| sweep_shard(deps, shard, now, stop_at, &permits));
     let mut report = SweepReport::default();
     let mut failure = None;
     for result in futures::future::join_all(shards).await {
@@ -139,7 +130,7 @@ pub async fn sweep(deps: &SupervisorDeps) -> Result<SweepReport, HandlerError> {
         return Err(e);
     }
     // The supervisor's heartbeat: an alarm fires when sweeps stop.
-    deps.metrics.count("SweepsCompleted", &[]);
+    deps.ports.metrics.count("SweepsCompleted", &[]);
     Ok(report)
 }
 
@@ -153,6 +144,7 @@ async fn sweep_shard(
 ) -> Result<SweepReport, HandlerError> {
     let lease = format!("sweep#{shard}");
     if !deps
+        .ports
         .store
         .acquire_lease(LeaseClaim {
             name: &lease,
@@ -171,7 +163,11 @@ async fn sweep_shard(
     let drained = drain_shard(deps, shard, now, stop_at, permits).await;
     // Crash point: a supervisor that dies before this keeps the shard until the lease
     // expires; then another takes it over.
-    let released = deps.store.release_lease(&lease, &deps.instance_id).await;
+    let released = deps
+        .ports
+        .store
+        .release_lease(&lease, &deps.instance_id)
+        .await;
     let report = drained?;
     released?;
     Ok(report)
@@ -189,7 +185,7 @@ async fn drain_shard(
     let mut report = SweepReport::default();
     let mut after = None;
     loop {
-        if deps.clock.now() >= stop_at {
+        if deps.ports.clock.now() >= stop_at {
             warn!(
                 shard,
                 "sweep budget spent; the rest of the shard is the next sweep's"
@@ -203,7 +199,7 @@ async fn drain_shard(
             limit: page_size,
             after: after.as_ref(),
         };
-        let page = deps.store.due(query).await?;
+        let page = deps.ports.store.due(query).await?;
         report.pages += 1;
         report.due += page.len();
         // The next page starts after this one, whatever became of its entries: a record that
@@ -214,7 +210,7 @@ async fn drain_shard(
             let _permit = permits.acquire().await;
             let span = info_span!("recover", task_id = %id, workflow = tracing::field::Empty, attempt = tracing::field::Empty);
             // Each recovery judges its deadline at its own time, not the sweep's start.
-            let at = deps.clock.now();
+            let at = deps.ports.clock.now();
             (id, recover(deps, id, at, "sweep").instrument(span).await)
         });
         for (id, outcome) in futures::future::join_all(recoveries).await {
@@ -242,24 +238,24 @@ async fn recover(
     now: DateTime<Utc>,
     cause: &str,
 ) -> Result<Recovered, HandlerError> {
-    let Some(record) = deps.store.get_state(id).await? else {
+    let Some(record) = deps.ports.store.get_state(id).await? else {
         return Ok(Recovered::Skipped);
     };
     tracing::Span::current().record("attempt", record.attempt);
     tracing::Span::current().record("workflow", record.workflow.as_str());
     if record.notice_pending() {
         deliver_notice(
-            deps.store.as_ref(),
-            deps.queue.as_ref(),
-            deps.events.as_ref(),
-            deps.clock.as_ref(),
+            deps.ports.store.as_ref(),
+            deps.ports.queue.as_ref(),
+            deps.ports.events.as_ref(),
+            deps.ports.clock.as_ref(),
             &record,
         )
         .await?;
         return Ok(Recovered::Notice);
     }
     let jitter = rand::rng().random::<f64>();
-    let workflow = super::workflow_of(&deps.definitions, &record).await?;
+    let workflow = super::workflow_of(&deps.ports.definitions, &record).await?;
     let t = match transition::expire(&record, now, &workflow.policies(), jitter) {
         Ok(t) => t,
         Err(why) => {
@@ -267,18 +263,18 @@ async fn recover(
             return Ok(Recovered::Skipped);
         }
     };
-    if !write(deps.store.as_ref(), &t).await? {
+    if !write(deps.ports.store.as_ref(), &t).await? {
         info!("recovered by someone else first");
         return Ok(Recovered::Skipped);
     }
-    super::count_outcome(&deps.metrics, record.process_state, &t);
+    super::count_outcome(&deps.ports.metrics, record.process_state, &t);
     // A task never claimed in time is a pickup recovery, whoever found it.
     let cause = if record.process_state == crate::ProcessState::Pending {
         "pickup"
     } else {
         cause
     };
-    deps.metrics.count(
+    deps.ports.metrics.count(
         "Recoveries",
         &[("Workflow", record.workflow.as_str()), ("Cause", cause)],
     );
@@ -297,14 +293,7 @@ async fn recover(
         info!("pickup deadline passed; work message re-enqueued");
         Recovered::Requeued
     };
-    let outlets = Outlets {
-        store: deps.store.as_ref(),
-        queue: deps.queue.as_ref(),
-        events: deps.events.as_ref(),
-        clock: deps.clock.as_ref(),
-        work_queue_url: &deps.work_queue_url,
-    };
-    perform_no_step(&outlets, &t).await?;
+    perform_no_step(&deps.ports.outlets(), &t).await?;
     Ok(outcome)
 }
 
@@ -315,9 +304,9 @@ pub async fn handle_timers(
 ) -> aws_lambda_events::event::sqs::SqsBatchResponse {
     super::process_batch(
         event,
-        deps.queue.as_ref(),
+        deps.ports.queue.as_ref(),
         deps.dead_letter_url.as_deref(),
-        (&deps.metrics, "supervisor"),
+        (&deps.ports.metrics, "supervisor"),
         |body| async move { on_timer(deps, &body).await },
     )
     .await
@@ -332,13 +321,13 @@ pub async fn on_timer(deps: &SupervisorDeps, body: &str) -> super::RecordOutcome
     };
     let span = info_span!("timer", task_id = %timer.task_id, workflow = tracing::field::Empty, attempt = timer.attempt);
     async {
-        let now = deps.clock.now();
+        let now = deps.ports.clock.now();
         if timer.complete_by > now {
             let Some(url) = &deps.timer_queue_url else {
                 return Ok(());
             };
             info!(complete_by = %timer.complete_by, "early timer re-armed");
-            return super::scheduler::arm(deps.queue.as_ref(), url, &timer, now).await;
+            return super::scheduler::arm(deps.ports.queue.as_ref(), url, &timer, now).await;
         }
         match recover(deps, timer.task_id, now, "timer").await? {
             Recovered::Skipped => info!("timer: nothing to recover"),

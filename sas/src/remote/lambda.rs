@@ -165,6 +165,22 @@ impl RemoteService for LambdaRemote {
     }
 }
 
+/// A Lambda client for a stand-in of the Invoke API at `endpoint` (tests): test credentials,
+/// `us-east-1`, no retries.
+#[cfg(any(test, feature = "testkit"))]
+pub fn client_at(endpoint: &str) -> aws_sdk_lambda::Client {
+    let conf = aws_sdk_lambda::Config::builder()
+        .behavior_version(aws_sdk_lambda::config::BehaviorVersion::latest())
+        .region(aws_sdk_lambda::config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_lambda::config::Credentials::new(
+            "test", "test", None, None, "test",
+        ))
+        .endpoint_url(endpoint)
+        .retry_config(aws_sdk_lambda::config::retry::RetryConfig::disabled())
+        .build();
+    aws_sdk_lambda::Client::from_conf(conf)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,22 +309,9 @@ mod tests {
         (seen, format!("http://{addr}"))
     }
 
-    fn client(endpoint: &str) -> aws_sdk_lambda::Client {
-        let conf = aws_sdk_lambda::Config::builder()
-            .behavior_version(aws_sdk_lambda::config::BehaviorVersion::latest())
-            .region(aws_sdk_lambda::config::Region::new("us-east-1"))
-            .credentials_provider(aws_sdk_lambda::config::Credentials::new(
-                "test", "test", None, None, "test",
-            ))
-            .endpoint_url(endpoint)
-            .retry_config(aws_sdk_lambda::config::retry::RetryConfig::disabled())
-            .build();
-        aws_sdk_lambda::Client::from_conf(conf)
-    }
-
     fn remote(endpoint: &str, function: &str) -> LambdaRemote {
         LambdaRemote::new(
-            client(endpoint),
+            super::client_at(endpoint),
             &LambdaTarget {
                 function: function.into(),
                 refusals: vec!["CreditDeclined".into()],

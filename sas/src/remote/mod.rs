@@ -22,6 +22,8 @@ pub use credentials::{
     CachedCredentials, CredentialError, Credentials, DEFAULT_CACHE_TTL, MemoryCredentials,
     ScopedCredentials, Secret, check_prefix,
 };
+#[cfg(any(test, feature = "testkit"))]
+pub use lambda::client_at as lambda_client_at;
 pub use lambda::{LambdaRemote, api_fault, payload as lambda_payload};
 pub use simulated::{Applied, Faults, OVERSIZED_BYTES, SimStats, SimulatedService, seeded_unit};
 
