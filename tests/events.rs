@@ -475,7 +475,7 @@ async fn call_api(system: &System, json: &Value) -> http::Response<String> {
         other => panic!("not an HTTP API request context: {other:?}"),
     };
     api::handle(
-        &system.submission,
+        &system.api,
         &identity,
         req.method(),
         req.uri().path(),

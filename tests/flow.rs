@@ -562,7 +562,7 @@ async fn a_refusal_compensates_and_ends_refused_with_its_own_event_and_no_alert(
 async fn a_submission_that_dies_before_enqueueing_is_recovered_by_the_supervisor() {
     let (mut system, clock) = aws_system("lostwork", manual_settings()).await;
     // The submission's enqueue fails (as if it died right after its transaction).
-    system.submission.ports.work_queue_url = format!("{}-gone", system.resources.work_queue_url);
+    system.api.ports.work_queue_url = format!("{}-gone", system.resources.work_queue_url);
     let id = submit_ok(&system).await;
     assert_eq!(
         system.pump_scheduler().await.expect("poll"),

@@ -151,7 +151,7 @@ async fn call(
         )
     } else {
         (
-            &system.submission,
+            &system.api,
             sas::auth::Identity::Caller(
                 sas::Caller::new("arn:aws:iam::123456789012:role/shop").expect("caller"),
             ),

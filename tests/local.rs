@@ -166,7 +166,7 @@ async fn the_undo_of_a_step_in_flight_waits_call_timeout_plus_the_margin() {
     // Cancelled while the payment request is out: the agent still charges (the service
     // commits), its reply is dropped, and the refund must wait for the charge.
     let cancelled = sas::api::handle(
-        &system.submission,
+        &system.api,
         &sas::auth::Identity::anonymous(),
         &http::Method::POST,
         &format!("/tasks/{id}/cancel"),

@@ -108,7 +108,7 @@ async fn auth_fixture() -> AuthFixture {
             let mut headers = HeaderMap::new();
             headers.insert("content-type", HeaderValue::from_static("application/json"));
             let resp = api::handle(
-                &system.submission,
+                &system.api,
                 &sas::auth::Identity::Caller(caller),
                 &Method::POST,
                 "/workflows/ecommerce-order/tasks",
@@ -327,7 +327,7 @@ async fn auth_case(
     }
     let before = f.system.memory.as_ref().expect("memory").0.all_states();
     let resp = api::handle(
-        &f.system.submission,
+        &f.system.api,
         &identity,
         &method,
         &path,

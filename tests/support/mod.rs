@@ -402,7 +402,7 @@ pub async fn post_task(
         );
     }
     let resp = sas::api::handle(
-        &system.submission,
+        &system.api,
         &sas::auth::Identity::anonymous(),
         &http::Method::POST,
         &format!("/workflows/{workflow}/tasks"),

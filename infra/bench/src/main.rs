@@ -285,7 +285,7 @@ async fn submit_burst(
     for chunk in (0..tasks).collect::<Vec<_>>().chunks(in_flight.max(1)) {
         let answers = futures::future::join_all(chunk.iter().map(|_| {
             sas::api::handle(
-                &system.submission,
+                &system.api,
                 &caller,
                 &http::Method::POST,
                 &path,

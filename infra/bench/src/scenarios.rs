@@ -160,7 +160,7 @@ async fn submit(system: &System, clocked: &mut Clocked, workflow: &str) -> anyho
         http::HeaderValue::from_static("application/json"),
     );
     let resp = sas::api::handle(
-        &system.submission,
+        &system.api,
         &sas::auth::Identity::anonymous(),
         &http::Method::POST,
         &format!("/workflows/{workflow}/tasks"),

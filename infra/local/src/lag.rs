@@ -49,7 +49,7 @@ pub async fn measure(
     for _ in 0..tasks {
         tokio::time::sleep(gap.mul_f64(rand::random::<f64>() * 2.0)).await;
         let resp = sas::api::handle(
-            &system.submission,
+            &system.api,
             &sas::auth::Identity::anonymous(),
             &http::Method::POST,
             "/workflows/ecommerce-order/tasks",

@@ -120,7 +120,7 @@ pub async fn tasks_in_every_state(
 /// Submits a task through the task API (as the local runner's anonymous caller).
 async fn submit(system: &System, workflow: &str, input: Value) -> anyhow::Result<TaskId> {
     let resp = api::handle(
-        &system.submission,
+        &system.api,
         &Identity::anonymous(),
         &Method::POST,
         &format!("/workflows/{workflow}/tasks"),

@@ -519,7 +519,7 @@ impl Simulated {
 /// The four functions, wired to one backend, plus the simulated services.
 pub struct System {
     /// The task API (a caller's own tasks).
-    pub submission: ApiDeps,
+    pub api: ApiDeps,
     /// The operator API (every task; routes under `/operator`).
     pub operator: ApiDeps,
     pub scheduler: SchedulerDeps,
@@ -593,7 +593,7 @@ impl System {
             definitions: definitions.clone(),
             work_queue_url: resources.work_queue_url.clone(),
         };
-        let submission = ApiDeps {
+        let api = ApiDeps {
             ports: ports.clone(),
             operator_api: false,
             reply_queues: settings
@@ -604,12 +604,12 @@ impl System {
         };
         let operator = ApiDeps {
             operator_api: true,
-            ..submission.clone()
+            ..api.clone()
         };
         let factory = {
             let services = services.clone();
             let sink: Arc<dyn sas::remote::CallbackSink> =
-                Arc::new(LocalCallbackSink(submission.clone()));
+                Arc::new(LocalCallbackSink(api.clone()));
             let delay = settings.callback_delay;
             let (clock, log) = (clock.clone(), settings.callback_log.clone());
             Arc::new(move |name: &str| {
@@ -673,7 +673,7 @@ impl System {
         };
         let (shutdown, _) = watch::channel(false);
         Self {
-            submission,
+            api,
             operator,
             scheduler: SchedulerDeps {
                 ports: ports.clone(),
@@ -784,7 +784,7 @@ impl System {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let bound = listener.local_addr()?;
         let app = router(
-            self.submission.clone(),
+            self.api.clone(),
             self.operator.clone(),
             self.settings.api_auth.clone(),
             self.settings.operator_auth.clone(),

@@ -69,7 +69,7 @@ async fn get(http: &reqwest::Client, url: String) -> reqwest::Response {
 /// Starts an e-commerce order through the task API (as the anonymous local caller); its id.
 async fn submit_order(system: &System) -> String {
     let resp = sas::api::handle(
-        &system.submission,
+        &system.api,
         &sas::auth::Identity::anonymous(),
         &http::Method::POST,
         "/workflows/ecommerce-order/tasks",
