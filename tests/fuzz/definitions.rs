@@ -223,8 +223,10 @@ pub(crate) fn catalog_request() -> BoxedStrategy<Req> {
                 BodySpec::Definition(def, encoding),
             )
         });
-    let put_junk = (def_kind(), name_seg(), clean_ct(), body())
-        .prop_map(|(kind, name, ct, body)| at_definition(Method::PUT, (kind, name, None), ct, body));
+    let put_junk =
+        (def_kind(), name_seg(), clean_ct(), body()).prop_map(|(kind, name, ct, body)| {
+            at_definition(Method::PUT, (kind, name, None), ct, body)
+        });
     prop_oneof![
         5 => put,
         1 => put_junk,
