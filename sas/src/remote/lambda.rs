@@ -441,20 +441,16 @@ mod tests {
                 "{f}: {out:?}"
             );
         }
-        let out = remote(&endpoint, "sas-dev-svc-missing")
-            .call(&call(), T)
-            .await;
-        assert!(
-            matches!(&out, Err(RemoteFault::Misconfigured(m)) if m.contains("ResourceNotFoundException")),
-            "{out:?}"
-        );
-        let out = remote(&endpoint, "sas-dev-svc-denied")
-            .call(&call(), T)
-            .await;
-        assert!(
-            matches!(&out, Err(RemoteFault::Misconfigured(m)) if m.contains("AccessDenied")),
-            "{out:?}"
-        );
+        for (f, says) in [
+            ("sas-dev-svc-missing", "ResourceNotFoundException"),
+            ("sas-dev-svc-denied", "AccessDenied"),
+        ] {
+            let out = remote(&endpoint, f).call(&call(), T).await;
+            assert!(
+                matches!(&out, Err(RemoteFault::Misconfigured(m)) if m.contains(says)),
+                "{f}: {out:?}"
+            );
+        }
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let closed = format!("http://{}", listener.local_addr().expect("addr"));
         drop(listener);
