@@ -301,10 +301,7 @@ pub(crate) fn def_mutate(v: &mut Value, m: &DefMutation) {
     fn step0(
         top: &mut serde_json::Map<String, Value>,
     ) -> Option<&mut serde_json::Map<String, Value>> {
-        top.get_mut("steps")
-            .and_then(Value::as_array_mut)
-            .and_then(|s| s.first_mut())
-            .and_then(Value::as_object_mut)
+        first_object(top, "steps")
     }
     fn steps(top: &mut serde_json::Map<String, Value>) -> Option<&mut Vec<Value>> {
         top.get_mut("steps").and_then(Value::as_array_mut)
