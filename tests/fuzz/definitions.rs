@@ -534,18 +534,14 @@ fn a_workflow_published_over_http_takes_new_tasks_and_the_running_ones_keep_thei
             Some(2)
         );
         // The same request under a key twice is one task; another request under it, a 409.
-        step(&system, &mut model, &submit(2, Some(1), 6))
-            .await
-            .expect("202");
-        step(&system, &mut model, &submit(2, Some(1), 6))
-            .await
-            .expect("replay");
-        step(&system, &mut model, &submit(2, Some(1), 7))
-            .await
-            .expect("409");
-        step(&system, &mut model, &submit(0, Some(1), 0))
-            .await
-            .expect("409");
+        for (request, want) in [
+            (submit(2, Some(1), 6), "202"),
+            (submit(2, Some(1), 6), "replay"),
+            (submit(2, Some(1), 7), "409"),
+            (submit(0, Some(1), 0), "409"),
+        ] {
+            step(&system, &mut model, &request).await.expect(want);
+        }
         assert_eq!(model.created.len(), 3, "one task for the key");
         // An input fuzz-a's schema refuses, named by its pointer.
         let bad = Req {

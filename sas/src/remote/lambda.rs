@@ -460,28 +460,30 @@ mod tests {
 
     #[test]
     fn api_fault_table() {
-        let t = |code: Option<&str>, status| api_fault(code, status, String::new());
-        assert!(matches!(
-            t(Some("TooManyRequestsException"), 429),
-            RemoteFault::Transient(_)
-        ));
-        assert!(matches!(
-            t(Some("KMSAccessDeniedException"), 502),
-            RemoteFault::Transient(_)
-        ));
-        assert!(matches!(
-            t(Some("EC2ThrottledException"), 502),
-            RemoteFault::Transient(_)
-        ));
-        assert!(matches!(t(None, 503), RemoteFault::Transient(_)));
-        assert!(matches!(
-            t(Some("InvalidRequestContentException"), 400),
-            RemoteFault::Misconfigured(_)
-        ));
-        assert!(matches!(
-            t(Some("ResourceNotFoundException"), 404),
-            RemoteFault::Misconfigured(_)
-        ));
-        assert!(matches!(t(None, 413), RemoteFault::Misconfigured(_)));
+        let transient = [
+            (Some("TooManyRequestsException"), 429),
+            (Some("KMSAccessDeniedException"), 502),
+            (Some("EC2ThrottledException"), 502),
+            (None, 503),
+        ];
+        let misconfigured = [
+            (Some("InvalidRequestContentException"), 400),
+            (Some("ResourceNotFoundException"), 404),
+            (None, 413),
+        ];
+        for (code, status) in transient {
+            let f = api_fault(code, status, String::new());
+            assert!(
+                matches!(f, RemoteFault::Transient(_)),
+                "{code:?} {status}: {f:?}"
+            );
+        }
+        for (code, status) in misconfigured {
+            let f = api_fault(code, status, String::new());
+            assert!(
+                matches!(f, RemoteFault::Misconfigured(_)),
+                "{code:?} {status}: {f:?}"
+            );
+        }
     }
 }
