@@ -100,36 +100,18 @@ fn sign(
     headers: &[(String, String)],
     body: &[u8],
 ) -> Vec<(String, String)> {
-    use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
-    let identity = aws_credential_types::Credentials::new(
-        &u.access_key_id,
-        &u.secret_access_key,
-        None,
-        None,
-        "tests",
-    )
-    .into();
-    let params = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region(REGION)
-        .name("execute-api")
-        .time(std::time::SystemTime::now())
-        .settings(SigningSettings::default())
-        .build()
-        .expect("params")
-        .into();
-    let request = SignableRequest::new(
+    let headers: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    sas_blackbox::sigv4_headers(
+        (&u.access_key_id, &u.secret_access_key),
         method,
         url,
-        headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        SignableBody::Bytes(body),
+        &headers,
+        body,
+        std::time::SystemTime::now(),
     )
-    .expect("signable");
-    let (instructions, _) = sign(request, &params).expect("signs").into_parts();
-    instructions
-        .headers()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
 }
 
 /// A memory system served on loopback with the given authorizers.

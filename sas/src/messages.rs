@@ -60,6 +60,7 @@ pub fn idempotency_key(task_id: TaskId, step: &str, action: &str, generation: u3
 }
 
 /// A scheduler asks an agent to perform one step (or its undo) on one service.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StepRequest {
@@ -77,23 +78,19 @@ pub struct StepRequest {
     /// `undoes` the step's own idempotency key.
     #[serde(default)]
     pub undo: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undoes: Option<String>,
     /// The key to send to the remote service; absent in older messages, then derived.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     /// The step's deadline: past it the agent stops and sends nothing.
     pub complete_by: DateTime<Utc>,
     /// The step's timeout (start to close), in milliseconds: the agent stops this long after it
     /// picked the request up, even if `complete_by` (which also allows for the request's wait in
     /// the queue) is later. Absent in older requests: `complete_by` alone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
     pub reply_queue_url: String,
     /// The request body, built by the step's input mapping.
     pub input: serde_json::Value,
     /// For a callback step: where the service completes it later.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback: Option<crate::ports::CallbackAddress>,
 }
 

@@ -212,6 +212,15 @@ fn under_cfg_test(t: &[Token], i: usize) -> bool {
     end >= want.len() && t[end - want.len()..end] == want
 }
 
+/// The names of the inline modules open at this point, outermost first (`stack`: name, brace
+/// depth, whether it is a test module); `None` inside a test module.
+fn enclosing(stack: &[(String, usize, bool)]) -> Option<Vec<String>> {
+    if stack.iter().any(|(_, _, test)| *test) {
+        return None;
+    }
+    Some(stack.iter().map(|(n, _, _)| n.clone()).collect())
+}
+
 fn read_file(module: Module, src: &str) -> FileInfo {
     let t = tokens(src);
     let mut info = FileInfo {
@@ -266,10 +275,9 @@ fn read_file(module: Module, src: &str) -> FileInfo {
                 }
                 let mut leaves = vec![];
                 path_tree(&t, &mut i, vec![], &mut leaves);
-                if stack.iter().any(|(_, _, test)| *test) {
+                let Some(inner) = enclosing(&stack) else {
                     continue;
-                }
-                let inner: Vec<String> = stack.iter().map(|(n, _, _)| n.clone()).collect();
+                };
                 for (path, name) in leaves {
                     if public && inner.is_empty() && name == "*" {
                         info.globs.push(path.clone());
@@ -286,10 +294,9 @@ fn read_file(module: Module, src: &str) -> FileInfo {
             {
                 let mut leaves = vec![];
                 path_tree(&t, &mut i, vec![], &mut leaves);
-                if stack.iter().any(|(_, _, test)| *test) {
+                let Some(inner) = enclosing(&stack) else {
                     continue;
-                }
-                let inner: Vec<String> = stack.iter().map(|(n, _, _)| n.clone()).collect();
+                };
                 for (path, _) in leaves {
                     info.paths.push((inner.clone(), path));
                 }

@@ -143,32 +143,14 @@ fn sigv4(
     body: &[u8],
     at: std::time::SystemTime,
 ) -> Vec<(String, String)> {
-    use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
-    let identity =
-        aws_credential_types::Credentials::new(&user.access_key_id, secret, None, None, "fuzz")
-            .into();
-    let params = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region("us-east-1")
-        .name("execute-api")
-        .time(at)
-        .settings(SigningSettings::default())
-        .build()
-        .expect("params")
-        .into();
-    let url = format!("http://127.0.0.1:1{signed_path}");
-    let request = SignableRequest::new(
+    sas_blackbox::sigv4_headers(
+        (&user.access_key_id, secret),
         method.as_str(),
-        &url,
-        [("content-type", "application/json")].into_iter(),
-        SignableBody::Bytes(body),
+        &format!("http://127.0.0.1:1{signed_path}"),
+        &[("content-type", "application/json")],
+        body,
+        at,
     )
-    .expect("signable");
-    let (instructions, _) = sign(request, &params).expect("signs").into_parts();
-    instructions
-        .headers()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
 }
 
 /// One authenticated request, checked: the authorizer names exactly the caller whose valid

@@ -216,51 +216,22 @@ pub(crate) fn catalog_request() -> BoxedStrategy<Req> {
                 ),
                 DefSpec::Service { name, .. } => (DefKind::Services, NameSeg::Pool(*name)),
             });
-            Req {
-                method: Method::PUT,
-                path: PathSpec::Definition {
-                    kind,
-                    name,
-                    version: None,
-                    trailing: false,
-                },
+            at_definition(
+                Method::PUT,
+                (kind, name, None),
                 ct,
-                key: KeySpec::Absent,
-                reply: ReplySpec::Absent,
-                body: BodySpec::Definition(def, encoding),
-            }
+                BodySpec::Definition(def, encoding),
+            )
         });
     let put_junk =
-        (def_kind(), name_seg(), clean_ct(), body()).prop_map(|(kind, name, ct, body)| Req {
-            method: Method::PUT,
-            path: PathSpec::Definition {
-                kind,
-                name,
-                version: None,
-                trailing: false,
-            },
-            ct,
-            key: KeySpec::Absent,
-            reply: ReplySpec::Absent,
-            body,
+        (def_kind(), name_seg(), clean_ct(), body()).prop_map(|(kind, name, ct, body)| {
+            at_definition(Method::PUT, (kind, name, None), ct, body)
         });
     prop_oneof![
         5 => put,
         1 => put_junk,
         2 => (def_kind(), name_seg(), prop::option::weighted(0.4, version_seg())).prop_map(
-            |(kind, name, version)| Req {
-                method: Method::GET,
-                path: PathSpec::Definition {
-                    kind,
-                    name,
-                    version,
-                    trailing: false,
-                },
-                ct: CtSpec::Absent,
-                key: KeySpec::Absent,
-                reply: ReplySpec::Absent,
-                body: BodySpec::Empty,
-            }
+            |at| at_definition(Method::GET, at, CtSpec::Absent, BodySpec::Empty)
         ),
         1 => def_kind().prop_map(|kind| Req {
             method: Method::GET,
@@ -275,6 +246,29 @@ pub(crate) fn catalog_request() -> BoxedStrategy<Req> {
         }),
     ]
     .boxed()
+}
+
+/// A request with no key and no reply header to a definition's route (`kind`, `name`, `version`;
+/// no trailing slash).
+fn at_definition(
+    method: Method,
+    (kind, name, version): (DefKind, NameSeg, Option<String>),
+    ct: CtSpec,
+    body: BodySpec,
+) -> Req {
+    Req {
+        method,
+        path: PathSpec::Definition {
+            kind,
+            name,
+            version,
+            trailing: false,
+        },
+        ct,
+        key: KeySpec::Absent,
+        reply: ReplySpec::Absent,
+        body,
+    }
 }
 
 /// `fuzz-a`: one step on `inventory`, with an undo.
@@ -307,10 +301,7 @@ pub(crate) fn def_mutate(v: &mut Value, m: &DefMutation) {
     fn step0(
         top: &mut serde_json::Map<String, Value>,
     ) -> Option<&mut serde_json::Map<String, Value>> {
-        top.get_mut("steps")
-            .and_then(Value::as_array_mut)
-            .and_then(|s| s.first_mut())
-            .and_then(Value::as_object_mut)
+        first_object(top, "steps")
     }
     fn steps(top: &mut serde_json::Map<String, Value>) -> Option<&mut Vec<Value>> {
         top.get_mut("steps").and_then(Value::as_array_mut)
@@ -495,18 +486,13 @@ fn a_workflow_published_over_http_takes_new_tasks_and_the_running_ones_keep_thei
     let rt = runtime();
     rt.block_on(async {
         let (system, mut model) = new_system().await;
-        let put = |d: DefSpec| Req {
-            method: Method::PUT,
-            path: PathSpec::Definition {
-                kind: DefKind::Workflows,
-                name: NameSeg::Pool(2),
-                version: None,
-                trailing: false,
-            },
-            ct: CtSpec::Json,
-            key: KeySpec::Absent,
-            reply: ReplySpec::Absent,
-            body: BodySpec::Definition(d, Encoding::Compact),
+        let put = |d: DefSpec| {
+            at_definition(
+                Method::PUT,
+                (DefKind::Workflows, NameSeg::Pool(2), None),
+                CtSpec::Json,
+                BodySpec::Definition(d, Encoding::Compact),
+            )
         };
         // fuzz-a is unknown, then published (201), then the same again (200).
         step(&system, &mut model, &submit(2, None, 6))
@@ -548,18 +534,14 @@ fn a_workflow_published_over_http_takes_new_tasks_and_the_running_ones_keep_thei
             Some(2)
         );
         // The same request under a key twice is one task; another request under it, a 409.
-        step(&system, &mut model, &submit(2, Some(1), 6))
-            .await
-            .expect("202");
-        step(&system, &mut model, &submit(2, Some(1), 6))
-            .await
-            .expect("replay");
-        step(&system, &mut model, &submit(2, Some(1), 7))
-            .await
-            .expect("409");
-        step(&system, &mut model, &submit(0, Some(1), 0))
-            .await
-            .expect("409");
+        for (request, want) in [
+            (submit(2, Some(1), 6), "202"),
+            (submit(2, Some(1), 6), "replay"),
+            (submit(2, Some(1), 7), "409"),
+            (submit(0, Some(1), 0), "409"),
+        ] {
+            step(&system, &mut model, &request).await.expect(want);
+        }
         assert_eq!(model.created.len(), 3, "one task for the key");
         // An input fuzz-a's schema refuses, named by its pointer.
         let bad = Req {

@@ -416,14 +416,22 @@ pub(crate) fn field_name(f: Field) -> &'static str {
     }
 }
 
+/// The first element of `top[key]`, if that is still an array of objects.
+pub(crate) fn first_object<'a>(
+    top: &'a mut serde_json::Map<String, Value>,
+    key: &str,
+) -> Option<&'a mut serde_json::Map<String, Value>> {
+    top.get_mut(key)
+        .and_then(Value::as_array_mut)
+        .and_then(|a| a.first_mut())
+        .and_then(Value::as_object_mut)
+}
+
 /// The first line item, if `items` is still an array of objects.
 pub(crate) fn first_item(
     top: &mut serde_json::Map<String, Value>,
 ) -> Option<&mut serde_json::Map<String, Value>> {
-    top.get_mut("items")
-        .and_then(Value::as_array_mut)
-        .and_then(|a| a.first_mut())
-        .and_then(Value::as_object_mut)
+    first_object(top, "items")
 }
 
 pub(crate) fn mutate(v: &mut Value, m: &Mutation) {

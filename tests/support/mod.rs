@@ -613,3 +613,45 @@ pub async fn serve_loopback(app: axum::Router) -> String {
     tokio::spawn(async move { axum::serve(listener, app).await });
     format!("http://{addr}")
 }
+
+/// The SigV4 headers (`execute-api`, us-east-1) of a request signed at `at` over its method,
+/// URL, the given headers and body, as `awscurl` or an SDK would make them.
+pub fn sigv4_headers(
+    (access_key_id, secret_access_key): (&str, &str),
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    at: std::time::SystemTime,
+) -> Vec<(String, String)> {
+    use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+    let identity = aws_credential_types::Credentials::new(
+        access_key_id,
+        secret_access_key,
+        None,
+        None,
+        "tests",
+    )
+    .into();
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("execute-api")
+        .time(at)
+        .settings(SigningSettings::default())
+        .build()
+        .expect("params")
+        .into();
+    let request = SignableRequest::new(
+        method,
+        url,
+        headers.iter().copied(),
+        SignableBody::Bytes(body),
+    )
+    .expect("signable");
+    let (instructions, _) = sign(request, &params).expect("signs").into_parts();
+    instructions
+        .headers()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}

@@ -867,23 +867,21 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_load_per_key_adds_up_to_the_writes_of_a_clean_ecommerce_order() {
         let t = key_load(200).await.expect("the run");
-        let per_task = |prefix: &str| -> f64 {
+        // The second column of the rows whose key starts with `prefix`.
+        let column = |prefix: &str| -> Vec<f64> {
             t.lines()
                 .filter(|l| l.starts_with(&format!("| `{prefix}")))
                 .filter_map(|l| l.split('|').nth(2)?.trim().parse::<f64>().ok())
-                .sum()
+                .collect()
         };
+        let per_task = |prefix: &str| -> f64 { column(prefix).iter().sum() };
         let due = per_task("due-index due#");
         assert!((1.5..=2.5).contains(&due), "due-index {due}:\n{t}");
         let state = per_task("state-index ");
         assert!((4.5..=5.5).contains(&state), "state-index {state}:\n{t}");
         assert!((per_task("caller-shard-index ") - 1.0).abs() < 1e-9, "{t}");
         // One caller's entries spread over its four partitions: none takes all of them.
-        let caller_rows: Vec<f64> = t
-            .lines()
-            .filter(|l| l.starts_with("| `caller-shard-index "))
-            .filter_map(|l| l.split('|').nth(2)?.trim().parse::<f64>().ok())
-            .collect();
+        let caller_rows = column("caller-shard-index ");
         assert_eq!(caller_rows.len(), 4, "{t}");
         assert!(caller_rows.iter().all(|&w| w < 0.5), "{t}");
         assert!((per_task("RATE#") - 1.0).abs() < 1e-9, "{t}");
@@ -892,11 +890,7 @@ mod tests {
         assert_eq!(rate_rows, 10, "{t}");
         assert!(t.contains("`TASK#<id>` (one per task"), "{t}");
         // Sixteen due shards share the load: none takes much more than its share.
-        let due_rows: Vec<f64> = t
-            .lines()
-            .filter(|l| l.starts_with("| `due-index due#"))
-            .filter_map(|l| l.split('|').nth(2)?.trim().parse::<f64>().ok())
-            .collect();
+        let due_rows = column("due-index due#");
         assert_eq!(due_rows.len(), 16, "{t}");
         assert!(due_rows.iter().all(|&w| w < 0.6), "{t}");
     }

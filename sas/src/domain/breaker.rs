@@ -266,6 +266,14 @@ mod tests {
         }
     }
 
+    /// The record after the probe `b` sends at `at` (a decision other than a probe fails).
+    fn probe(b: &BreakerRecord, at: DateTime<Utc>, p: &BreakerPolicy) -> BreakerRecord {
+        match b.decide(at, p) {
+            Decision::Probe(probe) => probe,
+            other => panic!("a probe at {at}, not {other:?}"),
+        }
+    }
+
     #[test]
     fn opens_at_the_threshold_rejects_then_probes_and_closes() {
         let t = Utc::now();
@@ -285,10 +293,7 @@ mod tests {
             }
         );
         let later = open_until + Duration::seconds(1);
-        let Decision::Probe(probe) = b.decide(later, &p()) else {
-            panic!("a probe after the cooldown")
-        };
-        b = probe;
+        b = probe(&b, later, &p());
         assert!(
             matches!(b.decide(later, &p()), Decision::Reject { .. }),
             "one probe per window"
@@ -325,10 +330,7 @@ mod tests {
         assert!(b.fault_keys.is_empty(), "opening clears the tasks");
         // A failed probe reopens it, whoever's it was.
         let later = t + Duration::seconds(11);
-        let Decision::Probe(probe) = b.decide(later, &p()) else {
-            panic!("probe")
-        };
-        b = probe;
+        b = probe(&b, later, &p());
         step(&mut b, |b| b.on_misconfigured(later, "task-a", &p()));
         assert!(matches!(b.state, BreakerState::Open { .. }), "{b:?}");
     }
@@ -374,19 +376,13 @@ mod tests {
         assert_eq!(b.open_since, Some(t));
         // A failed probe before the limit reopens it, keeping when it first opened.
         let t1 = t + Duration::seconds(11);
-        let Decision::Probe(probe) = b.decide(t1, &policy) else {
-            panic!("probe")
-        };
-        b = probe;
+        b = probe(&b, t1, &policy);
         step(&mut b, |b| b.on_fault(t1, &policy));
         assert!(matches!(b.state, BreakerState::Open { .. }));
         assert_eq!(b.open_since, Some(t));
         // Past the limit, the next failed probe pauses it, with sas's note.
         let t2 = t + Duration::seconds(31);
-        let Decision::Probe(probe) = b.decide(t2, &policy) else {
-            panic!("probe")
-        };
-        b = probe;
+        b = probe(&b, t2, &policy);
         step(&mut b, |b| b.on_fault(t2, &policy));
         assert_eq!(b.state, BreakerState::Paused { since: t2 });
         assert!(
@@ -424,17 +420,11 @@ mod tests {
             step(&mut b, |b| b.on_fault(t, &p()));
         }
         let t1 = t + Duration::seconds(11);
-        let Decision::Probe(probe) = b.decide(t1, &p()) else {
-            panic!("probe")
-        };
-        b = probe;
+        b = probe(&b, t1, &p());
         step(&mut b, |b| b.on_fault(t1, &p()));
         assert!(matches!(b.state, BreakerState::Open { .. }));
         let t2 = t1 + Duration::seconds(11);
-        let Decision::Probe(probe) = b.decide(t2, &p()) else {
-            panic!("probe")
-        };
-        b = probe;
+        b = probe(&b, t2, &p());
         // The prober died: after the window a new probe goes out.
         assert!(matches!(b.decide(t2, &p()), Decision::Reject { .. }));
         assert!(matches!(

@@ -167,6 +167,7 @@ impl FromStr for StepStatus {
 }
 
 /// One step's progress, forward and (during compensation) backward.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StepState {
@@ -177,9 +178,7 @@ pub struct StepState {
     #[serde(default)]
     pub undoable: bool,
     /// The attempt under which the step finished (Done or Failed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_attempt: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<DateTime<Utc>>,
     /// A request under the step's current idempotency key has gone out: unless the service
     /// refused it, the step may have taken effect and compensation must undo it.
@@ -191,30 +190,25 @@ pub struct StepState {
     pub generation: u32,
     /// What the remote service returned when the step succeeded (JSON text): the data its undo
     /// needs, e.g. the payment id.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<String>,
     /// The undo's status: `None` until compensation starts on this step, then Running, Done,
     /// Failed (refused) or TimedOut.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undo: Option<StepStatus>,
     /// Like `generation`, for the undo's idempotency key.
     #[serde(default)]
     pub undo_generation: u32,
     /// A callback step the service accepted: the latest instant its callback may come
     /// (heartbeats move the record's deadline, never past this).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_until: Option<DateTime<Utc>>,
     /// A step handed back (Pending again), timed out or cancelled after it was sent: the latest
     /// deadline a request for it went out with. A copy of that request (a duplicated delivery,
     /// a message that came back) may call the service until then, even when the attempt was
     /// handed back early (an agent out of time, an open circuit), so its undo waits past it. A
     /// step out again needs none: its new deadline is later.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sent_until: Option<DateTime<Utc>>,
     /// The revision of the task's input the step ran with, once an operator's retry replaced
     /// that input (`None`: the task's current input). The step's view and its undo read that
     /// input, not the new one: the undo reverses what the step did.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_revision: Option<u32>,
     /// Attempts of the step its service answered as misconfigured (401, 403, 404...) while its
     /// breaker stayed closed: maybe only this task's request is wrong. Each defers the step;

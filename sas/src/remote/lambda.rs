@@ -444,20 +444,16 @@ mod tests {
                 "{f}: {out:?}"
             );
         }
-        let out = remote(&endpoint, "sas-dev-svc-missing")
-            .call(&call(), T)
-            .await;
-        assert!(
-            matches!(&out, Err(RemoteFault::Misconfigured(m)) if m.contains("ResourceNotFoundException")),
-            "{out:?}"
-        );
-        let out = remote(&endpoint, "sas-dev-svc-denied")
-            .call(&call(), T)
-            .await;
-        assert!(
-            matches!(&out, Err(RemoteFault::Misconfigured(m)) if m.contains("AccessDenied")),
-            "{out:?}"
-        );
+        for (f, says) in [
+            ("sas-dev-svc-missing", "ResourceNotFoundException"),
+            ("sas-dev-svc-denied", "AccessDenied"),
+        ] {
+            let out = remote(&endpoint, f).call(&call(), T).await;
+            assert!(
+                matches!(&out, Err(RemoteFault::Misconfigured(m)) if m.contains(says)),
+                "{f}: {out:?}"
+            );
+        }
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let closed = format!("http://{}", listener.local_addr().expect("addr"));
         drop(listener);
@@ -467,28 +463,30 @@ mod tests {
 
     #[test]
     fn api_fault_table() {
-        let t = |code: Option<&str>, status| api_fault(code, status, String::new());
-        assert!(matches!(
-            t(Some("TooManyRequestsException"), 429),
-            RemoteFault::Transient(_)
-        ));
-        assert!(matches!(
-            t(Some("KMSAccessDeniedException"), 502),
-            RemoteFault::Transient(_)
-        ));
-        assert!(matches!(
-            t(Some("EC2ThrottledException"), 502),
-            RemoteFault::Transient(_)
-        ));
-        assert!(matches!(t(None, 503), RemoteFault::Transient(_)));
-        assert!(matches!(
-            t(Some("InvalidRequestContentException"), 400),
-            RemoteFault::Misconfigured(_)
-        ));
-        assert!(matches!(
-            t(Some("ResourceNotFoundException"), 404),
-            RemoteFault::Misconfigured(_)
-        ));
-        assert!(matches!(t(None, 413), RemoteFault::Misconfigured(_)));
+        let transient = [
+            (Some("TooManyRequestsException"), 429),
+            (Some("KMSAccessDeniedException"), 502),
+            (Some("EC2ThrottledException"), 502),
+            (None, 503),
+        ];
+        let misconfigured = [
+            (Some("InvalidRequestContentException"), 400),
+            (Some("ResourceNotFoundException"), 404),
+            (None, 413),
+        ];
+        for (code, status) in transient {
+            let f = api_fault(code, status, String::new());
+            assert!(
+                matches!(f, RemoteFault::Transient(_)),
+                "{code:?} {status}: {f:?}"
+            );
+        }
+        for (code, status) in misconfigured {
+            let f = api_fault(code, status, String::new());
+            assert!(
+                matches!(f, RemoteFault::Misconfigured(_)),
+                "{code:?} {status}: {f:?}"
+            );
+        }
     }
 }

@@ -516,6 +516,15 @@ mod tests {
         ));
     }
 
+    /// A window that opened a second ago and stays open for an hour.
+    fn from_now_for_an_hour() -> (DateTime<Utc>, DateTime<Utc>) {
+        let now = Utc::now();
+        (
+            now - chrono::Duration::seconds(1),
+            now + chrono::Duration::hours(1),
+        )
+    }
+
     fn call(key: &str) -> RemoteCall {
         RemoteCall {
             service: "payment".into(),
@@ -607,14 +616,10 @@ mod tests {
 
     #[tokio::test]
     async fn outages_latency_and_refusals_are_faults_of_their_kind() {
-        let now = Utc::now();
         let s = SimulatedService::new(
             "inventory",
             Faults {
-                outage: Some((
-                    now - chrono::Duration::seconds(1),
-                    now + chrono::Duration::hours(1),
-                )),
+                outage: Some(from_now_for_an_hour()),
                 ..Faults::default()
             },
             Arc::new(SystemClock),
@@ -788,14 +793,10 @@ mod tests {
 
     #[tokio::test]
     async fn inside_the_unauthorized_window_every_call_is_misconfigured_with_no_effect() {
-        let now = Utc::now();
         let s = SimulatedService::new(
             "e-sign",
             Faults {
-                unauthorized: Some((
-                    now - chrono::Duration::seconds(1),
-                    now + chrono::Duration::hours(1),
-                )),
+                unauthorized: Some(from_now_for_an_hour()),
                 ..Faults::default()
             },
             Arc::new(SystemClock),
@@ -810,6 +811,7 @@ mod tests {
         let st = s.stats();
         assert!(st.effects.is_empty() && st.net.is_empty());
         assert_eq!(st.misconfigured_faults, 2);
+        let now = Utc::now();
         s.set_faults(Faults {
             unauthorized: Some((
                 now - chrono::Duration::hours(2),

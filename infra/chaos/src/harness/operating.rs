@@ -29,6 +29,13 @@ pub(super) struct OperatorTally {
     pub actions: BTreeMap<String, usize>,
 }
 
+impl OperatorTally {
+    /// The actions applied to `id`, in order (none if the operator never touched it).
+    pub fn applied_to(&self, id: &TaskId) -> &[Applied] {
+        self.applied.get(id).map(Vec::as_slice).unwrap_or_default()
+    }
+}
+
 impl Operating {
     /// The operator of `cfg` at the world's API, watching the lists from now on.
     pub fn start(cfg: &Config, world: &World) -> Self {

@@ -155,78 +155,27 @@ impl Report {
                 self.submitted
             ),
         );
-        check(
-            !self.lost.is_empty(),
-            format!("lost: {:?}", first(&self.lost)),
-        );
-        check(
-            !self.doubled.is_empty(),
-            format!("keys applied more than once: {:?}", first(&self.doubled)),
-        );
-        check(
-            !self.wrong_net.is_empty(),
-            format!("wrong net effects: {:?}", first(&self.wrong_net)),
-        );
-        check(
-            !self.leaked.is_empty(),
-            format!(
-                "steps committed after their undo (leaked): {:?}",
-                first(&self.leaked)
+        // Lists that must be empty: what each holds, and its first few.
+        let must_be_empty: [(&str, &Vec<String>); 12] = [
+            ("lost", &self.lost),
+            ("keys applied more than once", &self.doubled),
+            ("wrong net effects", &self.wrong_net),
+            ("steps committed after their undo (leaked)", &self.leaked),
+            (
+                "callbacks posted and then waited for",
+                &self.ignored_callbacks,
             ),
-        );
-        check(
-            !self.ignored_callbacks.is_empty(),
-            format!(
-                "callbacks posted and then waited for: {:?}",
-                first(&self.ignored_callbacks)
-            ),
-        );
-        check(
-            !self.locked_terminal.is_empty(),
-            format!(
-                "locked terminal records: {:?}",
-                first(&self.locked_terminal)
-            ),
-        );
-        check(
-            !self.invalid.is_empty(),
-            format!("invalid records: {:?}", first(&self.invalid)),
-        );
-        check(
-            !self.alert_mismatch.is_empty(),
-            format!(
-                "alerts do not match failures: {:?}",
-                first(&self.alert_mismatch)
-            ),
-        );
-        check(
-            !self.over_requeued.is_empty(),
-            format!(
-                "tasks re-enqueued too often: {:?}",
-                first(&self.over_requeued)
-            ),
-        );
-        check(
-            !self.misreported.is_empty(),
-            format!(
-                "applied writes reported as lost races: {:?}",
-                first(&self.misreported)
-            ),
-        );
-        check(
-            !self.too_large.is_empty(),
-            format!(
-                "messages or records over AWS's limits: {:?}",
-                first(&self.too_large)
-            ),
-        );
-        check(
-            !self.notice_mismatch.is_empty(),
-            format!(
-                "events do not match final states: {:?}",
-                first(&self.notice_mismatch)
-            ),
-        );
+            ("locked terminal records", &self.locked_terminal),
+            ("invalid records", &self.invalid),
+            ("alerts do not match failures", &self.alert_mismatch),
+            ("tasks re-enqueued too often", &self.over_requeued),
+            ("applied writes reported as lost races", &self.misreported),
+            ("messages or records over AWS's limits", &self.too_large),
+            ("events do not match final states", &self.notice_mismatch),
+        ];
+        for (what, list) in must_be_empty {
+            check(!list.is_empty(), format!("{what}: {:?}", first(list)));
+        }
         check(
             !self.unreached.is_empty(),
             format!("crash points never reached: {:?}", self.unreached),

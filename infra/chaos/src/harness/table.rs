@@ -39,27 +39,18 @@ impl Report {
                 "",
             );
         }
-        row(
-            "keys applied more than once",
-            self.doubled.len().to_string(),
-            "0",
-        );
-        row("wrong net effects", self.wrong_net.len().to_string(), "0");
-        row(
-            "steps committed after their undo (leaked)",
-            self.leaked.len().to_string(),
-            "0",
-        );
-        row(
-            "terminal records still locked",
-            self.locked_terminal.len().to_string(),
-            "0",
-        );
-        row(
-            "records breaking an invariant",
-            self.invalid.len().to_string(),
-            "0",
-        );
+        for (what, n) in [
+            ("keys applied more than once", self.doubled.len()),
+            ("wrong net effects", self.wrong_net.len()),
+            (
+                "steps committed after their undo (leaked)",
+                self.leaked.len(),
+            ),
+            ("terminal records still locked", self.locked_terminal.len()),
+            ("records breaking an invariant", self.invalid.len()),
+        ] {
+            row(what, n.to_string(), "0");
+        }
         row(
             "failed tasks / distinct TaskFailed alerts (deliveries)",
             format!(
@@ -90,16 +81,18 @@ impl Report {
             ),
             "",
         );
-        row(
-            "messages over SQS's 256 KB / records over DynamoDB's 400 KB",
-            self.too_large.len().to_string(),
-            "0",
-        );
-        row(
-            "notices on the bus not owed by a record, or owed and never published",
-            self.notice_mismatch.len().to_string(),
-            "0",
-        );
+        for (what, n) in [
+            (
+                "messages over SQS's 256 KB / records over DynamoDB's 400 KB",
+                self.too_large.len(),
+            ),
+            (
+                "notices on the bus not owed by a record, or owed and never published",
+                self.notice_mismatch.len(),
+            ),
+        ] {
+            row(what, n.to_string(), "0");
+        }
         let (sent, dup, delayed, lost_timers) = self.messaging;
         row(
             "messages sent / duplicated / delayed / timers lost",

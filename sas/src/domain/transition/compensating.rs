@@ -325,23 +325,29 @@ mod tests {
         let spent = StepOutcome::TimedOut {
             error: "spent its timeout on transient faults".into(),
         };
+        // Runs to step 1 and answers each attempt at it "spent" a step timeout after its pickup
+        // until the record is in `state`: the last answer's time and the last attempt's deadline.
+        let spend_step_1 = |r: &mut StateRecord, state: ProcessState, p: &Policies| {
+            run_to(r, 1, now, p);
+            let mut at = now;
+            let mut deadline = r.complete_by.expect("deadline");
+            while r.process_state != state {
+                if r.process_state == ProcessState::Pending {
+                    at = r.complete_by.expect("pickup");
+                    apply(r, |r| claim(r, "s", at, p));
+                }
+                deadline = r.complete_by.expect("deadline");
+                at += p.at(1).step_timeout;
+                let a = r.attempt;
+                apply(r, |r| apply_reply(r, a, 1, false, &spent, at, p));
+            }
+            (at, deadline)
+        };
 
         // A timed-out reply at the threshold: the undo waits past the attempt's deadline, not
         // past the reply.
         let mut r = fresh(now);
-        run_to(&mut r, 1, now, &p);
-        let mut at = now;
-        let mut deadline = r.complete_by.expect("deadline");
-        while r.process_state != ProcessState::Compensating {
-            if r.process_state == ProcessState::Pending {
-                at = r.complete_by.expect("pickup");
-                apply(&mut r, |r| claim(r, "s", at, &p));
-            }
-            deadline = r.complete_by.expect("deadline");
-            at += p.at(1).step_timeout;
-            let a = r.attempt;
-            apply(&mut r, |r| apply_reply(r, a, 1, false, &spent, at, &p));
-        }
+        let (at, deadline) = spend_step_1(&mut r, ProcessState::Compensating, &p);
         assert!(at < deadline, "the reply came before the deadline");
         assert_eq!(r.undo_after, Some(deadline + p.at(1).undo_wait));
 
@@ -362,19 +368,7 @@ mod tests {
             p.auto_compensate = false;
         });
         let mut r = fresh(now);
-        run_to(&mut r, 1, now, &manual);
-        let mut at = now;
-        let mut deadline = r.complete_by.expect("deadline");
-        while r.process_state != ProcessState::Error {
-            if r.process_state == ProcessState::Pending {
-                at = r.complete_by.expect("pickup");
-                apply(&mut r, |r| claim(r, "s", at, &manual));
-            }
-            deadline = r.complete_by.expect("deadline");
-            at += manual.at(1).step_timeout;
-            let a = r.attempt;
-            apply(&mut r, |r| apply_reply(r, a, 1, false, &spent, at, &manual));
-        }
+        let (at, deadline) = spend_step_1(&mut r, ProcessState::Error, &manual);
         assert_eq!(r.steps[1].sent_until, Some(deadline));
         apply(&mut r, |r| compensate(r, &ops(None), at, &manual));
         assert_eq!(r.undo_after, Some(deadline + manual.at(1).undo_wait));
@@ -393,9 +387,7 @@ mod tests {
             "reserve-funds is undone first, send-contract was refused"
         );
         assert!(t.effects.contains(&Effect::DeliverNotice));
-        apply(&mut r, |r| claim(r, "s", now, &p));
-        let a = r.attempt;
-        apply(&mut r, |r| apply_reply(r, a, 1, true, &ok(), now, &p));
+        claim_and_answer(&mut r, 1, true, &ok(), now, &p);
         assert_eq!(r.process_state, ProcessState::Compensated);
         assert_eq!(r.steps[0].undo, None, "check-credit is never undone");
         assert_eq!(r.steps[0].status, StepStatus::Done);

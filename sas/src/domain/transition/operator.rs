@@ -370,9 +370,7 @@ mod tests {
         let mut r = fresh(now);
         run_to(&mut r, 1, now, &p);
         apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
-        apply(&mut r, |r| claim(r, "s", now, &p));
-        let a = r.attempt;
-        apply(&mut r, |r| apply_reply(r, a, 0, true, &refused(), now, &p));
+        claim_and_answer(&mut r, 0, true, &refused(), now, &p);
         assert_eq!(r.process_state, ProcessState::CompensationFailed);
         assert!(r.owed().contains(&Status::CompensationFailed));
         assert_eq!(
@@ -390,9 +388,7 @@ mod tests {
             ]
         );
         assert_eq!(r.steps[0].undo_generation, 1, "a refused key is not reused");
-        apply(&mut r, |r| claim(r, "s", now, &p));
-        let a = r.attempt;
-        apply(&mut r, |r| apply_reply(r, a, 0, true, &ok(), now, &p));
+        claim_and_answer(&mut r, 0, true, &ok(), now, &p);
         assert_eq!(r.process_state, ProcessState::Compensated);
     }
 
@@ -541,9 +537,7 @@ mod tests {
                 "operator compensate from reserve-inventory (charge-payment settled by hand): payment refunded by phone"
             )
         );
-        apply(&mut r, |r| claim(r, "s", now, &p));
-        let a = r.attempt;
-        apply(&mut r, |r| apply_reply(r, a, 0, true, &ok(), now, &p));
+        claim_and_answer(&mut r, 0, true, &ok(), now, &p);
         assert_eq!(r.process_state, ProcessState::Compensated);
     }
 
@@ -569,9 +563,7 @@ mod tests {
             "the step that ran keeps the input it ran with; the retried one takes the new"
         );
         // Refused again, retried on a third input: the first step still names the first.
-        apply(&mut r, |r| claim(r, "s", now, &p));
-        let a = r.attempt;
-        apply(&mut r, |r| apply_reply(r, a, 1, false, &refused(), now, &p));
+        claim_and_answer(&mut r, 1, false, &refused(), now, &p);
         apply(&mut r, |r| retry_with_input(r, &ops(None), now, &p, 1));
         assert_eq!(
             (r.steps[0].input_revision, r.steps[1].input_revision),

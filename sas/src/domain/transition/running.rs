@@ -95,17 +95,7 @@ pub fn apply_reply(
         ) => deferred(r, &mut n, *until, misconfigured.as_deref(), now, p),
         (StepOutcome::TimedOut { error }, _) => {
             let reason = format!("{}: {error} (attempt {attempt})", subject(r));
-            let jitter = stable_jitter(r);
-            hand_back(
-                r,
-                &mut n,
-                now,
-                p,
-                jitter,
-                "timed out",
-                reason,
-                Duration::zero(),
-            )
+            timed_out(r, &mut n, now, p, stable_jitter(r), reason)
         }
         (StepOutcome::Accepted | StepOutcome::Heartbeat, true) => {
             return Err(Rejection::NotACallbackStep(i));
@@ -546,19 +536,22 @@ pub fn expire(
             due.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             r.attempt
         );
-        hand_back(
-            r,
-            &mut n,
-            now,
-            p,
-            jitter,
-            "timed out",
-            reason,
-            Duration::zero(),
-        )
+        timed_out(r, &mut n, now, p, jitter, reason)
     };
     tidy(&mut n);
     Ok(Transition::from(r, Condition::on(r, guards), n, effects))
+}
+
+/// A step (or undo) timed out: [`hand_back`] with no minimum wait.
+fn timed_out(
+    r: &StateRecord,
+    n: &mut StateRecord,
+    now: DateTime<Utc>,
+    p: &Policies,
+    jitter: f64,
+    reason: String,
+) -> Vec<Effect> {
+    hand_back(r, n, now, p, jitter, "timed out", reason, Duration::zero())
 }
 
 /// A step (or undo) that was out came to nothing (`how`: it timed out, or its service's circuit

@@ -102,6 +102,20 @@ pub(super) fn apply(
     t
 }
 
+/// Claims the record and answers its attempt at step `i` (its undo if `undo`) with `outcome`.
+pub(super) fn claim_and_answer(
+    r: &mut StateRecord,
+    i: usize,
+    undo: bool,
+    outcome: &StepOutcome,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Transition {
+    apply(r, |r| claim(r, "s", now, p));
+    let a = r.attempt;
+    apply(r, |r| apply_reply(r, a, i, undo, outcome, now, p))
+}
+
 /// Claims and answers steps until the record's current step is `upto`.
 pub(super) fn run_to(r: &mut StateRecord, upto: usize, now: DateTime<Utc>, p: &Policies) {
     apply(r, |r| claim(r, "s", now, p));

@@ -321,39 +321,44 @@ mod tests {
 
     #[test]
     fn a_duplicate_step_is_named() {
-        let p = problems(&format!(
-            "{BASE}  - {{name: a, service: inventory}}\n  - {{name: a, service: payment}}\n"
-        ));
-        assert_eq!(p[0].at, "/steps/1/name");
-        assert!(p[0].message.contains("declared twice"), "{p:?}");
+        assert_first_problem(
+            &format!(
+                "{BASE}  - {{name: a, service: inventory}}\n  - {{name: a, service: payment}}\n"
+            ),
+            "/steps/1/name",
+            "declared twice",
+        );
     }
 
     #[test]
     fn an_unknown_service_is_named() {
-        let p = problems(&format!("{BASE}  - {{name: a, service: nowhere}}\n"));
-        assert_eq!(p[0].at, "/steps/0/service");
-        assert!(
-            p[0].message.contains("unknown service \"nowhere\""),
-            "{p:?}"
+        assert_first_problem(
+            &format!("{BASE}  - {{name: a, service: nowhere}}\n"),
+            "/steps/0/service",
+            "unknown service \"nowhere\"",
         );
     }
 
     #[test]
     fn a_forward_reference_is_named() {
-        let p = problems(&format!(
-            "{BASE}  - name: a\n    service: inventory\n    input: {{x: \"$.steps['b'].result.id\"}}\n  - {{name: b, service: payment}}\n"
-        ));
-        assert_eq!(p[0].at, "/steps/0/input/x");
-        assert!(p[0].message.contains("not an earlier step"), "{p:?}");
+        assert_first_problem(
+            &format!(
+                "{BASE}  - name: a\n    service: inventory\n    input: {{x: \"$.steps['b'].result.id\"}}\n  - {{name: b, service: payment}}\n"
+            ),
+            "/steps/0/input/x",
+            "not an earlier step",
+        );
     }
 
     #[test]
     fn a_dash_without_brackets_gets_a_hint() {
-        let p = problems(&format!(
-            "{BASE}  - {{name: check-it, service: inventory}}\n  - name: b\n    service: payment\n    input: {{s: $.steps.check-it.result}}\n"
-        ));
-        assert_eq!(p[0].at, "/steps/1/input/s");
-        assert!(p[0].message.contains("$.steps['check-it'].result"), "{p:?}");
+        assert_first_problem(
+            &format!(
+                "{BASE}  - {{name: check-it, service: inventory}}\n  - name: b\n    service: payment\n    input: {{s: $.steps.check-it.result}}\n"
+            ),
+            "/steps/1/input/s",
+            "$.steps['check-it'].result",
+        );
     }
 
     #[test]

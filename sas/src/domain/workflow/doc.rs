@@ -38,46 +38,37 @@ impl Format {
 }
 
 /// A workflow as written.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkflowDoc {
     pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// Show a task's caller its steps' errors (off: only the operator API shows them).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub public_errors: bool,
     /// The JSON Schema of a task's input.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub defaults: Option<SettingsDoc>,
     pub steps: Vec<StepDoc>,
 }
 
 /// One step, as written.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StepDoc {
     pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     pub service: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undo: Option<UndoDoc>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pivot: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_within: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryDoc>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback: Option<CallbackDoc>,
 }
 

@@ -57,19 +57,17 @@ pub struct HttpTarget {
 
 /// How an HTTP service authenticates a call. The credential is read at run time from Secrets
 /// Manager (`secret`) or SSM Parameter Store (`parameter`): never written in a definition.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AuthDef {
     #[serde(rename = "type")]
     pub scheme: AuthScheme,
     /// A Secrets Manager secret id or ARN.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
     /// An SSM parameter name (read with decryption).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameter: Option<String>,
     /// The header that carries an `apiKey` (only for `apiKey`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub header: Option<String>,
 }
 

@@ -21,27 +21,22 @@ pub const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(86_400
 pub const MAX_CALLBACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 
 /// Timeout and retry, as written (for one step, or as the workflow's defaults).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SettingsDoc {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_within: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryDoc>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RetryDoc {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_threshold: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_delay: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff_rate: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_delay: Option<String>,
 }
 

@@ -27,6 +27,13 @@ pub(super) fn problems(text: &str) -> Vec<Problem> {
     workflow(text).expect_err("invalid").0
 }
 
+/// The first problem of the workflow `text` is at `pointer` and its message says `says`.
+pub(super) fn assert_first_problem(text: &str, pointer: &str, says: &str) {
+    let p = problems(text);
+    assert_eq!(p[0].at, pointer);
+    assert!(p[0].message.contains(says), "{p:?}");
+}
+
 pub(super) fn service_problems_of(target: Value) -> Vec<Problem> {
     parse_services(json!({"services": [{"name": "bank", "target": target}]}))
         .expect_err("invalid")

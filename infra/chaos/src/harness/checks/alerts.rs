@@ -43,12 +43,7 @@ pub(super) fn check_one_alert_per_failure(
     for (id, r) in &end.finals {
         let task = id.to_string();
         let n = alerts.get(&task).map_or(0, BTreeMap::len);
-        let by_hand = end
-            .operator
-            .applied
-            .get(id)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+        let by_hand = end.operator.applied_to(id);
         let want = match r {
             Some(r) => alerts_owed(outcomes.failed.contains(&task), r, by_hand),
             None => 0,

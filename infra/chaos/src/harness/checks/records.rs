@@ -91,12 +91,7 @@ pub(super) async fn check_records(
         check_invariants(id, name, r, &workflow, report);
         check_not_in_error_before_pivot(cfg, id, name, r, report);
         note_failure(id, r, &mut out, report);
-        let by_hand = end
-            .operator
-            .applied
-            .get(id)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+        let by_hand = end.operator.applied_to(id);
         check_net_effects(
             id,
             name,
