@@ -2,7 +2,7 @@
 //! answered late carries the `attempt` (fencing token) and `stepIndex` it belongs to.
 
 use crate::domain::transition::StepOutcome;
-use crate::domain::{ProcessState, StateRecord, Status, TaskId};
+use crate::domain::{NoticeKind, ProcessState, StateRecord, TaskId};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -123,7 +123,7 @@ pub struct StepReply {
     pub generation: Option<u32>,
 }
 
-/// A status message of a task: published to the event bus (detail-type `Task<Status>`, e.g.
+/// A status message of a task: published to the event bus (detail-type `Task<NoticeKind>`, e.g.
 /// `TaskFailed`, the operator alert; the detail names the workflow, so a rule can route one
 /// workflow's events) and sent to the task's reply queue if it has one.
 /// Delivery is at least once. Every notice has an `id`, `{taskId}:{sequence}:{status}`, where
@@ -131,7 +131,7 @@ pub struct StepReply {
 /// status: a redelivered notice (after a crash, a lost race or a lost response) carries the same
 /// id, so consumers deduplicate on `id`. A task's sequences grow with its transitions, so
 /// consumers may reorder one task's notices on `sequence`. The statuses of the outbox (see
-/// [`Status`]) are first published in the order they were made; the best-effort ones
+/// [`NoticeKind`]) are first published in the order they were made; the best-effort ones
 /// (`TaskReceived`, `TaskStepCompleted`, `TaskRetrying`, `TaskCancelled`) may be missing or
 /// arrive out of order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -142,7 +142,7 @@ pub struct TaskNotice {
     pub task_id: TaskId,
     pub workflow: String,
     pub workflow_version: u32,
-    pub status: Status,
+    pub status: NoticeKind,
     pub process_state: ProcessState,
     pub step: Option<String>,
     pub attempt: u64,
@@ -168,7 +168,7 @@ pub const EVENT_SOURCE: &str = "sas.tasks";
 impl TaskNotice {
     /// The notice of `status`, made by the transition that wrote version `sequence` of the
     /// record; the other fields are `r`'s (the record as it is when the notice goes out).
-    pub fn of(r: &StateRecord, status: Status, sequence: u64) -> Self {
+    pub fn of(r: &StateRecord, status: NoticeKind, sequence: u64) -> Self {
         // The action that made this version, if someone asked for it: its history line was
         // written with it (same time, same state).
         let acted = r
@@ -211,10 +211,10 @@ mod tests {
         let now = chrono::Utc::now();
         let mut r = StateRecord::new(TaskId::new_random(), &w, None, now, now);
         r.version = 5;
-        r.owe(Status::Failed);
+        r.owe(NoticeKind::Failed);
         // The task goes on compensating before the alert is delivered (its deliverer died).
         r.version = 8;
-        r.owe(Status::Compensated);
+        r.owe(NoticeKind::Compensated);
         let ids: Vec<String> = r
             .outbox
             .iter()
@@ -227,7 +227,7 @@ mod tests {
                 format!("{}:8:Compensated", r.task_id)
             ]
         );
-        let alert = TaskNotice::of(&r, Status::Failed, r.outbox[0].sequence);
+        let alert = TaskNotice::of(&r, NoticeKind::Failed, r.outbox[0].sequence);
         assert_eq!((alert.sequence, alert.detail_type()), (5, "TaskFailed"));
         let v = serde_json::to_value(&alert).expect("serializes");
         assert_eq!(v["id"], serde_json::json!(ids[0]));

@@ -308,15 +308,7 @@ async fn auth_case(
         (got, want) => prop_assert!(false, "{spec:?} named {got:?}, expected caller {want:?}"),
     }
     let before = f.system.memory.as_ref().expect("memory").0.all_states();
-    let resp = api::handle(
-        &f.system.api,
-        &identity,
-        &method,
-        &path,
-        &headers,
-        &body,
-    )
-    .await;
+    let resp = api::handle(&f.system.api, &identity, &method, &path, &headers, &body).await;
     let status = resp.status();
     prop_assert!(!status.is_server_error(), "{spec:?} {route:?}: {status}");
     let answer: Value = serde_json::from_str(resp.body())

@@ -608,8 +608,7 @@ impl System {
         };
         let factory = {
             let services = services.clone();
-            let sink: Arc<dyn sas::remote::CallbackSink> =
-                Arc::new(LocalCallbackSink(api.clone()));
+            let sink: Arc<dyn sas::remote::CallbackSink> = Arc::new(LocalCallbackSink(api.clone()));
             let delay = settings.callback_delay;
             let (clock, log) = (clock.clone(), settings.callback_log.clone());
             Arc::new(move |name: &str| {

@@ -11,7 +11,7 @@ use super::views::{Accepted, CallerTaskSummary, CallerTaskView, ListPage, TaskVi
 use crate::domain::task::MAX_INPUT_BYTES;
 use crate::domain::transition::Effect;
 use crate::domain::workflow;
-use crate::domain::{Caller, StateRecord, Status, Task, TaskId};
+use crate::domain::{Caller, NoticeKind, StateRecord, Task, TaskId};
 use crate::handlers::{progress_status, publish_status};
 use crate::messages::{SchedulerMessage, WorkMessage};
 use crate::ports::Paging;
@@ -140,7 +140,7 @@ pub(super) async fn submit(
     }
     // Crash point: the task is stored but not yet enqueued. Its pickup deadline is in the due
     // index, so the supervisor re-enqueues it if this send never happens.
-    match workflow.policies().at(0).progress(Status::Received) {
+    match workflow.policies().at(0).progress(NoticeKind::Received) {
         Effect::Publish(status) => {
             publish_status(
                 deps.ports.queue.as_ref(),
@@ -150,7 +150,7 @@ pub(super) async fn submit(
             )
             .await
         }
-        _ => progress_status(deps.ports.queue.as_ref(), &record, Status::Received).await,
+        _ => progress_status(deps.ports.queue.as_ref(), &record, NoticeKind::Received).await,
     }
     let work = SchedulerMessage::Work(WorkMessage::new(id));
     match serde_json::to_string(&work) {

@@ -23,7 +23,7 @@ pub use mapping::{Mapping, MappingError};
 pub use policy::{Policies, Policy};
 pub use problem::DefinitionError;
 pub use state::{
-    HistoryEntry, Invariant, Owed, ProcessState, StateRecord, Status, StepState, StepStatus,
+    HistoryEntry, Invariant, NoticeKind, Owed, ProcessState, StateRecord, StepState, StepStatus,
 };
 pub use task::{Task, TaskId, ValidationError};
 pub use transition::{Actor, Effect, Rejection, Transition};

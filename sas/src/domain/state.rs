@@ -256,7 +256,7 @@ impl StepState {
 /// through the record's outbox and are delivered at least once; the others are published after the write, best
 /// effort.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Status {
+pub enum NoticeKind {
     Received,
     StepCompleted,
     Processed,
@@ -275,8 +275,8 @@ pub enum Status {
     Resolved,
 }
 
-impl Status {
-    const ALL: [Status; 10] = [
+impl NoticeKind {
+    const ALL: [NoticeKind; 10] = [
         Self::Received,
         Self::StepCompleted,
         Self::Processed,
@@ -326,13 +326,13 @@ impl Status {
     }
 }
 
-impl FromStr for Status {
+impl FromStr for NoticeKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::ALL
             .into_iter()
             .find(|p| p.as_str() == s)
-            .ok_or_else(|| format!("unknown Status {s:?}"))
+            .ok_or_else(|| format!("unknown NoticeKind {s:?}"))
     }
 }
 
@@ -472,12 +472,12 @@ pub fn next_due_key(
 /// it (the first, and any after a crash or a lost race) carries the same id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Owed {
-    pub status: Status,
+    pub status: NoticeKind,
     pub sequence: u64,
 }
 
 impl Owed {
-    /// The stored form: `Status@sequence` (e.g. `Failed@7`).
+    /// The stored form: `Kind@sequence` (e.g. `Failed@7`).
     pub fn encode(&self) -> String {
         format!("{}@{}", self.status.as_str(), self.sequence)
     }
@@ -664,13 +664,13 @@ impl StateRecord {
     }
 
     /// The statuses the outbox holds, oldest first.
-    pub fn owed(&self) -> Vec<Status> {
+    pub fn owed(&self) -> Vec<NoticeKind> {
         self.outbox.iter().map(|o| o.status).collect()
     }
 
     /// Adds `status` to the outbox, made by this version of the record (call it on the record a
     /// transition writes, after its version was bumped).
-    pub fn owe(&mut self, status: Status) {
+    pub fn owe(&mut self, status: NoticeKind) {
         self.outbox.push(Owed {
             status,
             sequence: self.version,
@@ -973,7 +973,7 @@ mod tests {
     #[test]
     fn an_owed_status_round_trips_and_a_bare_one_takes_the_records_version() {
         let o = Owed {
-            status: Status::CompensationFailed,
+            status: NoticeKind::CompensationFailed,
             sequence: 12,
         };
         assert_eq!(o.encode(), "CompensationFailed@12");
@@ -981,7 +981,7 @@ mod tests {
         assert_eq!(
             Owed::decode("Failed", 7),
             Ok(Owed {
-                status: Status::Failed,
+                status: NoticeKind::Failed,
                 sequence: 7
             })
         );
@@ -1027,8 +1027,8 @@ mod tests {
         for s in StepStatus::ALL {
             assert_eq!(s.as_str().parse::<StepStatus>(), Ok(s));
         }
-        for s in Status::ALL {
-            assert_eq!(s.as_str().parse::<Status>(), Ok(s));
+        for s in NoticeKind::ALL {
+            assert_eq!(s.as_str().parse::<NoticeKind>(), Ok(s));
             assert!(s.detail_type().starts_with("Task"));
         }
         assert!("Done".parse::<ProcessState>().is_err());

@@ -8,7 +8,7 @@ pub mod supervisor;
 
 use crate::catalog::{CatalogError, Definitions};
 use crate::domain::transition::{Effect, notice_delivered};
-use crate::domain::{ProcessState, StateRecord, Status, Transition};
+use crate::domain::{NoticeKind, ProcessState, StateRecord, Transition};
 use crate::messages::{SchedulerMessage, TaskNotice, WorkMessage};
 use crate::ports::StoreError;
 use crate::ports::{Clock, DeadLetter, EventBus, PublishError, Queue, QueueError, StateStore};
@@ -314,7 +314,7 @@ async fn send_status(
     queue: &dyn Queue,
     events: &dyn EventBus,
     record: &StateRecord,
-    status: Status,
+    status: NoticeKind,
     sequence: u64,
 ) -> Result<(), HandlerError> {
     let notice = TaskNotice::of(record, status, sequence);
@@ -345,7 +345,7 @@ async fn reply_copy(queue: &dyn Queue, record: &StateRecord, detail: &serde_json
 }
 
 /// Sends a progress status to the task's reply queue only (progress events are off).
-pub(crate) async fn progress_status(queue: &dyn Queue, record: &StateRecord, status: Status) {
+pub(crate) async fn progress_status(queue: &dyn Queue, record: &StateRecord, status: NoticeKind) {
     match serde_json::to_value(TaskNotice::of(record, status, record.version)) {
         Ok(detail) => reply_copy(queue, record, &detail).await,
         Err(e) => error!(status = status.as_str(), error = %e, "status does not serialize"),
@@ -357,7 +357,7 @@ pub(crate) async fn publish_status(
     queue: &dyn Queue,
     events: &dyn EventBus,
     record: &StateRecord,
-    status: Status,
+    status: NoticeKind,
 ) {
     // Made by the write of this very version.
     if let Err(e) = send_status(queue, events, record, status, record.version).await {

@@ -3,7 +3,7 @@
 
 use super::{HandlerError, TaskPorts, deliver_notice, perform_no_step, write};
 use crate::domain::transition;
-use crate::domain::{Status, TaskId};
+use crate::domain::{NoticeKind, TaskId};
 use crate::messages::DeadlineTimer;
 use crate::ports::{DueQuery, LeaseClaim};
 use chrono::{DateTime, Utc};
@@ -278,12 +278,12 @@ async fn recover(
         "Recoveries",
         &[("Workflow", record.workflow.as_str()), ("Cause", cause)],
     );
-    let outcome = if t
-        .record
-        .outbox
-        .iter()
-        .any(|o| matches!(o.status, Status::Failed | Status::CompensationFailed))
-    {
+    let outcome = if t.record.outbox.iter().any(|o| {
+        matches!(
+            o.status,
+            NoticeKind::Failed | NoticeKind::CompensationFailed
+        )
+    }) {
         warn!(failure_count = t.record.failure_count, state = %t.record.process_state, last_error = ?t.record.last_error, "failure threshold reached");
         Recovered::Failed
     } else if t.record.failure_count != record.failure_count || t.record.round != record.round {

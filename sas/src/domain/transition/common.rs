@@ -5,7 +5,7 @@
 
 use super::super::policy::Policy;
 use super::super::state::{
-    HistoryEntry, MAX_HISTORY, ProcessState, StateRecord, Status, StepStatus,
+    HistoryEntry, MAX_HISTORY, NoticeKind, ProcessState, StateRecord, StepStatus,
 };
 use super::Condition;
 use chrono::{DateTime, Duration, Utc};
@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 impl Policy {
     /// The effect that reports a progress status: published, or (progress events off) only
     /// sent to the task's reply queue.
-    pub fn progress(&self, status: Status) -> Effect {
+    pub fn progress(&self, status: NoticeKind) -> Effect {
         if self.progress_events {
             Effect::Publish(status)
         } else {
@@ -33,10 +33,10 @@ pub enum Effect {
     /// Deliver the outbox (event bus, and the task's reply queue if it has one), then clear it.
     DeliverNotice,
     /// Publish a status that does not go through the outbox (best effort).
-    Publish(Status),
+    Publish(NoticeKind),
     /// A progress status with progress events off ([`Policy::progress_events`]): only to the
     /// task's reply queue, if it has one (best effort).
-    Progress(Status),
+    Progress(NoticeKind),
     /// Put a work message for the task on the scheduler's queue, visible after `delay`.
     Enqueue { delay: Duration },
 }
@@ -252,7 +252,7 @@ impl Actor {
 }
 
 /// Leaves the record unlocked and without a deadline in terminal state `to`, owing `notice`.
-pub(super) fn finish(n: &mut StateRecord, to: ProcessState, notice: Status) -> Vec<Effect> {
+pub(super) fn finish(n: &mut StateRecord, to: ProcessState, notice: NoticeKind) -> Vec<Effect> {
     n.process_state = to;
     n.locked_by = None;
     n.complete_by = None;
@@ -326,8 +326,8 @@ mod tests {
     fn progress_statuses_reach_the_bus_only_with_progress_events_on() {
         let now = t0();
         for (on, want) in [
-            (false, Effect::Progress(Status::StepCompleted)),
-            (true, Effect::Publish(Status::StepCompleted)),
+            (false, Effect::Progress(NoticeKind::StepCompleted)),
+            (true, Effect::Publish(NoticeKind::StepCompleted)),
         ] {
             let p = with(|p| p.progress_events = on);
             let mut r = fresh(now);

@@ -3,7 +3,9 @@
 //! ends it ([`apply_undo_reply`]).
 
 use super::super::policy::Policies;
-use super::super::state::{ProcessState, StateRecord, Status, StepState, StepStatus, to_millis};
+use super::super::state::{
+    NoticeKind, ProcessState, StateRecord, StepState, StepStatus, to_millis,
+};
 use super::common::{Effect, finish, log};
 use chrono::{DateTime, Duration, Utc};
 
@@ -49,9 +51,9 @@ pub(super) fn begin_compensation(
 /// Compensated.
 pub(super) fn compensated(n: &mut StateRecord) -> Vec<Effect> {
     if n.refusal.is_some() {
-        finish(n, ProcessState::Refused, Status::Refused)
+        finish(n, ProcessState::Refused, NoticeKind::Refused)
     } else {
-        finish(n, ProcessState::Compensated, Status::Compensated)
+        finish(n, ProcessState::Compensated, NoticeKind::Compensated)
     }
 }
 
@@ -59,7 +61,7 @@ pub(super) fn compensated(n: &mut StateRecord) -> Vec<Effect> {
 /// the alert is owed.
 pub(super) fn stop_in_error(n: &mut StateRecord, reason: String) -> Vec<Effect> {
     n.last_error = Some(reason);
-    n.owe(Status::Failed);
+    n.owe(NoticeKind::Failed);
     n.process_state = ProcessState::Error;
     n.locked_by = None;
     n.complete_by = None;
@@ -77,7 +79,7 @@ pub(super) fn fail(
     in_flight_until: Option<DateTime<Utc>>,
 ) -> Vec<Effect> {
     n.last_error = Some(reason);
-    n.owe(Status::Failed);
+    n.owe(NoticeKind::Failed);
     let mut effects = vec![Effect::DeliverNotice];
     if p.at(n.step_index).auto_compensate && !n.past_pivot() {
         effects.extend(
@@ -128,7 +130,7 @@ pub(super) fn apply_undo_reply(
             let e = finish(
                 n,
                 ProcessState::CompensationFailed,
-                Status::CompensationFailed,
+                NoticeKind::CompensationFailed,
             );
             log(n, from, Some(i), format!("undo refused: {reason}"));
             e
@@ -163,7 +165,7 @@ mod tests {
         });
         assert_eq!(t.effects, [Effect::DeliverNotice]);
         assert_eq!(r.process_state, ProcessState::Compensated);
-        assert_eq!(r.owed(), [Status::Failed, Status::Compensated]);
+        assert_eq!(r.owed(), [NoticeKind::Failed, NoticeKind::Compensated]);
     }
 
     #[test]
@@ -183,7 +185,7 @@ mod tests {
             ]
         );
         assert_eq!(r.process_state, ProcessState::Compensating);
-        assert_eq!(r.owed(), [Status::Failed]);
+        assert_eq!(r.owed(), [NoticeKind::Failed]);
         apply(&mut r, |r| notice_delivered(r, now));
         let mut undone = vec![];
         let t = apply(&mut r, |r| claim(r, "s", now, &p));
@@ -203,7 +205,7 @@ mod tests {
             r.steps[2].undo, None,
             "the refused step had no effect to undo"
         );
-        assert_eq!(r.owed(), [Status::Compensated]);
+        assert_eq!(r.owed(), [NoticeKind::Compensated]);
     }
 
     #[test]
@@ -251,8 +253,8 @@ mod tests {
             apply(&mut r, |r| apply_reply(r, a, i, true, &ok(), now, &p));
         }
         assert_eq!(r.process_state, ProcessState::Refused);
-        assert_eq!(r.owed(), [Status::Refused]);
-        assert!(!Status::Refused.is_alert());
+        assert_eq!(r.owed(), [NoticeKind::Refused]);
+        assert!(!NoticeKind::Refused.is_alert());
         let refusal = r.refusal.clone().expect("kept");
         assert_eq!(
             (refusal.step.as_str(), refusal.code.as_str()),
@@ -266,7 +268,7 @@ mod tests {
             apply_reply(r, 1, 0, false, &declined(), now, &p)
         });
         assert_eq!(first.process_state, ProcessState::Refused);
-        assert_eq!(first.owed(), [Status::Refused]);
+        assert_eq!(first.owed(), [NoticeKind::Refused]);
     }
 
     #[test]
@@ -280,7 +282,7 @@ mod tests {
             apply_reply(r, 1, 3, false, &declined(), now, &p)
         });
         assert_eq!(r.process_state, ProcessState::Error);
-        assert_eq!(r.owed(), [Status::Failed], "a person must decide");
+        assert_eq!(r.owed(), [NoticeKind::Failed], "a person must decide");
         let t = apply(&mut r, |r| retry(r, &ops(None), now, &p));
         assert!(t.record.refusal.is_none(), "a retry forgets the refusal");
     }

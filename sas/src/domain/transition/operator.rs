@@ -3,7 +3,7 @@
 //! failed step with its result.
 
 use super::super::policy::Policies;
-use super::super::state::{ProcessState, StateRecord, Status, StepStatus, to_millis};
+use super::super::state::{NoticeKind, ProcessState, StateRecord, StepStatus, to_millis};
 use super::common::{Actor, Effect, Rejection, Transition, finish, log_by, next, tidy};
 use super::compensating::begin_compensation;
 use super::{Condition, Guard};
@@ -70,7 +70,7 @@ pub fn retry(
         Condition::on(r, vec![Guard::StateIs(r.process_state)]),
         n,
         vec![
-            Effect::Publish(Status::Retrying),
+            Effect::Publish(NoticeKind::Retrying),
             Effect::Enqueue {
                 delay: Duration::zero(),
             },
@@ -158,7 +158,7 @@ pub fn cancel(
         None if actor.operator => "cancelled by the operator".to_owned(),
         None => "cancelled by the caller".to_owned(),
     });
-    let mut effects = vec![Effect::Publish(Status::Cancelled)];
+    let mut effects = vec![Effect::Publish(NoticeKind::Cancelled)];
     effects.extend(begin_compensation(
         &mut n,
         now,
@@ -198,7 +198,7 @@ pub fn resolve(
     let now = to_millis(now);
     let mut n = next(r, now);
     n.round = 0;
-    let effects = finish(&mut n, ProcessState::Resolved, Status::Resolved);
+    let effects = finish(&mut n, ProcessState::Resolved, NoticeKind::Resolved);
     log_by(
         &mut n,
         r.process_state,
@@ -249,13 +249,13 @@ pub fn skip(
         n.process_state = ProcessState::Pending;
         n.complete_by = Some(now + p.at(n.step_index).pickup_timeout);
         vec![
-            p.at(i).progress(Status::StepCompleted),
+            p.at(i).progress(NoticeKind::StepCompleted),
             Effect::Enqueue {
                 delay: Duration::zero(),
             },
         ]
     } else {
-        finish(&mut n, ProcessState::Processed, Status::Processed)
+        finish(&mut n, ProcessState::Processed, NoticeKind::Processed)
     };
     log_by(
         &mut n,
@@ -372,7 +372,7 @@ mod tests {
         apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
         claim_and_answer(&mut r, 0, true, &refused(), now, &p);
         assert_eq!(r.process_state, ProcessState::CompensationFailed);
-        assert!(r.owed().contains(&Status::CompensationFailed));
+        assert!(r.owed().contains(&NoticeKind::CompensationFailed));
         assert_eq!(
             compensate(&fresh(now), &ops(None), now, &p).err(),
             Some(Rejection::NotCompensable(ProcessState::Pending))
@@ -381,7 +381,7 @@ mod tests {
         assert_eq!(
             t.effects,
             [
-                Effect::Publish(Status::Retrying),
+                Effect::Publish(NoticeKind::Retrying),
                 Effect::Enqueue {
                     delay: Duration::zero()
                 }
@@ -444,7 +444,7 @@ mod tests {
         assert_eq!(t.effects, [Effect::DeliverNotice]);
         assert_eq!(r.process_state, ProcessState::Resolved);
         assert!(r.process_state.is_final());
-        assert_eq!(r.owed().last(), Some(&Status::Resolved));
+        assert_eq!(r.owed().last(), Some(&NoticeKind::Resolved));
         assert_eq!((r.locked_by.as_deref(), r.complete_by), (None, None));
         let h = r.history.last().expect("logged");
         assert_eq!(
@@ -487,7 +487,7 @@ mod tests {
         assert_eq!(
             t.effects,
             [
-                Effect::Progress(Status::StepCompleted),
+                Effect::Progress(NoticeKind::StepCompleted),
                 Effect::Enqueue {
                     delay: Duration::zero()
                 }
@@ -509,7 +509,7 @@ mod tests {
             skip(r, &ops(Some("shipped by hand")), now, &p, None)
         });
         assert_eq!(r.process_state, ProcessState::Processed);
-        assert_eq!(r.owed().last(), Some(&Status::Processed));
+        assert_eq!(r.owed().last(), Some(&NoticeKind::Processed));
     }
 
     #[test]
@@ -603,7 +603,7 @@ mod tests {
         assert_eq!(
             t.effects,
             [
-                Effect::Publish(Status::Cancelled),
+                Effect::Publish(NoticeKind::Cancelled),
                 Effect::Enqueue {
                     delay: deadline + wait - later
                 }
@@ -658,7 +658,7 @@ mod tests {
             ProcessState::Error,
             "auto-compensation stops at the pivot"
         );
-        assert_eq!(r.owed(), [Status::Failed]);
+        assert_eq!(r.owed(), [NoticeKind::Failed]);
         assert_eq!(
             compensate(&r, &ops(None), now, &p).err(),
             Some(Rejection::PastPivot(ProcessState::Error))

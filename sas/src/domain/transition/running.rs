@@ -4,7 +4,7 @@
 //! is delivered ([`notice_delivered`]).
 
 use super::super::policy::Policies;
-use super::super::state::{ProcessState, Refusal, StateRecord, Status, StepStatus, to_millis};
+use super::super::state::{NoticeKind, ProcessState, Refusal, StateRecord, StepStatus, to_millis};
 use super::common::{Effect, Rejection, StepOutcome, Transition, finish, log, next, tidy};
 use super::compensating::{apply_undo_reply, begin_compensation, fail, stop_in_error};
 use super::{Condition, Guard};
@@ -302,11 +302,11 @@ fn step_done(
     step.result = result.clone();
     n.step_index = i + 1;
     if n.step_index >= n.steps.len() {
-        let e = finish(n, ProcessState::Processed, Status::Processed);
+        let e = finish(n, ProcessState::Processed, NoticeKind::Processed);
         log(n, from, Some(i), "step done; every step done");
         return e;
     }
-    let progress = p.at(i).progress(Status::StepCompleted);
+    let progress = p.at(i).progress(NoticeKind::StepCompleted);
     if from != ProcessState::Processing {
         if from == ProcessState::Error {
             // The failure was the wait for this outcome: the next step starts afresh.
@@ -609,7 +609,7 @@ fn hand_back(
         let e = finish(
             n,
             ProcessState::CompensationFailed,
-            Status::CompensationFailed,
+            NoticeKind::CompensationFailed,
         );
         log(
             n,
@@ -740,7 +740,7 @@ mod tests {
                 assert_eq!(
                     t.effects,
                     [
-                        Effect::Progress(Status::StepCompleted),
+                        Effect::Progress(NoticeKind::StepCompleted),
                         Effect::SendStepRequest
                     ]
                 );
@@ -750,7 +750,7 @@ mod tests {
         }
         assert_eq!(r.process_state, ProcessState::Processed);
         assert_eq!(r.locked_by, None);
-        assert_eq!(r.owed(), [Status::Processed]);
+        assert_eq!(r.owed(), [NoticeKind::Processed]);
         assert_eq!(r.steps[1].result.as_deref(), Some("{\"id\":1}"));
         // The notice's backstop waits for the key the record already has (the pickup
         // deadline): no index write.
@@ -826,7 +826,7 @@ mod tests {
                 .as_deref()
                 .is_some_and(|e| e.starts_with("reserve-inventory"))
         );
-        assert_eq!(r.owed(), [Status::Failed]);
+        assert_eq!(r.owed(), [NoticeKind::Failed]);
     }
 
     #[test]
@@ -1090,7 +1090,7 @@ mod tests {
             "stopped for an operator, not compensated although compensation is automatic: {r:?}"
         );
         assert!(
-            r.outbox.iter().any(|o| o.status == Status::Failed),
+            r.outbox.iter().any(|o| o.status == NoticeKind::Failed),
             "the alert is owed: {r:?}"
         );
         assert!(

@@ -5,7 +5,7 @@
 use crate::failpoints::Recorder;
 use crate::harness::report::Report;
 use crate::operator::Applied;
-use sas::{ProcessState, StateRecord, Status, TaskId};
+use sas::{NoticeKind, ProcessState, StateRecord, TaskId};
 use std::collections::{BTreeSet, HashMap};
 
 /// Every notice on the bus is one a record owed (same id), and every owed one went out.
@@ -16,12 +16,12 @@ pub(super) fn check_notices_owed_and_published(
 ) {
     // Every notice on the bus is one a record owed (same id), and every owed one went out.
     for status in [
-        Status::Processed,
-        Status::Failed,
-        Status::Compensated,
-        Status::CompensationFailed,
-        Status::Refused,
-        Status::Resolved,
+        NoticeKind::Processed,
+        NoticeKind::Failed,
+        NoticeKind::Compensated,
+        NoticeKind::CompensationFailed,
+        NoticeKind::Refused,
+        NoticeKind::Resolved,
     ] {
         let published = recorder.notices(status.detail_type());
         let owed = recorder.owed(status.as_str());
