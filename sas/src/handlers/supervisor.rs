@@ -108,10 +108,13 @@ enum Recovered {
 /// safe as running them one by one.
 pub async fn sweep(deps: &SupervisorDeps) -> Result<SweepReport, HandlerError> {
     let now = deps.ports.clock.now();
-    let stop_at = now + deps.sweep.budget;
-    let permits = tokio::sync::Semaphore::new(deps.sweep.concurrency.max(1));
-    let shards = (0..deps.ports.store.due_shards())
-        .map(|shard| sweep_shard(deps, shard, now, stop_at, &permits));
+    let sweep = Sweep {
+        deps,
+        now,
+        stop_at: now + deps.sweep.budget,
+        permits: tokio::sync::Semaphore::new(deps.sweep.concurrency.max(1)),
+    };
+    let shards = (0..deps.ports.store.due_shards()).map(|shard| sweep_shard(&sweep, shard));
     let mut report = SweepReport::default();
     let mut failure = None;
     for result in futures::future::join_all(shards).await {
@@ -134,14 +137,18 @@ pub async fn sweep(deps: &SupervisorDeps) -> Result<SweepReport, HandlerError> {
     Ok(report)
 }
 
-/// One shard of a sweep, under its lease.
-async fn sweep_shard(
-    deps: &SupervisorDeps,
-    shard: u32,
+/// One sweep's frame, shared by its shards: what is due at `now` is recovered until `stop_at`,
+/// at most `permits` recoveries at once.
+struct Sweep<'a> {
+    deps: &'a SupervisorDeps,
     now: DateTime<Utc>,
     stop_at: DateTime<Utc>,
-    permits: &tokio::sync::Semaphore,
-) -> Result<SweepReport, HandlerError> {
+    permits: tokio::sync::Semaphore,
+}
+
+/// One shard of a sweep, under its lease.
+async fn sweep_shard(sweep: &Sweep<'_>, shard: u32) -> Result<SweepReport, HandlerError> {
+    let Sweep { deps, now, .. } = *sweep;
     let lease = format!("sweep#{shard}");
     if !deps
         .ports
@@ -160,7 +167,7 @@ async fn sweep_shard(
             ..SweepReport::default()
         });
     }
-    let drained = drain_shard(deps, shard, now, stop_at, permits).await;
+    let drained = drain_shard(sweep, shard).await;
     // Crash point: a supervisor that dies before this keeps the shard until the lease
     // expires; then another takes it over.
     let released = deps
@@ -173,14 +180,15 @@ async fn sweep_shard(
     Ok(report)
 }
 
-/// Pages through one shard's records due at `now`, recovering each page concurrently.
-async fn drain_shard(
-    deps: &SupervisorDeps,
-    shard: u32,
-    now: DateTime<Utc>,
-    stop_at: DateTime<Utc>,
-    permits: &tokio::sync::Semaphore,
-) -> Result<SweepReport, HandlerError> {
+/// Pages through one shard's records due at the sweep's `now`, recovering each page
+/// concurrently.
+async fn drain_shard(sweep: &Sweep<'_>, shard: u32) -> Result<SweepReport, HandlerError> {
+    let Sweep {
+        deps,
+        now,
+        stop_at,
+        ref permits,
+    } = *sweep;
     let page_size = deps.sweep.page_size.max(1);
     let mut report = SweepReport::default();
     let mut after = None;

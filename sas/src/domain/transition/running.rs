@@ -151,10 +151,7 @@ fn answers(r: &StateRecord, attempt: u64, step_index: usize, undo: bool) -> Resu
         });
     }
     if r.step_index != step_index {
-        return Err(Rejection::WrongStep {
-            record: r.step_index,
-            message: step_index,
-        });
+        return Err(wrong_step(r, step_index));
     }
     Ok(())
 }
@@ -391,10 +388,7 @@ pub fn apply_callback(
         .get(step_index)
         .filter(|_| r.step_index == step_index)
     else {
-        return Err(Rejection::WrongStep {
-            record: r.step_index,
-            message: step_index,
-        });
+        return Err(wrong_step(r, step_index));
     };
     if step.generation != generation {
         return Err(Rejection::StaleGeneration {
@@ -704,6 +698,14 @@ pub fn notice_delivered(r: &StateRecord, now: DateTime<Utc>) -> Result<Transitio
         n,
         vec![],
     ))
+}
+
+/// The rejection of a message about step `step_index` while the record is at another.
+fn wrong_step(r: &StateRecord, step_index: usize) -> Rejection {
+    Rejection::WrongStep {
+        record: r.step_index,
+        message: step_index,
+    }
 }
 
 #[cfg(test)]
