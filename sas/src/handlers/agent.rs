@@ -85,6 +85,9 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
         )
     });
     let mut retry = 0u32;
+    // The last misconfigured answer of this attempt: a call that then times out at the
+    // give-up time does not turn the attempt into silence (a timeout for the supervisor).
+    let mut misconfigured: Option<String> = None;
     let started = std::time::Instant::now();
     let observe = |calls: u32| {
         deps.metrics.emit(
@@ -173,9 +176,12 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                     .to_std()
                     .unwrap_or_default();
                 retry += 1;
+                if matches!(fault, RemoteFault::Misconfigured(_)) {
+                    misconfigured = Some(cap(&fault.to_string(), MAX_TEXT_BYTES));
+                }
                 let until = deps.clock.now() + chrono::Duration::from_std(wait).unwrap_or_default();
                 if until >= give_up_at {
-                    if let RemoteFault::Misconfigured(error) = &fault {
+                    if let Some(error) = misconfigured.take() {
                         // Never a refusal. Had the whole service been misconfigured, its
                         // breaker (counting distinct tasks) would have opened and deferred
                         // the step; it stayed closed, so maybe only this task's request is
@@ -184,7 +190,7 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                         error!(%error, retries = retry, "service misconfigured for this step and no time left; the attempt failed");
                         StepOutcome::Deferred {
                             until,
-                            misconfigured: Some(cap(&fault.to_string(), MAX_TEXT_BYTES)),
+                            misconfigured: Some(error),
                         }
                     } else if give_up_at < request.complete_by {
                         // The step's own timeout ran out before its deadline (the deadline
