@@ -1198,6 +1198,19 @@ mod tests {
         );
     }
 
+    /// A loan whose callback step (2) its service accepted, then handed back when its wait
+    /// timed out at `due`.
+    fn callback_wait_timed_out(now: DateTime<Utc>, p: &Policies) -> (StateRecord, DateTime<Utc>) {
+        let mut r = loan(now);
+        run_to(&mut r, 2, now, p);
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &StepOutcome::Accepted, now, p)
+        });
+        let due = r.complete_by.expect("deadline");
+        apply(&mut r, |r| expire(r, due, p, 0.5));
+        (r, due)
+    }
+
     #[test]
     fn a_silent_callback_step_times_out_goes_out_again_and_keeps_its_token() {
         let p = callback_policies();
@@ -1281,13 +1294,7 @@ mod tests {
         };
         // Handed back (its callback wait timed out): the first acceptance's callback completes
         // the step, and the next step is enqueued for a claim.
-        let mut r = loan(now);
-        run_to(&mut r, 2, now, &p);
-        apply(&mut r, |r| {
-            apply_reply(r, 1, 2, false, &StepOutcome::Accepted, now, &p)
-        });
-        let due = r.complete_by.expect("deadline");
-        apply(&mut r, |r| expire(r, due, &p, 0.5));
+        let (mut r, due) = callback_wait_timed_out(now, &p);
         assert_eq!(r.process_state, ProcessState::Pending);
         let t = apply(&mut r, |r| apply_callback(r, 2, 0, &done, due, &p));
         assert_eq!(r.steps[2].status, StepStatus::Done);
@@ -1303,13 +1310,7 @@ mod tests {
         // Sent again under a new attempt (the service answers the repeated key with its first
         // acceptance and will not call back again): the first callback completes it, and the
         // new attempt's late acceptance is stale.
-        let mut r = loan(now);
-        run_to(&mut r, 2, now, &p);
-        apply(&mut r, |r| {
-            apply_reply(r, 1, 2, false, &StepOutcome::Accepted, now, &p)
-        });
-        let due = r.complete_by.expect("deadline");
-        apply(&mut r, |r| expire(r, due, &p, 0.5));
+        let (mut r, _) = callback_wait_timed_out(now, &p);
         let later = r.complete_by.expect("pickup");
         apply(&mut r, |r| claim(r, "s", later, &p));
         assert_eq!((r.attempt, r.steps[2].status), (2, StepStatus::Running));
