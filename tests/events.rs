@@ -393,8 +393,14 @@ async fn seed_task(system: &System, seed: &Seed) {
         CreateOutcome::Created
     );
     if let SeedState::Claimed = seed.state {
-        let t = transition::claim(&record, &system.scheduler.instance_id, now, &policies)
-            .expect("a Pending record can be claimed");
+        let t = transition::claim(
+            &record,
+            &system.scheduler.instance_id,
+            now,
+            &policies,
+            &transition::Linear,
+        )
+        .expect("a Pending record can be claimed");
         system
             .store
             .put(&t.record, &t.condition)
@@ -859,8 +865,8 @@ async fn check_message(system: &System, name: &str, body: &str, subject: &Subjec
                 q.reply_queue_url, system.resources.reply_queue_url,
                 "replyQueueUrl"
             );
-            let context =
-                scheduler::mapping_context(&task, &r, r.step_index).expect("the step's input");
+            let context = sas::domain::context::context(&w, &task, &r, r.step_index)
+                .expect("the step's input");
             assert_eq!(
                 Some(q.input.clone()),
                 step.input

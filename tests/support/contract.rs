@@ -224,8 +224,8 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
         store.get_state(o.id).await.expect("read"),
         Some(e.record.clone())
     );
-    let c = transition::claim(&e.record, "s1", due, p).expect("claim");
-    let rival = transition::claim(&e.record, "s2", due, p).expect("claim");
+    let c = transition::claim(&e.record, "s1", due, p, &transition::Linear).expect("claim");
+    let rival = transition::claim(&e.record, "s2", due, p, &transition::Linear).expect("claim");
     store
         .put_as(Guarded::new(&c.record, &c.condition), 8)
         .await
@@ -236,7 +236,7 @@ async fn ambiguous_writes_read_back(store: &dyn StateStore) {
         .expect("the claim's retry reads back as applied");
     // Another writer making the very same claim from the same version (the same record, byte
     // for byte) is another request: it lost the race, however alike the records.
-    let twin = transition::claim(&e.record, "s1", due, p).expect("claim");
+    let twin = transition::claim(&e.record, "s1", due, p, &transition::Linear).expect("claim");
     assert_eq!(twin, c, "the same transition");
     assert!(
         is_condition_failed(
@@ -568,7 +568,7 @@ async fn failed_record(
     let o = task_of(workflow, at);
     let r = record(&o, at, Span::seconds(60));
     store.create(NewTask::new(&o, &r)).await.expect("create");
-    let c = transition::claim(&r, "s", at, p).expect("claim");
+    let c = transition::claim(&r, "s", at, p, &transition::Linear).expect("claim");
     store
         .put(&c.record, &c.condition)
         .await
@@ -576,7 +576,8 @@ async fn failed_record(
     let refused = StepOutcome::Failed {
         error: "refused".into(),
     };
-    let f = transition::apply_reply(&c.record, 1, 0, false, &refused, at, p).expect("fail");
+    let f = transition::apply_reply(&c.record, 1, 0, false, &refused, at, p, &transition::Linear)
+        .expect("fail");
     store
         .put(&f.record, &f.condition)
         .await
@@ -786,7 +787,7 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
     let r = record(&o, now, Span::seconds(60));
     store.create(NewTask::new(&o, &r)).await.expect("create");
 
-    let claim = transition::claim(&r, "s-1", now, &p).expect("claim");
+    let claim = transition::claim(&r, "s-1", now, &p, &transition::Linear).expect("claim");
     store
         .put_as(Guarded::new(&claim.record, &claim.condition), 1)
         .await
@@ -794,7 +795,8 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
     store.put_as(Guarded::new(&claim.record, &claim.condition), 1).await.expect(
         "the same request twice: the record already is that claim (a retry after a lost response)",
     );
-    let rival = transition::claim(&r, "s-2", now, &p).expect("claim from the stale read");
+    let rival = transition::claim(&r, "s-2", now, &p, &transition::Linear)
+        .expect("claim from the stale read");
     assert!(is_condition_failed(
         store.put(&rival.record, &rival.condition).await
     ));
@@ -805,8 +807,17 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
 
     // A reply for a wrong attempt is rejected by the domain; a write whose guard names the
     // wrong attempt is rejected by the store even at the right version.
-    let reply = transition::apply_reply(&claimed, 1, 0, false, &StepOutcome::succeeded(), now, &p)
-        .expect("reply applies");
+    let reply = transition::apply_reply(
+        &claimed,
+        1,
+        0,
+        false,
+        &StepOutcome::succeeded(),
+        now,
+        &p,
+        &transition::Linear,
+    )
+    .expect("reply applies");
     let mut forged = reply.condition.clone();
     if let sas::Condition::Matches { guards, .. } = &mut forged {
         guards.push(sas::Guard::AttemptIs(7));
@@ -826,8 +837,17 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
         is_condition_failed(store.put(&reply.record, &reply.condition).await),
         "a write from a stale read must fail on the version alone"
     );
-    let reply = transition::apply_reply(&bumped, 1, 0, false, &StepOutcome::succeeded(), now, &p)
-        .expect("reply applies to the fresh read");
+    let reply = transition::apply_reply(
+        &bumped,
+        1,
+        0,
+        false,
+        &StepOutcome::succeeded(),
+        now,
+        &p,
+        &transition::Linear,
+    )
+    .expect("reply applies to the fresh read");
     store
         .put(&reply.record, &reply.condition)
         .await
@@ -852,7 +872,7 @@ async fn conditional_puts_keep_their_guards(store: &dyn StateStore) {
     assert_eq!(back.failure_count, 1);
 
     let missing = record(&task(now), now, Span::seconds(1));
-    let c = transition::claim(&missing, "s", now, &p).expect("claim");
+    let c = transition::claim(&missing, "s", now, &p, &transition::Linear).expect("claim");
     assert!(is_condition_failed(
         store.put(&c.record, &c.condition).await
     ));
@@ -879,7 +899,8 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
     let o = task(now);
     let mut done = record(&o, now - Span::hours(1), Span::seconds(0));
     store.create(NewTask::new(&o, &done)).await.expect("create");
-    let c = transition::claim(&done, "s", now - Span::hours(1), &p).expect("claim");
+    let c = transition::claim(&done, "s", now - Span::hours(1), &p, &transition::Linear)
+        .expect("claim");
     store.put(&c.record, &c.condition).await.expect("claim");
     let f = transition::apply_reply(
         &c.record,
@@ -889,6 +910,7 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
         &StepOutcome::Failed { error: "no".into() },
         now - Span::hours(1),
         &p,
+        &transition::Linear,
     )
     .expect("fail");
     store
@@ -1002,7 +1024,13 @@ async fn racing_claims_have_one_winner(store: Arc<dyn StateStore>) {
         let (store, p) = (store.clone(), p.clone());
         tasks.push(tokio::spawn(async move {
             let current = store.get_state(o.id).await.expect("read").expect("exists");
-            let Ok(t) = transition::claim(&current, &format!("s-{i}"), Utc::now(), &p) else {
+            let Ok(t) = transition::claim(
+                &current,
+                &format!("s-{i}"),
+                Utc::now(),
+                &p,
+                &transition::Linear,
+            ) else {
                 return false;
             };
             match store.put(&t.record, &t.condition).await {

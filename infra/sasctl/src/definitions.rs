@@ -273,21 +273,19 @@ pub fn check(files: &[SourceFile]) -> Validation {
     let known: BTreeSet<String> = declared.keys().cloned().collect();
     let policy = Policy::default();
     for (index, doc, value, mut problems) in pending_workflows {
-        for (i, step) in doc.steps.iter().enumerate() {
-            if !known.contains(&step.service) {
+        for (at, service) in doc.services_used() {
+            if !known.contains(service) {
                 let message = if known.is_empty() {
                     format!(
-                        "unknown service {:?}: none of the files declares services (give the services file too)",
-                        step.service
+                        "unknown service {service:?}: none of the files declares services (give the services file too)"
                     )
                 } else {
                     format!(
-                        "unknown service {:?}: no file declares it (declared: {})",
-                        step.service,
+                        "unknown service {service:?}: no file declares it (declared: {})",
                         known.iter().cloned().collect::<Vec<_>>().join(", ")
                     )
                 };
-                problems.push(problem(format!("/steps/{i}/service"), message));
+                problems.push(problem(at, message));
             }
         }
         // Services were checked above, against the files.

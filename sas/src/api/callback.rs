@@ -139,11 +139,18 @@ pub async fn callback(deps: &ApiDeps, id: &str, token: &str, body: &[u8]) -> Ans
         .await
         .map_err(ApiError::unavailable)?;
     // The scheduler applies the callback under this same rule, to the record as it then is;
-    // here it only picks the answer.
-    let (now, p) = (deps.ports.clock.now(), workflow.policies());
+    // here it only picks the answer. Whether it applies does not depend on the conditions in
+    // front of the next step: those the scheduler decides.
+    let (now, p, linear) = (
+        deps.ports.clock.now(),
+        workflow.policies(),
+        transition::Linear,
+    );
     let applies = match generation {
-        Some(g) => transition::apply_callback(&record, step_index, g, &outcome, now, &p),
-        None => transition::apply_reply(&record, attempt, step_index, false, &outcome, now, &p),
+        Some(g) => transition::apply_callback(&record, step_index, g, &outcome, now, &p, &linear),
+        None => transition::apply_reply(
+            &record, attempt, step_index, false, &outcome, now, &p, &linear,
+        ),
     };
     let name = record
         .steps

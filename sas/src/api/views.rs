@@ -352,14 +352,15 @@ impl TaskView {
             .enumerate()
             .map(|(i, st)| {
                 let mut v = StepView::of(st);
-                if let Some(step) = workflow.and_then(|w| w.step(i)) {
+                if let Some((w, step)) = workflow.and_then(|w| Some((w, w.step(i)?))) {
                     // The input this step ran with (or will run with): the view shows what its
                     // request and its undo's were built from.
-                    let context = crate::handlers::scheduler::mapping_context(task, r, i)
-                        .unwrap_or(Value::Null);
+                    let context =
+                        crate::domain::context::context(w, task, r, i).unwrap_or(Value::Null);
                     v.service = Some(step.service.clone());
                     v.action = Some(step.action.clone());
-                    let reached = i <= r.step_index || st.status != StepStatus::Pending;
+                    let reached = st.status != StepStatus::Skipped
+                        && (i <= r.step_index || st.status != StepStatus::Pending);
                     if reached {
                         v.input = Some(shown(
                             step.input

@@ -10,11 +10,53 @@ use super::problem::Problem;
 use jsonpath_rust::parser::model::{JpQuery, Segment, Selector};
 use serde_json::{Map, Value};
 
-/// What a mapping may refer to: the steps before the one being mapped, and (for an undo) the
-/// step itself.
+/// What a mapping (or a condition) may refer to: the steps certainly done before the one being
+/// mapped, (for an undo) the step itself, and (in a forEach step) the element.
+#[derive(Default)]
 pub struct MappingScope<'a> {
+    /// The steps certainly done before this point: their results are there.
     pub steps: &'a [String],
+    /// For an undo: the step it undoes.
     pub own: Option<&'a str>,
+    /// Steps that may or may not be done here (a condition may have skipped them, or another
+    /// case of a choice ran), each with the reason: a mapping cannot read them, a condition may
+    /// test them with `has(...)`.
+    pub maybe: &'a [(String, String)],
+    /// Steps of the workflow that cannot be read here at all, each with the reason (in a
+    /// sibling branch, in a forEach...).
+    pub elsewhere: &'a [(String, String)],
+    /// In a forEach step's mappings: `$.element` and `$.index` are the element and its index.
+    pub element: bool,
+}
+
+impl MappingScope<'_> {
+    /// Whether `step` may have run before this point (a condition may test it).
+    pub fn may_have_run(&self, step: &str) -> bool {
+        self.readable(step).is_ok() || self.maybe.iter().any(|(s, _)| s == step)
+    }
+
+    /// Whether `step`'s result may be read here; else why not.
+    pub fn readable(&self, step: &str) -> Result<(), String> {
+        if self.steps.iter().any(|s| s == step) || self.own == Some(step) {
+            return Ok(());
+        }
+        if let Some((_, why)) = self
+            .maybe
+            .iter()
+            .chain(self.elsewhere)
+            .find(|(s, _)| s == step)
+        {
+            return Err(format!("refers to {step:?}, {why}"));
+        }
+        Err(format!(
+            "refers to {step:?}, which is not an earlier step{}",
+            if self.steps.is_empty() {
+                String::new()
+            } else {
+                format!(" (earlier: {})", self.steps.join(", "))
+            }
+        ))
+    }
 }
 
 /// A compiled mapping.
@@ -193,18 +235,14 @@ impl Mapping {
             [Some("task"), ..] => Err(format!(
                 "{source:?}: a task has only id, workflow and version"
             )),
+            [Some("element"), ..] | [Some("index")] if scope.element => Ok(query),
+            [Some("element" | "index"), ..] => Err(format!(
+                "{source:?}: only a forEach step's mappings have an element and its index"
+            )),
             [Some("steps"), Some(step), rest @ ..] => {
-                let known = scope.steps.iter().any(|s| s == step) || scope.own == Some(*step);
-                if !known {
-                    return Err(format!(
-                        "{source:?} refers to {step:?}, which is not an earlier step{}",
-                        if scope.steps.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" (earlier: {})", scope.steps.join(", "))
-                        }
-                    ));
-                }
+                scope
+                    .readable(step)
+                    .map_err(|why| format!("{source:?} {why}"))?;
                 match rest {
                     [] | [Some("result"), ..] => Ok(query),
                     _ => Err(format!(
@@ -307,7 +345,16 @@ mod tests {
     fn compile(v: Value, steps: &[&str], own: Option<&str>) -> Result<Mapping, Vec<Problem>> {
         let steps: Vec<String> = steps.iter().map(|s| (*s).to_owned()).collect();
         let mut problems = vec![];
-        let m = Mapping::compile(v, &MappingScope { steps: &steps, own }, "", &mut problems);
+        let m = Mapping::compile(
+            v,
+            &MappingScope {
+                steps: &steps,
+                own,
+                ..Default::default()
+            },
+            "",
+            &mut problems,
+        );
         if problems.is_empty() {
             Ok(m)
         } else {

@@ -4,6 +4,7 @@ pub mod backoff;
 pub mod breaker;
 pub mod caller;
 pub mod condition;
+pub mod context;
 pub mod mapping;
 pub mod policy;
 pub mod problem;
@@ -13,6 +14,7 @@ pub mod task;
 pub mod task_id;
 pub mod transition;
 pub mod validation;
+pub mod when;
 pub mod workflow;
 
 pub use backoff::Backoff;

@@ -122,10 +122,13 @@ pub enum StepStatus {
     /// A callback step: the service accepted the request and completes the step later through
     /// the task API's callback (or the step times out).
     Waiting,
+    /// Not run: its `when` (or its group's) did not hold, or it is in a case of a choice that
+    /// did not run. Never called, never undone.
+    Skipped,
 }
 
 impl StepStatus {
-    const ALL: [StepStatus; 8] = [
+    const ALL: [StepStatus; 9] = [
         Self::Pending,
         Self::Running,
         Self::Done,
@@ -134,7 +137,13 @@ impl StepStatus {
         Self::Cancelled,
         Self::Faulted,
         Self::Waiting,
+        Self::Skipped,
     ];
+
+    /// Done, or decided not to run: nothing more happens to the step going forward.
+    pub fn is_passed(self) -> bool {
+        matches!(self, Self::Done | Self::Skipped)
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -146,6 +155,7 @@ impl StepStatus {
             Self::Cancelled => "Cancelled",
             Self::Faulted => "Faulted",
             Self::Waiting => "Waiting",
+            Self::Skipped => "Skipped",
         }
     }
 }
@@ -403,6 +413,9 @@ pub struct StateRecord {
     /// step being undone.
     pub step_index: usize,
     pub steps: Vec<StepState>,
+    /// The groups decided so far (choices and parallel branches), in the order reached.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<Decision>,
     pub last_error: Option<String>,
     /// The refusal that ended (or is ending) the task: the service's business outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -507,6 +520,21 @@ pub struct Refusal {
     pub step: String,
     pub code: String,
     pub message: String,
+}
+
+/// What a group of the workflow became on a task, decided once when the task reached it: the
+/// arm of a choice that ran, or that the group was skipped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    pub group: String,
+    /// The arm that runs: a choice's case (its `otherwise` is the last arm). `None`: a choice
+    /// none of whose cases held (and without `otherwise`), or parallel branches (all run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arm: Option<usize>,
+    /// The group did not run: its `when` did not hold, or a group around it did not run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skipped: bool,
 }
 
 /// The token with which a callback step's service completes it. It names the step and its
@@ -635,6 +663,7 @@ impl StateRecord {
                 .iter()
                 .map(|s| StepState::new(&s.name, s.undo.is_some()))
                 .collect(),
+            decisions: vec![],
             last_error: None,
             refusal: None,
             undo_after: None,
@@ -809,6 +838,13 @@ impl StateRecord {
         if self
             .steps
             .iter()
+            .any(|s| s.status == S::Skipped && (s.sent || s.undo.is_some() || s.result.is_some()))
+        {
+            return bad("a Skipped step that was sent, undone or has a result".into());
+        }
+        if self
+            .steps
+            .iter()
             .any(|s| s.waiting_until.is_some() != (s.status == S::Waiting))
         {
             return bad("a step waits for its callback iff it is Waiting".into());
@@ -838,12 +874,12 @@ impl StateRecord {
             }
             let done_before = self.steps[..self.step_index.min(n)]
                 .iter()
-                .all(|s| s.status == S::Done);
+                .all(|s| s.status.is_passed());
             let untouched_after = self.steps[(self.step_index + 1).min(n)..]
                 .iter()
-                .all(|s| s.status == S::Pending && !s.sent);
+                .all(|s| matches!(s.status, S::Pending | S::Skipped) && !s.sent);
             if !done_before {
-                return bad("a step before the current one is not Done".into());
+                return bad("a step before the current one is not Done or Skipped".into());
             }
             if !untouched_after {
                 return bad("a step after the current one has started".into());
@@ -878,8 +914,8 @@ impl StateRecord {
                 }
             }
             P::Processed => {
-                if self.step_index != n || self.steps.iter().any(|s| s.status != S::Done) {
-                    return bad("Processed with a step not Done".into());
+                if self.step_index != n || self.steps.iter().any(|s| !s.status.is_passed()) {
+                    return bad("Processed with a step neither Done nor Skipped".into());
                 }
             }
             P::Error => {

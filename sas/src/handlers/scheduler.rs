@@ -114,7 +114,17 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         return Ok(());
     }
     let (task, record, workflow) = load(deps, w.task_id).await?;
-    let t = match transition::claim(&record, &deps.instance_id, now, &workflow.policies()) {
+    let router = transition::TaskRouter {
+        workflow: &workflow,
+        task: &task,
+    };
+    let t = match transition::claim(
+        &record,
+        &deps.instance_id,
+        now,
+        &workflow.policies(),
+        &router,
+    ) {
         Ok(t) => t,
         Err(transition::Rejection::TooEarly { until }) => {
             // An undo whose step may still be in flight: the message came early (a stray, or
@@ -188,6 +198,10 @@ async fn apply_one(deps: &SchedulerDeps, r: &StepReply) -> Result<Applied, Handl
         )));
     }
     let outcome = keepable(&record, &r.outcome);
+    let router = transition::TaskRouter {
+        workflow: &workflow,
+        task: &task,
+    };
     let applied = match r.generation {
         Some(generation) => transition::apply_callback(
             &record,
@@ -196,6 +210,7 @@ async fn apply_one(deps: &SchedulerDeps, r: &StepReply) -> Result<Applied, Handl
             &outcome,
             deps.ports.clock.now(),
             &workflow.policies(),
+            &router,
         ),
         None => transition::apply_reply(
             &record,
@@ -205,6 +220,7 @@ async fn apply_one(deps: &SchedulerDeps, r: &StepReply) -> Result<Applied, Handl
             &outcome,
             deps.ports.clock.now(),
             &workflow.policies(),
+            &router,
         ),
     };
     let t = match applied {
@@ -286,19 +302,6 @@ async fn run(
     .await
 }
 
-/// The context the input mappings of step `i` (and of its undo) read: `{task: {id, workflow,
-/// version}, input, steps}`, where `input` is the task's input the step ran with (see
-/// [`crate::domain::state::StepState::input_revision`]). `None` if the task no longer has that
-/// input (a broken invariant).
-pub fn mapping_context(task: &Task, record: &StateRecord, i: usize) -> Option<serde_json::Value> {
-    let revision = record.steps.get(i).and_then(|s| s.input_revision);
-    Some(serde_json::json!({
-        "task": {"id": task.id, "workflow": task.workflow, "version": task.workflow_version},
-        "input": task.input_of(revision)?,
-        "steps": record.results(),
-    }))
-}
-
 /// Sends the request for the record's current step, or for its undo while Compensating. Its
 /// body is built by the step's (or undo's) input mapping; a mapping that selects nothing, or
 /// builds a body over the size limit, means the request can never be sent: the scheduler
@@ -338,7 +341,7 @@ async fn send_step_request(
         }
         (_, false) => (step.action.clone(), forward_key, &step.input, None),
     };
-    let context = mapping_context(task, record, i).ok_or_else(|| {
+    let context = crate::domain::context::context(workflow, task, record, i).ok_or_else(|| {
         HandlerError::Poison(format!(
             "the input step {} ran with (revision {:?}) is not kept",
             step.name, state.input_revision

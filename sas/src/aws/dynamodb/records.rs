@@ -259,6 +259,12 @@ pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
     if let Some(t) = r.undo_after {
         item.insert("UndoAfter".to_owned(), ms(t));
     }
+    // Small and read only with the record: its JSON text (absent while nothing is decided).
+    if !r.decisions.is_empty()
+        && let Ok(json) = serde_json::to_string(&r.decisions)
+    {
+        item.insert("Decisions".to_owned(), s(json));
+    }
     if r.deferrals > 0 {
         item.insert("Deferrals".to_owned(), n(r.deferrals));
     }
@@ -429,6 +435,11 @@ pub(super) fn record_of(
         attempt: get_n(item, "Attempt")?,
         step_index: get_n(item, "StepIndex")?,
         steps,
+        decisions: match opt_s(item, "Decisions") {
+            Some(json) => serde_json::from_str(&json)
+                .map_err(|e| corrupt(format!("Decisions is not a list of decisions: {e}")))?,
+            None => vec![],
+        },
         last_error: opt_s(item, "LastError"),
         refusal: match item.get("Refusal") {
             Some(AttributeValue::M(m)) => Some(crate::domain::state::Refusal {

@@ -283,18 +283,22 @@ mod tests {
         // Claimed and answered within a few seconds: every deadline is a little later than the
         // key, which stays (no index write).
         let mut at = t0 + Duration::seconds(1);
-        apply(&mut r, |r| claim(r, "s-1", at, &p));
+        apply(&mut r, |r| claim(r, "s-1", at, &p, &Linear));
         assert_eq!(r.due_key, Some(key));
         for i in 0..2 {
             at += Duration::seconds(2);
-            apply(&mut r, |r| apply_reply(r, 1, i, false, &ok(), at, &p));
+            apply(&mut r, |r| {
+                apply_reply(r, 1, i, false, &ok(), at, &p, &Linear)
+            });
             assert_eq!(r.due_key, Some(key), "after step {i}");
             assert!(r.due_key <= r.due_at());
         }
         // The last step: the notice's writer delivers it; the sweep's backstop waits for the
         // key, which is within `notice_backstop` of the write: the key stays.
         at += Duration::seconds(2);
-        apply(&mut r, |r| apply_reply(r, 1, 2, false, &ok(), at, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &ok(), at, &p, &Linear)
+        });
         assert_eq!(r.due_key, Some(key));
         assert_eq!(r.due_at(), Some(key));
         let t = notice_delivered(&r, at).expect("owed");
@@ -318,7 +322,7 @@ mod tests {
         // A slow task: a deadline more than the slack past the key moves it.
         let mut r = fresh(t0);
         let late = t0 + Duration::seconds(100);
-        apply(&mut r, |r| claim(r, "s-1", late, &p));
+        apply(&mut r, |r| claim(r, "s-1", late, &p, &Linear));
         assert_eq!(r.due_key, Some(late + Duration::seconds(10)));
     }
 
@@ -331,8 +335,10 @@ mod tests {
         ] {
             let p = with(|p| p.progress_events = on);
             let mut r = fresh(now);
-            apply(&mut r, |r| claim(r, "s-1", now, &p));
-            let t = apply(&mut r, |r| apply_reply(r, 1, 0, false, &ok(), now, &p));
+            apply(&mut r, |r| claim(r, "s-1", now, &p, &Linear));
+            let t = apply(&mut r, |r| {
+                apply_reply(r, 1, 0, false, &ok(), now, &p, &Linear)
+            });
             assert_eq!(
                 t.effects,
                 [want.clone(), Effect::SendStepRequest],
@@ -340,7 +346,7 @@ mod tests {
             );
             // A skipped step is progress too.
             let mut r = fresh(now);
-            apply(&mut r, |r| claim(r, "s-1", now, &p));
+            apply(&mut r, |r| claim(r, "s-1", now, &p, &Linear));
             r.process_state = ProcessState::Error;
             r.locked_by = None;
             let t = apply(&mut r, |r| skip(r, &ops(None), now, &p, None));
@@ -353,8 +359,8 @@ mod tests {
         let p = policy();
         let now = t0();
         let r = fresh(now);
-        let first = claim(&r, "s-1", now, &p).expect("claims");
-        let second = claim(&r, "s-2", now, &p).expect("claims from the same read");
+        let first = claim(&r, "s-1", now, &p, &Linear).expect("claims");
+        let second = claim(&r, "s-2", now, &p, &Linear).expect("claims from the same read");
         // The first write lands; the second was computed from the same read and must fail.
         assert!(first.condition.holds(Some(&r)));
         assert!(!second.condition.holds(Some(&first.record)));

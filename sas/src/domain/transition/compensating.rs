@@ -148,9 +148,9 @@ mod tests {
     fn a_refusal_at_the_first_step_leaves_nothing_to_undo() {
         let now = t0();
         let mut r = fresh(now);
-        apply(&mut r, |r| claim(r, "s", now, &manual()));
+        apply(&mut r, |r| claim(r, "s", now, &manual(), &Linear));
         apply(&mut r, |r| {
-            apply_reply(r, 1, 0, false, &refused(), now, &manual())
+            apply_reply(r, 1, 0, false, &refused(), now, &manual(), &Linear)
         });
         assert_eq!(r.process_state, ProcessState::Error);
         assert_eq!(
@@ -159,9 +159,9 @@ mod tests {
         );
 
         let mut r = fresh(now);
-        apply(&mut r, |r| claim(r, "s", now, &policy()));
+        apply(&mut r, |r| claim(r, "s", now, &policy(), &Linear));
         let t = apply(&mut r, |r| {
-            apply_reply(r, 1, 0, false, &refused(), now, &policy())
+            apply_reply(r, 1, 0, false, &refused(), now, &policy(), &Linear)
         });
         assert_eq!(t.effects, [Effect::DeliverNotice]);
         assert_eq!(r.process_state, ProcessState::Compensated);
@@ -174,7 +174,9 @@ mod tests {
         let now = t0();
         let mut r = fresh(now);
         run_to(&mut r, 2, now, &p);
-        let t = apply(&mut r, |r| apply_reply(r, 1, 2, false, &refused(), now, &p));
+        let t = apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &refused(), now, &p, &Linear)
+        });
         assert_eq!(
             t.effects,
             [
@@ -188,16 +190,18 @@ mod tests {
         assert_eq!(r.owed(), [NoticeKind::Failed]);
         apply(&mut r, |r| notice_delivered(r, now));
         let mut undone = vec![];
-        let t = apply(&mut r, |r| claim(r, "s", now, &p));
+        let t = apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
         assert_eq!(t.effects, [Effect::SendStepRequest]);
         while r.process_state == ProcessState::Compensating {
             undone.push(r.step_index);
             let (a, i) = (r.attempt, r.step_index);
             assert!(matches!(
-                apply_reply(&r, a, i, false, &ok(), now, &p),
+                apply_reply(&r, a, i, false, &ok(), now, &p, &Linear),
                 Err(Rejection::WrongDirection { .. })
             ));
-            apply(&mut r, |r| apply_reply(r, a, i, true, &ok(), now, &p));
+            apply(&mut r, |r| {
+                apply_reply(r, a, i, true, &ok(), now, &p, &Linear)
+            });
         }
         assert_eq!(undone, [1, 0]);
         assert_eq!(r.process_state, ProcessState::Compensated);
@@ -214,9 +218,11 @@ mod tests {
         let mut now = t0();
         let mut r = fresh(now);
         run_to(&mut r, 1, now, &p);
-        apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 1, false, &refused(), now, &p, &Linear)
+        });
         for n in 1..=3 {
-            apply(&mut r, |r| claim(r, "s", now, &p));
+            apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
             now += p.at(0).step_timeout;
             apply(&mut r, |r| expire(r, now, &p, 0.5));
             assert_eq!(r.failure_count, n);
@@ -233,7 +239,7 @@ mod tests {
         let mut r = fresh(now);
         run_to(&mut r, 2, now, &p);
         let t = apply(&mut r, |r| {
-            apply_reply(r, 1, 2, false, &declined(), now, &p)
+            apply_reply(r, 1, 2, false, &declined(), now, &p, &Linear)
         });
         assert_eq!(r.process_state, ProcessState::Compensating);
         assert!(r.outbox.is_empty(), "no TaskFailed alert: {:?}", r.owed());
@@ -247,10 +253,12 @@ mod tests {
         assert_eq!(r.step_index, 1, "the refused step needs no undo");
         while r.process_state == ProcessState::Compensating {
             if r.locked_by.is_none() {
-                apply(&mut r, |r| claim(r, "s", now, &p));
+                apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
             }
             let (a, i) = (r.attempt, r.step_index);
-            apply(&mut r, |r| apply_reply(r, a, i, true, &ok(), now, &p));
+            apply(&mut r, |r| {
+                apply_reply(r, a, i, true, &ok(), now, &p, &Linear)
+            });
         }
         assert_eq!(r.process_state, ProcessState::Refused);
         assert_eq!(r.owed(), [NoticeKind::Refused]);
@@ -265,7 +273,7 @@ mod tests {
         let mut first = fresh(now);
         run_to(&mut first, 0, now, &p);
         apply(&mut first, |r| {
-            apply_reply(r, 1, 0, false, &declined(), now, &p)
+            apply_reply(r, 1, 0, false, &declined(), now, &p, &Linear)
         });
         assert_eq!(first.process_state, ProcessState::Refused);
         assert_eq!(first.owed(), [NoticeKind::Refused]);
@@ -279,7 +287,7 @@ mod tests {
         run_to(&mut r, 3, now, &p);
         assert!(r.past_pivot());
         apply(&mut r, |r| {
-            apply_reply(r, 1, 3, false, &declined(), now, &p)
+            apply_reply(r, 1, 3, false, &declined(), now, &p, &Linear)
         });
         assert_eq!(r.process_state, ProcessState::Error);
         assert_eq!(r.owed(), [NoticeKind::Failed], "a person must decide");
@@ -296,7 +304,7 @@ mod tests {
         let mut at = now;
         while r.process_state != ProcessState::Compensating {
             if r.process_state == ProcessState::Pending {
-                apply(&mut r, |r| claim(r, "s", at, &p));
+                apply(&mut r, |r| claim(r, "s", at, &p, &Linear));
             }
             at = r.complete_by.expect("deadline");
             apply(&mut r, |r| expire(r, at, &p, 0.5));
@@ -306,12 +314,14 @@ mod tests {
         let after = at + p.at(1).undo_wait;
         assert_eq!(r.undo_after, Some(after));
         assert_eq!(
-            claim(&r, "s", at, &p).err(),
+            claim(&r, "s", at, &p, &Linear).err(),
             Some(Rejection::TooEarly { until: after })
         );
-        apply(&mut r, |r| claim(r, "s", after, &p));
+        apply(&mut r, |r| claim(r, "s", after, &p, &Linear));
         let a = r.attempt;
-        apply(&mut r, |r| apply_reply(r, a, 1, true, &ok(), after, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, a, 1, true, &ok(), after, &p, &Linear)
+        });
         assert_eq!(
             r.undo_after, None,
             "the wait is over once that undo is done"
@@ -336,12 +346,12 @@ mod tests {
             while r.process_state != state {
                 if r.process_state == ProcessState::Pending {
                     at = r.complete_by.expect("pickup");
-                    apply(r, |r| claim(r, "s", at, p));
+                    apply(r, |r| claim(r, "s", at, p, &Linear));
                 }
                 deadline = r.complete_by.expect("deadline");
                 at += p.at(1).step_timeout;
                 let a = r.attempt;
-                apply(r, |r| apply_reply(r, a, 1, false, &spent, at, p));
+                apply(r, |r| apply_reply(r, a, 1, false, &spent, at, p, &Linear));
             }
             (at, deadline)
         };
@@ -358,7 +368,9 @@ mod tests {
         run_to(&mut r, 1, now, &p);
         let deadline = r.complete_by.expect("deadline");
         let at = now + p.at(1).step_timeout;
-        apply(&mut r, |r| apply_reply(r, 1, 1, false, &spent, at, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 1, false, &spent, at, &p, &Linear)
+        });
         assert_eq!(r.process_state, ProcessState::Pending);
         assert_eq!(r.steps[1].sent_until, Some(deadline));
         apply(&mut r, |r| cancel(r, &ops(None), at, &p));
@@ -382,7 +394,9 @@ mod tests {
         let now = t0();
         let mut r = loan(now);
         run_to(&mut r, 2, now, &p);
-        let t = apply(&mut r, |r| apply_reply(r, 1, 2, false, &refused(), now, &p));
+        let t = apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &refused(), now, &p, &Linear)
+        });
         assert_eq!(r.process_state, ProcessState::Compensating);
         assert_eq!(
             r.step_index, 1,
@@ -404,7 +418,9 @@ mod tests {
         let faulted = StepOutcome::Faulted {
             error: "result_too_large".into(),
         };
-        apply(&mut r, |r| apply_reply(r, 1, 1, false, &faulted, now, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 1, false, &faulted, now, &p, &Linear)
+        });
         assert_eq!(r.steps[1].status, StepStatus::Faulted);
         assert_eq!(r.process_state, ProcessState::Compensating);
         assert_eq!(

@@ -14,6 +14,7 @@ mod compensating;
 mod operator;
 #[cfg(test)]
 mod properties;
+mod route;
 mod running;
 #[cfg(test)]
 mod testkit;
@@ -22,4 +23,5 @@ pub use super::condition::{Condition, Guard, write_label};
 pub use super::policy::{CallbackPolicy, MAX_REQUEUE_DELAY, Policies, Policy};
 pub use common::{Actor, Effect, Rejection, StepOutcome, Transition};
 pub use operator::{cancel, compensate, compensate_from, resolve, retry, retry_with_input, skip};
+pub use route::{Linear, Route, RouteError, Router, TaskRouter};
 pub use running::{apply_callback, apply_reply, claim, expire, notice_delivered};

@@ -244,7 +244,10 @@ pub fn skip(
     n.round = 0;
     n.last_error = None;
     n.refusal = None;
-    n.step_index = i + 1;
+    // The steps already decided not to run are passed; the claim routes the rest.
+    n.step_index = (i + 1..n.steps.len())
+        .find(|&j| n.steps[j].status != StepStatus::Skipped)
+        .unwrap_or(n.steps.len());
     let effects = if n.step_index < n.steps.len() {
         n.process_state = ProcessState::Pending;
         n.complete_by = Some(now + p.at(n.step_index).pickup_timeout);
@@ -369,7 +372,9 @@ mod tests {
         let now = t0();
         let mut r = fresh(now);
         run_to(&mut r, 1, now, &p);
-        apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 1, false, &refused(), now, &p, &Linear)
+        });
         claim_and_answer(&mut r, 0, true, &refused(), now, &p);
         assert_eq!(r.process_state, ProcessState::CompensationFailed);
         assert!(r.owed().contains(&NoticeKind::CompensationFailed));
@@ -398,7 +403,9 @@ mod tests {
         let now = t0();
         let mut r = fresh(now);
         run_to(&mut r, 1, now, &p);
-        apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 1, false, &refused(), now, &p, &Linear)
+        });
         assert_eq!(r.process_state, ProcessState::Error);
         assert_eq!(
             cancel(&r, &ops(Some("x")), now, &p).err(),
@@ -418,8 +425,12 @@ mod tests {
         assert_eq!((r.steps[1].generation, r.steps[1].sent), (1, false));
         run_to(&mut r, 0, now, &p);
         let a = r.attempt;
-        apply(&mut r, |r| apply_reply(r, a, 1, false, &ok(), now, &p));
-        apply(&mut r, |r| apply_reply(r, a, 2, false, &ok(), now, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, a, 1, false, &ok(), now, &p, &Linear)
+        });
+        apply(&mut r, |r| {
+            apply_reply(r, a, 2, false, &ok(), now, &p, &Linear)
+        });
         assert_eq!(r.process_state, ProcessState::Processed);
     }
 
@@ -433,7 +444,9 @@ mod tests {
             Some(Rejection::NotResolvable(ProcessState::Pending))
         );
         run_to(&mut r, 1, now, &p);
-        apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 1, false, &refused(), now, &p, &Linear)
+        });
         assert_eq!(r.process_state, ProcessState::Error);
         let later = now + Duration::seconds(5);
         let raced = retry(&r, &ops(None), later, &p).expect("retries");
@@ -476,7 +489,9 @@ mod tests {
             Some(Rejection::NotSkippable(ProcessState::Pending))
         );
         run_to(&mut r, 1, now, &p);
-        apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 1, false, &refused(), now, &p, &Linear)
+        });
         assert_eq!(r.process_state, ProcessState::Error);
         let raced = retry(&r, &ops(None), now, &p).expect("retries");
         let by_hand = Some(r#"{"id":"pay-by-phone-7"}"#.to_owned());
@@ -504,7 +519,9 @@ mod tests {
         // The last step skipped: the task is Processed and owes its notice.
         run_to(&mut r, 0, now, &p);
         let a = r.attempt;
-        apply(&mut r, |r| apply_reply(r, a, 2, false, &refused(), now, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, a, 2, false, &refused(), now, &p, &Linear)
+        });
         apply(&mut r, |r| {
             skip(r, &ops(Some("shipped by hand")), now, &p, None)
         });
@@ -518,7 +535,9 @@ mod tests {
         let now = t0();
         let mut r = fresh(now);
         run_to(&mut r, 2, now, &p);
-        apply(&mut r, |r| apply_reply(r, 1, 2, false, &refused(), now, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &refused(), now, &p, &Linear)
+        });
         assert_eq!((r.process_state, r.step_index), (ProcessState::Error, 2));
         let raced = retry(&r, &ops(None), now, &p).expect("retries");
         apply(&mut r, |r| {
@@ -547,7 +566,9 @@ mod tests {
         let now = t0();
         let mut r = fresh(now);
         run_to(&mut r, 1, now, &p);
-        apply(&mut r, |r| apply_reply(r, 1, 1, false, &refused(), now, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 1, false, &refused(), now, &p, &Linear)
+        });
         let t = apply(&mut r, |r| {
             retry_with_input(r, &ops(Some("card number fixed")), now, &p, 0)
         });
@@ -578,7 +599,7 @@ mod tests {
             apply(&mut late, |r| expire(r, t, &p, 0.5));
             if late.process_state == ProcessState::Pending {
                 t += p.at(0).retry_max_delay;
-                apply(&mut late, |r| claim(r, "s", t, &p));
+                apply(&mut late, |r| claim(r, "s", t, &p, &Linear));
             }
         }
         assert_eq!(late.process_state, ProcessState::Error);
@@ -610,26 +631,28 @@ mod tests {
             ]
         );
         assert!(matches!(
-            apply_reply(&r, 1, 1, false, &ok(), later, &p),
+            apply_reply(&r, 1, 1, false, &ok(), later, &p, &Linear),
             Err(Rejection::NotRunning(ProcessState::Compensating))
         ));
         // A stray work message cannot send the undo while the step may still be in flight:
         // not before its deadline plus the undo wait.
         for early in [later, deadline, deadline + wait - Duration::milliseconds(1)] {
             assert_eq!(
-                claim(&r, "s", early, &p).err(),
+                claim(&r, "s", early, &p, &Linear).err(),
                 Some(Rejection::TooEarly {
                     until: deadline + wait
                 })
             );
         }
         let deadline = deadline + wait;
-        apply(&mut r, |r| claim(r, "s", deadline, &p));
+        apply(&mut r, |r| claim(r, "s", deadline, &p, &Linear));
         let mut undone = vec![];
         while r.process_state == ProcessState::Compensating {
             let (a, i) = (r.attempt, r.step_index);
             undone.push(i);
-            apply(&mut r, |r| apply_reply(r, a, i, true, &ok(), deadline, &p));
+            apply(&mut r, |r| {
+                apply_reply(r, a, i, true, &ok(), deadline, &p, &Linear)
+            });
         }
         assert_eq!(undone, [1, 0]);
 
@@ -651,7 +674,9 @@ mod tests {
             cancel(&r, &ops(Some("x")), now, &p).err(),
             Some(Rejection::PastPivot(ProcessState::Processing))
         );
-        let t = apply(&mut r, |r| apply_reply(r, 1, 3, false, &refused(), now, &p));
+        let t = apply(&mut r, |r| {
+            apply_reply(r, 1, 3, false, &refused(), now, &p, &Linear)
+        });
         assert_eq!(t.effects, [Effect::DeliverNotice]);
         assert_eq!(
             r.process_state,

@@ -89,7 +89,7 @@ proptest! {
         let mut r = record(&w, now);
         for e in events {
             let out = match e {
-                Ev::Claim(i) => claim(&r, &format!("s-{i}"), now, &p),
+                Ev::Claim(i) => claim(&r, &format!("s-{i}"), now, &p, &Linear),
                 Ev::Reply { attempt_back, step_shift, undo, kind } => {
                     let outcome = match kind {
                         0 => refused(),
@@ -104,7 +104,7 @@ proptest! {
                         _ => StepOutcome::succeeded(),
                     };
                     let step = (r.step_index as i64 + step_shift as i64).max(0) as usize;
-                    apply_reply(&r, r.attempt.saturating_sub(attempt_back as u64), step, undo, &outcome, now, &p)
+                    apply_reply(&r, r.attempt.saturating_sub(attempt_back as u64), step, undo, &outcome, now, &p, &Linear)
                 }
                 Ev::Callback { generation_back, step_shift, kind } => {
                     let outcome = match kind {
@@ -114,7 +114,7 @@ proptest! {
                     };
                     let step = (r.step_index as i64 + step_shift as i64).max(0) as usize;
                     let generation = r.steps.get(step).map_or(0, |s| s.generation);
-                    apply_callback(&r, step, generation.saturating_sub(u32::from(generation_back)), &outcome, now, &p)
+                    apply_callback(&r, step, generation.saturating_sub(u32::from(generation_back)), &outcome, now, &p, &Linear)
                 }
                 Ev::Advance(s) => { now += Duration::seconds(s as i64); continue; }
                 Ev::Expire(j) => expire(&r, now, &p, f64::from(j) / 10.0),

@@ -7,6 +7,7 @@ use super::super::policy::Policies;
 use super::super::state::{NoticeKind, ProcessState, Refusal, StateRecord, StepStatus, to_millis};
 use super::common::{Effect, Rejection, StepOutcome, Transition, finish, log, next, tidy};
 use super::compensating::{apply_undo_reply, begin_compensation, fail, stop_in_error};
+use super::route::{Linear, Router, take};
 use super::{Condition, Guard};
 use chrono::{DateTime, Duration, Utc};
 
@@ -16,11 +17,16 @@ use chrono::{DateTime, Duration, Utc};
 /// Condition: same state and unlocked (at the version read) - keeps "one claim per waiting
 /// period": of two schedulers holding the same work message only one wins, and a duplicate work
 /// message arriving while a step is out is rejected.
+///
+/// A step never sent yet is routed first ([`Router`]): the conditions in front of it may skip
+/// it (and what follows), end the task (every step passed) or fail it (a condition that cannot
+/// be decided).
 pub fn claim(
     r: &StateRecord,
     instance: &str,
     now: DateTime<Utc>,
     p: &Policies,
+    router: &dyn Router,
 ) -> Result<Transition, Rejection> {
     let undo = match r.process_state {
         ProcessState::Pending => false,
@@ -32,11 +38,34 @@ pub fn claim(
         return Err(Rejection::TooEarly { until });
     }
     let mut n = next(r, now);
+    let condition = Condition::on(r, vec![Guard::StateIs(r.process_state), Guard::Unlocked]);
+    n.requeues = 0;
+    let mut at = r.step_index;
+    if !undo && !r.steps[at].sent {
+        match router.route(r, at) {
+            Ok(route) => {
+                take(&mut n, &route);
+                at = route.next;
+            }
+            Err(e) => {
+                take(&mut n, &e.route);
+                let effects = condition_failed(&mut n, e.step, &e.error, now, p);
+                tidy(&mut n);
+                return Ok(Transition::from(r, condition, n, effects));
+            }
+        }
+        n.step_index = at;
+        if at >= n.steps.len() {
+            let e = finish(&mut n, ProcessState::Processed, NoticeKind::Processed);
+            log(&mut n, r.process_state, None, "every step passed");
+            tidy(&mut n);
+            return Ok(Transition::from(r, condition, n, e));
+        }
+    }
     n.locked_by = Some(instance.to_owned());
     n.attempt = r.attempt + 1;
-    n.requeues = 0;
-    n.complete_by = Some(p.at(r.step_index).dispatch_deadline(now));
-    let step = &mut n.steps[r.step_index];
+    n.complete_by = Some(p.at(at).dispatch_deadline(now));
+    let step = &mut n.steps[at];
     if undo {
         step.undo = Some(StepStatus::Running);
     } else {
@@ -47,16 +76,30 @@ pub fn claim(
     log(
         &mut n,
         r.process_state,
-        Some(r.step_index),
+        Some(at),
         if undo { "undo claimed" } else { "claimed" },
     );
     tidy(&mut n);
     Ok(Transition::from(
         r,
-        Condition::on(r, vec![Guard::StateIs(r.process_state), Guard::Unlocked]),
+        condition,
         n,
         vec![Effect::SendStepRequest],
     ))
+}
+
+/// The condition in front of step `i` could not be decided (`error`): the step fails as one
+/// whose request cannot be built does (it had no effect), and with it the task.
+fn condition_failed(
+    n: &mut StateRecord,
+    i: usize,
+    error: &str,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Vec<Effect> {
+    n.step_index = i;
+    let attempt = n.attempt;
+    step_failed(n, i, attempt, StepStatus::Failed, error, now, p)
 }
 
 /// An agent's reply arrived for (`attempt`, `step_index`); `undo` says whether it answers the
@@ -68,6 +111,9 @@ pub fn claim(
 /// Condition: same state, attempt and step (at the version read) - keeps "a reply counts only
 /// for the claim and step it answers": a stale reply from before a recovery, a reply to a step
 /// of a cancelled task, or a duplicate of a reply already applied, changes nothing.
+///
+/// `router` decides the way to the next step once this one is done ([`Router`]).
+#[allow(clippy::too_many_arguments)]
 pub fn apply_reply(
     r: &StateRecord,
     attempt: u64,
@@ -76,6 +122,7 @@ pub fn apply_reply(
     outcome: &StepOutcome,
     now: DateTime<Utc>,
     p: &Policies,
+    router: &dyn Router,
 ) -> Result<Transition, Rejection> {
     answers(r, attempt, step_index, undo)?;
     let now = to_millis(now);
@@ -110,7 +157,9 @@ pub fn apply_reply(
         (StepOutcome::Succeeded { .. } | StepOutcome::Faulted { .. }, true) => {
             apply_undo_reply(&mut n, i, None, now, p)
         }
-        (StepOutcome::Succeeded { result }, false) => step_done(&mut n, i, attempt, result, now, p),
+        (StepOutcome::Succeeded { result }, false) => {
+            step_done(&mut n, i, attempt, result, now, p, router)
+        }
         (StepOutcome::Refused { code, message }, false) => {
             step_refused(&mut n, i, attempt, code, message, now, p)
         }
@@ -282,7 +331,9 @@ fn heartbeat(
 /// Step `i` succeeded under `attempt` with `result`. From Processing the next step goes out at
 /// once under the same claim; from Pending or Error (a step handed back for another attempt, or
 /// failed waiting, and completed by its callback meanwhile) the next step waits for a claim,
-/// enqueued now.
+/// enqueued now. The way to the next step is routed ([`Router`]) when it goes out at once, and
+/// by the claim otherwise.
+#[allow(clippy::too_many_arguments)]
 fn step_done(
     n: &mut StateRecord,
     i: usize,
@@ -290,6 +341,7 @@ fn step_done(
     result: &Option<String>,
     now: DateTime<Utc>,
     p: &Policies,
+    router: &dyn Router,
 ) -> Vec<Effect> {
     let from = n.process_state;
     let step = &mut n.steps[i];
@@ -297,7 +349,22 @@ fn step_done(
     step.finished_at = Some(now);
     step.status = StepStatus::Done;
     step.result = result.clone();
-    n.step_index = i + 1;
+    let routed = if from == ProcessState::Processing {
+        router.route(n, i + 1)
+    } else {
+        Linear.route(n, i + 1)
+    };
+    let route = match routed {
+        Ok(route) => route,
+        Err(e) => {
+            take(n, &e.route);
+            let mut effects = vec![p.at(i).progress(NoticeKind::StepCompleted)];
+            effects.extend(condition_failed(n, e.step, &e.error, now, p));
+            return effects;
+        }
+    };
+    take(n, &route);
+    n.step_index = route.next;
     if n.step_index >= n.steps.len() {
         let e = finish(n, ProcessState::Processed, NoticeKind::Processed);
         log(n, from, Some(i), "step done; every step done");
@@ -382,6 +449,7 @@ pub fn apply_callback(
     outcome: &StepOutcome,
     now: DateTime<Utc>,
     p: &Policies,
+    router: &dyn Router,
 ) -> Result<Transition, Rejection> {
     let Some(step) = r
         .steps
@@ -406,7 +474,7 @@ pub fn apply_callback(
     }
     match (r.process_state, step.status) {
         (ProcessState::Processing, StepStatus::Running | StepStatus::Waiting) => {
-            apply_reply(r, r.attempt, step_index, false, outcome, now, p)
+            apply_reply(r, r.attempt, step_index, false, outcome, now, p, router)
         }
         (ProcessState::Pending, StepStatus::Pending)
         | (ProcessState::Error, StepStatus::TimedOut)
@@ -417,7 +485,7 @@ pub fn apply_callback(
             n.deferrals = 0;
             let effects = match outcome {
                 StepOutcome::Succeeded { result } => {
-                    step_done(&mut n, step_index, r.attempt, result, now, p)
+                    step_done(&mut n, step_index, r.attempt, result, now, p, router)
                 }
                 StepOutcome::Refused { code, message } => {
                     step_refused(&mut n, step_index, r.attempt, code, message, now, p)
@@ -720,7 +788,7 @@ mod tests {
         let p = policy();
         let now = t0();
         let mut r = fresh(now);
-        let t = apply(&mut r, |r| claim(r, "s-1", now, &p));
+        let t = apply(&mut r, |r| claim(r, "s-1", now, &p, &Linear));
         assert_eq!(t.effects, [Effect::SendStepRequest]);
         assert_eq!(r.attempt, 1);
         assert_eq!(r.locked_by.as_deref(), Some("s-1"));
@@ -736,6 +804,7 @@ mod tests {
                     },
                     now,
                     &p,
+                    &Linear,
                 )
             });
             if i < 2 {
@@ -779,21 +848,23 @@ mod tests {
         let p = policy();
         let now = t0();
         let mut r = fresh(now);
-        apply(&mut r, |r| claim(r, "s-1", now, &p));
+        apply(&mut r, |r| claim(r, "s-1", now, &p, &Linear));
         assert_eq!(
-            claim(&r, "s-2", now, &p).err(),
+            claim(&r, "s-2", now, &p, &Linear).err(),
             Some(Rejection::NotClaimable(ProcessState::Processing))
         );
-        apply(&mut r, |r| apply_reply(r, 1, 0, false, &ok(), now, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 0, false, &ok(), now, &p, &Linear)
+        });
         assert!(matches!(
-            apply_reply(&r, 1, 0, false, &ok(), now, &p),
+            apply_reply(&r, 1, 0, false, &ok(), now, &p, &Linear),
             Err(Rejection::WrongStep {
                 record: 1,
                 message: 0
             })
         ));
         assert!(matches!(
-            apply_reply(&r, 1, 1, true, &ok(), now, &p),
+            apply_reply(&r, 1, 1, true, &ok(), now, &p, &Linear),
             Err(Rejection::WrongDirection { .. })
         ));
     }
@@ -805,7 +876,7 @@ mod tests {
         let mut r = fresh(now);
         let mut delays = vec![];
         for round in 1..=3u32 {
-            apply(&mut r, |r| claim(r, "s", now, &p));
+            apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
             assert!(matches!(
                 expire(&r, now, &p, 0.0),
                 Err(Rejection::NotDue { .. })
@@ -841,7 +912,7 @@ mod tests {
         let mut r = fresh(now);
         let mut delays = vec![];
         while !r.process_state.is_terminal() {
-            apply(&mut r, |r| claim(r, "s", now, &p));
+            apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
             now += p.at(0).step_timeout;
             let t = apply(&mut r, |r| expire(r, now, &p, 0.999));
             if let [Effect::Enqueue { delay }] = t.effects.as_slice() {
@@ -859,12 +930,12 @@ mod tests {
         let p = policy();
         let mut now = t0();
         let mut r = fresh(now);
-        apply(&mut r, |r| claim(r, "s", now, &p));
+        apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
         now += p.at(0).step_timeout;
         apply(&mut r, |r| expire(r, now, &p, 0.5));
-        apply(&mut r, |r| claim(r, "s", now, &p));
+        apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
         assert_eq!(
-            apply_reply(&r, 1, 0, false, &ok(), now, &p).err(),
+            apply_reply(&r, 1, 0, false, &ok(), now, &p, &Linear).err(),
             Some(Rejection::StaleAttempt {
                 record: 2,
                 message: 1
@@ -925,7 +996,7 @@ mod tests {
         assert_eq!(p.at(0).requeue_delay(40, 0.0), Duration::seconds(450));
         // A claim ends the streak: the next lost message goes out at once again.
         let now = r.complete_by.expect("deadline") - Duration::seconds(1);
-        apply(&mut r, |r| claim(r, "s", now, &p));
+        apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
         assert_eq!(r.requeues, 0);
     }
 
@@ -935,11 +1006,13 @@ mod tests {
         let p = with(|p| p.start_within = Duration::seconds(20));
         let now = t0();
         let mut r = fresh(now);
-        apply(&mut r, |r| claim(r, "s", now, &p));
+        apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
         assert_eq!(r.complete_by, Some(now + Duration::seconds(30)));
         // The next step's deadline allows for its wait too.
         let later = now + Duration::seconds(25);
-        apply(&mut r, |r| apply_reply(r, 1, 0, false, &ok(), later, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 0, false, &ok(), later, &p, &Linear)
+        });
         assert_eq!(r.complete_by, Some(later + Duration::seconds(30)));
         // Not expired within the allowance.
         assert!(expire(&r, later + Duration::seconds(29), &p, 0.5).is_err());
@@ -955,6 +1028,7 @@ mod tests {
                 &StepOutcome::TimedOut { error },
                 gave_up,
                 &p,
+                &Linear,
             )
         });
         assert_eq!(r.process_state, ProcessState::Pending);
@@ -977,7 +1051,8 @@ mod tests {
                 false,
                 &StepOutcome::TimedOut { error },
                 gave_up,
-                &p
+                &p,
+                &Linear
             )
             .is_err()
         );
@@ -1002,6 +1077,7 @@ mod tests {
                 },
                 now,
                 &p,
+                &Linear,
             )
         });
         assert_eq!(r.process_state, ProcessState::Pending);
@@ -1023,7 +1099,7 @@ mod tests {
         let mut last = Duration::zero();
         for _ in 0..10 {
             let a = r.attempt;
-            apply(&mut r, |r| claim(r, "s", now, &p));
+            apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
             let t = apply(&mut r, |r| {
                 apply_reply(
                     r,
@@ -1036,6 +1112,7 @@ mod tests {
                     },
                     now,
                     &p,
+                    &Linear,
                 )
             });
             if let [Effect::Enqueue { delay }] = t.effects[..] {
@@ -1053,8 +1130,10 @@ mod tests {
         );
         // The service answers: the count starts again.
         let a = r.attempt;
-        apply(&mut r, |r| claim(r, "s", now, &p));
-        apply(&mut r, |r| apply_reply(r, a + 1, 1, false, &ok(), now, &p));
+        apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
+        apply(&mut r, |r| {
+            apply_reply(r, a + 1, 1, false, &ok(), now, &p, &Linear)
+        });
         assert_eq!(r.deferrals, 0);
     }
 
@@ -1072,11 +1151,11 @@ mod tests {
         for n in 1..=threshold {
             if n > 1 {
                 let at = r.complete_by.expect("pickup");
-                apply(&mut r, |r| claim(r, "s", at, &p));
+                apply(&mut r, |r| claim(r, "s", at, &p, &Linear));
             }
             let a = r.attempt;
             apply(&mut r, |r| {
-                apply_reply(r, a, 1, false, &misconfigured, now, &p)
+                apply_reply(r, a, 1, false, &misconfigured, now, &p, &Linear)
             });
             if n < threshold {
                 assert_eq!(
@@ -1116,7 +1195,7 @@ mod tests {
         run_to(&mut r, 1, now, &p);
         let a = r.attempt;
         apply(&mut r, |r| {
-            apply_reply(r, a, 1, false, &declined(), now, &p)
+            apply_reply(r, a, 1, false, &declined(), now, &p, &Linear)
         });
         assert_eq!(r.process_state, ProcessState::Compensating);
         for _ in 0..threshold {
@@ -1124,10 +1203,10 @@ mod tests {
                 .complete_by
                 .expect("pickup")
                 .max(r.undo_after.unwrap_or(now));
-            apply(&mut r, |r| claim(r, "s", at, &p));
+            apply(&mut r, |r| claim(r, "s", at, &p, &Linear));
             let (a, i) = (r.attempt, r.step_index);
             apply(&mut r, |r| {
-                apply_reply(r, a, i, true, &misconfigured, at, &p)
+                apply_reply(r, a, i, true, &misconfigured, at, &p, &Linear)
             });
         }
         assert_eq!(r.process_state, ProcessState::CompensationFailed, "{r:?}");
@@ -1151,7 +1230,7 @@ mod tests {
         let mut r = loan(now);
         run_to(&mut r, 2, now, &p);
         assert_eq!(
-            apply_reply(&r, 1, 1, false, &StepOutcome::Accepted, now, &p).err(),
+            apply_reply(&r, 1, 1, false, &StepOutcome::Accepted, now, &p, &Linear).err(),
             Some(Rejection::WrongStep {
                 record: 2,
                 message: 1
@@ -1159,23 +1238,23 @@ mod tests {
         );
         let t1 = now + Duration::seconds(1);
         apply(&mut r, |r| {
-            apply_reply(r, 1, 2, false, &StepOutcome::Accepted, t1, &p)
+            apply_reply(r, 1, 2, false, &StepOutcome::Accepted, t1, &p, &Linear)
         });
         assert_eq!(r.steps[2].status, StepStatus::Waiting);
         assert_eq!(r.steps[2].waiting_until, Some(t1 + Duration::hours(1)));
         assert_eq!(r.complete_by, Some(t1 + Duration::minutes(5)));
         assert!(
-            apply_reply(&r, 1, 2, false, &StepOutcome::Accepted, t1, &p).is_err(),
+            apply_reply(&r, 1, 2, false, &StepOutcome::Accepted, t1, &p, &Linear).is_err(),
             "a duplicate acceptance changes nothing"
         );
         let t2 = t1 + Duration::minutes(4);
         apply(&mut r, |r| {
-            apply_reply(r, 1, 2, false, &StepOutcome::Heartbeat, t2, &p)
+            apply_reply(r, 1, 2, false, &StepOutcome::Heartbeat, t2, &p, &Linear)
         });
         assert_eq!(r.complete_by, Some(t2 + Duration::minutes(5)));
         let late = t1 + Duration::minutes(58);
         apply(&mut r, |r| {
-            apply_reply(r, 1, 2, false, &StepOutcome::Heartbeat, late, &p)
+            apply_reply(r, 1, 2, false, &StepOutcome::Heartbeat, late, &p, &Linear)
         });
         assert_eq!(
             r.complete_by,
@@ -1185,15 +1264,17 @@ mod tests {
         let done = StepOutcome::Succeeded {
             result: Some("{\"id\":\"c-1\"}".into()),
         };
-        apply(&mut r, |r| apply_reply(r, 1, 2, false, &done, late, &p));
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &done, late, &p, &Linear)
+        });
         assert_eq!(r.steps[2].status, StepStatus::Done);
         assert_eq!(r.steps[2].waiting_until, None);
         assert!(
-            apply_reply(&r, 1, 2, false, &done, late, &p).is_err(),
+            apply_reply(&r, 1, 2, false, &done, late, &p, &Linear).is_err(),
             "a replayed callback is fenced"
         );
         assert_eq!(
-            apply_reply(&r, 1, 3, false, &StepOutcome::Heartbeat, late, &p).err(),
+            apply_reply(&r, 1, 3, false, &StepOutcome::Heartbeat, late, &p, &Linear).err(),
             Some(Rejection::NotWaiting(3))
         );
     }
@@ -1204,7 +1285,7 @@ mod tests {
         let mut r = loan(now);
         run_to(&mut r, 2, now, p);
         apply(&mut r, |r| {
-            apply_reply(r, 1, 2, false, &StepOutcome::Accepted, now, p)
+            apply_reply(r, 1, 2, false, &StepOutcome::Accepted, now, p, &Linear)
         });
         let due = r.complete_by.expect("deadline");
         apply(&mut r, |r| expire(r, due, p, 0.5));
@@ -1218,7 +1299,7 @@ mod tests {
         let mut r = loan(now);
         run_to(&mut r, 2, now, &p);
         apply(&mut r, |r| {
-            apply_reply(r, 1, 2, false, &StepOutcome::Accepted, now, &p)
+            apply_reply(r, 1, 2, false, &StepOutcome::Accepted, now, &p, &Linear)
         });
         let token = callback_token(&r.callback_key, &r.task_id, 2, r.steps[2].generation);
         let due = r.complete_by.expect("deadline");
@@ -1232,7 +1313,7 @@ mod tests {
         );
         assert_eq!(r.steps[2].waiting_until, None);
         let later = r.complete_by.expect("pickup");
-        apply(&mut r, |r| claim(r, "s", later, &p));
+        apply(&mut r, |r| claim(r, "s", later, &p, &Linear));
         assert_eq!(
             callback_token(&r.callback_key, &r.task_id, 2, r.steps[2].generation),
             token,
@@ -1296,7 +1377,7 @@ mod tests {
         // the step, and the next step is enqueued for a claim.
         let (mut r, due) = callback_wait_timed_out(now, &p);
         assert_eq!(r.process_state, ProcessState::Pending);
-        let t = apply(&mut r, |r| apply_callback(r, 2, 0, &done, due, &p));
+        let t = apply(&mut r, |r| apply_callback(r, 2, 0, &done, due, &p, &Linear));
         assert_eq!(r.steps[2].status, StepStatus::Done);
         assert_eq!(r.steps[2].result.as_deref(), Some("{\"contract\":\"c-1\"}"));
         assert_eq!((r.process_state, r.step_index), (ProcessState::Pending, 3));
@@ -1304,7 +1385,7 @@ mod tests {
             delay: Duration::zero()
         }));
         assert!(!r.steps[3].sent, "the next step waits for its claim");
-        apply(&mut r, |r| claim(r, "s", due, &p));
+        apply(&mut r, |r| claim(r, "s", due, &p, &Linear));
         assert_eq!(r.current_step(), Some("disburse-funds"));
 
         // Sent again under a new attempt (the service answers the repeated key with its first
@@ -1312,20 +1393,22 @@ mod tests {
         // new attempt's late acceptance is stale.
         let (mut r, _) = callback_wait_timed_out(now, &p);
         let later = r.complete_by.expect("pickup");
-        apply(&mut r, |r| claim(r, "s", later, &p));
+        apply(&mut r, |r| claim(r, "s", later, &p, &Linear));
         assert_eq!((r.attempt, r.steps[2].status), (2, StepStatus::Running));
-        apply(&mut r, |r| apply_callback(r, 2, 0, &done, later, &p));
+        apply(&mut r, |r| {
+            apply_callback(r, 2, 0, &done, later, &p, &Linear)
+        });
         assert_eq!(r.steps[2].status, StepStatus::Done);
         assert_eq!(
             (r.process_state, r.current_step()),
             (ProcessState::Processing, Some("disburse-funds"))
         );
         assert!(
-            apply_reply(&r, 2, 2, false, &StepOutcome::Accepted, later, &p).is_err(),
+            apply_reply(&r, 2, 2, false, &StepOutcome::Accepted, later, &p, &Linear).is_err(),
             "the second attempt's acceptance comes after the step is done"
         );
         assert!(
-            apply_callback(&r, 2, 0, &done, later, &p).is_err(),
+            apply_callback(&r, 2, 0, &done, later, &p, &Linear).is_err(),
             "a replayed callback is fenced"
         );
 
@@ -1344,17 +1427,19 @@ mod tests {
         while r.process_state != ProcessState::Error {
             if r.process_state == ProcessState::Pending {
                 at = r.complete_by.expect("pickup");
-                apply(&mut r, |r| claim(r, "s", at, &manual));
+                apply(&mut r, |r| claim(r, "s", at, &manual, &Linear));
             }
             let a = r.attempt;
             apply(&mut r, |r| {
-                apply_reply(r, a, 2, false, &StepOutcome::Accepted, at, &manual)
+                apply_reply(r, a, 2, false, &StepOutcome::Accepted, at, &manual, &Linear)
             });
             at = r.complete_by.expect("deadline");
             apply(&mut r, |r| expire(r, at, &manual, 0.5));
         }
         assert_eq!(r.steps[2].status, StepStatus::TimedOut);
-        apply(&mut r, |r| apply_callback(r, 2, 0, &done, at, &manual));
+        apply(&mut r, |r| {
+            apply_callback(r, 2, 0, &done, at, &manual, &Linear)
+        });
         assert_eq!(
             (r.process_state, r.current_step(), r.failure_count),
             (ProcessState::Pending, Some("disburse-funds"), 0)
@@ -1382,36 +1467,45 @@ mod tests {
             error: "input_mapping_failed".into(),
         };
         apply(&mut r, |r| {
-            apply_reply(r, 1, 2, false, &failed, now, &manual)
+            apply_reply(r, 1, 2, false, &failed, now, &manual, &Linear)
         });
         assert_eq!(r.process_state, ProcessState::Error);
         apply(&mut r, |r| retry(r, &ops(None), now, &manual));
         assert_eq!(r.steps[2].generation, 1, "a refused key is not used again");
         assert_eq!(
-            apply_callback(&r, 2, 0, &StepOutcome::succeeded(), now, &manual).err(),
+            apply_callback(&r, 2, 0, &StepOutcome::succeeded(), now, &manual, &Linear).err(),
             Some(Rejection::StaleGeneration {
                 record: 1,
                 message: 0
             })
         );
         assert_eq!(
-            apply_callback(&r, 2, 1, &StepOutcome::succeeded(), now, &manual).err(),
+            apply_callback(&r, 2, 1, &StepOutcome::succeeded(), now, &manual, &Linear).err(),
             Some(Rejection::NotRunning(ProcessState::Pending)),
             "the new key was never sent: no callback can answer it yet"
         );
-        apply(&mut r, |r| claim(r, "s", now, &manual));
+        apply(&mut r, |r| claim(r, "s", now, &manual, &Linear));
         apply(&mut r, |r| {
-            apply_reply(r, 2, 2, false, &StepOutcome::Accepted, now, &manual)
+            apply_reply(
+                r,
+                2,
+                2,
+                false,
+                &StepOutcome::Accepted,
+                now,
+                &manual,
+                &Linear,
+            )
         });
         let due = r.complete_by.expect("deadline");
         apply(&mut r, |r| expire(r, due, &manual, 0.5));
         assert_eq!(
-            apply_callback(&r, 2, 1, &StepOutcome::Heartbeat, due, &manual).err(),
+            apply_callback(&r, 2, 1, &StepOutcome::Heartbeat, due, &manual, &Linear).err(),
             Some(Rejection::NotWaiting(2)),
             "between attempts there is no callback wait to extend"
         );
         assert_eq!(
-            apply_callback(&r, 1, 0, &StepOutcome::succeeded(), due, &manual).err(),
+            apply_callback(&r, 1, 0, &StepOutcome::succeeded(), due, &manual, &Linear).err(),
             Some(Rejection::WrongStep {
                 record: 2,
                 message: 1
@@ -1425,13 +1519,15 @@ mod tests {
         let p = w.policies();
         let now = t0();
         let mut r = record(&w, now);
-        apply_with(&mut r, &p, |r| claim(r, "s", now, &p));
+        apply_with(&mut r, &p, |r| claim(r, "s", now, &p, &Linear));
         assert_eq!(
             r.complete_by,
             Some(now + Duration::seconds(5)),
             "check-credit: 5s"
         );
-        apply_with(&mut r, &p, |r| apply_reply(r, 1, 0, false, &ok(), now, &p));
+        apply_with(&mut r, &p, |r| {
+            apply_reply(r, 1, 0, false, &ok(), now, &p, &Linear)
+        });
         assert_eq!(
             r.complete_by,
             Some(now + Duration::seconds(30)),
@@ -1439,15 +1535,5 @@ mod tests {
         );
         assert_eq!(p.at(3).failure_threshold, 5);
         assert_eq!(p.at(1).failure_threshold, 3);
-    }
-
-    fn apply_with(
-        r: &mut StateRecord,
-        p: &Policies,
-        f: impl FnOnce(&StateRecord) -> Result<Transition, Rejection>,
-    ) {
-        let t = f(r).expect("transition applies");
-        t.record.check(p).expect("valid after the transition");
-        *r = t.record;
     }
 }

@@ -102,6 +102,19 @@ pub(super) fn apply(
     t
 }
 
+/// As [`apply`], checking the new record under the workflow's own policies `p`.
+pub(super) fn apply_with(
+    r: &mut StateRecord,
+    p: &Policies,
+    f: impl FnOnce(&StateRecord) -> Result<Transition, Rejection>,
+) -> Transition {
+    let t = f(r).expect("transition applies");
+    assert!(t.condition.holds(Some(r)), "condition holds on its source");
+    t.record.check(p).expect("valid after the transition");
+    *r = t.record.clone();
+    t
+}
+
 /// Claims the record and answers its attempt at step `i` (its undo if `undo`) with `outcome`.
 pub(super) fn claim_and_answer(
     r: &mut StateRecord,
@@ -111,16 +124,16 @@ pub(super) fn claim_and_answer(
     now: DateTime<Utc>,
     p: &Policies,
 ) -> Transition {
-    apply(r, |r| claim(r, "s", now, p));
+    apply(r, |r| claim(r, "s", now, p, &Linear));
     let a = r.attempt;
-    apply(r, |r| apply_reply(r, a, i, undo, outcome, now, p))
+    apply(r, |r| apply_reply(r, a, i, undo, outcome, now, p, &Linear))
 }
 
 /// Claims and answers steps until the record's current step is `upto`.
 pub(super) fn run_to(r: &mut StateRecord, upto: usize, now: DateTime<Utc>, p: &Policies) {
-    apply(r, |r| claim(r, "s", now, p));
+    apply(r, |r| claim(r, "s", now, p, &Linear));
     for i in 0..upto {
         let a = r.attempt;
-        apply(r, |r| apply_reply(r, a, i, false, &ok(), now, p));
+        apply(r, |r| apply_reply(r, a, i, false, &ok(), now, p, &Linear));
     }
 }

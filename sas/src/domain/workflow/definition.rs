@@ -1,21 +1,31 @@
-//! A validated workflow: [`WorkflowDoc::validate`] checks what the schema cannot say (unique
-//! step names, mappings that are RFC 9535 singular queries referring only to earlier steps,
-//! services that exist, settings in range, one pivot at most and no undo after it) and compiles
-//! the [`Workflow`] the scheduler runs.
+//! A validated workflow: the [`Workflow`] the scheduler runs, its [`Step`]s (numbered depth
+//! first, as written) and its [`Group`]s (choices and parallel branches, each over a contiguous
+//! range of steps). `compile` builds it from the definition as written.
 
-use super::super::mapping::{self, Mapping, MappingScope};
+use super::super::mapping::Mapping;
 use super::super::policy::{Policies, Policy};
-use super::super::problem::{DefinitionError, InputError, Problem};
+use super::super::problem::{DefinitionError, InputError};
+use super::super::when::When;
 use super::doc::{WorkflowDoc, parse_workflow};
-use super::schema::{compile_input, schema_problems};
-use super::settings::{apply_settings, callback_policy};
+use super::schema::schema_problems;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 
-/// Most steps in one workflow (the state record keeps one entry per step).
+/// Most steps in one workflow, groups included (the state record keeps one entry per step).
 pub const MAX_STEPS: usize = 32;
+/// How deep groups nest (a group in a branch of a group in a case of a group).
+pub const MAX_DEPTH: usize = 3;
+/// Most branches of a parallel group.
+pub const MAX_BRANCHES: usize = 10;
+/// Most cases of a choice (`otherwise` aside).
+pub const MAX_CASES: usize = 10;
+/// The most elements a forEach step runs over.
+pub const MAX_ELEMENTS: usize = 100;
+/// The most elements of a forEach step out at once.
+pub const MAX_CONCURRENCY: u32 = 100;
 
 /// One step of a validated workflow.
 #[derive(Debug, Clone)]
@@ -28,6 +38,12 @@ pub struct Step {
     pub undo: Option<Undo>,
     /// The deployment's policy with the workflow's defaults and the step's own settings over it.
     pub policy: Policy,
+    /// The step runs only if this holds; otherwise it is Skipped.
+    pub when: Option<When>,
+    /// The step runs once per element of a list.
+    pub for_each: Option<ForEach>,
+    /// The group (its index in [`Workflow::groups`]) and arm the step is in, if any.
+    pub parent: Option<(usize, usize)>,
 }
 
 /// How a step is undone.
@@ -35,6 +51,69 @@ pub struct Step {
 pub struct Undo {
     pub action: String,
     pub input: Mapping,
+}
+
+/// A forEach step's list and how it runs over it.
+#[derive(Debug, Clone)]
+pub struct ForEach {
+    /// The query that selects the list.
+    pub items: Mapping,
+    /// The most elements out at once.
+    pub max_concurrency: u32,
+    /// How many refused elements the step tolerates.
+    pub tolerated: Tolerated,
+}
+
+/// Refused elements a forEach step tolerates (Step Functions' `ToleratedFailureCount` and
+/// `...Percentage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tolerated {
+    Count(u32),
+    Percent(u32),
+}
+
+/// A choice or parallel branches: a contiguous range of steps.
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub name: String,
+    /// The whole group runs only if this holds; otherwise every step in it is Skipped.
+    pub when: Option<When>,
+    /// The steps it covers (indexes into [`Workflow::steps`]).
+    pub span: Range<usize>,
+    pub kind: GroupKind,
+    /// The group and arm around this one, if any.
+    pub parent: Option<(usize, usize)>,
+    /// 0 for a group in the workflow's own sequence.
+    pub depth: usize,
+}
+
+#[derive(Debug, Clone)]
+pub enum GroupKind {
+    /// Exactly one arm runs: the first case whose `when` holds, else `otherwise` (the last arm,
+    /// without a `when`) if there is one.
+    Choice { arms: Vec<Arm> },
+    /// Every arm (branch) runs, at once.
+    Parallel { arms: Vec<Arm> },
+}
+
+impl GroupKind {
+    pub fn arms(&self) -> &[Arm] {
+        match self {
+            Self::Choice { arms } | Self::Parallel { arms } => arms,
+        }
+    }
+}
+
+/// A case of a choice (or its `otherwise`), or a branch of a parallel group.
+#[derive(Debug, Clone)]
+pub struct Arm {
+    /// A branch's name.
+    pub name: Option<String>,
+    /// A case's condition (`None`: `otherwise`, or a branch).
+    pub when: Option<When>,
+    pub span: Range<usize>,
+    /// A case's result: what later steps read as the choice's.
+    pub result: Option<Mapping>,
 }
 
 /// A validated, published workflow: what the scheduler runs.
@@ -46,8 +125,11 @@ pub struct Workflow {
     pub description: Option<String>,
     /// The definition as written (what the catalog stores and the API returns).
     pub doc: WorkflowDoc,
-    input_schema: Arc<jsonschema::Validator>,
+    pub(super) input_schema: Arc<jsonschema::Validator>,
+    /// Every step, depth first in the order written.
     pub steps: Vec<Step>,
+    /// Every group, in the order written (an enclosing group before those inside it).
+    pub groups: Vec<Group>,
     /// The index of the pivot step, if any.
     pub pivot: Option<usize>,
 }
@@ -58,175 +140,15 @@ impl fmt::Debug for Workflow {
             .field("name", &self.name)
             .field("version", &self.version)
             .field("steps", &self.steps)
+            .field("groups", &self.groups)
             .field("pivot", &self.pivot)
             .finish_non_exhaustive()
     }
 }
 
-impl WorkflowDoc {
-    /// Checks what the schema cannot and compiles the workflow: `services` says which service
-    /// names exist (`None`: do not check), `policy` is the deployment's default policy.
-    pub fn validate(
-        self,
-        services: Option<&BTreeSet<String>>,
-        policy: &Policy,
-    ) -> Result<Workflow, DefinitionError> {
-        self.validate_with(services, policy, Limits::Publish)
-    }
-
-    fn validate_with(
-        self,
-        services: Option<&BTreeSet<String>>,
-        policy: &Policy,
-        limits: Limits,
-    ) -> Result<Workflow, DefinitionError> {
-        let mut problems = vec![];
-        let input_schema = match &self.input {
-            None => serde_json::json!({"type": "object"}),
-            Some(s) => s.clone(),
-        };
-        let input_validator =
-            compile_input(&input_schema, limits == Limits::Publish, &mut problems);
-        let mut base = policy.clone();
-        if let Some(d) = &self.defaults {
-            apply_settings(
-                &mut base,
-                "/defaults",
-                (d.timeout.as_ref(), d.start_within.as_ref()),
-                d.retry.as_ref(),
-                &mut problems,
-            );
-        }
-        let mut names: Vec<&str> = vec![];
-        let mut steps = vec![];
-        let mut pivot = None;
-        for (i, s) in self.steps.iter().enumerate() {
-            let at = format!("/steps/{i}");
-            if names.contains(&s.name.as_str()) {
-                problems.push(Problem {
-                    at: format!("{at}/name"),
-                    message: format!("step {:?} is declared twice: step names are unique", s.name),
-                });
-            }
-            if let Some(known) = services
-                && !known.contains(&s.service)
-            {
-                problems.push(Problem {
-                    at: format!("{at}/service"),
-                    message: format!(
-                        "unknown service {:?} (known: {})",
-                        s.service,
-                        known.iter().cloned().collect::<Vec<_>>().join(", ")
-                    ),
-                });
-            }
-            if s.pivot {
-                match pivot {
-                    None => pivot = Some(i),
-                    Some(first) => problems.push(Problem {
-                        at: format!("{at}/pivot"),
-                        message: format!(
-                            "step {first} is already the pivot: a workflow has at most one"
-                        ),
-                    }),
-                }
-            } else if let (Some(p), Some(_)) = (pivot, &s.undo) {
-                problems.push(Problem {
-                    at: format!("{at}/undo"),
-                    message: format!(
-                        "step {:?} comes after the pivot (step {p}) and is never undone: remove its undo",
-                        s.name
-                    ),
-                });
-            }
-            let earlier: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-            let too_many = |m: &Mapping, at: String, problems: &mut Vec<Problem>| {
-                if limits == Limits::Publish && m.queries() > mapping::MAX_QUERIES {
-                    problems.push(Problem {
-                        at,
-                        message: format!(
-                            "{} queries: a mapping holds at most {}",
-                            m.queries(),
-                            mapping::MAX_QUERIES
-                        ),
-                    });
-                }
-            };
-            let input = Mapping::compile(
-                s.input
-                    .clone()
-                    .unwrap_or_else(|| Value::String("$.input".into())),
-                &MappingScope {
-                    steps: &earlier,
-                    own: None,
-                },
-                &format!("{at}/input"),
-                &mut problems,
-            );
-            let undo = s.undo.as_ref().map(|u| Undo {
-                action: u.action.clone(),
-                input: Mapping::compile(
-                    u.input
-                        .clone()
-                        .unwrap_or_else(|| Value::String(format!("$.steps['{}'].result", s.name))),
-                    &MappingScope {
-                        steps: &earlier,
-                        own: Some(&s.name),
-                    },
-                    &format!("{at}/undo/input"),
-                    &mut problems,
-                ),
-            });
-            too_many(&input, format!("{at}/input"), &mut problems);
-            if let Some(u) = &undo {
-                too_many(&u.input, format!("{at}/undo/input"), &mut problems);
-            }
-            let mut step_policy = base.clone();
-            apply_settings(
-                &mut step_policy,
-                &at,
-                (s.timeout.as_ref(), s.start_within.as_ref()),
-                s.retry.as_ref(),
-                &mut problems,
-            );
-            if let Some(cb) = &s.callback {
-                step_policy.callback =
-                    callback_policy(&format!("{at}/callback"), cb, &mut problems);
-            }
-            names.push(&s.name);
-            steps.push(Step {
-                name: s.name.clone(),
-                service: s.service.clone(),
-                action: s.action.clone().unwrap_or_else(|| s.name.clone()),
-                input,
-                undo,
-                policy: step_policy,
-            });
-        }
-        if steps.len() > MAX_STEPS {
-            problems.push(Problem {
-                at: "/steps".into(),
-                message: format!("at most {MAX_STEPS} steps"),
-            });
-        }
-        match input_validator {
-            Some(v) if problems.is_empty() => Ok(Workflow {
-                name: self.name.clone(),
-                version: 0,
-                description: self.description.clone(),
-                input_schema: Arc::new(v),
-                steps,
-                pivot,
-                doc: self,
-            }),
-            _ => Err(DefinitionError(problems)),
-        }
-    }
-}
-
 /// Which bounds a definition is held to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Limits {
+pub(super) enum Limits {
     /// Those of today, for a definition being published (and any other check of one).
     Publish,
     /// None of the bounds on cost (schema budget, queries per mapping): a definition stored

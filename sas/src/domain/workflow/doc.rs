@@ -53,14 +53,19 @@ pub struct WorkflowDoc {
     pub steps: Vec<StepDoc>,
 }
 
-/// One step, as written.
+/// One entry of a workflow's `steps`, as written: a step (it names a `service`), a choice
+/// (`choice`, and `otherwise`) or parallel branches (`parallel`). One flat shape, so that the
+/// schema's messages stay precise; [`WorkflowDoc::validate`] checks that an entry is exactly one
+/// of them and compiles it into its own type.
 #[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StepDoc {
     pub name: String,
     pub description: Option<String>,
-    pub service: String,
+    /// A CEL expression on `{task, input, steps}`: the entry runs only if it holds.
+    pub when: Option<String>,
+    pub service: Option<String>,
     pub action: Option<String>,
     pub input: Option<Value>,
     pub undo: Option<UndoDoc>,
@@ -70,6 +75,76 @@ pub struct StepDoc {
     pub start_within: Option<String>,
     pub retry: Option<RetryDoc>,
     pub callback: Option<CallbackDoc>,
+    /// A singular JSONPath query selecting an array: the step runs once per element.
+    pub for_each: Option<String>,
+    pub max_concurrency: Option<u32>,
+    /// How many refused elements a forEach step tolerates: a count, or a share (`"10%"`).
+    pub tolerated_refusals: Option<Value>,
+    /// The cases of a choice: the first whose `when` holds runs.
+    pub choice: Option<Vec<CaseDoc>>,
+    /// What a choice runs when no case holds.
+    pub otherwise: Option<OtherwiseDoc>,
+    /// Branches that run at once.
+    pub parallel: Option<Vec<BranchDoc>>,
+}
+
+/// One case of a choice.
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CaseDoc {
+    pub when: String,
+    #[serde(default)]
+    pub steps: Vec<StepDoc>,
+    /// The choice's result when this case ran (a mapping): what later steps read as
+    /// `$.steps['<choice>'].result`.
+    pub result: Option<Value>,
+}
+
+/// What a choice runs when no case holds.
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OtherwiseDoc {
+    #[serde(default)]
+    pub steps: Vec<StepDoc>,
+    pub result: Option<Value>,
+}
+
+/// One branch of a parallel group.
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BranchDoc {
+    pub name: Option<String>,
+    pub steps: Vec<StepDoc>,
+}
+
+impl WorkflowDoc {
+    /// Every step's service, with the JSON pointer of its `service` field, groups included.
+    pub fn services_used(&self) -> Vec<(String, &str)> {
+        let mut out = vec![];
+        services_in(&self.steps, "/steps", &mut out);
+        out
+    }
+}
+
+fn services_in<'a>(entries: &'a [StepDoc], at: &str, out: &mut Vec<(String, &'a str)>) {
+    for (i, e) in entries.iter().enumerate() {
+        let here = format!("{at}/{i}");
+        if let Some(s) = &e.service {
+            out.push((format!("{here}/service"), s));
+        }
+        for (c, case) in e.choice.iter().flatten().enumerate() {
+            services_in(&case.steps, &format!("{here}/choice/{c}/steps"), out);
+        }
+        if let Some(o) = &e.otherwise {
+            services_in(&o.steps, &format!("{here}/otherwise/steps"), out);
+        }
+        for (b, branch) in e.parallel.iter().flatten().enumerate() {
+            services_in(&branch.steps, &format!("{here}/parallel/{b}/steps"), out);
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -13,6 +13,7 @@
 //! (`definition`), services (`service`), the input schema (`schema`), step settings
 //! (`settings`), and the shipped `examples` (tests and feature `testkit` only).
 
+mod compile;
 mod definition;
 mod doc;
 #[cfg(any(test, feature = "testkit"))]
@@ -24,10 +25,14 @@ mod settings;
 mod testkit;
 
 pub use super::problem::{DefinitionError, InputError, Problem};
-pub use definition::{MAX_STEPS, Step, Undo, Workflow};
+pub use compile::DEFAULT_CONCURRENCY;
+pub use definition::{
+    Arm, ForEach, Group, GroupKind, MAX_BRANCHES, MAX_CASES, MAX_CONCURRENCY, MAX_DEPTH,
+    MAX_ELEMENTS, MAX_STEPS, Step, Tolerated, Undo, Workflow,
+};
 pub use doc::{
-    Document, Format, MAX_DEFINITION_BYTES, SCHEMA, StepDoc, UndoDoc, WorkflowDoc, parse_document,
-    parse_services, parse_value, parse_workflow,
+    BranchDoc, CaseDoc, Document, Format, MAX_DEFINITION_BYTES, OtherwiseDoc, SCHEMA, StepDoc,
+    UndoDoc, WorkflowDoc, parse_document, parse_services, parse_value, parse_workflow,
 };
 pub use schema::{
     MAX_SCHEMA_DEPTH, MAX_SCHEMA_KEYWORDS, MAX_SCHEMA_PATTERNS, SCHEMA_BACKTRACK_LIMIT,

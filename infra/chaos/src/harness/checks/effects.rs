@@ -161,6 +161,8 @@ fn wanted_net(r: &StateRecord, i: usize, s: &StepState) -> Option<&'static [i32]
     use ProcessState as P;
     let as_it_ran = as_it_ran(s.status);
     Some(match r.process_state {
+        // Never called.
+        _ if s.status == StepStatus::Skipped => &[0],
         P::Processed => &[1],
         P::Compensated | P::Refused if s.undoable => &[0],
         P::CompensationFailed if i == r.step_index => &[0, 1],
@@ -176,7 +178,7 @@ fn as_it_ran(status: StepStatus) -> &'static [i32] {
     use StepStatus as S;
     match status {
         S::Done | S::Faulted => &[1],
-        S::Failed | S::Pending => &[0],
+        S::Failed | S::Pending | S::Skipped => &[0],
         S::Running | S::Waiting | S::TimedOut | S::Cancelled => &[0, 1],
     }
 }

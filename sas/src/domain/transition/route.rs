@@ -1,0 +1,413 @@
+//! Where a task goes next: the conditions between the step just passed and the next one to run.
+//!
+//! A [`Router`] is asked when the cursor moves onto a step that was never sent (a step done,
+//! or the first claim of a step): from there it decides, in the order written, every group that
+//! starts at the cursor (its `when`, then a choice's cases: the first that holds runs) and the
+//! step's own `when`, skipping what does not run, until it finds a step to run or the end. A
+//! decision is kept in the record ([`Decision`]) and never taken again; a step that was sent is
+//! never skipped (it may have taken effect). [`TaskRouter`] decides on a task's input and
+//! results; [`Linear`] decides nothing (workflows without conditions, and tests).
+
+use super::super::context::context;
+use super::super::state::{Decision, StateRecord, StepStatus};
+use super::super::task::Task;
+use super::super::workflow::{GroupKind, Workflow};
+
+/// Where the cursor goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The step to run next (the number of steps: none, every step is passed).
+    pub next: usize,
+    /// The steps decided not to run on the way.
+    pub skipped: Vec<usize>,
+    /// The groups decided on the way.
+    pub decisions: Vec<Decision>,
+}
+
+/// A condition that could not be decided: step `step` fails with `error`
+/// (`condition_failed: ...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteError {
+    pub step: usize,
+    pub route: Route,
+    pub error: String,
+}
+
+/// Decides where a task goes from step `from` (see the module's comment).
+pub trait Router {
+    fn route(&self, r: &StateRecord, from: usize) -> Result<Route, RouteError>;
+}
+
+/// Decides nothing: the next step that is not already Skipped.
+pub struct Linear;
+
+impl Router for Linear {
+    fn route(&self, r: &StateRecord, from: usize) -> Result<Route, RouteError> {
+        let next = (from..r.steps.len())
+            .find(|&j| r.steps[j].status != StepStatus::Skipped)
+            .unwrap_or(r.steps.len());
+        Ok(Route {
+            next,
+            skipped: vec![],
+            decisions: vec![],
+        })
+    }
+}
+
+/// Decides on one task's input and results, by its workflow's conditions.
+pub struct TaskRouter<'a> {
+    pub workflow: &'a Workflow,
+    pub task: &'a Task,
+}
+
+impl Router for TaskRouter<'_> {
+    fn route(&self, r: &StateRecord, from: usize) -> Result<Route, RouteError> {
+        let w = self.workflow;
+        let n = r.steps.len().min(w.steps.len());
+        // The record as decided so far: later conditions read earlier decisions (a choice's
+        // result).
+        let mut seen = r.clone();
+        let mut route = Route {
+            next: n,
+            skipped: vec![],
+            decisions: vec![],
+        };
+        let mut j = from;
+        loop {
+            for (gi, g) in w.groups.iter().enumerate() {
+                if g.span.start != j || seen.decisions.iter().any(|d| d.group == g.name) {
+                    continue;
+                }
+                let ctx = context(w, self.task, &seen, j.min(n.saturating_sub(1)));
+                let holds = |when: &super::super::when::When| match &ctx {
+                    Some(c) => when.holds(c).map_err(|e| e.to_string()),
+                    None => Err("condition_failed: the task's input is not kept".to_owned()),
+                };
+                let fail = |route: Route, error: String| RouteError {
+                    step: j,
+                    route,
+                    error,
+                };
+                let group_runs = match &g.when {
+                    None => true,
+                    Some(when) => match holds(when) {
+                        Ok(b) => b,
+                        Err(e) => return Err(fail(route, e)),
+                    },
+                };
+                let arm = match (&g.kind, group_runs) {
+                    (_, false) => None,
+                    (GroupKind::Parallel { .. }, true) => None,
+                    (GroupKind::Choice { arms }, true) => {
+                        let mut taken = None;
+                        for (k, a) in arms.iter().enumerate() {
+                            let hit = match &a.when {
+                                None => true,
+                                Some(when) => match holds(when) {
+                                    Ok(b) => b,
+                                    Err(e) => return Err(fail(route, e)),
+                                },
+                            };
+                            if hit {
+                                taken = Some(k);
+                                break;
+                            }
+                        }
+                        taken
+                    }
+                };
+                let decision = Decision {
+                    group: g.name.clone(),
+                    arm,
+                    skipped: !group_runs,
+                };
+                seen.decisions.push(decision.clone());
+                route.decisions.push(decision);
+                // What does not run: the whole group, or the arms of a choice not taken.
+                let mut off: Vec<std::ops::Range<usize>> = vec![];
+                match (&g.kind, group_runs) {
+                    (_, false) => off.push(g.span.clone()),
+                    (GroupKind::Choice { arms }, true) => off.extend(
+                        arms.iter()
+                            .enumerate()
+                            .filter(|(k, _)| Some(*k) != arm)
+                            .map(|(_, a)| a.span.clone()),
+                    ),
+                    (GroupKind::Parallel { .. }, true) => {}
+                }
+                for span in off {
+                    for s in span.clone() {
+                        if s < n && !seen.steps[s].sent {
+                            seen.steps[s].status = StepStatus::Skipped;
+                            route.skipped.push(s);
+                        }
+                    }
+                    // The groups inside what does not run are decided with it.
+                    for inner in w.groups.iter().skip(gi + 1) {
+                        let inside = inner.span.start >= span.start
+                            && inner.span.end <= span.end
+                            && inner.depth > g.depth;
+                        if inside && !seen.decisions.iter().any(|d| d.group == inner.name) {
+                            let d = Decision {
+                                group: inner.name.clone(),
+                                arm: None,
+                                skipped: true,
+                            };
+                            seen.decisions.push(d.clone());
+                            route.decisions.push(d);
+                        }
+                    }
+                }
+            }
+            if j >= n {
+                route.next = n;
+                return Ok(route);
+            }
+            let step = &seen.steps[j];
+            if step.sent {
+                route.next = j;
+                return Ok(route);
+            }
+            if step.status == StepStatus::Skipped {
+                j += 1;
+                continue;
+            }
+            if let Some(when) = &w.steps[j].when {
+                let decided = context(w, self.task, &seen, j)
+                    .ok_or_else(|| "condition_failed: the task's input is not kept".to_owned())
+                    .and_then(|c| when.holds(&c).map_err(|e| e.to_string()));
+                match decided {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        seen.steps[j].status = StepStatus::Skipped;
+                        route.skipped.push(j);
+                        j += 1;
+                        continue;
+                    }
+                    Err(error) => {
+                        return Err(RouteError {
+                            step: j,
+                            route,
+                            error,
+                        });
+                    }
+                }
+            }
+            route.next = j;
+            return Ok(route);
+        }
+    }
+}
+
+/// Applies what `route` decided to the record being written: the decisions, and the skipped
+/// steps.
+pub(super) fn take(n: &mut StateRecord, route: &Route) {
+    n.decisions.extend(route.decisions.iter().cloned());
+    for &s in &route.skipped {
+        if let Some(step) = n.steps.get_mut(s) {
+            step.status = StepStatus::Skipped;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use crate::domain::state::{Decision, NoticeKind, ProcessState, StepStatus};
+    use crate::domain::{Caller, Task};
+    use serde_json::{Value, json};
+
+    /// A loan: a credit check, a review by amount and score (a choice with results, its second
+    /// case holding a choice of its own), a notice only on request, the payout.
+    const LOAN: &str = r#"name: loan
+steps:
+  - name: credit-check
+    service: credit-bureau
+  - name: review
+    choice:
+      - when: input.amount > 10000
+        steps:
+          - {name: manual-review, service: core-banking}
+        result: "$.steps['manual-review'].result.decision"
+      - when: steps['credit-check'].result.score < 600
+        steps:
+          - name: second
+            choice:
+              - when: input.amount > 5000
+                steps: [{name: committee, service: core-banking}]
+            otherwise:
+              steps: [{name: clerk, service: core-banking}]
+        result: declined
+    otherwise:
+      result: approved
+  - name: notify
+    service: e-sign
+    when: input.notify
+  - name: payout
+    service: core-banking
+    input: {decision: "$.steps['review'].result"}
+"#;
+
+    fn loan() -> Workflow {
+        let v =
+            crate::domain::workflow::parse_value(LOAN, crate::domain::Format::Yaml).expect("yaml");
+        Workflow::from_value(v, None, &base())
+            .expect("valid")
+            .with_version(1)
+    }
+
+    fn task(r: &StateRecord, input: Value) -> Task {
+        Task {
+            id: r.task_id,
+            workflow: "loan".into(),
+            workflow_version: 1,
+            input,
+            input_revision: 0,
+            earlier_inputs: vec![],
+            reply_queue_url: None,
+            created_at: r.created_at,
+            caller: Caller::new("tests").expect("caller"),
+        }
+    }
+
+    fn score(n: i64) -> StepOutcome {
+        StepOutcome::Succeeded {
+            result: Some(json!({"score": n}).to_string()),
+        }
+    }
+
+    /// Runs a task of the loan on `input`, the credit check answering `credit`, every other
+    /// step succeeding with `{"decision": "ok"}`: the record at its end, and the steps called.
+    fn run(input: Value, credit: i64) -> (StateRecord, Vec<String>) {
+        let w = loan();
+        let p = w.policies();
+        let now = t0();
+        let mut r = record(&w, now);
+        let task = task(&r, input);
+        let router = TaskRouter {
+            workflow: &w,
+            task: &task,
+        };
+        let mut called = vec![];
+        apply_with(&mut r, &p, |r| claim(r, "s", now, &p, &router));
+        while r.process_state == ProcessState::Processing {
+            let i = r.step_index;
+            called.push(r.steps[i].name.clone());
+            let answer = if i == 0 {
+                score(credit)
+            } else {
+                StepOutcome::Succeeded {
+                    result: Some(json!({"decision": "ok"}).to_string()),
+                }
+            };
+            apply_with(&mut r, &p, |r| {
+                apply_reply(r, r.attempt, i, false, &answer, now, &p, &router)
+            });
+        }
+        (r, called)
+    }
+
+    fn decisions(r: &StateRecord) -> Vec<(&str, Option<usize>, bool)> {
+        r.decisions
+            .iter()
+            .map(|d: &Decision| (d.group.as_str(), d.arm, d.skipped))
+            .collect()
+    }
+
+    #[test]
+    fn the_first_case_that_holds_runs_and_the_others_are_skipped() {
+        let (r, called) = run(json!({"amount": 20000, "notify": false}), 700);
+        assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
+        assert_eq!(called, ["credit-check", "manual-review", "payout"]);
+        assert_eq!(
+            decisions(&r),
+            [("review", Some(0), false), ("second", None, true)],
+            "the choice inside a case not taken is decided with it"
+        );
+        let skipped: Vec<_> = r
+            .steps
+            .iter()
+            .filter(|s| s.status == StepStatus::Skipped)
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(skipped, ["committee", "clerk", "notify"]);
+        assert!(
+            r.steps
+                .iter()
+                .all(|s| s.status != StepStatus::Skipped || !s.sent)
+        );
+        assert_eq!(r.owed(), [NoticeKind::Processed]);
+    }
+
+    #[test]
+    fn otherwise_runs_when_no_case_holds_and_a_nested_choice_decides_in_turn() {
+        let (r, called) = run(json!({"amount": 100, "notify": true}), 700);
+        assert_eq!(called, ["credit-check", "notify", "payout"]);
+        assert_eq!(
+            decisions(&r),
+            [("review", Some(2), false), ("second", None, true)]
+        );
+        let (r, called) = run(json!({"amount": 8000, "notify": false}), 500);
+        assert_eq!(called, ["credit-check", "committee", "payout"]);
+        assert_eq!(
+            decisions(&r),
+            [("review", Some(1), false), ("second", Some(0), false)]
+        );
+        let (_, called) = run(json!({"amount": 10, "notify": false}), 500);
+        assert_eq!(called, ["credit-check", "clerk", "payout"]);
+    }
+
+    #[test]
+    fn the_payout_reads_the_result_of_the_case_that_ran() {
+        let w = loan();
+        let (r, _) = run(json!({"amount": 100, "notify": false}), 700);
+        let t = task(&r, json!({"amount": 100, "notify": false}));
+        let ctx = crate::domain::context::context(&w, &t, &r, 5).expect("context");
+        assert_eq!(ctx["steps"]["review"]["result"], json!("approved"));
+        let body = w.steps[5].input.render(&ctx, 1024).expect("renders");
+        assert_eq!(body, json!({"decision": "approved"}));
+        let (r, _) = run(json!({"amount": 20000, "notify": false}), 700);
+        let ctx = crate::domain::context::context(&w, &t, &r, 5).expect("context");
+        assert_eq!(ctx["steps"]["review"]["result"], json!("ok"));
+    }
+
+    #[test]
+    fn a_condition_that_cannot_be_decided_fails_its_step_and_undoes_what_ran() {
+        // `notify` is missing from the input: its condition fails at run time.
+        let (r, called) = run(json!({"amount": 100}), 700);
+        assert_eq!(called, ["credit-check"]);
+        assert_eq!(r.process_state, ProcessState::Compensated, "{r:?}");
+        let notify = &r.steps[4];
+        assert_eq!(
+            (notify.name.as_str(), notify.status),
+            ("notify", StepStatus::Failed)
+        );
+        let error = r.last_error.as_deref().unwrap_or_default();
+        assert!(
+            error.starts_with("notify: condition_failed: input.notify: "),
+            "{error}"
+        );
+        assert_eq!(r.owed(), [NoticeKind::Failed, NoticeKind::Compensated]);
+    }
+
+    #[test]
+    fn a_claim_routes_a_first_step_that_does_not_run_and_may_end_the_task() {
+        let v = json!({"name": "w", "steps": [
+            {"name": "a", "service": "s", "when": "input.go"},
+            {"name": "b", "service": "s", "when": "input.go"}
+        ]});
+        let w = Workflow::from_value(v, None, &base()).expect("valid");
+        let p = w.policies();
+        let now = t0();
+        let mut r = record(&w, now);
+        let t = task(&r, json!({"go": false}));
+        let router = TaskRouter {
+            workflow: &w,
+            task: &t,
+        };
+        let effects = apply_with(&mut r, &p, |r| claim(r, "s", now, &p, &router)).effects;
+        assert_eq!(r.process_state, ProcessState::Processed);
+        assert_eq!(effects, [Effect::DeliverNotice], "nothing is sent");
+        assert!(r.steps.iter().all(|s| s.status == StepStatus::Skipped));
+    }
+}
