@@ -395,9 +395,206 @@ async fn bad_definitions_and_inputs_name_the_place(system: &System, base: &str) 
     assert_eq!(before, after, "a refused input writes nothing");
 }
 
+/// A workflow with a condition and a choice: a manual assessment only above 10,000 (whose
+/// result the choice passes on, or `auto`), a notice only on request.
+fn triage_workflow() -> Value {
+    json!({
+        "name": "claim-triage",
+        "input": {
+            "type": "object",
+            "required": ["claimId", "amount", "notify"],
+            "properties": {
+                "claimId": {"type": "string"},
+                "amount": {"type": "number"},
+                "notify": {"type": "boolean"}
+            }
+        },
+        "defaults": {"timeout": "10s"},
+        "steps": [
+            {"name": "verify-policy", "service": "policy-db", "input": {"claim": "$.input.claimId"}},
+            {"name": "assess", "choice": [
+                {"when": "input.amount > 10000",
+                 "steps": [{"name": "manual-assessment", "service": "ledger",
+                            "input": {"claim": "$.input.claimId", "amount": "$.input.amount"},
+                            "undo": {"action": "withdraw-assessment",
+                                     "input": {"assessment": "$.steps['manual-assessment'].result.id"}}}],
+                 "result": "$.steps['manual-assessment'].result.id"}
+            ], "otherwise": {"result": "auto"}},
+            {"name": "notify", "service": "notifier", "when": "input.notify",
+             "input": {"claim": "$.input.claimId", "assessment": "$.steps['assess'].result"}},
+            {"name": "reserve-payout", "service": "ledger",
+             "input": {"amount": "$.input.amount", "assessment": "$.steps['assess'].result"},
+             "undo": {"action": "release-payout"}}
+        ]
+    })
+}
+
+/// Starts a `claim-triage` task on `input` and waits for its end.
+async fn triage(http: &reqwest::Client, base: &str, input: Value, within: Duration) -> Value {
+    let r = http
+        .post(format!("{base}/workflows/claim-triage/tasks"))
+        .json(&input)
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 202);
+    let started: Value = r.json().await.expect("JSON");
+    let id = started["taskId"].as_str().expect("taskId").to_owned();
+    finished(http, base, &id, within).await
+}
+
+fn statuses(task: &Value) -> Vec<String> {
+    task["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| {
+            format!(
+                "{}={}",
+                s["name"].as_str().unwrap_or("?"),
+                s["status"].as_str().unwrap_or("?")
+            )
+        })
+        .collect()
+}
+
+async fn conditions_and_a_choice_decide_what_runs(system: &System, base: &str, within: Duration) {
+    let http = reqwest::Client::new();
+    let (status, body) = put(
+        &http,
+        format!("{base}/workflows/claim-triage"),
+        &triage_workflow(),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+
+    // Above 10,000 and asked to notify: the manual case runs, its result is the choice's.
+    let done = triage(
+        &http,
+        base,
+        json!({"claimId": "T-1", "amount": 20000, "notify": true}),
+        within,
+    )
+    .await;
+    let id = done["taskId"].as_str().expect("id").to_owned();
+    assert_eq!(done["processState"], "Processed", "{done}");
+    assert_eq!(
+        done["decisions"],
+        json!([{"group": "assess", "arm": 0}]),
+        "{done}"
+    );
+    let assessment = done["steps"][1]["result"]["id"].clone();
+    assert_eq!(
+        requests(system, "ledger", &id),
+        [
+            (
+                "manual-assessment".to_owned(),
+                json!({"claim": "T-1", "amount": 20000})
+            ),
+            (
+                "reserve-payout".to_owned(),
+                json!({"amount": 20000, "assessment": assessment})
+            ),
+        ]
+    );
+    assert_eq!(
+        requests(system, "notifier", &id),
+        [(
+            "notify".to_owned(),
+            json!({"claim": "T-1", "assessment": assessment})
+        )]
+    );
+
+    // Small and quiet: `otherwise` runs, nothing is called for the skipped steps.
+    let done = triage(
+        &http,
+        base,
+        json!({"claimId": "T-2", "amount": 50, "notify": false}),
+        within,
+    )
+    .await;
+    let id = done["taskId"].as_str().expect("id").to_owned();
+    assert_eq!(done["processState"], "Processed", "{done}");
+    assert_eq!(
+        statuses(&done),
+        [
+            "verify-policy=Done",
+            "manual-assessment=Skipped",
+            "notify=Skipped",
+            "reserve-payout=Done"
+        ]
+    );
+    assert_eq!(
+        done["decisions"],
+        json!([{"group": "assess", "arm": 1, "otherwise": true}])
+    );
+    assert_eq!(
+        requests(system, "ledger", &id),
+        [(
+            "reserve-payout".to_owned(),
+            json!({"amount": 50, "assessment": "auto"})
+        )]
+    );
+    assert!(requests(system, "notifier", &id).is_empty());
+
+    // A refusal after the choice: exactly the case's step is undone, with its mapped input;
+    // the skipped notice is never undone.
+    system.services.get("ledger").set_faults(Faults {
+        refuse_actions: vec!["reserve-payout".into()],
+        ..Faults::default()
+    });
+    let done = triage(
+        &http,
+        base,
+        json!({"claimId": "T-3", "amount": 12000, "notify": false}),
+        within,
+    )
+    .await;
+    system.services.get("ledger").set_faults(Faults::default());
+    let id = done["taskId"].as_str().expect("id").to_owned();
+    assert_eq!(done["processState"], "Refused", "{done}");
+    let assessment = done["steps"][1]["result"]["id"].clone();
+    assert_eq!(
+        requests(system, "ledger", &id),
+        [
+            (
+                "manual-assessment".to_owned(),
+                json!({"claim": "T-3", "amount": 12000})
+            ),
+            (
+                "withdraw-assessment".to_owned(),
+                json!({"assessment": assessment})
+            ),
+        ]
+    );
+    assert!(requests(system, "notifier", &id).is_empty());
+
+    // Parallel branches are checked, and refused until this version runs them.
+    let mut parallel = triage_workflow();
+    parallel["name"] = json!("claim-parallel");
+    parallel["steps"][0] = json!({"name": "checks", "parallel": [
+        {"steps": [{"name": "verify-policy", "service": "policy-db"}]},
+        {"steps": [{"name": "fraud", "service": "policy-db", "input": {"p": "$.steps['verify-policy'].result"}}]}
+    ]});
+    let (status, body) = put(&http, format!("{base}/workflows/claim-parallel"), &parallel).await;
+    assert_eq!(status, 400, "{body}");
+    let problems = body["error"]["problems"].as_array().expect("problems");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p["at"] == "/steps/0/parallel/1/steps/0/input/p"
+                && p["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("a branch cannot read a sibling's")),
+        "{body}"
+    );
+}
+
 async fn the_whole_story(backend: Backend, within: Duration) {
     let (system, base) = running(backend).await;
     unseen_workflow_runs_and_compensates_exactly(&system, &base, within).await;
+    conditions_and_a_choice_decide_what_runs(&system, &base, within).await;
     a_running_task_finishes_on_its_version(&system, &base, within).await;
     bad_definitions_and_inputs_name_the_place(&system, &base).await;
     system.shutdown().await;

@@ -265,6 +265,21 @@ pub fn render_task(t: &TaskView) -> String {
         }
     }
 
+    if !t.decisions.is_empty() {
+        out.push_str("\nGROUPS\n");
+        let mut rows = vec![header(&["GROUP", "RAN"])];
+        rows.extend(t.decisions.iter().map(|d| {
+            let ran = match (d.skipped, d.otherwise, d.arm) {
+                (true, _, _) => "skipped (its condition did not hold)".to_owned(),
+                (false, true, _) => "otherwise".to_owned(),
+                (false, false, Some(k)) => format!("case {k}"),
+                (false, false, None) => "no case held: nothing".to_owned(),
+            };
+            vec![clean(&d.group, usize::MAX), ran]
+        }));
+        out.push_str(&table(&rows, &[]));
+    }
+
     out.push_str("\nHISTORY\n");
     if t.history.is_empty() {
         out.push_str("(none)\n");
@@ -543,6 +558,7 @@ task-2   -                 CompensationFailed  -                     12  2025-01
                 step("send-contract", "Failed", Some(true), None),
                 step("disburse-funds", "Pending", None, None),
             ],
+            decisions: vec![],
             history: vec![
                 HistoryEntry {
                     at: at(1).unwrap_or_default(),
@@ -617,6 +633,39 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
     }
 
     #[test]
+    fn skipped_steps_and_the_cases_that_ran_are_shown() {
+        let mut v = view();
+        v.steps[2].status = "Skipped".into();
+        v.decisions = vec![
+            sas::domain::state::Decision {
+                group: "review".into(),
+                arm: Some(1),
+                otherwise: false,
+                skipped: false,
+            },
+            sas::domain::state::Decision {
+                group: "extras".into(),
+                arm: None,
+                otherwise: false,
+                skipped: true,
+            },
+            sas::domain::state::Decision {
+                group: "fees".into(),
+                arm: Some(2),
+                otherwise: true,
+                skipped: false,
+            },
+        ];
+        let out = render_task(&v);
+        assert!(
+            out.contains(" 3  send-contract   -                     Skipped"),
+            "{out}"
+        );
+        let groups = "\nGROUPS\nGROUP   RAN\nreview  case 1\nextras  skipped (its condition did not hold)\nfees    otherwise\n\nHISTORY";
+        assert!(out.contains(groups), "{out}");
+    }
+
+    #[test]
     fn long_inputs_and_results_are_cut() {
         let mut v = view();
         v.input = Some(json!({"note": "x".repeat(500)}));
@@ -659,6 +708,7 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             created_at: None,
             updated_at: None,
             steps: vec![],
+            decisions: vec![],
             history: vec![],
         };
         let out = render_task(&t);

@@ -267,7 +267,7 @@ fn badge(state: &str) -> Markup {
         "Processed" | "Done" | "closed" => "ok",
         "Error" | "CompensationFailed" | "Failed" | "TimedOut" | "Faulted" | "open" => "bad",
         "Compensating" | "Compensated" | "Refused" | "Cancelled" | "half-open" | "paused" => "warn",
-        "Resolved" => "done",
+        "Resolved" | "Skipped" => "done",
         _ => "busy",
     };
     html! { span class={ "badge " (kind) } { (state) } }
@@ -596,6 +596,21 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                                         @if let Some(by) = h["by"].as_str() { " (" (by) ")" } }
                                 }
                             }
+                        }
+                    }
+                }
+            }
+        }
+        @if let Some(decisions) = t["decisions"].as_array().filter(|d| !d.is_empty()) {
+            section aria-labelledby="groups" {
+                h2 id="groups" { "Groups" }
+                ul class="groups" {
+                    @for d in decisions {
+                        li { strong { (text(d, "group")) } ": "
+                            @if d["skipped"] == json!(true) { "skipped (its condition did not hold)" }
+                            @else if d["otherwise"] == json!(true) { "otherwise ran" }
+                            @else if let Some(k) = d["arm"].as_u64() { "case " (k) " ran" }
+                            @else { "no case held: nothing ran" }
                         }
                     }
                 }

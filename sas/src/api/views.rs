@@ -6,7 +6,7 @@
 //! type `S` is the domain's [`ProcessState`] on the server; a client may use its own (one that
 //! keeps a state it does not know rather than failing the answer).
 
-use crate::domain::state::Refusal;
+use crate::domain::state::{Decision, Refusal};
 use crate::domain::task::EarlierInput;
 use crate::domain::{ProcessState, StateRecord, StepState, StepStatus, Task, Workflow};
 use chrono::{DateTime, Utc};
@@ -62,6 +62,9 @@ pub struct TaskView<S = ProcessState> {
     pub round: Option<u32>,
     #[serde(default, deserialize_with = "null_as_default")]
     pub steps: Vec<StepView>,
+    /// What each choice (and parallel group) reached became: the case that ran, or skipped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<Decision>,
     #[serde(default)]
     pub last_error: Option<String>,
     #[serde(default, deserialize_with = "null_as_default")]
@@ -99,6 +102,8 @@ pub struct CallerTaskView<S = ProcessState> {
     pub current_step: Option<String>,
     #[serde(default, deserialize_with = "null_as_default")]
     pub steps: Vec<StepView>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<Decision>,
     #[serde(default)]
     pub refusal: Option<Refusal>,
     #[serde(default, deserialize_with = "null_as_default")]
@@ -119,8 +124,9 @@ pub struct CallerTaskView<S = ProcessState> {
 #[serde(rename_all = "camelCase")]
 pub struct StepView {
     pub name: String,
-    /// Pending, Running, Waiting, Done, Failed (refused), TimedOut, Cancelled or Faulted (the
-    /// service answered, but with a result over the size limit).
+    /// Pending, Running, Waiting, Done, Failed (refused), TimedOut, Cancelled, Faulted (the
+    /// service answered, but with a result over the size limit) or Skipped (a condition did not
+    /// hold: never called).
     pub status: String,
     /// Whether the workflow declares an undo for this step (`None`: the server did not say).
     /// A step without one is never undone.
@@ -395,6 +401,7 @@ impl TaskView {
             current_step: r.current_step().map(str::to_owned),
             round: Some(r.round),
             steps,
+            decisions: r.decisions.clone(),
             last_error: r.last_error.clone(),
             history: r.history.iter().map(HistoryEntry::of).collect(),
             created_at: Some(r.created_at),
@@ -418,6 +425,7 @@ impl CallerTaskView {
             process_state: r.process_state,
             current_step: r.current_step().map(str::to_owned),
             steps: r.steps.iter().map(StepView::for_caller).collect(),
+            decisions: r.decisions.clone(),
             refusal: r.refusal.clone(),
             history: r
                 .history

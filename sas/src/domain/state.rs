@@ -532,6 +532,9 @@ pub struct Decision {
     /// none of whose cases held (and without `otherwise`), or parallel branches (all run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arm: Option<usize>,
+    /// The arm that runs is the choice's `otherwise`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub otherwise: bool,
     /// The group did not run: its `when` did not hold, or a group around it did not run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub skipped: bool,

@@ -116,9 +116,14 @@ impl Router for TaskRouter<'_> {
                         taken
                     }
                 };
+                let otherwise = match (&g.kind, arm) {
+                    (GroupKind::Choice { arms }, Some(k)) => arms[k].when.is_none(),
+                    _ => false,
+                };
                 let decision = Decision {
                     group: g.name.clone(),
                     arm,
+                    otherwise,
                     skipped: !group_runs,
                 };
                 seen.decisions.push(decision.clone());
@@ -151,6 +156,7 @@ impl Router for TaskRouter<'_> {
                             let d = Decision {
                                 group: inner.name.clone(),
                                 arm: None,
+                                otherwise: false,
                                 skipped: true,
                             };
                             seen.decisions.push(d.clone());
