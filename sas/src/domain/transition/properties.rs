@@ -61,6 +61,58 @@ fn shape() -> impl Strategy<Value = examples::Shape> {
     })
 }
 
+/// What each step's condition gives, drawn: it runs, it is skipped, or it cannot be decided.
+#[derive(Debug, Clone, Copy)]
+enum Gate {
+    Run,
+    Skip,
+    Fail,
+}
+
+fn gate() -> impl Strategy<Value = Gate> {
+    prop_oneof![6 => Just(Gate::Run), 3 => Just(Gate::Skip), 1 => Just(Gate::Fail)]
+}
+
+/// A router that decides each step by a drawn table (the real conditions are tested in
+/// `route`): what the transitions do with skipped steps and undecidable conditions, under any
+/// interleaving.
+struct Table(Vec<Gate>);
+
+impl Router for Table {
+    fn route(&self, r: &StateRecord, from: usize) -> Result<Route, RouteError> {
+        let mut route = Route {
+            next: r.steps.len(),
+            skipped: vec![],
+            decisions: vec![],
+        };
+        for j in from..r.steps.len() {
+            let step = &r.steps[j];
+            if step.sent {
+                route.next = j;
+                return Ok(route);
+            }
+            if step.status == crate::domain::StepStatus::Skipped {
+                continue;
+            }
+            match self.0.get(j).copied().unwrap_or(Gate::Run) {
+                Gate::Run => {
+                    route.next = j;
+                    return Ok(route);
+                }
+                Gate::Skip => route.skipped.push(j),
+                Gate::Fail => {
+                    return Err(RouteError {
+                        step: j,
+                        route,
+                        error: "condition_failed: drawn".into(),
+                    });
+                }
+            }
+        }
+        Ok(route)
+    }
+}
+
 proptest! {
     /// No sequence of events reaches an invalid record, every accepted transition's
     /// condition holds on the record it came from and fails on the record it produced, the
@@ -73,7 +125,9 @@ proptest! {
         rounds in 0u32..2,
         callbacks in proptest::bool::ANY,
         start_within in 0i64..30,
+        gates in proptest::collection::vec(gate(), 8),
     ) {
+        let router = Table(gates);
         let p = with(|p| {
             p.auto_compensate = auto;
             p.max_rounds = rounds;
@@ -89,7 +143,7 @@ proptest! {
         let mut r = record(&w, now);
         for e in events {
             let out = match e {
-                Ev::Claim(i) => claim(&r, &format!("s-{i}"), now, &p, &Linear),
+                Ev::Claim(i) => claim(&r, &format!("s-{i}"), now, &p, &router),
                 Ev::Reply { attempt_back, step_shift, undo, kind } => {
                     let outcome = match kind {
                         0 => refused(),
@@ -104,7 +158,7 @@ proptest! {
                         _ => StepOutcome::succeeded(),
                     };
                     let step = (r.step_index as i64 + step_shift as i64).max(0) as usize;
-                    apply_reply(&r, r.attempt.saturating_sub(attempt_back as u64), step, undo, &outcome, now, &p, &Linear)
+                    apply_reply(&r, r.attempt.saturating_sub(attempt_back as u64), step, undo, &outcome, now, &p, &router)
                 }
                 Ev::Callback { generation_back, step_shift, kind } => {
                     let outcome = match kind {
@@ -114,7 +168,7 @@ proptest! {
                     };
                     let step = (r.step_index as i64 + step_shift as i64).max(0) as usize;
                     let generation = r.steps.get(step).map_or(0, |s| s.generation);
-                    apply_callback(&r, step, generation.saturating_sub(u32::from(generation_back)), &outcome, now, &p, &Linear)
+                    apply_callback(&r, step, generation.saturating_sub(u32::from(generation_back)), &outcome, now, &p, &router)
                 }
                 Ev::Advance(s) => { now += Duration::seconds(s as i64); continue; }
                 Ev::Expire(j) => expire(&r, now, &p, f64::from(j) / 10.0),

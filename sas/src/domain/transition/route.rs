@@ -63,6 +63,10 @@ pub struct TaskRouter<'a> {
 impl Router for TaskRouter<'_> {
     fn route(&self, r: &StateRecord, from: usize) -> Result<Route, RouteError> {
         let w = self.workflow;
+        if w.groups.is_empty() && w.steps.iter().all(|s| s.when.is_none()) {
+            // Nothing to decide (a linear workflow): no context to build.
+            return Linear.route(r, from);
+        }
         let n = r.steps.len().min(w.steps.len());
         // The record as decided so far: later conditions read earlier decisions (a choice's
         // result).
