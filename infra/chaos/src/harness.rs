@@ -1,5 +1,5 @@
-//! The chaos run: tasks of both example workflows (e-commerce orders and loan applications,
-//! alternately) submitted over HTTP to the real handlers, on ports wrapped with failpoints, with
+//! The chaos run: tasks of the example workflows and of `order-triage` (a choice and a
+//! condition), in turn, submitted over HTTP to the real handlers, on ports wrapped with failpoints, with
 //! several scheduler and agent pollers and several supervisors at once, and seeded
 //! remote-service faults. At the end every task is checked against its workflow.
 //!
@@ -41,7 +41,7 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
     let started = Instant::now();
     let progress = settle::Progress::new(cfg.patience);
     let mut operator = operating::Operating::start(cfg, &world);
-    let ids = load::submit_all(cfg, &world, &operator, &progress, started).await;
+    let (ids, indexes) = load::submit_all(cfg, &world, &operator, &progress, started).await;
     let finals = settle::wait_for_quiescence(cfg, &world, &mut operator, &progress, &ids).await;
     let elapsed = started.elapsed();
     world.stop_supervisors().await;
@@ -49,6 +49,7 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
     let left = world.shut_down().await;
     let end = checks::Ending {
         ids,
+        indexes,
         finals,
         elapsed,
         operator: by_operator,

@@ -1,5 +1,5 @@
 //! The chaos harness of sas: seeded remote faults, crash points after every write, and
-//! messaging faults, over tasks of both example workflows, with a report of what must never
+//! messaging faults, over tasks of the two example workflows and a third with a choice and a condition, with a report of what must never
 //! happen (lost tasks, doubled or wrong net effects, locked terminal records, invalid records,
 //! alerts that do not match failures). `sas-chaos` is the command; `tests/chaos.rs` runs a
 //! smaller seeded run on the AWS adapters against the emulator.

@@ -1,6 +1,6 @@
 //! `sas-chaos --tasks 10000 --seed 7`: a chaos run in memory (or, with `--aws`, on the AWS
-//! adapters at `AWS_ENDPOINT_URL`): tasks of both example workflows, e-commerce orders and loan
-//! applications in turn. Prints the report as markdown and exits non-zero if any guarantee
+//! adapters at `AWS_ENDPOINT_URL`): tasks of e-commerce orders, loan applications and
+//! order triages (a choice and a condition) in turn. Prints the report as markdown and exits non-zero if any guarantee
 //! broke.
 
 use clap::Parser;
@@ -14,7 +14,7 @@ use std::time::Duration;
     about = "Chaos run of sas: seeded faults and crashes; checks nothing is lost or done twice"
 )]
 struct Cli {
-    /// Tasks to submit (alternately e-commerce orders and loan applications).
+    /// Tasks to submit (e-commerce orders, loan applications and order triages, in turn).
     #[arg(long, default_value_t = 2000)]
     tasks: usize,
     /// The seed of every fault decision.

@@ -14,6 +14,8 @@
 //! - `notices.rs`: `notices::check_notices_owed_and_published`,
 //!   `notices::check_events_match_final_states`;
 //! - `requeues.rs`: `requeues::check_requeues` against `requeues::requeue_limit`;
+//! - `paths.rs`: `paths::check_paths` (each order triage's steps against the path its input
+//!   implies);
 //! - `crash_points.rs`: `crash_points::check_reached` (`crash_points::REQUIRED_POINTS`).
 
 mod alerts;
@@ -21,6 +23,7 @@ mod callbacks;
 pub(super) mod crash_points;
 mod effects;
 mod notices;
+mod paths;
 mod records;
 pub(super) mod requeues;
 
@@ -38,6 +41,8 @@ use std::time::Duration;
 pub(super) struct Ending {
     /// The accepted tasks and their workflows.
     pub ids: HashMap<TaskId, &'static str>,
+    /// The accepted tasks' submission indexes (which gave their inputs).
+    pub indexes: HashMap<TaskId, usize>,
     /// Each accepted task's record as read last (`None`: no record).
     pub finals: HashMap<TaskId, Option<StateRecord>>,
     pub elapsed: Duration,
@@ -63,6 +68,7 @@ pub(super) async fn check(cfg: &Config, end: Ending) -> Report {
     let effects = effects::tally_services(&end.left.services, &mut report).await;
     let outcomes = records::check_records(cfg, &end, &effects, &mut report).await;
     effects::check_no_stray_keys(&effects, &outcomes.known_keys, &mut report);
+    paths::check_paths(&end, &mut report);
     let alerts = recorder.notices("TaskFailed");
     alerts::count_alerts(&alerts, &end.ids, &mut report);
     let failures = alerts::check_one_alert_per_failure(&alerts, &end, &outcomes, &mut report);

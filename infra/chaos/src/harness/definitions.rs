@@ -29,9 +29,55 @@ impl Config {
             let stem = name.rsplit_once('.').map_or(name.as_str(), |(s, _)| s);
             out.push((format!("{stem}.json"), value.to_string()));
         }
+        out.push(("order-triage.json".into(), ORDER_TRIAGE.into()));
         Ok(out)
     }
 }
+
+/// The run's third workflow, over the example services: an order whose payment is a choice (a
+/// credit check and a card charge above 500, an invoice otherwise; the choice's result tells
+/// the shipping how it was paid) and whose express booking runs only when asked for. Its tasks
+/// take every path of a choice and a condition, under the run's faults.
+pub const ORDER_TRIAGE: &str = r#"{
+  "name": "order-triage",
+  "input": {
+    "type": "object",
+    "required": ["customerId", "amount", "express"],
+    "properties": {
+      "customerId": {"type": "string"},
+      "amount": {"type": "integer"},
+      "express": {"type": "boolean"}
+    }
+  },
+  "steps": [
+    {"name": "reserve-inventory", "service": "inventory",
+     "input": {"customerId": "$.input.customerId"},
+     "undo": {"action": "release-inventory", "input": {"reservation": "$.steps['reserve-inventory'].result.id"}}},
+    {"name": "payment", "choice": [
+      {"when": "input.amount > 500",
+       "steps": [
+         {"name": "check-credit", "service": "credit-bureau", "input": {"customerId": "$.input.customerId"}},
+         {"name": "charge-card", "service": "payment", "action": "charge-payment",
+          "input": {"amount": "$.input.amount"},
+          "undo": {"action": "refund-payment", "input": {"payment": "$.steps['charge-card'].result.id"}}}
+       ],
+       "result": {"paidBy": "card", "payment": "$.steps['charge-card'].result.id"}}
+     ],
+     "otherwise": {
+       "steps": [
+         {"name": "send-invoice", "service": "payment", "action": "invoice",
+          "input": {"amount": "$.input.amount"},
+          "undo": {"action": "cancel-invoice"}}
+       ],
+       "result": {"paidBy": "invoice", "payment": "$.steps['send-invoice'].result.id"}}},
+    {"name": "express-booking", "service": "shipping", "when": "input.express",
+     "input": {"customerId": "$.input.customerId"},
+     "undo": {"action": "cancel-express"}},
+    {"name": "arrange-shipping", "service": "shipping",
+     "input": {"reservation": "$.steps['reserve-inventory'].result.id", "payment": "$.steps['payment'].result"},
+     "undo": {"action": "cancel-shipping"}}
+  ]
+}"#;
 
 fn duration_of(v: &Value) -> anyhow::Result<Option<Duration>> {
     match v.as_str() {
@@ -129,9 +175,21 @@ mod tests {
             [
                 "services.yaml",
                 "ecommerce-order.json",
-                "loan-application.json"
+                "loan-application.json",
+                "order-triage.json"
             ]
         );
+        let triage = Workflow::from_value(
+            serde_json::from_str(&files[3].1).expect("JSON"),
+            Some(
+                &["inventory", "payment", "shipping", "credit-bureau"]
+                    .map(String::from)
+                    .into(),
+            ),
+            &cfg.settings.policy,
+        )
+        .expect("a valid workflow over the example services");
+        assert_eq!(triage.groups.len(), 1);
         let loan: Value = serde_json::from_str(&files[2].1).expect("JSON");
         assert_eq!(loan["defaults"]["timeout"], "2000ms");
         assert_eq!(loan["defaults"]["retry"]["baseDelay"], "100ms");

@@ -1,4 +1,5 @@
-//! Driving the load: tasks of both example workflows, alternately, submitted over HTTP at the
+//! Driving the load: tasks of the two example workflows and of the run's own `order-triage`, in
+//! turn, submitted over HTTP at the
 //! run's pace, within its window of tasks in flight, as a client would (an idempotency key,
 //! retries of 5xx answers); the operator may cancel each one a while after.
 
@@ -13,8 +14,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// The workflows a run submits tasks of, in turn: task `i` is of `WORKFLOWS[i % 2]`.
-pub const WORKFLOWS: [&str; 2] = ["ecommerce-order", "loan-application"];
+/// The workflows a run submits tasks of, in turn: task `i` is of `WORKFLOWS[i % 3]`.
+pub const WORKFLOWS: [&str; 3] = ["ecommerce-order", "loan-application", "order-triage"];
 
 /// The workflow of task `i`.
 pub fn workflow_of(i: usize) -> &'static str {
@@ -23,7 +24,16 @@ pub fn workflow_of(i: usize) -> &'static str {
 
 /// The input of task `i` (valid for [`workflow_of`]`(i)`'s input schema).
 pub fn input(i: usize) -> Value {
-    if workflow_of(i) == "loan-application" {
+    if workflow_of(i) == "order-triage" {
+        // Every path: by card or invoice (amount), express or not, in a cycle of 4 triage
+        // tasks (coprime with the 3 workflows).
+        let k = i / WORKFLOWS.len();
+        serde_json::json!({
+            "customerId": format!("chaos-{}", i % 97),
+            "amount": if k.is_multiple_of(2) { 900 } else { 120 },
+            "express": k % 4 < 2,
+        })
+    } else if workflow_of(i) == "loan-application" {
         serde_json::json!({
             "applicantId": format!("chaos-{}", i % 89),
             "amount": 1000 * (1 + i % 50),
@@ -38,14 +48,15 @@ pub fn input(i: usize) -> Value {
 }
 
 /// Submits the run's tasks (paced from `started`, within the window) and hands each accepted
-/// one to the operator; the accepted tasks and their workflows.
+/// one to the operator; the accepted tasks with their workflows, and with their submission
+/// index (which gave their input, [`input`]).
 pub(super) async fn submit_all(
     cfg: &Config,
     world: &World,
     operator: &Operating,
     progress: &Progress,
     started: Instant,
-) -> HashMap<TaskId, &'static str> {
+) -> (HashMap<TaskId, &'static str>, HashMap<TaskId, usize>) {
     let http = reqwest::Client::new();
     let base = &world.base;
     let pace = cfg
@@ -53,7 +64,7 @@ pub(super) async fn submit_all(
         .map(|r| Duration::from_secs_f64(1.0 / f64::from(r.max(1))));
     let recorder = &world.chaos.recorder;
     let begun = AtomicUsize::new(0);
-    let accepted: Vec<Option<(TaskId, &'static str)>> = futures::stream::iter(0..cfg.tasks)
+    let accepted: Vec<Option<(TaskId, usize)>> = futures::stream::iter(0..cfg.tasks)
         .map(|i| {
             let (http, begun) = (&http, &begun);
             async move {
@@ -79,13 +90,20 @@ pub(super) async fn submit_all(
                 }
                 let id = submit(http, base, cfg.seed, i).await?;
                 operator.maybe_cancel(id, i);
-                Some((id, workflow_of(i)))
+                Some((id, i))
             }
         })
         .buffer_unordered(cfg.concurrency.max(1))
         .collect()
         .await;
-    accepted.iter().flatten().copied().collect()
+    let accepted: Vec<(TaskId, usize)> = accepted.into_iter().flatten().collect();
+    (
+        accepted
+            .iter()
+            .map(|(id, i)| (*id, workflow_of(*i)))
+            .collect(),
+        accepted.into_iter().collect(),
+    )
 }
 
 /// Submits task `i` (of [`workflow_of`]`(i)`) with an idempotency key, retrying 5xx answers and
@@ -123,10 +141,22 @@ mod tests {
         let policy = Policy::default();
         let order = workflow::examples::ecommerce_order(&policy);
         let loan = workflow::examples::loan_application(&policy);
-        for i in 0..6 {
-            let w = if i % 2 == 0 { &order } else { &loan };
+        let triage = sas::Workflow::from_value(
+            serde_json::from_str(super::super::definitions::ORDER_TRIAGE).expect("JSON"),
+            None,
+            &policy,
+        )
+        .expect("valid");
+        let mut paths = std::collections::BTreeSet::new();
+        for i in 0..24 {
+            let w = [&order, &loan, &triage][i % 3];
             assert_eq!(workflow_of(i), w.name);
-            w.check_input(&input(i)).expect("a valid input");
+            let v = input(i);
+            w.check_input(&v).expect("a valid input");
+            if i % 3 == 2 {
+                paths.insert((v["amount"].to_string(), v["express"].to_string()));
+            }
         }
+        assert_eq!(paths.len(), 4, "every path of the triage: {paths:?}");
     }
 }

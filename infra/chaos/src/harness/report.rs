@@ -77,6 +77,10 @@ pub struct Report {
     /// undos applied for a task that owes no compensation, and effects under a key that no step
     /// of an accepted task has.
     pub wrong_net: Vec<String>,
+    /// Tasks whose steps did not follow the path their input implies (a step off it ran, a
+    /// step on it was skipped, the wrong case of a choice was taken), by the independent
+    /// model of `checks/paths.rs`.
+    pub off_path: Vec<String>,
     /// Step keys that took effect at their service after their undo had succeeded: effects
     /// nothing will reverse (the service kept no tombstone).
     pub leaked: Vec<String>,
@@ -156,8 +160,9 @@ impl Report {
             ),
         );
         // Lists that must be empty: what each holds, and its first few.
-        let must_be_empty: [(&str, &Vec<String>); 12] = [
+        let must_be_empty: [(&str, &Vec<String>); 13] = [
             ("lost", &self.lost),
+            ("tasks off the path their input implies", &self.off_path),
             ("keys applied more than once", &self.doubled),
             ("wrong net effects", &self.wrong_net),
             ("steps committed after their undo (leaked)", &self.leaked),

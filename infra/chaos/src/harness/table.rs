@@ -43,6 +43,10 @@ impl Report {
             ("keys applied more than once", self.doubled.len()),
             ("wrong net effects", self.wrong_net.len()),
             (
+                "tasks off the path their input implies",
+                self.off_path.len(),
+            ),
+            (
                 "steps committed after their undo (leaked)",
                 self.leaked.len(),
             ),
