@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 #[derive(Parser)]
 #[command(
+    name = "sas-local",
     version,
     about = "Run the sas functions locally: in memory by default, or on AWS APIs"
 )]
@@ -516,6 +517,7 @@ fn progress(len: usize, label: &'static str, stats: &str) -> anyhow::Result<Prog
 struct Tally {
     processed: usize,
     compensated: usize,
+    refused: usize,
     compensation_failed: usize,
     error: usize,
     retried: usize,
@@ -607,7 +609,8 @@ async fn demo(
             .map(|id| {
                 let (http, base) = (http.clone(), base.clone());
                 async move {
-                    let v = match http.get(format!("{base}/tasks/{id}")).send().await {
+                    // The operator view: the caller's hides the history's reasons.
+                    let v = match http.get(format!("{base}/operator/tasks/{id}")).send().await {
                         Ok(r) if r.status().is_success() => r.json().await.ok(),
                         _ => None,
                     };
@@ -634,6 +637,7 @@ async fn demo(
             let counter = match state {
                 Some("Processed") => &mut tally.processed,
                 Some("Compensated") => &mut tally.compensated,
+                Some("Refused") => &mut tally.refused,
                 Some("CompensationFailed") => &mut tally.compensation_failed,
                 Some("Error") => &mut tally.error,
                 _ => {
@@ -686,7 +690,7 @@ async fn demo(
                 .is_some_and(|u| u.iter().any(|s| s == step));
             let want = match tally.finals.get(task).map(String::as_str) {
                 Some("Processed") => 1,
-                Some("Compensated") if undoable => 0,
+                Some("Compensated" | "Refused") if undoable => 0,
                 _ => continue,
             };
             if net != want {
@@ -703,9 +707,10 @@ async fn demo(
 
     let lost = pending.len() + rejected;
     println!(
-        "tasks: {n} submitted, {accepted} accepted | processed: {} | compensated: {} | compensation failed: {} | in Error: {} | recovered: {} (expired deadlines or deferred by an open circuit), {transient} transient faults retried by agents | lost: {lost} | duplicate effects: {duplicate_effects} | wrong net effects: {wrong_net} | dead letters: {dead_letters} | elapsed: {:.1}s | {:.0} tasks/s",
+        "tasks: {n} submitted, {accepted} accepted | processed: {} | compensated: {} | refused: {} | compensation failed: {} | in Error: {} | recovered: {} (expired deadlines or deferred by an open circuit), {transient} transient faults retried by agents | lost: {lost} | duplicate effects: {duplicate_effects} | wrong net effects: {wrong_net} | dead letters: {dead_letters} | elapsed: {:.1}s | {:.0} tasks/s",
         tally.processed,
         tally.compensated,
+        tally.refused,
         tally.compensation_failed,
         tally.error,
         tally.retried,
