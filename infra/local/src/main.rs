@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 #[derive(Parser)]
 #[command(
+    name = "sas-local",
     version,
     about = "Run the sas functions locally: in memory by default, or on AWS APIs"
 )]
@@ -319,6 +320,22 @@ fn describe(settings: &Settings) -> String {
     out
 }
 
+/// The AWS configuration real services are reached with (credentials, Lambda): the SDK's,
+/// with the region from the environment or the profile, else `us-east-1`, never asked of
+/// instance metadata (whose failure on a laptop the SDK logs as warnings at every start).
+async fn local_sdk_config() -> aws_config::SdkConfig {
+    use aws_config::meta::region::RegionProviderChain;
+    let region = RegionProviderChain::first_try(
+        aws_config::environment::EnvironmentVariableRegionProvider::new(),
+    )
+    .or_else(aws_config::profile::ProfileFileRegionProvider::new())
+    .or_else(aws_config::Region::new(region()));
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(region)
+        .load()
+        .await
+}
+
 async fn backend(opts: &Opts) -> Backend {
     if opts.aws {
         Backend::Aws {
@@ -332,7 +349,7 @@ async fn backend(opts: &Opts) -> Backend {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = parse_args(std::env::args_os().collect()).unwrap_or_else(|e| e.exit());
     let command = match cli.command {
         Some(c) => c,
         None => Cli::parse_from(["sas-local", "serve"])
@@ -433,13 +450,16 @@ async fn serve(
     println!("{}", describe(&settings));
     // Services declared as real ones reach them as the agent does: credentials from Secrets
     // Manager or SSM and Lambda functions, through this environment's AWS configuration.
-    let sdk = sas::aws::sdk_config().await;
+    let sdk = local_sdk_config().await;
     settings.credentials = Arc::new(sas::aws::AwsCredentials::from_config(&sdk));
     settings.lambda = Some(sas::aws::lambda_client(&sdk));
     let mut system = System::new(backend(opts).await, settings, Arc::new(SystemClock))
         .await
         .context("building the system")?;
-    let bound = system.serve(listen).await.context("binding the HTTP API")?;
+    let bound = system
+        .serve(listen)
+        .await
+        .map_err(|e| listen_error(e, listen))?;
     // A real callback step's service posts its callback here.
     system.scheduler.callback_base_url = Some(format!("http://{bound}"));
     if showcase {
@@ -460,6 +480,17 @@ async fn serve(
         .into_iter()
         .map(|e| format!("{} v{}", e.name, e.latest))
         .collect();
+    let published = if workflows.is_empty() {
+        format!(
+            "no workflow: {} holds no workflow definition (.yaml, .yml or .json; sasctl workflow apply publishes some)",
+            opts.workflows
+                .as_deref()
+                .unwrap_or(std::path::Path::new("workflows"))
+                .display()
+        )
+    } else {
+        workflows.join(", ")
+    };
     let example = if workflows.iter().any(|w| w.starts_with("loan-application ")) {
         format!(
             "  curl -s -XPOST http://{bound}/workflows/loan-application/tasks -H 'content-type: application/json' \\\n    -d '{{\"applicantId\":\"a-1\",\"amount\":25000,\"currency\":\"EUR\"}}'\n"
@@ -492,11 +523,75 @@ async fn serve(
         } else {
             "in memory"
         },
-        workflows.join(", ")
+        published
     );
     tokio::signal::ctrl_c().await?;
     system.shutdown().await;
     Ok(())
+}
+
+/// Why the HTTP API cannot listen on `listen`, naming the address and the flag that moves it.
+fn listen_error(e: anyhow::Error, listen: SocketAddr) -> anyhow::Error {
+    let in_use = e
+        .downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse);
+    if in_use {
+        anyhow::anyhow!(
+            "{listen} is already in use (another sas-local?): stop it, or serve on another address with --listen ADDR (env SAS_LISTEN), e.g. sas-local serve --listen 127.0.0.1:3001"
+        )
+    } else {
+        e.context(format!(
+            "cannot listen on {listen} (--listen ADDR, env SAS_LISTEN)"
+        ))
+    }
+}
+
+/// The command line, with `serve`'s flags taken without `serve` (the default subcommand),
+/// and a flag of another subcommand named with that subcommand.
+fn parse_args(args: Vec<std::ffi::OsString>) -> Result<Cli, clap::Error> {
+    use clap::CommandFactory;
+    let e = match Cli::try_parse_from(&args) {
+        Ok(cli) => return Ok(cli),
+        Err(e) => e,
+    };
+    if e.kind() != clap::error::ErrorKind::UnknownArgument {
+        return Err(e);
+    }
+    let command = Cli::command();
+    let names: Vec<&str> = command.get_subcommands().map(|c| c.get_name()).collect();
+    let named = args
+        .iter()
+        .skip(1)
+        .any(|a| a.to_str().is_some_and(|a| names.contains(&a)));
+    if !named {
+        // No subcommand: the flags may be serve's.
+        let mut with_serve = args.clone();
+        with_serve.insert(1.min(args.len()), "serve".into());
+        if let Ok(cli) = Cli::try_parse_from(&with_serve) {
+            return Ok(cli);
+        }
+    }
+    let flag = match e.get(clap::error::ContextKind::InvalidArg) {
+        Some(clap::error::ContextValue::String(f)) => f.split('=').next().unwrap_or(f).to_owned(),
+        _ => return Err(e),
+    };
+    let owner = command.get_subcommands().find(|c| {
+        c.get_arguments()
+            .any(|a| a.get_long().is_some_and(|l| format!("--{l}") == flag))
+    });
+    match owner {
+        Some(sub) => {
+            let mut command = Cli::command();
+            Err(command.error(
+                clap::error::ErrorKind::UnknownArgument,
+                format!(
+                    "{flag} is a flag of `sas-local {0}`: give it after the subcommand, as in `sas-local {0} {flag} ...`",
+                    sub.get_name()
+                ),
+            ))
+        }
+        None => Err(e),
+    }
 }
 
 /// A progress bar labelled `label`, ending with `stats` (indicatif template keys).
@@ -516,6 +611,7 @@ fn progress(len: usize, label: &'static str, stats: &str) -> anyhow::Result<Prog
 struct Tally {
     processed: usize,
     compensated: usize,
+    refused: usize,
     compensation_failed: usize,
     error: usize,
     retried: usize,
@@ -607,7 +703,8 @@ async fn demo(
             .map(|id| {
                 let (http, base) = (http.clone(), base.clone());
                 async move {
-                    let v = match http.get(format!("{base}/tasks/{id}")).send().await {
+                    // The operator view: the caller's hides the history's reasons.
+                    let v = match http.get(format!("{base}/operator/tasks/{id}")).send().await {
                         Ok(r) if r.status().is_success() => r.json().await.ok(),
                         _ => None,
                     };
@@ -634,6 +731,7 @@ async fn demo(
             let counter = match state {
                 Some("Processed") => &mut tally.processed,
                 Some("Compensated") => &mut tally.compensated,
+                Some("Refused") => &mut tally.refused,
                 Some("CompensationFailed") => &mut tally.compensation_failed,
                 Some("Error") => &mut tally.error,
                 _ => {
@@ -686,7 +784,7 @@ async fn demo(
                 .is_some_and(|u| u.iter().any(|s| s == step));
             let want = match tally.finals.get(task).map(String::as_str) {
                 Some("Processed") => 1,
-                Some("Compensated") if undoable => 0,
+                Some("Compensated" | "Refused") if undoable => 0,
                 _ => continue,
             };
             if net != want {
@@ -703,9 +801,10 @@ async fn demo(
 
     let lost = pending.len() + rejected;
     println!(
-        "tasks: {n} submitted, {accepted} accepted | processed: {} | compensated: {} | compensation failed: {} | in Error: {} | recovered: {} (expired deadlines or deferred by an open circuit), {transient} transient faults retried by agents | lost: {lost} | duplicate effects: {duplicate_effects} | wrong net effects: {wrong_net} | dead letters: {dead_letters} | elapsed: {:.1}s | {:.0} tasks/s",
+        "tasks: {n} submitted, {accepted} accepted | processed: {} | compensated: {} | refused: {} | compensation failed: {} | in Error: {} | recovered: {} (expired deadlines or deferred by an open circuit), {transient} transient faults retried by agents | lost: {lost} | duplicate effects: {duplicate_effects} | wrong net effects: {wrong_net} | dead letters: {dead_letters} | elapsed: {:.1}s | {:.0} tasks/s",
         tally.processed,
         tally.compensated,
+        tally.refused,
         tally.compensation_failed,
         tally.error,
         tally.retried,
@@ -718,4 +817,59 @@ async fn demo(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        parse_args(args.iter().map(Into::into).collect())
+    }
+
+    #[test]
+    fn serves_flags_work_without_serve_and_others_name_their_subcommand() {
+        let cli = parse(&[
+            "sas-local",
+            "--workflows",
+            "w",
+            "--listen",
+            "127.0.0.1:3001",
+        ])
+        .expect("serve's flags without serve");
+        assert!(matches!(
+            cli.command,
+            Some(Command::Serve { listen, .. }) if listen.port() == 3001
+        ));
+        assert_eq!(cli.opts.workflows, Some("w".into()));
+        let e = parse(&["sas-local", "--tasks", "10"])
+            .err()
+            .expect("a demo flag without demo");
+        assert!(
+            e.to_string()
+                .contains("--tasks is a flag of `sas-local demo`: give it after the subcommand"),
+            "{e}"
+        );
+        let e = parse(&["sas-local", "demo", "--listen", "127.0.0.1:1"])
+            .err()
+            .expect("a serve flag after demo");
+        assert!(
+            e.to_string()
+                .contains("--listen is a flag of `sas-local serve`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_busy_address_names_itself_and_the_flag() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let addr = taken.local_addr().expect("its address");
+        let e = std::net::TcpListener::bind(addr).expect_err("in use");
+        let message = listen_error(e.into(), addr).to_string();
+        assert!(
+            message.starts_with(&format!("{addr} is already in use"))
+                && message.contains("--listen"),
+            "{message}"
+        );
+    }
 }

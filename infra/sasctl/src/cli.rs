@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use url::Url;
@@ -242,9 +242,9 @@ pub struct CheckArgs {
 /// `list` arguments.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct ListArgs {
-    /// The state to list.
-    #[arg(long, value_enum, ignore_case = true, default_value = "Error")]
-    pub state: ProcessState,
+    /// The state to list (default: every state, one page of each, newest first).
+    #[arg(long, value_enum, ignore_case = true)]
+    pub state: Option<ProcessState>,
     /// Only the tasks of this workflow.
     #[arg(long, value_name = "NAME", value_parser = parse_non_empty)]
     pub workflow: Option<String>,
@@ -313,9 +313,9 @@ pub struct SubmitArgs {
     /// The workflow's name.
     #[arg(value_parser = parse_name)]
     pub workflow: String,
-    /// The task's input: a JSON file, or - to read it from stdin.
-    #[arg(long, value_name = "FILE|-")]
-    pub input: PathBuf,
+    /// The task's input: JSON, @FILE, or - (stdin).
+    #[arg(long, value_name = "JSON|@FILE|-", value_parser = parse_json_arg)]
+    pub input: Value,
     /// An idempotency key: the same key gives the same task.
     #[arg(long, value_parser = parse_non_empty)]
     pub idempotency_key: Option<String>,
@@ -338,8 +338,8 @@ pub struct RetryArgs {
     /// Why (recorded in the task's history with who asked).
     #[arg(long, value_parser = parse_non_empty)]
     pub reason: Option<String>,
-    /// The task's new input: JSON, or @FILE.
-    #[arg(long, value_parser = parse_json_arg)]
+    /// The task's new input: JSON, @FILE, or - (stdin).
+    #[arg(long, value_name = "JSON|@FILE|-", value_parser = parse_json_arg)]
     pub input: Option<Value>,
 }
 
@@ -366,18 +366,33 @@ pub struct SkipArgs {
     /// How the step was done (required; recorded in the history).
     #[arg(long, value_parser = parse_non_empty)]
     pub reason: String,
-    /// The step's result: JSON, or @FILE (what later steps and the step's undo read).
-    #[arg(long, value_parser = parse_json_arg)]
+    /// The step's result: JSON, @FILE, or - (stdin): what later steps and the step's undo
+    /// read.
+    #[arg(long, value_name = "JSON|@FILE|-", value_parser = parse_json_arg)]
     pub result: Option<Value>,
 }
 
-/// A JSON value given inline, or as `@FILE`.
-fn parse_json_arg(s: &str) -> Result<Value, String> {
-    let text = match s.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?,
-        None => s.to_owned(),
+/// Every flag that takes JSON takes it one way: inline, `@FILE`, or `-` for stdin.
+pub fn parse_json_arg(s: &str) -> Result<Value, String> {
+    let (text, from) = if s == "-" {
+        let mut text = String::new();
+        io::Read::read_to_string(&mut io::stdin(), &mut text)
+            .map_err(|e| format!("reading stdin: {e}"))?;
+        (text, "stdin")
+    } else if let Some(path) = s.strip_prefix('@') {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        (text, path)
+    } else {
+        return serde_json::from_str(s).map_err(|e| {
+            let hint = if Path::new(s).is_file() {
+                format!(" (to read the file, give @{s})")
+            } else {
+                String::new()
+            };
+            format!("not JSON: {e}; give JSON, @FILE or - (stdin){hint}")
+        });
     };
-    serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}"))
+    serde_json::from_str(&text).map_err(|e| format!("{from}: not JSON: {e}"))
 }
 
 /// `resolve` arguments.
@@ -386,9 +401,10 @@ pub struct ResolveArgs {
     /// The task id.
     #[arg(value_parser = parse_id)]
     pub id: String,
-    /// How the task was settled (required; recorded in its history).
-    #[arg(long, value_parser = parse_non_empty)]
-    pub note: String,
+    /// How the task was settled (required; recorded in its history). `--note` is its old
+    /// name.
+    #[arg(long, alias = "note", value_parser = parse_non_empty)]
+    pub reason: String,
 }
 
 /// `watch` arguments.
@@ -560,18 +576,28 @@ async fn signer(cli: &Cli) -> Result<Option<crate::sign::Signer>, ClientError> {
         url::Host::Ipv4(a) => a.is_loopback(),
         url::Host::Ipv6(a) => a.is_loopback(),
     });
+    // On a loopback endpoint (`sas-local`), `auto` signs when the environment names
+    // credentials, as the AWS CLI would find them: `sas-local --users` then knows the caller.
+    let named = ["AWS_ACCESS_KEY_ID", "AWS_PROFILE"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()));
     let sign = match cli.sign {
         Sign::Always => true,
         Sign::Never => false,
-        Sign::Auto => !loopback,
+        Sign::Auto => !loopback || named,
     };
     if !sign {
         return Ok(None);
     }
-    crate::sign::Signer::from_environment(&cli.endpoint)
-        .await
-        .map(Some)
-        .map_err(|e| ClientError::Signing(e.to_string()))
+    match crate::sign::Signer::from_environment(&cli.endpoint).await {
+        Ok(signer) => Ok(Some(signer)),
+        // `sas-local` takes any region: a loopback endpoint needs none configured.
+        Err(_) if loopback => crate::sign::Signer::from_environment_in(&cli.endpoint, "us-east-1")
+            .await
+            .map(Some)
+            .map_err(|e| ClientError::Signing(e.to_string())),
+        Err(e) => Err(ClientError::Signing(e.to_string())),
+    }
 }
 
 /// `bulk`: counts (a dry run) or acts on every task the selection holds.
@@ -743,35 +769,20 @@ async fn dispatch(
             };
             act(client, cli.json, &request, out).await
         }
-        Command::Resolve(ResolveArgs { id, note }) => {
+        Command::Resolve(ResolveArgs { id, reason }) => {
             let request = Request::Act {
                 id,
                 action: Action::Resolve,
-                reason: Some(note),
+                reason: Some(reason),
             };
             act(client, cli.json, &request, out).await
         }
         Command::Watch(args) => watch(client, cli.json, args, out, err).await,
         Command::Submit(args) => {
-            let text = if args.input.as_os_str() == "-" {
-                let mut text = String::new();
-                io::Read::read_to_string(&mut io::stdin(), &mut text).map(|_| text)
-            } else {
-                std::fs::read_to_string(&args.input)
-            };
-            let input: Value = match text
-                .map_err(|e| e.to_string())
-                .and_then(|t| serde_json::from_str(&t).map_err(|e| format!("not JSON: {e}")))
-            {
-                Ok(v) => v,
-                Err(e) => {
-                    let _ = writeln!(err, "error: --input {}: {e}", args.input.display());
-                    return Ok(exit::USAGE);
-                }
-            };
+            let input = &args.input;
             let request = Request::Submit {
                 workflow: &args.workflow,
-                input: &input,
+                input,
                 idempotency_key: args.idempotency_key.as_deref(),
             };
             let raw = client.send(&request).await?;
@@ -1084,45 +1095,92 @@ async fn list(
     out: &mut (dyn Write + Send),
 ) -> Result<i32, Failure> {
     let json = cli.json;
+    let workflow = args
+        .workflow
+        .as_deref()
+        .map(|w| format!(" --workflow {}", shell_quote(w)))
+        .unwrap_or_default();
+    let hint = |state: &ProcessState, cursor: Option<&str>| {
+        let cursor = cursor
+            .map(|c| format!(" --cursor {}", shell_quote(c)))
+            .unwrap_or_default();
+        format!(
+            "sasctl{} list --state {state}{workflow} --limit {}{cursor}",
+            global_flags(cli),
+            args.limit,
+        )
+    };
+    let Some(state) = &args.state else {
+        // Every state: one page of each (or every page, with --all), newest first together.
+        let mut page = ListPage::default();
+        let mut raw_tasks = Vec::new();
+        let mut more = Vec::new();
+        for state in crate::api::KNOWN_STATES.iter() {
+            let (next, raw, cursor) = pages(client, state, args).await?;
+            page.tasks.extend(next.tasks);
+            raw_tasks.extend(raw);
+            if let Some(c) = cursor {
+                more.push(hint(state, Some(&c)));
+            }
+        }
+        page.tasks.sort_by_key(|t| std::cmp::Reverse(t.updated_at));
+        let raw = serde_json::json!({ "tasks": raw_tasks, "nextCursor": null });
+        print_answer(out, json, &raw, || {
+            let mut text = if page.tasks.is_empty() {
+                "no tasks in any state\n".to_owned()
+            } else {
+                render_list(&page)
+            };
+            for m in &more {
+                text.push_str(&format!("more: {m}\n"));
+            }
+            text
+        })?;
+        return Ok(exit::OK);
+    };
+    let (page, raw_tasks, cursor) = pages(client, state, args).await?;
+    let raw = serde_json::json!({ "tasks": raw_tasks, "nextCursor": cursor });
+    print_answer(out, json, &raw, || {
+        let mut text = if page.tasks.is_empty() {
+            format!("no tasks in {state}\n")
+        } else {
+            render_list(&page)
+        };
+        if let Some(c) = &cursor {
+            text.push_str(&format!("more: {}\n", hint(state, Some(c))));
+        }
+        text
+    })?;
+    Ok(exit::OK)
+}
+
+/// The tasks `list` shows of one state: one page from `--cursor`, or with `--all` every page
+/// from there. Returns them, their raw JSON, and the cursor of the next page (none with
+/// `--all`).
+async fn pages(
+    client: &Client,
+    state: &ProcessState,
+    args: &ListArgs,
+) -> Result<(ListPage, Vec<Value>, Option<String>), Failure> {
     let mut cursor = args.cursor.clone();
     let mut seen = HashSet::new();
     let mut page = ListPage::default();
     let mut raw_tasks = Vec::new();
     loop {
         let request = Request::List {
-            state: &args.state,
+            state,
             workflow: args.workflow.as_deref(),
             limit: Some(args.limit),
             cursor: cursor.as_deref(),
         };
         let (next, raw): (ListPage, Value) = fetch(client, &request).await?;
-        if !args.all {
-            if json {
-                print_json(out, &raw)?;
-            } else {
-                out.write_all(render_list(&next).as_bytes())?;
-                if let Some(c) = &next.next_cursor {
-                    let workflow = args
-                        .workflow
-                        .as_deref()
-                        .map(|w| format!(" --workflow {}", shell_quote(w)))
-                        .unwrap_or_default();
-                    writeln!(
-                        out,
-                        "more: sasctl{} list --state {}{workflow} --limit {} --cursor {}",
-                        global_flags(cli),
-                        args.state,
-                        args.limit,
-                        shell_quote(c)
-                    )?;
-                }
-            }
-            return Ok(exit::OK);
-        }
         if let Some(tasks) = raw.get("tasks").and_then(Value::as_array) {
             raw_tasks.extend(tasks.iter().cloned());
         }
         page.tasks.extend(next.tasks);
+        if !args.all {
+            return Ok((page, raw_tasks, next.next_cursor));
+        }
         match next.next_cursor {
             Some(c) => {
                 if !seen.insert(c.clone()) {
@@ -1134,12 +1192,9 @@ async fn list(
                 }
                 cursor = Some(c);
             }
-            None => break,
+            None => return Ok((page, raw_tasks, None)),
         }
     }
-    let raw = serde_json::json!({ "tasks": raw_tasks, "nextCursor": null });
-    print_answer(out, json, &raw, || render_list(&page))?;
-    Ok(exit::OK)
 }
 
 /// The global flags of `cli` as a command line repeats them (each with a leading space):
@@ -1183,6 +1238,12 @@ async fn watch(
     let interval = Duration::from_millis(args.interval_ms);
     let deadline = tokio::time::Instant::now() + timeout;
     let request = Request::Show { id: &args.id };
+    // It may wait long (a callback step, a paused service): say so, on stderr.
+    let _ = writeln!(
+        err,
+        "watching task {} until it is terminal (every {} ms, at most {} s; Ctrl-C stops watching, not the task)",
+        args.id, args.interval_ms, args.timeout_secs
+    );
     let mut last: Option<(ProcessState, Option<String>, Option<u32>)> = None;
     let mut last_state = None;
     loop {
@@ -1234,6 +1295,51 @@ mod tests {
     }
 
     #[test]
+    fn every_json_flag_takes_json_or_a_file_alike() -> TestResult {
+        let dir = std::env::temp_dir().join(format!("sasctl-json-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir)?;
+        let file = dir.join("input.json");
+        std::fs::write(&file, r#"{"a": 1}"#)?;
+        let path = file.to_str().ok_or("a utf-8 path")?;
+        let at = format!("@{path}");
+        for flags in [
+            &["submit", "w", "--input"][..],
+            &["retry", "t1", "--input"],
+            &["skip", "t1", "--reason", "r", "--result"],
+        ] {
+            for value in [r#"{"a": 1}"#, at.as_str()] {
+                let cli = parse(&[flags, &[value]].concat())?;
+                let got = match cli.command {
+                    Command::Submit(a) => a.input,
+                    Command::Retry(a) => a.input.ok_or("an input")?,
+                    Command::Skip(a) => a.result.ok_or("a result")?,
+                    other => return Err(format!("{other:?}").into()),
+                };
+                assert_eq!(got, serde_json::json!({"a": 1}), "{flags:?} {value}");
+            }
+            // A bare file name is not JSON: the error says how to give a file.
+            let e = parse(&[flags, &[path]].concat()).err().ok_or("refused")?;
+            assert!(
+                e.to_string()
+                    .contains(&format!("(to read the file, give @{path})")),
+                "{e}"
+            );
+        }
+        // `--note` is resolve's old name of `--reason`.
+        for flag in ["--reason", "--note"] {
+            assert_eq!(
+                parse(&["resolve", "t1", flag, "by hand"])?.command,
+                Command::Resolve(ResolveArgs {
+                    id: "t1".into(),
+                    reason: "by hand".into()
+                })
+            );
+        }
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
+
+    #[test]
     fn clap_definition_is_valid() {
         Cli::command().debug_assert();
     }
@@ -1244,7 +1350,7 @@ mod tests {
         assert_eq!(
             cli.command,
             Command::List(ListArgs {
-                state: ProcessState::Error,
+                state: None,
                 workflow: None,
                 limit: 50,
                 cursor: None,
@@ -1278,7 +1384,7 @@ mod tests {
         assert_eq!(
             cli.command,
             Command::List(ListArgs {
-                state: ProcessState::CompensationFailed,
+                state: Some(ProcessState::CompensationFailed),
                 workflow: Some("loan-application".into()),
                 limit: 100,
                 cursor: Some("abc".into()),
@@ -1372,7 +1478,7 @@ mod tests {
             parse(&["resolve", "t1", "--note", "refunded by hand"])?.command,
             Command::Resolve(ResolveArgs {
                 id: "t1".into(),
-                note: "refunded by hand".into()
+                reason: "refunded by hand".into()
             })
         );
         assert!(parse(&["resolve", "t1"]).is_err(), "a resolve needs a note");
@@ -1497,6 +1603,17 @@ mod tests {
                 continue;
             }
             assert_eq!(out, "", "{args:?}");
+            // `watch` first says that it waits, and for how long.
+            let err = match err.split_once('\n') {
+                Some((first, rest)) if args[0] == "watch" => {
+                    assert_eq!(
+                        first,
+                        "watching task t1 until it is terminal (every 500 ms, at most 30 s; Ctrl-C stops watching, not the task)"
+                    );
+                    rest.to_owned()
+                }
+                _ => err,
+            };
             assert!(
                 err.starts_with("error: cannot reach http://127.0.0.1:9/tasks"),
                 "{args:?}: {err}"

@@ -385,7 +385,19 @@ impl Client {
         let status = response.status();
         let body = response.bytes().await.map_err(transport)?;
         if !status.is_success() {
-            return Err(api_error(status, &body));
+            let mut e = api_error(status, &body);
+            if let ClientError::Api {
+                status: 401,
+                message,
+                ..
+            } = &mut e
+            {
+                message.push_str(&match &self.signer {
+                    Some(signer) => format!(" ({})", signer.describe()),
+                    None => " (sent unsigned: sasctl signs a loopback endpoint when AWS credentials are in the environment, AWS_ACCESS_KEY_ID or AWS_PROFILE, or with --sign always)".into(),
+                });
+            }
+            return Err(e);
         }
         serde_json::from_slice(&body).map_err(|e| ClientError::Decode {
             context: describe(request, &url),

@@ -16,7 +16,7 @@
 //! # credentials and region of the AWS configuration.
 //! export SAS_ENDPOINT=https://abc123.execute-api.eu-west-1.amazonaws.com/operator
 //!
-//! # Tasks that ended in Error (the default state), 50 per page.
+//! # Every state, newest first: one page (50) of each; --state for one state.
 //! sasctl list
 //! sasctl list --state CompensationFailed --limit 20
 //! sasctl list --state Error --workflow loan-application

@@ -11,6 +11,9 @@ use aws_sigv4::sign::v4;
 pub struct Signer {
     credentials: SharedCredentialsProvider,
     region: String,
+    /// The access key id (never the secret) and the provider of the credentials last signed
+    /// with, for a `401`'s message.
+    last: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// Why a request could not be signed.
@@ -23,12 +26,22 @@ impl Signer {
         Self {
             credentials,
             region: region.into(),
+            last: Default::default(),
         }
     }
 
     /// A signer from the environment's AWS configuration. The region is the configuration's,
     /// else the one in an API Gateway host name (`<id>.execute-api.<region>.amazonaws.com`).
     pub async fn from_environment(endpoint: &url::Url) -> Result<Self, SignError> {
+        Self::load(endpoint, None).await
+    }
+
+    /// [`Signer::from_environment`], in `region` when the configuration names none.
+    pub async fn from_environment_in(endpoint: &url::Url, region: &str) -> Result<Self, SignError> {
+        Self::load(endpoint, Some(region)).await
+    }
+
+    async fn load(endpoint: &url::Url, fallback: Option<&str>) -> Result<Self, SignError> {
         let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
             .load()
             .await;
@@ -39,12 +52,28 @@ impl Signer {
             .region()
             .map(|r| r.to_string())
             .or_else(|| region_of_host(endpoint.host_str().unwrap_or_default()))
-            .ok_or_else(|| SignError("no AWS region (set AWS_REGION or --region)".into()))?;
+            .or_else(|| fallback.map(str::to_owned))
+            .ok_or_else(|| SignError("no AWS region (set AWS_REGION)".into()))?;
         Ok(Self::new(credentials, region))
     }
 
     pub fn region(&self) -> &str {
         &self.region
+    }
+
+    /// What the last request was signed with: the access key id, the credentials' source and
+    /// the region (never the secret).
+    pub fn describe(&self) -> String {
+        let key = self
+            .last
+            .lock()
+            .ok()
+            .and_then(|l| l.clone())
+            .unwrap_or_else(|| "no credentials yet".into());
+        format!(
+            "signed (SigV4, execute-api, region {}) with {key}",
+            self.region
+        )
     }
 
     /// Signs `request` in place: adds `Authorization`, `X-Amz-Date` and, for temporary
@@ -56,6 +85,12 @@ impl Signer {
             .provide_credentials()
             .await
             .map_err(|e| SignError(e.to_string()))?;
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(format!(
+                "access key {} (from the AWS configuration: environment, profile or SSO)",
+                credentials.access_key_id()
+            ));
+        }
         let identity = credentials.into();
         let params = v4::SigningParams::builder()
             .identity(&identity)

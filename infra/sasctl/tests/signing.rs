@@ -117,13 +117,27 @@ async fn a_signed_sasctl_reaches_an_iam_operator_api_and_an_unsigned_one_does_no
             secret_access_key: "guessed".into(),
             ..env_user.clone()
         }));
-    assert!(matches!(
-        forged.list(&ProcessState::Pending, None, None, None).await,
-        Err(ClientError::Api { status: 401, .. })
-    ));
+    // A 401 says what the request was signed with: the key id and region, never the secret.
+    let refused = forged.list(&ProcessState::Pending, None, None, None).await;
+    let Err(ClientError::Api {
+        status: 401,
+        message,
+        ..
+    }) = refused
+    else {
+        panic!("{refused:?}")
+    };
+    assert!(
+        message.contains(&format!(
+            "(signed (SigV4, execute-api, region us-east-1) with access key {} (from the AWS configuration",
+            env_user.access_key_id
+        )) && !message.contains("guessed"),
+        "{message}"
+    );
 
-    // The command line: `--sign always` signs with the environment's credentials; the
-    // default (`auto`) does not sign a loopback endpoint.
+    // The command line: `--sign always` signs with the environment's credentials, and so does
+    // the default (`auto`) on a loopback endpoint when the environment names them; `never`
+    // does not, and its 401 says so.
     let run = |sign: &'static str| {
         let base = base.to_string();
         async move {
@@ -135,9 +149,18 @@ async fn a_signed_sasctl_reaches_an_iam_operator_api_and_an_unsigned_one_does_no
     let (code, text) = run("always").await;
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("ecommerce-order"), "{text}");
+    assert!(
+        std::env::var_os("AWS_ACCESS_KEY_ID").is_some(),
+        "the test signs with the environment's credentials"
+    );
     let (code, text) = run("auto").await;
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = run("never").await;
     assert_eq!(code, 1, "unsigned to an IAM API: {text}");
-    assert!(text.contains("unauthenticated"), "{text}");
+    assert!(
+        text.contains("unauthenticated") && text.contains("(sent unsigned: sasctl signs"),
+        "{text}"
+    );
 }
 
 /// `sasctl console` serves the console on loopback and signs what it forwards: the browser
@@ -250,7 +273,7 @@ async fn sasctl_submit_starts_a_task_once_per_key() {
                 "submit",
                 "ecommerce-order",
                 "--input",
-                file.to_str().expect("utf-8 path"),
+                &format!("@{}", file.to_str().expect("utf-8 path")),
                 "--idempotency-key",
                 key,
             ])
