@@ -581,6 +581,67 @@ steps:
         Ok(())
     }
 
+    /// A workflow with groups and every mistake `validate` must name at its place: a reference
+    /// into a sibling branch, a condition that does not parse, a forEach over what is not an
+    /// array, a pivot inside a group, and an unknown service inside a case.
+    const GROUPED: &str = "\
+name: trip
+input:
+  type: object
+  properties:
+    travellers: {type: array}
+    fare: {type: string}
+steps:
+  - name: book
+    parallel:
+      - steps:
+          - {name: flight, service: bank, pivot: true}
+      - steps:
+          - name: hotel
+            service: bank
+            input: {seat: \"$.steps['flight'].result.seat\"}
+  - name: fare
+    choice:
+      - when: input.fare ==
+        steps: [{name: lounge, service: fax}]
+  - name: insure
+    service: mail
+    forEach: $.input.fare
+";
+
+    #[test]
+    fn validate_names_the_mistakes_of_groups_at_their_places() {
+        let v = check(&[
+            source("services.yaml", SERVICES),
+            source("trip.yaml", GROUPED),
+        ]);
+        assert!(!v.is_valid());
+        let lines = v.problem_lines();
+        let at = |pointer: &str, says: &str| {
+            assert!(
+                lines
+                    .iter()
+                    .any(|l| l.starts_with(&format!("trip.yaml: at {pointer}: "))
+                        && l.contains(says)),
+                "{pointer} {says:?}: {lines:#?}"
+            );
+        };
+        at("/steps/0/parallel/0/steps/0/pivot", "not of a group");
+        at(
+            "/steps/0/parallel/1/steps/0/input/seat",
+            "a branch cannot read a sibling's",
+        );
+        at("/steps/1/choice/0/when", "not a CEL expression");
+        at(
+            "/steps/1/choice/0/steps/0/service",
+            "unknown service \"fax\"",
+        );
+        at(
+            "/steps/2/forEach",
+            "is typed \"string\" by the input schema",
+        );
+    }
+
     #[test]
     fn a_workflow_without_the_services_file_names_unknown_services() {
         let v = check(&[source("transfer.yaml", GOOD)]);
