@@ -15,7 +15,6 @@ use sas_local::{LOCAL_REPLY_PREFIX, System};
 use serde_json::{Value, json};
 use std::sync::Arc;
 
-const REGION: &str = "us-east-1";
 const AUDIENCE: &str = "sas-tests";
 const ISSUER: &str = "https://issuer.sas-tests.invalid";
 
@@ -347,7 +346,7 @@ async fn callers_are_kept_apart(system: &System, api: &Api, alice: Cred, bob: Cr
 async fn iam_mode_checks_sigv4_and_keeps_callers_apart() {
     let (alice, bob, operator) = (user("alice"), user("bob"), user("operator"));
     let users = vec![alice.clone(), bob.clone(), operator.clone()];
-    let check = LocalAuth::Iam(Arc::new(SigV4Check::new(REGION, users).expect("users")));
+    let check = LocalAuth::Iam(Arc::new(SigV4Check::new(users).expect("users")));
     let (system, api) = serve(check.clone(), check).await;
     callers_are_kept_apart(
         &system,
@@ -357,16 +356,23 @@ async fn iam_mode_checks_sigv4_and_keeps_callers_apart() {
         Cred::Sign(operator.clone()),
     )
     .await;
-    // A signature with a wrong secret, or by an unknown key: 401.
-    for forged in [
-        LocalUser {
-            secret_access_key: "guessed".into(),
-            ..alice.clone()
-        },
-        user("mallory"),
+    // A signature with a wrong secret, or by an unknown key: 401, the body naming why (and
+    // no secret).
+    for (forged, why) in [
+        (
+            LocalUser {
+                secret_access_key: "guessed".into(),
+                ..alice.clone()
+            },
+            "the signature does not match",
+        ),
+        (user("mallory"), "unknown access key"),
     ] {
         let (status, body) = api.get(&Cred::Sign(forged), "/tasks").await;
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(why), "{body}");
+        assert!(!message.contains("guessed"), "{body}");
     }
     // A caller's credentials are no operator's: the operator API needs its own principal,
     // and a bearer token means nothing to SigV4.
@@ -384,7 +390,7 @@ async fn jwt_mode_checks_tokens_and_keeps_callers_apart() {
     )));
     let operator = user("operator");
     let ops = LocalAuth::Iam(Arc::new(
-        SigV4Check::new(REGION, vec![operator.clone()]).expect("users"),
+        SigV4Check::new(vec![operator.clone()]).expect("users"),
     ));
     let (system, api) = serve(jwt, ops).await;
     let now = Utc::now();
@@ -449,7 +455,7 @@ async fn none_mode_is_one_anonymous_caller() {
 async fn a_caller_over_its_rate_gets_429_with_retry_after_and_others_go_on() {
     let (alice, bob) = (user("alice"), user("bob"));
     let check = LocalAuth::Iam(Arc::new(
-        SigV4Check::new(REGION, vec![alice.clone(), bob.clone()]).expect("users"),
+        SigV4Check::new(vec![alice.clone(), bob.clone()]).expect("users"),
     ));
     let limit = sas::domain::rate::RateLimit {
         per_second: 0.2,

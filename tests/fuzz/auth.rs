@@ -165,7 +165,7 @@ async fn auth_case(
     use sas_local::auth::{JwtCheck, LocalAuth, SigV4Check};
     let auth = if iam {
         LocalAuth::Iam(std::sync::Arc::new(
-            SigV4Check::new("us-east-1", f.users.clone()).expect("users"),
+            SigV4Check::new(f.users.clone()).expect("users"),
         ))
     } else {
         LocalAuth::Jwt(std::sync::Arc::new(JwtCheck::new(

@@ -151,10 +151,7 @@ fn local_auth(
     use sas::auth::AuthMode;
     use sas_local::auth::{JwtCheck, LocalAuth, SigV4Check, TestIssuer};
     let iam = match &opts.users {
-        Some(path) => Some(LocalAuth::Iam(Arc::new(SigV4Check::from_file(
-            &region(),
-            path,
-        )?))),
+        Some(path) => Some(LocalAuth::Iam(Arc::new(SigV4Check::from_file(path)?))),
         None => None,
     };
     let api = match opts.auth {

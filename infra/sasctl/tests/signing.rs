@@ -24,7 +24,7 @@ fn signer(user: &LocalUser) -> Signer {
 
 /// A memory system whose operator API accepts SigV4 requests by `user` only.
 fn iam_operator_api(user: &LocalUser) -> Settings {
-    let check = SigV4Check::new("us-east-1", vec![user.clone()]).expect("users");
+    let check = SigV4Check::new(vec![user.clone()]).expect("users");
     Settings {
         operator_auth: LocalAuth::Iam(Arc::new(check)),
         ..Settings::default()

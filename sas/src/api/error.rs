@@ -46,9 +46,10 @@ pub enum ApiError {
         path: String,
         allow: &'static str,
     },
-    /// No caller could be named (no signature, token or authorizer context).
+    /// No caller could be named (no signature, token or authorizer context), and why: the
+    /// check's reason (a wrong signature, an unknown key, a stale date...), never a secret.
     #[error("{0}")]
-    Unauthenticated(&'static str),
+    Unauthenticated(String),
     /// The caller is over its allowance: answered with `Retry-After`.
     #[error(
         "over this caller's limit of {per_second} requests a second (bursts of {burst}); retry after {retry_after_s} s"
@@ -345,7 +346,7 @@ mod tests {
                 path: "/tasks".into(),
                 allow: "GET",
             },
-            ApiError::Unauthenticated("sign the request"),
+            ApiError::Unauthenticated("sign the request".into()),
             ApiError::RateLimited {
                 per_second: 50.0,
                 burst: 100,

@@ -105,9 +105,9 @@ pub async fn handle(
                         .instrument(span)
                         .await
                 }
-                Identity::Unauthenticated(_) => ApiError::Unauthenticated(
-                    "the console is part of the operator API: sign the request (sasctl console does)",
-                )
+                Identity::Unauthenticated(why) => ApiError::Unauthenticated(format!(
+                    "the console is part of the operator API: sign the request (sasctl console does): {why}"
+                ))
                 .response(),
             };
         }
@@ -125,9 +125,11 @@ pub async fn handle(
         Identity::Caller(c) => c,
         Identity::Unauthenticated(why) => {
             info!(why = %why, "unauthenticated request");
-            return ApiError::Unauthenticated(
-                "this API needs authentication: a SigV4 signature or a bearer token, as deployed",
-            )
+            // The reason names what was wrong (a region, a date, a signature, an unknown key),
+            // never a secret: what a caller needs to mend its request.
+            return ApiError::Unauthenticated(format!(
+                "this API needs authentication, a SigV4 signature or a bearer token as deployed: {why}"
+            ))
             .response();
         }
     };
