@@ -241,6 +241,9 @@ pub async fn publish_files(
 ) -> anyhow::Result<Vec<String>> {
     let mut services = vec![];
     let mut workflows = vec![];
+    // Every file is read and every problem reported, as `sasctl workflow validate` does, not
+    // only the first.
+    let mut problems = vec![];
     for (name, text) in files {
         let Some(format) = workflow::Format::of_path(name) else {
             continue;
@@ -248,27 +251,40 @@ pub async fn publish_files(
         if name.ends_with("schema.json") {
             continue;
         }
-        let value =
-            workflow::parse_value(text, format).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-        match workflow::parse_document(value.clone()).map_err(|e| anyhow::anyhow!("{name}: {e}"))? {
-            workflow::Document::Services(doc) => services.push(doc),
-            workflow::Document::Workflow(_) => workflows.push((name.clone(), value)),
+        let parsed = workflow::parse_value(text, format)
+            .and_then(|value| Ok((workflow::parse_document(value.clone())?, value)));
+        match parsed {
+            Ok((workflow::Document::Services(doc), _)) => services.push((name.clone(), doc)),
+            Ok((workflow::Document::Workflow(_), value)) => workflows.push((name.clone(), value)),
+            Err(e) => problems.push(format!("{name}: {e}")),
         }
     }
     let mut report = vec![];
-    for doc in &services {
-        for (name, p) in definitions.publish_services(doc).await? {
-            report.push(format!("service {name} v{}", p.version));
+    for (file, doc) in &services {
+        match definitions.publish_services(doc).await {
+            Ok(published) => {
+                for (name, p) in published {
+                    report.push(format!("service {name} v{}", p.version));
+                }
+            }
+            Err(e) => problems.push(format!("{file}: {e}")),
         }
     }
     for (file, value) in workflows {
-        let (p, w) = definitions
-            .publish_workflow(value)
-            .await
-            .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
-        report.push(format!("workflow {} v{}", w.name, p.version));
+        match definitions.publish_workflow(value).await {
+            Ok((p, w)) => report.push(format!("workflow {} v{}", w.name, p.version)),
+            Err(e) => problems.push(format!("{file}: {e}")),
+        }
     }
-    Ok(report)
+    if problems.is_empty() {
+        Ok(report)
+    } else {
+        Err(anyhow::anyhow!(
+            "{} of the definition files cannot be published:\n{}",
+            problems.len(),
+            problems.join("\n")
+        ))
+    }
 }
 
 /// Reads every definition file (`.yaml`, `.yml`, `.json`) of a folder, sorted by name.
@@ -322,6 +338,36 @@ mod tests {
             Err(CatalogError::Invalid(e)) => e.0,
             other => panic!("{target}: {other:?}"),
         }
+    }
+
+    /// Every bad file is reported, not only the first; the good ones are published.
+    #[tokio::test]
+    async fn publishing_files_reports_every_bad_one() {
+        let d = definitions(ServiceRules::local());
+        let mut files = example_files();
+        files.push((
+            "a-broken.yaml".into(),
+            "name: a\nsteps: [{name: x}]\n".into(),
+        ));
+        files.push(("not-yaml.yml".into(), "steps: [".into()));
+        files.push((
+            "z-unknown.json".into(),
+            r#"{"name": "z", "steps": [{"name": "s", "service": "nowhere"}]}"#.into(),
+        ));
+        let e = publish_files(&d, &files)
+            .await
+            .expect_err("three bad files")
+            .to_string();
+        assert!(
+            e.starts_with("3 of the definition files cannot be published"),
+            "{e}"
+        );
+        for file in ["a-broken.yaml", "not-yaml.yml", "z-unknown.json: "] {
+            assert!(e.contains(file), "{file}: {e}");
+        }
+        assert!(e.contains("unknown service \"nowhere\""), "{e}");
+        let loan = d.latest("loan-application").await.expect("read");
+        assert!(loan.is_some(), "the good files are published");
     }
 
     /// A deployed stack publishes no service on the function's own machine: its loopback is
