@@ -421,3 +421,121 @@ steps:
         assert!(r.steps.iter().all(|s| s.status == StepStatus::Skipped));
     }
 }
+
+#[cfg(test)]
+mod operator_tests {
+    use super::super::testkit::*;
+    use crate::domain::state::{ProcessState, StepStatus};
+    use crate::domain::{Caller, Task};
+    use serde_json::{Value, json};
+
+    /// A check, a notice only on request, a choice between two payouts.
+    const W: &str = r#"name: w
+steps:
+  - {name: check, service: s}
+  - {name: notify, service: s, when: input.notify}
+  - name: payout
+    choice:
+      - when: input.amount > 100
+        steps: [{name: big, service: s}]
+    otherwise:
+      steps: [{name: small, service: s}]
+"#;
+
+    fn w() -> Workflow {
+        let v = crate::domain::workflow::parse_value(W, crate::domain::Format::Yaml).expect("yaml");
+        Workflow::from_value(v, None, &base()).expect("valid")
+    }
+
+    fn task(r: &StateRecord, input: Value) -> Task {
+        Task {
+            id: r.task_id,
+            workflow: "w".into(),
+            workflow_version: 0,
+            input,
+            input_revision: 0,
+            earlier_inputs: vec![],
+            reply_queue_url: None,
+            created_at: r.created_at,
+            caller: Caller::new("tests").expect("caller"),
+        }
+    }
+
+    fn statuses(r: &StateRecord) -> Vec<StepStatus> {
+        r.steps.iter().map(|s| s.status).collect()
+    }
+
+    #[test]
+    fn a_retry_on_a_mended_input_decides_the_condition_again() {
+        let (w, now) = (w(), t0());
+        let p = with(|p| p.auto_compensate = false);
+        let mut r = record(&w, now);
+        // `notify` is missing: the condition cannot be decided, the task stops in Error.
+        let t = task(&r, json!({"amount": 5}));
+        let router = TaskRouter {
+            workflow: &w,
+            task: &t,
+        };
+        apply_with(&mut r, &p, |r| claim(r, "s", now, &p, &router));
+        apply_with(&mut r, &p, |r| {
+            apply_reply(r, r.attempt, 0, false, &ok(), now, &p, &router)
+        });
+        assert_eq!(r.process_state, ProcessState::Error);
+        assert_eq!((r.step_index, r.steps[1].status), (1, StepStatus::Failed));
+        // The operator retries on a mended input: the claim decides again, and skips it.
+        apply_with(&mut r, &p, |r| {
+            retry_with_input(r, &ops(Some("notify given")), now, &p, 1)
+        });
+        let t = task(&r, json!({"amount": 5, "notify": false}));
+        let router = TaskRouter {
+            workflow: &w,
+            task: &t,
+        };
+        apply_with(&mut r, &p, |r| claim(r, "s", now, &p, &router));
+        assert_eq!(r.steps[r.step_index].name, "small", "{r:?}");
+        assert_eq!(
+            statuses(&r),
+            [
+                StepStatus::Done,
+                StepStatus::Skipped,
+                StepStatus::Skipped,
+                StepStatus::Running
+            ]
+        );
+        apply_with(&mut r, &p, |r| {
+            apply_reply(r, r.attempt, 3, false, &ok(), now, &p, &router)
+        });
+        assert_eq!(r.process_state, ProcessState::Processed);
+        assert_eq!(r.decisions.len(), 1);
+    }
+
+    #[test]
+    fn a_skip_by_the_operator_leaves_the_way_on_to_the_claim() {
+        let (w, now) = (w(), t0());
+        let p = with(|p| p.auto_compensate = false);
+        let mut r = record(&w, now);
+        let t = task(&r, json!({"amount": 500, "notify": true}));
+        let router = TaskRouter {
+            workflow: &w,
+            task: &t,
+        };
+        apply_with(&mut r, &p, |r| claim(r, "s", now, &p, &router));
+        apply_with(&mut r, &p, |r| {
+            apply_reply(r, r.attempt, 0, false, &ok(), now, &p, &router)
+        });
+        // The notice is refused for good; the operator skips it.
+        apply_with(&mut r, &p, |r| {
+            apply_reply(r, r.attempt, 1, false, &refused(), now, &p, &router)
+        });
+        assert_eq!(r.process_state, ProcessState::Error);
+        apply_with(&mut r, &p, |r| {
+            skip(r, &ops(Some("sent by hand")), now, &p, None)
+        });
+        assert_eq!((r.process_state, r.step_index), (ProcessState::Pending, 2));
+        assert!(r.decisions.is_empty(), "the choice is not decided yet");
+        apply_with(&mut r, &p, |r| claim(r, "s", now, &p, &router));
+        assert_eq!(r.steps[r.step_index].name, "big");
+        assert_eq!(r.decisions[0].arm, Some(0));
+        assert_eq!(r.steps[3].status, StepStatus::Skipped);
+    }
+}
