@@ -198,9 +198,14 @@ pub fn render_task(t: &TaskView) -> String {
     if t.steps.is_empty() {
         out.push_str("(none)\n");
     } else {
-        let mut rows = vec![header(&[
-            "#", "NAME", "SERVICE", "STATUS", "UNDO", "RESULT",
-        ])];
+        // The groups' column only for a workflow that has groups.
+        let grouped = t.steps.iter().any(|s| s.within.is_some());
+        let mut head = vec!["#", "NAME"];
+        if grouped {
+            head.push("IN");
+        }
+        head.extend(["SERVICE", "STATUS", "UNDO", "RESULT"]);
+        let mut rows = vec![header(&head)];
         rows.extend(t.steps.iter().enumerate().map(|(i, s)| {
             let current = t.current_step.as_deref() == Some(s.name.as_str());
             let marker = if current { ">" } else { "" };
@@ -208,14 +213,17 @@ pub fn render_task(t: &TaskView) -> String {
                 (Some(svc), Some(a)) => clean(&format!("{svc}.{a}"), usize::MAX),
                 (svc, _) => opt(svc.as_deref(), usize::MAX),
             };
-            vec![
-                format!("{marker}{}", i + 1),
-                clean(&s.name, usize::MAX),
+            let mut row = vec![format!("{marker}{}", i + 1), clean(&s.name, usize::MAX)];
+            if grouped {
+                row.push(opt(s.within.as_deref(), usize::MAX));
+            }
+            row.extend([
                 service,
                 clean(&s.status, usize::MAX),
                 undo_cell(s),
                 json_cell(s.result.as_ref(), RESULT_WIDTH),
-            ]
+            ]);
+            row
         }));
         out.push_str(&table(&rows, &[Align::Right]));
         // In full: what an operator reconciles by hand.

@@ -567,6 +567,7 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                     li class=[(current == Some(name)).then_some("current")] {
                         div class="step-head" {
                             strong { (name) }
+                            @if let Some(within) = s["within"].as_str() { " " span class="muted within" { "in " (within) } }
                             @if let (Some(svc), Some(action)) = (s["service"].as_str(), s["action"].as_str()) {
                                 " " span class="service" { (svc) "." (action) }
                             }

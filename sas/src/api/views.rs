@@ -163,6 +163,10 @@ pub struct StepView {
     /// Attempts its service answered as misconfigured (left out at 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub misconfigured: Option<u32>,
+    /// Where the step stands among the workflow's groups, outermost first (`review › case 0`);
+    /// absent at the top.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<String>,
     /// The service the step calls and its action.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
@@ -322,6 +326,7 @@ impl StepView {
             sent_until: st.sent_until,
             input_revision: st.input_revision,
             misconfigured: (st.misconfigured != 0).then_some(st.misconfigured),
+            within: None,
             service: None,
             action: None,
             input: None,
@@ -363,6 +368,7 @@ impl TaskView {
                     // request and its undo's were built from.
                     let context =
                         crate::domain::context::context(w, task, r, i).unwrap_or(Value::Null);
+                    v.within = w.place(i);
                     v.service = Some(step.service.clone());
                     v.action = Some(step.action.clone());
                     let reached = st.status != StepStatus::Skipped

@@ -350,6 +350,23 @@ steps:
     }
 
     #[test]
+    fn each_step_names_its_place_among_the_groups() {
+        let w = loan();
+        let places: Vec<_> = (0..w.steps.len()).map(|i| w.place(i)).collect();
+        assert_eq!(
+            places,
+            [
+                None,
+                Some("review › case 0".to_owned()),
+                Some("review › case 1 › second › case 0".to_owned()),
+                Some("review › case 1 › second › otherwise".to_owned()),
+                None,
+                None,
+            ]
+        );
+    }
+
+    #[test]
     fn otherwise_runs_when_no_case_holds_and_a_nested_choice_decides_in_turn() {
         let (r, called) = run(json!({"amount": 100, "notify": true}), 700);
         assert_eq!(called, ["credit-check", "notify", "payout"]);

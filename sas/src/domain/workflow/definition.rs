@@ -134,6 +134,29 @@ pub struct Workflow {
     pub pivot: Option<usize>,
 }
 
+impl Workflow {
+    /// Where step `i` stands among the groups, outermost first, as people read it:
+    /// `review › case 0`, `book › branch air › fare › otherwise`; `None` at the top.
+    pub fn place(&self, i: usize) -> Option<String> {
+        let mut parts = vec![];
+        let mut at = self.steps.get(i)?.parent;
+        while let Some((g, k)) = at {
+            let group = self.groups.get(g)?;
+            let arm = group.kind.arms().get(k)?;
+            let label = match (&group.kind, &arm.name) {
+                (GroupKind::Parallel { .. }, Some(name)) => format!("branch {name}"),
+                (GroupKind::Parallel { .. }, None) => format!("branch {k}"),
+                (GroupKind::Choice { .. }, _) if arm.when.is_none() => "otherwise".to_owned(),
+                (GroupKind::Choice { .. }, _) => format!("case {k}"),
+            };
+            parts.push(format!("{} › {label}", group.name));
+            at = group.parent;
+        }
+        parts.reverse();
+        (!parts.is_empty()).then(|| parts.join(" › "))
+    }
+}
+
 impl fmt::Debug for Workflow {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Workflow")
