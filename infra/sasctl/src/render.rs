@@ -190,6 +190,14 @@ pub fn render_task(t: &TaskView) -> String {
         ("last error", opt(t.last_error.as_deref(), usize::MAX)),
     ]
     .into_iter()
+    .chain(t.pivot.as_deref().map(|p| {
+        let passed = if t.past_pivot == Some(true) {
+            " (done: the task only goes forward)"
+        } else {
+            ""
+        };
+        ("pivot", format!("{}{passed}", clean(p, usize::MAX)))
+    }))
     .map(|(k, v)| vec![format!("{k}:"), v])
     .collect::<Vec<_>>();
     let mut out = table(&summary, &[]);
@@ -567,6 +575,8 @@ task-2   -                 CompensationFailed  -                     12  2025-01
                 step("disburse-funds", "Pending", None, None),
             ],
             decisions: vec![],
+            pivot: None,
+            past_pivot: None,
             history: vec![
                 HistoryEntry {
                     at: at(1).unwrap_or_default(),
@@ -717,6 +727,8 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             updated_at: None,
             steps: vec![],
             decisions: vec![],
+            pivot: None,
+            past_pivot: None,
             history: vec![],
         };
         let out = render_task(&t);

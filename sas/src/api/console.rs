@@ -476,12 +476,15 @@ async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
 }
 
 /// The actions a task in `state` may take (the API decides; this only offers them).
-fn actions_for(state: &str) -> &'static [OperatorAction] {
+/// The actions that apply to a task in `state`: past its pivot it only goes forward, so it
+/// is neither cancelled nor compensated.
+fn actions_for(state: &str, past_pivot: bool) -> &'static [OperatorAction] {
     use OperatorAction::*;
-    match state {
-        "Error" => &[Retry, Compensate, Skip, Resolve],
-        "CompensationFailed" => &[Retry, Resolve],
-        "Pending" | "Processing" => &[Cancel],
+    match (state, past_pivot) {
+        ("Error", false) => &[Retry, Compensate, Skip, Resolve],
+        ("Error", true) => &[Retry, Skip, Resolve],
+        ("CompensationFailed", _) => &[Retry, Resolve],
+        ("Pending" | "Processing", false) => &[Cancel],
         _ => &[],
     }
 }
@@ -548,7 +551,7 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                 dt { "Last error" } dd class="error" { (e) }
             }
         }
-        @let actions = actions_for(state);
+        @let actions = actions_for(state, t["pastPivot"] == json!(true));
         @if !actions.is_empty() {
             section aria-labelledby="actions" {
                 h2 id="actions" { "Actions" }
@@ -568,6 +571,7 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                         div class="step-head" {
                             strong { (name) }
                             @if let Some(within) = s["within"].as_str() { " " span class="muted within" { "in " (within) } }
+                            @if t["pivot"].as_str() == Some(name) { " " span class="badge warn" title="once it is done the task only goes forward" { "pivot" } }
                             @if let (Some(svc), Some(action)) = (s["service"].as_str(), s["action"].as_str()) {
                                 " " span class="service" { (svc) "." (action) }
                             }
@@ -938,4 +942,22 @@ async fn service_action(
         return services(api, Some(&message), answer.status).await;
     }
     redirect(&href("/services", &[]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_past_its_pivot_is_offered_neither_cancel_nor_compensation() {
+        use OperatorAction::*;
+        assert_eq!(
+            actions_for("Error", false),
+            [Retry, Compensate, Skip, Resolve]
+        );
+        assert_eq!(actions_for("Error", true), [Retry, Skip, Resolve]);
+        assert_eq!(actions_for("Processing", false), [Cancel]);
+        assert!(actions_for("Processing", true).is_empty());
+        assert!(actions_for("Processed", false).is_empty());
+    }
 }

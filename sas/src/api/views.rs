@@ -65,6 +65,12 @@ pub struct TaskView<S = ProcessState> {
     /// What each choice (and parallel group) reached became: the case that ran, or skipped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub decisions: Vec<Decision>,
+    /// The workflow's pivot step, and whether it is done: past it the task only goes forward
+    /// (no cancel, no compensation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pivot: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub past_pivot: Option<bool>,
     #[serde(default)]
     pub last_error: Option<String>,
     #[serde(default, deserialize_with = "null_as_default")]
@@ -408,6 +414,8 @@ impl TaskView {
             round: Some(r.round),
             steps,
             decisions: r.decisions.clone(),
+            pivot: r.pivot.and_then(|p| r.steps.get(p)).map(|s| s.name.clone()),
+            past_pivot: r.pivot.map(|_| r.past_pivot()),
             last_error: r.last_error.clone(),
             history: r.history.iter().map(HistoryEntry::of).collect(),
             created_at: Some(r.created_at),

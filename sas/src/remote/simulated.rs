@@ -455,12 +455,12 @@ impl RemoteService for SimulatedService {
             Err(e) if oversized_refusal => {
                 self.with_state(|s| s.stats.oversized += 1)?;
                 Err(RemoteFault::Refused {
-                    code: "refused".into(),
+                    code: "declined".into(),
                     message: format!("{e}: {}", "x".repeat(OVERSIZED_BYTES)),
                 })
             }
             Err(e) => Err(RemoteFault::Refused {
-                code: "refused".into(),
+                code: "declined".into(),
                 message: e,
             }),
         }

@@ -349,6 +349,8 @@ fn step_done(
     step.finished_at = Some(now);
     step.status = StepStatus::Done;
     step.result = result.clone();
+    // The task moved on: an error of an earlier attempt is history now (its line stays there).
+    n.last_error = None;
     let routed = if from == ProcessState::Processing {
         router.route(n, i + 1)
     } else {
@@ -408,7 +410,7 @@ fn step_refused(
 ) -> Vec<Effect> {
     let from = n.process_state;
     let name = n.steps[i].name.clone();
-    let reason = format!("{name}: refused ({code}): {message}");
+    let reason = format!("{name}: {code}: {message}");
     let step = &mut n.steps[i];
     step.finished_attempt = Some(attempt);
     step.finished_at = Some(now);
@@ -782,6 +784,32 @@ mod tests {
     use crate::domain::state::{CallbackFence, callback_token, check_callback_token};
     use crate::domain::transition::testkit::*;
     use crate::domain::transition::*;
+
+    #[test]
+    fn an_error_of_an_earlier_attempt_clears_once_the_step_is_done() {
+        let p = policy();
+        let now = t0();
+        let mut r = fresh(now);
+        apply(&mut r, |r| claim(r, "s-1", now, &p, &Linear));
+        let late = now + Duration::seconds(11);
+        apply(&mut r, |r| expire(r, late, &p, 0.0));
+        assert!(
+            r.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("no reply")),
+            "{r:?}"
+        );
+        let again = late + Duration::seconds(40);
+        apply(&mut r, |r| claim(r, "s-1", again, &p, &Linear));
+        apply(&mut r, |r| {
+            apply_reply(r, r.attempt, 0, false, &ok(), again, &p, &Linear)
+        });
+        assert_eq!(r.last_error, None, "the task moved on");
+        assert!(
+            r.history.iter().any(|h| h.reason.contains("no reply")),
+            "the error stays in the history"
+        );
+    }
 
     #[test]
     fn the_happy_path_claims_runs_every_step_and_owes_a_notice() {
