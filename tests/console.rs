@@ -140,6 +140,11 @@ async fn the_console_lists_tasks_by_state_with_counts_and_shows_each_tasks_timel
         assert!(page.contains(want), "task page lacks {want:?}");
     }
     assert!(!page.contains("/cancel\""), "no cancel for a failed task");
+    // Its path through its workflow's graph: the payment refused, the reservation's undo failed.
+    assert!(
+        page.contains("data-step=\"charge-payment\" data-status=\"Failed\""),
+        "the task's graph"
+    );
     // The resolved task's history names the operator and the note.
     let resolved = tasks[&ProcessState::Resolved][0];
     let (_, page) = get(addr, &format!("/operator/console/tasks/{resolved}")).await;
@@ -150,6 +155,11 @@ async fn the_console_lists_tasks_by_state_with_counts_and_shows_each_tasks_timel
     assert!(page.contains("loan-application") && page.contains("ecommerce-order"));
     let (_, page) = get(addr, "/operator/console/workflows/loan-application").await;
     assert!(page.contains("(pivot)"), "the pivot step is marked");
+    assert!(
+        page.contains("<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"workflow-graph\"")
+            && page.contains("data-step=\"disburse-funds\""),
+        "the workflow's graph"
+    );
     let (_, page) = get(addr, "/operator/console/services").await;
     assert!(page.contains("core-banking") && page.contains("badge ok\">closed"));
     let (status, page) = get(addr, "/operator/console/tasks/not-a-task").await;

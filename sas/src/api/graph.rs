@@ -717,12 +717,10 @@ struct Draw {
 
 impl Draw {
     fn edge(&mut self, path: String, taken: bool, arrow: bool) {
-        let marker = arrow.then(|| {
-            if taken {
-                "url(#arrow-taken)"
-            } else {
-                "url(#arrow)"
-            }
+        let marker = arrow.then_some(if taken {
+            "url(#arrow-taken)"
+        } else {
+            "url(#arrow)"
         });
         self.edges.push(html! {
             path class={ "edge" @if taken { " taken" } } d=(path) fill="none"
@@ -1279,11 +1277,11 @@ steps:
         assert!(title.text.contains(&long));
     }
 
-    /// Compares `svg` with the file `name` next to this one (`UPDATE_GOLDEN=1` writes it
+    /// Compares `svg` with the file `testdata/name` (`UPDATE_GOLDEN=1` writes it
     /// again): what a change to the drawing changes is seen in review.
     fn assert_golden(svg: &str, name: &str) {
         let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("src/api")
+            .join("src/api/testdata")
             .join(name);
         if std::env::var_os("UPDATE_GOLDEN").is_some() {
             std::fs::write(&golden, svg).expect("write the golden file");
