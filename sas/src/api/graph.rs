@@ -1258,6 +1258,24 @@ steps:
             lines(&els, insure)[2..],
             ["for each $.input.travellers", "at most 4 at once"]
         );
+        // A task in the group: every branch is on its path.
+        let t = task(
+            &[
+                ("flight", "Done"),
+                ("hotel", "Done"),
+                ("breakfast", "Running"),
+                ("insure", "Pending"),
+            ],
+            json!([{"group": "book"}]),
+            Some("breakfast"),
+        );
+        let els = parse(&render(&w, Some(&t)));
+        for arm in ["0", "1"] {
+            assert_eq!(els[lane(&els, "book", arm)].attr("data-taken"), "true");
+        }
+        let taken = |name: &str| edge_into(&els, name).classes().contains(&"taken");
+        assert!(taken("flight") && taken("hotel") && taken("breakfast"));
+        assert!(!taken("insure"), "the group is not done");
     }
 
     #[test]
