@@ -140,6 +140,11 @@ async fn the_console_lists_tasks_by_state_with_counts_and_shows_each_tasks_timel
         assert!(page.contains(want), "task page lacks {want:?}");
     }
     assert!(!page.contains("/cancel\""), "no cancel for a failed task");
+    // Its path through its workflow's graph: the payment refused, the reservation's undo failed.
+    assert!(
+        page.contains("data-step=\"charge-payment\" data-status=\"Failed\""),
+        "the task's graph"
+    );
     // The resolved task's history names the operator and the note.
     let resolved = tasks[&ProcessState::Resolved][0];
     let (_, page) = get(addr, &format!("/operator/console/tasks/{resolved}")).await;
@@ -150,6 +155,11 @@ async fn the_console_lists_tasks_by_state_with_counts_and_shows_each_tasks_timel
     assert!(page.contains("loan-application") && page.contains("ecommerce-order"));
     let (_, page) = get(addr, "/operator/console/workflows/loan-application").await;
     assert!(page.contains("(pivot)"), "the pivot step is marked");
+    assert!(
+        page.contains("<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"workflow-graph\"")
+            && page.contains("data-step=\"disburse-funds\""),
+        "the workflow's graph"
+    );
     let (_, page) = get(addr, "/operator/console/services").await;
     assert!(page.contains("core-banking") && page.contains("badge ok\">closed"));
     let (status, page) = get(addr, "/operator/console/tasks/not-a-task").await;
@@ -319,12 +329,97 @@ async fn a_retry_from_the_console_may_give_the_task_a_new_input() {
     );
 }
 
+/// A workflow with a choice and a condition, published by the test: an order paid by card
+/// (a credit check, then the charge) above 500, by invoice otherwise; an express booking only
+/// when asked for.
+fn triage_workflow() -> serde_json::Value {
+    serde_json::json!({
+        "name": "order-triage",
+        "input": {
+            "type": "object",
+            "required": ["customerId", "amount", "express"],
+            "properties": {
+                "customerId": {"type": "string"},
+                "amount": {"type": "integer"},
+                "express": {"type": "boolean"}
+            }
+        },
+        "steps": [
+            {"name": "reserve-inventory", "service": "inventory",
+             "undo": {"action": "release-inventory"}},
+            {"name": "payment", "choice": [
+                {"when": "input.amount > 500", "steps": [
+                    {"name": "check-credit", "service": "credit-bureau"},
+                    {"name": "charge-card", "service": "payment", "action": "charge-payment",
+                     "undo": {"action": "refund-payment"}}
+                ]}
+            ], "otherwise": {"steps": [
+                {"name": "send-invoice", "service": "payment", "action": "invoice"}
+            ]}},
+            {"name": "express-booking", "service": "shipping", "when": "input.express",
+             "undo": {"action": "cancel-express"}},
+            {"name": "arrange-shipping", "service": "shipping",
+             "undo": {"action": "cancel-shipping"}}
+        ]
+    })
+}
+
+/// Publishes `order-triage` and runs two of its tasks: one paid by invoice and sent express
+/// (Processed), one paid by card without express whose shipping is refused (Refused: the
+/// charge and the reservation undone). Returns their ids, in that order.
+async fn triage_tasks(system: &System) -> [sas::TaskId; 2] {
+    let (status, body) = sas_blackbox::operator_call(
+        system,
+        http::Method::PUT,
+        "/workflows/order-triage",
+        triage_workflow().to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let input = |amount: u32, express: bool| serde_json::json!({"customerId": "c-graph", "amount": amount, "express": express});
+    let processed = sas_blackbox::submit_task(system, "order-triage", &input(120, true)).await;
+    sas_blackbox::pump_until_quiet(system, 500).await;
+    system
+        .services
+        .get("shipping")
+        .set_faults(sas_blackbox::refuse(&["arrange-shipping"]));
+    let refused = sas_blackbox::submit_task(system, "order-triage", &input(900, false)).await;
+    sas_blackbox::pump_until_quiet(system, 500).await;
+    system
+        .services
+        .get("shipping")
+        .set_faults(sas::remote::Faults::default());
+    let states = [
+        sas_blackbox::state(system, processed).await,
+        sas_blackbox::state(system, refused).await,
+    ];
+    assert_eq!(
+        states.each_ref().map(|r| r.process_state),
+        [ProcessState::Processed, ProcessState::Refused]
+    );
+    [processed, refused]
+}
+
 /// The console in Debian's headless Chromium, driven by Playwright (`tests/browser/console.mjs`):
 /// the list filters by workflow and state, a task's page shows its timeline, and a retry from
-/// the page moves the task. Screenshots go to `target/console/`.
+/// the page moves the task; a workflow with a choice and a condition is drawn as a graph, and
+/// its tasks' pages draw their paths. Screenshots go to `target/console/`.
 #[tokio::test]
 async fn the_console_works_in_a_real_browser() {
-    let (system, addr, tasks) = showcase().await;
+    let mut system = memory_system(Settings::default()).await;
+    let triage = triage_tasks(&system).await;
+    let mut tasks = sas_local::showcase::tasks_in_every_state(&system)
+        .await
+        .expect("tasks in every state");
+    tasks
+        .entry(ProcessState::Processed)
+        .or_default()
+        .push(triage[0]);
+    tasks
+        .entry(ProcessState::Refused)
+        .or_default()
+        .push(triage[1]);
+    let addr = sas_blackbox::serve_system(&mut system).await;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let script = root.join("tests/browser/console.mjs");
     let shots = root.join("target/console");
@@ -341,6 +436,11 @@ async fn the_console_works_in_a_real_browser() {
         .arg(&script)
         .env("CONSOLE_URL", format!("http://{addr}/console"))
         .env("CONSOLE_TASKS", ids)
+        .env(
+            "CONSOLE_TRIAGE",
+            serde_json::json!({"processed": triage[0].to_string(), "refused": triage[1].to_string()})
+                .to_string(),
+        )
         .env("CONSOLE_SHOTS", &shots)
         .env("CHROMIUM", &chromium)
         .env("NODE_PATH", root.join("tests/browser/node_modules"))
@@ -370,7 +470,9 @@ async fn the_console_works_in_a_real_browser() {
         "{:?}",
         r.history.last()
     );
-    for page in ["tasks", "task", "confirm", "retried", "services"] {
+    for page in [
+        "tasks", "task", "confirm", "retried", "services", "graph", "workflow",
+    ] {
         let shot = format!("{page}.png");
         let meta = std::fs::metadata(shots.join(&shot)).expect(&shot);
         assert!(meta.len() > 1_000, "{shot} is an image");

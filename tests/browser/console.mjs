@@ -3,6 +3,8 @@
 // which passes:
 //   CONSOLE_URL    the console's address (http://127.0.0.1:PORT/console)
 //   CONSOLE_TASKS  {"State": [task ids]} of the seeded tasks
+//   CONSOLE_TRIAGE {"processed": id, "refused": id}: tasks of order-triage, a workflow with a
+//                  choice and a condition
 //   CONSOLE_SHOTS  the folder for screenshots
 //   CHROMIUM       the browser (default /usr/bin/chromium)
 // Exits non-zero on the first expectation that fails.
@@ -12,6 +14,7 @@ import path from 'node:path';
 
 const base = process.env.CONSOLE_URL;
 const tasks = JSON.parse(process.env.CONSOLE_TASKS);
+const triage = JSON.parse(process.env.CONSOLE_TRIAGE);
 const shots = process.env.CONSOLE_SHOTS;
 const shot = (page, name) => page.screenshot({ path: path.join(shots, name), fullPage: true });
 
@@ -102,6 +105,54 @@ try {
   await page.getByRole('link', { name: 'Workflows' }).click();
   await page.getByRole('link', { name: 'loan-application' }).click();
   assert.match(await heading(), /^Workflow loan-application v\d+/);
+
+  // A workflow with a choice and a condition, drawn as a graph on its page: a node per step in
+  // order, the cases side by side under their conditions, no statuses.
+  await page.goto(`${base}/workflows/order-triage`);
+  const graph = page.locator('figure.graph svg.workflow-graph');
+  assert.ok(await graph.isVisible(), 'the graph is drawn');
+  const triageSteps = ['reserve-inventory', 'check-credit', 'charge-card', 'send-invoice', 'express-booking', 'arrange-shipping'];
+  const stepsOf = (svg) => svg.locator('g.node').evaluateAll((ns) => ns.map((n) => n.dataset.step));
+  assert.deepEqual(await stepsOf(graph), triageSteps);
+  assert.equal(await graph.locator('[data-status]').count(), 0, 'no task, no statuses');
+  assert.deepEqual(await graph.locator('g.lane text').allTextContents(), ['when input.amount > 500', 'otherwise']);
+  assert.match(await graph.locator('g.node[data-step="express-booking"]').textContent(), /when input\.express/);
+  await shot(page, 'workflow.png');
+
+  // The refused task's page: its path through the same graph. The card case ran (the invoice is
+  // greyed, skipped), the express booking was skipped, the shipping refused, the charge and the
+  // reservation undone.
+  await page.goto(`${base}/tasks/${triage.refused}`);
+  const trail = page.locator('figure.graph svg.workflow-graph');
+  assert.deepEqual(await stepsOf(trail), triageSteps);
+  const node = (step) => trail.locator(`g.node[data-step="${step}"]`);
+  const want = { 'reserve-inventory': 'Done', 'check-credit': 'Done', 'charge-card': 'Done',
+    'send-invoice': 'Skipped', 'express-booking': 'Skipped', 'arrange-shipping': 'Failed' };
+  for (const [step, status] of Object.entries(want)) {
+    assert.equal(await node(step).getAttribute('data-status'), status, step);
+    // Colour is never the only signal: the status is said in the box.
+    assert.match(await node(step).locator('text.status').textContent(), new RegExp(`${status}$`), step);
+  }
+  for (const step of ['send-invoice', 'express-booking']) {
+    assert.match(await node(step).getAttribute('class'), /\bk-skip\b/, `${step} is greyed`);
+  }
+  assert.equal(await trail.locator('g.lane[data-arm="0"]').getAttribute('data-taken'), 'true');
+  assert.equal(await trail.locator('g.lane[data-arm="1"]').getAttribute('data-taken'), 'false');
+  assert.equal(await node('charge-card').locator('text.undo').textContent(), '↶ undo refund-payment');
+  assert.equal(await node('charge-card').locator('text.undo-status').textContent(), 'undo ✓ Done');
+  assert.ok(await trail.locator('path.edge.taken').count() >= 5, 'the path is drawn');
+  assert.equal(await trail.locator('g.terminal.end.reached').count(), 0, 'a refused task did not reach the end');
+  // The failed step's box has the colour of the timeline's Failed badge.
+  const stroke = await node('arrange-shipping').locator('rect.box').evaluate((r) => getComputedStyle(r).stroke);
+  const failedBadge = page.locator('ol.timeline .badge.bad').first();
+  assert.equal(stroke, await failedBadge.evaluate((b) => getComputedStyle(b).color));
+  await page.locator('figure.graph').screenshot({ path: path.join(shots, 'graph.png') });
+
+  // The processed task went to the end, by invoice and express.
+  await page.goto(`${base}/tasks/${triage.processed}`);
+  assert.equal(await trail.locator('g.terminal.end.reached').count(), 1);
+  assert.equal(await node('express-booking').getAttribute('data-status'), 'Done');
+  assert.equal(await node('charge-card').getAttribute('data-status'), 'Skipped');
   console.log('console browser test: ok');
 } finally {
   await browser.close();

@@ -15,13 +15,15 @@
 use super::catalog::ServiceAction;
 use super::deps::ApiDeps;
 use super::error::ApiError;
+use super::graph;
 use super::operator::OperatorAction;
 use super::request::MAX_REASON_CHARS;
 use super::routes::{OPERATOR_PREFIX, Target, answer};
-use crate::domain::{Caller, ProcessState};
+use super::views::TaskView;
+use crate::domain::{Caller, Policy, ProcessState, Workflow};
 use chrono::{DateTime, SecondsFormat, Utc};
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
-use maud::{DOCTYPE, Markup, html};
+use maud::{DOCTYPE, Markup, PreEscaped, html};
 use serde_json::{Value, json};
 
 /// The console's path under the operator API.
@@ -263,14 +265,32 @@ fn segment(s: &str) -> String {
 
 /// A state's badge: its name, coloured by kind (the colour is never the only signal).
 fn badge(state: &str) -> Markup {
-    let kind = match state {
-        "Processed" | "Done" | "closed" => "ok",
-        "Error" | "CompensationFailed" | "Failed" | "TimedOut" | "Faulted" | "open" => "bad",
-        "Compensating" | "Compensated" | "Refused" | "Cancelled" | "half-open" | "paused" => "warn",
-        "Resolved" | "Skipped" => "done",
-        _ => "busy",
+    html! { span class={ "badge " (graph::kind(state)) } { (state) } }
+}
+
+/// The graph of a published definition (its version `version`), with the path of `task` (the
+/// operator API's view of it) if given. The definition is compiled here, as the scheduler
+/// compiles what it stored, to be drawn.
+fn graph_of(definition: &Value, version: u64, task: Option<&Value>) -> Markup {
+    let workflow = match Workflow::from_stored(definition.clone(), &Policy::default()) {
+        Ok(w) => w.with_version(u32::try_from(version).unwrap_or(0)),
+        Err(e) => return html! { p class="problem" { "The graph cannot be drawn: " (e) } },
     };
-    html! { span class={ "badge " (kind) } { (state) } }
+    let view = match task.map(|t| serde_json::from_value::<TaskView>(t.clone())) {
+        Some(Err(e)) => {
+            return html! { p class="problem" { "The task's path cannot be drawn: " (e) } };
+        }
+        other => other.and_then(Result::ok),
+    };
+    // The SVG is built by `graph::render`, which escapes every text it holds.
+    html! {
+        figure class="graph" {
+            (PreEscaped(graph::render(&workflow, view.as_ref())))
+            @if view.is_some() {
+                figcaption { "Thick edges: the path the task took. Greyed, dashed: skipped steps; greyed labels: cases not taken." }
+            }
+        }
+    }
 }
 
 /// The page frame: title, navigation (with the current section marked), content.
@@ -530,6 +550,17 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
     let steps = items(t, "steps");
     let current = t["currentStep"].as_str();
     let done = param(query, "done").and_then(|a| console_action(&a));
+    // The definition of the version the task runs on, for its graph.
+    let version = t["workflowVersion"].to_string();
+    let definition = match t["workflow"].as_str() {
+        Some(name) if t["workflowVersion"].is_u64() => {
+            let answer = api
+                .get(&["workflows", name, "versions", &version], "")
+                .await;
+            answer.ok().then(|| answer.value["definition"].clone())
+        }
+        _ => None,
+    };
     let content = html! {
         h1 { "Task " span class="id" { (task_id) } " " (badge(state)) }
         @if let Some(a) = &done {
@@ -560,6 +591,12 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                         li { a class="button" href=(href(&format!("/tasks/{}/{a}", segment(task_id)), &[])) { (action_label(*a)) "…" } }
                     }
                 }
+            }
+        }
+        @if let Some(definition) = &definition {
+            section aria-labelledby="graph" {
+                h2 id="graph" { "Graph" }
+                (graph_of(definition, t["workflowVersion"].as_u64().unwrap_or(0), Some(t)))
             }
         }
         section aria-labelledby="steps" {
@@ -835,6 +872,10 @@ async fn workflow(api: &Api<'_>, name: &str, query: &str) -> Response<String> {
             }
         }
         @if let Some(d) = definition["description"].as_str() { p { (d) } }
+        section aria-labelledby="graph" {
+            h2 id="graph" { "Graph" }
+            (graph_of(definition, shown, None))
+        }
         table {
             caption { "Steps" }
             thead { tr { th scope="col" { "#" } th scope="col" { "Step" } th scope="col" { "Service" } th scope="col" { "Undo" } } }

@@ -23,6 +23,7 @@ pub mod catalog;
 pub mod console;
 pub mod deps;
 pub mod error;
+pub mod graph;
 pub mod operator;
 pub mod request;
 pub mod routes;
