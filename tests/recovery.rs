@@ -1103,14 +1103,31 @@ async fn a_paused_service_makes_its_steps_wait_without_failing_until_it_is_resum
         r.complete_by
             .is_some_and(|d| d > chrono::Utc::now() + chrono::Duration::seconds(30))
     );
+    // It says why it waits: who paused the service, why, since when (not "circuit open").
+    let why = r.last_error.clone().unwrap_or_default();
+    assert!(
+        why.starts_with("charge-payment: service payment paused by ")
+            && why.contains(": bank maintenance (since "),
+        "{why}"
+    );
 
+    // The resume wakes the waiting task at once: it goes on well before its next look (a
+    // minute away), with no supervisor's sweep.
     let (code, text) = sasctl_text(&ops, &["service", "resume", "payment"]).await;
-    assert_eq!((code, text.trim()), (0, "payment closed"), "{text}");
+    assert_eq!(
+        (code, text.trim()),
+        (0, "payment closed; 1 waiting task woken"),
+        "{text}"
+    );
     let b = breaker(&system, "payment").await;
     assert_eq!(
         (b.state, b.note),
         (BreakerState::Closed { failures: 0 }, None)
     );
+    pump_until_quiet(&system, 30).await;
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
+    assert!(payment.stats().calls > calls, "called once resumed");
 }
 
 /// `sasctl bulk`: a dry run counts what a selection holds and changes nothing; `--yes` acts on

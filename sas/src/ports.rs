@@ -593,8 +593,13 @@ pub enum RemoteFault {
     #[error("refused ({code}): {message}")]
     Refused { code: String, message: String },
     /// The service's shared circuit breaker is open: no call was made; try again at `until`.
-    #[error("circuit open until {until}")]
-    CircuitOpen { until: DateTime<Utc> },
+    /// `paused`: an operator paused the service (`<service> paused by <who>: <why> (since
+    /// <when>)`), so it opens only when one resumes it.
+    #[error("{}", match paused { Some(p) => p.clone(), None => format!("circuit open until {until}") })]
+    CircuitOpen {
+        until: DateTime<Utc>,
+        paused: Option<String>,
+    },
     /// The service answered success with more than sas reads
     /// ([`crate::remote::MAX_ANSWER_BYTES`]): the step took effect, but its result cannot be
     /// kept (the agent reports it `Faulted`, `result_too_large`). A healthy answer for the

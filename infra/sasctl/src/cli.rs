@@ -846,9 +846,14 @@ async fn dispatch(
             } else {
                 let changed = raw["changed"].as_bool().unwrap_or(true);
                 let state = raw["breaker"]["state"].as_str().unwrap_or("?");
+                let woken = match raw["woken"].as_u64() {
+                    Some(1) => "; 1 waiting task woken".to_owned(),
+                    Some(n) if n > 0 => format!("; {n} waiting tasks woken"),
+                    _ => String::new(),
+                };
                 writeln!(
                     out,
-                    "{} {}{}",
+                    "{} {}{}{woken}",
                     a.name,
                     state,
                     if changed { "" } else { " (already)" }

@@ -7,12 +7,11 @@ use super::error::{Answer, ApiError, respond};
 use super::request::{action_body, json_body};
 use crate::catalog::CatalogError;
 use crate::domain::workflow::{self, MAX_DEFINITION_BYTES, ServiceDef};
-use crate::domain::{BreakerRecord, Caller};
-use crate::ports::DefinitionRef;
-use crate::ports::Kind;
+use crate::domain::{BreakerRecord, Caller, ProcessState};
+use crate::ports::{DefinitionRef, InState, Kind, Paging};
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
-use tracing::info;
+use tracing::{info, warn};
 
 /// What an operator may do to a service: the last segment of `POST /services/{name}/{action}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,16 +146,75 @@ pub(super) async fn pause_or_resume(
         {
             let action = action.as_str();
             info!(service = %name, action, by = %caller, %reason, "service {action}d");
-            return Ok(respond(
-                StatusCode::OK,
-                &json!({"name": name, "breaker": breaker_view(Some(&next)), "changed": true}),
-            ));
+            let mut answer =
+                json!({"name": name, "breaker": breaker_view(Some(&next)), "changed": true});
+            if !pausing {
+                answer["woken"] = json!(wake_paused_tasks(deps, name).await);
+            }
+            return Ok(respond(StatusCode::OK, &answer));
         }
     }
     Err(ApiError::Conflict {
         message: "the service's breaker kept moving; try again".into(),
         process_state: None,
     })
+}
+
+/// The most waiting tasks a resume wakes at once (it reads the Pending list for them); the
+/// others look again within [`crate::domain::breaker::PAUSE_RECHECK`].
+const MAX_WOKEN: usize = 1000;
+
+/// Wakes the tasks waiting for `service` since it was paused (deferred with its pause as their
+/// last error): a work message each, now, so they go on within seconds of the resume instead
+/// of at their next look. Best effort: the resume took effect whatever this does (a task not
+/// woken looks again by itself), so a failure is logged, not answered. The tasks woken.
+async fn wake_paused_tasks(deps: &ApiDeps, service: &str) -> usize {
+    // The deferral's reason names the pause (`transition::deferred`, from the agent's
+    // `RemoteFault::CircuitOpen { paused }`).
+    let mark = format!("service {service} paused by");
+    let ports = &deps.ports;
+    let now = ports.clock.now();
+    let (mut woken, mut read, mut after) = (0, 0, None);
+    loop {
+        let of = InState {
+            state: ProcessState::Pending,
+            workflow: None,
+        };
+        let paging = Paging {
+            limit: 100,
+            after: after.as_ref(),
+        };
+        let page = match ports.store.list(of, paging).await {
+            Ok(page) => page,
+            Err(e) => {
+                warn!(service, error = %e, "waiting tasks not woken; they look again by themselves");
+                return woken;
+            }
+        };
+        read += page.items.len();
+        for s in &page.items {
+            if s.last_error.as_deref().is_some_and(|e| e.contains(&mark)) {
+                let sent = crate::handlers::enqueue(
+                    ports.queue.as_ref(),
+                    &ports.work_queue_url,
+                    s.task_id,
+                    chrono::Duration::zero(),
+                    now,
+                )
+                .await;
+                match sent {
+                    Ok(()) => woken += 1,
+                    Err(e) => {
+                        warn!(service, task_id = %s.task_id, error = %e, "waiting task not woken")
+                    }
+                }
+            }
+        }
+        match page.next {
+            Some(next) if read < MAX_WOKEN => after = Some(next),
+            _ => return woken,
+        }
+    }
 }
 
 /// `GET /workflows`, `GET /services`: every name and its newest version.

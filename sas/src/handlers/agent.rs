@@ -156,13 +156,14 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                 info!(%code, %message, "the service refused the step");
                 StepOutcome::Refused { code, message }
             }
-            Err(RemoteFault::CircuitOpen { until }) => {
+            Err(RemoteFault::CircuitOpen { until, paused }) => {
                 // Hand the step back at once rather than wait here: an agent held by one
                 // service's open breaker would delay the steps of every other service.
                 info!(%until, "circuit open; the step is deferred");
                 StepOutcome::Deferred {
                     until,
                     misconfigured: None,
+                    paused,
                 }
             }
             Err(
@@ -191,6 +192,7 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                         StepOutcome::Deferred {
                             until,
                             misconfigured: Some(error),
+                            paused: None,
                         }
                     } else if give_up_at < request.complete_by {
                         // The step's own timeout ran out before its deadline (the deadline

@@ -382,7 +382,19 @@ impl RemoteService for SharedBreaker {
         let base = match current.decide(now, &self.policy) {
             Decision::Call => current,
             Decision::Reject { retry_at } => {
-                return Err(RemoteFault::CircuitOpen { until: retry_at });
+                let paused = match current.state {
+                    BreakerState::Paused { since } => Some(format!(
+                        "service {} paused by {} (since {})",
+                        self.name,
+                        current.note.as_deref().unwrap_or("an operator"),
+                        since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                    )),
+                    _ => None,
+                };
+                return Err(RemoteFault::CircuitOpen {
+                    until: retry_at,
+                    paused,
+                });
             }
             // Condition (the version): one agent wins each probe of the budget.
             Decision::Probe(next) => match self.store.put_breaker(&next).await {
@@ -397,6 +409,7 @@ impl RemoteService for SharedBreaker {
                     self.remember(None);
                     return Err(RemoteFault::CircuitOpen {
                         until: now + self.policy.probe_window,
+                        paused: None,
                     });
                 }
                 Err(e) => {

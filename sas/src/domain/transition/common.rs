@@ -156,6 +156,9 @@ pub enum StepOutcome {
         until: DateTime<Utc>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         misconfigured: Option<String>,
+        /// The circuit is open because an operator paused the service: who, why, since when.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        paused: Option<String>,
     },
     /// The agent spent the step's whole timeout (start to close) on transient faults, before
     /// the step's deadline (which also allows for the request's wait in the queue): a timed-out

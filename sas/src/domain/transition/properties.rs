@@ -150,6 +150,7 @@ proptest! {
                         1 => StepOutcome::Deferred {
                             until: now + Duration::seconds(20),
                             misconfigured: None,
+                            paused: None,
                         },
                         2 => declined(),
                         3 => StepOutcome::Accepted,

@@ -137,9 +137,17 @@ pub fn apply_reply(
             StepOutcome::Deferred {
                 until,
                 misconfigured,
+                paused,
             },
             _,
-        ) => deferred(r, &mut n, *until, misconfigured.as_deref(), now, p),
+        ) => deferred(
+            r,
+            &mut n,
+            *until,
+            (misconfigured.as_deref(), paused.as_deref()),
+            now,
+            p,
+        ),
         (StepOutcome::TimedOut { error }, _) => {
             let reason = format!("{}: {error} (attempt {attempt})", subject(r));
             timed_out(r, &mut n, now, p, stable_jitter(r), reason)
@@ -227,7 +235,7 @@ fn deferred(
     r: &StateRecord,
     n: &mut StateRecord,
     until: DateTime<Utc>,
-    misconfigured: Option<&str>,
+    (misconfigured, paused): (Option<&str>, Option<&str>),
     now: DateTime<Utc>,
     p: &Policies,
 ) -> Vec<Effect> {
@@ -269,10 +277,14 @@ fn deferred(
             hand_back(r, n, now, p, jitter, "misconfigured", reason, wait)
         }
         None => {
-            let reason = format!(
-                "{what}: circuit open until {}",
-                until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-            );
+            let reason = match paused {
+                // An operator's pause: it says who and why, and the wait is until a resume.
+                Some(paused) => format!("{what}: {paused}"),
+                None => format!(
+                    "{what}: circuit open until {}",
+                    until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                ),
+            };
             defer(r, n, now, p, reason, wait)
         }
     }
@@ -1102,6 +1114,7 @@ mod tests {
                 &StepOutcome::Deferred {
                     until,
                     misconfigured: None,
+                    paused: None,
                 },
                 now,
                 &p,
@@ -1137,6 +1150,7 @@ mod tests {
                     &StepOutcome::Deferred {
                         until: soon,
                         misconfigured: None,
+                        paused: None,
                     },
                     now,
                     &p,
@@ -1175,6 +1189,7 @@ mod tests {
         let misconfigured = StepOutcome::Deferred {
             until: now + Duration::milliseconds(50),
             misconfigured: Some("service misconfigured: HTTP 404: no such account".into()),
+            paused: None,
         };
         for n in 1..=threshold {
             if n > 1 {
