@@ -144,7 +144,7 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
     }
     super::count_outcome(&deps.ports.metrics, record.process_state, &t);
     tracing::Span::current().record("attempt", t.record.attempt);
-    info!(step = ?t.record.current_step(), state = %t.record.process_state, "claimed");
+    info!(step = t.record.current_step().unwrap_or("-"), state = %t.record.process_state, "claimed");
     run(deps, &task, &workflow, &t).await
 }
 
