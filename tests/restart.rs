@@ -18,7 +18,10 @@ const PAYMENT_LATENCY: Duration = Duration::from_secs(3);
 
 /// The example services over HTTP (they outlive the runner, as real ones would), `payment`
 /// slow; the e-commerce workflow on them.
-async fn services() -> (Vec<(String, String)>, HashMap<&'static str, Arc<SimulatedService>>) {
+async fn services() -> (
+    Vec<(String, String)>,
+    HashMap<&'static str, Arc<SimulatedService>>,
+) {
     let mut app = axum::Router::new();
     let mut sims = HashMap::new();
     for name in ["inventory", "payment", "shipping"] {
@@ -31,7 +34,10 @@ async fn services() -> (Vec<(String, String)>, HashMap<&'static str, Arc<Simulat
             ..Faults::default()
         };
         let sim = Arc::new(SimulatedService::new(name, faults, Arc::new(SystemClock)));
-        app = app.nest(&format!("/{name}"), sas_local::simulated::router(sim.clone()));
+        app = app.nest(
+            &format!("/{name}"),
+            sas_local::simulated::router(sim.clone()),
+        );
         sims.insert(name, sim);
     }
     let base = serve_loopback(app).await;
@@ -170,13 +176,9 @@ async fn tasks_started_before_a_restart_finish_after_it_each_step_once() {
     let mut third = third;
     third.start();
     let ids: Vec<TaskId> = before.keys().copied().collect();
-    let finals = wait_for(
-        &third,
-        &ids,
-        Duration::from_secs(60),
-        "finished",
-        |r| r.process_state.is_final(),
-    )
+    let finals = wait_for(&third, &ids, Duration::from_secs(60), "finished", |r| {
+        r.process_state.is_final()
+    })
     .await;
     for r in &finals {
         assert_eq!(r.process_state, ProcessState::Processed, "{:#?}", r.history);

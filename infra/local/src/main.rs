@@ -437,9 +437,7 @@ async fn serve(opts: &Opts, how: Serve, auth: &AuthOpts) -> anyhow::Result<()> {
         data,
     } = how;
     if data.is_some() && opts.aws {
-        bail!(
-            "--data keeps the local store in a folder and --aws uses DynamoDB: give one of them"
-        );
+        bail!("--data keeps the local store in a folder and --aws uses DynamoDB: give one of them");
     }
     if let Some(dir) = &opts.workflows {
         sas::catalog::read_folder(dir)
@@ -885,6 +883,28 @@ mod tests {
         assert!(
             e.to_string()
                 .contains("--listen is a flag of `sas-local serve`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn data_is_a_flag_of_serve_and_memory_the_default() {
+        let cli = parse(&["sas-local", "--data", "d"]).expect("--data without serve");
+        assert!(matches!(
+            cli.command,
+            Some(Command::Serve { data: Some(ref d), .. }) if d == std::path::Path::new("d")
+        ));
+        let cli = parse(&["sas-local", "serve"]).expect("serve");
+        assert!(matches!(
+            cli.command,
+            Some(Command::Serve { data: None, .. })
+        ));
+        let e = parse(&["sas-local", "demo", "--data", "d"])
+            .err()
+            .expect("a serve flag after demo");
+        assert!(
+            e.to_string()
+                .contains("--data is a flag of `sas-local serve`"),
             "{e}"
         );
     }

@@ -356,7 +356,10 @@ fn write_state(
 }
 
 /// The stored state record of `id` and the request that wrote it last.
-fn read_state(tx: &Transaction<'_>, id: &str) -> Result<Option<(StateRecord, Option<u64>)>, StoreError> {
+fn read_state(
+    tx: &Transaction<'_>,
+    id: &str,
+) -> Result<Option<(StateRecord, Option<u64>)>, StoreError> {
     let row = tx
         .query_row(
             "SELECT body, callback_key, write_id FROM states WHERE id = ?1",
@@ -613,10 +616,12 @@ impl TaskLists for SqliteStore {
         self.read(move |tx| {
             let n: i64 = tx
                 .query_row(
-                    &format!(
-                        "SELECT COUNT(*) FROM (SELECT 1 FROM states WHERE {filter} LIMIT ?3)"
-                    ),
-                    params![state, workflow, cap.saturating_add(1).min(i64::MAX as u64) as i64],
+                    &format!("SELECT COUNT(*) FROM (SELECT 1 FROM states WHERE {filter} LIMIT ?3)"),
+                    params![
+                        state,
+                        workflow,
+                        cap.saturating_add(1).min(i64::MAX as u64) as i64
+                    ],
                     |r| r.get(0),
                 )
                 .map_err(db)?;
@@ -1007,5 +1012,70 @@ impl Catalog for SqliteStore {
             Ok(rows)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_in_use_or_of_another_layout_is_refused_by_name() {
+        let dir = tempfile::tempdir().expect("a folder");
+        let first = SqliteStore::open(dir.path(), 4, None).expect("the first opens");
+        let second = SqliteStore::open(dir.path(), 4, None).expect_err("the second is refused");
+        assert!(
+            matches!(&second, OpenError::InUse { path } if path == first.path()),
+            "{second}"
+        );
+        assert!(second.to_string().contains("--data"), "{second}");
+        drop(first);
+        let again = SqliteStore::open(dir.path(), 4, None).expect("free once the first closed");
+        drop(again);
+
+        let conn = Connection::open(dir.path().join(DATA_FILE)).expect("the file");
+        conn.pragma_update(None, "user_version", 99)
+            .expect("a layout");
+        drop(conn);
+        let e = SqliteStore::open(dir.path(), 4, None).expect_err("another layout");
+        assert!(matches!(e, OpenError::Layout { found: 99, .. }), "{e}");
+    }
+
+    #[test]
+    fn tasks_past_their_retention_are_deleted_at_open() {
+        let dir = tempfile::tempdir().expect("a folder");
+        drop(SqliteStore::open(dir.path(), 4, None).expect("made"));
+        let now = Utc::now().timestamp_millis();
+        let conn = Connection::open(dir.path().join(DATA_FILE)).expect("the file");
+        for (id, expires) in [
+            ("old", Some(now - 1)),
+            ("kept", Some(now + 60_000)),
+            ("open", None),
+        ] {
+            conn.execute(
+                "INSERT INTO tasks (id, caller, created_ms, body, expires_ms) VALUES (?1, 'c', 0, '{}', ?2)",
+                params![id, expires],
+            )
+            .expect("a task");
+            conn.execute(
+                "INSERT INTO states (id, body, callback_key, process_state, workflow, since_ms) VALUES (?1, '{}', '', 'Processed', 'w', 0)",
+                params![id],
+            )
+            .expect("its record");
+        }
+        drop(conn);
+        drop(SqliteStore::open(dir.path(), 4, None).expect("reopened"));
+        let conn = Connection::open(dir.path().join(DATA_FILE)).expect("the file");
+        for table in ["tasks", "states"] {
+            let mut stmt = conn
+                .prepare(&format!("SELECT id FROM {table} ORDER BY id"))
+                .expect("a query");
+            let ids: Vec<String> = stmt
+                .query_map([], |r| r.get(0))
+                .expect("rows")
+                .collect::<Result<_, _>>()
+                .expect("ids");
+            assert_eq!(ids, ["kept", "open"], "{table}");
+        }
     }
 }
