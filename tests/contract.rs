@@ -1,10 +1,11 @@
-//! One contract suite, two implementations: the in-memory adapters and the AWS adapters on the
-//! emulator must behave the same.
+//! One contract suite, three implementations: the in-memory adapters, the SQLite store of
+//! `sas-local --data` and the AWS adapters on the emulator must behave the same.
 
 use sas::aws::{DynamoStore, SqsQueue};
 use sas::memory::{MemoryQueues, MemoryStore, QueueConfig};
 use sas_blackbox::{contract, sdk_config, unique};
 use sas_local::provision::{self, QueueSettings};
+use sas_local::sqlite::SqliteStore;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +38,17 @@ async fn memory_store_with_lagging_indexes_keeps_the_contract() {
     contract::store_contract(Arc::new(store)).await;
 }
 
+/// The store `sas-local --data` keeps in an SQLite file.
+fn sqlite_store(dir: &tempfile::TempDir) -> SqliteStore {
+    SqliteStore::open(dir.path(), 4, None).expect("open the store")
+}
+
+#[tokio::test]
+async fn sqlite_store_keeps_the_contract() {
+    let dir = tempfile::tempdir().expect("a folder");
+    contract::store_contract(Arc::new(sqlite_store(&dir))).await;
+}
+
 #[tokio::test]
 async fn memory_catalog_keeps_the_contract() {
     contract::catalog_contract(Arc::new(MemoryStore::new(4))).await;
@@ -46,6 +58,12 @@ async fn memory_catalog_keeps_the_contract() {
 async fn dynamodb_catalog_keeps_the_contract() {
     let (client, table) = fresh_table("catalog").await;
     contract::catalog_contract(Arc::new(DynamoStore::new(client, table, 4))).await;
+}
+
+#[tokio::test]
+async fn sqlite_catalog_keeps_the_contract() {
+    let dir = tempfile::tempdir().expect("a folder");
+    contract::catalog_contract(Arc::new(sqlite_store(&dir))).await;
 }
 
 #[tokio::test]

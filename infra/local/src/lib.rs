@@ -8,6 +8,7 @@ pub mod lag;
 pub mod provision;
 pub mod showcase;
 pub mod simulated;
+pub mod sqlite;
 pub mod system;
 
 pub use system::*;

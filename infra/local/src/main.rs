@@ -52,6 +52,11 @@ enum Command {
         /// CompensationFailed, ...), to look around the console at /console.
         #[arg(long)]
         showcase: bool,
+        /// Keep the tasks, their history and the published definitions in this folder (an
+        /// SQLite file, made if missing) across restarts; the queues stay in memory and the
+        /// supervisor recovers what they held. Default: everything in memory.
+        #[arg(long, value_name = "DIR", env = "SAS_DATA")]
+        data: Option<std::path::PathBuf>,
     },
     /// Print a JWT for the task API in `--auth jwt` mode, signed by the local issuer.
     Token {
@@ -359,9 +364,16 @@ async fn main() -> anyhow::Result<()> {
             allow_hosts,
             auth,
             showcase,
+            data,
         } => {
             sas::telemetry::init();
-            serve(&cli.opts, listen, allow_hosts, &auth, showcase).await
+            let how = Serve {
+                listen,
+                allow_hosts,
+                showcase,
+                data,
+            };
+            serve(&cli.opts, how, &auth).await
         }
         Command::Token {
             sub,
@@ -409,13 +421,24 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn serve(
-    opts: &Opts,
+/// Where and how `serve` runs (its flags besides authentication).
+struct Serve {
     listen: SocketAddr,
     allow_hosts: Vec<String>,
-    auth: &AuthOpts,
     showcase: bool,
-) -> anyhow::Result<()> {
+    data: Option<std::path::PathBuf>,
+}
+
+async fn serve(opts: &Opts, how: Serve, auth: &AuthOpts) -> anyhow::Result<()> {
+    let Serve {
+        listen,
+        allow_hosts,
+        showcase,
+        data,
+    } = how;
+    if data.is_some() && opts.aws {
+        bail!("--data keeps the local store in a folder and --aws uses DynamoDB: give one of them");
+    }
     if let Some(dir) = &opts.workflows {
         sas::catalog::read_folder(dir)
             .with_context(|| format!("reading the definitions in {}", dir.display()))?;
@@ -450,7 +473,11 @@ async fn serve(
     let sdk = local_sdk_config().await;
     settings.credentials = Arc::new(sas::aws::AwsCredentials::from_config(&sdk));
     settings.lambda = Some(sas::aws::lambda_client(&sdk));
-    let mut system = System::new(backend(opts).await, settings, Arc::new(SystemClock))
+    let backend = match &data {
+        Some(dir) => Backend::Data(dir.clone()),
+        None => backend(opts).await,
+    };
+    let mut system = System::new(backend, settings, Arc::new(SystemClock))
         .await
         .context("building the system")?;
     let bound = system
@@ -515,10 +542,13 @@ async fn serve(
     );
     println!(
         "sas is running ({}) on http://{bound} with {}\n{example}  curl -s http://{bound}/tasks/<taskId>\nCtrl-C stops it.",
-        if opts.aws {
-            "AWS adapters"
-        } else {
-            "in memory"
+        match &data {
+            _ if opts.aws => "AWS adapters".to_owned(),
+            Some(dir) => format!(
+                "kept in {}",
+                dir.join(sas_local::sqlite::DATA_FILE).display()
+            ),
+            None => "in memory".to_owned(),
         },
         published
     );
@@ -853,6 +883,28 @@ mod tests {
         assert!(
             e.to_string()
                 .contains("--listen is a flag of `sas-local serve`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn data_is_a_flag_of_serve_and_memory_the_default() {
+        let cli = parse(&["sas-local", "--data", "d"]).expect("--data without serve");
+        assert!(matches!(
+            cli.command,
+            Some(Command::Serve { data: Some(ref d), .. }) if d == std::path::Path::new("d")
+        ));
+        let cli = parse(&["sas-local", "serve"]).expect("serve");
+        assert!(matches!(
+            cli.command,
+            Some(Command::Serve { data: None, .. })
+        ));
+        let e = parse(&["sas-local", "demo", "--data", "d"])
+            .err()
+            .expect("a serve flag after demo");
+        assert!(
+            e.to_string()
+                .contains("--data is a flag of `sas-local serve`"),
             "{e}"
         );
     }

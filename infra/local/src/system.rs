@@ -5,6 +5,7 @@
 //! (`sas-local`) and the black-box tests use it, on in-memory adapters or on AWS APIs.
 
 use crate::provision::{self, QueueSettings, Resources};
+use crate::sqlite::SqliteStore;
 use crate::{auth, guard};
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
@@ -115,29 +116,7 @@ pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Port
                     .with_retention(settings.retention)
                     .with_index_lag(settings.index_lag),
             );
-            let queues = Arc::new(MemoryQueues::new());
-            let events = Arc::new(MemoryEventBus::default());
-            let dlq = queues.create_queue("dlq", QueueConfig::default());
-            let q = |name: &str| {
-                queues.create_queue(
-                    name,
-                    QueueConfig {
-                        visibility_timeout: visibility,
-                        max_receive_count: Some(5),
-                        dead_letter_url: Some(dlq.clone()),
-                    },
-                )
-            };
-            let resources = Resources {
-                table: "memory".into(),
-                work_queue_url: q("work"),
-                reply_queue_url: q("replies"),
-                timer_queue_url: q("timers"),
-                agent_queue_url: q("agent"),
-                dead_letter_url: dlq.clone(),
-                agent_dead_letter_url: None,
-                bus_name: "memory".into(),
-            };
+            let (queues, events, resources) = memory_queues(visibility);
             Ports {
                 catalog: store.clone(),
                 store: store.clone(),
@@ -145,6 +124,22 @@ pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Port
                 events: events.clone(),
                 resources,
                 memory: Some((store, queues, events)),
+            }
+        }
+        Backend::Data(dir) => {
+            let store = Arc::new(SqliteStore::open(
+                &dir,
+                settings.due_shards,
+                settings.retention,
+            )?);
+            let (queues, events, resources) = memory_queues(visibility);
+            Ports {
+                catalog: store.clone(),
+                store,
+                queue: queues,
+                events,
+                resources,
+                memory: None,
             }
         }
         Backend::Aws { config, prefix } => {
@@ -161,11 +156,44 @@ pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Port
     })
 }
 
+/// In-memory queues (work, replies, timers, agent, with a dead-letter queue) and event bus,
+/// and the resources naming them.
+fn memory_queues(visibility: Duration) -> (Arc<MemoryQueues>, Arc<MemoryEventBus>, Resources) {
+    let queues = Arc::new(MemoryQueues::new());
+    let events = Arc::new(MemoryEventBus::default());
+    let dlq = queues.create_queue("dlq", QueueConfig::default());
+    let q = |name: &str| {
+        queues.create_queue(
+            name,
+            QueueConfig {
+                visibility_timeout: visibility,
+                max_receive_count: Some(5),
+                dead_letter_url: Some(dlq.clone()),
+            },
+        )
+    };
+    let resources = Resources {
+        table: "memory".into(),
+        work_queue_url: q("work"),
+        reply_queue_url: q("replies"),
+        timer_queue_url: q("timers"),
+        agent_queue_url: q("agent"),
+        dead_letter_url: dlq.clone(),
+        agent_dead_letter_url: None,
+        bus_name: "memory".into(),
+    };
+    (queues, events, resources)
+}
+
 /// Where the ports point.
 #[derive(Clone)]
 pub enum Backend {
     /// In-memory adapters: no setup at all.
     Memory,
+    /// The state store and catalog kept in this folder ([`SqliteStore`], `sas-local --data`),
+    /// the queues and event bus in memory: a restart loses queued messages, and the
+    /// supervisor's sweep of the due index recovers every task they were for.
+    Data(std::path::PathBuf),
     /// The AWS adapters on whatever `config` points at (`AWS_ENDPOINT_URL`); resources named
     /// with `prefix` are created if missing.
     Aws {
