@@ -107,7 +107,7 @@ pub enum ApiError {
         message: String,
         problems: Option<Vec<Problem>>,
     },
-    #[error("the path names {path:?} but the definition's name is {named:?}")]
+    #[error("the path names {path:?} but the definition's name is {}", match named { Some(n) => format!("{n:?}"), None => "missing".to_owned() })]
     NameMismatch { path: String, named: Option<String> },
     #[error("this Idempotency-Key was used with a different request body")]
     IdempotencyKeyReused,
@@ -332,6 +332,23 @@ impl From<ApiError> for Response<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_mismatch_shows_names_not_debug_structures() {
+        let named = ApiError::NameMismatch {
+            path: "a".into(),
+            named: Some("customer-onboarding".into()),
+        };
+        assert_eq!(
+            named.to_string(),
+            "the path names \"a\" but the definition's name is \"customer-onboarding\""
+        );
+        let missing = ApiError::NameMismatch {
+            path: "a".into(),
+            named: None,
+        };
+        assert!(!missing.to_string().contains("None"), "{missing}");
+    }
 
     /// One example of every variant, in the order of [`ApiError::CODES`].
     fn one_of_each() -> Vec<ApiError> {

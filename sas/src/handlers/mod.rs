@@ -323,7 +323,11 @@ async fn send_status(
     events.publish(notice.detail_type(), &detail).await?;
     if status.is_alert() {
         // The span carries the task id, workflow and attempt: once per line.
-        warn!(status = status.as_str(), last_error = record.last_error.as_deref().unwrap_or(""), "operator alert");
+        warn!(
+            status = status.as_str(),
+            last_error = record.last_error.as_deref().unwrap_or(""),
+            "operator alert"
+        );
     }
     reply_copy(queue, record, &detail).await;
     Ok(())

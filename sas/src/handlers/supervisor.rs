@@ -295,7 +295,12 @@ async fn recover(
         warn!(failure_count = t.record.failure_count, state = %t.record.process_state, last_error = t.record.last_error.as_deref().unwrap_or(""), "failure threshold reached");
         Recovered::Failed
     } else if t.record.failure_count != record.failure_count || t.record.round != record.round {
-        warn!(failure_count = t.record.failure_count, round = t.record.round, last_error = t.record.last_error.as_deref().unwrap_or(""), "deadline expired; handed back for retry");
+        warn!(
+            failure_count = t.record.failure_count,
+            round = t.record.round,
+            last_error = t.record.last_error.as_deref().unwrap_or(""),
+            "deadline expired; handed back for retry"
+        );
         Recovered::Retried
     } else {
         info!("pickup deadline passed; work message re-enqueued");
