@@ -554,3 +554,67 @@ async fn a_credential_outside_the_secrets_prefix_is_never_read() {
     assert_ne!(r.process_state, ProcessState::Processed, "{r:?}");
     assert_eq!(r.current_step(), Some("charge-payment"), "{r:?}");
 }
+
+/// A newcomer's first start, in memory with no AWS configuration at all (no region, no profile,
+/// no credentials): the output holds no AWS SDK warning (a region looked for at the instance
+/// metadata service, debug structures), and an empty folder of definitions is said so.
+#[test]
+fn a_first_start_in_memory_is_clean_and_says_an_empty_folder_is_empty() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().expect("a folder");
+    let home = tempfile::tempdir().expect("a home");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_doc-sas-local"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--workflows"])
+        .arg(dir.path())
+        .current_dir(home.path())
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sas-local starts");
+    // Its banner ends with "Ctrl-C stops it."; give it a few seconds, then stop it.
+    let mut stdout = child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            out.push_str(&String::from_utf8_lossy(&buf[..n]));
+            if out.contains("Ctrl-C stops it.") {
+                break;
+            }
+        }
+        out
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !reader.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let out = reader.join().expect("read");
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    let _ = child.wait();
+    assert!(out.contains("Ctrl-C stops it."), "{out}\n{err}");
+    assert!(
+        out.contains(&format!(
+            "no workflow: {} holds no workflow definition",
+            dir.path().display()
+        )),
+        "{out}"
+    );
+    let all = format!("{out}\n{err}");
+    for noise in ["aws_config", "IMDS", "imds", "WARN", "Some(", "{ "] {
+        assert!(
+            !all.contains(noise),
+            "{noise:?} in the start-up output:\n{all}"
+        );
+    }
+}

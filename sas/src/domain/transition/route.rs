@@ -220,11 +220,27 @@ pub(super) fn take(n: &mut StateRecord, route: &Route) {
     }
 }
 
+/// A task of `r`'s workflow on `input`, for the tests' routers.
+#[cfg(test)]
+fn test_task(r: &StateRecord, input: serde_json::Value) -> Task {
+    Task {
+        id: r.task_id,
+        workflow: r.workflow.clone(),
+        workflow_version: r.workflow_version,
+        input,
+        input_revision: 0,
+        earlier_inputs: vec![],
+        reply_queue_url: None,
+        created_at: r.created_at,
+        caller: crate::domain::Caller::new("tests").expect("a caller"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testkit::*;
+    use super::test_task as task;
     use crate::domain::state::{Decision, NoticeKind, ProcessState, StepStatus};
-    use crate::domain::{Caller, Task};
     use serde_json::{Value, json};
 
     /// A loan: a credit check, a review by amount and score (a choice with results, its second
@@ -264,20 +280,6 @@ steps:
         Workflow::from_value(v, None, &base())
             .expect("valid")
             .with_version(1)
-    }
-
-    fn task(r: &StateRecord, input: Value) -> Task {
-        Task {
-            id: r.task_id,
-            workflow: "loan".into(),
-            workflow_version: 1,
-            input,
-            input_revision: 0,
-            earlier_inputs: vec![],
-            reply_queue_url: None,
-            created_at: r.created_at,
-            caller: Caller::new("tests").expect("caller"),
-        }
     }
 
     fn score(n: i64) -> StepOutcome {
@@ -442,9 +444,9 @@ steps:
 #[cfg(test)]
 mod operator_tests {
     use super::super::testkit::*;
+    use super::test_task as task;
     use crate::domain::state::{ProcessState, StepStatus};
-    use crate::domain::{Caller, Task};
-    use serde_json::{Value, json};
+    use serde_json::json;
 
     /// A check, a notice only on request, a choice between two payouts.
     const W: &str = r#"name: w
@@ -462,20 +464,6 @@ steps:
     fn w() -> Workflow {
         let v = crate::domain::workflow::parse_value(W, crate::domain::Format::Yaml).expect("yaml");
         Workflow::from_value(v, None, &base()).expect("valid")
-    }
-
-    fn task(r: &StateRecord, input: Value) -> Task {
-        Task {
-            id: r.task_id,
-            workflow: "w".into(),
-            workflow_version: 0,
-            input,
-            input_revision: 0,
-            earlier_inputs: vec![],
-            reply_queue_url: None,
-            created_at: r.created_at,
-            caller: Caller::new("tests").expect("caller"),
-        }
     }
 
     fn statuses(r: &StateRecord) -> Vec<StepStatus> {

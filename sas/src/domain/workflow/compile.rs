@@ -255,6 +255,35 @@ impl Compiler<'_> {
         reach
     }
 
+    /// Declares group `e` (its index, and the first step it will cover), before its arms are
+    /// compiled: the steps inside name it as their parent.
+    fn open_group(
+        &mut self,
+        e: &StepDoc,
+        when: Option<When>,
+        parent: Parent,
+        depth: usize,
+    ) -> (usize, usize) {
+        let (index, start) = (self.groups.len(), self.steps.len());
+        self.groups.push(Group {
+            name: e.name.clone(),
+            when,
+            span: start..start,
+            kind: GroupKind::Choice { arms: vec![] },
+            parent,
+            depth,
+        });
+        (index, start)
+    }
+
+    /// Completes group `index` once its arms are compiled: the steps it covers, and its kind.
+    fn close_group(&mut self, index: usize, span: std::ops::Range<usize>, kind: GroupKind) {
+        if let Some(g) = self.groups.get_mut(index) {
+            g.span = span;
+            g.kind = kind;
+        }
+    }
+
     /// A group's entry holds none of a step's fields.
     fn not_on_a_group(&mut self, e: &StepDoc, here: &str) {
         let step_only = [
@@ -477,16 +506,7 @@ impl Compiler<'_> {
                 format!("a choice has 1 to {MAX_CASES} cases"),
             );
         }
-        let index = self.groups.len();
-        let start = self.steps.len();
-        self.groups.push(Group {
-            name: e.name.clone(),
-            when,
-            span: start..start,
-            kind: GroupKind::Choice { arms: vec![] },
-            parent,
-            depth,
-        });
+        let (index, start) = self.open_group(e, when, parent, depth);
         let mut arms = vec![];
         let mut after = reach.clone();
         let arm_docs = cases
@@ -565,10 +585,7 @@ impl Compiler<'_> {
                 "a choice runs at least one step in one of its cases or `otherwise`",
             );
         }
-        if let Some(g) = self.groups.get_mut(index) {
-            g.span = start..end;
-            g.kind = GroupKind::Choice { arms };
-        }
+        self.close_group(index, start..end, GroupKind::Choice { arms });
         *reach = after;
     }
 
@@ -590,16 +607,7 @@ impl Compiler<'_> {
             );
         }
         self.not_runnable_yet(format!("{at}/parallel"), "parallel branches");
-        let index = self.groups.len();
-        let start = self.steps.len();
-        self.groups.push(Group {
-            name: e.name.clone(),
-            when,
-            span: start..start,
-            kind: GroupKind::Parallel { arms: vec![] },
-            parent,
-            depth,
-        });
+        let (index, start) = self.open_group(e, when, parent, depth);
         let names: Vec<Vec<String>> = branches.iter().map(|b| names_in(&b.steps)).collect();
         let mut after = reach.clone();
         let mut arms = vec![];
@@ -651,10 +659,7 @@ impl Compiler<'_> {
             "a parallel group, which has no result of its own: read its steps by name".into(),
         ));
         let end = self.steps.len();
-        if let Some(g) = self.groups.get_mut(index) {
-            g.span = start..end;
-            g.kind = GroupKind::Parallel { arms };
-        }
+        self.close_group(index, start..end, GroupKind::Parallel { arms });
         *reach = after;
     }
 }
