@@ -329,39 +329,11 @@ async fn a_retry_from_the_console_may_give_the_task_a_new_input() {
     );
 }
 
-/// A workflow with a choice and a condition, published by the test: an order paid by card
-/// (a credit check, then the charge) above 500, by invoice otherwise; an express booking only
-/// when asked for.
+/// A workflow with a choice and a condition, published by the test: the chaos run's
+/// `order-triage` (an order paid by card, a credit check then the charge, above 500, by invoice
+/// otherwise; an express booking only when asked for).
 fn triage_workflow() -> serde_json::Value {
-    serde_json::json!({
-        "name": "order-triage",
-        "input": {
-            "type": "object",
-            "required": ["customerId", "amount", "express"],
-            "properties": {
-                "customerId": {"type": "string"},
-                "amount": {"type": "integer"},
-                "express": {"type": "boolean"}
-            }
-        },
-        "steps": [
-            {"name": "reserve-inventory", "service": "inventory",
-             "undo": {"action": "release-inventory"}},
-            {"name": "payment", "choice": [
-                {"when": "input.amount > 500", "steps": [
-                    {"name": "check-credit", "service": "credit-bureau"},
-                    {"name": "charge-card", "service": "payment", "action": "charge-payment",
-                     "undo": {"action": "refund-payment"}}
-                ]}
-            ], "otherwise": {"steps": [
-                {"name": "send-invoice", "service": "payment", "action": "invoice"}
-            ]}},
-            {"name": "express-booking", "service": "shipping", "when": "input.express",
-             "undo": {"action": "cancel-express"}},
-            {"name": "arrange-shipping", "service": "shipping",
-             "undo": {"action": "cancel-shipping"}}
-        ]
-    })
+    serde_json::from_str(sas_chaos::ORDER_TRIAGE).expect("the chaos run's workflow is JSON")
 }
 
 /// Publishes `order-triage` and runs two of its tasks: one paid by invoice and sent express

@@ -207,24 +207,28 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
     {
-        let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut conn = conn
-                .lock()
-                .map_err(|_| StoreError::Unavailable("sqlite store lock poisoned".into()))?;
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(db)?;
-            let out = f(&tx)?;
-            tx.commit().map_err(db)?;
-            Ok(out)
-        })
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("sqlite store call failed: {e}")))?
+        self.in_transaction(TransactionBehavior::Immediate, true, f)
+            .await
     }
 
     /// Runs the reads of `f` on a blocking thread (one transaction: a consistent snapshot).
     async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.in_transaction(TransactionBehavior::Deferred, false, f)
+            .await
+    }
+
+    /// Runs `f` in one transaction of `behavior` on a blocking thread (the connection is
+    /// shared); commits what it wrote if `commit` and `f` returns `Ok`, else rolls it back.
+    async fn in_transaction<T, F>(
+        &self,
+        behavior: TransactionBehavior,
+        commit: bool,
+        f: F,
+    ) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
@@ -234,8 +238,12 @@ impl SqliteStore {
             let mut conn = conn
                 .lock()
                 .map_err(|_| StoreError::Unavailable("sqlite store lock poisoned".into()))?;
-            let tx = conn.transaction().map_err(db)?;
-            f(&tx)
+            let tx = conn.transaction_with_behavior(behavior).map_err(db)?;
+            let out = f(&tx)?;
+            if commit {
+                tx.commit().map_err(db)?;
+            }
+            Ok(out)
         })
         .await
         .map_err(|e| StoreError::Unavailable(format!("sqlite store call failed: {e}")))?
