@@ -261,3 +261,80 @@ async fn a_404_on_one_tasks_path_stops_that_task_with_an_alert_and_stalls_no_oth
     }
     system.shutdown().await;
 }
+
+/// Loses every write that would complete the loan's callback step (`send-contract`), as a
+/// burst of other writes to the record would, while `on`.
+#[derive(Default)]
+struct Contend {
+    on: std::sync::atomic::AtomicBool,
+    lost: AtomicUsize,
+}
+
+/// A condition no stored record meets: the write is refused as a lost race.
+static NEVER: sas::domain::Condition = sas::domain::Condition::Absent;
+
+#[async_trait::async_trait]
+impl sas_local::intercept::Interceptor for Contend {
+    async fn around<'a, R: sas_local::intercept::Reply, E: sas_local::intercept::Failure>(
+        &'a self,
+        next: sas_local::intercept::Next<'a, R, E>,
+    ) -> Result<R, E> {
+        use sas_local::intercept::Call;
+        let call = next.call();
+        if let Call::PutAs { put, write } = call
+            && self.on.load(Ordering::SeqCst)
+            && put
+                .record
+                .steps
+                .get(2)
+                .is_some_and(|s| s.name == "send-contract" && s.status == StepStatus::Done)
+        {
+            self.lost.fetch_add(1, Ordering::SeqCst);
+            let put = sas::ports::Guarded::new(put.record, &NEVER);
+            return next.run(Call::PutAs { put, write }).await;
+        }
+        next.run(call).await
+    }
+}
+
+/// A callback that loses every race for its record (its service calls back once) is not
+/// dropped: its message comes back and completes the step once the record is quiet.
+#[tokio::test]
+async fn a_callback_that_loses_every_race_comes_back_and_completes_its_step() {
+    let settings = sas_local::Settings {
+        visibility_timeout: Some(std::time::Duration::from_secs(1)),
+        ..manual_settings()
+    };
+    let mut ports = sas_local::system::ports(sas_local::Backend::Memory, &settings)
+        .await
+        .expect("ports");
+    let hook = Arc::new(Contend::default());
+    hook.on.store(true, Ordering::SeqCst);
+    ports.store = Arc::new(sas_local::intercept::Intercepted::new(
+        ports.store.clone(),
+        hook.clone(),
+    ));
+    let system = System::from_ports(ports, settings, Arc::new(sas::ports::SystemClock));
+    system
+        .publish(&catalog::example_files())
+        .await
+        .expect("the examples publish");
+    let id = sas_blackbox::submit_loan(&system).await;
+    pump_until_quiet(&system, 50).await;
+    let lost = hook.lost.load(Ordering::SeqCst);
+    assert!(lost >= 4, "the callback lost its races: {lost}");
+    let r = state(&system, id).await;
+    assert_eq!(r.steps[2].status, StepStatus::Waiting, "{r:?}");
+    // The record is quiet again: the callback's message comes back and applies.
+    hook.on.store(false, Ordering::SeqCst);
+    for _ in 0..30 {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        pump_until_quiet(&system, 20).await;
+        if state(&system, id).await.process_state == ProcessState::Processed {
+            break;
+        }
+    }
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
+    assert_eq!(r.steps[2].status, StepStatus::Done);
+}

@@ -154,7 +154,10 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
 /// fault comes back with its message; a callback is sent once by its service, and its message
 /// would come back only after the queue's visibility timeout, which may be longer than the
 /// step's callback wait: it must not be dropped for a heartbeat or an outbox cleared
-/// meanwhile, nor wait out a throttled write.
+/// meanwhile, nor wait out a throttled write. A callback that still loses after its tries is
+/// not dropped: its message comes back (a late callback still completes its step, sent again
+/// or failed waiting: [`transition::apply_callback`]), where dropping it would leave the step to
+/// time out for an answer its service gave.
 const CALLBACK_TRIES: u32 = 4;
 const CALLBACK_PAUSE: Duration = Duration::from_millis(100);
 
@@ -166,6 +169,12 @@ async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError
     for attempt in 1..=CALLBACK_TRIES {
         match apply_one(deps, &r).await {
             Ok(Applied::Yes | Applied::Dropped) => return Ok(()),
+            Ok(Applied::LostRace) if attempt < CALLBACK_TRIES => {
+                // Another write is in between (a burst on a hot record): a short, growing
+                // pause lets it pass rather than losing to it again at once.
+                tokio::time::sleep(pause / 4).await;
+                pause *= 2;
+            }
             Ok(Applied::LostRace) => {}
             Err(HandlerError::Store(e)) if attempt < CALLBACK_TRIES => {
                 warn!(error = %e, attempt, "callback not applied: the store failed; trying again");
@@ -175,8 +184,10 @@ async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError
             Err(e) => return Err(e),
         }
     }
-    info!("callback dropped: the record moved on meanwhile");
-    Ok(())
+    warn!("callback not applied: the record kept moving; its message comes back");
+    Err(HandlerError::Store(
+        crate::ports::StoreError::ConditionFailed,
+    ))
 }
 
 /// What became of a reply.
