@@ -775,42 +775,17 @@ impl Leases for SqliteStore {
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct BreakerRow {
-    state: BreakerStateRow,
+    state: BreakerState,
     note: Option<String>,
     open_since: Option<DateTime<Utc>>,
     #[serde(default)]
     fault_keys: Vec<String>,
 }
 
-#[derive(Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "camelCase")]
-enum BreakerStateRow {
-    Closed {
-        failures: u32,
-    },
-    Open {
-        until: DateTime<Utc>,
-    },
-    HalfOpen {
-        probes_left: u32,
-        until: DateTime<Utc>,
-    },
-    Paused {
-        since: DateTime<Utc>,
-    },
-}
-
 impl BreakerRow {
     fn of(b: &BreakerRecord) -> Self {
         Self {
-            state: match b.state {
-                BreakerState::Closed { failures } => BreakerStateRow::Closed { failures },
-                BreakerState::Open { until } => BreakerStateRow::Open { until },
-                BreakerState::HalfOpen { probes_left, until } => {
-                    BreakerStateRow::HalfOpen { probes_left, until }
-                }
-                BreakerState::Paused { since } => BreakerStateRow::Paused { since },
-            },
+            state: b.state,
             note: b.note.clone(),
             open_since: b.open_since,
             fault_keys: b.fault_keys.clone(),
@@ -821,14 +796,7 @@ impl BreakerRow {
         BreakerRecord {
             name,
             version,
-            state: match self.state {
-                BreakerStateRow::Closed { failures } => BreakerState::Closed { failures },
-                BreakerStateRow::Open { until } => BreakerState::Open { until },
-                BreakerStateRow::HalfOpen { probes_left, until } => {
-                    BreakerState::HalfOpen { probes_left, until }
-                }
-                BreakerStateRow::Paused { since } => BreakerState::Paused { since },
-            },
+            state: self.state,
             note: self.note,
             open_since: self.open_since,
             fault_keys: self.fault_keys,

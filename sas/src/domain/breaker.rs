@@ -40,8 +40,9 @@ impl Default for BreakerPolicy {
     }
 }
 
-/// Where the breaker is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where the breaker is. (Serialized tagged by `state`, for stores that keep it as JSON.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "state", rename_all = "camelCase")]
 pub enum BreakerState {
     Closed {
         failures: u32,

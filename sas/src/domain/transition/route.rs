@@ -11,6 +11,7 @@
 use super::super::context::context;
 use super::super::state::{Decision, StateRecord, StepStatus};
 use super::super::task::Task;
+use super::super::when::When;
 use super::super::workflow::{GroupKind, Workflow};
 
 /// Where the cursor goes.
@@ -82,11 +83,9 @@ impl Router for TaskRouter<'_> {
                 if g.span.start != j || seen.decisions.iter().any(|d| d.group == g.name) {
                     continue;
                 }
+                // One context for the group's conditions (its own and its cases').
                 let ctx = context(w, self.task, &seen, j.min(n.saturating_sub(1)));
-                let holds = |when: &super::super::when::When| match &ctx {
-                    Some(c) => when.holds(c).map_err(|e| e.to_string()),
-                    None => Err("condition_failed: the task's input is not kept".to_owned()),
-                };
+                let holds = |when: &When| decide(when, ctx.as_ref());
                 let fail = |route: Route, error: String| RouteError {
                     step: j,
                     route,
@@ -183,10 +182,7 @@ impl Router for TaskRouter<'_> {
                 continue;
             }
             if let Some(when) = &w.steps[j].when {
-                let decided = context(w, self.task, &seen, j)
-                    .ok_or_else(|| "condition_failed: the task's input is not kept".to_owned())
-                    .and_then(|c| when.holds(&c).map_err(|e| e.to_string()));
-                match decided {
+                match decide(when, context(w, self.task, &seen, j).as_ref()) {
                     Ok(true) => {}
                     Ok(false) => {
                         seen.steps[j].status = StepStatus::Skipped;
@@ -207,6 +203,13 @@ impl Router for TaskRouter<'_> {
             return Ok(route);
         }
     }
+}
+
+/// Whether `when` holds on `ctx`, the context of the step it stands before (`None`: the task
+/// no longer has the input that step runs with); the error is the step's `condition_failed`.
+fn decide(when: &When, ctx: Option<&serde_json::Value>) -> Result<bool, String> {
+    let ctx = ctx.ok_or_else(|| "condition_failed: the task's input is not kept".to_owned())?;
+    when.holds(ctx).map_err(|e| e.to_string())
 }
 
 /// Applies what `route` decided to the record being written: the decisions, and the skipped

@@ -672,14 +672,8 @@ fn names_in(entries: &[StepDoc]) -> Vec<String> {
     let mut out = vec![];
     for e in entries {
         out.push(e.name.clone());
-        for c in e.choice.iter().flatten() {
-            out.extend(names_in(&c.steps));
-        }
-        if let Some(o) = &e.otherwise {
-            out.extend(names_in(&o.steps));
-        }
-        for b in e.parallel.iter().flatten() {
-            out.extend(names_in(&b.steps));
+        for (_, steps) in e.sequences() {
+            out.extend(names_in(steps));
         }
     }
     out

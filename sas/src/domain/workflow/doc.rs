@@ -135,15 +135,30 @@ fn services_in<'a>(entries: &'a [StepDoc], at: &str, out: &mut Vec<(String, &'a 
         if let Some(s) = &e.service {
             out.push((format!("{here}/service"), s));
         }
-        for (c, case) in e.choice.iter().flatten().enumerate() {
-            services_in(&case.steps, &format!("{here}/choice/{c}/steps"), out);
+        for (below, steps) in e.sequences() {
+            services_in(steps, &format!("{here}{below}"), out);
         }
-        if let Some(o) = &e.otherwise {
-            services_in(&o.steps, &format!("{here}/otherwise/steps"), out);
-        }
-        for (b, branch) in e.parallel.iter().flatten().enumerate() {
-            services_in(&branch.steps, &format!("{here}/parallel/{b}/steps"), out);
-        }
+    }
+}
+
+impl StepDoc {
+    /// The sequences a group holds, in the order written (a choice's cases, then `otherwise`;
+    /// a parallel group's branches), each with its JSON pointer below the entry's.
+    pub fn sequences(&self) -> Vec<(String, &[StepDoc])> {
+        let cases = self.choice.iter().flatten().enumerate();
+        let branches = self.parallel.iter().flatten().enumerate();
+        cases
+            .map(|(c, case)| (format!("/choice/{c}/steps"), case.steps.as_slice()))
+            .chain(
+                self.otherwise
+                    .iter()
+                    .map(|o| ("/otherwise/steps".to_owned(), o.steps.as_slice())),
+            )
+            .chain(
+                branches
+                    .map(|(b, branch)| (format!("/parallel/{b}/steps"), branch.steps.as_slice())),
+            )
+            .collect()
     }
 }
 
