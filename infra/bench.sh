@@ -13,7 +13,7 @@ if [ ! -x "$TOOLS/moto/bin/moto_server" ]; then
 fi
 PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
 mkdir -p target
-"$TOOLS/moto/bin/moto_server" -H 127.0.0.1 -p "$PORT" >target/bench-moto.log 2>&1 &
+"$TOOLS/moto/bin/python" infra/moto_server.py -H 127.0.0.1 -p "$PORT" >target/bench-moto.log 2>&1 &
 MOTO_PID=$!
 trap 'kill "$MOTO_PID" 2>/dev/null || true' EXIT
 for _ in $(seq 100); do

@@ -85,7 +85,9 @@ mkdir -p target
 export SAS_TEMPLATE_JSON="$ROOT/target/template.json"
 
 PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
-"$TOOLS/moto/bin/moto_server" -H 127.0.0.1 -p "$PORT" >target/moto.log 2>&1 &
+# Through infra/moto_server.py: moto with its DynamoDB atomic for concurrent requests (a failing
+# transaction in stock moto undoes other requests' acknowledged writes).
+"$TOOLS/moto/bin/python" infra/moto_server.py -H 127.0.0.1 -p "$PORT" >target/moto.log 2>&1 &
 MOTO_PID=$!
 DDB_LOCAL_PID=""
 cleanup() {
@@ -107,6 +109,7 @@ for _ in range(200):
 sys.exit(f"the emulator did not answer at {url}")
 PY
 echo "==> moto $MOTO_VERSION on 127.0.0.1:$PORT (pid $MOTO_PID)"
+"$TOOLS/moto/bin/python" infra/moto_atomic.py "$PORT"
 
 # Loopback only: dummy credentials, and every SDK client pointed at the emulator.
 export SAS_TEST_ENDPOINT="http://127.0.0.1:$PORT"
