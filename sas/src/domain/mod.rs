@@ -5,6 +5,7 @@ pub mod breaker;
 pub mod caller;
 pub mod condition;
 pub mod context;
+pub mod fanout;
 pub mod mapping;
 pub mod policy;
 pub mod problem;

@@ -1,5 +1,6 @@
 //! The state record: the pattern's one source of truth about a task.
 
+pub use super::fanout::{Branch, Fanout, Stop, StopKind};
 use super::policy::Policies;
 use super::task_id::TaskId;
 use super::workflow::Workflow;
@@ -416,6 +417,10 @@ pub struct StateRecord {
     /// The groups decided so far (choices and parallel branches), in the order reached.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub decisions: Vec<Decision>,
+    /// The parallel group running, with its branches' cursors (see [`Fanout`]); the fields
+    /// above are then their aggregate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fanout: Option<Fanout>,
     pub last_error: Option<String>,
     /// The refusal that ended (or is ending) the task: the service's business outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -667,6 +672,7 @@ impl StateRecord {
                 .map(|s| StepState::new(&s.name, s.undo.is_some()))
                 .collect(),
             decisions: vec![],
+            fanout: None,
             last_error: None,
             refusal: None,
             undo_after: None,
@@ -688,6 +694,18 @@ impl StateRecord {
             since: now,
             due_key: Some(pickup_by.min(first_deadline)),
         }
+    }
+
+    /// The end of the line the cursor walks: the number of steps, or, for the record as seen
+    /// from a branch, the end of the branch.
+    pub fn end(&self) -> usize {
+        self.branch().map_or(self.steps.len(), |b| b.end)
+    }
+
+    /// The branch this record is seen from, inside a transition (see [`Fanout::current`]).
+    pub fn branch(&self) -> Option<&Branch> {
+        let f = self.fanout.as_ref()?;
+        f.branches.get(f.current?)
     }
 
     /// The current step's name, if the record has a current step.
@@ -861,6 +879,9 @@ impl StateRecord {
         }
         if self.undo_after.is_some() && self.process_state != P::Compensating {
             return bad(format!("{} with an undo wait", self.process_state));
+        }
+        if let Some(f) = &self.fanout {
+            return self.check_fanout(f).map_err(Invariant);
         }
         let undo_running = self
             .steps

@@ -255,21 +255,28 @@ pub(crate) struct Outlets<'a> {
     pub work_queue_url: &'a str,
 }
 
-/// Performs the effects of a written transition, in order. [`Effect::SendStepRequest`] belongs
-/// to the scheduler alone: `send_step` performs it, or it is a configuration error.
+/// Performs the effects of a written transition, in order. [`Effect::SendStepRequest`] and
+/// [`Effect::SendBranchStep`] belong to the scheduler alone: `send_step` performs them (`None`:
+/// the main line's step, `Some(b)`: branch `b`'s), or it is a configuration error.
 pub(crate) async fn perform<'a, F, Fut>(
     o: &Outlets<'a>,
     t: &Transition,
     send_step: Option<F>,
 ) -> Result<(), HandlerError>
 where
-    F: Fn() -> Fut,
+    F: Fn(Option<usize>) -> Fut,
     Fut: Future<Output = Result<(), HandlerError>>,
 {
     for effect in &t.effects {
         match effect {
-            Effect::SendStepRequest => match &send_step {
-                Some(f) => f().await?,
+            Effect::SendStepRequest | Effect::SendBranchStep(_) => match &send_step {
+                Some(f) => {
+                    let branch = match effect {
+                        Effect::SendBranchStep(b) => Some(*b),
+                        _ => None,
+                    };
+                    f(branch).await?
+                }
                 None => {
                     return Err(HandlerError::Config(
                         "only the scheduler sends step requests".into(),
@@ -302,7 +309,7 @@ pub(crate) async fn perform_no_step(o: &Outlets<'_>, t: &Transition) -> Result<(
     perform(
         o,
         t,
-        None::<fn() -> std::future::Ready<Result<(), HandlerError>>>,
+        None::<fn(Option<usize>) -> std::future::Ready<Result<(), HandlerError>>>,
     )
     .await
 }

@@ -308,7 +308,13 @@ async fn run(
     perform(
         &deps.ports.outlets(),
         t,
-        Some(|| send_step_request(deps, task, workflow, &t.record)),
+        Some(|branch: Option<usize>| async move {
+            match branch {
+                // The branch's step: built from the record as seen from the branch.
+                Some(b) => send_step_request(deps, task, workflow, &t.record.seen_from(b)).await,
+                None => send_step_request(deps, task, workflow, &t.record).await,
+            }
+        }),
     )
     .await
 }

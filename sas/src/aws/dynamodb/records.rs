@@ -265,6 +265,12 @@ pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
     {
         item.insert("Decisions".to_owned(), s(json));
     }
+    // The same for a parallel group's branches, while it runs.
+    if let Some(f) = &r.fanout
+        && let Ok(json) = serde_json::to_string(f)
+    {
+        item.insert("Fanout".to_owned(), s(json));
+    }
     if r.deferrals > 0 {
         item.insert("Deferrals".to_owned(), n(r.deferrals));
     }
@@ -440,6 +446,12 @@ pub(super) fn record_of(
                 .map_err(|e| corrupt(format!("Decisions is not a list of decisions: {e}")))?,
             None => vec![],
         },
+        fanout: opt_s(item, "Fanout")
+            .map(|json| {
+                serde_json::from_str(&json)
+                    .map_err(|e| corrupt(format!("Fanout is not a parallel group's state: {e}")))
+            })
+            .transpose()?,
         last_error: opt_s(item, "LastError"),
         refusal: match item.get("Refusal") {
             Some(AttributeValue::M(m)) => Some(crate::domain::state::Refusal {

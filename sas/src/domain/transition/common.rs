@@ -30,6 +30,9 @@ pub enum Effect {
     /// Send the request for the record's current step (or, while Compensating, its undo) under
     /// its current attempt.
     SendStepRequest,
+    /// Send the request for the current step of branch `0` of the running parallel group (see
+    /// [`StateRecord::seen_from`]).
+    SendBranchStep(usize),
     /// Deliver the outbox (event bus, and the task's reply queue if it has one), then clear it.
     DeliverNotice,
     /// Publish a status that does not go through the outbox (best effort).

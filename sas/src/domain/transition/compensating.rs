@@ -2,6 +2,7 @@
 //! effect ([`begin_compensation`], [`fail`]), and each undo's answer moves it to the next undo or
 //! ends it ([`apply_undo_reply`]).
 
+use super::super::fanout::{Stop, StopKind};
 use super::super::policy::Policies;
 use super::super::state::{
     NoticeKind, ProcessState, StateRecord, StepState, StepStatus, to_millis,
@@ -32,9 +33,8 @@ pub(super) fn begin_compensation(
         Some(i) => {
             let mut delay = delay;
             n.undo_after = None;
-            if let Some(t) = in_flight_until.filter(|_| i == n.step_index) {
-                let t = n.steps[i].sent_until.map_or(t, |s| s.max(t));
-                let after = to_millis(t + p.at(i).undo_wait);
+            let in_flight = in_flight_until.filter(|_| i == n.step_index);
+            if let Some(after) = undo_not_before(n, i, in_flight, p) {
                 delay = delay.max(after - now);
                 n.undo_after = Some(after);
             }
@@ -45,6 +45,23 @@ pub(super) fn begin_compensation(
         }
         None => compensated(n),
     }
+}
+
+/// When the undo of step `i` may go out, if its step may still be in flight: [`Policy::undo_wait`]
+/// past the latest deadline a request for it went out with ([`StepState::sent_until`]: a step
+/// handed back, timed out, cancelled, or stopped with its group), or past `in_flight` (the
+/// deadline of the step that was current when it failed) if later.
+fn undo_not_before(
+    n: &StateRecord,
+    i: usize,
+    in_flight: Option<DateTime<Utc>>,
+    p: &Policies,
+) -> Option<DateTime<Utc>> {
+    let t = match (n.steps[i].sent_until, in_flight) {
+        (Some(a), Some(b)) => a.max(b),
+        (a, b) => a.or(b)?,
+    };
+    Some(to_millis(t + p.at(i).undo_wait))
 }
 
 /// Every step that needed it is undone: the task ends Refused if a service refused a step, else
@@ -60,12 +77,32 @@ pub(super) fn compensated(n: &mut StateRecord) -> Vec<Effect> {
 /// The task stops in Error for an operator (`reason`), whatever the policy on compensation:
 /// the alert is owed.
 pub(super) fn stop_in_error(n: &mut StateRecord, reason: String) -> Vec<Effect> {
+    if n.branch().is_some() {
+        return stop_branch(n, StopKind::Held, reason);
+    }
     n.last_error = Some(reason);
     n.owe(NoticeKind::Failed);
     n.process_state = ProcessState::Error;
     n.locked_by = None;
     n.complete_by = None;
     vec![Effect::DeliverNotice]
+}
+
+/// A step of a branch failed (`kind`, `reason`), on the record as seen from that branch: the
+/// branch stops (Error), and its group with it ([`Fanout::stop`], the first failure kept); the
+/// task fails or compensates once no branch has a step out (see `branches`).
+///
+/// [`Fanout::stop`]: super::super::fanout::Fanout::stop
+pub(super) fn stop_branch(n: &mut StateRecord, kind: StopKind, reason: String) -> Vec<Effect> {
+    let step = n.step_index;
+    n.last_error = Some(reason.clone());
+    n.process_state = ProcessState::Error;
+    n.locked_by = None;
+    n.complete_by = None;
+    if let Some(f) = n.fanout.as_mut() {
+        f.stop.get_or_insert(Stop { step, reason, kind });
+    }
+    vec![]
 }
 
 /// The task failed for good (`reason`): the operator alert is owed, and the task is either
@@ -78,6 +115,9 @@ pub(super) fn fail(
     p: &Policies,
     in_flight_until: Option<DateTime<Utc>>,
 ) -> Vec<Effect> {
+    if n.branch().is_some() {
+        return stop_branch(n, StopKind::Failed, reason);
+    }
     n.last_error = Some(reason);
     n.owe(NoticeKind::Failed);
     let mut effects = vec![Effect::DeliverNotice];
@@ -109,6 +149,22 @@ pub(super) fn apply_undo_reply(
             n.steps[i].undo = Some(StepStatus::Done);
             n.undo_after = None;
             match n.steps[..i].iter().rposition(StepState::needs_undo) {
+                Some(j) if undo_not_before(n, j, None, p).is_some_and(|t| t > now) => {
+                    // Step `j` may still be in flight (a branch stopped while it was out): its
+                    // undo waits, as the first undo does.
+                    let after = undo_not_before(n, j, None, p).unwrap_or(now);
+                    n.step_index = j;
+                    n.locked_by = None;
+                    n.undo_after = Some(after);
+                    n.complete_by = Some(after + p.at(j).pickup_timeout);
+                    log(
+                        n,
+                        from,
+                        Some(i),
+                        "undone; the next undo waits for its step to be over",
+                    );
+                    vec![Effect::Enqueue { delay: after - now }]
+                }
                 Some(j) => {
                     n.step_index = j;
                     n.steps[j].undo = Some(StepStatus::Running);

@@ -4,6 +4,7 @@
 
 use super::super::policy::Policies;
 use super::super::state::{NoticeKind, ProcessState, StateRecord, StepStatus, to_millis};
+use super::branches;
 use super::common::{Actor, Effect, Rejection, Transition, finish, log_by, next, tidy};
 use super::compensating::begin_compensation;
 use super::{Condition, Guard};
@@ -57,6 +58,8 @@ pub fn retry(
         n.refusal = None;
     }
     n.complete_by = Some(now + p.at(i).pickup_timeout);
+    // A parallel group stopped in Error: every branch not done goes on from its step.
+    branches::resume(&mut n, now, p);
     log_by(
         &mut n,
         r.process_state,
@@ -94,6 +97,7 @@ pub fn compensate(
         ProcessState::Error => {
             let now = to_millis(now);
             let mut n = next(r, now);
+            n.fanout = None;
             // A step that timed out may still be in flight: its undo waits past the deadline.
             let in_flight = r.steps.get(r.step_index).and_then(|s| {
                 matches!(s.status, StepStatus::TimedOut | StepStatus::Cancelled)
@@ -141,6 +145,12 @@ pub fn cancel(
     // The step that is out (or was out before a hand-back) may still be in flight until its
     // deadline: its undo waits past it.
     let in_flight = match r.process_state {
+        // A parallel group runs: each of its steps that may be in flight keeps its own
+        // deadline, which its undo waits past.
+        ProcessState::Pending | ProcessState::Processing if r.fanout.is_some() => {
+            super::branches::cancel_branches(&mut n, now);
+            None
+        }
         ProcessState::Pending if r.steps[i].sent => Some(now),
         ProcessState::Pending => None,
         ProcessState::Processing => {
@@ -198,6 +208,7 @@ pub fn resolve(
     let now = to_millis(now);
     let mut n = next(r, now);
     n.round = 0;
+    n.fanout = None;
     let effects = finish(&mut n, ProcessState::Resolved, NoticeKind::Resolved);
     log_by(
         &mut n,
@@ -244,6 +255,31 @@ pub fn skip(
     n.round = 0;
     n.last_error = None;
     n.refusal = None;
+    if n.fanout.is_some() {
+        // In a parallel group stopped in Error: its branches go on from their steps.
+        let mut effects = vec![p.at(i).progress(NoticeKind::StepCompleted)];
+        let ended = branches::resume(&mut n, now, p);
+        if ended.is_empty() {
+            effects.push(Effect::Enqueue {
+                delay: Duration::zero(),
+            });
+        }
+        effects.extend(ended);
+        log_by(
+            &mut n,
+            r.process_state,
+            Some(i),
+            actor.line(&format!("skip of {}", r.steps[i].name)),
+            Some(&actor.by),
+        );
+        tidy(&mut n);
+        return Ok(Transition::from(
+            r,
+            Condition::on(r, vec![Guard::StateIs(ProcessState::Error)]),
+            n,
+            effects,
+        ));
+    }
     // The steps already decided not to run are passed; the claim routes the rest.
     n.step_index = (i + 1..n.steps.len())
         .find(|&j| n.steps[j].status != StepStatus::Skipped)
@@ -348,9 +384,24 @@ pub fn retry_with_input(
     if step.status != StepStatus::Failed && step.sent {
         return Err(Rejection::MayHaveTakenEffect(step.name.clone()));
     }
+    // A parallel group stopped with other steps that may have taken effect: a retry would
+    // send them again under their keys, which must not carry a new input.
+    if let Some(other) =
+        r.steps.iter().enumerate().find(|(j, s)| {
+            *j != i && s.sent && !s.status.is_passed() && s.status != StepStatus::Failed
+        })
+    {
+        return Err(Rejection::MayHaveTakenEffect(other.1.name.clone()));
+    }
     // A refused step gets its new key from `retry`; one never sent never used its key.
     let mut t = retry(r, actor, now, p)?;
-    for s in t.record.steps[..i].iter_mut().filter(|s| s.sent) {
+    for (_, s) in t
+        .record
+        .steps
+        .iter_mut()
+        .enumerate()
+        .filter(|(j, s)| *j != i && s.sent)
+    {
         s.input_revision.get_or_insert(input_revision);
     }
     t.record.steps[i].input_revision = None;

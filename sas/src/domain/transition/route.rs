@@ -34,9 +34,24 @@ pub struct RouteError {
     pub error: String,
 }
 
-/// Decides where a task goes from step `from` (see the module's comment).
+/// Decides where a task goes from step `from` (see the module's comment), up to the end of
+/// the line the record walks ([`StateRecord::end`]: a branch ends at its last step). On the
+/// main line it stops at a parallel group that runs: its branches route themselves.
 pub trait Router {
     fn route(&self, r: &StateRecord, from: usize) -> Result<Route, RouteError>;
+
+    /// The parallel group step `at` belongs to, if any.
+    fn parallel(&self, _at: usize) -> Option<Parallel> {
+        None
+    }
+}
+
+/// A parallel group: its name, its steps, and each branch's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parallel {
+    pub name: String,
+    pub span: std::ops::Range<usize>,
+    pub branches: Vec<std::ops::Range<usize>>,
 }
 
 /// Decides nothing: the next step that is not already Skipped.
@@ -44,9 +59,10 @@ pub struct Linear;
 
 impl Router for Linear {
     fn route(&self, r: &StateRecord, from: usize) -> Result<Route, RouteError> {
-        let next = (from..r.steps.len())
+        let end = r.end();
+        let next = (from..end)
             .find(|&j| r.steps[j].status != StepStatus::Skipped)
-            .unwrap_or(r.steps.len());
+            .unwrap_or(end);
         Ok(Route {
             next,
             skipped: vec![],
@@ -62,13 +78,27 @@ pub struct TaskRouter<'a> {
 }
 
 impl Router for TaskRouter<'_> {
+    fn parallel(&self, at: usize) -> Option<Parallel> {
+        self.workflow.groups.iter().find_map(|g| match &g.kind {
+            GroupKind::Parallel { arms } if g.span.contains(&at) => Some(Parallel {
+                name: g.name.clone(),
+                span: g.span.clone(),
+                branches: arms.iter().map(|a| a.span.clone()).collect(),
+            }),
+            _ => None,
+        })
+    }
+
     fn route(&self, r: &StateRecord, from: usize) -> Result<Route, RouteError> {
         let w = self.workflow;
         if w.groups.is_empty() && w.steps.iter().all(|s| s.when.is_none()) {
             // Nothing to decide (a linear workflow): no context to build.
             return Linear.route(r, from);
         }
-        let n = r.steps.len().min(w.steps.len());
+        let n = r.end().min(w.steps.len());
+        // On the main line, a parallel group that runs is where the route ends (its branches
+        // route themselves); a branch routes inside its group.
+        let main_line = r.branch().is_none();
         // The record as decided so far: later conditions read earlier decisions (a choice's
         // result).
         let mut seen = r.clone();
@@ -172,6 +202,18 @@ impl Router for TaskRouter<'_> {
                 route.next = n;
                 return Ok(route);
             }
+            let fans_out = |g: &super::super::workflow::Group| {
+                g.span.start == j
+                    && matches!(g.kind, GroupKind::Parallel { .. })
+                    && seen
+                        .decisions
+                        .iter()
+                        .any(|d| d.group == g.name && !d.skipped)
+            };
+            if main_line && w.groups.iter().any(fans_out) {
+                route.next = j;
+                return Ok(route);
+            }
             let step = &seen.steps[j];
             if step.sent {
                 route.next = j;
@@ -225,7 +267,7 @@ pub(super) fn take(n: &mut StateRecord, route: &Route) {
 
 /// A task of `r`'s workflow on `input`, for the tests' routers.
 #[cfg(test)]
-fn test_task(r: &StateRecord, input: serde_json::Value) -> Task {
+pub(super) fn test_task(r: &StateRecord, input: serde_json::Value) -> Task {
     Task {
         id: r.task_id,
         workflow: r.workflow.clone(),

@@ -3,10 +3,12 @@
 //! finds a deadline passed ([`expire`]) and the step is handed back or deferred, and the outbox
 //! is delivered ([`notice_delivered`]).
 
+use super::super::fanout::StopKind;
 use super::super::policy::Policies;
 use super::super::state::{NoticeKind, ProcessState, Refusal, StateRecord, StepStatus, to_millis};
+use super::branches;
 use super::common::{Effect, Rejection, StepOutcome, Transition, finish, log, next, tidy};
-use super::compensating::{apply_undo_reply, begin_compensation, fail, stop_in_error};
+use super::compensating::{apply_undo_reply, begin_compensation, fail, stop_branch, stop_in_error};
 use super::route::{Linear, Router, take};
 use super::{Condition, Guard};
 use chrono::{DateTime, Duration, Utc};
@@ -28,6 +30,9 @@ pub fn claim(
     p: &Policies,
     router: &dyn Router,
 ) -> Result<Transition, Rejection> {
+    if r.fanout.is_some() && r.branch().is_none() {
+        return branches::claim(r, instance, now, p, router);
+    }
     let undo = match r.process_state {
         ProcessState::Pending => false,
         ProcessState::Compensating if r.locked_by.is_none() => true,
@@ -41,6 +46,7 @@ pub fn claim(
     let condition = Condition::on(r, vec![Guard::StateIs(r.process_state), Guard::Unlocked]);
     n.requeues = 0;
     let mut at = r.step_index;
+    let main_line = r.branch().is_none();
     if !undo && !r.steps[at].sent {
         match router.route(r, at) {
             Ok(route) => {
@@ -55,11 +61,16 @@ pub fn claim(
             }
         }
         n.step_index = at;
-        if at >= n.steps.len() {
+        if at >= n.end() {
             let e = finish(&mut n, ProcessState::Processed, NoticeKind::Processed);
             log(&mut n, r.process_state, None, "every step passed");
             tidy(&mut n);
             return Ok(Transition::from(r, condition, n, e));
+        }
+        if let Some(g) = router.parallel(at).filter(|_| main_line) {
+            n.locked_by = Some(instance.to_owned());
+            let effects = branches::fan_out(&mut n, &g, instance, now, p, router);
+            return Ok(branches::written(r, n, effects, now, p));
         }
     }
     n.locked_by = Some(instance.to_owned());
@@ -124,6 +135,9 @@ pub fn apply_reply(
     p: &Policies,
     router: &dyn Router,
 ) -> Result<Transition, Rejection> {
+    if r.fanout.is_some() && r.branch().is_none() {
+        return branches::reply(r, attempt, step_index, undo, outcome, now, p, router);
+    }
     answers(r, attempt, step_index, undo)?;
     let now = to_millis(now);
     let mut n = next(r, now);
@@ -379,12 +393,35 @@ fn step_done(
     };
     take(n, &route);
     n.step_index = route.next;
-    if n.step_index >= n.steps.len() {
-        let e = finish(n, ProcessState::Processed, NoticeKind::Processed);
+    let progress = p.at(i).progress(NoticeKind::StepCompleted);
+    if n.step_index >= n.end() {
+        let mut e = finish(n, ProcessState::Processed, NoticeKind::Processed);
+        if n.branch().is_some() {
+            // The end of a branch, not of the task.
+            e.insert(0, progress);
+        }
         log(n, from, Some(i), "step done; every step done");
         return e;
     }
-    let progress = p.at(i).progress(NoticeKind::StepCompleted);
+    if n.fanout.as_ref().is_some_and(|f| f.stop.is_some()) {
+        // The branch's group is stopping: its next step is not sent.
+        n.process_state = ProcessState::Pending;
+        n.locked_by = None;
+        n.complete_by = None;
+        log(n, from, Some(i), "step done; the group stops");
+        return vec![progress];
+    }
+    if from == ProcessState::Processing
+        && n.branch().is_none()
+        && let Some(g) = router.parallel(n.step_index)
+    {
+        let instance = n.locked_by.clone().unwrap_or_default();
+        log(n, from, Some(i), "step done");
+        let mut effects = vec![progress];
+        effects.extend(branches::fan_out(n, &g, &instance, now, p, router));
+        effects.extend(branches::settle(n, now, p));
+        return effects;
+    }
     if from != ProcessState::Processing {
         if from == ProcessState::Error {
             // The failure was the wait for this outcome: the next step starts afresh.
@@ -433,7 +470,9 @@ fn step_refused(
         code: code.to_owned(),
         message: message.to_owned(),
     });
-    let e = if n.past_pivot() {
+    let e = if n.branch().is_some() {
+        stop_branch(n, StopKind::Refused, reason.clone())
+    } else if n.past_pivot() {
         // Past the pivot the task cannot go back: a person must decide (alert).
         fail(n, now, reason.clone(), p, None)
     } else {
@@ -465,6 +504,9 @@ pub fn apply_callback(
     p: &Policies,
     router: &dyn Router,
 ) -> Result<Transition, Rejection> {
+    if r.fanout.is_some() && r.branch().is_none() {
+        return branches::callback(r, step_index, generation, outcome, now, p, router);
+    }
     let Some(step) = r
         .steps
         .get(step_index)
@@ -569,6 +611,9 @@ pub fn expire(
     p: &Policies,
     jitter: f64,
 ) -> Result<Transition, Rejection> {
+    if r.fanout.is_some() && r.branch().is_none() {
+        return branches::expire(r, now, p, jitter);
+    }
     let now = to_millis(now);
     let due = match r.complete_by {
         Some(d) if d <= now && !r.process_state.is_terminal() => d,

@@ -90,6 +90,7 @@ impl WorkflowDoc {
             groups: vec![],
             pivot: None,
             input_schema: &input_schema,
+            in_parallel: 0,
         };
         c.sequence(&self.steps, "/steps", &Reach::default(), None, 0);
         if c.steps.len() > MAX_STEPS {
@@ -173,6 +174,8 @@ struct Compiler<'a> {
     groups: Vec<Group>,
     pivot: Option<usize>,
     input_schema: &'a Value,
+    /// How many parallel groups the entry being compiled stands in (at most one runs).
+    in_parallel: usize,
 }
 
 impl Compiler<'_> {
@@ -606,7 +609,13 @@ impl Compiler<'_> {
                 format!("parallel groups have 2 to {MAX_BRANCHES} branches"),
             );
         }
-        self.not_runnable_yet(format!("{at}/parallel"), "parallel branches");
+        if self.in_parallel > 0 {
+            self.problem(
+                format!("{at}/parallel"),
+                "a parallel group cannot stand in a branch of another: give the outer group more branches",
+            );
+        }
+        self.in_parallel += 1;
         let (index, start) = self.open_group(e, when, parent, depth);
         let names: Vec<Vec<String>> = branches.iter().map(|b| names_in(&b.steps)).collect();
         let mut after = reach.clone();
@@ -660,6 +669,7 @@ impl Compiler<'_> {
         ));
         let end = self.steps.len();
         self.close_group(index, start..end, GroupKind::Parallel { arms });
+        self.in_parallel -= 1;
         *reach = after;
     }
 }
@@ -855,7 +865,33 @@ steps:
             "{p:?}"
         );
         let at: Vec<_> = p.iter().map(|p| p.at.as_str()).collect();
-        assert_eq!(at, ["/steps/0/parallel", "/steps/1/forEach"]);
+        assert_eq!(at, ["/steps/1/forEach"]);
+    }
+
+    #[test]
+    fn a_parallel_group_does_not_stand_in_a_branch_of_another() {
+        let nested = TRIP.replace(
+            "          - {name: flight, service: inventory}\n",
+            "          - {name: flight, service: inventory}\n          - name: inner\n            parallel:\n              - steps: [{name: seat, service: inventory}]\n              - steps: [{name: meal, service: inventory}]\n",
+        );
+        let p = problems(&nested);
+        assert!(
+            p.iter()
+                .any(|p| p.at == "/steps/0/parallel/0/steps/1/parallel"
+                    && p.message.contains("cannot stand in a branch of another")),
+            "{p:?}"
+        );
+        // In a choice in a branch, the same.
+        let in_choice = TRIP.replace(
+            "          - {name: flight, service: inventory}\n",
+            "          - {name: flight, service: inventory}\n          - name: pick\n            choice:\n              - when: input.reference == 'x'\n                steps:\n                  - name: inner\n                    parallel:\n                      - steps: [{name: seat, service: inventory}]\n                      - steps: [{name: meal, service: inventory}]\n",
+        );
+        let p = problems(&in_choice);
+        assert!(
+            p.iter()
+                .any(|p| p.message.contains("cannot stand in a branch of another")),
+            "{p:?}"
+        );
     }
 
     #[test]

@@ -1,0 +1,977 @@
+//! A parallel group's branches (see [`Fanout`]): each event about a branch is applied by the
+//! main line's own transition to the record as seen from that branch ([`seen_from`]), and
+//! the result is merged back ([`merge`]); [`settle`] then makes the record's fields the
+//! branches' aggregate, ends the group when every branch is done, and, after a failure, leaves
+//! the group for compensation once no branch has a step out.
+//!
+//! Every write here is conditional on the record's version as read: two events about two
+//! branches meet on it, and the one that loses reads the record again and is applied again
+//! (it is fenced by its branch's attempt and step, so that is safe).
+
+use super::super::fanout::{Branch, Fanout, StopKind};
+use super::super::policy::Policies;
+use super::super::state::{NoticeKind, ProcessState, StateRecord, StepStatus, to_millis};
+use super::common::{Effect, Rejection, StepOutcome, Transition, finish, log, next, tidy};
+use super::compensating::{begin_compensation, fail, stop_in_error};
+use super::route::{Parallel, Router};
+use super::{Condition, running};
+use chrono::{DateTime, Duration, Utc};
+
+impl StateRecord {
+    /// The record as seen from branch `b`: its cursor in the record's fields. The agent's
+    /// request for the branch's step is built from it.
+    pub fn seen_from(&self, b: usize) -> StateRecord {
+        project(self, b, false)
+    }
+}
+
+/// `n` as seen from branch `b`; for a claim (`claim`) the attempt is the record's (the
+/// highest so far), so the claim's new attempt is new for the whole task.
+fn project(n: &StateRecord, b: usize, claim: bool) -> StateRecord {
+    let mut seen = n.clone();
+    let Some(f) = seen.fanout.as_mut() else {
+        return seen;
+    };
+    let Some(br) = f.branches.get(b).cloned() else {
+        return seen;
+    };
+    f.current = Some(b);
+    seen.process_state = br.process_state;
+    seen.step_index = br.step_index;
+    if !claim {
+        seen.attempt = br.attempt;
+    }
+    seen.locked_by = br.locked_by;
+    seen.complete_by = br.complete_by;
+    seen.failure_count = br.failure_count;
+    seen.round = br.round;
+    seen.deferrals = br.deferrals;
+    seen.requeues = br.requeues;
+    seen.last_error = br.last_error;
+    seen.undo_after = None;
+    seen.outbox = vec![];
+    seen
+}
+
+/// Takes back into `n` what a transition did to the record as seen from branch `b` (`seen`,
+/// and its `effects`): the steps, decisions and history, the branch's cursor, its failure.
+/// The effects that concern the task as a whole (a notice) are the main line's, never a
+/// branch's: dropped.
+fn merge(n: &mut StateRecord, b: usize, seen: StateRecord, effects: Vec<Effect>) -> Vec<Effect> {
+    n.steps = seen.steps;
+    n.decisions = seen.decisions;
+    n.history = seen.history;
+    if n.refusal.is_none() {
+        n.refusal = seen.refusal;
+    }
+    n.attempt = n.attempt.max(seen.attempt);
+    let (Some(f), Some(from)) = (n.fanout.as_mut(), seen.fanout) else {
+        return vec![];
+    };
+    if f.stop.is_none() {
+        f.stop = from.stop;
+    }
+    if let Some(br) = f.branches.get_mut(b) {
+        *br = Branch {
+            start: br.start,
+            end: br.end,
+            process_state: seen.process_state,
+            step_index: seen.step_index,
+            attempt: seen.attempt,
+            locked_by: seen.locked_by,
+            complete_by: seen.complete_by,
+            failure_count: seen.failure_count,
+            round: seen.round,
+            deferrals: seen.deferrals,
+            requeues: seen.requeues,
+            last_error: seen.last_error,
+        };
+    }
+    effects
+        .into_iter()
+        .filter_map(|e| match e {
+            Effect::SendStepRequest => Some(Effect::SendBranchStep(b)),
+            Effect::DeliverNotice => None,
+            other => Some(other),
+        })
+        .collect()
+}
+
+/// Applies `event` to the record as seen from branch `b` and merges the result into `n`.
+fn in_branch(
+    n: &mut StateRecord,
+    b: usize,
+    claim: bool,
+    event: impl FnOnce(&StateRecord) -> Result<Transition, Rejection>,
+) -> Result<Vec<Effect>, Rejection> {
+    let seen = project(n, b, claim);
+    let t = event(&seen)?;
+    Ok(merge(n, b, t.record, t.effects))
+}
+
+/// The write of an event about branches: conditional on the version read alone (the
+/// record's aggregate fields are what the branches made them).
+pub(super) fn written(
+    r: &StateRecord,
+    mut n: StateRecord,
+    mut effects: Vec<Effect>,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Transition {
+    if n.fanout.as_ref().is_some_and(|f| f.stop.is_some()) {
+        // No branch is claimed again once the group stops.
+        effects.retain(|e| !matches!(e, Effect::Enqueue { .. }));
+    }
+    effects.extend(settle(&mut n, now, p));
+    // Two branches handed back with the same delay need one work message.
+    let mut seen = vec![];
+    effects.retain(|e| match e {
+        Effect::Enqueue { .. } if seen.contains(e) => false,
+        _ => {
+            seen.push(e.clone());
+            true
+        }
+    });
+    tidy(&mut n);
+    // Version only - keeps "an event about a branch applies to the record it was decided
+    // on": a rival's write about another branch makes this one read again and re-apply.
+    Transition::from(r, Condition::on(r, vec![]), n, effects)
+}
+
+/// The main line reached parallel group `g` (or an operator's retry resumes it): one branch
+/// per arm, each at its first step not yet done (a step that failed or was stopped there is
+/// tried again: under a new key if its service refused it), and every branch with a step to
+/// run is claimed by `instance` at once, in this write.
+pub(super) fn fan_out(
+    n: &mut StateRecord,
+    g: &Parallel,
+    instance: &str,
+    now: DateTime<Utc>,
+    p: &Policies,
+    router: &dyn Router,
+) -> Vec<Effect> {
+    let from = n.process_state;
+    let mut branches = vec![];
+    for span in &g.branches {
+        let at = span
+            .clone()
+            .find(|&j| !matches!(n.steps[j].status, StepStatus::Done | StepStatus::Skipped))
+            .unwrap_or(span.end);
+        if let Some(step) = n.steps.get_mut(at).filter(|_| at < span.end) {
+            if step.status == StepStatus::Failed {
+                step.generation += 1;
+                step.sent = false;
+            }
+            step.status = StepStatus::Pending;
+            step.finished_at = None;
+            step.finished_attempt = None;
+        }
+        branches.push(Branch {
+            start: span.start,
+            end: span.end,
+            process_state: if at < span.end {
+                ProcessState::Pending
+            } else {
+                ProcessState::Processed
+            },
+            step_index: at,
+            attempt: n.attempt,
+            locked_by: None,
+            complete_by: (at < span.end).then(|| now + p.at(at).pickup_timeout),
+            failure_count: 0,
+            round: 0,
+            deferrals: 0,
+            requeues: 0,
+            last_error: None,
+        });
+    }
+    n.fanout = Some(Fanout {
+        group: g.name.clone(),
+        start: g.span.start,
+        end: g.span.end,
+        branches,
+        stop: None,
+        current: None,
+    });
+    n.step_index = g.span.start;
+    n.last_error = None;
+    log(
+        n,
+        from,
+        Some(g.span.start),
+        format!("{} branches start", g.name),
+    );
+    let mut effects = vec![];
+    for b in 0..g.branches.len() {
+        if n.fanout
+            .as_ref()
+            .is_some_and(|f| f.branches[b].process_state == ProcessState::Pending)
+        {
+            // A claim of a Pending branch is refused only by a record that is not Pending:
+            // never here.
+            if let Ok(e) = in_branch(n, b, true, |seen| {
+                running::claim(seen, instance, now, p, router)
+            }) {
+                effects.extend(e);
+            }
+        }
+    }
+    effects
+}
+
+/// An operator resumes a group stopped in Error (a retry, or a skip of the step that failed):
+/// every branch not done goes on from its first step not done (one that failed or was stopped
+/// there is tried again: under a new key if its service refused it), to be claimed now. What
+/// ends the group at once (every branch done) is returned.
+pub(super) fn resume(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> Vec<Effect> {
+    let Some(f) = n.fanout.as_mut() else {
+        return vec![];
+    };
+    f.stop = None;
+    for br in &mut f.branches {
+        if br.process_state == ProcessState::Processed {
+            continue;
+        }
+        let at = (br.start..br.end)
+            .find(|&j| !n.steps[j].status.is_passed())
+            .unwrap_or(br.end);
+        if let Some(step) = n.steps.get_mut(at).filter(|_| at < br.end) {
+            if step.status == StepStatus::Failed {
+                step.generation += 1;
+                step.sent = false;
+            }
+            step.status = StepStatus::Pending;
+            step.finished_at = None;
+            step.finished_attempt = None;
+            step.misconfigured = 0;
+        }
+        *br = Branch {
+            process_state: if at < br.end {
+                ProcessState::Pending
+            } else {
+                ProcessState::Processed
+            },
+            step_index: at,
+            locked_by: None,
+            complete_by: (at < br.end).then(|| now + p.at(at).pickup_timeout),
+            failure_count: 0,
+            round: 0,
+            deferrals: 0,
+            requeues: 0,
+            last_error: None,
+            ..br.clone()
+        };
+    }
+    n.refusal = None;
+    settle(n, now, p)
+}
+
+/// When branch `b` may be claimed: its pickup deadline less the pickup timeout.
+fn ready_at(br: &Branch, p: &Policies) -> Option<DateTime<Utc>> {
+    br.complete_by
+        .map(|d| d - p.at(br.step_index).pickup_timeout)
+}
+
+/// A work message arrived for a record whose group runs: every branch whose step waits and
+/// is due is claimed, in one write.
+pub(super) fn claim(
+    r: &StateRecord,
+    instance: &str,
+    now: DateTime<Utc>,
+    p: &Policies,
+    router: &dyn Router,
+) -> Result<Transition, Rejection> {
+    let Some(f) = r.fanout.as_ref().filter(|f| f.stop.is_none()) else {
+        return Err(Rejection::NotClaimable(r.process_state));
+    };
+    let now = to_millis(now);
+    let waiting = || {
+        f.branches
+            .iter()
+            .enumerate()
+            .filter(|(_, br)| br.process_state == ProcessState::Pending)
+    };
+    let ready: Vec<usize> = waiting()
+        .filter(|(_, br)| ready_at(br, p).is_none_or(|t| t <= now))
+        .map(|(b, _)| b)
+        .collect();
+    if ready.is_empty() {
+        // Each branch handed back enqueued its own work message, to arrive when it is due.
+        return Err(
+            match waiting().filter_map(|(_, br)| ready_at(br, p)).min() {
+                Some(due) => Rejection::NotDue { due: Some(due) },
+                None => Rejection::NotClaimable(r.process_state),
+            },
+        );
+    }
+    let mut n = next(r, now);
+    n.requeues = 0;
+    let mut effects = vec![];
+    for b in ready {
+        effects.extend(in_branch(&mut n, b, true, |seen| {
+            running::claim(seen, instance, now, p, router)
+        })?);
+    }
+    Ok(written(r, n, effects, now, p))
+}
+
+/// The branch whose steps hold `step_index`.
+fn branch_of(r: &StateRecord, step_index: usize) -> Result<usize, Rejection> {
+    r.fanout
+        .as_ref()
+        .and_then(|f| {
+            f.branches
+                .iter()
+                .position(|br| (br.start..br.end).contains(&step_index))
+        })
+        .ok_or(Rejection::WrongStep {
+            record: r.step_index,
+            message: step_index,
+        })
+}
+
+/// An agent's reply for a step of a branch: applied as on the main line, fenced by the
+/// branch's attempt and current step.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn reply(
+    r: &StateRecord,
+    attempt: u64,
+    step_index: usize,
+    undo: bool,
+    outcome: &StepOutcome,
+    now: DateTime<Utc>,
+    p: &Policies,
+    router: &dyn Router,
+) -> Result<Transition, Rejection> {
+    let b = branch_of(r, step_index)?;
+    let now = to_millis(now);
+    let mut n = next(r, now);
+    let effects = in_branch(&mut n, b, false, |seen| {
+        running::apply_reply(seen, attempt, step_index, undo, outcome, now, p, router)
+    })?;
+    Ok(written(r, n, effects, now, p))
+}
+
+/// A callback for a step of a branch: applied as on the main line. A branch that failed takes
+/// none (the group is stopping; its step's undo covers what the service did).
+pub(super) fn callback(
+    r: &StateRecord,
+    step_index: usize,
+    generation: u32,
+    outcome: &StepOutcome,
+    now: DateTime<Utc>,
+    p: &Policies,
+    router: &dyn Router,
+) -> Result<Transition, Rejection> {
+    let b = branch_of(r, step_index)?;
+    if let Some(br) = r
+        .fanout
+        .as_ref()
+        .map(|f| &f.branches[b])
+        .filter(|br| br.process_state == ProcessState::Error)
+    {
+        return Err(Rejection::NotRunning(br.process_state));
+    }
+    let now = to_millis(now);
+    let mut n = next(r, now);
+    let effects = in_branch(&mut n, b, false, |seen| {
+        running::apply_callback(seen, step_index, generation, outcome, now, p, router)
+    })?;
+    Ok(written(r, n, effects, now, p))
+}
+
+/// The supervisor found the record due: every branch whose deadline passed is recovered as on
+/// the main line, in one write; once the group is stopping, a step out past its deadline is
+/// not tried again (it timed out, and may have taken effect).
+pub(super) fn expire(
+    r: &StateRecord,
+    now: DateTime<Utc>,
+    p: &Policies,
+    jitter: f64,
+) -> Result<Transition, Rejection> {
+    let now = to_millis(now);
+    let Some(f) = r.fanout.as_ref() else {
+        return Err(Rejection::NotDue { due: r.due_at() });
+    };
+    let stopping = f.stop.is_some();
+    let due: Vec<usize> = f
+        .branches
+        .iter()
+        .enumerate()
+        .filter(|(_, br)| active(br, stopping) && br.complete_by.is_some_and(|d| d <= now))
+        .map(|(b, _)| b)
+        .collect();
+    if due.is_empty() {
+        return Err(Rejection::NotDue { due: r.due_at() });
+    }
+    let mut n = next(r, now);
+    let mut effects = vec![];
+    for b in due {
+        if stopping {
+            stopped_out(&mut n, b, now);
+        } else {
+            effects.extend(in_branch(&mut n, b, false, |seen| {
+                running::expire(seen, now, p, jitter)
+            })?);
+        }
+    }
+    Ok(written(r, n, effects, now, p))
+}
+
+/// Whether branch `br` still has a deadline that matters: a step out, or (unless the group is
+/// stopping) a step waiting for its claim.
+fn active(br: &Branch, stopping: bool) -> bool {
+    br.is_out() || (!stopping && br.process_state == ProcessState::Pending)
+}
+
+/// Branch `b`'s step, out while the group stops, passed its deadline: it timed out (it may
+/// have taken effect, and may still be in flight until that deadline).
+fn stopped_out(n: &mut StateRecord, b: usize, now: DateTime<Utc>) {
+    let Some(br) = n.fanout.as_mut().and_then(|f| f.branches.get_mut(b)) else {
+        return;
+    };
+    let (i, deadline, attempt) = (br.step_index, br.complete_by, br.attempt);
+    br.process_state = ProcessState::Error;
+    br.locked_by = None;
+    br.complete_by = None;
+    let from = n.process_state;
+    let step = &mut n.steps[i];
+    step.status = StepStatus::TimedOut;
+    step.finished_at = Some(now);
+    step.finished_attempt = Some(attempt);
+    step.sent_until = step.sent_until.max(deadline);
+    log(
+        n,
+        from,
+        Some(i),
+        "no reply by its deadline while the group stops; not tried again",
+    );
+}
+
+/// An operator (or the caller) cancels a task whose group runs: every step out, or handed
+/// back after it went out, may have taken effect: it is Cancelled, its undo waiting past the
+/// last deadline it went out with; the group ends, and compensation starts.
+pub(super) fn cancel_branches(n: &mut StateRecord, now: DateTime<Utc>) {
+    let Some(f) = n.fanout.take() else {
+        return;
+    };
+    for br in &f.branches {
+        let Some(step) = n
+            .steps
+            .get_mut(br.step_index)
+            .filter(|_| br.step_index < br.end)
+        else {
+            continue;
+        };
+        if br.is_out() {
+            step.status = StepStatus::Cancelled;
+            step.sent_until = step.sent_until.max(br.complete_by.map(|d| d.max(now)));
+        } else if step.status == StepStatus::Pending && step.sent {
+            step.status = StepStatus::Cancelled;
+        }
+    }
+    n.step_index = f.start;
+    n.locked_by = None;
+}
+
+/// Makes the record's fields the branches' aggregate, and ends the group: every branch done
+/// (the main cursor goes on after it), or stopped with no branch out (the task fails or is
+/// compensated from the failed step, as on the main line).
+pub(super) fn settle(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> Vec<Effect> {
+    let from = n.process_state;
+    let Some(f) = n.fanout.as_mut() else {
+        return vec![];
+    };
+    let stopping = f.stop.is_some();
+    if stopping {
+        for br in &mut f.branches {
+            if br.process_state == ProcessState::Pending {
+                // Never claimed again: no deadline.
+                br.complete_by = None;
+            }
+        }
+    }
+    if let Some(stop) = f
+        .stop
+        .clone()
+        .filter(|_| !f.branches.iter().any(Branch::is_out))
+    {
+        let kept = n.fanout.take();
+        let f = kept.clone();
+        n.step_index = stop.step;
+        n.locked_by = None;
+        n.failure_count = 0;
+        n.round = 0;
+        n.deferrals = 0;
+        let name = f.map(|f| f.group).unwrap_or_default();
+        let reason = stop.reason;
+        let effects = match stop.kind {
+            StopKind::Held => stop_in_error(n, reason),
+            StopKind::Refused if !n.past_pivot() => {
+                n.last_error = Some(reason);
+                begin_compensation(n, now, Duration::zero(), p, None)
+            }
+            StopKind::Refused | StopKind::Failed => fail(n, now, reason, p, None),
+        };
+        if n.process_state == ProcessState::Error {
+            // Kept for the operator and the checks: what each branch did. Any action on the
+            // task clears it (a retry resumes the group from its steps).
+            n.fanout = kept;
+        }
+        log(
+            n,
+            from,
+            Some(stop.step),
+            format!("no branch of {name} is out: it stops"),
+        );
+        return effects;
+    }
+    if f.branches
+        .iter()
+        .all(|br| br.process_state == ProcessState::Processed)
+    {
+        let (name, end) = (f.group.clone(), f.end);
+        n.fanout = None;
+        n.step_index = end;
+        n.locked_by = None;
+        n.failure_count = 0;
+        n.round = 0;
+        n.deferrals = 0;
+        n.last_error = None;
+        if end >= n.steps.len() {
+            let e = finish(n, ProcessState::Processed, NoticeKind::Processed);
+            log(
+                n,
+                from,
+                None,
+                format!("every branch of {name} done; every step done"),
+            );
+            return e;
+        }
+        n.process_state = ProcessState::Pending;
+        n.complete_by = Some(now + p.at(end).pickup_timeout);
+        log(n, from, None, format!("every branch of {name} done"));
+        return vec![Effect::Enqueue {
+            delay: Duration::zero(),
+        }];
+    }
+    let out = f.branches.iter().find(|br| br.is_out());
+    n.process_state = if out.is_some() {
+        ProcessState::Processing
+    } else {
+        ProcessState::Pending
+    };
+    n.locked_by = out.and_then(|br| br.locked_by.clone());
+    n.complete_by = f
+        .branches
+        .iter()
+        .filter(|br| active(br, stopping))
+        .filter_map(|br| br.complete_by)
+        .min();
+    n.step_index = f.start;
+    n.failure_count = 0;
+    n.round = 0;
+    n.deferrals = 0;
+    n.last_error = f
+        .stop
+        .as_ref()
+        .map(|s| s.reason.clone())
+        .or_else(|| f.branches.iter().find_map(|br| br.last_error.clone()));
+    vec![]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::route::test_task;
+    use super::super::testkit::*;
+    use crate::domain::state::{NoticeKind, ProcessState, StepStatus};
+    use crate::domain::task::Task;
+    use serde_json::json;
+
+    /// A trip: a quote, then flight and seat, hotel, and a car only on request, at once; then
+    /// the payment. Steps: quote 0, flight 1, seat 2, hotel 3, car 4, pay 5.
+    const TRIP: &str = r#"name: trip
+steps:
+  - name: quote
+    service: s
+    undo: {action: unquote}
+  - name: book
+    parallel:
+      - name: air
+        steps:
+          - {name: flight, service: s, undo: {action: cancel-flight}}
+          - {name: seat, service: s, undo: {action: free-seat}}
+      - name: stay
+        steps:
+          - {name: hotel, service: s, undo: {action: cancel-hotel}}
+      - name: ground
+        steps:
+          - {name: car, service: s, undo: {action: cancel-car}, when: input.car}
+  - name: pay
+    service: s
+    undo: {action: refund}
+"#;
+
+    fn trip() -> Workflow {
+        let v =
+            crate::domain::workflow::parse_value(TRIP, crate::domain::Format::Yaml).expect("yaml");
+        Workflow::from_value(v, None, &base())
+            .expect("valid")
+            .with_version(1)
+    }
+
+    struct Trip {
+        w: Workflow,
+        task: Task,
+        r: StateRecord,
+        p: Policies,
+        now: DateTime<Utc>,
+    }
+
+    impl Trip {
+        fn new(p: Policies, car: bool) -> Self {
+            let w = trip();
+            let now = t0();
+            let r = record(&w, now);
+            let task = test_task(&r, json!({"car": car}));
+            Self { w, task, r, p, now }
+        }
+
+        fn router(&self) -> TaskRouter<'_> {
+            TaskRouter {
+                workflow: &self.w,
+                task: &self.task,
+            }
+        }
+
+        fn claim(&mut self) -> Transition {
+            let (w, task, p, now) = (self.w.clone(), self.task.clone(), self.p.clone(), self.now);
+            let router = TaskRouter {
+                workflow: &w,
+                task: &task,
+            };
+            apply_with(&mut self.r, &p, |r| claim(r, "s", now, &p, &router))
+        }
+
+        /// The attempt step `i` is out under (its branch's, or the record's).
+        fn attempt(&self, i: usize) -> u64 {
+            self.r
+                .fanout
+                .as_ref()
+                .and_then(|f| f.branches.iter().find(|b| b.step_index == i && i < b.end))
+                .map_or(self.r.attempt, |b| b.attempt)
+        }
+
+        fn try_answer(
+            &self,
+            i: usize,
+            undo: bool,
+            outcome: &StepOutcome,
+        ) -> Result<Transition, Rejection> {
+            let a = self.attempt(i);
+            apply_reply(
+                &self.r,
+                a,
+                i,
+                undo,
+                outcome,
+                self.now,
+                &self.p,
+                &self.router(),
+            )
+        }
+
+        fn answer(&mut self, i: usize, outcome: &StepOutcome) -> Transition {
+            self.answer_as(i, false, outcome)
+        }
+
+        fn answer_as(&mut self, i: usize, undo: bool, outcome: &StepOutcome) -> Transition {
+            let t = self
+                .try_answer(i, undo, outcome)
+                .expect("the reply applies");
+            let p = self.p.clone();
+            apply_with(&mut self.r, &p, |_| Ok(t))
+        }
+
+        fn status(&self, i: usize) -> StepStatus {
+            self.r.steps[i].status
+        }
+
+        /// Claims and answers every undo until compensation ends: the steps undone, in order.
+        fn undo_all(&mut self) -> Vec<usize> {
+            let mut undone = vec![];
+            while self.r.process_state == ProcessState::Compensating {
+                if let Some(after) = self.r.undo_after.filter(|a| *a > self.now) {
+                    self.now = after;
+                }
+                if self.r.locked_by.is_none() {
+                    self.claim();
+                }
+                let i = self.r.step_index;
+                undone.push(i);
+                self.answer_as(i, true, &ok());
+            }
+            undone
+        }
+    }
+
+    #[test]
+    fn every_branch_runs_at_once_and_the_task_goes_on_when_the_last_is_done() {
+        let mut t = Trip::new(policy(), false);
+        t.claim();
+        let fan = t.answer(0, &ok());
+        // The group's branches are claimed in the write of the quote's answer: the first
+        // step of each that runs goes out at once; the car is not asked for.
+        assert_eq!(
+            fan.effects,
+            [
+                Effect::Progress(NoticeKind::StepCompleted),
+                Effect::SendBranchStep(0),
+                Effect::SendBranchStep(1),
+            ]
+        );
+        assert_eq!(t.r.process_state, ProcessState::Processing);
+        assert_eq!(t.status(1), StepStatus::Running);
+        assert_eq!(t.status(3), StepStatus::Running);
+        assert_eq!(t.status(4), StepStatus::Skipped);
+        let (flight, hotel) = (t.attempt(1), t.attempt(3));
+        assert_ne!(
+            flight, hotel,
+            "each step goes out under an attempt of its own"
+        );
+        assert!(flight > 1 && hotel > 1);
+        // The branch's request is built from the record as seen from it.
+        let seen = t.r.seen_from(1);
+        assert_eq!((seen.step_index, seen.attempt), (3, hotel));
+        // A reply under another step's attempt is stale.
+        assert!(matches!(
+            apply_reply(&t.r, hotel, 1, false, &ok(), t.now, &t.p, &t.router()),
+            Err(Rejection::StaleAttempt { .. })
+        ));
+        t.answer(3, &ok());
+        assert_eq!(
+            t.r.process_state,
+            ProcessState::Processing,
+            "the flight is out"
+        );
+        let next = t.answer(1, &ok());
+        assert_eq!(
+            next.effects,
+            [
+                Effect::Progress(NoticeKind::StepCompleted),
+                Effect::SendBranchStep(0)
+            ],
+            "the seat follows the flight in its branch"
+        );
+        let done = t.answer(2, &ok());
+        assert_eq!(
+            done.effects,
+            [
+                Effect::Progress(NoticeKind::StepCompleted),
+                Effect::Enqueue {
+                    delay: Duration::zero()
+                }
+            ]
+        );
+        assert_eq!(t.r.fanout, None);
+        assert_eq!(
+            (t.r.process_state, t.r.step_index),
+            (ProcessState::Pending, 5)
+        );
+        t.claim();
+        t.answer(5, &ok());
+        assert_eq!(t.r.process_state, ProcessState::Processed);
+        assert_eq!(t.r.owed(), [NoticeKind::Processed]);
+    }
+
+    #[test]
+    fn a_refusal_in_one_branch_stops_the_others_and_undoes_what_may_have_taken_effect() {
+        let mut t = Trip::new(policy(), true);
+        t.claim();
+        t.answer(0, &ok());
+        t.answer(4, &ok());
+        let stop = t.answer(3, &declined());
+        // The flight is still out: the group waits for it, and owes nothing yet.
+        assert!(stop.effects.is_empty(), "{:?}", stop.effects);
+        assert_eq!(t.r.process_state, ProcessState::Processing);
+        assert!(t.r.fanout.as_ref().is_some_and(|f| f.stop.is_some()));
+        assert!(t.r.owed().is_empty());
+        // No work message claims a stopped group's branch.
+        let (w, task, p, now) = (t.w.clone(), t.task.clone(), t.p.clone(), t.now);
+        let router = TaskRouter {
+            workflow: &w,
+            task: &task,
+        };
+        assert!(claim(&t.r, "s", now, &p, &router).is_err());
+        // The flight's answer comes: its seat is not sent; nothing is out: compensation.
+        let end = t.answer(1, &ok());
+        assert_eq!(
+            end.effects,
+            [
+                Effect::Progress(NoticeKind::StepCompleted),
+                Effect::Enqueue {
+                    delay: Duration::zero()
+                }
+            ]
+        );
+        assert!(!t.r.steps[2].sent, "the seat never went out");
+        assert_eq!(t.r.process_state, ProcessState::Compensating);
+        // Last first, by index: the car, the flight, the quote; not the refused hotel.
+        assert_eq!(t.undo_all(), [4, 1, 0]);
+        assert_eq!(t.r.process_state, ProcessState::Refused);
+        assert_eq!(t.r.owed(), [NoticeKind::Refused], "a refusal pages no one");
+    }
+
+    #[test]
+    fn a_step_out_when_its_group_stops_is_not_tried_again_and_its_undo_waits_for_its_deadline() {
+        let mut t = Trip::new(policy(), false);
+        t.claim();
+        t.answer(0, &ok());
+        t.answer(3, &declined());
+        let deadline = t.r.complete_by.expect("the flight's deadline");
+        let p = t.p.clone();
+        apply_with(&mut t.r, &p, |r| expire(r, deadline, &p, 0.5));
+        assert_eq!(t.status(1), StepStatus::TimedOut);
+        assert_eq!(t.r.process_state, ProcessState::Compensating);
+        assert_eq!(t.r.step_index, 1, "the flight may have taken effect");
+        let after = t.r.undo_after.expect("its undo waits");
+        assert_eq!(after, deadline + base().undo_wait);
+        t.now = deadline;
+        let (w, task, now) = (t.w.clone(), t.task.clone(), t.now);
+        let router = TaskRouter {
+            workflow: &w,
+            task: &task,
+        };
+        assert_eq!(
+            claim(&t.r, "s", now, &p, &router).err(),
+            Some(Rejection::TooEarly { until: after })
+        );
+        assert_eq!(t.undo_all(), [1, 0]);
+        assert_eq!(t.r.process_state, ProcessState::Refused);
+    }
+
+    #[test]
+    fn a_branch_that_fails_leaves_the_task_in_error_and_a_retry_resumes_the_group() {
+        let mut t = Trip::new(manual(), false);
+        t.claim();
+        t.answer(0, &ok());
+        t.answer(3, &refused());
+        let stopped = t.answer(1, &ok());
+        assert_eq!(
+            stopped.effects,
+            [
+                Effect::Progress(NoticeKind::StepCompleted),
+                Effect::DeliverNotice
+            ]
+        );
+        assert_eq!(t.r.process_state, ProcessState::Error);
+        assert_eq!(t.r.step_index, 3, "the operator sees the step that failed");
+        assert_eq!(t.r.owed(), [NoticeKind::Failed]);
+        let p = t.p.clone();
+        let now = t.now;
+        apply_with(&mut t.r, &p, |r| retry(r, &ops(None), now, &p));
+        assert_eq!(t.r.process_state, ProcessState::Pending);
+        assert!(t.r.fanout.as_ref().is_some_and(|f| f.stop.is_none()));
+        let resumed = t.claim();
+        assert_eq!(
+            resumed.effects,
+            [Effect::SendBranchStep(0), Effect::SendBranchStep(1)],
+            "the seat and the hotel go out; the flight stays done"
+        );
+        assert_eq!(t.status(1), StepStatus::Done);
+        assert_eq!(t.r.steps[3].generation, 1, "a refused key is not reused");
+        t.answer(2, &ok());
+        t.answer(3, &ok());
+        t.claim();
+        t.answer(5, &ok());
+        assert_eq!(t.r.process_state, ProcessState::Processed);
+    }
+
+    #[test]
+    fn a_branch_whose_step_timed_out_is_tried_again_after_its_delay() {
+        let mut t = Trip::new(policy(), false);
+        t.claim();
+        t.answer(0, &ok());
+        // The seat goes out a second after the hotel: its deadline is later.
+        t.now += Duration::seconds(1);
+        t.answer(1, &ok());
+        let hotel = t.attempt(3);
+        let deadline =
+            t.r.fanout
+                .as_ref()
+                .and_then(|f| f.branches[1].complete_by)
+                .expect("out");
+        let p = t.p.clone();
+        let e = apply_with(&mut t.r, &p, |r| expire(r, deadline, &p, 0.5));
+        assert!(
+            matches!(e.effects[..], [Effect::Enqueue { .. }]),
+            "{:?}",
+            e.effects
+        );
+        assert_eq!(t.status(3), StepStatus::Pending);
+        assert_eq!(
+            t.r.process_state,
+            ProcessState::Processing,
+            "the seat is out"
+        );
+        // Too early for the hotel: the work message is dropped.
+        t.now = deadline;
+        let (w, task, now) = (t.w.clone(), t.task.clone(), t.now);
+        let router = TaskRouter {
+            workflow: &w,
+            task: &task,
+        };
+        assert!(matches!(
+            claim(&t.r, "s", now, &p, &router),
+            Err(Rejection::NotDue { .. })
+        ));
+        t.now = deadline + Duration::seconds(10);
+        let again = t.claim();
+        assert_eq!(again.effects, [Effect::SendBranchStep(1)]);
+        assert!(t.attempt(3) > hotel);
+        t.answer(3, &ok());
+        t.answer(2, &ok());
+        assert_eq!(t.r.step_index, 5);
+    }
+
+    #[test]
+    fn a_cancel_undoes_every_step_out_after_its_deadline() {
+        let mut t = Trip::new(policy(), false);
+        t.claim();
+        t.answer(0, &ok());
+        let p = t.p.clone();
+        let now = t.now;
+        let deadline = t.r.complete_by.expect("out");
+        apply_with(&mut t.r, &p, |r| cancel(r, &ops(None), now, &p));
+        assert_eq!(t.r.fanout, None);
+        assert_eq!(t.status(1), StepStatus::Cancelled);
+        assert_eq!(t.status(3), StepStatus::Cancelled);
+        assert_eq!(t.r.step_index, 3);
+        assert_eq!(t.r.undo_after, Some(deadline + base().undo_wait));
+        assert_eq!(t.undo_all(), [3, 1, 0]);
+        assert_eq!(t.r.process_state, ProcessState::Compensated);
+    }
+
+    #[test]
+    fn replies_to_two_branches_read_at_once_meet_on_the_version() {
+        let mut t = Trip::new(policy(), false);
+        t.claim();
+        t.answer(0, &ok());
+        let a = t.try_answer(1, false, &ok()).expect("applies");
+        let b = t.try_answer(3, false, &ok()).expect("applies");
+        assert!(a.condition.holds(Some(&t.r)) && b.condition.holds(Some(&t.r)));
+        assert!(
+            !b.condition.holds(Some(&a.record)),
+            "the second write loses"
+        );
+        let p = t.p.clone();
+        apply_with(&mut t.r, &p, |_| Ok(a));
+        // Read again and applied again, the hotel's reply still counts, once.
+        t.answer(3, &ok());
+        assert!(
+            t.try_answer(3, false, &ok()).is_err(),
+            "a duplicate changes nothing"
+        );
+        assert_eq!(t.status(3), StepStatus::Done);
+    }
+}
