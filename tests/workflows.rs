@@ -568,33 +568,211 @@ async fn conditions_and_a_choice_decide_what_runs(system: &System, base: &str, w
         ]
     );
     assert!(requests(system, "notifier", &id).is_empty());
+}
 
-    // Parallel branches are checked, and refused until this version runs them.
-    let mut parallel = triage_workflow();
-    parallel["name"] = json!("claim-parallel");
-    parallel["steps"][0] = json!({"name": "checks", "parallel": [
-        {"steps": [{"name": "verify-policy", "service": "policy-db"}]},
-        {"steps": [{"name": "fraud", "service": "policy-db", "input": {"p": "$.steps['verify-policy'].result"}}]}
-    ]});
-    let (status, body) = put(&http, format!("{base}/workflows/claim-parallel"), &parallel).await;
-    assert_eq!(status, 400, "{body}");
-    let problems = body["error"]["problems"].as_array().expect("problems");
+/// A workflow with three parallel branches between a step before them and a choice after:
+/// the fraud check, the payout's reservation (with a hold first), and a notice only on request.
+fn review_workflow() -> Value {
+    json!({
+        "name": "claim-review",
+        "input": {
+            "type": "object",
+            "required": ["claimId", "amount", "notify"],
+            "properties": {
+                "claimId": {"type": "string"},
+                "amount": {"type": "number"},
+                "notify": {"type": "boolean"}
+            }
+        },
+        "defaults": {"timeout": "10s"},
+        "steps": [
+            {"name": "open-claim", "service": "ledger", "input": {"claim": "$.input.claimId"},
+             "undo": {"action": "close-claim", "input": {"entry": "$.steps['open-claim'].result.id"}}},
+            {"name": "checks", "parallel": [
+                {"name": "fraud", "steps": [
+                    {"name": "fraud-check", "service": "policy-db", "input": {"claim": "$.input.claimId"}}]},
+                {"name": "money", "steps": [
+                    {"name": "hold", "service": "ledger", "input": {"entry": "$.steps['open-claim'].result.id"},
+                     "undo": {"action": "release-hold", "input": {"hold": "$.steps['hold'].result.id"}}},
+                    {"name": "reserve-payout", "service": "ledger",
+                     "input": {"amount": "$.input.amount", "hold": "$.steps['hold'].result.id"},
+                     "undo": {"action": "release-payout", "input": {"reservation": "$.steps['reserve-payout'].result.id"}}}]},
+                {"name": "notice", "steps": [
+                    {"name": "draft-notice", "service": "notifier", "when": "input.notify",
+                     "input": {"claim": "$.input.claimId"},
+                     "undo": {"action": "retract-notice", "input": {"notice": "$.steps['draft-notice'].result.id"}}}]}
+            ]},
+            {"name": "assess", "choice": [
+                {"when": "input.amount > 10000",
+                 "steps": [{"name": "manual-assessment", "service": "policy-db",
+                            "input": {"fraud": "$.steps['fraud-check'].result.id"}}],
+                 "result": "$.steps['manual-assessment'].result.id"}
+            ], "otherwise": {"result": "auto"}},
+            {"name": "pay", "service": "ledger",
+             "input": {"reservation": "$.steps['reserve-payout'].result.id", "assessment": "$.steps['assess'].result"}}
+        ]
+    })
+}
+
+/// Starts a `claim-review` task on `input` and waits for its end.
+async fn review(http: &reqwest::Client, base: &str, input: Value, within: Duration) -> Value {
+    let r = http
+        .post(format!("{base}/workflows/claim-review/tasks"))
+        .json(&input)
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 202);
+    let started: Value = r.json().await.expect("JSON");
+    let id = started["taskId"].as_str().expect("taskId").to_owned();
+    finished(http, base, &id, within).await
+}
+
+/// The result id of the step named `name`.
+fn result_of(task: &Value, name: &str) -> Value {
+    task["steps"]
+        .as_array()
+        .and_then(|steps| steps.iter().find(|s| s["name"] == name))
+        .map_or(Value::Null, |s| s["result"]["id"].clone())
+}
+
+async fn parallel_branches_run_and_undo_exactly(system: &System, base: &str, within: Duration) {
+    let http = reqwest::Client::new();
+    let (status, body) = put(
+        &http,
+        format!("{base}/workflows/claim-review"),
+        &review_workflow(),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+
+    // Every branch runs; the steps after the group read each branch's results.
+    let done = review(
+        &http,
+        base,
+        json!({"claimId": "R-1", "amount": 20000, "notify": true}),
+        within,
+    )
+    .await;
+    let id = done["taskId"].as_str().expect("id").to_owned();
+    assert_eq!(done["processState"], "Processed", "{done}");
     assert!(
-        problems
+        statuses(&done).iter().all(|s| s.ends_with("=Done")),
+        "{done}"
+    );
+    let (entry, hold, reservation, fraud) = (
+        result_of(&done, "open-claim"),
+        result_of(&done, "hold"),
+        result_of(&done, "reserve-payout"),
+        result_of(&done, "fraud-check"),
+    );
+    assert_eq!(
+        requests(system, "ledger", &id),
+        [
+            ("open-claim".to_owned(), json!({"claim": "R-1"})),
+            ("hold".to_owned(), json!({"entry": entry})),
+            (
+                "reserve-payout".to_owned(),
+                json!({"amount": 20000, "hold": hold})
+            ),
+            (
+                "pay".to_owned(),
+                json!({"reservation": reservation, "assessment": result_of(&done, "manual-assessment")})
+            ),
+        ]
+    );
+    assert_eq!(
+        requests(system, "policy-db", &id),
+        [
+            ("fraud-check".to_owned(), json!({"claim": "R-1"})),
+            ("manual-assessment".to_owned(), json!({"fraud": fraud})),
+        ]
+    );
+    assert_eq!(requests(system, "notifier", &id).len(), 1);
+
+    // A refusal inside one branch: no step of any branch is sent after it; every step that
+    // was called and has an undo is undone once, with its mapped input, last first; the
+    // refused step and the steps never called are not.
+    system.services.get("ledger").set_faults(Faults {
+        refuse_actions: vec!["reserve-payout".into()],
+        ..Faults::default()
+    });
+    let done = review(
+        &http,
+        base,
+        json!({"claimId": "R-2", "amount": 500, "notify": true}),
+        within,
+    )
+    .await;
+    system.services.get("ledger").set_faults(Faults::default());
+    let id = done["taskId"].as_str().expect("id").to_owned();
+    assert_eq!(done["processState"], "Refused", "{done}");
+    assert!(
+        done["lastError"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("reserve-payout: declined")),
+        "{done}"
+    );
+    assert_eq!(
+        done["decisions"],
+        json!([{"group": "checks"}]),
+        "the choice after the group is never reached"
+    );
+    let (entry, hold) = (result_of(&done, "open-claim"), result_of(&done, "hold"));
+    assert_eq!(
+        requests(system, "ledger", &id),
+        [
+            ("open-claim".to_owned(), json!({"claim": "R-2"})),
+            ("hold".to_owned(), json!({"entry": entry})),
+            // (The refused reservation took no effect: the service keeps no request of it.)
+            ("release-hold".to_owned(), json!({"hold": hold})),
+            ("close-claim".to_owned(), json!({"entry": entry})),
+        ]
+    );
+    // The notice ran or not, as the branches raced: if it did, it is undone (before the hold:
+    // its step comes later in the definition), else it was never sent.
+    let notices = requests(system, "notifier", &id);
+    match notices.as_slice() {
+        [] => assert_eq!(
+            statuses(&done)[4],
+            "draft-notice=Pending",
+            "never sent: {done}"
+        ),
+        [(draft, _), (retract, input)] => {
+            assert_eq!(
+                (draft.as_str(), retract.as_str()),
+                ("draft-notice", "retract-notice")
+            );
+            assert_eq!(input, &json!({"notice": result_of(&done, "draft-notice")}));
+        }
+        other => panic!("the notice's calls: {other:?}"),
+    }
+    assert!(
+        requests(system, "policy-db", &id)
             .iter()
-            .any(|p| p["at"] == "/steps/0/parallel/1/steps/0/input/p"
-                && p["message"]
+            .all(|(action, _)| action == "fraud-check")
+    );
+    let history: Vec<&str> = done["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter_map(|h| {
+            h["step"].as_str().filter(|_| {
+                h["reason"]
                     .as_str()
                     .unwrap_or_default()
-                    .contains("a branch cannot read a sibling's")),
-        "{body}"
-    );
+                    .starts_with("undone")
+            })
+        })
+        .collect();
+    assert_eq!(history.last(), Some(&"open-claim"), "undone last: {done}");
 }
 
 async fn the_whole_story(backend: Backend, within: Duration) {
     let (system, base) = running(backend).await;
     unseen_workflow_runs_and_compensates_exactly(&system, &base, within).await;
     conditions_and_a_choice_decide_what_runs(&system, &base, within).await;
+    parallel_branches_run_and_undo_exactly(&system, &base, within).await;
     a_running_task_finishes_on_its_version(&system, &base, within).await;
     bad_definitions_and_inputs_name_the_place(&system, &base).await;
     system.shutdown().await;

@@ -148,43 +148,38 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
     run(deps, &task, &workflow, &t).await
 }
 
-/// How often a callback that lost a race for its record, or met a store fault, is applied
-/// again to the record read anew, and the first pause before a try after a fault. An agent's
-/// reply that loses is stale by then, or its deadline recovers the step, and one that meets a
-/// fault comes back with its message; a callback is sent once by its service, and its message
-/// would come back only after the queue's visibility timeout, which may be longer than the
-/// step's callback wait: it must not be dropped for a heartbeat or an outbox cleared
-/// meanwhile, nor wait out a throttled write. A callback that still loses after its tries is
-/// not dropped: its message comes back (a late callback still completes its step, sent again
-/// or failed waiting: [`transition::apply_callback`]), where dropping it would leave the step to
-/// time out for an answer its service gave.
-const CALLBACK_TRIES: u32 = 4;
-const CALLBACK_PAUSE: Duration = Duration::from_millis(100);
+/// How often a reply (an agent's, or a service's callback) that lost a race for its record,
+/// or met a store fault, is applied again to the record read anew, and the first pause before a
+/// try after a fault. Replies to the steps of one task's parallel branches meet on its record:
+/// the one that loses is read again and applied again (it is fenced by its branch's attempt and
+/// step, so a stale one is dropped then). A callback is sent once by its service: one that
+/// still loses after its tries is not dropped but comes back with its message (a late
+/// callback still completes its step: [`transition::apply_callback`]); an agent's reply that
+/// still loses comes back too, or its step's deadline recovers it.
+const REPLY_TRIES: u32 = 4;
+const REPLY_PAUSE: Duration = Duration::from_millis(100);
 
 async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError> {
-    if r.generation.is_none() {
-        return apply_one(deps, &r).await.map(|_| ());
-    }
-    let mut pause = CALLBACK_PAUSE;
-    for attempt in 1..=CALLBACK_TRIES {
+    let mut pause = REPLY_PAUSE;
+    for attempt in 1..=REPLY_TRIES {
         match apply_one(deps, &r).await {
             Ok(Applied::Yes | Applied::Dropped) => return Ok(()),
-            Ok(Applied::LostRace) if attempt < CALLBACK_TRIES => {
+            Ok(Applied::LostRace) if attempt < REPLY_TRIES => {
                 // Another write is in between (a burst on a hot record): a short, growing
                 // pause lets it pass rather than losing to it again at once.
                 tokio::time::sleep(pause / 4).await;
                 pause *= 2;
             }
             Ok(Applied::LostRace) => {}
-            Err(HandlerError::Store(e)) if attempt < CALLBACK_TRIES => {
-                warn!(error = %e, attempt, "callback not applied: the store failed; trying again");
+            Err(HandlerError::Store(e)) if attempt < REPLY_TRIES => {
+                warn!(error = %e, attempt, "reply not applied: the store failed; trying again");
                 tokio::time::sleep(pause).await;
                 pause *= 2;
             }
             Err(e) => return Err(e),
         }
     }
-    warn!("callback not applied: the record kept moving; its message comes back");
+    warn!("reply not applied: the record kept moving; its message comes back");
     Err(HandlerError::Store(
         crate::ports::StoreError::ConditionFailed,
     ))

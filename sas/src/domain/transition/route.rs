@@ -12,7 +12,7 @@ use super::super::context::context;
 use super::super::state::{Decision, StateRecord, StepStatus};
 use super::super::task::Task;
 use super::super::when::When;
-use super::super::workflow::{GroupKind, Workflow};
+use super::super::workflow::{Group, GroupKind, Workflow};
 
 /// Where the cursor goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +77,29 @@ pub struct TaskRouter<'a> {
     pub task: &'a Task,
 }
 
+impl TaskRouter<'_> {
+    /// Whether group `g` is decided by the line `r` walks: on the main line, a group in no
+    /// parallel group's branch; in a branch, a group in that branch. (A branch's first group
+    /// starts where its parallel group does, and the next branch's where this one ends.)
+    fn on_this_line(&self, g: &Group, r: &StateRecord) -> bool {
+        let groups = &self.workflow.groups;
+        let mut parent = g.parent;
+        let mut branch = None;
+        while let Some((gi, arm)) = parent {
+            let Some(outer) = groups.get(gi) else { break };
+            if let GroupKind::Parallel { arms } = &outer.kind {
+                branch = arms.get(arm).map(|a| a.span.clone());
+                break;
+            }
+            parent = outer.parent;
+        }
+        match r.branch() {
+            None => branch.is_none(),
+            Some(b) => branch == Some(b.start..b.end),
+        }
+    }
+}
+
 impl Router for TaskRouter<'_> {
     fn parallel(&self, at: usize) -> Option<Parallel> {
         self.workflow.groups.iter().find_map(|g| match &g.kind {
@@ -110,7 +133,10 @@ impl Router for TaskRouter<'_> {
         let mut j = from;
         loop {
             for (gi, g) in w.groups.iter().enumerate() {
-                if g.span.start != j || seen.decisions.iter().any(|d| d.group == g.name) {
+                if g.span.start != j
+                    || seen.decisions.iter().any(|d| d.group == g.name)
+                    || !self.on_this_line(g, r)
+                {
                     continue;
                 }
                 // One context for the group's conditions (its own and its cases').
