@@ -34,10 +34,12 @@ impl Config {
     }
 }
 
-/// The run's third workflow, over the example services: an order whose payment is a choice (a
-/// credit check and a card charge above 500, an invoice otherwise; the choice's result tells
-/// the shipping how it was paid) and whose express booking runs only when asked for. Its tasks
-/// take every path of a choice and a condition, under the run's faults.
+/// The run's third workflow, over the example services: an order whose payment and packing
+/// run at once, in two parallel branches. The payment is a choice (a credit check and a card
+/// charge above 500, an invoice otherwise; the choice's result tells the shipping how it was
+/// paid); the packing branch books express delivery only when asked for, then packs. Its tasks
+/// take every path of a choice and a condition, with two branches in flight, under the run's
+/// faults.
 pub const ORDER_TRIAGE: &str = r#"{
   "name": "order-triage",
   "input": {
@@ -53,28 +55,38 @@ pub const ORDER_TRIAGE: &str = r#"{
     {"name": "reserve-inventory", "service": "inventory",
      "input": {"customerId": "$.input.customerId"},
      "undo": {"action": "release-inventory", "input": {"reservation": "$.steps['reserve-inventory'].result.id"}}},
-    {"name": "payment", "choice": [
-      {"when": "input.amount > 500",
-       "steps": [
-         {"name": "check-credit", "service": "credit-bureau", "input": {"customerId": "$.input.customerId"}},
-         {"name": "charge-card", "service": "payment", "action": "charge-payment",
-          "input": {"amount": "$.input.amount"},
-          "undo": {"action": "refund-payment", "input": {"payment": "$.steps['charge-card'].result.id"}}}
-       ],
-       "result": {"paidBy": "card", "payment": "$.steps['charge-card'].result.id"}}
-     ],
-     "otherwise": {
-       "steps": [
-         {"name": "send-invoice", "service": "payment", "action": "invoice",
-          "input": {"amount": "$.input.amount"},
-          "undo": {"action": "cancel-invoice"}}
-       ],
-       "result": {"paidBy": "invoice", "payment": "$.steps['send-invoice'].result.id"}}},
-    {"name": "express-booking", "service": "shipping", "when": "input.express",
-     "input": {"customerId": "$.input.customerId"},
-     "undo": {"action": "cancel-express"}},
+    {"name": "prepare", "parallel": [
+      {"name": "pay", "steps": [
+        {"name": "payment", "choice": [
+          {"when": "input.amount > 500",
+           "steps": [
+             {"name": "check-credit", "service": "credit-bureau", "input": {"customerId": "$.input.customerId"}},
+             {"name": "charge-card", "service": "payment", "action": "charge-payment",
+              "input": {"amount": "$.input.amount"},
+              "undo": {"action": "refund-payment", "input": {"payment": "$.steps['charge-card'].result.id"}}}
+           ],
+           "result": {"paidBy": "card", "payment": "$.steps['charge-card'].result.id"}}
+         ],
+         "otherwise": {
+           "steps": [
+             {"name": "send-invoice", "service": "payment", "action": "invoice",
+              "input": {"amount": "$.input.amount"},
+              "undo": {"action": "cancel-invoice"}}
+           ],
+           "result": {"paidBy": "invoice", "payment": "$.steps['send-invoice'].result.id"}}}
+      ]},
+      {"name": "pack", "steps": [
+        {"name": "express-booking", "service": "shipping", "when": "input.express",
+         "input": {"customerId": "$.input.customerId"},
+         "undo": {"action": "cancel-express"}},
+        {"name": "pack-order", "service": "inventory",
+         "input": {"reservation": "$.steps['reserve-inventory'].result.id"},
+         "undo": {"action": "unpack-order", "input": {"parcel": "$.steps['pack-order'].result.id"}}}
+      ]}
+    ]},
     {"name": "arrange-shipping", "service": "shipping",
-     "input": {"reservation": "$.steps['reserve-inventory'].result.id", "payment": "$.steps['payment'].result"},
+     "input": {"reservation": "$.steps['reserve-inventory'].result.id", "payment": "$.steps['payment'].result",
+               "parcel": "$.steps['pack-order'].result.id"},
      "undo": {"action": "cancel-shipping"}}
   ]
 }"#;
@@ -189,7 +201,11 @@ mod tests {
             &cfg.settings.policy,
         )
         .expect("a valid workflow over the example services");
-        assert_eq!(triage.groups.len(), 1);
+        assert_eq!(
+            triage.groups.len(),
+            2,
+            "the parallel group and the choice in it"
+        );
         let loan: Value = serde_json::from_str(&files[2].1).expect("JSON");
         assert_eq!(loan["defaults"]["timeout"], "2000ms");
         assert_eq!(loan["defaults"]["retry"]["baseDelay"], "100ms");

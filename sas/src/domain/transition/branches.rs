@@ -61,15 +61,15 @@ fn merge(n: &mut StateRecord, b: usize, seen: StateRecord, effects: Vec<Effect>)
     n.steps = seen.steps;
     n.decisions = seen.decisions;
     n.history = seen.history;
-    if n.refusal.is_none() {
-        n.refusal = seen.refusal;
-    }
     n.attempt = n.attempt.max(seen.attempt);
     let (Some(f), Some(from)) = (n.fanout.as_mut(), seen.fanout) else {
         return vec![];
     };
-    if f.stop.is_none() {
+    if f.stop.is_none() && from.stop.is_some() {
+        // The first failure stops the group, and decides how the task ends: a refusal is
+        // kept only if it came first.
         f.stop = from.stop;
+        n.refusal = seen.refusal;
     }
     if let Some(br) = f.branches.get_mut(b) {
         *br = Branch {

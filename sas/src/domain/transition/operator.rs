@@ -258,6 +258,7 @@ pub fn skip(
     if n.fanout.is_some() {
         // In a parallel group stopped in Error: its branches go on from their steps.
         let mut effects = vec![p.at(i).progress(NoticeKind::StepCompleted)];
+        n.process_state = ProcessState::Pending;
         let ended = branches::resume(&mut n, now, p);
         if ended.is_empty() {
             effects.push(Effect::Enqueue {

@@ -107,7 +107,7 @@ pub(super) fn check_net_effects(
         let want = match (skipped, settled) {
             (_, true) => None,
             (Some(a), _) if r.process_state != ProcessState::Resolved => {
-                Some(as_it_ran(a.step_status))
+                Some(as_it_ran(a.step_status, true))
             }
             _ => wanted_net(r, i, state),
         };
@@ -159,7 +159,7 @@ pub(super) fn check_no_stray_keys(
 /// (Pending) is 0; a step that timed out may have taken effect or not.
 fn wanted_net(r: &StateRecord, i: usize, s: &StepState) -> Option<&'static [i32]> {
     use ProcessState as P;
-    let as_it_ran = as_it_ran(s.status);
+    let as_it_ran = as_it_ran(s.status, s.sent);
     Some(match r.process_state {
         // Never called.
         _ if s.status == StepStatus::Skipped => &[0],
@@ -173,11 +173,14 @@ fn wanted_net(r: &StateRecord, i: usize, s: &StepState) -> Option<&'static [i32]
     })
 }
 
-/// The net effect of a step "as it ran" (see [`wanted_net`]).
-fn as_it_ran(status: StepStatus) -> &'static [i32] {
+/// The net effect of a step "as it ran" (see [`wanted_net`]); `sent`: a request for it went
+/// out (a step handed back, Pending again, may have taken effect: one of a parallel group
+/// that stopped is never sent again).
+fn as_it_ran(status: StepStatus, sent: bool) -> &'static [i32] {
     use StepStatus as S;
     match status {
         S::Done | S::Faulted => &[1],
+        S::Pending if sent => &[0, 1],
         S::Failed | S::Pending | S::Skipped => &[0],
         S::Running | S::Waiting | S::TimedOut | S::Cancelled => &[0, 1],
     }

@@ -1,6 +1,6 @@
 //! Each order triage's steps against the path its input implies: an independent model of the
-//! workflow's choice and condition (`definitions::ORDER_TRIAGE`), written apart from the
-//! scheduler's router. Checked, whatever the task's end: no step off its path was sent or
+//! workflow's choice and condition in its parallel branches (`definitions::ORDER_TRIAGE`),
+//! written apart from the scheduler's router. Checked, whatever the task's end: no step off its path was sent or
 //! done, no step on it was skipped, the choice took the case the input says; and a Processed
 //! task did every step of its path and skipped every other. And for every task no operator
 //! touched: the run's definitions and inputs are well formed, so no step may fail for a mapping
@@ -14,10 +14,10 @@ use sas::{ProcessState, StepStatus};
 use std::collections::BTreeSet;
 
 /// The steps an order triage runs on `input`: by card above 500 (a credit check, then the
-/// charge), else by invoice; the express booking only when asked for.
+/// charge), else by invoice; the express booking only when asked for; the packing always.
 fn triage_path(input: &serde_json::Value) -> (BTreeSet<&'static str>, bool) {
     let by_card = input["amount"].as_i64().is_some_and(|a| a > 500);
-    let mut path = BTreeSet::from(["reserve-inventory", "arrange-shipping"]);
+    let mut path = BTreeSet::from(["reserve-inventory", "pack-order", "arrange-shipping"]);
     if by_card {
         path.extend(["check-credit", "charge-card"]);
     } else {

@@ -173,7 +173,24 @@ fn check_invariants(
     report: &mut Report,
 ) {
     if let Err(e) = r.check(&workflow.policies()) {
-        report.invalid.push(format!("{id} ({name}): {e}"));
+        let statuses: Vec<String> = r
+            .steps
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}={}{}",
+                    s.name,
+                    s.status,
+                    s.undo.map(|u| format!("/undo {u}")).unwrap_or_default()
+                )
+            })
+            .collect();
+        report.invalid.push(format!(
+            "{id} ({name}, {} at step {}): {e} [{}]",
+            r.process_state,
+            r.step_index,
+            statuses.join(", ")
+        ));
     }
 }
 
@@ -204,19 +221,26 @@ fn check_not_in_error_before_pivot(
 
 /// The first step that failed (refused, timed out or faulted): counted per step with how the
 /// task ended; the task owes an alert unless it was a refusal (a business outcome) before the
-/// pivot.
+/// pivot. The record keeps a refusal only when it was the first failure (in a parallel group,
+/// a branch's step may time out after a sibling's refusal stopped the group): then the
+/// refused step is the one counted, whatever failed at a lower index.
 fn note_failure(id: &TaskId, r: &StateRecord, out: &mut Outcomes, report: &mut Report) {
-    if let Some((i, s)) = r.steps.iter().enumerate().find(|(_, s)| {
+    let failed = |s: &sas::StepState| {
         matches!(
             s.status,
             StepStatus::Failed | StepStatus::TimedOut | StepStatus::Faulted
         )
-    }) {
+    };
+    let refused = r.refusal.as_ref().and_then(|f| {
+        r.steps
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.name == f.step && s.status == StepStatus::Failed)
+    });
+    if let Some((i, s)) = refused.or_else(|| r.steps.iter().enumerate().find(|(_, s)| failed(s))) {
         // A refusal is a business outcome: no TaskFailed alert, unless it came past the
         // pivot (the task then waits in Error for a person).
-        let refusal = s.status == StepStatus::Failed
-            && r.refusal.is_some()
-            && r.process_state != ProcessState::Error;
+        let refusal = refused.is_some() && r.process_state != ProcessState::Error;
         if !refusal {
             out.failed.insert(id.to_string());
         }
