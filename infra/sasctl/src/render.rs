@@ -287,11 +287,28 @@ pub fn render_task(t: &TaskView) -> String {
         rows.extend(t.decisions.iter().map(|d| {
             let ran = match (d.skipped, d.otherwise, d.arm) {
                 (true, _, _) => "skipped (its condition did not hold)".to_owned(),
+                (false, false, None) if d.parallel => "every branch".to_owned(),
                 (false, true, _) => "otherwise".to_owned(),
                 (false, false, Some(k)) => format!("case {k}"),
                 (false, false, None) => "no case held: nothing".to_owned(),
             };
             vec![clean(&d.group, usize::MAX), ran]
+        }));
+        out.push_str(&table(&rows, &[]));
+    }
+
+    if !t.branches.is_empty() {
+        out.push_str("\nBRANCHES\n");
+        let mut rows = vec![header(&["GROUP", "STATE", "STEP", "ATTEMPT", "DEADLINE", "ERROR"])];
+        rows.extend(t.branches.iter().map(|b| {
+            vec![
+                clean(&b.group, usize::MAX),
+                clean(&b.state, usize::MAX),
+                opt(b.step.as_deref(), usize::MAX),
+                b.attempt.map_or("-".to_owned(), |a| a.to_string()),
+                time(b.complete_by.as_ref()),
+                opt(b.last_error.as_deref(), 80),
+            ]
         }));
         out.push_str(&table(&rows, &[]));
     }
@@ -660,26 +677,44 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
                 arm: Some(1),
                 otherwise: false,
                 skipped: false,
+                parallel: false,
             },
             sas::domain::state::Decision {
                 group: "extras".into(),
                 arm: None,
                 otherwise: false,
                 skipped: true,
+                parallel: false,
             },
             sas::domain::state::Decision {
                 group: "fees".into(),
                 arm: Some(2),
                 otherwise: true,
                 skipped: false,
+                parallel: false,
+            },
+            sas::domain::state::Decision {
+                group: "checks".into(),
+                arm: None,
+                otherwise: false,
+                skipped: false,
+                parallel: true,
             },
         ];
+        v.branches = vec![sas::api::views::BranchView {
+            group: "checks".into(),
+            state: "Processing".into(),
+            step: Some("fraud-check".into()),
+            attempt: Some(4),
+            complete_by: None,
+            last_error: None,
+        }];
         let out = render_task(&v);
         assert!(
             out.contains(" 3  send-contract   -                     Skipped"),
             "{out}"
         );
-        let groups = "\nGROUPS\nGROUP   RAN\nreview  case 1\nextras  skipped (its condition did not hold)\nfees    otherwise\n\nHISTORY";
+        let groups = "\nGROUPS\nGROUP   RAN\nreview  case 1\nextras  skipped (its condition did not hold)\nfees    otherwise\nchecks  every branch\n\nBRANCHES\nGROUP   STATE       STEP         ATTEMPT  DEADLINE  ERROR\nchecks  Processing  fraud-check  4        -         -\n\nHISTORY";
         assert!(out.contains(groups), "{out}");
     }
 

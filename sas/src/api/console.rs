@@ -652,6 +652,7 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                             @if d["skipped"] == json!(true) { "skipped (its condition did not hold)" }
                             @else if d["otherwise"] == json!(true) { "otherwise ran" }
                             @else if let Some(k) = d["arm"].as_u64() { "case " (k) " ran" }
+                            @else if d["parallel"] == json!(true) { "every branch ran" }
                             @else { "no case held: nothing ran" }
                         }
                     }

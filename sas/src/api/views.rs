@@ -65,6 +65,9 @@ pub struct TaskView<S = ProcessState> {
     /// What each choice (and parallel group) reached became: the case that ran, or skipped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub decisions: Vec<Decision>,
+    /// The parallel group running (or stopped, in Error): each branch's state and step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub branches: Vec<BranchView>,
     /// The workflow's pivot step, and whether it is done: past it the task only goes forward
     /// (no cancel, no compensation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -123,6 +126,46 @@ pub struct CallerTaskView<S = ProcessState> {
     /// Left out unless the workflow makes errors public; then the last error, or `null`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<Option<String>>,
+}
+
+/// One branch of the parallel group a task runs: its state (Pending, Processing, Processed
+/// when done, Error when it failed), its current step, and that step's attempt and deadline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BranchView {
+    pub group: String,
+    pub state: String,
+    #[serde(default)]
+    pub step: Option<String>,
+    #[serde(default)]
+    pub attempt: Option<u64>,
+    #[serde(default)]
+    pub complete_by: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub last_error: Option<String>,
+}
+
+impl BranchView {
+    fn all(r: &StateRecord) -> Vec<Self> {
+        let Some(f) = &r.fanout else {
+            return vec![];
+        };
+        f.branches
+            .iter()
+            .map(|b| Self {
+                group: f.group.clone(),
+                state: b.process_state.to_string(),
+                step: r
+                    .steps
+                    .get(b.step_index)
+                    .filter(|_| b.step_index < b.end)
+                    .map(|s| s.name.clone()),
+                attempt: Some(b.attempt),
+                complete_by: b.complete_by,
+                last_error: b.last_error.clone(),
+            })
+            .collect()
+    }
 }
 
 /// One workflow step of a task. The caller's view has only `name`, `status` and `result`.
@@ -414,6 +457,7 @@ impl TaskView {
             round: Some(r.round),
             steps,
             decisions: r.decisions.clone(),
+            branches: BranchView::all(r),
             pivot: r.pivot.and_then(|p| r.steps.get(p)).map(|s| s.name.clone()),
             past_pivot: r.pivot.map(|_| r.past_pivot()),
             last_error: r.last_error.clone(),

@@ -543,6 +543,9 @@ pub struct Decision {
     /// The group did not run: its `when` did not hold, or a group around it did not run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub skipped: bool,
+    /// Parallel branches that run (every one of them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub parallel: bool,
 }
 
 /// The token with which a callback step's service completes it. It names the step and its

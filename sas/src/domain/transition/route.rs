@@ -184,6 +184,7 @@ impl Router for TaskRouter<'_> {
                     arm,
                     otherwise,
                     skipped: !group_runs,
+                    parallel: group_runs && matches!(g.kind, GroupKind::Parallel { .. }),
                 };
                 seen.decisions.push(decision.clone());
                 route.decisions.push(decision);
@@ -217,6 +218,7 @@ impl Router for TaskRouter<'_> {
                                 arm: None,
                                 otherwise: false,
                                 skipped: true,
+                                parallel: false,
                             };
                             seen.decisions.push(d.clone());
                             route.decisions.push(d);
