@@ -996,6 +996,80 @@ mod parallel {
         }
     }
 
+    /// KNOWN BUG, reported and not fixed here: a step fails in one branch, then a step of
+    /// another branch, out meanwhile, is refused. The task failed (the alert is owed) and is
+    /// compensated, but it ends Refused (the state of a business refusal, "no operator
+    /// alert"), because the later refusal is merged into the record and `compensated` reads
+    /// it. By the semantics the first failure decides: Compensated. When the runtime is
+    /// fixed, flip the assert marked BUG and the model's line in `Model::predict`.
+    #[test]
+    fn known_bug_a_refusal_after_a_failure_ends_the_failed_task_refused() {
+        let d = Draw {
+            before: vec![],
+            branches: vec![
+                vec![StepDraw {
+                    undo: false,
+                    when: None
+                }];
+                2
+            ],
+            after: vec![],
+            group_when: None,
+        };
+        let w = Workflow::from_value(d.definition().0, None, &base()).expect("valid");
+        let p = policy();
+        let now = t0();
+        let mut r = record(&w, now);
+        let task = test_task(&r, json!({}));
+        let router = TaskRouter {
+            workflow: &w,
+            task: &task,
+        };
+        apply_with(&mut r, &p, |r| claim(r, "s", now, &p, &router));
+        let [a, b] = [0, 1].map(|i| outs(&r)[i]);
+        apply_with(&mut r, &p, |r| {
+            apply_reply(r, a.attempt, a.step, false, &refused(), now, &p, &router)
+        });
+        apply_with(&mut r, &p, |r| {
+            apply_reply(r, b.attempt, b.step, false, &declined(), now, &p, &router)
+        });
+        assert_eq!(r.owed(), [NoticeKind::Failed, NoticeKind::Refused]);
+        // BUG: by the semantics, Compensated (the outbox [Failed, Compensated]).
+        assert_eq!(r.process_state, ProcessState::Refused);
+    }
+
+    /// KNOWN GAP, reported and not fixed here (the main line has it too): an operator skips
+    /// a step whose attempt timed out (it may still be in flight until its deadline); the
+    /// step is Done, which drops its `sent_until`, so a later compensation sends its undo at
+    /// once rather than `undo_wait` past that deadline. When fixed, flip the assert marked
+    /// GAP and the model's line in `Model::accept` (`Act::Skip`).
+    #[test]
+    fn known_gap_a_skipped_step_that_timed_out_is_undone_before_its_deadline() {
+        let p = with(|p| {
+            p.auto_compensate = false;
+            p.failure_threshold = 1;
+        });
+        let now = t0();
+        let mut r = fresh(now);
+        apply_with(&mut r, &p, |r| claim(r, "s", now, &p, &Linear));
+        let deadline = r.complete_by.expect("out");
+        let spent = StepOutcome::TimedOut {
+            error: "spent".into(),
+        };
+        apply_with(&mut r, &p, |r| {
+            apply_reply(r, 1, 0, false, &spent, now, &p, &Linear)
+        });
+        assert_eq!(r.process_state, ProcessState::Error);
+        apply_with(&mut r, &p, |r| skip(r, &ops(None), now, &p, None));
+        apply_with(&mut r, &p, |r| cancel(r, &ops(None), now, &p));
+        assert_eq!(
+            (r.process_state, r.step_index),
+            (ProcessState::Compensating, 0)
+        );
+        // GAP: by the semantics, Some(deadline + undo_wait).
+        assert_eq!(r.undo_after, None, "deadline {deadline}");
+    }
+
     proptest! {
         /// Any interleaving of events about a parallel group's branches keeps the record
         /// valid, never sends a step once the task stops, sends each step under an attempt
