@@ -487,6 +487,9 @@ mod parallel {
         dispatched: HashSet<(usize, u64, bool)>,
         /// Every step that went out.
         went_out: Vec<bool>,
+        /// Out: sent, and since then not answered, past its deadline at an expiry, or
+        /// cancelled.
+        out: Vec<bool>,
     }
 
     impl Model {
@@ -533,6 +536,7 @@ mod parallel {
                 undos: vec![],
                 dispatched: HashSet::new(),
                 went_out: vec![false; n],
+                out: vec![false; n],
             }
         }
 
@@ -617,6 +621,7 @@ mod parallel {
             match act {
                 Act::Reply(o, outcome) if !o.undo => {
                     let i = o.step;
+                    self.out[i] = false;
                     match outcome {
                         Outcome::Success => self.unsure[i] = None,
                         Outcome::Refusal | Outcome::Failure => {
@@ -644,21 +649,25 @@ mod parallel {
                     }
                 }
                 Act::Expire => {
-                    for o in outs(pre) {
-                        if o.deadline.is_none_or(|d| d > now) {
-                            continue;
+                    for i in 0..self.out.len() {
+                        if self.out[i] && self.deadline[i].is_some_and(|d| d <= now) {
+                            self.out[i] = false;
+                            self.unsure(i, self.deadline[i]);
+                            self.timed_out(i);
                         }
-                        if o.undo {
-                            self.undo_trouble = true;
-                        } else {
-                            self.unsure(o.step, o.deadline);
-                            self.timed_out(o.step);
-                        }
+                    }
+                    if outs(pre)
+                        .iter()
+                        .any(|o| o.undo && o.deadline.is_some_and(|d| d <= now))
+                    {
+                        self.undo_trouble = true;
                     }
                 }
                 Act::Cancel => {
-                    for o in outs(pre) {
-                        self.unsure(o.step, o.deadline);
+                    for i in 0..self.out.len() {
+                        if std::mem::take(&mut self.out[i]) {
+                            self.unsure(i, self.deadline[i]);
+                        }
                     }
                     self.operator = true;
                     self.by_operator = true;
@@ -734,9 +743,22 @@ mod parallel {
                     prop_assert!(self.runs[i], "step {i}, whose condition is false, went out");
                     self.sent[i] = true;
                     self.went_out[i] = true;
+                    self.out[i] = true;
                     self.no_effect[i] = false;
                     self.deadline[i] = deadline;
                 }
+            }
+            if !matches!(
+                r.process_state,
+                ProcessState::Pending | ProcessState::Processing
+            ) {
+                let out: Vec<usize> = (0..self.out.len()).filter(|&i| self.out[i]).collect();
+                prop_assert!(
+                    out.is_empty(),
+                    "{} while steps {:?} are out",
+                    r.process_state,
+                    out
+                );
             }
             Ok(())
         }
@@ -917,6 +939,11 @@ mod parallel {
                         StepStatus::Skipped
                     };
                     prop_assert_eq!(s.status, status, "step {}", i);
+                    // Done without being sent only by an operator's skip.
+                    prop_assert!(
+                        m.went_out[i] || !m.runs[i] || m.operator,
+                        "step {i} done, never sent"
+                    );
                 }
             }
             if !m.operator {
