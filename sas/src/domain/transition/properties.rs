@@ -439,6 +439,8 @@ mod parallel {
         Retry,
         Skip,
         Compensate,
+        /// A reply that must be rejected.
+        Stale,
     }
 
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -696,7 +698,7 @@ mod parallel {
                     self.unsure[pre.step_index] = None;
                     self.goes_on();
                 }
-                Act::Claim | Act::Delivered => {}
+                Act::Claim | Act::Delivered | Act::Stale => {}
             }
             let r = &t.record;
             for e in &t.effects {
@@ -825,7 +827,7 @@ mod parallel {
                         (_, Some(o)) => (o.attempt, o.step, !o.undo),
                     };
                     (
-                        Act::Claim,
+                        Act::Stale,
                         apply_reply(on, attempt, step, undo, &ok(), now, p, &router),
                     )
                 }
