@@ -106,28 +106,30 @@ try {
   await page.getByRole('link', { name: 'loan-application' }).click();
   assert.match(await heading(), /^Workflow loan-application v\d+/);
 
-  // A workflow with a choice and a condition, drawn as a graph on its page: a node per step in
-  // order, the cases side by side under their conditions, no statuses.
+  // A workflow with parallel branches, a choice in one and a condition in the other, drawn as a
+  // graph on its page: a node per step in order, the branches and the cases side by side, no
+  // statuses.
   await page.goto(`${base}/workflows/order-triage`);
   const graph = page.locator('figure.graph svg.workflow-graph');
   assert.ok(await graph.isVisible(), 'the graph is drawn');
-  const triageSteps = ['reserve-inventory', 'check-credit', 'charge-card', 'send-invoice', 'express-booking', 'arrange-shipping'];
+  const triageSteps = ['reserve-inventory', 'check-credit', 'charge-card', 'send-invoice', 'express-booking', 'pack-order', 'arrange-shipping'];
   const stepsOf = (svg) => svg.locator('g.node').evaluateAll((ns) => ns.map((n) => n.dataset.step));
   assert.deepEqual(await stepsOf(graph), triageSteps);
   assert.equal(await graph.locator('[data-status]').count(), 0, 'no task, no statuses');
-  assert.deepEqual(await graph.locator('g.lane text').allTextContents(), ['when input.amount > 500', 'otherwise']);
+  assert.deepEqual(await graph.locator('g.lane[data-group="prepare"] text').allTextContents(), ['pay', 'pack']);
+  assert.deepEqual(await graph.locator('g.lane[data-group="payment"] text').allTextContents(), ['when input.amount > 500', 'otherwise']);
   assert.match(await graph.locator('g.node[data-step="express-booking"]').textContent(), /when input\.express/);
   await shot(page, 'workflow.png');
 
   // The refused task's page: its path through the same graph. The card case ran (the invoice is
-  // greyed, skipped), the express booking was skipped, the shipping refused, the charge and the
-  // reservation undone.
+  // greyed, skipped), the express booking was skipped, the packing done, the shipping refused;
+  // the packing, the charge and the reservation undone.
   await page.goto(`${base}/tasks/${triage.refused}`);
   const trail = page.locator('figure.graph svg.workflow-graph');
   assert.deepEqual(await stepsOf(trail), triageSteps);
   const node = (step) => trail.locator(`g.node[data-step="${step}"]`);
   const want = { 'reserve-inventory': 'Done', 'check-credit': 'Done', 'charge-card': 'Done',
-    'send-invoice': 'Skipped', 'express-booking': 'Skipped', 'arrange-shipping': 'Failed' };
+    'send-invoice': 'Skipped', 'express-booking': 'Skipped', 'pack-order': 'Done', 'arrange-shipping': 'Failed' };
   for (const [step, status] of Object.entries(want)) {
     assert.equal(await node(step).getAttribute('data-status'), status, step);
     // Colour is never the only signal: the status is said in the box.
@@ -136,8 +138,9 @@ try {
   for (const step of ['send-invoice', 'express-booking']) {
     assert.match(await node(step).getAttribute('class'), /\bk-skip\b/, `${step} is greyed`);
   }
-  assert.equal(await trail.locator('g.lane[data-arm="0"]').getAttribute('data-taken'), 'true');
-  assert.equal(await trail.locator('g.lane[data-arm="1"]').getAttribute('data-taken'), 'false');
+  assert.equal(await trail.locator('g.lane[data-group="payment"][data-arm="0"]').getAttribute('data-taken'), 'true');
+  assert.equal(await trail.locator('g.lane[data-group="payment"][data-arm="1"]').getAttribute('data-taken'), 'false');
+  assert.equal(await node('pack-order').locator('text.undo-status').textContent(), 'undo ✓ Done');
   assert.equal(await node('charge-card').locator('text.undo').textContent(), '↶ undo refund-payment');
   assert.equal(await node('charge-card').locator('text.undo-status').textContent(), 'undo ✓ Done');
   assert.ok(await trail.locator('path.edge.taken').count() >= 5, 'the path is drawn');

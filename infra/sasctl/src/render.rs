@@ -299,7 +299,9 @@ pub fn render_task(t: &TaskView) -> String {
 
     if !t.branches.is_empty() {
         out.push_str("\nBRANCHES\n");
-        let mut rows = vec![header(&["GROUP", "STATE", "STEP", "ATTEMPT", "DEADLINE", "ERROR"])];
+        let mut rows = vec![header(&[
+            "GROUP", "STATE", "STEP", "ATTEMPT", "DEADLINE", "ERROR",
+        ])];
         rows.extend(t.branches.iter().map(|b| {
             vec![
                 clean(&b.group, usize::MAX),
@@ -592,6 +594,7 @@ task-2   -                 CompensationFailed  -                     12  2025-01
                 step("disburse-funds", "Pending", None, None),
             ],
             decisions: vec![],
+            branches: vec![],
             pivot: None,
             past_pivot: None,
             history: vec![
@@ -762,6 +765,7 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             updated_at: None,
             steps: vec![],
             decisions: vec![],
+            branches: vec![],
             pivot: None,
             past_pivot: None,
             history: vec![],

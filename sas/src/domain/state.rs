@@ -874,11 +874,10 @@ impl StateRecord {
             return bad("a step waits for its callback iff it is Waiting".into());
         }
         if self.steps.iter().any(|s| {
-            s.sent_until.is_some() && !matches!(s.status, S::Pending | S::TimedOut | S::Cancelled)
+            s.sent_until.is_some()
+                && !matches!(s.status, S::Pending | S::TimedOut | S::Cancelled | S::Done)
         }) {
-            return bad(
-                "a step out, done or refused keeps the deadline it was handed back at".into(),
-            );
+            return bad("a step out or refused keeps the deadline it was handed back at".into());
         }
         if self.undo_after.is_some() && self.process_state != P::Compensating {
             return bad(format!("{} with an undo wait", self.process_state));

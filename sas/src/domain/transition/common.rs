@@ -182,9 +182,12 @@ pub(super) fn tidy(n: &mut StateRecord) {
         if step.status != StepStatus::Waiting {
             step.waiting_until = None;
         }
+        // Kept while the step may still be in flight: handed back, timed out, cancelled, or
+        // done without its request answered (a callback for an attempt handed back, an
+        // operator's skip of one that timed out): its undo waits past it.
         if !matches!(
             step.status,
-            StepStatus::Pending | StepStatus::TimedOut | StepStatus::Cancelled
+            StepStatus::Pending | StepStatus::TimedOut | StepStatus::Cancelled | StepStatus::Done
         ) {
             step.sent_until = None;
         }

@@ -550,11 +550,11 @@ mod parallel {
         }
 
         fn stop(&mut self, kind: Kind) {
-            self.first.get_or_insert(kind);
-            self.halted = true;
-            if kind == Kind::Refused {
+            // The first failure decides: a refusal after a failure is not the task's.
+            if *self.first.get_or_insert(kind) == Kind::Refused {
                 self.refusal = true;
             }
+            self.halted = true;
         }
 
         fn unsure(&mut self, i: usize, until: Option<DateTime<Utc>>) {
@@ -600,12 +600,8 @@ mod parallel {
             match self.first {
                 None => ProcessState::Processed,
                 Some(Kind::Refused) => ProcessState::Refused,
-                // KNOWN BUG (kept to the runtime's behaviour, see the test
-                // `known_bug_a_refusal_after_a_failure_ends_the_failed_task_refused`): a
-                // refusal in another branch after the failure makes the compensated task end
-                // Refused, with the alert owed; by the semantics (the first failure decides)
-                // it ends Compensated.
-                Some(Kind::Failed) if self.auto && self.refusal => ProcessState::Refused,
+                // The first failure decides: a refusal in another branch after it does not
+                // make the task Refused.
                 Some(Kind::Failed) if self.auto => ProcessState::Compensated,
                 Some(Kind::Failed) => ProcessState::Error,
             }
@@ -692,10 +688,8 @@ mod parallel {
                     self.operator = true;
                     // Done by hand: it took effect.
                     self.no_effect[pre.step_index] = false;
-                    // KNOWN GAP (kept to the runtime's behaviour, see the report): a step
-                    // skipped after it timed out is Done, which drops its `sent_until`: its
-                    // undo no longer waits for the attempt that may still be in flight.
-                    self.unsure[pre.step_index] = None;
+                    // A step skipped after it timed out keeps its deadline: its undo still
+                    // waits for the attempt that may be in flight.
                     self.goes_on();
                 }
                 Act::Claim | Act::Delivered | Act::Stale => {}
@@ -1025,14 +1019,11 @@ mod parallel {
         }
     }
 
-    /// KNOWN BUG, reported and not fixed here: a step fails in one branch, then a step of
-    /// another branch, out meanwhile, is refused. The task failed (the alert is owed) and is
-    /// compensated, but it ends Refused (the state of a business refusal, "no operator
-    /// alert"), because the later refusal is merged into the record and `compensated` reads
-    /// it. By the semantics the first failure decides: Compensated. When the runtime is
-    /// fixed, flip the assert marked BUG and the model's line in `Model::predict`.
+    /// A step fails in one branch, then a step of another branch, out meanwhile, is refused:
+    /// the first failure decides. The task failed (the alert is owed) and is compensated; it
+    /// ends Compensated, not Refused (the state of a business refusal, "no operator alert").
     #[test]
-    fn known_bug_a_refusal_after_a_failure_ends_the_failed_task_refused() {
+    fn a_refusal_after_a_failure_does_not_make_the_task_refused() {
         let d = Draw {
             before: vec![],
             branches: vec![
@@ -1062,18 +1053,15 @@ mod parallel {
         apply_with(&mut r, &p, |r| {
             apply_reply(r, b.attempt, b.step, false, &declined(), now, &p, &router)
         });
-        assert_eq!(r.owed(), [NoticeKind::Failed, NoticeKind::Refused]);
-        // BUG: by the semantics, Compensated (the outbox [Failed, Compensated]).
-        assert_eq!(r.process_state, ProcessState::Refused);
+        assert_eq!(r.owed(), [NoticeKind::Failed, NoticeKind::Compensated]);
+        assert_eq!(r.process_state, ProcessState::Compensated);
     }
 
-    /// KNOWN GAP, reported and not fixed here (the main line has it too): an operator skips
-    /// a step whose attempt timed out (it may still be in flight until its deadline); the
-    /// step is Done, which drops its `sent_until`, so a later compensation sends its undo at
-    /// once rather than `undo_wait` past that deadline. When fixed, flip the assert marked
-    /// GAP and the model's line in `Model::accept` (`Act::Skip`).
+    /// An operator skips a step whose attempt timed out (it may still be in flight until its
+    /// deadline): the step is Done and keeps that deadline, so a later compensation sends its
+    /// undo `undo_wait` past it, not at once.
     #[test]
-    fn known_gap_a_skipped_step_that_timed_out_is_undone_before_its_deadline() {
+    fn a_skipped_step_that_timed_out_is_undone_after_its_deadline() {
         let p = with(|p| {
             p.auto_compensate = false;
             p.failure_threshold = 1;
@@ -1095,8 +1083,7 @@ mod parallel {
             (r.process_state, r.step_index),
             (ProcessState::Compensating, 0)
         );
-        // GAP: by the semantics, Some(deadline + undo_wait).
-        assert_eq!(r.undo_after, None, "deadline {deadline}");
+        assert_eq!(r.undo_after, Some(deadline + base().undo_wait));
     }
 
     proptest! {
