@@ -815,7 +815,7 @@ steps:
         let value = parse_value(text, Format::Yaml).expect("YAML");
         parse_workflow(value)
             .expect("a workflow")
-            .validate_unrunnable(&Policy::default())
+            .validate(None, &Policy::default())
             .expect("valid")
     }
 

@@ -11,6 +11,7 @@ pub mod policy;
 pub mod problem;
 pub mod rate;
 pub mod state;
+pub mod status;
 pub mod task;
 pub mod task_id;
 pub mod transition;

@@ -1,181 +1,13 @@
 //! The state record: the pattern's one source of truth about a task.
 
-pub use super::fanout::{Branch, Fanout, Stop, StopKind};
+pub use super::fanout::{Branch, Each, Fanout, Stop, StopKind};
 use super::policy::Policies;
+pub use super::status::{ProcessState, StepStatus};
 use super::task_id::TaskId;
 use super::workflow::Workflow;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use std::fmt;
 use std::str::FromStr;
-
-/// `ProcessState` of the pattern, with the compensation states of the Compensating Transaction
-/// pattern. See ARCHITECTURE.md for the state diagram. Ordered as a task goes through them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum ProcessState {
-    /// Waiting for a scheduler to claim it (new, or handed back by the supervisor).
-    Pending,
-    /// Claimed by a scheduler; the current step must finish by `CompleteBy`.
-    Processing,
-    /// Every step done. Terminal.
-    Processed,
-    /// Failed and left for the operator (automatic compensation off). Terminal until an
-    /// operator retries or compensates it.
-    Error,
-    /// Undoing the steps that may have taken effect, last first. Unlocked: waiting for a
-    /// scheduler; locked: the current step's undo is out to its agent.
-    Compensating,
-    /// Every step that may have taken effect is undone. Terminal.
-    Compensated,
-    /// An undo was refused, or timed out at the failure threshold. Terminal until an operator
-    /// retries it.
-    CompensationFailed,
-    /// A service refused a step with a business outcome the workflow can expect (a declined
-    /// loan), and every step that had taken effect is undone. Terminal; no operator alert.
-    Refused,
-    /// An operator closed an `Error` or `CompensationFailed` task by hand (reconciled outside
-    /// sas), with a note. Terminal for good: nothing moves it again.
-    Resolved,
-}
-
-impl ProcessState {
-    pub const ALL: [ProcessState; 9] = [
-        Self::Pending,
-        Self::Processing,
-        Self::Processed,
-        Self::Error,
-        Self::Compensating,
-        Self::Compensated,
-        Self::CompensationFailed,
-        Self::Refused,
-        Self::Resolved,
-    ];
-
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            Self::Processed
-                | Self::Error
-                | Self::Compensated
-                | Self::CompensationFailed
-                | Self::Refused
-                | Self::Resolved
-        )
-    }
-    /// Terminal for good: no operator action moves it again (`Error` and `CompensationFailed`
-    /// wait for one). A final task expires after the deployment's retention.
-    pub fn is_final(self) -> bool {
-        matches!(
-            self,
-            Self::Processed | Self::Compensated | Self::Refused | Self::Resolved
-        )
-    }
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "Pending",
-            Self::Processing => "Processing",
-            Self::Processed => "Processed",
-            Self::Error => "Error",
-            Self::Compensating => "Compensating",
-            Self::Compensated => "Compensated",
-            Self::CompensationFailed => "CompensationFailed",
-            Self::Refused => "Refused",
-            Self::Resolved => "Resolved",
-        }
-    }
-}
-
-impl fmt::Display for ProcessState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for ProcessState {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| format!("unknown ProcessState {s:?}"))
-    }
-}
-
-/// The status of one step, or of its undo.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum StepStatus {
-    /// Not started, or handed back for retry.
-    Pending,
-    /// A request is out to the agent under the record's current attempt.
-    Running,
-    /// The remote service confirmed the step.
-    Done,
-    /// The remote service refused the step for good (so it had no effect).
-    Failed,
-    /// No reply came before the last allowed deadline: the step may or may not have taken effect.
-    TimedOut,
-    /// The task was cancelled while the step ran: it may or may not have taken effect.
-    Cancelled,
-    /// The service confirmed the step, but its answer cannot be kept (over the size limit,
-    /// [`MAX_RESULT_BYTES`]): the step took effect and the
-    /// task fails.
-    Faulted,
-    /// A callback step: the service accepted the request and completes the step later through
-    /// the task API's callback (or the step times out).
-    Waiting,
-    /// Not run: its `when` (or its group's) did not hold, or it is in a case of a choice that
-    /// did not run. Never called, never undone.
-    Skipped,
-}
-
-impl StepStatus {
-    const ALL: [StepStatus; 9] = [
-        Self::Pending,
-        Self::Running,
-        Self::Done,
-        Self::Failed,
-        Self::TimedOut,
-        Self::Cancelled,
-        Self::Faulted,
-        Self::Waiting,
-        Self::Skipped,
-    ];
-
-    /// Done, or decided not to run: nothing more happens to the step going forward.
-    pub fn is_passed(self) -> bool {
-        matches!(self, Self::Done | Self::Skipped)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "Pending",
-            Self::Running => "Running",
-            Self::Done => "Done",
-            Self::Failed => "Failed",
-            Self::TimedOut => "TimedOut",
-            Self::Cancelled => "Cancelled",
-            Self::Faulted => "Faulted",
-            Self::Waiting => "Waiting",
-            Self::Skipped => "Skipped",
-        }
-    }
-}
-
-impl fmt::Display for StepStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for StepStatus {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| format!("unknown StepStatus {s:?}"))
-    }
-}
 
 /// One step's progress, forward and (during compensation) backward.
 #[serde_with::skip_serializing_none]
@@ -226,6 +58,10 @@ pub struct StepState {
     /// at the failure threshold the task stops in Error, with the alert.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub misconfigured: u32,
+    /// A forEach step: one state per element (each its own request, key, result and undo).
+    /// The step's result is the list of theirs, in order (`null` for a refused one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub elements: Vec<StepState>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -249,12 +85,22 @@ impl StepState {
             sent_until: None,
             input_revision: None,
             misconfigured: 0,
+            elements: vec![],
         }
+    }
+
+    /// A state for element `k` of this forEach step.
+    pub fn element(&self) -> Self {
+        Self::new(&self.name, self.undoable)
     }
 
     /// Whether compensation must undo this step: it has an undo, it may have taken effect (a
     /// request went out and the service did not refuse it) and its undo has not succeeded yet.
+    /// A forEach step: whether an element does.
     pub fn needs_undo(&self) -> bool {
+        if !self.elements.is_empty() {
+            return self.elements.iter().any(StepState::needs_undo);
+        }
         self.undoable
             && self.sent
             && self.status != StepStatus::Failed
@@ -779,21 +625,91 @@ impl StateRecord {
 
     /// The results kept so far, as `{<step>: {"result": ...}}`, for input mappings.
     pub fn results(&self) -> serde_json::Map<String, serde_json::Value> {
+        let parse = |s: &StepState| -> Option<serde_json::Value> {
+            serde_json::from_str(s.result.as_deref()?).ok()
+        };
         self.steps
             .iter()
             .filter_map(|s| {
-                let result: serde_json::Value = serde_json::from_str(s.result.as_deref()?).ok()?;
+                let result = if s.elements.is_empty() {
+                    parse(s)?
+                } else if s.status == StepStatus::Done {
+                    // A forEach step's: its elements', in order.
+                    serde_json::Value::Array(
+                        s.elements
+                            .iter()
+                            .map(|e| parse(e).unwrap_or(serde_json::Value::Null))
+                            .collect(),
+                    )
+                } else {
+                    return None;
+                };
                 Some((s.name.clone(), serde_json::json!({ "result": result })))
             })
             .collect()
     }
 
-    /// The bytes the kept results take together.
+    /// The bytes the kept results take together (a forEach step's elements' included).
     pub fn results_bytes(&self) -> usize {
         self.steps
             .iter()
+            .flat_map(|s| std::iter::once(s).chain(&s.elements))
             .filter_map(|s| s.result.as_ref().map(String::len))
             .sum()
+    }
+
+    /// The element of forEach step `i` whose undo is out, or else the next to undo (the
+    /// highest that needs it); `None` for a step that is not a forEach step.
+    pub fn undo_element(&self, i: usize) -> Option<usize> {
+        let elements = &self.steps.get(i)?.elements;
+        elements
+            .iter()
+            .rposition(|e| e.undo == Some(StepStatus::Running))
+            .or_else(|| elements.iter().rposition(StepState::needs_undo))
+            .or_else(|| {
+                elements.iter().rposition(|e| {
+                    matches!(e.undo, Some(StepStatus::Failed | StepStatus::TimedOut))
+                })
+            })
+    }
+
+    /// The state of what an undo at step `i` acts on: the step, or its element being undone.
+    pub fn undo_unit(&self, i: usize) -> Option<&StepState> {
+        let step = self.steps.get(i)?;
+        match self.undo_element(i) {
+            Some(k) => step.elements.get(k),
+            None => Some(step),
+        }
+    }
+
+    /// Sets the undo status of what an undo at step `i` acts on (see [`Self::undo_unit`]); a
+    /// forEach step's own undo status then follows its elements': Running while one is out,
+    /// Failed or TimedOut once one ended so, Done once none needs one, else none.
+    pub fn set_undo(&mut self, i: usize, status: Option<StepStatus>) {
+        let k = self.undo_element(i);
+        let Some(step) = self.steps.get_mut(i) else {
+            return;
+        };
+        let Some(k) = k else {
+            step.undo = status;
+            return;
+        };
+        if let Some(e) = step.elements.get_mut(k) {
+            e.undo = status;
+        }
+        let es = &step.elements;
+        step.undo = if es.iter().any(|e| e.undo == Some(StepStatus::Running)) {
+            Some(StepStatus::Running)
+        } else if let Some(bad) = es.iter().find_map(|e| {
+            e.undo
+                .filter(|u| matches!(u, StepStatus::Failed | StepStatus::TimedOut))
+        }) {
+            Some(bad)
+        } else if !es.iter().any(StepState::needs_undo) && es.iter().any(|e| e.undo.is_some()) {
+            Some(StepStatus::Done)
+        } else {
+            None
+        };
     }
 
     /// Checks every invariant of the record under the workflow's policies (`p`: each step's
@@ -1003,6 +919,154 @@ impl StateRecord {
 pub fn due_shard(id: &TaskId, shards: u32) -> u32 {
     let b = id.as_uuid().into_bytes();
     u32::from_be_bytes([b[12], b[13], b[14], b[15]]) % shards.max(1)
+}
+
+impl StateRecord {
+    /// The invariants of a record whose parallel group runs (or stopped, in Error): see
+    /// [`StateRecord::check`].
+    fn check_fanout(&self, f: &Fanout) -> Result<(), String> {
+        use ProcessState as P;
+        use StepStatus as S;
+        let steps = &self.steps;
+        let passed = |r: std::ops::Range<usize>| steps[r].iter().all(|s| s.status.is_passed());
+        let untouched = |r: std::ops::Range<usize>| {
+            steps[r]
+                .iter()
+                .all(|s| matches!(s.status, S::Pending | S::Skipped) && !s.sent)
+        };
+        if !matches!(self.process_state, P::Pending | P::Processing | P::Error) {
+            return Err(format!(
+                "{} with a parallel group running",
+                self.process_state
+            ));
+        }
+        if f.current.is_some() {
+            return Err("a stored record seen from a branch".into());
+        }
+        // Stopped in Error, the cursor is on the step that failed, for the operator.
+        let cursor = match (&f.stop, self.process_state) {
+            (Some(stop), P::Error) => stop.step,
+            _ => f.start,
+        };
+        if f.start >= f.end || f.end > steps.len() || self.step_index != cursor {
+            return Err("a parallel group's span, or the cursor not on it".into());
+        }
+        if steps.iter().any(|s| s.undo.is_some()) {
+            return Err("a parallel group running with an undo started".into());
+        }
+        if !passed(0..f.start) || !untouched(f.end..steps.len()) {
+            return Err("a step before the group not done, or one after it started".into());
+        }
+        if let Some(each) = &f.each {
+            let step = steps
+                .get(each.step)
+                .filter(|_| each.step == f.start && f.end == f.start + 1);
+            let Some(step) = step else {
+                return Err("a forEach run off its step".into());
+            };
+            let running = step.status == S::Running
+                || (self.process_state == P::Error
+                    && matches!(step.status, S::Failed | S::TimedOut | S::Faulted));
+            if !running || !step.sent || step.elements.len() != f.branches.len() {
+                return Err("a forEach step running: Running, sent, an element per branch".into());
+            }
+            let out = f.branches.iter().filter(|br| br.is_out()).count();
+            if out > each.max_concurrency as usize || each.refused > each.tolerated {
+                return Err(format!("{out} elements out, {} refused", each.refused));
+            }
+        }
+        let mut at = f.start;
+        for (b, br) in f.branches.iter().enumerate() {
+            let element = f.each.as_ref().and_then(|e| steps[e.step].elements.get(b));
+            let spans = match element {
+                // Every element's branch is the forEach step.
+                Some(_) => br.start == f.start && br.end == f.end,
+                None => br.start == at && br.end > br.start,
+            };
+            if !spans || br.step_index < br.start || br.step_index > br.end {
+                return Err(format!("branch {b}'s span or cursor"));
+            }
+            at = br.end;
+            if element.is_none()
+                && (!passed(br.start..br.step_index)
+                    || !untouched((br.step_index + 1).min(br.end)..br.end))
+            {
+                return Err(format!(
+                    "branch {b}: a step before its cursor not done, or one after it started"
+                ));
+            }
+            let current = match element {
+                Some(e) if br.step_index < br.end => Some(e.status),
+                // A done element: Done, or refused within the tolerance.
+                Some(e) if matches!(e.status, S::Done | S::Failed) => None,
+                Some(e) => return Err(format!("element {b} is over but {}", e.status)),
+                None => steps
+                    .get(br.step_index)
+                    .filter(|_| br.step_index < br.end)
+                    .map(|s| s.status),
+            };
+            let ok = match br.process_state {
+                P::Processed => br.step_index == br.end,
+                P::Processing => {
+                    br.locked_by.is_some()
+                        && br.complete_by.is_some()
+                        && matches!(current, Some(S::Running | S::Waiting))
+                }
+                P::Pending => {
+                    br.locked_by.is_none()
+                        && current == Some(S::Pending)
+                        && (f.stop.is_some() || br.complete_by.is_some())
+                }
+                P::Error => {
+                    f.stop.is_some()
+                        && matches!(
+                            current,
+                            Some(S::Pending | S::Failed | S::TimedOut | S::Faulted)
+                        )
+                }
+                _ => false,
+            };
+            if !ok {
+                return Err(format!(
+                    "branch {b} is {} with its step {current:?}",
+                    br.process_state
+                ));
+            }
+        }
+        if at != f.end {
+            return Err("the branches do not cover the group".into());
+        }
+        if let Some(stop) = &f.stop
+            && !(f.start..f.end).contains(&stop.step)
+        {
+            return Err("a parallel group stopped by a step outside it".into());
+        }
+        let out = f.branches.iter().any(Branch::is_out);
+        let expected = match (out, self.process_state) {
+            (true, P::Processing) => true,
+            (false, P::Pending) => f.stop.is_none(),
+            (false, P::Error) => f.stop.is_some(),
+            _ => false,
+        };
+        if !expected || self.locked_by.is_some() != out {
+            return Err(format!(
+                "{} (locked: {}) while a branch is out: {out}",
+                self.process_state,
+                self.locked_by.is_some()
+            ));
+        }
+        let stopping = f.stop.is_some();
+        let due = f
+            .branches
+            .iter()
+            .filter(|br| br.is_out() || (!stopping && br.process_state == P::Pending))
+            .filter_map(|br| br.complete_by)
+            .min();
+        if self.process_state != P::Error && self.complete_by != due {
+            return Err("CompleteBy is not the earliest branch deadline".into());
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

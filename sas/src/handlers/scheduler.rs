@@ -329,19 +329,43 @@ async fn send_step_request(
     let step = workflow
         .step(i)
         .ok_or_else(|| HandlerError::Poison(format!("no step {i}")))?;
+    // A forEach step's element: the one this branch runs, or the one being undone. Its state
+    // stands in the step's place (its own result, key generation, input revision).
+    let undoing = record.process_state == ProcessState::Compensating;
+    let element = match record.fanout.as_ref().filter(|f| f.each.is_some()) {
+        Some(f) => f.current,
+        None if undoing => record.undo_element(i),
+        None => None,
+    };
+    let unit_record;
+    let record = match element {
+        Some(k) if undoing => {
+            let mut r = record.clone();
+            if let Some(e) = r.steps[i].elements.get(k).cloned() {
+                r.steps[i] = e;
+            }
+            unit_record = r;
+            &unit_record
+        }
+        _ => record,
+    };
     let state = record
         .steps
         .get(i)
         .ok_or_else(|| HandlerError::Poison(format!("no step state {i}")))?;
+    let name = match element {
+        Some(k) => format!("{}#{k}", step.name),
+        None => step.name.clone(),
+    };
     let complete_by = record
         .complete_by
         .ok_or_else(|| HandlerError::Poison("a running step without a deadline".into()))?;
-    let forward_key = idempotency_key(record.task_id, &step.name, &step.action, state.generation);
+    let forward_key = idempotency_key(record.task_id, &name, &step.action, state.generation);
     let undo = record.process_state == ProcessState::Compensating;
     let (action, key, mapping, undoes) = match (&step.undo, undo) {
         (Some(u), true) => (
             u.action.clone(),
-            idempotency_key(record.task_id, &step.name, &u.action, state.undo_generation),
+            idempotency_key(record.task_id, &name, &u.action, state.undo_generation),
             &u.input,
             Some(forward_key),
         ),
@@ -353,12 +377,19 @@ async fn send_step_request(
         }
         (_, false) => (step.action.clone(), forward_key, &step.input, None),
     };
-    let context = crate::domain::context::context(workflow, task, record, i).ok_or_else(|| {
-        HandlerError::Poison(format!(
-            "the input step {} ran with (revision {:?}) is not kept",
-            step.name, state.input_revision
-        ))
-    })?;
+    let mut context =
+        crate::domain::context::context(workflow, task, record, i).ok_or_else(|| {
+            HandlerError::Poison(format!(
+                "the input step {} ran with (revision {:?}) is not kept",
+                step.name, state.input_revision
+            ))
+        })?;
+    if let Some(k) = element {
+        // The element and its index, for the mapping (`$.element`, `$.index`).
+        let list = transition::elements(workflow, task, record, i).map_err(HandlerError::Poison)?;
+        context["element"] = list.get(k).cloned().unwrap_or_default();
+        context["index"] = serde_json::json!(k);
+    }
     // The undo of a step whose outcome is unknown (timed out, cancelled while out, or faulted)
     // has no result of the step to read: its mapping gets `null` there, and the service finds
     // the step by the key it undoes.

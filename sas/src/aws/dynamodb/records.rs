@@ -188,6 +188,11 @@ pub(super) fn steps_list(r: &StateRecord) -> AttributeValue {
             if st.misconfigured > 0 {
                 m.insert("Misconfigured".to_owned(), n(st.misconfigured));
             }
+            if !st.elements.is_empty()
+                && let Ok(json) = serde_json::to_string(&st.elements)
+            {
+                m.insert("Elements".to_owned(), s(json));
+            }
             AttributeValue::M(m)
         })
         .collect();
@@ -376,6 +381,12 @@ pub(super) fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
                     sent_until: opt_n(m, "SentUntil")?.map(time).transpose()?,
                     input_revision: opt_n(m, "InputRevision")?,
                     misconfigured: opt_n(m, "Misconfigured")?.unwrap_or(0),
+                    elements: match opt_s(m, "Elements") {
+                        Some(json) => serde_json::from_str(&json).map_err(|e| {
+                            corrupt(format!("Elements is not a list of step states: {e}"))
+                        })?,
+                        None => vec![],
+                    },
                 }),
                 _ => Err(corrupt("Steps holds a non-map")),
             })

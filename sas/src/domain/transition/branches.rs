@@ -8,14 +8,22 @@
 //! branches meet on it, and the one that loses reads the record again and is applied again
 //! (it is fenced by its branch's attempt and step, so that is safe).
 
-use super::super::fanout::{Branch, Fanout, StopKind};
+use super::super::fanout::{Branch, Each, Fanout, StopKind};
 use super::super::policy::Policies;
-use super::super::state::{NoticeKind, ProcessState, StateRecord, StepStatus, to_millis};
-use super::common::{Effect, Rejection, StepOutcome, Transition, finish, log, next, tidy};
+use super::super::state::{
+    NoticeKind, ProcessState, StateRecord, StepState, StepStatus, to_millis,
+};
+use super::Condition;
+use super::common::{Effect, Rejection, Transition, finish, log, next, tidy};
 use super::compensating::{begin_compensation, fail, stop_in_error};
-use super::route::{Parallel, Router};
-use super::{Condition, running};
+use super::route::{EachPlan, Parallel};
 use chrono::{DateTime, Duration, Utc};
+
+/// A main-line transition applied to the record as seen from a branch (the caller's: this
+/// module applies them, it does not name them).
+pub(super) type Event<'a> = &'a dyn Fn(&StateRecord) -> Result<Transition, Rejection>;
+/// The claim of a branch's step by a scheduler instance.
+pub(super) type ClaimOne<'a> = &'a dyn Fn(&StateRecord, &str) -> Result<Transition, Rejection>;
 
 impl StateRecord {
     /// The record as seen from branch `b`: its cursor in the record's fields. The agent's
@@ -50,6 +58,12 @@ fn project(n: &StateRecord, b: usize, claim: bool) -> StateRecord {
     seen.last_error = br.last_error;
     seen.undo_after = None;
     seen.outbox = vec![];
+    if let Some(i) = f.each.as_ref().map(|e| e.step)
+        && let Some(element) = seen.steps[i].elements.get(b).cloned()
+    {
+        // An element: its state stands in the step's place.
+        seen.steps[i] = element;
+    }
     seen
 }
 
@@ -58,14 +72,39 @@ fn project(n: &StateRecord, b: usize, claim: bool) -> StateRecord {
 /// The effects that concern the task as a whole (a notice) are the main line's, never a
 /// branch's: dropped.
 fn merge(n: &mut StateRecord, b: usize, seen: StateRecord, effects: Vec<Effect>) -> Vec<Effect> {
-    n.steps = seen.steps;
+    let each = n
+        .fanout
+        .as_ref()
+        .and_then(|f| f.each.as_ref())
+        .map(|e| e.step);
+    let mut steps = seen.steps;
+    if let Some(i) = each {
+        // The element's state goes back among the step's elements.
+        let element = std::mem::replace(&mut steps[i], n.steps[i].clone());
+        if let Some(slot) = steps[i].elements.get_mut(b) {
+            *slot = element;
+        }
+    }
+    n.steps = steps;
     n.decisions = seen.decisions;
     n.history = seen.history;
     n.attempt = n.attempt.max(seen.attempt);
     let (Some(f), Some(from)) = (n.fanout.as_mut(), seen.fanout) else {
         return vec![];
     };
-    if f.stop.is_none() && from.stop.is_some() {
+    let mut state = seen.process_state;
+    let tolerated = match (&mut f.each, &from.stop) {
+        // A refusal of an element within the step's tolerance: the element is over.
+        (Some(e), Some(stop))
+            if f.stop.is_none() && stop.kind == StopKind::Refused && e.refused < e.tolerated =>
+        {
+            e.refused += 1;
+            state = ProcessState::Processed;
+            true
+        }
+        _ => false,
+    };
+    if f.stop.is_none() && from.stop.is_some() && !tolerated {
         // The first failure stops the group, and decides how the task ends: a refusal is
         // kept only if it came first.
         f.stop = from.stop;
@@ -75,7 +114,7 @@ fn merge(n: &mut StateRecord, b: usize, seen: StateRecord, effects: Vec<Effect>)
         *br = Branch {
             start: br.start,
             end: br.end,
-            process_state: seen.process_state,
+            process_state: state,
             step_index: seen.step_index,
             attempt: seen.attempt,
             locked_by: seen.locked_by,
@@ -86,6 +125,11 @@ fn merge(n: &mut StateRecord, b: usize, seen: StateRecord, effects: Vec<Effect>)
             requeues: seen.requeues,
             last_error: seen.last_error,
         };
+        if tolerated {
+            br.step_index = br.end;
+            br.locked_by = None;
+            br.complete_by = None;
+        }
     }
     effects
         .into_iter()
@@ -117,11 +161,13 @@ pub(super) fn written(
     mut effects: Vec<Effect>,
     now: DateTime<Utc>,
     p: &Policies,
+    claim_one: ClaimOne<'_>,
 ) -> Transition {
     if n.fanout.as_ref().is_some_and(|f| f.stop.is_some()) {
         // No branch is claimed again once the group stops.
         effects.retain(|e| !matches!(e, Effect::Enqueue { .. }));
     }
+    effects.extend(refill(&mut n, now, p, claim_one));
     effects.extend(settle(&mut n, now, p));
     // Two branches handed back with the same delay need one work message.
     let mut seen = vec![];
@@ -138,6 +184,109 @@ pub(super) fn written(
     Transition::from(r, Condition::on(r, vec![]), n, effects)
 }
 
+/// A forEach step with room under its `maxConcurrency`: its next elements waiting go out, in
+/// the write that made the room, claimed by the scheduler holding one out (or `sas`).
+fn refill(
+    n: &mut StateRecord,
+    now: DateTime<Utc>,
+    p: &Policies,
+    claim_one: ClaimOne<'_>,
+) -> Vec<Effect> {
+    let Some(f) = n.fanout.as_ref().filter(|f| f.stop.is_none()) else {
+        return vec![];
+    };
+    let Some(each) = &f.each else {
+        return vec![];
+    };
+    let out = f.branches.iter().filter(|br| br.is_out()).count();
+    let free = (each.max_concurrency as usize).saturating_sub(out);
+    let next: Vec<usize> = f
+        .branches
+        .iter()
+        .enumerate()
+        .filter(|(_, br)| {
+            br.process_state == ProcessState::Pending && ready_at(br, p).is_none_or(|t| t <= now)
+        })
+        .map(|(b, _)| b)
+        .take(free)
+        .collect();
+    let instance = f
+        .branches
+        .iter()
+        .find_map(|br| br.locked_by.clone())
+        .unwrap_or_else(|| "sas".to_owned());
+    let mut effects = vec![];
+    for b in next {
+        if let Ok(e) = in_branch(n, b, true, |seen| claim_one(seen, &instance)) {
+            effects.extend(e);
+        }
+    }
+    effects
+}
+
+/// The main line reached forEach step `i` (`plan`): one element per item of its list, each a
+/// branch over the step; the first `maxConcurrency` are claimed by `instance` in this write.
+/// An empty list: the step is done at once (its result `[]`).
+pub(super) fn fan_out_each(
+    n: &mut StateRecord,
+    i: usize,
+    plan: EachPlan,
+    instance: &str,
+    now: DateTime<Utc>,
+    p: &Policies,
+    claim_one: ClaimOne<'_>,
+) -> Vec<Effect> {
+    let from = n.process_state;
+    let step = &mut n.steps[i];
+    step.elements = (0..plan.elements).map(|_| step.element()).collect();
+    step.status = StepStatus::Running;
+    step.sent = true;
+    let branch = Branch {
+        start: i,
+        end: i + 1,
+        process_state: ProcessState::Pending,
+        step_index: i,
+        attempt: n.attempt,
+        locked_by: None,
+        complete_by: Some(now + p.at(i).pickup_timeout),
+        failure_count: 0,
+        round: 0,
+        deferrals: 0,
+        requeues: 0,
+        last_error: None,
+    };
+    n.fanout = Some(Fanout {
+        group: n.steps[i].name.clone(),
+        start: i,
+        end: i + 1,
+        branches: vec![branch; plan.elements],
+        stop: None,
+        each: Some(Each {
+            step: i,
+            max_concurrency: plan.max_concurrency.max(1),
+            tolerated: plan.tolerated,
+            refused: 0,
+        }),
+        current: None,
+    });
+    n.step_index = i;
+    n.last_error = None;
+    log(
+        n,
+        from,
+        Some(i),
+        format!("{} elements start", plan.elements),
+    );
+    let mut effects = vec![];
+    let first = plan.elements.min(plan.max_concurrency.max(1) as usize);
+    for b in 0..first {
+        if let Ok(e) = in_branch(n, b, true, |seen| claim_one(seen, instance)) {
+            effects.extend(e);
+        }
+    }
+    effects
+}
+
 /// The main line reached parallel group `g` (or an operator's retry resumes it): one branch
 /// per arm, each at its first step not yet done (a step that failed or was stopped there is
 /// tried again: under a new key if its service refused it), and every branch with a step to
@@ -148,7 +297,7 @@ pub(super) fn fan_out(
     instance: &str,
     now: DateTime<Utc>,
     p: &Policies,
-    router: &dyn Router,
+    claim_one: ClaimOne<'_>,
 ) -> Vec<Effect> {
     let from = n.process_state;
     let mut branches = vec![];
@@ -191,6 +340,7 @@ pub(super) fn fan_out(
         end: g.span.end,
         branches,
         stop: None,
+        each: None,
         current: None,
     });
     n.step_index = g.span.start;
@@ -209,9 +359,7 @@ pub(super) fn fan_out(
         {
             // A claim of a Pending branch is refused only by a record that is not Pending:
             // never here.
-            if let Ok(e) = in_branch(n, b, true, |seen| {
-                running::claim(seen, instance, now, p, router)
-            }) {
+            if let Ok(e) = in_branch(n, b, true, |seen| claim_one(seen, instance)) {
                 effects.extend(e);
             }
         }
@@ -228,14 +376,27 @@ pub(super) fn resume(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
         return vec![];
     };
     f.stop = None;
-    for br in &mut f.branches {
+    // (A forEach step's refusals tolerated so far stay: their elements are over.)
+    let each = f.each.as_ref().map(|e| e.step);
+    if let Some(i) = each {
+        n.steps[i].status = StepStatus::Running;
+    }
+    for (b, br) in f.branches.iter_mut().enumerate() {
         if br.process_state == ProcessState::Processed {
             continue;
         }
-        let at = (br.start..br.end)
-            .find(|&j| !n.steps[j].status.is_passed())
-            .unwrap_or(br.end);
-        if let Some(step) = n.steps.get_mut(at).filter(|_| at < br.end) {
+        let at = match each {
+            Some(i) if n.steps[i].elements[b].status.is_passed() => br.end,
+            Some(i) => i,
+            None => (br.start..br.end)
+                .find(|&j| !n.steps[j].status.is_passed())
+                .unwrap_or(br.end),
+        };
+        let unit = match each {
+            Some(i) => n.steps[i].elements.get_mut(b),
+            None => n.steps.get_mut(at),
+        };
+        if let Some(step) = unit.filter(|_| at < br.end) {
             if step.status == StepStatus::Failed {
                 step.generation += 1;
                 step.sent = false;
@@ -266,6 +427,20 @@ pub(super) fn resume(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
     settle(n, now, p)
 }
 
+/// The state of branch `b`'s step `i`: the step's, or, for a forEach step, its element's.
+fn unit_mut(n: &mut StateRecord, b: usize, i: usize) -> Option<&mut StepState> {
+    let each = n
+        .fanout
+        .as_ref()
+        .and_then(|f| f.each.as_ref())
+        .map(|e| e.step);
+    let step = n.steps.get_mut(i)?;
+    match each {
+        Some(_) => step.elements.get_mut(b),
+        None => Some(step),
+    }
+}
+
 /// When branch `b` may be claimed: its pickup deadline less the pickup timeout.
 fn ready_at(br: &Branch, p: &Policies) -> Option<DateTime<Utc>> {
     br.complete_by
@@ -279,7 +454,7 @@ pub(super) fn claim(
     instance: &str,
     now: DateTime<Utc>,
     p: &Policies,
-    router: &dyn Router,
+    claim_one: ClaimOne<'_>,
 ) -> Result<Transition, Rejection> {
     let Some(f) = r.fanout.as_ref().filter(|f| f.stop.is_none()) else {
         return Err(Rejection::NotClaimable(r.process_state));
@@ -291,9 +466,15 @@ pub(super) fn claim(
             .enumerate()
             .filter(|(_, br)| br.process_state == ProcessState::Pending)
     };
+    // A forEach step: no more out at once than its `maxConcurrency`.
+    let room = f.each.as_ref().map_or(usize::MAX, |e| {
+        let out = f.branches.iter().filter(|br| br.is_out()).count();
+        (e.max_concurrency as usize).saturating_sub(out)
+    });
     let ready: Vec<usize> = waiting()
         .filter(|(_, br)| ready_at(br, p).is_none_or(|t| t <= now))
         .map(|(b, _)| b)
+        .take(room)
         .collect();
     if ready.is_empty() {
         // Each branch handed back enqueued its own work message, to arrive when it is due.
@@ -309,25 +490,40 @@ pub(super) fn claim(
     let mut effects = vec![];
     for b in ready {
         effects.extend(in_branch(&mut n, b, true, |seen| {
-            running::claim(seen, instance, now, p, router)
+            claim_one(seen, instance)
         })?);
     }
-    Ok(written(r, n, effects, now, p))
+    Ok(written(r, n, effects, now, p, claim_one))
 }
 
-/// The branch whose steps hold `step_index`.
-fn branch_of(r: &StateRecord, step_index: usize) -> Result<usize, Rejection> {
-    r.fanout
-        .as_ref()
-        .and_then(|f| {
-            f.branches
-                .iter()
-                .position(|br| (br.start..br.end).contains(&step_index))
-        })
-        .ok_or(Rejection::WrongStep {
-            record: r.step_index,
-            message: step_index,
-        })
+/// The branch whose steps hold `step_index`; of a forEach step's elements, the one out under
+/// `attempt` (each element goes out under an attempt of its own; `None`: a callback, which a
+/// forEach step does not take).
+fn branch_of(r: &StateRecord, step_index: usize, attempt: Option<u64>) -> Result<usize, Rejection> {
+    let wrong = Rejection::WrongStep {
+        record: r.step_index,
+        message: step_index,
+    };
+    let Some(f) = r.fanout.as_ref() else {
+        return Err(wrong);
+    };
+    if f.each.is_some() {
+        let Some(a) = attempt else {
+            return Err(Rejection::NotACallbackStep(step_index));
+        };
+        return f
+            .branches
+            .iter()
+            .position(|br| br.step_index == step_index && br.attempt == a)
+            .ok_or(Rejection::StaleAttempt {
+                record: r.attempt,
+                message: a,
+            });
+    }
+    f.branches
+        .iter()
+        .position(|br| (br.start..br.end).contains(&step_index))
+        .ok_or(wrong)
 }
 
 /// An agent's reply for a step of a branch: applied as on the main line, fenced by the
@@ -337,19 +533,16 @@ pub(super) fn reply(
     r: &StateRecord,
     attempt: u64,
     step_index: usize,
-    undo: bool,
-    outcome: &StepOutcome,
     now: DateTime<Utc>,
     p: &Policies,
-    router: &dyn Router,
+    event: Event<'_>,
+    claim_one: ClaimOne<'_>,
 ) -> Result<Transition, Rejection> {
-    let b = branch_of(r, step_index)?;
+    let b = branch_of(r, step_index, Some(attempt))?;
     let now = to_millis(now);
     let mut n = next(r, now);
-    let effects = in_branch(&mut n, b, false, |seen| {
-        running::apply_reply(seen, attempt, step_index, undo, outcome, now, p, router)
-    })?;
-    Ok(written(r, n, effects, now, p))
+    let effects = in_branch(&mut n, b, false, event)?;
+    Ok(written(r, n, effects, now, p, claim_one))
 }
 
 /// A callback for a step of a branch: applied as on the main line. A branch that failed takes
@@ -357,13 +550,12 @@ pub(super) fn reply(
 pub(super) fn callback(
     r: &StateRecord,
     step_index: usize,
-    generation: u32,
-    outcome: &StepOutcome,
     now: DateTime<Utc>,
     p: &Policies,
-    router: &dyn Router,
+    event: Event<'_>,
+    claim_one: ClaimOne<'_>,
 ) -> Result<Transition, Rejection> {
-    let b = branch_of(r, step_index)?;
+    let b = branch_of(r, step_index, None)?;
     if let Some(br) = r
         .fanout
         .as_ref()
@@ -374,10 +566,8 @@ pub(super) fn callback(
     }
     let now = to_millis(now);
     let mut n = next(r, now);
-    let effects = in_branch(&mut n, b, false, |seen| {
-        running::apply_callback(seen, step_index, generation, outcome, now, p, router)
-    })?;
-    Ok(written(r, n, effects, now, p))
+    let effects = in_branch(&mut n, b, false, event)?;
+    Ok(written(r, n, effects, now, p, claim_one))
 }
 
 /// The supervisor found the record due: every branch whose deadline passed is recovered as on
@@ -387,7 +577,8 @@ pub(super) fn expire(
     r: &StateRecord,
     now: DateTime<Utc>,
     p: &Policies,
-    jitter: f64,
+    event: Event<'_>,
+    claim_one: ClaimOne<'_>,
 ) -> Result<Transition, Rejection> {
     let now = to_millis(now);
     let Some(f) = r.fanout.as_ref() else {
@@ -410,12 +601,10 @@ pub(super) fn expire(
         if stopping {
             stopped_out(&mut n, b, now);
         } else {
-            effects.extend(in_branch(&mut n, b, false, |seen| {
-                running::expire(seen, now, p, jitter)
-            })?);
+            effects.extend(in_branch(&mut n, b, false, event)?);
         }
     }
-    Ok(written(r, n, effects, now, p))
+    Ok(written(r, n, effects, now, p, claim_one))
 }
 
 /// Whether branch `br` still has a deadline that matters: a step out, or (unless the group is
@@ -435,11 +624,12 @@ fn stopped_out(n: &mut StateRecord, b: usize, now: DateTime<Utc>) {
     br.locked_by = None;
     br.complete_by = None;
     let from = n.process_state;
-    let step = &mut n.steps[i];
-    step.status = StepStatus::TimedOut;
-    step.finished_at = Some(now);
-    step.finished_attempt = Some(attempt);
-    step.sent_until = step.sent_until.max(deadline);
+    if let Some(step) = unit_mut(n, b, i) {
+        step.status = StepStatus::TimedOut;
+        step.finished_at = Some(now);
+        step.finished_attempt = Some(attempt);
+        step.sent_until = step.sent_until.max(deadline);
+    }
     log(
         n,
         from,
@@ -452,15 +642,14 @@ fn stopped_out(n: &mut StateRecord, b: usize, now: DateTime<Utc>) {
 /// back after it went out, may have taken effect: it is Cancelled, its undo waiting past the
 /// last deadline it went out with; the group ends, and compensation starts.
 pub(super) fn cancel_branches(n: &mut StateRecord, now: DateTime<Utc>) {
-    let Some(f) = n.fanout.take() else {
+    let Some(f) = n.fanout.clone() else {
         return;
     };
-    for br in &f.branches {
-        let Some(step) = n
-            .steps
-            .get_mut(br.step_index)
-            .filter(|_| br.step_index < br.end)
-        else {
+    for (b, br) in f.branches.iter().enumerate() {
+        if br.step_index >= br.end {
+            continue;
+        }
+        let Some(step) = unit_mut(n, b, br.step_index) else {
             continue;
         };
         if br.is_out() {
@@ -470,6 +659,11 @@ pub(super) fn cancel_branches(n: &mut StateRecord, now: DateTime<Utc>) {
             step.status = StepStatus::Cancelled;
         }
     }
+    if let Some(e) = &f.each {
+        // The forEach step as a whole was cancelled while its elements ran.
+        n.steps[e.step].status = StepStatus::Cancelled;
+    }
+    n.fanout = None;
     n.step_index = f.start;
     n.locked_by = None;
 }
@@ -498,6 +692,18 @@ pub(super) fn settle(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
     {
         let kept = n.fanout.take();
         let f = kept.clone();
+        if let Some(i) = f.as_ref().and_then(|f| f.each.as_ref()).map(|e| e.step) {
+            // A forEach step ends as the element that stopped it.
+            let es = &n.steps[i].elements;
+            let worst = [StepStatus::TimedOut, StepStatus::Faulted]
+                .into_iter()
+                .find(|s| es.iter().any(|e| e.status == *s));
+            n.steps[i].status = match stop.kind {
+                StopKind::Held => StepStatus::Pending,
+                StopKind::Refused => StepStatus::Failed,
+                StopKind::Failed => worst.unwrap_or(StepStatus::Failed),
+            };
+        }
         n.step_index = stop.step;
         n.locked_by = None;
         n.failure_count = 0;
@@ -531,6 +737,17 @@ pub(super) fn settle(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
         .all(|br| br.process_state == ProcessState::Processed)
     {
         let (name, end) = (f.group.clone(), f.end);
+        if let Some(i) = f.each.as_ref().map(|e| e.step) {
+            // Every element is over: the forEach step is done (its result, its elements').
+            let step = &mut n.steps[i];
+            step.status = StepStatus::Done;
+            step.finished_at = Some(now);
+            step.finished_attempt = Some(n.attempt);
+            if step.elements.is_empty() {
+                // Over an empty list: its result is the empty list.
+                step.result = Some("[]".into());
+            }
+        }
         n.fanout = None;
         n.step_index = end;
         n.locked_by = None;
@@ -973,5 +1190,235 @@ steps:
             "a duplicate changes nothing"
         );
         assert_eq!(t.status(3), StepStatus::Done);
+    }
+
+    /// Insurance per traveller: a quote, then `insure` once per traveller (at most 2 at once,
+    /// one refusal tolerated), then the payment reading every policy. Steps: quote 0, insure 1,
+    /// pay 2.
+    const EACH: &str = r#"name: insure
+steps:
+  - name: quote
+    service: s
+    undo: {action: unquote}
+  - name: insure
+    service: s
+    forEach: $.input.travellers
+    maxConcurrency: 2
+    toleratedRefusals: 1
+    input: {who: $.element, n: $.index}
+    undo: {action: uninsure, input: {policy: "$.steps['insure'].result.id"}}
+  - name: pay
+    service: s
+    input: {policies: "$.steps['insure'].result"}
+"#;
+
+    struct Each {
+        w: Workflow,
+        task: Task,
+        r: StateRecord,
+        p: Policies,
+        now: DateTime<Utc>,
+        /// The elements sent, in order, and the most out at once.
+        sent: Vec<usize>,
+        most_out: usize,
+    }
+
+    impl Each {
+        fn new(travellers: serde_json::Value) -> Self {
+            let v = crate::domain::workflow::parse_value(EACH, crate::domain::Format::Yaml)
+                .expect("yaml");
+            let w = Workflow::from_value(v, None, &base())
+                .expect("valid")
+                .with_version(1);
+            let now = t0();
+            let r = record(&w, now);
+            let task = test_task(&r, json!({ "travellers": travellers }));
+            Self {
+                w,
+                task,
+                r,
+                p: policy(),
+                now,
+                sent: vec![],
+                most_out: 0,
+            }
+        }
+
+        fn apply(
+            &mut self,
+            f: impl FnOnce(&StateRecord, &TaskRouter<'_>) -> Result<Transition, Rejection>,
+        ) -> Result<Transition, Rejection> {
+            let router = TaskRouter {
+                workflow: &self.w,
+                task: &self.task,
+            };
+            let t = f(&self.r, &router)?;
+            assert!(t.condition.holds(Some(&self.r)));
+            t.record.check(&self.p).expect("valid after the transition");
+            for e in &t.effects {
+                if let Effect::SendBranchStep(b) = e {
+                    self.sent.push(*b);
+                }
+            }
+            let out = t
+                .record
+                .fanout
+                .as_ref()
+                .map_or(0, |f| f.branches.iter().filter(|b| b.is_out()).count());
+            self.most_out = self.most_out.max(out);
+            self.r = t.record.clone();
+            Ok(t)
+        }
+
+        fn claim(&mut self) -> Transition {
+            let (p, now) = (self.p.clone(), self.now);
+            self.apply(|r, router| claim(r, "s", now, &p, router))
+                .expect("claims")
+        }
+
+        fn answer(
+            &mut self,
+            i: usize,
+            attempt: u64,
+            undo: bool,
+            outcome: &StepOutcome,
+        ) -> Result<Transition, Rejection> {
+            let (p, now) = (self.p.clone(), self.now);
+            self.apply(|r, router| apply_reply(r, attempt, i, undo, outcome, now, &p, router))
+        }
+
+        /// The elements out: (element, attempt).
+        fn out(&self) -> Vec<(usize, u64)> {
+            self.r.fanout.as_ref().map_or(vec![], |f| {
+                f.branches
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| b.is_out())
+                    .map(|(k, b)| (k, b.attempt))
+                    .collect()
+            })
+        }
+
+        fn policy_of(k: usize) -> StepOutcome {
+            StepOutcome::Succeeded {
+                result: Some(json!({"id": format!("p{k}")}).to_string()),
+            }
+        }
+    }
+
+    #[test]
+    fn a_for_each_runs_every_element_at_most_max_concurrency_at_once_and_lists_their_results() {
+        let mut t = Each::new(json!(["ann", "bob", "cy", "dee", "eve"]));
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        assert_eq!(t.out().len(), 2, "two at once");
+        // Answered last first: each answer lets the next element out, in its own write.
+        while !t.out().is_empty() {
+            let (k, attempt) = *t.out().last().expect("one out");
+            let e = t
+                .answer(1, attempt, false, &Each::policy_of(k))
+                .expect("applies");
+            // A stale reply under the same element's attempt is dropped.
+            assert!(t.answer(1, attempt, false, &ok()).is_err());
+            assert!(
+                e.effects
+                    .iter()
+                    .all(|e| !matches!(e, Effect::DeliverNotice))
+            );
+        }
+        assert_eq!(t.most_out, 2);
+        let mut sent = t.sent.clone();
+        sent.sort_unstable();
+        assert_eq!(sent, [0, 1, 2, 3, 4], "each element once");
+        assert_eq!(
+            (t.r.process_state, t.r.step_index),
+            (ProcessState::Pending, 2)
+        );
+        assert_eq!(t.r.steps[1].status, StepStatus::Done);
+        assert_eq!(
+            t.r.results()["insure"]["result"],
+            json!([{"id": "p0"}, {"id": "p1"}, {"id": "p2"}, {"id": "p3"}, {"id": "p4"}]),
+            "the results in the list's order"
+        );
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(2, a, false, &ok()).expect("the payment");
+        assert_eq!(t.r.process_state, ProcessState::Processed);
+    }
+
+    #[test]
+    fn refusals_past_the_tolerance_stop_the_step_and_every_element_that_ran_is_undone_last_first() {
+        let mut t = Each::new(json!(["ann", "bob", "cy", "dee", "eve"]));
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        let out = t.out();
+        // Element 1 refused: tolerated, the step goes on (element 2 goes out).
+        t.answer(1, out[1].1, false, &declined()).expect("applies");
+        assert!(t.r.fanout.as_ref().is_some_and(|f| f.stop.is_none()));
+        assert_eq!(t.out().iter().map(|o| o.0).collect::<Vec<_>>(), [0, 2]);
+        t.answer(1, t.out()[1].1, false, &Each::policy_of(2))
+            .expect("applies");
+        // Element 3 refused: the second refusal stops the step; element 0 is still out.
+        let three = t.out().iter().find(|o| o.0 == 3).copied().expect("3 out");
+        t.answer(1, three.1, false, &declined()).expect("applies");
+        assert!(t.r.fanout.as_ref().is_some_and(|f| f.stop.is_some()));
+        let zero = t.out()[0];
+        assert_eq!(zero.0, 0);
+        t.answer(1, zero.1, false, &Each::policy_of(0))
+            .expect("applies");
+        assert!(!t.sent.contains(&4), "nothing goes out once the step stops");
+        assert_eq!(t.r.process_state, ProcessState::Compensating);
+        // Undone: elements 2 then 0 (done; 1 and 3 refused, 4 never sent), then the quote.
+        let mut undone = vec![];
+        while t.r.process_state == ProcessState::Compensating {
+            if t.r.locked_by.is_none() {
+                t.claim();
+            }
+            let i = t.r.step_index;
+            undone.push((i, t.r.undo_element(i)));
+            let a = t.r.attempt;
+            t.answer(i, a, true, &ok()).expect("the undo");
+        }
+        assert_eq!(undone, [(1, Some(2)), (1, Some(0)), (0, None)]);
+        assert_eq!(t.r.process_state, ProcessState::Refused);
+        assert_eq!(t.r.owed(), [NoticeKind::Refused]);
+    }
+
+    #[test]
+    fn an_empty_list_is_done_at_once_and_a_list_that_is_not_one_fails_the_step() {
+        let mut t = Each::new(json!([]));
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        assert_eq!(
+            (t.r.process_state, t.r.step_index),
+            (ProcessState::Pending, 2)
+        );
+        assert_eq!(t.r.results()["insure"]["result"], json!([]));
+
+        let mut t = Each::new(json!("not a list"));
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        assert_eq!(t.r.steps[1].status, StepStatus::Failed);
+        assert!(
+            t.r.last_error.as_deref().is_some_and(
+                |e| e.contains("input_mapping_failed: forEach: the query selects a string")
+            ),
+            "{:?}",
+            t.r.last_error
+        );
+
+        let mut t = Each::new(json!(vec![1; 101]));
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        assert!(
+            t.r.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("101 elements (at most 100)"))
+        );
     }
 }

@@ -57,7 +57,7 @@ fn undo_not_before(
     in_flight: Option<DateTime<Utc>>,
     p: &Policies,
 ) -> Option<DateTime<Utc>> {
-    let t = match (n.steps[i].sent_until, in_flight) {
+    let t = match (n.undo_unit(i).and_then(|u| u.sent_until), in_flight) {
         (Some(a), Some(b)) => a.max(b),
         (a, b) => a.or(b)?,
     };
@@ -146,9 +146,10 @@ pub(super) fn apply_undo_reply(
     let from = n.process_state;
     match refused {
         None => {
-            n.steps[i].undo = Some(StepStatus::Done);
+            n.set_undo(i, Some(StepStatus::Done));
             n.undo_after = None;
-            match n.steps[..i].iter().rposition(StepState::needs_undo) {
+            // The next undo: another element of this forEach step, or an earlier step.
+            match n.steps[..=i].iter().rposition(StepState::needs_undo) {
                 Some(j) if undo_not_before(n, j, None, p).is_some_and(|t| t > now) => {
                     // Step `j` may still be in flight (a branch stopped while it was out): its
                     // undo waits, as the first undo does.
@@ -167,7 +168,7 @@ pub(super) fn apply_undo_reply(
                 }
                 Some(j) => {
                     n.step_index = j;
-                    n.steps[j].undo = Some(StepStatus::Running);
+                    n.set_undo(j, Some(StepStatus::Running));
                     n.complete_by = Some(p.at(j).dispatch_deadline(now));
                     log(n, from, Some(i), "undone");
                     vec![Effect::SendStepRequest]
@@ -180,7 +181,7 @@ pub(super) fn apply_undo_reply(
             }
         }
         Some(error) => {
-            n.steps[i].undo = Some(StepStatus::Failed);
+            n.set_undo(i, Some(StepStatus::Failed));
             let reason = format!("undo of {}: {error}", n.steps[i].name);
             n.last_error = Some(reason.clone());
             let e = finish(

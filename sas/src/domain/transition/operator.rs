@@ -42,11 +42,16 @@ pub fn retry(
             n.process_state = ProcessState::Pending;
         }
         ProcessState::CompensationFailed => {
-            let step = &mut n.steps[i];
-            if step.undo == Some(StepStatus::Failed) {
-                step.undo_generation += 1;
+            // The undo that failed: the step's, or its element's (a forEach step).
+            let k = n.undo_element(i);
+            let unit = match k {
+                Some(k) => &mut n.steps[i].elements[k],
+                None => &mut n.steps[i],
+            };
+            if unit.undo == Some(StepStatus::Failed) {
+                unit.undo_generation += 1;
             }
-            step.undo = None;
+            n.set_undo(i, None);
             n.process_state = ProcessState::Compensating;
         }
         other => return Err(Rejection::NotRetryable(other)),
@@ -339,6 +344,9 @@ pub fn compensate_from(
     for step in &mut settled.steps[from + 1..] {
         if step.needs_undo() {
             step.undo = Some(StepStatus::Done);
+            for e in step.elements.iter_mut().filter(|e| e.needs_undo()) {
+                e.undo = Some(StepStatus::Done);
+            }
         }
     }
     let mut t = compensate(&settled, actor, now, p)?;

@@ -9,10 +9,11 @@
 //! results; [`Linear`] decides nothing (workflows without conditions, and tests).
 
 use super::super::context::context;
+use super::super::state::MAX_RESULTS_BYTES;
 use super::super::state::{Decision, StateRecord, StepStatus};
 use super::super::task::Task;
 use super::super::when::When;
-use super::super::workflow::{Group, GroupKind, Workflow};
+use super::super::workflow::{Group, GroupKind, MAX_ELEMENTS, Tolerated, Workflow};
 
 /// Where the cursor goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +45,21 @@ pub trait Router {
     fn parallel(&self, _at: usize) -> Option<Parallel> {
         None
     }
+
+    /// If step `at` is a forEach step: its run over the list its query selects on `r` (or why
+    /// it cannot run: the query selects no list, or too long a one).
+    fn for_each(&self, _r: &StateRecord, _at: usize) -> Option<Result<EachPlan, String>> {
+        None
+    }
+}
+
+/// A forEach step's run: how many elements, at most how many out at once, how many refusals
+/// it tolerates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EachPlan {
+    pub elements: usize,
+    pub max_concurrency: u32,
+    pub tolerated: u32,
 }
 
 /// A parallel group: its name, its steps, and each branch's.
@@ -112,8 +128,29 @@ impl Router for TaskRouter<'_> {
         })
     }
 
+    fn for_each(&self, r: &StateRecord, at: usize) -> Option<Result<EachPlan, String>> {
+        let step = self.workflow.steps.get(at)?;
+        let each = step.for_each.as_ref()?;
+        Some(
+            elements(self.workflow, self.task, r, at).map(|list| EachPlan {
+                elements: list.len(),
+                max_concurrency: each.max_concurrency,
+                tolerated: match each.tolerated {
+                    Tolerated::Count(n) => n,
+                    Tolerated::Percent(pc) => {
+                        u32::try_from(list.len() * pc as usize / 100).unwrap_or(u32::MAX)
+                    }
+                },
+            }),
+        )
+    }
+
     fn route(&self, r: &StateRecord, from: usize) -> Result<Route, RouteError> {
         let w = self.workflow;
+        if r.fanout.as_ref().is_some_and(|f| f.each.is_some()) {
+            // An element of a forEach step: the main line routed to the step.
+            return Linear.route(r, from);
+        }
         if w.groups.is_empty() && w.steps.iter().all(|s| s.when.is_none()) {
             // Nothing to decide (a linear workflow): no context to build.
             return Linear.route(r, from);
@@ -272,6 +309,42 @@ impl Router for TaskRouter<'_> {
             route.next = j;
             return Ok(route);
         }
+    }
+}
+
+/// The list forEach step `at` runs over, selected on `r` (its query, on the step's context).
+pub fn elements(
+    w: &Workflow,
+    task: &Task,
+    r: &StateRecord,
+    at: usize,
+) -> Result<Vec<serde_json::Value>, String> {
+    let Some(each) = w.steps.get(at).and_then(|s| s.for_each.as_ref()) else {
+        return Err("not a forEach step".into());
+    };
+    let ctx = context(w, task, r, at).ok_or("the task's input is not kept")?;
+    match each.items.render(&ctx, MAX_RESULTS_BYTES) {
+        Ok(serde_json::Value::Array(list)) if list.len() <= MAX_ELEMENTS => Ok(list),
+        Ok(serde_json::Value::Array(list)) => Err(format!(
+            "input_mapping_failed: forEach: the list has {} elements (at most {MAX_ELEMENTS})",
+            list.len()
+        )),
+        Ok(other) => Err(format!(
+            "input_mapping_failed: forEach: the query selects {}, not a list",
+            kind_of(&other)
+        )),
+        Err(e) => Err(format!("input_mapping_failed: forEach: {e}")),
+    }
+}
+
+fn kind_of(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "an object",
     }
 }
 

@@ -31,7 +31,8 @@ pub fn claim(
     router: &dyn Router,
 ) -> Result<Transition, Rejection> {
     if r.fanout.is_some() && r.branch().is_none() {
-        return branches::claim(r, instance, now, p, router);
+        let claim_one = |seen: &StateRecord, by: &str| claim(seen, by, now, p, router);
+        return branches::claim(r, instance, now, p, &claim_one);
     }
     let undo = match r.process_state {
         ProcessState::Pending => false,
@@ -47,6 +48,7 @@ pub fn claim(
     n.requeues = 0;
     let mut at = r.step_index;
     let main_line = r.branch().is_none();
+    let claim_one = |seen: &StateRecord, by: &str| claim(seen, by, now, p, router);
     if !undo && !r.steps[at].sent {
         match router.route(r, at) {
             Ok(route) => {
@@ -69,18 +71,32 @@ pub fn claim(
         }
         if let Some(g) = router.parallel(at).filter(|_| main_line) {
             n.locked_by = Some(instance.to_owned());
-            let effects = branches::fan_out(&mut n, &g, instance, now, p, router);
-            return Ok(branches::written(r, n, effects, now, p));
+            let effects = branches::fan_out(&mut n, &g, instance, now, p, &claim_one);
+            return Ok(branches::written(r, n, effects, now, p, &claim_one));
+        }
+        match router.for_each(&n, at).filter(|_| main_line) {
+            Some(Ok(plan)) => {
+                n.locked_by = Some(instance.to_owned());
+                let effects =
+                    branches::fan_out_each(&mut n, at, plan, instance, now, p, &claim_one);
+                return Ok(branches::written(r, n, effects, now, p, &claim_one));
+            }
+            Some(Err(error)) => {
+                let effects = condition_failed(&mut n, at, &error, now, p);
+                tidy(&mut n);
+                return Ok(Transition::from(r, condition, n, effects));
+            }
+            None => {}
         }
     }
     n.locked_by = Some(instance.to_owned());
     n.attempt = r.attempt + 1;
     n.complete_by = Some(p.at(at).dispatch_deadline(now));
-    let step = &mut n.steps[at];
     if undo {
-        step.undo = Some(StepStatus::Running);
+        n.set_undo(at, Some(StepStatus::Running));
     } else {
         n.process_state = ProcessState::Processing;
+        let step = &mut n.steps[at];
         step.status = StepStatus::Running;
         step.sent = true;
     }
@@ -136,7 +152,11 @@ pub fn apply_reply(
     router: &dyn Router,
 ) -> Result<Transition, Rejection> {
     if r.fanout.is_some() && r.branch().is_none() {
-        return branches::reply(r, attempt, step_index, undo, outcome, now, p, router);
+        let event = |seen: &StateRecord| {
+            apply_reply(seen, attempt, step_index, undo, outcome, now, p, router)
+        };
+        let claim_one = |seen: &StateRecord, by: &str| claim(seen, by, now, p, router);
+        return branches::reply(r, attempt, step_index, now, p, &event, &claim_one);
     }
     answers(r, attempt, step_index, undo)?;
     let now = to_millis(now);
@@ -418,9 +438,33 @@ fn step_done(
         let instance = n.locked_by.clone().unwrap_or_default();
         log(n, from, Some(i), "step done");
         let mut effects = vec![progress];
-        effects.extend(branches::fan_out(n, &g, &instance, now, p, router));
+        let claim_one = |seen: &StateRecord, by: &str| claim(seen, by, now, p, router);
+        effects.extend(branches::fan_out(n, &g, &instance, now, p, &claim_one));
         effects.extend(branches::settle(n, now, p));
         return effects;
+    }
+    if from == ProcessState::Processing && n.branch().is_none() {
+        match router.for_each(n, n.step_index) {
+            Some(Ok(plan)) => {
+                let instance = n.locked_by.clone().unwrap_or_default();
+                log(n, from, Some(i), "step done");
+                let mut effects = vec![progress];
+                let at = n.step_index;
+                let claim_one = |seen: &StateRecord, by: &str| claim(seen, by, now, p, router);
+                effects.extend(branches::fan_out_each(
+                    n, at, plan, &instance, now, p, &claim_one,
+                ));
+                effects.extend(branches::settle(n, now, p));
+                return effects;
+            }
+            Some(Err(error)) => {
+                let at = n.step_index;
+                let mut effects = vec![progress];
+                effects.extend(condition_failed(n, at, &error, now, p));
+                return effects;
+            }
+            None => {}
+        }
     }
     if from != ProcessState::Processing {
         if from == ProcessState::Error {
@@ -505,7 +549,11 @@ pub fn apply_callback(
     router: &dyn Router,
 ) -> Result<Transition, Rejection> {
     if r.fanout.is_some() && r.branch().is_none() {
-        return branches::callback(r, step_index, generation, outcome, now, p, router);
+        let event = |seen: &StateRecord| {
+            apply_callback(seen, step_index, generation, outcome, now, p, router)
+        };
+        let claim_one = |seen: &StateRecord, by: &str| claim(seen, by, now, p, router);
+        return branches::callback(r, step_index, now, p, &event, &claim_one);
     }
     let Some(step) = r
         .steps
@@ -612,7 +660,10 @@ pub fn expire(
     jitter: f64,
 ) -> Result<Transition, Rejection> {
     if r.fanout.is_some() && r.branch().is_none() {
-        return branches::expire(r, now, p, jitter);
+        let event = |seen: &StateRecord| expire(seen, now, p, jitter);
+        // (No element is claimed by the supervisor: its work messages are.)
+        let claim_none = |_: &StateRecord, _: &str| Err(Rejection::NotClaimable(r.process_state));
+        return branches::expire(r, now, p, &event, &claim_none);
     }
     let now = to_millis(now);
     let due = match r.complete_by {
@@ -712,7 +763,7 @@ fn hand_back(
         }
         .max(at_least);
         if undo {
-            n.steps[i].undo = None;
+            n.set_undo(i, None);
         } else {
             n.process_state = ProcessState::Pending;
             n.steps[i].status = StepStatus::Pending;
@@ -726,7 +777,7 @@ fn hand_back(
         log(n, r.process_state, Some(i), why);
         vec![Effect::Enqueue { delay }]
     } else if undo {
-        n.steps[i].undo = Some(StepStatus::TimedOut);
+        n.set_undo(i, Some(StepStatus::TimedOut));
         let e = finish(
             n,
             ProcessState::CompensationFailed,
@@ -785,7 +836,7 @@ fn defer(
     n.locked_by = None;
     n.last_error = Some(reason.clone());
     if r.process_state == ProcessState::Compensating {
-        n.steps[i].undo = None;
+        n.set_undo(i, None);
     } else {
         keep_sent_until(r, n);
         n.process_state = ProcessState::Pending;

@@ -44,15 +44,7 @@ impl WorkflowDoc {
         policy: &Policy,
         limits: Limits,
     ) -> Result<Workflow, DefinitionError> {
-        self.compile(services, policy, limits, false)
-    }
-
-    /// Tests only: as [`WorkflowDoc::validate`] without refusing what this version does not run
-    /// yet (parallel branches, forEach), so that what only reads a workflow (the graph) can be
-    /// tested on them.
-    #[cfg(test)]
-    pub(crate) fn validate_unrunnable(self, policy: &Policy) -> Result<Workflow, DefinitionError> {
-        self.compile(None, policy, Limits::Publish, true)
+        self.compile(services, policy, limits)
     }
 
     fn compile(
@@ -60,7 +52,6 @@ impl WorkflowDoc {
         services: Option<&BTreeSet<String>>,
         policy: &Policy,
         limits: Limits,
-        unrunnable: bool,
     ) -> Result<Workflow, DefinitionError> {
         let mut problems = vec![];
         let input_schema = match &self.input {
@@ -83,7 +74,6 @@ impl WorkflowDoc {
             services,
             base,
             limits,
-            unrunnable,
             problems,
             declared: vec![],
             steps: vec![],
@@ -165,8 +155,6 @@ struct Compiler<'a> {
     services: Option<&'a BTreeSet<String>>,
     base: Policy,
     limits: Limits,
-    /// Tests only: compile what this version does not run yet without refusing it.
-    unrunnable: bool,
     problems: Vec<Problem>,
     /// Every step and group name so far, with its pointer.
     declared: Vec<(String, String)>,
@@ -432,25 +420,15 @@ impl Compiler<'_> {
         }
     }
 
-    /// A construct the definition language has and this version's scheduler does not run yet
-    /// (the state record holds one step out at a time): refused when published, so no task
-    /// starts on it. Checked definitions report it with their other problems.
-    fn not_runnable_yet(&mut self, at: String, what: &str) {
-        if self.unrunnable {
-            return;
-        }
-        self.problem(
-            at,
-            format!(
-                "{what} are not run by this version of sas yet: the definition is otherwise checked"
-            ),
-        );
-    }
-
     /// A forEach step's list, concurrency and tolerance.
     fn for_each(&mut self, s: &StepDoc, query: &str, at: &str, reach: &Reach) -> ForEach {
         let here = format!("{at}/forEach");
-        self.not_runnable_yet(here.clone(), "forEach steps");
+        if s.callback.is_some() {
+            self.problem(
+                format!("{at}/callback"),
+                "a forEach step cannot be a callback step: its elements' callbacks would share one address",
+            );
+        }
         let before = self.problems.len();
         let items = Mapping::compile(
             Value::String(query.to_owned()),
@@ -857,15 +835,9 @@ steps:
 
     #[test]
     fn branches_read_their_own_steps_and_later_steps_read_every_branch() {
-        let p = problems(TRIP);
-        // Nothing but this version's refusal to run them.
-        assert!(
-            p.iter()
-                .all(|p| p.message.contains("not run by this version")),
-            "{p:?}"
-        );
-        let at: Vec<_> = p.iter().map(|p| p.at.as_str()).collect();
-        assert_eq!(at, ["/steps/1/forEach"]);
+        let w = workflow(TRIP).expect("a valid trip");
+        assert_eq!(w.steps.len(), 4);
+        assert!(w.steps[3].for_each.is_some());
     }
 
     #[test]
