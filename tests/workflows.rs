@@ -570,24 +570,29 @@ async fn conditions_and_a_choice_decide_what_runs(system: &System, base: &str, w
     assert!(requests(system, "notifier", &id).is_empty());
 }
 
-/// A workflow with three parallel branches between a step before them and a choice after:
-/// the fraud check, the payout's reservation (with a hold first), and a notice only on request.
+/// A workflow with a forEach (a notice to each of 20 parties, 4 at once), then three parallel
+/// branches (the fraud check, the payout's reservation with a hold first, a notice only on
+/// request), then a choice.
 fn review_workflow() -> Value {
     json!({
         "name": "claim-review",
         "input": {
             "type": "object",
-            "required": ["claimId", "amount", "notify"],
+            "required": ["claimId", "amount", "notify", "parties"],
             "properties": {
                 "claimId": {"type": "string"},
                 "amount": {"type": "number"},
-                "notify": {"type": "boolean"}
+                "notify": {"type": "boolean"},
+                "parties": {"type": "array", "items": {"type": "string"}}
             }
         },
         "defaults": {"timeout": "10s"},
         "steps": [
             {"name": "open-claim", "service": "ledger", "input": {"claim": "$.input.claimId"},
              "undo": {"action": "close-claim", "input": {"entry": "$.steps['open-claim'].result.id"}}},
+            {"name": "tell-parties", "service": "notifier", "forEach": "$.input.parties", "maxConcurrency": 4,
+             "input": {"party": "$.element", "n": "$.index", "claim": "$.input.claimId"},
+             "undo": {"action": "untell", "input": {"notice": "$.steps['tell-parties'].result.id", "party": "$.element"}}},
             {"name": "checks", "parallel": [
                 {"name": "fraud", "steps": [
                     {"name": "fraud-check", "service": "policy-db", "input": {"claim": "$.input.claimId"}}]},
@@ -609,7 +614,8 @@ fn review_workflow() -> Value {
                  "result": "$.steps['manual-assessment'].result.id"}
             ], "otherwise": {"result": "auto"}},
             {"name": "pay", "service": "ledger",
-             "input": {"reservation": "$.steps['reserve-payout'].result.id", "assessment": "$.steps['assess'].result"}}
+             "input": {"reservation": "$.steps['reserve-payout'].result.id", "assessment": "$.steps['assess'].result",
+                       "told": "$.steps['tell-parties'].result[19].id"}}
         ]
     })
 }
@@ -626,6 +632,11 @@ async fn review(http: &reqwest::Client, base: &str, input: Value, within: Durati
     let started: Value = r.json().await.expect("JSON");
     let id = started["taskId"].as_str().expect("taskId").to_owned();
     finished(http, base, &id, within).await
+}
+
+/// The 20 parties of a review.
+fn parties() -> Vec<String> {
+    (0..20).map(|k| format!("party-{k}")).collect()
 }
 
 /// The result id of the step named `name`.
@@ -650,7 +661,7 @@ async fn parallel_branches_run_and_undo_exactly(system: &System, base: &str, wit
     let done = review(
         &http,
         base,
-        json!({"claimId": "R-1", "amount": 20000, "notify": true}),
+        json!({"claimId": "R-1", "amount": 20000, "notify": true, "parties": parties()}),
         within,
     )
     .await;
@@ -660,6 +671,24 @@ async fn parallel_branches_run_and_undo_exactly(system: &System, base: &str, wit
         statuses(&done).iter().all(|s| s.ends_with("=Done")),
         "{done}"
     );
+    // Every party told once, with its element and index; the step's result is their list.
+    let mut inputs: Vec<Value> = requests(system, "notifier", &id)
+        .into_iter()
+        .filter(|(a, _)| a == "tell-parties")
+        .map(|(_, i)| i)
+        .collect();
+    inputs.sort_by_key(|i| i["n"].as_u64());
+    assert_eq!(
+        inputs,
+        (0..20)
+            .map(|k| json!({"party": format!("party-{k}"), "n": k, "claim": "R-1"}))
+            .collect::<Vec<_>>()
+    );
+    let results = done["steps"][1]["result"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(results.len(), 20, "{done}");
     let (entry, hold, reservation, fraud) = (
         result_of(&done, "open-claim"),
         result_of(&done, "hold"),
@@ -677,7 +706,8 @@ async fn parallel_branches_run_and_undo_exactly(system: &System, base: &str, wit
             ),
             (
                 "pay".to_owned(),
-                json!({"reservation": reservation, "assessment": result_of(&done, "manual-assessment")})
+                json!({"reservation": reservation, "assessment": result_of(&done, "manual-assessment"),
+                       "told": results[19]["id"]})
             ),
         ]
     );
@@ -688,7 +718,7 @@ async fn parallel_branches_run_and_undo_exactly(system: &System, base: &str, wit
             ("manual-assessment".to_owned(), json!({"fraud": fraud})),
         ]
     );
-    assert_eq!(requests(system, "notifier", &id).len(), 1);
+    assert_eq!(requests(system, "notifier", &id).len(), 21);
 
     // A refusal inside one branch: no step of any branch is sent after it; every step that
     // was called and has an undo is undone once, with its mapped input, last first; the
@@ -700,7 +730,7 @@ async fn parallel_branches_run_and_undo_exactly(system: &System, base: &str, wit
     let done = review(
         &http,
         base,
-        json!({"claimId": "R-2", "amount": 500, "notify": true}),
+        json!({"claimId": "R-2", "amount": 500, "notify": true, "parties": parties()}),
         within,
     )
     .await;
@@ -715,7 +745,7 @@ async fn parallel_branches_run_and_undo_exactly(system: &System, base: &str, wit
     );
     assert_eq!(
         done["decisions"],
-        json!([{"group": "checks"}]),
+        json!([{"group": "checks", "parallel": true}]),
         "the choice after the group is never reached"
     );
     let (entry, hold) = (result_of(&done, "open-claim"), result_of(&done, "hold"));
@@ -730,12 +760,16 @@ async fn parallel_branches_run_and_undo_exactly(system: &System, base: &str, wit
         ]
     );
     // The notice ran or not, as the branches raced: if it did, it is undone (before the hold:
-    // its step comes later in the definition), else it was never sent.
+    // its step comes later in the definition), else it was never sent. Every party told is
+    // untold, with its notice and element, the last element first.
     let notices = requests(system, "notifier", &id);
-    match notices.as_slice() {
-        [] => assert_eq!(
-            statuses(&done)[4],
-            "draft-notice=Pending",
+    let drafts: Vec<_> = notices
+        .iter()
+        .filter(|(a, _)| a.contains("notice"))
+        .collect();
+    match drafts.as_slice() {
+        [] => assert!(
+            statuses(&done).contains(&"draft-notice=Pending".to_owned()),
             "never sent: {done}"
         ),
         [(draft, _), (retract, input)] => {
@@ -747,6 +781,24 @@ async fn parallel_branches_run_and_undo_exactly(system: &System, base: &str, wit
         }
         other => panic!("the notice's calls: {other:?}"),
     }
+    let elements = done["steps"][1]["elements"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(elements.len(), 20, "{done}");
+    let untold: Vec<Value> = notices
+        .iter()
+        .filter(|(a, _)| a == "untell")
+        .map(|(_, i)| i.clone())
+        .collect();
+    assert_eq!(
+        untold,
+        (0..20)
+            .rev()
+            .map(|k| json!({"notice": elements[k]["result"]["id"], "party": format!("party-{k}")}))
+            .collect::<Vec<_>>(),
+        "{done}"
+    );
     assert!(
         requests(system, "policy-db", &id)
             .iter()

@@ -229,6 +229,9 @@ pub struct StepView {
     pub undo_action: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undo_input: Option<Value>,
+    /// A forEach step's elements, in order: each one's status, result and undo.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub elements: Vec<StepView>,
 }
 
 /// One state transition of a task.
@@ -353,7 +356,7 @@ impl StepView {
         Self {
             name: st.name.clone(),
             status: st.status.as_str().to_owned(),
-            result: st.result.as_deref().map(result_value),
+            result: caller_result(st),
             ..Self::default()
         }
     }
@@ -368,7 +371,7 @@ impl StepView {
             finished_at: st.finished_at,
             sent: Some(st.sent),
             generation: Some(st.generation),
-            result: st.result.as_deref().map(result_value),
+            result: caller_result(st),
             undo: st.undo.map(|u| u.as_str().to_owned()),
             undo_generation: Some(st.undo_generation),
             waiting_until: st.waiting_until,
@@ -381,8 +384,25 @@ impl StepView {
             input: None,
             undo_action: None,
             undo_input: None,
+            elements: st.elements.iter().map(StepView::of).collect(),
         }
     }
+}
+
+/// A step's result as shown: a forEach step's is its elements' (`null` for one refused), once
+/// it is done.
+fn caller_result(st: &StepState) -> Option<Value> {
+    if st.elements.is_empty() {
+        return st.result.as_deref().map(result_value);
+    }
+    (st.status == StepStatus::Done).then(|| {
+        Value::Array(
+            st.elements
+                .iter()
+                .map(|e| e.result.as_deref().map_or(Value::Null, result_value))
+                .collect(),
+        )
+    })
 }
 
 impl HistoryEntry {
