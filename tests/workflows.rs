@@ -2,7 +2,9 @@
 //! the test, published through the operator API of a running system (the local runner's code,
 //! served over HTTP) in memory and on the emulator; tasks run through it to `Processed`, and
 //! with a refusal at step 3 to `Refused` with exactly the undos the definition implies,
-//! each with its mapped input. A task started on version 1 finishes on version 1 after
+//! each with its mapped input. The same for a workflow with a condition and a choice, and for
+//! one with a forEach over 20 parties at `maxConcurrency: 4`, three parallel branches and a
+//! choice, refused inside a branch. A task started on version 1 finishes on version 1 after
 //! version 2 is published mid-run. Bad definitions and bad inputs are refused with the place.
 
 use sas::ports::{InState, Paging, SystemClock};
