@@ -77,16 +77,22 @@ pub(super) fn parse_task(item: &Item) -> Result<Task, StoreError> {
 /// the layout before `Body`, still read) only if deflating fails.
 ///
 /// [`MAX_HISTORY`]: crate::domain::state::MAX_HISTORY
+/// A parallel group's (or forEach step's) branches ride in the body too: up to 100 cursors
+/// of the same shape, which deflate well.
 #[derive(serde::Serialize)]
 pub(super) struct Body<'a> {
     steps: &'a [StepState],
     history: &'a [HistoryEntry],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fanout: Option<&'a crate::domain::state::Fanout>,
 }
 
 #[derive(serde::Deserialize)]
 pub(super) struct OwnedBody {
     steps: Vec<StepState>,
     history: Vec<HistoryEntry>,
+    #[serde(default)]
+    fanout: Option<crate::domain::state::Fanout>,
 }
 
 pub(super) fn pack_body(r: &StateRecord) -> Option<Vec<u8>> {
@@ -94,6 +100,7 @@ pub(super) fn pack_body(r: &StateRecord) -> Option<Vec<u8>> {
     let json = serde_json::to_vec(&Body {
         steps: &r.steps,
         history: &r.history,
+        fanout: r.fanout.as_ref(),
     })
     .ok()?;
     let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
@@ -239,6 +246,12 @@ pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
         None => {
             item.insert("Steps".to_owned(), steps_list(r));
             item.insert("History".to_owned(), history_list(r));
+            // The layout before `Body`: the branches as their JSON text.
+            if let Some(f) = &r.fanout
+                && let Ok(json) = serde_json::to_string(f)
+            {
+                item.insert("Fanout".to_owned(), s(json));
+            }
         }
     }
     // Absent, not null: `attribute_not_exists(LockedBy)` is the "unlocked" test.
@@ -269,12 +282,6 @@ pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
         && let Ok(json) = serde_json::to_string(&r.decisions)
     {
         item.insert("Decisions".to_owned(), s(json));
-    }
-    // The same for a parallel group's branches, while it runs.
-    if let Some(f) = &r.fanout
-        && let Ok(json) = serde_json::to_string(f)
-    {
-        item.insert("Fanout".to_owned(), s(json));
     }
     if r.deferrals > 0 {
         item.insert("Deferrals".to_owned(), n(r.deferrals));
@@ -357,7 +364,11 @@ pub(super) fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
             return Err(corrupt("Body is not binary"));
         };
         let body = unpack_body(z.as_ref())?;
-        return record_of(item, version, body.steps, body.history);
+        let mut r = record_of(item, version, body.steps, body.history)?;
+        if body.fanout.is_some() {
+            r.fanout = body.fanout;
+        }
+        return Ok(r);
     }
     let steps = match item.get("Steps") {
         Some(AttributeValue::L(l)) => l
