@@ -423,6 +423,12 @@ impl Compiler<'_> {
     /// A forEach step's list, concurrency and tolerance.
     fn for_each(&mut self, s: &StepDoc, query: &str, at: &str, reach: &Reach) -> ForEach {
         let here = format!("{at}/forEach");
+        if self.in_parallel > 0 {
+            self.problem(
+                here.clone(),
+                "a forEach step cannot stand in a parallel group's branch: put it before or after the group",
+            );
+        }
         if s.callback.is_some() {
             self.problem(
                 format!("{at}/callback"),
@@ -838,6 +844,20 @@ steps:
         let w = workflow(TRIP).expect("a valid trip");
         assert_eq!(w.steps.len(), 4);
         assert!(w.steps[3].for_each.is_some());
+    }
+
+    #[test]
+    fn a_for_each_does_not_stand_in_a_branch() {
+        let inside = TRIP.replace(
+            "          - {name: flight, service: inventory}\n",
+            "          - {name: flight, service: inventory, forEach: $.input.travellers}\n",
+        );
+        let p = problems(&inside);
+        assert!(
+            p.iter().any(|p| p.at == "/steps/0/parallel/0/steps/0/forEach"
+                && p.message.contains("cannot stand in a parallel group's branch")),
+            "{p:?}"
+        );
     }
 
     #[test]
