@@ -631,7 +631,8 @@ impl StateRecord {
         self.steps
             .iter()
             .filter_map(|s| {
-                let result = if s.elements.is_empty() {
+                // (An operator's skip of a forEach step gives its result by hand.)
+                let result = if s.elements.is_empty() || s.result.is_some() {
                     parse(s)?
                 } else if s.status == StepStatus::Done {
                     // A forEach step's: its elements', in order.

@@ -121,6 +121,11 @@ pub struct SimStats {
     pub applied: Vec<String>,
     /// The request of every applied effect, in order (what the mappings built).
     pub requests: Vec<Applied>,
+    /// A forEach step's elements (keys `{task}:{step}#{k}:...`, by `{task}:{step}`): the most
+    /// distinct elements being worked on at once (an element from the start of a call of its
+    /// key to the key's first outcome, or to the end of its calls if none came; repeats of a
+    /// key already answered are not work).
+    pub most_elements_in_flight: HashMap<String, u32>,
 }
 
 /// One applied call: its key, action and request body.
@@ -144,6 +149,56 @@ struct SimState {
     in_flight: HashMap<String, u32>,
     /// Step keys an undo succeeded for.
     undone: HashSet<String>,
+    /// A forEach step's elements in calls now: `{task}:{step}` → element key → calls.
+    elements_in_flight: HashMap<String, HashMap<String, u32>>,
+}
+
+/// A call of one of a forEach step's elements, from its start to its answer (see
+/// [`SimStats::most_elements_in_flight`]).
+struct ElementCall {
+    state: Arc<Mutex<SimState>>,
+    group: String,
+    key: String,
+}
+
+impl ElementCall {
+    /// The call of `key` starts, if it is an element's (`{task}:{step}#{k}:...`).
+    fn start(state: &Arc<Mutex<SimState>>, key: &str) -> Option<Self> {
+        let (group, _) = key.split_once('#')?;
+        let mut s = state.lock().ok()?;
+        let keys = s.elements_in_flight.entry(group.to_owned()).or_default();
+        *keys.entry(key.to_owned()).or_default() += 1;
+        let now = u32::try_from(keys.len()).unwrap_or(u32::MAX);
+        let most = s
+            .stats
+            .most_elements_in_flight
+            .entry(group.to_owned())
+            .or_default();
+        *most = (*most).max(now);
+        Some(Self {
+            state: state.clone(),
+            group: group.to_owned(),
+            key: key.to_owned(),
+        })
+    }
+}
+
+impl Drop for ElementCall {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.state.lock()
+            && let Some(keys) = s.elements_in_flight.get_mut(&self.group)
+        {
+            if let Some(n) = keys.get_mut(&self.key) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    keys.remove(&self.key);
+                }
+            }
+            if keys.is_empty() {
+                s.elements_in_flight.remove(&self.group);
+            }
+        }
+    }
 }
 
 impl SimState {
@@ -189,6 +244,16 @@ impl SimState {
             }))
         };
         self.outcomes.insert(key.clone(), outcome.clone());
+        // An element's work is over at its key's first outcome: a duplicate of its request
+        // still in a call (delivered twice, racing the first) is a repeat, not more work.
+        if let Some((group, _)) = key.split_once('#')
+            && let Some(keys) = self.elements_in_flight.get_mut(group)
+        {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.elements_in_flight.remove(group);
+            }
+        }
         outcome
     }
 }
@@ -338,6 +403,7 @@ impl RemoteService for SimulatedService {
         let faults = self.faults();
         let key = call.idempotency_key.as_str();
         let started = self.clock.now();
+
         let n = self.with_state(|s| {
             s.stats.calls += 1;
             let n = s.calls_per_key.entry(key.to_owned()).or_default();
@@ -369,6 +435,12 @@ impl RemoteService for SimulatedService {
                 self.name
             )));
         }
+        // An element's call that does work (not a repeat answered from the key's first
+        // outcome, as a duplicate delivery of a request is; not an undo, which compensation
+        // sends one at a time) holds its place among the forEach step's calls.
+        let _element = (call.undoes.is_none() && !answered)
+            .then(|| ElementCall::start(&self.state, key))
+            .flatten();
         let in_flight = InFlight {
             state: self.state.clone(),
             key: key.to_owned(),

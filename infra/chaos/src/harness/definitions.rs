@@ -34,8 +34,8 @@ impl Config {
     }
 }
 
-/// The run's third workflow, over the example services: an order whose payment and packing
-/// run at once, in two parallel branches. The payment is a choice (a credit check and a card
+/// The run's third workflow, over the example services: an order whose items are picked by a
+/// forEach (2 at once), then whose payment and packing run at once, in two parallel branches. The payment is a choice (a credit check and a card
 /// charge above 500, an invoice otherwise; the choice's result tells the shipping how it was
 /// paid); the packing branch books express delivery only when asked for, then packs. Its tasks
 /// take every path of a choice and a condition, with two branches in flight, under the run's
@@ -44,17 +44,22 @@ pub const ORDER_TRIAGE: &str = r#"{
   "name": "order-triage",
   "input": {
     "type": "object",
-    "required": ["customerId", "amount", "express"],
+    "required": ["customerId", "amount", "express", "items"],
     "properties": {
       "customerId": {"type": "string"},
       "amount": {"type": "integer"},
-      "express": {"type": "boolean"}
+      "express": {"type": "boolean"},
+      "items": {"type": "array", "items": {"type": "string"}}
     }
   },
   "steps": [
     {"name": "reserve-inventory", "service": "inventory",
      "input": {"customerId": "$.input.customerId"},
      "undo": {"action": "release-inventory", "input": {"reservation": "$.steps['reserve-inventory'].result.id"}}},
+    {"name": "pick-items", "service": "inventory", "action": "pick-item",
+     "forEach": "$.input.items", "maxConcurrency": 2,
+     "input": {"sku": "$.element", "line": "$.index", "reservation": "$.steps['reserve-inventory'].result.id"},
+     "undo": {"action": "unpick-item", "input": {"pick": "$.steps['pick-items'].result.id", "sku": "$.element"}}},
     {"name": "prepare", "parallel": [
       {"name": "pay", "steps": [
         {"name": "payment", "choice": [

@@ -28,10 +28,15 @@ pub fn input(i: usize) -> Value {
         // Every path: by card or invoice (amount), express or not, in a cycle of 4 triage
         // tasks (coprime with the 3 workflows).
         let k = i / WORKFLOWS.len();
+        // 1 to 5 items, picked by a forEach (2 at once).
+        let items: Vec<Value> = (0..1 + i % 5)
+            .map(|n| serde_json::json!(format!("SKU-{}", (i + n) % 17)))
+            .collect();
         serde_json::json!({
             "customerId": format!("chaos-{}", i % 97),
             "amount": if k.is_multiple_of(2) { 900 } else { 120 },
             "express": k % 4 < 2,
+            "items": items,
         })
     } else if workflow_of(i) == "loan-application" {
         serde_json::json!({

@@ -84,6 +84,10 @@ pub struct Report {
     /// Step keys that took effect at their service after their undo had succeeded: effects
     /// nothing will reverse (the service kept no tombstone).
     pub leaked: Vec<String>,
+    /// forEach steps whose elements were in calls at a service more at once than their
+    /// `maxConcurrency`; and the most of one step's elements seen in calls at once.
+    pub over_concurrency: Vec<String>,
+    pub most_elements_in_flight: u32,
     /// Service → what it saw.
     pub services: BTreeMap<String, ServiceCounts>,
     /// Terminal records still locked.
@@ -160,12 +164,16 @@ impl Report {
             ),
         );
         // Lists that must be empty: what each holds, and its first few.
-        let must_be_empty: [(&str, &Vec<String>); 13] = [
+        let must_be_empty: [(&str, &Vec<String>); 14] = [
             ("lost", &self.lost),
             ("tasks off the path their input implies", &self.off_path),
             ("keys applied more than once", &self.doubled),
             ("wrong net effects", &self.wrong_net),
             ("steps committed after their undo (leaked)", &self.leaked),
+            (
+                "forEach elements in calls past maxConcurrency",
+                &self.over_concurrency,
+            ),
             (
                 "callbacks posted and then waited for",
                 &self.ignored_callbacks,

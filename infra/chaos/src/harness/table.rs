@@ -56,6 +56,15 @@ impl Report {
             row(what, n.to_string(), "0");
         }
         row(
+            "forEach steps past their maxConcurrency (most elements of one in calls at once)",
+            format!(
+                "{} ({})",
+                self.over_concurrency.len(),
+                self.most_elements_in_flight
+            ),
+            "0",
+        );
+        row(
             "failed tasks / distinct TaskFailed alerts (deliveries)",
             format!(
                 "{} / {} ({})",

@@ -198,9 +198,8 @@ fn refill(
     let Some(each) = &f.each else {
         return vec![];
     };
-    let out = f.branches.iter().filter(|br| br.is_out()).count();
-    let free = (each.max_concurrency as usize).saturating_sub(out);
-    let next: Vec<usize> = f
+    let free = (each.max_concurrency as usize).saturating_sub(in_calls(n, f, now, p));
+    let ready: Vec<usize> = f
         .branches
         .iter()
         .enumerate()
@@ -208,8 +207,8 @@ fn refill(
             br.process_state == ProcessState::Pending && ready_at(br, p).is_none_or(|t| t <= now)
         })
         .map(|(b, _)| b)
-        .take(free)
         .collect();
+    let next = within_room(n, f, ready, free, now, p);
     let instance = f
         .branches
         .iter()
@@ -441,6 +440,49 @@ fn unit_mut(n: &mut StateRecord, b: usize, i: usize) -> Option<&mut StepState> {
     }
 }
 
+/// How many of a forEach step's elements hold a place under its `maxConcurrency`: those out,
+/// and those handed back whose last request may still be in calls (until
+/// [`Policy::undo_wait`](super::Policy::undo_wait) past its deadline, as an undo waits): a
+/// place is free only once its call is surely over.
+fn in_calls(n: &StateRecord, f: &Fanout, now: DateTime<Utc>, p: &Policies) -> usize {
+    (0..f.branches.len())
+        .filter(|b| holds_place(n, f, *b, now, p))
+        .count()
+}
+
+/// Whether element `b` holds a place (see [`in_calls`]).
+fn holds_place(n: &StateRecord, f: &Fanout, b: usize, now: DateTime<Utc>, p: &Policies) -> bool {
+    let Some(br) = f.branches.get(b) else {
+        return false;
+    };
+    let Some(i) = f.each.as_ref().map(|e| e.step) else {
+        return br.is_out();
+    };
+    br.is_out()
+        || (br.process_state == ProcessState::Pending
+            && n.steps[i].elements.get(b).is_some_and(|e| {
+                e.sent && e.sent_until.is_some_and(|t| t + p.at(i).undo_wait > now)
+            }))
+}
+
+/// Of the waiting branches `ready` (in order), those to claim now: every one that already
+/// holds its place (an element handed back), then others up to `room`.
+fn within_room(
+    n: &StateRecord,
+    f: &Fanout,
+    ready: Vec<usize>,
+    room: usize,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Vec<usize> {
+    let (held, fresh): (Vec<usize>, Vec<usize>) = ready
+        .into_iter()
+        .partition(|b| holds_place(n, f, *b, now, p));
+    held.into_iter()
+        .chain(fresh.into_iter().take(room))
+        .collect()
+}
+
 /// When branch `b` may be claimed: its pickup deadline less the pickup timeout.
 fn ready_at(br: &Branch, p: &Policies) -> Option<DateTime<Utc>> {
     br.complete_by
@@ -468,14 +510,13 @@ pub(super) fn claim(
     };
     // A forEach step: no more out at once than its `maxConcurrency`.
     let room = f.each.as_ref().map_or(usize::MAX, |e| {
-        let out = f.branches.iter().filter(|br| br.is_out()).count();
-        (e.max_concurrency as usize).saturating_sub(out)
+        (e.max_concurrency as usize).saturating_sub(in_calls(r, f, now, p))
     });
     let ready: Vec<usize> = waiting()
         .filter(|(_, br)| ready_at(br, p).is_none_or(|t| t <= now))
         .map(|(b, _)| b)
-        .take(room)
         .collect();
+    let ready = within_room(r, f, ready, room, now, p);
     if ready.is_empty() {
         // Each branch handed back enqueued its own work message, to arrive when it is due.
         return Err(

@@ -167,6 +167,12 @@ pub(super) fn apply_undo_reply(
                     vec![Effect::Enqueue { delay: after - now }]
                 }
                 Some(j) => {
+                    if j == i {
+                        // The next element of the same forEach step: a new attempt, so a
+                        // late answer to this element's undo cannot pass for the next one's
+                        // (replies are fenced by attempt and step).
+                        n.attempt += 1;
+                    }
                     n.step_index = j;
                     n.set_undo(j, Some(StepStatus::Running));
                     n.complete_by = Some(p.at(j).dispatch_deadline(now));

@@ -28,11 +28,13 @@ pub fn retry(
     let i = r.step_index;
     match r.process_state {
         ProcessState::Error if i < r.steps.len() => {
+            // A forEach step stopped in Error: its elements go on (`resume`, below).
+            let each = n.fanout.as_ref().is_some_and(|f| f.each.is_some());
             let step = &mut n.steps[i];
             // The operator mended what the service answered as misconfigured (or retries
             // anyway): the count starts again.
             step.misconfigured = 0;
-            if step.status == StepStatus::Failed {
+            if step.status == StepStatus::Failed && !each {
                 step.generation += 1;
                 step.sent = false;
             }
@@ -251,6 +253,11 @@ pub fn skip(
     }
     let now = to_millis(now);
     let mut n = next(r, now);
+    if n.fanout.as_ref().is_some_and(|f| f.each.is_some()) {
+        // A forEach step done by hand as a whole (its elements stay as they ran, for their
+        // undos): the task goes on after it.
+        n.fanout = None;
+    }
     let step = &mut n.steps[i];
     step.status = StepStatus::Done;
     step.result = result;

@@ -854,8 +854,10 @@ steps:
         );
         let p = problems(&inside);
         assert!(
-            p.iter().any(|p| p.at == "/steps/0/parallel/0/steps/0/forEach"
-                && p.message.contains("cannot stand in a parallel group's branch")),
+            p.iter()
+                .any(|p| p.at == "/steps/0/parallel/0/steps/0/forEach"
+                    && p.message
+                        .contains("cannot stand in a parallel group's branch")),
             "{p:?}"
         );
     }

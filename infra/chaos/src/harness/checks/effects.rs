@@ -15,6 +15,8 @@ pub(super) struct Effects {
     pub applied: HashMap<String, u32>,
     /// Step key → its net effect (applied minus undone).
     pub net: HashMap<String, i32>,
+    /// A forEach step's `{task}:{step}` → the most of its elements in calls at once.
+    pub elements_in_flight: HashMap<String, u32>,
 }
 
 /// Lets every service settle its late commits, then counts what each saw and applied; keys
@@ -22,12 +24,17 @@ pub(super) struct Effects {
 pub(super) async fn tally_services(services: &Simulated, report: &mut Report) -> Effects {
     let mut effects: HashMap<String, u32> = HashMap::new();
     let mut net: HashMap<String, i32> = HashMap::new();
+    let mut elements_in_flight: HashMap<String, u32> = HashMap::new();
     for (name, sim) in services.all() {
         // Late commits still pending land (or are dropped) before anything is counted.
         sim.settle().await;
         let stats = sim.stats();
         effects.extend(stats.effects);
         net.extend(stats.net);
+        for (group, most) in stats.most_elements_in_flight {
+            let m = elements_in_flight.entry(group).or_default();
+            *m = (*m).max(most);
+        }
         report
             .leaked
             .extend(stats.leaked.iter().map(|k| format!("{name}: {k}")));
@@ -49,9 +56,11 @@ pub(super) async fn tally_services(services: &Simulated, report: &mut Report) ->
             report.doubled.push(format!("{key} applied {n} times"));
         }
     }
+    report.most_elements_in_flight = elements_in_flight.values().copied().max().unwrap_or(0);
     Effects {
         applied: effects,
         net,
+        elements_in_flight,
     }
 }
 
@@ -71,6 +80,7 @@ pub(super) fn check_net_effects(
     known_keys: &mut BTreeSet<String>,
     report: &mut Report,
 ) {
+    let workflow_name = name;
     let counts = report.workflows.entry(r.workflow.clone()).or_default();
     // The keys of the task's steps and undos, and the net effect each step must have.
     let owes_no_undo = matches!(
@@ -78,23 +88,17 @@ pub(super) fn check_net_effects(
         ProcessState::Processed | ProcessState::Error
     );
     for (i, (step, state)) in workflow.steps.iter().zip(&r.steps).enumerate() {
-        let key = idempotency_key(r.task_id, &step.name, &step.action, state.generation);
-        counts.effects += effects.applied.get(&key).map_or(0, |n| *n as usize);
-        if let Some(undo) = &step.undo {
-            let undo_key =
-                idempotency_key(r.task_id, &step.name, &undo.action, state.undo_generation);
-            let applied = effects.applied.get(&undo_key).copied().unwrap_or(0);
-            counts.effects += applied as usize;
-            if owes_no_undo && applied > 0 {
-                report.wrong_net.push(format!(
-                    "{id} ({name}) {}: undone though the task is {} and owes no compensation",
-                    step.name, r.process_state
+        if let Some(each) = &step.for_each {
+            // Measured at the service: never more elements in calls at once than the cap.
+            let group = format!("{}:{}", r.task_id, step.name);
+            let most = effects.elements_in_flight.get(&group).copied().unwrap_or(0);
+            if most > each.max_concurrency {
+                report.over_concurrency.push(format!(
+                    "{id} ({workflow_name}) {}: {most} elements in calls at once, maxConcurrency {}",
+                    step.name, each.max_concurrency
                 ));
             }
-            known_keys.insert(undo_key);
         }
-        let got = effects.net.get(&key).copied().unwrap_or(0);
-        known_keys.insert(key);
         // By hand: a skipped step nets what it had when it was skipped (nothing is sent
         // for it); the steps a compensation from an earlier step settled by hand are the
         // operator's to account for.
@@ -104,27 +108,65 @@ pub(super) fn check_net_effects(
         let settled = by_hand
             .iter()
             .any(|a| a.action == "compensate-from" && a.from == ProcessState::Error && i > 0);
-        let want = match (skipped, settled) {
-            (_, true) => None,
-            (Some(a), _) if r.process_state != ProcessState::Resolved => {
-                Some(as_it_ran(a.step_status, true))
+        // A forEach step: each element is a unit of its own, with its own key.
+        let units: Vec<(String, &StepState)> = if state.elements.is_empty() {
+            vec![(step.name.clone(), state)]
+        } else {
+            state
+                .elements
+                .iter()
+                .enumerate()
+                .map(|(k, e)| (format!("{}#{k}", step.name), e))
+                .collect()
+        };
+        for (name, unit) in units {
+            let key = idempotency_key(r.task_id, &name, &step.action, unit.generation);
+            counts.effects += effects.applied.get(&key).map_or(0, |n| *n as usize);
+            if let Some(undo) = &step.undo {
+                let undo_key =
+                    idempotency_key(r.task_id, &name, &undo.action, unit.undo_generation);
+                let applied = effects.applied.get(&undo_key).copied().unwrap_or(0);
+                counts.effects += applied as usize;
+                if owes_no_undo && applied > 0 {
+                    report.wrong_net.push(format!(
+                        "{id} ({workflow_name}) {name}: undone though the task is {} and owes no compensation",
+                        r.process_state,
+                    ));
+                }
+                known_keys.insert(undo_key);
             }
-            _ => wanted_net(r, i, state),
-        };
-        let Some(want) = want else {
-            continue;
-        };
-        if !want.contains(&got) {
-            report.wrong_net.push(format!(
-                "{id} ({name}) {}: nets {got}, not {want:?} (task {}, step {}{})",
-                step.name,
-                r.process_state,
-                state.status,
-                state
-                    .undo
-                    .map(|u| format!(", undo {u}"))
-                    .unwrap_or_default()
-            ));
+            let got = effects.net.get(&key).copied().unwrap_or(0);
+            known_keys.insert(key);
+            let want = match (skipped, settled) {
+                (_, true) => None,
+                (Some(a), _)
+                    if r.process_state != ProcessState::Resolved && state.elements.is_empty() =>
+                {
+                    Some(as_it_ran(a.step_status, true))
+                }
+                // A forEach step skipped by hand: its elements' real effects stay as they ran,
+                // unless compensation reversed them as any other.
+                (Some(_), _)
+                    if matches!(
+                        r.process_state,
+                        ProcessState::Processed | ProcessState::Error
+                    ) =>
+                {
+                    Some(as_it_ran(unit.status, unit.sent))
+                }
+                _ => wanted_net(r, i, unit),
+            };
+            let Some(want) = want else {
+                continue;
+            };
+            if !want.contains(&got) {
+                report.wrong_net.push(format!(
+                    "{id} ({workflow_name}) {name}: nets {got}, not {want:?} (task {}, step {}{})",
+                    r.process_state,
+                    unit.status,
+                    unit.undo.map(|u| format!(", undo {u}")).unwrap_or_default()
+                ));
+            }
         }
     }
 }
@@ -165,7 +207,15 @@ fn wanted_net(r: &StateRecord, i: usize, s: &StepState) -> Option<&'static [i32]
         _ if s.status == StepStatus::Skipped => &[0],
         P::Processed => &[1],
         P::Compensated | P::Refused if s.undoable => &[0],
-        P::CompensationFailed if i == r.step_index => &[0, 1],
+        // The step (or element) whose undo failed may or may not be undone; a forEach step's
+        // elements after it were undone, those before it stay as they ran.
+        P::CompensationFailed if i == r.step_index && s.undo == Some(StepStatus::Done) => &[0],
+        P::CompensationFailed
+            if i == r.step_index && s.undo.is_none() && r.steps[i].elements.is_empty() =>
+        {
+            &[0, 1]
+        }
+        P::CompensationFailed if i == r.step_index && s.undo.is_some() => &[0, 1],
         P::CompensationFailed if s.undoable && i > r.step_index => &[0],
         P::Compensated | P::Refused | P::CompensationFailed | P::Error => as_it_ran,
         // Settled outside sas by an operator: nothing for sas's books to add up.

@@ -17,7 +17,12 @@ use std::collections::BTreeSet;
 /// charge), else by invoice; the express booking only when asked for; the packing always.
 fn triage_path(input: &serde_json::Value) -> (BTreeSet<&'static str>, bool) {
     let by_card = input["amount"].as_i64().is_some_and(|a| a > 500);
-    let mut path = BTreeSet::from(["reserve-inventory", "pack-order", "arrange-shipping"]);
+    let mut path = BTreeSet::from([
+        "reserve-inventory",
+        "pick-items",
+        "pack-order",
+        "arrange-shipping",
+    ]);
     if by_card {
         path.extend(["check-credit", "charge-card"]);
     } else {
