@@ -329,11 +329,12 @@ async fn a_retry_from_the_console_may_give_the_task_a_new_input() {
     );
 }
 
-/// A workflow with a choice and a condition, published by the test: the chaos run's
-/// `order-triage` (an order paid by card, a credit check then the charge, above 500, by invoice
-/// otherwise; an express booking only when asked for).
+/// The shipped `order-triage` (every construct: its items picked by a forEach, then the payment,
+/// by card with a credit check above 500 or by invoice, and the packing, with an express
+/// booking only when asked for, in parallel branches), published by the test.
 fn triage_workflow() -> serde_json::Value {
-    serde_json::from_str(sas_chaos::ORDER_TRIAGE).expect("the chaos run's workflow is JSON")
+    sas::domain::workflow::parse_value(sas_chaos::ORDER_TRIAGE, sas::Format::Yaml)
+        .expect("the shipped order-triage is YAML")
 }
 
 /// Publishes `order-triage` and runs two of its tasks: one paid by invoice and sent express
@@ -348,7 +349,10 @@ async fn triage_tasks(system: &System) -> [sas::TaskId; 2] {
     )
     .await;
     assert_eq!(status, 201, "{body}");
-    let input = |amount: u32, express: bool| serde_json::json!({"customerId": "c-graph", "amount": amount, "express": express});
+    let input = |amount: u32, express: bool| {
+        serde_json::json!({"customerId": "c-graph", "amount": amount, "express": express,
+                           "items": ["SKU-1", "SKU-2", "SKU-3"]})
+    };
     let processed = sas_blackbox::submit_task(system, "order-triage", &input(120, true)).await;
     sas_blackbox::pump_until_quiet(system, 500).await;
     system

@@ -112,7 +112,7 @@ try {
   await page.goto(`${base}/workflows/order-triage`);
   const graph = page.locator('figure.graph svg.workflow-graph');
   assert.ok(await graph.isVisible(), 'the graph is drawn');
-  const triageSteps = ['reserve-inventory', 'check-credit', 'charge-card', 'send-invoice', 'express-booking', 'pack-order', 'arrange-shipping'];
+  const triageSteps = ['reserve-inventory', 'pick-items', 'check-credit', 'charge-card', 'send-invoice', 'express-booking', 'pack-order', 'arrange-shipping'];
   const stepsOf = (svg) => svg.locator('g.node').evaluateAll((ns) => ns.map((n) => n.dataset.step));
   assert.deepEqual(await stepsOf(graph), triageSteps);
   assert.equal(await graph.locator('[data-status]').count(), 0, 'no task, no statuses');
@@ -128,7 +128,7 @@ try {
   const trail = page.locator('figure.graph svg.workflow-graph');
   assert.deepEqual(await stepsOf(trail), triageSteps);
   const node = (step) => trail.locator(`g.node[data-step="${step}"]`);
-  const want = { 'reserve-inventory': 'Done', 'check-credit': 'Done', 'charge-card': 'Done',
+  const want = { 'reserve-inventory': 'Done', 'pick-items': 'Done', 'check-credit': 'Done', 'charge-card': 'Done',
     'send-invoice': 'Skipped', 'express-booking': 'Skipped', 'pack-order': 'Done', 'arrange-shipping': 'Failed' };
   for (const [step, status] of Object.entries(want)) {
     assert.equal(await node(step).getAttribute('data-status'), status, step);

@@ -29,72 +29,17 @@ impl Config {
             let stem = name.rsplit_once('.').map_or(name.as_str(), |(s, _)| s);
             out.push((format!("{stem}.json"), value.to_string()));
         }
-        out.push(("order-triage.json".into(), ORDER_TRIAGE.into()));
+        let triage = workflow::parse_value(ORDER_TRIAGE, Format::Yaml)?;
+        out.push(("order-triage.json".into(), triage.to_string()));
         Ok(out)
     }
 }
 
-/// The run's third workflow, over the example services: an order whose items are picked by a
-/// forEach (2 at once), then whose payment and packing run at once, in two parallel branches. The payment is a choice (a credit check and a card
-/// charge above 500, an invoice otherwise; the choice's result tells the shipping how it was
-/// paid); the packing branch books express delivery only when asked for, then packs. Its tasks
-/// take every path of a choice and a condition, with two branches in flight, under the run's
-/// faults.
-pub const ORDER_TRIAGE: &str = r#"{
-  "name": "order-triage",
-  "input": {
-    "type": "object",
-    "required": ["customerId", "amount", "express", "items"],
-    "properties": {
-      "customerId": {"type": "string"},
-      "amount": {"type": "integer"},
-      "express": {"type": "boolean"},
-      "items": {"type": "array", "items": {"type": "string"}}
-    }
-  },
-  "steps": [
-    {"name": "reserve-inventory", "service": "inventory",
-     "input": {"customerId": "$.input.customerId"},
-     "undo": {"action": "release-inventory", "input": {"reservation": "$.steps['reserve-inventory'].result.id"}}},
-    {"name": "pick-items", "service": "inventory", "action": "pick-item",
-     "forEach": "$.input.items", "maxConcurrency": 2,
-     "input": {"sku": "$.element", "line": "$.index", "reservation": "$.steps['reserve-inventory'].result.id"},
-     "undo": {"action": "unpick-item", "input": {"pick": "$.steps['pick-items'].result.id", "sku": "$.element"}}},
-    {"name": "prepare", "parallel": [
-      {"name": "pay", "steps": [
-        {"name": "payment", "choice": [
-          {"when": "input.amount > 500",
-           "steps": [
-             {"name": "check-credit", "service": "credit-bureau", "input": {"customerId": "$.input.customerId"}},
-             {"name": "charge-card", "service": "payment", "action": "charge-payment",
-              "input": {"amount": "$.input.amount"},
-              "undo": {"action": "refund-payment", "input": {"payment": "$.steps['charge-card'].result.id"}}}
-           ],
-           "result": {"paidBy": "card", "payment": "$.steps['charge-card'].result.id"}}
-         ],
-         "otherwise": {
-           "steps": [
-             {"name": "send-invoice", "service": "payment", "action": "invoice",
-              "input": {"amount": "$.input.amount"},
-              "undo": {"action": "cancel-invoice"}}
-           ],
-           "result": {"paidBy": "invoice", "payment": "$.steps['send-invoice'].result.id"}}}
-      ]},
-      {"name": "pack", "steps": [
-        {"name": "express-booking", "service": "shipping", "when": "input.express",
-         "input": {"customerId": "$.input.customerId"},
-         "undo": {"action": "cancel-express"}},
-        {"name": "pack-order", "service": "inventory",
-         "input": {"reservation": "$.steps['reserve-inventory'].result.id"},
-         "undo": {"action": "unpack-order", "input": {"parcel": "$.steps['pack-order'].result.id"}}}
-      ]}
-    ]},
-    {"name": "arrange-shipping", "service": "shipping",
-     "input": {"reservation": "$.steps['reserve-inventory'].result.id", "payment": "$.steps['payment'].result",
-               "parcel": "$.steps['pack-order'].result.id"},
-     "undo": {"action": "cancel-shipping"}}
-  ]
-}"#;
+/// The run's third workflow (YAML): the shipped example that uses every construct
+/// (`workflows/order-triage.yaml`): an order whose items are picked by a forEach (2 at once),
+/// then whose payment (a choice) and packing (with a condition) run at once, in two parallel
+/// branches.
+pub const ORDER_TRIAGE: &str = sas::domain::workflow::examples::ORDER_TRIAGE;
 
 fn duration_of(v: &Value) -> anyhow::Result<Option<Duration>> {
     match v.as_str() {

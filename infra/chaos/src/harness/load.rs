@@ -147,7 +147,8 @@ mod tests {
         let order = workflow::examples::ecommerce_order(&policy);
         let loan = workflow::examples::loan_application(&policy);
         let triage = sas::Workflow::from_value(
-            serde_json::from_str(super::super::definitions::ORDER_TRIAGE).expect("JSON"),
+            workflow::parse_value(super::super::definitions::ORDER_TRIAGE, sas::Format::Yaml)
+                .expect("YAML"),
             None,
             &policy,
         )

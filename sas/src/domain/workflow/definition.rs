@@ -262,6 +262,24 @@ mod tests {
             loan.steps[3].undo.is_none(),
             "nothing after the pivot is undone"
         );
+        // Every construct, over the shipped services.
+        let triage = workflow(examples::ORDER_TRIAGE).expect("order-triage.yaml");
+        assert!(triage.steps[1].for_each.is_some(), "pick-items");
+        let kinds: Vec<_> = triage
+            .groups
+            .iter()
+            .map(|g| {
+                (
+                    g.name.as_str(),
+                    matches!(g.kind, GroupKind::Parallel { .. }),
+                )
+            })
+            .collect();
+        assert_eq!(kinds, [("prepare", true), ("payment", false)]);
+        assert!(
+            triage.steps.iter().any(|s| s.when.is_some()),
+            "express-booking"
+        );
     }
 
     #[test]

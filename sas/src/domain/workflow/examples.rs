@@ -12,6 +12,9 @@ use std::collections::BTreeSet;
 pub const ECOMMERCE_ORDER: &str = include_str!("../../../../workflows/ecommerce-order.yaml");
 pub const LOAN_APPLICATION: &str = include_str!("../../../../workflows/loan-application.yaml");
 pub const SERVICES: &str = include_str!("../../../../workflows/services.yaml");
+/// The example that uses every construct (a forEach, parallel branches, a choice, a
+/// condition); published by hand, not with the two above (see docs/workflows.md).
+pub const ORDER_TRIAGE: &str = include_str!("../../../../workflows/order-triage.yaml");
 
 /// The example services (all simulated).
 pub fn services() -> Vec<ServiceDef> {
