@@ -141,6 +141,8 @@ try {
   assert.equal(await trail.locator('g.lane[data-group="payment"][data-arm="0"]').getAttribute('data-taken'), 'true');
   assert.equal(await trail.locator('g.lane[data-group="payment"][data-arm="1"]').getAttribute('data-taken'), 'false');
   assert.equal(await node('pack-order').locator('text.undo-status').textContent(), 'undo ✓ Done');
+  // The forEach's elements, each with its status and its undo, on the same page.
+  assert.match(await page.locator('p.elements').innerText(), /^3 elements: #0 Done undo Done #1 Done undo Done #2 Done undo Done/);
   assert.equal(await node('charge-card').locator('text.undo').textContent(), '↶ undo refund-payment');
   assert.equal(await node('charge-card').locator('text.undo-status').textContent(), 'undo ✓ Done');
   assert.ok(await trail.locator('path.edge.taken').count() >= 5, 'the path is drawn');

@@ -297,6 +297,45 @@ pub fn render_task(t: &TaskView) -> String {
         out.push_str(&table(&rows, &[]));
     }
 
+    let each: Vec<_> = t.steps.iter().filter(|s| !s.elements.is_empty()).collect();
+    if !each.is_empty() {
+        // A forEach step's elements: how many, by status, and by undo.
+        out.push_str("\nELEMENTS\n");
+        let mut rows = vec![header(&["STEP", "ELEMENTS", "STATUSES", "UNDOS"])];
+        let tally = |of: Vec<&str>| {
+            let mut counts: Vec<(String, usize)> = vec![];
+            for s in of {
+                match counts.iter_mut().find(|(k, _)| k == s) {
+                    Some((_, n)) => *n += 1,
+                    None => counts.push((s.to_owned(), 1)),
+                }
+            }
+            if counts.is_empty() {
+                "-".to_owned()
+            } else {
+                counts
+                    .iter()
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        };
+        rows.extend(each.iter().map(|s| {
+            vec![
+                clean(&s.name, usize::MAX),
+                s.elements.len().to_string(),
+                tally(s.elements.iter().map(|e| e.status.as_str()).collect()),
+                tally(
+                    s.elements
+                        .iter()
+                        .filter_map(|e| e.undo.as_deref())
+                        .collect(),
+                ),
+            ]
+        }));
+        out.push_str(&table(&rows, &[]));
+    }
+
     if !t.branches.is_empty() {
         out.push_str("\nBRANCHES\n");
         let mut rows = vec![header(&[
@@ -704,6 +743,15 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
                 parallel: true,
             },
         ];
+        v.steps[1].elements = ["Done", "Done", "Failed"]
+            .iter()
+            .map(|st| sas::api::views::StepView {
+                name: "reserve-funds".into(),
+                status: (*st).into(),
+                undo: (*st == "Done").then(|| "Done".to_owned()),
+                ..Default::default()
+            })
+            .collect();
         v.branches = vec![sas::api::views::BranchView {
             group: "checks".into(),
             state: "Processing".into(),
@@ -717,7 +765,7 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             out.contains(" 3  send-contract   -                     Skipped"),
             "{out}"
         );
-        let groups = "\nGROUPS\nGROUP   RAN\nreview  case 1\nextras  skipped (its condition did not hold)\nfees    otherwise\nchecks  every branch\n\nBRANCHES\nGROUP   STATE       STEP         ATTEMPT  DEADLINE  ERROR\nchecks  Processing  fraud-check  4        -         -\n\nHISTORY";
+        let groups = "\nGROUPS\nGROUP   RAN\nreview  case 1\nextras  skipped (its condition did not hold)\nfees    otherwise\nchecks  every branch\n\nELEMENTS\nSTEP           ELEMENTS  STATUSES          UNDOS\nreserve-funds  3         Done 2, Failed 1  Done 2\n\nBRANCHES\nGROUP   STATE       STEP         ATTEMPT  DEADLINE  ERROR\nchecks  Processing  fraud-check  4        -         -\n\nHISTORY";
         assert!(out.contains(groups), "{out}");
     }
 

@@ -622,6 +622,17 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                             @if !s["waitingUntil"].is_null() { "Waits for its callback until " (when(&s["waitingUntil"])) ". " }
                             @if s["generation"].as_u64().is_some_and(|g| g > 0) { "Key generation " (s["generation"]) ". " }
                         }
+                        @if let Some(elements) = s["elements"].as_array().filter(|e| !e.is_empty()) {
+                            // A forEach step: each element's status and undo, in order.
+                            p class="elements" {
+                                (elements.len()) " elements: "
+                                @for (k, e) in elements.iter().enumerate() {
+                                    span class="element" title={ "element " (k) } { "#" (k) " " (badge(text(e, "status"))) }
+                                    @if let Some(u) = e["undo"].as_str() { " undo " (badge(u)) }
+                                    " "
+                                }
+                            }
+                        }
                         @for (label, key) in [("Input", "input"), ("Result", "result"), ("Undo input", "undoInput")] {
                             @if !s[key].is_null() {
                                 details {
