@@ -13,6 +13,7 @@ use crate::messages::{
 };
 use crate::ports::CallbackAddress;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{Instrument, info, info_span, warn};
@@ -41,14 +42,39 @@ pub struct SchedulerDeps {
 
 /// Handles one SQS batch from the work queue or the reply queue.
 pub async fn handle(deps: &SchedulerDeps, event: SqsEvent) -> SqsBatchResponse {
+    // One task's messages in a batch are handled one after another, different tasks' at once:
+    // the replies to a group's branches (or a forEach's elements) would otherwise race for
+    // the one record, and a write that loses still bills the whole item.
+    let turns: HashMap<crate::TaskId, Arc<tokio::sync::Mutex<()>>> = event
+        .records
+        .iter()
+        .filter_map(|r| task_of(r.body.as_deref()?))
+        .map(|id| (id, Arc::default()))
+        .collect();
+    let turns = &turns;
     process_batch(
         event,
         deps.ports.queue.as_ref(),
         deps.dead_letter_url.as_deref(),
         (&deps.ports.metrics, "scheduler"),
-        |body| async move { on_message(deps, &body).await },
+        |body| async move {
+            let turn = task_of(&body).and_then(|id| turns.get(&id).cloned());
+            let _turn = match &turn {
+                Some(t) => Some(t.lock().await),
+                None => None,
+            };
+            on_message(deps, &body).await
+        },
     )
     .await
+}
+
+/// The task a scheduler message is about, if it parses.
+fn task_of(body: &str) -> Option<crate::TaskId> {
+    match serde_json::from_str::<SchedulerMessage>(body).ok()? {
+        SchedulerMessage::Work(w) => Some(w.task_id),
+        SchedulerMessage::Reply(r) => Some(r.task_id),
+    }
 }
 
 /// Handles one message body.
@@ -165,9 +191,11 @@ async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError
         match apply_one(deps, &r).await {
             Ok(Applied::Yes | Applied::Dropped) => return Ok(()),
             Ok(Applied::LostRace) if attempt < REPLY_TRIES => {
-                // Another write is in between (a burst on a hot record): a short, growing
-                // pause lets it pass rather than losing to it again at once.
-                tokio::time::sleep(pause / 4).await;
+                // Another write is in between (a burst on a hot record, from another
+                // scheduler): a short, growing, jittered pause lets it pass rather than losing
+                // to it again at once, in step with the other losers.
+                let jitter = rand::random_range(0.5..1.5);
+                tokio::time::sleep((pause / 4).mul_f64(jitter)).await;
                 pause *= 2;
             }
             Ok(Applied::LostRace) => {}
