@@ -251,6 +251,25 @@ pub fn parallel_table(rows: &[(&'static str, Vec<f64>)]) -> String {
     t
 }
 
+/// What the group costs against the line, from their scenarios in the call table.
+pub fn group_cost(scenarios: &[Scenario], usd_per_task: impl Fn(&Scenario) -> f64) -> String {
+    let find = |w: &str| scenarios.iter().find(|s| s.workflow == w);
+    let (Some(p), Some(l)) = (find(PARALLEL), find(LINE)) else {
+        return String::new();
+    };
+    let (up, ul) = (usd_per_task(p) * 1e6, usd_per_task(l) * 1e6);
+    format!(
+        "On the emulator (the call table's columns) the group costs {} DynamoDB writes, {:.0} WRU, {:.1} RRU and ${up:.2} of orchestration per million tasks, against the line's {}, {:.0}, {:.1} and ${ul:.2}: {:+.0}%.\n",
+        p.counts.dynamodb_writes(),
+        p.counts.wru,
+        p.counts.rru,
+        l.counts.dynamodb_writes(),
+        l.counts.wru,
+        l.counts.rru,
+        (up / ul.max(1e-12) - 1.0) * 100.0
+    )
+}
+
 /// One forEach run with `pollers` scheduler pollers per queue.
 #[derive(Debug, Clone)]
 pub struct RaceRun {

@@ -121,6 +121,13 @@ async fn main() -> anyhow::Result<()> {
     writeln!(md, "### A parallel group against a line\n")?;
     let rows = groups::parallel_vs_line(cli.group_tasks).await?;
     writeln!(md, "{}", groups::parallel_table(&rows))?;
+    if let Some(scenarios) = &measured {
+        writeln!(
+            md,
+            "{}",
+            groups::group_cost(scenarios, |s| cost(s).orchestration)
+        )?;
+    }
     writeln!(md, "### forEach: replies racing on one record\n")?;
     let runs = groups::for_each_race(&cli.race_pollers).await?;
     writeln!(md, "{}", groups::race_table(&runs))?;
@@ -1020,6 +1027,24 @@ mod tests {
                 .count()
                 == NEW_SCENARIOS.len()
         );
+        // The group against the line, and the forEach per element, from the same scenarios.
+        let group = groups::group_cost(&s, |sc| cost(sc).orchestration);
+        assert!(group.contains("against the line's"), "{group}");
+        let each = groups::for_each_cost(&s, |sc| cost(sc).orchestration);
+        let wru = each
+            .lines()
+            .find(|l| l.starts_with("| DynamoDB write request units |"))
+            .unwrap_or_else(|| panic!("no WRU row:\n{each}"));
+        let cells: Vec<f64> = wru
+            .split('|')
+            .filter_map(|c| c.trim().parse().ok())
+            .collect();
+        assert_eq!(cells.len(), 3, "{wru}");
+        assert!(
+            (cells[0] / groups::ELEMENTS as f64 - cells[1]).abs() < 0.01,
+            "per element is per task / 100: {wru}"
+        );
+        assert!(each.contains("(100 keys, each applied once)"), "{each}");
         // Progress events are off by default: a clean e-commerce order publishes only
         // `TaskProcessed`.
         assert_eq!(s[0].name, "clean e-commerce order");
