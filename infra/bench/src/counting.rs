@@ -31,6 +31,10 @@ pub struct Counts {
     /// Partition key (an item's `pk`, or a GSI's partition key value, named by its index) →
     /// the write and read units it took: what a hot key would show.
     pub keys: BTreeMap<String, (f64, f64)>,
+    /// State-record writes whose condition failed (`ConditionFailed`): another write came
+    /// between the handler's read and its write (e.g. two branches' replies racing on one
+    /// record). Billed like any write, and counted in `writes` too.
+    pub conflicts: u64,
 }
 
 /// One DynamoDB write's bill: the write request units on the table's item and on each index
@@ -70,6 +74,10 @@ impl Counts {
             .iter()
             .map(|c| self.call(c))
             .sum()
+    }
+    /// The largest item any write wrote (the larger of old and new, as billed), in bytes.
+    pub fn largest_item(&self) -> usize {
+        self.writes.iter().map(|w| w.item_bytes).max().unwrap_or(0)
     }
     pub fn has_scan(&self) -> bool {
         self.calls.keys().any(|k| k.contains("Scan"))
@@ -136,6 +144,9 @@ impl Meter {
             .unwrap_or_default()
     }
 }
+
+/// What a write's label ends with when its condition failed.
+pub const LOST: &str = " (condition failed)";
 
 fn units(bytes: usize, unit: usize) -> f64 {
     bytes.div_ceil(unit).max(1) as f64
@@ -255,7 +266,7 @@ impl Counter {
                 );
             }
         } else {
-            w.label = format!("{} (condition failed)", w.label);
+            w.label = format!("{}{LOST}", w.label);
         }
         self.meter
             .key(format!("TASK#<id>: {}", record.task_id), w.table, 0.0);
@@ -308,6 +319,9 @@ impl Interceptor for Counter {
                 let out = next.run(call).await;
                 let label = sas::domain::write_label(record, condition);
                 self.put(record, old.as_ref(), label, out.is_ok());
+                if out.as_ref().is_err_and(|e| e.is_condition_failed()) {
+                    m.add(|c| c.conflicts += 1);
+                }
                 out
             }
             Call::Due(q) => {

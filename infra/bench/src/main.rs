@@ -3,6 +3,7 @@
 //! sas-bench -- --help`. Speed goals are reported here, never asserted in tests.
 
 mod counting;
+mod groups;
 mod prices;
 mod scenarios;
 
@@ -38,6 +39,12 @@ struct Cli {
     /// Overdue tasks one sweep recovers in the sweep-capacity run.
     #[arg(long, default_value_t = 2000)]
     sweep_tasks: usize,
+    /// Tasks of each of the parallel group and the line, one at a time, for their times.
+    #[arg(long, default_value_t = 5)]
+    group_tasks: usize,
+    /// Scheduler pollers per queue for the forEach race, one run each.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 4, 8])]
+    race_pollers: Vec<usize>,
     /// Where `sam build` left the bootstraps, for their sizes.
     #[arg(long, default_value = ".aws-sam/build")]
     sam_build: std::path::PathBuf,
@@ -84,6 +91,7 @@ async fn main() -> anyhow::Result<()> {
     }
     writeln!(md)?;
 
+    let mut measured = None;
     if !cli.no_emulator {
         let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_default();
         anyhow::ensure!(
@@ -101,6 +109,35 @@ async fn main() -> anyhow::Result<()> {
         writeln!(md, "{}", cost_table(&scenarios))?;
         writeln!(md, "## Before and after\n")?;
         writeln!(md, "{}", before_after_table(&scenarios)?)?;
+        measured = Some(scenarios);
+    }
+
+    eprintln!("parallel groups and forEach…");
+    writeln!(md, "## Parallel groups and forEach\n")?;
+    writeln!(
+        md,
+        "The bench's own workflows (written in `infra/bench/src/groups.rs`, published into each system the bench builds; their counts are columns of the call and cost tables above). In memory, each store, queue and bus call taking {MODELED_CALL_MS} ms.\n"
+    )?;
+    writeln!(md, "### A parallel group against a line\n")?;
+    let rows = groups::parallel_vs_line(cli.group_tasks).await?;
+    writeln!(md, "{}", groups::parallel_table(&rows))?;
+    if let Some(scenarios) = &measured {
+        writeln!(
+            md,
+            "{}",
+            groups::group_cost(scenarios, |s| cost(s).orchestration)
+        )?;
+    }
+    writeln!(md, "### forEach: replies racing on one record\n")?;
+    let runs = groups::for_each_race(&cli.race_pollers).await?;
+    writeln!(md, "{}", groups::race_table(&runs))?;
+    if let Some(scenarios) = &measured {
+        writeln!(md, "### forEach: cost per element (on the emulator)\n")?;
+        writeln!(
+            md,
+            "{}",
+            groups::for_each_cost(scenarios, |s| cost(s).orchestration)
+        )?;
     }
 
     eprintln!("sweep capacity…");
@@ -255,16 +292,8 @@ fn quantile(v: &[f64], q: f64) -> f64 {
 /// The workflows the throughput run measures.
 const WORKFLOWS: [&str; 2] = ["ecommerce-order", "loan-application"];
 
-/// The input of a task of `workflow` (one of [`WORKFLOWS`]).
-fn input(workflow: &str) -> serde_json::Value {
-    if workflow == "loan-application" {
-        serde_json::json!({"applicantId": "bench", "amount": 25000, "currency": "EUR"})
-    } else {
-        serde_json::json!({"customerId": "bench", "items": [{"sku": "SKU-1", "quantity": 1}]})
-    }
-}
-
-/// Submits `tasks` tasks of `workflow` (one of [`WORKFLOWS`]) as the anonymous caller through
+/// Submits `tasks` tasks of `workflow` (an example workflow or one of the bench's, published
+/// in `system`: see [`scenarios::input`]) as the anonymous caller through
 /// the HTTP handler (no network), `in_flight` at a time; their ids, in order. Every
 /// submission must be accepted (202).
 async fn submit_burst(
@@ -278,7 +307,7 @@ async fn submit_burst(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
     );
-    let body = input(workflow).to_string();
+    let body = scenarios::input(workflow).to_string();
     let path = format!("/workflows/{workflow}/tasks");
     let caller = sas::auth::Identity::anonymous();
     let mut ids = Vec::with_capacity(tasks);
@@ -705,6 +734,15 @@ fn writes_table(scenarios: &[Scenario]) -> String {
     t
 }
 
+/// The scenarios added after the baseline was measured (the parallel group, the line and the
+/// forEach): their before/after rows say `new`. Any other scenario must have a
+/// baseline row.
+const NEW_SCENARIOS: [&str; 3] = [
+    "3 parallel branches",
+    "the same 3 steps in a line",
+    "forEach: 100 elements, 10 at once",
+];
+
 /// The figures of the baseline run (`infra/bench/baseline.json`, committed with the commit and
 /// date they were measured at) beside this run's, scenario by scenario.
 fn before_after_table(scenarios: &[Scenario]) -> anyhow::Result<String> {
@@ -729,6 +767,19 @@ fn before_after_table(scenarios: &[Scenario]) -> anyhow::Result<String> {
         let f = |k: &str| b[k].as_f64();
         let c = cost(s);
         let now = c.orchestration * 1e6;
+        if b.is_null() && NEW_SCENARIOS.contains(&s.name) {
+            // Measured first after the baseline: nothing to compare with.
+            t.push_str(&format!(
+                "| {} | - | ${now:.2} | new | - | {:.0} | - | {:.1} | - | {} | - | {} | 1/{:.1} |\n",
+                s.name,
+                s.counts.wru,
+                s.counts.rru,
+                s.counts.events,
+                s.counts.call("SQS SendMessage"),
+                c.sfn_standard / c.orchestration,
+            ));
+            continue;
+        }
         let (Some(usd), Some(wru), Some(rru), Some(events), Some(sends)) = (
             f("orchestration_usd"),
             f("wru"),
@@ -808,7 +859,7 @@ Fixed monthly costs are left out: the supervisor's schedule (43,200 invocations 
             p.item, p.usd, p.unit, p.source
         ));
     }
-    t.push_str("\nThe equivalent Standard state machines, one per workflow. E-commerce order: `Reserve`, `Charge`, `Ship` (Task states that send the request with a task token and wait; `Retry` on timeout, `Catch` to the compensation), `NotifyProcessed` (EventBridge task), `Done` (Succeed): 5 transitions for a clean e-commerce order, one more per retried step; refused at the third step (a business outcome, no alert): `Reserve`, `Charge`, `Ship`, `Refund`, `Release`, `NotifyRefused`, `Failed`: 7. Loan application: `CheckCredit`, `ReserveFunds`, `SendContract` (`.waitForTaskToken`: the signature comes by callback), `DisburseFunds`, `NotifyProcessed`, `Done`: 6 for a clean loan; refused at the contract: `CheckCredit`, `ReserveFunds`, `SendContract`, `ReleaseFunds` (the credit check has no undo), `NotifyRefused`, `Failed`: 6. Express is billed per request and per GB-second of the whole execution (64 MB, 100 ms increments) and cannot wait out an outage longer than its 5-minute limit.\n");
+    t.push_str("\nThe equivalent Standard state machines, one per workflow. E-commerce order: `Reserve`, `Charge`, `Ship` (Task states that send the request with a task token and wait; `Retry` on timeout, `Catch` to the compensation), `NotifyProcessed` (EventBridge task), `Done` (Succeed): 5 transitions for a clean e-commerce order, one more per retried step; refused at the third step (a business outcome, no alert): `Reserve`, `Charge`, `Ship`, `Refund`, `Release`, `NotifyRefused`, `Failed`: 7. Loan application: `CheckCredit`, `ReserveFunds`, `SendContract` (`.waitForTaskToken`: the signature comes by callback), `DisburseFunds`, `NotifyProcessed`, `Done`: 6 for a clean loan; refused at the contract: `CheckCredit`, `ReserveFunds`, `SendContract`, `ReleaseFunds` (the credit check has no undo), `NotifyRefused`, `Failed`: 6. The bench's own workflows: the parallel group is a Parallel state over three branches of one Task state each, `NotifyProcessed`, `Done`: 6; its line, three Task states, `NotifyProcessed`, `Done`: 5; the forEach an inline Map state (`MaxConcurrency` 10) whose 100 iterations run one Task state each, `NotifyProcessed`, `Done`: 103. Express is billed per request and per GB-second of the whole execution (64 MB, 100 ms increments) and cannot wait out an outage longer than its 5-minute limit.\n");
     t
 }
 
@@ -958,15 +1009,42 @@ mod tests {
             assert!((usd[5] - (usd[0] + usd[3] + usd[4])).abs() < 0.02, "{row}");
             assert!(usd[0] > 0.0, "{row}");
         }
-        // Every scenario has its baseline row, and the change is computed from both.
+        // Every scenario but the new ones has its baseline row, and the change is computed
+        // from both; a new one says so.
         let before_after = before_after_table(&s).expect("every scenario has a baseline");
         for sc in &s {
             let row = before_after
                 .lines()
                 .find(|l| l.starts_with(&format!("| {} |", sc.name)))
                 .unwrap_or_else(|| panic!("no before/after row for {}:\n{before_after}", sc.name));
-            assert!(row.contains('%') && row.contains("1/"), "{row}");
+            let new = NEW_SCENARIOS.contains(&sc.name);
+            assert_eq!(row.contains("| new |"), new, "{row}");
+            assert!((row.contains('%') || new) && row.contains("1/"), "{row}");
         }
+        assert!(
+            s.iter()
+                .filter(|sc| NEW_SCENARIOS.contains(&sc.name))
+                .count()
+                == NEW_SCENARIOS.len()
+        );
+        // The group against the line, and the forEach per element, from the same scenarios.
+        let group = groups::group_cost(&s, |sc| cost(sc).orchestration);
+        assert!(group.contains("against the line's"), "{group}");
+        let each = groups::for_each_cost(&s, |sc| cost(sc).orchestration);
+        let wru = each
+            .lines()
+            .find(|l| l.starts_with("| DynamoDB write request units |"))
+            .unwrap_or_else(|| panic!("no WRU row:\n{each}"));
+        let cells: Vec<f64> = wru
+            .split('|')
+            .filter_map(|c| c.trim().parse().ok())
+            .collect();
+        assert_eq!(cells.len(), 3, "{wru}");
+        assert!(
+            (cells[0] / groups::ELEMENTS as f64 - cells[1]).abs() < 0.01,
+            "per element is per task / 100: {wru}"
+        );
+        assert!(each.contains("(100 keys, each applied once)"), "{each}");
         // Progress events are off by default: a clean e-commerce order publishes only
         // `TaskProcessed`.
         assert_eq!(s[0].name, "clean e-commerce order");

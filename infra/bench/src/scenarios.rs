@@ -2,10 +2,13 @@
 //! (against the emulator at `AWS_ENDPOINT_URL`), each on its own resources, with every API call
 //! counted: a clean e-commerce order, a clean loan application, an order whose first step
 //! overruns once (recovered by its deadline timer), an order refused at step 3 and compensated,
-//! and a loan refused at its contract and compensated (its credit check has no undo).
+//! and a loan refused at its contract and compensated (its credit check has no undo); and the
+//! bench's own workflows ([`crate::groups`]): a parallel group of three branches, the same
+//! three steps in a line, and a forEach over 100 elements at maxConcurrency 10.
 
 use crate::counting::{Counter, Counts, Meter};
-use sas::ports::{Clock, OffsetClock, ReceiveRequest};
+use crate::groups;
+use sas::ports::{Clock, OffsetClock, ReceiveRequest, StateStore};
 use sas::remote::Faults;
 use sas::{ProcessState, TaskId};
 use sas_local::intercept::Intercepted;
@@ -34,6 +37,9 @@ pub struct Scenario {
     /// Wall time spent handling this task's messages, by function (on the emulator, including
     /// the poll's receive and delete, so an upper bound of what Lambda would bill).
     pub handler_seconds: BTreeMap<&'static str, f64>,
+    /// Effects the simulated services applied for this task, by idempotency key (a correct
+    /// run applies each key once).
+    pub effects: BTreeMap<String, u32>,
 }
 
 /// Accumulates handler wall time by function.
@@ -85,16 +91,34 @@ pub enum Target {
 /// counts are those of a warm function (see [`build`]).
 pub(crate) const CATALOG_TTL_SECONDS: i64 = 600;
 
-/// A system on fresh resources, with the example definitions published and every function's
-/// catalog cache warmed: in a deployment the catalog is read once per function instance every
-/// `CATALOG_CACHE_SECONDS` (5 s), which rounds to nothing per task under any load, so the
-/// scenarios count what a warm function does. The counts start after the warm-up.
+/// What [`build`] made: the system, the meter its calls are counted on, and its store
+/// unwrapped (to watch a task without counting).
+struct Built {
+    system: System,
+    meter: Arc<Meter>,
+    store: Arc<dyn StateStore>,
+}
+
+/// The workflows every scenario's system has published (the examples and the bench's own).
+const PUBLISHED: [&str; 5] = [
+    "ecommerce-order",
+    "loan-application",
+    groups::PARALLEL,
+    groups::LINE,
+    groups::FOR_EACH,
+];
+
+/// A system on fresh resources, with the example definitions and the bench's own
+/// ([`groups::definitions`]) published and every function's catalog cache warmed: in a
+/// deployment the catalog is read once per function instance every `CATALOG_CACHE_SECONDS`
+/// (5 s), which rounds to nothing per task under any load, so the scenarios count what a warm
+/// function does. The counts start after the warm-up.
 async fn build(
     target: &Target,
     faults: &[(&str, Faults)],
     step: chrono::Duration,
     timers: bool,
-) -> anyhow::Result<(System, Arc<Meter>, Arc<OffsetClock>)> {
+) -> anyhow::Result<Built> {
     let mut settings = Settings {
         // A deployment with `DeadlineTimers=false` arms none: the sweep alone finds deadlines.
         deadline_timers: timers,
@@ -117,6 +141,7 @@ async fn build(
     for (service, f) in faults {
         settings.faults.insert((*service).to_owned(), f.clone());
     }
+    settings.definitions.extend(groups::definitions());
     let backend = match target {
         Target::Emulator(config) => Backend::Aws {
             config: config.clone(),
@@ -126,26 +151,30 @@ async fn build(
         Target::Memory => Backend::Memory,
     };
     let meter = Arc::new(Meter::default());
-    let p = wrap(
-        ports(backend, &settings).await?,
-        &meter,
-        settings.due_shards,
-    );
+    let p = ports(backend, &settings).await?;
+    let store = p.store.clone();
+    let p = wrap(p, &meter, settings.due_shards);
     let files = settings.definitions.clone();
-    let clock = Arc::new(OffsetClock::default());
-    let system = System::from_ports(p, settings, clock.clone() as Arc<dyn Clock>);
+    let clock: Arc<dyn Clock> = Arc::new(OffsetClock::default());
+    let system = System::from_ports(p, settings, clock);
     system.publish(&files).await?;
-    for workflow in ["ecommerce-order", "loan-application"] {
+    for workflow in PUBLISHED {
         system.definitions.latest(workflow).await?;
     }
     system.definitions.services().await?;
     meter.take();
-    Ok((system, meter, clock))
+    Ok(Built {
+        system,
+        meter,
+        store,
+    })
 }
 
-/// The input of a task of `workflow`.
-fn input(workflow: &str) -> serde_json::Value {
-    if workflow == "loan-application" {
+/// The input of a task of `workflow`: an example workflow, or one of the bench's.
+pub(crate) fn input(workflow: &str) -> serde_json::Value {
+    if let Some(input) = groups::input(workflow) {
+        input
+    } else if workflow == "loan-application" {
         serde_json::json!({"applicantId": "bench", "amount": 25000, "currency": "EUR"})
     } else {
         serde_json::json!({"customerId": "bench", "items": [{"sku": "SKU-1", "quantity": 1}]})
@@ -196,6 +225,41 @@ async fn quiet(system: &System, clocked: &mut Clocked) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Pumps until `id` has ended with its notice out (watched on the unwrapped `store`, so
+/// uncounted) and nothing moves, or for at most `within`: a reply that kept losing its race
+/// comes back only after its message's visibility timeout.
+async fn settle(
+    system: &System,
+    store: &dyn StateStore,
+    clocked: &mut Clocked,
+    id: TaskId,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let until = std::time::Instant::now() + within;
+    loop {
+        quiet(system, clocked).await?;
+        let ended = store
+            .get_state(id)
+            .await?
+            .is_some_and(|r| r.process_state.is_final() && !r.notice_pending());
+        if ended || std::time::Instant::now() > until {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The effects the simulated services applied for task `id`, by idempotency key.
+fn effects_of(system: &System, id: TaskId) -> BTreeMap<String, u32> {
+    let prefix = id.to_string();
+    system
+        .services
+        .all()
+        .into_iter()
+        .flat_map(|(_, s)| s.effects_for(&prefix))
+        .collect()
+}
+
 /// What a scenario is and what it must come to.
 struct Plan {
     name: &'static str,
@@ -213,7 +277,7 @@ fn finish(
     plan: &Plan,
     mut counts: Counts,
     timers_handled: u64,
-    final_state: ProcessState,
+    (final_state, effects): (ProcessState, BTreeMap<String, u32>),
     clocked: Clocked,
 ) -> anyhow::Result<Scenario> {
     anyhow::ensure!(
@@ -221,6 +285,12 @@ fn finish(
         "scenario {:?} ended {final_state}, not {}: its counts would not be what it says",
         plan.name,
         plan.expect
+    );
+    let twice: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
+    anyhow::ensure!(
+        twice.is_empty(),
+        "scenario {:?} applied these keys more than once: {twice:?}",
+        plan.name
     );
     let m = |k: &str| counts.messages.get(k).copied().unwrap_or(0);
     let timers = m("timers");
@@ -251,6 +321,7 @@ fn finish(
         callbacks: plan.callbacks,
         final_state,
         handler_seconds,
+        effects,
     })
 }
 
@@ -269,12 +340,24 @@ async fn straight_with(
     faults: &[(&str, Faults)],
     timers: bool,
 ) -> anyhow::Result<Scenario> {
-    let (system, meter, _) = build(target, faults, chrono::Duration::seconds(30), timers).await?;
+    let Built {
+        system,
+        meter,
+        store,
+        ..
+    } = build(target, faults, chrono::Duration::seconds(30), timers).await?;
     let mut clocked = Clocked::default();
     let id = submit(&system, &mut clocked, plan.workflow).await?;
-    quiet(&system, &mut clocked).await?;
+    settle(
+        &system,
+        store.as_ref(),
+        &mut clocked,
+        id,
+        Duration::from_secs(300),
+    )
+    .await?;
     let counts = meter.take();
-    let r = read(&system, id).await?;
+    let r = (read(&system, id).await?, effects_of(&system, id));
     system.shutdown().await;
     finish(plan, counts, 0, r, clocked)
 }
@@ -324,7 +407,7 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
         expect: ProcessState::Processed,
     };
     let step = chrono::Duration::seconds(2);
-    let (system, meter, _) = build(target, &[], step, true).await?;
+    let Built { system, meter, .. } = build(target, &[], step, true).await?;
     let mut clocked = Clocked::default();
     let id = submit(&system, &mut clocked, plan.workflow).await?;
     // Claimed; the request and its timer go out.
@@ -350,7 +433,7 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     }
     quiet(&system, &mut clocked).await?;
     let counts = meter.take();
-    let r = read(&system, id).await?;
+    let r = (read(&system, id).await?, effects_of(&system, id));
     system.shutdown().await;
     out.push(finish(&plan, counts, handled, r, clocked)?);
 
@@ -392,6 +475,42 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     };
     out.push(straight_with(target, &plan, &[], false).await?);
 
+    // 7. The bench's parallel group: three branches of one step each. The equivalent: a
+    // Parallel state, its three Task states, NotifyProcessed, Done: 6 transitions.
+    let plan = Plan {
+        name: "3 parallel branches",
+        workflow: groups::PARALLEL,
+        steps: 3,
+        sfn_transitions: 6,
+        callbacks: 0,
+        expect: ProcessState::Processed,
+    };
+    out.push(straight(target, &plan, &[]).await?);
+
+    // 8. The same three steps in a line: A, B, C, NotifyProcessed, Done: 5.
+    let plan = Plan {
+        name: "the same 3 steps in a line",
+        workflow: groups::LINE,
+        steps: 3,
+        sfn_transitions: 5,
+        callbacks: 0,
+        expect: ProcessState::Processed,
+    };
+    out.push(straight(target, &plan, &[]).await?);
+
+    // 9. A forEach over 100 elements, 10 at once (each element a step run). The equivalent:
+    // an inline Map state (maxConcurrency 10), one Task state per iteration, NotifyProcessed,
+    // Done: 103.
+    let plan = Plan {
+        name: "forEach: 100 elements, 10 at once",
+        workflow: groups::FOR_EACH,
+        steps: groups::ELEMENTS,
+        sfn_transitions: groups::ELEMENTS as u64 + 3,
+        callbacks: 0,
+        expect: ProcessState::Processed,
+    };
+    out.push(straight(target, &plan, &[]).await?);
+
     Ok(out)
 }
 
@@ -422,7 +541,10 @@ mod tests {
                 "order, one retry (timer)",
                 "order refused at step 3",
                 "loan refused at step 3",
-                "clean e-commerce order (no deadline timers)"
+                "clean e-commerce order (no deadline timers)",
+                "3 parallel branches",
+                "the same 3 steps in a line",
+                "forEach: 100 elements, 10 at once",
             ]
         );
         // Without timers: the clean e-commerce order's messages and writes, less the timers and the
@@ -457,5 +579,65 @@ mod tests {
             assert!(sc.counts.wru > 0.0, "{}", sc.name);
         }
         assert_eq!(s[2].invocations["supervisor"], 4, "one timer per request");
+        // The parallel group and the line: one request per step, each applied once (`finish`
+        // refuses a key applied twice).
+        assert_eq!((agent(6), agent(7)), (3, 3));
+        for i in [6, 7] {
+            assert_eq!(s[i].final_state, ProcessState::Processed, "{}", s[i].name);
+            assert_eq!(s[i].effects.len(), 3, "{}: {:?}", s[i].name, s[i].effects);
+        }
+        // The forEach: one request and one reply per element, every element's call applied
+        // once, and a record that grew with the elements' results.
+        let each = &s[8];
+        assert_eq!(agent(8), groups::ELEMENTS as u64);
+        assert_eq!(each.counts.messages["replies"], groups::ELEMENTS as u64);
+        let elements: Vec<_> = each
+            .effects
+            .iter()
+            .filter(|(k, _)| k.contains(":each#"))
+            .collect();
+        assert_eq!(elements.len(), groups::ELEMENTS, "{:?}", each.effects);
+        assert!(elements.iter().all(|(_, n)| **n == 1), "{elements:?}");
+        assert!(
+            each.counts.largest_item() > s[0].counts.largest_item(),
+            "{} vs {}",
+            each.counts.largest_item(),
+            s[0].counts.largest_item()
+        );
+    }
+
+    /// A state-record write whose condition fails (another write came first) is a conflict.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_that_loses_its_race_counts_as_a_conflict() {
+        let Built {
+            system,
+            meter,
+            store,
+        } = build(&Target::Memory, &[], chrono::Duration::seconds(30), true)
+            .await
+            .expect("a system");
+        let id = submit(&system, &mut Clocked::default(), "ecommerce-order")
+            .await
+            .expect("submitted");
+        let r = store.get_state(id).await.expect("read").expect("a record");
+        let condition = sas::domain::Condition::Matches {
+            version: r.version,
+            guards: vec![],
+        };
+        let mut next = r.clone();
+        next.version += 1;
+        meter.take();
+        system
+            .store
+            .put(&next, &condition)
+            .await
+            .expect("the first wins");
+        assert_eq!(meter.take().conflicts, 0);
+        let lost = system.store.put(&next, &condition).await;
+        assert!(lost.is_err(), "the second loses");
+        let counts = meter.take();
+        assert_eq!(counts.conflicts, 1, "{counts:?}");
+        assert_eq!(counts.call("DynamoDB PutItem"), 1, "billed like any write");
+        system.shutdown().await;
     }
 }
