@@ -297,10 +297,12 @@ impl RaceRun {
     }
     /// The write units of the state-record writes whose condition failed.
     pub fn lost_wru(&self) -> f64 {
+        // (+ 0.0: an empty sum is -0.0, printed "-0".)
         self.task_writes()
             .filter(|w| w.label.ends_with(LOST))
             .map(WriteUnits::total)
-            .sum()
+            .sum::<f64>()
+            + 0.0
     }
     fn task_writes(&self) -> impl Iterator<Item = &WriteUnits> {
         self.counts
@@ -340,7 +342,7 @@ pub async fn for_each_race(pollers: &[usize]) -> anyhow::Result<Vec<RaceRun>> {
 pub fn race_table(runs: &[RaceRun]) -> String {
     let waves = ELEMENTS.div_ceil(MAX_CONCURRENCY);
     let mut t = format!(
-        "One task whose forEach step calls a service ({EACH_MS} ms a call) for each of {ELEMENTS} elements, {MAX_CONCURRENCY} at once, in memory with every DynamoDB, SQS and EventBridge call taking {CALL_MS} ms, and 1 to {} scheduler pollers on each of the work and reply queues (each takes batches of up to 10 and handles a batch's messages at once, as a Lambda invocation does). The elements' replies meet on the task's one record: a reply whose conditional write loses reads the record again and is applied again, up to 4 tries; one that loses all 4 comes back with its message, or its element's deadline sends the element again (here {}s after it went out). *Conflicts*: state-record writes whose condition failed (each billed like any write). The sweep's lease writes are left out. The floor is {waves} waves of {EACH_MS} ms: {} ms.\n\n| scheduler pollers per queue | requests sent | replies | conflicts | conflicts per reply | state-record writes | their WRU | WRU of the writes that lost | largest item | end-to-end |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "One task whose forEach step calls a service ({EACH_MS} ms a call) for each of {ELEMENTS} elements, {MAX_CONCURRENCY} at once, in memory with every DynamoDB, SQS and EventBridge call taking {CALL_MS} ms, and 1 to {} scheduler pollers on each of the work and reply queues (each takes batches of up to 10, as a Lambda invocation does, and handles one task's messages of a batch one after another, different tasks' at once). The elements' replies meet on the task's one record: a reply whose conditional write loses reads the record again and is applied again, up to 4 tries; one that loses all 4 comes back with its message, or its element's deadline sends the element again (here {}s after it went out). *Conflicts*: state-record writes whose condition failed (each billed like any write). The sweep's lease writes are left out. The floor is {waves} waves of {EACH_MS} ms: {} ms.\n\n| scheduler pollers per queue | requests sent | replies | conflicts | conflicts per reply | state-record writes | their WRU | WRU of the writes that lost | largest item | end-to-end |\n|---|---|---|---|---|---|---|---|---|---|\n",
         runs.iter().map(|r| r.pollers).max().unwrap_or(1),
         Settings::default().policy.step_timeout.num_seconds(),
         waves as u64 * EACH_MS
@@ -395,7 +397,7 @@ pub fn for_each_cost(scenarios: &[Scenario], usd_per_task: impl Fn(&Scenario) ->
     };
     let order = scenarios.iter().find(|s| s.workflow == "ecommerce-order");
     let mut t = format!(
-        "The forEach scenario of the call table (`{FOR_EACH}`: {ELEMENTS} elements, {MAX_CONCURRENCY} at once, on the emulator, each scheduler batch's messages handled at once) per element, beside the clean e-commerce order per step. Its conflicts are those of the sequential pumps of the emulator run (the race table above has them under concurrent pollers).\n\n| per | forEach task | forEach, per element | e-commerce order, per step |\n|---|---|---|---|\n"
+        "The forEach scenario of the call table (`{FOR_EACH}`: {ELEMENTS} elements, {MAX_CONCURRENCY} at once, on the emulator, one task's messages of a scheduler batch handled one after another) per element, beside the clean e-commerce order per step. Its conflicts are those of the sequential pumps of the emulator run (the race table above has them under concurrent pollers).\n\n| per | forEach task | forEach, per element | e-commerce order, per step |\n|---|---|---|---|\n"
     );
     let n = ELEMENTS as f64;
     let mut row = |label: &str, f: &dyn Fn(&Scenario) -> f64, digits: usize| {
