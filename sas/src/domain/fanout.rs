@@ -83,6 +83,24 @@ pub struct Branch {
 }
 
 impl Branch {
+    /// A branch over steps `start..end`, not yet opened (see `branches::reopen`).
+    pub fn new(start: usize, end: usize, attempt: u64) -> Self {
+        Self {
+            start,
+            end,
+            process_state: ProcessState::Pending,
+            step_index: start,
+            attempt,
+            locked_by: None,
+            complete_by: None,
+            failure_count: 0,
+            round: 0,
+            deferrals: 0,
+            requeues: 0,
+            last_error: None,
+        }
+    }
+
     /// Whether the branch has a step out.
     pub fn is_out(&self) -> bool {
         self.process_state == ProcessState::Processing

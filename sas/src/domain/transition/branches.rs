@@ -240,25 +240,11 @@ pub(super) fn fan_out_each(
     step.elements = (0..plan.elements).map(|_| step.element()).collect();
     step.status = StepStatus::Running;
     step.sent = true;
-    let branch = Branch {
-        start: i,
-        end: i + 1,
-        process_state: ProcessState::Pending,
-        step_index: i,
-        attempt: n.attempt,
-        locked_by: None,
-        complete_by: Some(now + p.at(i).pickup_timeout),
-        failure_count: 0,
-        round: 0,
-        deferrals: 0,
-        requeues: 0,
-        last_error: None,
-    };
     n.fanout = Some(Fanout {
         group: n.steps[i].name.clone(),
         start: i,
         end: i + 1,
-        branches: vec![branch; plan.elements],
+        branches: vec![Branch::new(i, i + 1, n.attempt); plan.elements],
         stop: None,
         each: Some(Each {
             step: i,
@@ -268,6 +254,7 @@ pub(super) fn fan_out_each(
         }),
         current: None,
     });
+    reopen(n, now, p);
     n.step_index = i;
     n.last_error = None;
     log(
@@ -299,40 +286,11 @@ pub(super) fn fan_out(
     claim_one: ClaimOne<'_>,
 ) -> Vec<Effect> {
     let from = n.process_state;
-    let mut branches = vec![];
-    for span in &g.branches {
-        let at = span
-            .clone()
-            .find(|&j| !matches!(n.steps[j].status, StepStatus::Done | StepStatus::Skipped))
-            .unwrap_or(span.end);
-        if let Some(step) = n.steps.get_mut(at).filter(|_| at < span.end) {
-            if step.status == StepStatus::Failed {
-                step.generation += 1;
-                step.sent = false;
-            }
-            step.status = StepStatus::Pending;
-            step.finished_at = None;
-            step.finished_attempt = None;
-        }
-        branches.push(Branch {
-            start: span.start,
-            end: span.end,
-            process_state: if at < span.end {
-                ProcessState::Pending
-            } else {
-                ProcessState::Processed
-            },
-            step_index: at,
-            attempt: n.attempt,
-            locked_by: None,
-            complete_by: (at < span.end).then(|| now + p.at(at).pickup_timeout),
-            failure_count: 0,
-            round: 0,
-            deferrals: 0,
-            requeues: 0,
-            last_error: None,
-        });
-    }
+    let branches = g
+        .branches
+        .iter()
+        .map(|span| Branch::new(span.start, span.end, n.attempt))
+        .collect();
     n.fanout = Some(Fanout {
         group: g.name.clone(),
         start: g.span.start,
@@ -342,6 +300,7 @@ pub(super) fn fan_out(
         each: None,
         current: None,
     });
+    reopen(n, now, p);
     n.step_index = g.span.start;
     n.last_error = None;
     log(
@@ -376,10 +335,22 @@ pub(super) fn resume(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
     };
     f.stop = None;
     // (A forEach step's refusals tolerated so far stay: their elements are over.)
-    let each = f.each.as_ref().map(|e| e.step);
-    if let Some(i) = each {
+    if let Some(i) = f.each.as_ref().map(|e| e.step) {
         n.steps[i].status = StepStatus::Running;
     }
+    reopen(n, now, p);
+    n.refusal = None;
+    settle(n, now, p)
+}
+
+/// Every branch not done goes on from its first step (or element) not done: that step is
+/// tried again (under a new key if its service refused it), claimable now. A branch with
+/// nothing left is done. (The group reached, or resumed after it stopped.)
+fn reopen(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) {
+    let Some(f) = n.fanout.as_mut() else {
+        return;
+    };
+    let each = f.each.as_ref().map(|e| e.step);
     for (b, br) in f.branches.iter_mut().enumerate() {
         if br.process_state == ProcessState::Processed {
             continue;
@@ -422,8 +393,6 @@ pub(super) fn resume(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
             ..br.clone()
         };
     }
-    n.refusal = None;
-    settle(n, now, p)
 }
 
 /// The state of branch `b`'s step `i`: the step's, or, for a forEach step, its element's.
@@ -580,6 +549,18 @@ pub(super) fn reply(
     claim_one: ClaimOne<'_>,
 ) -> Result<Transition, Rejection> {
     let b = branch_of(r, step_index, Some(attempt))?;
+    applied(r, b, now, p, event, claim_one)
+}
+
+/// The write of `event` applied to branch `b` of `r`.
+fn applied(
+    r: &StateRecord,
+    b: usize,
+    now: DateTime<Utc>,
+    p: &Policies,
+    event: Event<'_>,
+    claim_one: ClaimOne<'_>,
+) -> Result<Transition, Rejection> {
     let now = to_millis(now);
     let mut n = next(r, now);
     let effects = in_branch(&mut n, b, false, event)?;
@@ -605,10 +586,7 @@ pub(super) fn callback(
     {
         return Err(Rejection::NotRunning(br.process_state));
     }
-    let now = to_millis(now);
-    let mut n = next(r, now);
-    let effects = in_branch(&mut n, b, false, event)?;
-    Ok(written(r, n, effects, now, p, claim_one))
+    applied(r, b, now, p, event, claim_one)
 }
 
 /// The supervisor found the record due: every branch whose deadline passed is recovered as on

@@ -30,8 +30,8 @@ pub fn claim(
     p: &Policies,
     router: &dyn Router,
 ) -> Result<Transition, Rejection> {
+    let claim_one = |seen: &StateRecord, by: &str| claim(seen, by, now, p, router);
     if r.fanout.is_some() && r.branch().is_none() {
-        let claim_one = |seen: &StateRecord, by: &str| claim(seen, by, now, p, router);
         return branches::claim(r, instance, now, p, &claim_one);
     }
     let undo = match r.process_state {
@@ -48,7 +48,6 @@ pub fn claim(
     n.requeues = 0;
     let mut at = r.step_index;
     let main_line = r.branch().is_none();
-    let claim_one = |seen: &StateRecord, by: &str| claim(seen, by, now, p, router);
     if !undo && !r.steps[at].sent {
         match router.route(r, at) {
             Ok(route) => {
@@ -69,16 +68,9 @@ pub fn claim(
             tidy(&mut n);
             return Ok(Transition::from(r, condition, n, e));
         }
-        if let Some(g) = router.parallel(at).filter(|_| main_line) {
-            n.locked_by = Some(instance.to_owned());
-            let effects = branches::fan_out(&mut n, &g, instance, now, p, &claim_one);
-            return Ok(branches::written(r, n, effects, now, p, &claim_one));
-        }
-        match router.for_each(&n, at).filter(|_| main_line) {
-            Some(Ok(plan)) => {
-                n.locked_by = Some(instance.to_owned());
-                let effects =
-                    branches::fan_out_each(&mut n, at, plan, instance, now, p, &claim_one);
+        match main_line.then(|| group_at(router, &n, at)).flatten() {
+            Some(Ok(group)) => {
+                let effects = enter(&mut n, at, group, instance, now, p, router);
                 return Ok(branches::written(r, n, effects, now, p, &claim_one));
             }
             Some(Err(error)) => {
@@ -113,6 +105,39 @@ pub fn claim(
         n,
         vec![Effect::SendStepRequest],
     ))
+}
+
+/// What opens at step `at` on the main line, if anything: a parallel group, or a forEach step
+/// over its list (`Err`: why the list cannot be run, which fails the step).
+enum Group {
+    Parallel(super::route::Parallel),
+    Each(super::route::EachPlan),
+}
+
+fn group_at(router: &dyn Router, n: &StateRecord, at: usize) -> Option<Result<Group, String>> {
+    if let Some(g) = router.parallel(at) {
+        return Some(Ok(Group::Parallel(g)));
+    }
+    router.for_each(n, at).map(|plan| plan.map(Group::Each))
+}
+
+/// Opens `group` at step `at`: its branches (or a forEach's first elements) are claimed by
+/// `instance` in this write.
+fn enter(
+    n: &mut StateRecord,
+    at: usize,
+    group: Group,
+    instance: &str,
+    now: DateTime<Utc>,
+    p: &Policies,
+    router: &dyn Router,
+) -> Vec<Effect> {
+    n.locked_by = Some(instance.to_owned());
+    let claim_one = |seen: &StateRecord, by: &str| claim(seen, by, now, p, router);
+    match group {
+        Group::Parallel(g) => branches::fan_out(n, &g, instance, now, p, &claim_one),
+        Group::Each(plan) => branches::fan_out_each(n, at, plan, instance, now, p, &claim_one),
+    }
 }
 
 /// The condition in front of step `i` could not be decided (`error`): the step fails as one
@@ -431,40 +456,24 @@ fn step_done(
         log(n, from, Some(i), "step done; the group stops");
         return vec![progress];
     }
-    if from == ProcessState::Processing
-        && n.branch().is_none()
-        && let Some(g) = router.parallel(n.step_index)
-    {
-        let instance = n.locked_by.clone().unwrap_or_default();
-        log(n, from, Some(i), "step done");
-        let mut effects = vec![progress];
-        let claim_one = |seen: &StateRecord, by: &str| claim(seen, by, now, p, router);
-        effects.extend(branches::fan_out(n, &g, &instance, now, p, &claim_one));
-        effects.extend(branches::settle(n, now, p));
-        return effects;
-    }
-    if from == ProcessState::Processing && n.branch().is_none() {
-        match router.for_each(n, n.step_index) {
-            Some(Ok(plan)) => {
-                let instance = n.locked_by.clone().unwrap_or_default();
-                log(n, from, Some(i), "step done");
-                let mut effects = vec![progress];
-                let at = n.step_index;
-                let claim_one = |seen: &StateRecord, by: &str| claim(seen, by, now, p, router);
-                effects.extend(branches::fan_out_each(
-                    n, at, plan, &instance, now, p, &claim_one,
-                ));
-                effects.extend(branches::settle(n, now, p));
-                return effects;
-            }
-            Some(Err(error)) => {
-                let at = n.step_index;
-                let mut effects = vec![progress];
-                effects.extend(condition_failed(n, at, &error, now, p));
-                return effects;
-            }
-            None => {}
+    let at = n.step_index;
+    let main_line = from == ProcessState::Processing && n.branch().is_none();
+    match main_line.then(|| group_at(router, n, at)).flatten() {
+        Some(Ok(group)) => {
+            // The group goes out under the claim that sent this step.
+            let instance = n.locked_by.clone().unwrap_or_default();
+            log(n, from, Some(i), "step done");
+            let mut effects = vec![progress];
+            effects.extend(enter(n, at, group, &instance, now, p, router));
+            effects.extend(branches::settle(n, now, p));
+            return effects;
         }
+        Some(Err(error)) => {
+            let mut effects = vec![progress];
+            effects.extend(condition_failed(n, at, &error, now, p));
+            return effects;
+        }
+        None => {}
     }
     if from != ProcessState::Processing {
         if from == ProcessState::Error {
