@@ -431,10 +431,16 @@ fn triage_workflow() -> Value {
     })
 }
 
-/// Starts a `claim-triage` task on `input` and waits for its end.
-async fn triage(http: &reqwest::Client, base: &str, input: Value, within: Duration) -> Value {
+/// Starts a task of `workflow` on `input` and waits for its end.
+async fn run(
+    http: &reqwest::Client,
+    base: &str,
+    workflow: &str,
+    input: Value,
+    within: Duration,
+) -> Value {
     let r = http
-        .post(format!("{base}/workflows/claim-triage/tasks"))
+        .post(format!("{base}/workflows/{workflow}/tasks"))
         .json(&input)
         .send()
         .await
@@ -471,9 +477,10 @@ async fn conditions_and_a_choice_decide_what_runs(system: &System, base: &str, w
     assert_eq!(status, 201, "{body}");
 
     // Above 10,000 and asked to notify: the manual case runs, its result is the choice's.
-    let done = triage(
+    let done = run(
         &http,
         base,
+        "claim-triage",
         json!({"claimId": "T-1", "amount": 20000, "notify": true}),
         within,
     )
@@ -508,9 +515,10 @@ async fn conditions_and_a_choice_decide_what_runs(system: &System, base: &str, w
     );
 
     // Small and quiet: `otherwise` runs, nothing is called for the skipped steps.
-    let done = triage(
+    let done = run(
         &http,
         base,
+        "claim-triage",
         json!({"claimId": "T-2", "amount": 50, "notify": false}),
         within,
     )
@@ -545,9 +553,10 @@ async fn conditions_and_a_choice_decide_what_runs(system: &System, base: &str, w
         refuse_actions: vec!["reserve-payout".into()],
         ..Faults::default()
     });
-    let done = triage(
+    let done = run(
         &http,
         base,
+        "claim-triage",
         json!({"claimId": "T-3", "amount": 12000, "notify": false}),
         within,
     )
@@ -622,20 +631,6 @@ fn review_workflow() -> Value {
     })
 }
 
-/// Starts a `claim-review` task on `input` and waits for its end.
-async fn review(http: &reqwest::Client, base: &str, input: Value, within: Duration) -> Value {
-    let r = http
-        .post(format!("{base}/workflows/claim-review/tasks"))
-        .json(&input)
-        .send()
-        .await
-        .expect("POST");
-    assert_eq!(r.status().as_u16(), 202);
-    let started: Value = r.json().await.expect("JSON");
-    let id = started["taskId"].as_str().expect("taskId").to_owned();
-    finished(http, base, &id, within).await
-}
-
 /// The 20 parties of a review.
 fn parties() -> Vec<String> {
     (0..20).map(|k| format!("party-{k}")).collect()
@@ -660,9 +655,10 @@ async fn parallel_branches_run_and_undo_exactly(system: &System, base: &str, wit
     assert_eq!(status, 201, "{body}");
 
     // Every branch runs; the steps after the group read each branch's results.
-    let done = review(
+    let done = run(
         &http,
         base,
+        "claim-review",
         json!({"claimId": "R-1", "amount": 20000, "notify": true, "parties": parties()}),
         within,
     )
@@ -729,9 +725,10 @@ async fn parallel_branches_run_and_undo_exactly(system: &System, base: &str, wit
         refuse_actions: vec!["reserve-payout".into()],
         ..Faults::default()
     });
-    let done = review(
+    let done = run(
         &http,
         base,
+        "claim-review",
         json!({"claimId": "R-2", "amount": 500, "notify": true, "parties": parties()}),
         within,
     )

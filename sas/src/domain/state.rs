@@ -551,6 +551,15 @@ impl StateRecord {
         self.branch().map_or(self.steps.len(), |b| b.end)
     }
 
+    /// The first step from `from` on the line the cursor walks that was not decided away
+    /// (Skipped); the end of the line if none.
+    pub fn next_not_skipped(&self, from: usize) -> usize {
+        let end = self.end();
+        (from..end)
+            .find(|&j| self.steps[j].status != StepStatus::Skipped)
+            .unwrap_or(end)
+    }
+
     /// The branch this record is seen from, inside a transition (see [`Fanout::current`]).
     pub fn branch(&self) -> Option<&Branch> {
         let f = self.fanout.as_ref()?;

@@ -772,9 +772,7 @@ pub(super) fn settle(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
         n.fanout = None;
         // The steps after it already decided not to run (the other arms of a choice the
         // forEach step stands in) are passed; the claim routes the rest.
-        let end = (end..n.steps.len())
-            .find(|&j| n.steps[j].status != StepStatus::Skipped)
-            .unwrap_or(n.steps.len());
+        let end = n.next_not_skipped(end);
         n.step_index = end;
         n.locked_by = None;
         n.failure_count = 0;

@@ -267,47 +267,30 @@ pub fn skip(
     n.round = 0;
     n.last_error = None;
     n.refusal = None;
-    if n.fanout.is_some() {
+    let progress = p.at(i).progress(NoticeKind::StepCompleted);
+    let enqueue = Effect::Enqueue {
+        delay: Duration::zero(),
+    };
+    let effects = if n.fanout.is_some() {
         // In a parallel group stopped in Error: its branches go on from their steps.
-        let mut effects = vec![p.at(i).progress(NoticeKind::StepCompleted)];
         n.process_state = ProcessState::Pending;
         let ended = branches::resume(&mut n, now, p);
+        let mut effects = vec![progress];
         if ended.is_empty() {
-            effects.push(Effect::Enqueue {
-                delay: Duration::zero(),
-            });
+            effects.push(enqueue);
         }
         effects.extend(ended);
-        log_by(
-            &mut n,
-            r.process_state,
-            Some(i),
-            actor.line(&format!("skip of {}", r.steps[i].name)),
-            Some(&actor.by),
-        );
-        tidy(&mut n);
-        return Ok(Transition::from(
-            r,
-            Condition::on(r, vec![Guard::StateIs(ProcessState::Error)]),
-            n,
-            effects,
-        ));
-    }
-    // The steps already decided not to run are passed; the claim routes the rest.
-    n.step_index = (i + 1..n.steps.len())
-        .find(|&j| n.steps[j].status != StepStatus::Skipped)
-        .unwrap_or(n.steps.len());
-    let effects = if n.step_index < n.steps.len() {
-        n.process_state = ProcessState::Pending;
-        n.complete_by = Some(now + p.at(n.step_index).pickup_timeout);
-        vec![
-            p.at(i).progress(NoticeKind::StepCompleted),
-            Effect::Enqueue {
-                delay: Duration::zero(),
-            },
-        ]
+        effects
     } else {
-        finish(&mut n, ProcessState::Processed, NoticeKind::Processed)
+        // The steps already decided not to run are passed; the claim routes the rest.
+        n.step_index = n.next_not_skipped(i + 1);
+        if n.step_index < n.steps.len() {
+            n.process_state = ProcessState::Pending;
+            n.complete_by = Some(now + p.at(n.step_index).pickup_timeout);
+            vec![progress, enqueue]
+        } else {
+            finish(&mut n, ProcessState::Processed, NoticeKind::Processed)
+        }
     };
     log_by(
         &mut n,

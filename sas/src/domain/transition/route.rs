@@ -75,12 +75,8 @@ pub struct Linear;
 
 impl Router for Linear {
     fn route(&self, r: &StateRecord, from: usize) -> Result<Route, RouteError> {
-        let end = r.end();
-        let next = (from..end)
-            .find(|&j| r.steps[j].status != StepStatus::Skipped)
-            .unwrap_or(end);
         Ok(Route {
-            next,
+            next: r.next_not_skipped(from),
             skipped: vec![],
             decisions: vec![],
         })
