@@ -9,6 +9,12 @@
 //! (see `transition::branches`). The fan-out ends when every branch is done (the main cursor
 //! goes on after the group), or, after the first failure in a branch ([`Stop`]), once no branch
 //! has a step out (the task then fails or compensates from that step, as on the main line).
+//!
+//! A forEach step runs the same way: on the main line, each element is a branch of its own
+//! group ([`Fanout::each`]); in a parallel group's branch, its elements join that group as
+//! further branches ([`Fanout::inner`]) while the branch waits for them, so one group, one
+//! stop and one aggregate cover a branch's elements too (the nesting is bounded: a parallel
+//! group holds no parallel group, and a forEach step holds no steps).
 
 use super::status::ProcessState;
 use chrono::{DateTime, Utc};
@@ -32,6 +38,11 @@ pub struct Fanout {
     /// state is `steps[each.step].elements[k]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub each: Option<Each>,
+    /// The forEach steps a parallel group's branches reached: the elements of each are
+    /// branches of this group, after its own (see [`Each::within`]); the branch whose step it
+    /// is waits for them ([`Fanout::waits`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inner: Vec<Each>,
     /// The branch whose event is being applied: set only on the record as seen from a branch,
     /// inside a transition; never stored.
     #[serde(skip)]
@@ -48,6 +59,78 @@ pub struct Each {
     pub tolerated: u32,
     #[serde(default)]
     pub refused: u32,
+    /// A forEach step in a parallel group's branch (one of [`Fanout::inner`]); `None` for a
+    /// forEach step on the main line, whose elements are all the group's branches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<Within>,
+}
+
+/// Where a forEach step run inside a branch keeps its elements among the group's branches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Within {
+    /// The branch whose step it is.
+    pub branch: usize,
+    /// Its elements are branches `first..first + count`.
+    pub first: usize,
+    pub count: usize,
+    /// Every element is over (or an operator did the step by hand): the branch went on.
+    #[serde(default)]
+    pub done: bool,
+}
+
+impl Fanout {
+    /// The forEach step branch `b` is an element of, and the element's index.
+    pub fn each_of(&self, b: usize) -> Option<(&Each, usize)> {
+        if let Some(e) = &self.each {
+            return (b < self.branches.len()).then_some((e, b));
+        }
+        self.inner.iter().find_map(|e| {
+            let w = e.within.as_ref()?;
+            (w.first..w.first + w.count)
+                .contains(&b)
+                .then(|| (e, b - w.first))
+        })
+    }
+
+    /// As [`Fanout::each_of`], to change the forEach step's run.
+    pub fn each_of_mut(&mut self, b: usize) -> Option<&mut Each> {
+        let n = self.branches.len();
+        if let Some(e) = &mut self.each {
+            return (b < n).then_some(e);
+        }
+        self.inner.iter_mut().find(|e| {
+            e.within
+                .as_ref()
+                .is_some_and(|w| (w.first..w.first + w.count).contains(&b))
+        })
+    }
+
+    /// Every forEach step whose elements still run: the main line's, or those of branches.
+    pub fn running(&self) -> impl Iterator<Item = &Each> {
+        self.each.iter().chain(
+            self.inner
+                .iter()
+                .filter(|e| e.within.as_ref().is_some_and(|w| !w.done)),
+        )
+    }
+
+    /// The branches that are the elements of `e`.
+    pub fn elements_of(&self, e: &Each) -> std::ops::Range<usize> {
+        match &e.within {
+            Some(w) => w.first..w.first + w.count,
+            None => 0..self.branches.len(),
+        }
+    }
+
+    /// The forEach step (still running) branch `b` waits for: its step, whose elements are
+    /// branches of the group.
+    pub fn waits(&self, b: usize) -> Option<&Each> {
+        let br = self.branches.get(b)?;
+        self.inner.iter().find(|e| {
+            e.step == br.step_index && e.within.as_ref().is_some_and(|w| w.branch == b && !w.done)
+        })
+    }
 }
 
 /// One branch's cursor: the fields the record has for its main line.
@@ -101,9 +184,11 @@ impl Branch {
         }
     }
 
-    /// Whether the branch has a step out.
+    /// Whether the branch has a step out (locked by the scheduler that sent it). A branch
+    /// Processing without a lock waits for the elements of its forEach step
+    /// ([`Fanout::waits`]): it has nothing out itself.
     pub fn is_out(&self) -> bool {
-        self.process_state == ProcessState::Processing
+        self.process_state == ProcessState::Processing && self.locked_by.is_some()
     }
 }
 

@@ -1,6 +1,6 @@
 //! The state record: the pattern's one source of truth about a task.
 
-pub use super::fanout::{Branch, Each, Fanout, Stop, StopKind};
+pub use super::fanout::{Branch, Each, Fanout, Stop, StopKind, Within};
 use super::policy::Policies;
 pub use super::status::{ProcessState, StepStatus};
 use super::task_id::TaskId;
@@ -566,6 +566,13 @@ impl StateRecord {
         f.branches.get(f.current?)
     }
 
+    /// Seen from an element of a forEach step, inside a transition: the step, and the
+    /// element's index among its elements.
+    pub fn element(&self) -> Option<(usize, usize)> {
+        let f = self.fanout.as_ref()?;
+        f.each_of(f.current?).map(|(e, k)| (e.step, k))
+    }
+
     /// The current step's name, if the record has a current step.
     pub fn current_step(&self) -> Option<&str> {
         self.steps.get(self.step_index).map(|s| s.name.as_str())
@@ -985,18 +992,67 @@ impl StateRecord {
                 return Err(format!("{out} elements out, {} refused", each.refused));
             }
         }
+        // A branch's forEach steps: their elements follow the group's own branches.
+        let own = f
+            .inner
+            .iter()
+            .filter_map(|e| e.within.as_ref())
+            .map(|w| w.first)
+            .min()
+            .unwrap_or(f.branches.len());
+        let mut next_first = own;
+        for e in &f.inner {
+            let Some(w) = &e.within else {
+                return Err("a branch's forEach step without its place".into());
+            };
+            let Some(parent) = f.branches.get(w.branch).filter(|_| w.branch < own) else {
+                return Err(format!("a forEach step of branch {}", w.branch));
+            };
+            let step = steps.get(e.step);
+            if w.first != next_first
+                || w.first + w.count > f.branches.len()
+                || !(parent.start..parent.end).contains(&e.step)
+                || step.is_none_or(|s| s.elements.len() != w.count || (!s.sent && w.count > 0))
+            {
+                return Err(format!(
+                    "forEach step {} off its branch or elements",
+                    e.step
+                ));
+            }
+            next_first += w.count;
+            let out = f.branches[w.first..w.first + w.count]
+                .iter()
+                .filter(|br| br.is_out())
+                .count();
+            if out > e.max_concurrency as usize || e.refused > e.tolerated {
+                return Err(format!("{out} elements out, {} refused", e.refused));
+            }
+            if w.done == (parent.step_index == e.step) {
+                return Err(format!(
+                    "branch {}: at its forEach step {} iff its elements run",
+                    w.branch, e.step
+                ));
+            }
+        }
+        if next_first != f.branches.len() || (f.each.is_some() && !f.inner.is_empty()) {
+            return Err("branches that are no forEach step's elements after its own".into());
+        }
         let mut at = f.start;
         for (b, br) in f.branches.iter().enumerate() {
-            let element = f.each.as_ref().and_then(|e| steps[e.step].elements.get(b));
-            let spans = match element {
-                // Every element's branch is the forEach step.
-                Some(_) => br.start == f.start && br.end == f.end,
+            let of = f.each_of(b);
+            let element = of.and_then(|(e, k)| steps[e.step].elements.get(k));
+            let closed = of.is_some_and(|(e, _)| e.within.as_ref().is_some_and(|w| w.done));
+            let spans = match of {
+                // Every element's branch is its forEach step.
+                Some((e, _)) => br.start == e.step && br.end == e.step + 1 && element.is_some(),
                 None => br.start == at && br.end > br.start,
             };
             if !spans || br.step_index < br.start || br.step_index > br.end {
                 return Err(format!("branch {b}'s span or cursor"));
             }
-            at = br.end;
+            if of.is_none() {
+                at = br.end;
+            }
             if element.is_none()
                 && (!passed(br.start..br.step_index)
                     || !untouched((br.step_index + 1).min(br.end)..br.end))
@@ -1005,8 +1061,11 @@ impl StateRecord {
                     "branch {b}: a step before its cursor not done, or one after it started"
                 ));
             }
+            let waits = f.waits(b).is_some();
             let current = match element {
                 Some(e) if br.step_index < br.end => Some(e.status),
+                // An element of a forEach step an operator did by hand: as it ran.
+                Some(_) if closed => None,
                 // A done element: Done, or refused within the tolerance.
                 Some(e) if matches!(e.status, S::Done | S::Failed) => None,
                 Some(e) => return Err(format!("element {b} is over but {}", e.status)),
@@ -1017,6 +1076,12 @@ impl StateRecord {
             };
             let ok = match br.process_state {
                 P::Processed => br.step_index == br.end,
+                // Waiting for its forEach step's elements: Running while they run; as they
+                // ended once the group stopped in Error.
+                P::Processing if waits => {
+                    br.complete_by.is_none()
+                        && (current == Some(S::Running) || self.process_state == P::Error)
+                }
                 P::Processing => {
                     br.locked_by.is_some()
                         && br.complete_by.is_some()
@@ -1043,7 +1108,7 @@ impl StateRecord {
                 ));
             }
         }
-        if at != f.end {
+        if at != f.end && f.each.is_none() {
             return Err("the branches do not cover the group".into());
         }
         if let Some(stop) = &f.stop

@@ -360,8 +360,8 @@ async fn send_step_request(
     // A forEach step's element: the one this branch runs, or the one being undone. Its state
     // stands in the step's place (its own result, key generation, input revision).
     let undoing = record.process_state == ProcessState::Compensating;
-    let element = match record.fanout.as_ref().filter(|f| f.each.is_some()) {
-        Some(f) => f.current,
+    let element = match record.element() {
+        Some((_, k)) => Some(k),
         None if undoing => record.undo_element(i),
         None => None,
     };

@@ -8,7 +8,7 @@
 //! branches meet on it, and the one that loses reads the record again and is applied again
 //! (it is fenced by its branch's attempt and step, so that is safe).
 
-use super::super::fanout::{Branch, Each, Fanout, StopKind};
+use super::super::fanout::{Branch, Each, Fanout, StopKind, Within};
 use super::super::policy::Policies;
 use super::super::state::{
     NoticeKind, ProcessState, StateRecord, StepState, StepStatus, to_millis,
@@ -37,6 +37,11 @@ impl StateRecord {
 /// highest so far), so the claim's new attempt is new for the whole task.
 fn project(n: &StateRecord, b: usize, claim: bool) -> StateRecord {
     let mut seen = n.clone();
+    let element = n
+        .fanout
+        .as_ref()
+        .and_then(|f| f.each_of(b))
+        .map(|(e, k)| (e.step, k));
     let Some(f) = seen.fanout.as_mut() else {
         return seen;
     };
@@ -58,8 +63,8 @@ fn project(n: &StateRecord, b: usize, claim: bool) -> StateRecord {
     seen.last_error = br.last_error;
     seen.undo_after = None;
     seen.outbox = vec![];
-    if let Some(i) = f.each.as_ref().map(|e| e.step)
-        && let Some(element) = seen.steps[i].elements.get(b).cloned()
+    if let Some((i, k)) = element
+        && let Some(element) = seen.steps[i].elements.get(k).cloned()
     {
         // An element: its state stands in the step's place.
         seen.steps[i] = element;
@@ -75,13 +80,13 @@ fn merge(n: &mut StateRecord, b: usize, seen: StateRecord, effects: Vec<Effect>)
     let each = n
         .fanout
         .as_ref()
-        .and_then(|f| f.each.as_ref())
-        .map(|e| e.step);
+        .and_then(|f| f.each_of(b))
+        .map(|(e, k)| (e.step, k));
     let mut steps = seen.steps;
-    if let Some(i) = each {
+    if let Some((i, k)) = each {
         // The element's state goes back among the step's elements.
         let element = std::mem::replace(&mut steps[i], n.steps[i].clone());
-        if let Some(slot) = steps[i].elements.get_mut(b) {
+        if let Some(slot) = steps[i].elements.get_mut(k) {
             *slot = element;
         }
     }
@@ -92,11 +97,16 @@ fn merge(n: &mut StateRecord, b: usize, seen: StateRecord, effects: Vec<Effect>)
     let (Some(f), Some(from)) = (n.fanout.as_mut(), seen.fanout) else {
         return vec![];
     };
+    // What the event did to the group's other branches: a branch that reached a forEach step
+    // added its elements (and claimed the first).
+    f.branches = from.branches;
+    f.inner = from.inner;
     let mut state = seen.process_state;
-    let tolerated = match (&mut f.each, &from.stop) {
+    let running = f.stop.is_none();
+    let tolerated = match (f.each_of_mut(b), &from.stop) {
         // A refusal of an element within the step's tolerance: the element is over.
         (Some(e), Some(stop))
-            if f.stop.is_none() && stop.kind == StopKind::Refused && e.refused < e.tolerated =>
+            if running && stop.kind == StopKind::Refused && e.refused < e.tolerated =>
         {
             e.refused += 1;
             state = ProcessState::Processed;
@@ -195,20 +205,18 @@ fn refill(
     let Some(f) = n.fanout.as_ref().filter(|f| f.stop.is_none()) else {
         return vec![];
     };
-    let Some(each) = &f.each else {
-        return vec![];
-    };
-    let free = (each.max_concurrency as usize).saturating_sub(in_calls(n, f, now, p));
     let ready: Vec<usize> = f
         .branches
         .iter()
         .enumerate()
-        .filter(|(_, br)| {
-            br.process_state == ProcessState::Pending && ready_at(br, p).is_none_or(|t| t <= now)
+        .filter(|(b, br)| {
+            f.each_of(*b).is_some()
+                && br.process_state == ProcessState::Pending
+                && ready_at(br, p).is_none_or(|t| t <= now)
         })
         .map(|(b, _)| b)
         .collect();
-    let next = within_room(n, f, ready, free, now, p);
+    let next = within_rooms(n, f, ready, now, p);
     let instance = f
         .branches
         .iter()
@@ -240,21 +248,63 @@ pub(super) fn fan_out_each(
     step.elements = (0..plan.elements).map(|_| step.element()).collect();
     step.status = StepStatus::Running;
     step.sent = true;
-    n.fanout = Some(Fanout {
-        group: n.steps[i].name.clone(),
-        start: i,
-        end: i + 1,
-        branches: vec![Branch::new(i, i + 1, n.attempt); plan.elements],
-        stop: None,
-        each: Some(Each {
-            step: i,
-            max_concurrency: plan.max_concurrency.max(1),
-            tolerated: plan.tolerated,
-            refused: 0,
-        }),
-        current: None,
+    let max = plan.max_concurrency.max(1);
+    let mut each = Each {
+        step: i,
+        max_concurrency: max,
+        tolerated: plan.tolerated,
+        refused: 0,
+        within: None,
+    };
+    if let Some(f) = n.fanout.as_ref().filter(|f| f.current.is_some()) {
+        // Seen from a branch, the record's attempt is the branch's: the task's highest is
+        // its branches' (every claim's attempt is new for the whole task).
+        n.attempt = f
+            .branches
+            .iter()
+            .map(|b| b.attempt)
+            .fold(n.attempt, u64::max);
+    }
+    let fresh = vec![Branch::new(i, i + 1, n.attempt); plan.elements];
+    let within = n.fanout.as_mut().and_then(|f| {
+        let b = f.current?;
+        Some((f, b))
     });
-    reopen(n, now, p);
+    let elements = match within {
+        Some((f, b)) => {
+            // The record as seen from a branch of a parallel group: the elements join the
+            // group as further branches, and the branch waits for them.
+            let first = f.branches.len();
+            f.branches.extend(fresh);
+            each.within = Some(Within {
+                branch: b,
+                first,
+                count: plan.elements,
+                done: false,
+            });
+            f.inner.push(each);
+            n.process_state = ProcessState::Processing;
+            n.locked_by = None;
+            n.complete_by = None;
+            first..first + plan.elements
+        }
+        _ => {
+            n.fanout = Some(Fanout {
+                group: n.steps[i].name.clone(),
+                start: i,
+                end: i + 1,
+                branches: fresh,
+                stop: None,
+                each: Some(each),
+                inner: vec![],
+                current: None,
+            });
+            0..plan.elements
+        }
+    };
+    for b in elements.clone() {
+        reopen_branch(n, b, now, p);
+    }
     n.step_index = i;
     n.last_error = None;
     log(
@@ -264,8 +314,8 @@ pub(super) fn fan_out_each(
         format!("{} elements start", plan.elements),
     );
     let mut effects = vec![];
-    let first = plan.elements.min(plan.max_concurrency.max(1) as usize);
-    for b in 0..first {
+    let first = elements.start + plan.elements.min(max as usize);
+    for b in elements.start..first {
         if let Ok(e) = in_branch(n, b, true, |seen| claim_one(seen, instance)) {
             effects.extend(e);
         }
@@ -298,6 +348,7 @@ pub(super) fn fan_out(
         branches,
         stop: None,
         each: None,
+        inner: vec![],
         current: None,
     });
     reopen(n, now, p);
@@ -347,36 +398,73 @@ pub(super) fn resume(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
 /// tried again (under a new key if its service refused it), claimable now. A branch with
 /// nothing left is done. (The group reached, or resumed after it stopped.)
 fn reopen(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) {
-    let Some(f) = n.fanout.as_mut() else {
+    // A branch comes before the elements of its forEach step: it decides whether they go on.
+    for b in 0..n.fanout.as_ref().map_or(0, |f| f.branches.len()) {
+        reopen_branch(n, b, now, p);
+    }
+}
+
+/// Branch `b` goes on from its first step (or element) not done (see [`reopen`]); a branch
+/// whose forEach step's elements still run waits for them.
+fn reopen_branch(n: &mut StateRecord, b: usize, now: DateTime<Utc>, p: &Policies) {
+    let Some(f) = n.fanout.as_ref() else {
         return;
     };
-    let each = f.each.as_ref().map(|e| e.step);
-    for (b, br) in f.branches.iter_mut().enumerate() {
-        if br.process_state == ProcessState::Processed {
-            continue;
-        }
-        let at = match each {
-            Some(i) if n.steps[i].elements[b].status.is_passed() => br.end,
-            Some(i) => i,
-            None => (br.start..br.end)
-                .find(|&j| !n.steps[j].status.is_passed())
-                .unwrap_or(br.end),
-        };
-        let unit = match each {
-            Some(i) => n.steps[i].elements.get_mut(b),
-            None => n.steps.get_mut(at),
-        };
-        if let Some(step) = unit.filter(|_| at < br.end) {
-            if step.status == StepStatus::Failed {
-                step.generation += 1;
-                step.sent = false;
+    let Some(br) = f.branches.get(b).cloned() else {
+        return;
+    };
+    if br.process_state == ProcessState::Processed {
+        return;
+    }
+    let element = f.each_of(b).map(|(e, k)| (e.step, k));
+    if let Some(i) = f.waits(b).map(|e| e.step) {
+        if !n.steps[i].status.is_passed() {
+            // Its forEach step goes on: the branch waits for the elements (reopened after it).
+            n.steps[i].status = StepStatus::Running;
+            n.steps[i].finished_at = None;
+            n.steps[i].finished_attempt = None;
+            if let Some(br) = n.fanout.as_mut().and_then(|f| f.branches.get_mut(b)) {
+                *br = Branch {
+                    process_state: ProcessState::Processing,
+                    locked_by: None,
+                    complete_by: None,
+                    failure_count: 0,
+                    round: 0,
+                    deferrals: 0,
+                    requeues: 0,
+                    last_error: None,
+                    ..br.clone()
+                };
             }
-            step.status = StepStatus::Pending;
-            step.finished_at = None;
-            step.finished_attempt = None;
-            step.misconfigured = 0;
+            return;
         }
-        *br = Branch {
+        // An operator did the forEach step by hand: its elements are over as they ran (for
+        // their undos), and the branch goes on after it.
+        close_each(n, b);
+    }
+    let at = match element {
+        Some((i, k)) if n.steps[i].elements[k].status.is_passed() => br.end,
+        Some((i, _)) => i,
+        None => (br.start..br.end)
+            .find(|&j| !n.steps[j].status.is_passed())
+            .unwrap_or(br.end),
+    };
+    let unit = match element {
+        Some((i, k)) => n.steps[i].elements.get_mut(k),
+        None => n.steps.get_mut(at),
+    };
+    if let Some(step) = unit.filter(|_| at < br.end) {
+        if step.status == StepStatus::Failed {
+            step.generation += 1;
+            step.sent = false;
+        }
+        step.status = StepStatus::Pending;
+        step.finished_at = None;
+        step.finished_attempt = None;
+        step.misconfigured = 0;
+    }
+    if let Some(slot) = n.fanout.as_mut().and_then(|f| f.branches.get_mut(b)) {
+        *slot = Branch {
             process_state: if at < br.end {
                 ProcessState::Pending
             } else {
@@ -390,31 +478,56 @@ fn reopen(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) {
             deferrals: 0,
             requeues: 0,
             last_error: None,
-            ..br.clone()
+            ..br
         };
     }
 }
 
-/// The state of branch `b`'s step `i`: the step's, or, for a forEach step, its element's.
-fn unit_mut(n: &mut StateRecord, b: usize, i: usize) -> Option<&mut StepState> {
-    let each = n
-        .fanout
-        .as_ref()
-        .and_then(|f| f.each.as_ref())
-        .map(|e| e.step);
-    let step = n.steps.get_mut(i)?;
-    match each {
-        Some(_) => step.elements.get_mut(b),
-        None => Some(step),
+/// The forEach step branch `b` waits for is over (every element, or an operator did it by
+/// hand): its elements' branches are over too (their states stay as they ran).
+fn close_each(n: &mut StateRecord, b: usize) {
+    let Some(f) = n.fanout.as_mut() else {
+        return;
+    };
+    let Some(range) = f.waits(b).map(|e| f.elements_of(e)) else {
+        return;
+    };
+    for el in &mut f.branches[range] {
+        el.process_state = ProcessState::Processed;
+        el.step_index = el.end;
+        el.locked_by = None;
+        el.complete_by = None;
+    }
+    if let Some(w) = f
+        .inner
+        .iter_mut()
+        .filter_map(|e| e.within.as_mut())
+        .find(|w| w.branch == b && !w.done)
+    {
+        w.done = true;
     }
 }
 
-/// How many of a forEach step's elements hold a place under its `maxConcurrency`: those out,
-/// and those handed back whose last request may still be in calls (until
+/// The state of branch `b`'s step `i`: the step's, or, for a forEach step's element, the
+/// element's.
+fn unit_mut(n: &mut StateRecord, b: usize, i: usize) -> Option<&mut StepState> {
+    let element = n
+        .fanout
+        .as_ref()
+        .and_then(|f| f.each_of(b))
+        .map(|(e, k)| (e.step, k));
+    match element {
+        Some((i, k)) => n.steps.get_mut(i)?.elements.get_mut(k),
+        None => n.steps.get_mut(i),
+    }
+}
+
+/// How many of forEach step `e`'s elements hold a place under its `maxConcurrency`: those
+/// out, and those handed back whose last request may still be in calls (until
 /// [`Policy::undo_wait`](super::Policy::undo_wait) past its deadline, as an undo waits): a
 /// place is free only once its call is surely over.
-fn in_calls(n: &StateRecord, f: &Fanout, now: DateTime<Utc>, p: &Policies) -> usize {
-    (0..f.branches.len())
+fn in_calls(n: &StateRecord, f: &Fanout, e: &Each, now: DateTime<Utc>, p: &Policies) -> usize {
+    f.elements_of(e)
         .filter(|b| holds_place(n, f, *b, now, p))
         .count()
 }
@@ -424,32 +537,43 @@ fn holds_place(n: &StateRecord, f: &Fanout, b: usize, now: DateTime<Utc>, p: &Po
     let Some(br) = f.branches.get(b) else {
         return false;
     };
-    let Some(i) = f.each.as_ref().map(|e| e.step) else {
+    let Some((i, k)) = f.each_of(b).map(|(e, k)| (e.step, k)) else {
         return br.is_out();
     };
     br.is_out()
         || (br.process_state == ProcessState::Pending
-            && n.steps[i].elements.get(b).is_some_and(|e| {
+            && n.steps[i].elements.get(k).is_some_and(|e| {
                 e.sent && e.sent_until.is_some_and(|t| t + p.at(i).undo_wait > now)
             }))
 }
 
-/// Of the waiting branches `ready` (in order), those to claim now: every one that already
-/// holds its place (an element handed back), then others up to `room`.
-fn within_room(
+/// Of the waiting branches `ready` (in order), those to claim now: every one that is no
+/// forEach step's element; of each forEach step's, every one that already holds its place
+/// (an element handed back), then others up to the room under its `maxConcurrency`.
+fn within_rooms(
     n: &StateRecord,
     f: &Fanout,
     ready: Vec<usize>,
-    room: usize,
     now: DateTime<Utc>,
     p: &Policies,
 ) -> Vec<usize> {
-    let (held, fresh): (Vec<usize>, Vec<usize>) = ready
-        .into_iter()
-        .partition(|b| holds_place(n, f, *b, now, p));
-    held.into_iter()
-        .chain(fresh.into_iter().take(room))
-        .collect()
+    let mut chosen: Vec<usize> = ready
+        .iter()
+        .copied()
+        .filter(|b| f.each_of(*b).is_none())
+        .collect();
+    for e in f.running() {
+        let range = f.elements_of(e);
+        let room = (e.max_concurrency as usize).saturating_sub(in_calls(n, f, e, now, p));
+        let (held, fresh): (Vec<usize>, Vec<usize>) = ready
+            .iter()
+            .copied()
+            .filter(|b| range.contains(b))
+            .partition(|b| holds_place(n, f, *b, now, p));
+        chosen.extend(held.into_iter().chain(fresh.into_iter().take(room)));
+    }
+    chosen.sort_unstable();
+    chosen
 }
 
 /// When branch `b` may be claimed: its pickup deadline less the pickup timeout.
@@ -477,15 +601,12 @@ pub(super) fn claim(
             .enumerate()
             .filter(|(_, br)| br.process_state == ProcessState::Pending)
     };
-    // A forEach step: no more out at once than its `maxConcurrency`.
-    let room = f.each.as_ref().map_or(usize::MAX, |e| {
-        (e.max_concurrency as usize).saturating_sub(in_calls(r, f, now, p))
-    });
     let ready: Vec<usize> = waiting()
         .filter(|(_, br)| ready_at(br, p).is_none_or(|t| t <= now))
         .map(|(b, _)| b)
         .collect();
-    let ready = within_room(r, f, ready, room, now, p);
+    // A forEach step: no more of its elements out at once than its `maxConcurrency`.
+    let ready = within_rooms(r, f, ready, now, p);
     if ready.is_empty() {
         // Each branch handed back enqueued its own work message, to arrive when it is due.
         return Err(
@@ -517,23 +638,35 @@ fn branch_of(r: &StateRecord, step_index: usize, attempt: Option<u64>) -> Result
     let Some(f) = r.fanout.as_ref() else {
         return Err(wrong);
     };
-    if f.each.is_some() {
-        let Some(a) = attempt else {
-            return Err(Rejection::NotACallbackStep(step_index));
-        };
-        return f
-            .branches
-            .iter()
-            .position(|br| br.step_index == step_index && br.attempt == a)
-            .ok_or(Rejection::StaleAttempt {
-                record: r.attempt,
-                message: a,
-            });
+    let not_an_element = || match attempt {
+        None => Rejection::NotACallbackStep(step_index),
+        Some(a) => Rejection::StaleAttempt {
+            record: r.attempt,
+            message: a,
+        },
+    };
+    if let Some(a) = attempt
+        && let Some(b) = f.branches.iter().enumerate().position(|(b, br)| {
+            f.each_of(b).is_some() && br.step_index == step_index && br.attempt == a
+        })
+    {
+        return Ok(b);
     }
-    f.branches
+    if f.each.is_some() {
+        return Err(not_an_element());
+    }
+    let b = f
+        .branches
         .iter()
-        .position(|br| (br.start..br.end).contains(&step_index))
-        .ok_or(wrong)
+        .enumerate()
+        .position(|(b, br)| f.each_of(b).is_none() && (br.start..br.end).contains(&step_index))
+        .ok_or(wrong)?;
+    if f.waits(b).is_some_and(|e| e.step == step_index) {
+        // A branch's forEach step: only its elements take replies (this one answers none
+        // out now).
+        return Err(not_an_element());
+    }
+    Ok(b)
 }
 
 /// An agent's reply for a step of a branch: applied as on the main line, fenced by the
@@ -678,7 +811,7 @@ pub(super) fn cancel_branches(n: &mut StateRecord, now: DateTime<Utc>) {
             step.status = StepStatus::Cancelled;
         }
     }
-    if let Some(e) = &f.each {
+    for e in f.running() {
         // The forEach step as a whole was cancelled while its elements ran.
         n.steps[e.step].status = StepStatus::Cancelled;
     }
@@ -711,17 +844,11 @@ pub(super) fn settle(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
     {
         let kept = n.fanout.take();
         let f = kept.clone();
-        if let Some(i) = f.as_ref().and_then(|f| f.each.as_ref()).map(|e| e.step) {
-            // A forEach step ends as the element that stopped it.
-            let es = &n.steps[i].elements;
-            let worst = [StepStatus::TimedOut, StepStatus::Faulted]
-                .into_iter()
-                .find(|s| es.iter().any(|e| e.status == *s));
-            n.steps[i].status = match stop.kind {
-                StopKind::Held => StepStatus::Pending,
-                StopKind::Refused => StepStatus::Failed,
-                StopKind::Failed => worst.unwrap_or(StepStatus::Failed),
-            };
+        for i in f.iter().flat_map(|f| f.running().map(|e| e.step)) {
+            // A forEach step ends as the element that stopped it; one that did not stop the
+            // group, as its elements ended.
+            let culprit = (i == stop.step).then_some(stop.kind);
+            n.steps[i].status = each_ended(&n.steps[i].elements, culprit);
         }
         n.step_index = stop.step;
         n.locked_by = None;
@@ -751,6 +878,27 @@ pub(super) fn settle(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
         );
         return effects;
     }
+    let mut effects = vec![];
+    if !stopping {
+        // A branch's forEach step whose elements are all over: done, and the branch goes on.
+        let over: Vec<usize> = f
+            .inner
+            .iter()
+            .filter_map(|e| e.within.as_ref().filter(|w| !w.done))
+            .filter(|w| {
+                f.branches[w.first..w.first + w.count]
+                    .iter()
+                    .all(|br| br.process_state == ProcessState::Processed)
+            })
+            .map(|w| w.branch)
+            .collect();
+        for b in over {
+            effects.extend(each_done(n, b, now, p));
+        }
+    }
+    let Some(f) = n.fanout.as_mut() else {
+        return effects;
+    };
     if f.branches
         .iter()
         .all(|br| br.process_state == ProcessState::Processed)
@@ -818,7 +966,77 @@ pub(super) fn settle(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
         .as_ref()
         .map(|s| s.reason.clone())
         .or_else(|| f.branches.iter().find_map(|br| br.last_error.clone()));
-    vec![]
+    effects
+}
+
+/// How a forEach step ends when its group stops: as the element that stopped it (`culprit`,
+/// how it failed), or, if another branch stopped the group, as its elements ended (Pending if
+/// none timed out or faulted: what was not sent stays to be sent).
+fn each_ended(elements: &[StepState], culprit: Option<StopKind>) -> StepStatus {
+    let worst = [StepStatus::TimedOut, StepStatus::Faulted]
+        .into_iter()
+        .find(|s| elements.iter().any(|e| e.status == *s));
+    match culprit {
+        Some(StopKind::Held) => StepStatus::Pending,
+        Some(StopKind::Refused) => StepStatus::Failed,
+        Some(StopKind::Failed) => worst.unwrap_or(StepStatus::Failed),
+        None => worst.unwrap_or(StepStatus::Pending),
+    }
+}
+
+/// Every element of the forEach step branch `b` waits for is over: the step is done (its
+/// result, its elements'), and the branch goes on from the step after it (or is done).
+fn each_done(n: &mut StateRecord, b: usize, now: DateTime<Utc>, p: &Policies) -> Vec<Effect> {
+    let from = n.process_state;
+    let Some(f) = n.fanout.as_ref() else {
+        return vec![];
+    };
+    let (Some(i), Some(br)) = (f.waits(b).map(|e| e.step), f.branches.get(b).cloned()) else {
+        return vec![];
+    };
+    close_each(n, b);
+    let step = &mut n.steps[i];
+    step.status = StepStatus::Done;
+    step.finished_at = Some(now);
+    step.finished_attempt = Some(n.attempt);
+    if step.elements.is_empty() {
+        // Over an empty list: its result is the empty list; no request went out, so there
+        // is nothing to undo.
+        step.result = Some("[]".into());
+        step.sent = false;
+    }
+    // The steps after it already decided not to run (the other arms of a choice it stands
+    // in) are passed; the branch's claim routes the rest.
+    let at = (i + 1..br.end)
+        .find(|&j| n.steps[j].status != StepStatus::Skipped)
+        .unwrap_or(br.end);
+    if let Some(slot) = n.fanout.as_mut().and_then(|f| f.branches.get_mut(b)) {
+        *slot = Branch {
+            process_state: if at < br.end {
+                ProcessState::Pending
+            } else {
+                ProcessState::Processed
+            },
+            step_index: at,
+            locked_by: None,
+            complete_by: (at < br.end).then(|| now + p.at(at).pickup_timeout),
+            failure_count: 0,
+            round: 0,
+            deferrals: 0,
+            requeues: 0,
+            last_error: None,
+            ..br.clone()
+        };
+    }
+    let name = n.steps[i].name.clone();
+    log(n, from, Some(i), format!("every element of {name} is over"));
+    if at < br.end {
+        vec![Effect::Enqueue {
+            delay: Duration::zero(),
+        }]
+    } else {
+        vec![]
+    }
 }
 
 #[cfg(test)]
@@ -1517,5 +1735,241 @@ steps:
             t.answer(2, a, false, &ok()).expect("the payment");
             assert_eq!(t.r.process_state, ProcessState::Processed);
         }
+    }
+
+    /// A forEach step in a parallel group's branch: flight, then a seat per traveller (two at
+    /// once), then a meal, beside the hotel; the payment reads the seats. Steps: quote 0,
+    /// flight 1, seats 2, meal 3, hotel 4, pay 5.
+    const SEATS: &str = r#"name: seats
+steps:
+  - name: quote
+    service: s
+    undo: {action: unquote}
+  - name: book
+    parallel:
+      - name: air
+        steps:
+          - {name: flight, service: s, undo: {action: cancel-flight}}
+          - name: seats
+            service: s
+            forEach: $.input.travellers
+            maxConcurrency: 2
+            input: {who: $.element}
+            undo: {action: free-seat}
+          - {name: meal, service: s}
+      - name: stay
+        steps:
+          - {name: hotel, service: s, undo: {action: cancel-hotel}}
+  - name: pay
+    service: s
+    input: {seats: "$.steps['seats'].result"}
+"#;
+
+    impl Each {
+        /// What is out: (step, element of that step or `None`, attempt).
+        fn out_steps(&self) -> Vec<(usize, Option<usize>, u64)> {
+            self.r.fanout.as_ref().map_or(vec![], |f| {
+                f.branches
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| b.is_out())
+                    .map(|(b, br)| (br.step_index, f.each_of(b).map(|(_, k)| k), br.attempt))
+                    .collect()
+            })
+        }
+
+        fn out_at(&self, i: usize, k: Option<usize>) -> u64 {
+            self.out_steps()
+                .into_iter()
+                .find(|o| o.0 == i && o.1 == k)
+                .map(|o| o.2)
+                .unwrap_or_else(|| panic!("step {i} element {k:?} is not out"))
+        }
+
+        /// The elements of step `i` out now.
+        fn elements_out(&self, i: usize) -> Vec<usize> {
+            self.out_steps()
+                .into_iter()
+                .filter(|o| o.0 == i)
+                .filter_map(|o| o.1)
+                .collect()
+        }
+
+        /// Claims and answers every undo: (step, element) in order.
+        fn undo_all(&mut self) -> Vec<(usize, Option<usize>)> {
+            let mut undone = vec![];
+            while self.r.process_state == ProcessState::Compensating {
+                if let Some(after) = self.r.undo_after.filter(|a| *a > self.now) {
+                    self.now = after;
+                }
+                if self.r.locked_by.is_none() {
+                    self.claim();
+                }
+                let i = self.r.step_index;
+                undone.push((i, self.r.undo_element(i)));
+                let a = self.r.attempt;
+                self.answer(i, a, true, &ok()).expect("the undo");
+            }
+            undone
+        }
+    }
+
+    #[test]
+    fn a_for_each_in_a_branch_runs_its_elements_within_max_concurrency_then_the_branch_goes_on() {
+        let mut t = Each::of(SEATS, json!({"travellers": ["ann", "bob", "cy"]}));
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        // The flight's answer opens the seats in its write: two go out, the third waits.
+        let flight = t.out_at(1, None);
+        let opened = t.answer(1, flight, false, &ok()).expect("the flight");
+        assert_eq!(t.elements_out(2), [0, 1]);
+        assert_eq!(
+            opened
+                .effects
+                .iter()
+                .filter(|e| matches!(e, Effect::SendBranchStep(_)))
+                .count(),
+            2
+        );
+        // The branch waits for them: nothing of its own is out, and no reply for the seats
+        // step that is no element's is taken.
+        assert!(t.answer(2, flight, false, &ok()).is_err());
+        let seat = |k: usize| StepOutcome::Succeeded {
+            result: Some(json!({"seat": k}).to_string()),
+        };
+        let second = t.out_at(2, Some(1));
+        t.answer(2, second, false, &seat(1)).expect("seat 1");
+        assert_eq!(
+            t.elements_out(2),
+            [0, 2],
+            "the third goes out in that write"
+        );
+        // A stale reply under an element's attempt changes nothing.
+        assert!(t.answer(2, second, false, &seat(9)).is_err());
+        let hotel = t.out_at(4, None);
+        t.answer(4, hotel, false, &ok()).expect("the hotel");
+        for k in [2, 0] {
+            let a = t.out_at(2, Some(k));
+            t.answer(2, a, false, &seat(k)).expect("a seat");
+        }
+        assert_eq!(t.r.steps[2].status, StepStatus::Done);
+        // The branch goes on: its next step is claimed as a branch's step handed back is.
+        assert_eq!(t.r.process_state, ProcessState::Pending);
+        t.claim();
+        let meal = t.out_at(3, None);
+        t.answer(3, meal, false, &ok()).expect("the meal");
+        assert_eq!(
+            (t.r.process_state, t.r.step_index, t.r.fanout.is_none()),
+            (ProcessState::Pending, 5, true)
+        );
+        assert_eq!(
+            t.r.results()["seats"]["result"],
+            json!([{"seat": 0}, {"seat": 1}, {"seat": 2}]),
+            "the results in the list's order"
+        );
+        assert_eq!(t.most_out, 3, "two seats and the hotel");
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(5, a, false, &ok()).expect("the payment");
+        assert_eq!(t.r.process_state, ProcessState::Processed);
+    }
+
+    #[test]
+    fn a_refused_element_in_a_branch_stops_the_group_and_what_took_effect_is_undone() {
+        let mut t = Each::of(SEATS, json!({"travellers": ["ann", "bob", "cy"]}));
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        let flight = t.out_at(1, None);
+        t.answer(1, flight, false, &ok()).expect("the flight");
+        let zero = t.out_at(2, Some(0));
+        t.answer(2, zero, false, &ok()).expect("seat 0");
+        // Seat 1 refused: the group stops; seat 2 (out) and the hotel finish.
+        let one = t.out_at(2, Some(1));
+        t.answer(2, one, false, &declined()).expect("seat 1");
+        assert!(t.r.fanout.as_ref().is_some_and(|f| f.stop.is_some()));
+        let two = t.out_at(2, Some(2));
+        t.answer(2, two, false, &ok()).expect("seat 2");
+        assert_eq!(
+            t.r.process_state,
+            ProcessState::Processing,
+            "the hotel is out"
+        );
+        let hotel = t.out_at(4, None);
+        t.answer(4, hotel, false, &ok()).expect("the hotel");
+        assert_eq!(t.r.process_state, ProcessState::Compensating);
+        assert_eq!(t.r.steps[2].status, StepStatus::Failed);
+        assert_eq!(
+            t.r.steps[3].status,
+            StepStatus::Pending,
+            "the meal never went"
+        );
+        // Highest step first, its elements last first; the refused seat is not undone.
+        assert_eq!(
+            t.undo_all(),
+            [(4, None), (2, Some(2)), (2, Some(0)), (1, None), (0, None)]
+        );
+        assert_eq!(t.r.process_state, ProcessState::Refused);
+    }
+
+    #[test]
+    fn a_group_stopped_by_another_branch_sends_no_more_elements_and_a_retry_resumes_them() {
+        let mut t = Each::of(SEATS, json!({"travellers": ["ann", "bob", "cy"]}));
+        t.p = manual();
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        let flight = t.out_at(1, None);
+        t.answer(1, flight, false, &ok()).expect("the flight");
+        // The hotel is refused while two seats are out: they finish, the third never goes.
+        let hotel = t.out_at(4, None);
+        t.answer(4, hotel, false, &refused()).expect("the hotel");
+        for k in [1, 0] {
+            let a = t.out_at(2, Some(k));
+            t.answer(2, a, false, &ok()).expect("a seat");
+            assert!(t.out_steps().iter().all(|o| o.1 != Some(2)));
+        }
+        assert_eq!(t.r.process_state, ProcessState::Error);
+        assert_eq!(t.r.step_index, 4, "the operator sees the step that failed");
+        assert_eq!(t.r.steps[2].elements[2].status, StepStatus::Pending);
+        assert!(!t.r.steps[2].elements[2].sent);
+        // A retry resumes the group: the hotel again, and the third seat.
+        let (p, now) = (t.p.clone(), t.now);
+        t.apply(|r, _| retry(r, &ops(None), now, &p))
+            .expect("retry");
+        t.claim();
+        assert_eq!(t.elements_out(2), [2]);
+        let hotel = t.out_at(4, None);
+        t.answer(4, hotel, false, &ok()).expect("the hotel");
+        let two = t.out_at(2, Some(2));
+        t.answer(2, two, false, &ok()).expect("seat 2");
+        t.claim();
+        let meal = t.out_at(3, None);
+        t.answer(3, meal, false, &ok()).expect("the meal");
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(5, a, false, &ok()).expect("the payment");
+        assert_eq!(t.r.process_state, ProcessState::Processed);
+        let sent: Vec<usize> = t.r.steps[2]
+            .elements
+            .iter()
+            .map(|e| e.generation as usize)
+            .collect();
+        assert_eq!(sent, [0, 0, 0], "no element's key changed");
+    }
+
+    #[test]
+    fn a_for_each_in_a_branch_over_an_empty_list_is_done_at_once() {
+        let mut t = Each::of(SEATS, json!({"travellers": []}));
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        let flight = t.out_at(1, None);
+        t.answer(1, flight, false, &ok()).expect("the flight");
+        assert_eq!(t.r.steps[2].status, StepStatus::Done);
+        assert_eq!(t.r.steps[2].elements.len(), 0);
+        t.claim();
+        assert!(t.out_steps().iter().any(|o| o.0 == 3), "the meal is out");
     }
 }

@@ -29,7 +29,10 @@ pub fn retry(
     match r.process_state {
         ProcessState::Error if i < r.steps.len() => {
             // A forEach step stopped in Error: its elements go on (`resume`, below).
-            let each = n.fanout.as_ref().is_some_and(|f| f.each.is_some());
+            let each = n
+                .fanout
+                .as_ref()
+                .is_some_and(|f| f.running().any(|e| e.step == i));
             let step = &mut n.steps[i];
             // The operator mended what the service answered as misconfigured (or retries
             // anyway): the count starts again.

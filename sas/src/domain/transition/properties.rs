@@ -374,8 +374,9 @@ mod parallel {
             (
                 proptest::option::weighted(0.5, (choice_draw(), proptest::bool::ANY, 0usize..3)),
                 each_draw(),
-                // Before the group (reached soonest), after it, in a case of the choice.
-                prop_oneof![3 => Just(0u8), 2 => Just(1), 2 => Just(2)],
+                // Before the group (reached soonest), after it, in a case of the choice, in a
+                // branch of the group (in a case of its choice, if it has one).
+                prop_oneof![3 => Just(0u8), 2 => Just(1), 2 => Just(2), 3 => Just(3), 1 => Just(4)],
                 // Its place on its line: first (reached soonest) or later; the arm it is in.
                 prop_oneof![2 => Just(0usize), 1 => 1usize..4],
                 0usize..4,
@@ -384,10 +385,24 @@ mod parallel {
         )
             .prop_map(
                 |(
-                    (mut before, branches, mut after, group_when),
+                    (mut before, mut branches, mut after, group_when),
                     (choice, each, place, at, arm, items),
                 )| {
                     let mut each = Some(Item::Each(each));
+                    if place >= 3 {
+                        // The forEach in a branch: its line, or an arm of its choice.
+                        let n = branches.len();
+                        let line = &mut branches[arm % n];
+                        let choice = line
+                            .iter()
+                            .position(|item| matches!(item, Item::Choice(_)) && place == 4);
+                        let line = match choice.map(|c| &mut line[c]) {
+                            Some(Item::Choice(c)) => c.arms_mut().next().expect("an arm"),
+                            _ => line,
+                        };
+                        let k = at.min(line.len());
+                        line.insert(k, each.take().expect("one forEach"));
+                    }
                     let choice = choice.map(|(mut c, before_group, pos)| {
                         if place == 2 {
                             // The forEach in an arm of the choice.
@@ -401,7 +416,7 @@ mod parallel {
                     });
                     let line = |before_group: bool| if before_group { 0 } else { 1 };
                     let mut lines = [&mut before, &mut after];
-                    if let Some(e) = each.take() {
+                    if let Some(e) = each.take().filter(|_| place < 3) {
                         let l = &mut lines[line(place != 1)];
                         let k = at.min(l.len());
                         l.insert(k, e);
@@ -585,7 +600,6 @@ mod parallel {
 
     fn outs(r: &StateRecord) -> Vec<Out> {
         if let Some(f) = &r.fanout {
-            let each = f.each.is_some();
             return f
                 .branches
                 .iter()
@@ -593,7 +607,7 @@ mod parallel {
                 .filter(|(_, b)| b.is_out())
                 .map(|(k, b)| Out {
                     step: b.step_index,
-                    element: each.then_some(k),
+                    element: f.each_of(k).map(|(_, k)| k),
                     attempt: b.attempt,
                     undo: false,
                     deadline: b.complete_by,
@@ -785,9 +799,9 @@ mod parallel {
             self.lines - 1
         }
 
-        /// The steps of `items`, which run if `runs`, on line `line`; `main`: the main line,
-        /// whose count restarts after a group or a forEach step that ran.
-        fn walk(&mut self, items: &[Item], runs: bool, line: &mut usize, main: bool) {
+        /// The steps of `items`, which run if `runs`, on line `line` (the main line's or a
+        /// branch's), whose count restarts after a group or a forEach step that ran.
+        fn walk(&mut self, items: &[Item], runs: bool, line: &mut usize) {
             for item in items {
                 match item {
                     Item::Step(s) => {
@@ -813,7 +827,7 @@ mod parallel {
                             }),
                             units,
                         });
-                        if runs && main {
+                        if runs {
                             *line = self.line();
                         }
                     }
@@ -821,7 +835,7 @@ mod parallel {
                         let runs = runs && c.when.unwrap_or(true);
                         let taken = c.taken();
                         for (k, arm) in c.arms().enumerate() {
-                            self.walk(arm, runs && taken == Some(k), line, main);
+                            self.walk(arm, runs && taken == Some(k), line);
                         }
                     }
                 }
@@ -837,17 +851,17 @@ mod parallel {
                 items: d.items,
             };
             let mut main = w.line();
-            w.walk(&d.before, true, &mut main, true);
+            w.walk(&d.before, true, &mut main);
             let group_runs = d.group_when.unwrap_or(true);
             for br in &d.branches {
                 let mut line = w.line();
-                w.walk(br, group_runs, &mut line, false);
+                w.walk(br, group_runs, &mut line);
             }
             if group_runs {
                 // The main line's count restarts after a group that ran.
                 main = w.line();
             }
-            w.walk(&d.after, true, &mut main, true);
+            w.walk(&d.after, true, &mut main);
             Self {
                 steps: w.steps,
                 threshold: p.failure_threshold,
@@ -1066,7 +1080,7 @@ mod parallel {
                     self.operator = true;
                     // Done by hand: it took effect. (A forEach step is done as a whole: its
                     // elements stay as they ran, for their undos.)
-                    if pre.fanout.as_ref().is_none_or(|f| f.each.is_none()) {
+                    if self.steps[pre.step_index].each.is_none() {
                         self.u((pre.step_index, 0)).no_effect = false;
                     }
                     // A step skipped after it timed out keeps its deadline: its undo still
@@ -1104,7 +1118,7 @@ mod parallel {
                         let br = f.branches.get(*b).ok_or_else(|| {
                             TestCaseError::fail(format!("{e:?} without its branch"))
                         })?;
-                        let k = if f.each.is_some() { *b } else { 0 };
+                        let k = f.each_of(*b).map_or(0, |(_, k)| k);
                         ((br.step_index, k), br.attempt, false, br.complete_by)
                     }
                     _ => continue,
@@ -1178,52 +1192,52 @@ mod parallel {
                 .map(|(at, _)| at)
                 .collect();
             prop_assert_eq!(&out, &model, "out: record vs model");
-            let Some((f, e)) = r
-                .fanout
-                .as_ref()
-                .and_then(|f| f.each.as_ref().map(|e| (f, e)))
-            else {
+            let Some(f) = r.fanout.as_ref() else {
                 return Ok(());
             };
-            let i = e.step;
-            let m = self.steps[i]
-                .each
-                .as_ref()
-                .ok_or_else(|| TestCaseError::fail(format!("step {i} runs as a forEach step")))?;
-            prop_assert_eq!(
-                (e.max_concurrency, e.tolerated, e.refused),
-                (m.max, m.tolerated, m.refused),
-                "the forEach step's run"
-            );
-            let elements = &r.steps[i].elements;
-            prop_assert_eq!(elements.len(), f.branches.len());
-            let held: Vec<usize> = (0..f.branches.len())
-                .filter(|&k| {
-                    let (br, el) = (&f.branches[k], &elements[k]);
-                    br.process_state == ProcessState::Processing
-                        || (br.process_state == ProcessState::Pending
-                            && el.sent
-                            && el.sent_until.is_some_and(|t| t + self.undo_wait > now))
-                })
-                .collect();
-            prop_assert!(
-                held.len() <= m.max as usize,
-                "elements {:?} hold a place, at most {} at once",
-                held,
-                m.max
-            );
-            let holding = self.holding(i, now);
-            prop_assert!(
-                holding.len() <= m.max as usize,
-                "the model's elements {:?} hold a place, at most {} at once",
-                holding,
-                m.max
-            );
-            if f.stop.is_none() {
-                // (Once the step stops, an element stopped with its call in flight is in
-                // Error, no longer counted: nothing goes out until an operator resumes it,
-                // handed back.)
-                prop_assert_eq!(&held, &holding, "places: record vs model");
+            for e in f.running() {
+                let i = e.step;
+                let m = self.steps[i].each.as_ref().ok_or_else(|| {
+                    TestCaseError::fail(format!("step {i} runs as a forEach step"))
+                })?;
+                prop_assert_eq!(
+                    (e.max_concurrency, e.tolerated, e.refused),
+                    (m.max, m.tolerated, m.refused),
+                    "the forEach step's run"
+                );
+                let elements = &r.steps[i].elements;
+                let range = f.elements_of(e);
+                prop_assert_eq!(elements.len(), range.len());
+                let held: Vec<usize> = (0..range.len())
+                    .filter(|&k| {
+                        let (br, el) = (&f.branches[range.start + k], &elements[k]);
+                        br.process_state == ProcessState::Processing
+                            || (br.process_state == ProcessState::Pending
+                                && el.sent
+                                && el.sent_until.is_some_and(|t| t + self.undo_wait > now))
+                    })
+                    .collect();
+                prop_assert!(
+                    held.len() <= m.max as usize,
+                    "elements {:?} of step {} hold a place, at most {} at once",
+                    held,
+                    i,
+                    m.max
+                );
+                let holding = self.holding(i, now);
+                prop_assert!(
+                    holding.len() <= m.max as usize,
+                    "the model's elements {:?} of step {} hold a place, at most {} at once",
+                    holding,
+                    i,
+                    m.max
+                );
+                if f.stop.is_none() {
+                    // (Once the group stops, an element stopped with its call in flight is in
+                    // Error, no longer counted: nothing goes out until an operator resumes
+                    // it, handed back.)
+                    prop_assert_eq!(&held, &holding, "places of step {}: record vs model", i);
+                }
             }
             Ok(())
         }
@@ -1555,7 +1569,11 @@ mod parallel {
                     // Elements wait for a place under `maxConcurrency`, held by one handed
                     // back whose retry is not due yet: time passes.
                     Err(Rejection::NotDue { due: Some(_) })
-                        if self.r.fanout.as_ref().is_some_and(|f| f.each.is_some()) =>
+                        if self
+                            .r
+                            .fanout
+                            .as_ref()
+                            .is_some_and(|f| f.running().next().is_some()) =>
                     {
                         self.now += Duration::seconds(1);
                     }

@@ -143,7 +143,7 @@ impl Router for TaskRouter<'_> {
 
     fn route(&self, r: &StateRecord, from: usize) -> Result<Route, RouteError> {
         let w = self.workflow;
-        if r.fanout.as_ref().is_some_and(|f| f.each.is_some()) {
+        if r.element().is_some() {
             // An element of a forEach step: the main line routed to the step.
             return Linear.route(r, from);
         }

@@ -48,6 +48,8 @@ pub fn claim(
     n.requeues = 0;
     let mut at = r.step_index;
     let main_line = r.branch().is_none();
+    // A forEach step's element is the step itself: nothing opens there.
+    let element = r.element().is_some();
     if !undo && !r.steps[at].sent {
         match router.route(r, at) {
             Ok(route) => {
@@ -68,9 +70,18 @@ pub fn claim(
             tidy(&mut n);
             return Ok(Transition::from(r, condition, n, e));
         }
-        match main_line.then(|| group_at(router, &n, at)).flatten() {
+        match (!element)
+            .then(|| group_at(router, &n, at, main_line))
+            .flatten()
+        {
             Some(Ok(group)) => {
                 let effects = enter(&mut n, at, group, instance, now, p, router);
+                if !main_line {
+                    // A branch's forEach step: its elements joined the branch's group, whose
+                    // write settles them.
+                    tidy(&mut n);
+                    return Ok(Transition::from(r, condition, n, effects));
+                }
                 return Ok(branches::written(r, n, effects, now, p, &claim_one));
             }
             Some(Err(error)) => {
@@ -107,15 +118,20 @@ pub fn claim(
     ))
 }
 
-/// What opens at step `at` on the main line, if anything: a parallel group, or a forEach step
-/// over its list (`Err`: why the list cannot be run, which fails the step).
+/// What opens at step `at`, if anything: a parallel group (on the main line only), or a
+/// forEach step over its list (`Err`: why the list cannot be run, which fails the step).
 enum Group {
     Parallel(super::route::Parallel),
     Each(super::route::EachPlan),
 }
 
-fn group_at(router: &dyn Router, n: &StateRecord, at: usize) -> Option<Result<Group, String>> {
-    if let Some(g) = router.parallel(at) {
+fn group_at(
+    router: &dyn Router,
+    n: &StateRecord,
+    at: usize,
+    main_line: bool,
+) -> Option<Result<Group, String>> {
+    if let Some(g) = router.parallel(at).filter(|_| main_line) {
         return Some(Ok(Group::Parallel(g)));
     }
     router.for_each(n, at).map(|plan| plan.map(Group::Each))
@@ -457,15 +473,20 @@ fn step_done(
         return vec![progress];
     }
     let at = n.step_index;
-    let main_line = from == ProcessState::Processing && n.branch().is_none();
-    match main_line.then(|| group_at(router, n, at)).flatten() {
+    let main_line = n.branch().is_none();
+    // (An element's step is its whole line: it never gets here.)
+    let opens = from == ProcessState::Processing && n.element().is_none();
+    match opens.then(|| group_at(router, n, at, main_line)).flatten() {
         Some(Ok(group)) => {
-            // The group goes out under the claim that sent this step.
+            // The group (or, in a branch, a forEach step's elements) goes out under the
+            // claim that sent this step.
             let instance = n.locked_by.clone().unwrap_or_default();
             log(n, from, Some(i), "step done");
             let mut effects = vec![progress];
             effects.extend(enter(n, at, group, &instance, now, p, router));
-            effects.extend(branches::settle(n, now, p));
+            if main_line {
+                effects.extend(branches::settle(n, now, p));
+            }
             return effects;
         }
         Some(Err(error)) => {

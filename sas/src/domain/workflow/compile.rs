@@ -423,12 +423,6 @@ impl Compiler<'_> {
     /// A forEach step's list, concurrency and tolerance.
     fn for_each(&mut self, s: &StepDoc, query: &str, at: &str, reach: &Reach) -> ForEach {
         let here = format!("{at}/forEach");
-        if self.in_parallel > 0 {
-            self.problem(
-                here.clone(),
-                "a forEach step cannot stand in a parallel group's branch: put it before or after the group",
-            );
-        }
         if s.callback.is_some() {
             self.problem(
                 format!("{at}/callback"),
@@ -847,18 +841,25 @@ steps:
     }
 
     #[test]
-    fn a_for_each_does_not_stand_in_a_branch() {
+    fn a_for_each_stands_in_a_branch_and_only_its_branch_and_later_steps_read_it() {
         let inside = TRIP.replace(
             "          - {name: flight, service: inventory}\n",
-            "          - {name: flight, service: inventory, forEach: $.input.travellers}\n",
+            "          - {name: flight, service: inventory, forEach: $.input.travellers, maxConcurrency: 2}\n",
         );
-        let p = problems(&inside);
+        let w = workflow(&inside).expect("a forEach in a branch is valid");
+        let flight = w.steps.iter().find(|s| s.name == "flight").expect("flight");
+        assert_eq!(flight.for_each.as_ref().map(|e| e.max_concurrency), Some(2));
+        // A sibling branch still cannot read it.
+        let sibling = inside.replace(
+            "          - {name: hotel, service: inventory}\n",
+            "          - {name: hotel, service: inventory, input: {f: \"$.steps['flight'].result\"}}\n",
+        );
         assert!(
-            p.iter()
-                .any(|p| p.at == "/steps/0/parallel/0/steps/0/forEach"
-                    && p.message
-                        .contains("cannot stand in a parallel group's branch")),
-            "{p:?}"
+            problems(&sibling)
+                .iter()
+                .any(|p| p.at.starts_with("/steps/0/parallel/1/steps/0/input")),
+            "{:?}",
+            problems(&sibling)
         );
     }
 
