@@ -112,7 +112,7 @@ try {
   await page.goto(`${base}/workflows/order-triage`);
   const graph = page.locator('figure.graph svg.workflow-graph');
   assert.ok(await graph.isVisible(), 'the graph is drawn');
-  const triageSteps = ['reserve-inventory', 'pick-items', 'check-credit', 'charge-card', 'send-invoice', 'express-booking', 'pack-order', 'arrange-shipping'];
+  const triageSteps = ['reserve-inventory', 'pick-items', 'check-credit', 'charge-card', 'send-invoice', 'express-booking', 'pack-order', 'label-items', 'arrange-shipping'];
   const stepsOf = (svg) => svg.locator('g.node').evaluateAll((ns) => ns.map((n) => n.dataset.step));
   assert.deepEqual(await stepsOf(graph), triageSteps);
   assert.equal(await graph.locator('[data-status]').count(), 0, 'no task, no statuses');
@@ -129,7 +129,7 @@ try {
   assert.deepEqual(await stepsOf(trail), triageSteps);
   const node = (step) => trail.locator(`g.node[data-step="${step}"]`);
   const want = { 'reserve-inventory': 'Done', 'pick-items': 'Done', 'check-credit': 'Done', 'charge-card': 'Done',
-    'send-invoice': 'Skipped', 'express-booking': 'Skipped', 'pack-order': 'Done', 'arrange-shipping': 'Failed' };
+    'send-invoice': 'Skipped', 'express-booking': 'Skipped', 'pack-order': 'Done', 'label-items': 'Done', 'arrange-shipping': 'Failed' };
   for (const [step, status] of Object.entries(want)) {
     assert.equal(await node(step).getAttribute('data-status'), status, step);
     // Colour is never the only signal: the status is said in the box.
@@ -142,7 +142,11 @@ try {
   assert.equal(await trail.locator('g.lane[data-group="payment"][data-arm="1"]').getAttribute('data-taken'), 'false');
   assert.equal(await node('pack-order').locator('text.undo-status').textContent(), 'undo ✓ Done');
   // The forEach's elements, each with its status and its undo, on the same page.
-  assert.match(await page.locator('p.elements').innerText(), /^3 elements: #0 Done undo Done #1 Done undo Done #2 Done undo Done/);
+  // (The items picked, on the main line, then labelled, in the packing branch.)
+  for (const list of await page.locator('p.elements').all()) {
+    assert.match(await list.innerText(), /^3 elements: #0 Done undo Done #1 Done undo Done #2 Done undo Done/);
+  }
+  assert.equal(await page.locator('p.elements').count(), 2);
   assert.equal(await node('charge-card').locator('text.undo').textContent(), '↶ undo refund-payment');
   assert.equal(await node('charge-card').locator('text.undo-status').textContent(), 'undo ✓ Done');
   assert.ok(await trail.locator('path.edge.taken').count() >= 5, 'the path is drawn');

@@ -128,8 +128,10 @@ pub struct CallerTaskView<S = ProcessState> {
     pub last_error: Option<Option<String>>,
 }
 
-/// One branch of the parallel group a task runs: its state (Pending, Processing, Processed
-/// when done, Error when it failed), its current step, and that step's attempt and deadline.
+/// One branch of the parallel group a task runs (or one element of a forEach step, whose
+/// `group` is the step): its state (Pending, Processing, Processed when done, Error when it
+/// failed; Processing with no deadline while a branch waits for its forEach step's elements),
+/// its current step, and that step's attempt and deadline.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BranchView {
@@ -152,8 +154,14 @@ impl BranchView {
         };
         f.branches
             .iter()
-            .map(|b| Self {
-                group: f.group.clone(),
+            .enumerate()
+            .map(|(k, b)| Self {
+                // An element's group is its forEach step (one in a branch adds its elements
+                // to the branch's group).
+                group: f
+                    .each_of(k)
+                    .and_then(|(e, _)| r.steps.get(e.step))
+                    .map_or_else(|| f.group.clone(), |s| s.name.clone()),
                 state: b.process_state.to_string(),
                 step: r
                     .steps

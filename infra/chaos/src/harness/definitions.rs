@@ -37,8 +37,8 @@ impl Config {
 
 /// The run's third workflow (YAML): the shipped example that uses every construct
 /// (`workflows/order-triage.yaml`): an order whose items are picked by a forEach (2 at once),
-/// then whose payment (a choice) and packing (with a condition) run at once, in two parallel
-/// branches.
+/// then whose payment (a choice) and packing (with a condition, then a forEach that labels
+/// each item, 3 at once) run at once, in two parallel branches.
 pub const ORDER_TRIAGE: &str = sas::domain::workflow::examples::ORDER_TRIAGE;
 
 fn duration_of(v: &Value) -> anyhow::Result<Option<Duration>> {

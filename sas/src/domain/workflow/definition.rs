@@ -265,6 +265,12 @@ mod tests {
         // Every construct, over the shipped services.
         let triage = workflow(examples::ORDER_TRIAGE).expect("order-triage.yaml");
         assert!(triage.steps[1].for_each.is_some(), "pick-items");
+        let label = triage.steps.iter().position(|s| s.name == "label-items");
+        assert!(
+            label.is_some_and(|i| triage.steps[i].for_each.is_some()
+                && triage.groups.iter().any(|g| g.span.contains(&i))),
+            "a forEach in a branch"
+        );
         let kinds: Vec<_> = triage
             .groups
             .iter()

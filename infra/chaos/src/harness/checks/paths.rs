@@ -14,13 +14,15 @@ use sas::{ProcessState, StepStatus};
 use std::collections::BTreeSet;
 
 /// The steps an order triage runs on `input`: by card above 500 (a credit check, then the
-/// charge), else by invoice; the express booking only when asked for; the packing always.
+/// charge), else by invoice; the express booking only when asked for; the packing and its
+/// labels always.
 fn triage_path(input: &serde_json::Value) -> (BTreeSet<&'static str>, bool) {
     let by_card = input["amount"].as_i64().is_some_and(|a| a > 500);
     let mut path = BTreeSet::from([
         "reserve-inventory",
         "pick-items",
         "pack-order",
+        "label-items",
         "arrange-shipping",
     ]);
     if by_card {
