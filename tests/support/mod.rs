@@ -113,6 +113,7 @@ pub fn manual_settings() -> Settings {
             cooldown: chrono::Duration::zero(),
             max_rounds: 0,
             callback: None,
+            wait: false,
             // The undo of a step that may be in flight still waits for its deadline; these
             // tests move the clock past it, with no margin on top.
             undo_wait: chrono::Duration::zero(),

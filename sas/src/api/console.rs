@@ -619,7 +619,8 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                         p class="step-facts" {
                             @if let Some(a) = s["finishedAttempt"].as_u64() { "finished under attempt " (a) " at " (when(&s["finishedAt"])) ". " }
                             @if current == Some(name) && !t["completeBy"].is_null() { "Deadline " (when(&t["completeBy"])) ". " }
-                            @if !s["waitingUntil"].is_null() { "Waits for its callback until " (when(&s["waitingUntil"])) ". " }
+                            @if !s["waitingUntil"].is_null() && s["service"].is_null() { "Waits until " (when(&s["waitingUntil"])) ". " }
+                            @else if !s["waitingUntil"].is_null() { "Waits for its callback until " (when(&s["waitingUntil"])) ". " }
                             @if s["generation"].as_u64().is_some_and(|g| g > 0) { "Key generation " (s["generation"]) ". " }
                         }
                         @if let Some(elements) = s["elements"].as_array().filter(|e| !e.is_empty()) {

@@ -16,7 +16,7 @@
 use super::views::TaskView;
 use crate::domain::mapping::Mapping;
 use crate::domain::state::Decision;
-use crate::domain::workflow::{GroupKind, Step, Workflow};
+use crate::domain::workflow::{GroupKind, Step, Wait, Workflow};
 use maud::{Markup, html};
 use std::collections::HashMap;
 use std::ops::Range;
@@ -283,7 +283,11 @@ impl Graph<'_> {
                 class: "name",
             },
             Text {
-                text: format!("{}.{}", s.service, s.action),
+                text: match &s.wait {
+                    Some(Wait::For(d)) => format!("wait {}", humantime_of(*d)),
+                    Some(Wait::Until(m)) => format!("wait until {}", source(m)),
+                    None => format!("{}.{}", s.service, s.action),
+                },
                 class: "meta",
             },
         ];
@@ -742,6 +746,13 @@ impl Draw {
 }
 
 /// A mapping's text: its query as written (a forEach's list).
+/// A wait's length as written (`14days`, `1h 30m`).
+fn humantime_of(d: chrono::Duration) -> String {
+    d.to_std()
+        .map(|d| humantime::format_duration(d).to_string())
+        .unwrap_or_default()
+}
+
 fn source(m: &Mapping) -> String {
     match m {
         Mapping::Query { source, .. } => source.clone(),

@@ -446,11 +446,13 @@ impl TaskView {
                     let context =
                         crate::domain::context::context(w, task, r, i).unwrap_or(Value::Null);
                     v.within = w.place(i);
-                    v.service = Some(step.service.clone());
-                    v.action = Some(step.action.clone());
+                    // (A wait step calls no service.)
+                    let calls = step.wait.is_none();
+                    v.service = calls.then(|| step.service.clone());
+                    v.action = calls.then(|| step.action.clone());
                     let reached = st.status != StepStatus::Skipped
                         && (i <= r.step_index || st.status != StepStatus::Pending);
-                    if reached {
+                    if reached && calls {
                         v.input = Some(shown(
                             step.input
                                 .render_lenient(&context, crate::domain::task::MAX_REQUEST_BYTES),

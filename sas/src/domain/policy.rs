@@ -39,6 +39,9 @@ pub struct Policy {
     pub max_rounds: u32,
     /// A callback step: the service accepts the request and completes the step later.
     pub callback: Option<CallbackPolicy>,
+    /// A wait step: it calls no service; its deadline is the time it waits for, and passing
+    /// it completes the step (see `transition::running::expire`).
+    pub wait: bool,
     /// How long after the deadline of a step that may still be in flight (timed out or
     /// cancelled) its undo waits: the longest call an agent may still make plus a clock-skew
     /// margin (`CALL_TIMEOUT_MS` + `UNDO_MARGIN_SECONDS`).
@@ -74,6 +77,7 @@ impl Default for Policy {
             cooldown: Duration::minutes(30),
             max_rounds: 0,
             callback: None,
+            wait: false,
             undo_wait: Duration::seconds(40),
             progress_events: false,
         }

@@ -241,6 +241,7 @@ impl TaskPorts {
             events: self.events.as_ref(),
             clock: self.clock.as_ref(),
             work_queue_url: &self.work_queue_url,
+            timer_queue_url: None,
         }
     }
 }
@@ -253,6 +254,8 @@ pub(crate) struct Outlets<'a> {
     pub clock: &'a dyn Clock,
     /// The work queue, for [`Effect::Enqueue`].
     pub work_queue_url: &'a str,
+    /// The deadline-timer queue, for [`Effect::Timer`] (`None`: the sweep finds the time).
+    pub timer_queue_url: Option<&'a str>,
 }
 
 /// Performs the effects of a written transition, in order. [`Effect::SendStepRequest`] and
@@ -297,6 +300,23 @@ where
                     o.clock.now(),
                 )
                 .await?
+            }
+            Effect::Timer { step, attempt, at } => {
+                let now = o.clock.now();
+                let soon = (*at - now).to_std().unwrap_or_default() <= MAX_SQS_DELAY;
+                if let Some(url) = o.timer_queue_url.filter(|_| soon) {
+                    let timer = crate::messages::DeadlineTimer {
+                        task_id: t.record.task_id,
+                        attempt: *attempt,
+                        step_index: *step,
+                        complete_by: *at,
+                    };
+                    // Best effort, as a step's timer: the due index carries the wait to the
+                    // sweep either way (and carries a longer wait alone: no timer per 15 min).
+                    if let Err(e) = scheduler::arm(o.queue, url, &timer, now).await {
+                        tracing::warn!(error = %e, "wait timer not armed; the sweep will find it");
+                    }
+                }
             }
         }
     }

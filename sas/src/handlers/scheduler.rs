@@ -328,8 +328,12 @@ async fn run(
     workflow: &Workflow,
     t: &Transition,
 ) -> Result<(), HandlerError> {
+    let outlets = super::Outlets {
+        timer_queue_url: deps.timer_queue_url.as_deref(),
+        ..deps.ports.outlets()
+    };
     perform(
-        &deps.ports.outlets(),
+        &outlets,
         t,
         Some(|branch: Option<usize>| async move {
             match branch {

@@ -830,13 +830,30 @@ pub(super) fn settle(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
     };
     let stopping = f.stop.is_some();
     if stopping {
+        let mut waits = vec![];
         for br in &mut f.branches {
             if br.process_state == ProcessState::Pending {
                 // Never claimed again: no deadline.
                 br.complete_by = None;
             }
+            if br.is_out() && p.at(br.step_index).wait {
+                // A wait has nothing in flight: it ends with the group, not at its time.
+                br.process_state = ProcessState::Error;
+                br.locked_by = None;
+                br.complete_by = None;
+                waits.push(br.step_index);
+            }
+        }
+        for i in waits {
+            let step = &mut n.steps[i];
+            step.status = StepStatus::Pending;
+            step.sent = false;
+            step.waiting_until = None;
         }
     }
+    let Some(f) = n.fanout.as_mut() else {
+        return vec![];
+    };
     if let Some(stop) = f
         .stop
         .clone()

@@ -42,6 +42,14 @@ pub enum Effect {
     Progress(NoticeKind),
     /// Put a work message for the task on the scheduler's queue, visible after `delay`.
     Enqueue { delay: Duration },
+    /// Arm a deadline timer for the wait of step `step` (under `attempt`), due `at`. A timer is
+    /// delayed at most SQS's longest delay: a longer wait is carried by the due index, and the
+    /// sweep finds it (or an earlier timer re-arms on arrival).
+    Timer {
+        step: usize,
+        attempt: u64,
+        at: DateTime<Utc>,
+    },
 }
 
 /// An accepted transition.
@@ -119,6 +127,8 @@ pub enum Rejection {
     StaleGeneration { record: u32, message: u32 },
     #[error("step {0} is not a callback step")]
     NotACallbackStep(usize),
+    #[error("step {0} is a wait: no reply or callback answers it, its time does")]
+    AWait(usize),
     #[error("step {0} is not waiting for its callback")]
     NotWaiting(usize),
     #[error("step {0} takes no heartbeats")]

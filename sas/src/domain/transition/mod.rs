@@ -5,7 +5,8 @@
 //!
 //! Events: a scheduler [`claim`]s, an agent's reply is applied ([`apply_reply`]), a callback
 //! step's service calls back ([`apply_callback`]), the supervisor finds a deadline passed
-//! ([`expire`]), the outbox is delivered ([`notice_delivered`]) (`running`); a failed task is
+//! ([`expire`]; a wait step's time, `waiting`), the outbox is delivered ([`notice_delivered`])
+//! (`running`); a failed task is
 //! compensated (`compensating`); and an operator [`retry`]s, [`compensate`]s, [`cancel`]s,
 //! [`resolve`]s or [`skip`]s (`operator`). What they share is in `common`.
 
@@ -19,6 +20,7 @@ mod route;
 mod running;
 #[cfg(test)]
 mod testkit;
+mod waiting;
 
 pub use super::condition::{Condition, Guard, write_label};
 pub use super::policy::{CallbackPolicy, MAX_REQUEUE_DELAY, Policies, Policy};

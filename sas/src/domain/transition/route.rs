@@ -9,11 +9,13 @@
 //! results; [`Linear`] decides nothing (workflows without conditions, and tests).
 
 use super::super::context::context;
+use super::super::mapping::Mapping;
 use super::super::state::MAX_RESULTS_BYTES;
 use super::super::state::{Decision, StateRecord, StepStatus};
 use super::super::task::Task;
 use super::super::when::When;
-use super::super::workflow::{Group, GroupKind, MAX_ELEMENTS, Tolerated, Workflow};
+use super::super::workflow::{Group, GroupKind, MAX_ELEMENTS, Tolerated, Wait, Workflow};
+use chrono::{DateTime, Utc};
 
 /// Where the cursor goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +51,17 @@ pub trait Router {
     /// If step `at` is a forEach step: its run over the list its query selects on `r` (or why
     /// it cannot run: the query selects no list, or too long a one).
     fn for_each(&self, _r: &StateRecord, _at: usize) -> Option<Result<EachPlan, String>> {
+        None
+    }
+
+    /// If step `at` is a wait step: when it is done, reached on `r` at `now` (or why that
+    /// cannot be known: its `waitUntil` selects no RFC 3339 time).
+    fn wait_until(
+        &self,
+        _r: &StateRecord,
+        _at: usize,
+        _now: DateTime<Utc>,
+    ) -> Option<Result<DateTime<Utc>, String>> {
         None
     }
 }
@@ -121,6 +134,18 @@ impl Router for TaskRouter<'_> {
                 branches: arms.iter().map(|a| a.span.clone()).collect(),
             }),
             _ => None,
+        })
+    }
+
+    fn wait_until(
+        &self,
+        r: &StateRecord,
+        at: usize,
+        now: DateTime<Utc>,
+    ) -> Option<Result<DateTime<Utc>, String>> {
+        Some(match self.workflow.steps.get(at)?.wait.as_ref()? {
+            Wait::For(d) => Ok(now + *d),
+            Wait::Until(m) => wait_until(self.workflow, self.task, r, at, m),
         })
     }
 
@@ -330,6 +355,29 @@ pub fn elements(
             kind_of(&other)
         )),
         Err(e) => Err(format!("input_mapping_failed: forEach: {e}")),
+    }
+}
+
+/// The time wait step `at` waits until: what its `waitUntil` renders on `r`, an RFC 3339 time.
+fn wait_until(
+    w: &Workflow,
+    task: &Task,
+    r: &StateRecord,
+    at: usize,
+    until: &Mapping,
+) -> Result<DateTime<Utc>, String> {
+    let ctx = context(w, task, r, at).ok_or("the task's input is not kept")?;
+    match until.render(&ctx, MAX_RESULTS_BYTES) {
+        Ok(serde_json::Value::String(t)) => DateTime::parse_from_rfc3339(&t)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| {
+                format!("input_mapping_failed: waitUntil: {t:?} is not an RFC 3339 time ({e})")
+            }),
+        Ok(other) => Err(format!(
+            "input_mapping_failed: waitUntil: the query selects {}, not an RFC 3339 time",
+            kind_of(&other)
+        )),
+        Err(e) => Err(format!("input_mapping_failed: waitUntil: {e}")),
     }
 }
 

@@ -10,6 +10,7 @@ use super::branches;
 use super::common::{Effect, Rejection, StepOutcome, Transition, finish, log, next, tidy};
 use super::compensating::{apply_undo_reply, begin_compensation, fail, stop_branch, stop_in_error};
 use super::route::{Linear, Router, take};
+use super::waiting::{begin_wait, woke};
 use super::{Condition, Guard};
 use chrono::{DateTime, Duration, Utc};
 
@@ -91,6 +92,19 @@ pub fn claim(
             }
             None => {}
         }
+    }
+    // A wait step never goes to an agent: reached (or claimed again), it waits.
+    if let Some(until) = (!undo).then(|| router.wait_until(&n, at, now)).flatten() {
+        let effects = match until {
+            Ok(until) => {
+                n.locked_by = Some(instance.to_owned());
+                n.attempt = r.attempt + 1;
+                begin_wait(&mut n, at, until, now, r.process_state)
+            }
+            Err(error) => condition_failed(&mut n, at, &error, now, p),
+        };
+        tidy(&mut n);
+        return Ok(Transition::from(r, condition, n, effects));
     }
     n.locked_by = Some(instance.to_owned());
     n.attempt = r.attempt + 1;
@@ -198,6 +212,11 @@ pub fn apply_reply(
         };
         let claim_one = |seen: &StateRecord, by: &str| claim(seen, by, now, p, router);
         return branches::reply(r, attempt, step_index, now, p, &event, &claim_one);
+    }
+    if p.at(step_index).wait {
+        // No request goes out for a wait step: nothing can answer it (keeps "a wait ends at
+        // its time, or with its task").
+        return Err(Rejection::AWait(step_index));
     }
     answers(r, attempt, step_index, undo)?;
     let now = to_millis(now);
@@ -513,6 +532,18 @@ fn step_done(
             },
         ];
     }
+    if let Some(until) = router.wait_until(n, at, now) {
+        // A wait step: it waits under the claim that sent this step.
+        let mut effects = vec![progress];
+        match until {
+            Ok(until) => {
+                log(n, from, Some(i), "step done");
+                effects.extend(begin_wait(n, at, until, now, from));
+            }
+            Err(error) => effects.extend(condition_failed(n, at, &error, now, p)),
+        }
+        return effects;
+    }
     n.steps[n.step_index].status = StepStatus::Running;
     n.steps[n.step_index].sent = true;
     n.complete_by = Some(p.at(n.step_index).dispatch_deadline(now));
@@ -708,38 +739,42 @@ pub fn expire(
     ];
     let mut n = next(r, now);
     let i = r.step_index;
-    let effects = if r.locked_by.is_none() {
-        // Growing delays: a backlog in the work queue must not be fed by the re-enqueues of
-        // the tasks waiting in it (see `Policy::requeue_delay`).
-        n.requeues = r.requeues.saturating_add(1);
-        let delay = p.at(i).requeue_delay(n.requeues, jitter);
-        n.complete_by = Some(now + delay + p.at(i).pickup_timeout);
-        log(
-            &mut n,
-            r.process_state,
-            Some(i),
-            "pickup deadline passed; re-enqueued",
-        );
-        vec![Effect::Enqueue { delay }]
-    } else {
-        let what = if r.process_state == ProcessState::Compensating {
-            "undo of "
+    let effects =
+        if r.locked_by.is_some() && r.process_state == ProcessState::Processing && p.at(i).wait {
+            // A wait step's deadline is its time: it is done.
+            woke(&mut n, i, due, now, p)
+        } else if r.locked_by.is_none() {
+            // Growing delays: a backlog in the work queue must not be fed by the re-enqueues of
+            // the tasks waiting in it (see `Policy::requeue_delay`).
+            n.requeues = r.requeues.saturating_add(1);
+            let delay = p.at(i).requeue_delay(n.requeues, jitter);
+            n.complete_by = Some(now + delay + p.at(i).pickup_timeout);
+            log(
+                &mut n,
+                r.process_state,
+                Some(i),
+                "pickup deadline passed; re-enqueued",
+            );
+            vec![Effect::Enqueue { delay }]
         } else {
-            ""
+            let what = if r.process_state == ProcessState::Compensating {
+                "undo of "
+            } else {
+                ""
+            };
+            let awaited = if r.steps[i].status == StepStatus::Waiting {
+                "callback"
+            } else {
+                "reply"
+            };
+            let reason = format!(
+                "{what}{}: no {awaited} by {} (attempt {})",
+                r.steps[i].name,
+                due.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                r.attempt
+            );
+            timed_out(r, &mut n, now, p, jitter, reason)
         };
-        let awaited = if r.steps[i].status == StepStatus::Waiting {
-            "callback"
-        } else {
-            "reply"
-        };
-        let reason = format!(
-            "{what}{}: no {awaited} by {} (attempt {})",
-            r.steps[i].name,
-            due.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            r.attempt
-        );
-        timed_out(r, &mut n, now, p, jitter, reason)
-    };
     tidy(&mut n);
     Ok(Transition::from(r, Condition::on(r, guards), n, effects))
 }

@@ -28,6 +28,7 @@ pub(super) fn base() -> Policy {
         cooldown: Duration::seconds(60),
         max_rounds: 0,
         callback: None,
+        wait: false,
         undo_wait: Duration::seconds(5),
         progress_events: false,
     }

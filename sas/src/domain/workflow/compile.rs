@@ -18,11 +18,11 @@ use super::super::problem::{DefinitionError, Problem};
 use super::super::when::When;
 use super::definition::{
     Arm, ForEach, Group, GroupKind, Limits, MAX_BRANCHES, MAX_CASES, MAX_CONCURRENCY, MAX_DEPTH,
-    MAX_STEPS, Step, Tolerated, Undo, Workflow,
+    MAX_STEPS, Step, Tolerated, Undo, Wait, Workflow,
 };
 use super::doc::{StepDoc, WorkflowDoc};
 use super::schema::compile_input;
-use super::settings::{apply_settings, callback_policy};
+use super::settings::{self, apply_settings, callback_policy};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -209,8 +209,10 @@ impl Compiler<'_> {
                     &mut self.problems,
                 )
             });
+            let waits = e.wait.is_some() || e.wait_until.is_some();
             let kinds = [
                 e.service.is_some(),
+                waits,
                 e.choice.is_some(),
                 e.parallel.is_some(),
             ];
@@ -218,14 +220,18 @@ impl Compiler<'_> {
                 self.problem(
                     here.clone(),
                     format!(
-                        "entry {:?} must be exactly one of: a step (`service`), a choice (`choice`) or parallel branches (`parallel`)",
+                        "entry {:?} must be exactly one of: a step (`service`), a wait (`wait` or `waitUntil`), a choice (`choice`) or parallel branches (`parallel`)",
                         e.name
                     ),
                 );
                 continue;
             }
             if e.service.is_none() {
-                self.not_on_a_group(e, &here);
+                self.not_on_a_group(e, &here, if waits { "a wait" } else { "a group" });
+            }
+            if waits {
+                self.wait(e, &here, when, &mut reach, parent);
+                continue;
             }
             if e.otherwise.is_some() && e.choice.is_none() {
                 self.problem(format!("{here}/otherwise"), "only a choice has `otherwise`");
@@ -275,8 +281,70 @@ impl Compiler<'_> {
         }
     }
 
-    /// A group's entry holds none of a step's fields.
-    fn not_on_a_group(&mut self, e: &StepDoc, here: &str) {
+    /// A wait step (`wait` or `waitUntil`, not both): it calls no service; its result is the
+    /// time it waited until.
+    fn wait(
+        &mut self,
+        e: &StepDoc,
+        here: &str,
+        when: Option<When>,
+        reach: &mut Reach,
+        parent: Parent,
+    ) {
+        let wait = match (&e.wait, &e.wait_until) {
+            (Some(_), Some(_)) => {
+                self.problem(
+                    format!("{here}/waitUntil"),
+                    "a wait step has `wait` (how long) or `waitUntil` (until when), not both",
+                );
+                return;
+            }
+            (Some(raw), None) => {
+                settings::wait_for(&format!("{here}/wait"), raw, &mut self.problems).map(Wait::For)
+            }
+            (None, Some(until)) => {
+                let at = format!("{here}/waitUntil");
+                if !until.starts_with('$') && chrono::DateTime::parse_from_rfc3339(until).is_err() {
+                    self.problem(
+                        at.clone(),
+                        format!("{until:?} is neither an RFC 3339 time nor a query (`$...`)"),
+                    );
+                }
+                Some(Wait::Until(Mapping::compile(
+                    Value::String(until.clone()),
+                    &reach.scope(None, false),
+                    &at,
+                    &mut self.problems,
+                )))
+            }
+            (None, None) => None,
+        };
+        let mut policy = self.base.clone();
+        policy.wait = true;
+        self.steps.push(Step {
+            name: e.name.clone(),
+            service: String::new(),
+            action: String::new(),
+            input: Mapping::compile(Value::Null, &reach.scope(None, false), here, &mut vec![]),
+            undo: None,
+            policy,
+            when: when.clone(),
+            for_each: None,
+            wait,
+            parent,
+        });
+        if e.when.is_some() {
+            reach.maybe.push((
+                e.name.clone(),
+                "which may be skipped (its `when` may not hold): test it with has(steps.<name>) in a condition".into(),
+            ));
+        } else {
+            reach.certain.push(e.name.clone());
+        }
+    }
+
+    /// A group's (or a wait's: `what`) entry holds none of a step's fields.
+    fn not_on_a_group(&mut self, e: &StepDoc, here: &str, what: &str) {
         let step_only = [
             ("action", e.action.is_some()),
             ("input", e.input.is_some()),
@@ -294,7 +362,7 @@ impl Compiler<'_> {
             if set {
                 self.problem(
                     format!("{here}/{field}"),
-                    format!("`{field}` belongs to a step, not to a group"),
+                    format!("`{field}` belongs to a step that calls a service, not to {what}"),
                 );
             }
         }
@@ -395,6 +463,7 @@ impl Compiler<'_> {
             policy,
             when: when.clone(),
             for_each,
+            wait: None,
             parent,
         });
         if s.when.is_some() {
@@ -716,6 +785,7 @@ fn not_an_array(source: &str, input_schema: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::super::testkit::*;
+    use super::Wait;
 
     /// A loan: a credit check, a review only above 10,000 (a choice with results), a conditional
     /// notice, and the payout.
@@ -991,5 +1061,54 @@ steps:
             "{p:?}"
         );
         assert!(p[0].message.contains("at most 3 deep"), "{p:?}");
+    }
+
+    #[test]
+    fn a_wait_is_a_duration_or_a_time_and_nothing_of_a_call() {
+        const WAITS: &str = r#"name: waits
+steps:
+  - {name: sign, service: inventory}
+  - {name: cool-off, wait: 14d}
+  - {name: until, waitUntil: $.input.at}
+  - {name: fixed, waitUntil: "2027-01-01T09:00:00+01:00"}
+  - {name: pay, service: payment, input: {after: "$.steps['cool-off'].result.until"}}
+"#;
+        let w = workflow(WAITS).expect("valid waits");
+        assert!(matches!(w.steps[1].wait, Some(Wait::For(d)) if d == chrono::Duration::days(14)));
+        assert!(matches!(w.steps[2].wait, Some(Wait::Until(_))));
+        assert!(w.steps[1].policy.wait && !w.steps[0].policy.wait);
+        assert_eq!(
+            w.services(),
+            ["inventory", "payment"],
+            "a wait calls no service"
+        );
+        let at = |yaml: &str| problems(yaml).into_iter().map(|p| p.at).collect::<Vec<_>>();
+        for (bad, pointer) in [
+            (
+                "{name: cool-off, wait: 14d, waitUntil: $.input.at}",
+                "/steps/1/waitUntil",
+            ),
+            (
+                "{name: cool-off, wait: 14d, service: inventory}",
+                "/steps/1",
+            ),
+            (
+                "{name: cool-off, wait: 14d, undo: {action: x}}",
+                "/steps/1/undo",
+            ),
+            ("{name: cool-off, wait: 400d}", "/steps/1/wait"),
+            ("{name: cool-off, wait: soon}", "/steps/1/wait"),
+            (
+                "{name: cool-off, waitUntil: tomorrow}",
+                "/steps/1/waitUntil",
+            ),
+        ] {
+            let yaml = WAITS.replace("{name: cool-off, wait: 14d}", bad);
+            assert!(
+                at(&yaml).contains(&pointer.to_owned()),
+                "{bad}: {:?}",
+                problems(&yaml)
+            );
+        }
     }
 }

@@ -42,6 +42,9 @@ pub struct Step {
     pub when: Option<When>,
     /// The step runs once per element of a list.
     pub for_each: Option<ForEach>,
+    /// A wait step: it calls no service (its `service` and `action` are empty); it is done once
+    /// its time comes.
+    pub wait: Option<Wait>,
     /// The group (its index in [`Workflow::groups`]) and arm the step is in, if any.
     pub parent: Option<(usize, usize)>,
 }
@@ -51,6 +54,16 @@ pub struct Step {
 pub struct Undo {
     pub action: String,
     pub input: Mapping,
+}
+
+/// How long a wait step waits.
+#[derive(Debug, Clone)]
+pub enum Wait {
+    /// This long from when the step is reached.
+    For(chrono::Duration),
+    /// Until the RFC 3339 time this mapping renders (a literal, or a query on the input or an
+    /// earlier result).
+    Until(Mapping),
 }
 
 /// A forEach step's list and how it runs over it.
@@ -226,7 +239,7 @@ impl Workflow {
     pub fn services(&self) -> Vec<&str> {
         let mut out: Vec<&str> = Vec::new();
         for s in &self.steps {
-            if !out.contains(&s.service.as_str()) {
+            if !s.service.is_empty() && !out.contains(&s.service.as_str()) {
                 out.push(&s.service);
             }
         }

@@ -75,6 +75,11 @@ pub struct StepDoc {
     pub start_within: Option<String>,
     pub retry: Option<RetryDoc>,
     pub callback: Option<CallbackDoc>,
+    /// A wait step: how long it waits (`14d`).
+    pub wait: Option<String>,
+    /// A wait step: until when it waits, an RFC 3339 time or a singular JSONPath query that
+    /// selects one (`$.input.payoutAt`).
+    pub wait_until: Option<String>,
     /// A singular JSONPath query selecting an array: the step runs once per element.
     pub for_each: Option<String>,
     pub max_concurrency: Option<u32>,

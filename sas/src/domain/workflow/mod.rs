@@ -28,7 +28,7 @@ pub use super::problem::{DefinitionError, InputError, Problem};
 pub use compile::DEFAULT_CONCURRENCY;
 pub use definition::{
     Arm, ForEach, Group, GroupKind, MAX_BRANCHES, MAX_CASES, MAX_CONCURRENCY, MAX_DEPTH,
-    MAX_ELEMENTS, MAX_STEPS, Step, Tolerated, Undo, Workflow,
+    MAX_ELEMENTS, MAX_STEPS, Step, Tolerated, Undo, Wait, Workflow,
 };
 pub use doc::{
     BranchDoc, CaseDoc, Document, Format, MAX_DEFINITION_BYTES, OtherwiseDoc, SCHEMA, StepDoc,
@@ -44,6 +44,6 @@ pub use service::{
     StatusOverrides, Target, deployment_problems,
 };
 pub use settings::{
-    CallbackDoc, MAX_CALLBACK_TIMEOUT, MAX_DELAY, MAX_START_WITHIN, MAX_TIMEOUT, MIN_TIMEOUT,
-    RetryDoc, SettingsDoc,
+    CallbackDoc, MAX_CALLBACK_TIMEOUT, MAX_DELAY, MAX_START_WITHIN, MAX_TIMEOUT, MAX_WAIT,
+    MIN_TIMEOUT, RetryDoc, SettingsDoc,
 };

@@ -17,6 +17,24 @@ pub const MAX_START_WITHIN: std::time::Duration = std::time::Duration::from_secs
 /// The longest retry delay a definition may ask for.
 pub const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(86_400);
 
+/// The longest a wait step waits (`wait`, or `waitUntil` from when it is reached).
+pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(366 * 86_400);
+
+/// A wait step's `wait` (at `here`): a duration from 1s to [`MAX_WAIT`].
+pub(super) fn wait_for(
+    here: &str,
+    raw: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<chrono::Duration> {
+    duration_in(
+        here,
+        raw,
+        MIN_TIMEOUT..=MAX_WAIT,
+        "is out of range: a wait is 1s to 366d",
+        problems,
+    )
+}
+
 /// The longest a callback step may wait for its callback.
 pub const MAX_CALLBACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 

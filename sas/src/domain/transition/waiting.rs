@@ -1,0 +1,330 @@
+//! Wait steps: a step that calls no service and is done when its time comes. Reached (by a
+//! claim, or by the step before it done), it waits under that claim with its time as the
+//! record's deadline ([`begin_wait`]); the supervisor, finding the deadline passed (on a timer
+//! or its sweep), completes it ([`woke`]). Nothing runs while a task waits.
+
+use super::super::policy::Policies;
+use super::super::state::{NoticeKind, ProcessState, StateRecord, StepStatus, to_millis};
+use super::common::{Effect, finish, log};
+use chrono::{DateTime, Duration, Utc};
+
+/// Wait step `at` is reached: it waits until `until` (its deadline; at once if that has
+/// passed) under the claim that reached it, with nothing sent. A timer wakes it (or, for a wait
+/// longer than a timer can be delayed, the sweep: see [`Effect::Timer`]); see [`woke`].
+pub(super) fn begin_wait(
+    n: &mut StateRecord,
+    at: usize,
+    until: DateTime<Utc>,
+    now: DateTime<Utc>,
+    from: ProcessState,
+) -> Vec<Effect> {
+    let until = to_millis(until.max(now));
+    n.process_state = ProcessState::Processing;
+    n.complete_by = Some(until);
+    let step = &mut n.steps[at];
+    step.status = StepStatus::Waiting;
+    step.waiting_until = Some(until);
+    step.sent = true;
+    log(
+        n,
+        from,
+        Some(at),
+        format!(
+            "waits until {}",
+            until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        ),
+    );
+    vec![Effect::Timer {
+        step: at,
+        attempt: n.attempt,
+        at: until,
+    }]
+}
+
+/// Wait step `i` reached its time (`until`): it is done (its result that time), and the task
+/// (or its branch) goes on from the next step, which a scheduler claims (the supervisor sends
+/// nothing).
+pub(super) fn woke(
+    n: &mut StateRecord,
+    i: usize,
+    until: DateTime<Utc>,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Vec<Effect> {
+    let from = n.process_state;
+    let attempt = n.attempt;
+    let step = &mut n.steps[i];
+    step.status = StepStatus::Done;
+    step.finished_at = Some(now);
+    step.finished_attempt = Some(attempt);
+    step.result = Some(
+        serde_json::json!({"until": until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)})
+            .to_string(),
+    );
+    n.locked_by = None;
+    n.last_error = None;
+    let progress = p.at(i).progress(NoticeKind::StepCompleted);
+    // The steps already decided not to run are passed; the claim routes the rest.
+    n.step_index = n.next_not_skipped(i + 1);
+    if n.step_index >= n.end() {
+        let mut e = finish(n, ProcessState::Processed, NoticeKind::Processed);
+        if n.branch().is_some() {
+            // The end of a branch, not of the task.
+            e.insert(0, progress);
+        }
+        log(n, from, Some(i), "waited; every step done");
+        return e;
+    }
+    n.process_state = ProcessState::Pending;
+    n.complete_by = if n.fanout.as_ref().is_some_and(|f| f.stop.is_some()) {
+        // The branch's group is stopping: its next step is not claimed.
+        None
+    } else {
+        Some(now + p.at(n.step_index).pickup_timeout)
+    };
+    log(n, from, Some(i), "waited");
+    vec![
+        progress,
+        Effect::Enqueue {
+            delay: Duration::zero(),
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::common::{Rejection, StepOutcome, Transition};
+    use super::super::route::{TaskRouter, test_task};
+    use super::super::testkit::*;
+    use super::super::{apply_reply, cancel, claim, expire};
+    use super::*;
+    use crate::domain::state::{NoticeKind, ProcessState, StepStatus};
+    use crate::domain::task::Task;
+    use crate::domain::workflow::Workflow;
+    use serde_json::json;
+
+    /// A contract signed, then 14 days of cooling off, then the payout (which reads when the
+    /// wait ended). Steps: sign 0, cooling-off 1, payout 2.
+    const COOL: &str = r#"name: cool
+steps:
+  - {name: sign, service: s, undo: {action: unsign}}
+  - {name: cooling-off, wait: 14d}
+  - {name: payout, service: s, input: {after: "$.steps['cooling-off'].result.until"}}
+"#;
+
+    struct Waits {
+        w: Workflow,
+        task: Task,
+        r: StateRecord,
+        p: Policies,
+        now: DateTime<Utc>,
+    }
+
+    impl Waits {
+        fn of(yaml: &str, input: serde_json::Value) -> Self {
+            let v = crate::domain::workflow::parse_value(yaml, crate::domain::Format::Yaml)
+                .expect("yaml");
+            let w = Workflow::from_value(v, None, &base())
+                .expect("valid")
+                .with_version(1);
+            let now = t0();
+            let r = record(&w, now);
+            let task = test_task(&r, input);
+            let p = w.policies();
+            Self { w, task, r, p, now }
+        }
+
+        fn apply(
+            &mut self,
+            f: impl FnOnce(&StateRecord, &TaskRouter<'_>) -> Result<Transition, Rejection>,
+        ) -> Result<Transition, Rejection> {
+            let router = TaskRouter {
+                workflow: &self.w,
+                task: &self.task,
+            };
+            let t = f(&self.r, &router)?;
+            assert!(t.condition.holds(Some(&self.r)));
+            t.record.check(&self.p).expect("valid after the transition");
+            self.r = t.record.clone();
+            Ok(t)
+        }
+
+        fn claim(&mut self) -> Transition {
+            let (p, now) = (self.p.clone(), self.now);
+            self.apply(|r, router| claim(r, "s", now, &p, router))
+                .expect("claims")
+        }
+
+        fn answer(&mut self, i: usize, outcome: &StepOutcome) -> Transition {
+            let (p, now, a) = (self.p.clone(), self.now, self.r.attempt);
+            self.apply(|r, router| apply_reply(r, a, i, false, outcome, now, &p, router))
+                .expect("the reply applies")
+        }
+
+        fn expire(&mut self) -> Result<Transition, Rejection> {
+            let (p, now) = (self.p.clone(), self.now);
+            self.apply(|r, _| expire(r, now, &p, 0.5))
+        }
+    }
+
+    #[test]
+    fn a_wait_holds_the_task_until_its_time_with_nothing_sent_then_the_next_step_goes_out() {
+        let mut t = Waits::of(COOL, json!({}));
+        t.claim();
+        let done = t.answer(0, &ok());
+        let until = t.now + Duration::days(14);
+        // The signature's answer starts the wait in its write: no request, a timer.
+        assert_eq!(
+            done.effects,
+            [
+                Effect::Progress(NoticeKind::StepCompleted),
+                Effect::Timer {
+                    step: 1,
+                    attempt: t.r.attempt,
+                    at: until
+                }
+            ]
+        );
+        assert_eq!(
+            (t.r.process_state, t.r.step_index, t.r.steps[1].status),
+            (ProcessState::Processing, 1, StepStatus::Waiting)
+        );
+        assert_eq!((t.r.complete_by, t.r.due_at()), (Some(until), Some(until)));
+        // Nothing answers a wait: a reply under its attempt (none can come: nothing went
+        // out) changes nothing.
+        let (p, now, a) = (t.p.clone(), t.now, t.r.attempt);
+        assert!(matches!(
+            t.apply(|r, router| apply_reply(r, a, 1, false, &ok(), now, &p, router)),
+            Err(Rejection::AWait(1))
+        ));
+        // Not before its time.
+        t.now += Duration::days(13);
+        assert!(matches!(t.expire(), Err(Rejection::NotDue { .. })));
+        t.now = until;
+        let woke = t.expire().expect("its time came");
+        assert_eq!(
+            woke.effects,
+            [
+                Effect::Progress(NoticeKind::StepCompleted),
+                Effect::Enqueue {
+                    delay: Duration::zero()
+                }
+            ]
+        );
+        assert_eq!(t.r.steps[1].status, StepStatus::Done);
+        assert_eq!(
+            t.r.results()["cooling-off"]["result"],
+            json!({"until": until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)})
+        );
+        assert_eq!(
+            (t.r.process_state, t.r.step_index),
+            (ProcessState::Pending, 2)
+        );
+        t.claim();
+        t.answer(2, &ok());
+        assert_eq!(t.r.process_state, ProcessState::Processed);
+    }
+
+    #[test]
+    fn a_wait_until_a_time_read_from_the_input_and_one_past_is_due_at_once() {
+        const UNTIL: &str = r#"name: until
+steps:
+  - {name: remind, waitUntil: $.input.at}
+  - {name: send, service: s}
+"#;
+        let now = t0();
+        let at = now + Duration::hours(30);
+        let mut t = Waits::of(UNTIL, json!({"at": at.to_rfc3339()}));
+        let claimed = t.claim();
+        assert!(matches!(claimed.effects[..], [Effect::Timer { step: 0, at: a, .. }] if a == at));
+        assert_eq!(t.r.complete_by, Some(at));
+
+        let mut t = Waits::of(
+            UNTIL,
+            json!({"at": (now - Duration::hours(1)).to_rfc3339()}),
+        );
+        t.claim();
+        assert_eq!(t.r.complete_by, Some(t.now), "past: due now");
+        t.expire().expect("due at once");
+        assert_eq!(
+            (t.r.process_state, t.r.step_index),
+            (ProcessState::Pending, 1)
+        );
+    }
+
+    #[test]
+    fn a_wait_whose_time_is_not_one_fails_its_step_and_what_was_done_is_undone() {
+        const UNTIL: &str = r#"name: until
+steps:
+  - {name: sign, service: s, undo: {action: unsign}}
+  - {name: remind, waitUntil: $.input.at}
+"#;
+        let mut t = Waits::of(UNTIL, json!({"at": "tomorrow at nine"}));
+        t.claim();
+        t.answer(0, &ok());
+        assert_eq!(t.r.process_state, ProcessState::Compensating);
+        assert_eq!(t.r.steps[1].status, StepStatus::Failed);
+        assert!(
+            t.r.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("input_mapping_failed: waitUntil")
+                    && e.contains("not an RFC 3339 time")),
+            "{:?}",
+            t.r.last_error
+        );
+        assert_eq!(t.r.step_index, 0, "the signature is undone");
+    }
+
+    #[test]
+    fn a_cancelled_wait_compensates_what_was_done_and_waits_for_nothing() {
+        let mut t = Waits::of(COOL, json!({}));
+        t.claim();
+        t.answer(0, &ok());
+        let (p, now) = (t.p.clone(), t.now);
+        t.apply(|r, _| cancel(r, &ops(Some("changed their mind")), now, &p))
+            .expect("cancel");
+        assert_eq!(t.r.steps[1].status, StepStatus::Cancelled);
+        assert_eq!(
+            (t.r.process_state, t.r.step_index, t.r.undo_after),
+            (ProcessState::Compensating, 0, None),
+            "the signature's undo goes at once: the wait had nothing in flight"
+        );
+        t.claim();
+        let a = t.r.attempt;
+        t.apply(|r, router| apply_reply(r, a, 0, true, &ok(), now, &p, router))
+            .expect("the undo");
+        assert_eq!(t.r.process_state, ProcessState::Compensated);
+    }
+
+    #[test]
+    fn a_wait_in_a_branch_ends_with_its_group_when_another_branch_is_refused() {
+        const GROUP: &str = r#"name: group
+steps:
+  - name: both
+    parallel:
+      - steps:
+          - {name: hold, service: s, undo: {action: release}}
+      - steps:
+          - {name: settle, wait: 2d}
+          - {name: notify, service: s}
+"#;
+        let mut t = Waits::of(GROUP, json!({}));
+        let opened = t.claim();
+        assert!(
+            opened
+                .effects
+                .iter()
+                .any(|e| matches!(e, Effect::Timer { step: 1, .. })),
+            "{opened:?}"
+        );
+        assert_eq!(t.r.steps[1].status, StepStatus::Waiting);
+        let hold = t.r.fanout.as_ref().map_or(0, |f| f.branches[0].attempt);
+        let (p, now) = (t.p.clone(), t.now);
+        t.apply(|r, router| apply_reply(r, hold, 0, false, &declined(), now, &p, router))
+            .expect("the hold refused");
+        // Nothing is in flight in a wait: the group stops at once, not in two days.
+        assert_eq!(t.r.process_state, ProcessState::Refused);
+        assert_eq!(t.r.steps[1].status, StepStatus::Pending);
+        assert_eq!(t.r.steps[2].status, StepStatus::Pending);
+    }
+}

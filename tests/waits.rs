@@ -1,0 +1,216 @@
+//! Time in a workflow, end to end: a workflow the code has never seen, with a wait of a
+//! duration and a wait until a time read from the task's input, published to a running system
+//! (the local runner's code over HTTP) in memory and on the emulator. The task waits with
+//! nothing sent and nothing held, then goes on after each wait's time, the later steps reading
+//! when it ended; a task cancelled while it waits undoes what was done at once (a wait has
+//! nothing in flight).
+
+use chrono::{DateTime, Utc};
+use sas_local::{Backend, Settings, System};
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The waits' workflow: a ledger entry, 2 s of settling, a wait until the input's `at`, then
+/// the payout, which reads when the settling ended.
+fn payout_workflow() -> Value {
+    json!({
+        "name": "timed-payout",
+        "input": {"type": "object", "required": ["at"], "properties": {"at": {"type": "string"}}},
+        "steps": [
+            {"name": "open", "service": "ledger", "undo": {"action": "close"}},
+            {"name": "settle", "wait": "2s"},
+            {"name": "release", "waitUntil": "$.input.at"},
+            {"name": "pay", "service": "ledger",
+             "input": {"settled": "$.steps['settle'].result.until"}}
+        ]
+    })
+}
+
+async fn running(backend: Backend) -> (System, String) {
+    let settings = Settings {
+        definitions: vec![],
+        ..Settings::default()
+    };
+    let mut system = System::new(backend, settings, Arc::new(sas::ports::SystemClock))
+        .await
+        .expect("system builds");
+    let addr = system
+        .serve(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("serves");
+    system.start();
+    (system, format!("http://{addr}/operator"))
+}
+
+async fn put(http: &reqwest::Client, url: String, body: &Value) -> u16 {
+    http.put(url)
+        .json(body)
+        .send()
+        .await
+        .expect("PUT")
+        .status()
+        .as_u16()
+}
+
+async fn start(http: &reqwest::Client, base: &str, input: Value) -> String {
+    let r = http
+        .post(format!("{base}/workflows/timed-payout/tasks"))
+        .json(&input)
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 202);
+    let v: Value = r.json().await.expect("JSON");
+    v["taskId"].as_str().expect("taskId").to_owned()
+}
+
+/// Polls task `id` until `done` holds of it.
+async fn until(
+    http: &reqwest::Client,
+    base: &str,
+    id: &str,
+    within: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let by = Instant::now() + within;
+    loop {
+        let v: Value = sas_blackbox::get_json(http, &format!("{base}/tasks/{id}")).await;
+        if done(&v) {
+            return v;
+        }
+        assert!(Instant::now() < by, "task {id}: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn step<'a>(task: &'a Value, name: &str) -> &'a Value {
+    task["steps"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+fn time(v: &Value) -> DateTime<Utc> {
+    v.as_str()
+        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.with_timezone(&Utc))
+        .unwrap_or_else(|| panic!("not a time: {v}"))
+}
+
+fn terminal(v: &Value) -> bool {
+    [
+        "Processed",
+        "Compensated",
+        "Refused",
+        "Error",
+        "CompensationFailed",
+    ]
+    .contains(&v["processState"].as_str().unwrap_or_default())
+}
+
+async fn waits_hold_a_task_until_their_time(system: &System, base: &str, slack: Duration) {
+    let http = reqwest::Client::new();
+    let service = json!({"name": "ledger", "target": {"type": "simulated"}});
+    assert!([200, 201].contains(&put(&http, format!("{base}/services/ledger"), &service).await));
+    assert_eq!(
+        put(
+            &http,
+            format!("{base}/workflows/timed-payout"),
+            &payout_workflow()
+        )
+        .await,
+        201
+    );
+
+    // Two waits in a row: 2 s, then until 4 s after the start.
+    let started = Utc::now();
+    let at = started + chrono::Duration::seconds(4);
+    let id = start(&http, base, json!({"at": at.to_rfc3339()})).await;
+    let waiting = until(&http, base, &id, slack, |v| {
+        step(v, "settle")["status"] == "Waiting"
+    })
+    .await;
+    assert_eq!(waiting["processState"], "Processing", "{waiting}");
+    assert!(
+        step(&waiting, "settle")["service"].is_null(),
+        "a wait calls no service"
+    );
+    let done = until(&http, base, &id, Duration::from_secs(4) + slack, terminal).await;
+    assert_eq!(done["processState"], "Processed", "{done}");
+    let settled = time(&step(&done, "settle")["result"]["until"]);
+    assert!(settled >= started + chrono::Duration::seconds(2), "{done}");
+    assert_eq!(
+        time(&step(&done, "release")["result"]["until"]),
+        to_millis(at),
+        "{done}"
+    );
+    // Nothing went out for the waits, and nothing before their time.
+    let requests = sas_blackbox::requests(system, "ledger", &id);
+    assert_eq!(
+        requests,
+        [
+            ("open".to_owned(), json!({"at": at.to_rfc3339()})),
+            (
+                "pay".to_owned(),
+                json!({"settled": step(&done, "settle")["result"]["until"]})
+            ),
+        ]
+    );
+    assert!(
+        time(&step(&done, "pay")["finishedAt"]) >= to_millis(at),
+        "{done}"
+    );
+
+    // Cancelled while it waits: the entry is closed at once, not after the wait.
+    let id = start(
+        &http,
+        base,
+        json!({"at": (Utc::now() + chrono::Duration::days(30)).to_rfc3339()}),
+    )
+    .await;
+    until(&http, base, &id, slack + Duration::from_secs(2), |v| {
+        step(v, "release")["status"] == "Waiting"
+    })
+    .await;
+    let r = http
+        .post(format!("{base}/tasks/{id}/cancel"))
+        .json(&json!({"reason": "no longer wanted"}))
+        .send()
+        .await
+        .expect("POST cancel");
+    assert_eq!(r.status().as_u16(), 202, "{:?}", r.text().await);
+    let done = until(&http, base, &id, slack, terminal).await;
+    assert_eq!(done["processState"], "Compensated", "{done}");
+    assert_eq!(step(&done, "release")["status"], "Cancelled", "{done}");
+    let actions: Vec<String> = sas_blackbox::requests(system, "ledger", &id)
+        .into_iter()
+        .map(|(a, _)| a)
+        .collect();
+    assert_eq!(actions, ["open", "close"]);
+}
+
+fn to_millis(t: DateTime<Utc>) -> DateTime<Utc> {
+    sas::domain::state::to_millis(t)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waits_in_memory() {
+    let (system, base) = running(Backend::Memory).await;
+    waits_hold_a_task_until_their_time(&system, &base, Duration::from_secs(10)).await;
+    system.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waits_on_the_emulator() {
+    let config = sas_blackbox::sdk_config().await;
+    let stack = sas_blackbox::template::provision(&config, &sas_blackbox::unique("waits")).await;
+    let backend = Backend::Existing {
+        config: Box::new(config),
+        resources: Box::new(stack.resources),
+    };
+    let (system, base) = running(backend).await;
+    waits_hold_a_task_until_their_time(&system, &base, Duration::from_secs(40)).await;
+    system.shutdown().await;
+}
