@@ -212,6 +212,8 @@ mod parallel {
     struct StepDraw {
         undo: bool,
         when: Option<bool>,
+        /// A wait step of this many seconds (it calls no service, has no undo).
+        wait: Option<u8>,
     }
 
     /// A drawn forEach step over `input.items`: with or without an undo and a condition, its
@@ -283,8 +285,9 @@ mod parallel {
         (
             proptest::bool::ANY,
             proptest::option::weighted(0.3, proptest::bool::ANY),
+            proptest::option::weighted(0.12, 1u8..=40),
         )
-            .prop_map(|(undo, when)| StepDraw { undo, when })
+            .prop_map(|(undo, when, wait)| StepDraw { undo, when, wait })
     }
 
     fn steps(r: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec<Item>> {
@@ -323,6 +326,7 @@ mod parallel {
                     cases[0].1.push(Item::Step(StepDraw {
                         undo: true,
                         when: None,
+                        wait: None,
                     }));
                 }
                 ChoiceDraw {
@@ -458,6 +462,14 @@ mod parallel {
                     *names += 1;
                     let mut v = json!({"name": name, "service": "s"});
                     let (undo, when) = match item {
+                        Item::Step(StepDraw {
+                            when,
+                            wait: Some(secs),
+                            ..
+                        }) => {
+                            v = json!({"name": name, "wait": format!("{secs}s")});
+                            (false, *when)
+                        }
                         Item::Step(s) => (s.undo, s.when),
                         Item::Each(e) => {
                             v["forEach"] = json!("$.input.items");
@@ -754,6 +766,8 @@ mod parallel {
         /// drawn input.
         runs: bool,
         each: Option<EachModel>,
+        /// A wait step: out from its timer to its time, then done (nothing answers it).
+        wait: bool,
         /// One unit per element for a forEach step, else one.
         units: Vec<Unit>,
     }
@@ -807,9 +821,10 @@ mod parallel {
                     Item::Step(s) => {
                         let u = Unit::new(*line);
                         self.steps.push(StepModel {
-                            undoable: s.undo,
+                            undoable: s.undo && s.wait.is_none(),
                             runs: runs && s.when.unwrap_or(true),
                             each: None,
+                            wait: s.wait.is_some(),
                             units: vec![u],
                         });
                     }
@@ -820,6 +835,7 @@ mod parallel {
                         self.steps.push(StepModel {
                             undoable: e.undo,
                             runs,
+                            wait: false,
                             each: Some(EachModel {
                                 max: e.max,
                                 tolerated: e.tolerated,
@@ -915,6 +931,14 @@ mod parallel {
                 self.refusal = true;
             }
             self.halted = true;
+            // A wait has nothing in flight: it ends with the stop (to wait again if the task
+            // goes on).
+            for s in self.steps.iter_mut().filter(|s| s.wait) {
+                for u in s.units.iter_mut().filter(|u| u.out) {
+                    u.out = false;
+                    u.sent = false;
+                }
+            }
         }
 
         fn unsure(&mut self, at: (usize, usize), until: Option<DateTime<Utc>>) {
@@ -1037,6 +1061,11 @@ mod parallel {
                         .collect();
                     for at in due {
                         self.u(at).out = false;
+                        if self.steps[at.0].wait {
+                            // Its time came: done.
+                            self.u(at).over = true;
+                            continue;
+                        }
                         let d = self.u(at).deadline;
                         self.unsure(at, d);
                         self.timed_out(at);
@@ -1111,6 +1140,11 @@ mod parallel {
                         );
                         ((r.step_index, 0), r.attempt, false, r.complete_by)
                     }
+                    Effect::Timer { step, attempt, at } => {
+                        prop_assert!(self.steps[*step].wait, "a timer for step {}, no wait", step);
+                        prop_assert!(*at >= now, "a wait until {} set at {}", at, now);
+                        ((*step, 0), *attempt, false, Some(*at))
+                    }
                     Effect::SendBranchStep(b) => {
                         let f = r.fanout.as_ref().ok_or_else(|| {
                             TestCaseError::fail(format!("{e:?} without its group"))
@@ -1147,6 +1181,12 @@ mod parallel {
                     }
                     self.undos.push(at);
                 } else {
+                    prop_assert_eq!(
+                        matches!(e, Effect::Timer { .. }),
+                        step.wait,
+                        "step {} goes out with a timer iff it is a wait",
+                        i
+                    );
                     prop_assert!(!self.halted, "{at:?} went out while the task stops");
                     prop_assert!(step.runs, "step {i}, whose condition is false, went out");
                     prop_assert!(!u.over, "element {at:?}, over, went out again");
@@ -1303,8 +1343,14 @@ mod parallel {
                 Ev::Reply { pick: k, outcome } => {
                     let o = pick(*k)?;
                     let outcome = Outcome::of(*outcome);
+                    // Nothing answers a wait: a reply to one must be rejected.
+                    let act = if self.m.steps[o.step].wait {
+                        Act::Stale
+                    } else {
+                        Act::Reply(o, outcome)
+                    };
                     (
-                        Act::Reply(o, outcome),
+                        act,
                         apply_reply(
                             on,
                             o.attempt,
@@ -1423,8 +1469,8 @@ mod parallel {
                     let Some((act, out)) = self.compute(ev, &self.r) else {
                         return Ok(());
                     };
-                    if let Ev::Stale { how, .. } = ev {
-                        prop_assert!(out.is_err(), "a stale reply ({how}) applies: {out:?}");
+                    if let Act::Stale = act {
+                        prop_assert!(out.is_err(), "a stale reply ({ev:?}) applies: {out:?}");
                         return Ok(());
                     }
                     match out {
@@ -1548,7 +1594,9 @@ mod parallel {
                     }
                     _ => {}
                 }
-                if let Some(o) = outs(&self.r).first().copied() {
+                let out = outs(&self.r);
+                let waits = |o: &&Out| !o.undo && self.m.steps[o.step].wait;
+                if let Some(o) = out.iter().find(|o| !waits(o)).copied() {
                     let t = apply_reply(
                         &self.r,
                         o.attempt,
@@ -1561,6 +1609,14 @@ mod parallel {
                     )
                     .map_err(|e| TestCaseError::fail(format!("answer {o:?}: {e}")))?;
                     self.apply(Act::Reply(o, Outcome::Success), t)?;
+                    continue;
+                }
+                if let Some(d) = out.iter().filter(waits).filter_map(|o| o.deadline).min() {
+                    // Only waits are out: time passes to the first's time, which ends it.
+                    self.now = self.now.max(d);
+                    let t = expire(&self.r, self.now, &self.p, 0.5)
+                        .map_err(|e| TestCaseError::fail(format!("a wait due at {d}: {e}")))?;
+                    self.apply(Act::Expire, t)?;
                     continue;
                 }
                 match claim(&self.r, "s", self.now, &self.p, &self.router()) {
@@ -1587,10 +1643,11 @@ mod parallel {
         }
     }
 
-    /// The workflow of draw `d`, published, and its task's input.
-    fn publish(d: &Draw) -> Result<(Workflow, Value), TestCaseError> {
+    /// The workflow of draw `d`, published over the deployment's policy `base`, and its
+    /// task's input.
+    fn publish(d: &Draw, base: &Policy) -> Result<(Workflow, Value), TestCaseError> {
         let (definition, input) = d.definition();
-        let w = Workflow::from_value(definition.clone(), None, &base())
+        let w = Workflow::from_value(definition.clone(), None, base)
             .map_err(|e| TestCaseError::fail(format!("{e:?}\n{definition:#}")))?
             .with_version(1);
         Ok((w, input))
@@ -1604,11 +1661,12 @@ mod parallel {
         operators: bool,
         threshold: u32,
     ) -> Result<(), TestCaseError> {
-        let (w, input) = publish(d)?;
-        let p = with(|p| {
-            p.auto_compensate = auto;
-            p.failure_threshold = threshold;
-        });
+        let mut base = base();
+        base.auto_compensate = auto;
+        base.failure_threshold = threshold;
+        let (w, input) = publish(d, &base)?;
+        // The workflow's own: each step's (a wait step's says so).
+        let p = w.policies();
         let r = record(&w, t0());
         let task = test_task(&r, input);
         let mut run = Run::new(&w, &task, r, d, p, auto);
@@ -1642,7 +1700,8 @@ mod parallel {
             branches: vec![
                 vec![Item::Step(StepDraw {
                     undo: false,
-                    when: None
+                    when: None,
+                    wait: None,
                 })];
                 2
             ],
