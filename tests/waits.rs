@@ -3,7 +3,7 @@
 //! (the local runner's code over HTTP) in memory and on the emulator. The task waits with
 //! nothing sent and nothing held, then goes on after each wait's time, the later steps reading
 //! when it ended; a task cancelled while it waits undoes what was done at once (a wait has
-//! nothing in flight).
+//! nothing in flight); a task past its workflow's deadline fails, and what it did is undone.
 
 use chrono::{DateTime, Utc};
 use sas_local::{Backend, Settings, System};
@@ -191,6 +191,52 @@ async fn waits_hold_a_task_until_their_time(system: &System, base: &str, slack: 
     assert_eq!(actions, ["open", "close"]);
 }
 
+/// A task with a deadline of 3 s that waits 30 s after its first step: the deadline fails it
+/// (`task_timeout`), and the step is undone, once; the deadline shows in the caller's view too.
+async fn a_deadline_fails_a_task_that_waits_too_long(system: &System, base: &str, slack: Duration) {
+    let http = reqwest::Client::new();
+    let workflow = json!({
+        "name": "hurried",
+        "deadline": "3s",
+        "steps": [
+            {"name": "hold", "service": "ledger", "undo": {"action": "release"}},
+            {"name": "linger", "wait": "30s"},
+            {"name": "pay", "service": "ledger"}
+        ]
+    });
+    assert_eq!(
+        put(&http, format!("{base}/workflows/hurried"), &workflow).await,
+        201
+    );
+    let r = http
+        .post(format!("{base}/workflows/hurried/tasks"))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 202);
+    let v: Value = r.json().await.expect("JSON");
+    let id = v["taskId"].as_str().expect("taskId").to_owned();
+    let started = Utc::now();
+    let done = until(&http, base, &id, Duration::from_secs(3) + slack, terminal).await;
+    assert_eq!(done["processState"], "Compensated", "{done}");
+    assert!(
+        done["lastError"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("task_timeout: the task's deadline")),
+        "{done}"
+    );
+    let deadline = time(&done["deadline"]);
+    assert!(deadline <= started + chrono::Duration::seconds(3), "{done}");
+    assert_eq!(step(&done, "linger")["status"], "TimedOut", "{done}");
+    assert_eq!(step(&done, "pay")["status"], "Pending", "{done}");
+    let actions: Vec<String> = sas_blackbox::requests(system, "ledger", &id)
+        .into_iter()
+        .map(|(a, _)| a)
+        .collect();
+    assert_eq!(actions, ["hold", "release"], "{done}");
+}
+
 fn to_millis(t: DateTime<Utc>) -> DateTime<Utc> {
     sas::domain::state::to_millis(t)
 }
@@ -199,6 +245,7 @@ fn to_millis(t: DateTime<Utc>) -> DateTime<Utc> {
 async fn waits_in_memory() {
     let (system, base) = running(Backend::Memory).await;
     waits_hold_a_task_until_their_time(&system, &base, Duration::from_secs(10)).await;
+    a_deadline_fails_a_task_that_waits_too_long(&system, &base, Duration::from_secs(10)).await;
     system.shutdown().await;
 }
 
@@ -212,5 +259,6 @@ async fn waits_on_the_emulator() {
     };
     let (system, base) = running(backend).await;
     waits_hold_a_task_until_their_time(&system, &base, Duration::from_secs(40)).await;
+    a_deadline_fails_a_task_that_waits_too_long(&system, &base, Duration::from_secs(40)).await;
     system.shutdown().await;
 }

@@ -85,11 +85,15 @@ pub struct TaskView<S = ProcessState> {
     /// When the task entered its state.
     #[serde(default)]
     pub since: Option<DateTime<Utc>>,
+    /// The task's deadline (its workflow's `deadline`): still going forward past it, it fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<DateTime<Utc>>,
 }
 
 /// What a task's caller sees (`GET /tasks/{id}` on the task API): its input, states and
 /// results, the refusal if any, and (only if its workflow has `publicErrors`) the last error and
-/// the history's reasons. Never the lock holder, deadlines, attempts or counts.
+/// the history's reasons, and the task's deadline if its workflow sets one. Never the lock
+/// holder, a step's deadline, attempts or counts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", bound(deserialize = "S: Deserialize<'de>"))]
 pub struct CallerTaskView<S = ProcessState> {
@@ -126,6 +130,8 @@ pub struct CallerTaskView<S = ProcessState> {
     /// Left out unless the workflow makes errors public; then the last error, or `null`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<Option<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<DateTime<Utc>>,
 }
 
 /// One branch of the parallel group a task runs (or one element of a forEach step, whose
@@ -495,6 +501,7 @@ impl TaskView {
             created_at: Some(r.created_at),
             updated_at: Some(r.updated_at),
             since: Some(r.since),
+            deadline: r.deadline,
         }
     }
 }
@@ -531,6 +538,7 @@ impl CallerTaskView {
             created_at: Some(r.created_at),
             updated_at: Some(r.updated_at),
             since: Some(r.since),
+            deadline: r.deadline,
             last_error: public_errors.then(|| r.last_error.clone()),
         }
     }

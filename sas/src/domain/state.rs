@@ -231,6 +231,10 @@ pub struct StateRecord {
     /// The workflow's pivot step: once it is Done the task only goes forward.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pivot: Option<usize>,
+    /// The task's deadline (its workflow's `deadline` from its submission): a task still
+    /// Pending or Processing past it fails (`task_timeout`), whatever step it is at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<DateTime<Utc>>,
     pub process_state: ProcessState,
     /// The scheduler instance holding the claim; `None` unless a step (or undo) is out.
     pub locked_by: Option<String>,
@@ -506,6 +510,7 @@ impl StateRecord {
             workflow: workflow.name.clone(),
             workflow_version: workflow.version,
             pivot: workflow.pivot,
+            deadline: workflow.deadline.and_then(|d| now.checked_add_signed(d)),
             process_state: ProcessState::Pending,
             locked_by: None,
             complete_by: Some(pickup_by),
@@ -614,22 +619,37 @@ impl StateRecord {
                 _ => self.updated_at,
             };
             // A record still running is due at its deadline if that comes first.
-            let deadline = if self.process_state.is_terminal() {
-                None
-            } else {
-                self.complete_by
-            };
-            Some(deadline.map_or(backstop, |d| d.min(backstop)))
-        } else if self.process_state.is_terminal() {
-            None
+            Some(self.next_deadline().map_or(backstop, |d| d.min(backstop)))
         } else {
-            self.complete_by
+            self.next_deadline()
         }
     }
 
     /// The due-index shard of this record (see docs/capacity.md: the sharded sparse due index).
     pub fn due_shard(&self, shards: u32) -> u32 {
         due_shard(&self.task_id, shards)
+    }
+
+    /// The earliest deadline of a record still running: its step's (or pickup's), or the
+    /// task's own while it goes forward (Pending, Processing).
+    fn next_deadline(&self) -> Option<DateTime<Utc>> {
+        if self.process_state.is_terminal() {
+            return None;
+        }
+        match self.task_deadline_applies() {
+            Some(d) => Some(self.complete_by.map_or(d, |c| c.min(d))),
+            None => self.complete_by,
+        }
+    }
+
+    /// The task's deadline, while it applies (the task goes forward: Pending, Processing).
+    pub fn task_deadline_applies(&self) -> Option<DateTime<Utc>> {
+        self.deadline.filter(|_| {
+            matches!(
+                self.process_state,
+                ProcessState::Pending | ProcessState::Processing
+            )
+        })
     }
 
     /// Whether the pivot step is done: from then on the task only goes forward.

@@ -301,6 +301,9 @@ pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
     if let Some(p) = r.pivot {
         item.insert("Pivot".to_owned(), n(p));
     }
+    if let Some(d) = r.deadline {
+        item.insert("Deadline".to_owned(), ms(d));
+    }
     // The sparse index: only records the supervisor must look at carry its keys.
     if let Some(due) = r.due_key {
         item.insert(
@@ -453,6 +456,7 @@ pub(super) fn record_of(
         workflow: get_s(item, "Workflow")?.to_owned(),
         workflow_version: get_n(item, "WorkflowVersion")?,
         pivot: opt_n(item, "Pivot")?,
+        deadline: opt_n(item, "Deadline")?.map(time).transpose()?,
         process_state: get_s(item, "ProcessState")?.parse().map_err(corrupt)?,
         locked_by: opt_s(item, "LockedBy"),
         complete_by: opt_n(item, "CompleteBy")?.map(time).transpose()?,
@@ -602,6 +606,11 @@ mod tests {
         assert!(!item.contains_key("LockedBy"));
         assert_eq!(parse_state(&item).expect("parses"), r);
         assert_eq!(r.pivot, Some(2));
+        // A task's deadline, when its workflow sets one.
+        r.deadline = Some(now + chrono::Duration::days(30));
+        let item = state_item(&r, 4);
+        assert!(item.contains_key("Deadline"));
+        assert_eq!(parse_state(&item).expect("parses"), r);
         assert!(!r.steps[0].undoable && r.steps[1].undoable);
         let task = Task {
             id: r.task_id,

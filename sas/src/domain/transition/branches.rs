@@ -8,7 +8,7 @@
 //! branches meet on it, and the one that loses reads the record again and is applied again
 //! (it is fenced by its branch's attempt and step, so that is safe).
 
-use super::super::fanout::{Branch, Each, Fanout, StopKind, Within};
+use super::super::fanout::{Branch, Each, Fanout, Stop, StopKind, Within};
 use super::super::policy::Policies;
 use super::super::state::{
     NoticeKind, ProcessState, StateRecord, StepState, StepStatus, to_millis,
@@ -788,6 +788,34 @@ fn stopped_out(n: &mut StateRecord, b: usize, now: DateTime<Utc>) {
         Some(i),
         "no reply by its deadline while the group stops; not tried again",
     );
+}
+
+/// The task's deadline passed while its group runs: every step out times out now (it may have
+/// taken effect, and may be in flight until its own deadline), nothing more goes out, and the
+/// group stops as on a failure (`reason`; an earlier failure, if the group was stopping, is
+/// kept). What the stop then does is returned (see [`settle`]).
+pub(super) fn deadline_passed(
+    n: &mut StateRecord,
+    now: DateTime<Utc>,
+    p: &Policies,
+    reason: String,
+) -> Vec<Effect> {
+    let Some(f) = n.fanout.as_mut() else {
+        return vec![];
+    };
+    let out: Vec<usize> = (0..f.branches.len())
+        .filter(|b| f.branches[*b].is_out())
+        .collect();
+    let step = out.first().map_or(f.start, |b| f.branches[*b].step_index);
+    f.stop.get_or_insert(Stop {
+        step,
+        reason,
+        kind: StopKind::Failed,
+    });
+    for b in out {
+        stopped_out(n, b, now);
+    }
+    settle(n, now, p)
 }
 
 /// An operator (or the caller) cancels a task whose group runs: every step out, or handed

@@ -13,6 +13,7 @@
 mod branches;
 mod common;
 mod compensating;
+mod deadline;
 mod operator;
 #[cfg(test)]
 mod properties;

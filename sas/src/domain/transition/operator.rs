@@ -45,6 +45,7 @@ pub fn retry(
             step.finished_at = None;
             step.finished_attempt = None;
             n.process_state = ProcessState::Pending;
+            taken_over(&mut n, now);
         }
         ProcessState::CompensationFailed => {
             // The undo that failed: the step's, or its element's (a forEach step).
@@ -89,6 +90,14 @@ pub fn retry(
             },
         ],
     ))
+}
+
+/// An operator sends a failed task on (a retry, a skip): past its deadline, the operator takes
+/// it over, and the deadline no longer applies (else the task would fail again at once).
+fn taken_over(n: &mut StateRecord, now: DateTime<Utc>) {
+    if n.deadline.is_some_and(|d| d <= now) {
+        n.deadline = None;
+    }
 }
 
 /// An operator asks for compensation: an Error task starts undoing its steps; a
@@ -261,6 +270,7 @@ pub fn skip(
         // undos): the task goes on after it.
         n.fanout = None;
     }
+    taken_over(&mut n, now);
     let step = &mut n.steps[i];
     step.status = StepStatus::Done;
     step.result = result;

@@ -9,6 +9,7 @@ use super::super::state::{NoticeKind, ProcessState, Refusal, StateRecord, StepSt
 use super::branches;
 use super::common::{Effect, Rejection, StepOutcome, Transition, finish, log, next, tidy};
 use super::compensating::{apply_undo_reply, begin_compensation, fail, stop_branch, stop_in_error};
+use super::deadline;
 use super::route::{Linear, Router, take};
 use super::waiting::{begin_wait, woke};
 use super::{Condition, Guard};
@@ -32,6 +33,10 @@ pub fn claim(
     router: &dyn Router,
 ) -> Result<Transition, Rejection> {
     let claim_one = |seen: &StateRecord, by: &str| claim(seen, by, now, p, router);
+    if let Some(deadline) = r.task_deadline_applies().filter(|d| *d <= to_millis(now)) {
+        // The supervisor fails the task: its due key is the deadline.
+        return Err(Rejection::PastDeadline { deadline });
+    }
     if r.fanout.is_some() && r.branch().is_none() {
         return branches::claim(r, instance, now, p, &claim_one);
     }
@@ -720,6 +725,12 @@ pub fn expire(
     p: &Policies,
     jitter: f64,
 ) -> Result<Transition, Rejection> {
+    if r.branch().is_none()
+        && r.task_deadline_applies()
+            .is_some_and(|d| d <= to_millis(now))
+    {
+        return deadline::deadline_passed(r, now, p);
+    }
     if r.fanout.is_some() && r.branch().is_none() {
         let event = |seen: &StateRecord| expire(seen, now, p, jitter);
         // (No element is claimed by the supervisor: its work messages are.)

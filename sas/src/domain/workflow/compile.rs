@@ -60,6 +60,10 @@ impl WorkflowDoc {
         };
         let input_validator =
             compile_input(&input_schema, limits == Limits::Publish, &mut problems);
+        let deadline = self
+            .deadline
+            .as_ref()
+            .and_then(|raw| settings::task_deadline("/deadline", raw, &mut problems));
         let mut base = policy.clone();
         if let Some(d) = &self.defaults {
             apply_settings(
@@ -108,6 +112,7 @@ impl WorkflowDoc {
                 steps,
                 groups,
                 pivot,
+                deadline,
                 doc: self,
             }),
             _ => Err(DefinitionError(problems)),

@@ -145,6 +145,10 @@ pub struct Workflow {
     pub groups: Vec<Group>,
     /// The index of the pivot step, if any.
     pub pivot: Option<usize>,
+    /// How long a task has, from its submission, to end (see [`StateRecord::deadline`]).
+    ///
+    /// [`StateRecord::deadline`]: super::super::state::StateRecord::deadline
+    pub deadline: Option<chrono::Duration>,
 }
 
 impl Workflow {

@@ -49,6 +49,8 @@ pub struct WorkflowDoc {
     pub public_errors: bool,
     /// The JSON Schema of a task's input.
     pub input: Option<Value>,
+    /// How long a task has, from its submission, to end: past it, it fails (`task_timeout`).
+    pub deadline: Option<String>,
     pub defaults: Option<SettingsDoc>,
     pub steps: Vec<StepDoc>,
 }

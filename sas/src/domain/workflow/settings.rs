@@ -35,6 +35,21 @@ pub(super) fn wait_for(
     )
 }
 
+/// A workflow's `deadline` (at `here`): 1s to [`MAX_WAIT`].
+pub(super) fn task_deadline(
+    here: &str,
+    raw: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<chrono::Duration> {
+    duration_in(
+        here,
+        raw,
+        MIN_TIMEOUT..=MAX_WAIT,
+        "is out of range: a task's deadline is 1s to 366d",
+        problems,
+    )
+}
+
 /// The longest a callback step may wait for its callback.
 pub const MAX_CALLBACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 

@@ -1,0 +1,284 @@
+//! A task's deadline (its workflow's `deadline`, from its submission): a task still going
+//! forward (Pending, Processing) past it fails with `task_timeout`, whatever step it is at
+//! ([`deadline_passed`], applied by the supervisor's `expire`); no scheduler claims a step for
+//! it after the deadline (`claim` refuses: [`Rejection::PastDeadline`]).
+
+use super::super::policy::Policies;
+use super::super::state::{StateRecord, StepStatus, to_millis};
+use super::branches;
+use super::common::{Effect, Rejection, Transition, log, next, tidy};
+use super::compensating::fail;
+use super::{Condition, Guard};
+use chrono::{DateTime, SecondsFormat, Utc};
+
+/// The task's deadline passed (at `now`) while it went forward: every step out, or handed back
+/// after it went out, may have taken effect: it timed out now, its undo waiting past the
+/// deadline it went out with (a wait has nothing in flight); a group stops as on a failure.
+/// Then as on any failure: the alert, and compensation (before the pivot, by the policy) or
+/// `Error` for an operator.
+///
+/// Condition: same state (at the version read) - keeps "a deadline fails the task once": a
+/// reply or a claim that won the race makes this read the record again.
+pub(super) fn deadline_passed(
+    r: &StateRecord,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Result<Transition, Rejection> {
+    let now = to_millis(now);
+    let Some(deadline) = r.task_deadline_applies().filter(|d| *d <= now) else {
+        return Err(Rejection::NotDue { due: r.due_at() });
+    };
+    let mut n = next(r, now);
+    let i = r.step_index;
+    let reason = format!(
+        "task_timeout: the task's deadline {} passed at {}",
+        deadline.to_rfc3339_opts(SecondsFormat::Millis, true),
+        r.steps.get(i).map_or("its end", |s| s.name.as_str())
+    );
+    let effects: Vec<Effect> = if n.fanout.is_some() {
+        branches::deadline_passed(&mut n, now, p, reason)
+    } else {
+        let out = r.locked_by.is_some();
+        let in_flight = out.then(|| r.complete_by.map_or(now, |d| d.max(now)));
+        if let Some(step) = n.steps.get_mut(i).filter(|s| s.sent) {
+            // Out, or handed back after it went out: it may have taken effect.
+            step.status = StepStatus::TimedOut;
+            step.finished_at = Some(now);
+            step.finished_attempt = Some(r.attempt);
+            step.sent_until = step.sent_until.max(in_flight);
+        }
+        n.locked_by = None;
+        fail(&mut n, now, reason, p, in_flight)
+    };
+    log(
+        &mut n,
+        r.process_state,
+        Some(i),
+        "the task's deadline passed",
+    );
+    tidy(&mut n);
+    Ok(Transition::from(
+        r,
+        Condition::on(r, vec![Guard::StateIs(r.process_state)]),
+        n,
+        effects,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::common::StepOutcome;
+    use super::super::route::{TaskRouter, test_task};
+    use super::super::testkit::*;
+    use super::super::{apply_reply, claim, expire, retry};
+    use super::*;
+    use crate::domain::state::{NoticeKind, ProcessState};
+    use crate::domain::task::Task;
+    use crate::domain::workflow::Workflow;
+    use chrono::Duration;
+    use serde_json::json;
+
+    struct Run {
+        w: Workflow,
+        task: Task,
+        r: StateRecord,
+        p: Policies,
+        now: DateTime<Utc>,
+    }
+
+    impl Run {
+        fn of(yaml: &str, auto: bool) -> Self {
+            let v = crate::domain::workflow::parse_value(yaml, crate::domain::Format::Yaml)
+                .expect("yaml");
+            let mut base = base();
+            base.auto_compensate = auto;
+            let w = Workflow::from_value(v, None, &base)
+                .expect("valid")
+                .with_version(1);
+            let now = t0();
+            let r = record(&w, now);
+            let task = test_task(&r, json!({}));
+            let p = w.policies();
+            Self { w, task, r, p, now }
+        }
+
+        fn apply(
+            &mut self,
+            f: impl FnOnce(&StateRecord, &TaskRouter<'_>) -> Result<Transition, Rejection>,
+        ) -> Result<Transition, Rejection> {
+            let router = TaskRouter {
+                workflow: &self.w,
+                task: &self.task,
+            };
+            let t = f(&self.r, &router)?;
+            assert!(t.condition.holds(Some(&self.r)));
+            t.record.check(&self.p).expect("valid after the transition");
+            self.r = t.record.clone();
+            Ok(t)
+        }
+
+        fn claim(&mut self) -> Result<Transition, Rejection> {
+            let (p, now) = (self.p.clone(), self.now);
+            self.apply(|r, router| claim(r, "s", now, &p, router))
+        }
+
+        fn answer(&mut self, i: usize, attempt: u64, outcome: &StepOutcome) {
+            let (p, now) = (self.p.clone(), self.now);
+            self.apply(|r, router| apply_reply(r, attempt, i, false, outcome, now, &p, router))
+                .expect("the reply applies");
+        }
+
+        fn expire(&mut self) -> Result<Transition, Rejection> {
+            let (p, now) = (self.p.clone(), self.now);
+            self.apply(|r, _| expire(r, now, &p, 0.5))
+        }
+    }
+
+    /// Signed, a day's wait, then the payout; the task has an hour.
+    const HOUR: &str = r#"name: hour
+deadline: 1h
+steps:
+  - {name: sign, service: s, undo: {action: unsign}}
+  - {name: cool-off, wait: 1d}
+  - {name: payout, service: s, undo: {action: claw-back}}
+"#;
+
+    #[test]
+    fn a_task_waiting_past_its_deadline_fails_and_what_it_did_is_undone() {
+        let mut t = Run::of(HOUR, true);
+        assert_eq!(t.r.deadline, Some(t.now + Duration::hours(1)));
+        t.claim().expect("claims");
+        let a = t.r.attempt;
+        t.answer(0, a, &ok());
+        // Waiting a day: the task is due at its deadline, an hour from its start.
+        assert_eq!(t.r.due_at(), t.r.deadline);
+        t.now += Duration::minutes(59);
+        assert!(matches!(t.expire(), Err(Rejection::NotDue { .. })));
+        t.now += Duration::minutes(1);
+        let failed = t.expire().expect("the deadline passed");
+        assert!(failed.effects.contains(&Effect::DeliverNotice));
+        assert_eq!(t.r.owed(), [NoticeKind::Failed]);
+        assert!(
+            t.r.last_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("task_timeout: the task's deadline")
+                    && e.ends_with("passed at cool-off")),
+            "{:?}",
+            t.r.last_error
+        );
+        assert_eq!(t.r.process_state, ProcessState::Compensating);
+        assert_eq!(
+            (t.r.step_index, t.r.undo_after),
+            (0, None),
+            "the signature is undone at once: a wait has nothing in flight"
+        );
+    }
+
+    #[test]
+    fn a_step_out_at_the_deadline_timed_out_and_its_undo_waits_for_its_own_deadline() {
+        const OUT: &str = r#"name: out
+deadline: 5s
+steps:
+  - {name: sign, service: s, undo: {action: unsign}}
+"#;
+        let mut t = Run::of(OUT, true);
+        t.claim().expect("claims");
+        let step_deadline = t.r.complete_by.expect("out");
+        t.now += Duration::seconds(5);
+        t.expire().expect("the deadline passed");
+        assert_eq!(t.r.steps[0].status, StepStatus::TimedOut);
+        assert_eq!(t.r.process_state, ProcessState::Compensating);
+        assert_eq!(
+            t.r.undo_after,
+            Some(step_deadline + t.p.at(0).undo_wait),
+            "the undo waits past the step's own deadline"
+        );
+        // No step goes out for a task past its deadline.
+        let mut t = Run::of(OUT, true);
+        t.now += Duration::seconds(6);
+        assert!(matches!(t.claim(), Err(Rejection::PastDeadline { .. })));
+    }
+
+    #[test]
+    fn past_the_pivot_the_deadline_leaves_the_task_in_error_and_a_retry_takes_it_over() {
+        const PIVOT: &str = r#"name: pivot
+deadline: 1h
+steps:
+  - {name: sign, service: s, undo: {action: unsign}}
+  - {name: send, service: s, pivot: true}
+  - {name: settle, wait: 2h}
+  - {name: close, service: s}
+"#;
+        let mut t = Run::of(PIVOT, true);
+        t.claim().expect("claims");
+        let a = t.r.attempt;
+        t.answer(0, a, &ok());
+        t.answer(1, a, &ok());
+        t.now += Duration::hours(1);
+        t.expire().expect("the deadline passed");
+        assert_eq!(t.r.process_state, ProcessState::Error, "past the pivot");
+        let (p, now) = (t.p.clone(), t.now);
+        t.apply(|r, _| retry(r, &ops(Some("late, but wanted")), now, &p))
+            .expect("retry");
+        assert_eq!(t.r.deadline, None, "the operator took it over");
+        t.claim().expect("the wait starts again");
+        t.now += Duration::hours(2);
+        t.expire().expect("the wait ends");
+        t.claim().expect("claims the last step");
+        let a = t.r.attempt;
+        t.answer(3, a, &ok());
+        assert_eq!(t.r.process_state, ProcessState::Processed);
+    }
+
+    #[test]
+    fn a_group_at_the_deadline_stops_every_branch_and_undoes_what_took_effect() {
+        const GROUP: &str = r#"name: group
+deadline: 30s
+steps:
+  - name: both
+    parallel:
+      - steps:
+          - {name: hold, service: s, undo: {action: release}}
+      - steps:
+          - {name: book, service: s, undo: {action: unbook}}
+          - {name: confirm, service: s}
+"#;
+        let mut t = Run::of(GROUP, true);
+        t.claim().expect("claims");
+        let book = t.r.fanout.as_ref().map_or(0, |f| f.branches[1].attempt);
+        t.answer(1, book, &ok());
+        t.now += Duration::seconds(30);
+        t.expire().expect("the deadline passed");
+        assert_eq!(t.r.process_state, ProcessState::Compensating);
+        assert_eq!(
+            t.r.steps[0].status,
+            StepStatus::TimedOut,
+            "the hold was out"
+        );
+        assert_eq!(t.r.steps[1].status, StepStatus::Done);
+        assert_eq!(
+            t.r.steps[2].status,
+            StepStatus::TimedOut,
+            "the confirm was out"
+        );
+        assert!(t.r.fanout.is_none());
+        // Undone: the booking, and the hold (it may have taken effect), each after its own
+        // step's deadline and the undo wait.
+        let mut undone = vec![];
+        while t.r.process_state == ProcessState::Compensating {
+            if let Some(after) = t.r.undo_after.filter(|a| *a > t.now) {
+                t.now = after;
+            }
+            if t.r.locked_by.is_none() {
+                t.claim().expect("an undo");
+            }
+            let (i, a) = (t.r.step_index, t.r.attempt);
+            undone.push(i);
+            let (p, now) = (t.p.clone(), t.now);
+            t.apply(|r, router| apply_reply(r, a, i, true, &ok(), now, &p, router))
+                .expect("undone");
+        }
+        assert_eq!(undone, [1, 0]);
+        assert_eq!(t.r.process_state, ProcessState::Compensated);
+    }
+}
