@@ -116,6 +116,10 @@ pub enum Rejection {
     #[error("a task that is {0} has no step to skip (only Error)")]
     NotSkippable(ProcessState),
     #[error(
+        "step {0} never started (the task failed before it, at its deadline): retry or compensate the task"
+    )]
+    NotStarted(usize),
+    #[error(
         "step {0} may have taken effect (it timed out or faulted): it cannot run on a new input; compensate, skip or resolve the task"
     )]
     MayHaveTakenEffect(String),

@@ -263,6 +263,10 @@ pub fn skip(
     if r.process_state != ProcessState::Error || i >= r.steps.len() {
         return Err(Rejection::NotSkippable(r.process_state));
     }
+    if r.steps[i].status == StepStatus::Pending && !r.steps[i].sent {
+        // Nothing failed there: its conditions are not even decided (a retry routes it).
+        return Err(Rejection::NotStarted(i));
+    }
     let now = to_millis(now);
     let mut n = next(r, now);
     if n.fanout.as_ref().is_some_and(|f| f.each.is_some()) {

@@ -797,6 +797,9 @@ mod parallel {
         undo_trouble: bool,
         /// The undos sent, in order: (step, element).
         undos: Vec<(usize, usize)>,
+        /// The task's deadline, while it applies (an operator's retry or skip past it takes
+        /// the task over).
+        deadline: Option<DateTime<Utc>>,
         dispatched: HashSet<(usize, u64, bool)>,
     }
 
@@ -891,6 +894,7 @@ mod parallel {
                 operator: false,
                 undo_trouble: false,
                 undos: vec![],
+                deadline: None,
                 dispatched: HashSet::new(),
             }
         }
@@ -977,6 +981,13 @@ mod parallel {
             }
         }
 
+        /// An operator sent the task on past its deadline: it no longer applies.
+        fn taken_over(&mut self, now: DateTime<Utc>) {
+            if self.deadline.is_some_and(|d| d <= now) {
+                self.deadline = None;
+            }
+        }
+
         /// What the task ends as, once quiet.
         fn predict(&self) -> ProcessState {
             if self.by_operator {
@@ -1005,7 +1016,31 @@ mod parallel {
             t: &Transition,
             now: DateTime<Utc>,
         ) -> Result<(), TestCaseError> {
+            let past_deadline = pre.task_deadline_applies().is_some_and(|d| d <= now);
             match act {
+                Act::Expire if past_deadline => {
+                    prop_assert!(
+                        self.deadline.is_some_and(|d| d <= now),
+                        "the record's deadline {:?} is not the model's {:?}",
+                        pre.deadline,
+                        self.deadline
+                    );
+                    // Whatever is out timed out now (it may have taken effect, and may be in
+                    // flight until its own deadline); the task fails.
+                    let out: Vec<(usize, usize)> = self
+                        .units()
+                        .filter(|(_, u)| u.out)
+                        .map(|(at, _)| at)
+                        .collect();
+                    for at in out {
+                        self.u(at).out = false;
+                        let d = self.u(at).deadline;
+                        if !self.steps[at.0].wait {
+                            self.unsure(at, d);
+                        }
+                    }
+                    self.stop(Kind::Failed);
+                }
                 Act::Reply(o, outcome) if !o.undo => {
                     let at = o.unit();
                     self.u(at).out = false;
@@ -1103,6 +1138,7 @@ mod parallel {
                     self.operator = true;
                     if pre.process_state == ProcessState::Error {
                         self.goes_on();
+                        self.taken_over(now);
                     }
                 }
                 Act::Skip => {
@@ -1115,6 +1151,7 @@ mod parallel {
                     // A step skipped after it timed out keeps its deadline: its undo still
                     // waits for the attempt that may be in flight.
                     self.goes_on();
+                    self.taken_over(now);
                 }
                 Act::Claim | Act::Delivered | Act::Stale => {}
             }
@@ -1188,6 +1225,11 @@ mod parallel {
                         i
                     );
                     prop_assert!(!self.halted, "{at:?} went out while the task stops");
+                    prop_assert!(
+                        self.deadline.is_none_or(|d| now < d),
+                        "{at:?} went out at {now}, past the task's deadline {:?}",
+                        self.deadline
+                    );
                     prop_assert!(step.runs, "step {i}, whose condition is false, went out");
                     prop_assert!(!u.over, "element {at:?}, over, went out again");
                     let u = self.u(at);
@@ -1621,6 +1663,12 @@ mod parallel {
                 }
                 match claim(&self.r, "s", self.now, &self.p, &self.router()) {
                     Ok(t) => self.apply(Act::Claim, t)?,
+                    Err(Rejection::PastDeadline { .. }) => {
+                        // The supervisor fails the task.
+                        let t = expire(&self.r, self.now, &self.p, 0.5)
+                            .map_err(|e| TestCaseError::fail(format!("past the deadline: {e}")))?;
+                        self.apply(Act::Expire, t)?;
+                    }
                     Err(Rejection::NotDue { due: Some(d) }) if d > self.now => self.now = d,
                     // Elements wait for a place under `maxConcurrency`, held by one handed
                     // back whose retry is not due yet: time passes.
@@ -1643,10 +1691,17 @@ mod parallel {
         }
     }
 
-    /// The workflow of draw `d`, published over the deployment's policy `base`, and its
-    /// task's input.
-    fn publish(d: &Draw, base: &Policy) -> Result<(Workflow, Value), TestCaseError> {
-        let (definition, input) = d.definition();
+    /// The workflow of draw `d` (with a task deadline of `deadline` seconds), published over
+    /// the deployment's policy `base`, and its task's input.
+    fn publish(
+        d: &Draw,
+        base: &Policy,
+        deadline: Option<u16>,
+    ) -> Result<(Workflow, Value), TestCaseError> {
+        let (mut definition, input) = d.definition();
+        if let Some(s) = deadline {
+            definition["deadline"] = json!(format!("{s}s"));
+        }
         let w = Workflow::from_value(definition.clone(), None, base)
             .map_err(|e| TestCaseError::fail(format!("{e:?}\n{definition:#}")))?
             .with_version(1);
@@ -1660,16 +1715,22 @@ mod parallel {
         auto: bool,
         operators: bool,
         threshold: u32,
+        deadline: Option<u16>,
     ) -> Result<(), TestCaseError> {
         let mut base = base();
         base.auto_compensate = auto;
         base.failure_threshold = threshold;
-        let (w, input) = publish(d, &base)?;
+        let (w, input) = publish(d, &base, deadline)?;
         // The workflow's own: each step's (a wait step's says so).
         let p = w.policies();
         let r = record(&w, t0());
         let task = test_task(&r, input);
         let mut run = Run::new(&w, &task, r, d, p, auto);
+        run.m.deadline = run.r.deadline;
+        prop_assert_eq!(
+            run.r.deadline,
+            deadline.map(|s| run.r.created_at + Duration::seconds(i64::from(s)))
+        );
         // The model lays the steps out as the workflow does.
         prop_assert_eq!(run.m.steps.len(), w.steps.len(), "the model's steps");
         for (i, s) in w.steps.iter().enumerate() {
@@ -1771,8 +1832,9 @@ mod parallel {
             auto in proptest::bool::ANY,
             operators in proptest::bool::weighted(0.4),
             threshold in 1u32..=3,
+            deadline in proptest::option::weighted(0.25, 5u16..=240),
         ) {
-            run(&d, &events, auto, operators, threshold)?;
+            run(&d, &events, auto, operators, threshold, deadline)?;
         }
 
         /// The same with a forEach step over 0-6 items (before or after the group, or in a
@@ -1790,8 +1852,9 @@ mod parallel {
             auto in proptest::bool::ANY,
             operators in proptest::bool::weighted(0.4),
             threshold in 1u32..=3,
+            deadline in proptest::option::weighted(0.25, 5u16..=240),
         ) {
-            run(&d, &events, auto, operators, threshold)?;
+            run(&d, &events, auto, operators, threshold, deadline)?;
         }
     }
 }

@@ -496,6 +496,15 @@ fn step_done(
         log(n, from, Some(i), "step done; the group stops");
         return vec![progress];
     }
+    if from == ProcessState::Processing && n.task_deadline_applies().is_some_and(|d| d <= now) {
+        // Past the task's deadline nothing more goes out: the supervisor fails the task (its
+        // due key is the deadline).
+        n.process_state = ProcessState::Pending;
+        n.locked_by = None;
+        n.complete_by = Some(now + p.at(n.step_index).pickup_timeout);
+        log(n, from, Some(i), "step done; the task's deadline passed");
+        return vec![progress];
+    }
     let at = n.step_index;
     let main_line = n.branch().is_none();
     // (An element's step is its whole line: it never gets here.)
