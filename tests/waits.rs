@@ -3,7 +3,8 @@
 //! (the local runner's code over HTTP) in memory and on the emulator. The task waits with
 //! nothing sent and nothing held, then goes on after each wait's time, the later steps reading
 //! when it ended; a task cancelled while it waits undoes what was done at once (a wait has
-//! nothing in flight); a task past its workflow's deadline fails, and what it did is undone.
+//! nothing in flight), and an operator can end a wait early; a task past its workflow's deadline
+//! fails, and what it did is undone.
 
 use chrono::{DateTime, Utc};
 use sas_local::{Backend, Settings, System};
@@ -189,6 +190,40 @@ async fn waits_hold_a_task_until_their_time(system: &System, base: &str, slack: 
         .map(|(a, _)| a)
         .collect();
     assert_eq!(actions, ["open", "close"]);
+
+    // An operator ends a wait of a month now: the task goes on, and the history says who.
+    let id = start(
+        &http,
+        base,
+        json!({"at": (Utc::now() + chrono::Duration::days(30)).to_rfc3339()}),
+    )
+    .await;
+    until(&http, base, &id, slack + Duration::from_secs(2), |v| {
+        step(v, "release")["status"] == "Waiting"
+    })
+    .await;
+    let r = http
+        .post(format!("{base}/tasks/{id}/wake"))
+        .json(&json!({"reason": "approved early"}))
+        .send()
+        .await
+        .expect("POST wake");
+    assert_eq!(r.status().as_u16(), 202, "{:?}", r.text().await);
+    let done = until(&http, base, &id, slack, terminal).await;
+    assert_eq!(done["processState"], "Processed", "{done}");
+    assert!(
+        done["history"].as_array().is_some_and(|h| h
+            .iter()
+            .any(|l| l["reason"] == "operator wake: approved early")),
+        "{done}"
+    );
+    // No wait left: a wake is a conflict.
+    let r = http
+        .post(format!("{base}/tasks/{id}/wake"))
+        .send()
+        .await
+        .expect("POST wake");
+    assert_eq!(r.status().as_u16(), 409);
 }
 
 /// A task with a deadline of 3 s that waits 30 s after its first step: the deadline fails it

@@ -105,6 +105,9 @@ pub enum Command {
     Compensate(CompensateArgs),
     /// Cancel a task.
     Cancel(ActArgs),
+    /// End the waits a task is in now (its wait step, or its branches'): each is done as at its
+    /// time, and the task goes on.
+    Wake(ActArgs),
     /// Close a failed task (Error or CompensationFailed) by hand: it becomes Resolved, for
     /// good, with the note recorded in its history (who and why).
     ///
@@ -748,10 +751,12 @@ async fn dispatch(
         }
         Command::Retry(RetryArgs { id, reason, .. })
         | Command::Compensate(CompensateArgs { id, reason, .. })
-        | Command::Cancel(ActArgs { id, reason }) => {
+        | Command::Cancel(ActArgs { id, reason })
+        | Command::Wake(ActArgs { id, reason }) => {
             let action = match &cli.command {
                 Command::Retry(_) => Action::Retry,
                 Command::Compensate(_) => Action::Compensate,
+                Command::Wake(_) => Action::Wake,
                 _ => Action::Cancel,
             };
             let request = Request::Act {

@@ -242,6 +242,8 @@ pub enum Action {
     Cancel,
     /// Close a failed task by hand (Error or CompensationFailed to Resolved), with a note.
     Resolve,
+    /// End the waits a task is in now.
+    Wake,
 }
 
 impl Action {
@@ -252,6 +254,7 @@ impl Action {
             Self::Compensate => "compensate",
             Self::Cancel => "cancel",
             Self::Resolve => "resolve",
+            Self::Wake => "wake",
         }
     }
 }

@@ -516,6 +516,7 @@ fn action_label(action: OperatorAction) -> &'static str {
         OperatorAction::Cancel => "Cancel",
         OperatorAction::Skip => "Skip step",
         OperatorAction::Resolve => "Resolve",
+        OperatorAction::Wake => "End the wait",
     }
 }
 
@@ -533,6 +534,9 @@ fn action_help(action: OperatorAction) -> &'static str {
         }
         OperatorAction::Resolve | OperatorAction::Skip => {
             "The task is closed by hand, for good: nothing is sent to any service. Say how it was settled."
+        }
+        OperatorAction::Wake => {
+            "The wait ends now, as at its time, and the task goes on with the next step."
         }
     }
 }

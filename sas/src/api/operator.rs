@@ -37,10 +37,12 @@ pub enum OperatorAction {
     Resolve,
     /// Mark the failed step done by hand, with its `result` (a `reason` is required).
     Skip,
+    /// End the waits the task is in now (its wait step, or its branches').
+    Wake,
 }
 
 impl OperatorAction {
-    pub const ALL: [OperatorAction; 7] = [
+    pub const ALL: [OperatorAction; 8] = [
         Self::Retry,
         Self::RetryWithInput,
         Self::Compensate,
@@ -48,6 +50,7 @@ impl OperatorAction {
         Self::Cancel,
         Self::Resolve,
         Self::Skip,
+        Self::Wake,
     ];
 
     /// The action's name in the path.
@@ -60,6 +63,7 @@ impl OperatorAction {
             Self::Cancel => "cancel",
             Self::Resolve => "resolve",
             Self::Skip => "skip",
+            Self::Wake => "wake",
         }
     }
 
@@ -163,7 +167,8 @@ fn action_input(action: OperatorAction, body: &[u8]) -> Result<ActionInput, ApiE
         OperatorAction::Retry
         | OperatorAction::Compensate
         | OperatorAction::Cancel
-        | OperatorAction::Resolve => {
+        | OperatorAction::Resolve
+        | OperatorAction::Wake => {
             got.reason = action_body(body, |b: &ActionBody| b.reason.as_ref())?.reason;
         }
     }
@@ -251,6 +256,7 @@ pub(super) async fn act(
         OperatorAction::Resolve => transition::resolve(&record, &actor, now),
         OperatorAction::Skip => transition::skip(&record, &actor, now, &policies, input.result),
         OperatorAction::Cancel => transition::cancel(&record, &actor, now, &policies),
+        OperatorAction::Wake => transition::wake(&record, &actor, now, &policies),
     };
     let t = t.map_err(|why| conflict(&record, why.to_string()))?;
     let task = match input.new_input {

@@ -759,6 +759,32 @@ pub(super) fn expire(
     Ok(written(r, n, effects, now, p, claim_one))
 }
 
+/// An operator ends the waits of a task whose group runs: every branch out on a wait step gets
+/// `event` (the wait done now), in one write.
+pub(super) fn wake(
+    r: &StateRecord,
+    now: DateTime<Utc>,
+    p: &Policies,
+    event: Event<'_>,
+    claim_one: ClaimOne<'_>,
+) -> Result<Transition, Rejection> {
+    let Some(f) = r.fanout.as_ref().filter(|f| f.stop.is_none()) else {
+        return Err(Rejection::NoWait(r.process_state));
+    };
+    let waiting: Vec<usize> = (0..f.branches.len())
+        .filter(|b| f.branches[*b].is_out() && p.at(f.branches[*b].step_index).wait)
+        .collect();
+    if waiting.is_empty() {
+        return Err(Rejection::NoWait(r.process_state));
+    }
+    let mut n = next(r, now);
+    let mut effects = vec![];
+    for b in waiting {
+        effects.extend(in_branch(&mut n, b, false, event)?);
+    }
+    Ok(written(r, n, effects, now, p, claim_one))
+}
+
 /// Whether branch `br` still has a deadline that matters: a step out, or (unless the group is
 /// stopping) a step waiting for its claim.
 fn active(br: &Branch, stopping: bool) -> bool {

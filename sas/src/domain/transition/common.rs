@@ -133,6 +133,8 @@ pub enum Rejection {
     NotACallbackStep(usize),
     #[error("step {0} is a wait: no reply or callback answers it, its time does")]
     AWait(usize),
+    #[error("a task that is {0} waits in no wait step")]
+    NoWait(ProcessState),
     #[error("the task's deadline {deadline} passed: no step goes out for it")]
     PastDeadline { deadline: DateTime<Utc> },
     #[error("step {0} is not waiting for its callback")]

@@ -5,8 +5,55 @@
 
 use super::super::policy::Policies;
 use super::super::state::{NoticeKind, ProcessState, StateRecord, StepStatus, to_millis};
-use super::common::{Effect, finish, log};
+use super::branches;
+use super::common::{Actor, Effect, Rejection, Transition, finish, log, log_by, next, tidy};
+use super::{Condition, Guard};
 use chrono::{DateTime, Duration, Utc};
+
+/// An operator ends the waits the task is in, now (its wait step, or every branch's that
+/// waits): each is done as at its time, and the task goes on. Audited: the history names the
+/// operator and the reason.
+///
+/// Condition: same state and attempt (at the version read) - keeps "a wait ends once": a wait
+/// that ended meanwhile (its time, a cancel) makes this read the record again.
+pub fn wake(
+    r: &StateRecord,
+    actor: &Actor,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Result<Transition, Rejection> {
+    let now = to_millis(now);
+    if r.fanout.is_some() && r.branch().is_none() {
+        let event = |seen: &StateRecord| wake(seen, actor, now, p);
+        let claim_none = |_: &StateRecord, _: &str| Err(Rejection::NotClaimable(r.process_state));
+        return branches::wake(r, now, p, &event, &claim_none);
+    }
+    let i = r.step_index;
+    let waits =
+        r.process_state == ProcessState::Processing && r.locked_by.is_some() && p.at(i).wait;
+    if !waits {
+        return Err(Rejection::NoWait(r.process_state));
+    }
+    let mut n = next(r, now);
+    let effects = woke(&mut n, i, now, now, p);
+    log_by(
+        &mut n,
+        r.process_state,
+        Some(i),
+        actor.line("wake"),
+        Some(&actor.by),
+    );
+    tidy(&mut n);
+    Ok(Transition::from(
+        r,
+        Condition::on(
+            r,
+            vec![Guard::StateIs(r.process_state), Guard::AttemptIs(r.attempt)],
+        ),
+        n,
+        effects,
+    ))
+}
 
 /// Wait step `at` is reached: it waits until `until` (its deadline; at once if that has
 /// passed) under the claim that reached it, with nothing sent. A timer wakes it (or, for a wait
@@ -96,7 +143,7 @@ mod tests {
     use super::super::common::{Rejection, StepOutcome, Transition};
     use super::super::route::{TaskRouter, test_task};
     use super::super::testkit::*;
-    use super::super::{apply_reply, cancel, claim, expire};
+    use super::super::{apply_reply, cancel, claim, expire, wake};
     use super::*;
     use crate::domain::state::{NoticeKind, ProcessState, StepStatus};
     use crate::domain::task::Task;
@@ -326,5 +373,63 @@ steps:
         assert_eq!(t.r.process_state, ProcessState::Refused);
         assert_eq!(t.r.steps[1].status, StepStatus::Pending);
         assert_eq!(t.r.steps[2].status, StepStatus::Pending);
+    }
+
+    #[test]
+    fn an_operator_ends_a_wait_early_and_the_history_says_who_and_why() {
+        let mut t = Waits::of(COOL, json!({}));
+        t.claim();
+        t.answer(0, &ok());
+        t.now += Duration::hours(1);
+        let (p, now) = (t.p.clone(), t.now);
+        let woken = t
+            .apply(|r, _| wake(r, &ops(Some("the customer waived it")), now, &p))
+            .expect("wake");
+        assert!(woken.effects.contains(&Effect::Enqueue {
+            delay: Duration::zero()
+        }));
+        assert_eq!(t.r.steps[1].status, StepStatus::Done);
+        assert_eq!(
+            t.r.results()["cooling-off"]["result"]["until"],
+            json!(now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        );
+        let line = t.r.history.last().expect("a line");
+        assert_eq!(line.reason, "operator wake: the customer waived it");
+        assert!(line.by.is_some());
+        // No wait now: a second wake is refused.
+        assert!(matches!(
+            t.apply(|r, _| wake(r, &ops(None), now, &p)),
+            Err(Rejection::NoWait(ProcessState::Pending))
+        ));
+    }
+
+    #[test]
+    fn a_wake_ends_every_branch_that_waits() {
+        const TWO: &str = r#"name: two
+steps:
+  - name: both
+    parallel:
+      - steps: [{name: a, wait: 1d}, {name: after-a, service: s}]
+      - steps: [{name: b, wait: 2d}]
+"#;
+        let mut t = Waits::of(TWO, json!({}));
+        t.claim();
+        assert_eq!(
+            (t.r.steps[0].status, t.r.steps[2].status),
+            (StepStatus::Waiting, StepStatus::Waiting)
+        );
+        let (p, now) = (t.p.clone(), t.now);
+        t.apply(|r, _| wake(r, &ops(Some("go")), now, &p))
+            .expect("wake");
+        assert_eq!(
+            (t.r.steps[0].status, t.r.steps[2].status),
+            (StepStatus::Done, StepStatus::Done)
+        );
+        t.claim();
+        let a = t.r.fanout.as_ref().map_or(0, |f| f.branches[0].attempt);
+        let (p, now) = (t.p.clone(), t.now);
+        t.apply(|r, router| apply_reply(r, a, 1, false, &ok(), now, &p, router))
+            .expect("after-a");
+        assert_eq!(t.r.process_state, ProcessState::Processed);
     }
 }
