@@ -40,12 +40,13 @@ pub fn root() -> String {
 
 /// The operator actions the console offers (a retry on a new input and a compensation from a
 /// step are options of retry and compensate).
-const ACTIONS: [OperatorAction; 5] = [
+const ACTIONS: [OperatorAction; 6] = [
     OperatorAction::Retry,
     OperatorAction::Compensate,
     OperatorAction::Cancel,
     OperatorAction::Resolve,
     OperatorAction::Skip,
+    OperatorAction::Wake,
 ];
 
 /// The console's action named `name`, if it offers one.
@@ -497,14 +498,16 @@ async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
 
 /// The actions a task in `state` may take (the API decides; this only offers them).
 /// The actions that apply to a task in `state`: past its pivot it only goes forward, so it
-/// is neither cancelled nor compensated.
-fn actions_for(state: &str, past_pivot: bool) -> &'static [OperatorAction] {
+/// is neither cancelled nor compensated; one in a wait step (`waits`) may have it ended.
+fn actions_for(state: &str, past_pivot: bool, waits: bool) -> &'static [OperatorAction] {
     use OperatorAction::*;
-    match (state, past_pivot) {
-        ("Error", false) => &[Retry, Compensate, Skip, Resolve],
-        ("Error", true) => &[Retry, Skip, Resolve],
-        ("CompensationFailed", _) => &[Retry, Resolve],
-        ("Pending" | "Processing", false) => &[Cancel],
+    match (state, past_pivot, waits) {
+        ("Error", false, _) => &[Retry, Compensate, Skip, Resolve],
+        ("Error", true, _) => &[Retry, Skip, Resolve],
+        ("CompensationFailed", _, _) => &[Retry, Resolve],
+        ("Processing", false, true) => &[Cancel, Wake],
+        ("Processing", true, true) => &[Wake],
+        ("Pending" | "Processing", false, _) => &[Cancel],
         _ => &[],
     }
 }
@@ -579,6 +582,9 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
             dt { "Attempt" } dd { (t["attempt"]) }
             dt { "Locked by" } dd { (t["lockedBy"].as_str().unwrap_or("-")) }
             dt { "Deadline" } dd { (when(&t["completeBy"])) }
+            @if !t["deadline"].is_null() {
+                dt { "Task deadline" } dd { (when(&t["deadline"])) }
+            }
             dt { "Caller" } dd { (text(t, "caller")) }
             dt { "Created" } dd { (when(&t["createdAt"])) }
             dt { "Updated" } dd { (when(&t["updatedAt"])) }
@@ -586,7 +592,9 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                 dt { "Last error" } dd class="error" { (e) }
             }
         }
-        @let actions = actions_for(state, t["pastPivot"] == json!(true));
+        // A wait step waiting: `Waiting`, and no service.
+        @let waits = steps.iter().any(|s| s["status"] == "Waiting" && s["service"].is_null());
+        @let actions = actions_for(state, t["pastPivot"] == json!(true), waits);
         @if !actions.is_empty() {
             section aria-labelledby="actions" {
                 h2 id="actions" { "Actions" }
@@ -1010,12 +1018,15 @@ mod tests {
     fn a_task_past_its_pivot_is_offered_neither_cancel_nor_compensation() {
         use OperatorAction::*;
         assert_eq!(
-            actions_for("Error", false),
+            actions_for("Error", false, false),
             [Retry, Compensate, Skip, Resolve]
         );
-        assert_eq!(actions_for("Error", true), [Retry, Skip, Resolve]);
-        assert_eq!(actions_for("Processing", false), [Cancel]);
-        assert!(actions_for("Processing", true).is_empty());
-        assert!(actions_for("Processed", false).is_empty());
+        assert_eq!(actions_for("Error", true, false), [Retry, Skip, Resolve]);
+        assert_eq!(actions_for("Processing", false, false), [Cancel]);
+        assert!(actions_for("Processing", true, false).is_empty());
+        assert!(actions_for("Processed", false, false).is_empty());
+        // A wait may be ended, past the pivot too.
+        assert_eq!(actions_for("Processing", false, true), [Cancel, Wake]);
+        assert_eq!(actions_for("Processing", true, true), [Wake]);
     }
 }
