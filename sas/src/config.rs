@@ -163,6 +163,7 @@ pub fn policy_in(vars: &Vars, defaults: &PolicyDefaults) -> Result<Policy, Confi
         max_rounds: vars.parsed("MAX_ROUNDS", d.max_rounds)?,
         callback: None,
         wait: false,
+        event: false,
         undo_wait: chrono::Duration::milliseconds(call_timeout.as_millis() as i64)
             + vars.seconds("UNDO_MARGIN_SECONDS", defaults.undo_margin)?,
         progress_events: vars.parsed("PROGRESS_EVENTS", d.progress_events)?,

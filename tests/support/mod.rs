@@ -114,6 +114,7 @@ pub fn manual_settings() -> Settings {
             max_rounds: 0,
             callback: None,
             wait: false,
+            event: false,
             // The undo of a step that may be in flight still waits for its deadline; these
             // tests move the clock past it, with no margin on top.
             undo_wait: chrono::Duration::zero(),

@@ -309,6 +309,7 @@ impl Default for Settings {
                 max_rounds: 0,
                 callback: None,
                 wait: false,
+                event: false,
                 // For the in-process harnesses (the chaos run, the benchmark), whose simulated
                 // services commit within the call: a short wait. `sas-local` does not use it:
                 // `from_vars` makes it CALL_TIMEOUT_MS + UNDO_MARGIN_SECONDS, as a stack does.

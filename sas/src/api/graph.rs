@@ -286,6 +286,13 @@ impl Graph<'_> {
                 text: match &s.wait {
                     Some(Wait::For(d)) => format!("wait {}", humantime_of(*d)),
                     Some(Wait::Until(m)) => format!("wait until {}", source(m)),
+                    Some(Wait::Event { names, within, .. }) => {
+                        format!(
+                            "wait for {} (within {})",
+                            names.join(" or "),
+                            humantime_of(*within)
+                        )
+                    }
                     None => format!("{}.{}", s.service, s.action),
                 },
                 class: "meta",

@@ -42,6 +42,9 @@ pub struct Policy {
     /// A wait step: it calls no service; its deadline is the time it waits for, and passing
     /// it completes the step (see `transition::running::expire`).
     pub wait: bool,
+    /// A wait for a named event: its deadline is how long it waits at most, and passing it
+    /// fails the step (`event_timeout`); an event delivered ends it.
+    pub event: bool,
     /// How long after the deadline of a step that may still be in flight (timed out or
     /// cancelled) its undo waits: the longest call an agent may still make plus a clock-skew
     /// margin (`CALL_TIMEOUT_MS` + `UNDO_MARGIN_SECONDS`).
@@ -78,6 +81,7 @@ impl Default for Policy {
             max_rounds: 0,
             callback: None,
             wait: false,
+            event: false,
             undo_wait: Duration::seconds(40),
             progress_events: false,
         }

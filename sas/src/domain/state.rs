@@ -1,6 +1,7 @@
 //! The state record: the pattern's one source of truth about a task.
 
 pub use super::fanout::{Branch, Each, Fanout, Stop, StopKind, Within};
+pub use super::inbox::Inbox;
 use super::policy::Policies;
 pub use super::status::{ProcessState, StepStatus};
 use super::task_id::TaskId;
@@ -231,6 +232,9 @@ pub struct StateRecord {
     /// The workflow's pivot step: once it is Done the task only goes forward.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pivot: Option<usize>,
+    /// Named events delivered before the step that waits for them (see [`Inbox`]).
+    #[serde(default, skip_serializing_if = "Inbox::is_empty")]
+    pub inbox: Inbox,
     /// The task's deadline (its workflow's `deadline` from its submission): a task still
     /// Pending or Processing past it fails (`task_timeout`), whatever step it is at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -511,6 +515,7 @@ impl StateRecord {
             workflow_version: workflow.version,
             pivot: workflow.pivot,
             deadline: workflow.deadline.and_then(|d| now.checked_add_signed(d)),
+            inbox: Inbox::default(),
             process_state: ProcessState::Pending,
             locked_by: None,
             complete_by: Some(pickup_by),

@@ -85,6 +85,8 @@ pub(super) struct Body<'a> {
     history: &'a [HistoryEntry],
     #[serde(skip_serializing_if = "Option::is_none")]
     fanout: Option<&'a crate::domain::state::Fanout>,
+    #[serde(skip_serializing_if = "crate::domain::inbox::Inbox::is_empty")]
+    inbox: &'a crate::domain::inbox::Inbox,
 }
 
 #[derive(serde::Deserialize)]
@@ -93,6 +95,8 @@ pub(super) struct OwnedBody {
     history: Vec<HistoryEntry>,
     #[serde(default)]
     fanout: Option<crate::domain::state::Fanout>,
+    #[serde(default)]
+    inbox: crate::domain::inbox::Inbox,
 }
 
 pub(super) fn pack_body(r: &StateRecord) -> Option<Vec<u8>> {
@@ -101,6 +105,7 @@ pub(super) fn pack_body(r: &StateRecord) -> Option<Vec<u8>> {
         steps: &r.steps,
         history: &r.history,
         fanout: r.fanout.as_ref(),
+        inbox: &r.inbox,
     })
     .ok()?;
     let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
@@ -252,6 +257,11 @@ pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
             {
                 item.insert("Fanout".to_owned(), s(json));
             }
+            if !r.inbox.is_empty()
+                && let Ok(json) = serde_json::to_string(&r.inbox)
+            {
+                item.insert("Inbox".to_owned(), s(json));
+            }
         }
     }
     // Absent, not null: `attribute_not_exists(LockedBy)` is the "unlocked" test.
@@ -371,6 +381,7 @@ pub(super) fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
         if body.fanout.is_some() {
             r.fanout = body.fanout;
         }
+        r.inbox = body.inbox;
         return Ok(r);
     }
     let steps = match item.get("Steps") {
@@ -471,6 +482,11 @@ pub(super) fn record_of(
             Some(json) => serde_json::from_str(&json)
                 .map_err(|e| corrupt(format!("Decisions is not a list of decisions: {e}")))?,
             None => vec![],
+        },
+        inbox: match opt_s(item, "Inbox") {
+            Some(json) => serde_json::from_str(&json)
+                .map_err(|e| corrupt(format!("Inbox is not a task's events: {e}")))?,
+            None => Default::default(),
         },
         fanout: opt_s(item, "Fanout")
             .map(|json| {

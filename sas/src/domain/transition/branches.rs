@@ -93,6 +93,8 @@ fn merge(n: &mut StateRecord, b: usize, seen: StateRecord, effects: Vec<Effect>)
     n.steps = steps;
     n.decisions = seen.decisions;
     n.history = seen.history;
+    // (A branch's wait for an event may have taken one: delivered, or kept for it.)
+    n.inbox = seen.inbox;
     n.attempt = n.attempt.max(seen.attempt);
     let (Some(f), Some(from)) = (n.fanout.as_mut(), seen.fanout) else {
         return vec![];
@@ -772,14 +774,29 @@ pub(super) fn wake(
         return Err(Rejection::NoWait(r.process_state));
     };
     let waiting: Vec<usize> = (0..f.branches.len())
-        .filter(|b| f.branches[*b].is_out() && p.at(f.branches[*b].step_index).wait)
+        .filter(|b| {
+            let i = f.branches[*b].step_index;
+            f.branches[*b].is_out() && p.at(i).wait && !p.at(i).event
+        })
         .collect();
     if waiting.is_empty() {
         return Err(Rejection::NoWait(r.process_state));
     }
+    apply_to(r, waiting, now, p, event, claim_one)
+}
+
+/// The write of `event` applied to each of branches `bs` of `r`.
+pub(super) fn apply_to(
+    r: &StateRecord,
+    bs: Vec<usize>,
+    now: DateTime<Utc>,
+    p: &Policies,
+    event: Event<'_>,
+    claim_one: ClaimOne<'_>,
+) -> Result<Transition, Rejection> {
     let mut n = next(r, now);
     let mut effects = vec![];
-    for b in waiting {
+    for b in bs {
         effects.extend(in_branch(&mut n, b, false, event)?);
     }
     Ok(written(r, n, effects, now, p, claim_one))

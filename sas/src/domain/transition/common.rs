@@ -135,6 +135,15 @@ pub enum Rejection {
     AWait(usize),
     #[error("a task that is {0} waits in no wait step")]
     NoWait(ProcessState),
+    #[error("an event under this Event-Id was taken already")]
+    DuplicateEvent,
+    #[error("a task that is {0} has no step still to come that waits for this event")]
+    EventTooLate(ProcessState),
+    #[error(
+        "the task keeps at most {} events for steps it has not reached",
+        super::super::inbox::MAX_KEPT
+    )]
+    TooManyEvents,
     #[error("the task's deadline {deadline} passed: no step goes out for it")]
     PastDeadline { deadline: DateTime<Utc> },
     #[error("step {0} is not waiting for its callback")]

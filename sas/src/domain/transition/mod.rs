@@ -29,4 +29,4 @@ pub use common::{Actor, Effect, Rejection, StepOutcome, Transition};
 pub use operator::{cancel, compensate, compensate_from, resolve, retry, retry_with_input, skip};
 pub use route::{EachPlan, Linear, Parallel, Route, RouteError, Router, TaskRouter, elements};
 pub use running::{apply_callback, apply_reply, claim, expire, notice_delivered};
-pub use waiting::wake;
+pub use waiting::{deliver, wake};

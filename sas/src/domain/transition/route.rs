@@ -54,8 +54,14 @@ pub trait Router {
         None
     }
 
+    /// The events step `at` waits for, if it is a wait for events.
+    fn events(&self, _at: usize) -> Vec<String> {
+        vec![]
+    }
+
     /// If step `at` is a wait step: when it is done, reached on `r` at `now` (or why that
-    /// cannot be known: its `waitUntil` selects no RFC 3339 time).
+    /// cannot be known: its `waitUntil` selects no RFC 3339 time; a wait for an event: the
+    /// most it waits).
     fn wait_until(
         &self,
         _r: &StateRecord,
@@ -146,7 +152,17 @@ impl Router for TaskRouter<'_> {
         Some(match self.workflow.steps.get(at)?.wait.as_ref()? {
             Wait::For(d) => Ok(now + *d),
             Wait::Until(m) => wait_until(self.workflow, self.task, r, at, m),
+            Wait::Event { within, .. } => Ok(now + *within),
         })
+    }
+
+    fn events(&self, at: usize) -> Vec<String> {
+        self.workflow
+            .steps
+            .get(at)
+            .and_then(|s| s.wait.as_ref())
+            .map(|w| w.events().to_vec())
+            .unwrap_or_default()
     }
 
     fn for_each(&self, r: &StateRecord, at: usize) -> Option<Result<EachPlan, String>> {

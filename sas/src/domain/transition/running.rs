@@ -11,7 +11,7 @@ use super::common::{Effect, Rejection, StepOutcome, Transition, finish, log, nex
 use super::compensating::{apply_undo_reply, begin_compensation, fail, stop_branch, stop_in_error};
 use super::deadline;
 use super::route::{Linear, Router, take};
-use super::waiting::{begin_wait, woke};
+use super::waiting::{event_timed_out, reach_wait, woke};
 use super::{Condition, Guard};
 use chrono::{DateTime, Duration, Utc};
 
@@ -104,7 +104,15 @@ pub fn claim(
             Ok(until) => {
                 n.locked_by = Some(instance.to_owned());
                 n.attempt = r.attempt + 1;
-                begin_wait(&mut n, at, until, now, r.process_state)
+                reach_wait(
+                    &mut n,
+                    at,
+                    until,
+                    now,
+                    r.process_state,
+                    &router.events(at),
+                    p,
+                )
             }
             Err(error) => condition_failed(&mut n, at, &error, now, p),
         };
@@ -552,7 +560,7 @@ fn step_done(
         match until {
             Ok(until) => {
                 log(n, from, Some(i), "step done");
-                effects.extend(begin_wait(n, at, until, now, from));
+                effects.extend(reach_wait(n, at, until, now, from, &router.events(at), p));
             }
             Err(error) => effects.extend(condition_failed(n, at, &error, now, p)),
         }
@@ -761,8 +769,13 @@ pub fn expire(
     let i = r.step_index;
     let effects =
         if r.locked_by.is_some() && r.process_state == ProcessState::Processing && p.at(i).wait {
-            // A wait step's deadline is its time: it is done.
-            woke(&mut n, i, due, now, p)
+            if p.at(i).event {
+                // A wait for an event passed its time: it failed.
+                event_timed_out(&mut n, i, due, now, p)
+            } else {
+                // A wait step's deadline is its time: it is done.
+                woke(&mut n, i, due, now, p)
+            }
         } else if r.locked_by.is_none() {
             // Growing delays: a backlog in the work queue must not be fed by the re-enqueues of
             // the tasks waiting in it (see `Policy::requeue_delay`).

@@ -29,6 +29,7 @@ pub(super) fn base() -> Policy {
         max_rounds: 0,
         callback: None,
         wait: false,
+        event: false,
         undo_wait: Duration::seconds(5),
         progress_events: false,
     }

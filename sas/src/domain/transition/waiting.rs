@@ -3,10 +3,13 @@
 //! record's deadline ([`begin_wait`]); the supervisor, finding the deadline passed (on a timer
 //! or its sweep), completes it ([`woke`]). Nothing runs while a task waits.
 
+use super::super::inbox::{self, Delivery, KeptEvent};
 use super::super::policy::Policies;
 use super::super::state::{NoticeKind, ProcessState, StateRecord, StepStatus, to_millis};
 use super::branches;
 use super::common::{Actor, Effect, Rejection, Transition, finish, log, log_by, next, tidy};
+use super::compensating::fail;
+use super::route::Router;
 use super::{Condition, Guard};
 use chrono::{DateTime, Duration, Utc};
 
@@ -29,8 +32,11 @@ pub fn wake(
         return branches::wake(r, now, p, &event, &claim_none);
     }
     let i = r.step_index;
-    let waits =
-        r.process_state == ProcessState::Processing && r.locked_by.is_some() && p.at(i).wait;
+    // (A wait for an event ends with its event: the operator delivers it.)
+    let waits = r.process_state == ProcessState::Processing
+        && r.locked_by.is_some()
+        && p.at(i).wait
+        && !p.at(i).event;
     if !waits {
         return Err(Rejection::NoWait(r.process_state));
     }
@@ -98,16 +104,53 @@ pub(super) fn woke(
     now: DateTime<Utc>,
     p: &Policies,
 ) -> Vec<Effect> {
+    let result = serde_json::json!({
+        "until": until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    })
+    .to_string();
+    wait_done(n, i, result, now, p, "waited")
+}
+
+/// Wait step `at` is reached (see [`begin_wait`]); a wait for events whose event was kept
+/// (delivered before it) ends at once with it, nothing armed.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn reach_wait(
+    n: &mut StateRecord,
+    at: usize,
+    until: DateTime<Utc>,
+    now: DateTime<Utc>,
+    from: ProcessState,
+    events: &[String],
+    p: &Policies,
+) -> Vec<Effect> {
+    let effects = begin_wait(n, at, until, now, from);
+    match n.inbox.take(events) {
+        Some(kept) => {
+            let result = inbox::result_of(&kept.name, &kept.payload);
+            let line = format!("event {} came before it", kept.name);
+            wait_done(n, at, result, now, p, &line)
+        }
+        None => effects,
+    }
+}
+
+/// Wait step `i` is over (`result`): done, and the task (or its branch) goes on from the next
+/// step, which a scheduler claims.
+fn wait_done(
+    n: &mut StateRecord,
+    i: usize,
+    result: String,
+    now: DateTime<Utc>,
+    p: &Policies,
+    line: &str,
+) -> Vec<Effect> {
     let from = n.process_state;
     let attempt = n.attempt;
     let step = &mut n.steps[i];
     step.status = StepStatus::Done;
     step.finished_at = Some(now);
     step.finished_attempt = Some(attempt);
-    step.result = Some(
-        serde_json::json!({"until": until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)})
-            .to_string(),
-    );
+    step.result = Some(result);
     n.locked_by = None;
     n.last_error = None;
     let progress = p.at(i).progress(NoticeKind::StepCompleted);
@@ -119,7 +162,7 @@ pub(super) fn woke(
             // The end of a branch, not of the task.
             e.insert(0, progress);
         }
-        log(n, from, Some(i), "waited; every step done");
+        log(n, from, Some(i), format!("{line}; every step done"));
         return e;
     }
     n.process_state = ProcessState::Pending;
@@ -129,7 +172,7 @@ pub(super) fn woke(
     } else {
         Some(now + p.at(n.step_index).pickup_timeout)
     };
-    log(n, from, Some(i), "waited");
+    log(n, from, Some(i), line);
     vec![
         progress,
         Effect::Enqueue {
@@ -138,12 +181,126 @@ pub(super) fn woke(
     ]
 }
 
+/// A wait for events passed its time (`due`) with none delivered: the step fails
+/// (`event_timeout`), and the task with it (as a failure: the alert, compensation or Error).
+pub(super) fn event_timed_out(
+    n: &mut StateRecord,
+    i: usize,
+    due: DateTime<Utc>,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Vec<Effect> {
+    let attempt = n.attempt;
+    let step = &mut n.steps[i];
+    step.status = StepStatus::TimedOut;
+    step.finished_at = Some(now);
+    step.finished_attempt = Some(attempt);
+    n.locked_by = None;
+    let reason = format!(
+        "event_timeout: {}: no event it waits for by {}",
+        n.steps[i].name,
+        due.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    );
+    fail(n, now, reason, p, None)
+}
+
+/// A named event is delivered (`d`): the wait for it the task is in (its wait step, or a
+/// branch's) ends with it, its result `{event, payload}`; else, if a step still to come waits
+/// for it, it is kept for that step (see [`Inbox`]). Refused: a repeat of an event taken (its
+/// `Event-Id`), one no step still to come waits for (too late: that step passed, or the task
+/// ended), one more than a task keeps.
+///
+/// Condition: same state (at the version read) - keeps "an event is taken once": a delivery
+/// or another write that won the race makes this one read the record again.
+pub fn deliver(
+    r: &StateRecord,
+    d: &Delivery,
+    now: DateTime<Utc>,
+    p: &Policies,
+    router: &dyn Router,
+) -> Result<Transition, Rejection> {
+    if r.inbox.has_seen(d.id.as_deref()) {
+        return Err(Rejection::DuplicateEvent);
+    }
+    if !matches!(
+        r.process_state,
+        ProcessState::Pending | ProcessState::Processing
+    ) {
+        return Err(Rejection::EventTooLate(r.process_state));
+    }
+    let now = to_millis(now);
+    let waits_for = |i: usize| p.at(i).event && router.events(i).contains(&d.name);
+    if let Some(f) = r.fanout.as_ref().filter(|_| r.branch().is_none()) {
+        let waiting = (0..f.branches.len())
+            .find(|b| f.branches[*b].is_out() && waits_for(f.branches[*b].step_index));
+        if let Some(b) = waiting {
+            let event = |seen: &StateRecord| deliver(seen, d, now, p, router);
+            let claim_none =
+                |_: &StateRecord, _: &str| Err(Rejection::NotClaimable(r.process_state));
+            return branches::apply_to(r, vec![b], now, p, &event, &claim_none);
+        }
+    }
+    let i = r.step_index;
+    let mut n = next(r, now);
+    let effects = if r.branch().is_some()
+        || (r.fanout.is_none()
+            && r.process_state == ProcessState::Processing
+            && r.locked_by.is_some()
+            && waits_for(i))
+    {
+        // (Seen from a branch, the branch waits for it: chosen above.)
+        n.inbox.remember(d.id.as_deref());
+        let line = format!("event {} came", d.name);
+        wait_done(
+            &mut n,
+            i,
+            inbox::result_of(&d.name, &d.payload),
+            now,
+            p,
+            &line,
+        )
+    } else {
+        let to_come = (0..r.steps.len()).any(|j| {
+            router.events(j).contains(&d.name)
+                && r.steps[j].status == StepStatus::Pending
+                && !r.steps[j].sent
+        });
+        if !to_come {
+            return Err(Rejection::EventTooLate(r.process_state));
+        }
+        if n.inbox.kept.len() >= inbox::MAX_KEPT {
+            return Err(Rejection::TooManyEvents);
+        }
+        n.inbox.remember(d.id.as_deref());
+        n.inbox.kept.push(KeptEvent {
+            name: d.name.clone(),
+            id: d.id.clone(),
+            payload: d.payload.clone(),
+            at: now,
+        });
+        log(
+            &mut n,
+            r.process_state,
+            None,
+            format!("event {} kept for its step", d.name),
+        );
+        vec![]
+    };
+    tidy(&mut n);
+    Ok(Transition::from(
+        r,
+        Condition::on(r, vec![Guard::StateIs(r.process_state)]),
+        n,
+        effects,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::common::{Rejection, StepOutcome, Transition};
     use super::super::route::{TaskRouter, test_task};
     use super::super::testkit::*;
-    use super::super::{apply_reply, cancel, claim, expire, wake};
+    use super::super::{apply_reply, cancel, claim, deliver, expire, wake};
     use super::*;
     use crate::domain::state::{NoticeKind, ProcessState, StepStatus};
     use crate::domain::task::Task;
@@ -431,5 +588,140 @@ steps:
         t.apply(|r, router| apply_reply(r, a, 1, false, &ok(), now, &p, router))
             .expect("after-a");
         assert_eq!(t.r.process_state, ProcessState::Processed);
+    }
+
+    /// A contract sent, then a wait for its signature (or its refusal), at most 7 days; the
+    /// payout reads who signed. Steps: send 0, signature 1, payout 2.
+    const SIGN: &str = r#"name: sign
+steps:
+  - {name: send, service: s, undo: {action: withdraw}}
+  - name: signature
+    waitFor: [contract-signed, contract-declined]
+    within: 7d
+    payload: {type: object, required: [by]}
+  - {name: payout, service: s, input: {by: "$.steps['signature'].result.payload.by"}}
+"#;
+
+    fn event(name: &str, id: &str) -> Delivery {
+        Delivery {
+            name: name.into(),
+            id: Some(id.into()),
+            payload: json!({"by": "ann"}).to_string(),
+        }
+    }
+
+    impl Waits {
+        fn deliver(&mut self, d: &Delivery) -> Result<Transition, Rejection> {
+            let (p, now) = (self.p.clone(), self.now);
+            self.apply(|r, router| deliver(r, d, now, &p, router))
+        }
+    }
+
+    #[test]
+    fn an_event_delivered_early_is_kept_and_ends_its_wait_when_reached_and_a_repeat_is_harmless() {
+        let mut t = Waits::of(SIGN, json!({}));
+        let kept = t.deliver(&event("contract-signed", "e-1")).expect("kept");
+        assert!(kept.effects.is_empty());
+        assert_eq!(t.r.inbox.kept.len(), 1);
+        assert!(matches!(
+            t.deliver(&event("contract-signed", "e-1")),
+            Err(Rejection::DuplicateEvent)
+        ));
+        t.claim();
+        let reached = t.answer(0, &ok());
+        // Reached, the wait ends at once with the kept event: no timer.
+        assert!(
+            !reached
+                .effects
+                .iter()
+                .any(|e| matches!(e, Effect::Timer { .. })),
+            "{reached:?}"
+        );
+        assert_eq!(t.r.steps[1].status, StepStatus::Done);
+        assert_eq!(
+            t.r.results()["signature"]["result"],
+            json!({"event": "contract-signed", "payload": {"by": "ann"}})
+        );
+        assert!(t.r.inbox.kept.is_empty());
+        // Too late for the other name: the step that waited for it passed.
+        assert!(matches!(
+            t.deliver(&event("contract-declined", "e-2")),
+            Err(Rejection::EventTooLate(ProcessState::Pending))
+        ));
+        t.claim();
+        t.answer(2, &ok());
+        assert_eq!(t.r.process_state, ProcessState::Processed);
+    }
+
+    #[test]
+    fn an_event_ends_the_wait_it_finds_and_none_by_its_time_fails_the_task() {
+        let mut t = Waits::of(SIGN, json!({}));
+        t.claim();
+        t.answer(0, &ok());
+        assert_eq!(t.r.steps[1].status, StepStatus::Waiting);
+        assert_eq!(t.r.complete_by, Some(t.now + Duration::days(7)));
+        // Nothing but an event ends it: a wake is for waits on time.
+        let (p, now) = (t.p.clone(), t.now);
+        let woken = t.apply(|r, _| wake(r, &ops(None), now, &p));
+        assert!(matches!(woken, Err(Rejection::NoWait(_))), "{woken:?}");
+        t.now += Duration::hours(2);
+        let came = t.deliver(&event("contract-declined", "e-9")).expect("came");
+        assert!(came.effects.contains(&Effect::Enqueue {
+            delay: Duration::zero()
+        }));
+        assert_eq!(
+            t.r.results()["signature"]["result"]["event"],
+            json!("contract-declined"),
+            "which came"
+        );
+
+        let mut t = Waits::of(SIGN, json!({}));
+        t.claim();
+        t.answer(0, &ok());
+        t.now += Duration::days(7);
+        t.expire().expect("its time passed");
+        assert_eq!(t.r.steps[1].status, StepStatus::TimedOut);
+        assert_eq!(t.r.process_state, ProcessState::Compensating);
+        assert!(
+            t.r.last_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("event_timeout: signature")),
+            "{:?}",
+            t.r.last_error
+        );
+        assert!(matches!(
+            t.deliver(&event("contract-signed", "e-3")),
+            Err(Rejection::EventTooLate(ProcessState::Compensating))
+        ));
+    }
+
+    #[test]
+    fn a_branch_waiting_for_an_event_takes_it_and_an_early_one_waits_in_the_inbox() {
+        const BRANCHES: &str = r#"name: both
+steps:
+  - name: both
+    parallel:
+      - steps: [{name: hold, service: s}]
+      - steps:
+          - {name: signed, waitFor: contract-signed, within: 1d}
+          - {name: countersigned, waitFor: countersigned, within: 1d}
+"#;
+        let mut t = Waits::of(BRANCHES, json!({}));
+        t.claim();
+        // The second event comes first: kept; the first ends the branch's wait.
+        t.deliver(&event("countersigned", "c-1")).expect("kept");
+        assert_eq!(t.r.inbox.kept.len(), 1);
+        t.deliver(&event("contract-signed", "s-1")).expect("came");
+        assert_eq!(t.r.steps[1].status, StepStatus::Done);
+        // The branch's next wait, reached by its claim, takes the kept one at once.
+        t.claim();
+        assert_eq!(t.r.steps[2].status, StepStatus::Done);
+        assert!(t.r.inbox.kept.is_empty());
+        let hold = t.r.fanout.as_ref().map_or(0, |f| f.branches[0].attempt);
+        let (p, now) = (t.p.clone(), t.now);
+        t.apply(|r, router| apply_reply(r, hold, 0, false, &ok(), now, &p, router))
+            .expect("the hold");
+        assert_eq!(t.r.process_state, ProcessState::Processed);
+        assert_eq!(t.r.inbox.seen, ["c-1", "s-1"]);
     }
 }

@@ -214,7 +214,7 @@ impl Compiler<'_> {
                     &mut self.problems,
                 )
             });
-            let waits = e.wait.is_some() || e.wait_until.is_some();
+            let waits = e.wait.is_some() || e.wait_until.is_some() || e.wait_for.is_some();
             let kinds = [
                 e.service.is_some(),
                 waits,
@@ -296,14 +296,71 @@ impl Compiler<'_> {
         reach: &mut Reach,
         parent: Parent,
     ) {
-        let wait = match (&e.wait, &e.wait_until) {
-            (Some(_), Some(_)) => {
+        let kinds = [
+            e.wait.is_some(),
+            e.wait_until.is_some(),
+            e.wait_for.is_some(),
+        ];
+        if kinds.iter().filter(|k| **k).count() > 1 {
+            self.problem(
+                here.to_owned(),
+                "a wait step has one of `wait` (how long), `waitUntil` (until when) and `waitFor` (an event)",
+            );
+            return;
+        }
+        let for_event = ["within", "payload"];
+        for (field, set) in for_event
+            .iter()
+            .zip([e.within.is_some(), e.payload.is_some()])
+        {
+            if set && e.wait_for.is_none() {
                 self.problem(
-                    format!("{here}/waitUntil"),
-                    "a wait step has `wait` (how long) or `waitUntil` (until when), not both",
+                    format!("{here}/{field}"),
+                    format!("`{field}` belongs to a wait for an event (`waitFor`)"),
                 );
-                return;
             }
+        }
+        if let Some(names) = &e.wait_for {
+            let names: Vec<String> = match names {
+                Value::String(n) => vec![n.clone()],
+                Value::Array(a) => a
+                    .iter()
+                    .filter_map(|n| n.as_str().map(str::to_owned))
+                    .collect(),
+                _ => vec![],
+            };
+            let within = match &e.within {
+                Some(raw) => settings::wait_for(&format!("{here}/within"), raw, &mut self.problems),
+                None => {
+                    self.problem(
+                        format!("{here}/within"),
+                        "a wait for an event says how long it waits at most (`within`, e.g. 30d)",
+                    );
+                    None
+                }
+            };
+            let payload = e.payload.as_ref().and_then(|schema| {
+                let mut found = vec![];
+                let v = compile_input(schema, self.limits == Limits::Publish, &mut found);
+                self.problems.extend(found.into_iter().map(|p| Problem {
+                    at: p.at.replacen("/input", &format!("{here}/payload"), 1),
+                    message: p.message.replace("input schema", "payload schema"),
+                }));
+                v.map(Arc::new)
+            });
+            let wait = within.map(|within| Wait::Event {
+                names,
+                within,
+                payload,
+            });
+            let mut policy = self.base.clone();
+            policy.wait = true;
+            policy.event = true;
+            self.push_wait(e, here, when, reach, parent, wait, policy);
+            return;
+        }
+        let wait = match (&e.wait, &e.wait_until) {
+            (Some(_), Some(_)) => return,
             (Some(raw), None) => {
                 settings::wait_for(&format!("{here}/wait"), raw, &mut self.problems).map(Wait::For)
             }
@@ -326,6 +383,21 @@ impl Compiler<'_> {
         };
         let mut policy = self.base.clone();
         policy.wait = true;
+        self.push_wait(e, here, when, reach, parent, wait, policy);
+    }
+
+    /// Pushes wait step `e` (its `wait`, and the `policy` that says it is one).
+    #[allow(clippy::too_many_arguments)]
+    fn push_wait(
+        &mut self,
+        e: &StepDoc,
+        here: &str,
+        when: Option<When>,
+        reach: &mut Reach,
+        parent: Parent,
+        wait: Option<Wait>,
+        policy: Policy,
+    ) {
         self.steps.push(Step {
             name: e.name.clone(),
             service: String::new(),

@@ -64,6 +64,34 @@ pub enum Wait {
     /// Until the RFC 3339 time this mapping renders (a literal, or a query on the input or an
     /// earlier result).
     Until(Mapping),
+    /// Until the first event of one of `names` is delivered (its payload matching `payload`),
+    /// at most `within`: past it, the step fails.
+    Event {
+        names: Vec<String>,
+        within: chrono::Duration,
+        payload: Option<Arc<jsonschema::Validator>>,
+    },
+}
+
+impl Wait {
+    /// The events a wait for events waits for (none for a wait on time).
+    pub fn events(&self) -> &[String] {
+        match self {
+            Self::Event { names, .. } => names,
+            _ => &[],
+        }
+    }
+}
+
+impl Workflow {
+    /// The first wait step for event `name`, if the workflow has one.
+    pub fn event_step(&self, name: &str) -> Option<(usize, &Step)> {
+        self.steps.iter().enumerate().find(|(_, s)| {
+            s.wait
+                .as_ref()
+                .is_some_and(|w| w.events().iter().any(|n| n == name))
+        })
+    }
 }
 
 /// A forEach step's list and how it runs over it.

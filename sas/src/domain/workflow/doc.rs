@@ -82,6 +82,12 @@ pub struct StepDoc {
     /// A wait step: until when it waits, an RFC 3339 time or a singular JSONPath query that
     /// selects one (`$.input.payoutAt`).
     pub wait_until: Option<String>,
+    /// A wait for a named event: its name, or the names of which the first to come ends it.
+    pub wait_for: Option<Value>,
+    /// A wait for a named event: how long it waits at most (past it, the step fails).
+    pub within: Option<String>,
+    /// A wait for a named event: the JSON Schema its payload must match.
+    pub payload: Option<Value>,
     /// A singular JSONPath query selecting an array: the step runs once per element.
     pub for_each: Option<String>,
     pub max_concurrency: Option<u32>,

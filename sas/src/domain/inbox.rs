@@ -1,0 +1,80 @@
+//! A task's named events (`POST /tasks/{id}/events/{name}`): one delivered before the step
+//! that waits for it is reached is kept here and consumed when that step is reached; the ids of
+//! the events taken are remembered, so a repeat (the same `Event-Id`) is harmless.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// The most events a task keeps for steps it has not reached.
+pub const MAX_KEPT: usize = 8;
+/// The most event ids a task remembers (the newest).
+pub const MAX_SEEN: usize = 32;
+/// The largest payload an event carries (as the JSON text kept): a step's result's limit.
+pub const MAX_PAYLOAD_BYTES: usize = super::task::MAX_RESULT_BYTES;
+
+/// The events kept for steps not reached yet, and the ids of those taken.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inbox {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<KeptEvent>,
+    /// The ids of the events taken (kept or consumed), oldest first, at most [`MAX_SEEN`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seen: Vec<String>,
+}
+
+/// An event delivered before its step was reached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeptEvent {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The payload, as JSON text.
+    pub payload: String,
+    pub at: DateTime<Utc>,
+}
+
+/// One event as delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub name: String,
+    /// The sender's `Event-Id`, if any: a second delivery under it changes nothing.
+    pub id: Option<String>,
+    /// The payload, as JSON text.
+    pub payload: String,
+}
+
+impl Inbox {
+    pub fn is_empty(&self) -> bool {
+        self.kept.is_empty() && self.seen.is_empty()
+    }
+
+    /// Whether an event under `id` was taken already.
+    pub fn has_seen(&self, id: Option<&str>) -> bool {
+        id.is_some_and(|id| self.seen.iter().any(|s| s == id))
+    }
+
+    /// Remembers `id` (the oldest forgotten past [`MAX_SEEN`]).
+    pub fn remember(&mut self, id: Option<&str>) {
+        if let Some(id) = id {
+            if self.seen.len() >= MAX_SEEN {
+                self.seen.remove(0);
+            }
+            self.seen.push(id.to_owned());
+        }
+    }
+
+    /// Takes the first kept event named one of `names`, if any.
+    pub fn take(&mut self, names: &[String]) -> Option<KeptEvent> {
+        let k = self.kept.iter().position(|e| names.contains(&e.name))?;
+        Some(self.kept.remove(k))
+    }
+}
+
+/// A wait for an event step's result: which event came, and its payload.
+pub fn result_of(name: &str, payload: &str) -> String {
+    let payload: serde_json::Value =
+        serde_json::from_str(payload).unwrap_or(serde_json::Value::Null);
+    serde_json::json!({"event": name, "payload": payload}).to_string()
+}
