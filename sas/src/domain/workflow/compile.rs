@@ -1163,7 +1163,13 @@ steps:
         for (bad, pointer) in [
             (
                 "{name: cool-off, wait: 14d, waitUntil: $.input.at}",
-                "/steps/1/waitUntil",
+                "/steps/1",
+            ),
+            ("{name: cool-off, waitFor: signed}", "/steps/1/within"),
+            ("{name: cool-off, wait: 1d, within: 1d}", "/steps/1/within"),
+            (
+                "{name: cool-off, waitFor: signed, within: 1d, payload: {type: 7}}",
+                "/steps/1/payload/type",
             ),
             (
                 "{name: cool-off, wait: 14d, service: inventory}",
