@@ -4,7 +4,8 @@
 //! nothing sent and nothing held, then goes on after each wait's time, the later steps reading
 //! when it ended; a task cancelled while it waits undoes what was done at once (a wait has
 //! nothing in flight), and an operator can end a wait early; a task past its workflow's deadline
-//! fails, and what it did is undone.
+//! fails, and what it did is undone. Named events: one sent early is kept and consumed when its
+//! wait is reached, a repeat is harmless, a late one is refused.
 
 use chrono::{DateTime, Utc};
 use sas_local::{Backend, Settings, System};
@@ -272,6 +273,138 @@ async fn a_deadline_fails_a_task_that_waits_too_long(system: &System, base: &str
     assert_eq!(actions, ["hold", "release"], "{done}");
 }
 
+/// POSTs event `name` with `payload` (and `id` as its `Event-Id`) to task `id`: the status and
+/// the answer.
+async fn send_event(
+    http: &reqwest::Client,
+    base: &str,
+    task: &str,
+    name: &str,
+    event_id: &str,
+    payload: &Value,
+) -> (u16, Value) {
+    let r = http
+        .post(format!("{base}/tasks/{task}/events/{name}"))
+        .header("Event-Id", event_id)
+        .json(payload)
+        .send()
+        .await
+        .expect("POST event");
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("JSON answer"))
+}
+
+/// A contract sent, then a wait for the first of two events (signed or declined) with a
+/// payload schema, then the payout on who signed: an event sent before the wait is reached is
+/// kept and ends it when it is; a repeat is harmless; a late one, another name's, an unknown
+/// name and a bad payload are refused and change nothing.
+async fn events_end_their_waits(system: &System, base: &str, slack: Duration) {
+    let http = reqwest::Client::new();
+    let workflow = json!({
+        "name": "signing",
+        "steps": [
+            {"name": "send", "service": "ledger", "undo": {"action": "withdraw"}},
+            {"name": "settle", "wait": "2s"},
+            {"name": "signature", "waitFor": ["contract-signed", "contract-declined"],
+             "within": "1h", "payload": {"type": "object", "required": ["by"]}},
+            {"name": "pay", "service": "ledger",
+             "input": {"by": "$.steps['signature'].result.payload.by"}}
+        ]
+    });
+    assert_eq!(
+        put(&http, format!("{base}/workflows/signing"), &workflow).await,
+        201
+    );
+    let r = http
+        .post(format!("{base}/workflows/signing/tasks"))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("POST");
+    let v: Value = r.json().await.expect("JSON");
+    let id = v["taskId"].as_str().expect("taskId").to_owned();
+    // Early (the task settles first): kept. Its repeat: harmless.
+    let signed = json!({"by": "ann"});
+    let (status, body) = send_event(&http, base, &id, "contract-signed", "sig-1", &signed).await;
+    assert_eq!((status, &body["kept"]), (202, &json!(true)), "{body}");
+    let (status, body) = send_event(&http, base, &id, "contract-signed", "sig-1", &signed).await;
+    assert_eq!((status, &body["duplicate"]), (200, &json!(true)), "{body}");
+    // Not what the step wants, and a name the workflow never waits for: refused.
+    let (status, body) = send_event(
+        &http,
+        base,
+        &id,
+        "contract-signed",
+        "sig-2",
+        &json!({"who": 1}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["problems"][0]["at"], "", "{body}");
+    let (status, body) = send_event(&http, base, &id, "paid", "p-1", &json!({})).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (404, &json!("event_not_expected"))
+    );
+    // The settling over, the wait takes the kept event at once.
+    let done = until(&http, base, &id, Duration::from_secs(2) + slack, terminal).await;
+    assert_eq!(done["processState"], "Processed", "{done}");
+    assert_eq!(
+        step(&done, "signature")["result"],
+        json!({"event": "contract-signed", "payload": {"by": "ann"}}),
+        "{done}"
+    );
+    let requests = sas_blackbox::requests(system, "ledger", &id);
+    assert_eq!(
+        requests.last(),
+        Some(&("pay".to_owned(), json!({"by": "ann"})))
+    );
+    // Too late: the step that waited for it passed.
+    let (status, body) = send_event(
+        &http,
+        base,
+        &id,
+        "contract-declined",
+        "dec-1",
+        &json!({"by": "bob"}),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (409, &json!("event_refused")),
+        "{body}"
+    );
+
+    // On time: a task waiting takes the event it waits for, whichever of the two.
+    let r = http
+        .post(format!("{base}/workflows/signing/tasks"))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("POST");
+    let v: Value = r.json().await.expect("JSON");
+    let id = v["taskId"].as_str().expect("taskId").to_owned();
+    until(&http, base, &id, Duration::from_secs(2) + slack, |v| {
+        step(v, "signature")["status"] == "Waiting"
+    })
+    .await;
+    let (status, body) = send_event(
+        &http,
+        base,
+        &id,
+        "contract-declined",
+        "dec-2",
+        &json!({"by": "bob"}),
+    )
+    .await;
+    assert_eq!((status, &body["kept"]), (202, &json!(false)), "{body}");
+    let done = until(&http, base, &id, slack, terminal).await;
+    assert_eq!(
+        step(&done, "signature")["result"]["event"],
+        "contract-declined"
+    );
+}
+
 fn to_millis(t: DateTime<Utc>) -> DateTime<Utc> {
     sas::domain::state::to_millis(t)
 }
@@ -281,6 +414,7 @@ async fn waits_in_memory() {
     let (system, base) = running(Backend::Memory).await;
     waits_hold_a_task_until_their_time(&system, &base, Duration::from_secs(10)).await;
     a_deadline_fails_a_task_that_waits_too_long(&system, &base, Duration::from_secs(10)).await;
+    events_end_their_waits(&system, &base, Duration::from_secs(10)).await;
     system.shutdown().await;
 }
 
@@ -295,5 +429,6 @@ async fn waits_on_the_emulator() {
     let (system, base) = running(backend).await;
     waits_hold_a_task_until_their_time(&system, &base, Duration::from_secs(40)).await;
     a_deadline_fails_a_task_that_waits_too_long(&system, &base, Duration::from_secs(40)).await;
+    events_end_their_waits(&system, &base, Duration::from_secs(40)).await;
     system.shutdown().await;
 }

@@ -123,6 +123,16 @@ pub enum ApiError {
         "this step no longer waits for this callback: an earlier callback was applied, the step is being undone, it was retried under a new key, or the task moved on"
     )]
     StaleCallback,
+    /// The task's workflow waits for no event of this name.
+    #[error("{0}")]
+    EventNotExpected(String),
+    /// No step still to come waits for the event (the one that did passed, or the task ended),
+    /// or the task keeps as many early events as it may.
+    #[error("{message}")]
+    EventRefused {
+        message: String,
+        process_state: ProcessState,
+    },
     /// The state (of a task: `process_state`, sent beside the error) does not allow it, or moved
     /// on meanwhile.
     #[error("{message}")]
@@ -179,6 +189,8 @@ impl ApiError {
         "service_not_found",
         "callback_not_found",
         "stale_callback",
+        "event_not_expected",
+        "event_refused",
         "conflict",
         "store_unavailable",
         "internal",
@@ -215,6 +227,8 @@ impl ApiError {
             Self::ServiceNotFound(_) => "service_not_found",
             Self::CallbackNotFound => "callback_not_found",
             Self::StaleCallback => "stale_callback",
+            Self::EventNotExpected(_) => "event_not_expected",
+            Self::EventRefused { .. } => "event_refused",
             Self::Conflict { .. } => "conflict",
             Self::StoreUnavailable(_) => "store_unavailable",
             Self::Internal(_) => "internal",
@@ -228,7 +242,8 @@ impl ApiError {
             | Self::TaskNotFound(_)
             | Self::WorkflowNotFound(_)
             | Self::ServiceNotFound(_)
-            | Self::CallbackNotFound => StatusCode::NOT_FOUND,
+            | Self::CallbackNotFound
+            | Self::EventNotExpected(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -250,9 +265,10 @@ impl ApiError {
             | Self::ValidationFailed { .. }
             | Self::InvalidDefinition { .. }
             | Self::NameMismatch { .. } => StatusCode::BAD_REQUEST,
-            Self::IdempotencyKeyReused | Self::StaleCallback | Self::Conflict { .. } => {
-                StatusCode::CONFLICT
-            }
+            Self::IdempotencyKeyReused
+            | Self::StaleCallback
+            | Self::EventRefused { .. }
+            | Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -287,6 +303,9 @@ impl ApiError {
             Self::Conflict {
                 process_state: Some(s),
                 ..
+            }
+            | Self::EventRefused {
+                process_state: s, ..
             } => {
                 body.insert("processState".into(), json!(s));
             }
@@ -402,6 +421,11 @@ mod tests {
             ApiError::ServiceNotFound(s()),
             ApiError::CallbackNotFound,
             ApiError::StaleCallback,
+            ApiError::EventNotExpected(s()),
+            ApiError::EventRefused {
+                message: s(),
+                process_state: ProcessState::Compensating,
+            },
             ApiError::Conflict {
                 message: s(),
                 process_state: Some(ProcessState::Error),

@@ -23,6 +23,7 @@ pub mod catalog;
 pub mod console;
 pub mod deps;
 pub mod error;
+pub mod events;
 pub mod graph;
 pub mod operator;
 pub mod request;

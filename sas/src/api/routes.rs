@@ -35,6 +35,11 @@ pub enum Route<'a> {
         id: &'a str,
         action: OperatorAction,
     },
+    /// `POST /tasks/{id}/events/{name}`.
+    Event {
+        id: &'a str,
+        name: &'a str,
+    },
     /// `GET /counts`.
     Counts,
     /// `GET /workflows`, `GET /services` (with their breakers).
@@ -98,6 +103,7 @@ impl<'a> Target<'a> {
             ["tasks"] if op => ("GET", Target::Api(ListTasks)),
             ["tasks"] => ("GET", Target::Api(ListMyTasks)),
             ["tasks", id] => ("GET", Target::Api(GetTask { id })),
+            ["tasks", id, "events", name] => ("POST", Target::Api(Event { id, name })),
             ["tasks", id, "cancel"] if !op => (
                 "POST",
                 Target::Api(Act {
@@ -186,6 +192,12 @@ pub(crate) async fn answer(
         Route::Act { id, action } => {
             let span = info_span!("act", task_id = %id, action = %action, workflow = tracing::field::Empty, attempt = tracing::field::Empty);
             operator::act(deps, caller, id, action, body)
+                .instrument(span)
+                .await
+        }
+        Route::Event { id, name } => {
+            let span = info_span!("event", task_id = %id, event = %name);
+            super::events::deliver(deps, caller, id, name, headers, body)
                 .instrument(span)
                 .await
         }
