@@ -200,6 +200,8 @@ proptest! {
 mod parallel {
     use super::super::route::test_task;
     use super::super::testkit::*;
+    use super::super::waiting::deliver;
+    use crate::domain::inbox::Delivery;
     use crate::domain::state::{NoticeKind, ProcessState, StepStatus};
     use crate::domain::task::Task;
     use proptest::prelude::*;
@@ -214,6 +216,8 @@ mod parallel {
         when: Option<bool>,
         /// A wait step of this many seconds (it calls no service, has no undo).
         wait: Option<u8>,
+        /// ...that waits for the event named after it (`ev-<name>`), at most that long.
+        event: bool,
     }
 
     /// A drawn forEach step over `input.items`: with or without an undo and a condition, its
@@ -286,8 +290,14 @@ mod parallel {
             proptest::bool::ANY,
             proptest::option::weighted(0.3, proptest::bool::ANY),
             proptest::option::weighted(0.12, 1u8..=40),
+            proptest::bool::weighted(0.5),
         )
-            .prop_map(|(undo, when, wait)| StepDraw { undo, when, wait })
+            .prop_map(|(undo, when, wait, event)| StepDraw {
+                undo,
+                when,
+                wait,
+                event,
+            })
     }
 
     fn steps(r: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec<Item>> {
@@ -327,6 +337,7 @@ mod parallel {
                         undo: true,
                         when: None,
                         wait: None,
+                        event: false,
                     }));
                 }
                 ChoiceDraw {
@@ -465,9 +476,14 @@ mod parallel {
                         Item::Step(StepDraw {
                             when,
                             wait: Some(secs),
+                            event,
                             ..
                         }) => {
-                            v = json!({"name": name, "wait": format!("{secs}s")});
+                            v = if *event {
+                                json!({"name": name, "waitFor": format!("ev-{name}"), "within": format!("{secs}s")})
+                            } else {
+                                json!({"name": name, "wait": format!("{secs}s")})
+                            };
                             (false, *when)
                         }
                         Item::Step(s) => (s.undo, s.when),
@@ -552,6 +568,12 @@ mod parallel {
         Retry,
         Skip,
         Compensate,
+        /// A named event for the `pick`-th wait for events (its name), under a new `Event-Id`
+        /// or (`repeat`) the last one sent.
+        Event {
+            pick: u8,
+            repeat: bool,
+        },
     }
 
     /// How an event is applied: as usual; computed and dropped (the writer crashed before its
@@ -579,6 +601,8 @@ mod parallel {
             1 => Just(Ev::Retry),
             1 => Just(Ev::Skip),
             1 => Just(Ev::Compensate),
+            3 => (0u8..4, proptest::bool::weighted(0.2))
+                .prop_map(|(pick, repeat)| Ev::Event { pick, repeat }),
         ]
     }
 
@@ -700,6 +724,15 @@ mod parallel {
         Compensate,
         /// A reply that must be rejected.
         Stale,
+        /// A named event delivered: the wait for it (its step), and its `Event-Id`'s number.
+        Event(usize, usize),
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum EventWant {
+        Ends,
+        Kept,
+        Refused,
     }
 
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -768,6 +801,8 @@ mod parallel {
         each: Option<EachModel>,
         /// A wait step: out from its timer to its time, then done (nothing answers it).
         wait: bool,
+        /// A wait for its event (`ev-<name>`): done when it comes, failed at its time.
+        event: Option<String>,
         /// One unit per element for a forEach step, else one.
         units: Vec<Unit>,
     }
@@ -800,6 +835,10 @@ mod parallel {
         /// The task's deadline, while it applies (an operator's retry or skip past it takes
         /// the task over).
         deadline: Option<DateTime<Utc>>,
+        /// The events kept for waits not reached yet (the names, in order).
+        kept: Vec<String>,
+        /// The `Event-Id`s (their numbers) the task took.
+        taken: HashSet<usize>,
         dispatched: HashSet<(usize, u64, bool)>,
     }
 
@@ -828,6 +867,8 @@ mod parallel {
                             runs: runs && s.when.unwrap_or(true),
                             each: None,
                             wait: s.wait.is_some(),
+                            event: (s.wait.is_some() && s.event)
+                                .then(|| format!("ev-s{}", self.steps.len())),
                             units: vec![u],
                         });
                     }
@@ -839,6 +880,7 @@ mod parallel {
                             undoable: e.undo,
                             runs,
                             wait: false,
+                            event: None,
                             each: Some(EachModel {
                                 max: e.max,
                                 tolerated: e.tolerated,
@@ -895,6 +937,8 @@ mod parallel {
                 undo_trouble: false,
                 undos: vec![],
                 deadline: None,
+                kept: vec![],
+                taken: HashSet::new(),
                 dispatched: HashSet::new(),
             }
         }
@@ -978,6 +1022,29 @@ mod parallel {
                         u.no_effect = false;
                     }
                 }
+            }
+        }
+
+        /// What delivering event number `id` for the wait of step `j` must do to record `r`:
+        /// end that wait (it is out), be kept (the wait is still to come), or be refused (a
+        /// repeat, too late, too many kept).
+        fn expect_event(&self, j: usize, id: usize, r: &StateRecord) -> EventWant {
+            let forward = matches!(
+                r.process_state,
+                ProcessState::Pending | ProcessState::Processing
+            );
+            if self.taken.contains(&id) || !forward {
+                EventWant::Refused
+            } else if self.steps[j].units[0].out {
+                EventWant::Ends
+            } else if r.steps[j].status == StepStatus::Pending && !r.steps[j].sent {
+                if self.kept.len() >= crate::domain::inbox::MAX_KEPT {
+                    EventWant::Refused
+                } else {
+                    EventWant::Kept
+                }
+            } else {
+                EventWant::Refused
             }
         }
 
@@ -1096,6 +1163,11 @@ mod parallel {
                         .collect();
                     for at in due {
                         self.u(at).out = false;
+                        if self.steps[at.0].event.is_some() {
+                            // No event by its time: it failed, and the task with it.
+                            self.stop(Kind::Failed);
+                            continue;
+                        }
                         if self.steps[at.0].wait {
                             // Its time came: done.
                             self.u(at).over = true;
@@ -1152,6 +1224,16 @@ mod parallel {
                     // waits for the attempt that may be in flight.
                     self.goes_on();
                     self.taken_over(now);
+                }
+                Act::Event(j, id) => {
+                    self.taken.insert(id);
+                    let u = &mut self.steps[j].units[0];
+                    if u.out {
+                        u.out = false;
+                        u.over = true;
+                    } else if let Some(name) = self.steps[j].event.clone() {
+                        self.kept.push(name);
+                    }
                 }
                 Act::Claim | Act::Delivered | Act::Stale => {}
             }
@@ -1238,6 +1320,26 @@ mod parallel {
                     u.out = true;
                     u.no_effect = false;
                     u.deadline = deadline;
+                }
+            }
+            // A wait for an event reached with its event kept ends at once, nothing armed.
+            for j in 0..self.steps.len() {
+                let Some(name) = self.steps[j].event.clone() else {
+                    continue;
+                };
+                let ended = r.steps[j].status == StepStatus::Done
+                    && pre.steps[j].status != StepStatus::Done
+                    && !matches!(act, Act::Event(..) | Act::Skip);
+                if ended {
+                    let k = self.kept.iter().position(|n| *n == name);
+                    prop_assert!(k.is_some(), "wait {} ended with no event kept for it", j);
+                    if let Some(k) = k {
+                        self.kept.remove(k);
+                    }
+                    let u = &mut self.steps[j].units[0];
+                    u.sent = true;
+                    u.went_out = true;
+                    u.over = true;
                 }
             }
             if !matches!(
@@ -1336,6 +1438,8 @@ mod parallel {
         /// The notices delivered, in order.
         notices: Vec<NoticeKind>,
         last_reply: Option<(u64, usize, bool)>,
+        /// The `Event-Id`s sent, in order.
+        event_ids: Vec<String>,
     }
 
     impl<'a> Run<'a> {
@@ -1359,6 +1463,7 @@ mod parallel {
                 r,
                 notices: vec![],
                 last_reply: None,
+                event_ids: vec![],
             }
         }
 
@@ -1427,6 +1532,22 @@ mod parallel {
                     )
                 }
                 Ev::Advance(_) => return None,
+                Ev::Event { pick, repeat } => {
+                    let waits: Vec<usize> = (0..self.m.steps.len())
+                        .filter(|i| self.m.steps[*i].event.is_some())
+                        .collect();
+                    let j = *waits.get(usize::from(*pick) % waits.len().max(1))?;
+                    let id = match self.event_ids.len() {
+                        n if *repeat && n > 0 => n - 1,
+                        n => n,
+                    };
+                    let d = Delivery {
+                        name: self.m.steps[j].event.clone()?,
+                        id: Some(format!("id-{id}")),
+                        payload: "{}".into(),
+                    };
+                    (Act::Event(j, id), deliver(on, &d, now, p, &router))
+                }
                 Ev::Expire(j) => (Act::Expire, expire(on, now, p, f64::from(*j) / 10.0)),
                 Ev::Delivered => (Act::Delivered, notice_delivered(on, now)),
                 Ev::Cancel => (Act::Cancel, cancel(on, &ops, now, p)),
@@ -1514,6 +1635,32 @@ mod parallel {
                     if let Act::Stale = act {
                         prop_assert!(out.is_err(), "a stale reply ({ev:?}) applies: {out:?}");
                         return Ok(());
+                    }
+                    if let Act::Event(j, id) = act {
+                        if id == self.event_ids.len() {
+                            self.event_ids.push(format!("id-{id}"));
+                        }
+                        let want = self.m.expect_event(j, id, &self.r);
+                        match (&out, want) {
+                            (Ok(t), EventWant::Ends) => prop_assert_eq!(
+                                t.record.steps[j].status,
+                                StepStatus::Done,
+                                "the event ends wait {}",
+                                j
+                            ),
+                            (Ok(t), EventWant::Kept) => prop_assert_eq!(
+                                t.record.inbox.kept.len(),
+                                self.r.inbox.kept.len() + 1,
+                                "the event is kept for wait {}",
+                                j
+                            ),
+                            (Err(_), EventWant::Refused) => {}
+                            (out, want) => {
+                                return Err(TestCaseError::fail(format!(
+                                    "event {id} for wait {j}: want {want:?}, got {out:?}"
+                                )));
+                            }
+                        }
                     }
                     match out {
                         Ok(t) => self.apply(act, t),
@@ -1653,6 +1800,23 @@ mod parallel {
                     self.apply(Act::Reply(o, Outcome::Success), t)?;
                     continue;
                 }
+                if let Some(o) = out
+                    .iter()
+                    .find(|o| waits(o) && self.m.steps[o.step].event.is_some())
+                {
+                    // A wait for its event: the event comes.
+                    let id = self.event_ids.len();
+                    self.event_ids.push(format!("id-{id}"));
+                    let d = Delivery {
+                        name: self.m.steps[o.step].event.clone().unwrap_or_default(),
+                        id: Some(format!("id-{id}")),
+                        payload: "{}".into(),
+                    };
+                    let t = deliver(&self.r, &d, self.now, &self.p, &self.router())
+                        .map_err(|e| TestCaseError::fail(format!("the event for {o:?}: {e}")))?;
+                    self.apply(Act::Event(o.step, id), t)?;
+                    continue;
+                }
                 if let Some(d) = out.iter().filter(waits).filter_map(|o| o.deadline).min() {
                     // Only waits are out: time passes to the first's time, which ends it.
                     self.now = self.now.max(d);
@@ -1727,6 +1891,20 @@ mod parallel {
         let task = test_task(&r, input);
         let mut run = Run::new(&w, &task, r, d, p, auto);
         run.m.deadline = run.r.deadline;
+        for (i, s) in w.steps.iter().enumerate() {
+            let names = s
+                .wait
+                .as_ref()
+                .map(|w| w.events().to_vec())
+                .unwrap_or_default();
+            prop_assert_eq!(
+                names.is_empty(),
+                run.m.steps[i].event.is_none(),
+                "step {} a wait for an event",
+                i
+            );
+            run.m.steps[i].event = names.first().cloned();
+        }
         prop_assert_eq!(
             run.r.deadline,
             deadline.map(|s| run.r.created_at + Duration::seconds(i64::from(s)))
@@ -1763,6 +1941,7 @@ mod parallel {
                     undo: false,
                     when: None,
                     wait: None,
+                    event: false,
                 })];
                 2
             ],

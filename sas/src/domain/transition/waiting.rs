@@ -201,7 +201,10 @@ pub(super) fn event_timed_out(
         n.steps[i].name,
         due.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
     );
-    fail(n, now, reason, p, None)
+    let from = n.process_state;
+    let effects = fail(n, now, reason, p, None);
+    log(n, from, Some(i), "no event by its time");
+    effects
 }
 
 /// A named event is delivered (`d`): the wait for it the task is in (its wait step, or a
