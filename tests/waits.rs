@@ -5,7 +5,7 @@
 //! when it ended; a task cancelled while it waits undoes what was done at once (a wait has
 //! nothing in flight), and an operator can end a wait early; a task past its workflow's deadline
 //! fails, and what it did is undone. Named events: one sent early is kept and consumed when its
-//! wait is reached, a repeat is harmless, a late one is refused.
+//! wait is reached, a repeat is harmless, a late one is refused. A delayed start (`Start-At`).
 
 use chrono::{DateTime, Utc};
 use sas_local::{Backend, Settings, System};
@@ -405,6 +405,59 @@ async fn events_end_their_waits(system: &System, base: &str, slack: Duration) {
     );
 }
 
+/// A task submitted with `Start-At` 3 s ahead sends nothing before then and runs after; one
+/// cancelled before its start ends with nothing sent; a start too far ahead is refused.
+async fn a_delayed_start_runs_at_its_time(system: &System, base: &str, slack: Duration) {
+    let http = reqwest::Client::new();
+    let workflow = json!({"name": "later", "steps": [{"name": "ping", "service": "ledger"}]});
+    assert_eq!(
+        put(&http, format!("{base}/workflows/later"), &workflow).await,
+        201
+    );
+    let submit = |start: DateTime<Utc>| {
+        http.post(format!("{base}/workflows/later/tasks"))
+            .header("Start-At", start.to_rfc3339())
+            .json(&json!({"n": 1}))
+            .send()
+    };
+    let start = Utc::now() + chrono::Duration::seconds(3);
+    let r = submit(start).await.expect("POST");
+    assert_eq!(r.status().as_u16(), 202);
+    let v: Value = r.json().await.expect("JSON");
+    let id = v["taskId"].as_str().expect("taskId").to_owned();
+    let early: Value = sas_blackbox::get_json(&http, &format!("{base}/tasks/{id}")).await;
+    assert_eq!(early["processState"], "Pending", "{early}");
+    assert_eq!(time(&early["startAt"]), to_millis(start), "{early}");
+    let done = until(&http, base, &id, Duration::from_secs(3) + slack, terminal).await;
+    assert_eq!(done["processState"], "Processed", "{done}");
+    assert!(
+        time(&step(&done, "ping")["finishedAt"]) >= to_millis(start),
+        "{done}"
+    );
+
+    // Cancelled before its start: nothing was sent, nothing is.
+    let r = submit(Utc::now() + chrono::Duration::days(2))
+        .await
+        .expect("POST");
+    let v: Value = r.json().await.expect("JSON");
+    let id = v["taskId"].as_str().expect("taskId").to_owned();
+    let r = http
+        .post(format!("{base}/tasks/{id}/cancel"))
+        .json(&json!({"reason": "not needed"}))
+        .send()
+        .await
+        .expect("POST cancel");
+    assert_eq!(r.status().as_u16(), 202);
+    let done = until(&http, base, &id, slack, terminal).await;
+    assert_eq!(done["processState"], "Compensated", "{done}");
+    assert!(sas_blackbox::requests(system, "ledger", &id).is_empty());
+
+    let r = submit(Utc::now() + chrono::Duration::days(400))
+        .await
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 400);
+}
+
 fn to_millis(t: DateTime<Utc>) -> DateTime<Utc> {
     sas::domain::state::to_millis(t)
 }
@@ -415,6 +468,7 @@ async fn waits_in_memory() {
     waits_hold_a_task_until_their_time(&system, &base, Duration::from_secs(10)).await;
     a_deadline_fails_a_task_that_waits_too_long(&system, &base, Duration::from_secs(10)).await;
     events_end_their_waits(&system, &base, Duration::from_secs(10)).await;
+    a_delayed_start_runs_at_its_time(&system, &base, Duration::from_secs(10)).await;
     system.shutdown().await;
 }
 
@@ -430,5 +484,6 @@ async fn waits_on_the_emulator() {
     waits_hold_a_task_until_their_time(&system, &base, Duration::from_secs(40)).await;
     a_deadline_fails_a_task_that_waits_too_long(&system, &base, Duration::from_secs(40)).await;
     events_end_their_waits(&system, &base, Duration::from_secs(40)).await;
+    a_delayed_start_runs_at_its_time(&system, &base, Duration::from_secs(40)).await;
     system.shutdown().await;
 }

@@ -80,6 +80,8 @@ pub(super) async fn submit(
                 .map_err(ApiError::InvalidReplyQueueUrl)?,
         ),
     };
+    let now = deps.ports.clock.now();
+    let start_at = start_at(headers, now)?;
     let input: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
     let Some(workflow) = deps.ports.definitions.latest(name).await? else {
@@ -90,7 +92,6 @@ pub(super) async fn submit(
     workflow
         .check_input(&input)
         .map_err(|e| input_problems(&workflow, e))?;
-    let now = deps.ports.clock.now();
     let id = TaskId::new_random();
     tracing::Span::current().record("task_id", tracing::field::display(id));
     let task = Task {
@@ -104,18 +105,21 @@ pub(super) async fn submit(
         created_at: crate::domain::state::to_millis(now),
         caller: caller.clone(),
     };
-    let record = StateRecord::new(
+    let mut record = StateRecord::new(
         id,
         &workflow,
         task.reply_queue_url.clone(),
         now,
         now + workflow.policies().at(0).pickup_timeout,
     );
+    if let Some(start) = start_at {
+        record = record.starting_at(start);
+    }
     // Keys are the caller's own: the same key from two callers names two tasks, and one
     // caller can neither block nor discover another's.
     let key = key.map(|key| IdempotencyRecord {
         key: format!("{}#{key}", caller.digest()),
-        request_hash: request_hash(&task),
+        request_hash: request_hash(&task, record.start_at),
         task_id: id,
         created_at: task.created_at,
     });
@@ -153,12 +157,24 @@ pub(super) async fn submit(
         _ => progress_status(deps.ports.queue.as_ref(), &record, NoticeKind::Received).await,
     }
     let work = SchedulerMessage::Work(WorkMessage::new(id));
+    // A delayed start: its work message waits for it, if a message can wait that long; a later
+    // one rides the due index (the supervisor enqueues it at its time).
+    let delay = record
+        .start_at
+        .map(|s| (s - now).to_std().unwrap_or_default());
     match serde_json::to_string(&work) {
+        Ok(_) if delay.is_some_and(|d| d > crate::handlers::MAX_SQS_DELAY) => {
+            info!(start_at = ?record.start_at, "a delayed start: the supervisor enqueues it then");
+        }
         Ok(body) => {
             if let Err(e) = deps
                 .ports
                 .queue
-                .send(&deps.ports.work_queue_url, &body, Duration::ZERO)
+                .send(
+                    &deps.ports.work_queue_url,
+                    &body,
+                    delay.unwrap_or(Duration::ZERO),
+                )
                 .await
             {
                 error!(error = %e, "task stored but not enqueued; the supervisor will pick it up");
@@ -215,11 +231,43 @@ async fn replay(
     Ok(r)
 }
 
-/// SHA-256 of the request in canonical form (workflow, input, reply queue): two bodies that
-/// differ only in whitespace or key order are the same request.
-fn request_hash(task: &Task) -> String {
-    let request = json!({"workflow": task.workflow, "input": task.input, "replyQueueUrl": task.reply_queue_url});
+/// SHA-256 of the request in canonical form (workflow, input, reply queue, and a delayed
+/// start's time if any): two bodies that differ only in whitespace or key order are the same
+/// request.
+fn request_hash(task: &Task, start_at: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    let mut request = json!({"workflow": task.workflow, "input": task.input, "replyQueueUrl": task.reply_queue_url});
+    if let Some(s) = start_at {
+        request["startAt"] = json!(s);
+    }
     hex::encode(Sha256::digest(canonical(&request)))
+}
+
+/// The header of a delayed start.
+pub const START_AT: &str = "start-at";
+/// How far ahead a task may start.
+pub const MAX_START_DELAY_DAYS: i64 = 366;
+
+/// A delayed start (`Start-At`: an RFC 3339 time, at most [`MAX_START_DELAY_DAYS`] ahead; a
+/// time passed starts now).
+fn start_at(
+    headers: &HeaderMap,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Option<chrono::DateTime<chrono::Utc>>, ApiError> {
+    let Some(v) = headers.get(START_AT) else {
+        return Ok(None);
+    };
+    let t = v
+        .to_str()
+        .ok()
+        .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
+        .ok_or_else(|| ApiError::InvalidRequest("Start-At: an RFC 3339 time".into()))?
+        .with_timezone(&chrono::Utc);
+    if t > now + chrono::Duration::days(MAX_START_DELAY_DAYS) {
+        return Err(ApiError::InvalidRequest(format!(
+            "Start-At: at most {MAX_START_DELAY_DAYS} days ahead"
+        )));
+    }
+    Ok((t > now).then_some(t))
 }
 
 /// Reads a task for `caller`: the operator API reads any; the task API only the caller's own.

@@ -88,6 +88,9 @@ pub struct TaskView<S = ProcessState> {
     /// The task's deadline (its workflow's `deadline`): still going forward past it, it fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<DateTime<Utc>>,
+    /// A delayed start (`Start-At`): no step went out before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<DateTime<Utc>>,
 }
 
 /// What a task's caller sees (`GET /tasks/{id}` on the task API): its input, states and
@@ -132,6 +135,8 @@ pub struct CallerTaskView<S = ProcessState> {
     pub last_error: Option<Option<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<DateTime<Utc>>,
 }
 
 /// One branch of the parallel group a task runs (or one element of a forEach step, whose
@@ -502,6 +507,7 @@ impl TaskView {
             updated_at: Some(r.updated_at),
             since: Some(r.since),
             deadline: r.deadline,
+            start_at: r.start_at,
         }
     }
 }
@@ -539,6 +545,7 @@ impl CallerTaskView {
             updated_at: Some(r.updated_at),
             since: Some(r.since),
             deadline: r.deadline,
+            start_at: r.start_at,
             last_error: public_errors.then(|| r.last_error.clone()),
         }
     }

@@ -9,8 +9,20 @@ use serde::{Deserialize, Serialize};
 pub const MAX_KEPT: usize = 8;
 /// The most event ids a task remembers (the newest).
 pub const MAX_SEEN: usize = 32;
-/// The largest payload an event carries (as the JSON text kept): a step's result's limit.
-pub const MAX_PAYLOAD_BYTES: usize = super::task::MAX_RESULT_BYTES;
+/// The largest payload an event carries (as the JSON text kept): a step's result's limit
+/// (`state::MAX_RESULT_BYTES`, which a test holds it to), since it becomes the step's result.
+pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_payload_fits_where_a_result_does() {
+        assert_eq!(
+            super::MAX_PAYLOAD_BYTES,
+            crate::domain::state::MAX_RESULT_BYTES
+        );
+    }
+}
 
 /// The events kept for steps not reached yet, and the ids of those taken.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

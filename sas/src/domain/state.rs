@@ -232,6 +232,10 @@ pub struct StateRecord {
     /// The workflow's pivot step: once it is Done the task only goes forward.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pivot: Option<usize>,
+    /// A delayed start (`Start-At` on submission): no step goes out before it; the record is
+    /// due then (its `CompleteBy`), and the supervisor enqueues it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<DateTime<Utc>>,
     /// Named events delivered before the step that waits for them (see [`Inbox`]).
     #[serde(default, skip_serializing_if = "Inbox::is_empty")]
     pub inbox: Inbox,
@@ -515,6 +519,7 @@ impl StateRecord {
             workflow_version: workflow.version,
             pivot: workflow.pivot,
             deadline: workflow.deadline.and_then(|d| now.checked_add_signed(d)),
+            start_at: None,
             inbox: Inbox::default(),
             process_state: ProcessState::Pending,
             locked_by: None,
@@ -553,6 +558,18 @@ impl StateRecord {
             since: now,
             due_key: Some(pickup_by.min(first_deadline)),
         }
+    }
+
+    /// The record of a task that starts at `start` (later than its creation): Pending and due
+    /// then, no step going out before (see [`StateRecord::start_at`]).
+    pub fn starting_at(mut self, start: DateTime<Utc>) -> Self {
+        let start = to_millis(start);
+        if start > self.created_at {
+            self.start_at = Some(start);
+            self.complete_by = Some(start);
+            self.due_key = Some(start);
+        }
+        self
     }
 
     /// The end of the line the cursor walks: the number of steps, or, for the record as seen

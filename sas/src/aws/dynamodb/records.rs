@@ -314,6 +314,9 @@ pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
     if let Some(d) = r.deadline {
         item.insert("Deadline".to_owned(), ms(d));
     }
+    if let Some(s) = r.start_at {
+        item.insert("StartAt".to_owned(), ms(s));
+    }
     // The sparse index: only records the supervisor must look at carry its keys.
     if let Some(due) = r.due_key {
         item.insert(
@@ -468,6 +471,7 @@ pub(super) fn record_of(
         workflow_version: get_n(item, "WorkflowVersion")?,
         pivot: opt_n(item, "Pivot")?,
         deadline: opt_n(item, "Deadline")?.map(time).transpose()?,
+        start_at: opt_n(item, "StartAt")?.map(time).transpose()?,
         process_state: get_s(item, "ProcessState")?.parse().map_err(corrupt)?,
         locked_by: opt_s(item, "LockedBy"),
         complete_by: opt_n(item, "CompleteBy")?.map(time).transpose()?,
@@ -624,8 +628,9 @@ mod tests {
         assert_eq!(r.pivot, Some(2));
         // A task's deadline, when its workflow sets one.
         r.deadline = Some(now + chrono::Duration::days(30));
+        r.start_at = Some(now + chrono::Duration::days(1));
         let item = state_item(&r, 4);
-        assert!(item.contains_key("Deadline"));
+        assert!(item.contains_key("Deadline") && item.contains_key("StartAt"));
         assert_eq!(parse_state(&item).expect("parses"), r);
         assert!(!r.steps[0].undoable && r.steps[1].undoable);
         let task = Task {

@@ -281,4 +281,27 @@ steps:
         assert_eq!(undone, [1, 0]);
         assert_eq!(t.r.process_state, ProcessState::Compensated);
     }
+
+    #[test]
+    fn a_delayed_start_sends_nothing_before_its_time_and_is_enqueued_at_it() {
+        const ONE: &str = "name: one\nsteps:\n  - {name: only, service: s}\n";
+        let mut t = Run::of(ONE, true);
+        let start = t.now + Duration::days(3);
+        t.r = t.r.clone().starting_at(start);
+        assert_eq!((t.r.complete_by, t.r.due_at()), (Some(start), Some(start)));
+        assert!(matches!(t.claim(), Err(Rejection::TooEarly { until }) if until == start));
+        t.now = start;
+        let started = t.expire().expect("its time came");
+        assert_eq!(
+            started.effects,
+            [Effect::Enqueue {
+                delay: Duration::zero()
+            }]
+        );
+        assert_eq!(t.r.requeues, 0, "not a missed pickup");
+        t.claim().expect("claims");
+        let a = t.r.attempt;
+        t.answer(0, a, &ok());
+        assert_eq!(t.r.process_state, ProcessState::Processed);
+    }
 }

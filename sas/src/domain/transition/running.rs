@@ -37,6 +37,13 @@ pub fn claim(
         // The supervisor fails the task: its due key is the deadline.
         return Err(Rejection::PastDeadline { deadline });
     }
+    if let Some(until) = r
+        .start_at
+        .filter(|s| *s > to_millis(now) && r.process_state == ProcessState::Pending)
+    {
+        // A delayed start: the work message came early; it is sent on.
+        return Err(Rejection::TooEarly { until });
+    }
     if r.fanout.is_some() && r.branch().is_none() {
         return branches::claim(r, instance, now, p, &claim_one);
     }
@@ -776,6 +783,17 @@ pub fn expire(
                 // A wait step's deadline is its time: it is done.
                 woke(&mut n, i, due, now, p)
             }
+        } else if r.locked_by.is_none()
+            && r.process_state == ProcessState::Pending
+            && r.start_at == Some(due)
+        {
+            // A delayed start's time came (a start more than a work message's delay ahead
+            // rides the due index): not a missed pickup.
+            n.complete_by = Some(now + p.at(i).pickup_timeout);
+            log(&mut n, r.process_state, None, "its start time came");
+            vec![Effect::Enqueue {
+                delay: Duration::zero(),
+            }]
         } else if r.locked_by.is_none() {
             // Growing delays: a backlog in the work queue must not be fed by the re-enqueues of
             // the tasks waiting in it (see `Policy::requeue_delay`).
