@@ -112,6 +112,19 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
     loop {
         let remaining = (give_up_at - deps.clock.now()).to_std().unwrap_or_default();
         if remaining.is_zero() {
+            if let Some(error) = misconfigured.take() {
+                // The pause before the next try ran past the give-up time (a loaded machine):
+                // the attempt still failed on its misconfigured answers, and says so (no
+                // silence for the supervisor to time out).
+                error!(%error, retries = retry, "service misconfigured for this step and no time left; the attempt failed");
+                observe(retry);
+                let outcome = StepOutcome::Deferred {
+                    until: deps.clock.now(),
+                    misconfigured: Some(error),
+                    paused: None,
+                };
+                return reply(deps, request, outcome).await;
+            }
             if give_up_at < request.complete_by {
                 // Only with a request picked up late enough that its timeout ends first, and a
                 // clock that jumped: report it like a retry loop that ran out.
