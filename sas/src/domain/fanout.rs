@@ -184,6 +184,28 @@ impl Branch {
         }
     }
 
+    /// The branch moved on to step `at` with nothing out: Pending there, to be claimed by
+    /// `pickup_by`, or Processed past its end; the counts of its last step's tries start again.
+    pub fn moved_to(&self, at: usize, pickup_by: DateTime<Utc>) -> Branch {
+        let open = at < self.end;
+        Branch {
+            process_state: if open {
+                ProcessState::Pending
+            } else {
+                ProcessState::Processed
+            },
+            step_index: at,
+            locked_by: None,
+            complete_by: open.then_some(pickup_by),
+            failure_count: 0,
+            round: 0,
+            deferrals: 0,
+            requeues: 0,
+            last_error: None,
+            ..self.clone()
+        }
+    }
+
     /// Whether the branch has a step out (locked by the scheduler that sent it). A branch
     /// Processing without a lock waits for the elements of its forEach step
     /// ([`Fanout::waits`]): it has nothing out itself.

@@ -425,17 +425,12 @@ fn reopen_branch(n: &mut StateRecord, b: usize, now: DateTime<Utc>, p: &Policies
             n.steps[i].status = StepStatus::Running;
             n.steps[i].finished_at = None;
             n.steps[i].finished_attempt = None;
-            if let Some(br) = n.fanout.as_mut().and_then(|f| f.branches.get_mut(b)) {
-                *br = Branch {
+            if let Some(slot) = n.fanout.as_mut().and_then(|f| f.branches.get_mut(b)) {
+                // Processing with nothing out, and no deadline of its own.
+                *slot = Branch {
                     process_state: ProcessState::Processing,
-                    locked_by: None,
                     complete_by: None,
-                    failure_count: 0,
-                    round: 0,
-                    deferrals: 0,
-                    requeues: 0,
-                    last_error: None,
-                    ..br.clone()
+                    ..br.moved_to(i, now)
                 };
             }
             return;
@@ -466,22 +461,7 @@ fn reopen_branch(n: &mut StateRecord, b: usize, now: DateTime<Utc>, p: &Policies
         step.misconfigured = 0;
     }
     if let Some(slot) = n.fanout.as_mut().and_then(|f| f.branches.get_mut(b)) {
-        *slot = Branch {
-            process_state: if at < br.end {
-                ProcessState::Pending
-            } else {
-                ProcessState::Processed
-            },
-            step_index: at,
-            locked_by: None,
-            complete_by: (at < br.end).then(|| now + p.at(at).pickup_timeout),
-            failure_count: 0,
-            round: 0,
-            deferrals: 0,
-            requeues: 0,
-            last_error: None,
-            ..br
-        };
+        *slot = br.moved_to(at, now + p.at(at).pickup_timeout);
     }
 }
 
@@ -1099,22 +1079,7 @@ fn each_done(n: &mut StateRecord, b: usize, now: DateTime<Utc>, p: &Policies) ->
         .find(|&j| n.steps[j].status != StepStatus::Skipped)
         .unwrap_or(br.end);
     if let Some(slot) = n.fanout.as_mut().and_then(|f| f.branches.get_mut(b)) {
-        *slot = Branch {
-            process_state: if at < br.end {
-                ProcessState::Pending
-            } else {
-                ProcessState::Processed
-            },
-            step_index: at,
-            locked_by: None,
-            complete_by: (at < br.end).then(|| now + p.at(at).pickup_timeout),
-            failure_count: 0,
-            round: 0,
-            deferrals: 0,
-            requeues: 0,
-            last_error: None,
-            ..br.clone()
-        };
+        *slot = br.moved_to(at, now + p.at(at).pickup_timeout);
     }
     let name = n.steps[i].name.clone();
     log(n, from, Some(i), format!("every element of {name} is over"));

@@ -55,8 +55,8 @@ pub trait Router {
     }
 
     /// The events step `at` waits for, if it is a wait for events.
-    fn events(&self, _at: usize) -> Vec<String> {
-        vec![]
+    fn events(&self, _at: usize) -> &[String] {
+        &[]
     }
 
     /// If step `at` is a wait step: when it is done, reached on `r` at `now` (or why that
@@ -156,13 +156,12 @@ impl Router for TaskRouter<'_> {
         })
     }
 
-    fn events(&self, at: usize) -> Vec<String> {
+    fn events(&self, at: usize) -> &[String] {
         self.workflow
             .steps
             .get(at)
             .and_then(|s| s.wait.as_ref())
-            .map(|w| w.events().to_vec())
-            .unwrap_or_default()
+            .map_or(&[], |w| w.events())
     }
 
     fn for_each(&self, r: &StateRecord, at: usize) -> Option<Result<EachPlan, String>> {

@@ -117,7 +117,7 @@ pub fn claim(
                     until,
                     now,
                     r.process_state,
-                    &router.events(at),
+                    router.events(at),
                     p,
                 )
             }
@@ -567,7 +567,7 @@ fn step_done(
         match until {
             Ok(until) => {
                 log(n, from, Some(i), "step done");
-                effects.extend(reach_wait(n, at, until, now, from, &router.events(at), p));
+                effects.extend(reach_wait(n, at, until, now, from, router.events(at), p));
             }
             Err(error) => effects.extend(condition_failed(n, at, &error, now, p)),
         }

@@ -60,10 +60,9 @@ impl WorkflowDoc {
         };
         let input_validator =
             compile_input(&input_schema, limits == Limits::Publish, &mut problems);
-        let deadline = self
-            .deadline
-            .as_ref()
-            .and_then(|raw| settings::task_deadline("/deadline", raw, &mut problems));
+        let deadline = self.deadline.as_ref().and_then(|raw| {
+            settings::long_duration("/deadline", raw, "a task's deadline", &mut problems)
+        });
         let mut base = policy.clone();
         if let Some(d) = &self.defaults {
             apply_settings(
@@ -330,7 +329,12 @@ impl Compiler<'_> {
                 _ => vec![],
             };
             let within = match &e.within {
-                Some(raw) => settings::wait_for(&format!("{here}/within"), raw, &mut self.problems),
+                Some(raw) => settings::long_duration(
+                    &format!("{here}/within"),
+                    raw,
+                    "a wait",
+                    &mut self.problems,
+                ),
                 None => {
                     self.problem(
                         format!("{here}/within"),
@@ -362,7 +366,8 @@ impl Compiler<'_> {
         let wait = match (&e.wait, &e.wait_until) {
             (Some(_), Some(_)) => return,
             (Some(raw), None) => {
-                settings::wait_for(&format!("{here}/wait"), raw, &mut self.problems).map(Wait::For)
+                settings::long_duration(&format!("{here}/wait"), raw, "a wait", &mut self.problems)
+                    .map(Wait::For)
             }
             (None, Some(until)) => {
                 let at = format!("{here}/waitUntil");

@@ -20,34 +20,16 @@ pub const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(86_400
 /// The longest a wait step waits (`wait`, or `waitUntil` from when it is reached).
 pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(366 * 86_400);
 
-/// A wait step's `wait` (at `here`): a duration from 1s to [`MAX_WAIT`].
-pub(super) fn wait_for(
+/// A wait's length (`wait`, `within`) or a task's `deadline` (at `here`, `what` naming it in
+/// the problem): a duration from 1s to [`MAX_WAIT`].
+pub(super) fn long_duration(
     here: &str,
     raw: &str,
+    what: &str,
     problems: &mut Vec<Problem>,
 ) -> Option<chrono::Duration> {
-    duration_in(
-        here,
-        raw,
-        MIN_TIMEOUT..=MAX_WAIT,
-        "is out of range: a wait is 1s to 366d",
-        problems,
-    )
-}
-
-/// A workflow's `deadline` (at `here`): 1s to [`MAX_WAIT`].
-pub(super) fn task_deadline(
-    here: &str,
-    raw: &str,
-    problems: &mut Vec<Problem>,
-) -> Option<chrono::Duration> {
-    duration_in(
-        here,
-        raw,
-        MIN_TIMEOUT..=MAX_WAIT,
-        "is out of range: a task's deadline is 1s to 366d",
-        problems,
-    )
+    let why = format!("is out of range: {what} is 1s to 366d");
+    duration_in(here, raw, MIN_TIMEOUT..=MAX_WAIT, &why, problems)
 }
 
 /// The longest a callback step may wait for its callback.
