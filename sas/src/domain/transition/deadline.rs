@@ -67,72 +67,12 @@ pub(super) fn deadline_passed(
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::StepOutcome;
-    use super::super::route::{TaskRouter, test_task};
     use super::super::testkit::*;
-    use super::super::{apply_reply, claim, expire, retry};
+    use super::super::{apply_reply, retry};
     use super::*;
     use crate::domain::state::{NoticeKind, ProcessState};
-    use crate::domain::task::Task;
-    use crate::domain::workflow::Workflow;
     use chrono::Duration;
     use serde_json::json;
-
-    struct Run {
-        w: Workflow,
-        task: Task,
-        r: StateRecord,
-        p: Policies,
-        now: DateTime<Utc>,
-    }
-
-    impl Run {
-        fn of(yaml: &str, auto: bool) -> Self {
-            let v = crate::domain::workflow::parse_value(yaml, crate::domain::Format::Yaml)
-                .expect("yaml");
-            let mut base = base();
-            base.auto_compensate = auto;
-            let w = Workflow::from_value(v, None, &base)
-                .expect("valid")
-                .with_version(1);
-            let now = t0();
-            let r = record(&w, now);
-            let task = test_task(&r, json!({}));
-            let p = w.policies();
-            Self { w, task, r, p, now }
-        }
-
-        fn apply(
-            &mut self,
-            f: impl FnOnce(&StateRecord, &TaskRouter<'_>) -> Result<Transition, Rejection>,
-        ) -> Result<Transition, Rejection> {
-            let router = TaskRouter {
-                workflow: &self.w,
-                task: &self.task,
-            };
-            let t = f(&self.r, &router)?;
-            assert!(t.condition.holds(Some(&self.r)));
-            t.record.check(&self.p).expect("valid after the transition");
-            self.r = t.record.clone();
-            Ok(t)
-        }
-
-        fn claim(&mut self) -> Result<Transition, Rejection> {
-            let (p, now) = (self.p.clone(), self.now);
-            self.apply(|r, router| claim(r, "s", now, &p, router))
-        }
-
-        fn answer(&mut self, i: usize, attempt: u64, outcome: &StepOutcome) {
-            let (p, now) = (self.p.clone(), self.now);
-            self.apply(|r, router| apply_reply(r, attempt, i, false, outcome, now, &p, router))
-                .expect("the reply applies");
-        }
-
-        fn expire(&mut self) -> Result<Transition, Rejection> {
-            let (p, now) = (self.p.clone(), self.now);
-            self.apply(|r, _| expire(r, now, &p, 0.5))
-        }
-    }
 
     /// Signed, a day's wait, then the payout; the task has an hour.
     const HOUR: &str = r#"name: hour
@@ -145,11 +85,11 @@ steps:
 
     #[test]
     fn a_task_waiting_past_its_deadline_fails_and_what_it_did_is_undone() {
-        let mut t = Run::of(HOUR, true);
+        let mut t = Harness::of(HOUR, json!({}), base());
         assert_eq!(t.r.deadline, Some(t.now + Duration::hours(1)));
-        t.claim().expect("claims");
+        t.try_claim().expect("claims");
         let a = t.r.attempt;
-        t.answer(0, a, &ok());
+        t.answer_at(0, a, &ok());
         // Waiting a day: the task is due at its deadline, an hour from its start.
         assert_eq!(t.r.due_at(), t.r.deadline);
         t.now += Duration::minutes(59);
@@ -181,8 +121,8 @@ deadline: 5s
 steps:
   - {name: sign, service: s, undo: {action: unsign}}
 "#;
-        let mut t = Run::of(OUT, true);
-        t.claim().expect("claims");
+        let mut t = Harness::of(OUT, json!({}), base());
+        t.try_claim().expect("claims");
         let step_deadline = t.r.complete_by.expect("out");
         t.now += Duration::seconds(5);
         t.expire().expect("the deadline passed");
@@ -194,9 +134,9 @@ steps:
             "the undo waits past the step's own deadline"
         );
         // No step goes out for a task past its deadline.
-        let mut t = Run::of(OUT, true);
+        let mut t = Harness::of(OUT, json!({}), base());
         t.now += Duration::seconds(6);
-        assert!(matches!(t.claim(), Err(Rejection::PastDeadline { .. })));
+        assert!(matches!(t.try_claim(), Err(Rejection::PastDeadline { .. })));
     }
 
     #[test]
@@ -209,11 +149,11 @@ steps:
   - {name: settle, wait: 2h}
   - {name: close, service: s}
 "#;
-        let mut t = Run::of(PIVOT, true);
-        t.claim().expect("claims");
+        let mut t = Harness::of(PIVOT, json!({}), base());
+        t.try_claim().expect("claims");
         let a = t.r.attempt;
-        t.answer(0, a, &ok());
-        t.answer(1, a, &ok());
+        t.answer_at(0, a, &ok());
+        t.answer_at(1, a, &ok());
         t.now += Duration::hours(1);
         t.expire().expect("the deadline passed");
         assert_eq!(t.r.process_state, ProcessState::Error, "past the pivot");
@@ -221,12 +161,12 @@ steps:
         t.apply(|r, _| retry(r, &ops(Some("late, but wanted")), now, &p))
             .expect("retry");
         assert_eq!(t.r.deadline, None, "the operator took it over");
-        t.claim().expect("the wait starts again");
+        t.try_claim().expect("the wait starts again");
         t.now += Duration::hours(2);
         t.expire().expect("the wait ends");
-        t.claim().expect("claims the last step");
+        t.try_claim().expect("claims the last step");
         let a = t.r.attempt;
-        t.answer(3, a, &ok());
+        t.answer_at(3, a, &ok());
         assert_eq!(t.r.process_state, ProcessState::Processed);
     }
 
@@ -243,10 +183,10 @@ steps:
           - {name: book, service: s, undo: {action: unbook}}
           - {name: confirm, service: s}
 "#;
-        let mut t = Run::of(GROUP, true);
-        t.claim().expect("claims");
+        let mut t = Harness::of(GROUP, json!({}), base());
+        t.try_claim().expect("claims");
         let book = t.r.fanout.as_ref().map_or(0, |f| f.branches[1].attempt);
-        t.answer(1, book, &ok());
+        t.answer_at(1, book, &ok());
         t.now += Duration::seconds(30);
         t.expire().expect("the deadline passed");
         assert_eq!(t.r.process_state, ProcessState::Compensating);
@@ -270,7 +210,7 @@ steps:
                 t.now = after;
             }
             if t.r.locked_by.is_none() {
-                t.claim().expect("an undo");
+                t.try_claim().expect("an undo");
             }
             let (i, a) = (t.r.step_index, t.r.attempt);
             undone.push(i);
@@ -285,11 +225,11 @@ steps:
     #[test]
     fn a_delayed_start_sends_nothing_before_its_time_and_is_enqueued_at_it() {
         const ONE: &str = "name: one\nsteps:\n  - {name: only, service: s}\n";
-        let mut t = Run::of(ONE, true);
+        let mut t = Harness::of(ONE, json!({}), base());
         let start = t.now + Duration::days(3);
         t.r = t.r.clone().starting_at(start);
         assert_eq!((t.r.complete_by, t.r.due_at()), (Some(start), Some(start)));
-        assert!(matches!(t.claim(), Err(Rejection::TooEarly { until }) if until == start));
+        assert!(matches!(t.try_claim(), Err(Rejection::TooEarly { until }) if until == start));
         t.now = start;
         let started = t.expire().expect("its time came");
         assert_eq!(
@@ -299,9 +239,9 @@ steps:
             }]
         );
         assert_eq!(t.r.requeues, 0, "not a missed pickup");
-        t.claim().expect("claims");
+        t.try_claim().expect("claims");
         let a = t.r.attempt;
-        t.answer(0, a, &ok());
+        t.answer_at(0, a, &ok());
         assert_eq!(t.r.process_state, ProcessState::Processed);
     }
 }

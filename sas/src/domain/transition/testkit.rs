@@ -139,3 +139,72 @@ pub(super) fn run_to(r: &mut StateRecord, upto: usize, now: DateTime<Utc>, p: &P
         apply(r, |r| apply_reply(r, a, i, false, &ok(), now, p, &Linear));
     }
 }
+
+/// A task of a workflow written in YAML (over the deployment's policy `base`), driven one
+/// transition at a time on the workflow's own policies; every transition's condition holds
+/// on the record it was computed from, and the record it leaves keeps every invariant.
+pub(super) struct Harness {
+    pub w: Workflow,
+    pub task: crate::domain::task::Task,
+    pub r: StateRecord,
+    pub p: Policies,
+    pub now: DateTime<Utc>,
+}
+
+impl Harness {
+    pub fn of(yaml: &str, input: serde_json::Value, base: Policy) -> Self {
+        let v =
+            crate::domain::workflow::parse_value(yaml, crate::domain::Format::Yaml).expect("yaml");
+        let w = Workflow::from_value(v, None, &base)
+            .expect("valid")
+            .with_version(1);
+        let now = t0();
+        let r = record(&w, now);
+        let task = super::route::test_task(&r, input);
+        let p = w.policies();
+        Self { w, task, r, p, now }
+    }
+
+    /// Applies `f` (given the record and the task's router) to the record.
+    pub fn apply(
+        &mut self,
+        f: impl FnOnce(&StateRecord, &TaskRouter<'_>) -> Result<Transition, Rejection>,
+    ) -> Result<Transition, Rejection> {
+        let router = TaskRouter {
+            workflow: &self.w,
+            task: &self.task,
+        };
+        let t = f(&self.r, &router)?;
+        assert!(t.condition.holds(Some(&self.r)));
+        t.record.check(&self.p).expect("valid after the transition");
+        self.r = t.record.clone();
+        Ok(t)
+    }
+
+    pub fn try_claim(&mut self) -> Result<Transition, Rejection> {
+        let (p, now) = (self.p.clone(), self.now);
+        self.apply(|r, router| claim(r, "s", now, &p, router))
+    }
+
+    pub fn claim(&mut self) -> Transition {
+        self.try_claim().expect("claims")
+    }
+
+    /// Answers step `i` out under `attempt` with `outcome`.
+    pub fn answer_at(&mut self, i: usize, attempt: u64, outcome: &StepOutcome) -> Transition {
+        let (p, now) = (self.p.clone(), self.now);
+        self.apply(|r, router| apply_reply(r, attempt, i, false, outcome, now, &p, router))
+            .expect("the reply applies")
+    }
+
+    /// Answers step `i`, out under the record's attempt, with `outcome`.
+    pub fn answer(&mut self, i: usize, outcome: &StepOutcome) -> Transition {
+        let attempt = self.r.attempt;
+        self.answer_at(i, attempt, outcome)
+    }
+
+    pub fn expire(&mut self) -> Result<Transition, Rejection> {
+        let (p, now) = (self.p.clone(), self.now);
+        self.apply(|r, _| expire(r, now, &p, 0.5))
+    }
+}

@@ -300,14 +300,11 @@ pub fn deliver(
 
 #[cfg(test)]
 mod tests {
-    use super::super::common::{Rejection, StepOutcome, Transition};
-    use super::super::route::{TaskRouter, test_task};
+    use super::super::common::{Rejection, Transition};
     use super::super::testkit::*;
-    use super::super::{apply_reply, cancel, claim, deliver, expire, wake};
+    use super::super::{apply_reply, cancel, deliver, wake};
     use super::*;
     use crate::domain::state::{NoticeKind, ProcessState, StepStatus};
-    use crate::domain::task::Task;
-    use crate::domain::workflow::Workflow;
     use serde_json::json;
 
     /// A contract signed, then 14 days of cooling off, then the payout (which reads when the
@@ -319,64 +316,9 @@ steps:
   - {name: payout, service: s, input: {after: "$.steps['cooling-off'].result.until"}}
 "#;
 
-    struct Waits {
-        w: Workflow,
-        task: Task,
-        r: StateRecord,
-        p: Policies,
-        now: DateTime<Utc>,
-    }
-
-    impl Waits {
-        fn of(yaml: &str, input: serde_json::Value) -> Self {
-            let v = crate::domain::workflow::parse_value(yaml, crate::domain::Format::Yaml)
-                .expect("yaml");
-            let w = Workflow::from_value(v, None, &base())
-                .expect("valid")
-                .with_version(1);
-            let now = t0();
-            let r = record(&w, now);
-            let task = test_task(&r, input);
-            let p = w.policies();
-            Self { w, task, r, p, now }
-        }
-
-        fn apply(
-            &mut self,
-            f: impl FnOnce(&StateRecord, &TaskRouter<'_>) -> Result<Transition, Rejection>,
-        ) -> Result<Transition, Rejection> {
-            let router = TaskRouter {
-                workflow: &self.w,
-                task: &self.task,
-            };
-            let t = f(&self.r, &router)?;
-            assert!(t.condition.holds(Some(&self.r)));
-            t.record.check(&self.p).expect("valid after the transition");
-            self.r = t.record.clone();
-            Ok(t)
-        }
-
-        fn claim(&mut self) -> Transition {
-            let (p, now) = (self.p.clone(), self.now);
-            self.apply(|r, router| claim(r, "s", now, &p, router))
-                .expect("claims")
-        }
-
-        fn answer(&mut self, i: usize, outcome: &StepOutcome) -> Transition {
-            let (p, now, a) = (self.p.clone(), self.now, self.r.attempt);
-            self.apply(|r, router| apply_reply(r, a, i, false, outcome, now, &p, router))
-                .expect("the reply applies")
-        }
-
-        fn expire(&mut self) -> Result<Transition, Rejection> {
-            let (p, now) = (self.p.clone(), self.now);
-            self.apply(|r, _| expire(r, now, &p, 0.5))
-        }
-    }
-
     #[test]
     fn a_wait_holds_the_task_until_its_time_with_nothing_sent_then_the_next_step_goes_out() {
-        let mut t = Waits::of(COOL, json!({}));
+        let mut t = Harness::of(COOL, json!({}), base());
         t.claim();
         let done = t.answer(0, &ok());
         let until = t.now + Duration::days(14);
@@ -441,14 +383,15 @@ steps:
 "#;
         let now = t0();
         let at = now + Duration::hours(30);
-        let mut t = Waits::of(UNTIL, json!({"at": at.to_rfc3339()}));
+        let mut t = Harness::of(UNTIL, json!({"at": at.to_rfc3339()}), base());
         let claimed = t.claim();
         assert!(matches!(claimed.effects[..], [Effect::Timer { step: 0, at: a, .. }] if a == at));
         assert_eq!(t.r.complete_by, Some(at));
 
-        let mut t = Waits::of(
+        let mut t = Harness::of(
             UNTIL,
             json!({"at": (now - Duration::hours(1)).to_rfc3339()}),
+            base(),
         );
         t.claim();
         assert_eq!(t.r.complete_by, Some(t.now), "past: due now");
@@ -466,7 +409,7 @@ steps:
   - {name: sign, service: s, undo: {action: unsign}}
   - {name: remind, waitUntil: $.input.at}
 "#;
-        let mut t = Waits::of(UNTIL, json!({"at": "tomorrow at nine"}));
+        let mut t = Harness::of(UNTIL, json!({"at": "tomorrow at nine"}), base());
         t.claim();
         t.answer(0, &ok());
         assert_eq!(t.r.process_state, ProcessState::Compensating);
@@ -484,7 +427,7 @@ steps:
 
     #[test]
     fn a_cancelled_wait_compensates_what_was_done_and_waits_for_nothing() {
-        let mut t = Waits::of(COOL, json!({}));
+        let mut t = Harness::of(COOL, json!({}), base());
         t.claim();
         t.answer(0, &ok());
         let (p, now) = (t.p.clone(), t.now);
@@ -515,7 +458,7 @@ steps:
           - {name: settle, wait: 2d}
           - {name: notify, service: s}
 "#;
-        let mut t = Waits::of(GROUP, json!({}));
+        let mut t = Harness::of(GROUP, json!({}), base());
         let opened = t.claim();
         assert!(
             opened
@@ -537,7 +480,7 @@ steps:
 
     #[test]
     fn an_operator_ends_a_wait_early_and_the_history_says_who_and_why() {
-        let mut t = Waits::of(COOL, json!({}));
+        let mut t = Harness::of(COOL, json!({}), base());
         t.claim();
         t.answer(0, &ok());
         t.now += Duration::hours(1);
@@ -572,7 +515,7 @@ steps:
       - steps: [{name: a, wait: 1d}, {name: after-a, service: s}]
       - steps: [{name: b, wait: 2d}]
 "#;
-        let mut t = Waits::of(TWO, json!({}));
+        let mut t = Harness::of(TWO, json!({}), base());
         t.claim();
         assert_eq!(
             (t.r.steps[0].status, t.r.steps[2].status),
@@ -613,7 +556,7 @@ steps:
         }
     }
 
-    impl Waits {
+    impl Harness {
         fn deliver(&mut self, d: &Delivery) -> Result<Transition, Rejection> {
             let (p, now) = (self.p.clone(), self.now);
             self.apply(|r, router| deliver(r, d, now, &p, router))
@@ -622,7 +565,7 @@ steps:
 
     #[test]
     fn an_event_delivered_early_is_kept_and_ends_its_wait_when_reached_and_a_repeat_is_harmless() {
-        let mut t = Waits::of(SIGN, json!({}));
+        let mut t = Harness::of(SIGN, json!({}), base());
         let kept = t.deliver(&event("contract-signed", "e-1")).expect("kept");
         assert!(kept.effects.is_empty());
         assert_eq!(t.r.inbox.kept.len(), 1);
@@ -658,7 +601,7 @@ steps:
 
     #[test]
     fn an_event_ends_the_wait_it_finds_and_none_by_its_time_fails_the_task() {
-        let mut t = Waits::of(SIGN, json!({}));
+        let mut t = Harness::of(SIGN, json!({}), base());
         t.claim();
         t.answer(0, &ok());
         assert_eq!(t.r.steps[1].status, StepStatus::Waiting);
@@ -678,7 +621,7 @@ steps:
             "which came"
         );
 
-        let mut t = Waits::of(SIGN, json!({}));
+        let mut t = Harness::of(SIGN, json!({}), base());
         t.claim();
         t.answer(0, &ok());
         t.now += Duration::days(7);
@@ -709,7 +652,7 @@ steps:
           - {name: signed, waitFor: contract-signed, within: 1d}
           - {name: countersigned, waitFor: countersigned, within: 1d}
 "#;
-        let mut t = Waits::of(BRANCHES, json!({}));
+        let mut t = Harness::of(BRANCHES, json!({}), base());
         t.claim();
         // The second event comes first: kept; the first ends the branch's wait.
         t.deliver(&event("countersigned", "c-1")).expect("kept");
