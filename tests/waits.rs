@@ -8,10 +8,8 @@
 //! wait is reached, a repeat is harmless, a late one is refused. A delayed start (`Start-At`).
 
 use chrono::{DateTime, Utc};
-use sas_local::{Backend, Settings, System};
+use sas_local::{Backend, System};
 use serde_json::{Value, json};
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The waits' workflow: a ledger entry, 2 s of settling, a wait until the input's `at`, then
@@ -30,22 +28,6 @@ fn payout_workflow() -> Value {
     })
 }
 
-async fn running(backend: Backend) -> (System, String) {
-    let settings = Settings {
-        definitions: vec![],
-        ..Settings::default()
-    };
-    let mut system = System::new(backend, settings, Arc::new(sas::ports::SystemClock))
-        .await
-        .expect("system builds");
-    let addr = system
-        .serve(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .expect("serves");
-    system.start();
-    (system, format!("http://{addr}/operator"))
-}
-
 async fn put(http: &reqwest::Client, url: String, body: &Value) -> u16 {
     http.put(url)
         .json(body)
@@ -56,9 +38,10 @@ async fn put(http: &reqwest::Client, url: String, body: &Value) -> u16 {
         .as_u16()
 }
 
-async fn start(http: &reqwest::Client, base: &str, input: Value) -> String {
+/// Starts a task of `workflow` on `input`, which must be accepted; its id.
+async fn start(http: &reqwest::Client, base: &str, workflow: &str, input: Value) -> String {
     let r = http
-        .post(format!("{base}/workflows/timed-payout/tasks"))
+        .post(format!("{base}/workflows/{workflow}/tasks"))
         .json(&input)
         .send()
         .await
@@ -129,7 +112,7 @@ async fn waits_hold_a_task_until_their_time(system: &System, base: &str, slack: 
     // Two waits in a row: 2 s, then until 4 s after the start.
     let started = Utc::now();
     let at = started + chrono::Duration::seconds(4);
-    let id = start(&http, base, json!({"at": at.to_rfc3339()})).await;
+    let id = start(&http, base, "timed-payout", json!({"at": at.to_rfc3339()})).await;
     let waiting = until(&http, base, &id, slack, |v| {
         step(v, "settle")["status"] == "Waiting"
     })
@@ -169,6 +152,7 @@ async fn waits_hold_a_task_until_their_time(system: &System, base: &str, slack: 
     let id = start(
         &http,
         base,
+        "timed-payout",
         json!({"at": (Utc::now() + chrono::Duration::days(30)).to_rfc3339()}),
     )
     .await;
@@ -196,6 +180,7 @@ async fn waits_hold_a_task_until_their_time(system: &System, base: &str, slack: 
     let id = start(
         &http,
         base,
+        "timed-payout",
         json!({"at": (Utc::now() + chrono::Duration::days(30)).to_rfc3339()}),
     )
     .await;
@@ -244,15 +229,7 @@ async fn a_deadline_fails_a_task_that_waits_too_long(system: &System, base: &str
         put(&http, format!("{base}/workflows/hurried"), &workflow).await,
         201
     );
-    let r = http
-        .post(format!("{base}/workflows/hurried/tasks"))
-        .json(&json!({}))
-        .send()
-        .await
-        .expect("POST");
-    assert_eq!(r.status().as_u16(), 202);
-    let v: Value = r.json().await.expect("JSON");
-    let id = v["taskId"].as_str().expect("taskId").to_owned();
+    let id = start(&http, base, "hurried", json!({})).await;
     let started = Utc::now();
     let done = until(&http, base, &id, Duration::from_secs(3) + slack, terminal).await;
     assert_eq!(done["processState"], "Compensated", "{done}");
@@ -315,14 +292,7 @@ async fn events_end_their_waits(system: &System, base: &str, slack: Duration) {
         put(&http, format!("{base}/workflows/signing"), &workflow).await,
         201
     );
-    let r = http
-        .post(format!("{base}/workflows/signing/tasks"))
-        .json(&json!({}))
-        .send()
-        .await
-        .expect("POST");
-    let v: Value = r.json().await.expect("JSON");
-    let id = v["taskId"].as_str().expect("taskId").to_owned();
+    let id = start(&http, base, "signing", json!({})).await;
     // Early (the task settles first): kept. Its repeat: harmless.
     let signed = json!({"by": "ann"});
     let (status, body) = send_event(&http, base, &id, "contract-signed", "sig-1", &signed).await;
@@ -376,14 +346,7 @@ async fn events_end_their_waits(system: &System, base: &str, slack: Duration) {
     );
 
     // On time: a task waiting takes the event it waits for, whichever of the two.
-    let r = http
-        .post(format!("{base}/workflows/signing/tasks"))
-        .json(&json!({}))
-        .send()
-        .await
-        .expect("POST");
-    let v: Value = r.json().await.expect("JSON");
-    let id = v["taskId"].as_str().expect("taskId").to_owned();
+    let id = start(&http, base, "signing", json!({})).await;
     until(&http, base, &id, Duration::from_secs(2) + slack, |v| {
         step(v, "signature")["status"] == "Waiting"
     })
@@ -464,7 +427,7 @@ fn to_millis(t: DateTime<Utc>) -> DateTime<Utc> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waits_in_memory() {
-    let (system, base) = running(Backend::Memory).await;
+    let (system, base) = sas_blackbox::running_system(Backend::Memory).await;
     waits_hold_a_task_until_their_time(&system, &base, Duration::from_secs(10)).await;
     a_deadline_fails_a_task_that_waits_too_long(&system, &base, Duration::from_secs(10)).await;
     events_end_their_waits(&system, &base, Duration::from_secs(10)).await;
@@ -480,7 +443,7 @@ async fn waits_on_the_emulator() {
         config: Box::new(config),
         resources: Box::new(stack.resources),
     };
-    let (system, base) = running(backend).await;
+    let (system, base) = sas_blackbox::running_system(backend).await;
     waits_hold_a_task_until_their_time(&system, &base, Duration::from_secs(40)).await;
     a_deadline_fails_a_task_that_waits_too_long(&system, &base, Duration::from_secs(40)).await;
     events_end_their_waits(&system, &base, Duration::from_secs(40)).await;

@@ -7,12 +7,10 @@
 //! choice, refused inside a branch. A task started on version 1 finishes on version 1 after
 //! version 2 is published mid-run. Bad definitions and bad inputs are refused with the place.
 
-use sas::ports::{InState, Paging, SystemClock};
+use sas::ports::{InState, Paging};
 use sas::remote::Faults;
-use sas_local::{Backend, Settings, System};
+use sas_local::{Backend, System};
 use serde_json::{Value, json};
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Services the code has never seen.
@@ -54,24 +52,6 @@ fn claim_workflow(description: &str) -> Value {
              "undo": {"action": "retract-notice"}}
         ]
     })
-}
-
-/// A running system (the local runner's code) with nothing published but what the test puts.
-async fn running(backend: Backend) -> (System, String) {
-    let settings = Settings {
-        definitions: vec![],
-        ..Settings::default()
-    };
-    let mut system = System::new(backend, settings, Arc::new(SystemClock))
-        .await
-        .expect("system builds");
-    let addr = system
-        .serve(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .expect("serves");
-    system.start();
-    // The operator API: it publishes definitions, starts tasks and shows them whole.
-    (system, format!("http://{addr}/operator"))
 }
 
 async fn put(http: &reqwest::Client, url: String, body: &Value) -> (u16, Value) {
@@ -820,7 +800,7 @@ async fn parallel_branches_run_and_undo_exactly(system: &System, base: &str, wit
 }
 
 async fn the_whole_story(backend: Backend, within: Duration) {
-    let (system, base) = running(backend).await;
+    let (system, base) = sas_blackbox::running_system(backend).await;
     unseen_workflow_runs_and_compensates_exactly(&system, &base, within).await;
     conditions_and_a_choice_decide_what_runs(&system, &base, within).await;
     parallel_branches_run_and_undo_exactly(&system, &base, within).await;

@@ -179,6 +179,22 @@ pub async fn aws_system(name: &str, settings: Settings) -> (System, Arc<OffsetCl
     (system, clock)
 }
 
+/// A running system (the local runner's code) on `backend`, with nothing published but what
+/// the test puts, serving on a free loopback port; and its operator API's base URL (which
+/// publishes definitions, starts tasks and shows them whole).
+pub async fn running_system(backend: Backend) -> (System, String) {
+    let settings = Settings {
+        definitions: vec![],
+        ..Settings::default()
+    };
+    let mut system = System::new(backend, settings, Arc::new(sas::ports::SystemClock))
+        .await
+        .expect("system builds");
+    let addr = serve_system(&mut system).await;
+    system.start();
+    (system, format!("http://{addr}/operator"))
+}
+
 /// A system on the in-memory adapters with the example definitions published.
 pub async fn memory_system(settings: Settings) -> System {
     System::new(Backend::Memory, settings, Arc::new(sas::ports::SystemClock))
