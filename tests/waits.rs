@@ -450,3 +450,316 @@ async fn waits_on_the_emulator() {
     a_delayed_start_runs_at_its_time(&system, &base, Duration::from_secs(40)).await;
     system.shutdown().await;
 }
+
+/// The tasks schedule `name` started, newest first: (id, process state, input).
+async fn scheduled_tasks(system: &System, name: &str) -> Vec<(String, String, Value)> {
+    let caller = sas::Caller::new(format!("arn:sas:schedule:{name}")).expect("caller");
+    let page = system
+        .store
+        .list_by_caller(
+            &caller,
+            sas::ports::Paging {
+                limit: 50,
+                after: None,
+            },
+        )
+        .await
+        .expect("list");
+    let mut out = vec![];
+    for t in page.items {
+        let (task, record) = system
+            .store
+            .get(t.task_id)
+            .await
+            .expect("read")
+            .expect("the task");
+        out.push((
+            t.task_id.to_string(),
+            record.process_state.as_str().to_owned(),
+            task.input,
+        ));
+    }
+    out
+}
+
+/// `PUT`s a JSON body to the operator API.
+async fn operator_put(system: &System, path: &str, body: &Value) -> (u16, Value) {
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    let resp = sas::api::handle(
+        &system.operator,
+        &sas_blackbox::operator(),
+        &http::Method::PUT,
+        &format!("/operator{path}"),
+        &headers,
+        body.to_string().as_bytes(),
+    )
+    .await;
+    let status = resp.status().as_u16();
+    (status, serde_json::from_str(resp.body()).expect("JSON"))
+}
+
+/// The schedule's workflow (never seen by the code) and its service.
+fn nightly_files() -> Vec<(String, String)> {
+    vec![
+        (
+            "services.yaml".into(),
+            "services:\n  - {name: books, target: {type: simulated}}\n".into(),
+        ),
+        (
+            "close-books.yaml".into(),
+            "name: close-books\ninput: {type: object, required: [ledger]}\nsteps:\n  - {name: close, service: books}\n".into(),
+        ),
+    ]
+}
+
+/// The schedule: 02:00 in Berlin every day (01:00 UTC in winter), one task at a time.
+fn nightly() -> Value {
+    json!({"name": "nightly", "workflow": "close-books", "input": {"ledger": "main"},
+           "expression": "cron(0 2 * * ? *)", "timezone": "Europe/Berlin"})
+}
+
+/// A schedule's runs start tasks at its times, in its time zone: none before 02:00 Berlin, one
+/// at it (with the schedule's input, as the schedule's own caller); the same run delivered twice
+/// starts one task; a run while the previous task has not ended starts nothing (`overlap:
+/// skip`); a paused schedule starts nothing, even if its timer fires; resumed, it does again;
+/// deleted, never. `clock` is the system's.
+async fn schedules_start_tasks_at_their_times(system: &System, clock: &sas::ports::OffsetClock) {
+    use sas::ports::Clock;
+    let one_am = |day: i64| {
+        let now = clock.now();
+        let d = (now + chrono::Duration::days(day)).date_naive();
+        d.and_hms_opt(1, 0, 0).expect("a time").and_utc()
+    };
+    // A second past `t` (the clock's offset is kept to the millisecond).
+    let go_to = |t: DateTime<Utc>| clock.advance(t - clock.now() + chrono::Duration::seconds(1));
+    // Tomorrow at 01:00 UTC is 02:00 in Berlin (November): 30 s before it, no run yet.
+    let first = one_am(1);
+    clock.advance(first - chrono::Duration::seconds(30) - clock.now());
+    assert_eq!(system.run_schedules().await.expect("look"), vec![]);
+    assert!(scheduled_tasks(system, "nightly").await.is_empty());
+    clock.advance(chrono::Duration::seconds(31));
+    let runs = system.run_schedules().await.expect("look");
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0].at, first, "on 02:00 Berlin to the second");
+    // The scheduler starts the task and sends its step; no agent runs it yet.
+    system.pump_scheduler().await.expect("poll");
+    system.pump_scheduler().await.expect("poll");
+    let tasks = scheduled_tasks(system, "nightly").await;
+    assert_eq!(tasks.len(), 1, "{tasks:?}");
+    assert_eq!(tasks[0].2, json!({"ledger": "main"}));
+    // EventBridge Scheduler delivers at least once: the same run again starts nothing more.
+    let again = serde_json::to_string(&sas::messages::SchedulerMessage::Scheduled(runs[0].clone()))
+        .expect("JSON");
+    system
+        .queue
+        .send(&system.resources.work_queue_url, &again, Duration::ZERO)
+        .await
+        .expect("send");
+    system.pump_scheduler().await.expect("poll");
+    assert_eq!(scheduled_tasks(system, "nightly").await.len(), 1);
+
+    // The next night, with the first task still running (its step never answered): skipped.
+    system.pump_scheduler().await.expect("poll");
+    go_to(one_am(1));
+    let runs = system.run_schedules().await.expect("look");
+    assert_eq!(runs.len(), 1, "{runs:?} at {}", clock.now());
+    system.pump_scheduler().await.expect("poll");
+    let tasks = scheduled_tasks(system, "nightly").await;
+    assert_eq!(tasks.len(), 1, "overlap skip: {tasks:?}");
+    // Its step's deadline passed during the night: the supervisor sends it again, and it ends.
+    system.sweep().await.expect("sweep");
+    sas_blackbox::pump_until_quiet(system, 20).await;
+    let tasks = scheduled_tasks(system, "nightly").await;
+    assert_eq!(tasks[0].1, "Processed", "{tasks:?}");
+
+    // Paused: no run, and a run its timer sends anyway starts nothing.
+    let (status, body) = sas_blackbox::operator_post(system, "/schedules/nightly/pause", b"").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["paused"], true, "{body}");
+    assert_eq!(body["nextRun"], Value::Null, "{body}");
+    go_to(one_am(1));
+    assert_eq!(system.run_schedules().await.expect("look"), vec![]);
+    let late = sas::messages::ScheduledRun {
+        schedule: "nightly".into(),
+        at: clock.now(),
+    };
+    let late =
+        serde_json::to_string(&sas::messages::SchedulerMessage::Scheduled(late)).expect("JSON");
+    system
+        .queue
+        .send(&system.resources.work_queue_url, &late, Duration::ZERO)
+        .await
+        .expect("send");
+    sas_blackbox::pump_until_quiet(system, 5).await;
+    assert_eq!(scheduled_tasks(system, "nightly").await.len(), 1, "paused");
+
+    // Resumed: the next night starts a task again; the list shows the run after it.
+    let (status, body) =
+        sas_blackbox::operator_post(system, "/schedules/nightly/resume", b"").await;
+    assert_eq!(status, 200, "{body}");
+    go_to(one_am(1));
+    assert_eq!(system.run_schedules().await.expect("look").len(), 1);
+    sas_blackbox::pump_until_quiet(system, 20).await;
+    let tasks = scheduled_tasks(system, "nightly").await;
+    assert_eq!(tasks.len(), 2, "{tasks:?}");
+    let (status, list) =
+        sas_blackbox::operator_call(system, http::Method::GET, "/schedules", b"").await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["schedules"][0]["name"], "nightly", "{list}");
+    assert_eq!(
+        time(&list["schedules"][0]["nextRun"]),
+        one_am(1),
+        "the next run: {list}"
+    );
+
+    // Deleted: gone from the API, and no run any more.
+    let (status, body) =
+        sas_blackbox::operator_call(system, http::Method::DELETE, "/schedules/nightly", b"").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) =
+        sas_blackbox::operator_call(system, http::Method::GET, "/schedules/nightly", b"").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("schedule_not_found"))
+    );
+    go_to(one_am(1));
+    assert_eq!(system.run_schedules().await.expect("look"), vec![]);
+}
+
+/// In memory: the schedule is published with its workflow from one folder (as `sas-local
+/// workflows/` does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_in_memory() {
+    let clock = std::sync::Arc::new(sas::ports::OffsetClock::default());
+    let settings = sas_local::Settings {
+        definitions: vec![],
+        ..sas_blackbox::manual_settings()
+    };
+    let system = System::new(Backend::Memory, settings, clock.clone())
+        .await
+        .expect("builds");
+    let mut files = nightly_files();
+    files.push((
+        "schedules.yaml".into(),
+        serde_json::to_string(&json!({"schedules": [nightly()]})).expect("JSON"),
+    ));
+    files[2].0 = "schedules.json".into();
+    let published = system.publish(&files).await.expect("publishes");
+    assert!(
+        published.contains(&"schedule nightly v1".to_owned()),
+        "{published:?}"
+    );
+    schedules_start_tasks_at_their_times(&system, &clock).await;
+}
+
+/// On the emulator: the operator API publishes the schedule and sets its EventBridge Scheduler
+/// schedule in the stack's group (expression, time zone, target and role as the template
+/// says), disables it when paused and removes it when deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_on_the_emulator() {
+    let config = sas_blackbox::sdk_config().await;
+    let stack = sas_blackbox::template::provision(&config, &sas_blackbox::unique("sched")).await;
+    let timetable = std::sync::Arc::new(stack.timetable(&config));
+    let clock = std::sync::Arc::new(sas::ports::OffsetClock::default());
+    let settings = sas_local::Settings {
+        definitions: nightly_files(),
+        ..sas_blackbox::manual_settings()
+    };
+    let backend = Backend::Existing {
+        config: Box::new(config.clone()),
+        resources: Box::new(stack.resources.clone()),
+    };
+    let mut system = System::new(backend, settings, clock.clone())
+        .await
+        .expect("builds");
+    system.operator.timetable = timetable;
+    // Refused with pointers: an unknown zone, a workflow's input it does not take.
+    let mut bad = nightly();
+    bad["timezone"] = json!("Mars/Olympus");
+    bad["input"] = json!({"books": 1});
+    let (status, body) = operator_put(&system, "/schedules/nightly", &bad).await;
+    assert_eq!(status, 400, "{body}");
+    let at: Vec<&str> = body["error"]["problems"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{body}"))
+        .iter()
+        .filter_map(|p| p["at"].as_str())
+        .collect();
+    assert_eq!(at, ["/timezone"], "{body}");
+    bad["timezone"] = json!("UTC");
+    let (status, body) = operator_put(&system, "/schedules/nightly", &bad).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["problems"][0]["at"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("/input")),
+        "{body}"
+    );
+
+    let (status, body) = operator_put(&system, "/schedules/nightly", &nightly()).await;
+    assert_eq!(status, 201, "{body}");
+    let scheduler = aws_sdk_scheduler::Client::new(&config);
+    let get = || {
+        scheduler
+            .get_schedule()
+            .group_name(&stack.schedule_group)
+            .name("nightly")
+            .send()
+    };
+    let s = get().await.expect("the schedule is on the emulator");
+    assert_eq!(s.schedule_expression(), Some("cron(0 2 * * ? *)"));
+    assert_eq!(s.schedule_expression_timezone(), Some("Europe/Berlin"));
+    assert_eq!(s.state().map(|s| s.as_str()), Some("ENABLED"));
+    let target = s.target().expect("a target");
+    assert_eq!(
+        target.arn(),
+        stack.queue_arns["WorkQueue"],
+        "the work queue"
+    );
+    assert_eq!(
+        target.role_arn(),
+        stack.schedule_role_arn,
+        "the stack's schedule role"
+    );
+    let input: Value = serde_json::from_str(target.input().expect("input")).expect("JSON");
+    assert_eq!(
+        input,
+        json!({"type": "scheduled", "schedule": "nightly", "at": "<aws.scheduler.scheduled-time>"})
+    );
+    // What Scheduler would send on the night is a scheduler message (its time filled in).
+    let sent = target
+        .input()
+        .expect("input")
+        .replace("<aws.scheduler.scheduled-time>", "2026-11-28T01:00:00Z");
+    assert!(
+        serde_json::from_str::<sas::messages::SchedulerMessage>(&sent).is_ok(),
+        "{sent}"
+    );
+
+    // Paused: its timer is disabled; resumed: enabled again.
+    for (action, state) in [("pause", "DISABLED"), ("resume", "ENABLED")] {
+        let (status, body) =
+            sas_blackbox::operator_post(&system, &format!("/schedules/nightly/{action}"), b"")
+                .await;
+        assert_eq!(status, 200, "{body}");
+        let s = get().await.expect("the schedule");
+        assert_eq!(s.state().map(|s| s.as_str()), Some(state), "{action}");
+        assert_eq!(
+            s.schedule_expression(),
+            Some("cron(0 2 * * ? *)"),
+            "{action}"
+        );
+    }
+    schedules_start_tasks_at_their_times(&system, &clock).await;
+    // Deleted at the end: the timer is gone.
+    let gone = get().await.expect_err("deleted");
+    assert!(
+        gone.as_service_error()
+            .is_some_and(|e| e.is_resource_not_found_exception()),
+        "{gone:?}"
+    );
+}

@@ -5,6 +5,7 @@
 //! `ttl` (a few seconds in a deployment, so a new version is taken up by new tasks within that
 //! long; zero in the local runner and the tests).
 
+use crate::domain::schedule::{self, Schedule, ScheduleDef};
 use crate::domain::workflow::{self, ServiceRules, ServicesDoc};
 use crate::domain::{DefinitionError, Policy, ServiceDef, Workflow};
 use crate::ports::{
@@ -223,6 +224,80 @@ impl Definitions {
         Ok(out)
     }
 
+    /// The newest version of schedule `name` (`None`: never published, or deleted). Never
+    /// cached: a pause must hold for the very next run.
+    pub async fn schedule(&self, name: &str) -> Result<Option<Schedule>, CatalogError> {
+        let newest = DefinitionRef::newest(Kind::Schedule, name);
+        match self.catalog.definition(newest).await? {
+            Some(stored) => read_schedule(stored),
+            None => Ok(None),
+        }
+    }
+
+    /// Every schedule not deleted, by name.
+    pub async fn schedules(&self) -> Result<Vec<Schedule>, CatalogError> {
+        let mut out = vec![];
+        for Entry { name, .. } in self.catalog.entries(Kind::Schedule).await? {
+            out.extend(self.schedule(&name).await?);
+        }
+        Ok(out)
+    }
+
+    /// Checks `def` (its expression and time zone; its workflow published and taking its
+    /// input) and publishes it as the schedule's next version.
+    pub async fn publish_schedule(
+        &self,
+        def: ScheduleDef,
+    ) -> Result<(Published, Schedule), CatalogError> {
+        let now = self.clock.now();
+        let schedule = Schedule::parse(def, now, "")?;
+        let Some(workflow) = self.latest(&schedule.def.workflow).await? else {
+            return Err(DefinitionError::one(
+                "/workflow",
+                format!("no workflow {:?} is published", schedule.def.workflow),
+            )
+            .into());
+        };
+        if let Err(e) = workflow.check_input(&schedule.def.input) {
+            return Err(DefinitionError(
+                e.0.into_iter()
+                    .map(|p| crate::domain::problem::Problem {
+                        at: format!("/input{}", p.at),
+                        message: p.message,
+                    })
+                    .collect(),
+            )
+            .into());
+        }
+        let body = serde_json::to_value(&schedule.def)
+            .map_err(|e| DefinitionError::one(String::new(), e.to_string()))?;
+        let published = self
+            .publish_now(Kind::Schedule, schedule.name(), &body)
+            .await?;
+        // The version as stored: unchanged, it keeps the time it was first published.
+        let stored = self
+            .catalog
+            .definition(DefinitionRef::at(
+                Kind::Schedule,
+                schedule.name(),
+                published.version,
+            ))
+            .await?;
+        let mut schedule = schedule;
+        schedule.since = stored.map_or(now, |s| s.published_at);
+        Ok((published, schedule))
+    }
+
+    /// Deletes schedule `name` (a tombstone version). `false`: there was none to delete.
+    pub async fn delete_schedule(&self, name: &str) -> Result<bool, CatalogError> {
+        if self.schedule(name).await?.is_none() {
+            return Ok(false);
+        }
+        self.publish_now(Kind::Schedule, name, &schedule::Stored::tombstone(name))
+            .await?;
+        Ok(true)
+    }
+
     /// The services as stored right now (no cache): what publishing checks against.
     async fn services_now(&self) -> Result<Services, CatalogError> {
         if let Ok(mut g) = self.services.lock() {
@@ -232,8 +307,25 @@ impl Definitions {
     }
 }
 
-/// Publishes the definitions in `files` (name, text): services first, then workflows, so that
-/// a folder holding both publishes in one go. Used by `sas-local` (its `workflows/` folder) and
+/// A stored schedule version, read (`None`: a deletion).
+fn read_schedule(stored: crate::ports::Stored) -> Result<Option<Schedule>, CatalogError> {
+    let name = stored.name.clone();
+    let def = match schedule::Stored::from_body(stored.body) {
+        Ok(schedule::Stored::Live(def)) => def,
+        Ok(schedule::Stored::Deleted) => return Ok(None),
+        Err(e) => {
+            return Err(DefinitionError::one(
+                String::new(),
+                format!("stored schedule {name:?} does not parse: {e}"),
+            )
+            .into());
+        }
+    };
+    Ok(Some(Schedule::parse(def, stored.published_at, "")?))
+}
+
+/// Publishes the definitions in `files` (name, text): services first, then workflows, then
+/// schedules, so that a folder holding all three publishes in one go. Used by `sas-local` (its `workflows/` folder) and
 /// the tests; `sasctl workflow apply` does the same through the operator API.
 pub async fn publish_files(
     definitions: &Definitions,
@@ -241,6 +333,7 @@ pub async fn publish_files(
 ) -> anyhow::Result<Vec<String>> {
     let mut services = vec![];
     let mut workflows = vec![];
+    let mut schedules = vec![];
     // Every file is read and every problem reported, as `sasctl workflow validate` does, not
     // only the first.
     let mut problems = vec![];
@@ -256,6 +349,7 @@ pub async fn publish_files(
         match parsed {
             Ok((workflow::Document::Services(doc), _)) => services.push((name.clone(), doc)),
             Ok((workflow::Document::Workflow(_), value)) => workflows.push((name.clone(), value)),
+            Ok((workflow::Document::Schedules(doc), _)) => schedules.push((name.clone(), doc)),
             Err(e) => problems.push(format!("{name}: {e}")),
         }
     }
@@ -274,6 +368,15 @@ pub async fn publish_files(
         match definitions.publish_workflow(value).await {
             Ok((p, w)) => report.push(format!("workflow {} v{}", w.name, p.version)),
             Err(e) => problems.push(format!("{file}: {e}")),
+        }
+    }
+    // Schedules last: they name workflows.
+    for (file, doc) in schedules {
+        for def in doc.schedules {
+            match definitions.publish_schedule(def).await {
+                Ok((p, s)) => report.push(format!("schedule {} v{}", s.name(), p.version)),
+                Err(e) => problems.push(format!("{file}: {e}")),
+            }
         }
     }
     if problems.is_empty() {

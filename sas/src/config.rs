@@ -304,6 +304,23 @@ pub fn task_ports(sdk: &aws_config::SdkConfig) -> Result<crate::handlers::TaskPo
     })
 }
 
+/// The timers of schedules: EventBridge Scheduler in the group `SCHEDULE_GROUP`, each run sent
+/// to `WORK_QUEUE_ARN` with the role `SCHEDULE_ROLE_ARN` (runs it could not deliver go to
+/// `DEAD_LETTER_QUEUE_ARN`, if set). The operator API sets them when a schedule is published.
+pub fn timetable(
+    sdk: &aws_config::SdkConfig,
+) -> Result<crate::aws::SchedulerTimetable, ConfigError> {
+    Ok(crate::aws::SchedulerTimetable::new(
+        aws_sdk_scheduler::Client::new(sdk),
+        crate::aws::TimetableConfig {
+            group: required("SCHEDULE_GROUP")?,
+            work_queue_arn: required("WORK_QUEUE_ARN")?,
+            role_arn: required("SCHEDULE_ROLE_ARN")?,
+            dead_letter_arn: optional("DEAD_LETTER_QUEUE_ARN"),
+        },
+    ))
+}
+
 /// One id per execution environment (its log stream, `local` outside Lambda, and a UUID): a
 /// scheduler's `LockedBy`, a supervisor's shard leases.
 pub fn instance_id() -> String {

@@ -13,6 +13,18 @@ use serde::{Deserialize, Serialize};
 pub enum SchedulerMessage {
     Work(WorkMessage),
     Reply(StepReply),
+    /// A schedule's run: sent by EventBridge Scheduler (the schedule's target input) or by
+    /// `sas-local`'s timetable.
+    Scheduled(ScheduledRun),
+}
+
+/// One run of a schedule: `{"type": "scheduled", "schedule": NAME, "at": TIME}`, `at` the run's
+/// scheduled time (Scheduler's `<aws.scheduler.scheduled-time>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduledRun {
+    pub schedule: String,
+    pub at: DateTime<Utc>,
 }
 
 /// "This task needs a scheduler": sent by submission, by the supervisor's recoveries, by the

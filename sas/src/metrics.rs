@@ -16,12 +16,13 @@
 //! | `PoisonMessages` | Count | Function | any consumer, a message sent to its dead-letter queue |
 //! | `CallbackWaits` | Count | Workflow, Service | scheduler, a step now waiting for its callback |
 //! | `SweepsCompleted` | Count | (none) | supervisor, each sweep (its heartbeat) |
+//! | `ScheduledRuns` | Count | Schedule, Outcome (`started`, `skipped`) | scheduler, a schedule's run |
 
 use serde_json::{Map, Value, json};
 use std::sync::{Arc, Mutex};
 
 /// Every metric the handlers emit (the dashboard and the alarms may name only these).
-pub const NAMES: [&str; 14] = [
+pub const NAMES: [&str; 15] = [
     "TasksAccepted",
     "TasksProcessed",
     "TasksCompensated",
@@ -36,6 +37,7 @@ pub const NAMES: [&str; 14] = [
     "PoisonMessages",
     "CallbackWaits",
     "SweepsCompleted",
+    "ScheduledRuns",
 ];
 
 /// A metric's unit, as EMF names it.

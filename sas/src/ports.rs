@@ -250,11 +250,12 @@ pub struct DueEntry {
     pub task_id: TaskId,
 }
 
-/// The two kinds of definitions the catalog keeps.
+/// The kinds of definitions the catalog keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kind {
     Workflow,
     Service,
+    Schedule,
 }
 
 impl Kind {
@@ -262,6 +263,7 @@ impl Kind {
         match self {
             Self::Workflow => "WORKFLOW",
             Self::Service => "SERVICE",
+            Self::Schedule => "SCHEDULE",
         }
     }
 }
@@ -361,6 +363,39 @@ pub trait Catalog: Send + Sync {
     async fn definition(&self, wanted: DefinitionRef<'_>) -> Result<Option<Stored>, StoreError>;
     /// Every name of `kind` with its newest version, by name.
     async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError>;
+}
+
+/// Why the deployment's timer of a schedule could not be set or removed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TimetableError(pub String);
+
+/// The deployment's timers of schedules: on AWS, an EventBridge Scheduler schedule each, in the
+/// stack's schedule group, sending every run to the scheduler's work queue. The catalog is the
+/// truth (a run checks it: a paused or deleted schedule starts nothing whatever its timer does);
+/// this keeps the timers in step with it. `sas-local` runs its schedules from the catalog and
+/// sets no timer ([`NoTimetable`]).
+#[async_trait]
+pub trait Timetable: Send + Sync {
+    /// Creates or changes the timer of `schedule` (its expression, time zone, paused or not).
+    async fn put(&self, schedule: &crate::domain::schedule::Schedule)
+    -> Result<(), TimetableError>;
+    /// Removes the timer of schedule `name` (none there: nothing to do).
+    async fn remove(&self, name: &str) -> Result<(), TimetableError>;
+}
+
+/// No timers: the schedules are run in process from the catalog (`sas-local`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoTimetable;
+
+#[async_trait]
+impl Timetable for NoTimetable {
+    async fn put(&self, _: &crate::domain::schedule::Schedule) -> Result<(), TimetableError> {
+        Ok(())
+    }
+    async fn remove(&self, _: &str) -> Result<(), TimetableError> {
+        Ok(())
+    }
 }
 
 /// What the operator's list shows of one record.

@@ -466,6 +466,7 @@ pub(crate) fn expect_publish(
         }
         Kind::Service => workflow::parse_services(json!({ "services": [value.clone()] }))
             .map(|d| serde_json::to_value(&d.services[0]).expect("a service serializes")),
+        Kind::Schedule => unreachable!("the fuzzer publishes workflows and services only"),
     };
     let Ok(normalized) = normalized else {
         return (

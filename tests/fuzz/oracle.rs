@@ -574,6 +574,7 @@ pub(crate) async fn step(
             let key = match kind {
                 Kind::Workflow => "workflows",
                 Kind::Service => "services",
+                Kind::Schedule => "schedules",
             };
             let want: Vec<Value> = model
                 .catalog
@@ -583,7 +584,7 @@ pub(crate) async fn step(
                     // No breaker is ever written here: each is closed, with no fault.
                     Kind::Service => json!({"name": n, "latest": v.len(),
                         "breaker": {"state": "closed", "failures": 0}}),
-                    Kind::Workflow => json!({"name": n, "latest": v.len()}),
+                    Kind::Workflow | Kind::Schedule => json!({"name": n, "latest": v.len()}),
                 })
                 .collect();
             prop_assert_eq!(&json[key], &Value::Array(want), "{}", ctx);
@@ -592,6 +593,7 @@ pub(crate) async fn step(
             let missing = match kind {
                 Kind::Workflow => "workflow_not_found",
                 Kind::Service => "service_not_found",
+                Kind::Schedule => "schedule_not_found",
             };
             let versions = model.catalog.get(&(*kind, name.clone()));
             match version.as_ref().map(|v| v.parse::<u32>()) {

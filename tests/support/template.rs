@@ -373,6 +373,28 @@ pub struct Stack {
     pub resources: Resources,
     /// Logical id → URL of every queue.
     pub queue_urls: HashMap<String, String>,
+    /// Logical id → ARN of every queue.
+    pub queue_arns: HashMap<String, String>,
+    /// The schedule group (its name) and the role EventBridge Scheduler sends runs with.
+    pub schedule_group: String,
+    pub schedule_role_arn: String,
+}
+
+impl Stack {
+    /// The timers of schedules as the operator function builds them from its environment.
+    pub fn timetable(&self, config: &aws_config::SdkConfig) -> sas::aws::SchedulerTimetable {
+        let env: HashMap<String, String> =
+            function_env("OperatorFunction", self).into_iter().collect();
+        sas::aws::SchedulerTimetable::new(
+            aws_sdk_scheduler::Client::new(config),
+            sas::aws::TimetableConfig {
+                group: env["SCHEDULE_GROUP"].clone(),
+                work_queue_arn: env["WORK_QUEUE_ARN"].clone(),
+                role_arn: env["SCHEDULE_ROLE_ARN"].clone(),
+                dead_letter_arn: env.get("DEAD_LETTER_QUEUE_ARN").cloned(),
+            },
+        )
+    }
 }
 
 /// Creates the template's table, queues and bus on the emulator, named for `stage`.
@@ -458,10 +480,35 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
         agent_dead_letter_url,
         bus_name,
     };
+    // The schedule group the operator function sets schedules in.
+    let group_id = Template::ref_of(t.env("OperatorFunction", "SCHEDULE_GROUP"));
+    let schedule_group = name(
+        &t.properties(group_id, "AWS::Scheduler::ScheduleGroup")["Name"],
+        stage,
+    );
+    aws_sdk_scheduler::Client::new(config)
+        .create_schedule_group()
+        .name(&schedule_group)
+        .send()
+        .await
+        .expect("create the template's schedule group");
+    let role_id = t.env("OperatorFunction", "SCHEDULE_ROLE_ARN")["Fn::GetAtt"][0]
+        .as_str()
+        .expect("the schedule role is a GetAtt");
+    t.properties(role_id, "AWS::IAM::Role");
+    let schedule_role_arn = format!("arn:aws:iam::123456789012:role/{stage}-{role_id}");
+    let sqs = aws_sdk_sqs::Client::new(config);
+    let mut queue_arns = HashMap::new();
+    for (id, url) in &queues {
+        queue_arns.insert(id.clone(), queue_arn(&sqs, url).await.expect("queue arn"));
+    }
     Stack {
         stage: stage.to_owned(),
         resources,
         queue_urls: queues,
+        queue_arns,
+        schedule_group,
+        schedule_role_arn,
     }
 }
 
@@ -486,6 +533,15 @@ pub fn function_env(function: &str, stack: &Stack) -> Vec<(String, String)> {
     let json = &t.json;
     let resources = &stack.resources;
     let resolve_ref = |id: &str| -> String {
+        if let Some(id) = id.strip_suffix(".Arn") {
+            if let Some(arn) = stack.queue_arns.get(id) {
+                return arn.clone();
+            }
+            if json["Resources"][id]["Type"] == "AWS::IAM::Role" {
+                return stack.schedule_role_arn.clone();
+            }
+            panic!("cannot resolve GetAtt {id}.Arn");
+        }
         match id {
             "Stage" => return stack.stage.clone(),
             "AWS::Region" => return "us-east-1".into(),
@@ -502,6 +558,7 @@ pub fn function_env(function: &str, stack: &Stack) -> Vec<(String, String)> {
         match json["Resources"][id]["Type"].as_str() {
             Some("AWS::DynamoDB::Table") => resources.table.clone(),
             Some("AWS::Events::EventBus") => resources.bus_name.clone(),
+            Some("AWS::Scheduler::ScheduleGroup") => stack.schedule_group.clone(),
             // The API's id: only callback URLs carry it, and no test calls them through AWS.
             Some("AWS::ApiGatewayV2::Api" | "AWS::Serverless::HttpApi") => "local-api".into(),
             other => panic!("cannot resolve Ref {id} ({other:?})"),
@@ -510,6 +567,11 @@ pub fn function_env(function: &str, stack: &Stack) -> Vec<(String, String)> {
     fn eval(v: &Value, json: &Value, r: &dyn Fn(&str) -> String) -> Value {
         if let Some(id) = v["Ref"].as_str() {
             return Value::String(r(id));
+        }
+        // `Fn::GetAtt [id, Arn]`: the resolver takes `id.Arn`.
+        if let Some([id, attribute]) = v["Fn::GetAtt"].as_array().map(Vec::as_slice) {
+            let (id, attribute) = (id.as_str().unwrap_or(""), attribute.as_str().unwrap_or(""));
+            return Value::String(r(&format!("{id}.{attribute}")));
         }
         if let Some(s) = v["Fn::Sub"].as_str() {
             let mut out = String::new();

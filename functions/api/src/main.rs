@@ -27,6 +27,12 @@ async fn main() -> Result<(), Error> {
         operator_api,
         reply_queues: config::reply_queues()?,
         rate_limit: config::rate_limit()?,
+        // Only the operator API publishes schedules.
+        timetable: if operator_api {
+            std::sync::Arc::new(config::timetable(&sdk)?)
+        } else {
+            std::sync::Arc::new(sas::ports::NoTimetable)
+        },
     };
     if mode == AuthMode::None {
         tracing::warn!("the task API runs without authentication (API_AUTH=None)");

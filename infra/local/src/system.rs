@@ -20,6 +20,7 @@ use sas::handlers::agent::{self, AgentDeps};
 use sas::handlers::scheduler::{self, SchedulerDeps};
 use sas::handlers::supervisor::{self, SupervisorDeps, SweepReport};
 use sas::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
+use sas::messages::{ScheduledRun, SchedulerMessage};
 use sas::ports::{
     Catalog, Clock, EventBus, Queue, ReceiveRequest, ReceivedMessage, RemoteService, StateStore,
 };
@@ -567,6 +568,8 @@ pub struct System {
     /// The EMF metrics every function here emitted (totals by dimensions).
     pub metrics: Arc<sas::metrics::Memory>,
     settings: Settings,
+    /// Until when the schedules were looked at: the next look sends the runs after it.
+    schedules_seen: Arc<Mutex<chrono::DateTime<chrono::Utc>>>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -631,6 +634,8 @@ impl System {
                 .clone()
                 .unwrap_or_else(|| local_reply_queues(&resources.work_queue_url)),
             rate_limit: settings.rate_limit,
+            // Schedules run in process, from the catalog (`System::run_schedules`).
+            timetable: Arc::new(sas::ports::NoTimetable),
         };
         let operator = ApiDeps {
             operator_api: true,
@@ -732,6 +737,7 @@ impl System {
             memory,
             metrics: metrics_sink,
             settings,
+            schedules_seen: Arc::new(Mutex::new(clock.now())),
             shutdown,
             tasks: Vec::new(),
         }
@@ -765,6 +771,23 @@ impl System {
         self.tasks.push(self.mapping(timers, move |ev| {
             let deps = deps.clone();
             async move { supervisor::handle_timers(&deps, ev).await }
+        }));
+        // The schedules' timer: a look every second, as EventBridge Scheduler keeps its times.
+        let timetable = self.timetable();
+        let mut stop = self.shutdown.subscribe();
+        self.tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        if let Err(e) = timetable.run().await {
+                            error!(error = %e, "the schedules were not looked at");
+                        }
+                    }
+                    _ = stop.changed() => return,
+                }
+            }
         }));
         let deps = self.supervisor.clone();
         let every = s.supervisor_interval;
@@ -880,12 +903,77 @@ impl System {
         Ok(supervisor::handle(&self.supervisor, scheduled_event()).await?)
     }
 
+    /// Looks at the schedules once: every run since the last look (the latest only, if several
+    /// were missed) is sent to the work queue, as EventBridge Scheduler sends it on AWS; the
+    /// scheduler starts its task. Returns the runs sent.
+    pub async fn run_schedules(&self) -> anyhow::Result<Vec<ScheduledRun>> {
+        self.timetable().run().await
+    }
+
+    fn timetable(&self) -> LocalTimetable {
+        LocalTimetable {
+            definitions: self.definitions.clone(),
+            queue: self.queue.clone(),
+            work_queue_url: self.resources.work_queue_url.clone(),
+            clock: self.supervisor.ports.clock.clone(),
+            seen: self.schedules_seen.clone(),
+        }
+    }
+
     /// Stops every background task and waits for them.
     pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);
         for t in self.tasks.drain(..) {
             let _ = t.await;
         }
+    }
+}
+
+/// `sas-local`'s EventBridge Scheduler: reads the schedules from the catalog and sends each run
+/// to the work queue.
+#[derive(Clone)]
+struct LocalTimetable {
+    definitions: Arc<Definitions>,
+    queue: Arc<dyn Queue>,
+    work_queue_url: String,
+    clock: Arc<dyn Clock>,
+    seen: Arc<Mutex<chrono::DateTime<chrono::Utc>>>,
+}
+
+impl LocalTimetable {
+    async fn run(&self) -> anyhow::Result<Vec<ScheduledRun>> {
+        let now = self.clock.now();
+        let after = match self.seen.lock() {
+            Ok(seen) => *seen,
+            Err(_) => anyhow::bail!("the schedules' last look is poisoned"),
+        };
+        if now <= after {
+            return Ok(vec![]);
+        }
+        let mut runs = vec![];
+        for schedule in self.definitions.schedules().await? {
+            if schedule.def.paused {
+                continue;
+            }
+            if let Some(at) = schedule.latest_run(after, now) {
+                let run = ScheduledRun {
+                    schedule: schedule.name().to_owned(),
+                    at,
+                };
+                let body = serde_json::to_string(&SchedulerMessage::Scheduled(run.clone()))?;
+                self.queue
+                    .send(&self.work_queue_url, &body, Duration::ZERO)
+                    .await?;
+                info!(schedule = %run.schedule, at = %run.at, "a schedule's run");
+                runs.push(run);
+            }
+        }
+        // Only once every run is sent: a failed look is made again, and a run sent twice starts
+        // one task (its time is its idempotency key).
+        if let Ok(mut seen) = self.seen.lock() {
+            *seen = now.max(*seen);
+        }
+        Ok(runs)
     }
 }
 

@@ -216,6 +216,10 @@ pub fn check(files: &[SourceFile]) -> Validation {
                             })
                             .collect::<Result<Vec<_>, _>>()
                             .map(Parsed::Services),
+                        Document::Schedules(_) => Err(vec![problem(
+                            "",
+                            "a schedules file: apply it with `sasctl schedule apply`",
+                        )]),
                     }),
             },
         };

@@ -44,6 +44,7 @@ fn not_found(kind: Kind, message: String) -> ApiError {
     match kind {
         Kind::Workflow => ApiError::WorkflowNotFound(message),
         Kind::Service => ApiError::ServiceNotFound(message),
+        Kind::Schedule => ApiError::ScheduleNotFound(message),
     }
 }
 
@@ -229,6 +230,7 @@ pub(super) async fn entries(deps: &ApiDeps, kind: Kind) -> Answer {
     let key = match kind {
         Kind::Workflow => "workflows",
         Kind::Service => "services",
+        Kind::Schedule => "schedules",
     };
     Ok(respond(StatusCode::OK, &json!({ key: entries })))
 }
@@ -267,7 +269,11 @@ pub(super) async fn definition(
 }
 
 /// A definition's body: JSON, and (if it names itself) named as the path says.
-fn definition_body(path_name: &str, headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+pub(super) fn definition_body(
+    path_name: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Value, ApiError> {
     if body.len() > MAX_DEFINITION_BYTES {
         return Err(ApiError::DefinitionTooLarge {
             bytes: body.len(),
@@ -285,7 +291,7 @@ fn definition_body(path_name: &str, headers: &HeaderMap, body: &[u8]) -> Result<
     Ok(value)
 }
 
-fn published(name: &str, p: crate::ports::Published) -> http::Response<String> {
+pub(super) fn published(name: &str, p: crate::ports::Published) -> http::Response<String> {
     respond(
         if p.created {
             StatusCode::CREATED

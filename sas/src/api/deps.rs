@@ -4,6 +4,8 @@
 use crate::domain::rate::RateLimit;
 use crate::domain::task::ReplyQueues;
 use crate::handlers::TaskPorts;
+use crate::ports::Timetable;
+use std::sync::Arc;
 
 #[derive(Clone)]
 pub struct ApiDeps {
@@ -16,4 +18,6 @@ pub struct ApiDeps {
     pub reply_queues: ReplyQueues,
     /// Each caller's allowance on the task API (`None`: unlimited).
     pub rate_limit: Option<RateLimit>,
+    /// The timers of schedules, set when the operator API publishes one.
+    pub timetable: Arc<dyn Timetable>,
 }

@@ -117,6 +117,8 @@ pub enum ApiError {
     WorkflowNotFound(String),
     #[error("{0}")]
     ServiceNotFound(String),
+    #[error("{0}")]
+    ScheduleNotFound(String),
     #[error("no such callback")]
     CallbackNotFound,
     #[error(
@@ -143,6 +145,10 @@ pub enum ApiError {
     /// The store could not be reached: retry.
     #[error("{0}")]
     StoreUnavailable(&'static str),
+    /// The schedule is saved, but the deployment's timer (EventBridge Scheduler) did not take
+    /// it: applying it again finishes the change.
+    #[error("{0}")]
+    TimetableUnavailable(String),
     #[error("{0}")]
     Internal(&'static str),
 }
@@ -187,12 +193,14 @@ impl ApiError {
         "task_not_found",
         "workflow_not_found",
         "service_not_found",
+        "schedule_not_found",
         "callback_not_found",
         "stale_callback",
         "event_not_expected",
         "event_refused",
         "conflict",
         "store_unavailable",
+        "timetable_unavailable",
         "internal",
     ];
 
@@ -225,12 +233,14 @@ impl ApiError {
             Self::TaskNotFound(_) => "task_not_found",
             Self::WorkflowNotFound(_) => "workflow_not_found",
             Self::ServiceNotFound(_) => "service_not_found",
+            Self::ScheduleNotFound(_) => "schedule_not_found",
             Self::CallbackNotFound => "callback_not_found",
             Self::StaleCallback => "stale_callback",
             Self::EventNotExpected(_) => "event_not_expected",
             Self::EventRefused { .. } => "event_refused",
             Self::Conflict { .. } => "conflict",
             Self::StoreUnavailable(_) => "store_unavailable",
+            Self::TimetableUnavailable(_) => "timetable_unavailable",
             Self::Internal(_) => "internal",
         }
     }
@@ -242,6 +252,7 @@ impl ApiError {
             | Self::TaskNotFound(_)
             | Self::WorkflowNotFound(_)
             | Self::ServiceNotFound(_)
+            | Self::ScheduleNotFound(_)
             | Self::CallbackNotFound
             | Self::EventNotExpected(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -269,7 +280,9 @@ impl ApiError {
             | Self::StaleCallback
             | Self::EventRefused { .. }
             | Self::Conflict { .. } => StatusCode::CONFLICT,
-            Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable(_) | Self::TimetableUnavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -419,6 +432,7 @@ mod tests {
             ApiError::TaskNotFound(crate::domain::TaskId::new_random()),
             ApiError::WorkflowNotFound(s()),
             ApiError::ServiceNotFound(s()),
+            ApiError::ScheduleNotFound(s()),
             ApiError::CallbackNotFound,
             ApiError::StaleCallback,
             ApiError::EventNotExpected(s()),
@@ -431,6 +445,7 @@ mod tests {
                 process_state: Some(ProcessState::Error),
             },
             ApiError::StoreUnavailable("retry later"),
+            ApiError::TimetableUnavailable(s()),
             ApiError::Internal("x"),
         ]
     }

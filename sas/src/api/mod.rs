@@ -28,6 +28,7 @@ pub mod graph;
 pub mod operator;
 pub mod request;
 pub mod routes;
+pub mod schedules;
 pub mod tasks;
 pub mod views;
 

@@ -62,6 +62,26 @@ pub enum Route<'a> {
         name: &'a str,
         action: ServiceAction,
     },
+    /// `GET /schedules`.
+    Schedules,
+    /// `GET|PUT|DELETE /schedules/{name}`.
+    Schedule {
+        name: &'a str,
+        method: ScheduleMethod,
+    },
+    /// `POST /schedules/{name}/pause|resume`.
+    ScheduleAction {
+        name: &'a str,
+        action: ServiceAction,
+    },
+}
+
+/// What `/schedules/{name}` is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScheduleMethod {
+    Get,
+    Put,
+    Delete,
 }
 
 /// Who answers a request: the front door itself (before authentication), or the API's
@@ -137,6 +157,19 @@ impl<'a> Target<'a> {
             }
             ["services", name, action] if op => match ServiceAction::parse(action) {
                 Some(action) => ("POST", Target::Api(PauseOrResume { name, action })),
+                None => return Err(Unrouted::NotFound),
+            },
+            ["schedules"] if op => ("GET", Target::Api(Schedules)),
+            ["schedules", name] if op => {
+                let method = match *method {
+                    Method::PUT => ScheduleMethod::Put,
+                    Method::DELETE => ScheduleMethod::Delete,
+                    _ => ScheduleMethod::Get,
+                };
+                ("GET, PUT, DELETE", Target::Api(Schedule { name, method }))
+            }
+            ["schedules", name, action] if op => match ServiceAction::parse(action) {
+                Some(action) => ("POST", Target::Api(ScheduleAction { name, action })),
                 None => return Err(Unrouted::NotFound),
             },
             ["workflows", name, "versions", v] if op => (
@@ -231,6 +264,38 @@ pub(crate) async fn answer(
                 .instrument(span)
                 .await
         }
+        Route::Schedules => super::schedules::list(deps).await,
+        Route::Schedule { name, method } => {
+            let span = info_span!("schedule", schedule = %name);
+            match method {
+                ScheduleMethod::Get => super::schedules::get(deps, name).instrument(span).await,
+                ScheduleMethod::Put => {
+                    super::schedules::apply(deps, name, headers, body)
+                        .instrument(span)
+                        .await
+                }
+                ScheduleMethod::Delete => {
+                    super::schedules::delete(deps, caller, name)
+                        .instrument(span)
+                        .await
+                }
+            }
+        }
+        Route::ScheduleAction { name, action } => {
+            let span = info_span!("schedule_action", schedule = %name, action = %action.as_str());
+            super::schedules::pause_or_resume(deps, caller, name, action)
+                .instrument(span)
+                .await
+        }
+        Route::Publish {
+            kind: Kind::Schedule,
+            name,
+        } => {
+            let span = info_span!("schedule", schedule = %name);
+            super::schedules::apply(deps, name, headers, body)
+                .instrument(span)
+                .await
+        }
         Route::Publish {
             kind: Kind::Service,
             name,
@@ -273,5 +338,12 @@ mod tests {
         assert!(parse(Method::GET, "/console", false) == Err(NotFound));
         assert!(parse(Method::POST, "/services/s/resume", true).is_ok());
         assert!(parse(Method::POST, "/services/s/stop", true) == Err(NotFound));
+        assert!(parse(Method::DELETE, "/schedules/s", true).is_ok());
+        assert!(parse(Method::DELETE, "/schedules/s", false) == Err(NotFound));
+        assert_eq!(
+            parse(Method::POST, "/schedules/s", true),
+            Err(MethodNotAllowed("GET, PUT, DELETE"))
+        );
+        assert!(parse(Method::POST, "/schedules/s/pause", true).is_ok());
     }
 }

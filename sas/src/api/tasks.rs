@@ -9,18 +9,12 @@ use super::error::{Answer, ApiError, respond};
 use super::request::{PageQuery, json_content_type};
 use super::views::{Accepted, CallerTaskSummary, CallerTaskView, ListPage, TaskView};
 use crate::domain::task::MAX_INPUT_BYTES;
-use crate::domain::transition::Effect;
 use crate::domain::workflow;
-use crate::domain::{Caller, NoticeKind, StateRecord, Task, TaskId};
-use crate::handlers::{progress_status, publish_status};
-use crate::messages::{SchedulerMessage, WorkMessage};
+use crate::domain::{Caller, StateRecord, Task, TaskId};
+use crate::handlers::start::{StartError, StartRequest, start};
 use crate::ports::Paging;
-use crate::ports::{CreateOutcome, IdempotencyRecord, NewTask, canonical};
 use http::{HeaderMap, StatusCode};
-use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
-use std::time::Duration;
-use tracing::{error, info};
+use serde_json::Value;
 
 /// The idempotency header.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -84,162 +78,49 @@ pub(super) async fn submit(
     let start_at = start_at(headers, now)?;
     let input: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
-    let Some(workflow) = deps.ports.definitions.latest(name).await? else {
-        return Err(ApiError::WorkflowNotFound(format!(
-            "no workflow {name:?} is published"
-        )));
-    };
-    workflow
-        .check_input(&input)
-        .map_err(|e| input_problems(&workflow, e))?;
-    let id = TaskId::new_random();
-    tracing::Span::current().record("task_id", tracing::field::display(id));
-    let task = Task {
-        id,
-        workflow: workflow.name.clone(),
-        workflow_version: workflow.version,
+    let request = StartRequest {
+        caller,
+        workflow: name,
         input,
-        input_revision: 0,
-        earlier_inputs: vec![],
+        key,
         reply_queue_url,
-        created_at: crate::domain::state::to_millis(now),
-        caller: caller.clone(),
+        start_at,
     };
-    let mut record = StateRecord::new(
-        id,
-        &workflow,
-        task.reply_queue_url.clone(),
-        now,
-        now + workflow.policies().at(0).pickup_timeout,
-    );
-    if let Some(start) = start_at {
-        record = record.starting_at(start);
-    }
-    // Keys are the caller's own: the same key from two callers names two tasks, and one
-    // caller can neither block nor discover another's.
-    let key = key.map(|key| IdempotencyRecord {
-        key: format!("{}#{key}", caller.digest()),
-        request_hash: request_hash(&task, record.start_at),
-        task_id: id,
-        created_at: task.created_at,
-    });
-    let new = NewTask {
-        task: &task,
-        record: &record,
-        key: key.as_ref(),
-    };
-    match deps.ports.store.create(new).await {
-        Ok(CreateOutcome::Created) => {
-            deps.ports
-                .metrics
-                .count("TasksAccepted", &[("Workflow", task.workflow.as_str())]);
+    let started = match start(&deps.ports, request).await {
+        Ok(started) => started,
+        Err(StartError::WorkflowNotFound(name)) => {
+            return Err(ApiError::WorkflowNotFound(format!(
+                "no workflow {name:?} is published"
+            )));
         }
-        Ok(CreateOutcome::KeyExists(first)) => return replay(deps, key.as_ref(), first).await,
-        Err(e) => {
-            error!(error = %e, "could not store the task");
+        Err(StartError::Input { workflow, error }) => {
+            return Err(input_problems(&workflow, error));
+        }
+        Err(StartError::KeyReused) => return Err(ApiError::IdempotencyKeyReused),
+        Err(StartError::Store(_)) => {
             return Err(ApiError::StoreUnavailable(
                 "the task could not be stored; retry with the same Idempotency-Key",
             ));
         }
-    }
-    // Crash point: the task is stored but not yet enqueued. Its pickup deadline is in the due
-    // index, so the supervisor re-enqueues it if this send never happens.
-    match workflow.policies().at(0).progress(NoticeKind::Received) {
-        Effect::Publish(status) => {
-            publish_status(
-                deps.ports.queue.as_ref(),
-                deps.ports.events.as_ref(),
-                &record,
-                status,
-            )
-            .await
-        }
-        _ => progress_status(deps.ports.queue.as_ref(), &record, NoticeKind::Received).await,
-    }
-    let work = SchedulerMessage::Work(WorkMessage::new(id));
-    // A delayed start: its work message waits for it, if a message can wait that long; a later
-    // one rides the due index (the supervisor enqueues it at its time).
-    let delay = record
-        .start_at
-        .map(|s| (s - now).to_std().unwrap_or_default());
-    match serde_json::to_string(&work) {
-        Ok(_) if delay.is_some_and(|d| d > crate::handlers::MAX_SQS_DELAY) => {
-            info!(start_at = ?record.start_at, "a delayed start: the supervisor enqueues it then");
-        }
-        Ok(body) => {
-            if let Err(e) = deps
-                .ports
-                .queue
-                .send(
-                    &deps.ports.work_queue_url,
-                    &body,
-                    delay.unwrap_or(Duration::ZERO),
-                )
-                .await
-            {
-                error!(error = %e, "task stored but not enqueued; the supervisor will pick it up");
-            }
-        }
-        Err(e) => error!(error = %e, "work message does not serialize"),
-    }
-    info!(version = workflow.version, "task accepted");
-    Ok(respond(
-        StatusCode::ACCEPTED,
-        &Accepted {
-            task_id: id.to_string(),
-            workflow: workflow.name.clone(),
-            workflow_version: workflow.version,
-            process_state: record.process_state,
-        },
-    ))
-}
-
-/// The answer to a key used before: the first task, if the request is the same.
-async fn replay(
-    deps: &ApiDeps,
-    key: Option<&IdempotencyRecord>,
-    first: IdempotencyRecord,
-) -> Answer {
-    if key.map(|k| &k.request_hash) != Some(&first.request_hash) {
-        return Err(ApiError::IdempotencyKeyReused);
-    }
-    let state = match deps.ports.store.get_state(first.task_id).await {
-        Ok(Some(r)) => r,
-        Ok(None) => {
-            error!(task_id = %first.task_id, "idempotency key points to a missing task");
-            return Err(ApiError::Internal("inconsistent store"));
-        }
-        Err(e) => {
-            error!(error = %e, "could not read the task");
-            return Err(ApiError::StoreUnavailable("retry later"));
-        }
+        Err(StartError::Inconsistent) => return Err(ApiError::Internal("inconsistent store")),
+        Err(StartError::Catalog(e)) => return Err(e.into()),
     };
-    info!(task_id = %first.task_id, "idempotent replay");
     let mut r = respond(
         StatusCode::ACCEPTED,
         &Accepted {
-            task_id: first.task_id.to_string(),
-            workflow: state.workflow,
-            workflow_version: state.workflow_version,
-            process_state: state.process_state,
+            task_id: started.task_id.to_string(),
+            workflow: started.workflow,
+            workflow_version: started.workflow_version,
+            process_state: started.process_state,
         },
     );
-    r.headers_mut().insert(
-        "idempotent-replayed",
-        http::HeaderValue::from_static("true"),
-    );
-    Ok(r)
-}
-
-/// SHA-256 of the request in canonical form (workflow, input, reply queue, and a delayed
-/// start's time if any): two bodies that differ only in whitespace or key order are the same
-/// request.
-fn request_hash(task: &Task, start_at: Option<chrono::DateTime<chrono::Utc>>) -> String {
-    let mut request = json!({"workflow": task.workflow, "input": task.input, "replyQueueUrl": task.reply_queue_url});
-    if let Some(s) = start_at {
-        request["startAt"] = json!(s);
+    if started.replayed {
+        r.headers_mut().insert(
+            "idempotent-replayed",
+            http::HeaderValue::from_static("true"),
+        );
     }
-    hex::encode(Sha256::digest(canonical(&request)))
+    Ok(r)
 }
 
 /// The header of a delayed start.

@@ -1,4 +1,5 @@
-//! The AWS adapters: DynamoDB state store, SQS queues, EventBridge bus, the credentials of
+//! The AWS adapters: DynamoDB state store, SQS queues, EventBridge bus, EventBridge
+//! Scheduler (the timers of schedules), the credentials of
 //! services (Secrets Manager, SSM) and the Lambda client of Lambda services, all on the real SDK
 //! clients. They honour `AWS_ENDPOINT_URL` (an emulator, LocalStack) through `aws-config`.
 
@@ -7,6 +8,7 @@ mod dynamodb;
 mod eventbridge;
 mod sdk;
 mod sqs;
+mod timetable;
 
 pub use credentials::{AwsCredentials, lambda_client};
 pub use dynamodb::{
@@ -18,3 +20,4 @@ pub use dynamodb::{index_entry_sizes, item_size, state_record_size, stored_sizes
 pub use eventbridge::EventBridgeBus;
 pub use sdk::{Described, describe, sdk_config};
 pub use sqs::SqsQueue;
+pub use timetable::{SchedulerTimetable, TimetableConfig};

@@ -11,6 +11,7 @@ pub mod mapping;
 pub mod policy;
 pub mod problem;
 pub mod rate;
+pub mod schedule;
 pub mod state;
 pub mod status;
 pub mod task;

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod scheduler;
+pub mod start;
 pub mod supervisor;
 
 use crate::catalog::{CatalogError, Definitions};

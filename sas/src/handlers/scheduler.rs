@@ -74,6 +74,7 @@ fn task_of(body: &str) -> Option<crate::TaskId> {
     match serde_json::from_str::<SchedulerMessage>(body).ok()? {
         SchedulerMessage::Work(w) => Some(w.task_id),
         SchedulerMessage::Reply(r) => Some(r.task_id),
+        SchedulerMessage::Scheduled(_) => None,
     }
 }
 
@@ -91,6 +92,14 @@ pub async fn on_message(deps: &SchedulerDeps, body: &str) -> RecordOutcome {
         SchedulerMessage::Reply(r) => {
             let span = info_span!("reply", task_id = %r.task_id, workflow = tracing::field::Empty, attempt = r.attempt, step = %r.step);
             on_reply(deps, r).instrument(span).await.into()
+        }
+        SchedulerMessage::Scheduled(run) => {
+            let span = info_span!("scheduled", schedule = %run.schedule, at = %run.at, task_id = tracing::field::Empty);
+            super::start::run_schedule(&deps.ports, &run)
+                .instrument(span)
+                .await
+                .map(drop)
+                .into()
         }
     }
 }

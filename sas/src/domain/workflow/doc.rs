@@ -2,6 +2,7 @@
 //! checked against the published schema (`workflows/schema.json`).
 
 use super::super::problem::{DefinitionError, Problem};
+use super::super::schedule::{Schedule, SchedulesDoc};
 use super::schema::schema_problems;
 use super::service::{ServicesDoc, service_problems};
 use super::settings::{CallbackDoc, RetryDoc, SettingsDoc};
@@ -190,11 +191,13 @@ pub struct UndoDoc {
 pub enum Document {
     Workflow(WorkflowDoc),
     Services(ServicesDoc),
+    Schedules(SchedulesDoc),
 }
 
 struct Schemas {
     workflow: jsonschema::Validator,
     services: jsonschema::Validator,
+    schedules: jsonschema::Validator,
 }
 
 fn compile(root: &Value, def: &str) -> jsonschema::Validator {
@@ -215,6 +218,7 @@ static SCHEMAS: LazyLock<Schemas> = LazyLock::new(|| {
     Schemas {
         workflow: compile(&root, "workflow"),
         services: compile(&root, "services"),
+        schedules: compile(&root, "schedules"),
     }
 });
 
@@ -245,6 +249,8 @@ pub fn parse_document(value: Value) -> Result<Document, DefinitionError> {
     };
     if object.contains_key("services") && !object.contains_key("steps") {
         parse_services(value).map(Document::Services)
+    } else if object.contains_key("schedules") && !object.contains_key("steps") {
+        parse_schedules(value).map(Document::Schedules)
     } else {
         parse_workflow(value).map(Document::Workflow)
     }
@@ -277,6 +283,36 @@ pub fn parse_services(value: Value) -> Result<ServicesDoc, DefinitionError> {
             });
         }
         service_problems(&format!("/services/{i}"), s, &mut problems);
+    }
+    if problems.is_empty() {
+        Ok(doc)
+    } else {
+        Err(DefinitionError(problems))
+    }
+}
+
+/// Parses and checks a list of schedules: its shape, unique names, each expression and time
+/// zone. (Whether the workflow exists and takes the input is checked when it is published.)
+pub fn parse_schedules(value: Value) -> Result<SchedulesDoc, DefinitionError> {
+    let problems = schema_problems(&SCHEMAS.schedules, &value);
+    if !problems.is_empty() {
+        return Err(DefinitionError(problems));
+    }
+    let doc: SchedulesDoc =
+        serde_json::from_value(value).map_err(|e| DefinitionError::one("", e.to_string()))?;
+    let mut seen = BTreeSet::new();
+    let mut problems = vec![];
+    for (i, s) in doc.schedules.iter().enumerate() {
+        let at = format!("/schedules/{i}");
+        if !seen.insert(s.name.as_str()) {
+            problems.push(Problem {
+                at: format!("{at}/name"),
+                message: format!("schedule {:?} is declared twice", s.name),
+            });
+        }
+        if let Err(e) = Schedule::parse(s.clone(), chrono::DateTime::UNIX_EPOCH, &at) {
+            problems.extend(e.0);
+        }
     }
     if problems.is_empty() {
         Ok(doc)

@@ -32,7 +32,8 @@ pub use definition::{
 };
 pub use doc::{
     BranchDoc, CaseDoc, Document, Format, MAX_DEFINITION_BYTES, OtherwiseDoc, SCHEMA, StepDoc,
-    UndoDoc, WorkflowDoc, parse_document, parse_services, parse_value, parse_workflow,
+    UndoDoc, WorkflowDoc, parse_document, parse_schedules, parse_services, parse_value,
+    parse_workflow,
 };
 pub use schema::{
     MAX_SCHEMA_DEPTH, MAX_SCHEMA_KEYWORDS, MAX_SCHEMA_PATTERNS, SCHEMA_BACKTRACK_LIMIT,

@@ -1,0 +1,291 @@
+//! Starting a task: what the task API's submission and a schedule's run share. The task and its
+//! state record are written in one transaction (with the caller's idempotency key, if any), then
+//! the task's first work message is sent.
+//!
+//! A schedule's run ([`run_schedule`]) starts a task as the caller `arn:sas:schedule:{name}`
+//! with the run's time as its idempotency key: EventBridge Scheduler delivers at least once, and
+//! a run delivered twice starts one task.
+
+use super::{HandlerError, TaskPorts, progress_status, publish_status};
+use crate::catalog::CatalogError;
+use crate::domain::schedule::Overlap;
+use crate::domain::transition::Effect;
+use crate::domain::workflow::InputError;
+use crate::domain::{Caller, NoticeKind, ProcessState, StateRecord, Task, TaskId, Workflow};
+use crate::messages::{ScheduledRun, SchedulerMessage, WorkMessage};
+use crate::ports::{CreateOutcome, IdempotencyRecord, NewTask, Paging, canonical};
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{error, info, warn};
+
+/// A task to start.
+#[derive(Debug, Clone)]
+pub struct StartRequest<'a> {
+    pub caller: &'a Caller,
+    pub workflow: &'a str,
+    pub input: Value,
+    /// The caller's idempotency key.
+    pub key: Option<String>,
+    pub reply_queue_url: Option<String>,
+    /// A delayed start (in the future).
+    pub start_at: Option<DateTime<Utc>>,
+}
+
+/// A task started, or the one an idempotency key started before.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Started {
+    pub task_id: TaskId,
+    pub workflow: String,
+    pub workflow_version: u32,
+    pub process_state: ProcessState,
+    /// The key was used before with the same request: this is that task.
+    pub replayed: bool,
+}
+
+/// Why a task was not started.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("no workflow {0:?} is published")]
+    WorkflowNotFound(String),
+    #[error("the input does not match {}'s input schema: {error}", workflow.name)]
+    Input {
+        workflow: Arc<Workflow>,
+        error: InputError,
+    },
+    /// The key was used before for another request.
+    #[error("the idempotency key was used for another request")]
+    KeyReused,
+    #[error("the task could not be stored: {0}")]
+    Store(crate::ports::StoreError),
+    #[error("the idempotency key points to a missing task")]
+    Inconsistent,
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+}
+
+/// Starts a task of the newest version of `request.workflow`.
+pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Started, StartError> {
+    let now = ports.clock.now();
+    let Some(workflow) = ports.definitions.latest(request.workflow).await? else {
+        return Err(StartError::WorkflowNotFound(request.workflow.to_owned()));
+    };
+    if let Err(error) = workflow.check_input(&request.input) {
+        return Err(StartError::Input { workflow, error });
+    }
+    let id = TaskId::new_random();
+    tracing::Span::current().record("task_id", tracing::field::display(id));
+    let task = Task {
+        id,
+        workflow: workflow.name.clone(),
+        workflow_version: workflow.version,
+        input: request.input,
+        input_revision: 0,
+        earlier_inputs: vec![],
+        reply_queue_url: request.reply_queue_url,
+        created_at: crate::domain::state::to_millis(now),
+        caller: request.caller.clone(),
+    };
+    let mut record = StateRecord::new(
+        id,
+        &workflow,
+        task.reply_queue_url.clone(),
+        now,
+        now + workflow.policies().at(0).pickup_timeout,
+    );
+    if let Some(start) = request.start_at.filter(|s| *s > now) {
+        record = record.starting_at(start);
+    }
+    // Keys are the caller's own: the same key from two callers names two tasks, and one
+    // caller can neither block nor discover another's.
+    let key = request.key.map(|key| IdempotencyRecord {
+        key: format!("{}#{key}", request.caller.digest()),
+        request_hash: request_hash(&task, record.start_at),
+        task_id: id,
+        created_at: task.created_at,
+    });
+    let new = NewTask {
+        task: &task,
+        record: &record,
+        key: key.as_ref(),
+    };
+    match ports.store.create(new).await {
+        Ok(CreateOutcome::Created) => {
+            ports
+                .metrics
+                .count("TasksAccepted", &[("Workflow", task.workflow.as_str())]);
+        }
+        Ok(CreateOutcome::KeyExists(first)) => {
+            if key.map(|k| k.request_hash) != Some(first.request_hash) {
+                return Err(StartError::KeyReused);
+            }
+            let state = match ports.store.get_state(first.task_id).await {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    error!(task_id = %first.task_id, "idempotency key points to a missing task");
+                    return Err(StartError::Inconsistent);
+                }
+                Err(e) => return Err(StartError::Store(e)),
+            };
+            info!(task_id = %first.task_id, "idempotent replay");
+            return Ok(Started {
+                task_id: first.task_id,
+                workflow: state.workflow,
+                workflow_version: state.workflow_version,
+                process_state: state.process_state,
+                replayed: true,
+            });
+        }
+        Err(e) => {
+            error!(error = %e, "could not store the task");
+            return Err(StartError::Store(e));
+        }
+    }
+    // Crash point: the task is stored but not yet enqueued. Its pickup deadline is in the due
+    // index, so the supervisor re-enqueues it if this send never happens.
+    match workflow.policies().at(0).progress(NoticeKind::Received) {
+        Effect::Publish(status) => {
+            publish_status(ports.queue.as_ref(), ports.events.as_ref(), &record, status).await
+        }
+        _ => progress_status(ports.queue.as_ref(), &record, NoticeKind::Received).await,
+    }
+    let work = SchedulerMessage::Work(WorkMessage::new(id));
+    // A delayed start: its work message waits for it, if a message can wait that long; a later
+    // one rides the due index (the supervisor enqueues it at its time).
+    let delay = record
+        .start_at
+        .map(|s| (s - now).to_std().unwrap_or_default());
+    match serde_json::to_string(&work) {
+        Ok(_) if delay.is_some_and(|d| d > super::MAX_SQS_DELAY) => {
+            info!(start_at = ?record.start_at, "a delayed start: the supervisor enqueues it then");
+        }
+        Ok(body) => {
+            let delay = delay.unwrap_or(Duration::ZERO);
+            if let Err(e) = ports.queue.send(&ports.work_queue_url, &body, delay).await {
+                error!(error = %e, "task stored but not enqueued; the supervisor will pick it up");
+            }
+        }
+        Err(e) => error!(error = %e, "work message does not serialize"),
+    }
+    info!(version = workflow.version, "task accepted");
+    Ok(Started {
+        task_id: id,
+        workflow: workflow.name.clone(),
+        workflow_version: workflow.version,
+        process_state: record.process_state,
+        replayed: false,
+    })
+}
+
+/// SHA-256 of the request in canonical form (workflow, input, reply queue, and a delayed
+/// start's time if any): two bodies that differ only in whitespace or key order are the same
+/// request.
+fn request_hash(task: &Task, start_at: Option<DateTime<Utc>>) -> String {
+    let mut request = json!({"workflow": task.workflow, "input": task.input, "replyQueueUrl": task.reply_queue_url});
+    if let Some(s) = start_at {
+        request["startAt"] = json!(s);
+    }
+    hex::encode(Sha256::digest(canonical(&request)))
+}
+
+/// The caller a schedule's tasks belong to.
+pub fn schedule_caller(name: &str) -> Result<Caller, HandlerError> {
+    Caller::new(format!("arn:sas:schedule:{name}"))
+        .map_err(|e| HandlerError::Poison(format!("schedule {name:?}: {e}")))
+}
+
+/// What a schedule's run did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunOutcome {
+    /// A task started (or the one this run started before, delivered again).
+    Started(Started),
+    /// Nothing started, and why (paused, deleted, the previous task still running, the
+    /// workflow gone or no longer taking the input).
+    Skipped(String),
+}
+
+/// One run of a schedule, at `run.at`: starts a task of its workflow with its input, unless the
+/// schedule is paused or deleted (the catalog decides, whatever the timer that sent the run
+/// thinks), or its overlap policy is `skip` and its previous task has not ended.
+pub async fn run_schedule(
+    ports: &TaskPorts,
+    run: &ScheduledRun,
+) -> Result<RunOutcome, HandlerError> {
+    let schedule = match ports.definitions.schedule(&run.schedule).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return Ok(skipped(ports, run, "the schedule is deleted")),
+        Err(CatalogError::Store(e)) => return Err(e.into()),
+        Err(CatalogError::Invalid(e)) => {
+            return Ok(skipped(
+                ports,
+                run,
+                &format!("the stored schedule does not read: {e}"),
+            ));
+        }
+    };
+    if schedule.def.paused {
+        return Ok(skipped(ports, run, "the schedule is paused"));
+    }
+    let caller = schedule_caller(&run.schedule)?;
+    if schedule.def.overlap == Overlap::Skip {
+        let newest = ports
+            .store
+            .list_by_caller(
+                &caller,
+                Paging {
+                    limit: 1,
+                    after: None,
+                },
+            )
+            .await?;
+        if let Some(previous) = newest.items.first()
+            && !previous.process_state.is_terminal()
+            // The task this very run started (delivered again) is no overlap.
+            && previous.since < run.at
+        {
+            return Ok(skipped(
+                ports,
+                run,
+                &format!("its previous task {} has not ended", previous.task_id),
+            ));
+        }
+    }
+    let request = StartRequest {
+        caller: &caller,
+        workflow: &schedule.def.workflow,
+        input: schedule.def.input.clone(),
+        key: Some(run.at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+        reply_queue_url: None,
+        start_at: None,
+    };
+    match start(ports, request).await {
+        Ok(started) => {
+            info!(schedule = %run.schedule, at = %run.at, task_id = %started.task_id, replayed = started.replayed, "a schedule's run started its task");
+            ports.metrics.count(
+                "ScheduledRuns",
+                &[("Schedule", run.schedule.as_str()), ("Outcome", "started")],
+            );
+            Ok(RunOutcome::Started(started))
+        }
+        Err(StartError::Store(e)) => Err(e.into()),
+        Err(StartError::Catalog(CatalogError::Store(e))) => Err(e.into()),
+        // The schedule changed between the run's first delivery and this one: that run's task
+        // was started with the input of then.
+        Err(StartError::KeyReused) => Ok(skipped(ports, run, "this run started its task before")),
+        Err(e) => {
+            error!(schedule = %run.schedule, error = %e, "a schedule's run cannot start its task");
+            Ok(skipped(ports, run, &e.to_string()))
+        }
+    }
+}
+
+fn skipped(ports: &TaskPorts, run: &ScheduledRun, why: &str) -> RunOutcome {
+    warn!(schedule = %run.schedule, at = %run.at, why, "a schedule's run started nothing");
+    ports.metrics.count(
+        "ScheduledRuns",
+        &[("Schedule", run.schedule.as_str()), ("Outcome", "skipped")],
+    );
+    RunOutcome::Skipped(why.to_owned())
+}
