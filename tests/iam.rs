@@ -287,7 +287,15 @@ async fn every_call_is_granted_and_every_grant_is_used() {
             .build(),
     ));
     let submitter = f.system(settings.clone(), None);
-    let operator = f.system(settings.clone(), None);
+    let mut operator = f.system(settings.clone(), None);
+    operator.operator.timetable = Arc::new(sas::aws::SchedulerTimetable::new(
+        aws_sdk_scheduler::Client::from_conf(
+            aws_sdk_scheduler::config::Builder::from(&f.config)
+                .interceptor(f.recorder.clone())
+                .build(),
+        ),
+        f.stack.timetable_config(),
+    ));
     let scheduler = f.system(settings.clone(), None);
     // A scheduler whose bus is down: a task's final notice stays owed, for the supervisor.
     let stalled = f.system(settings.clone(), Some("http://127.0.0.1:9"));
@@ -505,6 +513,36 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         "the supervisor delivered the owed notice: {r:?}"
     );
 
+    // A schedule: published (its timer created), run (twice: Scheduler delivers at least
+    // once), paused (its timer disabled), deleted (its timer removed).
+    let nightly = json!({"name": "iam-nightly", "workflow": "iam-probe",
+        "expression": "cron(0 2 * * ? *)", "timezone": "Europe/Berlin"});
+    let (status, body) =
+        operator_api(&operator, Method::PUT, "/schedules/iam-nightly", &nightly).await;
+    assert_eq!(status, 201, "{body}");
+    let run = json!({"type": "scheduled", "schedule": "iam-nightly", "at": "2026-11-28T01:00:00Z"});
+    for _ in 0..2 {
+        send_raw(&sqs, &res.work_queue_url, run.to_string()).await;
+        ROLE.scope(SCHEDULER, scheduler.pump_scheduler())
+            .await
+            .expect("run");
+    }
+    let (status, body) = ROLE
+        .scope(
+            OPERATOR,
+            post(&operator, true, "/schedules/iam-nightly/pause", &json!({})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = operator_api(
+        &operator,
+        Method::DELETE,
+        "/schedules/iam-nightly",
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
     // Poison: one unreadable message on each consumer's queue.
     for url in [
         &res.work_queue_url,
@@ -553,6 +591,14 @@ fn resource_of_call(f: &Fixture, c: &Call) -> String {
     if c.resource == res.bus_name {
         return "EventBus".into();
     }
+    if c.resource
+        .starts_with(&format!("schedule/{}/", f.stack.schedule_group))
+    {
+        return "schedules".into();
+    }
+    if c.resource == f.stack.schedule_role_arn {
+        return "ScheduleRole".into();
+    }
     if c.resource.starts_with(&format!("sas-{stage}--svc-")) {
         return "service-functions".into();
     }
@@ -592,6 +638,9 @@ fn resource_of_grant(v: &Value) -> String {
     }
     if sub.contains(":parameter/") {
         return "parameters".into();
+    }
+    if sub.contains(":schedule/") {
+        return "schedules".into();
     }
     format!("?{sub}")
 }

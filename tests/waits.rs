@@ -616,6 +616,28 @@ async fn schedules_start_tasks_at_their_times(system: &System, clock: &sas::port
         "the next run: {list}"
     );
 
+    // The console lists it with its next run.
+    let page = sas::api::handle(
+        &system.operator,
+        &sas_blackbox::operator(),
+        &http::Method::GET,
+        "/operator/console/schedules",
+        &http::HeaderMap::new(),
+        b"",
+    )
+    .await;
+    assert_eq!(page.status().as_u16(), 200);
+    let next = one_am(1).format("%Y-%m-%d 01:00:00Z").to_string();
+    for shown in [
+        "nightly",
+        "close-books",
+        "cron(0 2 * * ? *)",
+        "Europe/Berlin",
+        next.as_str(),
+    ] {
+        assert!(page.body().contains(shown), "{shown}: {}", page.body());
+    }
+
     // Deleted: gone from the API, and no run any more.
     let (status, body) =
         sas_blackbox::operator_call(system, http::Method::DELETE, "/schedules/nightly", b"").await;

@@ -177,6 +177,34 @@ impl Intercept for Recorder {
                 body["Name"].as_str().unwrap_or_default().to_owned(),
                 None,
             ),
+            "scheduler" => {
+                // REST: /schedules/{name}, the group in the body (or `?groupName=`).
+                let uri = request.uri().to_owned();
+                let name = uri
+                    .split("/schedules/")
+                    .nth(1)
+                    .and_then(|r| r.split('?').next())
+                    .unwrap_or_default()
+                    .to_owned();
+                let group = body["GroupName"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .or_else(|| {
+                        uri.split("groupName=")
+                            .nth(1)
+                            .map(|g| g.split('&').next().unwrap_or_default().to_owned())
+                    })
+                    .unwrap_or_else(|| "default".into());
+                push(
+                    format!("scheduler:{op}"),
+                    format!("schedule/{group}/{name}"),
+                    None,
+                );
+                // Naming a role for Scheduler is passing it: IAM checks iam:PassRole then.
+                if let Some(role) = body["Target"]["RoleArn"].as_str() {
+                    push("iam:PassRole".into(), role.to_owned(), None);
+                }
+            }
             other => push(format!("{other}:{op}"), String::new(), None),
         }
         if let Ok(mut calls) = self.calls.lock() {

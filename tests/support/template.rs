@@ -383,17 +383,22 @@ pub struct Stack {
 impl Stack {
     /// The timers of schedules as the operator function builds them from its environment.
     pub fn timetable(&self, config: &aws_config::SdkConfig) -> sas::aws::SchedulerTimetable {
-        let env: HashMap<String, String> =
-            function_env("OperatorFunction", self).into_iter().collect();
         sas::aws::SchedulerTimetable::new(
             aws_sdk_scheduler::Client::new(config),
-            sas::aws::TimetableConfig {
-                group: env["SCHEDULE_GROUP"].clone(),
-                work_queue_arn: env["WORK_QUEUE_ARN"].clone(),
-                role_arn: env["SCHEDULE_ROLE_ARN"].clone(),
-                dead_letter_arn: env.get("DEAD_LETTER_QUEUE_ARN").cloned(),
-            },
+            self.timetable_config(),
         )
+    }
+
+    /// Where the operator function's [`Stack::timetable`] sets the timers.
+    pub fn timetable_config(&self) -> sas::aws::TimetableConfig {
+        let env: HashMap<String, String> =
+            function_env("OperatorFunction", self).into_iter().collect();
+        sas::aws::TimetableConfig {
+            group: env["SCHEDULE_GROUP"].clone(),
+            work_queue_arn: env["WORK_QUEUE_ARN"].clone(),
+            role_arn: env["SCHEDULE_ROLE_ARN"].clone(),
+            dead_letter_arn: env.get("DEAD_LETTER_QUEUE_ARN").cloned(),
+        }
     }
 }
 

@@ -148,6 +148,32 @@ pub enum Command {
     /// Services: list what is published.
     #[command(subcommand)]
     Service(ServiceCommand),
+    /// Schedules: tasks of a workflow started on a cron or rate expression.
+    #[command(subcommand)]
+    Schedule(ScheduleCommand),
+}
+
+/// `schedule` subcommands.
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+pub enum ScheduleCommand {
+    /// List the schedules: workflow, expression, time zone, overlap and next run.
+    List,
+    /// Publish the schedules of files (`schedules: [...]`; YAML or JSON): each a new version
+    /// if it changed, and its EventBridge Scheduler schedule set to match.
+    Apply(FilesArgs),
+    /// Pause a schedule: no run starts a task until it is resumed.
+    Pause(NameArg),
+    /// Resume a paused schedule.
+    Resume(NameArg),
+    /// Delete a schedule: no run starts a task any more.
+    Delete(NameArg),
+}
+
+/// A definition's name.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct NameArg {
+    #[arg(value_parser = parse_name)]
+    pub name: String,
 }
 
 /// `workflow` subcommands.
@@ -871,7 +897,122 @@ async fn dispatch(
             print_answer(out, cli.json, &raw, || render_services(&list))?;
             Ok(exit::OK)
         }
+        Command::Schedule(command) => schedule(client, cli.json, command, out, err).await,
     }
+}
+
+/// `schedule list|apply|pause|resume|delete`.
+async fn schedule(
+    client: &Client,
+    json: bool,
+    command: &ScheduleCommand,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+) -> Result<i32, Failure> {
+    let line = |s: &Value| {
+        format!(
+            "{:<24} {:<20} {:<24} {:<16} {:<5} {}",
+            clean(s["name"].as_str().unwrap_or("?"), 24),
+            clean(s["workflow"].as_str().unwrap_or("?"), 20),
+            clean(s["expression"].as_str().unwrap_or("?"), 24),
+            clean(s["timezone"].as_str().unwrap_or("UTC"), 16),
+            clean(s["overlap"].as_str().unwrap_or("skip"), 5),
+            match s["nextRun"].as_str() {
+                _ if s["paused"] == true => "paused".to_owned(),
+                Some(t) => clean(t, 40),
+                None => "none".to_owned(),
+            }
+        )
+    };
+    let (request, raw) = match command {
+        ScheduleCommand::List => {
+            let raw = client.send(&Request::Schedules).await?;
+            if json {
+                print_json(out, &raw)?;
+            } else {
+                writeln!(
+                    out,
+                    "{:<24} {:<20} {:<24} {:<16} {:<5} NEXT RUN",
+                    "NAME", "WORKFLOW", "EXPRESSION", "TIME ZONE", "OVERLAP"
+                )?;
+                for s in raw["schedules"].as_array().into_iter().flatten() {
+                    writeln!(out, "{}", line(s))?;
+                }
+            }
+            return Ok(exit::OK);
+        }
+        ScheduleCommand::Apply(args) => {
+            let mut failed = false;
+            let mut defs = vec![];
+            for file in crate::definitions::read_paths(&args.paths) {
+                let format = sas::domain::workflow::Format::of_path(&file.name);
+                let parsed = match (file.text, format) {
+                    (Ok(text), Some(format)) => sas::domain::workflow::parse_value(&text, format)
+                        .and_then(sas::domain::workflow::parse_schedules),
+                    (Err(why), _) => Err(sas::domain::DefinitionError::one("", why)),
+                    (_, None) => Err(sas::domain::DefinitionError::one(
+                        "",
+                        "not a .yaml, .yml or .json file",
+                    )),
+                };
+                match parsed {
+                    Ok(doc) => defs.extend(doc.schedules),
+                    Err(e) => {
+                        failed = true;
+                        for p in &e.0 {
+                            writeln!(err, "{}", problem_line(&file.name, p))?;
+                        }
+                    }
+                }
+            }
+            if failed {
+                return Ok(exit::INVALID);
+            }
+            for def in &defs {
+                let body = serde_json::to_value(def).unwrap_or_default();
+                let raw = client
+                    .send(&Request::PutSchedule {
+                        name: &def.name,
+                        body: &body,
+                    })
+                    .await?;
+                if json {
+                    print_json(out, &raw)?;
+                } else {
+                    let verb = if raw["created"] == true {
+                        "published"
+                    } else {
+                        "unchanged"
+                    };
+                    writeln!(out, "{verb} schedule {} v{}", def.name, raw["version"])?;
+                }
+            }
+            return Ok(exit::OK);
+        }
+        ScheduleCommand::Pause(NameArg { name }) | ScheduleCommand::Resume(NameArg { name }) => {
+            let pause = matches!(command, ScheduleCommand::Pause(_));
+            let raw = client
+                .send(&Request::ScheduleAction { name, pause })
+                .await?;
+            (name, raw)
+        }
+        ScheduleCommand::Delete(NameArg { name }) => {
+            let raw = client.send(&Request::DeleteSchedule { name }).await?;
+            if json {
+                print_json(out, &raw)?;
+            } else {
+                writeln!(out, "deleted schedule {name}")?;
+            }
+            return Ok(exit::OK);
+        }
+    };
+    if json {
+        print_json(out, &raw)?;
+    } else {
+        let _ = request;
+        writeln!(out, "{}", line(&raw))?;
+    }
+    Ok(exit::OK)
 }
 
 /// `workflow validate`: the report on `out`; 1 if any file has a problem.

@@ -150,6 +150,14 @@ pub enum Request<'a> {
         pause: bool,
         reason: Option<&'a str>,
     },
+    /// `GET /schedules`
+    Schedules,
+    /// `PUT /schedules/{name}`, the body one schedule as JSON.
+    PutSchedule { name: &'a str, body: &'a Value },
+    /// `POST /schedules/{name}/pause|resume`.
+    ScheduleAction { name: &'a str, pause: bool },
+    /// `DELETE /schedules/{name}`.
+    DeleteSchedule { name: &'a str },
     /// `POST /workflows/{name}/tasks`, the body the task's input, with an `Idempotency-Key`
     /// if given.
     Submit {
@@ -160,20 +168,23 @@ pub enum Request<'a> {
 }
 
 impl Request<'_> {
-    /// The HTTP method: `GET`, `POST` or `PUT`.
+    /// The HTTP method: `GET`, `POST`, `PUT` or `DELETE`.
     pub fn method(&self) -> &'static str {
         match self {
             Self::List { .. }
             | Self::Show { .. }
             | Self::Workflows
             | Self::Workflow { .. }
-            | Self::Services => "GET",
+            | Self::Services
+            | Self::Schedules => "GET",
             Self::Act { .. }
             | Self::ActWith { .. }
             | Self::Skip { .. }
             | Self::Submit { .. }
-            | Self::ServiceAction { .. } => "POST",
-            Self::PutService { .. } | Self::PutWorkflow { .. } => "PUT",
+            | Self::ServiceAction { .. }
+            | Self::ScheduleAction { .. } => "POST",
+            Self::PutService { .. } | Self::PutWorkflow { .. } | Self::PutSchedule { .. } => "PUT",
+            Self::DeleteSchedule { .. } => "DELETE",
         }
     }
 
@@ -188,7 +199,9 @@ impl Request<'_> {
                 reason: Some(reason),
                 ..
             } => Some(serde_json::json!({ "reason": reason })),
-            Self::PutService { body, .. } | Self::PutWorkflow { body, .. } => Some(body.clone()),
+            Self::PutService { body, .. }
+            | Self::PutWorkflow { body, .. }
+            | Self::PutSchedule { body, .. } => Some(body.clone()),
             Self::Submit { input, .. } => Some(input.clone()),
             Self::ActWith { body, .. } => Some(body.clone()),
             Self::Skip { reason, result, .. } => {
@@ -226,6 +239,13 @@ impl Request<'_> {
             Self::ActWith { id, route, .. } => own(&["tasks", id, route]),
             Self::ServiceAction { name, pause, .. } => {
                 own(&["services", name, if pause { "pause" } else { "resume" }])
+            }
+            Self::Schedules => own(&["schedules"]),
+            Self::PutSchedule { name, .. } | Self::DeleteSchedule { name } => {
+                own(&["schedules", name])
+            }
+            Self::ScheduleAction { name, pause } => {
+                own(&["schedules", name, if pause { "pause" } else { "resume" }])
             }
         }
     }
@@ -362,6 +382,7 @@ impl Client {
         let mut builder = match request.method() {
             "POST" => self.http.post(url.clone()),
             "PUT" => self.http.put(url.clone()),
+            "DELETE" => self.http.delete(url.clone()),
             _ => self.http.get(url.clone()),
         };
         if let Some(body) = request.body() {

@@ -92,6 +92,7 @@ pub async fn page(
         (["workflows"], &Method::GET) => workflows(&api).await,
         (["workflows", name], &Method::GET) => workflow(&api, name, query).await,
         (["services"], &Method::GET) => services(&api, None, StatusCode::OK).await,
+        (["schedules"], &Method::GET) => schedules(&api).await,
         (["services", name, action], &Method::POST) => match ServiceAction::parse(action) {
             None => not_found(),
             Some(_) if !same_origin(headers) => cross_site(),
@@ -300,6 +301,7 @@ fn frame(title: &str, section: &str, content: Markup) -> Markup {
         ("Tasks", "tasks", ""),
         ("Workflows", "workflows", "/workflows"),
         ("Services", "services", "/services"),
+        ("Schedules", "schedules", "/schedules"),
     ];
     html! {
         (DOCTYPE)
@@ -870,6 +872,48 @@ async fn workflows(api: &Api<'_>) -> Response<String> {
         }
     };
     html_response(StatusCode::OK, frame("Workflows", "workflows", content))
+}
+
+/// The schedules: what each starts, when (its expression in its time zone), and its next run.
+async fn schedules(api: &Api<'_>) -> Response<String> {
+    let answer = api.get(&["schedules"], "").await;
+    if !answer.ok() {
+        return answer.error_page();
+    }
+    let rows = items(&answer.value, "schedules");
+    let content = html! {
+        h1 { "Schedules" }
+        @if rows.is_empty() {
+            p { "No schedule is published (" code { "sasctl schedule apply FILE" } ")." }
+        } @else {
+            table {
+                caption { "Published schedules" }
+                thead { tr {
+                    th scope="col" { "Schedule" } th scope="col" { "Workflow" }
+                    th scope="col" { "Expression" } th scope="col" { "Time zone" }
+                    th scope="col" { "Overlap" } th scope="col" { "Next run" }
+                } }
+                tbody {
+                    @for s in &rows {
+                        @let workflow = text(s, "workflow");
+                        tr {
+                            td { (text(s, "name")) }
+                            td { a href=(href(&format!("/workflows/{}", segment(workflow)), &[])) { (workflow) } }
+                            td { code { (text(s, "expression")) } }
+                            td { (text(s, "timezone")) }
+                            td { (text(s, "overlap")) }
+                            td {
+                                @if s["paused"] == true { (badge("paused")) }
+                                @else if s["nextRun"].is_string() { (when(&s["nextRun"])) }
+                                @else { "none" }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    html_response(StatusCode::OK, frame("Schedules", "schedules", content))
 }
 
 /// One workflow's definition (the newest, or `?version=N`), with links to every version.
