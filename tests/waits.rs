@@ -368,6 +368,82 @@ async fn events_end_their_waits(system: &System, base: &str, slack: Duration) {
     );
 }
 
+/// A service sends an event with `events:PutEvents` only, to the stack's task-events bus (as a
+/// webhook receiver would): the bus's rule puts it on the work queue and the task's wait ends
+/// with it; the same event sent again changes nothing; one that can never be taken (the task
+/// ended) goes to the scheduler's dead-letter queue with its reason.
+async fn events_from_the_bus_end_their_waits(
+    base: &str,
+    stack: &sas_blackbox::template::Stack,
+    slack: Duration,
+) {
+    let http = reqwest::Client::new();
+    let config = sas_blackbox::sdk_config().await;
+    let eb = aws_sdk_eventbridge::Client::new(&config);
+    let put = |detail: Value| {
+        let entry = aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
+            .event_bus_name(&stack.task_events_bus)
+            .source("esign.webhooks")
+            .detail_type("TaskEvent")
+            .detail(detail.to_string())
+            .build();
+        eb.put_events().entries(entry).send()
+    };
+    let id = start(&http, base, "signing", json!({})).await;
+    until(&http, base, &id, Duration::from_secs(2) + slack, |v| {
+        step(v, "signature")["status"] == "Waiting"
+    })
+    .await;
+    let signed = json!({"taskId": id, "event": "contract-signed", "eventId": "envelope-7",
+                        "payload": {"by": "eve"}});
+    let out = put(signed.clone()).await.expect("PutEvents");
+    assert_eq!(out.failed_entry_count(), 0);
+    let done = until(&http, base, &id, slack, terminal).await;
+    assert_eq!(done["processState"], "Processed", "{done}");
+    assert_eq!(
+        step(&done, "signature")["result"],
+        json!({"event": "contract-signed", "payload": {"by": "eve"}}),
+        "{done}"
+    );
+    // Again, under the same eventId: nothing changes, nothing goes to the dead-letter queue.
+    put(signed).await.expect("PutEvents");
+    // For the finished task: refused, so kept in the dead-letter queue with the reason.
+    put(
+        json!({"taskId": id, "event": "contract-declined", "eventId": "envelope-8",
+               "payload": {"by": "eve"}}),
+    )
+    .await
+    .expect("PutEvents");
+    let sqs = aws_sdk_sqs::Client::new(&config);
+    let by = Instant::now() + slack;
+    let letters = loop {
+        let got = sqs
+            .receive_message()
+            .queue_url(&stack.resources.dead_letter_url)
+            .message_attribute_names("All")
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .expect("receive");
+        if !got.messages().is_empty() {
+            break got.messages().to_vec();
+        }
+        assert!(Instant::now() < by, "nothing in the dead-letter queue");
+    };
+    assert_eq!(letters.len(), 1, "only the refused event: {letters:?}");
+    assert!(letters[0].body().unwrap_or_default().contains("envelope-8"));
+    let reason = letters[0]
+        .message_attributes()
+        .and_then(|a| a.get(sas::ports::DEAD_LETTER_REASON))
+        .and_then(|a| a.string_value())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(reason.contains("contract-declined"), "{reason}");
+    let after: Value = sas_blackbox::get_json(&http, &format!("{base}/tasks/{id}")).await;
+    assert_eq!(after["processState"], "Processed", "unchanged: {after}");
+}
+
 /// A task submitted with `Start-At` 3 s ahead sends nothing before then and runs after; one
 /// cancelled before its start ends with nothing sent; a start too far ahead is refused.
 async fn a_delayed_start_runs_at_its_time(system: &System, base: &str, slack: Duration) {
@@ -441,12 +517,13 @@ async fn waits_on_the_emulator() {
     let stack = sas_blackbox::template::provision(&config, &sas_blackbox::unique("waits")).await;
     let backend = Backend::Existing {
         config: Box::new(config),
-        resources: Box::new(stack.resources),
+        resources: Box::new(stack.resources.clone()),
     };
     let (system, base) = sas_blackbox::running_system(backend).await;
     waits_hold_a_task_until_their_time(&system, &base, Duration::from_secs(40)).await;
     a_deadline_fails_a_task_that_waits_too_long(&system, &base, Duration::from_secs(40)).await;
     events_end_their_waits(&system, &base, Duration::from_secs(40)).await;
+    events_from_the_bus_end_their_waits(&base, &stack, Duration::from_secs(40)).await;
     a_delayed_start_runs_at_its_time(&system, &base, Duration::from_secs(40)).await;
     system.shutdown().await;
 }

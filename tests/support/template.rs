@@ -375,6 +375,8 @@ pub struct Stack {
     pub queue_urls: HashMap<String, String>,
     /// Logical id → ARN of every queue.
     pub queue_arns: HashMap<String, String>,
+    /// The bus services send named events for tasks to (`TaskEvent`s).
+    pub task_events_bus: String,
     /// The schedule group (its name) and the role EventBridge Scheduler sends runs with.
     pub schedule_group: String,
     pub schedule_role_arn: String,
@@ -507,11 +509,67 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
     for (id, url) in &queues {
         queue_arns.insert(id.clone(), queue_arn(&sqs, url).await.expect("queue arn"));
     }
+    // The template's rules that send to a queue (services' named events to the work queue),
+    // each on its own bus, as written.
+    let eb = aws_sdk_eventbridge::Client::new(config);
+    let mut task_events_bus = String::new();
+    for rule in t.of_type("AWS::Events::Rule") {
+        let p = t.properties(rule, "AWS::Events::Rule");
+        let targets: Vec<(String, String)> = p["Targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|target| {
+                let queue = target["Arn"]["Fn::GetAtt"][0].as_str()?;
+                Some((
+                    target["Id"].as_str()?.to_owned(),
+                    queue_arns.get(queue)?.clone(),
+                ))
+            })
+            .collect();
+        if targets.is_empty() {
+            continue;
+        }
+        let bus_id = Template::ref_of(&p["EventBusName"]);
+        let bus = name(
+            &t.properties(bus_id, "AWS::Events::EventBus")["Name"],
+            stage,
+        );
+        eb.create_event_bus()
+            .name(&bus)
+            .send()
+            .await
+            .expect("create the rule's bus");
+        let rule_name = name(&p["Name"], stage);
+        eb.put_rule()
+            .name(&rule_name)
+            .event_bus_name(&bus)
+            .event_pattern(p["EventPattern"].to_string())
+            .send()
+            .await
+            .expect("create the template's rule");
+        for (id, arn) in targets {
+            let target = aws_sdk_eventbridge::types::Target::builder()
+                .id(id)
+                .arn(arn)
+                .build()
+                .expect("target");
+            eb.put_targets()
+                .rule(&rule_name)
+                .event_bus_name(&bus)
+                .targets(target)
+                .send()
+                .await
+                .expect("the rule's target");
+        }
+        task_events_bus = bus;
+    }
     Stack {
         stage: stage.to_owned(),
         resources,
         queue_urls: queues,
         queue_arns,
+        task_events_bus,
         schedule_group,
         schedule_role_arn,
     }

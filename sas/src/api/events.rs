@@ -14,21 +14,15 @@
 use super::deps::ApiDeps;
 use super::error::{Answer, ApiError, respond};
 use crate::domain::Caller;
-use crate::domain::inbox::{Delivery, MAX_PAYLOAD_BYTES};
-use crate::domain::transition::{self, Rejection, TaskRouter};
-use crate::domain::workflow::{Problem, Wait};
-use crate::handlers::{count_outcome, perform_no_step, write};
+use crate::handlers::events::{
+    Delivered, EventDelivery, EventError, MAX_EVENT_ID_LEN, deliver_event,
+};
 use http::{HeaderMap, StatusCode};
 use serde::Serialize;
 use serde_json::Value;
-use tracing::{error, info};
 
 /// The header naming an event, so that a repeat of it changes nothing.
 pub const EVENT_ID: &str = "event-id";
-/// The longest event id.
-pub const MAX_EVENT_ID_LEN: usize = 255;
-/// How often a delivery that lost a race for its record is tried again.
-const TRIES: usize = 4;
 
 /// What a delivery answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -75,102 +69,52 @@ pub async fn deliver(
     } else {
         serde_json::from_slice(body).map_err(|e| ApiError::InvalidJson(e.to_string()))?
     };
-    let text = payload.to_string();
-    if text.len() > MAX_PAYLOAD_BYTES {
-        return Err(ApiError::validation(format!(
-            "the event's payload is {} bytes (at most {MAX_PAYLOAD_BYTES})",
-            text.len()
-        )));
-    }
-    let delivery = Delivery {
-        name: name.to_owned(),
-        id: event_id,
-        payload: text,
+    let task_id: crate::TaskId = id
+        .parse()
+        .map_err(|e: crate::domain::ValidationError| ApiError::InvalidTaskId(e.to_string()))?;
+    let delivery = EventDelivery {
+        task_id,
+        owner: (!deps.operator_api).then_some(caller),
+        name,
+        event_id,
+        payload,
     };
-    for _ in 0..TRIES {
-        let (task, record) = super::tasks::load_for(deps, caller, id).await?;
-        let workflow = crate::handlers::workflow_of(&deps.ports.definitions, &record)
-            .await
-            .map_err(ApiError::unavailable)?;
-        let Some((_, step)) = workflow.event_step(name) else {
-            return Err(ApiError::EventNotExpected(format!(
-                "workflow {} v{} waits for no event {name:?}",
-                workflow.name, workflow.version
-            )));
-        };
-        if let Some(Wait::Event {
-            payload: Some(schema),
-            ..
-        }) = &step.wait
-        {
-            let problems: Vec<Problem> = schema
-                .iter_errors(&payload)
-                .map(|e| Problem {
-                    at: e.instance_path().to_string(),
-                    message: e.to_string(),
-                })
-                .collect();
-            if !problems.is_empty() {
-                return Err(ApiError::ValidationFailed {
-                    message: format!(
-                        "the payload of {name:?} does not match step {:?}'s payload schema",
-                        step.name
-                    ),
-                    problems: Some(problems),
-                });
-            }
+    let (kept, duplicate) = match deliver_event(&deps.ports, delivery).await {
+        Ok(Delivered::Taken { kept }) => (kept, false),
+        Ok(Delivered::Duplicate) => (false, true),
+        Err(EventError::TaskNotFound(id)) => return Err(ApiError::TaskNotFound(id)),
+        Err(EventError::NotExpected(m)) => return Err(ApiError::EventNotExpected(m)),
+        Err(EventError::Refused {
+            message,
+            process_state,
+        }) => {
+            return Err(ApiError::EventRefused {
+                message,
+                process_state,
+            });
         }
-        let router = TaskRouter {
-            workflow: &workflow,
-            task: &task,
-        };
-        let now = deps.ports.clock.now();
-        let t = match transition::deliver(&record, &delivery, now, &workflow.policies(), &router) {
-            Ok(t) => t,
-            Err(Rejection::DuplicateEvent) => {
-                info!(event = %name, "event repeated under its Event-Id: nothing changes");
-                return Ok(respond(
-                    StatusCode::OK,
-                    &EventTaken {
-                        task_id: task.id.to_string(),
-                        event: name.to_owned(),
-                        kept: false,
-                        duplicate: true,
-                    },
-                ));
-            }
-            Err(why) => {
-                return Err(ApiError::EventRefused {
-                    message: why.to_string(),
-                    process_state: record.process_state,
-                });
-            }
-        };
-        match write(deps.ports.store.as_ref(), &t).await {
-            Ok(true) => {}
-            // Another write came first (a reply, another event): read the task again.
-            Ok(false) => continue,
-            Err(e) => return Err(ApiError::unavailable(e)),
+        Err(EventError::Payload { message, problems }) => {
+            return Err(ApiError::ValidationFailed { message, problems });
         }
-        count_outcome(&deps.ports.metrics, record.process_state, &t);
-        let kept = t.record.inbox.kept.len() > record.inbox.kept.len();
-        info!(event = %name, kept, state = %t.record.process_state, "event taken");
-        if let Err(e) = perform_no_step(&deps.ports.outlets(), &t).await {
-            // The write stands: a lost work message is re-enqueued at the pickup deadline.
-            error!(error = %e, "event written, effects left to the supervisor");
+        Err(EventError::Contended) => {
+            return Err(ApiError::Conflict {
+                message: "the task kept changing while the event was delivered: try again".into(),
+                process_state: None,
+            });
         }
-        return Ok(respond(
-            StatusCode::ACCEPTED,
-            &EventTaken {
-                task_id: task.id.to_string(),
-                event: name.to_owned(),
-                kept,
-                duplicate: false,
-            },
-        ));
-    }
-    Err(ApiError::Conflict {
-        message: "the task kept changing while the event was delivered: try again".into(),
-        process_state: None,
-    })
+        Err(e) => return Err(ApiError::unavailable(e)),
+    };
+    Ok(respond(
+        if duplicate {
+            StatusCode::OK
+        } else {
+            StatusCode::ACCEPTED
+        },
+        &EventTaken {
+            task_id: task_id.to_string(),
+            event: name.to_owned(),
+            kept,
+            duplicate,
+        },
+    ))
 }

@@ -3,6 +3,7 @@
 //! the local runner and the tests all call these.
 
 pub mod agent;
+pub mod events;
 pub mod scheduler;
 pub mod start;
 pub mod supervisor;

@@ -82,7 +82,20 @@ fn task_of(body: &str) -> Option<crate::TaskId> {
 pub async fn on_message(deps: &SchedulerDeps, body: &str) -> RecordOutcome {
     let msg: SchedulerMessage = match serde_json::from_str(body) {
         Ok(m) => m,
-        Err(e) => return RecordOutcome::Poison(format!("not a scheduler message: {e}")),
+        Err(e) => {
+            // An event a service put on the task-events bus, sent here by the bus's rule.
+            return match super::events::BusEvent::parse(body) {
+                Some(Ok(event)) => {
+                    let span = info_span!("bus_event", task_id = %event.detail.task_id, event = %event.detail.event, workflow = tracing::field::Empty);
+                    super::events::on_bus_event(&deps.ports, &event)
+                        .instrument(span)
+                        .await
+                        .into()
+                }
+                Some(Err(why)) => RecordOutcome::Poison(why),
+                None => RecordOutcome::Poison(format!("not a scheduler message: {e}")),
+            };
+        }
     };
     match msg {
         SchedulerMessage::Work(w) => {
