@@ -862,3 +862,57 @@ async fn schedules_on_the_emulator() {
         "{gone:?}"
     );
 }
+
+/// A wait longer than SQS's 15-minute delay ends on the dot, not up to a sweep late: the sweep
+/// before its time arms a deadline timer for it (the look-ahead, as far as the sweep's
+/// interval), and the timer ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_wait_ends_on_the_dot_through_the_sweeps_look_ahead() {
+    use sas::ports::Clock;
+    let clock = std::sync::Arc::new(sas::ports::OffsetClock::default());
+    let mut files = nightly_files();
+    files.push((
+        "long-wait.yaml".into(),
+        "name: long-wait\nsteps:\n  - {name: hold, wait: 20m}\n  - {name: after, service: books}\n"
+            .into(),
+    ));
+    let settings = sas_local::Settings {
+        definitions: files,
+        // A sweep a minute, looking a minute ahead (as deployed).
+        supervisor_interval: Duration::from_secs(60),
+        ..sas_blackbox::manual_settings()
+    };
+    let system = System::new(Backend::Memory, settings, clock.clone())
+        .await
+        .expect("builds");
+    let id = sas_blackbox::submit_task(&system, "long-wait", &json!({})).await;
+    system.pump_scheduler().await.expect("poll");
+    let record = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        record.steps[0].status,
+        sas::StepStatus::Waiting,
+        "{record:?}"
+    );
+    let until = record.due_at().expect("the wait's time");
+    // Nothing goes out for it before then: no timer can wait 20 minutes.
+    assert_eq!(system.pump_timers().await.expect("poll"), 0);
+    // The sweep 2 s before its time arms a timer for it; the timer ends the wait at its time.
+    clock.advance(until - clock.now() - chrono::Duration::seconds(2));
+    let report = system.sweep().await.expect("sweep");
+    assert_eq!(report.armed, 1, "{report:?}");
+    assert_eq!(
+        system.pump_timers().await.expect("poll"),
+        0,
+        "not before its time"
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(system.pump_timers().await.expect("poll"), 1);
+    let record = sas_blackbox::state(&system, id).await;
+    let hold = &record.steps[0];
+    assert_eq!(hold.status, sas::StepStatus::Done, "{record:?}");
+    let lag = hold.finished_at.expect("finished") - until;
+    assert!(
+        lag >= chrono::Duration::zero() && lag < chrono::Duration::seconds(2),
+        "ended {lag} after its time"
+    );
+}

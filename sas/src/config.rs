@@ -443,6 +443,14 @@ pub fn sweep_settings_in(
         });
     }
     let budget = vars.seconds("SWEEP_BUDGET_SECONDS", d.budget)?;
+    let look_ahead = vars.seconds("SWEEP_LOOK_AHEAD_SECONDS", d.look_ahead)?;
+    if look_ahead < chrono::Duration::zero() || look_ahead > chrono::Duration::minutes(15) {
+        return Err(ConfigError::Invalid {
+            name: "SWEEP_LOOK_AHEAD_SECONDS",
+            problem: "must be 0 (off) to 900 (a timer's longest delay): the sweep's interval"
+                .into(),
+        });
+    }
     if budget >= lease || budget <= chrono::Duration::zero() {
         return Err(ConfigError::Invalid {
             name: "SWEEP_BUDGET_SECONDS",
@@ -456,5 +464,6 @@ pub fn sweep_settings_in(
         page_size,
         concurrency,
         budget,
+        look_ahead,
     })
 }

@@ -7,6 +7,7 @@
 //! - `sas-local demo`: the same system on an ephemeral port, N tasks of the example workflows
 //!   submitted over HTTP with faults on, a progress bar and a summary (processed, compensated,
 //!   recovered, lost, doubled effects).
+//! - `sas-local timer-lag`: measures how long after their time waits due at once end.
 //! - `sas-local recovery-lag`: measures how long after a deadline a step is dispatched again,
 //!   with deadline timers and with the sweep alone.
 
@@ -97,6 +98,14 @@ enum Command {
         /// The sweep's interval in the sweep-only run, in milliseconds.
         #[arg(long, default_value_t = 1000)]
         sweep_ms: u64,
+    },
+    /// Measure timer lag (a wait's time → the wait ended) for waits all due at once: short ones
+    /// (their timers armed as they began) and 20-minute ones (armed by the sweep's look-ahead);
+    /// prints a markdown table.
+    TimerLag {
+        /// Waits due at the same instant.
+        #[arg(long, default_value_t = 1000)]
+        waits: usize,
     },
 }
 
@@ -416,6 +425,11 @@ async fn main() -> anyhow::Result<()> {
         Command::RecoveryLag { tasks, sweep_ms } => {
             sas::telemetry::init_with_default("error");
             print!("{}", sas_local::lag::table(tasks, sweep_ms).await?);
+            Ok(())
+        }
+        Command::TimerLag { waits } => {
+            sas::telemetry::init_with_default("error");
+            print!("{}", sas_local::lag::timer_table(waits).await?);
             Ok(())
         }
     }

@@ -722,7 +722,12 @@ impl System {
             },
             supervisor: SupervisorDeps {
                 ports,
-                sweep: settings.sweep,
+                // The sweep looks as far ahead as its interval, as in a deployment.
+                sweep: supervisor::SweepSettings {
+                    look_ahead: chrono::Duration::from_std(settings.supervisor_interval)
+                        .unwrap_or_else(|_| chrono::Duration::seconds(1)),
+                    ..settings.sweep
+                },
                 timer_queue_url: Some(resources.timer_queue_url.clone()),
                 dead_letter_url: Some(resources.dead_letter_url.clone()),
                 instance_id: format!("local-supervisor-{}", uuid::Uuid::new_v4()),

@@ -39,6 +39,11 @@ pub struct SweepSettings {
     /// TTL, so a sweep ends (and releases its leases) before either runs out. What is left is
     /// the next sweep's.
     pub budget: chrono::Duration,
+    /// How far ahead a sweep looks (the sweep's interval): a record due within it gets a
+    /// deadline timer for its time (when timers are on), so a deadline past SQS's 15-minute
+    /// delay (a long wait, a delayed start) is still met on the dot, not up to a sweep late.
+    /// Zero: off.
+    pub look_ahead: chrono::Duration,
 }
 
 impl Default for SweepSettings {
@@ -47,6 +52,7 @@ impl Default for SweepSettings {
             page_size: 100,
             concurrency: 32,
             budget: chrono::Duration::seconds(60),
+            look_ahead: chrono::Duration::seconds(60),
         }
     }
 }
@@ -76,6 +82,8 @@ pub struct SweepReport {
     pub cut_short: usize,
     /// Due-index queries made.
     pub pages: usize,
+    /// Deadline timers armed for records due within the look-ahead.
+    pub armed: usize,
 }
 
 impl SweepReport {
@@ -90,6 +98,7 @@ impl SweepReport {
         self.leased_elsewhere += o.leased_elsewhere;
         self.cut_short += o.cut_short;
         self.pages += o.pages;
+        self.armed += o.armed;
     }
 }
 
@@ -235,7 +244,62 @@ async fn drain_shard(sweep: &Sweep<'_>, shard: u32) -> Result<SweepReport, Handl
             }
         }
         if page.len() < page_size {
+            look_ahead(sweep, shard, after, &mut report).await?;
             return Ok(report);
+        }
+    }
+}
+
+/// After a shard is drained: a deadline timer for each record due within the look-ahead, at its
+/// own deadline (read from the record: its due-index key may be up to a minute early).
+/// Best effort, as every timer: one that is lost leaves the record to the next sweep.
+async fn look_ahead(
+    sweep: &Sweep<'_>,
+    shard: u32,
+    mut after: Option<crate::ports::DueEntry>,
+    report: &mut SweepReport,
+) -> Result<(), HandlerError> {
+    let Sweep { deps, now, .. } = *sweep;
+    let ahead = deps.sweep.look_ahead;
+    let Some(url) = deps.timer_queue_url.as_deref() else {
+        return Ok(());
+    };
+    if ahead <= chrono::Duration::zero() {
+        return Ok(());
+    }
+    let page_size = deps.sweep.page_size.max(1);
+    loop {
+        let query = DueQuery {
+            shard,
+            now: now + ahead,
+            limit: page_size,
+            after: after.as_ref(),
+        };
+        let page = deps.ports.store.due(query).await?;
+        report.pages += 1;
+        after = page.last().copied();
+        for entry in page.iter().filter(|e| e.due_at > now) {
+            let Some(record) = deps.ports.store.get_state(entry.task_id).await? else {
+                continue;
+            };
+            let Some(due) = record.due_at().filter(|d| *d > now && *d <= now + ahead) else {
+                continue;
+            };
+            let timer = DeadlineTimer {
+                task_id: record.task_id,
+                attempt: record.attempt,
+                step_index: record.step_index,
+                complete_by: due,
+            };
+            match super::scheduler::arm(deps.ports.queue.as_ref(), url, &timer, now).await {
+                Ok(()) => report.armed += 1,
+                Err(e) => {
+                    warn!(task_id = %record.task_id, error = %e, "look-ahead timer not armed; the next sweep finds it")
+                }
+            }
+        }
+        if page.len() < page_size {
+            return Ok(());
         }
     }
 }
