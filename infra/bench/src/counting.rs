@@ -66,6 +66,27 @@ impl WriteUnits {
 }
 
 impl Counts {
+    /// These counts and `o`'s, as one task's.
+    pub fn plus(mut self, o: Counts) -> Self {
+        for (k, n) in o.calls {
+            *self.calls.entry(k).or_default() += n;
+        }
+        for (k, n) in o.messages {
+            *self.messages.entry(k).or_default() += n;
+        }
+        for (k, (w, r)) in o.keys {
+            let e = self.keys.entry(k).or_default();
+            e.0 += w;
+            e.1 += r;
+        }
+        self.wru += o.wru;
+        self.rru += o.rru;
+        self.events += o.events;
+        self.writes.extend(o.writes);
+        self.conflicts += o.conflicts;
+        self
+    }
+
     pub fn call(&self, name: &str) -> u64 {
         self.calls.get(name).copied().unwrap_or(0)
     }

@@ -27,6 +27,16 @@ pub const FOR_EACH: &str = "bench-for-each";
 /// The forEach's elements (the most a forEach takes) and how many are out at once.
 pub const ELEMENTS: usize = 100;
 pub const MAX_CONCURRENCY: usize = 10;
+/// Two of the line's steps, one after the other: what a wait or an event between them adds to.
+pub const PAIR: &str = "bench-pair";
+/// Two of the line's steps with a 14-day wait between them.
+pub const WAIT: &str = "bench-wait";
+/// How long [`WAIT`] waits.
+pub const WAIT_DAYS: i64 = 14;
+/// Two of the line's steps with a wait for a named event between them.
+pub const EVENT: &str = "bench-event";
+/// The event [`EVENT`] waits for.
+pub const EVENT_NAME: &str = "signed";
 /// The three steps' services, with what each takes in the timed run.
 pub const BRANCHES: [(&str, u64); 3] = [("bench-a", 100), ("bench-b", 200), ("bench-c", 300)];
 /// The forEach's service, and what each element's call takes in the timed run.
@@ -74,7 +84,36 @@ pub fn definitions() -> Vec<(String, String)> {
         "bench-services.json".to_owned(),
         json!({"services": services}),
     )];
-    for (name, w) in [(PARALLEL, parallel), (LINE, line), (FOR_EACH, for_each)] {
+    let first_last = || {
+        let steps: Vec<Value> = BRANCHES.iter().map(step).collect();
+        (steps[0].clone(), steps[2].clone())
+    };
+    let (a, c) = first_last();
+    let pair = json!({
+        "name": PAIR,
+        "description": "Two steps, one after the other.",
+        "steps": [a, c],
+    });
+    let (a, c) = first_last();
+    let wait = json!({
+        "name": WAIT,
+        "description": "Two steps, 14 days apart.",
+        "steps": [a, {"name": "hold", "wait": format!("{WAIT_DAYS}d")}, c],
+    });
+    let (a, c) = first_last();
+    let event = json!({
+        "name": EVENT,
+        "description": "Two steps, the second once an event came.",
+        "steps": [a, {"name": "signature", "waitFor": EVENT_NAME, "within": "30d"}, c],
+    });
+    for (name, w) in [
+        (PARALLEL, parallel),
+        (LINE, line),
+        (FOR_EACH, for_each),
+        (PAIR, pair),
+        (WAIT, wait),
+        (EVENT, event),
+    ] {
         files.push((format!("{name}.json"), w));
     }
     files.into_iter().map(|(f, v)| (f, v.to_string())).collect()
@@ -83,7 +122,7 @@ pub fn definitions() -> Vec<(String, String)> {
 /// The input of a task of one of the bench's workflows (`None` for any other).
 pub fn input(workflow: &str) -> Option<Value> {
     match workflow {
-        PARALLEL | LINE => Some(json!({"customerId": "bench"})),
+        PARALLEL | LINE | PAIR | WAIT | EVENT => Some(json!({"customerId": "bench"})),
         FOR_EACH => Some(json!({
             "items": (0..ELEMENTS).map(|i| format!("item-{i:03}")).collect::<Vec<_>>(),
         })),

@@ -110,6 +110,8 @@ async fn main() -> anyhow::Result<()> {
         writeln!(md, "{}", writes_table(&scenarios))?;
         writeln!(md, "## Cost per million tasks\n")?;
         writeln!(md, "{}", cost_table(&scenarios))?;
+        writeln!(md, "## Waits and events\n")?;
+        writeln!(md, "{}", waits_table(&scenarios))?;
         writeln!(md, "## Before and after\n")?;
         writeln!(md, "{}", before_after_table(&scenarios)?)?;
         measured = Some(scenarios);
@@ -605,6 +607,39 @@ fn cost_in(s: &Scenario, batch: f64, capacity: Capacity) -> Cost {
     }
 }
 
+/// What a wait and a delivered event add to a task: the scenarios with them against the same
+/// two steps alone (on the emulator, one message per invocation, on demand).
+fn waits_table(scenarios: &[Scenario]) -> String {
+    let of = |name: &str| scenarios.iter().find(|s| s.name == name).map(cost);
+    let (Some(pair), Some(wait), Some(event)) = (
+        of("2 steps"),
+        of("2 steps, a 14-day wait between"),
+        of("2 steps, an event between"),
+    ) else {
+        return "(the wait and event scenarios did not run)\n".into();
+    };
+    let days = groups::WAIT_DAYS as f64;
+    let m = 1e6;
+    let mut out = format!(
+        "USD per million tasks, from the cost model above: what a {days}-day wait, and an event delivered through the task API, add to the same two steps (`2 steps`: ${:.2} sas orchestration, ${:.2} Step Functions Standard). Nothing runs while a task waits: no Lambda, no poll, no message re-armed; a wait costs what its end costs (the look-ahead's read and timer, the supervisor's invocation, the write), whatever its length, so per day it is that over the days waited. Step Functions bills a Wait state, and a task-token state, one transition each.\n\n| added | sas orchestration | per day of waiting | Step Functions Standard | per day of waiting |\n|---|---|---|---|---|\n",
+        pair.orchestration * m,
+        pair.sfn_standard * m
+    );
+    let wait_sas = (wait.orchestration - pair.orchestration) * m;
+    let wait_sfn = (wait.sfn_standard - pair.sfn_standard) * m;
+    out.push_str(&format!(
+        "| a {days}-day wait | ${wait_sas:.2} | ${:.3} | ${wait_sfn:.2} | ${:.3} |\n",
+        wait_sas / days,
+        wait_sfn / days
+    ));
+    out.push_str(&format!(
+        "| an event delivered (a waiting task) | ${:.2} | - | ${:.2} | - |\n",
+        (event.orchestration - pair.orchestration) * m,
+        (event.sfn_standard - pair.sfn_standard) * m
+    ));
+    out
+}
+
 /// Clean e-commerce orders through the in-memory system, every store call counted by the key it
 /// lands on (an item's partition key, or a GSI partition): the write and read units each key
 /// takes per task, and what that is at 1,000 tasks a second against DynamoDB's per-partition
@@ -753,10 +788,13 @@ fn writes_table(scenarios: &[Scenario]) -> String {
 /// The scenarios added after the baseline was measured (the parallel group, the line and the
 /// forEach): their before/after rows say `new`. Any other scenario must have a
 /// baseline row.
-const NEW_SCENARIOS: [&str; 3] = [
+const NEW_SCENARIOS: [&str; 6] = [
     "3 parallel branches",
     "the same 3 steps in a line",
     "forEach: 100 elements, 10 at once",
+    "2 steps",
+    "2 steps, a 14-day wait between",
+    "2 steps, an event between",
 ];
 
 /// The figures of the baseline run (`infra/bench/baseline.json`, committed with the commit and
@@ -1043,6 +1081,21 @@ mod tests {
                 .count()
                 == NEW_SCENARIOS.len()
         );
+        // What a wait and an event add: positive, and a day of waiting a fraction of a wait.
+        let waits = waits_table(&s);
+        let row = |start: &str| -> Vec<f64> {
+            waits
+                .lines()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("no row {start}:\n{waits}"))
+                .split('|')
+                .filter_map(|c| c.trim().strip_prefix('$')?.parse().ok())
+                .collect()
+        };
+        let wait = row("| a 14-day wait |");
+        assert_eq!(wait.len(), 4, "{waits}");
+        assert!(wait[0] > 0.0 && (wait[1] - wait[0] / 14.0).abs() < 0.01, "{waits}");
+        assert!(row("| an event delivered")[0] > 0.0, "{waits}");
         // The group against the line, and the forEach per element, from the same scenarios.
         let group = groups::group_cost(&s, |sc| cost(sc).orchestration);
         assert!(group.contains("against the line's"), "{group}");

@@ -97,15 +97,19 @@ struct Built {
     system: System,
     meter: Arc<Meter>,
     store: Arc<dyn StateStore>,
+    clock: Arc<OffsetClock>,
 }
 
 /// The workflows every scenario's system has published (the examples and the bench's own).
-const PUBLISHED: [&str; 5] = [
+const PUBLISHED: [&str; 8] = [
     "ecommerce-order",
     "loan-application",
     groups::PARALLEL,
     groups::LINE,
     groups::FOR_EACH,
+    groups::PAIR,
+    groups::WAIT,
+    groups::EVENT,
 ];
 
 /// A system on fresh resources, with the example definitions and the bench's own
@@ -155,8 +159,8 @@ async fn build(
     let store = p.store.clone();
     let p = wrap(p, &meter, settings.due_shards);
     let files = settings.definitions.clone();
-    let clock: Arc<dyn Clock> = Arc::new(OffsetClock::default());
-    let system = System::from_ports(p, settings, clock);
+    let clock = Arc::new(OffsetClock::default());
+    let system = System::from_ports(p, settings, clock.clone() as Arc<dyn Clock>);
     system.publish(&files).await?;
     for workflow in PUBLISHED {
         system.definitions.latest(workflow).await?;
@@ -167,6 +171,7 @@ async fn build(
         system,
         meter,
         store,
+        clock,
     })
 }
 
@@ -511,7 +516,130 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     };
     out.push(straight(target, &plan, &[]).await?);
 
+    // 10. Two steps, one after the other: what the wait and the event below add to. A, C,
+    // NotifyProcessed, Done: 4.
+    let plan = Plan {
+        name: "2 steps",
+        workflow: groups::PAIR,
+        steps: 2,
+        sfn_transitions: 4,
+        callbacks: 0,
+        expect: ProcessState::Processed,
+    };
+    out.push(straight(target, &plan, &[]).await?);
+
+    // 11. Two steps 14 days apart: the wait begins with the first step's reply (no write of
+    // its own), the last sweep before its time arms its timer (the look-ahead: a read and a
+    // message; the sweep's own queries are its fixed cost, left out), the timer ends it. The
+    // equivalent: A, Wait (14 days), C, NotifyProcessed, Done: 5.
+    let plan = Plan {
+        name: "2 steps, a 14-day wait between",
+        workflow: groups::WAIT,
+        steps: 2,
+        sfn_transitions: 5,
+        callbacks: 0,
+        expect: ProcessState::Processed,
+    };
+    let Built {
+        system,
+        meter,
+        clock,
+        ..
+    } = build(target, &[], chrono::Duration::seconds(30), true).await?;
+    let mut clocked = Clocked::default();
+    let id = submit(&system, &mut clocked, plan.workflow).await?;
+    quiet(&system, &mut clocked).await?;
+    let due = system
+        .store
+        .get_state(id)
+        .await?
+        .and_then(|r| r.due_at())
+        .ok_or_else(|| anyhow::anyhow!("the wait has no time"))?;
+    // Half a second before its time: within the sweep's look-ahead (its interval, 1 s here).
+    let before = meter.take();
+    clock.advance(due - clock.now() - chrono::Duration::milliseconds(500));
+    // Fourteen days on, every function's catalog cache has been refreshed many times over
+    // (every `CATALOG_CACHE_SECONDS`, whatever the tasks): warm it again, uncounted.
+    for workflow in PUBLISHED {
+        system.definitions.latest(workflow).await?;
+    }
+    system.definitions.services().await?;
+    meter.take();
+    let report = system.sweep().await?;
+    anyhow::ensure!(
+        report.armed == 1,
+        "the look-ahead armed {} timers",
+        report.armed
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let mut handled = 0;
+    for _ in 0..10 {
+        handled += clocked.time("supervisor", system.pump_timers()).await? as u64;
+        if handled > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    quiet(&system, &mut clocked).await?;
+    let counts = before.plus(without_sweep(meter.take()));
+    let r = (read(&system, id).await?, effects_of(&system, id));
+    system.shutdown().await;
+    out.push(finish(&plan, counts, handled, r, clocked)?);
+
+    // 12. Two steps with a named event between: the event delivered through the task API
+    // (a request, a read and a write) while the task waits for it. The equivalent: A, a Task
+    // state waiting for its token (SendTaskSuccess), C, NotifyProcessed, Done: 5.
+    let plan = Plan {
+        name: "2 steps, an event between",
+        workflow: groups::EVENT,
+        steps: 2,
+        sfn_transitions: 5,
+        callbacks: 1,
+        expect: ProcessState::Processed,
+    };
+    let Built { system, meter, .. } =
+        build(target, &[], chrono::Duration::seconds(30), true).await?;
+    let mut clocked = Clocked::default();
+    let id = submit(&system, &mut clocked, plan.workflow).await?;
+    quiet(&system, &mut clocked).await?;
+    let t = std::time::Instant::now();
+    let resp = sas::api::handle(
+        &system.api,
+        &sas::auth::Identity::anonymous(),
+        &http::Method::POST,
+        &format!("/tasks/{id}/events/{}", groups::EVENT_NAME),
+        &http::HeaderMap::new(),
+        b"{}",
+    )
+    .await;
+    *clocked.0.entry("submission").or_default() += t.elapsed().as_secs_f64();
+    anyhow::ensure!(resp.status() == 202, "the event: {}", resp.body());
+    quiet(&system, &mut clocked).await?;
+    let counts = meter.take();
+    let r = (read(&system, id).await?, effects_of(&system, id));
+    system.shutdown().await;
+    out.push(finish(&plan, counts, 0, r, clocked)?);
+
     Ok(out)
+}
+
+/// `c` without what a sweep costs whatever the tasks: its due-index queries and its shard
+/// leases run every interval (the schedule's fixed cost, which the cost model leaves out).
+fn without_sweep(mut c: Counts) -> Counts {
+    let queries = c.calls.remove("DynamoDB Query (due-index)").unwrap_or(0);
+    c.rru -= 0.5 * queries as f64;
+    c.calls.remove("DynamoDB PutItem (lease)");
+    let leases: f64 = c
+        .writes
+        .iter()
+        .filter(|w| w.label.starts_with("lease"))
+        .map(|w| w.total())
+        .sum();
+    c.wru -= leases;
+    c.writes.retain(|w| !w.label.starts_with("lease"));
+    c.keys
+        .retain(|k, _| !k.starts_with("due-index due#") && !k.starts_with("LEASE#"));
+    c
 }
 
 async fn read(system: &System, id: TaskId) -> anyhow::Result<ProcessState> {
@@ -545,6 +673,9 @@ mod tests {
                 "3 parallel branches",
                 "the same 3 steps in a line",
                 "forEach: 100 elements, 10 at once",
+                "2 steps",
+                "2 steps, a 14-day wait between",
+                "2 steps, an event between",
             ]
         );
         // Without timers: the clean e-commerce order's messages and writes, less the timers and the
@@ -554,6 +685,20 @@ mod tests {
         assert_eq!(s[5].invocations.get("supervisor").copied().unwrap_or(0), 0);
         assert_eq!(s[5].counts.wru, s[0].counts.wru);
         let agent = |i: usize| s[i].counts.messages.get("agent").copied().unwrap_or(0);
+        // A wait adds no step request, and its end is one timer (the look-ahead's) handled by
+        // one supervisor invocation; an event adds one API request and no message.
+        assert_eq!((agent(9), agent(10), agent(11)), (2, 2, 2));
+        assert_eq!(s[10].invocations["supervisor"], timers(9) + 1);
+        assert_eq!(timers(10), timers(9) + 1, "the look-ahead's timer");
+        assert_eq!(s[11].callbacks, 1);
+        assert_eq!(
+            s[10].counts.call("DynamoDB Query (due-index)"),
+            0,
+            "the sweep's own queries are left out"
+        );
+        for i in [9, 10, 11] {
+            assert_eq!(s[i].effects.len(), 2, "{}: {:?}", s[i].name, s[i].effects);
+        }
         // One request per step; a retry sends its step again; undos are requests too.
         assert_eq!(agent(0), 3);
         assert_eq!(agent(1), 4);
@@ -613,6 +758,7 @@ mod tests {
             system,
             meter,
             store,
+            ..
         } = build(&Target::Memory, &[], chrono::Duration::seconds(30), true)
             .await
             .expect("a system");
