@@ -1094,7 +1094,10 @@ mod tests {
         };
         let wait = row("| a 14-day wait |");
         assert_eq!(wait.len(), 4, "{waits}");
-        assert!(wait[0] > 0.0 && (wait[1] - wait[0] / 14.0).abs() < 0.01, "{waits}");
+        assert!(
+            wait[0] > 0.0 && (wait[1] - wait[0] / 14.0).abs() < 0.01,
+            "{waits}"
+        );
         assert!(row("| an event delivered")[0] > 0.0, "{waits}");
         // The group against the line, and the forEach per element, from the same scenarios.
         let group = groups::group_cost(&s, |sc| cost(sc).orchestration);

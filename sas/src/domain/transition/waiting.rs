@@ -641,6 +641,36 @@ steps:
         ));
     }
 
+    /// A wait may be the pivot: once the contract is signed the task only goes forward (a
+    /// refused payout stops in Error for an operator, nothing undone); unsigned by its time, it
+    /// is undone as before.
+    #[test]
+    fn a_wait_for_an_event_as_the_pivot_makes_the_task_go_only_forward_once_it_came() {
+        let pivot = SIGN.replace("    within: 7d\n", "    within: 7d\n    pivot: true\n");
+        let mut t = Harness::of(&pivot, json!({}), base());
+        assert_eq!(t.w.pivot, Some(1));
+        t.claim();
+        t.answer(0, &ok());
+        t.deliver(&event("contract-signed", "e-1")).expect("came");
+        assert!(t.r.past_pivot());
+        t.claim();
+        t.answer(2, &super::super::testkit::refused());
+        assert_eq!(t.r.process_state, ProcessState::Error, "past the pivot");
+        assert_eq!(t.r.steps[0].status, StepStatus::Done, "nothing undone");
+
+        let mut t = Harness::of(&pivot, json!({}), base());
+        t.claim();
+        t.answer(0, &ok());
+        t.now += Duration::days(7);
+        t.expire().expect("its time passed");
+        assert!(!t.r.past_pivot());
+        assert_eq!(
+            t.r.process_state,
+            ProcessState::Compensating,
+            "before it: undone"
+        );
+    }
+
     #[test]
     fn a_branch_waiting_for_an_event_takes_it_and_an_early_one_waits_in_the_inbox() {
         const BRANCHES: &str = r#"name: both

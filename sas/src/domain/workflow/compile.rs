@@ -234,6 +234,7 @@ impl Compiler<'_> {
                 self.not_on_a_group(e, &here, if waits { "a wait" } else { "a group" });
             }
             if waits {
+                self.pivot_at(e, &here, depth);
                 self.wait(e, &here, when, &mut reach, parent);
                 continue;
             }
@@ -425,13 +426,40 @@ impl Compiler<'_> {
         }
     }
 
+    /// Makes `s` (about to be the next step) the pivot, if it asks to be and may: a step or a
+    /// wait of the workflow's own sequence, that always runs, one call, the only one.
+    fn pivot_at(&mut self, s: &StepDoc, at: &str, depth: usize) {
+        if !s.pivot {
+            return;
+        }
+        let index = self.steps.len();
+        let why = if depth > 0 {
+            Some("the pivot is a step of the workflow's own sequence, not of a group")
+        } else if s.when.is_some() {
+            Some("the pivot always runs: it cannot have a `when`")
+        } else if s.for_each.is_some() {
+            Some("the pivot is one call: it cannot be a forEach step")
+        } else {
+            None
+        };
+        match (why, self.pivot) {
+            (Some(why), _) => self.problem(format!("{at}/pivot"), why),
+            (None, Some(first)) => self.problem(
+                format!("{at}/pivot"),
+                format!("step {first} is already the pivot: a workflow has at most one"),
+            ),
+            (None, None) => self.pivot = Some(index),
+        }
+    }
+
     /// A group's (or a wait's: `what`) entry holds none of a step's fields.
     fn not_on_a_group(&mut self, e: &StepDoc, here: &str, what: &str) {
         let step_only = [
             ("action", e.action.is_some()),
             ("input", e.input.is_some()),
             ("undo", e.undo.is_some()),
-            ("pivot", e.pivot),
+            // A wait may be the pivot (once the event came, or the time passed: only forward).
+            ("pivot", e.pivot && what != "a wait"),
             ("timeout", e.timeout.is_some()),
             ("startWithin", e.start_within.is_some()),
             ("retry", e.retry.is_some()),
@@ -461,7 +489,6 @@ impl Compiler<'_> {
         parent: Parent,
         depth: usize,
     ) {
-        let index = self.steps.len();
         if let Some(known) = self.services
             && !known.contains(service)
         {
@@ -474,23 +501,7 @@ impl Compiler<'_> {
             );
         }
         if s.pivot {
-            let why = if depth > 0 {
-                Some("the pivot is a step of the workflow's own sequence, not of a group")
-            } else if s.when.is_some() {
-                Some("the pivot always runs: it cannot have a `when`")
-            } else if s.for_each.is_some() {
-                Some("the pivot is one call: it cannot be a forEach step")
-            } else {
-                None
-            };
-            match (why, self.pivot) {
-                (Some(why), _) => self.problem(format!("{at}/pivot"), why),
-                (None, Some(first)) => self.problem(
-                    format!("{at}/pivot"),
-                    format!("step {first} is already the pivot: a workflow has at most one"),
-                ),
-                (None, None) => self.pivot = Some(index),
-            }
+            self.pivot_at(s, at, depth);
         } else if let (Some(p), Some(_)) = (self.pivot, &s.undo) {
             self.problem(
                 format!("{at}/undo"),
@@ -1111,6 +1122,27 @@ steps:
             "    when: input.notify\n    pivot: true\n",
         ));
         assert_eq!(p[0].at, "/steps/2/pivot");
+        // A wait may be the pivot (once it is done, only forward), as a step of the sequence.
+        let w = Workflow::from_value(
+            serde_json::json!({"name": "w", "steps": [
+                {"name": "a", "service": "inventory", "undo": {"action": "u"}},
+                {"name": "signed", "waitFor": "signed", "within": "1d", "pivot": true},
+                {"name": "b", "service": "inventory"}
+            ]}),
+            None,
+            &crate::Policy::default(),
+        )
+        .expect("valid");
+        assert_eq!(w.pivot, Some(1));
+        let p = problems(&TRIP.replace(
+            "{name: flight, service: inventory}",
+            "{name: hold, wait: 1h, pivot: true}",
+        ));
+        assert!(
+            p.iter()
+                .any(|p| p.at.ends_with("/pivot") && p.message.contains("not of a group")),
+            "{p:?}"
+        );
     }
 
     #[test]
