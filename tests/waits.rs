@@ -351,12 +351,13 @@ async fn events_end_their_waits(system: &System, base: &str, slack: Duration) {
         step(v, "signature")["status"] == "Waiting"
     })
     .await;
+    // Under the Event-Id the first task took: an id is the task's own, not a duplicate here.
     let (status, body) = send_event(
         &http,
         base,
         &id,
         "contract-declined",
-        "dec-2",
+        "sig-1",
         &json!({"by": "bob"}),
     )
     .await;
