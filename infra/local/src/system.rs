@@ -722,10 +722,15 @@ impl System {
             },
             supervisor: SupervisorDeps {
                 ports,
-                // The sweep looks as far ahead as its interval, as in a deployment.
+                // The sweep looks as far ahead as its interval, as in a deployment; not at all
+                // without deadline timers (the sweep alone ends every deadline then).
                 sweep: supervisor::SweepSettings {
-                    look_ahead: chrono::Duration::from_std(settings.supervisor_interval)
-                        .unwrap_or_else(|_| chrono::Duration::seconds(1)),
+                    look_ahead: if settings.deadline_timers {
+                        chrono::Duration::from_std(settings.supervisor_interval)
+                            .unwrap_or_else(|_| chrono::Duration::seconds(1))
+                    } else {
+                        chrono::Duration::zero()
+                    },
                     ..settings.sweep
                 },
                 timer_queue_url: Some(resources.timer_queue_url.clone()),

@@ -84,6 +84,8 @@ pub struct SweepReport {
     pub pages: usize,
     /// Deadline timers armed for records due within the look-ahead.
     pub armed: usize,
+    /// Due-index queries of the look-ahead (beyond `pages`).
+    pub ahead_pages: usize,
 }
 
 impl SweepReport {
@@ -99,6 +101,7 @@ impl SweepReport {
         self.cut_short += o.cut_short;
         self.pages += o.pages;
         self.armed += o.armed;
+        self.ahead_pages += o.ahead_pages;
     }
 }
 
@@ -276,7 +279,7 @@ async fn look_ahead(
             after: after.as_ref(),
         };
         let page = deps.ports.store.due(query).await?;
-        report.pages += 1;
+        report.ahead_pages += 1;
         after = page.last().copied();
         for entry in page.iter().filter(|e| e.due_at > now) {
             let Some(record) = deps.ports.store.get_state(entry.task_id).await? else {
