@@ -470,6 +470,12 @@ fn step_done(
     router: &dyn Router,
 ) -> Vec<Effect> {
     let from = n.process_state;
+    if from == ProcessState::Error {
+        // A late callback: the failure was the wait for this outcome, so the task starts
+        // afresh (whether a next step goes out or this was the last).
+        n.failure_count = 0;
+        n.round = 0;
+    }
     let step = &mut n.steps[i];
     step.finished_attempt = Some(attempt);
     step.finished_at = Some(now);
@@ -545,12 +551,6 @@ fn step_done(
         None => {}
     }
     if from != ProcessState::Processing {
-        if from == ProcessState::Error {
-            // The failure was the wait for this outcome: the next step starts afresh.
-            n.failure_count = 0;
-            n.round = 0;
-            n.last_error = None;
-        }
         n.process_state = ProcessState::Pending;
         n.complete_by = Some(now + p.at(n.step_index).pickup_timeout);
         log(n, from, Some(i), "step done by its callback");
