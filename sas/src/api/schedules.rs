@@ -33,6 +33,15 @@ fn not_found(name: &str) -> ApiError {
     ApiError::ScheduleNotFound(format!("no schedule {name:?} is published"))
 }
 
+/// The schedule `name` as published now, or `404 schedule_not_found`.
+async fn published_schedule(deps: &ApiDeps, name: &str) -> Result<Schedule, ApiError> {
+    deps.ports
+        .definitions
+        .schedule(name)
+        .await?
+        .ok_or_else(|| not_found(name))
+}
+
 async fn timer_set(deps: &ApiDeps, schedule: &Schedule) -> Result<(), ApiError> {
     deps.timetable.put(schedule).await.map_err(|e| {
         error!(schedule = %schedule.name(), error = %e, "the schedule's timer was not set");
@@ -63,12 +72,7 @@ pub(super) async fn list(deps: &ApiDeps) -> Answer {
 
 /// `GET /schedules/{name}`.
 pub(super) async fn get(deps: &ApiDeps, name: &str) -> Answer {
-    let s = deps
-        .ports
-        .definitions
-        .schedule(name)
-        .await?
-        .ok_or_else(|| not_found(name))?;
+    let s = published_schedule(deps, name).await?;
     Ok(respond(StatusCode::OK, &view(deps, &s, None)))
 }
 
@@ -80,24 +84,32 @@ pub(super) async fn apply(deps: &ApiDeps, name: &str, headers: &HeaderMap, body:
     let Some(def) = doc.schedules.into_iter().next() else {
         return Err(ApiError::Internal("nothing to publish"));
     };
-    publish(deps, def, "schedule published").await
+    publish(deps, def, Publishing::Definition).await
+}
+
+/// Why a schedule is published: its definition (`201` for a new version) or an operator's
+/// pause or resume (`200` either way, with `created` saying whether it changed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Publishing {
+    Definition,
+    Action,
 }
 
 /// Publishes `def` and sets its timer: `201` for a new version, `200` if unchanged (an action
 /// answers `200` either way, with `changed`).
-async fn publish(deps: &ApiDeps, def: ScheduleDef, what: &str) -> Answer {
+async fn publish(deps: &ApiDeps, def: ScheduleDef, why: Publishing) -> Answer {
     let (p, schedule) = match deps.ports.definitions.publish_schedule(def).await {
         Ok(done) => done,
         Err(CatalogError::Invalid(e)) => return Err(in_body(e)),
         Err(e) => return Err(e.into()),
     };
-    info!(schedule = %schedule.name(), version = p.version, created = p.created, paused = schedule.def.paused, "{what}");
+    info!(schedule = %schedule.name(), version = p.version, created = p.created, paused = schedule.def.paused, ?why, "schedule published");
     timer_set(deps, &schedule).await?;
     let mut r = published(schedule.name(), p);
     let mut body = view(deps, &schedule, Some(p.version));
     body["created"] = json!(p.created);
     *r.body_mut() = body.to_string();
-    if what != "schedule published" {
+    if why == Publishing::Action {
         *r.status_mut() = StatusCode::OK;
     }
     Ok(r)
@@ -123,18 +135,13 @@ pub(super) async fn pause_or_resume(
     name: &str,
     action: ServiceAction,
 ) -> Answer {
-    let s = deps
-        .ports
-        .definitions
-        .schedule(name)
-        .await?
-        .ok_or_else(|| not_found(name))?;
+    let s = published_schedule(deps, name).await?;
     let def = ScheduleDef {
         paused: action == ServiceAction::Pause,
         ..s.def
     };
     info!(schedule = %name, by = %caller.as_str(), action = action.as_str(), "schedule action");
-    publish(deps, def, "schedule paused or resumed").await
+    publish(deps, def, Publishing::Action).await
 }
 
 /// `DELETE /schedules/{name}`: no run starts a task any more, and its timer is removed.
