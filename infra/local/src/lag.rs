@@ -37,46 +37,64 @@ pub async fn measure(
     let mut system = System::new(Backend::Memory, s, Arc::new(SystemClock)).await?;
     system.start();
     let mut ids = Vec::with_capacity(tasks);
-    let body = serde_json::json!({"customerId": "lag", "items": [{"sku": "SKU-1", "quantity": 1}]});
-    let mut headers = http::HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
+    let body = serde_json::json!({"customerId": "lag", "items": [{"sku": "SKU-1", "quantity": 1}]})
+        .to_string();
     // Spread the submissions over about two seconds, so deadlines fall at every phase of the
     // sweep's interval rather than all at one.
     let gap = Duration::from_micros(2_000_000 / tasks.max(1) as u64);
     for _ in 0..tasks {
         tokio::time::sleep(gap.mul_f64(rand::random::<f64>() * 2.0)).await;
-        let resp = sas::api::handle(
-            &system.api,
-            &sas::auth::Identity::anonymous(),
-            &http::Method::POST,
-            "/workflows/ecommerce-order/tasks",
-            &headers,
-            body.to_string().as_bytes(),
-        )
-        .await;
-        let v: serde_json::Value = serde_json::from_str(resp.body())?;
-        ids.push(
-            v["taskId"]
-                .as_str()
-                .unwrap_or_default()
-                .parse::<sas::TaskId>()?,
-        );
+        ids.push(submit(&system, "ecommerce-order", &body).await?);
     }
+    let lags = lags_of(&system, &ids, |r| {
+        let claims: Vec<_> = r.history.iter().filter(|h| h.reason == "claimed").collect();
+        match claims.as_slice() {
+            [first, second, ..] => Some(second.at - (first.at + step)),
+            _ => None,
+        }
+    })
+    .await;
+    system.shutdown().await;
+    finish(lags?, ids.len(), "tasks were re-dispatched")
+}
+
+/// Starts a task of `workflow` on `body` through the task API, as its one caller; its id.
+async fn submit(system: &System, workflow: &str, body: &str) -> anyhow::Result<sas::TaskId> {
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    let resp = sas::api::handle(
+        &system.api,
+        &sas::auth::Identity::anonymous(),
+        &http::Method::POST,
+        &format!("/workflows/{workflow}/tasks"),
+        &headers,
+        body.as_bytes(),
+    )
+    .await;
+    let v: serde_json::Value = serde_json::from_str(resp.body())?;
+    Ok(v["taskId"]
+        .as_str()
+        .unwrap_or_default()
+        .parse::<sas::TaskId>()?)
+}
+
+/// Each task's lag as `lag` reads it from its record, polled until every task has one or two
+/// minutes passed (then only those that have one), in seconds.
+async fn lags_of(
+    system: &System,
+    ids: &[sas::TaskId],
+    lag: impl Fn(&sas::StateRecord) -> Option<chrono::Duration>,
+) -> anyhow::Result<Vec<f64>> {
     let until = Instant::now() + Duration::from_secs(120);
-    let mut lags = Vec::with_capacity(tasks);
+    let mut lags = Vec::with_capacity(ids.len());
     while Instant::now() < until {
         lags.clear();
-        for id in &ids {
-            let Some(r) = system.store.get_state(*id).await? else {
-                continue;
-            };
-            let claims: Vec<_> = r.history.iter().filter(|h| h.reason == "claimed").collect();
-            if let [first, second, ..] = claims.as_slice() {
-                let deadline = first.at + step;
-                lags.push((second.at - deadline).num_milliseconds() as f64 / 1000.0);
+        for id in ids {
+            if let Some(l) = system.store.get_state(*id).await?.as_ref().and_then(&lag) {
+                lags.push(l.num_milliseconds() as f64 / 1000.0);
             }
         }
         if lags.len() == ids.len() {
@@ -84,12 +102,15 @@ pub async fn measure(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    system.shutdown().await;
+    Ok(lags)
+}
+
+/// `lags`, sorted, if every one of the `of` tasks has one (`what` names what they waited for).
+fn finish(mut lags: Vec<f64>, of: usize, what: &str) -> anyhow::Result<Vec<f64>> {
     anyhow::ensure!(
-        lags.len() == ids.len(),
-        "only {} of {} tasks were re-dispatched in time",
-        lags.len(),
-        ids.len()
+        lags.len() == of,
+        "only {} of {of} {what} in time",
+        lags.len()
     );
     lags.sort_by(f64::total_cmp);
     Ok(lags)
@@ -154,29 +175,9 @@ pub async fn measure_waits(waits: usize, long: bool) -> anyhow::Result<Vec<f64>>
     let at = clock.now() + ahead;
     let at = at - chrono::Duration::nanoseconds(i64::from(at.timestamp_subsec_nanos()));
     let body = serde_json::json!({"at": at.to_rfc3339()}).to_string();
-    let mut headers = http::HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
     let mut ids = Vec::with_capacity(waits);
     for _ in 0..waits {
-        let resp = sas::api::handle(
-            &system.api,
-            &sas::auth::Identity::anonymous(),
-            &http::Method::POST,
-            "/workflows/lag-wait/tasks",
-            &headers,
-            body.as_bytes(),
-        )
-        .await;
-        let v: serde_json::Value = serde_json::from_str(resp.body())?;
-        ids.push(
-            v["taskId"]
-                .as_str()
-                .unwrap_or_default()
-                .parse::<sas::TaskId>()?,
-        );
+        ids.push(submit(&system, "lag-wait", &body).await?);
     }
     // Every task waiting before its time comes.
     let by = Instant::now() + Duration::from_secs(60);
@@ -204,32 +205,15 @@ pub async fn measure_waits(waits: usize, long: bool) -> anyhow::Result<Vec<f64>>
             report.armed
         );
     }
-    let until = Instant::now() + Duration::from_secs(120);
-    let mut lags = Vec::with_capacity(waits);
-    while Instant::now() < until {
-        lags.clear();
-        for id in &ids {
-            let Some(r) = system.store.get_state(*id).await? else {
-                continue;
-            };
-            if let Some(done) = r.steps.first().and_then(|s| s.finished_at) {
-                lags.push((done - at).num_milliseconds() as f64 / 1000.0);
-            }
-        }
-        if lags.len() == ids.len() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let lags = lags_of(&system, &ids, |r| {
+        r.steps
+            .first()
+            .and_then(|s| s.finished_at)
+            .map(|done| done - at)
+    })
+    .await;
     system.shutdown().await;
-    anyhow::ensure!(
-        lags.len() == ids.len(),
-        "only {} of {} waits ended in time",
-        lags.len(),
-        ids.len()
-    );
-    lags.sort_by(f64::total_cmp);
-    Ok(lags)
+    finish(lags?, ids.len(), "waits ended")
 }
 
 /// Both timer-lag measurements as a markdown table.
