@@ -428,14 +428,7 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     }
     // Past the step's deadline: its start allowance and its timeout (build: 1.5 + 1 steps).
     tokio::time::sleep((step * 5 / 2).to_std()? + Duration::from_millis(200)).await;
-    let mut handled = 0;
-    for _ in 0..10 {
-        handled += clocked.time("supervisor", system.pump_timers()).await? as u64;
-        if handled > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    let handled = first_timers(&system, &mut clocked).await?;
     quiet(&system, &mut clocked).await?;
     let counts = meter.take();
     let r = (read(&system, id).await?, effects_of(&system, id));
@@ -572,14 +565,7 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
         report.armed
     );
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let mut handled = 0;
-    for _ in 0..10 {
-        handled += clocked.time("supervisor", system.pump_timers()).await? as u64;
-        if handled > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    let handled = first_timers(&system, &mut clocked).await?;
     quiet(&system, &mut clocked).await?;
     let counts = before.plus(without_sweep(meter.take()));
     let r = (read(&system, id).await?, effects_of(&system, id));
@@ -621,6 +607,20 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     out.push(finish(&plan, counts, 0, r, clocked)?);
 
     Ok(out)
+}
+
+/// Polls the timer queue (the supervisor handling it) until a timer is handled, for about 3 s
+/// at most: how many were.
+async fn first_timers(system: &System, clocked: &mut Clocked) -> anyhow::Result<u64> {
+    let mut handled = 0;
+    for _ in 0..10 {
+        handled += clocked.time("supervisor", system.pump_timers()).await? as u64;
+        if handled > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    Ok(handled)
 }
 
 /// `c` without what a sweep costs whatever the tasks: its due-index queries and its shard
