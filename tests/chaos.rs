@@ -1,6 +1,6 @@
 //! The chaos run on the AWS adapters against the emulator: a smaller seeded run than
-//! `sas-chaos`'s default (tasks of e-commerce orders, loan applications and order triages
-//! in turn), so that the guarantees are checked on DynamoDB and SQS semantics too
+//! `sas-chaos`'s default (tasks of e-commerce orders, loan applications, order triages and
+//! agreements, whose events and deadline run in simulated days, in turn), so that the guarantees are checked on DynamoDB and SQS semantics too
 //! (conditional expressions, GSI queries, SQS delays and visibility), not only in memory.
 //! `infra/test.sh` runs it on moto, then with DynamoDB on DynamoDB Local.
 //!

@@ -1,11 +1,13 @@
-//! The chaos run: tasks of the example workflows and of `order-triage` (a choice and a
-//! condition), in turn, submitted over HTTP to the real handlers, on ports wrapped with failpoints, with
+//! The chaos run: tasks of the example workflows and of the run's `agreement` (a wait, a wait
+//! for the first of two events, a deadline; in simulated days), in turn, submitted over HTTP to
+//! the real handlers, on ports wrapped with failpoints, with
 //! several scheduler and agent pollers and several supervisors at once, and seeded
 //! remote-service faults. At the end every task is checked against its workflow.
 //!
 //! [`run`] goes through its phases in order, one module each: `world` (set the system up from
 //! the [`Config`] in `config`, with the definitions of `definitions`), `operating` (the
-//! operator at work), `load` (submit the tasks), `settle` (wait for quiescence), `checks` (the
+//! operator at work), `load` (submit the tasks), `signing` (the agreements' applicant delivering
+//! their events), `settle` (wait for quiescence), `checks` (the
 //! end-of-run checks, one named function each), into the [`Report`] of `report` (shown by
 //! `table`).
 
@@ -16,6 +18,7 @@ mod load;
 mod operating;
 mod report;
 mod settle;
+mod signing;
 mod table;
 mod world;
 
@@ -27,7 +30,9 @@ pub use definitions::ORDER_TRIAGE;
 pub use load::{WORKFLOWS, input, workflow_of};
 pub use report::{Report, ServiceCounts, StepFailures, WorkflowCounts};
 
+use sas::TaskId;
 use sas_local::Ports;
+use std::collections::HashMap;
 use std::time::Instant;
 
 /// [`run`] on fresh in-memory adapters built from the run's settings.
@@ -42,9 +47,18 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
     let started = Instant::now();
     let progress = settle::Progress::new(cfg.patience);
     let mut operator = operating::Operating::start(cfg, &world);
-    let (ids, indexes) = load::submit_all(cfg, &world, &operator, &progress, started).await;
+    let day = definitions::simulated_day(&cfg.settings.policy);
+    let signing = signing::Signing::new(&world.base, cfg.seed, day);
+    let (ids, indexes) =
+        load::submit_all(cfg, &world, &operator, &signing, &progress, started).await;
     let finals = settle::wait_for_quiescence(cfg, &world, &mut operator, &progress, &ids).await;
     let elapsed = started.elapsed();
+    let agreements: HashMap<TaskId, usize> = indexes
+        .iter()
+        .filter(|(id, _)| ids.get(*id) == Some(&"agreement"))
+        .map(|(id, i)| (*id, *i))
+        .collect();
+    let sent = signing.finish(&*world.system.store, &agreements).await;
     world.stop_supervisors().await;
     let by_operator = operator.tally();
     let left = world.shut_down().await;
@@ -54,6 +68,7 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         finals,
         elapsed,
         operator: by_operator,
+        sent,
         left,
     };
     Ok(checks::check(cfg, end).await)

@@ -16,12 +16,16 @@
 //! - `requeues.rs`: `requeues::check_requeues` against `requeues::requeue_limit`;
 //! - `paths.rs`: `paths::check_paths` (each order triage's steps against the path its input
 //!   implies);
+//! - `events.rs`: `events::check_deadline` (per record, from `records.rs`: nothing went on past
+//!   the task's deadline),
+//!   `events::check_events` (each agreement's named events: taken once, refused after the end);
 //! - `crash_points.rs`: `crash_points::check_reached` (`crash_points::REQUIRED_POINTS`).
 
 mod alerts;
 mod callbacks;
 pub(super) mod crash_points;
 mod effects;
+mod events;
 mod notices;
 mod paths;
 mod records;
@@ -47,6 +51,8 @@ pub(super) struct Ending {
     pub finals: HashMap<TaskId, Option<StateRecord>>,
     pub elapsed: Duration,
     pub operator: OperatorTally,
+    /// Every named event the applicant delivered, with its answer.
+    pub sent: Vec<super::signing::Sent>,
     pub left: Leftovers,
 }
 
@@ -69,6 +75,7 @@ pub(super) async fn check(cfg: &Config, end: Ending) -> Report {
     let outcomes = records::check_records(cfg, &end, &effects, &mut report).await;
     effects::check_no_stray_keys(&effects, &outcomes.known_keys, &mut report);
     paths::check_paths(&end, &mut report);
+    events::check_events(&end, &mut report);
     let alerts = recorder.notices("TaskFailed");
     alerts::count_alerts(&alerts, &end.ids, &mut report);
     let failures = alerts::check_one_alert_per_failure(&alerts, &end, &outcomes, &mut report);

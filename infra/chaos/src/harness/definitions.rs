@@ -31,6 +31,9 @@ impl Config {
         }
         let triage = workflow::parse_value(ORDER_TRIAGE, Format::Yaml)?;
         out.push(("order-triage.json".into(), triage.to_string()));
+        let mut agreement = workflow::parse_value(AGREEMENT, Format::Yaml)?;
+        scale_durations(&mut agreement, &self.settings.policy)?;
+        out.push(("agreement.json".into(), agreement.to_string()));
         Ok(out)
     }
 }
@@ -40,6 +43,59 @@ impl Config {
 /// then whose payment (a choice) and packing (with a condition, then a forEach that labels
 /// each item, 3 at once) run at once, in two parallel branches.
 pub const ORDER_TRIAGE: &str = sas::domain::workflow::examples::ORDER_TRIAGE;
+
+/// The run's fourth workflow: time and events. Funds are held, then the applicant's answer is
+/// awaited (the first of `signed` or `withdrawn`, which the harness delivers as the applicant's
+/// e-sign webhook would: early, twice, late, after the end, see `signing.rs`), a signed
+/// agreement cools off, then pays out; a withdrawn one releases the hold. The whole of it must
+/// be decided within its deadline. Its days are the run's simulated time: [`Config::definitions`]
+/// makes a day a quarter of the step timeout, so its 10-day deadline passes in seconds.
+pub const AGREEMENT: &str = r#"
+name: agreement
+description: Hold, wait for the applicant's answer, cool off, pay out; decided within 10 days.
+deadline: 10d
+input:
+  type: object
+  additionalProperties: false
+  required: [applicantId, amount]
+  properties:
+    applicantId: {type: string, minLength: 1}
+    amount: {type: number, exclusiveMinimum: 0}
+steps:
+  - name: hold
+    service: core-banking
+    input: {applicantId: $.input.applicantId, amount: $.input.amount}
+    undo:
+      action: release-funds
+      input: {hold: "$.steps['hold'].result.id"}
+  - name: answer
+    waitFor: [signed, withdrawn]
+    within: 7d
+    payload:
+      type: object
+      required: [by]
+      properties:
+        by: {type: string, minLength: 1}
+  - name: cooling-off
+    when: steps.answer.result.event == "signed"
+    wait: 5d
+  - name: payout
+    service: core-banking
+    when: steps.answer.result.event == "signed"
+    input:
+      hold: "$.steps['hold'].result.id"
+      by: "$.steps['answer'].result.payload.by"
+  - name: release
+    service: core-banking
+    when: steps.answer.result.event == "withdrawn"
+    input: {hold: "$.steps['hold'].result.id"}
+"#;
+
+/// The run's simulated day: a quarter of its step timeout (the examples' and the agreement's
+/// waits, event windows and deadlines are in days).
+pub fn simulated_day(p: &Policy) -> Duration {
+    p.step_timeout.to_std().unwrap_or_default() / 4
+}
 
 fn duration_of(v: &Value) -> anyhow::Result<Option<Duration>> {
     match v.as_str() {
@@ -104,9 +160,21 @@ fn scale_durations(doc: &mut Value, p: &Policy) -> anyhow::Result<()> {
     if let Some(d) = doc.get_mut("defaults") {
         settings(d)?;
     }
+    // Simulated time: a day of a wait, of an event's window, of the task's deadline is
+    // [`simulated_day`] (none below the 1 s a definition allows).
+    let day = simulated_day(p).as_millis() as f64 / Duration::from_secs(86_400).as_millis() as f64;
+    let floor = workflow::MIN_TIMEOUT;
+    if let Some(d) = doc.get_mut("deadline") {
+        scale(d, day, floor, workflow::MAX_WAIT)?;
+    }
     if let Some(steps) = doc.get_mut("steps").and_then(Value::as_array_mut) {
         for step in steps {
             settings(step)?;
+            for field in ["wait", "within"] {
+                if let Some(t) = step.get_mut(field) {
+                    scale(t, day, floor, workflow::MAX_WAIT)?;
+                }
+            }
         }
     }
     Ok(())
@@ -138,9 +206,22 @@ mod tests {
                 "services.yaml",
                 "ecommerce-order.json",
                 "loan-application.json",
-                "order-triage.json"
+                "order-triage.json",
+                "agreement.json"
             ]
         );
+        // Simulated days: a day is a quarter of the 2 s step timeout.
+        let agreement: Value = serde_json::from_str(&files[4].1).expect("JSON");
+        assert_eq!(agreement["deadline"], "5000ms");
+        assert_eq!(agreement["steps"][1]["within"], "3500ms");
+        assert_eq!(agreement["steps"][2]["wait"], "2500ms");
+        let a = Workflow::from_value(
+            agreement,
+            Some(&["core-banking"].map(String::from).into()),
+            &cfg.settings.policy,
+        )
+        .expect("a valid workflow over the example services");
+        assert_eq!(a.deadline, Some(chrono::Duration::seconds(5)));
         let triage = Workflow::from_value(
             serde_json::from_str(&files[3].1).expect("JSON"),
             Some(

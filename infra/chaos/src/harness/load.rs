@@ -1,11 +1,12 @@
-//! Driving the load: tasks of the two example workflows and of the run's own `order-triage`, in
-//! turn, submitted over HTTP at the
-//! run's pace, within its window of tasks in flight, as a client would (an idempotency key,
-//! retries of 5xx answers); the operator may cancel each one a while after.
+//! Driving the load: tasks of the two example workflows, the shipped `order-triage` and the
+//! run's own `agreement`, in turn, submitted over HTTP at the run's pace, within its window of
+//! tasks in flight, as a client would (an idempotency key, retries of 5xx answers); the operator
+//! may cancel each one a while after, and each agreement's applicant answers it.
 
 use super::config::Config;
 use super::operating::Operating;
 use super::settle::Progress;
+use super::signing::Signing;
 use super::world::World;
 use futures::StreamExt;
 use sas::TaskId;
@@ -14,8 +15,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// The workflows a run submits tasks of, in turn: task `i` is of `WORKFLOWS[i % 3]`.
-pub const WORKFLOWS: [&str; 3] = ["ecommerce-order", "loan-application", "order-triage"];
+/// The workflows a run submits tasks of, in turn: task `i` is of `WORKFLOWS[i % 4]`.
+pub const WORKFLOWS: [&str; 4] = [
+    "ecommerce-order",
+    "loan-application",
+    "order-triage",
+    "agreement",
+];
 
 /// The workflow of task `i`.
 pub fn workflow_of(i: usize) -> &'static str {
@@ -26,7 +32,7 @@ pub fn workflow_of(i: usize) -> &'static str {
 pub fn input(i: usize) -> Value {
     if workflow_of(i) == "order-triage" {
         // Every path: by card or invoice (amount), express or not, in a cycle of 4 triage
-        // tasks (coprime with the 3 workflows).
+        // tasks.
         let k = i / WORKFLOWS.len();
         // 1 to 5 items, picked by a forEach (2 at once).
         let items: Vec<Value> = (0..1 + i % 5)
@@ -37,6 +43,11 @@ pub fn input(i: usize) -> Value {
             "amount": if k.is_multiple_of(2) { 900 } else { 120 },
             "express": k % 4 < 2,
             "items": items,
+        })
+    } else if workflow_of(i) == "agreement" {
+        serde_json::json!({
+            "applicantId": super::signing::signer(i),
+            "amount": 500 * (1 + i % 20),
         })
     } else if workflow_of(i) == "loan-application" {
         serde_json::json!({
@@ -59,6 +70,7 @@ pub(super) async fn submit_all(
     cfg: &Config,
     world: &World,
     operator: &Operating,
+    signing: &Signing,
     progress: &Progress,
     started: Instant,
 ) -> (HashMap<TaskId, &'static str>, HashMap<TaskId, usize>) {
@@ -95,6 +107,7 @@ pub(super) async fn submit_all(
                 }
                 let id = submit(http, base, cfg.seed, i).await?;
                 operator.maybe_cancel(id, i);
+                signing.accepted(id, i);
                 Some((id, i))
             }
         })
@@ -153,13 +166,20 @@ mod tests {
             &policy,
         )
         .expect("valid");
+        let agreement = sas::Workflow::from_value(
+            workflow::parse_value(super::super::definitions::AGREEMENT, sas::Format::Yaml)
+                .expect("YAML"),
+            None,
+            &policy,
+        )
+        .expect("valid");
         let mut paths = std::collections::BTreeSet::new();
-        for i in 0..24 {
-            let w = [&order, &loan, &triage][i % 3];
+        for i in 0..32 {
+            let w = [&order, &loan, &triage, &agreement][i % 4];
             assert_eq!(workflow_of(i), w.name);
             let v = input(i);
             w.check_input(&v).expect("a valid input");
-            if i % 3 == 2 {
+            if i % 4 == 2 {
                 paths.insert((v["amount"].to_string(), v["express"].to_string()));
             }
         }

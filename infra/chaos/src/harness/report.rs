@@ -130,6 +130,16 @@ pub struct Report {
     /// Callback steps that waited out a callback their service had already posted (the
     /// service calls back once, at the first URL it got).
     pub ignored_callbacks: Vec<String>,
+    /// Named events the applicant delivered to the agreements: answer (`taken`, `kept`,
+    /// `duplicate`, or the error's code) → deliveries.
+    pub events: BTreeMap<String, usize>,
+    /// Events taken twice, answers they may not get, ended tasks an event changed, waits
+    /// ended with another task's event (`checks/events.rs`).
+    pub event_violations: Vec<String>,
+    /// Steps and waits done after their task's deadline.
+    pub past_deadline: Vec<String>,
+    /// Tasks failed by their deadline (`task_timeout`).
+    pub deadline_failures: usize,
     /// Crash point → (reached, crashed).
     pub points: BTreeMap<String, (u64, u64)>,
     /// Crash points the run must reach but did not.
@@ -164,7 +174,7 @@ impl Report {
             ),
         );
         // Lists that must be empty: what each holds, and its first few.
-        let must_be_empty: [(&str, &Vec<String>); 14] = [
+        let must_be_empty: [(&str, &Vec<String>); 16] = [
             ("lost", &self.lost),
             ("tasks off the path their input implies", &self.off_path),
             ("keys applied more than once", &self.doubled),
@@ -185,6 +195,8 @@ impl Report {
             ("applied writes reported as lost races", &self.misreported),
             ("messages or records over AWS's limits", &self.too_large),
             ("events do not match final states", &self.notice_mismatch),
+            ("named events mishandled", &self.event_violations),
+            ("tasks gone on past their deadline", &self.past_deadline),
         ];
         for (what, list) in must_be_empty {
             check(!list.is_empty(), format!("{what}: {:?}", first(list)));

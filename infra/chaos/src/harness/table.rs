@@ -106,6 +106,30 @@ impl Report {
         ] {
             row(what, n.to_string(), "0");
         }
+        let answers: Vec<String> = self
+            .events
+            .iter()
+            .map(|(a, n)| format!("{a} {n}"))
+            .collect();
+        row(
+            "named events delivered, by answer",
+            answers.join(", "),
+            "each taken once",
+        );
+        for (what, n) in [
+            ("named events mishandled", self.event_violations.len()),
+            (
+                "tasks gone on past their deadline",
+                self.past_deadline.len(),
+            ),
+        ] {
+            row(what, n.to_string(), "0");
+        }
+        row(
+            "tasks failed by their deadline",
+            self.deadline_failures.to_string(),
+            "",
+        );
         let (sent, dup, delayed, lost_timers) = self.messaging;
         row(
             "messages sent / duplicated / delayed / timers lost",

@@ -68,8 +68,9 @@ pub(super) fn deadline_passed(
 #[cfg(test)]
 mod tests {
     use super::super::testkit::*;
-    use super::super::{apply_reply, retry};
+    use super::super::{apply_reply, deliver, retry, wake};
     use super::*;
+    use crate::domain::inbox::Delivery;
     use crate::domain::state::{NoticeKind, ProcessState};
     use chrono::Duration;
     use serde_json::json;
@@ -137,6 +138,54 @@ steps:
         let mut t = Harness::of(OUT, json!({}), base());
         t.now += Duration::seconds(6);
         assert!(matches!(t.try_claim(), Err(Rejection::PastDeadline { .. })));
+    }
+
+    /// Found by the chaos run: an event (or an operator's wake) that comes after the deadline,
+    /// before the supervisor applies it, must not end the wait and send the task on.
+    #[test]
+    fn past_the_deadline_an_event_or_a_wake_is_refused_and_the_deadline_fails_the_task() {
+        const SIGN: &str = r#"name: sign
+deadline: 1h
+steps:
+  - {name: hold, service: s, undo: {action: release}}
+  - {name: answer, waitFor: signed, within: 2h}
+  - {name: cool-off, wait: 2h}
+"#;
+        for case in ["event", "wake"] {
+            let mut t = Harness::of(SIGN, json!({}), base());
+            t.try_claim().expect("claims");
+            let a = t.r.attempt;
+            t.answer_at(0, a, &ok());
+            if case == "wake" {
+                let d = Delivery {
+                    name: "signed".into(),
+                    id: None,
+                    payload: "{}".into(),
+                };
+                let (p, now) = (t.p.clone(), t.now);
+                t.apply(|r, router| deliver(r, &d, now, &p, router))
+                    .expect("signed in time");
+            }
+            t.now += Duration::hours(1);
+            let (p, now, before) = (t.p.clone(), t.now, t.r.clone());
+            let refused = if case == "event" {
+                let d = Delivery {
+                    name: "signed".into(),
+                    id: Some("e-1".into()),
+                    payload: "{}".into(),
+                };
+                t.apply(|r, router| deliver(r, &d, now, &p, router))
+            } else {
+                t.apply(|r, _| wake(r, &ops(Some("go")), now, &p))
+            };
+            assert!(
+                matches!(refused, Err(Rejection::PastDeadline { .. })),
+                "{case}: {refused:?}"
+            );
+            assert_eq!(t.r, before, "{case}: nothing changed");
+            t.expire().expect("the deadline passed");
+            assert_eq!(t.r.process_state, ProcessState::Compensating, "{case}");
+        }
     }
 
     #[test]

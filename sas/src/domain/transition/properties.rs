@@ -1025,15 +1025,22 @@ mod parallel {
             }
         }
 
-        /// What delivering event number `id` for the wait of step `j` must do to record `r`:
-        /// end that wait (it is out), be kept (the wait is still to come), or be refused (a
-        /// repeat, too late, too many kept).
-        fn expect_event(&self, j: usize, id: usize, r: &StateRecord) -> EventWant {
+        /// What delivering event number `id` for the wait of step `j` must do to record `r` at
+        /// `now`: end that wait (it is out), be kept (the wait is still to come), or be refused
+        /// (a repeat, too late, past the task's deadline, too many kept).
+        fn expect_event(
+            &self,
+            j: usize,
+            id: usize,
+            r: &StateRecord,
+            now: DateTime<Utc>,
+        ) -> EventWant {
             let forward = matches!(
                 r.process_state,
                 ProcessState::Pending | ProcessState::Processing
             );
-            if self.taken.contains(&id) || !forward {
+            let past_deadline = self.deadline.is_some_and(|d| d <= now);
+            if self.taken.contains(&id) || !forward || past_deadline {
                 EventWant::Refused
             } else if self.steps[j].units[0].out {
                 EventWant::Ends
@@ -1640,7 +1647,7 @@ mod parallel {
                         if id == self.event_ids.len() {
                             self.event_ids.push(format!("id-{id}"));
                         }
-                        let want = self.m.expect_event(j, id, &self.r);
+                        let want = self.m.expect_event(j, id, &self.r, self.now);
                         match (&out, want) {
                             (Ok(t), EventWant::Ends) => prop_assert_eq!(
                                 t.record.steps[j].status,
@@ -1804,6 +1811,17 @@ mod parallel {
                     .iter()
                     .find(|o| waits(o) && self.m.steps[o.step].event.is_some())
                 {
+                    if self
+                        .r
+                        .task_deadline_applies()
+                        .is_some_and(|d| d <= self.now)
+                    {
+                        // Too late for the event: the supervisor fails the task.
+                        let t = expire(&self.r, self.now, &self.p, 0.5)
+                            .map_err(|e| TestCaseError::fail(format!("past the deadline: {e}")))?;
+                        self.apply(Act::Expire, t)?;
+                        continue;
+                    }
                     // A wait for its event: the event comes.
                     let id = self.event_ids.len();
                     self.event_ids.push(format!("id-{id}"));

@@ -31,6 +31,10 @@ pub fn wake(
         let claim_none = |_: &StateRecord, _: &str| Err(Rejection::NotClaimable(r.process_state));
         return branches::wake(r, now, p, &event, &claim_none);
     }
+    if let Some(deadline) = r.task_deadline_applies().filter(|d| *d <= now) {
+        // Past the task's deadline nothing goes on: the supervisor fails the task.
+        return Err(Rejection::PastDeadline { deadline });
+    }
     let i = r.step_index;
     // (A wait for an event ends with its event: the operator delivers it.)
     let waits = r.process_state == ProcessState::Processing
@@ -211,7 +215,8 @@ pub(super) fn event_timed_out(
 /// branch's) ends with it, its result `{event, payload}`; else, if a step still to come waits
 /// for it, it is kept for that step (see [`Inbox`]). Refused: a repeat of an event taken (its
 /// `Event-Id`), one no step still to come waits for (too late: that step passed, or the task
-/// ended), one more than a task keeps.
+/// ended), one past the task's deadline (the supervisor fails the task: nothing goes on, as
+/// no step is claimed), one more than a task keeps.
 ///
 /// Condition: same state (at the version read) - keeps "an event is taken once": a delivery
 /// or another write that won the race makes this one read the record again.
@@ -232,6 +237,9 @@ pub fn deliver(
         return Err(Rejection::EventTooLate(r.process_state));
     }
     let now = to_millis(now);
+    if let Some(deadline) = r.task_deadline_applies().filter(|d| *d <= now) {
+        return Err(Rejection::PastDeadline { deadline });
+    }
     let waits_for = |i: usize| p.at(i).event && router.events(i).contains(&d.name);
     if let Some(f) = r.fanout.as_ref().filter(|_| r.branch().is_none()) {
         let waiting = (0..f.branches.len())

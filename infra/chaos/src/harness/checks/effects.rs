@@ -88,6 +88,10 @@ pub(super) fn check_net_effects(
         ProcessState::Processed | ProcessState::Error
     );
     for (i, (step, state)) in workflow.steps.iter().zip(&r.steps).enumerate() {
+        if step.wait.is_some() {
+            // A wait (for a time or an event) calls no service: it nets nothing anywhere.
+            continue;
+        }
         if let Some(each) = &step.for_each {
             // Measured at the service: never more elements in calls at once than the cap.
             let group = format!("{}:{}", r.task_id, step.name);

@@ -91,6 +91,7 @@ pub(super) async fn check_records(
         check_invariants(id, name, r, &workflow, report);
         check_not_in_error_before_pivot(cfg, id, name, r, report);
         note_failure(id, r, &mut out, report);
+        super::events::check_deadline(id, r, &workflow, report);
         let by_hand = end.operator.applied_to(id);
         check_net_effects(
             id,
@@ -237,7 +238,16 @@ fn note_failure(id: &TaskId, r: &StateRecord, out: &mut Outcomes, report: &mut R
             .enumerate()
             .find(|(_, s)| s.name == f.step && s.status == StepStatus::Failed)
     });
-    if let Some((i, s)) = refused.or_else(|| r.steps.iter().enumerate().find(|(_, s)| failed(s))) {
+    // A task its deadline failed while it waited has no failed step: the step it was at.
+    let by_deadline = || {
+        super::events::failed_by_deadline(r)
+            .then(|| r.steps.get(r.step_index).map(|s| (r.step_index, s)))
+            .flatten()
+    };
+    let first = refused
+        .or_else(|| r.steps.iter().enumerate().find(|(_, s)| failed(s)))
+        .or_else(by_deadline);
+    if let Some((i, s)) = first {
         // A refusal is a business outcome: no TaskFailed alert, unless it came past the
         // pivot (the task then waits in Error for a person).
         let refusal = refused.is_some() && r.process_state != ProcessState::Error;
@@ -250,7 +260,7 @@ fn note_failure(id: &TaskId, r: &StateRecord, out: &mut Outcomes, report: &mut R
             .or_default();
         match s.status {
             StepStatus::Failed => by.refused += 1,
-            StepStatus::TimedOut => by.timed_out += 1,
+            StepStatus::TimedOut | StepStatus::Waiting | StepStatus::Pending => by.timed_out += 1,
             _ => by.faulted += 1,
         }
         *by.ended.entry(r.process_state.to_string()).or_default() += 1;
