@@ -1770,7 +1770,7 @@ mod tests {
 
     #[test]
     fn each_step_runs_under_its_own_timeout_and_threshold() {
-        let w = examples::loan_application(&base());
+        let w = loan_workflow();
         let p = w.policies();
         let now = t0();
         let mut r = record(&w, now);

@@ -85,10 +85,77 @@ pub(super) fn declined() -> StepOutcome {
     }
 }
 
-/// A Pending record of the loan: check-credit (no undo), reserve-funds (undo),
-/// send-contract (the pivot, undo), disburse-funds (no undo).
+/// The transitions' loan: check-credit (no undo, 5s), reserve-funds (undo, 30s), send-contract
+/// (a callback step, the pivot, undo), disburse-funds (no undo, threshold 5). A fixture of its
+/// own, so that the shipped example (`workflows/loan-application.yaml`, with its signature and
+/// cooling-off) may change without moving these tests' steps.
+pub(super) const LOAN: &str = r#"name: loan-application
+description: >-
+  A loan: score the applicant (read only, never undone), hold the funds, send the contract
+  and wait for the signature (a callback step), pay out. Once the contract is signed the loan only goes forward: a failed payout waits for
+  an operator instead of undoing the contract.
+input:
+  type: object
+  additionalProperties: false
+  required: [applicantId, amount, currency]
+  properties:
+    applicantId: {type: string, minLength: 1, maxLength: 64}
+    amount: {type: number, exclusiveMinimum: 0, maximum: 10000000}
+    currency: {type: string, pattern: "^[A-Z]{3}$"}
+defaults:
+  timeout: 20s
+  retry: {failureThreshold: 3, baseDelay: 2s, backoffRate: 2, maxDelay: 1m}
+steps:
+  - name: check-credit
+    service: credit-bureau
+    timeout: 5s
+    input: {applicantId: $.input.applicantId, amount: $.input.amount}
+  - name: reserve-funds
+    service: core-banking
+    timeout: 30s
+    input:
+      applicantId: $.input.applicantId
+      amount: $.input.amount
+      currency: $.input.currency
+      creditCheck: "$.steps['check-credit'].result.id"
+    undo:
+      action: release-funds
+      input: {hold: "$.steps['reserve-funds'].result.id", amount: $.input.amount}
+  - name: send-contract
+    service: e-sign
+    pivot: true
+    # The applicant signs within a week: the e-sign service accepts the request at once and
+    # calls back (POST to the Sas-Callback-Url it received) once they have signed, or declined.
+    callback: {timeout: 7d}
+    input:
+      applicantId: $.input.applicantId
+      hold: "$.steps['reserve-funds'].result.id"
+      loan: $.task.id
+    undo:
+      action: void-contract
+      input: {contract: "$.steps['send-contract'].result.id"}
+  - name: disburse-funds
+    service: core-banking
+    retry: {failureThreshold: 5, maxDelay: 5m}
+    input:
+      hold: "$.steps['reserve-funds'].result.id"
+      contract: "$.steps['send-contract'].result.id"
+"#;
+
+/// [`LOAN`] over the base policy, version 1.
+pub(super) fn loan_workflow() -> Workflow {
+    let names = ["credit-bureau", "core-banking", "e-sign"]
+        .map(String::from)
+        .into();
+    crate::domain::workflow::parse_value(LOAN, crate::domain::workflow::Format::Yaml)
+        .and_then(|v| Workflow::from_value(v, Some(&names), &base()))
+        .expect("the transitions' loan is valid")
+        .with_version(1)
+}
+
+/// A Pending record of [`LOAN`].
 pub(super) fn loan(now: DateTime<Utc>) -> StateRecord {
-    record(&examples::loan_application(&base()), now)
+    record(&loan_workflow(), now)
 }
 
 pub(super) fn apply(
