@@ -25,7 +25,10 @@ async fn three_times_what_the_agents_serve_makes_tasks_late_not_failed() {
     let violations = report.violations();
     assert!(violations.is_empty(), "{violations:#?}\n{}", report.table());
     assert_eq!(report.accepted, cfg.tasks, "{}", report.table());
-    for name in sas_chaos::WORKFLOWS.into_iter().filter(|w| *w != "agreement") {
+    for name in sas_chaos::WORKFLOWS
+        .into_iter()
+        .filter(|w| *w != "agreement")
+    {
         let w = &report.workflows[name];
         assert_eq!(
             w.states.get("Processed").copied(),
