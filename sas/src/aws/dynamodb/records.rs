@@ -625,7 +625,7 @@ mod tests {
         assert!(item.contains_key("DueShard") && item.contains_key("DueAt"));
         assert!(!item.contains_key("LockedBy"));
         assert_eq!(parse_state(&item).expect("parses"), r);
-        assert_eq!(r.pivot, Some(2));
+        assert_eq!(r.pivot, Some(4));
         // A task's deadline, when its workflow sets one.
         r.deadline = Some(now + chrono::Duration::days(30));
         r.start_at = Some(now + chrono::Duration::days(1));

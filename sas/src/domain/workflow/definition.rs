@@ -297,14 +297,22 @@ mod tests {
             loan.steps[0].undo.is_none(),
             "the credit check is read-only"
         );
-        assert_eq!(loan.pivot, Some(2));
+        // The cooling-off (a wait) is the pivot: withdrawing before it ends undoes the loan.
+        assert_eq!(loan.pivot, Some(4));
+        assert_eq!(loan.steps[4].name, "cooling-off");
+        assert!(loan.steps[2].policy.callback.is_some(), "send-contract calls back");
+        assert!(
+            matches!(&loan.steps[3].wait, Some(super::Wait::Event { names, .. }) if names == &["contract-signed"]),
+            "the signature is a named event"
+        );
+        assert_eq!(loan.deadline, Some(chrono::Duration::days(30)));
         assert_ne!(
             loan.steps[0].policy.step_timeout,
             loan.steps[1].policy.step_timeout
         );
         assert_eq!(loan.services(), ["credit-bureau", "core-banking", "e-sign"]);
         assert!(
-            loan.steps[3].undo.is_none(),
+            loan.steps[5].undo.is_none(),
             "nothing after the pivot is undone"
         );
         // Every construct, over the shipped services.
