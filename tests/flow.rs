@@ -10,7 +10,7 @@ use sas::remote::Faults;
 use sas::transition::StepOutcome;
 use sas::{ProcessState, StepStatus, TaskId};
 use sas_blackbox::{
-    ECOMMERCE, LOAN, actions, assert_valid, aws_system, drain, effects, loan_input,
+    ECOMMERCE, LOAN, actions, assert_valid, aws_system, cool_off, drain, effects, loan_input,
     manual_settings, memory_system, net, operator_call, order_input, pump_until_quiet, state,
     submit, submit_loan, submit_ok, submit_task, subscribe, task_items, wait_for_messages,
 };
@@ -180,17 +180,23 @@ async fn a_task_submitted_over_http_runs_to_processed_with_every_step_once() {
 
 #[tokio::test]
 async fn a_loan_runs_to_processed_and_each_step_reads_the_results_before_it() {
-    let (system, _clock) = aws_system("loan", manual_settings()).await;
+    let (system, clock) = aws_system("loan", manual_settings()).await;
     let events = subscribe(&system, &["TaskProcessed"]).await;
     let id = submit_loan(&system).await;
     pump_until_quiet(&system, 30).await;
+    // Signed (the event came early, kept for its step): the loan cools off for 14 days.
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Processing, "{r:?}");
+    assert_eq!(r.current_step(), Some("cooling-off"));
+    assert!(!r.past_pivot(), "a withdrawal now still undoes the loan");
+    cool_off(&system, &clock).await;
     let r = state(&system, id).await;
     assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
     assert_eq!(r.workflow, LOAN);
-    assert_eq!(r.pivot, Some(2));
+    assert_eq!(r.pivot, Some(4));
     assert!(r.past_pivot());
     let undoable: Vec<bool> = r.steps.iter().map(|s| s.undoable).collect();
-    assert_eq!(undoable, [false, true, true, false]);
+    assert_eq!(undoable, [false, true, true, false, false, false]);
     assert_valid(&system, &r).await;
     assert_each_step_once(&system, id).await;
 
@@ -211,7 +217,7 @@ async fn a_loan_runs_to_processed_and_each_step_reads_the_results_before_it() {
     );
     assert_eq!(
         request(&system, "core-banking", id, "disburse-funds"),
-        json!({"hold": hold["id"], "contract": contract["id"]})
+        json!({"hold": hold["id"], "contract": contract["id"], "signedBy": "a-42"})
     );
 
     let got = wait_for_messages(&system, &events, 1).await;
@@ -236,7 +242,7 @@ async fn a_refused_contract_releases_the_funds_but_never_undoes_the_credit_check
     );
     assert_eq!(r.steps[0].status, StepStatus::Done);
     assert_eq!(r.steps[0].undo, None, "the credit check has no undo");
-    assert_eq!(r.steps[3].status, StepStatus::Pending, "never paid out");
+    assert_eq!(r.steps[5].status, StepStatus::Pending, "never paid out");
     let undone = sas_blackbox::undone_steps(&r);
     assert_eq!(undone, ["reserve-funds"]);
 
@@ -281,10 +287,11 @@ async fn a_refused_contract_releases_the_funds_but_never_undoes_the_credit_check
 #[tokio::test]
 async fn a_refused_payout_after_the_pivot_ends_in_error_and_only_goes_forward() {
     let settings = sas_blackbox::faulty("core-banking", sas_blackbox::refuse(&["disburse-funds"]));
-    let (system, _clock) = aws_system("loanpivot", settings).await;
+    let (system, clock) = aws_system("loanpivot", settings).await;
     let alerts = subscribe(&system, &["TaskFailed", "TaskCompensated"]).await;
     let id = submit_loan(&system).await;
     pump_until_quiet(&system, 30).await;
+    cool_off(&system, &clock).await;
     let r = state(&system, id).await;
     assert_eq!(
         r.process_state,
@@ -293,7 +300,7 @@ async fn a_refused_payout_after_the_pivot_ends_in_error_and_only_goes_forward() 
     );
     assert_valid(&system, &r).await;
     assert_eq!(r.current_step(), Some("disburse-funds"));
-    assert_eq!(r.steps[3].status, StepStatus::Failed);
+    assert_eq!(r.steps[5].status, StepStatus::Failed);
     assert!(r.steps.iter().all(|s| s.undo.is_none()), "nothing undone");
     for (service, n) in [("credit-bureau", 1), ("core-banking", 1), ("e-sign", 1)] {
         let nets = net(&system, service, id);
@@ -349,7 +356,7 @@ async fn transient_faults_and_lost_responses_are_retried_to_processed_once() {
         lost_response_rate: 0.4,
         ..Faults::default()
     };
-    let (system, _clock) = aws_system("transient", settings).await;
+    let (system, clock) = aws_system("transient", settings).await;
     let mut ids = Vec::new();
     for _ in 0..3 {
         ids.push(submit_ok(&system).await);
@@ -358,6 +365,7 @@ async fn transient_faults_and_lost_responses_are_retried_to_processed_once() {
         ids.push(submit_loan(&system).await);
     }
     pump_until_quiet(&system, 60).await;
+    cool_off(&system, &clock).await;
     for id in ids {
         let r = state(&system, id).await;
         assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");

@@ -233,7 +233,17 @@ async fn the_loan_runs_on_two_http_services_and_a_lambda_with_a_callback_through
             .json()
             .await
             .expect("JSON");
-        ids.push(answer["taskId"].as_str().expect("taskId").to_owned());
+        let id = answer["taskId"].as_str().expect("taskId").to_owned();
+        // The applicant signs early: the e-sign webhook's event is kept for the signature.
+        let signed = http
+            .post(format!("{base}/tasks/{id}/events/contract-signed"))
+            .header("event-id", "esign-1")
+            .json(&json!({"signedBy": "a-42"}))
+            .send()
+            .await
+            .expect("POST event");
+        assert_eq!(signed.status().as_u16(), 202);
+        ids.push(id);
     }
 
     // The 401 window: the breaker opens once, with one alert; the tasks wait on core-banking.
@@ -265,6 +275,17 @@ async fn the_loan_runs_on_two_http_services_and_a_lambda_with_a_callback_through
             let t = task(&http, &base, id).await;
             if t["processState"] == "Processed" {
                 break;
+            }
+            let at = t["steps"]
+                .as_array()
+                .and_then(|s| s.iter().find(|s| s["status"] == "Waiting"));
+            if at.is_some_and(|s| s["name"] == "cooling-off") {
+                // The applicant waives the 14-day cooling-off (an operator's wake).
+                http.post(format!("{base}/operator/tasks/{id}/wake"))
+                    .json(&json!({"reason": "waived"}))
+                    .send()
+                    .await
+                    .expect("POST wake");
             }
             let state = t["processState"].as_str().unwrap_or_default().to_owned();
             assert!(

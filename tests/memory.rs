@@ -62,6 +62,13 @@ async fn a_faulty_in_memory_run_loses_nothing_and_duplicates_nothing() {
             if let Err(e) = r.check(&policies[&r.workflow]) {
                 panic!("every stored record is valid: {e}\n{r:?}");
             }
+            if r.current_step() == Some("cooling-off")
+                && r.process_state == ProcessState::Processing
+            {
+                // The applicant waives the 14-day cooling-off (an operator's wake; it may
+                // race the loan's own moves: a refusal changes nothing).
+                sas_blackbox::wake(&system, r.task_id).await;
+            }
             finals.push(r);
         }
         if finals.iter().all(|r| r.process_state.is_terminal()) {

@@ -8,7 +8,7 @@ use sas::remote::Faults;
 use sas::{ProcessState, StepStatus, TaskId};
 use sas_blackbox::{
     ECOMMERCE, LOAN, aws_system, drain, manual_settings, net, order_input, post_task,
-    pump_until_quiet, state, submit_loan, subscribe, wait_for_messages,
+    pump_until_quiet, state, submit_loan, subscribe, wait_for_messages, waive_cooling_off,
 };
 use sas_local::System;
 use sas_local::provision;
@@ -95,6 +95,7 @@ async fn loans_in_error(n: usize) -> (System, sasctl::Client, Vec<TaskId>) {
         loans.push(submit_loan(&system).await);
     }
     pump_until_quiet(&system, 60).await;
+    waive_cooling_off(&system, &loans).await;
     for id in &loans {
         assert_eq!(state(&system, *id).await.process_state, ProcessState::Error);
     }
@@ -132,6 +133,7 @@ async fn loan_in_error_on_the_emulator(name: &str) -> (System, TaskId) {
     let (system, _clock) = aws_system(name, settings).await;
     let id = submit_loan(&system).await;
     pump_until_quiet(&system, 30).await;
+    waive_cooling_off(&system, &[id]).await;
     assert_eq!(state(&system, id).await.process_state, ProcessState::Error);
     (system, id)
 }
@@ -1017,6 +1019,7 @@ async fn final_tasks_expire_after_the_retention_and_tasks_waiting_for_an_operato
     let processed = sas_blackbox::submit_ok(&system).await;
     let stuck = submit_loan(&system).await;
     pump_until_quiet(&system, 40).await;
+    waive_cooling_off(&system, &[stuck]).await;
     assert_eq!(
         state(&system, processed).await.process_state,
         ProcessState::Processed

@@ -472,9 +472,65 @@ pub async fn submit_ok(system: &System) -> TaskId {
     submit_task(system, ECOMMERCE, &order_input()).await
 }
 
-/// Submits a valid loan application and returns its task id.
+/// Submits a valid loan application and returns its task id; the applicant signs at once
+/// ([`sign_loan`]: the e-sign webhook's `contract-signed` comes early and is kept for the
+/// signature step).
 pub async fn submit_loan(system: &System) -> TaskId {
-    submit_task(system, LOAN, &loan_input()).await
+    let id = submit_task(system, LOAN, &loan_input()).await;
+    sign_loan(system, id).await;
+    id
+}
+
+/// Delivers the loan's `contract-signed` event (`{"signedBy": "a-42"}`) through the task API,
+/// as the task's caller, asserting it was taken (`202`).
+pub async fn sign_loan(system: &System, id: TaskId) {
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        "event-id",
+        http::HeaderValue::from_static("esign-webhook-1"),
+    );
+    let resp = sas::api::handle(
+        &system.api,
+        &sas::auth::Identity::anonymous(),
+        &http::Method::POST,
+        &format!("/tasks/{id}/events/contract-signed"),
+        &headers,
+        br#"{"signedBy": "a-42"}"#,
+    )
+    .await;
+    assert_eq!(resp.status(), 202, "contract-signed for {id}");
+}
+
+/// An operator ends each loan's cooling-off now (`POST /operator/tasks/{id}/wake`, audited),
+/// then the pollers run until quiet (the payouts go out). Each loan must be cooling off.
+pub async fn waive_cooling_off(system: &System, ids: &[TaskId]) {
+    for id in ids {
+        let (status, body) = wake(system, *id).await;
+        assert_eq!(status, 202, "wake {id}: {body}");
+    }
+    pump_until_quiet(system, 60).await;
+}
+
+/// An operator's `wake` of the task (its wait ends now); the answer.
+pub async fn wake(system: &System, id: TaskId) -> (u16, Value) {
+    operator_json(
+        system,
+        &format!("/tasks/{id}/wake"),
+        &json!({"reason": "the applicant waived the cooling-off"}),
+    )
+    .await
+}
+
+/// The loan's 14-day cooling-off passes: the clock moves past it, a sweep ends the wait, and
+/// the pollers run until quiet (the payout goes out).
+pub async fn cool_off(system: &System, clock: &OffsetClock) {
+    clock.advance(chrono::Duration::days(14) + chrono::Duration::seconds(1));
+    system.sweep().await.expect("sweep");
+    pump_until_quiet(system, 30).await;
 }
 
 /// The task's state record (it must exist).

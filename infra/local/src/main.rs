@@ -713,10 +713,24 @@ async fn demo(
                 if status != reqwest::StatusCode::ACCEPTED {
                     bail!("submission answered {status}: {v}");
                 }
-                v["taskId"]
+                let id = v["taskId"]
                     .as_str()
                     .map(str::to_owned)
-                    .context("no taskId in the answer")
+                    .context("no taskId in the answer")?;
+                if workflow == "loan-application" {
+                    // The applicant signs at once: the e-sign webhook's event, kept for the
+                    // loan's signature step.
+                    let signed = http
+                        .post(format!("{base}/tasks/{id}/events/contract-signed"))
+                        .header("event-id", format!("demo-sign-{i}"))
+                        .json(&serde_json::json!({"signedBy": body["applicantId"]}))
+                        .send()
+                        .await?;
+                    if !signed.status().is_success() {
+                        bail!("contract-signed answered {}", signed.status());
+                    }
+                }
+                Ok(id)
             }
         })
         .buffer_unordered(concurrency.max(1))
@@ -769,6 +783,23 @@ async fn demo(
                         })
                     })
                 });
+            let cooling_off = v
+                .as_ref()
+                .and_then(|v| v["steps"].as_array())
+                .is_some_and(|steps| {
+                    steps
+                        .iter()
+                        .any(|s| s["name"] == "cooling-off" && s["status"] == "Waiting")
+                });
+            if cooling_off {
+                // The applicant waives the loan's 14-day cooling-off (an operator's wake, in
+                // its history); a refusal (it ended meanwhile) changes nothing.
+                let _ = http
+                    .post(format!("{base}/operator/tasks/{id}/wake"))
+                    .json(&serde_json::json!({"reason": "the demo's applicant waived the cooling-off"}))
+                    .send()
+                    .await;
+            }
             let counter = match state {
                 Some("Processed") => &mut tally.processed,
                 Some("Compensated") => &mut tally.compensated,

@@ -42,13 +42,16 @@ pub async fn tasks_in_every_state(
             ..Faults::default()
         });
     };
-    // Processed: two orders and a loan, nothing refused.
+    // Processed: two orders and a loan, nothing refused (the applicant signs, and waives the
+    // 14-day cooling-off).
+    let signed = signed_loan(system).await?;
     let mut ids = vec![
         submit(system, ORDER, order()).await?,
         submit(system, ORDER, order()).await?,
-        submit(system, LOAN, loan()).await?,
+        signed,
     ];
     settle(system).await?;
+    cool_off(system, &[signed]).await?;
     made.insert(ProcessState::Processed, std::mem::take(&mut ids));
     // Refused: the payment is declined and the stock released.
     set("payment", &["charge-payment"]);
@@ -62,14 +65,12 @@ pub async fn tasks_in_every_state(
     made.insert(ProcessState::CompensationFailed, std::mem::take(&mut ids));
     set("payment", &[]);
     set("inventory", &[]);
-    // Error: the disbursement is refused past the loan's pivot (the contract is signed), so
+    // Error: the disbursement is refused past the loan's pivot (the cooling-off is over), so
     // nothing is undone; one of the two is then resolved by hand.
     set("core-banking", &["disburse-funds"]);
-    let failed = [
-        submit(system, LOAN, loan()).await?,
-        submit(system, LOAN, loan()).await?,
-    ];
+    let failed = [signed_loan(system).await?, signed_loan(system).await?];
     settle(system).await?;
+    cool_off(system, &failed).await?;
     set("core-banking", &[]);
     operate(
         system,
@@ -136,6 +137,37 @@ async fn submit(system: &System, workflow: &str, input: Value) -> anyhow::Result
         .as_str()
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| anyhow!("no taskId in {body}"))
+}
+
+/// Submits a loan and delivers its `contract-signed` event at once, as the e-sign webhook
+/// would (kept for the signature step).
+async fn signed_loan(system: &System) -> anyhow::Result<TaskId> {
+    let id = submit(system, LOAN, loan()).await?;
+    let resp = api::handle(
+        &system.api,
+        &Identity::anonymous(),
+        &Method::POST,
+        &format!("/tasks/{id}/events/contract-signed"),
+        &HeaderMap::new(),
+        json!({"signedBy": "a-showcase"}).to_string().as_bytes(),
+    )
+    .await;
+    if resp.status() != http::StatusCode::ACCEPTED {
+        bail!(
+            "contract-signed for {id}: {} {}",
+            resp.status(),
+            resp.body()
+        );
+    }
+    Ok(id)
+}
+
+/// The applicants waive their loans' cooling-off (an operator's `wake`), and the loans go on.
+async fn cool_off(system: &System, loans: &[TaskId]) -> anyhow::Result<()> {
+    for id in loans {
+        operate(system, *id, "wake", "the applicant waived the cooling-off").await?;
+    }
+    settle(system).await
 }
 
 /// An operator action through the operator API, with its reason.

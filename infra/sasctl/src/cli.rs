@@ -448,6 +448,10 @@ pub struct WatchArgs {
     /// Give up (exit 4) if the task is not terminal after this many seconds.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout_secs: u64,
+    /// Stop watching (exit 0) once this step waits: for its time, its event or its callback
+    /// (then `wake` it, or deliver the event).
+    #[arg(long, value_name = "STEP")]
+    pub until_waiting: Option<String>,
 }
 
 /// `workflow validate` and `workflow apply` arguments.
@@ -1390,9 +1394,13 @@ async fn watch(
     let deadline = tokio::time::Instant::now() + timeout;
     let request = Request::Show { id: &args.id };
     // It may wait long (a callback step, a paused service): say so, on stderr.
+    let until = match &args.until_waiting {
+        Some(step) => format!("until it is terminal or {step} waits"),
+        None => "until it is terminal".to_owned(),
+    };
     let _ = writeln!(
         err,
-        "watching task {} until it is terminal (every {} ms, at most {} s; Ctrl-C stops watching, not the task)",
+        "watching task {} {until} (every {} ms, at most {} s; Ctrl-C stops watching, not the task)",
         args.id, args.interval_ms, args.timeout_secs
     );
     let mut last: Option<(ProcessState, Option<String>, Option<u32>)> = None;
@@ -1415,6 +1423,18 @@ async fn watch(
         if view.process_state.is_terminal() {
             if !json {
                 out.write_all(render_confirmation(&view).as_bytes())?;
+            }
+            return Ok(exit::OK);
+        }
+        if let Some(step) = &args.until_waiting
+            && raw["steps"].as_array().is_some_and(|steps| {
+                steps
+                    .iter()
+                    .any(|s| s["name"] == step.as_str() && s["status"] == "Waiting")
+            })
+        {
+            if !json {
+                writeln!(out, "task {} waits at {step}", args.id)?;
             }
             return Ok(exit::OK);
         }
@@ -1639,15 +1659,27 @@ mod tests {
             Command::Watch(WatchArgs {
                 id: "t1".into(),
                 interval_ms: 500,
-                timeout_secs: 300
+                timeout_secs: 300,
+                until_waiting: None
             })
         );
         assert_eq!(
-            parse(&["watch", "t1", "--interval-ms", "50", "--timeout-secs", "5"])?.command,
+            parse(&[
+                "watch",
+                "t1",
+                "--interval-ms",
+                "50",
+                "--timeout-secs",
+                "5",
+                "--until-waiting",
+                "cooling-off"
+            ])?
+            .command,
             Command::Watch(WatchArgs {
                 id: "t1".into(),
                 interval_ms: 50,
-                timeout_secs: 5
+                timeout_secs: 5,
+                until_waiting: Some("cooling-off".into())
             })
         );
         Ok(())

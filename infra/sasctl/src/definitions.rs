@@ -823,7 +823,7 @@ steps:
         assert_eq!(
             v.render(),
             "ecommerce-order.yaml: ok (workflow ecommerce-order, 3 steps)\n\
-             loan-application.yaml: ok (workflow loan-application, 4 steps)\n\
+             loan-application.yaml: ok (workflow loan-application, 6 steps)\n\
              services.yaml: ok (6 services)\n"
         );
         let plan = v.plan().unwrap_or_default();

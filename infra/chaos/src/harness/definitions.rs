@@ -244,11 +244,15 @@ mod tests {
         // 5s of a 20s default: a quarter of 2s, raised to the run's step timeout.
         assert_eq!(loan["steps"][0]["timeout"], "2000ms");
         assert_eq!(loan["steps"][1]["timeout"], "3000ms");
-        assert_eq!(loan["steps"][3]["retry"]["maxDelay"], "5000ms");
-        assert_eq!(loan["steps"][3]["retry"]["failureThreshold"], 5);
-        assert_eq!(loan["steps"][2]["pivot"], true);
+        assert_eq!(loan["steps"][5]["retry"]["maxDelay"], "5000ms");
+        assert_eq!(loan["steps"][5]["retry"]["failureThreshold"], 5);
+        assert_eq!(loan["steps"][4]["pivot"], true);
+        // Its 14-day signature window and cooling-off and 30-day deadline, in simulated days.
+        assert_eq!(loan["steps"][3]["within"], "7000ms");
+        assert_eq!(loan["steps"][4]["wait"], "7000ms");
+        assert_eq!(loan["deadline"], "15000ms");
         let w = Workflow::from_value(loan, None, &cfg.settings.policy).expect("valid");
-        assert_eq!(w.pivot, Some(2));
+        assert_eq!(w.pivot, Some(4));
         assert_eq!(w.steps[1].policy.step_timeout, chrono::Duration::seconds(3));
         let order: Value = serde_json::from_str(&files[1].1).expect("JSON");
         let original =

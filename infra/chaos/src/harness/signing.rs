@@ -115,6 +115,21 @@ impl Signing {
     /// its [`Way`] says (and for the early ones, one to a task that does not exist and one
     /// event the workflow never waits for).
     pub fn accepted(&self, id: TaskId, i: usize) {
+        if workflow_of(i) == "loan-application" {
+            // A loan's applicant signs at once: `contract-signed`, kept for its signature step.
+            let (http, base, sent) = (self.http.clone(), self.base.clone(), self.sent.clone());
+            let event_id = format!("esign-{}-{i}", self.seed);
+            let handle = tokio::spawn(async move {
+                let got = deliver(&http, &base, id, "contract-signed", event_id, signer(i)).await;
+                if let Ok(mut log) = sent.lock() {
+                    log.push(got);
+                }
+            });
+            if let Ok(mut pending) = self.pending.lock() {
+                pending.push(handle);
+            }
+            return;
+        }
         let Some(a) = agreement_of(i) else {
             return;
         };
@@ -230,7 +245,8 @@ async fn deliver(
         let resp = http
             .post(format!("{base}/tasks/{task}/events/{name}"))
             .header("event-id", &sent.event_id)
-            .json(&json!({"by": sent.by}))
+            // The agreement's field and the loan's.
+            .json(&json!({"by": sent.by, "signedBy": sent.by}))
             .send()
             .await;
         if let Ok(r) = resp {

@@ -300,7 +300,10 @@ mod tests {
         // The cooling-off (a wait) is the pivot: withdrawing before it ends undoes the loan.
         assert_eq!(loan.pivot, Some(4));
         assert_eq!(loan.steps[4].name, "cooling-off");
-        assert!(loan.steps[2].policy.callback.is_some(), "send-contract calls back");
+        assert!(
+            loan.steps[2].policy.callback.is_some(),
+            "send-contract calls back"
+        );
         assert!(
             matches!(&loan.steps[3].wait, Some(super::Wait::Event { names, .. }) if names == &["contract-signed"]),
             "the signature is a named event"
