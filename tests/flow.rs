@@ -24,7 +24,8 @@ async fn assert_each_step_once(system: &System, id: TaskId) {
     let r = state(system, id).await;
     let w = sas_blackbox::workflow_of(system, &r).await;
     let mut total = 0;
-    for step in &w.steps {
+    for step in w.steps.iter().filter(|s| s.wait.is_none()) {
+        // (A wait calls no service.)
         let key = format!("{id}:{}:{}", step.name, step.action);
         let applied = effects(system, &step.service, id);
         assert_eq!(

@@ -147,7 +147,9 @@ async fn a_faulty_in_memory_run_loses_nothing_and_duplicates_nothing() {
         applied.extend(stats.applied);
     }
     for r in &finals {
-        for s in &r.steps {
+        // A wait (the loan's signature and cooling-off) calls no service.
+        let waits = ["signature", "cooling-off"];
+        for s in r.steps.iter().filter(|s| !waits.contains(&s.name.as_str())) {
             // Keys are `task:step:action`: the step's own action is its name in both examples.
             let forward = format!("{}:{}:{}", r.task_id, s.name, s.name);
             let prefix = format!("{}:{}:", r.task_id, s.name);

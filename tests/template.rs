@@ -145,6 +145,7 @@ async fn the_local_runners_aws_mode_provisions_publishes_and_runs_both_examples(
     let order = submit_ok(&system).await;
     let loan = submit_loan(&system).await;
     pump_until_quiet(&system, 30).await;
+    sas_blackbox::waive_cooling_off(&system, &[loan]).await;
     for id in [order, loan] {
         let r = state(&system, id).await;
         assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");

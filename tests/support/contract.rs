@@ -712,7 +712,7 @@ async fn create_is_atomic_and_reads_back(store: &dyn StateStore) {
     // record, all of which must survive the round trip.
     let loan = task_of("loan-application", now);
     let lr = record(&loan, now, Span::seconds(60));
-    assert_eq!(lr.pivot, Some(2));
+    assert_eq!(lr.pivot, Some(4));
     assert!(!lr.steps[0].undoable && lr.steps[1].undoable);
     create_new(store, &loan, &lr).await;
     assert_eq!(
