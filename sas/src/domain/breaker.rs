@@ -23,7 +23,7 @@ pub struct BreakerPolicy {
     pub pause_after: Option<Duration>,
     /// How long an agent instance may reuse the breaker it last read or wrote instead of
     /// reading it again before each call (`BREAKER_CACHE_MS`; zero: read every time). See
-    /// ARCHITECTURE.md, "The breaker's read cache", for why a stale read is safe.
+    /// docs/guarantees.md, "A stale breaker is safe", for why a stale read is safe.
     pub read_cache: Duration,
 }
 
