@@ -346,3 +346,60 @@ async fn a_callback_that_loses_every_race_comes_back_and_completes_its_step() {
     assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
     assert_eq!(r.steps[2].status, StepStatus::Done);
 }
+
+/// Loses the first claim's write (the record Pending, the write Processing), as a write that
+/// claims nothing (an event kept for a later step) coming first would.
+#[derive(Default)]
+struct FirstClaimLoses(AtomicUsize);
+
+#[async_trait::async_trait]
+impl sas_local::intercept::Interceptor for FirstClaimLoses {
+    async fn around<'a, R: sas_local::intercept::Reply, E: sas_local::intercept::Failure>(
+        &'a self,
+        next: sas_local::intercept::Next<'a, R, E>,
+    ) -> Result<R, E> {
+        use sas_local::intercept::Call;
+        let call = next.call();
+        if let Call::PutAs { put, write } = call
+            && put.record.process_state == ProcessState::Processing
+            && put.record.attempt == 1
+            && self.0.fetch_add(1, Ordering::SeqCst) == 0
+        {
+            let put = sas::ports::Guarded::new(put.record, &NEVER);
+            return next.run(Call::PutAs { put, write }).await;
+        }
+        next.run(call).await
+    }
+}
+
+/// A claim that loses its race to a write that claims nothing is tried again on the record
+/// read anew, at once: the task does not wait for its pickup deadline.
+#[tokio::test]
+async fn a_claim_that_loses_its_race_claims_again_at_once() {
+    let settings = manual_settings();
+    let mut ports = sas_local::system::ports(sas_local::Backend::Memory, &settings)
+        .await
+        .expect("ports");
+    let hook = Arc::new(FirstClaimLoses::default());
+    ports.store = Arc::new(sas_local::intercept::Intercepted::new(
+        ports.store.clone(),
+        hook.clone(),
+    ));
+    let system = System::from_ports(ports, settings, Arc::new(sas::ports::SystemClock));
+    system
+        .publish(&catalog::example_files())
+        .await
+        .expect("the examples publish");
+    let id = sas_blackbox::submit_ok(&system).await;
+    let claimed = system.pump_scheduler().await.expect("scheduler poll");
+    assert_eq!(claimed, 1, "one work message");
+    assert_eq!(hook.0.load(Ordering::SeqCst), 2, "lost once, then claimed");
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Processing, "{r:?}");
+    assert_eq!(r.attempt, 1);
+    pump_until_quiet(&system, 30).await;
+    assert_eq!(
+        state(&system, id).await.process_state,
+        ProcessState::Processed
+    );
+}

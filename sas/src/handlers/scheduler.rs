@@ -161,40 +161,51 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         info!(%not_before, "long wait: work message sent on");
         return Ok(());
     }
-    let (task, record, workflow) = load(deps, w.task_id).await?;
-    let router = transition::TaskRouter {
-        workflow: &workflow,
-        task: &task,
-    };
-    let t = match transition::claim(
-        &record,
-        &deps.instance_id,
-        now,
-        &workflow.policies(),
-        &router,
-    ) {
-        Ok(t) => t,
-        Err(transition::Rejection::TooEarly { until }) => {
-            // An undo whose step may still be in flight: the message came early (a stray, or
-            // clock skew); send it on for the rest of the wait.
-            send_on(deps, w.task_id, until, now).await?;
-            info!(%until, "undo not due yet: work message sent on");
-            return Ok(());
+    for _ in 0..CLAIM_TRIES {
+        let (task, record, workflow) = load(deps, w.task_id).await?;
+        let router = transition::TaskRouter {
+            workflow: &workflow,
+            task: &task,
+        };
+        let t = match transition::claim(
+            &record,
+            &deps.instance_id,
+            now,
+            &workflow.policies(),
+            &router,
+        ) {
+            Ok(t) => t,
+            Err(transition::Rejection::TooEarly { until }) => {
+                // An undo whose step may still be in flight: the message came early (a stray,
+                // or clock skew); send it on for the rest of the wait.
+                send_on(deps, w.task_id, until, now).await?;
+                info!(%until, "undo not due yet: work message sent on");
+                return Ok(());
+            }
+            Err(why) => {
+                info!(%why, "work message dropped");
+                return Ok(());
+            }
+        };
+        if !write(deps.ports.store.as_ref(), &t).await? {
+            // Another write came first: another scheduler's claim (the claim read anew is
+            // then refused and the message dropped), or a write that claims nothing (an event
+            // kept for a later step, an operator's note): claim again on the record as it is.
+            continue;
         }
-        Err(why) => {
-            info!(%why, "work message dropped");
-            return Ok(());
-        }
-    };
-    if !write(deps.ports.store.as_ref(), &t).await? {
-        info!("another scheduler claimed the task first; work message dropped");
-        return Ok(());
+        super::count_outcome(&deps.ports.metrics, record.process_state, &t);
+        tracing::Span::current().record("attempt", t.record.attempt);
+        info!(step = t.record.current_step().unwrap_or("-"), state = %t.record.process_state, "claimed");
+        return run(deps, &task, &workflow, &t).await;
     }
-    super::count_outcome(&deps.ports.metrics, record.process_state, &t);
-    tracing::Span::current().record("attempt", t.record.attempt);
-    info!(step = t.record.current_step().unwrap_or("-"), state = %t.record.process_state, "claimed");
-    run(deps, &task, &workflow, &t).await
+    info!(
+        "the task kept changing while it was claimed; work message dropped (its pickup deadline recovers it)"
+    );
+    Ok(())
 }
+
+/// How often a work message's claim is tried on the record read anew after losing a race.
+const CLAIM_TRIES: u32 = 3;
 
 /// How often a reply (an agent's, or a service's callback) that lost a race for its record,
 /// or met a store fault, is applied again to the record read anew, and the first pause before a
