@@ -662,6 +662,44 @@ struct Tally {
     undoable: HashMap<String, Vec<String>>,
 }
 
+/// The demo's applicant signs loan `id` at once: the e-sign webhook's `contract-signed`, kept
+/// for the signature step, under one `Event-Id` (so a retry is harmless). Contention (`409
+/// conflict`) is tried again; a loan that ended before its signature (its credit check refused,
+/// under the demo's faults) refuses the event (`409 event_refused`), which is its outcome.
+async fn sign(
+    http: &reqwest::Client,
+    base: &str,
+    id: &str,
+    i: usize,
+    signer: &serde_json::Value,
+) -> anyhow::Result<()> {
+    for attempt in 0..10u64 {
+        let resp = http
+            .post(format!("{base}/tasks/{id}/events/contract-signed"))
+            .header("event-id", format!("demo-sign-{i}"))
+            .json(&serde_json::json!({ "signedBy": signer }))
+            .send()
+            .await;
+        let Ok(resp) = resp else {
+            tokio::time::sleep(Duration::from_millis(20 * (attempt + 1))).await;
+            continue;
+        };
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let v: serde_json::Value = resp.json().await.unwrap_or_default();
+        match v["error"]["code"].as_str() {
+            Some("event_refused") => return Ok(()),
+            Some("conflict") => {}
+            _ if status.is_server_error() => {}
+            _ => bail!("contract-signed answered {status}: {v}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20 * (attempt + 1))).await;
+    }
+    bail!("contract-signed for {id} kept meeting contention")
+}
+
 async fn demo(
     opts: &Opts,
     faults: Faults,
@@ -718,17 +756,7 @@ async fn demo(
                     .map(str::to_owned)
                     .context("no taskId in the answer")?;
                 if workflow == "loan-application" {
-                    // The applicant signs at once: the e-sign webhook's event, kept for the
-                    // loan's signature step.
-                    let signed = http
-                        .post(format!("{base}/tasks/{id}/events/contract-signed"))
-                        .header("event-id", format!("demo-sign-{i}"))
-                        .json(&serde_json::json!({"signedBy": body["applicantId"]}))
-                        .send()
-                        .await?;
-                    if !signed.status().is_success() {
-                        bail!("contract-signed answered {}", signed.status());
-                    }
+                    sign(&http, &base, &id, i, &body["applicantId"]).await?;
                 }
                 Ok(id)
             }
