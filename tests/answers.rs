@@ -299,6 +299,27 @@ impl sas_local::intercept::Interceptor for Contend {
     }
 }
 
+/// An in-memory system (not started) whose store goes through `hook`, with the examples
+/// published.
+async fn intercepted(
+    settings: sas_local::Settings,
+    hook: Arc<impl sas_local::intercept::Interceptor + 'static>,
+) -> System {
+    let mut ports = sas_local::system::ports(sas_local::Backend::Memory, &settings)
+        .await
+        .expect("ports");
+    ports.store = Arc::new(sas_local::intercept::Intercepted::new(
+        ports.store.clone(),
+        hook,
+    ));
+    let system = System::from_ports(ports, settings, Arc::new(sas::ports::SystemClock));
+    system
+        .publish(&catalog::example_files())
+        .await
+        .expect("the examples publish");
+    system
+}
+
 /// A callback that loses every race for its record (its service calls back once) is not
 /// dropped: its message comes back and completes the step once the record is quiet.
 #[tokio::test]
@@ -307,20 +328,9 @@ async fn a_callback_that_loses_every_race_comes_back_and_completes_its_step() {
         visibility_timeout: Some(std::time::Duration::from_secs(1)),
         ..manual_settings()
     };
-    let mut ports = sas_local::system::ports(sas_local::Backend::Memory, &settings)
-        .await
-        .expect("ports");
     let hook = Arc::new(Contend::default());
     hook.on.store(true, Ordering::SeqCst);
-    ports.store = Arc::new(sas_local::intercept::Intercepted::new(
-        ports.store.clone(),
-        hook.clone(),
-    ));
-    let system = System::from_ports(ports, settings, Arc::new(sas::ports::SystemClock));
-    system
-        .publish(&catalog::example_files())
-        .await
-        .expect("the examples publish");
+    let system = intercepted(settings, hook.clone()).await;
     let id = sas_blackbox::submit_loan(&system).await;
     pump_until_quiet(&system, 50).await;
     let lost = hook.lost.load(Ordering::SeqCst);
@@ -376,20 +386,8 @@ impl sas_local::intercept::Interceptor for FirstClaimLoses {
 /// read anew, at once: the task does not wait for its pickup deadline.
 #[tokio::test]
 async fn a_claim_that_loses_its_race_claims_again_at_once() {
-    let settings = manual_settings();
-    let mut ports = sas_local::system::ports(sas_local::Backend::Memory, &settings)
-        .await
-        .expect("ports");
     let hook = Arc::new(FirstClaimLoses::default());
-    ports.store = Arc::new(sas_local::intercept::Intercepted::new(
-        ports.store.clone(),
-        hook.clone(),
-    ));
-    let system = System::from_ports(ports, settings, Arc::new(sas::ports::SystemClock));
-    system
-        .publish(&catalog::example_files())
-        .await
-        .expect("the examples publish");
+    let system = intercepted(manual_settings(), hook.clone()).await;
     let id = sas_blackbox::submit_ok(&system).await;
     let claimed = system.pump_scheduler().await.expect("scheduler poll");
     assert_eq!(claimed, 1, "one work message");

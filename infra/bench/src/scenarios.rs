@@ -401,25 +401,8 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
         callbacks: 2,
         expect: ProcessState::Processed,
     };
-    let built = build(target, &[], chrono::Duration::seconds(30), true).await?;
-    let mut clocked = Clocked::default();
-    let id = submit(&built.system, &mut clocked, plan.workflow).await?;
-    deliver(
-        &built.system,
-        &mut clocked,
-        id,
-        "contract-signed",
-        br#"{"signedBy": "bench"}"#,
-    )
-    .await?;
-    quiet(&built.system, &mut clocked).await?;
-    let (counts, handled) = end_long_wait(&built, &mut clocked, id).await?;
-    let r = (
-        read(&built.system, id).await?,
-        effects_of(&built.system, id),
-    );
-    built.system.shutdown().await;
-    out.push(finish(&plan, counts, handled, r, clocked)?);
+    let signed = ("contract-signed", &br#"{"signedBy": "bench"}"#[..]);
+    out.push(ending_a_long_wait(target, &plan, Some(signed)).await?);
 
     // 3. One retry: the order's first step request is lost (its agent never answers); its
     // deadline timer recovers it. One transition more than the clean e-commerce order: the
@@ -554,17 +537,7 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
         callbacks: 0,
         expect: ProcessState::Processed,
     };
-    let built = build(target, &[], chrono::Duration::seconds(30), true).await?;
-    let mut clocked = Clocked::default();
-    let id = submit(&built.system, &mut clocked, plan.workflow).await?;
-    quiet(&built.system, &mut clocked).await?;
-    let (counts, handled) = end_long_wait(&built, &mut clocked, id).await?;
-    let r = (
-        read(&built.system, id).await?,
-        effects_of(&built.system, id),
-    );
-    built.system.shutdown().await;
-    out.push(finish(&plan, counts, handled, r, clocked)?);
+    out.push(ending_a_long_wait(target, &plan, None).await?);
 
     // 12. Two steps with a named event between: the event delivered through the task API
     // (a request, a read and a write) while the task waits for it. The equivalent: A, a Task
@@ -590,6 +563,29 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     out.push(finish(&plan, counts, 0, r, clocked)?);
 
     Ok(out)
+}
+
+/// A task of `plan` (sent `event` right after its submission, if given) run until it waits
+/// long, that wait ended as its time would ([`end_long_wait`]), and the rest run.
+async fn ending_a_long_wait(
+    target: &Target,
+    plan: &Plan,
+    event: Option<(&str, &[u8])>,
+) -> anyhow::Result<Scenario> {
+    let built = build(target, &[], chrono::Duration::seconds(30), true).await?;
+    let mut clocked = Clocked::default();
+    let id = submit(&built.system, &mut clocked, plan.workflow).await?;
+    if let Some((name, body)) = event {
+        deliver(&built.system, &mut clocked, id, name, body).await?;
+    }
+    quiet(&built.system, &mut clocked).await?;
+    let (counts, handled) = end_long_wait(&built, &mut clocked, id).await?;
+    let r = (
+        read(&built.system, id).await?,
+        effects_of(&built.system, id),
+    );
+    built.system.shutdown().await;
+    finish(plan, counts, handled, r, clocked)
 }
 
 /// Ends the long wait task `id` is in as its time would: the clock moves to half a second

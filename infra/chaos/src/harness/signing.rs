@@ -117,17 +117,11 @@ impl Signing {
     pub fn accepted(&self, id: TaskId, i: usize) {
         if workflow_of(i) == "loan-application" {
             // A loan's applicant signs at once: `contract-signed`, kept for its signature step.
-            let (http, base, sent) = (self.http.clone(), self.base.clone(), self.sent.clone());
+            let (http, base) = (self.http.clone(), self.base.clone());
             let event_id = format!("esign-{}-{i}", self.seed);
-            let handle = tokio::spawn(async move {
-                let got = deliver(&http, &base, id, "contract-signed", event_id, signer(i)).await;
-                if let Ok(mut log) = sent.lock() {
-                    log.push(got);
-                }
+            self.spawn(async move {
+                vec![deliver(&http, &base, id, "contract-signed", event_id, signer(i)).await]
             });
-            if let Ok(mut pending) = self.pending.lock() {
-                pending.push(handle);
-            }
             return;
         }
         let Some(a) = agreement_of(i) else {
@@ -137,14 +131,14 @@ impl Signing {
         let Some((days, name)) = way.plan() else {
             return;
         };
-        let (http, base, sent) = (self.http.clone(), self.base.clone(), self.sent.clone());
+        let (http, base) = (self.http.clone(), self.base.clone());
         let (event_id, by, after) = (event_id(self.seed, a), signer(i), self.day.mul_f64(days));
-        let handle = tokio::spawn(async move {
+        self.spawn(async move {
             tokio::time::sleep(after).await;
             let one = |task: TaskId, name: &'static str| {
                 deliver(&http, &base, task, name, event_id.clone(), by.clone())
             };
-            let got = match way {
+            match way {
                 Way::Twice => {
                     let (a, b) = tokio::join!(one(id, name), one(id, name));
                     vec![a, b]
@@ -156,7 +150,16 @@ impl Signing {
                     one(id, "cancelled").await,
                 ],
                 _ => vec![one(id, name).await],
-            };
+            }
+        });
+    }
+
+    /// Runs `deliveries` in the background, keeping what they sent, and waited for by
+    /// [`Signing::finish`].
+    fn spawn(&self, deliveries: impl Future<Output = Vec<Sent>> + Send + 'static) {
+        let sent = self.sent.clone();
+        let handle = tokio::spawn(async move {
+            let got = deliveries.await;
             if let Ok(mut log) = sent.lock() {
                 log.extend(got);
             }

@@ -151,29 +151,25 @@ steps:
   - {name: answer, waitFor: signed, within: 2h}
   - {name: cool-off, wait: 2h}
 "#;
+        let signed = |id: Option<&str>| Delivery {
+            name: "signed".into(),
+            id: id.map(str::to_owned),
+            payload: "{}".into(),
+        };
         for case in ["event", "wake"] {
             let mut t = Harness::of(SIGN, json!({}), base());
             t.try_claim().expect("claims");
             let a = t.r.attempt;
             t.answer_at(0, a, &ok());
             if case == "wake" {
-                let d = Delivery {
-                    name: "signed".into(),
-                    id: None,
-                    payload: "{}".into(),
-                };
-                let (p, now) = (t.p.clone(), t.now);
+                let (p, now, d) = (t.p.clone(), t.now, signed(None));
                 t.apply(|r, router| deliver(r, &d, now, &p, router))
                     .expect("signed in time");
             }
             t.now += Duration::hours(1);
             let (p, now, before) = (t.p.clone(), t.now, t.r.clone());
             let refused = if case == "event" {
-                let d = Delivery {
-                    name: "signed".into(),
-                    id: Some("e-1".into()),
-                    payload: "{}".into(),
-                };
+                let d = signed(Some("e-1"));
                 t.apply(|r, router| deliver(r, &d, now, &p, router))
             } else {
                 t.apply(|r, _| wake(r, &ops(Some("go")), now, &p))
