@@ -203,6 +203,21 @@ pub fn backoff_in(vars: &Vars, d: Backoff) -> Result<Backoff, ConfigError> {
     })
 }
 
+/// The most calls in flight of a service that declares no `concurrency`: `SERVICE_SHARE`
+/// (default 10; 0: no cap).
+pub fn service_share() -> Result<Option<u32>, ConfigError> {
+    service_share_in(&Vars::Process, Some(DEFAULT_SERVICE_SHARE))
+}
+
+/// The deployment's default [`service_share`].
+pub const DEFAULT_SERVICE_SHARE: u32 = 10;
+
+/// [`service_share`] from `vars`, with `d` when unset.
+pub fn service_share_in(vars: &Vars, d: Option<u32>) -> Result<Option<u32>, ConfigError> {
+    let share: u32 = vars.parsed("SERVICE_SHARE", d.unwrap_or(0))?;
+    Ok((share > 0).then_some(share))
+}
+
 /// The shared circuit breaker: `BREAKER_THRESHOLD` (default 5 consecutive transient faults),
 /// `BREAKER_COOLDOWN_MS` (default 5000), `BREAKER_PROBES` (default 1 per window),
 /// `BREAKER_PROBE_WINDOW_MS` (default 10000), `BREAKER_CACHE_MS` (default 1000).

@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 use std::sync::{Arc, Mutex};
 
 /// Every metric the handlers emit (the dashboard and the alarms may name only these).
-pub const NAMES: [&str; 15] = [
+pub const NAMES: [&str; 16] = [
     "TasksAccepted",
     "TasksProcessed",
     "TasksCompensated",
@@ -38,6 +38,7 @@ pub const NAMES: [&str; 15] = [
     "CallbackWaits",
     "SweepsCompleted",
     "ScheduledRuns",
+    "LimitedCalls",
 ];
 
 /// A metric's unit, as EMF names it.

@@ -83,12 +83,17 @@ pub enum CreateOutcome {
 /// ([`TaskStore`], [`TaskLists`], [`DueIndex`], [`Leases`], [`Breakers`], [`RateLimits`]), each
 /// in its own file of [`crate::aws`]'s DynamoDB adapter. The handlers hold the whole of it; a
 /// component that needs one kind takes the narrow trait (an `Arc<dyn StateStore>` upcasts).
-pub trait StateStore: TaskStore + TaskLists + DueIndex + Leases + Breakers + RateLimits {}
+pub trait StateStore: TaskStore + TaskLists + DueIndex + Leases + AgentStore {}
 
-impl<T> StateStore for T where
-    T: TaskStore + TaskLists + DueIndex + Leases + Breakers + RateLimits + ?Sized
-{
-}
+/// What an agent keeps of every service: its breaker, its rate items and its slots.
+pub trait AgentStore: Breakers + LimitStore {}
+impl<T: Breakers + LimitStore + ?Sized> AgentStore for T {}
+
+/// What a service's limits are kept in: the rate items and the slot items.
+pub trait LimitStore: RateLimits + Slots {}
+impl<T: RateLimits + Slots + ?Sized> LimitStore for T {}
+
+impl<T> StateStore for T where T: TaskStore + TaskLists + DueIndex + Leases + AgentStore + ?Sized {}
 
 /// Tasks, their state records and idempotency keys (items `TASK#<id>` and `IDEM#<key>`).
 #[async_trait]
@@ -231,6 +236,41 @@ pub trait RateLimits: Send + Sync {
     /// says when the next one would be admitted: GCRA ([`crate::domain::rate`]) on one item
     /// per key.
     async fn admit(&self, ask: RateRequest<'_>) -> Result<Admission, StoreError>;
+}
+
+/// The services' concurrency limits (items `SLOTS#<key>`): leases on a key's slots.
+#[async_trait]
+pub trait Slots: Send + Sync {
+    /// Takes one of `ask.limit` slots of `ask.key` for `ask.holder` until `ask.until`, if fewer
+    /// than `limit` unexpired leases are held ([`crate::domain::limits::take_slot`]); otherwise
+    /// says when the first one runs out. At most `limit` holders at any time, however many
+    /// agents take slots at once.
+    async fn take_slot(&self, ask: SlotRequest<'_>) -> Result<SlotAnswer, StoreError>;
+    /// Gives back the slot `holder` took (a no-op if its lease ran out and was taken over).
+    async fn free_slot(&self, key: &str, holder: &str) -> Result<(), StoreError>;
+    /// The unexpired leases of `key` at `now` (the console's calls in flight).
+    async fn slots_held(&self, key: &str, now: DateTime<Utc>) -> Result<u32, StoreError>;
+}
+
+/// One slot asked for: of `key`, under `limit`, by `holder` (unique per call), at `now`, until
+/// `until` (the call's deadline: a dead holder's slot is free then).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotRequest<'a> {
+    pub key: &'a str,
+    pub limit: u32,
+    pub holder: &'a str,
+    pub now: DateTime<Utc>,
+    pub until: DateTime<Utc>,
+}
+
+/// What [`Slots::take_slot`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotAnswer {
+    Taken,
+    /// Every slot is held; the first lease runs out at `next_free` (at the latest).
+    Full {
+        next_free: DateTime<Utc>,
+    },
 }
 
 /// One request to admit under a rate limit: of `key` (a caller's digest), under `limit`, at
@@ -635,6 +675,11 @@ pub enum RemoteFault {
         until: DateTime<Utc>,
         paused: Option<String>,
     },
+    /// The call would go over one of the service's limits (`limit`: which, e.g. `service#bank
+    /// over its limit of 5 calls in flight`): no call was made; try again at `until`. No
+    /// failure of the service or the step.
+    #[error("{limit}; try again at {until}")]
+    Limited { until: DateTime<Utc>, limit: String },
     /// The service answered success with more than sas reads
     /// ([`crate::remote::MAX_ANSWER_BYTES`]): the step took effect, but its result cannot be
     /// kept (the agent reports it `Faulted`, `result_too_large`). A healthy answer for the

@@ -182,6 +182,7 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     a_new_input_lands_with_its_record_or_not_at_all(store.as_ref()).await;
     callers_list_their_own_tasks_newest_first(store.as_ref()).await;
     rate_limits_admit_a_burst_then_the_rate(store.as_ref()).await;
+    slots_have_at_most_their_limit_of_holders(store.clone()).await;
     ambiguous_writes_read_back(store.as_ref()).await;
     ties_in_the_state_index_page_once_each(store.as_ref()).await;
     racing_claims_have_one_winner(store).await;
@@ -418,6 +419,94 @@ async fn rate_limits_admit_a_burst_then_the_rate(store: &dyn StateStore) {
     for _ in 0..3 {
         assert_eq!(admit(&alice, idle).await, Admission::Admitted);
     }
+}
+
+/// A key's slots: at most `limit` unexpired leases, however many take at once; a freed or
+/// expired lease makes room; a free of a lease not held (or twice) changes nothing.
+async fn slots_have_at_most_their_limit_of_holders(store: Arc<dyn StateStore>) {
+    use sas::ports::{SlotAnswer, SlotRequest};
+    let key = format!("service#bank-{}", TaskId::new_random());
+    let t0 = to_millis(Utc::now());
+    let until = t0 + Span::seconds(30);
+    // Twelve holders at once on three slots: three get one.
+    let takes = (0..12).map(|i| {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            let holder = format!("h{i}");
+            let ask = SlotRequest {
+                key: &key,
+                limit: 3,
+                holder: &holder,
+                now: t0,
+                until,
+            };
+            (holder.clone(), store.take_slot(ask).await.expect("take"))
+        }
+    });
+    let answers = futures::future::join_all(takes).await;
+    let taken: Vec<&String> = answers
+        .iter()
+        .filter(|(_, a)| *a == SlotAnswer::Taken)
+        .map(|(h, _)| h)
+        .collect();
+    assert_eq!(taken.len(), 3, "{answers:?}");
+    for (_, a) in &answers {
+        if let SlotAnswer::Full { next_free } = a {
+            assert_eq!(*next_free, until, "full until the first lease runs out");
+        }
+    }
+    assert_eq!(store.slots_held(&key, t0).await.expect("held"), 3);
+    let ask = |holder: &'static str, now, limit| SlotRequest {
+        key: &key,
+        limit,
+        holder,
+        now,
+        until: now + Span::seconds(30),
+    };
+    // A free of a lease never taken, or of another key, changes nothing.
+    store.free_slot(&key, "nobody").await.expect("free");
+    store
+        .free_slot("service#other", taken[0])
+        .await
+        .expect("free");
+    assert!(matches!(
+        store.take_slot(ask("late", t0, 3)).await.expect("take"),
+        SlotAnswer::Full { .. }
+    ));
+    // A freed slot is taken again (and a second free of it is a no-op).
+    store.free_slot(&key, taken[0]).await.expect("free");
+    store.free_slot(&key, taken[0]).await.expect("free again");
+    assert_eq!(store.slots_held(&key, t0).await.expect("held"), 2);
+    let second = t0 + Span::seconds(1);
+    assert_eq!(
+        store.take_slot(ask("late", second, 3)).await.expect("take"),
+        SlotAnswer::Taken
+    );
+    assert!(matches!(
+        store
+            .take_slot(ask("later", second, 3))
+            .await
+            .expect("take"),
+        SlotAnswer::Full { .. }
+    ));
+    // Past the leases' end (their holders died mid-call) every slot is free again.
+    let after = until + Span::milliseconds(1);
+    assert_eq!(
+        store.slots_held(&key, after).await.expect("held"),
+        1,
+        "late's runs later"
+    );
+    for holder in ["a", "b"] {
+        assert_eq!(
+            store.take_slot(ask(holder, after, 3)).await.expect("take"),
+            SlotAnswer::Taken,
+            "{holder}"
+        );
+    }
+    assert!(matches!(
+        store.take_slot(ask("c", after, 3)).await.expect("take"),
+        SlotAnswer::Full { .. }
+    ));
 }
 
 /// The caller index: a caller's tasks only, newest first, in pages that cover each once.

@@ -71,6 +71,7 @@ async fn main() -> Result<(), Error> {
                 factory,
                 connectors,
             )
+            .with_share(config::service_share()?)
             .with_alerts(Arc::new(config::event_bus(&sdk)?))
             .with_metrics(sas::metrics::Metrics::from_env()),
         ),

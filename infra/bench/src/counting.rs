@@ -406,6 +406,28 @@ impl Interceptor for Counter {
                 m.key(format!("RATE#{}", ask.key), 1.0, 0.0);
                 next.run(call).await
             }
+            Call::TakeSlot(ask) => {
+                // One conditional UpdateItem of the key's lease map (a few leases: 1 WRU), or
+                // more when it is full (a cleanup, a read of the old item).
+                m.call("DynamoDB UpdateItem (slot)");
+                m.io().await;
+                m.write(WriteUnits::small("slot"));
+                m.key(format!("SLOTS#{}", ask.key), 1.0, 0.0);
+                next.run(call).await
+            }
+            Call::FreeSlot { key, .. } => {
+                m.call("DynamoDB UpdateItem (slot)");
+                m.io().await;
+                m.write(WriteUnits::small("slot"));
+                m.key(format!("SLOTS#{key}"), 1.0, 0.0);
+                next.run(call).await
+            }
+            Call::SlotsHeld { .. } => {
+                m.call("DynamoDB GetItem (slots)");
+                m.io().await;
+                m.add(|c| c.rru += 0.5);
+                next.run(call).await
+            }
             Call::ListByCaller { page, .. } => {
                 // A Query of the caller index, then a BatchGetItem of the page's state records.
                 m.call("DynamoDB Query (caller-shard-index)");

@@ -18,7 +18,7 @@ use sas::ports::{
     Breakers, Catalog, Count, CreateOutcome, DefinitionRef, DueEntry, DueIndex, DueQuery, Entry,
     EventBus, Guarded, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging, Publication,
     PublishError, Published, Queue, QueueError, RateLimits, RateRequest, ReceiveRequest,
-    ReceivedMessage, StoreError, Stored, TaskLists, TaskStore,
+    ReceivedMessage, SlotAnswer, SlotRequest, Slots, StoreError, Stored, TaskLists, TaskStore,
 };
 use serde_json::Value;
 use std::any::Any;
@@ -79,6 +79,16 @@ pub enum Call<'a> {
     },
     // RateLimits
     Admit(RateRequest<'a>),
+    // Slots
+    TakeSlot(SlotRequest<'a>),
+    FreeSlot {
+        key: &'a str,
+        holder: &'a str,
+    },
+    SlotsHeld {
+        key: &'a str,
+        now: chrono::DateTime<chrono::Utc>,
+    },
     // Catalog
     PublishDefinition(Publication<'a>),
     Definition(DefinitionRef<'a>),
@@ -122,6 +132,9 @@ impl Call<'_> {
             Self::GetBreaker { .. } => "get_breaker",
             Self::PutBreaker { .. } => "put_breaker",
             Self::Admit { .. } => "admit",
+            Self::TakeSlot { .. } => "take_slot",
+            Self::FreeSlot { .. } => "free_slot",
+            Self::SlotsHeld { .. } => "slots_held",
             Self::PublishDefinition { .. } => "publish_definition",
             Self::Definition { .. } => "definition",
             Self::Entries { .. } => "entries",
@@ -355,6 +368,23 @@ impl<T: Breakers + ?Sized, H: Interceptor> Breakers for Intercepted<T, H> {
 impl<T: RateLimits + ?Sized, H: Interceptor> RateLimits for Intercepted<T, H> {
     async fn admit(&self, ask: RateRequest<'_>) -> Result<Admission, StoreError> {
         forward!(self, Admit(ask) => admit)
+    }
+}
+
+#[async_trait]
+impl<T: Slots + ?Sized, H: Interceptor> Slots for Intercepted<T, H> {
+    async fn take_slot(&self, ask: SlotRequest<'_>) -> Result<SlotAnswer, StoreError> {
+        forward!(self, TakeSlot(ask) => take_slot)
+    }
+    async fn free_slot(&self, key: &str, holder: &str) -> Result<(), StoreError> {
+        forward!(self, FreeSlot { key, holder } => free_slot)
+    }
+    async fn slots_held(
+        &self,
+        key: &str,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<u32, StoreError> {
+        forward!(self, SlotsHeld { key, now } => slots_held)
     }
 }
 

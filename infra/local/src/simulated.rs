@@ -42,7 +42,7 @@ pub fn router(service: Arc<SimulatedService>) -> axum::Router {
         match service.call(&call, Duration::from_secs(30)).await {
             Ok(v) => axum::Json(v).into_response(),
             Err(RemoteFault::Transient(e)) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
-            Err(e @ RemoteFault::CircuitOpen { .. }) => {
+            Err(e @ (RemoteFault::CircuitOpen { .. } | RemoteFault::Limited { .. })) => {
                 (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
             }
             Err(e @ RemoteFault::TooLarge(_)) => {

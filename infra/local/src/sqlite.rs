@@ -10,7 +10,8 @@
 //! | `idempotency_keys`| `key`                    | `IDEM#...` `IDEM`    |
 //! | `leases`          | `name`                   | `LEASE#<name>`       |
 //! | `breakers`        | `name`                   | `BREAKER#<name>`     |
-//! | `rate_limits`     | `key`                    | `RATE#<caller>`      |
+//! | `rate_limits`     | `key`                    | `RATE#<key>`         |
+//! | `slots`           | `key`, `holder`          | `SLOTS#<key>`        |
 //! | `definitions`     | `kind`, `name`, `version`| `<KIND>#<name>` `V#` |
 //!
 //! A task, a state record and a breaker are kept whole as JSON (the domain's serde form, plus
@@ -36,8 +37,8 @@ use sas::domain::{BreakerRecord, BreakerState, Caller, Condition, StateRecord, T
 use sas::ports::{
     Breakers, Catalog, Count, CreateOutcome, Cursor, DefinitionRef, DueEntry, DueIndex, DueQuery,
     Entry, Guarded, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging,
-    Publication, Published, RateLimits, RateRequest, StoreError, Stored, Summary, TaskLists,
-    TaskStore, canonical,
+    Publication, Published, RateLimits, RateRequest, SlotAnswer, SlotRequest, Slots, StoreError,
+    Stored, Summary, TaskLists, TaskStore, canonical,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -90,6 +91,12 @@ CREATE TABLE IF NOT EXISTS breakers (
 CREATE TABLE IF NOT EXISTS rate_limits (
     key TEXT PRIMARY KEY,
     tat_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS slots (
+    key TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    until_ms INTEGER NOT NULL,
+    PRIMARY KEY (key, holder)
 );
 CREATE TABLE IF NOT EXISTS definitions (
     kind TEXT NOT NULL,
@@ -884,6 +891,82 @@ impl RateLimits for SqliteStore {
                 }
                 RateDecision::Refuse { retry_after } => Ok(Admission::Limited { retry_after }),
             }
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Slots for SqliteStore {
+    async fn take_slot(&self, ask: SlotRequest<'_>) -> Result<SlotAnswer, StoreError> {
+        use sas::domain::limits::{SlotDecision, take_slot};
+        let (key, holder) = (ask.key.to_owned(), ask.holder.to_owned());
+        let (limit, now, until) = (
+            ask.limit,
+            ask.now.timestamp_millis(),
+            ask.until.timestamp_millis(),
+        );
+        self.write(move |tx| {
+            let held: Vec<(String, i64)> = {
+                let mut q = tx
+                    .prepare("SELECT holder, until_ms FROM slots WHERE key = ?1")
+                    .map_err(db)?;
+                let rows = q
+                    .query_map(params![key], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .map_err(db)?;
+                rows.collect::<Result<_, _>>().map_err(db)?
+            };
+            // The leases read in this transaction decide, as the DynamoDB item's map does.
+            match take_slot(held.iter().map(|(h, u)| (h.as_str(), *u)), limit, now) {
+                SlotDecision::Take => {
+                    tx.execute(
+                        "DELETE FROM slots WHERE key = ?1 AND until_ms <= ?2",
+                        params![key, now],
+                    )
+                    .map_err(db)?;
+                    tx.execute(
+                        "INSERT OR REPLACE INTO slots (key, holder, until_ms) VALUES (?1, ?2, ?3)",
+                        params![key, holder, until],
+                    )
+                    .map_err(db)?;
+                    Ok(SlotAnswer::Taken)
+                }
+                SlotDecision::Full { next_free_ms } => Ok(SlotAnswer::Full {
+                    next_free: chrono::DateTime::from_timestamp_millis(next_free_ms)
+                        .unwrap_or_default(),
+                }),
+            }
+        })
+        .await
+    }
+
+    async fn free_slot(&self, key: &str, holder: &str) -> Result<(), StoreError> {
+        let (key, holder) = (key.to_owned(), holder.to_owned());
+        self.write(move |tx| {
+            tx.execute(
+                "DELETE FROM slots WHERE key = ?1 AND holder = ?2",
+                params![key, holder],
+            )
+            .map_err(db)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn slots_held(
+        &self,
+        key: &str,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<u32, StoreError> {
+        let key = key.to_owned();
+        let now = now.timestamp_millis();
+        self.read(move |tx| {
+            tx.query_row(
+                "SELECT COUNT(*) FROM slots WHERE key = ?1 AND until_ms > ?2",
+                params![key, now],
+                |r| r.get::<_, u32>(0),
+            )
+            .map_err(db)
         })
         .await
     }

@@ -227,6 +227,9 @@ pub struct Settings {
     pub catalog_ttl: chrono::Duration,
     /// Pollers of the agent queue (Lambda scales agents out the same way).
     pub agent_concurrency: usize,
+    /// The most calls in flight of a service that declares no `concurrency` (as
+    /// `SERVICE_SHARE`; `None`: no cap).
+    pub service_share: Option<u32>,
     /// Pollers per scheduler queue.
     pub scheduler_concurrency: usize,
     /// How often the supervisor sweeps.
@@ -327,6 +330,7 @@ impl Default for Settings {
             definitions: catalog::example_files(),
             catalog_ttl: chrono::Duration::seconds(5),
             agent_concurrency: 8,
+            service_share: None,
             scheduler_concurrency: 2,
             supervisor_interval: Duration::from_secs(1),
             batch_size: 10,
@@ -400,6 +404,7 @@ impl Settings {
             call_timeout,
             backoff: config::backoff_in(vars, d.backoff)?,
             breaker: config::breaker_in(vars, d.breaker)?,
+            service_share: config::service_share_in(vars, d.service_share)?,
             catalog_ttl: config::catalog_ttl_in(vars, d.catalog_ttl)?,
             credentials_ttl: config::credentials_ttl_in(vars, d.credentials_ttl)?,
             retention: config::retention_in(vars, d.retention)?,
@@ -439,6 +444,7 @@ impl Settings {
             ("UNDO_MARGIN_SECONDS", secs(undo_margin)),
             ("BACKOFF_BASE_MS", ms(self.backoff.base)),
             ("BACKOFF_CAP_MS", ms(self.backoff.cap)),
+            ("SERVICE_SHARE", self.service_share.unwrap_or(0).to_string()),
             ("BREAKER_THRESHOLD", self.breaker.threshold.to_string()),
             ("BREAKER_COOLDOWN_MS", ms(self.breaker.cooldown)),
             ("BREAKER_PROBES", self.breaker.probes.to_string()),
@@ -692,6 +698,7 @@ impl System {
                     factory,
                     connectors,
                 )
+                .with_share(settings.service_share)
                 .with_alerts(events.clone())
                 .with_metrics(metrics.clone()),
             ),

@@ -450,6 +450,9 @@ pub async fn run_checks(remote: &dyn RemoteService, plan: &Plan, target: &str) -
             Err(RemoteFault::CircuitOpen { .. }) => {
                 seen.insert("circuit open");
             }
+            Err(RemoteFault::Limited { .. }) => {
+                seen.insert("over its limits");
+            }
             Err(RemoteFault::TooLarge(m)) => {
                 seen.insert("too large");
                 bad.push(format!(

@@ -122,6 +122,7 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                     until: deps.clock.now(),
                     misconfigured: Some(error),
                     paused: None,
+                    limited: None,
                 };
                 return reply(deps, request, outcome).await;
             }
@@ -177,6 +178,19 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                     until,
                     misconfigured: None,
                     paused,
+                    limited: None,
+                }
+            }
+            Err(RemoteFault::Limited { until, limit }) => {
+                // Over one of the service's limits: no call was made. Hand the step back to
+                // come again then, holding no agent meanwhile (no failure, like an open
+                // breaker).
+                info!(%until, %limit, "over the service's limit; the step is deferred");
+                StepOutcome::Deferred {
+                    until,
+                    misconfigured: None,
+                    paused: None,
+                    limited: Some(limit),
                 }
             }
             Err(
@@ -206,6 +220,7 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
                             until,
                             misconfigured: Some(error),
                             paused: None,
+                            limited: None,
                         }
                     } else if give_up_at < request.complete_by {
                         // The step's own timeout ran out before its deadline (the deadline

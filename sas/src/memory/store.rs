@@ -3,8 +3,8 @@ use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use crate::ports::{
     Breakers, Catalog, Count, CreateOutcome, Cursor, DefinitionRef, DueEntry, DueIndex, DueQuery,
     Entry, Guarded, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging,
-    Publication, Published, RateLimits, RateRequest, StoreError, Stored, Summary, TaskLists,
-    TaskStore, canonical,
+    Publication, Published, RateLimits, RateRequest, SlotAnswer, SlotRequest, Slots, StoreError,
+    Stored, Summary, TaskLists, TaskStore, canonical,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -38,6 +38,8 @@ struct Inner {
     breakers: HashMap<String, BreakerRecord>,
     /// Rate-limit key → its GCRA theoretical arrival time (ms).
     rates: HashMap<String, i64>,
+    /// Slot key → holder → lease until (ms).
+    slots: HashMap<String, HashMap<String, i64>>,
     /// Task → when its items expire (DynamoDB's TTL deletes them some time after; this store
     /// only records it, for tests).
     expiries: HashMap<TaskId, DateTime<Utc>>,
@@ -372,6 +374,38 @@ impl RateLimits for MemoryStore {
             }
             Decision::Refuse { retry_after } => Ok(Admission::Limited { retry_after }),
         }
+    }
+}
+
+#[async_trait]
+impl Slots for MemoryStore {
+    async fn take_slot(&self, ask: SlotRequest<'_>) -> Result<SlotAnswer, StoreError> {
+        use crate::domain::limits::{SlotDecision, take_slot};
+        let mut inner = self.lock()?;
+        let now = ask.now.timestamp_millis();
+        let held = inner.slots.entry(ask.key.to_owned()).or_default();
+        match take_slot(held.iter().map(|(h, u)| (h.as_str(), *u)), ask.limit, now) {
+            SlotDecision::Take => {
+                held.retain(|_, until| *until > now);
+                held.insert(ask.holder.to_owned(), ask.until.timestamp_millis());
+                Ok(SlotAnswer::Taken)
+            }
+            SlotDecision::Full { next_free_ms } => Ok(SlotAnswer::Full {
+                next_free: DateTime::from_timestamp_millis(next_free_ms).unwrap_or(ask.now),
+            }),
+        }
+    }
+    async fn free_slot(&self, key: &str, holder: &str) -> Result<(), StoreError> {
+        if let Some(held) = self.lock()?.slots.get_mut(key) {
+            held.remove(holder);
+        }
+        Ok(())
+    }
+    async fn slots_held(&self, key: &str, now: DateTime<Utc>) -> Result<u32, StoreError> {
+        let now = now.timestamp_millis();
+        Ok(self.lock()?.slots.get(key).map_or(0, |held| {
+            held.values().filter(|until| **until > now).count() as u32
+        }))
     }
 }
 

@@ -7,6 +7,7 @@ mod callback;
 mod credentials;
 mod http;
 mod lambda;
+mod limits;
 mod simulated;
 
 pub use self::http::{
@@ -25,11 +26,14 @@ pub use credentials::{
 #[cfg(any(test, feature = "testkit"))]
 pub use lambda::client_at as lambda_client_at;
 pub use lambda::{LambdaRemote, api_fault, payload as lambda_payload};
+pub use limits::{LimitedRemote, SLOT_RECHECK};
 pub use simulated::{Applied, Faults, OVERSIZED_BYTES, SimStats, SimulatedService, seeded_unit};
 
 use crate::catalog::{CatalogError, Definitions};
 use crate::domain::{BreakerPolicy, BreakerRecord, BreakerState, Decision, Target};
-use crate::ports::{Breakers, Clock, EventBus, RemoteCall, RemoteFault, RemoteService};
+use crate::ports::{
+    AgentStore, Breakers, Clock, EventBus, LimitStore, RemoteCall, RemoteFault, RemoteService,
+};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
@@ -56,7 +60,10 @@ pub enum LookupError {
 /// circuit breaker.
 pub struct Remotes {
     definitions: Arc<Definitions>,
-    store: Arc<dyn Breakers>,
+    store: Arc<dyn AgentStore>,
+    /// The most calls in flight of a service that declares no `concurrency` (the deployment's
+    /// share of the agents one service may hold; `None`: no cap).
+    share: Option<u32>,
     breaker: BreakerPolicy,
     clock: Arc<dyn Clock>,
     connectors: Connectors,
@@ -93,13 +100,17 @@ impl Connectors {
     }
 }
 
-/// A service's remote and the target it was built for.
-type Built = (Target, Arc<dyn RemoteService>);
+/// A service's remote and the target and limits it was built for.
+type Built = (
+    Target,
+    Option<crate::domain::limits::ServiceLimits>,
+    Arc<dyn RemoteService>,
+);
 
 impl Remotes {
     pub fn new(
         definitions: Arc<Definitions>,
-        store: Arc<dyn Breakers>,
+        store: Arc<dyn AgentStore>,
         breaker: BreakerPolicy,
         clock: Arc<dyn Clock>,
         simulated: SimulatedFactory,
@@ -108,6 +119,7 @@ impl Remotes {
         Self {
             definitions,
             store,
+            share: None,
             breaker,
             clock,
             connectors,
@@ -116,6 +128,13 @@ impl Remotes {
             alerts: None,
             metrics: crate::metrics::Metrics::off(),
         }
+    }
+
+    /// Caps the calls in flight of every service that declares no `concurrency` at `share`
+    /// (`None`: no cap).
+    pub fn with_share(mut self, share: Option<u32>) -> Self {
+        self.share = share;
+        self
     }
 
     /// Counts each breaker transition this process's writes make (`BreakerTransitions`).
@@ -137,8 +156,10 @@ impl Remotes {
         let def = services
             .get(service)
             .ok_or_else(|| LookupError::Unknown(service.to_owned()))?;
-        if let Some((target, remote)) = self.built.lock().ok().and_then(|m| m.get(service).cloned())
+        if let Some((target, limits, remote)) =
+            self.built.lock().ok().and_then(|m| m.get(service).cloned())
             && target == def.target
+            && limits == def.limits
         {
             return Ok(remote);
         }
@@ -165,18 +186,27 @@ impl Remotes {
                 }
             },
         };
-        let mut breaker = SharedBreaker::new(
-            service,
-            inner,
-            self.store.clone(),
-            self.breaker,
-            self.clock.clone(),
-        );
+        let breakers: Arc<dyn Breakers> = self.store.clone();
+        let mut breaker =
+            SharedBreaker::new(service, inner, breakers, self.breaker, self.clock.clone());
         breaker.alerts = self.alerts.clone();
         breaker.metrics = self.metrics.clone();
-        let remote: Arc<dyn RemoteService> = Arc::new(breaker);
+        // The limits outside the breaker: a call the breaker turns away frees its slot at once,
+        // and one over a limit never reaches the breaker (no failure counted).
+        let limits: Arc<dyn LimitStore> = self.store.clone();
+        let remote: Arc<dyn RemoteService> = Arc::new(LimitedRemote::new(
+            service,
+            Arc::new(breaker),
+            (def.limits.clone(), self.share),
+            limits,
+            self.clock.clone(),
+            self.metrics.clone(),
+        ));
         if let Ok(mut m) = self.built.lock() {
-            m.insert(service.to_owned(), (def.target.clone(), remote.clone()));
+            m.insert(
+                service.to_owned(),
+                (def.target.clone(), def.limits.clone(), remote.clone()),
+            );
         }
         Ok(remote)
     }

@@ -126,6 +126,29 @@ pub struct SimStats {
     /// key to the key's first outcome, or to the end of its calls if none came; repeats of a
     /// key already answered are not work).
     pub most_elements_in_flight: HashMap<String, u32>,
+    /// The most calls in the service at once (from a call's arrival to its answer), whatever
+    /// their keys: what a concurrency limit keeps.
+    pub most_calls_in_flight: u32,
+    /// When each call arrived (ms), in order: what a rate limit keeps
+    /// ([`SimStats::most_calls_in_any_second`]).
+    pub arrivals_ms: Vec<i64>,
+}
+
+impl SimStats {
+    /// The most calls that arrived within any one second (a sliding window over
+    /// [`SimStats::arrivals_ms`]).
+    pub fn most_calls_in_any_second(&self) -> usize {
+        let mut t = self.arrivals_ms.clone();
+        t.sort_unstable();
+        let (mut most, mut first) = (0, 0);
+        for (last, at) in t.iter().enumerate() {
+            while t[first] <= at - 1000 {
+                first += 1;
+            }
+            most = most.max(last + 1 - first);
+        }
+        most
+    }
 }
 
 /// One applied call: its key, action and request body.
@@ -151,6 +174,31 @@ struct SimState {
     undone: HashSet<String>,
     /// A forEach step's elements in calls now: `{task}:{step}` → element key → calls.
     elements_in_flight: HashMap<String, HashMap<String, u32>>,
+    /// Calls in the service now.
+    calls_now: u32,
+}
+
+/// A call in the service, from its arrival to its answer (see
+/// [`SimStats::most_calls_in_flight`]).
+struct Arrived(Arc<Mutex<SimState>>);
+
+impl Arrived {
+    fn at(state: &Arc<Mutex<SimState>>, now: DateTime<Utc>) -> Self {
+        if let Ok(mut s) = state.lock() {
+            s.calls_now += 1;
+            s.stats.most_calls_in_flight = s.stats.most_calls_in_flight.max(s.calls_now);
+            s.stats.arrivals_ms.push(now.timestamp_millis());
+        }
+        Self(state.clone())
+    }
+}
+
+impl Drop for Arrived {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0.lock() {
+            s.calls_now = s.calls_now.saturating_sub(1);
+        }
+    }
 }
 
 /// A call of one of a forEach step's elements, from its start to its answer (see
@@ -403,6 +451,7 @@ impl RemoteService for SimulatedService {
         let faults = self.faults();
         let key = call.idempotency_key.as_str();
         let started = self.clock.now();
+        let _arrived = Arrived::at(&self.state, started);
 
         let n = self.with_state(|s| {
             s.stats.calls += 1;

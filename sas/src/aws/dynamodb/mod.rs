@@ -7,7 +7,8 @@
 //! | idempotency key | `IDEM#<caller>#<key>` | `IDEM`     | submission (transaction)          |
 //! | lease           | `LEASE#<name>`     | `LEASE`       | supervisor                        |
 //! | breaker         | `BREAKER#<name>`   | `BREAKER`     | agents                            |
-//! | rate limit      | `RATE#<caller>`    | `RATE`        | submission (task API)             |
+//! | rate limit      | `RATE#<key>`       | `RATE`        | submission (a caller), agents (a service) |
+//! | slots           | `SLOTS#<key>`      | `SLOTS`       | agents (a service's calls in flight) |
 //! | definition      | `<KIND>#<name>`    | `V#<version>` | operator API (transaction)        |
 //! | catalog         | `CATALOG#<KIND>`   | `CATALOG`     | operator API (transaction)        |
 //!
@@ -17,7 +18,7 @@
 //!
 //! Each kind of item has its file, implementing its trait of [`crate::ports`]: `tasks.rs`
 //! ([`TaskStore`](crate::ports::TaskStore)), `lists.rs` (the two list indexes), `due.rs`,
-//! `leases.rs`, `breakers.rs`, `rate.rs`, `catalog.rs`. They share `store.rs` (the store, the
+//! `leases.rs`, `breakers.rs`, `rate.rs`, `slots.rs`, `catalog.rs`. They share `store.rs` (the store, the
 //! index names), `item.rs` (the attribute codec) and `records.rs` (task and state items).
 //!
 //! The sparse GSI `due-index` (`DueShard` S, `DueAt` N, keys only) holds exactly the state
@@ -36,6 +37,7 @@ mod leases;
 mod lists;
 mod rate;
 mod records;
+mod slots;
 mod store;
 mod tasks;
 

@@ -177,8 +177,8 @@ pub enum StepOutcome {
     /// The service confirmed the step but its answer cannot be used (`result_too_large`): the
     /// step took effect, and the task fails.
     Faulted { error: String },
-    /// The step could not be done now: its service's circuit breaker is open until `until`
-    /// (nothing was called), or, with `misconfigured`, the service answered every try of this
+    /// The step could not be done now: its service's circuit breaker is open until `until`, or
+    /// the call would go over one of the service's limits (nothing was called), or, with `misconfigured`, the service answered every try of this
     /// attempt as misconfigured (401, 403, 404...: the error) while its breaker stayed closed,
     /// so maybe only this task's request is wrong. Hand the step back now rather than at its
     /// deadline; an open circuit is no failure of the task, a misconfigured attempt is one.
@@ -189,6 +189,10 @@ pub enum StepOutcome {
         /// The circuit is open because an operator paused the service: who, why, since when.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         paused: Option<String>,
+        /// Not the circuit: the call would have gone over one of the service's limits (which,
+        /// e.g. `service#bank over its limit of 5 calls in flight`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limited: Option<String>,
     },
     /// The agent spent the step's whole timeout (start to close) on transient faults, before
     /// the step's deadline (which also allows for the request's wait in the queue): a timed-out

@@ -151,6 +151,7 @@ proptest! {
                             until: now + Duration::seconds(20),
                             misconfigured: None,
                             paused: None,
+                            limited: None,
                         },
                         2 => declined(),
                         3 => StepOutcome::Accepted,
@@ -706,6 +707,7 @@ mod parallel {
                     until: now + Duration::seconds(20),
                     misconfigured: None,
                     paused: None,
+                    limited: None,
                 },
             }
         }

@@ -252,13 +252,18 @@ pub fn apply_reply(
                 until,
                 misconfigured,
                 paused,
+                limited,
             },
             _,
         ) => deferred(
             r,
             &mut n,
             *until,
-            (misconfigured.as_deref(), paused.as_deref()),
+            Why {
+                misconfigured: misconfigured.as_deref(),
+                paused: paused.as_deref(),
+                limited: limited.as_deref(),
+            },
             now,
             p,
         ),
@@ -349,11 +354,25 @@ fn deferred(
     r: &StateRecord,
     n: &mut StateRecord,
     until: DateTime<Utc>,
-    (misconfigured, paused): (Option<&str>, Option<&str>),
+    Why {
+        misconfigured,
+        paused,
+        limited,
+    }: Why<'_>,
     now: DateTime<Utc>,
     p: &Policies,
 ) -> Vec<Effect> {
     let what = subject(r);
+    if let (None, Some(limit)) = (misconfigured, limited) {
+        return defer_over_limit(
+            r,
+            n,
+            now,
+            p,
+            format!("{what}: {limit}"),
+            wait_of(until, now),
+        );
+    }
     let wait = (until - now).max(Duration::zero());
     let undo = r.process_state == ProcessState::Compensating;
     match misconfigured {
@@ -966,6 +985,55 @@ fn defer(
     vec![Effect::Enqueue { delay }]
 }
 
+/// Why a step was deferred (see [`StepOutcome::Deferred`]).
+struct Why<'a> {
+    misconfigured: Option<&'a str>,
+    paused: Option<&'a str>,
+    limited: Option<&'a str>,
+}
+
+/// How long from `now` until `until` (nothing if past).
+fn wait_of(until: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
+    (until - now).max(Duration::zero())
+}
+
+/// The longest a step over its service's limit waits before it tries again.
+pub const LIMIT_WAIT_CAP: Duration = Duration::seconds(30);
+
+/// The step's call would have gone over its service's limit (nothing was called): it goes back
+/// to Pending, to be tried again after `wait` (when the agent says a slot or a token is due)
+/// or, the more often it was turned away, longer (doubling from a quarter second, at most
+/// [`LIMIT_WAIT_CAP`], jittered per task): many steps waiting on one limit spread out instead
+/// of coming back together. Not the step's retry policy (nothing failed: no failure counted),
+/// and its deadline moves with the wait, as a start's does.
+fn defer_over_limit(
+    r: &StateRecord,
+    n: &mut StateRecord,
+    now: DateTime<Utc>,
+    p: &Policies,
+    reason: String,
+    wait: Duration,
+) -> Vec<Effect> {
+    let i = r.step_index;
+    n.locked_by = None;
+    n.last_error = Some(reason.clone());
+    if r.process_state == ProcessState::Compensating {
+        n.set_undo(i, None);
+    } else {
+        keep_sent_until(r, n);
+        n.process_state = ProcessState::Pending;
+        n.steps[i].status = StepStatus::Pending;
+    }
+    n.deferrals = r.deferrals.saturating_add(1);
+    let grown = Duration::milliseconds(250) * (1i32 << r.deferrals.min(7));
+    let spread =
+        grown.min(LIMIT_WAIT_CAP).num_milliseconds() as f64 * (0.5 + stable_jitter(r) / 2.0);
+    let delay = wait.max(Duration::milliseconds(spread as i64));
+    n.complete_by = Some(now + delay + p.at(i).pickup_timeout);
+    log(n, r.process_state, Some(i), format!("deferred: {reason}"));
+    vec![Effect::Enqueue { delay }]
+}
+
 /// A stable number in [0, 1) from a task and attempt: the jitter of transitions that have no
 /// randomness passed in (spreads the retries of tasks deferred by the same open circuit).
 fn stable_jitter(r: &StateRecord) -> f64 {
@@ -1327,6 +1395,7 @@ mod tests {
                     until,
                     misconfigured: None,
                     paused: None,
+                    limited: None,
                 },
                 now,
                 &p,
@@ -1363,6 +1432,7 @@ mod tests {
                         until: soon,
                         misconfigured: None,
                         paused: None,
+                        limited: None,
                     },
                     now,
                     &p,
@@ -1392,6 +1462,82 @@ mod tests {
     }
 
     #[test]
+    fn a_step_over_its_services_limit_waits_no_failure_and_no_retry_policy() {
+        let p = policy();
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        let over = |until| StepOutcome::Deferred {
+            until,
+            misconfigured: None,
+            paused: None,
+            limited: Some("service#bank over its limit of 5 calls in flight".into()),
+        };
+        let mut delays = vec![];
+        for k in 0..12 {
+            let a = r.attempt;
+            if k > 0 {
+                apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
+            }
+            let a = if k > 0 { a + 1 } else { a };
+            let t = apply(&mut r, |r| {
+                apply_reply(
+                    r,
+                    a,
+                    1,
+                    false,
+                    &over(now + Duration::milliseconds(40)),
+                    now,
+                    &p,
+                    &Linear,
+                )
+            });
+            let [Effect::Enqueue { delay }] = t.effects[..] else {
+                panic!("one enqueue: {:?}", t.effects)
+            };
+            assert_eq!(r.complete_by, Some(now + delay + p.at(1).pickup_timeout));
+            delays.push(delay);
+        }
+        assert_eq!(
+            (r.process_state, r.failure_count, r.steps[1].status),
+            (ProcessState::Pending, 0, StepStatus::Pending),
+            "a limit is no failure"
+        );
+        assert!(
+            r.history
+                .last()
+                .is_some_and(|h| h.reason.contains("over its limit of 5 calls in flight")),
+            "{:?}",
+            r.history.last()
+        );
+        // Soon at first (a quarter second at most, not the 5 s retry delay), longer the more
+        // often it was turned away, never past the cap.
+        assert!(delays[0] >= Duration::milliseconds(40), "{delays:?}");
+        assert!(delays[0] <= Duration::milliseconds(250), "{delays:?}");
+        assert!(delays[4] > delays[0] * 4, "{delays:?}");
+        assert!(delays.iter().all(|d| *d <= LIMIT_WAIT_CAP), "{delays:?}");
+        assert!(*delays.last().unwrap() >= LIMIT_WAIT_CAP / 2, "{delays:?}");
+        // The agent's time, when later than the spread, is kept.
+        let a = r.attempt;
+        apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
+        let t = apply(&mut r, |r| {
+            apply_reply(
+                r,
+                a + 1,
+                1,
+                false,
+                &over(now + Duration::minutes(2)),
+                now,
+                &p,
+                &Linear,
+            )
+        });
+        assert!(
+            matches!(t.effects[..], [Effect::Enqueue { delay }] if delay == Duration::minutes(2))
+        );
+    }
+
+    #[test]
     fn misconfigured_attempts_defer_the_step_then_stop_it_in_error_with_the_alert() {
         let p = policy();
         let now = t0();
@@ -1402,6 +1548,7 @@ mod tests {
             until: now + Duration::milliseconds(50),
             misconfigured: Some("service misconfigured: HTTP 404: no such account".into()),
             paused: None,
+            limited: None,
         };
         for n in 1..=threshold {
             if n > 1 {

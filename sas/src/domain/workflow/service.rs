@@ -23,6 +23,9 @@ pub struct ServiceDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     pub target: Target,
+    /// Calls in flight and calls a second the service takes (every agent keeps them together).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<crate::domain::limits::ServiceLimits>,
 }
 
 /// Where a service's calls go.
@@ -204,6 +207,9 @@ fn is_loopback(url: &url::Url) -> bool {
 /// (none that sas sets), one credential source, path templates that compile, and status
 /// overrides that do not contradict each other.
 pub(super) fn service_problems(at: &str, def: &ServiceDef, problems: &mut Vec<Problem>) {
+    if let Some(limits) = &def.limits {
+        crate::domain::limits::problems(&format!("{at}/limits"), limits, problems);
+    }
     let Target::Http(http) = &def.target else {
         return;
     };

@@ -1,0 +1,374 @@
+//! A service's limits as an agent keeps them ([`crate::domain::limits`]): before each call, a
+//! slot of each concurrency limit and a token of each rate, through the state store, so every
+//! agent instance keeps them together. A call over a limit is not made
+//! ([`RemoteFault::Limited`]): the agent hands the step back, to come again when a slot or a
+//! token is due.
+
+use crate::domain::limits::{Gate, Over, ServiceLimits};
+use crate::domain::rate::Admission;
+use crate::ports::{
+    Clock, LimitStore, RateRequest, RemoteCall, RemoteFault, RemoteService, SlotAnswer, SlotRequest,
+};
+use async_trait::async_trait;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::warn;
+
+/// A remote behind its service's limits.
+pub struct LimitedRemote {
+    service: String,
+    inner: Arc<dyn RemoteService>,
+    limits: Option<ServiceLimits>,
+    /// The concurrency of a service that declares none (the deployment's share of the agents).
+    share: Option<u32>,
+    store: Arc<dyn LimitStore>,
+    clock: Arc<dyn Clock>,
+    metrics: crate::metrics::Metrics,
+}
+
+impl LimitedRemote {
+    pub fn new(
+        service: impl Into<String>,
+        inner: Arc<dyn RemoteService>,
+        (limits, share): (Option<ServiceLimits>, Option<u32>),
+        store: Arc<dyn LimitStore>,
+        clock: Arc<dyn Clock>,
+        metrics: crate::metrics::Metrics,
+    ) -> Self {
+        Self {
+            service: service.into(),
+            inner,
+            limits,
+            share,
+            store,
+            clock,
+            metrics,
+        }
+    }
+
+    /// Takes a slot of each concurrency gate, then a token of each rate (a token is spent
+    /// only on a call that goes out: a refused slot costs none); on the first refusal gives
+    /// back the slots taken and says why. `Ok`: the slots held (to free after the call).
+    async fn enter(
+        &self,
+        gates: &[Gate],
+        holder: &str,
+        timeout: Duration,
+    ) -> Result<Vec<String>, Over> {
+        let now = self.clock.now();
+        let until = now + chrono::Duration::from_std(timeout).unwrap_or(chrono::Duration::zero());
+        let mut held = vec![];
+        for gate in gates {
+            let Some(limit) = gate.concurrency else {
+                continue;
+            };
+            let ask = SlotRequest {
+                key: &gate.key,
+                limit,
+                holder,
+                now,
+                until,
+            };
+            let retry_after = match self.store.take_slot(ask).await {
+                Ok(SlotAnswer::Taken) => {
+                    held.push(gate.key.clone());
+                    continue;
+                }
+                // A slot usually frees well before the lease's end (the call's deadline):
+                // come back soon, not then.
+                Ok(SlotAnswer::Full { next_free }) => {
+                    (next_free - now).clamp(chrono::Duration::zero(), SLOT_RECHECK)
+                }
+                // The store cannot be read: the limit protects the service and cannot be kept
+                // now, so the call waits rather than goes out unlimited.
+                Err(e) => {
+                    warn!(error = %e, key = %gate.key, "the slot store failed; the call waits");
+                    SLOT_RECHECK
+                }
+            };
+            self.leave(&held, holder).await;
+            return Err(Over {
+                key: gate.key.clone(),
+                limit: format!("{limit} calls in flight"),
+                rate: false,
+                retry_after,
+            });
+        }
+        for gate in gates {
+            let Some(rate) = gate.rate else {
+                continue;
+            };
+            let answer = self
+                .store
+                .admit(RateRequest {
+                    key: &gate.key,
+                    limit: &rate.per_shard(),
+                    now,
+                })
+                .await;
+            let retry_after = match answer {
+                Ok(Admission::Admitted) => continue,
+                Ok(Admission::Limited { retry_after }) => retry_after,
+                Err(e) => {
+                    warn!(error = %e, key = %gate.key, "the rate store failed; the call waits");
+                    SLOT_RECHECK
+                }
+            };
+            self.leave(&held, holder).await;
+            return Err(Over {
+                key: gate.key.clone(),
+                limit: format!("{} calls a second", rate.per_second),
+                rate: true,
+                retry_after,
+            });
+        }
+        Ok(held)
+    }
+
+    /// Frees the slots of `keys` that `holder` took. A failure leaves the lease to run out at
+    /// the call's deadline (the slot is lost until then, never doubled).
+    async fn leave(&self, keys: &[String], holder: &str) {
+        for key in keys {
+            if let Err(e) = self.store.free_slot(key, holder).await {
+                warn!(error = %e, %key, "a slot could not be freed; it frees at its lease's end");
+            }
+        }
+    }
+}
+
+/// The longest a call over a concurrency limit waits before it asks again.
+pub const SLOT_RECHECK: chrono::Duration = chrono::Duration::seconds(1);
+
+#[async_trait]
+impl RemoteService for LimitedRemote {
+    async fn call(
+        &self,
+        call: &RemoteCall,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, RemoteFault> {
+        let gates = ServiceLimits::gates(
+            self.limits.as_ref(),
+            &self.service,
+            &call.action,
+            self.share,
+        );
+        if gates.is_empty() {
+            return self.inner.call(call, timeout).await;
+        }
+        // One holder per call: its lease is its own.
+        let holder = format!("{:016x}", rand::random::<u64>());
+        let held = match self.enter(&gates, &holder, timeout).await {
+            Ok(held) => held,
+            Err(over) => {
+                self.metrics.count(
+                    "LimitedCalls",
+                    &[
+                        ("Service", self.service.as_str()),
+                        ("Limit", if over.rate { "rate" } else { "concurrency" }),
+                    ],
+                );
+                return Err(RemoteFault::Limited {
+                    until: self.clock.now() + over.retry_after,
+                    limit: format!("{} over its limit of {}", over.key, over.limit),
+                });
+            }
+        };
+        let answer = self.inner.call(call, timeout).await;
+        self.leave(&held, &holder).await;
+        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::TaskId;
+    use crate::memory::MemoryStore;
+    use crate::ports::{OffsetClock, Slots, SystemClock};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A service that takes `latency` and counts the calls in it at once.
+    struct Busy {
+        latency: Duration,
+        now: AtomicU32,
+        most: AtomicU32,
+        fail: bool,
+    }
+
+    #[async_trait]
+    impl RemoteService for Busy {
+        async fn call(
+            &self,
+            _: &RemoteCall,
+            _: Duration,
+        ) -> Result<serde_json::Value, RemoteFault> {
+            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(n, Ordering::SeqCst);
+            tokio::time::sleep(self.latency).await;
+            self.now.fetch_sub(1, Ordering::SeqCst);
+            if self.fail {
+                Err(RemoteFault::Transient("503".into()))
+            } else {
+                Ok(serde_json::json!({}))
+            }
+        }
+    }
+
+    fn busy(latency: Duration, fail: bool) -> Arc<Busy> {
+        Arc::new(Busy {
+            latency,
+            now: AtomicU32::new(0),
+            most: AtomicU32::new(0),
+            fail,
+        })
+    }
+
+    fn call(action: &str) -> RemoteCall {
+        RemoteCall {
+            service: "bank".into(),
+            step: "s".into(),
+            action: action.into(),
+            idempotency_key: "k".into(),
+            task_id: TaskId::new_random(),
+            undoes: None,
+            input: serde_json::json!({}),
+            deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
+            callback: None,
+        }
+    }
+
+    fn limited(
+        inner: Arc<Busy>,
+        limits: serde_json::Value,
+        share: Option<u32>,
+        store: Arc<MemoryStore>,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<LimitedRemote> {
+        let limits = serde_json::from_value(limits).expect("limits");
+        Arc::new(LimitedRemote::new(
+            "bank",
+            inner,
+            (limits, share),
+            store,
+            clock,
+            crate::metrics::Metrics::off(),
+        ))
+    }
+
+    #[tokio::test]
+    async fn at_most_the_limits_calls_are_in_the_service_and_the_rest_come_back_soon() {
+        let store = Arc::new(MemoryStore::new(1));
+        let service = busy(Duration::from_millis(200), false);
+        let remote = limited(
+            service.clone(),
+            serde_json::json!({"concurrency": 3, "actions": {"transfer": {"concurrency": 1}}}),
+            None,
+            store.clone(),
+            Arc::new(SystemClock),
+        );
+        let calls = (0..10).map(|_| {
+            let remote = remote.clone();
+            async move { remote.call(&call("hold"), Duration::from_secs(5)).await }
+        });
+        let answers = futures::future::join_all(calls).await;
+        let made = answers.iter().filter(|a| a.is_ok()).count();
+        assert_eq!(made, 3, "{answers:?}");
+        assert_eq!(service.most.load(Ordering::SeqCst), 3);
+        for a in &answers {
+            if let Err(RemoteFault::Limited { until, limit }) = a {
+                assert!(
+                    limit.contains("service#bank over its limit of 3"),
+                    "{limit}"
+                );
+                assert!(*until <= chrono::Utc::now() + SLOT_RECHECK, "{until}");
+            } else {
+                assert!(a.is_ok(), "{a:?}");
+            }
+        }
+        // Every slot came back with its call.
+        assert_eq!(
+            store
+                .slots_held("service#bank", chrono::Utc::now())
+                .await
+                .ok(),
+            Some(0)
+        );
+        // An action's own limit on top of the service's: one `transfer` at a time.
+        let transfers = (0..3).map(|_| {
+            let remote = remote.clone();
+            async move { remote.call(&call("transfer"), Duration::from_secs(5)).await }
+        });
+        let answers = futures::future::join_all(transfers).await;
+        assert_eq!(
+            answers.iter().filter(|a| a.is_ok()).count(),
+            1,
+            "{answers:?}"
+        );
+        // A failed call gives its slot back too.
+        let failing = limited(
+            busy(Duration::ZERO, true),
+            serde_json::json!({"concurrency": 1}),
+            None,
+            store.clone(),
+            Arc::new(SystemClock),
+        );
+        for _ in 0..3 {
+            let a = failing.call(&call("hold"), Duration::from_secs(5)).await;
+            assert!(matches!(a, Err(RemoteFault::Transient(_))), "{a:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_rate_admits_its_burst_then_says_when_and_a_dead_holders_slot_frees_at_its_deadline()
+    {
+        let store = Arc::new(MemoryStore::new(1));
+        let clock = Arc::new(OffsetClock::default());
+        let remote = limited(
+            busy(Duration::ZERO, false),
+            serde_json::json!({"rate": {"perSecond": 10, "burst": 2}}),
+            None,
+            store.clone(),
+            clock.clone(),
+        );
+        let hold = call("hold");
+        assert!(remote.call(&hold, Duration::from_secs(1)).await.is_ok());
+        assert!(remote.call(&hold, Duration::from_secs(1)).await.is_ok());
+        let before = clock.now();
+        match remote.call(&hold, Duration::from_secs(1)).await {
+            Err(RemoteFault::Limited { until, limit }) => {
+                assert!(limit.contains("10 calls a second"), "{limit}");
+                let wait = until - before;
+                assert!(
+                    wait > chrono::Duration::zero() && wait <= chrono::Duration::milliseconds(200),
+                    "{wait}"
+                );
+            }
+            other => panic!("the third call at once is over the rate: {other:?}"),
+        }
+        clock.advance(chrono::Duration::milliseconds(100));
+        assert!(remote.call(&hold, Duration::from_secs(1)).await.is_ok());
+        // No limits declared: the deployment's share caps the calls in flight. A holder that
+        // died mid-call (its lease taken, never freed) holds the slot until its deadline.
+        let shared = limited(
+            busy(Duration::ZERO, false),
+            serde_json::Value::Null,
+            Some(1),
+            store.clone(),
+            clock.clone(),
+        );
+        let dead = SlotRequest {
+            key: "service#bank",
+            limit: 1,
+            holder: "dead",
+            now: clock.now(),
+            until: clock.now() + chrono::Duration::seconds(2),
+        };
+        assert_eq!(store.take_slot(dead).await.ok(), Some(SlotAnswer::Taken));
+        assert!(matches!(
+            shared.call(&hold, Duration::from_secs(1)).await,
+            Err(RemoteFault::Limited { .. })
+        ));
+        clock.advance(chrono::Duration::seconds(2));
+        assert!(shared.call(&hold, Duration::from_secs(1)).await.is_ok());
+    }
+}
