@@ -998,7 +998,7 @@ fn wait_of(until: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
 }
 
 /// The longest a step over its service's limit waits before it tries again.
-pub const LIMIT_WAIT_CAP: Duration = Duration::seconds(30);
+pub const LIMIT_WAIT_CAP: Duration = Duration::seconds(10);
 
 /// The step's call would have gone over its service's limit (nothing was called): it goes back
 /// to Pending, to be tried again after `wait` (when the agent says a slot or a token is due)
