@@ -246,6 +246,7 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     target: {{type: lambda, function: sas-{stage}--svc-inventory}}
   - name: payment
     target: {{type: http, baseUrl: "{payment_url}", auth: {{type: bearer, secret: "{secret}"}}}}
+    limits: {{concurrency: 5, rate: {{perSecond: 100, burst: 10}}}}
   - name: shipping
     target: {{type: http, baseUrl: "{shipping_url}", auth: {{type: apiKey, header: X-Api-Key, parameter: "{parameter}"}}}}
 "#

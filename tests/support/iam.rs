@@ -41,11 +41,18 @@ impl Recorder {
     }
 }
 
-/// The prefix of a partition key up to its first `#` (`TASK#…` → `TASK#`).
+/// The prefix of a partition key up to its first `#` (`TASK#…` → `TASK#`), or its second for
+/// a service's limiter items (`RATE#service#…`, `SLOTS#service#…`: the agent's, apart from the
+/// callers' `RATE#<digest>`).
 fn prefix(pk: &str) -> String {
-    match pk.find('#') {
-        Some(i) => pk[..=i].to_owned(),
-        None => pk.to_owned(),
+    let Some(i) = pk.find('#') else {
+        return pk.to_owned();
+    };
+    let service = "service#";
+    if pk[i + 1..].starts_with(service) {
+        pk[..=i + service.len()].to_owned()
+    } else {
+        pk[..=i].to_owned()
     }
 }
 

@@ -27,6 +27,7 @@ async fn main() -> Result<(), Error> {
         operator_api,
         reply_queues: config::reply_queues()?,
         rate_limit: config::rate_limit()?,
+        service_share: config::service_share()?,
         // Only the operator API publishes schedules.
         timetable: if operator_api {
             std::sync::Arc::new(config::timetable(&sdk)?)

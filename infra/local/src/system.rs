@@ -642,6 +642,7 @@ impl System {
             rate_limit: settings.rate_limit,
             // Schedules run in process, from the catalog (`System::run_schedules`).
             timetable: Arc::new(sas::ports::NoTimetable),
+            service_share: settings.service_share,
         };
         let operator = ApiDeps {
             operator_api: true,

@@ -48,7 +48,11 @@ fn not_found(kind: Kind, message: String) -> ApiError {
     }
 }
 
-/// `GET /services`: every service, its newest version and its circuit breaker.
+/// `GET /services`: every service, its newest version, its circuit breaker and its limits:
+/// as declared (`limits`; without a `concurrency`, the deployment's `share` caps its calls in
+/// flight), its calls in flight now (`inFlight`, the slots held) and its steps waiting on a
+/// limit (`waiting`: Pending tasks whose last try it turned away, counted up to
+/// [`WAITING_CAP`]).
 pub(super) async fn services(deps: &ApiDeps) -> Answer {
     let entries = deps
         .ports
@@ -57,18 +61,91 @@ pub(super) async fn services(deps: &ApiDeps) -> Answer {
         .entries(Kind::Service)
         .await
         .map_err(ApiError::unavailable)?;
-    let breakers = futures::future::join_all(
-        entries
-            .iter()
-            .map(|e| deps.ports.store.get_breaker(&e.name)),
-    )
-    .await;
+    let defs = deps
+        .ports
+        .definitions
+        .services()
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+    let now = deps.ports.clock.now();
+    let store = &deps.ports.store;
+    let looks = entries.iter().map(|e| async move {
+        let key = crate::domain::limits::service_key(&e.name, None);
+        (
+            store.get_breaker(&e.name).await,
+            store.slots_held(&key, now).await,
+        )
+    });
+    let (looks, waiting) =
+        futures::join!(futures::future::join_all(looks), waiting_on_limits(deps));
+    let waiting = waiting?;
     let mut services = Vec::with_capacity(entries.len());
-    for (entry, breaker) in entries.iter().zip(breakers) {
+    for (entry, (breaker, in_flight)) in entries.iter().zip(looks) {
         let breaker = breaker_view(breaker.map_err(ApiError::unavailable)?.as_ref());
-        services.push(json!({"name": entry.name, "latest": entry.latest, "breaker": breaker}));
+        let limits = defs.get(&entry.name).and_then(|d| d.limits.clone());
+        let share = match &limits {
+            Some(l) if l.concurrency.is_some() => None,
+            _ => deps.service_share,
+        };
+        services.push(json!({
+            "name": entry.name,
+            "latest": entry.latest,
+            "breaker": breaker,
+            "limits": limits,
+            "share": share,
+            "inFlight": in_flight.map_err(ApiError::unavailable)?,
+            "waiting": waiting.get(entry.name.as_str()).copied().unwrap_or(0),
+        }));
     }
     Ok(respond(StatusCode::OK, &json!({ "services": services })))
+}
+
+/// The most Pending tasks [`services`] reads to count the steps waiting on a limit.
+pub const WAITING_CAP: usize = 1000;
+
+/// Per service, the Pending tasks whose last try its limits turned away (their last error
+/// names the service's limiter key), among the newest [`WAITING_CAP`] Pending tasks.
+async fn waiting_on_limits(
+    deps: &ApiDeps,
+) -> Result<std::collections::HashMap<String, u32>, ApiError> {
+    use crate::ports::{InState, Paging};
+    let mut counts = std::collections::HashMap::new();
+    let (mut after, mut read) = (None, 0);
+    loop {
+        let page = deps
+            .ports
+            .store
+            .list(
+                InState {
+                    state: crate::domain::ProcessState::Pending,
+                    workflow: None,
+                },
+                Paging {
+                    limit: 100,
+                    after: after.as_ref(),
+                },
+            )
+            .await
+            .map_err(ApiError::unavailable)?;
+        read += page.items.len();
+        for s in &page.items {
+            if let Some(service) = s.last_error.as_deref().and_then(limited_service) {
+                *counts.entry(service.to_owned()).or_insert(0) += 1;
+            }
+        }
+        match page.next {
+            Some(next) if read < WAITING_CAP => after = Some(next),
+            _ => return Ok(counts),
+        }
+    }
+}
+
+/// The service a step's last error says turned it away (`...: service#<name>[#<action>] over
+/// its limit of ...`).
+fn limited_service(error: &str) -> Option<&str> {
+    let (head, _) = error.split_once(" over its limit of ")?;
+    let key = head.rsplit_once("service#")?.1;
+    Some(key.split('#').next().unwrap_or(key))
 }
 
 /// A breaker as the API shows it: `closed` with its count of consecutive faults, `open` until
@@ -361,5 +438,22 @@ pub(super) async fn publish_service(
         },
         Err(CatalogError::Invalid(e)) => Err(in_body(e)),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::limited_service;
+
+    #[test]
+    fn a_wait_on_a_limit_names_its_service() {
+        let e = "charge: service#bank#transfer over its limit of 2 calls in flight";
+        assert_eq!(limited_service(e), Some("bank"));
+        let e = "undo of charge: service#bank over its limit of 20 calls a second";
+        assert_eq!(limited_service(e), Some("bank"));
+        assert_eq!(
+            limited_service("charge: circuit open until 2026-01-01T00:00:00Z"),
+            None
+        );
     }
 }

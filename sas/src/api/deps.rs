@@ -20,4 +20,7 @@ pub struct ApiDeps {
     pub rate_limit: Option<RateLimit>,
     /// The timers of schedules, set when the operator API publishes one.
     pub timetable: Arc<dyn Timetable>,
+    /// The agents' cap on the calls in flight of a service without its own `concurrency`
+    /// (`SERVICE_SHARE`), shown with each service.
+    pub service_share: Option<u32>,
 }
