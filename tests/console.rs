@@ -162,6 +162,11 @@ async fn the_console_lists_tasks_by_state_with_counts_and_shows_each_tasks_timel
     );
     let (_, page) = get(addr, "/operator/console/services").await;
     assert!(page.contains("core-banking") && page.contains("badge ok\">closed"));
+    assert!(
+        page.contains("<th scope=\"col\">Limits</th>")
+            && page.contains("<th scope=\"col\">In flight</th>"),
+        "each service's limits and calls in flight"
+    );
     let (status, page) = get(addr, "/operator/console/tasks/not-a-task").await;
     assert_eq!(status, 400, "{page}");
     drop(system);

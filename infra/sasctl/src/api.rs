@@ -196,6 +196,18 @@ pub struct ServiceEntry {
     /// `None`: a server that does not show breakers.
     #[serde(default)]
     pub breaker: Option<BreakerView>,
+    /// The service's declared limits (`concurrency`, `rate`, `actions`), if any.
+    #[serde(default)]
+    pub limits: Option<serde_json::Value>,
+    /// Without a declared `concurrency`: the deployment's cap on its calls in flight.
+    #[serde(default)]
+    pub share: Option<u32>,
+    /// Its calls in flight now.
+    #[serde(default, rename = "inFlight")]
+    pub in_flight: Option<u32>,
+    /// Its steps waiting on a limit.
+    #[serde(default)]
+    pub waiting: Option<u32>,
 }
 
 /// A service's circuit breaker: `closed`, `open`, `half-open` or `paused`.

@@ -426,12 +426,59 @@ pub fn render_workflows(list: &WorkflowList) -> String {
     render_entries(&list.workflows, "no workflows")
 }
 
-/// `GET /services` as a table: `NAME  LATEST  BREAKER  DETAIL`, or `no services`.
+/// A service's limits in a cell: `5 at once, 20/s burst 5`, its actions' after `;`, the share
+/// as `share 10 at once`, or `-`.
+fn limits_cell(e: &crate::api::ServiceEntry) -> String {
+    fn one(l: &serde_json::Value) -> Vec<String> {
+        let mut parts = vec![];
+        if let Some(c) = l["concurrency"].as_u64() {
+            parts.push(format!("{c} at once"));
+        }
+        if let Some(r) = l["rate"]["perSecond"].as_f64() {
+            let burst = l["rate"]["burst"].as_u64().unwrap_or(1);
+            parts.push(format!("{r}/s burst {burst}"));
+        }
+        parts
+    }
+    let none = serde_json::Value::Null;
+    let limits = e.limits.as_ref().unwrap_or(&none);
+    let mut parts = one(limits);
+    if let Some(share) = e.share {
+        parts.insert(0, format!("share {share} at once"));
+    }
+    let mut cell = parts.join(", ");
+    if let Some(actions) = limits["actions"].as_object() {
+        for (action, l) in actions {
+            let action = format!("{}: {}", clean(action, usize::MAX), one(l).join(", "));
+            cell = if cell.is_empty() {
+                action
+            } else {
+                format!("{cell}; {action}")
+            };
+        }
+    }
+    if cell.is_empty() {
+        NONE.to_owned()
+    } else {
+        cell
+    }
+}
+
+/// `GET /services` as a table: `NAME  LATEST  BREAKER  DETAIL  LIMITS  IN FLIGHT  WAITING`, or
+/// `no services`.
 pub fn render_services(list: &ServiceList) -> String {
     if list.services.is_empty() {
         return "no services\n".to_owned();
     }
-    let mut rows = vec![header(&["NAME", "LATEST", "BREAKER", "DETAIL"])];
+    let mut rows = vec![header(&[
+        "NAME",
+        "LATEST",
+        "BREAKER",
+        "DETAIL",
+        "LIMITS",
+        "IN FLIGHT",
+        "WAITING",
+    ])];
     rows.extend(list.services.iter().map(|e| {
         let (state, detail) = match &e.breaker {
             None => (NONE.to_owned(), String::new()),
@@ -453,6 +500,10 @@ pub fn render_services(list: &ServiceList) -> String {
             format!("v{}", e.latest),
             state,
             detail,
+            limits_cell(e),
+            e.in_flight
+                .map_or_else(|| NONE.to_owned(), |n| n.to_string()),
+            e.waiting.map_or_else(|| NONE.to_owned(), |n| n.to_string()),
         ]
     }));
     table(&rows, &[])
@@ -861,6 +912,40 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
         );
         assert_eq!(render_workflows(&WorkflowList::default()), "no workflows\n");
         assert_eq!(render_services(&ServiceList::default()), "no services\n");
+    }
+
+    #[test]
+    fn services_show_their_limits_calls_in_flight_and_waiting() {
+        let list: ServiceList = serde_json::from_value(json!({"services": [
+            {"name": "bank", "latest": 2, "breaker": {"state": "closed", "failures": 0},
+             "limits": {"concurrency": 5, "rate": {"perSecond": 20, "burst": 5},
+                        "actions": {"transfer": {"concurrency": 2}}},
+             "share": null, "inFlight": 5, "waiting": 37},
+            {"name": "mail", "latest": 1, "breaker": {"state": "closed", "failures": 0},
+             "limits": null, "share": 10, "inFlight": 0, "waiting": 0},
+            {"name": "old", "latest": 1}
+        ]}))
+        .expect("a list");
+        let text = render_services(&list);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].contains("LIMITS")
+                && lines[0].contains("IN FLIGHT")
+                && lines[0].contains("WAITING"),
+            "{text}"
+        );
+        let last = |line: &str, n: usize| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            words[words.len() - n..].join(" ")
+        };
+        assert!(
+            lines[1].contains("5 at once, 20/s burst 5; transfer: 2 at once"),
+            "{text}"
+        );
+        assert_eq!(last(lines[1], 2), "5 37", "{text}");
+        assert!(lines[2].contains("share 10 at once"), "{text}");
+        // A server that does not show limits: dashes.
+        assert_eq!(last(lines[3], 3), "- - -", "{text}");
     }
 
     #[test]

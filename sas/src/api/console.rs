@@ -985,8 +985,8 @@ async fn services(api: &Api<'_>, problem: Option<&str>, status: StatusCode) -> R
             p class="problem" role="alert" { (p) }
         }
         table {
-            caption { "Published services and their circuit breakers" }
-            thead { tr { th scope="col" { "Service" } th scope="col" { "Newest version" } th scope="col" { "Breaker" } th scope="col" { "Detail" } th scope="col" { "Action" } } }
+            caption { "Published services, their circuit breakers and their limits" }
+            thead { tr { th scope="col" { "Service" } th scope="col" { "Newest version" } th scope="col" { "Breaker" } th scope="col" { "Detail" } th scope="col" { "Limits" } th scope="col" { "In flight" } th scope="col" { "Waiting" } th scope="col" { "Action" } } }
             tbody {
                 @for s in &rows {
                     @let b = &s["breaker"];
@@ -1003,6 +1003,9 @@ async fn services(api: &Api<'_>, problem: Option<&str>, status: StatusCode) -> R
                             @if !b["since"].is_null() { "paused since " (when(&b["since"])) }
                             @if let Some(n) = b["note"].as_str() { ": " (n) }
                         }
+                        td { (limits_text(s)) }
+                        td class="num" { (s["inFlight"].as_u64().unwrap_or(0)) }
+                        td class="num" { (s["waiting"].as_u64().unwrap_or(0)) }
                         td {
                             @let action = if paused { ServiceAction::Resume } else { ServiceAction::Pause };
                             form class="inline" method="post" action=(href(&format!("/services/{}/{}", segment(name), action.as_str()), &[])) {
@@ -1019,6 +1022,43 @@ async fn services(api: &Api<'_>, problem: Option<&str>, status: StatusCode) -> R
         }
     };
     html_response(status, frame("Services", "services", content))
+}
+
+/// A service's limits in words: `5 at once, 20/s (burst 5)`, per action after `;`, or the
+/// deployment's share (`10 at once (share)`), or `none`.
+fn limits_text(s: &Value) -> String {
+    fn one(l: &Value) -> Vec<String> {
+        let mut parts = vec![];
+        if let Some(c) = l["concurrency"].as_u64() {
+            parts.push(format!("{c} at once"));
+        }
+        if let Some(r) = l["rate"]["perSecond"].as_f64() {
+            let burst = l["rate"]["burst"].as_u64().unwrap_or(1);
+            parts.push(format!("{r}/s (burst {burst})"));
+        }
+        parts
+    }
+    let limits = &s["limits"];
+    let mut parts = one(limits);
+    if let Some(share) = s["share"].as_u64() {
+        parts.insert(0, format!("{share} at once (share)"));
+    }
+    let mut text = parts.join(", ");
+    if let Some(actions) = limits["actions"].as_object() {
+        for (action, l) in actions {
+            let action = format!("{action}: {}", one(l).join(", "));
+            text = if text.is_empty() {
+                action
+            } else {
+                format!("{text}; {action}")
+            };
+        }
+    }
+    if text.is_empty() {
+        "none".to_owned()
+    } else {
+        text
+    }
 }
 
 /// Pauses or resumes a service, then shows the services again.
