@@ -35,6 +35,10 @@ pub const WAIT: &str = "bench-wait";
 pub const WAIT_DAYS: i64 = 14;
 /// Two of the line's steps with a wait for a named event between them.
 pub const EVENT: &str = "bench-event";
+/// The bench's two steps on a service with limits (a slot and a token before each call).
+pub const LIMITED: &str = "bench-limited";
+/// That service: 10 calls at once, 100 a second (burst 10).
+pub const METERED: &str = "bench-metered";
 /// The event [`EVENT`] waits for.
 pub const EVENT_NAME: &str = "signed";
 /// The three steps' services, with what each takes in the timed run.
@@ -80,10 +84,25 @@ pub fn definitions() -> Vec<(String, String)> {
             "undo": {"action": "undo-each", "input": {"id": "$.steps['each'].result.id", "item": "$.element"}},
         }],
     });
+    let mut services = services;
+    services.push(
+        json!({"name": METERED, "description": "the bench's, with limits",
+        "target": {"type": "simulated"},
+        "limits": {"concurrency": 10, "rate": {"perSecond": 100, "burst": 10}}}),
+    );
     let mut files = vec![(
         "bench-services.json".to_owned(),
         json!({"services": services}),
     )];
+    let metered = |name: &str| {
+        json!({"name": name, "service": METERED, "input": {"customerId": "$.input.customerId"},
+               "undo": {"action": "undo", "input": {"id": format!("$.steps['{name}'].result.id")}}})
+    };
+    let limited = json!({
+        "name": LIMITED,
+        "description": "Two steps, one after the other, on a service with limits.",
+        "steps": [metered("first"), metered("second")],
+    });
     let first_last = || {
         let steps: Vec<Value> = BRANCHES.iter().map(step).collect();
         (steps[0].clone(), steps[2].clone())
@@ -113,6 +132,7 @@ pub fn definitions() -> Vec<(String, String)> {
         (PAIR, pair),
         (WAIT, wait),
         (EVENT, event),
+        (LIMITED, limited),
     ] {
         files.push((format!("{name}.json"), w));
     }
@@ -122,7 +142,7 @@ pub fn definitions() -> Vec<(String, String)> {
 /// The input of a task of one of the bench's workflows (`None` for any other).
 pub fn input(workflow: &str) -> Option<Value> {
     match workflow {
-        PARALLEL | LINE | PAIR | WAIT | EVENT => Some(json!({"customerId": "bench"})),
+        PARALLEL | LINE | PAIR | WAIT | EVENT | LIMITED => Some(json!({"customerId": "bench"})),
         FOR_EACH => Some(json!({
             "items": (0..ELEMENTS).map(|i| format!("item-{i:03}")).collect::<Vec<_>>(),
         })),

@@ -6,6 +6,7 @@ mod counting;
 mod groups;
 mod prices;
 mod scenarios;
+mod share;
 
 use clap::Parser;
 use sas::ports::SystemClock;
@@ -93,6 +94,10 @@ async fn main() -> anyhow::Result<()> {
         writeln!(md, "{}", throughput(workflow, 200, 1).await?)?;
     }
     writeln!(md)?;
+
+    eprintln!("services sharing the agents…");
+    writeln!(md, "## Services that share the agents (in memory)\n")?;
+    writeln!(md, "{}", share::table(60, 200).await?)?;
 
     let mut measured = None;
     if !cli.no_emulator {
@@ -823,13 +828,14 @@ fn writes_table(scenarios: &[Scenario]) -> String {
 /// The scenarios added after the baseline was measured (the parallel group, the line and the
 /// forEach): their before/after rows say `new`. Any other scenario must have a
 /// baseline row.
-const NEW_SCENARIOS: [&str; 6] = [
+const NEW_SCENARIOS: [&str; 7] = [
     "3 parallel branches",
     "the same 3 steps in a line",
     "forEach: 100 elements, 10 at once",
     "2 steps",
     "2 steps, a 14-day wait between",
     "2 steps, an event between",
+    "2 steps, a service with limits",
 ];
 
 /// The figures of the baseline run (`infra/bench/baseline.json`, committed with the commit and

@@ -101,7 +101,7 @@ struct Built {
 }
 
 /// The workflows every scenario's system has published (the examples and the bench's own).
-const PUBLISHED: [&str; 8] = [
+const PUBLISHED: [&str; 9] = [
     "ecommerce-order",
     "loan-application",
     groups::PARALLEL,
@@ -110,6 +110,7 @@ const PUBLISHED: [&str; 8] = [
     groups::PAIR,
     groups::WAIT,
     groups::EVENT,
+    groups::LIMITED,
 ];
 
 /// A system on fresh resources, with the example definitions and the bench's own
@@ -136,6 +137,9 @@ async fn build(
     settings.policy.retry_base_delay = chrono::Duration::zero();
     settings.policy.retry_max_delay = chrono::Duration::zero();
     settings.catalog_ttl = chrono::Duration::seconds(CATALOG_TTL_SECONDS);
+    // As deployed: every service without its own concurrency is capped at the share (a slot
+    // taken and freed around each call, counted).
+    settings.service_share = Some(sas::config::DEFAULT_SERVICE_SHARE);
     // A deployed task API limits each caller (one conditional write per request, counted);
     // the bench's one caller is never held back.
     settings.rate_limit = Some(sas::domain::rate::RateLimit {
@@ -562,6 +566,18 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     system.shutdown().await;
     out.push(finish(&plan, counts, 0, r, clocked)?);
 
+    // 13. The two steps on a service with limits: a slot (its own concurrency, instead of
+    // the share's) and a token (its rate) before each call. A, C, NotifyProcessed, Done: 4.
+    let plan = Plan {
+        name: "2 steps, a service with limits",
+        workflow: groups::LIMITED,
+        steps: 2,
+        sfn_transitions: 4,
+        callbacks: 0,
+        expect: ProcessState::Processed,
+    };
+    out.push(straight(target, &plan, &[]).await?);
+
     Ok(out)
 }
 
@@ -721,6 +737,7 @@ mod tests {
                 "2 steps",
                 "2 steps, a 14-day wait between",
                 "2 steps, an event between",
+                "2 steps, a service with limits",
             ]
         );
         // Without timers: the clean e-commerce order's messages and writes, less the timers and the
@@ -741,9 +758,20 @@ mod tests {
             0,
             "the sweep's own queries are left out"
         );
-        for i in [9, 10, 11] {
+        for i in [9, 10, 11, 12] {
             assert_eq!(s[i].effects.len(), 2, "{}: {:?}", s[i].name, s[i].effects);
         }
+        // Every call takes a slot and gives it back (the share, or the service's own
+        // concurrency); a service's rate adds a token per call to the submission's.
+        let slot = |i: usize| s[i].counts.call("DynamoDB UpdateItem (slot)");
+        let rate = |i: usize| s[i].counts.call("DynamoDB UpdateItem (rate limit)");
+        assert_eq!((slot(9), rate(9)), (4, 1), "two calls under the share");
+        assert_eq!(
+            (slot(12), rate(12)),
+            (4, 3),
+            "two calls under the service's limits"
+        );
+        assert_eq!(agent(12), 2);
         // One request per step; a retry sends its step again; undos are requests too.
         assert_eq!(agent(0), 3);
         assert_eq!(agent(1), 4);
