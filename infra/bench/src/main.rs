@@ -97,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
 
     eprintln!("services sharing the agents…");
     writeln!(md, "## Services that share the agents (in memory)\n")?;
-    writeln!(md, "{}", share::table(60, 200).await?)?;
+    writeln!(md, "{}", share::table(200, 200).await?)?;
 
     let mut measured = None;
     if !cli.no_emulator {

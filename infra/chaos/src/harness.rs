@@ -25,7 +25,7 @@ mod world;
 pub use crate::failpoints::wrap;
 pub use checks::crash_points::REQUIRED_POINTS;
 pub use checks::requeues::requeue_limit;
-pub use config::{Config, OVERLOAD_AGENTS, OVERLOAD_CALL_MS, OVERLOAD_CAPACITY};
+pub use config::{Config, OVERLOAD_AGENTS, OVERLOAD_CALL_MS, OVERLOAD_CAPACITY, ServiceLimit};
 pub use definitions::ORDER_TRIAGE;
 pub use load::{WORKFLOWS, input, workflow_of};
 pub use report::{Report, ServiceCounts, StepFailures, WorkflowCounts};

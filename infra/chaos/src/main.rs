@@ -82,6 +82,35 @@ struct Cli {
     /// waits").
     #[arg(long, value_name = "SECONDS")]
     start_within: Option<u64>,
+    /// Give a service limits, `SERVICE[:CONCURRENCY:PER_SECOND:BURST]` (default 5:20:5), e.g.
+    /// `--limit payment`: every submission at once, services without business faults and no
+    /// operator; the service's own count of calls at once and in any second must keep them,
+    /// and every task of a workflow without a deadline of its own must end Processed.
+    #[arg(long, value_name = "SERVICE")]
+    limit: Vec<String>,
+}
+
+/// `SERVICE[:CONCURRENCY:PER_SECOND:BURST]`.
+fn parse_limit(text: &str) -> anyhow::Result<sas_chaos::ServiceLimit> {
+    let mut parts = text.split(':');
+    let service = parts.next().unwrap_or_default();
+    let service = sas::domain::workflow::examples::services()
+        .into_iter()
+        .map(|s| s.name)
+        .find(|n| n == service)
+        .ok_or_else(|| anyhow::anyhow!("no service {service:?} in the examples"))?;
+    let mut n = |default: u32| -> anyhow::Result<u32> {
+        Ok(match parts.next() {
+            Some(p) => p.parse()?,
+            None => default,
+        })
+    };
+    Ok(sas_chaos::ServiceLimit {
+        service: Box::leak(service.into_boxed_str()),
+        concurrency: n(5)?,
+        per_second: n(20)?,
+        burst: n(5)?,
+    })
 }
 
 #[tokio::main]
@@ -125,6 +154,9 @@ async fn main() -> anyhow::Result<()> {
     for service in &cli.down {
         cfg.down(service)?;
     }
+    for limit in &cli.limit {
+        cfg.limit(parse_limit(limit)?);
+    }
     let backend = if cli.aws {
         Backend::Aws {
             config: Box::new(sas::aws::sdk_config().await),
@@ -148,6 +180,31 @@ async fn main() -> anyhow::Result<()> {
         );
         if processed != report.accepted || report.failed > 0 {
             anyhow::bail!("overload: tasks failed or were compensated instead of finishing late");
+        }
+    }
+    if !cfg.limits.is_empty() {
+        for l in &cfg.limits {
+            let s = report.services.get(l.service).cloned().unwrap_or_default();
+            println!(
+                "limits: {} ({} at once, {}/s burst {}): {} calls, at most {} at once, {} in a second",
+                l.service,
+                l.concurrency,
+                l.per_second,
+                l.burst,
+                s.calls,
+                s.most_in_flight,
+                s.most_in_a_second
+            );
+        }
+        let unfinished: Vec<String> = report
+            .workflows
+            .iter()
+            .filter(|(name, _)| !["agreement", "loan-application"].contains(&name.as_str()))
+            .filter(|(_, w)| w.states.get("Processed").copied() != Some(w.accepted))
+            .map(|(name, w)| format!("{name}: {:?}", w.states))
+            .collect();
+        if !unfinished.is_empty() {
+            anyhow::bail!("limits: tasks did not all end Processed: {unfinished:?}");
         }
     }
     let violations = report.violations();

@@ -72,6 +72,7 @@ pub(super) async fn check(cfg: &Config, end: Ending) -> Report {
     };
     count_submissions(cfg, &end.ids, &mut report);
     let effects = effects::tally_services(&end.left.services, &mut report).await;
+    check_limits(cfg, &mut report);
     let outcomes = records::check_records(cfg, &end, &effects, &mut report).await;
     effects::check_no_stray_keys(&effects, &outcomes.known_keys, &mut report);
     paths::check_paths(&end, &mut report);
@@ -97,6 +98,32 @@ pub(super) async fn check(cfg: &Config, end: Ending) -> Report {
 }
 
 /// Tasks submitted and accepted, per workflow.
+/// Each limited service kept its limits, as it measured them: at most `concurrency` calls at
+/// once, at most `per_second + burst` in any one second.
+fn check_limits(cfg: &Config, report: &mut Report) {
+    for l in &cfg.limits {
+        let Some(s) = report.services.get(l.service) else {
+            report
+                .over_limits
+                .push(format!("{}: never called", l.service));
+            continue;
+        };
+        if s.most_in_flight > l.concurrency {
+            report.over_limits.push(format!(
+                "{}: {} calls at once, limit {}",
+                l.service, s.most_in_flight, l.concurrency
+            ));
+        }
+        let most = (l.per_second + l.burst) as usize;
+        if s.most_in_a_second > most {
+            report.over_limits.push(format!(
+                "{}: {} calls in one second, limit {}/s burst {}",
+                l.service, s.most_in_a_second, l.per_second, l.burst
+            ));
+        }
+    }
+}
+
 fn count_submissions(cfg: &Config, ids: &HashMap<TaskId, &'static str>, report: &mut Report) {
     for i in 0..cfg.tasks {
         report

@@ -37,6 +37,19 @@ pub struct Config {
     /// circuit defers a step and fails nothing), so at the end they are counted as waiting, not
     /// lost.
     pub down: Vec<String>,
+    /// Services given limits ([`Config::limit`]): published with them, and checked at the
+    /// service (calls at once, calls in any second).
+    pub limits: Vec<ServiceLimit>,
+}
+
+/// A service's limits in a run: at most `concurrency` calls at once and `per_second` a second
+/// with `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServiceLimit {
+    pub service: &'static str,
+    pub concurrency: u32,
+    pub per_second: u32,
+    pub burst: u32,
 }
 
 impl Config {
@@ -95,7 +108,32 @@ impl Config {
             plan: Plan::new(seed),
             settings,
             down: vec![],
+            limits: vec![],
         }
+    }
+
+    /// Gives `limit.service` its limits, and a burst of tasks every call of which must keep
+    /// them: the services answer after 5 ms without business faults (no refusal, no outage,
+    /// no transient fault: every task that only calls services must end Processed, however
+    /// long the limit makes it wait) and nobody acts at the operator API (a cancel is not
+    /// Processed). The failpoints stay as they are: with [`Config::every_switch`], crashes,
+    /// duplicates, throttles and lost answers around every write. Every submission at once.
+    pub fn limit(&mut self, limit: ServiceLimit) {
+        for f in self.settings.faults.values_mut() {
+            *f = Faults {
+                latency: Duration::from_millis(5),
+                seed: f.seed,
+                ..Faults::default()
+            };
+        }
+        self.operator = None;
+        self.rate = None;
+        // The limited service's calls queue: tasks wait for it as long as it takes.
+        let calls = self.tasks as f64 / f64::from(limit.per_second.max(1));
+        self.patience = self
+            .patience
+            .max(Duration::from_secs_f64(calls * 2.0 + 30.0));
+        self.limits.push(limit);
     }
 
     /// Overload: the agents serve [`OVERLOAD_CAPACITY`] calls a second (4 agent pollers taking

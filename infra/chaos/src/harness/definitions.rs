@@ -22,7 +22,13 @@ impl Config {
             };
             let mut value = workflow::parse_value(&text, format)?;
             if value.get("steps").is_none() {
-                out.push((name, text));
+                if self.limits.is_empty() {
+                    out.push((name, text));
+                } else {
+                    self.add_limits(&mut value);
+                    let stem = name.rsplit_once('.').map_or(name.as_str(), |(s, _)| s);
+                    out.push((format!("{stem}.json"), value.to_string()));
+                }
                 continue;
             }
             scale_durations(&mut value, &self.settings.policy)?;
@@ -35,6 +41,24 @@ impl Config {
         scale_durations(&mut agreement, &self.settings.policy)?;
         out.push(("agreement.json".into(), agreement.to_string()));
         Ok(out)
+    }
+}
+
+impl Config {
+    /// Writes the run's limits ([`Config::limit`]) into the services of a services file.
+    fn add_limits(&self, services: &mut Value) {
+        let Some(list) = services.get_mut("services").and_then(Value::as_array_mut) else {
+            return;
+        };
+        for s in list {
+            let name = s.get("name").and_then(Value::as_str).unwrap_or_default();
+            if let Some(l) = self.limits.iter().find(|l| l.service == name) {
+                s["limits"] = serde_json::json!({
+                    "concurrency": l.concurrency,
+                    "rate": {"perSecond": l.per_second, "burst": l.burst},
+                });
+            }
+        }
     }
 }
 

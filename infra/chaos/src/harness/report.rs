@@ -42,6 +42,9 @@ pub struct ServiceCounts {
     pub late_dropped: u64,
     /// Answers over the result limit or with a huge refusal message.
     pub oversized: u64,
+    /// The most calls in the service at once, and in any one second.
+    pub most_in_flight: u32,
+    pub most_in_a_second: usize,
 }
 
 /// How the tasks that failed at one step failed, and how they ended.
@@ -87,6 +90,8 @@ pub struct Report {
     /// forEach steps whose elements were in calls at a service more at once than their
     /// `maxConcurrency`; and the most of one step's elements seen in calls at once.
     pub over_concurrency: Vec<String>,
+    /// Services that got more calls at once, or in a second, than their limits allow.
+    pub over_limits: Vec<String>,
     pub most_elements_in_flight: u32,
     /// Service → what it saw.
     pub services: BTreeMap<String, ServiceCounts>,
@@ -174,7 +179,7 @@ impl Report {
             ),
         );
         // Lists that must be empty: what each holds, and its first few.
-        let must_be_empty: [(&str, &Vec<String>); 16] = [
+        let must_be_empty: [(&str, &Vec<String>); 17] = [
             ("lost", &self.lost),
             ("tasks off the path their input implies", &self.off_path),
             ("keys applied more than once", &self.doubled),
@@ -184,6 +189,7 @@ impl Report {
                 "forEach elements in calls past maxConcurrency",
                 &self.over_concurrency,
             ),
+            ("services called past their limits", &self.over_limits),
             (
                 "callbacks posted and then waited for",
                 &self.ignored_callbacks,

@@ -29,6 +29,7 @@ pub(super) async fn tally_services(services: &Simulated, report: &mut Report) ->
         // Late commits still pending land (or are dropped) before anything is counted.
         sim.settle().await;
         let stats = sim.stats();
+        let most_in_a_second = stats.most_calls_in_any_second();
         effects.extend(stats.effects);
         net.extend(stats.net);
         for (group, most) in stats.most_elements_in_flight {
@@ -48,6 +49,8 @@ pub(super) async fn tally_services(services: &Simulated, report: &mut Report) ->
                 late_commits: stats.late_commits,
                 late_dropped: stats.late_dropped,
                 oversized: stats.oversized,
+                most_in_flight: stats.most_calls_in_flight,
+                most_in_a_second,
             },
         );
     }
