@@ -25,6 +25,7 @@ CHECKOV_VERSION="3.3.30"
 CARGO_LAMBDA_VERSION="1.9.2"
 SCHEMATHESIS_VERSION="4.32.5"
 BOTOCORE_VERSION="1.44.8"
+OPENAPI_SPEC_VALIDATOR_VERSION="0.9.0"
 TOOLS="${SAS_TOOLS:-$ROOT/.tools}"
 export SAM_CLI_TELEMETRY=0
 
@@ -43,9 +44,11 @@ tool moto "moto[server]" "$MOTO_VERSION"
 tool sam aws-sam-cli "$SAM_CLI_VERSION"
 tool checkov checkov "$CHECKOV_VERSION"
 tool lambda cargo-lambda "$CARGO_LAMBDA_VERSION"
-# The API contract's tools: Schemathesis, and botocore for its SigV4 hook and the Python client.
+# The API contract's tools: openapi-spec-validator, Schemathesis, and botocore for its SigV4
+# hook and the Python client.
 tool schemathesis schemathesis "$SCHEMATHESIS_VERSION"
 tool schemathesis botocore "$BOTOCORE_VERSION"
+tool schemathesis openapi-spec-validator "$OPENAPI_SPEC_VALIDATOR_VERSION"
 
 # The console's browser test: Debian's Chromium (a test tool's own browser download is not
 # reachable here) and playwright-core, pinned by tests/browser/package-lock.json.

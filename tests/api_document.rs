@@ -212,6 +212,38 @@ fn every_operation_documents_its_answers_and_security() {
     }
 }
 
+/// The keys of `v` (outside examples) that hold a space: a YAML flow mapping split a sentence
+/// at its comma (`{description: a, b}` is two keys).
+fn sentence_keys(v: &Value, at: &str, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                if k == "example" || k == "examples" {
+                    continue;
+                }
+                if k.contains(' ') {
+                    out.push(format!("{at}: {k:?}"));
+                }
+                sentence_keys(x, &format!("{at}/{k}"), out);
+            }
+        }
+        Value::Array(xs) => xs.iter().for_each(|x| sentence_keys(x, at, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn no_description_was_split_into_keys() {
+    let mut found = Vec::new();
+    sentence_keys(&document(), "", &mut found);
+    assert!(found.is_empty(), "quote these descriptions: {found:?}");
+    let mut planted = Vec::new();
+    let split: Value =
+        serde_saphyr::from_str("result: {description: The result, any JSON}").expect("YAML");
+    sentence_keys(&split, "", &mut planted);
+    assert_eq!(planted, ["/result: \"any JSON\""]);
+}
+
 #[test]
 fn the_error_codes_are_apierrors() {
     let doc = document();

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The API contract, held against one sas-local (`serve --auth iam`, a users file of its own):
+# The API contract: docs/openapi.yaml must be valid OpenAPI 3.1 (openapi-spec-validator), and is
+# held against one sas-local (`serve --auth iam`, a users file of its own):
 #   1. Schemathesis generates requests for every operation of docs/openapi.yaml (SigV4-signed by
 #      schemathesis_hooks.py) and fails on a 5xx, an undocumented status, an answer, header or
 #      content type its schema does not allow, an accepted request the document forbids, or an
@@ -7,7 +8,7 @@
 #   2. the Python client example (clients/python, botocore's SigV4);
 #   3. the TypeScript client example (clients/typescript, @smithy/signature-v4), compiled by tsc.
 # Usage: infra/contract/run.sh SAS_LOCAL_BINARY VENV
-#   VENV: a virtualenv holding schemathesis and botocore (infra/test.sh installs it, pinned);
+#   VENV: a virtualenv holding openapi-spec-validator, schemathesis and botocore (infra/test.sh installs it, pinned);
 #   clients/typescript/node_modules must be installed (npm ci). sas-local is stopped by PID.
 # SAS_CONTRACT_EXAMPLES (default 15) bounds Schemathesis's examples per operation and phase;
 # SAS_CONTRACT_SEED (default 1) makes its run repeatable.
@@ -18,6 +19,7 @@ BIN="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 VENV="$2"
 WORK="$ROOT/target/contract"
 rm -rf "$WORK" && mkdir -p "$WORK"
+"$VENV/bin/openapi-spec-validator" docs/openapi.yaml
 
 export AWS_ACCESS_KEY_ID=AKIASASCONTRACT AWS_SECRET_ACCESS_KEY=sas-contract-secret AWS_REGION=us-east-1
 unset AWS_SESSION_TOKEN
