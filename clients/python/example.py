@@ -6,8 +6,9 @@ callback step, delivers that step's callback.
         python3 example.py
 
 against `sas-local serve --auth iam --users FILE` (the keys are a user of FILE) or a deployed
-stack's API (the caller's own credentials; publishing needs the operator API, so give SAS_URL
-the operator endpoint's origin there, or publish the two definitions beforehand). Needs botocore.
+stack (SAS_URL: its output ApiUrl; the caller's own credentials, which publishing on /operator
+needs `execute-api:Invoke` for, or an operator publishes the two definitions beforehand; the
+service must then be reachable from the agent). Needs botocore.
 """
 
 import http.server

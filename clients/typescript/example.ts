@@ -6,7 +6,8 @@
 //   SAS_URL=http://127.0.0.1:3000 AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... npm start
 //
 // against `sas-local serve --auth iam --users FILE` (the keys are a user of FILE) or a deployed
-// stack's API (publishing needs the operator API: publish the two definitions beforehand there).
+// stack (SAS_URL: its output ApiUrl; publishing on /operator needs execute-api:Invoke there, or an
+// operator publishes the two definitions beforehand; the service must be reachable from the agent).
 import { Sha256 } from "@aws-crypto/sha256-js";
 import { SignatureV4 } from "@smithy/signature-v4";
 import { randomUUID } from "node:crypto";
