@@ -171,10 +171,12 @@ fn every_operation_documents_its_answers_and_security() {
             assert!(schemes.is_empty(), "{at}: the token is the credential");
         } else if path.starts_with("/operator") {
             assert_eq!(schemes, BTreeSet::from(["sigv4"]), "{at}");
-            assert!(responses.contains_key("401"), "{at}: 401");
+            for s in ["401", "403"] {
+                assert!(responses.contains_key(s), "{at}: {s}");
+            }
         } else {
             assert_eq!(schemes, BTreeSet::from(["jwt", "sigv4"]), "{at}");
-            for s in ["401", "429"] {
+            for s in ["401", "403", "429"] {
                 assert!(responses.contains_key(s), "{at}: {s}");
             }
         }
