@@ -8,6 +8,8 @@
 #      and prints their sizes;
 #   5. runs the real function binaries under `cargo lambda watch` against the emulator and
 #      invokes each with its events/ samples.
+# Between 3 and the DynamoDB Local suites, infra/contract/run.sh holds a sas-local to the API's
+# document (docs/openapi.yaml) with Schemathesis and runs the Python and TypeScript clients.
 # The console's browser test (tests/console.rs) drives Debian's chromium with playwright-core,
 # both installed here; its screenshots are kept under target/console/.
 # The emulator is stopped by PID on exit. Needs a Rust toolchain, python3, Node.js with npm,
@@ -21,6 +23,9 @@ MOTO_VERSION="5.2.5"
 SAM_CLI_VERSION="1.170.0"
 CHECKOV_VERSION="3.3.30"
 CARGO_LAMBDA_VERSION="1.9.2"
+SCHEMATHESIS_VERSION="4.32.5"
+BOTOCORE_VERSION="1.44.8"
+OPENAPI_SPEC_VALIDATOR_VERSION="0.9.0"
 TOOLS="${SAS_TOOLS:-$ROOT/.tools}"
 export SAM_CLI_TELEMETRY=0
 
@@ -39,6 +44,11 @@ tool moto "moto[server]" "$MOTO_VERSION"
 tool sam aws-sam-cli "$SAM_CLI_VERSION"
 tool checkov checkov "$CHECKOV_VERSION"
 tool lambda cargo-lambda "$CARGO_LAMBDA_VERSION"
+# The API contract's tools: openapi-spec-validator, Schemathesis, and botocore for its SigV4
+# hook and the Python client.
+tool schemathesis schemathesis "$SCHEMATHESIS_VERSION"
+tool schemathesis botocore "$BOTOCORE_VERSION"
+tool schemathesis openapi-spec-validator "$OPENAPI_SPEC_VALIDATOR_VERSION"
 
 # The console's browser test: Debian's Chromium (a test tool's own browser download is not
 # reachable here) and playwright-core, pinned by tests/browser/package-lock.json.
@@ -72,14 +82,19 @@ if [ ! -f tests/browser/node_modules/playwright-core/package.json ]; then
   echo "==> installing playwright-core (npm ci)"
   (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# The TypeScript client example's packages, pinned by clients/typescript/package-lock.json.
+if [ ! -f clients/typescript/node_modules/@smithy/signature-v4/package.json ]; then
+  echo "==> installing the TypeScript client's packages (npm ci)"
+  (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
+fi
 
 echo "==> template checks"
 "$TOOLS/sam/bin/cfn-lint" template.yaml
 "$TOOLS/sam/bin/sam" validate --lint --template template.yaml
 "$TOOLS/checkov/bin/checkov" -f template.yaml --framework cloudformation --skip-download \
   --compact --quiet
-for script in infra/*.sh .ci/run; do bash -n "$script"; done
-"$TOOLS/sam/bin/python" -m py_compile infra/*.py
+for script in infra/*.sh infra/contract/*.sh .ci/run; do bash -n "$script"; done
+"$TOOLS/sam/bin/python" -m py_compile infra/*.py infra/contract/*.py clients/python/*.py
 mkdir -p target
 "$TOOLS/sam/bin/python" infra/render_template.py template.yaml target/template.json
 export SAS_TEMPLATE_JSON="$ROOT/target/template.json"
@@ -141,6 +156,12 @@ echo "==> cargo test"
 start=$(date +%s)
 cargo test --workspace
 echo "==> all tests passed ($(( $(date +%s) - start ))s for the test step)"
+
+# The API's contract against a running sas-local: Schemathesis on docs/openapi.yaml, then the
+# client examples. doc-sas-local is sas-local's main.rs, built by the test step above.
+start=$(date +%s)
+infra/contract/run.sh target/debug/doc-sas-local "$TOOLS/schemathesis"
+echo "==> the API contract held ($(( $(date +%s) - start ))s)"
 
 # The second DynamoDB: the suites that exercise the DynamoDB adapter (the store contract, the
 # flow, recovery, and the chaos run on the emulator) again, with DynamoDB on DynamoDB Local and

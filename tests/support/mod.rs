@@ -4,6 +4,7 @@
 
 pub mod contract;
 pub mod iam;
+pub mod schemas;
 pub mod template;
 
 use aws_config::{BehaviorVersion, Region};
@@ -660,16 +661,17 @@ pub async fn get_json(http: &reqwest::Client, url: &str) -> Value {
         .expect("JSON")
 }
 
-/// The JSON messages a queue receives within about five seconds, until there are `n`.
+/// The JSON messages a queue receives within about five seconds, until there are `n`: events
+/// or reply-queue messages, each checked against its published schema
+/// ([`schemas::check_received`]).
 pub async fn wait_for_messages(system: &System, url: &str, n: usize) -> Vec<Value> {
     let mut got = Vec::new();
     for _ in 0..50 {
-        got.extend(
-            drain(system, url)
-                .await
-                .iter()
-                .map(|b| serde_json::from_str::<Value>(b).expect("JSON")),
-        );
+        got.extend(drain(system, url).await.iter().map(|b| {
+            let message = serde_json::from_str::<Value>(b).expect("JSON");
+            schemas::check_received(&message);
+            message
+        }));
         if got.len() >= n {
             break;
         }

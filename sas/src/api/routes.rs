@@ -15,6 +15,72 @@ use tracing::{Instrument, info_span};
 /// The path every operator route starts with.
 pub const OPERATOR_PREFIX: &str = "/operator";
 
+/// Which HTTP API serves a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// The task API (callers, and services' callbacks).
+    Task,
+    /// The operator API: its paths start with [`OPERATOR_PREFIX`].
+    Operator,
+}
+
+/// Every route either API serves, as `(api, method, path)` with the path's variable segments
+/// in braces, as `docs/openapi.yaml` names them; the console (any method under
+/// `/operator/console`, HTML) is left out. [`Target::parse`] is the router; its test proves
+/// this list is exactly what it serves, and a test of the document compares its paths to it.
+pub const ROUTES: &[(Api, &str, &str)] = &[
+    (Api::Task, "POST", "/workflows/{name}/tasks"),
+    (Api::Task, "GET", "/tasks"),
+    (Api::Task, "GET", "/tasks/{taskId}"),
+    (Api::Task, "POST", "/tasks/{taskId}/cancel"),
+    (Api::Task, "POST", "/tasks/{taskId}/events/{name}"),
+    (Api::Task, "POST", "/tasks/{taskId}/callbacks/{token}"),
+    (Api::Operator, "POST", "/operator/workflows/{name}/tasks"),
+    (Api::Operator, "GET", "/operator/tasks"),
+    (Api::Operator, "GET", "/operator/tasks/{taskId}"),
+    (
+        Api::Operator,
+        "POST",
+        "/operator/tasks/{taskId}/events/{name}",
+    ),
+    (Api::Operator, "POST", "/operator/tasks/{taskId}/retry"),
+    (
+        Api::Operator,
+        "POST",
+        "/operator/tasks/{taskId}/retry-with-input",
+    ),
+    (Api::Operator, "POST", "/operator/tasks/{taskId}/compensate"),
+    (
+        Api::Operator,
+        "POST",
+        "/operator/tasks/{taskId}/compensate-from",
+    ),
+    (Api::Operator, "POST", "/operator/tasks/{taskId}/cancel"),
+    (Api::Operator, "POST", "/operator/tasks/{taskId}/resolve"),
+    (Api::Operator, "POST", "/operator/tasks/{taskId}/skip"),
+    (Api::Operator, "POST", "/operator/tasks/{taskId}/wake"),
+    (Api::Operator, "GET", "/operator/counts"),
+    (Api::Operator, "GET", "/operator/workflows"),
+    (Api::Operator, "GET", "/operator/workflows/{name}"),
+    (Api::Operator, "PUT", "/operator/workflows/{name}"),
+    (
+        Api::Operator,
+        "GET",
+        "/operator/workflows/{name}/versions/{version}",
+    ),
+    (Api::Operator, "GET", "/operator/services"),
+    (Api::Operator, "GET", "/operator/services/{name}"),
+    (Api::Operator, "PUT", "/operator/services/{name}"),
+    (Api::Operator, "POST", "/operator/services/{name}/pause"),
+    (Api::Operator, "POST", "/operator/services/{name}/resume"),
+    (Api::Operator, "GET", "/operator/schedules"),
+    (Api::Operator, "GET", "/operator/schedules/{name}"),
+    (Api::Operator, "PUT", "/operator/schedules/{name}"),
+    (Api::Operator, "DELETE", "/operator/schedules/{name}"),
+    (Api::Operator, "POST", "/operator/schedules/{name}/pause"),
+    (Api::Operator, "POST", "/operator/schedules/{name}/resume"),
+];
+
 /// What a request asks for. `'a`: the path's segments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route<'a> {
@@ -315,6 +381,96 @@ mod tests {
     fn parse(method: Method, path: &str, op: bool) -> Result<String, Unrouted> {
         let segments: Vec<&str> = path.split('/').skip(1).collect();
         Target::parse(&segments, &method, op).map(|r| format!("{r:?}"))
+    }
+
+    /// Whether `segments` (below the API's root) match `template`'s (a `{...}` matches any).
+    fn matches(template: &str, segments: &[&str]) -> bool {
+        let t: Vec<&str> = template.split('/').skip(1).collect();
+        t.len() == segments.len()
+            && t.iter()
+                .zip(segments)
+                .all(|(t, s)| t.starts_with('{') || t == s)
+    }
+
+    /// Every path of up to five segments over a vocabulary of every literal the router and
+    /// `ROUTES` use (this file's lowercase string literals, the actions' names) and a variable
+    /// value, on each API and method: the router serves it exactly when `ROUTES` names it.
+    #[test]
+    fn routes_lists_exactly_what_the_router_serves() {
+        let mut words: std::collections::BTreeSet<&str> = ["x"].into();
+        let source = include_str!("routes.rs");
+        for literal in source.split('"').skip(1).step_by(2) {
+            if !literal.is_empty() && literal.bytes().all(|b| b.is_ascii_lowercase() || b == b'-') {
+                words.insert(literal);
+            }
+        }
+        words.extend(OperatorAction::ALL.map(OperatorAction::as_str));
+        words.extend([
+            ServiceAction::Pause.as_str(),
+            ServiceAction::Resume.as_str(),
+        ]);
+        for (_, _, path) in ROUTES {
+            words.extend(
+                path.split('/')
+                    .filter(|s| !s.is_empty() && !s.starts_with('{')),
+            );
+        }
+        let words: Vec<&str> = words.into_iter().collect();
+        let methods = [
+            Method::GET,
+            Method::PUT,
+            Method::POST,
+            Method::DELETE,
+            Method::PATCH,
+        ];
+        let mut served = std::collections::BTreeSet::new();
+        let mut path: Vec<&str> = Vec::new();
+        // Depth first over the paths, each API at each node.
+        fn visit<'w>(
+            words: &[&'w str],
+            path: &mut Vec<&'w str>,
+            methods: &[Method],
+            served: &mut std::collections::BTreeSet<(usize, &'static str, &'static str)>,
+        ) {
+            for (api, op) in [(Api::Task, false), (Api::Operator, true)] {
+                if matches!(
+                    Target::parse(path, &Method::GET, op),
+                    Err(Unrouted::NotFound) | Ok(Target::Console { .. })
+                ) {
+                    continue;
+                }
+                for method in methods {
+                    let routed = Target::parse(path, method, op).is_ok();
+                    let full: Vec<&str> = match api {
+                        Api::Task => path.clone(),
+                        Api::Operator => std::iter::once("operator")
+                            .chain(path.iter().copied())
+                            .collect(),
+                    };
+                    let listed = ROUTES.iter().enumerate().find(|(_, (a, m, t))| {
+                        *a == api && *m == method.as_str() && matches(t, &full)
+                    });
+                    assert_eq!(
+                        routed,
+                        listed.is_some(),
+                        "{method} /{} on the {api:?} API: served {routed}, listed {listed:?}",
+                        full.join("/")
+                    );
+                    if let Some((i, (_, m, t))) = listed {
+                        served.insert((i, *m, *t));
+                    }
+                }
+            }
+            if path.len() < 5 {
+                for w in words {
+                    path.push(w);
+                    visit(words, path, methods, served);
+                    path.pop();
+                }
+            }
+        }
+        visit(&words, &mut path, &methods, &mut served);
+        assert_eq!(served.len(), ROUTES.len(), "every listed route is served");
     }
 
     #[test]

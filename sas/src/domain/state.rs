@@ -134,7 +134,7 @@ pub enum NoticeKind {
 }
 
 impl NoticeKind {
-    const ALL: [NoticeKind; 10] = [
+    pub const ALL: [NoticeKind; 10] = [
         Self::Received,
         Self::StepCompleted,
         Self::Processed,
