@@ -98,10 +98,14 @@ impl LimitedRemote {
             let Some(rate) = gate.rate else {
                 continue;
             };
+            // A rate past one item's share is split over items: this call goes to one of them
+            // at random, against its part (as a caller's allowance is).
+            let key =
+                crate::domain::rate::shard_key(&gate.key, rand::random_range(0..rate.shards()));
             let answer = self
                 .store
                 .admit(RateRequest {
-                    key: &gate.key,
+                    key: &key,
                     limit: &rate.per_shard(),
                     now,
                 })
@@ -347,6 +351,21 @@ mod tests {
         }
         clock.advance(chrono::Duration::milliseconds(100));
         assert!(remote.call(&hold, Duration::from_secs(1)).await.is_ok());
+        // A rate past one item's share is split: 250/s over 3 items, a burst of 2 each, so 6
+        // calls at once (one item alone would admit 2).
+        let busy_store = Arc::new(MemoryStore::new(1));
+        let big = limited(
+            busy(Duration::ZERO, false),
+            serde_json::json!({"rate": {"perSecond": 250, "burst": 5}}),
+            None,
+            busy_store,
+            clock.clone(),
+        );
+        let mut admitted = 0;
+        for _ in 0..300 {
+            admitted += usize::from(big.call(&hold, Duration::from_secs(1)).await.is_ok());
+        }
+        assert_eq!(admitted, 6);
         // No limits declared: the deployment's share caps the calls in flight. A holder that
         // died mid-call (its lease taken, never freed) holds the slot until its deadline.
         let shared = limited(
