@@ -581,9 +581,14 @@ pub(crate) async fn step(
                 .iter()
                 .filter(|((k, _), _)| k == kind)
                 .map(|((_, n), v)| match kind {
-                    // No breaker is ever written here: each is closed, with no fault.
-                    Kind::Service => json!({"name": n, "latest": v.len(),
-                        "breaker": {"state": "closed", "failures": 0}}),
+                    // No breaker is ever written here: each is closed, with no fault; no
+                    // call is made, so none is in flight or waiting; the system has no share.
+                    Kind::Service => {
+                        let limits = v.last().map_or(Value::Null, |b| b["limits"].clone());
+                        json!({"name": n, "latest": v.len(),
+                            "breaker": {"state": "closed", "failures": 0},
+                            "limits": limits, "share": null, "inFlight": 0, "waiting": 0})
+                    }
                     Kind::Workflow | Kind::Schedule => json!({"name": n, "latest": v.len()}),
                 })
                 .collect();
