@@ -67,15 +67,9 @@ impl RateLimits for DynamoStore {
                 .update_expression("SET Tat = :t, ExpiresAt = :e")
                 .condition_expression("attribute_not_exists(Tat) OR Tat < :now")
                 .expression_attribute_values(":t", n(tat_ms))
-                .expression_attribute_values(":e", expires(tat_ms))
-                .send()
-                .await;
-            match idle {
-                Ok(_) => return Ok(Admission::Admitted),
-                Err(e)
-                    if e.as_service_error()
-                        .is_some_and(|se| se.is_conditional_check_failed_exception()) => {}
-                Err(e) => return Err(unavailable(&e)),
+                .expression_attribute_values(":e", expires(tat_ms));
+            if Self::update_if(idle).await? {
+                return Ok(Admission::Admitted);
             }
         }
         // Four races lost in a row: the caller is sending as fast as the item can be written.

@@ -116,18 +116,13 @@ impl Slots for DynamoStore {
                     .expression_attribute_names(format!("#x{i}"), h)
                     .expression_attribute_values(format!(":x{i}"), n(u));
             }
-            let pruned = prune
-                .update_expression(format!("REMOVE {}", removes.join(", ")))
-                .condition_expression(conditions.join(" AND "))
-                .send()
-                .await;
-            match pruned {
-                Ok(_) => {}
-                Err(e)
-                    if e.as_service_error()
-                        .is_some_and(|se| se.is_conditional_check_failed_exception()) => {}
-                Err(e) => return Err(unavailable(&e)),
-            }
+            // A failed condition: another cleanup or holder came first; take again either way.
+            Self::update_if(
+                prune
+                    .update_expression(format!("REMOVE {}", removes.join(", ")))
+                    .condition_expression(conditions.join(" AND ")),
+            )
+            .await?;
         }
         // Four races lost in a row: as good as full; come back shortly.
         Ok(SlotAnswer::Full {
@@ -146,19 +141,8 @@ impl Slots for DynamoStore {
             .key("sk", s("SLOTS"))
             .update_expression("REMOVE Held.#h")
             .condition_expression("attribute_exists(Held.#h)")
-            .expression_attribute_names("#h", holder)
-            .send()
-            .await;
-        match free {
-            Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(unavailable(&e)),
-        }
+            .expression_attribute_names("#h", holder);
+        Self::update_if(free).await.map(|_| ())
     }
 
     async fn slots_held(&self, key: &str, now: DateTime<Utc>) -> Result<u32, StoreError> {

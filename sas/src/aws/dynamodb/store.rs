@@ -6,6 +6,7 @@ use crate::domain::StateRecord;
 use crate::ports::StoreError;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::put_item::builders::PutItemFluentBuilder;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 
 /// The name of the sparse GSI the supervisor queries.
 pub const DUE_INDEX: &str = "due-index";
@@ -85,6 +86,21 @@ impl DynamoStore {
             .await
             .map_err(|e| unavailable(&e))?;
         Ok(out.item().cloned())
+    }
+
+    /// Sends a conditional `UpdateItem`: `true` if it was written, `false` if its condition
+    /// failed.
+    pub(super) async fn update_if(req: UpdateItemFluentBuilder) -> Result<bool, StoreError> {
+        match req.send().await {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(unavailable(&e)),
+        }
     }
 
     /// Sends a conditional `PutItem`: `true` if it was written, `false` if its condition failed.

@@ -292,18 +292,7 @@ impl TaskStore for DynamoStore {
             .key("sk", s("TASK"))
             .update_expression("SET ExpiresAt = :at")
             .condition_expression("attribute_exists(pk)")
-            .expression_attribute_values(":at", n(at))
-            .send()
-            .await;
-        match out {
-            Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(unavailable(&e)),
-        }
+            .expression_attribute_values(":at", n(at));
+        Self::update_if(out).await.map(|_| ())
     }
 }

@@ -967,6 +967,23 @@ fn defer(
     reason: String,
     wait: Duration,
 ) -> Vec<Effect> {
+    let deferrals = r.deferrals.saturating_add(1);
+    let delay = wait.max(p.at(r.step_index).retry_delay(deferrals, stable_jitter(r)))
+        + Duration::milliseconds((stable_jitter(r) * 1000.0) as i64);
+    back_to_pending(r, n, now, p, reason, delay)
+}
+
+/// Hands the step (or undo) that was out back unlocked, Pending, to be claimed again after
+/// `delay` (its deadline moved by it), one more deferral in a row: what [`defer`] and
+/// [`defer_over_limit`] share.
+fn back_to_pending(
+    r: &StateRecord,
+    n: &mut StateRecord,
+    now: DateTime<Utc>,
+    p: &Policies,
+    reason: String,
+    delay: Duration,
+) -> Vec<Effect> {
     let i = r.step_index;
     n.locked_by = None;
     n.last_error = Some(reason.clone());
@@ -978,8 +995,6 @@ fn defer(
         n.steps[i].status = StepStatus::Pending;
     }
     n.deferrals = r.deferrals.saturating_add(1);
-    let delay = wait.max(p.at(i).retry_delay(n.deferrals, stable_jitter(r)))
-        + Duration::milliseconds((stable_jitter(r) * 1000.0) as i64);
     n.complete_by = Some(now + delay + p.at(i).pickup_timeout);
     log(n, r.process_state, Some(i), format!("deferred: {reason}"));
     vec![Effect::Enqueue { delay }]
@@ -1014,24 +1029,11 @@ fn defer_over_limit(
     reason: String,
     wait: Duration,
 ) -> Vec<Effect> {
-    let i = r.step_index;
-    n.locked_by = None;
-    n.last_error = Some(reason.clone());
-    if r.process_state == ProcessState::Compensating {
-        n.set_undo(i, None);
-    } else {
-        keep_sent_until(r, n);
-        n.process_state = ProcessState::Pending;
-        n.steps[i].status = StepStatus::Pending;
-    }
-    n.deferrals = r.deferrals.saturating_add(1);
     let grown = Duration::milliseconds(250) * (1i32 << r.deferrals.min(7));
     let spread =
         grown.min(LIMIT_WAIT_CAP).num_milliseconds() as f64 * (0.5 + stable_jitter(r) / 2.0);
     let delay = wait.max(Duration::milliseconds(spread as i64));
-    n.complete_by = Some(now + delay + p.at(i).pickup_timeout);
-    log(n, r.process_state, Some(i), format!("deferred: {reason}"));
-    vec![Effect::Enqueue { delay }]
+    back_to_pending(r, n, now, p, reason, delay)
 }
 
 /// A stable number in [0, 1) from a task and attempt: the jitter of transitions that have no
