@@ -133,7 +133,7 @@ def main():
 
     print("==> api")
     with Watch("SubmissionFunction") as w:
-        created = w.invoke("api", event("api/post-task-loan.json"))
+        created = w.invoke("submission", event("api/post-task-loan.json"))
         check(created.get("statusCode") == 202,
               f"POST /workflows/loan-application/tasks answers 202 ({created})")
         answer = json.loads(created["body"])
@@ -143,13 +143,13 @@ def main():
         get = event("api/get-task.json", rawPath=f"/tasks/{task_id}",
                     pathParameters={"taskId": task_id})
         get["requestContext"]["http"]["path"] = f"/tasks/{task_id}"
-        got = w.invoke("api", get)
+        got = w.invoke("submission", get)
         check(got.get("statusCode") == 200 and json.loads(got["body"])["processState"] == "Pending",
               "GET /tasks/{id} answers 200 Pending")
-        bad = w.invoke("api", event("api/post-task-invalid-json.json"))
+        bad = w.invoke("submission", event("api/post-task-invalid-json.json"))
         check(bad.get("statusCode") == 400 and json.loads(bad["body"])["error"]["code"] == "invalid_json",
               "bad JSON answers 400 invalid_json")
-        lost = w.invoke("api", event("api/unknown-route.json"))
+        lost = w.invoke("submission", event("api/unknown-route.json"))
         check(lost.get("statusCode") == 404, "an unknown route answers 404")
 
     print("==> scheduler: the work message")

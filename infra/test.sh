@@ -213,7 +213,7 @@ for path in sorted(glob.glob(".aws-sam/build/*/bootstrap")):
     if header[:4] != b"\x7fELF" or machine != 183:
         bad.append(path)
 if len(glob.glob(".aws-sam/build/*/bootstrap")) != 4 or bad:
-    sys.exit(f"expected four arm64 bootstraps (the task API and operator functions share one build, the binary api), bad: {bad}")
+    sys.exit(f"expected four arm64 bootstraps (the task API and operator functions share one build, the binary submission), bad: {bad}")
 PY
 
 echo "==> smoke: the real binaries under cargo lambda watch"

@@ -1,7 +1,7 @@
 //! `docs/openapi.yaml` is the HTTP API's contract: it names exactly the routes the router serves
 //! (`sas::api::routes::ROUTES`, which the router's own test proves complete), every error code
 //! `ApiError` has, the statuses every operation can answer, and the views' JSON
-//! (`sas/src/api/testdata`) matches its schemas. `docs/schemas/events.schema.json` has a schema
+//! (`shared/src/api/testdata`) matches its schemas. `docs/schemas/events.schema.json` has a schema
 //! for every notice sas publishes, and a notice of each kind matches it. Schemathesis holds a
 //! running server to the same document (`infra/contract/run.sh`).
 
@@ -280,7 +280,7 @@ fn the_views_match_their_schemas() {
     let doc = document();
     let caller = component(&doc, "CallerTaskView");
     let operator = component(&doc, "TaskView");
-    let dir = repo().join("sas/src/api/testdata");
+    let dir = repo().join("shared/src/api/testdata");
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).expect("testdata") {
         let path = entry.expect("entry").path();
@@ -307,7 +307,7 @@ fn the_views_match_their_schemas() {
     assert!(checked >= 8, "the views' testdata moved: {checked}");
     // And a view that breaks its schema is refused.
     let mut bad: Value =
-        serde_json::from_str(&read("sas/src/api/testdata/new.caller.json")).expect("JSON");
+        serde_json::from_str(&read("shared/src/api/testdata/new.caller.json")).expect("JSON");
     bad["processState"] = json!("Finished");
     assert!(!caller.is_valid(&bad));
 }

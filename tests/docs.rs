@@ -4,7 +4,7 @@
 //! crates' `src` folders, and no file that is gone.
 //!
 //! The code map's form: under a `###` heading whose first code span is a source folder
-//! (`` ### `sas/src` ``), a file is named by a code span of its path from that folder
+//! (`` ### `shared/src` ``), a file is named by a code span of its path from that folder
 //! (`` `remote/lambda.rs` ``); anywhere in the map, a code span of its path from the repository
 //! root (`` `functions/agent/src/main.rs` ``) names it too.
 
@@ -181,7 +181,7 @@ fn source_files(root: &Path) -> BTreeSet<String> {
         }
     }
     let mut out = BTreeSet::new();
-    walk(&root.join("sas/src"), root, &mut out);
+    walk(&root.join("shared/src"), root, &mut out);
     for parent in ["functions", "infra"] {
         let crates = std::fs::read_dir(root.join(parent)).expect("a crates folder");
         for krate in crates {
@@ -265,7 +265,7 @@ fn the_code_map_names_every_source_file_and_no_other() {
     let root = root();
     let sources = source_files(&root);
     assert!(
-        sources.contains("sas/src/remote/lambda.rs"),
+        sources.contains("shared/src/remote/lambda.rs"),
         "the walk finds the sources"
     );
     let mapped = mapped_files(&root, &read(&root.join("ARCHITECTURE.md")));

@@ -43,7 +43,7 @@ struct Entry {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum Function {
-    Api,
+    Submission,
     Scheduler,
     Agent,
     Supervisor,
@@ -227,7 +227,7 @@ fn validate(e: &Entry) {
     ];
     let sweep = [("report", x.report.is_some())];
     let allowed: &[&str] = match e.function {
-        Function::Api => &[
+        Function::Submission => &[
             "status",
             "code",
             "messageContains",
@@ -249,7 +249,7 @@ fn validate(e: &Entry) {
         );
     }
     match e.function {
-        Function::Api => {
+        Function::Submission => {
             let status = x.status.expect("expect.status is required for api");
             let error = status >= 400;
             assert!(
@@ -317,7 +317,7 @@ async fn run(entry: Entry) {
         subject.task = Some(seed.task_id);
     }
     match entry.function {
-        Function::Api => invoke_api(&system, &entry, json, &mut subject).await,
+        Function::Submission => invoke_api(&system, &entry, json, &mut subject).await,
         Function::Scheduler | Function::Agent => {
             invoke_sqs(&system, &entry, json, &mut subject).await
         }

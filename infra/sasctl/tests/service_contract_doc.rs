@@ -41,9 +41,9 @@ fn headers() -> BTreeSet<String> {
         ]
         .map(str::to_owned),
     );
-    let dir = repo().join("sas/src/remote");
+    let dir = repo().join("shared/src/remote");
     let mut found = 0;
-    for entry in std::fs::read_dir(&dir).expect("sas/src/remote") {
+    for entry in std::fs::read_dir(&dir).expect("shared/src/remote") {
         let path = entry.expect("entry").path();
         if path.extension().is_none_or(|e| e != "rs") {
             continue;

@@ -1,4 +1,4 @@
-//! The HTTP APIs' front door. Framework-free: the Lambda (`functions/api`) and the local runner
+//! The HTTP APIs' front door. Framework-free: the Lambda (`functions/submission`) and the local runner
 //! (`axum`) both adapt their requests to [`handle`], with the caller's [`Identity`] as the API's
 //! authorizer established it. [`handle`] finds the route ([`routes`]), authenticates, applies
 //! the caller's rate limit and hands the request on; every error is an [`ApiError`].

@@ -1,4 +1,4 @@
-//! The product crate's module graph has no cycle: no module of `sas/src` uses (through any chain
+//! The product crate's module graph has no cycle: no module of `shared/src` uses (through any chain
 //! of modules) an item of its own. A module is a file (`a/b.rs` or `a/b/mod.rs`: `a::b`); what it
 //! names of its own children counts, what it declares with `mod` does not.
 //!
@@ -517,7 +517,7 @@ fn no_module_of_the_product_crate_imports_itself() {
     let found = cycles(&g);
     assert!(
         found.is_empty(),
-        "import cycles in sas/src:\n  {}",
+        "import cycles in shared/src:\n  {}",
         found.join("\n  ")
     );
 }
