@@ -2,13 +2,23 @@
 //! tests' clients, that writes down every request as the IAM authorization sees it (the action,
 //! the resource, and for DynamoDB the leading key of each item), under the role of the function
 //! whose handler made it (`ROLE`, a task-local the test sets around each handler call).
+//!
+//! With [`Recorder::losing_first_answers`], it also loses the answer of the first DynamoDB
+//! write of each kind (function, operation, items' key prefixes) after DynamoDB applied it:
+//! the SDK's retry sends the same request again, meets its own write, and the store's
+//! read-back path runs (what a timeout or a 5xx after a commit makes happen in AWS), so the
+//! calls that only such a race makes are recorded on every run.
 
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::Intercept;
-use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+use aws_smithy_runtime_api::client::interceptors::context::{
+    BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextRef,
+};
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
-use aws_smithy_types::config_bag::ConfigBag;
+use aws_smithy_runtime_api::http::StatusCode;
+use aws_smithy_types::body::SdkBody;
+use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -33,13 +43,42 @@ pub struct Call {
 #[derive(Debug, Default, Clone)]
 pub struct Recorder {
     pub calls: Arc<Mutex<BTreeSet<Call>>>,
+    /// `Some`: the kinds of write whose first answer was lost (see the module's doc).
+    lost: Option<Arc<Mutex<BTreeSet<String>>>>,
 }
 
 impl Recorder {
+    /// A recorder that also loses the first answer of each kind of DynamoDB write.
+    pub fn losing_first_answers() -> Self {
+        Self {
+            calls: Arc::default(),
+            lost: Some(Arc::default()),
+        }
+    }
+
     pub fn calls(&self) -> BTreeSet<Call> {
         self.calls.lock().map(|c| c.clone()).unwrap_or_default()
     }
+
+    /// The kinds of write whose first answer was lost (`role op keys`).
+    pub fn lost_answers(&self) -> BTreeSet<String> {
+        self.lost
+            .as_ref()
+            .and_then(|l| l.lock().ok().map(|l| l.clone()))
+            .unwrap_or_default()
+    }
 }
+
+/// In an attempt's config bag: this attempt's answer is to be lost.
+#[derive(Debug, Clone)]
+struct LoseAnswer(bool);
+
+impl Storable for LoseAnswer {
+    type Storer = StoreReplace<Self>;
+}
+
+/// The DynamoDB operations that write.
+const WRITES: [&str; 4] = ["PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems"];
 
 /// The prefix of a partition key up to its first `#` (`TASK#…` → `TASK#`), or its second for
 /// a service's limiter items (`RATE#service#…`, `SLOTS#service#…`: the agent's, apart from the
@@ -214,8 +253,39 @@ impl Intercept for Recorder {
             }
             other => push(format!("{other}:{op}"), String::new(), None),
         }
+        if let (Some(lost), "dynamodb", true) =
+            (&self.lost, service.as_str(), WRITES.contains(&op.as_str()))
+        {
+            let keys: BTreeSet<String> = out.iter().filter_map(|c| c.key.clone()).collect();
+            let kind = format!("{role} {op} {keys:?}");
+            // The first attempt of the first write of its kind: its answer is lost. The SDK's
+            // retry (a second attempt of the same operation) is answered as it is.
+            let first = lost.lock().map(|mut l| l.insert(kind)).unwrap_or(false);
+            if first && cfg.load::<LoseAnswer>().is_none() {
+                cfg.interceptor_state().store_put(LoseAnswer(true));
+            }
+        }
         if let Ok(mut calls) = self.calls.lock() {
             calls.extend(out);
+        }
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut BeforeDeserializationInterceptorContextMut<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if cfg.load::<LoseAnswer>().is_some_and(|l| l.0) {
+            // Applied by DynamoDB, answered as a 500: the SDK retries the same request.
+            cfg.interceptor_state().store_put(LoseAnswer(false));
+            let response = context.response_mut();
+            response.headers_mut().remove("x-amz-crc32");
+            *response.status_mut() = StatusCode::try_from(500_u16)?;
+            *response.body_mut() = SdkBody::from(
+                r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"the answer was lost"}"#,
+            );
         }
         Ok(())
     }

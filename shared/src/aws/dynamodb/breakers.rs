@@ -87,19 +87,25 @@ impl Breakers for DynamoStore {
         for (k, v) in extra {
             item.insert(k.to_owned(), v);
         }
+        // This write's own id: a write whose answer was lost is told from a rival's identical
+        // move of the breaker (two agents handed the same probe) by it.
+        item.insert(
+            "WriteId".to_owned(),
+            s(format!("{:016x}", rand::random::<u64>())),
+        );
         // Condition: the version this write was computed from - keeps "every agent's move of
         // the breaker starts from the breaker as it is" (a probe is handed out once).
         let req = self
             .client
             .put_item()
             .table_name(&self.table)
-            .set_item(Some(item));
+            .set_item(Some(item.clone()));
         let req = if record.version <= 1 {
             req.condition_expression("attribute_not_exists(pk)")
         } else {
             req.condition_expression("Version = :v")
                 .expression_attribute_values(":v", n(record.version - 1))
         };
-        Self::put_if(req).await
+        Self::put_if_own(req, &item).await
     }
 }

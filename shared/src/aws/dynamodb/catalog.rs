@@ -8,8 +8,9 @@ use crate::ports::{
     Catalog, DefinitionRef, Entry, Kind, Publication, Published, Stored, canonical,
 };
 use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::AttributeValue;
-use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::{Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem};
 use std::collections::HashMap;
 
 fn definition_pk(kind: Kind, name: &str) -> String {
@@ -114,16 +115,26 @@ impl Catalog for DynamoStore {
             hashes.insert(name.to_owned(), hash.clone());
             // Condition: the version does not exist yet - keeps "a published version never
             // changes".
+            let item = HashMap::from([
+                ("pk".to_owned(), s(definition_pk(kind, name))),
+                ("sk".to_owned(), s(version_sk(version))),
+                ("Name".to_owned(), s(name)),
+                ("Version".to_owned(), n(version)),
+                ("Body".to_owned(), s(&text)),
+                ("PublishedAt".to_owned(), ms(now)),
+                // This attempt's own id: the read-back below tells its own write (answer lost,
+                // the SDK's retry canceled by it) from a rival's publication of this version.
+                (
+                    "WriteId".to_owned(),
+                    s(format!("{:016x}", rand::random::<u64>())),
+                ),
+            ]);
             let definition = Put::builder()
                 .table_name(&self.table)
-                .set_item(Some(HashMap::from([
-                    ("pk".to_owned(), s(definition_pk(kind, name))),
-                    ("sk".to_owned(), s(version_sk(version))),
-                    ("Name".to_owned(), s(name)),
-                    ("Version".to_owned(), n(version)),
-                    ("Body".to_owned(), s(&text)),
-                    ("PublishedAt".to_owned(), ms(now)),
-                ])))
+                .set_item(Some(item.clone()))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
                 .condition_expression("attribute_not_exists(pk)")
                 .build()
                 .map_err(build_err)?;
@@ -169,14 +180,20 @@ impl Catalog for DynamoStore {
                         created: true,
                     });
                 }
-                Err(e)
-                    if e.as_service_error().is_some_and(|se| {
-                        matches!(se, aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(_))
-                    }) =>
-                {
-                    continue;
-                }
-                Err(e) => return Err(unavailable(&e)),
+                Err(e) => match e.as_service_error() {
+                    Some(TransactWriteItemsError::TransactionCanceledException(tc)) => {
+                        // The version as this attempt wrote it: its answer was lost and the
+                        // SDK's retry met its own write.
+                        if tc.cancellation_reasons().first().and_then(|r| r.item()) == Some(&item) {
+                            return Ok(Published {
+                                version,
+                                created: true,
+                            });
+                        }
+                        continue;
+                    }
+                    _ => return Err(unavailable(&e)),
+                },
             }
         }
         Err(StoreError::Unavailable(

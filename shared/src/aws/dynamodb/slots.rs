@@ -82,6 +82,14 @@ impl Slots for DynamoStore {
                     continue;
                 }
             };
+            // This call's own lease is in the map: a take (or a first lease) applied whose
+            // answer was lost, met by the SDK's retry or by this loop's next round.
+            if held
+                .iter()
+                .any(|(h, u)| h == holder && *u == until.timestamp_millis())
+            {
+                return Ok(SlotAnswer::Taken);
+            }
             if let SlotDecision::Full { next_free_ms } =
                 take_slot(held.iter().map(|(h, u)| (h.as_str(), *u)), limit, now_ms)
             {

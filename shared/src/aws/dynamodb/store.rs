@@ -5,8 +5,10 @@ use super::item::{Item, s, unavailable};
 use crate::domain::StateRecord;
 use crate::ports::StoreError;
 use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::put_item::builders::PutItemFluentBuilder;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
+use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 
 /// The name of the sparse GSI the supervisor queries.
 pub const DUE_INDEX: &str = "due-index";
@@ -100,6 +102,31 @@ impl DynamoStore {
                 Ok(false)
             }
             Err(e) => Err(unavailable(&e)),
+        }
+    }
+
+    /// Sends a conditional `PutItem` of `item` (`req` holds it and its condition): `true` if it
+    /// was written, `false` if its condition failed against another writer's item. An ambiguous
+    /// write (its answer lost after DynamoDB applied it, then the SDK's retry of the same
+    /// request failing its condition against that write) is told apart by the item DynamoDB
+    /// returns on the failure: the item as this request wrote it is this request's own write.
+    /// `item` must make this request's write unique (a random `WriteId`, a holder's own id).
+    pub(super) async fn put_if_own(
+        req: PutItemFluentBuilder,
+        item: &Item,
+    ) -> Result<bool, StoreError> {
+        match req
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) => match e.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(c)) => {
+                    Ok(c.item() == Some(item))
+                }
+                _ => Err(unavailable(&e)),
+            },
         }
     }
 
