@@ -106,6 +106,9 @@ pub struct Recorder {
     owed: Mutex<BTreeMap<String, BTreeSet<String>>>,
     /// Task id → the (attempt, count) of every re-enqueue after a missed pickup deadline.
     requeues: Mutex<BTreeMap<String, BTreeSet<(u64, u32)>>>,
+    /// forEach elements never sent yet re-enqueued after a missed pickup deadline (an element
+    /// waiting for room has none): `{task} {step}#{k}`.
+    pub waiting_requeued: Mutex<BTreeSet<String>>,
     /// Writes that were applied but reported to the writer as a lost race (after a lost
     /// response): each one is a violation.
     pub misreported: Mutex<Vec<String>>,
@@ -226,6 +229,21 @@ impl Recorder {
             let ids = owed.entry(task.clone()).or_default();
             for o in &record.outbox {
                 ids.insert(format!("{task}:{}:{}", o.sequence, o.status.as_str()));
+            }
+        }
+        if let Some(f) = &record.fanout {
+            for (b, br) in f.branches.iter().enumerate() {
+                let Some((e, k)) = f.each_of(b) else {
+                    continue;
+                };
+                let step = &record.steps[e.step];
+                let unsent = step.elements.get(k).is_some_and(|el| !el.sent);
+                if br.requeues > 0
+                    && unsent
+                    && let Ok(mut w) = self.waiting_requeued.lock()
+                {
+                    w.insert(format!("{task} {}#{k}", step.name));
+                }
             }
         }
         if record.requeues > 0

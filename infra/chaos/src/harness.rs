@@ -14,6 +14,7 @@
 mod checks;
 mod config;
 mod definitions;
+mod for_each;
 mod load;
 mod operating;
 mod report;
@@ -27,6 +28,7 @@ pub use checks::crash_points::REQUIRED_POINTS;
 pub use checks::requeues::requeue_limit;
 pub use config::{Config, OVERLOAD_AGENTS, OVERLOAD_CALL_MS, OVERLOAD_CAPACITY, ServiceLimit};
 pub use definitions::ORDER_TRIAGE;
+pub use for_each::{ForEachCases, ForEachReport, run_for_each_cases};
 pub use load::{WORKFLOWS, input, workflow_of};
 pub use report::{Report, ServiceCounts, StepFailures, WorkflowCounts};
 

@@ -10,7 +10,8 @@ pub mod operator;
 
 pub use failpoints::{Chaos, Plan, Recorder, wrap};
 pub use harness::{
-    Config, ORDER_TRIAGE, REQUIRED_POINTS, Report, ServiceCounts, ServiceLimit, StepFailures,
-    WORKFLOWS, WorkflowCounts, input, run, run_in_memory, workflow_of,
+    Config, ForEachCases, ForEachReport, ORDER_TRIAGE, REQUIRED_POINTS, Report, ServiceCounts,
+    ServiceLimit, StepFailures, WORKFLOWS, WorkflowCounts, input, run, run_for_each_cases,
+    run_in_memory, workflow_of,
 };
 pub use operator::{OperatorLog, OperatorPlan};

@@ -97,6 +97,8 @@ pub struct Operator {
     pub log: Arc<OperatorLog>,
     /// Task → the index it was submitted as (its input for a retry on a new input).
     pub inputs: Mutex<HashMap<TaskId, usize>>,
+    /// Task → the input its retry on a new input gives (else one from its index).
+    pub new_inputs: Mutex<HashMap<TaskId, Value>>,
     /// Cancels scheduled and not yet asked for.
     pub pending: std::sync::atomic::AtomicUsize,
     calls: AtomicU64,
@@ -112,6 +114,7 @@ impl Operator {
             seed,
             log: Arc::default(),
             inputs: Mutex::default(),
+            new_inputs: Mutex::default(),
             pending: std::sync::atomic::AtomicUsize::new(0),
             calls: AtomicU64::new(0),
         }
@@ -250,6 +253,14 @@ impl Operator {
         match action {
             "skip" => json!({"reason": token, "result": {"settledBy": "the chaos operator"}}),
             "retry-with-input" => {
+                if let Some(input) = self
+                    .new_inputs
+                    .lock()
+                    .ok()
+                    .and_then(|m| m.get(&r.task_id).cloned())
+                {
+                    return json!({"reason": token, "input": input});
+                }
                 let i = self
                     .inputs
                     .lock()

@@ -95,6 +95,17 @@ impl StepState {
         Self::new(&self.name, self.undoable)
     }
 
+    /// Element `k` of this forEach step as it stands in the step's place (a request or an
+    /// undo for it is built from that): its own state, reading the input the step's list was
+    /// rendered from (the step's [`StepState::input_revision`]: an element keeps none of its
+    /// own, so its retries and its undo read the list it ran with, whatever input an
+    /// operator's retry gave the task since).
+    pub fn element_unit(&self, k: usize) -> Option<Self> {
+        let mut e = self.elements.get(k)?.clone();
+        e.input_revision = self.input_revision;
+        Some(e)
+    }
+
     /// Whether compensation must undo this step: it has an undo, it may have taken effect (a
     /// request went out and the service did not refuse it) and its undo has not succeeded yet.
     /// A forEach step: whether an element does.
@@ -210,9 +221,34 @@ pub struct HistoryEntry {
     pub by: Option<String>,
 }
 
-/// The most history entries a record keeps (the oldest are dropped first): keeps the item far
-/// below DynamoDB's 400 KB limit however often an operator retries.
+/// The most history entries a record keeps: keeps the item far below DynamoDB's 400 KB limit
+/// however often an operator retries. Over it, the oldest line sas wrote by itself goes first:
+/// an operator's line (one with `by`) is dropped only for a newer operator's line, once there
+/// are [`MAX_OPERATOR_HISTORY`] of them ([`cap_history`]).
 pub const MAX_HISTORY: usize = 100;
+
+/// The most operators' lines (and callers' cancels) a record's history keeps, among its
+/// [`MAX_HISTORY`]: the newest. Fewer than the cap, so a line sas writes always has a line of
+/// its own kind to push out, never an operator's.
+pub const MAX_OPERATOR_HISTORY: usize = 40;
+
+/// Keeps `history` (oldest first) within its caps: the newest [`MAX_OPERATOR_HISTORY`] lines
+/// with `by`, and at most [`MAX_HISTORY`] in all, dropping the oldest of sas's own lines first.
+pub fn cap_history(history: &mut Vec<HistoryEntry>) {
+    let mut operators = history.iter().filter(|h| h.by.is_some()).count();
+    while operators > MAX_OPERATOR_HISTORY {
+        if let Some(oldest) = history.iter().position(|h| h.by.is_some()) {
+            history.remove(oldest);
+        }
+        operators -= 1;
+    }
+    while history.len() > MAX_HISTORY {
+        match history.iter().position(|h| h.by.is_none()) {
+            Some(oldest) => history.remove(oldest),
+            None => history.remove(0),
+        };
+    }
+}
 
 /// The largest result of one step kept in the state record (serialized JSON).
 pub const MAX_RESULT_BYTES: usize = 16 * 1024;
@@ -811,7 +847,9 @@ impl StateRecord {
                 self.process_state
             ));
         }
-        if self.history.len() > MAX_HISTORY {
+        if self.history.len() > MAX_HISTORY
+            || self.history.iter().filter(|h| h.by.is_some()).count() > MAX_OPERATOR_HISTORY
+        {
             return bad("history over its cap".into());
         }
         if self.since < self.created_at || self.since > self.updated_at {
@@ -1079,6 +1117,28 @@ impl StateRecord {
         if next_first != f.branches.len() || (f.each.is_some() && !f.inner.is_empty()) {
             return Err("branches that are no forEach step's elements after its own".into());
         }
+        // An element waits for room (Pending, no deadline) only while its step has none: as
+        // many elements out, or handed back to go out again (with their deadlines), as its
+        // `maxConcurrency`. Else nothing would ever send it.
+        for e in f.running().filter(|_| f.stop.is_none()) {
+            let range = f.elements_of(e);
+            let branches = &f.branches[range];
+            let waiting = branches
+                .iter()
+                .any(|br| br.process_state == P::Pending && br.complete_by.is_none());
+            let taken = branches
+                .iter()
+                .filter(|br| {
+                    br.is_out() || (br.process_state == P::Pending && br.complete_by.is_some())
+                })
+                .count();
+            if waiting && taken < e.max_concurrency as usize {
+                return Err(format!(
+                    "forEach step {}: an element waits for room with {taken} of {} places taken",
+                    e.step, e.max_concurrency
+                ));
+            }
+        }
         let mut at = f.start;
         for (b, br) in f.branches.iter().enumerate() {
             let of = f.each_of(b);
@@ -1129,10 +1189,11 @@ impl StateRecord {
                         && br.complete_by.is_some()
                         && matches!(current, Some(S::Running | S::Waiting))
                 }
+                // (An element with no deadline waits for room: see below.)
                 P::Pending => {
                     br.locked_by.is_none()
                         && current == Some(S::Pending)
-                        && (f.stop.is_some() || br.complete_by.is_some())
+                        && (f.stop.is_some() || br.complete_by.is_some() || of.is_some())
                 }
                 P::Error => {
                     f.stop.is_some()

@@ -406,7 +406,7 @@ async fn send_step_request(
     let record = match element {
         Some(k) if undoing => {
             let mut r = record.clone();
-            if let Some(e) = r.steps[i].elements.get(k).cloned() {
+            if let Some(e) = r.steps[i].element_unit(k) {
                 r.steps[i] = e;
             }
             unit_record = r;

@@ -121,6 +121,10 @@ pub struct SimStats {
     pub applied: Vec<String>,
     /// The request of every applied effect, in order (what the mappings built).
     pub requests: Vec<Applied>,
+    /// A forEach element's keys (`{task}:{step}#{k}:...`, steps and undos) that came with a
+    /// body other than their first call's: one key must carry one request (a key stands for
+    /// its element's place in the list it was made from).
+    pub rebodied: Vec<String>,
     /// A forEach step's elements (keys `{task}:{step}#{k}:...`, by `{task}:{step}`): the most
     /// distinct elements being worked on at once (an element from the start of a call of its
     /// key to the key's first outcome, or to the end of its calls if none came; repeats of a
@@ -176,6 +180,8 @@ struct SimState {
     elements_in_flight: HashMap<String, HashMap<String, u32>>,
     /// Calls in the service now.
     calls_now: u32,
+    /// The first body of each element's key (see [`SimStats::rebodied`]).
+    element_bodies: HashMap<String, serde_json::Value>,
 }
 
 /// A call in the service, from its arrival to its answer (see
@@ -455,6 +461,15 @@ impl RemoteService for SimulatedService {
 
         let n = self.with_state(|s| {
             s.stats.calls += 1;
+            if key.contains('#') {
+                let first = s
+                    .element_bodies
+                    .entry(key.to_owned())
+                    .or_insert_with(|| call.input.clone());
+                if *first != call.input && !s.stats.rebodied.iter().any(|k| k == key) {
+                    s.stats.rebodied.push(key.to_owned());
+                }
+            }
             let n = s.calls_per_key.entry(key.to_owned()).or_default();
             *n += 1;
             *n

@@ -24,7 +24,7 @@
 mod alerts;
 mod callbacks;
 pub(super) mod crash_points;
-mod effects;
+pub(super) mod effects;
 mod events;
 mod notices;
 mod paths;

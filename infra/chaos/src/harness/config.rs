@@ -40,6 +40,9 @@ pub struct Config {
     /// Services given limits ([`Config::limit`]): published with them, and checked at the
     /// service (calls at once, calls in any second).
     pub limits: Vec<ServiceLimit>,
+    /// The forEach cases' workflows are published too (`restock`, `stocktake`: see
+    /// `harness/for_each.rs`).
+    pub for_each_cases: bool,
 }
 
 /// A service's limits in a run: at most `concurrency` calls at once and `per_second` a second
@@ -109,6 +112,7 @@ impl Config {
             settings,
             down: vec![],
             limits: vec![],
+            for_each_cases: false,
         }
     }
 

@@ -40,6 +40,13 @@ impl Config {
         let mut agreement = workflow::parse_value(AGREEMENT, Format::Yaml)?;
         scale_durations(&mut agreement, &self.settings.policy)?;
         out.push(("agreement.json".into(), agreement.to_string()));
+        if self.for_each_cases {
+            for (name, yaml) in [("restock", RESTOCK), ("stocktake", STOCKTAKE)] {
+                let mut doc = workflow::parse_value(yaml, Format::Yaml)?;
+                scale_durations(&mut doc, &self.settings.policy)?;
+                out.push((format!("{name}.json"), doc.to_string()));
+            }
+        }
         Ok(out)
     }
 }
@@ -113,6 +120,50 @@ steps:
     service: core-banking
     when: steps.answer.result.event == "withdrawn"
     input: {hold: "$.steps['hold'].result.id"}
+"#;
+
+/// The forEach cases' first workflow: each item picked (two at once), each pick undone with
+/// its item; then the shipping from the dock, which fails when the input names none (its
+/// request cannot be built): the task waits in Error for the operator (the cases run with
+/// manual compensation), who retries it on a new input (other items), then compensates.
+pub const RESTOCK: &str = r#"
+name: restock
+input:
+  type: object
+  required: [items]
+  properties:
+    items: {type: array, items: {type: string}}
+    dock: {type: string}
+steps:
+  - name: pick
+    service: inventory
+    action: pick-item
+    forEach: $.input.items
+    maxConcurrency: 2
+    input: {sku: $.element, line: $.index}
+    undo:
+      action: unpick-item
+      input: {sku: $.element, pick: "$.steps['pick'].result.id"}
+  - name: ship
+    service: shipping
+    input: {dock: $.input.dock}
+"#;
+
+/// The forEach cases' second workflow: a long list at one element at once.
+pub const STOCKTAKE: &str = r#"
+name: stocktake
+input:
+  type: object
+  required: [lots]
+  properties:
+    lots: {type: array, items: {type: string}}
+steps:
+  - name: count
+    service: inventory
+    action: count-lot
+    forEach: $.input.lots
+    maxConcurrency: 1
+    input: {lot: $.element}
 "#;
 
 /// The run's simulated day: a quarter of its step timeout (the examples' and the agreement's

@@ -90,6 +90,13 @@ pub struct Report {
     /// forEach steps whose elements were in calls at a service more at once than their
     /// `maxConcurrency`; and the most of one step's elements seen in calls at once.
     pub over_concurrency: Vec<String>,
+    /// forEach elements whose calls did not carry the element they were made with: a key
+    /// that came with two bodies, or an element whose calls (its step's and its undo's)
+    /// named two items (`sku`).
+    pub wrong_bodies: Vec<String>,
+    /// forEach elements re-enqueued while they waited for room (a waiting element has no
+    /// pickup deadline), and what each forEach case measured.
+    pub waiting_requeued: Vec<String>,
     /// Services that got more calls at once, or in a second, than their limits allow.
     pub over_limits: Vec<String>,
     pub most_elements_in_flight: u32,
@@ -179,7 +186,7 @@ impl Report {
             ),
         );
         // Lists that must be empty: what each holds, and its first few.
-        let must_be_empty: [(&str, &Vec<String>); 17] = [
+        let must_be_empty: [(&str, &Vec<String>); 19] = [
             ("lost", &self.lost),
             ("tasks off the path their input implies", &self.off_path),
             ("keys applied more than once", &self.doubled),
@@ -190,6 +197,14 @@ impl Report {
                 &self.over_concurrency,
             ),
             ("services called past their limits", &self.over_limits),
+            (
+                "forEach elements called without the element they were made with",
+                &self.wrong_bodies,
+            ),
+            (
+                "forEach elements re-enqueued while waiting for room",
+                &self.waiting_requeued,
+            ),
             (
                 "callbacks posted and then waited for",
                 &self.ignored_callbacks,

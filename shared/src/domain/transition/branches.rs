@@ -64,9 +64,10 @@ fn project(n: &StateRecord, b: usize, claim: bool) -> StateRecord {
     seen.undo_after = None;
     seen.outbox = vec![];
     if let Some((i, k)) = element
-        && let Some(element) = seen.steps[i].elements.get(k).cloned()
+        && let Some(element) = seen.steps[i].element_unit(k)
     {
-        // An element: its state stands in the step's place.
+        // An element: its state stands in the step's place (reading the input the step's
+        // list was rendered from).
         seen.steps[i] = element;
     }
     seen
@@ -84,8 +85,10 @@ fn merge(n: &mut StateRecord, b: usize, seen: StateRecord, effects: Vec<Effect>)
         .map(|(e, k)| (e.step, k));
     let mut steps = seen.steps;
     if let Some((i, k)) = each {
-        // The element's state goes back among the step's elements.
-        let element = std::mem::replace(&mut steps[i], n.steps[i].clone());
+        // The element's state goes back among the step's elements (its input revision is
+        // the step's: see `StepState::element_unit`).
+        let mut element = std::mem::replace(&mut steps[i], n.steps[i].clone());
+        element.input_revision = None;
         if let Some(slot) = steps[i].elements.get_mut(k) {
             *slot = element;
         }
@@ -218,12 +221,14 @@ fn refill(
         })
         .map(|(b, _)| b)
         .collect();
-    let next = within_rooms(n, f, ready, now, p);
+    let next = within_rooms(n, f, ready.clone(), now, p);
     let instance = f
         .branches
         .iter()
         .find_map(|br| br.locked_by.clone())
         .unwrap_or_else(|| "sas".to_owned());
+    // The elements ready with no room wait for it: the write that frees a place sends them.
+    wait_for_room(n, ready.iter().filter(|b| !next.contains(b)).copied());
     let mut effects = vec![];
     for b in next {
         if let Ok(e) = in_branch(n, b, true, |seen| claim_one(seen, &instance)) {
@@ -231,6 +236,22 @@ fn refill(
         }
     }
     effects
+}
+
+/// Elements `bs` wait for room under their step's `maxConcurrency`: Pending with no pickup
+/// deadline, so never due (nothing is lost if no work message comes for them: the write that
+/// frees a place, an element's reply or its deadline's recovery, sends the next in `refill`).
+fn wait_for_room(n: &mut StateRecord, bs: impl Iterator<Item = usize>) {
+    let Some(f) = n.fanout.as_mut() else {
+        return;
+    };
+    for b in bs {
+        if let Some(br) = f.branches.get_mut(b)
+            && br.process_state == ProcessState::Pending
+        {
+            br.complete_by = None;
+        }
+    }
 }
 
 /// The main line reached forEach step `i` (`plan`): one element per item of its list, each a
@@ -317,6 +338,8 @@ pub(super) fn fan_out_each(
     );
     let mut effects = vec![];
     let first = elements.start + plan.elements.min(max as usize);
+    // The rest wait for room: no deadline until a place frees.
+    wait_for_room(n, first..elements.end);
     for b in elements.start..first {
         if let Ok(e) = in_branch(n, b, true, |seen| claim_one(seen, instance)) {
             effects.extend(e);
@@ -729,9 +752,26 @@ pub(super) fn expire(
     if due.is_empty() {
         return Err(Rejection::NotDue { due: r.due_at() });
     }
+    // An element whose pickup deadline passed with no room for it (a record written before
+    // such elements had none, or an element handed back whose place was taken meanwhile) was
+    // not missed: it waits for room, with no deadline, and no re-enqueue.
+    let elements: Vec<usize> = due
+        .iter()
+        .copied()
+        .filter(|b| {
+            f.each_of(*b).is_some() && f.branches[*b].process_state == ProcessState::Pending
+        })
+        .collect();
+    let room = if stopping {
+        elements.clone()
+    } else {
+        within_rooms(r, f, elements.clone(), now, p)
+    };
+    let waiting: Vec<usize> = elements.into_iter().filter(|b| !room.contains(b)).collect();
     let mut n = next(r, now);
     let mut effects = vec![];
-    for b in due {
+    wait_for_room(&mut n, waiting.iter().copied());
+    for b in due.into_iter().filter(|b| !waiting.contains(b)) {
         if stopping {
             stopped_out(&mut n, b, now);
         } else {
@@ -1748,6 +1788,167 @@ steps:
         }
         assert_eq!(undone, [(0, None)], "only the quote is undone");
         assert_eq!(t.r.process_state, ProcessState::Refused);
+    }
+
+    /// The element a request or undo for element `k` of step `i` is built with, from the
+    /// record as the scheduler builds it (`seen`: the element in the step's place).
+    fn element_sent(t: &Each, seen: &StateRecord, i: usize, k: usize) -> serde_json::Value {
+        let list = elements(&t.w, &t.task, seen, i).expect("the list");
+        list.get(k).cloned().unwrap_or_default()
+    }
+
+    fn failed() -> StepOutcome {
+        StepOutcome::Failed {
+            error: "input_mapping_failed: nothing selected".into(),
+        }
+    }
+
+    /// (Issue 40, finding 2.) A forEach step ran on [ann, bob, cy]; the next step failed; an
+    /// operator retried it on a new input whose list is [xi, yu]; it failed again and was
+    /// compensated: each element's undo is built with the element it ran with (cy, bob, ann),
+    /// not the new list's (the undos carried the new list, under the old keys).
+    #[test]
+    fn a_retry_on_a_new_input_leaves_a_for_each_steps_undos_on_the_list_it_ran_with() {
+        let mut t = Each::new(json!(["ann", "bob", "cy"]));
+        t.p = manual();
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        while let Some(&(k, attempt)) = t.out().first() {
+            t.answer(1, attempt, false, &Each::policy_of(k))
+                .expect("an element");
+        }
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(2, a, false, &failed()).expect("the payment fails");
+        assert_eq!(t.r.process_state, ProcessState::Error);
+        let (p, now) = (t.p.clone(), t.now);
+        let retried = t
+            .apply(|r, _| retry_with_input(r, &ops(None), now, &p, 0))
+            .expect("a retry on a new input");
+        t.task = t
+            .task
+            .with_new_input(json!({"travellers": ["xi", "yu"]}), &retried.record)
+            .expect("fits");
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(2, a, false, &failed()).expect("fails again");
+        t.apply(|r, _| compensate(r, &ops(None), now, &p))
+            .expect("compensated");
+        let mut undone = vec![];
+        while t.r.process_state == ProcessState::Compensating {
+            if t.r.locked_by.is_none() {
+                t.claim();
+            }
+            let i = t.r.step_index;
+            if let Some(k) = t.r.undo_element(i) {
+                // As the scheduler builds the undo: the element in the step's place.
+                let mut seen = t.r.clone();
+                seen.steps[i] = t.r.steps[i].element_unit(k).expect("the element");
+                undone.push((k, element_sent(&t, &seen, i, k)));
+            }
+            let a = t.r.attempt;
+            t.answer(i, a, true, &ok()).expect("the undo");
+        }
+        assert_eq!(
+            undone,
+            [(2, json!("cy")), (1, json!("bob")), (0, json!("ann"))]
+        );
+        assert_eq!(t.r.process_state, ProcessState::Compensated);
+    }
+
+    /// (Issue 40, finding 2.) The forEach step itself failed (an element's request could not
+    /// be built) while another element was handed back (it may have taken effect under its
+    /// key); an operator retried it on a new input with a shorter list: both go out again with
+    /// the elements of the list they were made from (the handed-back one under its old key
+    /// carried the new list's body; the shorter list shifted the rest).
+    #[test]
+    fn a_retry_on_a_new_input_at_a_for_each_step_sends_its_elements_with_the_list_they_ran_with() {
+        let yaml = EACH.replace("toleratedRefusals: 1", "toleratedRefusals: 0");
+        let mut t = Each::of(&yaml, json!({"travellers": ["ann", "bob", "cy"]}));
+        t.p = manual();
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        let out = t.out();
+        assert_eq!(out.iter().map(|o| o.0).collect::<Vec<_>>(), [0, 1]);
+        // ann's call timed out (handed back: it may have taken effect under its key), bob's
+        // could not be built.
+        let timed_out = StepOutcome::TimedOut {
+            error: "no answer in time".into(),
+        };
+        t.answer(1, out[0].1, false, &timed_out).expect("timed out");
+        t.answer(1, out[1].1, false, &failed())
+            .expect("the element fails");
+        assert_eq!(t.r.process_state, ProcessState::Error);
+        assert_eq!(t.r.steps[1].status, StepStatus::Failed);
+        let (p, now) = (t.p.clone(), t.now);
+        let retried = t
+            .apply(|r, _| retry_with_input(r, &ops(None), now, &p, 0))
+            .expect("a retry on a new input");
+        t.task = t
+            .task
+            .with_new_input(json!({"travellers": ["xi"]}), &retried.record)
+            .expect("fits");
+        assert_eq!(t.task.earlier_inputs.len(), 1, "the list's input is kept");
+        t.now += Duration::seconds(2);
+        t.claim();
+        let mut sent: Vec<(usize, serde_json::Value)> = t
+            .out()
+            .iter()
+            .map(|(k, _)| (*k, element_sent(&t, &t.r.seen_from(*k), 1, *k)))
+            .collect();
+        sent.sort_by_key(|(k, _)| *k);
+        assert_eq!(sent, [(0, json!("ann")), (1, json!("bob"))]);
+    }
+
+    /// (Issue 40, finding 3: 30 elements at 1 at once stalled, the supervisor re-enqueuing the
+    /// waiting ones with growing delays.) An element waiting for room has no pickup deadline:
+    /// long past every pickup timeout nothing is due but the element out, each goes out in the
+    /// write that ends the one before it, and no history line is written for a waiting one.
+    #[test]
+    fn elements_waiting_for_room_are_never_due_and_go_out_as_soon_as_one_ends() {
+        let yaml = EACH.replace("maxConcurrency: 2", "maxConcurrency: 1");
+        let list: Vec<String> = (0..30).map(|k| format!("t{k}")).collect();
+        let mut t = Each::of(&yaml, json!({ "travellers": list }));
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        let step_timeout = t.p.at(1).step_timeout;
+        for k in 0..30 {
+            let out = t.out();
+            assert_eq!(out.len(), 1, "element {k}: one out");
+            assert_eq!(out[0].0, k, "in the list's order");
+            // Each element takes most of its time (30 of them: 9 pickup timeouts).
+            t.now += step_timeout - Duration::seconds(1);
+            let (p, now) = (t.p.clone(), t.now);
+            assert_eq!(
+                t.r.complete_by,
+                t.r.fanout.as_ref().and_then(|f| f.branches[k].complete_by),
+                "element {k}: the record is due when the element out is"
+            );
+            assert!(
+                matches!(expire(&t.r, now, &p, 0.5), Err(Rejection::NotDue { .. })),
+                "element {k}: nothing is due"
+            );
+            let e = t
+                .answer(1, out[0].1, false, &Each::policy_of(k))
+                .expect("the element");
+            if k < 29 {
+                assert!(e.effects.contains(&Effect::SendBranchStep(k + 1)));
+            }
+        }
+        assert_eq!(t.sent, (0..30).collect::<Vec<_>>());
+        assert!(
+            t.r.history
+                .iter()
+                .all(|h| !h.reason.contains("re-enqueued")),
+            "no waiting element was re-enqueued"
+        );
+        assert_eq!(
+            (t.r.process_state, t.r.step_index),
+            (ProcessState::Pending, 2)
+        );
     }
 
     /// (Found by the property `for_each_steps_and_choices_end_as_the_model_says`; fails

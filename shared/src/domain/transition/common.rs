@@ -5,7 +5,7 @@
 
 use super::super::policy::Policy;
 use super::super::state::{
-    HistoryEntry, MAX_HISTORY, NoticeKind, ProcessState, StateRecord, StepStatus,
+    HistoryEntry, NoticeKind, ProcessState, StateRecord, StepStatus, cap_history,
 };
 use super::Condition;
 use chrono::{DateTime, Duration, Utc};
@@ -254,9 +254,6 @@ pub(super) fn log_by(
     reason: impl Into<String>,
     by: Option<&str>,
 ) {
-    if n.history.len() >= MAX_HISTORY {
-        n.history.drain(..=n.history.len() - MAX_HISTORY);
-    }
     n.history.push(HistoryEntry {
         at: n.updated_at,
         from,
@@ -266,6 +263,9 @@ pub(super) fn log_by(
         reason: reason.into(),
         by: by.map(str::to_owned),
     });
+    // Over the cap, sas's own oldest line goes first: none of its lines pushes out an
+    // operator's.
+    cap_history(&mut n.history);
 }
 
 /// Who asked for an operator action (or a caller's cancel), and why: recorded in the history
@@ -304,6 +304,7 @@ pub(super) fn finish(n: &mut StateRecord, to: ProcessState, notice: NoticeKind) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::state::{MAX_HISTORY, MAX_OPERATOR_HISTORY};
     use crate::domain::transition::testkit::*;
     use crate::domain::transition::*;
 
@@ -417,5 +418,54 @@ mod tests {
         }
         assert_eq!(r.history.len(), MAX_HISTORY);
         assert!(r.history.iter().all(|h| h.reason != "received"));
+    }
+
+    /// (Issue 40, finding 3: a forEach's waiting elements re-enqueued one history line each,
+    /// which pushed the operators' lines out.) However many lines sas writes after an
+    /// operator's, the operator's stays; operators' own lines keep their newest
+    /// `MAX_OPERATOR_HISTORY`.
+    #[test]
+    fn no_line_sas_writes_pushes_an_operators_line_out_of_the_history() {
+        let p = manual();
+        let mut now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 1, now, &p);
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 1, false, &refused(), now, &p, &Linear)
+        });
+        assert_eq!(r.process_state, ProcessState::Error);
+        apply(&mut r, |r| retry(r, &ops(Some("stock is back")), now, &p));
+        for _ in 0..2 * MAX_HISTORY {
+            now = r.complete_by.expect("pickup deadline");
+            apply(&mut r, |r| expire(r, now, &p, 0.5));
+        }
+        assert_eq!(r.history.len(), MAX_HISTORY);
+        assert!(
+            r.history
+                .iter()
+                .any(|h| h.by.is_some() && h.reason.contains("stock is back")),
+            "the operator's retry is still in the history"
+        );
+        // Operators' lines: the newest of them, within their own cap.
+        let mut h: Vec<HistoryEntry> = (0..MAX_HISTORY + 10)
+            .map(|k| HistoryEntry {
+                at: now,
+                from: ProcessState::Error,
+                to: ProcessState::Pending,
+                step: None,
+                attempt: 0,
+                reason: format!("line {k}"),
+                by: (k % 2 == 0).then(|| "ops".to_owned()),
+            })
+            .collect();
+        cap_history(&mut h);
+        let by: Vec<&str> = h
+            .iter()
+            .filter(|l| l.by.is_some())
+            .map(|l| l.reason.as_str())
+            .collect();
+        assert_eq!(by.len(), MAX_OPERATOR_HISTORY);
+        assert_eq!(by.last(), Some(&"line 108"));
+        assert!(h.len() <= MAX_HISTORY);
     }
 }

@@ -379,7 +379,8 @@ pub fn compensate_from(
 /// (refused, or never sent) may run on a new input: its key's generation moves on, since a
 /// service must not see one key with two bodies. The steps before it ran on the task's input
 /// of `input_revision` (or an earlier one they name already): they name it, so their views and
-/// their undos keep reading what they ran with.
+/// their undos keep reading what they ran with. A forEach step whose elements were made runs
+/// them on the list it was rendered from, retry or not: so do its elements' undos.
 ///
 /// Condition: same state (at the version read), as [`retry`].
 pub fn retry_with_input(
@@ -420,7 +421,15 @@ pub fn retry_with_input(
     {
         s.input_revision.get_or_insert(input_revision);
     }
-    t.record.steps[i].input_revision = None;
+    let step = &mut t.record.steps[i];
+    if step.elements.is_empty() {
+        step.input_revision = None;
+    } else {
+        // A forEach step whose list was rendered (its elements made): the elements keep the
+        // list they were made from, for their retries and their undos (an element's key
+        // stands for its place in that list). The new input is for the steps after it.
+        step.input_revision.get_or_insert(input_revision);
+    }
     if let Some(h) = t.record.history.last_mut() {
         h.reason = actor.line("retry with a new input");
     }

@@ -10,7 +10,7 @@ use sas_local::Simulated;
 use std::collections::{BTreeSet, HashMap};
 
 /// What the services applied.
-pub(super) struct Effects {
+pub(in crate::harness) struct Effects {
     /// Idempotency key → times applied (steps and undos).
     pub applied: HashMap<String, u32>,
     /// Step key → its net effect (applied minus undone).
@@ -21,7 +21,10 @@ pub(super) struct Effects {
 
 /// Lets every service settle its late commits, then counts what each saw and applied; keys
 /// applied more than once are `doubled`, steps committed after their undo `leaked`.
-pub(super) async fn tally_services(services: &Simulated, report: &mut Report) -> Effects {
+pub(in crate::harness) async fn tally_services(
+    services: &Simulated,
+    report: &mut Report,
+) -> Effects {
     let mut effects: HashMap<String, u32> = HashMap::new();
     let mut net: HashMap<String, i32> = HashMap::new();
     let mut elements_in_flight: HashMap<String, u32> = HashMap::new();
@@ -39,6 +42,13 @@ pub(super) async fn tally_services(services: &Simulated, report: &mut Report) ->
         report
             .leaked
             .extend(stats.leaked.iter().map(|k| format!("{name}: {k}")));
+        report.wrong_bodies.extend(
+            stats
+                .rebodied
+                .iter()
+                .map(|k| format!("{name}: {k} came with two bodies")),
+        );
+        check_element_items(&name, &stats.requests, report);
         report.services.insert(
             name,
             ServiceCounts {
@@ -64,6 +74,35 @@ pub(super) async fn tally_services(services: &Simulated, report: &mut Report) ->
         applied: effects,
         net,
         elements_in_flight,
+    }
+}
+
+/// Every applied call of one forEach element (`{task}:{step}#{k}`: its step's, under any
+/// generation, and its undo's) names the same item (`sku`, where a body has one): an element
+/// runs, is retried and is undone with the element it was made with, whatever input an
+/// operator's retry gave its task later.
+fn check_element_items(service: &str, requests: &[sas::remote::Applied], report: &mut Report) {
+    let mut items: HashMap<&str, &serde_json::Value> = HashMap::new();
+    for a in requests {
+        // `{task}:{step}#{k}:{action}` (`:g{generation}` after a first one)
+        let mut parts = a.key.splitn(3, ':');
+        let (Some(task), Some(unit), Some(_)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let element = &a.key[..task.len() + 1 + unit.len()];
+        let Some(sku) = a.input.get("sku").filter(|_| unit.contains('#')) else {
+            continue;
+        };
+        match items.get(element) {
+            Some(first) if *first != sku => report.wrong_bodies.push(format!(
+                "{service}: {element} {} with sku {sku}, its first call with {first}",
+                a.action
+            )),
+            Some(_) => {}
+            None => {
+                items.insert(element, sku);
+            }
+        }
     }
 }
 
