@@ -1133,6 +1133,92 @@ async fn a_paused_service_makes_its_steps_wait_without_failing_until_it_is_resum
     assert!(payment.stats().calls > calls, "called once resumed");
 }
 
+/// `sasctl service resume` printed "2 waiting tasks woken" while a step in a parallel branch
+/// stayed Pending until its pause's next look, a minute later. The resume wakes every step
+/// waiting for the service at once, wherever it stands: in a branch whose sibling is out (its
+/// task Processing, which the resume did not even read), and as a forEach step's elements; the
+/// count it prints is the tasks it woke.
+#[tokio::test]
+async fn a_resume_wakes_the_steps_waiting_in_branches_and_elements_at_once() {
+    let mut system = sas_blackbox::memory_system(manual_settings()).await;
+    let ops = operator(&mut system).await;
+    let probe = json!({
+        "name": "resume-probe",
+        "input": {"type": "object", "properties": {"items": {"type": "array"}}},
+        "steps": [{"name": "group", "parallel": [
+            {"name": "slow", "steps": [{"name": "hold", "wait": "1h"}]},
+            {"name": "money", "steps": [{"name": "charge", "service": "payment"}]}
+        ]}]
+    });
+    let each = json!({
+        "name": "resume-each",
+        "input": {"type": "object", "properties": {"items": {"type": "array"}}},
+        "steps": [{"name": "per-item", "service": "payment", "forEach": "$.input.items",
+                   "maxConcurrency": 2}]
+    });
+    for w in [&probe, &each] {
+        let path = format!("/workflows/{}", w["name"].as_str().unwrap_or_default());
+        let (code, body) = sas_blackbox::operator_call(
+            &system,
+            http::Method::PUT,
+            &path,
+            w.to_string().as_bytes(),
+        )
+        .await;
+        assert_eq!(code, 201, "{body}");
+    }
+    let (code, text) = sasctl_text(
+        &ops,
+        &words("service pause payment --reason 'bank maintenance'"),
+    )
+    .await;
+    assert_eq!(code, 0, "{text}");
+    let beside = sas_blackbox::submit_task(&system, "resume-probe", &json!({})).await;
+    let elements =
+        sas_blackbox::submit_task(&system, "resume-each", &json!({"items": [1, 2, 3]})).await;
+    pump_until_quiet(&system, 30).await;
+    let r = state(&system, beside).await;
+    assert_eq!(
+        r.process_state,
+        ProcessState::Processing,
+        "the wait is out: {r:?}"
+    );
+    let charge = r
+        .steps
+        .iter()
+        .position(|s| s.name == "charge")
+        .expect("charge");
+    assert_eq!(r.steps[charge].status, StepStatus::Pending, "{r:?}");
+    let r = state(&system, elements).await;
+    assert!(
+        r.steps[0]
+            .elements
+            .iter()
+            .all(|e| e.status == StepStatus::Pending),
+        "{r:?}"
+    );
+
+    let (code, text) = sasctl_text(&ops, &["service", "resume", "payment"]).await;
+    assert_eq!(
+        (code, text.trim()),
+        (0, "payment closed; 2 waiting tasks woken"),
+        "{text}"
+    );
+    // At once: no supervisor's sweep, no clock moved.
+    pump_until_quiet(&system, 30).await;
+    let r = state(&system, beside).await;
+    assert_eq!(r.steps[charge].status, StepStatus::Done, "{r:?}");
+    assert_eq!(
+        r.process_state,
+        ProcessState::Processing,
+        "the wait goes on"
+    );
+    let r = state(&system, elements).await;
+    assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
+    let (_, again) = sasctl_text(&ops, &["service", "resume", "payment"]).await;
+    assert_eq!(again.trim(), "payment closed (already)");
+}
+
 /// `sasctl bulk`: a dry run counts what a selection holds and changes nothing; `--yes` acts on
 /// each task once, with the reason in its history; the time range narrows the selection.
 #[tokio::test]

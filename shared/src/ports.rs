@@ -38,6 +38,24 @@ pub struct IdempotencyRecord {
     pub created_at: DateTime<Utc>,
 }
 
+/// How long an idempotency key names its task: in DynamoDB its item's `ExpiresAt` (the table's
+/// TTL), which always comes before its task's own expiry (a final task is kept at least a day
+/// after it ended).
+pub const IDEMPOTENCY_KEY_TTL: chrono::Duration = chrono::Duration::hours(24);
+
+impl IdempotencyRecord {
+    /// When the key stops naming its task: from then a request with it starts a new task.
+    pub fn expires_at(&self) -> DateTime<Utc> {
+        self.created_at + IDEMPOTENCY_KEY_TTL
+    }
+
+    /// Whether the key has expired by `now` (a new request's time, the stores' clock for
+    /// keys: DynamoDB's TTL deletes the item some time after, so a store never relies on that).
+    pub fn expired(&self, now: DateTime<Utc>) -> bool {
+        self.expires_at() <= now
+    }
+}
+
 /// A state record to write and the condition the stored one must meet for it
 /// ([`TaskStore::put_as`], [`TaskStore::put_with_input`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +117,9 @@ impl<T> StateStore for T where T: TaskStore + TaskLists + DueIndex + Leases + Ag
 #[async_trait]
 pub trait TaskStore: Send + Sync {
     /// Writes the task, its state record and (if given) the idempotency key in one atomic
-    /// transaction; each must not exist yet.
+    /// transaction; each must not exist yet. A stored key counts only until it expires
+    /// ([`IdempotencyRecord::expired`] at the new key's `created_at`) and while its task
+    /// exists: then the new key replaces it, as if DynamoDB's TTL had deleted it.
     async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError>;
     /// Strongly consistent read of the task and its state record.
     async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError>;

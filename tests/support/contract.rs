@@ -172,6 +172,7 @@ async fn create_new(store: &dyn StateStore, t: &Task, r: &StateRecord) {
 pub async fn store_contract(store: Arc<dyn StateStore>) {
     create_is_atomic_and_reads_back(store.as_ref()).await;
     idempotency_keys_name_one_task(store.as_ref()).await;
+    an_expired_key_names_a_new_task(store.as_ref()).await;
     conditional_puts_keep_their_guards(store.as_ref()).await;
     due_index_is_sparse_sharded_and_ordered(store.as_ref()).await;
     state_index_pages_cover_each_record_once(store.as_ref()).await;
@@ -865,6 +866,58 @@ async fn idempotency_keys_name_one_task(store: &dyn StateStore) {
         store.get(o2.id).await.expect("get"),
         None,
         "a taken key writes nothing"
+    );
+}
+
+/// A key names its task until it expires (`IDEMPOTENCY_KEY_TTL`, before its task can): then
+/// the same key starts a new task, as in DynamoDB once its TTL deleted the item (or before it
+/// did: the TTL's deletion comes some time later), and names that one from then on.
+async fn an_expired_key_names_a_new_task(store: &dyn StateStore) {
+    let now = to_millis(Utc::now());
+    let then = now - sas::ports::IDEMPOTENCY_KEY_TTL - Span::hours(1);
+    let key_name = format!("key-{}", uuid::Uuid::new_v4());
+    let key = |o: &Task, hash: &str, at| IdempotencyRecord {
+        key: key_name.clone(),
+        request_hash: hash.into(),
+        task_id: o.id,
+        created_at: at,
+    };
+    let create = |o: Task, k: IdempotencyRecord| async move {
+        store
+            .create(NewTask {
+                key: Some(&k),
+                ..NewTask::new(&o, &record(&o, o.created_at, Span::seconds(60)))
+            })
+            .await
+            .expect("create")
+    };
+    let old = task(then);
+    assert_eq!(
+        create(old.clone(), key(&old, "h1", then)).await,
+        CreateOutcome::Created
+    );
+    // Still taken an hour before it expires...
+    let early = task(then + Span::hours(23));
+    let first = key(&old, "h1", then);
+    assert_eq!(
+        create(early.clone(), key(&early, "h1", early.created_at)).await,
+        CreateOutcome::KeyExists(first),
+        "a key names its task until it expires"
+    );
+    // ...and free once it has: a new task, under the same key and even the same request.
+    let new = task(now);
+    let second = key(&new, "h1", now);
+    assert_eq!(
+        create(new.clone(), second.clone()).await,
+        CreateOutcome::Created,
+        "a key past its expiry starts a new task"
+    );
+    assert!(store.get(new.id).await.expect("get").is_some());
+    let again = task(now);
+    assert_eq!(
+        create(again.clone(), key(&again, "h1", now)).await,
+        CreateOutcome::KeyExists(second),
+        "the key names the new task from then on"
     );
 }
 

@@ -125,6 +125,8 @@ pub enum OpenError {
         "{path} was written by another version of sas-local (layout {found}, this one reads {SCHEMA_VERSION}): give another --data DIR"
     )]
     Layout { path: PathBuf, found: i64 },
+    #[error("cannot delete what expired in {path}: {source}")]
+    Purge { path: PathBuf, source: StoreError },
     #[error("cannot open {path}: {source}")]
     Sqlite {
         path: PathBuf,
@@ -192,7 +194,10 @@ impl SqliteStore {
         tx.execute_batch(SCHEMA).map_err(sqlite)?;
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(sqlite)?;
-        purge_expired(&tx, Utc::now()).map_err(sqlite)?;
+        purge_expired(&tx, Utc::now()).map_err(|e| OpenError::Purge {
+            path: path.clone(),
+            source: e,
+        })?;
         tx.commit().map_err(sqlite)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
@@ -271,15 +276,24 @@ fn in_use(path: &Path, e: rusqlite::Error) -> OpenError {
     }
 }
 
-/// Deletes the tasks (task, state record) whose retention ran out by `now`, as DynamoDB's TTL
-/// does some time after `ExpiresAt`.
-fn purge_expired(tx: &Transaction<'_>, now: DateTime<Utc>) -> rusqlite::Result<()> {
-    let now = now.timestamp_millis();
+/// Deletes the tasks (task, state record) whose retention ran out by `now`, and the
+/// idempotency keys past their expiry or whose task is gone, as DynamoDB's TTL does some time
+/// after `ExpiresAt`.
+fn purge_expired(tx: &Transaction<'_>, now: DateTime<Utc>) -> Result<(), StoreError> {
+    let ms = now.timestamp_millis();
     tx.execute(
         "DELETE FROM states WHERE id IN (SELECT id FROM tasks WHERE expires_ms <= ?1)",
-        params![now],
-    )?;
-    tx.execute("DELETE FROM tasks WHERE expires_ms <= ?1", params![now])?;
+        params![ms],
+    )
+    .map_err(db)?;
+    tx.execute("DELETE FROM tasks WHERE expires_ms <= ?1", params![ms])
+        .map_err(db)?;
+    tx.execute(
+        "DELETE FROM idempotency_keys WHERE created_ns <= ?1
+         OR task_id NOT IN (SELECT id FROM tasks)",
+        params![ns(now - sas::ports::IDEMPOTENCY_KEY_TTL)?],
+    )
+    .map_err(db)?;
     Ok(())
 }
 
@@ -476,12 +490,19 @@ impl TaskStore for SqliteStore {
                     .optional()
                     .map_err(db)?;
                 if let Some((request_hash, task_id, created)) = existing {
-                    return Ok(CreateOutcome::KeyExists(IdempotencyRecord {
+                    let first = IdempotencyRecord {
                         key: k.key.clone(),
                         request_hash,
                         task_id: parse_id("idempotency key", &task_id)?,
                         created_at: from_ns(created),
-                    }));
+                    };
+                    // A key counts until it expires, and while its task exists (see
+                    // `TaskStore::create`): else the new one replaces it below.
+                    if !first.expired(k.created_at)
+                        && read_task(tx, &first.task_id.to_string())?.is_some()
+                    {
+                        return Ok(CreateOutcome::KeyExists(first));
+                    }
                 }
             }
             // The task and its record must not exist yet: a task id names one task.
@@ -492,7 +513,7 @@ impl TaskStore for SqliteStore {
             write_state(tx, &state_id, &row, None)?;
             if let Some(k) = &key {
                 tx.execute(
-                    "INSERT INTO idempotency_keys (key, request_hash, task_id, created_ns) VALUES (?1, ?2, ?3, ?4)",
+                    "INSERT OR REPLACE INTO idempotency_keys (key, request_hash, task_id, created_ns) VALUES (?1, ?2, ?3, ?4)",
                     params![k.key, k.request_hash, k.task_id.to_string(), ns(k.created_at)?],
                 )
                 .map_err(db)?;
@@ -1098,6 +1119,47 @@ mod tests {
         drop(conn);
         let e = SqliteStore::open(dir.path(), 4, None).expect_err("another layout");
         assert!(matches!(e, OpenError::Layout { found: 99, .. }), "{e}");
+    }
+
+    /// `sas-local --data` kept every key for good: one whose task expired at its retention
+    /// then pointed at nothing, and a request reusing it answered `500` "inconsistent store".
+    #[test]
+    fn keys_past_their_expiry_or_whose_task_is_gone_are_deleted_at_open() {
+        let dir = tempfile::tempdir().expect("a folder");
+        drop(SqliteStore::open(dir.path(), 4, None).expect("made"));
+        let now = Utc::now();
+        let conn = Connection::open(dir.path().join(DATA_FILE)).expect("the file");
+        for (id, expires) in [("gone", Some(now.timestamp_millis() - 1)), ("kept", None)] {
+            conn.execute(
+                "INSERT INTO tasks (id, caller, created_ms, body, expires_ms) VALUES (?1, 'c', 0, '{}', ?2)",
+                params![id, expires],
+            )
+            .expect("a task");
+        }
+        let day = sas::ports::IDEMPOTENCY_KEY_TTL;
+        for (key, task, created) in [
+            ("expired", "kept", now - day - chrono::Duration::seconds(1)),
+            ("orphan", "gone", now),
+            ("fresh", "kept", now - day + chrono::Duration::hours(1)),
+        ] {
+            conn.execute(
+                "INSERT INTO idempotency_keys (key, request_hash, task_id, created_ns) VALUES (?1, 'h', ?2, ?3)",
+                params![key, task, ns(created).expect("in range")],
+            )
+            .expect("a key");
+        }
+        drop(conn);
+        drop(SqliteStore::open(dir.path(), 4, None).expect("reopened"));
+        let conn = Connection::open(dir.path().join(DATA_FILE)).expect("the file");
+        let mut stmt = conn
+            .prepare("SELECT key FROM idempotency_keys ORDER BY key")
+            .expect("a query");
+        let keys: Vec<String> = stmt
+            .query_map([], |r| r.get(0))
+            .expect("rows")
+            .collect::<Result<_, _>>()
+            .expect("keys");
+        assert_eq!(keys, ["fresh"]);
     }
 
     #[test]

@@ -108,6 +108,11 @@ pub enum Command {
     /// End the waits a task is in now (its wait step, or its branches'): each is done as at its
     /// time, and the task goes on.
     Wake(ActArgs),
+    /// Stop the branches still out of a parallel group a branch's failure stopped (its alert
+    /// went out then): each step still out is given up (it may have taken effect, so it is
+    /// undone, after its deadline if its request may still be in flight), and the task is
+    /// compensated (or stops in Error) at once instead of when they end.
+    StopBranches(ActArgs),
     /// Close a failed task (Error or CompensationFailed) by hand: it becomes Resolved, for
     /// good, with the note recorded in its history (who and why).
     ///
@@ -208,8 +213,9 @@ pub enum ServiceCommand {
     /// Pause a service: no call goes out to it and its tasks' steps wait (nothing fails) until
     /// it is resumed.
     Pause(ServiceActionArgs),
-    /// Resume a paused service: its waiting steps go out again at their next look (deferrals
-    /// back off up to the retry delay cap, 15 minutes by default).
+    /// Resume a paused service: the steps waiting for it (on the main line, in a parallel
+    /// branch, as forEach elements) go out again at once, and the tasks woken are counted (up
+    /// to 1,000 tasks read; any others look again within a minute).
     Resume(ServiceActionArgs),
     /// Check a live service against the service contract (docs/services.md); no sas endpoint
     /// needed.
@@ -782,11 +788,13 @@ async fn dispatch(
         Command::Retry(RetryArgs { id, reason, .. })
         | Command::Compensate(CompensateArgs { id, reason, .. })
         | Command::Cancel(ActArgs { id, reason })
-        | Command::Wake(ActArgs { id, reason }) => {
+        | Command::Wake(ActArgs { id, reason })
+        | Command::StopBranches(ActArgs { id, reason }) => {
             let action = match &cli.command {
                 Command::Retry(_) => Action::Retry,
                 Command::Compensate(_) => Action::Compensate,
                 Command::Wake(_) => Action::Wake,
+                Command::StopBranches(_) => Action::StopBranches,
                 _ => Action::Cancel,
             };
             let request = Request::Act {

@@ -264,6 +264,8 @@ pub enum Action {
     Resolve,
     /// End the waits a task is in now.
     Wake,
+    /// Stop the branches still out of a parallel group a branch's failure stopped.
+    StopBranches,
 }
 
 impl Action {
@@ -275,6 +277,7 @@ impl Action {
             Self::Cancel => "cancel",
             Self::Resolve => "resolve",
             Self::Wake => "wake",
+            Self::StopBranches => "stop-branches",
         }
     }
 }

@@ -6,6 +6,7 @@ use super::deps::ApiDeps;
 use super::error::{Answer, ApiError, respond};
 use super::request::{action_body, json_body};
 use crate::catalog::CatalogError;
+use crate::domain::transition;
 use crate::domain::workflow::{self, MAX_DEFINITION_BYTES, ServiceDef};
 use crate::domain::{BreakerRecord, Caller, ProcessState};
 use crate::ports::{DefinitionRef, InState, Kind, Paging};
@@ -238,61 +239,137 @@ pub(super) async fn pause_or_resume(
     })
 }
 
-/// The most waiting tasks a resume wakes at once (it reads the Pending list for them); the
-/// others look again within [`crate::domain::breaker::PAUSE_RECHECK`].
+/// The most tasks a resume reads to wake those waiting (it reads the Pending, Compensating and
+/// Processing lists for them); the others look again within
+/// [`crate::domain::breaker::PAUSE_RECHECK`].
 const MAX_WOKEN: usize = 1000;
 
-/// Wakes the tasks waiting for `service` since it was paused (deferred with its pause as their
-/// last error): a work message each, now, so they go on within seconds of the resume instead
-/// of at their next look. Best effort: the resume took effect whatever this does (a task not
-/// woken looks again by itself), so a failure is logged, not answered. The tasks woken.
+/// Wakes the tasks with a step waiting for `service` since it was paused (deferred with its
+/// pause as their last error), wherever the step stands: on the main line, in a parallel
+/// group's branch, as a forEach element. Each is made claimable now
+/// ([`transition::resumed`], a conditional write) and gets a work message, so it goes on
+/// within seconds of the resume instead of at its next look. Best effort: the resume took
+/// effect whatever this does (a task not woken looks again by itself), so a failure is
+/// logged, not answered. The tasks woken.
+///
+/// Where to look: a step deferred on the main line makes its task Pending (Compensating for
+/// an undo) with the pause as its last error; a step in a group's branch may leave its task
+/// Processing (a sibling out) or show a sibling's error, so every task of a workflow that
+/// calls the service, Pending or Processing, is read.
 async fn wake_paused_tasks(deps: &ApiDeps, service: &str) -> usize {
-    // The deferral's reason names the pause (`transition::deferred`, from the agent's
-    // `RemoteFault::CircuitOpen { paused }`).
-    let mark = format!("service {service} paused by");
+    let mark = crate::domain::breaker::paused_by(service);
     let ports = &deps.ports;
-    let now = ports.clock.now();
-    let (mut woken, mut read, mut after) = (0, 0, None);
-    loop {
-        let of = InState {
-            state: ProcessState::Pending,
-            workflow: None,
-        };
-        let paging = Paging {
-            limit: 100,
-            after: after.as_ref(),
-        };
-        let page = match ports.store.list(of, paging).await {
-            Ok(page) => page,
-            Err(e) => {
-                warn!(service, error = %e, "waiting tasks not woken; they look again by themselves");
-                return woken;
-            }
-        };
-        read += page.items.len();
-        for s in &page.items {
-            if s.last_error.as_deref().is_some_and(|e| e.contains(&mark)) {
-                let sent = crate::handlers::enqueue(
-                    ports.queue.as_ref(),
-                    &ports.work_queue_url,
-                    s.task_id,
-                    chrono::Duration::zero(),
-                    now,
-                )
-                .await;
-                match sent {
-                    Ok(()) => woken += 1,
-                    Err(e) => {
-                        warn!(service, task_id = %s.task_id, error = %e, "waiting task not woken")
-                    }
+    let users = match workflows_calling(deps, service).await {
+        Ok(users) => users,
+        Err(e) => {
+            warn!(service, error = %e, "workflows not read; only tasks that say they wait are woken");
+            Default::default()
+        }
+    };
+    let mut lists = vec![
+        (ProcessState::Pending, None),
+        (ProcessState::Compensating, None),
+    ];
+    lists.extend(
+        users
+            .iter()
+            .map(|w| (ProcessState::Processing, Some(w.as_str()))),
+    );
+    let (mut woken, mut read) = (0, 0);
+    for (state, workflow) in lists {
+        let mut after = None;
+        loop {
+            let of = InState { state, workflow };
+            let paging = Paging {
+                limit: 100,
+                after: after.as_ref(),
+            };
+            let page = match ports.store.list(of, paging).await {
+                Ok(page) => page,
+                Err(e) => {
+                    warn!(service, error = %e, "waiting tasks not woken; they look again by themselves");
+                    return woken;
+                }
+            };
+            read += page.items.len();
+            for s in &page.items {
+                let says = s.last_error.as_deref().is_some_and(|e| e.contains(&mark));
+                let may = state != ProcessState::Compensating && users.contains(&s.workflow);
+                if (says || may) && wake_one(deps, service, s.task_id).await {
+                    woken += 1;
                 }
             }
+            match page.next {
+                Some(next) if read < MAX_WOKEN => after = Some(next),
+                _ => break,
+            }
         }
-        match page.next {
-            Some(next) if read < MAX_WOKEN => after = Some(next),
-            _ => return woken,
+        if read >= MAX_WOKEN {
+            break;
         }
     }
+    woken
+}
+
+/// The workflows whose newest version has a step on `service`.
+async fn workflows_calling(
+    deps: &ApiDeps,
+    service: &str,
+) -> Result<std::collections::BTreeSet<String>, CatalogError> {
+    let definitions = &deps.ports.definitions;
+    let mut users = std::collections::BTreeSet::new();
+    for e in definitions.catalog().entries(Kind::Workflow).await? {
+        if let Some(w) = definitions.latest(&e.name).await?
+            && w.steps.iter().any(|s| s.service == service)
+        {
+            users.insert(e.name);
+        }
+    }
+    Ok(users)
+}
+
+/// Makes the steps of task `id` deferred for `service`'s pause claimable now, and enqueues its
+/// work message: whether any were (a lost race with another write reads the task again).
+async fn wake_one(deps: &ApiDeps, service: &str, id: crate::TaskId) -> bool {
+    let ports = &deps.ports;
+    for _ in 0..3 {
+        let record = match ports.store.get_state(id).await {
+            Ok(Some(r)) => r,
+            Ok(None) => return false,
+            Err(e) => {
+                warn!(service, task_id = %id, error = %e, "waiting task not woken");
+                return false;
+            }
+        };
+        let workflow = match crate::handlers::workflow_of(&ports.definitions, &record).await {
+            Ok(w) => w,
+            Err(e) => {
+                warn!(service, task_id = %id, error = %e, "waiting task not woken");
+                return false;
+            }
+        };
+        let now = ports.clock.now();
+        let Ok(t) = transition::resumed(&record, service, now, &workflow.policies()) else {
+            return false;
+        };
+        // Condition (the transition's): the version read - a claim or reply in between makes
+        // this read again.
+        match crate::handlers::write(ports.store.as_ref(), &t).await {
+            Ok(true) => {
+                if let Err(e) = crate::handlers::perform_no_step(&ports.outlets(), &t).await {
+                    // Written: the task is due now, and the supervisor's sweep sends it on.
+                    warn!(service, task_id = %id, error = %e, "woken task not enqueued");
+                }
+                return true;
+            }
+            Ok(false) => continue,
+            Err(e) => {
+                warn!(service, task_id = %id, error = %e, "waiting task not woken");
+                return false;
+            }
+        }
+    }
+    false
 }
 
 /// `GET /workflows`, `GET /services`: every name and its newest version.

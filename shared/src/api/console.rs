@@ -40,13 +40,14 @@ pub fn root() -> String {
 
 /// The operator actions the console offers (a retry on a new input and a compensation from a
 /// step are options of retry and compensate).
-const ACTIONS: [OperatorAction; 6] = [
+const ACTIONS: [OperatorAction; 7] = [
     OperatorAction::Retry,
     OperatorAction::Compensate,
     OperatorAction::Cancel,
     OperatorAction::Resolve,
     OperatorAction::Skip,
     OperatorAction::Wake,
+    OperatorAction::StopBranches,
 ];
 
 /// The console's action named `name`, if it offers one.
@@ -500,9 +501,19 @@ async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
 
 /// The actions a task in `state` may take (the API decides; this only offers them).
 /// The actions that apply to a task in `state`: past its pivot it only goes forward, so it
-/// is neither cancelled nor compensated; one in a wait step (`waits`) may have it ended.
-fn actions_for(state: &str, past_pivot: bool, waits: bool) -> &'static [OperatorAction] {
+/// is neither cancelled nor compensated; one in a wait step (`waits`) may have it ended; one
+/// whose parallel group a branch's failure stopped (`stopping`) may have the branches still
+/// out stopped.
+fn actions_for(
+    state: &str,
+    past_pivot: bool,
+    waits: bool,
+    stopping: bool,
+) -> &'static [OperatorAction] {
     use OperatorAction::*;
+    if stopping && state == "Processing" {
+        return &[StopBranches];
+    }
     match (state, past_pivot, waits) {
         ("Error", false, _) => &[Retry, Compensate, Skip, Resolve],
         ("Error", true, _) => &[Retry, Skip, Resolve],
@@ -522,6 +533,7 @@ fn action_label(action: OperatorAction) -> &'static str {
         OperatorAction::Skip => "Skip step",
         OperatorAction::Resolve => "Resolve",
         OperatorAction::Wake => "End the wait",
+        OperatorAction::StopBranches => "Stop the branches still out",
     }
 }
 
@@ -542,6 +554,9 @@ fn action_help(action: OperatorAction) -> &'static str {
         }
         OperatorAction::Wake => {
             "The wait ends now, as at its time, and the task goes on with the next step."
+        }
+        OperatorAction::StopBranches => {
+            "A branch failed (its alert went out): the steps still out in the other branches are given up now (each may have taken effect, so it is undone; one whose request may still be in flight is undone after its deadline), and the task is compensated (or stops in Error) at once instead of when they end."
         }
     }
 }
@@ -596,7 +611,9 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
         }
         // A wait step waiting: `Waiting`, and no service.
         @let waits = steps.iter().any(|s| s["status"] == "Waiting" && s["service"].is_null());
-        @let actions = actions_for(state, t["pastPivot"] == json!(true), waits);
+        @let branches = items(t, "branches");
+        @let stopping = branches.iter().any(|b| b["state"] == "Error");
+        @let actions = actions_for(state, t["pastPivot"] == json!(true), waits, stopping);
         @if !actions.is_empty() {
             section aria-labelledby="actions" {
                 h2 id="actions" { "Actions" }
@@ -1102,15 +1119,27 @@ mod tests {
     fn a_task_past_its_pivot_is_offered_neither_cancel_nor_compensation() {
         use OperatorAction::*;
         assert_eq!(
-            actions_for("Error", false, false),
+            actions_for("Error", false, false, false),
             [Retry, Compensate, Skip, Resolve]
         );
-        assert_eq!(actions_for("Error", true, false), [Retry, Skip, Resolve]);
-        assert_eq!(actions_for("Processing", false, false), [Cancel]);
-        assert!(actions_for("Processing", true, false).is_empty());
-        assert!(actions_for("Processed", false, false).is_empty());
+        assert_eq!(
+            actions_for("Error", true, false, false),
+            [Retry, Skip, Resolve]
+        );
+        assert_eq!(actions_for("Processing", false, false, false), [Cancel]);
+        assert!(actions_for("Processing", true, false, false).is_empty());
+        assert!(actions_for("Processed", false, false, false).is_empty());
         // A wait may be ended, past the pivot too.
-        assert_eq!(actions_for("Processing", false, true), [Cancel, Wake]);
-        assert_eq!(actions_for("Processing", true, true), [Wake]);
+        assert_eq!(
+            actions_for("Processing", false, true, false),
+            [Cancel, Wake]
+        );
+        assert_eq!(actions_for("Processing", true, true, false), [Wake]);
+        // A group a branch's failure stopped: its branches still out may be stopped.
+        assert_eq!(actions_for("Processing", true, false, true), [StopBranches]);
+        assert_eq!(
+            actions_for("Error", false, false, true),
+            [Retry, Compensate, Skip, Resolve]
+        );
     }
 }

@@ -9,7 +9,8 @@
 //! `event_not_expected` when the workflow waits for no event of that name; `409`
 //! `event_refused` when no step still to come waits for it (it passed, or the task ended) or
 //! the task keeps as many early events as it may; `400` for a payload that is not JSON, over
-//! 16 KiB or not what the step's `payload` schema wants.
+//! 16 KiB, over what is left of the task's 128 KiB results budget (its results and kept
+//! events), or not what the step's `payload` schema wants.
 
 use super::deps::ApiDeps;
 use super::error::{Answer, ApiError, respond};

@@ -39,10 +39,13 @@ pub enum OperatorAction {
     Skip,
     /// End the waits the task is in now (its wait step, or its branches').
     Wake,
+    /// Stop the branches still out of a parallel group a failure stopped: the task fails or
+    /// is compensated at once.
+    StopBranches,
 }
 
 impl OperatorAction {
-    pub const ALL: [OperatorAction; 8] = [
+    pub const ALL: [OperatorAction; 9] = [
         Self::Retry,
         Self::RetryWithInput,
         Self::Compensate,
@@ -51,6 +54,7 @@ impl OperatorAction {
         Self::Resolve,
         Self::Skip,
         Self::Wake,
+        Self::StopBranches,
     ];
 
     /// The action's name in the path.
@@ -64,6 +68,7 @@ impl OperatorAction {
             Self::Resolve => "resolve",
             Self::Skip => "skip",
             Self::Wake => "wake",
+            Self::StopBranches => "stop-branches",
         }
     }
 
@@ -168,7 +173,8 @@ fn action_input(action: OperatorAction, body: &[u8]) -> Result<ActionInput, ApiE
         | OperatorAction::Compensate
         | OperatorAction::Cancel
         | OperatorAction::Resolve
-        | OperatorAction::Wake => {
+        | OperatorAction::Wake
+        | OperatorAction::StopBranches => {
             got.reason = action_body(body, |b: &ActionBody| b.reason.as_ref())?.reason;
         }
     }
@@ -257,6 +263,7 @@ pub(super) async fn act(
         OperatorAction::Skip => transition::skip(&record, &actor, now, &policies, input.result),
         OperatorAction::Cancel => transition::cancel(&record, &actor, now, &policies),
         OperatorAction::Wake => transition::wake(&record, &actor, now, &policies),
+        OperatorAction::StopBranches => transition::stop_branches(&record, &actor, now, &policies),
     };
     let t = t.map_err(|why| conflict(&record, why.to_string()))?;
     let task = match input.new_input {

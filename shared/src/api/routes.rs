@@ -59,6 +59,11 @@ pub const ROUTES: &[(Api, &str, &str)] = &[
     (Api::Operator, "POST", "/operator/tasks/{taskId}/resolve"),
     (Api::Operator, "POST", "/operator/tasks/{taskId}/skip"),
     (Api::Operator, "POST", "/operator/tasks/{taskId}/wake"),
+    (
+        Api::Operator,
+        "POST",
+        "/operator/tasks/{taskId}/stop-branches",
+    ),
     (Api::Operator, "GET", "/operator/counts"),
     (Api::Operator, "GET", "/operator/workflows"),
     (Api::Operator, "GET", "/operator/workflows/{name}"),

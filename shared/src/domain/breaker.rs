@@ -64,6 +64,12 @@ pub enum BreakerState {
 /// How long a step of a paused service waits before it looks again.
 pub const PAUSE_RECHECK: Duration = Duration::seconds(60);
 
+/// How the deferral of a step of the paused service `service` starts (its `lastError` reads
+/// `<step>: service <name> paused by <who> (since <when>)`): what a resume looks for.
+pub fn paused_by(service: &str) -> String {
+    format!("service {service} paused by")
+}
+
 /// The stored breaker of the service `name`. `version` 0: not stored yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BreakerRecord {

@@ -222,6 +222,10 @@ pub struct Stop {
     pub step: usize,
     pub reason: String,
     pub kind: StopKind,
+    /// The failure's alert (`TaskFailed`) is owed already: it went out at the failure, while
+    /// other branches were still out, and the task ending later owes no second one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub alerted: bool,
 }
 
 /// How the failed step ended, which decides what the task does once no branch is out.

@@ -47,6 +47,14 @@ pub struct KeptEvent {
     pub at: DateTime<Utc>,
 }
 
+impl KeptEvent {
+    /// The bytes it takes as its step's result, once its wait is reached: counted with the
+    /// task's results from when it is kept (`StateRecord::results_bytes`).
+    pub fn result_bytes(&self) -> usize {
+        result_of(&self.name, &self.payload).len()
+    }
+}
+
 /// One event as delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {

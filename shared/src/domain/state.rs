@@ -252,7 +252,8 @@ pub fn cap_history(history: &mut Vec<HistoryEntry>) {
 
 /// The largest result of one step kept in the state record (serialized JSON).
 pub const MAX_RESULT_BYTES: usize = 16 * 1024;
-/// The most all of a task's kept results may take together (serialized JSON).
+/// The most all of a task's kept results may take together (serialized JSON), with the events
+/// kept for steps not reached yet (as the results they become).
 pub const MAX_RESULTS_BYTES: usize = 128 * 1024;
 
 /// The state record of one task. Field names follow the pattern (`LockedBy`, `CompleteBy`,
@@ -744,12 +745,15 @@ impl StateRecord {
             .collect()
     }
 
-    /// The bytes the kept results take together (a forEach step's elements' included).
+    /// The bytes the kept results take together (a forEach step's elements' included), and
+    /// the events kept for steps not reached yet, as the results they become: what
+    /// [`MAX_RESULTS_BYTES`] bounds.
     pub fn results_bytes(&self) -> usize {
         self.steps
             .iter()
             .flat_map(|s| std::iter::once(s).chain(&s.elements))
             .filter_map(|s| s.result.as_ref().map(String::len))
+            .chain(self.inbox.kept.iter().map(|e| e.result_bytes()))
             .sum()
     }
 

@@ -57,7 +57,8 @@ pub enum EventError {
         message: String,
         process_state: ProcessState,
     },
-    /// The payload is too large or not what the wait's schema wants.
+    /// The payload is too large (by itself, or for the task's results budget, which its
+    /// events count against) or not what the wait's schema wants.
     #[error("{message}")]
     Payload {
         message: String,
@@ -136,6 +137,13 @@ pub async fn deliver_event(
             Err(Rejection::DuplicateEvent) => {
                 info!(event = %d.name, "event repeated under its id: nothing changes");
                 return Ok(Delivered::Duplicate);
+            }
+            Err(why @ Rejection::OverResultsBudget { .. }) => {
+                // Its payload is what does not fit: the task's results budget counts events.
+                return Err(EventError::Payload {
+                    message: why.to_string(),
+                    problems: None,
+                });
             }
             Err(why) => {
                 return Err(EventError::Refused {

@@ -141,8 +141,11 @@ impl TaskStore for MemoryStore {
         {
             return Ok(CreateOutcome::Created);
         }
+        // A key counts until it expires, and while its task exists (see `TaskStore::create`).
         if let Some(k) = key
             && let Some(existing) = inner.keys.get(&k.key)
+            && !existing.expired(k.created_at)
+            && inner.tasks.contains_key(&existing.task_id)
         {
             return Ok(CreateOutcome::KeyExists(existing.clone()));
         }

@@ -414,8 +414,8 @@ impl RemoteService for SharedBreaker {
             Decision::Reject { retry_at } => {
                 let paused = match current.state {
                     BreakerState::Paused { since } => Some(format!(
-                        "service {} paused by {} (since {})",
-                        self.name,
+                        "{} {} (since {})",
+                        crate::domain::breaker::paused_by(&self.name),
                         current.note.as_deref().unwrap_or("an operator"),
                         since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
                     )),

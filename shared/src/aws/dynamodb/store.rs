@@ -21,7 +21,8 @@ pub const STATE_INDEX: &str = "state-index";
 pub const STATE_INDEX_PROJECTION: [&str; 2] = ["TaskId", "Workflow"];
 /// The name of the GSI a caller's list queries (`CallerShard` S, `CreatedAt` N, keys only).
 pub const CALLER_INDEX: &str = "caller-shard-index";
-/// How long an idempotency key is kept (the table's TTL attribute `ExpiresAt` deletes it).
+/// How long a lease or slot item outlives its holding (the table's TTL attribute `ExpiresAt`
+/// deletes it). An idempotency key's is [`crate::ports::IDEMPOTENCY_KEY_TTL`].
 pub(super) const KEY_TTL_SECONDS: i64 = 24 * 3600;
 
 #[derive(Debug, Clone)]

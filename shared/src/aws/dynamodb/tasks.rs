@@ -26,6 +26,28 @@ impl DynamoStore {
         Ok(TransactWriteItem::builder().put(put).build())
     }
 
+    /// The `Put` of a new idempotency key `k`: on absence, or over a key past its expiry (DynamoDB's
+    /// TTL deletes an expired item some time later, so an expired key still stored is free).
+    fn key_put(&self, k: &IdempotencyRecord) -> Result<TransactWriteItem, StoreError> {
+        let item = HashMap::from([
+            ("pk".to_owned(), s(format!("IDEM#{}", k.key))),
+            ("sk".to_owned(), s("IDEM")),
+            ("RequestHash".to_owned(), s(&k.request_hash)),
+            ("TaskId".to_owned(), s(k.task_id.to_string())),
+            ("CreatedAt".to_owned(), ms(k.created_at)),
+            ("ExpiresAt".to_owned(), n(k.expires_at().timestamp())),
+        ]);
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk) OR ExpiresAt <= :now")
+            .expression_attribute_values(":now", n(k.created_at.timestamp()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(build_err)?;
+        Ok(TransactWriteItem::builder().put(put).build())
+    }
+
     async fn read_key(&self, key: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
         let Some(item) = self.read_item(format!("IDEM#{key}"), "IDEM").await? else {
             return Ok(None);
@@ -62,21 +84,12 @@ macro_rules! guarded_put {
 impl TaskStore for DynamoStore {
     async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError> {
         let NewTask { task, record, key } = new;
-        // One transaction, every item `attribute_not_exists(pk)`: keeps "a task exists iff its
-        // state record exists" and "an idempotency key names exactly one task".
+        // One transaction, the task and its record `attribute_not_exists(pk)`, the key absent
+        // or expired: keeps "a task exists iff its state record exists" and "an idempotency
+        // key names exactly one task until it expires" (its expiry comes before its task's).
         let mut writes = Vec::with_capacity(3);
         if let Some(k) = key {
-            writes.push(self.create_put(HashMap::from([
-                ("pk".to_owned(), s(format!("IDEM#{}", k.key))),
-                ("sk".to_owned(), s("IDEM")),
-                ("RequestHash".to_owned(), s(&k.request_hash)),
-                ("TaskId".to_owned(), s(k.task_id.to_string())),
-                ("CreatedAt".to_owned(), ms(k.created_at)),
-                (
-                    "ExpiresAt".to_owned(),
-                    n(k.created_at.timestamp() + KEY_TTL_SECONDS),
-                ),
-            ]))?);
+            writes.push(self.key_put(k)?);
         }
         writes.push(self.create_put(task_item(task, self.caller_shards))?);
         let state = state_item(record, self.shards);

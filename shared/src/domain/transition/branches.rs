@@ -587,6 +587,40 @@ fn ready_at(br: &Branch, p: &Policies) -> Option<DateTime<Utc>> {
         .map(|d| d - p.at(br.step_index).pickup_timeout)
 }
 
+/// The branches of `n`'s group that wait for a claim, deferred as `waits` says of their last
+/// error, may be claimed now (their pickup deadline moved to now + the pickup timeout); the
+/// record's deadline follows. Whether any did (none once the group stops: nothing is claimed
+/// then).
+pub(super) fn ready_now(
+    n: &mut StateRecord,
+    waits: &dyn Fn(&Option<String>) -> bool,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> bool {
+    let Some(f) = n.fanout.as_mut().filter(|f| f.stop.is_none()) else {
+        return false;
+    };
+    let mut any = false;
+    for br in &mut f.branches {
+        if br.process_state == ProcessState::Pending
+            && waits(&br.last_error)
+            && ready_at(br, p).is_some_and(|t| t > now)
+        {
+            br.complete_by = Some(now + p.at(br.step_index).pickup_timeout);
+            any = true;
+        }
+    }
+    if any {
+        n.complete_by = f
+            .branches
+            .iter()
+            .filter(|br| active(br, false))
+            .filter_map(|br| br.complete_by)
+            .min();
+    }
+    any
+}
+
 /// A work message arrived for a record whose group runs: every branch whose step waits and
 /// is due is claimed, in one write.
 pub(super) fn claim(
@@ -853,6 +887,53 @@ fn stopped_out(n: &mut StateRecord, b: usize, now: DateTime<Utc>) {
     );
 }
 
+/// An operator stops the steps still out of a group that stopped at a failure (see
+/// `transition::stop_branches`): each is over now, as a step out past its deadline
+/// while the group stops is (`TimedOut`: it may have taken effect, so it is undone, its undo
+/// waiting past its request's deadline if that may still be in flight; a callback step its
+/// service accepted has no request in flight: its undo need not wait). The group then ends
+/// as when its last step out ends. Whether any step was out.
+pub(super) fn give_up_out(
+    n: &mut StateRecord,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Option<Vec<Effect>> {
+    let f = n.fanout.as_ref().filter(|f| f.stop.is_some())?;
+    let out: Vec<(usize, usize)> = (0..f.branches.len())
+        .filter(|b| f.branches[*b].is_out())
+        .map(|b| (b, f.branches[b].step_index))
+        .collect();
+    if out.is_empty() {
+        return None;
+    }
+    for (b, i) in out {
+        let Some(br) = n.fanout.as_mut().and_then(|f| f.branches.get_mut(b)) else {
+            continue;
+        };
+        let (deadline, attempt) = (br.complete_by, br.attempt);
+        br.process_state = ProcessState::Error;
+        br.locked_by = None;
+        br.complete_by = None;
+        let from = n.process_state;
+        if let Some(step) = unit_mut(n, b, i) {
+            if step.status != StepStatus::Waiting {
+                // Its request may still be in flight until its deadline.
+                step.sent_until = step.sent_until.max(deadline);
+            }
+            step.status = StepStatus::TimedOut;
+            step.finished_at = Some(now);
+            step.finished_attempt = Some(attempt);
+        }
+        log(
+            n,
+            from,
+            Some(i),
+            "stopped by an operator while the group stops",
+        );
+    }
+    Some(settle(n, now, p))
+}
+
 /// The task's deadline passed while its group runs: every step out times out now (it may have
 /// taken effect, and may be in flight until its own deadline), nothing more goes out, and the
 /// group stops as on a failure (`reason`; an earlier failure, if the group was stopping, is
@@ -874,6 +955,7 @@ pub(super) fn deadline_passed(
         step,
         reason,
         kind: StopKind::Failed,
+        alerted: false,
     });
     for b in out {
         stopped_out(n, b, now);
@@ -965,7 +1047,8 @@ pub(super) fn settle(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
         n.deferrals = 0;
         let name = f.map(|f| f.group).unwrap_or_default();
         let reason = stop.reason;
-        let effects = match stop.kind {
+        let owed = n.outbox.len();
+        let mut effects = match stop.kind {
             StopKind::Held => stop_in_error(n, reason),
             StopKind::Refused if !n.past_pivot() => {
                 n.last_error = Some(reason);
@@ -973,6 +1056,21 @@ pub(super) fn settle(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
             }
             StopKind::Refused | StopKind::Failed => fail(n, now, reason, p, None),
         };
+        if stop.alerted {
+            // Its alert went out at the failure (see `alert_at_failure`): one per failure.
+            let version = n.version;
+            if let Some(k) = n
+                .outbox
+                .iter()
+                .rposition(|o| o.status == NoticeKind::Failed && o.sequence == version)
+                && k >= owed
+            {
+                n.outbox.remove(k);
+            }
+            if n.outbox.is_empty() {
+                effects.retain(|e| *e != Effect::DeliverNotice);
+            }
+        }
         if n.process_state == ProcessState::Error {
             // Kept for the operator and the checks: what each branch did. Any action on the
             // task clears it (a retry resumes the group from its steps).
@@ -1074,7 +1172,40 @@ pub(super) fn settle(n: &mut StateRecord, now: DateTime<Utc>, p: &Policies) -> V
         .as_ref()
         .map(|s| s.reason.clone())
         .or_else(|| f.branches.iter().find_map(|br| br.last_error.clone()));
+    effects.extend(alert_at_failure(n, p));
     effects
+}
+
+/// A branch failed while others are still out (the group stops, and the task fails or is
+/// compensated only once none is, which a callback step may hold off for its whole timeout):
+/// the failure's alert goes out now, once (`TaskFailed`, for a failure that alerts: not a
+/// refusal before the pivot), and the task's last error says what follows once the branches
+/// still out end, or an operator stops them (`transition::stop_branches`).
+fn alert_at_failure(n: &mut StateRecord, p: &Policies) -> Vec<Effect> {
+    let past_pivot = n.past_pivot();
+    let Some(stop) = n.fanout.as_mut().and_then(|f| f.stop.as_mut()) else {
+        return vec![];
+    };
+    let follows = match stop.kind {
+        StopKind::Refused | StopKind::Failed if p.at(stop.step).auto_compensate && !past_pivot => {
+            "compensation follows"
+        }
+        _ => "the task stops in Error",
+    };
+    n.last_error = Some(format!(
+        "{}; {follows} once the branches still out end, or an operator stops them",
+        stop.reason
+    ));
+    let alerts = match stop.kind {
+        StopKind::Held | StopKind::Failed => true,
+        StopKind::Refused => past_pivot,
+    };
+    if !alerts || stop.alerted {
+        return vec![];
+    }
+    stop.alerted = true;
+    n.owe(NoticeKind::Failed);
+    vec![Effect::DeliverNotice]
 }
 
 /// How a forEach step ends when its group stops: as the element that stopped it (`culprit`,
@@ -2225,5 +2356,240 @@ steps:
         assert_eq!(t.r.steps[2].elements.len(), 0);
         t.claim();
         assert!(t.out_steps().iter().any(|o| o.0 == 3), "the meal is out");
+    }
+
+    /// A deferral for the pause of service `s`, until the pause's next look.
+    fn paused(now: DateTime<Utc>) -> StepOutcome {
+        StepOutcome::Deferred {
+            until: now + crate::domain::breaker::PAUSE_RECHECK,
+            misconfigured: None,
+            paused: Some(format!(
+                "{} ops: maintenance (since {now})",
+                crate::domain::breaker::paused_by("s")
+            )),
+            limited: None,
+        }
+    }
+
+    /// `sasctl service resume` woke the tasks waiting in the Pending list, by a work message
+    /// each: a branch's step deferred for the pause was not due until the pause's next look
+    /// (60 s), so the claim took nothing, and a task whose sibling branch was out (Processing)
+    /// was not even looked at. A resume makes every step deferred for the pause claimable at
+    /// once, wherever it stands: in a branch beside one out, or as a forEach element.
+    #[test]
+    fn a_resume_makes_every_step_deferred_for_the_pause_claimable_at_once() {
+        // A branch: the flight deferred for the pause while the hotel is out.
+        let mut t = Trip::new(policy(), false);
+        t.claim();
+        t.answer(0, &ok());
+        let deferral = paused(t.now);
+        t.answer(1, &deferral);
+        assert_eq!(
+            t.r.process_state,
+            ProcessState::Processing,
+            "the hotel is out"
+        );
+        t.now += Duration::seconds(1);
+        let (now, p) = (t.now, t.p.clone());
+        assert!(
+            matches!(
+                claim(&t.r, "s", now, &p, &t.router()),
+                Err(Rejection::NotDue { .. })
+            ),
+            "a work message alone finds nothing due"
+        );
+        assert_eq!(
+            resumed(&t.r, "other", now, &p),
+            Err(Rejection::NotPaused("other".into())),
+            "no step waits for another service"
+        );
+        let woke = apply_with(&mut t.r, &p, |r| resumed(r, "s", now, &p));
+        assert_eq!(
+            woke.effects,
+            [Effect::Enqueue {
+                delay: Duration::zero()
+            }]
+        );
+        assert!(
+            t.r.due_at()
+                .is_some_and(|d| d <= now + p.at(1).pickup_timeout)
+        );
+        let sent = t.claim();
+        assert_eq!(
+            sent.effects,
+            [Effect::SendBranchStep(0)],
+            "the flight goes out"
+        );
+        assert_eq!(t.status(1), StepStatus::Running);
+        assert_eq!(
+            resumed(&t.r, "s", now, &p),
+            Err(Rejection::NotPaused("s".into())),
+            "nothing waits any more"
+        );
+
+        // forEach elements: both out deferred, then woken together.
+        let mut t = Each::new(json!(["ann", "bob", "cy"]));
+        t.claim();
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        while let Some((_, attempt)) = t.out().first().copied() {
+            let deferral = paused(t.now);
+            t.answer(1, attempt, false, &deferral).expect("deferred");
+        }
+        t.now += Duration::seconds(1);
+        let (now, p) = (t.now, t.p.clone());
+        assert!(t.apply(|r, router| claim(r, "s", now, &p, router)).is_err());
+        t.apply(|r, _| resumed(r, "s", now, &p)).expect("woken");
+        t.claim();
+        assert_eq!(
+            t.out().len(),
+            2,
+            "both elements out again, within maxConcurrency"
+        );
+
+        // The main line: a step deferred for the pause is claimable at once, as it was.
+        let mut t = Each::new(json!([]));
+        t.claim();
+        let a = t.r.attempt;
+        let deferral = paused(t.now);
+        t.answer(0, a, false, &deferral).expect("deferred");
+        assert_eq!(t.r.process_state, ProcessState::Pending);
+        let (now, p) = (t.now + Duration::seconds(1), t.p.clone());
+        t.apply(|r, _| resumed(r, "s", now, &p)).expect("woken");
+        assert!(
+            t.r.complete_by
+                .is_some_and(|d| d <= now + p.at(0).pickup_timeout)
+        );
+    }
+
+    /// A signature (a callback step, up to 30 days) beside a hold and a charge. Steps: sign 0,
+    /// hold 1, charge 2.
+    const SPLIT: &str = r#"name: split
+steps:
+  - name: both
+    parallel:
+      - steps: [{name: sign, service: s, callback: {timeout: 30d}, undo: {action: unsign}}]
+      - steps:
+          - {name: hold, service: s, undo: {action: release}}
+          - {name: charge, service: s}
+"#;
+
+    /// The attempt the branch at step `i` is out under.
+    fn branch_attempt(r: &StateRecord, i: usize) -> u64 {
+        r.fanout
+            .as_ref()
+            .and_then(|f| f.branches.iter().find(|b| b.step_index == i))
+            .map_or(r.attempt, |b| b.attempt)
+    }
+
+    /// The distinct `TaskFailed` notices a record owes (by sequence), added to `seen`.
+    fn note_alerts(r: &StateRecord, seen: &mut std::collections::BTreeSet<u64>) {
+        seen.extend(
+            r.outbox
+                .iter()
+                .filter(|o| o.status == NoticeKind::Failed)
+                .map(|o| o.sequence),
+        );
+    }
+
+    /// A branch's failure paged no one while a sibling's callback step waited (up to its
+    /// timeout, 30 days): the alert and the compensation both came only once no branch was
+    /// out. The alert goes out at the failure, once, saying what follows; an operator's
+    /// stop-branches gives the callback step up, and compensation starts at once.
+    #[test]
+    fn a_branch_failure_alerts_at_once_and_stopping_the_branches_left_compensates_at_once() {
+        let mut t = Harness::of(SPLIT, json!({}), base());
+        let mut alerts = std::collections::BTreeSet::new();
+        t.claim();
+        let (sign, hold) = (branch_attempt(&t.r, 0), branch_attempt(&t.r, 1));
+        t.answer_at(0, sign, &StepOutcome::Accepted);
+        assert_eq!(t.r.steps[0].status, StepStatus::Waiting);
+        t.answer_at(1, hold, &ok());
+        let charge = branch_attempt(&t.r, 2);
+        let failed = t.answer_at(2, charge, &refused());
+        note_alerts(&t.r, &mut alerts);
+        assert_eq!(
+            t.r.process_state,
+            ProcessState::Processing,
+            "the signature is out"
+        );
+        assert!(
+            failed.effects.contains(&Effect::DeliverNotice) && alerts.len() == 1,
+            "the alert goes out at the failure: {failed:?}"
+        );
+        let why = t.r.last_error.clone().unwrap_or_default();
+        assert!(
+            why.contains("card declined")
+                && why.contains("compensation follows once the branches still out end"),
+            "{why}"
+        );
+        let (p, now) = (t.p.clone(), t.now);
+        t.apply(|r, _| notice_delivered(r, now)).expect("delivered");
+        // Nothing else to stop on a task whose group did not stop.
+        let calm = Harness::of(SPLIT, json!({}), base());
+        assert_eq!(
+            stop_branches(&calm.r, &ops(None), now, &p),
+            Err(Rejection::NotStopping(ProcessState::Pending))
+        );
+
+        // The operator stops the signature: compensation starts now, no second alert.
+        t.now += Duration::hours(1);
+        let now = t.now;
+        let stopped = t
+            .apply(|r, _| stop_branches(r, &ops(Some("the customer left")), now, &p))
+            .expect("stops");
+        note_alerts(&t.r, &mut alerts);
+        assert_eq!(t.r.process_state, ProcessState::Compensating);
+        assert_eq!(alerts.len(), 1, "one alert per failure");
+        assert!(!stopped.effects.contains(&Effect::DeliverNotice));
+        assert_eq!(
+            t.r.steps[0].status,
+            StepStatus::TimedOut,
+            "it may have taken effect"
+        );
+        assert!(
+            t.r.history
+                .iter()
+                .any(|h| h.by.is_some() && h.reason.contains("the customer left")),
+            "audited"
+        );
+        assert!(
+            t.r.undo_after.is_none_or(|a| a <= now),
+            "the accepted signature has nothing in flight: {:?}",
+            t.r.undo_after
+        );
+        // Every undo goes at once: the signature's, then the hold's.
+        let mut undone = vec![];
+        while t.r.process_state == ProcessState::Compensating {
+            if t.r.locked_by.is_none() {
+                t.claim();
+            }
+            let i = t.r.step_index;
+            undone.push(i);
+            let a = t.r.attempt;
+            let (p, now) = (t.p.clone(), t.now);
+            t.apply(|r, router| apply_reply(r, a, i, true, &ok(), now, &p, router))
+                .expect("undone");
+            note_alerts(&t.r, &mut alerts);
+        }
+        assert_eq!(undone, [1, 0]);
+        assert_eq!(t.r.process_state, ProcessState::Compensated);
+        assert_eq!(alerts.len(), 1, "one alert per failure");
+
+        // Left alone, the group ends when the signature's deadline passes: still one alert.
+        let mut t = Harness::of(SPLIT, json!({}), base());
+        let mut alerts = std::collections::BTreeSet::new();
+        t.claim();
+        let (sign, hold) = (branch_attempt(&t.r, 0), branch_attempt(&t.r, 1));
+        t.answer_at(0, sign, &StepOutcome::Accepted);
+        t.answer_at(1, hold, &ok());
+        let charge = branch_attempt(&t.r, 2);
+        t.answer_at(2, charge, &refused());
+        note_alerts(&t.r, &mut alerts);
+        t.now += Duration::days(31);
+        t.expire().expect("the signature's deadline passed");
+        note_alerts(&t.r, &mut alerts);
+        assert_eq!(t.r.process_state, ProcessState::Compensating);
+        assert_eq!(alerts.len(), 1, "one alert per failure");
     }
 }

@@ -150,6 +150,17 @@ pub enum Rejection {
     NotWaiting(usize),
     #[error("step {0} takes no heartbeats")]
     NoHeartbeat(usize),
+    #[error(
+        "payload: the event takes {bytes} bytes as a result, and the task's results and the events kept for it take {used} of at most {} bytes",
+        super::super::state::MAX_RESULTS_BYTES
+    )]
+    OverResultsBudget { bytes: usize, used: usize },
+    #[error(
+        "a task that is {0} has no group stopped at a failure with branches still out (stop-branches stops those)"
+    )]
+    NotStopping(ProcessState),
+    #[error("no step of the task waits for service {0}, which was paused")]
+    NotPaused(String),
 }
 
 /// What an agent reported for a step.

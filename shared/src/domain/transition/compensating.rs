@@ -100,7 +100,12 @@ pub(super) fn stop_branch(n: &mut StateRecord, kind: StopKind, reason: String) -
     n.locked_by = None;
     n.complete_by = None;
     if let Some(f) = n.fanout.as_mut() {
-        f.stop.get_or_insert(Stop { step, reason, kind });
+        f.stop.get_or_insert(Stop {
+            step,
+            reason,
+            kind,
+            alerted: false,
+        });
     }
     vec![]
 }

@@ -1,6 +1,6 @@
 //! Operator actions on a task (and a caller's cancel): [`retry`] (or [`retry_with_input`]),
 //! [`compensate`] (or [`compensate_from`] a step), [`cancel`], [`resolve`] by hand, [`skip`] a
-//! failed step with its result.
+//! failed step with its result, [`stop_branches`] still out of a group a failure stopped.
 
 use super::super::policy::Policies;
 use super::super::state::{NoticeKind, ProcessState, StateRecord, StepStatus, to_millis};
@@ -204,6 +204,45 @@ pub fn cancel(
     );
     tidy(&mut n);
     Ok(Transition::from(r, Condition::on_step(r, i), n, effects))
+}
+
+/// An operator stops the branches still out of a parallel group that stopped at a failure
+/// (whose alert went out then): a sibling's callback step would otherwise hold the task, and
+/// its compensation, for up to its whole timeout. Each step out is over now (it may have
+/// taken effect: it is undone; see `branches::give_up_out`), and the task fails or is
+/// compensated at once, as it would once they ended. Audited: the history names the operator
+/// and the reason.
+///
+/// Condition: same state (at the version read) - keeps "only the steps out when the operator
+/// looked are stopped": a reply, callback or expiry that lands first makes this read again.
+pub fn stop_branches(
+    r: &StateRecord,
+    actor: &Actor,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Result<Transition, Rejection> {
+    let now = to_millis(now);
+    let mut n = next(r, now);
+    log_by(
+        &mut n,
+        r.process_state,
+        r.fanout
+            .as_ref()
+            .and_then(|f| f.stop.as_ref())
+            .map(|s| s.step),
+        actor.line("stop-branches"),
+        Some(&actor.by),
+    );
+    let Some(effects) = branches::give_up_out(&mut n, now, p) else {
+        return Err(Rejection::NotStopping(r.process_state));
+    };
+    tidy(&mut n);
+    Ok(Transition::from(
+        r,
+        Condition::on(r, vec![Guard::StateIs(r.process_state)]),
+        n,
+        effects,
+    ))
 }
 
 /// An operator closes a failed task by hand (it was reconciled outside sas): an `Error` or

@@ -1045,6 +1045,50 @@ fn stable_jitter(r: &StateRecord) -> f64 {
     f64::from(x) / (f64::from(u32::MAX) + 1.0)
 }
 
+/// An operator resumed `service`: every step (or undo) of the task that waits for its pause,
+/// on the main line, in a parallel group's branch or as a forEach element, may be claimed now
+/// rather than at its next look ([`PAUSE_RECHECK`](crate::domain::breaker::PAUSE_RECHECK));
+/// a work message, now, claims them. A step waits for the pause when its deferral says so
+/// (its `lastError` names the pause: [`paused_by`](crate::domain::breaker::paused_by)).
+///
+/// Condition: the version read - keeps "only a step still deferred for the pause is moved": a
+/// claim in between (its own next look) makes this read again, and find nothing to move.
+pub fn resumed(
+    r: &StateRecord,
+    service: &str,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Result<Transition, Rejection> {
+    let now = to_millis(now);
+    let mark = crate::domain::breaker::paused_by(service);
+    let waits = |e: &Option<String>| e.as_deref().is_some_and(|e| e.contains(&mark));
+    let not_paused = || Rejection::NotPaused(service.to_owned());
+    let mut n = next(r, now);
+    if r.fanout.is_some() {
+        if !branches::ready_now(&mut n, &waits, now, p) {
+            return Err(not_paused());
+        }
+    } else {
+        let deferred = match r.process_state {
+            ProcessState::Pending => true,
+            ProcessState::Compensating => r.locked_by.is_none(),
+            _ => false,
+        };
+        if !deferred || !waits(&r.last_error) {
+            return Err(not_paused());
+        }
+        n.complete_by = Some(now + p.at(r.step_index).pickup_timeout);
+    }
+    Ok(Transition::from(
+        r,
+        Condition::on(r, vec![]),
+        n,
+        vec![Effect::Enqueue {
+            delay: Duration::zero(),
+        }],
+    ))
+}
+
 /// The outbox was delivered: clear it, which also takes a terminal record out of the due index.
 ///
 /// Condition: a notice is still owed (at the version read) - keeps "the outbox is cleared only

@@ -5,7 +5,9 @@
 
 use super::super::inbox::{self, Delivery, KeptEvent};
 use super::super::policy::Policies;
-use super::super::state::{NoticeKind, ProcessState, StateRecord, StepStatus, to_millis};
+use super::super::state::{
+    MAX_RESULTS_BYTES, NoticeKind, ProcessState, StateRecord, StepStatus, to_millis,
+};
 use super::branches;
 use super::common::{Actor, Effect, Rejection, Transition, finish, log, log_by, next, tidy};
 use super::compensating::fail;
@@ -216,7 +218,9 @@ pub(super) fn event_timed_out(
 /// for it, it is kept for that step (see [`Inbox`]). Refused: a repeat of an event taken (its
 /// `Event-Id`), one no step still to come waits for (too late: that step passed, or the task
 /// ended), one past the task's deadline (the supervisor fails the task: nothing goes on, as
-/// no step is claimed), one more than a task keeps.
+/// no step is claimed), one more than a task keeps, one whose result would take the task's
+/// results (its kept events included) past [`MAX_RESULTS_BYTES`] (it would push a later
+/// service's answer into `result_too_large`).
 ///
 /// Condition: same state (at the version read) - keeps "an event is taken once": a delivery
 /// or another write that won the race makes this one read the record again.
@@ -239,6 +243,11 @@ pub fn deliver(
     let now = to_millis(now);
     if let Some(deadline) = r.task_deadline_applies().filter(|d| *d <= now) {
         return Err(Rejection::PastDeadline { deadline });
+    }
+    let used = r.results_bytes();
+    let bytes = inbox::result_of(&d.name, &d.payload).len();
+    if used + bytes > MAX_RESULTS_BYTES {
+        return Err(Rejection::OverResultsBudget { bytes, used });
     }
     let waits_for = |i: usize| p.at(i).event && router.events(i).contains(&d.name);
     if let Some(f) = r.fanout.as_ref().filter(|_| r.branch().is_none()) {
@@ -604,6 +613,76 @@ steps:
         ));
         t.claim();
         t.answer(2, &ok());
+        assert_eq!(t.r.process_state, ProcessState::Processed);
+    }
+
+    /// An event whose payload (of text `len` bytes) is a JSON string.
+    fn event_of(name: &str, id: &str, len: usize) -> Delivery {
+        Delivery {
+            name: name.into(),
+            id: Some(id.into()),
+            payload: json!("x".repeat(len - 2)).to_string(),
+        }
+    }
+
+    /// An event's payload (16 KiB each, 8 kept) became a step's result without the task's
+    /// results budget (128 KiB), so a caller's events could push a later service's answer into
+    /// `result_too_large`. The budget counts events, kept ones too: one that would take the
+    /// task past it is refused, naming its payload.
+    #[test]
+    fn events_count_against_the_results_budget_kept_ones_too() {
+        use crate::domain::state::MAX_RESULTS_BYTES;
+        // Kept events alone: seven of 16 KiB fit, the eighth does not.
+        let mut t = Harness::of(SIGN, json!({}), base());
+        let big = crate::domain::inbox::MAX_PAYLOAD_BYTES - 4;
+        for k in 0..7 {
+            t.deliver(&event_of("contract-signed", &format!("e-{k}"), big))
+                .expect("kept");
+        }
+        let used = t.r.results_bytes();
+        assert!(used > 7 * big, "kept events count: {used}");
+        let over = t.deliver(&event_of("contract-signed", "e-7", big));
+        assert!(
+            matches!(over, Err(Rejection::OverResultsBudget { used: u, .. }) if u == used),
+            "{over:?}"
+        );
+        let Err(why) = over else { return };
+        assert!(why.to_string().starts_with("payload: "), "{why}");
+        assert_eq!(t.r.inbox.kept.len(), 7, "nothing kept");
+        // A small one still fits.
+        t.deliver(&event_of("contract-signed", "e-8", 100))
+            .expect("fits");
+
+        // Results, then the event the wait is in: what would pass the budget is refused, and
+        // the wait goes on for one that fits.
+        let yaml = format!(
+            "name: full\nsteps:\n{}  - {{name: signature, waitFor: contract-signed, within: 7d}}\n",
+            (0..8)
+                .map(|i| format!("  - {{name: s{i}, service: s}}\n"))
+                .collect::<String>()
+        );
+        let mut t = Harness::of(&yaml, json!({}), base());
+        t.claim();
+        let answer = StepOutcome::Succeeded {
+            result: Some(json!("r".repeat(15_000 - 2)).to_string()),
+        };
+        for i in 0..8 {
+            t.answer(i, &answer);
+        }
+        assert_eq!(t.r.steps[8].status, StepStatus::Waiting);
+        assert_eq!(t.r.results_bytes(), 120_000);
+        let over = t.deliver(&event_of("contract-signed", "e-1", 12_000));
+        assert!(
+            matches!(
+                over,
+                Err(Rejection::OverResultsBudget { used: 120_000, .. })
+            ),
+            "{over:?}"
+        );
+        assert_eq!(t.r.steps[8].status, StepStatus::Waiting);
+        t.deliver(&event_of("contract-signed", "e-2", 10_000))
+            .expect("fits");
+        assert!(t.r.results_bytes() <= MAX_RESULTS_BYTES);
         assert_eq!(t.r.process_state, ProcessState::Processed);
     }
 
