@@ -381,6 +381,23 @@ async fn triage_tasks(system: &System) -> [sas::TaskId; 2] {
     [processed, refused]
 }
 
+/// `--showcase` makes a task in every state, and they are still there to look at once the
+/// system runs: the Pending one starts an hour later, so no scheduler claims it meanwhile.
+#[tokio::test]
+async fn the_showcases_pending_task_stays_pending_once_the_system_runs() {
+    let mut system = memory_system(Settings::default()).await;
+    let tasks = sas_local::showcase::tasks_in_every_state(&system)
+        .await
+        .expect("tasks in every state");
+    system.start();
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    for id in &tasks[&ProcessState::Pending] {
+        let r = sas_blackbox::state(&system, *id).await;
+        assert_eq!(r.process_state, ProcessState::Pending, "{:?}", r.history);
+    }
+    system.shutdown().await;
+}
+
 /// The console in Debian's headless Chromium, driven by Playwright (`tests/browser/console.mjs`):
 /// the list filters by workflow and state, a task's page shows its timeline, and a retry from
 /// the page moves the task; a workflow with a choice and a condition is drawn as a graph, and

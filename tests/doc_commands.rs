@@ -8,7 +8,10 @@
 //! - ```` ```sh ````: commands, run as one bash script (`set -euo pipefail`) in the document's
 //!   own empty folder (holding a copy of `workflows/`). The block fails on a non-zero exit, and
 //!   when what it prints holds an API error (`{"error": {"code": …}}`) that the output shown
-//!   after it does not show. Each block stands alone: a variable does not carry to the next.
+//!   after it does not show. The variables a block sets carry to the next command blocks, as
+//!   in the reader's terminal (`TASK=$(…)` in one, `$TASK` in the next). A block that holds a
+//!   task id (or the placeholder `<taskId>`) fails: the reader's task has another id, so a
+//!   command must take it from a variable.
 //! - ```` ```sh serve ````: starts `sas-local` (one command), in the background until the next
 //!   `serve` block or the end of the document; the next block runs once it printed
 //!   `sas is running`.
@@ -22,8 +25,7 @@
 //!
 //! Other blocks (JSON, YAML or text without a tag) are illustrations. What the test changes in a
 //! command: `127.0.0.1:3000` becomes a free port (`SAS_LISTEN` and `SAS_ENDPOINT` tell
-//! `sas-local` and `sasctl`); the example task id (`a065f4fc-3b6c-47b3-93ea-9d453f6a3233`,
-//! `a065f4fc-…` or `<taskId>`) becomes the id of the task the document started last.
+//! `sas-local` and `sasctl`); nothing else.
 
 use pulldown_cmark::{CodeBlockKind, Event, Parser, Tag, TagEnd};
 use regex::Regex;
@@ -64,12 +66,22 @@ const DOCS: &[&str] = &[
     "docs/workflows.md",
 ];
 
-/// The example task id the documents show, in its forms.
-const EXAMPLE_IDS: &[&str] = &[
-    "a065f4fc-3b6c-47b3-93ea-9d453f6a3233",
-    "a065f4fc-…",
-    "<taskId>",
-];
+/// The forms of a task id a command must not hold (any id: [`ID`]; and these).
+const EXAMPLE_IDS: &[&str] = &["a065f4fc-…", "<taskId>"];
+
+/// Around each command block: the variables earlier blocks set (`.vars`), and at its exit
+/// those it set or changed, for the next.
+const CARRY: &str = r#"__sas_vars_before=$(compgen -v)
+if [ -f .vars ]; then source .vars; fi
+__sas_save_vars() {
+  local v
+  for v in $(compgen -v); do
+    case "$v" in __sas_*|BASH*|FUNCNAME|PIPESTATUS|LINENO|RANDOM|SECONDS|SRANDOM|EPOCH*|_) continue ;; esac
+    if ! grep -qx "$v" <<<"$__sas_vars_before"; then declare -p "$v"; fi
+  done >.vars.new 2>/dev/null && mv .vars.new .vars
+}
+trap __sas_save_vars EXIT
+"#;
 
 /// How long one block may run, and how long `sas-local` may take to start.
 const BLOCK_TIMEOUT: Duration = Duration::from_secs(120);
@@ -137,8 +149,6 @@ static ID: LazyLock<Regex> = LazyLock::new(|| {
 });
 static TIME: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z").expect("regex"));
-static TASK_ID: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r#""taskId"\s*:\s*"([0-9a-f-]{36})""#).expect("regex"));
 static API_ERROR: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r#""error"\s*:\s*\{\s*"code"\s*:\s*"([a-z_]+)""#).expect("regex"));
 
@@ -149,13 +159,34 @@ fn normalize(s: &str) -> String {
     s.chars().filter(|c| !c.is_whitespace()).collect()
 }
 
-/// Whether `actual` shows `expected`, where `…` in `expected` stands for anything.
+/// Whether `actual` shows `expected`, where `…` in `expected` stands for anything. What is shown
+/// starts at the start of a printed line and ends at the end of one, unless it starts or ends
+/// with `…`: a shown line is all of its line (a list cut short does not pass).
 fn shows(expected: &str, actual: &str) -> bool {
-    let actual = normalize(actual);
-    let mut rest = actual.as_str();
-    for part in normalize(expected).split('…') {
-        match rest.find(part) {
-            Some(i) => rest = &rest[i + part.len()..],
+    // The printed text without whitespace, and where its lines start and end in it.
+    let mut printed = String::new();
+    let mut bounds = std::collections::HashSet::new();
+    for line in actual.lines() {
+        bounds.insert(printed.len());
+        printed.push_str(&normalize(line));
+        bounds.insert(printed.len());
+    }
+    let expected = normalize(expected);
+    let parts: Vec<&str> = expected.split('…').collect();
+    let last = parts.len() - 1;
+    let mut from = 0;
+    for (k, part) in parts.iter().enumerate() {
+        if part.is_empty() {
+            continue;
+        }
+        let found = printed[from..]
+            .match_indices(part)
+            .map(|(i, _)| from + i)
+            .find(|&i| {
+                (k != 0 || bounds.contains(&i)) && (k != last || bounds.contains(&(i + part.len())))
+            });
+        match found {
+            Some(i) => from = i + part.len(),
             None => return false,
         }
     }
@@ -170,9 +201,12 @@ struct Group {
 }
 
 impl Group {
-    fn spawn(dir: &Path, env: &[(String, String)], script: &str, name: &str) -> Group {
+    /// Runs `script` in `dir`; with `carry`, with the variables of the blocks before it, and
+    /// keeping its own for those after it ([`CARRY`]).
+    fn spawn(dir: &Path, env: &[(String, String)], script: &str, name: &str, carry: bool) -> Group {
         let path = dir.join(format!(".{name}.sh"));
-        fs::write(&path, format!("set -euo pipefail\n{script}")).expect("writing a script");
+        let carry = if carry { CARRY } else { "" };
+        fs::write(&path, format!("set -euo pipefail\n{carry}{script}")).expect("writing a script");
         let stdout = dir.join(format!(".{name}.out"));
         let stderr = dir.join(format!(".{name}.err"));
         let child = Command::new("bash")
@@ -298,7 +332,6 @@ fn run_doc(name: &str, text: &str) -> Report {
     ];
     let mut report = Report::default();
     let mut server: Option<Group> = None;
-    let mut task: Option<String> = None;
     // The stdout of the last command block, with its place, for an output block after it.
     let mut last: Option<(usize, String)> = None;
     let all = blocks(text);
@@ -340,16 +373,15 @@ fn run_doc(name: &str, text: &str) -> Report {
             report.not_run += 1;
             continue;
         }
-        let mut script = block.text.replace("127.0.0.1:3000", &address);
-        for example in EXAMPLE_IDS {
-            if script.contains(example) {
-                match &task {
-                    Some(id) => script = script.replace(example, id),
-                    None => report.failures.push(format!(
-                        "{at}: uses the example task id before the document started a task"
-                    )),
-                }
-            }
+        let script = block.text.replace("127.0.0.1:3000", &address);
+        if let Some(id) = ID
+            .find(&block.text)
+            .map(|m| m.as_str())
+            .or_else(|| EXAMPLE_IDS.iter().copied().find(|e| block.text.contains(e)))
+        {
+            report.failures.push(format!(
+                "{at}: holds the task id {id}: the reader's task has another, so take it from a variable (TASK=$(…) in an earlier block)"
+            ));
         }
         // The output block shown after this one, if any: the API errors it shows are expected.
         let shown = all
@@ -361,7 +393,8 @@ fn run_doc(name: &str, text: &str) -> Report {
         let stdout = if block.tag("serve") {
             // One server at a time: the document stops the last one before it starts another.
             drop(server.take());
-            let mut group = Group::spawn(dir, &env, &script, &format!("serve-{}", block.line));
+            let mut group =
+                Group::spawn(dir, &env, &script, &format!("serve-{}", block.line), false);
             let result = group.wait(|out| out.contains("sas is running"));
             let (out, err) = group.output();
             match result {
@@ -376,7 +409,8 @@ fn run_doc(name: &str, text: &str) -> Report {
             server = Some(group);
             out
         } else {
-            let mut group = Group::spawn(dir, &env, &script, &format!("block-{}", block.line));
+            let mut group =
+                Group::spawn(dir, &env, &script, &format!("block-{}", block.line), true);
             let result = group.wait(|_| false);
             let (out, err) = group.output();
             match result {
@@ -397,9 +431,6 @@ fn run_doc(name: &str, text: &str) -> Report {
                     "{at}: answered the API error {code}, which the document does not show:\n{stdout}"
                 ));
             }
-        }
-        if let Some(id) = TASK_ID.captures_iter(&stdout).last() {
-            task = Some(id[1].to_owned());
         }
         last = Some((block.line, stdout));
     }
@@ -466,8 +497,8 @@ doc_tests! {
     workflows => "docs/workflows.md",
 }
 
-/// The checker itself: a wrong route, a wrong shown output and a failing command each fail,
-/// and a right one passes.
+/// The checker itself: a wrong route, a wrong shown output, a failing command and a hard-coded
+/// task id each fail, and a right one passes; a variable carries to the next block.
 #[test]
 fn a_wrong_route_a_wrong_output_and_a_failing_command_fail() {
     let doc = "\
@@ -503,12 +534,35 @@ sasctl no-such-command
 ```sh no-run=aws
 sam deploy
 ```
+
+```sh
+TASK=$(curl -s -X POST http://127.0.0.1:3000/workflows/ecommerce-order/tasks \\
+  -H 'Content-Type: application/json' \\
+  -d '{\"customerId\":\"c-1\",\"items\":[{\"sku\":\"SKU-1\",\"quantity\":1}]}' | jq -r .taskId)
+```
+
+```sh
+curl -s \"http://127.0.0.1:3000/tasks/$TASK\" | jq -r .workflow
+```
+
+```text output
+ecommerce-order
+```
+
+```sh
+curl -s -o /dev/null http://127.0.0.1:3000/tasks/a065f4fc-3b6c-47b3-93ea-9d453f6a3233
+```
 ";
     let report = run_doc("planted", doc);
-    assert_eq!((report.ran, report.not_run), (5, 1), "{report:#?}");
-    assert_eq!(report.outputs_checked, 1, "{report:#?}");
+    assert_eq!((report.ran, report.not_run), (8, 1), "{report:#?}");
+    assert_eq!(report.outputs_checked, 2, "{report:#?}");
     let failures = report.failures;
-    assert_eq!(failures.len(), 3, "{failures:#?}");
+    assert_eq!(failures.len(), 4, "{failures:#?}");
+    assert!(
+        failures[3]
+            .starts_with("planted:48: holds the task id a065f4fc-3b6c-47b3-93ea-9d453f6a3233"),
+        "{failures:#?}"
+    );
     assert!(
         failures[0].starts_with("planted:13: answered the API error route_not_found"),
         "{failures:#?}"
@@ -532,4 +586,18 @@ fn shown_output_matches_with_ellipses_ids_and_times() {
     ));
     assert!(!shows("HTTP/1.1 201 Created", printed));
     assert!(!shows("{\"taskId\": 1}", printed));
+    // A shown line is all of its line: a list cut short, or a line's middle, does not pass.
+    let banner = "sas is running (in memory) on http://127.0.0.1:3000 with a v1, b v1, c v1\nCtrl-C stops it.";
+    assert!(shows(banner, banner));
+    assert!(!shows(
+        "sas is running (in memory) on http://127.0.0.1:3000 with a v1, b v1",
+        banner
+    ));
+    assert!(shows(
+        "sas is running (in memory) on http://127.0.0.1:3000 with a v1, b v1…",
+        banner
+    ));
+    assert!(!shows("running (in memory)", banner));
+    assert!(shows("…running (in memory)…", banner));
+    assert!(shows("…c v1 Ctrl-C stops it.", banner));
 }

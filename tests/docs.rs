@@ -327,3 +327,118 @@ fn a_broken_link_or_anchor_is_reported() {
     assert!(problems[1].contains("#no-such"), "{problems:#?}");
     assert!(problems[2].contains("#nope"), "{problems:#?}");
 }
+
+/// The values of an enum of `docs/openapi.yaml`'s components (`    Name:` … `enum: [...]`).
+fn openapi_enum(name: &str) -> Vec<String> {
+    let text = read(&root().join("docs/openapi.yaml"));
+    let start = text
+        .find(&format!("\n    {name}:\n"))
+        .unwrap_or_else(|| panic!("openapi.yaml has no schema {name}"));
+    let line = text[start..]
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("enum: ["))
+        .unwrap_or_else(|| panic!("{name} has no enum"));
+    line.trim_end_matches(']')
+        .split(',')
+        .map(|v| v.trim().to_owned())
+        .collect()
+}
+
+/// The text of a document's section, from its heading to the next heading of its level.
+fn section(text: &str, heading: &str) -> String {
+    let start = text
+        .find(&format!("\n## {heading}\n"))
+        .unwrap_or_else(|| panic!("no section {heading}"));
+    let rest = &text[start + 4..];
+    rest[..rest.find("\n## ").unwrap_or(rest.len())].to_owned()
+}
+
+/// api.md lists every state a task can be in and every status a step can have, as the API
+/// document (held to the code by `tests/api_document.rs`) gives them.
+#[test]
+fn api_md_lists_every_process_state_and_step_status() {
+    let reading = section(&read(&root().join("docs/api.md")), "Reading a task");
+    for (kind, values) in [
+        ("processState", openapi_enum("ProcessState")),
+        ("step status", openapi_enum("StepStatus")),
+    ] {
+        assert!(values.len() > 5, "{kind}: {values:?}");
+        for v in values {
+            assert!(
+                reading.contains(&format!("`{v}`")),
+                "api.md's Reading a task does not name the {kind} `{v}`"
+            );
+        }
+    }
+}
+
+/// What the views hold, api.md says: a field it names as the operator's or the caller's is in
+/// that view's schema (closed: `tests/api_document.rs` holds the views to it).
+#[test]
+fn api_md_names_the_fields_each_view_has() {
+    let openapi = read(&root().join("docs/openapi.yaml"));
+    // A schema of the components: its line, then every line indented deeper.
+    let fields = |view: &str| -> String {
+        let mut lines = openapi.lines().skip_while(|l| *l != format!("    {view}:"));
+        let head = lines.next().unwrap_or_else(|| panic!("no {view}"));
+        let body: Vec<&str> = lines.take_while(|l| l.starts_with("     ")).collect();
+        format!("{head}\n{}", body.join("\n"))
+    };
+    let caller = fields("CallerTaskView");
+    let operator = fields("TaskView");
+    for f in ["deadline:", "startAt:", "refusal:"] {
+        assert!(caller.contains(f), "CallerTaskView has {f}");
+        assert!(
+            operator.contains(f),
+            "TaskView has {f} (\"shows everything\")"
+        );
+    }
+    assert!(!caller.contains("completeBy:"), "{caller}");
+    let reading = section(&read(&root().join("docs/api.md")), "Reading a task");
+    for f in ["`deadline`", "`startAt`", "`refusal`"] {
+        assert!(reading.contains(f), "api.md's Reading a task names {f}");
+    }
+}
+
+/// The idempotency keys the docs show are the keys services get: `{task}:{step}:{action}` at
+/// generation 0 (no suffix), `…:g1` after an operator's retry of a refused call, and an
+/// element's step `{step}#{index}` (services.md's examples and workflows.md's forEach).
+#[test]
+fn the_docs_idempotency_keys_are_the_codes() {
+    use sas::messages::idempotency_key;
+    let id: sas::TaskId = "3f2a8c1e-0d3b-4a57-9d0e-1b2c3d4e5f60"
+        .parse()
+        .expect("an id");
+    let key = |step: &str, action: &str, generation: u32| {
+        idempotency_key(id, step, action, generation).replace(&id.to_string(), "{task}")
+    };
+    let template = key("{step}", "{action}", 0);
+    let element = key("{step}#{index}", "{action}", 0);
+    let retried = key("{step}", "{action}", 1);
+    assert_eq!(retried, format!("{template}:g1"));
+    let services = read(&root().join("docs/services.md"));
+    assert!(
+        services.contains(&format!("`{template}`")),
+        "services.md: {template}"
+    );
+    assert!(services.contains("`{step}#{index}`") && services.contains("`…:g1`"));
+    // Its examples: the example task's key for reserve-funds' hold-funds.
+    let example = idempotency_key(id, "reserve-funds", "hold-funds", 0)
+        .replace("3f2a8c1e-0d3b-4a57-9d0e-1b2c3d4e5f60", "3f2a8c1e-...");
+    let shown: Vec<&str> = services
+        .lines()
+        .filter(|l| l.contains("3f2a8c1e-...:"))
+        .collect();
+    assert!(shown.len() >= 3, "{shown:?}");
+    for line in shown {
+        assert!(
+            line.contains(&format!("{example}\"")) || line.ends_with(&example),
+            "services.md shows a key that is not {example}: {line}"
+        );
+    }
+    let workflows = read(&root().join("docs/workflows.md"));
+    assert!(
+        workflows.contains(&format!("`{element}`")),
+        "workflows.md's forEach key is not {element}"
+    );
+}

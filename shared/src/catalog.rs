@@ -412,6 +412,7 @@ pub fn example_files() -> Vec<(String, String)> {
         ("services.yaml".into(), SERVICES.into()),
         ("ecommerce-order.yaml".into(), ECOMMERCE_ORDER.into()),
         ("loan-application.yaml".into(), LOAN_APPLICATION.into()),
+        ("order-triage.yaml".into(), ORDER_TRIAGE.into()),
     ]
 }
 
@@ -441,6 +442,33 @@ mod tests {
             Err(CatalogError::Invalid(e)) => e.0,
             other => panic!("{target}: {other:?}"),
         }
+    }
+
+    /// The examples built in are the repository's `workflows/` folder, file for file: an
+    /// installed `sas-local` outside the repository publishes what the docs list.
+    #[test]
+    fn the_built_in_examples_are_the_workflows_folder() {
+        let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../workflows");
+        let mut on_disk: Vec<(String, String)> = read_folder(&folder)
+            .expect("workflows/")
+            .into_iter()
+            .filter_map(|(path, text)| {
+                let name = std::path::Path::new(&path)
+                    .file_name()?
+                    .to_str()?
+                    .to_owned();
+                // The definitions' schema, not a definition.
+                (name != "schema.json").then_some((name, text))
+            })
+            .collect();
+        on_disk.sort();
+        let mut built_in = example_files();
+        built_in.sort();
+        let names = |files: &[(String, String)]| -> Vec<String> {
+            files.iter().map(|(n, _)| n.clone()).collect()
+        };
+        assert_eq!(names(&built_in), names(&on_disk));
+        assert_eq!(built_in, on_disk, "the same text");
     }
 
     /// Every bad file is reported, not only the first; the good ones are published.

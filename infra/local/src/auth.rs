@@ -114,6 +114,28 @@ pub struct SigV4Check {
     users: HashMap<String, (String, Caller)>,
 }
 
+/// Why a bearer token is refused, in the caller's terms (not the decoder's: a malformed token
+/// is "not a JWT", not a base64 error at an offset).
+fn token_error(e: jsonwebtoken::errors::Error) -> String {
+    use jsonwebtoken::errors::ErrorKind as K;
+    let why = match e.kind() {
+        K::InvalidToken | K::Base64(_) | K::Json(_) | K::Utf8(_) => {
+            "not a JWT (three base64url parts: header.payload.signature)".to_owned()
+        }
+        K::ExpiredSignature => "expired (exp)".to_owned(),
+        K::ImmatureSignature => "not valid yet (nbf)".to_owned(),
+        K::InvalidSignature => {
+            "the signature does not match (another key signed it, or it was changed)".to_owned()
+        }
+        K::InvalidIssuer => "from another issuer (iss)".to_owned(),
+        K::InvalidAudience => "for another audience (aud)".to_owned(),
+        K::InvalidAlgorithm | K::InvalidAlgorithmName => "signed with another algorithm".to_owned(),
+        K::MissingRequiredClaim(c) => format!("it has no {c} claim"),
+        _ => e.to_string(),
+    };
+    format!("token: {why}")
+}
+
 /// The request's `Authorization` header, as text.
 fn authorization(headers: &HeaderMap) -> Result<&str, &'static str> {
     headers
@@ -328,7 +350,7 @@ impl JwtCheck {
             Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token,
             _ => return Err("not a bearer token".into()),
         };
-        let header = jsonwebtoken::decode_header(token).map_err(|e| format!("token: {e}"))?;
+        let header = jsonwebtoken::decode_header(token).map_err(token_error)?;
         let jwk = match header.kid.as_deref() {
             Some(kid) => self.keys.find(kid),
             None => None,
@@ -349,8 +371,7 @@ impl JwtCheck {
             {
                 let mut v = validation.clone();
                 v.validate_aud = false;
-                let data = jsonwebtoken::decode::<Claims>(token, &key, &v)
-                    .map_err(|e| format!("token: {e}"))?;
+                let data = jsonwebtoken::decode::<Claims>(token, &key, &v).map_err(token_error)?;
                 if !data
                     .claims
                     .client_id
@@ -361,7 +382,7 @@ impl JwtCheck {
                 }
                 data.claims
             }
-            Err(e) => return Err(format!("token: {e}")),
+            Err(e) => return Err(token_error(e)),
         };
         let needed = if *method == Method::GET {
             &self.read_scopes
@@ -670,6 +691,17 @@ mod tests {
                 .verify(&Method::GET, "/tasks", &bearer(forged))
                 .is_err()
         );
+        // A malformed token says so, in the caller's terms.
+        for bad in ["abc", "a.b.c", &format!("{}x", &good[..good.len() - 1])] {
+            let why = check
+                .verify(&Method::GET, "/tasks", &bearer(bad.to_owned()))
+                .expect_err("refused");
+            assert!(
+                why.starts_with("token: not a JWT") || why.starts_with("token: the signature"),
+                "{bad}: {why}"
+            );
+            assert!(!why.contains("Base64"), "{bad}: {why}");
+        }
         // A tampered payload breaks the signature.
         let mut parts: Vec<String> = good.split('.').map(str::to_owned).collect();
         let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;

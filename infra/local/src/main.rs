@@ -45,13 +45,14 @@ enum Command {
         listen: SocketAddr,
         /// Another host name the HTTP API answers to (repeatable); besides it, only
         /// `localhost`, loopback addresses and the listen address (against DNS rebinding).
-        #[arg(long = "allow-host")]
+        #[arg(long = "allow-host", env = "SAS_ALLOW_HOSTS", value_delimiter = ',')]
         allow_hosts: Vec<String>,
         #[command(flatten)]
         auth: AuthOpts,
         /// First make example tasks in every state (Processed, Refused, Error, Resolved,
-        /// CompensationFailed, ...), to look around the console at /console.
-        #[arg(long)]
+        /// CompensationFailed, ...; the Pending one starts an hour later), to look around the
+        /// console at /console.
+        #[arg(long, env = "SAS_SHOWCASE")]
         showcase: bool,
         /// Keep the tasks, their history and the published definitions in this folder (an
         /// SQLite file, made if missing) across restarts; the queues stay in memory and the
@@ -121,10 +122,10 @@ struct AuthOpts {
     #[arg(long, env = "SAS_USERS")]
     users: Option<std::path::PathBuf>,
     /// Scopes of which a token needs one to start or cancel tasks (`--auth jwt`).
-    #[arg(long = "write-scope")]
+    #[arg(long = "write-scope", env = "SAS_WRITE_SCOPES", value_delimiter = ',')]
     write_scopes: Vec<String>,
     /// Scopes of which a token needs one to read tasks (`--auth jwt`).
-    #[arg(long = "read-scope")]
+    #[arg(long = "read-scope", env = "SAS_READ_SCOPES", value_delimiter = ',')]
     read_scopes: Vec<String>,
     /// Requests a second each caller may make to the task API (0: no limit), as the
     /// template's CallerRatePerSecond; over it, 429 with Retry-After. Default:
@@ -146,7 +147,7 @@ struct IssuerOpts {
     #[arg(long, default_value = ".sas-local/issuer.json", env = "SAS_ISSUER")]
     issuer_file: std::path::PathBuf,
     /// The tokens' audience.
-    #[arg(long, default_value = "sas-local")]
+    #[arg(long, default_value = "sas-local", env = "SAS_AUDIENCE")]
     audience: String,
 }
 
@@ -202,25 +203,30 @@ struct Opts {
     #[arg(long, global = true, env = "SAS_WORKFLOWS")]
     workflows: Option<std::path::PathBuf>,
     /// Share of calls to every simulated service failing transiently.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "SAS_TRANSIENT_RATE")]
     transient_rate: Option<f64>,
     /// Share of steps a remote service refuses for good.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "SAS_PERMANENT_RATE")]
     permanent_rate: Option<f64>,
     /// Share of calls whose effect happens but whose response is lost.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "SAS_LOST_RESPONSE_RATE")]
     lost_response_rate: Option<f64>,
     /// Latency of every remote call, in milliseconds.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "SAS_LATENCY_MS")]
     latency_ms: Option<u64>,
     /// The `--outage-service` is down from this many seconds after start...
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "SAS_OUTAGE_AFTER_SECS")]
     outage_after_secs: Option<u64>,
     /// ...for this many seconds.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "SAS_OUTAGE_SECS")]
     outage_secs: Option<u64>,
     /// The service the outage takes down.
-    #[arg(long, global = true, default_value = "payment")]
+    #[arg(
+        long,
+        global = true,
+        default_value = "payment",
+        env = "SAS_OUTAGE_SERVICE"
+    )]
     outage_service: String,
     /// Deadline of each step, in seconds (default: `STEP_TIMEOUT_SECONDS`, else 5).
     #[arg(long, global = true)]
@@ -234,7 +240,12 @@ struct Opts {
     #[arg(long, global = true, env = "SAS_SECRETS_PREFIX", default_value = sas_local::LOCAL_SECRETS_PREFIX)]
     secrets_prefix: String,
     /// How often the supervisor sweeps, in milliseconds.
-    #[arg(long, global = true, default_value_t = 1000)]
+    #[arg(
+        long,
+        global = true,
+        default_value_t = 1000,
+        env = "SUPERVISOR_INTERVAL_MS"
+    )]
     supervisor_interval_ms: u64,
 }
 
@@ -529,20 +540,19 @@ async fn serve(opts: &Opts, how: Serve, auth: &AuthOpts) -> anyhow::Result<()> {
     } else {
         workflows.join(", ")
     };
-    let example = if workflows.iter().any(|w| w.starts_with("loan-application ")) {
-        format!(
-            "  curl -s -XPOST http://{bound}/workflows/loan-application/tasks -H 'content-type: application/json' \\\n    -d '{{\"applicantId\":\"a-1\",\"amount\":25000,\"currency\":\"EUR\"}}'\n"
-        )
-    } else {
-        format!(
-            "  curl -s -XPOST http://{bound}/workflows/<workflow>/tasks -H 'content-type: application/json' -d '<input>'\n"
-        )
-    };
+    let example = try_it(
+        &auth.auth,
+        &auth.issuer.issuer_file,
+        &bound.to_string(),
+        workflows.iter().any(|w| w.starts_with("loan-application ")),
+    );
     let how = match auth.auth {
-        sas::auth::AuthMode::None => "no authentication (--auth none): every request is the caller `anonymous`".to_owned(),
-        sas::auth::AuthMode::Iam => "SigV4 (--auth iam) with the keys in --users, e.g. curl --aws-sigv4 aws:amz:<region>:execute-api --user KEY:SECRET".to_owned(),
+        sas::auth::AuthMode::None => {
+            "no authentication (--auth none): every request is the caller `anonymous`".to_owned()
+        }
+        sas::auth::AuthMode::Iam => "SigV4 (--auth iam) with the keys in --users".to_owned(),
         sas::auth::AuthMode::Jwt => format!(
-            "bearer JWTs (--auth jwt) of the local issuer: -H \"authorization: Bearer $(sas-local token --sub alice --issuer-file {})\"",
+            "bearer JWTs (--auth jwt) of the local issuer ({})",
             auth.issuer.issuer_file.display()
         ),
     };
@@ -555,7 +565,7 @@ async fn serve(opts: &Opts, how: Serve, auth: &AuthOpts) -> anyhow::Result<()> {
         }
     );
     println!(
-        "sas is running ({}) on http://{bound} with {}\n{example}  curl -s http://{bound}/tasks/<taskId>\nCtrl-C stops it.",
+        "sas is running ({}) on http://{bound} with {}\n{example}Ctrl-C stops it.",
         match &data {
             _ if opts.aws => "AWS adapters".to_owned(),
             Some(dir) => format!(
@@ -569,6 +579,45 @@ async fn serve(opts: &Opts, how: Serve, auth: &AuthOpts) -> anyhow::Result<()> {
     tokio::signal::ctrl_c().await?;
     system.shutdown().await;
     Ok(())
+}
+
+/// The banner's commands to try: start a task (a loan, if published) and read the caller's
+/// tasks, each authenticated as `auth` wants (signed under `iam`, with a token of the local
+/// issuer under `jwt`): a command the banner suggests works as printed.
+fn try_it(
+    auth: &sas::auth::AuthMode,
+    issuer_file: &std::path::Path,
+    bound: &str,
+    loan: bool,
+) -> String {
+    use sas::auth::AuthMode;
+    let with = match auth {
+        AuthMode::None => String::new(),
+        AuthMode::Iam => format!(
+            " --aws-sigv4 aws:amz:{}:execute-api --user \"$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY\"",
+            region()
+        ),
+        AuthMode::Jwt => format!(
+            " -H \"authorization: Bearer $(sas-local token --sub alice --issuer-file {})\"",
+            issuer_file.display()
+        ),
+    };
+    let keys = match auth {
+        AuthMode::Iam => {
+            "  (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY: the keys of a user in --users)\n"
+        }
+        _ => "",
+    };
+    let start = if loan {
+        format!(
+            "  curl -s{with} -XPOST http://{bound}/workflows/loan-application/tasks -H 'content-type: application/json' \\\n    -d '{{\"applicantId\":\"a-1\",\"amount\":25000,\"currency\":\"EUR\"}}'\n"
+        )
+    } else {
+        format!(
+            "  curl -s{with} -XPOST http://{bound}/workflows/<workflow>/tasks -H 'content-type: application/json' -d '<input>'\n"
+        )
+    };
+    format!("{keys}{start}  curl -s{with} http://{bound}/tasks\n")
 }
 
 /// Why the HTTP API cannot listen on `listen`, naming the address and the flag that moves it.
@@ -980,6 +1029,88 @@ mod tests {
                 .contains("--data is a flag of `sas-local serve`"),
             "{e}"
         );
+    }
+
+    /// The flags whose default is a function's variable, read with the functions' parsers
+    /// ([`Settings::from_vars`]) rather than by clap: the flag, else the variable.
+    const FROM_FUNCTIONS_VARS: &[(&str, &str)] = &[
+        ("step-timeout-secs", "STEP_TIMEOUT_SECONDS"),
+        ("failure-threshold", "FAILURE_THRESHOLD"),
+        ("caller-rate", "CALLER_RATE_PER_SECOND"),
+        ("caller-burst", "CALLER_BURST"),
+    ];
+
+    /// Every setting of `sas-local serve` comes from its flag or its variable, and
+    /// docs/local.md's table names both.
+    #[test]
+    fn every_setting_comes_from_its_flag_or_its_variable() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let serve = cli.find_subcommand("serve").expect("serve");
+        let read = Settings::default().describe();
+        let doc = include_str!("../../../docs/local.md");
+        let mut seen = 0;
+        for arg in cli.get_arguments().chain(serve.get_arguments()) {
+            let Some(flag) = arg.get_long() else { continue };
+            if matches!(flag, "help" | "version") {
+                continue;
+            }
+            seen += 1;
+            let var = match arg.get_env() {
+                Some(v) => v.to_string_lossy().into_owned(),
+                None => {
+                    let (_, var) = FROM_FUNCTIONS_VARS
+                        .iter()
+                        .find(|(f, _)| *f == flag)
+                        .unwrap_or_else(|| panic!("--{flag} has no variable"));
+                    assert!(read.iter().any(|(n, _)| n == var), "{var} is read");
+                    let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                    assert!(help.contains(&format!("`{var}`")), "--{flag}: {help}");
+                    (*var).to_owned()
+                }
+            };
+            let names = |l: &&str| {
+                l.split('|').nth(1).is_some_and(|first| {
+                    first.contains(&format!("`--{flag} ")) || first.contains(&format!("`--{flag}`"))
+                })
+            };
+            let row = doc
+                .lines()
+                .find(names)
+                .unwrap_or_else(|| panic!("docs/local.md's flags table has no --{flag}"));
+            assert!(
+                row.contains(&format!("`{var}`")),
+                "docs/local.md: --{flag} names {var}: {row}"
+            );
+        }
+        assert!(seen > 20, "{seen} flags");
+    }
+
+    /// Under `--auth iam` or `jwt` the banner's commands carry their credentials: an unsigned
+    /// `curl` would answer 401.
+    #[test]
+    fn the_banners_commands_authenticate_as_the_api_wants() {
+        use sas::auth::AuthMode;
+        let file = std::path::Path::new(".sas-local/issuer.json");
+        for (mode, with) in [
+            (AuthMode::Iam, "--aws-sigv4 aws:amz:"),
+            (AuthMode::Jwt, "authorization: Bearer $(sas-local token"),
+        ] {
+            for loan in [true, false] {
+                let text = try_it(&mode, file, "127.0.0.1:3000", loan);
+                let curls: Vec<&str> = text.lines().filter(|l| l.contains("curl ")).collect();
+                assert_eq!(curls.len(), 2, "{text}");
+                for line in curls {
+                    assert!(line.contains(with), "{mode:?}: {line}");
+                }
+            }
+        }
+        let open = try_it(&AuthMode::None, file, "127.0.0.1:3000", true);
+        assert!(
+            !open.contains("--aws-sigv4") && !open.contains("Bearer"),
+            "{open}"
+        );
+        assert!(open.contains("/workflows/loan-application/tasks"), "{open}");
     }
 
     #[test]

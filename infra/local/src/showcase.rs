@@ -30,8 +30,8 @@ fn loan() -> Value {
 
 /// Makes tasks of the example workflows in every state and returns them by state. Needs a
 /// system that is not started (it pumps by hand) with automatic compensation on; it leaves
-/// every service without faults. The tasks left Pending, Processing and Compensating move on
-/// once the system is started.
+/// every service without faults. The tasks left Processing and Compensating move on once the
+/// system is started; the Pending one starts an hour after it was made.
 pub async fn tasks_in_every_state(
     system: &System,
 ) -> anyhow::Result<BTreeMap<ProcessState, Vec<TaskId>>> {
@@ -97,11 +97,9 @@ pub async fn tasks_in_every_state(
     let processing = submit(system, LOAN, loan()).await?;
     system.pump_scheduler().await?;
     made.insert(ProcessState::Processing, vec![processing]);
-    // Pending: accepted, not yet claimed.
-    made.insert(
-        ProcessState::Pending,
-        vec![submit(system, ORDER, order()).await?],
-    );
+    // Pending: accepted, to start in an hour (`Start-At`), so it stays Pending once the
+    // system runs.
+    made.insert(ProcessState::Pending, vec![later(system).await?]);
     for (want, ids) in &made {
         for id in ids {
             let got = system
@@ -132,6 +130,38 @@ async fn submit(system: &System, workflow: &str, input: Value) -> anyhow::Result
     let body: Value = serde_json::from_str(resp.body()).context("submission answer")?;
     if resp.status() != http::StatusCode::ACCEPTED {
         bail!("submitting a {workflow} task: {} {body}", resp.status());
+    }
+    body["taskId"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow!("no taskId in {body}"))
+}
+
+/// Submits an order that starts an hour from now (`Start-At`): Pending until then.
+async fn later(system: &System) -> anyhow::Result<TaskId> {
+    let at = chrono::Utc::now() + chrono::Duration::hours(1);
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "start-at",
+        at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            .parse()
+            .context("a Start-At header")?,
+    );
+    let resp = api::handle(
+        &system.api,
+        &Identity::anonymous(),
+        &Method::POST,
+        &format!("/workflows/{ORDER}/tasks"),
+        &headers,
+        order().to_string().as_bytes(),
+    )
+    .await;
+    let body: Value = serde_json::from_str(resp.body()).context("submission answer")?;
+    if resp.status() != http::StatusCode::ACCEPTED {
+        bail!(
+            "submitting a delayed {ORDER} task: {} {body}",
+            resp.status()
+        );
     }
     body["taskId"]
         .as_str()

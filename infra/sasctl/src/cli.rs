@@ -100,13 +100,17 @@ pub enum Command {
     Retry(RetryArgs),
     /// Undo a task's completed steps.
     ///
-    /// With --from STEP, compensation starts at that step: the steps after it that may have
-    /// taken effect are recorded as settled by hand (nothing is sent for them).
+    /// With --from STEP, compensation starts at that step: STEP itself is undone, then the
+    /// steps before it, last first; the steps after it that may have taken effect are recorded
+    /// as settled by hand (nothing is sent for them).
     Compensate(CompensateArgs),
     /// Cancel a task.
     Cancel(ActArgs),
-    /// End the waits a task is in now (its wait step, or its branches'): each is done as at its
-    /// time, and the task goes on.
+    /// End the waits for a time a task is in now (its wait step, or its branches'): each is
+    /// done as at its time, and the task goes on.
+    ///
+    /// A wait for a named event is not ended this way (409): deliver the event instead, with
+    /// `POST /operator/tasks/{id}/events/{name}` (or the caller's `POST /tasks/{id}/events/{name}`).
     Wake(ActArgs),
     /// Stop the branches still out of a parallel group a branch's failure stopped (its alert
     /// went out then): each step still out is given up (it may have taken effect, so it is
@@ -147,13 +151,16 @@ pub enum Command {
     /// API (`--endpoint`) signed with SigV4 (as --sign says), so no credentials reach the
     /// browser. Runs until interrupted.
     Console(ConsoleArgs),
-    /// Workflow definitions: validate files, publish them, list and show what is published.
+    /// Workflow definitions: validate files, apply (publish) them, list and show what is
+    /// published.
     #[command(subcommand)]
     Workflow(WorkflowCommand),
-    /// Services: list what is published.
+    /// Services: list them with their breakers, pause and resume one, check a live one
+    /// against the service contract.
     #[command(subcommand)]
     Service(ServiceCommand),
-    /// Schedules: tasks of a workflow started on a cron or rate expression.
+    /// Schedules (tasks of a workflow started on a cron or rate expression): list, apply,
+    /// pause, resume and delete them.
     #[command(subcommand)]
     Schedule(ScheduleCommand),
 }
@@ -387,7 +394,8 @@ pub struct CompensateArgs {
     /// Why (recorded in the task's history with who asked).
     #[arg(long, value_parser = parse_non_empty)]
     pub reason: Option<String>,
-    /// Start compensation at this step; the later ones are settled by hand.
+    /// Start compensation at this step: it is undone too, then the ones before it; the later
+    /// ones are settled by hand.
     #[arg(long, value_name = "STEP", value_parser = parse_non_empty)]
     pub from: Option<String>,
 }
@@ -942,11 +950,7 @@ async fn schedule(
             if json {
                 print_json(out, &raw)?;
             } else {
-                writeln!(
-                    out,
-                    "{:<24} {:<20} {:<24} {:<16} {:<5} NEXT RUN",
-                    "NAME", "WORKFLOW", "EXPRESSION", "TIME ZONE", "OVERLAP"
-                )?;
+                writeln!(out, "{}", schedule_header())?;
                 for s in raw["schedules"].as_array().into_iter().flatten() {
                     writeln!(out, "{}", line(s))?;
                 }
@@ -1022,9 +1026,17 @@ async fn schedule(
         print_json(out, &raw)?;
     } else {
         let _ = request;
-        writeln!(out, "{}", line(&raw))?;
+        writeln!(out, "{}\n{}", schedule_header(), line(&raw))?;
     }
     Ok(exit::OK)
+}
+
+/// The header of `schedule list`'s table, and of the row `schedule pause` and `resume` print.
+fn schedule_header() -> String {
+    format!(
+        "{:<24} {:<20} {:<24} {:<16} {:<5} NEXT RUN",
+        "NAME", "WORKFLOW", "EXPRESSION", "TIME ZONE", "OVERLAP"
+    )
 }
 
 /// `workflow validate`: the report on `out`; 1 if any file has a problem.
@@ -1471,6 +1483,41 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("sasctl").chain(args.iter().copied()))
+    }
+
+    /// `compensate --from STEP` undoes STEP too: its help says so.
+    #[test]
+    fn compensate_from_says_it_undoes_the_step_too() {
+        let mut cli = Cli::command();
+        let help = cli
+            .find_subcommand_mut("compensate")
+            .expect("compensate")
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("STEP itself is undone"), "{help}");
+        assert!(help.contains("it is undone too"), "{help}");
+    }
+
+    /// `sasctl --help` names what each command group does: its line names every subcommand
+    /// of the group.
+    #[test]
+    fn each_groups_help_line_names_its_subcommands() {
+        let cli = Cli::command();
+        for group in cli.get_subcommands().filter(|c| c.has_subcommands()) {
+            let about = group.get_about().map(|a| a.to_string()).unwrap_or_default();
+            for sub in group.get_subcommands().map(|c| c.get_name()) {
+                if sub == "help" {
+                    continue;
+                }
+                assert!(
+                    about
+                        .split(|c: char| !c.is_alphanumeric())
+                        .any(|w| w == sub),
+                    "`sasctl --help` says of {}: {about:?}, which does not name {sub}",
+                    group.get_name()
+                );
+            }
+        }
     }
 
     #[test]

@@ -246,7 +246,14 @@ pub fn render_task(t: &TaskView) -> String {
                 .iter()
                 .filter(|h| h.step.as_deref() == Some(s.name.as_str()))
                 .collect();
-            if lines.iter().all(|(_, v)| v.is_none_or(Value::is_null)) && events.is_empty() {
+            let elements = s
+                .elements
+                .iter()
+                .any(|e| e.input.is_some() || e.undo_input.is_some());
+            if lines.iter().all(|(_, v)| v.is_none_or(Value::is_null))
+                && events.is_empty()
+                && !elements
+            {
                 continue;
             }
             let _ = writeln!(out, "\nstep {} {}", i + 1, clean(&s.name, usize::MAX));
@@ -276,6 +283,19 @@ pub fn render_task(t: &TaskView) -> String {
                         format!("{label}:"),
                         clean(&v.to_string(), usize::MAX)
                     );
+                }
+            }
+            // A forEach step: each element's own request (its element and index mapped in).
+            for (k, e) in s.elements.iter().enumerate() {
+                for (label, v) in [("input", &e.input), ("undo input", &e.undo_input)] {
+                    if let Some(v) = v {
+                        let _ = writeln!(
+                            out,
+                            "  #{k:<3} {:<8} {label}: {}",
+                            clean(&e.status, usize::MAX),
+                            clean(&v.to_string(), usize::MAX)
+                        );
+                    }
                 }
             }
         }
@@ -339,11 +359,12 @@ pub fn render_task(t: &TaskView) -> String {
     if !t.branches.is_empty() {
         out.push_str("\nBRANCHES\n");
         let mut rows = vec![header(&[
-            "GROUP", "STATE", "STEP", "ATTEMPT", "DEADLINE", "ERROR",
+            "GROUP", "BRANCH", "STATE", "STEP", "ATTEMPT", "DEADLINE", "ERROR",
         ])];
         rows.extend(t.branches.iter().map(|b| {
             vec![
                 clean(&b.group, usize::MAX),
+                opt(b.branch.as_deref(), usize::MAX),
                 clean(&b.state, usize::MAX),
                 opt(b.step.as_deref(), usize::MAX),
                 b.attempt.map_or("-".to_owned(), |a| a.to_string()),
@@ -677,6 +698,7 @@ task-2   -                 CompensationFailed  -                     12  2025-01
             failure_count: Some(2),
             attempt: Some(3),
             last_error: Some("core-banking refused".into()),
+            refusal: None,
             created_at: at(1),
             updated_at: at(9),
             steps: vec![
@@ -807,6 +829,7 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             .collect();
         v.branches = vec![sas::api::views::BranchView {
             group: "checks".into(),
+            branch: Some("fraud".into()),
             state: "Processing".into(),
             step: Some("fraud-check".into()),
             attempt: Some(4),
@@ -818,8 +841,38 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             out.contains(" 3  send-contract   -                     Skipped"),
             "{out}"
         );
-        let groups = "\nGROUPS\nGROUP   RAN\nreview  case 1\nextras  skipped (its condition did not hold)\nfees    otherwise\nchecks  every branch\n\nELEMENTS\nSTEP           ELEMENTS  STATUSES          UNDOS\nreserve-funds  3         Done 2, Failed 1  Done 2\n\nBRANCHES\nGROUP   STATE       STEP         ATTEMPT  DEADLINE  ERROR\nchecks  Processing  fraud-check  4        -         -\n\nHISTORY";
+        let groups = "\nGROUPS\nGROUP   RAN\nreview  case 1\nextras  skipped (its condition did not hold)\nfees    otherwise\nchecks  every branch\n\nELEMENTS\nSTEP           ELEMENTS  STATUSES          UNDOS\nreserve-funds  3         Done 2, Failed 1  Done 2\n\nBRANCHES\nGROUP   BRANCH  STATE       STEP         ATTEMPT  DEADLINE  ERROR\nchecks  fraud   Processing  fraud-check  4        -         -\n\nHISTORY";
         assert!(out.contains(groups), "{out}");
+    }
+
+    /// A forEach step's request is each element's own: `show` prints each one's input (its
+    /// element mapped in), not the step's mapping without an element (`null`s).
+    #[test]
+    fn a_for_each_steps_elements_show_their_own_inputs() {
+        let mut v = view();
+        let mut pick = step("pick-items", "Done", Some(true), None);
+        pick.elements = vec![
+            StepView {
+                input: Some(json!({"line": 0, "sku": "a"})),
+                ..step("pick-items", "Done", Some(true), None)
+            },
+            StepView {
+                input: Some(json!({"line": 1, "sku": "b"})),
+                undo_input: Some(json!({"pick": "p1"})),
+                ..step("pick-items", "Done", Some(true), Some("Done"))
+            },
+            step("pick-items", "Skipped", Some(true), None),
+        ];
+        v.steps.push(pick);
+        let out = render_task(&v);
+        assert!(
+            out.contains("  #0   Done     input: {\"line\":0,\"sku\":\"a\"}\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("  #1   Done     undo input: {\"pick\":\"p1\"}\n"),
+            "{out}"
+        );
     }
 
     #[test]
@@ -864,6 +917,7 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             failure_count: None,
             attempt: None,
             last_error: None,
+            refusal: None,
             created_at: None,
             updated_at: None,
             steps: vec![],

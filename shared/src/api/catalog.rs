@@ -52,8 +52,8 @@ fn not_found(kind: Kind, message: String) -> ApiError {
 /// `GET /services`: every service, its newest version, its circuit breaker and its limits:
 /// as declared (`limits`; without a `concurrency`, the deployment's `share` caps its calls in
 /// flight), its calls in flight now (`inFlight`, the slots held) and its steps waiting on a
-/// limit (`waiting`: Pending tasks whose last try it turned away, counted up to
-/// [`WAITING_CAP`]).
+/// limit or on its pause (`waiting`: Pending tasks whose last try it turned away, or its pause
+/// deferred, counted up to [`WAITING_CAP`]).
 pub(super) async fn services(deps: &ApiDeps) -> Answer {
     let entries = deps
         .ports
@@ -105,7 +105,8 @@ pub(super) async fn services(deps: &ApiDeps) -> Answer {
 pub const WAITING_CAP: usize = 1000;
 
 /// Per service, the Pending tasks whose last try its limits turned away (their last error
-/// names the service's limiter key), among the newest [`WAITING_CAP`] Pending tasks.
+/// names the service's limiter key) or its pause deferred, among the newest [`WAITING_CAP`]
+/// Pending tasks.
 async fn waiting_on_limits(
     deps: &ApiDeps,
 ) -> Result<std::collections::HashMap<String, u32>, ApiError> {
@@ -130,7 +131,7 @@ async fn waiting_on_limits(
             .map_err(ApiError::unavailable)?;
         read += page.items.len();
         for s in &page.items {
-            if let Some(service) = s.last_error.as_deref().and_then(limited_service) {
+            if let Some(service) = s.last_error.as_deref().and_then(waiting_service) {
                 *counts.entry(service.to_owned()).or_insert(0) += 1;
             }
         }
@@ -143,6 +144,20 @@ async fn waiting_on_limits(
 
 /// The service a step's last error says turned it away (`...: service#<name>[#<action>] over
 /// its limit of ...`).
+/// The service a Pending task's last error says it waits on: one whose limits turned it away,
+/// or one paused (`…: service NAME paused by WHO: …`, the deferral's reason).
+fn waiting_service(error: &str) -> Option<&str> {
+    limited_service(error).or_else(|| paused_service(error))
+}
+
+/// The service a deferral by a pause names (`transition::deferred`, from the agent's
+/// `RemoteFault::CircuitOpen { paused }`).
+fn paused_service(error: &str) -> Option<&str> {
+    let (_, rest) = error.split_once("service ")?;
+    let (name, _) = rest.split_once(" paused by ")?;
+    (!name.is_empty() && !name.contains(' ')).then_some(name)
+}
+
 fn limited_service(error: &str) -> Option<&str> {
     let (head, _) = error.split_once(" over its limit of ")?;
     let key = head.rsplit_once("service#")?.1;
@@ -520,7 +535,17 @@ pub(super) async fn publish_service(
 
 #[cfg(test)]
 mod tests {
-    use super::limited_service;
+    use super::{limited_service, waiting_service};
+
+    /// `GET /services` counts a task waiting on a paused service among its `waiting`.
+    #[test]
+    fn a_wait_on_a_pause_names_its_service() {
+        let e = "reserve-funds: service core-banking paused by arn:aws:iam::1:user/ops: bank maintenance (since 2026-01-01T00:00:00Z)";
+        assert_eq!(waiting_service(e), Some("core-banking"));
+        let e = "charge: service#bank over its limit of 2 calls in flight";
+        assert_eq!(waiting_service(e), Some("bank"));
+        assert_eq!(waiting_service("charge: HTTP 500 from the service"), None);
+    }
 
     #[test]
     fn a_wait_on_a_limit_names_its_service() {

@@ -499,6 +499,46 @@ async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
     html_response(StatusCode::OK, frame(&title, "tasks", content))
 }
 
+/// What the task's waiting wait steps wait for: whether one waits for a time (an operator may
+/// end it: `wake`), and the events the others wait for (only their event ends them). A wait
+/// step's definition (found by name in `definition`) has `waitFor` for events.
+fn waits_of(steps: &[Value], definition: Option<&Value>) -> (bool, Vec<String>) {
+    fn find<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
+        match v {
+            Value::Object(o)
+                if o.get("name").and_then(Value::as_str) == Some(name)
+                    && ["wait", "waitUntil", "waitFor"]
+                        .iter()
+                        .any(|k| o.contains_key(*k)) =>
+            {
+                Some(v)
+            }
+            Value::Object(o) => o.values().find_map(|v| find(v, name)),
+            Value::Array(a) => a.iter().find_map(|v| find(v, name)),
+            _ => None,
+        }
+    }
+    let mut timed = false;
+    let mut events = vec![];
+    for s in steps {
+        if s["status"] != "Waiting" || !s["service"].is_null() {
+            continue;
+        }
+        let name = s["name"].as_str().unwrap_or_default();
+        match definition
+            .and_then(|d| find(d, name))
+            .map(|d| &d["waitFor"])
+        {
+            Some(Value::Array(names)) => {
+                events.extend(names.iter().filter_map(Value::as_str).map(str::to_owned))
+            }
+            Some(Value::String(one)) => events.push(one.clone()),
+            _ => timed = true,
+        }
+    }
+    (timed, events)
+}
+
 /// The actions a task in `state` may take (the API decides; this only offers them).
 /// The actions that apply to a task in `state`: past its pivot it only goes forward, so it
 /// is neither cancelled nor compensated; one in a wait step (`waits`) may have it ended; one
@@ -609,11 +649,19 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                 dt { "Last error" } dd class="error" { (e) }
             }
         }
-        // A wait step waiting: `Waiting`, and no service.
-        @let waits = steps.iter().any(|s| s["status"] == "Waiting" && s["service"].is_null());
+        // A wait step waiting: `Waiting`, and no service. Only a wait for a time may be
+        // ended; a wait for a named event ends with its event.
+        @let (waits, events) = waits_of(&steps, definition.as_ref());
         @let branches = items(t, "branches");
         @let stopping = branches.iter().any(|b| b["state"] == "Error");
         @let actions = actions_for(state, t["pastPivot"] == json!(true), waits, stopping);
+        @if !events.is_empty() {
+            p class="notice" {
+                "Waits for the event " (events.join(" or ")) ": only the event ends the wait. Deliver it with "
+                code { "POST " (OPERATOR_PREFIX) "/tasks/" (task_id) "/events/" (events[0]) }
+                " (its payload as the body; the task's caller may post it to /tasks/…/events/… too)."
+            }
+        }
         @if !actions.is_empty() {
             section aria-labelledby="actions" {
                 h2 id="actions" { "Actions" }
@@ -1141,5 +1189,29 @@ mod tests {
             actions_for("Error", false, false, true),
             [Retry, Compensate, Skip, Resolve]
         );
+    }
+
+    /// A wait for a time may be ended (`wake`); a wait for a named event is not offered it
+    /// (the API answers 409): the page says to deliver the event.
+    #[test]
+    fn only_a_wait_for_a_time_is_offered_wake() {
+        let definition = json!({"name": "loan", "steps": [
+            {"name": "send", "service": "s"},
+            {"name": "prepare", "parallel": [{"name": "a", "steps": [
+                {"name": "signature", "waitFor": ["contract-signed"], "within": "7d"}]}]},
+            {"name": "cooling-off", "wait": "14d"}]});
+        let waiting = |name: &str| json!({"name": name, "status": "Waiting", "service": null});
+        let called = json!({"name": "send", "status": "Waiting", "service": "s"});
+        assert_eq!(
+            waits_of(&[waiting("signature")], Some(&definition)),
+            (false, vec!["contract-signed".to_owned()])
+        );
+        assert_eq!(
+            waits_of(&[waiting("cooling-off")], Some(&definition)),
+            (true, vec![])
+        );
+        assert_eq!(waits_of(&[called], Some(&definition)), (false, vec![]));
+        let (waits, _) = waits_of(&[waiting("signature")], Some(&definition));
+        assert!(!actions_for("Processing", false, waits, false).contains(&OperatorAction::Wake));
     }
 }

@@ -22,11 +22,26 @@ fn view(deps: &ApiDeps, s: &Schedule, version: Option<u32>) -> Value {
     v["overlap"] = json!(s.def.overlap);
     v["timezone"] = json!(s.def.timezone);
     v["paused"] = json!(s.def.paused);
-    v["nextRun"] = json!((!s.def.paused).then(|| s.next_run(now)).flatten());
+    v["nextRun"] = json!(next_run_shown(s, now));
     if let Some(version) = version {
         v["version"] = json!(version);
     }
     v
+}
+
+/// A schedule's next run as the views show it: to the second (a rate counts its periods from
+/// the publication's instant, whose fraction of a second is no one's business); `None` while
+/// paused, or when none is left.
+fn next_run_shown(s: &Schedule, now: chrono::DateTime<chrono::Utc>) -> Option<String> {
+    use chrono::SubsecRound;
+    let next = (!s.def.paused).then(|| s.next_run(now)).flatten()?;
+    // Rounded up: the run is never shown before it happens.
+    let shown = if next.trunc_subsecs(0) == next {
+        next
+    } else {
+        next.trunc_subsecs(0) + chrono::Duration::seconds(1)
+    };
+    Some(shown.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
 }
 
 fn not_found(name: &str) -> ApiError {
@@ -164,4 +179,32 @@ pub(super) async fn delete(deps: &ApiDeps, caller: &Caller, name: &str) -> Answe
         StatusCode::OK,
         &json!({"name": name, "deleted": true}),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `rate()` schedule published at an instant with nanoseconds shows its next run to the
+    /// second (not before it); a cron's is at a whole second anyway.
+    #[test]
+    fn the_next_run_is_shown_to_the_second() {
+        let since = chrono::DateTime::parse_from_rfc3339("2026-11-01T00:00:30.123456789Z")
+            .expect("a time")
+            .to_utc();
+        let def = |expression: &str| -> ScheduleDef {
+            serde_json::from_value(json!({"name": "n", "workflow": "w", "expression": expression}))
+                .expect("a schedule")
+        };
+        let rate = Schedule::parse(def("rate(15 minutes)"), since, "").expect("valid");
+        assert_eq!(
+            next_run_shown(&rate, since).as_deref(),
+            Some("2026-11-01T00:15:31Z")
+        );
+        let cron = Schedule::parse(def("cron(0 2 * * ? *)"), since, "").expect("valid");
+        assert_eq!(
+            next_run_shown(&cron, since).as_deref(),
+            Some("2026-11-01T02:00:00Z")
+        );
+    }
 }

@@ -76,6 +76,9 @@ pub struct TaskView<S = ProcessState> {
     pub past_pivot: Option<bool>,
     #[serde(default)]
     pub last_error: Option<String>,
+    /// The service's business refusal that ended (or is ending) the task, as its caller sees it.
+    #[serde(default)]
+    pub refusal: Option<Refusal>,
     #[serde(default, deserialize_with = "null_as_default")]
     pub history: Vec<HistoryEntry<S>>,
     #[serde(default)]
@@ -147,6 +150,10 @@ pub struct CallerTaskView<S = ProcessState> {
 #[serde(rename_all = "camelCase")]
 pub struct BranchView {
     pub group: String,
+    /// The branch: a parallel branch's name (`branch k` if it has none), or a forEach
+    /// element's step and index (`pick-items #2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
     pub state: String,
     #[serde(default)]
     pub step: Option<String>,
@@ -159,14 +166,31 @@ pub struct BranchView {
 }
 
 impl BranchView {
-    fn all(r: &StateRecord) -> Vec<Self> {
+    fn all(r: &StateRecord, workflow: Option<&Workflow>) -> Vec<Self> {
         let Some(f) = &r.fanout else {
             return vec![];
         };
+        // The parallel group's branches, by name (the elements come after them).
+        let arms: Vec<String> = workflow
+            .and_then(|w| w.groups.iter().find(|g| g.name == f.group))
+            .filter(|g| matches!(g.kind, crate::domain::workflow::GroupKind::Parallel { .. }))
+            .map(|g| {
+                g.kind
+                    .arms()
+                    .iter()
+                    .enumerate()
+                    .map(|(k, a)| a.name.clone().unwrap_or_else(|| format!("branch {k}")))
+                    .collect()
+            })
+            .unwrap_or_default();
         f.branches
             .iter()
             .enumerate()
             .map(|(k, b)| Self {
+                branch: match f.each_of(k) {
+                    Some((e, n)) => r.steps.get(e.step).map(|s| format!("{} #{n}", s.name)),
+                    None => arms.get(k).cloned(),
+                },
                 // An element's group is its forEach step (one in a branch adds its elements
                 // to the branch's group).
                 group: f
@@ -194,7 +218,7 @@ pub struct StepView {
     pub name: String,
     /// Pending, Running, Waiting, Done, Failed (refused), TimedOut, Cancelled, Faulted (the
     /// service answered, but with a result over the size limit) or Skipped (a condition did not
-    /// hold: never called).
+    /// hold, or an element its forEach stopped before it went out: never called).
     pub status: String,
     /// Whether the workflow declares an undo for this step (`None`: the server did not say).
     /// A step without one is never undone.
@@ -463,6 +487,12 @@ impl TaskView {
                     v.action = calls.then(|| step.action.clone());
                     let reached = st.status != StepStatus::Skipped
                         && (i <= r.step_index || st.status != StepStatus::Pending);
+                    if step.for_each.is_some() {
+                        // Each element's request is its own: the step's mapping with the
+                        // element and its index (and, for its undo, its own result).
+                        elements_inputs(&mut v, w, task, r, i);
+                        return v;
+                    }
                     if reached && calls {
                         v.input = Some(shown(
                             step.input
@@ -480,6 +510,25 @@ impl TaskView {
                 v
             })
             .collect();
+        let mut steps: Vec<StepView> = steps;
+        let never_forward = matches!(
+            r.process_state,
+            ProcessState::Compensating
+                | ProcessState::Compensated
+                | ProcessState::CompensationFailed
+                | ProcessState::Refused
+                | ProcessState::Resolved
+        );
+        if never_forward {
+            // A forEach stopped before some elements went out: those will never run.
+            for v in &mut steps {
+                for e in &mut v.elements {
+                    if e.status == StepStatus::Pending.as_str() && e.sent != Some(true) {
+                        e.status = StepStatus::Skipped.as_str().to_owned();
+                    }
+                }
+            }
+        }
         Self {
             task_id: task.id.to_string(),
             workflow: Some(task.workflow.clone()),
@@ -498,10 +547,11 @@ impl TaskView {
             round: Some(r.round),
             steps,
             decisions: r.decisions.clone(),
-            branches: BranchView::all(r),
+            branches: BranchView::all(r, workflow),
             pivot: r.pivot.and_then(|p| r.steps.get(p)).map(|s| s.name.clone()),
             past_pivot: r.pivot.map(|_| r.past_pivot()),
             last_error: r.last_error.clone(),
+            refusal: r.refusal.clone(),
             history: r.history.iter().map(HistoryEntry::of).collect(),
             created_at: Some(r.created_at),
             updated_at: Some(r.updated_at),
@@ -510,6 +560,39 @@ impl TaskView {
             start_at: r.start_at,
         }
     }
+}
+
+/// The inputs of forEach step `i`'s elements, in their views (`v.elements`): each element's
+/// request as the scheduler builds it (the step's mapping with `$.element` and `$.index`), once
+/// it went out, and its undo's once compensation reached it (reading its own result).
+fn elements_inputs(v: &mut StepView, w: &Workflow, task: &Task, r: &StateRecord, i: usize) {
+    let (Some(step), Some(st)) = (w.step(i), r.steps.get(i)) else {
+        return;
+    };
+    let Ok(list) = crate::domain::transition::elements(w, task, r, i) else {
+        return;
+    };
+    let limit = crate::domain::task::MAX_REQUEST_BYTES;
+    for (k, (ev, es)) in v.elements.iter_mut().zip(&st.elements).enumerate() {
+        // The element's state stands in the step's place (its own result), as for its undo.
+        let mut seen = r.clone();
+        seen.steps[i] = es.clone();
+        let Some(mut context) = crate::domain::context::context(w, task, &seen, i) else {
+            continue;
+        };
+        context["element"] = list.get(k).cloned().unwrap_or_default();
+        context["index"] = json!(k);
+        if es.sent || es.status != StepStatus::Pending {
+            ev.input = Some(shown(step.input.render_lenient(&context, limit)));
+        }
+        if let (Some(undo), Some(_)) = (&step.undo, es.undo) {
+            ev.undo_action = Some(undo.action.clone());
+            ev.undo_input = Some(shown(undo.input.render_lenient(&context, limit)));
+        }
+    }
+    v.service = Some(step.service.clone());
+    v.action = Some(step.action.clone());
+    v.within = w.place(i);
 }
 
 impl CallerTaskView {

@@ -834,7 +834,15 @@ pub(super) fn wake(
         })
         .collect();
     if waiting.is_empty() {
-        return Err(Rejection::NoWait(r.process_state));
+        // A branch waiting for a named event: only its event ends it.
+        let on_event = f.branches.iter().find(|b| {
+            let i = b.step_index;
+            b.is_out() && p.at(i).wait && p.at(i).event
+        });
+        return Err(match on_event.and_then(|b| r.steps.get(b.step_index)) {
+            Some(step) => Rejection::WaitsForEvent(step.name.clone()),
+            None => Rejection::NoWait(r.process_state),
+        });
     }
     apply_to(r, waiting, now, p, event, claim_one)
 }
@@ -1437,6 +1445,13 @@ steps:
             ProcessState::Processing,
             "the flight is out"
         );
+        // The hotel's branch ended, not the task: its line says so, and the views name the
+        // branches.
+        let line = t.r.history.last().expect("a line");
+        assert_eq!(line.reason, "step done; branch 1 of book done");
+        let view = crate::api::views::TaskView::of(&t.task, &t.r, Some(&t.w));
+        let names: Vec<_> = view.branches.iter().map(|b| b.branch.as_deref()).collect();
+        assert_eq!(names, [Some("air"), Some("stay"), Some("ground")]);
         let next = t.answer(1, &ok());
         assert_eq!(
             next.effects,
@@ -1465,6 +1480,14 @@ steps:
         t.answer(5, &ok());
         assert_eq!(t.r.process_state, ProcessState::Processed);
         assert_eq!(t.r.owed(), [NoticeKind::Processed]);
+        // Only the task's end says every step is done.
+        let ends: Vec<_> =
+            t.r.history
+                .iter()
+                .filter(|h| h.reason.contains("every step done"))
+                .map(|h| (h.step.as_deref(), h.to))
+                .collect();
+        assert_eq!(ends, [(Some("pay"), ProcessState::Processed)]);
     }
 
     #[test]
@@ -1816,6 +1839,17 @@ steps:
         let a = t.r.attempt;
         t.answer(2, a, false, &ok()).expect("the payment");
         assert_eq!(t.r.process_state, ProcessState::Processed);
+        // Each element's end is its own line; only the task's end says every step is done.
+        for k in 0..5 {
+            let line = format!("step done; element {k} of insure done");
+            assert!(t.r.history.iter().any(|h| h.reason == line), "{line}");
+        }
+        let ends =
+            t.r.history
+                .iter()
+                .filter(|h| h.reason.contains("every step done"))
+                .count();
+        assert_eq!(ends, 1, "{:?}", t.r.history);
     }
 
     #[test]
@@ -1855,6 +1889,21 @@ steps:
         assert_eq!(undone, [(1, Some(2)), (1, Some(0)), (0, None)]);
         assert_eq!(t.r.process_state, ProcessState::Refused);
         assert_eq!(t.r.owed(), [NoticeKind::Refused]);
+        // The operator's view: element 4 never went out and never will (Skipped, not
+        // Pending); each element that went out shows its own request (its element and index
+        // mapped in) and its undo's, reading its own result.
+        let view = crate::api::views::TaskView::of(&t.task, &t.r, Some(&t.w));
+        let elements = &view.steps[1].elements;
+        let statuses: Vec<&str> = elements.iter().map(|e| e.status.as_str()).collect();
+        assert_eq!(statuses, ["Done", "Failed", "Done", "Failed", "Skipped"]);
+        assert_eq!(
+            view.steps[1].input, None,
+            "the step's mapping is per element"
+        );
+        assert_eq!(elements[0].input, Some(json!({"who": "ann", "n": 0})));
+        assert_eq!(elements[3].input, Some(json!({"who": "dee", "n": 3})));
+        assert_eq!(elements[4].input, None);
+        assert_eq!(elements[0].undo_input, Some(json!({"policy": "p0"})));
     }
 
     #[test]

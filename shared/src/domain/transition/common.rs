@@ -135,6 +135,10 @@ pub enum Rejection {
     AWait(usize),
     #[error("a task that is {0} waits in no wait step")]
     NoWait(ProcessState),
+    #[error(
+        "step {0} waits for a named event, which only the event ends: deliver it (POST /operator/tasks/{{taskId}}/events/{{name}}, or the caller's POST /tasks/{{taskId}}/events/{{name}})"
+    )]
+    WaitsForEvent(String),
     #[error("an event under this Event-Id was taken already")]
     DuplicateEvent,
     #[error("a task that is {0} has no step still to come that waits for this event")]
@@ -255,6 +259,20 @@ pub(super) fn log(
     reason: impl Into<String>,
 ) {
     log_by(n, from, step, reason, None);
+}
+
+/// What the end of the line `n` is seen from means, for its history line: an element of a
+/// forEach step or a branch of a parallel group ended (the task goes on), or every step of the
+/// task is done.
+pub(super) fn end_line(n: &StateRecord) -> String {
+    if let Some((step, k)) = n.element() {
+        let name = n.steps.get(step).map_or("", |s| s.name.as_str());
+        return format!("element {k} of {name} done");
+    }
+    match n.fanout.as_ref().filter(|_| n.branch().is_some()) {
+        Some(f) => format!("branch {} of {} done", f.current.unwrap_or(0), f.group),
+        None => "every step done".to_owned(),
+    }
 }
 
 /// Appends a history line, naming who acted (an operator's or a caller's principal).

@@ -54,7 +54,7 @@ pub(super) fn deadline_passed(
         &mut n,
         r.process_state,
         Some(i),
-        "the task's deadline passed",
+        "task_timeout: the task's deadline passed",
     );
     tidy(&mut n);
     Ok(Transition::from(
@@ -106,6 +106,14 @@ steps:
                     && e.ends_with("passed at cool-off")),
             "{:?}",
             t.r.last_error
+        );
+        // Its history names the code where it says why.
+        assert!(
+            t.r.history
+                .iter()
+                .any(|h| h.reason == "task_timeout: the task's deadline passed"),
+            "{:?}",
+            t.r.history
         );
         assert_eq!(t.r.process_state, ProcessState::Compensating);
         assert_eq!(

@@ -7,7 +7,9 @@ use super::super::fanout::StopKind;
 use super::super::policy::Policies;
 use super::super::state::{NoticeKind, ProcessState, Refusal, StateRecord, StepStatus, to_millis};
 use super::branches;
-use super::common::{Effect, Rejection, StepOutcome, Transition, finish, log, next, tidy};
+use super::common::{
+    Effect, Rejection, StepOutcome, Transition, end_line, finish, log, next, tidy,
+};
 use super::compensating::{apply_undo_reply, begin_compensation, fail, stop_branch, stop_in_error};
 use super::deadline;
 use super::route::{Linear, Router, take};
@@ -525,7 +527,8 @@ fn step_done(
             // The end of a branch, not of the task.
             e.insert(0, progress);
         }
-        log(n, from, Some(i), "step done; every step done");
+        let end = end_line(n);
+        log(n, from, Some(i), format!("step done; {end}"));
         return e;
     }
     if n.fanout.as_ref().is_some_and(|f| f.stop.is_some()) {

@@ -9,7 +9,9 @@ use super::super::state::{
     MAX_RESULTS_BYTES, NoticeKind, ProcessState, StateRecord, StepStatus, to_millis,
 };
 use super::branches;
-use super::common::{Actor, Effect, Rejection, Transition, finish, log, log_by, next, tidy};
+use super::common::{
+    Actor, Effect, Rejection, Transition, end_line, finish, log, log_by, next, tidy,
+};
 use super::compensating::fail;
 use super::route::Router;
 use super::{Condition, Guard};
@@ -38,23 +40,19 @@ pub fn wake(
         return Err(Rejection::PastDeadline { deadline });
     }
     let i = r.step_index;
-    // (A wait for an event ends with its event: the operator delivers it.)
-    let waits = r.process_state == ProcessState::Processing
-        && r.locked_by.is_some()
-        && p.at(i).wait
-        && !p.at(i).event;
+    let waits =
+        r.process_state == ProcessState::Processing && r.locked_by.is_some() && p.at(i).wait;
     if !waits {
         return Err(Rejection::NoWait(r.process_state));
     }
+    if p.at(i).event {
+        // A wait for an event ends with its event: the operator delivers it.
+        let name = r.steps.get(i).map_or_else(String::new, |s| s.name.clone());
+        return Err(Rejection::WaitsForEvent(name));
+    }
     let mut n = next(r, now);
-    let effects = woke(&mut n, i, now, now, p);
-    log_by(
-        &mut n,
-        r.process_state,
-        Some(i),
-        actor.line("wake"),
-        Some(&actor.by),
-    );
+    // One history line: the wait ended by the operator's wake (who and why).
+    let effects = woke_by(&mut n, i, now, now, p, &actor.line("wake"), Some(&actor.by));
     tidy(&mut n);
     Ok(Transition::from(
         r,
@@ -114,7 +112,24 @@ pub(super) fn woke(
         "until": until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
     })
     .to_string();
-    wait_done(n, i, result, now, p, "waited")
+    wait_done(n, i, result, now, p, "waited", None)
+}
+
+/// As [`woke`], the wait ended by an operator: its one history line is `line`, by `by`.
+pub(super) fn woke_by(
+    n: &mut StateRecord,
+    i: usize,
+    until: DateTime<Utc>,
+    now: DateTime<Utc>,
+    p: &Policies,
+    line: &str,
+    by: Option<&str>,
+) -> Vec<Effect> {
+    let result = serde_json::json!({
+        "until": until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    })
+    .to_string();
+    wait_done(n, i, result, now, p, line, by)
 }
 
 /// Wait step `at` is reached (see [`begin_wait`]); a wait for events whose event was kept
@@ -134,7 +149,7 @@ pub(super) fn reach_wait(
         Some(kept) => {
             let result = inbox::result_of(&kept.name, &kept.payload);
             let line = format!("event {} came before it", kept.name);
-            wait_done(n, at, result, now, p, &line)
+            wait_done(n, at, result, now, p, &line, None)
         }
         None => effects,
     }
@@ -149,6 +164,7 @@ fn wait_done(
     now: DateTime<Utc>,
     p: &Policies,
     line: &str,
+    by: Option<&str>,
 ) -> Vec<Effect> {
     let from = n.process_state;
     let attempt = n.attempt;
@@ -168,7 +184,8 @@ fn wait_done(
             // The end of a branch, not of the task.
             e.insert(0, progress);
         }
-        log(n, from, Some(i), format!("{line}; every step done"));
+        let end = end_line(n);
+        log_by(n, from, Some(i), format!("{line}; {end}"), by);
         return e;
     }
     n.process_state = ProcessState::Pending;
@@ -178,7 +195,7 @@ fn wait_done(
     } else {
         Some(now + p.at(n.step_index).pickup_timeout)
     };
-    log(n, from, Some(i), line);
+    log_by(n, from, Some(i), line, by);
     vec![
         progress,
         Effect::Enqueue {
@@ -278,6 +295,7 @@ pub fn deliver(
             now,
             p,
             &line,
+            None,
         )
     } else {
         let to_come = (0..r.steps.len()).any(|j| {
@@ -516,6 +534,13 @@ steps:
         let line = t.r.history.last().expect("a line");
         assert_eq!(line.reason, "operator wake: the customer waived it");
         assert!(line.by.is_some());
+        // One wake, one line: the wait ended by the operator, from Processing on.
+        let lines: Vec<_> = t.r.history.iter().filter(|h| h.at == now).collect();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert_eq!(
+            (lines[0].from, lines[0].to),
+            (ProcessState::Processing, ProcessState::Pending)
+        );
         // No wait now: a second wake is refused.
         assert!(matches!(
             t.apply(|r, _| wake(r, &ops(None), now, &p)),
@@ -693,10 +718,19 @@ steps:
         t.answer(0, &ok());
         assert_eq!(t.r.steps[1].status, StepStatus::Waiting);
         assert_eq!(t.r.complete_by, Some(t.now + Duration::days(7)));
-        // Nothing but an event ends it: a wake is for waits on time.
+        // Nothing but an event ends it: a wake is for waits on time, and its refusal says to
+        // deliver the event.
         let (p, now) = (t.p.clone(), t.now);
         let woken = t.apply(|r, _| wake(r, &ops(None), now, &p));
-        assert!(matches!(woken, Err(Rejection::NoWait(_))), "{woken:?}");
+        assert!(
+            matches!(&woken, Err(Rejection::WaitsForEvent(step)) if step == "signature"),
+            "{woken:?}"
+        );
+        let said = woken.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            said.contains("deliver it") && said.contains("/events/"),
+            "{said}"
+        );
         t.now += Duration::hours(2);
         let came = t.deliver(&event("contract-declined", "e-9")).expect("came");
         assert!(came.effects.contains(&Effect::Enqueue {

@@ -13,7 +13,7 @@ pub const ECOMMERCE_ORDER: &str = include_str!("../../../../workflows/ecommerce-
 pub const LOAN_APPLICATION: &str = include_str!("../../../../workflows/loan-application.yaml");
 pub const SERVICES: &str = include_str!("../../../../workflows/services.yaml");
 /// The example that uses every construct (a forEach, parallel branches, a choice, a
-/// condition); published by hand, not with the two above (see docs/workflows.md).
+/// condition).
 pub const ORDER_TRIAGE: &str = include_str!("../../../../workflows/order-triage.yaml");
 
 /// The example services (all simulated).

@@ -144,7 +144,7 @@ pub(super) fn check_events(end: &Ending, report: &mut Report) {
 pub(super) fn failed_by_deadline(r: &StateRecord) -> bool {
     r.history
         .iter()
-        .any(|h| h.reason == "the task's deadline passed")
+        .any(|h| h.reason.starts_with("task_timeout"))
         || r.last_error
             .as_deref()
             .is_some_and(|e| e.starts_with("task_timeout"))
