@@ -188,7 +188,7 @@ mod tests {
     use super::*;
     use crate::domain::TaskId;
     use crate::memory::MemoryStore;
-    use crate::ports::{OffsetClock, Slots, SystemClock};
+    use crate::ports::{Slots, SystemClock};
     use std::sync::atomic::{AtomicU32, Ordering};
 
     /// A service that takes `latency` and counts the calls in it at once.
