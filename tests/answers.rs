@@ -24,7 +24,7 @@ fn with_payment(payment: &str) -> Vec<(String, String)> {
         "services:\n  - name: inventory\n    target: {{type: simulated}}\n  - name: payment\n    target: {payment}\n  - name: shipping\n    target: {{type: simulated}}\n"
     );
     let mut files = catalog::example_files();
-    files.retain(|(name, _)| name != "loan-application.yaml" && name != "services.yaml");
+    files.retain(|(name, _)| name == "ecommerce-order.yaml");
     files.insert(0, ("services.yaml".into(), services));
     files
 }

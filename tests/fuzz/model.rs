@@ -24,7 +24,11 @@ impl Model {
             let body = serde_json::to_value(&s).expect("a service serializes");
             catalog.insert((Kind::Service, s.name.clone()), vec![body]);
         }
-        for text in [examples::ECOMMERCE_ORDER, examples::LOAN_APPLICATION] {
+        for text in [
+            examples::ECOMMERCE_ORDER,
+            examples::LOAN_APPLICATION,
+            examples::ORDER_TRIAGE,
+        ] {
             let value = workflow::parse_value(text, workflow::Format::Yaml).expect("YAML");
             let doc = workflow::parse_workflow(value).expect("an example parses");
             let body = serde_json::to_value(&doc).expect("a workflow serializes");
