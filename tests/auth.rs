@@ -428,6 +428,75 @@ async fn jwt_mode_checks_tokens_and_keeps_callers_apart() {
     }
 }
 
+/// A schedule's tasks belong to `arn:sas:schedule:<name>`: a token whose subject (or client id)
+/// has that form, however well signed, is refused (401, saying the id is reserved) on every
+/// task route, so it can neither list nor read nor cancel the schedule's tasks, nor take a
+/// run's idempotency key first; nothing is written, and the schedule's task is untouched.
+#[tokio::test]
+async fn a_token_whose_subject_is_a_schedule_is_refused() {
+    let issuer = TestIssuer::generate(ISSUER).expect("issuer");
+    let jwt = LocalAuth::Jwt(Arc::new(JwtCheck::new(
+        ISSUER,
+        vec![AUDIENCE.into()],
+        issuer.jwks().clone(),
+    )));
+    let ops = LocalAuth::Iam(Arc::new(
+        SigV4Check::new(vec![user("operator")]).expect("users"),
+    ));
+    let (system, api) = serve(jwt, ops).await;
+    let order = order_input();
+    // The schedule `nightly`'s task, as its run starts it (the run's time its key).
+    let run_key = "2026-11-28T01:00:00Z";
+    let scheduled = sas::handlers::start::start(
+        &system.scheduler.ports,
+        sas::handlers::start::StartRequest {
+            caller: &sas::Caller::schedule("nightly").expect("caller"),
+            workflow: "ecommerce-order",
+            input: order.clone(),
+            key: Some(run_key.into()),
+            reply_queue_url: None,
+            start_at: None,
+            turn: None,
+        },
+    )
+    .await
+    .expect("the schedule's task")
+    .task_id;
+    let before = task_items(&system).await;
+    let state = system.store.get_state(scheduled).await.expect("read");
+    let now = Utc::now();
+    let hour = chrono::Duration::hours(1);
+    let by_sub = issuer
+        .token("arn:sas:schedule:nightly", AUDIENCE, &[], now, hour)
+        .expect("token");
+    let cred = Cred::Bearer(by_sub);
+    for (method, path, headers) in [
+        (Method::GET, "/tasks".to_owned(), vec![]),
+        (Method::GET, format!("/tasks/{scheduled}"), vec![]),
+        (Method::POST, format!("/tasks/{scheduled}/cancel"), vec![]),
+        (
+            Method::POST,
+            "/workflows/ecommerce-order/tasks".to_owned(),
+            vec![("idempotency-key", run_key)],
+        ),
+    ] {
+        let what = format!("{method} {path}");
+        let answer = api.call(&cred, method, &path, &headers, Some(&order)).await;
+        assert_unauthenticated(&answer, &what);
+        let message = answer.1["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("arn:sas:schedule:nightly") && message.contains("reserved"),
+            "{what}: the refusal says why: {message}"
+        );
+    }
+    assert_eq!(task_items(&system).await, before, "nothing written");
+    assert_eq!(
+        system.store.get_state(scheduled).await.expect("read"),
+        state,
+        "the schedule's task is untouched"
+    );
+}
+
 #[tokio::test]
 async fn none_mode_is_one_anonymous_caller() {
     let (system, api) = serve(LocalAuth::None, LocalAuth::None).await;

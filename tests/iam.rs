@@ -514,25 +514,72 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         "the supervisor delivered the owed notice: {r:?}"
     );
 
-    // A schedule: published (its timer created), run (twice: Scheduler delivers at least
-    // once), paused (its timer disabled), deleted (its timer removed).
+    // A schedule: published (its timer created), run (one run losing a race to another, which
+    // is then delivered again: Scheduler delivers at least once), paused (its timer disabled),
+    // deleted (its timer removed).
     let nightly = json!({"name": "iam-nightly", "workflow": "iam-probe",
         "expression": "cron(0 2 * * ? *)", "timezone": "Europe/Berlin"});
     let (status, body) =
         operator_api(&operator, Method::PUT, "/schedules/iam-nightly", &nightly).await;
     assert_eq!(status, 201, "{body}");
-    // The run's time is an hour before the test's clock, whatever the day: its second delivery
-    // finds the run's idempotency key taken and reads the key and the task back (the grant
-    // that only a repeated run uses; a fixed date reached that path only on some days).
-    let at = (f.clock.now() - chrono::Duration::hours(1))
-        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let run = json!({"type": "scheduled", "schedule": "iam-nightly", "at": at});
-    for _ in 0..2 {
-        send_raw(&sqs, &res.work_queue_url, run.to_string()).await;
-        ROLE.scope(SCHEDULER, scheduler.pump_scheduler())
-            .await
-            .expect("run");
-    }
+    // The runs' times are hours before the test's clock, whatever the day. The first run (two
+    // hours before) reads the schedule's current task (none), and as it writes its task, a
+    // second run (an hour before) starts its own first: the first loses the race, reads the
+    // current task again, and skips. The second run delivered again finds its idempotency key
+    // taken and reads the key and the task back. (A fixed date reached some of these paths
+    // only on some days; a race left to chance, on some runs.)
+    let at = |hours: i64| f.clock.now() - chrono::Duration::hours(hours);
+    let rival = sas::messages::ScheduledRun {
+        schedule: "iam-nightly".into(),
+        at: at(1),
+    };
+    let racing = {
+        let mut ports = aws_ports_from(
+            f.clients(None),
+            f.stack.resources.clone(),
+            settings.due_shards,
+            settings.retention,
+        );
+        let race = Arc::new(Rival {
+            ports: scheduler.scheduler.ports.clone(),
+            run: rival.clone(),
+            fired: std::sync::atomic::AtomicBool::new(false),
+        });
+        ports.store = Arc::new(sas_local::intercept::Intercepted::new(
+            ports.store,
+            race.clone(),
+        ));
+        (
+            System::from_ports(ports, settings.clone(), f.clock.clone() as Arc<dyn Clock>),
+            race,
+        )
+    };
+    let first = json!({"type": "scheduled", "schedule": "iam-nightly",
+        "at": at(2).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)});
+    send_raw(&sqs, &res.work_queue_url, first.to_string()).await;
+    ROLE.scope(SCHEDULER, racing.0.pump_scheduler())
+        .await
+        .expect("run");
+    assert!(
+        racing.1.fired.load(std::sync::atomic::Ordering::SeqCst),
+        "the rival run went first"
+    );
+    let current = ROLE
+        .scope("test", scheduler.store.current_run("iam-nightly"))
+        .await
+        .expect("read")
+        .expect("a current task");
+    assert_eq!(
+        current.run_at.timestamp(),
+        rival.at.timestamp(),
+        "the rival's task is current"
+    );
+    let again =
+        serde_json::to_string(&sas::messages::SchedulerMessage::Scheduled(rival)).expect("JSON");
+    send_raw(&sqs, &res.work_queue_url, again).await;
+    ROLE.scope(SCHEDULER, scheduler.pump_scheduler())
+        .await
+        .expect("run");
     let (status, body) = ROLE
         .scope(
             OPERATOR,
@@ -588,6 +635,34 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         );
     }
     check(&f, &f.recorder.calls());
+}
+
+/// Around the first task a schedule's run writes: another run of the schedule (`run`, on
+/// `ports`) starts its task first, so the write loses the race for the schedule's turn.
+struct Rival {
+    ports: sas::handlers::TaskPorts,
+    run: sas::messages::ScheduledRun,
+    fired: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl sas_local::intercept::Interceptor for Rival {
+    async fn around<'a, R: sas_local::intercept::Reply, E: sas_local::intercept::Failure>(
+        &'a self,
+        next: sas_local::intercept::Next<'a, R, E>,
+    ) -> Result<R, E> {
+        if let sas_local::intercept::Call::Create(new) = next.call()
+            && new.turn.is_some()
+            && !self.fired.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            let outcome = sas::handlers::start::run_schedule(&self.ports, &self.run).await;
+            assert!(
+                matches!(outcome, Ok(sas::handlers::start::RunOutcome::Started(_))),
+                "the rival run starts its task: {outcome:?}"
+            );
+        }
+        next.run(next.call()).await
+    }
 }
 
 /// A resource as the grants name it: a logical id, an index, or a pattern's name.

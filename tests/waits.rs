@@ -614,8 +614,12 @@ async fn schedules_start_tasks_at_their_times(system: &System, clock: &sas::port
     };
     // A second past `t` (the clock's offset is kept to the millisecond).
     let go_to = |t: DateTime<Utc>| clock.advance(t - clock.now() + chrono::Duration::seconds(1));
-    // Tomorrow at 01:00 UTC is 02:00 in Berlin (November): 30 s before it, no run yet.
-    let first = one_am(1);
+    // The next 01:00 UTC is 02:00 in Berlin (November): 30 s before it, no run yet. (Today's,
+    // if it is still ahead: tomorrow's would leave today's run between the start and it.)
+    let first = match one_am(0) {
+        today if today - chrono::Duration::seconds(30) > clock.now() => today,
+        _ => one_am(1),
+    };
     clock.advance(first - chrono::Duration::seconds(30) - clock.now());
     assert_eq!(system.run_schedules().await.expect("look"), vec![]);
     assert!(scheduled_tasks(system, "nightly").await.is_empty());
@@ -915,5 +919,160 @@ async fn a_long_wait_ends_on_the_dot_through_the_sweeps_look_ahead() {
     assert!(
         lag >= chrono::Duration::zero() && lag < chrono::Duration::seconds(2),
         "ended {lag} after its time"
+    );
+}
+
+/// Every read a schedule's run makes (the schedule's current task, a record, a caller's list)
+/// and its write take 50 ms: two runs handled at once both read before either writes.
+struct SlowReads;
+
+#[async_trait::async_trait]
+impl sas_local::intercept::Interceptor for SlowReads {
+    async fn around<'a, R: sas_local::intercept::Reply, E: sas_local::intercept::Failure>(
+        &'a self,
+        next: sas_local::intercept::Next<'a, R, E>,
+    ) -> Result<R, E> {
+        use sas_local::intercept::Call;
+        if matches!(
+            next.call(),
+            Call::CurrentRun { .. }
+                | Call::GetState { .. }
+                | Call::ListByCaller { .. }
+                | Call::Create(_)
+        ) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        next.run(next.call()).await
+    }
+}
+
+/// `overlap: skip` runs at most one task of a schedule at a time, whatever the timing: a
+/// previous task that moved on after the run's time is still running (the run delivered again
+/// is told apart by its key, not by times); a task in `Error` has not ended (an operator may
+/// retry it) until it is resolved; and of two runs handled at once, one starts a task and the
+/// other sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlap_skip_runs_one_task_at_a_time_whatever_the_timing() {
+    use sas::handlers::start::{RunOutcome, run_schedule};
+    use sas::messages::ScheduledRun;
+    use sas::ports::Clock;
+    let clock = std::sync::Arc::new(sas::ports::OffsetClock::default());
+    let mut settings = sas_local::Settings {
+        definitions: vec![],
+        ..sas_blackbox::manual_settings()
+    };
+    // A failure waits in Error for an operator.
+    settings.policy.auto_compensate = false;
+    let mut ports = sas_local::ports(Backend::Memory, &settings)
+        .await
+        .expect("ports");
+    ports.store = std::sync::Arc::new(sas_local::intercept::Intercepted::new(
+        ports.store,
+        std::sync::Arc::new(SlowReads),
+    ));
+    let system = System::from_ports(ports, settings, clock.clone());
+    let mut files = nightly_files();
+    files.push((
+        "broken.yaml".into(),
+        // Its step's input selects nothing: the step fails, the task waits in Error.
+        "name: close-broken\nsteps:\n  - {name: close, service: books, input: {x: $.input.missing}}\n".into(),
+    ));
+    let broken = json!({"name": "broken", "workflow": "close-broken",
+        "expression": "cron(0 2 * * ? *)", "timezone": "Europe/Berlin"});
+    files.push((
+        "schedules.json".into(),
+        serde_json::to_string(&json!({"schedules": [nightly(), broken]})).expect("JSON"),
+    ));
+    system.publish(&files).await.expect("publishes");
+    let ports = &system.scheduler.ports;
+    let run = |schedule: &str, at: DateTime<Utc>| ScheduledRun {
+        schedule: schedule.into(),
+        at,
+    };
+    let started = |o: &RunOutcome| match o {
+        RunOutcome::Started(s) => Some((s.task_id, s.replayed)),
+        RunOutcome::Skipped(_) => None,
+    };
+
+    // 1. The first night's task is claimed (it moves on) after the second night's time, whose
+    //    run comes late: skipped, the first still runs. The first night's run again: its task.
+    let t1 = clock.now();
+    let first = run_schedule(ports, &run("nightly", t1)).await.expect("run");
+    let (task1, replayed) = started(&first).expect("the first night starts its task");
+    assert!(!replayed);
+    clock.advance(chrono::Duration::minutes(2));
+    system.pump_scheduler().await.expect("poll");
+    let record = system
+        .store
+        .get_state(task1)
+        .await
+        .expect("read")
+        .expect("task");
+    assert!(
+        record.since > t1 + chrono::Duration::minutes(1),
+        "it moved on: {record:?}"
+    );
+    let late = run_schedule(ports, &run("nightly", t1 + chrono::Duration::minutes(1)))
+        .await
+        .expect("run");
+    assert!(
+        matches!(&late, RunOutcome::Skipped(why) if why.contains(&task1.to_string())),
+        "the first night's task has not ended: {late:?}"
+    );
+    let again = run_schedule(ports, &run("nightly", t1)).await.expect("run");
+    assert_eq!(
+        started(&again),
+        Some((task1, true)),
+        "the run delivered again"
+    );
+    assert_eq!(scheduled_tasks(&system, "nightly").await.len(), 1);
+
+    // 2. Two runs handled at once, the first task ended: one starts a task, the other skips.
+    sas_blackbox::pump_until_quiet(&system, 20).await;
+    let tasks = scheduled_tasks(&system, "nightly").await;
+    assert_eq!(tasks[0].1, "Processed", "{tasks:?}");
+    let (r3, r4) = (
+        run("nightly", t1 + chrono::Duration::minutes(3)),
+        run("nightly", t1 + chrono::Duration::minutes(4)),
+    );
+    let (a, b) = tokio::join!(run_schedule(ports, &r3), run_schedule(ports, &r4));
+    let outcomes = [a.expect("run"), b.expect("run")];
+    let new: Vec<_> = outcomes.iter().filter_map(started).collect();
+    assert_eq!(new.len(), 1, "one run starts a task: {outcomes:?}");
+    assert!(!new[0].1);
+    assert_eq!(scheduled_tasks(&system, "nightly").await.len(), 2);
+
+    // 3. A task in Error has not ended: the next run skips (and says why) until an operator
+    //    resolves it.
+    let failing = run_schedule(ports, &run("broken", t1)).await.expect("run");
+    let (failed, _) = started(&failing).expect("starts");
+    sas_blackbox::pump_until_quiet(&system, 20).await;
+    let record = system
+        .store
+        .get_state(failed)
+        .await
+        .expect("read")
+        .expect("task");
+    assert_eq!(record.process_state, sas::ProcessState::Error, "{record:?}");
+    let next = run_schedule(ports, &run("broken", t1 + chrono::Duration::minutes(1)))
+        .await
+        .expect("run");
+    assert!(
+        matches!(&next, RunOutcome::Skipped(why) if why.contains("Error") && why.contains("operator")),
+        "{next:?}"
+    );
+    let (status, body) = sas_blackbox::operator_post(
+        &system,
+        &format!("/tasks/{failed}/resolve"),
+        br#"{"reason": "closed by hand"}"#,
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let after = run_schedule(ports, &run("broken", t1 + chrono::Duration::minutes(2)))
+        .await
+        .expect("run");
+    assert!(
+        started(&after).is_some(),
+        "resolved, it has ended: {after:?}"
     );
 }

@@ -88,7 +88,9 @@ pub fn from_api_gateway(mode: AuthMode, ctx: &ApiGatewayV2httpRequestContext) ->
             // `sub` names the user (or, for a client-credentials token, the client);
             // `client_id` is Cognito's name for the client when `sub` is absent.
             match claims.and_then(|c| c.get("sub").or_else(|| c.get("client_id"))) {
-                Some(sub) => match Caller::new(sub.as_str()) {
+                // A subject of sas's own callers' form (a schedule's) is refused: it would own
+                // that schedule's tasks.
+                Some(sub) => match Caller::principal(sub.as_str()) {
                     Ok(c) => Identity::Caller(c),
                     Err(e) => Identity::Unauthenticated(format!("JWT subject: {e}")),
                 },
@@ -159,6 +161,24 @@ mod tests {
             from_api_gateway(AuthMode::None, &none),
             Identity::anonymous()
         );
+    }
+
+    /// A schedule's tasks belong to `arn:sas:schedule:<name>`: no token's subject (nor a
+    /// client id) may name that caller, whatever the issuer signed.
+    #[test]
+    fn a_subject_of_a_schedules_form_is_refused() {
+        for claims in [
+            serde_json::json!({"sub": "arn:sas:schedule:nightly"}),
+            serde_json::json!({"client_id": "arn:sas:schedule:nightly"}),
+        ] {
+            let ctx = context(serde_json::json!({"jwt": {"claims": claims, "scopes": null}}));
+            match from_api_gateway(AuthMode::Jwt, &ctx) {
+                Identity::Unauthenticated(why) => {
+                    assert!(why.contains("reserved"), "{why}")
+                }
+                other => panic!("a schedule's caller got through: {other:?}"),
+            }
+        }
     }
 
     #[test]

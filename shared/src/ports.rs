@@ -71,12 +71,15 @@ impl<'a> Guarded<'a> {
 }
 
 /// What [`TaskStore::create`] writes: a task, its first state record and, if the request had
-/// one, its idempotency key.
+/// one, its idempotency key; for a schedule's run, the schedule's new current task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NewTask<'a> {
     pub task: &'a Task,
     pub record: &'a StateRecord,
     pub key: Option<&'a IdempotencyRecord>,
+    /// A schedule's run: the task becomes the schedule's current task, if the current task is
+    /// still the one the run read.
+    pub turn: Option<Turn<'a>>,
 }
 
 impl<'a> NewTask<'a> {
@@ -86,8 +89,27 @@ impl<'a> NewTask<'a> {
             task,
             record,
             key: None,
+            turn: None,
         }
     }
+}
+
+/// A schedule's current task (item `CURRENT#<schedule>`): the task its newest run started,
+/// and that run's time (the run's idempotency key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CurrentRun {
+    pub task_id: TaskId,
+    pub run_at: DateTime<Utc>,
+}
+
+/// A schedule's run taking its turn ([`NewTask::turn`]): the new task becomes `schedule`'s
+/// current task (run at `run_at`) if the current task still is `after` (`None`: the schedule
+/// has none yet). Two runs that read the same current task cannot both start one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Turn<'a> {
+    pub schedule: &'a str,
+    pub run_at: DateTime<Utc>,
+    pub after: Option<TaskId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +117,9 @@ pub enum CreateOutcome {
     Created,
     /// The idempotency key is taken; nothing was written.
     KeyExists(IdempotencyRecord),
+    /// The schedule's current task is no longer the one [`Turn::after`] names (another run
+    /// started a task first); nothing was written. A taken key is answered first.
+    TurnTaken,
 }
 
 /// The state store: every item the state table holds, one small trait per kind of item
@@ -119,8 +144,12 @@ pub trait TaskStore: Send + Sync {
     /// Writes the task, its state record and (if given) the idempotency key in one atomic
     /// transaction; each must not exist yet. A stored key counts only until it expires
     /// ([`IdempotencyRecord::expired`] at the new key's `created_at`) and while its task
-    /// exists: then the new key replaces it, as if DynamoDB's TTL had deleted it.
+    /// exists: then the new key replaces it, as if DynamoDB's TTL had deleted it. With a
+    /// [`Turn`], the same transaction makes the task its schedule's current task, if the
+    /// current task is still [`Turn::after`] ([`CreateOutcome::TurnTaken`] otherwise).
     async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError>;
+    /// Strongly consistent read of schedule `schedule`'s current task, if it has one.
+    async fn current_run(&self, schedule: &str) -> Result<Option<CurrentRun>, StoreError>;
     /// Strongly consistent read of the task and its state record.
     async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError>;
     /// Strongly consistent read of the state record.

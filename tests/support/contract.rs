@@ -6,9 +6,9 @@ use sas::domain::state::to_millis;
 use sas::domain::transition::{self, StepOutcome};
 use sas::domain::workflow::examples;
 use sas::ports::{
-    Catalog, CreateOutcome, DefinitionRef, DueQuery, Entry, Guarded, IdempotencyRecord, InState,
-    Kind, LeaseClaim, NewTask, Paging, Publication, Published, Queue, RateRequest, ReceiveRequest,
-    StateStore, StoreError,
+    Catalog, CreateOutcome, CurrentRun, DefinitionRef, DueQuery, Entry, Guarded, IdempotencyRecord,
+    InState, Kind, LeaseClaim, NewTask, Paging, Publication, Published, Queue, RateRequest,
+    ReceiveRequest, StateStore, StoreError, Turn,
 };
 use sas::{Caller, Policies, Policy, ProcessState, StateRecord, Task, TaskId, Workflow};
 use serde_json::{Value, json};
@@ -186,6 +186,7 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     slots_have_at_most_their_limit_of_holders(store.clone()).await;
     ambiguous_writes_read_back(store.as_ref()).await;
     ties_in_the_state_index_page_once_each(store.as_ref()).await;
+    schedule_turns_have_one_winner(store.clone()).await;
     racing_claims_have_one_winner(store).await;
 }
 
@@ -1153,6 +1154,135 @@ async fn futures_times(store: &dyn StateStore, ids: &[TaskId]) -> Vec<chrono::Da
         out.extend(r.due_key);
     }
     out
+}
+
+/// A schedule's run makes its task the schedule's current task in the task's own transaction,
+/// if the current task is still the one the run read (none, at first): of runs that read the
+/// same current task, one starts a task and the others write nothing (`TurnTaken`); a taken
+/// idempotency key is answered first (the run delivered again), and a create retried after it
+/// was applied reads back as `Created`.
+async fn schedule_turns_have_one_winner(store: Arc<dyn StateStore>) {
+    let now = to_millis(Utc::now());
+    let schedule = format!("nightly-{}", uuid::Uuid::new_v4());
+    let at = |minutes: i64| now + Span::minutes(minutes);
+    let turn = |run_at, after| Turn {
+        schedule: &schedule,
+        run_at,
+        after,
+    };
+    assert_eq!(store.current_run(&schedule).await.expect("read"), None);
+    let (o1, o2) = (task(now), task(now));
+    let (r1, r2) = (
+        record(&o1, now, Span::seconds(60)),
+        record(&o2, now, Span::seconds(60)),
+    );
+    let key = |o: &Task, name: &str| IdempotencyRecord {
+        key: format!("{schedule}#{name}"),
+        request_hash: "h".into(),
+        task_id: o.id,
+        created_at: now,
+    };
+    let k1 = key(&o1, "t1");
+    let first = NewTask {
+        key: Some(&k1),
+        turn: Some(turn(at(1), None)),
+        ..NewTask::new(&o1, &r1)
+    };
+    assert_eq!(
+        store.create(first).await.expect("create"),
+        CreateOutcome::Created
+    );
+    assert_eq!(
+        store.create(first).await.expect("its retry"),
+        CreateOutcome::Created,
+        "a retried create that was applied is a success"
+    );
+    assert_eq!(
+        store.current_run(&schedule).await.expect("read"),
+        Some(CurrentRun {
+            task_id: o1.id,
+            run_at: at(1)
+        })
+    );
+    // Another run that also read "no current task": it lost, and wrote nothing.
+    let k2 = key(&o2, "t2");
+    let stale = NewTask {
+        key: Some(&k2),
+        turn: Some(turn(at(2), None)),
+        ..NewTask::new(&o2, &r2)
+    };
+    assert_eq!(
+        store.create(stale).await.expect("create"),
+        CreateOutcome::TurnTaken
+    );
+    assert_eq!(
+        store.get(o2.id).await.expect("read"),
+        None,
+        "nothing written"
+    );
+    // The first run delivered again (its key taken) with a turn read long ago: its key answers.
+    let again = NewTask {
+        key: Some(&key(&o2, "t1")),
+        turn: Some(turn(at(1), None)),
+        ..NewTask::new(&o2, &r2)
+    };
+    assert_eq!(
+        store.create(again).await.expect("create"),
+        CreateOutcome::KeyExists(k1.clone())
+    );
+    // Eight runs that read the first task as current, at once: one starts its task.
+    let mut racing = Vec::new();
+    for i in 0..8 {
+        let (store, schedule) = (store.clone(), schedule.clone());
+        racing.push(tokio::spawn(async move {
+            let now = to_millis(Utc::now());
+            let o = task(now);
+            let r = record(&o, now, Span::seconds(60));
+            let new = NewTask {
+                turn: Some(Turn {
+                    schedule: &schedule,
+                    run_at: now + Span::minutes(10 + i),
+                    after: Some(o1.id),
+                }),
+                ..NewTask::new(&o, &r)
+            };
+            match store.create(new).await.expect("create") {
+                CreateOutcome::Created => Some(o.id),
+                CreateOutcome::TurnTaken => {
+                    assert_eq!(
+                        store.get(o.id).await.expect("read"),
+                        None,
+                        "nothing written"
+                    );
+                    None
+                }
+                other => panic!("{other:?}"),
+            }
+        }));
+    }
+    let mut winners = vec![];
+    for t in racing {
+        winners.extend(t.await.expect("task"));
+    }
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one of 8 racing runs starts a task"
+    );
+    let current = store
+        .current_run(&schedule)
+        .await
+        .expect("read")
+        .expect("one");
+    assert_eq!(current.task_id, winners[0]);
+    // Another schedule's turn is its own.
+    assert_eq!(
+        store
+            .current_run(&format!("{schedule}-other"))
+            .await
+            .expect("read"),
+        None
+    );
 }
 
 async fn racing_claims_have_one_winner(store: Arc<dyn StateStore>) {

@@ -198,7 +198,9 @@ impl Counter {
 
     /// A create: one transaction of the task, its state record and its key.
     fn create(&self, new: NewTask<'_>) {
-        let NewTask { task, record, key } = new;
+        let NewTask {
+            task, record, key, ..
+        } = new;
         let (o, r) = stored_sizes(task, record, self.shards);
         let (due, state) = index_entry_sizes(record, self.shards);
         let key_units = if key.is_some() { 1.0 } else { 0.0 };
@@ -320,6 +322,13 @@ impl Interceptor for Counter {
                 m.add(|c| c.rru += units(size, 4096));
                 m.key(format!("TASK#<id>: {id}"), 0.0, units(size, 4096));
                 Ok(out)
+            }
+            Call::CurrentRun { schedule } => {
+                m.call("DynamoDB GetItem");
+                m.io().await;
+                m.add(|c| c.rru += 1.0);
+                m.key(format!("CURRENT#: {schedule}"), 0.0, 1.0);
+                next.run(call).await
             }
             Call::GetState { id } => {
                 m.call("DynamoDB GetItem");

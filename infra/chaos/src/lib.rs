@@ -4,10 +4,15 @@
 //! alerts that do not match failures). `sas-chaos` is the command; `tests/chaos.rs` runs a
 //! smaller seeded run on the AWS adapters against the emulator.
 
+pub mod cases;
 pub mod failpoints;
 pub mod harness;
 pub mod operator;
 
+pub use cases::{
+    GroupDeadlines, GroupDeadlinesReport, OverlappingRuns, OverlappingRunsReport,
+    deadlines_at_groups, overlapping_runs,
+};
 pub use failpoints::{Chaos, Plan, Recorder, wrap};
 pub use harness::{
     Config, ForEachCases, ForEachReport, ORDER_TRIAGE, REQUIRED_POINTS, Report, ServiceCounts,

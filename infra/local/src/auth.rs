@@ -404,7 +404,8 @@ impl JwtCheck {
             .sub
             .or(claims.client_id)
             .ok_or("the token names no subject")?;
-        Caller::new(sub).map_err(|e| e.to_string())
+        // As the deployed API: a subject of sas's own callers' form (a schedule's) is refused.
+        Caller::principal(sub).map_err(|e| format!("JWT subject: {e}"))
     }
 }
 

@@ -15,10 +15,11 @@ use async_trait::async_trait;
 use sas::domain::rate::Admission;
 use sas::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use sas::ports::{
-    Breakers, Catalog, Count, CreateOutcome, DefinitionRef, DueEntry, DueIndex, DueQuery, Entry,
-    EventBus, Guarded, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging, Publication,
-    PublishError, Published, Queue, QueueError, RateLimits, RateRequest, ReceiveRequest,
-    ReceivedMessage, SlotAnswer, SlotRequest, Slots, StoreError, Stored, TaskLists, TaskStore,
+    Breakers, Catalog, Count, CreateOutcome, CurrentRun, DefinitionRef, DueEntry, DueIndex,
+    DueQuery, Entry, EventBus, Guarded, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging,
+    Publication, PublishError, Published, Queue, QueueError, RateLimits, RateRequest,
+    ReceiveRequest, ReceivedMessage, SlotAnswer, SlotRequest, Slots, StoreError, Stored, TaskLists,
+    TaskStore,
 };
 use serde_json::Value;
 use std::any::Any;
@@ -48,6 +49,9 @@ pub enum Call<'a> {
     },
     ExpireTask {
         record: &'a StateRecord,
+    },
+    CurrentRun {
+        schedule: &'a str,
     },
     // TaskLists
     List {
@@ -123,6 +127,7 @@ impl Call<'_> {
             Self::PutAs { .. } => "put_as",
             Self::PutWithInput { .. } => "put_with_input",
             Self::ExpireTask { .. } => "expire_task",
+            Self::CurrentRun { .. } => "current_run",
             Self::List { .. } => "list",
             Self::Count { .. } => "count",
             Self::ListByCaller { .. } => "list_by_caller",
@@ -318,6 +323,9 @@ impl<T: TaskStore + ?Sized, H: Interceptor> TaskStore for Intercepted<T, H> {
     }
     async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
         forward!(self, ExpireTask { record } => expire_task)
+    }
+    async fn current_run(&self, schedule: &str) -> Result<Option<CurrentRun>, StoreError> {
+        forward!(self, CurrentRun { schedule } => current_run)
     }
 }
 

@@ -8,6 +8,7 @@
 //! | `tasks`           | `id`                     | `TASK#<id>` `TASK`   |
 //! | `states`          | `id`                     | `TASK#<id>` `STATE`  |
 //! | `idempotency_keys`| `key`                    | `IDEM#...` `IDEM`    |
+//! | `schedule_runs`   | `schedule`               | `CURRENT#<schedule>` |
 //! | `leases`          | `name`                   | `LEASE#<name>`       |
 //! | `breakers`        | `name`                   | `BREAKER#<name>`     |
 //! | `rate_limits`     | `key`                    | `RATE#<key>`         |
@@ -35,10 +36,10 @@ use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, 
 use sas::domain::rate::{Admission, Decision as RateDecision};
 use sas::domain::{BreakerRecord, BreakerState, Caller, Condition, StateRecord, Task, TaskId};
 use sas::ports::{
-    Breakers, Catalog, Count, CreateOutcome, Cursor, DefinitionRef, DueEntry, DueIndex, DueQuery,
-    Entry, Guarded, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging,
-    Publication, Published, RateLimits, RateRequest, SlotAnswer, SlotRequest, Slots, StoreError,
-    Stored, Summary, TaskLists, TaskStore, canonical,
+    Breakers, Catalog, Count, CreateOutcome, CurrentRun, Cursor, DefinitionRef, DueEntry, DueIndex,
+    DueQuery, Entry, Guarded, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, NewTask, Page,
+    Paging, Publication, Published, RateLimits, RateRequest, SlotAnswer, SlotRequest, Slots,
+    StoreError, Stored, Summary, TaskLists, TaskStore, canonical,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -77,6 +78,11 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     request_hash TEXT NOT NULL,
     task_id TEXT NOT NULL,
     created_ns INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS schedule_runs (
+    schedule TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    run_ns INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
@@ -421,6 +427,24 @@ fn read_task(tx: &Transaction<'_>, id: &str) -> Result<Option<Task>, StoreError>
     .transpose()
 }
 
+/// Schedule `schedule`'s current task, if it has one.
+fn read_run(tx: &Transaction<'_>, schedule: &str) -> Result<Option<CurrentRun>, StoreError> {
+    tx.query_row(
+        "SELECT task_id, run_ns FROM schedule_runs WHERE schedule = ?1",
+        params![schedule],
+        |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+    )
+    .optional()
+    .map_err(db)?
+    .map(|(id, run)| {
+        Ok(CurrentRun {
+            task_id: parse_id("schedule run", &id)?,
+            run_at: from_ns(run),
+        })
+    })
+    .transpose()
+}
+
 fn write_task(tx: &Transaction<'_>, task: &Task) -> Result<(), StoreError> {
     tx.execute(
         "INSERT INTO tasks (id, caller, created_ms, body) VALUES (?1, ?2, ?3, ?4)
@@ -469,6 +493,7 @@ impl TaskStore for SqliteStore {
         let task = new.task.clone();
         let record = new.record.clone();
         let key = new.key.cloned();
+        let turn = new.turn.map(|t| (t.schedule.to_owned(), t.run_at, t.after));
         let row = StateRow::of(&record, self.shards)?;
         self.write(move |tx| {
             let id = task.id.to_string();
@@ -505,6 +530,13 @@ impl TaskStore for SqliteStore {
                     }
                 }
             }
+            // As the DynamoDB store: the schedule's current task is still the one the run
+            // read (keeps "a schedule's current task is replaced only by a run that read it").
+            if let Some((schedule, _, after)) = &turn
+                && read_run(tx, schedule)?.map(|c| c.task_id) != *after
+            {
+                return Ok(CreateOutcome::TurnTaken);
+            }
             // The task and its record must not exist yet: a task id names one task.
             if stored_task.is_some() || stored_state.is_some() {
                 return Err(StoreError::ConditionFailed);
@@ -518,9 +550,22 @@ impl TaskStore for SqliteStore {
                 )
                 .map_err(db)?;
             }
+            if let Some((schedule, run_at, _)) = &turn {
+                tx.execute(
+                    "INSERT INTO schedule_runs (schedule, task_id, run_ns) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (schedule) DO UPDATE SET task_id = excluded.task_id, run_ns = excluded.run_ns",
+                    params![schedule, id, ns(*run_at)?],
+                )
+                .map_err(db)?;
+            }
             Ok(CreateOutcome::Created)
         })
         .await
+    }
+
+    async fn current_run(&self, schedule: &str) -> Result<Option<CurrentRun>, StoreError> {
+        let schedule = schedule.to_owned();
+        self.read(move |tx| read_run(tx, &schedule)).await
     }
 
     async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {

@@ -85,6 +85,7 @@ pub(super) async fn submit(
         key,
         reply_queue_url,
         start_at,
+        turn: None,
     };
     let started = match start(&deps.ports, request).await {
         Ok(started) => started,
@@ -103,6 +104,8 @@ pub(super) async fn submit(
             ));
         }
         Err(StartError::Inconsistent) => return Err(ApiError::Internal("inconsistent store")),
+        // Only a schedule's run takes a turn.
+        Err(StartError::TurnTaken) => return Err(ApiError::Internal("a submission took a turn")),
         Err(StartError::Catalog(e)) => return Err(e.into()),
     };
     let mut r = respond(

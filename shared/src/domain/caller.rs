@@ -21,6 +21,19 @@ pub struct Caller(String);
 #[error("caller id must be 1 to {MAX_CALLER_LEN} visible characters")]
 pub struct InvalidCaller;
 
+/// Why an authenticated principal cannot be a caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrincipalError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidCaller),
+    /// The id is one of sas's own callers' ([`Caller::RESERVED_PREFIX`]).
+    #[error(
+        "{0:?} is reserved: ids starting {prefix:?} are sas's own callers (a schedule's tasks belong to arn:sas:schedule:<name>)",
+        prefix = Caller::RESERVED_PREFIX
+    )]
+    Reserved(String),
+}
+
 impl Caller {
     /// The one caller of an API without authentication, and the owner of tasks stored before
     /// callers were recorded.
@@ -38,12 +51,37 @@ impl Caller {
         Self(Self::ANONYMOUS.to_owned())
     }
 
+    /// The prefix of sas's own callers' ids (`arn:sas:schedule:<name>`: a schedule's tasks),
+    /// which no authenticated principal may have: a JWT subject of that form would own, list
+    /// and cancel a schedule's tasks, and take its runs' idempotency keys first.
+    pub const RESERVED_PREFIX: &'static str = "arn:sas:";
+
+    /// The caller schedule `name`'s runs start their tasks as.
+    pub fn schedule(name: &str) -> Result<Self, InvalidCaller> {
+        Self::new(format!("{}schedule:{name}", Self::RESERVED_PREFIX))
+    }
+
+    /// The caller an authenticated principal (a JWT's subject, an IAM principal) names: as
+    /// [`Caller::new`], and never one of sas's own ([`Caller::RESERVED_PREFIX`]).
+    pub fn principal(id: impl Into<String>) -> Result<Self, PrincipalError> {
+        let caller = Self::new(id)?;
+        if caller.is_reserved() {
+            return Err(PrincipalError::Reserved(caller.0));
+        }
+        Ok(caller)
+    }
+
+    /// One of sas's own callers ([`Caller::RESERVED_PREFIX`]).
+    pub fn is_reserved(&self) -> bool {
+        self.0.starts_with(Self::RESERVED_PREFIX)
+    }
+
     /// The caller an IAM principal ARN names. An assumed-role session
     /// (`arn:aws:sts::<account>:assumed-role/<role>/<session>`) is its role
     /// (`arn:aws:sts::<account>:assumed-role/<role>`): a service's Lambda functions or
     /// containers get a new session name on every start, and must still own the tasks they
     /// started.
-    pub fn from_iam_arn(arn: &str) -> Result<Self, InvalidCaller> {
+    pub fn from_iam_arn(arn: &str) -> Result<Self, PrincipalError> {
         let owner = match arn.split_once(":assumed-role/") {
             Some((head, rest)) => match rest.split_once('/') {
                 Some((role, _session)) => format!("{head}:assumed-role/{role}"),
@@ -51,7 +89,7 @@ impl Caller {
             },
             None => arn.to_owned(),
         };
-        Self::new(owner)
+        Self::principal(owner)
     }
 
     pub fn as_str(&self) -> &str {
@@ -96,6 +134,30 @@ mod tests {
         let user = Caller::from_iam_arn("arn:aws:iam::123456789012:user/alice").expect("valid");
         assert_eq!(user.as_str(), "arn:aws:iam::123456789012:user/alice");
         assert_ne!(a, user);
+    }
+
+    #[test]
+    fn no_principal_is_one_of_sas_own_callers() {
+        let nightly = Caller::schedule("nightly").expect("valid");
+        assert_eq!(nightly.as_str(), "arn:sas:schedule:nightly");
+        assert!(nightly.is_reserved());
+        for id in ["arn:sas:schedule:nightly", "arn:sas:anything"] {
+            assert_eq!(
+                Caller::principal(id),
+                Err(PrincipalError::Reserved(id.to_owned()))
+            );
+            assert!(matches!(
+                Caller::from_iam_arn(id),
+                Err(PrincipalError::Reserved(_))
+            ));
+        }
+        for id in ["alice", "ARN:SAS:schedule:nightly", "x-arn:sas:schedule:n"] {
+            assert!(Caller::principal(id).is_ok(), "{id}");
+        }
+        assert_eq!(
+            Caller::principal(""),
+            Err(PrincipalError::Invalid(InvalidCaller))
+        );
     }
 
     #[test]

@@ -1052,6 +1052,14 @@ impl StateRecord {
         if f.start >= f.end || f.end > steps.len() || self.step_index != cursor {
             return Err("a parallel group's span, or the cursor not on it".into());
         }
+        // The step that failed did not finish: an operator's skip gives it its result, a retry
+        // runs it (never a step that is done: its result is what its undo reads).
+        if self.process_state == P::Error && steps[cursor].status.is_passed() {
+            return Err(format!(
+                "a group stopped in Error at step {cursor}, which is {}",
+                steps[cursor].status
+            ));
+        }
         if steps.iter().any(|s| s.undo.is_some()) {
             return Err("a parallel group running with an undo started".into());
         }

@@ -4,7 +4,9 @@
 //!
 //! A schedule's run ([`run_schedule`]) starts a task as the caller `arn:sas:schedule:{name}`
 //! with the run's time as its idempotency key: EventBridge Scheduler delivers at least once, and
-//! a run delivered twice starts one task.
+//! a run delivered twice starts one task. The task becomes the schedule's current task in the
+//! same transaction, on condition that the current task is still the one the run read (and,
+//! under `overlap: skip`, found ended): two runs at once cannot both start one.
 
 use super::{HandlerError, TaskPorts, progress_status, publish_status};
 use crate::catalog::CatalogError;
@@ -13,8 +15,8 @@ use crate::domain::transition::Effect;
 use crate::domain::workflow::InputError;
 use crate::domain::{Caller, NoticeKind, ProcessState, StateRecord, Task, TaskId, Workflow};
 use crate::messages::{ScheduledRun, SchedulerMessage, WorkMessage};
-use crate::ports::{CreateOutcome, IdempotencyRecord, NewTask, Paging, canonical};
-use chrono::{DateTime, Utc};
+use crate::ports::{CreateOutcome, IdempotencyRecord, NewTask, Turn, canonical};
+use chrono::{DateTime, Timelike, Utc};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -32,6 +34,9 @@ pub struct StartRequest<'a> {
     pub reply_queue_url: Option<String>,
     /// A delayed start (in the future).
     pub start_at: Option<DateTime<Utc>>,
+    /// A schedule's run: the task becomes the schedule's current task, if the current task is
+    /// still the one the run read.
+    pub turn: Option<Turn<'a>>,
 }
 
 /// A task started, or the one an idempotency key started before.
@@ -62,6 +67,9 @@ pub enum StartError {
     Store(crate::ports::StoreError),
     #[error("the idempotency key points to a missing task")]
     Inconsistent,
+    /// Another run of the schedule started a task since this one read the current task.
+    #[error("another run of the schedule started a task first")]
+    TurnTaken,
     #[error(transparent)]
     Catalog(#[from] CatalogError),
 }
@@ -110,6 +118,7 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
         task: &task,
         record: &record,
         key: key.as_ref(),
+        turn: request.turn,
     };
     match ports.store.create(new).await {
         Ok(CreateOutcome::Created) => {
@@ -138,6 +147,7 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
                 replayed: true,
             });
         }
+        Ok(CreateOutcome::TurnTaken) => return Err(StartError::TurnTaken),
         Err(e) => {
             error!(error = %e, "could not store the task");
             return Err(StartError::Store(e));
@@ -192,8 +202,7 @@ fn request_hash(task: &Task, start_at: Option<DateTime<Utc>>) -> String {
 
 /// The caller a schedule's tasks belong to.
 pub fn schedule_caller(name: &str) -> Result<Caller, HandlerError> {
-    Caller::new(format!("arn:sas:schedule:{name}"))
-        .map_err(|e| HandlerError::Poison(format!("schedule {name:?}: {e}")))
+    Caller::schedule(name).map_err(|e| HandlerError::Poison(format!("schedule {name:?}: {e}")))
 }
 
 /// What a schedule's run did.
@@ -208,7 +217,9 @@ pub enum RunOutcome {
 
 /// One run of a schedule, at `run.at`: starts a task of its workflow with its input, unless the
 /// schedule is paused or deleted (the catalog decides, whatever the timer that sent the run
-/// thinks), or its overlap policy is `skip` and its previous task has not ended.
+/// thinks), or its overlap policy is `skip` and the schedule's current task has not ended
+/// (reached `Processed`, `Compensated`, `Refused` or `Resolved`; `Error` and
+/// `CompensationFailed` wait for an operator and have not).
 pub async fn run_schedule(
     ports: &TaskPorts,
     run: &ScheduledRun,
@@ -229,57 +240,79 @@ pub async fn run_schedule(
         return Ok(skipped(ports, run, "the schedule is paused"));
     }
     let caller = schedule_caller(&run.schedule)?;
-    if schedule.def.overlap == Overlap::Skip {
-        let newest = ports
-            .store
-            .list_by_caller(
-                &caller,
-                Paging {
-                    limit: 1,
-                    after: None,
-                },
-            )
-            .await?;
-        if let Some(previous) = newest.items.first()
-            && !previous.process_state.is_terminal()
-            // The task this very run started (delivered again) is no overlap.
-            && previous.since < run.at
+    let skip = schedule.def.overlap == Overlap::Skip;
+    // The run's time to the second: its idempotency key, and what the current task is told
+    // apart by (Scheduler's runs are on whole seconds; two deliveries of one run are one).
+    let at = run.at.with_nanosecond(0).unwrap_or(run.at);
+    let key = at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    // Each lost race means another run started a task since this one read: read again (the
+    // next read sees that task). Past a few, the message is redelivered.
+    for _ in 0..RUN_RACES {
+        let current = ports.store.current_run(&run.schedule).await?;
+        if skip
+            && let Some(c) = current
+            // The task this very run started (delivered again): its key answers it below.
+            && c.run_at != at
+            && let Some(previous) = ports.store.get_state(c.task_id).await?
+            // `Error` and `CompensationFailed` wait for an operator, who may retry them: not
+            // ended. (A task gone at its retention had ended.)
+            && !previous.process_state.is_final()
         {
             return Ok(skipped(
                 ports,
                 run,
-                &format!("its previous task {} has not ended", previous.task_id),
+                &format!(
+                    "its previous task {} has not ended ({}; a task in Error or CompensationFailed ends only when an operator retries it to its end, compensates or resolves it)",
+                    c.task_id, previous.process_state
+                ),
             ));
         }
+        let request = StartRequest {
+            caller: &caller,
+            workflow: &schedule.def.workflow,
+            input: schedule.def.input.clone(),
+            key: Some(key.clone()),
+            reply_queue_url: None,
+            start_at: None,
+            turn: Some(Turn {
+                schedule: &run.schedule,
+                run_at: at,
+                after: current.map(|c| c.task_id),
+            }),
+        };
+        return match start(ports, request).await {
+            Ok(started) => {
+                info!(schedule = %run.schedule, at = %run.at, task_id = %started.task_id, replayed = started.replayed, "a schedule's run started its task");
+                ports.metrics.count(
+                    "ScheduledRuns",
+                    &[("Schedule", run.schedule.as_str()), ("Outcome", "started")],
+                );
+                Ok(RunOutcome::Started(started))
+            }
+            Err(StartError::TurnTaken) => {
+                info!(schedule = %run.schedule, at = %run.at, "another run started a task first: reading again");
+                continue;
+            }
+            Err(StartError::Store(e)) => Err(e.into()),
+            Err(StartError::Catalog(CatalogError::Store(e))) => Err(e.into()),
+            // The schedule changed between the run's first delivery and this one: that run's
+            // task was started with the input of then.
+            Err(StartError::KeyReused) => {
+                Ok(skipped(ports, run, "this run started its task before"))
+            }
+            Err(e) => {
+                error!(schedule = %run.schedule, error = %e, "a schedule's run cannot start its task");
+                Ok(skipped(ports, run, &e.to_string()))
+            }
+        };
     }
-    let request = StartRequest {
-        caller: &caller,
-        workflow: &schedule.def.workflow,
-        input: schedule.def.input.clone(),
-        key: Some(run.at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
-        reply_queue_url: None,
-        start_at: None,
-    };
-    match start(ports, request).await {
-        Ok(started) => {
-            info!(schedule = %run.schedule, at = %run.at, task_id = %started.task_id, replayed = started.replayed, "a schedule's run started its task");
-            ports.metrics.count(
-                "ScheduledRuns",
-                &[("Schedule", run.schedule.as_str()), ("Outcome", "started")],
-            );
-            Ok(RunOutcome::Started(started))
-        }
-        Err(StartError::Store(e)) => Err(e.into()),
-        Err(StartError::Catalog(CatalogError::Store(e))) => Err(e.into()),
-        // The schedule changed between the run's first delivery and this one: that run's task
-        // was started with the input of then.
-        Err(StartError::KeyReused) => Ok(skipped(ports, run, "this run started its task before")),
-        Err(e) => {
-            error!(schedule = %run.schedule, error = %e, "a schedule's run cannot start its task");
-            Ok(skipped(ports, run, &e.to_string()))
-        }
-    }
+    warn!(schedule = %run.schedule, at = %run.at, "lost every race for the schedule's turn: redelivered");
+    Err(crate::ports::StoreError::ConditionFailed.into())
 }
+
+/// How many times a run reads the schedule's current task again after another run started one
+/// first, before it leaves its message for redelivery.
+const RUN_RACES: usize = 4;
 
 fn skipped(ports: &TaskPorts, run: &ScheduledRun, why: &str) -> RunOutcome {
     warn!(schedule = %run.schedule, at = %run.at, why, "a schedule's run started nothing");

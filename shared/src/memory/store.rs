@@ -1,10 +1,10 @@
 use crate::domain::rate::Admission;
 use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use crate::ports::{
-    Breakers, Catalog, Count, CreateOutcome, Cursor, DefinitionRef, DueEntry, DueIndex, DueQuery,
-    Entry, Guarded, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging,
-    Publication, Published, RateLimits, RateRequest, SlotAnswer, SlotRequest, Slots, StoreError,
-    Stored, Summary, TaskLists, TaskStore, canonical,
+    Breakers, Catalog, Count, CreateOutcome, CurrentRun, Cursor, DefinitionRef, DueEntry, DueIndex,
+    DueQuery, Entry, Guarded, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, NewTask, Page,
+    Paging, Publication, Published, RateLimits, RateRequest, SlotAnswer, SlotRequest, Slots,
+    StoreError, Stored, Summary, TaskLists, TaskStore, canonical,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -33,6 +33,8 @@ struct Inner {
     /// The request that wrote each record last (see [`TaskStore::put_as`]).
     writes: HashMap<TaskId, u64>,
     keys: HashMap<String, IdempotencyRecord>,
+    /// Schedule name → its current task.
+    runs: HashMap<String, CurrentRun>,
     /// Lease name → (owner, held until).
     leases: HashMap<String, (String, DateTime<Utc>)>,
     breakers: HashMap<String, BreakerRecord>,
@@ -132,7 +134,12 @@ impl MemoryStore {
 #[async_trait]
 impl TaskStore for MemoryStore {
     async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError> {
-        let NewTask { task, record, key } = new;
+        let NewTask {
+            task,
+            record,
+            key,
+            turn,
+        } = new;
         let mut inner = self.lock()?;
         // The read-back of an ambiguous create (a retry of one that was applied): the task
         // and its record already are these, so this request created them.
@@ -149,6 +156,12 @@ impl TaskStore for MemoryStore {
         {
             return Ok(CreateOutcome::KeyExists(existing.clone()));
         }
+        // As the DynamoDB store: the schedule's current task is still the one the run read.
+        if let Some(t) = turn
+            && inner.runs.get(t.schedule).map(|c| c.task_id) != t.after
+        {
+            return Ok(CreateOutcome::TurnTaken);
+        }
         if inner.tasks.contains_key(&task.id) || inner.states.contains_key(&record.task_id) {
             return Err(StoreError::ConditionFailed);
         }
@@ -157,7 +170,19 @@ impl TaskStore for MemoryStore {
         if let Some(k) = key {
             inner.keys.insert(k.key.clone(), k.clone());
         }
+        if let Some(t) = turn {
+            inner.runs.insert(
+                t.schedule.to_owned(),
+                CurrentRun {
+                    task_id: task.id,
+                    run_at: t.run_at,
+                },
+            );
+        }
         Ok(CreateOutcome::Created)
+    }
+    async fn current_run(&self, schedule: &str) -> Result<Option<CurrentRun>, StoreError> {
+        Ok(self.lock()?.runs.get(schedule).copied())
     }
     async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
         let inner = self.lock()?;

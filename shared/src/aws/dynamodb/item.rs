@@ -13,6 +13,11 @@ pub(super) fn task_pk(id: &TaskId) -> String {
     format!("TASK#{id}")
 }
 
+/// The key of schedule `name`'s current task (see [`crate::ports::CurrentRun`]).
+pub(super) fn current_pk(name: &str) -> String {
+    format!("CURRENT#{name}")
+}
+
 pub(super) fn s(v: impl Into<String>) -> AttributeValue {
     AttributeValue::S(v.into())
 }

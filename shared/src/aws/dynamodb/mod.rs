@@ -5,6 +5,7 @@
 //! | task            | `TASK#<id>`        | `TASK`        | submission (transaction)          |
 //! | state record    | `TASK#<id>`        | `STATE`       | submission, scheduler, supervisor |
 //! | idempotency key | `IDEM#<caller>#<key>` | `IDEM`     | submission (transaction)          |
+//! | schedule's task | `CURRENT#<schedule>` | `CURRENT`   | scheduler (a run's transaction)   |
 //! | lease           | `LEASE#<name>`     | `LEASE`       | supervisor                        |
 //! | breaker         | `BREAKER#<name>`   | `BREAKER`     | agents                            |
 //! | rate limit      | `RATE#<key>`       | `RATE`        | submission (a caller), agents (a service) |

@@ -6,7 +6,9 @@ use super::store::*;
 use crate::domain::Task;
 use crate::domain::{StateRecord, TaskId};
 use crate::ports::StoreError;
-use crate::ports::{CreateOutcome, Guarded, IdempotencyRecord, NewTask, TaskStore};
+use crate::ports::{
+    CreateOutcome, CurrentRun, Guarded, IdempotencyRecord, NewTask, TaskStore, Turn,
+};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
@@ -48,6 +50,30 @@ impl DynamoStore {
         Ok(TransactWriteItem::builder().put(put).build())
     }
 
+    /// The `Put` of schedule `turn.schedule`'s current task: `task_id`, started by the run at
+    /// `turn.run_at`.
+    fn turn_put(&self, turn: &Turn<'_>, task_id: TaskId) -> Result<TransactWriteItem, StoreError> {
+        let put = Put::builder()
+            .table_name(&self.table)
+            .item("pk", s(current_pk(turn.schedule)))
+            .item("sk", s("CURRENT"))
+            .item("TaskId", s(task_id.to_string()))
+            .item("RunAt", ms(turn.run_at));
+        // Condition: the current task is still the one the run read (or there is none yet) -
+        // keeps "a schedule's current task is replaced only by a run that read it": of two
+        // runs that read the same current task, one starts a task and the other reads again
+        // (under `overlap: skip`, at most one task of a schedule runs at a time).
+        let put = match turn.after {
+            None => put.condition_expression("attribute_not_exists(pk)"),
+            Some(after) => put
+                .condition_expression("TaskId = :after")
+                .expression_attribute_values(":after", s(after.to_string())),
+        };
+        Ok(TransactWriteItem::builder()
+            .put(put.build().map_err(build_err)?)
+            .build())
+    }
+
     async fn read_key(&self, key: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
         let Some(item) = self.read_item(format!("IDEM#{key}"), "IDEM").await? else {
             return Ok(None);
@@ -83,17 +109,27 @@ macro_rules! guarded_put {
 #[async_trait]
 impl TaskStore for DynamoStore {
     async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError> {
-        let NewTask { task, record, key } = new;
+        let NewTask {
+            task,
+            record,
+            key,
+            turn,
+        } = new;
         // One transaction, the task and its record `attribute_not_exists(pk)`, the key absent
         // or expired: keeps "a task exists iff its state record exists" and "an idempotency
-        // key names exactly one task until it expires" (its expiry comes before its task's).
-        let mut writes = Vec::with_capacity(3);
+        // key names exactly one task until it expires" (its expiry comes before its task's);
+        // for a schedule's run, its current task too (see `turn_put`).
+        let mut writes = Vec::with_capacity(4);
         if let Some(k) = key {
             writes.push(self.key_put(k)?);
         }
         writes.push(self.create_put(task_item(task, self.caller_shards))?);
         let state = state_item(record, self.shards);
         writes.push(self.create_put(state.clone())?);
+        let state_at = writes.len() - 1;
+        if let Some(t) = &turn {
+            writes.push(self.turn_put(t, task.id)?);
+        }
         let result = self
             .client
             .transact_write_items()
@@ -126,32 +162,46 @@ impl TaskStore for DynamoStore {
         // ignores it): the state record already is the one this request made (it holds this
         // request's random task id, callback key and times), so this request created it.
         if canceled
-            .and_then(|tc| tc.cancellation_reasons().last())
+            .and_then(|tc| tc.cancellation_reasons().get(state_at))
             .and_then(|r| r.item())
             == Some(&state)
         {
             return Ok(CreateOutcome::Created);
         }
-        let key_taken = canceled.map(|tc| {
-            let reasons = tc.cancellation_reasons();
-            (
-                key.is_some()
-                    && reasons.first().and_then(|r| r.code()) == Some("ConditionalCheckFailed"),
-                reasons
-                    .iter()
-                    .any(|r| r.code() == Some("ConditionalCheckFailed")),
-            )
+        let failed = |at: usize| {
+            canceled
+                .and_then(|tc| tc.cancellation_reasons().get(at))
+                .and_then(|r| r.code())
+                == Some("ConditionalCheckFailed")
+        };
+        let any_failed = canceled.is_some_and(|tc| {
+            tc.cancellation_reasons()
+                .iter()
+                .any(|r| r.code() == Some("ConditionalCheckFailed"))
         });
-        match (key, key_taken) {
-            (Some(k), Some((true, _))) => match self.read_key(&k.key).await? {
+        match key {
+            // A taken key first: the run delivered again is answered its own task.
+            Some(k) if failed(0) => match self.read_key(&k.key).await? {
                 Some(first) => Ok(CreateOutcome::KeyExists(first)),
                 None => Err(StoreError::Unavailable(
                     "idempotency key vanished after a conflict".into(),
                 )),
             },
-            (_, Some((false, true))) => Err(StoreError::ConditionFailed),
+            _ if turn.is_some() && failed(state_at + 1) => Ok(CreateOutcome::TurnTaken),
+            _ if any_failed => Err(StoreError::ConditionFailed),
             _ => Err(unavailable(&err)),
         }
+    }
+    async fn current_run(&self, schedule: &str) -> Result<Option<CurrentRun>, StoreError> {
+        let Some(item) = self.read_item(current_pk(schedule), "CURRENT").await? else {
+            return Ok(None);
+        };
+        Ok(Some(CurrentRun {
+            task_id: get_s(&item, "TaskId")?
+                .parse()
+                .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
+            run_at: time(get_n(&item, "RunAt")?)?,
+        }))
     }
     async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
         let out = self

@@ -942,15 +942,17 @@ pub(super) fn give_up_out(
     Some(settle(n, now, p))
 }
 
-/// The task's deadline passed while its group runs: every step out times out now (it may have
-/// taken effect, and may be in flight until its own deadline), nothing more goes out, and the
-/// group stops as on a failure (`reason`; an earlier failure, if the group was stopping, is
-/// kept). What the stop then does is returned (see [`settle`]).
+/// The task's deadline (`deadline`, as text) passed while its group runs: every step out times
+/// out now (it may have taken effect, and may be in flight until its own deadline), nothing
+/// more goes out, and the group stops as on a failure (an earlier failure, if the group was
+/// stopping, is kept). The failure is at a step that did not finish: one out, else the first
+/// branch's step still waiting (for its claim, or deferred), never a step that is done; the
+/// reason names the group and that step. What the stop then does is returned (see [`settle`]).
 pub(super) fn deadline_passed(
     n: &mut StateRecord,
     now: DateTime<Utc>,
     p: &Policies,
-    reason: String,
+    deadline: &str,
 ) -> Vec<Effect> {
     let Some(f) = n.fanout.as_mut() else {
         return vec![];
@@ -958,7 +960,21 @@ pub(super) fn deadline_passed(
     let out: Vec<usize> = (0..f.branches.len())
         .filter(|b| f.branches[*b].is_out())
         .collect();
-    let step = out.first().map_or(f.start, |b| f.branches[*b].step_index);
+    let step = out
+        .first()
+        .map(|b| f.branches[*b].step_index)
+        .or_else(|| {
+            f.branches
+                .iter()
+                .find(|br| br.process_state != ProcessState::Processed && br.step_index < br.end)
+                .map(|br| br.step_index)
+        })
+        .unwrap_or(f.start);
+    let reason = format!(
+        "task_timeout: the task's deadline {deadline} passed while {} ran, at {} (not done)",
+        f.group,
+        n.steps.get(step).map_or("?", |s| s.name.as_str())
+    );
     f.stop.get_or_insert(Stop {
         step,
         reason,

@@ -30,14 +30,15 @@ pub(super) fn deadline_passed(
     };
     let mut n = next(r, now);
     let i = r.step_index;
-    let reason = format!(
-        "task_timeout: the task's deadline {} passed at {}",
-        deadline.to_rfc3339_opts(SecondsFormat::Millis, true),
-        r.steps.get(i).map_or("its end", |s| s.name.as_str())
-    );
+    let deadline = deadline.to_rfc3339_opts(SecondsFormat::Millis, true);
     let effects: Vec<Effect> = if n.fanout.is_some() {
-        branches::deadline_passed(&mut n, now, p, reason)
+        // A group: the failure is at a step of it that did not finish, named with the group.
+        branches::deadline_passed(&mut n, now, p, &deadline)
     } else {
+        let reason = format!(
+            "task_timeout: the task's deadline {deadline} passed at {}",
+            r.steps.get(i).map_or("its end", |s| s.name.as_str())
+        );
         let out = r.locked_by.is_some();
         let in_flight = out.then(|| r.complete_by.map_or(now, |d| d.max(now)));
         if let Some(step) = n.steps.get_mut(i).filter(|s| s.sent) {
@@ -68,7 +69,7 @@ pub(super) fn deadline_passed(
 #[cfg(test)]
 mod tests {
     use super::super::testkit::*;
-    use super::super::{apply_reply, deliver, retry, wake};
+    use super::super::{apply_reply, deliver, retry, skip, wake};
     use super::*;
     use crate::domain::inbox::Delivery;
     use crate::domain::state::{NoticeKind, ProcessState};
@@ -273,6 +274,109 @@ steps:
         }
         assert_eq!(undone, [1, 0]);
         assert_eq!(t.r.process_state, ProcessState::Compensated);
+    }
+
+    /// Found in review: one branch done (`a1`), the other deferred (its service paused), no
+    /// branch out when the deadline passes. The failure is at the step that did not finish
+    /// (`b1`, named with its group), never at the done one: an operator's skip gives `b1` its
+    /// result and leaves `a1`'s (what its undo reads), and a retry runs `b1`, then the rest;
+    /// every record on the way keeps its invariants.
+    #[test]
+    fn a_deadline_at_a_group_with_no_branch_out_fails_at_the_step_not_done() {
+        const GROUP: &str = r#"name: group
+deadline: 30s
+steps:
+  - name: both
+    parallel:
+      - steps:
+          - {name: a1, service: s, undo: {action: unhold}}
+      - steps:
+          - {name: b1, service: p, undo: {action: unbook}}
+  - {name: after, service: s}
+"#;
+        let mut t = Harness::of(
+            GROUP,
+            json!({}),
+            Policy {
+                auto_compensate: false,
+                ..base()
+            },
+        );
+        t.try_claim().expect("claims both branches");
+        let attempt =
+            |t: &Harness, b: usize| t.r.fanout.as_ref().map_or(0, |f| f.branches[b].attempt);
+        let (a, b) = (attempt(&t, 0), attempt(&t, 1));
+        let held = StepOutcome::Succeeded {
+            result: Some(r#"{"hold":"h-1"}"#.into()),
+        };
+        t.answer_at(0, a, &held);
+        let paused = StepOutcome::Deferred {
+            until: t.now + Duration::minutes(5),
+            misconfigured: None,
+            paused: Some("p paused by ops".into()),
+            limited: None,
+        };
+        t.answer_at(1, b, &paused);
+        let a1_result = t.r.steps[0].result.clone();
+        assert!(a1_result.is_some(), "a1 is done with its result");
+        t.now += Duration::seconds(30);
+        t.expire().expect("the deadline passed");
+        assert_eq!(t.r.process_state, ProcessState::Error);
+        assert_eq!(t.r.step_index, 1, "the failure is at b1, not at a1 (done)");
+        let error = t.r.last_error.clone().unwrap_or_default();
+        assert!(
+            error.starts_with("task_timeout") && error.contains("both") && error.contains("b1"),
+            "the reason names the group and the step not done: {error}"
+        );
+        assert_eq!(t.r.steps[0].status, StepStatus::Done);
+        let failed = t.r.clone();
+
+        // Skipped by hand: b1 gets the operator's result, a1 keeps its own.
+        let (p, now) = (t.p.clone(), t.now);
+        t.apply(|r, _| {
+            skip(
+                r,
+                &ops(Some("booked by phone")),
+                now,
+                &p,
+                Some(r#"{"booking":"by-hand"}"#.into()),
+            )
+        })
+        .expect("skip");
+        assert_eq!(t.r.steps[0].result, a1_result, "a1's result is untouched");
+        assert_eq!(t.r.steps[1].status, StepStatus::Done);
+        assert_eq!(
+            t.r.steps[1].result.as_deref(),
+            Some(r#"{"booking":"by-hand"}"#)
+        );
+        assert_eq!(
+            (t.r.process_state, t.r.step_index),
+            (ProcessState::Pending, 2),
+            "the task goes on after the group"
+        );
+
+        // Retried instead: b1 runs (and only b1), then the rest; a1 stays as it ran.
+        t.r = failed;
+        let (p, now) = (t.p.clone(), t.now);
+        t.apply(|r, _| retry(r, &ops(Some("p is back")), now, &p))
+            .expect("retry");
+        assert_eq!(t.r.steps[0].status, StepStatus::Done);
+        assert_eq!(t.r.steps[0].result, a1_result);
+        t.try_claim().expect("b1 goes out again");
+        let fanout = t.r.fanout.clone().expect("the group runs");
+        assert!(!fanout.branches[0].is_out(), "a1 is not sent again");
+        assert!(fanout.branches[1].is_out(), "b1 is out");
+        let b = fanout.branches[1].attempt;
+        t.answer_at(1, b, &ok());
+        assert_eq!(
+            (t.r.process_state, t.r.step_index),
+            (ProcessState::Pending, 2)
+        );
+        t.try_claim().expect("after");
+        t.answer(2, &ok());
+        assert_eq!(t.r.process_state, ProcessState::Processed);
+        assert_eq!(t.r.steps[0].result, a1_result);
+        assert!(t.r.steps.iter().all(|s| s.status == StepStatus::Done));
     }
 
     #[test]
