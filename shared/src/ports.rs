@@ -118,7 +118,9 @@ pub enum CreateOutcome {
     /// The idempotency key is taken; nothing was written.
     KeyExists(IdempotencyRecord),
     /// The schedule's current task is no longer the one [`Turn::after`] names (another run
-    /// started a task first); nothing was written. A taken key is answered first.
+    /// started a task first), or another run's write of it met this one (DynamoDB's
+    /// `TransactionConflict`); nothing was written, and the run reads the current task again.
+    /// A taken key is answered first.
     TurnTaken,
 }
 

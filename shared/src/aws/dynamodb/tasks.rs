@@ -168,12 +168,12 @@ impl TaskStore for DynamoStore {
         {
             return Ok(CreateOutcome::Created);
         }
-        let failed = |at: usize| {
+        let code = |at: usize| {
             canceled
                 .and_then(|tc| tc.cancellation_reasons().get(at))
                 .and_then(|r| r.code())
-                == Some("ConditionalCheckFailed")
         };
+        let failed = |at: usize| code(at) == Some("ConditionalCheckFailed");
         let any_failed = canceled.is_some_and(|tc| {
             tc.cancellation_reasons()
                 .iter()
@@ -188,6 +188,11 @@ impl TaskStore for DynamoStore {
                 )),
             },
             _ if turn.is_some() && failed(state_at + 1) => Ok(CreateOutcome::TurnTaken),
+            // Another run's transaction on the schedule's current task at the same moment:
+            // this one wrote nothing; the run reads the current task again.
+            _ if turn.is_some() && code(state_at + 1) == Some("TransactionConflict") => {
+                Ok(CreateOutcome::TurnTaken)
+            }
             _ if any_failed => Err(StoreError::ConditionFailed),
             _ => Err(unavailable(&err)),
         }
