@@ -151,7 +151,7 @@ async fn the_local_runners_aws_mode_provisions_publishes_and_runs_both_examples(
         assert_eq!(r.process_state, ProcessState::Processed, "{r:?}");
     }
     let kinds = items_by_kind(&system).await;
-    assert_eq!(kinds.get("WORKFLOW"), Some(&2), "{kinds:?}");
+    assert_eq!(kinds.get("WORKFLOW"), Some(&3), "{kinds:?}");
     assert_eq!(kinds.get("SERVICE"), Some(&6), "{kinds:?}");
 }
 
