@@ -198,7 +198,7 @@ async fn the_loan_runs_on_two_http_services_and_a_lambda_with_a_callback_through
 "#
     );
     let mut files = catalog::example_files();
-    files.retain(|(name, _)| name != "ecommerce-order.yaml" && name != "services.yaml");
+    files.retain(|(name, _)| name == "loan-application.yaml");
     files.insert(0, ("services.yaml".into(), services));
     let mut settings = Settings {
         definitions: files,
