@@ -2,7 +2,9 @@
 //! an in-memory one ([`crate::memory`]) that pass the same contract tests.
 
 use crate::domain::rate::{Admission, RateLimit};
-use crate::domain::{BreakerRecord, Caller, Condition, ProcessState, StateRecord, Task, TaskId};
+use crate::domain::{
+    BreakerRecord, Caller, Condition, PayloadRef, ProcessState, StateRecord, Task, TaskId,
+};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -454,6 +456,39 @@ pub trait Catalog: Send + Sync {
     async fn definition(&self, wanted: DefinitionRef<'_>) -> Result<Option<Stored>, StoreError>;
     /// Every name of `kind` with its newest version, by name.
     async fn entries(&self, kind: Kind) -> Result<Vec<Entry>, StoreError>;
+}
+
+/// Why a payload could not be kept or read.
+#[derive(Debug, thiserror::Error)]
+pub enum PayloadError {
+    /// No object under the reference (never written, or its task's retention deleted it).
+    #[error("payload {0} not found")]
+    NotFound(String),
+    /// The object's bytes are not the ones its reference names: never silently used.
+    #[error("payload {0} does not match its reference")]
+    Corrupt(String),
+    /// The store could not be reached or refused the call; the caller may retry.
+    #[error("payload store unavailable: {0}")]
+    Unavailable(String),
+    /// The store refused the request in a way no retry changes (access denied, no bucket).
+    #[error("the payload store rejected the request: {0}")]
+    Rejected(String),
+}
+
+/// Where payloads too large for a task's items are kept ([`PayloadRef`]): the stack's S3
+/// bucket, or memory or files under `sas-local`. Objects are immutable and named by their task
+/// and their bytes' hash, so every write is idempotent and needs no condition: two writers of
+/// one name write the same bytes.
+#[async_trait]
+pub trait Payloads: Send + Sync {
+    /// Keeps `body` as a payload of `task_id`; its reference. Writing the same bytes again
+    /// answers the same reference.
+    async fn put(&self, task_id: TaskId, body: &[u8]) -> Result<PayloadRef, PayloadError>;
+    /// The bytes `r` names, checked against it ([`PayloadError::Corrupt`] otherwise).
+    async fn get(&self, r: &PayloadRef) -> Result<Vec<u8>, PayloadError>;
+    /// Deletes every payload of `task_id` (its retention passed); how many were deleted.
+    /// Deleting none is no error.
+    async fn delete_task(&self, task_id: TaskId) -> Result<usize, PayloadError>;
 }
 
 /// Why the deployment's timer of a schedule could not be set or removed.

@@ -9,6 +9,7 @@ pub mod fanout;
 pub mod inbox;
 pub mod limits;
 pub mod mapping;
+pub mod payload;
 pub mod policy;
 pub mod problem;
 pub mod rate;
@@ -27,6 +28,7 @@ pub use breaker::{BreakerPolicy, BreakerRecord, BreakerState, Decision};
 pub use caller::Caller;
 pub use condition::{Condition, Guard, write_label};
 pub use mapping::{Mapping, MappingError};
+pub use payload::PayloadRef;
 pub use policy::{Policies, Policy};
 pub use problem::DefinitionError;
 pub use state::{
