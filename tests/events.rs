@@ -371,6 +371,7 @@ async fn seed_task(system: &System, seed: &Seed) {
         ),
     };
     let task = Task {
+        input_ref: None,
         id: seed.task_id,
         workflow: w.name.clone(),
         workflow_version: w.version,

@@ -7,6 +7,8 @@
 //! - [`ports`]: the small traits the handlers talk to (state store, queue, event bus, remote
 //!   service, clock).
 //! - [`memory`] and [`aws`]: the two implementations of the ports.
+//! - [`payloads`]: payloads too large for a task's items kept by reference, at the store's
+//!   edge ([`payloads::Offloading`]).
 //! - [`catalog`]: the published workflows and services, read through the ports and cached.
 //! - [`remote`]: each service's remote (simulated, or HTTP) behind its shared breaker.
 //! - [`auth`]: who is calling the task API (the authorizer's principal as an `Identity`).
@@ -28,6 +30,7 @@ pub mod handlers;
 pub mod memory;
 pub mod messages;
 pub mod metrics;
+pub mod payloads;
 pub mod ports;
 pub mod remote;
 pub mod telemetry;

@@ -109,6 +109,7 @@ fn task_of(name: &str, now: chrono::DateTime<Utc>) -> Task {
         }),
     };
     Task {
+        input_ref: None,
         id: TaskId::new_random(),
         workflow: name.to_owned(),
         workflow_version: 1,

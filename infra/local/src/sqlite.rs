@@ -638,6 +638,7 @@ impl TaskStore for SqliteStore {
             }
             if let Some(mut stored) = stored_task {
                 stored.input = task.input.clone();
+                stored.input_ref = task.input_ref.clone();
                 stored.input_revision = task.input_revision;
                 stored.earlier_inputs = task.earlier_inputs.clone();
                 write_task(tx, &stored)?;

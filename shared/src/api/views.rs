@@ -667,6 +667,7 @@ mod tests {
             .parse()
             .expect("a fixed task id");
         let task = Task {
+            input_ref: None,
             id,
             workflow: w.name.clone(),
             workflow_version: w.version,
@@ -725,6 +726,7 @@ mod tests {
         t2.reply_queue_url = Some("https://sqs.example/q".into());
         t2.input_revision = 1;
         t2.earlier_inputs = vec![EarlierInput {
+            input_ref: None,
             revision: 0,
             input: json!({"customerId": "old"}),
         }];

@@ -18,6 +18,22 @@ pub const INLINE_PAYLOAD_BYTES: usize = 8 * 1024;
 /// may cross (API Gateway takes 10 MB; a Lambda service answers at most this).
 pub const MAX_PAYLOAD_BYTES: usize = 6 * 1024 * 1024;
 
+/// What a [`PayloadRef`] takes in an item, at most (serialized JSON: a task id, a hash, a
+/// length and their names).
+pub const REF_BYTES: usize = 160;
+
+/// What a payload of `bytes` (serialized JSON) takes in a task's items: itself when it is kept
+/// inline, else its reference. Whether a payload is kept inline depends on its length alone,
+/// so the domain budgets items without knowing where payloads are kept.
+pub fn stored_bytes(bytes: usize) -> usize {
+    if is_inline(bytes) { bytes } else { REF_BYTES }
+}
+
+/// Whether a payload of `bytes` is kept inline in a task's items.
+pub fn is_inline(bytes: usize) -> bool {
+    bytes <= INLINE_PAYLOAD_BYTES
+}
+
 /// A payload kept outside the task's items: the task it belongs to, the SHA-256 of its bytes
 /// (hex) and their length.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

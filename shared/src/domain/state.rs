@@ -35,6 +35,10 @@ pub struct StepState {
     /// What the remote service returned when the step succeeded (JSON text): the data its undo
     /// needs, e.g. the payment id.
     pub result: Option<String>,
+    /// Where the result is kept when it is over the inline size: stored, the record holds this
+    /// reference and `result` is `None`; read back, both (see [`crate::payloads`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_ref: Option<super::payload::PayloadRef>,
     /// The undo's status: `None` until compensation starts on this step, then Running, Done,
     /// Failed (refused) or TimedOut.
     pub undo: Option<StepStatus>,
@@ -72,6 +76,7 @@ fn is_zero(n: &u32) -> bool {
 impl StepState {
     fn new(name: &str, undoable: bool) -> Self {
         Self {
+            result_ref: None,
             name: name.to_owned(),
             status: StepStatus::Pending,
             undoable,
@@ -752,7 +757,11 @@ impl StateRecord {
         self.steps
             .iter()
             .flat_map(|s| std::iter::once(s).chain(&s.elements))
-            .filter_map(|s| s.result.as_ref().map(String::len))
+            .filter_map(|s| {
+                let text = s.result.as_ref().map(String::len);
+                let kept = s.result_ref.as_ref().map(|r| r.bytes as usize);
+                text.or(kept).map(super::payload::stored_bytes)
+            })
             .chain(self.inbox.kept.iter().map(|e| e.result_bytes()))
             .sum()
     }

@@ -1,6 +1,7 @@
 //! Tasks: instances of a workflow. A task's input is any JSON value its workflow's input schema
 //! accepts; it is stored once, beside the task's state record, and never changes.
 
+use super::payload::PayloadRef;
 use super::state::StateRecord;
 pub use super::state::{MAX_RESULT_BYTES, MAX_RESULTS_BYTES};
 pub use super::task_id::TaskId;
@@ -123,6 +124,13 @@ pub struct Task {
     /// The input, as the workflow's input schema accepted it: the submitted one, or the one
     /// an operator's retry on a new input gave it.
     pub input: serde_json::Value,
+    /// Where the input is kept when it is over [`INLINE_PAYLOAD_BYTES`]: stored, the task's
+    /// item holds this reference and `input` is `null`; read back, both (see
+    /// [`crate::payloads`]).
+    ///
+    /// [`INLINE_PAYLOAD_BYTES`]: super::payload::INLINE_PAYLOAD_BYTES
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_ref: Option<PayloadRef>,
     /// How many times an operator's retry replaced the input (0: the submitted one).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub input_revision: u32,
@@ -150,6 +158,9 @@ fn is_zero(n: &u32) -> bool {
 pub struct EarlierInput {
     pub revision: u32,
     pub input: serde_json::Value,
+    /// As [`Task::input_ref`], for this input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_ref: Option<PayloadRef>,
 }
 
 /// The most the inputs a task keeps for steps that ran with them may take together
@@ -191,14 +202,19 @@ impl Task {
             earlier.push(EarlierInput {
                 revision: self.input_revision,
                 input: self.input.clone(),
+                input_ref: self.input_ref.clone(),
             });
         }
-        let bytes: usize = earlier.iter().map(|e| e.input.to_string().len()).sum();
+        let bytes: usize = earlier
+            .iter()
+            .map(|e| super::payload::stored_bytes(e.input.to_string().len()))
+            .sum();
         if bytes > MAX_EARLIER_INPUTS_BYTES {
             return Err(bytes);
         }
         Ok(Task {
             input,
+            input_ref: None,
             input_revision: self.input_revision + 1,
             earlier_inputs: earlier,
             ..self.clone()
@@ -215,6 +231,7 @@ mod tests {
         let w = super::super::workflow::examples::ecommerce_order(&Default::default());
         let now = Utc::now();
         let task = Task {
+            input_ref: None,
             id: TaskId::new_random(),
             workflow: w.name.clone(),
             workflow_version: w.version,
@@ -255,6 +272,7 @@ mod tests {
         let heavy = Task {
             input: big.clone(),
             earlier_inputs: vec![EarlierInput {
+                input_ref: None,
                 revision: 1,
                 input: big.clone(),
             }],

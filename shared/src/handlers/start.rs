@@ -86,6 +86,7 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
     let id = TaskId::new_random();
     tracing::Span::current().record("task_id", tracing::field::display(id));
     let task = Task {
+        input_ref: None,
         id,
         workflow: workflow.name.clone(),
         workflow_version: workflow.version,

@@ -233,6 +233,7 @@ impl TaskStore for MemoryStore {
         }
         if let Some(stored) = inner.tasks.get_mut(&record.task_id) {
             stored.input = task.input.clone();
+            stored.input_ref = task.input_ref.clone();
             stored.input_revision = task.input_revision;
             stored.earlier_inputs = task.earlier_inputs.clone();
         }

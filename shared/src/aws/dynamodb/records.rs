@@ -31,6 +31,9 @@ pub(super) fn task_item(t: &Task, caller_shards: u32) -> Item {
     if let Some(u) = &t.reply_queue_url {
         item.insert("ReplyQueueUrl".to_owned(), s(u));
     }
+    if let Some(r) = &t.input_ref {
+        item.insert("InputRef".to_owned(), s(payload_ref(r)));
+    }
     if t.input_revision > 0 {
         item.insert("InputRevision".to_owned(), n(t.input_revision));
     }
@@ -38,6 +41,23 @@ pub(super) fn task_item(t: &Task, caller_shards: u32) -> Item {
         item.insert("EarlierInputs".to_owned(), s(earlier_inputs(t)));
     }
     item
+}
+
+/// A payload's reference as stored (a JSON object).
+fn payload_ref(r: &crate::domain::PayloadRef) -> String {
+    serde_json::to_string(r).unwrap_or_default()
+}
+
+fn parse_payload_ref(
+    item: &Item,
+    name: &str,
+) -> Result<Option<crate::domain::PayloadRef>, StoreError> {
+    opt_s(item, name)
+        .map(|json| {
+            serde_json::from_str(&json)
+                .map_err(|e| corrupt(format!("{name} is not a payload reference: {e}")))
+        })
+        .transpose()
 }
 
 /// A task's earlier inputs as stored (`EarlierInputs`, a JSON array).
@@ -54,6 +74,7 @@ pub(super) fn parse_task(item: &Item) -> Result<Task, StoreError> {
         workflow_version: get_n(item, "WorkflowVersion")?,
         input: serde_json::from_str(get_s(item, "Input")?)
             .map_err(|e| corrupt(format!("Input is not JSON: {e}")))?,
+        input_ref: parse_payload_ref(item, "InputRef")?,
         input_revision: opt_n(item, "InputRevision")?.unwrap_or(0),
         earlier_inputs: match opt_s(item, "EarlierInputs") {
             Some(json) => serde_json::from_str(&json)
@@ -181,6 +202,9 @@ pub(super) fn steps_list(r: &StateRecord) -> AttributeValue {
             }
             if let Some(r) = &st.result {
                 m.insert("Result".to_owned(), s(r));
+            }
+            if let Some(r) = &st.result_ref {
+                m.insert("ResultRef".to_owned(), s(payload_ref(r)));
             }
             if let Some(u) = st.undo {
                 m.insert("Undo".to_owned(), s(u.as_str()));
@@ -400,6 +424,7 @@ pub(super) fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
                     sent: matches!(m.get("Sent"), Some(AttributeValue::Bool(true))),
                     generation: opt_n(m, "Generation")?.unwrap_or(0),
                     result: opt_s(m, "Result"),
+                    result_ref: parse_payload_ref(m, "ResultRef")?,
                     undo: opt_s(m, "Undo")
                         .map(|u| u.parse())
                         .transpose()
@@ -634,6 +659,7 @@ mod tests {
         assert_eq!(parse_state(&item).expect("parses"), r);
         assert!(!r.steps[0].undoable && r.steps[1].undoable);
         let task = Task {
+            input_ref: None,
             id: r.task_id,
             workflow: r.workflow.clone(),
             workflow_version: 1,

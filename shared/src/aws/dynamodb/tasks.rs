@@ -292,20 +292,40 @@ impl TaskStore for DynamoStore {
             .expression_attribute_names("#input", "Input")
             .expression_attribute_names("#rev", "InputRevision")
             .expression_attribute_names("#earlier", "EarlierInputs")
+            .expression_attribute_names("#inputRef", "InputRef")
             .expression_attribute_values(":input", s(task.input.to_string()))
             .expression_attribute_values(":rev", n(task.input_revision));
         if let Some(prev) = was {
             update = update.expression_attribute_values(":prev", n(prev));
         }
-        let update = if task.earlier_inputs.is_empty() {
-            update.update_expression("SET #input = :input, #rev = :rev REMOVE #earlier")
-        } else {
-            update
-                .update_expression("SET #input = :input, #rev = :rev, #earlier = :earlier")
-                .expression_attribute_values(":earlier", s(earlier_inputs(task)))
+        // The input's reference when it is kept outside the item, else none.
+        let mut set = vec!["#input = :input", "#rev = :rev"];
+        let mut remove = vec![];
+        match &task.input_ref {
+            Some(r) => {
+                set.push("#inputRef = :inputRef");
+                update = update.expression_attribute_values(
+                    ":inputRef",
+                    s(serde_json::to_string(r).unwrap_or_default()),
+                );
+            }
+            None => remove.push("#inputRef"),
         }
-        .build()
-        .map_err(build_err)?;
+        if task.earlier_inputs.is_empty() {
+            remove.push("#earlier");
+        } else {
+            set.push("#earlier = :earlier");
+            update = update.expression_attribute_values(":earlier", s(earlier_inputs(task)));
+        }
+        let expression = if remove.is_empty() {
+            format!("SET {}", set.join(", "))
+        } else {
+            format!("SET {} REMOVE {}", set.join(", "), remove.join(", "))
+        };
+        let update = update
+            .update_expression(expression)
+            .build()
+            .map_err(build_err)?;
         let mut item = state_item(record, self.shards);
         if let Some(at) = self.expiry(record) {
             item.insert("ExpiresAt".to_owned(), n(at));

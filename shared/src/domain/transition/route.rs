@@ -429,6 +429,7 @@ pub(super) fn take(n: &mut StateRecord, route: &Route) {
 #[cfg(test)]
 pub(super) fn test_task(r: &StateRecord, input: serde_json::Value) -> Task {
     Task {
+        input_ref: None,
         id: r.task_id,
         workflow: r.workflow.clone(),
         workflow_version: r.workflow_version,

@@ -1,0 +1,573 @@
+//! Payloads by reference, at the store's edge: [`Offloading`] wraps a state store so that what
+//! it writes keeps every payload over the inline size ([`INLINE_PAYLOAD_BYTES`]) in the
+//! [`Payloads`] store and only its [`PayloadRef`] in the task's items, and what it reads is
+//! whole again. The domain and the handlers see whole values: a mapping or condition reads a
+//! 1 MB result as if it were inline, and the domain budgets items by [`stored_bytes`].
+//!
+//! Which payloads: a task's input and the earlier inputs steps ran with, and each step's (and
+//! forEach element's) result.
+//!
+//! The rule on a write: a payload's reference follows from its bytes alone, so the item
+//! written is the same whoever writes it and however often (the ambiguous-write read-back
+//! compares items). The object is written *before* the item that names it: a crash between the
+//! two leaves an object no item names, under its task's prefix, deleted with the task's
+//! payloads (or by the bucket's backstop rule for a task never created); never an item naming
+//! an object that is not there.
+//!
+//! [`INLINE_PAYLOAD_BYTES`]: crate::domain::payload::INLINE_PAYLOAD_BYTES
+//! [`stored_bytes`]: crate::domain::payload::stored_bytes
+
+use crate::domain::payload::{PayloadRef, is_inline};
+use crate::domain::rate::Admission;
+use crate::domain::state::StepState;
+use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
+use crate::ports::{
+    Breakers, Count, CreateOutcome, CurrentRun, DueEntry, DueIndex, DueQuery, Guarded, InState,
+    LeaseClaim, Leases, NewTask, Page, Paging, PayloadError, Payloads, RateLimits, RateRequest,
+    SlotAnswer, SlotRequest, Slots, StateStore, StoreError, TaskLists, TaskStore,
+};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// The most bytes of payloads one process keeps read (a Lambda instance handles one task's
+/// messages after another: a result read for one reply is read again for the next).
+pub const CACHE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Payloads read or written lately, by object name: objects never change, so a cached one is
+/// never stale. Oldest out first past [`CACHE_BYTES`].
+#[derive(Default)]
+struct Cache {
+    bytes: usize,
+    order: VecDeque<String>,
+    kept: HashMap<String, Arc<Vec<u8>>>,
+}
+
+impl Cache {
+    fn get(&self, key: &str) -> Option<Arc<Vec<u8>>> {
+        self.kept.get(key).cloned()
+    }
+
+    fn put(&mut self, key: String, body: Arc<Vec<u8>>) {
+        if body.len() > CACHE_BYTES || self.kept.contains_key(&key) {
+            return;
+        }
+        self.bytes += body.len();
+        self.order.push_back(key.clone());
+        self.kept.insert(key, body);
+        while self.bytes > CACHE_BYTES {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(b) = self.kept.remove(&oldest) {
+                self.bytes -= b.len();
+            }
+        }
+    }
+}
+
+/// A state store whose task items hold large payloads by reference (see the module's text).
+pub struct Offloading {
+    inner: Arc<dyn StateStore>,
+    payloads: Arc<dyn Payloads>,
+    cache: Mutex<Cache>,
+}
+
+impl Offloading {
+    pub fn new(inner: Arc<dyn StateStore>, payloads: Arc<dyn Payloads>) -> Self {
+        Self {
+            inner,
+            payloads,
+            cache: Mutex::default(),
+        }
+    }
+
+    /// Keeps `text` (over the inline size) and answers its reference; an object this process
+    /// wrote or read already is not written again.
+    async fn keep(&self, task: TaskId, text: &str) -> Result<PayloadRef, StoreError> {
+        let r = PayloadRef::of(task, text.as_bytes());
+        let key = r.key();
+        if self.cached(&key).is_some() {
+            return Ok(r);
+        }
+        let kept = self
+            .payloads
+            .put(task, text.as_bytes())
+            .await
+            .map_err(store_error)?;
+        if kept != r {
+            return Err(StoreError::Corrupt(format!(
+                "the payload store named {} as {}",
+                key,
+                kept.key()
+            )));
+        }
+        self.remember(key, Arc::new(text.as_bytes().to_vec()));
+        Ok(r)
+    }
+
+    /// The text `r` names, from the cache or the payload store.
+    async fn read(&self, r: &PayloadRef) -> Result<String, StoreError> {
+        let key = r.key();
+        let body = match self.cached(&key) {
+            Some(b) => b,
+            None => {
+                let b = Arc::new(self.payloads.get(r).await.map_err(store_error)?);
+                self.remember(key.clone(), b.clone());
+                b
+            }
+        };
+        String::from_utf8(body.to_vec())
+            .map_err(|_| StoreError::Corrupt(format!("payload {key} is not UTF-8")))
+    }
+
+    fn cached(&self, key: &str) -> Option<Arc<Vec<u8>>> {
+        self.cache.lock().ok().and_then(|c| c.get(key))
+    }
+
+    fn remember(&self, key: String, body: Arc<Vec<u8>>) {
+        if let Ok(mut c) = self.cache.lock() {
+            c.put(key, body);
+        }
+    }
+
+    /// The task as stored: each input over the inline size kept, and referenced instead.
+    async fn stored_task(&self, t: &Task) -> Result<Task, StoreError> {
+        let mut t = t.clone();
+        let text = t.input.to_string();
+        t.input_ref = None;
+        if !is_inline(text.len()) {
+            t.input_ref = Some(self.keep(t.id, &text).await?);
+            t.input = serde_json::Value::Null;
+        }
+        for e in &mut t.earlier_inputs {
+            let text = e.input.to_string();
+            e.input_ref = None;
+            if !is_inline(text.len()) {
+                e.input_ref = Some(self.keep(t.id, &text).await?);
+                e.input = serde_json::Value::Null;
+            }
+        }
+        Ok(t)
+    }
+
+    /// The record as stored: each result over the inline size kept, and referenced instead.
+    async fn stored_record(&self, r: &StateRecord) -> Result<StateRecord, StoreError> {
+        let mut r = r.clone();
+        let id = r.task_id;
+        for s in &mut r.steps {
+            self.store_result(id, s).await?;
+            for e in &mut s.elements {
+                self.store_result(id, e).await?;
+            }
+        }
+        Ok(r)
+    }
+
+    async fn store_result(&self, id: TaskId, s: &mut StepState) -> Result<(), StoreError> {
+        // The reference follows from the result alone: none without one, none for a small one.
+        s.result_ref = None;
+        if let Some(text) = &s.result
+            && !is_inline(text.len())
+        {
+            s.result_ref = Some(self.keep(id, text).await?);
+            s.result = None;
+        }
+        Ok(())
+    }
+
+    /// The task whole again: each referenced input read back.
+    async fn whole_task(&self, mut t: Task) -> Result<Task, StoreError> {
+        if let Some(r) = &t.input_ref {
+            t.input = parse(&self.read(r).await?, r)?;
+        }
+        for e in &mut t.earlier_inputs {
+            if let Some(r) = &e.input_ref {
+                e.input = parse(&self.read(r).await?, r)?;
+            }
+        }
+        Ok(t)
+    }
+
+    /// The record whole again: each referenced result read back.
+    async fn whole_record(&self, mut r: StateRecord) -> Result<StateRecord, StoreError> {
+        for s in &mut r.steps {
+            self.whole_result(s).await?;
+            for e in &mut s.elements {
+                self.whole_result(e).await?;
+            }
+        }
+        Ok(r)
+    }
+
+    async fn whole_result(&self, s: &mut StepState) -> Result<(), StoreError> {
+        if let Some(r) = &s.result_ref
+            && s.result.is_none()
+        {
+            s.result = Some(self.read(r).await?);
+        }
+        Ok(())
+    }
+}
+
+fn parse(text: &str, r: &PayloadRef) -> Result<serde_json::Value, StoreError> {
+    serde_json::from_str(text)
+        .map_err(|e| StoreError::Corrupt(format!("payload {} is not JSON: {e}", r.key())))
+}
+
+/// A payload that cannot be read or kept, as the state store's error: a missing or changed
+/// object is a corrupt task (never silently repaired); the rest as the payload store says.
+fn store_error(e: PayloadError) -> StoreError {
+    match e {
+        PayloadError::NotFound(_) | PayloadError::Corrupt(_) => StoreError::Corrupt(e.to_string()),
+        PayloadError::Unavailable(m) => StoreError::Unavailable(m),
+        PayloadError::Rejected(m) => StoreError::Rejected(m),
+    }
+}
+
+#[async_trait]
+impl TaskStore for Offloading {
+    async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError> {
+        let task = self.stored_task(new.task).await?;
+        let record = self.stored_record(new.record).await?;
+        self.inner
+            .create(NewTask {
+                task: &task,
+                record: &record,
+                ..new
+            })
+            .await
+    }
+
+    async fn current_run(&self, schedule: &str) -> Result<Option<CurrentRun>, StoreError> {
+        self.inner.current_run(schedule).await
+    }
+
+    async fn get(&self, id: TaskId) -> Result<Option<(Task, StateRecord)>, StoreError> {
+        match self.inner.get(id).await? {
+            Some((t, r)) => Ok(Some((
+                self.whole_task(t).await?,
+                self.whole_record(r).await?,
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    async fn get_state(&self, id: TaskId) -> Result<Option<StateRecord>, StoreError> {
+        match self.inner.get_state(id).await? {
+            Some(r) => Ok(Some(self.whole_record(r).await?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn put_as(&self, put: Guarded<'_>, write: u64) -> Result<(), StoreError> {
+        let record = self.stored_record(put.record).await?;
+        self.inner
+            .put_as(Guarded::new(&record, put.condition), write)
+            .await
+    }
+
+    async fn put_with_input(&self, put: Guarded<'_>, task: &Task) -> Result<(), StoreError> {
+        let record = self.stored_record(put.record).await?;
+        let task = self.stored_task(task).await?;
+        self.inner
+            .put_with_input(Guarded::new(&record, put.condition), &task)
+            .await
+    }
+
+    async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
+        // Only its state, times and id are read: its payloads need not be whole.
+        self.inner.expire_task(record).await
+    }
+}
+
+#[async_trait]
+impl TaskLists for Offloading {
+    async fn list(&self, of: InState<'_>, page: Paging<'_>) -> Result<Page, StoreError> {
+        self.inner.list(of, page).await
+    }
+    async fn count(&self, of: InState<'_>, cap: u64) -> Result<Count, StoreError> {
+        self.inner.count(of, cap).await
+    }
+    async fn list_by_caller(&self, caller: &Caller, page: Paging<'_>) -> Result<Page, StoreError> {
+        self.inner.list_by_caller(caller, page).await
+    }
+}
+
+#[async_trait]
+impl DueIndex for Offloading {
+    async fn due(&self, q: DueQuery<'_>) -> Result<Vec<DueEntry>, StoreError> {
+        self.inner.due(q).await
+    }
+    fn due_shards(&self) -> u32 {
+        self.inner.due_shards()
+    }
+}
+
+#[async_trait]
+impl Leases for Offloading {
+    async fn acquire_lease(&self, claim: LeaseClaim<'_>) -> Result<bool, StoreError> {
+        self.inner.acquire_lease(claim).await
+    }
+    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        self.inner.release_lease(name, owner).await
+    }
+}
+
+#[async_trait]
+impl Breakers for Offloading {
+    async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
+        self.inner.get_breaker(name).await
+    }
+    async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
+        self.inner.put_breaker(record).await
+    }
+}
+
+#[async_trait]
+impl RateLimits for Offloading {
+    async fn admit(&self, ask: RateRequest<'_>) -> Result<Admission, StoreError> {
+        self.inner.admit(ask).await
+    }
+}
+
+#[async_trait]
+impl Slots for Offloading {
+    async fn take_slot(&self, ask: SlotRequest<'_>) -> Result<SlotAnswer, StoreError> {
+        self.inner.take_slot(ask).await
+    }
+    async fn free_slot(&self, key: &str, holder: &str) -> Result<(), StoreError> {
+        self.inner.free_slot(key, holder).await
+    }
+    async fn slots_held(&self, key: &str, now: DateTime<Utc>) -> Result<u32, StoreError> {
+        self.inner.slots_held(key, now).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Condition;
+    use crate::domain::payload::INLINE_PAYLOAD_BYTES;
+    use crate::memory::MemoryStore;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Payloads in a map, counting the writes.
+    #[derive(Default)]
+    struct Objects {
+        kept: Mutex<HashMap<String, Vec<u8>>>,
+        puts: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Payloads for Objects {
+        async fn put(&self, task_id: TaskId, body: &[u8]) -> Result<PayloadRef, PayloadError> {
+            self.puts.fetch_add(1, Ordering::SeqCst);
+            let r = PayloadRef::of(task_id, body);
+            self.kept
+                .lock()
+                .expect("lock")
+                .insert(r.key(), body.to_vec());
+            Ok(r)
+        }
+        async fn get(&self, r: &PayloadRef) -> Result<Vec<u8>, PayloadError> {
+            self.kept
+                .lock()
+                .expect("lock")
+                .get(&r.key())
+                .cloned()
+                .ok_or_else(|| PayloadError::NotFound(r.key()))
+        }
+        async fn delete_task(&self, task_id: TaskId) -> Result<usize, PayloadError> {
+            let mut kept = self.kept.lock().expect("lock");
+            let before = kept.len();
+            kept.retain(|k, _| !k.starts_with(&PayloadRef::prefix(task_id)));
+            Ok(before - kept.len())
+        }
+    }
+
+    struct World {
+        inner: Arc<MemoryStore>,
+        objects: Arc<Objects>,
+        store: Offloading,
+        task: Task,
+        record: StateRecord,
+    }
+
+    /// A task of the e-commerce example with an `input` of `input_bytes` (about), created.
+    async fn world(input_bytes: usize) -> World {
+        let w = crate::domain::workflow::examples::ecommerce_order(&Default::default());
+        let now = Utc::now();
+        let id = TaskId::new_random();
+        let task = Task {
+            id,
+            workflow: w.name.clone(),
+            workflow_version: w.version,
+            input: serde_json::json!({"items": ["A"], "note": "n".repeat(input_bytes)}),
+            input_ref: None,
+            input_revision: 0,
+            earlier_inputs: vec![],
+            reply_queue_url: None,
+            created_at: now,
+            caller: Caller::anonymous(),
+        };
+        let record = StateRecord::new(id, &w, None, now, now);
+        let inner = Arc::new(MemoryStore::new(1));
+        let objects = Arc::new(Objects::default());
+        let store = Offloading::new(inner.clone(), objects.clone());
+        assert_eq!(
+            store
+                .create(NewTask::new(&task, &record))
+                .await
+                .expect("creates"),
+            CreateOutcome::Created
+        );
+        World {
+            inner,
+            objects,
+            store,
+            task,
+            record,
+        }
+    }
+
+    impl World {
+        /// Writes the record with step 0's result set to `result`, from the version stored.
+        async fn put_result(&mut self, result: Option<String>) {
+            let mut next = self.record.clone();
+            next.steps[0].result = result;
+            next.version += 1;
+            let condition = Condition::on(&self.record, vec![]);
+            self.store.put(&next, &condition).await.expect("writes");
+            self.record = next;
+        }
+    }
+
+    fn large(bytes: usize) -> String {
+        serde_json::json!({"report": "r".repeat(bytes)}).to_string()
+    }
+
+    #[tokio::test]
+    async fn a_large_input_and_result_are_kept_by_reference_and_read_back_whole() {
+        let mut w = world(INLINE_PAYLOAD_BYTES + 10).await;
+        let (stored_task, _) = w
+            .inner
+            .get(w.task.id)
+            .await
+            .expect("reads")
+            .expect("stored");
+        assert_eq!(stored_task.input, serde_json::Value::Null);
+        let input_ref = stored_task
+            .input_ref
+            .clone()
+            .expect("the input by reference");
+        assert_eq!(
+            input_ref,
+            PayloadRef::of(w.task.id, w.task.input.to_string().as_bytes())
+        );
+
+        let result = large(1024 * 1024);
+        w.put_result(Some(result.clone())).await;
+        let stored = w
+            .inner
+            .get_state(w.task.id)
+            .await
+            .expect("reads")
+            .expect("stored");
+        assert_eq!(
+            stored.steps[0].result, None,
+            "the record holds no 1 MB result"
+        );
+        let r = stored.steps[0].result_ref.clone().expect("a reference");
+        assert_eq!(r.bytes, result.len() as u64);
+        assert!(serde_json::to_string(&stored).expect("json").len() < 16 * 1024);
+
+        let (task, record) = w
+            .store
+            .get(w.task.id)
+            .await
+            .expect("reads")
+            .expect("stored");
+        assert_eq!(task.input, w.task.input, "the input whole");
+        assert_eq!(record.steps[0].result.as_deref(), Some(result.as_str()));
+        assert_eq!(
+            w.store
+                .get_state(w.task.id)
+                .await
+                .expect("reads")
+                .expect("stored")
+                .steps[0]
+                .result,
+            Some(result)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_small_payload_stays_inline_and_a_cleared_result_drops_its_reference() {
+        let mut w = world(10).await;
+        let (t, _) = w
+            .inner
+            .get(w.task.id)
+            .await
+            .expect("reads")
+            .expect("stored");
+        assert!(t.input_ref.is_none() && t.input == w.task.input);
+        let small = large(INLINE_PAYLOAD_BYTES - 100);
+        w.put_result(Some(small.clone())).await;
+        let s = w.inner.get_state(w.task.id).await.expect("r").expect("s");
+        assert_eq!(
+            (s.steps[0].result.clone(), s.steps[0].result_ref.clone()),
+            (Some(small), None)
+        );
+
+        w.put_result(Some(large(INLINE_PAYLOAD_BYTES))).await;
+        // Read whole (the reference kept beside the result), then cleared: no reference left.
+        w.record = w.store.get_state(w.task.id).await.expect("r").expect("s");
+        assert!(w.record.steps[0].result_ref.is_some());
+        w.put_result(None).await;
+        let s = w.inner.get_state(w.task.id).await.expect("r").expect("s");
+        assert_eq!(
+            (s.steps[0].result.clone(), s.steps[0].result_ref.clone()),
+            (None, None)
+        );
+        assert_eq!(
+            w.objects.puts.load(Ordering::SeqCst),
+            1,
+            "one large payload written"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_payload_is_written_once_however_often_its_record_is() {
+        let mut w = world(10).await;
+        let result = large(100 * 1024);
+        for _ in 0..3 {
+            w.put_result(Some(result.clone())).await;
+        }
+        // Another process (an empty cache) writes the same item, and the same object name.
+        let other = Offloading::new(w.inner.clone(), w.objects.clone());
+        let mut next = w.record.clone();
+        next.version += 1;
+        other
+            .put(&next, &Condition::on(&w.record, vec![]))
+            .await
+            .expect("writes");
+        assert_eq!(w.objects.puts.load(Ordering::SeqCst), 2);
+        assert_eq!(w.objects.kept.lock().expect("lock").len(), 1);
+        let read = other.get_state(w.task.id).await.expect("r").expect("s");
+        assert_eq!(read.steps[0].result, Some(result));
+    }
+
+    #[tokio::test]
+    async fn a_missing_payload_is_a_corrupt_task_never_an_empty_one() {
+        let mut w = world(10).await;
+        w.put_result(Some(large(20 * 1024))).await;
+        w.objects.delete_task(w.task.id).await.expect("deletes");
+        let fresh = Offloading::new(w.inner.clone(), w.objects.clone());
+        assert!(matches!(
+            fresh.get_state(w.task.id).await,
+            Err(StoreError::Corrupt(m)) if m.contains("not found")
+        ));
+    }
+}
