@@ -100,8 +100,15 @@ pub struct StepRequest {
     /// the queue) is later. Absent in older requests: `complete_by` alone.
     pub timeout_ms: Option<u64>,
     pub reply_queue_url: String,
-    /// The request body, built by the step's input mapping.
+    /// The request body, built by the step's input mapping (`null` when it travels by
+    /// reference).
     pub input: serde_json::Value,
+    /// A body over [`MESSAGE_INLINE_BYTES`] travels by reference: the agent reads it from the
+    /// payload store.
+    ///
+    /// [`MESSAGE_INLINE_BYTES`]: crate::domain::payload::MESSAGE_INLINE_BYTES
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_ref: Option<crate::domain::PayloadRef>,
     /// For a callback step: where the service completes it later.
     pub callback: Option<crate::ports::CallbackAddress>,
 }
@@ -128,6 +135,12 @@ pub struct StepReply {
     #[serde(default)]
     pub undo: bool,
     pub outcome: StepOutcome,
+    /// A success whose result is over [`MESSAGE_INLINE_BYTES`]: the result travels by
+    /// reference (the outcome's own is then absent) and the scheduler reads it back.
+    ///
+    /// [`MESSAGE_INLINE_BYTES`]: crate::domain::payload::MESSAGE_INLINE_BYTES
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_ref: Option<crate::domain::PayloadRef>,
     /// A service's callback, not an agent's reply: the key generation its token names. It is
     /// fenced by the step and this generation instead of `attempt` (see
     /// [`crate::domain::transition::apply_callback`]).

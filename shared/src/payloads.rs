@@ -11,13 +11,14 @@
 //! written is the same whoever writes it and however often (the ambiguous-write read-back
 //! compares items). The object is written *before* the item that names it: a crash between the
 //! two leaves an object no item names, under its task's prefix, deleted with the task's
-//! payloads (or by the bucket's backstop rule for a task never created); never an item naming
-//! an object that is not there.
+//! payloads; never an item naming an object that is not there.
 //!
 //! [`INLINE_PAYLOAD_BYTES`]: crate::domain::payload::INLINE_PAYLOAD_BYTES
 //! [`stored_bytes`]: crate::domain::payload::stored_bytes
 
-use crate::domain::payload::{PayloadRef, is_inline};
+use crate::domain::payload::{MESSAGE_INLINE_BYTES, PayloadRef, is_inline};
+use crate::domain::transition::StepOutcome;
+use crate::messages::{StepReply, StepRequest};
 use crate::domain::rate::Admission;
 use crate::domain::state::StepState;
 use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
@@ -211,6 +212,74 @@ impl Offloading {
     }
 }
 
+/// `reply` as sent: a success's result over [`MESSAGE_INLINE_BYTES`] kept in `payloads` and
+/// referenced instead (written before the message that names it).
+pub async fn packed_reply(
+    payloads: &dyn Payloads,
+    mut reply: StepReply,
+) -> Result<StepReply, StoreError> {
+    if let StepOutcome::Succeeded { result } = &mut reply.outcome
+        && let Some(text) = result
+        && text.len() > MESSAGE_INLINE_BYTES
+    {
+        reply.result_ref = Some(
+            payloads
+                .put(reply.task_id, text.as_bytes())
+                .await
+                .map_err(store_error)?,
+        );
+        *result = None;
+    }
+    Ok(reply)
+}
+
+/// `reply` whole again: a result sent by reference read back into its outcome.
+pub async fn unpacked_reply(
+    payloads: &dyn Payloads,
+    mut reply: StepReply,
+) -> Result<StepReply, StoreError> {
+    if let Some(r) = reply.result_ref.take() {
+        let text = read_text(payloads, &r).await?;
+        reply.outcome = StepOutcome::Succeeded { result: Some(text) };
+    }
+    Ok(reply)
+}
+
+/// A step request's body as sent: inline when it is small, else kept in `payloads` and
+/// referenced (`null` inline).
+pub async fn packed_body(
+    payloads: &dyn Payloads,
+    task: TaskId,
+    body: serde_json::Value,
+) -> Result<(serde_json::Value, Option<PayloadRef>), StoreError> {
+    let text = body.to_string();
+    if text.len() <= MESSAGE_INLINE_BYTES {
+        return Ok((body, None));
+    }
+    let r = payloads
+        .put(task, text.as_bytes())
+        .await
+        .map_err(store_error)?;
+    Ok((serde_json::Value::Null, Some(r)))
+}
+
+/// A step request's body: the inline one, or the one its reference names.
+pub async fn request_body(
+    payloads: &dyn Payloads,
+    request: &StepRequest,
+) -> Result<serde_json::Value, StoreError> {
+    match &request.input_ref {
+        Some(r) => parse(&read_text(payloads, r).await?, r),
+        None => Ok(request.input.clone()),
+    }
+}
+
+/// The text `r` names.
+async fn read_text(payloads: &dyn Payloads, r: &PayloadRef) -> Result<String, StoreError> {
+    let body = payloads.get(r).await.map_err(store_error)?;
+    String::from_utf8(body).map_err(|_| StoreError::Corrupt(format!("payload {} is not UTF-8", r.key())))
+}
+
 fn parse(text: &str, r: &PayloadRef) -> Result<serde_json::Value, StoreError> {
     serde_json::from_str(text)
         .map_err(|e| StoreError::Corrupt(format!("payload {} is not JSON: {e}", r.key())))
@@ -218,7 +287,7 @@ fn parse(text: &str, r: &PayloadRef) -> Result<serde_json::Value, StoreError> {
 
 /// A payload that cannot be read or kept, as the state store's error: a missing or changed
 /// object is a corrupt task (never silently repaired); the rest as the payload store says.
-fn store_error(e: PayloadError) -> StoreError {
+pub fn store_error(e: PayloadError) -> StoreError {
     match e {
         PayloadError::NotFound(_) | PayloadError::Corrupt(_) => StoreError::Corrupt(e.to_string()),
         PayloadError::Unavailable(m) => StoreError::Unavailable(m),

@@ -173,15 +173,23 @@ pub async fn callback(deps: &ApiDeps, id: &str, token: &str, body: &[u8]) -> Ans
             return Err(ApiError::StaleCallback);
         }
     }
-    let reply = SchedulerMessage::Reply(StepReply {
-        task_id: id,
-        step: name.clone(),
-        step_index,
-        attempt,
-        undo: false,
-        outcome,
-        generation,
-    });
+    // A large result is kept before the message that names it goes out.
+    let reply = crate::payloads::packed_reply(
+        deps.ports.payloads.as_ref(),
+        StepReply {
+            task_id: id,
+            step: name.clone(),
+            step_index,
+            attempt,
+            undo: false,
+            outcome,
+            result_ref: None,
+            generation,
+        },
+    )
+    .await
+    .map_err(ApiError::unavailable)?;
+    let reply = SchedulerMessage::Reply(reply);
     let body = serde_json::to_string(&reply).map_err(ApiError::unavailable)?;
     deps.ports
         .queue

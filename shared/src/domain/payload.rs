@@ -34,6 +34,11 @@ pub fn is_inline(bytes: usize) -> bool {
     bytes <= INLINE_PAYLOAD_BYTES
 }
 
+/// The largest payload a queue message carries inline (a step request's body, a reply's
+/// result): SQS bills a message per 64 KiB, and this leaves room for the envelope. A larger
+/// one travels by reference.
+pub const MESSAGE_INLINE_BYTES: usize = 48 * 1024;
+
 /// A payload kept outside the task's items: the task it belongs to, the SHA-256 of its bytes
 /// (hex) and their length.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -255,10 +255,12 @@ pub fn cap_history(history: &mut Vec<HistoryEntry>) {
     }
 }
 
-/// The largest result of one step kept in the state record (serialized JSON).
-pub const MAX_RESULT_BYTES: usize = 16 * 1024;
-/// The most all of a task's kept results may take together (serialized JSON), with the events
-/// kept for steps not reached yet (as the results they become).
+/// The largest result of one step (serialized JSON): the most an agent reads of an answer.
+/// Over [`INLINE_PAYLOAD_BYTES`](super::payload::INLINE_PAYLOAD_BYTES) it is kept by reference.
+pub const MAX_RESULT_BYTES: usize = super::payload::MAX_PAYLOAD_BYTES;
+/// The most all of a task's results may take together in its state record (serialized JSON,
+/// each inline or its reference: [`super::payload::stored_bytes`]), with the events kept for
+/// steps not reached yet (as the results they become).
 pub const MAX_RESULTS_BYTES: usize = 128 * 1024;
 
 /// The state record of one task. Field names follow the pattern (`LockedBy`, `CompleteBy`,

@@ -9,13 +9,14 @@ pub use super::validation::ValidationError;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-/// The largest task input accepted (serialized JSON): with the history and the results of up
-/// to [`MAX_STEPS`](super::workflow::MAX_STEPS) steps the task's items stay far below
-/// DynamoDB's 400 KB, and a step request built from it below SQS's 256 KB.
-pub const MAX_INPUT_BYTES: usize = 64 * 1024;
-/// The largest request body a mapping may build (serialized JSON), below SQS's 256 KB with
-/// room for the request's envelope.
-pub const MAX_REQUEST_BYTES: usize = 192 * 1024;
+/// The largest task input accepted (serialized JSON). Over
+/// [`INLINE_PAYLOAD_BYTES`](super::payload::INLINE_PAYLOAD_BYTES) it is kept by reference, so
+/// the bound is the way in: the API's request reaches its function inside Lambda's 6 MB
+/// invocation event, its quotes escaped (a JSON body in a JSON string), so 4 MiB leaves room.
+pub const MAX_INPUT_BYTES: usize = 4 * 1024 * 1024;
+/// The largest request body a mapping may build (serialized JSON): a step request carries it
+/// by reference when it is large, and a Lambda service takes at most this.
+pub const MAX_REQUEST_BYTES: usize = super::payload::MAX_PAYLOAD_BYTES;
 /// Longest reply queue URL accepted (SQS URLs are far shorter).
 pub const MAX_URL_LEN: usize = 1024;
 
@@ -164,8 +165,9 @@ pub struct EarlierInput {
 }
 
 /// The most the inputs a task keeps for steps that ran with them may take together
-/// (serialized JSON): two full inputs, so the task's item stays far below DynamoDB's 400 KB.
-pub const MAX_EARLIER_INPUTS_BYTES: usize = 2 * MAX_INPUT_BYTES;
+/// in the task's item (inline, or their references), so the item stays far below DynamoDB's
+/// 400 KB.
+pub const MAX_EARLIER_INPUTS_BYTES: usize = 128 * 1024;
 
 impl Task {
     /// The input of `revision` (`None`: the current one), if the task still has it.

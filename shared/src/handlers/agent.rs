@@ -63,6 +63,8 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
         // deployment is missing the service, which an operator must fix.
         Err(e) => return Err(HandlerError::Config(e.to_string())),
     };
+    // A large body travels by reference; the service receives it whole.
+    let input = crate::payloads::request_body(deps.payloads.as_ref(), request).await?;
     let call = RemoteCall {
         service: request.service.clone(),
         step: request.step.clone(),
@@ -70,7 +72,7 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
         idempotency_key: request.idempotency_key(),
         task_id: request.task_id,
         undoes: request.undoes.clone(),
-        input: request.input.clone(),
+        input,
         deadline: request.complete_by,
         callback: request.callback.clone(),
     };
@@ -266,15 +268,22 @@ async fn reply(
     request: &StepRequest,
     outcome: StepOutcome,
 ) -> Result<(), HandlerError> {
-    let reply = SchedulerMessage::Reply(StepReply {
-        task_id: request.task_id,
-        step: request.step.clone(),
-        step_index: request.step_index,
-        attempt: request.attempt,
-        undo: request.undo,
-        outcome,
-        generation: None,
-    });
+    // A large result is kept before the reply that names it goes out.
+    let reply = crate::payloads::packed_reply(
+        deps.payloads.as_ref(),
+        StepReply {
+            task_id: request.task_id,
+            step: request.step.clone(),
+            step_index: request.step_index,
+            attempt: request.attempt,
+            undo: request.undo,
+            outcome,
+            result_ref: None,
+            generation: None,
+        },
+    )
+    .await?;
+    let reply = SchedulerMessage::Reply(reply);
     super::send_json(
         deps.queue.as_ref(),
         &request.reply_queue_url,

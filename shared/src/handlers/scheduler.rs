@@ -219,6 +219,8 @@ const REPLY_TRIES: u32 = 4;
 const REPLY_PAUSE: Duration = Duration::from_millis(100);
 
 async fn on_reply(deps: &SchedulerDeps, r: StepReply) -> Result<(), HandlerError> {
+    // A large result travels by reference: read it back once for every try below.
+    let r = crate::payloads::unpacked_reply(deps.ports.payloads.as_ref(), r).await?;
     let mut pause = REPLY_PAUSE;
     for attempt in 1..=REPLY_TRIES {
         match apply_one(deps, &r).await {
@@ -342,11 +344,12 @@ async fn applied_reply(
 /// effect, so compensation undoes it.
 fn keepable(record: &StateRecord, outcome: &StepOutcome) -> StepOutcome {
     if let StepOutcome::Succeeded { result: Some(r) } = outcome {
-        let total = record.results_bytes() + r.len();
+        // Budgeted as the record keeps it: inline, or its reference.
+        let total = record.results_bytes() + crate::domain::payload::stored_bytes(r.len());
         if r.len() > MAX_RESULT_BYTES || total > MAX_RESULTS_BYTES {
             return StepOutcome::Faulted {
                 error: format!(
-                    "result_too_large: the service's answer is {} bytes (at most {MAX_RESULT_BYTES} per step and {MAX_RESULTS_BYTES} per task)",
+                    "result_too_large: the service's answer is {} bytes (at most {MAX_RESULT_BYTES} per step, and {MAX_RESULTS_BYTES} of results, inline or referenced, per task)",
                     r.len()
                 ),
             };
@@ -504,6 +507,7 @@ async fn send_step_request(
                 attempt: record.attempt,
                 undo,
                 outcome: StepOutcome::Failed { error },
+                result_ref: None,
                 generation: None,
             });
             return send_json(
@@ -516,6 +520,10 @@ async fn send_step_request(
             .await;
         }
     };
+    // A large body is kept before the request that names it goes out.
+    let (body, body_ref) =
+        crate::payloads::packed_body(deps.ports.payloads.as_ref(), record.task_id, input.0)
+            .await?;
     let request = StepRequest {
         task_id: record.task_id,
         workflow: workflow.name.clone(),
@@ -531,7 +539,8 @@ async fn send_step_request(
         complete_by,
         timeout_ms: u64::try_from(step.policy.step_timeout.num_milliseconds()).ok(),
         reply_queue_url: deps.reply_queue_url.clone(),
-        input: input.0,
+        input: body,
+        input_ref: body_ref,
         callback: input.1,
     };
     send_json(

@@ -5,7 +5,7 @@
 /// kept); a Lambda payload over it is not parsed. Above the result limit
 /// ([`crate::domain::task::MAX_RESULT_BYTES`]), so that a success with some whitespace and a
 /// refusal with a long message are still read whole.
-pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
+pub const MAX_ANSWER_BYTES: usize = crate::domain::payload::MAX_PAYLOAD_BYTES + 64 * 1024;
 /// The most of any text from a service (a refusal's message, a fault's error) that reaches a
 /// record, a message or an event, in bytes: [`cap`] cuts the rest.
 pub const MAX_TEXT_BYTES: usize = 1024;

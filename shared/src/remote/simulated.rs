@@ -77,9 +77,9 @@ impl Default for Faults {
     }
 }
 
-/// The size of an oversized answer's padding (see [`Faults::oversized`]): past SQS's 256 KB
-/// and DynamoDB's 400 KB.
-pub const OVERSIZED_BYTES: usize = 2 << 20;
+/// The size of an oversized answer's padding (see [`Faults::oversized`]): past the most an
+/// agent reads of an answer ([`super::MAX_ANSWER_BYTES`]), so past every limit.
+pub const OVERSIZED_BYTES: usize = super::MAX_ANSWER_BYTES + (1 << 20);
 
 /// A number in [0, 1) from `seed`, `parts` and `n`: the seeded fault decisions.
 pub fn seeded_unit(seed: u64, parts: &[&str], n: u64) -> f64 {
