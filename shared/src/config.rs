@@ -506,7 +506,9 @@ mod tests {
 
     #[test]
     fn the_payload_bucket_is_required_and_named_when_missing() {
-        let sdk = aws_config::SdkConfig::builder().build();
+        let sdk = aws_config::SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .build();
         let missing = payloads_in(&Vars::given([("TABLE_NAME", "t")]), &sdk)
             .err()
             .map(|e| e.to_string());
