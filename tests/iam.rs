@@ -79,6 +79,12 @@ impl Fixture {
                     .build(),
             ),
             eventbridge: aws_sdk_eventbridge::Client::from_conf(eventbridge.build()),
+            s3: aws_sdk_s3::Client::from_conf(
+                aws_sdk_s3::config::Builder::from(&self.config)
+                    .force_path_style(true)
+                    .interceptor(r.clone())
+                    .build(),
+            ),
         }
     }
 
@@ -694,6 +700,18 @@ fn resource_of_call(f: &Fixture, c: &Call) -> String {
     if c.resource == res.bus_name {
         return "EventBus".into();
     }
+    let bucket = format!("arn:aws:s3:::{}", res.payload_bucket);
+    if c.resource == bucket {
+        return "PayloadBucket".into();
+    }
+    if let Some(key) = c.resource.strip_prefix(&format!("{bucket}/")) {
+        // An object, under the one pattern the grants name.
+        return if template::iam_matches("tasks/*", key) {
+            "PayloadBucket/tasks/*".into()
+        } else {
+            format!("PayloadBucket/{key}")
+        };
+    }
     if c.resource
         .starts_with(&format!("schedule/{}/", f.stack.schedule_group))
     {
@@ -730,6 +748,9 @@ fn resource_of_grant(v: &Value) -> String {
     if let Some(index) = sub.strip_prefix("${TasksTable.Arn}/index/") {
         return format!("TasksTable/index/{index}");
     }
+    if let Some(objects) = sub.strip_prefix("${PayloadBucket.Arn}/") {
+        return format!("PayloadBucket/{objects}");
+    }
     if sub.contains("sasreply-") {
         return "client-queues".into();
     }
@@ -759,11 +780,13 @@ fn strings(v: &Value) -> Vec<String> {
     }
 }
 
-/// One grant: (actions, resources, leading-key patterns; none: any key).
+/// One grant: (actions, resources, leading-key patterns; none: any key; `s3:prefix`
+/// patterns of a listing; none: any prefix).
 struct Grant {
     actions: Vec<String>,
     resources: Vec<String>,
     keys: Option<Vec<String>>,
+    prefixes: Option<Vec<String>>,
     sid: String,
 }
 
@@ -785,10 +808,12 @@ fn grants(t: &template::Template, function: &str) -> Vec<Grant> {
                 other => vec![resource_of_grant(other)],
             };
             let keys = s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"].clone();
+            let prefixes = s["Condition"]["StringLike"]["s3:prefix"].clone();
             out.push(Grant {
                 actions: strings(&s["Action"]),
                 resources,
                 keys: (!keys.is_null()).then(|| strings(&keys)),
+                prefixes: (!prefixes.is_null()).then(|| strings(&prefixes)),
                 sid: s["Sid"].as_str().unwrap_or("?").to_owned(),
             });
         }
@@ -804,6 +829,35 @@ fn key_allowed(patterns: &Option<Vec<String>>, key: &Option<String>) -> bool {
     }
 }
 
+/// Whether a listing's prefix (the call's `key`) meets a grant's `s3:prefix` condition (a
+/// listing without a prefix does not).
+fn prefix_allowed(g: &Grant, c: &Call) -> bool {
+    match (&g.prefixes, &c.key) {
+        (None, _) => true,
+        (Some(p), Some(k)) if c.action == "s3:ListBucket" => {
+            p.iter().any(|p| template::iam_matches(p, k))
+        }
+        _ => false,
+    }
+}
+
+/// The payload grants (function, action, resource) no handler uses yet: the adapters and the
+/// grants come first, the handlers' reads and writes of payloads after. Only these may go
+/// unused; a call that uses one is checked like any other.
+// TODO(lead): remove when the handlers use S3
+const UNUSED_S3_GRANTS: [(&str, &str, &str); 10] = [
+    (SUBMISSION, "s3:PutObject", "PayloadBucket/tasks/*"),
+    (SUBMISSION, "s3:GetObject", "PayloadBucket/tasks/*"),
+    (OPERATOR, "s3:PutObject", "PayloadBucket/tasks/*"),
+    (OPERATOR, "s3:GetObject", "PayloadBucket/tasks/*"),
+    (SCHEDULER, "s3:GetObject", "PayloadBucket/tasks/*"),
+    (SCHEDULER, "s3:PutObject", "PayloadBucket/tasks/*"),
+    (AGENT, "s3:GetObject", "PayloadBucket/tasks/*"),
+    (AGENT, "s3:PutObject", "PayloadBucket/tasks/*"),
+    (SUPERVISOR, "s3:ListBucket", "PayloadBucket"),
+    (SUPERVISOR, "s3:DeleteObject", "PayloadBucket/tasks/*"),
+];
+
 /// Queue-consuming actions: the event source mapping's, not the code's.
 const CONSUME: [&str; 4] = [
     "sqs:ReceiveMessage",
@@ -811,6 +865,114 @@ const CONSUME: [&str; 4] = [
     "sqs:GetQueueAttributes",
     "sqs:ChangeMessageVisibility",
 ];
+
+/// (a) of [`check`]: the calls no statement of their function's role allows.
+fn ungranted(f: &Fixture, t: &template::Template, calls: &BTreeSet<Call>) -> Vec<String> {
+    let functions = [SUBMISSION, OPERATOR, SCHEDULER, AGENT, SUPERVISOR];
+    let mut problems = Vec::new();
+    for c in calls {
+        if !functions.contains(&c.role.as_str()) {
+            problems.push(format!("a call outside any function: {c:?}"));
+            continue;
+        }
+        let resource = resource_of_call(f, c);
+        let ok = grants(t, &c.role).iter().any(|g| {
+            g.actions.contains(&c.action)
+                && g.resources.contains(&resource)
+                && key_allowed(&g.keys, &c.key)
+                && prefix_allowed(g, c)
+        });
+        if !ok {
+            problems.push(format!(
+                "{} makes {} on {resource} (key {:?}), which its role does not allow",
+                c.role, c.action, c.key
+            ));
+        }
+    }
+    problems
+}
+
+/// The recorder names the payload store's S3 calls as IAM authorizes them (an object's ARN,
+/// a listing as `s3:ListBucket` on the bucket with its prefix, `DeleteObjects` per key), and
+/// the check holds them to the template's grants: the scheduler's write and read and the
+/// supervisor's listing and deletion of a task's payloads are granted; the same calls in each
+/// other's role, and a listing outside `tasks/`, are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payload_calls_are_recorded_and_held_to_the_grants() {
+    use sas::ports::PayloadError;
+    let config = sdk_config().await;
+    let stage = unique("iam").replace("t-iam-", "s3");
+    let stack = template::provision(&config, &stage).await;
+    let f = Fixture {
+        recorder: Recorder::default(),
+        config,
+        stack,
+        clock: Arc::new(OffsetClock::default()),
+    };
+    // The payloads every function of a system gets, on the stack's bucket.
+    let system = f.system(sas_local::Settings::default(), None);
+    let payloads = system.supervisor.ports.payloads.clone();
+    let task = sas::TaskId::new_random();
+    let r = ROLE
+        .scope(SCHEDULER, async {
+            let r = payloads.put(task, b"{\"big\":true}").await?;
+            assert_eq!(payloads.get(&r).await?, b"{\"big\":true}");
+            Ok::<_, PayloadError>(r)
+        })
+        .await
+        .expect("written and read");
+    let deleted = ROLE
+        .scope(SUPERVISOR, payloads.delete_task(task))
+        .await
+        .expect("deleted");
+    assert_eq!(deleted, 1);
+    let bucket = &f.stack.resources.payload_bucket;
+    let object = format!("arn:aws:s3:::{bucket}/{}", r.key());
+    let call = |role: &str, action: &str, resource: &str, key: Option<&str>| Call {
+        role: role.into(),
+        action: action.into(),
+        resource: resource.into(),
+        key: key.map(str::to_owned),
+    };
+    let listing = Some("tasks/<task id>/");
+    let expected = BTreeSet::from([
+        call(SCHEDULER, "s3:PutObject", &object, None),
+        call(SCHEDULER, "s3:GetObject", &object, None),
+        call(
+            SUPERVISOR,
+            "s3:ListBucket",
+            &format!("arn:aws:s3:::{bucket}"),
+            listing,
+        ),
+        call(SUPERVISOR, "s3:DeleteObject", &object, None),
+    ]);
+    let recorded = f.recorder.calls();
+    assert_eq!(recorded, expected);
+    let t = template::Template::load();
+    assert_eq!(ungranted(&f, &t, &recorded), Vec::<String>::new());
+    let swap = |c: &Call| Call {
+        role: if c.role == SCHEDULER {
+            SUPERVISOR
+        } else {
+            SCHEDULER
+        }
+        .into(),
+        ..c.clone()
+    };
+    let mut refused: BTreeSet<Call> = recorded.iter().map(swap).collect();
+    refused.insert(call(
+        SUPERVISOR,
+        "s3:ListBucket",
+        &format!("arn:aws:s3:::{bucket}"),
+        Some("other/"),
+    ));
+    assert_eq!(
+        ungranted(&f, &t, &refused).len(),
+        refused.len(),
+        "{:#?}",
+        ungranted(&f, &t, &refused)
+    );
+}
 
 fn check(f: &Fixture, all: &BTreeSet<Call>) {
     let t = template::Template::load();
@@ -843,26 +1005,8 @@ fn check(f: &Fixture, all: &BTreeSet<Call>) {
     let _ = std::fs::create_dir_all("../target");
     let _ = std::fs::write("../target/iam-calls.md", &md);
 
-    let mut problems = Vec::new();
     // (a) Every call is granted.
-    for c in calls {
-        if !functions.contains(&c.role.as_str()) {
-            problems.push(format!("a call outside any function: {c:?}"));
-            continue;
-        }
-        let resource = resource_of_call(f, c);
-        let ok = grants(&t, &c.role).iter().any(|g| {
-            g.actions.contains(&c.action)
-                && g.resources.contains(&resource)
-                && key_allowed(&g.keys, &c.key)
-        });
-        if !ok {
-            problems.push(format!(
-                "{} makes {} on {resource} (key {:?}), which its role does not allow",
-                c.role, c.action, c.key
-            ));
-        }
-    }
+    let mut problems = ungranted(f, &t, calls);
     // (b) Every grant is used (per action, resource and key pattern).
     let mappings: BTreeSet<(String, String)> = t
         .of_type("AWS::Lambda::EventSourceMapping")
@@ -900,8 +1044,15 @@ fn check(f: &Fixture, all: &BTreeSet<Call>) {
                             && &c.action == action
                             && &resource_of_call(f, c) == resource
                             && key_allowed(&g.keys, &c.key)
+                            && prefix_allowed(&g, c)
                     });
-                    if !used {
+                    if !used
+                        && !UNUSED_S3_GRANTS.contains(&(
+                            function,
+                            action.as_str(),
+                            resource.as_str(),
+                        ))
+                    {
                         problems.push(format!(
                             "{function} ({}) may {action} on {resource} but no call does",
                             g.sid

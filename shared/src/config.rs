@@ -303,8 +303,8 @@ pub fn dynamo_store(sdk: &aws_config::SdkConfig) -> Result<crate::aws::DynamoSto
 }
 
 /// What the API, scheduler and supervisor functions share ([`crate::handlers::TaskPorts`]):
-/// the [`dynamo_store`], SQS, the [`event_bus`], the system clock, the [`definitions`] over
-/// the store, `WORK_QUEUE_URL` and the EMF metrics.
+/// the [`dynamo_store`], SQS, the [`event_bus`], the [`payloads`], the system clock, the
+/// [`definitions`] over the store, `WORK_QUEUE_URL` and the EMF metrics.
 pub fn task_ports(sdk: &aws_config::SdkConfig) -> Result<crate::handlers::TaskPorts, ConfigError> {
     let store = Arc::new(dynamo_store(sdk)?);
     let clock: Arc<dyn crate::ports::Clock> = Arc::new(crate::ports::SystemClock);
@@ -316,7 +316,24 @@ pub fn task_ports(sdk: &aws_config::SdkConfig) -> Result<crate::handlers::TaskPo
         events: Arc::new(event_bus(sdk)?),
         clock,
         work_queue_url: required("WORK_QUEUE_URL")?,
+        payloads: Arc::new(payloads(sdk)?),
     })
+}
+
+/// The payload store: the S3 bucket `PAYLOAD_BUCKET`.
+pub fn payloads(sdk: &aws_config::SdkConfig) -> Result<crate::aws::S3Payloads, ConfigError> {
+    payloads_in(&Vars::Process, sdk)
+}
+
+/// [`payloads`] from `vars`.
+pub fn payloads_in(
+    vars: &Vars,
+    sdk: &aws_config::SdkConfig,
+) -> Result<crate::aws::S3Payloads, ConfigError> {
+    let bucket = vars
+        .get("PAYLOAD_BUCKET")
+        .ok_or(ConfigError::Missing("PAYLOAD_BUCKET"))?;
+    Ok(crate::aws::S3Payloads::from_config(sdk, bucket))
 }
 
 /// The timers of schedules: EventBridge Scheduler in the group `SCHEDULE_GROUP`, each run sent
@@ -481,4 +498,27 @@ pub fn sweep_settings_in(
         budget,
         look_ahead,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_payload_bucket_is_required_and_named_when_missing() {
+        let sdk = aws_config::SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .build();
+        let missing = payloads_in(&Vars::given([("TABLE_NAME", "t")]), &sdk)
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            missing.as_deref(),
+            Some("environment variable PAYLOAD_BUCKET is required")
+        );
+        let blank = payloads_in(&Vars::given([("PAYLOAD_BUCKET", " ")]), &sdk);
+        assert!(blank.is_err(), "blank counts as absent");
+        let s3 = payloads_in(&Vars::given([("PAYLOAD_BUCKET", "b")]), &sdk).expect("a bucket");
+        assert_eq!(s3.bucket(), "b");
+    }
 }

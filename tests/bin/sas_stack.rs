@@ -64,6 +64,7 @@ async fn main() -> anyhow::Result<()> {
         "deadLetterUrl": r.dead_letter_url,
         "agentDeadLetterUrl": r.agent_dead_letter_url,
         "busName": r.bus_name,
+        "payloadBucket": r.payload_bucket,
         "published": published,
     });
     std::fs::write(

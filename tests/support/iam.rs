@@ -1,6 +1,7 @@
 //! A recorder of the AWS API calls each function makes: an SDK interceptor, added to the
 //! tests' clients, that writes down every request as the IAM authorization sees it (the action,
-//! the resource, and for DynamoDB the leading key of each item), under the role of the function
+//! the resource, for DynamoDB the leading key of each item, for an S3 listing its prefix), under
+//! the role of the function
 //! whose handler made it (`ROLE`, a task-local the test sets around each handler call).
 //!
 //! With [`Recorder::losing_first_answers`], it also loses the answer of the first DynamoDB
@@ -93,6 +94,103 @@ fn prefix(pk: &str) -> String {
     } else {
         pk[..=i].to_owned()
     }
+}
+
+/// An S3 request (path-style, as on the emulator: `/<bucket>/<key>?...`) as IAM authorizes
+/// it: the action, its resources (`arn:aws:s3:::<bucket>/<key>` for an object, the bucket's ARN
+/// for a listing) and, for a listing, its `s3:prefix` (a task id in it written `<task id>`, so
+/// that one row stands for every task). `DeleteObjects` is authorized per key as
+/// `s3:DeleteObject`, `HeadObject` as `s3:GetObject`, `ListObjectsV2` as `s3:ListBucket`.
+pub fn s3_call(op: &str, uri: &str, body: Option<&[u8]>) -> (String, Vec<String>, Option<String>) {
+    let parsed = url::Url::parse(uri).ok();
+    let mut segments: Vec<String> = parsed
+        .as_ref()
+        .and_then(|u| u.path_segments())
+        .into_iter()
+        .flatten()
+        .map(percent_decode)
+        .collect();
+    let bucket = if segments.is_empty() {
+        String::new()
+    } else {
+        segments.remove(0)
+    };
+    let object = |key: &str| format!("arn:aws:s3:::{bucket}/{key}");
+    let query = |name: &str| {
+        parsed.as_ref().and_then(|u| {
+            u.query_pairs()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.into_owned())
+        })
+    };
+    match op {
+        "ListObjectsV2" | "ListObjects" => {
+            let prefix = query("prefix").unwrap_or_default();
+            let generic = prefix
+                .split('/')
+                .map(|s| {
+                    if uuid::Uuid::parse_str(s).is_ok() {
+                        "<task id>"
+                    } else {
+                        s
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("/");
+            (
+                "s3:ListBucket".into(),
+                vec![format!("arn:aws:s3:::{bucket}")],
+                Some(generic),
+            )
+        }
+        "DeleteObjects" => {
+            let text = String::from_utf8_lossy(body.unwrap_or_default()).into_owned();
+            let keys = text
+                .split("<Key>")
+                .skip(1)
+                .filter_map(|s| s.split("</Key>").next())
+                .map(|k| object(&xml_unescape(k)))
+                .collect();
+            ("s3:DeleteObject".into(), keys, None)
+        }
+        "HeadObject" => (
+            "s3:GetObject".into(),
+            vec![object(&segments.join("/"))],
+            None,
+        ),
+        other => (
+            format!("s3:{other}"),
+            vec![object(&segments.join("/"))],
+            None,
+        ),
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(b);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn xml_unescape(s: &str) -> String {
+    s.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&apos;", "'")
+        .replace("&amp;", "&")
 }
 
 fn pk_of(item: &Value) -> Option<String> {
@@ -249,6 +347,12 @@ impl Intercept for Recorder {
                 // Naming a role for Scheduler is passing it: IAM checks iam:PassRole then.
                 if let Some(role) = body["Target"]["RoleArn"].as_str() {
                     push("iam:PassRole".into(), role.to_owned(), None);
+                }
+            }
+            "s3" => {
+                let (action, resource, key) = s3_call(&op, request.uri(), request.body().bytes());
+                for r in resource {
+                    push(action.clone(), r, key.clone());
                 }
             }
             other => push(format!("{other}:{op}"), String::new(), None),

@@ -1,4 +1,4 @@
-//! One source of truth for the resources: the tests create their table, queues and bus from
+//! One source of truth for the resources: the tests create their table, queues, bus and bucket from
 //! `template.yaml` itself (rendered to plain CloudFormation JSON by `infra/render_template.py`,
 //! path in `SAS_TEMPLATE_JSON`), and learn which resource each function uses from the
 //! functions' environment in the template. A key, index or queue attribute the code uses but
@@ -211,15 +211,110 @@ impl Template {
     }
 }
 
-/// Resolves the string intrinsics the template uses in names: `Fn::Sub` over `${Stage}`.
+/// Resolves the string intrinsics the template uses in names: `Fn::Sub` over `${Stage}`,
+/// `${AWS::AccountId}` and `${AWS::Region}` (the emulator's).
 fn name(v: &Value, stage: &str) -> String {
     match v {
         Value::String(s) => s.clone(),
         other => other["Fn::Sub"]
             .as_str()
             .unwrap_or_else(|| panic!("unsupported name {other}"))
-            .replace("${Stage}", stage),
+            .replace("${Stage}", stage)
+            .replace("${AWS::AccountId}", "123456789012")
+            .replace("${AWS::Region}", "us-east-1"),
     }
+}
+
+/// Creates the template's payload bucket under `stage`, with its encryption, public-access
+/// blocks, ownership and lifecycle as written (each one the emulator takes).
+async fn create_bucket(
+    config: &aws_config::SdkConfig,
+    t: &Template,
+    id: &str,
+    stage: &str,
+) -> String {
+    use aws_sdk_s3::types as s3;
+    let p = t.evaluated_properties(id, &[]);
+    t.properties(id, "AWS::S3::Bucket");
+    let bucket = name(&p["BucketName"], stage);
+    let client = sas::aws::s3_client(config);
+    client
+        .create_bucket()
+        .bucket(&bucket)
+        .send()
+        .await
+        .expect("create the template's bucket");
+    let rule = &p["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"];
+    let encryption = s3::ServerSideEncryptionConfiguration::builder()
+        .rules(
+            s3::ServerSideEncryptionRule::builder()
+                .apply_server_side_encryption_by_default(
+                    s3::ServerSideEncryptionByDefault::builder()
+                        .sse_algorithm(s3::ServerSideEncryption::from(
+                            rule["SSEAlgorithm"].as_str().expect("SSEAlgorithm"),
+                        ))
+                        .build()
+                        .expect("encryption default"),
+                )
+                .build(),
+        )
+        .build()
+        .expect("encryption");
+    client
+        .put_bucket_encryption()
+        .bucket(&bucket)
+        .server_side_encryption_configuration(encryption)
+        .send()
+        .await
+        .expect("the template's bucket encryption");
+    let block = &p["PublicAccessBlockConfiguration"];
+    let flag = |k: &str| {
+        block[k]
+            .as_bool()
+            .unwrap_or_else(|| panic!("{k} is a boolean"))
+    };
+    client
+        .put_public_access_block()
+        .bucket(&bucket)
+        .public_access_block_configuration(
+            s3::PublicAccessBlockConfiguration::builder()
+                .block_public_acls(flag("BlockPublicAcls"))
+                .block_public_policy(flag("BlockPublicPolicy"))
+                .ignore_public_acls(flag("IgnorePublicAcls"))
+                .restrict_public_buckets(flag("RestrictPublicBuckets"))
+                .build(),
+        )
+        .send()
+        .await
+        .expect("the template's public-access block");
+    let mut lifecycle = s3::BucketLifecycleConfiguration::builder();
+    for r in p["LifecycleConfiguration"]["Rules"]
+        .as_array()
+        .expect("lifecycle rules")
+    {
+        let mut rule = s3::LifecycleRule::builder()
+            .id(r["Id"].as_str().expect("Id"))
+            .status(s3::ExpirationStatus::from(
+                r["Status"].as_str().expect("Status"),
+            ))
+            .filter(s3::LifecycleRuleFilter::builder().prefix("").build());
+        if let Some(days) = r["AbortIncompleteMultipartUpload"]["DaysAfterInitiation"].as_i64() {
+            rule = rule.abort_incomplete_multipart_upload(
+                s3::AbortIncompleteMultipartUpload::builder()
+                    .days_after_initiation(days as i32)
+                    .build(),
+            );
+        }
+        lifecycle = lifecycle.rules(rule.build().expect("lifecycle rule"));
+    }
+    client
+        .put_bucket_lifecycle_configuration()
+        .bucket(&bucket)
+        .lifecycle_configuration(lifecycle.build().expect("lifecycle"))
+        .send()
+        .await
+        .expect("the template's lifecycle");
+    bucket
 }
 
 fn number(v: &Value) -> i64 {
@@ -477,6 +572,20 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
         work_queue_url,
         "the supervisor re-enqueues where submission enqueues"
     );
+    let bucket_id = Template::ref_of(t.env("SchedulerFunction", "PAYLOAD_BUCKET"));
+    for f in [
+        "SubmissionFunction",
+        "OperatorFunction",
+        "AgentFunction",
+        "SupervisorFunction",
+    ] {
+        assert_eq!(
+            Template::ref_of(t.env(f, "PAYLOAD_BUCKET")),
+            bucket_id,
+            "{f} uses another payload bucket"
+        );
+    }
+    let payload_bucket = create_bucket(config, &t, bucket_id, stage).await;
     let resources = Resources {
         table,
         work_queue_url,
@@ -486,6 +595,7 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
         dead_letter_url: url(t.env("SchedulerFunction", "DEAD_LETTER_QUEUE_URL")),
         agent_dead_letter_url,
         bus_name,
+        payload_bucket,
     };
     // The schedule group the operator function sets schedules in.
     let group_id = Template::ref_of(t.env("OperatorFunction", "SCHEDULE_GROUP"));
@@ -621,6 +731,7 @@ pub fn function_env(function: &str, stack: &Stack) -> Vec<(String, String)> {
         match json["Resources"][id]["Type"].as_str() {
             Some("AWS::DynamoDB::Table") => resources.table.clone(),
             Some("AWS::Events::EventBus") => resources.bus_name.clone(),
+            Some("AWS::S3::Bucket") => resources.payload_bucket.clone(),
             Some("AWS::Scheduler::ScheduleGroup") => stack.schedule_group.clone(),
             // The API's id: only callback URLs carry it, and no test calls them through AWS.
             Some("AWS::ApiGatewayV2::Api" | "AWS::Serverless::HttpApi") => "local-api".into(),

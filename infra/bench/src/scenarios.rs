@@ -73,6 +73,8 @@ pub(crate) fn wrap(p: Ports, meter: &Arc<Meter>, shards: u32) -> Ports {
         catalog: Arc::new(Intercepted::new(p.catalog, counter.clone())),
         queue: Arc::new(Intercepted::new(p.queue, counter.clone())),
         events: Arc::new(Intercepted::new(p.events, counter)),
+        // Not counted: the payloads' calls are S3's, not the table's or the queues'.
+        payloads: p.payloads,
         resources: p.resources,
         memory: p.memory,
     }

@@ -460,6 +460,8 @@ pub fn wrap(ports: Ports, chaos: &Arc<Chaos>) -> Ports {
         catalog: ports.catalog,
         queue: Arc::new(Intercepted::new(ports.queue, faults.clone())),
         events: Arc::new(Intercepted::new(ports.events, faults)),
+        // Passed through: the failpoints do not reach the payloads yet.
+        payloads: ports.payloads,
         resources: ports.resources,
         memory: ports.memory,
     }

@@ -2,6 +2,7 @@
 //! (`sas-local`), the black-box tests, the chaos harness and the bench build on it.
 
 pub mod auth;
+pub mod files;
 pub mod guard;
 pub mod intercept;
 pub mod lag;

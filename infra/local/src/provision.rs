@@ -1,5 +1,6 @@
 //! Creates the resources on an AWS API (an emulator, LocalStack) when they are missing: the
-//! table with its sparse due index, the queues with their dead-letter queue, the event bus.
+//! table with its sparse due index, the queues with their dead-letter queue, the event bus,
+//! the payload bucket.
 //! Used by the local runner's `--aws` mode and by the tests. In AWS itself `template.yaml`
 //! defines these resources.
 
@@ -39,6 +40,8 @@ pub struct Resources {
     /// Where the agents' poison messages go (`None`: `dead_letter_url`).
     pub agent_dead_letter_url: Option<String>,
     pub bus_name: String,
+    /// The bucket payloads too large for a task's items are kept in (`PAYLOAD_BUCKET`).
+    pub payload_bucket: String,
 }
 
 impl Resources {
@@ -103,6 +106,8 @@ pub async fn provision(
                 .is_some_and(|se| se.is_resource_already_exists_exception()) => {}
         Err(e) => return Err(fail(format!("bus {bus_name}"), describe(&e))),
     }
+    let payload_bucket = format!("{prefix}-payloads");
+    create_bucket(&sas::aws::s3_client(config), &payload_bucket).await?;
     Ok(Resources {
         table,
         work_queue_url,
@@ -112,7 +117,23 @@ pub async fn provision(
         dead_letter_url,
         agent_dead_letter_url: None,
         bus_name,
+        payload_bucket,
     })
+}
+
+/// Creates the payload bucket (one already there, this account's, is kept). On AWS the
+/// template's `PayloadBucket` also sets its encryption, public-access blocks and lifecycle.
+pub async fn create_bucket(s3: &aws_sdk_s3::Client, bucket: &str) -> Result<(), ProvisionError> {
+    match s3.create_bucket().bucket(bucket).send().await {
+        Ok(_) => Ok(()),
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|se| se.is_bucket_already_owned_by_you()) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(fail(format!("bucket {bucket}"), describe(&e))),
+    }
 }
 
 /// The table: `pk`/`sk` strings, the sparse GSI `due-index` on `DueShard` (S) and `DueAt` (N)

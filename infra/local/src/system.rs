@@ -11,7 +11,7 @@ use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use sas::api::{self, ApiDeps, MAX_BODY_BYTES};
 use sas::auth::Identity;
-use sas::aws::{DynamoStore, EventBridgeBus, SqsQueue};
+use sas::aws::{DynamoStore, EventBridgeBus, S3Payloads, SqsQueue};
 use sas::catalog::{self, Definitions};
 use sas::domain::task::ReplyQueues;
 use sas::domain::{Backoff, BreakerPolicy, Policy};
@@ -19,10 +19,11 @@ use sas::handlers::TaskPorts;
 use sas::handlers::agent::{self, AgentDeps};
 use sas::handlers::scheduler::{self, SchedulerDeps};
 use sas::handlers::supervisor::{self, SupervisorDeps, SweepReport};
-use sas::memory::{MemoryEventBus, MemoryQueues, MemoryStore, QueueConfig};
+use sas::memory::{MemoryEventBus, MemoryPayloads, MemoryQueues, MemoryStore, QueueConfig};
 use sas::messages::{ScheduledRun, SchedulerMessage};
 use sas::ports::{
-    Catalog, Clock, EventBus, Queue, ReceiveRequest, ReceivedMessage, RemoteService, StateStore,
+    Catalog, Clock, EventBus, Payloads, Queue, ReceiveRequest, ReceivedMessage, RemoteService,
+    StateStore,
 };
 use sas::remote::{
     CachedCredentials, Connectors, Credentials, Faults, MemoryCredentials, Remotes,
@@ -49,6 +50,8 @@ pub struct Ports {
     pub catalog: Arc<dyn Catalog>,
     pub queue: Arc<dyn Queue>,
     pub events: Arc<dyn EventBus>,
+    /// Where payloads too large for a task's items are kept.
+    pub payloads: Arc<dyn Payloads>,
     pub resources: Resources,
     pub memory: Option<MemoryPorts>,
 }
@@ -65,6 +68,7 @@ pub fn aws_ports(
             dynamodb: aws_sdk_dynamodb::Client::new(config),
             sqs: aws_sdk_sqs::Client::new(config),
             eventbridge: aws_sdk_eventbridge::Client::new(config),
+            s3: sas::aws::s3_client(config),
         },
         resources,
         shards,
@@ -77,6 +81,8 @@ pub struct AwsClients {
     pub dynamodb: aws_sdk_dynamodb::Client,
     pub sqs: aws_sdk_sqs::Client,
     pub eventbridge: aws_sdk_eventbridge::Client,
+    /// For the payloads: path-style addressing on an emulator ([`sas::aws::s3_client`]).
+    pub s3: aws_sdk_s3::Client,
 }
 
 /// The AWS adapters on `resources`, over the given clients.
@@ -94,11 +100,13 @@ pub fn aws_ports_from(
         clients.eventbridge,
         &resources.bus_name,
     ));
+    let payloads = Arc::new(S3Payloads::new(clients.s3, &resources.payload_bucket));
     Ports {
         catalog: store.clone(),
         store,
         queue,
         events,
+        payloads,
         resources,
         memory: None,
     }
@@ -123,6 +131,7 @@ pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Port
                 store: store.clone(),
                 queue: queues.clone(),
                 events: events.clone(),
+                payloads: Arc::new(MemoryPayloads::new()),
                 resources,
                 memory: Some((store, queues, events)),
             }
@@ -139,6 +148,8 @@ pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Port
                 store,
                 queue: queues,
                 events,
+                // Beside the store: `DIR/payloads/`.
+                payloads: Arc::new(crate::files::FilePayloads::under(&dir)),
                 resources,
                 memory: None,
             }
@@ -182,6 +193,7 @@ fn memory_queues(visibility: Duration) -> (Arc<MemoryQueues>, Arc<MemoryEventBus
         dead_letter_url: dlq.clone(),
         agent_dead_letter_url: None,
         bus_name: "memory".into(),
+        payload_bucket: "memory".into(),
     };
     (queues, events, resources)
 }
@@ -606,6 +618,7 @@ impl System {
             catalog,
             queue,
             events,
+            payloads,
             resources,
             memory,
         } = ports;
@@ -631,6 +644,7 @@ impl System {
             clock: clock.clone(),
             definitions: definitions.clone(),
             work_queue_url: resources.work_queue_url.clone(),
+            payloads: payloads.clone(),
         };
         let api = ApiDeps {
             ports: ports.clone(),
@@ -712,6 +726,7 @@ impl System {
                     .clone()
                     .unwrap_or_else(|| resources.dead_letter_url.clone()),
             ),
+            payloads,
         };
         let (shutdown, _) = watch::channel(false);
         Self {

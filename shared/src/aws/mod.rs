@@ -1,11 +1,12 @@
-//! The AWS adapters: DynamoDB state store, SQS queues, EventBridge bus, EventBridge
-//! Scheduler (the timers of schedules), the credentials of
+//! The AWS adapters: DynamoDB state store, SQS queues, EventBridge bus, S3 payloads,
+//! EventBridge Scheduler (the timers of schedules), the credentials of
 //! services (Secrets Manager, SSM) and the Lambda client of Lambda services, all on the real SDK
 //! clients. They honour `AWS_ENDPOINT_URL` (an emulator, LocalStack) through `aws-config`.
 
 mod credentials;
 mod dynamodb;
 mod eventbridge;
+mod s3;
 mod sdk;
 mod sqs;
 mod timetable;
@@ -18,6 +19,7 @@ pub use dynamodb::{
 #[cfg(any(test, feature = "testkit"))]
 pub use dynamodb::{index_entry_sizes, item_size, state_record_size, stored_sizes};
 pub use eventbridge::EventBridgeBus;
+pub use s3::{S3Payloads, s3_client};
 pub use sdk::{Described, describe, sdk_config};
 pub use sqs::SqsQueue;
 pub use timetable::{SchedulerTimetable, TimetableConfig};

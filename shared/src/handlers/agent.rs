@@ -32,6 +32,8 @@ pub struct AgentDeps {
     pub dead_letter_url: Option<String>,
     /// Where the handler's EMF metrics go.
     pub metrics: crate::metrics::Metrics,
+    /// Where payloads too large for a task's items are kept (the stack's bucket).
+    pub payloads: Arc<dyn crate::ports::Payloads>,
 }
 
 /// Handles one SQS batch of step requests.

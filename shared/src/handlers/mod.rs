@@ -232,6 +232,8 @@ pub struct TaskPorts {
     pub work_queue_url: String,
     /// Where the handler's EMF metrics go.
     pub metrics: crate::metrics::Metrics,
+    /// Where payloads too large for a task's items are kept (the stack's bucket).
+    pub payloads: Arc<dyn crate::ports::Payloads>,
 }
 
 impl TaskPorts {

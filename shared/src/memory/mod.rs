@@ -4,9 +4,11 @@
 //! contract tests as the AWS adapters.
 
 mod events;
+mod payloads;
 mod queue;
 mod store;
 
 pub use events::MemoryEventBus;
+pub use payloads::MemoryPayloads;
 pub use queue::{MemoryQueues, QueueConfig};
 pub use store::MemoryStore;

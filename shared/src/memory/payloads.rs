@@ -1,0 +1,75 @@
+use crate::domain::{PayloadRef, TaskId};
+use crate::ports::{PayloadError, Payloads};
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+/// Payloads kept in memory, by object name ([`PayloadRef::key`]), as S3 keeps them in the
+/// stack's bucket: `get` checks what it reads against its reference, `delete_task` removes
+/// every object under the task's prefix.
+#[derive(Debug, Default)]
+pub struct MemoryPayloads {
+    objects: Mutex<BTreeMap<String, Vec<u8>>>,
+}
+
+impl MemoryPayloads {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn objects(&self) -> Result<MutexGuard<'_, BTreeMap<String, Vec<u8>>>, PayloadError> {
+        self.objects
+            .lock()
+            .map_err(|_| PayloadError::Unavailable("memory payloads lock poisoned".into()))
+    }
+
+    /// Writes `bytes` under `key` as they are, whatever their reference says: how a test
+    /// changes an object behind the store's back (feature `testkit`).
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn overwrite(&self, key: &str, bytes: Vec<u8>) {
+        if let Ok(mut o) = self.objects.lock() {
+            o.insert(key.to_owned(), bytes);
+        }
+    }
+
+    /// How many objects are kept (every task's).
+    pub fn len(&self) -> usize {
+        self.objects.lock().map(|o| o.len()).unwrap_or_default()
+    }
+
+    /// Whether no object is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[async_trait]
+impl Payloads for MemoryPayloads {
+    async fn put(&self, task_id: TaskId, body: &[u8]) -> Result<PayloadRef, PayloadError> {
+        let r = PayloadRef::of(task_id, body);
+        self.objects()?.insert(r.key(), body.to_vec());
+        Ok(r)
+    }
+
+    async fn get(&self, r: &PayloadRef) -> Result<Vec<u8>, PayloadError> {
+        let key = r.key();
+        let body = self
+            .objects()?
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| PayloadError::NotFound(key.clone()))?;
+        if r.matches(&body) {
+            Ok(body)
+        } else {
+            Err(PayloadError::Corrupt(key))
+        }
+    }
+
+    async fn delete_task(&self, task_id: TaskId) -> Result<usize, PayloadError> {
+        let prefix = PayloadRef::prefix(task_id);
+        let mut objects = self.objects()?;
+        let before = objects.len();
+        objects.retain(|k, _| !k.starts_with(&prefix));
+        Ok(before - objects.len())
+    }
+}
