@@ -665,6 +665,7 @@ async fn a_stale_reply_after_a_recovery_is_dropped() {
 
     // The first attempt's agent answers late.
     let stale = SchedulerMessage::Reply(StepReply {
+        result_ref: None,
         task_id: id,
         step: first.step.clone(),
         step_index: first.step_index,

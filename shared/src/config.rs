@@ -308,15 +308,17 @@ pub fn dynamo_store(sdk: &aws_config::SdkConfig) -> Result<crate::aws::DynamoSto
 pub fn task_ports(sdk: &aws_config::SdkConfig) -> Result<crate::handlers::TaskPorts, ConfigError> {
     let store = Arc::new(dynamo_store(sdk)?);
     let clock: Arc<dyn crate::ports::Clock> = Arc::new(crate::ports::SystemClock);
+    let payloads: Arc<dyn crate::ports::Payloads> = Arc::new(payloads(sdk)?);
     Ok(crate::handlers::TaskPorts {
         metrics: crate::metrics::Metrics::from_env(),
         definitions: Arc::new(definitions(store.clone(), clock.clone())?),
-        store,
+        // Payloads over the inline size in the bucket, their references in the items.
+        store: Arc::new(crate::payloads::Offloading::new(store, payloads.clone())),
         queue: Arc::new(sqs_queue(sdk)),
         events: Arc::new(event_bus(sdk)?),
         clock,
         work_queue_url: required("WORK_QUEUE_URL")?,
-        payloads: Arc::new(payloads(sdk)?),
+        payloads,
     })
 }
 

@@ -17,11 +17,11 @@
 //! [`stored_bytes`]: crate::domain::payload::stored_bytes
 
 use crate::domain::payload::{MESSAGE_INLINE_BYTES, PayloadRef, is_inline};
-use crate::domain::transition::StepOutcome;
-use crate::messages::{StepReply, StepRequest};
 use crate::domain::rate::Admission;
 use crate::domain::state::StepState;
+use crate::domain::transition::StepOutcome;
 use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
+use crate::messages::{StepReply, StepRequest};
 use crate::ports::{
     Breakers, Count, CreateOutcome, CurrentRun, DueEntry, DueIndex, DueQuery, Guarded, InState,
     LeaseClaim, Leases, NewTask, Page, Paging, PayloadError, Payloads, RateLimits, RateRequest,
@@ -277,7 +277,8 @@ pub async fn request_body(
 /// The text `r` names.
 async fn read_text(payloads: &dyn Payloads, r: &PayloadRef) -> Result<String, StoreError> {
     let body = payloads.get(r).await.map_err(store_error)?;
-    String::from_utf8(body).map_err(|_| StoreError::Corrupt(format!("payload {} is not UTF-8", r.key())))
+    String::from_utf8(body)
+        .map_err(|_| StoreError::Corrupt(format!("payload {} is not UTF-8", r.key())))
 }
 
 fn parse(text: &str, r: &PayloadRef) -> Result<serde_json::Value, StoreError> {

@@ -622,6 +622,10 @@ impl System {
             resources,
             memory,
         } = ports;
+        // Payloads over the inline size in the payload store, their references in the items:
+        // every function reads and writes tasks through this, as in the stack.
+        let store: Arc<dyn StateStore> =
+            Arc::new(sas::payloads::Offloading::new(store, payloads.clone()));
         let definitions = Arc::new(Definitions::new(
             catalog,
             settings.policy.clone(),

@@ -522,8 +522,7 @@ async fn send_step_request(
     };
     // A large body is kept before the request that names it goes out.
     let (body, body_ref) =
-        crate::payloads::packed_body(deps.ports.payloads.as_ref(), record.task_id, input.0)
-            .await?;
+        crate::payloads::packed_body(deps.ports.payloads.as_ref(), record.task_id, input.0).await?;
     let request = StepRequest {
         task_id: record.task_id,
         workflow: workflow.name.clone(),

@@ -228,11 +228,12 @@ pub async fn deadlines_at_groups(cfg: &GroupDeadlines) -> anyhow::Result<GroupDe
 }
 
 /// The operator: each task waiting in `Error` is skipped (its failed step given a result by
-/// hand) or retried, at random; after three actions it is resolved. What was done when they
-/// acted is kept, to check nothing rewrote it.
+/// hand) or retried, at random; after three actions (or six tries: the API may refuse one) it
+/// is resolved. What was done when they acted is kept, to check nothing rewrote it.
 #[derive(Default)]
 struct Operator {
     acted: BTreeMap<TaskId, u32>,
+    tries: BTreeMap<TaskId, u32>,
     counts: BTreeMap<&'static str, usize>,
     done: Vec<Done>,
     timed_out: std::collections::HashSet<TaskId>,
@@ -241,15 +242,21 @@ struct Operator {
 impl Operator {
     async fn act(&mut self, world: &CaseWorld, r: &StateRecord, seed: u64) {
         let n = self.acted.get(&r.task_id).copied().unwrap_or(0);
+        // Every try counts for the draw: an action the API refuses for this record (a skip
+        // with no failed step to skip, say) is followed by another draw, not the same one
+        // forever; after six tries, the task is resolved.
+        let tries = self.tries.entry(r.task_id).or_default();
+        *tries += 1;
+        let tries = *tries;
         if r.last_error
             .as_deref()
             .is_some_and(|e| e.starts_with("task_timeout"))
         {
             self.timed_out.insert(r.task_id);
         }
-        let action = if n >= 3 {
+        let action = if n >= 3 || tries > 6 {
             "resolve"
-        } else if seeded_unit(seed, &["skip", &r.task_id.to_string()], n.into()) < 0.5 {
+        } else if seeded_unit(seed, &["skip", &r.task_id.to_string()], tries.into()) < 0.5 {
             "skip"
         } else {
             "retry"
