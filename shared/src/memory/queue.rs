@@ -163,9 +163,19 @@ impl MemoryQueues {
     }
 }
 
+/// The largest message SQS takes (256 KiB).
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+
 #[async_trait]
 impl Queue for MemoryQueues {
     async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
+        // SQS's own bound on a message: a sender that relies on more fails here too.
+        if body.len() > MAX_MESSAGE_BYTES {
+            return Err(QueueError(format!(
+                "MessageTooLong: {} bytes (SQS takes at most {MAX_MESSAGE_BYTES})",
+                body.len()
+            )));
+        }
         let visible_at = Instant::now() + delay;
         Self::push(&mut *self.lock()?, queue_url, body.to_owned(), visible_at)?;
         self.arrived.notify_waiters();
