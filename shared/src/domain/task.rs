@@ -267,8 +267,9 @@ mod tests {
         );
         assert_eq!(third.input_of(Some(2)), third.input_of(None));
         assert_eq!(third.input_of(Some(0)), None, "never named: dropped");
-        // Over the bound: refused with the bytes it would take.
-        let big = serde_json::json!({"blob": "x".repeat(MAX_INPUT_BYTES)});
+        // A large input counts as its reference (it is kept outside the item): two of the
+        // largest inputs are kept.
+        let big = serde_json::json!({"blob": "x".repeat(MAX_INPUT_BYTES - 20)});
         let mut r2 = r.clone();
         r2.steps[1].input_revision = Some(2);
         let heavy = Task {
@@ -280,7 +281,45 @@ mod tests {
             }],
             ..third.clone()
         };
-        assert!(heavy.with_new_input(serde_json::json!({}), &r2).is_err());
+        assert!(heavy.with_new_input(serde_json::json!({}), &r2).is_ok());
+
+        // Over the bound in the item (inline inputs just under the inline size, one per step
+        // of a long workflow): refused with the bytes they would take.
+        let steps: Vec<String> = (0..20)
+            .map(|i| format!("  - {{name: s{i}, service: s}}\n"))
+            .collect();
+        let yaml = format!("name: long\nsteps:\n{}", steps.concat());
+        let v =
+            super::super::workflow::parse_value(&yaml, super::super::Format::Yaml).expect("yaml");
+        let long = super::super::Workflow::from_value(v, None, &Default::default())
+            .expect("valid")
+            .with_version(1);
+        let mut r3 = super::super::StateRecord::new(task.id, &long, None, now, now);
+        let inline = |k: usize| {
+            let pad = super::super::payload::INLINE_PAYLOAD_BYTES - 40;
+            serde_json::json!({"k": k, "pad": "p".repeat(pad)})
+        };
+        let mut many = Task {
+            input: inline(20),
+            input_revision: 20,
+            earlier_inputs: vec![],
+            ..task.clone()
+        };
+        for k in 1..20u32 {
+            r3.steps[k as usize].input_revision = Some(k);
+            many.earlier_inputs.push(EarlierInput {
+                revision: k,
+                input: inline(k as usize),
+                input_ref: None,
+            });
+        }
+        r3.steps[0].input_revision = Some(20);
+        let err = many.with_new_input(serde_json::json!({}), &r3);
+        assert!(
+            matches!(err, Err(bytes) if bytes > MAX_EARLIER_INPUTS_BYTES),
+            "{:?}",
+            err.map(|_| ())
+        );
     }
 
     #[test]

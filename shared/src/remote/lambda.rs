@@ -249,7 +249,7 @@ mod tests {
                 })),
                 "sas-dev-svc-huge" => (
                     StatusCode::OK,
-                    json!({"pad": "x".repeat(1 << 20)}).to_string(),
+                    json!({"pad": "x".repeat(MAX_ANSWER_BYTES)}).to_string(),
                 )
                     .into_response(),
                 "sas-dev-svc-declines-loudly" => function_error(json!({

@@ -682,19 +682,20 @@ steps:
         // the wait goes on for one that fits.
         let yaml = format!(
             "name: full\nsteps:\n{}  - {{name: signature, waitFor: contract-signed, within: 7d}}\n",
-            (0..8)
+            (0..15)
                 .map(|i| format!("  - {{name: s{i}, service: s}}\n"))
                 .collect::<String>()
         );
         let mut t = Harness::of(&yaml, json!({}), base());
         t.claim();
+        // Results kept inline (a larger one would count as its reference).
         let answer = StepOutcome::Succeeded {
-            result: Some(json!("r".repeat(15_000 - 2)).to_string()),
+            result: Some(json!("r".repeat(8_000 - 2)).to_string()),
         };
-        for i in 0..8 {
+        for i in 0..15 {
             t.answer(i, &answer);
         }
-        assert_eq!(t.r.steps[8].status, StepStatus::Waiting);
+        assert_eq!(t.r.steps[15].status, StepStatus::Waiting);
         assert_eq!(t.r.results_bytes(), 120_000);
         let over = t.deliver(&event_of("contract-signed", "e-1", 12_000));
         assert!(
@@ -704,7 +705,7 @@ steps:
             ),
             "{over:?}"
         );
-        assert_eq!(t.r.steps[8].status, StepStatus::Waiting);
+        assert_eq!(t.r.steps[15].status, StepStatus::Waiting);
         t.deliver(&event_of("contract-signed", "e-2", 10_000))
             .expect("fits");
         assert!(t.r.results_bytes() <= MAX_RESULTS_BYTES);
