@@ -308,7 +308,10 @@ pub fn dynamo_store(sdk: &aws_config::SdkConfig) -> Result<crate::aws::DynamoSto
 pub fn task_ports(sdk: &aws_config::SdkConfig) -> Result<crate::handlers::TaskPorts, ConfigError> {
     let store = Arc::new(dynamo_store(sdk)?);
     let clock: Arc<dyn crate::ports::Clock> = Arc::new(crate::ports::SystemClock);
-    let payloads: Arc<dyn crate::ports::Payloads> = Arc::new(payloads(sdk)?);
+    // One cache of payloads for the process: what a function read or wrote once it neither
+    // reads nor writes again.
+    let payloads: Arc<dyn crate::ports::Payloads> =
+        Arc::new(crate::payloads::Cached::new(Arc::new(payloads(sdk)?)));
     Ok(crate::handlers::TaskPorts {
         metrics: crate::metrics::Metrics::from_env(),
         definitions: Arc::new(definitions(store.clone(), clock.clone())?),

@@ -50,6 +50,13 @@ impl Cache {
         self.kept.get(key).cloned()
     }
 
+    /// Drops every object whose name starts with `prefix` (a task's, deleted).
+    fn forget(&mut self, prefix: &str) {
+        self.kept.retain(|k, _| !k.starts_with(prefix));
+        self.order.retain(|k| !k.starts_with(prefix));
+        self.bytes = self.kept.values().map(|b| b.len()).sum();
+    }
+
     fn put(&mut self, key: String, body: Arc<Vec<u8>>) {
         if body.len() > CACHE_BYTES || self.kept.contains_key(&key) {
             return;
@@ -68,59 +75,22 @@ impl Cache {
     }
 }
 
-/// A state store whose task items hold large payloads by reference (see the module's text).
-pub struct Offloading {
-    inner: Arc<dyn StateStore>,
-    payloads: Arc<dyn Payloads>,
+/// A payload store that keeps what this process read or wrote lately ([`CACHE_BYTES`]), so
+/// that a payload read once (a result, by the scheduler, from its reply) is neither read nor
+/// written again by the same process. Objects are named by their bytes and never change, so
+/// a kept one is never stale, and one known to be written need not be written again. One per
+/// process, shared by [`Offloading`] and the functions' message helpers.
+pub struct Cached {
+    inner: Arc<dyn Payloads>,
     cache: Mutex<Cache>,
 }
 
-impl Offloading {
-    pub fn new(inner: Arc<dyn StateStore>, payloads: Arc<dyn Payloads>) -> Self {
+impl Cached {
+    pub fn new(inner: Arc<dyn Payloads>) -> Self {
         Self {
             inner,
-            payloads,
             cache: Mutex::default(),
         }
-    }
-
-    /// Keeps `text` (over the inline size) and answers its reference; an object this process
-    /// wrote or read already is not written again.
-    async fn keep(&self, task: TaskId, text: &str) -> Result<PayloadRef, StoreError> {
-        let r = PayloadRef::of(task, text.as_bytes());
-        let key = r.key();
-        if self.cached(&key).is_some() {
-            return Ok(r);
-        }
-        let kept = self
-            .payloads
-            .put(task, text.as_bytes())
-            .await
-            .map_err(store_error)?;
-        if kept != r {
-            return Err(StoreError::Corrupt(format!(
-                "the payload store named {} as {}",
-                key,
-                kept.key()
-            )));
-        }
-        self.remember(key, Arc::new(text.as_bytes().to_vec()));
-        Ok(r)
-    }
-
-    /// The text `r` names, from the cache or the payload store.
-    async fn read(&self, r: &PayloadRef) -> Result<String, StoreError> {
-        let key = r.key();
-        let body = match self.cached(&key) {
-            Some(b) => b,
-            None => {
-                let b = Arc::new(self.payloads.get(r).await.map_err(store_error)?);
-                self.remember(key.clone(), b.clone());
-                b
-            }
-        };
-        String::from_utf8(body.to_vec())
-            .map_err(|_| StoreError::Corrupt(format!("payload {key} is not UTF-8")))
     }
 
     fn cached(&self, key: &str) -> Option<Arc<Vec<u8>>> {
@@ -131,6 +101,69 @@ impl Offloading {
         if let Ok(mut c) = self.cache.lock() {
             c.put(key, body);
         }
+    }
+}
+
+#[async_trait]
+impl Payloads for Cached {
+    async fn put(&self, task_id: TaskId, body: &[u8]) -> Result<PayloadRef, PayloadError> {
+        let r = PayloadRef::of(task_id, body);
+        if self.cached(&r.key()).is_some() {
+            return Ok(r);
+        }
+        let kept = self.inner.put(task_id, body).await?;
+        if kept != r {
+            return Err(PayloadError::Corrupt(format!(
+                "the payload store named {} as {}",
+                r.key(),
+                kept.key()
+            )));
+        }
+        self.remember(r.key(), Arc::new(body.to_vec()));
+        Ok(r)
+    }
+
+    async fn get(&self, r: &PayloadRef) -> Result<Vec<u8>, PayloadError> {
+        let key = r.key();
+        if let Some(b) = self.cached(&key) {
+            return Ok(b.to_vec());
+        }
+        let body = self.inner.get(r).await?;
+        self.remember(key, Arc::new(body.clone()));
+        Ok(body)
+    }
+
+    async fn delete_task(&self, task_id: TaskId) -> Result<usize, PayloadError> {
+        if let Ok(mut c) = self.cache.lock() {
+            c.forget(&PayloadRef::prefix(task_id));
+        }
+        self.inner.delete_task(task_id).await
+    }
+}
+
+/// A state store whose task items hold large payloads by reference (see the module's text).
+pub struct Offloading {
+    inner: Arc<dyn StateStore>,
+    payloads: Arc<dyn Payloads>,
+}
+
+impl Offloading {
+    /// `payloads` should be the process's [`Cached`] store.
+    pub fn new(inner: Arc<dyn StateStore>, payloads: Arc<dyn Payloads>) -> Self {
+        Self { inner, payloads }
+    }
+
+    /// Keeps `text` (over the inline size) and answers its reference.
+    async fn keep(&self, task: TaskId, text: &str) -> Result<PayloadRef, StoreError> {
+        self.payloads
+            .put(task, text.as_bytes())
+            .await
+            .map_err(store_error)
+    }
+
+    /// The text `r` names.
+    async fn read(&self, r: &PayloadRef) -> Result<String, StoreError> {
+        read_text(self.payloads.as_ref(), r).await
     }
 
     /// The task as stored: each input over the inline size kept, and referenced instead.
@@ -485,7 +518,7 @@ mod tests {
         let record = StateRecord::new(id, &w, None, now, now);
         let inner = Arc::new(MemoryStore::new(1));
         let objects = Arc::new(Objects::default());
-        let store = Offloading::new(inner.clone(), objects.clone());
+        let store = Offloading::new(inner.clone(), Arc::new(Cached::new(objects.clone())));
         assert_eq!(
             store
                 .create(NewTask::new(&task, &record))
@@ -616,7 +649,7 @@ mod tests {
             w.put_result(Some(result.clone())).await;
         }
         // Another process (an empty cache) writes the same item, and the same object name.
-        let other = Offloading::new(w.inner.clone(), w.objects.clone());
+        let other = Offloading::new(w.inner.clone(), Arc::new(Cached::new(w.objects.clone())));
         let mut next = w.record.clone();
         next.version += 1;
         other
@@ -634,7 +667,7 @@ mod tests {
         let mut w = world(10).await;
         w.put_result(Some(large(20 * 1024))).await;
         w.objects.delete_task(w.task.id).await.expect("deletes");
-        let fresh = Offloading::new(w.inner.clone(), w.objects.clone());
+        let fresh = Offloading::new(w.inner.clone(), Arc::new(Cached::new(w.objects.clone())));
         assert!(matches!(
             fresh.get_state(w.task.id).await,
             Err(StoreError::Corrupt(m)) if m.contains("not found")

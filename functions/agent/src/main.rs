@@ -79,7 +79,9 @@ async fn main() -> Result<(), Error> {
         backoff: config::backoff()?,
         call_timeout: Duration::from_millis(config::parsed("CALL_TIMEOUT_MS", 10_000u64)?),
         dead_letter_url: config::optional("DEAD_LETTER_QUEUE_URL"),
-        payloads: Arc::new(config::payloads(&sdk)?),
+        payloads: Arc::new(sas::payloads::Cached::new(Arc::new(config::payloads(
+            &sdk,
+        )?))),
     };
     let deps = &deps;
     run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {

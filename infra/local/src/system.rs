@@ -624,6 +624,9 @@ impl System {
         } = ports;
         // Payloads over the inline size in the payload store, their references in the items:
         // every function reads and writes tasks through this, as in the stack.
+        // One cache of payloads per system, as one per function instance in the stack.
+        let payloads: Arc<dyn sas::ports::Payloads> =
+            Arc::new(sas::payloads::Cached::new(payloads));
         let store: Arc<dyn StateStore> =
             Arc::new(sas::payloads::Offloading::new(store, payloads.clone()));
         let definitions = Arc::new(Definitions::new(
