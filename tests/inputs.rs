@@ -164,14 +164,15 @@ async fn every_bad_request_gets_a_4xx_json_error_and_writes_nothing() {
         case(
             "POST",
             &order,
-            json!({"customerId": "x".repeat(70 * 1024), "items": []}).to_string(),
+            json!({"customerId": "x".repeat(sas::domain::task::MAX_INPUT_BYTES), "items": []})
+                .to_string(),
             413,
             "input_too_large",
         ),
         case(
             "POST",
             &order,
-            "x".repeat(300 * 1024),
+            "x".repeat(sas::api::MAX_BODY_BYTES + 1024),
             413,
             "payload_too_large",
         ),

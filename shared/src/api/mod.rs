@@ -48,9 +48,9 @@ use routes::{Target, Unrouted};
 use serde_json::Value;
 use tracing::{Instrument, error, info, info_span};
 
-/// Largest accepted request body: a task's input ([`crate::domain::task::MAX_INPUT_BYTES`]),
-/// a definition or a callback.
-pub const MAX_BODY_BYTES: usize = crate::domain::task::MAX_INPUT_BYTES;
+/// Largest accepted request body (a task's input is limited further, to
+/// [`crate::domain::task::MAX_INPUT_BYTES`]; a definition and a callback by this).
+pub const MAX_BODY_BYTES: usize = crate::domain::task::MAX_INPUT_BYTES + 64 * 1024;
 
 /// The answer to a body over [`MAX_BODY_BYTES`] (also used by adapters that stop reading).
 pub fn too_large() -> Response<String> {
