@@ -131,6 +131,92 @@ async fn every_function_gets_its_resources_from_the_template() {
         "the agent's poison messages go to its dead-letter queue"
     );
     assert_eq!(scheduler["FAILURE_THRESHOLD"], "3");
+    for f in [
+        "SubmissionFunction",
+        "OperatorFunction",
+        "SchedulerFunction",
+        "AgentFunction",
+        "SupervisorFunction",
+    ] {
+        assert_eq!(env(f)["PAYLOAD_BUCKET"], r.payload_bucket, "{f}");
+    }
+    // The bucket made from the template is encrypted by default, as written.
+    let encryption = sas::aws::s3_client(&config)
+        .get_bucket_encryption()
+        .bucket(&r.payload_bucket)
+        .send()
+        .await
+        .expect("the bucket's encryption");
+    let rules = encryption
+        .server_side_encryption_configuration()
+        .map(|c| c.rules().to_vec())
+        .unwrap_or_default();
+    assert_eq!(
+        rules
+            .first()
+            .and_then(|r| r.apply_server_side_encryption_by_default())
+            .map(|d| d.sse_algorithm().as_str()),
+        Some("AES256")
+    );
+}
+
+/// The payload bucket: encrypted (SSE-S3), no public access of any kind, ACLs off, incomplete
+/// multipart uploads aborted after a day and no expiry (a task's retention deletes its
+/// objects), and no request without TLS.
+#[test]
+fn the_payload_bucket_is_private_encrypted_and_tls_only_and_expires_nothing() {
+    use serde_json::json;
+    let t = template::Template::load();
+    let p = t.properties("PayloadBucket", "AWS::S3::Bucket");
+    assert_eq!(
+        p["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"]
+            ["SSEAlgorithm"],
+        "AES256"
+    );
+    for block in [
+        "BlockPublicAcls",
+        "BlockPublicPolicy",
+        "IgnorePublicAcls",
+        "RestrictPublicBuckets",
+    ] {
+        assert_eq!(p["PublicAccessBlockConfiguration"][block], true, "{block}");
+    }
+    assert_eq!(
+        p["OwnershipControls"]["Rules"],
+        json!([{"ObjectOwnership": "BucketOwnerEnforced"}])
+    );
+    let rules = p["LifecycleConfiguration"]["Rules"]
+        .as_array()
+        .expect("lifecycle rules");
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    assert_eq!(rules[0]["Status"], "Enabled");
+    assert_eq!(
+        rules[0]["AbortIncompleteMultipartUpload"]["DaysAfterInitiation"],
+        1
+    );
+    for expiry in [
+        "ExpirationInDays",
+        "ExpirationDate",
+        "NoncurrentVersionExpiration",
+    ] {
+        assert!(rules[0][expiry].is_null(), "no {expiry}");
+    }
+    let policy = t.properties("PayloadBucketPolicy", "AWS::S3::BucketPolicy");
+    assert_eq!(policy["Bucket"], json!({"Ref": "PayloadBucket"}));
+    assert_eq!(
+        policy["PolicyDocument"]["Statement"],
+        json!([{
+            "Sid": "DenyWithoutTls",
+            "Effect": "Deny",
+            "Principal": "*",
+            "Action": "s3:*",
+            "Resource": [
+                {"Fn::GetAtt": ["PayloadBucket", "Arn"]},
+                {"Fn::Sub": "${PayloadBucket.Arn}/*"}
+            ],
+            "Condition": {"Bool": {"aws:SecureTransport": "false"}}
+        }])
+    );
 }
 
 #[tokio::test]
@@ -313,10 +399,11 @@ fn only_the_agent_invokes_service_functions_and_reads_credentials_under_the_pref
     }
 }
 
-/// Deleting the stack keeps the data: the table and the dead-letter queues are retained (also
-/// when an update would replace them), and every queue keeps a message 14 days.
+/// Deleting the stack keeps the data: the table, the payload bucket and the dead-letter queues
+/// are retained (also when an update would replace them), and every queue keeps a message 14
+/// days.
 #[test]
-fn the_table_and_the_dead_letter_queues_outlive_the_stack_and_queues_keep_14_days() {
+fn the_table_the_payloads_and_the_dead_letter_queues_outlive_the_stack_and_queues_keep_14_days() {
     let t = template::Template::load();
     let resources = t.json["Resources"].as_object().expect("resources");
     let mut retained: Vec<&str> = resources
@@ -329,6 +416,7 @@ fn the_table_and_the_dead_letter_queues_outlive_the_stack_and_queues_keep_14_day
         retained,
         [
             "AgentDeadLetterQueue",
+            "PayloadBucket",
             "SchedulerDeadLetterQueue",
             "SupervisorDeadLetterQueue",
             "TasksTable"
