@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::routing::post;
 use sas::TaskId;
 use sas::ports::TaskStore;
-use sas_blackbox::{serve_loopback, unique};
+use sas_blackbox::serve_loopback;
 use sas_local::{Backend, Settings, System};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
@@ -162,6 +162,6 @@ async fn a_1_mb_input_and_a_1_mb_result_reach_a_later_steps_body_on_the_emulator
         definitions: definitions(&base),
         ..Settings::default()
     };
-    let (system, _clock) = sas_blackbox::aws_system(&unique("payloads"), settings).await;
+    let (system, _clock) = sas_blackbox::aws_system("lp", settings).await;
     run(system, &calls).await;
 }

@@ -10,8 +10,8 @@
 //! The rule on a write: a payload's reference follows from its bytes alone, so the item
 //! written is the same whoever writes it and however often (the ambiguous-write read-back
 //! compares items). The object is written *before* the item that names it: a crash between the
-//! two leaves an object no item names, under its task's prefix, deleted with the task's
-//! payloads; never an item naming an object that is not there.
+//! two leaves an object no item names, under its task's prefix; never an item naming an object
+//! that is not there.
 //!
 //! [`INLINE_PAYLOAD_BYTES`]: crate::domain::payload::INLINE_PAYLOAD_BYTES
 //! [`stored_bytes`]: crate::domain::payload::stored_bytes
