@@ -9,7 +9,10 @@
 //! replies and compensations; the agent's calls to a Lambda service, an HTTP service with a
 //! Secrets Manager token and one with an SSM API key, and its breakers; the supervisor's sweep
 //! (leases, an expired step, an owed outbox) and timers; the operator's list, reads,
-//! publications and cancel; poison messages to each dead-letter queue. Then:
+//! publications, cancel and retry with a large input; poison messages to each dead-letter
+//! queue; payloads over the inline sizes (a task's input over a message's inline size, its
+//! step's body and its service's answer too: each written and read by the function that does
+//! so, asserted per function, each with its own cache as its own Lambda instance). Then:
 //!
 //! - every recorded call is allowed by a statement of its function's role (action, resource,
 //!   and `dynamodb:LeadingKeys` for table items);
@@ -22,6 +25,7 @@
 use http::{HeaderMap, HeaderValue, Method};
 use sas::api;
 use sas::catalog;
+use sas::domain::payload::{INLINE_PAYLOAD_BYTES, MESSAGE_INLINE_BYTES};
 use sas::ports::{Clock, OffsetClock};
 use sas::remote::{Faults, SimulatedService};
 use sas_blackbox::iam::{Call, ROLE, Recorder};
@@ -48,6 +52,14 @@ async fn lambda_stub() -> String {
         axum::routing::post(invoke),
     ))
     .await
+}
+
+/// A service over HTTP answering every call with a result over a message's inline size.
+async fn large_answers() -> String {
+    async fn answer() -> axum::Json<Value> {
+        axum::Json(json!({"report": "r".repeat(MESSAGE_INLINE_BYTES + 1024)}))
+    }
+    serve_loopback(axum::Router::new().fallback(answer)).await
 }
 
 struct Fixture {
@@ -246,6 +258,7 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     let payment_url = serve_loopback(sas_local::simulated::router(payment.clone())).await;
     let shipping_url = serve_loopback(sas_local::simulated::router(shipping.clone())).await;
     let lambda = lambda_stub().await;
+    let archive_url = large_answers().await;
     let services = format!(
         r#"services:
   - name: inventory
@@ -255,6 +268,8 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     limits: {{concurrency: 5, rate: {{perSecond: 100, burst: 10}}}}
   - name: shipping
     target: {{type: http, baseUrl: "{shipping_url}", auth: {{type: apiKey, header: X-Api-Key, parameter: "{parameter}"}}}}
+  - name: archive
+    target: {{type: http, baseUrl: "{archive_url}"}}
 "#
     );
     let mut files = catalog::example_files();
@@ -444,14 +459,22 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     let failed = body["taskId"].as_str().expect("taskId").to_owned();
     pump(&scheduler, &agent).await;
     shipping.set_faults(Faults::default());
+    // The new input is over the inline size: kept in the payload store by the operator.
+    let mut fixed = order.clone();
+    fixed["address"] = json!("a".repeat(INLINE_PAYLOAD_BYTES + 1024));
     let (status, body) = operator_api(
         &operator,
         Method::POST,
         &format!("/tasks/{failed}/retry-with-input"),
-        &json!({"reason": "address fixed", "input": order}),
+        &json!({"reason": "address fixed", "input": fixed}),
     )
     .await;
     assert_eq!(status, 202, "{body}");
+    assert_eq!(
+        s3_calls(&f, OPERATOR, "s3:PutObject", &failed),
+        1,
+        "the operator keeps the new input"
+    );
     pump(&scheduler, &agent).await;
 
     // A caller's cancel, and an operator's, of tasks nothing was sent for: compensated at once.
@@ -490,6 +513,69 @@ async fn every_call_is_granted_and_every_grant_is_used() {
             .expect("poll");
         ROLE.scope(AGENT, agent.pump_agents()).await.expect("poll");
     }
+    // Payloads over the inline sizes, each role's reads and writes under its own role and
+    // with its own cache (one per process: what a role wrote it does not read back from S3).
+    // A task whose input is over a message's inline size: the submission writes it; the
+    // scheduler reads it and writes the first step's mapped body; the agent reads the body and
+    // writes the service's answer, over a message's inline size too; the scheduler reads that
+    // back (and keeps it in the record by the same reference). The task API's and the
+    // operator's views read the result (and the operator's the input); the second step is
+    // claimed and never run, and the supervisor's sweep reads the record whole to recover it.
+    let large = json!({"name": "iam-large", "steps": [
+        {"name": "fetch", "service": "archive", "input": {"note": "$.input.note"}},
+        {"name": "then", "service": "inventory", "input": {"customerId": "$.input.customerId"}}
+    ]});
+    let (status, body) = operator_api(&operator, Method::PUT, "/workflows/iam-large", &large).await;
+    assert_eq!(status, 201, "{body}");
+    let big = json!({"customerId": "c-1", "note": "n".repeat(MESSAGE_INLINE_BYTES + 1024)});
+    let (status, body) =
+        task_api(&submitter, Method::POST, "/workflows/iam-large/tasks", &big).await;
+    assert_eq!(status, 202, "{body}");
+    let heavy = body["taskId"].as_str().expect("taskId").to_owned();
+    let made = |role: &str, action: &str| s3_calls(&f, role, action, &heavy);
+    assert_eq!(made(SUBMISSION, "s3:PutObject"), 1, "the input kept");
+    ROLE.scope(SCHEDULER, scheduler.pump_scheduler())
+        .await
+        .expect("step sent");
+    assert_eq!(made(SCHEDULER, "s3:GetObject"), 1, "the input read");
+    assert_eq!(made(SCHEDULER, "s3:PutObject"), 1, "the step's body kept");
+    ROLE.scope(AGENT, agent.pump_agents())
+        .await
+        .expect("called");
+    assert_eq!(made(AGENT, "s3:GetObject"), 1, "the body read");
+    assert_eq!(made(AGENT, "s3:PutObject"), 1, "the answer kept");
+    ROLE.scope(SCHEDULER, scheduler.pump_scheduler())
+        .await
+        .expect("reply");
+    assert_eq!(made(SCHEDULER, "s3:GetObject"), 2, "the answer read");
+    assert_eq!(
+        made(SCHEDULER, "s3:PutObject"),
+        1,
+        "the answer not kept twice"
+    );
+    let (status, body) = task_api(
+        &submitter,
+        Method::GET,
+        &format!("/tasks/{heavy}"),
+        &Value::Null,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(made(SUBMISSION, "s3:GetObject"), 1, "the result read");
+    let (status, body) = operator_api(
+        &operator,
+        Method::GET,
+        &format!("/tasks/{heavy}"),
+        &Value::Null,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        made(OPERATOR, "s3:GetObject"),
+        2,
+        "the input and the result read"
+    );
+
     // A step that expires: claimed, its agent never runs.
     let late = ROLE
         .scope(SUBMISSION, submit(&submitter, false, &[], &order))
@@ -509,6 +595,11 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     ROLE.scope(SUPERVISOR, supervisor.sweep())
         .await
         .expect("sweep");
+    assert_eq!(
+        s3_calls(&f, SUPERVISOR, "s3:GetObject", &heavy),
+        1,
+        "the supervisor read the large task's result to recover its step"
+    );
     let r = ROLE
         .scope(
             "test",
@@ -641,6 +732,19 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         );
     }
     check(&f, &f.recorder.calls());
+}
+
+/// How many objects of task `task` the function `role` made `action` on.
+fn s3_calls(f: &Fixture, role: &str, action: &str, task: &str) -> usize {
+    let objects = format!(
+        "arn:aws:s3:::{}/tasks/{task}/",
+        f.stack.resources.payload_bucket
+    );
+    f.recorder
+        .calls()
+        .iter()
+        .filter(|c| c.role == role && c.action == action && c.resource.starts_with(&objects))
+        .count()
 }
 
 /// Around the first task a schedule's run writes: another run of the schedule (`run`, on
@@ -841,23 +945,6 @@ fn prefix_allowed(g: &Grant, c: &Call) -> bool {
     }
 }
 
-/// The payload grants (function, action, resource) no handler uses yet: the adapters and the
-/// grants come first, the handlers' reads and writes of payloads after. Only these may go
-/// unused; a call that uses one is checked like any other.
-// TODO(lead): remove when the handlers use S3
-const UNUSED_S3_GRANTS: [(&str, &str, &str); 10] = [
-    (SUBMISSION, "s3:PutObject", "PayloadBucket/tasks/*"),
-    (SUBMISSION, "s3:GetObject", "PayloadBucket/tasks/*"),
-    (OPERATOR, "s3:PutObject", "PayloadBucket/tasks/*"),
-    (OPERATOR, "s3:GetObject", "PayloadBucket/tasks/*"),
-    (SCHEDULER, "s3:GetObject", "PayloadBucket/tasks/*"),
-    (SCHEDULER, "s3:PutObject", "PayloadBucket/tasks/*"),
-    (AGENT, "s3:GetObject", "PayloadBucket/tasks/*"),
-    (AGENT, "s3:PutObject", "PayloadBucket/tasks/*"),
-    (SUPERVISOR, "s3:ListBucket", "PayloadBucket"),
-    (SUPERVISOR, "s3:DeleteObject", "PayloadBucket/tasks/*"),
-];
-
 /// Queue-consuming actions: the event source mapping's, not the code's.
 const CONSUME: [&str; 4] = [
     "sqs:ReceiveMessage",
@@ -894,12 +981,12 @@ fn ungranted(f: &Fixture, t: &template::Template, calls: &BTreeSet<Call>) -> Vec
 
 /// The recorder names the payload store's S3 calls as IAM authorizes them (an object's ARN,
 /// a listing as `s3:ListBucket` on the bucket with its prefix, `DeleteObjects` per key), and
-/// the check holds them to the template's grants: the scheduler's write and read and the
-/// supervisor's listing and deletion of a task's payloads are granted; the same calls in each
-/// other's role, and a listing outside `tasks/`, are not.
+/// the check holds them to the template's grants: the scheduler's write and read are granted,
+/// and the supervisor's read; the supervisor's write is not, nor a listing or a deletion in any
+/// role (no purge of a task's payloads exists yet: it brings its grants).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payload_calls_are_recorded_and_held_to_the_grants() {
-    use sas::ports::PayloadError;
+    use sas::ports::{PayloadError, Payloads};
     let config = sdk_config().await;
     let stage = unique("iam").replace("t-iam-", "s3");
     let stack = template::provision(&config, &stage).await;
@@ -909,9 +996,9 @@ async fn payload_calls_are_recorded_and_held_to_the_grants() {
         stack,
         clock: Arc::new(OffsetClock::default()),
     };
-    // The payloads every function of a system gets, on the stack's bucket.
-    let system = f.system(sas_local::Settings::default(), None);
-    let payloads = system.supervisor.ports.payloads.clone();
+    // The payload store of every function, on the stack's bucket, without the process's cache
+    // (which would answer the read of what it just wrote).
+    let payloads = sas::aws::S3Payloads::new(f.clients(None).s3, &f.stack.resources.payload_bucket);
     let task = sas::TaskId::new_random();
     let r = ROLE
         .scope(SCHEDULER, async {
@@ -934,38 +1021,39 @@ async fn payload_calls_are_recorded_and_held_to_the_grants() {
         resource: resource.into(),
         key: key.map(str::to_owned),
     };
-    let listing = Some("tasks/<task id>/");
-    let expected = BTreeSet::from([
-        call(SCHEDULER, "s3:PutObject", &object, None),
-        call(SCHEDULER, "s3:GetObject", &object, None),
+    let listing = |role: &str, prefix: &str| {
         call(
-            SUPERVISOR,
+            role,
             "s3:ListBucket",
             &format!("arn:aws:s3:::{bucket}"),
-            listing,
-        ),
-        call(SUPERVISOR, "s3:DeleteObject", &object, None),
-    ]);
-    let recorded = f.recorder.calls();
-    assert_eq!(recorded, expected);
-    let t = template::Template::load();
-    assert_eq!(ungranted(&f, &t, &recorded), Vec::<String>::new());
-    let swap = |c: &Call| Call {
-        role: if c.role == SCHEDULER {
-            SUPERVISOR
-        } else {
-            SCHEDULER
-        }
-        .into(),
-        ..c.clone()
+            Some(prefix),
+        )
     };
-    let mut refused: BTreeSet<Call> = recorded.iter().map(swap).collect();
-    refused.insert(call(
-        SUPERVISOR,
-        "s3:ListBucket",
-        &format!("arn:aws:s3:::{bucket}"),
-        Some("other/"),
-    ));
+    let recorded = f.recorder.calls();
+    assert_eq!(
+        recorded,
+        BTreeSet::from([
+            call(SCHEDULER, "s3:PutObject", &object, None),
+            call(SCHEDULER, "s3:GetObject", &object, None),
+            listing(SUPERVISOR, "tasks/<task id>/"),
+            call(SUPERVISOR, "s3:DeleteObject", &object, None),
+        ])
+    );
+    let t = template::Template::load();
+    let granted = BTreeSet::from([
+        call(SCHEDULER, "s3:PutObject", &object, None),
+        call(SCHEDULER, "s3:GetObject", &object, None),
+        call(SUPERVISOR, "s3:GetObject", &object, None),
+    ]);
+    assert_eq!(ungranted(&f, &t, &granted), Vec::<String>::new());
+    let refused = BTreeSet::from([
+        call(SUPERVISOR, "s3:PutObject", &object, None),
+        listing(SUPERVISOR, "tasks/<task id>/"),
+        listing(SCHEDULER, "tasks/<task id>/"),
+        listing(SUPERVISOR, "other/"),
+        call(SUPERVISOR, "s3:DeleteObject", &object, None),
+        call(SCHEDULER, "s3:DeleteObject", &object, None),
+    ]);
     assert_eq!(
         ungranted(&f, &t, &refused).len(),
         refused.len(),
@@ -1046,13 +1134,7 @@ fn check(f: &Fixture, all: &BTreeSet<Call>) {
                             && key_allowed(&g.keys, &c.key)
                             && prefix_allowed(&g, c)
                     });
-                    if !used
-                        && !UNUSED_S3_GRANTS.contains(&(
-                            function,
-                            action.as_str(),
-                            resource.as_str(),
-                        ))
-                    {
+                    if !used {
                         problems.push(format!(
                             "{function} ({}) may {action} on {resource} but no call does",
                             g.sid
