@@ -170,16 +170,16 @@ impl Offloading {
     async fn stored_task(&self, t: &Task) -> Result<Task, StoreError> {
         let mut t = t.clone();
         let text = t.input.to_string();
-        t.input_ref = None;
+        let read = t.input_ref.take();
         if !is_inline(text.len()) {
-            t.input_ref = Some(self.keep(t.id, &text).await?);
+            t.input_ref = Some(self.kept(t.id, &text, read).await?);
             t.input = serde_json::Value::Null;
         }
         for e in &mut t.earlier_inputs {
             let text = e.input.to_string();
-            e.input_ref = None;
+            let read = e.input_ref.take();
             if !is_inline(text.len()) {
-                e.input_ref = Some(self.keep(t.id, &text).await?);
+                e.input_ref = Some(self.kept(t.id, &text, read).await?);
                 e.input = serde_json::Value::Null;
             }
         }
@@ -201,14 +201,29 @@ impl Offloading {
 
     async fn store_result(&self, id: TaskId, s: &mut StepState) -> Result<(), StoreError> {
         // The reference follows from the result alone: none without one, none for a small one.
-        s.result_ref = None;
+        let read = s.result_ref.take();
         if let Some(text) = &s.result
             && !is_inline(text.len())
         {
-            s.result_ref = Some(self.keep(id, text).await?);
+            s.result_ref = Some(self.kept(id, text, read).await?);
             s.result = None;
         }
         Ok(())
+    }
+
+    /// The reference of `text` (over the inline size): the one the item was read with if it
+    /// still names these bytes (the object is there: it was read), else `text` kept now.
+    async fn kept(
+        &self,
+        task: TaskId,
+        text: &str,
+        read: Option<PayloadRef>,
+    ) -> Result<PayloadRef, StoreError> {
+        let r = PayloadRef::of(task, text.as_bytes());
+        if read.as_ref() == Some(&r) {
+            return Ok(r);
+        }
+        self.keep(task, text).await
     }
 
     /// The task whole again: each referenced input read back.
@@ -660,6 +675,21 @@ mod tests {
         assert_eq!(w.objects.kept.lock().expect("lock").len(), 1);
         let read = other.get_state(w.task.id).await.expect("r").expect("s");
         assert_eq!(read.steps[0].result, Some(result));
+
+        // A process with no cache at all (a supervisor whose cache dropped it) that read the
+        // record whole writes it back without writing its object: the object is there.
+        let bare = Offloading::new(w.inner.clone(), w.objects.clone());
+        let seen = bare.get_state(w.task.id).await.expect("r").expect("s");
+        let mut again = seen.clone();
+        again.version += 1;
+        bare.put(&again, &Condition::on(&seen, vec![]))
+            .await
+            .expect("writes");
+        assert_eq!(
+            w.objects.puts.load(Ordering::SeqCst),
+            2,
+            "no object written"
+        );
     }
 
     #[tokio::test]
