@@ -329,11 +329,15 @@ impl SharedBreaker {
         }
     }
 
-    /// The breaker: from the read cache if fresh, else read (strongly consistent).
+    /// The breaker: from the read cache if fresh, else read (strongly consistent). A cached
+    /// pause is read again: only an operator ends a pause, and a resume wakes the steps it
+    /// deferred at once, so a call just after it must see it (a stale pause would defer the
+    /// woken step for another [`PAUSE_RECHECK`](crate::domain::breaker::PAUSE_RECHECK)). Calls
+    /// are rare while paused (each deferred step looks once a recheck), so this costs little.
     async fn current(&self) -> Option<BreakerRecord> {
         match self.cached() {
-            Some(b) => Some(b),
-            None => self.fresh().await,
+            Some(b) if !matches!(b.state, BreakerState::Paused { .. }) => Some(b),
+            _ => self.fresh().await,
         }
     }
 
@@ -569,5 +573,49 @@ mod tests {
             "past the cache time: read again, open"
         );
         assert_eq!(service.0.load(Ordering::SeqCst), 3, "no call while open");
+    }
+
+    /// A resume is seen by the next call, cache or not: `sasctl service resume` wakes the steps
+    /// the pause deferred at once, and an agent that read the pause a moment before must not
+    /// defer them again for a minute (recovery.rs's resume test failed this way in CI).
+    #[tokio::test]
+    async fn a_cached_pause_is_read_again_so_a_resume_is_seen_at_once() {
+        let store: Arc<dyn crate::ports::StateStore> = Arc::new(MemoryStore::new(1));
+        let clock = Arc::new(OffsetClock::default());
+        let policy = BreakerPolicy {
+            read_cache: chrono::Duration::seconds(1),
+            ..BreakerPolicy::default()
+        };
+        let service = Arc::new(Counting::default());
+        let agent = SharedBreaker::new(
+            "payment",
+            service.clone(),
+            store.clone(),
+            policy,
+            clock.clone(),
+        );
+        let timeout = Duration::from_secs(1);
+        let closed = BreakerRecord::closed("payment");
+        let paused = closed
+            .pause(clock.now(), "ops: bank maintenance".into())
+            .expect("a closed breaker pauses");
+        assert!(store.put_breaker(&paused).await.expect("written"));
+        assert!(
+            matches!(
+                agent.call(&call(), timeout).await,
+                Err(RemoteFault::CircuitOpen {
+                    paused: Some(_),
+                    ..
+                })
+            ),
+            "paused: deferred"
+        );
+        let resumed = paused.resume().expect("a paused breaker resumes");
+        assert!(store.put_breaker(&resumed).await.expect("written"));
+        agent
+            .call(&call(), timeout)
+            .await
+            .expect("resumed within the cache time: called");
+        assert_eq!(service.0.load(Ordering::SeqCst), 1);
     }
 }
