@@ -1,13 +1,15 @@
 //! Payloads past the record's limits (issue 42): a workflow the code has never seen takes a
 //! 1 MB input (a quote with its lines), its first service answers a 1 MB report, and a later
-//! step's body carries both intact, byte for byte; the task's items stay small. On the
-//! in-memory system and on the stack's own resources on the emulator (S3 on moto).
+//! step's body carries both intact, byte for byte; the task's items stay small. At the end of
+//! the task's retention its objects are deleted, then its items. On the in-memory system and on
+//! the stack's own resources on the emulator (S3 on moto).
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::routing::post;
 use sas::TaskId;
-use sas::ports::TaskStore;
+use sas::domain::payload::PayloadRef;
+use sas::ports::{Clock, OffsetClock, PayloadError, TaskStore};
 use sas_blackbox::serve_loopback;
 use sas_local::{Backend, Settings, System};
 use serde_json::{Value, json};
@@ -15,6 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const MB: usize = 1024 * 1024;
+
+/// How long a final task is kept, in these tests.
+fn retention() -> chrono::Duration {
+    chrono::Duration::days(7)
+}
 
 /// What the service received: each call's action and body.
 type Calls = Arc<Mutex<Vec<(String, Value)>>>;
@@ -79,7 +86,7 @@ steps:
     ]
 }
 
-async fn run(mut system: System, calls: &Calls) {
+async fn run(mut system: System, calls: &Calls, clock: &OffsetClock) {
     system.start();
     let input = quote();
     assert!(input.to_string().len() > MB, "the input is over 1 MB");
@@ -128,7 +135,71 @@ async fn run(mut system: System, calls: &Calls) {
         );
         assert!(stored.steps[0].result.is_none() && stored.steps[0].result_ref.is_some());
     }
+
+    // The retention: the task's notice out, its record is due at the retention's end; the
+    // supervisor then deletes its objects, then its items.
+    let kept: Vec<PayloadRef> = [task.input_ref.clone(), whole.steps[0].result_ref.clone()]
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(kept.len(), 2, "the input and the report are kept by reference");
+    let purge_at = purge_time(&system, id).await;
+    let payloads = system.supervisor.ports.payloads.clone();
+    for r in &kept {
+        payloads.get(r).await.expect("kept until the retention ends");
+    }
+    clock.advance(retention() + chrono::Duration::minutes(1));
+    assert!(clock.now() > purge_at);
+    for _ in 0..100 {
+        if system.store.get(id).await.expect("reads").is_none() {
+            break;
+        }
+        system.sweep().await.expect("sweeps");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        system.store.get(id).await.expect("reads").is_none(),
+        "the task's items are deleted"
+    );
+    for r in &kept {
+        assert!(
+            matches!(payloads.get(r).await, Err(PayloadError::NotFound(_))),
+            "the task's objects are deleted"
+        );
+    }
     system.shutdown().await;
+}
+
+/// When task `id`'s retention ends: set once its final notice is out.
+async fn purge_time(system: &System, id: TaskId) -> chrono::DateTime<chrono::Utc> {
+    for _ in 0..200 {
+        if let Some(at) = sas_blackbox::state(system, id).await.purge_at {
+            return at;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("task {id}'s retention did not start");
+}
+
+/// Fails the first deletion of a task's items, as a supervisor that died between deleting the
+/// task's objects and deleting its items would leave them.
+#[derive(Default)]
+struct DiesBeforeItems(std::sync::atomic::AtomicUsize);
+
+#[async_trait::async_trait]
+impl sas_local::intercept::Interceptor for DiesBeforeItems {
+    async fn around<'a, R: sas_local::intercept::Reply, E: sas_local::intercept::Failure>(
+        &'a self,
+        next: sas_local::intercept::Next<'a, R, E>,
+    ) -> Result<R, E> {
+        use sas_local::intercept::Call;
+        if let Call::ForgetTask { .. } = next.call()
+            && self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0
+        {
+            return Err(E::unavailable("the supervisor died here".into()));
+        }
+        next.run(next.call()).await
+    }
 }
 
 async fn wait_processed(system: &System, id: TaskId) -> sas::StateRecord {
@@ -147,12 +218,64 @@ async fn a_1_mb_input_and_a_1_mb_result_reach_a_later_steps_body_in_memory() {
     let (base, calls) = reports().await;
     let settings = Settings {
         definitions: definitions(&base),
+        retention: Some(retention()),
         ..Settings::default()
     };
-    let system = System::new(Backend::Memory, settings, Arc::new(sas::ports::SystemClock))
+    let clock = Arc::new(OffsetClock::default());
+    let system = System::new(Backend::Memory, settings, clock.clone())
         .await
         .expect("builds");
-    run(system, &calls).await;
+    run(system, &calls, &clock).await;
+}
+
+/// A supervisor may die between any two writes of a purge: the objects deleted, the items not.
+/// The record stays due, and the next sweep deletes the items (no object is left to delete).
+#[tokio::test]
+async fn a_purge_cut_between_the_objects_and_the_items_ends_at_the_next_sweep() {
+    let (base, _calls) = reports().await;
+    let settings = Settings {
+        retention: Some(retention()),
+        ..sas_blackbox::manual_settings()
+    };
+    let clock = Arc::new(OffsetClock::default());
+    let hook = Arc::new(DiesBeforeItems::default());
+    let mut ports = sas_local::system::ports(Backend::Memory, &settings)
+        .await
+        .expect("ports");
+    ports.store = Arc::new(sas_local::intercept::Intercepted::new(
+        ports.store.clone(),
+        hook.clone(),
+    ));
+    let system = System::from_ports(ports, settings, clock.clone());
+    system.publish(&definitions(&base)).await.expect("publishes");
+    let id = sas_blackbox::submit_task(&system, "quote-report", &quote()).await;
+    sas_blackbox::pump_until_quiet(&system, 30).await;
+    let r = sas_blackbox::state(&system, id).await;
+    assert_eq!(r.process_state, sas::ProcessState::Processed);
+    let (task, whole) = system.store.get(id).await.expect("reads").expect("stored");
+    let kept: Vec<PayloadRef> = [task.input_ref, whole.steps[0].result_ref.clone()]
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(kept.len(), 2);
+    let payloads = system.supervisor.ports.payloads.clone();
+
+    let early = system.sweep().await.expect("sweeps");
+    assert_eq!(early.purged, 0, "not before the retention ends");
+    clock.advance(retention() + chrono::Duration::minutes(1));
+    let cut = system.sweep().await.expect("sweeps");
+    assert_eq!((cut.purged, cut.errors), (0, 1), "{cut:?}");
+    for r in &kept {
+        assert!(matches!(payloads.get(r).await, Err(PayloadError::NotFound(_))));
+    }
+    assert!(
+        system.store.get_state(id).await.expect("reads").is_some(),
+        "the items are still there, due"
+    );
+    let again = system.sweep().await.expect("sweeps");
+    assert_eq!((again.purged, again.errors), (1, 0), "{again:?}");
+    assert!(system.store.get(id).await.expect("reads").is_none());
+    assert_eq!(hook.0.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -160,8 +283,9 @@ async fn a_1_mb_input_and_a_1_mb_result_reach_a_later_steps_body_on_the_emulator
     let (base, calls) = reports().await;
     let settings = Settings {
         definitions: definitions(&base),
+        retention: Some(retention()),
         ..Settings::default()
     };
-    let (system, _clock) = sas_blackbox::aws_system("lp", settings).await;
-    run(system, &calls).await;
+    let (system, clock) = sas_blackbox::aws_system("lp", settings).await;
+    run(system, &calls, &clock).await;
 }

@@ -316,7 +316,11 @@ pub fn task_ports(sdk: &aws_config::SdkConfig) -> Result<crate::handlers::TaskPo
         metrics: crate::metrics::Metrics::from_env(),
         definitions: Arc::new(definitions(store.clone(), clock.clone())?),
         // Payloads over the inline size in the bucket, their references in the items.
-        store: Arc::new(crate::payloads::Offloading::new(store, payloads.clone())),
+        store: Arc::new(crate::payloads::Offloading::new(
+            store,
+            payloads.clone(),
+            clock.clone(),
+        )),
         queue: Arc::new(sqs_queue(sdk)),
         events: Arc::new(event_bus(sdk)?),
         clock,

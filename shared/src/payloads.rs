@@ -23,7 +23,7 @@ use crate::domain::transition::StepOutcome;
 use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use crate::messages::{StepReply, StepRequest};
 use crate::ports::{
-    Breakers, Count, CreateOutcome, CurrentRun, DueEntry, DueIndex, DueQuery, Guarded, InState,
+    Breakers, Clock, Count, CreateOutcome, CurrentRun, DueEntry, DueIndex, DueQuery, Guarded, InState,
     LeaseClaim, Leases, NewTask, Page, Paging, PayloadError, Payloads, RateLimits, RateRequest,
     SlotAnswer, SlotRequest, Slots, StateStore, StoreError, TaskLists, TaskStore,
 };
@@ -145,12 +145,22 @@ impl Payloads for Cached {
 pub struct Offloading {
     inner: Arc<dyn StateStore>,
     payloads: Arc<dyn Payloads>,
+    clock: Arc<dyn Clock>,
 }
 
 impl Offloading {
-    /// `payloads` should be the process's [`Cached`] store.
-    pub fn new(inner: Arc<dyn StateStore>, payloads: Arc<dyn Payloads>) -> Self {
-        Self { inner, payloads }
+    /// `payloads` should be the process's [`Cached`] store; `clock` tells a record whose
+    /// retention ended (read as stored: see [`Offloading::whole_record`]).
+    pub fn new(
+        inner: Arc<dyn StateStore>,
+        payloads: Arc<dyn Payloads>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            inner,
+            payloads,
+            clock,
+        }
     }
 
     /// Keeps `text` (over the inline size) and answers its reference.
@@ -196,6 +206,12 @@ impl Offloading {
                 self.store_result(id, e).await?;
             }
         }
+        // The domain marks a record with a large result ([`StateRecord::payloads`]); the edge
+        // that keeps one says so too, whatever the caller's copy says.
+        r.payloads |= r
+            .steps
+            .iter()
+            .any(|s| s.result_ref.is_some() || s.elements.iter().any(|e| e.result_ref.is_some()));
         Ok(r)
     }
 
@@ -239,8 +255,13 @@ impl Offloading {
         Ok(t)
     }
 
-    /// The record whole again: each referenced result read back.
+    /// The record whole again: each referenced result read back. A record whose retention
+    /// ended ([`StateRecord::purge_due`]) is answered as stored: it is read only to be purged,
+    /// which needs none of its payloads (and may have deleted them already).
     async fn whole_record(&self, mut r: StateRecord) -> Result<StateRecord, StoreError> {
+        if r.purge_due(self.clock.now()) {
+            return Ok(r);
+        }
         for s in &mut r.steps {
             self.whole_result(s).await?;
             for e in &mut s.elements {
@@ -348,7 +369,8 @@ pub fn store_error(e: PayloadError) -> StoreError {
 impl TaskStore for Offloading {
     async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError> {
         let task = self.stored_task(new.task).await?;
-        let record = self.stored_record(new.record).await?;
+        let mut record = self.stored_record(new.record).await?;
+        record.payloads |= task.input_ref.is_some();
         self.inner
             .create(NewTask {
                 task: &task,
@@ -387,8 +409,9 @@ impl TaskStore for Offloading {
     }
 
     async fn put_with_input(&self, put: Guarded<'_>, task: &Task) -> Result<(), StoreError> {
-        let record = self.stored_record(put.record).await?;
+        let mut record = self.stored_record(put.record).await?;
         let task = self.stored_task(task).await?;
+        record.payloads |= task.input_ref.is_some();
         self.inner
             .put_with_input(Guarded::new(&record, put.condition), &task)
             .await
@@ -397,6 +420,15 @@ impl TaskStore for Offloading {
     async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
         // Only its state, times and id are read: its payloads need not be whole.
         self.inner.expire_task(record).await
+    }
+
+    fn retention(&self) -> Option<chrono::Duration> {
+        self.inner.retention()
+    }
+
+    async fn forget_task(&self, record: &StateRecord) -> Result<(), StoreError> {
+        // Only its id and version are read.
+        self.inner.forget_task(record).await
     }
 }
 
@@ -533,7 +565,11 @@ mod tests {
         let record = StateRecord::new(id, &w, None, now, now);
         let inner = Arc::new(MemoryStore::new(1));
         let objects = Arc::new(Objects::default());
-        let store = Offloading::new(inner.clone(), Arc::new(Cached::new(objects.clone())));
+        let store = Offloading::new(
+            inner.clone(),
+            Arc::new(Cached::new(objects.clone())),
+            Arc::new(crate::ports::SystemClock),
+        );
         assert_eq!(
             store
                 .create(NewTask::new(&task, &record))
@@ -664,7 +700,11 @@ mod tests {
             w.put_result(Some(result.clone())).await;
         }
         // Another process (an empty cache) writes the same item, and the same object name.
-        let other = Offloading::new(w.inner.clone(), Arc::new(Cached::new(w.objects.clone())));
+        let other = Offloading::new(
+            w.inner.clone(),
+            Arc::new(Cached::new(w.objects.clone())),
+            Arc::new(crate::ports::SystemClock),
+        );
         let mut next = w.record.clone();
         next.version += 1;
         other
@@ -678,7 +718,11 @@ mod tests {
 
         // A process with no cache at all (a supervisor whose cache dropped it) that read the
         // record whole writes it back without writing its object: the object is there.
-        let bare = Offloading::new(w.inner.clone(), w.objects.clone());
+        let bare = Offloading::new(
+            w.inner.clone(),
+            w.objects.clone(),
+            Arc::new(crate::ports::SystemClock),
+        );
         let seen = bare.get_state(w.task.id).await.expect("r").expect("s");
         let mut again = seen.clone();
         again.version += 1;
@@ -697,7 +741,11 @@ mod tests {
         let mut w = world(10).await;
         w.put_result(Some(large(20 * 1024))).await;
         w.objects.delete_task(w.task.id).await.expect("deletes");
-        let fresh = Offloading::new(w.inner.clone(), Arc::new(Cached::new(w.objects.clone())));
+        let fresh = Offloading::new(
+            w.inner.clone(),
+            Arc::new(Cached::new(w.objects.clone())),
+            Arc::new(crate::ports::SystemClock),
+        );
         assert!(matches!(
             fresh.get_state(w.task.id).await,
             Err(StoreError::Corrupt(m)) if m.contains("not found")

@@ -182,6 +182,12 @@ pub trait TaskStore: Send + Sync {
     /// retention after the record's `updated_at`. Idempotent; a no-op for a record that is not
     /// final, or with no retention. The state record's own expiry is written with it by `put`.
     async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError>;
+    /// How long a final task is kept (`None`: for good): what [`TaskStore::expire_task`] starts.
+    fn retention(&self) -> Option<chrono::Duration>;
+    /// Deletes task `record.task_id`'s items (its task item and state record) if its record is
+    /// still at `record.version`: the end of its retention, once its payloads are deleted.
+    /// `ConditionFailed` if the record moved on; `Ok` if it is gone already.
+    async fn forget_task(&self, record: &StateRecord) -> Result<(), StoreError>;
 }
 
 /// The lists of tasks an operator and a caller read: the state index and the caller index

@@ -1111,7 +1111,7 @@ async fn due_index_is_sparse_sharded_and_ordered(store: &dyn StateStore) {
         Ok(())
     });
 
-    let delivered = transition::notice_delivered(&done, now).expect("owed");
+    let delivered = transition::notice_delivered(&done, now, None).expect("owed");
     store
         .put(&delivered.record, &delivered.condition)
         .await

@@ -407,6 +407,17 @@ impl Interceptor for Counter {
                 }
                 next.run(call).await
             }
+            Call::ForgetTask { .. } => {
+                // A transaction of two deletes (the task item, the state record): twice the
+                // units of two writes, the state record billed on a small delete.
+                m.call("DynamoDB TransactWriteItems (purge)");
+                m.io().await;
+                m.write(WriteUnits {
+                    table: 4.0,
+                    ..WriteUnits::small("purge")
+                });
+                next.run(call).await
+            }
             Call::Admit(ask) => {
                 // One conditional UpdateItem of a small item (the caller's TAT): 1 WRU.
                 m.call("DynamoDB UpdateItem (rate limit)");

@@ -50,6 +50,9 @@ pub enum Call<'a> {
     ExpireTask {
         record: &'a StateRecord,
     },
+    ForgetTask {
+        record: &'a StateRecord,
+    },
     CurrentRun {
         schedule: &'a str,
     },
@@ -127,6 +130,7 @@ impl Call<'_> {
             Self::PutAs { .. } => "put_as",
             Self::PutWithInput { .. } => "put_with_input",
             Self::ExpireTask { .. } => "expire_task",
+            Self::ForgetTask { .. } => "forget_task",
             Self::CurrentRun { .. } => "current_run",
             Self::List { .. } => "list",
             Self::Count { .. } => "count",
@@ -323,6 +327,12 @@ impl<T: TaskStore + ?Sized, H: Interceptor> TaskStore for Intercepted<T, H> {
     }
     async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
         forward!(self, ExpireTask { record } => expire_task)
+    }
+    fn retention(&self) -> Option<chrono::Duration> {
+        self.inner.retention()
+    }
+    async fn forget_task(&self, record: &StateRecord) -> Result<(), StoreError> {
+        forward!(self, ForgetTask { record } => forget_task)
     }
     async fn current_run(&self, schedule: &str) -> Result<Option<CurrentRun>, StoreError> {
         forward!(self, CurrentRun { schedule } => current_run)

@@ -649,10 +649,10 @@ impl TaskStore for SqliteStore {
     }
 
     async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
-        let (Some(keep), true) = (self.retention, record.process_state.is_final()) else {
+        let Some(at) = record.expires_at(self.retention) else {
             return Ok(());
         };
-        let at = (record.updated_at + keep).timestamp_millis();
+        let at = at.timestamp_millis();
         let id = record.task_id.to_string();
         self.write(move |tx| {
             tx.execute(
@@ -660,6 +660,30 @@ impl TaskStore for SqliteStore {
                 params![id, at],
             )
             .map_err(db)?;
+            Ok(())
+        })
+        .await
+    }
+
+    fn retention(&self) -> Option<chrono::Duration> {
+        self.retention
+    }
+
+    async fn forget_task(&self, record: &StateRecord) -> Result<(), StoreError> {
+        let id = record.task_id.to_string();
+        let version = record.version;
+        self.write(move |tx| {
+            match read_state(tx, &id)? {
+                None => return Ok(()),
+                Some((stored, _)) if stored.version != version => {
+                    return Err(StoreError::ConditionFailed);
+                }
+                Some(_) => {}
+            }
+            tx.execute("DELETE FROM states WHERE id = ?1", params![id])
+                .map_err(db)?;
+            tx.execute("DELETE FROM tasks WHERE id = ?1", params![id])
+                .map_err(db)?;
             Ok(())
         })
         .await

@@ -628,7 +628,11 @@ impl System {
         let payloads: Arc<dyn sas::ports::Payloads> =
             Arc::new(sas::payloads::Cached::new(payloads));
         let store: Arc<dyn StateStore> =
-            Arc::new(sas::payloads::Offloading::new(store, payloads.clone()));
+            Arc::new(sas::payloads::Offloading::new(
+                store,
+                payloads.clone(),
+                clock.clone(),
+            ));
         let definitions = Arc::new(Definitions::new(
             catalog,
             settings.policy.clone(),

@@ -265,10 +265,14 @@ pub(super) async fn act(
         OperatorAction::Wake => transition::wake(&record, &actor, now, &policies),
         OperatorAction::StopBranches => transition::stop_branches(&record, &actor, now, &policies),
     };
-    let t = t.map_err(|why| conflict(&record, why.to_string()))?;
+    let mut t = t.map_err(|why| conflict(&record, why.to_string()))?;
     let task = match input.new_input {
         Some(new) => match task.with_new_input(new, &t.record) {
-            Ok(changed) => Some(changed),
+            Ok(changed) => {
+                // A new input kept by reference: the task's retention must delete it.
+                t.record.payloads |= changed.has_large_input();
+                Some(changed)
+            }
             Err(bytes) => {
                 return Err(conflict(
                     &record,

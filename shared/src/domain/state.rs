@@ -353,6 +353,16 @@ pub struct StateRecord {
     /// state index's sort key, which therefore changes only when the state does, so a write
     /// within a state costs the index nothing.
     pub since: DateTime<Utc>,
+    /// Whether some payload of this task may be kept by reference (an input or a result past
+    /// the inline size: [`crate::domain::payload`]). Set by the store's edge when it keeps one,
+    /// never cleared: the task's retention must then delete its objects (see `purge_at`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub payloads: bool,
+    /// The end of a final task's retention, for a task with `payloads`: the record is due then,
+    /// and the supervisor deletes its objects, then its items (DynamoDB's TTL, which knows
+    /// nothing of S3, deletes the items of a task without payloads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purge_at: Option<DateTime<Utc>>,
     /// The due index's sort key: at or before [`StateRecord::due_at`] (so the sweep is never
     /// late), and kept across writes while the due time stays within [`DUE_KEY_SLACK`] after it
     /// (so a step done, whose next deadline is a little later, does not move the index entry:
@@ -360,6 +370,12 @@ pub struct StateRecord {
     /// reads it and leaves it. `None` iff `due_at()` is.
     pub due_key: Option<DateTime<Utc>>,
 }
+
+/// How long after its purge a task with payloads keeps its items ([`StateRecord::expires_at`]):
+/// the supervisor's sweep deletes its objects within a minute of its purge time; should sweeps
+/// stop for this long, DynamoDB's TTL deletes the items and the objects stay (an alarm fires
+/// long before: `SupervisorSilentAlarm`).
+pub const PURGE_GRACE: chrono::Duration = chrono::Duration::days(2);
 
 /// How far before its due time a record's due-index key may stay (see
 /// [`StateRecord::due_key`]): a task that runs for up to this long after its first deadline
@@ -558,6 +574,7 @@ impl StateRecord {
             .checked_add_signed(first.start_within + first.step_timeout)
             .unwrap_or(pickup_by);
         Self {
+            payloads: false, purge_at: None,
             task_id,
             workflow: workflow.name.clone(),
             workflow_version: workflow.version,
@@ -687,8 +704,43 @@ impl StateRecord {
             // A record still running is due at its deadline if that comes first.
             Some(self.next_deadline().map_or(backstop, |d| d.min(backstop)))
         } else {
-            self.next_deadline()
+            // A final record is due only for its purge.
+            self.next_deadline().or(self.purge_at)
         }
+    }
+
+    /// Whether a step's or element's result is past the inline size: kept by reference.
+    pub fn holds_large_result(&self) -> bool {
+        let large = |s: &StepState| {
+            s.result
+                .as_ref()
+                .is_some_and(|r| !crate::domain::payload::is_inline(r.len()))
+        };
+        self.steps
+            .iter()
+            .any(|s| large(s) || s.elements.iter().any(large))
+    }
+
+    /// When a final record's items expire (DynamoDB's TTL on `ExpiresAt`) with a `retention`:
+    /// its last write plus the retention; for a task with payloads, [`PURGE_GRACE`] after its
+    /// purge, so the supervisor deletes its objects before its items go.
+    pub fn expires_at(&self, retention: Option<chrono::Duration>) -> Option<DateTime<Utc>> {
+        let keep = retention?;
+        if !self.process_state.is_final() {
+            return None;
+        }
+        Some(match self.purge_at {
+            Some(at) => at + PURGE_GRACE,
+            None => self.updated_at + keep,
+        })
+    }
+
+    /// Whether this final record's retention has ended at `now`, its notices delivered: its
+    /// payloads and items are to be deleted.
+    pub fn purge_due(&self, now: DateTime<Utc>) -> bool {
+        self.process_state.is_final()
+            && !self.notice_pending()
+            && self.purge_at.is_some_and(|at| at <= now)
     }
 
     /// The due-index shard of this record (see docs/capacity.md: the sharded sparse due index).

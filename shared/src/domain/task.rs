@@ -170,6 +170,12 @@ pub struct EarlierInput {
 pub const MAX_EARLIER_INPUTS_BYTES: usize = 128 * 1024;
 
 impl Task {
+    /// Whether its input is past the inline size: kept by reference
+    /// ([`crate::domain::payload`]).
+    pub fn has_large_input(&self) -> bool {
+        !crate::domain::payload::is_inline(self.input.to_string().len())
+    }
+
     /// The input of `revision` (`None`: the current one), if the task still has it.
     pub fn input_of(&self, revision: Option<u32>) -> Option<&serde_json::Value> {
         match revision {

@@ -416,7 +416,7 @@ pub async fn deliver_notice(
     for owed in &record.outbox {
         send_status(queue, events, record, owed.status, owed.sequence).await?;
     }
-    let Ok(t) = notice_delivered(record, clock.now()) else {
+    let Ok(t) = notice_delivered(record, clock.now(), store.retention()) else {
         return Ok(());
     };
     // A final task's retention starts now: its task item first, then (with the cleared

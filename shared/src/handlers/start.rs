@@ -107,6 +107,8 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
     if let Some(start) = request.start_at.filter(|s| *s > now) {
         record = record.starting_at(start);
     }
+    // Its input is kept by reference: its retention must delete it.
+    record.payloads = task.has_large_input();
     // Keys are the caller's own: the same key from two callers names two tasks, and one
     // caller can neither block nor discover another's.
     let key = request.key.map(|key| IdempotencyRecord {

@@ -71,6 +71,8 @@ pub struct SweepReport {
     pub failed: usize,
     /// Terminal notices (re)delivered.
     pub notices: usize,
+    /// Final tasks whose retention ended: their payloads and items deleted.
+    pub purged: usize,
     /// Records no longer due, or recovered by another supervisor first.
     pub skipped: usize,
     /// Records whose recovery failed; they stay due and are retried next sweep. The sweep pages
@@ -95,6 +97,7 @@ impl SweepReport {
         self.requeued += o.requeued;
         self.failed += o.failed;
         self.notices += o.notices;
+        self.purged += o.purged;
         self.skipped += o.skipped;
         self.errors += o.errors;
         self.leased_elsewhere += o.leased_elsewhere;
@@ -110,6 +113,7 @@ enum Recovered {
     Requeued,
     Failed,
     Notice,
+    Purged,
     Skipped,
 }
 
@@ -239,6 +243,7 @@ async fn drain_shard(sweep: &Sweep<'_>, shard: u32) -> Result<SweepReport, Handl
                 Ok(Recovered::Requeued) => report.requeued += 1,
                 Ok(Recovered::Failed) => report.failed += 1,
                 Ok(Recovered::Notice) => report.notices += 1,
+                Ok(Recovered::Purged) => report.purged += 1,
                 Ok(Recovered::Skipped) => report.skipped += 1,
                 Err(e) => {
                     error!(task_id = %id, error = %e, "recovery failed; will retry next sweep");
@@ -329,6 +334,9 @@ async fn recover(
         .await?;
         return Ok(Recovered::Notice);
     }
+    if record.purge_due(now) {
+        return purge(deps, &record).await;
+    }
     let jitter = rand::rng().random::<f64>();
     let workflow = super::workflow_of(&deps.ports.definitions, &record).await?;
     let t = match transition::expire(&record, now, &workflow.policies(), jitter) {
@@ -377,6 +385,34 @@ async fn recover(
     Ok(outcome)
 }
 
+/// The end of a final task's retention, for a task with payloads kept by reference
+/// ([`crate::domain::StateRecord::purge_at`]): its objects are deleted, then its items. A crash
+/// in between leaves its record due: the next sweep deletes what is left (no object, then the
+/// items). Deleting the objects first never leaves one that nothing names.
+async fn purge(
+    deps: &SupervisorDeps,
+    record: &crate::domain::StateRecord,
+) -> Result<Recovered, HandlerError> {
+    let objects = deps
+        .ports
+        .payloads
+        .delete_task(record.task_id)
+        .await
+        .map_err(crate::payloads::store_error)?;
+    // Condition (the store's): the record is at the version read - keeps "a task is forgotten
+    // only as it was when its payloads were deleted".
+    match deps.ports.store.forget_task(record).await {
+        Ok(()) => {}
+        Err(crate::ports::StoreError::ConditionFailed) => {
+            info!("moved on before its purge");
+            return Ok(Recovered::Skipped);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    info!(objects, "retention ended: payloads and task deleted");
+    Ok(Recovered::Purged)
+}
+
 /// Handles one batch of deadline timers (SQS, partial batch responses).
 pub async fn handle_timers(
     deps: &SupervisorDeps,
@@ -411,6 +447,7 @@ pub async fn on_timer(deps: &SupervisorDeps, body: &str) -> super::RecordOutcome
         }
         match recover(deps, timer.task_id, now, "timer").await? {
             Recovered::Skipped => info!("timer: nothing to recover"),
+            Recovered::Purged => info!("timer: retention ended"),
             _ => info!("timer: deadline recovered"),
         }
         Ok(())

@@ -242,11 +242,30 @@ impl TaskStore for MemoryStore {
     }
     async fn expire_task(&self, record: &StateRecord) -> Result<(), StoreError> {
         let mut inner = self.lock()?;
-        if let (Some(keep), true) = (self.retention, record.process_state.is_final()) {
-            inner
-                .expiries
-                .insert(record.task_id, record.updated_at + keep);
+        if let Some(at) = record.expires_at(self.retention) {
+            inner.expiries.insert(record.task_id, at);
         }
+        Ok(())
+    }
+    fn retention(&self) -> Option<chrono::Duration> {
+        self.retention
+    }
+    async fn forget_task(&self, record: &StateRecord) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        let id = record.task_id;
+        match inner.states.get(&id) {
+            None => return Ok(()),
+            Some(stored) if stored.version != record.version => {
+                return Err(StoreError::ConditionFailed);
+            }
+            Some(_) => {}
+        }
+        inner.states.remove(&id);
+        inner.tasks.remove(&id);
+        inner.writes.remove(&id);
+        inner.expiries.remove(&id);
+        inner.index.remove(&id);
+        inner.in_flight.remove(&id);
         Ok(())
     }
 }

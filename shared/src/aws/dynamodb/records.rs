@@ -341,6 +341,12 @@ pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
     if let Some(s) = r.start_at {
         item.insert("StartAt".to_owned(), ms(s));
     }
+    if r.payloads {
+        item.insert("Payloads".to_owned(), AttributeValue::Bool(true));
+    }
+    if let Some(p) = r.purge_at {
+        item.insert("PurgeAt".to_owned(), ms(p));
+    }
     // The sparse index: only records the supervisor must look at carry its keys.
     if let Some(due) = r.due_key {
         item.insert(
@@ -542,6 +548,8 @@ pub(super) fn record_of(
         created_at: time(get_n(item, "CreatedAt")?)?,
         updated_at: time(get_n(item, "UpdatedAt")?)?,
         since: since(item)?,
+        payloads: matches!(item.get("Payloads"), Some(AttributeValue::Bool(true))),
+        purge_at: opt_n::<i64>(item, "PurgeAt")?.map(time).transpose()?,
         due_key: opt_n::<i64>(item, "DueAt")?.map(time).transpose()?,
     })
 }

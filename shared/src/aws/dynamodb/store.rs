@@ -66,12 +66,9 @@ impl DynamoStore {
         self
     }
 
-    /// When a record's items expire: its last write plus the retention, for a final record.
+    /// When a record's items expire, for a final record ([`StateRecord::expires_at`]).
     pub(super) fn expiry(&self, r: &StateRecord) -> Option<i64> {
-        let keep = self.retention?;
-        r.process_state
-            .is_final()
-            .then(|| (r.updated_at + keep).timestamp())
+        r.expires_at(self.retention).map(|at| at.timestamp())
     }
 }
 

@@ -12,7 +12,7 @@ use crate::ports::{
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem};
+use aws_sdk_dynamodb::types::{Delete, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem};
 use std::collections::HashMap;
 
 impl DynamoStore {
@@ -382,5 +382,58 @@ impl TaskStore for DynamoStore {
             .condition_expression("attribute_exists(pk)")
             .expression_attribute_values(":at", n(at));
         Self::update_if(out).await.map(|_| ())
+    }
+
+    fn retention(&self) -> Option<chrono::Duration> {
+        self.retention
+    }
+
+    async fn forget_task(&self, record: &StateRecord) -> Result<(), StoreError> {
+        let pk = task_pk(&record.task_id);
+        // Condition: the record is gone or still at the version read - keeps "a task is
+        // forgotten only as it was when its payloads were deleted" (its purge read it final;
+        // nothing moves a final record, but the condition says so rather than assumes it).
+        let state = Delete::builder()
+            .table_name(&self.table)
+            .key("pk", s(&pk))
+            .key("sk", s("STATE"))
+            .condition_expression("attribute_not_exists(pk) OR #v = :v")
+            .expression_attribute_names("#v", "Version")
+            .expression_attribute_values(":v", n(record.version))
+            .build()
+            .map_err(build_err)?;
+        // No condition: the task item goes with its record (or is gone already).
+        let task = Delete::builder()
+            .table_name(&self.table)
+            .key("pk", s(&pk))
+            .key("sk", s("TASK"))
+            .build()
+            .map_err(build_err)?;
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().delete(state).build())
+            .transact_items(TransactWriteItem::builder().delete(task).build())
+            // A retry of a committed transaction succeeds.
+            .client_request_token(uuid::Uuid::new_v4().to_string())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(err) => {
+                let lost = err.as_service_error().is_some_and(|se| match se {
+                    TransactWriteItemsError::TransactionCanceledException(tc) => tc
+                        .cancellation_reasons()
+                        .iter()
+                        .any(|r| r.code() == Some("ConditionalCheckFailed")),
+                    _ => false,
+                });
+                if lost {
+                    Err(StoreError::ConditionFailed)
+                } else {
+                    Err(unavailable(&err))
+                }
+            }
+        }
     }
 }

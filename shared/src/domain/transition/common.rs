@@ -75,6 +75,8 @@ impl Transition {
         } else {
             record.updated_at
         };
+        // Once a payload may be kept by reference, always: the purge must find its objects.
+        record.payloads = r.payloads || record.payloads || record.holds_large_result();
         record.due_key = super::super::state::next_due_key(r.due_key, record.due_at());
         Self {
             record,
@@ -371,7 +373,7 @@ mod tests {
         });
         assert_eq!(r.due_key, Some(key));
         assert_eq!(r.due_at(), Some(key));
-        let t = notice_delivered(&r, at).expect("owed");
+        let t = notice_delivered(&r, at, None).expect("owed");
         assert_eq!(t.record.due_key, None, "a settled record leaves the index");
         // A notice owed after its key passed stays due at the key (due at once: the next
         // sweep); one owed long before its key is due at its write.

@@ -256,7 +256,7 @@ mod tests {
         );
         assert_eq!(r.process_state, ProcessState::Compensating);
         assert_eq!(r.owed(), [NoticeKind::Failed]);
-        apply(&mut r, |r| notice_delivered(r, now));
+        apply(&mut r, |r| notice_delivered(r, now, None));
         let mut undone = vec![];
         let t = apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
         assert_eq!(t.effects, [Effect::SendStepRequest]);

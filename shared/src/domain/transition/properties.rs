@@ -174,7 +174,7 @@ proptest! {
                 }
                 Ev::Advance(s) => { now += Duration::seconds(s as i64); continue; }
                 Ev::Expire(j) => expire(&r, now, &p, f64::from(j) / 10.0),
-                Ev::Delivered => notice_delivered(&r, now),
+                Ev::Delivered => notice_delivered(&r, now, None),
                 Ev::Retry => retry(&r, &ops(None), now, &p),
                 Ev::Compensate => compensate(&r, &ops(None), now, &p),
                 Ev::Cancel => cancel(&r, &ops(Some("test")), now, &p),
@@ -1558,7 +1558,7 @@ mod parallel {
                     (Act::Event(j, id), deliver(on, &d, now, p, &router))
                 }
                 Ev::Expire(j) => (Act::Expire, expire(on, now, p, f64::from(*j) / 10.0)),
-                Ev::Delivered => (Act::Delivered, notice_delivered(on, now)),
+                Ev::Delivered => (Act::Delivered, notice_delivered(on, now, None)),
                 Ev::Cancel => (Act::Cancel, cancel(on, &ops, now, p)),
                 Ev::Retry => (Act::Retry, retry(on, &ops, now, p)),
                 Ev::Skip => (Act::Skip, skip(on, &ops, now, p, None)),
@@ -1767,7 +1767,7 @@ mod parallel {
         fn drive(&mut self) -> Result<(), TestCaseError> {
             for _ in 0..1000 {
                 if self.r.notice_pending() {
-                    let t = notice_delivered(&self.r, self.now).expect("owed");
+                    let t = notice_delivered(&self.r, self.now, None).expect("owed");
                     self.apply(Act::Delivered, t)?;
                     continue;
                 }

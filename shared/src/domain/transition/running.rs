@@ -1092,16 +1092,26 @@ pub fn resumed(
     ))
 }
 
-/// The outbox was delivered: clear it, which also takes a terminal record out of the due index.
+/// The outbox was delivered: clear it, which also takes a terminal record out of the due index;
+/// a final task's `retention` starts, and one with payloads kept by reference stays due for its
+/// purge at the retention's end ([`StateRecord::purge_at`]).
 ///
 /// Condition: a notice is still owed (at the version read) - keeps "the outbox is cleared only
 /// after a delivery of exactly what it held".
-pub fn notice_delivered(r: &StateRecord, now: DateTime<Utc>) -> Result<Transition, Rejection> {
+pub fn notice_delivered(
+    r: &StateRecord,
+    now: DateTime<Utc>,
+    retention: Option<Duration>,
+) -> Result<Transition, Rejection> {
     if !r.notice_pending() {
         return Err(Rejection::NoNoticeOwed);
     }
-    let mut n = next(r, to_millis(now));
+    let now = to_millis(now);
+    let mut n = next(r, now);
     n.outbox.clear();
+    if r.process_state.is_final() && r.payloads {
+        n.purge_at = retention.map(|keep| now + keep);
+    }
     tidy(&mut n);
     Ok(Transition::from(
         r,
@@ -1196,7 +1206,7 @@ mod tests {
         // deadline): no index write.
         assert_eq!(r.due_at(), r.due_key);
         assert!(r.due_at() > Some(r.updated_at));
-        apply(&mut r, |r| notice_delivered(r, now));
+        apply(&mut r, |r| notice_delivered(r, now, None));
         assert_eq!(r.due_at(), None);
         assert_eq!(r.version, 6);
         let reasons: Vec<_> = r.history.iter().map(|h| h.reason.as_str()).collect();
