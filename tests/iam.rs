@@ -693,6 +693,51 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     .await;
     assert_eq!(status, 200, "{body}");
 
+    // A final task with payloads, at the end of its retention: the supervisor lists and
+    // deletes its objects, then deletes its items (a transaction of two deletes).
+    let kept = json!({"name": "iam-kept", "steps": [
+        {"name": "fetch", "service": "archive", "input": {"note": "$.input.note"}}
+    ]});
+    let (status, body) = operator_api(&operator, Method::PUT, "/workflows/iam-kept", &kept).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) =
+        task_api(&submitter, Method::POST, "/workflows/iam-kept/tasks", &big).await;
+    assert_eq!(status, 202, "{body}");
+    let kept: sas::TaskId = body["taskId"]
+        .as_str()
+        .and_then(|id| id.parse().ok())
+        .expect("taskId");
+    for _ in 0..5 {
+        ROLE.scope(SCHEDULER, scheduler.pump_scheduler())
+            .await
+            .expect("poll");
+        ROLE.scope(AGENT, agent.pump_agents()).await.expect("poll");
+    }
+    let r = ROLE
+        .scope("test", sas_blackbox::state(&supervisor, kept))
+        .await;
+    assert!(
+        r.process_state == sas::ProcessState::Processed && r.purge_at.is_some(),
+        "{:?} {:?}",
+        r.process_state,
+        r.purge_at
+    );
+    f.clock.advance(settings.retention.expect("a retention") + chrono::Duration::days(1));
+    ROLE.scope(SUPERVISOR, supervisor.sweep())
+        .await
+        .expect("sweep");
+    assert!(
+        s3_calls(&f, SUPERVISOR, "s3:DeleteObject", &kept.to_string()) >= 2,
+        "the input and the answer deleted"
+    );
+    assert!(
+        ROLE.scope("test", supervisor.store.get_state(kept))
+            .await
+            .expect("read")
+            .is_none(),
+        "the task's items deleted"
+    );
+
     // Poison: one unreadable message on each consumer's queue.
     for url in [
         &res.work_queue_url,
@@ -982,8 +1027,9 @@ fn ungranted(f: &Fixture, t: &template::Template, calls: &BTreeSet<Call>) -> Vec
 /// The recorder names the payload store's S3 calls as IAM authorizes them (an object's ARN,
 /// a listing as `s3:ListBucket` on the bucket with its prefix, `DeleteObjects` per key), and
 /// the check holds them to the template's grants: the scheduler's write and read are granted,
-/// and the supervisor's read; the supervisor's write is not, nor a listing or a deletion in any
-/// role (no purge of a task's payloads exists yet: it brings its grants).
+/// and the supervisor's read, listing of a task's objects and deletion (its purge); the
+/// supervisor's write is not, nor its listing outside `tasks/`, nor the scheduler's listing or
+/// deletion.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payload_calls_are_recorded_and_held_to_the_grants() {
     use sas::ports::{PayloadError, Payloads};
@@ -1044,14 +1090,14 @@ async fn payload_calls_are_recorded_and_held_to_the_grants() {
         call(SCHEDULER, "s3:PutObject", &object, None),
         call(SCHEDULER, "s3:GetObject", &object, None),
         call(SUPERVISOR, "s3:GetObject", &object, None),
+        listing(SUPERVISOR, "tasks/<task id>/"),
+        call(SUPERVISOR, "s3:DeleteObject", &object, None),
     ]);
     assert_eq!(ungranted(&f, &t, &granted), Vec::<String>::new());
     let refused = BTreeSet::from([
         call(SUPERVISOR, "s3:PutObject", &object, None),
-        listing(SUPERVISOR, "tasks/<task id>/"),
         listing(SCHEDULER, "tasks/<task id>/"),
         listing(SUPERVISOR, "other/"),
-        call(SUPERVISOR, "s3:DeleteObject", &object, None),
         call(SCHEDULER, "s3:DeleteObject", &object, None),
     ]);
     assert_eq!(
