@@ -722,7 +722,8 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         r.process_state,
         r.purge_at
     );
-    f.clock.advance(settings.retention.expect("a retention") + chrono::Duration::days(1));
+    f.clock
+        .advance(settings.retention.expect("a retention") + chrono::Duration::days(1));
     ROLE.scope(SUPERVISOR, supervisor.sweep())
         .await
         .expect("sweep");

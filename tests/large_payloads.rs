@@ -142,11 +142,18 @@ async fn run(mut system: System, calls: &Calls, clock: &OffsetClock) {
         .into_iter()
         .flatten()
         .collect();
-    assert_eq!(kept.len(), 2, "the input and the report are kept by reference");
+    assert_eq!(
+        kept.len(),
+        2,
+        "the input and the report are kept by reference"
+    );
     let purge_at = purge_time(&system, id).await;
     let payloads = system.supervisor.ports.payloads.clone();
     for r in &kept {
-        payloads.get(r).await.expect("kept until the retention ends");
+        payloads
+            .get(r)
+            .await
+            .expect("kept until the retention ends");
     }
     clock.advance(retention() + chrono::Duration::minutes(1));
     assert!(clock.now() > purge_at);
@@ -247,7 +254,10 @@ async fn a_purge_cut_between_the_objects_and_the_items_ends_at_the_next_sweep() 
         hook.clone(),
     ));
     let system = System::from_ports(ports, settings, clock.clone());
-    system.publish(&definitions(&base)).await.expect("publishes");
+    system
+        .publish(&definitions(&base))
+        .await
+        .expect("publishes");
     let id = sas_blackbox::submit_task(&system, "quote-report", &quote()).await;
     sas_blackbox::pump_until_quiet(&system, 30).await;
     let r = sas_blackbox::state(&system, id).await;
@@ -266,7 +276,10 @@ async fn a_purge_cut_between_the_objects_and_the_items_ends_at_the_next_sweep() 
     let cut = system.sweep().await.expect("sweeps");
     assert_eq!((cut.purged, cut.errors), (0, 1), "{cut:?}");
     for r in &kept {
-        assert!(matches!(payloads.get(r).await, Err(PayloadError::NotFound(_))));
+        assert!(matches!(
+            payloads.get(r).await,
+            Err(PayloadError::NotFound(_))
+        ));
     }
     assert!(
         system.store.get_state(id).await.expect("reads").is_some(),

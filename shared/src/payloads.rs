@@ -23,9 +23,9 @@ use crate::domain::transition::StepOutcome;
 use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use crate::messages::{StepReply, StepRequest};
 use crate::ports::{
-    Breakers, Clock, Count, CreateOutcome, CurrentRun, DueEntry, DueIndex, DueQuery, Guarded, InState,
-    LeaseClaim, Leases, NewTask, Page, Paging, PayloadError, Payloads, RateLimits, RateRequest,
-    SlotAnswer, SlotRequest, Slots, StateStore, StoreError, TaskLists, TaskStore,
+    Breakers, Clock, Count, CreateOutcome, CurrentRun, DueEntry, DueIndex, DueQuery, Guarded,
+    InState, LeaseClaim, Leases, NewTask, Page, Paging, PayloadError, Payloads, RateLimits,
+    RateRequest, SlotAnswer, SlotRequest, Slots, StateStore, StoreError, TaskLists, TaskStore,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};

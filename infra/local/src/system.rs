@@ -627,12 +627,11 @@ impl System {
         // One cache of payloads per system, as one per function instance in the stack.
         let payloads: Arc<dyn sas::ports::Payloads> =
             Arc::new(sas::payloads::Cached::new(payloads));
-        let store: Arc<dyn StateStore> =
-            Arc::new(sas::payloads::Offloading::new(
-                store,
-                payloads.clone(),
-                clock.clone(),
-            ));
+        let store: Arc<dyn StateStore> = Arc::new(sas::payloads::Offloading::new(
+            store,
+            payloads.clone(),
+            clock.clone(),
+        ));
         let definitions = Arc::new(Definitions::new(
             catalog,
             settings.policy.clone(),

@@ -574,7 +574,8 @@ impl StateRecord {
             .checked_add_signed(first.start_within + first.step_timeout)
             .unwrap_or(pickup_by);
         Self {
-            payloads: false, purge_at: None,
+            payloads: false,
+            purge_at: None,
             task_id,
             workflow: workflow.name.clone(),
             workflow_version: workflow.version,

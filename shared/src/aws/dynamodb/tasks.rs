@@ -12,7 +12,9 @@ use crate::ports::{
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{Delete, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem};
+use aws_sdk_dynamodb::types::{
+    Delete, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+};
 use std::collections::HashMap;
 
 impl DynamoStore {

@@ -2589,7 +2589,8 @@ steps:
             "{why}"
         );
         let (p, now) = (t.p.clone(), t.now);
-        t.apply(|r, _| notice_delivered(r, now, None)).expect("delivered");
+        t.apply(|r, _| notice_delivered(r, now, None))
+            .expect("delivered");
         // Nothing else to stop on a task whose group did not stop.
         let calm = Harness::of(SPLIT, json!({}), base());
         assert_eq!(

@@ -1162,6 +1162,57 @@ mod tests {
         );
     }
 
+    /// A task with a result past the inline size is marked for good (a later step's small
+    /// result, or none, does not clear it); once final and its notice out, it is due at its
+    /// retention's end for its purge, and its items expire two days after that. A task without
+    /// one leaves the due index and expires at the retention by the TTL alone.
+    #[test]
+    fn a_task_with_a_large_result_stays_due_for_its_purge_at_the_retention_end() {
+        use crate::domain::state::PURGE_GRACE;
+        let p = policy();
+        let now = t0();
+        let keep = Duration::days(30);
+        let run = |first: String| {
+            let mut r = fresh(now);
+            apply(&mut r, |r| claim(r, "s-1", now, &p, &Linear));
+            for (i, result) in [first, "{}".into(), "{}".into()].into_iter().enumerate() {
+                let outcome = StepOutcome::Succeeded {
+                    result: Some(result),
+                };
+                apply(&mut r, |r| {
+                    apply_reply(r, 1, i, false, &outcome, now, &p, &Linear)
+                });
+            }
+            assert_eq!(r.process_state, ProcessState::Processed);
+            r
+        };
+        let large = format!(
+            "\"{}\"",
+            "x".repeat(crate::domain::payload::INLINE_PAYLOAD_BYTES)
+        );
+        let mut r = run(large);
+        assert!(
+            r.payloads,
+            "marked at the large result, kept through the later steps"
+        );
+        assert_eq!(r.purge_at, None, "not before its notice is out");
+        let later = now + Duration::seconds(5);
+        apply(&mut r, |r| notice_delivered(r, later, Some(keep)));
+        let end = to_millis(later) + keep;
+        assert_eq!(r.purge_at, Some(end));
+        assert_eq!(r.due_at(), Some(end), "due for its purge");
+        assert!(r.due_key.is_some_and(|k| k <= end));
+        assert!(!r.purge_due(end - Duration::milliseconds(1)) && r.purge_due(end));
+        assert_eq!(r.expires_at(Some(keep)), Some(end + PURGE_GRACE));
+
+        let mut small = run("{}".into());
+        assert!(!small.payloads);
+        apply(&mut small, |r| notice_delivered(r, later, Some(keep)));
+        assert_eq!((small.purge_at, small.due_at()), (None, None));
+        assert_eq!(small.expires_at(Some(keep)), Some(to_millis(later) + keep));
+        assert!(!small.purge_due(end + Duration::days(365)));
+    }
+
     #[test]
     fn the_happy_path_claims_runs_every_step_and_owes_a_notice() {
         let p = policy();
