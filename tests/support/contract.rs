@@ -186,6 +186,7 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     rate_limits_admit_a_burst_then_the_rate(store.as_ref()).await;
     slots_have_at_most_their_limit_of_holders(store.clone()).await;
     ambiguous_writes_read_back(store.as_ref()).await;
+    a_task_is_forgotten_only_at_the_version_read(store.as_ref()).await;
     ties_in_the_state_index_page_once_each(store.as_ref()).await;
     schedule_turns_have_one_winner(store.clone()).await;
     racing_claims_have_one_winner(store).await;
@@ -833,6 +834,29 @@ async fn create_is_atomic_and_reads_back(store: &dyn StateStore) {
         store.get_state(TaskId::new_random()).await.expect("get"),
         None
     );
+}
+
+/// A purge's last write: a task's items go only while its record is at the version the purge
+/// read; once gone, forgetting it again is no error. Its purge marks round-trip.
+async fn a_task_is_forgotten_only_at_the_version_read(store: &dyn StateStore) {
+    let now = to_millis(Utc::now());
+    let o = task(now);
+    let mut r = record(&o, now, Span::seconds(60));
+    r.payloads = true;
+    r.purge_at = Some(now + Span::days(1));
+    create_new(store, &o, &r).await;
+    assert_eq!(stored(store, o.id).await.1, r, "the purge marks round-trip");
+    let mut moved = r.clone();
+    moved.version += 1;
+    assert!(
+        is_condition_failed(store.forget_task(&moved).await),
+        "a record at another version is not forgotten"
+    );
+    assert!(store.get(o.id).await.expect("get").is_some());
+    store.forget_task(&r).await.expect("forgotten");
+    assert_eq!(store.get(o.id).await.expect("get"), None);
+    assert_eq!(store.get_state(o.id).await.expect("get_state"), None);
+    store.forget_task(&r).await.expect("gone already: no error");
 }
 
 async fn idempotency_keys_name_one_task(store: &dyn StateStore) {
