@@ -1195,8 +1195,13 @@ impl StateRecord {
         }
         // An element waits for room (Pending, no deadline) only while its step has none: as
         // many elements out, or handed back to go out again (with their deadlines), as its
-        // `maxConcurrency`. Else nothing would ever send it.
-        for e in f.running().filter(|_| f.stop.is_none()) {
+        // `maxConcurrency`. Else nothing would ever send it. Past the task's deadline nothing
+        // goes out (a claim is refused): the record is due at that deadline, and its expiry
+        // ends the task.
+        let past_deadline = self
+            .task_deadline_applies()
+            .is_some_and(|d| d <= self.updated_at);
+        for e in f.running().filter(|_| f.stop.is_none() && !past_deadline) {
             let range = f.elements_of(e);
             let branches = &f.branches[range];
             let waiting = branches
