@@ -260,7 +260,9 @@ async fn limits_hold_and_a_slow_service_delays_no_other_on_the_emulator() {
         config: Box::new(config),
         resources: Box::new(stack.resources),
     };
-    // The emulator is slower: lower limits, so the burst goes over them.
+    // The emulator is slower: lower limits, so the burst goes over them. A quick task held
+    // behind a slow call would take the slow call's 6 s and its own time; alone it takes well
+    // under a second, up to 2.8 s on a loaded CI machine: 4.5 s tells the two apart.
     let sizes = Sizes {
         limits: Limits {
             concurrency: 2,
@@ -268,8 +270,8 @@ async fn limits_hold_and_a_slow_service_delays_no_other_on_the_emulator() {
             burst: 2,
         },
         burst: 40,
-        slow: Duration::from_millis(3000),
-        quick: Duration::from_millis(2500),
+        slow: Duration::from_millis(6000),
+        quick: Duration::from_millis(4500),
         within: Duration::from_secs(90),
     };
     the_whole_story(backend, sizes).await;
