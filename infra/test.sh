@@ -154,7 +154,9 @@ echo "==> cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "==> cargo test"
 start=$(date +%s)
-cargo test --workspace
+# The emulator's chaos run (tests/chaos.rs) runs once, in the DynamoDB Local step below: on
+# the stricter DynamoDB, in a fraction of the time it takes on moto's.
+cargo test --workspace -- --skip a_seeded_chaos_run_on_the_emulator
 echo "==> all tests passed ($(( $(date +%s) - start ))s for the test step)"
 
 # The API's contract against a running sas-local: Schemathesis on docs/openapi.yaml, then the

@@ -2,7 +2,8 @@
 //! `sas-chaos`'s default (tasks of e-commerce orders, loan applications, order triages and
 //! agreements, whose events and deadline run in simulated days, in turn), so that the guarantees are checked on DynamoDB and SQS semantics too
 //! (conditional expressions, GSI queries, SQS delays and visibility), not only in memory.
-//! `infra/test.sh` runs it on moto, then with DynamoDB on DynamoDB Local.
+//! `infra/test.sh` runs it with DynamoDB on DynamoDB Local and SQS and EventBridge on moto
+//! (`cargo test --test chaos` runs it on moto alone).
 //!
 //! It does not depend on the machine's speed: at most 16 tasks are in flight at once (a slow
 //! machine gets the same load per task as a fast one, only later), and the run waits as long
