@@ -188,6 +188,80 @@ async fn purge_time(system: &System, id: TaskId) -> chrono::DateTime<chrono::Utc
     panic!("task {id}'s retention did not start");
 }
 
+/// An event of 300 KB delivered before its wait is reached is kept by reference, and becomes
+/// the wait's result whole: a later step's body carries it intact.
+#[tokio::test]
+async fn a_300_kb_event_kept_for_a_wait_reaches_a_later_steps_body() {
+    let (base, calls) = reports().await;
+    let settings = Settings {
+        definitions: vec![],
+        ..sas_blackbox::manual_settings()
+    };
+    let system = System::new(Backend::Memory, settings, Arc::new(sas::ports::SystemClock))
+        .await
+        .expect("builds");
+    let mut files = definitions(&base);
+    files.push((
+        "signed-report.yaml".into(),
+        r#"name: signed-report
+steps:
+  - name: fetch
+    service: reports
+    action: fetch-report
+  - name: sign
+    waitFor: signed
+    within: 1d
+  - name: file
+    service: reports
+    action: file-report
+    input: {signature: $.steps.sign.result.payload}
+"#
+        .into(),
+    ));
+    system.publish(&files).await.expect("publishes");
+    let id = sas_blackbox::submit_task(&system, "signed-report", &json!({})).await;
+    let signature = json!({"by": "ann", "scan": "s".repeat(300 * 1024)});
+    let resp = sas::api::handle(
+        &system.api,
+        &sas::auth::Identity::anonymous(),
+        &http::Method::POST,
+        &format!("/tasks/{id}/events/signed"),
+        &http::HeaderMap::new(),
+        signature.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(resp.status(), 202, "taken");
+    let (_, stored) = system
+        .memory
+        .clone()
+        .expect("in memory")
+        .0
+        .get(id)
+        .await
+        .expect("reads")
+        .expect("stored");
+    let kept = &stored.inbox.kept;
+    assert!(
+        kept.len() == 1 && kept[0].payload.is_empty() && kept[0].payload_ref.is_some(),
+        "kept by reference in the record"
+    );
+    sas_blackbox::pump_until_quiet(&system, 30).await;
+    let r = sas_blackbox::state(&system, id).await;
+    assert_eq!(r.process_state, sas::ProcessState::Processed);
+    assert!(r.payloads, "its retention deletes the event's object");
+    let calls = calls.lock().expect("lock").clone();
+    let filed: Vec<&Value> = calls
+        .iter()
+        .filter(|(a, _)| a == "file-report")
+        .map(|(_, b)| b)
+        .collect();
+    assert_eq!(filed.len(), 1);
+    assert!(
+        filed[0]["signature"] == signature,
+        "the event reached the body intact"
+    );
+}
+
 /// Fails the first deletion of a task's items, as a supervisor that died between deleting the
 /// task's objects and deleting its items would leave them.
 #[derive(Default)]

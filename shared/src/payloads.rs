@@ -206,12 +206,19 @@ impl Offloading {
                 self.store_result(id, e).await?;
             }
         }
+        for e in &mut r.inbox.kept {
+            let read = e.payload_ref.take();
+            if !is_inline(e.payload.len()) {
+                e.payload_ref = Some(self.kept(id, &e.payload, read).await?);
+                e.payload = String::new();
+            }
+        }
         // The domain marks a record with a large result ([`StateRecord::payloads`]); the edge
         // that keeps one says so too, whatever the caller's copy says.
-        r.payloads |= r
-            .steps
-            .iter()
-            .any(|s| s.result_ref.is_some() || s.elements.iter().any(|e| e.result_ref.is_some()));
+        r.payloads |=
+            r.steps.iter().any(|s| {
+                s.result_ref.is_some() || s.elements.iter().any(|e| e.result_ref.is_some())
+            }) || r.inbox.kept.iter().any(|e| e.payload_ref.is_some());
         Ok(r)
     }
 
@@ -266,6 +273,13 @@ impl Offloading {
             self.whole_result(s).await?;
             for e in &mut s.elements {
                 self.whole_result(e).await?;
+            }
+        }
+        for e in &mut r.inbox.kept {
+            if let Some(p) = &e.payload_ref
+                && e.payload.is_empty()
+            {
+                e.payload = self.read(p).await?;
             }
         }
         Ok(r)

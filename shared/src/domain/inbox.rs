@@ -9,10 +9,12 @@ use serde::{Deserialize, Serialize};
 pub const MAX_KEPT: usize = 8;
 /// The most event ids a task remembers (the newest).
 pub const MAX_SEEN: usize = 32;
-/// The largest payload an event carries (as the JSON text kept): an event waits inline in the
-/// record until its wait is reached, so it stays small; within a step's result's limit
+/// The largest payload an event carries (as its JSON text): within a step's result's limit
 /// (`state::MAX_RESULT_BYTES`, which a test holds it to), since it becomes the step's result.
-pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024;
+/// One kept for a step not reached yet waits in the record, by reference when it is past the
+/// inline size ([`crate::domain::payload`]), as a result does. (An event from the task-events
+/// bus is smaller still: EventBridge carries at most 256 KB.)
+pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 
 #[cfg(test)]
 mod tests {
@@ -40,8 +42,11 @@ pub struct KeptEvent {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    /// The payload, as JSON text.
+    /// The payload, as JSON text (empty in the item while it is kept by reference).
     pub payload: String,
+    /// Where the payload is kept when it is past the inline size (set by the store's edge).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_ref: Option<crate::domain::payload::PayloadRef>,
     pub at: DateTime<Utc>,
 }
 

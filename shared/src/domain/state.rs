@@ -710,7 +710,8 @@ impl StateRecord {
         }
     }
 
-    /// Whether a step's or element's result is past the inline size: kept by reference.
+    /// Whether a step's or element's result, or a kept event's payload, is past the inline
+    /// size: kept by reference.
     pub fn holds_large_result(&self) -> bool {
         let large = |s: &StepState| {
             s.result
@@ -720,6 +721,11 @@ impl StateRecord {
         self.steps
             .iter()
             .any(|s| large(s) || s.elements.iter().any(large))
+            || self
+                .inbox
+                .kept
+                .iter()
+                .any(|e| !crate::domain::payload::is_inline(e.payload.len()))
     }
 
     /// When a final record's items expire (DynamoDB's TTL on `ExpiresAt`) with a `retention`:
@@ -817,7 +823,12 @@ impl StateRecord {
                 let kept = s.result_ref.as_ref().map(|r| r.bytes as usize);
                 text.or(kept).map(super::payload::stored_bytes)
             })
-            .chain(self.inbox.kept.iter().map(|e| e.result_bytes()))
+            .chain(
+                self.inbox
+                    .kept
+                    .iter()
+                    .map(|e| super::payload::stored_bytes(e.result_bytes())),
+            )
             .sum()
     }
 

@@ -261,8 +261,9 @@ pub fn deliver(
     if let Some(deadline) = r.task_deadline_applies().filter(|d| *d <= now) {
         return Err(Rejection::PastDeadline { deadline });
     }
+    // As stored: a payload past the inline size counts as its reference.
     let used = r.results_bytes();
-    let bytes = inbox::result_of(&d.name, &d.payload).len();
+    let bytes = crate::domain::payload::stored_bytes(inbox::result_of(&d.name, &d.payload).len());
     if used + bytes > MAX_RESULTS_BYTES {
         return Err(Rejection::OverResultsBudget { bytes, used });
     }
@@ -311,6 +312,7 @@ pub fn deliver(
         }
         n.inbox.remember(d.id.as_deref());
         n.inbox.kept.push(KeptEvent {
+            payload_ref: None,
             name: d.name.clone(),
             id: d.id.clone(),
             payload: d.payload.clone(),
@@ -650,63 +652,70 @@ steps:
         }
     }
 
-    /// An event's payload (16 KiB each, 8 kept) became a step's result without the task's
-    /// results budget (128 KiB), so a caller's events could push a later service's answer into
-    /// `result_too_large`. The budget counts events, kept ones too: one that would take the
-    /// task past it is refused, naming its payload.
+    /// An event becomes a step's result, so it counts against the task's results budget (128
+    /// KiB as stored: a payload past the inline size counts as its reference), kept ones too:
+    /// one that would take the task past it is refused, naming its payload, and a wait it was
+    /// for goes on for one that fits.
     #[test]
     fn events_count_against_the_results_budget_kept_ones_too() {
+        use crate::domain::inbox::MAX_PAYLOAD_BYTES;
+        use crate::domain::payload::REF_BYTES;
         use crate::domain::state::MAX_RESULTS_BYTES;
-        // Kept events alone: seven of 16 KiB fit, the eighth does not.
-        let mut t = Harness::of(SIGN, json!({}), base());
-        let big = crate::domain::inbox::MAX_PAYLOAD_BYTES - 4;
-        for k in 0..7 {
-            t.deliver(&event_of("contract-signed", &format!("e-{k}"), big))
-                .expect("kept");
-        }
+        // 16 results of 8,000 bytes (inline), then `last` (events delivered while it runs are
+        // kept) if `kept`, then the wait.
+        let harness = |kept: bool| {
+            let yaml = format!(
+                "name: full\nsteps:\n{}{}  - {{name: signature, waitFor: contract-signed, within: 7d}}\n",
+                (0..16)
+                    .map(|i| format!("  - {{name: s{i}, service: s}}\n"))
+                    .collect::<String>(),
+                if kept {
+                    "  - {name: last, service: s}\n"
+                } else {
+                    ""
+                }
+            );
+            let mut t = Harness::of(&yaml, json!({}), base());
+            t.claim();
+            let answer = StepOutcome::Succeeded {
+                result: Some(json!("r".repeat(8_000 - 2)).to_string()),
+            };
+            for i in 0..16 {
+                t.answer(i, &answer);
+            }
+            assert_eq!(t.r.results_bytes(), 128_000);
+            t
+        };
+
+        let mut t = harness(true);
+        t.deliver(&event_of("contract-signed", "e-0", MAX_PAYLOAD_BYTES - 4))
+            .expect("kept, by reference");
+        assert_eq!(t.r.results_bytes(), 128_000 + REF_BYTES);
         let used = t.r.results_bytes();
-        assert!(used > 7 * big, "kept events count: {used}");
-        let over = t.deliver(&event_of("contract-signed", "e-7", big));
+        let over = t.deliver(&event_of("contract-signed", "e-1", 4_000));
         assert!(
             matches!(over, Err(Rejection::OverResultsBudget { used: u, .. }) if u == used),
             "{over:?}"
         );
         let Err(why) = over else { return };
         assert!(why.to_string().starts_with("payload: "), "{why}");
-        assert_eq!(t.r.inbox.kept.len(), 7, "nothing kept");
-        // A small one still fits.
-        t.deliver(&event_of("contract-signed", "e-8", 100))
-            .expect("fits");
+        assert_eq!(t.r.inbox.kept.len(), 1, "nothing more kept");
+        t.deliver(&event_of("contract-signed", "e-2", 1_000))
+            .expect("a small one fits");
+        assert!(t.r.results_bytes() <= MAX_RESULTS_BYTES);
 
-        // Results, then the event the wait is in: what would pass the budget is refused, and
-        // the wait goes on for one that fits.
-        let yaml = format!(
-            "name: full\nsteps:\n{}  - {{name: signature, waitFor: contract-signed, within: 7d}}\n",
-            (0..15)
-                .map(|i| format!("  - {{name: s{i}, service: s}}\n"))
-                .collect::<String>()
-        );
-        let mut t = Harness::of(&yaml, json!({}), base());
-        t.claim();
-        // Results kept inline (a larger one would count as its reference).
-        let answer = StepOutcome::Succeeded {
-            result: Some(json!("r".repeat(8_000 - 2)).to_string()),
-        };
-        for i in 0..15 {
-            t.answer(i, &answer);
-        }
-        assert_eq!(t.r.steps[15].status, StepStatus::Waiting);
-        assert_eq!(t.r.results_bytes(), 120_000);
-        let over = t.deliver(&event_of("contract-signed", "e-1", 12_000));
+        let mut t = harness(false);
+        assert_eq!(t.r.steps[16].status, StepStatus::Waiting);
+        let over = t.deliver(&event_of("contract-signed", "e-1", 4_000));
         assert!(
             matches!(
                 over,
-                Err(Rejection::OverResultsBudget { used: 120_000, .. })
+                Err(Rejection::OverResultsBudget { used: 128_000, .. })
             ),
             "{over:?}"
         );
-        assert_eq!(t.r.steps[15].status, StepStatus::Waiting);
-        t.deliver(&event_of("contract-signed", "e-2", 10_000))
+        assert_eq!(t.r.steps[16].status, StepStatus::Waiting);
+        t.deliver(&event_of("contract-signed", "e-2", 1_000))
             .expect("fits");
         assert!(t.r.results_bytes() <= MAX_RESULTS_BYTES);
         assert_eq!(t.r.process_state, ProcessState::Processed);
