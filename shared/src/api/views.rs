@@ -559,6 +559,67 @@ impl TaskView {
             deadline: r.deadline,
             start_at: r.start_at,
         }
+        .bounded()
+    }
+
+    /// The view with its payloads within the caps (see [`VIEW_PAYLOADS_BYTES`]).
+    fn bounded(mut self) -> Self {
+        Shown::bound(&mut self.input, &mut self.earlier_inputs, &mut self.steps);
+        self
+    }
+}
+
+/// The most bytes (as JSON text) one payload of a view shows whole: an input, a request body,
+/// a result.
+pub const VIEW_PAYLOAD_BYTES: usize = 256 * 1024;
+/// The most bytes a view's payloads show together, so that an answer stays well within
+/// Lambda's 6 MB response whatever the task holds (inputs and results go up to 6 MiB each).
+pub const VIEW_PAYLOADS_BYTES: usize = 4 * 1024 * 1024;
+
+/// What is left of a view's [`VIEW_PAYLOADS_BYTES`], spent in the view's order.
+struct Shown(usize);
+
+impl Shown {
+    /// Bounds the payloads of a view: the input, the earlier inputs, then each step's (and
+    /// element's) result, body and undo body. One over [`VIEW_PAYLOAD_BYTES`], or past what is
+    /// left, shows as `{"omitted": {"bytes", "sha256"}}`: its size, and the SHA-256 of its JSON
+    /// text (which names its object in the payload bucket, when it is kept there).
+    fn bound(input: &mut Option<Value>, earlier: &mut [EarlierInput], steps: &mut [StepView]) {
+        let mut left = Self(VIEW_PAYLOADS_BYTES);
+        if let Some(v) = input {
+            left.cap(v);
+        }
+        for e in earlier {
+            left.cap(&mut e.input);
+        }
+        for s in steps {
+            left.step(s);
+        }
+    }
+
+    fn step(&mut self, s: &mut StepView) {
+        for v in [&mut s.result, &mut s.input, &mut s.undo_input]
+            .into_iter()
+            .flatten()
+        {
+            self.cap(v);
+        }
+        for e in &mut s.elements {
+            self.step(e);
+        }
+    }
+
+    fn cap(&mut self, v: &mut Value) {
+        let text = v.to_string();
+        if text.len() <= VIEW_PAYLOAD_BYTES && text.len() <= self.0 {
+            self.0 -= text.len();
+            return;
+        }
+        use sha2::Digest;
+        *v = json!({"omitted": {
+            "bytes": text.len(),
+            "sha256": hex::encode(sha2::Sha256::digest(text.as_bytes())),
+        }});
     }
 }
 
@@ -631,6 +692,13 @@ impl CallerTaskView {
             start_at: r.start_at,
             last_error: public_errors.then(|| r.last_error.clone()),
         }
+        .bounded()
+    }
+
+    /// The view with its payloads within the caps (see [`VIEW_PAYLOADS_BYTES`]).
+    fn bounded(mut self) -> Self {
+        Shown::bound(&mut self.input, &mut self.earlier_inputs, &mut self.steps);
+        self
     }
 }
 
@@ -682,6 +750,57 @@ mod tests {
         r.last_error = Some("payment: HTTP 500 from https://internal.example/charge".into());
         r.locked_by = Some("scheduler-1".into());
         (task, r, w)
+    }
+
+    /// A view answers within Lambda's response whatever the task holds: a payload over 256 KiB
+    /// shows as its size and hash (the name of its object), and past 4 MiB in all every
+    /// payload that does not fit what is left does too, in the view's order.
+    #[test]
+    fn views_show_large_payloads_as_their_size_and_hash_within_a_budget() {
+        let (mut task, mut r, w) = task_and_record();
+        task.input = json!({"quote": "q".repeat(300 * 1024)});
+        let object =
+            crate::domain::payload::PayloadRef::of(task.id, task.input.to_string().as_bytes());
+        r.steps[0].result = Some(json!({"id": "small"}).to_string());
+        r.steps[1].result = Some(json!("r".repeat(1024 * 1024)).to_string());
+        for v in [
+            serde_json::to_value(TaskView::of(&task, &r, Some(&w))).expect("json"),
+            serde_json::to_value(CallerTaskView::of(&task, &r, false)).expect("json"),
+        ] {
+            assert_eq!(
+                v["input"],
+                json!({"omitted": {"bytes": object.bytes, "sha256": object.sha256}})
+            );
+            assert_eq!(v["steps"][0]["result"], json!({"id": "small"}));
+            assert_eq!(
+                v["steps"][1]["result"]["omitted"]["bytes"],
+                json!(1024 * 1024 + 2)
+            );
+            assert!(v.to_string().len() < 64 * 1024, "the view is small");
+        }
+
+        // The budget: 20 results of 250,000 bytes; 16 fit in 4 MiB, then only smaller ones.
+        let mut steps: Vec<StepView> = (0..20)
+            .map(|i| StepView {
+                name: format!("s{i}"),
+                result: Some(json!("x".repeat(250_000 - 2))),
+                ..StepView::default()
+            })
+            .collect();
+        steps.push(StepView {
+            name: "last".into(),
+            result: Some(json!({"ok": true})),
+            ..StepView::default()
+        });
+        Shown::bound(&mut None, &mut [], &mut steps);
+        let shown = |s: &StepView| {
+            s.result
+                .as_ref()
+                .is_some_and(|v| v.get("omitted").is_none())
+        };
+        assert_eq!(steps.iter().take(20).filter(|s| shown(s)).count(), 16);
+        assert!(steps[..16].iter().all(shown) && !shown(&steps[16]));
+        assert!(shown(&steps[20]), "a small one after still fits");
     }
 
     /// Records in several shapes: new; a step done with a JSON result and one with text, an
