@@ -654,6 +654,15 @@ impl Interceptor for Faults {
             Call::Create(_) | Call::PutAs { .. } | Call::PutWithInput { .. } => {
                 self.write(call, &next).await
             }
+            Call::ForgetTask { record } => {
+                // A purge deleted the task's objects, and its supervisor dies before deleting
+                // its items: the record stays due, for the next sweep.
+                let point = "delete:objects";
+                if self.chaos.crash(point, &record.task_id.to_string()) {
+                    return Err(E::unavailable(crashed(point)));
+                }
+                next.run(call).await
+            }
             Call::AcquireLease(claim) => {
                 let got = next.run(call).await?;
                 if answer::<bool, _>(&got) == Some(&true) && self.chaos.crash("lease", claim.owner)

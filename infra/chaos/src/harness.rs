@@ -61,6 +61,7 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         .map(|(id, i)| (*id, *i))
         .collect();
     let sent = signing.finish(&*world.system.store, &agreements).await;
+    let (purged, outlived) = world.end_retention(cfg, &finals).await;
     world.stop_supervisors().await;
     let by_operator = operator.tally();
     let left = world.shut_down().await;
@@ -73,5 +74,8 @@ pub async fn run(ports: Ports, cfg: &Config) -> anyhow::Result<Report> {
         sent,
         left,
     };
-    Ok(checks::check(cfg, end).await)
+    let mut report = checks::check(cfg, end).await;
+    report.purged = purged;
+    report.outlived = outlived;
+    Ok(report)
 }

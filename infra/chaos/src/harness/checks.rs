@@ -20,6 +20,10 @@
 //!   the task's deadline),
 //!   `events::check_events` (each agreement's named events: taken once, refused after the end);
 //! - `crash_points.rs`: `crash_points::check_reached` (`crash_points::REQUIRED_POINTS`).
+//!
+//! One check runs before the world is shut down, as it moves the clock:
+//! `World::end_retention` (no final task with payloads keeps its items or objects past its
+//! retention; `Report::outlived`).
 
 mod alerts;
 mod callbacks;

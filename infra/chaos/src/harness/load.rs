@@ -55,6 +55,13 @@ pub fn input(i: usize) -> Value {
             "amount": 1000 * (1 + i % 50),
             "currency": "EUR",
         })
+    } else if (i / WORKFLOWS.len()) % 8 == 7 {
+        // One order in 8 is a large one: 100 lines, its input (about 9 KB) over the inline
+        // size, so its task keeps it by reference, and its retention purges it.
+        let items: Vec<Value> = (0..100)
+            .map(|n| serde_json::json!({"sku": format!("SKU-{n:03}-{}", "L".repeat(56)), "quantity": 1 + n % 4}))
+            .collect();
+        serde_json::json!({"customerId": format!("chaos-{}", i % 101), "items": items})
     } else {
         serde_json::json!({
             "customerId": format!("chaos-{}", i % 101),

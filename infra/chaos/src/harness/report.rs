@@ -150,6 +150,10 @@ pub struct Report {
     pub event_violations: Vec<String>,
     /// Steps and waits done after their task's deadline.
     pub past_deadline: Vec<String>,
+    /// Final tasks with payloads kept by reference, purged at the end of their retention.
+    pub purged: usize,
+    /// Of those, the ones whose items or objects outlived their retention.
+    pub outlived: Vec<String>,
     /// Tasks failed by their deadline (`task_timeout`).
     pub deadline_failures: usize,
     /// Crash point → (reached, crashed).
@@ -186,7 +190,7 @@ impl Report {
             ),
         );
         // Lists that must be empty: what each holds, and its first few.
-        let must_be_empty: [(&str, &Vec<String>); 19] = [
+        let must_be_empty: [(&str, &Vec<String>); 20] = [
             ("lost", &self.lost),
             ("tasks off the path their input implies", &self.off_path),
             ("keys applied more than once", &self.doubled),
@@ -218,6 +222,7 @@ impl Report {
             ("events do not match final states", &self.notice_mismatch),
             ("named events mishandled", &self.event_violations),
             ("tasks gone on past their deadline", &self.past_deadline),
+            ("tasks that outlived their retention", &self.outlived),
         ];
         for (what, list) in must_be_empty {
             check(!list.is_empty(), format!("{what}: {:?}", first(list)));

@@ -122,9 +122,15 @@ impl Report {
                 "tasks gone on past their deadline",
                 self.past_deadline.len(),
             ),
+            ("tasks that outlived their retention", self.outlived.len()),
         ] {
             row(what, n.to_string(), "0");
         }
+        row(
+            "tasks with payloads purged at their retention's end",
+            self.purged.to_string(),
+            "",
+        );
         row(
             "tasks failed by their deadline",
             self.deadline_failures.to_string(),

@@ -7,9 +7,11 @@ use crate::failpoints::{Chaos, Plan, wrap};
 use sas::catalog::Definitions;
 use sas::handlers::supervisor;
 use sas::memory::MemoryQueues;
-use sas::ports::SystemClock;
+use sas::ports::{Clock, OffsetClock};
 use sas::remote::CallbackLog;
+use sas::{StateRecord, TaskId};
 use sas_local::{Ports, Simulated, System};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -25,6 +27,8 @@ pub(super) struct World {
     dlq: String,
     memory_queues: Option<Arc<MemoryQueues>>,
     supervisors: Supervisors,
+    /// The system's clock: the time of day until the end, when it moves past the retention.
+    clock: Arc<OffsetClock>,
 }
 
 /// What is left of the world once it is shut down, for the checks.
@@ -49,7 +53,8 @@ impl World {
         let callbacks = sas::remote::CallbackLog::default();
         let mut settings = cfg.settings.clone();
         settings.callback_log = Some(callbacks.clone());
-        let mut system = System::from_ports(ports, settings, Arc::new(SystemClock));
+        let clock = Arc::new(OffsetClock::default());
+        let mut system = System::from_ports(ports, settings, clock.clone());
         system.publish(&cfg.definitions()?).await?;
         system.supervisor.lease_ttl = chrono::Duration::seconds(2);
         let addr = system.serve("127.0.0.1:0".parse()?).await?;
@@ -63,7 +68,62 @@ impl World {
             dlq,
             memory_queues,
             supervisors,
+            clock,
         })
+    }
+
+    /// Ends the retention of the run's final tasks (`finals`, read once the run settled): the
+    /// clock moves past it, and the sweeps purge each task that kept payloads (its objects,
+    /// then its items). The tasks purged, and each one whose items or objects outlived it.
+    pub async fn end_retention(
+        &self,
+        cfg: &Config,
+        finals: &HashMap<TaskId, Option<StateRecord>>,
+    ) -> (usize, Vec<String>) {
+        let Some(keep) = cfg.settings.retention else {
+            return (0, vec![]);
+        };
+        let kept: Vec<TaskId> = finals
+            .iter()
+            .filter(|(_, r)| {
+                r.as_ref()
+                    .is_some_and(|r| r.process_state.is_final() && r.payloads)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        self.clock.advance(keep + chrono::Duration::minutes(1));
+        let store = &self.system.store;
+        let until = std::time::Instant::now() + cfg.patience;
+        loop {
+            let mut left = 0;
+            for id in &kept {
+                // Reads pass the failpoints; an error counts as not purged yet.
+                if !matches!(store.get_state(*id).await, Ok(None)) {
+                    left += 1;
+                }
+            }
+            if left == 0 || std::time::Instant::now() > until {
+                break;
+            }
+            let _ = self.system.sweep().await;
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let payloads = &self.system.supervisor.ports.payloads;
+        let mut outlived = vec![];
+        for id in &kept {
+            match store.get_state(*id).await {
+                Ok(None) => {}
+                Ok(Some(_)) => outlived.push(format!("{id}: its items at {}", self.clock.now())),
+                Err(e) => outlived.push(format!("{id}: its record unreadable: {e}")),
+            }
+            // Deleting what is left is the check: nothing should be.
+            match payloads.delete_task(*id).await {
+                Ok(0) => {}
+                Ok(n) => outlived.push(format!("{id}: {n} objects")),
+                Err(e) => outlived.push(format!("{id}: its objects unlisted: {e}")),
+            }
+        }
+        (kept.len(), outlived)
     }
 
     /// Stops the extra supervisors and waits for their sweeps to end.
