@@ -15,9 +15,10 @@ pub fn assert_clean(report: &sas_chaos::Report, tasks: usize) {
         assert_eq!(w.accepted, share, "{name}\n{}", report.table());
         assert!(w.effects > 0, "{name} took no effect\n{}", report.table());
     }
-    // One order in 8 keeps its input by reference: some end final, and their retention's end
-    // purged them (that nothing outlived it is a violation above).
-    if tasks >= 64 {
+    // One order in 8 keeps its input by reference: of a large run, some end final, and their
+    // retention's end purged them (that nothing outlived it is a violation above; a small run
+    // may have no such task end final).
+    if tasks >= 500 {
         assert!(report.purged > 0, "no task purged\n{}", report.table());
     }
 }
