@@ -896,6 +896,18 @@ impl StateRecord {
         if n == 0 {
             return bad("a record has at least one step".into());
         }
+        // A purge is due only for a final task that kept payloads, its notices out: nothing
+        // else is ever deleted by the supervisor.
+        if self.purge_at.is_some()
+            && !(self.process_state.is_final() && self.payloads && !self.notice_pending())
+        {
+            return bad(format!(
+                "a purge time on a {} record (payloads: {}, notice owed: {})",
+                self.process_state,
+                self.payloads,
+                self.notice_pending()
+            ));
+        }
         let threshold = p.at(self.step_index).failure_threshold;
         if self.past_pivot()
             && matches!(

@@ -1204,6 +1204,14 @@ mod tests {
         assert!(r.due_key.is_some_and(|k| k <= end));
         assert!(!r.purge_due(end - Duration::milliseconds(1)) && r.purge_due(end));
         assert_eq!(r.expires_at(Some(keep)), Some(end + PURGE_GRACE));
+        r.check(&p)
+            .expect("a purge time on a final record with payloads");
+        let mut stray = r.clone();
+        stray.payloads = false;
+        assert!(
+            stray.check(&p).is_err(),
+            "no purge for a task without payloads"
+        );
 
         let mut small = run("{}".into());
         assert!(!small.payloads);
