@@ -125,6 +125,30 @@ where
     }
 }
 
+/// Why DynamoDB cancelled a transaction: one reason per item, in the request's order (none for
+/// any other error).
+pub(super) fn cancellation_reasons<R>(
+    e: &aws_sdk_dynamodb::error::SdkError<
+        aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError,
+        R,
+    >,
+) -> &[aws_sdk_dynamodb::types::CancellationReason] {
+    use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError as E;
+    match e.as_service_error() {
+        Some(E::TransactionCanceledException(tc)) => tc.cancellation_reasons(),
+        _ => &[],
+    }
+}
+
+/// Whether a cancelled transaction's `reasons` include an item whose condition failed.
+pub(super) fn any_condition_failed(
+    reasons: &[aws_sdk_dynamodb::types::CancellationReason],
+) -> bool {
+    reasons
+        .iter()
+        .any(|r| r.code() == Some("ConditionalCheckFailed"))
+}
+
 pub(super) fn build_err(e: aws_sdk_dynamodb::error::BuildError) -> StoreError {
     StoreError::Unavailable(format!("request build: {e}"))
 }

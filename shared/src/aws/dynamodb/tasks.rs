@@ -156,31 +156,16 @@ impl TaskStore for DynamoStore {
         ) {
             return Err(StoreError::ConditionFailed);
         }
-        let canceled = err.as_service_error().and_then(|se| match se {
-            TransactWriteItemsError::TransactionCanceledException(tc) => Some(tc),
-            _ => None,
-        });
+        let reasons = cancellation_reasons(&err);
         // The read-back, where no token helps (past its ten minutes, or on an emulator that
         // ignores it): the state record already is the one this request made (it holds this
         // request's random task id, callback key and times), so this request created it.
-        if canceled
-            .and_then(|tc| tc.cancellation_reasons().get(state_at))
-            .and_then(|r| r.item())
-            == Some(&state)
-        {
+        if reasons.get(state_at).and_then(|r| r.item()) == Some(&state) {
             return Ok(CreateOutcome::Created);
         }
-        let code = |at: usize| {
-            canceled
-                .and_then(|tc| tc.cancellation_reasons().get(at))
-                .and_then(|r| r.code())
-        };
+        let code = |at: usize| reasons.get(at).and_then(|r| r.code());
         let failed = |at: usize| code(at) == Some("ConditionalCheckFailed");
-        let any_failed = canceled.is_some_and(|tc| {
-            tc.cancellation_reasons()
-                .iter()
-                .any(|r| r.code() == Some("ConditionalCheckFailed"))
-        });
+        let any_failed = any_condition_failed(reasons);
         match key {
             // A taken key first: the run delivered again is answered its own task.
             Some(k) if failed(0) => match self.read_key(&k.key).await? {
@@ -348,19 +333,12 @@ impl TaskStore for DynamoStore {
         match result {
             Ok(_) => Ok(()),
             Err(err) => {
-                let canceled = err.as_service_error().and_then(|se| match se {
-                    TransactWriteItemsError::TransactionCanceledException(tc) => Some(tc),
-                    _ => None,
-                });
-                let reasons = canceled.map(|tc| tc.cancellation_reasons()).unwrap_or(&[]);
+                let reasons = cancellation_reasons(&err);
                 // The read-back (see `put`): the record already is the one this call wrote,
                 // so the transaction committed, input and all.
                 if reasons.last().and_then(|r| r.item()) == Some(&item) {
                     Ok(())
-                } else if reasons
-                    .iter()
-                    .any(|r| r.code() == Some("ConditionalCheckFailed"))
-                {
+                } else if any_condition_failed(reasons) {
                     Err(StoreError::ConditionFailed)
                 } else {
                     Err(unavailable(&err))
@@ -422,20 +400,10 @@ impl TaskStore for DynamoStore {
             .await;
         match result {
             Ok(_) => Ok(()),
-            Err(err) => {
-                let lost = err.as_service_error().is_some_and(|se| match se {
-                    TransactWriteItemsError::TransactionCanceledException(tc) => tc
-                        .cancellation_reasons()
-                        .iter()
-                        .any(|r| r.code() == Some("ConditionalCheckFailed")),
-                    _ => false,
-                });
-                if lost {
-                    Err(StoreError::ConditionFailed)
-                } else {
-                    Err(unavailable(&err))
-                }
+            Err(err) if any_condition_failed(cancellation_reasons(&err)) => {
+                Err(StoreError::ConditionFailed)
             }
+            Err(err) => Err(unavailable(&err)),
         }
     }
 }
