@@ -99,12 +99,7 @@ async fn run(mut system: System, calls: &Calls, clock: &OffsetClock) {
         record.last_error
     );
 
-    let calls = calls.lock().expect("lock").clone();
-    let filed: Vec<&Value> = calls
-        .iter()
-        .filter(|(a, _)| a == "file-report")
-        .map(|(_, b)| b)
-        .collect();
+    let filed = filed(calls);
     assert_eq!(filed.len(), 1, "one filing");
     // (Compared, never printed: megabytes.)
     assert!(
@@ -138,10 +133,7 @@ async fn run(mut system: System, calls: &Calls, clock: &OffsetClock) {
 
     // The retention: the task's notice out, its record is due at the retention's end; the
     // supervisor then deletes its objects, then its items.
-    let kept: Vec<PayloadRef> = [task.input_ref.clone(), whole.steps[0].result_ref.clone()]
-        .into_iter()
-        .flatten()
-        .collect();
+    let kept = kept(&task, &whole);
     assert_eq!(
         kept.len(),
         2,
@@ -175,6 +167,25 @@ async fn run(mut system: System, calls: &Calls, clock: &OffsetClock) {
         );
     }
     system.shutdown().await;
+}
+
+/// The bodies the service's `file-report` action received.
+fn filed(calls: &Calls) -> Vec<Value> {
+    calls
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|(a, _)| a == "file-report")
+        .map(|(_, b)| b.clone())
+        .collect()
+}
+
+/// What a quote-report task keeps by reference: its input, and its report (`fetch`'s result).
+fn kept(task: &sas::Task, whole: &sas::StateRecord) -> Vec<PayloadRef> {
+    [task.input_ref.clone(), whole.steps[0].result_ref.clone()]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// When task `id`'s retention ends: set once its final notice is out.
@@ -249,12 +260,7 @@ steps:
     let r = sas_blackbox::state(&system, id).await;
     assert_eq!(r.process_state, sas::ProcessState::Processed);
     assert!(r.payloads, "its retention deletes the event's object");
-    let calls = calls.lock().expect("lock").clone();
-    let filed: Vec<&Value> = calls
-        .iter()
-        .filter(|(a, _)| a == "file-report")
-        .map(|(_, b)| b)
-        .collect();
+    let filed = filed(&calls);
     assert_eq!(filed.len(), 1);
     assert!(
         filed[0]["signature"] == signature,
@@ -337,10 +343,7 @@ async fn a_purge_cut_between_the_objects_and_the_items_ends_at_the_next_sweep() 
     let r = sas_blackbox::state(&system, id).await;
     assert_eq!(r.process_state, sas::ProcessState::Processed);
     let (task, whole) = system.store.get(id).await.expect("reads").expect("stored");
-    let kept: Vec<PayloadRef> = [task.input_ref, whole.steps[0].result_ref.clone()]
-        .into_iter()
-        .flatten()
-        .collect();
+    let kept = kept(&task, &whole);
     assert_eq!(kept.len(), 2);
     let payloads = system.supervisor.ports.payloads.clone();
 
