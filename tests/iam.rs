@@ -4,7 +4,8 @@
 //! Each function runs in its own `System` (its own catalog cache, as its own Lambda would) on
 //! the emulator, over resources created from the template, with SDK clients whose interceptor
 //! (`support/iam.rs`) records every request under the function's logical id. The flows cover
-//! what each function does: submissions (with an idempotency key and its replay, a reply
+//! what each function does: submissions (with an idempotency key and its replay, a large
+//! input's replay by a caller and by the operator, whose object is deleted again, a reply
 //! queue, the rate limit), reads, a caller's list and cancel, an unknown callback; claims,
 //! replies and compensations; the agent's calls to a Lambda service, an HTTP service with a
 //! Secrets Manager token and one with an SSM API key, and its breakers; the supervisor's sweep
@@ -372,6 +373,38 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     )
     .await;
     assert_eq!(status, 202, "{body}");
+    // A large input under a key, and its replay, by a caller and by the operator: each
+    // replay's input object (written before its transaction found the key taken) is deleted.
+    let large = json!({"pad": "p".repeat(INLINE_PAYLOAD_BYTES + 100)});
+    for (role, system, operator) in [(SUBMISSION, &submitter, false), (OPERATOR, &operator, true)] {
+        let ids: Vec<String> = ROLE
+            .scope(role, async {
+                let mut ids = vec![];
+                for _ in 0..2 {
+                    let (status, body) = call(
+                        system,
+                        operator,
+                        Method::POST,
+                        "/workflows/iam-probe/tasks",
+                        &[("idempotency-key", "k-large")],
+                        &large,
+                    )
+                    .await;
+                    assert_eq!(status, 202, "{body}");
+                    ids.push(body["taskId"].as_str().expect("id").to_owned());
+                }
+                ids
+            })
+            .await;
+        assert_eq!(ids[0], ids[1], "the replay names the first task");
+        assert!(
+            f.recorder
+                .calls()
+                .iter()
+                .any(|c| c.role == role && c.action == "s3:DeleteObject"),
+            "{role} deleted its replay's input object"
+        );
+    }
 
     let sqs = aws_sdk_sqs::Client::new(&config);
     let client_queue = sas_local::provision::create_queue(
@@ -614,8 +647,11 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     // A schedule: published (its timer created), run (one run losing a race to another, which
     // is then delivered again: Scheduler delivers at least once), paused (its timer disabled),
     // deleted (its timer removed).
+    // Its input is over the inline size: the run that loses the race, and the run delivered
+    // again, each delete the input object they wrote for a task not stored.
     let nightly = json!({"name": "iam-nightly", "workflow": "iam-probe",
-        "expression": "cron(0 2 * * ? *)", "timezone": "Europe/Berlin"});
+        "expression": "cron(0 2 * * ? *)", "timezone": "Europe/Berlin",
+        "input": {"pad": "n".repeat(INLINE_PAYLOAD_BYTES + 100)}});
     let (status, body) =
         operator_api(&operator, Method::PUT, "/schedules/iam-nightly", &nightly).await;
     assert_eq!(status, 201, "{body}");
@@ -1098,8 +1134,9 @@ async fn payload_calls_are_recorded_and_held_to_the_grants() {
     let refused = BTreeSet::from([
         call(SUPERVISOR, "s3:PutObject", &object, None),
         listing(SCHEDULER, "tasks/<task id>/"),
+        listing(SUBMISSION, "tasks/<task id>/"),
         listing(SUPERVISOR, "other/"),
-        call(SCHEDULER, "s3:DeleteObject", &object, None),
+        call(AGENT, "s3:DeleteObject", &object, None),
     ]);
     assert_eq!(
         ungranted(&f, &t, &refused).len(),

@@ -139,6 +139,13 @@ impl Payloads for Cached {
         }
         self.inner.delete_task(task_id).await
     }
+
+    async fn delete(&self, r: &PayloadRef) -> Result<(), PayloadError> {
+        if let Ok(mut c) = self.cache.lock() {
+            c.forget(&r.key());
+        }
+        self.inner.delete(r).await
+    }
 }
 
 /// A state store whose task items hold large payloads by reference (see the module's text).
@@ -385,13 +392,24 @@ impl TaskStore for Offloading {
         let task = self.stored_task(new.task).await?;
         let mut record = self.stored_record(new.record).await?;
         record.payloads |= task.input_ref.is_some();
-        self.inner
+        let outcome = self
+            .inner
             .create(NewTask {
                 task: &task,
                 record: &record,
                 ..new
             })
-            .await
+            .await?;
+        // The task was not stored (its key or turn belongs to another): the input object written
+        // for it belongs to no task, and no purge would find it. (An error may hide a write that
+        // took place: its object stays.) Crash point: dying before this delete leaves it.
+        if let (CreateOutcome::KeyExists(_) | CreateOutcome::TurnTaken, Some(input)) =
+            (&outcome, &task.input_ref)
+            && let Err(e) = self.payloads.delete(input).await
+        {
+            tracing::warn!(error = %e, object = %input.key(), "the input object of a task not stored is left");
+        }
+        Ok(outcome)
     }
 
     async fn current_run(&self, schedule: &str) -> Result<Option<CurrentRun>, StoreError> {
@@ -549,6 +567,10 @@ mod tests {
             kept.retain(|k, _| !k.starts_with(&PayloadRef::prefix(task_id)));
             Ok(before - kept.len())
         }
+        async fn delete(&self, r: &PayloadRef) -> Result<(), PayloadError> {
+            self.kept.lock().expect("lock").remove(&r.key());
+            Ok(())
+        }
     }
 
     struct World {
@@ -614,6 +636,63 @@ mod tests {
 
     fn large(bytes: usize) -> String {
         serde_json::json!({"report": "r".repeat(bytes)}).to_string()
+    }
+
+    #[tokio::test]
+    async fn a_replay_under_a_taken_key_leaves_no_object_of_the_task_not_stored() {
+        let w = world(INLINE_PAYLOAD_BYTES + 10).await;
+        // A task of the same large input under a key, then its replay (a new id, as the
+        // submission draws one).
+        let under_key = |w: &World| {
+            let mut task = w.task.clone();
+            task.id = TaskId::new_random();
+            let record = StateRecord {
+                task_id: task.id,
+                ..w.record.clone()
+            };
+            let key = crate::ports::IdempotencyRecord {
+                key: "caller#k-1".into(),
+                request_hash: "h".into(),
+                task_id: task.id,
+                created_at: task.created_at,
+            };
+            (task, record, key)
+        };
+        let (first, first_record, first_key) = under_key(&w);
+        let stored = w
+            .store
+            .create(NewTask {
+                key: Some(&first_key),
+                ..NewTask::new(&first, &first_record)
+            })
+            .await
+            .expect("creates");
+        assert_eq!(stored, CreateOutcome::Created);
+        let (replay, replay_record, replay_key) = under_key(&w);
+        let outcome = w
+            .store
+            .create(NewTask {
+                key: Some(&replay_key),
+                ..NewTask::new(&replay, &replay_record)
+            })
+            .await
+            .expect("answers");
+        assert!(
+            matches!(&outcome, CreateOutcome::KeyExists(k) if k.task_id == first.id),
+            "{outcome:?}"
+        );
+        let kept = w.objects.kept.lock().expect("lock");
+        assert!(
+            kept.keys()
+                .all(|k| !k.starts_with(&PayloadRef::prefix(replay.id))),
+            "the replay's input object is deleted: {:?}",
+            kept.keys()
+        );
+        assert!(
+            kept.keys()
+                .any(|k| k.starts_with(&PayloadRef::prefix(first.id))),
+            "the stored task's input is kept"
+        );
     }
 
     #[tokio::test]

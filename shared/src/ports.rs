@@ -495,6 +495,10 @@ pub trait Payloads: Send + Sync {
     /// Deletes every payload of `task_id` (its retention passed); how many were deleted.
     /// Deleting none is no error.
     async fn delete_task(&self, task_id: TaskId) -> Result<usize, PayloadError>;
+    /// Deletes the one payload `r` names: one written for a task that was then not stored (its
+    /// caller's idempotency key or its schedule's turn was taken), which no purge would find.
+    /// None there is no error.
+    async fn delete(&self, r: &PayloadRef) -> Result<(), PayloadError>;
 }
 
 /// Why the deployment's timer of a schedule could not be set or removed.

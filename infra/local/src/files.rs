@@ -144,4 +144,14 @@ impl Payloads for FilePayloads {
         })
         .await
     }
+
+    async fn delete(&self, r: &PayloadRef) -> Result<(), PayloadError> {
+        let path = self.path_of(&r.key());
+        blocking(move || match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(unavailable(&path, e)),
+        })
+        .await
+    }
 }

@@ -215,4 +215,17 @@ impl Payloads for S3Payloads {
         }
         Ok(deleted)
     }
+
+    async fn delete(&self, r: &PayloadRef) -> Result<(), PayloadError> {
+        let key = r.key();
+        // S3 answers a key that is not there as deleted.
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .send()
+            .await
+            .map_err(|e| classify(&key, &e))?;
+        Ok(())
+    }
 }

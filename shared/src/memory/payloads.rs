@@ -72,4 +72,9 @@ impl Payloads for MemoryPayloads {
         objects.retain(|k, _| !k.starts_with(&prefix));
         Ok(before - objects.len())
     }
+
+    async fn delete(&self, r: &PayloadRef) -> Result<(), PayloadError> {
+        self.objects()?.remove(&r.key());
+        Ok(())
+    }
 }
