@@ -130,7 +130,8 @@ echo "==> cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "==> cargo test --no-run (the build of every test)"
 start=$(date +%s)
-cargo test --workspace --no-run
+# The binaries it built, for infra/run_tests.py (the compiler's messages go to the terminal).
+cargo test --workspace --no-run --message-format=json-render-diagnostics >target/test-binaries.json
 echo "==> built the tests in $(( $(date +%s) - start ))s"
 
 echo "==> waiting for the test tools"
@@ -196,9 +197,12 @@ fi
 
 echo "==> cargo test"
 start=$(date +%s)
-# The emulator's chaos run (tests/chaos.rs) runs once, in the DynamoDB Local step below: on
-# the stricter DynamoDB, in a fraction of the time it takes on moto's.
-cargo test --workspace -- --skip a_seeded_chaos_run_on_the_emulator
+# Every test binary, as cargo test runs them but in two lanes at once: those in memory and
+# those on the emulators (infra/run_tests.py). The emulator's chaos run (tests/chaos.rs) runs
+# once, in the DynamoDB Local step below: on the stricter DynamoDB, in a fraction of the time it
+# takes on moto's.
+python3 infra/run_tests.py --skip a_seeded_chaos_run_on_the_emulator <target/test-binaries.json
+cargo test --workspace --doc
 echo "==> all tests passed ($(( $(date +%s) - start ))s for the test step)"
 
 # The API's contract against a running sas-local: Schemathesis on docs/openapi.yaml, then the
