@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # The test command of sas. Installs what it needs (pinned, in virtualenvs under .tools/) in the
 # background while cargo builds, then:
-#   1. runs cargo fmt --check and cargo clippy -D warnings, and builds every test;
+#   1. runs cargo fmt --check, and builds every test with cargo clippy's lints -D warnings;
 #   2. checks the template: cfn-lint, sam validate --lint, checkov, the scripts;
 #   3. starts the AWS API emulator (moto) on a free loopback port and runs every test against
-#      it, on resources created from template.yaml itself, while the four Lambda bootstraps
-#      build at the lowest CPU priority (arm64, release, cargo-lambda + zig, no Docker);
+#      it, on resources created from template.yaml itself;
 #   4. holds a sas-local to the API's document (docs/openapi.yaml) with Schemathesis and runs
 #      the Python and TypeScript clients (infra/contract/run.sh);
 #   5. runs the suites of the DynamoDB adapter again on DynamoDB Local;
-#   6. runs `sam build` (which finds the bootstraps fresh) and prints their sizes;
+#   6. builds the four Lambda bootstraps (arm64, release, cargo-lambda + zig, no Docker) in one
+#      cargo invocation, then `sam build` (which finds them fresh), and prints their sizes;
 #   7. runs the real function binaries under `cargo lambda watch` against the emulator and
 #      invokes each with its events/ samples.
 # The console's browser test (tests/console.rs) drives Debian's chromium with playwright-core,
 # both installed here; its screenshots are kept under target/console/.
-# Background work and the emulators are stopped on exit. Needs a Rust toolchain, python3,
+# The installs and the emulators are stopped on exit. Needs a Rust toolchain, python3,
 # Node.js with npm, and apt (as root, or sudo without a password) for chromium and Java.
 # SAS_SKIP_LAMBDA_BUILD=1 skips the bootstraps, 6 and 7 (quick local runs; CI never sets it).
 set -euo pipefail
@@ -99,9 +99,7 @@ install_tools >target/install.log 2>&1 &
 INSTALL_PID=$!
 MOTO_PID=""
 DDB_LOCAL_PID=""
-LAMBDA_BUILD_PID=""
 cleanup() {
-  [ -z "$LAMBDA_BUILD_PID" ] || kill -- "-$LAMBDA_BUILD_PID" 2>/dev/null || true
   for pid in "$INSTALL_PID" "$MOTO_PID" "$DDB_LOCAL_PID"; do
     [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
   done
@@ -126,12 +124,18 @@ if cargo tree -e features -i sas --prefix none | grep -qF 'sas feature "testkit"
   echo "a build of the functions at the root enables sas/testkit: keep the kit out of the workspace's default-members" >&2
   exit 1
 fi
-echo "==> cargo clippy --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
-echo "==> cargo test --no-run (the build of every test)"
+# Clippy's lints (-D warnings) in the build of every test: clippy-driver wraps rustc for the
+# workspace's crates, as `cargo clippy --workspace --all-targets -- -D warnings` does, but it
+# also builds them, so the dependencies are compiled once rather than checked, then built (the
+# workspace has no benches or examples: the tests' build covers every target). Every later
+# debug build of the tests runs the same way (`linted`), so it finds this one fresh; the release
+# build of the bootstraps runs without (clippy-driver turns MIR optimizations off).
+linted() {
+  RUSTC_WORKSPACE_WRAPPER=clippy-driver CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__" "$@"
+}
+echo "==> cargo test --no-run, with cargo clippy's lints -D warnings (the build of every test)"
 start=$(date +%s)
-# The binaries it built, for infra/run_tests.py (the compiler's messages go to the terminal).
-cargo test --workspace --no-run --message-format=json-render-diagnostics >target/test-binaries.json
+linted cargo test --workspace --no-run
 echo "==> built the tests in $(( $(date +%s) - start ))s"
 
 echo "==> waiting for the test tools"
@@ -180,29 +184,11 @@ export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1 AW
 export AWS_EC2_METADATA_DISABLED=true
 unset AWS_PROFILE AWS_SESSION_TOKEN
 
-# The four Lambda bootstraps (arm64, release: fat LTO, one codegen unit) build in one cargo
-# invocation, which links them side by side, at the lowest CPU priority while the tests run (they
-# mostly wait on the emulators): `sam build` below then finds them fresh and copies them. A build
-# at the root selects the default members, so this one unifies the same features as sam build's
-# `cargo lambda build --release --arm64 --bin NAME`.
-if [ "${SAS_SKIP_LAMBDA_BUILD:-0}" != 1 ]; then
-  echo "==> building the Lambda bootstraps in the background (target/lambda-build.log)"
-  # Its own process group (setsid), so that cleanup stops cargo and rustc with it.
-  PATH="$TOOLS/lambda/bin:$PATH" setsid nice -n 19 bash -c \
-    'start=$(date +%s); cargo lambda build --release --arm64 &&
-     echo "==> the Lambda bootstraps built in $(( $(date +%s) - start ))s"' \
-    >target/lambda-build.log 2>&1 &
-  LAMBDA_BUILD_PID=$!
-fi
-
 echo "==> cargo test"
 start=$(date +%s)
-# Every test binary, as cargo test runs them but in two lanes at once: those in memory and
-# those on the emulators (infra/run_tests.py). The emulator's chaos run (tests/chaos.rs) runs
-# once, in the DynamoDB Local step below: on the stricter DynamoDB, in a fraction of the time it
-# takes on moto's.
-python3 infra/run_tests.py --skip a_seeded_chaos_run_on_the_emulator <target/test-binaries.json
-cargo test --workspace --doc
+# The emulator's chaos run (tests/chaos.rs) runs once, in the DynamoDB Local step below: on
+# the stricter DynamoDB, in a fraction of the time it takes on moto's.
+linted cargo test --workspace -- --skip a_seeded_chaos_run_on_the_emulator
 echo "==> all tests passed ($(( $(date +%s) - start ))s for the test step)"
 
 # The API's contract against a running sas-local: Schemathesis on docs/openapi.yaml, then the
@@ -234,7 +220,7 @@ PY
 echo "==> DynamoDB Local on 127.0.0.1:$DDB_PORT (pid $DDB_LOCAL_PID): contract, flow, recovery, chaos"
 start=$(date +%s)
 AWS_ENDPOINT_URL_DYNAMODB="http://127.0.0.1:$DDB_PORT" \
-  cargo test --workspace --test contract --test flow --test recovery --test chaos
+  linted cargo test --workspace --test contract --test flow --test recovery --test chaos
 kill "$DDB_LOCAL_PID" 2>/dev/null || true
 wait "$DDB_LOCAL_PID" 2>/dev/null || true
 DDB_LOCAL_PID=""
@@ -245,14 +231,14 @@ if [ "${SAS_SKIP_LAMBDA_BUILD:-0}" = 1 ]; then
   exit 0
 fi
 
-echo "==> waiting for the Lambda bootstraps' build"
-if ! wait "$LAMBDA_BUILD_PID"; then
-  cat target/lambda-build.log >&2
-  echo "building the Lambda bootstraps failed (above)" >&2
-  exit 1
-fi
-LAMBDA_BUILD_PID=""
-tail -n 3 target/lambda-build.log
+# The four bootstraps (arm64, release: fat LTO, one codegen unit) in one cargo invocation,
+# which links them side by side: `sam build` then finds them fresh and copies them. A build at
+# the root selects the default members, so this one unifies the same features as sam build's
+# `cargo lambda build --release --arm64 --bin NAME`.
+echo "==> cargo lambda build --release --arm64 (the four bootstraps)"
+start=$(date +%s)
+PATH="$TOOLS/lambda/bin:$PATH" cargo lambda build --release --arm64
+echo "==> the bootstraps built in $(( $(date +%s) - start ))s"
 echo "==> sam build (arm64, cargo-lambda)"
 start=$(date +%s)
 PATH="$TOOLS/lambda/bin:$PATH" "$TOOLS/sam/bin/sam" build --template template.yaml
@@ -273,4 +259,5 @@ if len(glob.glob(".aws-sam/build/*/bootstrap")) != 4 or bad:
 PY
 
 echo "==> smoke: the real binaries under cargo lambda watch"
-PATH="$TOOLS/lambda/bin:$PATH" "$TOOLS/moto/bin/python" infra/smoke.py
+# Linted, as the tests' build: its `cargo run -p sas-blackbox` finds that build fresh.
+PATH="$TOOLS/lambda/bin:$PATH" linted "$TOOLS/moto/bin/python" infra/smoke.py
