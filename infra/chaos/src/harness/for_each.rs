@@ -203,7 +203,17 @@ async fn restock(
             return Ok(());
         }
     }
-    operator.act(id, "compensate").await;
+    // A compensate that lost a race (409: the task changed meanwhile, a deliverer clearing its
+    // outbox) leaves it in Error: asked again, as the answer says to.
+    for _ in 0..5 {
+        operator.act(id, "compensate").await;
+        match store.get_state(id).await {
+            Ok(Some(r)) if r.process_state == ProcessState::Error => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            _ => break,
+        }
+    }
     let r = until(store, id, patience, |r| {
         r.process_state.is_terminal() && !r.notice_pending()
     })
