@@ -16,7 +16,7 @@
 # both installed here; its screenshots are kept under target/console/.
 # The installs and the emulators are stopped on exit. Needs a Rust toolchain, python3,
 # Node.js with npm, and apt (as root, or sudo without a password) for chromium and Java.
-# SAS_SKIP_LAMBDA_BUILD=1 skips the bootstraps, 6 and 7 (quick local runs; CI never sets it).
+# SAS_SKIP_LAMBDA_BUILD=1 skips 6 and 7 (quick local runs; CI never sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
