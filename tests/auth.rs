@@ -457,6 +457,7 @@ async fn a_token_whose_subject_is_a_schedule_is_refused() {
             reply_queue_url: None,
             start_at: None,
             turn: None,
+            child: None,
         },
     )
     .await

@@ -169,6 +169,7 @@ impl Definitions {
     ) -> Result<(Published, Arc<Workflow>), CatalogError> {
         let known: BTreeSet<String> = self.services_now().await?.keys().cloned().collect();
         let w = Workflow::from_value(value, Some(&known), &self.policy)?;
+        self.check_children(&w).await?;
         let body = serde_json::to_value(&w.doc)
             .map_err(|e| DefinitionError::one(String::new(), e.to_string()))?;
         let published = self.publish_now(Kind::Workflow, &w.name, &body).await?;
@@ -176,6 +177,80 @@ impl Definitions {
             m.remove(&w.name);
         }
         Ok((published, Arc::new(w.with_version(published.version))))
+    }
+
+    /// The sub-workflows `w` runs, checked against what is published now: each exists (its
+    /// pinned version too), none runs `w` again, however deep (a cycle), and they nest at most
+    /// [`MAX_CHILD_DEPTH`] deep below `w`. A child without a pinned version is its newest.
+    ///
+    /// [`MAX_CHILD_DEPTH`]: workflow::MAX_CHILD_DEPTH
+    async fn check_children(&self, w: &Workflow) -> Result<(), CatalogError> {
+        let mut problems = vec![];
+        // (the workflow, the chain of names from `w` down to it, where in `w` the chain starts)
+        let mut todo: Vec<(Arc<Workflow>, Vec<String>, String)> = vec![];
+        for (step, at) in w.children() {
+            let Some(child) = &step.child else { continue };
+            match self.child_now(child).await? {
+                None => problems.push(workflow::Problem {
+                    at: at.clone(),
+                    message: match child.version {
+                        Some(v) => format!("workflow {:?} has no version {v}", child.workflow),
+                        None => format!("workflow {:?} is not published", child.workflow),
+                    },
+                }),
+                Some(c) => todo.push((c, vec![w.name.clone(), child.workflow.clone()], at)),
+            }
+        }
+        while let Some((c, chain, at)) = todo.pop() {
+            if chain[1..].iter().any(|n| *n == w.name) {
+                problems.push(workflow::Problem {
+                    at,
+                    message: format!("a cycle: {} runs itself", chain.join(" → ")),
+                });
+                continue;
+            }
+            if chain.len() - 1 > workflow::MAX_CHILD_DEPTH {
+                problems.push(workflow::Problem {
+                    at,
+                    message: format!(
+                        "sub-workflows nest at most {} deep: {}",
+                        workflow::MAX_CHILD_DEPTH,
+                        chain.join(" → ")
+                    ),
+                });
+                continue;
+            }
+            for (step, _) in c.children() {
+                let Some(grandchild) = &step.child else { continue };
+                // Published, it was checked then; gone since, its task would be refused.
+                if let Some(g) = self.child_now(grandchild).await? {
+                    let mut longer = chain.clone();
+                    longer.push(grandchild.workflow.clone());
+                    todo.push((g, longer, at.clone()));
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            problems.sort_by(|a, b| a.at.cmp(&b.at));
+            problems.dedup();
+            Err(DefinitionError(problems).into())
+        }
+    }
+
+    /// The workflow a sub-workflow step runs, as published now (its pinned version, or the
+    /// newest).
+    async fn child_now(&self, child: &workflow::Child) -> Result<Option<Arc<Workflow>>, CatalogError> {
+        match child.version {
+            Some(v) => self.workflow(&child.workflow, v).await,
+            None => {
+                if let Ok(mut m) = self.latest.lock() {
+                    m.remove(&child.workflow);
+                }
+                self.latest(&child.workflow).await
+            }
+        }
     }
 
     /// Publishes `body` as the next version of `name` of `kind`, now.

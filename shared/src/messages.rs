@@ -111,6 +111,22 @@ pub struct StepRequest {
     pub input_ref: Option<crate::domain::PayloadRef>,
     /// For a callback step: where the service completes it later.
     pub callback: Option<crate::ports::CallbackAddress>,
+    /// A sub-workflow step's request (its service is sas itself, its action the workflow):
+    /// how its child task starts.
+    pub child: Option<ChildRequest>,
+}
+
+/// How the agent starts a sub-workflow step's child task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildRequest {
+    /// Pinned by the step; `None`: the newest published when the step starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    /// The parent's caller: the child's too, so the caller sees its task's children.
+    pub caller: crate::domain::Caller,
+    /// How deep the child is (1: a child of a task that is no child itself).
+    pub depth: usize,
 }
 
 impl StepRequest {

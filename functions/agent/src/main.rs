@@ -82,6 +82,8 @@ async fn main() -> Result<(), Error> {
         payloads: Arc::new(sas::payloads::Cached::new(Arc::new(config::payloads(
             &sdk,
         )?))),
+        // A sub-workflow step's call starts its child task (as a submission does).
+        tasks: Some(Arc::new(config::task_ports(&sdk)?)),
     };
     let deps = &deps;
     run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {

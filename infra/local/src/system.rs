@@ -737,6 +737,7 @@ impl System {
                     .unwrap_or_else(|| resources.dead_letter_url.clone()),
             ),
             payloads,
+            tasks: Some(Arc::new(ports.clone())),
         };
         let (shutdown, _) = watch::channel(false);
         Self {

@@ -86,6 +86,7 @@ pub(super) async fn submit(
         reply_queue_url,
         start_at,
         turn: None,
+        child: None,
     };
     let started = match start(&deps.ports, request).await {
         Ok(started) => started,

@@ -363,6 +363,9 @@ pub struct StateRecord {
     /// nothing of S3, deletes the items of a task without payloads).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub purge_at: Option<DateTime<Utc>>,
+    /// A child task (a sub-workflow step's): the step of the parent it answers when it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentLink>,
     /// The due index's sort key: at or before [`StateRecord::due_at`] (so the sweep is never
     /// late), and kept across writes while the due time stays within [`DUE_KEY_SLACK`] after it
     /// (so a step done, whose next deadline is a little later, does not move the index entry:
@@ -482,6 +485,31 @@ pub fn callback_token(key: &str, task_id: &TaskId, step_index: usize, generation
     format!("g{generation}.{step_index}.{tag}")
 }
 
+/// The parent step a child task answers when it ends: as that step's callback would, fenced by
+/// the step and its key's generation (a late answer, after the step was sent again under
+/// another key or the parent moved on, changes nothing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentLink {
+    pub task_id: TaskId,
+    pub step: String,
+    pub step_index: usize,
+    pub generation: u32,
+    /// The parent's scheduler's reply queue, where the answer goes.
+    pub reply_queue_url: String,
+    /// How deep the child is: 1 for a workflow's child, 2 for its child's, ...
+    pub depth: usize,
+}
+
+/// The step and generation a callback token names, read without checking its tag: for a
+/// token sas itself made and handed to itself (a sub-workflow step's, to its child).
+pub fn token_fence(token: &str) -> Option<(usize, u32)> {
+    let mut parts = token.splitn(3, '.');
+    let generation = parts.next()?.strip_prefix('g')?.parse().ok()?;
+    let step_index = parts.next()?.parse().ok()?;
+    Some((step_index, generation))
+}
+
 /// What a callback token answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallbackFence {
@@ -576,6 +604,7 @@ impl StateRecord {
         Self {
             payloads: false,
             purge_at: None,
+            parent: None,
             task_id,
             workflow: workflow.name.clone(),
             workflow_version: workflow.version,

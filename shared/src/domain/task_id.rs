@@ -15,6 +15,12 @@ impl TaskId {
     pub fn new_random() -> Self {
         Self(Uuid::new_v4())
     }
+    /// The id derived from `name` (a UUID v5 in sas's own namespace): the same name, the same
+    /// id. A sub-workflow step's child is named by the step's idempotency key.
+    pub fn derived(name: &str) -> Self {
+        const NAMESPACE: Uuid = Uuid::from_u128(0x5a5c_4c1d_9e0f_4b7a_8d2e_6f1a_3b9c_0d42);
+        Self(Uuid::new_v5(&NAMESPACE, name.as_bytes()))
+    }
     pub fn as_uuid(&self) -> Uuid {
         self.0
     }

@@ -34,6 +34,9 @@ pub struct AgentDeps {
     pub metrics: crate::metrics::Metrics,
     /// Where payloads too large for a task's items are kept (the stack's bucket).
     pub payloads: Arc<dyn crate::ports::Payloads>,
+    /// What starts a sub-workflow step's child task (`None`: this agent starts none; such a
+    /// step is refused).
+    pub tasks: Option<Arc<super::TaskPorts>>,
 }
 
 /// Handles one SQS batch of step requests.
@@ -58,6 +61,19 @@ pub async fn on_message(deps: &AgentDeps, body: &str) -> RecordOutcome {
 }
 
 async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerError> {
+    if super::children::is_child_request(request) {
+        let outcome = match &deps.tasks {
+            Some(ports) => {
+                let input = crate::payloads::request_body(deps.payloads.as_ref(), request).await?;
+                super::children::start_child(ports, request, input).await
+            }
+            None => StepOutcome::Refused {
+                code: "sub_workflows_unavailable".into(),
+                message: "this deployment's agents start no child tasks".into(),
+            },
+        };
+        return reply(deps, request, outcome).await;
+    }
     let remote = match deps.remotes.get(&request.service).await {
         Ok(r) => r,
         Err(LookupError::Catalog(crate::catalog::CatalogError::Store(e))) => return Err(e.into()),

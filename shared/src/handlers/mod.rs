@@ -3,6 +3,7 @@
 //! the local runner and the tests all call these.
 
 pub mod agent;
+pub mod children;
 pub mod events;
 pub mod scheduler;
 pub mod start;
@@ -240,7 +241,7 @@ impl TaskPorts {
     /// Where a transition's effects go.
     pub(crate) fn outlets(&self) -> Outlets<'_> {
         Outlets {
-            store: self.store.as_ref(),
+            ports: self,
             queue: self.queue.as_ref(),
             events: self.events.as_ref(),
             clock: self.clock.as_ref(),
@@ -252,7 +253,8 @@ impl TaskPorts {
 
 /// Where effects go: the ports a handler owns, and the work queue.
 pub(crate) struct Outlets<'a> {
-    pub store: &'a dyn StateStore,
+    /// The ports these are of (a child's end reads its task and workflow to answer its parent).
+    pub ports: &'a TaskPorts,
     pub queue: &'a dyn Queue,
     pub events: &'a dyn EventBus,
     pub clock: &'a dyn Clock,
@@ -290,9 +292,7 @@ where
                     ));
                 }
             },
-            Effect::DeliverNotice => {
-                deliver_notice(o.store, o.queue, o.events, o.clock, &t.record).await?
-            }
+            Effect::DeliverNotice => deliver_notice(o.ports, &t.record).await?,
             Effect::Publish(status) => publish_status(o.queue, o.events, &t.record, *status).await,
             Effect::Progress(status) => progress_status(o.queue, &t.record, *status).await,
             Effect::Enqueue { delay } => {
@@ -406,15 +406,20 @@ pub(crate) async fn publish_status(
 /// operator alerts; delivery is at least once, consumers deduplicate on the notice's id, made
 /// from the sequence stored with the status), then, best effort, to the task's reply queue. A bus failure leaves the outbox
 /// full: the record stays due and the supervisor delivers it again.
-pub async fn deliver_notice(
-    store: &dyn StateStore,
-    queue: &dyn Queue,
-    events: &dyn EventBus,
-    clock: &dyn Clock,
-    record: &StateRecord,
-) -> Result<(), HandlerError> {
+pub async fn deliver_notice(ports: &TaskPorts, record: &StateRecord) -> Result<(), HandlerError> {
+    let (store, queue, events, clock) = (
+        ports.store.as_ref(),
+        ports.queue.as_ref(),
+        ports.events.as_ref(),
+        ports.clock.as_ref(),
+    );
     for owed in &record.outbox {
         send_status(queue, events, record, owed.status, owed.sequence).await?;
+    }
+    // A child that ended for good answers its parent step before its outbox is cleared: a
+    // crash from here on answers again, and the parent applies one answer (fenced).
+    if record.parent.is_some() && record.process_state.is_final() && record.notice_pending() {
+        children::answer_parent(ports, record).await?;
     }
     let Ok(t) = notice_delivered(record, clock.now(), store.retention()) else {
         return Ok(());

@@ -479,6 +479,14 @@ async fn send_step_request(
         }
     });
     let callback = match (&step.policy.callback, undo) {
+        // A sub-workflow step: its child answers through sas itself, by the token alone.
+        (Some(_), false) if step.child.is_some() => {
+            let token = callback_token(&record.callback_key, &record.task_id, i, state.generation);
+            Ok(Some(CallbackAddress {
+                url: String::new(),
+                token,
+            }))
+        }
         (Some(_), false) => match &deps.callback_base_url {
             Some(base) => {
                 let token =
@@ -541,6 +549,11 @@ async fn send_step_request(
         input: body,
         input_ref: body_ref,
         callback: input.1,
+        child: step.child.as_ref().map(|c| crate::messages::ChildRequest {
+            version: c.version,
+            caller: task.caller.clone(),
+            depth: record.parent.as_ref().map_or(1, |p| p.depth + 1),
+        }),
     };
     send_json(
         deps.ports.queue.as_ref(),

@@ -37,6 +37,17 @@ pub struct StartRequest<'a> {
     /// A schedule's run: the task becomes the schedule's current task, if the current task is
     /// still the one the run read.
     pub turn: Option<Turn<'a>>,
+    /// A sub-workflow step's child: its id (derived from the step's key, so the parent names
+    /// it), the version the step pins (`None`: the newest), and the parent step it answers.
+    pub child: Option<ChildStart>,
+}
+
+/// How a sub-workflow step's child task starts.
+#[derive(Debug, Clone)]
+pub struct ChildStart {
+    pub id: TaskId,
+    pub version: Option<u32>,
+    pub parent: crate::domain::state::ParentLink,
 }
 
 /// A task started, or the one an idempotency key started before.
@@ -77,13 +88,21 @@ pub enum StartError {
 /// Starts a task of the newest version of `request.workflow`.
 pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Started, StartError> {
     let now = ports.clock.now();
-    let Some(workflow) = ports.definitions.latest(request.workflow).await? else {
+    let pinned = request.child.as_ref().and_then(|c| c.version);
+    let found = match pinned {
+        Some(v) => ports.definitions.workflow(request.workflow, v).await?,
+        None => ports.definitions.latest(request.workflow).await?,
+    };
+    let Some(workflow) = found else {
         return Err(StartError::WorkflowNotFound(request.workflow.to_owned()));
     };
     if let Err(error) = workflow.check_input(&request.input) {
         return Err(StartError::Input { workflow, error });
     }
-    let id = TaskId::new_random();
+    let id = request
+        .child
+        .as_ref()
+        .map_or_else(TaskId::new_random, |c| c.id);
     tracing::Span::current().record("task_id", tracing::field::display(id));
     let task = Task {
         input_ref: None,
@@ -109,6 +128,7 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
     }
     // Its input is kept by reference: its retention must delete it.
     record.payloads = task.has_large_input();
+    record.parent = request.child.map(|c| c.parent);
     // Keys are the caller's own: the same key from two callers names two tasks, and one
     // caller can neither block nor discover another's.
     let key = request.key.map(|key| IdempotencyRecord {
@@ -282,6 +302,7 @@ pub async fn run_schedule(
                 run_at: at,
                 after: current.map(|c| c.task_id),
             }),
+            child: None,
         };
         return match start(ports, request).await {
             Ok(started) => {

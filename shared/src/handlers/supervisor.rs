@@ -324,14 +324,7 @@ async fn recover(
     tracing::Span::current().record("attempt", record.attempt);
     tracing::Span::current().record("workflow", record.workflow.as_str());
     if record.notice_pending() {
-        deliver_notice(
-            deps.ports.store.as_ref(),
-            deps.ports.queue.as_ref(),
-            deps.ports.events.as_ref(),
-            deps.ports.clock.as_ref(),
-            &record,
-        )
-        .await?;
+        deliver_notice(&deps.ports, &record).await?;
         return Ok(Recovered::Notice);
     }
     if record.purge_due(now) {

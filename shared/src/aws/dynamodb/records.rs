@@ -347,6 +347,11 @@ pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
     if let Some(p) = r.purge_at {
         item.insert("PurgeAt".to_owned(), ms(p));
     }
+    if let Some(p) = &r.parent
+        && let Ok(json) = serde_json::to_string(p)
+    {
+        item.insert("Parent".to_owned(), s(json));
+    }
     // The sparse index: only records the supervisor must look at carry its keys.
     if let Some(due) = r.due_key {
         item.insert(
@@ -550,6 +555,12 @@ pub(super) fn record_of(
         since: since(item)?,
         payloads: matches!(item.get("Payloads"), Some(AttributeValue::Bool(true))),
         purge_at: opt_n::<i64>(item, "PurgeAt")?.map(time).transpose()?,
+        parent: opt_s(item, "Parent")
+            .map(|json| {
+                serde_json::from_str(&json)
+                    .map_err(|e| corrupt(format!("Parent is not a parent step: {e}")))
+            })
+            .transpose()?,
         due_key: opt_n::<i64>(item, "DueAt")?.map(time).transpose()?,
     })
 }

@@ -13,16 +13,17 @@
 //! sibling branch cannot be read at all.
 
 use super::super::mapping::{self, Mapping, MappingScope};
-use super::super::policy::Policy;
+use super::super::policy::{CallbackPolicy, Policy};
 use super::super::problem::{DefinitionError, Problem};
 use super::super::when::When;
 use super::definition::{
-    Arm, ForEach, Group, GroupKind, Limits, MAX_BRANCHES, MAX_CASES, MAX_CONCURRENCY, MAX_DEPTH,
-    MAX_STEPS, Step, Tolerated, Undo, Wait, Workflow,
+    Arm, CHILD_SERVICE, CHILD_TIMEOUT_HOURS, Child, ForEach, Group, GroupKind, Limits,
+    MAX_BRANCHES, MAX_CASES, MAX_CONCURRENCY, MAX_DEPTH, MAX_STEPS, Step, Tolerated, Undo, Wait,
+    Workflow,
 };
 use super::doc::{StepDoc, WorkflowDoc};
 use super::schema::compile_input;
-use super::settings::{self, apply_settings, callback_policy};
+use super::settings::{self, CallbackDoc, apply_settings, callback_policy};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -85,7 +86,14 @@ impl WorkflowDoc {
             input_schema: &input_schema,
             in_parallel: 0,
         };
-        c.sequence(&self.steps, "/steps", &Reach::default(), None, 0);
+        let end = c.sequence(&self.steps, "/steps", &Reach::default(), None, 0);
+        // What the task answers: read when it ends Processed, so every step it may have run is
+        // readable as at its end.
+        let output = self.output.clone().map(|o| {
+            let m = Mapping::compile(o, &end.scope(None, false), "/output", &mut c.problems);
+            c.too_many(&m, "/output".into());
+            m
+        });
         if c.steps.len() > MAX_STEPS {
             c.problem(
                 "/steps",
@@ -112,6 +120,7 @@ impl WorkflowDoc {
                 groups,
                 pivot,
                 deadline,
+                output,
                 doc: self,
             }),
             _ => Err(DefinitionError(problems)),
@@ -215,7 +224,7 @@ impl Compiler<'_> {
             });
             let waits = e.wait.is_some() || e.wait_until.is_some() || e.wait_for.is_some();
             let kinds = [
-                e.service.is_some(),
+                e.service.is_some() || e.workflow.is_some(),
                 waits,
                 e.choice.is_some(),
                 e.parallel.is_some(),
@@ -224,13 +233,13 @@ impl Compiler<'_> {
                 self.problem(
                     here.clone(),
                     format!(
-                        "entry {:?} must be exactly one of: a step (`service`), a wait (`wait` or `waitUntil`), a choice (`choice`) or parallel branches (`parallel`)",
+                        "entry {:?} must be exactly one of: a step (`service`), a sub-workflow (`workflow`), a wait (`wait` or `waitUntil`), a choice (`choice`) or parallel branches (`parallel`)",
                         e.name
                     ),
                 );
                 continue;
             }
-            if e.service.is_none() {
+            if e.service.is_none() && e.workflow.is_none() {
                 self.not_on_a_group(e, &here, if waits { "a wait" } else { "a group" });
             }
             if waits {
@@ -241,8 +250,24 @@ impl Compiler<'_> {
             if e.otherwise.is_some() && e.choice.is_none() {
                 self.problem(format!("{here}/otherwise"), "only a choice has `otherwise`");
             }
-            if let Some(service) = &e.service {
+            if e.workflow_version.is_some() && e.workflow.is_none() {
+                self.problem(
+                    format!("{here}/workflowVersion"),
+                    "`workflowVersion` belongs to a sub-workflow step (`workflow`)",
+                );
+            }
+            if e.service.is_some() && e.workflow.is_some() {
+                self.problem(
+                    format!("{here}/workflow"),
+                    format!(
+                        "entry {:?} names both a service and a workflow: a sub-workflow step calls no service of its own",
+                        e.name
+                    ),
+                );
+            } else if let Some(service) = &e.service {
                 self.step(e, service, &here, when, &mut reach, parent, depth);
+            } else if let Some(workflow) = &e.workflow {
+                self.child_step(e, workflow, &here, when, &mut reach, parent, depth);
             } else if depth >= MAX_DEPTH {
                 self.problem(
                     here.clone(),
@@ -415,6 +440,7 @@ impl Compiler<'_> {
             for_each: None,
             wait,
             parent,
+            child: None,
         });
         if e.when.is_some() {
             reach.maybe.push((
@@ -558,6 +584,99 @@ impl Compiler<'_> {
             for_each,
             wait: None,
             parent,
+            child: None,
+        });
+        if s.when.is_some() {
+            reach.maybe.push((
+                s.name.clone(),
+                "which may be skipped (its `when` may not hold): test it with has(steps.<name>) in a condition, or read it through a choice's result".into(),
+            ));
+        } else {
+            reach.certain.push(s.name.clone());
+        }
+    }
+
+    /// A sub-workflow step: a callback step on [`CHILD_SERVICE`] whose call starts a task of
+    /// `workflow` (a child of this one) and whose callback is that task's end. Its `timeout` is
+    /// how long it waits for the child (the callback's, 1s to 30d; [`CHILD_TIMEOUT_HOURS`] if
+    /// unset). Whether the workflow exists, and what it nests, the catalog checks when this
+    /// one is published.
+    #[allow(clippy::too_many_arguments)]
+    fn child_step(
+        &mut self,
+        s: &StepDoc,
+        workflow: &str,
+        at: &str,
+        when: Option<When>,
+        reach: &mut Reach,
+        parent: Parent,
+        depth: usize,
+    ) {
+        let not_here = [
+            ("action", s.action.is_some(), "its action is to start the workflow"),
+            ("undo", s.undo.is_some(), "a child is undone by its own steps' undos"),
+            ("callback", s.callback.is_some(), "its callback is the child's end: set `timeout`"),
+            ("forEach", s.for_each.is_some(), "a forEach over a sub-workflow is not supported"),
+            ("maxConcurrency", s.max_concurrency.is_some(), "it belongs to a forEach"),
+            ("toleratedRefusals", s.tolerated_refusals.is_some(), "it belongs to a forEach"),
+        ];
+        for (field, set, why) in not_here {
+            if set {
+                self.problem(
+                    format!("{at}/{field}"),
+                    format!("a sub-workflow step has no `{field}`: {why}"),
+                );
+            }
+        }
+        if s.pivot {
+            self.pivot_at(s, at, depth);
+        }
+        let input = Mapping::compile(
+            s.input
+                .clone()
+                .unwrap_or_else(|| Value::String("$.input".into())),
+            &reach.scope(None, false),
+            &format!("{at}/input"),
+            &mut self.problems,
+        );
+        self.too_many(&input, format!("{at}/input"));
+        let mut policy = self.base.clone();
+        apply_settings(
+            &mut policy,
+            at,
+            (None, s.start_within.as_ref()),
+            s.retry.as_ref(),
+            &mut self.problems,
+        );
+        policy.callback = match &s.timeout {
+            None => Some(CallbackPolicy {
+                timeout: chrono::Duration::hours(CHILD_TIMEOUT_HOURS),
+                heartbeat: None,
+            }),
+            Some(raw) => callback_policy(
+                at,
+                &CallbackDoc {
+                    timeout: raw.clone(),
+                    heartbeat: None,
+                },
+                &mut self.problems,
+            ),
+        };
+        self.steps.push(Step {
+            name: s.name.clone(),
+            service: CHILD_SERVICE.to_owned(),
+            action: workflow.to_owned(),
+            input,
+            undo: None,
+            policy,
+            when: when.clone(),
+            for_each: None,
+            wait: None,
+            parent,
+            child: Some(Child {
+                workflow: workflow.to_owned(),
+                version: s.workflow_version,
+            }),
         });
         if s.when.is_some() {
             reach.maybe.push((

@@ -26,6 +26,13 @@ pub const MAX_CASES: usize = 10;
 pub const MAX_ELEMENTS: usize = 100;
 /// The most elements of a forEach step out at once.
 pub const MAX_CONCURRENCY: u32 = 100;
+/// The service a sub-workflow step calls: sas itself, which starts the child task. Its name
+/// cannot be a deployment's service's (a service's name has no dot).
+pub const CHILD_SERVICE: &str = "sas.workflows";
+/// How deep sub-workflows nest: a workflow's child's child's child, no further.
+pub const MAX_CHILD_DEPTH: usize = 3;
+/// How long a sub-workflow step waits for its child by default (its `timeout` sets it).
+pub const CHILD_TIMEOUT_HOURS: i64 = 24;
 
 /// One step of a validated workflow.
 #[derive(Debug, Clone)]
@@ -47,6 +54,18 @@ pub struct Step {
     pub wait: Option<Wait>,
     /// The group (its index in [`Workflow::groups`]) and arm the step is in, if any.
     pub parent: Option<(usize, usize)>,
+    /// A sub-workflow step: the workflow its child task runs. Its `service` is
+    /// [`CHILD_SERVICE`], its `action` the workflow's name, and it completes by callback: the
+    /// child's end.
+    pub child: Option<Child>,
+}
+
+/// The workflow a sub-workflow step runs as a child task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Child {
+    pub workflow: String,
+    /// Pinned; `None`: the latest published when the step starts.
+    pub version: Option<u32>,
 }
 
 /// How a step is undone.
@@ -84,6 +103,20 @@ impl Wait {
 }
 
 impl Workflow {
+    /// Every sub-workflow step, with the JSON pointer of its `workflow` field.
+    pub fn children(&self) -> Vec<(&Step, String)> {
+        self.doc
+            .workflows_used()
+            .into_iter()
+            .filter_map(|(at, name)| {
+                self.steps
+                    .iter()
+                    .find(|s| s.name == name && s.child.is_some())
+                    .map(|s| (s, at))
+            })
+            .collect()
+    }
+
     /// The first wait step for event `name`, if the workflow has one.
     pub fn event_step(&self, name: &str) -> Option<(usize, &Step)> {
         self.steps.iter().enumerate().find(|(_, s)| {
@@ -177,6 +210,8 @@ pub struct Workflow {
     ///
     /// [`StateRecord::deadline`]: super::super::state::StateRecord::deadline
     pub deadline: Option<chrono::Duration>,
+    /// What a task answers when it ends `Processed` (its parent step's result).
+    pub output: Option<Mapping>,
 }
 
 impl Workflow {

@@ -54,6 +54,9 @@ pub struct WorkflowDoc {
     pub deadline: Option<String>,
     pub defaults: Option<SettingsDoc>,
     pub steps: Vec<StepDoc>,
+    /// What a task of this workflow answers when it ends `Processed` (a mapping on `{input,
+    /// steps}`): the result of the parent's step when it runs as a sub-workflow.
+    pub output: Option<Value>,
 }
 
 /// One entry of a workflow's `steps`, as written: a step (it names a `service`), a choice
@@ -70,6 +73,11 @@ pub struct StepDoc {
     pub when: Option<String>,
     pub service: Option<String>,
     pub action: Option<String>,
+    /// A sub-workflow step: the published workflow whose task (a child of this one) it runs.
+    pub workflow: Option<String>,
+    /// A sub-workflow step: the child's version (absent: the latest published when the step
+    /// starts).
+    pub workflow_version: Option<u32>,
     pub input: Option<Value>,
     pub undo: Option<UndoDoc>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -140,6 +148,26 @@ impl WorkflowDoc {
         let mut out = vec![];
         services_in(&self.steps, "/steps", &mut out);
         out
+    }
+
+    /// Every sub-workflow step's name, with the JSON pointer of its `workflow` field.
+    pub fn workflows_used(&self) -> Vec<(String, &str)> {
+        let mut out = vec![];
+        workflows_in(&self.steps, "/steps", &mut out);
+        out
+    }
+}
+
+/// Every sub-workflow step's name, with the JSON pointer of its `workflow` field.
+fn workflows_in<'a>(entries: &'a [StepDoc], at: &str, out: &mut Vec<(String, &'a str)>) {
+    for (i, e) in entries.iter().enumerate() {
+        let here = format!("{at}/{i}");
+        if e.workflow.is_some() {
+            out.push((format!("{here}/workflow"), e.name.as_str()));
+        }
+        for (below, steps) in e.sequences() {
+            workflows_in(steps, &format!("{here}{below}"), out);
+        }
     }
 }
 

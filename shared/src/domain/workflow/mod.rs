@@ -27,8 +27,9 @@ mod testkit;
 pub use super::problem::{DefinitionError, InputError, Problem};
 pub use compile::DEFAULT_CONCURRENCY;
 pub use definition::{
-    Arm, ForEach, Group, GroupKind, MAX_BRANCHES, MAX_CASES, MAX_CONCURRENCY, MAX_DEPTH,
-    MAX_ELEMENTS, MAX_STEPS, Step, Tolerated, Undo, Wait, Workflow,
+    Arm, CHILD_SERVICE, CHILD_TIMEOUT_HOURS, Child, ForEach, Group, GroupKind, MAX_BRANCHES,
+    MAX_CASES, MAX_CHILD_DEPTH, MAX_CONCURRENCY, MAX_DEPTH, MAX_ELEMENTS, MAX_STEPS, Step,
+    Tolerated, Undo, Wait, Workflow,
 };
 pub use doc::{
     BranchDoc, CaseDoc, Document, Format, MAX_DEFINITION_BYTES, OtherwiseDoc, SCHEMA, StepDoc,

@@ -1,0 +1,208 @@
+//! Sub-workflows: a step that runs another published workflow as a child task.
+//!
+//! Such a step is a callback step on [`CHILD_SERVICE`], sas itself. The agent's call starts the
+//! child ([`start_child`]): its id is derived from the step's idempotency key, and the step's
+//! key (under the parent's caller) is the child's idempotency key, so a step sent again starts
+//! no second child. The child keeps the parent step it answers ([`ParentLink`]). When the
+//! child ends for good, whoever delivers its final notice answers the parent first
+//! ([`answer_parent`]): a reply fenced, as a callback is, by the step and its key's generation,
+//! so an answer sent twice (a deliverer that died before clearing the outbox) counts once, and
+//! a late one (the parent moved on) changes nothing.
+
+use super::start::{ChildStart, StartError, StartRequest, start};
+use super::{HandlerError, TaskPorts};
+use crate::domain::state::{ParentLink, token_fence};
+use crate::domain::transition::StepOutcome;
+use crate::domain::workflow::{CHILD_SERVICE, MAX_CHILD_DEPTH};
+use crate::domain::{ProcessState, StateRecord, TaskId};
+use crate::messages::{SchedulerMessage, StepReply, StepRequest};
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// The id of the child task a sub-workflow step starts under idempotency key `key`.
+pub fn child_id(key: &str) -> TaskId {
+    TaskId::derived(&format!("child:{key}"))
+}
+
+/// Whether `request` is a sub-workflow step's (the agent starts its child, calling no service).
+pub fn is_child_request(request: &StepRequest) -> bool {
+    request.service == CHILD_SERVICE
+}
+
+/// Starts the child task of a sub-workflow step's request, with the request's body as its
+/// input: the outcome the agent replies. `Accepted` once the child is stored (or was, by an
+/// earlier attempt): the child's end completes the step. The workflow unknown or the input
+/// refused by its schema refuse the step; a store that is down times the attempt out (it is
+/// retried, under the same key: the same child).
+pub async fn start_child(
+    ports: &TaskPorts,
+    request: &StepRequest,
+    input: serde_json::Value,
+) -> StepOutcome {
+    let (Some(child), Some(callback)) = (&request.child, &request.callback) else {
+        return StepOutcome::Failed {
+            error: "a sub-workflow step's request without its child or callback".into(),
+        };
+    };
+    let Some((step_index, generation)) = token_fence(&callback.token) else {
+        return StepOutcome::Failed {
+            error: "a sub-workflow step's callback token names no step".into(),
+        };
+    };
+    if child.depth > MAX_CHILD_DEPTH {
+        return StepOutcome::Refused {
+            code: "child_too_deep".into(),
+            message: format!(
+                "sub-workflows nest at most {MAX_CHILD_DEPTH} deep: workflow {:?} would run at depth {}",
+                request.action, child.depth
+            ),
+        };
+    }
+    let key = request.idempotency_key();
+    let id = child_id(&key);
+    let start_request = StartRequest {
+        caller: &child.caller,
+        workflow: &request.action,
+        input,
+        key: Some(format!("sas-child:{key}")),
+        reply_queue_url: None,
+        start_at: None,
+        turn: None,
+        child: Some(ChildStart {
+            id,
+            version: child.version,
+            parent: ParentLink {
+                task_id: request.task_id,
+                step: request.step.clone(),
+                step_index,
+                generation,
+                reply_queue_url: request.reply_queue_url.clone(),
+                depth: child.depth,
+            },
+        }),
+    };
+    match start(ports, start_request).await {
+        Ok(started) => {
+            info!(child = %started.task_id, replayed = started.replayed, workflow = %request.action, "the step's child task started");
+            StepOutcome::Accepted
+        }
+        Err(StartError::WorkflowNotFound(name)) => StepOutcome::Refused {
+            code: "child_workflow_not_found".into(),
+            message: match child.version {
+                Some(v) => format!("workflow {name:?} has no published version {v}"),
+                None => format!("no workflow {name:?} is published"),
+            },
+        },
+        Err(StartError::Input { error, .. }) => StepOutcome::Refused {
+            code: "child_input_invalid".into(),
+            message: format!("the input does not match {:?}'s input schema: {error}", request.action),
+        },
+        // The same key with another body: an operator retried the step with a new input; the
+        // child the key started first runs on.
+        Err(StartError::KeyReused) => {
+            warn!(child = %id, "the step's child was started with another input; it runs on");
+            StepOutcome::Accepted
+        }
+        Err(e) => StepOutcome::TimedOut {
+            error: format!("the child task could not be started: {e}"),
+        },
+    }
+}
+
+/// A child task that ended for good answers its parent step: `Processed` with its output (the
+/// step's result), `Refused` with its refusal, `Compensated` as `child_failed` (or
+/// `child_cancelled`), `Resolved` as `child_resolved`. Nothing for a task without a parent or
+/// not ended. Sent before the child's outbox is cleared (see the module's text).
+pub async fn answer_parent(ports: &TaskPorts, record: &StateRecord) -> Result<(), HandlerError> {
+    let Some(link) = &record.parent else {
+        return Ok(());
+    };
+    let child = record.task_id;
+    let outcome = match record.process_state {
+        // An output that cannot be built (its mapping selects nothing) refuses the step: a
+        // definition to fix, not a fault to retry.
+        ProcessState::Processed => match output(ports, record).await? {
+            Ok(result) => StepOutcome::Succeeded { result },
+            Err(message) => StepOutcome::Refused {
+                code: "child_output_invalid".into(),
+                message,
+            },
+        },
+        ProcessState::Refused => match &record.refusal {
+            Some(r) => StepOutcome::Refused {
+                code: r.code.clone(),
+                message: format!("child task {child}, step {}: {}", r.step, r.message),
+            },
+            None => StepOutcome::Refused {
+                code: "child_refused".into(),
+                message: format!("child task {child} was refused"),
+            },
+        },
+        ProcessState::Compensated => {
+            let cancelled = record
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("cancelled"));
+            StepOutcome::Refused {
+                code: if cancelled { "child_cancelled" } else { "child_failed" }.into(),
+                message: format!(
+                    "child task {child} ended Compensated: {}",
+                    record.last_error.as_deref().unwrap_or("its steps were undone")
+                ),
+            }
+        }
+        ProcessState::Resolved => StepOutcome::Refused {
+            code: "child_resolved".into(),
+            message: format!("child task {child} was resolved by an operator"),
+        },
+        _ => return Ok(()),
+    };
+    let reply = crate::payloads::packed_reply(
+        ports.payloads.as_ref(),
+        StepReply {
+            task_id: link.task_id,
+            step: link.step.clone(),
+            step_index: link.step_index,
+            attempt: 0,
+            undo: false,
+            outcome,
+            result_ref: None,
+            generation: Some(link.generation),
+        },
+    )
+    .await?;
+    super::send_json(
+        ports.queue.as_ref(),
+        &link.reply_queue_url,
+        "child's answer",
+        &SchedulerMessage::Reply(reply),
+        Duration::ZERO,
+    )
+    .await?;
+    info!(parent = %link.task_id, step = %link.step, state = %record.process_state, "the child answered its parent step");
+    Ok(())
+}
+
+/// What a `Processed` task answers: its workflow's `output` rendered on its input and results
+/// (`None`: the workflow declares none), or why it cannot be built.
+async fn output(
+    ports: &TaskPorts,
+    record: &StateRecord,
+) -> Result<Result<Option<String>, String>, HandlerError> {
+    let workflow = super::workflow_of(&ports.definitions, record).await?;
+    let Some(mapping) = &workflow.output else {
+        return Ok(Ok(None));
+    };
+    let Some((task, whole)) = ports.store.get(record.task_id).await? else {
+        return Err(HandlerError::Poison(format!(
+            "child task {} has no task item",
+            record.task_id
+        )));
+    };
+    let context = crate::domain::context::context(&workflow, &task, &whole, whole.steps.len())
+        .ok_or_else(|| HandlerError::Poison("the child's input is not kept".into()))?;
+    match mapping.render(&context, crate::domain::task::MAX_RESULT_BYTES) {
+        Ok(value) => Ok(Ok((!value.is_null()).then(|| value.to_string()))),
+        Err(e) => Ok(Err(format!("the output of child task {}: {e}", record.task_id))),
+    }
+}
