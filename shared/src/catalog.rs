@@ -221,7 +221,9 @@ impl Definitions {
                 continue;
             }
             for (step, _) in c.children() {
-                let Some(grandchild) = &step.child else { continue };
+                let Some(grandchild) = &step.child else {
+                    continue;
+                };
                 // Published, it was checked then; gone since, its task would be refused.
                 if let Some(g) = self.child_now(grandchild).await? {
                     let mut longer = chain.clone();
@@ -241,7 +243,10 @@ impl Definitions {
 
     /// The workflow a sub-workflow step runs, as published now (its pinned version, or the
     /// newest).
-    async fn child_now(&self, child: &workflow::Child) -> Result<Option<Arc<Workflow>>, CatalogError> {
+    async fn child_now(
+        &self,
+        child: &workflow::Child,
+    ) -> Result<Option<Arc<Workflow>>, CatalogError> {
         match child.version {
             Some(v) => self.workflow(&child.workflow, v).await,
             None => {

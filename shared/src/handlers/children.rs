@@ -95,7 +95,10 @@ pub async fn start_child(
         },
         Err(StartError::Input { error, .. }) => StepOutcome::Refused {
             code: "child_input_invalid".into(),
-            message: format!("the input does not match {:?}'s input schema: {error}", request.action),
+            message: format!(
+                "the input does not match {:?}'s input schema: {error}",
+                request.action
+            ),
         },
         // The same key with another body: an operator retried the step with a new input; the
         // child the key started first runs on.
@@ -144,10 +147,18 @@ pub async fn answer_parent(ports: &TaskPorts, record: &StateRecord) -> Result<()
                 .as_deref()
                 .is_some_and(|e| e.starts_with("cancelled"));
             StepOutcome::Refused {
-                code: if cancelled { "child_cancelled" } else { "child_failed" }.into(),
+                code: if cancelled {
+                    "child_cancelled"
+                } else {
+                    "child_failed"
+                }
+                .into(),
                 message: format!(
                     "child task {child} ended Compensated: {}",
-                    record.last_error.as_deref().unwrap_or("its steps were undone")
+                    record
+                        .last_error
+                        .as_deref()
+                        .unwrap_or("its steps were undone")
                 ),
             }
         }
@@ -203,6 +214,9 @@ async fn output(
         .ok_or_else(|| HandlerError::Poison("the child's input is not kept".into()))?;
     match mapping.render(&context, crate::domain::task::MAX_RESULT_BYTES) {
         Ok(value) => Ok(Ok((!value.is_null()).then(|| value.to_string()))),
-        Err(e) => Ok(Err(format!("the output of child task {}: {e}", record.task_id))),
+        Err(e) => Ok(Err(format!(
+            "the output of child task {}: {e}",
+            record.task_id
+        ))),
     }
 }

@@ -613,12 +613,36 @@ impl Compiler<'_> {
         depth: usize,
     ) {
         let not_here = [
-            ("action", s.action.is_some(), "its action is to start the workflow"),
-            ("undo", s.undo.is_some(), "a child is undone by its own steps' undos"),
-            ("callback", s.callback.is_some(), "its callback is the child's end: set `timeout`"),
-            ("forEach", s.for_each.is_some(), "a forEach over a sub-workflow is not supported"),
-            ("maxConcurrency", s.max_concurrency.is_some(), "it belongs to a forEach"),
-            ("toleratedRefusals", s.tolerated_refusals.is_some(), "it belongs to a forEach"),
+            (
+                "action",
+                s.action.is_some(),
+                "its action is to start the workflow",
+            ),
+            (
+                "undo",
+                s.undo.is_some(),
+                "a child is undone by its own steps' undos",
+            ),
+            (
+                "callback",
+                s.callback.is_some(),
+                "its callback is the child's end: set `timeout`",
+            ),
+            (
+                "forEach",
+                s.for_each.is_some(),
+                "a forEach over a sub-workflow is not supported",
+            ),
+            (
+                "maxConcurrency",
+                s.max_concurrency.is_some(),
+                "it belongs to a forEach",
+            ),
+            (
+                "toleratedRefusals",
+                s.tolerated_refusals.is_some(),
+                "it belongs to a forEach",
+            ),
         ];
         for (field, set, why) in not_here {
             if set {

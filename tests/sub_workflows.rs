@@ -1,0 +1,235 @@
+//! Sub-workflows (issue 42): a step runs another published workflow as a child task, waits for
+//! its end without polling, and takes its output as the step's result; the child's refusal is
+//! the step's. Publishing refuses an unknown child, a cycle and nesting past the bound.
+
+use sas::TaskId;
+use sas::messages::idempotency_key;
+use sas::remote::Faults;
+use sas_local::{Backend, Settings, System};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+const SERVICES: &str = "services:\n  - name: ledger\n    target: {type: simulated}\n";
+
+const PAYMENT: &str = r#"name: payment
+description: Authorise, then capture; answers the receipt.
+input:
+  type: object
+  required: [amount]
+  properties: {amount: {type: integer}}
+steps:
+  - {name: authorise, service: ledger, input: {amount: $.input.amount}}
+  - {name: capture, service: ledger, input: {auth: $.steps.authorise.result.id}}
+output: {receipt: $.steps.capture.result.id, amount: $.input.amount}
+"#;
+
+const ORDER: &str = r#"name: order
+steps:
+  - {name: reserve, service: ledger}
+  - {name: pay, workflow: payment, input: {amount: $.input.amount}}
+  - {name: ship, service: ledger, input: {receipt: $.steps.pay.result.receipt}}
+"#;
+
+async fn system(faults: HashMap<String, Faults>) -> System {
+    let settings = Settings {
+        definitions: vec![],
+        faults,
+        ..sas_blackbox::manual_settings()
+    };
+    let system = System::new(Backend::Memory, settings, Arc::new(sas::ports::SystemClock))
+        .await
+        .expect("builds");
+    system
+        .publish(&[
+            ("services.yaml".into(), SERVICES.into()),
+            ("payment.yaml".into(), PAYMENT.into()),
+            ("order.yaml".into(), ORDER.into()),
+        ])
+        .await
+        .expect("publishes");
+    system
+}
+
+/// The child task step `step` of task `parent` started (its first key).
+fn child_of(parent: TaskId, step: &str, workflow: &str) -> TaskId {
+    sas::handlers::children::child_id(&idempotency_key(parent, step, workflow, 0))
+}
+
+#[tokio::test]
+async fn a_child_runs_its_workflow_and_its_output_is_the_steps_result() {
+    let system = system(HashMap::new()).await;
+    let id = sas_blackbox::submit_task(&system, "order", &json!({"amount": 40})).await;
+    sas_blackbox::pump_until_quiet(&system, 60).await;
+    let parent = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        parent.process_state,
+        sas::ProcessState::Processed,
+        "{:?}",
+        parent.history
+    );
+
+    let child_id = child_of(id, "pay", "payment");
+    let child = sas_blackbox::state(&system, child_id).await;
+    assert_eq!(child.process_state, sas::ProcessState::Processed);
+    assert_eq!(
+        (child.workflow.as_str(), child.workflow_version),
+        ("payment", 1)
+    );
+    let link = child.parent.as_ref().expect("the child names its parent");
+    assert_eq!(
+        (link.task_id, link.step.as_str(), link.depth),
+        (id, "pay", 1)
+    );
+    // The child's own steps called the service under the child's keys, once each.
+    let effects = sas_blackbox::effects(&system, "ledger", child_id);
+    assert_eq!(effects.len(), 2, "{effects:?}");
+    assert!(effects.values().all(|n| *n == 1));
+
+    // The step's result is the child's output; a later step read it.
+    let capture: Value =
+        serde_json::from_str(child.steps[1].result.as_deref().expect("captured")).expect("JSON");
+    let pay: Value = serde_json::from_str(
+        parent.steps[1]
+            .result
+            .as_deref()
+            .expect("the step's result"),
+    )
+    .expect("JSON");
+    assert_eq!(pay, json!({"receipt": capture["id"], "amount": 40}));
+    let shipped = sas_blackbox::requests(&system, "ledger", &id.to_string());
+    let ship = shipped
+        .iter()
+        .find(|(action, _)| action == "ship")
+        .expect("ship called");
+    assert_eq!(ship.1, json!({"receipt": capture["id"]}));
+    // The caller sees its task's child: the child runs as the parent's caller.
+    let (child_task, _) = system
+        .store
+        .get(child_id)
+        .await
+        .expect("reads")
+        .expect("stored");
+    let (parent_task, _) = system.store.get(id).await.expect("reads").expect("stored");
+    assert_eq!(child_task.caller, parent_task.caller);
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_childs_refusal_refuses_the_step_and_the_parent_goes_no_further() {
+    let refuse_capture = Faults {
+        refuse_actions: vec!["capture".into()],
+        ..Faults::default()
+    };
+    let system = system(HashMap::from([("ledger".to_owned(), refuse_capture)])).await;
+    let id = sas_blackbox::submit_task(&system, "order", &json!({"amount": 40})).await;
+    sas_blackbox::pump_until_quiet(&system, 60).await;
+    let child = sas_blackbox::state(&system, child_of(id, "pay", "payment")).await;
+    assert_eq!(child.process_state, sas::ProcessState::Refused);
+    let parent = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        parent.process_state,
+        sas::ProcessState::Refused,
+        "{:?}",
+        parent.history
+    );
+    let refusal = parent.refusal.expect("the parent's refusal");
+    let child_refusal = child.refusal.expect("the child's refusal");
+    assert_eq!(refusal.step, "pay");
+    assert_eq!(
+        refusal.code, child_refusal.code,
+        "the child's code is the step's"
+    );
+    assert!(
+        refusal.message.contains(&child.task_id.to_string()),
+        "{}",
+        refusal.message
+    );
+    let actions: Vec<String> = sas_blackbox::requests(&system, "ledger", &id.to_string())
+        .into_iter()
+        .map(|(a, _)| a)
+        .collect();
+    assert!(!actions.contains(&"ship".to_owned()), "{actions:?}");
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn publishing_refuses_an_unknown_child_a_cycle_and_nesting_past_three() {
+    let system = system(HashMap::new()).await;
+    let publish = |name: &str, text: String| {
+        let files = vec![(format!("{name}.yaml"), text)];
+        let system = &system;
+        async move { system.publish(&files).await.map_err(|e| format!("{e:#}")) }
+    };
+    let calls = |name: &str, child: &str| {
+        format!("name: {name}\nsteps:\n  - {{name: inner, workflow: {child}}}\n")
+    };
+    let err = publish("lost", calls("lost", "nowhere"))
+        .await
+        .expect_err("an unknown child");
+    assert!(
+        err.contains("/steps/0/workflow") && err.contains("\"nowhere\" is not published"),
+        "{err}"
+    );
+    let err = publish(
+        "pinned",
+        format!(
+            "name: pinned\nsteps:\n  - {{name: inner, workflow: payment, workflowVersion: 9}}\n"
+        ),
+    )
+    .await
+    .expect_err("a version that does not exist");
+    assert!(err.contains("has no version 9"), "{err}");
+
+    // a → b, then b → a: a cycle.
+    publish(
+        "cycle-b",
+        "name: cycle-b\nsteps:\n  - {name: s, service: ledger}\n".into(),
+    )
+    .await
+    .expect("a leaf");
+    publish("cycle-a", calls("cycle-a", "cycle-b"))
+        .await
+        .expect("a calls b");
+    let err = publish("cycle-b", calls("cycle-b", "cycle-a"))
+        .await
+        .expect_err("b calls a, which calls b");
+    assert!(err.contains("cycle-b → cycle-a → cycle-b"), "{err}");
+
+    // d1 → d2 → d3 → d4 → d5: d2 is three deep, d1 four.
+    publish(
+        "d5",
+        "name: d5\nsteps:\n  - {name: s, service: ledger}\n".into(),
+    )
+    .await
+    .expect("a leaf");
+    for (name, child) in [("d4", "d5"), ("d3", "d4"), ("d2", "d3")] {
+        publish(name, calls(name, child))
+            .await
+            .expect("within the bound");
+    }
+    let err = publish("d1", calls("d1", "d2"))
+        .await
+        .expect_err("four deep");
+    assert!(
+        err.contains("at most 3 deep") && err.contains("d1 → d2 → d3 → d4 → d5"),
+        "{err}"
+    );
+
+    // A sub-workflow step is no service step.
+    let err = publish(
+        "both",
+        "name: both\nsteps:\n  - {name: s, service: ledger, workflow: payment}\n".into(),
+    )
+    .await
+    .expect_err("both");
+    assert!(err.contains("names both a service and a workflow"), "{err}");
+    let err = publish(
+        "undoing",
+        "name: undoing\nsteps:\n  - {name: s, workflow: payment, undo: {action: refund}}\n".into(),
+    )
+    .await
+    .expect_err("an undo");
+    assert!(err.contains("/steps/0/undo"), "{err}");
+    system.shutdown().await;
+}
