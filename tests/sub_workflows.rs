@@ -1,6 +1,8 @@
 //! Sub-workflows (issue 42): a step runs another published workflow as a child task, waits for
 //! its end without polling, and takes its output as the step's result; the child's refusal is
-//! the step's. Publishing refuses an unknown child, a cycle and nesting past the bound.
+//! the step's. Publishing refuses an unknown child, a cycle and nesting past the bound. A parent
+//! undone undoes its child as a unit (its own undos, last first); cancelling a parent cancels
+//! its running child.
 
 use sas::TaskId;
 use sas::messages::idempotency_key;
@@ -231,5 +233,156 @@ async fn publishing_refuses_an_unknown_child_a_cycle_and_nesting_past_three() {
     .await
     .expect_err("an undo");
     assert!(err.contains("/steps/0/undo"), "{err}");
+    system.shutdown().await;
+}
+
+/// A payment whose steps each have an undo, and a shop that runs it between two steps of its
+/// own.
+const REFUNDABLE: &str = r#"name: refundable
+steps:
+  - {name: authorise, service: ledger, undo: {action: void}}
+  - {name: capture, service: ledger, undo: {action: refund}}
+"#;
+
+const SHOP: &str = r#"name: shop
+steps:
+  - {name: reserve, service: ledger, undo: {action: release}}
+  - {name: pay, workflow: refundable}
+  - {name: ship, service: ledger}
+"#;
+
+async fn shop_system(faults: HashMap<String, Faults>, child: &str) -> System {
+    let system = system(faults).await;
+    system
+        .publish(&[
+            ("refundable.yaml".into(), child.into()),
+            ("shop.yaml".into(), SHOP.into()),
+        ])
+        .await
+        .expect("publishes");
+    system
+}
+
+/// Every undo the service was asked for, in order, for every task.
+fn undos(system: &System) -> Vec<String> {
+    sas_blackbox::requests(system, "ledger", "")
+        .into_iter()
+        .map(|(action, _)| action)
+        .filter(|a| ["void", "refund", "release"].contains(&a.as_str()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_parent_undone_after_its_child_ended_undoes_the_child_as_a_unit_last_first() {
+    let system = shop_system(
+        HashMap::from([("ledger".to_owned(), sas_blackbox::refuse(&["ship"]))]),
+        REFUNDABLE,
+    )
+    .await;
+    let id = sas_blackbox::submit_task(&system, "shop", &json!({})).await;
+    sas_blackbox::pump_until_quiet(&system, 80).await;
+    let parent = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        parent.process_state,
+        sas::ProcessState::Refused,
+        "{:#?}",
+        parent.history
+    );
+    let child_id = child_of(id, "pay", "refundable");
+    let child = sas_blackbox::state(&system, child_id).await;
+    assert_eq!(
+        child.process_state,
+        sas::ProcessState::Compensated,
+        "{:#?}",
+        child.history
+    );
+    // The child's undos ran last first, inside the parent's compensation, each once; then the
+    // parent's own.
+    assert_eq!(undos(&system), ["refund", "void", "release"]);
+    assert!(
+        sas_blackbox::net(&system, "ledger", child_id)
+            .values()
+            .all(|n| *n == 0),
+        "every effect of the child is undone"
+    );
+    assert_eq!(
+        sas_blackbox::undone_steps(&parent),
+        ["pay", "reserve"],
+        "{:#?}",
+        parent.history
+    );
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_child_past_its_pivot_cannot_be_undone_and_its_parents_compensation_fails() {
+    let past_pivot = REFUNDABLE.replace(
+        "{name: capture, service: ledger, undo: {action: refund}}",
+        "{name: capture, service: ledger, pivot: true}",
+    );
+    let system = shop_system(
+        HashMap::from([("ledger".to_owned(), sas_blackbox::refuse(&["ship"]))]),
+        &past_pivot,
+    )
+    .await;
+    let id = sas_blackbox::submit_task(&system, "shop", &json!({})).await;
+    sas_blackbox::pump_until_quiet(&system, 80).await;
+    let parent = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        parent.process_state,
+        sas::ProcessState::CompensationFailed,
+        "{:#?}",
+        parent.history
+    );
+    assert!(
+        parent
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("child_past_pivot")),
+        "{:?}",
+        parent.last_error
+    );
+    let child = sas_blackbox::state(&system, child_of(id, "pay", "refundable")).await;
+    assert_eq!(child.process_state, sas::ProcessState::Processed);
+    assert!(
+        undos(&system).is_empty(),
+        "nothing is undone: the child cannot be, and the parent stops there for an operator"
+    );
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn cancelling_a_parent_cancels_its_running_child_and_undoes_what_it_did() {
+    let waiting = format!("{REFUNDABLE}  - {{name: settle, wait: 1h}}\n");
+    let system = shop_system(HashMap::new(), &waiting).await;
+    let id = sas_blackbox::submit_task(&system, "shop", &json!({})).await;
+    sas_blackbox::pump_until_quiet(&system, 80).await;
+    let child_id = child_of(id, "pay", "refundable");
+    let child = sas_blackbox::state(&system, child_id).await;
+    assert_eq!(
+        (child.process_state, child.step_index),
+        (sas::ProcessState::Processing, 2),
+        "the child waits: {:#?}",
+        child.history
+    );
+    let (status, body) =
+        sas_blackbox::operator_post(&system, &format!("/tasks/{id}/cancel"), b"{}").await;
+    assert_eq!(status, 202, "{body}");
+    sas_blackbox::pump_until_quiet(&system, 80).await;
+    let child = sas_blackbox::state(&system, child_id).await;
+    assert_eq!(
+        child.process_state,
+        sas::ProcessState::Compensated,
+        "{:#?}",
+        child.history
+    );
+    let parent = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        parent.process_state,
+        sas::ProcessState::Compensated,
+        "{:#?}",
+        parent.history
+    );
+    assert_eq!(undos(&system), ["refund", "void", "release"]);
     system.shutdown().await;
 }

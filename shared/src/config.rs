@@ -166,6 +166,7 @@ pub fn policy_in(vars: &Vars, defaults: &PolicyDefaults) -> Result<Policy, Confi
         event: false,
         undo_wait: chrono::Duration::milliseconds(call_timeout.as_millis() as i64)
             + vars.seconds("UNDO_MARGIN_SECONDS", defaults.undo_margin)?,
+        undo_timeout: None,
         progress_events: vars.parsed("PROGRESS_EVENTS", d.progress_events)?,
     })
 }

@@ -119,6 +119,7 @@ pub fn manual_settings() -> Settings {
             // The undo of a step that may be in flight still waits for its deadline; these
             // tests move the clock past it, with no margin on top.
             undo_wait: chrono::Duration::zero(),
+            undo_timeout: None,
             progress_events: false,
         },
         backoff: Backoff {

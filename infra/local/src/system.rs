@@ -330,6 +330,7 @@ impl Default for Settings {
                 // services commit within the call: a short wait. `sas-local` does not use it:
                 // `from_vars` makes it CALL_TIMEOUT_MS + UNDO_MARGIN_SECONDS, as a stack does.
                 undo_wait: chrono::Duration::seconds(2),
+                undo_timeout: None,
                 progress_events: false,
             },
             backoff: Backoff {

@@ -49,6 +49,10 @@ pub struct Policy {
     /// cancelled) its undo waits: the longest call an agent may still make plus a clock-skew
     /// margin (`CALL_TIMEOUT_MS` + `UNDO_MARGIN_SECONDS`).
     pub undo_wait: Duration,
+    /// How long an undo may take from its dispatch, if not as long as the step
+    /// ([`Policy::dispatch_deadline`]): a sub-workflow step's undo is its child's compensation,
+    /// a task of its own, given the step's callback timeout.
+    pub undo_timeout: Option<Duration>,
     /// Publish the progress statuses of the happy path (`TaskReceived`, `TaskStepCompleted`)
     /// to the event bus (`PROGRESS_EVENTS`). Off by default: they are most of a clean task's
     /// events (3 of 4 for a clean e-commerce order, at $1 per million each) and serve dashboards,
@@ -83,6 +87,7 @@ impl Default for Policy {
             wait: false,
             event: false,
             undo_wait: Duration::seconds(40),
+            undo_timeout: None,
             progress_events: false,
         }
     }
@@ -93,6 +98,14 @@ impl Policy {
     /// an agent and the time the agent may take.
     pub fn dispatch_deadline(&self, now: DateTime<Utc>) -> DateTime<Utc> {
         now + self.start_within + self.step_timeout
+    }
+
+    /// The deadline of an undo dispatched at `now`.
+    pub fn undo_deadline(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        match self.undo_timeout {
+            Some(t) => now + self.start_within + t,
+            None => self.dispatch_deadline(now),
+        }
     }
 
     /// The delay before the retry that follows the `failures`-th failure: exponential

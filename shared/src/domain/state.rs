@@ -499,6 +499,10 @@ pub struct ParentLink {
     pub reply_queue_url: String,
     /// How deep the child is: 1 for a workflow's child, 2 for its child's, ...
     pub depth: usize,
+    /// The parent is undoing this child as a unit: the attempt of the parent's undo that the
+    /// child's end answers (the child's compensation, or its cancel, started for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undo_attempt: Option<u64>,
 }
 
 /// The step and generation a callback token names, read without checking its tag: for a

@@ -63,6 +63,14 @@ pub async fn on_message(deps: &AgentDeps, body: &str) -> RecordOutcome {
 async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerError> {
     if super::children::is_child_request(request) {
         let outcome = match &deps.tasks {
+            // An undo: the child is undone as a unit, and its end answers (or the answer is
+            // known now).
+            Some(ports) if request.undo => {
+                match super::children::undo_child(ports, request).await? {
+                    Some(outcome) => outcome,
+                    None => return Ok(()),
+                }
+            }
             Some(ports) => {
                 let input = crate::payloads::request_body(deps.payloads.as_ref(), request).await?;
                 super::children::start_child(ports, request, input).await

@@ -12,7 +12,7 @@
 use super::start::{ChildStart, StartError, StartRequest, start};
 use super::{HandlerError, TaskPorts};
 use crate::domain::state::{ParentLink, token_fence};
-use crate::domain::transition::StepOutcome;
+use crate::domain::transition::{self, Rejection, StepOutcome};
 use crate::domain::workflow::{CHILD_SERVICE, MAX_CHILD_DEPTH};
 use crate::domain::{ProcessState, StateRecord, TaskId};
 use crate::messages::{SchedulerMessage, StepReply, StepRequest};
@@ -78,6 +78,7 @@ pub async fn start_child(
                 generation,
                 reply_queue_url: request.reply_queue_url.clone(),
                 depth: child.depth,
+                undo_attempt: None,
             },
         }),
     };
@@ -112,6 +113,110 @@ pub async fn start_child(
     }
 }
 
+/// How often [`undo_child`] reads the child again after losing a race to another writer.
+const UNDO_RACES: usize = 5;
+
+/// The undo of a sub-workflow step: its child task is undone as a unit
+/// ([`transition::undo_as_unit`]). `None`: the child's end answers this undo (the answer the
+/// agent would give comes from [`answer_parent`]). Otherwise the answer, now: success if nothing
+/// of the child is in effect (never started, since the forward request's deadline has passed
+/// before any undo goes out; or refused or compensated already), a refusal if it cannot be
+/// undone (past its pivot, or left for an operator): the parent's compensation then fails and
+/// alerts, for an operator to settle both.
+pub async fn undo_child(
+    ports: &TaskPorts,
+    request: &StepRequest,
+) -> Result<Option<StepOutcome>, HandlerError> {
+    let Some(forward) = &request.undoes else {
+        return Ok(Some(StepOutcome::Failed {
+            error: "a sub-workflow step's undo without the key it undoes".into(),
+        }));
+    };
+    let id = child_id(forward);
+    for _ in 0..UNDO_RACES {
+        let Some(child) = ports.store.get_state(id).await? else {
+            info!(child = %id, "the step's child was never started: nothing to undo");
+            return Ok(Some(StepOutcome::Succeeded { result: None }));
+        };
+        match child.process_state {
+            ProcessState::Compensated | ProcessState::Refused => {
+                return Ok(Some(StepOutcome::Succeeded { result: None }));
+            }
+            ProcessState::Error | ProcessState::CompensationFailed | ProcessState::Resolved => {
+                return Ok(Some(StepOutcome::Refused {
+                    code: "child_needs_operator".into(),
+                    message: format!(
+                        "child task {id} is {}: an operator settles it before its parent is undone",
+                        child.process_state
+                    ),
+                }));
+            }
+            ProcessState::Compensating
+                if child.parent.as_ref().and_then(|l| l.undo_attempt) == Some(request.attempt) =>
+            {
+                // This undo was sent again: the child answers it already.
+                return Ok(None);
+            }
+            _ => {}
+        }
+        let workflow = super::workflow_of(&ports.definitions, &child).await?;
+        let now = ports.clock.now();
+        let t = match transition::undo_as_unit(&child, request.attempt, now, &workflow.policies()) {
+            Ok(t) => t,
+            Err(Rejection::PastPivot(_)) => {
+                return Ok(Some(StepOutcome::Refused {
+                    code: "child_past_pivot".into(),
+                    message: format!(
+                        "child task {id} is past its pivot: its effects cannot be undone"
+                    ),
+                }));
+            }
+            Err(e) => {
+                return Ok(Some(StepOutcome::Refused {
+                    code: "child_not_undoable".into(),
+                    message: format!("child task {id}: {e}"),
+                }));
+            }
+        };
+        // Condition: the transition's (the child as read) - keeps "a child is undone once".
+        if super::write(ports.store.as_ref(), &t).await? {
+            info!(child = %id, from = %child.process_state, to = %t.record.process_state, "the step's child is undone as a unit");
+            if let Err(e) = super::perform_no_step(&ports.outlets(), &t).await {
+                // The write stands: a lost work message is re-enqueued at the child's pickup
+                // deadline, an undelivered notice by the supervisor.
+                warn!(child = %id, error = %e, "the child's undo is written, its effects left to the supervisor");
+            }
+            return Ok(None);
+        }
+    }
+    Err(HandlerError::Store(crate::ports::StoreError::Unavailable(
+        format!("child task {id} kept changing while its parent undid it"),
+    )))
+}
+
+/// The answer a child being undone by its parent gives that undo when it ends: success once
+/// its steps are undone (or it was cancelled before any took effect), a refusal if an undo of
+/// its own failed.
+fn undo_answer(record: &StateRecord) -> Option<StepOutcome> {
+    match record.process_state {
+        ProcessState::Compensated | ProcessState::Refused => {
+            Some(StepOutcome::Succeeded { result: None })
+        }
+        ProcessState::CompensationFailed | ProcessState::Error | ProcessState::Resolved => {
+            Some(StepOutcome::Refused {
+                code: "child_undo_failed".into(),
+                message: format!(
+                    "child task {} is {}: {}",
+                    record.task_id,
+                    record.process_state,
+                    record.last_error.as_deref().unwrap_or("its undo failed")
+                ),
+            })
+        }
+        _ => None,
+    }
+}
+
 /// A child task that ended for good answers its parent step: `Processed` with its output (the
 /// step's result), `Refused` with its refusal, `Compensated` as `child_failed` (or
 /// `child_cancelled`), `Resolved` as `child_resolved`. Nothing for a task without a parent or
@@ -121,6 +226,24 @@ pub async fn answer_parent(ports: &TaskPorts, record: &StateRecord) -> Result<()
         return Ok(());
     };
     let child = record.task_id;
+    if let Some(attempt) = link.undo_attempt {
+        let Some(outcome) = undo_answer(record) else {
+            return Ok(());
+        };
+        let reply = StepReply {
+            task_id: link.task_id,
+            step: link.step.clone(),
+            step_index: link.step_index,
+            attempt,
+            undo: true,
+            outcome,
+            result_ref: None,
+            generation: None,
+        };
+        send_reply(ports, link, &reply).await?;
+        info!(parent = %link.task_id, step = %link.step, state = %record.process_state, "the child answered its parent's undo");
+        return Ok(());
+    }
     let outcome = match record.process_state {
         // An output that cannot be built (its mapping selects nothing) refuses the step: a
         // definition to fix, not a fault to retry.
@@ -182,16 +305,24 @@ pub async fn answer_parent(ports: &TaskPorts, record: &StateRecord) -> Result<()
         },
     )
     .await?;
+    send_reply(ports, link, &reply).await?;
+    info!(parent = %link.task_id, step = %link.step, state = %record.process_state, "the child answered its parent step");
+    Ok(())
+}
+
+async fn send_reply(
+    ports: &TaskPorts,
+    link: &ParentLink,
+    reply: &StepReply,
+) -> Result<(), HandlerError> {
     super::send_json(
         ports.queue.as_ref(),
         &link.reply_queue_url,
         "child's answer",
-        &SchedulerMessage::Reply(reply),
+        &SchedulerMessage::Reply(reply.clone()),
         Duration::ZERO,
     )
-    .await?;
-    info!(parent = %link.task_id, step = %link.step, state = %record.process_state, "the child answered its parent step");
-    Ok(())
+    .await
 }
 
 /// What a `Processed` task answers: its workflow's `output` rendered on its input and results

@@ -180,7 +180,7 @@ pub(super) fn apply_undo_reply(
                     }
                     n.step_index = j;
                     n.set_undo(j, Some(StepStatus::Running));
-                    n.complete_by = Some(p.at(j).dispatch_deadline(now));
+                    n.complete_by = Some(p.at(j).undo_deadline(now));
                     log(n, from, Some(i), "undone");
                     vec![Effect::SendStepRequest]
                 }

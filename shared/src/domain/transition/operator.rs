@@ -1,6 +1,7 @@
 //! Operator actions on a task (and a caller's cancel): [`retry`] (or [`retry_with_input`]),
 //! [`compensate`] (or [`compensate_from`] a step), [`cancel`], [`resolve`] by hand, [`skip`] a
-//! failed step with its result, [`stop_branches`] still out of a group a failure stopped.
+//! failed step with its result, [`stop_branches`] still out of a group a failure stopped; and a
+//! parent's undo of its child task as a unit ([`undo_as_unit`]).
 
 use super::super::policy::Policies;
 use super::super::state::{NoticeKind, ProcessState, StateRecord, StepStatus, to_millis};
@@ -172,6 +173,14 @@ pub fn cancel(
         }
         ProcessState::Pending if r.steps[i].sent => Some(now),
         ProcessState::Pending => None,
+        // A sub-workflow step its child accepted has nothing in flight: its undo undoes the
+        // child (a copy of its request starts no second one: the child keeps its key).
+        ProcessState::Processing
+            if p.at(i).undo_timeout.is_some() && r.steps[i].waiting_until.is_some() =>
+        {
+            n.steps[i].status = StepStatus::Cancelled;
+            None
+        }
         ProcessState::Processing => {
             n.steps[i].status = StepStatus::Cancelled;
             Some(r.complete_by.map_or(now, |d| d.max(now)))
@@ -204,6 +213,80 @@ pub fn cancel(
     );
     tidy(&mut n);
     Ok(Transition::from(r, Condition::on_step(r, i), n, effects))
+}
+
+/// Its parent undoes this child task as a unit (its sub-workflow step's undo, at the parent's
+/// attempt `parent_attempt`), and the child's end answers that undo (see
+/// [`ParentLink::undo_attempt`]):
+/// - a Processed child starts undoing its steps, last first, as a failed task does; past its
+///   pivot it cannot be undone ([`Rejection::PastPivot`]: the parent's undo is refused);
+/// - a child still running is cancelled ([`cancel`]): its steps that may have taken effect are
+///   undone, each past its deadline;
+/// - a Compensating child is already being undone (the parent's undo went out again): it
+///   answers this attempt instead.
+///
+/// Any other state has nothing to start: the caller answers the parent itself.
+///
+/// Condition: same state (at the version read), or [`cancel`]'s - keeps "a child is undone
+/// once": of two undos racing, one starts it and the other reads the child again.
+///
+/// [`ParentLink::undo_attempt`]: super::super::state::ParentLink::undo_attempt
+pub fn undo_as_unit(
+    r: &StateRecord,
+    parent_attempt: u64,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Result<Transition, Rejection> {
+    let actor = Actor {
+        by: r.parent.as_ref().map_or_else(
+            || "its parent".to_owned(),
+            |l| format!("parent task {}", l.task_id),
+        ),
+        reason: Some("its parent is undone".to_owned()),
+        operator: false,
+    };
+    let mut t = match r.process_state {
+        ProcessState::Processed if r.past_pivot() => {
+            return Err(Rejection::PastPivot(r.process_state));
+        }
+        ProcessState::Processed => {
+            let now = to_millis(now);
+            let mut n = next(r, now);
+            n.purge_at = None;
+            n.last_error = Some("undone as a unit by its parent task".to_owned());
+            let effects = begin_compensation(&mut n, now, Duration::zero(), p, None);
+            log_by(
+                &mut n,
+                r.process_state,
+                None,
+                "undone as a unit: its parent task is undone",
+                Some(&actor.by),
+            );
+            tidy(&mut n);
+            Transition::from(
+                r,
+                Condition::on(r, vec![Guard::StateIs(r.process_state)]),
+                n,
+                effects,
+            )
+        }
+        ProcessState::Pending | ProcessState::Processing => cancel(r, &actor, now, p)?,
+        ProcessState::Compensating => {
+            let mut n = next(r, to_millis(now));
+            tidy(&mut n);
+            Transition::from(
+                r,
+                Condition::on(r, vec![Guard::StateIs(r.process_state)]),
+                n,
+                vec![],
+            )
+        }
+        other => return Err(Rejection::NotCompensable(other)),
+    };
+    if let Some(link) = t.record.parent.as_mut() {
+        link.undo_attempt = Some(parent_attempt);
+    }
+    Ok(t)
 }
 
 /// An operator stops the branches still out of a parallel group that stopped at a failure

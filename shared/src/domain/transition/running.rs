@@ -130,7 +130,11 @@ pub fn claim(
     }
     n.locked_by = Some(instance.to_owned());
     n.attempt = r.attempt + 1;
-    n.complete_by = Some(p.at(at).dispatch_deadline(now));
+    n.complete_by = Some(if undo {
+        p.at(at).undo_deadline(now)
+    } else {
+        p.at(at).dispatch_deadline(now)
+    });
     if undo {
         n.set_undo(at, Some(StepStatus::Running));
     } else {

@@ -31,6 +31,7 @@ pub(super) fn base() -> Policy {
         wait: false,
         event: false,
         undo_wait: Duration::seconds(5),
+        undo_timeout: None,
         progress_events: false,
     }
 }

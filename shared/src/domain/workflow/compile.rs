@@ -17,9 +17,9 @@ use super::super::policy::{CallbackPolicy, Policy};
 use super::super::problem::{DefinitionError, Problem};
 use super::super::when::When;
 use super::definition::{
-    Arm, CHILD_SERVICE, CHILD_TIMEOUT_HOURS, Child, ForEach, Group, GroupKind, Limits,
-    MAX_BRANCHES, MAX_CASES, MAX_CONCURRENCY, MAX_DEPTH, MAX_STEPS, Step, Tolerated, Undo, Wait,
-    Workflow,
+    Arm, CHILD_SERVICE, CHILD_TIMEOUT_HOURS, CHILD_UNDO_ACTION, Child, ForEach, Group, GroupKind,
+    Limits, MAX_BRANCHES, MAX_CASES, MAX_CONCURRENCY, MAX_DEPTH, MAX_STEPS, Step, Tolerated, Undo,
+    Wait, Workflow,
 };
 use super::doc::{StepDoc, WorkflowDoc};
 use super::schema::compile_input;
@@ -652,6 +652,9 @@ impl Compiler<'_> {
                 );
             }
         }
+        // Before the pivot, the step is undone as a unit (its child's own undos); after it,
+        // nothing is undone.
+        let undoable = !s.pivot && self.pivot.is_none();
         if s.pivot {
             self.pivot_at(s, at, depth);
         }
@@ -686,12 +689,22 @@ impl Compiler<'_> {
                 &mut self.problems,
             ),
         };
+        // Its undo is the child's compensation: as long as the child may take.
+        policy.undo_timeout = policy.callback.map(|c| c.timeout);
         self.steps.push(Step {
             name: s.name.clone(),
             service: CHILD_SERVICE.to_owned(),
             action: workflow.to_owned(),
             input,
-            undo: None,
+            undo: undoable.then(|| Undo {
+                action: CHILD_UNDO_ACTION.to_owned(),
+                input: Mapping::compile(
+                    Value::Null,
+                    &reach.scope(None, false),
+                    &format!("{at}/undo/input"),
+                    &mut self.problems,
+                ),
+            }),
             policy,
             when: when.clone(),
             for_each: None,

@@ -33,6 +33,9 @@ pub const CHILD_SERVICE: &str = "sas.workflows";
 pub const MAX_CHILD_DEPTH: usize = 3;
 /// How long a sub-workflow step waits for its child by default (its `timeout` sets it).
 pub const CHILD_TIMEOUT_HOURS: i64 = 24;
+/// The undo a sub-workflow step gets (before its workflow's pivot, if any): the child task is
+/// undone as a unit, by its own steps' undos, last first.
+pub const CHILD_UNDO_ACTION: &str = "undo";
 
 /// One step of a validated workflow.
 #[derive(Debug, Clone)]
