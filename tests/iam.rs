@@ -536,6 +536,60 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     // Drop the cancelled tasks' work messages.
     pump(&scheduler, &agent).await;
 
+    // A sub-workflow: the agent starts the child task (its items and key, its first work
+    // message); the child, run by the stalled scheduler, ends with its notice owed, which the
+    // supervisor's sweep delivers below: its answer to the parent's step, on the reply queue.
+    // The parent's next step then fails, and its compensation undoes the child as a unit:
+    // the agent reads the child and starts its compensation.
+    for (name, doc) in [
+        (
+            "iam-child",
+            json!({"name": "iam-child", "steps": [
+                {"name": "hold", "service": "inventory", "undo": {"action": "release"}}
+            ]}),
+        ),
+        (
+            "iam-parent",
+            json!({"name": "iam-parent", "steps": [
+                {"name": "pay", "workflow": "iam-child"},
+                {"name": "after", "service": "inventory", "input": {"x": "$.input.missing"}}
+            ]}),
+        ),
+    ] {
+        let (status, body) =
+            operator_api(&operator, Method::PUT, &format!("/workflows/{name}"), &doc).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let (status, body) = task_api(
+        &submitter,
+        Method::POST,
+        "/workflows/iam-parent/tasks",
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let parent: sas::TaskId = body["taskId"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("taskId");
+    for _ in 0..10 {
+        ROLE.scope(SCHEDULER, stalled.pump_scheduler())
+            .await
+            .expect("poll");
+        ROLE.scope(AGENT, agent.pump_agents()).await.expect("poll");
+    }
+    let child = sas::handlers::children::child_id(&sas::messages::idempotency_key(
+        parent,
+        "pay",
+        "iam-child",
+        0,
+    ));
+    let r = ROLE
+        .scope("test", sas_blackbox::state(&supervisor, child))
+        .await;
+    assert_eq!(r.process_state, sas::ProcessState::Processed, "{r:?}");
+    assert!(!r.outbox.is_empty(), "its end is owed: {r:?}");
+
     // A task run by the stalled scheduler: its final notice stays owed.
     let owed = ROLE
         .scope(SUBMISSION, submit(&submitter, false, &replying, &order))
@@ -643,6 +697,18 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         r.outbox.is_empty(),
         "the supervisor delivered the owed notice: {r:?}"
     );
+    // The child's end answered its parent's step; the parent goes on, fails, and undoes the
+    // child as a unit.
+    pump(&scheduler, &agent).await;
+    for (id, state) in [
+        (parent, sas::ProcessState::Compensated),
+        (child, sas::ProcessState::Compensated),
+    ] {
+        let r = ROLE
+            .scope("test", sas_blackbox::state(&supervisor, id))
+            .await;
+        assert_eq!(r.process_state, state, "{:#?}", r.history);
+    }
 
     // A schedule: published (its timer created), run (one run losing a race to another, which
     // is then delivered again: Scheduler delivers at least once), paused (its timer disabled),

@@ -161,23 +161,29 @@ pub async fn undo_child(
         }
         let workflow = super::workflow_of(&ports.definitions, &child).await?;
         let now = ports.clock.now();
-        let t = match transition::undo_as_unit(&child, request.attempt, now, &workflow.policies()) {
-            Ok(t) => t,
-            Err(Rejection::PastPivot(_)) => {
-                return Ok(Some(StepOutcome::Refused {
-                    code: "child_past_pivot".into(),
-                    message: format!(
-                        "child task {id} is past its pivot: its effects cannot be undone"
-                    ),
-                }));
-            }
-            Err(e) => {
-                return Ok(Some(StepOutcome::Refused {
-                    code: "child_not_undoable".into(),
-                    message: format!("child task {id}: {e}"),
-                }));
-            }
-        };
+        let mut t =
+            match transition::undo_as_unit(&child, request.attempt, now, &workflow.policies()) {
+                Ok(t) => t,
+                Err(Rejection::PastPivot(_)) => {
+                    return Ok(Some(StepOutcome::Refused {
+                        code: "child_past_pivot".into(),
+                        message: format!(
+                            "child task {id} is past its pivot: its effects cannot be undone"
+                        ),
+                    }));
+                }
+                Err(e) => {
+                    return Ok(Some(StepOutcome::Refused {
+                        code: "child_not_undoable".into(),
+                        message: format!("child task {id}: {e}"),
+                    }));
+                }
+            };
+        // A child with nothing to undo ends at once: its end (and its answer to this undo) is
+        // delivered by the supervisor's sweep, which finds its notice owed. The agent delivers
+        // no task's notices, and needs no grant to start a retention.
+        t.effects
+            .retain(|e| !matches!(e, transition::Effect::DeliverNotice));
         // Condition: the transition's (the child as read) - keeps "a child is undone once".
         if super::write(ports.store.as_ref(), &t).await? {
             info!(child = %id, from = %child.process_state, to = %t.record.process_state, "the step's child is undone as a unit");
