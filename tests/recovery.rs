@@ -982,28 +982,6 @@ async fn dynamodb_answers_that_never_change_are_rejections() {
     );
 }
 
-/// The `ExpiresAt` (epoch seconds) of a task's item (`TASK` or `STATE`), read raw.
-async fn expires_at(system: &System, id: TaskId, sk: &str) -> Option<i64> {
-    let ddb = aws_sdk_dynamodb::Client::new(&sas_blackbox::sdk_config().await);
-    let item = ddb
-        .get_item()
-        .table_name(&system.resources.table)
-        .key(
-            "pk",
-            aws_sdk_dynamodb::types::AttributeValue::S(format!("TASK#{id}")),
-        )
-        .key("sk", aws_sdk_dynamodb::types::AttributeValue::S(sk.into()))
-        .consistent_read(true)
-        .send()
-        .await
-        .expect("get")
-        .item
-        .expect("the item");
-    item.get("ExpiresAt")
-        .and_then(|v| v.as_n().ok())
-        .map(|n| n.parse().expect("a number"))
-}
-
 /// Retention: a final task's items (task and state record) carry `ExpiresAt` = when it got
 /// there + the retention, for DynamoDB's TTL; a task waiting for an operator (`Error`) carries
 /// none; with no retention, nothing expires.
@@ -1030,7 +1008,7 @@ async fn final_tasks_expire_after_the_retention_and_tasks_waiting_for_an_operato
     );
     let want = (chrono::Utc::now() + chrono::Duration::days(90)).timestamp();
     for sk in ["TASK", "STATE"] {
-        let at = expires_at(&system, processed, sk)
+        let at = sas_blackbox::expires_at(&system, processed, sk)
             .await
             .expect("a final task expires");
         assert!(
@@ -1038,7 +1016,7 @@ async fn final_tasks_expire_after_the_retention_and_tasks_waiting_for_an_operato
             "{sk}: {at} vs {want}"
         );
         assert_eq!(
-            expires_at(&system, stuck, sk).await,
+            sas_blackbox::expires_at(&system, stuck, sk).await,
             None,
             "{sk} of an Error task"
         );
@@ -1055,7 +1033,7 @@ async fn final_tasks_expire_after_the_retention_and_tasks_waiting_for_an_operato
     );
     for sk in ["TASK", "STATE"] {
         assert_eq!(
-            expires_at(&system, id, sk).await,
+            sas_blackbox::expires_at(&system, id, sk).await,
             None,
             "RETENTION_DAYS=0 keeps {sk}"
         );

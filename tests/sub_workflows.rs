@@ -42,6 +42,11 @@ async fn system(faults: HashMap<String, Faults>) -> System {
     let system = System::new(Backend::Memory, settings, Arc::new(sas::ports::SystemClock))
         .await
         .expect("builds");
+    publish_all(&system).await;
+    system
+}
+
+async fn publish_all(system: &System) {
     system
         .publish(&[
             ("services.yaml".into(), SERVICES.into()),
@@ -50,7 +55,6 @@ async fn system(faults: HashMap<String, Faults>) -> System {
         ])
         .await
         .expect("publishes");
-    system
 }
 
 /// The child task step `step` of task `parent` started (its first key).
@@ -384,5 +388,98 @@ async fn cancelling_a_parent_cancels_its_running_child_and_undoes_what_it_did() 
         parent.history
     );
     assert_eq!(undos(&system), ["refund", "void", "release"]);
+    system.shutdown().await;
+}
+
+/// On the emulator (DynamoDB, SQS and EventBridge through the real SDK clients): a child runs
+/// and answers, a parent undone undoes its child as a unit, and a child is kept while its
+/// parent may still undo it: a `Processed` child of a parent still running has no expiry, and
+/// its retention starts when its parent ends.
+#[tokio::test]
+async fn on_the_emulator_children_answer_are_undone_as_a_unit_and_are_kept_while_their_parent_runs()
+{
+    let mut settings = Settings {
+        definitions: vec![],
+        ..sas_blackbox::manual_settings()
+    };
+    settings.retention = Some(chrono::Duration::days(90));
+    settings
+        .faults
+        .insert("ledger".into(), sas_blackbox::refuse(&["ship"]));
+    let (system, _clock) = sas_blackbox::aws_system("children", settings).await;
+    publish_all(&system).await;
+    let holding = format!(
+        "{}  - {{name: settle, wait: 1h}}\n",
+        SHOP.replace("name: shop", "name: holding")
+            .replace("  - {name: ship, service: ledger}\n", "")
+    );
+    system
+        .publish(&[
+            ("refundable.yaml".into(), REFUNDABLE.into()),
+            ("shop.yaml".into(), SHOP.into()),
+            ("holding.yaml".into(), holding),
+        ])
+        .await
+        .expect("publishes");
+    let undone = sas_blackbox::submit_task(&system, "shop", &json!({})).await;
+    let held = sas_blackbox::submit_task(&system, "holding", &json!({})).await;
+    sas_blackbox::pump_until_quiet(&system, 80).await;
+
+    let state = |id| sas_blackbox::state(&system, id);
+    let parent = state(undone).await;
+    assert_eq!(
+        parent.process_state,
+        sas::ProcessState::Refused,
+        "{:#?}",
+        parent.history
+    );
+    let undone_child = child_of(undone, "pay", "refundable");
+    assert_eq!(
+        state(undone_child).await.process_state,
+        sas::ProcessState::Compensated
+    );
+    assert!(
+        sas_blackbox::net(&system, "ledger", undone_child)
+            .values()
+            .all(|n| *n == 0),
+        "every effect of the child is undone"
+    );
+
+    let parent = state(held).await;
+    assert_eq!(
+        (parent.process_state, parent.step_index),
+        (sas::ProcessState::Processing, 2),
+        "the parent waits after its child: {:#?}",
+        parent.history
+    );
+    let held_child = child_of(held, "pay", "refundable");
+    let child = state(held_child).await;
+    assert_eq!(child.process_state, sas::ProcessState::Processed);
+    assert!(child.outbox.is_empty(), "its end is delivered: {child:?}");
+    for sk in ["TASK", "STATE"] {
+        assert_eq!(
+            sas_blackbox::expires_at(&system, held_child, sk).await,
+            None,
+            "{sk}: a child its parent may still undo is kept"
+        );
+    }
+    // The parent ends (its wait skipped by an operator): it releases its child.
+    let (status, body) = sas_blackbox::wake(&system, held).await;
+    assert_eq!(status, 202, "{body}");
+    sas_blackbox::pump_until_quiet(&system, 40).await;
+    assert_eq!(
+        state(held).await.process_state,
+        sas::ProcessState::Processed
+    );
+    let want = (chrono::Utc::now() + chrono::Duration::days(90)).timestamp();
+    for sk in ["TASK", "STATE"] {
+        let at = sas_blackbox::expires_at(&system, held_child, sk)
+            .await
+            .expect("a released child expires");
+        assert!(
+            (want - 120..=want + 5).contains(&at),
+            "{sk}: {at} vs {want}"
+        );
+    }
     system.shutdown().await;
 }

@@ -732,3 +732,25 @@ pub fn sigv4_headers(
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect()
 }
+
+/// The `ExpiresAt` (epoch seconds) of a task's item (`TASK` or `STATE`), read raw.
+pub async fn expires_at(system: &System, id: TaskId, sk: &str) -> Option<i64> {
+    let ddb = aws_sdk_dynamodb::Client::new(&sdk_config().await);
+    let item = ddb
+        .get_item()
+        .table_name(&system.resources.table)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("TASK#{id}")),
+        )
+        .key("sk", aws_sdk_dynamodb::types::AttributeValue::S(sk.into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("get")
+        .item
+        .expect("the item");
+    item.get("ExpiresAt")
+        .and_then(|v| v.as_n().ok())
+        .map(|n| n.parse().expect("a number"))
+}

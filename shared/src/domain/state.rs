@@ -503,6 +503,10 @@ pub struct ParentLink {
     /// child's end answers (the child's compensation, or its cancel, started for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undo_attempt: Option<u64>,
+    /// The parent ended for good, so it will never undo this child: the child's retention
+    /// runs (until then, a `Processed` child is kept, see [`StateRecord::held_by_parent`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub released: bool,
 }
 
 /// The step and generation a callback token names, read without checking its tag: for a
@@ -766,13 +770,20 @@ impl StateRecord {
     /// purge, so the supervisor deletes its objects before its items go.
     pub fn expires_at(&self, retention: Option<chrono::Duration>) -> Option<DateTime<Utc>> {
         let keep = retention?;
-        if !self.process_state.is_final() {
+        if !self.process_state.is_final() || self.held_by_parent() {
             return None;
         }
         Some(match self.purge_at {
             Some(at) => at + PURGE_GRACE,
             None => self.updated_at + keep,
         })
+    }
+
+    /// A `Processed` child task its parent may still undo as a unit: it is kept, whatever the
+    /// retention, until its parent ends for good and releases it.
+    pub fn held_by_parent(&self) -> bool {
+        self.process_state == ProcessState::Processed
+            && self.parent.as_ref().is_some_and(|l| !l.released)
     }
 
     /// Whether this final record's retention has ended at `now`, its notices delivered: its

@@ -79,6 +79,7 @@ pub async fn start_child(
                 reply_queue_url: request.reply_queue_url.clone(),
                 depth: child.depth,
                 undo_attempt: None,
+                released: false,
             },
         }),
     };
@@ -198,6 +199,51 @@ pub async fn undo_child(
     Err(HandlerError::Store(crate::ports::StoreError::Unavailable(
         format!("child task {id} kept changing while its parent undid it"),
     )))
+}
+
+/// A parent that ended for good releases its `Processed` children: it will never undo them, so
+/// their retention starts (see [`transition::release_child`]). Called as the parent's final
+/// notices are delivered, before its outbox is cleared: a crash from here on releases again
+/// (a released child is left alone).
+pub async fn release_children(ports: &TaskPorts, record: &StateRecord) -> Result<(), HandlerError> {
+    if !record.process_state.is_final() {
+        return Ok(());
+    }
+    let workflow = super::workflow_of(&ports.definitions, record).await?;
+    let children = workflow
+        .steps
+        .iter()
+        .zip(&record.steps)
+        .filter(|(step, state)| step.child.is_some() && state.sent);
+    for (step, state) in children {
+        let key = crate::messages::idempotency_key(
+            record.task_id,
+            &step.name,
+            &step.action,
+            state.generation,
+        );
+        let id = child_id(&key);
+        for _ in 0..UNDO_RACES {
+            let Some(child) = ports.store.get_state(id).await? else {
+                break;
+            };
+            let Ok(t) =
+                transition::release_child(&child, ports.clock.now(), ports.store.retention())
+            else {
+                // Not held: it ended otherwise, or was released already.
+                break;
+            };
+            // Condition: the child as read (its state) - keeps "a child is kept while its
+            // parent may undo it".
+            if super::write(ports.store.as_ref(), &t).await? {
+                // Its task item's expiry; its state record's came with the write.
+                ports.store.expire_task(&t.record).await?;
+                info!(child = %id, "the child is released: its retention runs");
+                break;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The answer a child being undone by its parent gives that undo when it ends: success once

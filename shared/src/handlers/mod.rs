@@ -430,6 +430,8 @@ pub async fn deliver_notice(ports: &TaskPorts, record: &StateRecord) -> Result<(
     if record.parent.is_some() && answers && record.notice_pending() {
         children::answer_parent(ports, record).await?;
     }
+    // A parent that ended for good will never undo its children: their retention starts.
+    children::release_children(ports, record).await?;
     let Ok(t) = notice_delivered(record, clock.now(), store.retention()) else {
         return Ok(());
     };

@@ -107,6 +107,8 @@ pub enum Rejection {
     NotDue { due: Option<DateTime<Utc>> },
     #[error("no notice is owed")]
     NoNoticeOwed,
+    #[error("no parent holds this task")]
+    NotHeld,
     #[error("a task that is {0} cannot be retried (only Error or CompensationFailed)")]
     NotRetryable(ProcessState),
     #[error("a task that is {0} cannot be compensated (only Error or CompensationFailed)")]

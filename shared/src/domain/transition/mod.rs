@@ -27,8 +27,8 @@ pub use super::condition::{Condition, Guard, write_label};
 pub use super::policy::{CallbackPolicy, MAX_REQUEUE_DELAY, Policies, Policy};
 pub use common::{Actor, Effect, Rejection, StepOutcome, Transition};
 pub use operator::{
-    cancel, compensate, compensate_from, resolve, retry, retry_with_input, skip, stop_branches,
-    undo_as_unit,
+    cancel, compensate, compensate_from, release_child, resolve, retry, retry_with_input, skip,
+    stop_branches, undo_as_unit,
 };
 pub use route::{EachPlan, Linear, Parallel, Route, RouteError, Router, TaskRouter, elements};
 pub use running::{apply_callback, apply_reply, claim, expire, notice_delivered, resumed};

@@ -289,6 +289,37 @@ pub fn undo_as_unit(
     Ok(t)
 }
 
+/// Its parent ended for good, so this `Processed` child will never be undone: its retention
+/// starts (the task item's expiry is the caller's next write; a child with payloads gets its
+/// purge time, or gets it when its notices are delivered).
+///
+/// Condition: same state (at the version read) - keeps "a child is kept while its parent may
+/// undo it": a child its parent started undoing meanwhile is not released.
+pub fn release_child(
+    r: &StateRecord,
+    now: DateTime<Utc>,
+    retention: Option<Duration>,
+) -> Result<Transition, Rejection> {
+    if !r.held_by_parent() {
+        return Err(Rejection::NotHeld);
+    }
+    let now = to_millis(now);
+    let mut n = next(r, now);
+    if let Some(link) = n.parent.as_mut() {
+        link.released = true;
+    }
+    if r.payloads && !r.notice_pending() {
+        n.purge_at = retention.map(|keep| now + keep);
+    }
+    tidy(&mut n);
+    Ok(Transition::from(
+        r,
+        Condition::on(r, vec![Guard::StateIs(r.process_state)]),
+        n,
+        vec![],
+    ))
+}
+
 /// An operator stops the branches still out of a parallel group that stopped at a failure
 /// (whose alert went out then): a sibling's callback step would otherwise hold the task, and
 /// its compensation, for up to its whole timeout. Each step out is over now (it may have

@@ -1113,7 +1113,7 @@ pub fn notice_delivered(
     let now = to_millis(now);
     let mut n = next(r, now);
     n.outbox.clear();
-    if r.process_state.is_final() && r.payloads {
+    if r.process_state.is_final() && r.payloads && !r.held_by_parent() {
         n.purge_at = retention.map(|keep| now + keep);
     }
     tidy(&mut n);
