@@ -118,6 +118,90 @@ async fn a_child_runs_its_workflow_and_its_output_is_the_steps_result() {
         .expect("stored");
     let (parent_task, _) = system.store.get(id).await.expect("reads").expect("stored");
     assert_eq!(child_task.caller, parent_task.caller);
+    // The views link them: the caller's (the task API) and the operator's.
+    let api = &system.api;
+    let caller_get = |path: String| async move {
+        let resp = sas::api::handle(
+            api,
+            &sas::auth::Identity::anonymous(),
+            &http::Method::GET,
+            &path,
+            &http::HeaderMap::new(),
+            b"",
+        )
+        .await;
+        let status = resp.status().as_u16();
+        (
+            status,
+            serde_json::from_str::<Value>(resp.body()).expect("JSON"),
+        )
+    };
+    let (status, view) = caller_get(format!("/tasks/{id}")).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(
+        view["steps"][1]["childTaskId"],
+        json!(child_id.to_string()),
+        "{view}"
+    );
+    assert!(view["steps"][0].get("childTaskId").is_none(), "{view}");
+    assert!(view.get("parent").is_none(), "{view}");
+    let (status, child_view) = caller_get(format!("/tasks/{child_id}")).await;
+    assert_eq!(
+        status, 200,
+        "the caller reads its task's child: {child_view}"
+    );
+    assert_eq!(
+        child_view["parent"],
+        json!({"taskId": id.to_string(), "step": "pay"})
+    );
+    let (status, ops) =
+        sas_blackbox::operator_call(&system, http::Method::GET, &format!("/tasks/{id}"), b"").await;
+    assert_eq!(status, 200, "{ops}");
+    assert_eq!(
+        ops["steps"][1]["childTaskId"],
+        json!(child_id.to_string()),
+        "{ops}"
+    );
+    let (status, ops) = sas_blackbox::operator_call(
+        &system,
+        http::Method::GET,
+        &format!("/tasks/{child_id}"),
+        b"",
+    )
+    .await;
+    assert_eq!(status, 200, "{ops}");
+    assert_eq!(ops["parent"]["taskId"], json!(id.to_string()), "{ops}");
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_operator_cancelling_a_child_refuses_its_parents_step() {
+    let waiting = format!("{REFUNDABLE}  - {{name: settle, wait: 1h}}\n");
+    let system = shop_system(HashMap::new(), &waiting).await;
+    let id = sas_blackbox::submit_task(&system, "shop", &json!({})).await;
+    sas_blackbox::pump_until_quiet(&system, 80).await;
+    let child_id = child_of(id, "pay", "refundable");
+    let (status, body) =
+        sas_blackbox::operator_post(&system, &format!("/tasks/{child_id}/cancel"), b"{}").await;
+    assert_eq!(status, 202, "{body}");
+    sas_blackbox::pump_until_quiet(&system, 80).await;
+    let child = sas_blackbox::state(&system, child_id).await;
+    assert_eq!(child.process_state, sas::ProcessState::Compensated);
+    let parent = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        parent.process_state,
+        sas::ProcessState::Refused,
+        "{:#?}",
+        parent.history
+    );
+    let refusal = parent.refusal.expect("the step's refusal");
+    assert_eq!(
+        (refusal.step.as_str(), refusal.code.as_str()),
+        ("pay", "child_cancelled")
+    );
+    // The child's own steps were undone by its cancel, the parent's by its compensation; the
+    // child, already compensated, is not undone twice.
+    assert_eq!(undos(&system), ["refund", "void", "release"]);
     system.shutdown().await;
 }
 

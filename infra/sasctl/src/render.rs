@@ -190,6 +190,16 @@ pub fn render_task(t: &TaskView) -> String {
         ("last error", opt(t.last_error.as_deref(), usize::MAX)),
     ]
     .into_iter()
+    .chain(t.parent.as_ref().map(|p| {
+        (
+            "parent",
+            format!(
+                "{} (step {})",
+                clean(&p.task_id, usize::MAX),
+                clean(&p.step, usize::MAX)
+            ),
+        )
+    }))
     .chain(t.pivot.as_deref().map(|p| {
         let passed = if t.past_pivot == Some(true) {
             " (done: the task only goes forward)"
@@ -253,10 +263,14 @@ pub fn render_task(t: &TaskView) -> String {
             if lines.iter().all(|(_, v)| v.is_none_or(Value::is_null))
                 && events.is_empty()
                 && !elements
+                && s.child_task_id.is_none()
             {
                 continue;
             }
             let _ = writeln!(out, "\nstep {} {}", i + 1, clean(&s.name, usize::MAX));
+            if let Some(child) = &s.child_task_id {
+                let _ = writeln!(out, "  child task: {}", clean(child, usize::MAX));
+            }
             if let Some(at) = &s.finished_at {
                 let _ = writeln!(
                     out,
@@ -689,6 +703,7 @@ task-2   -                 CompensationFailed  -                     12  2025-01
             since: None,
             deadline: None,
             start_at: None,
+            parent: None,
             task_id: "3f2a".into(),
             process_state: ProcessState::Compensating,
             workflow: Some("loan-application".into()),
@@ -908,6 +923,7 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             since: None,
             deadline: None,
             start_at: None,
+            parent: None,
             task_id: "t1".into(),
             process_state: ProcessState::Pending,
             workflow: None,
@@ -936,6 +952,29 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             "-  Pending             step=-  failures=-  attempt=-\n"
         );
         assert_eq!(render_confirmation(&t), "task t1: Pending\n");
+    }
+
+    #[test]
+    fn a_child_names_its_parent_and_a_sub_workflow_step_its_child() {
+        let mut t = view();
+        t.parent = Some(sas::api::views::ParentView {
+            task_id: "p-1".into(),
+            step: "pay".into(),
+        });
+        let mut pay = step("pay", "Waiting", Some(true), None);
+        pay.child_task_id = Some("c-1".into());
+        t.steps.push(pay);
+        let out = render_task(&t);
+        assert!(
+            out.contains("parent:") && out.contains("p-1 (step pay)"),
+            "{out}"
+        );
+        assert!(out.contains("\nstep 5 pay\n  child task: c-1\n"), "{out}");
+        let plain = render_task(&view());
+        assert!(
+            !plain.contains("parent:") && !plain.contains("child task"),
+            "{plain}"
+        );
     }
 
     #[test]

@@ -643,6 +643,9 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                 dt { "Task deadline" } dd { (when(&t["deadline"])) }
             }
             dt { "Caller" } dd { (text(t, "caller")) }
+            @if let Some(parent) = t["parent"]["taskId"].as_str() {
+                dt { "Parent" } dd { a class="id" href=(href(&format!("/tasks/{}", segment(parent)), &[])) { (parent) } " (step " (text(&t["parent"], "step")) ")" }
+            }
             dt { "Created" } dd { (when(&t["createdAt"])) }
             dt { "Updated" } dd { (when(&t["updatedAt"])) }
             @if let Some(e) = t["lastError"].as_str() {
@@ -701,6 +704,7 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                             @if !s["waitingUntil"].is_null() && s["service"].is_null() { "Waits until " (when(&s["waitingUntil"])) ". " }
                             @else if !s["waitingUntil"].is_null() { "Waits for its callback until " (when(&s["waitingUntil"])) ". " }
                             @if s["generation"].as_u64().is_some_and(|g| g > 0) { "Key generation " (s["generation"]) ". " }
+                            @if let Some(child) = s["childTaskId"].as_str() { "Child task " a class="id" href=(href(&format!("/tasks/{}", segment(child)), &[])) { (child) } ". " }
                         }
                         @if let Some(elements) = s["elements"].as_array().filter(|e| !e.is_empty()) {
                             // A forEach step: each element's status and undo, in order.

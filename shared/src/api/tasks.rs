@@ -187,10 +187,11 @@ pub(super) async fn get_task(deps: &ApiDeps, caller: &Caller, id: &str) -> Answe
             &TaskView::of(&task, &record, workflow),
         ));
     }
-    let public_errors = workflow.map_err(ApiError::unavailable)?.doc.public_errors;
+    let workflow = workflow.map_err(ApiError::unavailable)?;
     Ok(respond(
         StatusCode::OK,
-        &CallerTaskView::of(&task, &record, public_errors),
+        &CallerTaskView::of(&task, &record, workflow.doc.public_errors)
+            .with_children(&workflow, &record),
     ))
 }
 

@@ -94,6 +94,42 @@ pub struct TaskView<S = ProcessState> {
     /// A delayed start (`Start-At`): no step went out before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_at: Option<DateTime<Utc>>,
+    /// A child task: the parent task and step it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentView>,
+}
+
+/// The parent task and step a child task (a sub-workflow step's) answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentView {
+    pub task_id: String,
+    pub step: String,
+}
+
+impl ParentView {
+    fn of(r: &StateRecord) -> Option<Self> {
+        r.parent.as_ref().map(|l| Self {
+            task_id: l.task_id.to_string(),
+            step: l.step.clone(),
+        })
+    }
+}
+
+/// The child task step `i` of `r` started, if it is a sub-workflow step whose request went
+/// out.
+fn child_task_id(w: &Workflow, r: &StateRecord, i: usize) -> Option<String> {
+    let step = w.step(i)?;
+    let st = r.steps.get(i)?;
+    (step.child.is_some() && st.sent).then(|| {
+        crate::handlers::children::child_id(&crate::messages::idempotency_key(
+            r.task_id,
+            &step.name,
+            &step.action,
+            st.generation,
+        ))
+        .to_string()
+    })
 }
 
 /// What a task's caller sees (`GET /tasks/{id}` on the task API): its input, states and
@@ -140,6 +176,9 @@ pub struct CallerTaskView<S = ProcessState> {
     pub deadline: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_at: Option<DateTime<Utc>>,
+    /// A child task: the parent task and step it answers (the caller started both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentView>,
 }
 
 /// One branch of the parallel group a task runs (or one element of a forEach step, whose
@@ -275,6 +314,9 @@ pub struct StepView {
     /// A forEach step's elements, in order: each one's status, result and undo.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub elements: Vec<StepView>,
+    /// A sub-workflow step: the child task it started (once its request went out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child_task_id: Option<String>,
 }
 
 /// One state transition of a task.
@@ -428,6 +470,7 @@ impl StepView {
             undo_action: None,
             undo_input: None,
             elements: st.elements.iter().map(StepView::of).collect(),
+            child_task_id: None,
         }
     }
 }
@@ -481,6 +524,7 @@ impl TaskView {
                     let context =
                         crate::domain::context::context(w, task, r, i).unwrap_or(Value::Null);
                     v.within = w.place(i);
+                    v.child_task_id = child_task_id(w, r, i);
                     // (A wait step calls no service.)
                     let calls = step.wait.is_none();
                     v.service = calls.then(|| step.service.clone());
@@ -558,6 +602,7 @@ impl TaskView {
             since: Some(r.since),
             deadline: r.deadline,
             start_at: r.start_at,
+            parent: ParentView::of(r),
         }
         .bounded()
     }
@@ -690,6 +735,7 @@ impl CallerTaskView {
             since: Some(r.since),
             deadline: r.deadline,
             start_at: r.start_at,
+            parent: ParentView::of(r),
             last_error: public_errors.then(|| r.last_error.clone()),
         }
         .bounded()
@@ -698,6 +744,14 @@ impl CallerTaskView {
     /// The view with its payloads within the caps (see [`VIEW_PAYLOADS_BYTES`]).
     fn bounded(mut self) -> Self {
         Shown::bound(&mut self.input, &mut self.earlier_inputs, &mut self.steps);
+        self
+    }
+
+    /// The view with its sub-workflow steps' child tasks, which the caller may read too.
+    pub fn with_children(mut self, w: &Workflow, r: &StateRecord) -> Self {
+        for (i, v) in self.steps.iter_mut().enumerate() {
+            v.child_task_id = child_task_id(w, r, i);
+        }
         self
     }
 }
