@@ -595,6 +595,110 @@ mod tests {
     use crate::domain::transition::testkit::*;
     use crate::domain::transition::*;
 
+    /// A Processed e-commerce order as a child task of some parent's step.
+    fn child(now: DateTime<Utc>, p: &Policies) -> StateRecord {
+        let mut r = fresh(now);
+        r.parent = Some(crate::domain::state::ParentLink {
+            task_id: crate::domain::TaskId::new_random(),
+            step: "pay".into(),
+            step_index: 1,
+            generation: 0,
+            reply_queue_url: "q".into(),
+            depth: 1,
+            undo_attempt: None,
+            released: false,
+        });
+        run_to(&mut r, 3, now, p);
+        assert_eq!(r.process_state, ProcessState::Processed);
+        r
+    }
+
+    #[test]
+    fn a_processed_child_undone_by_its_parent_compensates_its_steps_last_first() {
+        let p = policy();
+        let now = t0();
+        let mut r = child(now, &p);
+        assert!(r.held_by_parent(), "its parent may still undo it");
+        assert_eq!(r.expires_at(Some(Duration::days(90))), None);
+        let t = apply(&mut r, |r| undo_as_unit(r, 7, now, &p));
+        assert_eq!(
+            t.effects,
+            [Effect::Enqueue {
+                delay: Duration::zero()
+            }]
+        );
+        assert_eq!(
+            (r.process_state, r.step_index),
+            (ProcessState::Compensating, 2),
+            "the last step is undone first"
+        );
+        assert_eq!(r.parent.as_ref().and_then(|l| l.undo_attempt), Some(7));
+        // The parent's undo sent again (attempt 8) is answered instead; nothing restarts.
+        let t = apply(&mut r, |r| undo_as_unit(r, 8, now, &p));
+        assert!(t.effects.is_empty());
+        assert_eq!(r.parent.as_ref().and_then(|l| l.undo_attempt), Some(8));
+        // Each undo's answer sends the next one.
+        claim_and_answer(&mut r, 2, true, &ok(), now, &p);
+        for i in [1, 0] {
+            let a = r.attempt;
+            apply(&mut r, |r| {
+                apply_reply(r, a, i, true, &ok(), now, &p, &Linear)
+            });
+        }
+        assert_eq!(r.process_state, ProcessState::Compensated);
+        assert!(!r.held_by_parent());
+        assert!(
+            matches!(
+                undo_as_unit(&r, 9, now, &p),
+                Err(Rejection::NotCompensable(ProcessState::Compensated))
+            ),
+            "a compensated child has nothing left to start: the agent answers at once"
+        );
+    }
+
+    #[test]
+    fn a_child_past_its_pivot_is_not_undone_and_a_running_one_is_cancelled() {
+        let p = policy();
+        let now = t0();
+        let mut r = child(now, &p);
+        r.pivot = Some(1);
+        assert_eq!(
+            undo_as_unit(&r, 1, now, &p).err(),
+            Some(Rejection::PastPivot(ProcessState::Processed))
+        );
+        let mut running = fresh(now);
+        running.parent = r.parent.clone();
+        run_to(&mut running, 1, now, &p);
+        let t = apply(&mut running, |r| undo_as_unit(r, 3, now, &p));
+        assert!(t.effects.contains(&Effect::Publish(NoticeKind::Cancelled)));
+        assert_eq!(running.process_state, ProcessState::Compensating);
+        assert_eq!(
+            running.parent.as_ref().and_then(|l| l.undo_attempt),
+            Some(3)
+        );
+    }
+
+    #[test]
+    fn a_child_is_released_once_and_not_while_it_is_undone() {
+        let p = policy();
+        let now = t0();
+        let keep = Duration::days(90);
+        let mut r = child(now, &p);
+        apply(&mut r, |r| release_child(r, now, Some(keep)));
+        assert!(!r.held_by_parent());
+        assert_eq!(r.expires_at(Some(keep)), Some(r.updated_at + keep));
+        assert_eq!(
+            release_child(&r, now, Some(keep)).err(),
+            Some(Rejection::NotHeld)
+        );
+        let mut undoing = child(now, &p);
+        apply(&mut undoing, |r| undo_as_unit(r, 1, now, &p));
+        assert_eq!(
+            release_child(&undoing, now, Some(keep)).err(),
+            Some(Rejection::NotHeld)
+        );
+    }
+
     #[test]
     fn a_refused_undo_ends_in_compensation_failed_and_an_operator_retry_resumes_it() {
         let p = policy();
