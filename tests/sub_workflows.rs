@@ -263,9 +263,7 @@ async fn publishing_refuses_an_unknown_child_a_cycle_and_nesting_past_three() {
     );
     let err = publish(
         "pinned",
-        format!(
-            "name: pinned\nsteps:\n  - {{name: inner, workflow: payment, workflowVersion: 9}}\n"
-        ),
+        "name: pinned\nsteps:\n  - {name: inner, workflow: payment, workflowVersion: 9}\n".into(),
     )
     .await
     .expect_err("a version that does not exist");

@@ -202,7 +202,7 @@ impl Definitions {
             }
         }
         while let Some((c, chain, at)) = todo.pop() {
-            if chain[1..].iter().any(|n| *n == w.name) {
+            if chain[1..].contains(&w.name) {
                 problems.push(workflow::Problem {
                     at,
                     message: format!("a cycle: {} runs itself", chain.join(" → ")),
