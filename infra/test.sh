@@ -9,8 +9,7 @@
 #      the Python and TypeScript clients (infra/contract/run.sh);
 #   5. runs the suites of the DynamoDB adapter again on DynamoDB Local;
 #   6. builds the four Lambda bootstraps (arm64, release, cargo-lambda + zig, no Docker) in one
-#      cargo invocation, in the background from step 3 on, then `sam build` (which finds them
-#      fresh), and prints their sizes;
+#      cargo invocation, then `sam build` (which finds them fresh), and prints their sizes;
 #   7. runs the real function binaries under `cargo lambda watch` against the emulator and
 #      invokes each with its events/ samples.
 # The console's browser test (tests/console.rs) drives Debian's chromium with playwright-core,
@@ -100,13 +99,10 @@ install_tools >target/install.log 2>&1 &
 INSTALL_PID=$!
 MOTO_PID=""
 DDB_LOCAL_PID=""
-BOOTSTRAPS_PID=""
 cleanup() {
   for pid in "$INSTALL_PID" "$MOTO_PID" "$DDB_LOCAL_PID"; do
     [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
   done
-  # The bootstraps' build is a process group of its own (cargo and its rustc children).
-  [ -z "$BOOTSTRAPS_PID" ] || kill -- "-$BOOTSTRAPS_PID" 2>/dev/null || true
   wait 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -150,22 +146,6 @@ if ! wait "$INSTALL_PID"; then
 fi
 INSTALL_PID=""
 cat target/install.log
-
-# The four bootstraps (arm64, release: fat LTO, one codegen unit) build in the background, at
-# the lowest priority, while the tests run: the tests keep about one core busy and wait on
-# timers and emulators for much of their time, which this build fills (it takes what the tests
-# leave, so their timings hold). One cargo invocation, which links the four side by side, in its
-# own build directories (target/release for its build scripts, target/aarch64-*/release), so
-# the debug builds of the steps below never wait for its lock. `sam build` then finds them fresh
-# (step 6). A build at the root selects the default members, so this one unifies the same
-# features as sam build's `cargo lambda build --release --arm64 --bin NAME`.
-if [ "${SAS_SKIP_LAMBDA_BUILD:-0}" != 1 ]; then
-  echo "==> cargo lambda build --release --arm64 in the background (target/bootstraps.log)"
-  BOOTSTRAPS_START=$(date +%s)
-  PATH="$TOOLS/lambda/bin:$PATH" setsid nice -n 19 cargo lambda build --release --arm64 \
-    >target/bootstraps.log 2>&1 &
-  BOOTSTRAPS_PID=$!
-fi
 
 echo "==> template checks"
 "$TOOLS/sam/bin/cfn-lint" template.yaml
@@ -251,15 +231,14 @@ if [ "${SAS_SKIP_LAMBDA_BUILD:-0}" = 1 ]; then
   exit 0
 fi
 
-echo "==> waiting for the bootstraps' build"
+# The four bootstraps (arm64, release: fat LTO, one codegen unit) in one cargo invocation,
+# which links them side by side: `sam build` then finds them fresh and copies them. A build at
+# the root selects the default members, so this one unifies the same features as sam build's
+# `cargo lambda build --release --arm64 --bin NAME`.
+echo "==> cargo lambda build --release --arm64 (the four bootstraps)"
 start=$(date +%s)
-if ! wait "$BOOTSTRAPS_PID"; then
-  cat target/bootstraps.log >&2
-  echo "building the bootstraps failed (above)" >&2
-  exit 1
-fi
-BOOTSTRAPS_PID=""
-echo "==> the bootstraps built $(( $(date +%s) - BOOTSTRAPS_START ))s after they started, $(( $(date +%s) - start ))s of it after the tests"
+PATH="$TOOLS/lambda/bin:$PATH" cargo lambda build --release --arm64
+echo "==> the bootstraps built in $(( $(date +%s) - start ))s"
 echo "==> sam build (arm64, cargo-lambda)"
 start=$(date +%s)
 PATH="$TOOLS/lambda/bin:$PATH" "$TOOLS/sam/bin/sam" build --template template.yaml
