@@ -127,6 +127,10 @@ def main():
     stage = f"smoke{os.getpid()}"
     subprocess.run(["cargo", "run", "--quiet", "-p", "sas-blackbox", "--bin", "sas-stack", "--",
                     stage, str(OUT)], cwd=ROOT, check=True)
+    # The functions' binaries, built before any is invoked: `cargo lambda watch` runs `cargo run
+    # --bin NAME` at the root, which then finds them fresh (a build at the root unifies the
+    # default members' features either way), so no invoke's time limit covers a build.
+    subprocess.run(["cargo", "build", "--bins"], cwd=ROOT, check=True)
     res = json.loads((OUT / "resources.json").read_text())
     sqs = boto3.client("sqs", endpoint_url=ENDPOINT, region_name="us-east-1")
     ddb = boto3.client("dynamodb", endpoint_url=ENDPOINT, region_name="us-east-1")
