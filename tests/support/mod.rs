@@ -733,6 +733,21 @@ pub fn sigv4_headers(
         .collect()
 }
 
+/// Asserts that both items of task `id` (`TASK`, `STATE`) expire `days` from now, within the
+/// two minutes the test may have taken since their write.
+pub async fn assert_expires_in_days(system: &System, id: TaskId, days: i64) {
+    let want = (chrono::Utc::now() + chrono::Duration::days(days)).timestamp();
+    for sk in ["TASK", "STATE"] {
+        let at = expires_at(system, id, sk)
+            .await
+            .unwrap_or_else(|| panic!("{sk} of task {id} has no ExpiresAt"));
+        assert!(
+            (want - 120..=want + 5).contains(&at),
+            "{sk}: {at} vs {want}"
+        );
+    }
+}
+
 /// The `ExpiresAt` (epoch seconds) of a task's item (`TASK` or `STATE`), read raw.
 pub async fn expires_at(system: &System, id: TaskId, sk: &str) -> Option<i64> {
     let ddb = aws_sdk_dynamodb::Client::new(&sdk_config().await);
