@@ -119,17 +119,9 @@ impl ParentView {
 /// The child task step `i` of `r` started, if it is a sub-workflow step whose request went
 /// out.
 fn child_task_id(w: &Workflow, r: &StateRecord, i: usize) -> Option<String> {
-    let step = w.step(i)?;
-    let st = r.steps.get(i)?;
-    (step.child.is_some() && st.sent).then(|| {
-        crate::handlers::children::child_id(&crate::messages::idempotency_key(
-            r.task_id,
-            &step.name,
-            &step.action,
-            st.generation,
-        ))
-        .to_string()
-    })
+    let st = r.steps.get(i).filter(|st| st.sent)?;
+    crate::handlers::children::child_of_step(r.task_id, w, i, st.generation)
+        .map(|id| id.to_string())
 }
 
 /// What a task's caller sees (`GET /tasks/{id}` on the task API): its input, states and

@@ -24,6 +24,22 @@ pub fn child_id(key: &str) -> TaskId {
     TaskId::derived(&format!("child:{key}"))
 }
 
+/// The child task a sub-workflow step of task `task_id` started under its key's `generation`.
+pub fn child_of_step(
+    task_id: TaskId,
+    workflow: &crate::Workflow,
+    i: usize,
+    generation: u32,
+) -> Option<TaskId> {
+    let step = workflow.step(i).filter(|s| s.child.is_some())?;
+    Some(child_id(&crate::messages::idempotency_key(
+        task_id,
+        &step.name,
+        &step.action,
+        generation,
+    )))
+}
+
 /// Whether `request` is a sub-workflow step's (the agent starts its child, calling no service).
 pub fn is_child_request(request: &StepRequest) -> bool {
     request.service == CHILD_SERVICE
@@ -114,8 +130,9 @@ pub async fn start_child(
     }
 }
 
-/// How often [`undo_child`] reads the child again after losing a race to another writer.
-const UNDO_RACES: usize = 5;
+/// How often [`undo_child`] and [`release_children`] read a child again after losing a race to
+/// another writer.
+const RACES: usize = 5;
 
 /// The undo of a sub-workflow step: its child task is undone as a unit
 /// ([`transition::undo_as_unit`]). `None`: the child's end answers this undo (the answer the
@@ -134,7 +151,7 @@ pub async fn undo_child(
         }));
     };
     let id = child_id(forward);
-    for _ in 0..UNDO_RACES {
+    for _ in 0..RACES {
         let Some(child) = ports.store.get_state(id).await? else {
             info!(child = %id, "the step's child was never started: nothing to undo");
             return Ok(Some(StepOutcome::Succeeded { result: None }));
@@ -210,20 +227,14 @@ pub async fn release_children(ports: &TaskPorts, record: &StateRecord) -> Result
         return Ok(());
     }
     let workflow = super::workflow_of(&ports.definitions, record).await?;
-    let children = workflow
-        .steps
-        .iter()
-        .zip(&record.steps)
-        .filter(|(step, state)| step.child.is_some() && state.sent);
-    for (step, state) in children {
-        let key = crate::messages::idempotency_key(
-            record.task_id,
-            &step.name,
-            &step.action,
-            state.generation,
-        );
-        let id = child_id(&key);
-        for _ in 0..UNDO_RACES {
+    let children = record.steps.iter().enumerate().filter_map(|(i, state)| {
+        state
+            .sent
+            .then(|| child_of_step(record.task_id, &workflow, i, state.generation))
+            .flatten()
+    });
+    for id in children {
+        for _ in 0..RACES {
             let Some(child) = ports.store.get_state(id).await? else {
                 break;
             };
@@ -254,25 +265,25 @@ fn undo_answer(record: &StateRecord) -> Option<StepOutcome> {
         ProcessState::Compensated | ProcessState::Refused => {
             Some(StepOutcome::Succeeded { result: None })
         }
-        ProcessState::CompensationFailed | ProcessState::Error | ProcessState::Resolved => {
-            Some(StepOutcome::Refused {
-                code: "child_undo_failed".into(),
-                message: format!(
-                    "child task {} is {}: {}",
-                    record.task_id,
-                    record.process_state,
-                    record.last_error.as_deref().unwrap_or("its undo failed")
-                ),
-            })
-        }
+        ProcessState::CompensationFailed | ProcessState::Resolved => Some(StepOutcome::Refused {
+            code: "child_undo_failed".into(),
+            message: format!(
+                "child task {} is {}: {}",
+                record.task_id,
+                record.process_state,
+                record.last_error.as_deref().unwrap_or("its undo failed")
+            ),
+        }),
         _ => None,
     }
 }
 
 /// A child task that ended for good answers its parent step: `Processed` with its output (the
 /// step's result), `Refused` with its refusal, `Compensated` as `child_failed` (or
-/// `child_cancelled`), `Resolved` as `child_resolved`. Nothing for a task without a parent or
-/// not ended. Sent before the child's outbox is cleared (see the module's text).
+/// `child_cancelled`), `Resolved` as `child_resolved`; a child its parent undoes answers that
+/// undo ([`undo_answer`]), also when an undo of its own failed (`CompensationFailed`, which an
+/// operator then settles). Nothing for a task without a parent or not ended. Sent before the
+/// child's outbox is cleared (see the module's text).
 pub async fn answer_parent(ports: &TaskPorts, record: &StateRecord) -> Result<(), HandlerError> {
     let Some(link) = &record.parent else {
         return Ok(());

@@ -416,18 +416,9 @@ pub async fn deliver_notice(ports: &TaskPorts, record: &StateRecord) -> Result<(
     for owed in &record.outbox {
         send_status(queue, events, record, owed.status, owed.sequence).await?;
     }
-    // A child that ended for good answers its parent step (or its parent's undo) before its
-    // outbox is cleared: a crash from here on answers again, and the parent applies one answer
-    // (fenced).
-    // A child its parent undoes answers that undo when its own undo fails too (which an
-    // operator then settles).
-    let answers = record.process_state.is_final()
-        || (record.process_state == ProcessState::CompensationFailed
-            && record
-                .parent
-                .as_ref()
-                .is_some_and(|l| l.undo_attempt.is_some()));
-    if record.parent.is_some() && answers && record.notice_pending() {
+    // A child that ended answers its parent step (or its parent's undo) before its outbox is
+    // cleared: a crash from here on answers again, and the parent applies one answer (fenced).
+    if record.notice_pending() {
         children::answer_parent(ports, record).await?;
     }
     // A parent that ended for good will never undo its children: their retention starts.

@@ -479,29 +479,27 @@ async fn send_step_request(
         }
     });
     let callback = match (&step.policy.callback, undo) {
-        // A sub-workflow step: its child answers through sas itself, by the token alone.
-        (Some(_), false) if step.child.is_some() => {
+        (Some(_), false) => {
             let token = callback_token(&record.callback_key, &record.task_id, i, state.generation);
-            Ok(Some(CallbackAddress {
-                url: String::new(),
-                token,
-            }))
-        }
-        (Some(_), false) => match &deps.callback_base_url {
-            Some(base) => {
-                let token =
-                    callback_token(&record.callback_key, &record.task_id, i, state.generation);
-                Ok(Some(CallbackAddress {
+            match (&step.child, &deps.callback_base_url) {
+                // A sub-workflow step: its child answers through sas itself, by the token alone.
+                (Some(_), _) => Ok(Some(CallbackAddress {
+                    url: String::new(),
+                    token,
+                })),
+                (None, Some(base)) => Ok(Some(CallbackAddress {
                     url: format!(
                         "{}/tasks/{}/callbacks/{token}",
                         base.trim_end_matches('/'),
                         record.task_id
                     ),
                     token,
-                }))
+                })),
+                (None, None) => {
+                    Err("callback_unavailable: the deployment has no CALLBACK_BASE_URL".to_owned())
+                }
             }
-            None => Err("callback_unavailable: the deployment has no CALLBACK_BASE_URL".to_owned()),
-        },
+        }
         _ => Ok(None),
     };
     let input = match input.and_then(|v| callback.map(|c| (v, c))) {
