@@ -10,6 +10,9 @@
 //! their events), `settle` (wait for quiescence), `checks` (the
 //! end-of-run checks, one named function each), into the [`Report`] of `report` (shown by
 //! `table`).
+//!
+//! Beside the run, cases of their own on its world: `for_each` (retries on new inputs, long
+//! lists) and `sub_workflows` (children undone as a unit by their parents).
 
 mod checks;
 mod config;
@@ -20,6 +23,7 @@ mod operating;
 mod report;
 mod settle;
 mod signing;
+mod sub_workflows;
 mod table;
 mod world;
 
@@ -31,6 +35,7 @@ pub use definitions::ORDER_TRIAGE;
 pub use for_each::{ForEachCases, ForEachReport, run_for_each_cases};
 pub use load::{WORKFLOWS, input, workflow_of};
 pub use report::{Report, ServiceCounts, StepFailures, WorkflowCounts};
+pub use sub_workflows::{SubWorkflowReport, run_sub_workflow_case};
 
 use sas::TaskId;
 use sas_local::Ports;

@@ -16,7 +16,7 @@ pub use cases::{
 pub use failpoints::{Chaos, Plan, Recorder, wrap};
 pub use harness::{
     Config, ForEachCases, ForEachReport, ORDER_TRIAGE, REQUIRED_POINTS, Report, ServiceCounts,
-    ServiceLimit, StepFailures, WORKFLOWS, WorkflowCounts, input, run, run_for_each_cases,
-    run_in_memory, workflow_of,
+    ServiceLimit, StepFailures, SubWorkflowReport, WORKFLOWS, WorkflowCounts, input, run,
+    run_for_each_cases, run_in_memory, run_sub_workflow_case, workflow_of,
 };
 pub use operator::{OperatorLog, OperatorPlan};

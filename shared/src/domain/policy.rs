@@ -49,9 +49,11 @@ pub struct Policy {
     /// cancelled) its undo waits: the longest call an agent may still make plus a clock-skew
     /// margin (`CALL_TIMEOUT_MS` + `UNDO_MARGIN_SECONDS`).
     pub undo_wait: Duration,
-    /// How long an undo may take from its dispatch, if not as long as the step
-    /// ([`Policy::dispatch_deadline`]): a sub-workflow step's undo is its child's compensation,
-    /// a task of its own, given the step's callback timeout.
+    /// How long an undo may wait once its agent accepted it, for an undo that answers later: a
+    /// sub-workflow step's undo is its child's compensation, a task of its own, given the
+    /// step's callback timeout. Until the agent accepts it, an undo has the step's own
+    /// deadline ([`Policy::dispatch_deadline`]), so a lost request is sent again as soon as
+    /// any other step's would be.
     pub undo_timeout: Option<Duration>,
     /// Publish the progress statuses of the happy path (`TaskReceived`, `TaskStepCompleted`)
     /// to the event bus (`PROGRESS_EVENTS`). Off by default: they are most of a clean task's
@@ -98,14 +100,6 @@ impl Policy {
     /// an agent and the time the agent may take.
     pub fn dispatch_deadline(&self, now: DateTime<Utc>) -> DateTime<Utc> {
         now + self.start_within + self.step_timeout
-    }
-
-    /// The deadline of an undo dispatched at `now`.
-    pub fn undo_deadline(&self, now: DateTime<Utc>) -> DateTime<Utc> {
-        match self.undo_timeout {
-            Some(t) => now + self.start_within + t,
-            None => self.dispatch_deadline(now),
-        }
     }
 
     /// The delay before the retry that follows the `failures`-th failure: exponential

@@ -135,8 +135,9 @@ pub async fn start_child(
 const RACES: usize = 5;
 
 /// The undo of a sub-workflow step: its child task is undone as a unit
-/// ([`transition::undo_as_unit`]). `None`: the child's end answers this undo (the answer the
-/// agent would give comes from [`answer_parent`]). Otherwise the answer, now: success if nothing
+/// ([`transition::undo_as_unit`]). `None`: the child's end answers this undo (through
+/// [`answer_parent`]); the agent answers `Accepted` now, which gives the parent's undo the
+/// step's `timeout` to wait for the child's compensation. Otherwise the answer, now: success if nothing
 /// of the child is in effect (never started, since the forward request's deadline has passed
 /// before any undo goes out; or refused or compensated already), a refusal if it cannot be
 /// undone (past its pivot, or left for an operator): the parent's compensation then fails and

@@ -43,6 +43,9 @@ pub struct Config {
     /// The forEach cases' workflows are published too (`restock`, `stocktake`: see
     /// `harness/for_each.rs`).
     pub for_each_cases: bool,
+    /// The sub-workflow case's workflows are published too (`settle-payment`, `checkout`: see
+    /// `harness/sub_workflows.rs`).
+    pub sub_workflow_case: bool,
 }
 
 /// A service's limits in a run: at most `concurrency` calls at once and `per_second` a second
@@ -113,6 +116,7 @@ impl Config {
             down: vec![],
             limits: vec![],
             for_each_cases: false,
+            sub_workflow_case: false,
         }
     }
 

@@ -51,6 +51,17 @@ impl Config {
                 out.push((format!("{name}.json"), doc.to_string()));
             }
         }
+        if self.sub_workflow_case {
+            // The child first: publishing checks that a parent's child is known.
+            for (name, yaml) in [
+                ("settle-payment", super::sub_workflows::SETTLE_PAYMENT),
+                ("checkout", super::sub_workflows::CHECKOUT),
+            ] {
+                let mut doc = workflow::parse_value(yaml, Format::Yaml)?;
+                scale_durations(&mut doc, &self.settings.policy)?;
+                out.push((format!("{name}.json"), doc.to_string()));
+            }
+        }
         Ok(out)
     }
 }

@@ -228,7 +228,7 @@ async fn restock(
 
 /// Submits a task of `workflow` on `input` under idempotency key `key`, as a client would
 /// (retrying 5xx answers and connection errors).
-async fn submit(
+pub(super) async fn submit(
     http: &reqwest::Client,
     base: &str,
     workflow: &str,
@@ -260,7 +260,7 @@ async fn submit(
 }
 
 /// Task `id`'s record once `done` holds of it, read every 50 ms for up to `within`.
-async fn until(
+pub(super) async fn until(
     store: &dyn StateStore,
     id: TaskId,
     within: Duration,

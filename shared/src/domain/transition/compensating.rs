@@ -180,7 +180,7 @@ pub(super) fn apply_undo_reply(
                     }
                     n.step_index = j;
                     n.set_undo(j, Some(StepStatus::Running));
-                    n.complete_by = Some(p.at(j).undo_deadline(now));
+                    n.complete_by = Some(p.at(j).dispatch_deadline(now));
                     log(n, from, Some(i), "undone");
                     vec![Effect::SendStepRequest]
                 }
@@ -278,6 +278,49 @@ mod tests {
             "the refused step had no effect to undo"
         );
         assert_eq!(r.owed(), [NoticeKind::Compensated]);
+    }
+
+    #[test]
+    fn an_undo_that_answers_later_has_a_steps_deadline_until_its_agent_accepts_it() {
+        // A sub-workflow step's undo: its child's compensation may take an hour once started.
+        let p = with(|p| p.undo_timeout = Some(Duration::hours(1)));
+        let now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 2, now, &p);
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &refused(), now, &p, &Linear)
+        });
+        apply(&mut r, |r| notice_delivered(r, now, None));
+        apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
+        let (a, i) = (r.attempt, r.step_index);
+        // Until its agent accepts it, a lost request is sent again at an ordinary deadline.
+        assert_eq!(r.complete_by, Some(now + p.at(i).step_timeout));
+        let later = now + Duration::seconds(3);
+        let t = apply(&mut r, |r| {
+            apply_reply(r, a, i, true, &StepOutcome::Accepted, later, &p, &Linear)
+        });
+        assert!(t.effects.is_empty());
+        assert_eq!(r.complete_by, Some(later + Duration::hours(1)));
+        assert_eq!(r.steps[i].undo, Some(StepStatus::Running));
+        // Its end answers as any undo's does.
+        apply(&mut r, |r| {
+            apply_reply(r, a, i, true, &ok(), later, &p, &Linear)
+        });
+        assert_eq!((r.step_index, r.steps[i].undo), (0, Some(StepStatus::Done)));
+
+        // An undo that answers at once (no undo timeout) accepts nothing.
+        let p = policy();
+        let mut r = fresh(now);
+        run_to(&mut r, 2, now, &p);
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &refused(), now, &p, &Linear)
+        });
+        apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
+        let (a, i) = (r.attempt, r.step_index);
+        assert!(matches!(
+            apply_reply(&r, a, i, true, &StepOutcome::Accepted, now, &p, &Linear),
+            Err(Rejection::NotACallbackStep(1))
+        ));
     }
 
     #[test]

@@ -130,11 +130,7 @@ pub fn claim(
     }
     n.locked_by = Some(instance.to_owned());
     n.attempt = r.attempt + 1;
-    n.complete_by = Some(if undo {
-        p.at(at).undo_deadline(now)
-    } else {
-        p.at(at).dispatch_deadline(now)
-    });
+    n.complete_by = Some(p.at(at).dispatch_deadline(now));
     if undo {
         n.set_undo(at, Some(StepStatus::Running));
     } else {
@@ -277,9 +273,8 @@ pub fn apply_reply(
             let reason = format!("{}: {error} (attempt {attempt})", subject(r));
             timed_out(r, &mut n, now, p, stable_jitter(r), reason)
         }
-        (StepOutcome::Accepted | StepOutcome::Heartbeat, true) => {
-            return Err(Rejection::NotACallbackStep(i));
-        }
+        (StepOutcome::Accepted, true) => undo_accepted(r, &mut n, now, p)?,
+        (StepOutcome::Heartbeat, true) => return Err(Rejection::NotACallbackStep(i)),
         (StepOutcome::Accepted, false) => accepted(r, &mut n, now, p)?,
         (StepOutcome::Heartbeat, false) => heartbeat(r, &mut n, now, p)?,
         (StepOutcome::Refused { code, message }, true) => {
@@ -454,6 +449,33 @@ fn accepted(
         r.process_state,
         Some(i),
         "accepted; waiting for its callback",
+    );
+    Ok(vec![])
+}
+
+/// An undo that answers later was accepted by its agent (a sub-workflow step's: its child's
+/// compensation started): it may now take the step's `undo_timeout`. A copy of the acceptance
+/// (the request delivered twice) moves the deadline on by the time between the two.
+fn undo_accepted(
+    r: &StateRecord,
+    n: &mut StateRecord,
+    now: DateTime<Utc>,
+    p: &Policies,
+) -> Result<Vec<Effect>, Rejection> {
+    let i = r.step_index;
+    let Some(t) = p.at(i).undo_timeout else {
+        return Err(Rejection::NotACallbackStep(i));
+    };
+    if r.process_state != ProcessState::Compensating || r.steps[i].undo != Some(StepStatus::Running)
+    {
+        return Err(Rejection::NotRunning(r.process_state));
+    }
+    n.complete_by = Some(now + t);
+    log(
+        n,
+        r.process_state,
+        Some(i),
+        "undo accepted; waiting for it to end",
     );
     Ok(vec![])
 }

@@ -112,7 +112,7 @@ fn check_element_items(service: &str, requests: &[sas::remote::Applied], report:
 /// a compensation from an earlier step settled by hand are not checked) and that a task that
 /// owes no compensation had nothing undone.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn check_net_effects(
+pub(in crate::harness) fn check_net_effects(
     id: &TaskId,
     name: &str,
     r: &StateRecord,
@@ -130,8 +130,9 @@ pub(super) fn check_net_effects(
         ProcessState::Processed | ProcessState::Error
     );
     for (i, (step, state)) in workflow.steps.iter().zip(&r.steps).enumerate() {
-        if step.wait.is_some() {
-            // A wait (for a time or an event) calls no service: it nets nothing anywhere.
+        if step.wait.is_some() || step.child.is_some() {
+            // A wait (for a time or an event) calls no service: it nets nothing anywhere. A
+            // sub-workflow step calls none either: its child's steps are checked on its record.
             continue;
         }
         if let Some(each) = &step.for_each {
@@ -218,7 +219,7 @@ pub(super) fn check_net_effects(
 }
 
 /// Every key a service applied belongs to a step (or undo) of an accepted task.
-pub(super) fn check_no_stray_keys(
+pub(in crate::harness) fn check_no_stray_keys(
     effects: &Effects,
     known_keys: &BTreeSet<String>,
     report: &mut Report,
