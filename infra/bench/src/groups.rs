@@ -39,6 +39,11 @@ pub const EVENT: &str = "bench-event";
 pub const LIMITED: &str = "bench-limited";
 /// That service: 10 calls at once, 100 a second (burst 10).
 pub const METERED: &str = "bench-metered";
+/// One of the line's steps as a workflow of its own, run as a child task by [`CHILD_PAIR`].
+pub const CHILD: &str = "bench-child";
+/// [`PAIR`] with its second step run as a sub-workflow ([`CHILD`]): what a child costs and
+/// takes against the same step inline.
+pub const CHILD_PAIR: &str = "bench-child-pair";
 /// The event [`EVENT`] waits for.
 pub const EVENT_NAME: &str = "signed";
 /// The three steps' services, with what each takes in the timed run.
@@ -125,7 +130,22 @@ pub fn definitions() -> Vec<(String, String)> {
         "description": "Two steps, the second once an event came.",
         "steps": [a, {"name": "signature", "waitFor": EVENT_NAME, "within": "30d"}, c],
     });
+    let (_, c) = first_last();
+    let child = json!({
+        "name": CHILD,
+        "description": "The pair's second step, as a workflow of its own.",
+        "steps": [c],
+    });
+    let (a, _) = first_last();
+    let child_pair = json!({
+        "name": CHILD_PAIR,
+        "description": "Two steps, the second run as a child task.",
+        "steps": [a, {"name": "step-c", "workflow": CHILD, "input": {"customerId": "$.input.customerId"}}],
+    });
+    // The child first: publishing checks that a parent's child is known.
     for (name, w) in [
+        (CHILD, child),
+        (CHILD_PAIR, child_pair),
         (PARALLEL, parallel),
         (LINE, line),
         (FOR_EACH, for_each),
@@ -142,7 +162,9 @@ pub fn definitions() -> Vec<(String, String)> {
 /// The input of a task of one of the bench's workflows (`None` for any other).
 pub fn input(workflow: &str) -> Option<Value> {
     match workflow {
-        PARALLEL | LINE | PAIR | WAIT | EVENT | LIMITED => Some(json!({"customerId": "bench"})),
+        PARALLEL | LINE | PAIR | WAIT | EVENT | LIMITED | CHILD | CHILD_PAIR => {
+            Some(json!({"customerId": "bench"}))
+        }
         FOR_EACH => Some(json!({
             "items": (0..ELEMENTS).map(|i| format!("item-{i:03}")).collect::<Vec<_>>(),
         })),
@@ -266,6 +288,82 @@ pub async fn parallel_vs_line(tasks: usize) -> anyhow::Result<Vec<(&'static str,
         out.push((workflow, times));
     }
     Ok(out)
+}
+
+/// The pair's second step run as a child task against the same step inline: `tasks` tasks of
+/// each, one at a time, as [`parallel_vs_line`]. Each row: (workflow, end-to-end times in ms,
+/// sorted).
+pub async fn child_vs_inline(tasks: usize) -> anyhow::Result<Vec<(&'static str, Vec<f64>)>> {
+    let mut out = Vec::new();
+    for workflow in [PAIR, CHILD_PAIR] {
+        let (system, _, store) = timed_system(2, CALL_MS).await?;
+        let mut times = Vec::new();
+        for _ in 0..tasks.max(1) {
+            let (_, ms) = one(&system, store.as_ref(), workflow, Duration::from_secs(30)).await?;
+            times.push(ms);
+        }
+        system.shutdown().await;
+        times.sort_by(f64::total_cmp);
+        out.push((workflow, times));
+    }
+    Ok(out)
+}
+
+/// The child-vs-inline table: latency in memory, and (from the call table's scenarios, when
+/// measured) the cost on the emulator.
+pub fn child_table(
+    rows: &[(&'static str, Vec<f64>)],
+    scenarios: Option<&[Scenario]>,
+    usd_per_task: impl Fn(&Scenario) -> f64,
+) -> String {
+    let tasks = rows.first().map_or(0, |r| r.1.len());
+    let services: u64 = [BRANCHES[0].1, BRANCHES[2].1].iter().sum();
+    let mut t = format!(
+        "Two steps whose services take {} and {} ms ({services} ms in all), the second inline or run as a 1-step child task. In memory, every DynamoDB, SQS and EventBridge call taking {CALL_MS} ms; {tasks} tasks of each, one at a time; submission to `Processed`. Cost: the call table's `2 steps` and `2 steps, the second a 1-step child` columns.\n\n| workflow | the second step | end-to-end p50 | max | p50 over the services | orchestration, USD per million tasks |\n|---|---|---|---|---|---|\n",
+        BRANCHES[0].1, BRANCHES[2].1
+    );
+    let cost = |w: &str| {
+        scenarios
+            .and_then(|ss| ss.iter().find(|s| s.workflow == w))
+            .map(|s| usd_per_task(s) * 1e6)
+    };
+    let mut p50s = Vec::new();
+    for (workflow, times) in rows {
+        let p50 = crate::quantile(times, 0.5);
+        p50s.push(p50);
+        let _ = writeln!(
+            t,
+            "| `{workflow}` | {} | {p50:.0} ms | {:.0} ms | {:+.0} ms | {} |",
+            if *workflow == PAIR {
+                "inline"
+            } else {
+                "a child task"
+            },
+            crate::quantile(times, 1.0),
+            p50 - services as f64,
+            cost(workflow).map_or("-".into(), |c| format!("${c:.2}")),
+        );
+    }
+    if let [inline, child] = p50s[..] {
+        let _ = write!(
+            t,
+            "\nThe child adds {:.0} ms to the task (a task started, claimed, ended and its answer applied: about {:.0} modeled calls of {CALL_MS} ms)",
+            child - inline,
+            (child - inline) / CALL_MS as f64
+        );
+        match (cost(PAIR), cost(CHILD_PAIR)) {
+            (Some(i), Some(c)) => {
+                let _ = writeln!(
+                    t,
+                    " and ${:.2} per million tasks ({:+.0}%).",
+                    c - i,
+                    (c / i.max(1e-12) - 1.0) * 100.0
+                );
+            }
+            _ => t.push_str(".\n"),
+        }
+    }
+    t
 }
 
 /// The parallel-vs-line table, and what it shows.
@@ -535,6 +633,16 @@ mod tests {
         assert!(
             table.contains(&format!("| `{PARALLEL}` |"))
                 && table.contains(&format!("| `{LINE}` |")),
+            "{table}"
+        );
+        // The child's task ends, and its step's service takes its time inside the parent's.
+        let rows = child_vs_inline(1).await.expect("the child and inline runs");
+        let services = (BRANCHES[0].1 + BRANCHES[2].1) as f64;
+        assert_eq!((rows[0].0, rows[1].0), (PAIR, CHILD_PAIR));
+        assert!(rows.iter().all(|r| r.1[0] >= services), "{rows:?}");
+        let table = child_table(&rows, None, |_| 0.0);
+        assert!(
+            table.contains(&format!("| `{CHILD_PAIR}` | a child task |")),
             "{table}"
         );
         let runs = for_each_race(&[2]).await.expect("the forEach run");

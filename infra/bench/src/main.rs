@@ -138,6 +138,13 @@ async fn main() -> anyhow::Result<()> {
             groups::group_cost(scenarios, |s| cost(s).orchestration)
         )?;
     }
+    writeln!(md, "### A sub-workflow step against the same step inline\n")?;
+    let rows = groups::child_vs_inline(cli.group_tasks).await?;
+    writeln!(
+        md,
+        "{}",
+        groups::child_table(&rows, measured.as_deref(), |s| cost(s).orchestration)
+    )?;
     writeln!(md, "### forEach: replies racing on one record\n")?;
     let runs = groups::for_each_race(&cli.race_pollers).await?;
     writeln!(md, "{}", groups::race_table(&runs))?;
@@ -828,7 +835,7 @@ fn writes_table(scenarios: &[Scenario]) -> String {
 /// The scenarios added after the baseline was measured (the parallel group, the line and the
 /// forEach): their before/after rows say `new`. Any other scenario must have a
 /// baseline row.
-const NEW_SCENARIOS: [&str; 7] = [
+const NEW_SCENARIOS: [&str; 8] = [
     "3 parallel branches",
     "the same 3 steps in a line",
     "forEach: 100 elements, 10 at once",
@@ -836,6 +843,7 @@ const NEW_SCENARIOS: [&str; 7] = [
     "2 steps, a 14-day wait between",
     "2 steps, an event between",
     "2 steps, a service with limits",
+    "2 steps, the second a 1-step child",
 ];
 
 /// The figures of the baseline run (`infra/bench/baseline.json`, committed with the commit and

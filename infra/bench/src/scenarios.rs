@@ -103,7 +103,7 @@ struct Built {
 }
 
 /// The workflows every scenario's system has published (the examples and the bench's own).
-const PUBLISHED: [&str; 9] = [
+const PUBLISHED: [&str; 11] = [
     "ecommerce-order",
     "loan-application",
     groups::PARALLEL,
@@ -113,6 +113,8 @@ const PUBLISHED: [&str; 9] = [
     groups::WAIT,
     groups::EVENT,
     groups::LIMITED,
+    groups::CHILD,
+    groups::CHILD_PAIR,
 ];
 
 /// A system on fresh resources, with the example definitions and the bench's own
@@ -580,6 +582,20 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     };
     out.push(straight(target, &plan, &[]).await?);
 
+    // 14. The two steps, the second run as a 1-step child task: the child's submission-like
+    // start (by the agent), its own claim, call and end, and its answer applied to the parent.
+    // The equivalent: A, a Task state starting the child (`startExecution.sync`),
+    // NotifyProcessed, Done in the parent; C, Done in the child: 6.
+    let plan = Plan {
+        name: "2 steps, the second a 1-step child",
+        workflow: groups::CHILD_PAIR,
+        steps: 2,
+        sfn_transitions: 6,
+        callbacks: 0,
+        expect: ProcessState::Processed,
+    };
+    out.push(straight(target, &plan, &[]).await?);
+
     Ok(out)
 }
 
@@ -740,6 +756,7 @@ mod tests {
                 "2 steps, a 14-day wait between",
                 "2 steps, an event between",
                 "2 steps, a service with limits",
+                "2 steps, the second a 1-step child",
             ]
         );
         // Without timers: the clean e-commerce order's messages and writes, less the timers and the
@@ -782,10 +799,20 @@ mod tests {
         assert_eq!(agent(3), 5);
         // Three steps, then the undo of reserve-funds only: the credit check has none.
         assert_eq!(agent(4), 4);
+        // A child task starts with the transaction a submission writes (task, state record,
+        // idempotency key): its start goes through an agent (the sub-workflow step's request),
+        // then its own step's request; the parent's services see its first step only.
+        assert_eq!(agent(13), 3);
+        assert_eq!(s[13].effects.len(), 1, "{:?}", s[13].effects);
         for sc in &s {
+            let starts = if sc.workflow == groups::CHILD_PAIR {
+                2
+            } else {
+                1
+            };
             assert_eq!(
                 sc.counts.call("DynamoDB TransactWriteItems"),
-                1,
+                starts,
                 "{}",
                 sc.name
             );

@@ -254,6 +254,9 @@ pub fn undo_as_unit(
             let mut n = next(r, now);
             n.purge_at = None;
             n.last_error = Some("undone as a unit by its parent task".to_owned());
+            // A `Processed` record is past its last step; compensation goes back from it (and a
+            // child with nothing to undo ends `Compensated` at its last step, as any does).
+            n.step_index = n.steps.len().saturating_sub(1);
             let effects = begin_compensation(&mut n, now, Duration::zero(), p, None);
             log_by(
                 &mut n,
@@ -611,6 +614,29 @@ mod tests {
         run_to(&mut r, 3, now, p);
         assert_eq!(r.process_state, ProcessState::Processed);
         r
+    }
+
+    #[test]
+    fn a_processed_child_with_nothing_to_undo_ends_compensated_at_its_last_step() {
+        // Its steps have no undo (the property test's case: a child whose steps were skipped).
+        let p = policy();
+        let now = t0();
+        let w = examples::synthetic(
+            &examples::Shape {
+                undos: vec![false, false],
+                pivot: None,
+            },
+            &base(),
+        );
+        let mut r = record(&w, now);
+        run_to(&mut r, 2, now, &p);
+        assert_eq!(r.process_state, ProcessState::Processed);
+        let t = apply(&mut r, |r| undo_as_unit(r, 1, now, &p));
+        assert_eq!(t.effects, [Effect::DeliverNotice]);
+        assert_eq!(
+            (r.process_state, r.step_index),
+            (ProcessState::Compensated, 1)
+        );
     }
 
     #[test]

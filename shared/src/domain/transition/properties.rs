@@ -27,6 +27,9 @@ enum Ev {
     Retry,
     Compensate,
     Cancel,
+    /// The record's task is a child its parent undoes as a unit, for the parent's undo attempt
+    /// `attempt` (`undo_as_unit`).
+    UndoAsUnit(u8),
 }
 
 fn ev() -> impl Strategy<Value = Ev> {
@@ -42,6 +45,7 @@ fn ev() -> impl Strategy<Value = Ev> {
         1 => Just(Ev::Retry),
         1 => Just(Ev::Compensate),
         1 => Just(Ev::Cancel),
+        1 => (0u8..4).prop_map(Ev::UndoAsUnit),
     ]
 }
 
@@ -124,6 +128,7 @@ proptest! {
         auto in proptest::bool::ANY,
         rounds in 0u32..2,
         callbacks in proptest::bool::ANY,
+        children in proptest::bool::ANY,
         start_within in 0i64..30,
         gates in proptest::collection::vec(gate(), 8),
     ) {
@@ -137,6 +142,9 @@ proptest! {
                 timeout: Duration::seconds(100),
                 heartbeat: Some(Duration::seconds(30)),
             });
+            // Every step a sub-workflow's (with callbacks): its undo is accepted, then
+            // answered by the child's end, within its timeout.
+            p.undo_timeout = children.then_some(Duration::seconds(300));
         });
         let mut now = t0();
         let w = examples::synthetic(&shape, &base());
@@ -178,6 +186,7 @@ proptest! {
                 Ev::Retry => retry(&r, &ops(None), now, &p),
                 Ev::Compensate => compensate(&r, &ops(None), now, &p),
                 Ev::Cancel => cancel(&r, &ops(Some("test")), now, &p),
+                Ev::UndoAsUnit(a) => undo_as_unit(&r, u64::from(a), now, &p),
             };
             if let Ok(t) = out {
                 prop_assert!(t.condition.holds(Some(&r)));
