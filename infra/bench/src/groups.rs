@@ -275,8 +275,17 @@ const CALL_MS: u64 = crate::MODELED_CALL_MS;
 /// in memory, the services taking 100, 200 and 300 ms and every store, queue and bus call
 /// [`CALL_MS`]. Each row: (workflow, end-to-end times in ms, sorted).
 pub async fn parallel_vs_line(tasks: usize) -> anyhow::Result<Vec<(&'static str, Vec<f64>)>> {
+    one_at_a_time([PARALLEL, LINE], tasks).await
+}
+
+/// `tasks` tasks of each of `workflows`, one at a time, each workflow on a timed system of its
+/// own. Each row: (workflow, end-to-end times in ms, sorted).
+async fn one_at_a_time(
+    workflows: [&'static str; 2],
+    tasks: usize,
+) -> anyhow::Result<Vec<(&'static str, Vec<f64>)>> {
     let mut out = Vec::new();
-    for workflow in [PARALLEL, LINE] {
+    for workflow in workflows {
         let (system, _, store) = timed_system(2, CALL_MS).await?;
         let mut times = Vec::new();
         for _ in 0..tasks.max(1) {
@@ -294,19 +303,7 @@ pub async fn parallel_vs_line(tasks: usize) -> anyhow::Result<Vec<(&'static str,
 /// each, one at a time, as [`parallel_vs_line`]. Each row: (workflow, end-to-end times in ms,
 /// sorted).
 pub async fn child_vs_inline(tasks: usize) -> anyhow::Result<Vec<(&'static str, Vec<f64>)>> {
-    let mut out = Vec::new();
-    for workflow in [PAIR, CHILD_PAIR] {
-        let (system, _, store) = timed_system(2, CALL_MS).await?;
-        let mut times = Vec::new();
-        for _ in 0..tasks.max(1) {
-            let (_, ms) = one(&system, store.as_ref(), workflow, Duration::from_secs(30)).await?;
-            times.push(ms);
-        }
-        system.shutdown().await;
-        times.sort_by(f64::total_cmp);
-        out.push((workflow, times));
-    }
-    Ok(out)
+    one_at_a_time([PAIR, CHILD_PAIR], tasks).await
 }
 
 /// The child-vs-inline table: latency in memory, and (from the call table's scenarios, when

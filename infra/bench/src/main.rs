@@ -988,7 +988,8 @@ async fn init_and_size(build: &std::path::Path) -> anyhow::Result<String> {
         for d in dirs.flatten() {
             let b = d.path().join("bootstrap");
             if let Ok(m) = std::fs::metadata(&b) {
-                sizes.push((d.file_name().to_string_lossy().into_owned(), m.len()));
+                let built = m.modified().ok().map(chrono::DateTime::<chrono::Utc>::from);
+                sizes.push((d.file_name().to_string_lossy().into_owned(), m.len(), built));
             }
         }
     }
@@ -996,8 +997,16 @@ async fn init_and_size(build: &std::path::Path) -> anyhow::Result<String> {
     if sizes.is_empty() {
         out.push_str("No `.aws-sam/build` here: run `./infra/test.sh` (its `sam build` step) first for the sizes.\n");
     } else {
-        out.push_str("arm64 `bootstrap` sizes from `sam build` (cargo-lambda, release profile: opt-level s, fat LTO, stripped):\n\n| function | size |\n|---|---|\n");
-        for (name, bytes) in sizes {
+        // The build's time: a `sam build` older than the tree measured shows as such.
+        let built = sizes
+            .iter()
+            .filter_map(|s| s.2)
+            .max()
+            .map_or("at an unknown time".into(), |t| {
+                format!("at {}", t.format("%Y-%m-%d %H:%M UTC"))
+            });
+        out.push_str(&format!("arm64 `bootstrap` sizes from the `sam build` made {built} (cargo-lambda, release profile: opt-level s, fat LTO, stripped):\n\n| function | size |\n|---|---|\n"));
+        for (name, bytes, _) in sizes {
             out.push_str(&format!(
                 "| {name} | {:.2} MiB |\n",
                 bytes as f64 / 1048576.0
