@@ -1,7 +1,7 @@
 //! The docs stay a map that holds: every relative link of README.md, ARCHITECTURE.md,
 //! BENCHMARKS.md and `docs/*.md` reaches a file that exists, and every `#anchor` a heading of
-//! that file (GitHub's slugs); and ARCHITECTURE.md's code map names every `.rs` file of the
-//! crates' `src` folders, and no file that is gone.
+//! that file (GitHub's slugs); and the code map (`docs/code-map.md`) names every `.rs` file of
+//! the crates' `src` folders, and no file that is gone.
 //!
 //! The code map's form: under a `###` heading whose first code span is a source folder
 //! (`` ### `shared/src` ``), a file is named by a code span of its path from that folder
@@ -194,15 +194,15 @@ fn source_files(root: &Path) -> BTreeSet<String> {
     out
 }
 
-/// The `.rs` paths ARCHITECTURE.md's code map names, from the repository root. A name under a
+/// The `.rs` paths the code map (`docs/code-map.md`) names, from the repository root. A name under a
 /// source folder's heading that is neither a path from that folder nor from the root is
 /// returned as it is written, so it matches no file.
-fn mapped_files(root: &Path, architecture: &str) -> BTreeSet<String> {
+fn mapped_files(root: &Path, map: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let mut in_map = false;
     let mut heading: Option<(HeadingLevel, String)> = None;
     let mut folder: Option<String> = None;
-    for event in parser(architecture) {
+    for event in parser(map) {
         match event {
             Event::Start(Tag::Heading { level, .. }) => heading = Some((level, String::new())),
             Event::Code(code) if heading.is_some() => {
@@ -268,11 +268,11 @@ fn the_code_map_names_every_source_file_and_no_other() {
         sources.contains("shared/src/remote/lambda.rs"),
         "the walk finds the sources"
     );
-    let mapped = mapped_files(&root, &read(&root.join("ARCHITECTURE.md")));
+    let mapped = mapped_files(&root, &read(&root.join("docs/code-map.md")));
     let missing: Vec<&String> = sources.difference(&mapped).collect();
     assert!(
         missing.is_empty(),
-        "ARCHITECTURE.md's code map does not name: {missing:?}"
+        "docs/code-map.md does not name: {missing:?}"
     );
     // Names in the map that are no source file (a file moved or removed, or a typo). Test and
     // support files (`tests/…`) may be named in passing, as long as they exist.
@@ -282,7 +282,7 @@ fn the_code_map_names_every_source_file_and_no_other() {
         .collect();
     assert!(
         stale.is_empty(),
-        "ARCHITECTURE.md's code map names files that do not exist: {stale:?}"
+        "docs/code-map.md names files that do not exist: {stale:?}"
     );
 }
 

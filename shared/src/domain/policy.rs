@@ -102,6 +102,13 @@ impl Policy {
         now + self.start_within + self.step_timeout
     }
 
+    /// Whether the step, once its agent accepted it, has nothing left in flight: what it
+    /// started (a sub-workflow step's child task) is reached by its undo wherever it is, and a
+    /// copy of its request starts nothing new. So a cancel need not wait past its deadline.
+    pub fn accepted_leaves_nothing_in_flight(&self) -> bool {
+        self.undo_timeout.is_some()
+    }
+
     /// The delay before the retry that follows the `failures`-th failure: exponential
     /// (`base × rate^(failures-1)`), capped, with "equal jitter" (a uniform wait in `[d/2, d]`
     /// for the exponential `d`), so delays still grow while retries of many tasks failing

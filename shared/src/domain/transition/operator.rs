@@ -176,7 +176,8 @@ pub fn cancel(
         // A sub-workflow step its child accepted has nothing in flight: its undo undoes the
         // child (a copy of its request starts no second one: the child keeps its key).
         ProcessState::Processing
-            if p.at(i).undo_timeout.is_some() && r.steps[i].waiting_until.is_some() =>
+            if p.at(i).accepted_leaves_nothing_in_flight()
+                && r.steps[i].waiting_until.is_some() =>
         {
             n.steps[i].status = StepStatus::Cancelled;
             None
