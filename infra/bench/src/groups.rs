@@ -130,13 +130,12 @@ pub fn definitions() -> Vec<(String, String)> {
         "description": "Two steps, the second once an event came.",
         "steps": [a, {"name": "signature", "waitFor": EVENT_NAME, "within": "30d"}, c],
     });
-    let (_, c) = first_last();
+    let (a, c) = first_last();
     let child = json!({
         "name": CHILD,
         "description": "The pair's second step, as a workflow of its own.",
         "steps": [c],
     });
-    let (a, _) = first_last();
     let child_pair = json!({
         "name": CHILD_PAIR,
         "description": "Two steps, the second run as a child task.",

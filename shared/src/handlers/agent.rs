@@ -63,12 +63,9 @@ pub async fn on_message(deps: &AgentDeps, body: &str) -> RecordOutcome {
 async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerError> {
     if super::children::is_child_request(request) {
         let outcome = match &deps.tasks {
-            // An undo: the child is undone as a unit. Its end answers; the agent answers that
-            // it accepted (the undo may now wait as long as the child's compensation takes),
-            // or the answer known now.
-            Some(ports) if request.undo => super::children::undo_child(ports, request)
-                .await?
-                .unwrap_or(StepOutcome::Accepted),
+            // An undo: the child is undone as a unit (its end answers, once `Accepted`), or the
+            // answer is known now.
+            Some(ports) if request.undo => super::children::undo_child(ports, request).await?,
             Some(ports) => {
                 let input = crate::payloads::request_body(deps.payloads.as_ref(), request).await?;
                 super::children::start_child(ports, request, input).await

@@ -135,9 +135,9 @@ pub async fn start_child(
 const RACES: usize = 5;
 
 /// The undo of a sub-workflow step: its child task is undone as a unit
-/// ([`transition::undo_as_unit`]). `None`: the child's end answers this undo (through
-/// [`answer_parent`]); the agent answers `Accepted` now, which gives the parent's undo the
-/// step's `timeout` to wait for the child's compensation. Otherwise the answer, now: success if nothing
+/// ([`transition::undo_as_unit`]). `Accepted`: the child's end answers this undo (through
+/// [`answer_parent`]), and the parent's undo may now wait the step's `timeout` for the child's
+/// compensation. Otherwise the answer, now: success if nothing
 /// of the child is in effect (never started, since the forward request's deadline has passed
 /// before any undo goes out; or refused or compensated already), a refusal if it cannot be
 /// undone (past its pivot, or left for an operator): the parent's compensation then fails and
@@ -145,36 +145,36 @@ const RACES: usize = 5;
 pub async fn undo_child(
     ports: &TaskPorts,
     request: &StepRequest,
-) -> Result<Option<StepOutcome>, HandlerError> {
+) -> Result<StepOutcome, HandlerError> {
     let Some(forward) = &request.undoes else {
-        return Ok(Some(StepOutcome::Failed {
+        return Ok(StepOutcome::Failed {
             error: "a sub-workflow step's undo without the key it undoes".into(),
-        }));
+        });
     };
     let id = child_id(forward);
     for _ in 0..RACES {
         let Some(child) = ports.store.get_state(id).await? else {
             info!(child = %id, "the step's child was never started: nothing to undo");
-            return Ok(Some(StepOutcome::Succeeded { result: None }));
+            return Ok(StepOutcome::Succeeded { result: None });
         };
         match child.process_state {
             ProcessState::Compensated | ProcessState::Refused => {
-                return Ok(Some(StepOutcome::Succeeded { result: None }));
+                return Ok(StepOutcome::Succeeded { result: None });
             }
             ProcessState::Error | ProcessState::CompensationFailed | ProcessState::Resolved => {
-                return Ok(Some(StepOutcome::Refused {
+                return Ok(StepOutcome::Refused {
                     code: "child_needs_operator".into(),
                     message: format!(
                         "child task {id} is {}: an operator settles it before its parent is undone",
                         child.process_state
                     ),
-                }));
+                });
             }
             ProcessState::Compensating
                 if child.parent.as_ref().and_then(|l| l.undo_attempt) == Some(request.attempt) =>
             {
                 // This undo was sent again: the child answers it already.
-                return Ok(None);
+                return Ok(StepOutcome::Accepted);
             }
             _ => {}
         }
@@ -184,18 +184,18 @@ pub async fn undo_child(
             match transition::undo_as_unit(&child, request.attempt, now, &workflow.policies()) {
                 Ok(t) => t,
                 Err(Rejection::PastPivot(_)) => {
-                    return Ok(Some(StepOutcome::Refused {
+                    return Ok(StepOutcome::Refused {
                         code: "child_past_pivot".into(),
                         message: format!(
                             "child task {id} is past its pivot: its effects cannot be undone"
                         ),
-                    }));
+                    });
                 }
                 Err(e) => {
-                    return Ok(Some(StepOutcome::Refused {
+                    return Ok(StepOutcome::Refused {
                         code: "child_not_undoable".into(),
                         message: format!("child task {id}: {e}"),
-                    }));
+                    });
                 }
             };
         // A child with nothing to undo ends at once: its end (and its answer to this undo) is
@@ -211,7 +211,7 @@ pub async fn undo_child(
                 // deadline, an undelivered notice by the supervisor.
                 warn!(child = %id, error = %e, "the child's undo is written, its effects left to the supervisor");
             }
-            return Ok(None);
+            return Ok(StepOutcome::Accepted);
         }
     }
     Err(HandlerError::Store(crate::ports::StoreError::Unavailable(

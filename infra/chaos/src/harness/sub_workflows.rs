@@ -24,8 +24,7 @@ use super::for_each::{submit, until};
 use super::report::Report;
 use super::world::World;
 use crate::operator::{Operator, OperatorPlan};
-use sas::handlers::children::{child_id, child_of_step};
-use sas::messages::idempotency_key;
+use sas::handlers::children::child_of_step;
 use sas::{ProcessState, StateRecord, TaskId, Workflow};
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -113,6 +112,13 @@ pub async fn run_sub_workflow_case(
     let store = world.system.store.clone();
     let mut out = SubWorkflowReport::default();
 
+    let definitions = world.system.definitions.clone();
+    let (Some(checkout), Some(payment)) = (
+        definitions.workflow("checkout", 1).await?,
+        definitions.workflow("settle-payment", 1).await?,
+    ) else {
+        anyhow::bail!("the case's workflows are not published");
+    };
     let operator = Arc::new(Operator::new(
         world.base.clone(),
         store.clone(),
@@ -121,6 +127,7 @@ pub async fn run_sub_workflow_case(
     ));
     let runs = (0..checkouts).map(|i| {
         let (http, base, operator) = (http.clone(), world.base.clone(), operator.clone());
+        let checkout = checkout.clone();
         async move {
             let input = json!({ "amount": i + 1 });
             let id = submit(
@@ -131,7 +138,7 @@ pub async fn run_sub_workflow_case(
                 &input,
             )
             .await?;
-            settle_checkout(&operator, id, patience).await
+            settle_checkout(&operator, &checkout, id, patience).await
         }
     });
     let mut parents = vec![];
@@ -141,13 +148,6 @@ pub async fn run_sub_workflow_case(
             Err(e) => out.violations.push(e),
         }
     }
-    let definitions = world.system.definitions.clone();
-    let (Some(checkout), Some(payment)) = (
-        definitions.workflow("checkout", 1).await?,
-        definitions.workflow("settle-payment", 1).await?,
-    ) else {
-        anyhow::bail!("the case's workflows are not published");
-    };
     let mut children = vec![];
     for parent in &parents {
         *out.parents
@@ -225,6 +225,7 @@ pub async fn run_sub_workflow_case(
 /// step, and the parent compensates).
 async fn settle_checkout(
     operator: &Operator,
+    checkout: &Workflow,
     id: TaskId,
     patience: Duration,
 ) -> Result<StateRecord, String> {
@@ -236,9 +237,8 @@ async fn settle_checkout(
             if r.process_state.is_terminal() && !r.notice_pending() {
                 return Ok(r);
             }
-            let generation = r.steps.get(1).map_or(0, |s| s.generation);
-            let child = child_id(&idempotency_key(id, "pay", "settle-payment", generation));
             if r.process_state == P::Processing
+                && let Some(child) = child_of(&r, checkout)
                 && let Ok(Some(c)) = store.get_state(child).await
                 && matches!(c.process_state, P::Error | P::CompensationFailed)
             {
@@ -249,8 +249,17 @@ async fn settle_checkout(
     }
     Err(format!(
         "{id} stalled after {patience:?}\n{}",
-        story(store, id).await
+        story(store, checkout, id).await
     ))
+}
+
+/// The checkout's step that runs the child.
+const PAY: usize = 1;
+
+/// The child `parent`'s `pay` step starts (under its key's current generation).
+fn child_of(parent: &StateRecord, checkout: &Workflow) -> Option<TaskId> {
+    let generation = parent.steps.get(PAY).map_or(0, |s| s.generation);
+    child_of_step(parent.task_id, checkout, PAY, generation)
 }
 
 /// The child of `parent`'s `pay` step once it settled (ended, its notices delivered, released
@@ -261,11 +270,9 @@ async fn settled_child(
     workflow: &Arc<Workflow>,
     patience: Duration,
 ) -> Result<Option<StateRecord>, String> {
-    let pay = 1;
-    let generation = parent.steps.get(pay).map_or(0, |s| s.generation);
-    let Some(id) = child_of_step(parent.task_id, workflow, pay, generation) else {
+    let Some(id) = child_of(parent, workflow) else {
         return Err(format!(
-            "{}: step {pay} is not a sub-workflow",
+            "{}: step {PAY} is not a sub-workflow",
             parent.task_id
         ));
     };
@@ -320,8 +327,8 @@ fn agree(parent: &StateRecord, child: &StateRecord) -> Vec<String> {
     wrong
 }
 
-/// A stalled task's history, and its children's, for the report.
-async fn story(store: &dyn sas::ports::StateStore, id: TaskId) -> String {
+/// A stalled task's history, and its child's, for the report.
+async fn story(store: &dyn sas::ports::StateStore, checkout: &Workflow, id: TaskId) -> String {
     let Ok(Some(r)) = store.get_state(id).await else {
         return format!("{id}: unreadable");
     };
@@ -337,26 +344,26 @@ async fn story(store: &dyn sas::ports::StateStore, id: TaskId) -> String {
             ))
             .collect::<Vec<_>>()
     )];
-    lines.extend(r.history.iter().map(|h| {
-        format!(
-            "  {} {} -> {} {:?} a{} {}",
-            h.at, h.from, h.to, h.step, h.attempt, h.reason
-        )
-    }));
-    for g in 0..3 {
-        let child = child_id(&idempotency_key(id, "pay", "settle-payment", g));
-        if let Ok(Some(c)) = store.get_state(child).await {
-            lines.push(format!(
-                "  child g{g} {child} {} {:?}",
-                c.process_state, c.parent
-            ));
-            lines.extend(c.history.iter().map(|h| {
+    let history = |indent: &str, r: &StateRecord| -> Vec<String> {
+        r.history
+            .iter()
+            .map(|h| {
                 format!(
-                    "    {} {} -> {} {:?} a{} {}",
+                    "{indent}{} {} -> {} {:?} a{} {}",
                     h.at, h.from, h.to, h.step, h.attempt, h.reason
                 )
-            }));
-        }
+            })
+            .collect()
+    };
+    lines.extend(history("  ", &r));
+    if let Some(child) = child_of(&r, checkout)
+        && let Ok(Some(c)) = store.get_state(child).await
+    {
+        lines.push(format!(
+            "  child {child} {} {:?}",
+            c.process_state, c.parent
+        ));
+        lines.extend(history("    ", &c));
     }
     lines.join("\n")
 }
