@@ -740,7 +740,9 @@ fn applied(
 }
 
 /// A callback for a step of a branch: applied as on the main line. A branch that failed takes
-/// none (the group is stopping; its step's undo covers what the service did).
+/// none (the group is stopping; its step's undo covers what the service did), nor does the step
+/// the group stopped at (the task's deadline passed while it waited, handed back: the group's
+/// cursor stays on it, for the operator, so it must not be done).
 pub(super) fn callback(
     r: &StateRecord,
     step_index: usize,
@@ -750,13 +752,14 @@ pub(super) fn callback(
     claim_one: ClaimOne<'_>,
 ) -> Result<Transition, Rejection> {
     let b = branch_of(r, step_index, None)?;
-    if let Some(br) = r
-        .fanout
-        .as_ref()
-        .map(|f| &f.branches[b])
-        .filter(|br| br.process_state == ProcessState::Error)
-    {
-        return Err(Rejection::NotRunning(br.process_state));
+    if let Some(f) = r.fanout.as_ref() {
+        let br = &f.branches[b];
+        if br.process_state == ProcessState::Error {
+            return Err(Rejection::NotRunning(br.process_state));
+        }
+        if f.stop.as_ref().is_some_and(|s| s.step == step_index) {
+            return Err(Rejection::NotRunning(ProcessState::Error));
+        }
     }
     applied(r, b, now, p, event, claim_one)
 }

@@ -206,7 +206,8 @@ proptest! {
 /// The second property: workflows with a parallel group (and, in a second draw mode, a forEach
 /// step and choices), routed by their real conditions, under any interleaving of events about
 /// their branches and elements, checked against a model of what the runtime must do (written
-/// here from the semantics, without the transitions' helpers).
+/// here from the semantics, without the transitions' helpers). Their steps may be callback
+/// steps and sub-workflow steps, whose answers come later.
 mod parallel {
     use super::super::route::test_task;
     use super::super::testkit::*;
@@ -644,9 +645,9 @@ mod parallel {
         },
         /// A callback (0 success, 1 refusal, 2 failure: a callback carries no failure) for the
         /// `pick`-th step a line of the record is at (out, handed back, or the one the task
-        /// failed at), under `how`: 0 its key's generation; or one that must be stale: 1
-        /// another generation (an older one, or one not issued yet), 2 a step no line is at, 3
-        /// a duplicate of the last callback applied.
+        /// failed at; mostly one at a callback step), under `how`: 0 its key's generation; or
+        /// one that must be stale: 1 another generation (an older one, or one not issued yet),
+        /// 2 a step no line is at, 3 a duplicate of the last callback applied.
         Callback {
             pick: u8,
             outcome: u8,
@@ -2381,11 +2382,65 @@ mod parallel {
         assert_eq!(r.undo_after, Some(deadline + base().undo_wait));
     }
 
+    /// A group stops at its task's deadline while a branch's callback step, handed back after
+    /// its deadline, waits for a claim: the group's cursor is on that step, for the operator.
+    /// Its callback then comes late: it is refused (it made the step the group stopped at
+    /// Done: an invalid record), and the task is compensated as the model says.
+    #[test]
+    fn a_late_callback_for_the_step_a_stopped_group_is_at_is_refused() {
+        let step = |call| {
+            Item::Step(StepDraw {
+                undo: false,
+                when: None,
+                wait: None,
+                event: false,
+                call,
+            })
+        };
+        let d = Draw {
+            before: vec![],
+            branches: vec![
+                vec![step(Call::Callback(2))],
+                vec![
+                    Item::Each(EachDraw {
+                        undo: false,
+                        when: None,
+                        max: 1,
+                        tolerated: 0,
+                    }),
+                    step(Call::Plain),
+                ],
+            ],
+            after: vec![],
+            group_when: None,
+            items: 0,
+        };
+        let events = [
+            (Ev::Claim, Mode::Normal),
+            (Ev::Advance(3), Mode::Normal),
+            (Ev::Claim, Mode::Normal),
+            (Ev::Due(1), Mode::Normal),
+            (Ev::Advance(11), Mode::Normal),
+            (Ev::Expire(0), Mode::Normal),
+            (
+                Ev::Callback {
+                    pick: 0,
+                    outcome: 0,
+                    how: 0,
+                },
+                Mode::Normal,
+            ),
+        ];
+        run(&d, &events, false, false, 2, Some(14)).expect("as the model says");
+    }
+
     proptest! {
         /// Any interleaving of events about a parallel group's branches keeps the record
         /// valid, never sends a step once the task stops, sends each step under an attempt
         /// once; and the task then ends as the model says, having undone, last first, exactly
-        /// the steps that may have taken effect.
+        /// the steps that may have taken effect. Steps may be callback steps and sub-workflow
+        /// steps (see `Call`): accepted, called back (a stale callback changes nothing), timed
+        /// out while accepted, a sub-workflow step's undo accepted then answered (once).
         #[test]
         fn parallel_groups_end_as_the_model_says(
             d in draw(),
