@@ -231,8 +231,22 @@ fn refill(
     wait_for_room(n, ready.iter().filter(|b| !next.contains(b)).copied());
     let mut effects = vec![];
     for b in next {
-        if let Ok(e) = in_branch(n, b, true, |seen| claim_one(seen, &instance)) {
-            effects.extend(e);
+        match in_branch(n, b, true, |seen| claim_one(seen, &instance)) {
+            Ok(e) => effects.extend(e),
+            // A writer that claims nothing (the supervisor recovering another element): the
+            // element given the room is made claimable, due for its pickup, and sent, rather
+            // than left waiting for a room that nothing else will give it.
+            Err(_) => {
+                if let Some(br) = n.fanout.as_mut().and_then(|f| f.branches.get_mut(b))
+                    && br.process_state == ProcessState::Pending
+                    && br.complete_by.is_none()
+                {
+                    br.complete_by = Some(now + p.at(br.step_index).pickup_timeout);
+                    effects.push(Effect::Enqueue {
+                        delay: Duration::zero(),
+                    });
+                }
+            }
         }
     }
     effects
