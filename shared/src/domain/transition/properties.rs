@@ -2096,66 +2096,52 @@ mod parallel {
                 let waits = |o: &&Out| !o.undo && self.m.steps[o.step].wait;
                 if let Some(o) = out.iter().find(|o| !waits(o)).copied() {
                     let call = self.m.steps[o.step].call;
-                    if !o.undo && call.timeout().is_some() {
-                        // A callback step: its service accepts it, then calls back.
-                        let (act, t) = if self.r.steps[o.step].status == StepStatus::Waiting {
-                            let g = self.r.steps[o.step].generation;
-                            let t = apply_callback(
-                                &self.r,
-                                o.step,
-                                g,
-                                &ok(),
-                                self.now,
-                                &self.p,
-                                &self.router(),
-                            );
-                            (Act::Callback((o.step, 0), g, Outcome::Success), t)
-                        } else {
-                            let t = apply_reply(
-                                &self.r,
-                                o.attempt,
-                                o.step,
-                                false,
-                                &StepOutcome::Accepted,
-                                self.now,
-                                &self.p,
-                                &self.router(),
-                            );
-                            (Act::Reply(o, Outcome::Accepted), t)
-                        };
-                        let t = t.map_err(|e| TestCaseError::fail(format!("{act:?}: {e}")))?;
-                        self.apply(act, t)?;
-                        continue;
-                    }
-                    if o.undo && call.child() && self.undos_accepted.insert((o.attempt, o.step)) {
-                        // A sub-workflow step's undo: the child's compensation starts, then
-                        // its end answers.
-                        let t = apply_reply(
+                    if !o.undo
+                        && call.timeout().is_some()
+                        && self.r.steps[o.step].status == StepStatus::Waiting
+                    {
+                        // A callback step its service accepted: it calls back.
+                        let g = self.r.steps[o.step].generation;
+                        let act = Act::Callback((o.step, 0), g, Outcome::Success);
+                        let t = apply_callback(
                             &self.r,
-                            o.attempt,
                             o.step,
-                            true,
-                            &StepOutcome::Accepted,
+                            g,
+                            &ok(),
                             self.now,
                             &self.p,
                             &self.router(),
                         )
-                        .map_err(|e| TestCaseError::fail(format!("accept {o:?}: {e}")))?;
-                        self.apply(Act::Reply(o, Outcome::Accepted), t)?;
+                        .map_err(|e| TestCaseError::fail(format!("{act:?}: {e}")))?;
+                        self.apply(act, t)?;
                         continue;
                     }
+                    // Answered at once; but a callback step's service accepts it first, then
+                    // calls back, and a sub-workflow step's undo is accepted (the child's
+                    // compensation starts), then its end answers.
+                    let accepts = if o.undo {
+                        call.child() && self.undos_accepted.insert((o.attempt, o.step))
+                    } else {
+                        call.timeout().is_some()
+                    };
+                    let outcome = if accepts {
+                        Outcome::Accepted
+                    } else {
+                        Outcome::Success
+                    };
+                    let act = Act::Reply(o, outcome);
                     let t = apply_reply(
                         &self.r,
                         o.attempt,
                         o.step,
                         o.undo,
-                        &Outcome::Success.reply(&o, self.now),
+                        &outcome.reply(&o, self.now),
                         self.now,
                         &self.p,
                         &self.router(),
                     )
-                    .map_err(|e| TestCaseError::fail(format!("answer {o:?}: {e}")))?;
-                    self.apply(Act::Reply(o, Outcome::Success), t)?;
+                    .map_err(|e| TestCaseError::fail(format!("{act:?}: {e}")))?;
+                    self.apply(act, t)?;
                     continue;
                 }
                 if let Some(o) = out
