@@ -13,6 +13,7 @@ pub mod payload;
 pub mod policy;
 pub mod problem;
 pub mod rate;
+pub mod run;
 pub mod schedule;
 pub mod state;
 pub mod status;
