@@ -169,6 +169,7 @@ impl Definitions {
     ) -> Result<(Published, Arc<Workflow>), CatalogError> {
         let known: BTreeSet<String> = self.services_now().await?.keys().cloned().collect();
         let w = Workflow::from_value(value, Some(&known), &self.policy)?;
+        not_yet_runnable(&w)?;
         self.check_children(&w).await?;
         let body = serde_json::to_value(&w.doc)
             .map_err(|e| DefinitionError::one(String::new(), e.to_string()))?;
@@ -496,6 +497,30 @@ pub fn example_files() -> Vec<(String, String)> {
     ]
 }
 
+/// Refuses what this version validates but cannot run yet: a distributed forEach step (its
+/// definition compiles and its ledger is built, the functions that run it are not). Removed
+/// with the runner.
+fn not_yet_runnable(w: &Workflow) -> Result<(), DefinitionError> {
+    let problems: Vec<workflow::Problem> = w
+        .steps
+        .iter()
+        .filter(|s| s.run.is_some())
+        .map(|s| workflow::Problem {
+            at: String::new(),
+            message: format!(
+                "step {:?} is a distributed forEach, which this version does not run yet: remove `distributed` (up to {} elements run in the task's record)",
+                s.name,
+                workflow::MAX_ELEMENTS
+            ),
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(DefinitionError(problems))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -579,6 +604,35 @@ mod tests {
         assert!(e.contains("unknown service \"nowhere\""), "{e}");
         let loan = d.latest("loan-application").await.expect("read");
         assert!(loan.is_some(), "the good files are published");
+    }
+
+    /// A distributed forEach validates, but this version does not run it: publishing refuses
+    /// it, naming the step, rather than storing a workflow whose tasks would fail.
+    #[tokio::test]
+    async fn a_distributed_for_each_is_refused_until_it_runs() {
+        let d = definitions(ServiceRules::local());
+        publish_files(&d, &example_files())
+            .await
+            .expect("the examples");
+        let services = d.services_now().await.expect("services");
+        let service = services.keys().next().expect("a service").clone();
+        let body = json!({"name": "nightly", "steps": [
+            {"name": "each", "service": service, "forEach": "$.input.items", "distributed": true}
+        ]});
+        match d.publish_workflow(body.clone()).await {
+            Err(CatalogError::Invalid(e)) => {
+                assert!(
+                    e.0[0].message.contains("\"each\" is a distributed forEach"),
+                    "{e:?}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut plain = body;
+        plain["steps"][0]["distributed"] = json!(false);
+        d.publish_workflow(plain)
+            .await
+            .expect("the same forEach in the record");
     }
 
     /// A deployed stack publishes no service on the function's own machine: its loopback is

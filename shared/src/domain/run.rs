@@ -23,6 +23,45 @@ pub const MAX_RUN_ELEMENTS: usize = 10_000;
 /// The most elements of a distributed forEach out at once.
 pub const MAX_RUN_CONCURRENCY: u32 = 1_000;
 
+/// An S3 object holding a distributed forEach's list: `s3://bucket/key`, a JSON array, or
+/// JSON Lines (one element per line) when its key ends in `.jsonl` or `.ndjson` (as Step
+/// Functions' `ItemReader` reads them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectLocation {
+    pub bucket: String,
+    pub key: String,
+    /// JSON Lines rather than one JSON array.
+    pub lines: bool,
+}
+
+impl ObjectLocation {
+    /// Parses `s3://bucket/key`: a bucket name as S3 names them (3 to 63 lowercase letters,
+    /// digits, dots and hyphens) and a key of 1 to 1,024 bytes.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let rest = s
+            .strip_prefix("s3://")
+            .ok_or_else(|| format!("{s:?} is not an S3 location (s3://bucket/key)"))?;
+        let (bucket, key) = rest
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?} names no key (s3://bucket/key)"))?;
+        let bucket_ok = (3..=63).contains(&bucket.len())
+            && bucket
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+        if !bucket_ok {
+            return Err(format!("{bucket:?} is not an S3 bucket name"));
+        }
+        if key.is_empty() || key.len() > 1024 {
+            return Err(format!("the key of {s:?} is empty or over 1,024 bytes"));
+        }
+        Ok(Self {
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            lines: key.ends_with(".jsonl") || key.ends_with(".ndjson"),
+        })
+    }
+}
+
 /// Where one element stands, as the run's ledger keeps it (one character each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mark {
@@ -592,6 +631,29 @@ mod tests {
         }
         let json = serde_json::to_string(&run).expect("json");
         assert!(json.len() < MAX_RUN_ELEMENTS + 200, "{} bytes", json.len());
+    }
+
+    #[test]
+    fn an_object_location_is_parsed() {
+        let l = ObjectLocation::parse("s3://nightly-runs/2026/11/invoices.jsonl").expect("valid");
+        assert_eq!(l.bucket, "nightly-runs");
+        assert_eq!(l.key, "2026/11/invoices.jsonl");
+        assert!(l.lines);
+        assert!(
+            !ObjectLocation::parse("s3://b-1/list.json")
+                .expect("valid")
+                .lines
+        );
+        for bad in [
+            "s3://",
+            "s3://bucket",
+            "s3://bucket/",
+            "s3://Bucket/k",
+            "https://b/k",
+            "s3://ab/k",
+        ] {
+            assert!(ObjectLocation::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -18,12 +18,13 @@ use super::super::problem::{DefinitionError, Problem};
 use super::super::when::When;
 use super::definition::{
     Arm, CHILD_SERVICE, CHILD_TIMEOUT_HOURS, CHILD_UNDO_ACTION, Child, ForEach, Group, GroupKind,
-    Limits, MAX_BRANCHES, MAX_CASES, MAX_CONCURRENCY, MAX_DEPTH, MAX_STEPS, Step, Tolerated, Undo,
-    Wait, Workflow,
+    Limits, MAX_BRANCHES, MAX_CASES, MAX_CONCURRENCY, MAX_DEPTH, MAX_STEPS, RUN_SERVICE,
+    RUN_TIMEOUT_HOURS, RUN_UNDO_ACTION, RunDef, Step, Tolerated, Undo, Wait, Workflow,
 };
 use super::doc::{StepDoc, WorkflowDoc};
 use super::schema::compile_input;
 use super::settings::{self, CallbackDoc, apply_settings, callback_policy};
+use crate::domain::run::MAX_RUN_CONCURRENCY;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -441,6 +442,7 @@ impl Compiler<'_> {
             wait,
             parent,
             child: None,
+            run: None,
         });
         if e.when.is_some() {
             reach.maybe.push((
@@ -493,6 +495,7 @@ impl Compiler<'_> {
             ("forEach", e.for_each.is_some()),
             ("maxConcurrency", e.max_concurrency.is_some()),
             ("toleratedRefusals", e.tolerated_refusals.is_some()),
+            ("distributed", e.distributed),
         ];
         for (field, set) in step_only {
             if set {
@@ -538,6 +541,12 @@ impl Compiler<'_> {
             );
         }
         let element = s.for_each.is_some();
+        if s.distributed && !element {
+            self.problem(
+                format!("{at}/distributed"),
+                "`distributed` belongs to a forEach step",
+            );
+        }
         let for_each = s.for_each.as_ref().map(|q| self.for_each(s, q, at, reach));
         let input = Mapping::compile(
             s.input.clone().unwrap_or_else(|| {
@@ -573,7 +582,7 @@ impl Compiler<'_> {
         if let Some(cb) = &s.callback {
             policy.callback = callback_policy(&format!("{at}/callback"), cb, &mut self.problems);
         }
-        self.steps.push(Step {
+        let step = Step {
             name: s.name.clone(),
             service: service.to_owned(),
             action: s.action.clone().unwrap_or_else(|| s.name.clone()),
@@ -585,7 +594,14 @@ impl Compiler<'_> {
             wait: None,
             parent,
             child: None,
-        });
+            run: None,
+        };
+        let step = if s.distributed {
+            self.distributed(step, at)
+        } else {
+            step
+        };
+        self.steps.push(step);
         if s.when.is_some() {
             reach.maybe.push((
                 s.name.clone(),
@@ -643,6 +659,7 @@ impl Compiler<'_> {
                 s.tolerated_refusals.is_some(),
                 "it belongs to a forEach",
             ),
+            ("distributed", s.distributed, "it belongs to a forEach"),
         ];
         for (field, set, why) in not_here {
             if set {
@@ -714,6 +731,7 @@ impl Compiler<'_> {
                 workflow: workflow.to_owned(),
                 version: s.workflow_version,
             }),
+            run: None,
         });
         if s.when.is_some() {
             reach.maybe.push((
@@ -738,6 +756,49 @@ impl Compiler<'_> {
         }
     }
 
+    /// A distributed forEach step (`step`, compiled as an ordinary forEach step): a callback
+    /// step on [`RUN_SERVICE`] whose body is the list (or its S3 location) and whose callback
+    /// is its run's end; `step` itself, less its forEach, is what each element runs. Not in a
+    /// parallel group's branch: a branch's elements join its group's fan-out, in the record.
+    fn distributed(&mut self, mut step: Step, at: &str) -> Step {
+        if self.in_parallel > 0 {
+            self.problem(
+                format!("{at}/distributed"),
+                "a distributed forEach cannot be in a parallel group's branch (its elements would join the group's fan-out, in the task's record): put it before or after the group",
+            );
+        }
+        let Some(each) = step.for_each.take() else {
+            return step;
+        };
+        let mut policy = step.policy.clone();
+        policy.callback = Some(CallbackPolicy {
+            timeout: chrono::Duration::hours(RUN_TIMEOUT_HOURS),
+            heartbeat: None,
+        });
+        // Its undo is the run's: every element's undo, each waiting its own step's deadline.
+        policy.undo_timeout = policy.callback.map(|c| c.timeout);
+        let undo = step.undo.as_ref().map(|_| Undo {
+            action: RUN_UNDO_ACTION.to_owned(),
+            input: Mapping::Literal(Value::Null),
+        });
+        let mut element = step.clone();
+        element.parent = None;
+        element.when = None;
+        Step {
+            service: RUN_SERVICE.to_owned(),
+            action: step.name.clone(),
+            input: each.items,
+            undo,
+            policy,
+            run: Some(RunDef {
+                max_concurrency: each.max_concurrency,
+                tolerated: each.tolerated,
+                element: Box::new(element),
+            }),
+            ..step
+        }
+    }
+
     /// A forEach step's list, concurrency and tolerance.
     fn for_each(&mut self, s: &StepDoc, query: &str, at: &str, reach: &Reach) -> ForEach {
         let here = format!("{at}/forEach");
@@ -757,8 +818,13 @@ impl Compiler<'_> {
         if self.problems.len() == before {
             match &items {
                 Mapping::Query { source, .. } => {
-                    if let Some(why) = not_an_array(source, self.input_schema) {
+                    if let Some(why) = not_an_array(source, self.input_schema, s.distributed) {
                         self.problem(here.clone(), format!("{source:?} {why}: forEach runs over an array"));
+                    }
+                }
+                _ if s.distributed && query.starts_with("s3://") => {
+                    if let Err(why) = crate::domain::run::ObjectLocation::parse(query) {
+                        self.problem(here.clone(), why);
                     }
                 }
                 _ => self.problem(
@@ -768,10 +834,19 @@ impl Compiler<'_> {
             }
         }
         let max_concurrency = s.max_concurrency.unwrap_or(DEFAULT_CONCURRENCY);
-        if !(1..=MAX_CONCURRENCY).contains(&max_concurrency) {
+        let most = if s.distributed {
+            MAX_RUN_CONCURRENCY
+        } else {
+            MAX_CONCURRENCY
+        };
+        if !(1..=most).contains(&max_concurrency) {
             self.problem(
                 format!("{at}/maxConcurrency"),
-                format!("maxConcurrency is 1 to {MAX_CONCURRENCY}"),
+                if s.distributed {
+                    format!("maxConcurrency is 1 to {most} for a distributed forEach")
+                } else {
+                    format!("maxConcurrency is 1 to {most} (up to {MAX_RUN_CONCURRENCY} with `distributed`)")
+                },
             );
         }
         let tolerated = match &s.tolerated_refusals {
@@ -1006,7 +1081,7 @@ fn tolerated(v: &Value) -> Result<Tolerated, String> {
 
 /// Why the query `source` cannot select an array, if that is certain from the definition: a
 /// task's metadata, the element's index, or a place the input schema types as something else.
-fn not_an_array(source: &str, input_schema: &Value) -> Option<String> {
+fn not_an_array(source: &str, input_schema: &Value, or_a_location: bool) -> Option<String> {
     let query = jsonpath_rust::parser::parse_json_path(source).ok()?;
     let path = mapping::singular_path(&query)?;
     match path.first() {
@@ -1023,6 +1098,8 @@ fn not_an_array(source: &str, input_schema: &Value) -> Option<String> {
         };
     }
     match schema.get("type")? {
+        // A distributed forEach also reads its list from an S3 location (`s3://...`).
+        Value::String(t) if or_a_location && t == "string" => None,
         Value::String(t) if t != "array" => Some(format!("is typed {t:?} by the input schema")),
         Value::Array(ts) if !ts.iter().any(|t| t == "array") => {
             Some("is not typed as an array by the input schema".into())
@@ -1179,6 +1256,87 @@ steps:
                 .any(|p| p.at.starts_with("/steps/0/parallel/1/steps/0/input")),
             "{:?}",
             problems(&sibling)
+        );
+    }
+
+    #[test]
+    fn a_distributed_for_each_is_a_step_answered_by_its_run_and_its_elements_run_the_step() {
+        let w = workflow(&TRIP.replace(
+            "    maxConcurrency: 4\n",
+            "    maxConcurrency: 1000\n    distributed: true\n    undo: {action: refund}\n",
+        ))
+        .expect("a distributed forEach after a group is valid");
+        let insure = &w.steps[3];
+        assert_eq!(insure.service, super::RUN_SERVICE);
+        assert!(
+            insure.for_each.is_none(),
+            "the task runs no elements itself"
+        );
+        assert!(insure.policy.callback.is_some(), "answered by its run");
+        assert_eq!(
+            insure.undo.as_ref().map(|u| u.action.as_str()),
+            Some("undo")
+        );
+        let run = insure.run.as_ref().expect("a run");
+        assert_eq!(run.max_concurrency, 1000);
+        assert_eq!(run.element.service, "payment");
+        let view = w.element_view(3).expect("an element view");
+        assert_eq!(view.steps.len(), 1);
+        assert_eq!(view.steps[0].service, "payment");
+        assert_eq!(
+            view.steps[0].undo.as_ref().map(|u| u.action.as_str()),
+            Some("refund")
+        );
+        assert!(view.groups.is_empty() && view.pivot.is_none());
+        assert!(w.element_view(2).is_none(), "an ordinary step has none");
+        // Without `distributed`, 1000 at once is refused, and says how to get it.
+        let p = problems(&TRIP.replace("    maxConcurrency: 4\n", "    maxConcurrency: 1000\n"));
+        assert_eq!(p[0].at, "/steps/1/maxConcurrency");
+        assert!(p[0].message.contains("distributed"), "{p:?}");
+        let p = problems(&TRIP.replace(
+            "    maxConcurrency: 4\n",
+            "    maxConcurrency: 1001\n    distributed: true\n",
+        ));
+        assert!(p.iter().any(|p| p.at == "/steps/1/maxConcurrency"), "{p:?}");
+    }
+
+    #[test]
+    fn a_distributed_for_each_reads_an_s3_location_and_stays_out_of_parallel_branches() {
+        let literal = TRIP.replace(
+            "    forEach: $.input.travellers\n",
+            "    forEach: s3://nightly-lists/travellers.jsonl\n    distributed: true\n",
+        );
+        let w = workflow(&literal).expect("a literal S3 location is valid");
+        assert!(w.steps[3].run.is_some());
+        let p = problems(&literal.replace("s3://nightly-lists/", "s3://Nightly/"));
+        assert_eq!(p[0].at, "/steps/1/forEach");
+        // A query typed string by the input schema may select a location.
+        let typed = TRIP.replace(
+            "    forEach: $.input.travellers\n",
+            "    forEach: $.input.reference\n    distributed: true\n",
+        );
+        assert!(workflow(&typed).is_ok(), "{:?}", problems(&typed));
+        assert!(
+            !problems(&typed.replace("    distributed: true\n", "")).is_empty(),
+            "an ordinary forEach runs over an array only"
+        );
+        let in_branch = TRIP.replace(
+            "          - {name: flight, service: inventory}\n",
+            "          - {name: flight, service: inventory, forEach: $.input.travellers, distributed: true}\n",
+        );
+        let p = problems(&in_branch);
+        assert_eq!(p[0].at, "/steps/0/parallel/0/steps/0/distributed");
+        assert!(p[0].message.contains("parallel group's branch"), "{p:?}");
+        let alone = TRIP.replace(
+            "          - {name: hotel, service: inventory}\n",
+            "          - {name: hotel, service: inventory, distributed: true}\n",
+        );
+        assert!(
+            problems(&alone)
+                .iter()
+                .any(|p| p.message.contains("belongs to a forEach")),
+            "{:?}",
+            problems(&alone)
         );
     }
 

@@ -37,6 +37,16 @@ pub const CHILD_TIMEOUT_HOURS: i64 = 24;
 /// undone as a unit, by its own steps' undos, last first.
 pub const CHILD_UNDO_ACTION: &str = "undo";
 
+/// The service a distributed forEach step calls: sas itself, which starts the step's run (see
+/// [`crate::domain::run`]). Its name cannot be a deployment's service's (a service's name has
+/// no dot).
+pub const RUN_SERVICE: &str = "sas.forEach";
+/// How long a distributed forEach step waits for its run by default (its `timeout` sets it).
+pub const RUN_TIMEOUT_HOURS: i64 = 24;
+/// The undo a distributed forEach step gets when its elements have one: the run undoes every
+/// element that took effect, each by its own undo, last first.
+pub const RUN_UNDO_ACTION: &str = "undo";
+
 /// One step of a validated workflow.
 #[derive(Debug, Clone)]
 pub struct Step {
@@ -61,6 +71,21 @@ pub struct Step {
     /// [`CHILD_SERVICE`], its `action` the workflow's name, and it completes by callback: the
     /// child's end.
     pub child: Option<Child>,
+    /// A distributed forEach step: its elements run outside the task's record, each a record
+    /// of its own, through a run. Its `service` is [`RUN_SERVICE`], its input the list (or the
+    /// S3 location of it), and it completes by callback: the run's end.
+    pub run: Option<RunDef>,
+}
+
+/// How a distributed forEach step runs its elements.
+#[derive(Debug, Clone)]
+pub struct RunDef {
+    /// The most elements out at once (up to [`crate::domain::run::MAX_RUN_CONCURRENCY`]).
+    pub max_concurrency: u32,
+    pub tolerated: Tolerated,
+    /// The step each element runs, as written: its service, action, input (reading
+    /// `$.element` and `$.index`), undo and policy.
+    pub element: Box<Step>,
 }
 
 /// The workflow a sub-workflow step runs as a child task.
@@ -118,6 +143,24 @@ impl Workflow {
                     .map(|s| (s, at))
             })
             .collect()
+    }
+
+    /// What element records of distributed forEach step `i` run: this workflow, with that
+    /// step's element step as its only step (no group, no pivot, no output). Its claims,
+    /// replies, retries, deadlines and undo are then a one-step task's.
+    pub fn element_view(&self, i: usize) -> Option<Workflow> {
+        let run = self.steps.get(i)?.run.as_ref()?;
+        let mut element = (*run.element).clone();
+        element.parent = None;
+        element.when = None;
+        Some(Workflow {
+            steps: vec![element],
+            groups: vec![],
+            pivot: None,
+            deadline: None,
+            output: None,
+            ..self.clone()
+        })
     }
 
     /// The first wait step for event `name`, if the workflow has one.

@@ -100,6 +100,10 @@ pub struct StepDoc {
     /// A singular JSONPath query selecting an array: the step runs once per element.
     pub for_each: Option<String>,
     pub max_concurrency: Option<u32>,
+    /// A forEach step whose elements each run as a record of their own (up to 10,000, from
+    /// the input, an earlier result or an S3 object), rather than in the task's record.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub distributed: bool,
     /// How many refused elements a forEach step tolerates: a count, or a share (`"10%"`).
     pub tolerated_refusals: Option<Value>,
     /// The cases of a choice: the first whose `when` holds runs.

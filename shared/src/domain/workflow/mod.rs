@@ -28,8 +28,8 @@ pub use super::problem::{DefinitionError, InputError, Problem};
 pub use compile::DEFAULT_CONCURRENCY;
 pub use definition::{
     Arm, CHILD_SERVICE, CHILD_TIMEOUT_HOURS, Child, ForEach, Group, GroupKind, MAX_BRANCHES,
-    MAX_CASES, MAX_CHILD_DEPTH, MAX_CONCURRENCY, MAX_DEPTH, MAX_ELEMENTS, MAX_STEPS, Step,
-    Tolerated, Undo, Wait, Workflow,
+    MAX_CASES, MAX_CHILD_DEPTH, MAX_CONCURRENCY, MAX_DEPTH, MAX_ELEMENTS, MAX_STEPS, RUN_SERVICE,
+    RUN_TIMEOUT_HOURS, RUN_UNDO_ACTION, RunDef, Step, Tolerated, Undo, Wait, Workflow,
 };
 pub use doc::{
     BranchDoc, CaseDoc, Document, Format, MAX_DEFINITION_BYTES, OtherwiseDoc, SCHEMA, StepDoc,
