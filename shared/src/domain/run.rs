@@ -62,6 +62,126 @@ impl ObjectLocation {
     }
 }
 
+/// The most bytes of a list a run reads (from its body or its S3 object).
+pub const MAX_LIST_BYTES: usize = 16 * 1024 * 1024;
+/// The most bytes of one element (serialized JSON): each element's record keeps it inline.
+pub const MAX_ELEMENT_BYTES: usize = 32 * 1024;
+
+/// Where a run's list is: the step's body itself, or an S3 object it names.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ListSource {
+    Inline(Vec<serde_json::Value>),
+    Object(ObjectLocation),
+}
+
+/// Why a list cannot run: the step is refused with this (its input is wrong, no retry helps).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ListError(pub String);
+
+impl ListSource {
+    /// The list a distributed forEach step's body names: an array, or a string holding an
+    /// `s3://` location.
+    pub fn of(body: serde_json::Value) -> Result<Self, ListError> {
+        match body {
+            serde_json::Value::Array(items) => {
+                check_elements(&items)?;
+                Ok(Self::Inline(items))
+            }
+            serde_json::Value::String(s) => ObjectLocation::parse(&s)
+                .map(Self::Object)
+                .map_err(ListError),
+            other => Err(ListError(format!(
+                "the forEach list is {}, not an array or an s3:// location",
+                kind(&other)
+            ))),
+        }
+    }
+}
+
+fn kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// Parses an S3 object's bytes as `location` says: a JSON array, or JSON Lines (one element
+/// per non-blank line), within the run's bounds.
+pub fn parse_list(
+    location: &ObjectLocation,
+    bytes: &[u8],
+) -> Result<Vec<serde_json::Value>, ListError> {
+    let at = || format!("s3://{}/{}", location.bucket, location.key);
+    if bytes.len() > MAX_LIST_BYTES {
+        return Err(ListError(format!(
+            "{} is {} bytes; a list is at most {MAX_LIST_BYTES}",
+            at(),
+            bytes.len()
+        )));
+    }
+    let items = if location.lines {
+        let text = std::str::from_utf8(bytes)
+            .map_err(|e| ListError(format!("{} is not UTF-8: {e}", at())))?;
+        let mut items = vec![];
+        for (n, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            if items.len() == MAX_RUN_ELEMENTS {
+                return Err(ListError(format!(
+                    "{} has over {MAX_RUN_ELEMENTS} lines; a distributed forEach takes at most {MAX_RUN_ELEMENTS} elements",
+                    at()
+                )));
+            }
+            items.push(
+                serde_json::from_str(line)
+                    .map_err(|e| ListError(format!("{} line {} is not JSON: {e}", at(), n + 1)))?,
+            );
+        }
+        items
+    } else {
+        match serde_json::from_slice(bytes) {
+            Ok(serde_json::Value::Array(items)) => items,
+            Ok(other) => {
+                return Err(ListError(format!(
+                    "{} holds {}, not a JSON array (name it .jsonl for JSON Lines)",
+                    at(),
+                    kind(&other)
+                )));
+            }
+            Err(e) => return Err(ListError(format!("{} is not JSON: {e}", at()))),
+        }
+    };
+    check_elements(&items)?;
+    Ok(items)
+}
+
+/// A list's bounds: at most [`MAX_RUN_ELEMENTS`] elements, each at most [`MAX_ELEMENT_BYTES`].
+fn check_elements(items: &[serde_json::Value]) -> Result<(), ListError> {
+    if items.len() > MAX_RUN_ELEMENTS {
+        return Err(ListError(format!(
+            "the list has {} elements; a distributed forEach takes at most {MAX_RUN_ELEMENTS}",
+            items.len()
+        )));
+    }
+    for (i, item) in items.iter().enumerate() {
+        let bytes = serde_json::to_vec(item)
+            .map(|b| b.len())
+            .unwrap_or(usize::MAX);
+        if bytes > MAX_ELEMENT_BYTES {
+            return Err(ListError(format!(
+                "element {i} is {bytes} bytes; an element is at most {MAX_ELEMENT_BYTES}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Where one element stands, as the run's ledger keeps it (one character each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mark {
@@ -654,6 +774,43 @@ mod tests {
         ] {
             assert!(ObjectLocation::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_list_is_an_array_or_an_object_of_json_or_json_lines() {
+        use serde_json::json;
+        assert_eq!(
+            ListSource::of(json!([1, {"a": 2}])),
+            Ok(ListSource::Inline(vec![json!(1), json!({"a": 2})]))
+        );
+        assert!(matches!(
+            ListSource::of(json!("s3://lists/n.jsonl")),
+            Ok(ListSource::Object(ObjectLocation { lines: true, .. }))
+        ));
+        let e = ListSource::of(json!({"items": []})).expect_err("an object");
+        assert!(e.0.contains("an object, not an array"), "{e}");
+        let e = ListSource::of(json!(vec![0; MAX_RUN_ELEMENTS + 1])).expect_err("too long");
+        assert!(e.0.contains("at most 10000"), "{e}");
+        let big = "x".repeat(MAX_ELEMENT_BYTES);
+        let e = ListSource::of(json!(["ok", big])).expect_err("too big");
+        assert!(e.0.starts_with("element 1 is"), "{e}");
+
+        let lines = ObjectLocation::parse("s3://lists/n.ndjson").expect("valid");
+        let items = parse_list(&lines, b"{\"id\": 1}\n\n  \n{\"id\": 2}\n").expect("two lines");
+        assert_eq!(items, vec![json!({"id": 1}), json!({"id": 2})]);
+        let e = parse_list(&lines, b"{\"id\": 1}\nnot json\n").expect_err("line 2");
+        assert!(e.0.contains("line 2 is not JSON"), "{e}");
+        let many = "1\n".repeat(MAX_RUN_ELEMENTS + 1);
+        assert!(parse_list(&lines, many.as_bytes()).is_err());
+        let array = ObjectLocation::parse("s3://lists/n.json").expect("valid");
+        assert_eq!(
+            parse_list(&array, b"[1, 2]").expect("array"),
+            vec![json!(1), json!(2)]
+        );
+        let e = parse_list(&array, b"{\"id\": 1}\n{\"id\": 2}\n").expect_err("lines in .json");
+        assert!(e.0.contains("is not JSON") || e.0.contains(".jsonl"), "{e}");
+        let e = parse_list(&array, b"{}").expect_err("an object");
+        assert!(e.0.contains("name it .jsonl"), "{e}");
     }
 
     #[test]
