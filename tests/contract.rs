@@ -76,6 +76,7 @@ async fn memory_queue_keeps_the_contract() {
             visibility_timeout: Duration::from_secs(1),
             max_receive_count: Some(2),
             dead_letter_url: Some(dlq.clone()),
+            fifo: false,
         },
     );
     contract::queue_contract(&q, &url, &dlq).await;

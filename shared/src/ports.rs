@@ -666,6 +666,14 @@ pub trait Queue: Send + Sync {
     /// Receives up to `ask.max` messages, waiting up to `ask.wait` for the first.
     async fn receive(&self, ask: ReceiveRequest<'_>) -> Result<Vec<ReceivedMessage>, QueueError>;
     async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError>;
+    /// Sends `message` to a FIFO queue, in its group, now (a FIFO queue has no per-message
+    /// delay). A queue that is not FIFO refuses it, as a FIFO queue refuses [`Queue::send`]
+    /// (SQS: `MessageGroupId` is for FIFO queues only, and required there). The caller passes a
+    /// group and a deduplication id that SQS takes: 1 to 128 characters of `A-Z a-z 0-9` and
+    /// ASCII punctuation (``!"#$%&'()*+,-./:;<=>?@[\]^_`{|}~``); any other is an error, never
+    /// rewritten (a hashed id would hide which run a group is). A send whose `dedup_id` was
+    /// sent within [`DEDUP_WINDOW`] is accepted and dropped: what makes a retried send safe.
+    async fn send_grouped(&self, message: GroupedMessage<'_>) -> Result<(), QueueError>;
     /// Copies a poison message to a dead-letter queue with the reason it can never be
     /// processed (SQS: the message attribute `sas-reason`; the body stays as it was, so it can
     /// be redriven). By default, a plain send.
@@ -693,6 +701,25 @@ impl<'a> ReceiveRequest<'a> {
         }
     }
 }
+
+/// A message for a FIFO queue: delivered in order within its `group`, one group's messages
+/// never in flight to two consumers at once, and a second send with the same `dedup_id` within
+/// [`DEDUP_WINDOW`] dropped ([`Queue::send_grouped`]). One consumer at a time per group is what
+/// lets each apply its messages to the group's shared item without racing another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupedMessage<'a> {
+    pub queue_url: &'a str,
+    /// SQS's `MessageGroupId`.
+    pub group: &'a str,
+    /// SQS's `MessageDeduplicationId`: the same id for a retry of the same message, another
+    /// for another message (the queue compares ids, never bodies).
+    pub dedup_id: &'a str,
+    pub body: &'a str,
+}
+
+/// How long a FIFO queue remembers a deduplication id ([`GroupedMessage::dedup_id`]): SQS's
+/// deduplication interval, 5 minutes. A retry later than that is delivered again.
+pub const DEDUP_WINDOW: Duration = Duration::from_secs(5 * 60);
 
 /// A poison message for the dead-letter queue `queue_url`: its `body`, as it was, and the
 /// `reason` it can never be processed.

@@ -486,10 +486,14 @@ impl Interceptor for Counter {
                 m.add(|c| c.rru += 1.0);
                 next.run(call).await
             }
-            // The queues: sends only (see the module's note).
+            // The queues: sends only (see the module's note). A grouped send (a FIFO queue's)
+            // is one `SendMessage` too, billed as a standard one.
             Call::Send {
                 queue_url, body, ..
-            } => {
+            }
+            | Call::SendGrouped(sas::ports::GroupedMessage {
+                queue_url, body, ..
+            }) => {
                 let role = self.roles.get(queue_url).copied().unwrap_or("client");
                 let chunks = body.len().div_ceil(64 * 1024).max(1) as u64;
                 m.add(|c| {

@@ -559,13 +559,16 @@ impl Faults {
         call: Call<'a>,
         next: Next<'a, R, E>,
     ) -> Result<R, E> {
-        let Call::Send {
-            queue_url,
-            body,
-            delay,
-        } = call
-        else {
-            return next.run(call).await;
+        // A grouped send (a FIFO queue's) meets the same faults but the delay: it has no
+        // delay of its own to stretch, and its order within its group is what it is sent for.
+        let (queue_url, body, delay) = match call {
+            Call::Send {
+                queue_url,
+                body,
+                delay,
+            } => (queue_url, body, Some(delay)),
+            Call::SendGrouped(message) => (message.queue_url, message.body, None),
+            _ => return next.run(call).await,
         };
         let role = self.roles.get(queue_url).copied().unwrap_or("client");
         let task = task_of(body);
@@ -591,31 +594,13 @@ impl Faults {
                 return Ok(sent);
             }
         }
-        let mut delay = delay;
-        if let Some(stall) = p.slow_work_queue
-            && role == "work"
-            && !stall.is_zero()
-        {
-            // Where the message lands in the stall cycle: inside a stall, it waits for its end.
-            let since = self.started.elapsed().saturating_sub(STALL_FROM);
-            let into = Duration::from_nanos((since.as_nanos() % (stall * 4).as_nanos()) as u64);
-            if self.started.elapsed() >= STALL_FROM && into < stall {
-                r.slowed.fetch_add(1, Ordering::Relaxed);
-                let spread =
-                    Duration::from_secs(1).mul_f64(seeded_unit(p.seed, &["burst", &task], n));
-                delay = delay.max(stall - into + spread);
-            }
-        }
-        if self.chaos.roll("delay", &task, n, p.delay_rate) {
-            r.delayed.fetch_add(1, Ordering::Relaxed);
-            delay += p
-                .max_extra_delay
-                .mul_f64(seeded_unit(p.seed, &["delay-by", &task], n));
-        }
-        let send = Call::Send {
-            queue_url,
-            body,
-            delay,
+        let send = match delay {
+            Some(delay) => Call::Send {
+                queue_url,
+                body,
+                delay: self.delay(role, &task, n, delay),
+            },
+            None => call,
         };
         let mut out = next.run(send).await?;
         if self.chaos.roll("duplicate", &task, n, p.duplicate_rate) {
@@ -627,6 +612,35 @@ impl Faults {
             return Err(E::unavailable(crashed(&point)));
         }
         Ok(out)
+    }
+
+    /// How long a plain send is held back: `delay`, stretched to the end of a work-queue
+    /// stall, and maybe by a random extra delay (which reorders messages).
+    fn delay(&self, role: &str, task: &str, n: u64, delay: Duration) -> Duration {
+        let r = &self.chaos.recorder;
+        let p = &self.chaos.plan;
+        let mut delay = delay;
+        if let Some(stall) = p.slow_work_queue
+            && role == "work"
+            && !stall.is_zero()
+        {
+            // Where the message lands in the stall cycle: inside a stall, it waits for its end.
+            let since = self.started.elapsed().saturating_sub(STALL_FROM);
+            let into = Duration::from_nanos((since.as_nanos() % (stall * 4).as_nanos()) as u64);
+            if self.started.elapsed() >= STALL_FROM && into < stall {
+                r.slowed.fetch_add(1, Ordering::Relaxed);
+                let spread =
+                    Duration::from_secs(1).mul_f64(seeded_unit(p.seed, &["burst", task], n));
+                delay = delay.max(stall - into + spread);
+            }
+        }
+        if self.chaos.roll("delay", task, n, p.delay_rate) {
+            r.delayed.fetch_add(1, Ordering::Relaxed);
+            delay += p
+                .max_extra_delay
+                .mul_f64(seeded_unit(p.seed, &["delay-by", task], n));
+        }
+        delay
     }
 }
 
@@ -671,7 +685,7 @@ impl Interceptor for Faults {
                 }
                 Ok(got)
             }
-            Call::Send { .. } => self.send(call, next).await,
+            Call::Send { .. } | Call::SendGrouped(_) => self.send(call, next).await,
             Call::Receive(_) => {
                 let got = next.run(call).await?;
                 let p = &self.chaos.plan;

@@ -16,8 +16,8 @@ use sas::domain::rate::Admission;
 use sas::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use sas::ports::{
     Breakers, Catalog, Count, CreateOutcome, CurrentRun, DefinitionRef, DueEntry, DueIndex,
-    DueQuery, Entry, EventBus, Guarded, InState, Kind, LeaseClaim, Leases, NewTask, Page, Paging,
-    Publication, PublishError, Published, Queue, QueueError, RateLimits, RateRequest,
+    DueQuery, Entry, EventBus, GroupedMessage, Guarded, InState, Kind, LeaseClaim, Leases, NewTask,
+    Page, Paging, Publication, PublishError, Published, Queue, QueueError, RateLimits, RateRequest,
     ReceiveRequest, ReceivedMessage, SlotAnswer, SlotRequest, Slots, StoreError, Stored, TaskLists,
     TaskStore,
 };
@@ -108,6 +108,7 @@ pub enum Call<'a> {
         body: &'a str,
         delay: Duration,
     },
+    SendGrouped(GroupedMessage<'a>),
     Receive(ReceiveRequest<'a>),
     Delete {
         queue_url: &'a str,
@@ -148,6 +149,7 @@ impl Call<'_> {
             Self::Definition { .. } => "definition",
             Self::Entries { .. } => "entries",
             Self::Send { .. } => "send",
+            Self::SendGrouped { .. } => "send_grouped",
             Self::Receive { .. } => "receive",
             Self::Delete { .. } => "delete",
             Self::PublishEvent { .. } => "publish_event",
@@ -424,6 +426,9 @@ impl<T: Queue + ?Sized, H: Interceptor> Queue for Intercepted<T, H> {
     async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
         forward!(self, Send { queue_url, body, delay } => send)
     }
+    async fn send_grouped(&self, message: GroupedMessage<'_>) -> Result<(), QueueError> {
+        forward!(self, SendGrouped(message) => send_grouped)
+    }
     async fn receive(&self, ask: ReceiveRequest<'_>) -> Result<Vec<ReceivedMessage>, QueueError> {
         forward!(self, Receive(ask) => receive)
     }
@@ -463,7 +468,7 @@ mod tests {
                     next.run(call).await?;
                     Err(E::unavailable("after: the answer was lost".into()))
                 }
-                Call::Send { .. } => {
+                Call::Send { .. } | Call::SendGrouped(_) => {
                     next.run(call).await?;
                     next.run(call).await
                 }
@@ -520,6 +525,33 @@ mod tests {
         assert!(
             matches!(&refused, Err(QueueError(m)) if m.contains("receive call on as delete")),
             "{refused:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_grouped_send_goes_through_the_hook_as_a_call_of_its_own() {
+        let queues = Arc::new(MemoryQueues::new());
+        let url = queues.create_queue(
+            "ends",
+            QueueConfig {
+                fifo: true,
+                ..QueueConfig::default()
+            },
+        );
+        let hook = Arc::new(Hook::default());
+        let queue = Intercepted::new(queues.clone(), hook.clone());
+        let message = GroupedMessage {
+            queue_url: &url,
+            group: "run-1",
+            dedup_id: "end-1",
+            body: "{}",
+        };
+        queue.send_grouped(message).await.expect("sent");
+        // The hook sent it twice; the FIFO queue dropped the second as a duplicate.
+        assert_eq!(queues.depth(&url).visible, 1);
+        assert_eq!(
+            hook.0.lock().map(|s| s.clone()).unwrap_or_default(),
+            ["send_grouped"]
         );
     }
 }

@@ -181,6 +181,7 @@ fn memory_queues(visibility: Duration) -> (Arc<MemoryQueues>, Arc<MemoryEventBus
                 visibility_timeout: visibility,
                 max_receive_count: Some(5),
                 dead_letter_url: Some(dlq.clone()),
+                fifo: false,
             },
         )
     };

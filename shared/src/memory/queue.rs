@@ -1,6 +1,8 @@
-use crate::ports::{Queue, QueueError, ReceiveRequest, ReceivedMessage};
+use crate::ports::{
+    DEDUP_WINDOW, GroupedMessage, Queue, QueueError, ReceiveRequest, ReceivedMessage,
+};
 use async_trait::async_trait;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -13,6 +15,10 @@ pub struct QueueConfig {
     /// After this many receives a message moves to `dead_letter_url` instead.
     pub max_receive_count: Option<u32>,
     pub dead_letter_url: Option<String>,
+    /// A FIFO queue ([`Queue::send_grouped`] only): delivered in order within a group, one
+    /// group's messages in flight to one consumer at a time, deduplicated. Its dead-letter
+    /// queue must be FIFO too, as SQS requires.
+    pub fifo: bool,
 }
 
 impl Default for QueueConfig {
@@ -21,13 +27,16 @@ impl Default for QueueConfig {
             visibility_timeout: Duration::from_secs(30),
             max_receive_count: None,
             dead_letter_url: None,
+            fifo: false,
         }
     }
 }
 
 /// Named queues with SQS standard-queue semantics: at-least-once delivery, a visibility
 /// timeout after which an undeleted message is delivered again, `DelaySeconds`, and redrive to
-/// a dead-letter queue after `max_receive_count` receives.
+/// a dead-letter queue after `max_receive_count` receives. And FIFO queues
+/// ([`QueueConfig::fifo`]) with SQS FIFO semantics: a group's messages in send order, none
+/// received while an earlier one of its group is in flight, and deduplication by id.
 #[derive(Debug, Default)]
 pub struct MemoryQueues {
     queues: Mutex<HashMap<String, MemQueue>>,
@@ -39,11 +48,36 @@ struct MemQueue {
     config: QueueConfig,
     messages: VecDeque<Message>,
     next_id: u64,
+    /// A FIFO queue's deduplication ids sent within [`DEDUP_WINDOW`], oldest first (sends come
+    /// in time order, so the expired ones are at the front), and the same ids for lookup.
+    dedup_order: VecDeque<(Instant, String)>,
+    dedup_ids: HashSet<String>,
+}
+
+impl MemQueue {
+    /// Whether `dedup_id` was sent within the window; if not, it is remembered from `now`.
+    fn seen(&mut self, dedup_id: &str, now: Instant) -> bool {
+        while let Some((at, _)) = self.dedup_order.front()
+            && now.duration_since(*at) >= DEDUP_WINDOW
+        {
+            if let Some((_, id)) = self.dedup_order.pop_front() {
+                self.dedup_ids.remove(&id);
+            }
+        }
+        if self.dedup_ids.contains(dedup_id) {
+            return true;
+        }
+        self.dedup_ids.insert(dedup_id.to_owned());
+        self.dedup_order.push_back((now, dedup_id.to_owned()));
+        false
+    }
 }
 
 #[derive(Debug)]
 struct Message {
     id: String,
+    /// Its FIFO group (`None` on a standard queue).
+    group: Option<String>,
     body: String,
     visible_at: Instant,
     receive_count: u32,
@@ -68,9 +102,17 @@ impl MemoryQueues {
             .map_err(|_| QueueError("memory queue lock poisoned".into()))
     }
 
-    /// Creates the queue (or keeps it if it exists) and returns its URL.
+    /// Creates the queue (or keeps it if it exists) and returns its URL. A FIFO queue's name
+    /// ends in `.fifo`, as SQS requires: the suffix is added to one that lacks it (callers use
+    /// the URL returned, never build it). A standard queue's name must not end in `.fifo` (SQS
+    /// refuses it); that is not checked here.
     pub fn create_queue(&self, name: &str, config: QueueConfig) -> String {
-        let url = format!("memory://sas/{name}");
+        let suffix = if config.fifo && !name.ends_with(FIFO_SUFFIX) {
+            FIFO_SUFFIX
+        } else {
+            ""
+        };
+        let url = format!("memory://sas/{name}{suffix}");
         if let Ok(mut q) = self.queues.lock() {
             q.entry(url.clone()).or_insert_with(|| MemQueue {
                 config,
@@ -104,12 +146,34 @@ impl MemoryQueues {
         body: String,
         visible_at: Instant,
     ) -> Result<(), QueueError> {
+        Self::push_to(queues, url, None, body, visible_at)
+    }
+
+    /// Appends a message to the queue at `url`, in `group` if it has one. Redrive comes here
+    /// too: a dead letter keeps its group, and is not deduplicated (SQS moves it as it is).
+    fn push_to(
+        queues: &mut HashMap<String, MemQueue>,
+        url: &str,
+        group: Option<String>,
+        body: String,
+        visible_at: Instant,
+    ) -> Result<(), QueueError> {
         let q = queues
             .get_mut(url)
             .ok_or_else(|| QueueError(format!("no such queue: {url}")))?;
+        if q.config.fifo != group.is_some() {
+            return Err(if q.config.fifo {
+                QueueError(format!(
+                    "MissingParameter: {url} is a FIFO queue: a message needs a MessageGroupId"
+                ))
+            } else {
+                not_fifo(url)
+            });
+        }
         q.next_id += 1;
         q.messages.push_back(Message {
             id: format!("{url}#{}", q.next_id),
+            group,
             body,
             visible_at,
             receive_count: 0,
@@ -121,15 +185,41 @@ impl MemoryQueues {
     fn take_visible(&self, url: &str, max: u32) -> Result<Vec<ReceivedMessage>, QueueError> {
         let now = Instant::now();
         let mut queues = self.lock()?;
+        let fifo = queues.get(url).map(|q| q.config.fifo);
+        let dead_letter_fifo = queues
+            .get(url)
+            .and_then(|q| q.config.dead_letter_url.as_ref())
+            .and_then(|dlq| queues.get(dlq))
+            .map(|dlq| dlq.config.fifo);
+        // SQS refuses such a redrive policy; here it is found before a message is moved, so
+        // none is lost on the way to a queue that cannot take it.
+        if let (Some(fifo), Some(dead_letter_fifo)) = (fifo, dead_letter_fifo)
+            && fifo != dead_letter_fifo
+        {
+            return Err(QueueError(format!(
+                "InvalidParameterValue: {url} and its dead-letter queue must both be FIFO or \
+                 both standard"
+            )));
+        }
         let q = queues
             .get_mut(url)
             .ok_or_else(|| QueueError(format!("no such queue: {url}")))?;
         let config = q.config.clone();
         let mut out = Vec::new();
         let mut dead = Vec::new();
+        // The groups of a FIFO queue that hold a message not visible (in flight): none of
+        // their later messages is delivered before it is deleted, or comes back first.
+        let mut held: HashSet<String> = HashSet::new();
         let mut i = 0;
         while i < q.messages.len() && out.len() < max as usize {
             let m = &mut q.messages[i];
+            if let Some(group) = &m.group
+                && (held.contains(group) || m.visible_at > now)
+            {
+                held.insert(group.clone());
+                i += 1;
+                continue;
+            }
             if m.visible_at > now {
                 i += 1;
                 continue;
@@ -138,7 +228,7 @@ impl MemoryQueues {
                 && m.receive_count >= limit
             {
                 if let Some(m) = q.messages.remove(i) {
-                    dead.push(m.body);
+                    dead.push((m.group, m.body));
                 }
                 continue;
             }
@@ -155,8 +245,8 @@ impl MemoryQueues {
             i += 1;
         }
         if let Some(dlq) = config.dead_letter_url {
-            for body in dead {
-                Self::push(&mut queues, &dlq, body, now)?;
+            for (group, body) in dead {
+                Self::push_to(&mut queues, &dlq, group, body, now)?;
             }
         }
         Ok(out)
@@ -166,18 +256,79 @@ impl MemoryQueues {
 /// The largest message SQS takes (256 KiB).
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 
+/// How a FIFO queue's name ends, in SQS.
+pub const FIFO_SUFFIX: &str = ".fifo";
+
+/// The longest FIFO group or deduplication id SQS takes.
+const MAX_FIFO_ID: usize = 128;
+
+/// What SQS answers a message with a group sent to a standard queue.
+fn not_fifo(url: &str) -> QueueError {
+    QueueError(format!(
+        "InvalidParameterValue: {url} is not a FIFO queue (MessageGroupId is for FIFO queues only)"
+    ))
+}
+
+/// SQS's bound on a message: a sender that relies on more fails here too.
+fn check_size(body: &str) -> Result<(), QueueError> {
+    if body.len() > MAX_MESSAGE_BYTES {
+        return Err(QueueError(format!(
+            "MessageTooLong: {} bytes (SQS takes at most {MAX_MESSAGE_BYTES})",
+            body.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A FIFO id (`what`: `MessageGroupId` or `MessageDeduplicationId`) as SQS takes it: 1 to 128
+/// of `A-Z a-z 0-9` and ASCII punctuation, which is every ASCII graphic character. Memory
+/// refuses the others too, so a caller that passes one fails here before it fails on SQS.
+fn check_fifo_id(what: &str, id: &str) -> Result<(), QueueError> {
+    if id.is_empty() || id.len() > MAX_FIFO_ID || !id.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(QueueError(format!(
+            "InvalidParameterValue: {what} {id:?} must be 1 to {MAX_FIFO_ID} characters of \
+             A-Z, a-z, 0-9 and ASCII punctuation"
+        )));
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl Queue for MemoryQueues {
     async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
-        // SQS's own bound on a message: a sender that relies on more fails here too.
-        if body.len() > MAX_MESSAGE_BYTES {
-            return Err(QueueError(format!(
-                "MessageTooLong: {} bytes (SQS takes at most {MAX_MESSAGE_BYTES})",
-                body.len()
-            )));
-        }
+        check_size(body)?;
         let visible_at = Instant::now() + delay;
         Self::push(&mut *self.lock()?, queue_url, body.to_owned(), visible_at)?;
+        self.arrived.notify_waiters();
+        Ok(())
+    }
+
+    async fn send_grouped(&self, message: GroupedMessage<'_>) -> Result<(), QueueError> {
+        check_size(message.body)?;
+        check_fifo_id("MessageGroupId", message.group)?;
+        check_fifo_id("MessageDeduplicationId", message.dedup_id)?;
+        let now = Instant::now();
+        {
+            let mut queues = self.lock()?;
+            let url = message.queue_url;
+            let q = queues
+                .get_mut(url)
+                .ok_or_else(|| QueueError(format!("no such queue: {url}")))?;
+            if !q.config.fifo {
+                return Err(not_fifo(url));
+            }
+            // Accepted and dropped, as SQS answers a duplicate: the sender cannot tell.
+            if q.seen(message.dedup_id, now) {
+                return Ok(());
+            }
+            Self::push_to(
+                &mut queues,
+                url,
+                Some(message.group.to_owned()),
+                message.body.to_owned(),
+                now,
+            )?;
+        }
         self.arrived.notify_waiters();
         Ok(())
     }
@@ -213,5 +364,149 @@ impl Queue for MemoryQueues {
             q.messages.remove(i);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grouped<'a>(url: &'a str, group: &'a str, dedup_id: &'a str) -> GroupedMessage<'a> {
+        GroupedMessage {
+            queue_url: url,
+            group,
+            dedup_id,
+            body: dedup_id,
+        }
+    }
+
+    fn fifo(max_receive_count: Option<u32>, dead_letter_url: Option<String>) -> QueueConfig {
+        QueueConfig {
+            visibility_timeout: Duration::from_millis(50),
+            max_receive_count,
+            dead_letter_url,
+            fifo: true,
+        }
+    }
+
+    async fn bodies(q: &MemoryQueues, url: &str) -> Vec<String> {
+        q.receive(ReceiveRequest::visible(url))
+            .await
+            .expect("receive")
+            .into_iter()
+            .map(|m| m.body)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_fifo_queue_takes_grouped_sends_only_and_a_standard_queue_plain_ones_only() {
+        let q = MemoryQueues::new();
+        let url = q.create_queue("ends", fifo(None, None));
+        assert!(url.ends_with(".fifo"), "{url}");
+        let standard = q.create_queue("work", QueueConfig::default());
+        let plain = q.send(&url, "x", Duration::ZERO).await;
+        assert!(
+            matches!(&plain, Err(QueueError(m)) if m.contains("FIFO")),
+            "{plain:?}"
+        );
+        let grouped_on_standard = q.send_grouped(grouped(&standard, "a", "1")).await;
+        assert!(
+            matches!(&grouped_on_standard, Err(QueueError(m)) if m.contains("not a FIFO")),
+            "{grouped_on_standard:?}"
+        );
+        assert_eq!(q.depth(&url), Depth::default());
+        assert_eq!(q.depth(&standard), Depth::default());
+    }
+
+    #[tokio::test]
+    async fn ids_sqs_refuses_are_refused_naming_them() {
+        let q = MemoryQueues::new();
+        let url = q.create_queue("ends.fifo", fifo(None, None));
+        let long = "r".repeat(MAX_FIFO_ID + 1);
+        for (group, dedup_id, named) in [
+            ("run 1", "1", "MessageGroupId \"run 1\""),
+            ("", "1", "MessageGroupId \"\""),
+            (long.as_str(), "1", "MessageGroupId \"rrr"),
+            ("run-1", "é", "MessageDeduplicationId \"é\""),
+        ] {
+            let refused = q.send_grouped(grouped(&url, group, dedup_id)).await;
+            assert!(
+                matches!(&refused, Err(QueueError(m)) if m.contains(named)),
+                "{refused:?}"
+            );
+        }
+        let fits = "r".repeat(MAX_FIFO_ID);
+        q.send_grouped(grouped(&url, &fits, "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"))
+            .await
+            .expect("every id SQS takes");
+        assert_eq!(q.depth(&url).visible, 1);
+    }
+
+    #[test]
+    fn a_dedup_id_is_forgotten_after_the_window() {
+        let mut q = MemQueue::default();
+        let t = Instant::now();
+        assert!(!q.seen("a", t));
+        assert!(q.seen("a", t + DEDUP_WINDOW - Duration::from_millis(1)));
+        assert!(!q.seen("b", t + Duration::from_secs(1)));
+        assert!(
+            !q.seen("a", t + DEDUP_WINDOW),
+            "forgotten once the window passed"
+        );
+        // Only what expired was dropped: `b` is still remembered, `a` from its new send.
+        assert!(q.seen("b", t + DEDUP_WINDOW));
+        assert_eq!(q.dedup_order.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_expired_receive_is_delivered_again_before_the_rest_of_its_group() {
+        let q = MemoryQueues::new();
+        let url = q.create_queue("ends", fifo(None, None));
+        for id in ["a1", "a2"] {
+            q.send_grouped(grouped(&url, "a", id)).await.expect("send");
+        }
+        let first = q
+            .receive(ReceiveRequest {
+                max: 1,
+                ..ReceiveRequest::visible(&url)
+            })
+            .await
+            .expect("receive");
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].body, "a1");
+        assert!(bodies(&q, &url).await.is_empty(), "a1 holds its group");
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        // Not deleted: a1 comes back, and a2 behind it in the same receive.
+        assert_eq!(bodies(&q, &url).await, ["a1", "a2"]);
+    }
+
+    #[tokio::test]
+    async fn a_fifo_queue_redrives_to_its_fifo_dead_letter_queue_keeping_the_group() {
+        let q = MemoryQueues::new();
+        let dlq = q.create_queue("dlq", fifo(None, None));
+        let url = q.create_queue("ends", fifo(Some(1), Some(dlq.clone())));
+        for id in ["a1", "a2"] {
+            q.send_grouped(grouped(&url, "a", id)).await.expect("send");
+        }
+        let got = q
+            .receive(ReceiveRequest {
+                max: 1,
+                ..ReceiveRequest::visible(&url)
+            })
+            .await
+            .expect("receive");
+        assert_eq!(got[0].body, "a1");
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        // a1 had its one receive: it moves to the DLQ, and its group goes on with a2.
+        assert_eq!(bodies(&q, &url).await, ["a2"]);
+        assert_eq!(bodies(&q, &dlq).await, ["a1"]);
+
+        let standard_dlq = q.create_queue("standard-dlq", QueueConfig::default());
+        let mismatched = q.create_queue("mismatched", fifo(Some(1), Some(standard_dlq)));
+        let refused = q.receive(ReceiveRequest::visible(&mismatched)).await;
+        assert!(
+            matches!(&refused, Err(QueueError(m)) if m.contains("both be FIFO")),
+            "{refused:?}"
+        );
     }
 }
