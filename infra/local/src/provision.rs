@@ -240,10 +240,57 @@ pub async fn create_queue(
     dead_letter_arn: Option<&str>,
     settings: QueueSettings,
 ) -> Result<String, ProvisionError> {
+    create(sqs, name, dead_letter_arn, settings, false).await
+}
+
+/// A FIFO queue and its dead-letter queue, as [`create_fifo_queue`] made them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FifoQueue {
+    pub url: String,
+    pub dead_letter_url: String,
+}
+
+/// Creates (or finds) the FIFO queue `name` and its FIFO dead-letter queue (`<stem>-dlq.fifo`;
+/// SQS redrives a FIFO queue only to a FIFO queue), with `settings`' visibility timeout and
+/// redrive. `name` must end in `.fifo`, as SQS requires. Deduplication is by the id each send
+/// passes ([`sas::ports::GroupedMessage::dedup_id`]), never by the body's hash: two ends with
+/// the same body are two messages.
+pub async fn create_fifo_queue(
+    sqs: &aws_sdk_sqs::Client,
+    name: &str,
+    settings: QueueSettings,
+) -> Result<FifoQueue, ProvisionError> {
+    let Some(stem) = name.strip_suffix(".fifo") else {
+        return Err(fail(
+            format!("queue {name}"),
+            "a FIFO queue's name must end in .fifo",
+        ));
+    };
+    let dead_letter_url = create(sqs, &format!("{stem}-dlq.fifo"), None, settings, true).await?;
+    let arn = queue_arn(sqs, &dead_letter_url).await?;
+    let url = create(sqs, name, Some(&arn), settings, true).await?;
+    Ok(FifoQueue {
+        url,
+        dead_letter_url,
+    })
+}
+
+async fn create(
+    sqs: &aws_sdk_sqs::Client,
+    name: &str,
+    dead_letter_arn: Option<&str>,
+    settings: QueueSettings,
+    fifo: bool,
+) -> Result<String, ProvisionError> {
     let mut req = sqs.create_queue().queue_name(name).attributes(
         QueueAttributeName::VisibilityTimeout,
         settings.visibility_timeout_secs.to_string(),
     );
+    if fifo {
+        req = req
+            .attributes(QueueAttributeName::FifoQueue, "true")
+            .attributes(QueueAttributeName::ContentBasedDeduplication, "false");
+    }
     if let Some(arn) = dead_letter_arn {
         req = req.attributes(
             QueueAttributeName::RedrivePolicy,
