@@ -6,9 +6,9 @@ use sas::domain::state::to_millis;
 use sas::domain::transition::{self, StepOutcome};
 use sas::domain::workflow::examples;
 use sas::ports::{
-    Catalog, CreateOutcome, CurrentRun, DefinitionRef, DueQuery, Entry, Guarded, IdempotencyRecord,
-    InState, Kind, LeaseClaim, NewTask, Paging, Publication, Published, Queue, RateRequest,
-    ReceiveRequest, StateStore, StoreError, Turn,
+    Catalog, CreateOutcome, CurrentRun, DefinitionRef, DueQuery, Entry, GroupedMessage, Guarded,
+    IdempotencyRecord, InState, Kind, LeaseClaim, NewTask, Paging, Publication, Published, Queue,
+    RateRequest, ReceiveRequest, ReceivedMessage, StateStore, StoreError, Turn,
 };
 use sas::{Caller, Policies, Policy, ProcessState, StateRecord, Task, TaskId, Workflow};
 use serde_json::{Value, json};
@@ -1429,6 +1429,134 @@ async fn receive_within(
         }
     }
     None
+}
+
+/// The FIFO queue contract ([`Queue::send_grouped`]). `url` must be a new FIFO queue with a
+/// visibility timeout of 10 s or more (no message comes back on its own while this runs).
+pub async fn fifo_queue_contract(queue: &dyn Queue, url: &str) {
+    // (a) A group's messages arrive in send order, each deleted as it comes (a later one may
+    // wait for an earlier one's delete).
+    for end in ["a1", "a2", "a3"] {
+        send_grouped(queue, url, "run-a", end, end).await;
+    }
+    assert_eq!(
+        take(queue, url, 3).await,
+        ["a1", "a2", "a3"],
+        "in send order"
+    );
+
+    // (b) While a message of group A is in flight, no later message of A is delivered, and
+    // group B's are.
+    for end in ["a4", "a5"] {
+        send_grouped(queue, url, "run-a", end, end).await;
+    }
+    let first = queue
+        .receive(ReceiveRequest {
+            queue_url: url,
+            max: 1,
+            wait: Duration::from_secs(1),
+        })
+        .await
+        .expect("receive");
+    assert_eq!(bodies(&first), ["a4"], "the group's first message");
+    for end in ["b1", "b2"] {
+        send_grouped(queue, url, "run-b", end, end).await;
+    }
+    assert_eq!(
+        take(queue, url, 2).await,
+        ["b1", "b2"],
+        "another group's messages, and none of the held group's"
+    );
+    let held = queue
+        .receive(ReceiveRequest {
+            queue_url: url,
+            max: 10,
+            wait: Duration::from_secs(1),
+        })
+        .await
+        .expect("receive");
+    assert!(
+        held.is_empty(),
+        "a5 waits while a4 is in flight: got {held:?}"
+    );
+
+    // (c) Once the message in flight is deleted, its group's next one arrives.
+    delete_all(queue, url, &first).await;
+    assert_eq!(take(queue, url, 1).await, ["a5"], "the group goes on");
+
+    // (d) A second send with a deduplication id sent before is dropped, whatever its body:
+    // the queue compares ids.
+    send_grouped(queue, url, "run-c", "c1", "c1").await;
+    send_grouped(queue, url, "run-c", "c1", "c1, sent again").await;
+    send_grouped(queue, url, "run-c", "c2", "c2").await;
+    assert_eq!(
+        take(queue, url, 2).await,
+        ["c1", "c2"],
+        "the duplicate is dropped"
+    );
+    assert_nothing_visible(queue, url, "after the duplicate").await;
+}
+
+/// Sends `dedup_id` again to `url` (a FIFO queue) after the message first sent with it was
+/// received and deleted, and returns what the queue then delivers. SQS remembers the id for
+/// [`sas::ports::DEDUP_WINDOW`] whether or not its message is gone: it delivers nothing.
+pub async fn resend_after_delete(queue: &dyn Queue, url: &str) -> Vec<String> {
+    send_grouped(queue, url, "run-d", "d1", "d1").await;
+    assert_eq!(take(queue, url, 1).await, ["d1"]);
+    send_grouped(queue, url, "run-d", "d1", "d1, retried late").await;
+    let again = queue
+        .receive(ReceiveRequest {
+            queue_url: url,
+            max: 10,
+            wait: Duration::from_secs(1),
+        })
+        .await
+        .expect("receive");
+    delete_all(queue, url, &again).await;
+    again.into_iter().map(|m| m.body).collect()
+}
+
+async fn send_grouped(queue: &dyn Queue, url: &str, group: &str, dedup_id: &str, body: &str) {
+    queue
+        .send_grouped(GroupedMessage {
+            queue_url: url,
+            group,
+            dedup_id,
+            body,
+        })
+        .await
+        .expect("grouped send");
+}
+
+/// Receives from `url` until `count` messages came (or 10 s passed), deleting each batch as it
+/// comes (a group's later message may wait for its earlier one's delete), and returns their
+/// bodies in the order received.
+async fn take(queue: &dyn Queue, url: &str, count: usize) -> Vec<String> {
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut taken = Vec::new();
+    while taken.len() < count && tokio::time::Instant::now() < until {
+        let got = queue
+            .receive(ReceiveRequest {
+                queue_url: url,
+                max: 10,
+                wait: Duration::from_secs(1),
+            })
+            .await
+            .expect("receive");
+        delete_all(queue, url, &got).await;
+        taken.extend(got.into_iter().map(|m| m.body));
+    }
+    taken
+}
+
+async fn delete_all(queue: &dyn Queue, url: &str, got: &[ReceivedMessage]) {
+    for m in got {
+        queue.delete(url, &m.receipt_handle).await.expect("delete");
+    }
+}
+
+fn bodies(got: &[ReceivedMessage]) -> Vec<&str> {
+    got.iter().map(|m| m.body.as_str()).collect()
 }
 
 /// Writes `b` as the next version of its breaker, which must land and read back.
