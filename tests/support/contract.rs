@@ -189,7 +189,52 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     a_task_is_forgotten_only_at_the_version_read(store.as_ref()).await;
     ties_in_the_state_index_page_once_each(store.as_ref()).await;
     schedule_turns_have_one_winner(store.clone()).await;
+    a_run_and_its_element_read_back(store.as_ref()).await;
     racing_claims_have_one_winner(store).await;
+}
+
+/// A distributed forEach's run keeps its ledger (one mark per element: 10,000 of them here)
+/// and an element keeps which run and task it belongs to: both read back as written.
+async fn a_run_and_its_element_read_back(store: &dyn StateStore) {
+    use sas::domain::run::Run;
+    use sas::domain::state::{ElementOf, ParentLink, RunState};
+    let now = to_millis(Utc::now());
+    let link = |element| ParentLink {
+        task_id: TaskId::new_random(),
+        step: "each".into(),
+        step_index: 2,
+        generation: 1,
+        reply_queue_url: "https://sqs.example/replies".into(),
+        depth: 1,
+        undo_attempt: Some(4),
+        released: false,
+        element,
+    };
+    let o = task(now);
+    let mut run = record(&o, now, Span::seconds(60));
+    run.parent = Some(link(None));
+    run.run = Some(RunState {
+        list: None,
+        ledger: Run {
+            total: 10_000,
+            max_concurrency: 1_000,
+            tolerated: 3,
+            undoable: true,
+            marks: format!("{}{}{}", "d".repeat(8_000), "f".repeat(1_000), "o".repeat(1_000)),
+            stop: None,
+        },
+    });
+    create_new(store, &o, &run).await;
+    assert_eq!(store.get_state(o.id).await.expect("read"), Some(run));
+    let e = task(now);
+    let mut element = record(&e, now, Span::seconds(60));
+    element.parent = Some(link(Some(ElementOf {
+        index: 9_999,
+        task_id: TaskId::new_random(),
+        step_index: 2,
+    })));
+    create_new(store, &e, &element).await;
+    assert_eq!(store.get_state(e.id).await.expect("read"), Some(element));
 }
 
 /// A write whose response was lost is retried by the SDK and fails its condition against its

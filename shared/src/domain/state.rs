@@ -366,12 +366,60 @@ pub struct StateRecord {
     /// A child task (a sub-workflow step's): the step of the parent it answers when it ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentLink>,
+    /// A distributed forEach's run: this record is the run, not a task (see [`RunState`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunState>,
     /// The due index's sort key: at or before [`StateRecord::due_at`] (so the sweep is never
     /// late), and kept across writes while the due time stays within [`DUE_KEY_SLACK`] after it
     /// (so a step done, whose next deadline is a little later, does not move the index entry:
     /// a delete and a put). The sweep may therefore find a record up to the slack early; it
     /// reads it and leaves it. `None` iff `due_at()` is.
     pub due_key: Option<DateTime<Utc>>,
+}
+
+impl StateRecord {
+    /// A run's record (see [`RunState`]): it answers a parent step, holds one step (the one its
+    /// elements run), and is held while its ledger has not ended, final once it has.
+    fn check_run(&self, run: &RunState) -> Result<(), Invariant> {
+        let bad = |m: String| Err(Invariant(format!("a run: {m}")));
+        run.ledger.check().map_err(|e| Invariant(e.to_string()))?;
+        if self.parent.as_ref().is_none_or(|p| p.element.is_some()) {
+            return bad("it answers no task's step".into());
+        }
+        if self.steps.len() != 1 || self.fanout.is_some() {
+            return bad(format!("{} steps", self.steps.len()));
+        }
+        let ended = run.ledger.ended().is_some();
+        match self.process_state {
+            ProcessState::Processing => {
+                if self.locked_by.as_deref() != Some(RUN_HOLDER) || self.complete_by.is_none() {
+                    return bad("running, but not held with a check due".into());
+                }
+                if ended {
+                    return bad(format!(
+                        "its ledger ended ({}), but it still runs",
+                        run.ledger
+                    ));
+                }
+            }
+            s if s.is_terminal() => {
+                if self.locked_by.is_some() || self.complete_by.is_some() {
+                    return bad(format!("{s}, but still held"));
+                }
+                // An ended run's ledger has ended, unless an operator closed it (Resolved).
+                if !ended && s != ProcessState::Resolved {
+                    return bad(format!("{s}, but its ledger runs ({})", run.ledger));
+                }
+            }
+            s => return bad(format!("{s}: a run only runs or ends")),
+        }
+        match (self.due_key, self.due_at()) {
+            (None, None) => {}
+            (Some(k), Some(d)) if k <= d => {}
+            (k, d) => return bad(format!("due key {k:?} for a record due {d:?}")),
+        }
+        Ok(())
+    }
 }
 
 /// How long after its purge a task with payloads keeps its items ([`StateRecord::expires_at`]):
@@ -507,7 +555,40 @@ pub struct ParentLink {
     /// runs (until then, a `Processed` child is kept, see [`StateRecord::held_by_parent`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub released: bool,
+    /// An element of a distributed forEach: `task_id` above is its run's record, which its end
+    /// goes to (through the ends queue), and this names the element and the task it runs for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub element: Option<ElementOf>,
 }
+
+/// Which element of which task's distributed forEach step a record runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ElementOf {
+    pub index: u32,
+    /// The task whose step it is: its mappings read that task's input and earlier results,
+    /// and its keys are made under that task's id.
+    pub task_id: TaskId,
+    pub step_index: usize,
+}
+
+/// A distributed forEach's run, kept in a record of its own (see [`super::run`]): held (locked
+/// by [`RUN_HOLDER`], due at its next recheck) while it runs, final once it has answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunState {
+    /// The list, kept once as JSON Lines (element `k` is line `k`), read as elements open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list: Option<super::payload::PayloadRef>,
+    pub ledger: super::run::Run,
+}
+
+/// Who holds a run's record while it runs: no scheduler claims it, and the supervisor, once
+/// its check is due, opens again what it has out ([`RUN_RECHECK`] later).
+pub const RUN_HOLDER: &str = "sas.forEach";
+/// How often a running run is checked: what it has out is opened (or undone) again, so a
+/// crash between its write and its effects delays an element by at most this long.
+pub const RUN_RECHECK: chrono::Duration = chrono::Duration::minutes(5);
 
 /// The step and generation a callback token names, read without checking its tag: for a
 /// token sas itself made and handed to itself (a sub-workflow step's, to its child).
@@ -613,6 +694,7 @@ impl StateRecord {
             payloads: false,
             purge_at: None,
             parent: None,
+            run: None,
             task_id,
             workflow: workflow.name.clone(),
             workflow_version: workflow.version,
@@ -936,6 +1018,9 @@ impl StateRecord {
         use ProcessState as P;
         use StepStatus as S;
         let bad = |m: String| Err(Invariant(m));
+        if let Some(run) = &self.run {
+            return self.check_run(run);
+        }
         let n = self.steps.len();
         if n == 0 {
             return bad("a record has at least one step".into());

@@ -96,6 +96,7 @@ pub async fn start_child(
                 depth: child.depth,
                 undo_attempt: None,
                 released: false,
+                element: None,
             },
         }),
     };

@@ -352,6 +352,12 @@ pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
     {
         item.insert("Parent".to_owned(), s(json));
     }
+    // A run's ledger (a distributed forEach): one byte per element opened.
+    if let Some(run) = &r.run
+        && let Ok(json) = serde_json::to_string(run)
+    {
+        item.insert("Run".to_owned(), s(json));
+    }
     // The sparse index: only records the supervisor must look at carry its keys.
     if let Some(due) = r.due_key {
         item.insert(
@@ -559,6 +565,12 @@ pub(super) fn record_of(
             .map(|json| {
                 serde_json::from_str(&json)
                     .map_err(|e| corrupt(format!("Parent is not a parent step: {e}")))
+            })
+            .transpose()?,
+        run: opt_s(item, "Run")
+            .map(|json| {
+                serde_json::from_str(&json)
+                    .map_err(|e| corrupt(format!("Run is not a run's ledger: {e}")))
             })
             .transpose()?,
         due_key: opt_n::<i64>(item, "DueAt")?.map(time).transpose()?,

@@ -18,6 +18,7 @@ mod operator;
 #[cfg(test)]
 mod properties;
 mod route;
+mod run;
 mod running;
 #[cfg(test)]
 mod testkit;
@@ -31,5 +32,6 @@ pub use operator::{
     stop_branches, undo_as_unit,
 };
 pub use route::{EachPlan, Linear, Parallel, Route, RouteError, Router, TaskRouter, elements};
+pub use run::{apply_ends, new_run, recheck, undo_run};
 pub use running::{apply_callback, apply_reply, claim, expire, notice_delivered, resumed};
 pub use waiting::{deliver, wake};

@@ -611,6 +611,7 @@ mod tests {
             depth: 1,
             undo_attempt: None,
             released: false,
+            element: None,
         });
         run_to(&mut r, 3, now, p);
         assert_eq!(r.process_state, ProcessState::Processed);
