@@ -18,6 +18,7 @@
 
 use crate::domain::payload::{MESSAGE_INLINE_BYTES, PayloadRef, is_inline};
 use crate::domain::rate::Admission;
+use crate::domain::run::ObjectLocation;
 use crate::domain::state::StepState;
 use crate::domain::transition::StepOutcome;
 use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
@@ -145,6 +146,16 @@ impl Payloads for Cached {
             c.forget(&r.key());
         }
         self.inner.delete(r).await
+    }
+
+    async fn read_object(
+        &self,
+        location: &ObjectLocation,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, PayloadError> {
+        // Not cached: a user's object is named by its location, not its bytes, and may be
+        // replaced under the same name; and a list is read once per run, not per message.
+        self.inner.read_object(location, max_bytes).await
     }
 }
 
@@ -380,7 +391,10 @@ fn parse(text: &str, r: &PayloadRef) -> Result<serde_json::Value, StoreError> {
 /// object is a corrupt task (never silently repaired); the rest as the payload store says.
 pub fn store_error(e: PayloadError) -> StoreError {
     match e {
-        PayloadError::NotFound(_) | PayloadError::Corrupt(_) => StoreError::Corrupt(e.to_string()),
+        // A payload of sas's own over its bound is as corrupt as a changed one.
+        PayloadError::NotFound(_) | PayloadError::Corrupt(_) | PayloadError::TooLarge { .. } => {
+            StoreError::Corrupt(e.to_string())
+        }
         PayloadError::Unavailable(m) => StoreError::Unavailable(m),
         PayloadError::Rejected(m) => StoreError::Rejected(m),
     }
@@ -559,7 +573,7 @@ mod tests {
                 .expect("lock")
                 .get(&r.key())
                 .cloned()
-                .ok_or_else(|| PayloadError::NotFound(r.key()))
+                .ok_or_else(|| PayloadError::NotFound(format!("payload {}", r.key())))
         }
         async fn delete_task(&self, task_id: TaskId) -> Result<usize, PayloadError> {
             let mut kept = self.kept.lock().expect("lock");
@@ -570,6 +584,14 @@ mod tests {
         async fn delete(&self, r: &PayloadRef) -> Result<(), PayloadError> {
             self.kept.lock().expect("lock").remove(&r.key());
             Ok(())
+        }
+        async fn read_object(
+            &self,
+            location: &ObjectLocation,
+            _max_bytes: usize,
+        ) -> Result<Vec<u8>, PayloadError> {
+            // These tests keep payloads only: no user's object is ever there.
+            Err(PayloadError::NotFound(format!("object {location}")))
         }
     }
 

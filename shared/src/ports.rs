@@ -2,6 +2,7 @@
 //! an in-memory one ([`crate::memory`]) that pass the same contract tests.
 
 use crate::domain::rate::{Admission, RateLimit};
+use crate::domain::run::ObjectLocation;
 use crate::domain::{
     BreakerRecord, Caller, Condition, PayloadRef, ProcessState, StateRecord, Task, TaskId,
 };
@@ -467,8 +468,10 @@ pub trait Catalog: Send + Sync {
 /// Why a payload could not be kept or read.
 #[derive(Debug, thiserror::Error)]
 pub enum PayloadError {
-    /// No object under the reference (never written, or its task's retention deleted it).
-    #[error("payload {0} not found")]
+    /// No object under the reference (never written, or its task's retention deleted it), or
+    /// no object or bucket where the user's location ([`Payloads::read_object`]) points. The
+    /// text names what is missing: `payload <key>`, `object s3://b/k`, or `bucket b`.
+    #[error("{0} not found")]
     NotFound(String),
     /// The object's bytes are not the ones its reference names: never silently used.
     #[error("payload {0} does not match its reference")]
@@ -479,6 +482,10 @@ pub enum PayloadError {
     /// The store refused the request in a way no retry changes (access denied, no bucket).
     #[error("the payload store rejected the request: {0}")]
     Rejected(String),
+    /// An object the user names ([`Payloads::read_object`]) is larger than its reader takes:
+    /// refused before it is read whole, so a huge list never fills a function's memory.
+    #[error("object {location} is over {max} bytes")]
+    TooLarge { location: String, max: usize },
 }
 
 /// Where payloads too large for a task's items are kept ([`PayloadRef`]): the stack's S3
@@ -499,6 +506,18 @@ pub trait Payloads: Send + Sync {
     /// caller's idempotency key or its schedule's turn was taken), which no purge would find.
     /// None there is no error.
     async fn delete(&self, r: &PayloadRef) -> Result<(), PayloadError>;
+    /// The bytes of an object the user names (a distributed forEach's list): any bucket the
+    /// deployment may read, not a payload of sas's own. Refuses an object over `max_bytes`
+    /// ([`PayloadError::TooLarge`]) without reading it whole. A missing object or bucket is
+    /// [`PayloadError::NotFound`] (its text says which), access denied is
+    /// [`PayloadError::Rejected`], a transient fault [`PayloadError::Unavailable`]. sas's own
+    /// payloads are never read this way: on S3 a location in the stack's bucket is `Rejected`
+    /// (it holds every caller's payloads); memory and files keep the two apart.
+    async fn read_object(
+        &self,
+        location: &ObjectLocation,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, PayloadError>;
 }
 
 /// Why the deployment's timer of a schedule could not be set or removed.

@@ -1,8 +1,10 @@
 //! The payload store of `sas-local --data DIR`: each payload a file under `DIR/payloads/`, its
 //! object name ([`PayloadRef::key`], `tasks/<task id>/<sha256>.json`) the relative path, as
-//! S3 keeps them in a stack's bucket.
+//! S3 keeps them in a stack's bucket. The objects users name (`s3://bucket/key`, a distributed
+//! forEach's list) are files under `DIR/objects/<bucket>/<key>`, apart from the payloads.
 
 use sas::domain::payload::MAX_PAYLOAD_BYTES;
+use sas::domain::run::ObjectLocation;
 use sas::domain::{PayloadRef, TaskId};
 use sas::ports::{PayloadError, Payloads};
 use std::io::{ErrorKind, Read, Write};
@@ -10,18 +12,23 @@ use std::path::{Path, PathBuf};
 
 /// The folder under the data folder the payloads are kept in.
 pub const PAYLOADS_DIR: &str = "payloads";
+/// The folder under the data folder the users' objects are kept in, a folder per bucket.
+pub const OBJECTS_DIR: &str = "objects";
 
 /// Payloads as files under a folder.
 #[derive(Debug, Clone)]
 pub struct FilePayloads {
     root: PathBuf,
+    objects: PathBuf,
 }
 
 impl FilePayloads {
-    /// The payloads under `data_dir/payloads` (made when the first is written).
+    /// The payloads under `data_dir/payloads` and the users' objects under `data_dir/objects`
+    /// (each made when its first file is written).
     pub fn under(data_dir: &Path) -> Self {
         Self {
             root: data_dir.join(PAYLOADS_DIR),
+            objects: data_dir.join(OBJECTS_DIR),
         }
     }
 
@@ -29,6 +36,43 @@ impl FilePayloads {
     pub fn path_of(&self, key: &str) -> PathBuf {
         self.root.join(key)
     }
+
+    /// Where the user's object `s3://bucket/key` is kept: `objects/<bucket>/<key>`, each
+    /// `/`-separated part of the key a folder or the file. A name that would not stay in its
+    /// bucket's folder (an absolute key, a `..` or `.` part) or that two keys would share (an
+    /// empty part: `a//b` is `a/b` on disk) is [`PayloadError::Rejected`].
+    pub fn object_path(&self, bucket: &str, key: &str) -> Result<PathBuf, PayloadError> {
+        let rejected = |why: &str| {
+            PayloadError::Rejected(format!(
+                "s3://{bucket}/{key}: {why}: no file of the local object store"
+            ))
+        };
+        let mut path = self.objects.clone();
+        if !plain_part(bucket) {
+            return Err(rejected("the bucket's name is not a plain folder name"));
+        }
+        path.push(bucket);
+        for part in key.split('/') {
+            if !plain_part(part) {
+                return Err(rejected("the key has an empty, `.` or `..` part"));
+            }
+            path.push(part);
+        }
+        Ok(path)
+    }
+
+    /// Places `bytes` as the user's object `s3://bucket/key` (a distributed forEach's list),
+    /// replacing one there, whole or not at all: how a test or `sas-local` gives a run its
+    /// list. Blocking file work, for setup.
+    pub fn put_object(&self, bucket: &str, key: &str, bytes: Vec<u8>) -> Result<(), PayloadError> {
+        write_whole(&self.object_path(bucket, key)?, &bytes)
+    }
+}
+
+/// Whether `part` names one file or folder inside its parent, and no other part does: not
+/// empty, not `.` or `..`, no separator, no NUL.
+fn plain_part(part: &str) -> bool {
+    !part.is_empty() && part != "." && part != ".." && !part.contains(['/', '\\', '\0'])
 }
 
 fn unavailable(what: &Path, e: std::io::Error) -> PayloadError {
@@ -73,7 +117,7 @@ fn read_bounded(path: &Path, key: &str) -> Result<Vec<u8>, PayloadError> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == ErrorKind::NotFound => {
-            return Err(PayloadError::NotFound(key.to_owned()));
+            return Err(PayloadError::NotFound(format!("payload {key}")));
         }
         Err(e) => return Err(unavailable(path, e)),
     };
@@ -85,6 +129,50 @@ fn read_bounded(path: &Path, key: &str) -> Result<Vec<u8>, PayloadError> {
         return Err(PayloadError::Corrupt(format!(
             "{key}: more than {MAX_PAYLOAD_BYTES} bytes"
         )));
+    }
+    Ok(body)
+}
+
+/// Reads the user's object at `path` (in its bucket's folder `bucket_dir`), at most
+/// `max_bytes`: over it, [`PayloadError::TooLarge`] on the file's length before it is read,
+/// or on the bytes read if it grew meanwhile.
+fn read_object_file(
+    path: &Path,
+    bucket_dir: &Path,
+    location: &ObjectLocation,
+    max_bytes: usize,
+) -> Result<Vec<u8>, PayloadError> {
+    let missing = || PayloadError::NotFound(format!("object {location}"));
+    let too_large = || PayloadError::TooLarge {
+        location: location.to_string(),
+        max: max_bytes,
+    };
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        // A part of the key is a file, not a folder: no object there either.
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+            return Err(if bucket_dir.is_dir() {
+                missing()
+            } else {
+                PayloadError::NotFound(format!("bucket {} (of {location})", location.bucket))
+            });
+        }
+        Err(e) => return Err(unavailable(path, e)),
+    };
+    let meta = file.metadata().map_err(|e| unavailable(path, e))?;
+    // A folder is a prefix of other keys, not an object.
+    if !meta.is_file() {
+        return Err(missing());
+    }
+    if meta.len() > max_bytes as u64 {
+        return Err(too_large());
+    }
+    let mut body = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(max_bytes));
+    file.take(max_bytes as u64 + 1)
+        .read_to_end(&mut body)
+        .map_err(|e| unavailable(path, e))?;
+    if body.len() > max_bytes {
+        return Err(too_large());
     }
     Ok(body)
 }
@@ -153,5 +241,79 @@ impl Payloads for FilePayloads {
             Err(e) => Err(unavailable(&path, e)),
         })
         .await
+    }
+
+    async fn read_object(
+        &self,
+        location: &ObjectLocation,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, PayloadError> {
+        let path = self.object_path(&location.bucket, &location.key)?;
+        let bucket_dir = self.objects.join(&location.bucket);
+        let location = location.clone();
+        blocking(move || read_object_file(&path, &bucket_dir, &location, max_bytes)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key that would leave its bucket's folder (into the payloads, or anywhere) is refused,
+    /// on a write and on a read, and nothing outside `objects/` is read or written.
+    #[tokio::test]
+    async fn a_key_that_escapes_its_bucket_is_rejected() {
+        let dir = tempfile::tempdir().expect("a folder");
+        let store = FilePayloads::under(dir.path());
+        // A file a `..` key would reach: `objects/lists/../../payloads/secret.json`.
+        let secret = dir.path().join(PAYLOADS_DIR).join("secret.json");
+        write_whole(&secret, b"[\"secret\"]").expect("written");
+        // The bucket's folder exists, so a `..` path would resolve if it were let through.
+        store
+            .put_object("lists", "list.json", b"[1]".to_vec())
+            .expect("placed");
+        for key in [
+            "../../payloads/secret.json",
+            "a/../../../payloads/secret.json",
+            "..",
+            "./list.json",
+            "a//list.json",
+            "/etc/passwd",
+        ] {
+            let location = ObjectLocation {
+                bucket: "lists".into(),
+                key: key.into(),
+                lines: false,
+            };
+            let read = store.read_object(&location, 1024).await;
+            assert!(
+                matches!(&read, Err(PayloadError::Rejected(_))),
+                "{key}: {read:?}"
+            );
+            let put = store.put_object("lists", key, b"[]".to_vec());
+            assert!(
+                matches!(&put, Err(PayloadError::Rejected(_))),
+                "{key}: {put:?}"
+            );
+        }
+        let placed: Vec<_> = std::fs::read_dir(dir.path().join(OBJECTS_DIR).join("lists"))
+            .expect("the bucket's folder")
+            .map(|e| e.expect("an entry").file_name())
+            .collect();
+        assert_eq!(placed, ["list.json"], "nothing else was written");
+        assert_eq!(
+            std::fs::read(&secret).expect("still there"),
+            b"[\"secret\"]"
+        );
+        // A bucket's name is one folder too.
+        let up = ObjectLocation {
+            bucket: "..".into(),
+            key: "payloads/secret.json".into(),
+            lines: false,
+        };
+        assert!(matches!(
+            store.read_object(&up, 1024).await,
+            Err(PayloadError::Rejected(_))
+        ));
     }
 }

@@ -1,7 +1,9 @@
 //! The payload store on S3: one object per payload, named by [`PayloadRef::key`] in the stack's
-//! bucket (`PAYLOAD_BUCKET`).
+//! bucket (`PAYLOAD_BUCKET`); and the objects users name in other buckets (a distributed
+//! forEach's list), read only.
 
 use crate::domain::payload::MAX_PAYLOAD_BYTES;
+use crate::domain::run::ObjectLocation;
 use crate::domain::{PayloadRef, TaskId};
 use crate::ports::{PayloadError, Payloads};
 use async_trait::async_trait;
@@ -96,6 +98,23 @@ pub fn s3_client(sdk: &aws_config::SdkConfig) -> aws_sdk_s3::Client {
     aws_sdk_s3::Client::from_conf(config)
 }
 
+/// A failed call on an object the user names as a [`PayloadError`]: as [`classify`], but a
+/// missing key or bucket is the user's location pointing nowhere ([`PayloadError::NotFound`],
+/// saying which), not a deployment without its bucket. Without `s3:ListBucket` on the bucket
+/// S3 answers a missing key as `AccessDenied`: [`PayloadError::Rejected`].
+fn classify_object<E>(location: &ObjectLocation, e: &SdkError<E, HttpResponse>) -> PayloadError
+where
+    E: std::error::Error + ProvideErrorMetadata + 'static,
+{
+    match e.as_service_error().and_then(|se| se.code()) {
+        Some("NoSuchKey") => PayloadError::NotFound(format!("object {location}")),
+        Some("NoSuchBucket") => {
+            PayloadError::NotFound(format!("bucket {} (of {location})", location.bucket))
+        }
+        _ => classify(&location.to_string(), e),
+    }
+}
+
 /// A failed call on `key` (or a prefix) as a [`PayloadError`].
 fn classify<E>(key: &str, e: &SdkError<E, HttpResponse>) -> PayloadError
 where
@@ -105,7 +124,7 @@ where
     let code = e.as_service_error().and_then(|se| se.code());
     let status = e.raw_response().map(|r| r.status().as_u16());
     match (code, status) {
-        (Some("NoSuchKey"), _) => PayloadError::NotFound(key.to_owned()),
+        (Some("NoSuchKey"), _) => PayloadError::NotFound(format!("payload {key}")),
         (Some(c), _) if RETRYABLE.contains(&c) => PayloadError::Unavailable(what()),
         (_, Some(408 | 429)) => PayloadError::Unavailable(what()),
         (_, Some(s)) if (400..500).contains(&s) => PayloadError::Rejected(what()),
@@ -227,5 +246,51 @@ impl Payloads for S3Payloads {
             .await
             .map_err(|e| classify(&key, &e))?;
         Ok(())
+    }
+
+    async fn read_object(
+        &self,
+        location: &ObjectLocation,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, PayloadError> {
+        // The stack's bucket holds every task's payloads: a location there would read another
+        // caller's data as a list. The user's objects are in buckets of their own.
+        if location.bucket == self.bucket {
+            return Err(PayloadError::Rejected(format!(
+                "{location}: the payload bucket holds no user's objects"
+            )));
+        }
+        let out = self
+            .client
+            .get_object()
+            .bucket(&location.bucket)
+            .key(&location.key)
+            .send()
+            .await
+            .map_err(|e| classify_object(location, &e))?;
+        let too_large = || PayloadError::TooLarge {
+            location: location.to_string(),
+            max: max_bytes,
+        };
+        // Refused on its length before a byte of the body is read.
+        let length = out.content_length();
+        if length.is_some_and(|n| u64::try_from(n).unwrap_or(0) > max_bytes as u64) {
+            return Err(too_large());
+        }
+        // The length may be missing (a chunked answer): the bytes collected are bounded too.
+        let expected = length.and_then(|n| usize::try_from(n).ok()).unwrap_or(0);
+        let mut body = Vec::with_capacity(expected.min(max_bytes));
+        let mut stream = out.body;
+        while let Some(chunk) = stream
+            .try_next()
+            .await
+            .map_err(|e| PayloadError::Unavailable(format!("{location}: reading: {e}")))?
+        {
+            if body.len() + chunk.len() > max_bytes {
+                return Err(too_large());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
     }
 }

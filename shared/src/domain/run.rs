@@ -182,6 +182,13 @@ fn check_elements(items: &[serde_json::Value]) -> Result<(), ListError> {
     Ok(())
 }
 
+/// As the user wrote it: `s3://bucket/key`.
+impl fmt::Display for ObjectLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "s3://{}/{}", self.bucket, self.key)
+    }
+}
+
 /// Where one element stands, as the run's ledger keeps it (one character each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mark {
@@ -759,6 +766,7 @@ mod tests {
         assert_eq!(l.bucket, "nightly-runs");
         assert_eq!(l.key, "2026/11/invoices.jsonl");
         assert!(l.lines);
+        assert_eq!(l.to_string(), "s3://nightly-runs/2026/11/invoices.jsonl");
         assert!(
             !ObjectLocation::parse("s3://b-1/list.json")
                 .expect("valid")

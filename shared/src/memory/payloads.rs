@@ -1,3 +1,4 @@
+use crate::domain::run::ObjectLocation;
 use crate::domain::{PayloadRef, TaskId};
 use crate::ports::{PayloadError, Payloads};
 use async_trait::async_trait;
@@ -6,10 +7,14 @@ use std::sync::{Mutex, MutexGuard};
 
 /// Payloads kept in memory, by object name ([`PayloadRef::key`]), as S3 keeps them in the
 /// stack's bucket: `get` checks what it reads against its reference, `delete_task` removes
-/// every object under the task's prefix.
+/// every object under the task's prefix. Beside them, in a map of their own, the objects users
+/// name ([`MemoryPayloads::put_object`], read by [`Payloads::read_object`]): a user's key never
+/// names a payload, and a task's retention never deletes a user's object.
 #[derive(Debug, Default)]
 pub struct MemoryPayloads {
     objects: Mutex<BTreeMap<String, Vec<u8>>>,
+    /// The users' objects, by bucket and key.
+    user_objects: Mutex<BTreeMap<(String, String), Vec<u8>>>,
 }
 
 impl MemoryPayloads {
@@ -29,6 +34,14 @@ impl MemoryPayloads {
     pub fn overwrite(&self, key: &str, bytes: Vec<u8>) {
         if let Ok(mut o) = self.objects.lock() {
             o.insert(key.to_owned(), bytes);
+        }
+    }
+
+    /// Places `bytes` as the user's object `s3://bucket/key` (a distributed forEach's list),
+    /// replacing one there: how a test or `sas-local` gives a run its list.
+    pub fn put_object(&self, bucket: &str, key: &str, bytes: Vec<u8>) {
+        if let Ok(mut o) = self.user_objects.lock() {
+            o.insert((bucket.to_owned(), key.to_owned()), bytes);
         }
     }
 
@@ -57,7 +70,7 @@ impl Payloads for MemoryPayloads {
             .objects()?
             .get(&key)
             .cloned()
-            .ok_or_else(|| PayloadError::NotFound(key.clone()))?;
+            .ok_or_else(|| PayloadError::NotFound(format!("payload {key}")))?;
         if r.matches(&body) {
             Ok(body)
         } else {
@@ -76,5 +89,32 @@ impl Payloads for MemoryPayloads {
     async fn delete(&self, r: &PayloadRef) -> Result<(), PayloadError> {
         self.objects()?.remove(&r.key());
         Ok(())
+    }
+
+    async fn read_object(
+        &self,
+        location: &ObjectLocation,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, PayloadError> {
+        let objects = self
+            .user_objects
+            .lock()
+            .map_err(|_| PayloadError::Unavailable("memory objects lock poisoned".into()))?;
+        if !objects.keys().any(|(b, _)| *b == location.bucket) {
+            return Err(PayloadError::NotFound(format!(
+                "bucket {} (of {location})",
+                location.bucket
+            )));
+        }
+        let body = objects
+            .get(&(location.bucket.clone(), location.key.clone()))
+            .ok_or_else(|| PayloadError::NotFound(format!("object {location}")))?;
+        if body.len() > max_bytes {
+            return Err(PayloadError::TooLarge {
+                location: location.to_string(),
+                max: max_bytes,
+            });
+        }
+        Ok(body.clone())
     }
 }
