@@ -2,13 +2,17 @@
 //! files of `sas-local --data` and S3 on the emulator must behave the same: what is put is got
 //! back byte for byte, named by its task and its bytes; an unknown reference is `NotFound`; an
 //! object changed behind the store's back is `Corrupt`, never returned; a task's retention
-//! deletes exactly its objects, however many.
+//! deletes exactly its objects, however many. And the objects users name (`s3://bucket/key`,
+//! a distributed forEach's list), read through the same store: byte for byte up to the
+//! reader's bound, `TooLarge` past it, `NotFound` for a missing key or bucket, and apart from
+//! the payloads.
 
 use futures::StreamExt;
 use sas::TaskId;
 use sas::aws::S3Payloads;
 use sas::domain::PayloadRef;
 use sas::domain::payload::MAX_PAYLOAD_BYTES;
+use sas::domain::run::ObjectLocation;
 use sas::memory::MemoryPayloads;
 use sas::ports::{PayloadError, Payloads};
 use sas_blackbox::{sdk_config, unique};
@@ -141,6 +145,132 @@ async fn payloads_contract(store: &dyn Payloads, tamper: impl AsyncFn(&str, Vec<
     assert_eq!(store.delete_task(b).await.expect("delete b"), 4);
 }
 
+/// `s3://bucket/key`, parsed as a forEach's `items` would be.
+fn at(bucket: &str, key: &str) -> ObjectLocation {
+    ObjectLocation::parse(&format!("s3://{bucket}/{key}")).expect("a location")
+}
+
+/// The contract of [`Payloads::read_object`]. `place(bucket, key, bytes)` puts the user's
+/// object `s3://bucket/key` as the user would; `bucket` is one it may place in, `missing` a
+/// bucket that does not exist.
+async fn read_object_contract(
+    store: &dyn Payloads,
+    place: impl AsyncFn(&str, &str, Vec<u8>),
+    bucket: &str,
+    missing: &str,
+) {
+    // Byte for byte: a JSON array, JSON Lines under a nested key, every byte value, nothing.
+    let every_byte: Vec<u8> = (0..=255u8).cycle().take(1024).collect();
+    let cases = [
+        ("list.json", b"[{\"id\":1},{\"id\":2}]".to_vec()),
+        (
+            "2026/11/invoices.jsonl",
+            b"{\"id\":1}\n{\"id\":2}\n".to_vec(),
+        ),
+        ("binary", every_byte),
+        ("empty.json", vec![]),
+    ];
+    for (key, body) in &cases {
+        place(bucket, key, body.clone()).await;
+    }
+    for (key, body) in &cases {
+        let got = store
+            .read_object(&at(bucket, key), 1024 * 1024)
+            .await
+            .expect("read");
+        assert!(got == *body, "{key}: {} bytes as placed", body.len());
+    }
+
+    // The bound: exactly `max_bytes` is read, one byte over is refused and names the object.
+    let list = bytes(4096, 3);
+    place(bucket, "bounded.json", list.clone()).await;
+    let exact = store.read_object(&at(bucket, "bounded.json"), 4096).await;
+    assert!(
+        exact.as_ref().is_ok_and(|b| *b == list),
+        "exactly the bound is read: {:?}",
+        exact.map(|b| b.len())
+    );
+    let over = store.read_object(&at(bucket, "bounded.json"), 4095).await;
+    match &over {
+        Err(e @ PayloadError::TooLarge { location, max }) => {
+            assert_eq!(
+                (location.as_str(), *max),
+                (format!("s3://{bucket}/bounded.json").as_str(), 4095)
+            );
+            assert_eq!(
+                e.to_string(),
+                format!("object s3://{bucket}/bounded.json is over 4095 bytes")
+            );
+        }
+        other => panic!(
+            "one byte over the bound: TooLarge, not {:?}",
+            other.as_ref().map(|b| b.len())
+        ),
+    }
+    let empty = store.read_object(&at(bucket, "empty.json"), 0).await;
+    assert!(
+        empty.is_ok_and(|b| b.is_empty()),
+        "nothing is within a bound of 0"
+    );
+    // Far over (5 MiB against 1 MiB): refused the same.
+    place(bucket, "huge.json", bytes(5 * 1024 * 1024, 9)).await;
+    let huge = store
+        .read_object(&at(bucket, "huge.json"), 1024 * 1024)
+        .await;
+    assert!(
+        matches!(huge, Err(PayloadError::TooLarge { max: 1_048_576, .. })),
+        "{:?}",
+        huge.map(|b| b.len())
+    );
+
+    // Missing: a key never placed, a prefix of placed keys, a bucket that is not there.
+    for key in ["never.json", "2026/11", "2026"] {
+        let got = store.read_object(&at(bucket, key), 1024).await;
+        match &got {
+            Err(PayloadError::NotFound(what)) => {
+                assert_eq!(*what, format!("object s3://{bucket}/{key}"));
+            }
+            other => panic!("{key}: NotFound, not {other:?}"),
+        }
+    }
+    let got = store.read_object(&at(missing, "list.json"), 1024).await;
+    assert!(
+        matches!(&got, Err(PayloadError::NotFound(what)) if what.starts_with(&format!("bucket {missing}"))),
+        "a missing bucket is NotFound and says so: {got:?}"
+    );
+
+    // Apart from the payloads: an object under a payload's very name is not that payload, and
+    // the task's retention leaves it.
+    let task = TaskId::new_random();
+    let payload = b"{\"payload\":true}".to_vec();
+    let r = store.put(task, &payload).await.expect("put");
+    place(bucket, &r.key(), b"[\"user\"]".to_vec()).await;
+    assert_eq!(store.get(&r).await.expect("get"), payload);
+    assert_eq!(
+        store
+            .read_object(&at(bucket, &r.key()), 1024)
+            .await
+            .expect("read"),
+        b"[\"user\"]"
+    );
+    assert_eq!(store.delete_task(task).await.expect("deleted"), 1);
+    assert_eq!(
+        store
+            .read_object(&at(bucket, &r.key()), 1024)
+            .await
+            .expect("still there"),
+        b"[\"user\"]",
+        "a task's retention deletes no user's object"
+    );
+    // And a payload's name in a bucket is no payload: nothing placed there, nothing read.
+    let unplaced = store.put(task, b"{}").await.expect("put");
+    assert!(matches!(
+        store.read_object(&at(bucket, &unplaced.key()), 1024).await,
+        Err(PayloadError::NotFound(_))
+    ));
+    store.delete_task(task).await.expect("deleted");
+}
+
 /// Over S3's 1000 keys a call (a listing's page, a `DeleteObjects`).
 const MANY: usize = 1100;
 
@@ -148,6 +278,28 @@ const MANY: usize = 1100;
 async fn memory_payloads_keep_the_contract() {
     let store = MemoryPayloads::new();
     payloads_contract(&store, async |key, bytes| store.overwrite(key, bytes), MANY).await;
+}
+
+#[tokio::test]
+async fn memory_objects_keep_the_contract() {
+    let store = MemoryPayloads::new();
+    let place =
+        async |bucket: &str, key: &str, bytes: Vec<u8>| store.put_object(bucket, key, bytes);
+    read_object_contract(&store, place, "lists", "no-such-bucket").await;
+}
+
+#[tokio::test]
+async fn file_objects_keep_the_contract() {
+    let dir = tempfile::tempdir().expect("a folder");
+    let store = FilePayloads::under(dir.path());
+    let place = async |bucket: &str, key: &str, bytes: Vec<u8>| {
+        store.put_object(bucket, key, bytes).expect("placed")
+    };
+    read_object_contract(&store, place, "lists", "no-such-bucket").await;
+    assert!(
+        dir.path().join("objects/lists/list.json").is_file(),
+        "the users' objects are kept apart, under objects/<bucket>/<key>"
+    );
 }
 
 #[tokio::test]
@@ -198,6 +350,38 @@ async fn s3_payloads_keep_the_contract() {
             .expect("tampered");
     };
     payloads_contract(&store, tamper, MANY).await;
+}
+
+/// On the emulator: the user's objects in a bucket of their own (made by the test, as a user
+/// would have one), read through the payload store of another bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_objects_keep_the_contract() {
+    let config = sdk_config().await;
+    let client = sas::aws::s3_client(&config);
+    let (payloads, lists) = (unique("payloads"), unique("lists"));
+    for b in [&payloads, &lists] {
+        provision::create_bucket(&client, b).await.expect("bucket");
+    }
+    let store = S3Payloads::from_config(&config, &payloads);
+    let place = async |bucket: &str, key: &str, bytes: Vec<u8>| {
+        client
+            .put_object()
+            .bucket(bucket)
+            .key(key)
+            .body(bytes.into())
+            .send()
+            .await
+            .expect("placed");
+    };
+    read_object_contract(&store, place, &lists, &unique("missing")).await;
+
+    // The stack's own bucket holds every task's payloads: never read as a user's list.
+    let r = store
+        .put(TaskId::new_random(), b"[1,2,3]")
+        .await
+        .expect("put");
+    let own = store.read_object(&at(&payloads, &r.key()), 1024).await;
+    assert!(matches!(own, Err(PayloadError::Rejected(_))), "{own:?}");
 }
 
 /// A missing bucket is no retry's business: `Rejected`, not `Unavailable` or `NotFound`.
