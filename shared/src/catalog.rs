@@ -36,6 +36,8 @@ pub struct Definitions {
     ttl: chrono::Duration,
     /// What publishing a service must also satisfy here.
     rules: ServiceRules,
+    /// The deployment has an ends queue: a distributed forEach can run here.
+    runs: bool,
     versions: Mutex<HashMap<(String, u32), Arc<Workflow>>>,
     latest: Mutex<HashMap<String, (DateTime<Utc>, u32)>>,
     services: Mutex<Option<(DateTime<Utc>, Services)>>,
@@ -57,10 +59,18 @@ impl Definitions {
             clock,
             ttl,
             rules: ServiceRules::local(),
+            runs: false,
             versions: Mutex::new(HashMap::new()),
             latest: Mutex::new(HashMap::new()),
             services: Mutex::new(None),
         }
+    }
+
+    /// The same catalog, publishing distributed forEach steps (`runs`: the deployment has an
+    /// ends queue, `ENDS_QUEUE_URL`) or refusing them.
+    pub fn with_runs(mut self, runs: bool) -> Self {
+        self.runs = runs;
+        self
     }
 
     /// The same catalog, publishing services under `rules`.
@@ -169,7 +179,9 @@ impl Definitions {
     ) -> Result<(Published, Arc<Workflow>), CatalogError> {
         let known: BTreeSet<String> = self.services_now().await?.keys().cloned().collect();
         let w = Workflow::from_value(value, Some(&known), &self.policy)?;
-        not_yet_runnable(&w)?;
+        if !self.runs {
+            no_runs_here(&w)?;
+        }
         self.check_children(&w).await?;
         let body = serde_json::to_value(&w.doc)
             .map_err(|e| DefinitionError::one(String::new(), e.to_string()))?;
@@ -497,10 +509,9 @@ pub fn example_files() -> Vec<(String, String)> {
     ]
 }
 
-/// Refuses what this version validates but cannot run yet: a distributed forEach step (its
-/// definition compiles and its ledger is built, the functions that run it are not). Removed
-/// with the runner.
-fn not_yet_runnable(w: &Workflow) -> Result<(), DefinitionError> {
+/// Refuses a distributed forEach step in a deployment without an ends queue, where its
+/// elements could not answer their run.
+fn no_runs_here(w: &Workflow) -> Result<(), DefinitionError> {
     let problems: Vec<workflow::Problem> = w
         .steps
         .iter()
@@ -508,7 +519,7 @@ fn not_yet_runnable(w: &Workflow) -> Result<(), DefinitionError> {
         .map(|s| workflow::Problem {
             at: String::new(),
             message: format!(
-                "step {:?} is a distributed forEach, which this version does not run yet: remove `distributed` (up to {} elements run in the task's record)",
+                "step {:?} is a distributed forEach, which this deployment cannot run (it has no ends queue, ENDS_QUEUE_URL): remove `distributed` (up to {} elements run in the task's record)",
                 s.name,
                 workflow::MAX_ELEMENTS
             ),
@@ -606,10 +617,10 @@ mod tests {
         assert!(loan.is_some(), "the good files are published");
     }
 
-    /// A distributed forEach validates, but this version does not run it: publishing refuses
+    /// A deployment without an ends queue cannot run a distributed forEach: publishing refuses
     /// it, naming the step, rather than storing a workflow whose tasks would fail.
     #[tokio::test]
-    async fn a_distributed_for_each_is_refused_until_it_runs() {
+    async fn a_distributed_for_each_is_refused_where_it_cannot_run() {
         let d = definitions(ServiceRules::local());
         publish_files(&d, &example_files())
             .await

@@ -282,12 +282,12 @@ pub fn definitions(
 ) -> Result<crate::catalog::Definitions, ConfigError> {
     let ttl = catalog_ttl_in(&Vars::Process, chrono::Duration::seconds(5))?;
     Ok(
-        crate::catalog::Definitions::new(store, policy()?, clock, ttl).with_service_rules(
-            crate::domain::workflow::ServiceRules {
+        crate::catalog::Definitions::new(store, policy()?, clock, ttl)
+            .with_service_rules(crate::domain::workflow::ServiceRules {
                 local_hosts: false,
                 secrets_prefix: optional("SECRETS_PREFIX"),
-            },
-        ),
+            })
+            .with_runs(optional("ENDS_QUEUE_URL").is_some()),
     )
 }
 
@@ -327,6 +327,7 @@ pub fn task_ports(sdk: &aws_config::SdkConfig) -> Result<crate::handlers::TaskPo
         clock,
         work_queue_url: required("WORK_QUEUE_URL")?,
         payloads,
+        ends_queue_url: optional("ENDS_QUEUE_URL"),
     })
 }
 

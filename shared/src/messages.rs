@@ -16,6 +16,17 @@ pub enum SchedulerMessage {
     /// A schedule's run: sent by EventBridge Scheduler (the schedule's target input) or by
     /// `sas-local`'s timetable.
     Scheduled(ScheduledRun),
+    /// Elements of a distributed forEach ended: their run applies them (the ends queue, FIFO,
+    /// grouped by run, so one run's ends are applied one batch at a time).
+    Ended(ElementsEnded),
+}
+
+/// Elements' ends, for their run's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ElementsEnded {
+    pub run_id: TaskId,
+    pub ends: Vec<crate::domain::run::ElementEnd>,
 }
 
 /// One run of a schedule: `{"type": "scheduled", "schedule": NAME, "at": TIME}`, `at` the run's

@@ -220,7 +220,12 @@ async fn a_run_and_its_element_read_back(store: &dyn StateStore) {
             max_concurrency: 1_000,
             tolerated: 3,
             undoable: true,
-            marks: format!("{}{}{}", "d".repeat(8_000), "f".repeat(1_000), "o".repeat(1_000)),
+            marks: format!(
+                "{}{}{}",
+                "d".repeat(8_000),
+                "f".repeat(1_000),
+                "o".repeat(1_000)
+            ),
             stop: None,
         },
     });

@@ -596,6 +596,7 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
         agent_dead_letter_url,
         bus_name,
         payload_bucket,
+        ends_queue_url: None,
     };
     // The schedule group the operator function sets schedules in.
     let group_id = Template::ref_of(t.env("OperatorFunction", "SCHEDULE_GROUP"));

@@ -42,11 +42,14 @@ pub struct Resources {
     pub bus_name: String,
     /// The bucket payloads too large for a task's items are kept in (`PAYLOAD_BUCKET`).
     pub payload_bucket: String,
+    /// The ends queue (FIFO) a distributed forEach's elements end through (`ENDS_QUEUE_URL`);
+    /// `None`: none (the deployment runs no distributed forEach).
+    pub ends_queue_url: Option<String>,
 }
 
 impl Resources {
     /// Every queue URL of the deployment with its role: `work`, `replies`, `timers`, `agent` or
-    /// `dlq`. (Any other URL a task names is a client's reply queue.)
+    /// `dlq` (and `ends`). (Any other URL a task names is a client's reply queue.)
     pub fn queue_roles(&self) -> std::collections::BTreeMap<String, &'static str> {
         let mut roles = std::collections::BTreeMap::from([
             (self.work_queue_url.clone(), "work"),
@@ -57,6 +60,9 @@ impl Resources {
         roles.insert(self.agent_queue_url.clone(), "agent");
         if let Some(url) = &self.agent_dead_letter_url {
             roles.insert(url.clone(), "dlq");
+        }
+        if let Some(url) = &self.ends_queue_url {
+            roles.insert(url.clone(), "ends");
         }
         roles
     }
@@ -118,6 +124,11 @@ pub async fn provision(
         agent_dead_letter_url: None,
         bus_name,
         payload_bucket,
+        ends_queue_url: Some(
+            create_fifo_queue(&sqs, &format!("{prefix}-ends.fifo"), settings)
+                .await?
+                .url,
+        ),
     })
 }
 

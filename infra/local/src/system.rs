@@ -195,6 +195,21 @@ fn memory_queues(visibility: Duration) -> (Arc<MemoryQueues>, Arc<MemoryEventBus
         agent_dead_letter_url: None,
         bus_name: "memory".into(),
         payload_bucket: "memory".into(),
+        ends_queue_url: Some(queues.create_queue(
+            "ends.fifo",
+            QueueConfig {
+                visibility_timeout: visibility,
+                max_receive_count: Some(5),
+                dead_letter_url: Some(queues.create_queue(
+                    "ends-dlq.fifo",
+                    QueueConfig {
+                        fifo: true,
+                        ..QueueConfig::default()
+                    },
+                )),
+                fifo: true,
+            },
+        )),
     };
     (queues, events, resources)
 }
@@ -634,12 +649,15 @@ impl System {
             payloads.clone(),
             clock.clone(),
         ));
-        let definitions = Arc::new(Definitions::new(
-            catalog,
-            settings.policy.clone(),
-            clock.clone(),
-            settings.catalog_ttl,
-        ));
+        let definitions = Arc::new(
+            Definitions::new(
+                catalog,
+                settings.policy.clone(),
+                clock.clone(),
+                settings.catalog_ttl,
+            )
+            .with_runs(resources.ends_queue_url.is_some()),
+        );
         let services = Simulated {
             faults: settings.faults.clone(),
             default_faults: settings.default_faults.clone(),
@@ -657,6 +675,7 @@ impl System {
             definitions: definitions.clone(),
             work_queue_url: resources.work_queue_url.clone(),
             payloads: payloads.clone(),
+            ends_queue_url: resources.ends_queue_url.clone(),
         };
         let api = ApiDeps {
             ports: ports.clone(),
@@ -795,7 +814,10 @@ impl System {
         for url in [
             self.resources.work_queue_url.clone(),
             self.resources.reply_queue_url.clone(),
-        ] {
+        ]
+        .into_iter()
+        .chain(self.resources.ends_queue_url.clone())
+        {
             for _ in 0..s.scheduler_concurrency.max(1) {
                 let deps = self.scheduler.clone();
                 self.tasks.push(self.mapping(url.clone(), move |ev| {
@@ -918,9 +940,13 @@ impl System {
     pub async fn pump_scheduler(&self) -> anyhow::Result<usize> {
         let mut n = 0;
         for url in [
-            &self.resources.work_queue_url,
-            &self.resources.reply_queue_url,
-        ] {
+            Some(&self.resources.work_queue_url),
+            Some(&self.resources.reply_queue_url),
+            self.resources.ends_queue_url.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        {
             n += self
                 .pump(url, |ev| scheduler::handle(&self.scheduler, ev))
                 .await?;

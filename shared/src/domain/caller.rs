@@ -61,6 +61,13 @@ impl Caller {
         Self::new(format!("{}schedule:{name}", Self::RESERVED_PREFIX))
     }
 
+    /// The caller a distributed forEach's run and elements belong to (`arn:sas:run:<run id>`):
+    /// sas's own, so they stay out of the task's caller's list (ten thousand entries for one
+    /// step); the caller sees the step's result on its own task.
+    pub fn run(run: &crate::domain::TaskId) -> Self {
+        Self(format!("{}run:{run}", Self::RESERVED_PREFIX))
+    }
+
     /// The caller an authenticated principal (a JWT's subject, an IAM principal) names: as
     /// [`Caller::new`], and never one of sas's own ([`Caller::RESERVED_PREFIX`]).
     pub fn principal(id: impl Into<String>) -> Result<Self, PrincipalError> {

@@ -235,26 +235,29 @@ pub async fn release_children(ports: &TaskPorts, record: &StateRecord) -> Result
             .then(|| child_of_step(record.task_id, &workflow, i, state.generation))
             .flatten()
     });
+    // A distributed forEach step's run, and its elements, are released alike.
+    let runs: Vec<TaskId> = record
+        .steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, state)| {
+            let step = workflow.step(i).filter(|s| s.run.is_some())?;
+            state.sent.then(|| {
+                super::runs::run_id(&crate::messages::idempotency_key(
+                    record.task_id,
+                    &step.name,
+                    &step.action,
+                    state.generation,
+                ))
+            })
+        })
+        .collect();
+    for run in runs {
+        super::release(ports, run).await?;
+        super::runs::release_elements(ports, run).await?;
+    }
     for id in children {
-        for _ in 0..RACES {
-            let Some(child) = ports.store.get_state(id).await? else {
-                break;
-            };
-            let Ok(t) =
-                transition::release_child(&child, ports.clock.now(), ports.store.retention())
-            else {
-                // Not held: it ended otherwise, or was released already.
-                break;
-            };
-            // Condition: the child as read (its state) - keeps "a child is kept while its
-            // parent may undo it".
-            if super::write(ports.store.as_ref(), &t).await? {
-                // Its task item's expiry; its state record's came with the write.
-                ports.store.expire_task(&t.record).await?;
-                info!(child = %id, "the child is released: its retention runs");
-                break;
-            }
-        }
+        super::release(ports, id).await?;
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod children;
 pub mod events;
+pub mod runs;
 pub mod scheduler;
 pub mod start;
 pub mod supervisor;
@@ -26,21 +27,67 @@ pub(crate) async fn workflow_of(
     definitions: &Definitions,
     record: &StateRecord,
 ) -> Result<std::sync::Arc<crate::Workflow>, HandlerError> {
-    match definitions
-        .workflow(&record.workflow, record.workflow_version)
-        .await
-    {
+    let w = catalog_workflow(definitions, &record.workflow, record.workflow_version).await?;
+    // A distributed forEach's run and its elements run the step's element view: one step.
+    let view_of = match (&record.run, &record.parent) {
+        (_, Some(link)) if link.element.is_some() => link.element.as_ref().map(|e| e.step_index),
+        (Some(_), Some(link)) => Some(link.step_index),
+        _ => None,
+    };
+    match view_of {
+        None => Ok(w),
+        Some(i) => w.element_view(i).map(std::sync::Arc::new).ok_or_else(|| {
+            HandlerError::Config(format!(
+                "step {i} of workflow {} v{} is no distributed forEach",
+                w.name, w.version
+            ))
+        }),
+    }
+}
+
+/// A workflow version as the catalog holds it (whatever record runs on it).
+pub(crate) async fn catalog_workflow(
+    definitions: &Definitions,
+    name: &str,
+    version: u32,
+) -> Result<std::sync::Arc<crate::Workflow>, HandlerError> {
+    match definitions.workflow(name, version).await {
         Ok(Some(w)) => Ok(w),
         Ok(None) => Err(HandlerError::Config(format!(
-            "workflow {} v{} is not in the catalog",
-            record.workflow, record.workflow_version
+            "workflow {name} v{version} is not in the catalog"
         ))),
         Err(CatalogError::Store(e)) => Err(e.into()),
         Err(CatalogError::Invalid(e)) => Err(HandlerError::Config(format!(
-            "workflow {} v{} no longer validates: {e}",
-            record.workflow, record.workflow_version
+            "workflow {name} v{version} no longer validates: {e}"
         ))),
     }
+}
+
+/// Releases one held record (a child, a run, an element): its retention starts.
+pub(crate) async fn release(ports: &TaskPorts, id: crate::TaskId) -> Result<(), HandlerError> {
+    // A few reads again after losing a race to another writer.
+    for _ in 0..5 {
+        let Some(child) = ports.store.get_state(id).await? else {
+            break;
+        };
+        let Ok(t) = crate::domain::transition::release_child(
+            &child,
+            ports.clock.now(),
+            ports.store.retention(),
+        ) else {
+            // Not held: it ended otherwise, or was released already.
+            break;
+        };
+        // Condition: the child as read (its state) - keeps "a child is kept while its
+        // parent may undo it".
+        if write(ports.store.as_ref(), &t).await? {
+            // Its task item's expiry; its state record's came with the write.
+            ports.store.expire_task(&t.record).await?;
+            tracing::info!(child = %id, "released: its retention runs");
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Why handling a message or a sweep step failed.
@@ -235,6 +282,9 @@ pub struct TaskPorts {
     pub metrics: crate::metrics::Metrics,
     /// Where payloads too large for a task's items are kept (the stack's bucket).
     pub payloads: Arc<dyn crate::ports::Payloads>,
+    /// The ends queue (FIFO): a distributed forEach's element that ends sends its end there,
+    /// for its run. `None`: this deployment runs no distributed forEach.
+    pub ends_queue_url: Option<String>,
 }
 
 impl TaskPorts {
@@ -413,13 +463,27 @@ pub async fn deliver_notice(ports: &TaskPorts, record: &StateRecord) -> Result<(
         ports.events.as_ref(),
         ports.clock.as_ref(),
     );
+    // A distributed forEach's run and elements are no tasks of the caller's: their statuses
+    // stay off the bus and the reply queue (ten thousand `Processed` for one step), but for
+    // the operator's alerts.
+    let inner = record.run.is_some() || record.parent.as_ref().is_some_and(|l| l.element.is_some());
     for owed in &record.outbox {
+        if inner && !owed.status.is_alert() {
+            continue;
+        }
         send_status(queue, events, record, owed.status, owed.sequence).await?;
     }
     // A child that ended answers its parent step (or its parent's undo) before its outbox is
     // cleared: a crash from here on answers again, and the parent applies one answer (fenced).
+    // An element answers its run; a run, its task's step.
     if record.notice_pending() {
-        children::answer_parent(ports, record).await?;
+        if record.run.is_some() {
+            runs::answer_task(ports, record).await?;
+        } else if record.parent.as_ref().is_some_and(|l| l.element.is_some()) {
+            runs::answer_run(ports, record).await?;
+        } else {
+            children::answer_parent(ports, record).await?;
+        }
     }
     // A parent that ended for good will never undo its children: their retention starts.
     children::release_children(ports, record).await?;

@@ -74,6 +74,7 @@ fn task_of(body: &str) -> Option<crate::TaskId> {
     match serde_json::from_str::<SchedulerMessage>(body).ok()? {
         SchedulerMessage::Work(w) => Some(w.task_id),
         SchedulerMessage::Reply(r) => Some(r.task_id),
+        SchedulerMessage::Ended(e) => Some(e.run_id),
         SchedulerMessage::Scheduled(_) => None,
     }
 }
@@ -105,6 +106,13 @@ pub async fn on_message(deps: &SchedulerDeps, body: &str) -> RecordOutcome {
         SchedulerMessage::Reply(r) => {
             let span = info_span!("reply", task_id = %r.task_id, workflow = tracing::field::Empty, attempt = r.attempt, step = %r.step);
             on_reply(deps, r).instrument(span).await.into()
+        }
+        SchedulerMessage::Ended(ended) => {
+            let span = info_span!("ended", task_id = %ended.run_id, workflow = tracing::field::Empty, ends = ended.ends.len());
+            super::runs::apply_ends(&deps.ports, &ended)
+                .instrument(span)
+                .await
+                .into()
         }
         SchedulerMessage::Scheduled(run) => {
             let span = info_span!("scheduled", schedule = %run.schedule, at = %run.at, task_id = tracing::field::Empty);
@@ -428,12 +436,23 @@ async fn send_step_request(
     let complete_by = record
         .complete_by
         .ok_or_else(|| HandlerError::Poison("a running step without a deadline".into()))?;
-    let forward_key = idempotency_key(record.task_id, &name, &step.action, state.generation);
+    // An element of a distributed forEach: its mappings read its task's context, and its keys
+    // are made under its task's id (`{task}:{step}#{index}:{action}`), as an element kept in the
+    // task's record.
+    let element_of = super::runs::element_context(&deps.ports, record, task, &step.name).await?;
+    let (key_owner, name) = match (
+        &element_of,
+        record.parent.as_ref().and_then(|l| l.element.as_ref()),
+    ) {
+        (Some((_, owner)), Some(e)) => (*owner, format!("{}#{}", step.name, e.index)),
+        _ => (record.task_id, name),
+    };
+    let forward_key = idempotency_key(key_owner, &name, &step.action, state.generation);
     let undo = record.process_state == ProcessState::Compensating;
     let (action, key, mapping, undoes) = match (&step.undo, undo) {
         (Some(u), true) => (
             u.action.clone(),
-            idempotency_key(record.task_id, &name, &u.action, state.undo_generation),
+            idempotency_key(key_owner, &name, &u.action, state.undo_generation),
             &u.input,
             Some(forward_key),
         ),
@@ -445,13 +464,15 @@ async fn send_step_request(
         }
         (_, false) => (step.action.clone(), forward_key, &step.input, None),
     };
-    let mut context =
-        crate::domain::context::context(workflow, task, record, i).ok_or_else(|| {
+    let mut context = match element_of {
+        Some((context, _)) => context,
+        None => crate::domain::context::context(workflow, task, record, i).ok_or_else(|| {
             HandlerError::Poison(format!(
                 "the input step {} ran with (revision {:?}) is not kept",
                 step.name, state.input_revision
             ))
-        })?;
+        })?,
+    };
     if let Some(k) = element {
         // The element and its index, for the mapping (`$.element`, `$.index`).
         let list = transition::elements(workflow, task, record, i).map_err(HandlerError::Poison)?;
@@ -481,13 +502,17 @@ async fn send_step_request(
     let callback = match (&step.policy.callback, undo) {
         (Some(_), false) => {
             let token = callback_token(&record.callback_key, &record.task_id, i, state.generation);
-            match (&step.child, &deps.callback_base_url) {
-                // A sub-workflow step: its child answers through sas itself, by the token alone.
-                (Some(_), _) => Ok(Some(CallbackAddress {
+            match (
+                step.child.is_some() || step.run.is_some(),
+                &deps.callback_base_url,
+            ) {
+                // A sub-workflow step: its child answers through sas itself, by the token alone
+                // (so does a distributed forEach's run).
+                (true, _) => Ok(Some(CallbackAddress {
                     url: String::new(),
                     token,
                 })),
-                (None, Some(base)) => Ok(Some(CallbackAddress {
+                (false, Some(base)) => Ok(Some(CallbackAddress {
                     url: format!(
                         "{}/tasks/{}/callbacks/{token}",
                         base.trim_end_matches('/'),
@@ -495,7 +520,7 @@ async fn send_step_request(
                     ),
                     token,
                 })),
-                (None, None) => {
+                (false, None) => {
                     Err("callback_unavailable: the deployment has no CALLBACK_BASE_URL".to_owned())
                 }
             }
@@ -547,10 +572,13 @@ async fn send_step_request(
         input: body,
         input_ref: body_ref,
         callback: input.1,
-        child: step.child.as_ref().map(|c| crate::messages::ChildRequest {
-            version: c.version,
-            caller: task.caller.clone(),
-            depth: record.parent.as_ref().map_or(1, |p| p.depth + 1),
+        // A child's (or a run's elements') caller is the task's, so the caller sees them.
+        child: (step.child.is_some() || step.run.is_some()).then(|| {
+            crate::messages::ChildRequest {
+                version: step.child.as_ref().and_then(|c| c.version),
+                caller: task.caller.clone(),
+                depth: record.parent.as_ref().map_or(1, |p| p.depth + 1),
+            }
         }),
     };
     send_json(

@@ -330,6 +330,14 @@ async fn recover(
     if record.purge_due(now) {
         return purge(deps, &record).await;
     }
+    if record.run.is_some() {
+        // A run is not a step out: its check opens again what it has out.
+        return Ok(if super::runs::recheck(&deps.ports, &record).await? {
+            Recovered::Requeued
+        } else {
+            Recovered::Skipped
+        });
+    }
     let jitter = rand::rng().random::<f64>();
     let workflow = super::workflow_of(&deps.ports.definitions, &record).await?;
     let t = match transition::expire(&record, now, &workflow.policies(), jitter) {

@@ -1,0 +1,700 @@
+//! A distributed forEach at the edge: the run's record and its elements' records.
+//!
+//! To the task, such a step is a callback step on [`RUN_SERVICE`]. The agent's call starts its
+//! run ([`start_run`]): it reads the list (the step's body, or the S3 object it names), keeps
+//! it once as JSON Lines under the run, stores the run's record (its id derived from the
+//! step's key, so a call sent again starts no second run) and opens the first window of
+//! elements. Each element is a record of its own running the step's element view (one step),
+//! created on absence and claimed, replied to, retried, timed out and undone as any task.
+//!
+//! An element that ends for good sends its end to its run through the ends queue (FIFO,
+//! grouped by run: [`answer_run`]), before its outbox is cleared. The scheduler applies a run's
+//! ends one batch at a time ([`apply_ends`]): the ledger moves in one conditional write, then the
+//! next elements open (or undo). The run's end answers the task's step ([`answer_task`]): its
+//! elements' results in order, or a refusal; the task's undo of the step undoes every element
+//! that took effect ([`undo_run_request`]). The supervisor rechecks a run at its check
+//! ([`recheck`]): what it has out is opened again, idempotently.
+
+use super::{HandlerError, TaskPorts};
+use crate::domain::run::{
+    Direction, ElementEnd, ListSource, MAX_LIST_BYTES, Run, RunEffects, RunPlan, parse_list,
+};
+use crate::domain::state::{ElementOf, ParentLink, RunState, token_fence};
+use crate::domain::transition::{self, Rejection, StepOutcome, Transition};
+use crate::domain::workflow::{RUN_SERVICE, Tolerated};
+use crate::domain::{ProcessState, StateRecord, Task, TaskId, Workflow};
+use crate::messages::{ElementsEnded, SchedulerMessage, StepReply, StepRequest};
+use crate::ports::{GroupedMessage, NewTask, PayloadError, StoreError};
+use serde_json::Value;
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// The id of the run a distributed forEach step starts under idempotency key `key`.
+pub fn run_id(key: &str) -> TaskId {
+    TaskId::derived(&format!("run:{key}"))
+}
+
+/// The id of element `k` of run `run`.
+pub fn element_id(run: TaskId, k: u32) -> TaskId {
+    TaskId::derived(&format!("element:{run}:{k}"))
+}
+
+/// Whether `request` is a distributed forEach step's (the agent starts its run).
+pub fn is_run_request(request: &StepRequest) -> bool {
+    request.service == RUN_SERVICE
+}
+
+/// How often a run's writer reads it again after losing a race.
+const RACES: usize = 5;
+
+/// The agent's call of a distributed forEach step: starts its run (or, sent again, opens again
+/// what the run has out) and answers `Accepted`: the run's end completes the step. A list that
+/// is not one (or over the bounds) refuses the step; an S3 object that cannot be read now times
+/// the attempt out (it is retried, under the same key: the same run).
+pub async fn start_run(
+    ports: &TaskPorts,
+    request: &StepRequest,
+    body: Value,
+) -> Result<StepOutcome, HandlerError> {
+    let (Some(callback), Some(child)) = (&request.callback, &request.child) else {
+        return Ok(StepOutcome::Failed {
+            error: "a distributed forEach's request without its callback or caller".into(),
+        });
+    };
+    let Some((step_index, generation)) = token_fence(&callback.token) else {
+        return Ok(StepOutcome::Failed {
+            error: "a distributed forEach's callback token names no step".into(),
+        });
+    };
+    let id = run_id(&request.idempotency_key());
+    if let Some(existing) = ports.store.get_state(id).await? {
+        info!(run = %id, "the step's run exists: opening again what it has out");
+        resume(ports, &existing).await?;
+        return Ok(StepOutcome::Accepted);
+    }
+    let workflow = super::catalog_workflow(
+        &ports.definitions,
+        &request.workflow,
+        request.workflow_version,
+    )
+    .await?;
+    let (Some(def), Some(view)) = (
+        workflow.step(step_index).and_then(|s| s.run.as_ref()),
+        workflow.element_view(step_index),
+    ) else {
+        return Ok(StepOutcome::Failed {
+            error: format!(
+                "step {step_index} of {} v{} is no distributed forEach",
+                workflow.name, workflow.version
+            ),
+        });
+    };
+    let refused = |code: &str, message: String| {
+        Ok(StepOutcome::Refused {
+            code: code.into(),
+            message,
+        })
+    };
+    let items = match ListSource::of(body) {
+        Ok(ListSource::Inline(items)) => items,
+        Ok(ListSource::Object(at)) => match ports.payloads.read_object(&at, MAX_LIST_BYTES).await {
+            Ok(bytes) => match parse_list(&at, &bytes) {
+                Ok(items) => items,
+                Err(e) => return refused("list_invalid", e.0),
+            },
+            Err(PayloadError::Unavailable(e)) => {
+                return Ok(StepOutcome::TimedOut {
+                    error: format!("the list could not be read: {e}"),
+                });
+            }
+            Err(e) => return refused("list_unreadable", e.to_string()),
+        },
+        Err(e) => return refused("list_invalid", e.0),
+    };
+    if items.is_empty() {
+        return Ok(StepOutcome::Succeeded {
+            result: Some("[]".into()),
+        });
+    }
+    let tolerated = match def.tolerated {
+        Tolerated::Count(n) => n,
+        Tolerated::Percent(pc) => u32::try_from(items.len() * pc as usize / 100).unwrap_or(0),
+    };
+    let (ledger, fx) = match Run::start(RunPlan {
+        total: items.len(),
+        max_concurrency: def.max_concurrency,
+        tolerated,
+        undoable: def.element.undo.is_some(),
+    }) {
+        Ok(x) => x,
+        Err(e) => return refused("list_invalid", e.to_string()),
+    };
+    // The list, kept once: elements open from it, in any later invocation.
+    let lines: Vec<String> = items.iter().map(Value::to_string).collect();
+    let list = ports
+        .payloads
+        .put(id, lines.join("\n").as_bytes())
+        .await
+        .map_err(crate::payloads::store_error)?;
+    let now = ports.clock.now();
+    let parent = ParentLink {
+        task_id: request.task_id,
+        step: request.step.clone(),
+        step_index,
+        generation,
+        reply_queue_url: request.reply_queue_url.clone(),
+        depth: child.depth,
+        undo_attempt: None,
+        released: false,
+        element: None,
+    };
+    let mut record = transition::new_run(
+        id,
+        &view,
+        parent,
+        RunState {
+            list: Some(list),
+            ledger,
+        },
+        now,
+    );
+    // The kept list is the run's payload: its retention deletes it.
+    record.payloads = true;
+    let task = Task {
+        id,
+        workflow: view.name.clone(),
+        workflow_version: view.version,
+        input: Value::Null,
+        input_ref: None,
+        input_revision: 0,
+        earlier_inputs: vec![],
+        reply_queue_url: None,
+        created_at: record.created_at,
+        caller: crate::domain::Caller::run(&id),
+    };
+    // Condition: absent (the store's create) - keeps "one run per step and key".
+    match ports.store.create(NewTask::new(&task, &record)).await {
+        Ok(_) => {}
+        Err(StoreError::ConditionFailed) => {
+            // Another agent (a copy of this request) stored it first: it opens the window; this
+            // one opens again what it has out, which changes nothing.
+            if let Some(existing) = ports.store.get_state(id).await? {
+                resume(ports, &existing).await?;
+            }
+            return Ok(StepOutcome::Accepted);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    info!(run = %id, elements = items.len(), "the step's run started");
+    open(ports, &record, &fx.open, Some(&items)).await?;
+    Ok(StepOutcome::Accepted)
+}
+
+/// Opens again what a run has out (forward or undoing): a writer that died between the
+/// ledger's write and its effects, or a call sent again.
+async fn resume(ports: &TaskPorts, run: &StateRecord) -> Result<(), HandlerError> {
+    let Some(state) = &run.run else {
+        return Ok(());
+    };
+    if run.process_state != ProcessState::Processing {
+        return Ok(());
+    }
+    effects(ports, run, &state.ledger.outstanding(), false).await
+}
+
+/// What a run's transition asks: elements to open, elements to undo; and, if it ended, its
+/// notice delivered (`deliver`: by the scheduler; the agent and the supervisor leave it to the
+/// sweep, which finds it owed).
+async fn effects(
+    ports: &TaskPorts,
+    run: &StateRecord,
+    fx: &RunEffects,
+    deliver: bool,
+) -> Result<(), HandlerError> {
+    open(ports, run, &fx.open, None).await?;
+    undo_elements(ports, run, &fx.undo).await?;
+    if deliver && fx.end.is_some() {
+        super::deliver_notice(ports, run).await?;
+    }
+    Ok(())
+}
+
+/// Opens elements `indices` of `run`: each element's record, created on absence, and its work
+/// message (again, for one that exists and still waits for its claim: a work message lost
+/// with the writer that died).
+async fn open(
+    ports: &TaskPorts,
+    run: &StateRecord,
+    indices: &[u32],
+    items: Option<&[Value]>,
+) -> Result<(), HandlerError> {
+    if indices.is_empty() {
+        return Ok(());
+    }
+    let (Some(state), Some(link)) = (&run.run, &run.parent) else {
+        return Ok(());
+    };
+    let read;
+    let items = match items {
+        Some(items) => items,
+        None => {
+            read = kept_list(ports, state).await?;
+            &read
+        }
+    };
+    let view = super::workflow_of(&ports.definitions, run).await?;
+    let now = ports.clock.now();
+    for &k in indices {
+        let Some(value) = items.get(k as usize) else {
+            return Err(HandlerError::Poison(format!(
+                "run {} has no element {k} in its list",
+                run.task_id
+            )));
+        };
+        let id = element_id(run.task_id, k);
+        let task = Task {
+            id,
+            workflow: view.name.clone(),
+            workflow_version: view.version,
+            input: value.clone(),
+            input_ref: None,
+            input_revision: 0,
+            earlier_inputs: vec![],
+            reply_queue_url: None,
+            created_at: crate::domain::state::to_millis(now),
+            caller: crate::domain::Caller::run(&run.task_id),
+        };
+        let mut record = StateRecord::new(
+            id,
+            &view,
+            None,
+            now,
+            now + view.policies().at(0).pickup_timeout,
+        );
+        record.payloads = task.has_large_input();
+        record.parent = Some(ParentLink {
+            task_id: run.task_id,
+            step: link.step.clone(),
+            step_index: 0,
+            generation: 0,
+            reply_queue_url: String::new(),
+            depth: link.depth,
+            undo_attempt: None,
+            released: false,
+            element: Some(ElementOf {
+                index: k,
+                task_id: link.task_id,
+                step_index: link.step_index,
+            }),
+        });
+        // Condition: absent (the store's create) - keeps "an element is opened once".
+        let send = match ports.store.create(NewTask::new(&task, &record)).await {
+            Ok(_) => true,
+            Err(StoreError::ConditionFailed) => ports
+                .store
+                .get_state(id)
+                .await?
+                .is_some_and(|e| e.process_state == ProcessState::Pending && e.attempt == 0),
+            Err(e) => return Err(e.into()),
+        };
+        if send {
+            super::enqueue(
+                ports.queue.as_ref(),
+                &ports.work_queue_url,
+                id,
+                chrono::Duration::zero(),
+                now,
+            )
+            .await?;
+        }
+    }
+    info!(run = %run.task_id, opened = indices.len(), "elements opened");
+    Ok(())
+}
+
+/// The run's kept list, one element per line.
+async fn kept_list(ports: &TaskPorts, state: &RunState) -> Result<Vec<Value>, HandlerError> {
+    let Some(list) = &state.list else {
+        return Ok(vec![]);
+    };
+    let bytes = ports
+        .payloads
+        .get(list)
+        .await
+        .map_err(crate::payloads::store_error)?;
+    let text = String::from_utf8_lossy(&bytes);
+    text.lines()
+        .map(|l| {
+            serde_json::from_str(l)
+                .map_err(|e| HandlerError::Poison(format!("a kept list's line is not JSON: {e}")))
+        })
+        .collect()
+}
+
+/// Begins the undo of elements `indices` of `run` (each undone as a unit: its own undo, under
+/// its own key and deadline). An element already undoing, or undone, is left as it is.
+async fn undo_elements(
+    ports: &TaskPorts,
+    run: &StateRecord,
+    indices: &[u32],
+) -> Result<(), HandlerError> {
+    for &k in indices {
+        let id = element_id(run.task_id, k);
+        for _ in 0..RACES {
+            let Some(element) = ports.store.get_state(id).await? else {
+                break;
+            };
+            if element.process_state != ProcessState::Processed {
+                break;
+            }
+            let workflow = super::workflow_of(&ports.definitions, &element).await?;
+            let now = ports.clock.now();
+            let t = match transition::undo_as_unit(&element, run.version, now, &workflow.policies())
+            {
+                Ok(t) => t,
+                Err(e) => {
+                    warn!(element = %id, error = %e, "the element cannot be undone");
+                    break;
+                }
+            };
+            // Condition: the transition's (the element as read) - keeps "an element is undone
+            // once".
+            if super::write(ports.store.as_ref(), &t).await? {
+                super::perform_no_step(&ports.outlets(), &t).await?;
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An element that ended for good sends its end to its run, through the ends queue: called as
+/// its final notice is delivered, before its outbox is cleared (a crash from here on sends it
+/// again; the queue drops the copy within its window, and the run ignores one after it).
+pub async fn answer_run(ports: &TaskPorts, record: &StateRecord) -> Result<(), HandlerError> {
+    let Some(link) = &record.parent else {
+        return Ok(());
+    };
+    let Some(element) = &link.element else {
+        return Ok(());
+    };
+    use ProcessState as P;
+    let (direction, ok) = match (link.undo_attempt.is_some(), record.process_state) {
+        (false, P::Processed) => (Direction::Forward, true),
+        // Refused, or failed and undone by itself: no effect left. Resolved by an operator:
+        // what it settled is theirs; the run counts it as having none.
+        (false, P::Refused | P::Compensated | P::Resolved) => (Direction::Forward, false),
+        (true, P::Compensated | P::Refused) => (Direction::Undo, true),
+        (true, P::CompensationFailed | P::Resolved) => (Direction::Undo, false),
+        _ => return Ok(()),
+    };
+    let Some(url) = &ports.ends_queue_url else {
+        return Err(HandlerError::Config(
+            "an element ended, but this deployment has no ENDS_QUEUE_URL".into(),
+        ));
+    };
+    let message = SchedulerMessage::Ended(ElementsEnded {
+        run_id: link.task_id,
+        ends: vec![ElementEnd {
+            index: element.index,
+            direction,
+            ok,
+        }],
+    });
+    let body = serde_json::to_string(&message)
+        .map_err(|e| HandlerError::Poison(format!("an end does not serialize: {e}")))?;
+    let group = link.task_id.to_string();
+    let dedup = format!(
+        "{}-{}",
+        record.task_id,
+        match direction {
+            Direction::Forward => "ended",
+            Direction::Undo => "undone",
+        }
+    );
+    ports
+        .queue
+        .send_grouped(GroupedMessage {
+            queue_url: url,
+            group: &group,
+            dedup_id: &dedup,
+            body: &body,
+        })
+        .await?;
+    info!(run = %link.task_id, index = element.index, ?direction, ok, "the element's end sent to its run");
+    Ok(())
+}
+
+/// The scheduler applies a batch of ends to their run: one conditional write, then what it
+/// asks (elements opened or undone, its answer delivered).
+pub async fn apply_ends(ports: &TaskPorts, ended: &ElementsEnded) -> Result<(), HandlerError> {
+    for _ in 0..RACES {
+        let Some(run) = ports.store.get_state(ended.run_id).await? else {
+            return Err(HandlerError::Poison(format!("no run {}", ended.run_id)));
+        };
+        let (t, fx) = match transition::apply_ends(&run, &ended.ends, ports.clock.now()) {
+            Ok(x) => x,
+            Err(why) => {
+                info!(run = %ended.run_id, %why, "ends for a run that is over: dropped");
+                return Ok(());
+            }
+        };
+        if write(ports, &t).await? {
+            info!(run = %ended.run_id, ledger = %ledger(&t.record), "ends applied");
+            return effects(ports, &t.record, &fx, true).await;
+        }
+    }
+    // Comes back with its message: the run's ends queue holds the group meanwhile.
+    Err(HandlerError::Store(StoreError::ConditionFailed))
+}
+
+/// The task's undo of a distributed forEach step: its run is undone as a unit. `Accepted`:
+/// the run's end answers this undo. Otherwise the answer, now: success if the run never
+/// started or took no effect, a refusal if it waits for an operator.
+pub async fn undo_run_request(
+    ports: &TaskPorts,
+    request: &StepRequest,
+) -> Result<StepOutcome, HandlerError> {
+    let Some(forward) = &request.undoes else {
+        return Ok(StepOutcome::Failed {
+            error: "a distributed forEach's undo without the key it undoes".into(),
+        });
+    };
+    let id = run_id(forward);
+    for _ in 0..RACES {
+        let Some(run) = ports.store.get_state(id).await? else {
+            info!(run = %id, "the step's run never started: nothing to undo");
+            return Ok(StepOutcome::Succeeded { result: None });
+        };
+        let ours = run.parent.as_ref().and_then(|l| l.undo_attempt) == Some(request.attempt);
+        match run.process_state {
+            ProcessState::Compensated | ProcessState::Refused => {
+                return Ok(StepOutcome::Succeeded { result: None });
+            }
+            ProcessState::CompensationFailed | ProcessState::Resolved | ProcessState::Error => {
+                return Ok(StepOutcome::Refused {
+                    code: "run_needs_operator".into(),
+                    message: format!(
+                        "run {id} is {}: an operator settles its elements before its task is undone",
+                        run.process_state
+                    ),
+                });
+            }
+            // This undo was sent again: the run answers it already.
+            ProcessState::Processing if ours => return Ok(StepOutcome::Accepted),
+            _ => {}
+        }
+        let (t, fx) = match transition::undo_run(&run, request.attempt, ports.clock.now()) {
+            Ok(x) => x,
+            Err(e) => {
+                return Ok(StepOutcome::Refused {
+                    code: "run_not_undoable".into(),
+                    message: format!("run {id}: {e}"),
+                });
+            }
+        };
+        if write(ports, &t).await? {
+            info!(run = %id, ledger = %ledger(&t.record), "the step's run is undone as a unit");
+            effects(ports, &t.record, &fx, false).await?;
+            // Nothing took effect: answered now (its owed notice answers again, fenced).
+            if fx.end.is_some() && t.record.process_state == ProcessState::Compensated {
+                return Ok(StepOutcome::Succeeded { result: None });
+            }
+            return Ok(StepOutcome::Accepted);
+        }
+    }
+    Err(HandlerError::Store(StoreError::Unavailable(format!(
+        "run {id} kept changing while its task undid it"
+    ))))
+}
+
+/// The supervisor finds a run's check due: it moves the check on and opens again what the run
+/// has out. `false`: another writer came first.
+pub async fn recheck(ports: &TaskPorts, run: &StateRecord) -> Result<bool, HandlerError> {
+    let (t, fx) = match transition::recheck(run, ports.clock.now()) {
+        Ok(x) => x,
+        Err(Rejection::NotDue { .. }) => return Ok(false),
+        Err(e) => {
+            info!(run = %run.task_id, %e, "not rechecked");
+            return Ok(false);
+        }
+    };
+    if !write(ports, &t).await? {
+        return Ok(false);
+    }
+    effects(ports, &t.record, &fx, false).await?;
+    Ok(true)
+}
+
+/// A run that ended for good answers its task's step (or the task's undo of it): `Processed`
+/// with its elements' results in order (`null` for one that ended with no effect), `Refused`
+/// with how many were refused; one that stopped and could not undo an element does not answer
+/// (its alert calls an operator, as a child's does). Sent before the run's outbox is cleared.
+pub async fn answer_task(ports: &TaskPorts, record: &StateRecord) -> Result<(), HandlerError> {
+    let (Some(link), Some(state)) = (&record.parent, &record.run) else {
+        return Ok(());
+    };
+    let ledger = &state.ledger;
+    if let Some(attempt) = link.undo_attempt {
+        let outcome = match record.process_state {
+            ProcessState::Compensated => StepOutcome::Succeeded { result: None },
+            ProcessState::CompensationFailed => StepOutcome::Refused {
+                code: "element_undo_failed".into(),
+                message: format!(
+                    "run {}: {}",
+                    record.task_id,
+                    record
+                        .last_error
+                        .as_deref()
+                        .unwrap_or("an element's undo failed")
+                ),
+            },
+            _ => return Ok(()),
+        };
+        let reply = StepReply {
+            task_id: link.task_id,
+            step: link.step.clone(),
+            step_index: link.step_index,
+            attempt,
+            undo: true,
+            outcome,
+            result_ref: None,
+            generation: None,
+        };
+        return send(ports, link, reply).await;
+    }
+    let outcome = match record.process_state {
+        ProcessState::Processed => StepOutcome::Succeeded {
+            result: Some(results(ports, record.task_id, ledger).await?.to_string()),
+        },
+        ProcessState::Refused => StepOutcome::Refused {
+            code: "elements_refused".into(),
+            message: format!(
+                "{} of {} elements refused, more than the {} tolerated",
+                ledger.count(crate::domain::run::Mark::Failed),
+                ledger.total,
+                ledger.tolerated
+            ),
+        },
+        // Stopped, and an element's undo was refused: its effect stays. No answer, as for a
+        // child left for an operator: the run's alert went out; the step waits (its timeout
+        // then undoes the task, whose undo of this step waits for the operator too).
+        _ => return Ok(()),
+    };
+    let reply = StepReply {
+        task_id: link.task_id,
+        step: link.step.clone(),
+        step_index: link.step_index,
+        attempt: 0,
+        undo: false,
+        outcome,
+        result_ref: None,
+        generation: Some(link.generation),
+    };
+    send(ports, link, reply).await
+}
+
+/// The step's result: each element's result in order (`null` for one with none).
+async fn results(ports: &TaskPorts, run: TaskId, ledger: &Run) -> Result<Value, HandlerError> {
+    let mut out = Vec::with_capacity(ledger.total as usize);
+    for k in 0..ledger.total {
+        let value = match ports.store.get_state(element_id(run, k)).await? {
+            Some(e) if e.process_state == ProcessState::Processed => e
+                .steps
+                .first()
+                .and_then(|s| s.result.as_deref())
+                .and_then(|r| serde_json::from_str(r).ok())
+                .unwrap_or(Value::Null),
+            _ => Value::Null,
+        };
+        out.push(value);
+    }
+    Ok(Value::Array(out))
+}
+
+async fn send(ports: &TaskPorts, link: &ParentLink, reply: StepReply) -> Result<(), HandlerError> {
+    let reply = crate::payloads::packed_reply(ports.payloads.as_ref(), reply).await?;
+    super::send_json(
+        ports.queue.as_ref(),
+        &link.reply_queue_url,
+        "run's answer",
+        &SchedulerMessage::Reply(reply),
+        Duration::ZERO,
+    )
+    .await?;
+    info!(task = %link.task_id, step = %link.step, "the run answered its task's step");
+    Ok(())
+}
+
+async fn write(ports: &TaskPorts, t: &Transition) -> Result<bool, HandlerError> {
+    super::write(ports.store.as_ref(), t).await
+}
+
+fn ledger(r: &StateRecord) -> String {
+    r.run
+        .as_ref()
+        .map_or_else(String::new, |s| s.ledger.to_string())
+}
+
+/// The run's elements that ended `Processed` are released (their task ended for good and
+/// will never undo them): their retention starts. A few at once; idempotent, so a crash
+/// releases again what is left.
+pub(crate) async fn release_elements(ports: &TaskPorts, run: TaskId) -> Result<(), HandlerError> {
+    use futures::StreamExt;
+    let Some(record) = ports.store.get_state(run).await? else {
+        return Ok(());
+    };
+    let Some(state) = &record.run else {
+        return Ok(());
+    };
+    let done: Vec<TaskId> = (0..state.ledger.marks.len() as u32)
+        .filter(|k| state.ledger.mark(*k) == Some(crate::domain::run::Mark::Done))
+        .map(|k| element_id(run, k))
+        .collect();
+    let released: Vec<Result<(), HandlerError>> = futures::stream::iter(done)
+        .map(|id| super::release(ports, id))
+        .buffer_unordered(RELEASES_AT_ONCE)
+        .collect()
+        .await;
+    released.into_iter().collect()
+}
+
+/// How many elements [`release_elements`] releases at once.
+const RELEASES_AT_ONCE: usize = 16;
+
+/// The workflow an element's mappings read from: its task's, and that task's context.
+pub(crate) async fn element_context(
+    ports: &TaskPorts,
+    record: &StateRecord,
+    task: &Task,
+    step: &str,
+) -> Result<Option<(Value, TaskId)>, HandlerError> {
+    let Some(e) = record.parent.as_ref().and_then(|l| l.element.as_ref()) else {
+        return Ok(None);
+    };
+    let Some((ptask, precord)) = ports.store.get(e.task_id).await? else {
+        return Err(HandlerError::Poison(format!(
+            "element {} of task {}, which is gone",
+            e.index, e.task_id
+        )));
+    };
+    let full: std::sync::Arc<Workflow> = super::catalog_workflow(
+        &ports.definitions,
+        &precord.workflow,
+        precord.workflow_version,
+    )
+    .await?;
+    let mut context = crate::domain::context::context(&full, &ptask, &precord, e.step_index)
+        .ok_or_else(|| HandlerError::Poison("the task's input is not kept".into()))?;
+    // Its own result, for its undo (`$.steps['<step>'].result`).
+    let own = record.results();
+    if let (Some(steps), Some(mine)) = (
+        context.get_mut("steps").and_then(Value::as_object_mut),
+        own.get(step),
+    ) {
+        steps.insert(step.to_owned(), mine.clone());
+    }
+    context["element"] = task.input.clone();
+    context["index"] = serde_json::json!(e.index);
+    Ok(Some((context, e.task_id)))
+}

@@ -1,0 +1,297 @@
+//! A distributed forEach (issue 42): each element runs as a record of its own, at most
+//! `maxConcurrency` at once, its end applied by the step's run; the task's record stays the
+//! size of one step. A refusal past the tolerance undoes exactly the elements that took effect.
+
+use sas::handlers::runs::{element_id, run_id};
+use sas::messages::idempotency_key;
+use sas::{ProcessState, TaskId};
+use sas_local::{Backend, Settings, System};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+const SERVICES: &str = "services:\n  - name: ledger\n    target: {type: simulated}\n";
+
+const NIGHTLY: &str = r#"name: nightly
+input:
+  type: object
+  required: [items, batch]
+  properties: {items: {type: array}, batch: {type: string}}
+steps:
+  - name: post
+    service: ledger
+    forEach: $.input.items
+    distributed: true
+    maxConcurrency: 8
+    input: {invoice: $.element, at: $.index, batch: $.input.batch}
+    undo: {action: void, input: {posted: "$.steps['post'].result.id", invoice: $.element}}
+  - name: report
+    service: ledger
+    input: {posted: "$.steps['post'].result"}
+"#;
+
+/// The same workflow, reading its list from an S3 object.
+const FROM_S3: &str = r#"name: nightly-s3
+steps:
+  - name: post
+    service: ledger
+    forEach: s3://nightly-lists/invoices.jsonl
+    distributed: true
+    maxConcurrency: 3
+    toleratedRefusals: "10%"
+"#;
+
+#[tokio::test]
+async fn a_list_is_read_from_an_s3_object_of_json_lines() {
+    let settings = Settings {
+        definitions: vec![],
+        ..sas_blackbox::manual_settings()
+    };
+    let mut ports = sas_local::ports(Backend::Memory, &settings)
+        .await
+        .expect("ports");
+    let objects = Arc::new(sas::memory::MemoryPayloads::new());
+    let lines: Vec<String> = (0..20).map(|i| json!({"invoice": i}).to_string()).collect();
+    objects.put_object(
+        "nightly-lists",
+        "invoices.jsonl",
+        lines.join("\n").into_bytes(),
+    );
+    ports.payloads = objects.clone();
+    let system = System::from_ports(ports, settings, Arc::new(sas::ports::SystemClock));
+    system
+        .publish(&[
+            ("services.yaml".into(), SERVICES.into()),
+            ("nightly-s3.yaml".into(), FROM_S3.into()),
+        ])
+        .await
+        .expect("publishes");
+    let id = sas_blackbox::submit_task(&system, "nightly-s3", &json!({})).await;
+    sas_blackbox::pump_until_quiet(&system, 300).await;
+    let task = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        task.process_state,
+        ProcessState::Processed,
+        "{:?}",
+        task.history
+    );
+    let requests = sas_blackbox::requests(&system, "ledger", &id.to_string());
+    let mut seen: Vec<i64> = requests
+        .iter()
+        .filter_map(|(_, input)| input["invoice"].as_i64())
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (0..20).collect::<Vec<_>>(),
+        "each line once, as its element"
+    );
+
+    // A list that is not there refuses the step: no retry finds it.
+    let missing = FROM_S3
+        .replace("name: nightly-s3", "name: nightly-missing")
+        .replace("invoices.jsonl", "nowhere.jsonl");
+    system
+        .publish(&[("nightly-missing.yaml".into(), missing)])
+        .await
+        .expect("publishes");
+    let id = sas_blackbox::submit_task(&system, "nightly-missing", &json!({})).await;
+    sas_blackbox::pump_until_quiet(&system, 100).await;
+    let task = sas_blackbox::state(&system, id).await;
+    assert_eq!(task.process_state, ProcessState::Refused);
+    let refusal = task.refusal.expect("a refusal");
+    assert_eq!(refusal.code, "list_unreadable");
+    assert!(
+        refusal.message.contains("s3://nightly-lists/nowhere.jsonl"),
+        "{}",
+        refusal.message
+    );
+}
+
+async fn system(faults: HashMap<String, sas::remote::Faults>) -> System {
+    let settings = Settings {
+        definitions: vec![],
+        faults,
+        ..sas_blackbox::manual_settings()
+    };
+    let system = System::new(Backend::Memory, settings, Arc::new(sas::ports::SystemClock))
+        .await
+        .expect("builds");
+    system
+        .publish(&[
+            ("services.yaml".into(), SERVICES.into()),
+            ("nightly.yaml".into(), NIGHTLY.into()),
+        ])
+        .await
+        .expect("publishes");
+    system
+}
+
+/// The run the task's `post` step started (its first key).
+fn run_of(task: TaskId) -> TaskId {
+    run_id(&idempotency_key(task, "post", "post", 0))
+}
+
+fn invoices(n: usize) -> Value {
+    json!({"batch": "2026-11-29", "items": (0..n).map(|i| json!({"invoice": format!("inv-{i}")})).collect::<Vec<_>>()})
+}
+
+#[tokio::test]
+async fn every_element_runs_once_as_a_record_of_its_own_and_the_step_answers_in_order() {
+    let system = system(HashMap::new()).await;
+    let id = sas_blackbox::submit_task(&system, "nightly", &invoices(50)).await;
+    sas_blackbox::pump_until_quiet(&system, 400).await;
+    let task = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        task.process_state,
+        ProcessState::Processed,
+        "{:?}",
+        task.history
+    );
+
+    // The task's record holds one step's state for the forEach, whatever the list's length.
+    assert!(task.steps[0].elements.is_empty());
+    let bytes = serde_json::to_vec(&task).expect("json").len();
+    let run = sas_blackbox::state(&system, run_of(id)).await;
+    assert_eq!(run.process_state, ProcessState::Processed);
+    let ledger = &run.run.as_ref().expect("a run").ledger;
+    assert_eq!(ledger.marks, "d".repeat(50), "{ledger}");
+
+    // Each element: its own record, its element, and one call under the task's key for it.
+    let effects = sas_blackbox::effects(&system, "ledger", id);
+    for k in 0..50u32 {
+        let (element_task, element) =
+            sas_blackbox::task_and_state(&system, element_id(run.task_id, k)).await;
+        assert_eq!(element.process_state, ProcessState::Processed);
+        assert_eq!(element_task.input, json!({"invoice": format!("inv-{k}")}));
+        // sas's own: out of the caller's list of its tasks.
+        assert!(element_task.caller.is_reserved(), "{:?}", element_task.caller);
+        let key = format!("{id}:post#{k}:post");
+        assert_eq!(effects.get(&key), Some(&1), "{key}: {effects:?}");
+    }
+    // The element's mapping read its element, its index and the task's input.
+    let requests = sas_blackbox::requests(&system, "ledger", &id.to_string());
+    let seventh = requests
+        .iter()
+        .find(|(action, input)| action == "post" && input["at"] == json!(7))
+        .expect("element 7 called");
+    assert_eq!(
+        seventh.1,
+        json!({"invoice": {"invoice": "inv-7"}, "at": 7, "batch": "2026-11-29"})
+    );
+    // The step's result: each element's result in its place; a later step read it.
+    let result: Value =
+        serde_json::from_str(task.steps[0].result.as_deref().expect("a result")).expect("JSON");
+    let list = result.as_array().expect("a list");
+    assert_eq!(list.len(), 50);
+    for (k, r) in list.iter().enumerate() {
+        let element = sas_blackbox::state(&system, element_id(run.task_id, k as u32)).await;
+        let own: Value =
+            serde_json::from_str(element.steps[0].result.as_deref().expect("done")).expect("JSON");
+        assert_eq!(r, &own, "element {k} in its place");
+    }
+    let report = requests
+        .iter()
+        .find(|(action, _)| action == "report")
+        .expect("report called");
+    assert_eq!(report.1, json!({"posted": result}));
+    assert!(bytes < 16 * 1024, "the task's record is {bytes} bytes");
+    // The task ended for good: it will never undo the step, so the run and its elements are
+    // released (their retention runs).
+    assert!(run.parent.as_ref().is_some_and(|l| l.released));
+    for k in [0u32, 49] {
+        let element = sas_blackbox::state(&system, element_id(run.task_id, k)).await;
+        assert!(
+            element.parent.as_ref().is_some_and(|l| l.released),
+            "element {k}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_refusal_past_the_tolerance_undoes_exactly_the_elements_that_took_effect() {
+    let faults = HashMap::from([(
+        "ledger".to_owned(),
+        sas::remote::Faults {
+            permanent_rate: 0.15,
+            seed: Some(42),
+            ..sas::remote::Faults::default()
+        },
+    )]);
+    let system = system(faults).await;
+    let mut ids = vec![];
+    for _ in 0..10 {
+        ids.push(sas_blackbox::submit_task(&system, "nightly", &invoices(60)).await);
+    }
+    sas_blackbox::pump_until_quiet(&system, 2000).await;
+    // Runs that met a refusal past the tolerance (then undone, or waiting for an operator).
+    let mut stopped = 0;
+    for id in ids {
+        let task = sas_blackbox::state(&system, id).await;
+        let run = sas_blackbox::state(&system, run_of(id)).await;
+        let ledger = &run.run.as_ref().expect("a run").ledger;
+        // Net effects of this task's elements at the service: every applied one undone.
+        let net: i32 = sas_blackbox::net(&system, "ledger", id)
+            .into_iter()
+            .filter(|(key, _)| key.contains(":post#"))
+            .map(|(_, n)| n)
+            .sum();
+        match task.process_state {
+            ProcessState::Refused => {
+                stopped += 1;
+                assert_eq!(run.process_state, ProcessState::Refused, "{ledger}");
+                assert_eq!(net, 0, "{id}: {ledger}");
+                assert!(!ledger.marks.contains('d'), "{ledger}");
+                assert!(
+                    ledger.marks.len() < 60 || ledger.marks.contains('f'),
+                    "{ledger}"
+                );
+            }
+            ProcessState::Processed => {
+                assert!(!ledger.marks.contains('f'), "{ledger}");
+                assert_eq!(net, 60);
+            }
+            // An element's undo was refused too (the fault refuses undo keys alike): the run
+            // waits for an operator with exactly those effects left, and the task waits for it.
+            ProcessState::Processing => {
+                stopped += 1;
+                assert_eq!(
+                    run.process_state,
+                    ProcessState::CompensationFailed,
+                    "{ledger}"
+                );
+                let stuck = ledger.marks.matches('!').count() as i32;
+                assert!(stuck > 0);
+                assert_eq!(net, stuck, "{id}: {ledger}");
+                assert!(!ledger.marks.contains('d'), "{ledger}");
+            }
+            other => panic!("{id} is {other}: {:?} {ledger}", task.history),
+        }
+    }
+    // At 15% a run of 60 meets a refusal but once in 17,000.
+    assert!(stopped > 0, "some runs meet a refusal at 15%");
+}
+
+#[tokio::test]
+async fn elements_and_runs_stay_off_the_bus() {
+    let system = system(HashMap::new()).await;
+    let id = sas_blackbox::submit_task(&system, "nightly", &invoices(12)).await;
+    sas_blackbox::pump_until_quiet(&system, 300).await;
+    assert_eq!(
+        sas_blackbox::state(&system, id).await.process_state,
+        ProcessState::Processed
+    );
+    let Some((_, _, bus)) = &system.memory else {
+        panic!("a memory system")
+    };
+    let about: Vec<Value> = bus
+        .published()
+        .into_iter()
+        .map(|(_, detail)| detail["taskId"].clone())
+        .collect();
+    assert!(!about.is_empty());
+    assert!(
+        about.iter().all(|t| t == &json!(id)),
+        "only the task's own statuses: {about:?}"
+    );
+}
