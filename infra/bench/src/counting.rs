@@ -1,13 +1,15 @@
 //! A counting interceptor over the ports ([`sas_local::intercept`]): every AWS API call the
 //! handlers make, by service and call, and the capacity DynamoDB bills for it (from the items'
-//! sizes, by DynamoDB's rules).
+//! sizes, by DynamoDB's rules); and [`CountedPayloads`], the same for the payload store (S3).
 //! Queue receives and deletes are not counted here: in Lambda the event source mapping makes
 //! them, and the cost model adds them per message.
 
 use async_trait::async_trait;
 use sas::aws::{index_entry_sizes, state_record_size, stored_sizes};
+use sas::domain::TaskId;
+use sas::domain::payload::PayloadRef;
 use sas::domain::{StateRecord, Task};
-use sas::ports::{Guarded, LeaseClaim, NewTask, StateStore, Stored};
+use sas::ports::{Guarded, LeaseClaim, NewTask, PayloadError, Payloads, StateStore, Stored};
 use sas_local::intercept::{Call, Failure, Interceptor, Next, Reply, answer};
 use sas_local::provision::Resources;
 use std::collections::BTreeMap;
@@ -35,6 +37,9 @@ pub struct Counts {
     /// between the handler's read and its write (e.g. two branches' replies racing on one
     /// record). Billed like any write, and counted in `writes` too.
     pub conflicts: u64,
+    /// The payload objects written to S3, by name, with their bytes: what S3 stores (an
+    /// object written again under its name replaces itself, so it is stored once).
+    pub objects: BTreeMap<String, u64>,
 }
 
 /// One DynamoDB write's bill: the write request units on the table's item and on each index
@@ -84,7 +89,13 @@ impl Counts {
         self.events += o.events;
         self.writes.extend(o.writes);
         self.conflicts += o.conflicts;
+        self.objects.extend(o.objects);
         self
+    }
+
+    /// The bytes of the payload objects written (each once).
+    pub fn stored_bytes(&self) -> u64 {
+        self.objects.values().sum()
     }
 
     pub fn call(&self, name: &str) -> u64 {
@@ -512,5 +523,54 @@ impl Interceptor for Counter {
                 next.run(call).await
             }
         }
+    }
+}
+
+/// A payload store whose calls are counted on `meter` as the S3 adapter makes them: a put is a
+/// PutObject, a get a GetObject, a task's purge a ListObjectsV2 and a DeleteObjects per 1,000
+/// objects, one object's deletion a DeleteObject. Wrapped under the functions' payload caches
+/// (see `scenarios::wrap`), so it counts the calls that reach S3.
+pub struct CountedPayloads {
+    pub meter: Arc<Meter>,
+    pub inner: Arc<dyn Payloads>,
+}
+
+/// The most keys one ListObjectsV2 answers and one DeleteObjects takes.
+const S3_PAGE: usize = 1000;
+
+#[async_trait]
+impl Payloads for CountedPayloads {
+    async fn put(&self, task_id: TaskId, body: &[u8]) -> Result<PayloadRef, PayloadError> {
+        self.meter.call("S3 PutObject");
+        self.meter.io().await;
+        let r = self.inner.put(task_id, body).await?;
+        self.meter
+            .add(|c| _ = c.objects.insert(r.key(), body.len() as u64));
+        Ok(r)
+    }
+
+    async fn get(&self, r: &PayloadRef) -> Result<Vec<u8>, PayloadError> {
+        self.meter.call("S3 GetObject");
+        self.meter.io().await;
+        self.inner.get(r).await
+    }
+
+    async fn delete_task(&self, task_id: TaskId) -> Result<usize, PayloadError> {
+        self.meter.io().await;
+        let deleted = self.inner.delete_task(task_id).await?;
+        let pages = deleted.div_ceil(S3_PAGE) as u64;
+        self.meter.add(|c| {
+            *c.calls.entry("S3 ListObjectsV2".into()).or_default() += pages.max(1);
+            if pages > 0 {
+                *c.calls.entry("S3 DeleteObjects".into()).or_default() += pages;
+            }
+        });
+        Ok(deleted)
+    }
+
+    async fn delete(&self, r: &PayloadRef) -> Result<(), PayloadError> {
+        self.meter.call("S3 DeleteObject");
+        self.meter.io().await;
+        self.inner.delete(r).await
     }
 }

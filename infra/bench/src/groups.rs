@@ -5,12 +5,14 @@
 //! 300 ms; [`for_each_race`] runs the forEach with several scheduler pollers, so that its
 //! elements' replies race on the task's one record, and counts the writes that lose;
 //! [`for_each_cost`] divides the forEach scenario's counts (see `scenarios::measure`) by its
-//! elements.
+//! elements; [`mb_cost`] sets the two steps passing a [`RESULT_BYTES`] result ([`MB`]) against
+//! the same two steps passing a small one ([`PAIR`]).
 
 use crate::counting::{Counts, LOST, Meter, WriteUnits};
 use crate::scenarios::{self, Scenario};
+use sas::ports::{RemoteCall, RemoteFault, RemoteService};
 use sas::ports::{SystemClock, TaskStore};
-use sas::remote::Faults;
+use sas::remote::{Faults, SimulatedService};
 use sas::{ProcessState, TaskId};
 use sas_local::{Backend, Settings, System};
 use serde_json::{Value, json};
@@ -44,6 +46,17 @@ pub const CHILD: &str = "bench-child";
 /// [`PAIR`] with its second step run as a sub-workflow ([`CHILD`]): what a child costs and
 /// takes against the same step inline.
 pub const CHILD_PAIR: &str = "bench-child-pair";
+/// Two steps, the first's service ([`REPORT`]) answering a result of [`RESULT_BYTES`], the
+/// second's request carrying it whole: what a large result passed on costs against [`PAIR`].
+pub const MB: &str = "bench-mb";
+/// [`MB`]'s first service: the simulated service, its answer padded to [`RESULT_BYTES`] (see
+/// [`Reporting`]).
+pub const REPORT: &str = "bench-report";
+/// The size of [`REPORT`]'s result, serialized: 1 MiB. Under every limit on the way: a step's
+/// result (`MAX_RESULT_BYTES`), what an agent reads of an answer (`MAX_ANSWER_BYTES`) and a
+/// mapped request (`MAX_REQUEST_BYTES`); over the inline sizes of an item and a message, so
+/// it is kept in the payload store (S3) and passed by reference.
+pub const RESULT_BYTES: usize = 1024 * 1024;
 /// The event [`EVENT`] waits for.
 pub const EVENT_NAME: &str = "signed";
 /// The three steps' services, with what each takes in the timed run.
@@ -57,7 +70,7 @@ pub fn definitions() -> Vec<(String, String)> {
     let services: Vec<Value> = BRANCHES
         .iter()
         .map(|(name, _)| *name)
-        .chain([EACH])
+        .chain([EACH, REPORT])
         .map(|name| json!({"name": name, "description": "the bench's", "target": {"type": "simulated"}}))
         .collect();
     // The three steps, undoable as the e-commerce order's are.
@@ -141,6 +154,19 @@ pub fn definitions() -> Vec<(String, String)> {
         "description": "Two steps, the second run as a child task.",
         "steps": [a, {"name": "step-c", "workflow": CHILD, "input": {"customerId": "$.input.customerId"}}],
     });
+    // The pair's first step on the service with the large answer; its second step's request
+    // carries that answer whole (and the customer, as the pair's does).
+    let (_, c) = first_last();
+    let mut passed_on = c;
+    passed_on["input"]["report"] = json!("$.steps['step-report'].result");
+    let mb = json!({
+        "name": MB,
+        "description": "Two steps, the second's request carrying the first's 1 MiB result.",
+        "steps": [
+            step(&(REPORT, 0)),
+            passed_on,
+        ],
+    });
     // The child first: publishing checks that a parent's child is known.
     for (name, w) in [
         (CHILD, child),
@@ -152,6 +178,7 @@ pub fn definitions() -> Vec<(String, String)> {
         (WAIT, wait),
         (EVENT, event),
         (LIMITED, limited),
+        (MB, mb),
     ] {
         files.push((format!("{name}.json"), w));
     }
@@ -161,7 +188,7 @@ pub fn definitions() -> Vec<(String, String)> {
 /// The input of a task of one of the bench's workflows (`None` for any other).
 pub fn input(workflow: &str) -> Option<Value> {
     match workflow {
-        PARALLEL | LINE | PAIR | WAIT | EVENT | LIMITED | CHILD | CHILD_PAIR => {
+        PARALLEL | LINE | PAIR | WAIT | EVENT | LIMITED | CHILD | CHILD_PAIR | MB => {
             Some(json!({"customerId": "bench"}))
         }
         FOR_EACH => Some(json!({
@@ -169,6 +196,34 @@ pub fn input(workflow: &str) -> Option<Value> {
         })),
         _ => None,
     }
+}
+
+/// [`REPORT`]'s service: the simulated service (which applies and counts its effects by key as
+/// every other does), its success answered with a `report` string that brings it to
+/// [`RESULT_BYTES`] of JSON. The simulated service has no such answer of its own.
+pub struct Reporting(pub Arc<SimulatedService>);
+
+#[async_trait::async_trait]
+impl RemoteService for Reporting {
+    async fn call(&self, call: &RemoteCall, timeout: Duration) -> Result<Value, RemoteFault> {
+        let mut answer = self.0.call(call, timeout).await?;
+        // An undo's answer is nobody's input: only a step's is padded.
+        if call.undoes.is_none() {
+            pad(&mut answer, RESULT_BYTES);
+        }
+        Ok(answer)
+    }
+}
+
+/// `answer` (an object) with a `report` string that makes it `bytes` long serialized, if it
+/// is shorter.
+pub fn pad(answer: &mut Value, bytes: usize) {
+    let Some(fields) = answer.as_object_mut() else {
+        return;
+    };
+    fields.insert("report".into(), Value::String(String::new()));
+    let short = bytes.saturating_sub(answer.to_string().len());
+    answer["report"] = Value::String("r".repeat(short));
 }
 
 /// The simulated services' latencies of the timed runs.
@@ -423,6 +478,71 @@ pub fn group_cost(scenarios: &[Scenario], usd_per_task: impl Fn(&Scenario) -> f6
     )
 }
 
+/// What one task of [`MB`] costs against one of [`PAIR`] (the same two steps, a small result),
+/// from their scenarios in the call table: the calls and bytes that differ, and the
+/// orchestration by part, in USD per million tasks; the difference per MiB passed. `usd` gives
+/// a scenario's orchestration, and of it S3's requests and S3's storage, per task.
+pub fn mb_cost(scenarios: &[Scenario], usd: impl Fn(&Scenario) -> (f64, f64, f64)) -> String {
+    let find = |w: &str| scenarios.iter().find(|s| s.workflow == w);
+    let (Some(pair), Some(mb)) = (find(PAIR), find(MB)) else {
+        return String::new();
+    };
+    let mib = RESULT_BYTES as f64 / (1u64 << 20) as f64;
+    let mut t = format!(
+        "The call table's `{}` column (`{MB}`: the pair's two steps, the first on a service answering {RESULT_BYTES} bytes of JSON, the second's request mapping that result whole) against its `{}` column (`{PAIR}`). The result is over the inline sizes of an item and of a message, so the agent keeps it in S3 and replies with its reference; the scheduler reads it, keeps only the reference in the state record, and sends the second request's body (the result and the customer) by reference too, which the agent reads. Each function has its own payload cache, as one warm instance of each. USD per million tasks, one message per invocation, on demand.\n\n| per task | `{PAIR}` | `{MB}` | added |\n|---|---|---|---|\n",
+        mb.name, pair.name
+    );
+    let mut row = |label: &str, f: &dyn Fn(&Scenario) -> f64, digits: usize| {
+        let (a, b) = (f(pair), f(mb));
+        let _ = writeln!(
+            t,
+            "| {label} | {a:.digits$} | {b:.digits$} | {:+.digits$} |",
+            b - a
+        );
+    };
+    row("S3 PutObject", &|s| s.counts.call("S3 PutObject") as f64, 0);
+    row("S3 GetObject", &|s| s.counts.call("S3 GetObject") as f64, 0);
+    row("bytes stored in S3", &|s| s.counts.stored_bytes() as f64, 0);
+    row(
+        "SQS messages sent",
+        &|s| s.counts.call("SQS SendMessage") as f64,
+        0,
+    );
+    row("DynamoDB write request units", &|s| s.counts.wru, 0);
+    row("DynamoDB read request units", &|s| s.counts.rru, 1);
+    row(
+        "largest item written, bytes",
+        &|s| s.counts.largest_item() as f64,
+        0,
+    );
+    row("EventBridge events", &|s| s.counts.events as f64, 0);
+    let ms = |f: &'static str| {
+        move |s: &Scenario| s.handler_seconds.get(f).copied().unwrap_or(0.0) * 1e3
+    };
+    row("handler time, ms: agent", &ms("agent"), 0);
+    row("handler time, ms: scheduler", &ms("scheduler"), 0);
+    let m = 1e6;
+    row("orchestration: S3 requests, USD", &|s| usd(s).1 * m, 2);
+    row("orchestration: S3 storage, USD", &|s| usd(s).2 * m, 2);
+    row(
+        "orchestration: the rest, USD",
+        &|s| (usd(s).0 - usd(s).1 - usd(s).2) * m,
+        2,
+    );
+    row("orchestration, USD", &|s| usd(s).0 * m, 2);
+    let (p, b) = (usd(pair), usd(mb));
+    let per_mib = (b.0 - p.0) * m / mib;
+    let _ = writeln!(
+        t,
+        "\nA result of 1 MiB passed to a later step costs ${per_mib:.2} per million tasks more than a small one: ${per_mib:.2} per MiB passed (${:.2} per MB of 10^6 bytes), of which ${:.2} S3 requests, ${:.2} S3 storage until the task's retention ends (as the cost table) and ${:.2} the rest (the handlers' time with the payload, DynamoDB, SQS). Step Functions carries at most 256 KB between states: an equivalent state machine would keep the result in S3 too.",
+        per_mib / 1.048_576,
+        (b.1 - p.1) * m / mib,
+        (b.2 - p.2) * m / mib,
+        ((b.0 - b.1 - b.2) - (p.0 - p.1 - p.2)) * m / mib,
+    );
+    t
+}
+
 /// One forEach run with `pollers` scheduler pollers per queue.
 #[derive(Debug, Clone)]
 pub struct RaceRun {
@@ -610,6 +730,27 @@ pub fn for_each_cost(scenarios: &[Scenario], usd_per_task: impl Fn(&Scenario) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`REPORT`]'s answer is [`RESULT_BYTES`] of JSON with the simulated service's fields (its
+    /// `id`, which the step's undo maps), and [`MB`]'s second step maps that result whole.
+    #[test]
+    fn the_report_is_a_mib_and_the_second_step_maps_it_whole() {
+        let mut answer = json!({"id": "i-1", "service": REPORT, "action": "step-report"});
+        pad(&mut answer, RESULT_BYTES);
+        assert_eq!(answer.to_string().len(), RESULT_BYTES);
+        assert_eq!(answer["id"], "i-1");
+        let (_, mb) = definitions()
+            .into_iter()
+            .find(|(f, _)| *f == format!("{MB}.json"))
+            .expect("the workflow");
+        let mb: Value = serde_json::from_str(&mb).expect("json");
+        assert_eq!(mb["steps"][0]["service"], REPORT);
+        assert_eq!(
+            mb["steps"][1]["input"]["report"],
+            "$.steps['step-report'].result"
+        );
+        assert_eq!(input(MB), Some(json!({"customerId": "bench"})));
+    }
 
     /// The timed runs end as planned: each task `Processed`, no sooner than its services
     /// answered (the latencies are applied), the forEach's elements each applied once (checked

@@ -61,6 +61,12 @@ const SFN_EXPRESS_GB: f64 = 0.0625;
 /// Messages per invocation (and per receive and delete) when the queues are busy: the
 /// scheduler's and the supervisor's mappings take batches of 10 (`template.yaml`).
 const AT_LOAD_BATCH: f64 = 10.0;
+/// How long a task's payload objects are stored: until its retention ends, the template's
+/// `RetentionDays` default after it ends (its run is a rounding error beside that).
+const PAYLOAD_RETENTION_DAYS: f64 = 90.0;
+/// The hours of a month, as AWS's pricing calculator counts them (storage is billed by the
+/// GB-month).
+const HOURS_PER_MONTH: f64 = 730.0;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -145,6 +151,20 @@ async fn main() -> anyhow::Result<()> {
         "{}",
         groups::child_table(&rows, measured.as_deref(), |s| cost(s).orchestration)
     )?;
+    if let Some(scenarios) = &measured {
+        writeln!(
+            md,
+            "### A 1 MiB result passed to a later step (on the emulator)\n"
+        )?;
+        writeln!(
+            md,
+            "{}",
+            groups::mb_cost(scenarios, |s| {
+                let c = cost(s);
+                (c.orchestration, c.s3_requests, c.s3_storage)
+            })
+        )?;
+    }
     writeln!(md, "### forEach: replies racing on one record\n")?;
     let runs = groups::for_each_race(&cli.race_pollers).await?;
     writeln!(md, "{}", groups::race_table(&runs))?;
@@ -459,7 +479,7 @@ fn calls_table(scenarios: &[Scenario]) -> String {
     names.sort();
     names.dedup();
     let mut t = String::from(
-        "Counted by wrappers around the adapters, each task on its own resources on moto. Queue receives and deletes are made by Lambda's event source mappings and are not counted here (the cost model adds one of each per consumed message). Lambda invocations assume one message per invocation (the upper bound). Catalog reads (workflow and service definitions, in the same table) are cached by every function for `CATALOG_CACHE_SECONDS` (5 s by default), which rounds to nothing per task under load: each scenario starts with warm caches, and a catalog row shows only if one was read anyway.\n\n| call |",
+        "Counted by wrappers around the adapters, each task on its own resources on moto. Queue receives and deletes are made by Lambda's event source mappings and are not counted here (the cost model adds one of each per consumed message). Lambda invocations assume one message per invocation (the upper bound). Catalog reads (workflow and service definitions, in the same table) are cached by every function for `CATALOG_CACHE_SECONDS` (5 s by default), which rounds to nothing per task under load: each scenario starts with warm caches, and a catalog row shows only if one was read anyway. S3 calls are the payload store's (payloads over the inline size kept by reference), counted under each function's own payload cache, as one warm instance of each function has: a payload one function wrote is read from S3 by the next. A deadline timer delivered after the scenario reads the record, and its payloads the first time.\n\n| call |",
     );
     for s in scenarios {
         t.push_str(&format!(" {} |", s.name));
@@ -517,6 +537,9 @@ fn calls_table(scenarios: &[Scenario]) -> String {
         });
     }
     row("EventBridge events", &|s| s.counts.events.to_string());
+    row("S3 bytes stored (payload objects)", &|s| {
+        s.counts.stored_bytes().to_string()
+    });
     for f in ["submission", "scheduler", "agent", "supervisor"] {
         row(&format!("Lambda invocations: {f}"), &|s| {
             s.invocations.get(f).copied().unwrap_or(0).to_string()
@@ -538,7 +561,11 @@ fn calls_table(scenarios: &[Scenario]) -> String {
 
 /// USD per task, by part.
 struct Cost {
+    /// Everything but the agents and the API (S3 included).
     orchestration: f64,
+    /// Of which S3's requests, and its storage of the task's payloads until its retention ends.
+    s3_requests: f64,
+    s3_storage: f64,
     agents: f64,
     api: f64,
     sfn_standard: f64,
@@ -620,7 +647,16 @@ fn cost_in(s: &Scenario, batch: f64, capacity: Capacity) -> Cost {
     let per_message = 1.0 + 2.0 / batch.min(5.0);
     let agent_sqs = per_message * agent_msgs
         + c.messages.get("replies").copied().unwrap_or(0) as f64 * per_message;
-    let orchestration = orch_invocations * LAMBDA_REQUEST.usd
+    // The payloads kept by reference: S3's requests (a LIST billed as a PUT), and the objects
+    // stored (GB of 2^30 bytes) for the task's retention.
+    let s3_requests = (c.call("S3 PutObject") + c.call("S3 ListObjectsV2")) as f64 * S3_PUT.usd
+        + c.call("S3 GetObject") as f64 * S3_GET.usd;
+    let s3_storage = c.stored_bytes() as f64 / (1u64 << 30) as f64 * PAYLOAD_RETENTION_DAYS * 24.0
+        / HOURS_PER_MONTH
+        * S3_STORAGE.usd;
+    let orchestration = s3_requests
+        + s3_storage
+        + orch_invocations * LAMBDA_REQUEST.usd
         + orch_seconds * MEMORY_GB * LAMBDA_ARM_GB_SECOND.usd
         + c.wru * wru_usd
         + c.rru * rru_usd
@@ -647,6 +683,8 @@ fn cost_in(s: &Scenario, batch: f64, capacity: Capacity) -> Cost {
         + terminal_events * EVENTBRIDGE_EVENT.usd;
     Cost {
         orchestration,
+        s3_requests,
+        s3_storage,
         agents,
         api,
         sfn_standard,
@@ -835,7 +873,7 @@ fn writes_table(scenarios: &[Scenario]) -> String {
 /// The scenarios added after the baseline was measured (the parallel group, the line and the
 /// forEach): their before/after rows say `new`. Any other scenario must have a
 /// baseline row.
-const NEW_SCENARIOS: [&str; 8] = [
+const NEW_SCENARIOS: [&str; 9] = [
     "3 parallel branches",
     "the same 3 steps in a line",
     "forEach: 100 elements, 10 at once",
@@ -844,6 +882,7 @@ const NEW_SCENARIOS: [&str; 8] = [
     "2 steps, an event between",
     "2 steps, a service with limits",
     "2 steps, the second a 1-step child",
+    scenarios::MB_SCENARIO,
 ];
 
 /// The figures of the baseline run (`infra/bench/baseline.json`, committed with the commit and
@@ -912,7 +951,7 @@ fn cost_table(scenarios: &[Scenario]) -> String {
     let mut t = format!(
         "USD per million tasks, us-east-1, on-demand, no free tier; prices checked {} (sources below). \
 Lambda durations are the handlers' wall times measured on the emulator (in the table above; they include the poll's receive and delete, so they are an upper bound), billed per millisecond; the simulated remote services answer at once, so each agent invocation gets {REMOTE_CALL_MS} ms more for a real service's answer. Functions have {} MB; one message per invocation; each consumed message costs one receive and one delete. \
-*Orchestration* is everything but the agents and the API: submission, scheduler and supervisor invocations, DynamoDB (with the GSI writes and the transaction's double charge), SQS, EventBridge. The Step Functions columns replace that with the state machine's transitions (the count is in the table above) and its events; the agents and the API cost the same either way and are added to every total. \
+*Orchestration* is everything but the agents and the API: submission, scheduler and supervisor invocations, DynamoDB (with the GSI writes and the transaction's double charge), SQS, EventBridge, and S3 for payloads kept by reference (its requests, and the objects' storage until the task's retention ends, {PAYLOAD_RETENTION_DAYS:.0} days after it ends: the template's `RetentionDays` default). The Step Functions columns replace that with the state machine's transitions (the count is in the table above) and its events; the agents and the API cost the same either way and are added to every total. \
 Fixed monthly costs are left out: the supervisor's schedule (43,200 invocations a month) and the event source mappings' empty long polls.\n\n\
 | task | sas orchestration | Step Functions Standard | Step Functions Express | agents (both) | HTTP API (both) | sas total | Standard total | Express total |\n|---|---|---|---|---|---|---|---|---|\n",
         prices::CHECKED,
@@ -1175,6 +1214,37 @@ mod tests {
             "per element is per task / 100: {wru}"
         );
         assert!(each.contains("(100 keys, each applied once)"), "{each}");
+        // The 1 MiB result against the pair: its S3 calls and storage are added, and cost.
+        let mb = groups::mb_cost(&s, |sc| {
+            let c = cost(sc);
+            (c.orchestration, c.s3_requests, c.s3_storage)
+        });
+        let added = |label: &str| -> f64 {
+            mb.lines()
+                .find(|l| l.starts_with(&format!("| {label} |")))
+                .and_then(|l| l.split('|').nth(4)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no row {label}:\n{mb}"))
+        };
+        assert_eq!(added("S3 PutObject"), 2.0, "{mb}");
+        assert_eq!(added("S3 GetObject"), 3.0, "{mb}");
+        assert!(
+            added("bytes stored in S3") >= 2.0 * groups::RESULT_BYTES as f64,
+            "{mb}"
+        );
+        assert!(added("orchestration: S3 requests, USD") > 0.0, "{mb}");
+        assert!(added("orchestration: S3 storage, USD") > 0.0, "{mb}");
+        assert!(mb.contains("per MiB passed"), "{mb}");
+        println!("{mb}");
+        let pair = s
+            .iter()
+            .find(|sc| sc.workflow == groups::PAIR)
+            .expect("the pair");
+        let passed = s
+            .iter()
+            .find(|sc| sc.workflow == groups::MB)
+            .expect("the MiB");
+        assert!(cost(passed).orchestration > cost(pair).orchestration);
+        assert_eq!((cost(pair).s3_requests, cost(pair).s3_storage), (0.0, 0.0));
         // Progress events are off by default: a clean e-commerce order publishes only
         // `TaskProcessed`.
         assert_eq!(s[0].name, "clean e-commerce order");

@@ -90,7 +90,26 @@ pub const SFN_EXPRESS_GB_SECOND: Price = Price {
     source: "aws.amazon.com/step-functions/pricing ($0.06 per GB-hour for the first 1,000 GB-hours; 64 MB and 100 ms increments)",
 };
 
-pub const ALL: [Price; 12] = [
+pub const S3_PUT: Price = Price {
+    item: "S3 Standard PUT, COPY, POST or LIST request",
+    usd: 0.005 / 1e3,
+    unit: "request",
+    source: "aws.amazon.com/s3/pricing ($0.005 per 1,000 requests, S3 Standard, us-east-1)",
+};
+pub const S3_GET: Price = Price {
+    item: "S3 Standard GET or SELECT request",
+    usd: 0.0004 / 1e3,
+    unit: "request",
+    source: "aws.amazon.com/s3/pricing ($0.0004 per 1,000 requests, S3 Standard, us-east-1)",
+};
+pub const S3_STORAGE: Price = Price {
+    item: "S3 Standard storage",
+    usd: 0.023,
+    unit: "GB-month",
+    source: "aws.amazon.com/s3/pricing ($0.023 per GB-month for the first 50 TB, S3 Standard, us-east-1)",
+};
+
+pub const ALL: [Price; 15] = [
     LAMBDA_ARM_GB_SECOND,
     LAMBDA_REQUEST,
     DYNAMODB_WRU,
@@ -103,4 +122,7 @@ pub const ALL: [Price; 12] = [
     SFN_STANDARD_TRANSITION,
     SFN_EXPRESS_REQUEST,
     SFN_EXPRESS_GB_SECOND,
+    S3_PUT,
+    S3_GET,
+    S3_STORAGE,
 ];

@@ -4,11 +4,14 @@
 //! overruns once (recovered by its deadline timer), an order refused at step 3 and compensated,
 //! and a loan refused at its contract and compensated (its credit check has no undo); and the
 //! bench's own workflows ([`crate::groups`]): a parallel group of three branches, the same
-//! three steps in a line, and a forEach over 100 elements at maxConcurrency 10.
+//! three steps in a line, a forEach over 100 elements at maxConcurrency 10, two steps alone,
+//! with a wait, an event, limits or a child between or under them, and two steps passing a
+//! 1 MiB result on.
 
-use crate::counting::{Counter, Counts, Meter};
+use crate::counting::{CountedPayloads, Counter, Counts, Meter};
 use crate::groups;
-use sas::ports::{Clock, OffsetClock, ReceiveRequest, StateStore};
+use sas::payloads::{Cached, Offloading};
+use sas::ports::{AgentStore, Clock, OffsetClock, Payloads, ReceiveRequest, StateStore};
 use sas::remote::Faults;
 use sas::{ProcessState, TaskId};
 use sas_local::intercept::Intercepted;
@@ -73,8 +76,10 @@ pub(crate) fn wrap(p: Ports, meter: &Arc<Meter>, shards: u32) -> Ports {
         catalog: Arc::new(Intercepted::new(p.catalog, counter.clone())),
         queue: Arc::new(Intercepted::new(p.queue, counter.clone())),
         events: Arc::new(Intercepted::new(p.events, counter)),
-        // Not counted: the payloads' calls are S3's, not the table's or the queues'.
-        payloads: p.payloads,
+        payloads: Arc::new(CountedPayloads {
+            meter: meter.clone(),
+            inner: p.payloads,
+        }),
         resources: p.resources,
         memory: p.memory,
     }
@@ -103,7 +108,7 @@ struct Built {
 }
 
 /// The workflows every scenario's system has published (the examples and the bench's own).
-const PUBLISHED: [&str; 11] = [
+const PUBLISHED: [&str; 12] = [
     "ecommerce-order",
     "loan-application",
     groups::PARALLEL,
@@ -115,18 +120,40 @@ const PUBLISHED: [&str; 11] = [
     groups::LIMITED,
     groups::CHILD,
     groups::CHILD_PAIR,
+    groups::MB,
 ];
+
+/// What answers the bench's services.
+#[derive(Clone, Copy, PartialEq)]
+enum Services {
+    /// The local system's simulated services (callback steps called back).
+    Simulated,
+    /// The simulated services as they are, [`groups::REPORT`]'s answer padded to its size
+    /// ([`groups::Reporting`]); no callback steps (the workflows run on it have none).
+    Reporting,
+}
 
 /// A system on fresh resources, with the example definitions and the bench's own
 /// ([`groups::definitions`]) published and every function's catalog cache warmed: in a
 /// deployment the catalog is read once per function instance every `CATALOG_CACHE_SECONDS`
 /// (5 s), which rounds to nothing per task under any load, so the scenarios count what a warm
-/// function does. The counts start after the warm-up.
+/// function does. Each function has its own payload cache ([`cache_per_function`]). The counts
+/// start after the warm-up.
 async fn build(
     target: &Target,
     faults: &[(&str, Faults)],
     step: chrono::Duration,
     timers: bool,
+) -> anyhow::Result<Built> {
+    build_with(target, faults, step, timers, Services::Simulated).await
+}
+
+async fn build_with(
+    target: &Target,
+    faults: &[(&str, Faults)],
+    step: chrono::Duration,
+    timers: bool,
+    services: Services,
 ) -> anyhow::Result<Built> {
     let mut settings = Settings {
         // A deployment with `DeadlineTimers=false` arms none: the sweep alone finds deadlines.
@@ -166,9 +193,41 @@ async fn build(
     let p = ports(backend, &settings).await?;
     let store = p.store.clone();
     let p = wrap(p, &meter, settings.due_shards);
+    let (counted_store, payloads, events) = (p.store.clone(), p.payloads.clone(), p.events.clone());
     let files = settings.definitions.clone();
     let clock = Arc::new(OffsetClock::default());
-    let system = System::from_ports(p, settings, clock.clone() as Arc<dyn Clock>);
+    let remotes = (settings.breaker, settings.service_share);
+    let credentials = (settings.credentials.clone(), settings.credentials_ttl);
+    let mut system = System::from_ports(p, settings, clock.clone() as Arc<dyn Clock>);
+    cache_per_function(&mut system, &counted_store, &payloads, clock.clone());
+    if services == Services::Reporting {
+        // No simulated service answers a large result: the agent's remotes are made again, as
+        // the local system makes them, with REPORT's answer padded.
+        let made = system.services.clone();
+        let factory: sas::remote::SimulatedFactory = Arc::new(move |name: &str| {
+            let service = made.get(name);
+            if name == groups::REPORT {
+                Arc::new(groups::Reporting(service)) as Arc<dyn sas::ports::RemoteService>
+            } else {
+                service
+            }
+        });
+        let connectors =
+            sas::remote::Connectors::new(credentials.0, credentials.1, clock.clone(), None)?;
+        let store: Arc<dyn AgentStore> = system.store.clone();
+        system.agent.remotes = Arc::new(
+            sas::remote::Remotes::new(
+                system.definitions.clone(),
+                store,
+                remotes.0,
+                clock.clone(),
+                factory,
+                connectors,
+            )
+            .with_share(remotes.1)
+            .with_alerts(events),
+        );
+    }
     system.publish(&files).await?;
     for workflow in PUBLISHED {
         system.definitions.latest(workflow).await?;
@@ -181,6 +240,42 @@ async fn build(
         store,
         clock,
     })
+}
+
+/// Gives each function of `system` its own payload cache over `payloads` (the counted S3
+/// store) and a store that keeps and reads payloads through it, over `store` (the counted
+/// table). The local system shares one cache among its functions, as one process; deployed,
+/// each function is its own Lambda instance with its own cache, and a payload one function
+/// wrote is read from S3 by the next (a result by the scheduler, a request body by the agent).
+fn cache_per_function(
+    system: &mut System,
+    store: &Arc<dyn StateStore>,
+    payloads: &Arc<dyn Payloads>,
+    clock: Arc<dyn Clock>,
+) {
+    let own = || {
+        let cache: Arc<dyn Payloads> = Arc::new(Cached::new(payloads.clone()));
+        let store: Arc<dyn StateStore> =
+            Arc::new(Offloading::new(store.clone(), cache.clone(), clock.clone()));
+        (store, cache)
+    };
+    for ports in [
+        &mut system.api.ports,
+        &mut system.operator.ports,
+        &mut system.scheduler.ports,
+        &mut system.supervisor.ports,
+    ] {
+        (ports.store, ports.payloads) = own();
+    }
+    let (agent_store, agent_cache) = own();
+    system.agent.payloads = agent_cache.clone();
+    // The agent starts a child task (a sub-workflow step) with its own cache too.
+    if let Some(tasks) = &system.agent.tasks {
+        let mut tasks = (**tasks).clone();
+        tasks.store = agent_store;
+        tasks.payloads = agent_cache;
+        system.agent.tasks = Some(Arc::new(tasks));
+    }
 }
 
 /// The input of a task of `workflow`: an example workflow, or one of the bench's.
@@ -285,12 +380,14 @@ struct Plan {
 }
 
 /// Turns the counted messages into invocations, and adds what the timers not delivered during
-/// the scenario cost when they are (one supervisor invocation and one GetItem each: a no-op).
+/// the scenario cost when they are (one supervisor invocation and one GetItem each: a no-op;
+/// the first also reads the record's payload objects, `refs`, which the supervisor's cache
+/// keeps for the rest).
 fn finish(
     plan: &Plan,
     mut counts: Counts,
     timers_handled: u64,
-    (final_state, effects): (ProcessState, BTreeMap<String, u32>),
+    ((final_state, refs), effects): ((ProcessState, usize), BTreeMap<String, u32>),
     clocked: Clocked,
 ) -> anyhow::Result<Scenario> {
     anyhow::ensure!(
@@ -310,6 +407,16 @@ fn finish(
     let pending_timers = timers.saturating_sub(timers_handled);
     *counts.calls.entry("DynamoDB GetItem".into()).or_default() += pending_timers;
     counts.rru += pending_timers as f64;
+    // What the supervisor's cache holds after timers it handled is not known here: no scenario
+    // with payloads by reference handles one.
+    anyhow::ensure!(
+        refs == 0 || timers_handled == 0,
+        "scenario {:?}: its supervisor read payloads before its pending timers",
+        plan.name
+    );
+    if pending_timers > 0 && refs > 0 {
+        *counts.calls.entry("S3 GetObject".into()).or_default() += refs as u64;
+    }
     let invocations = BTreeMap::from([
         ("submission", 1 + plan.callbacks),
         ("scheduler", m("work") + m("replies")),
@@ -344,7 +451,7 @@ async fn straight(
     plan: &Plan,
     faults: &[(&str, Faults)],
 ) -> anyhow::Result<Scenario> {
-    straight_with(target, plan, faults, true).await
+    straight_with(target, plan, faults, true, Services::Simulated).await
 }
 
 async fn straight_with(
@@ -352,13 +459,21 @@ async fn straight_with(
     plan: &Plan,
     faults: &[(&str, Faults)],
     timers: bool,
+    services: Services,
 ) -> anyhow::Result<Scenario> {
     let Built {
         system,
         meter,
         store,
         ..
-    } = build(target, faults, chrono::Duration::seconds(30), timers).await?;
+    } = build_with(
+        target,
+        faults,
+        chrono::Duration::seconds(30),
+        timers,
+        services,
+    )
+    .await?;
     let mut clocked = Clocked::default();
     let id = submit(&system, &mut clocked, plan.workflow).await?;
     settle(
@@ -370,6 +485,17 @@ async fn straight_with(
     )
     .await?;
     let counts = meter.take();
+    if services == Services::Reporting {
+        // The second step's service was sent the first's result whole.
+        let second = system.services.get(groups::BRANCHES[2].0).stats();
+        let task = id.to_string();
+        anyhow::ensure!(
+            second.requests.iter().any(|a| a.key.starts_with(&task)
+                && a.input["report"].to_string().len() == groups::RESULT_BYTES),
+            "scenario {:?}: no request of the second step carried the whole result",
+            plan.name
+        );
+    }
     let r = (read(&system, id).await?, effects_of(&system, id));
     system.shutdown().await;
     finish(plan, counts, 0, r, clocked)
@@ -483,7 +609,7 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
         callbacks: 0,
         expect: ProcessState::Processed,
     };
-    out.push(straight_with(target, &plan, &[], false).await?);
+    out.push(straight_with(target, &plan, &[], false, Services::Simulated).await?);
 
     // 7. The bench's parallel group: three branches of one step each. The equivalent: a
     // Parallel state, its three Task states, NotifyProcessed, Done: 6 transitions.
@@ -596,8 +722,26 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     };
     out.push(straight(target, &plan, &[]).await?);
 
+    // 15. The two steps, the first answering a 1 MiB result and the second's request carrying
+    // it: the agent keeps the result in S3 and replies with its reference, the scheduler
+    // reads it (its own cache is empty) and keeps only the reference in the record, and sends
+    // the second request's body by reference too, which the agent reads. A, C,
+    // NotifyProcessed, Done: 4 (Step Functions itself carries at most 256 KB between states).
+    let plan = Plan {
+        name: MB_SCENARIO,
+        workflow: groups::MB,
+        steps: 2,
+        sfn_transitions: 4,
+        callbacks: 0,
+        expect: ProcessState::Processed,
+    };
+    out.push(straight_with(target, &plan, &[], true, Services::Reporting).await?);
+
     Ok(out)
 }
+
+/// The name of the scenario of [`groups::MB`].
+pub const MB_SCENARIO: &str = "2 steps, a 1 MiB result passed on";
 
 /// A task of `plan` (sent `event` right after its submission, if given) run until it waits
 /// long, that wait ended as its time would ([`end_long_wait`]), and the rest run.
@@ -721,13 +865,24 @@ fn without_sweep(mut c: Counts) -> Counts {
     c
 }
 
-async fn read(system: &System, id: TaskId) -> anyhow::Result<ProcessState> {
-    system
+/// Task `id`'s state, and how many payload objects its record names (results and events kept
+/// by reference: what reading it whole reads from S3).
+async fn read(system: &System, id: TaskId) -> anyhow::Result<(ProcessState, usize)> {
+    let r = system
         .store
         .get_state(id)
         .await?
-        .map(|r| r.process_state)
-        .ok_or_else(|| anyhow::anyhow!("task {id} has no record"))
+        .ok_or_else(|| anyhow::anyhow!("task {id} has no record"))?;
+    let mut refs: Vec<_> = r
+        .steps
+        .iter()
+        .flat_map(|s| std::iter::once(s).chain(&s.elements))
+        .filter_map(|s| s.result_ref.as_ref())
+        .chain(r.inbox.kept.iter().filter_map(|e| e.payload_ref.as_ref()))
+        .collect();
+    refs.sort();
+    refs.dedup();
+    Ok((r.process_state, refs.len()))
 }
 
 #[cfg(test)]
@@ -757,6 +912,7 @@ mod tests {
                 "2 steps, an event between",
                 "2 steps, a service with limits",
                 "2 steps, the second a 1-step child",
+                MB_SCENARIO,
             ]
         );
         // Without timers: the clean e-commerce order's messages and writes, less the timers and the
@@ -777,8 +933,51 @@ mod tests {
             0,
             "the sweep's own queries are left out"
         );
-        for i in [9, 10, 11, 12] {
+        for i in [9, 10, 11, 12, 14] {
             assert_eq!(s[i].effects.len(), 2, "{}: {:?}", s[i].name, s[i].effects);
+        }
+        // The 1 MiB result: two objects written (the result, by the agent; the second request's
+        // body, by the scheduler), each read once by the other function, and the result once
+        // more by the supervisor at the first pending timer; the record and the messages hold
+        // references only. Nothing else reaches S3.
+        let mb = &s[14];
+        assert_eq!(mb.workflow, groups::MB);
+        assert_eq!(agent(14), 2);
+        assert_eq!(
+            (
+                mb.counts.call("S3 PutObject"),
+                mb.counts.call("S3 GetObject")
+            ),
+            (2, 3),
+            "{:?}",
+            mb.counts.calls
+        );
+        assert_eq!(mb.counts.objects.len(), 2, "{:?}", mb.counts.objects);
+        assert!(
+            mb.counts
+                .objects
+                .values()
+                .all(|&b| b >= groups::RESULT_BYTES as u64),
+            "{:?}",
+            mb.counts.objects
+        );
+        assert!(
+            mb.counts.largest_item() < 8 * 1024,
+            "{}",
+            mb.counts.largest_item()
+        );
+        assert_eq!(
+            mb.counts.call("SQS SendMessage"),
+            s[9].counts.call("SQS SendMessage")
+        );
+        for sc in s.iter().filter(|sc| sc.workflow != groups::MB) {
+            assert!(
+                sc.counts.calls.keys().all(|k| !k.starts_with("S3"))
+                    && sc.counts.objects.is_empty(),
+                "{}: {:?}",
+                sc.name,
+                sc.counts.calls
+            );
         }
         // Every call takes a slot and gives it back (the share, or the service's own
         // concurrency); a service's rate adds a token per call to the submission's.
