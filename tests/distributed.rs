@@ -165,7 +165,11 @@ async fn every_element_runs_once_as_a_record_of_its_own_and_the_step_answers_in_
         assert_eq!(element.process_state, ProcessState::Processed);
         assert_eq!(element_task.input, json!({"invoice": format!("inv-{k}")}));
         // sas's own: out of the caller's list of its tasks.
-        assert!(element_task.caller.is_reserved(), "{:?}", element_task.caller);
+        assert!(
+            element_task.caller.is_reserved(),
+            "{:?}",
+            element_task.caller
+        );
         let key = format!("{id}:post#{k}:post");
         assert_eq!(effects.get(&key), Some(&1), "{key}: {effects:?}");
     }

