@@ -71,6 +71,11 @@ struct Fixture {
 }
 
 impl Fixture {
+    /// The bucket a distributed forEach's list is read from: the template's ListBucketName.
+    fn list_bucket(&self) -> String {
+        format!("sas-{}-lists", self.stack.stage)
+    }
+
     fn clients(&self, bus_endpoint: Option<&str>) -> AwsClients {
         let r = self.recorder.clone();
         let mut eventbridge =
@@ -590,6 +595,80 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     assert_eq!(r.process_state, sas::ProcessState::Processed, "{r:?}");
     assert!(!r.outbox.is_empty(), "its end is owed: {r:?}");
 
+    // A distributed forEach over a list in the bucket the deployment names (ListBucketName):
+    // the agent reads the list and keeps it (under the run, in the payload bucket), stores the
+    // run and opens its first elements (records and work messages). A scheduler whose ends
+    // queue is down runs those elements: each ends with its end to the run owed, which the
+    // supervisor's sweep below sends to the ends queue (grouped by run); then the scheduler
+    // applies the ends, opens the last element, and the run answers the step. The next step
+    // is refused, and the task's undo of the step undoes the run: the agent starts each
+    // element's undo, and the scheduler sends their ends.
+    let list_bucket = f.list_bucket();
+    let lists = aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::config::Builder::from(&config)
+            .force_path_style(true)
+            .build(),
+    );
+    lists
+        .create_bucket()
+        .bucket(&list_bucket)
+        .send()
+        .await
+        .expect("the list bucket");
+    let lines: Vec<String> = (0..3).map(|i| json!({"sku": i}).to_string()).collect();
+    lists
+        .put_object()
+        .bucket(&list_bucket)
+        .key("items.jsonl")
+        .body(lines.join("\n").into_bytes().into())
+        .send()
+        .await
+        .expect("the list");
+    let runs = json!({"name": "iam-runs", "steps": [
+        {"name": "post", "service": "inventory",
+         "forEach": format!("s3://{list_bucket}/items.jsonl"), "distributed": true,
+         "maxConcurrency": 2, "input": {"sku": "$.element"}, "undo": {"action": "release"}},
+        {"name": "after", "service": "inventory", "input": {"x": "$.input.missing"}}
+    ]});
+    let (status, body) = operator_api(&operator, Method::PUT, "/workflows/iam-runs", &runs).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = task_api(
+        &submitter,
+        Method::POST,
+        "/workflows/iam-runs/tasks",
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let distributed: sas::TaskId = body["taskId"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("taskId");
+    let ends_down = {
+        let mut ports = aws_ports_from(
+            f.clients(None),
+            f.stack.resources.clone(),
+            settings.due_shards,
+            settings.retention,
+        );
+        ports.queue = Arc::new(EndsDown(ports.queue));
+        System::from_ports(ports, settings.clone(), f.clock.clone() as Arc<dyn Clock>)
+    };
+    for _ in 0..10 {
+        ROLE.scope(SCHEDULER, ends_down.pump_scheduler())
+            .await
+            .expect("poll");
+        ROLE.scope(AGENT, agent.pump_agents()).await.expect("poll");
+    }
+    let ends_sent = |role: &str| {
+        f.recorder.calls().iter().any(|c| {
+            c.role == role
+                && c.action == "sqs:SendMessage"
+                && f.stack.queue_urls.get("EndsQueue") == Some(&c.resource)
+        })
+    };
+    assert!(!ends_sent(SCHEDULER), "the ends are owed");
+
     // A task run by the stalled scheduler: its final notice stays owed.
     let owed = ROLE
         .scope(SUBMISSION, submit(&submitter, false, &replying, &order))
@@ -708,6 +787,20 @@ async fn every_call_is_granted_and_every_grant_is_used() {
             .scope("test", sas_blackbox::state(&supervisor, id))
             .await;
         assert_eq!(r.process_state, state, "{:#?}", r.history);
+    }
+
+    // The run's owed ends were sent by the supervisor's sweep; the rest by the scheduler.
+    let r = ROLE
+        .scope("test", sas_blackbox::state(&supervisor, distributed))
+        .await;
+    assert_eq!(
+        r.process_state,
+        sas::ProcessState::Compensated,
+        "{:#?}",
+        r.history
+    );
+    for role in [SUPERVISOR, SCHEDULER] {
+        assert!(ends_sent(role), "{role} sent an end to the ends queue");
     }
 
     // A schedule: published (its timer created), run (one run losing a race to another, which
@@ -895,6 +988,47 @@ fn s3_calls(f: &Fixture, role: &str, action: &str, task: &str) -> usize {
         .count()
 }
 
+/// A queue whose FIFO sends fail (an ends queue that is down), without a request: an element's
+/// end stays owed in its record.
+struct EndsDown(Arc<dyn sas::ports::Queue>);
+
+#[async_trait::async_trait]
+impl sas::ports::Queue for EndsDown {
+    async fn send(
+        &self,
+        queue_url: &str,
+        body: &str,
+        delay: std::time::Duration,
+    ) -> Result<(), sas::ports::QueueError> {
+        self.0.send(queue_url, body, delay).await
+    }
+    async fn receive(
+        &self,
+        ask: sas::ports::ReceiveRequest<'_>,
+    ) -> Result<Vec<sas::ports::ReceivedMessage>, sas::ports::QueueError> {
+        self.0.receive(ask).await
+    }
+    async fn delete(
+        &self,
+        queue_url: &str,
+        receipt_handle: &str,
+    ) -> Result<(), sas::ports::QueueError> {
+        self.0.delete(queue_url, receipt_handle).await
+    }
+    async fn send_grouped(
+        &self,
+        _: sas::ports::GroupedMessage<'_>,
+    ) -> Result<(), sas::ports::QueueError> {
+        Err(sas::ports::QueueError("the ends queue is down".into()))
+    }
+    async fn send_dead_letter(
+        &self,
+        letter: sas::ports::DeadLetter<'_>,
+    ) -> Result<(), sas::ports::QueueError> {
+        self.0.send_dead_letter(letter).await
+    }
+}
+
 /// Around the first task a schedule's run writes: another run of the schedule (`run`, on
 /// `ports`) starts its task first, so the write loses the race for the schedule's turn.
 struct Rival {
@@ -952,6 +1086,13 @@ fn resource_of_call(f: &Fixture, c: &Call) -> String {
     if c.resource == res.bus_name {
         return "EventBus".into();
     }
+    let lists = format!("arn:aws:s3:::{}", f.list_bucket());
+    if c.resource == lists {
+        return "ListBucket".into();
+    }
+    if c.resource.starts_with(&format!("{lists}/")) {
+        return "ListBucket/*".into();
+    }
     let bucket = format!("arn:aws:s3:::{}", res.payload_bucket);
     if c.resource == bucket {
         return "PayloadBucket".into();
@@ -1003,6 +1144,12 @@ fn resource_of_grant(v: &Value) -> String {
     if let Some(objects) = sub.strip_prefix("${PayloadBucket.Arn}/") {
         return format!("PayloadBucket/{objects}");
     }
+    if sub.ends_with(":s3:::${ListBucketName}/*") {
+        return "ListBucket/*".into();
+    }
+    if sub.ends_with(":s3:::${ListBucketName}") {
+        return "ListBucket".into();
+    }
     if sub.contains("sasreply-") {
         return "client-queues".into();
     }
@@ -1042,12 +1189,14 @@ struct Grant {
     sid: String,
 }
 
-fn grants(t: &template::Template, function: &str) -> Vec<Grant> {
+fn grants(f: &Fixture, t: &template::Template, function: &str) -> Vec<Grant> {
     let role = t.properties(function, "AWS::Lambda::Function")["Role"]["Fn::GetAtt"][0]
         .as_str()
         .expect("a role")
         .to_owned();
-    let props = t.evaluated_properties(&role, &[]);
+    // As deployed with the test's list bucket (ListBucketName).
+    let list_bucket = f.list_bucket();
+    let props = t.evaluated_properties(&role, &[("ListBucketName", list_bucket.as_str())]);
     let mut out = Vec::new();
     for policy in props["Policies"].as_array().into_iter().flatten() {
         for s in policy["PolicyDocument"]["Statement"]
@@ -1111,7 +1260,7 @@ fn ungranted(f: &Fixture, t: &template::Template, calls: &BTreeSet<Call>) -> Vec
             continue;
         }
         let resource = resource_of_call(f, c);
-        let ok = grants(t, &c.role).iter().any(|g| {
+        let ok = grants(f, t, &c.role).iter().any(|g| {
             g.actions.contains(&c.action)
                 && g.resources.contains(&resource)
                 && key_allowed(&g.keys, &c.key)
@@ -1264,7 +1413,7 @@ fn check(f: &Fixture, all: &BTreeSet<Call>) {
         })
         .collect();
     for function in functions {
-        for g in grants(&t, function) {
+        for g in grants(f, &t, function) {
             for action in &g.actions {
                 for resource in &g.resources {
                     if CONSUME.contains(&action.as_str()) {
@@ -1274,6 +1423,11 @@ fn check(f: &Fixture, all: &BTreeSet<Call>) {
                                 g.sid
                             ));
                         }
+                        continue;
+                    }
+                    // The list bucket's listing is never called: it only makes a missing
+                    // list's read answer NotFound (a refusal) rather than AccessDenied.
+                    if action == "s3:ListBucket" && resource == "ListBucket" {
                         continue;
                     }
                     // The action is made on the resource (with a key the statement allows)...

@@ -416,6 +416,7 @@ fn the_table_the_payloads_and_the_dead_letter_queues_outlive_the_stack_and_queue
         retained,
         [
             "AgentDeadLetterQueue",
+            "EndsDeadLetterQueue",
             "PayloadBucket",
             "SchedulerDeadLetterQueue",
             "SupervisorDeadLetterQueue",
@@ -423,7 +424,7 @@ fn the_table_the_payloads_and_the_dead_letter_queues_outlive_the_stack_and_queue
         ]
     );
     let queues = t.of_type("AWS::SQS::Queue");
-    assert_eq!(queues.len(), 7, "{queues:?}");
+    assert_eq!(queues.len(), 9, "{queues:?}");
     for q in queues {
         assert_eq!(
             t.properties(q, "AWS::SQS::Queue")["MessageRetentionPeriod"],

@@ -431,6 +431,17 @@ async fn create_queues(
                 number(&p["VisibilityTimeout"]).to_string(),
             );
         }
+        // A FIFO queue (the ends queue, and its dead-letter queue): the emulator, as SQS,
+        // takes it only with the attribute, and a name ending .fifo.
+        if p["FifoQueue"] == Value::Bool(true) {
+            req = req.attributes(QueueAttributeName::FifoQueue, "true");
+            if !p["ContentBasedDeduplication"].is_null() {
+                req = req.attributes(
+                    QueueAttributeName::ContentBasedDeduplication,
+                    p["ContentBasedDeduplication"].to_string(),
+                );
+            }
+        }
         if !p["MessageRetentionPeriod"].is_null() {
             req = req.attributes(
                 QueueAttributeName::MessageRetentionPeriod,
@@ -550,6 +561,7 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
     let mut expected = vec![
         Template::ref_of(t.env("SubmissionFunction", "WORK_QUEUE_URL")),
         Template::ref_of(t.env("SchedulerFunction", "REPLY_QUEUE_URL")),
+        Template::ref_of(t.env("SchedulerFunction", "ENDS_QUEUE_URL")),
     ];
     expected.sort_unstable();
     assert_eq!(consumed, expected, "the scheduler's event source mappings");
@@ -586,6 +598,20 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
         );
     }
     let payload_bucket = create_bucket(config, &t, bucket_id, stage).await;
+    // Elements send their ends where the scheduler, which consumes them, reads them from.
+    let ends_queue_url = url(t.env("SchedulerFunction", "ENDS_QUEUE_URL"));
+    for f in [
+        "SubmissionFunction",
+        "OperatorFunction",
+        "AgentFunction",
+        "SupervisorFunction",
+    ] {
+        assert_eq!(
+            url(t.env(f, "ENDS_QUEUE_URL")),
+            ends_queue_url,
+            "{f} uses another ends queue"
+        );
+    }
     let resources = Resources {
         table,
         work_queue_url,
@@ -596,7 +622,7 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
         agent_dead_letter_url,
         bus_name,
         payload_bucket,
-        ends_queue_url: None,
+        ends_queue_url: Some(ends_queue_url),
     };
     // The schedule group the operator function sets schedules in.
     let group_id = Template::ref_of(t.env("OperatorFunction", "SCHEDULE_GROUP"));
