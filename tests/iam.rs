@@ -10,7 +10,10 @@
 //! replies and compensations; the agent's calls to a Lambda service, an HTTP service with a
 //! Secrets Manager token and one with an SSM API key, and its breakers; the supervisor's sweep
 //! (leases, an expired step, an owed outbox) and timers; the operator's list, reads,
-//! publications, cancel and retry with a large input; poison messages to each dead-letter
+//! publications, cancel and retry with a large input; a distributed forEach over a list in the
+//! bucket the template's `ListBucketName` names (the run kept and started by the agent, its
+//! elements' ends owed and sent by the supervisor, then by the scheduler, which applies them,
+//! and the run undone as a unit); poison messages to each dead-letter
 //! queue; payloads over the inline sizes (a task's input over a message's inline size, its
 //! step's body and its service's answer too: each written and read by the function that does
 //! so, asserted per function, each with its own cache as its own Lambda instance). Then:
