@@ -11,9 +11,10 @@
 //! Secrets Manager token and one with an SSM API key, and its breakers; the supervisor's sweep
 //! (leases, an expired step, an owed outbox) and timers; the operator's list, reads,
 //! publications, cancel and retry with a large input; a distributed forEach over a list in the
-//! bucket the template's `ListBucketName` names (the run kept and started by the agent, its
-//! elements' ends owed and sent by the supervisor, then by the scheduler, which applies them,
-//! and the run undone as a unit); poison messages to each dead-letter
+//! bucket the template's `ListBucketName` names (the run kept and started by the agent, an
+//! element cancelled by the operator, who sends its end, the others' ends owed and sent by the
+//! supervisor, then by the scheduler, which applies them, and the element that took effect
+//! undone); poison messages to each dead-letter
 //! queue; payloads over the inline sizes (a task's input over a message's inline size, its
 //! step's body and its service's answer too: each written and read by the function that does
 //! so, asserted per function, each with its own cache as its own Lambda instance). Then:
@@ -657,6 +658,29 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         ports.queue = Arc::new(EndsDown(ports.queue));
         System::from_ports(ports, settings.clone(), f.clock.clone() as Arc<dyn Clock>)
     };
+    // The task's step goes out, and the agent starts the run: its first two elements open.
+    ROLE.scope(SCHEDULER, ends_down.pump_scheduler())
+        .await
+        .expect("poll");
+    ROLE.scope(AGENT, agent.pump_agents()).await.expect("poll");
+    // An operator cancels the first element before it is claimed: it ends at once, and the
+    // operator sends its end (no effect: a refusal past the run's tolerance, which stops the
+    // run and undoes the elements that took effect).
+    let run = sas::handlers::runs::run_id(&sas::messages::idempotency_key(
+        distributed,
+        "post",
+        "post",
+        0,
+    ));
+    let first = sas::handlers::runs::element_id(run, 0);
+    let (status, body) = operator_api(
+        &operator,
+        Method::POST,
+        &format!("/tasks/{first}/cancel"),
+        &json!({"reason": "test"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
     for _ in 0..10 {
         ROLE.scope(SCHEDULER, ends_down.pump_scheduler())
             .await
@@ -670,7 +694,8 @@ async fn every_call_is_granted_and_every_grant_is_used() {
                 && f.stack.queue_urls.get("EndsQueue") == Some(&c.resource)
         })
     };
-    assert!(!ends_sent(SCHEDULER), "the ends are owed");
+    assert!(ends_sent(OPERATOR), "the cancelled element's end sent");
+    assert!(!ends_sent(SCHEDULER), "the other ends are owed");
 
     // A task run by the stalled scheduler: its final notice stays owed.
     let owed = ROLE
@@ -792,16 +817,19 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         assert_eq!(r.process_state, state, "{:#?}", r.history);
     }
 
-    // The run's owed ends were sent by the supervisor's sweep; the rest by the scheduler.
-    let r = ROLE
-        .scope("test", sas_blackbox::state(&supervisor, distributed))
-        .await;
-    assert_eq!(
-        r.process_state,
-        sas::ProcessState::Compensated,
-        "{:#?}",
-        r.history
-    );
+    // The run's owed ends were sent by the supervisor's sweep; the rest by the scheduler. The
+    // element that took effect was undone, and the run refused the step.
+    let second = sas::handlers::runs::element_id(run, 1);
+    for (id, state) in [
+        (first, sas::ProcessState::Compensated),
+        (second, sas::ProcessState::Compensated),
+        (distributed, sas::ProcessState::Refused),
+    ] {
+        let r = ROLE
+            .scope("test", sas_blackbox::state(&supervisor, id))
+            .await;
+        assert_eq!(r.process_state, state, "{id}: {:#?}", r.history);
+    }
     for role in [SUPERVISOR, SCHEDULER] {
         assert!(ends_sent(role), "{role} sent an end to the ends queue");
     }
