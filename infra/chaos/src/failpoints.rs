@@ -12,7 +12,7 @@ use sas::remote::seeded_unit;
 use sas_local::Ports;
 use sas_local::intercept::{Call, Failure, Intercepted, Interceptor, Next, Reply, answer, nothing};
 use sas_local::provision::Resources;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -133,6 +133,9 @@ pub struct Recorder {
     /// Applied writes whose SDK retry came after another writer had moved the record on
     /// (reported to their writer as lost races: inherent, see `Chaos::retried`).
     pub overtaken: AtomicU64,
+    /// The tasks those writes were of: a writer that reads such a task again may meet its own
+    /// write as another's (an event's delivery then answers `duplicate`, having taken it).
+    pub overtaken_tasks: Mutex<HashSet<TaskId>>,
 }
 
 impl Recorder {
@@ -379,6 +382,9 @@ impl Chaos {
             }
         } else {
             self.recorder.overtaken.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut tasks) = self.recorder.overtaken_tasks.lock() {
+                tasks.insert(record.task_id);
+            }
         }
     }
 }

@@ -40,12 +40,23 @@ pub(super) fn check_events(end: &Ending, report: &mut Report) {
         }
     }
     // A retried delivery answered `duplicate` may have been taken by its first try (whose
-    // answer was lost): a later repeat meets it.
+    // answer was lost): a later repeat meets it. So may a first try on a task one of whose
+    // writes was overtaken before its SDK retry (`Chaos::retried`): the delivery's write
+    // landed, its answer was lost, a rival's write came between, and the delivery, reading
+    // the task again, met its own event as another's.
+    let overtaken = end
+        .left
+        .chaos
+        .recorder
+        .overtaken_tasks
+        .lock()
+        .map(|t| t.clone())
+        .unwrap_or_default();
     let mut taken_maybe: HashSet<(TaskId, &str)> = taken.keys().copied().collect();
     taken_maybe.extend(
         end.sent
             .iter()
-            .filter(|s| s.tries > 1 && s.answer == "duplicate")
+            .filter(|s| s.answer == "duplicate" && (s.tries > 1 || overtaken.contains(&s.task)))
             .map(|s| (s.task, s.event_id.as_str())),
     );
     for s in &end.sent {
