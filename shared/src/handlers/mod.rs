@@ -63,10 +63,12 @@ pub(crate) async fn catalog_workflow(
     }
 }
 
+/// How often [`release`] reads a record again after losing a race to another writer.
+const RELEASE_RACES: usize = 5;
+
 /// Releases one held record (a child, a run, an element): its retention starts.
 pub(crate) async fn release(ports: &TaskPorts, id: crate::TaskId) -> Result<(), HandlerError> {
-    // A few reads again after losing a race to another writer.
-    for _ in 0..5 {
+    for _ in 0..RELEASE_RACES {
         let Some(child) = ports.store.get_state(id).await? else {
             break;
         };

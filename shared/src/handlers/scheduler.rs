@@ -572,7 +572,8 @@ async fn send_step_request(
         input: body,
         input_ref: body_ref,
         callback: input.1,
-        // A child's (or a run's elements') caller is the task's, so the caller sees them.
+        // A child's caller is the task's, so the caller sees it; a run reads only the depth (its
+        // elements belong to sas's own caller, `Caller::run`).
         child: (step.child.is_some() || step.run.is_some()).then(|| {
             crate::messages::ChildRequest {
                 version: step.child.as_ref().and_then(|c| c.version),
