@@ -110,7 +110,7 @@ pub enum HandlerError {
 }
 
 /// What became of one SQS record.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum RecordOutcome {
     /// Processed, or dropped on purpose (duplicate, stale): delete it.
     Done,

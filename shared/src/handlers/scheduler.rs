@@ -9,7 +9,8 @@ use crate::domain::task::{MAX_REQUEST_BYTES, MAX_RESULT_BYTES, MAX_RESULTS_BYTES
 use crate::domain::transition::{self, StepOutcome, Transition};
 use crate::domain::{ProcessState, StateRecord, Task, Workflow};
 use crate::messages::{
-    DeadlineTimer, SchedulerMessage, StepReply, StepRequest, WorkMessage, idempotency_key,
+    DeadlineTimer, ElementsEnded, SchedulerMessage, StepReply, StepRequest, WorkMessage,
+    idempotency_key,
 };
 use crate::ports::CallbackAddress;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
@@ -40,7 +41,7 @@ pub struct SchedulerDeps {
     pub callback_base_url: Option<String>,
 }
 
-/// Handles one SQS batch from the work queue or the reply queue.
+/// Handles one SQS batch from the work queue, the reply queue or the ends queue.
 pub async fn handle(deps: &SchedulerDeps, event: SqsEvent) -> SqsBatchResponse {
     // One task's messages in a batch are handled one after another, different tasks' at once:
     // the replies to a group's branches (or a forEach's elements) would otherwise race for
@@ -52,6 +53,7 @@ pub async fn handle(deps: &SchedulerDeps, event: SqsEvent) -> SqsBatchResponse {
         .map(|id| (id, Arc::default()))
         .collect();
     let turns = &turns;
+    let runs = &RunBatches::of(&event);
     process_batch(
         event,
         deps.ports.queue.as_ref(),
@@ -63,10 +65,70 @@ pub async fn handle(deps: &SchedulerDeps, event: SqsEvent) -> SqsBatchResponse {
                 Some(t) => Some(t.lock().await),
                 None => None,
             };
+            if let Some(batch) = runs.of_body(&body) {
+                return batch.apply(deps).await;
+            }
             on_message(deps, &body).await
         },
     )
     .await
+}
+
+/// A batch's ends, merged per run: one run's messages (a FIFO group, in order) are applied in
+/// one write of its record, and each of them shares that write's outcome (so a write that must
+/// be retried leaves them all for redelivery, in order).
+struct RunBatches(HashMap<crate::TaskId, RunBatch>);
+
+struct RunBatch {
+    ended: ElementsEnded,
+    /// The outcome of the one apply, shared by the batch's messages of this run.
+    outcome: tokio::sync::OnceCell<RecordOutcome>,
+}
+
+impl RunBatches {
+    fn of(event: &SqsEvent) -> Self {
+        let mut runs: HashMap<crate::TaskId, RunBatch> = HashMap::new();
+        for body in event.records.iter().filter_map(|r| r.body.as_deref()) {
+            if let Ok(SchedulerMessage::Ended(e)) = serde_json::from_str(body) {
+                runs.entry(e.run_id)
+                    .or_insert_with(|| RunBatch {
+                        ended: ElementsEnded {
+                            run_id: e.run_id,
+                            ends: vec![],
+                        },
+                        outcome: tokio::sync::OnceCell::new(),
+                    })
+                    .ended
+                    .ends
+                    .extend(e.ends);
+            }
+        }
+        Self(runs)
+    }
+
+    fn of_body(&self, body: &str) -> Option<&RunBatch> {
+        match serde_json::from_str(body).ok()? {
+            SchedulerMessage::Ended(e) => self.0.get(&e.run_id),
+            _ => None,
+        }
+    }
+}
+
+impl RunBatch {
+    /// Applies the run's ends once (its turn is held: the batch's other messages of this run
+    /// wait for it) and answers each message with the outcome.
+    async fn apply(&self, deps: &SchedulerDeps) -> RecordOutcome {
+        self.outcome
+            .get_or_init(|| async {
+                let span = info_span!("ended", task_id = %self.ended.run_id, workflow = tracing::field::Empty, ends = self.ended.ends.len());
+                super::runs::apply_ends(&deps.ports, &self.ended)
+                    .instrument(span)
+                    .await
+                    .into()
+            })
+            .await
+            .clone()
+    }
 }
 
 /// The task a scheduler message is about, if it parses.
