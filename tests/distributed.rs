@@ -263,8 +263,9 @@ async fn a_refusal_past_the_tolerance_undoes_exactly_the_elements_that_took_effe
                 assert_eq!(net, 60);
             }
             // An element's undo was refused too (the fault refuses undo keys alike): the run
-            // waits for an operator with exactly those effects left, and the task waits for it.
-            ProcessState::Processing => {
+            // waits for an operator with exactly those effects left; the step failed the task,
+            // whose undo of it is refused meanwhile: it ends CompensationFailed, at once.
+            ProcessState::CompensationFailed => {
                 stopped += 1;
                 assert_eq!(
                     run.process_state,

@@ -438,6 +438,47 @@ async fn a_child_past_its_pivot_cannot_be_undone_and_its_parents_compensation_fa
 }
 
 #[tokio::test]
+async fn a_child_whose_own_compensation_failed_fails_its_parent_at_once() {
+    let confirming = format!("{REFUNDABLE}  - {{name: confirm, service: ledger}}\n");
+    let system = shop_system(
+        HashMap::from([(
+            "ledger".to_owned(),
+            sas_blackbox::refuse(&["confirm", "refund"]),
+        )]),
+        &confirming,
+    )
+    .await;
+    let id = sas_blackbox::submit_task(&system, "shop", &json!({})).await;
+    sas_blackbox::pump_until_quiet(&system, 80).await;
+    let child = sas_blackbox::state(&system, child_of(id, "pay", "refundable")).await;
+    assert_eq!(
+        child.process_state,
+        sas::ProcessState::CompensationFailed,
+        "{:#?}",
+        child.history
+    );
+    // The parent does not wait for its step's timeout: the step failed (it took effect), and
+    // its undo waits for an operator to settle the child.
+    let parent = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        parent.process_state,
+        sas::ProcessState::CompensationFailed,
+        "{:#?}",
+        parent.history
+    );
+    assert_eq!(parent.steps[1].status, sas::StepStatus::Faulted);
+    assert!(
+        parent
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("child_needs_operator")),
+        "{:?}",
+        parent.last_error
+    );
+    system.shutdown().await;
+}
+
+#[tokio::test]
 async fn cancelling_a_parent_cancels_its_running_child_and_undoes_what_it_did() {
     let waiting = format!("{REFUNDABLE}  - {{name: settle, wait: 1h}}\n");
     let system = shop_system(HashMap::new(), &waiting).await;

@@ -285,7 +285,8 @@ fn undo_answer(record: &StateRecord) -> Option<StepOutcome> {
 
 /// A child task that ended for good answers its parent step: `Processed` with its output (the
 /// step's result), `Refused` with its refusal, `Compensated` as `child_failed` (or
-/// `child_cancelled`), `Resolved` as `child_resolved`; a child its parent undoes answers that
+/// `child_cancelled`), `Resolved` as `child_resolved`, `CompensationFailed` as `Faulted` (it
+/// took effect and could not undo it); a child its parent undoes answers that
 /// undo ([`undo_answer`]), also when an undo of its own failed (`CompensationFailed`, which an
 /// operator then settles). Nothing for a task without a parent or not ended. Sent before the
 /// child's outbox is cleared (see the module's text).
@@ -356,6 +357,18 @@ pub async fn answer_parent(ports: &TaskPorts, record: &StateRecord) -> Result<()
         ProcessState::Resolved => StepOutcome::Refused {
             code: "child_resolved".into(),
             message: format!("child task {child} was resolved by an operator"),
+        },
+        // Its own compensation failed: what it did stays, for an operator. The step took
+        // effect: it fails the parent now, whose undo of it is refused while the child waits
+        // (`child_needs_operator`), so the parent ends CompensationFailed too.
+        ProcessState::CompensationFailed => StepOutcome::Faulted {
+            error: format!(
+                "child task {child} ended CompensationFailed: {}",
+                record
+                    .last_error
+                    .as_deref()
+                    .unwrap_or("an undo of its own was refused")
+            ),
         },
         _ => return Ok(()),
     };

@@ -528,8 +528,8 @@ pub async fn recheck(ports: &TaskPorts, run: &StateRecord) -> Result<bool, Handl
 
 /// A run that ended for good answers its task's step (or the task's undo of it): `Processed`
 /// with its elements' results in order (`null` for one that ended with no effect), `Refused`
-/// with how many were refused; one that stopped and could not undo an element does not answer
-/// (its alert calls an operator, as a child's does). Sent before the run's outbox is cleared.
+/// with how many were refused; `Faulted` if it stopped and could not undo an element (the step
+/// took effect; the run waits for an operator). Sent before the run's outbox is cleared.
 pub async fn answer_task(ports: &TaskPorts, record: &StateRecord) -> Result<(), HandlerError> {
     let (Some(link), Some(state)) = (&record.parent, &record.run) else {
         return Ok(());
@@ -576,9 +576,24 @@ pub async fn answer_task(ports: &TaskPorts, record: &StateRecord) -> Result<(), 
                 ledger.tolerated
             ),
         },
-        // Stopped, and an element's undo was refused: its effect stays. No answer, as for a
-        // child left for an operator: the run's alert went out; the step waits (its timeout
-        // then undoes the task, whose undo of this step waits for the operator too).
+        // Stopped, and an element's undo was refused: its effect stays, for an operator (the
+        // run's alert went out). The step took effect: it fails the task now, whose undo of it
+        // is refused while the run waits (`run_needs_operator`), so the task ends
+        // CompensationFailed, its own alert naming the step.
+        ProcessState::CompensationFailed => StepOutcome::Faulted {
+            error: format!(
+                "run {} stopped ({} of {} elements refused, more than the {} tolerated) and \
+                 could not undo every element that took effect: {}",
+                record.task_id,
+                ledger.count(crate::domain::run::Mark::Failed),
+                ledger.total,
+                ledger.tolerated,
+                record
+                    .last_error
+                    .as_deref()
+                    .unwrap_or("an element's undo was refused")
+            ),
+        },
         _ => return Ok(()),
     };
     let reply = StepReply {

@@ -706,10 +706,16 @@ pub fn apply_callback(
             message: generation,
         });
     }
+    // A callback succeeds, refuses, or beats. `Faulted` comes from sas's own callers only (a
+    // run or a child that took effect and could not undo it: the step failed and is undone
+    // with its task); the task API's callbacks never build one.
     if p.at(step_index).callback.is_none()
         || !matches!(
             outcome,
-            StepOutcome::Succeeded { .. } | StepOutcome::Refused { .. } | StepOutcome::Heartbeat
+            StepOutcome::Succeeded { .. }
+                | StepOutcome::Refused { .. }
+                | StepOutcome::Faulted { .. }
+                | StepOutcome::Heartbeat
         )
     {
         return Err(Rejection::NotACallbackStep(step_index));
@@ -1991,6 +1997,41 @@ mod tests {
             (ProcessState::Pending, Some("disburse-funds"), 0)
         );
         assert_eq!(r.steps[2].status, StepStatus::Done);
+    }
+
+    #[test]
+    fn a_callback_step_answered_faulted_fails_its_task_and_is_undone_with_it() {
+        let p = callback_policies();
+        let now = t0();
+        let mut r = loan(now);
+        run_to(&mut r, 2, now, &p);
+        apply(&mut r, |r| {
+            apply_reply(
+                r,
+                r.attempt,
+                2,
+                false,
+                &StepOutcome::Accepted,
+                now,
+                &p,
+                &Linear,
+            )
+        });
+        let faulted = StepOutcome::Faulted {
+            error: "run r stopped and could not undo element 7".into(),
+        };
+        apply(&mut r, |r| {
+            apply_callback(r, 2, 0, &faulted, now, &p, &Linear)
+        });
+        // It took effect: compensation begins with it, not with the step before.
+        assert_eq!(
+            r.process_state,
+            ProcessState::Compensating,
+            "{:?}",
+            r.history
+        );
+        assert_eq!(r.steps[2].status, StepStatus::Faulted);
+        assert_eq!(r.current_step(), Some(r.steps[2].name.as_str()));
     }
 
     #[test]
