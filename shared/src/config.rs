@@ -328,6 +328,7 @@ pub fn task_ports(sdk: &aws_config::SdkConfig) -> Result<crate::handlers::TaskPo
         work_queue_url: required("WORK_QUEUE_URL")?,
         payloads,
         ends_queue_url: optional("ENDS_QUEUE_URL"),
+        run_contexts: Default::default(),
     })
 }
 

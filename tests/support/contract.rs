@@ -215,6 +215,10 @@ async fn a_run_and_its_element_read_back(store: &dyn StateStore) {
     run.parent = Some(link(None));
     run.run = Some(RunState {
         list: None,
+        context: Some(sas::domain::payload::PayloadRef::of(
+            o.id,
+            br#"{"input":{"period":"2026-11"}}"#,
+        )),
         ledger: Run {
             total: 10_000,
             max_concurrency: 1_000,

@@ -676,6 +676,7 @@ impl System {
             work_queue_url: resources.work_queue_url.clone(),
             payloads: payloads.clone(),
             ends_queue_url: resources.ends_queue_url.clone(),
+            run_contexts: Default::default(),
         };
         let api = ApiDeps {
             ports: ports.clone(),

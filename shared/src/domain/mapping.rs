@@ -149,6 +149,41 @@ pub(crate) fn singular_path(query: &JpQuery) -> Option<Vec<Option<&str>>> {
         .collect()
 }
 
+/// The part of `context` that `mappings` read: each query's value, at its place (the whole
+/// value where the query names an index, or ends), and nothing else. Rendered on it, the
+/// mappings build what they build on the whole context, and fail where they fail there (a
+/// query that selects nothing selects nothing in the part). A distributed forEach keeps this
+/// once for its elements rather than each element reading its task's whole input.
+pub fn part_read(context: &Value, mappings: &[&Mapping]) -> Value {
+    let mut paths = Vec::new();
+    for m in mappings {
+        m.paths(&mut paths);
+    }
+    let mut part = Value::Object(Map::new());
+    for path in paths {
+        let (mut from, mut to) = (context, &mut part);
+        for (i, name) in path.iter().enumerate() {
+            // An index: the whole list is kept (the query picks its element).
+            let Some(name) = name else {
+                break;
+            };
+            let (Some(next), Value::Object(into)) = (from.get(*name), &mut *to) else {
+                break;
+            };
+            let whole = path.get(i + 1).is_none_or(Option::is_none);
+            if whole {
+                into.insert((*name).to_owned(), next.clone());
+                break;
+            }
+            from = next;
+            to = into
+                .entry((*name).to_owned())
+                .or_insert_with(|| Value::Object(Map::new()));
+        }
+    }
+    part
+}
+
 /// A hint for the most common mistake: a dashed name written with a dot.
 fn dash_hint(source: &str) -> String {
     let mut out = String::from("$");
@@ -256,6 +291,17 @@ impl Mapping {
         }
     }
 
+    /// Adds the path of each of the mapping's queries to `paths` (singular, as every query
+    /// compiled is: `Some(name)` a name, `None` an index).
+    fn paths<'a>(&'a self, paths: &mut Vec<Vec<Option<&'a str>>>) {
+        match self {
+            Self::Literal(_) => {}
+            Self::Query { query, .. } => paths.extend(singular_path(query)),
+            Self::Object(fields) => fields.iter().for_each(|(_, m)| m.paths(paths)),
+            Self::Array(items) => items.iter().for_each(|m| m.paths(paths)),
+        }
+    }
+
     /// How many queries the mapping holds.
     pub fn queries(&self) -> usize {
         match self {
@@ -339,6 +385,67 @@ impl Mapping {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_part_read_holds_what_the_queries_select_and_nothing_more() {
+        let done = ["open".to_owned()];
+        let scope = MappingScope {
+            steps: &done,
+            own: None,
+            maybe: &[],
+            elsewhere: &[],
+            element: true,
+        };
+        let compile = |v: Value| {
+            let mut problems = vec![];
+            let m = Mapping::compile(v, &scope, "", &mut problems);
+            assert!(problems.is_empty(), "{problems:?}");
+            m
+        };
+        let context = json!({
+            "task": {"id": "t", "workflow": "w", "version": 1},
+            "input": {"period": "2026-11", "quote": {"lines": [1, 2, 3]}, "big": "x".repeat(1000),
+                      "codes": ["a", "b", "c"]},
+            "steps": {"open": {"result": {"id": "o-1", "other": "y".repeat(1000)}}}
+        });
+        let input = compile(json!({
+            "period": "$.input.period",
+            "code": "$.input.codes[1]",
+            "opened": "$.steps.open.result.id",
+            "task": "$.task.id",
+            "literal": [1, "$$not a query"],
+            "missing": "$.input.nowhere.deeper"
+        }));
+        let undo = compile(json!({"quote": "$.input.quote"}));
+        let part = part_read(&context, &[&input, &undo]);
+        assert_eq!(
+            part,
+            json!({
+                "task": {"id": "t"},
+                "input": {"period": "2026-11", "quote": {"lines": [1, 2, 3]}, "codes": ["a", "b", "c"]},
+                "steps": {"open": {"result": {"id": "o-1"}}}
+            })
+        );
+        // On the part, each mapping builds what it builds on the whole, and fails alike.
+        let undo_only = part_read(&context, &[&undo]);
+        assert_eq!(
+            undo.render(&undo_only, 1 << 20),
+            undo.render(&context, 1 << 20)
+        );
+        let without_missing = compile(json!({
+            "period": "$.input.period",
+            "code": "$.input.codes[1]",
+            "opened": "$.steps.open.result.id"
+        }));
+        assert_eq!(
+            without_missing.render(&part, 1 << 20),
+            without_missing.render(&context, 1 << 20)
+        );
+        assert_eq!(
+            input.render(&part, 1 << 20).map_err(|e| e.to_string()),
+            input.render(&context, 1 << 20).map_err(|e| e.to_string())
+        );
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -580,6 +580,12 @@ pub struct RunState {
     /// The list, kept once as JSON Lines (element `k` is line `k`), read as elements open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub list: Option<super::payload::PayloadRef>,
+    /// The part of its task's context its elements' mappings read
+    /// ([`crate::domain::mapping::part_read`]), kept once as the run starts: an element reads
+    /// this, not its task's whole input. `None` for a run started before it was kept: its
+    /// elements read their task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<super::payload::PayloadRef>,
     pub ledger: super::run::Run,
 }
 

@@ -287,6 +287,9 @@ pub struct TaskPorts {
     /// The ends queue (FIFO): a distributed forEach's element that ends sends its end there,
     /// for its run. `None`: this deployment runs no distributed forEach.
     pub ends_queue_url: Option<String>,
+    /// The context parts of the runs this process saw last (a distributed forEach's elements
+    /// read theirs from here).
+    pub run_contexts: Arc<runs::RunContexts>,
 }
 
 impl TaskPorts {

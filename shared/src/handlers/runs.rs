@@ -129,6 +129,18 @@ pub async fn start_run(
         Ok(x) => x,
         Err(e) => return refused("list_invalid", e.to_string()),
     };
+    // The part of the task's context the elements read, kept once (an element then never
+    // reads its task's whole input and results).
+    let Some(context) = context_part(ports, request, &workflow, &view, step_index).await? else {
+        return Ok(StepOutcome::Failed {
+            error: "the input the step ran with is not kept".into(),
+        });
+    };
+    let context = ports
+        .payloads
+        .put(id, context.to_string().as_bytes())
+        .await
+        .map_err(crate::payloads::store_error)?;
     // The list, kept once: elements open from it, in any later invocation.
     let lines: Vec<String> = items.iter().map(Value::to_string).collect();
     let list = ports
@@ -154,6 +166,7 @@ pub async fn start_run(
         parent,
         RunState {
             list: Some(list),
+            context: Some(context),
             ledger,
         },
         now,
@@ -684,30 +697,119 @@ pub(crate) async fn release_elements(ports: &TaskPorts, run: TaskId) -> Result<(
 /// How many elements [`release_elements`] releases at once.
 const RELEASES_AT_ONCE: usize = 16;
 
-/// The workflow an element's mappings read from: its task's, and that task's context.
+/// The part of task `request.task_id`'s context that the elements' mappings (`view`'s one
+/// step: its input and its undo's) read. `None`: the input the step ran with is not kept.
+async fn context_part(
+    ports: &TaskPorts,
+    request: &StepRequest,
+    workflow: &Workflow,
+    view: &Workflow,
+    step_index: usize,
+) -> Result<Option<Value>, HandlerError> {
+    let Some((task, record)) = ports.store.get(request.task_id).await? else {
+        return Err(HandlerError::Poison(format!(
+            "a run for task {}, which is gone",
+            request.task_id
+        )));
+    };
+    let Some(context) = crate::domain::context::context(workflow, &task, &record, step_index)
+    else {
+        return Ok(None);
+    };
+    let Some(step) = view.steps.first() else {
+        return Ok(Some(Value::Null));
+    };
+    let mut read = vec![&step.input];
+    read.extend(step.undo.as_ref().map(|u| &u.input));
+    Ok(Some(crate::domain::mapping::part_read(&context, &read)))
+}
+
+/// The context parts of the runs this process saw last, by run: kept once per run and never
+/// changed, so an element of a run seen already reads nothing more.
+#[derive(Default)]
+pub struct RunContexts(std::sync::Mutex<std::collections::HashMap<TaskId, std::sync::Arc<Value>>>);
+
+/// How many runs' context parts a process keeps (a run's is a few KB, as its mappings read).
+const RUN_CONTEXTS: usize = 64;
+
+impl RunContexts {
+    fn get(&self, run: TaskId) -> Option<std::sync::Arc<Value>> {
+        self.0.lock().ok()?.get(&run).cloned()
+    }
+
+    fn keep(&self, run: TaskId, part: std::sync::Arc<Value>) {
+        if let Ok(mut kept) = self.0.lock() {
+            if kept.len() >= RUN_CONTEXTS {
+                kept.clear();
+            }
+            kept.insert(run, part);
+        }
+    }
+}
+
+/// The context part run `run` kept, from this process's cache or its record. `None`: a run
+/// that kept none (started before they were kept).
+async fn run_context(
+    ports: &TaskPorts,
+    run: TaskId,
+) -> Result<Option<std::sync::Arc<Value>>, HandlerError> {
+    if let Some(part) = ports.run_contexts.get(run) {
+        return Ok(Some(part));
+    }
+    let Some(record) = ports.store.get_state(run).await? else {
+        return Err(HandlerError::Poison(format!(
+            "an element of run {run}, which is gone"
+        )));
+    };
+    let Some(at) = record.run.as_ref().and_then(|s| s.context.as_ref()) else {
+        return Ok(None);
+    };
+    let bytes = ports
+        .payloads
+        .get(at)
+        .await
+        .map_err(crate::payloads::store_error)?;
+    let part: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| HandlerError::Poison(format!("run {run}'s context is not JSON: {e}")))?;
+    let part = std::sync::Arc::new(part);
+    ports.run_contexts.keep(run, part.clone());
+    Ok(Some(part))
+}
+
+/// The context an element's mappings read: the part of its task's context its run kept (or,
+/// for a run that kept none, its task's whole context), its own result, its element and its
+/// index; and the task whose keys it makes.
 pub(crate) async fn element_context(
     ports: &TaskPorts,
     record: &StateRecord,
     task: &Task,
     step: &str,
 ) -> Result<Option<(Value, TaskId)>, HandlerError> {
-    let Some(e) = record.parent.as_ref().and_then(|l| l.element.as_ref()) else {
+    let Some(link) = record.parent.as_ref() else {
         return Ok(None);
     };
-    let Some((ptask, precord)) = ports.store.get(e.task_id).await? else {
-        return Err(HandlerError::Poison(format!(
-            "element {} of task {}, which is gone",
-            e.index, e.task_id
-        )));
+    let Some(e) = link.element.as_ref() else {
+        return Ok(None);
     };
-    let full: std::sync::Arc<Workflow> = super::catalog_workflow(
-        &ports.definitions,
-        &precord.workflow,
-        precord.workflow_version,
-    )
-    .await?;
-    let mut context = crate::domain::context::context(&full, &ptask, &precord, e.step_index)
-        .ok_or_else(|| HandlerError::Poison("the task's input is not kept".into()))?;
+    let mut context = match run_context(ports, link.task_id).await? {
+        Some(part) => (*part).clone(),
+        None => {
+            let Some((ptask, precord)) = ports.store.get(e.task_id).await? else {
+                return Err(HandlerError::Poison(format!(
+                    "element {} of task {}, which is gone",
+                    e.index, e.task_id
+                )));
+            };
+            let full: std::sync::Arc<Workflow> = super::catalog_workflow(
+                &ports.definitions,
+                &precord.workflow,
+                precord.workflow_version,
+            )
+            .await?;
+            crate::domain::context::context(&full, &ptask, &precord, e.step_index)
+                .ok_or_else(|| HandlerError::Poison("the task's input is not kept".into()))?
+        }
+    };
     // Its own result, for its undo (`$.steps['<step>'].result`).
     let own = record.results();
     if let (Some(steps), Some(mine)) = (

@@ -253,7 +253,11 @@ mod tests {
             TaskId::derived("run"),
             &view(),
             link(),
-            RunState { list: None, ledger },
+            RunState {
+                list: None,
+                context: None,
+                ledger,
+            },
             now,
         );
         (r, fx)
