@@ -217,9 +217,12 @@ pub struct InState<'a> {
 }
 
 impl InState<'_> {
-    /// Whether `r` is one of the records this list reads.
+    /// Whether `r` is one of the records this list reads: in the state index
+    /// ([`StateRecord::listed_by_state`]), in `state`, of `workflow` if given.
     pub fn holds(&self, r: &StateRecord) -> bool {
-        r.process_state == self.state && self.workflow.is_none_or(|w| r.workflow == w)
+        r.listed_by_state()
+            && r.process_state == self.state
+            && self.workflow.is_none_or(|w| r.workflow == w)
     }
 }
 

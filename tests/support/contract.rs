@@ -190,6 +190,7 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     ties_in_the_state_index_page_once_each(store.as_ref()).await;
     schedule_turns_have_one_winner(store.clone()).await;
     a_run_and_its_element_read_back(store.as_ref()).await;
+    runs_and_elements_are_listed_only_while_they_need_an_operator(store.as_ref()).await;
     racing_claims_have_one_winner(store).await;
 }
 
@@ -244,6 +245,174 @@ async fn a_run_and_its_element_read_back(store: &dyn StateStore) {
     })));
     create_new(store, &e, &element).await;
     assert_eq!(store.get_state(e.id).await.expect("read"), Some(element));
+}
+
+/// What a record of [`runs_and_elements_are_listed_only_while_they_need_an_operator`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Task,
+    Run,
+    Element,
+}
+
+/// A task of `workflow` and its record in `state`: an ordinary task's, a distributed forEach's
+/// run's, or one of its elements'.
+fn part_of(
+    workflow: &str,
+    part: Part,
+    state: ProcessState,
+    now: chrono::DateTime<Utc>,
+) -> (Task, StateRecord) {
+    use sas::domain::run::Run;
+    use sas::domain::state::{ElementOf, ParentLink, RunState};
+    let t = task_of(workflow, now);
+    let mut r = record(&t, now, Span::seconds(60));
+    r.process_state = state;
+    let link = |element| ParentLink {
+        task_id: TaskId::new_random(),
+        step: "each".into(),
+        step_index: 0,
+        generation: 0,
+        reply_queue_url: "https://sqs.example/replies".into(),
+        depth: 1,
+        undo_attempt: None,
+        released: false,
+        element,
+    };
+    match part {
+        Part::Task => {}
+        Part::Run => {
+            r.parent = Some(link(None));
+            r.run = Some(RunState {
+                list: None,
+                ledger: Run {
+                    total: 3,
+                    max_concurrency: 2,
+                    tolerated: 0,
+                    undoable: true,
+                    marks: "do".into(),
+                    stop: None,
+                },
+            });
+        }
+        Part::Element => {
+            r.parent = Some(link(Some(ElementOf {
+                index: 1,
+                task_id: TaskId::new_random(),
+                step_index: 0,
+            })));
+        }
+    }
+    (t, r)
+}
+
+/// The ids the state list `state` of `workflow` reads, and what it counts.
+async fn listed(
+    store: &dyn StateStore,
+    state: ProcessState,
+    workflow: &str,
+) -> Result<(std::collections::BTreeSet<TaskId>, u64), String> {
+    let rows = every_page(store, state, Some(workflow), 2).await?;
+    let count = store
+        .count(
+            InState {
+                state,
+                workflow: Some(workflow),
+            },
+            100,
+        )
+        .await
+        .map_err(err)?;
+    Ok((rows.iter().map(|s| s.task_id).collect(), count.count))
+}
+
+/// A distributed forEach's run and elements stay out of the state index (the operator's lists
+/// and counts by state) but while they wait for an operator (`Error`, `CompensationFailed`):
+/// a run of 10,000 elements puts no row into Processing. A task beside them is listed as ever.
+/// A write that moves an element into Error adds it to the index; one moving it out removes it.
+async fn runs_and_elements_are_listed_only_while_they_need_an_operator(store: &dyn StateStore) {
+    let workflow = format!("distributed-{}", TaskId::new_random());
+    let now = to_millis(Utc::now());
+    let states = [
+        ProcessState::Processing,
+        ProcessState::Processed,
+        ProcessState::Error,
+        ProcessState::CompensationFailed,
+    ];
+    let mut expected = std::collections::BTreeMap::new();
+    for state in states {
+        let mut ids = std::collections::BTreeSet::new();
+        for part in [Part::Task, Part::Run, Part::Element] {
+            let (t, r) = part_of(&workflow, part, state, now);
+            create_new(store, &t, &r).await;
+            let needs_operator = matches!(
+                state,
+                ProcessState::Error | ProcessState::CompensationFailed
+            );
+            assert_eq!(r.listed_by_state(), part == Part::Task || needs_operator);
+            if r.listed_by_state() {
+                ids.insert(t.id);
+            }
+        }
+        expected.insert(state, ids);
+    }
+    eventually!("runs and elements in the state index", {
+        for (state, ids) in &expected {
+            let (got, count) = listed(store, *state, &workflow).await?;
+            ensure!(&got == ids, "{state}: listed {got:?}, expected {ids:?}");
+            ensure!(count == ids.len() as u64, "{state}: counted {count}");
+        }
+        Ok(())
+    });
+
+    // An element's own writes move it into the index and out again.
+    let p = &uniform(&manual());
+    let (t, r) = part_of(&workflow, Part::Element, ProcessState::Pending, now);
+    create_new(store, &t, &r).await;
+    let c = transition::claim(&r, "s", now, p, &transition::Linear).expect("claim");
+    store.put(&c.record, &c.condition).await.expect("claimed");
+    let refused = StepOutcome::Failed {
+        error: "refused".into(),
+    };
+    let f = transition::apply_reply(
+        &c.record,
+        1,
+        0,
+        false,
+        &refused,
+        now,
+        p,
+        &transition::Linear,
+    )
+    .expect("fails");
+    assert_eq!(f.record.process_state, ProcessState::Error);
+    store.put(&f.record, &f.condition).await.expect("failed");
+    eventually!("an element in Error is listed", {
+        let (got, count) = listed(store, ProcessState::Error, &workflow).await?;
+        ensure!(got.contains(&t.id), "{got:?}");
+        // The task, the run and the element in Error from above, and this one.
+        ensure!(got.len() == 4 && count == 4, "{got:?}, counted {count}");
+        let (pending, _) = listed(store, ProcessState::Pending, &workflow).await?;
+        ensure!(pending.is_empty(), "{pending:?}");
+        Ok(())
+    });
+    let actor = transition::Actor {
+        by: "arn:aws:iam::123456789012:user/ops".into(),
+        reason: None,
+        operator: true,
+    };
+    let resolved = transition::resolve(&f.record, &actor, now).expect("resolves");
+    store
+        .put(&resolved.record, &resolved.condition)
+        .await
+        .expect("resolved");
+    eventually!("a resolved element is listed nowhere", {
+        let (errors, _) = listed(store, ProcessState::Error, &workflow).await?;
+        ensure!(!errors.contains(&t.id), "{errors:?}");
+        let (done, count) = listed(store, ProcessState::Resolved, &workflow).await?;
+        ensure!(done.is_empty() && count == 0, "{done:?}");
+        Ok(())
+    });
 }
 
 /// A write whose response was lost is retried by the SDK and fails its condition against its

@@ -17,7 +17,8 @@
 //!
 //! A task, a state record and a breaker are kept whole as JSON (the domain's serde form, plus
 //! the state record's `callback_key`, which that form never shows); the other columns are what
-//! the indexes read: the state list's (`process_state`, `since_ms`), the caller list's
+//! the indexes read: the state list's (`process_state`, `since_ms`; empty for a record the
+//! list leaves out, [`StateRecord::listed_by_state`]), the caller list's
 //! (`caller`, `created_ms`) and the sparse due index's (`due_shard`, `due_ns`, set only for a
 //! record with a due key). Every write runs in one transaction that first reads the row it
 //! replaces and checks the write's condition on it (for a state record,
@@ -334,6 +335,11 @@ fn parse_id(what: &str, s: &str) -> Result<TaskId, StoreError> {
     s.parse().map_err(|e| corrupt(what, e))
 }
 
+/// The `process_state` of a record the state list leaves out
+/// ([`StateRecord::listed_by_state`]): no state's list reads it. (The column is the list's key
+/// only; the record's own state is in its body.)
+const UNLISTED: &str = "";
+
 /// A state record as a row.
 struct StateRow {
     body: String,
@@ -351,7 +357,12 @@ impl StateRow {
         Ok(Self {
             body: to_json(r)?,
             callback_key: r.callback_key.clone(),
-            process_state: r.process_state.as_str(),
+            // The state list's key: none for a record it leaves out.
+            process_state: if r.listed_by_state() {
+                r.process_state.as_str()
+            } else {
+                UNLISTED
+            },
             workflow: r.workflow.clone(),
             since_ms: r.since.timestamp_millis(),
             due_shard: due_ns.map(|_| i64::from(r.due_shard(shards))),

@@ -270,7 +270,9 @@ const MAX_WOKEN: usize = 1000;
 /// Where to look: a step deferred on the main line makes its task Pending (Compensating for
 /// an undo) with the pause as its last error; a step in a group's branch may leave its task
 /// Processing (a sibling out) or show a sibling's error, so every task of a workflow that
-/// calls the service, Pending or Processing, is read.
+/// calls the service, Pending or Processing, is read. A distributed forEach's elements are in
+/// no such list ([`crate::domain::StateRecord::listed_by_state`]): one deferred by the pause
+/// looks again by itself, at its retry.
 async fn wake_paused_tasks(deps: &ApiDeps, service: &str) -> usize {
     let mark = crate::domain::breaker::paused_by(service);
     let ports = &deps.ports;

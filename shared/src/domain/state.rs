@@ -874,6 +874,21 @@ impl StateRecord {
             && self.parent.as_ref().is_some_and(|l| !l.released)
     }
 
+    /// Whether the operator's state index lists this record (the lists and counts by state
+    /// and workflow): every task's, but a distributed forEach's run and its elements only
+    /// while they wait for an operator (`Error`, `CompensationFailed`). A run of 10,000
+    /// elements puts no row into `Processing` or `Processed`; its task, its view and the
+    /// run's view name them instead. Every store keeps its state index by this one rule.
+    pub fn listed_by_state(&self) -> bool {
+        let of_a_run =
+            self.run.is_some() || self.parent.as_ref().is_some_and(|l| l.element.is_some());
+        !of_a_run
+            || matches!(
+                self.process_state,
+                ProcessState::Error | ProcessState::CompensationFailed
+            )
+    }
+
     /// Whether this final record's retention has ended at `now`, its notices delivered: its
     /// payloads and items are to be deleted.
     pub fn purge_due(&self, now: DateTime<Utc>) -> bool {
@@ -1549,6 +1564,63 @@ mod tests {
         assert_eq!(r.process_state, ProcessState::Pending);
         assert_eq!(r.due_at(), Some(to_millis(pickup)));
         assert_eq!(r.current_step(), Some("reserve-inventory"));
+    }
+
+    /// Runs and elements are left out of the state index but while an operator is needed;
+    /// a task (a sub-workflow's child too) is always in it.
+    #[test]
+    fn only_runs_and_elements_needing_an_operator_are_listed_by_state() {
+        let w = crate::domain::workflow::examples::ecommerce_order(&crate::Policy::default());
+        let now = Utc::now();
+        let task = StateRecord::new(TaskId::new_random(), &w, None, now, now);
+        let link = |element| ParentLink {
+            task_id: TaskId::new_random(),
+            step: "each".into(),
+            step_index: 0,
+            generation: 0,
+            reply_queue_url: "https://sqs.example/replies".into(),
+            depth: 1,
+            undo_attempt: None,
+            released: false,
+            element,
+        };
+        let mut child = task.clone();
+        child.parent = Some(link(None));
+        let mut element = task.clone();
+        element.parent = Some(link(Some(ElementOf {
+            index: 3,
+            task_id: TaskId::new_random(),
+            step_index: 0,
+        })));
+        let mut run = task.clone();
+        run.parent = Some(link(None));
+        run.run = Some(RunState {
+            list: None,
+            ledger: crate::domain::run::Run {
+                total: 2,
+                max_concurrency: 1,
+                tolerated: 0,
+                undoable: false,
+                marks: "d".into(),
+                stop: None,
+            },
+        });
+        for state in ProcessState::ALL {
+            let needs_operator = matches!(
+                state,
+                ProcessState::Error | ProcessState::CompensationFailed
+            );
+            for (r, listed) in [
+                (&task, true),
+                (&child, true),
+                (&element, needs_operator),
+                (&run, needs_operator),
+            ] {
+                let mut r = r.clone();
+                r.process_state = state;
+                assert_eq!(r.listed_by_state(), listed, "{state}: {:?}", r.parent);
+            }
+        }
     }
 
     #[test]

@@ -251,20 +251,25 @@ pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
             "Outbox".to_owned(),
             AttributeValue::L(r.outbox.iter().map(|o| s(o.encode())).collect()),
         ),
-        // The state index: every record, by state, newest first (the operator's list).
-        (
-            "StateShard".to_owned(),
-            s(state_shard_key(
-                r.process_state,
-                due_shard(&r.task_id, shards),
-            )),
-        ),
         ("Version".to_owned(), n(r.version)),
         ("CreatedAt".to_owned(), ms(r.created_at)),
         ("UpdatedAt".to_owned(), ms(r.updated_at)),
         // The state index's sort key: changes with the state only.
         ("StateSince".to_owned(), ms(r.since)),
     ]);
+    // The state index (the operator's list), by state, newest first: sparse, its partition key
+    // written only on a record it lists (`StateRecord::listed_by_state`). Every state-record
+    // write puts the whole item, so a write that moves a run or an element into Error adds it
+    // and the one moving it out removes it.
+    if r.listed_by_state() {
+        item.insert(
+            "StateShard".to_owned(),
+            s(state_shard_key(
+                r.process_state,
+                due_shard(&r.task_id, shards),
+            )),
+        );
+    }
     match pack_body(r) {
         Some(z) => {
             item.insert(
@@ -709,6 +714,52 @@ mod tests {
         let item = state_item(&r, 4);
         assert!(!item.contains_key("DueShard") && !item.contains_key("DueAt"));
         assert_eq!(parse_state(&item).expect("parses"), r);
+    }
+
+    /// A distributed forEach's element carries the state index's key only in a state that needs
+    /// an operator; a task always does. Read back, both are as written.
+    #[test]
+    fn an_element_is_in_the_state_index_only_while_it_needs_an_operator() {
+        let now = crate::domain::state::to_millis(Utc::now());
+        let task = StateRecord::new(
+            TaskId::new_random(),
+            &examples::ecommerce_order(&crate::Policy::default()),
+            None,
+            now,
+            now + chrono::Duration::seconds(5),
+        );
+        let mut element = task.clone();
+        element.parent = Some(crate::domain::state::ParentLink {
+            task_id: TaskId::new_random(),
+            step: "each".into(),
+            step_index: 0,
+            generation: 0,
+            reply_queue_url: "https://sqs.example/q".into(),
+            depth: 1,
+            undo_attempt: None,
+            released: false,
+            element: Some(crate::domain::state::ElementOf {
+                index: 7,
+                task_id: TaskId::new_random(),
+                step_index: 0,
+            }),
+        });
+        for (state, listed) in [
+            (ProcessState::Pending, false),
+            (ProcessState::Error, true),
+            (ProcessState::CompensationFailed, true),
+            (ProcessState::Processed, false),
+        ] {
+            let mut e = element.clone();
+            e.process_state = state;
+            let item = state_item(&e, 4);
+            assert_eq!(item.contains_key("StateShard"), listed, "{state}");
+            assert!(item.contains_key("StateSince"), "kept: the record's since");
+            assert_eq!(parse_state(&item).expect("parses"), e);
+            let mut t = task.clone();
+            t.process_state = state;
+            assert!(state_item(&t, 4).contains_key("StateShard"), "{state}");
+        }
     }
 
     #[test]

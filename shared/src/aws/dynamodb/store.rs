@@ -12,7 +12,8 @@ use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 
 /// The name of the sparse GSI the supervisor queries.
 pub const DUE_INDEX: &str = "due-index";
-/// The name of the GSI the operator's list queries (`StateShard` S, `UpdatedAt` N).
+/// The name of the GSI the operator's list queries (`StateShard` S, `StateSince` N): sparse, it
+/// holds the records [`StateRecord::listed_by_state`](crate::domain::StateRecord::listed_by_state).
 pub const STATE_INDEX: &str = "state-index";
 /// The attributes `state-index` projects besides its keys: the task's id (for the page's
 /// summaries, read from the records) and its workflow (the list's filter). Neither changes in a
