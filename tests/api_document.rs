@@ -362,3 +362,72 @@ fn a_notice_of_another_kind_is_refused() {
     let n = serde_json::to_value(notice(NoticeKind::Processed)).expect("JSON");
     check_event_detail("TaskFailed", &n);
 }
+
+/// A distributed forEach's records in the operator's view, as the document describes them: a
+/// run (its task, counts and a page of elements) and an element (its run and task). A run's
+/// page of more than 100 elements breaks it.
+#[test]
+fn a_runs_and_an_elements_views_match_the_schema() {
+    use sas::domain::run::Run;
+    use sas::domain::state::{ElementOf, ParentLink, RunState};
+    use sas::{Caller, StateRecord, Task, TaskId};
+    let operator = component(&document(), "TaskView");
+    let w = sas::domain::workflow::examples::ecommerce_order(&sas::Policy::default());
+    let now = chrono::Utc::now();
+    let task = Task {
+        input_ref: None,
+        id: TaskId::new_random(),
+        workflow: w.name.clone(),
+        workflow_version: w.version,
+        input: json!({"customerId": "c", "items": [{"sku": "a", "quantity": 1}]}),
+        input_revision: 0,
+        earlier_inputs: vec![],
+        reply_queue_url: None,
+        created_at: now,
+        caller: Caller::run(&TaskId::new_random()),
+    };
+    let link = |element| ParentLink {
+        task_id: TaskId::new_random(),
+        step: "post".into(),
+        step_index: 1,
+        generation: 0,
+        reply_queue_url: "https://sqs.example/q".into(),
+        depth: 1,
+        undo_attempt: None,
+        released: false,
+        element,
+    };
+    let mut run = StateRecord::new(task.id, &w, None, now, now);
+    run.parent = Some(link(None));
+    run.run = Some(RunState {
+        list: None,
+        ledger: Run {
+            total: 500,
+            max_concurrency: 10,
+            tolerated: 0,
+            undoable: true,
+            marks: format!("{}{}", "d".repeat(150), "o".repeat(10)),
+            stop: Some(sas::domain::run::RunStop::Refused),
+        },
+    });
+    let mut element = StateRecord::new(task.id, &w, None, now, now);
+    element.parent = Some(link(Some(ElementOf {
+        index: 3,
+        task_id: TaskId::new_random(),
+        step_index: 1,
+    })));
+    for (what, record) in [("run", &run), ("element", &element)] {
+        let view = serde_json::to_value(sas::api::views::TaskView::of(&task, record, Some(&w)))
+            .expect("JSON");
+        assert!(view.get(what).is_some(), "{view}");
+        let problems: Vec<String> = operator.iter_errors(&view).map(|e| e.to_string()).collect();
+        assert!(problems.is_empty(), "{what}: {problems:?}");
+    }
+    let mut view =
+        serde_json::to_value(sas::api::views::TaskView::of(&task, &run, None)).expect("JSON");
+    let first = view["run"]["elements"][0].clone();
+    if let Some(elements) = view["run"]["elements"].as_array_mut() {
+        elements.push(first);
+    }
+    assert!(!operator.is_valid(&view), "101 elements on a page");
+}

@@ -307,3 +307,131 @@ async fn elements_and_runs_stay_off_the_bus() {
         "only the task's own statuses: {about:?}"
     );
 }
+
+/// The operator's views link a task, its run and the run's elements, the run's elements a page
+/// at a time (issue 42); the console links them as it does parents and children. Neither the
+/// run nor its elements are rows of the operator's lists: the task is.
+#[tokio::test]
+async fn the_views_and_the_console_link_task_run_and_elements_off_the_lists() {
+    use sas_blackbox::operator_call;
+    let system = system(HashMap::new()).await;
+    let id = sas_blackbox::submit_task(&system, "nightly", &invoices(120)).await;
+    sas_blackbox::pump_until_quiet(&system, 1000).await;
+    let run = run_of(id);
+    let get = |path: String| {
+        let system = &system;
+        async move { operator_call(system, http::Method::GET, &path, b"").await }
+    };
+
+    // The task's step names its run, with its state and counts.
+    let (status, task) = get(format!("/tasks/{id}")).await;
+    assert_eq!(status, 200, "{task}");
+    assert_eq!(task["processState"], "Processed", "{task}");
+    let link = &task["steps"][0]["run"];
+    assert_eq!(link["taskId"], json!(run.to_string()), "{task}");
+    assert_eq!(link["processState"], "Processed");
+    assert_eq!(
+        link["counts"],
+        json!({"total": 120, "opened": 120, "done": 120, "refused": 0, "out": 0,
+               "undoing": 0, "undone": 0, "undoFailed": 0})
+    );
+    assert!(task["steps"][1].get("run").is_none(), "{task}");
+
+    // The run's view names its task and step, and pages its elements: 100, then the rest.
+    let (status, r) = get(format!("/tasks/{run}")).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["run"]["taskId"], json!(id.to_string()), "{r}");
+    assert_eq!(r["run"]["step"], "post");
+    assert_eq!(r["run"]["counts"]["done"], 120);
+    let elements = r["run"]["elements"].as_array().expect("elements");
+    assert_eq!(elements.len(), 100);
+    assert_eq!(
+        elements[7],
+        json!({"index": 7, "taskId": element_id(run, 7).to_string(), "mark": "done",
+               "processState": "Processed"})
+    );
+    assert_eq!(r["run"]["nextElementsFrom"], 100);
+    let (status, rest) = get(format!("/tasks/{run}?elements_from=100")).await;
+    assert_eq!(status, 200, "{rest}");
+    let elements = rest["run"]["elements"].as_array().expect("elements");
+    assert_eq!(elements.len(), 20);
+    assert_eq!(elements[0]["index"], 100);
+    assert_eq!(
+        elements[19]["taskId"],
+        json!(element_id(run, 119).to_string())
+    );
+    assert!(rest["run"].get("nextElementsFrom").is_none(), "{rest}");
+    let (status, bad) = get(format!("/tasks/{run}?elements_from=-1")).await;
+    assert_eq!(status, 400, "{bad}");
+    assert_eq!(bad["error"]["code"], "invalid_request", "{bad}");
+
+    // An element's view names its run, its index and its task.
+    let (status, e) = get(format!("/tasks/{}", element_id(run, 7))).await;
+    assert_eq!(status, 200, "{e}");
+    assert_eq!(
+        e["element"],
+        json!({"runId": run.to_string(), "index": 7, "taskId": id.to_string(), "step": "post"})
+    );
+
+    // The lists: the task, and none of its 121 records of sas's own.
+    let (status, list) = get("/tasks?state=Processed&workflow=nightly".into()).await;
+    assert_eq!(status, 200, "{list}");
+    let ids: Vec<&str> = list["tasks"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter_map(|t| t["taskId"].as_str())
+        .collect();
+    assert_eq!(ids, [id.to_string()], "{list}");
+
+    // The console links them.
+    let page = |path: String| {
+        let system = &system;
+        async move {
+            let resp = sas::api::handle(
+                &system.operator,
+                &sas_blackbox::operator(),
+                &http::Method::GET,
+                &format!("/operator/console{path}"),
+                &http::HeaderMap::new(),
+                b"",
+            )
+            .await;
+            assert_eq!(resp.status().as_u16(), 200, "{path}: {}", resp.body());
+            resp.body().clone()
+        }
+    };
+    let html = page(format!("/tasks/{id}")).await;
+    assert!(
+        html.contains(&format!("href=\"/operator/console/tasks/{run}\"")),
+        "the task links its run: {html}"
+    );
+    assert!(html.contains("120 of 120 done"), "{html}");
+    let html = page(format!("/tasks/{run}")).await;
+    assert!(
+        html.contains(&format!("href=\"/operator/console/tasks/{id}\"")),
+        "the run links its task: {html}"
+    );
+    assert!(html.contains(&format!(
+        "href=\"/operator/console/tasks/{}\"",
+        element_id(run, 99)
+    )));
+    assert!(
+        !html.contains(&element_id(run, 100).to_string()),
+        "one page"
+    );
+    assert!(
+        html.contains(&format!(
+            "href=\"/operator/console/tasks/{run}?elements_from=100\""
+        )),
+        "the next page: {html}"
+    );
+    let html = page(format!("/tasks/{run}?elements_from=100")).await;
+    assert!(html.contains(&element_id(run, 119).to_string()), "{html}");
+    let html = page(format!("/tasks/{}", element_id(run, 7))).await;
+    assert!(
+        html.contains(&format!("href=\"/operator/console/tasks/{run}\""))
+            && html.contains(&format!("href=\"/operator/console/tasks/{id}\"")),
+        "the element links its run and its task: {html}"
+    );
+}

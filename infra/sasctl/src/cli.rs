@@ -90,8 +90,9 @@ pub enum Sign {
 pub enum Command {
     /// List the tasks in one state (of one workflow, or of all).
     List(ListArgs),
-    /// Show one task: a summary, its steps, then its history.
-    Show(IdArg),
+    /// Show one task: a summary, its steps, then its history (a distributed forEach's run: a
+    /// page of its elements too).
+    Show(ShowArgs),
     /// Process a task again from its failed step (or try its failed undo again).
     ///
     /// With --input, the task's input is replaced (checked against its workflow's schema) and
@@ -299,6 +300,17 @@ pub struct ListArgs {
     /// Follow the cursor to the last page and print every task.
     #[arg(long)]
     pub all: bool,
+}
+
+/// `show` arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct ShowArgs {
+    /// The task id.
+    #[arg(value_parser = parse_id)]
+    pub id: String,
+    /// A distributed forEach's run: list its elements from this index (100 at a time).
+    #[arg(long, value_name = "INDEX")]
+    pub elements_from: Option<u32>,
 }
 
 /// A task id argument.
@@ -772,8 +784,12 @@ async fn dispatch(
 ) -> Result<i32, Failure> {
     match &cli.command {
         Command::List(args) => list(client, cli, args, out).await,
-        Command::Show(IdArg { id }) => {
-            let (view, raw): (TaskView, Value) = fetch(client, &Request::Show { id }).await?;
+        Command::Show(ShowArgs { id, elements_from }) => {
+            let request = Request::Show {
+                id,
+                elements_from: *elements_from,
+            };
+            let (view, raw): (TaskView, Value) = fetch(client, &request).await?;
             print_answer(out, cli.json, &raw, || render_task(&view))?;
             Ok(exit::OK)
         }
@@ -1412,7 +1428,10 @@ async fn watch(
     let timeout = Duration::from_secs(args.timeout_secs);
     let interval = Duration::from_millis(args.interval_ms);
     let deadline = tokio::time::Instant::now() + timeout;
-    let request = Request::Show { id: &args.id };
+    let request = Request::Show {
+        id: &args.id,
+        elements_from: None,
+    };
     // It may wait long (a callback step, a paused service): say so, on stderr.
     let until = match &args.until_waiting {
         Some(step) => format!("until it is terminal or {step} waits"),
@@ -1662,7 +1681,17 @@ mod tests {
     fn task_commands() -> TestResult {
         assert_eq!(
             parse(&["show", " 3f2a "])?.command,
-            Command::Show(IdArg { id: "3f2a".into() })
+            Command::Show(ShowArgs {
+                id: "3f2a".into(),
+                elements_from: None
+            })
+        );
+        assert_eq!(
+            parse(&["show", "3f2a", "--elements-from", "200"])?.command,
+            Command::Show(ShowArgs {
+                id: "3f2a".into(),
+                elements_from: Some(200)
+            })
         );
         let act = |reason: Option<&str>| ActArgs {
             id: "t1".into(),

@@ -112,8 +112,11 @@ pub enum Request<'a> {
         limit: Option<u32>,
         cursor: Option<&'a str>,
     },
-    /// `GET /tasks/{id}`
-    Show { id: &'a str },
+    /// `GET /tasks/{id}` (`?elements_from=..`: a run's page of elements)
+    Show {
+        id: &'a str,
+        elements_from: Option<u32>,
+    },
     /// `POST /tasks/{id}/retry|compensate|cancel|resolve`, with `{"reason": ..}` if a
     /// reason is given (a resolve needs one).
     Act {
@@ -220,7 +223,7 @@ impl Request<'_> {
         let own = |parts: &[&str]| parts.iter().map(|p| (*p).to_owned()).collect();
         match *self {
             Self::List { .. } => own(&["tasks"]),
-            Self::Show { id } => own(&["tasks", id]),
+            Self::Show { id, .. } => own(&["tasks", id]),
             Self::Act { id, action, .. } => own(&["tasks", id, action.as_str()]),
             Self::Workflows => own(&["workflows"]),
             Self::Workflow {
@@ -372,6 +375,14 @@ impl Client {
                 q.append_pair("cursor", cursor);
             }
         }
+        if let Request::Show {
+            elements_from: Some(from),
+            ..
+        } = *request
+        {
+            url.query_pairs_mut()
+                .append_pair("elements_from", &from.to_string());
+        }
         Ok(url)
     }
 
@@ -456,7 +467,11 @@ impl Client {
 
     /// One task, with its steps and history.
     pub async fn show(&self, id: &str) -> Result<TaskView, ClientError> {
-        self.call(&Request::Show { id }).await
+        self.call(&Request::Show {
+            id,
+            elements_from: None,
+        })
+        .await
     }
 
     /// Asks for a task to be processed again from its failed step (or, when its compensation
@@ -580,8 +595,20 @@ mod tests {
     fn urls_encode_ids_and_keep_a_base_path() -> Result<(), Box<dyn std::error::Error>> {
         let c = client("http://127.0.0.1:3000")?;
         assert_eq!(
-            c.url(&Request::Show { id: "a/b?c" })?.as_str(),
+            c.url(&Request::Show {
+                id: "a/b?c",
+                elements_from: None
+            })?
+            .as_str(),
             "http://127.0.0.1:3000/tasks/a%2Fb%3Fc"
+        );
+        assert_eq!(
+            c.url(&Request::Show {
+                id: "r",
+                elements_from: Some(100)
+            })?
+            .as_str(),
+            "http://127.0.0.1:3000/tasks/r?elements_from=100"
         );
         let c = client("https://api.example.com/prod/?x=1#f")?;
         assert_eq!(
@@ -719,7 +746,14 @@ mod tests {
             .body(),
             None
         );
-        assert_eq!(Request::Show { id: "t" }.body(), None);
+        assert_eq!(
+            Request::Show {
+                id: "t",
+                elements_from: None
+            }
+            .body(),
+            None
+        );
         Ok(())
     }
 

@@ -171,6 +171,50 @@ fn undo_cell(s: &StepView) -> String {
     }
 }
 
+/// A run's counts in a line: `40 of 100 done, 2 refused, 8 out` (the marks at zero left out).
+fn run_counts(c: &sas::api::views::RunCounts) -> String {
+    let mut line = format!("{} of {} done", c.done, c.total);
+    for (n, label) in [
+        (c.refused, "refused"),
+        (c.out, "out"),
+        (c.undoing, "undoing"),
+        (c.undone, "undone"),
+        (c.undo_failed, "undo failed"),
+    ] {
+        if n > 0 {
+            let _ = write!(line, ", {n} {label}");
+        }
+    }
+    line
+}
+
+/// A run's page of elements: each one's index, record, mark and state, then where the next
+/// page starts.
+fn render_elements(out: &mut String, run_id: &str, run: &sas::api::views::RunView) {
+    let _ = writeln!(out, "\nELEMENTS (from #{})", run.elements_from);
+    if run.elements.is_empty() {
+        out.push_str("(none)\n");
+    } else {
+        let mut rows = vec![header(&["#", "ELEMENT", "MARK", "STATE"])];
+        rows.extend(run.elements.iter().map(|e| {
+            vec![
+                e.index.to_string(),
+                clean(&e.task_id, usize::MAX),
+                opt(e.mark.as_deref(), usize::MAX),
+                opt(e.process_state.as_deref(), usize::MAX),
+            ]
+        }));
+        out.push_str(&table(&rows, &[Align::Right]));
+    }
+    if let Some(next) = run.next_elements_from {
+        let _ = writeln!(
+            out,
+            "more: sasctl show {} --elements-from {next}",
+            clean(run_id, usize::MAX)
+        );
+    }
+}
+
 /// One task: a summary block, the steps table, then the history table.
 pub fn render_task(t: &TaskView) -> String {
     let summary = [
@@ -190,16 +234,44 @@ pub fn render_task(t: &TaskView) -> String {
         ("last error", opt(t.last_error.as_deref(), usize::MAX)),
     ]
     .into_iter()
-    .chain(t.parent.as_ref().map(|p| {
+    .chain(
+        t.parent
+            .as_ref()
+            .filter(|_| t.run.is_none() && t.element.is_none())
+            .map(|p| {
+                (
+                    "parent",
+                    format!(
+                        "{} (step {})",
+                        clean(&p.task_id, usize::MAX),
+                        clean(&p.step, usize::MAX)
+                    ),
+                )
+            }),
+    )
+    .chain(t.element.as_ref().map(|e| {
         (
-            "parent",
+            "element",
             format!(
-                "{} (step {})",
-                clean(&p.task_id, usize::MAX),
-                clean(&p.step, usize::MAX)
+                "#{} of run {} (task {}, step {})",
+                e.index,
+                clean(&e.run_id, usize::MAX),
+                clean(&e.task_id, usize::MAX),
+                clean(&e.step, usize::MAX)
             ),
         )
     }))
+    .chain(t.run.as_ref().map(|r| {
+        (
+            "run of",
+            format!(
+                "{} (step {})",
+                clean(&r.task_id, usize::MAX),
+                clean(&r.step, usize::MAX)
+            ),
+        )
+    }))
+    .chain(t.run.as_ref().map(|r| ("elements", run_counts(&r.counts))))
     .chain(t.pivot.as_deref().map(|p| {
         let passed = if t.past_pivot == Some(true) {
             " (done: the task only goes forward)"
@@ -264,12 +336,30 @@ pub fn render_task(t: &TaskView) -> String {
                 && events.is_empty()
                 && !elements
                 && s.child_task_id.is_none()
+                && s.run.is_none()
             {
                 continue;
             }
             let _ = writeln!(out, "\nstep {} {}", i + 1, clean(&s.name, usize::MAX));
             if let Some(child) = &s.child_task_id {
                 let _ = writeln!(out, "  child task: {}", clean(child, usize::MAX));
+            }
+            if let Some(run) = &s.run {
+                let state = run
+                    .process_state
+                    .as_deref()
+                    .map(|st| format!(" ({})", clean(st, usize::MAX)))
+                    .unwrap_or_default();
+                let counts = run
+                    .counts
+                    .as_ref()
+                    .map(|c| format!(": {}", run_counts(c)))
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "  run:        {}{state}{counts}",
+                    clean(&run.task_id, usize::MAX)
+                );
             }
             if let Some(at) = &s.finished_at {
                 let _ = writeln!(
@@ -313,6 +403,10 @@ pub fn render_task(t: &TaskView) -> String {
                 }
             }
         }
+    }
+
+    if let Some(run) = &t.run {
+        render_elements(&mut out, &t.task_id, run);
     }
 
     if !t.decisions.is_empty() {
@@ -704,6 +798,8 @@ task-2   -                 CompensationFailed  -                     12  2025-01
             deadline: None,
             start_at: None,
             parent: None,
+            run: None,
+            element: None,
             task_id: "3f2a".into(),
             process_state: ProcessState::Compensating,
             workflow: Some("loan-application".into()),
@@ -924,6 +1020,8 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             deadline: None,
             start_at: None,
             parent: None,
+            run: None,
+            element: None,
             task_id: "t1".into(),
             process_state: ProcessState::Pending,
             workflow: None,
@@ -974,6 +1072,100 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
         assert!(
             !plain.contains("parent:") && !plain.contains("child task"),
             "{plain}"
+        );
+    }
+
+    #[test]
+    fn a_run_names_its_task_and_pages_its_elements_and_a_step_names_its_run() {
+        use sas::api::views::{ElementRow, ElementView, RunCounts, RunLink, RunView};
+        let counts = RunCounts {
+            total: 300,
+            opened: 120,
+            done: 100,
+            refused: 2,
+            out: 18,
+            ..RunCounts::default()
+        };
+        let mut t = view();
+        let mut post = step("post", "Waiting", Some(true), None);
+        post.run = Some(RunLink {
+            task_id: "r-1".into(),
+            process_state: Some("Processing".into()),
+            counts: Some(counts),
+        });
+        t.steps.push(post);
+        let out = render_task(&t);
+        assert!(
+            out.contains("\nstep 5 post\n  run:        r-1 (Processing): 100 of 300 done, 2 refused, 18 out\n"),
+            "{out}"
+        );
+
+        let mut run = view();
+        run.task_id = "r-1".into();
+        run.parent = Some(sas::api::views::ParentView {
+            task_id: "t-1".into(),
+            step: "post".into(),
+        });
+        run.run = Some(RunView {
+            task_id: "t-1".into(),
+            step: "post".into(),
+            step_index: 4,
+            counts,
+            stop: None,
+            elements: vec![
+                ElementRow {
+                    index: 100,
+                    task_id: "e-100".into(),
+                    mark: Some("out".into()),
+                    process_state: Some("Processing".into()),
+                },
+                ElementRow {
+                    index: 120,
+                    task_id: "e-120".into(),
+                    mark: None,
+                    process_state: None,
+                },
+            ],
+            elements_from: 100,
+            next_elements_from: Some(200),
+        });
+        let out = render_task(&run);
+        assert!(
+            out.contains("run of:") && out.contains("t-1 (step post)"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("parent:"),
+            "the run's task is named once: {out}"
+        );
+        assert!(out.contains("100 of 300 done, 2 refused, 18 out"), "{out}");
+        assert!(out.contains("\nELEMENTS (from #100)\n"), "{out}");
+        assert!(
+            out.contains("e-100") && out.contains("out") && out.contains("e-120"),
+            "{out}"
+        );
+        assert!(
+            out.contains("more: sasctl show r-1 --elements-from 200\n"),
+            "{out}"
+        );
+
+        let mut element = view();
+        element.element = Some(ElementView {
+            run_id: "r-1".into(),
+            index: 7,
+            task_id: "t-1".into(),
+            step: "post".into(),
+        });
+        let out = render_task(&element);
+        assert!(
+            out.contains("element:") && out.contains("#7 of run r-1 (task t-1, step post)"),
+            "{out}"
+        );
+        let plain = render_task(&view());
+        assert!(
+            !plain.contains("ELEMENTS")
+                && !plain.contains("run of:")
+                && !plain.contains("element:")
         );
     }
 

@@ -603,7 +603,11 @@ fn action_help(action: OperatorAction) -> &'static str {
 
 /// A task: its summary, its actions, its steps as a timeline, and its history.
 async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
-    let answer = api.get(&["tasks", id], "").await;
+    // A run's page of elements: from `elements_from` (the API's own check refuses a bad one).
+    let from = param(query, "elements_from").unwrap_or_default();
+    let answer = api
+        .get(&["tasks", id], &query_of(&[("elements_from", &from)]))
+        .await;
     if !answer.ok() {
         return answer.error_page();
     }
@@ -643,8 +647,12 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                 dt { "Task deadline" } dd { (when(&t["deadline"])) }
             }
             dt { "Caller" } dd { (text(t, "caller")) }
-            @if let Some(parent) = t["parent"]["taskId"].as_str() {
-                dt { "Parent" } dd { a class="id" href=(href(&format!("/tasks/{}", segment(parent)), &[])) { (parent) } " (step " (text(&t["parent"], "step")) ")" }
+            @if let Some(e) = t["element"].as_object().filter(|e| e.contains_key("runId")) {
+                // An element of a distributed forEach: its run, and the task it runs for.
+                dt { "Element" } dd { "#" (e["index"]) " of run " a class="id" href=(href(&format!("/tasks/{}", segment(text(&t["element"], "runId"))), &[])) { (text(&t["element"], "runId")) } }
+                dt { "Task" } dd { a class="id" href=(href(&format!("/tasks/{}", segment(text(&t["element"], "taskId"))), &[])) { (text(&t["element"], "taskId")) } " (step " (text(&t["element"], "step")) ")" }
+            } @else if let Some(parent) = t["parent"]["taskId"].as_str() {
+                dt { (if t["run"].is_object() { "Run of" } else { "Parent" }) } dd { a class="id" href=(href(&format!("/tasks/{}", segment(parent)), &[])) { (parent) } " (step " (text(&t["parent"], "step")) ")" }
             }
             dt { "Created" } dd { (when(&t["createdAt"])) }
             dt { "Updated" } dd { (when(&t["updatedAt"])) }
@@ -705,6 +713,12 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                             @else if !s["waitingUntil"].is_null() { "Waits for its callback until " (when(&s["waitingUntil"])) ". " }
                             @if s["generation"].as_u64().is_some_and(|g| g > 0) { "Key generation " (s["generation"]) ". " }
                             @if let Some(child) = s["childTaskId"].as_str() { "Child task " a class="id" href=(href(&format!("/tasks/{}", segment(child)), &[])) { (child) } ". " }
+                            @if let Some(run) = s["run"]["taskId"].as_str() {
+                                "Run " a class="id" href=(href(&format!("/tasks/{}", segment(run)), &[])) { (run) }
+                                @if let Some(state) = s["run"]["processState"].as_str() { " " (badge(state)) }
+                                @if s["run"]["counts"].is_object() { ": " (run_counts(&s["run"]["counts"])) }
+                                ". "
+                            }
                         }
                         @if let Some(elements) = s["elements"].as_array().filter(|e| !e.is_empty()) {
                             // A forEach step: each element's status and undo, in order.
@@ -737,6 +751,9 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                     }
                 }
             }
+        }
+        @if t["run"].is_object() {
+            (run_section(&t["run"], task_id))
         }
         @if let Some(decisions) = t["decisions"].as_array().filter(|d| !d.is_empty()) {
             section aria-labelledby="groups" {
@@ -781,6 +798,61 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
         StatusCode::OK,
         frame(&format!("Task {task_id}"), "tasks", content),
     )
+}
+
+/// A run's counts in a line: `40 of 100 done, 2 refused, 8 out`, the marks at zero left out.
+fn run_counts(c: &Value) -> String {
+    let mut line = format!("{} of {} done", c["done"], c["total"]);
+    for (key, label) in [
+        ("refused", "refused"),
+        ("out", "out"),
+        ("undoing", "undoing"),
+        ("undone", "undone"),
+        ("undoFailed", "undo failed"),
+    ] {
+        if c[key].as_u64().is_some_and(|n| n > 0) {
+            line.push_str(&format!(", {} {label}", c[key]));
+        }
+    }
+    line
+}
+
+/// A distributed forEach's run: its counts and one page of its elements, each a link, with the
+/// next page's.
+fn run_section(run: &Value, run_id: &str) -> Markup {
+    let elements = items(run, "elements");
+    let from = run["elementsFrom"].as_u64().unwrap_or(0);
+    html! {
+        section aria-labelledby="elements" {
+            h2 id="elements" { "Elements" }
+            p class="run-counts" { (run_counts(&run["counts"]))
+                @if let Some(stop) = run["stop"].as_str() { " (stopped: " (stop) ")" } }
+            @if !elements.is_empty() {
+                table class="elements" {
+                    thead { tr { th scope="col" { "#" } th scope="col" { "Element" } th scope="col" { "Mark" } th scope="col" { "State" } } }
+                    tbody {
+                        @for e in &elements {
+                            tr {
+                                td class="num" { (e["index"]) }
+                                td { a class="id" href=(href(&format!("/tasks/{}", segment(text(e, "taskId"))), &[])) { (text(e, "taskId")) } }
+                                td { (e["mark"].as_str().unwrap_or("not opened")) }
+                                td { @if let Some(state) = e["processState"].as_str() { (badge(state)) } @else { "-" } }
+                            }
+                        }
+                    }
+                }
+            }
+            nav class="pager" {
+                @if from > 0 {
+                    a href=(href(&format!("/tasks/{}", segment(run_id)), &[("elements_from", &from.saturating_sub(u64::from(crate::api::views::ELEMENTS_PAGE)).to_string())])) { "← Earlier elements" }
+                    " "
+                }
+                @if let Some(next) = run["nextElementsFrom"].as_u64() {
+                    a href=(href(&format!("/tasks/{}", segment(run_id)), &[("elements_from", &next.to_string())])) { "Next elements →" }
+                }
+            }
+        }
+    }
 }
 
 /// The confirmation of an action: what it does, the reason asked for, and the button.

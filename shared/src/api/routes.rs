@@ -291,7 +291,9 @@ pub(crate) async fn answer(
         }
         Route::GetTask { id } => {
             let span = info_span!("get_task", task_id = %id);
-            tasks::get_task(deps, caller, id).instrument(span).await
+            tasks::get_task(deps, caller, id, query)
+                .instrument(span)
+                .await
         }
         Route::Act { id, action } => {
             let span = info_span!("act", task_id = %id, action = %action, workflow = tracing::field::Empty, attempt = tracing::field::Empty);

@@ -174,18 +174,22 @@ pub(super) async fn load_for(
     }
 }
 
-/// `GET /tasks/{taskId}`: the caller's view, or on the operator API everything.
-pub(super) async fn get_task(deps: &ApiDeps, caller: &Caller, id: &str) -> Answer {
+/// `GET /tasks/{taskId}`: the caller's view, or on the operator API everything (a
+/// distributed forEach's run listing its elements from `elements_from`, 0 unless given).
+pub(super) async fn get_task(deps: &ApiDeps, caller: &Caller, id: &str, query: &str) -> Answer {
+    let from = if deps.operator_api {
+        elements_from(query)?
+    } else {
+        None
+    };
     let (task, record) = load_for(deps, caller, id).await?;
     let workflow = crate::handlers::workflow_of(&deps.ports.definitions, &record).await;
     if deps.operator_api {
         // An operator sees the task even when its workflow cannot be read (without the steps'
         // inputs then): that is when they need it most.
         let workflow = workflow.as_deref().ok();
-        return Ok(respond(
-            StatusCode::OK,
-            &TaskView::of(&task, &record, workflow),
-        ));
+        let view = linked(deps, TaskView::of(&task, &record, workflow), &record, from).await;
+        return Ok(respond(StatusCode::OK, &view));
     }
     let workflow = workflow.map_err(ApiError::unavailable)?;
     Ok(respond(
@@ -193,6 +197,94 @@ pub(super) async fn get_task(deps: &ApiDeps, caller: &Caller, id: &str) -> Answe
         &CallerTaskView::of(&task, &record, workflow.doc.public_errors)
             .with_children(&workflow, &record),
     ))
+}
+
+/// The operator's `elements_from` (where a run's page of elements starts), if given.
+fn elements_from(query: &str) -> Result<Option<u32>, ApiError> {
+    let Some((_, v)) =
+        url::form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "elements_from")
+    else {
+        return Ok(None);
+    };
+    v.parse::<u32>().map(Some).map_err(|_| {
+        ApiError::InvalidRequest(format!(
+            "elements_from: an element's index (a whole number from 0), not {v:?}"
+        ))
+    })
+}
+
+/// How many records the operator's view of a run reads at once (its page of elements).
+const VIEW_READS_AT_ONCE: usize = 16;
+
+/// The operator's view of `record` linked to the records beside it: its distributed forEach
+/// steps' runs (their states and counts) and, for a run, its page of elements from `from` with
+/// each opened element's state. At most one read per run and [`super::views::ELEMENTS_PAGE`]
+/// per run's view, never the whole run. Best effort: a record not read is shown without its
+/// state (the view is what the operator needs when the store struggles).
+async fn linked(
+    deps: &ApiDeps,
+    view: TaskView,
+    record: &StateRecord,
+    from: Option<u32>,
+) -> TaskView {
+    let store = deps.ports.store.as_ref();
+    let ids: Vec<TaskId> = view
+        .steps
+        .iter()
+        .filter_map(|s| s.run.as_ref()?.task_id.parse().ok())
+        .collect();
+    let mut runs = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(r) = read_linked(store, id).await {
+            runs.push((id, r));
+        }
+    }
+    let mut view = view.with_runs(&runs);
+    if let Some(from) = from {
+        view.run = super::views::RunView::of(record, from);
+    }
+    if let Some(run) = &mut view.run {
+        // The opened elements' records, a few at a time.
+        let opened: Vec<(usize, TaskId)> = run
+            .elements
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.mark.is_some())
+            .map(|(k, e)| {
+                (
+                    k,
+                    crate::handlers::runs::element_id(record.task_id, e.index),
+                )
+            })
+            .collect();
+        for chunk in opened.chunks(VIEW_READS_AT_ONCE) {
+            let mut reads = Vec::with_capacity(chunk.len());
+            for (_, id) in chunk {
+                reads.push(read_linked(store, *id));
+            }
+            let read = futures::future::join_all(reads).await;
+            for ((k, _), r) in chunk.iter().zip(read) {
+                if let Some(e) = run.elements.get_mut(*k) {
+                    e.process_state = r.flatten().map(|r| r.process_state.to_string());
+                }
+            }
+        }
+    }
+    view
+}
+
+/// A record a view links to, as read (`None`: not read, logged).
+async fn read_linked(
+    store: &dyn crate::ports::StateStore,
+    id: TaskId,
+) -> Option<Option<StateRecord>> {
+    match store.get_state(id).await {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(task_id = %id, error = %e, "a linked record not read; the view shows it without its state");
+            None
+        }
+    }
 }
 
 /// `GET /tasks?limit=20&cursor=...` on the task API: the caller's own tasks, newest first.

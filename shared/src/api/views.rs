@@ -6,9 +6,10 @@
 //! type `S` is the domain's [`ProcessState`] on the server; a client may use its own (one that
 //! keeps a state it does not know rather than failing the answer).
 
+use crate::domain::run::{Mark, Run};
 use crate::domain::state::{Decision, Refusal};
 use crate::domain::task::EarlierInput;
-use crate::domain::{ProcessState, StateRecord, StepState, StepStatus, Task, Workflow};
+use crate::domain::{ProcessState, StateRecord, StepState, StepStatus, Task, TaskId, Workflow};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Value, json};
@@ -94,9 +95,201 @@ pub struct TaskView<S = ProcessState> {
     /// A delayed start (`Start-At`): no step went out before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_at: Option<DateTime<Utc>>,
-    /// A child task: the parent task and step it answers.
+    /// A child task: the parent task and step it answers. (A distributed forEach's run: its
+    /// task and step; an element: its run, and [`TaskView::element`] says more.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentView>,
+    /// A distributed forEach's run: its task and step, its ledger's counts and one page of its
+    /// elements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunView>,
+    /// An element of a distributed forEach: its run, its index and its task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub element: Option<ElementView>,
+}
+
+/// How many of a run's elements bear each mark of its ledger
+/// ([`crate::domain::run::Mark`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunCounts {
+    /// The list's length.
+    pub total: u32,
+    /// Opened so far (every mark).
+    #[serde(default)]
+    pub opened: u32,
+    /// Ended `Processed`: took effect.
+    #[serde(default)]
+    pub done: u32,
+    /// Ended with no effect (refused, or failed and undone by itself).
+    #[serde(default)]
+    pub refused: u32,
+    /// Running forward.
+    #[serde(default)]
+    pub out: u32,
+    #[serde(default)]
+    pub undoing: u32,
+    #[serde(default)]
+    pub undone: u32,
+    /// Their undo was refused: their effect stays, for an operator.
+    #[serde(default)]
+    pub undo_failed: u32,
+}
+
+impl RunCounts {
+    pub fn of(run: &Run) -> Self {
+        Self {
+            total: run.total,
+            // At most MAX_RUN_ELEMENTS marks: fits.
+            opened: run.marks.len() as u32,
+            done: run.count(Mark::Done),
+            refused: run.count(Mark::Failed),
+            out: run.count(Mark::Out),
+            undoing: run.count(Mark::Undoing),
+            undone: run.count(Mark::Undone),
+            undo_failed: run.count(Mark::UndoFailed),
+        }
+    }
+}
+
+/// A mark of a run's ledger as the views name it.
+pub fn mark_name(mark: Mark) -> &'static str {
+    match mark {
+        Mark::Out => "out",
+        Mark::Done => "done",
+        Mark::Failed => "refused",
+        Mark::Undoing => "undoing",
+        Mark::Undone => "undone",
+        Mark::UndoFailed => "undoFailed",
+    }
+}
+
+/// The run a distributed forEach step started, as its task's view names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunLink {
+    /// The run's record (`GET /operator/tasks/{taskId}` reads it).
+    pub task_id: String,
+    /// The run's state and counts, once its record is read (absent: not created yet, or not
+    /// read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_state: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counts: Option<RunCounts>,
+}
+
+impl RunLink {
+    /// The link to run `id`, with what its record (if read) says.
+    pub fn of(id: TaskId, run: Option<&StateRecord>) -> Self {
+        let ledger = run.and_then(|r| Some((r.process_state, &r.run.as_ref()?.ledger)));
+        Self {
+            task_id: id.to_string(),
+            process_state: ledger.map(|(s, _)| s.to_string()),
+            counts: ledger.map(|(_, l)| RunCounts::of(l)),
+        }
+    }
+}
+
+/// How many of a run's elements its view lists at once (`elementsFrom` pages on).
+pub const ELEMENTS_PAGE: u32 = 100;
+
+/// A distributed forEach's run, in its record's view: the task and step it runs for, its
+/// ledger's counts, and one page of its elements (at most [`ELEMENTS_PAGE`], from
+/// `elements_from`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunView {
+    pub task_id: String,
+    pub step: String,
+    pub step_index: usize,
+    pub counts: RunCounts,
+    /// Why the run stopped opening elements (`refused`, `undo`), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<crate::domain::run::RunStop>,
+    /// The page's elements, by index from `elementsFrom`.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub elements: Vec<ElementRow>,
+    #[serde(default)]
+    pub elements_from: u32,
+    /// Where the next page starts (`?elements_from=`); `None` on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_elements_from: Option<u32>,
+}
+
+/// One element in its run's view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ElementRow {
+    pub index: u32,
+    /// The element's record.
+    pub task_id: String,
+    /// Its mark in the run's ledger ([`mark_name`]); absent: not opened yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mark: Option<String>,
+    /// Its record's state, once read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_state: Option<String>,
+}
+
+impl RunView {
+    /// The view of run record `r` (`None` for a record that is no run), its elements from
+    /// `from`. The elements' states are left for the caller to read
+    /// ([`ElementRow::process_state`]).
+    pub fn of(r: &StateRecord, from: u32) -> Option<Self> {
+        let (run, link) = (r.run.as_ref()?, r.parent.as_ref()?);
+        let ledger = &run.ledger;
+        let end = from.saturating_add(ELEMENTS_PAGE).min(ledger.total);
+        Some(Self {
+            task_id: link.task_id.to_string(),
+            step: link.step.clone(),
+            step_index: link.step_index,
+            counts: RunCounts::of(ledger),
+            stop: ledger.stop,
+            elements: (from..end)
+                .map(|k| ElementRow {
+                    index: k,
+                    task_id: crate::handlers::runs::element_id(r.task_id, k).to_string(),
+                    mark: ledger.mark(k).map(|m| mark_name(m).to_owned()),
+                    process_state: None,
+                })
+                .collect(),
+            elements_from: from,
+            next_elements_from: (end < ledger.total).then_some(end),
+        })
+    }
+}
+
+/// An element of a distributed forEach, in its record's view: its run, its index, and the task
+/// and step it runs for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ElementView {
+    pub run_id: String,
+    pub index: u32,
+    pub task_id: String,
+    pub step: String,
+}
+
+impl ElementView {
+    fn of(r: &StateRecord) -> Option<Self> {
+        let link = r.parent.as_ref()?;
+        let e = link.element.as_ref()?;
+        Some(Self {
+            run_id: link.task_id.to_string(),
+            index: e.index,
+            task_id: e.task_id.to_string(),
+            step: link.step.clone(),
+        })
+    }
+}
+
+/// The run distributed forEach step `i` of `r` started, if its request went out.
+pub fn run_of_step(w: &Workflow, r: &StateRecord, i: usize) -> Option<TaskId> {
+    let st = r.steps.get(i).filter(|st| st.sent)?;
+    let step = w.step(i).filter(|s| s.run.is_some())?;
+    Some(crate::handlers::runs::run_id(
+        &crate::messages::idempotency_key(r.task_id, &step.name, &step.action, st.generation),
+    ))
 }
 
 /// The parent task and step a child task (a sub-workflow step's) answers.
@@ -309,6 +502,10 @@ pub struct StepView {
     /// A sub-workflow step: the child task it started (once its request went out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child_task_id: Option<String>,
+    /// A distributed forEach step: the run it started (once its request went out), with the
+    /// run's counts on the operator's view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunLink>,
 }
 
 /// One state transition of a task.
@@ -463,6 +660,7 @@ impl StepView {
             undo_input: None,
             elements: st.elements.iter().map(StepView::of).collect(),
             child_task_id: None,
+            run: None,
         }
     }
 }
@@ -517,6 +715,7 @@ impl TaskView {
                         crate::domain::context::context(w, task, r, i).unwrap_or(Value::Null);
                     v.within = w.place(i);
                     v.child_task_id = child_task_id(w, r, i);
+                    v.run = run_of_step(w, r, i).map(|id| RunLink::of(id, None));
                     // (A wait step calls no service.)
                     let calls = step.wait.is_none();
                     v.service = calls.then(|| step.service.clone());
@@ -595,6 +794,8 @@ impl TaskView {
             deadline: r.deadline,
             start_at: r.start_at,
             parent: ParentView::of(r),
+            run: RunView::of(r, 0),
+            element: ElementView::of(r),
         }
         .bounded()
     }
@@ -602,6 +803,20 @@ impl TaskView {
     /// The view with its payloads within the caps (see [`VIEW_PAYLOADS_BYTES`]).
     fn bounded(mut self) -> Self {
         Shown::bound(&mut self.input, &mut self.earlier_inputs, &mut self.steps);
+        self
+    }
+
+    /// The view with its distributed forEach steps' runs as read (`runs`: each run's id and
+    /// record, if found): their states and counts.
+    pub fn with_runs(mut self, runs: &[(TaskId, Option<StateRecord>)]) -> Self {
+        for v in &mut self.steps {
+            let Some(link) = &mut v.run else {
+                continue;
+            };
+            if let Some((id, record)) = runs.iter().find(|(id, _)| id.to_string() == link.task_id) {
+                *link = RunLink::of(*id, record.as_ref());
+            }
+        }
         self
     }
 }
@@ -966,6 +1181,98 @@ mod tests {
         let ops = serde_json::to_value(TaskView::of(&task, &r, None)).unwrap_or(Value::Null);
         assert_eq!(ops["lockedBy"], "scheduler-1");
         assert_eq!(ops["caller"], "alice");
+    }
+
+    /// A run's view names its task and step and pages its elements (never more than
+    /// `ELEMENTS_PAGE`, each with its id and mark); an element's names its run, index and task;
+    /// an ordinary task's has neither.
+    #[test]
+    fn a_run_pages_its_elements_and_an_element_names_its_run_and_task() {
+        use crate::domain::state::{ElementOf, ParentLink, RunState};
+        let (task, r, w) = task_and_record();
+        let owner = TaskId::new_random();
+        let link = |element| ParentLink {
+            task_id: owner,
+            step: "post".into(),
+            step_index: 2,
+            generation: 0,
+            reply_queue_url: "https://sqs.example/q".into(),
+            depth: 1,
+            undo_attempt: None,
+            released: false,
+            element,
+        };
+        let mut run = r.clone();
+        run.parent = Some(link(None));
+        run.run = Some(RunState {
+            list: None,
+            ledger: Run {
+                total: 10_000,
+                max_concurrency: 1_000,
+                tolerated: 5,
+                undoable: true,
+                marks: format!("{}{}{}", "d".repeat(150), "f".repeat(2), "o".repeat(48)),
+                stop: None,
+            },
+        });
+        let v = TaskView::of(&task, &run, Some(&w));
+        let page = v.run.as_ref().expect("a run's view");
+        assert_eq!(
+            (page.task_id.as_str(), page.step.as_str()),
+            (owner.to_string().as_str(), "post")
+        );
+        assert_eq!(page.step_index, 2);
+        let c = page.counts;
+        assert_eq!(
+            (c.total, c.opened, c.done, c.refused, c.out),
+            (10_000, 200, 150, 2, 48)
+        );
+        assert_eq!(page.elements.len(), ELEMENTS_PAGE as usize);
+        assert_eq!(page.elements_from, 0);
+        assert_eq!(page.next_elements_from, Some(100));
+        assert_eq!(
+            page.elements[7].task_id,
+            crate::handlers::runs::element_id(run.task_id, 7).to_string()
+        );
+        assert_eq!(page.elements[7].mark.as_deref(), Some("done"));
+        // Further on: refused, out, then never opened; the last page ends the list.
+        let later = RunView::of(&run, 150).expect("a run");
+        assert_eq!(later.elements[0].index, 150);
+        assert_eq!(later.elements[0].mark.as_deref(), Some("refused"));
+        assert_eq!(later.elements[2].mark.as_deref(), Some("out"));
+        assert_eq!(later.elements[50].mark, None, "#200 is not opened");
+        let last = RunView::of(&run, 9_950).expect("a run");
+        assert_eq!((last.elements.len(), last.next_elements_from), (50, None));
+        let past = RunView::of(&run, u32::MAX).expect("a run");
+        assert!(past.elements.is_empty() && past.next_elements_from.is_none());
+        assert!(v.element.is_none());
+
+        let mut element = r.clone();
+        element.parent = Some(link(Some(ElementOf {
+            index: 42,
+            task_id: owner,
+            step_index: 2,
+        })));
+        let e = TaskView::of(&task, &element, Some(&w));
+        assert_eq!(
+            e.element,
+            Some(ElementView {
+                run_id: owner.to_string(),
+                index: 42,
+                task_id: owner.to_string(),
+                step: "post".into(),
+            })
+        );
+        assert!(e.run.is_none());
+        let plain = TaskView::of(&task, &r, Some(&w));
+        assert!(plain.run.is_none() && plain.element.is_none());
+        assert!(plain.steps.iter().all(|s| s.run.is_none()));
+        // Both decode back.
+        for view in [v, e] {
+            let text = serde_json::to_string(&view).unwrap_or_default();
+            let back: Result<TaskView, _> = serde_json::from_str(&text);
+            assert_eq!(back.ok(), Some(view));
+        }
     }
 
     #[test]
