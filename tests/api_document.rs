@@ -401,6 +401,7 @@ fn a_runs_and_an_elements_views_match_the_schema() {
     run.parent = Some(link(None));
     run.run = Some(RunState {
         list: None,
+        context: None,
         ledger: Run {
             total: 500,
             max_concurrency: 10,

@@ -285,6 +285,7 @@ fn part_of(
             r.parent = Some(link(None));
             r.run = Some(RunState {
                 list: None,
+                context: None,
                 ledger: Run {
                     total: 3,
                     max_concurrency: 2,

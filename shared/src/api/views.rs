@@ -1206,6 +1206,7 @@ mod tests {
         run.parent = Some(link(None));
         run.run = Some(RunState {
             list: None,
+            context: None,
             ledger: Run {
                 total: 10_000,
                 max_concurrency: 1_000,

@@ -1596,6 +1596,7 @@ mod tests {
         run.parent = Some(link(None));
         run.run = Some(RunState {
             list: None,
+            context: None,
             ledger: crate::domain::run::Run {
                 total: 2,
                 max_concurrency: 1,
