@@ -474,6 +474,7 @@ async fn month_end_over_5000_invoices_in_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn month_end_over_5000_invoices_on_the_emulator() {
+    sas::telemetry::init_with_default("warn,sas::handlers::runs=info");
     let (books_url, books) = books().await;
     let config = sas_blackbox::sdk_config().await;
     let s3 = aws_sdk_s3::Client::from_conf(

@@ -257,6 +257,7 @@ async fn open(
     };
     let view = super::workflow_of(&ports.definitions, run).await?;
     let now = ports.clock.now();
+    let mut values = Vec::with_capacity(indices.len());
     for &k in indices {
         let Some(value) = items.get(k as usize) else {
             return Err(HandlerError::Poison(format!(
@@ -264,64 +265,95 @@ async fn open(
                 run.task_id
             )));
         };
-        let id = element_id(run.task_id, k);
-        let task = Task {
-            id,
-            workflow: view.name.clone(),
-            workflow_version: view.version,
-            input: value.clone(),
-            input_ref: None,
-            input_revision: 0,
-            earlier_inputs: vec![],
-            reply_queue_url: None,
-            created_at: crate::domain::state::to_millis(now),
-            caller: crate::domain::Caller::run(&run.task_id),
-        };
-        let mut record = StateRecord::new(
-            id,
-            &view,
-            None,
-            now,
-            now + view.policies().at(0).pickup_timeout,
-        );
-        record.payloads = task.has_large_input();
-        record.parent = Some(ParentLink {
-            task_id: run.task_id,
-            step: link.step.clone(),
-            step_index: 0,
-            generation: 0,
-            reply_queue_url: String::new(),
-            depth: link.depth,
-            undo_attempt: None,
-            released: false,
-            element: Some(ElementOf {
-                index: k,
-                task_id: link.task_id,
-                step_index: link.step_index,
-            }),
-        });
-        // Condition: absent (the store's create) - keeps "an element is opened once".
-        let send = match ports.store.create(NewTask::new(&task, &record)).await {
-            Ok(_) => true,
-            Err(StoreError::ConditionFailed) => ports
-                .store
-                .get_state(id)
-                .await?
-                .is_some_and(|e| e.process_state == ProcessState::Pending && e.attempt == 0),
-            Err(e) => return Err(e.into()),
-        };
-        if send {
-            super::enqueue(
-                ports.queue.as_ref(),
-                &ports.work_queue_url,
-                id,
-                chrono::Duration::zero(),
-                now,
-            )
-            .await?;
-        }
+        values.push((k, value));
     }
+    // A few at once: a window of hundreds opens within the agent's attempt.
+    use futures::StreamExt;
+    // (The futures are made first: a stream's closure over borrows is not `Send` for every
+    // lifetime, as the Lambda runtime's handlers must be.)
+    let opens: Vec<_> = values
+        .into_iter()
+        .map(|(k, value)| open_one(ports, run, link, &view, k, value, now))
+        .collect();
+    let opened: Vec<Result<(), HandlerError>> = futures::stream::iter(opens)
+        .buffer_unordered(OPENS_AT_ONCE)
+        .collect()
+        .await;
+    opened.into_iter().collect::<Result<(), _>>()?;
     info!(run = %run.task_id, opened = indices.len(), "elements opened");
+    Ok(())
+}
+
+/// How many elements [`open`] opens at once.
+const OPENS_AT_ONCE: usize = 16;
+
+/// Opens element `k` of `run` (its list's `value`): its record, created on absence, and its
+/// work message (again, for one that exists and still waits for its claim).
+async fn open_one(
+    ports: &TaskPorts,
+    run: &StateRecord,
+    link: &ParentLink,
+    view: &Workflow,
+    k: u32,
+    value: &Value,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), HandlerError> {
+    let id = element_id(run.task_id, k);
+    let task = Task {
+        id,
+        workflow: view.name.clone(),
+        workflow_version: view.version,
+        input: value.clone(),
+        input_ref: None,
+        input_revision: 0,
+        earlier_inputs: vec![],
+        reply_queue_url: None,
+        created_at: crate::domain::state::to_millis(now),
+        caller: crate::domain::Caller::run(&run.task_id),
+    };
+    let mut record = StateRecord::new(
+        id,
+        view,
+        None,
+        now,
+        now + view.policies().at(0).pickup_timeout,
+    );
+    record.payloads = task.has_large_input();
+    record.parent = Some(ParentLink {
+        task_id: run.task_id,
+        step: link.step.clone(),
+        step_index: 0,
+        generation: 0,
+        reply_queue_url: String::new(),
+        depth: link.depth,
+        undo_attempt: None,
+        released: false,
+        element: Some(ElementOf {
+            index: k,
+            task_id: link.task_id,
+            step_index: link.step_index,
+        }),
+    });
+    // Condition: absent (the store's create) - keeps "an element is opened once".
+    let send = match ports.store.create(NewTask::new(&task, &record)).await {
+        Ok(_) => true,
+        Err(StoreError::ConditionFailed) => ports
+            .store
+            .get_state(id)
+            .await?
+            .is_some_and(|e| e.process_state == ProcessState::Pending && e.attempt == 0),
+        Err(e) => return Err(e.into()),
+    };
+    if send {
+        super::enqueue(
+            ports.queue.as_ref(),
+            &ports.work_queue_url,
+            id,
+            chrono::Duration::zero(),
+            now,
+        )
+        .await?;
+    }
     Ok(())
 }
 
@@ -351,31 +383,39 @@ async fn undo_elements(
     run: &StateRecord,
     indices: &[u32],
 ) -> Result<(), HandlerError> {
-    for &k in indices {
-        let id = element_id(run.task_id, k);
-        for _ in 0..RACES {
-            let Some(element) = ports.store.get_state(id).await? else {
-                break;
-            };
-            if element.process_state != ProcessState::Processed {
-                break;
+    use futures::StreamExt;
+    let undos: Vec<_> = indices.iter().map(|&k| undo_one(ports, run, k)).collect();
+    let undone: Vec<Result<(), HandlerError>> = futures::stream::iter(undos)
+        .buffer_unordered(OPENS_AT_ONCE)
+        .collect()
+        .await;
+    undone.into_iter().collect()
+}
+
+/// Begins the undo of element `k` of `run`, unless it is undoing or undone already.
+async fn undo_one(ports: &TaskPorts, run: &StateRecord, k: u32) -> Result<(), HandlerError> {
+    let id = element_id(run.task_id, k);
+    for _ in 0..RACES {
+        let Some(element) = ports.store.get_state(id).await? else {
+            return Ok(());
+        };
+        if element.process_state != ProcessState::Processed {
+            return Ok(());
+        }
+        let workflow = super::workflow_of(&ports.definitions, &element).await?;
+        let now = ports.clock.now();
+        let t = match transition::undo_as_unit(&element, run.version, now, &workflow.policies()) {
+            Ok(t) => t,
+            Err(e) => {
+                warn!(element = %id, error = %e, "the element cannot be undone");
+                return Ok(());
             }
-            let workflow = super::workflow_of(&ports.definitions, &element).await?;
-            let now = ports.clock.now();
-            let t = match transition::undo_as_unit(&element, run.version, now, &workflow.policies())
-            {
-                Ok(t) => t,
-                Err(e) => {
-                    warn!(element = %id, error = %e, "the element cannot be undone");
-                    break;
-                }
-            };
-            // Condition: the transition's (the element as read) - keeps "an element is undone
-            // once".
-            if super::write(ports.store.as_ref(), &t).await? {
-                super::perform_no_step(&ports.outlets(), &t).await?;
-                break;
-            }
+        };
+        // Condition: the transition's (the element as read) - keeps "an element is undone
+        // once".
+        if super::write(ports.store.as_ref(), &t).await? {
+            super::perform_no_step(&ports.outlets(), &t).await?;
+            return Ok(());
         }
     }
     Ok(())
