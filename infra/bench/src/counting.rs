@@ -40,6 +40,24 @@ pub struct Counts {
     /// The payload objects written to S3, by name, with their bytes: what S3 stores (an
     /// object written again under its name replaces itself, so it is stored once).
     pub objects: BTreeMap<String, u64>,
+    /// Creates whose condition (the record absent) failed: a record created twice (e.g. a
+    /// distributed forEach's element opened again). Billed, and counted in `writes` too.
+    pub create_conflicts: u64,
+    /// Per record (a task's, a run's, an element's id): what its writes came to.
+    pub records: BTreeMap<String, RecordWrites>,
+}
+
+/// What the writes of one record (its task item and its state record) came to.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecordWrites {
+    /// Writes (a create counted once), and of them those whose condition failed.
+    pub writes: u64,
+    pub lost: u64,
+    /// Their write units, the indexes' included.
+    pub wru: f64,
+    /// The largest item written: the larger of the task item and the state record at its
+    /// create, the larger of the old and the new state record at a put.
+    pub largest: usize,
 }
 
 /// One DynamoDB write's bill: the write request units on the table's item and on each index
@@ -48,6 +66,8 @@ pub struct Counts {
 pub struct WriteUnits {
     /// What the write did (`create`, a transition's name, `breaker`, ...).
     pub label: String,
+    /// The record written (a task's, a run's or an element's id; empty for other items).
+    pub record: String,
     /// The size of the item written (the larger of old and new, which is what DynamoDB bills).
     pub item_bytes: usize,
     pub table: f64,
@@ -90,6 +110,14 @@ impl Counts {
         self.writes.extend(o.writes);
         self.conflicts += o.conflicts;
         self.objects.extend(o.objects);
+        self.create_conflicts += o.create_conflicts;
+        for (k, r) in o.records {
+            let e = self.records.entry(k).or_default();
+            e.writes += r.writes;
+            e.lost += r.lost;
+            e.wru += r.wru;
+            e.largest = e.largest.max(r.largest);
+        }
         self
     }
 
@@ -169,6 +197,19 @@ impl Meter {
             c.writes.push(w);
         });
     }
+    fn record(&self, id: String, units: f64, bytes: usize, lost: bool) {
+        self.add(|c| {
+            let r = c.records.entry(id).or_default();
+            r.writes += 1;
+            r.lost += u64::from(lost);
+            r.wru += units;
+            r.largest = r.largest.max(bytes);
+        });
+    }
+    /// The calls counted so far (without taking them): what a run that settles watches.
+    pub fn calls_so_far(&self) -> u64 {
+        self.0.lock().map_or(0, |c| c.calls.values().sum())
+    }
     pub fn take(&self) -> Counts {
         self.0
             .lock()
@@ -242,14 +283,18 @@ impl Counter {
             1.0,
             0.0,
         );
-        self.meter.write(WriteUnits {
+        let w = WriteUnits {
             label: "create (task, state, key: a transaction)".into(),
+            record: task.id.to_string(),
             item_bytes: o + r,
             table: 2.0 * (units(o, 1024) + units(r, 1024) + key_units),
             due_index: due.map_or(0.0, |d| units(d, 1024)),
             state_index: units(state, 1024),
             caller_index: 1.0,
-        });
+        };
+        self.meter
+            .record(task.id.to_string(), w.total(), o.max(r), false);
+        self.meter.write(w);
     }
 
     /// A put of `record` over `old`, applied or not.
@@ -258,6 +303,7 @@ impl Counter {
         let old_size = old.map_or(0, |o| state_record_size(o, self.shards));
         let mut w = WriteUnits {
             label,
+            record: record.task_id.to_string(),
             item_bytes: new_size.max(old_size),
             table: units(new_size.max(old_size), 1024),
             ..WriteUnits::default()
@@ -304,9 +350,39 @@ impl Counter {
         }
         self.meter
             .key(format!("TASK#<id>: {}", record.task_id), w.table, 0.0);
+        self.meter.record(
+            record.task_id.to_string(),
+            w.total(),
+            w.item_bytes,
+            !applied,
+        );
         self.meter.write(w);
     }
 }
+
+impl Counter {
+    /// An update of slot item `key` holding `held` leases: its size by DynamoDB's rules (the
+    /// keys, the expiry, and the `Held` map: per lease its holder's 16 characters, its end in
+    /// ms as a number and a byte of the map's).
+    fn slot_write(&self, key: &str, held: u32) {
+        let bytes = SLOT_ITEM_BYTES + key.len() + held as usize * SLOT_LEASE_BYTES;
+        let table = units(bytes, 1024);
+        self.meter.write(WriteUnits {
+            label: "slot".into(),
+            item_bytes: bytes,
+            table,
+            ..WriteUnits::default()
+        });
+        self.meter.key(format!("SLOTS#{key}"), table, 0.0);
+    }
+}
+
+/// A slot item's bytes besides its key and its leases: `pk` (`SLOTS#` and the key), `sk`
+/// (`SLOTS`), the `Held` map's name and overhead, `ExpiresAt`.
+const SLOT_ITEM_BYTES: usize = 2 + 6 + 2 + 5 + 4 + 3 + 9 + 6;
+/// One lease in a slot item's `Held` map: the holder (16 hex digits), its end (a 13-digit
+/// number: 8 bytes), a byte of the map's.
+const SLOT_LEASE_BYTES: usize = 16 + 8 + 1;
 
 #[async_trait]
 impl Interceptor for Counter {
@@ -317,8 +393,18 @@ impl Interceptor for Counter {
             Call::Create(new) => {
                 m.call("DynamoDB TransactWriteItems");
                 m.io().await;
+                let id = new.task.id.to_string();
                 self.create(new);
-                next.run(call).await
+                let out = next.run(call).await;
+                if out.as_ref().is_err_and(|e| e.is_condition_failed()) {
+                    m.add(|c| {
+                        c.create_conflicts += 1;
+                        if let Some(r) = c.records.get_mut(&id) {
+                            r.lost += 1;
+                        }
+                    });
+                }
+                out
             }
             Call::Get { id } => {
                 m.call("DynamoDB Query");
@@ -414,7 +500,10 @@ impl Interceptor for Counter {
                     // An UpdateItem of the task item, billed on its size.
                     m.call("DynamoDB UpdateItem (retention)");
                     m.io().await;
-                    m.write(WriteUnits::small("retention"));
+                    m.write(WriteUnits {
+                        record: record.task_id.to_string(),
+                        ..WriteUnits::small("retention")
+                    });
                 }
                 next.run(call).await
             }
@@ -438,19 +527,27 @@ impl Interceptor for Counter {
                 next.run(call).await
             }
             Call::TakeSlot(ask) => {
-                // One conditional UpdateItem of the key's lease map (a few leases: 1 WRU), or
-                // more when it is full (a cleanup, a read of the old item).
+                // One conditional UpdateItem of the key's lease map, billed on the larger of
+                // the old and the new item: the map with the lease taken (a few leases: 1 WRU;
+                // hundreds of calls in flight: more), or more when it is full (a cleanup, a
+                // read of the old item).
                 m.call("DynamoDB UpdateItem (slot)");
                 m.io().await;
-                m.write(WriteUnits::small("slot"));
-                m.key(format!("SLOTS#{}", ask.key), 1.0, 0.0);
-                next.run(call).await
+                let out = next.run(call).await;
+                let held = self.store.slots_held(ask.key, ask.now).await.unwrap_or(0);
+                self.slot_write(ask.key, held);
+                out
             }
             Call::FreeSlot { key, .. } => {
+                // Billed on the map before the lease is removed.
                 m.call("DynamoDB UpdateItem (slot)");
                 m.io().await;
-                m.write(WriteUnits::small("slot"));
-                m.key(format!("SLOTS#{key}"), 1.0, 0.0);
+                let held = self
+                    .store
+                    .slots_held(key, chrono::Utc::now())
+                    .await
+                    .unwrap_or(0);
+                self.slot_write(key, held);
                 next.run(call).await
             }
             Call::SlotsHeld { .. } => {

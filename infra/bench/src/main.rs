@@ -637,7 +637,7 @@ fn cost_in(s: &Scenario, batch: f64, capacity: Capacity) -> Cost {
     };
     let orch_invocations = inv("submission") + (inv("scheduler") + inv("supervisor")) / batch;
     let orch_seconds = billed("submission") + billed("scheduler") + billed("supervisor");
-    let consumed: u64 = ["work", "replies", "agent", "timers"]
+    let consumed: u64 = ["work", "replies", "agent", "timers", "ends"]
         .iter()
         .map(|k| c.messages.get(*k).copied().unwrap_or(0))
         .sum();
@@ -661,6 +661,11 @@ fn cost_in(s: &Scenario, batch: f64, capacity: Capacity) -> Cost {
         + c.wru * wru_usd
         + c.rru * rru_usd
         + (sqs_requests - agent_sqs) * SQS_REQUEST.usd
+        // The ends queue (a distributed forEach's) is FIFO: its send, receive and delete are
+        // billed at FIFO's price.
+        + c.messages.get("ends").copied().unwrap_or(0) as f64
+            * (1.0 + 2.0 / batch)
+            * (SQS_FIFO_REQUEST.usd - SQS_REQUEST.usd)
         + c.events as f64 * EVENTBRIDGE_EVENT.usd
         // A callback reaches sas through the HTTP API (Step Functions' SendTaskSuccess is free).
         + s.callbacks as f64 * HTTP_API_REQUEST.usd;

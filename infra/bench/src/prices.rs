@@ -59,6 +59,12 @@ pub const SQS_REQUEST: Price = Price {
     unit: "request",
     source: "aws.amazon.com/sqs/pricing ($0.40 per 1M after the free tier; figure via cloudburn.io)",
 };
+pub const SQS_FIFO_REQUEST: Price = Price {
+    item: "SQS FIFO request (64 KB chunk)",
+    usd: 0.50 / 1e6,
+    unit: "request",
+    source: "aws.amazon.com/sqs/pricing ($0.50 per 1M FIFO requests after the free tier, first 100 billion a month)",
+};
 pub const EVENTBRIDGE_EVENT: Price = Price {
     item: "EventBridge custom event (64 KB chunk)",
     usd: 1.00 / 1e6,
@@ -109,7 +115,7 @@ pub const S3_STORAGE: Price = Price {
     source: "aws.amazon.com/s3/pricing ($0.023 per GB-month for the first 50 TB, S3 Standard, us-east-1)",
 };
 
-pub const ALL: [Price; 15] = [
+pub const ALL: [Price; 16] = [
     LAMBDA_ARM_GB_SECOND,
     LAMBDA_REQUEST,
     DYNAMODB_WRU,
@@ -117,6 +123,7 @@ pub const ALL: [Price; 15] = [
     DYNAMODB_WCU_HOUR,
     DYNAMODB_RCU_HOUR,
     SQS_REQUEST,
+    SQS_FIFO_REQUEST,
     EVENTBRIDGE_EVENT,
     HTTP_API_REQUEST,
     SFN_STANDARD_TRANSITION,
