@@ -3,6 +3,7 @@
 //! sas-bench -- --help`. Speed goals are reported here, never asserted in tests.
 
 mod counting;
+mod distributed;
 mod groups;
 mod prices;
 mod scenarios;
@@ -49,6 +50,11 @@ struct Cli {
     /// Scheduler pollers per queue for the forEach race, one run each.
     #[arg(long, value_delimiter = ',', default_values_t = [1, 4, 8])]
     race_pollers: Vec<usize>,
+    /// Elements of the distributed forEach run, and how many at once.
+    #[arg(long, default_value_t = distributed::ELEMENTS)]
+    distributed_elements: usize,
+    #[arg(long, default_value_t = distributed::AT_ONCE)]
+    distributed_at_once: usize,
     /// Where `sam build` left the bootstraps, for their sizes.
     #[arg(long, default_value = ".aws-sam/build")]
     sam_build: std::path::PathBuf,
@@ -176,6 +182,22 @@ async fn main() -> anyhow::Result<()> {
             groups::for_each_cost(scenarios, |s| cost(s).orchestration)
         )?;
     }
+
+    eprintln!("distributed forEach…");
+    writeln!(
+        md,
+        "### A distributed forEach: {} elements, {} at once (in memory, modeled latency)\n",
+        cli.distributed_elements, cli.distributed_at_once
+    )?;
+    let d = distributed::run(cli.distributed_elements, cli.distributed_at_once).await?;
+    writeln!(
+        md,
+        "{}",
+        distributed::table(&d, |s| (
+            cost(s).orchestration,
+            cost_with(s, AT_LOAD_BATCH).orchestration
+        ))
+    )?;
 
     eprintln!("sweep capacity…");
     writeln!(md, "## Sweep capacity (in memory, modeled latency)\n")?;

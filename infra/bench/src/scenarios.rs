@@ -247,7 +247,7 @@ async fn build_with(
 /// table). The local system shares one cache among its functions, as one process; deployed,
 /// each function is its own Lambda instance with its own cache, and a payload one function
 /// wrote is read from S3 by the next (a result by the scheduler, a request body by the agent).
-fn cache_per_function(
+pub(crate) fn cache_per_function(
     system: &mut System,
     store: &Arc<dyn StateStore>,
     payloads: &Arc<dyn Payloads>,
