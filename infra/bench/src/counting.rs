@@ -55,9 +55,10 @@ pub struct RecordWrites {
     pub lost: u64,
     /// Their write units, the indexes' included.
     pub wru: f64,
-    /// The largest item written: the larger of the task item and the state record at its
-    /// create, the larger of the old and the new state record at a put.
+    /// The largest state record written (the larger of the old and the new at a put)...
     pub largest: usize,
+    /// ...and its task item (the input, or its reference), written at its create.
+    pub task_item: usize,
 }
 
 /// One DynamoDB write's bill: the write request units on the table's item and on each index
@@ -117,6 +118,7 @@ impl Counts {
             e.lost += r.lost;
             e.wru += r.wru;
             e.largest = e.largest.max(r.largest);
+            e.task_item = e.task_item.max(r.task_item);
         }
         self
     }
@@ -206,10 +208,6 @@ impl Meter {
             r.largest = r.largest.max(bytes);
         });
     }
-    /// The calls counted so far (without taking them): what a run that settles watches.
-    pub fn calls_so_far(&self) -> u64 {
-        self.0.lock().map_or(0, |c| c.calls.values().sum())
-    }
     pub fn take(&self) -> Counts {
         self.0
             .lock()
@@ -292,8 +290,12 @@ impl Counter {
             state_index: units(state, 1024),
             caller_index: 1.0,
         };
-        self.meter
-            .record(task.id.to_string(), w.total(), o.max(r), false);
+        self.meter.record(task.id.to_string(), w.total(), r, false);
+        self.meter.add(|c| {
+            if let Some(e) = c.records.get_mut(&task.id.to_string()) {
+                e.task_item = e.task_item.max(o);
+            }
+        });
         self.meter.write(w);
     }
 

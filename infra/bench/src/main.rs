@@ -55,6 +55,10 @@ struct Cli {
     distributed_elements: usize,
     #[arg(long, default_value_t = distributed::AT_ONCE)]
     distributed_at_once: usize,
+    /// Run only this section and print it (`distributed`: the distributed forEach); the
+    /// report is written whole, so not with `--write`.
+    #[arg(long, value_parser = ["distributed"])]
+    only: Option<String>,
     /// Where `sam build` left the bootstraps, for their sizes.
     #[arg(long, default_value = ".aws-sam/build")]
     sam_build: std::path::PathBuf,
@@ -78,6 +82,14 @@ const HOURS_PER_MONTH: f64 = 730.0;
 async fn main() -> anyhow::Result<()> {
     sas::telemetry::init_with_default("off");
     let cli = Cli::parse();
+    if cli.only.is_some() {
+        anyhow::ensure!(
+            cli.write.is_none(),
+            "--only prints one section; the report is written whole (leave out --only)"
+        );
+        print!("{}", distributed_section(&cli).await?);
+        return Ok(());
+    }
     let mut md = String::new();
     writeln!(md, "# Benchmarks\n")?;
     writeln!(
@@ -183,21 +195,7 @@ async fn main() -> anyhow::Result<()> {
         )?;
     }
 
-    eprintln!("distributed forEach…");
-    writeln!(
-        md,
-        "### A distributed forEach: {} elements, {} at once (in memory, modeled latency)\n",
-        cli.distributed_elements, cli.distributed_at_once
-    )?;
-    let d = distributed::run(cli.distributed_elements, cli.distributed_at_once).await?;
-    writeln!(
-        md,
-        "{}",
-        distributed::table(&d, |s| (
-            cost(s).orchestration,
-            cost_with(s, AT_LOAD_BATCH).orchestration
-        ))
-    )?;
+    md.push_str(&distributed_section(&cli).await?);
 
     eprintln!("sweep capacity…");
     writeln!(md, "## Sweep capacity (in memory, modeled latency)\n")?;
@@ -242,6 +240,21 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// The distributed forEach's section (see [`distributed`]).
+async fn distributed_section(cli: &Cli) -> anyhow::Result<String> {
+    eprintln!("distributed forEach…");
+    let d = distributed::run(cli.distributed_elements, cli.distributed_at_once).await?;
+    Ok(format!(
+        "### A distributed forEach: {} elements, {} at once (in memory, modeled latency)\n\n{}\n",
+        cli.distributed_elements,
+        cli.distributed_at_once,
+        distributed::table(&d, |s| (
+            cost(s).orchestration,
+            cost_with(s, AT_LOAD_BATCH).orchestration
+        ))
+    ))
 }
 
 /// The round trip each store, queue and bus call takes in the sweep-capacity run: DynamoDB's
