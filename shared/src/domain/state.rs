@@ -780,6 +780,18 @@ impl StateRecord {
         f.branches.get(f.current?)
     }
 
+    /// A distributed forEach's element record: which element of which task's step it is.
+    pub fn element_of(&self) -> Option<&ElementOf> {
+        self.parent.as_ref()?.element.as_ref()
+    }
+
+    /// A distributed forEach's run or one of its elements: sas's own records, not tasks of a
+    /// caller's (off the bus but for alerts, out of the state lists but while they wait for an
+    /// operator).
+    pub fn of_a_run(&self) -> bool {
+        self.run.is_some() || self.element_of().is_some()
+    }
+
     /// Seen from an element of a forEach step, inside a transition: the step, and the
     /// element's index among its elements.
     pub fn element(&self) -> Option<(usize, usize)> {
@@ -880,9 +892,7 @@ impl StateRecord {
     /// elements puts no row into `Processing` or `Processed`; its task, its view and the
     /// run's view name them instead. Every store keeps its state index by this one rule.
     pub fn listed_by_state(&self) -> bool {
-        let of_a_run =
-            self.run.is_some() || self.parent.as_ref().is_some_and(|l| l.element.is_some());
-        !of_a_run
+        !self.of_a_run()
             || matches!(
                 self.process_state,
                 ProcessState::Error | ProcessState::CompensationFailed

@@ -29,14 +29,14 @@ pub(crate) async fn workflow_of(
 ) -> Result<std::sync::Arc<crate::Workflow>, HandlerError> {
     let w = catalog_workflow(definitions, &record.workflow, record.workflow_version).await?;
     // A distributed forEach's run and its elements run the step's element view: one step.
-    let view_of = match (&record.run, &record.parent) {
-        (_, Some(link)) if link.element.is_some() => link.element.as_ref().map(|e| e.step_index),
-        (Some(_), Some(link)) => Some(link.step_index),
+    let view_of = match (record.element_of(), &record.run, &record.parent) {
+        (Some(e), _, _) => Some(e.step_index),
+        (None, Some(_), Some(link)) => Some(link.step_index),
         _ => None,
     };
     match view_of {
         None => Ok(w),
-        Some(i) => w.element_view(i).map(std::sync::Arc::new).ok_or_else(|| {
+        Some(i) => w.element_view(i).ok_or_else(|| {
             HandlerError::Config(format!(
                 "step {i} of workflow {} v{} is no distributed forEach",
                 w.name, w.version
@@ -471,7 +471,7 @@ pub async fn deliver_notice(ports: &TaskPorts, record: &StateRecord) -> Result<(
     // A distributed forEach's run and elements are no tasks of the caller's: their statuses
     // stay off the bus and the reply queue (ten thousand `Processed` for one step), but for
     // the operator's alerts.
-    let inner = record.run.is_some() || record.parent.as_ref().is_some_and(|l| l.element.is_some());
+    let inner = record.of_a_run();
     for owed in &record.outbox {
         if inner && !owed.status.is_alert() {
             continue;
@@ -484,7 +484,7 @@ pub async fn deliver_notice(ports: &TaskPorts, record: &StateRecord) -> Result<(
     if record.notice_pending() {
         if record.run.is_some() {
             runs::answer_task(ports, record).await?;
-        } else if record.parent.as_ref().is_some_and(|l| l.element.is_some()) {
+        } else if record.element_of().is_some() {
             runs::answer_run(ports, record).await?;
         } else {
             children::answer_parent(ports, record).await?;

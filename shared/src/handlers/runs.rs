@@ -23,10 +23,9 @@ use crate::domain::state::{ElementOf, ParentLink, RunState, token_fence};
 use crate::domain::transition::{self, Rejection, StepOutcome, Transition};
 use crate::domain::workflow::{RUN_SERVICE, Tolerated};
 use crate::domain::{ProcessState, StateRecord, Task, TaskId, Workflow};
-use crate::messages::{ElementsEnded, SchedulerMessage, StepReply, StepRequest};
+use crate::messages::{ElementsEnded, SchedulerMessage, StepRequest};
 use crate::ports::{GroupedMessage, NewTask, PayloadError, StoreError};
 use serde_json::Value;
-use std::time::Duration;
 use tracing::{info, warn};
 
 /// The id of the run a distributed forEach step starts under idempotency key `key`.
@@ -604,17 +603,9 @@ pub async fn answer_task(ports: &TaskPorts, record: &StateRecord) -> Result<(), 
             },
             _ => return Ok(()),
         };
-        let reply = StepReply {
-            task_id: link.task_id,
-            step: link.step.clone(),
-            step_index: link.step_index,
-            attempt,
-            undo: true,
-            outcome,
-            result_ref: None,
-            generation: None,
-        };
-        return send(ports, link, reply).await;
+        super::children::answer_step(ports, link, Some(attempt), outcome).await?;
+        info!(task = %link.task_id, step = %link.step, "the run answered its task's undo");
+        return Ok(());
     }
     let outcome = match record.process_state {
         ProcessState::Processed => StepOutcome::Succeeded {
@@ -649,17 +640,9 @@ pub async fn answer_task(ports: &TaskPorts, record: &StateRecord) -> Result<(), 
         },
         _ => return Ok(()),
     };
-    let reply = StepReply {
-        task_id: link.task_id,
-        step: link.step.clone(),
-        step_index: link.step_index,
-        attempt: 0,
-        undo: false,
-        outcome,
-        result_ref: None,
-        generation: Some(link.generation),
-    };
-    send(ports, link, reply).await
+    super::children::answer_step(ports, link, None, outcome).await?;
+    info!(task = %link.task_id, step = %link.step, "the run answered its task's step");
+    Ok(())
 }
 
 /// The step's result: each element's result in order (`null` for one with none). The
@@ -686,20 +669,6 @@ async fn results(ports: &TaskPorts, run: TaskId, ledger: &Run) -> Result<Value, 
 
 /// How many element records [`results`] reads at once (in order: `buffered`).
 const READS_AT_ONCE: usize = 32;
-
-async fn send(ports: &TaskPorts, link: &ParentLink, reply: StepReply) -> Result<(), HandlerError> {
-    let reply = crate::payloads::packed_reply(ports.payloads.as_ref(), reply).await?;
-    super::send_json(
-        ports.queue.as_ref(),
-        &link.reply_queue_url,
-        "run's answer",
-        &SchedulerMessage::Reply(reply),
-        Duration::ZERO,
-    )
-    .await?;
-    info!(task = %link.task_id, step = %link.step, "the run answered its task's step");
-    Ok(())
-}
 
 async fn write(ports: &TaskPorts, t: &Transition) -> Result<bool, HandlerError> {
     super::write(ports.store.as_ref(), t).await

@@ -502,10 +502,7 @@ async fn send_step_request(
     // are made under its task's id (`{task}:{step}#{index}:{action}`), as an element kept in the
     // task's record.
     let element_of = super::runs::element_context(&deps.ports, record, task, &step.name).await?;
-    let (key_owner, name) = match (
-        &element_of,
-        record.parent.as_ref().and_then(|l| l.element.as_ref()),
-    ) {
+    let (key_owner, name) = match (&element_of, record.element_of()) {
         (Some((_, owner)), Some(e)) => (*owner, format!("{}#{}", step.name, e.index)),
         _ => (record.task_id, name),
     };

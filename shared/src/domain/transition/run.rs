@@ -223,7 +223,7 @@ mod tests {
             &crate::Policy::default(),
         )
         .expect("valid");
-        w.element_view(0).expect("a view")
+        (*w.element_view(0).expect("a view")).clone()
     }
 
     fn link() -> ParentLink {

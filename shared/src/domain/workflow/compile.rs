@@ -123,7 +123,9 @@ impl WorkflowDoc {
                 deadline,
                 output,
                 doc: self,
-            }),
+                element_views: Vec::new(),
+            }
+            .with_element_views()),
             _ => Err(DefinitionError(problems)),
         }
     }

@@ -148,19 +148,41 @@ impl Workflow {
     /// What element records of distributed forEach step `i` run: this workflow, with that
     /// step's element step as its only step (no group, no pivot, no output). Its claims,
     /// replies, retries, deadlines and undo are then a one-step task's.
-    pub fn element_view(&self, i: usize) -> Option<Workflow> {
-        let run = self.steps.get(i)?.run.as_ref()?;
-        let mut element = (*run.element).clone();
-        element.parent = None;
-        element.when = None;
-        Some(Workflow {
-            steps: vec![element],
-            groups: vec![],
-            pivot: None,
-            deadline: None,
-            output: None,
-            ..self.clone()
-        })
+    /// Made once per version ([`Workflow::with_version`]): every element's claim, reply and
+    /// request reads it.
+    pub fn element_view(&self, i: usize) -> Option<Arc<Workflow>> {
+        self.element_views
+            .iter()
+            .find(|(at, _)| *at == i)
+            .map(|(_, view)| view.clone())
+    }
+
+    /// The element views of this version's distributed forEach steps.
+    pub(super) fn with_element_views(mut self) -> Self {
+        self.element_views = Vec::new();
+        let views = self
+            .steps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, step)| {
+                let run = step.run.as_ref()?;
+                let mut element = (*run.element).clone();
+                element.parent = None;
+                element.when = None;
+                let view = Workflow {
+                    steps: vec![element],
+                    groups: vec![],
+                    pivot: None,
+                    deadline: None,
+                    output: None,
+                    element_views: Vec::new(),
+                    ..self.clone()
+                };
+                Some((i, Arc::new(view)))
+            })
+            .collect();
+        self.element_views = views;
+        self
     }
 
     /// The first wait step for event `name`, if the workflow has one.
@@ -258,6 +280,8 @@ pub struct Workflow {
     pub deadline: Option<chrono::Duration>,
     /// What a task answers when it ends `Processed` (its parent step's result).
     pub output: Option<Mapping>,
+    /// What each distributed forEach step's elements run ([`Workflow::element_view`]).
+    pub(super) element_views: Vec<(usize, Arc<Workflow>)>,
 }
 
 impl Workflow {
@@ -326,7 +350,7 @@ impl Workflow {
     /// The same workflow, stamped with its published version.
     pub fn with_version(mut self, version: u32) -> Self {
         self.version = version;
-        self
+        self.with_element_views()
     }
 
     pub fn step(&self, index: usize) -> Option<&Step> {
