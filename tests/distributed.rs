@@ -435,3 +435,101 @@ async fn the_views_and_the_console_link_task_run_and_elements_off_the_lists() {
         "the element links its run and its task: {html}"
     );
 }
+
+#[tokio::test]
+async fn ends_delivered_again_after_their_writer_died_open_what_the_run_has_out() {
+    use sas::domain::run::{Direction, ElementEnd};
+    let system = system(HashMap::new()).await;
+    let id = sas_blackbox::submit_task(&system, "nightly", &invoices(20)).await;
+    // The task claimed, its run started by the agent: its first window (8) opened.
+    system.pump_scheduler().await.expect("scheduler");
+    system.pump_agents().await.expect("agent");
+    let run = sas_blackbox::state(&system, run_of(id)).await;
+    assert_eq!(run.run.as_ref().expect("a run").ledger.marks, "o".repeat(8));
+
+    // A scheduler applies two ends and dies before its effects: the ledger has elements 8 and
+    // 9 out, which were never created.
+    let ends = vec![
+        ElementEnd {
+            index: 0,
+            direction: Direction::Forward,
+            ok: true,
+        },
+        ElementEnd {
+            index: 1,
+            direction: Direction::Forward,
+            ok: true,
+        },
+    ];
+    let (t, _) =
+        sas::domain::transition::apply_ends(&run, &ends, chrono::Utc::now()).expect("applies");
+    system
+        .store
+        .put(&t.record, &t.condition)
+        .await
+        .expect("written");
+    for k in [8, 9] {
+        let e = system.store.get_state(element_id(run.task_id, k)).await;
+        assert!(e.expect("reads").is_none(), "element {k} not opened yet");
+    }
+
+    // The same ends, delivered again: they change nothing, and what the run has out opens now
+    // (not at the run's check, minutes later).
+    sas::handlers::runs::apply_ends(
+        &system.scheduler.ports,
+        &sas::messages::ElementsEnded {
+            run_id: run.task_id,
+            ends,
+        },
+    )
+    .await
+    .expect("applied");
+    for k in [8, 9] {
+        let e = system.store.get_state(element_id(run.task_id, k)).await;
+        assert!(e.expect("reads").is_some(), "element {k} opened");
+    }
+    sas_blackbox::pump_until_quiet(&system, 400).await;
+    let task = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        task.process_state,
+        ProcessState::Processed,
+        "{:?}",
+        task.history
+    );
+}
+
+#[tokio::test]
+async fn an_element_left_with_its_effect_stops_its_run_and_its_task_waits_for_an_operator() {
+    // Some posts answer more than a result may be (the step faults: it may have taken effect),
+    // and every void is refused: such an element ends CompensationFailed on its own.
+    let faults = HashMap::from([(
+        "ledger".to_owned(),
+        sas::remote::Faults {
+            oversized: 0.1,
+            refuse_actions: vec!["void".into()],
+            seed: Some(7),
+            ..sas::remote::Faults::default()
+        },
+    )]);
+    let system = system(faults).await;
+    let id = sas_blackbox::submit_task(&system, "nightly", &invoices(40)).await;
+    sas_blackbox::pump_until_quiet(&system, 2000).await;
+    let run = sas_blackbox::state(&system, run_of(id)).await;
+    let ledger = &run.run.as_ref().expect("a run").ledger;
+    // The run stopped at the stuck element, finished what was out and tried every undo: it
+    // waits for an operator, and so does its task (not the step's 24 hours).
+    assert!(ledger.marks.contains('!'), "{ledger}");
+    assert!(!ledger.marks.contains('o'), "{ledger}");
+    assert_eq!(
+        run.process_state,
+        ProcessState::CompensationFailed,
+        "{ledger}"
+    );
+    let task = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        task.process_state,
+        ProcessState::CompensationFailed,
+        "{:?}",
+        task.history
+    );
+}

@@ -266,6 +266,10 @@ pub struct Run {
 pub enum Direction {
     Forward,
     Undo,
+    /// Ended forward with its effect left for an operator: its step failed and its own undo
+    /// was refused (the element is `CompensationFailed`). It stops the run as a refused undo
+    /// does.
+    Stuck,
 }
 
 /// An element's end, as the run receives it.
@@ -419,9 +423,15 @@ impl Run {
                 (Some(Mark::Out), Direction::Forward, false) => Mark::Failed,
                 (Some(Mark::Undoing), Direction::Undo, true) => Mark::Undone,
                 (Some(Mark::Undoing), Direction::Undo, false) => Mark::UndoFailed,
+                (Some(Mark::Out), Direction::Stuck, _) => Mark::UndoFailed,
                 _ => continue,
             };
             self.set(end.index, next);
+        }
+        // An element stuck with its effect: the run opens nothing more, undoes what took
+        // effect, and ends waiting for an operator.
+        if self.stop.is_none() && self.count(Mark::UndoFailed) > 0 {
+            self.stop = Some(RunStop::Refused);
         }
         if was_ended {
             // An ended run answered its step already: ends after it change marks only (none
@@ -847,6 +857,8 @@ mod tests {
         struct Fate {
             ok: bool,
             undo_refused: bool,
+            /// Its step failed and its own undo was refused: its effect stays.
+            stuck: bool,
         }
 
         proptest! {
@@ -860,12 +872,16 @@ mod tests {
                 max_concurrency in 1u32..6,
                 tolerated in 0u32..3,
                 undoable in any::<bool>(),
-                fates in prop::collection::vec((prop::bool::weighted(0.85), prop::bool::weighted(0.1)), 40),
+                fates in prop::collection::vec((prop::bool::weighted(0.85), prop::bool::weighted(0.1), prop::bool::weighted(0.04)), 40),
                 picks in prop::collection::vec(any::<prop::sample::Index>(), 400),
                 undo_at in prop::option::of(0usize..60),
                 dup in prop::bool::weighted(0.3),
             ) {
-                let fates: Vec<Fate> = fates.into_iter().map(|(ok, undo_refused)| Fate { ok, undo_refused }).collect();
+                let fates: Vec<Fate> = fates.into_iter().map(|(ok, undo_refused, stuck)| {
+                    // (Only an element with an undo can have its own undo refused.)
+                    let stuck = stuck && undoable;
+                    Fate { ok: ok && !stuck, undo_refused, stuck }
+                }).collect();
                 let (mut run, fx) = Run::start(RunPlan { total, max_concurrency, tolerated, undoable }).expect("start");
                 // Ends not yet delivered, as the queue holds them.
                 let mut pending: Vec<ElementEnd> = vec![];
@@ -875,7 +891,8 @@ mod tests {
                 let take = |fx: RunEffects, pending: &mut Vec<ElementEnd>, opened: &mut BTreeSet<u32>, undos: &mut Vec<u32>, end: &mut Option<RunEnd>| {
                     for i in fx.open {
                         prop_assert!(opened.insert(i), "element {} opened twice", i);
-                        pending.push(ElementEnd { index: i, direction: Direction::Forward, ok: fates[i as usize].ok });
+                        let direction = if fates[i as usize].stuck { Direction::Stuck } else { Direction::Forward };
+                        pending.push(ElementEnd { index: i, direction, ok: fates[i as usize].ok });
                     }
                     for i in fx.undo {
                         prop_assert!(!undos.contains(&i), "element {} undone twice", i);
@@ -926,30 +943,41 @@ mod tests {
                     prop_assert!(run.check().is_ok(), "{:?}: {}", run.check(), run);
                 }
                 let effected: BTreeSet<u32> = opened.iter().copied().filter(|i| fates[*i as usize].ok).collect();
-                let refused = opened.len() - effected.len();
+                let stuck: BTreeSet<u32> = opened.iter().copied().filter(|i| fates[*i as usize].stuck).collect();
+                let refused = opened.len() - effected.len() - stuck.len();
                 let stop = run.stop;
+                // The first element left with its effect: stuck, or its undo refused.
+                let left = |undone: bool| {
+                    opened.iter().copied().find(|i| {
+                        stuck.contains(i) || (undone && effected.contains(i) && fates[*i as usize].undo_refused)
+                    })
+                };
                 let expected = match stop {
                     None => {
                         prop_assert_eq!(opened.len(), total);
                         prop_assert!(refused as u32 <= tolerated);
+                        prop_assert!(stuck.is_empty(), "a stuck element stops the run");
                         RunEnd::Processed
                     }
                     Some(_) if undoable => {
                         // Every element that took effect is undone, last first within a window.
                         let undone: BTreeSet<u32> = undos.iter().copied().collect();
                         prop_assert_eq!(&undone, &effected);
-                        match effected.iter().rev().find(|i| fates[**i as usize].undo_refused) {
-                            Some(_) => RunEnd::UndoFailed { index: effected.iter().copied().find(|i| fates[*i as usize].undo_refused).unwrap_or_default() },
+                        match left(true) {
+                            Some(index) => RunEnd::UndoFailed { index },
                             None if stop == Some(RunStop::Refused) => RunEnd::Refused { refused: refused as u32 },
                             None => RunEnd::Undone,
                         }
                     }
-                    Some(RunStop::Refused) => RunEnd::Refused { refused: refused as u32 },
-                    Some(RunStop::Undo) => RunEnd::Undone,
+                    Some(stop) => match (left(false), stop) {
+                        (Some(index), _) => RunEnd::UndoFailed { index },
+                        (None, RunStop::Refused) => RunEnd::Refused { refused: refused as u32 },
+                        (None, RunStop::Undo) => RunEnd::Undone,
+                    },
                 };
                 prop_assert_eq!(end, Some(expected), "{}", run);
                 if stop == Some(RunStop::Refused) {
-                    prop_assert!(refused as u32 > tolerated);
+                    prop_assert!(refused as u32 > tolerated || !stuck.is_empty());
                 }
             }
         }

@@ -438,6 +438,8 @@ pub async fn answer_run(ports: &TaskPorts, record: &StateRecord) -> Result<(), H
         (false, P::Refused | P::Compensated | P::Resolved) => (Direction::Forward, false),
         (true, P::Compensated | P::Refused) => (Direction::Undo, true),
         (true, P::CompensationFailed | P::Resolved) => (Direction::Undo, false),
+        // Its step failed and its own undo was refused: its effect stays, for an operator.
+        (false, P::CompensationFailed) => (Direction::Stuck, false),
         _ => return Ok(()),
     };
     let Some(url) = &ports.ends_queue_url else {
@@ -460,7 +462,7 @@ pub async fn answer_run(ports: &TaskPorts, record: &StateRecord) -> Result<(), H
         "{}-{}",
         record.task_id,
         match direction {
-            Direction::Forward => "ended",
+            Direction::Forward | Direction::Stuck => "ended",
             Direction::Undo => "undone",
         }
     );
@@ -484,6 +486,19 @@ pub async fn apply_ends(ports: &TaskPorts, ended: &ElementsEnded) -> Result<(), 
         let Some(run) = ports.store.get_state(ended.run_id).await? else {
             return Err(HandlerError::Poison(format!("no run {}", ended.run_id)));
         };
+        if let Some(state) = &run.run
+            && run.process_state == ProcessState::Processing
+        {
+            let mut probe = state.ledger.clone();
+            probe.apply(&ended.ends);
+            if probe == state.ledger {
+                // Every end was applied already: delivered again after a writer died between
+                // the ledger's write and its effects (or a copy past the queue's window). What
+                // the ledger has out is opened (or undone) again now, not at the run's check.
+                info!(run = %ended.run_id, "ends applied already: opening again what the run has out");
+                return resume(ports, &run).await;
+            }
+        }
         let (t, fx) = match transition::apply_ends(&run, &ended.ends, ports.clock.now()) {
             Ok(x) => x,
             Err(why) => {
