@@ -303,15 +303,7 @@ async fn one(
                 r.process_state,
                 r.last_error
             );
-            let at = r
-                .history
-                .iter()
-                .rev()
-                .find(|h| h.to == ProcessState::Processed)
-                .map(|h| h.at)
-                .ok_or_else(|| anyhow::anyhow!("task {id} has no Processed line"))?;
-            let ms = (at - r.created_at).num_microseconds().unwrap_or(0) as f64 / 1e3;
-            return Ok((id, ms));
+            return Ok((id, processed_after_ms(&r)?));
         }
         anyhow::ensure!(
             Instant::now() < until,
@@ -725,6 +717,19 @@ pub fn for_each_cost(scenarios: &[Scenario], usd_per_task: impl Fn(&Scenario) ->
         order.map_or(0, |o| o.counts.largest_item())
     );
     t
+}
+
+/// How long task `r` took from its submission to `Processed`, in milliseconds (its history's
+/// last line into `Processed`).
+pub(crate) fn processed_after_ms(r: &sas::StateRecord) -> anyhow::Result<f64> {
+    let at = r
+        .history
+        .iter()
+        .rev()
+        .find(|h| h.to == ProcessState::Processed)
+        .map(|h| h.at)
+        .ok_or_else(|| anyhow::anyhow!("task {} has no Processed line", r.task_id))?;
+    Ok((at - r.created_at).num_microseconds().unwrap_or(0) as f64 / 1e3)
 }
 
 #[cfg(test)]
