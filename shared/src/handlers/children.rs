@@ -15,8 +15,7 @@ use crate::domain::state::{ParentLink, token_fence};
 use crate::domain::transition::{self, Rejection, StepOutcome};
 use crate::domain::workflow::{CHILD_SERVICE, MAX_CHILD_DEPTH};
 use crate::domain::{ProcessState, StateRecord, TaskId};
-use crate::messages::{SchedulerMessage, StepReply, StepRequest};
-use std::time::Duration;
+use crate::messages::StepRequest;
 use tracing::{info, warn};
 
 /// The id of the child task a sub-workflow step starts under idempotency key `key`.
@@ -299,7 +298,7 @@ pub async fn answer_parent(ports: &TaskPorts, record: &StateRecord) -> Result<()
         let Some(outcome) = undo_answer(record) else {
             return Ok(());
         };
-        answer_step(ports, link, Some(attempt), outcome).await?;
+        super::answer_step(ports, link, Some(attempt), outcome).await?;
         info!(parent = %link.task_id, step = %link.step, state = %record.process_state, "the child answered its parent's undo");
         return Ok(());
     }
@@ -362,40 +361,9 @@ pub async fn answer_parent(ports: &TaskPorts, record: &StateRecord) -> Result<()
         },
         _ => return Ok(()),
     };
-    answer_step(ports, link, None, outcome).await?;
+    super::answer_step(ports, link, None, outcome).await?;
     info!(parent = %link.task_id, step = %link.step, state = %record.process_state, "the child answered its parent step");
     Ok(())
-}
-
-/// Answers the step `link` names (a child's or a run's end): its forward call, fenced by the
-/// step's key generation, or (`undo_attempt`) the undo of it that attempt sent. A large result
-/// travels by reference. Sent to the parent's reply queue, before the sender's outbox is
-/// cleared: a crash answers again, and the parent applies one answer.
-pub(crate) async fn answer_step(
-    ports: &TaskPorts,
-    link: &ParentLink,
-    undo_attempt: Option<u64>,
-    outcome: StepOutcome,
-) -> Result<(), HandlerError> {
-    let reply = StepReply {
-        task_id: link.task_id,
-        step: link.step.clone(),
-        step_index: link.step_index,
-        attempt: undo_attempt.unwrap_or(0),
-        undo: undo_attempt.is_some(),
-        outcome,
-        result_ref: None,
-        generation: undo_attempt.is_none().then_some(link.generation),
-    };
-    let reply = crate::payloads::packed_reply(ports.payloads.as_ref(), reply).await?;
-    super::send_json(
-        ports.queue.as_ref(),
-        &link.reply_queue_url,
-        "answer to the parent step",
-        &SchedulerMessage::Reply(reply),
-        Duration::ZERO,
-    )
-    .await
 }
 
 /// What a `Processed` task answers: its workflow's `output` rendered on its input and results

@@ -442,6 +442,37 @@ pub(crate) async fn progress_status(queue: &dyn Queue, record: &StateRecord, sta
     }
 }
 
+/// Answers the step `link` names (a child's or a run's end): its forward call, fenced by the
+/// step's key generation, or (`undo_attempt`) the undo of it that attempt sent. A large result
+/// travels by reference. Sent to the parent's reply queue, before the sender's outbox is
+/// cleared: a crash answers again, and the parent applies one answer.
+pub(crate) async fn answer_step(
+    ports: &TaskPorts,
+    link: &crate::domain::state::ParentLink,
+    undo_attempt: Option<u64>,
+    outcome: crate::domain::transition::StepOutcome,
+) -> Result<(), HandlerError> {
+    let reply = crate::messages::StepReply {
+        task_id: link.task_id,
+        step: link.step.clone(),
+        step_index: link.step_index,
+        attempt: undo_attempt.unwrap_or(0),
+        undo: undo_attempt.is_some(),
+        outcome,
+        result_ref: None,
+        generation: undo_attempt.is_none().then_some(link.generation),
+    };
+    let reply = crate::payloads::packed_reply(ports.payloads.as_ref(), reply).await?;
+    send_json(
+        ports.queue.as_ref(),
+        &link.reply_queue_url,
+        "answer to the parent step",
+        &SchedulerMessage::Reply(reply),
+        Duration::ZERO,
+    )
+    .await
+}
+
 /// Publishes a status that does not go through the outbox: best effort, logged if it fails.
 pub(crate) async fn publish_status(
     queue: &dyn Queue,

@@ -618,7 +618,7 @@ pub async fn answer_task(ports: &TaskPorts, record: &StateRecord) -> Result<(), 
             },
             _ => return Ok(()),
         };
-        super::children::answer_step(ports, link, Some(attempt), outcome).await?;
+        super::answer_step(ports, link, Some(attempt), outcome).await?;
         info!(task = %link.task_id, step = %link.step, "the run answered its task's undo");
         return Ok(());
     }
@@ -655,7 +655,7 @@ pub async fn answer_task(ports: &TaskPorts, record: &StateRecord) -> Result<(), 
         },
         _ => return Ok(()),
     };
-    super::children::answer_step(ports, link, None, outcome).await?;
+    super::answer_step(ports, link, None, outcome).await?;
     info!(task = %link.task_id, step = %link.step, "the run answered its task's step");
     Ok(())
 }
