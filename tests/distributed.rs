@@ -473,8 +473,28 @@ async fn ends_delivered_again_after_their_writer_died_open_what_the_run_has_out(
         assert!(e.expect("reads").is_none(), "element {k} not opened yet");
     }
 
-    // The same ends, delivered again: they change nothing, and what the run has out opens now
-    // (not at the run's check, minutes later).
+    // The same ends, delivered again beside a new one (element 2's): what the run has out
+    // opens now (not at the run's check, minutes later), and the new end opens element 10.
+    let mut again = ends.clone();
+    again.push(ElementEnd {
+        index: 2,
+        direction: Direction::Forward,
+        ok: true,
+    });
+    sas::handlers::runs::apply_ends(
+        &system.scheduler.ports,
+        &sas::messages::ElementsEnded {
+            run_id: run.task_id,
+            ends: again,
+        },
+    )
+    .await
+    .expect("applied");
+    for k in [8, 9, 10] {
+        let e = system.store.get_state(element_id(run.task_id, k)).await;
+        assert!(e.expect("reads").is_some(), "element {k} opened");
+    }
+    // Alone, ends applied already change nothing and open again what is out.
     sas::handlers::runs::apply_ends(
         &system.scheduler.ports,
         &sas::messages::ElementsEnded {
@@ -484,10 +504,6 @@ async fn ends_delivered_again_after_their_writer_died_open_what_the_run_has_out(
     )
     .await
     .expect("applied");
-    for k in [8, 9] {
-        let e = system.store.get_state(element_id(run.task_id, k)).await;
-        assert!(e.expect("reads").is_some(), "element {k} opened");
-    }
     sas_blackbox::pump_until_quiet(&system, 400).await;
     let task = sas_blackbox::state(&system, id).await;
     assert_eq!(

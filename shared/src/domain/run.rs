@@ -418,13 +418,8 @@ impl Run {
     pub fn apply(&mut self, ends: &[ElementEnd]) -> RunEffects {
         let was_ended = self.ended().is_some();
         for end in ends {
-            let next = match (self.mark(end.index), end.direction, end.ok) {
-                (Some(Mark::Out), Direction::Forward, true) => Mark::Done,
-                (Some(Mark::Out), Direction::Forward, false) => Mark::Failed,
-                (Some(Mark::Undoing), Direction::Undo, true) => Mark::Undone,
-                (Some(Mark::Undoing), Direction::Undo, false) => Mark::UndoFailed,
-                (Some(Mark::Out), Direction::Stuck, _) => Mark::UndoFailed,
-                _ => continue,
+            let Some(next) = self.after(end) else {
+                continue;
             };
             self.set(end.index, next);
         }
@@ -442,6 +437,26 @@ impl Run {
             self.stop = Some(RunStop::Refused);
         }
         self.settle()
+    }
+
+    /// The mark `end` gives its element, if its element waits for it (`None`: a duplicate, a
+    /// late end, an element never opened).
+    fn after(&self, end: &ElementEnd) -> Option<Mark> {
+        Some(match (self.mark(end.index)?, end.direction, end.ok) {
+            (Mark::Out, Direction::Forward, true) => Mark::Done,
+            (Mark::Out, Direction::Forward, false) => Mark::Failed,
+            (Mark::Undoing, Direction::Undo, true) => Mark::Undone,
+            (Mark::Undoing, Direction::Undo, false) => Mark::UndoFailed,
+            (Mark::Out, Direction::Stuck, _) => Mark::UndoFailed,
+            _ => return None,
+        })
+    }
+
+    /// Whether `end` was applied already (or can never be): its element's mark does not wait
+    /// for it. Such an end in a delivery means a writer may have died after the ledger moved and
+    /// before its effects: what the run has out is opened again.
+    pub fn stale(&self, end: &ElementEnd) -> bool {
+        self.after(end).is_none()
     }
 
     /// The task undoes the step as a unit: no element opens from now on, and once none is out

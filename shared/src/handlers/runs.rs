@@ -486,15 +486,18 @@ pub async fn apply_ends(ports: &TaskPorts, ended: &ElementsEnded) -> Result<(), 
         let Some(run) = ports.store.get_state(ended.run_id).await? else {
             return Err(HandlerError::Poison(format!("no run {}", ended.run_id)));
         };
-        if let Some(state) = &run.run
-            && run.process_state == ProcessState::Processing
-        {
+        // An end applied already: delivered again after a writer died between the ledger's
+        // write and its effects (or a copy past the queue's window), alone or beside new ends.
+        // What the ledger has out is then opened (or undone) again now, not at the run's check.
+        let stale = run.process_state == ProcessState::Processing
+            && run
+                .run
+                .as_ref()
+                .is_some_and(|s| ended.ends.iter().any(|e| s.ledger.stale(e)));
+        if stale && let Some(state) = &run.run {
             let mut probe = state.ledger.clone();
             probe.apply(&ended.ends);
             if probe == state.ledger {
-                // Every end was applied already: delivered again after a writer died between
-                // the ledger's write and its effects (or a copy past the queue's window). What
-                // the ledger has out is opened (or undone) again now, not at the run's check.
                 info!(run = %ended.run_id, "ends applied already: opening again what the run has out");
                 return resume(ports, &run).await;
             }
@@ -508,7 +511,12 @@ pub async fn apply_ends(ports: &TaskPorts, ended: &ElementsEnded) -> Result<(), 
         };
         if write(ports, &t).await? {
             info!(run = %ended.run_id, ledger = %ledger(&t.record), "ends applied");
-            return effects(ports, &t.record, &fx, true).await;
+            effects(ports, &t.record, &fx, true).await?;
+            if stale {
+                info!(run = %ended.run_id, "some ends applied already: opening again what the run has out");
+                resume(ports, &t.record).await?;
+            }
+            return Ok(());
         }
     }
     // Comes back with its message: the run's ends queue holds the group meanwhile.
@@ -547,8 +555,12 @@ pub async fn undo_run_request(
                     ),
                 });
             }
-            // This undo was sent again: the run answers it already.
-            ProcessState::Processing if ours => return Ok(StepOutcome::Accepted),
+            // This undo was sent again (its first sender may have died after the run's write,
+            // before its undos began): what the run has out is undone again; the run answers.
+            ProcessState::Processing if ours => {
+                resume(ports, &run).await?;
+                return Ok(StepOutcome::Accepted);
+            }
             _ => {}
         }
         let (t, fx) = match transition::undo_run(&run, request.attempt, ports.clock.now()) {
