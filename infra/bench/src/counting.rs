@@ -269,11 +269,13 @@ impl Counter {
             self.meter
                 .key(format!("due-index due#{shard}"), units(d, 1024), 0.0);
         }
-        self.meter.key(
-            format!("state-index {}#{shard}", record.process_state),
-            units(state, 1024),
-            0.0,
-        );
+        if let Some(state) = state {
+            self.meter.key(
+                format!("state-index {}#{shard}", record.process_state),
+                units(state, 1024),
+                0.0,
+            );
+        }
         // The caller's partition of its tasks' index, as the DynamoDB store files it.
         let caller_shard = sas::domain::state::due_shard(&task.id, sas::aws::DEFAULT_CALLER_SHARDS);
         self.meter.key(
@@ -287,7 +289,7 @@ impl Counter {
             item_bytes: o + r,
             table: 2.0 * (units(o, 1024) + units(r, 1024) + key_units),
             due_index: due.map_or(0.0, |d| units(d, 1024)),
-            state_index: units(state, 1024),
+            state_index: state.map_or(0.0, |s| units(s, 1024)),
             caller_index: 1.0,
         };
         self.meter.record(task.id.to_string(), w.total(), r, false);
@@ -312,7 +314,8 @@ impl Counter {
         };
         if applied {
             let (new_due, new_state) = index_entry_sizes(record, self.shards);
-            let (old_due, old_state) = old.map_or((None, 0), |o| index_entry_sizes(o, self.shards));
+            let (old_due, old_state) =
+                old.map_or((None, None), |o| index_entry_sizes(o, self.shards));
             let due_moved = old.map(|o| o.due_key) != Some(record.due_key);
             w.due_index = match (old_due, new_due) {
                 (Some(a), Some(b)) if due_moved => units(a, 1024) + units(b, 1024),
@@ -324,10 +327,13 @@ impl Counter {
             // a delete and a put; its projected attributes (id, workflow) never change.
             let state_moved = old.map(|o| (o.process_state, o.since))
                 != Some((record.process_state, record.since));
+            // An entry only for a record listed by state (a run's or an element's only while
+            // it waits for an operator).
+            let entry = |s: Option<usize>| s.map_or(0.0, |s| units(s, 1024));
             w.state_index = match old {
-                Some(_) if state_moved => units(old_state, 1024) + units(new_state, 1024),
+                Some(_) if state_moved => entry(old_state) + entry(new_state),
                 Some(_) => 0.0,
-                None => units(new_state, 1024),
+                None => entry(new_state),
             };
             // By key: the item, its due shard, and the state index's old and new partitions.
             let shard = record.due_shard(self.shards);
@@ -336,16 +342,15 @@ impl Counter {
                     .key(format!("due-index due#{shard}"), w.due_index, 0.0);
             }
             if let Some(o) = old.filter(|_| w.state_index > 0.0) {
-                self.meter.key(
-                    format!("state-index {}#{shard}", o.process_state),
-                    units(old_state, 1024),
-                    0.0,
-                );
-                self.meter.key(
-                    format!("state-index {}#{shard}", record.process_state),
-                    units(new_state, 1024),
-                    0.0,
-                );
+                for (state, size) in [
+                    (o.process_state, old_state),
+                    (record.process_state, new_state),
+                ] {
+                    if size.is_some() {
+                        self.meter
+                            .key(format!("state-index {state}#{shard}"), entry(size), 0.0);
+                    }
+                }
             }
         } else {
             w.label = format!("{}{LOST}", w.label);

@@ -402,7 +402,7 @@ pub fn stored_sizes(task: &Task, record: &StateRecord, shards: u32) -> (usize, u
 /// The size of a state record's entries in `due-index` and `state-index` (keys and projected
 /// attributes), `None` where the record is not in that index.
 #[cfg(any(test, feature = "testkit"))]
-pub fn index_entry_sizes(record: &StateRecord, shards: u32) -> (Option<usize>, usize) {
+pub fn index_entry_sizes(record: &StateRecord, shards: u32) -> (Option<usize>, Option<usize>) {
     let item = state_item(record, shards);
     let pick = |names: &[&str]| -> usize {
         names
@@ -414,9 +414,11 @@ pub fn index_entry_sizes(record: &StateRecord, shards: u32) -> (Option<usize>, u
     let due = item
         .contains_key("DueAt")
         .then(|| pick(&["pk", "sk", "DueShard", "DueAt"]));
+    // Sparse: a record not listed by state (a run's, an element's) has no `StateShard`.
     let mut state_names = vec!["pk", "sk", "StateShard", "StateSince"];
     state_names.extend(STATE_INDEX_PROJECTION);
-    (due, pick(&state_names))
+    let state = item.contains_key("StateShard").then(|| pick(&state_names));
+    (due, state)
 }
 
 pub(super) fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
