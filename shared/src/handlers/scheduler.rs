@@ -119,16 +119,19 @@ impl RunBatch {
     /// wait for it) and answers each message with the outcome.
     async fn apply(&self, deps: &SchedulerDeps) -> RecordOutcome {
         self.outcome
-            .get_or_init(|| async {
-                let span = info_span!("ended", task_id = %self.ended.run_id, workflow = tracing::field::Empty, ends = self.ended.ends.len());
-                super::runs::apply_ends(&deps.ports, &self.ended)
-                    .instrument(span)
-                    .await
-                    .into()
-            })
+            .get_or_init(|| apply_ended(deps, &self.ended))
             .await
             .clone()
     }
+}
+
+/// Applies one run's ends (a message's, or a batch's merged), traced.
+async fn apply_ended(deps: &SchedulerDeps, ended: &ElementsEnded) -> RecordOutcome {
+    let span = info_span!("ended", task_id = %ended.run_id, workflow = tracing::field::Empty, ends = ended.ends.len());
+    super::runs::apply_ends(&deps.ports, ended)
+        .instrument(span)
+        .await
+        .into()
 }
 
 /// The task a scheduler message is about, if it parses.
@@ -169,13 +172,7 @@ pub async fn on_message(deps: &SchedulerDeps, body: &str) -> RecordOutcome {
             let span = info_span!("reply", task_id = %r.task_id, workflow = tracing::field::Empty, attempt = r.attempt, step = %r.step);
             on_reply(deps, r).instrument(span).await.into()
         }
-        SchedulerMessage::Ended(ended) => {
-            let span = info_span!("ended", task_id = %ended.run_id, workflow = tracing::field::Empty, ends = ended.ends.len());
-            super::runs::apply_ends(&deps.ports, &ended)
-                .instrument(span)
-                .await
-                .into()
-        }
+        SchedulerMessage::Ended(ended) => apply_ended(deps, &ended).await,
         SchedulerMessage::Scheduled(run) => {
             let span = info_span!("scheduled", schedule = %run.schedule, at = %run.at, task_id = tracing::field::Empty);
             super::start::run_schedule(&deps.ports, &run)
