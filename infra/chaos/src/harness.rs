@@ -12,11 +12,13 @@
 //! `table`).
 //!
 //! Beside the run, cases of their own on its world: `for_each` (retries on new inputs, long
-//! lists) and `sub_workflows` (children undone as a unit by their parents).
+//! lists), `sub_workflows` (children undone as a unit by their parents) and `distributed` (a
+//! distributed forEach of 1,000 elements beside a child, stopped, undone and processed).
 
 mod checks;
 mod config;
 mod definitions;
+mod distributed;
 mod for_each;
 mod load;
 mod operating;
@@ -32,6 +34,7 @@ pub use checks::crash_points::REQUIRED_POINTS;
 pub use checks::requeues::requeue_limit;
 pub use config::{Config, OVERLOAD_AGENTS, OVERLOAD_CALL_MS, OVERLOAD_CAPACITY, ServiceLimit};
 pub use definitions::ORDER_TRIAGE;
+pub use distributed::{DistributedCase, DistributedReport, MAX_CONCURRENCY, run_distributed_case};
 pub use for_each::{ForEachCases, ForEachReport, run_for_each_cases};
 pub use load::{WORKFLOWS, input, workflow_of};
 pub use report::{Report, ServiceCounts, StepFailures, WorkflowCounts};

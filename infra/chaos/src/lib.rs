@@ -15,8 +15,9 @@ pub use cases::{
 };
 pub use failpoints::{Chaos, Plan, Recorder, wrap};
 pub use harness::{
-    Config, ForEachCases, ForEachReport, ORDER_TRIAGE, REQUIRED_POINTS, Report, ServiceCounts,
-    ServiceLimit, StepFailures, SubWorkflowReport, WORKFLOWS, WorkflowCounts, input, run,
-    run_for_each_cases, run_in_memory, run_sub_workflow_case, workflow_of,
+    Config, DistributedCase, DistributedReport, ForEachCases, ForEachReport, ORDER_TRIAGE,
+    REQUIRED_POINTS, Report, ServiceCounts, ServiceLimit, StepFailures, SubWorkflowReport,
+    WORKFLOWS, WorkflowCounts, input, run, run_distributed_case, run_for_each_cases, run_in_memory,
+    run_sub_workflow_case, workflow_of,
 };
 pub use operator::{OperatorLog, OperatorPlan};

@@ -46,6 +46,9 @@ pub struct Config {
     /// The sub-workflow case's workflows are published too (`settle-payment`, `checkout`: see
     /// `harness/sub_workflows.rs`).
     pub sub_workflow_case: bool,
+    /// The distributed forEach case's workflows (`month-end` and its variants) and services
+    /// (`ledger`, `clearing`) are published too: see `harness/distributed.rs`.
+    pub distributed_case: bool,
 }
 
 /// A service's limits in a run: at most `concurrency` calls at once and `per_second` a second
@@ -117,6 +120,7 @@ impl Config {
             limits: vec![],
             for_each_cases: false,
             sub_workflow_case: false,
+            distributed_case: false,
         }
     }
 

@@ -26,10 +26,13 @@ impl Config {
             }
             let mut value = workflow::parse_value(&text, format)?;
             if value.get("steps").is_none() {
-                if self.limits.is_empty() {
+                if self.limits.is_empty() && !self.distributed_case {
                     out.push((name, text));
                 } else {
                     self.add_limits(&mut value);
+                    if self.distributed_case {
+                        super::distributed::add_services(&mut value);
+                    }
                     let stem = name.rsplit_once('.').map_or(name.as_str(), |(s, _)| s);
                     out.push((format!("{stem}.json"), value.to_string()));
                 }
@@ -51,13 +54,20 @@ impl Config {
                 out.push((format!("{name}.json"), doc.to_string()));
             }
         }
-        if self.sub_workflow_case {
+        if self.sub_workflow_case || self.distributed_case {
             // The child first: publishing checks that a parent's child is known.
-            for (name, yaml) in [
-                ("settle-payment", super::sub_workflows::SETTLE_PAYMENT),
-                ("checkout", super::sub_workflows::CHECKOUT),
-            ] {
-                let mut doc = workflow::parse_value(yaml, Format::Yaml)?;
+            let mut files = vec![(
+                "settle-payment".to_owned(),
+                super::sub_workflows::SETTLE_PAYMENT.to_owned(),
+            )];
+            if self.sub_workflow_case {
+                files.push(("checkout".into(), super::sub_workflows::CHECKOUT.into()));
+            }
+            if self.distributed_case {
+                files.extend(super::distributed::workflows());
+            }
+            for (name, yaml) in files {
+                let mut doc = workflow::parse_value(&yaml, Format::Yaml)?;
                 scale_durations(&mut doc, &self.settings.policy)?;
                 out.push((format!("{name}.json"), doc.to_string()));
             }

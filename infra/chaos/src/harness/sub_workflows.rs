@@ -223,7 +223,7 @@ pub async fn run_sub_workflow_case(
 /// (an undo of its own refused: `CompensationFailed`) holds its parent's step until the step's
 /// timeout: the operator resolves it, and its parent goes on (`child_resolved` refuses the
 /// step, and the parent compensates).
-async fn settle_checkout(
+pub(super) async fn settle_checkout(
     operator: &Operator,
     checkout: &Workflow,
     id: TaskId,
@@ -264,7 +264,7 @@ fn child_of(parent: &StateRecord, checkout: &Workflow) -> Option<TaskId> {
 
 /// The child of `parent`'s `pay` step once it settled (ended, its notices delivered, released
 /// if its parent ended for good); `None` if the step never started one.
-async fn settled_child(
+pub(super) async fn settled_child(
     store: &dyn sas::ports::StateStore,
     parent: &StateRecord,
     workflow: &Arc<Workflow>,
@@ -290,7 +290,7 @@ async fn settled_child(
 }
 
 /// What is wrong with `child`'s end given its `parent`'s.
-fn agree(parent: &StateRecord, child: &StateRecord) -> Vec<String> {
+pub(super) fn agree(parent: &StateRecord, child: &StateRecord) -> Vec<String> {
     use ProcessState as P;
     let mut wrong = vec![];
     let (p, c) = (parent.process_state, child.process_state);

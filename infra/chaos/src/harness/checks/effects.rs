@@ -130,9 +130,11 @@ pub(in crate::harness) fn check_net_effects(
         ProcessState::Processed | ProcessState::Error
     );
     for (i, (step, state)) in workflow.steps.iter().zip(&r.steps).enumerate() {
-        if step.wait.is_some() || step.child.is_some() {
+        if step.wait.is_some() || step.child.is_some() || step.run.is_some() {
             // A wait (for a time or an event) calls no service: it nets nothing anywhere. A
-            // sub-workflow step calls none either: its child's steps are checked on its record.
+            // sub-workflow step calls none either: its child's steps are checked on its record;
+            // nor does a distributed forEach: its elements are records of their own, checked
+            // against their run's ledger (`harness/distributed.rs`).
             continue;
         }
         if let Some(each) = &step.for_each {

@@ -1,0 +1,61 @@
+//! The distributed forEach case, in memory with every switch on: month-end tasks open a period,
+//! pay through a child task, post 1,000 invoices as a distributed forEach and file. Some runs
+//! stop past their tolerance and undo themselves, some tasks are undone after their run ended
+//! `Processed`, some go through; nothing is lost or doubled at the services, no run has more
+//! elements in calls at once than its `maxConcurrency`, no child or element is orphaned, and
+//! nothing is left after the retention (see `harness/distributed.rs`).
+
+use sas_chaos::{Config, DistributedCase, run_distributed_case};
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_elements_beside_a_child_end_as_their_tasks_say_under_every_switch() {
+    let mut cfg = Config::new(0, 42);
+    cfg.every_switch();
+    // Runs of 1,000 elements under every switch take minutes, not seconds.
+    cfg.patience = Duration::from_secs(240);
+    let case = DistributedCase {
+        processed: 1,
+        returned: 1,
+        stopped: 2,
+        elements: 1000,
+    };
+    let report = run_distributed_case(&cfg, case)
+        .await
+        .expect("the case runs");
+    println!(
+        "tasks {:?}; runs {:?}; children {:?}; {} elements opened, marks {:?}; stopped and undone: {}; \
+         undone after Processed: {}; most in calls at once {} (maxConcurrency {}); purged {}; clock moved to a run's check {} times; took {:?}",
+        report.tasks,
+        report.runs,
+        report.children,
+        report.opened,
+        report.marks,
+        report.stopped_and_undone,
+        report.undone_after_processed,
+        report.most_in_flight,
+        report.max_concurrency,
+        report.purged,
+        report.clock_moved,
+        report.took
+    );
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert!(
+        report.stopped_and_undone > 0,
+        "no run stopped and undid its elements: the case proves nothing"
+    );
+    assert!(
+        report.undone_after_processed > 0,
+        "no task undone after its run ended Processed: the case proves nothing"
+    );
+    assert!(
+        report.tasks.get("Processed").copied().unwrap_or(0) > 0,
+        "no task went through: {:?}",
+        report.tasks
+    );
+    assert!(
+        report.most_in_flight > report.max_concurrency / 2,
+        "at most {} elements in calls at once: the cap was never approached",
+        report.most_in_flight
+    );
+}
