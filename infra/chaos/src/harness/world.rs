@@ -126,12 +126,6 @@ impl World {
         (kept.len(), outlived)
     }
 
-    /// Moves the system's clock `by` on (simulated time: a recovery that waits minutes by
-    /// design comes now).
-    pub fn advance_clock(&self, by: chrono::Duration) {
-        self.clock.advance(by);
-    }
-
     /// Stops the extra supervisors and waits for their sweeps to end.
     pub async fn stop_supervisors(&mut self) {
         self.supervisors.stop().await;
