@@ -114,6 +114,9 @@ pub(super) fn workflows() -> Vec<(String, String)> {
     ]
 }
 
+/// The agents working at once (the agent Lambda's concurrency) in this case.
+const AGENTS: usize = 32;
+
 /// The most elements of a run out at once.
 pub const MAX_CONCURRENCY: u32 = 100;
 
@@ -177,6 +180,9 @@ pub async fn run_distributed_case(
     let mut cfg = cfg.clone();
     cfg.distributed_case = true;
     cfg.operator = None;
+    // A run has up to `maxConcurrency` elements out: more agents than the run's twelve, so
+    // that they are worked on at once (the Lambda's concurrency, not a limit of the case).
+    cfg.settings.agent_concurrency = cfg.settings.agent_concurrency.max(AGENTS);
     let seed = cfg.seed;
     for (service, f) in cfg.settings.faults.iter_mut() {
         // Every service commits late now and then (its effect lands after the caller gave up).
