@@ -1,6 +1,7 @@
 //! The distributed forEach case, in memory with every switch on: month-end tasks open a period,
-//! pay through a child task, post 1,000 invoices as a distributed forEach and file. Some runs
-//! stop past their tolerance and undo themselves, some tasks are undone after their run ended
+//! pay through a child task, post invoices (1,000 for one, 100 for the others) as a distributed
+//! forEach and file. Some runs stop past their tolerance and undo themselves, some tasks are
+//! undone after their run ended
 //! `Processed`, some go through; nothing is lost or doubled at the services, no run has more
 //! elements in calls at once than its `maxConcurrency`, no child or element is orphaned, and
 //! nothing is left after the retention (see `harness/distributed.rs`).

@@ -2,8 +2,8 @@
 //! faults, several supervisors), with automatic compensation and no operator but the
 //! sub-workflow case's (who resolves a child waiting for one): `month-end` tasks open a period
 //! (undone by closing it), pay through a child task (`settle-payment`, the sub-workflow case's),
-//! post their invoices as a distributed forEach of `elements` elements (each undone by a void),
-//! then file. Three variants, so that every path is taken whatever the random task ids make of
+//! post their invoices as a distributed forEach (`elements` for `month-end`, `others` for its
+//! variants; each undone by a void), then file. Three variants, so that every path is taken whatever the random task ids make of
 //! the seeded faults:
 //!
 //! - `month-end`: the ledger refuses (or faults) a few invoices, within the tolerance: the run
