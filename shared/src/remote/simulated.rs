@@ -24,6 +24,10 @@ pub struct Faults {
     pub outage: Option<(DateTime<Utc>, DateTime<Utc>)>,
     /// Actions (e.g. `arrange-shipping`, `release-inventory`) refused for every key.
     pub refuse_actions: Vec<String>,
+    /// A JSON pointer (e.g. `/invoice/disputed`): a step call (not an undo) whose request holds
+    /// `true` there is refused, whatever its key: a refusal the caller's data decides, so a
+    /// test knows which elements are refused.
+    pub refuse_marked: Option<String>,
     /// Share of calls that take `slow_latency` instead of `latency` (e.g. past the deadline).
     pub slow_rate: f64,
     pub slow_latency: Duration,
@@ -65,6 +69,7 @@ impl Default for Faults {
             lost_response_rate: 0.0,
             outage: None,
             refuse_actions: Vec::new(),
+            refuse_marked: None,
             slow_rate: 0.0,
             slow_latency: Duration::ZERO,
             late_commit_rate: 0.0,
@@ -529,7 +534,15 @@ impl RemoteService for SimulatedService {
                 &["oversized-refusal", key],
                 0,
             ) < 0.5;
-        let refuse = permanent || oversized_refusal || faults.refuse_actions.contains(&call.action);
+        let marked = call.undoes.is_none()
+            && faults
+                .refuse_marked
+                .as_deref()
+                .is_some_and(|at| call.input.pointer(at) == Some(&serde_json::Value::Bool(true)));
+        let refuse = permanent
+            || oversized_refusal
+            || marked
+            || faults.refuse_actions.contains(&call.action);
         let lost = roll("lost", faults.lost_response_rate);
         let in_outage = |now: DateTime<Utc>| {
             faults
@@ -734,6 +747,42 @@ mod tests {
         assert_eq!(st.calls, 3);
         assert_eq!(st.effects.get("k1"), Some(&1));
         assert_eq!(st.effects.get("k2"), Some(&1));
+    }
+
+    #[tokio::test]
+    async fn a_call_marked_in_its_request_is_refused_and_its_undo_is_not() {
+        let s = SimulatedService::new(
+            "ledger",
+            Faults {
+                refuse_marked: Some("/invoice/disputed".into()),
+                ..Faults::default()
+            },
+            Arc::new(SystemClock),
+        );
+        let with = |key: &str, input: serde_json::Value| RemoteCall {
+            input,
+            ..call(key)
+        };
+        let marked = serde_json::json!({"invoice": {"id": 7, "disputed": true}});
+        assert!(matches!(
+            s.call(&with("k7", marked.clone()), Duration::from_secs(1))
+                .await,
+            Err(RemoteFault::Refused { .. })
+        ));
+        let plain = serde_json::json!({"invoice": {"id": 8, "disputed": false}});
+        s.call(&with("k8", plain), Duration::from_secs(1))
+            .await
+            .expect("a request not marked goes through");
+        // An undo carrying the marked body is not refused for it.
+        let undo = RemoteCall {
+            undoes: Some("k8".into()),
+            ..with("k8-undo", marked)
+        };
+        s.call(&undo, Duration::from_secs(1))
+            .await
+            .expect("an undo is never refused by the mark");
+        assert_eq!(s.stats().effects.get("k7"), None);
+        assert_eq!(s.stats().net.get("k8"), Some(&0));
     }
 
     #[tokio::test]

@@ -11,9 +11,14 @@
 //! - `month-end-returned`: the same, but the filing is refused: the task is undone after its run
 //!   ended `Processed`, and the run undoes every element that took effect (an element's undo
 //!   refused now and then leaves the run and the task `CompensationFailed`);
-//! - `month-end-strict`: the clearing house refuses (or faults) one invoice in 25, past the
-//!   tolerance: the run stops, its elements out finish, the ones that took effect are undone,
-//!   and the step is refused (the task compensates: `Refused`).
+//! - `month-end-strict`: the clearing house refuses every disputed invoice (the list marks
+//!   [`DISPUTED`] of them, past the tolerance of 2) and faults a few more with oversized answers:
+//!   the run stops, its elements out finish, the ones that took effect are undone, and the step
+//!   is refused (the task compensates: `Refused`).
+//!
+//! Which path each variant takes is decided by the case's data (the disputed invoices, the
+//! refused filing, the returned variant's wider tolerance), not by where the seeded faults fall
+//! on the random task ids: every run of the case takes all three.
 //!
 //! Checked, once every task, child, run and element settled:
 //!
@@ -107,12 +112,23 @@ pub(super) fn workflows() -> Vec<(String, String)> {
         .replace("name: month-end\n", "name: month-end-strict\n")
         .replace("service: ledger", &format!("service: {CLEARING}"))
         .replace("toleratedRefusals: \"1%\"", "toleratedRefusals: 2");
+    // The returned run must end Processed before its task undoes it: room for the ledger's
+    // seeded refusals (about one invoice in 800), whatever keys they fall on.
+    let returned = returned.replace("toleratedRefusals: \"1%\"", "toleratedRefusals: \"10%\"");
     vec![
         ("month-end".into(), base),
         ("month-end-returned".into(), returned),
         ("month-end-strict".into(), strict),
     ]
 }
+
+/// The strict variant's invoices the clearing house refuses (marked `disputed`): past its
+/// tolerance of 2, spread over the list so that the run stops with elements out and others
+/// already taken effect.
+pub const DISPUTED: [usize; 4] = [11, 37, 52, 88];
+
+/// Where a disputed invoice is marked in an element's request (`input: {invoice: $.element}`).
+const DISPUTED_AT: &str = "/invoice/disputed";
 
 /// The agents working at once (the agent Lambda's concurrency) in this case.
 const AGENTS: usize = 32;
@@ -177,6 +193,12 @@ pub async fn run_distributed_case(
     cfg: &Config,
     case: DistributedCase,
 ) -> anyhow::Result<DistributedReport> {
+    if case.stopped > 0 && case.others <= DISPUTED[2] {
+        anyhow::bail!(
+            "a strict list of {} invoices holds fewer than 3 disputed ones: its run never stops",
+            case.others
+        );
+    }
     let mut cfg = cfg.clone();
     cfg.distributed_case = true;
     cfg.operator = None;
@@ -198,9 +220,9 @@ pub async fn run_distributed_case(
         // A few invoices refused (one in 500 faulted or refused: within the 1% tolerated), and
         // now and then an undo: a run undone may end CompensationFailed.
         (LEDGER, 0.0003, 0.002),
-        // One invoice in 25 refused or faulted (an oversized answer): past the 2 tolerated
-        // within the first hundred; an undo is never refused, so the stop undoes cleanly.
-        (CLEARING, 0.0, 0.04),
+        // The disputed invoices refused (past the 2 tolerated), and one in 50 faulted or
+        // refused by an oversized answer; an undo is never refused, so the stop undoes cleanly.
+        (CLEARING, 0.0, 0.02),
     ]
     .into_iter()
     .enumerate()
@@ -217,6 +239,7 @@ pub async fn run_distributed_case(
                 slow_latency: Duration::from_secs(4),
                 late_commit_rate: 0.01,
                 oversized,
+                refuse_marked: (service == CLEARING).then(|| DISPUTED_AT.into()),
                 seed: Some(seed.wrapping_add(100 + i as u64)),
                 ..sas::remote::Faults::default()
             },
@@ -264,8 +287,12 @@ pub async fn run_distributed_case(
         } else {
             case.others
         };
+        let strict = *name == "month-end-strict";
         let invoices: Vec<Value> = (0..n)
-            .map(|k| json!({"invoice": format!("inv-{i}-{k}")}))
+            .map(|k| {
+                let disputed = strict && DISPUTED.contains(&k);
+                json!({"invoice": format!("inv-{i}-{k}"), "disputed": disputed})
+            })
             .collect();
         async move {
             let input = json!({"amount": i + 1, "invoices": invoices});
