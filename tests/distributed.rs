@@ -515,6 +515,60 @@ async fn ends_delivered_again_after_their_writer_died_open_what_the_run_has_out(
 }
 
 #[tokio::test]
+async fn ends_delivered_again_to_a_run_that_ended_send_the_answer_its_writer_died_before() {
+    use sas::domain::run::{Direction, ElementEnd};
+    let system = system(HashMap::new()).await;
+    let id = sas_blackbox::submit_task(&system, "nightly", &invoices(2)).await;
+    system.pump_scheduler().await.expect("scheduler");
+    system.pump_agents().await.expect("agent");
+    let run = sas_blackbox::state(&system, run_of(id)).await;
+    assert_eq!(run.run.as_ref().expect("a run").ledger.marks, "oo");
+
+    // A scheduler applies both ends, which end the run, and dies before answering the task.
+    let ends: Vec<ElementEnd> = (0..2)
+        .map(|index| ElementEnd {
+            index,
+            direction: Direction::Forward,
+            ok: true,
+        })
+        .collect();
+    let (t, _) =
+        sas::domain::transition::apply_ends(&run, &ends, chrono::Utc::now()).expect("applies");
+    assert_eq!(t.record.process_state, ProcessState::Processed);
+    assert!(t.record.notice_pending(), "the run owes its answer");
+    system
+        .store
+        .put(&t.record, &t.condition)
+        .await
+        .expect("written");
+
+    // The same ends come back with their message: the run answers now.
+    sas::handlers::runs::apply_ends(
+        &system.scheduler.ports,
+        &sas::messages::ElementsEnded {
+            run_id: run.task_id,
+            ends,
+        },
+    )
+    .await
+    .expect("applied");
+    let run = sas_blackbox::state(&system, run.task_id).await;
+    assert!(!run.notice_pending(), "the run's answer went out");
+    // No clock moved, no sweep: the scheduler alone takes the answer.
+    for _ in 0..5 {
+        system.pump_scheduler().await.expect("scheduler");
+    }
+    let task = sas_blackbox::state(&system, id).await;
+    assert!(
+        task.history
+            .iter()
+            .any(|h| h.step.as_deref() == Some("post") && h.reason == "step done"),
+        "the run's answer completes its step: {:?}",
+        task.history
+    );
+}
+
+#[tokio::test]
 async fn an_element_left_with_its_effect_stops_its_run_and_its_task_waits_for_an_operator() {
     // Some posts answer more than a result may be (the step faults: it may have taken effect),
     // and every void is refused: such an element ends CompensationFailed on its own.

@@ -276,13 +276,18 @@ impl Counter {
                 0.0,
             );
         }
-        // The caller's partition of its tasks' index, as the DynamoDB store files it.
-        let caller_shard = sas::domain::state::due_shard(&task.id, sas::aws::DEFAULT_CALLER_SHARDS);
-        self.meter.key(
-            format!("caller-shard-index {}", task.caller.index_key(caller_shard)),
-            1.0,
-            0.0,
-        );
+        // The caller's partition of its tasks' index, as the DynamoDB store files it (a run's
+        // and its elements' task items make no entry).
+        let listed = task.caller.listed();
+        if listed {
+            let caller_shard =
+                sas::domain::state::due_shard(&task.id, sas::aws::DEFAULT_CALLER_SHARDS);
+            self.meter.key(
+                format!("caller-shard-index {}", task.caller.index_key(caller_shard)),
+                1.0,
+                0.0,
+            );
+        }
         let w = WriteUnits {
             label: "create (task, state, key: a transaction)".into(),
             record: task.id.to_string(),
@@ -290,7 +295,7 @@ impl Counter {
             table: 2.0 * (units(o, 1024) + units(r, 1024) + key_units),
             due_index: due.map_or(0.0, |d| units(d, 1024)),
             state_index: state.map_or(0.0, |s| units(s, 1024)),
-            caller_index: 1.0,
+            caller_index: if listed { 1.0 } else { 0.0 },
         };
         self.meter.record(task.id.to_string(), w.total(), r, false);
         self.meter.add(|c| {
@@ -503,7 +508,9 @@ impl Interceptor for Counter {
                 next.run(call).await
             }
             Call::ExpireTask { record } => {
-                if record.process_state.is_final() {
+                // The DynamoDB store writes nothing for a record with no expiry yet (not final,
+                // or held: a child or element its parent may still undo, released later).
+                if record.expires_at(self.store.retention()).is_some() {
                     // An UpdateItem of the task item, billed on its size.
                     m.call("DynamoDB UpdateItem (retention)");
                     m.io().await;

@@ -78,6 +78,16 @@ impl Caller {
         Ok(caller)
     }
 
+    /// Whether the caller's list holds this caller's tasks: every caller's but a distributed
+    /// forEach's run's ([`Caller::run`]), which no one lists (its run and elements are reached
+    /// from the task's step), so their task items make no entry in the caller's index.
+    pub fn listed(&self) -> bool {
+        !self
+            .0
+            .strip_prefix(Self::RESERVED_PREFIX)
+            .is_some_and(|rest| rest.starts_with("run:"))
+    }
+
     /// One of sas's own callers ([`Caller::RESERVED_PREFIX`]).
     pub fn is_reserved(&self) -> bool {
         self.0.starts_with(Self::RESERVED_PREFIX)
@@ -165,6 +175,21 @@ mod tests {
             Caller::principal(""),
             Err(PrincipalError::Invalid(InvalidCaller))
         );
+    }
+
+    #[test]
+    fn a_runs_caller_alone_is_not_listed() {
+        let run = Caller::run(&crate::domain::TaskId::new_random());
+        assert!(run.is_reserved());
+        assert!(!run.listed());
+        for listed in [
+            Caller::anonymous(),
+            Caller::new("alice").expect("ok"),
+            Caller::schedule("nightly").expect("ok"),
+            Caller::new("arn:aws:iam::1:user/run:x").expect("ok"),
+        ] {
+            assert!(listed.listed(), "{listed:?}");
+        }
     }
 
     #[test]

@@ -505,6 +505,13 @@ pub async fn apply_ends(ports: &TaskPorts, ended: &ElementsEnded) -> Result<(), 
         let (t, fx) = match transition::apply_ends(&run, &ended.ends, ports.clock.now()) {
             Ok(x) => x,
             Err(why) => {
+                // The run's end was written and its writer died before answering the task: its
+                // ends come back with their message, and the answer goes out now (not at the
+                // notice's backstop, minutes later).
+                if run.notice_pending() {
+                    info!(run = %ended.run_id, "ends for a run that is over and owes its answer: answering");
+                    return super::deliver_notice(ports, &run).await;
+                }
                 info!(run = %ended.run_id, %why, "ends for a run that is over: dropped");
                 return Ok(());
             }

@@ -27,7 +27,8 @@
 //! The GSI `caller-shard-index` (`CallerShard` S, `CreatedAt` N, keys only) holds the task
 //! items (the only items with a `CallerShard`: the caller's digest and a shard of the task id,
 //! [`Caller::index_key`]): a caller's tasks, newest first, merged from its shards. A task item
-//! is written once, so the index costs one write per task. `<caller>` in an idempotency key is the SHA-256 of
+//! is written once, so the index costs one write per task; a distributed forEach's run and
+//! elements make none (their caller is not listed: [`Caller::listed`]). `<caller>` in an idempotency key is the SHA-256 of
 //! the caller id ([`crate::domain::Caller::digest`]): keys are scoped by caller.
 
 mod breakers;

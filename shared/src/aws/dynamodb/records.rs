@@ -23,11 +23,14 @@ pub(super) fn task_item(t: &Task, caller_shards: u32) -> Item {
         ("Input".to_owned(), s(t.input.to_string())),
         ("CreatedAt".to_owned(), ms(t.created_at)),
         ("Caller".to_owned(), s(t.caller.as_str())),
-        (
+    ]);
+    // Only a listed caller's task makes an entry in `caller-shard-index` (a write unit each).
+    if t.caller.listed() {
+        item.insert(
             "CallerShard".to_owned(),
             s(t.caller.index_key(due_shard(&t.id, caller_shards))),
-        ),
-    ]);
+        );
+    }
     if let Some(u) = &t.reply_queue_url {
         item.insert("ReplyQueueUrl".to_owned(), s(u));
     }
