@@ -25,8 +25,9 @@ use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use crate::messages::{StepReply, StepRequest};
 use crate::ports::{
     Breakers, Clock, Count, CreateOutcome, CurrentRun, DueEntry, DueIndex, DueQuery, Guarded,
-    InState, LeaseClaim, Leases, LineStream, NewTask, Page, Paging, PayloadError, Payloads, RateLimits,
-    RateRequest, SlotAnswer, SlotRequest, Slots, StateStore, StoreError, TaskLists, TaskStore,
+    InState, LeaseClaim, Leases, LineStream, NewTask, Page, Paging, PayloadError, Payloads,
+    RateLimits, RateRequest, SlotAnswer, SlotRequest, Slots, StateStore, StoreError, TaskLists,
+    TaskStore,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -355,9 +356,8 @@ impl Offloading {
     /// The array JSON Lines payload `r` holds.
     async fn read_lines(&self, r: &PayloadRef) -> Result<serde_json::Value, StoreError> {
         let body = self.payloads.get(r).await.map_err(store_error)?;
-        crate::domain::payload::parse_lines(&body).map_err(|e| {
-            StoreError::Corrupt(format!("payload {} is not JSON Lines: {e}", r.key()))
-        })
+        crate::domain::payload::parse_lines(&body)
+            .map_err(|e| StoreError::Corrupt(format!("payload {} is not JSON Lines: {e}", r.key())))
     }
 
     async fn whole_result(&self, s: &mut StepState) -> Result<(), StoreError> {
@@ -930,6 +930,79 @@ mod tests {
             w.objects.puts.load(Ordering::SeqCst),
             2,
             "no object written"
+        );
+    }
+
+    /// A step whose result is JSON Lines keeps its reference in the record however often the
+    /// record is read and written; read back, its array is in `loaded` (the mappings' result),
+    /// never in `result`; a result given later (by hand) replaces it.
+    #[tokio::test]
+    async fn a_json_lines_result_stays_its_reference_and_is_read_back_only_as_the_array() {
+        let mut w = world(10).await;
+        let lines: Vec<Vec<u8>> = (0..500)
+            .map(|k| {
+                serde_json::json!({"k": k, "pad": "p".repeat(100)})
+                    .to_string()
+                    .into_bytes()
+            })
+            .collect();
+        let stream = futures::stream::iter(lines.into_iter().map(Ok)).boxed();
+        use futures::StreamExt;
+        let r = w.objects.put_lines(w.task.id, stream).await.expect("kept");
+        let mut next = w.record.clone();
+        next.steps[0].result_ref = Some(r.clone());
+        next.version += 1;
+        w.store
+            .put(&next, &Condition::on(&w.record, vec![]))
+            .await
+            .expect("writes");
+        w.record = next;
+        let stored = w.inner.get_state(w.task.id).await.expect("r").expect("s");
+        assert_eq!(stored.steps[0].result_ref.as_ref(), Some(&r));
+        assert_eq!(stored.steps[0].result, None);
+        assert!(stored.payloads, "the task's retention deletes its objects");
+        let read = w.store.get_state(w.task.id).await.expect("r").expect("s");
+        assert_eq!(read.steps[0].result, None, "never read back whole as text");
+        let array = read.steps[0].loaded.clone().expect("read for the queries");
+        assert_eq!(array.as_array().map(Vec::len), Some(500));
+        assert_eq!(array[499]["k"], 499);
+        assert_eq!(
+            read.results()["reserve-inventory"]["result"][3]["k"],
+            3,
+            "the mappings read the array"
+        );
+        assert_eq!(
+            read.results_bytes(),
+            r.stored_bytes(),
+            "budgeted as its reference"
+        );
+        // Written back as read (with its array): the reference, and no object more.
+        let puts = w.objects.puts.load(Ordering::SeqCst);
+        let mut again = read.clone();
+        again.version += 1;
+        w.store
+            .put(&again, &Condition::on(&read, vec![]))
+            .await
+            .expect("writes");
+        let stored = w.inner.get_state(w.task.id).await.expect("r").expect("s");
+        assert_eq!(
+            (
+                stored.steps[0].result_ref.as_ref(),
+                stored.steps[0].loaded.as_ref()
+            ),
+            (Some(&r), None)
+        );
+        assert_eq!(w.objects.puts.load(Ordering::SeqCst), puts);
+        w.record = again;
+        // A result given by hand replaces it.
+        w.put_result(Some("{\"by\":\"hand\"}".into())).await;
+        let stored = w.inner.get_state(w.task.id).await.expect("r").expect("s");
+        assert_eq!(
+            (
+                stored.steps[0].result.as_deref(),
+                stored.steps[0].result_ref.as_ref()
+            ),
+            (Some("{\"by\":\"hand\"}"), None)
         );
     }
 

@@ -127,9 +127,9 @@ struct LinesFile {
 impl LinesFile {
     async fn create(path: PathBuf) -> Result<Self, PayloadError> {
         blocking(move || {
-            let dir = path
-                .parent()
-                .ok_or_else(|| PayloadError::Rejected(format!("{} has no folder", path.display())))?;
+            let dir = path.parent().ok_or_else(|| {
+                PayloadError::Rejected(format!("{} has no folder", path.display()))
+            })?;
             std::fs::create_dir_all(dir).map_err(|e| unavailable(dir, e))?;
             let name = path
                 .file_name()
@@ -197,7 +197,9 @@ fn read_at_most(path: &Path, key: &str, max: usize) -> Result<Vec<u8>, PayloadEr
         .read_to_end(&mut body)
         .map_err(|e| unavailable(path, e))?;
     if body.len() > max {
-        return Err(PayloadError::Corrupt(format!("{key}: more than {max} bytes")));
+        return Err(PayloadError::Corrupt(format!(
+            "{key}: more than {max} bytes"
+        )));
     }
     Ok(body)
 }
@@ -316,12 +318,9 @@ impl Payloads for FilePayloads {
                 let path = entry.map_err(|e| unavailable(&dir, e))?.path();
                 // Objects only: a leftover temporary file (`.<name>.<id>.tmp`) of a write that
                 // died before its rename is no payload, and goes with the folder.
-                let object = path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| {
-                        !n.starts_with('.') && (n.ends_with(".json") || n.ends_with(".jsonl"))
-                    });
+                let object = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    !n.starts_with('.') && (n.ends_with(".json") || n.ends_with(".jsonl"))
+                });
                 match std::fs::remove_file(&path) {
                     Ok(()) if object => deleted += 1,
                     Ok(()) => {}

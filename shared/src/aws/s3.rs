@@ -13,8 +13,8 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{
     ChecksumAlgorithm, CompletedMultipartUpload, CompletedPart, Delete, ObjectIdentifier,
 };
-use sha2::Digest as _;
 use base64::Engine as _;
+use sha2::Digest as _;
 use tracing::{info, warn};
 
 /// The size of a JSON Lines payload's parts ([`Payloads::put_lines`]) for its first
@@ -485,5 +485,24 @@ impl Payloads for S3Payloads {
             body.extend_from_slice(&chunk);
         }
         Ok(body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_json_lines_payload_is_one_put_within_a_part_and_grows_its_parts_past_a_thousand() {
+        assert_eq!(lines_calls(10), (1, 0));
+        assert_eq!(lines_calls(PART_BYTES as u64 - 1), (1, 0));
+        assert_eq!(lines_calls(PART_BYTES as u64), (0, 1));
+        assert_eq!(lines_calls(20 * 1024 * 1024), (0, 3));
+        assert_eq!(part_target(1), PART_BYTES);
+        assert_eq!(part_target(1000), PART_BYTES);
+        assert_eq!(part_target(1001), 2 * PART_BYTES);
+        // S3's 10,000 parts reach past 400 GiB.
+        let reach: usize = (1..=10_000).map(part_target).sum();
+        assert!(reach > 400 * (1 << 30), "{reach}");
     }
 }

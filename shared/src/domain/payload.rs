@@ -231,4 +231,73 @@ mod tests {
             "the same bytes, the same name"
         );
     }
+
+    #[test]
+    fn a_reference_of_before_json_lines_reads_as_it_was_and_writes_no_lines() {
+        let task = TaskId::new_random();
+        let old = format!(r#"{{"taskId":"{task}","sha256":"ab","bytes":2}}"#);
+        let r: PayloadRef = serde_json::from_str(&old).expect("an old reference parses");
+        assert_eq!(r.lines, None);
+        assert_eq!(
+            serde_json::to_string(&r).expect("json"),
+            old,
+            "written as before"
+        );
+        let lines = PayloadRef {
+            lines: Some(Lines {
+                count: 3,
+                name: "n1".into(),
+            }),
+            ..r.clone()
+        };
+        let text = serde_json::to_string(&lines).expect("json");
+        assert!(
+            text.contains(r#""lines":{"count":3,"name":"n1"}"#),
+            "{text}"
+        );
+        assert_eq!(
+            serde_json::from_str::<PayloadRef>(&text).expect("parses"),
+            lines
+        );
+        assert!(text.len() <= LINES_REF_BYTES);
+        assert_eq!(lines.stored_bytes(), LINES_REF_BYTES);
+        assert_eq!(r.stored_bytes(), REF_BYTES);
+    }
+
+    #[test]
+    fn a_json_lines_writer_hashes_counts_and_names_what_it_appends_under_its_task() {
+        let task = TaskId::new_random();
+        let mut w = LinesWriter::new(task);
+        let key = w.key();
+        let mut out = vec![];
+        for line in [&b"{\"a\":1}"[..], b"null", b"[1,2]"] {
+            w.push(line, &mut out).expect("a line");
+        }
+        assert_eq!(
+            w.push(b"{\"a\":\n1}", &mut out),
+            Err(NotALine { index: 3 }),
+            "a line break is refused"
+        );
+        assert_eq!(out, b"{\"a\":1}\nnull\n[1,2]\n");
+        let r = w.finish();
+        assert!(r.matches(&out), "its hash and length are the bytes'");
+        assert_eq!(r.lines.as_ref().map(|l| l.count), Some(3));
+        assert_eq!(r.key(), key);
+        assert!(key.starts_with(&PayloadRef::prefix(task)) && key.ends_with(".jsonl"));
+        assert_eq!(
+            parse_lines(&out).expect("JSON Lines"),
+            serde_json::json!([{"a": 1}, null, [1, 2]])
+        );
+        // A second write of the same lines is a second name (see `Lines`).
+        assert_ne!(LinesWriter::new(task).key(), key);
+        // A damaged name never leaves the task's prefix.
+        let mut bad = r.clone();
+        if let Some(l) = &mut bad.lines {
+            l.name = "../../other/x".into();
+        }
+        assert_eq!(
+            bad.key(),
+            format!("{}{}.jsonl", PayloadRef::prefix(task), r.sha256)
+        );
+    }
 }

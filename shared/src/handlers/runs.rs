@@ -16,6 +16,7 @@
 //! ([`recheck`]): what it has out is opened again, idempotently.
 
 use super::{HandlerError, TaskPorts};
+use crate::domain::payload::MESSAGE_INLINE_BYTES;
 use crate::domain::run::{
     Direction, ElementEnd, ListSource, MAX_LIST_BYTES, Run, RunEffects, RunPlan, parse_list,
 };
@@ -23,7 +24,6 @@ use crate::domain::state::{ElementOf, ParentLink, RunState, token_fence};
 use crate::domain::transition::{self, Rejection, StepOutcome, Transition};
 use crate::domain::workflow::{RUN_SERVICE, Tolerated};
 use crate::domain::{ProcessState, StateRecord, Task, TaskId, Workflow};
-use crate::domain::payload::MESSAGE_INLINE_BYTES;
 use crate::messages::{ElementsEnded, SchedulerMessage, StepRequest};
 use crate::ports::{GroupedMessage, NewTask, PayloadError, StoreError};
 use serde_json::Value;
@@ -637,21 +637,21 @@ pub async fn answer_task(ports: &TaskPorts, record: &StateRecord) -> Result<(), 
     }
     let mut kept = None;
     let outcome = match record.process_state {
-        ProcessState::Processed => match results(ports, record.task_id, link.task_id, ledger)
-            .await?
-        {
-            Results::Inline(text) => StepOutcome::Succeeded { result: Some(text) },
-            Results::Lines(r) => {
-                info!(
-                    run = %record.task_id,
-                    key = %r.key(),
-                    bytes = r.bytes,
-                    "the step's results kept as JSON Lines"
-                );
-                kept = Some(r);
-                StepOutcome::Succeeded { result: None }
+        ProcessState::Processed => {
+            match results(ports, record.task_id, link.task_id, ledger).await? {
+                Results::Inline(text) => StepOutcome::Succeeded { result: Some(text) },
+                Results::Lines(r) => {
+                    info!(
+                        run = %record.task_id,
+                        key = %r.key(),
+                        bytes = r.bytes,
+                        "the step's results kept as JSON Lines"
+                    );
+                    kept = Some(r);
+                    StepOutcome::Succeeded { result: None }
+                }
             }
-        },
+        }
         ProcessState::Refused => StepOutcome::Refused {
             code: "elements_refused".into(),
             message: format!(
@@ -738,7 +738,9 @@ async fn results(
         array_bytes += line.len() + 1;
         held.push(line);
         if array_bytes > MESSAGE_INLINE_BYTES {
-            return lines_kept(ports, task, held, lines).await.map(Results::Lines);
+            return lines_kept(ports, task, held, lines)
+                .await
+                .map(Results::Lines);
         }
     }
     let mut text = Vec::with_capacity(array_bytes);

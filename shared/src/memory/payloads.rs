@@ -1,6 +1,6 @@
+use crate::domain::payload::LinesWriter;
 use crate::domain::run::ObjectLocation;
 use crate::domain::{PayloadRef, TaskId};
-use crate::domain::payload::LinesWriter;
 use crate::ports::{LineStream, PayloadError, Payloads};
 use async_trait::async_trait;
 use std::collections::BTreeMap;

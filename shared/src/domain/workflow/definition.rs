@@ -424,6 +424,46 @@ mod tests {
     use super::super::testkit::*;
 
     #[test]
+    fn a_workflow_reads_a_result_where_a_mapping_or_a_condition_names_its_step() {
+        let w = workflow(
+            r#"name: reads
+steps:
+  - name: a
+    service: inventory
+    input: {}
+  - name: b
+    service: payment
+    input: {first: "$.steps.a.result[3]"}
+  - name: c
+    service: shipping
+    when: "has(steps.b) && steps.b.result.ok"
+    input: {}
+  - name: d
+    service: shipping
+    input: {}
+"#,
+        )
+        .expect("valid");
+        assert!(w.reads_result("a"), "b's input reads an element of a's");
+        assert!(w.reads_result("b"), "c's condition reads b's");
+        assert!(!w.reads_result("c"), "nothing reads c's");
+        assert!(!w.reads_result("d"));
+        let whole = workflow(
+            r#"name: whole
+steps:
+  - name: a
+    service: inventory
+    input: {}
+  - name: b
+    service: payment
+    input: {all: "$.steps"}
+"#,
+        )
+        .expect("valid");
+        assert!(whole.reads_result("a"), "$.steps reads every step");
+    }
+
+    #[test]
     fn the_examples_are_valid() {
         let order = workflow(examples::ECOMMERCE_ORDER).expect("ecommerce-order.yaml");
         let names: Vec<_> = order.steps.iter().map(|s| s.name.as_str()).collect();
