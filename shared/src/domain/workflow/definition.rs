@@ -448,19 +448,21 @@ steps:
         assert!(w.reads_result("b"), "c's condition reads b's");
         assert!(!w.reads_result("c"), "nothing reads c's");
         assert!(!w.reads_result("d"));
-        let whole = workflow(
-            r#"name: whole
+        let output = workflow(
+            r#"name: output
 steps:
   - name: a
     service: inventory
     input: {}
   - name: b
     service: payment
-    input: {all: "$.steps"}
+    input: {}
+output: {all: "$.steps.a.result"}
 "#,
         )
         .expect("valid");
-        assert!(whole.reads_result("a"), "$.steps reads every step");
+        assert!(output.reads_result("a"), "the task's output reads a's");
+        assert!(!output.reads_result("b"));
     }
 
     #[test]
