@@ -6,7 +6,8 @@
 //! issue's size (5,000 invoices at `maxConcurrency: 200`, invoice 3,000 disputed); on the
 //! stack's own resources on the emulator at a tenth of it (see [`ON_THE_EMULATOR`]).
 //!
-//! - A task reaches `Processed`: every invoice posted once, in its place in the step's result;
+//! - A task reaches `Processed`: every invoice posted once, in its place in the step's result
+//!   (JSON Lines by reference);
 //!   the quote and the report reach the filing's body intact; the task's record stays small.
 //! - A task whose list disputes an invoice reaches `Refused`: the undos are exactly the effects
 //!   that were applied (the invoices posted before the run stopped, the child's two steps, the
@@ -375,9 +376,32 @@ async fn month_end_at_scale(
             "the 1 MB result reached the body intact"
         );
     }
-    // The step's result: each invoice's result in its place.
-    let posted: Value =
-        serde_json::from_str(done.steps[2].result.as_deref().expect("a result")).expect("JSON");
+    // The step's result: each invoice's result in its place; past a message's inline size as
+    // JSON Lines by reference, never read into the task's record (no query reads it).
+    let step = &done.steps[2];
+    let posted: Value = match &step.result_ref {
+        Some(kept) if kept.lines.is_some() => {
+            assert_eq!(step.result, None);
+            assert_eq!(kept.lines.as_ref().map(|l| l.count), Some(n as u64));
+            let body = system
+                .scheduler
+                .ports
+                .payloads
+                .get(kept)
+                .await
+                .expect("the step's results");
+            sas::domain::payload::parse_lines(&body).expect("JSON Lines")
+        }
+        _ => {
+            let text = step.result.as_deref().expect("a result");
+            assert!(
+                text.len() <= sas::domain::payload::MESSAGE_INLINE_BYTES,
+                "{} bytes inline",
+                text.len()
+            );
+            serde_json::from_str(text).expect("JSON")
+        }
+    };
     let posted = posted.as_array().expect("a list");
     assert_eq!(posted.len(), n);
     for k in [0, 1, refused_at - 1, n - 1] {

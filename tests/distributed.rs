@@ -603,3 +603,131 @@ async fn an_element_left_with_its_effect_stops_its_run_and_its_task_waits_for_an
         task.history
     );
 }
+
+/// A service whose `post` answers about 2 KB (the element's index and padding) and whose
+/// `last` answers what it was sent; every body `last` received.
+async fn bulky_service() -> (String, Arc<std::sync::Mutex<Vec<Value>>>) {
+    use axum::extract::{Path, State};
+    type Seen = Arc<std::sync::Mutex<Vec<Value>>>;
+    let seen: Seen = Arc::default();
+    let app = axum::Router::new()
+        .route(
+            "/{action}",
+            axum::routing::post(
+                |State(seen): State<Seen>,
+                 Path(action): Path<String>,
+                 axum::Json(body): axum::Json<Value>| async move {
+                    axum::Json(if action == "post" {
+                        json!({"at": body["at"], "pad": "p".repeat(2000)})
+                    } else {
+                        seen.lock().expect("lock").push(body.clone());
+                        json!({"seen": true})
+                    })
+                },
+            ),
+        )
+        .with_state(seen.clone())
+        .layer(axum::extract::DefaultBodyLimit::max(16 * 1024 * 1024));
+    (sas_blackbox::serve_loopback(app).await, seen)
+}
+
+/// A distributed forEach whose results pass a step's 6 MiB (4,000 elements answering about
+/// 2 KB each): the step's result is a JSON Lines object of the task's, each element's result
+/// on its line in order; the task's record keeps its reference; a later step's condition and
+/// mapping read the array (its length, its last element) and the views show the reference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_past_six_mib_are_json_lines_by_reference_and_later_steps_read_them() {
+    const N: usize = 4_000;
+    let (url, seen) = bulky_service().await;
+    let settings = Settings {
+        definitions: vec![],
+        ..sas_blackbox::manual_settings()
+    };
+    let system = System::new(Backend::Memory, settings, Arc::new(sas::ports::SystemClock))
+        .await
+        .expect("builds");
+    let services =
+        format!("services:\n  - name: bulk\n    target: {{type: http, baseUrl: \"{url}\"}}\n");
+    let workflow = format!(
+        r#"name: bulky
+steps:
+  - name: post
+    service: bulk
+    forEach: $.input.items
+    distributed: true
+    maxConcurrency: 250
+    input: {{at: $.index}}
+  - name: last
+    service: bulk
+    action: last
+    when: "size(steps.post.result) == {N}"
+    input: {{last: "$.steps.post.result[{}]", first: "$.steps.post.result[0].at"}}
+"#,
+        N - 1
+    );
+    system
+        .publish(&[
+            ("services.yaml".into(), services),
+            ("bulky.yaml".into(), workflow),
+        ])
+        .await
+        .expect("publishes");
+    let items: Vec<Value> = (0..N).map(|i| json!(i)).collect();
+    let id = sas_blackbox::submit_task(&system, "bulky", &json!({"items": items})).await;
+    sas_blackbox::pump_until_quiet(&system, 20_000).await;
+    let task = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        task.process_state,
+        ProcessState::Processed,
+        "{:?} {:?}",
+        task.last_error,
+        task.history
+    );
+
+    // The step's result: a reference to JSON Lines of the task's, never the content.
+    let kept = task.steps[0].result_ref.clone().expect("a reference");
+    assert_eq!(task.steps[0].result, None);
+    let lines = kept.lines.as_ref().expect("JSON Lines");
+    assert_eq!(lines.count, N as u64);
+    assert!(kept.bytes > 6 * 1024 * 1024, "{} bytes", kept.bytes);
+    assert!(kept.key().starts_with(&sas::domain::PayloadRef::prefix(id)));
+    let stored = serde_json::to_vec(&task).expect("json").len();
+    assert!(stored < 16 * 1024, "the task's record is {stored} bytes");
+    let body = system
+        .scheduler
+        .ports
+        .payloads
+        .get(&kept)
+        .await
+        .expect("the object is there and matches its reference");
+    let text = std::str::from_utf8(&body).expect("UTF-8");
+    let mut count = 0;
+    for (k, line) in text.lines().enumerate() {
+        let v: Value = serde_json::from_str(line).expect("each line one JSON value");
+        assert_eq!(v["at"], json!(k), "element {k} on its line");
+        assert_eq!(v["pad"].as_str().map(str::len), Some(2000));
+        count += 1;
+    }
+    assert_eq!(count, N);
+
+    // The later step ran (its condition read the list's length) with the last element.
+    let bodies = seen.lock().expect("lock").clone();
+    assert_eq!(bodies.len(), 1, "`last` called once");
+    assert_eq!(bodies[0]["first"], json!(0));
+    assert_eq!(bodies[0]["last"]["at"], json!(N - 1));
+    assert_eq!(bodies[0]["last"]["pad"].as_str().map(str::len), Some(2000));
+
+    // The views show the reference: its size, element count and hash.
+    let (status, view) =
+        sas_blackbox::operator_call(&system, http::Method::GET, &format!("/tasks/{id}"), b"").await;
+    assert_eq!(status, 200, "{view}");
+    let shown = &view["steps"][0]["result"]["jsonLines"];
+    assert_eq!(shown["elements"], json!(N), "{}", view["steps"][0]);
+    assert_eq!(shown["bytes"], json!(kept.bytes));
+    assert_eq!(shown["sha256"], json!(kept.sha256));
+    assert!(
+        view.to_string().len() < 256 * 1024,
+        "the view is {} bytes",
+        view.to_string().len()
+    );
+}

@@ -965,6 +965,46 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         "the task's items deleted"
     );
 
+    // A distributed forEach's results past a part: the scheduler's JSON Lines write (what
+    // `answer_task` makes when a run ends) goes up as a multipart upload, and one whose
+    // source fails midway is aborted. The flows above end no run with 8 MiB of answers, nor
+    // one whose write fails, so the write is made here with the scheduler's own client.
+    {
+        use futures::StreamExt;
+        use sas::ports::Payloads;
+        let payloads = sas::aws::S3Payloads::new(f.clients(None).s3, &res.payload_bucket);
+        let task = sas::TaskId::new_random();
+        let part = sas::aws::PART_BYTES / 1024 + 1;
+        let lines = |fail: bool| {
+            futures::stream::iter((0..part + 2).map(move |i| {
+                if fail && i == part + 1 {
+                    Err(sas::ports::PayloadError::Unavailable(
+                        "an element's record".into(),
+                    ))
+                } else {
+                    Ok(vec![b'1'; 1023])
+                }
+            }))
+            .boxed()
+        };
+        let kept = ROLE
+            .scope(SCHEDULER, payloads.put_lines(task, lines(false)))
+            .await
+            .expect("kept in parts");
+        assert_eq!(kept.lines.as_ref().map(|l| l.count), Some(part as u64 + 2));
+        let failed = ROLE
+            .scope(SCHEDULER, payloads.put_lines(task, lines(true)))
+            .await;
+        assert!(failed.is_err(), "{failed:?}");
+        assert!(
+            s3_calls(&f, SCHEDULER, "s3:AbortMultipartUpload", &task.to_string()) == 1,
+            "the failed upload aborted"
+        );
+        ROLE.scope(SUPERVISOR, payloads.delete_task(task))
+            .await
+            .expect("deleted");
+    }
+
     // Poison: one unreadable message on each consumer's queue.
     for url in [
         &res.work_queue_url,

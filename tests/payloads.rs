@@ -145,6 +145,116 @@ async fn payloads_contract(store: &dyn Payloads, tamper: impl AsyncFn(&str, Vec<
     assert_eq!(store.delete_task(b).await.expect("delete b"), 4);
 }
 
+/// `n` lines of JSON of about `len` bytes each, line `i` naming `i`.
+fn json_lines(n: usize, len: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| {
+            serde_json::json!({"i": i, "pad": "x".repeat(len)})
+                .to_string()
+                .into_bytes()
+        })
+        .collect()
+}
+
+/// `lines` as a stream; with `fail_at`, the line there fails (the source's fault).
+fn stream_of(lines: Vec<Vec<u8>>, fail_at: Option<usize>) -> sas::ports::LineStream<'static> {
+    futures::stream::iter(lines.into_iter().enumerate().map(move |(i, l)| {
+        if Some(i) == fail_at {
+            Err(PayloadError::Unavailable(format!(
+                "line {i} could not be read"
+            )))
+        } else {
+            Ok(l)
+        }
+    }))
+    .boxed()
+}
+
+/// The contract of [`Payloads::put_lines`]: the lines come back in order, one a line, named
+/// under their task (a name of their own per write), hashed, measured and counted; past the
+/// 6 MiB of every other payload (and past S3's parts); a source that fails midway, or a line
+/// that holds a line break, leaves no object; a changed object is `Corrupt`; a task's
+/// retention deletes them with the rest. `tamper` as [`payloads_contract`]'s.
+async fn put_lines_contract(store: &dyn Payloads, tamper: impl AsyncFn(&str, Vec<u8>)) {
+    use sas::domain::payload::parse_lines;
+    let task = TaskId::new_random();
+    // Small: three lines.
+    let three = json_lines(3, 10);
+    let r = store
+        .put_lines(task, stream_of(three.clone(), None))
+        .await
+        .expect("put");
+    let expected: Vec<u8> = three
+        .iter()
+        .flat_map(|l| [&l[..], b"\n"].concat())
+        .collect();
+    assert_eq!(r.bytes, expected.len() as u64);
+    assert_eq!(r.lines.as_ref().map(|l| l.count), Some(3));
+    assert!(r.matches(&expected), "hashed and measured as written");
+    assert!(r.key().starts_with(&PayloadRef::prefix(task)) && r.key().ends_with(".jsonl"));
+    assert_eq!(store.get(&r).await.expect("get"), expected);
+    // The same lines again: a second name (see `Lines`), both readable.
+    let again = store
+        .put_lines(task, stream_of(three, None))
+        .await
+        .expect("put again");
+    assert_ne!(again.key(), r.key());
+    assert_eq!(again.sha256, r.sha256);
+    assert_eq!(store.get(&again).await.expect("get"), expected);
+
+    // Large: 20 MiB in 10,000 lines, past every other payload's bound and past S3's parts.
+    let many = json_lines(10_000, 2048);
+    let big = store
+        .put_lines(task, stream_of(many.clone(), None))
+        .await
+        .expect("put 20 MiB");
+    assert!(big.bytes > 2 * sas::aws::PART_BYTES as u64, "{}", big.bytes);
+    let body = store.get(&big).await.expect("get 20 MiB");
+    assert_eq!(body.len() as u64, big.bytes);
+    let array = parse_lines(&body).expect("JSON Lines");
+    let array = array.as_array().expect("an array");
+    assert_eq!(array.len(), 10_000);
+    assert!(
+        array.iter().enumerate().all(|(i, v)| v["i"] == i),
+        "every line in its place"
+    );
+
+    // A source that fails midway (past a part) and a line with a line break: no object.
+    let other = TaskId::new_random();
+    let failed = store
+        .put_lines(other, stream_of(json_lines(6_000, 2048), Some(5_000)))
+        .await;
+    assert!(
+        matches!(&failed, Err(PayloadError::Unavailable(m)) if m.contains("line 5000")),
+        "{failed:?}"
+    );
+    let broken = vec![b"1".to_vec(), b"{\"a\":\n2}".to_vec()];
+    let refused = store.put_lines(other, stream_of(broken, None)).await;
+    assert!(
+        matches!(refused, Err(PayloadError::Rejected(_))),
+        "{refused:?}"
+    );
+    assert_eq!(
+        store.delete_task(other).await.expect("delete"),
+        0,
+        "nothing was kept of either"
+    );
+
+    // Changed behind the store's back: Corrupt.
+    tamper(&r.key(), b"{\"i\":9}\n".to_vec()).await;
+    assert!(matches!(store.get(&r).await, Err(PayloadError::Corrupt(_))));
+
+    // The task's retention deletes them with the rest.
+    let plain = store.put(task, b"{}").await.expect("put");
+    assert_eq!(store.delete_task(task).await.expect("delete"), 4);
+    for gone in [&r, &again, &big, &plain] {
+        assert!(matches!(
+            store.get(gone).await,
+            Err(PayloadError::NotFound(_))
+        ));
+    }
+}
+
 /// `s3://bucket/key`, parsed as a forEach's `items` would be.
 fn at(bucket: &str, key: &str) -> ObjectLocation {
     ObjectLocation::parse(&format!("s3://{bucket}/{key}")).expect("a location")
@@ -278,6 +388,66 @@ const MANY: usize = 1100;
 async fn memory_payloads_keep_the_contract() {
     let store = MemoryPayloads::new();
     payloads_contract(&store, async |key, bytes| store.overwrite(key, bytes), MANY).await;
+}
+
+#[tokio::test]
+async fn memory_json_lines_keep_the_contract() {
+    let store = MemoryPayloads::new();
+    put_lines_contract(&store, async |key, bytes| store.overwrite(key, bytes)).await;
+}
+
+#[tokio::test]
+async fn file_json_lines_keep_the_contract() {
+    let dir = tempfile::tempdir().expect("a folder");
+    let store = FilePayloads::under(dir.path());
+    put_lines_contract(&store, async |key, bytes| {
+        std::fs::write(store.path_of(key), bytes).expect("tampered")
+    })
+    .await;
+    // No temporary file of the failed writes is left.
+    let tasks = dir.path().join("payloads/tasks");
+    for task in std::fs::read_dir(&tasks).expect("the tasks' folder") {
+        let task = task.expect("an entry").path();
+        if let Ok(files) = std::fs::read_dir(&task) {
+            let left: Vec<_> = files.map(|e| e.expect("an entry").file_name()).collect();
+            assert!(left.is_empty(), "{}: {left:?}", task.display());
+        }
+    }
+}
+
+/// On the emulator: multipart past a part, one PutObject within one; an upload whose source
+/// failed is aborted (no upload left in the bucket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_json_lines_keep_the_contract() {
+    let config = sdk_config().await;
+    let client = sas::aws::s3_client(&config);
+    let bucket = unique("lines");
+    provision::create_bucket(&client, &bucket)
+        .await
+        .expect("bucket");
+    let store = S3Payloads::from_config(&config, &bucket);
+    let tamper = async |key: &str, bytes: Vec<u8>| {
+        client
+            .put_object()
+            .bucket(&bucket)
+            .key(key)
+            .body(bytes.into())
+            .send()
+            .await
+            .expect("tampered");
+    };
+    put_lines_contract(&store, tamper).await;
+    let uploads = client
+        .list_multipart_uploads()
+        .bucket(&bucket)
+        .send()
+        .await
+        .expect("listed");
+    assert!(
+        uploads.uploads().is_empty(),
+        "the failed upload was aborted: {:?}",
+        uploads.uploads()
+    );
 }
 
 #[tokio::test]

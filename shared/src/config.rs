@@ -313,15 +313,16 @@ pub fn task_ports(sdk: &aws_config::SdkConfig) -> Result<crate::handlers::TaskPo
     // reads nor writes again.
     let payloads: Arc<dyn crate::ports::Payloads> =
         Arc::new(crate::payloads::Cached::new(Arc::new(payloads(sdk)?)));
+    let definitions = Arc::new(definitions(store.clone(), clock.clone())?);
     Ok(crate::handlers::TaskPorts {
         metrics: crate::metrics::Metrics::from_env(),
-        definitions: Arc::new(definitions(store.clone(), clock.clone())?),
-        // Payloads over the inline size in the bucket, their references in the items.
-        store: Arc::new(crate::payloads::Offloading::new(
-            store,
-            payloads.clone(),
-            clock.clone(),
-        )),
+        definitions: definitions.clone(),
+        // Payloads over the inline size in the bucket, their references in the items (a JSON
+        // Lines result read back only for a workflow whose queries read it).
+        store: Arc::new(
+            crate::payloads::Offloading::new(store, payloads.clone(), clock.clone())
+                .with_definitions(definitions),
+        ),
         queue: Arc::new(sqs_queue(sdk)),
         events: Arc::new(event_bus(sdk)?),
         clock,

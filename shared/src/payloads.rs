@@ -25,8 +25,9 @@ use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use crate::messages::{StepReply, StepRequest};
 use crate::ports::{
     Breakers, Clock, Count, CreateOutcome, CurrentRun, DueEntry, DueIndex, DueQuery, Guarded,
-    InState, LeaseClaim, Leases, NewTask, Page, Paging, PayloadError, Payloads, RateLimits,
-    RateRequest, SlotAnswer, SlotRequest, Slots, StateStore, StoreError, TaskLists, TaskStore,
+    InState, LeaseClaim, Leases, LineStream, NewTask, Page, Paging, PayloadError, Payloads,
+    RateLimits, RateRequest, SlotAnswer, SlotRequest, Slots, StateStore, StoreError, TaskLists,
+    TaskStore,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -134,6 +135,15 @@ impl Payloads for Cached {
         Ok(body)
     }
 
+    async fn put_lines(
+        &self,
+        task_id: TaskId,
+        lines: LineStream<'_>,
+    ) -> Result<PayloadRef, PayloadError> {
+        // Not kept: it was never whole here, and is read (whole) only by a query on it.
+        self.inner.put_lines(task_id, lines).await
+    }
+
     async fn delete_task(&self, task_id: TaskId) -> Result<usize, PayloadError> {
         if let Ok(mut c) = self.cache.lock() {
             c.forget(&PayloadRef::prefix(task_id));
@@ -164,6 +174,9 @@ pub struct Offloading {
     inner: Arc<dyn StateStore>,
     payloads: Arc<dyn Payloads>,
     clock: Arc<dyn Clock>,
+    /// The workflows, to tell whether a JSON Lines result is read by a query (`None`: it is
+    /// read back for every record, as if every query read it).
+    definitions: Option<Arc<crate::catalog::Definitions>>,
 }
 
 impl Offloading {
@@ -178,6 +191,26 @@ impl Offloading {
             inner,
             payloads,
             clock,
+            definitions: None,
+        }
+    }
+
+    /// Reads a JSON Lines result back for a record only if its workflow's mappings or
+    /// conditions read that step ([`crate::Workflow::reads_result`]), as `definitions` say.
+    pub fn with_definitions(mut self, definitions: Arc<crate::catalog::Definitions>) -> Self {
+        self.definitions = Some(definitions);
+        self
+    }
+
+    /// Whether step `step` of `record`'s workflow is read by one of its queries. A workflow
+    /// that cannot be had says yes: reading more than needed is slower, never wrong.
+    async fn read_by_queries(&self, record: &StateRecord, step: &str) -> bool {
+        let Some(d) = &self.definitions else {
+            return true;
+        };
+        match d.workflow(&record.workflow, record.workflow_version).await {
+            Ok(Some(w)) => w.reads_result(step),
+            _ => true,
         }
     }
 
@@ -241,8 +274,14 @@ impl Offloading {
     }
 
     async fn store_result(&self, id: TaskId, s: &mut StepState) -> Result<(), StoreError> {
+        // A JSON Lines result read back is never stored: its reference is.
+        s.loaded = None;
+        // A JSON Lines result stays its reference, unless a result was given since (by hand).
+        if s.result.is_none() && s.result_ref.as_ref().is_some_and(|r| r.lines.is_some()) {
+            return Ok(());
+        }
         // The reference follows from the result alone: none without one, none for a small one.
-        let read = s.result_ref.take();
+        let read = s.result_ref.take().filter(|r| r.lines.is_none());
         if let Some(text) = &s.result
             && !is_inline(text.len())
         {
@@ -287,7 +326,18 @@ impl Offloading {
         if r.purge_due(self.clock.now()) {
             return Ok(r);
         }
-        for s in &mut r.steps {
+        for i in 0..r.steps.len() {
+            let lines = r.steps[i]
+                .result_ref
+                .as_ref()
+                .filter(|p| p.lines.is_some() && r.steps[i].result.is_none())
+                .cloned();
+            if let Some(p) = lines
+                && self.read_by_queries(&r, &r.steps[i].name).await
+            {
+                r.steps[i].loaded = Some(Arc::new(self.read_lines(&p).await?));
+            }
+            let s = &mut r.steps[i];
             self.whole_result(s).await?;
             for e in &mut s.elements {
                 self.whole_result(e).await?;
@@ -303,8 +353,17 @@ impl Offloading {
         Ok(r)
     }
 
+    /// The array JSON Lines payload `r` holds.
+    async fn read_lines(&self, r: &PayloadRef) -> Result<serde_json::Value, StoreError> {
+        let body = self.payloads.get(r).await.map_err(store_error)?;
+        crate::domain::payload::parse_lines(&body)
+            .map_err(|e| StoreError::Corrupt(format!("payload {} is not JSON Lines: {e}", r.key())))
+    }
+
     async fn whole_result(&self, s: &mut StepState) -> Result<(), StoreError> {
+        // A JSON Lines result is never read back whole into `result` (see `whole_record`).
         if let Some(r) = &s.result_ref
+            && r.lines.is_none()
             && s.result.is_none()
         {
             s.result = Some(self.read(r).await?);
@@ -314,12 +373,14 @@ impl Offloading {
 }
 
 /// `reply` as sent: a success's result over [`MESSAGE_INLINE_BYTES`] kept in `payloads` and
-/// referenced instead (written before the message that names it).
+/// referenced instead (written before the message that names it). A reply that carries a
+/// reference already (a JSON Lines result, written as it was read) is sent as it is.
 pub async fn packed_reply(
     payloads: &dyn Payloads,
     mut reply: StepReply,
 ) -> Result<StepReply, StoreError> {
     if let StepOutcome::Succeeded { result } = &mut reply.outcome
+        && reply.result_ref.is_none()
         && let Some(text) = result
         && text.len() > MESSAGE_INLINE_BYTES
     {
@@ -334,11 +395,15 @@ pub async fn packed_reply(
     Ok(reply)
 }
 
-/// `reply` whole again: a result sent by reference read back into its outcome.
+/// `reply` whole again: a result sent by reference read back into its outcome. A JSON Lines
+/// result (a distributed forEach's) stays its reference: the scheduler keeps it as it is.
 pub async fn unpacked_reply(
     payloads: &dyn Payloads,
     mut reply: StepReply,
 ) -> Result<StepReply, StoreError> {
+    if reply.result_ref.as_ref().is_some_and(|r| r.lines.is_some()) {
+        return Ok(reply);
+    }
     if let Some(r) = reply.result_ref.take() {
         let text = read_text(payloads, &r).await?;
         reply.outcome = StepOutcome::Succeeded { result: Some(text) };
@@ -574,6 +639,23 @@ mod tests {
                 .get(&r.key())
                 .cloned()
                 .ok_or_else(|| PayloadError::NotFound(format!("payload {}", r.key())))
+        }
+        async fn put_lines(
+            &self,
+            task_id: TaskId,
+            lines: LineStream<'_>,
+        ) -> Result<PayloadRef, PayloadError> {
+            use futures::TryStreamExt;
+            self.puts.fetch_add(1, Ordering::SeqCst);
+            let lines: Vec<Vec<u8>> = lines.try_collect().await?;
+            let mut writer = crate::domain::payload::LinesWriter::new(task_id);
+            let mut body = vec![];
+            for l in &lines {
+                writer.push(l, &mut body).expect("one line");
+            }
+            let r = writer.finish();
+            self.kept.lock().expect("lock").insert(r.key(), body);
+            Ok(r)
         }
         async fn delete_task(&self, task_id: TaskId) -> Result<usize, PayloadError> {
             let mut kept = self.kept.lock().expect("lock");
@@ -848,6 +930,79 @@ mod tests {
             w.objects.puts.load(Ordering::SeqCst),
             2,
             "no object written"
+        );
+    }
+
+    /// A step whose result is JSON Lines keeps its reference in the record however often the
+    /// record is read and written; read back, its array is in `loaded` (the mappings' result),
+    /// never in `result`; a result given later (by hand) replaces it.
+    #[tokio::test]
+    async fn a_json_lines_result_stays_its_reference_and_is_read_back_only_as_the_array() {
+        let mut w = world(10).await;
+        let lines: Vec<Vec<u8>> = (0..500)
+            .map(|k| {
+                serde_json::json!({"k": k, "pad": "p".repeat(100)})
+                    .to_string()
+                    .into_bytes()
+            })
+            .collect();
+        let stream = futures::stream::iter(lines.into_iter().map(Ok)).boxed();
+        use futures::StreamExt;
+        let r = w.objects.put_lines(w.task.id, stream).await.expect("kept");
+        let mut next = w.record.clone();
+        next.steps[0].result_ref = Some(r.clone());
+        next.version += 1;
+        w.store
+            .put(&next, &Condition::on(&w.record, vec![]))
+            .await
+            .expect("writes");
+        w.record = next;
+        let stored = w.inner.get_state(w.task.id).await.expect("r").expect("s");
+        assert_eq!(stored.steps[0].result_ref.as_ref(), Some(&r));
+        assert_eq!(stored.steps[0].result, None);
+        assert!(stored.payloads, "the task's retention deletes its objects");
+        let read = w.store.get_state(w.task.id).await.expect("r").expect("s");
+        assert_eq!(read.steps[0].result, None, "never read back whole as text");
+        let array = read.steps[0].loaded.clone().expect("read for the queries");
+        assert_eq!(array.as_array().map(Vec::len), Some(500));
+        assert_eq!(array[499]["k"], 499);
+        assert_eq!(
+            read.results()["reserve-inventory"]["result"][3]["k"],
+            3,
+            "the mappings read the array"
+        );
+        assert_eq!(
+            read.results_bytes(),
+            r.stored_bytes(),
+            "budgeted as its reference"
+        );
+        // Written back as read (with its array): the reference, and no object more.
+        let puts = w.objects.puts.load(Ordering::SeqCst);
+        let mut again = read.clone();
+        again.version += 1;
+        w.store
+            .put(&again, &Condition::on(&read, vec![]))
+            .await
+            .expect("writes");
+        let stored = w.inner.get_state(w.task.id).await.expect("r").expect("s");
+        assert_eq!(
+            (
+                stored.steps[0].result_ref.as_ref(),
+                stored.steps[0].loaded.as_ref()
+            ),
+            (Some(&r), None)
+        );
+        assert_eq!(w.objects.puts.load(Ordering::SeqCst), puts);
+        w.record = again;
+        // A result given by hand replaces it.
+        w.put_result(Some("{\"by\":\"hand\"}".into())).await;
+        let stored = w.inner.get_state(w.task.id).await.expect("r").expect("s");
+        assert_eq!(
+            (
+                stored.steps[0].result.as_deref(),
+                stored.steps[0].result_ref.as_ref()
+            ),
+            (Some("{\"by\":\"hand\"}"), None)
         );
     }
 

@@ -491,10 +491,16 @@ pub enum PayloadError {
     TooLarge { location: String, max: usize },
 }
 
+/// The lines of a JSON Lines payload, in order: each one JSON value's text (compact: no line
+/// break), or why the next could not be had (the write stops and keeps nothing).
+pub type LineStream<'a> = futures::stream::BoxStream<'a, Result<Vec<u8>, PayloadError>>;
+
 /// Where payloads too large for a task's items are kept ([`PayloadRef`]): the stack's S3
 /// bucket, or memory or files under `sas-local`. Objects are immutable and named by their task
 /// and their bytes' hash, so every write is idempotent and needs no condition: two writers of
-/// one name write the same bytes.
+/// one name write the same bytes. A JSON Lines payload ([`Payloads::put_lines`]) is the one
+/// exception: named when its write begins, each write a new name (see
+/// [`crate::domain::payload::Lines`]).
 #[async_trait]
 pub trait Payloads: Send + Sync {
     /// Keeps `body` as a payload of `task_id`; its reference. Writing the same bytes again
@@ -502,6 +508,19 @@ pub trait Payloads: Send + Sync {
     async fn put(&self, task_id: TaskId, body: &[u8]) -> Result<PayloadRef, PayloadError>;
     /// The bytes `r` names, checked against it ([`PayloadError::Corrupt`] otherwise).
     async fn get(&self, r: &PayloadRef) -> Result<Vec<u8>, PayloadError>;
+    /// Keeps `lines` as a JSON Lines payload of `task_id` (each item one JSON value, compact,
+    /// written as it comes, each followed by a line break: [`LinesWriter`]) and answers its
+    /// reference, with its SHA-256, length and line count. The whole is never held: on S3 it
+    /// goes up in parts. The object is named when the write begins, not by its bytes; it is
+    /// complete and readable once this answers, and not before (a write that fails midway,
+    /// or whose `lines` fail, leaves no object). No bound but the store's.
+    ///
+    /// [`LinesWriter`]: crate::domain::payload::LinesWriter
+    async fn put_lines(
+        &self,
+        task_id: TaskId,
+        lines: LineStream<'_>,
+    ) -> Result<PayloadRef, PayloadError>;
     /// Deletes every payload of `task_id` (its retention passed); how many were deleted.
     /// Deleting none is no error.
     async fn delete_task(&self, task_id: TaskId) -> Result<usize, PayloadError>;

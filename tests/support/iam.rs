@@ -100,7 +100,9 @@ fn prefix(pk: &str) -> String {
 /// it: the action, its resources (`arn:aws:s3:::<bucket>/<key>` for an object, the bucket's ARN
 /// for a listing) and, for a listing, its `s3:prefix` (a task id in it written `<task id>`, so
 /// that one row stands for every task). `DeleteObjects` is authorized per key as
-/// `s3:DeleteObject`, `HeadObject` as `s3:GetObject`, `ListObjectsV2` as `s3:ListBucket`.
+/// `s3:DeleteObject`, `HeadObject` as `s3:GetObject`, `ListObjectsV2` as `s3:ListBucket`, a
+/// multipart upload's `CreateMultipartUpload`, `UploadPart` and `CompleteMultipartUpload` as
+/// `s3:PutObject`.
 pub fn s3_call(op: &str, uri: &str, body: Option<&[u8]>) -> (String, Vec<String>, Option<String>) {
     let parsed = url::Url::parse(uri).ok();
     let mut segments: Vec<String> = parsed
@@ -153,6 +155,13 @@ pub fn s3_call(op: &str, uri: &str, body: Option<&[u8]>) -> (String, Vec<String>
                 .collect();
             ("s3:DeleteObject".into(), keys, None)
         }
+        // A multipart upload's calls are authorized as the object's PutObject (its abort is
+        // `s3:AbortMultipartUpload`, the default below).
+        "CreateMultipartUpload" | "UploadPart" | "CompleteMultipartUpload" => (
+            "s3:PutObject".into(),
+            vec![object(&segments.join("/"))],
+            None,
+        ),
         "HeadObject" => (
             "s3:GetObject".into(),
             vec![object(&segments.join("/"))],

@@ -684,7 +684,14 @@ fn cost_in(s: &Scenario, batch: f64, capacity: Capacity) -> Cost {
         + c.messages.get("replies").copied().unwrap_or(0) as f64 * per_message;
     // The payloads kept by reference: S3's requests (a LIST billed as a PUT), and the objects
     // stored (GB of 2^30 bytes) for the task's retention.
-    let s3_requests = (c.call("S3 PutObject") + c.call("S3 ListObjectsV2")) as f64 * S3_PUT.usd
+    // A multipart upload's CreateMultipartUpload, UploadPart and CompleteMultipartUpload are
+    // each billed as a PUT.
+    let s3_requests = (c.call("S3 PutObject")
+        + c.call("S3 ListObjectsV2")
+        + c.call("S3 CreateMultipartUpload")
+        + c.call("S3 UploadPart")
+        + c.call("S3 CompleteMultipartUpload")) as f64
+        * S3_PUT.usd
         + c.call("S3 GetObject") as f64 * S3_GET.usd;
     let s3_storage = c.stored_bytes() as f64 / (1u64 << 30) as f64 * PAYLOAD_RETENTION_DAYS * 24.0
         / HOURS_PER_MONTH

@@ -253,10 +253,13 @@ pub(crate) fn cache_per_function(
     payloads: &Arc<dyn Payloads>,
     clock: Arc<dyn Clock>,
 ) {
+    let definitions = system.scheduler.ports.definitions.clone();
     let own = || {
         let cache: Arc<dyn Payloads> = Arc::new(Cached::new(payloads.clone()));
-        let store: Arc<dyn StateStore> =
-            Arc::new(Offloading::new(store.clone(), cache.clone(), clock.clone()));
+        let store: Arc<dyn StateStore> = Arc::new(
+            Offloading::new(store.clone(), cache.clone(), clock.clone())
+                .with_definitions(definitions.clone()),
+        );
         (store, cache)
     };
     for ports in [

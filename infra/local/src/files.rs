@@ -3,10 +3,10 @@
 //! S3 keeps them in a stack's bucket. The objects users name (`s3://bucket/key`, a distributed
 //! forEach's list) are files under `DIR/objects/<bucket>/<key>`, apart from the payloads.
 
-use sas::domain::payload::MAX_PAYLOAD_BYTES;
+use sas::domain::payload::{LinesWriter, MAX_PAYLOAD_BYTES};
 use sas::domain::run::ObjectLocation;
 use sas::domain::{PayloadRef, TaskId};
-use sas::ports::{PayloadError, Payloads};
+use sas::ports::{LineStream, PayloadError, Payloads};
 use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -112,8 +112,79 @@ fn write_whole(path: &Path, body: &[u8]) -> Result<(), PayloadError> {
     Ok(())
 }
 
-/// Reads `path`, at most [`MAX_PAYLOAD_BYTES`] (more: [`PayloadError::Corrupt`]).
-fn read_bounded(path: &Path, key: &str) -> Result<Vec<u8>, PayloadError> {
+/// How much of a JSON Lines payload is held before it goes to its file.
+const LINES_FLUSH_BYTES: usize = 1024 * 1024;
+
+/// A JSON Lines payload being written: a new file beside its object, renamed over it once
+/// every line is in it and flushed to disk (a reader never sees part of one; a write that
+/// fails removes its file).
+struct LinesFile {
+    path: PathBuf,
+    temp: PathBuf,
+    file: Option<std::fs::File>,
+}
+
+impl LinesFile {
+    async fn create(path: PathBuf) -> Result<Self, PayloadError> {
+        blocking(move || {
+            let dir = path.parent().ok_or_else(|| {
+                PayloadError::Rejected(format!("{} has no folder", path.display()))
+            })?;
+            std::fs::create_dir_all(dir).map_err(|e| unavailable(dir, e))?;
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let temp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
+            let file = std::fs::File::create(&temp).map_err(|e| unavailable(&temp, e))?;
+            Ok(Self {
+                path,
+                temp,
+                file: Some(file),
+            })
+        })
+        .await
+    }
+
+    /// Appends `bytes` (off the async threads).
+    async fn append(&mut self, bytes: Vec<u8>) -> Result<(), PayloadError> {
+        let (mut file, temp) = (self.file.take(), self.temp.clone());
+        self.file = blocking(move || {
+            if let Some(f) = file.as_mut() {
+                f.write_all(&bytes).map_err(|e| unavailable(&temp, e))?;
+            }
+            Ok(file)
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Flushed to disk and renamed over its object.
+    async fn finish(mut self) -> Result<(), PayloadError> {
+        let (file, temp, path) = (self.file.take(), self.temp.clone(), self.path.clone());
+        blocking(move || {
+            if let Some(f) = file {
+                f.sync_all().map_err(|e| unavailable(&temp, e))?;
+            }
+            std::fs::rename(&temp, &path).map_err(|e| unavailable(&path, e))
+        })
+        .await
+    }
+
+    /// Removes the file of a write that failed.
+    async fn discard(mut self) {
+        self.file = None;
+        let temp = self.temp.clone();
+        let _ = blocking(move || {
+            let _ = std::fs::remove_file(&temp);
+            Ok(())
+        })
+        .await;
+    }
+}
+
+/// Reads `path`, at most `max` bytes (more: [`PayloadError::Corrupt`]).
+fn read_at_most(path: &Path, key: &str, max: usize) -> Result<Vec<u8>, PayloadError> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -122,12 +193,12 @@ fn read_bounded(path: &Path, key: &str) -> Result<Vec<u8>, PayloadError> {
         Err(e) => return Err(unavailable(path, e)),
     };
     let mut body = Vec::new();
-    file.take(MAX_PAYLOAD_BYTES as u64 + 1)
+    file.take(max as u64 + 1)
         .read_to_end(&mut body)
         .map_err(|e| unavailable(path, e))?;
-    if body.len() > MAX_PAYLOAD_BYTES {
+    if body.len() > max {
         return Err(PayloadError::Corrupt(format!(
-            "{key}: more than {MAX_PAYLOAD_BYTES} bytes"
+            "{key}: more than {max} bytes"
         )));
     }
     Ok(body)
@@ -187,11 +258,46 @@ impl Payloads for FilePayloads {
         Ok(r)
     }
 
+    async fn put_lines(
+        &self,
+        task_id: TaskId,
+        mut lines: LineStream<'_>,
+    ) -> Result<PayloadRef, PayloadError> {
+        use futures::TryStreamExt;
+        let mut writer = LinesWriter::new(task_id);
+        let key = writer.key();
+        let mut file = LinesFile::create(self.path_of(&key)).await?;
+        let mut written = async {
+            let mut buffer = Vec::with_capacity(LINES_FLUSH_BYTES);
+            while let Some(line) = lines.try_next().await? {
+                writer
+                    .push(&line, &mut buffer)
+                    .map_err(|e| PayloadError::Rejected(format!("{key}: {e}")))?;
+                if buffer.len() >= LINES_FLUSH_BYTES {
+                    file.append(std::mem::take(&mut buffer)).await?;
+                }
+            }
+            file.append(buffer).await
+        }
+        .await;
+        if written.is_ok() {
+            written = file.finish().await;
+        } else {
+            file.discard().await;
+        }
+        written.map(|()| writer.finish())
+    }
+
     async fn get(&self, r: &PayloadRef) -> Result<Vec<u8>, PayloadError> {
         let key = r.key();
         let path = self.path_of(&key);
         let read_key = key.clone();
-        let body = blocking(move || read_bounded(&path, &read_key)).await?;
+        // A JSON Lines payload has no bound but the disk's: its reference's length bounds it.
+        let max = match &r.lines {
+            Some(_) => usize::try_from(r.bytes).unwrap_or(usize::MAX),
+            None => MAX_PAYLOAD_BYTES,
+        };
+        let body = blocking(move || read_at_most(&path, &read_key, max)).await?;
         if r.matches(&body) {
             Ok(body)
         } else {
@@ -212,10 +318,9 @@ impl Payloads for FilePayloads {
                 let path = entry.map_err(|e| unavailable(&dir, e))?.path();
                 // Objects only: a leftover temporary file (`.<name>.<id>.tmp`) of a write that
                 // died before its rename is no payload, and goes with the folder.
-                let object = path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| !n.starts_with('.') && n.ends_with(".json"));
+                let object = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    !n.starts_with('.') && (n.ends_with(".json") || n.ends_with(".jsonl"))
+                });
                 match std::fs::remove_file(&path) {
                     Ok(()) if object => deleted += 1,
                     Ok(()) => {}

@@ -644,11 +644,6 @@ impl System {
         // One cache of payloads per system, as one per function instance in the stack.
         let payloads: Arc<dyn sas::ports::Payloads> =
             Arc::new(sas::payloads::Cached::new(payloads));
-        let store: Arc<dyn StateStore> = Arc::new(sas::payloads::Offloading::new(
-            store,
-            payloads.clone(),
-            clock.clone(),
-        ));
         let definitions = Arc::new(
             Definitions::new(
                 catalog,
@@ -657,6 +652,11 @@ impl System {
                 settings.catalog_ttl,
             )
             .with_runs(resources.ends_queue_url.is_some()),
+        );
+        // (A JSON Lines result is read back only for a workflow whose queries read it.)
+        let store: Arc<dyn StateStore> = Arc::new(
+            sas::payloads::Offloading::new(store, payloads.clone(), clock.clone())
+                .with_definitions(definitions.clone()),
         );
         let services = Simulated {
             faults: settings.faults.clone(),

@@ -667,7 +667,22 @@ impl StepView {
 
 /// A step's result as shown: a forEach step's is its elements' (`null` for one refused), once
 /// it is done.
+///
+/// A JSON Lines result (a distributed forEach's past a message's inline size, by reference)
+/// shows as its reference, never its content: `{"jsonLines": {"elements", "bytes", "sha256",
+/// "key"}}`, the object `key` in the payload bucket (its retention is the task's).
 fn caller_result(st: &StepState) -> Option<Value> {
+    if st.result.is_none()
+        && let Some(r) = &st.result_ref
+        && let Some(lines) = &r.lines
+    {
+        return Some(json!({"jsonLines": {
+            "elements": lines.count,
+            "bytes": r.bytes,
+            "sha256": r.sha256,
+            "key": r.key(),
+        }}));
+    }
     if st.elements.is_empty() {
         return st.result.as_deref().map(result_value);
     }

@@ -19,7 +19,7 @@ pub use dynamodb::{
 #[cfg(any(test, feature = "testkit"))]
 pub use dynamodb::{index_entry_sizes, item_size, state_record_size, stored_sizes};
 pub use eventbridge::EventBridgeBus;
-pub use s3::{S3Payloads, s3_client};
+pub use s3::{PART_BYTES, S3Payloads, lines_calls, s3_client};
 pub use sdk::{Described, describe, sdk_config};
 pub use sqs::SqsQueue;
 pub use timetable::{SchedulerTimetable, TimetableConfig};

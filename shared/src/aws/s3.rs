@@ -2,16 +2,55 @@
 //! bucket (`PAYLOAD_BUCKET`); and the objects users name in other buckets (a distributed
 //! forEach's list), read only.
 
-use crate::domain::payload::MAX_PAYLOAD_BYTES;
+use crate::domain::payload::{LinesWriter, MAX_PAYLOAD_BYTES};
 use crate::domain::run::ObjectLocation;
 use crate::domain::{PayloadRef, TaskId};
-use crate::ports::{PayloadError, Payloads};
+use crate::ports::{LineStream, PayloadError, Payloads};
 use async_trait::async_trait;
 use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{Delete, ObjectIdentifier};
+use aws_sdk_s3::types::{
+    ChecksumAlgorithm, CompletedMultipartUpload, CompletedPart, Delete, ObjectIdentifier,
+};
 use base64::Engine as _;
+use sha2::Digest as _;
+use tracing::{info, warn};
+
+/// The size of a JSON Lines payload's parts ([`Payloads::put_lines`]) for its first
+/// [`PARTS_PER_STEP`] parts: over S3's 5 MiB least part, and what the writer holds at once.
+/// One that ends within its first part is one `PutObject`.
+pub const PART_BYTES: usize = 8 * 1024 * 1024;
+/// Each this many parts, the parts grow by [`PART_BYTES`]: S3 takes at most 10,000 parts, so
+/// an upload may reach about 430 GiB (S3's own bound is 5 TiB per object), while a writer
+/// holds at most one part.
+const PARTS_PER_STEP: usize = 1000;
+
+/// The size a JSON Lines payload's part `n` (from 1) is cut at.
+fn part_target(n: usize) -> usize {
+    PART_BYTES * (1 + (n.saturating_sub(1)) / PARTS_PER_STEP)
+}
+
+/// How many S3 calls a JSON Lines payload of `bytes` takes ([`Payloads::put_lines`]): one
+/// `PutObject` within a part, else a `CreateMultipartUpload`, an `UploadPart` per part and a
+/// `CompleteMultipartUpload`. `(put_objects, parts)`: `(1, 0)` or `(0, parts)`.
+pub fn lines_calls(bytes: u64) -> (usize, usize) {
+    let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+    if bytes < PART_BYTES {
+        return (1, 0);
+    }
+    let (mut parts, mut cut) = (0, 0usize);
+    while cut < bytes {
+        parts += 1;
+        cut = cut.saturating_add(part_target(parts));
+    }
+    (0, parts)
+}
+
+/// The base64 of the SHA-256 of `bytes`, as S3 checks a body against it.
+fn sha256_b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(bytes))
+}
 
 /// The most keys one `DeleteObjects` call takes (S3's limit).
 const DELETE_BATCH: usize = 1000;
@@ -60,6 +99,80 @@ impl S3Payloads {
     /// The bucket's name.
     pub fn bucket(&self) -> &str {
         &self.bucket
+    }
+
+    /// Uploads part `n` of `upload` of `key`; its record for the completion.
+    async fn upload_part(
+        &self,
+        key: &str,
+        upload: &str,
+        n: usize,
+        part: Vec<u8>,
+    ) -> Result<CompletedPart, PayloadError> {
+        let number = i32::try_from(n)
+            .map_err(|_| PayloadError::Rejected(format!("{key}: part {n} is past S3's parts")))?;
+        let checksum = sha256_b64(&part);
+        let out = self
+            .client
+            .upload_part()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload)
+            .part_number(number)
+            .checksum_algorithm(ChecksumAlgorithm::Sha256)
+            .checksum_sha256(&checksum)
+            .body(ByteStream::from(part))
+            .send()
+            .await
+            .map_err(|e| classify(key, &e))?;
+        Ok(CompletedPart::builder()
+            .part_number(number)
+            .set_e_tag(out.e_tag().map(str::to_owned))
+            .checksum_sha256(checksum)
+            .build())
+    }
+
+    /// The parts after the first of a multipart upload, then its completion: the object is
+    /// there, whole, once this answers.
+    async fn upload_rest(
+        &self,
+        key: &str,
+        upload: &str,
+        first: Vec<u8>,
+        writer: &mut LinesWriter,
+        lines: &mut LineStream<'_>,
+    ) -> Result<(), PayloadError> {
+        use futures::TryStreamExt;
+        let mut parts = vec![self.upload_part(key, upload, 1, first).await?];
+        let mut buffer = Vec::with_capacity(part_target(2));
+        while let Some(line) = lines.try_next().await? {
+            writer
+                .push(&line, &mut buffer)
+                .map_err(|e| PayloadError::Rejected(format!("{key}: {e}")))?;
+            let n = parts.len() + 1;
+            if buffer.len() >= part_target(n) {
+                let part = std::mem::replace(&mut buffer, Vec::with_capacity(part_target(n + 1)));
+                parts.push(self.upload_part(key, upload, n, part).await?);
+            }
+        }
+        if !buffer.is_empty() {
+            let n = parts.len() + 1;
+            parts.push(self.upload_part(key, upload, n, buffer).await?);
+        }
+        self.client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            )
+            .send()
+            .await
+            .map_err(|e| classify(key, &e))?;
+        Ok(())
     }
 
     async fn keys(&self, prefix: &str) -> Result<Vec<String>, PayloadError> {
@@ -155,8 +268,89 @@ impl Payloads for S3Payloads {
         Ok(r)
     }
 
+    async fn put_lines(
+        &self,
+        task_id: TaskId,
+        mut lines: LineStream<'_>,
+    ) -> Result<PayloadRef, PayloadError> {
+        use futures::TryStreamExt;
+        let mut writer = LinesWriter::new(task_id);
+        let key = writer.key();
+        // The first part is held: a payload that ends within it is one PutObject.
+        let mut first = Vec::with_capacity(PART_BYTES);
+        let mut more = false;
+        while let Some(line) = lines.try_next().await? {
+            writer
+                .push(&line, &mut first)
+                .map_err(|e| PayloadError::Rejected(format!("{key}: {e}")))?;
+            if first.len() >= PART_BYTES {
+                more = true;
+                break;
+            }
+        }
+        if !more {
+            self.client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(&key)
+                .content_type("application/jsonl")
+                .checksum_algorithm(ChecksumAlgorithm::Sha256)
+                .checksum_sha256(sha256_b64(&first))
+                .body(ByteStream::from(first))
+                .send()
+                .await
+                .map_err(|e| classify(&key, &e))?;
+            return Ok(writer.finish());
+        }
+        let created = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(&key)
+            .content_type("application/jsonl")
+            .checksum_algorithm(ChecksumAlgorithm::Sha256)
+            .send()
+            .await
+            .map_err(|e| classify(&key, &e))?;
+        let upload = created
+            .upload_id()
+            .ok_or_else(|| PayloadError::Unavailable(format!("{key}: S3 named no upload")))?
+            .to_owned();
+        match self
+            .upload_rest(&key, &upload, first, &mut writer, &mut lines)
+            .await
+        {
+            Ok(()) => {
+                info!(%key, bytes = writer.bytes(), "JSON Lines payload kept in parts");
+                Ok(writer.finish())
+            }
+            Err(e) => {
+                // Its parts are freed now; an upload its writer died in (no abort) is freed by
+                // the bucket's lifecycle rule (AbortIncompleteMultipartUploads).
+                if let Err(a) = self
+                    .client
+                    .abort_multipart_upload()
+                    .bucket(&self.bucket)
+                    .key(&key)
+                    .upload_id(&upload)
+                    .send()
+                    .await
+                {
+                    warn!(%key, error = %classify(&key, &a), "a failed upload not aborted");
+                }
+                Err(e)
+            }
+        }
+    }
+
     async fn get(&self, r: &PayloadRef) -> Result<Vec<u8>, PayloadError> {
         let key = r.key();
+        // A JSON Lines payload has no bound but S3's: its reference's length bounds the read.
+        let max = if r.lines.is_some() {
+            usize::try_from(r.bytes).unwrap_or(usize::MAX)
+        } else {
+            MAX_PAYLOAD_BYTES
+        };
         let out = self
             .client
             .get_object()
@@ -165,22 +359,21 @@ impl Payloads for S3Payloads {
             .send()
             .await
             .map_err(|e| classify(&key, &e))?;
-        let too_large =
-            || PayloadError::Corrupt(format!("{key}: more than {MAX_PAYLOAD_BYTES} bytes"));
+        let too_large = || PayloadError::Corrupt(format!("{key}: more than {max} bytes"));
         if out
             .content_length()
-            .is_some_and(|n| n > MAX_PAYLOAD_BYTES as i64)
+            .is_some_and(|n| u64::try_from(n).unwrap_or(0) > max as u64)
         {
             return Err(too_large());
         }
-        let mut body = Vec::with_capacity((r.bytes as usize).min(MAX_PAYLOAD_BYTES));
+        let mut body = Vec::with_capacity((r.bytes as usize).min(max));
         let mut stream = out.body;
         while let Some(chunk) = stream
             .try_next()
             .await
             .map_err(|e| PayloadError::Unavailable(format!("{key}: reading: {e}")))?
         {
-            if body.len() + chunk.len() > MAX_PAYLOAD_BYTES {
+            if body.len() + chunk.len() > max {
                 return Err(too_large());
             }
             body.extend_from_slice(&chunk);
@@ -292,5 +485,24 @@ impl Payloads for S3Payloads {
             body.extend_from_slice(&chunk);
         }
         Ok(body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_json_lines_payload_is_one_put_within_a_part_and_grows_its_parts_past_a_thousand() {
+        assert_eq!(lines_calls(10), (1, 0));
+        assert_eq!(lines_calls(PART_BYTES as u64 - 1), (1, 0));
+        assert_eq!(lines_calls(PART_BYTES as u64), (0, 1));
+        assert_eq!(lines_calls(20 * 1024 * 1024), (0, 3));
+        assert_eq!(part_target(1), PART_BYTES);
+        assert_eq!(part_target(1000), PART_BYTES);
+        assert_eq!(part_target(1001), 2 * PART_BYTES);
+        // S3's 10,000 parts reach past 400 GiB.
+        let reach: usize = (1..=10_000).map(part_target).sum();
+        assert!(reach > 400 * (1 << 30), "{reach}");
     }
 }

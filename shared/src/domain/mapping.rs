@@ -302,6 +302,18 @@ impl Mapping {
         }
     }
 
+    /// Whether one of the mapping's queries may read step `step`'s result: it names it under
+    /// `$.steps`, or reads `$.steps` (or `$`) whole.
+    pub fn reads_step(&self, step: &str) -> bool {
+        let mut paths = Vec::new();
+        self.paths(&mut paths);
+        paths.iter().any(|p| match p.as_slice() {
+            [] | [Some("steps")] => true,
+            [Some("steps"), Some(name), ..] => *name == step,
+            _ => false,
+        })
+    }
+
     /// How many queries the mapping holds.
     pub fn queries(&self) -> usize {
         match self {

@@ -37,8 +37,18 @@ pub struct StepState {
     pub result: Option<String>,
     /// Where the result is kept when it is over the inline size: stored, the record holds this
     /// reference and `result` is `None`; read back, both (see [`crate::payloads`]).
+    /// A distributed forEach's result past a message's inline size is a JSON Lines payload
+    /// (a reference with [`lines`](super::payload::PayloadRef::lines)): stored and read back,
+    /// the record holds only this reference, and `result` stays `None`. It is never read back
+    /// into `result`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result_ref: Option<super::payload::PayloadRef>,
+    /// A JSON Lines result's array, read for the queries that read it (its workflow's mappings
+    /// and conditions read this step: see [`crate::payloads::Offloading`]); never stored.
+    /// Mappings and conditions see it as the step's result; `result`, when set, wins (a result
+    /// given later, by hand).
+    #[serde(skip)]
+    pub loaded: Option<std::sync::Arc<serde_json::Value>>,
     /// The undo's status: `None` until compensation starts on this step, then Running, Done,
     /// Failed (refused) or TimedOut.
     pub undo: Option<StepStatus>,
@@ -77,6 +87,7 @@ impl StepState {
     fn new(name: &str, undoable: bool) -> Self {
         Self {
             result_ref: None,
+            loaded: None,
             name: name.to_owned(),
             status: StepStatus::Pending,
             undoable,
@@ -950,7 +961,10 @@ impl StateRecord {
             .iter()
             .filter_map(|s| {
                 // (An operator's skip of a forEach step gives its result by hand.)
-                let result = if s.elements.is_empty() || s.result.is_some() {
+                let result = if let (None, Some(array)) = (&s.result, &s.loaded) {
+                    // A JSON Lines result, read for the queries that read it.
+                    (**array).clone()
+                } else if s.elements.is_empty() || s.result.is_some() {
                     parse(s)?
                 } else if s.status == StepStatus::Done {
                     // A forEach step's: its elements', in order.
@@ -976,6 +990,13 @@ impl StateRecord {
             .iter()
             .flat_map(|s| std::iter::once(s).chain(&s.elements))
             .filter_map(|s| {
+                // A JSON Lines result is its reference (and may be read into `loaded`).
+                if let Some(r) = &s.result_ref
+                    && r.lines.is_some()
+                    && s.result.is_none()
+                {
+                    return Some(r.stored_bytes());
+                }
                 let text = s.result.as_ref().map(String::len);
                 let kept = s.result_ref.as_ref().map(|r| r.bytes as usize);
                 text.or(kept).map(super::payload::stored_bytes)

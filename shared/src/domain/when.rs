@@ -114,6 +114,17 @@ impl When {
         })
     }
 
+    /// Whether the condition may read step `step`'s result (or test that it ran).
+    pub fn reads_step(&self, step: &str) -> bool {
+        let mut found = vec![];
+        references(self.program.expression(), &mut Vec::new(), &mut found);
+        found.iter().any(|r| match r {
+            Reference::AnyStep => true,
+            Reference::Step { name, .. } => name == step,
+            Reference::Variable(_) => false,
+        })
+    }
+
     /// The expression as written.
     pub fn source(&self) -> &str {
         &self.source

@@ -452,6 +452,18 @@ pub(crate) async fn answer_step(
     undo_attempt: Option<u64>,
     outcome: crate::domain::transition::StepOutcome,
 ) -> Result<(), HandlerError> {
+    answer_step_with(ports, link, undo_attempt, outcome, None).await
+}
+
+/// [`answer_step`] with a result kept already (`result_ref`: a JSON Lines result, written
+/// before this message that names it), sent as it is.
+pub(crate) async fn answer_step_with(
+    ports: &TaskPorts,
+    link: &crate::domain::state::ParentLink,
+    undo_attempt: Option<u64>,
+    outcome: crate::domain::transition::StepOutcome,
+    result_ref: Option<crate::domain::PayloadRef>,
+) -> Result<(), HandlerError> {
     let reply = crate::messages::StepReply {
         task_id: link.task_id,
         step: link.step.clone(),
@@ -459,7 +471,7 @@ pub(crate) async fn answer_step(
         attempt: undo_attempt.unwrap_or(0),
         undo: undo_attempt.is_some(),
         outcome,
-        result_ref: None,
+        result_ref,
         generation: undo_attempt.is_none().then_some(link.generation),
     };
     let reply = crate::payloads::packed_reply(ports.payloads.as_ref(), reply).await?;

@@ -16,6 +16,7 @@
 //! ([`recheck`]): what it has out is opened again, idempotently.
 
 use super::{HandlerError, TaskPorts};
+use crate::domain::payload::MESSAGE_INLINE_BYTES;
 use crate::domain::run::{
     Direction, ElementEnd, ListSource, MAX_LIST_BYTES, Run, RunEffects, RunPlan, parse_list,
 };
@@ -641,10 +642,23 @@ pub async fn answer_task(ports: &TaskPorts, record: &StateRecord) -> Result<(), 
         info!(task = %link.task_id, step = %link.step, "the run answered its task's undo");
         return Ok(());
     }
+    let mut kept = None;
     let outcome = match record.process_state {
-        ProcessState::Processed => StepOutcome::Succeeded {
-            result: Some(results(ports, record.task_id, ledger).await?.to_string()),
-        },
+        ProcessState::Processed => {
+            match results(ports, record.task_id, link.task_id, ledger).await? {
+                Results::Inline(text) => StepOutcome::Succeeded { result: Some(text) },
+                Results::Lines(r) => {
+                    info!(
+                        run = %record.task_id,
+                        key = %r.key(),
+                        bytes = r.bytes,
+                        "the step's results kept as JSON Lines"
+                    );
+                    kept = Some(r);
+                    StepOutcome::Succeeded { result: None }
+                }
+            }
+        }
         ProcessState::Refused => StepOutcome::Refused {
             code: "elements_refused".into(),
             message: format!(
@@ -674,18 +688,41 @@ pub async fn answer_task(ports: &TaskPorts, record: &StateRecord) -> Result<(), 
         },
         _ => return Ok(()),
     };
-    super::answer_step(ports, link, None, outcome).await?;
+    super::answer_step_with(ports, link, None, outcome, kept).await?;
     info!(task = %link.task_id, step = %link.step, "the run answered its task's step");
     Ok(())
 }
 
+/// A run's results as its step's result: a JSON array (text) when it is within a message's
+/// inline size ([`MESSAGE_INLINE_BYTES`]), else a JSON Lines payload of the task's, by
+/// reference.
+enum Results {
+    Inline(String),
+    Lines(crate::domain::PayloadRef),
+}
+
 /// The step's result: each element's result in order (`null` for one with none). The
-/// elements' records are read a few dozen at once, so a run of 10,000 answers in seconds.
-async fn results(ports: &TaskPorts, run: TaskId, ledger: &Run) -> Result<Value, HandlerError> {
+/// elements' records are read a few dozen at once, so a run of 10,000 answers in seconds, and
+/// never held all at once: past [`MESSAGE_INLINE_BYTES`] they go to a JSON Lines payload of
+/// task `task` as they are read (the object written before the reply that names it). A
+/// writer that dies and answers again writes a second object, under a second name: the
+/// task's reply is fenced (one answer applied), and its retention deletes both.
+///
+/// A small result stays what it was: a message carries it inline, and the task's record keeps
+/// it (by reference past [`crate::domain::payload::INLINE_PAYLOAD_BYTES`], read back whole
+/// with the record). A larger one would cost a PutObject as a message's payload anyway; as
+/// JSON Lines it costs the same (or a multipart upload past a part), and the task's record,
+/// read for every message of the task, never reads it back unless a query reads the step.
+async fn results(
+    ports: &TaskPorts,
+    run: TaskId,
+    task: TaskId,
+    ledger: &Run,
+) -> Result<Results, HandlerError> {
     use futures::StreamExt;
-    let reads: Vec<Result<Value, HandlerError>> = futures::stream::iter(0..ledger.total)
-        .map(|k| async move {
-            Ok(match ports.store.get_state(element_id(run, k)).await? {
+    let mut lines = futures::stream::iter(0..ledger.total)
+        .map(move |k| async move {
+            let value = match ports.store.get_state(element_id(run, k)).await? {
                 Some(e) if e.process_state == ProcessState::Processed => e
                     .steps
                     .first()
@@ -693,12 +730,70 @@ async fn results(ports: &TaskPorts, run: TaskId, ledger: &Run) -> Result<Value, 
                     .and_then(|r| serde_json::from_str(r).ok())
                     .unwrap_or(Value::Null),
                 _ => Value::Null,
-            })
+            };
+            // Compact: a line break within a string is escaped, so each is one line.
+            serde_json::to_vec(&value)
+                .map_err(|e| HandlerError::Poison(format!("an element's result: {e}")))
         })
         .buffered(READS_AT_ONCE)
-        .collect()
-        .await;
-    Ok(Value::Array(reads.into_iter().collect::<Result<_, _>>()?))
+        .boxed();
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    // As a JSON array: its brackets and a comma between two elements.
+    let mut array_bytes = 1;
+    while let Some(line) = lines.next().await {
+        let line = line?;
+        array_bytes += line.len() + 1;
+        held.push(line);
+        if array_bytes > MESSAGE_INLINE_BYTES {
+            return lines_kept(ports, task, held, lines)
+                .await
+                .map(Results::Lines);
+        }
+    }
+    let mut text = Vec::with_capacity(array_bytes);
+    text.push(b'[');
+    for (i, line) in held.iter().enumerate() {
+        if i > 0 {
+            text.push(b',');
+        }
+        text.extend_from_slice(line);
+    }
+    text.push(b']');
+    String::from_utf8(text)
+        .map(Results::Inline)
+        .map_err(|e| HandlerError::Poison(format!("the run's results: {e}")))
+}
+
+/// Keeps `held` then the rest of `lines` as a JSON Lines payload of `task`. A line that could
+/// not be read fails the write (nothing kept) with its own error.
+async fn lines_kept(
+    ports: &TaskPorts,
+    task: TaskId,
+    held: Vec<Vec<u8>>,
+    rest: futures::stream::BoxStream<'_, Result<Vec<u8>, HandlerError>>,
+) -> Result<crate::domain::PayloadRef, HandlerError> {
+    use futures::StreamExt;
+    let failed: std::sync::Arc<std::sync::Mutex<Option<HandlerError>>> = Default::default();
+    let seen = failed.clone();
+    let rest = rest.map(move |line| {
+        line.map_err(|e| {
+            let why = e.to_string();
+            if let Ok(mut slot) = seen.lock() {
+                slot.get_or_insert(e);
+            }
+            PayloadError::Unavailable(format!("an element's result could not be read: {why}"))
+        })
+    });
+    let all = futures::stream::iter(held.into_iter().map(Ok))
+        .chain(rest)
+        .boxed();
+    match ports.payloads.put_lines(task, all).await {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            let own = failed.lock().ok().and_then(|mut slot| slot.take());
+            Err(own.unwrap_or_else(|| crate::payloads::store_error(e).into()))
+        }
+    }
 }
 
 /// How many element records [`results`] reads at once (in order: `buffered`).

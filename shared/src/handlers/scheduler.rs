@@ -333,7 +333,30 @@ async fn apply_one(deps: &SchedulerDeps, r: &StepReply) -> Result<Applied, Handl
             r.step, r.step_index, workflow.name, workflow.version
         )));
     }
-    let outcome = keepable(&record, &r.outcome);
+    // A JSON Lines result (a distributed forEach's, by reference) is kept as its reference;
+    // its array is read only if a query of the workflow reads the step, so that this very
+    // transition's conditions and the next request's mapping see it.
+    let lines = r.result_ref.as_ref().filter(|p| p.lines.is_some());
+    let outcome = match lines {
+        Some(p) => keepable_lines(&record, p),
+        None => keepable(&record, &r.outcome),
+    };
+    let mut record = record;
+    if let (Some(p), StepOutcome::Succeeded { .. }) = (lines, &outcome)
+        && workflow.reads_result(&r.step)
+        && let Some(step) = record.steps.get_mut(r.step_index)
+    {
+        let body = deps
+            .ports
+            .payloads
+            .get(p)
+            .await
+            .map_err(crate::payloads::store_error)?;
+        let array = crate::domain::payload::parse_lines(&body).map_err(|e| {
+            HandlerError::Poison(format!("the JSON Lines result {} is not: {e}", p.key()))
+        })?;
+        step.loaded = Some(std::sync::Arc::new(array));
+    }
     let router = transition::TaskRouter {
         workflow: &workflow,
         task: &task,
@@ -359,13 +382,23 @@ async fn apply_one(deps: &SchedulerDeps, r: &StepReply) -> Result<Applied, Handl
             &router,
         ),
     };
-    let t = match applied {
+    let mut t = match applied {
         Ok(t) => t,
         Err(why) => {
             info!(%why, "stale or duplicate reply dropped");
             return Ok(Applied::Dropped);
         }
     };
+    if let (Some(p), StepOutcome::Succeeded { .. }) = (lines, &outcome)
+        && let Some(step) = t.record.steps.get_mut(r.step_index)
+    {
+        if step.status == crate::StepStatus::Done && step.result.is_none() {
+            // The step's result is the reference (the store keeps it as it is).
+            step.result_ref = Some(p.clone());
+        } else {
+            step.loaded = None;
+        }
+    }
     if !write(deps.ports.store.as_ref(), &t).await? {
         info!("the record moved on meanwhile; reply dropped");
         return Ok(Applied::LostRace);
@@ -423,6 +456,22 @@ fn keepable(record: &StateRecord, outcome: &StepOutcome) -> StepOutcome {
         }
     }
     outcome.clone()
+}
+
+/// [`keepable`] for a JSON Lines result: no bound on its size (S3's alone), only on what its
+/// reference takes in the record ([`MAX_RESULTS_BYTES`], with the results kept so far).
+fn keepable_lines(record: &StateRecord, r: &crate::domain::PayloadRef) -> StepOutcome {
+    let total = record.results_bytes() + r.stored_bytes();
+    if total > MAX_RESULTS_BYTES {
+        return StepOutcome::Faulted {
+            error: format!(
+                "result_too_large: the step's results ({} bytes, {} elements, by reference) would take the task's results past {MAX_RESULTS_BYTES} bytes in its record",
+                r.bytes,
+                r.lines.as_ref().map_or(0, |l| l.count)
+            ),
+        };
+    }
+    StepOutcome::Succeeded { result: None }
 }
 
 async fn run(

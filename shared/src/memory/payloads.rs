@@ -1,6 +1,7 @@
+use crate::domain::payload::LinesWriter;
 use crate::domain::run::ObjectLocation;
 use crate::domain::{PayloadRef, TaskId};
-use crate::ports::{PayloadError, Payloads};
+use crate::ports::{LineStream, PayloadError, Payloads};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
@@ -76,6 +77,25 @@ impl Payloads for MemoryPayloads {
         } else {
             Err(PayloadError::Corrupt(key))
         }
+    }
+
+    async fn put_lines(
+        &self,
+        task_id: TaskId,
+        mut lines: LineStream<'_>,
+    ) -> Result<PayloadRef, PayloadError> {
+        use futures::TryStreamExt;
+        let mut writer = LinesWriter::new(task_id);
+        let mut body = Vec::new();
+        while let Some(line) = lines.try_next().await? {
+            writer
+                .push(&line, &mut body)
+                .map_err(|e| PayloadError::Rejected(e.to_string()))?;
+        }
+        // Kept whole once every line is there: no reader sees part of it.
+        let r = writer.finish();
+        self.objects()?.insert(r.key(), body);
+        Ok(r)
     }
 
     async fn delete_task(&self, task_id: TaskId) -> Result<usize, PayloadError> {

@@ -452,6 +452,7 @@ pub(super) fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
                     generation: opt_n(m, "Generation")?.unwrap_or(0),
                     result: opt_s(m, "Result"),
                     result_ref: parse_payload_ref(m, "ResultRef")?,
+                    loaded: None,
                     undo: opt_s(m, "Undo")
                         .map(|u| u.parse())
                         .transpose()

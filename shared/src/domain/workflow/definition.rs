@@ -130,7 +130,42 @@ impl Wait {
     }
 }
 
+impl Step {
+    /// Whether the step's own mappings and condition (its input, its undo's, its forEach's
+    /// items, its wait's time, a distributed forEach's element's) may read step `step`.
+    fn reads_step(&self, step: &str) -> bool {
+        let mut mappings = vec![&self.input];
+        mappings.extend(self.undo.as_ref().map(|u| &u.input));
+        mappings.extend(self.for_each.as_ref().map(|f| &f.items));
+        if let Some(Wait::Until(m)) = &self.wait {
+            mappings.push(m);
+        }
+        mappings.iter().any(|m| m.reads_step(step))
+            || self.when.as_ref().is_some_and(|w| w.reads_step(step))
+            || self
+                .run
+                .as_ref()
+                .is_some_and(|r| r.element.reads_step(step))
+    }
+}
+
 impl Workflow {
+    /// Whether any of the workflow's mappings or conditions may read step `step`'s result:
+    /// a step's, a group's or a case's, a case's result, or the task's output. A JSON Lines
+    /// result (a distributed forEach's, by reference) is read back for a record only when
+    /// this holds ([`crate::payloads::Offloading`]).
+    pub fn reads_result(&self, step: &str) -> bool {
+        self.steps.iter().any(|s| s.reads_step(step))
+            || self.groups.iter().any(|g| {
+                g.when.as_ref().is_some_and(|w| w.reads_step(step))
+                    || g.kind.arms().iter().any(|a| {
+                        a.when.as_ref().is_some_and(|w| w.reads_step(step))
+                            || a.result.as_ref().is_some_and(|m| m.reads_step(step))
+                    })
+            })
+            || self.output.as_ref().is_some_and(|m| m.reads_step(step))
+    }
+
     /// Every sub-workflow step, with the JSON pointer of its `workflow` field.
     pub fn children(&self) -> Vec<(&Step, String)> {
         self.doc
@@ -387,6 +422,48 @@ impl Workflow {
 #[cfg(test)]
 mod tests {
     use super::super::testkit::*;
+
+    #[test]
+    fn a_workflow_reads_a_result_where_a_mapping_or_a_condition_names_its_step() {
+        let w = workflow(
+            r#"name: reads
+steps:
+  - name: a
+    service: inventory
+    input: {}
+  - name: b
+    service: payment
+    input: {first: "$.steps.a.result[3]"}
+  - name: c
+    service: shipping
+    when: "has(steps.b) && steps.b.result.ok"
+    input: {}
+  - name: d
+    service: shipping
+    input: {}
+"#,
+        )
+        .expect("valid");
+        assert!(w.reads_result("a"), "b's input reads an element of a's");
+        assert!(w.reads_result("b"), "c's condition reads b's");
+        assert!(!w.reads_result("c"), "nothing reads c's");
+        assert!(!w.reads_result("d"));
+        let output = workflow(
+            r#"name: output
+steps:
+  - name: a
+    service: inventory
+    input: {}
+  - name: b
+    service: payment
+    input: {}
+output: {all: "$.steps.a.result"}
+"#,
+        )
+        .expect("valid");
+        assert!(output.reads_result("a"), "the task's output reads a's");
+        assert!(!output.reads_result("b"));
+    }
 
     #[test]
     fn the_examples_are_valid() {
