@@ -548,6 +548,8 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     // A sub-workflow: the agent starts the child task (its items and key, its first work
     // message); the child, run by the stalled scheduler, ends with its notice owed, which the
     // supervisor's sweep delivers below: its answer to the parent's step, on the reply queue.
+    // The child's output (the parent's padding) is over a message's inline size: the
+    // supervisor's answer keeps it in the payload bucket and sends its reference.
     // The parent's next step then fails, and its compensation undoes the child as a unit:
     // the agent reads the child and starts its compensation.
     for (name, doc) in [
@@ -555,12 +557,12 @@ async fn every_call_is_granted_and_every_grant_is_used() {
             "iam-child",
             json!({"name": "iam-child", "steps": [
                 {"name": "hold", "service": "inventory", "undo": {"action": "release"}}
-            ]}),
+            ], "output": {"pad": "$.input.pad"}}),
         ),
         (
             "iam-parent",
             json!({"name": "iam-parent", "steps": [
-                {"name": "pay", "workflow": "iam-child"},
+                {"name": "pay", "workflow": "iam-child", "input": {"pad": "$.input.pad"}},
                 {"name": "after", "service": "inventory", "input": {"x": "$.input.missing"}}
             ]}),
         ),
@@ -573,7 +575,7 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         &submitter,
         Method::POST,
         "/workflows/iam-parent/tasks",
-        &json!({}),
+        &json!({"pad": "p".repeat(sas::domain::payload::MESSAGE_INLINE_BYTES)}),
     )
     .await;
     assert_eq!(status, 202, "{body}");
@@ -967,8 +969,9 @@ async fn every_call_is_granted_and_every_grant_is_used() {
 
     // A distributed forEach's results past a part: the scheduler's JSON Lines write (what
     // `answer_task` makes when a run ends) goes up as a multipart upload, and one whose
-    // source fails midway is aborted. The flows above end no run with 8 MiB of answers, nor
-    // one whose write fails, so the write is made here with the scheduler's own client.
+    // source fails midway is aborted; so does the supervisor's, delivering a run's owed
+    // answer. The flows above end no run with 8 MiB of answers, nor one whose write fails, so
+    // the writes are made here with each function's own client.
     {
         use futures::StreamExt;
         use sas::ports::Payloads;
@@ -999,6 +1002,14 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         assert!(
             s3_calls(&f, SCHEDULER, "s3:AbortMultipartUpload", &task.to_string()) == 1,
             "the failed upload aborted"
+        );
+        let failed = ROLE
+            .scope(SUPERVISOR, payloads.put_lines(task, lines(true)))
+            .await;
+        assert!(failed.is_err(), "{failed:?}");
+        assert!(
+            s3_calls(&f, SUPERVISOR, "s3:AbortMultipartUpload", &task.to_string()) == 1,
+            "the supervisor's failed upload aborted"
         );
         ROLE.scope(SUPERVISOR, payloads.delete_task(task))
             .await
@@ -1350,9 +1361,9 @@ fn ungranted(f: &Fixture, t: &template::Template, calls: &BTreeSet<Call>) -> Vec
 /// The recorder names the payload store's S3 calls as IAM authorizes them (an object's ARN,
 /// a listing as `s3:ListBucket` on the bucket with its prefix, `DeleteObjects` per key), and
 /// the check holds them to the template's grants: the scheduler's write and read are granted,
-/// and the supervisor's read, listing of a task's objects and deletion (its purge); the
-/// supervisor's write is not, nor its listing outside `tasks/`, nor the scheduler's listing or
-/// deletion.
+/// and the supervisor's write (an owed answer it delivers), read, listing of a task's objects
+/// and deletion (its purge); the supervisor's listing outside `tasks/` is not, nor the
+/// scheduler's listing, nor the agent's deletion.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payload_calls_are_recorded_and_held_to_the_grants() {
     use sas::ports::{PayloadError, Payloads};
@@ -1413,12 +1424,13 @@ async fn payload_calls_are_recorded_and_held_to_the_grants() {
         call(SCHEDULER, "s3:PutObject", &object, None),
         call(SCHEDULER, "s3:GetObject", &object, None),
         call(SUPERVISOR, "s3:GetObject", &object, None),
+        call(SUPERVISOR, "s3:PutObject", &object, None),
         listing(SUPERVISOR, "tasks/<task id>/"),
         call(SUPERVISOR, "s3:DeleteObject", &object, None),
     ]);
     assert_eq!(ungranted(&f, &t, &granted), Vec::<String>::new());
     let refused = BTreeSet::from([
-        call(SUPERVISOR, "s3:PutObject", &object, None),
+        call(SUPERVISOR, "s3:PutObject", "arn:aws:s3:::other/tasks/x", None),
         listing(SCHEDULER, "tasks/<task id>/"),
         listing(SUBMISSION, "tasks/<task id>/"),
         listing(SUPERVISOR, "other/"),
