@@ -269,14 +269,15 @@ mod parallel {
         }
     }
 
-    /// How a step's service answers; on the main line (`main`) it may be a distributed
+    /// How a step's service answers, a sub-workflow step or distributed forEach step with
+    /// weight `starts` (of 8 for the others); on the main line (`main`) it may be a distributed
     /// forEach step (not in a parallel group's branch: validation refuses it there).
-    fn call(main: bool) -> impl Strategy<Value = Call> {
+    fn call(main: bool, starts: u32) -> impl Strategy<Value = Call> {
         prop_oneof![
             6 => Just(Call::Plain),
             2 => (2u8..=20).prop_map(Call::Callback),
-            2 => (2u8..=20).prop_map(Call::Child),
-            if main { 2 } else { 0 } => (2u8..=20).prop_map(Call::Run),
+            starts => (2u8..=20).prop_map(Call::Child),
+            if main { starts } else { 0 } => (2u8..=20).prop_map(Call::Run),
         ]
     }
 
@@ -345,13 +346,13 @@ mod parallel {
         items: usize,
     }
 
-    fn step_draw(main: bool) -> impl Strategy<Value = StepDraw> {
+    fn step_draw(main: bool, starts: u32) -> impl Strategy<Value = StepDraw> {
         (
             proptest::bool::ANY,
             proptest::option::weighted(0.3, proptest::bool::ANY),
             proptest::option::weighted(0.12, 1u8..=40),
             proptest::bool::weighted(0.5),
-            call(main),
+            call(main, starts),
         )
             .prop_map(|(undo, when, wait, event, call)| StepDraw {
                 undo,
@@ -364,7 +365,16 @@ mod parallel {
 
     /// A line of steps: the main line's (`main`) or a branch's.
     fn steps(r: std::ops::RangeInclusive<usize>, main: bool) -> impl Strategy<Value = Vec<Item>> {
-        proptest::collection::vec(step_draw(main).prop_map(Item::Step), r)
+        steps_of(r, main, 2)
+    }
+
+    /// A line of steps, sub-workflow steps and distributed forEach steps with weight `starts`.
+    fn steps_of(
+        r: std::ops::RangeInclusive<usize>,
+        main: bool,
+        starts: u32,
+    ) -> impl Strategy<Value = Vec<Item>> {
+        proptest::collection::vec(step_draw(main, starts).prop_map(Item::Step), r)
     }
 
     /// The first mode: 0-2 steps, a parallel group of 2-4 branches of 1-3 steps, 0-2 steps.
@@ -381,6 +391,25 @@ mod parallel {
                 after,
                 group_when,
                 items: 0,
+            })
+    }
+
+    /// The third mode: the first's, mostly sub-workflow steps and (on the main line, which
+    /// comes first more often) distributed forEach steps over 0-3 items.
+    fn draw_starts() -> impl Strategy<Value = Draw> {
+        (
+            steps_of(1..=3, true, 8),
+            proptest::collection::vec(steps_of(1..=2, false, 8), 2..=3),
+            steps_of(0..=2, true, 8),
+            proptest::option::weighted(0.1, proptest::bool::ANY),
+            0usize..=3,
+        )
+            .prop_map(|(before, branches, after, group_when, items)| Draw {
+                before,
+                branches,
+                after,
+                group_when,
+                items,
             })
     }
 
@@ -699,15 +728,16 @@ mod parallel {
         Keep,
     }
 
-    /// The events, answers refused (a business outcome) with weight `refusals` (of 10).
-    fn ev(refusals: u32) -> impl Strategy<Value = Ev> {
+    /// The events, answers refused (a business outcome) with weight `refusals` (of 10), callbacks
+    /// faulted with weight `faulted` (of 9).
+    fn ev(refusals: u32, faulted: u32) -> impl Strategy<Value = Ev> {
         prop_oneof![
             4 => Just(Ev::Claim),
             8 => (0u8..4, prop_oneof![5 => Just(0u8), refusals => Just(1), 1 => Just(2), 2 => Just(3), 1 => Just(4), 3 => Just(5), 1 => Just(6)])
                 .prop_map(|(pick, outcome)| Ev::Reply { pick, outcome }),
             4 => (
                 0u8..4,
-                prop_oneof![6 => Just(0u8), refusals => Just(1), 1 => Just(2), 2 => Just(6)],
+                prop_oneof![6 => Just(0u8), refusals => Just(1), 1 => Just(2), faulted => Just(6)],
                 prop_oneof![6 => Just(0u8), 1 => Just(1), 1 => Just(2), 1 => Just(3)],
             )
                 .prop_map(|(pick, outcome, how)| Ev::Callback { pick, outcome, how }),
@@ -1882,7 +1912,16 @@ mod parallel {
                         .steps
                         .get(step)
                         .is_some_and(|s| s.call.timeout().is_some());
-                    let act = if *how == 0
+                    // A `Faulted` answer repeated once an operator's retry sent its step out
+                    // again under the same key (a faulted step took effect: it keeps its key) is
+                    // no duplicate: what that key started is still as it answered (a child or
+                    // run CompensationFailed), and its end, delivered again, says so again.
+                    let repeated = *how == 3
+                        && outcome == Outcome::Faulted
+                        && on.steps.get(step).is_some_and(|s| {
+                            s.generation == generation && s.status != StepStatus::Faulted
+                        });
+                    let act = if (*how == 0 || repeated)
                         && answers
                         && matches!(
                             outcome,
@@ -2642,7 +2681,7 @@ mod parallel {
         #[test]
         fn parallel_groups_end_as_the_model_says(
             d in draw(),
-            events in proptest::collection::vec((ev(1), mode()), 0..60),
+            events in proptest::collection::vec((ev(1, 2), mode()), 0..60),
             auto in proptest::bool::ANY,
             operators in proptest::bool::weighted(0.4),
             threshold in 1u32..=3,
@@ -2662,11 +2701,30 @@ mod parallel {
         #[test]
         fn for_each_steps_and_choices_end_as_the_model_says(
             d in draw_each(),
-            events in proptest::collection::vec((ev(2), mode()), 0..80),
+            events in proptest::collection::vec((ev(2, 2), mode()), 0..80),
             auto in proptest::bool::ANY,
             operators in proptest::bool::weighted(0.4),
             threshold in 1u32..=3,
             deadline in proptest::option::weighted(0.25, 5u16..=240),
+        ) {
+            run(&d, &events, auto, operators, threshold, deadline)?;
+        }
+
+        /// The same with mostly sub-workflow steps and distributed forEach steps (see `Call`),
+        /// their ends often `Faulted` (what they started ended CompensationFailed): besides the
+        /// above, a distributed forEach step waits for its run's end 24 hours whatever its
+        /// `timeout`, keeps no element of its own, and is undone as a unit if it has an undo;
+        /// a step answered `Faulted` fails the task and is undone, and while its child or run
+        /// waits for an operator that undo is refused, so the task ends CompensationFailed at
+        /// that step, having undone exactly the steps after it.
+        #[test]
+        fn children_and_runs_end_as_the_model_says(
+            d in draw_starts(),
+            events in proptest::collection::vec((ev(1, 5), mode()), 0..50),
+            auto in proptest::bool::ANY,
+            operators in proptest::bool::weighted(0.4),
+            threshold in 1u32..=3,
+            deadline in proptest::option::weighted(0.2, 5u16..=240),
         ) {
             run(&d, &events, auto, operators, threshold, deadline)?;
         }
