@@ -1039,6 +1039,8 @@ mod parallel {
         /// A late callback took the task out of Error (see `Model::revive`): the alert it owed
         /// then stays in its notices.
         late: bool,
+        /// The elements of `input.items`.
+        items: usize,
     }
 
     /// Builds the model's steps from the drawn lines, in the order the workflow lays them out.
@@ -1149,6 +1151,7 @@ mod parallel {
                 taken: HashSet::new(),
                 dispatched: HashSet::new(),
                 late: false,
+                items: d.items,
             }
         }
 
@@ -1790,6 +1793,19 @@ mod parallel {
             }
         }
 
+        /// The answer `outcome` to `o`: a distributed forEach step's success (its run's end, or
+        /// at once for an empty list) carries its elements' results in order, `{"e": k}`.
+        fn answer(&self, outcome: Outcome, o: &Out) -> StepOutcome {
+            // (A stale callback may name a step past the last.)
+            let call = self.m.steps.get(o.step).map(|s| s.call);
+            match (outcome, call, o.undo) {
+                (Outcome::Success, Some(Call::Run(_)), false) => StepOutcome::Succeeded {
+                    result: Some(run_results(self.m.items).to_string()),
+                },
+                _ => outcome.reply(o, self.now),
+            }
+        }
+
         fn router(&self) -> TaskRouter<'_> {
             TaskRouter {
                 workflow: self.w,
@@ -1839,7 +1855,7 @@ mod parallel {
                     let reply = if needs_operator {
                         needs_operator_refusal(call)
                     } else {
-                        outcome.reply(&o, now)
+                        self.answer(outcome, &o)
                     };
                     (
                         act,
@@ -1944,7 +1960,7 @@ mod parallel {
                             on,
                             step,
                             generation,
-                            &outcome.reply(&o, now),
+                            &self.answer(outcome, &o),
                             now,
                             p,
                             &router,
@@ -2192,6 +2208,15 @@ mod parallel {
                         sm.units.iter().all(|u| u.went_out),
                         "step {i} done, never sent (or one of its elements)"
                     );
+                    if matches!(sm.call, Call::Run(_)) {
+                        // Its run's answer: its elements' results in order.
+                        prop_assert_eq!(
+                            &results[&s.name]["result"],
+                            &run_results(m.items),
+                            "the result of distributed forEach step {}",
+                            i
+                        );
+                    }
                     if sm.each.is_some() {
                         // Each element done, or refused within the tolerance; the step's
                         // result, theirs in order (`null` for a refused one).
@@ -2304,7 +2329,7 @@ mod parallel {
                             &self.r,
                             o.step,
                             g,
-                            &outcome.reply(&o, self.now),
+                            &self.answer(outcome, &o),
                             self.now,
                             &self.p,
                             &self.router(),
@@ -2336,7 +2361,7 @@ mod parallel {
                     let reply = if needs_operator {
                         needs_operator_refusal(call)
                     } else {
-                        outcome.reply(&o, self.now)
+                        self.answer(outcome, &o)
                     };
                     let act = Act::Reply(o, outcome);
                     let t = apply_reply(
@@ -2417,6 +2442,11 @@ mod parallel {
             }
             Err(TestCaseError::fail(format!("no end: {:?}", self.r)))
         }
+    }
+
+    /// The result of a distributed forEach step over `items` elements, each answered `{"e": k}`.
+    fn run_results(items: usize) -> Value {
+        Value::Array((0..items).map(|k| json!({ "e": k })).collect())
     }
 
     /// sas's answer to the undo of a step whose child task (`child_needs_operator`) or run
