@@ -1837,8 +1837,8 @@ mod parallel {
                     if needs_operator {
                         outcome = Outcome::Refusal;
                     }
-                    // Only a callback step (a sub-workflow step's too) may be accepted, and of
-                    // undos only a sub-workflow step's.
+                    // Only a callback step (a sub-workflow or distributed forEach step's too)
+                    // may be accepted, and of undos only theirs.
                     let call = self.m.steps[o.step].call;
                     let later = if o.undo {
                         call.starts()
@@ -2339,9 +2339,9 @@ mod parallel {
                         continue;
                     }
                     // Answered at once; but a callback step's service accepts it first, then
-                    // calls back, and a sub-workflow step's undo is accepted (the child's
-                    // compensation starts), then its end answers.
-                    // What waits for an operator refuses its undo.
+                    // calls back, and a sub-workflow (distributed forEach) step's undo is
+                    // accepted (the child's compensation starts, or the run's undos), then its
+                    // end answers; a child or run that waits for an operator refuses the undo.
                     let needs_operator =
                         o.undo && self.m.steps[o.step].units[o.unit().1].needs_operator;
                     let accepts = if o.undo {
@@ -2705,9 +2705,12 @@ mod parallel {
         /// Any interleaving of events about a parallel group's branches keeps the record
         /// valid, never sends a step once the task stops, sends each step under an attempt
         /// once; and the task then ends as the model says, having undone, last first, exactly
-        /// the steps that may have taken effect. Steps may be callback steps and sub-workflow
-        /// steps (see `Call`): accepted, called back (a stale callback changes nothing), timed
-        /// out while accepted, a sub-workflow step's undo accepted then answered (once).
+        /// the steps that may have taken effect. Steps may be callback steps, sub-workflow
+        /// steps and (on the main line) distributed forEach steps (see `Call`): accepted,
+        /// called back (a stale callback changes nothing; one for the step a task waits for
+        /// applies), timed out while accepted, the undo of a sub-workflow or distributed step
+        /// accepted then answered (once); any answer may be `Faulted` (see
+        /// `children_and_runs_end_as_the_model_says`).
         #[test]
         fn parallel_groups_end_as_the_model_says(
             d in draw(),
