@@ -238,12 +238,18 @@ mod parallel {
     /// acceptance (`callback: {timeout}`); or it is a sub-workflow step (`workflow: child`,
     /// `timeout`): to its parent a callback step whose call starts the child task and whose
     /// callback is the child's end, always undone (the child's compensation, its undo, is
-    /// accepted first, then answered by the child's end).
+    /// accepted first, then answered by the child's end); or it is a distributed forEach step
+    /// over `input.items` (`distributed: true`, on the main line only; its `timeout`, this many
+    /// seconds, bounds the agent's attempt that starts its run): to its parent a callback step
+    /// whose call starts its run and whose callback is the run's end, within the run's 24 hours
+    /// whatever its `timeout`, undone as a unit if it has an undo (accepted, then answered by
+    /// the run's end), its elements, `maxConcurrency` and tolerance the run's own.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     enum Call {
         Plain,
         Callback(u8),
         Child(u8),
+        Run(u8),
     }
 
     impl Call {
@@ -252,19 +258,26 @@ mod parallel {
             match self {
                 Self::Plain => None,
                 Self::Callback(s) | Self::Child(s) => Some(Duration::seconds(i64::from(s))),
+                Self::Run(_) => Some(Duration::hours(crate::domain::workflow::RUN_TIMEOUT_HOURS)),
             }
         }
 
-        fn child(self) -> bool {
-            matches!(self, Self::Child(_))
+        /// Its call starts a record of sas's own (a child task, a run), whose end answers the
+        /// step, and whose undo (its compensation) is accepted, then answered by that end.
+        fn starts(self) -> bool {
+            matches!(self, Self::Child(_) | Self::Run(_))
         }
     }
 
-    fn call() -> impl Strategy<Value = Call> {
+    /// How a step's service answers, a sub-workflow step or distributed forEach step with
+    /// weight `starts` (of 8 for the others); on the main line (`main`) it may be a distributed
+    /// forEach step (not in a parallel group's branch: validation refuses it there).
+    fn call(main: bool, starts: u32) -> impl Strategy<Value = Call> {
         prop_oneof![
             6 => Just(Call::Plain),
             2 => (2u8..=20).prop_map(Call::Callback),
-            2 => (2u8..=20).prop_map(Call::Child),
+            starts => (2u8..=20).prop_map(Call::Child),
+            if main { starts } else { 0 } => (2u8..=20).prop_map(Call::Run),
         ]
     }
 
@@ -333,13 +346,13 @@ mod parallel {
         items: usize,
     }
 
-    fn step_draw() -> impl Strategy<Value = StepDraw> {
+    fn step_draw(main: bool, starts: u32) -> impl Strategy<Value = StepDraw> {
         (
             proptest::bool::ANY,
             proptest::option::weighted(0.3, proptest::bool::ANY),
             proptest::option::weighted(0.12, 1u8..=40),
             proptest::bool::weighted(0.5),
-            call(),
+            call(main, starts),
         )
             .prop_map(|(undo, when, wait, event, call)| StepDraw {
                 undo,
@@ -350,16 +363,26 @@ mod parallel {
             })
     }
 
-    fn steps(r: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec<Item>> {
-        proptest::collection::vec(step_draw().prop_map(Item::Step), r)
+    /// A line of steps: the main line's (`main`) or a branch's.
+    fn steps(r: std::ops::RangeInclusive<usize>, main: bool) -> impl Strategy<Value = Vec<Item>> {
+        steps_of(r, main, 2)
+    }
+
+    /// A line of steps, sub-workflow steps and distributed forEach steps with weight `starts`.
+    fn steps_of(
+        r: std::ops::RangeInclusive<usize>,
+        main: bool,
+        starts: u32,
+    ) -> impl Strategy<Value = Vec<Item>> {
+        proptest::collection::vec(step_draw(main, starts).prop_map(Item::Step), r)
     }
 
     /// The first mode: 0-2 steps, a parallel group of 2-4 branches of 1-3 steps, 0-2 steps.
     fn draw() -> impl Strategy<Value = Draw> {
         (
-            steps(0..=2),
-            proptest::collection::vec(steps(1..=3), 2..=4),
-            steps(0..=2),
+            steps(0..=2, true),
+            proptest::collection::vec(steps(1..=3, false), 2..=4),
+            steps(0..=2, true),
             proptest::option::weighted(0.15, proptest::bool::ANY),
         )
             .prop_map(|(before, branches, after, group_when)| Draw {
@@ -371,13 +394,33 @@ mod parallel {
             })
     }
 
+    /// The third mode: the first's, mostly sub-workflow steps and (on the main line, which
+    /// comes first more often) distributed forEach steps over 0-3 items.
+    fn draw_starts() -> impl Strategy<Value = Draw> {
+        (
+            steps_of(1..=3, true, 8),
+            proptest::collection::vec(steps_of(1..=2, false, 8), 2..=3),
+            steps_of(0..=2, true, 8),
+            proptest::option::weighted(0.1, proptest::bool::ANY),
+            0usize..=3,
+        )
+            .prop_map(|(before, branches, after, group_when, items)| Draw {
+                before,
+                branches,
+                after,
+                group_when,
+                items,
+            })
+    }
+
     /// A choice of 1-3 cases of 0-2 steps, perhaps an `otherwise` of 0-1 step, at least one
-    /// step in all (a choice runs at least one step in one of its arms).
-    fn choice_draw() -> impl Strategy<Value = ChoiceDraw> {
+    /// step in all (a choice runs at least one step in one of its arms); on the main line
+    /// (`main`) or in a branch.
+    fn choice_draw(main: bool) -> impl Strategy<Value = ChoiceDraw> {
         (
             proptest::option::weighted(0.2, proptest::bool::ANY),
-            proptest::collection::vec((proptest::bool::weighted(0.4), steps(0..=2)), 1..=3),
-            proptest::option::weighted(0.6, steps(0..=1)),
+            proptest::collection::vec((proptest::bool::weighted(0.4), steps(0..=2, main)), 1..=3),
+            proptest::option::weighted(0.6, steps(0..=1, main)),
         )
             .prop_map(|(when, mut cases, otherwise)| {
                 if cases.iter().all(|(_, a)| a.is_empty())
@@ -420,8 +463,8 @@ mod parallel {
     /// choice.
     fn draw_each() -> impl Strategy<Value = Draw> {
         let branch = (
-            steps(1..=2),
-            proptest::option::weighted(0.35, (choice_draw(), 0usize..3)),
+            steps(1..=2, false),
+            proptest::option::weighted(0.35, (choice_draw(false), 0usize..3)),
         )
             .prop_map(|(mut items, choice)| {
                 if let Some((c, at)) = choice {
@@ -432,13 +475,16 @@ mod parallel {
             });
         (
             (
-                steps(0..=2),
+                steps(0..=2, true),
                 proptest::collection::vec(branch, 2..=4),
-                steps(0..=2),
+                steps(0..=2, true),
                 proptest::option::weighted(0.15, proptest::bool::ANY),
             ),
             (
-                proptest::option::weighted(0.5, (choice_draw(), proptest::bool::ANY, 0usize..3)),
+                proptest::option::weighted(
+                    0.5,
+                    (choice_draw(true), proptest::bool::ANY, 0usize..3),
+                ),
                 each_draw(),
                 // Before the group (reached soonest), after it, in a case of the choice, in a
                 // branch of the group (in a case of its choice, if it has one).
@@ -546,6 +592,20 @@ mod parallel {
                             v = json!({"name": name, "workflow": "child", "timeout": format!("{secs}s")});
                             (false, *when)
                         }
+                        Item::Step(StepDraw {
+                            undo,
+                            when,
+                            call: Call::Run(secs),
+                            ..
+                        }) => {
+                            // Its concurrency and tolerance are its run's (any will do here).
+                            v["forEach"] = json!("$.input.items");
+                            v["distributed"] = json!(true);
+                            v["maxConcurrency"] = json!(u32::from(*secs) * 50);
+                            v["toleratedRefusals"] = json!(u32::from(*secs) % 3);
+                            v["timeout"] = json!(format!("{secs}s"));
+                            (*undo, *when)
+                        }
                         Item::Step(s) => {
                             if let Call::Callback(secs) = s.call {
                                 v["callback"] = json!({"timeout": format!("{secs}s")});
@@ -616,7 +676,8 @@ mod parallel {
         Claim,
         /// An answer to the `pick`-th step, element or undo out: 0 success, 1 refusal, 2
         /// failure, 3 timed out, 4 deferred, 5 accepted (its answer comes later: by a callback
-        /// for a step, as a reply for a sub-workflow step's undo).
+        /// for a step, as a reply for a sub-workflow or distributed forEach step's undo), 6
+        /// faulted (an answer too large to keep: it took effect).
         Reply {
             pick: u8,
             outcome: u8,
@@ -643,7 +704,8 @@ mod parallel {
             pick: u8,
             repeat: bool,
         },
-        /// A callback (0 success, 1 refusal, 2 failure: a callback carries no failure) for the
+        /// A callback (0 success, 1 refusal, 2 failure: a callback carries no failure; 6 faulted:
+        /// a child or run that ended CompensationFailed, or a result too large to keep) for the
         /// `pick`-th step a line of the record is at (out, handed back, or the one the task
         /// failed at; mostly one at a callback step), under `how`: 0 its key's generation; or
         /// one that must be stale: 1 another generation (an older one, or one not issued yet),
@@ -666,15 +728,16 @@ mod parallel {
         Keep,
     }
 
-    /// The events, answers refused (a business outcome) with weight `refusals` (of 10).
-    fn ev(refusals: u32) -> impl Strategy<Value = Ev> {
+    /// The events, answers refused (a business outcome) with weight `refusals` (of 10), callbacks
+    /// faulted with weight `faulted` (of 9).
+    fn ev(refusals: u32, faulted: u32) -> impl Strategy<Value = Ev> {
         prop_oneof![
             4 => Just(Ev::Claim),
-            8 => (0u8..4, prop_oneof![5 => Just(0u8), refusals => Just(1), 1 => Just(2), 2 => Just(3), 1 => Just(4), 3 => Just(5)])
+            8 => (0u8..4, prop_oneof![5 => Just(0u8), refusals => Just(1), 1 => Just(2), 2 => Just(3), 1 => Just(4), 3 => Just(5), 1 => Just(6)])
                 .prop_map(|(pick, outcome)| Ev::Reply { pick, outcome }),
             4 => (
                 0u8..4,
-                prop_oneof![6 => Just(0u8), refusals => Just(1), 1 => Just(2)],
+                prop_oneof![6 => Just(0u8), refusals => Just(1), 1 => Just(2), faulted => Just(6)],
                 prop_oneof![6 => Just(0u8), 1 => Just(1), 1 => Just(2), 1 => Just(3)],
             )
                 .prop_map(|(pick, outcome, how)| Ev::Callback { pick, outcome, how }),
@@ -781,6 +844,10 @@ mod parallel {
         Deferred,
         /// Accepted: the answer comes later.
         Accepted,
+        /// It took effect, but its answer cannot be kept (`result_too_large`), or (a callback
+        /// from sas itself) the child or run it started ended CompensationFailed: the task
+        /// fails, and compensation undoes it.
+        Faulted,
     }
 
     impl Outcome {
@@ -791,6 +858,7 @@ mod parallel {
                 3 => Self::TimedOut,
                 4 => Self::Deferred,
                 5 => Self::Accepted,
+                6 => Self::Faulted,
                 _ => Self::Success,
             }
         }
@@ -816,6 +884,9 @@ mod parallel {
                     limited: None,
                 },
                 Self::Accepted => StepOutcome::Accepted,
+                Self::Faulted => StepOutcome::Faulted {
+                    error: "drawn: faulted".into(),
+                },
             }
         }
     }
@@ -882,6 +953,10 @@ mod parallel {
         /// taken effect, and answers by callback; a sub-workflow step's child exists, which its
         /// undo reaches wherever it is.
         accepted: bool,
+        /// The child task or run its key started ended CompensationFailed (it answered the step
+        /// `Faulted`): it waits for an operator, and refuses the step's undo meanwhile
+        /// (`child_needs_operator`, `run_needs_operator`).
+        needs_operator: bool,
     }
 
     impl Unit {
@@ -897,6 +972,7 @@ mod parallel {
                 went_out: false,
                 out: false,
                 accepted: false,
+                needs_operator: false,
             }
         }
     }
@@ -963,6 +1039,8 @@ mod parallel {
         /// A late callback took the task out of Error (see `Model::revive`): the alert it owed
         /// then stays in its notices.
         late: bool,
+        /// The elements of `input.items`.
+        items: usize,
     }
 
     /// Builds the model's steps from the drawn lines, in the order the workflow lays them out.
@@ -986,8 +1064,10 @@ mod parallel {
                     Item::Step(s) => {
                         let u = Unit::new(*line);
                         self.steps.push(StepModel {
-                            // A sub-workflow step is undone as a unit (no pivot is drawn).
-                            undoable: (s.undo || s.call.child()) && s.wait.is_none(),
+                            // A sub-workflow step is undone as a unit (no pivot is drawn); a
+                            // distributed forEach step if it has an undo.
+                            undoable: (s.undo || matches!(s.call, Call::Child(_)))
+                                && s.wait.is_none(),
                             runs: runs && s.when.unwrap_or(true),
                             each: None,
                             wait: s.wait.is_some(),
@@ -1071,6 +1151,7 @@ mod parallel {
                 taken: HashSet::new(),
                 dispatched: HashSet::new(),
                 late: false,
+                items: d.items,
             }
         }
 
@@ -1126,7 +1207,7 @@ mod parallel {
         /// wherever it is, and a copy of its request, under the same key, starts no second
         /// one), so its undo may go at once (the runtime may wait: in a group it does).
         fn unsure(&mut self, at: (usize, usize), until: Option<DateTime<Utc>>) {
-            let child = self.steps[at.0].call.child();
+            let child = self.steps[at.0].call.starts();
             let u = self.u(at);
             if !(child && u.accepted) {
                 u.unsure = u.unsure.max(until);
@@ -1159,8 +1240,9 @@ mod parallel {
                     if u.no_effect && !u.tolerated {
                         u.sent = false;
                         u.no_effect = false;
-                        // (Sent again under a new key.)
+                        // (Sent again under a new key: a new child or run, if any.)
                         u.accepted = false;
+                        u.needs_operator = false;
                     }
                 }
             }
@@ -1220,6 +1302,13 @@ mod parallel {
                     self.timed_out(at);
                 }
                 Outcome::Deferred => self.unsure(at, deadline),
+                Outcome::Faulted => {
+                    // It took effect (it is undone), and the task fails.
+                    let u = self.u(at);
+                    u.no_effect = false;
+                    u.unsure = None;
+                    self.stop(Kind::Failed);
+                }
                 // (Taken in by `accept`: the unit stays out.)
                 Outcome::Accepted => {}
             }
@@ -1262,8 +1351,29 @@ mod parallel {
             }
         }
 
-        /// What the task ends as, once quiet.
+        /// The unit whose undo the compensation stops at: the last, of those to undo, whose child
+        /// or run waits for an operator (it refuses the undo).
+        fn blocked(&self) -> Option<(usize, usize)> {
+            self.to_undo()
+                .into_iter()
+                .filter(|&(i, k)| self.steps[i].units[k].needs_operator)
+                .max()
+        }
+
+        /// What the task ends as, once quiet: as [`Model::ends`] says, but a compensation that
+        /// reaches a step whose child or run waits for an operator ends CompensationFailed
+        /// there.
         fn predict(&self) -> ProcessState {
+            match self.ends() {
+                ProcessState::Refused | ProcessState::Compensated if self.blocked().is_some() => {
+                    ProcessState::CompensationFailed
+                }
+                s => s,
+            }
+        }
+
+        /// What the task ends as, its undos all done.
+        fn ends(&self) -> ProcessState {
             if self.by_operator {
                 return if self.refusal {
                     ProcessState::Refused
@@ -1323,7 +1433,7 @@ mod parallel {
                     let u = self.u(at);
                     u.accepted = true;
                     u.deadline = deadline;
-                    if self.steps[at.0].call.child() {
+                    if self.steps[at.0].call.starts() {
                         // (See `unsure`.)
                         self.u(at).unsure = None;
                     }
@@ -1340,6 +1450,10 @@ mod parallel {
                         // stopped takes the late outcome of a step handed back in a branch,
                         // and stays stopped: its failure was another's.)
                         self.revive();
+                    }
+                    if outcome == Outcome::Faulted && self.steps[at.0].call.starts() {
+                        // (From sas: what the step started could not undo itself.)
+                        self.u(at).needs_operator = true;
                     }
                     let deadline = self.u(at).deadline;
                     self.answered(at, outcome, deadline);
@@ -1679,6 +1793,19 @@ mod parallel {
             }
         }
 
+        /// The answer `outcome` to `o`: a distributed forEach step's success (its run's end, or
+        /// at once for an empty list) carries its elements' results in order, `{"e": k}`.
+        fn answer(&self, outcome: Outcome, o: &Out) -> StepOutcome {
+            // (A stale callback may name a step past the last.)
+            let call = self.m.steps.get(o.step).map(|s| s.call);
+            match (outcome, call, o.undo) {
+                (Outcome::Success, Some(Call::Run(_)), false) => StepOutcome::Succeeded {
+                    result: Some(run_results(self.m.items).to_string()),
+                },
+                _ => outcome.reply(o, self.now),
+            }
+        }
+
         fn router(&self) -> TaskRouter<'_> {
             TaskRouter {
                 workflow: self.w,
@@ -1701,12 +1828,20 @@ mod parallel {
                 Ev::Claim => (Act::Claim, claim(on, "s", now, p, &router)),
                 Ev::Reply { pick: k, outcome } => {
                     let o = pick(*k)?;
-                    let outcome = Outcome::of(*outcome);
-                    // Only a callback step (a sub-workflow step's too) may be accepted, and of
-                    // undos only a sub-workflow step's.
+                    let mut outcome = Outcome::of(*outcome);
+                    // What the step started waits for an operator: sas refuses its undo (or
+                    // its agent times out, or is deferred).
+                    let needs_operator = o.undo
+                        && self.m.steps[o.step].units[o.unit().1].needs_operator
+                        && !matches!(outcome, Outcome::TimedOut | Outcome::Deferred);
+                    if needs_operator {
+                        outcome = Outcome::Refusal;
+                    }
+                    // Only a callback step (a sub-workflow or distributed forEach step's too)
+                    // may be accepted, and of undos only theirs.
                     let call = self.m.steps[o.step].call;
                     let later = if o.undo {
-                        call.child()
+                        call.starts()
                     } else {
                         call.timeout().is_some()
                     };
@@ -1717,18 +1852,14 @@ mod parallel {
                         } else {
                             Act::Reply(o, outcome)
                         };
+                    let reply = if needs_operator {
+                        needs_operator_refusal(call)
+                    } else {
+                        self.answer(outcome, &o)
+                    };
                     (
                         act,
-                        apply_reply(
-                            on,
-                            o.attempt,
-                            o.step,
-                            o.undo,
-                            &outcome.reply(&o, now),
-                            now,
-                            p,
-                            &router,
-                        ),
+                        apply_reply(on, o.attempt, o.step, o.undo, &reply, now, p, &router),
                     )
                 }
                 Ev::Stale { pick: k, how } => {
@@ -1797,10 +1928,21 @@ mod parallel {
                         .steps
                         .get(step)
                         .is_some_and(|s| s.call.timeout().is_some());
-                    let act = if *how == 0
+                    // A `Faulted` answer repeated once an operator's retry sent its step out
+                    // again under the same key (a faulted step took effect: it keeps its key) is
+                    // no duplicate: what that key started is still as it answered (a child or
+                    // run CompensationFailed), and its end, delivered again, says so again.
+                    let repeated = *how == 3
+                        && outcome == Outcome::Faulted
+                        && on.steps.get(step).is_some_and(|s| {
+                            s.generation == generation && s.status != StepStatus::Faulted
+                        });
+                    let act = if (*how == 0 || repeated)
                         && answers
-                        && matches!(outcome, Outcome::Success | Outcome::Refusal)
-                    {
+                        && matches!(
+                            outcome,
+                            Outcome::Success | Outcome::Refusal | Outcome::Faulted
+                        ) {
                         Act::Callback((step, 0), generation, outcome)
                     } else {
                         Act::Stale
@@ -1818,7 +1960,7 @@ mod parallel {
                             on,
                             step,
                             generation,
-                            &outcome.reply(&o, now),
+                            &self.answer(outcome, &o),
                             now,
                             p,
                             &router,
@@ -1943,6 +2085,27 @@ mod parallel {
                         prop_assert!(out.is_err(), "a stale reply ({ev:?}) applies: {out:?}");
                         return Ok(());
                     }
+                    if let Act::Callback((j, _), _, outcome) = act {
+                        // On the main line, a callback under the step's key generation applies
+                        // while the step is out, handed back for another attempt, or the one
+                        // the task failed at waiting for it: whatever it says.
+                        let r = &self.r;
+                        let waits = r.fanout.is_none()
+                            && r.step_index == j
+                            && match (r.process_state, r.steps[j].status) {
+                                (
+                                    ProcessState::Processing,
+                                    StepStatus::Running | StepStatus::Waiting,
+                                )
+                                | (ProcessState::Error, StepStatus::TimedOut) => true,
+                                (ProcessState::Pending, StepStatus::Pending) => r.steps[j].sent,
+                                _ => false,
+                            };
+                        prop_assert!(
+                            out.is_ok() || !waits,
+                            "a callback ({outcome:?}) for step {j}, which waits for it, is refused: {out:?}\n{r:?}"
+                        );
+                    }
                     if let Act::Event(j, id) = act {
                         if id == self.event_ids.len() {
                             self.event_ids.push(format!("id-{id}"));
@@ -1997,9 +2160,35 @@ mod parallel {
             }
             let expected = match want {
                 ProcessState::Refused | ProcessState::Compensated => m.to_undo(),
+                // The undos up to the one refused, last first.
+                ProcessState::CompensationFailed => {
+                    let blocked = m.blocked();
+                    m.to_undo()
+                        .into_iter()
+                        .filter(|at| Some(*at) > blocked)
+                        .collect()
+                }
                 _ => vec![],
             };
             prop_assert_eq!(&undone, &expected, "the undos that ran; model: {:?}", m);
+            if let (ProcessState::CompensationFailed, Some((i, k))) = (want, m.blocked()) {
+                // The task names the step whose undo was refused, and why.
+                let unit = (r.step_index, r.undo_element(r.step_index).unwrap_or(0));
+                prop_assert_eq!(unit, (i, k), "the undo refused");
+                let error = r.last_error.as_deref().unwrap_or_default();
+                let code = match m.steps[i].call {
+                    Call::Run(_) => "run_needs_operator",
+                    _ => "child_needs_operator",
+                };
+                let named = format!("undo of {}: {code}", r.steps[i].name);
+                prop_assert!(error.contains(&named), "{:?} names no {:?}", error, named);
+            }
+            for (i, s) in r.steps.iter().enumerate() {
+                if matches!(m.steps[i].call, Call::Run(_)) {
+                    // Its elements are its run's, none in the task's record.
+                    prop_assert!(s.elements.is_empty(), "distributed step {} has elements", i);
+                }
+            }
             if want == ProcessState::Processed {
                 let results = r.results();
                 for (i, s) in r.steps.iter().enumerate() {
@@ -2019,6 +2208,15 @@ mod parallel {
                         sm.units.iter().all(|u| u.went_out),
                         "step {i} done, never sent (or one of its elements)"
                     );
+                    if matches!(sm.call, Call::Run(_)) {
+                        // Its run's answer: its elements' results in order.
+                        prop_assert_eq!(
+                            &results[&s.name]["result"],
+                            &run_results(m.items),
+                            "the result of distributed forEach step {}",
+                            i
+                        );
+                    }
                     if sm.each.is_some() {
                         // Each element done, or refused within the tolerance; the step's
                         // result, theirs in order (`null` for a refused one).
@@ -2046,6 +2244,7 @@ mod parallel {
                     ProcessState::Processed => NoticeKind::Processed,
                     ProcessState::Refused => NoticeKind::Refused,
                     ProcessState::Compensated => NoticeKind::Compensated,
+                    ProcessState::CompensationFailed => NoticeKind::CompensationFailed,
                     _ => NoticeKind::Failed,
                 };
                 prop_assert_eq!(self.notices.last(), Some(&last), "notices");
@@ -2083,6 +2282,22 @@ mod parallel {
                         self.apply(Act::Compensate, t)?;
                         continue;
                     }
+                    ProcessState::CompensationFailed
+                        if self.m.blocked()
+                            == Some((
+                                self.r.step_index,
+                                self.r.undo_element(self.r.step_index).unwrap_or(0),
+                            ))
+                            && self
+                                .r
+                                .last_error
+                                .as_deref()
+                                .is_some_and(|e| e.contains("_needs_operator")) =>
+                    {
+                        // Refused while its child or run waits for an operator: the task waits
+                        // for one too.
+                        return self.quiet();
+                    }
                     ProcessState::CompensationFailed => {
                         prop_assert!(self.m.undo_trouble, "no undo failed: {:?}", self.r);
                         let t = retry(&self.r, &ops, self.now, &self.p)
@@ -2100,14 +2315,21 @@ mod parallel {
                         && call.timeout().is_some()
                         && self.r.steps[o.step].status == StepStatus::Waiting
                     {
-                        // A callback step its service accepted: it calls back.
+                        // A callback step its service accepted: it calls back (a child or run
+                        // that ended CompensationFailed answers as it did: its answer delivered
+                        // again).
                         let g = self.r.steps[o.step].generation;
-                        let act = Act::Callback((o.step, 0), g, Outcome::Success);
+                        let outcome = if self.m.steps[o.step].units[0].needs_operator {
+                            Outcome::Faulted
+                        } else {
+                            Outcome::Success
+                        };
+                        let act = Act::Callback((o.step, 0), g, outcome);
                         let t = apply_callback(
                             &self.r,
                             o.step,
                             g,
-                            &ok(),
+                            &self.answer(outcome, &o),
                             self.now,
                             &self.p,
                             &self.router(),
@@ -2117,17 +2339,29 @@ mod parallel {
                         continue;
                     }
                     // Answered at once; but a callback step's service accepts it first, then
-                    // calls back, and a sub-workflow step's undo is accepted (the child's
-                    // compensation starts), then its end answers.
+                    // calls back, and a sub-workflow (distributed forEach) step's undo is
+                    // accepted (the child's compensation starts, or the run's undos), then its
+                    // end answers; a child or run that waits for an operator refuses the undo.
+                    let needs_operator =
+                        o.undo && self.m.steps[o.step].units[o.unit().1].needs_operator;
                     let accepts = if o.undo {
-                        call.child() && self.undos_accepted.insert((o.attempt, o.step))
+                        !needs_operator
+                            && call.starts()
+                            && self.undos_accepted.insert((o.attempt, o.step))
                     } else {
                         call.timeout().is_some()
                     };
-                    let outcome = if accepts {
+                    let outcome = if needs_operator {
+                        Outcome::Refusal
+                    } else if accepts {
                         Outcome::Accepted
                     } else {
                         Outcome::Success
+                    };
+                    let reply = if needs_operator {
+                        needs_operator_refusal(call)
+                    } else {
+                        self.answer(outcome, &o)
                     };
                     let act = Act::Reply(o, outcome);
                     let t = apply_reply(
@@ -2135,7 +2369,7 @@ mod parallel {
                         o.attempt,
                         o.step,
                         o.undo,
-                        &outcome.reply(&o, self.now),
+                        &reply,
                         self.now,
                         &self.p,
                         &self.router(),
@@ -2210,6 +2444,24 @@ mod parallel {
         }
     }
 
+    /// The result of a distributed forEach step over `items` elements, each answered `{"e": k}`.
+    fn run_results(items: usize) -> Value {
+        Value::Array((0..items).map(|k| json!({ "e": k })).collect())
+    }
+
+    /// sas's answer to the undo of a step whose child task (`child_needs_operator`) or run
+    /// (`run_needs_operator`) ended CompensationFailed: refused, until an operator settles it.
+    fn needs_operator_refusal(call: Call) -> StepOutcome {
+        let (code, what) = match call {
+            Call::Run(_) => ("run_needs_operator", "run"),
+            _ => ("child_needs_operator", "child task"),
+        };
+        StepOutcome::Refused {
+            code: code.into(),
+            message: format!("the {what} is CompensationFailed: an operator settles it first"),
+        }
+    }
+
     /// The workflow of draw `d` (with a task deadline of `deadline` seconds), published over
     /// the deployment's policy `base`, and its task's input.
     fn publish(
@@ -2269,14 +2521,43 @@ mod parallel {
         for (i, s) in w.steps.iter().enumerate() {
             let call = run.m.steps[i].call;
             prop_assert_eq!(
-                (s.policy.callback.map(|c| c.timeout), s.child.is_some()),
-                (call.timeout(), call.child()),
-                "step {} a callback step, a sub-workflow step",
+                (
+                    s.policy.callback.map(|c| c.timeout),
+                    s.child.is_some(),
+                    s.run.is_some()
+                ),
+                (
+                    call.timeout(),
+                    matches!(call, Call::Child(_)),
+                    matches!(call, Call::Run(_))
+                ),
+                "step {} a callback step, a sub-workflow step, a distributed forEach step",
                 i
             );
+            if let Call::Run(secs) = call {
+                // Its `timeout` bounds the agent's attempt that starts its run; the task keeps
+                // none of its elements (no forEach of its own), and its undo, if any, is the
+                // run's (waiting as long as the run may take).
+                prop_assert_eq!(
+                    (
+                        s.policy.step_timeout,
+                        s.for_each.is_none(),
+                        s.policy.undo_timeout
+                    ),
+                    (Duration::seconds(i64::from(secs)), true, call.timeout()),
+                    "distributed forEach step {}",
+                    i
+                );
+                prop_assert_eq!(
+                    s.undo.is_some(),
+                    run.m.steps[i].undoable,
+                    "step {}'s undo",
+                    i
+                );
+            }
             prop_assert_eq!(
                 s.policy.accepted_leaves_nothing_in_flight(),
-                call.child(),
+                call.starts(),
                 "step {}: its undo answers later",
                 i
             );
@@ -2424,13 +2705,16 @@ mod parallel {
         /// Any interleaving of events about a parallel group's branches keeps the record
         /// valid, never sends a step once the task stops, sends each step under an attempt
         /// once; and the task then ends as the model says, having undone, last first, exactly
-        /// the steps that may have taken effect. Steps may be callback steps and sub-workflow
-        /// steps (see `Call`): accepted, called back (a stale callback changes nothing), timed
-        /// out while accepted, a sub-workflow step's undo accepted then answered (once).
+        /// the steps that may have taken effect. Steps may be callback steps, sub-workflow
+        /// steps and (on the main line) distributed forEach steps (see `Call`): accepted,
+        /// called back (a stale callback changes nothing; one for the step a task waits for
+        /// applies), timed out while accepted, the undo of a sub-workflow or distributed step
+        /// accepted then answered (once); any answer may be `Faulted` (see
+        /// `children_and_runs_end_as_the_model_says`).
         #[test]
         fn parallel_groups_end_as_the_model_says(
             d in draw(),
-            events in proptest::collection::vec((ev(1), mode()), 0..60),
+            events in proptest::collection::vec((ev(1, 2), mode()), 0..60),
             auto in proptest::bool::ANY,
             operators in proptest::bool::weighted(0.4),
             threshold in 1u32..=3,
@@ -2450,11 +2734,30 @@ mod parallel {
         #[test]
         fn for_each_steps_and_choices_end_as_the_model_says(
             d in draw_each(),
-            events in proptest::collection::vec((ev(2), mode()), 0..80),
+            events in proptest::collection::vec((ev(2, 2), mode()), 0..80),
             auto in proptest::bool::ANY,
             operators in proptest::bool::weighted(0.4),
             threshold in 1u32..=3,
             deadline in proptest::option::weighted(0.25, 5u16..=240),
+        ) {
+            run(&d, &events, auto, operators, threshold, deadline)?;
+        }
+
+        /// The same with mostly sub-workflow steps and distributed forEach steps (see `Call`),
+        /// their ends often `Faulted` (what they started ended CompensationFailed): besides the
+        /// above, a distributed forEach step waits for its run's end 24 hours whatever its
+        /// `timeout`, keeps no element of its own, and is undone as a unit if it has an undo;
+        /// a step answered `Faulted` fails the task and is undone, and while its child or run
+        /// waits for an operator that undo is refused, so the task ends CompensationFailed at
+        /// that step, having undone exactly the steps after it.
+        #[test]
+        fn children_and_runs_end_as_the_model_says(
+            d in draw_starts(),
+            events in proptest::collection::vec((ev(1, 5), mode()), 0..50),
+            auto in proptest::bool::ANY,
+            operators in proptest::bool::weighted(0.4),
+            threshold in 1u32..=3,
+            deadline in proptest::option::weighted(0.2, 5u16..=240),
         ) {
             run(&d, &events, auto, operators, threshold, deadline)?;
         }

@@ -738,6 +738,17 @@ pub fn apply_callback(
                 StepOutcome::Refused { code, message } => {
                     step_refused(&mut n, step_index, r.attempt, code, message, now, p)
                 }
+                // What the step started took effect and could not undo itself (or its result
+                // cannot be kept): the step failed, at once, as it would while out.
+                StepOutcome::Faulted { error } => step_failed(
+                    &mut n,
+                    step_index,
+                    r.attempt,
+                    StepStatus::Faulted,
+                    error,
+                    now,
+                    p,
+                ),
                 _ => return Err(Rejection::NotWaiting(step_index)),
             };
             tidy(&mut n);
@@ -2032,6 +2043,67 @@ mod tests {
         );
         assert_eq!(r.steps[2].status, StepStatus::Faulted);
         assert_eq!(r.current_step(), Some(r.steps[2].name.as_str()));
+    }
+
+    /// A `Faulted` answer (a child or run that ended CompensationFailed, or a result too large
+    /// to keep) for a callback step handed back after its wait timed out, or for the step the
+    /// task failed at waiting for it, fails the step at once, as it does while the step is out:
+    /// it took effect, and is undone with its task. (It was refused as "not waiting", and lost:
+    /// the step went out again under the same key, which the service answers once, and waited
+    /// its whole timeout again for an answer that had come.)
+    #[test]
+    fn a_late_faulted_callback_fails_the_step_handed_back_or_failed_waiting_for_it() {
+        let p = callback_policies();
+        let now = t0();
+        let faulted = StepOutcome::Faulted {
+            error: "child task c ended CompensationFailed".into(),
+        };
+        let (mut r, due) = callback_wait_timed_out(now, &p);
+        assert_eq!(r.process_state, ProcessState::Pending);
+        apply(&mut r, |r| {
+            apply_callback(r, 2, 0, &faulted, due, &p, &Linear)
+        });
+        assert_eq!(r.steps[2].status, StepStatus::Faulted);
+        assert_eq!(
+            (r.process_state, r.current_step()),
+            (ProcessState::Compensating, Some("send-contract")),
+            "it took effect: its undo comes first"
+        );
+        assert!(r.owed().contains(&NoticeKind::Failed), "{:?}", r.owed());
+
+        // Failed waiting for it, compensation off: the task stays in Error, at the step now
+        // Faulted, and alerts with the reason.
+        let mut manual = vec![base(); 4];
+        manual[2].callback = p.at(2).callback;
+        for s in &mut manual {
+            s.auto_compensate = false;
+            s.failure_threshold = 1;
+        }
+        let manual = Policies::new(manual);
+        let (mut r, due) = callback_wait_timed_out(now, &manual);
+        assert_eq!(
+            (r.process_state, r.steps[2].status),
+            (ProcessState::Error, StepStatus::TimedOut)
+        );
+        apply(&mut r, |r| {
+            apply_callback(r, 2, 0, &faulted, due, &manual, &Linear)
+        });
+        assert_eq!(
+            (r.process_state, r.steps[2].status),
+            (ProcessState::Error, StepStatus::Faulted)
+        );
+        assert!(
+            r.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("CompensationFailed")),
+            "{:?}",
+            r.last_error
+        );
+        // A heartbeat there is still no answer.
+        assert_eq!(
+            apply_callback(&r, 2, 0, &StepOutcome::Heartbeat, due, &manual, &Linear).err(),
+            Some(Rejection::NotRunning(ProcessState::Error))
+        );
     }
 
     #[test]

@@ -41,7 +41,8 @@ pub const CHILD_UNDO_ACTION: &str = "undo";
 /// [`crate::domain::run`]). Its name cannot be a deployment's service's (a service's name has
 /// no dot).
 pub const RUN_SERVICE: &str = "sas.forEach";
-/// How long a distributed forEach step waits for its run by default (its `timeout` sets it).
+/// How long a distributed forEach step waits for its run (its run's limit, whatever the step's
+/// `timeout`, which bounds only the agent's attempt that starts the run).
 pub const RUN_TIMEOUT_HOURS: i64 = 24;
 /// The undo a distributed forEach step gets when its elements have one: the run undoes every
 /// element that took effect, each by its own undo, last first.
