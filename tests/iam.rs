@@ -1430,7 +1430,12 @@ async fn payload_calls_are_recorded_and_held_to_the_grants() {
     ]);
     assert_eq!(ungranted(&f, &t, &granted), Vec::<String>::new());
     let refused = BTreeSet::from([
-        call(SUPERVISOR, "s3:PutObject", "arn:aws:s3:::other/tasks/x", None),
+        call(
+            SUPERVISOR,
+            "s3:PutObject",
+            "arn:aws:s3:::other/tasks/x",
+            None,
+        ),
         listing(SCHEDULER, "tasks/<task id>/"),
         listing(SUBMISSION, "tasks/<task id>/"),
         listing(SUPERVISOR, "other/"),

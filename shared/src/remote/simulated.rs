@@ -759,10 +759,7 @@ mod tests {
             },
             Arc::new(SystemClock),
         );
-        let with = |key: &str, input: serde_json::Value| RemoteCall {
-            input,
-            ..call(key)
-        };
+        let with = |key: &str, input: serde_json::Value| RemoteCall { input, ..call(key) };
         let marked = serde_json::json!({"invoice": {"id": 7, "disputed": true}});
         assert!(matches!(
             s.call(&with("k7", marked.clone()), Duration::from_secs(1))
