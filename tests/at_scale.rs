@@ -395,7 +395,7 @@ async fn month_end_at_scale(
         _ => {
             let text = step.result.as_deref().expect("a result");
             assert!(
-                text.len() <= sas::domain::payload::MESSAGE_INLINE_BYTES,
+                text.len() <= sas::domain::payload::SHOWN_WHOLE_BYTES,
                 "{} bytes inline",
                 text.len()
             );

@@ -838,7 +838,7 @@ impl TaskView {
 
 /// The most bytes (as JSON text) one payload of a view shows whole: an input, a request body,
 /// a result.
-pub const VIEW_PAYLOAD_BYTES: usize = 256 * 1024;
+pub const VIEW_PAYLOAD_BYTES: usize = crate::domain::payload::SHOWN_WHOLE_BYTES;
 /// The most bytes a view's payloads show together, so that an answer stays well within
 /// Lambda's 6 MB response whatever the task holds (inputs and results go up to 6 MiB each).
 pub const VIEW_PAYLOADS_BYTES: usize = 4 * 1024 * 1024;

@@ -34,6 +34,12 @@ pub fn is_inline(bytes: usize) -> bool {
     bytes <= INLINE_PAYLOAD_BYTES
 }
 
+/// The most bytes (as JSON text) a view shows of one payload whole; a larger one shows as its
+/// size and hash. A distributed forEach's result past it is kept as JSON Lines by reference
+/// (never read back into its task's record unless a query reads it): below it, the result is
+/// an ordinary one, which views show whole as they always did.
+pub const SHOWN_WHOLE_BYTES: usize = 256 * 1024;
+
 /// The largest payload a queue message carries inline (a step request's body, a reply's
 /// result): SQS bills a message per 64 KiB, and this leaves room for the envelope. A larger
 /// one travels by reference.

@@ -16,7 +16,7 @@
 //! ([`recheck`]): what it has out is opened again, idempotently.
 
 use super::{HandlerError, TaskPorts};
-use crate::domain::payload::MESSAGE_INLINE_BYTES;
+use crate::domain::payload::SHOWN_WHOLE_BYTES;
 use crate::domain::run::{
     Direction, ElementEnd, ListSource, MAX_LIST_BYTES, Run, RunEffects, RunPlan, parse_list,
 };
@@ -693,9 +693,8 @@ pub async fn answer_task(ports: &TaskPorts, record: &StateRecord) -> Result<(), 
     Ok(())
 }
 
-/// A run's results as its step's result: a JSON array (text) when it is within a message's
-/// inline size ([`MESSAGE_INLINE_BYTES`]), else a JSON Lines payload of the task's, by
-/// reference.
+/// A run's results as its step's result: a JSON array (text) when it is within what a view
+/// shows whole ([`SHOWN_WHOLE_BYTES`]), else a JSON Lines payload of the task's, by reference.
 enum Results {
     Inline(String),
     Lines(crate::domain::PayloadRef),
@@ -703,16 +702,17 @@ enum Results {
 
 /// The step's result: each element's result in order (`null` for one with none). The
 /// elements' records are read a few dozen at once, so a run of 10,000 answers in seconds, and
-/// never held all at once: past [`MESSAGE_INLINE_BYTES`] they go to a JSON Lines payload of
+/// never held all at once: past [`SHOWN_WHOLE_BYTES`] they go to a JSON Lines payload of
 /// task `task` as they are read (the object written before the reply that names it). A
 /// writer that dies and answers again writes a second object, under a second name: the
 /// task's reply is fenced (one answer applied), and its retention deletes both.
 ///
-/// A small result stays what it was: a message carries it inline, and the task's record keeps
-/// it (by reference past [`crate::domain::payload::INLINE_PAYLOAD_BYTES`], read back whole
-/// with the record). A larger one would cost a PutObject as a message's payload anyway; as
-/// JSON Lines it costs the same (or a multipart upload past a part), and the task's record,
-/// read for every message of the task, never reads it back unless a query reads the step.
+/// A result a view shows whole stays what it was: an ordinary result (by reference past a
+/// message's and the record's inline sizes, read back whole with the record, shown whole). A
+/// larger one costs a PutObject as JSON Lines as it would as a message's payload (or a
+/// multipart upload past a part), and the task's record, read for every message of the task,
+/// never reads it back unless a query reads the step; a view showed it as its size and hash
+/// anyway, and now shows its reference.
 async fn results(
     ports: &TaskPorts,
     run: TaskId,
@@ -744,7 +744,7 @@ async fn results(
         let line = line?;
         array_bytes += line.len() + 1;
         held.push(line);
-        if array_bytes > MESSAGE_INLINE_BYTES {
+        if array_bytes > SHOWN_WHOLE_BYTES {
             return lines_kept(ports, task, held, lines)
                 .await
                 .map(Results::Lines);
