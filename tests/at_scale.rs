@@ -55,6 +55,22 @@ const ON_THE_EMULATOR: Scale = Scale {
     refused_at: 60,
     at_once: 20,
 };
+
+/// The emulator's size: [`ON_THE_EMULATOR`], or `SAS_AT_SCALE_INVOICES` invoices (the one at
+/// three fifths of the list disputed, [`FULL`]'s `maxConcurrency`) for a longer run by hand.
+fn on_the_emulator() -> Scale {
+    match std::env::var("SAS_AT_SCALE_INVOICES")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        Some(invoices) if invoices >= 10 => Scale {
+            invoices,
+            refused_at: invoices * 3 / 5,
+            at_once: FULL.at_once,
+        },
+        _ => ON_THE_EMULATOR,
+    }
+}
 /// Where the lists are kept (a team's own bucket, not the stack's).
 const LISTS: &str = "month-end-lists";
 
@@ -544,6 +560,7 @@ async fn a_month_end_of_5000_invoices_in_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_month_end_of_100_invoices_on_the_emulator() {
+    let scale = on_the_emulator();
     let (books_url, books) = books().await;
     let config = sas_blackbox::sdk_config().await;
     let s3 = aws_sdk_s3::Client::from_conf(
@@ -558,17 +575,10 @@ async fn a_month_end_of_100_invoices_on_the_emulator() {
         .await
         .expect("a bucket");
     for (key, body) in [
-        (
-            "2026-11.jsonl",
-            invoices("2026-11", ON_THE_EMULATOR.invoices, None),
-        ),
+        ("2026-11.jsonl", invoices("2026-11", scale.invoices, None)),
         (
             "2026-12.jsonl",
-            invoices(
-                "2026-12",
-                ON_THE_EMULATOR.invoices,
-                Some(ON_THE_EMULATOR.refused_at),
-            ),
+            invoices("2026-12", scale.invoices, Some(scale.refused_at)),
         ),
     ] {
         s3.put_object()
@@ -587,14 +597,15 @@ async fn a_month_end_of_100_invoices_on_the_emulator() {
     let system = System::new(backend, settings(), Arc::new(sas::ports::SystemClock))
         .await
         .expect("a system on the emulator");
-    let (system, base) = serve(system, &books_url, ON_THE_EMULATOR.at_once).await;
+    let (system, base) = serve(system, &books_url, scale.at_once).await;
     month_end_at_scale(
         &system,
         &base,
         &books,
         &bucket,
-        ON_THE_EMULATOR,
-        Duration::from_secs(600),
+        scale,
+        // About a second an invoice on moto, for a run by hand at a larger size.
+        Duration::from_secs(600.max(scale.invoices as u64 * 2)),
     )
     .await;
     system.shutdown().await;

@@ -591,6 +591,7 @@ fn each_api_auth_value_gives_the_task_routes_its_authorization() {
         "StartTaskRoute",
         "ListTasksRoute",
         "GetTaskRoute",
+        "StepResultRoute",
         "CancelTaskRoute",
     ];
     for (mode, want) in [("IAM", "AWS_IAM"), ("JWT", "JWT"), ("None", "NONE")] {

@@ -730,4 +730,40 @@ steps:
         "the view is {} bytes",
         view.to_string().len()
     );
+
+    // The result whole, read through the API: sas-local's objects have no read URL, so the
+    // answer is the JSON Lines themselves (S3's is a redirect: tests/payloads.rs).
+    let api = &system.operator;
+    let read = |path: String| async move {
+        sas::api::handle(
+            api,
+            &sas_blackbox::operator(),
+            &http::Method::GET,
+            &format!("{}{path}", sas::api::OPERATOR_PREFIX),
+            &http::HeaderMap::new(),
+            b"",
+        )
+        .await
+    };
+    let answer = read(format!("/tasks/{id}/steps/post/result")).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer.headers().get(http::header::CONTENT_TYPE),
+        Some(&http::HeaderValue::from_static("application/x-ndjson"))
+    );
+    let lines: Vec<Value> = answer
+        .body()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a line of JSON"))
+        .collect();
+    assert_eq!(lines.len(), N);
+    assert_eq!(lines[N - 1]["at"], json!(N - 1), "in order");
+    assert_eq!(answer.body().len() as u64, kept.bytes);
+    let answer = read(format!("/tasks/{id}/steps/nope/result")).await;
+    assert_eq!(answer.status(), 404, "{}", answer.body());
+    assert!(
+        answer.body().contains("result_not_found"),
+        "{}",
+        answer.body()
+    );
 }

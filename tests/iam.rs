@@ -1616,7 +1616,8 @@ fn the_documented_submitter_policy_reaches_the_task_routes_and_no_operator_route
             vec![
                 path.replace("{name}", "loan-application")
                     .replace("{taskId}", "0f0c9d6e-1b1a-4c55-9a3e-3a3c1f3f2b10")
-                    .replace("{token}", "tok"),
+                    .replace("{token}", "tok")
+                    .replace("{step}", "post"),
             ]
         };
         let methods: Vec<&str> = if method == "ANY" {
@@ -1634,7 +1635,7 @@ fn the_documented_submitter_policy_reaches_the_task_routes_and_no_operator_route
         }
     }
     assert!(operator_routes.len() >= proxy.len(), "{operator_routes:?}");
-    assert_eq!(task_routes.len(), 4, "{task_routes:?}");
+    assert_eq!(task_routes.len(), 5, "{task_routes:?}");
     for op in &operator_routes {
         for d in &documented {
             assert!(

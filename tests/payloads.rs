@@ -450,6 +450,56 @@ async fn s3_json_lines_keep_the_contract() {
     );
 }
 
+/// A read URL (S3's presigned GET, what `GET /tasks/{taskId}/steps/{step}/result` redirects
+/// to) reads the object without credentials, and only that object; memory and files have none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_s3_object_has_a_read_url_and_memory_and_files_have_none() {
+    let config = sdk_config().await;
+    let client = sas::aws::s3_client(&config);
+    let bucket = unique("urls");
+    provision::create_bucket(&client, &bucket)
+        .await
+        .expect("bucket");
+    let store = S3Payloads::from_config(&config, &bucket);
+    let task = TaskId::new_random();
+    let lines: Vec<Vec<u8>> = (0..3)
+        .map(|k| format!("{{\"k\":{k}}}").into_bytes())
+        .collect();
+    let kept = store
+        .put_lines(
+            task,
+            futures::stream::iter(lines.into_iter().map(Ok)).boxed(),
+        )
+        .await
+        .expect("kept");
+    let ttl = std::time::Duration::from_secs(300);
+    let url = store
+        .read_url(&kept, ttl)
+        .await
+        .expect("signed")
+        .expect("S3 has read URLs");
+    assert!(url.contains(&kept.key()), "{url}");
+    assert!(url.contains("X-Amz-Signature"), "presigned: {url}");
+    // No credentials: the signature in the URL is the only one.
+    let body = reqwest::get(&url)
+        .await
+        .expect("read")
+        .error_for_status()
+        .expect("200")
+        .bytes()
+        .await
+        .expect("body");
+    assert_eq!(&body[..], b"{\"k\":0}\n{\"k\":1}\n{\"k\":2}\n");
+    assert!(kept.matches(&body), "the bytes the reference names");
+    let memory = MemoryPayloads::new();
+    let r = memory.put(task, b"{}").await.expect("kept");
+    assert_eq!(memory.read_url(&r, ttl).await.expect("no error"), None);
+    let dir = tempfile::tempdir().expect("a folder");
+    let files = FilePayloads::under(dir.path());
+    let r = files.put(task, b"{}").await.expect("kept");
+    assert_eq!(files.read_url(&r, ttl).await.expect("no error"), None);
+}
+
 #[tokio::test]
 async fn memory_objects_keep_the_contract() {
     let store = MemoryPayloads::new();

@@ -144,6 +144,14 @@ impl Payloads for Cached {
         self.inner.put_lines(task_id, lines).await
     }
 
+    async fn read_url(
+        &self,
+        r: &PayloadRef,
+        ttl: std::time::Duration,
+    ) -> Result<Option<String>, PayloadError> {
+        self.inner.read_url(r, ttl).await
+    }
+
     async fn delete_task(&self, task_id: TaskId) -> Result<usize, PayloadError> {
         if let Ok(mut c) = self.cache.lock() {
             c.forget(&PayloadRef::prefix(task_id));

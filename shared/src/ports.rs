@@ -508,6 +508,17 @@ pub trait Payloads: Send + Sync {
     async fn put(&self, task_id: TaskId, body: &[u8]) -> Result<PayloadRef, PayloadError>;
     /// The bytes `r` names, checked against it ([`PayloadError::Corrupt`] otherwise).
     async fn get(&self, r: &PayloadRef) -> Result<Vec<u8>, PayloadError>;
+    /// A URL that reads the object `r` names for `ttl`, without credentials of its own (S3's
+    /// presigned GET), for a caller too far from the store to read it; `None` where objects
+    /// have no such URL (memory, files): the caller is then answered the bytes. The URL is a
+    /// credential until it expires: it is answered, never logged.
+    async fn read_url(
+        &self,
+        _r: &PayloadRef,
+        _ttl: std::time::Duration,
+    ) -> Result<Option<String>, PayloadError> {
+        Ok(None)
+    }
     /// Keeps `lines` as a JSON Lines payload of `task_id` (each item one JSON value, compact,
     /// written as it comes, each followed by a line break: [`LinesWriter`]) and answers its
     /// reference, with its SHA-256, length and line count. The whole is never held: on S3 it

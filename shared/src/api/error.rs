@@ -121,6 +121,9 @@ pub enum ApiError {
     ScheduleNotFound(String),
     #[error("no such callback")]
     CallbackNotFound,
+    /// The task has no such step, or the step has no result (yet).
+    #[error("{0}")]
+    ResultNotFound(String),
     #[error(
         "this step no longer waits for this callback: an earlier callback was applied, the step is being undone, it was retried under a new key, or the task moved on"
     )]
@@ -195,6 +198,7 @@ impl ApiError {
         "service_not_found",
         "schedule_not_found",
         "callback_not_found",
+        "result_not_found",
         "stale_callback",
         "event_not_expected",
         "event_refused",
@@ -235,6 +239,7 @@ impl ApiError {
             Self::ServiceNotFound(_) => "service_not_found",
             Self::ScheduleNotFound(_) => "schedule_not_found",
             Self::CallbackNotFound => "callback_not_found",
+            Self::ResultNotFound(_) => "result_not_found",
             Self::StaleCallback => "stale_callback",
             Self::EventNotExpected(_) => "event_not_expected",
             Self::EventRefused { .. } => "event_refused",
@@ -254,6 +259,7 @@ impl ApiError {
             | Self::ServiceNotFound(_)
             | Self::ScheduleNotFound(_)
             | Self::CallbackNotFound
+            | Self::ResultNotFound(_)
             | Self::EventNotExpected(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
@@ -434,6 +440,7 @@ mod tests {
             ApiError::ServiceNotFound(s()),
             ApiError::ScheduleNotFound(s()),
             ApiError::CallbackNotFound,
+            ApiError::ResultNotFound(s()),
             ApiError::StaleCallback,
             ApiError::EventNotExpected(s()),
             ApiError::EventRefused {

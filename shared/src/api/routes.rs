@@ -32,12 +32,18 @@ pub const ROUTES: &[(Api, &str, &str)] = &[
     (Api::Task, "POST", "/workflows/{name}/tasks"),
     (Api::Task, "GET", "/tasks"),
     (Api::Task, "GET", "/tasks/{taskId}"),
+    (Api::Task, "GET", "/tasks/{taskId}/steps/{step}/result"),
     (Api::Task, "POST", "/tasks/{taskId}/cancel"),
     (Api::Task, "POST", "/tasks/{taskId}/events/{name}"),
     (Api::Task, "POST", "/tasks/{taskId}/callbacks/{token}"),
     (Api::Operator, "POST", "/operator/workflows/{name}/tasks"),
     (Api::Operator, "GET", "/operator/tasks"),
     (Api::Operator, "GET", "/operator/tasks/{taskId}"),
+    (
+        Api::Operator,
+        "GET",
+        "/operator/tasks/{taskId}/steps/{step}/result",
+    ),
     (
         Api::Operator,
         "POST",
@@ -100,6 +106,11 @@ pub enum Route<'a> {
     /// `GET /tasks/{id}`.
     GetTask {
         id: &'a str,
+    },
+    /// `GET /tasks/{id}/steps/{step}/result`: the step's result whole.
+    StepResult {
+        id: &'a str,
+        step: &'a str,
     },
     /// `POST /tasks/{id}/{action}` (on the task API, `cancel` only).
     Act {
@@ -195,6 +206,7 @@ impl<'a> Target<'a> {
             ["tasks"] => ("GET", Target::Api(ListMyTasks)),
             ["tasks", id] => ("GET", Target::Api(GetTask { id })),
             ["tasks", id, "events", name] => ("POST", Target::Api(Event { id, name })),
+            ["tasks", id, "steps", step, "result"] => ("GET", Target::Api(StepResult { id, step })),
             ["tasks", id, "cancel"] if !op => (
                 "POST",
                 Target::Api(Act {
@@ -292,6 +304,12 @@ pub(crate) async fn answer(
         Route::GetTask { id } => {
             let span = info_span!("get_task", task_id = %id);
             tasks::get_task(deps, caller, id, query)
+                .instrument(span)
+                .await
+        }
+        Route::StepResult { id, step } => {
+            let span = info_span!("step_result", task_id = %id, step = %step);
+            tasks::step_result(deps, caller, id, step)
                 .instrument(span)
                 .await
         }

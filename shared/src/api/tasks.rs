@@ -1,7 +1,8 @@
 //! The task API's own routes: `POST /workflows/{name}/tasks` starts a task of the newest
 //! version of a workflow (idempotently per caller), `GET /tasks` lists the caller's tasks, `GET
 //! /tasks/{taskId}` reports one (the caller's view on the task API, everything on the operator
-//! API). A caller sees only its own tasks (another's answers 404). The cancel is an action:
+//! API), `GET /tasks/{taskId}/steps/{step}/result` reads one step's result whole. A caller sees
+//! only its own tasks (another's answers 404). The cancel is an action:
 //! [`super::operator::act`].
 
 use super::deps::ApiDeps;
@@ -197,6 +198,70 @@ pub(super) async fn get_task(deps: &ApiDeps, caller: &Caller, id: &str, query: &
         &CallerTaskView::of(&task, &record, workflow.doc.public_errors)
             .with_children(&workflow, &record),
     ))
+}
+
+/// How long a read URL of a step's result lasts (S3's presigned GET): long enough to follow
+/// the redirect and read gigabytes, short enough that a URL copied somewhere soon reads nothing.
+pub const RESULT_URL_TTL: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// `GET /tasks/{taskId}/steps/{step}/result`: the step's result whole (the caller's own task;
+/// everything on the operator API). A result kept by reference past what an answer carries (a
+/// distributed forEach's JSON Lines, or a JSON result past [`VIEW_PAYLOADS_BYTES`]) is `303`
+/// to a read URL of its object ([`RESULT_URL_TTL`]) where the store has one (S3), else its
+/// bytes (`sas-local`); JSON Lines as `application/x-ndjson`. `404` `result_not_found` for a
+/// step the task does not have, or one without a result yet.
+///
+/// [`VIEW_PAYLOADS_BYTES`]: super::views::VIEW_PAYLOADS_BYTES
+pub(super) async fn step_result(deps: &ApiDeps, caller: &Caller, id: &str, step: &str) -> Answer {
+    let (_, record) = load_for(deps, caller, id).await?;
+    let Some(st) = record.steps.iter().find(|s| s.name == step) else {
+        return Err(ApiError::ResultNotFound(format!(
+            "task {} has no step {step:?}",
+            record.task_id
+        )));
+    };
+    let by_reference = st.result_ref.as_ref().filter(|r| {
+        (r.lines.is_some() && st.result.is_none())
+            || r.bytes > super::views::VIEW_PAYLOADS_BYTES as u64
+    });
+    if let Some(r) = by_reference {
+        let payloads = deps.ports.payloads.as_ref();
+        if let Some(url) = payloads
+            .read_url(r, RESULT_URL_TTL)
+            .await
+            .map_err(ApiError::unavailable)?
+        {
+            // Not logged: the URL reads the object until it expires.
+            let mut answer = respond(StatusCode::SEE_OTHER, &serde_json::json!({"url": url}));
+            if let Ok(location) = http::HeaderValue::from_str(&url) {
+                answer
+                    .headers_mut()
+                    .insert(http::header::LOCATION, location);
+            }
+            return Ok(answer);
+        }
+        let body = payloads.get(r).await.map_err(ApiError::unavailable)?;
+        let text = String::from_utf8(body)
+            .map_err(|_| ApiError::Internal("a kept result is not UTF-8"))?;
+        let mut answer = http::Response::new(text);
+        let kind = if r.lines.is_some() {
+            "application/x-ndjson"
+        } else {
+            "application/json"
+        };
+        answer.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(kind),
+        );
+        return Ok(answer);
+    }
+    match super::views::whole_result(st) {
+        Some(v) => Ok(respond(StatusCode::OK, &v)),
+        None => Err(ApiError::ResultNotFound(format!(
+            "step {step:?} of task {} has no result yet",
+            record.task_id
+        ))),
+    }
 }
 
 /// The operator's `elements_from` (where a run's page of elements starts), if given.

@@ -670,7 +670,8 @@ impl StepView {
 ///
 /// A JSON Lines result (a distributed forEach's past a message's inline size, by reference)
 /// shows as its reference, never its content: `{"jsonLines": {"elements", "bytes", "sha256",
-/// "key"}}`, the object `key` in the payload bucket (its retention is the task's).
+/// "key"}}`, the object `key` in the payload bucket (its retention is the task's); `GET
+/// /tasks/{taskId}/steps/{step}/result` reads it.
 fn caller_result(st: &StepState) -> Option<Value> {
     if st.result.is_none()
         && let Some(r) = &st.result_ref
@@ -683,6 +684,12 @@ fn caller_result(st: &StepState) -> Option<Value> {
             "key": r.key(),
         }}));
     }
+    whole_result(st)
+}
+
+/// A step's result whole, as the mappings read it (but a JSON Lines result, kept by reference):
+/// a forEach step's is its elements' (`null` for one refused), once it is done.
+pub(crate) fn whole_result(st: &StepState) -> Option<Value> {
     if st.elements.is_empty() {
         return st.result.as_deref().map(result_value);
     }

@@ -343,6 +343,25 @@ impl Payloads for S3Payloads {
         }
     }
 
+    async fn read_url(
+        &self,
+        r: &PayloadRef,
+        ttl: std::time::Duration,
+    ) -> Result<Option<String>, PayloadError> {
+        let config = aws_sdk_s3::presigning::PresigningConfig::expires_in(ttl)
+            .map_err(|e| PayloadError::Rejected(format!("a read URL's lifetime: {e}")))?;
+        let key = r.key();
+        let presigned = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .presigned(config)
+            .await
+            .map_err(|e| PayloadError::Unavailable(format!("{key}: no read URL: {e}")))?;
+        Ok(Some(presigned.uri().to_owned()))
+    }
+
     async fn get(&self, r: &PayloadRef) -> Result<Vec<u8>, PayloadError> {
         let key = r.key();
         // A JSON Lines payload has no bound but S3's: its reference's length bounds the read.
