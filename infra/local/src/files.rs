@@ -92,15 +92,7 @@ async fn blocking<T: Send + 'static>(
 /// then renamed over it, so that a reader (or a restart after a crash) never sees half an
 /// object. Two writers of one name write the same bytes; the last rename wins.
 fn write_whole(path: &Path, body: &[u8]) -> Result<(), PayloadError> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| PayloadError::Rejected(format!("{} has no folder", path.display())))?;
-    std::fs::create_dir_all(dir).map_err(|e| unavailable(dir, e))?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
+    let temp = temp_beside(path)?;
     let written = std::fs::File::create(&temp).and_then(|mut f| {
         f.write_all(body)?;
         f.sync_all()
@@ -110,6 +102,20 @@ fn write_whole(path: &Path, body: &[u8]) -> Result<(), PayloadError> {
         return Err(unavailable(path, e));
     }
     Ok(())
+}
+
+/// A new file's name beside `path` (its folder made if need be), unique to this write: where
+/// an object is written before it is renamed over `path`.
+fn temp_beside(path: &Path) -> Result<PathBuf, PayloadError> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| PayloadError::Rejected(format!("{} has no folder", path.display())))?;
+    std::fs::create_dir_all(dir).map_err(|e| unavailable(dir, e))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple())))
 }
 
 /// How much of a JSON Lines payload is held before it goes to its file.
@@ -127,15 +133,7 @@ struct LinesFile {
 impl LinesFile {
     async fn create(path: PathBuf) -> Result<Self, PayloadError> {
         blocking(move || {
-            let dir = path.parent().ok_or_else(|| {
-                PayloadError::Rejected(format!("{} has no folder", path.display()))
-            })?;
-            std::fs::create_dir_all(dir).map_err(|e| unavailable(dir, e))?;
-            let name = path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let temp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
+            let temp = temp_beside(&path)?;
             let file = std::fs::File::create(&temp).map_err(|e| unavailable(&temp, e))?;
             Ok(Self {
                 path,
