@@ -43,7 +43,7 @@ use super::checks::effects;
 use super::config::Config;
 use super::for_each::{submit, until};
 use super::report::Report;
-use super::sub_workflows::{agree, settle_checkout, settled_child};
+use super::sub_workflows::{agree, history, settle_checkout, settled_child};
 use super::world::World;
 use crate::operator::{Operator, OperatorPlan};
 use sas::domain::run::{Mark, RunStop};
@@ -776,17 +776,6 @@ async fn run_story(store: &dyn StateStore, id: TaskId) -> String {
             s.ledger, s.ledger.marks
         ))
     )];
-    let history = |indent: &str, r: &StateRecord| -> Vec<String> {
-        r.history
-            .iter()
-            .map(|h| {
-                format!(
-                    "{indent}{} {} -> {} {:?} a{} {}",
-                    h.at, h.from, h.to, h.step, h.attempt, h.reason
-                )
-            })
-            .collect()
-    };
     lines.extend(history("  ", &r).into_iter().rev().take(10).rev());
     let marks = r
         .run

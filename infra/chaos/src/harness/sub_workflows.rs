@@ -344,17 +344,6 @@ async fn story(store: &dyn sas::ports::StateStore, checkout: &Workflow, id: Task
             ))
             .collect::<Vec<_>>()
     )];
-    let history = |indent: &str, r: &StateRecord| -> Vec<String> {
-        r.history
-            .iter()
-            .map(|h| {
-                format!(
-                    "{indent}{} {} -> {} {:?} a{} {}",
-                    h.at, h.from, h.to, h.step, h.attempt, h.reason
-                )
-            })
-            .collect()
-    };
     lines.extend(history("  ", &r));
     if let Some(child) = child_of(&r, checkout)
         && let Ok(Some(c)) = store.get_state(child).await
@@ -366,4 +355,17 @@ async fn story(store: &dyn sas::ports::StateStore, checkout: &Workflow, id: Task
         lines.extend(history("    ", &c));
     }
     lines.join("\n")
+}
+
+/// A record's history as a story's lines, each under `indent`.
+pub(super) fn history(indent: &str, r: &StateRecord) -> Vec<String> {
+    r.history
+        .iter()
+        .map(|h| {
+            format!(
+                "{indent}{} {} -> {} {:?} a{} {}",
+                h.at, h.from, h.to, h.step, h.attempt, h.reason
+            )
+        })
+        .collect()
 }
