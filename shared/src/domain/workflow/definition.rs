@@ -143,10 +143,12 @@ impl Step {
         }
         mappings.iter().any(|m| m.reads_step(step))
             || self.when.as_ref().is_some_and(|w| w.reads_step(step))
+            // An element reads its own result under the step's name (the element view's one
+            // step): never the step's own, its run's list of results.
             || self
                 .run
                 .as_ref()
-                .is_some_and(|r| r.element.reads_step(step))
+                .is_some_and(|r| r.element.name != step && r.element.reads_step(step))
     }
 }
 
@@ -464,6 +466,34 @@ output: {all: "$.steps.a.result"}
         .expect("valid");
         assert!(output.reads_result("a"), "the task's output reads a's");
         assert!(!output.reads_result("b"));
+    }
+
+    #[test]
+    fn a_distributed_steps_elements_reading_their_own_result_do_not_read_the_steps() {
+        let w = workflow(
+            r#"name: runs
+input: {type: object, properties: {items: {type: array}}}
+steps:
+  - name: open
+    service: inventory
+    input: {}
+  - name: post
+    service: payment
+    forEach: $.input.items
+    distributed: true
+    input: {invoice: $.element, period: "$.steps.open.result.id"}
+    undo: {action: void, input: {posted: "$.steps['post'].result.id"}}
+  - name: file
+    service: shipping
+    input: {}
+"#,
+        )
+        .expect("valid");
+        // In the element view `post` is the element's own step: its undo reads the element's
+        // result, never the run's list of results.
+        assert_eq!(w.element_view(1).expect("a view").steps[0].name, "post");
+        assert!(!w.reads_result("post"), "no query reads the run's results");
+        assert!(w.reads_result("open"), "the elements' input reads open's");
     }
 
     #[test]
