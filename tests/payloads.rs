@@ -419,23 +419,8 @@ async fn file_json_lines_keep_the_contract() {
 /// failed is aborted (no upload left in the bucket).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_json_lines_keep_the_contract() {
-    let config = sdk_config().await;
-    let client = sas::aws::s3_client(&config);
-    let bucket = unique("lines");
-    provision::create_bucket(&client, &bucket)
-        .await
-        .expect("bucket");
-    let store = S3Payloads::from_config(&config, &bucket);
-    let tamper = async |key: &str, bytes: Vec<u8>| {
-        client
-            .put_object()
-            .bucket(&bucket)
-            .key(key)
-            .body(bytes.into())
-            .send()
-            .await
-            .expect("tampered");
-    };
+    let (client, bucket, store) = new_bucket("lines").await;
+    let tamper = async |key: &str, bytes: Vec<u8>| overwrite(&client, &bucket, key, bytes).await;
     put_lines_contract(&store, tamper).await;
     let uploads = client
         .list_multipart_uploads()
@@ -454,13 +439,7 @@ async fn s3_json_lines_keep_the_contract() {
 /// to) reads the object without credentials, and only that object; memory and files have none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_s3_object_has_a_read_url_and_memory_and_files_have_none() {
-    let config = sdk_config().await;
-    let client = sas::aws::s3_client(&config);
-    let bucket = unique("urls");
-    provision::create_bucket(&client, &bucket)
-        .await
-        .expect("bucket");
-    let store = S3Payloads::from_config(&config, &bucket);
+    let (_, _, store) = new_bucket("urls").await;
     let task = TaskId::new_random();
     let lines: Vec<Vec<u8>> = (0..3)
         .map(|k| format!("{{\"k\":{k}}}").into_bytes())
@@ -549,26 +528,36 @@ async fn file_payloads_keep_the_contract() {
     );
 }
 
-/// On the emulator, in a new bucket made by the code's own provisioning.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_payloads_keep_the_contract() {
+/// A new bucket named after `name` on the emulator, made by the code's own provisioning: its
+/// client, its name and the payload store on it.
+async fn new_bucket(name: &str) -> (aws_sdk_s3::Client, String, S3Payloads) {
     let config = sdk_config().await;
     let client = sas::aws::s3_client(&config);
-    let bucket = unique("payloads");
+    let bucket = unique(name);
     provision::create_bucket(&client, &bucket)
         .await
         .expect("bucket");
     let store = S3Payloads::from_config(&config, &bucket);
-    let tamper = async |key: &str, bytes: Vec<u8>| {
-        client
-            .put_object()
-            .bucket(&bucket)
-            .key(key)
-            .body(bytes.into())
-            .send()
-            .await
-            .expect("tampered");
-    };
+    (client, bucket, store)
+}
+
+/// Writes `bytes` under `key` behind the store's back (a tampered object).
+async fn overwrite(client: &aws_sdk_s3::Client, bucket: &str, key: &str, bytes: Vec<u8>) {
+    client
+        .put_object()
+        .bucket(bucket)
+        .key(key)
+        .body(bytes.into())
+        .send()
+        .await
+        .expect("tampered");
+}
+
+/// On the emulator, in a new bucket made by the code's own provisioning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_payloads_keep_the_contract() {
+    let (client, bucket, store) = new_bucket("payloads").await;
+    let tamper = async |key: &str, bytes: Vec<u8>| overwrite(&client, &bucket, key, bytes).await;
     payloads_contract(&store, tamper, MANY).await;
 }
 
