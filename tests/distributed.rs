@@ -4,7 +4,7 @@
 
 use sas::handlers::runs::{element_id, run_id};
 use sas::messages::idempotency_key;
-use sas::{ProcessState, TaskId};
+use sas::{ProcessState, StateRecord, TaskId};
 use sas_local::{Backend, Settings, System};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -436,38 +436,63 @@ async fn the_views_and_the_console_link_task_run_and_elements_off_the_lists() {
     );
 }
 
-#[tokio::test]
-async fn ends_delivered_again_after_their_writer_died_open_what_the_run_has_out() {
-    use sas::domain::run::{Direction, ElementEnd};
-    let system = system(HashMap::new()).await;
-    let id = sas_blackbox::submit_task(&system, "nightly", &invoices(20)).await;
-    // The task claimed, its run started by the agent: its first window (8) opened.
+/// A `nightly` task over `n` invoices, claimed, its run started by the agent: the run's record.
+async fn started_run(system: &System, n: usize) -> (TaskId, StateRecord) {
+    let id = sas_blackbox::submit_task(system, "nightly", &invoices(n)).await;
     system.pump_scheduler().await.expect("scheduler");
     system.pump_agents().await.expect("agent");
-    let run = sas_blackbox::state(&system, run_of(id)).await;
-    assert_eq!(run.run.as_ref().expect("a run").ledger.marks, "o".repeat(8));
+    (id, sas_blackbox::state(system, run_of(id)).await)
+}
 
-    // A scheduler applies two ends and dies before its effects: the ledger has elements 8 and
-    // 9 out, which were never created.
-    let ends = vec![
-        ElementEnd {
-            index: 0,
-            direction: Direction::Forward,
+/// The forward ends, each a success, of elements `indices`.
+fn done(indices: impl IntoIterator<Item = u32>) -> Vec<sas::domain::run::ElementEnd> {
+    indices
+        .into_iter()
+        .map(|index| sas::domain::run::ElementEnd {
+            index,
+            direction: sas::domain::run::Direction::Forward,
             ok: true,
-        },
-        ElementEnd {
-            index: 1,
-            direction: Direction::Forward,
-            ok: true,
-        },
-    ];
+        })
+        .collect()
+}
+
+/// A scheduler applies `ends` to `run` and dies before its effects: the ledger's write alone.
+async fn written_and_died(
+    system: &System,
+    run: &StateRecord,
+    ends: &[sas::domain::run::ElementEnd],
+) -> StateRecord {
     let (t, _) =
-        sas::domain::transition::apply_ends(&run, &ends, chrono::Utc::now()).expect("applies");
+        sas::domain::transition::apply_ends(run, ends, chrono::Utc::now()).expect("applies");
     system
         .store
         .put(&t.record, &t.condition)
         .await
         .expect("written");
+    t.record
+}
+
+/// `ends` of run `run` delivered (again) to the scheduler's handler.
+async fn delivered(system: &System, run: TaskId, ends: Vec<sas::domain::run::ElementEnd>) {
+    sas::handlers::runs::apply_ends(
+        &system.scheduler.ports,
+        &sas::messages::ElementsEnded { run_id: run, ends },
+    )
+    .await
+    .expect("applied");
+}
+
+#[tokio::test]
+async fn ends_delivered_again_after_their_writer_died_open_what_the_run_has_out() {
+    let system = system(HashMap::new()).await;
+    // The task claimed, its run started by the agent: its first window (8) opened.
+    let (id, run) = started_run(&system, 20).await;
+    assert_eq!(run.run.as_ref().expect("a run").ledger.marks, "o".repeat(8));
+
+    // A scheduler applies two ends and dies before its effects: the ledger has elements 8 and
+    // 9 out, which were never created.
+    let ends = done([0, 1]);
+    written_and_died(&system, &run, &ends).await;
     for k in [8, 9] {
         let e = system.store.get_state(element_id(run.task_id, k)).await;
         assert!(e.expect("reads").is_none(), "element {k} not opened yet");
@@ -476,34 +501,14 @@ async fn ends_delivered_again_after_their_writer_died_open_what_the_run_has_out(
     // The same ends, delivered again beside a new one (element 2's): what the run has out
     // opens now (not at the run's check, minutes later), and the new end opens element 10.
     let mut again = ends.clone();
-    again.push(ElementEnd {
-        index: 2,
-        direction: Direction::Forward,
-        ok: true,
-    });
-    sas::handlers::runs::apply_ends(
-        &system.scheduler.ports,
-        &sas::messages::ElementsEnded {
-            run_id: run.task_id,
-            ends: again,
-        },
-    )
-    .await
-    .expect("applied");
+    again.extend(done([2]));
+    delivered(&system, run.task_id, again).await;
     for k in [8, 9, 10] {
         let e = system.store.get_state(element_id(run.task_id, k)).await;
         assert!(e.expect("reads").is_some(), "element {k} opened");
     }
     // Alone, ends applied already change nothing and open again what is out.
-    sas::handlers::runs::apply_ends(
-        &system.scheduler.ports,
-        &sas::messages::ElementsEnded {
-            run_id: run.task_id,
-            ends,
-        },
-    )
-    .await
-    .expect("applied");
+    delivered(&system, run.task_id, ends).await;
     sas_blackbox::pump_until_quiet(&system, 400).await;
     let task = sas_blackbox::state(&system, id).await;
     assert_eq!(
@@ -516,42 +521,18 @@ async fn ends_delivered_again_after_their_writer_died_open_what_the_run_has_out(
 
 #[tokio::test]
 async fn ends_delivered_again_to_a_run_that_ended_send_the_answer_its_writer_died_before() {
-    use sas::domain::run::{Direction, ElementEnd};
     let system = system(HashMap::new()).await;
-    let id = sas_blackbox::submit_task(&system, "nightly", &invoices(2)).await;
-    system.pump_scheduler().await.expect("scheduler");
-    system.pump_agents().await.expect("agent");
-    let run = sas_blackbox::state(&system, run_of(id)).await;
+    let (id, run) = started_run(&system, 2).await;
     assert_eq!(run.run.as_ref().expect("a run").ledger.marks, "oo");
 
     // A scheduler applies both ends, which end the run, and dies before answering the task.
-    let ends: Vec<ElementEnd> = (0..2)
-        .map(|index| ElementEnd {
-            index,
-            direction: Direction::Forward,
-            ok: true,
-        })
-        .collect();
-    let (t, _) =
-        sas::domain::transition::apply_ends(&run, &ends, chrono::Utc::now()).expect("applies");
-    assert_eq!(t.record.process_state, ProcessState::Processed);
-    assert!(t.record.notice_pending(), "the run owes its answer");
-    system
-        .store
-        .put(&t.record, &t.condition)
-        .await
-        .expect("written");
+    let ends = done([0, 1]);
+    let ended = written_and_died(&system, &run, &ends).await;
+    assert_eq!(ended.process_state, ProcessState::Processed);
+    assert!(ended.notice_pending(), "the run owes its answer");
 
     // The same ends come back with their message: the run answers now.
-    sas::handlers::runs::apply_ends(
-        &system.scheduler.ports,
-        &sas::messages::ElementsEnded {
-            run_id: run.task_id,
-            ends,
-        },
-    )
-    .await
-    .expect("applied");
+    delivered(&system, run.task_id, ends).await;
     let run = sas_blackbox::state(&system, run.task_id).await;
     assert!(!run.notice_pending(), "the run's answer went out");
     // No clock moved, no sweep: the scheduler alone takes the answer.
