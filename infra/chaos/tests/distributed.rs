@@ -42,6 +42,9 @@ async fn a_thousand_elements_beside_a_child_end_as_their_tasks_say_under_every_s
         report.took
     );
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    for story in &report.off_path {
+        println!("off its variant's path: {story}");
+    }
     // Each variant's path is the case's data's (disputed invoices, a refused filing), not the
     // seeded faults': every strict run stops and undoes, every returned run is undone.
     assert_eq!(

@@ -78,20 +78,25 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
         return reply(deps, request, outcome).await;
     }
     if super::runs::is_run_request(request) {
-        let outcome = match &deps.tasks {
-            // An undo: the run undoes its elements (its end answers, once `Accepted`), or the
-            // answer is known now.
-            Some(ports) if request.undo => super::runs::undo_run_request(ports, request).await?,
-            Some(ports) => {
-                let input = crate::payloads::request_body(deps.payloads.as_ref(), request).await?;
-                super::runs::start_run(ports, request, input).await?
-            }
-            None => StepOutcome::Refused {
+        let Some(ports) = &deps.tasks else {
+            let outcome = StepOutcome::Refused {
                 code: "distributed_for_each_unavailable".into(),
                 message: "this deployment's agents start no runs".into(),
-            },
+            };
+            return reply(deps, request, outcome).await;
         };
-        return reply(deps, request, outcome).await;
+        let call = if request.undo {
+            // An undo: the run undoes its elements (its end answers, once `Accepted`), or the
+            // answer is known now.
+            super::runs::undo_run_request(ports, request).await?
+        } else {
+            let input = crate::payloads::request_body(deps.payloads.as_ref(), request).await?;
+            super::runs::start_run(ports, request, input).await?
+        };
+        // The answer first: it is due within the attempt's timeout (an element's call's); the
+        // window of elements opens (or is undone) after it, as long as that takes.
+        reply(deps, request, call.answer.clone()).await?;
+        return call.then(ports).await;
     }
     let remote = match deps.remotes.get(&request.service).await {
         Ok(r) => r,

@@ -180,24 +180,34 @@ pub async fn undo_child(
         }
         let workflow = super::workflow_of(&ports.definitions, &child).await?;
         let now = ports.clock.now();
-        let mut t =
-            match transition::undo_as_unit(&child, request.attempt, now, &workflow.policies()) {
-                Ok(t) => t,
-                Err(Rejection::PastPivot(_)) => {
-                    return Ok(StepOutcome::Refused {
-                        code: "child_past_pivot".into(),
-                        message: format!(
-                            "child task {id} is past its pivot: its effects cannot be undone"
-                        ),
-                    });
-                }
-                Err(e) => {
-                    return Ok(StepOutcome::Refused {
-                        code: "child_not_undoable".into(),
-                        message: format!("child task {id}: {e}"),
-                    });
-                }
-            };
+        let mut t = match transition::undo_as_unit(
+            &child,
+            request.attempt,
+            now,
+            &workflow.policies(),
+        ) {
+            Ok(t) => t,
+            Err(Rejection::StaleAttempt { record, .. }) => {
+                // A copy of an earlier attempt's undo, delivered late: the child answers the
+                // newest (its parent fences this answer out).
+                info!(child = %id, answers = record, "an earlier attempt's undo: the child answers a later one");
+                return Ok(StepOutcome::Accepted);
+            }
+            Err(Rejection::PastPivot(_)) => {
+                return Ok(StepOutcome::Refused {
+                    code: "child_past_pivot".into(),
+                    message: format!(
+                        "child task {id} is past its pivot: its effects cannot be undone"
+                    ),
+                });
+            }
+            Err(e) => {
+                return Ok(StepOutcome::Refused {
+                    code: "child_not_undoable".into(),
+                    message: format!("child task {id}: {e}"),
+                });
+            }
+        };
         // A child with nothing to undo ends at once: its end (and its answer to this undo) is
         // delivered by the supervisor's sweep, which finds its notice owed. The agent delivers
         // no task's notices, and needs no grant to start a retention.

@@ -3,8 +3,8 @@
 //! To the task, such a step is a callback step on [`RUN_SERVICE`]. The agent's call starts its
 //! run ([`start_run`]): it reads the list (the step's body, or the S3 object it names), keeps
 //! it once as JSON Lines under the run, stores the run's record (its id derived from the
-//! step's key, so a call sent again starts no second run) and opens the first window of
-//! elements. Each element is a record of its own running the step's element view (one step),
+//! step's key, so a call sent again starts no second run); once the agent has answered, it
+//! opens the first window of elements. Each element is a record of its own running the step's element view (one step),
 //! created on absence and claimed, replied to, retried, timed out and undone as any task.
 //!
 //! An element that ends for good sends its end to its run through the ends queue (FIFO,
@@ -55,22 +55,106 @@ pub async fn start_run(
     ports: &TaskPorts,
     request: &StepRequest,
     body: Value,
-) -> Result<StepOutcome, HandlerError> {
+) -> Result<RunCall, HandlerError> {
+    Ok(match begin_run(ports, request, body).await? {
+        Begun::Answered(answer) => RunCall::answered(answer),
+        Begun::Started {
+            record,
+            open,
+            items,
+        } => RunCall {
+            answer: StepOutcome::Accepted,
+            then: Some(Then::Open {
+                record,
+                open,
+                items,
+            }),
+        },
+        Begun::Existing(run) => RunCall {
+            answer: StepOutcome::Accepted,
+            then: Some(Then::Resume(run)),
+        },
+    })
+}
+
+/// The agent's call on a run ([`start_run`], [`undo_run_request`]): the step's answer, sent
+/// first, then the elements it opens or undoes ([`RunCall::then`]). The answer is due within
+/// the attempt's timeout (an element's call's); a window of up to `maxConcurrency` elements
+/// takes longer, and opening or undoing it is idempotent: an agent that dies after the answer
+/// leaves its message to come back (the same run, what it has out opened or undone again), and
+/// the run's check (`RUN_RECHECK`) as the backstop.
+pub struct RunCall {
+    pub answer: StepOutcome,
+    then: Option<Then>,
+}
+
+/// What a call on a run does once its answer is sent.
+enum Then {
+    /// A new run's first window (its list as read).
+    Open {
+        record: StateRecord,
+        open: Vec<u32>,
+        items: Vec<Value>,
+    },
+    /// A run that existed: what it has out, again.
+    Resume(StateRecord),
+    /// A run just undone: its transition's effects.
+    Effects(StateRecord, RunEffects),
+}
+
+impl RunCall {
+    fn answered(answer: StepOutcome) -> Self {
+        Self { answer, then: None }
+    }
+
+    /// Opens or undoes what the call asks for: call it once the answer is sent.
+    pub async fn then(self, ports: &TaskPorts) -> Result<(), HandlerError> {
+        match self.then {
+            None => Ok(()),
+            Some(Then::Open {
+                record,
+                open: indices,
+                items,
+            }) => open(ports, &record, &indices, Some(&items)).await,
+            Some(Then::Resume(run)) => resume(ports, &run).await,
+            Some(Then::Effects(run, fx)) => effects(ports, &run, &fx, false).await,
+        }
+    }
+}
+
+/// What [`begin_run`] did.
+enum Begun {
+    /// Nothing to open: the step's answer.
+    Answered(StepOutcome),
+    /// The run is stored: these elements open.
+    Started {
+        record: StateRecord,
+        open: Vec<u32>,
+        items: Vec<Value>,
+    },
+    /// The run existed (this request came again, or a copy stored it first).
+    Existing(StateRecord),
+}
+
+async fn begin_run(
+    ports: &TaskPorts,
+    request: &StepRequest,
+    body: Value,
+) -> Result<Begun, HandlerError> {
     let (Some(callback), Some(child)) = (&request.callback, &request.child) else {
-        return Ok(StepOutcome::Failed {
+        return Ok(Begun::Answered(StepOutcome::Failed {
             error: "a distributed forEach's request without its callback or caller".into(),
-        });
+        }));
     };
     let Some((step_index, generation)) = token_fence(&callback.token) else {
-        return Ok(StepOutcome::Failed {
+        return Ok(Begun::Answered(StepOutcome::Failed {
             error: "a distributed forEach's callback token names no step".into(),
-        });
+        }));
     };
     let id = run_id(&request.idempotency_key());
     if let Some(existing) = ports.store.get_state(id).await? {
         info!(run = %id, "the step's run exists: opening again what it has out");
-        resume(ports, &existing).await?;
-        return Ok(StepOutcome::Accepted);
+        return Ok(Begun::Existing(existing));
     }
     let workflow = super::catalog_workflow(
         &ports.definitions,
@@ -82,18 +166,18 @@ pub async fn start_run(
         workflow.step(step_index).and_then(|s| s.run.as_ref()),
         workflow.element_view(step_index),
     ) else {
-        return Ok(StepOutcome::Failed {
+        return Ok(Begun::Answered(StepOutcome::Failed {
             error: format!(
                 "step {step_index} of {} v{} is no distributed forEach",
                 workflow.name, workflow.version
             ),
-        });
+        }));
     };
     let refused = |code: &str, message: String| {
-        Ok(StepOutcome::Refused {
+        Ok(Begun::Answered(StepOutcome::Refused {
             code: code.into(),
             message,
-        })
+        }))
     };
     let items = match ListSource::of(body) {
         Ok(ListSource::Inline(items)) => items,
@@ -103,18 +187,18 @@ pub async fn start_run(
                 Err(e) => return refused("list_invalid", e.0),
             },
             Err(PayloadError::Unavailable(e)) => {
-                return Ok(StepOutcome::TimedOut {
+                return Ok(Begun::Answered(StepOutcome::TimedOut {
                     error: format!("the list could not be read: {e}"),
-                });
+                }));
             }
             Err(e) => return refused("list_unreadable", e.to_string()),
         },
         Err(e) => return refused("list_invalid", e.0),
     };
     if items.is_empty() {
-        return Ok(StepOutcome::Succeeded {
+        return Ok(Begun::Answered(StepOutcome::Succeeded {
             result: Some("[]".into()),
-        });
+        }));
     }
     let tolerated = match def.tolerated {
         Tolerated::Count(n) => n,
@@ -132,9 +216,9 @@ pub async fn start_run(
     // The part of the task's context the elements read, kept once (an element then never
     // reads its task's whole input and results).
     let Some(context) = context_part(ports, request, &workflow, &view, step_index).await? else {
-        return Ok(StepOutcome::Failed {
+        return Ok(Begun::Answered(StepOutcome::Failed {
             error: "the input the step ran with is not kept".into(),
-        });
+        }));
     };
     let context = ports
         .payloads
@@ -191,16 +275,19 @@ pub async fn start_run(
         Err(StoreError::ConditionFailed) => {
             // Another agent (a copy of this request) stored it first: it opens the window; this
             // one opens again what it has out, which changes nothing.
-            if let Some(existing) = ports.store.get_state(id).await? {
-                resume(ports, &existing).await?;
-            }
-            return Ok(StepOutcome::Accepted);
+            return Ok(match ports.store.get_state(id).await? {
+                Some(existing) => Begun::Existing(existing),
+                None => Begun::Answered(StepOutcome::Accepted),
+            });
         }
         Err(e) => return Err(e.into()),
     }
     info!(run = %id, elements = items.len(), "the step's run started");
-    open(ports, &record, &fx.open, Some(&items)).await?;
-    Ok(StepOutcome::Accepted)
+    Ok(Begun::Started {
+        record,
+        open: fx.open,
+        items,
+    })
 }
 
 /// Opens again what a run has out (forward or undoing): a writer that died between the
@@ -537,57 +624,70 @@ pub async fn apply_ends(ports: &TaskPorts, ended: &ElementsEnded) -> Result<(), 
 pub async fn undo_run_request(
     ports: &TaskPorts,
     request: &StepRequest,
-) -> Result<StepOutcome, HandlerError> {
+) -> Result<RunCall, HandlerError> {
     let Some(forward) = &request.undoes else {
-        return Ok(StepOutcome::Failed {
+        return Ok(RunCall::answered(StepOutcome::Failed {
             error: "a distributed forEach's undo without the key it undoes".into(),
-        });
+        }));
     };
     let id = run_id(forward);
     for _ in 0..RACES {
         let Some(run) = ports.store.get_state(id).await? else {
             info!(run = %id, "the step's run never started: nothing to undo");
-            return Ok(StepOutcome::Succeeded { result: None });
+            return Ok(RunCall::answered(StepOutcome::Succeeded { result: None }));
         };
         let ours = run.parent.as_ref().and_then(|l| l.undo_attempt) == Some(request.attempt);
         match run.process_state {
             ProcessState::Compensated | ProcessState::Refused => {
-                return Ok(StepOutcome::Succeeded { result: None });
+                return Ok(RunCall::answered(StepOutcome::Succeeded { result: None }));
             }
             ProcessState::CompensationFailed | ProcessState::Resolved | ProcessState::Error => {
-                return Ok(StepOutcome::Refused {
+                return Ok(RunCall::answered(StepOutcome::Refused {
                     code: "run_needs_operator".into(),
                     message: format!(
                         "run {id} is {}: an operator settles its elements before its task is undone",
                         run.process_state
                     ),
-                });
+                }));
             }
             // This undo was sent again (its first sender may have died after the run's write,
             // before its undos began): what the run has out is undone again; the run answers.
             ProcessState::Processing if ours => {
-                resume(ports, &run).await?;
-                return Ok(StepOutcome::Accepted);
+                return Ok(RunCall {
+                    answer: StepOutcome::Accepted,
+                    then: Some(Then::Resume(run)),
+                });
             }
             _ => {}
         }
         let (t, fx) = match transition::undo_run(&run, request.attempt, ports.clock.now()) {
             Ok(x) => x,
+            Err(Rejection::StaleAttempt { record, .. }) => {
+                // A copy of an earlier attempt's undo, delivered late: the run answers the
+                // newest (its task fences this answer out).
+                info!(run = %id, answers = record, "an earlier attempt's undo: the run answers a later one");
+                return Ok(RunCall::answered(StepOutcome::Accepted));
+            }
             Err(e) => {
-                return Ok(StepOutcome::Refused {
+                return Ok(RunCall::answered(StepOutcome::Refused {
                     code: "run_not_undoable".into(),
                     message: format!("run {id}: {e}"),
-                });
+                }));
             }
         };
         if write(ports, &t).await? {
             info!(run = %id, ledger = %ledger(&t.record), "the step's run is undone as a unit");
-            effects(ports, &t.record, &fx, false).await?;
             // Nothing took effect: answered now (its owed notice answers again, fenced).
-            if fx.end.is_some() && t.record.process_state == ProcessState::Compensated {
-                return Ok(StepOutcome::Succeeded { result: None });
-            }
-            return Ok(StepOutcome::Accepted);
+            let answer = if fx.end.is_some() && t.record.process_state == ProcessState::Compensated
+            {
+                StepOutcome::Succeeded { result: None }
+            } else {
+                StepOutcome::Accepted
+            };
+            return Ok(RunCall {
+                answer,
+                then: Some(Then::Effects(t.record, fx)),
+            });
         }
     }
     Err(HandlerError::Store(StoreError::Unavailable(format!(

@@ -263,7 +263,8 @@ fn child_of(parent: &StateRecord, checkout: &Workflow) -> Option<TaskId> {
 }
 
 /// The child of `parent`'s `pay` step once it settled (ended, its notices delivered, released
-/// if its parent ended for good); `None` if the step never started one.
+/// if its parent ended for good: a parent waiting for an operator keeps it held); `None` if
+/// the step never started one.
 pub(super) async fn settled_child(
     store: &dyn sas::ports::StateStore,
     parent: &StateRecord,
@@ -281,8 +282,11 @@ pub(super) async fn settled_child(
         Ok(Some(_)) => {}
         Err(e) => return Err(format!("{id}: unreadable: {e}")),
     }
+    // A parent that may still undo its child (it waits for an operator: `CompensationFailed`
+    // at a later step) keeps it held.
+    let for_good = parent.process_state.is_final();
     until(store, id, patience, |r| {
-        r.process_state.is_terminal() && !r.notice_pending() && !r.held_by_parent()
+        r.process_state.is_terminal() && !r.notice_pending() && !(for_good && r.held_by_parent())
     })
     .await
     .map(Some)

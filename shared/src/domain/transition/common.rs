@@ -225,6 +225,20 @@ impl StepOutcome {
     }
 }
 
+/// An undo of a child or a run by its parent's `attempt`: refused as stale if the record
+/// answers a later attempt of that undo already (a delayed copy of an earlier request must not
+/// take the answer from the attempt the parent waits on, which would then wait its whole undo
+/// timeout). Keeps "a child or run answers its parent's newest undo".
+pub(super) fn newest_undo(r: &StateRecord, attempt: u64) -> Result<(), Rejection> {
+    match r.parent.as_ref().and_then(|l| l.undo_attempt) {
+        Some(answered) if answered > attempt => Err(Rejection::StaleAttempt {
+            record: answered,
+            message: attempt,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Drops what only a step's current status justifies: a callback wait once the step is no
 /// longer Waiting, an undo wait outside compensation.
 pub(super) fn tidy(n: &mut StateRecord) {

@@ -6,7 +6,9 @@
 use super::super::policy::Policies;
 use super::super::state::{NoticeKind, ProcessState, StateRecord, StepStatus, to_millis};
 use super::branches;
-use super::common::{Actor, Effect, Rejection, Transition, finish, log_by, next, tidy};
+use super::common::{
+    Actor, Effect, Rejection, Transition, finish, log_by, newest_undo, next, tidy,
+};
 use super::compensating::begin_compensation;
 use super::{Condition, Guard};
 use chrono::{DateTime, Duration, Utc};
@@ -224,12 +226,14 @@ pub fn cancel(
 /// - a child still running is cancelled ([`cancel`]): its steps that may have taken effect are
 ///   undone, each past its deadline;
 /// - a Compensating child is already being undone (the parent's undo went out again): it
-///   answers this attempt instead.
+///   answers this attempt instead, if it is a later one ([`Rejection::StaleAttempt`] for an
+///   earlier attempt's copy, delivered late).
 ///
 /// Any other state has nothing to start: the caller answers the parent itself.
 ///
 /// Condition: same state (at the version read), or [`cancel`]'s - keeps "a child is undone
-/// once": of two undos racing, one starts it and the other reads the child again.
+/// once": of two undos racing, one starts it and the other reads the child again; and "a
+/// child answers its parent's newest undo".
 ///
 /// [`ParentLink::undo_attempt`]: super::super::state::ParentLink::undo_attempt
 pub fn undo_as_unit(
@@ -238,6 +242,7 @@ pub fn undo_as_unit(
     now: DateTime<Utc>,
     p: &Policies,
 ) -> Result<Transition, Rejection> {
+    newest_undo(r, parent_attempt)?;
     let actor = Actor {
         by: r.parent.as_ref().map_or_else(
             || "its parent".to_owned(),
@@ -665,6 +670,15 @@ mod tests {
         let t = apply(&mut r, |r| undo_as_unit(r, 8, now, &p));
         assert!(t.effects.is_empty());
         assert_eq!(r.parent.as_ref().and_then(|l| l.undo_attempt), Some(8));
+        // A late copy of attempt 7's request is stale: the child keeps answering attempt 8,
+        // the one its parent waits on.
+        assert_eq!(
+            undo_as_unit(&r, 7, now, &p).err(),
+            Some(Rejection::StaleAttempt {
+                record: 8,
+                message: 7
+            })
+        );
         // Each undo's answer sends the next one.
         claim_and_answer(&mut r, 2, true, &ok(), now, &p);
         for i in [1, 0] {

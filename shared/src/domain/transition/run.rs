@@ -7,7 +7,7 @@
 //! ([`RUN_RECHECK`]); it ends in the state its answer says (Processed, Refused, Compensated or
 //! CompensationFailed), with that notice owed: delivering it answers the task's step.
 
-use super::common::{Effect, Rejection, Transition, log, next};
+use super::common::{Effect, Rejection, Transition, log, newest_undo, next};
 use crate::domain::condition::{Condition, Guard};
 use crate::domain::run::{ElementEnd, Run, RunEffects, RunEnd};
 use crate::domain::state::{
@@ -60,12 +60,17 @@ pub fn apply_ends(
 /// on, and every element that took effect is undone, last first. A run that ended `Processed`
 /// runs again for it; one still running stops opening. Its end answers this undo.
 ///
-/// Condition: the version read, its state - keeps "the undo is begun once".
+/// A copy of an earlier attempt's undo, delivered late, is stale ([`Rejection::StaleAttempt`]):
+/// the run answers the newest attempt only.
+///
+/// Condition: the version read, its state - keeps "the undo is begun once" and "a run answers
+/// its task's newest undo".
 pub fn undo_run(
     r: &StateRecord,
     attempt: u64,
     now: DateTime<Utc>,
 ) -> Result<(Transition, RunEffects), Rejection> {
+    newest_undo(r, attempt)?;
     let resumes = r.process_state == ProcessState::Processed;
     if !matches!(
         r.process_state,
@@ -297,6 +302,20 @@ mod tests {
         assert_eq!(
             u.record.parent.as_ref().and_then(|l| l.undo_attempt),
             Some(7)
+        );
+        // A late copy of an earlier attempt's undo is stale: the run answers attempt 7.
+        assert!(matches!(
+            undo_run(&u.record, 6, now),
+            Err(Rejection::StaleAttempt {
+                record: 7,
+                message: 6
+            })
+        ));
+        // A later attempt's takes the answer over.
+        let (later, _) = undo_run(&u.record, 8, now).expect("a later attempt's undo");
+        assert_eq!(
+            later.record.parent.as_ref().and_then(|l| l.undo_attempt),
+            Some(8)
         );
         let undone = |i| ElementEnd {
             index: i,
