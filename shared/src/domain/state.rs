@@ -304,6 +304,12 @@ pub struct StateRecord {
     /// Unlocked: the pickup deadline. Locked: the current step's (or undo's) deadline.
     /// Terminal: none.
     pub complete_by: Option<DateTime<Utc>>,
+    /// When the task's deadline timer armed last arrives (one timer per task, see
+    /// [`next_timer`]): a step sent with a deadline no earlier than it arms none, and the timer
+    /// re-arms on arrival for the step then out. `None`: every request arms its own (a parallel
+    /// group's, or a record written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timer_at: Option<DateTime<Utc>>,
     /// Deadlines that expired in the current round (counted by the supervisor).
     pub failure_count: u32,
     /// Extended-wait rounds used: each one follows a cool-down after `FailureCount` reached the
@@ -451,6 +457,23 @@ pub fn due_key_slack() -> chrono::Duration {
 /// for a writer that died between the write and the delivery, or a bus that failed.
 pub fn notice_backstop() -> chrono::Duration {
     chrono::Duration::minutes(5)
+}
+
+/// The deadline timer a transition that sends the step out (`deadline`, at `now`) leaves
+/// armed: the one armed already (`armed`) if it arrives by the deadline and has not arrived
+/// yet, else a new one, due at the deadline. The scheduler arms a timer only when this is the
+/// step's deadline (see [`StateRecord::timer_at`]); a clean task of three steps whose deadlines
+/// come later each time arms one timer, not three. Keeps "a step out has a timer arriving by
+/// its deadline" (best effort: a timer not armed is the sweep's, as before).
+pub fn next_timer(
+    armed: Option<DateTime<Utc>>,
+    deadline: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    match (armed, deadline) {
+        (Some(t), Some(d)) if t > now && t <= d => Some(t),
+        _ => deadline,
+    }
 }
 
 /// The due-index key of a record due at `due` whose key was `before`: kept while it is at or
@@ -722,6 +745,7 @@ impl StateRecord {
             process_state: ProcessState::Pending,
             locked_by: None,
             complete_by: Some(pickup_by),
+            timer_at: None,
             failure_count: 0,
             round: 0,
             deferrals: 0,
@@ -1535,6 +1559,19 @@ impl StateRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_step_arms_a_timer_unless_the_one_armed_arrives_by_its_deadline() {
+        let now = Utc::now();
+        let s = |n: i64| now + chrono::Duration::seconds(n);
+        // None armed, or the one armed arrived: a new one at the deadline.
+        assert_eq!(next_timer(None, Some(s(30)), now), Some(s(30)));
+        assert_eq!(next_timer(Some(s(0)), Some(s(30)), now), Some(s(30)));
+        // The one armed arrives first: kept (it re-arms on arrival).
+        assert_eq!(next_timer(Some(s(5)), Some(s(30)), now), Some(s(5)));
+        // A deadline earlier than the one armed: its own.
+        assert_eq!(next_timer(Some(s(30)), Some(s(5)), now), Some(s(5)));
+    }
 
     #[test]
     fn a_due_key_is_kept_only_at_or_before_the_due_time_and_within_the_slack() {

@@ -696,7 +696,10 @@ async fn send_step_request(
     )
     .await?;
     info!(step = %step.name, action = %request.action, service = %step.service, %complete_by, "step request sent");
-    if let Some(timers) = &deps.timer_queue_url {
+    // One timer per task on a line: none if the one armed already arrives by this deadline
+    // (the transition kept it: `StateRecord::timer_at`); it re-arms on arrival.
+    let arms = record.timer_at.is_none_or(|t| t == complete_by);
+    if let Some(timers) = deps.timer_queue_url.as_ref().filter(|_| arms) {
         let timer = DeadlineTimer {
             task_id: record.task_id,
             attempt: record.attempt,

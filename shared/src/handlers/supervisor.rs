@@ -344,6 +344,9 @@ async fn recover(
         Ok(t) => t,
         Err(why) => {
             info!(%why, "no longer due");
+            if cause == "timer" {
+                rearm(deps, &record, now).await;
+            }
             return Ok(Recovered::Skipped);
         }
     };
@@ -384,6 +387,45 @@ async fn recover(
     };
     perform_no_step(&deps.ports.outlets(), &t).await?;
     Ok(outcome)
+}
+
+/// A task's deadline timer came with a step still out whose deadline is later (the timer was
+/// armed for an earlier step's: one timer per task, see `StateRecord::timer_at`): it is armed
+/// again for this step's deadline, unless a later timer is armed already. A callback step
+/// waiting for its callback, a wait and a parallel group arm none here (the sweep's, or their
+/// own). Best effort, as every timer: one not armed leaves the deadline to the sweep.
+async fn rearm(deps: &SupervisorDeps, record: &crate::domain::StateRecord, now: DateTime<Utc>) {
+    let (Some(url), Some(deadline), Some(armed)) =
+        (&deps.timer_queue_url, record.complete_by, record.timer_at)
+    else {
+        return;
+    };
+    let Some(step) = record.steps.get(record.step_index) else {
+        return;
+    };
+    let out = match record.process_state {
+        crate::ProcessState::Processing => step.status == crate::StepStatus::Running,
+        crate::ProcessState::Compensating => step.undo == Some(crate::StepStatus::Running),
+        _ => false,
+    };
+    if !out || record.locked_by.is_none() || record.fanout.is_some() || armed > now {
+        return;
+    }
+    if deadline <= now {
+        return;
+    }
+    let timer = DeadlineTimer {
+        task_id: record.task_id,
+        attempt: record.attempt,
+        step_index: record.step_index,
+        complete_by: deadline,
+    };
+    match super::scheduler::arm(deps.ports.queue.as_ref(), url, &timer, now).await {
+        Ok(()) => info!(complete_by = %deadline, "timer armed again for the step out"),
+        Err(e) => {
+            warn!(error = %e, "deadline timer not armed again; the sweep will find the deadline")
+        }
+    }
 }
 
 /// The end of a final task's retention, for a task with payloads kept by reference

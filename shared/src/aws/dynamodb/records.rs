@@ -111,6 +111,8 @@ pub(super) struct Body<'a> {
     fanout: Option<&'a crate::domain::state::Fanout>,
     #[serde(skip_serializing_if = "crate::domain::inbox::Inbox::is_empty")]
     inbox: &'a crate::domain::inbox::Inbox,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timer_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -121,6 +123,8 @@ pub(super) struct OwnedBody {
     fanout: Option<crate::domain::state::Fanout>,
     #[serde(default)]
     inbox: crate::domain::inbox::Inbox,
+    #[serde(default)]
+    timer_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 pub(super) fn pack_body(r: &StateRecord) -> Option<Vec<u8>> {
@@ -130,6 +134,7 @@ pub(super) fn pack_body(r: &StateRecord) -> Option<Vec<u8>> {
         history: &r.history,
         fanout: r.fanout.as_ref(),
         inbox: &r.inbox,
+        timer_at: r.timer_at,
     })
     .ok()?;
     let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
@@ -436,6 +441,7 @@ pub(super) fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
             r.fanout = body.fanout;
         }
         r.inbox = body.inbox;
+        r.timer_at = body.timer_at;
         return Ok(r);
     }
     let steps = match item.get("Steps") {
@@ -528,6 +534,8 @@ pub(super) fn record_of(
         process_state: get_s(item, "ProcessState")?.parse().map_err(corrupt)?,
         locked_by: opt_s(item, "LockedBy"),
         complete_by: opt_n(item, "CompleteBy")?.map(time).transpose()?,
+        // (In the body; a record in the older layout arms a timer per request.)
+        timer_at: None,
         failure_count: get_n(item, "FailureCount")?,
         round: opt_n(item, "Round")?.unwrap_or(0),
         deferrals: opt_n(item, "Deferrals")?.unwrap_or(0),

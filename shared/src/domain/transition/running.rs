@@ -2195,4 +2195,29 @@ mod tests {
         assert_eq!(p.at(3).failure_threshold, 5);
         assert_eq!(p.at(1).failure_threshold, 3);
     }
+
+    #[test]
+    fn a_task_on_a_line_arms_one_deadline_timer_until_it_arrives() {
+        let w = loan_workflow();
+        let p = w.policies();
+        let now = t0();
+        let mut r = record(&w, now);
+        apply_with(&mut r, &p, |r| claim(r, "s", now, &p, &Linear));
+        let first = now + Duration::seconds(5);
+        assert_eq!(r.timer_at, Some(first), "the claim's step arms the timer");
+        // The next step's deadline is later: the timer armed arrives first and re-arms then.
+        let soon = now + Duration::seconds(1);
+        apply_with(&mut r, &p, |r| {
+            apply_reply(r, 1, 0, false, &ok(), soon, &p, &Linear)
+        });
+        assert_eq!(r.complete_by, Some(soon + Duration::seconds(30)));
+        assert_eq!(r.timer_at, Some(first), "no second timer");
+        // Once it arrived, the next step sent arms one of its own.
+        let after = now + Duration::seconds(6);
+        apply_with(&mut r, &p, |r| {
+            apply_reply(r, 1, 1, false, &ok(), after, &p, &Linear)
+        });
+        assert!(r.complete_by.is_some_and(|d| d > after));
+        assert_eq!(r.timer_at, r.complete_by);
+    }
 }
