@@ -71,6 +71,18 @@ pub struct DeadlineTimer {
     pub complete_by: DateTime<Utc>,
 }
 
+impl DeadlineTimer {
+    /// A timer for `record`'s current attempt and step, due at `complete_by`.
+    pub fn of(record: &crate::domain::StateRecord, complete_by: DateTime<Utc>) -> Self {
+        Self {
+            task_id: record.task_id,
+            attempt: record.attempt,
+            step_index: record.step_index,
+            complete_by,
+        }
+    }
+}
+
 /// The idempotency key of a step's action (or its undo's) as the remote service sees it: the
 /// same for every attempt, so a retried or re-run step takes effect once; `generation` changes
 /// it only when an operator retries a call the service refused.

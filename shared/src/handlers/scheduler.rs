@@ -700,12 +700,7 @@ async fn send_step_request(
     // (the transition kept it: `StateRecord::timer_at`); it re-arms on arrival.
     let arms = record.timer_at.is_none_or(|t| t == complete_by);
     if let Some(timers) = deps.timer_queue_url.as_ref().filter(|_| arms) {
-        let timer = DeadlineTimer {
-            task_id: record.task_id,
-            attempt: record.attempt,
-            step_index: record.step_index,
-            complete_by,
-        };
+        let timer = DeadlineTimer::of(record, complete_by);
         // Best effort: a timer that is not armed leaves the deadline to the scheduled sweep.
         if let Err(e) = arm(
             deps.ports.queue.as_ref(),

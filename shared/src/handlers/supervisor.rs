@@ -293,12 +293,7 @@ async fn look_ahead(
             let Some(due) = record.due_at().filter(|d| *d > now && *d <= now + ahead) else {
                 continue;
             };
-            let timer = DeadlineTimer {
-                task_id: record.task_id,
-                attempt: record.attempt,
-                step_index: record.step_index,
-                complete_by: due,
-            };
+            let timer = DeadlineTimer::of(&record, due);
             match super::scheduler::arm(deps.ports.queue.as_ref(), url, &timer, now).await {
                 Ok(()) => report.armed += 1,
                 Err(e) => {
@@ -408,18 +403,14 @@ async fn rearm(deps: &SupervisorDeps, record: &crate::domain::StateRecord, now: 
         crate::ProcessState::Compensating => step.undo == Some(crate::StepStatus::Running),
         _ => false,
     };
-    if !out || record.locked_by.is_none() || record.fanout.is_some() || armed > now {
+    let later_armed = armed > now;
+    if !out || record.locked_by.is_none() || record.fanout.is_some() || later_armed {
         return;
     }
     if deadline <= now {
         return;
     }
-    let timer = DeadlineTimer {
-        task_id: record.task_id,
-        attempt: record.attempt,
-        step_index: record.step_index,
-        complete_by: deadline,
-    };
+    let timer = DeadlineTimer::of(record, deadline);
     match super::scheduler::arm(deps.ports.queue.as_ref(), url, &timer, now).await {
         Ok(()) => info!(complete_by = %deadline, "timer armed again for the step out"),
         Err(e) => {
