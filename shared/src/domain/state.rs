@@ -310,7 +310,8 @@ pub struct StateRecord {
     /// group's, or a record written before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timer_at: Option<DateTime<Utc>>,
-    /// Deadlines that expired in the current round (counted by the supervisor).
+    /// Deadlines of the current step (or undo) that expired in the current round (counted by
+    /// the supervisor; a step or undo done starts the next one at 0).
     pub failure_count: u32,
     /// Extended-wait rounds used: each one follows a cool-down after `FailureCount` reached the
     /// threshold.

@@ -153,6 +153,9 @@ pub(super) fn apply_undo_reply(
         None => {
             n.set_undo(i, Some(StepStatus::Done));
             n.undo_after = None;
+            // The next undo counts its own expired deadlines (its step's threshold).
+            n.failure_count = 0;
+            n.round = 0;
             // The next undo: another element of this forEach step, or an earlier step.
             match n.steps[..=i].iter().rposition(StepState::needs_undo) {
                 Some(j) if undo_not_before(n, j, None, p).is_some_and(|t| t > now) => {

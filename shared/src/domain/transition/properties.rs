@@ -1273,6 +1273,9 @@ mod parallel {
                     let u = self.u(at);
                     u.unsure = None;
                     u.over = true;
+                    // The line's next step counts its own expired deadlines.
+                    let line = u.line;
+                    self.counts[line] = 0;
                 }
                 Outcome::Refusal | Outcome::Failure => {
                     let u = self.u(at);

@@ -517,12 +517,11 @@ fn step_done(
     router: &dyn Router,
 ) -> Vec<Effect> {
     let from = n.process_state;
-    if from == ProcessState::Error {
-        // A late callback: the failure was the wait for this outcome, so the task starts
-        // afresh (whether a next step goes out or this was the last).
-        n.failure_count = 0;
-        n.round = 0;
-    }
+    // The step is done: the next one counts its own expired deadlines against its own
+    // threshold (`failureThreshold` is a step's). From Error (a late callback: the failure was
+    // the wait for this outcome) the task starts afresh the same way.
+    n.failure_count = 0;
+    n.round = 0;
     let step = &mut n.steps[i];
     step.finished_attempt = Some(attempt);
     step.finished_at = Some(now);
@@ -2193,6 +2192,37 @@ mod tests {
             "reserve-funds: 30s"
         );
         assert_eq!(p.at(3).failure_threshold, 5);
+        assert_eq!(p.at(1).failure_threshold, 3);
+    }
+
+    #[test]
+    fn each_step_counts_its_own_expired_deadlines_against_its_threshold() {
+        let p = manual();
+        let mut now = t0();
+        let mut r = fresh(now);
+        for _ in 0..2 {
+            apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
+            now += p.at(0).step_timeout;
+            apply(&mut r, |r| expire(r, now, &p, 0.0));
+        }
+        assert_eq!(
+            (r.process_state, r.failure_count),
+            (ProcessState::Pending, 2)
+        );
+        apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
+        let a = r.attempt;
+        apply(&mut r, |r| {
+            apply_reply(r, a, 0, false, &ok(), now, &p, &Linear)
+        });
+        assert_eq!((r.step_index, r.failure_count), (1, 0), "a fresh count");
+        // Step 1 times out twice: within its threshold of 3, whatever step 0 used.
+        for _ in 0..2 {
+            now += p.at(1).step_timeout;
+            apply(&mut r, |r| expire(r, now, &p, 0.0));
+            assert_eq!(r.process_state, ProcessState::Pending, "{:?}", r.last_error);
+            apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
+        }
+        assert_eq!(r.failure_count, 2);
         assert_eq!(p.at(1).failure_threshold, 3);
     }
 
