@@ -55,9 +55,10 @@ struct Cli {
     distributed_elements: usize,
     #[arg(long, default_value_t = distributed::AT_ONCE)]
     distributed_at_once: usize,
-    /// Run only this section and print it (`distributed`: the distributed forEach); the
-    /// report is written whole, so not with `--write`.
-    #[arg(long, value_parser = ["distributed"])]
+    /// Run only this section and print it (`distributed`: the distributed forEach; `costs`:
+    /// the API calls and the cost per million tasks, on the emulator); the report is written
+    /// whole, so not with `--write`.
+    #[arg(long, value_parser = ["distributed", "costs"])]
     only: Option<String>,
     /// Where `sam build` left the bootstraps, for their sizes.
     #[arg(long, default_value = ".aws-sam/build")]
@@ -82,12 +83,21 @@ const HOURS_PER_MONTH: f64 = 730.0;
 async fn main() -> anyhow::Result<()> {
     sas::telemetry::init_with_default("off");
     let cli = Cli::parse();
-    if cli.only.is_some() {
+    if let Some(only) = &cli.only {
         anyhow::ensure!(
             cli.write.is_none(),
             "--only prints one section; the report is written whole (leave out --only)"
         );
-        print!("{}", distributed_section(&cli).await?);
+        if only == "costs" {
+            let scenarios = emulator_scenarios().await?;
+            print!(
+                "## AWS API calls per task (on the emulator)\n\n{}\n## Cost per million tasks\n\n{}",
+                calls_table(&scenarios),
+                cost_table(&scenarios)
+            );
+        } else {
+            print!("{}", distributed_section(&cli).await?);
+        }
         return Ok(());
     }
     let mut md = String::new();
@@ -125,14 +135,7 @@ async fn main() -> anyhow::Result<()> {
 
     let mut measured = None;
     if !cli.no_emulator {
-        let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_default();
-        anyhow::ensure!(
-            endpoint.starts_with("http://127.0.0.1") || endpoint.starts_with("http://localhost"),
-            "the API-call counts run against an emulator on loopback: set AWS_ENDPOINT_URL (infra/bench.sh does), or pass --no-emulator"
-        );
-        eprintln!("API calls per task on the emulator…");
-        let config = sas::aws::sdk_config().await;
-        let scenarios = scenarios::measure(&scenarios::Target::Emulator(Box::new(config))).await?;
+        let scenarios = emulator_scenarios().await?;
         writeln!(md, "## AWS API calls per task (on the emulator)\n")?;
         writeln!(md, "{}", calls_table(&scenarios))?;
         writeln!(md, "## DynamoDB write units, write by write\n")?;
@@ -643,6 +646,18 @@ impl Capacity {
             ),
         }
     }
+}
+
+/// The scenarios measured on the emulator at `AWS_ENDPOINT_URL` (loopback only).
+async fn emulator_scenarios() -> anyhow::Result<Vec<Scenario>> {
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_default();
+    anyhow::ensure!(
+        endpoint.starts_with("http://127.0.0.1") || endpoint.starts_with("http://localhost"),
+        "the API-call counts run against an emulator on loopback: set AWS_ENDPOINT_URL (infra/bench.sh does), or pass --no-emulator"
+    );
+    eprintln!("API calls per task on the emulator…");
+    let config = sas::aws::sdk_config().await;
+    scenarios::measure(&scenarios::Target::Emulator(Box::new(config))).await
 }
 
 /// The cost with `batch` messages per invocation of every SQS-triggered function (and per

@@ -918,18 +918,24 @@ mod tests {
                 MB_SCENARIO,
             ]
         );
-        // Without timers: the clean e-commerce order's messages and writes, less the timers and the
-        // supervisor's invocations.
+        // Without timers: the clean e-commerce order's messages and writes, less the timer (one a
+        // task on a line: its later steps' deadlines come after the claim's) and the supervisor's
+        // invocation.
         let timers = |i: usize| s[i].counts.messages.get("timers").copied().unwrap_or(0);
-        assert_eq!((timers(0), timers(5)), (3, 0));
+        assert_eq!((timers(0), timers(5)), (1, 0));
         assert_eq!(s[5].invocations.get("supervisor").copied().unwrap_or(0), 0);
         assert_eq!(s[5].counts.wru, s[0].counts.wru);
         let agent = |i: usize| s[i].counts.messages.get("agent").copied().unwrap_or(0);
-        // A wait adds no step request, and its end is one timer (the look-ahead's) handled by
-        // one supervisor invocation; an event adds one API request and no message.
+        // A wait adds no step request; its end is one timer (the look-ahead's), and the step
+        // after it arms its own (the claim's arrived two weeks before), each handled by one
+        // supervisor invocation; an event adds one API request and no message.
         assert_eq!((agent(9), agent(10), agent(11)), (2, 2, 2));
-        assert_eq!(s[10].invocations["supervisor"], timers(9) + 1);
-        assert_eq!(timers(10), timers(9) + 1, "the look-ahead's timer");
+        assert_eq!(s[10].invocations["supervisor"], timers(10));
+        assert_eq!(
+            timers(10),
+            timers(9) + 2,
+            "the look-ahead's timer and the second step's"
+        );
         assert_eq!(s[11].callbacks, 1);
         assert_eq!(
             s[10].counts.call("DynamoDB Query (due-index)"),
@@ -1027,7 +1033,10 @@ mod tests {
             assert!(!sc.counts.has_scan(), "{}", sc.name);
             assert!(sc.counts.wru > 0.0, "{}", sc.name);
         }
-        assert_eq!(s[2].invocations["supervisor"], 4, "one timer per request");
+        assert_eq!(
+            s[2].invocations["supervisor"], 2,
+            "one timer a claim: the first's (its step overran), the retry's"
+        );
         // The parallel group and the line: one request per step, each applied once (`finish`
         // refuses a key applied twice).
         assert_eq!((agent(6), agent(7)), (3, 3));
