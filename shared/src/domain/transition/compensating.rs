@@ -284,6 +284,36 @@ mod tests {
     }
 
     #[test]
+    fn each_undo_counts_its_own_expired_deadlines() {
+        let p = policy();
+        let mut now = t0();
+        let mut r = fresh(now);
+        run_to(&mut r, 2, now, &p);
+        apply(&mut r, |r| {
+            apply_reply(r, 1, 2, false, &refused(), now, &p, &Linear)
+        });
+        apply(&mut r, |r| notice_delivered(r, now, None));
+        // The undo of step 1 times out twice, then is done.
+        for _ in 0..2 {
+            apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
+            now += p.at(1).step_timeout + p.at(1).retry_max_delay;
+            apply(&mut r, |r| expire(r, now, &p, 0.0));
+            now += p.at(1).retry_max_delay;
+        }
+        assert_eq!((r.step_index, r.failure_count), (1, 2));
+        apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
+        let a = r.attempt;
+        apply(&mut r, |r| {
+            apply_reply(r, a, 1, true, &ok(), now, &p, &Linear)
+        });
+        // Step 0's undo starts with none of them.
+        assert_eq!(
+            (r.process_state, r.step_index, r.failure_count),
+            (ProcessState::Compensating, 0, 0)
+        );
+    }
+
+    #[test]
     fn an_undo_that_answers_later_has_a_steps_deadline_until_its_agent_accepts_it() {
         // A sub-workflow step's undo: its child's compensation may take an hour once started.
         let p = with(|p| p.undo_timeout = Some(Duration::hours(1)));
