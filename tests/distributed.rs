@@ -550,6 +550,61 @@ async fn ends_delivered_again_to_a_run_that_ended_send_the_answer_its_writer_die
 }
 
 #[tokio::test]
+async fn a_late_copy_of_an_earlier_undo_undoes_again_what_the_run_has_out() {
+    let system = system(HashMap::new()).await;
+    let (id, _) = started_run(&system, 2).await;
+    sas_blackbox::pump_until_quiet(&system, 400).await;
+    let run = sas_blackbox::state(&system, run_of(id)).await;
+    assert_eq!(run.process_state, ProcessState::Processed);
+    // The task's undo, attempt 6, is written to the run; its agent dies before the undos
+    // begin: both elements are marked undoing, their records still Processed.
+    let (t, fx) = sas::domain::transition::undo_run(&run, 6, chrono::Utc::now()).expect("undo");
+    assert_eq!(fx.undo, vec![1, 0]);
+    system
+        .store
+        .put(&t.record, &t.condition)
+        .await
+        .expect("written");
+    // A late copy of attempt 5's request comes: stale, it answers `Accepted` (fenced out by
+    // the task) and undoes again what the run has out.
+    let request: sas::messages::StepRequest = serde_json::from_value(json!({
+        "taskId": id,
+        "workflow": "nightly",
+        "workflowVersion": 1,
+        "step": "post",
+        "stepIndex": 0,
+        "service": sas::domain::workflow::RUN_SERVICE,
+        "action": "undo-run",
+        "attempt": 5,
+        "undo": true,
+        "undoes": idempotency_key(id, "post", "post", 0),
+        "completeBy": chrono::Utc::now() + chrono::Duration::seconds(30),
+        "replyQueueUrl": "memory://sas/replies",
+        "input": null
+    }))
+    .expect("a request");
+    let call = sas::handlers::runs::undo_run_request(&system.scheduler.ports, &request)
+        .await
+        .expect("answers");
+    assert_eq!(call.answer, sas::domain::transition::StepOutcome::Accepted);
+    call.then(&system.scheduler.ports).await.expect("undoes");
+    let run = sas_blackbox::state(&system, run_of(id)).await;
+    assert_eq!(
+        run.parent.as_ref().and_then(|l| l.undo_attempt),
+        Some(6),
+        "the run answers attempt 6"
+    );
+    for k in [0, 1] {
+        let e = sas_blackbox::state(&system, element_id(run.task_id, k)).await;
+        assert_ne!(
+            e.process_state,
+            ProcessState::Processed,
+            "element {k}'s undo began"
+        );
+    }
+}
+
+#[tokio::test]
 async fn an_element_left_with_its_effect_stops_its_run_and_its_task_waits_for_an_operator() {
     // Some posts answer more than a result may be (the step faults: it may have taken effect),
     // and every void is refused: such an element ends CompensationFailed on its own.

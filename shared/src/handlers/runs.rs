@@ -663,10 +663,15 @@ pub async fn undo_run_request(
         let (t, fx) = match transition::undo_run(&run, request.attempt, ports.clock.now()) {
             Ok(x) => x,
             Err(Rejection::StaleAttempt { record, .. }) => {
-                // A copy of an earlier attempt's undo, delivered late: the run answers the
-                // newest (its task fences this answer out).
+                // A copy of an earlier attempt's undo, delivered late (or come back after its
+                // agent failed midway): the run answers the newest (its task fences this answer
+                // out), and what it has out is undone again (the first delivery's undos may
+                // not all have begun).
                 info!(run = %id, answers = record, "an earlier attempt's undo: the run answers a later one");
-                return Ok(RunCall::answered(StepOutcome::Accepted));
+                return Ok(RunCall {
+                    answer: StepOutcome::Accepted,
+                    then: Some(Then::Resume(run)),
+                });
             }
             Err(e) => {
                 return Ok(RunCall::answered(StepOutcome::Refused {
