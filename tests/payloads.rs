@@ -541,7 +541,7 @@ async fn new_bucket(name: &str) -> (aws_sdk_s3::Client, String, S3Payloads) {
     (client, bucket, store)
 }
 
-/// Writes `bytes` under `key` behind the store's back (a tampered object).
+/// Writes `bytes` under `key` behind the store's back (a tampered object, or a user's own).
 async fn overwrite(client: &aws_sdk_s3::Client, bucket: &str, key: &str, bytes: Vec<u8>) {
     client
         .put_object()
@@ -550,7 +550,7 @@ async fn overwrite(client: &aws_sdk_s3::Client, bucket: &str, key: &str, bytes: 
         .body(bytes.into())
         .send()
         .await
-        .expect("tampered");
+        .expect("written behind the store's back");
 }
 
 /// On the emulator, in a new bucket made by the code's own provisioning.
@@ -573,14 +573,7 @@ async fn s3_objects_keep_the_contract() {
     }
     let store = S3Payloads::from_config(&config, &payloads);
     let place = async |bucket: &str, key: &str, bytes: Vec<u8>| {
-        client
-            .put_object()
-            .bucket(bucket)
-            .key(key)
-            .body(bytes.into())
-            .send()
-            .await
-            .expect("placed");
+        overwrite(&client, bucket, key, bytes).await;
     };
     read_object_contract(&store, place, &lists, &unique("missing")).await;
 

@@ -4,8 +4,9 @@
 //! run ([`start_run`]): it reads the list (the step's body, or the S3 object it names), keeps
 //! it once as JSON Lines under the run, stores the run's record (its id derived from the
 //! step's key, so a call sent again starts no second run); once the agent has answered, it
-//! opens the first window of elements. Each element is a record of its own running the step's element view (one step),
-//! created on absence and claimed, replied to, retried, timed out and undone as any task.
+//! opens the first window of elements. Each element is a record of its own running the step's
+//! element view (one step), created on absence and claimed, replied to, retried, timed out and
+//! undone as any task.
 //!
 //! An element that ends for good sends its end to its run through the ends queue (FIFO,
 //! grouped by run: [`answer_run`]), before its outbox is cleared. The scheduler applies a run's
@@ -47,36 +48,6 @@ pub fn is_run_request(request: &StepRequest) -> bool {
 /// How often a run's writer reads it again after losing a race.
 const RACES: usize = 5;
 
-/// The agent's call of a distributed forEach step: starts its run (or, sent again, opens again
-/// what the run has out) and answers `Accepted`: the run's end completes the step. A list that
-/// is not one (or over the bounds) refuses the step; an S3 object that cannot be read now times
-/// the attempt out (it is retried, under the same key: the same run).
-pub async fn start_run(
-    ports: &TaskPorts,
-    request: &StepRequest,
-    body: Value,
-) -> Result<RunCall, HandlerError> {
-    Ok(match begin_run(ports, request, body).await? {
-        Begun::Answered(answer) => RunCall::answered(answer),
-        Begun::Started {
-            record,
-            open,
-            items,
-        } => RunCall {
-            answer: StepOutcome::Accepted,
-            then: Some(Then::Open {
-                record,
-                open,
-                items,
-            }),
-        },
-        Begun::Existing(run) => RunCall {
-            answer: StepOutcome::Accepted,
-            then: Some(Then::Resume(run)),
-        },
-    })
-}
-
 /// The agent's call on a run ([`start_run`], [`undo_run_request`]): the step's answer, sent
 /// first, then the elements it opens or undoes ([`RunCall::then`]). The answer is due within
 /// the attempt's timeout (an element's call's); a window of up to `maxConcurrency` elements
@@ -107,6 +78,14 @@ impl RunCall {
         Self { answer, then: None }
     }
 
+    /// `Accepted`, then `then`: the run's end answers.
+    fn accepted(then: Then) -> Self {
+        Self {
+            answer: StepOutcome::Accepted,
+            then: Some(then),
+        }
+    }
+
     /// Opens or undoes what the call asks for: call it once the answer is sent.
     pub async fn then(self, ports: &TaskPorts) -> Result<(), HandlerError> {
         match self.then {
@@ -122,39 +101,29 @@ impl RunCall {
     }
 }
 
-/// What [`begin_run`] did.
-enum Begun {
-    /// Nothing to open: the step's answer.
-    Answered(StepOutcome),
-    /// The run is stored: these elements open.
-    Started {
-        record: StateRecord,
-        open: Vec<u32>,
-        items: Vec<Value>,
-    },
-    /// The run existed (this request came again, or a copy stored it first).
-    Existing(StateRecord),
-}
-
-async fn begin_run(
+/// The agent's call of a distributed forEach step: starts its run (or, sent again, opens again
+/// what the run has out) and answers `Accepted`: the run's end completes the step. A list that
+/// is not one (or over the bounds) refuses the step; an S3 object that cannot be read now times
+/// the attempt out (it is retried, under the same key: the same run).
+pub async fn start_run(
     ports: &TaskPorts,
     request: &StepRequest,
     body: Value,
-) -> Result<Begun, HandlerError> {
+) -> Result<RunCall, HandlerError> {
     let (Some(callback), Some(child)) = (&request.callback, &request.child) else {
-        return Ok(Begun::Answered(StepOutcome::Failed {
+        return Ok(RunCall::answered(StepOutcome::Failed {
             error: "a distributed forEach's request without its callback or caller".into(),
         }));
     };
     let Some((step_index, generation)) = token_fence(&callback.token) else {
-        return Ok(Begun::Answered(StepOutcome::Failed {
+        return Ok(RunCall::answered(StepOutcome::Failed {
             error: "a distributed forEach's callback token names no step".into(),
         }));
     };
     let id = run_id(&request.idempotency_key());
     if let Some(existing) = ports.store.get_state(id).await? {
         info!(run = %id, "the step's run exists: opening again what it has out");
-        return Ok(Begun::Existing(existing));
+        return Ok(RunCall::accepted(Then::Resume(existing)));
     }
     let workflow = super::catalog_workflow(
         &ports.definitions,
@@ -166,7 +135,7 @@ async fn begin_run(
         workflow.step(step_index).and_then(|s| s.run.as_ref()),
         workflow.element_view(step_index),
     ) else {
-        return Ok(Begun::Answered(StepOutcome::Failed {
+        return Ok(RunCall::answered(StepOutcome::Failed {
             error: format!(
                 "step {step_index} of {} v{} is no distributed forEach",
                 workflow.name, workflow.version
@@ -174,7 +143,7 @@ async fn begin_run(
         }));
     };
     let refused = |code: &str, message: String| {
-        Ok(Begun::Answered(StepOutcome::Refused {
+        Ok(RunCall::answered(StepOutcome::Refused {
             code: code.into(),
             message,
         }))
@@ -187,7 +156,7 @@ async fn begin_run(
                 Err(e) => return refused("list_invalid", e.0),
             },
             Err(PayloadError::Unavailable(e)) => {
-                return Ok(Begun::Answered(StepOutcome::TimedOut {
+                return Ok(RunCall::answered(StepOutcome::TimedOut {
                     error: format!("the list could not be read: {e}"),
                 }));
             }
@@ -196,7 +165,7 @@ async fn begin_run(
         Err(e) => return refused("list_invalid", e.0),
     };
     if items.is_empty() {
-        return Ok(Begun::Answered(StepOutcome::Succeeded {
+        return Ok(RunCall::answered(StepOutcome::Succeeded {
             result: Some("[]".into()),
         }));
     }
@@ -216,7 +185,7 @@ async fn begin_run(
     // The part of the task's context the elements read, kept once (an element then never
     // reads its task's whole input and results).
     let Some(context) = context_part(ports, request, &workflow, &view, step_index).await? else {
-        return Ok(Begun::Answered(StepOutcome::Failed {
+        return Ok(RunCall::answered(StepOutcome::Failed {
             error: "the input the step ran with is not kept".into(),
         }));
     };
@@ -276,18 +245,18 @@ async fn begin_run(
             // Another agent (a copy of this request) stored it first: it opens the window; this
             // one opens again what it has out, which changes nothing.
             return Ok(match ports.store.get_state(id).await? {
-                Some(existing) => Begun::Existing(existing),
-                None => Begun::Answered(StepOutcome::Accepted),
+                Some(existing) => RunCall::accepted(Then::Resume(existing)),
+                None => RunCall::answered(StepOutcome::Accepted),
             });
         }
         Err(e) => return Err(e.into()),
     }
     info!(run = %id, elements = items.len(), "the step's run started");
-    Ok(Begun::Started {
+    Ok(RunCall::accepted(Then::Open {
         record,
         open: fx.open,
         items,
-    })
+    }))
 }
 
 /// Opens again what a run has out (forward or undoing): a writer that died between the
@@ -653,10 +622,7 @@ pub async fn undo_run_request(
             // This undo was sent again (its first sender may have died after the run's write,
             // before its undos began): what the run has out is undone again; the run answers.
             ProcessState::Processing if ours => {
-                return Ok(RunCall {
-                    answer: StepOutcome::Accepted,
-                    then: Some(Then::Resume(run)),
-                });
+                return Ok(RunCall::accepted(Then::Resume(run)));
             }
             _ => {}
         }
@@ -668,10 +634,7 @@ pub async fn undo_run_request(
                 // out), and what it has out is undone again (the first delivery's undos may
                 // not all have begun).
                 info!(run = %id, answers = record, "an earlier attempt's undo: the run answers a later one");
-                return Ok(RunCall {
-                    answer: StepOutcome::Accepted,
-                    then: Some(Then::Resume(run)),
-                });
+                return Ok(RunCall::accepted(Then::Resume(run)));
             }
             Err(e) => {
                 return Ok(RunCall::answered(StepOutcome::Refused {

@@ -404,10 +404,8 @@ async fn rearm(deps: &SupervisorDeps, record: &crate::domain::StateRecord, now: 
         _ => false,
     };
     let later_armed = armed > now;
-    if !out || record.locked_by.is_none() || record.fanout.is_some() || later_armed {
-        return;
-    }
-    if deadline <= now {
+    let due = deadline <= now;
+    if !out || record.locked_by.is_none() || record.fanout.is_some() || later_armed || due {
         return;
     }
     let timer = DeadlineTimer::of(record, deadline);
