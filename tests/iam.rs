@@ -290,6 +290,9 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     let mut settings = sas_blackbox::manual_settings();
     settings.definitions = files.clone();
     settings.retention = Some(chrono::Duration::days(90));
+    // As deployed: a service without limits of its own is capped by the share, its pace
+    // marked on its breaker's partition.
+    settings.service_share = Some(sas::config::DEFAULT_SERVICE_SHARE);
     // The stage's reply-queue pattern, on the emulator's queue URLs.
     let base = res.work_queue_url.rsplit_once('/').expect("a queue URL").0;
     settings.reply_queues = Some(

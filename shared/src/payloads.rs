@@ -592,6 +592,13 @@ impl Breakers for Offloading {
     async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
         self.inner.put_breaker(record).await
     }
+    async fn mark_pace(
+        &self,
+        name: &str,
+        mark: crate::domain::PaceMark,
+    ) -> Result<bool, StoreError> {
+        self.inner.mark_pace(name, mark).await
+    }
 }
 
 #[async_trait]

@@ -290,6 +290,14 @@ pub trait Breakers: Send + Sync {
     /// Writes `record` if the stored breaker is still at `record.version - 1` (absent, for
     /// version 1). `false`: another agent moved it first.
     async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError>;
+    /// Writes `mark` to the pace of service `name` (read with its breaker, written apart from
+    /// it: a move of the breaker keeps it) if [`crate::domain::Pace::apply`] allows it against
+    /// the pace stored. `false`: it does not (another agent wrote a later mark).
+    async fn mark_pace(
+        &self,
+        name: &str,
+        mark: crate::domain::PaceMark,
+    ) -> Result<bool, StoreError>;
 }
 
 /// The callers' rate limits (items `RATE#<key>`).

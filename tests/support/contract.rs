@@ -179,6 +179,7 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     state_index_pages_cover_each_record_once(store.as_ref()).await;
     leases_have_one_holder_until_they_expire(store.as_ref()).await;
     breakers_move_one_version_at_a_time(store.as_ref()).await;
+    a_services_pace_moves_only_forward_beside_its_breaker(store.as_ref()).await;
     state_index_filters_by_workflow(store.as_ref()).await;
     state_index_counts(store.as_ref()).await;
     a_new_input_lands_with_its_record_or_not_at_all(store.as_ref()).await;
@@ -1816,6 +1817,7 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
         note: None,
         open_since: Some(until - Span::seconds(5)),
         fault_keys: vec![],
+        pace: Default::default(),
     };
     put_breaker_anew(store, &open, "v2").await;
     let stale = BreakerRecord {
@@ -1851,6 +1853,84 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
         (read.state, read.note),
         (BreakerState::Closed { failures: 0 }, None)
     );
+}
+
+/// A service's pace: read with its breaker (a pace alone reads as a closed breaker never
+/// moved), marked as [`sas::domain::Pace::apply`] allows, and kept by the breaker's moves.
+async fn a_services_pace_moves_only_forward_beside_its_breaker(store: &dyn StateStore) {
+    use sas::domain::breaker::PACE_SPELL;
+    use sas::domain::{BreakerRecord, Pace, PaceMark};
+    let name = format!("svc-{}", TaskId::new_random());
+    let t = to_millis(Utc::now());
+    let pace = || async {
+        store
+            .get_breaker(&name)
+            .await
+            .expect("read")
+            .expect("a pace reads as a breaker")
+    };
+    let fast = PaceMark::Fast {
+        until: t + PACE_SPELL,
+        calm_since: t - PACE_SPELL,
+    };
+    assert!(store.mark_pace(&name, fast).await.expect("first mark"));
+    let read = pace().await;
+    assert_eq!(
+        read,
+        BreakerRecord {
+            pace: Pace {
+                fast_until: Some(t + PACE_SPELL),
+                slow_at: None
+            },
+            ..BreakerRecord::closed(&name)
+        }
+    );
+    assert!(
+        !store.mark_pace(&name, fast).await.expect("replay"),
+        "a mark ending no later is refused"
+    );
+    // A move of the breaker neither writes nor checks the pace.
+    let moved = BreakerRecord {
+        pace: Pace::default(),
+        ..BreakerRecord::closed(&name)
+            .on_fault(t, &sas::domain::BreakerPolicy::default())
+            .expect("a fault is written")
+    };
+    assert!(store.put_breaker(&moved).await.expect("a move"));
+    assert_eq!(pace().await.pace.fast_until, Some(t + PACE_SPELL));
+    assert_eq!(pace().await.version, 1);
+    let slow = PaceMark::Slow {
+        at: t + Span::seconds(1),
+    };
+    assert!(store.mark_pace(&name, slow).await.expect("slow"));
+    assert_eq!(
+        pace().await.pace,
+        Pace {
+            fast_until: None,
+            slow_at: Some(t + Span::seconds(1))
+        }
+    );
+    assert!(
+        !store
+            .mark_pace(&name, PaceMark::Slow { at: t })
+            .await
+            .expect("an earlier slow call"),
+        "the slow mark moves only forward"
+    );
+    let stale = PaceMark::Fast {
+        until: t + PACE_SPELL * 2,
+        calm_since: t,
+    };
+    assert!(
+        !store.mark_pace(&name, stale).await.expect("stale"),
+        "no fast mark within a spell of a slow call"
+    );
+    let calm = PaceMark::Fast {
+        until: t + PACE_SPELL * 2,
+        calm_since: t + Span::seconds(1),
+    };
+    assert!(store.mark_pace(&name, calm).await.expect("calm"));
+    assert!(pace().await.pace.is_fast(t + PACE_SPELL));
 }
 
 /// `list(state, Some(workflow))` returns the records of that workflow only, each once, across

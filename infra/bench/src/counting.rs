@@ -481,7 +481,9 @@ impl Interceptor for Counter {
                 next.run(call).await
             }
             Call::GetBreaker { name } => {
-                m.call("DynamoDB GetItem (breaker)");
+                // A strongly consistent Query of the breaker's partition: the breaker and the
+                // service's pace, two small items, one read unit.
+                m.call("DynamoDB Query (breaker)");
                 m.io().await;
                 m.add(|c| c.rru += 1.0);
                 m.key(format!("BREAKER#{name}"), 0.0, 1.0);
@@ -492,6 +494,14 @@ impl Interceptor for Counter {
                 m.io().await;
                 m.write(WriteUnits::small("breaker"));
                 m.key(format!("BREAKER#{}", record.name), 1.0, 0.0);
+                next.run(call).await
+            }
+            Call::MarkPace { name, .. } => {
+                // One conditional UpdateItem of the small pace item.
+                m.call("DynamoDB UpdateItem (pace)");
+                m.io().await;
+                m.write(WriteUnits::small("pace"));
+                m.key(format!("BREAKER#{name}"), 1.0, 0.0);
                 next.run(call).await
             }
             Call::List { .. } | Call::Count { .. } => {

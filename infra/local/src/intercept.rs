@@ -13,7 +13,7 @@
 
 use async_trait::async_trait;
 use sas::domain::rate::Admission;
-use sas::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
+use sas::domain::{BreakerRecord, Caller, PaceMark, StateRecord, Task, TaskId};
 use sas::ports::{
     Breakers, Catalog, Count, CreateOutcome, CurrentRun, DefinitionRef, DueEntry, DueIndex,
     DueQuery, Entry, EventBus, GroupedMessage, Guarded, InState, Kind, LeaseClaim, Leases, NewTask,
@@ -84,6 +84,10 @@ pub enum Call<'a> {
     PutBreaker {
         record: &'a BreakerRecord,
     },
+    MarkPace {
+        name: &'a str,
+        mark: PaceMark,
+    },
     // RateLimits
     Admit(RateRequest<'a>),
     // Slots
@@ -141,6 +145,7 @@ impl Call<'_> {
             Self::ReleaseLease { .. } => "release_lease",
             Self::GetBreaker { .. } => "get_breaker",
             Self::PutBreaker { .. } => "put_breaker",
+            Self::MarkPace { .. } => "mark_pace",
             Self::Admit { .. } => "admit",
             Self::TakeSlot { .. } => "take_slot",
             Self::FreeSlot { .. } => "free_slot",
@@ -381,6 +386,9 @@ impl<T: Breakers + ?Sized, H: Interceptor> Breakers for Intercepted<T, H> {
     }
     async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
         forward!(self, PutBreaker { record } => put_breaker)
+    }
+    async fn mark_pace(&self, name: &str, mark: PaceMark) -> Result<bool, StoreError> {
+        forward!(self, MarkPace { name, mark } => mark_pace)
     }
 }
 

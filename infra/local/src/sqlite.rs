@@ -35,7 +35,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use sas::domain::rate::{Admission, Decision as RateDecision};
-use sas::domain::{BreakerRecord, BreakerState, Caller, Condition, StateRecord, Task, TaskId};
+use sas::domain::{
+    BreakerRecord, BreakerState, Caller, Condition, Pace, PaceMark, StateRecord, Task, TaskId,
+};
 use sas::ports::{
     Breakers, Catalog, Count, CreateOutcome, CurrentRun, Cursor, DefinitionRef, DueEntry, DueIndex,
     DueQuery, Entry, Guarded, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, NewTask, Page,
@@ -93,6 +95,10 @@ CREATE TABLE IF NOT EXISTS leases (
 CREATE TABLE IF NOT EXISTS breakers (
     name TEXT PRIMARY KEY,
     version INTEGER NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS paces (
+    name TEXT PRIMARY KEY,
     body TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS rate_limits (
@@ -909,6 +915,7 @@ impl BreakerRow {
             note: self.note,
             open_since: self.open_since,
             fault_keys: self.fault_keys,
+            pace: Pace::default(),
         }
     }
 }
@@ -926,11 +933,28 @@ impl Breakers for SqliteStore {
                 )
                 .optional()
                 .map_err(db)?;
-            row.map(|(version, body)| {
-                let row: BreakerRow = from_json("breaker", &body)?;
-                Ok(row.into_record(name.clone(), version as u64))
-            })
-            .transpose()
+            let pace: Option<Pace> = tx
+                .query_row(
+                    "SELECT body FROM paces WHERE name = ?1",
+                    params![name],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()
+                .map_err(db)?
+                .map(|body| from_json("pace", &body))
+                .transpose()?;
+            let record = match row {
+                Some((version, body)) => {
+                    let row: BreakerRow = from_json("breaker", &body)?;
+                    row.into_record(name.clone(), version as u64)
+                }
+                None if pace.is_some() => BreakerRecord::closed(&name),
+                None => return Ok(None),
+            };
+            Ok(Some(BreakerRecord {
+                pace: pace.unwrap_or_default(),
+                ..record
+            }))
         })
         .await
     }
@@ -957,6 +981,34 @@ impl Breakers for SqliteStore {
                 "INSERT INTO breakers (name, version, body) VALUES (?1, ?2, ?3)
                  ON CONFLICT (name) DO UPDATE SET version = ?2, body = ?3",
                 params![name, version as i64, body],
+            )
+            .map_err(db)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn mark_pace(&self, name: &str, mark: PaceMark) -> Result<bool, StoreError> {
+        let name = name.to_owned();
+        self.write(move |tx| {
+            let stored: Option<Pace> = tx
+                .query_row(
+                    "SELECT body FROM paces WHERE name = ?1",
+                    params![name],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()
+                .map_err(db)?
+                .map(|body| from_json("pace", &body))
+                .transpose()?;
+            // As the domain applies it, against the pace read in this transaction.
+            let Some(pace) = stored.unwrap_or_default().apply(mark) else {
+                return Ok(false);
+            };
+            tx.execute(
+                "INSERT INTO paces (name, body) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET body = ?2",
+                params![name, to_json(&pace)?],
             )
             .map_err(db)?;
             Ok(true)

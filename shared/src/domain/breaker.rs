@@ -70,6 +70,93 @@ pub fn paused_by(service: &str) -> String {
     format!("service {service} paused by")
 }
 
+/// How long a call of a service capped by the deployment's share (it declares no concurrency
+/// of its own) may take and still count as fast. A call out longer takes its slot of the share
+/// then, if it went without one, and marks the service slow ([`Pace`]).
+pub const SLOW_CALL: Duration = Duration::seconds(2);
+
+/// How long a fast mark lasts (a call renews it once half of it is spent), and how long a
+/// service stays slow after a call outlived [`SLOW_CALL`].
+pub const PACE_SPELL: Duration = Duration::minutes(5);
+
+/// How a service capped by the share has answered lately, kept beside its breaker and read
+/// with it. A service is presumed slow: each call takes a slot of the share, as every call of a
+/// service with declared limits takes one of its limit. A call that ends within [`SLOW_CALL`],
+/// [`PACE_SPELL`] after the last call that outlived it, marks the service fast until
+/// [`PACE_SPELL`] on; while it is fast, its calls take no slot. A call that outlives
+/// [`SLOW_CALL`] ends the mark. So a fast service costs no slot writes, and the share still
+/// caps a slow one: beyond it go at most the calls begun while it was still marked fast (within
+/// one [`SLOW_CALL`], plus each agent's breaker read cache, of its first slow call), and each
+/// of those counts against the share once it outlives [`SLOW_CALL`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pace {
+    /// Until when its calls take no slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fast_until: Option<DateTime<Utc>>,
+    /// When a call last outlived [`SLOW_CALL`] (as its agent saw it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow_at: Option<DateTime<Utc>>,
+}
+
+/// A write of a service's [`Pace`]; the store applies it as [`Pace::apply`] says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaceMark {
+    /// Fast until `until`: written only if no call outlived [`SLOW_CALL`] after `calm_since`
+    /// and the stored mark ends earlier.
+    Fast {
+        until: DateTime<Utc>,
+        calm_since: DateTime<Utc>,
+    },
+    /// A call outlived [`SLOW_CALL`] at `at`: the fast mark ends; written only if no later
+    /// slow call is stored.
+    Slow { at: DateTime<Utc> },
+}
+
+impl Pace {
+    /// Whether the calls at `now` take no slot of the share.
+    pub fn is_fast(&self, now: DateTime<Utc>) -> bool {
+        self.fast_until.is_some_and(|until| now < until)
+    }
+
+    /// What to write after a call at `now` that ended within [`SLOW_CALL`] (`slow` false) or
+    /// outlived it, given this pace as the agent last read it. `None`: nothing new to say (a
+    /// fast mark with more than half its spell to run, a slow mark written lately).
+    pub fn after_call(&self, now: DateTime<Utc>, slow: bool) -> Option<PaceMark> {
+        if slow {
+            let lately = self.slow_at.is_some_and(|at| now - at < PACE_SPELL / 2);
+            return (self.is_fast(now) || !lately).then_some(PaceMark::Slow { at: now });
+        }
+        let calm_since = now - PACE_SPELL;
+        if self.slow_at.is_some_and(|at| at > calm_since) {
+            return None;
+        }
+        let until = now + PACE_SPELL;
+        self.fast_until
+            .is_none_or(|u| u - now < PACE_SPELL / 2)
+            .then_some(PaceMark::Fast { until, calm_since })
+    }
+
+    /// The pace once `mark` is applied to it; `None`: the mark's condition fails (a later mark
+    /// is stored, or a slow call came after `calm_since`) and nothing is written.
+    pub fn apply(&self, mark: PaceMark) -> Option<Pace> {
+        match mark {
+            PaceMark::Fast { until, calm_since } => {
+                let calm = self.slow_at.is_none_or(|at| at <= calm_since);
+                let later = self.fast_until.is_none_or(|u| u < until);
+                (calm && later).then_some(Pace {
+                    fast_until: Some(until),
+                    ..*self
+                })
+            }
+            PaceMark::Slow { at } => self.slow_at.is_none_or(|s| s < at).then_some(Pace {
+                fast_until: None,
+                slow_at: Some(at),
+            }),
+        }
+    }
+}
+
 /// The stored breaker of the service `name`. `version` 0: not stored yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BreakerRecord {
@@ -86,6 +173,9 @@ pub struct BreakerRecord {
     /// built from its input), so each task counts once ([`BreakerRecord::on_misconfigured`]).
     /// At most `threshold` entries: opening clears it.
     pub fault_keys: Vec<String>,
+    /// How the service has answered lately: stored apart from the breaker's moves (a move
+    /// neither writes nor checks it) and read with them.
+    pub pace: Pace,
 }
 
 /// What a caller may do now.
@@ -109,6 +199,7 @@ impl BreakerRecord {
             note: None,
             open_since: None,
             fault_keys: Vec::new(),
+            pace: Pace::default(),
         }
     }
 
@@ -126,6 +217,7 @@ impl BreakerRecord {
                 BreakerState::Closed { failures } if failures > 0 => self.fault_keys.clone(),
                 _ => Vec::new(),
             },
+            pace: self.pace,
         }
     }
 
@@ -438,5 +530,91 @@ mod tests {
             b.decide(t2 + Duration::seconds(6), &p()),
             Decision::Probe(_)
         ));
+    }
+
+    #[test]
+    fn a_service_is_presumed_slow_until_a_call_ends_within_slow_call() {
+        let t = Utc::now();
+        let pace = Pace::default();
+        assert!(!pace.is_fast(t), "never marked: every call takes a slot");
+        let mark = pace
+            .after_call(t, false)
+            .expect("a fast call marks it fast");
+        let fast = pace.apply(mark).expect("nothing stored contradicts it");
+        assert_eq!(fast.fast_until, Some(t + PACE_SPELL));
+        assert!(fast.is_fast(t + PACE_SPELL - Duration::milliseconds(1)));
+        assert!(!fast.is_fast(t + PACE_SPELL), "the mark runs out");
+        assert_eq!(
+            fast.after_call(t + PACE_SPELL / 2 - Duration::seconds(1), false),
+            None,
+            "more than half the spell to run: no write"
+        );
+        let renew = fast
+            .after_call(t + PACE_SPELL / 2 + Duration::seconds(1), false)
+            .expect("half spent: renewed");
+        assert_eq!(
+            fast.apply(renew).and_then(|p| p.fast_until),
+            Some(t + PACE_SPELL / 2 + Duration::seconds(1) + PACE_SPELL)
+        );
+        assert_eq!(fast.apply(mark), None, "a mark never moves back");
+    }
+
+    #[test]
+    fn a_slow_call_ends_the_mark_and_keeps_the_service_slow_for_a_spell() {
+        let t = Utc::now();
+        let fast = Pace {
+            fast_until: Some(t + PACE_SPELL),
+            slow_at: None,
+        };
+        let slow = fast
+            .apply(fast.after_call(t, true).expect("a slow call is written"))
+            .expect("no later slow call stored");
+        assert_eq!(
+            slow,
+            Pace {
+                fast_until: None,
+                slow_at: Some(t)
+            }
+        );
+        assert_eq!(
+            slow.after_call(t + Duration::seconds(10), true),
+            None,
+            "slow and said so lately: no write per slow call"
+        );
+        assert!(
+            slow.after_call(t + PACE_SPELL / 2, true).is_some(),
+            "a slow mark half a spell old is renewed"
+        );
+        assert_eq!(
+            slow.after_call(t + PACE_SPELL - Duration::seconds(1), false),
+            None,
+            "within a spell of a slow call, a fast one marks nothing"
+        );
+        // A fast mark computed from a stale read (before the slow call) is refused.
+        let stale = PaceMark::Fast {
+            until: t + PACE_SPELL * 2,
+            calm_since: t - Duration::seconds(1),
+        };
+        assert_eq!(slow.apply(stale), None);
+        assert_eq!(
+            slow.apply(PaceMark::Slow {
+                at: t - Duration::seconds(1)
+            }),
+            None,
+            "an earlier slow call is not written over a later one"
+        );
+        let calm = slow
+            .after_call(t + PACE_SPELL, false)
+            .expect("a spell after the slow call, fast again");
+        assert!(slow.apply(calm).is_some_and(|p| p.is_fast(t + PACE_SPELL)));
+    }
+
+    #[test]
+    fn a_move_of_the_breaker_keeps_its_pace() {
+        let t = Utc::now();
+        let mut b = BreakerRecord::closed("payment");
+        b.pace.fast_until = Some(t + PACE_SPELL);
+        let moved = b.on_fault(t, &p()).expect("a fault is written");
+        assert_eq!(moved.pace, b.pace);
     }
 }

@@ -81,6 +81,9 @@ pub struct Gate {
     pub key: String,
     pub concurrency: Option<u32>,
     pub rate: Option<RateLimit>,
+    /// `concurrency` is the deployment's share, not a limit the service declared: a call of a
+    /// service its breaker marks fast takes no slot of it ([`super::breaker::Pace`]).
+    pub shared: bool,
 }
 
 impl ServiceLimits {
@@ -109,6 +112,7 @@ impl ServiceLimits {
                 key: service_key(service, None),
                 concurrency,
                 rate: all.rate.map(|r| r.as_limit()),
+                shared: all.concurrency.is_none() && share.is_some(),
             });
         }
         if let Some(l) = this.and_then(|l| l.actions.get(action))
@@ -118,6 +122,7 @@ impl ServiceLimits {
                 key: service_key(service, Some(action)),
                 concurrency: l.concurrency,
                 rate: l.rate.map(|r| r.as_limit()),
+                shared: false,
             });
         }
         gates
@@ -262,11 +267,14 @@ mod tests {
         let shared = ServiceLimits::gates(None, "bank", "hold", Some(10));
         assert_eq!(shared.len(), 1);
         assert_eq!((shared[0].concurrency, shared[0].rate), (Some(10), None));
+        assert!(shared[0].shared, "the share, not a declared limit");
+        assert!(!gates[0].shared && !gates[1].shared, "declared limits");
         assert!(ServiceLimits::gates(None, "bank", "hold", None).is_empty());
         // A rate alone keeps the share as the concurrency.
         let rated = parse(json!({"rate": {"perSecond": 2}}));
         let g = ServiceLimits::gates(Some(&rated), "bank", "hold", Some(10));
         assert_eq!(g[0].concurrency, Some(10));
+        assert!(g[0].shared, "its concurrency is the share");
         assert_eq!(g[0].rate.map(|r| r.burst), Some(1), "burst defaults to 1");
     }
 

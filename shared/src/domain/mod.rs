@@ -25,7 +25,7 @@ pub mod when;
 pub mod workflow;
 
 pub use backoff::Backoff;
-pub use breaker::{BreakerPolicy, BreakerRecord, BreakerState, Decision};
+pub use breaker::{BreakerPolicy, BreakerRecord, BreakerState, Decision, Pace, PaceMark};
 pub use caller::Caller;
 pub use condition::{Condition, Guard, write_label};
 pub use mapping::{Mapping, MappingError};

@@ -38,6 +38,8 @@ struct Inner {
     /// Lease name → (owner, held until).
     leases: HashMap<String, (String, DateTime<Utc>)>,
     breakers: HashMap<String, BreakerRecord>,
+    /// The services' paces, apart from their breakers (as the tables keep them).
+    paces: HashMap<String, crate::domain::Pace>,
     /// Rate-limit key → its GCRA theoretical arrival time (ms).
     rates: HashMap<String, i64>,
     /// Slot key → holder → lease until (ms).
@@ -396,7 +398,15 @@ impl Leases for MemoryStore {
 #[async_trait]
 impl Breakers for MemoryStore {
     async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
-        Ok(self.lock()?.breakers.get(name).cloned())
+        let inner = self.lock()?;
+        let pace = inner.paces.get(name).copied();
+        let mut record = match inner.breakers.get(name) {
+            Some(b) => b.clone(),
+            None if pace.is_some() => BreakerRecord::closed(name),
+            None => return Ok(None),
+        };
+        record.pace = pace.unwrap_or_default();
+        Ok(Some(record))
     }
     async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
         let mut inner = self.lock()?;
@@ -404,8 +414,28 @@ impl Breakers for MemoryStore {
         if stored + 1 != record.version {
             return Ok(false);
         }
-        inner.breakers.insert(record.name.clone(), record.clone());
+        // The pace is kept apart: a move of the breaker neither writes nor checks it.
+        let record = BreakerRecord {
+            pace: Default::default(),
+            ..record.clone()
+        };
+        inner.breakers.insert(record.name.clone(), record);
         Ok(true)
+    }
+    async fn mark_pace(
+        &self,
+        name: &str,
+        mark: crate::domain::PaceMark,
+    ) -> Result<bool, StoreError> {
+        let mut inner = self.lock()?;
+        let stored = inner.paces.get(name).copied().unwrap_or_default();
+        match stored.apply(mark) {
+            Some(pace) => {
+                inner.paces.insert(name.to_owned(), pace);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! ([`RemoteFault::Limited`]): the agent hands the step back, to come again when a slot or a
 //! token is due.
 
+use crate::domain::breaker::SLOW_CALL;
 use crate::domain::limits::{Gate, Over, ServiceLimits};
 use crate::domain::rate::Admission;
 use crate::ports::{
@@ -24,6 +25,18 @@ pub struct LimitedRemote {
     store: Arc<dyn LimitStore>,
     clock: Arc<dyn Clock>,
     metrics: crate::metrics::Metrics,
+    /// Whether the service is fast ([`crate::domain::Pace`]), if anything says: without a
+    /// pacer every call under the share takes a slot.
+    pacer: Option<Arc<dyn Pacer>>,
+}
+
+/// What a service's breaker knows of its pace ([`crate::domain::Pace`]), read with it.
+#[async_trait]
+pub trait Pacer: Send + Sync {
+    /// Whether the service's calls take no slot of the share now.
+    async fn is_fast(&self) -> bool;
+    /// A call under the share ended within [`SLOW_CALL`] (`slow` false) or has outlived it.
+    async fn paced(&self, slow: bool);
 }
 
 impl LimitedRemote {
@@ -43,6 +56,35 @@ impl LimitedRemote {
             store,
             clock,
             metrics,
+            pacer: None,
+        }
+    }
+
+    /// Takes the slots of the share only while `pacer` says the service is slow.
+    pub fn with_pacer(mut self, pacer: Arc<dyn Pacer>) -> Self {
+        self.pacer = Some(pacer);
+        self
+    }
+
+    /// Takes the share's slot for a call that went out without one and has outlived
+    /// [`SLOW_CALL`], however many are held (the call is out already): the calls after it
+    /// count it. `None` if the store failed (the call then holds no slot, as before).
+    async fn take_late(&self, gate: &Gate, holder: &str, timeout: Duration) -> Option<String> {
+        let now = self.clock.now();
+        let ask = SlotRequest {
+            key: &gate.key,
+            limit: u32::MAX,
+            holder,
+            now,
+            until: now + chrono::Duration::from_std(timeout).unwrap_or(chrono::Duration::zero()),
+        };
+        match self.store.take_slot(ask).await {
+            Ok(SlotAnswer::Taken) => Some(gate.key.clone()),
+            Ok(SlotAnswer::Full { .. }) => None,
+            Err(e) => {
+                warn!(error = %e, key = %gate.key, "a slow call's slot could not be taken");
+                None
+            }
         }
     }
 
@@ -159,9 +201,28 @@ impl RemoteService for LimitedRemote {
         if gates.is_empty() {
             return self.inner.call(call, timeout).await;
         }
+        // The share's gate, if the service declares no concurrency: its slot is taken only
+        // while the service is not marked fast.
+        let share = gates.iter().find(|g| g.shared).cloned();
+        let pacer = self.pacer.as_ref().filter(|_| share.is_some());
+        let fast = match pacer {
+            Some(p) => p.is_fast().await,
+            None => false,
+        };
+        let entered: Vec<Gate> = if fast {
+            gates
+                .iter()
+                .map(|g| Gate {
+                    concurrency: g.concurrency.filter(|_| !g.shared),
+                    ..g.clone()
+                })
+                .collect()
+        } else {
+            gates
+        };
         // One holder per call: its lease is its own.
         let holder = format!("{:016x}", rand::random::<u64>());
-        let held = match self.enter(&gates, &holder, timeout).await {
+        let mut held = match self.enter(&entered, &holder, timeout).await {
             Ok(held) => held,
             Err(over) => {
                 self.metrics.count(
@@ -177,7 +238,29 @@ impl RemoteService for LimitedRemote {
                 });
             }
         };
-        let answer = self.inner.call(call, timeout).await;
+        let (Some(pacer), Some(share)) = (pacer, share) else {
+            let answer = self.inner.call(call, timeout).await;
+            self.leave(&held, &holder).await;
+            return answer;
+        };
+        let out = self.inner.call(call, timeout);
+        tokio::pin!(out);
+        let answer = tokio::select! {
+            answer = &mut out => {
+                // A call the breaker turned away says nothing of the service's pace.
+                if !matches!(answer, Err(RemoteFault::CircuitOpen { .. })) {
+                    pacer.paced(false).await;
+                }
+                answer
+            }
+            () = tokio::time::sleep(SLOW_CALL.to_std().unwrap_or_default()) => {
+                if fast && let Some(key) = self.take_late(&share, &holder, timeout).await {
+                    held.push(key);
+                }
+                pacer.paced(true).await;
+                out.await
+            }
+        };
         self.leave(&held, &holder).await;
         answer
     }
@@ -188,7 +271,7 @@ mod tests {
     use super::*;
     use crate::domain::TaskId;
     use crate::memory::MemoryStore;
-    use crate::ports::{Slots, SystemClock};
+    use crate::ports::{Breakers, Slots, SystemClock};
     use std::sync::atomic::{AtomicU32, Ordering};
 
     /// A service that takes `latency` and counts the calls in it at once.
@@ -413,5 +496,115 @@ mod tests {
         ));
         clock.advance(chrono::Duration::seconds(2));
         assert!(shared.call(&hold, Duration::from_secs(1)).await.is_ok());
+    }
+
+    /// The slots of the share held now.
+    async fn held(store: &MemoryStore) -> u32 {
+        store
+            .slots_held("service#bank", chrono::Utc::now())
+            .await
+            .expect("slots readable")
+    }
+
+    /// One agent's remote of `bank` (no limits of its own, a share of 2) over `inner`, behind
+    /// its own breaker (and so its own read cache) on the shared `store`.
+    fn agent(
+        inner: Arc<Busy>,
+        store: &Arc<MemoryStore>,
+        clock: &Arc<StoppedClock>,
+    ) -> Arc<LimitedRemote> {
+        let breaker = Arc::new(crate::remote::SharedBreaker::new(
+            "bank",
+            inner,
+            store.clone(),
+            crate::domain::BreakerPolicy::default(),
+            clock.clone(),
+        ));
+        Arc::new(
+            LimitedRemote::new(
+                "bank",
+                breaker.clone(),
+                (None, Some(2)),
+                store.clone(),
+                clock.clone(),
+                crate::metrics::Metrics::off(),
+            )
+            .with_pacer(breaker),
+        )
+    }
+
+    /// Starts a call of `remote`; its answer.
+    fn start(
+        remote: &Arc<LimitedRemote>,
+    ) -> tokio::task::JoinHandle<Result<serde_json::Value, RemoteFault>> {
+        let remote = remote.clone();
+        tokio::spawn(async move { remote.call(&call("hold"), Duration::from_secs(30)).await })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fast_services_calls_take_no_slot_of_the_share_and_a_slow_call_takes_its_own() {
+        use crate::domain::breaker::{PACE_SPELL, SLOW_CALL};
+        let store = Arc::new(MemoryStore::new(1));
+        let clock = Arc::new(StoppedClock::default());
+        let fast = agent(busy(Duration::from_millis(100), false), &store, &clock);
+        let pace = || async {
+            store
+                .get_breaker("bank")
+                .await
+                .expect("readable")
+                .map(|b| b.pace)
+                .unwrap_or_default()
+        };
+        // Never marked: presumed slow, its call takes a slot; ended fast, it marks the service.
+        let first = start(&fast);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            held(&store).await,
+            1,
+            "a service not known fast takes its slot"
+        );
+        assert!(first.await.expect("joined").is_ok());
+        assert_eq!(pace().await.fast_until, Some(clock.now() + PACE_SPELL));
+        let second = start(&fast);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(held(&store).await, 0, "a fast service's call takes no slot");
+        assert!(second.await.expect("joined").is_ok());
+        // The service turns slow: three calls begun while it is marked fast go out (over the
+        // share of 2); each takes its slot once it outlives SLOW_CALL, and marks it slow.
+        let slow_service = busy(Duration::from_secs(3), false);
+        let slow = agent(slow_service.clone(), &store, &clock);
+        let outs: Vec<_> = (0..3).map(|_| start(&slow)).collect();
+        let slow_call = SLOW_CALL.to_std().expect("positive");
+        tokio::time::sleep(slow_call - Duration::from_millis(100)).await;
+        assert_eq!(held(&store).await, 0);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            held(&store).await,
+            3,
+            "each slow call counted against the share"
+        );
+        assert_eq!(pace().await.fast_until, None, "no longer fast");
+        assert_eq!(pace().await.slow_at, Some(clock.now()));
+        // Another agent's call now finds the share full: the slow calls count.
+        let other = agent(busy(Duration::from_millis(100), false), &store, &clock);
+        assert!(matches!(
+            start(&other).await.expect("joined"),
+            Err(RemoteFault::Limited { .. })
+        ));
+        for out in outs {
+            assert!(out.await.expect("joined").is_ok());
+        }
+        assert_eq!(held(&store).await, 0, "every slot came back with its call");
+        // Slow within the spell: a fast call takes its slot and marks nothing.
+        let during = start(&other);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(held(&store).await, 1);
+        assert!(during.await.expect("joined").is_ok());
+        assert_eq!(pace().await.fast_until, None);
+        // A spell on, a fast call marks it fast again.
+        clock.advance(PACE_SPELL + chrono::Duration::seconds(1));
+        assert!(start(&other).await.expect("joined").is_ok());
+        assert!(pace().await.is_fast(clock.now()));
+        assert_eq!(slow_service.most.load(Ordering::SeqCst), 3);
     }
 }

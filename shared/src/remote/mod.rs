@@ -26,7 +26,7 @@ pub use credentials::{
 #[cfg(any(test, feature = "testkit"))]
 pub use lambda::client_at as lambda_client_at;
 pub use lambda::{LambdaRemote, api_fault, payload as lambda_payload};
-pub use limits::{LimitedRemote, SLOT_RECHECK};
+pub use limits::{LimitedRemote, Pacer, SLOT_RECHECK};
 pub use simulated::{Applied, Faults, OVERSIZED_BYTES, SimStats, SimulatedService, seeded_unit};
 
 use crate::catalog::{CatalogError, Definitions};
@@ -193,15 +193,21 @@ impl Remotes {
         breaker.metrics = self.metrics.clone();
         // The limits outside the breaker: a call the breaker turns away frees its slot at once,
         // and one over a limit never reaches the breaker (no failure counted).
+        // The breaker also says whether the service is fast: a fast one's calls take no slot
+        // of the share.
         let limits: Arc<dyn LimitStore> = self.store.clone();
-        let remote: Arc<dyn RemoteService> = Arc::new(LimitedRemote::new(
-            service,
-            Arc::new(breaker),
-            (def.limits.clone(), self.share),
-            limits,
-            self.clock.clone(),
-            self.metrics.clone(),
-        ));
+        let breaker = Arc::new(breaker);
+        let remote: Arc<dyn RemoteService> = Arc::new(
+            LimitedRemote::new(
+                service,
+                breaker.clone(),
+                (def.limits.clone(), self.share),
+                limits,
+                self.clock.clone(),
+                self.metrics.clone(),
+            )
+            .with_pacer(breaker),
+        );
         if let Ok(mut m) = self.built.lock() {
             m.insert(
                 service.to_owned(),
@@ -398,6 +404,47 @@ impl SharedBreaker {
                     return;
                 }
             }
+        }
+    }
+}
+
+/// The pace is read with the breaker (the read every call makes, from the same cache) and
+/// written apart from it.
+#[async_trait]
+impl limits::Pacer for SharedBreaker {
+    async fn is_fast(&self) -> bool {
+        let now = self.clock.now();
+        self.current().await.is_some_and(|b| b.pace.is_fast(now))
+    }
+
+    async fn paced(&self, slow: bool) {
+        let now = self.clock.now();
+        // A fast call renews the mark from the cache only (another call will, if it has run
+        // out); a slow one reads the pace again if need be: its mark is what caps the share.
+        let pace = match self.cached() {
+            Some(b) => b.pace,
+            None if slow => match self.fresh().await {
+                Some(b) => b.pace,
+                None => return,
+            },
+            None => return,
+        };
+        let Some(mark) = pace.after_call(now, slow) else {
+            return;
+        };
+        match self.store.mark_pace(&self.name, mark).await {
+            Ok(true) => {
+                if let Ok(mut cache) = self.cache.lock()
+                    && let Some((_, b)) = cache.as_mut()
+                    && let Some(next) = b.pace.apply(mark)
+                {
+                    b.pace = next;
+                }
+                info!(service = %self.name, slow, "service pace marked");
+            }
+            // Another agent's mark is newer: read it next time.
+            Ok(false) => self.remember(None),
+            Err(e) => warn!(service = %self.name, error = %e, "service pace not marked"),
         }
     }
 }

@@ -1,8 +1,10 @@
-//! [`Breakers`] on DynamoDB: items `BREAKER#<name>`.
+//! [`Breakers`] on DynamoDB: items `BREAKER#<name>`, sort keys `BREAKER` (the breaker) and
+//! `PACE` (the service's pace).
 
 use super::item::*;
 use super::store::*;
-use crate::domain::{BreakerRecord, BreakerState};
+use crate::domain::breaker::PACE_SPELL;
+use crate::domain::{BreakerRecord, BreakerState, Pace, PaceMark};
 use crate::ports::Breakers;
 use crate::ports::StoreError;
 use async_trait::async_trait;
@@ -12,10 +14,38 @@ use std::collections::HashMap;
 #[async_trait]
 impl Breakers for DynamoStore {
     async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
-        let Some(item) = self.read_item(format!("BREAKER#{name}"), "BREAKER").await? else {
-            return Ok(None);
+        // The breaker (`BREAKER`) and the service's pace (`PACE`) share a partition: one
+        // strongly consistent query reads both, at the price of one small read.
+        let out = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("pk = :pk")
+            .expression_attribute_values(":pk", s(format!("BREAKER#{name}")))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let of = |sk: &str| {
+            out.items().iter().find(|i| {
+                i.get("sk")
+                    .and_then(|v| v.as_s().ok())
+                    .is_some_and(|v| v == sk)
+            })
         };
-        let item = &item;
+        let pace = match of("PACE") {
+            Some(item) => Some(Pace {
+                fast_until: opt_n(item, "FastUntil")?.map(time).transpose()?,
+                slow_at: opt_n(item, "SlowAt")?.map(time).transpose()?,
+            }),
+            None => None,
+        };
+        let Some(item) = of("BREAKER") else {
+            return Ok(pace.map(|pace| BreakerRecord {
+                pace,
+                ..BreakerRecord::closed(name)
+            }));
+        };
         let state = match get_s(item, "State")? {
             "Closed" => BreakerState::Closed {
                 failures: get_n(item, "Failures")?,
@@ -54,6 +84,7 @@ impl Breakers for DynamoStore {
                     .collect::<Result<_, _>>()?,
                 None => Vec::new(),
             },
+            pace: pace.unwrap_or_default(),
         }))
     }
     async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
@@ -107,5 +138,42 @@ impl Breakers for DynamoStore {
                 .expression_attribute_values(":v", n(record.version - 1))
         };
         Self::put_if_own(req, &item).await
+    }
+
+    async fn mark_pace(&self, name: &str, mark: PaceMark) -> Result<bool, StoreError> {
+        let req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(format!("BREAKER#{name}")))
+            .key("sk", s("PACE"));
+        // The item goes a day after its last mark: a service no longer called is presumed
+        // slow again, as one never called.
+        let req = match mark {
+            // Condition: no call outlived SLOW_CALL after `calm_since`, and the stored mark
+            // ends earlier - keeps "a service is fast only a spell after its last slow call"
+            // and "a fast mark never moves back" (a mark from a stale read fails). A lost
+            // answer, retried, fails against its own write: the agent reads the pace again.
+            PaceMark::Fast { until, calm_since } => req
+                .update_expression("SET FastUntil = :until, ExpiresAt = :e")
+                .condition_expression(
+                    "(attribute_not_exists(SlowAt) OR SlowAt <= :calm) \
+                     AND (attribute_not_exists(FastUntil) OR FastUntil < :until)",
+                )
+                .expression_attribute_values(":until", ms(until))
+                .expression_attribute_values(":calm", ms(calm_since))
+                .expression_attribute_values(":e", n(until.timestamp() + KEY_TTL_SECONDS)),
+            // Condition: no later slow call stored - keeps "the slow mark moves only forward"
+            // (an agent's late report never hides a later one's).
+            PaceMark::Slow { at } => req
+                .update_expression("SET SlowAt = :at, ExpiresAt = :e REMOVE FastUntil")
+                .condition_expression("attribute_not_exists(SlowAt) OR SlowAt < :at")
+                .expression_attribute_values(":at", ms(at))
+                .expression_attribute_values(
+                    ":e",
+                    n((at + PACE_SPELL).timestamp() + KEY_TTL_SECONDS),
+                ),
+        };
+        Self::update_if(req).await
     }
 }
