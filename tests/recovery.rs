@@ -552,6 +552,59 @@ async fn the_one_timer_of_a_task_is_armed_again_for_the_step_out_and_recovers_it
 }
 
 #[tokio::test]
+async fn a_for_eachs_one_timer_is_armed_again_for_the_element_out_and_recovers_it() {
+    let mut settings = manual_settings();
+    settings.policy.step_timeout = chrono::Duration::seconds(2);
+    settings.definitions.push((
+        "one-at-a-time.yaml".into(),
+        "name: one-at-a-time\nsteps:\n  - name: reserve\n    service: inventory\n    \
+         forEach: $.input.items\n    maxConcurrency: 1\n"
+            .into(),
+    ));
+    let (system, _clock) = aws_system("rearm-each", settings).await;
+    let (status, _, answer) =
+        post_task(&system, "one-at-a-time", &[], br#"{"items": [1, 2]}"#).await;
+    assert_eq!(status, 202, "{answer}");
+    let id: TaskId = answer["taskId"]
+        .as_str()
+        .expect("id")
+        .parse()
+        .expect("uuid");
+    assert_eq!(system.pump_scheduler().await.expect("claims"), 1);
+    // The first element is answered a second and a half later: the second's deadline comes
+    // after the timer the claim armed, so it arms none.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    system.pump_agents().await.expect("agent");
+    system.pump_scheduler().await.expect("reply");
+    let r = state(&system, id).await;
+    let out = r
+        .fanout
+        .as_ref()
+        .map(|f| f.branches.iter().filter(|b| b.is_out()).count());
+    assert_eq!(out, Some(1), "the second element out: {r:?}");
+    assert!(r.timer_at < r.timer_deadline(), "{r:?}");
+    // Its agent dies: the request is lost.
+    let lost = drain(&system, &system.resources.agent_queue_url).await;
+    assert_eq!(lost.len(), 1);
+    // The timer arrives with the element out, is armed again for its deadline, and recovers
+    // it there (no sweep runs here).
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut fired = 0;
+    let retried = |r: &sas::StateRecord| {
+        r.fanout
+            .as_ref()
+            .is_some_and(|f| f.branches.iter().any(|b| b.failure_count == 1))
+    };
+    while Instant::now() < until && !retried(&state(&system, id).await) {
+        fired += system.pump_timers().await.expect("timers");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = state(&system, id).await;
+    assert!(retried(&r), "recovered by the timer armed again: {r:?}");
+    assert_eq!(fired, 2, "the claim's timer, then the one armed again");
+}
+
+#[tokio::test]
 async fn a_supervisor_that_dies_holding_a_shard_lease_is_replaced_after_it_expires() {
     let (system, clock) = aws_system("lease", manual_settings()).await;
     let id = submit_to(&system, None).await;

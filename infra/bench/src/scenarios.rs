@@ -947,6 +947,17 @@ mod tests {
         // invocation.
         let timers = |i: usize| s[i].counts.messages.get("timers").copied().unwrap_or(0);
         assert_eq!((timers(0), timers(5)), (1, 0));
+        // One a task under a fan-out too: three branches, or a hundred elements, answered
+        // before the claim's timer arrives, arm none of their own.
+        assert_eq!(
+            (s[6].name, timers(6), s[8].name, timers(8)),
+            (
+                "3 parallel branches",
+                1,
+                "forEach: 100 elements, 10 at once",
+                1
+            )
+        );
         assert_eq!(s[5].invocations.get("supervisor").copied().unwrap_or(0), 0);
         assert_eq!(s[5].counts.wru, s[0].counts.wru);
         let agent = |i: usize| s[i].counts.messages.get("agent").copied().unwrap_or(0);

@@ -305,9 +305,10 @@ pub struct StateRecord {
     /// Terminal: none.
     pub complete_by: Option<DateTime<Utc>>,
     /// When the task's deadline timer armed last arrives (one timer per task, see
-    /// [`next_timer`]): a step sent with a deadline no earlier than it arms none, and the timer
-    /// re-arms on arrival for the step then out. `None`: every request arms its own (a parallel
-    /// group's, or a record written before).
+    /// [`next_timer`] and [`StateRecord::timer_deadline`]): a request sent with a deadline no
+    /// earlier than it arms none (a parallel group's and a forEach's included), and the timer
+    /// re-arms on arrival for the earliest request then out. `None`: every request arms its own
+    /// (a record written before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timer_at: Option<DateTime<Utc>>,
     /// Deadlines of the current step (or undo) that expired in the current round (counted by
@@ -852,6 +853,45 @@ impl StateRecord {
             status,
             sequence: self.version,
         });
+    }
+
+    /// The deadline the task's one timer watches ([`StateRecord::timer_at`]): the current
+    /// step's (or undo's) deadline; under a fan-out, the earliest deadline of the requests out
+    /// (a branch waiting for its claim is the sweep's, as before).
+    pub fn timer_deadline(&self) -> Option<DateTime<Utc>> {
+        match &self.fanout {
+            Some(f) => f
+                .branches
+                .iter()
+                .filter(|br| br.process_state == ProcessState::Processing)
+                .filter_map(|br| br.complete_by)
+                .min(),
+            None => self.complete_by,
+        }
+    }
+
+    /// Whether the request sent from this record (under a fan-out, the record as the branch
+    /// sending it sees it) arms the task's timer: its deadline is the timer the transition kept
+    /// ([`StateRecord::timer_at`]; `None`, a record written before: every request arms its
+    /// own), and under a fan-out it is the first branch out with that deadline, so a claim that
+    /// sends ten elements with one deadline arms one timer.
+    pub fn arms_timer(&self) -> bool {
+        let Some(due) = self.complete_by else {
+            return false;
+        };
+        let Some(armed) = self.timer_at else {
+            return true;
+        };
+        let first_out = |f: &super::fanout::Fanout, b: usize| {
+            f.branches.iter().position(|br| {
+                br.process_state == ProcessState::Processing && br.complete_by == Some(armed)
+            }) == Some(b)
+        };
+        armed == due
+            && self
+                .fanout
+                .as_ref()
+                .is_none_or(|f| f.current.is_none_or(|b| first_out(f, b)))
     }
 
     /// A notice is owed (the outbox is not empty).

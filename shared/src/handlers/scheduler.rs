@@ -696,9 +696,10 @@ async fn send_step_request(
     )
     .await?;
     info!(step = %step.name, action = %request.action, service = %step.service, %complete_by, "step request sent");
-    // One timer per task on a line: none if the one armed already arrives by this deadline
-    // (the transition kept it: `StateRecord::timer_at`); it re-arms on arrival.
-    let arms = record.timer_at.is_none_or(|t| t == complete_by);
+    // One timer per task: none if the one armed already arrives by this deadline (the
+    // transition kept it: `StateRecord::timer_at`), one for the first of a fan-out's requests
+    // with the new one's deadline; it re-arms on arrival.
+    let arms = record.arms_timer();
     if let Some(timers) = deps.timer_queue_url.as_ref().filter(|_| arms) {
         let timer = DeadlineTimer::of(record, complete_by);
         // Best effort: a timer that is not armed leaves the deadline to the scheduled sweep.

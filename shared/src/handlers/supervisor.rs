@@ -384,28 +384,37 @@ async fn recover(
     Ok(outcome)
 }
 
-/// A task's deadline timer came with a step still out whose deadline is later (the timer was
-/// armed for an earlier step's: one timer per task, see `StateRecord::timer_at`): it is armed
-/// again for this step's deadline, unless a later timer is armed already. A callback step
-/// waiting for its callback, a wait and a parallel group arm none here (the sweep's, or their
-/// own). Best effort, as every timer: one not armed leaves the deadline to the sweep.
+/// A task's deadline timer came with a request still out whose deadline is later (the timer
+/// was armed for an earlier step's, or for a fan-out's request that has answered since: one
+/// timer per task, see `StateRecord::timer_at`): it is armed again for the earliest request
+/// out, unless a later timer is armed already. A callback step waiting for its callback and a
+/// wait arm none here (the sweep's, or their own). Best effort, as every timer: one not armed
+/// leaves the deadline to the sweep.
 async fn rearm(deps: &SupervisorDeps, record: &crate::domain::StateRecord, now: DateTime<Utc>) {
-    let (Some(url), Some(deadline), Some(armed)) =
-        (&deps.timer_queue_url, record.complete_by, record.timer_at)
-    else {
+    let (Some(url), Some(deadline), Some(armed)) = (
+        &deps.timer_queue_url,
+        record.timer_deadline(),
+        record.timer_at,
+    ) else {
         return;
     };
-    let Some(step) = record.steps.get(record.step_index) else {
-        return;
-    };
-    let out = match record.process_state {
-        crate::ProcessState::Processing => step.status == crate::StepStatus::Running,
-        crate::ProcessState::Compensating => step.undo == Some(crate::StepStatus::Running),
-        _ => false,
-    };
+    // Under a fan-out the deadline is a request's out; on a line, the step's (or undo's) if
+    // it is out.
+    let out = record.fanout.is_some()
+        || record.locked_by.is_some()
+            && record
+                .steps
+                .get(record.step_index)
+                .is_some_and(|step| match record.process_state {
+                    crate::ProcessState::Processing => step.status == crate::StepStatus::Running,
+                    crate::ProcessState::Compensating => {
+                        step.undo == Some(crate::StepStatus::Running)
+                    }
+                    _ => false,
+                });
     let later_armed = armed > now;
     let due = deadline <= now;
-    if !out || record.locked_by.is_none() || record.fanout.is_some() || later_armed || due {
+    if !out || later_armed || due {
         return;
     }
     let timer = DeadlineTimer::of(record, deadline);

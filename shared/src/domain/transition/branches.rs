@@ -1742,6 +1742,8 @@ steps:
         now: DateTime<Utc>,
         /// The elements sent, in order, and the most out at once.
         sent: Vec<usize>,
+        /// The deadline timers the requests sent armed, when each arrives.
+        armed: Vec<DateTime<Utc>>,
         most_out: usize,
     }
 
@@ -1767,6 +1769,7 @@ steps:
                 p: policy(),
                 now,
                 sent: vec![],
+                armed: vec![],
                 most_out: 0,
             }
         }
@@ -1783,8 +1786,17 @@ steps:
             assert!(t.condition.holds(Some(&self.r)));
             t.record.check(&self.p).expect("valid after the transition");
             for e in &t.effects {
-                if let Effect::SendBranchStep(b) = e {
-                    self.sent.push(*b);
+                let seen = match e {
+                    Effect::SendBranchStep(b) => {
+                        self.sent.push(*b);
+                        t.record.seen_from(*b)
+                    }
+                    Effect::SendStepRequest => t.record.clone(),
+                    _ => continue,
+                };
+                // As the scheduler sends it: this request arms the task's timer, or not.
+                if seen.arms_timer() {
+                    self.armed.extend(seen.complete_by);
                 }
             }
             let out = t
@@ -2119,6 +2131,37 @@ steps:
     /// waiting ones with growing delays.) An element waiting for room has no pickup deadline:
     /// long past every pickup timeout nothing is due but the element out, each goes out in the
     /// write that ends the one before it, and no history line is written for a waiting one.
+    #[test]
+    fn a_for_each_arms_one_deadline_timer_for_its_elements_out_until_it_arrives() {
+        let list: Vec<String> = (0..6).map(|k| format!("t{k}")).collect();
+        let mut t = Each::of(EACH, json!({ "travellers": list.clone() }));
+        t.claim();
+        assert_eq!(t.armed.len(), 1, "the quote's request armed one");
+        // The elements go out before it arrives, with later deadlines: it watches them too.
+        t.now += Duration::milliseconds(100);
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        assert_eq!(t.out().len(), 2);
+        while let Some(&(k, attempt)) = t.out().first() {
+            t.now += Duration::milliseconds(100);
+            t.answer(1, attempt, false, &Each::policy_of(k))
+                .expect("applies");
+        }
+        assert_eq!(t.sent.len(), 6);
+        assert_eq!(t.armed.len(), 1, "seven requests, one timer: {:?}", t.armed);
+        // The quote's timer arrived before its answer: the two elements it sends at once arm
+        // one timer, the first's.
+        let mut t = Each::of(EACH, json!({ "travellers": list }));
+        t.claim();
+        t.now = t.armed[0] + Duration::seconds(1);
+        let a = t.r.attempt;
+        t.answer(0, a, false, &ok()).expect("the quote");
+        let first = t.r.fanout.as_ref().and_then(|f| f.branches[0].complete_by);
+        assert_eq!(t.armed.len(), 2, "one for both elements: {:?}", t.armed);
+        assert_eq!((t.armed.last().copied(), t.r.timer_at), (first, first));
+        assert!(t.r.seen_from(0).arms_timer() && !t.r.seen_from(1).arms_timer());
+    }
+
     #[test]
     fn elements_waiting_for_room_are_never_due_and_go_out_as_soon_as_one_ends() {
         let yaml = EACH.replace("maxConcurrency: 2", "maxConcurrency: 1");

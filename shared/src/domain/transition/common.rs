@@ -78,11 +78,17 @@ impl Transition {
         // Once a payload may be kept by reference, always: the purge must find its objects.
         record.payloads = r.payloads || record.payloads || record.holds_large_result();
         record.due_key = super::super::state::next_due_key(r.due_key, record.due_at());
-        // One deadline timer per task on a line; a parallel group's requests arm one each.
-        record.timer_at = if record.fanout.is_some() {
-            None
-        } else if effects.contains(&Effect::SendStepRequest) {
-            super::super::state::next_timer(record.timer_at, record.complete_by, record.updated_at)
+        // One deadline timer per task, a fan-out's requests included: it watches the earliest
+        // request out.
+        let sends = effects
+            .iter()
+            .any(|e| matches!(e, Effect::SendStepRequest | Effect::SendBranchStep(_)));
+        record.timer_at = if sends {
+            super::super::state::next_timer(
+                record.timer_at,
+                record.timer_deadline(),
+                record.updated_at,
+            )
         } else {
             record.timer_at
         };
