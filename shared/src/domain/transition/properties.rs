@@ -344,6 +344,10 @@ mod parallel {
         after: Vec<Item>,
         group_when: Option<bool>,
         items: usize,
+        /// When the task is undone, what the first undo it accepted (a child's compensation,
+        /// a run's undos) started fails to undo itself, and refuses that undo after accepting
+        /// it.
+        refuse_accepted_undo: bool,
     }
 
     fn step_draw(main: bool, starts: u32) -> impl Strategy<Value = StepDraw> {
@@ -391,6 +395,7 @@ mod parallel {
                 after,
                 group_when,
                 items: 0,
+                refuse_accepted_undo: false,
             })
     }
 
@@ -403,14 +408,18 @@ mod parallel {
             steps_of(0..=2, true, 8),
             proptest::option::weighted(0.1, proptest::bool::ANY),
             0usize..=3,
+            proptest::bool::weighted(0.3),
         )
-            .prop_map(|(before, branches, after, group_when, items)| Draw {
-                before,
-                branches,
-                after,
-                group_when,
-                items,
-            })
+            .prop_map(
+                |(before, branches, after, group_when, items, refuse_accepted_undo)| Draw {
+                    before,
+                    branches,
+                    after,
+                    group_when,
+                    items,
+                    refuse_accepted_undo,
+                },
+            )
     }
 
     /// A choice of 1-3 cases of 0-2 steps, perhaps an `otherwise` of 0-1 step, at least one
@@ -544,6 +553,7 @@ mod parallel {
                         after,
                         group_when,
                         items,
+                        refuse_accepted_undo: false,
                     }
                 },
             )
@@ -1767,6 +1777,8 @@ mod parallel {
         event_ids: Vec<String>,
         /// The undos (attempt, step) `drive` had accepted, to answer next.
         undos_accepted: HashSet<(u64, usize)>,
+        /// The draw's [`Draw::refuse_accepted_undo`].
+        refuse_accepted_undo: bool,
     }
 
     impl<'a> Run<'a> {
@@ -1793,6 +1805,7 @@ mod parallel {
                 last_callback: None,
                 event_ids: vec![],
                 undos_accepted: HashSet::new(),
+                refuse_accepted_undo: d.refuse_accepted_undo,
             }
         }
 
@@ -2347,6 +2360,39 @@ mod parallel {
                     // end answers; a child or run that waits for an operator refuses the undo.
                     let needs_operator =
                         o.undo && self.m.steps[o.step].units[o.unit().1].needs_operator;
+                    // Drawn: what the undo it accepted started (the child's compensation, the
+                    // run's undos) could not undo itself. It refuses the undo, and waits for an
+                    // operator (it refuses the undo's retries outright).
+                    if !needs_operator
+                        && o.undo
+                        && call.starts()
+                        && self.refuse_accepted_undo
+                        && self.undos_accepted.contains(&(o.attempt, o.step))
+                    {
+                        self.m.u(o.unit()).needs_operator = true;
+                        let code = match call {
+                            Call::Run(_) => "element_undo_failed",
+                            _ => "child_undo_failed",
+                        };
+                        let reply = StepOutcome::Refused {
+                            code: code.into(),
+                            message: "an undo of its own failed".into(),
+                        };
+                        let act = Act::Reply(o, Outcome::Refusal);
+                        let t = apply_reply(
+                            &self.r,
+                            o.attempt,
+                            o.step,
+                            true,
+                            &reply,
+                            self.now,
+                            &self.p,
+                            &self.router(),
+                        )
+                        .map_err(|e| TestCaseError::fail(format!("{act:?}: {e}")))?;
+                        self.apply(act, t)?;
+                        continue;
+                    }
                     let accepts = if o.undo {
                         !needs_operator
                             && call.starts()
@@ -2601,6 +2647,7 @@ mod parallel {
             after: vec![],
             group_when: None,
             items: 0,
+            refuse_accepted_undo: false,
         };
         let w = Workflow::from_value(d.definition().0, None, &base()).expect("valid");
         let p = policy();
@@ -2684,6 +2731,7 @@ mod parallel {
             after: vec![],
             group_when: None,
             items: 0,
+            refuse_accepted_undo: false,
         };
         let events = [
             (Ev::Claim, Mode::Normal),
