@@ -91,8 +91,9 @@ async fn main() -> anyhow::Result<()> {
         if only == "costs" {
             let scenarios = emulator_scenarios().await?;
             print!(
-                "## AWS API calls per task (on the emulator)\n\n{}\n## Cost per million tasks\n\n{}",
+                "## AWS API calls per task (on the emulator)\n\n{}\n## DynamoDB write units, write by write\n\n{}\n## Cost per million tasks\n\n{}",
                 calls_table(&scenarios),
+                writes_table(&scenarios),
                 cost_table(&scenarios)
             );
         } else {
@@ -895,13 +896,14 @@ fn key_table(c: &counting::Counts, tasks: usize, shards: u32) -> String {
 /// each index, so that the WRU rows of the call table can be checked by hand.
 fn writes_table(scenarios: &[Scenario]) -> String {
     let mut t = String::from(
-        "The clean task of each workflow, every write in order: the item's size (the larger of the old and the new item: DynamoDB bills that, in 1 KB units; a transaction twice), and the units each index entry cost (an entry added or removed: 1 per KB; an entry whose key changed: a delete and a put; an entry whose keys and projected attributes did not change: nothing).\n",
+        "The clean task of each workflow, and the parallel group beside the same steps in a line, every write in order: the item's size (the larger of the old and the new item: DynamoDB bills that, in 1 KB units; a transaction twice), and the units each index entry cost (an entry added or removed: 1 per KB; an entry whose key changed: a delete and a put; an entry whose keys and projected attributes did not change: nothing).\n",
     );
     // (A variant, "(no deadline timers)", writes what its scenario writes.)
-    for s in scenarios
-        .iter()
-        .filter(|s| s.name.starts_with("clean") && !s.name.contains(" ("))
-    {
+    for s in scenarios.iter().filter(|s| {
+        (s.name.starts_with("clean") && !s.name.contains(" ("))
+            || s.workflow == groups::PARALLEL
+            || s.workflow == groups::LINE
+    }) {
         t.push_str(&format!(
             "\n`{}` ({}):\n\n| # | write | item bytes | table | `due-index` | `state-index` | `caller-shard-index` | total |\n|---|---|---|---|---|---|---|---|\n",
             s.workflow, s.name
