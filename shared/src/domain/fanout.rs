@@ -133,6 +133,11 @@ impl Fanout {
     }
 }
 
+/// A count left out of the stored body when zero (read back as its default).
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// One branch's cursor: the fields the record has for its main line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -153,13 +158,13 @@ pub struct Branch {
     /// minus the step's pickup timeout).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub complete_by: Option<DateTime<Utc>>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub failure_count: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub round: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub deferrals: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub requeues: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,

@@ -19,18 +19,18 @@ pub struct StepState {
     pub status: StepStatus,
     /// The workflow declares an undo for this step: without one the step is never undone (a
     /// read-only check, or a step after the pivot).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub undoable: bool,
     /// The attempt under which the step finished (Done or Failed).
     pub finished_attempt: Option<u64>,
     pub finished_at: Option<DateTime<Utc>>,
     /// A request under the step's current idempotency key has gone out: unless the service
     /// refused it, the step may have taken effect and compensation must undo it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub sent: bool,
     /// Bumped when an operator retries a step the service refused: a refused idempotency key
     /// stays refused, so the retry needs a new one.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub generation: u32,
     /// What the remote service returned when the step succeeded (JSON text): the data its undo
     /// needs, e.g. the payment id.
@@ -53,7 +53,7 @@ pub struct StepState {
     /// Failed (refused) or TimedOut.
     pub undo: Option<StepStatus>,
     /// Like `generation`, for the undo's idempotency key.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub undo_generation: u32,
     /// A callback step the service accepted: the latest instant its callback may come
     /// (heartbeats move the record's deadline, never past this).
@@ -79,8 +79,14 @@ pub struct StepState {
     pub elements: Vec<StepState>,
 }
 
+// Defaults are left out of the stored body (it is billed by the KB): read back, they are
+// their defaults again.
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl StepState {
@@ -228,6 +234,7 @@ pub struct HistoryEntry {
     pub at: DateTime<Utc>,
     pub from: ProcessState,
     pub to: ProcessState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,
     pub attempt: u64,
     pub reason: String,
