@@ -39,6 +39,10 @@ pub(super) fn settings(faults: Vec<(&str, Faults)>) -> Settings {
     s.scheduler_concurrency = 4;
     s.agent_concurrency = 8;
     s.breaker.cooldown = chrono::Duration::milliseconds(200);
+    // As deployed: a service without limits of its own is capped by the share (more than the
+    // case's agents, so it never holds a call back), its pace marked and its slow calls' slots
+    // taken through the failpoints like every other write.
+    s.service_share = Some(sas::config::DEFAULT_SERVICE_SHARE);
     s.catalog_ttl = chrono::Duration::milliseconds(200);
     // A message whose handler "died" comes back soon.
     s.visibility_timeout = Some(Duration::from_millis(500));
