@@ -117,7 +117,8 @@ impl TaskLists for DynamoStore {
 }
 
 /// The attributes of a state record a [`Summary`] is made of.
-const SUMMARY_ATTRIBUTES: [&str; 9] = [
+const SUMMARY_ATTRIBUTES: [&str; 10] = [
+    "pk",
     "TaskId",
     "Workflow",
     "ProcessState",

@@ -245,9 +245,10 @@ pub(super) fn steps_list(r: &StateRecord) -> AttributeValue {
 
 pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
     let mut item = HashMap::from([
+        // The task's id is the key's (`TASK#<id>`): no attribute of its own (a write is billed
+        // by the KB, and the index entries carry the key anyway).
         ("pk".to_owned(), s(task_pk(&r.task_id))),
         ("sk".to_owned(), s("STATE")),
-        ("TaskId".to_owned(), s(r.task_id.to_string())),
         ("Workflow".to_owned(), s(&r.workflow)),
         ("WorkflowVersion".to_owned(), n(r.workflow_version)),
         ("ProcessState".to_owned(), s(r.process_state.as_str())),
@@ -523,9 +524,7 @@ pub(super) fn record_of(
         _ => return Err(corrupt("Outbox is not a list")),
     };
     Ok(StateRecord {
-        task_id: get_s(item, "TaskId")?
-            .parse()
-            .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
+        task_id: state_task_id(item)?,
         workflow: get_s(item, "Workflow")?.to_owned(),
         workflow_version: get_n(item, "WorkflowVersion")?,
         pivot: opt_n(item, "Pivot")?,
@@ -664,11 +663,22 @@ pub(super) fn condition_expr(c: &Condition) -> Expr {
     e
 }
 
+/// The task id of a state record's item: its key's (`TASK#<id>`), or the `TaskId` attribute of
+/// a record written before the key alone carried it.
+pub(super) fn state_task_id(item: &Item) -> Result<crate::domain::TaskId, StoreError> {
+    let id = match item.get("TaskId") {
+        Some(_) => get_s(item, "TaskId")?,
+        None => get_s(item, "pk")?
+            .strip_prefix("TASK#")
+            .ok_or_else(|| corrupt("a state record's key is not TASK#<id>"))?,
+    };
+    id.parse()
+        .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))
+}
+
 pub(super) fn parse_summary(item: &Item) -> Result<Summary, StoreError> {
     Ok(Summary {
-        task_id: get_s(item, "TaskId")?
-            .parse()
-            .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?,
+        task_id: state_task_id(item)?,
         workflow: get_s(item, "Workflow")?.to_owned(),
         process_state: get_s(item, "ProcessState")?.parse().map_err(corrupt)?,
         step: opt_s(item, "CurrentStep"),
@@ -696,9 +706,13 @@ mod tests {
             now,
             now + chrono::Duration::seconds(5),
         );
-        let item = state_item(&r, 4);
+        let mut item = state_item(&r, 4);
         assert!(item.contains_key("DueShard") && item.contains_key("DueAt"));
         assert!(!item.contains_key("LockedBy"));
+        assert_eq!(parse_state(&item).expect("parses"), r);
+        // The id is the key's; a record written before carries it as `TaskId` too.
+        assert!(!item.contains_key("TaskId"));
+        item.insert("TaskId".into(), s(r.task_id.to_string()));
         assert_eq!(parse_state(&item).expect("parses"), r);
         assert_eq!(r.pivot, Some(4));
         // A task's deadline, when its workflow sets one.
