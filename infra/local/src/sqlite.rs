@@ -886,6 +886,19 @@ impl Leases for SqliteStore {
     }
 }
 
+/// The pace of service `name` as stored, if marked.
+fn stored_pace(tx: &Transaction<'_>, name: &str) -> Result<Option<Pace>, StoreError> {
+    tx.query_row(
+        "SELECT body FROM paces WHERE name = ?1",
+        params![name],
+        |r| r.get::<_, String>(0),
+    )
+    .optional()
+    .map_err(db)?
+    .map(|body| from_json("pace", &body))
+    .transpose()
+}
+
 /// A breaker as stored (the domain's [`BreakerRecord`] has no serde form).
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -933,16 +946,7 @@ impl Breakers for SqliteStore {
                 )
                 .optional()
                 .map_err(db)?;
-            let pace: Option<Pace> = tx
-                .query_row(
-                    "SELECT body FROM paces WHERE name = ?1",
-                    params![name],
-                    |r| r.get::<_, String>(0),
-                )
-                .optional()
-                .map_err(db)?
-                .map(|body| from_json("pace", &body))
-                .transpose()?;
+            let pace = stored_pace(tx, &name)?;
             let record = match row {
                 Some((version, body)) => {
                     let row: BreakerRow = from_json("breaker", &body)?;
@@ -991,16 +995,7 @@ impl Breakers for SqliteStore {
     async fn mark_pace(&self, name: &str, mark: PaceMark) -> Result<bool, StoreError> {
         let name = name.to_owned();
         self.write(move |tx| {
-            let stored: Option<Pace> = tx
-                .query_row(
-                    "SELECT body FROM paces WHERE name = ?1",
-                    params![name],
-                    |r| r.get::<_, String>(0),
-                )
-                .optional()
-                .map_err(db)?
-                .map(|body| from_json("pace", &body))
-                .transpose()?;
+            let stored = stored_pace(tx, &name)?;
             // As the domain applies it, against the pace read in this transaction.
             let Some(pace) = stored.unwrap_or_default().apply(mark) else {
                 return Ok(false);

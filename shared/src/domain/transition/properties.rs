@@ -2363,35 +2363,13 @@ mod parallel {
                     // Drawn: what the undo it accepted started (the child's compensation, the
                     // run's undos) could not undo itself. It refuses the undo, and waits for an
                     // operator (it refuses the undo's retries outright).
-                    if !needs_operator
+                    let refused_after_accepting = !needs_operator
                         && o.undo
                         && call.starts()
                         && self.refuse_accepted_undo
-                        && self.undos_accepted.contains(&(o.attempt, o.step))
-                    {
+                        && self.undos_accepted.contains(&(o.attempt, o.step));
+                    if refused_after_accepting {
                         self.m.u(o.unit()).needs_operator = true;
-                        let code = match call {
-                            Call::Run(_) => "element_undo_failed",
-                            _ => "child_undo_failed",
-                        };
-                        let reply = StepOutcome::Refused {
-                            code: code.into(),
-                            message: "an undo of its own failed".into(),
-                        };
-                        let act = Act::Reply(o, Outcome::Refusal);
-                        let t = apply_reply(
-                            &self.r,
-                            o.attempt,
-                            o.step,
-                            true,
-                            &reply,
-                            self.now,
-                            &self.p,
-                            &self.router(),
-                        )
-                        .map_err(|e| TestCaseError::fail(format!("{act:?}: {e}")))?;
-                        self.apply(act, t)?;
-                        continue;
                     }
                     let accepts = if o.undo {
                         !needs_operator
@@ -2400,7 +2378,7 @@ mod parallel {
                     } else {
                         call.timeout().is_some()
                     };
-                    let outcome = if needs_operator {
+                    let outcome = if needs_operator || refused_after_accepting {
                         Outcome::Refusal
                     } else if accepts {
                         Outcome::Accepted
@@ -2409,6 +2387,15 @@ mod parallel {
                     };
                     let reply = if needs_operator {
                         needs_operator_refusal(call)
+                    } else if refused_after_accepting {
+                        StepOutcome::Refused {
+                            code: match call {
+                                Call::Run(_) => "element_undo_failed",
+                                _ => "child_undo_failed",
+                            }
+                            .into(),
+                            message: "an undo of its own failed".into(),
+                        }
                     } else {
                         self.answer(outcome, &o)
                     };
