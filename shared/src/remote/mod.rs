@@ -419,15 +419,14 @@ impl limits::Pacer for SharedBreaker {
 
     async fn paced(&self, slow: bool) {
         let now = self.clock.now();
-        // A fast call renews the mark from the cache only (another call will, if it has run
-        // out); a slow one reads the pace again if need be: its mark is what caps the share.
+        // The pace as read before the call, or again if the call outlived the read cache (a
+        // read costs less than the slot writes a mark saves).
         let pace = match self.cached() {
             Some(b) => b.pace,
-            None if slow => match self.fresh().await {
+            None => match self.fresh().await {
                 Some(b) => b.pace,
                 None => return,
             },
-            None => return,
         };
         let Some(mark) = pace.after_call(now, slow) else {
             return;
