@@ -15,12 +15,13 @@ pub const DUE_INDEX: &str = "due-index";
 /// The name of the GSI the operator's list queries (`StateShard` S, `StateSince` N): sparse, it
 /// holds the records [`StateRecord::listed_by_state`](crate::domain::StateRecord::listed_by_state).
 pub const STATE_INDEX: &str = "state-index";
-/// The attributes `state-index` projects besides its keys: the task's workflow (the list's
-/// filter; the task's id is its key's). It never changes in a task's life, and the index's sort
+/// The attributes `state-index` projects besides its keys (as the template declares it): the
+/// task's workflow (the list's filter), and `TaskId`, which only records written before the key
+/// alone carried the task's id have (the list reads the id from the key; changing a GSI's
+/// projection would replace the index). Neither changes in a task's life, and the index's sort
 /// key `StateSince` changes only with the state: a write within a state costs the index
-/// nothing. (The template's projection names `TaskId` too, which records written before the
-/// key alone carried the id have: changing a GSI's projection replaces the index.)
-pub const STATE_INDEX_PROJECTION: [&str; 1] = ["Workflow"];
+/// nothing.
+pub const STATE_INDEX_PROJECTION: [&str; 2] = ["TaskId", "Workflow"];
 /// The name of the GSI a caller's list queries (`CallerShard` S, `CreatedAt` N, keys only).
 pub const CALLER_INDEX: &str = "caller-shard-index";
 /// How long a lease or slot item outlives its holding (the table's TTL attribute `ExpiresAt`
