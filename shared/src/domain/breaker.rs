@@ -72,8 +72,10 @@ pub fn paused_by(service: &str) -> String {
 
 /// How long a call of a service capped by the deployment's share (it declares no concurrency
 /// of its own) may take and still count as fast. A call out longer takes its slot of the share
-/// then, if it went without one, and marks the service slow ([`Pace`]).
-pub const SLOW_CALL: Duration = Duration::seconds(2);
+/// then, if it went without one, and marks the service slow ([`Pace`]). A second: a call that
+/// holds an agent longer is what the share is for; the services a task calls on its happy path
+/// answer well within it, and take no slot.
+pub const SLOW_CALL: Duration = Duration::seconds(1);
 
 /// How long a fast mark lasts (a call renews it once half of it is spent), and how long a
 /// service stays slow after a call outlived [`SLOW_CALL`].
