@@ -76,7 +76,7 @@ impl LimitedRemote {
             limit: u32::MAX,
             holder,
             now,
-            until: now + chrono::Duration::from_std(timeout).unwrap_or(chrono::Duration::zero()),
+            until: lease_end(now, timeout),
         };
         match self.store.take_slot(ask).await {
             Ok(SlotAnswer::Taken) => Some(gate.key.clone()),
@@ -98,7 +98,7 @@ impl LimitedRemote {
         timeout: Duration,
     ) -> Result<Vec<String>, Over> {
         let now = self.clock.now();
-        let until = now + chrono::Duration::from_std(timeout).unwrap_or(chrono::Duration::zero());
+        let until = lease_end(now, timeout);
         let mut held = vec![];
         for gate in gates {
             let Some(limit) = gate.concurrency else {
@@ -180,6 +180,15 @@ impl LimitedRemote {
             }
         }
     }
+}
+
+/// When the slot lease of a call made at `now` with `timeout` ends: at the call's deadline, so
+/// an agent that dies mid-call frees its slot by then.
+fn lease_end(
+    now: chrono::DateTime<chrono::Utc>,
+    timeout: Duration,
+) -> chrono::DateTime<chrono::Utc> {
+    now + chrono::Duration::from_std(timeout).unwrap_or(chrono::Duration::zero())
 }
 
 /// The longest a call over a concurrency limit waits before it asks again.
