@@ -385,6 +385,7 @@ fn a_runs_and_an_elements_views_match_the_schema() {
         reply_queue_url: None,
         created_at: now,
         caller: Caller::run(&TaskId::new_random()),
+        keys: vec![],
     };
     let link = |element| ParentLink {
         task_id: TaskId::new_random(),

@@ -383,6 +383,7 @@ async fn seed_task(system: &System, seed: &Seed) {
         // The samples' caller (their IAM authorizer context), so they may read it.
         caller: sas::Caller::from_iam_arn("arn:aws:sts::123456789012:assumed-role/shop/i-0example")
             .expect("caller"),
+        keys: vec![],
     };
     let record = StateRecord::new(seed.task_id, &w, None, created, pickup_by);
     assert_eq!(

@@ -534,6 +534,9 @@ async fn every_call_is_granted_and_every_grant_is_used() {
                 let (status, _) = get(system, true, &format!("/tasks/{id}")).await;
                 assert_eq!(status, 200);
             }
+            // A search by key, on either API: a query of each key slot's index.
+            let (status, body) = get(system, op, "/tasks?key=customerId:c-1").await;
+            assert_eq!(status, 200, "{body}");
             let (status, body) = post(
                 system,
                 op,

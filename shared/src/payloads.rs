@@ -562,6 +562,13 @@ impl TaskLists for Offloading {
     async fn list_by_caller(&self, caller: &Caller, page: Paging<'_>) -> Result<Page, StoreError> {
         self.inner.list_by_caller(caller, page).await
     }
+    async fn list_by_key(
+        &self,
+        q: crate::ports::KeyQuery<'_>,
+        page: Paging<'_>,
+    ) -> Result<Page, StoreError> {
+        self.inner.list_by_key(q, page).await
+    }
 }
 
 #[async_trait]
@@ -716,6 +723,7 @@ mod tests {
             reply_queue_url: None,
             created_at: now,
             caller: Caller::anonymous(),
+            keys: vec![],
         };
         let record = StateRecord::new(id, &w, None, now, now);
         let inner = Arc::new(MemoryStore::new(1));

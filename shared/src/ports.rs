@@ -207,6 +207,52 @@ pub trait TaskLists: Send + Sync {
     /// `at_ms` is, here, the last task's creation time). Served by the caller index;
     /// eventually consistent.
     async fn list_by_caller(&self, caller: &Caller, page: Paging<'_>) -> Result<Page, StoreError>;
+    /// One page of the tasks found by a search key, as `q` narrows them, newest first (by
+    /// creation, ties by id; the cursor's `at_ms` is the last task's creation time). Served by
+    /// the key indexes (one per key slot, merged), never a scan; eventually consistent. A
+    /// state asked for is checked on the page's records, so a page may hold fewer than
+    /// `limit` tasks while `next` says more may follow.
+    async fn list_by_key(&self, q: KeyQuery<'_>, page: Paging<'_>) -> Result<Page, StoreError>;
+}
+
+/// Which tasks a search by key reads ([`TaskLists::list_by_key`]): those with `key`, and of
+/// each filter given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyQuery<'a> {
+    pub key: &'a crate::domain::keys::SearchKey,
+    /// Only this caller's tasks (the task API's own search).
+    pub caller: Option<&'a Caller>,
+    pub workflow: Option<&'a str>,
+    pub state: Option<ProcessState>,
+    /// Created at or after this.
+    pub from: Option<DateTime<Utc>>,
+    /// Created before this.
+    pub to: Option<DateTime<Utc>>,
+}
+
+impl<'a> KeyQuery<'a> {
+    /// Every task with `key`.
+    pub fn new(key: &'a crate::domain::keys::SearchKey) -> Self {
+        Self {
+            key,
+            caller: None,
+            workflow: None,
+            state: None,
+            from: None,
+            to: None,
+        }
+    }
+
+    /// Whether task `t` is one of those the search reads, its state aside ([`KeyQuery::state`]
+    /// is checked on its record).
+    pub fn holds(&self, t: &Task) -> bool {
+        let ms = t.created_at.timestamp_millis();
+        t.keys.iter().any(|k| &k.key == self.key)
+            && self.caller.is_none_or(|c| &t.caller == c)
+            && self.workflow.is_none_or(|w| t.workflow == w)
+            && self.from.is_none_or(|f| ms >= f.timestamp_millis())
+            && self.to.is_none_or(|to| ms < to.timestamp_millis())
+    }
 }
 
 /// Which records a state list reads: those in `state`, of `workflow` if given.

@@ -2,13 +2,14 @@
 //! AWS adapters on the emulator (`tests/contract.rs`).
 
 use chrono::{Duration as Span, Utc};
+use sas::domain::keys::{SearchKey, TaskKey};
 use sas::domain::state::to_millis;
 use sas::domain::transition::{self, StepOutcome};
 use sas::domain::workflow::examples;
 use sas::ports::{
-    Catalog, CreateOutcome, CurrentRun, DefinitionRef, DueQuery, Entry, GroupedMessage, Guarded,
-    IdempotencyRecord, InState, Kind, LeaseClaim, NewTask, Paging, Publication, Published, Queue,
-    RateRequest, ReceiveRequest, ReceivedMessage, StateStore, StoreError, Turn,
+    Catalog, CreateOutcome, CurrentRun, Cursor, DefinitionRef, DueQuery, Entry, GroupedMessage,
+    Guarded, IdempotencyRecord, InState, KeyQuery, Kind, LeaseClaim, NewTask, Paging, Publication,
+    Published, Queue, RateRequest, ReceiveRequest, ReceivedMessage, StateStore, StoreError, Turn,
 };
 use sas::{Caller, Policies, Policy, ProcessState, StateRecord, Task, TaskId, Workflow};
 use serde_json::{Value, json};
@@ -119,6 +120,7 @@ fn task_of(name: &str, now: chrono::DateTime<Utc>) -> Task {
         reply_queue_url: Some("http://127.0.0.1:1/queue/replies".into()),
         created_at: to_millis(now),
         caller: Caller::new("arn:aws:iam::123456789012:role/shop").expect("caller"),
+        keys: vec![],
     }
 }
 
@@ -184,6 +186,7 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     state_index_counts(store.as_ref()).await;
     a_new_input_lands_with_its_record_or_not_at_all(store.as_ref()).await;
     callers_list_their_own_tasks_newest_first(store.as_ref()).await;
+    tasks_are_found_by_their_keys(store.as_ref()).await;
     rate_limits_admit_a_burst_then_the_rate(store.as_ref()).await;
     slots_have_at_most_their_limit_of_holders(store.clone()).await;
     ambiguous_writes_read_back(store.as_ref()).await;
@@ -840,6 +843,181 @@ async fn callers_list_their_own_tasks_newest_first(store: &dyn StateStore) {
             }
         }
         ensure!(seen == tied, "each tied task once, in id order: {seen:?}");
+        Ok(())
+    });
+}
+
+/// Every page of a search by `q`, `limit` rows a page, each cursor through its token and back.
+async fn every_key_page(
+    store: &dyn StateStore,
+    q: KeyQuery<'_>,
+    limit: usize,
+) -> Result<Vec<TaskId>, String> {
+    let mut seen = Vec::new();
+    let mut after: Option<Cursor> = None;
+    for _ in 0..50 {
+        let page = store
+            .list_by_key(
+                q,
+                Paging {
+                    limit,
+                    after: after.as_ref(),
+                },
+            )
+            .await
+            .map_err(err)?;
+        ensure!(page.items.len() <= limit, "a page of {}", page.items.len());
+        seen.extend(page.items.iter().map(|s| s.task_id));
+        match page.next {
+            Some(c) => after = Some(Cursor::decode(&c.encode()).ok_or("a cursor's token")?),
+            None => return Ok(seen),
+        }
+    }
+    Err("more than 50 pages".into())
+}
+
+/// A search key in `slot`.
+fn key_in(slot: u8, name: &str, value: &str) -> TaskKey {
+    TaskKey {
+        slot,
+        key: SearchKey {
+            name: name.into(),
+            value: value.into(),
+        },
+    }
+}
+
+/// Tasks are found by each of their keys, whatever slot holds it, newest first and each once
+/// across pages (ties in one millisecond included), narrowed by caller, workflow, state and
+/// creation time; a task's keys read back, and a forgotten task is found no more.
+async fn tasks_are_found_by_their_keys(store: &dyn StateStore) {
+    let value = format!("c-{}", TaskId::new_random());
+    let wanted = SearchKey {
+        name: "customerId".into(),
+        value: value.clone(),
+    };
+    let alice = Caller::new(format!("alice-{}", TaskId::new_random())).expect("caller");
+    let bob = Caller::new(format!("bob-{}", TaskId::new_random())).expect("caller");
+    let start = to_millis(Utc::now());
+    // (creation offset in ms, caller, workflow, slot of the key, the key's value)
+    let plan = [
+        (0, &alice, "ecommerce-order", 0, value.as_str()),
+        (1000, &bob, "loan-application", 2, value.as_str()),
+        (2000, &alice, "ecommerce-order", 1, value.as_str()),
+        (2000, &alice, "ecommerce-order", 0, value.as_str()),
+        (2000, &bob, "ecommerce-order", 0, value.as_str()),
+        (3000, &alice, "ecommerce-order", 0, "another"),
+    ];
+    let mut made = Vec::new();
+    for (ms, who, name, slot, v) in plan {
+        let mut t = task_of(name, start + Span::milliseconds(ms));
+        t.caller = who.clone();
+        t.keys = vec![
+            key_in(slot, "customerId", v),
+            key_in((slot + 1) % 3, "orderId", &format!("o-{}", made.len())),
+        ];
+        // In slot order, as a workflow reads them.
+        t.keys.sort_by_key(|k| k.slot);
+        let r = record(&t, t.created_at, Span::seconds(30));
+        create_new(store, &t, &r).await;
+        made.push(t);
+    }
+    // Newest first, ties in one millisecond by id.
+    let mut found: Vec<&Task> = made[..5].iter().collect();
+    found.sort_by_key(|t| (std::cmp::Reverse(t.created_at), t.id));
+    let ids = |f: &dyn Fn(&Task) -> bool| -> Vec<TaskId> {
+        found.iter().filter(|t| f(t)).map(|t| t.id).collect()
+    };
+    let all = KeyQuery::new(&wanted);
+    eventually!("the key indexes", {
+        let seen = every_key_page(store, all, 2).await?;
+        ensure!(
+            seen == ids(&|_| true),
+            "every task with the key, once: {seen:?}"
+        );
+        let alices = every_key_page(
+            store,
+            KeyQuery {
+                caller: Some(&alice),
+                ..all
+            },
+            10,
+        )
+        .await?;
+        ensure!(
+            alices == ids(&|t| t.caller == alice),
+            "alice's only: {alices:?}"
+        );
+        let loans = every_key_page(
+            store,
+            KeyQuery {
+                workflow: Some("loan-application"),
+                ..all
+            },
+            10,
+        )
+        .await?;
+        ensure!(
+            loans == ids(&|t| t.workflow == "loan-application"),
+            "{loans:?}"
+        );
+        let (from, to) = (start + Span::seconds(1), start + Span::seconds(2));
+        let window = every_key_page(
+            store,
+            KeyQuery {
+                from: Some(from),
+                to: Some(to),
+                ..all
+            },
+            10,
+        )
+        .await?;
+        ensure!(
+            window == ids(&|t| t.created_at >= from && t.created_at < to),
+            "created in [from, to): {window:?}"
+        );
+        let pending = every_key_page(
+            store,
+            KeyQuery {
+                state: Some(ProcessState::Pending),
+                ..all
+            },
+            10,
+        )
+        .await?;
+        ensure!(pending == ids(&|_| true), "{pending:?}");
+        let processed = every_key_page(
+            store,
+            KeyQuery {
+                state: Some(ProcessState::Processed),
+                ..all
+            },
+            10,
+        )
+        .await?;
+        ensure!(processed.is_empty(), "none is Processed: {processed:?}");
+        let by_order = every_key_page(
+            store,
+            KeyQuery::new(&SearchKey {
+                name: "orderId".into(),
+                value: "o-1".into(),
+            }),
+            10,
+        )
+        .await?;
+        ensure!(
+            by_order == vec![made[1].id],
+            "by its other key: {by_order:?}"
+        );
+        Ok(())
+    });
+    let (t, r) = stored(store, made[1].id).await;
+    assert_eq!(t.keys, made[1].keys, "a task's keys read back");
+    store.forget_task(&r).await.expect("forgotten");
+    eventually!("a forgotten task's keys", {
+        let seen = every_key_page(store, all, 10).await?;
+        ensure!(!seen.contains(&made[1].id), "{seen:?}");
+        ensure!(seen.len() == 4, "{seen:?}");
         Ok(())
     });
 }

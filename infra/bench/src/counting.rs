@@ -580,6 +580,19 @@ impl Interceptor for Counter {
                 m.add(|c| c.rru += 0.5);
                 next.run(call).await
             }
+            Call::ListByKey { page, .. } => {
+                // A Query of each key slot's index, then a BatchGetItem of the page's records.
+                for _ in 0..sas::domain::keys::MAX_SEARCH_KEYS {
+                    m.call("DynamoDB Query (key-index)");
+                }
+                m.call("DynamoDB BatchGetItem");
+                m.io().await;
+                m.add(|c| {
+                    c.rru +=
+                        0.5 * sas::domain::keys::MAX_SEARCH_KEYS as f64 + 0.5 * page.limit as f64
+                });
+                next.run(call).await
+            }
             Call::ListByCaller { page, .. } => {
                 // A Query of the caller index, then a BatchGetItem of the page's state records.
                 m.call("DynamoDB Query (caller-shard-index)");

@@ -16,10 +16,10 @@ use sas::domain::rate::Admission;
 use sas::domain::{BreakerRecord, Caller, PaceMark, StateRecord, Task, TaskId};
 use sas::ports::{
     Breakers, Catalog, Count, CreateOutcome, CurrentRun, DefinitionRef, DueEntry, DueIndex,
-    DueQuery, Entry, EventBus, GroupedMessage, Guarded, InState, Kind, LeaseClaim, Leases, NewTask,
-    Page, Paging, Publication, PublishError, Published, Queue, QueueError, RateLimits, RateRequest,
-    ReceiveRequest, ReceivedMessage, SlotAnswer, SlotRequest, Slots, StoreError, Stored, TaskLists,
-    TaskStore,
+    DueQuery, Entry, EventBus, GroupedMessage, Guarded, InState, KeyQuery, Kind, LeaseClaim,
+    Leases, NewTask, Page, Paging, Publication, PublishError, Published, Queue, QueueError,
+    RateLimits, RateRequest, ReceiveRequest, ReceivedMessage, SlotAnswer, SlotRequest, Slots,
+    StoreError, Stored, TaskLists, TaskStore,
 };
 use serde_json::Value;
 use std::any::Any;
@@ -67,6 +67,10 @@ pub enum Call<'a> {
     },
     ListByCaller {
         caller: &'a Caller,
+        page: Paging<'a>,
+    },
+    ListByKey {
+        q: KeyQuery<'a>,
         page: Paging<'a>,
     },
     // DueIndex
@@ -140,6 +144,7 @@ impl Call<'_> {
             Self::List { .. } => "list",
             Self::Count { .. } => "count",
             Self::ListByCaller { .. } => "list_by_caller",
+            Self::ListByKey { .. } => "list_by_key",
             Self::Due { .. } => "due",
             Self::AcquireLease { .. } => "acquire_lease",
             Self::ReleaseLease { .. } => "release_lease",
@@ -356,6 +361,9 @@ impl<T: TaskLists + ?Sized, H: Interceptor> TaskLists for Intercepted<T, H> {
     }
     async fn list_by_caller(&self, caller: &Caller, page: Paging<'_>) -> Result<Page, StoreError> {
         forward!(self, ListByCaller { caller, page } => list_by_caller)
+    }
+    async fn list_by_key(&self, q: KeyQuery<'_>, page: Paging<'_>) -> Result<Page, StoreError> {
+        forward!(self, ListByKey { q, page } => list_by_key)
     }
 }
 

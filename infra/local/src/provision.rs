@@ -9,7 +9,11 @@ use aws_sdk_dynamodb::types::{
     ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
 };
 use aws_sdk_sqs::types::QueueAttributeName;
-use sas::aws::{CALLER_INDEX, DUE_INDEX, STATE_INDEX, STATE_INDEX_PROJECTION, describe};
+use sas::aws::{
+    CALLER_INDEX, DUE_INDEX, KEY_INDEX_PROJECTION, STATE_INDEX, STATE_INDEX_PROJECTION, describe,
+    key_attribute, key_index,
+};
+use sas::domain::keys::MAX_SEARCH_KEYS;
 
 #[derive(Debug, thiserror::Error)]
 #[error("provisioning {what}: {why}")]
@@ -203,8 +207,29 @@ pub async fn create_table(
             .build(),
     )?;
     let by_caller = index(CALLER_INDEX, "CallerShard", "CreatedAt", keys_only())?;
-    let created = ddb
-        .create_table()
+    let by_key = (0..MAX_SEARCH_KEYS)
+        .map(|slot| {
+            index(
+                &key_index(slot),
+                &key_attribute(slot),
+                "CreatedAt",
+                Projection::builder()
+                    .projection_type(ProjectionType::Include)
+                    .set_non_key_attributes(Some(
+                        KEY_INDEX_PROJECTION.iter().map(|a| a.to_string()).collect(),
+                    ))
+                    .build(),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let key_attributes = (0..MAX_SEARCH_KEYS)
+        .map(|slot| attr(&key_attribute(slot), ScalarAttributeType::S))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut create = ddb.create_table();
+    for a in key_attributes {
+        create = create.attribute_definitions(a);
+    }
+    let created = create
         .table_name(table)
         .billing_mode(BillingMode::PayPerRequest)
         .attribute_definitions(attr("pk", ScalarAttributeType::S)?)
@@ -217,9 +242,7 @@ pub async fn create_table(
         .attribute_definitions(attr("CreatedAt", ScalarAttributeType::N)?)
         .key_schema(key("pk", KeyType::Hash)?)
         .key_schema(key("sk", KeyType::Range)?)
-        .global_secondary_indexes(gsi)
-        .global_secondary_indexes(by_state)
-        .global_secondary_indexes(by_caller)
+        .set_global_secondary_indexes(Some([vec![gsi, by_state, by_caller], by_key].concat()))
         .send()
         .await;
     match created {

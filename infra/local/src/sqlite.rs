@@ -40,9 +40,9 @@ use sas::domain::{
 };
 use sas::ports::{
     Breakers, Catalog, Count, CreateOutcome, CurrentRun, Cursor, DefinitionRef, DueEntry, DueIndex,
-    DueQuery, Entry, Guarded, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, NewTask, Page,
-    Paging, Publication, Published, RateLimits, RateRequest, SlotAnswer, SlotRequest, Slots,
-    StoreError, Stored, Summary, TaskLists, TaskStore, canonical,
+    DueQuery, Entry, Guarded, IdempotencyRecord, InState, KeyQuery, Kind, LeaseClaim, Leases,
+    NewTask, Page, Paging, Publication, Published, RateLimits, RateRequest, SlotAnswer,
+    SlotRequest, Slots, StoreError, Stored, Summary, TaskLists, TaskStore, canonical,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -63,6 +63,13 @@ CREATE TABLE IF NOT EXISTS tasks (
     expires_ms INTEGER
 );
 CREATE INDEX IF NOT EXISTS tasks_by_caller ON tasks (caller, created_ms DESC, id);
+CREATE TABLE IF NOT EXISTS task_keys (
+    key TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    PRIMARY KEY (key, task_id)
+);
+CREATE INDEX IF NOT EXISTS task_keys_by_time ON task_keys (key, created_ms DESC, task_id);
 CREATE TABLE IF NOT EXISTS states (
     id TEXT PRIMARY KEY,
     body TEXT NOT NULL,
@@ -296,6 +303,11 @@ fn purge_expired(tx: &Transaction<'_>, now: DateTime<Utc>) -> Result<(), StoreEr
     let ms = now.timestamp_millis();
     tx.execute(
         "DELETE FROM states WHERE id IN (SELECT id FROM tasks WHERE expires_ms <= ?1)",
+        params![ms],
+    )
+    .map_err(db)?;
+    tx.execute(
+        "DELETE FROM task_keys WHERE task_id IN (SELECT id FROM tasks WHERE expires_ms <= ?1)",
         params![ms],
     )
     .map_err(db)?;
@@ -559,6 +571,15 @@ impl TaskStore for SqliteStore {
                 return Err(StoreError::ConditionFailed);
             }
             write_task(tx, &task)?;
+            // Its search keys, in the same transaction: a task is found by each from the
+            // moment it exists.
+            for k in &task.keys {
+                tx.execute(
+                    "INSERT INTO task_keys (key, task_id, created_ms) VALUES (?1, ?2, ?3)",
+                    params![k.key.index_value(), id, task.created_at.timestamp_millis()],
+                )
+                .map_err(db)?;
+            }
             write_state(tx, &state_id, &row, None)?;
             if let Some(k) = &key {
                 tx.execute(
@@ -699,6 +720,8 @@ impl TaskStore for SqliteStore {
             }
             tx.execute("DELETE FROM states WHERE id = ?1", params![id])
                 .map_err(db)?;
+            tx.execute("DELETE FROM task_keys WHERE task_id = ?1", params![id])
+                .map_err(db)?;
             tx.execute("DELETE FROM tasks WHERE id = ?1", params![id])
                 .map_err(db)?;
             Ok(())
@@ -788,6 +811,63 @@ impl TaskLists for SqliteStore {
                 let record: StateRecord = from_json("state record", body)?;
                 items.push(Summary::of(&record));
                 next = Some(Cursor::at(*created_ms, parse_id("task", id)?));
+            }
+            if items.len() < limit {
+                next = None;
+            }
+            Ok(Page { items, next })
+        })
+        .await
+    }
+
+    async fn list_by_key(&self, q: KeyQuery<'_>, page: Paging<'_>) -> Result<Page, StoreError> {
+        let limit = page.limit.clamp(1, 100);
+        let key = q.key.index_value();
+        let caller = q.caller.map(|c| c.as_str().to_owned());
+        let workflow = q.workflow.map(str::to_owned);
+        let state = q.state;
+        let from = q.from.map_or(i64::MIN, |f| f.timestamp_millis());
+        let to = q.to.map_or(i64::MAX, |t| t.timestamp_millis());
+        let after = page.after.map(|c| (c.at_ms, c.task_id.to_string()));
+        self.read(move |tx| {
+            // The key's order: creation, newest first, ties by id.
+            let (at, id) = after.unwrap_or((i64::MAX, String::new()));
+            let mut stmt = tx
+                .prepare(
+                    "SELECT k.task_id, k.created_ms, t.body, s.body FROM task_keys k
+                     JOIN tasks t ON t.id = k.task_id JOIN states s ON s.id = k.task_id
+                     WHERE k.key = ?1 AND k.created_ms >= ?2 AND k.created_ms < ?3
+                     AND (k.created_ms < ?4 OR (k.created_ms = ?4 AND k.task_id > ?5))
+                     ORDER BY k.created_ms DESC, k.task_id ASC",
+                )
+                .map_err(db)?;
+            let rows = stmt
+                .query_map(params![key, from, to, at, id], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                    ))
+                })
+                .map_err(db)?;
+            let mut items = Vec::new();
+            let mut next = None;
+            for row in rows {
+                let (id, created_ms, task, body) = row.map_err(db)?;
+                let task: Task = from_json("task", &task)?;
+                let record: StateRecord = from_json("state record", &body)?;
+                let wanted = caller.as_deref().is_none_or(|c| task.caller.as_str() == c)
+                    && workflow.as_deref().is_none_or(|w| task.workflow == w)
+                    && state.is_none_or(|s| record.process_state == s);
+                if !wanted {
+                    continue;
+                }
+                if items.len() == limit {
+                    break;
+                }
+                items.push(Summary::of(&record));
+                next = Some(Cursor::at(created_ms, parse_id("task", &id)?));
             }
             if items.len() < limit {
                 next = None;

@@ -285,9 +285,20 @@ pub struct CheckArgs {
 /// `list` arguments.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct ListArgs {
-    /// The state to list (default: every state, one page of each, newest first).
+    /// The state to list (default: every state, one page of each, newest first; with --key,
+    /// the tasks found in any state).
     #[arg(long, value_enum, ignore_case = true)]
     pub state: Option<ProcessState>,
+    /// Only the tasks found by this search key, `name:value` (a key their workflow declares,
+    /// as in `customerId:c-77`), newest first by creation.
+    #[arg(long, value_name = "NAME:VALUE", value_parser = parse_search_key)]
+    pub key: Option<String>,
+    /// With --key: only the tasks created at or after this time (RFC 3339).
+    #[arg(long, value_name = "TIME", value_parser = parse_time, requires = "key")]
+    pub from: Option<String>,
+    /// With --key: only the tasks created before this time (RFC 3339).
+    #[arg(long, value_name = "TIME", value_parser = parse_time, requires = "key")]
+    pub to: Option<String>,
     /// Only the tasks of this workflow.
     #[arg(long, value_name = "NAME", value_parser = parse_non_empty)]
     pub workflow: Option<String>,
@@ -497,6 +508,20 @@ pub struct WorkflowShowArgs {
     /// This version instead of the newest.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub version: Option<u32>,
+}
+
+/// A search key as `list --key` takes it: `name:value`, checked as the API checks it.
+fn parse_search_key(s: &str) -> Result<String, String> {
+    sas::domain::keys::SearchKey::parse(s, "--key")
+        .map(|k| k.to_string())
+        .map_err(|e| e.problem)
+}
+
+/// An RFC 3339 time, passed on as written.
+fn parse_time(s: &str) -> Result<String, String> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|_| s.to_owned())
+        .map_err(|e| format!("not an RFC 3339 time ({e}), as in 2026-11-30T12:00:00Z"))
 }
 
 fn parse_endpoint(s: &str) -> Result<Url, String> {
@@ -1291,27 +1316,49 @@ async fn list(
         .as_deref()
         .map(|w| format!(" --workflow {}", shell_quote(w)))
         .unwrap_or_default();
-    let hint = |state: &ProcessState, cursor: Option<&str>| {
+    let search = [("key", &args.key), ("from", &args.from), ("to", &args.to)]
+        .into_iter()
+        .filter_map(|(flag, v)| v.as_ref().map(|v| format!(" --{flag} {}", shell_quote(v))))
+        .collect::<String>();
+    let hint = |state: Option<&ProcessState>, cursor: Option<&str>| {
         let cursor = cursor
             .map(|c| format!(" --cursor {}", shell_quote(c)))
             .unwrap_or_default();
+        let state = state.map(|s| format!(" --state {s}")).unwrap_or_default();
         format!(
-            "sasctl{} list --state {state}{workflow} --limit {}{cursor}",
+            "sasctl{} list{search}{state}{workflow} --limit {}{cursor}",
             global_flags(cli),
             args.limit,
         )
     };
+    if let Some(key) = &args.key {
+        // A search: one list, in every state unless --state narrows it.
+        let (page, raw_tasks, cursor) = pages(client, args.state.as_ref(), args).await?;
+        let raw = serde_json::json!({ "tasks": raw_tasks, "nextCursor": cursor });
+        print_answer(out, json, &raw, || {
+            let mut text = if page.tasks.is_empty() {
+                format!("no tasks found by {key}\n")
+            } else {
+                render_list(&page)
+            };
+            if let Some(c) = &cursor {
+                text.push_str(&format!("more: {}\n", hint(args.state.as_ref(), Some(c))));
+            }
+            text
+        })?;
+        return Ok(exit::OK);
+    }
     let Some(state) = &args.state else {
         // Every state: one page of each (or every page, with --all), newest first together.
         let mut page = ListPage::default();
         let mut raw_tasks = Vec::new();
         let mut more = Vec::new();
         for state in crate::api::KNOWN_STATES.iter() {
-            let (next, raw, cursor) = pages(client, state, args).await?;
+            let (next, raw, cursor) = pages(client, Some(state), args).await?;
             page.tasks.extend(next.tasks);
             raw_tasks.extend(raw);
             if let Some(c) = cursor {
-                more.push(hint(state, Some(&c)));
+                more.push(hint(Some(state), Some(&c)));
             }
         }
         page.tasks.sort_by_key(|t| std::cmp::Reverse(t.updated_at));
@@ -1329,7 +1376,7 @@ async fn list(
         })?;
         return Ok(exit::OK);
     };
-    let (page, raw_tasks, cursor) = pages(client, state, args).await?;
+    let (page, raw_tasks, cursor) = pages(client, Some(state), args).await?;
     let raw = serde_json::json!({ "tasks": raw_tasks, "nextCursor": cursor });
     print_answer(out, json, &raw, || {
         let mut text = if page.tasks.is_empty() {
@@ -1338,7 +1385,7 @@ async fn list(
             render_list(&page)
         };
         if let Some(c) = &cursor {
-            text.push_str(&format!("more: {}\n", hint(state, Some(c))));
+            text.push_str(&format!("more: {}\n", hint(Some(state), Some(c))));
         }
         text
     })?;
@@ -1350,7 +1397,7 @@ async fn list(
 /// `--all`).
 async fn pages(
     client: &Client,
-    state: &ProcessState,
+    state: Option<&ProcessState>,
     args: &ListArgs,
 ) -> Result<(ListPage, Vec<Value>, Option<String>), Failure> {
     let mut cursor = args.cursor.clone();
@@ -1360,6 +1407,9 @@ async fn pages(
     loop {
         let request = Request::List {
             state,
+            key: args.key.as_deref(),
+            from: args.from.as_deref(),
+            to: args.to.as_deref(),
             workflow: args.workflow.as_deref(),
             limit: Some(args.limit),
             cursor: cursor.as_deref(),
@@ -1596,6 +1646,9 @@ mod tests {
             cli.command,
             Command::List(ListArgs {
                 state: None,
+                key: None,
+                from: None,
+                to: None,
                 workflow: None,
                 limit: 50,
                 cursor: None,
@@ -1630,6 +1683,9 @@ mod tests {
             cli.command,
             Command::List(ListArgs {
                 state: Some(ProcessState::CompensationFailed),
+                key: None,
+                from: None,
+                to: None,
                 workflow: Some("loan-application".into()),
                 limit: 100,
                 cursor: Some("abc".into()),
@@ -1642,12 +1698,37 @@ mod tests {
     }
 
     #[test]
+    fn list_searches_by_key_within_a_time() -> TestResult {
+        let cli = parse(&[
+            "list",
+            "--key",
+            "customerId:c-77",
+            "--from",
+            "2026-11-30T00:00:00Z",
+            "--to",
+            "2026-12-01T00:00:00+01:00",
+        ])?;
+        let Command::List(args) = cli.command else {
+            return Err("not list".into());
+        };
+        assert_eq!(args.key.as_deref(), Some("customerId:c-77"));
+        assert_eq!(args.from.as_deref(), Some("2026-11-30T00:00:00Z"));
+        assert_eq!(args.to.as_deref(), Some("2026-12-01T00:00:00+01:00"));
+        assert_eq!(args.state, None);
+        Ok(())
+    }
+
+    #[test]
     fn bad_arguments_are_usage_errors() {
         for args in [
             &["list", "--limit", "0"][..],
             &["list", "--limit", "101"],
             &["list", "--state", "Bogus"],
             &["list", "--cursor", ""],
+            &["list", "--key", "customerId"],
+            &["list", "--key", "1x:y"],
+            &["list", "--from", "2026-11-30T00:00:00Z"],
+            &["list", "--key", "a:b", "--to", "yesterday"],
             &["list", "--workflow", " "],
             &["workflow"],
             &["workflow", "validate"],

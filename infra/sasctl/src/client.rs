@@ -105,9 +105,13 @@ impl ClientError {
 /// One API call, for [`Client::send`] (which returns the raw JSON answer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request<'a> {
-    /// `GET /tasks?state=..&workflow=..&limit=..&cursor=..`
+    /// `GET /tasks?state=..&workflow=..&limit=..&cursor=..`; with `key`, a search by key
+    /// (`&key=name:value&from=..&to=..`, `state` then optional).
     List {
-        state: &'a ProcessState,
+        state: Option<&'a ProcessState>,
+        key: Option<&'a str>,
+        from: Option<&'a str>,
+        to: Option<&'a str>,
         workflow: Option<&'a str>,
         limit: Option<u32>,
         cursor: Option<&'a str>,
@@ -358,13 +362,23 @@ impl Client {
             .extend(request.segments());
         if let Request::List {
             state,
+            key,
+            from,
+            to,
             workflow,
             limit,
             cursor,
         } = *request
         {
             let mut q = url.query_pairs_mut();
-            q.append_pair("state", state.as_str());
+            if let Some(state) = state {
+                q.append_pair("state", state.as_str());
+            }
+            for (name, value) in [("key", key), ("from", from), ("to", to)] {
+                if let Some(value) = value {
+                    q.append_pair(name, value);
+                }
+            }
             if let Some(workflow) = workflow {
                 q.append_pair("workflow", workflow);
             }
@@ -457,7 +471,10 @@ impl Client {
         cursor: Option<&str>,
     ) -> Result<ListPage, ClientError> {
         self.call(&Request::List {
-            state,
+            state: Some(state),
+            key: None,
+            from: None,
+            to: None,
             workflow,
             limit,
             cursor,
@@ -622,7 +639,10 @@ mod tests {
         );
         let state = ProcessState::CompensationFailed;
         let url = c.url(&Request::List {
-            state: &state,
+            state: Some(&state),
+            key: None,
+            from: None,
+            to: None,
             workflow: None,
             limit: Some(5),
             cursor: Some("a+b=/c"),
@@ -632,7 +652,10 @@ mod tests {
             "https://api.example.com/prod/tasks?state=CompensationFailed&limit=5&cursor=a%2Bb%3D%2Fc"
         );
         let url = c.url(&Request::List {
-            state: &state,
+            state: Some(&state),
+            key: None,
+            from: None,
+            to: None,
             workflow: Some("loan application"),
             limit: None,
             cursor: None,
@@ -640,6 +663,19 @@ mod tests {
         assert_eq!(
             url.as_str(),
             "https://api.example.com/prod/tasks?state=CompensationFailed&workflow=loan+application"
+        );
+        let url = c.url(&Request::List {
+            state: None,
+            key: Some("customerId:c 77&x"),
+            from: Some("2026-11-30T00:00:00Z"),
+            to: None,
+            workflow: None,
+            limit: None,
+            cursor: None,
+        })?;
+        assert_eq!(
+            url.as_str(),
+            "https://api.example.com/prod/tasks?key=customerId%3Ac+77%26x&from=2026-11-30T00%3A00%3A00Z"
         );
         Ok(())
     }

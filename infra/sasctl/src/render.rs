@@ -234,6 +234,10 @@ pub fn render_task(t: &TaskView) -> String {
         ("last error", opt(t.last_error.as_deref(), usize::MAX)),
     ]
     .into_iter()
+    .chain((!t.keys.is_empty()).then(|| {
+        let keys: Vec<String> = t.keys.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+        ("keys", clean(&keys.join(" "), usize::MAX))
+    }))
     .chain(
         t.parent
             .as_ref()
@@ -788,6 +792,7 @@ task-2   -                 CompensationFailed  -                     12  2025-01
         reserve.finished_attempt = Some(2);
         TaskView {
             caller: None,
+            keys: Default::default(),
             input_revision: None,
             earlier_inputs: vec![],
             reply_queue_url: None,
@@ -1010,6 +1015,7 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
     fn minimal_task_renders_dashes() {
         let t = TaskView {
             caller: None,
+            keys: Default::default(),
             input_revision: None,
             earlier_inputs: vec![],
             reply_queue_url: None,

@@ -399,12 +399,16 @@ async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
     };
     let workflow = param(query, "workflow").unwrap_or_default();
     let cursor = param(query, "cursor").unwrap_or_default();
+    // A search by key (`key=name:value`): the tasks it finds in every state, newest first.
+    let key = param(query, "key").unwrap_or_default();
+    let searching = !key.is_empty();
     let limit = PAGE.to_string();
     let list = api
         .get(
             &["tasks"],
             &query_of(&[
-                ("state", state.as_str()),
+                ("state", if searching { "" } else { state.as_str() }),
+                ("key", &key),
                 ("workflow", &workflow),
                 ("limit", &limit),
                 ("cursor", &cursor),
@@ -432,13 +436,32 @@ async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
             _ => "?".to_owned(),
         }
     };
-    let title = if workflow.is_empty() {
-        format!("{state} tasks")
+    let title = match (searching, workflow.is_empty()) {
+        (true, true) => format!("Tasks found by {key}"),
+        (true, false) => format!("Tasks of {workflow} found by {key}"),
+        (false, true) => format!("{state} tasks"),
+        (false, false) => format!("{state} tasks of {workflow}"),
+    };
+    // What a page link keeps: the search, or the state; the workflow either way.
+    let here: Vec<(&str, &str)> = if searching {
+        vec![("key", &key), ("workflow", &workflow)]
     } else {
-        format!("{state} tasks of {workflow}")
+        vec![("state", state.as_str()), ("workflow", &workflow)]
+    };
+    let next_page = |next: &str| {
+        let mut pairs = here.clone();
+        pairs.push(("cursor", next));
+        href("", &pairs)
     };
     let content = html! {
         h1 { (title) }
+        form class="search" role="search" method="get" action=(href("", &[])) {
+            label for="key" { "Find by key" }
+            input id="key" name="key" type="search" value=(key)
+                placeholder="customerId:c-77" pattern="[A-Za-z][A-Za-z0-9_]*:.+"
+                title="name:value, a search key its workflow declares";
+            button type="submit" { "Find" }
+        }
         form class="filter" method="get" action=(href("", &[])) {
             input type="hidden" name="state" value=(state.as_str());
             label for="workflow" { "Workflow" }
@@ -462,13 +485,17 @@ async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
                 }
             }
         }
-        @if rows.is_empty() {
+        @if rows.is_empty() && searching {
+            p class="empty" { "No task found by " (key) "." }
+        } @else if rows.is_empty() {
             p class="empty" { "No " (state.as_str()) " tasks." }
         } @else {
             table class="tasks" {
                 caption { (title) ", newest first" }
                 thead { tr {
-                    th scope="col" { "Task" } th scope="col" { "Workflow" } th scope="col" { "Step" }
+                    th scope="col" { "Task" } th scope="col" { "Workflow" }
+                    @if searching { th scope="col" { "State" } }
+                    th scope="col" { "Step" }
                     th scope="col" { "Failures" } th scope="col" { "Attempt" } th scope="col" { "Updated" }
                     th scope="col" { "Last error" }
                 } }
@@ -477,6 +504,7 @@ async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
                         tr {
                             td { a class="id" href=(href(&format!("/tasks/{}", segment(text(t, "taskId"))), &[])) { (text(t, "taskId")) } }
                             td { (text(t, "workflow")) }
+                            @if searching { td { (badge(text(t, "processState"))) } }
                             td { (t["step"].as_str().unwrap_or("-")) }
                             td class="num" { (t["failureCount"]) }
                             td class="num" { (t["attempt"]) }
@@ -489,10 +517,10 @@ async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
         }
         nav class="pager" aria-label="Pages" {
             @if !cursor.is_empty() {
-                a href=(href("", &[("state", state.as_str()), ("workflow", &workflow)])) { "First page" }
+                a href=(href("", &here)) { "First page" }
             }
             @if let Some(next) = next {
-                a rel="next" href=(href("", &[("state", state.as_str()), ("workflow", &workflow), ("cursor", next)])) { "Next page" }
+                a rel="next" href=(next_page(next)) { "Next page" }
             }
         }
     };
@@ -647,6 +675,15 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                 dt { "Task deadline" } dd { (when(&t["deadline"])) }
             }
             dt { "Caller" } dd { (text(t, "caller")) }
+            @if let Some(keys) = t["keys"].as_object().filter(|k| !k.is_empty()) {
+                dt { "Keys" }
+                dd {
+                    @for (name, value) in keys {
+                        @let found = format!("{name}:{}", value.as_str().unwrap_or_default());
+                        a class="key" href=(href("", &[("key", &found)])) { (found) } " "
+                    }
+                }
+            }
             @if let Some(e) = t["element"].as_object().filter(|e| e.contains_key("runId")) {
                 // An element of a distributed forEach: its run, and the task it runs for.
                 dt { "Element" } dd { "#" (e["index"]) " of run " a class="id" href=(href(&format!("/tasks/{}", segment(text(&t["element"], "runId"))), &[])) { (text(&t["element"], "runId")) } }

@@ -94,6 +94,9 @@ pub enum ApiError {
     UnknownParameter { name: String, known: &'static str },
     #[error("state is required: one of {0}")]
     MissingState(String),
+    /// A search by key's parameter that does not parse (`key`, `from`, `to`), named.
+    #[error("{0}")]
+    InvalidSearch(String),
     /// A request that does not hold (a missing or bad field), with the problems at their JSON
     /// pointers if there are several to name.
     #[error("{message}")]
@@ -189,6 +192,7 @@ impl ApiError {
         "invalid_cursor",
         "unknown_parameter",
         "missing_state",
+        "invalid_search",
         "validation_failed",
         "invalid_definition",
         "name_mismatch",
@@ -230,6 +234,7 @@ impl ApiError {
             Self::InvalidCursor => "invalid_cursor",
             Self::UnknownParameter { .. } => "unknown_parameter",
             Self::MissingState(_) => "missing_state",
+            Self::InvalidSearch(_) => "invalid_search",
             Self::ValidationFailed { .. } => "validation_failed",
             Self::InvalidDefinition { .. } => "invalid_definition",
             Self::NameMismatch { .. } => "name_mismatch",
@@ -279,6 +284,7 @@ impl ApiError {
             | Self::InvalidCursor
             | Self::UnknownParameter { .. }
             | Self::MissingState(_)
+            | Self::InvalidSearch(_)
             | Self::ValidationFailed { .. }
             | Self::InvalidDefinition { .. }
             | Self::NameMismatch { .. } => StatusCode::BAD_REQUEST,

@@ -5,14 +5,14 @@
 
 use super::deps::ApiDeps;
 use super::error::{Answer, ApiError, respond};
-use super::request::{PageQuery, action_body};
+use super::request::{PageQuery, SearchQuery, action_body};
 use super::tasks::{input_problems, load_for};
 use super::views::{ActionTaken, ListPage, TaskSummary, TaskView};
 use crate::domain::transition::{self, Actor, Rejection, Transition};
 use crate::domain::{Caller, ProcessState, StateRecord, TaskId};
 use crate::handlers::{HandlerError, count_outcome, perform_no_step, workflow_of, write};
 use crate::ports::StoreError;
-use crate::ports::{Guarded, InState, Paging};
+use crate::ports::{Guarded, InState, KeyQuery, Paging};
 use http::StatusCode;
 use serde_json::{Value, json};
 use std::fmt;
@@ -340,9 +340,11 @@ pub(super) async fn act(
     })
 }
 
-/// `GET /tasks?state=Error&workflow=loan-application&limit=50&cursor=...`
+/// `GET /tasks?state=Error&workflow=loan-application&limit=50&cursor=...`, or a search by key
+/// `GET /tasks?key=customerId:c-77` (with `state`, `workflow`, `from`, `to` if wanted).
 pub(super) async fn list(deps: &ApiDeps, query: &str) -> Answer {
     let (mut state, mut page, mut workflow) = (None, PageQuery::default(), None);
+    let mut search = SearchQuery::default();
     for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
         match k.as_ref() {
             "workflow" => workflow = Some(v.into_owned()),
@@ -353,34 +355,44 @@ pub(super) async fn list(deps: &ApiDeps, query: &str) -> Answer {
                 )
             }
             other => {
-                if !page.read(other, &v)? {
+                if !page.read(other, &v)? && !search.read(other, &v)? {
                     return Err(ApiError::UnknownParameter {
                         name: other.to_owned(),
-                        known: "state, workflow, limit, cursor",
+                        known: "state, workflow, key, from, to, limit, cursor",
                     });
                 }
             }
         }
     }
-    let Some(state) = state else {
-        let names: Vec<_> = ProcessState::ALL.iter().map(|s| s.as_str()).collect();
-        return Err(ApiError::MissingState(names.join(", ")));
+    let paging = Paging {
+        limit: page.limit,
+        after: page.cursor.as_ref(),
     };
-    let found = deps
-        .ports
-        .store
-        .list(
-            InState {
+    let store = &deps.ports.store;
+    let found = match (search.key()?, state) {
+        (Some(key), state) => {
+            let q = KeyQuery {
                 state,
                 workflow: workflow.as_deref(),
-            },
-            Paging {
-                limit: page.limit,
-                after: page.cursor.as_ref(),
-            },
-        )
-        .await
-        .map_err(ApiError::unavailable)?;
+                from: search.from,
+                to: search.to,
+                ..KeyQuery::new(key)
+            };
+            store.list_by_key(q, paging).await
+        }
+        (None, Some(state)) => {
+            let of = InState {
+                state,
+                workflow: workflow.as_deref(),
+            };
+            store.list(of, paging).await
+        }
+        (None, None) => {
+            let names: Vec<_> = ProcessState::ALL.iter().map(|s| s.as_str()).collect();
+            return Err(ApiError::MissingState(names.join(", ")));
+        }
+    }
+    .map_err(ApiError::unavailable)?;
     Ok(respond(
         StatusCode::OK,
         &ListPage {

@@ -100,3 +100,47 @@ impl PageQuery {
         Ok(true)
     }
 }
+
+/// A search by key's parameters (`key=name:value`, `from`, `to` as RFC 3339 times).
+#[derive(Debug, Default)]
+pub struct SearchQuery {
+    pub key: Option<crate::domain::keys::SearchKey>,
+    pub from: Option<chrono::DateTime<chrono::Utc>>,
+    pub to: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl SearchQuery {
+    /// Reads `key`, `from` or `to`; `Ok(false)`: `name` is none of them.
+    pub fn read(&mut self, name: &str, value: &str) -> Result<bool, ApiError> {
+        let time = |v: &str| {
+            chrono::DateTime::parse_from_rfc3339(v)
+                .map(|t| t.with_timezone(&chrono::Utc))
+                .map_err(|e| {
+                    ApiError::InvalidSearch(format!(
+                        "{name} must be an RFC 3339 time, as in 2026-11-30T12:00:00Z ({e})"
+                    ))
+                })
+        };
+        match name {
+            "key" => {
+                let key = crate::domain::keys::SearchKey::parse(value, "key")
+                    .map_err(|e| ApiError::InvalidSearch(e.to_string()))?;
+                self.key = Some(key);
+            }
+            "from" => self.from = Some(time(value)?),
+            "to" => self.to = Some(time(value)?),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The search's key, which `from` and `to` need.
+    pub fn key(&self) -> Result<Option<&crate::domain::keys::SearchKey>, ApiError> {
+        match &self.key {
+            None if self.from.is_some() || self.to.is_some() => Err(ApiError::InvalidSearch(
+                "from and to narrow a search by key: give key=name:value".into(),
+            )),
+            key => Ok(key.as_ref()),
+        }
+    }
+}

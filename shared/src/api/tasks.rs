@@ -7,13 +7,13 @@
 
 use super::deps::ApiDeps;
 use super::error::{Answer, ApiError, respond};
-use super::request::{PageQuery, json_content_type};
+use super::request::{PageQuery, SearchQuery, json_content_type};
 use super::views::{Accepted, CallerTaskSummary, CallerTaskView, ListPage, TaskView};
 use crate::domain::task::MAX_INPUT_BYTES;
 use crate::domain::workflow;
 use crate::domain::{Caller, StateRecord, Task, TaskId};
 use crate::handlers::start::{StartError, StartRequest, start};
-use crate::ports::Paging;
+use crate::ports::{KeyQuery, Paging};
 use http::{HeaderMap, StatusCode};
 use serde_json::Value;
 
@@ -352,29 +352,36 @@ async fn read_linked(
     }
 }
 
-/// `GET /tasks?limit=20&cursor=...` on the task API: the caller's own tasks, newest first.
+/// `GET /tasks?limit=20&cursor=...` on the task API: the caller's own tasks, newest first; with
+/// `key=name:value` (and `from`, `to`), those of its own tasks found by that key.
 pub(super) async fn list_mine(deps: &ApiDeps, caller: &Caller, query: &str) -> Answer {
     let mut page = PageQuery::default();
+    let mut search = SearchQuery::default();
     for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
-        if !page.read(&k, &v)? {
+        if !page.read(&k, &v)? && !search.read(&k, &v)? {
             return Err(ApiError::UnknownParameter {
                 name: k.into_owned(),
-                known: "limit, cursor",
+                known: "key, from, to, limit, cursor",
             });
         }
     }
-    let found = deps
-        .ports
-        .store
-        .list_by_caller(
-            caller,
-            Paging {
-                limit: page.limit,
-                after: page.cursor.as_ref(),
-            },
-        )
-        .await
-        .map_err(ApiError::unavailable)?;
+    let paging = Paging {
+        limit: page.limit,
+        after: page.cursor.as_ref(),
+    };
+    let found = match search.key()? {
+        Some(key) => {
+            let q = KeyQuery {
+                caller: Some(caller),
+                from: search.from,
+                to: search.to,
+                ..KeyQuery::new(key)
+            };
+            deps.ports.store.list_by_key(q, paging).await
+        }
+        None => deps.ports.store.list_by_caller(caller, paging).await,
+    }
+    .map_err(ApiError::unavailable)?;
     let tasks = found
         .items
         .iter()

@@ -13,6 +13,7 @@ use crate::domain::{ProcessState, StateRecord, StepState, StepStatus, Task, Task
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 
 /// Deserializes a possibly `null` value as its default.
 fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
@@ -38,6 +39,9 @@ pub struct TaskView<S = ProcessState> {
     /// Who started it.
     #[serde(default)]
     pub caller: Option<String>,
+    /// Its search keys (name → value), as read from its input when it started.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub keys: BTreeMap<String, String>,
     /// The task's input: as submitted, or as an operator's retry replaced it.
     #[serde(default)]
     pub input: Option<Value>,
@@ -330,6 +334,9 @@ pub struct CallerTaskView<S = ProcessState> {
     pub workflow: Option<String>,
     #[serde(default)]
     pub workflow_version: Option<u32>,
+    /// Its search keys (name → value).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub keys: BTreeMap<String, String>,
     #[serde(default)]
     pub input: Option<Value>,
     #[serde(default)]
@@ -791,6 +798,7 @@ impl TaskView {
             workflow: Some(task.workflow.clone()),
             workflow_version: Some(task.workflow_version),
             caller: Some(task.caller.to_string()),
+            keys: keys_of(task),
             input: Some(task.input.clone()),
             input_revision: Some(task.input_revision),
             earlier_inputs: task.earlier_inputs.clone(),
@@ -930,6 +938,14 @@ fn elements_inputs(v: &mut StepView, w: &Workflow, task: &Task, r: &StateRecord,
     v.within = w.place(i);
 }
 
+/// A task's search keys as its views show them: name → value.
+fn keys_of(task: &Task) -> BTreeMap<String, String> {
+    task.keys
+        .iter()
+        .map(|k| (k.key.name.clone(), k.key.value.clone()))
+        .collect()
+}
+
 impl CallerTaskView {
     /// What a task's caller sees (see the type); errors only if `public_errors`.
     pub fn of(task: &Task, r: &StateRecord, public_errors: bool) -> Self {
@@ -937,6 +953,7 @@ impl CallerTaskView {
             task_id: task.id.to_string(),
             workflow: Some(task.workflow.clone()),
             workflow_version: Some(task.workflow_version),
+            keys: keys_of(task),
             input: Some(task.input.clone()),
             input_revision: Some(task.input_revision),
             earlier_inputs: task.earlier_inputs.clone(),
@@ -1028,6 +1045,7 @@ mod tests {
             reply_queue_url: None,
             created_at: now,
             caller: Caller::new("alice").expect("caller"),
+            keys: vec![],
         };
         let mut r = StateRecord::new(id, &w, None, now, now);
         r.last_error = Some("payment: HTTP 500 from https://internal.example/charge".into());

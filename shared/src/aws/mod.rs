@@ -13,8 +13,8 @@ mod timetable;
 
 pub use credentials::{AwsCredentials, lambda_client};
 pub use dynamodb::{
-    CALLER_INDEX, DEFAULT_CALLER_SHARDS, DUE_INDEX, DynamoStore, STATE_INDEX,
-    STATE_INDEX_PROJECTION,
+    CALLER_INDEX, DEFAULT_CALLER_SHARDS, DUE_INDEX, DynamoStore, KEY_INDEX_PROJECTION, STATE_INDEX,
+    STATE_INDEX_PROJECTION, key_attribute, key_index,
 };
 #[cfg(any(test, feature = "testkit"))]
 pub use dynamodb::{index_entry_sizes, item_size, state_record_size, stored_sizes};

@@ -7,6 +7,7 @@ pub mod condition;
 pub mod context;
 pub mod fanout;
 pub mod inbox;
+pub mod keys;
 pub mod limits;
 pub mod mapping;
 pub mod payload;

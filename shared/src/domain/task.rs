@@ -147,6 +147,10 @@ pub struct Task {
     pub created_at: DateTime<Utc>,
     /// Who started it: the only caller that may read, list or cancel it on the task API.
     pub caller: super::Caller,
+    /// Its search keys, read from the input it started with ([`super::keys`]); kept as they
+    /// were when an operator's retry replaces the input.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<super::keys::TaskKey>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -249,6 +253,7 @@ mod tests {
             reply_queue_url: None,
             created_at: now,
             caller: super::super::Caller::anonymous(),
+            keys: vec![],
         };
         let mut r = super::super::StateRecord::new(task.id, &w, None, now, now);
         // Nothing ran on the first input: it is not kept.

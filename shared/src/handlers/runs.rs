@@ -237,6 +237,7 @@ pub async fn start_run(
         reply_queue_url: None,
         created_at: record.created_at,
         caller: crate::domain::Caller::run(&id),
+        keys: vec![],
     };
     // Condition: absent (the store's create) - keeps "one run per step and key".
     match ports.store.create(NewTask::new(&task, &record)).await {
@@ -366,6 +367,7 @@ async fn open_one(
         reply_queue_url: None,
         created_at: crate::domain::state::to_millis(now),
         caller: crate::domain::Caller::run(&run.task_id),
+        keys: vec![],
     };
     let mut record = StateRecord::new(
         id,

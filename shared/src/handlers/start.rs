@@ -99,6 +99,11 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
     if let Err(error) = workflow.check_input(&request.input) {
         return Err(StartError::Input { workflow, error });
     }
+    // Its search keys, read from the input it starts with.
+    let keys = match workflow.keys.read(&request.input) {
+        Ok(keys) => keys,
+        Err(error) => return Err(StartError::Input { workflow, error }),
+    };
     let id = request
         .child
         .as_ref()
@@ -115,6 +120,7 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
         reply_queue_url: request.reply_queue_url,
         created_at: crate::domain::state::to_millis(now),
         caller: request.caller.clone(),
+        keys,
     };
     let mut record = StateRecord::new(
         id,

@@ -2,9 +2,9 @@ use crate::domain::rate::Admission;
 use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use crate::ports::{
     Breakers, Catalog, Count, CreateOutcome, CurrentRun, Cursor, DefinitionRef, DueEntry, DueIndex,
-    DueQuery, Entry, Guarded, IdempotencyRecord, InState, Kind, LeaseClaim, Leases, NewTask, Page,
-    Paging, Publication, Published, RateLimits, RateRequest, SlotAnswer, SlotRequest, Slots,
-    StoreError, Stored, Summary, TaskLists, TaskStore, canonical,
+    DueQuery, Entry, Guarded, IdempotencyRecord, InState, KeyQuery, Kind, LeaseClaim, Leases,
+    NewTask, Page, Paging, Publication, Published, RateLimits, RateRequest, SlotAnswer,
+    SlotRequest, Slots, StoreError, Stored, Summary, TaskLists, TaskStore, canonical,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -338,6 +338,41 @@ impl TaskLists for MemoryStore {
         if items.len() < limit {
             next = None;
         }
+        Ok(Page { items, next })
+    }
+    async fn list_by_key(&self, q: KeyQuery<'_>, page: Paging<'_>) -> Result<Page, StoreError> {
+        let (limit, after) = (page.limit.clamp(1, 100), page.after);
+        let mut inner = self.lock()?;
+        // As the caller's list: a task is in the key indexes once its first write has
+        // arrived there, with its record as the index has it.
+        let seen: HashMap<TaskId, Summary> = inner
+            .indexed(self.index_lag)
+            .map(|r| (r.task_id, Summary::of(r)))
+            .collect();
+        let key = |ms: i64, id: &TaskId| Cursor::order_key(ms, *id);
+        let start = after.map(|c| key(c.at_ms, &c.task_id));
+        let mut rows: Vec<_> = inner
+            .tasks
+            .values()
+            .filter(|t| q.holds(t))
+            .filter_map(|t| {
+                let summary = seen.get(&t.id)?;
+                q.state
+                    .is_none_or(|s| summary.process_state == s)
+                    .then(|| (key(t.created_at.timestamp_millis(), &t.id), t, summary))
+            })
+            .filter(|(k, _, _)| start.as_ref().is_none_or(|s| *k > *s))
+            .collect();
+        rows.sort_by_key(|r| r.0);
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        let next = more
+            .then(|| {
+                rows.last()
+                    .map(|(_, t, _)| Cursor::at(t.created_at.timestamp_millis(), t.id))
+            })
+            .flatten();
+        let items = rows.into_iter().map(|(_, _, s)| s.clone()).collect();
         Ok(Page { items, next })
     }
 }

@@ -6,8 +6,9 @@ use super::records::*;
 use super::store::*;
 use crate::domain::Caller;
 use crate::domain::TaskId;
+use crate::domain::keys::MAX_SEARCH_KEYS;
 use crate::ports::StoreError;
-use crate::ports::{Count, Cursor, InState, Page, Paging, Summary, TaskLists};
+use crate::ports::{Count, Cursor, InState, KeyQuery, Page, Paging, Summary, TaskLists};
 use async_trait::async_trait;
 use std::collections::HashMap;
 
@@ -22,17 +23,23 @@ impl TaskLists for DynamoStore {
         // The shards merged ([`DynamoStore::newest_first`]). The index projects only the task's
         // id and workflow: the page's summaries are then read from the state records (one
         // `BatchGetItem`), so a write within a state changes nothing in the index.
-        let partitions = (0..self.shards)
-            .map(|shard| state_shard_key(state, shard))
+        let parts = (0..self.shards)
+            .map(|shard| {
+                (
+                    STATE_INDEX.into(),
+                    "StateShard".into(),
+                    state_shard_key(state, shard),
+                )
+            })
             .collect();
         let (rows, next) = self
             .newest_first(
                 Partitions {
-                    index: STATE_INDEX,
-                    hash: "StateShard",
-                    values: partitions,
+                    parts,
                     sort: "StateSince",
-                    workflow,
+                    filters: workflow.map(|w| ("Workflow", w)).into_iter().collect(),
+                    lower: None,
+                    upper: None,
                 },
                 page,
             )
@@ -94,17 +101,23 @@ impl TaskLists for DynamoStore {
             limit: page.limit.clamp(1, 100),
             ..page
         };
-        let partitions = (0..self.caller_shards)
-            .map(|shard| caller.index_key(shard))
+        let parts = (0..self.caller_shards)
+            .map(|shard| {
+                (
+                    CALLER_INDEX.into(),
+                    "CallerShard".into(),
+                    caller.index_key(shard),
+                )
+            })
             .collect();
         let (rows, next) = self
             .newest_first(
                 Partitions {
-                    index: CALLER_INDEX,
-                    hash: "CallerShard",
-                    values: partitions,
+                    parts,
                     sort: "CreatedAt",
-                    workflow: None,
+                    filters: vec![],
+                    lower: None,
+                    upper: None,
                 },
                 page,
             )
@@ -112,6 +125,46 @@ impl TaskLists for DynamoStore {
         let mut found = self.summaries(rows.iter().map(|(_, id)| *id)).await?;
         // A task whose state record is gone (expired between the two reads) is left out.
         let items = rows.iter().filter_map(|(_, id)| found.remove(id)).collect();
+        Ok(Page { items, next })
+    }
+    async fn list_by_key(&self, q: KeyQuery<'_>, page: Paging<'_>) -> Result<Page, StoreError> {
+        let page = Paging {
+            limit: page.limit.clamp(1, 100),
+            ..page
+        };
+        // Every slot's index: a key's name may take another slot in another workflow.
+        let value = q.key.index_value();
+        let parts = (0..MAX_SEARCH_KEYS)
+            .map(|slot| (key_index(slot), key_attribute(slot), value.clone()))
+            .collect();
+        let mut filters = Vec::new();
+        if let Some(w) = q.workflow {
+            filters.push(("Workflow", w));
+        }
+        if let Some(c) = q.caller {
+            filters.push(("Caller", c.as_str()));
+        }
+        let (rows, next) = self
+            .newest_first(
+                Partitions {
+                    parts,
+                    sort: "CreatedAt",
+                    filters,
+                    lower: q.from.map(|f| f.timestamp_millis()),
+                    // Created before `to`: at most its millisecond less one.
+                    upper: q.to.map(|t| t.timestamp_millis() - 1),
+                },
+                page,
+            )
+            .await?;
+        let mut found = self.summaries(rows.iter().map(|(_, id)| *id)).await?;
+        // A task whose state record is gone (expired between the two reads) is left out, and
+        // so is one not in the state asked for.
+        let items = rows
+            .iter()
+            .filter_map(|(_, id)| found.remove(id))
+            .filter(|s| q.state.is_none_or(|state| s.process_state == state))
+            .collect();
         Ok(Page { items, next })
     }
 }
@@ -130,14 +183,15 @@ const SUMMARY_ATTRIBUTES: [&str; 10] = [
     "StateSince",
 ];
 
-/// The GSI partitions a list merges: `hash` = each of `values`, newest `sort` first.
+/// The GSI partitions a list merges: each `(index, hash attribute, value)` of `parts`, newest
+/// `sort` first, within `lower..=upper` (ms) if given, with each of `filters` (an attribute
+/// projected into the index, and its value).
 struct Partitions<'a> {
-    index: &'static str,
-    hash: &'static str,
-    values: Vec<String>,
+    parts: Vec<(String, String, String)>,
     sort: &'static str,
-    /// Only entries with this `Workflow` (a filter on a projected attribute).
-    workflow: Option<&'a str>,
+    filters: Vec<(&'static str, &'a str)>,
+    lower: Option<i64>,
+    upper: Option<i64>,
 }
 
 impl DynamoStore {
@@ -158,7 +212,24 @@ impl DynamoStore {
         let Paging { limit, after } = page;
         let mut rows: Vec<(i64, TaskId)> = Vec::new();
         let mut more = false;
-        for value in &p.values {
+        // The newest a row may be: the cursor's time (its ties are sorted out by id below),
+        // or the range's upper bound.
+        let upper = match (after.map(|c| c.at_ms), p.upper) {
+            (Some(a), Some(u)) => Some(a.min(u)),
+            (a, u) => a.or(u),
+        };
+        if let (Some(lo), Some(hi)) = (p.lower, upper)
+            && lo > hi
+        {
+            return Ok((rows, None));
+        }
+        let filter = (!p.filters.is_empty()).then(|| {
+            (0..p.filters.len())
+                .map(|i| format!("#f{i} = :f{i}"))
+                .collect::<Vec<_>>()
+                .join(" AND ")
+        });
+        for (index, hash, value) in &p.parts {
             let mut start = None;
             let mut taken = 0;
             let mut last_ms = None;
@@ -169,32 +240,44 @@ impl DynamoStore {
                     .client
                     .query()
                     .table_name(&self.table)
-                    .index_name(p.index)
-                    .expression_attribute_names("#h", p.hash)
+                    .index_name(index)
+                    .expression_attribute_names("#h", hash)
                     .expression_attribute_values(":k", s(value))
                     .scan_index_forward(false)
                     .limit(want as i32)
                     .set_exclusive_start_key(start.take());
-                query = match after {
-                    // (DynamoDB refuses a name or value the expression does not use.)
-                    Some(c) => query
-                        .key_condition_expression("#h = :k AND #s <= :t")
+                // (DynamoDB refuses a name or value the expression does not use.)
+                query = match (p.lower, upper) {
+                    (None, None) => query.key_condition_expression("#h = :k"),
+                    (Some(lo), None) => query
+                        .key_condition_expression("#h = :k AND #s >= :lo")
                         .expression_attribute_names("#s", p.sort)
-                        .expression_attribute_values(":t", n(c.at_ms)),
-                    None => query.key_condition_expression("#h = :k"),
+                        .expression_attribute_values(":lo", n(lo)),
+                    (None, Some(hi)) => query
+                        .key_condition_expression("#h = :k AND #s <= :hi")
+                        .expression_attribute_names("#s", p.sort)
+                        .expression_attribute_values(":hi", n(hi)),
+                    (Some(lo), Some(hi)) => query
+                        .key_condition_expression("#h = :k AND #s BETWEEN :lo AND :hi")
+                        .expression_attribute_names("#s", p.sort)
+                        .expression_attribute_values(":lo", n(lo))
+                        .expression_attribute_values(":hi", n(hi)),
                 };
-                if let Some(w) = p.workflow {
-                    // A filter on the projected `Workflow`: the page may come back short, and
-                    // the loop goes on from `LastEvaluatedKey` until it is full.
-                    query = query
-                        .filter_expression("Workflow = :w")
-                        .expression_attribute_values(":w", s(w));
+                if let Some(f) = &filter {
+                    // A filter on projected attributes: the page may come back short, and the
+                    // loop goes on from `LastEvaluatedKey` until it is full.
+                    query = query.filter_expression(f);
+                    for (i, (name, v)) in p.filters.iter().enumerate() {
+                        query = query
+                            .expression_attribute_names(format!("#f{i}"), *name)
+                            .expression_attribute_values(format!(":f{i}"), s(*v));
+                    }
                 }
                 let out = query.send().await.map_err(|e| unavailable(&e))?;
                 for item in out.items() {
                     let id: TaskId = get_s(item, "pk")?
                         .strip_prefix("TASK#")
-                        .ok_or_else(|| corrupt(format!("{} item is not a task's", p.index)))?
+                        .ok_or_else(|| corrupt(format!("{index} item is not a task's")))?
                         .parse()
                         .map_err(|e: crate::domain::ValidationError| corrupt(e.to_string()))?;
                     let ms: i64 = get_n(item, p.sort)?;

@@ -45,9 +45,10 @@ mod tasks;
 
 #[cfg(any(test, feature = "testkit"))]
 pub use item::item_size;
+pub use records::key_attribute;
 #[cfg(any(test, feature = "testkit"))]
 pub use records::{index_entry_sizes, state_record_size, stored_sizes};
 pub use store::{
-    CALLER_INDEX, DEFAULT_CALLER_SHARDS, DUE_INDEX, DynamoStore, STATE_INDEX,
-    STATE_INDEX_PROJECTION,
+    CALLER_INDEX, DEFAULT_CALLER_SHARDS, DUE_INDEX, DynamoStore, KEY_INDEX_PROJECTION, STATE_INDEX,
+    STATE_INDEX_PROJECTION, key_index,
 };

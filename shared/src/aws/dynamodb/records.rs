@@ -34,6 +34,10 @@ pub(super) fn task_item(t: &Task, caller_shards: u32) -> Item {
     if let Some(u) = &t.reply_queue_url {
         item.insert("ReplyQueueUrl".to_owned(), s(u));
     }
+    // Each key makes an entry in its slot's `key-index-<n>` (a write unit each).
+    for k in &t.keys {
+        item.insert(key_attribute(k.slot.into()), s(k.key.index_value()));
+    }
     if let Some(r) = &t.input_ref {
         item.insert("InputRef".to_owned(), s(payload_ref(r)));
     }
@@ -91,7 +95,31 @@ pub(super) fn parse_task(item: &Item) -> Result<Task, StoreError> {
             Some(c) => Caller::new(c).map_err(|e| corrupt(format!("Caller: {e}")))?,
             None => Caller::anonymous(),
         },
+        keys: parse_keys(item)?,
     })
+}
+
+/// The attribute that holds a task's key of slot `slot`, which the slot's index is keyed on.
+pub fn key_attribute(slot: usize) -> String {
+    format!("Key{}", slot + 1)
+}
+
+/// A task's search keys (`Key1`..`Key3`, each `name#value`).
+fn parse_keys(item: &Item) -> Result<Vec<crate::domain::keys::TaskKey>, StoreError> {
+    use crate::domain::keys::{MAX_SEARCH_KEYS, SearchKey, TaskKey};
+    let mut keys = Vec::new();
+    for slot in 0..MAX_SEARCH_KEYS {
+        let name = key_attribute(slot);
+        if let Some(text) = opt_s(item, &name) {
+            let key = SearchKey::from_index_value(&text)
+                .ok_or_else(|| corrupt(format!("{name} is not name#value")))?;
+            keys.push(TaskKey {
+                slot: slot as u8,
+                key,
+            });
+        }
+    }
+    Ok(keys)
 }
 
 /// A record's steps and history, stored together deflated (`Body`, binary): they are most of
@@ -733,6 +761,7 @@ mod tests {
             reply_queue_url: None,
             created_at: now,
             caller: Caller::new("arn:aws:iam::123456789012:role/shop").expect("caller"),
+            keys: vec![],
         };
         assert_eq!(parse_task(&task_item(&task, 4)).expect("parses"), task);
 

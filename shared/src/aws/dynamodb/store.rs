@@ -24,6 +24,14 @@ pub const STATE_INDEX: &str = "state-index";
 pub const STATE_INDEX_PROJECTION: [&str; 2] = ["TaskId", "Workflow"];
 /// The name of the GSI a caller's list queries (`CallerShard` S, `CreatedAt` N, keys only).
 pub const CALLER_INDEX: &str = "caller-shard-index";
+/// The index of search key slot `slot` (`key-index-1`..): keyed on the task item's
+/// `Key<slot + 1>` (`name#value`) and `CreatedAt`, projecting [`KEY_INDEX_PROJECTION`]; sparse
+/// (a task without a key in that slot makes no entry).
+pub fn key_index(slot: usize) -> String {
+    format!("key-index-{}", slot + 1)
+}
+/// What the key indexes project besides their keys: the filters of a search.
+pub const KEY_INDEX_PROJECTION: [&str; 2] = ["Workflow", "Caller"];
 /// How long a lease or slot item outlives its holding (the table's TTL attribute `ExpiresAt`
 /// deletes it). An idempotency key's is [`crate::ports::IDEMPOTENCY_KEY_TTL`].
 pub(super) const KEY_TTL_SECONDS: i64 = 24 * 3600;

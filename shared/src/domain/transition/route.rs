@@ -439,6 +439,7 @@ pub(super) fn test_task(r: &StateRecord, input: serde_json::Value) -> Task {
         reply_queue_url: None,
         created_at: r.created_at,
         caller: crate::domain::Caller::new("tests").expect("a caller"),
+        keys: vec![],
     }
 }
 

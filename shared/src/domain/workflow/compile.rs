@@ -95,6 +95,7 @@ impl WorkflowDoc {
             c.too_many(&m, "/output".into());
             m
         });
+        let keys = crate::domain::keys::KeyDefs::compile(self.keys.as_ref(), &mut c.problems);
         if c.steps.len() > MAX_STEPS {
             c.problem(
                 "/steps",
@@ -122,6 +123,7 @@ impl WorkflowDoc {
                 pivot,
                 deadline,
                 output,
+                keys,
                 doc: self,
                 element_views: Vec::new(),
             }

@@ -318,6 +318,8 @@ pub struct Workflow {
     pub deadline: Option<chrono::Duration>,
     /// What a task answers when it ends `Processed` (its parent step's result).
     pub output: Option<Mapping>,
+    /// The task's search keys, in slot order.
+    pub keys: crate::domain::keys::KeyDefs,
     /// What each distributed forEach step's elements run ([`Workflow::element_view`]).
     pub(super) element_views: Vec<(usize, Arc<Workflow>)>,
 }

@@ -57,6 +57,9 @@ pub struct WorkflowDoc {
     /// What a task of this workflow answers when it ends `Processed` (a mapping on `{input,
     /// steps}`): the result of the parent's step when it runs as a sub-workflow.
     pub output: Option<Value>,
+    /// The task's search keys: name → a query on its input (`customerId: $.input.customerId`),
+    /// read when the task starts; a task is found by each (see [`crate::domain::keys`]).
+    pub keys: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// One entry of a workflow's `steps`, as written: a step (it names a `service`), a choice

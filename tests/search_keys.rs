@@ -1,0 +1,285 @@
+//! Search keys (issue 43): a never-seen workflow declares two keys; its tasks are found by
+//! each of them through the operator API (every caller's tasks) and the task API (the caller's
+//! own), newest first, narrowed by state, workflow and time, on the in-memory system and on the
+//! stack's resources on the emulator.
+
+use sas::auth::Identity;
+use sas::{Caller, TaskId};
+use sas_local::{Backend, System};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+const SERVICES: &str = "services:\n  - name: ledger\n    target: {type: simulated}\n";
+
+/// A workflow no example has: a ledger posting found by its account and its reference.
+const POSTING: &str = r#"name: ledger-posting
+input:
+  type: object
+  required: [account, reference]
+  properties:
+    account: {type: object, properties: {id: {}}}
+    reference: {}
+keys:
+  accountId: $.input.account.id
+  reference: $.input.reference
+steps:
+  - {name: post, service: ledger, input: {account: $.input.account.id}}
+"#;
+
+async fn publish(system: &System) {
+    system
+        .publish(&[
+            ("services.yaml".into(), SERVICES.into()),
+            ("posting.yaml".into(), POSTING.into()),
+        ])
+        .await
+        .expect("publishes");
+}
+
+fn caller(name: &str) -> Identity {
+    Identity::Caller(Caller::new(name).expect("caller"))
+}
+
+/// Calls the task API as `who`: the status and JSON body.
+async fn task_api(
+    system: &System,
+    who: &Identity,
+    method: http::Method,
+    path: &str,
+    body: &Value,
+) -> (u16, Value) {
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    let body = if body.is_null() {
+        vec![]
+    } else {
+        body.to_string().into_bytes()
+    };
+    let resp = sas::api::handle(&system.api, who, &method, path, &headers, &body).await;
+    let status = resp.status().as_u16();
+    (status, serde_json::from_str(resp.body()).expect("JSON"))
+}
+
+async fn submit(system: &System, who: &Identity, input: Value) -> TaskId {
+    let (status, body) = task_api(
+        system,
+        who,
+        http::Method::POST,
+        "/workflows/ledger-posting/tasks",
+        &input,
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    body["taskId"].as_str().expect("id").parse().expect("uuid")
+}
+
+fn ids(page: &Value) -> Vec<TaskId> {
+    page["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .map(|t| t["taskId"].as_str().expect("id").parse().expect("uuid"))
+        .collect()
+}
+
+/// Every page of an operator search (`query` without `cursor`), two tasks a page.
+async fn operator_search(system: &System, query: &str) -> Vec<TaskId> {
+    let mut seen = Vec::new();
+    let mut cursor = String::new();
+    for _ in 0..20 {
+        let (status, page) = sas_blackbox::operator_call(
+            system,
+            http::Method::GET,
+            &format!("/tasks?{query}&limit=2{cursor}"),
+            b"",
+        )
+        .await;
+        assert_eq!(status, 200, "{query}: {page}");
+        seen.extend(ids(&page));
+        match page["nextCursor"].as_str() {
+            Some(c) => cursor = format!("&cursor={c}"),
+            None => return seen,
+        }
+    }
+    panic!("more than 20 pages");
+}
+
+/// Runs `check` until it holds or 10 s pass (the key indexes are eventually consistent).
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match check().await {
+            Ok(()) => return,
+            Err(e) if std::time::Instant::now() > deadline => panic!("{what}: {e}"),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+    }
+}
+
+async fn tasks_are_found_by_each_key(system: &System) {
+    publish(system).await;
+    let (alice, bob) = (caller("alice"), caller("bob"));
+    let account = format!("a-{}", TaskId::new_random());
+    let other = format!("a-{}", TaskId::new_random());
+    // Submitted in order, a few ms apart: newest first is the reverse.
+    let mut mine = Vec::new();
+    let mut all = Vec::new();
+    for (i, (who, acct)) in [
+        (&alice, &account),
+        (&bob, &account),
+        (&alice, &other),
+        (&alice, &account),
+        (&bob, &account),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = submit(
+            system,
+            who,
+            json!({"account": {"id": acct}, "reference": format!("r-{i}-{account}")}),
+        )
+        .await;
+        if acct == &account {
+            all.push(id);
+            if who == &alice {
+                mine.push(id);
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    }
+    all.reverse();
+    mine.reverse();
+    let by_account = format!("key=accountId:{account}");
+    eventually("the operator's search by key", || async {
+        let found = operator_search(system, &by_account).await;
+        (found == all)
+            .then_some(())
+            .ok_or(format!("{found:?} != {all:?}"))
+    })
+    .await;
+    // Each task by its other key, alone.
+    for (i, id) in [(0, all[3]), (3, all[1])] {
+        let found = operator_search(system, &format!("key=reference:r-{i}-{account}")).await;
+        assert_eq!(found, vec![id], "by its reference");
+    }
+    // Narrowed: by state (all Pending until pumped), workflow, time.
+    let pending = operator_search(system, &format!("{by_account}&state=Pending")).await;
+    assert_eq!(pending, all);
+    let done = operator_search(system, &format!("{by_account}&state=Processed")).await;
+    assert!(done.is_empty(), "{done:?}");
+    let none = operator_search(system, &format!("{by_account}&workflow=another")).await;
+    assert!(none.is_empty(), "{none:?}");
+    let future = operator_search(system, &format!("{by_account}&from=2999-01-01T00:00:00Z")).await;
+    assert!(future.is_empty(), "{future:?}");
+    let past = operator_search(system, &format!("{by_account}&to=2999-01-01T00:00:00Z")).await;
+    assert_eq!(past, all);
+    // The caller's own search sees its own tasks only.
+    let (status, page) = task_api(
+        system,
+        &alice,
+        http::Method::GET,
+        &format!("/tasks?{by_account}"),
+        &Value::Null,
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(ids(&page), mine, "alice's own");
+    // A task's views show its keys.
+    let (status, view) = task_api(
+        system,
+        &bob,
+        http::Method::GET,
+        &format!("/tasks/{}", all[0]),
+        &Value::Null,
+    )
+    .await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["keys"]["accountId"], json!(account), "{view}");
+    assert_eq!(
+        view["keys"]["reference"],
+        json!(format!("r-4-{account}")),
+        "{view}"
+    );
+    // Once it ran, a search by state finds it there.
+    sas_blackbox::pump_until_quiet(system, 30).await;
+    eventually("a search in the state it ended in", || async {
+        let done = operator_search(system, &format!("{by_account}&state=Processed")).await;
+        (done == all).then_some(()).ok_or(format!("{done:?}"))
+    })
+    .await;
+}
+
+async fn bad_searches_and_keys_are_refused_by_name(system: &System) {
+    publish(system).await;
+    let alice = caller("alice");
+    for (query, code) in [
+        ("key=accountId", "invalid_search"),
+        ("key=1x:y", "invalid_search"),
+        ("key=accountId:a&from=yesterday", "invalid_search"),
+        ("state=Pending&from=2026-01-01T00:00:00Z", "invalid_search"),
+        ("key=accountId:a&sort=up", "unknown_parameter"),
+    ] {
+        let (status, body) =
+            sas_blackbox::operator_call(system, http::Method::GET, &format!("/tasks?{query}"), b"")
+                .await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some(code)),
+            "{query}: {body}"
+        );
+    }
+    // An input whose key is an object is refused, naming the key; nothing is written.
+    let pending = || async {
+        let (_, counts) =
+            sas_blackbox::operator_call(system, http::Method::GET, "/counts", b"").await;
+        counts["counts"]["Pending"]["count"].clone()
+    };
+    let before = pending().await;
+    let (status, body) = task_api(
+        system,
+        &alice,
+        http::Method::POST,
+        "/workflows/ledger-posting/tasks",
+        &json!({"account": {"id": {"nested": 1}}, "reference": "r"}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("search key accountId"), "{body}");
+    assert_eq!(pending().await, before, "nothing written");
+    // Publishing refuses a key that is not a query on the input.
+    let bad = POSTING.replace("$.input.reference", "$.steps.post.result");
+    let refused = system
+        .publish(&[("posting.yaml".into(), bad)])
+        .await
+        .expect_err("refused");
+    assert!(refused.to_string().contains("/keys/reference"), "{refused}");
+}
+
+#[tokio::test]
+async fn tasks_are_found_by_each_of_their_keys_in_memory() {
+    let system = System::new(
+        Backend::Memory,
+        sas_blackbox::manual_settings(),
+        Arc::new(sas::ports::SystemClock),
+    )
+    .await
+    .expect("builds");
+    tasks_are_found_by_each_key(&system).await;
+    bad_searches_and_keys_are_refused_by_name(&system).await;
+}
+
+#[tokio::test]
+async fn tasks_are_found_by_each_of_their_keys_on_the_emulator() {
+    let (system, _) = sas_blackbox::aws_system("keys", sas_blackbox::manual_settings()).await;
+    tasks_are_found_by_each_key(&system).await;
+    bad_searches_and_keys_are_refused_by_name(&system).await;
+}
