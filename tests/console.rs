@@ -383,6 +383,29 @@ async fn triage_tasks(system: &System) -> [sas::TaskId; 2] {
     [processed, refused]
 }
 
+/// Publishes a workflow with a search key and starts three tasks, two of them with the key's
+/// value `a-browser`: the search the browser makes, `{"key", "found"}` (newest first).
+async fn keyed_tasks(system: &System) -> serde_json::Value {
+    let posting = "name: ledger-posting\nkeys: {accountId: $.input.accountId}\n\
+                   steps:\n  - {name: post, service: payment, action: charge-payment}\n";
+    system
+        .publish(&[("posting.yaml".into(), posting.into())])
+        .await
+        .expect("publishes");
+    let mut found = Vec::new();
+    for account in ["a-browser", "a-other", "a-browser"] {
+        let input = serde_json::json!({ "accountId": account });
+        let id = sas_blackbox::submit_task(system, "ledger-posting", &input).await;
+        if account == "a-browser" {
+            found.push(id.to_string());
+        }
+        // Apart in time: the newest is the last.
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    found.reverse();
+    serde_json::json!({"key": "accountId:a-browser", "found": found})
+}
+
 /// `--showcase` makes a task in every state, and they are still there to look at once the
 /// system runs: the Pending one starts an hour later, so no scheduler claims it meanwhile.
 #[tokio::test]
@@ -419,6 +442,7 @@ async fn the_console_works_in_a_real_browser() {
         .entry(ProcessState::Refused)
         .or_default()
         .push(triage[1]);
+    let search = keyed_tasks(&system).await;
     let addr = sas_blackbox::serve_system(&mut system).await;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let script = root.join("tests/browser/console.mjs");
@@ -441,6 +465,7 @@ async fn the_console_works_in_a_real_browser() {
             serde_json::json!({"processed": triage[0].to_string(), "refused": triage[1].to_string()})
                 .to_string(),
         )
+        .env("CONSOLE_SEARCH", search.to_string())
         .env("CONSOLE_SHOTS", &shots)
         .env("CHROMIUM", &chromium)
         .env("NODE_PATH", root.join("tests/browser/node_modules"))

@@ -264,9 +264,73 @@ async fn bad_searches_and_keys_are_refused_by_name(system: &System) {
     assert!(refused.to_string().contains("/keys/reference"), "{refused}");
 }
 
+/// Runs `sasctl` with `argv` (its first word `sasctl`): its exit code and output.
+async fn sasctl(argv: &[&str]) -> (i32, String) {
+    let cli = <sasctl::Cli as clap::Parser>::try_parse_from(argv).expect("args");
+    let mut out = Vec::new();
+    let code = sasctl::run(cli, &mut out).await.expect("runs");
+    (code, String::from_utf8(out).expect("utf-8"))
+}
+
+/// `sasctl list --key` finds the tasks of a key, a page at a time, its paging hint repeating
+/// the search; `--json` answers the API's page.
+async fn sasctl_finds_tasks_by_key(system: &mut System) {
+    let addr = sas_blackbox::serve_system(system).await;
+    let endpoint = format!("http://{addr}/operator");
+    let who = caller("carol");
+    let account = format!("a-{}", TaskId::new_random());
+    let mut made = Vec::new();
+    for i in 0..3 {
+        let input = json!({"account": {"id": account}, "reference": format!("s-{i}")});
+        made.push(submit(system, &who, input).await);
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    }
+    made.reverse();
+    let key = format!("accountId:{account}");
+    let base = ["sasctl", "--endpoint", endpoint.as_str(), "--sign", "never"];
+    let mut first = base.to_vec();
+    first.extend(["list", "--key", key.as_str(), "--limit", "2"]);
+    let (code, shown) = sasctl(&first).await;
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown.contains(&made[0].to_string()) && shown.contains(&made[1].to_string()));
+    assert!(!shown.contains(&made[2].to_string()), "{shown}");
+    let hint = shown
+        .lines()
+        .find_map(|l| l.strip_prefix("more: "))
+        .unwrap_or_else(|| panic!("a paging hint: {shown}"));
+    assert!(hint.contains(&format!("--key {key}")), "{hint}");
+    let words: Vec<&str> = hint.split_whitespace().collect();
+    let (code, rest) = sasctl(&words).await;
+    assert_eq!(code, 0, "{rest}");
+    assert!(rest.contains(&made[2].to_string()), "{rest}");
+    let mut json = base.to_vec();
+    json.extend([
+        "--json",
+        "list",
+        "--key",
+        key.as_str(),
+        "--state",
+        "Pending",
+    ]);
+    let (code, page) = sasctl(&json).await;
+    assert_eq!(code, 0, "{page}");
+    let page: Value = serde_json::from_str(&page).expect("JSON");
+    assert_eq!(ids(&page), made);
+    let (code, none) =
+        sasctl(&[base.as_slice(), &["list", "--key", "accountId:nobody"]].concat()).await;
+    assert_eq!(
+        (code, none.trim()),
+        (0, "no tasks found by accountId:nobody")
+    );
+    let shown = sasctl(&[base.as_slice(), &["show", &made[0].to_string()]].concat())
+        .await
+        .1;
+    assert!(shown.contains(&format!("accountId:{account}")), "{shown}");
+}
+
 #[tokio::test]
 async fn tasks_are_found_by_each_of_their_keys_in_memory() {
-    let system = System::new(
+    let mut system = System::new(
         Backend::Memory,
         sas_blackbox::manual_settings(),
         Arc::new(sas::ports::SystemClock),
@@ -275,6 +339,7 @@ async fn tasks_are_found_by_each_of_their_keys_in_memory() {
     .expect("builds");
     tasks_are_found_by_each_key(&system).await;
     bad_searches_and_keys_are_refused_by_name(&system).await;
+    sasctl_finds_tasks_by_key(&mut system).await;
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@
 //   CONSOLE_TASKS  {"State": [task ids]} of the seeded tasks
 //   CONSOLE_TRIAGE {"processed": id, "refused": id}: tasks of order-triage, a workflow with a
 //                  choice and a condition
+//   CONSOLE_SEARCH {"key": "name:value", "found": [ids, newest first]}: tasks a search key finds
 //   CONSOLE_SHOTS  the folder for screenshots
 //   CHROMIUM       the browser (default /usr/bin/chromium)
 // Exits non-zero on the first expectation that fails.
@@ -15,6 +16,7 @@ import path from 'node:path';
 const base = process.env.CONSOLE_URL;
 const tasks = JSON.parse(process.env.CONSOLE_TASKS);
 const triage = JSON.parse(process.env.CONSOLE_TRIAGE);
+const search = JSON.parse(process.env.CONSOLE_SEARCH);
 const shots = process.env.CONSOLE_SHOTS;
 const shot = (page, name) => page.screenshot({ path: path.join(shots, name), fullPage: true });
 
@@ -162,6 +164,26 @@ try {
   assert.equal(await trail.locator('g.terminal.end.reached').count(), 1);
   assert.equal(await node('express-booking').getAttribute('data-status'), 'Done');
   assert.equal(await node('charge-card').getAttribute('data-status'), 'Skipped');
+
+  // The search box: the tasks a key finds, in every state, newest first; a task's page links
+  // its keys back to their search.
+  await page.goto(base);
+  await page.getByRole('searchbox', { name: 'Find by key' }).fill(search.key);
+  await page.getByRole('button', { name: 'Find' }).click();
+  assert.equal(await heading(), `Tasks found by ${search.key}`);
+  const found = await rows().locator('td:first-child a').allInnerTexts();
+  assert.deepEqual(found, search.found);
+  assert.equal(await page.getByRole('navigation', { name: 'States' }).locator('[aria-current="page"]').count(), 0, 'a search is in no one state');
+  // Narrowed to a workflow, the search stays.
+  await page.getByLabel('Workflow').selectOption('ledger-posting');
+  await page.getByRole('button', { name: 'Show' }).click();
+  assert.equal(await heading(), `Tasks of ledger-posting found by ${search.key}`);
+  assert.deepEqual(await rows().locator('td:first-child a').allInnerTexts(), search.found);
+  await shot(page, 'search.png');
+  await page.getByRole('link', { name: search.found[0] }).click();
+  await page.getByRole('link', { name: search.key }).click();
+  assert.equal(await heading(), `Tasks found by ${search.key}`);
+  assert.equal(await rows().count(), search.found.length);
   console.log('console browser test: ok');
 } finally {
   await browser.close();

@@ -75,6 +75,8 @@ pub struct WriteUnits {
     pub due_index: f64,
     pub state_index: f64,
     pub caller_index: f64,
+    /// The key indexes' entries (one per search key of a task, written with its item).
+    pub key_indexes: f64,
 }
 
 impl WriteUnits {
@@ -87,7 +89,7 @@ impl WriteUnits {
         }
     }
     pub fn total(&self) -> f64 {
-        self.table + self.due_index + self.state_index + self.caller_index
+        self.table + self.due_index + self.state_index + self.caller_index + self.key_indexes
     }
 }
 
@@ -155,6 +157,7 @@ impl Counts {
             sum.due_index += w.due_index;
             sum.state_index += w.state_index;
             sum.caller_index += w.caller_index;
+            sum.key_indexes += w.key_indexes;
         }
         sum
     }
@@ -288,6 +291,15 @@ impl Counter {
                 0.0,
             );
         }
+        // Each search key's entry in its slot's index (its key, `CreatedAt` and two short
+        // projected attributes: under 1 KB).
+        for k in &task.keys {
+            self.meter.key(
+                format!("key-index-{} {}", k.slot + 1, k.key.index_value()),
+                1.0,
+                0.0,
+            );
+        }
         let w = WriteUnits {
             label: "create (task, state, key: a transaction)".into(),
             record: task.id.to_string(),
@@ -296,6 +308,7 @@ impl Counter {
             due_index: due.map_or(0.0, |d| units(d, 1024)),
             state_index: state.map_or(0.0, |s| units(s, 1024)),
             caller_index: if listed { 1.0 } else { 0.0 },
+            key_indexes: task.keys.len() as f64,
         };
         self.meter.record(task.id.to_string(), w.total(), r, false);
         self.meter.add(|c| {

@@ -31,6 +31,8 @@ pub const ELEMENTS: usize = 100;
 pub const MAX_CONCURRENCY: usize = 10;
 /// Two of the line's steps, one after the other: what a wait or an event between them adds to.
 pub const PAIR: &str = "bench-pair";
+/// [`PAIR`] with two search keys: what a key costs a task.
+pub const KEYED: &str = "bench-keyed";
 /// Two of the line's steps with a 14-day wait between them.
 pub const WAIT: &str = "bench-wait";
 /// How long [`WAIT`] waits.
@@ -132,6 +134,13 @@ pub fn definitions() -> Vec<(String, String)> {
         "steps": [a, c],
     });
     let (a, c) = first_last();
+    let keyed = json!({
+        "name": KEYED,
+        "description": "Two steps, one after the other; a task found by its customer and order.",
+        "keys": {"customerId": "$.input.customerId", "orderId": "$.input.orderId"},
+        "steps": [a, c],
+    });
+    let (a, c) = first_last();
     let wait = json!({
         "name": WAIT,
         "description": "Two steps, 14 days apart.",
@@ -175,6 +184,7 @@ pub fn definitions() -> Vec<(String, String)> {
         (LINE, line),
         (FOR_EACH, for_each),
         (PAIR, pair),
+        (KEYED, keyed),
         (WAIT, wait),
         (EVENT, event),
         (LIMITED, limited),
@@ -191,6 +201,7 @@ pub fn input(workflow: &str) -> Option<Value> {
         PARALLEL | LINE | PAIR | WAIT | EVENT | LIMITED | CHILD | CHILD_PAIR | MB => {
             Some(json!({"customerId": "bench"}))
         }
+        KEYED => Some(json!({"customerId": "bench", "orderId": "o-1"})),
         FOR_EACH => Some(json!({
             "items": (0..ELEMENTS).map(|i| format!("item-{i:03}")).collect::<Vec<_>>(),
         })),

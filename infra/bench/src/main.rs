@@ -554,6 +554,9 @@ fn calls_table(scenarios: &[Scenario]) -> String {
     row("WRU on `caller-shard-index`", &|s| {
         format!("{:.0}", s.counts.wru_by_place().caller_index)
     });
+    row("WRU on `key-index-*`", &|s| {
+        format!("{:.0}", s.counts.wru_by_place().key_indexes)
+    });
     row("DynamoDB read request units", &|s| {
         format!("{:.1}", s.counts.rru)
     });
@@ -903,14 +906,16 @@ fn writes_table(scenarios: &[Scenario]) -> String {
         (s.name.starts_with("clean") && !s.name.contains(" ("))
             || s.workflow == groups::PARALLEL
             || s.workflow == groups::LINE
+            || s.workflow == groups::PAIR
+            || s.workflow == groups::KEYED
     }) {
         t.push_str(&format!(
-            "\n`{}` ({}):\n\n| # | write | item bytes | table | `due-index` | `state-index` | `caller-shard-index` | total |\n|---|---|---|---|---|---|---|---|\n",
+            "\n`{}` ({}):\n\n| # | write | item bytes | table | `due-index` | `state-index` | `caller-shard-index` | `key-index-*` | total |\n|---|---|---|---|---|---|---|---|---|\n",
             s.workflow, s.name
         ));
         for (i, w) in s.counts.writes.iter().enumerate() {
             t.push_str(&format!(
-                "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+                "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
                 i + 1,
                 w.label,
                 w.item_bytes,
@@ -918,16 +923,18 @@ fn writes_table(scenarios: &[Scenario]) -> String {
                 w.due_index,
                 w.state_index,
                 w.caller_index,
+                w.key_indexes,
                 w.total()
             ));
         }
         let sum = s.counts.wru_by_place();
         t.push_str(&format!(
-            "| | all writes | | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+            "| | all writes | | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
             sum.table,
             sum.due_index,
             sum.state_index,
             sum.caller_index,
+            sum.key_indexes,
             sum.total()
         ));
     }
@@ -937,11 +944,12 @@ fn writes_table(scenarios: &[Scenario]) -> String {
 /// The scenarios added after the baseline was measured (the parallel group, the line and the
 /// forEach): their before/after rows say `new`. Any other scenario must have a
 /// baseline row.
-const NEW_SCENARIOS: [&str; 9] = [
+const NEW_SCENARIOS: [&str; 10] = [
     "3 parallel branches",
     "the same 3 steps in a line",
     "forEach: 100 elements, 10 at once",
     "2 steps",
+    scenarios::KEYED_SCENARIO,
     "2 steps, a 14-day wait between",
     "2 steps, an event between",
     "2 steps, a service with limits",
@@ -1241,6 +1249,21 @@ mod tests {
                 .filter(|sc| NEW_SCENARIOS.contains(&sc.name))
                 .count()
                 == NEW_SCENARIOS.len()
+        );
+        // Two search keys cost the pair two write units: one entry in a key index each.
+        let of = |name: &str| {
+            s.iter()
+                .find(|sc| sc.name == name)
+                .unwrap_or_else(|| panic!("no scenario {name}"))
+        };
+        let (pair, keyed) = (of("2 steps"), of(scenarios::KEYED_SCENARIO));
+        assert_eq!(keyed.counts.wru_by_place().key_indexes, 2.0);
+        assert_eq!(pair.counts.wru_by_place().key_indexes, 0.0);
+        assert!(
+            (keyed.counts.wru - pair.counts.wru - 2.0).abs() < 1e-9,
+            "{} vs {}",
+            keyed.counts.wru,
+            pair.counts.wru
         );
         // What a wait and an event add: positive, and a day of waiting a fraction of a wait.
         let waits = waits_table(&s);

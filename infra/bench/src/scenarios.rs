@@ -108,13 +108,14 @@ struct Built {
 }
 
 /// The workflows every scenario's system has published (the examples and the bench's own).
-const PUBLISHED: [&str; 12] = [
+const PUBLISHED: [&str; 13] = [
     "ecommerce-order",
     "loan-application",
     groups::PARALLEL,
     groups::LINE,
     groups::FOR_EACH,
     groups::PAIR,
+    groups::KEYED,
     groups::WAIT,
     groups::EVENT,
     groups::LIMITED,
@@ -762,8 +763,23 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     };
     out.push(straight_with(target, &plan, &[], true, Services::Reporting).await?);
 
+    // 17. The pair's two steps, the task found by two search keys: each an entry in a key
+    // index, written with the task.
+    let plan = Plan {
+        name: KEYED_SCENARIO,
+        workflow: groups::KEYED,
+        steps: 2,
+        sfn_transitions: 4,
+        callbacks: 0,
+        expect: ProcessState::Processed,
+    };
+    out.push(straight(target, &plan, &[]).await?);
+
     Ok(out)
 }
+
+/// The scenario of [`groups::KEYED`]: what two search keys add to [`groups::PAIR`].
+pub const KEYED_SCENARIO: &str = "2 steps, 2 search keys";
 
 /// The name of the scenario of [`groups::MB`].
 pub const MB_SCENARIO: &str = "2 steps, a 1 MiB result passed on";
@@ -940,6 +956,7 @@ mod tests {
                 "2 steps, a service with limits",
                 "2 steps, the second a 1-step child",
                 MB_SCENARIO,
+                KEYED_SCENARIO,
             ]
         );
         // Without timers: the clean e-commerce order's messages and writes, less the timer (one a

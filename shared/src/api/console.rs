@@ -463,7 +463,11 @@ async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
             button type="submit" { "Find" }
         }
         form class="filter" method="get" action=(href("", &[])) {
-            input type="hidden" name="state" value=(state.as_str());
+            @if searching {
+                input type="hidden" name="key" value=(key);
+            } @else {
+                input type="hidden" name="state" value=(state.as_str());
+            }
             label for="workflow" { "Workflow" }
             select id="workflow" name="workflow" {
                 option value="" selected[workflow.is_empty()] { "All workflows" }
@@ -478,7 +482,7 @@ async fn tasks(api: &Api<'_>, query: &str) -> Response<String> {
                 @for s in ProcessState::ALL {
                     li {
                         a href=(href("", &[("state", s.as_str()), ("workflow", &workflow)]))
-                            aria-current=[(s == state).then_some("page")] {
+                            aria-current=[(s == state && !searching).then_some("page")] {
                             (s.as_str()) " " span class="count" { (count_of(s)) }
                         }
                     }

@@ -431,6 +431,7 @@ mod tests {
                 known: "limit",
             },
             ApiError::MissingState(s()),
+            ApiError::InvalidSearch(s()),
             ApiError::validation("x"),
             ApiError::InvalidDefinition {
                 message: s(),

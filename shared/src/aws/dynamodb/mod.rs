@@ -30,6 +30,9 @@
 //! is written once, so the index costs one write per task; a distributed forEach's run and
 //! elements make none (their caller is not listed: [`Caller::listed`]). `<caller>` in an idempotency key is the SHA-256 of
 //! the caller id ([`crate::domain::Caller::digest`]): keys are scoped by caller.
+//! The sparse GSIs `key-index-1` to `-3` (`Key<n>` S, `CreatedAt` N, projecting `Workflow` and
+//! `Caller`) hold the task items with a search key in that slot (`name#value`): a search by
+//! key queries the three and merges them as the lists do.
 
 mod breakers;
 mod catalog;
