@@ -572,6 +572,32 @@ impl TaskLists for Offloading {
 }
 
 #[async_trait]
+impl crate::ports::Gates for Offloading {
+    async fn enter(
+        &self,
+        a: crate::ports::GateAdmission<'_>,
+    ) -> Result<crate::ports::GateAnswer, StoreError> {
+        // The record as `put` writes it: its large payloads by reference.
+        let record = self.stored_record(a.put.record).await?;
+        self.inner
+            .enter(crate::ports::GateAdmission {
+                put: Guarded::new(&record, a.put.condition),
+                ..a
+            })
+            .await
+    }
+    async fn leave(&self, place: crate::ports::GatePlace<'_>) -> Result<Vec<TaskId>, StoreError> {
+        self.inner.leave(place).await
+    }
+    async fn gate_state(
+        &self,
+        place: crate::ports::GatePlace<'_>,
+    ) -> Result<crate::ports::GateState, StoreError> {
+        self.inner.gate_state(place).await
+    }
+}
+
+#[async_trait]
 impl DueIndex for Offloading {
     async fn due(&self, q: DueQuery<'_>) -> Result<Vec<DueEntry>, StoreError> {
         self.inner.due(q).await

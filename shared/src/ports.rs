@@ -83,6 +83,9 @@ pub struct NewTask<'a> {
     /// A schedule's run: the task becomes the schedule's current task, if the current task is
     /// still the one the run read.
     pub turn: Option<Turn<'a>>,
+    /// A task of a workflow with a concurrency limit: its place in line at its gate, taken in
+    /// the same transaction ([`Gates`]).
+    pub gate: Option<GatePlace<'a>>,
 }
 
 impl<'a> NewTask<'a> {
@@ -93,8 +96,71 @@ impl<'a> NewTask<'a> {
             record,
             key: None,
             turn: None,
+            gate: None,
         }
     }
+}
+
+/// A task's place at a concurrency gate (items `GATE#<gate>`): the tasks of one workflow with
+/// one value of its concurrency key, at most `limit` of them holding it at once, the others
+/// waiting in line in the order they were created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatePlace<'a> {
+    /// The gate: the workflow's name and the key's value (`<workflow>#<value>`).
+    pub gate: &'a str,
+    pub task_id: TaskId,
+    /// When the task was created: its place in line (ties by id).
+    pub created_at: DateTime<Utc>,
+    /// How many tasks may hold the gate at once.
+    pub limit: u32,
+}
+
+/// An admission at a gate ([`Gates::enter`]): the task's place, and the write of its record that
+/// goes with it (its claim).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateAdmission<'a> {
+    pub place: GatePlace<'a>,
+    pub put: Guarded<'a>,
+    pub now: DateTime<Utc>,
+}
+
+/// What a gate answered an admission ([`Gates::enter`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateAnswer {
+    /// The task holds the gate now, and its record was written.
+    Admitted,
+    /// The gate is full, or tasks created before this one wait: nothing was written.
+    Waiting(GateState),
+}
+
+/// A gate as one task sees it: who holds it, and how many wait before the task.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateState {
+    pub holders: Vec<TaskId>,
+    /// The tasks in line before this one (`None`: it is not in line: it holds the gate, or
+    /// left it).
+    pub ahead: Option<u32>,
+}
+
+/// Concurrency gates (items `GATE#<gate>`): a head listing the holders, and one entry per task in
+/// line. A place is taken when the task is created ([`NewTask::gate`]); a task is admitted
+/// only while the gate has room and no task created before it waits, in the same transaction
+/// as its record's write; it leaves (held or waiting) once, and the tasks then first in line
+/// are named so that they can be sent on: the end of one hands the gate to the next, with no
+/// polling.
+#[async_trait]
+pub trait Gates: Send + Sync {
+    /// Admits `a.place`'s task and writes `a.put` (both or neither), if fewer than the limit
+    /// hold the gate and the task is among the first in line for the room left. A record
+    /// whose condition fails, or a gate that moved meanwhile, is
+    /// [`StoreError::ConditionFailed`]: read again and try again.
+    async fn enter(&self, a: GateAdmission<'_>) -> Result<GateAnswer, StoreError>;
+    /// The task leaves the gate (it held it, or waited in line; idempotent): the tasks now
+    /// first in line for the room left, in order.
+    async fn leave(&self, place: GatePlace<'_>) -> Result<Vec<TaskId>, StoreError>;
+    /// The gate as `place`'s task sees it (eventually consistent).
+    async fn gate_state(&self, place: GatePlace<'_>) -> Result<GateState, StoreError>;
 }
 
 /// A schedule's current task (item `CURRENT#<schedule>`): the task its newest run started,
@@ -131,7 +197,7 @@ pub enum CreateOutcome {
 /// ([`TaskStore`], [`TaskLists`], [`DueIndex`], [`Leases`], [`Breakers`], [`RateLimits`]), each
 /// in its own file of [`crate::aws`]'s DynamoDB adapter. The handlers hold the whole of it; a
 /// component that needs one kind takes the narrow trait (an `Arc<dyn StateStore>` upcasts).
-pub trait StateStore: TaskStore + TaskLists + DueIndex + Leases + AgentStore {}
+pub trait StateStore: TaskStore + TaskLists + DueIndex + Leases + Gates + AgentStore {}
 
 /// What an agent keeps of every service: its breaker, its rate items and its slots.
 pub trait AgentStore: Breakers + LimitStore {}
@@ -141,7 +207,10 @@ impl<T: Breakers + LimitStore + ?Sized> AgentStore for T {}
 pub trait LimitStore: RateLimits + Slots {}
 impl<T: RateLimits + Slots + ?Sized> LimitStore for T {}
 
-impl<T> StateStore for T where T: TaskStore + TaskLists + DueIndex + Leases + AgentStore + ?Sized {}
+impl<T> StateStore for T where
+    T: TaskStore + TaskLists + DueIndex + Leases + Gates + AgentStore + ?Sized
+{
+}
 
 /// Tasks, their state records and idempotency keys (items `TASK#<id>` and `IDEM#<key>`).
 #[async_trait]

@@ -7,9 +7,10 @@ use sas::domain::state::to_millis;
 use sas::domain::transition::{self, StepOutcome};
 use sas::domain::workflow::examples;
 use sas::ports::{
-    Catalog, CreateOutcome, CurrentRun, Cursor, DefinitionRef, DueQuery, Entry, GroupedMessage,
-    Guarded, IdempotencyRecord, InState, KeyQuery, Kind, LeaseClaim, NewTask, Paging, Publication,
-    Published, Queue, RateRequest, ReceiveRequest, ReceivedMessage, StateStore, StoreError, Turn,
+    Catalog, CreateOutcome, CurrentRun, Cursor, DefinitionRef, DueQuery, Entry, GateAdmission,
+    GateAnswer, GatePlace, GateState, GroupedMessage, Guarded, IdempotencyRecord, InState,
+    KeyQuery, Kind, LeaseClaim, NewTask, Paging, Publication, Published, Queue, RateRequest,
+    ReceiveRequest, ReceivedMessage, StateStore, StoreError, Turn,
 };
 use sas::{Caller, Policies, Policy, ProcessState, StateRecord, Task, TaskId, Workflow};
 use serde_json::{Value, json};
@@ -195,6 +196,8 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     schedule_turns_have_one_winner(store.clone()).await;
     a_run_and_its_element_read_back(store.as_ref()).await;
     runs_and_elements_are_listed_only_while_they_need_an_operator(store.as_ref()).await;
+    gates_admit_in_line_and_hand_over(store.as_ref()).await;
+    racing_entries_to_a_gate_admit_up_to_its_limit(store.clone()).await;
     racing_claims_have_one_winner(store).await;
 }
 
@@ -1711,6 +1714,247 @@ async fn schedule_turns_have_one_winner(store: Arc<dyn StateStore>) {
             .expect("read"),
         None
     );
+}
+
+/// Creates a task in line at `gate` (limit `limit`), created `ms` after `start`.
+async fn in_line(
+    store: &dyn StateStore,
+    gate: &str,
+    limit: u32,
+    start: chrono::DateTime<Utc>,
+    ms: i64,
+) -> (Task, StateRecord) {
+    let t = task(start + Span::milliseconds(ms));
+    let r = record(&t, t.created_at, Span::seconds(60));
+    let place = GatePlace {
+        gate,
+        task_id: t.id,
+        created_at: t.created_at,
+        limit,
+    };
+    let new = NewTask {
+        gate: Some(place),
+        ..NewTask::new(&t, &r)
+    };
+    assert_eq!(
+        store.create(new).await.expect("create"),
+        CreateOutcome::Created
+    );
+    (t, r)
+}
+
+fn place_of<'a>(gate: &'a str, t: &Task, limit: u32) -> GatePlace<'a> {
+    GatePlace {
+        gate,
+        task_id: t.id,
+        created_at: t.created_at,
+        limit,
+    }
+}
+
+/// `t`'s entry at `gate` with its claim: the answer, and whether the claim was written.
+async fn enter(
+    store: &dyn StateStore,
+    gate: &str,
+    limit: u32,
+    t: &Task,
+) -> Result<GateAnswer, StoreError> {
+    let current = store.get_state(t.id).await.expect("read").expect("exists");
+    let claim = transition::claim(
+        &current,
+        "gatekeeper",
+        Utc::now(),
+        &uniform(&Policy::default()),
+        &transition::Linear,
+    )
+    .expect("claimable");
+    store
+        .enter(GateAdmission {
+            place: place_of(gate, t, limit),
+            put: Guarded::new(&claim.record, &claim.condition),
+            now: Utc::now(),
+        })
+        .await
+}
+
+/// A gate admits the first in line while it has room, never one created after a task still
+/// waiting; its record is written with the admission or not at all; a task that leaves (held,
+/// or still waiting) names the tasks then first in line.
+async fn gates_admit_in_line_and_hand_over(store: &dyn StateStore) {
+    let gate = format!("ledger#a-{}", TaskId::new_random());
+    let start = to_millis(Utc::now());
+    let (a, _) = in_line(store, &gate, 1, start, 0).await;
+    let (b, _) = in_line(store, &gate, 1, start, 1).await;
+    let (c, _) = in_line(store, &gate, 1, start, 2).await;
+    let waiting = |holders: Vec<TaskId>, ahead: u32| {
+        GateAnswer::Waiting(GateState {
+            holders,
+            ahead: Some(ahead),
+        })
+    };
+    // B may not go before A, however empty the gate.
+    assert_eq!(
+        enter(store, &gate, 1, &b).await.expect("b"),
+        waiting(vec![], 1)
+    );
+    assert_eq!(stored(store, b.id).await.1.attempt, 0, "nothing written");
+    assert_eq!(
+        enter(store, &gate, 1, &a).await.expect("a"),
+        GateAnswer::Admitted
+    );
+    assert_eq!(
+        stored(store, a.id).await.1.attempt,
+        1,
+        "its claim written with it"
+    );
+    assert_eq!(
+        enter(store, &gate, 1, &b).await.expect("b"),
+        waiting(vec![a.id], 0)
+    );
+    let seen = store
+        .gate_state(place_of(&gate, &c, 1))
+        .await
+        .expect("state");
+    assert_eq!(
+        seen,
+        GateState {
+            holders: vec![a.id],
+            ahead: Some(1)
+        }
+    );
+    // A leaves: B is first in line, and the gate has room for one.
+    assert_eq!(
+        store.leave(place_of(&gate, &a, 1)).await.expect("leave"),
+        vec![b.id]
+    );
+    assert_eq!(
+        store.leave(place_of(&gate, &a, 1)).await.expect("again"),
+        vec![b.id],
+        "idempotent"
+    );
+    // A record whose condition fails is no admission.
+    let current = store.get_state(b.id).await.expect("read").expect("exists");
+    let mut stale = transition::claim(
+        &current,
+        "late",
+        Utc::now(),
+        &uniform(&Policy::default()),
+        &transition::Linear,
+    )
+    .expect("claimable");
+    stale.record.version += 5;
+    let r = store
+        .enter(GateAdmission {
+            place: place_of(&gate, &b, 1),
+            put: Guarded::new(&stale.record, &guarded_at(current.version + 3)),
+            now: Utc::now(),
+        })
+        .await;
+    assert!(is_condition_failed(r), "a record that moved on");
+    assert_eq!(
+        enter(store, &gate, 1, &c).await.expect("c"),
+        waiting(vec![], 1),
+        "still after B"
+    );
+    assert_eq!(
+        enter(store, &gate, 1, &b).await.expect("b"),
+        GateAnswer::Admitted
+    );
+    // C, waiting, leaves (cancelled): the gate, held by B, names no one.
+    assert_eq!(
+        store.leave(place_of(&gate, &c, 1)).await.expect("c leaves"),
+        vec![]
+    );
+    assert_eq!(
+        store
+            .gate_state(place_of(&gate, &c, 1))
+            .await
+            .expect("state"),
+        GateState {
+            holders: vec![b.id],
+            ahead: None
+        }
+    );
+    assert_eq!(
+        store.leave(place_of(&gate, &b, 1)).await.expect("b leaves"),
+        vec![]
+    );
+    assert_eq!(
+        store
+            .gate_state(place_of(&gate, &b, 1))
+            .await
+            .expect("state"),
+        GateState::default()
+    );
+}
+
+/// The condition of a record at `version` (what a claim of it is written under).
+fn guarded_at(version: u64) -> sas::domain::Condition {
+    sas::domain::Condition::Matches {
+        version,
+        guards: vec![],
+    }
+}
+
+/// Many tasks entering one gate at once, each from its own racer and trying again on a lost
+/// race, until every task was admitted once and left: never more than the limit hold it, and
+/// each is admitted in its turn.
+async fn racing_entries_to_a_gate_admit_up_to_its_limit(store: Arc<dyn StateStore>) {
+    let gate = format!("ledger#a-{}", TaskId::new_random());
+    let limit = 2;
+    let start = to_millis(Utc::now());
+    let mut line = Vec::new();
+    for i in 0..10 {
+        line.push(in_line(store.as_ref(), &gate, limit, start, i).await.0);
+    }
+    let holding = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut racers = Vec::new();
+    for t in line.clone() {
+        let (store, gate) = (store.clone(), gate.clone());
+        let (holding, most, order) = (holding.clone(), most.clone(), order.clone());
+        racers.push(tokio::spawn(async move {
+            for _ in 0..400 {
+                match enter(store.as_ref(), &gate, limit, &t).await {
+                    Ok(GateAnswer::Admitted) => {
+                        let now = holding.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                        most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                        order.lock().expect("order").push(t.id);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        holding.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        store
+                            .leave(place_of(&gate, &t, limit))
+                            .await
+                            .expect("leave");
+                        return;
+                    }
+                    Ok(GateAnswer::Waiting(_)) | Err(StoreError::ConditionFailed) => {
+                        tokio::time::sleep(Duration::from_millis(5)).await
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            panic!("{} never admitted", t.id);
+        }));
+    }
+    for r in racers {
+        r.await.expect("racer");
+    }
+    assert!(
+        most.load(std::sync::atomic::Ordering::SeqCst) <= limit,
+        "never over the limit"
+    );
+    let order = order.lock().expect("order").clone();
+    let ids: Vec<TaskId> = line.iter().map(|t| t.id).collect();
+    // Admitted in turn: each among the first `limit` still in line when admitted.
+    for (i, id) in order.iter().enumerate() {
+        let pos = ids.iter().position(|x| x == id).expect("known");
+        assert!(
+            pos < i + limit as usize,
+            "{id} admitted {i}th from place {pos}: {order:?}"
+        );
+    }
 }
 
 async fn racing_claims_have_one_winner(store: Arc<dyn StateStore>) {

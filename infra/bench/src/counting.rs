@@ -476,6 +476,61 @@ impl Interceptor for Counter {
                 }
                 out
             }
+            Call::EnterGate(a) => {
+                // A strongly consistent query of the gate (its head and the first in line),
+                // then, if admitted, one transaction: the head, the entry left, the record.
+                m.call("DynamoDB Query (gate)");
+                m.add(|c| c.rru += 1.0);
+                m.io().await;
+                let old = self
+                    .store
+                    .get_state(a.put.record.task_id)
+                    .await
+                    .ok()
+                    .flatten();
+                let out = next.run(call).await;
+                let admitted = match &out {
+                    Ok(r) => matches!(
+                        answer::<sas::ports::GateAnswer, _>(r),
+                        Some(sas::ports::GateAnswer::Admitted)
+                    ),
+                    Err(_) => false,
+                };
+                if admitted {
+                    m.call("DynamoDB TransactWriteItems (gate)");
+                    let label = sas::domain::write_label(a.put.record, a.put.condition);
+                    self.put(a.put.record, old.as_ref(), label, true);
+                    // The transaction bills its record twice, and the head and the entry.
+                    m.write(WriteUnits {
+                        label: "gate: admitted (head, entry)".into(),
+                        table: 4.0
+                            + units(sas::aws::state_record_size(a.put.record, self.shards), 1024),
+                        ..WriteUnits::default()
+                    });
+                    m.key(format!("GATE#{}", a.place.gate), 4.0, 1.0);
+                }
+                out
+            }
+            Call::LeaveGate(place) => {
+                m.call("DynamoDB Query (gate)");
+                m.call("DynamoDB TransactWriteItems (gate)");
+                m.io().await;
+                m.add(|c| c.rru += 1.0);
+                m.write(WriteUnits {
+                    label: "gate: left".into(),
+                    table: 2.0,
+                    ..WriteUnits::default()
+                });
+                m.key(format!("GATE#{}", place.gate), 2.0, 1.0);
+                next.run(call).await
+            }
+            Call::GateState(place) => {
+                m.call("DynamoDB Query (gate)");
+                m.io().await;
+                m.add(|c| c.rru += 1.0);
+                m.key(format!("GATE#{}", place.gate), 0.0, 1.0);
+                next.run(call).await
+            }
             Call::Due(q) => {
                 m.call("DynamoDB Query (due-index)");
                 m.io().await;

@@ -16,10 +16,10 @@ use sas::domain::rate::Admission;
 use sas::domain::{BreakerRecord, Caller, PaceMark, StateRecord, Task, TaskId};
 use sas::ports::{
     Breakers, Catalog, Count, CreateOutcome, CurrentRun, DefinitionRef, DueEntry, DueIndex,
-    DueQuery, Entry, EventBus, GroupedMessage, Guarded, InState, KeyQuery, Kind, LeaseClaim,
-    Leases, NewTask, Page, Paging, Publication, PublishError, Published, Queue, QueueError,
-    RateLimits, RateRequest, ReceiveRequest, ReceivedMessage, SlotAnswer, SlotRequest, Slots,
-    StoreError, Stored, TaskLists, TaskStore,
+    DueQuery, Entry, EventBus, GateAdmission, GateAnswer, GatePlace, Gates, GroupedMessage,
+    Guarded, InState, KeyQuery, Kind, LeaseClaim, Leases, NewTask, Page, Paging, Publication,
+    PublishError, Published, Queue, QueueError, RateLimits, RateRequest, ReceiveRequest,
+    ReceivedMessage, SlotAnswer, SlotRequest, Slots, StoreError, Stored, TaskLists, TaskStore,
 };
 use serde_json::Value;
 use std::any::Any;
@@ -96,6 +96,10 @@ pub enum Call<'a> {
     Admit(RateRequest<'a>),
     // Slots
     TakeSlot(SlotRequest<'a>),
+    // Gates
+    EnterGate(GateAdmission<'a>),
+    LeaveGate(GatePlace<'a>),
+    GateState(GatePlace<'a>),
     FreeSlot {
         key: &'a str,
         holder: &'a str,
@@ -153,6 +157,9 @@ impl Call<'_> {
             Self::MarkPace { .. } => "mark_pace",
             Self::Admit { .. } => "admit",
             Self::TakeSlot { .. } => "take_slot",
+            Self::EnterGate(_) => "enter",
+            Self::LeaveGate(_) => "leave",
+            Self::GateState(_) => "gate_state",
             Self::FreeSlot { .. } => "free_slot",
             Self::SlotsHeld { .. } => "slots_held",
             Self::PublishDefinition { .. } => "publish_definition",
@@ -404,6 +411,19 @@ impl<T: Breakers + ?Sized, H: Interceptor> Breakers for Intercepted<T, H> {
 impl<T: RateLimits + ?Sized, H: Interceptor> RateLimits for Intercepted<T, H> {
     async fn admit(&self, ask: RateRequest<'_>) -> Result<Admission, StoreError> {
         forward!(self, Admit(ask) => admit)
+    }
+}
+
+#[async_trait]
+impl<T: Gates + ?Sized, H: Interceptor> Gates for Intercepted<T, H> {
+    async fn enter(&self, a: GateAdmission<'_>) -> Result<GateAnswer, StoreError> {
+        forward!(self, EnterGate(a) => enter)
+    }
+    async fn leave(&self, place: GatePlace<'_>) -> Result<Vec<sas::TaskId>, StoreError> {
+        forward!(self, LeaveGate(place) => leave)
+    }
+    async fn gate_state(&self, place: GatePlace<'_>) -> Result<sas::ports::GateState, StoreError> {
+        forward!(self, GateState(place) => gate_state)
     }
 }
 

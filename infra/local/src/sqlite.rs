@@ -40,9 +40,10 @@ use sas::domain::{
 };
 use sas::ports::{
     Breakers, Catalog, Count, CreateOutcome, CurrentRun, Cursor, DefinitionRef, DueEntry, DueIndex,
-    DueQuery, Entry, Guarded, IdempotencyRecord, InState, KeyQuery, Kind, LeaseClaim, Leases,
-    NewTask, Page, Paging, Publication, Published, RateLimits, RateRequest, SlotAnswer,
-    SlotRequest, Slots, StoreError, Stored, Summary, TaskLists, TaskStore, canonical,
+    DueQuery, Entry, GateAdmission, GateAnswer, GatePlace, GateState, Gates, Guarded,
+    IdempotencyRecord, InState, KeyQuery, Kind, LeaseClaim, Leases, NewTask, Page, Paging,
+    Publication, Published, RateLimits, RateRequest, SlotAnswer, SlotRequest, Slots, StoreError,
+    Stored, Summary, TaskLists, TaskStore, canonical,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -63,6 +64,17 @@ CREATE TABLE IF NOT EXISTS tasks (
     expires_ms INTEGER
 );
 CREATE INDEX IF NOT EXISTS tasks_by_caller ON tasks (caller, created_ms DESC, id);
+CREATE TABLE IF NOT EXISTS gate_holders (
+    gate TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    PRIMARY KEY (gate, task_id)
+);
+CREATE TABLE IF NOT EXISTS gate_line (
+    gate TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    task_id TEXT NOT NULL,
+    PRIMARY KEY (gate, created_ms, task_id)
+);
 CREATE TABLE IF NOT EXISTS task_keys (
     key TEXT NOT NULL,
     task_id TEXT NOT NULL,
@@ -523,6 +535,9 @@ impl TaskStore for SqliteStore {
         let record = new.record.clone();
         let key = new.key.cloned();
         let turn = new.turn.map(|t| (t.schedule.to_owned(), t.run_at, t.after));
+        let gate = new
+            .gate
+            .map(|g| (g.gate.to_owned(), g.created_at.timestamp_millis()));
         let row = StateRow::of(&record, self.shards)?;
         self.write(move |tx| {
             let id = task.id.to_string();
@@ -571,6 +586,14 @@ impl TaskStore for SqliteStore {
                 return Err(StoreError::ConditionFailed);
             }
             write_task(tx, &task)?;
+            // Its place in line at its gate, in the same transaction.
+            if let Some((gate, created_ms)) = &gate {
+                tx.execute(
+                    "INSERT INTO gate_line (gate, created_ms, task_id) VALUES (?1, ?2, ?3)",
+                    params![gate, created_ms, id],
+                )
+                .map_err(db)?;
+            }
             // Its search keys, in the same transaction: a task is found by each from the
             // moment it exists.
             for k in &task.keys {
@@ -725,6 +748,110 @@ impl TaskStore for SqliteStore {
             tx.execute("DELETE FROM tasks WHERE id = ?1", params![id])
                 .map_err(db)?;
             Ok(())
+        })
+        .await
+    }
+}
+
+/// A gate's holders, sorted, and its line in order.
+type GateRows = (Vec<TaskId>, Vec<sas::domain::gate::InLine>);
+
+fn read_gate(tx: &Transaction<'_>, gate: &str) -> Result<GateRows, StoreError> {
+    let mut stmt = tx
+        .prepare("SELECT task_id FROM gate_holders WHERE gate = ?1 ORDER BY task_id")
+        .map_err(db)?;
+    let holders = stmt
+        .query_map(params![gate], |r| r.get::<_, String>(0))
+        .map_err(db)?
+        .map(|id| parse_id("gate holder", &id.map_err(db)?))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut stmt = tx
+        .prepare("SELECT created_ms, task_id FROM gate_line WHERE gate = ?1 ORDER BY created_ms, task_id")
+        .map_err(db)?;
+    let line = stmt
+        .query_map(params![gate], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+        })
+        .map_err(db)?
+        .map(|row| {
+            let (ms, id) = row.map_err(db)?;
+            Ok((ms, parse_id("gate entry", &id)?))
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    Ok((holders, line))
+}
+
+fn gate_state(holders: Vec<TaskId>, line: &[(i64, TaskId)], me: (i64, TaskId)) -> GateState {
+    GateState {
+        holders,
+        ahead: line.iter().position(|p| *p == me).map(|at| at as u32),
+    }
+}
+
+#[async_trait]
+impl Gates for SqliteStore {
+    async fn enter(&self, a: GateAdmission<'_>) -> Result<GateAnswer, StoreError> {
+        let gate = a.place.gate.to_owned();
+        let me = (a.place.created_at.timestamp_millis(), a.place.task_id);
+        let limit = a.place.limit;
+        let record = a.put.record.clone();
+        let condition: Condition = a.put.condition.clone();
+        let row = StateRow::of(&record, self.shards)?;
+        self.write(move |tx| {
+            let (holders, line) = read_gate(tx, &gate)?;
+            let at = line.iter().position(|p| *p == me);
+            if !at.is_some_and(|at| sas::domain::gate::admits(holders.len(), at, limit)) {
+                return Ok(GateAnswer::Waiting(gate_state(holders, &line, me)));
+            }
+            // As the DynamoDB store's transaction: the record's condition, then all or nothing.
+            let id = record.task_id.to_string();
+            let current = read_state(tx, &id)?;
+            if !condition.holds(current.as_ref().map(|(r, _)| r)) {
+                return Err(StoreError::ConditionFailed);
+            }
+            tx.execute(
+                "DELETE FROM gate_line WHERE gate = ?1 AND created_ms = ?2 AND task_id = ?3",
+                params![gate, me.0, me.1.to_string()],
+            )
+            .map_err(db)?;
+            tx.execute(
+                "INSERT INTO gate_holders (gate, task_id) VALUES (?1, ?2)",
+                params![gate, me.1.to_string()],
+            )
+            .map_err(db)?;
+            write_state(tx, &id, &row, Some(rand::random()))?;
+            Ok(GateAnswer::Admitted)
+        })
+        .await
+    }
+
+    async fn leave(&self, place: GatePlace<'_>) -> Result<Vec<TaskId>, StoreError> {
+        let gate = place.gate.to_owned();
+        let me = (place.created_at.timestamp_millis(), place.task_id);
+        let limit = place.limit;
+        self.write(move |tx| {
+            tx.execute(
+                "DELETE FROM gate_holders WHERE gate = ?1 AND task_id = ?2",
+                params![gate, me.1.to_string()],
+            )
+            .map_err(db)?;
+            tx.execute(
+                "DELETE FROM gate_line WHERE gate = ?1 AND created_ms = ?2 AND task_id = ?3",
+                params![gate, me.0, me.1.to_string()],
+            )
+            .map_err(db)?;
+            let (holders, line) = read_gate(tx, &gate)?;
+            Ok(sas::domain::gate::next_in_line(holders.len(), &line, limit))
+        })
+        .await
+    }
+
+    async fn gate_state(&self, place: GatePlace<'_>) -> Result<GateState, StoreError> {
+        let gate = place.gate.to_owned();
+        let me = (place.created_at.timestamp_millis(), place.task_id);
+        self.read(move |tx| {
+            let (holders, line) = read_gate(tx, &gate)?;
+            Ok(gate_state(holders, &line, me))
         })
         .await
     }

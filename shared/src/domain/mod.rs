@@ -6,6 +6,7 @@ pub mod caller;
 pub mod condition;
 pub mod context;
 pub mod fanout;
+pub mod gate;
 pub mod inbox;
 pub mod keys;
 pub mod limits;

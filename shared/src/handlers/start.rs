@@ -148,6 +148,7 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
         record: &record,
         key: key.as_ref(),
         turn: request.turn,
+        gate: None,
     };
     match ports.store.create(new).await {
         Ok(CreateOutcome::Created) => {

@@ -2,9 +2,10 @@ use crate::domain::rate::Admission;
 use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
 use crate::ports::{
     Breakers, Catalog, Count, CreateOutcome, CurrentRun, Cursor, DefinitionRef, DueEntry, DueIndex,
-    DueQuery, Entry, Guarded, IdempotencyRecord, InState, KeyQuery, Kind, LeaseClaim, Leases,
-    NewTask, Page, Paging, Publication, Published, RateLimits, RateRequest, SlotAnswer,
-    SlotRequest, Slots, StoreError, Stored, Summary, TaskLists, TaskStore, canonical,
+    DueQuery, Entry, GateAdmission, GateAnswer, GatePlace, GateState, Gates, Guarded,
+    IdempotencyRecord, InState, KeyQuery, Kind, LeaseClaim, Leases, NewTask, Page, Paging,
+    Publication, Published, RateLimits, RateRequest, SlotAnswer, SlotRequest, Slots, StoreError,
+    Stored, Summary, TaskLists, TaskStore, canonical,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -44,6 +45,8 @@ struct Inner {
     rates: HashMap<String, i64>,
     /// Slot key → holder → lease until (ms).
     slots: HashMap<String, HashMap<String, i64>>,
+    /// Concurrency gate → its holders and its line.
+    gates: HashMap<String, Gate>,
     /// Task → when its items expire (DynamoDB's TTL deletes them some time after; this store
     /// only records it, for tests).
     expiries: HashMap<TaskId, DateTime<Utc>>,
@@ -53,6 +56,30 @@ struct Inner {
     /// way to them (in the order they were made, each with when it arrives).
     index: HashMap<TaskId, StateRecord>,
     in_flight: HashMap<TaskId, VecDeque<(Instant, StateRecord)>>,
+}
+
+/// A concurrency gate: who holds it, and who waits, in order.
+#[derive(Debug, Default)]
+struct Gate {
+    holders: std::collections::BTreeSet<TaskId>,
+    line: std::collections::BTreeSet<crate::domain::gate::InLine>,
+}
+
+impl Gate {
+    /// `place`'s task in line, and how many wait before it (`None`: not in line).
+    fn ahead(&self, place: &GatePlace<'_>) -> Option<u32> {
+        let me = (place.created_at.timestamp_millis(), place.task_id);
+        self.line
+            .contains(&me)
+            .then(|| self.line.range(..me).count() as u32)
+    }
+
+    fn state(&self, place: &GatePlace<'_>) -> GateState {
+        GateState {
+            holders: self.holders.iter().copied().collect(),
+            ahead: self.ahead(place),
+        }
+    }
 }
 
 impl Inner {
@@ -141,6 +168,7 @@ impl TaskStore for MemoryStore {
             record,
             key,
             turn,
+            gate,
         } = new;
         let mut inner = self.lock()?;
         // The read-back of an ambiguous create (a retry of one that was applied): the task
@@ -171,6 +199,15 @@ impl TaskStore for MemoryStore {
         inner.write(record, self.index_lag);
         if let Some(k) = key {
             inner.keys.insert(k.key.clone(), k.clone());
+        }
+        if let Some(g) = gate {
+            let place = (g.created_at.timestamp_millis(), g.task_id);
+            inner
+                .gates
+                .entry(g.gate.to_owned())
+                .or_default()
+                .line
+                .insert(place);
         }
         if let Some(t) = turn {
             inner.runs.insert(
@@ -374,6 +411,56 @@ impl TaskLists for MemoryStore {
             .flatten();
         let items = rows.into_iter().map(|(_, _, s)| s.clone()).collect();
         Ok(Page { items, next })
+    }
+}
+
+#[async_trait]
+impl Gates for MemoryStore {
+    async fn enter(&self, a: GateAdmission<'_>) -> Result<GateAnswer, StoreError> {
+        let GateAdmission { place, put, .. } = a;
+        let mut inner = self.lock()?;
+        let gate = inner.gates.entry(place.gate.to_owned()).or_default();
+        let ahead = gate.ahead(&place);
+        let admitted = ahead.is_some_and(|n| {
+            crate::domain::gate::admits(gate.holders.len(), n as usize, place.limit)
+        });
+        if !admitted {
+            return Ok(GateAnswer::Waiting(gate.state(&place)));
+        }
+        // Both or neither, as the DynamoDB store's transaction.
+        if !put.condition.holds(inner.states.get(&put.record.task_id)) {
+            return Err(StoreError::ConditionFailed);
+        }
+        let gate = inner.gates.entry(place.gate.to_owned()).or_default();
+        gate.line
+            .remove(&(place.created_at.timestamp_millis(), place.task_id));
+        gate.holders.insert(place.task_id);
+        inner.write(put.record, self.index_lag);
+        inner.writes.insert(put.record.task_id, rand::random());
+        Ok(GateAnswer::Admitted)
+    }
+    async fn leave(&self, place: GatePlace<'_>) -> Result<Vec<TaskId>, StoreError> {
+        let mut inner = self.lock()?;
+        let Some(gate) = inner.gates.get_mut(place.gate) else {
+            return Ok(vec![]);
+        };
+        gate.holders.remove(&place.task_id);
+        gate.line
+            .remove(&(place.created_at.timestamp_millis(), place.task_id));
+        let line: Vec<_> = gate.line.iter().copied().collect();
+        let next = crate::domain::gate::next_in_line(gate.holders.len(), &line, place.limit);
+        if gate.holders.is_empty() && gate.line.is_empty() {
+            inner.gates.remove(place.gate);
+        }
+        Ok(next)
+    }
+    async fn gate_state(&self, place: GatePlace<'_>) -> Result<GateState, StoreError> {
+        let inner = self.lock()?;
+        Ok(inner
+            .gates
+            .get(place.gate)
+            .map(|g| g.state(&place))
+            .unwrap_or_default())
     }
 }
 

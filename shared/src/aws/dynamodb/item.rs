@@ -14,6 +14,21 @@ pub(super) fn task_pk(id: &TaskId) -> String {
 }
 
 /// The key of schedule `name`'s current task (see [`crate::ports::CurrentRun`]).
+/// A concurrency gate's items: its head (`GATE`) and its line (`Q#<ms>#<id>`).
+pub(super) fn gate_pk(gate: &str) -> String {
+    format!("GATE#{gate}")
+}
+
+/// A task's place in line: its creation time (13 digits of ms, so that the text sorts as the
+/// time) and its id.
+pub(super) fn gate_entry_sk(g: &crate::ports::GatePlace<'_>) -> String {
+    format!(
+        "Q#{:013}#{}",
+        g.created_at.timestamp_millis().max(0),
+        g.task_id
+    )
+}
+
 pub(super) fn current_pk(name: &str) -> String {
     format!("CURRENT#{name}")
 }

@@ -37,6 +37,7 @@
 mod breakers;
 mod catalog;
 mod due;
+mod gates;
 mod item;
 mod leases;
 mod lists;

@@ -7,7 +7,7 @@ use crate::domain::Task;
 use crate::domain::{StateRecord, TaskId};
 use crate::ports::StoreError;
 use crate::ports::{
-    CreateOutcome, CurrentRun, Guarded, IdempotencyRecord, NewTask, TaskStore, Turn,
+    CreateOutcome, CurrentRun, GatePlace, Guarded, IdempotencyRecord, NewTask, TaskStore, Turn,
 };
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
@@ -108,6 +108,36 @@ macro_rules! guarded_put {
     }};
 }
 
+impl DynamoStore {
+    /// The transaction's `Put` of `put.record` under its condition (its expiry with it, as
+    /// `put` writes it), and the item it writes: a conditional failure's read-back compares
+    /// the stored item with it.
+    pub(super) fn guarded_record_put(
+        &self,
+        put: Guarded<'_>,
+    ) -> Result<(TransactWriteItem, Item), StoreError> {
+        let mut item = state_item(put.record, self.shards);
+        if let Some(at) = self.expiry(put.record) {
+            item.insert("ExpiresAt".to_owned(), n(at));
+        }
+        let e = condition_expr(put.condition);
+        let put = guarded_put!(Put::builder(), &self.table, item.clone(), e)
+            .build()
+            .map_err(build_err)?;
+        Ok((TransactWriteItem::builder().put(put).build(), item))
+    }
+
+    /// The `Put` of a task's place in line at its gate (`GATE#<gate>`, `Q#<ms>#<id>`).
+    fn gate_entry_put(&self, g: &GatePlace<'_>) -> Result<TransactWriteItem, StoreError> {
+        let item = HashMap::from([
+            ("pk".to_owned(), s(gate_pk(g.gate))),
+            ("sk".to_owned(), s(gate_entry_sk(g))),
+            ("TaskId".to_owned(), s(g.task_id.to_string())),
+        ]);
+        self.create_put(item)
+    }
+}
+
 #[async_trait]
 impl TaskStore for DynamoStore {
     async fn create(&self, new: NewTask<'_>) -> Result<CreateOutcome, StoreError> {
@@ -116,6 +146,7 @@ impl TaskStore for DynamoStore {
             record,
             key,
             turn,
+            gate,
         } = new;
         // One transaction, the task and its record `attribute_not_exists(pk)`, the key absent
         // or expired: keeps "a task exists iff its state record exists" and "an idempotency
@@ -131,6 +162,11 @@ impl TaskStore for DynamoStore {
         let state_at = writes.len() - 1;
         if let Some(t) = &turn {
             writes.push(self.turn_put(t, task.id)?);
+        }
+        // Its place in line at its gate (condition: absent - keeps "a task waits in line
+        // once, from its creation").
+        if let Some(g) = &gate {
+            writes.push(self.gate_entry_put(g)?);
         }
         let result = self
             .client
