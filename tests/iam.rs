@@ -561,14 +561,18 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     for (name, doc) in [
         (
             "iam-child",
-            json!({"name": "iam-child", "steps": [
+            // One child per account at a time: the agent takes its place in line, the
+            // stalled scheduler admits it, and the supervisor's sweep (its final notice) makes
+            // it leave.
+            json!({"name": "iam-child", "concurrency": {"key": "$.input.account", "limit": 1},
+                   "steps": [
                 {"name": "hold", "service": "inventory", "undo": {"action": "release"}}
             ], "output": {"pad": "$.input.pad"}}),
         ),
         (
             "iam-parent",
             json!({"name": "iam-parent", "steps": [
-                {"name": "pay", "workflow": "iam-child", "input": {"pad": "$.input.pad"}},
+                {"name": "pay", "workflow": "iam-child", "input": {"pad": "$.input.pad", "account": "acct"}},
                 {"name": "after", "service": "inventory", "input": {"x": "$.input.missing"}}
             ]}),
         ),
@@ -589,7 +593,7 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         .as_str()
         .and_then(|s| s.parse().ok())
         .expect("taskId");
-    for _ in 0..10 {
+    for _ in 0..20 {
         ROLE.scope(SCHEDULER, stalled.pump_scheduler())
             .await
             .expect("poll");
@@ -704,6 +708,86 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     };
     assert!(ends_sent(OPERATOR), "the cancelled element's end sent");
     assert!(!ends_sent(SCHEDULER), "the other ends are owed");
+
+    // A workflow with a concurrency limit: four tasks of one account, the first from the
+    // operator, in line at its gate. The scheduler admits the first (the gate read, its head
+    // written) and parks the rest; the operator reads a waiting task's place; it cancels the
+    // first (holding the gate: its leave writes the head, and sends the second on) and the
+    // third (waiting: its leave deletes its place); the scheduler admits and runs the second
+    // (the head updated, its place deleted) and it leaves as it ends. An operator whose bus is
+    // down cancels the fourth: its notice, and so its leave, stays owed for the sweep.
+    let gated = json!({"name": "iam-gated", "concurrency": {"key": "$.input.account", "limit": 1},
+        "steps": [{"name": "a", "service": "inventory", "input": {"customerId": "$.input.account"}}]});
+    let (status, body) = operator_api(&operator, Method::PUT, "/workflows/iam-gated", &gated).await;
+    assert_eq!(status, 201, "{body}");
+    let account = json!({"account": "a-1"});
+    let mut line = Vec::new();
+    for (i, op) in [true, false, false, false].into_iter().enumerate() {
+        let role = if op { OPERATOR } else { SUBMISSION };
+        let system = if op { &operator } else { &submitter };
+        let (status, body) = ROLE
+            .scope(
+                role,
+                call(
+                    system,
+                    op,
+                    Method::POST,
+                    "/workflows/iam-gated/tasks",
+                    &[],
+                    &account,
+                ),
+            )
+            .await;
+        assert_eq!(status, 202, "task {i}: {body}");
+        line.push(body["taskId"].as_str().expect("id").to_owned());
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    for _ in 0..10 {
+        ROLE.scope(SCHEDULER, scheduler.pump_scheduler())
+            .await
+            .expect("poll");
+    }
+    let (status, view) = operator_api(
+        &operator,
+        Method::GET,
+        &format!("/tasks/{}", line[2]),
+        &Value::Null,
+    )
+    .await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["gate"]["status"], "Parked", "{view}");
+    for id in [&line[0], &line[2]] {
+        let (status, body) = operator_api(
+            &operator,
+            Method::POST,
+            &format!("/tasks/{id}/cancel"),
+            &json!({"reason": "test"}),
+        )
+        .await;
+        assert_eq!(status, 202, "{body}");
+    }
+    let stalled_operator = f.system(settings.clone(), Some("http://127.0.0.1:9"));
+    let (status, body) = operator_api(
+        &stalled_operator,
+        Method::POST,
+        &format!("/tasks/{}/cancel", line[3]),
+        &json!({"reason": "test"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    pump(&scheduler, &agent).await;
+    let r = ROLE
+        .scope(
+            "test",
+            sas_blackbox::state(&supervisor, line[1].parse().expect("id")),
+        )
+        .await;
+    assert_eq!(
+        r.process_state,
+        sas::ProcessState::Processed,
+        "{:?}",
+        r.history
+    );
 
     // A task run by the stalled scheduler: its final notice stays owed.
     let owed = ROLE

@@ -1,7 +1,9 @@
-//! Search keys (issue 43): a never-seen workflow declares two keys; its tasks are found by
-//! each of them through the operator API (every caller's tasks) and the task API (the caller's
-//! own), newest first, narrowed by state, workflow and time, on the in-memory system and on the
-//! stack's resources on the emulator.
+//! Search keys and per-key concurrency (issue 43): a never-seen workflow declares two keys;
+//! its tasks are found by each of them through the operator API (every caller's tasks) and the
+//! task API (the caller's own), newest first, narrowed by state, workflow and time. Another
+//! declares a concurrency limit of 1 per account: one account's tasks run one at a time in the
+//! order they were submitted, parked without a deadline while they wait, while other accounts'
+//! run at once. On the in-memory system and on the stack's resources on the emulator.
 
 use sas::auth::Identity;
 use sas::{Caller, TaskId};
@@ -25,6 +27,167 @@ keys:
 steps:
   - {name: post, service: ledger, input: {account: $.input.account.id}}
 "#;
+
+/// A ledger's batches: one account's at a time, found by account and batch.
+const BATCH: &str = r#"name: ledger-batch
+input:
+  type: object
+  required: [accountId, batchId]
+keys:
+  accountId: $.input.accountId
+  batchId: $.input.batchId
+concurrency: {key: $.input.accountId, limit: 1}
+steps:
+  - {name: debit, service: ledger, input: {account: $.input.accountId}}
+  - {name: credit, service: ledger, input: {account: $.input.accountId}}
+"#;
+
+/// When the task's record first went to `to` (its history line's time).
+fn first_at(r: &sas::StateRecord, to: sas::ProcessState) -> chrono::DateTime<chrono::Utc> {
+    r.history
+        .iter()
+        .find(|h| h.to == to)
+        .unwrap_or_else(|| panic!("never {to}: {:?}", r.history))
+        .at
+}
+
+/// `n` batches of one account run one at a time, in the order submitted; five of other
+/// accounts go meanwhile; while they wait, the operator's view shows each parked behind the
+/// holder, with its place in line; every task is found by each of its keys.
+async fn one_accounts_tasks_run_one_at_a_time_in_order(system: &System, n: usize) {
+    system
+        .publish(&[
+            ("services.yaml".into(), SERVICES.into()),
+            ("batch.yaml".into(), BATCH.into()),
+        ])
+        .await
+        .expect("publishes");
+    let who = caller("ledger-app");
+    let account = format!("a-{}", TaskId::new_random());
+    let mut line = Vec::new();
+    for i in 0..n {
+        let input = json!({"accountId": account, "batchId": format!("{account}-b{i}")});
+        let (status, body) = task_api(
+            system,
+            &who,
+            http::Method::POST,
+            "/workflows/ledger-batch/tasks",
+            &input,
+        )
+        .await;
+        assert_eq!(status, 202, "{body}");
+        line.push(
+            body["taskId"]
+                .as_str()
+                .expect("id")
+                .parse::<TaskId>()
+                .expect("uuid"),
+        );
+        // Apart in time: the line is the order submitted.
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let mut others = Vec::new();
+    for i in 0..5 {
+        let input =
+            json!({"accountId": format!("other-{i}-{account}"), "batchId": format!("x{i}")});
+        let (status, body) = task_api(
+            system,
+            &who,
+            http::Method::POST,
+            "/workflows/ledger-batch/tasks",
+            &input,
+        )
+        .await;
+        assert_eq!(status, 202, "{body}");
+        others.push(
+            body["taskId"]
+                .as_str()
+                .expect("id")
+                .parse::<TaskId>()
+                .expect("uuid"),
+        );
+    }
+    // Every work message once (no agent runs yet): the first of the line is admitted, the
+    // rest park.
+    for _ in 0..100 {
+        if system.pump_scheduler().await.expect("scheduler") == 0 {
+            break;
+        }
+    }
+    let last = line[n - 1];
+    let (status, view) =
+        sas_blackbox::operator_call(system, http::Method::GET, &format!("/tasks/{last}"), b"")
+            .await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["gate"]["status"], "Parked", "{view}");
+    assert_eq!(
+        view["gate"]["holders"],
+        json!([line[0].to_string()]),
+        "{view}"
+    );
+    assert_eq!(view["gate"]["ahead"], json!(n - 2), "{view}");
+    assert!(
+        view["completeBy"].is_null(),
+        "parked with no deadline: {view}"
+    );
+    sas_blackbox::pump_until_quiet(system, 40 * n + 200).await;
+    let mut records = Vec::new();
+    for id in line.iter().chain(&others) {
+        let r = sas_blackbox::state(system, *id).await;
+        assert_eq!(
+            r.process_state,
+            sas::ProcessState::Processed,
+            "{:?}",
+            r.history
+        );
+        sas_blackbox::assert_valid(system, &r).await;
+        records.push(r);
+    }
+    // One at a time, in the order submitted: each claimed once the one before it ended.
+    for pair in records[..n].windows(2) {
+        let (before, after) = (&pair[0], &pair[1]);
+        assert!(
+            first_at(after, sas::ProcessState::Processing)
+                >= first_at(before, sas::ProcessState::Processed),
+            "{} ran before {} ended",
+            after.task_id,
+            before.task_id
+        );
+    }
+    // The other accounts did not wait for this one's line.
+    let last_claimed = first_at(&records[n - 1], sas::ProcessState::Processing);
+    for r in &records[n..] {
+        assert!(
+            first_at(r, sas::ProcessState::Processing) < last_claimed,
+            "{:?}",
+            r.history
+        );
+    }
+    // Each task by each of its keys.
+    let all = operator_search(system, &format!("key=accountId:{account}")).await;
+    assert_eq!(all.len(), n);
+    for (i, id) in line.iter().enumerate().step_by(7) {
+        let found = operator_search(system, &format!("key=batchId:{account}-b{i}")).await;
+        assert_eq!(found, vec![*id]);
+    }
+    // A task without the key is refused, naming it.
+    let (status, body) = task_api(
+        system,
+        &who,
+        http::Method::POST,
+        "/workflows/ledger-batch/tasks",
+        &json!({"accountId": null, "batchId": "b"}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("concurrency key"),
+        "{body}"
+    );
+}
 
 async fn publish(system: &System) {
     system
@@ -89,7 +252,7 @@ fn ids(page: &Value) -> Vec<TaskId> {
 async fn operator_search(system: &System, query: &str) -> Vec<TaskId> {
     let mut seen = Vec::new();
     let mut cursor = String::new();
-    for _ in 0..20 {
+    for _ in 0..100 {
         let (status, page) = sas_blackbox::operator_call(
             system,
             http::Method::GET,
@@ -104,7 +267,7 @@ async fn operator_search(system: &System, query: &str) -> Vec<TaskId> {
             None => return seen,
         }
     }
-    panic!("more than 20 pages");
+    panic!("more than 100 pages");
 }
 
 /// Runs `check` until it holds or 10 s pass (the key indexes are eventually consistent).
@@ -340,6 +503,24 @@ async fn tasks_are_found_by_each_of_their_keys_in_memory() {
     tasks_are_found_by_each_key(&system).await;
     bad_searches_and_keys_are_refused_by_name(&system).await;
     sasctl_finds_tasks_by_key(&mut system).await;
+}
+
+#[tokio::test]
+async fn one_accounts_tasks_run_one_at_a_time_in_memory() {
+    let system = System::new(
+        Backend::Memory,
+        sas_blackbox::manual_settings(),
+        Arc::new(sas::ports::SystemClock),
+    )
+    .await
+    .expect("builds");
+    one_accounts_tasks_run_one_at_a_time_in_order(&system, 50).await;
+}
+
+#[tokio::test]
+async fn one_accounts_tasks_run_one_at_a_time_on_the_emulator() {
+    let (system, _) = sas_blackbox::aws_system("gates", sas_blackbox::manual_settings()).await;
+    one_accounts_tasks_run_one_at_a_time_in_order(&system, 50).await;
 }
 
 #[tokio::test]

@@ -277,13 +277,23 @@ impl Intercept for Recorder {
                             None,
                         ),
                         None => {
-                            // The partition key's value, bound in the key condition.
-                            let key = body["ExpressionAttributeValues"]
-                                .as_object()
-                                .into_iter()
-                                .flatten()
-                                .filter_map(|(_, v)| v["S"].as_str())
-                                .find(|v| v.contains('#'))
+                            // The partition key's value, bound in the key condition
+                            // (`pk = :x`), or else the first value that looks like one.
+                            let values = &body["ExpressionAttributeValues"];
+                            let bound = body["KeyConditionExpression"]
+                                .as_str()
+                                .and_then(|e| e.split("pk = ").nth(1))
+                                .and_then(|rest| rest.split_whitespace().next())
+                                .and_then(|name| values[name]["S"].as_str());
+                            let key = bound
+                                .or_else(|| {
+                                    values
+                                        .as_object()
+                                        .into_iter()
+                                        .flatten()
+                                        .filter_map(|(_, v)| v["S"].as_str())
+                                        .find(|v| v.contains('#'))
+                                })
                                 .map(prefix);
                             push("dynamodb:Query".into(), table, key)
                         }

@@ -793,6 +793,7 @@ task-2   -                 CompensationFailed  -                     12  2025-01
         TaskView {
             caller: None,
             keys: Default::default(),
+            gate: None,
             input_revision: None,
             earlier_inputs: vec![],
             reply_queue_url: None,
@@ -1016,6 +1017,7 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
         let t = TaskView {
             caller: None,
             keys: Default::default(),
+            gate: None,
             input_revision: None,
             earlier_inputs: vec![],
             reply_queue_url: None,

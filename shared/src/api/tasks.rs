@@ -189,7 +189,25 @@ pub(super) async fn get_task(deps: &ApiDeps, caller: &Caller, id: &str, query: &
         // An operator sees the task even when its workflow cannot be read (without the steps'
         // inputs then): that is when they need it most.
         let workflow = workflow.as_deref().ok();
-        let view = linked(deps, TaskView::of(&task, &record, workflow), &record, from).await;
+        let mut view = linked(deps, TaskView::of(&task, &record, workflow), &record, from).await;
+        // A task waiting at its gate: who holds it, and its place in line.
+        if let (Some(hold), Some(shown)) =
+            (record.gate.as_ref().filter(|g| g.waits()), view.gate.take())
+        {
+            let place = crate::ports::GatePlace {
+                gate: &hold.gate,
+                task_id: task.id,
+                created_at: task.created_at,
+                limit: hold.limit,
+            };
+            view.gate = Some(match deps.ports.store.gate_state(place).await {
+                Ok(state) => shown.with_state(state),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the gate not read; the view shows the task's place without it");
+                    shown
+                }
+            });
+        }
         return Ok(respond(StatusCode::OK, &view));
     }
     let workflow = workflow.map_err(ApiError::unavailable)?;

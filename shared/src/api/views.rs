@@ -103,6 +103,10 @@ pub struct TaskView<S = ProcessState> {
     /// task and step; an element: its run, and [`TaskView::element`] says more.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentView>,
+    /// A task of a workflow with a concurrency limit: its gate, where it stands there and,
+    /// while it waits, who holds the gate and how many wait before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateView>,
     /// A distributed forEach's run: its task and step, its ledger's counts and one page of its
     /// elements.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -824,6 +828,7 @@ impl TaskView {
             deadline: r.deadline,
             start_at: r.start_at,
             parent: ParentView::of(r),
+            gate: r.gate.as_ref().map(GateView::of),
             run: RunView::of(r, 0),
             element: ElementView::of(r),
         }
@@ -936,6 +941,42 @@ fn elements_inputs(v: &mut StepView, w: &Workflow, task: &Task, r: &StateRecord,
     v.service = Some(step.service.clone());
     v.action = Some(step.action.clone());
     v.within = w.place(i);
+}
+
+/// A task's place at its gate, as the operator's view shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateView {
+    /// The workflow and the key's value.
+    pub gate: String,
+    pub limit: u32,
+    /// `InLine`, `Parked`, `Held` or `Left`.
+    pub status: String,
+    /// While it waits: the tasks holding the gate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<String>,
+    /// While it waits: how many wait before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ahead: Option<u32>,
+}
+
+impl GateView {
+    fn of(g: &crate::domain::state::GateHold) -> Self {
+        Self {
+            gate: g.gate.clone(),
+            limit: g.limit,
+            status: format!("{:?}", g.status),
+            holders: vec![],
+            ahead: None,
+        }
+    }
+
+    /// With who holds the gate and how many wait before the task, as read.
+    pub fn with_state(mut self, state: crate::ports::GateState) -> Self {
+        self.holders = state.holders.iter().map(ToString::to_string).collect();
+        self.ahead = state.ahead;
+        self
+    }
 }
 
 /// A task's search keys as its views show them: name → value.

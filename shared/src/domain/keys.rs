@@ -167,37 +167,17 @@ impl KeyDefs {
                 Mapping::Query { source, .. } => source.as_str(),
                 _ => "",
             };
-            // Lenient: a query that selects nothing is a task without that key. Bounded: a
-            // value too large for a key stops being copied at the bound.
-            let found = mapping.render_lenient(&context, MAX_KEY_VALUE_BYTES + 2);
-            let value = match found {
-                Ok(Value::String(s)) => s,
-                Ok(Value::Number(n)) => n.to_string(),
-                Ok(Value::Bool(b)) => b.to_string(),
-                Ok(Value::Null) => continue,
-                Ok(_) => {
+            let value = match scalar(mapping, &context) {
+                Ok(Some(value)) => value,
+                Ok(None) => continue,
+                Err(why) => {
                     problems.push(Problem {
                         at: String::new(),
-                        message: format!(
-                            "search key {name} ({source}) must be a string, a number or a boolean, not an object or a list"
-                        ),
+                        message: format!("search key {name} ({source}) {why}"),
                     });
                     continue;
                 }
-                Err(_) => String::new() + &"x".repeat(MAX_KEY_VALUE_BYTES + 1),
             };
-            if value.is_empty() {
-                continue;
-            }
-            if value.len() > MAX_KEY_VALUE_BYTES {
-                problems.push(Problem {
-                    at: String::new(),
-                    message: format!(
-                        "search key {name} ({source}) must be at most {MAX_KEY_VALUE_BYTES} bytes"
-                    ),
-                });
-                continue;
-            }
             keys.push(TaskKey {
                 slot: slot as u8,
                 key: SearchKey {
@@ -211,6 +191,96 @@ impl KeyDefs {
         } else {
             Err(InputError(problems))
         }
+    }
+}
+
+/// What `mapping` selects on `context` as a key's value: a string, or a number's or a
+/// boolean's JSON text, of at most [`MAX_KEY_VALUE_BYTES`] (`None`: nothing, `null` or `""`);
+/// `Err` says why another value is none.
+fn scalar(mapping: &Mapping, context: &Value) -> Result<Option<String>, String> {
+    // Lenient: a query that selects nothing gives `null`. Bounded: a value too large for a
+    // key stops being copied at the bound.
+    let value = match mapping.render_lenient(context, MAX_KEY_VALUE_BYTES + 2) {
+        Ok(Value::String(s)) => s,
+        Ok(Value::Number(n)) => n.to_string(),
+        Ok(Value::Bool(b)) => b.to_string(),
+        Ok(Value::Null) => return Ok(None),
+        Ok(_) => {
+            return Err("must be a string, a number or a boolean, not an object or a list".into());
+        }
+        Err(_) => return Err(format!("must be at most {MAX_KEY_VALUE_BYTES} bytes")),
+    };
+    if value.len() > MAX_KEY_VALUE_BYTES {
+        return Err(format!("must be at most {MAX_KEY_VALUE_BYTES} bytes"));
+    }
+    Ok((!value.is_empty()).then_some(value))
+}
+
+/// The most tasks a concurrency limit lets hold one key value's gate at once.
+pub const MAX_CONCURRENCY_LIMIT: u32 = 100;
+
+/// A workflow's concurrency limit (`concurrency: {key: $.input.accountId, limit: 1}`): at most
+/// `limit` of its tasks with one value of `key` run at once; the others wait in line, in the
+/// order they were created.
+#[derive(Debug, Clone)]
+pub struct KeyLimit {
+    /// The key's query, as written.
+    pub source: String,
+    mapping: Mapping,
+    pub limit: u32,
+}
+
+impl KeyLimit {
+    /// Compiles a definition's `concurrency` (at `/concurrency`): a query on the input, and a
+    /// limit of 1 to [`MAX_CONCURRENCY_LIMIT`].
+    pub fn compile(key: &str, limit: u32, problems: &mut Vec<Problem>) -> Option<Self> {
+        let at = "/concurrency/key";
+        if !key.starts_with("$.input") && !key.starts_with("$['input']") {
+            problems.push(Problem {
+                at: at.into(),
+                message: format!(
+                    "{key:?} must be a query on the task's input, as in $.input.accountId"
+                ),
+            });
+            return None;
+        }
+        if !(1..=MAX_CONCURRENCY_LIMIT).contains(&limit) {
+            problems.push(Problem {
+                at: "/concurrency/limit".into(),
+                message: format!("must be 1 to {MAX_CONCURRENCY_LIMIT} ({limit})"),
+            });
+            return None;
+        }
+        let mapping = Mapping::compile(
+            Value::String(key.to_owned()),
+            &MappingScope::default(),
+            at,
+            problems,
+        );
+        Some(Self {
+            source: key.to_owned(),
+            mapping,
+            limit,
+        })
+    }
+
+    /// The gate a task with `input` of workflow `workflow` takes its place at
+    /// (`<workflow>#<value>`). `Err` when the input has no such value: a task that would
+    /// escape the limit is refused.
+    pub fn gate(&self, workflow: &str, input: &Value) -> Result<String, InputError> {
+        let context = json!({ "input": input });
+        let why = match scalar(&self.mapping, &context) {
+            Ok(Some(value)) => return Ok(format!("{workflow}#{value}")),
+            Ok(None) => {
+                "selects nothing: every task of a workflow with a concurrency limit needs its key"
+                    .to_owned()
+            }
+            Err(why) => why,
+        };
+        Err(InputError(vec![Problem {
+            at: String::new(),
+            message: format!("the concurrency key ({}) {why}", self.source),
+        }]))
     }
 }
 
@@ -297,6 +367,22 @@ mod tests {
             "{text:?}"
         );
         assert!(text.iter().any(|p| p.starts_with("at /keys/e")), "{text:?}");
+    }
+
+    #[test]
+    fn a_concurrency_key_names_its_gate_and_refuses_an_input_without_it() {
+        let mut problems = vec![];
+        let k = KeyLimit::compile("$.input.account.id", 1, &mut problems).expect("compiles");
+        assert!(problems.is_empty());
+        assert_eq!(
+            k.gate("ledger", &json!({"account": {"id": 77}})).unwrap(),
+            "ledger#77"
+        );
+        let err = k.gate("ledger", &json!({"account": {}})).unwrap_err();
+        assert!(err.to_string().contains("selects nothing"), "{err}");
+        assert!(KeyLimit::compile("$.steps.a.result", 1, &mut problems).is_none());
+        assert!(KeyLimit::compile("$.input.a", 0, &mut problems).is_none());
+        assert_eq!(problems.len(), 2, "{problems:?}");
     }
 
     #[test]

@@ -281,6 +281,43 @@ pub const MAX_RESULT_BYTES: usize = super::payload::MAX_PAYLOAD_BYTES;
 /// steps not reached yet (as the results they become).
 pub const MAX_RESULTS_BYTES: usize = 128 * 1024;
 
+/// A task's place at its workflow's concurrency gate ([`crate::ports::Gates`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateHold {
+    /// The gate: the workflow and the value of its concurrency key (`<workflow>#<value>`).
+    pub gate: String,
+    /// How many tasks may hold it at once (the workflow's, when the task was created).
+    pub limit: u32,
+    pub status: GateStatus,
+}
+
+/// Where a task stands at its gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GateStatus {
+    /// In line since its creation, not yet tried: `Pending` with its pickup deadline.
+    InLine,
+    /// Tried, and others hold the gate or wait before it: `Pending` with no deadline. The
+    /// leave of a task before it sends it on.
+    Parked,
+    /// Admitted (with its first claim): it holds the gate until it ends.
+    Held,
+    /// It ended and left the gate (with the delivery of its final notice).
+    Left,
+}
+
+impl GateHold {
+    /// Whether the task must still leave its gate: it ended, holding it or in line.
+    pub fn leave_owed(&self, state: ProcessState) -> bool {
+        state.is_final() && self.status != GateStatus::Left
+    }
+
+    /// Whether the task must be admitted before its first step goes out.
+    pub fn waits(&self) -> bool {
+        matches!(self.status, GateStatus::InLine | GateStatus::Parked)
+    }
+}
+
 /// The state record of one task. Field names follow the pattern (`LockedBy`, `CompleteBy`,
 /// `ProcessState`, `FailureCount`) plus the fencing `Attempt` and a `Version` that every write
 /// bumps and every conditional write checks.
@@ -392,6 +429,9 @@ pub struct StateRecord {
     /// A child task (a sub-workflow step's): the step of the parent it answers when it ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentLink>,
+    /// A task of a workflow with a concurrency limit: its gate and where it stands there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateHold>,
     /// A distributed forEach's run: this record is the run, not a task (see [`RunState`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<RunState>,
@@ -743,6 +783,7 @@ impl StateRecord {
             payloads: false,
             purge_at: None,
             parent: None,
+            gate: None,
             run: None,
             task_id,
             workflow: workflow.name.clone(),
@@ -1149,6 +1190,14 @@ impl StateRecord {
         if n == 0 {
             return bad("a record has at least one step".into());
         }
+        // A task parks at its gate only before it ran. (It leaves once it ended; a child
+        // undone as a unit after it ended runs its undos outside the gate.)
+        if let Some(g) = &self.gate
+            && g.status == GateStatus::Parked
+            && self.process_state != P::Pending
+        {
+            return bad(format!("parked at its gate while {}", self.process_state));
+        }
         // A purge is due only for a final task that kept payloads, its notices out: nothing
         // else is ever deleted by the supervisor.
         if self.purge_at.is_some()
@@ -1282,8 +1331,16 @@ impl StateRecord {
         let current = self.steps.get(self.step_index);
         match self.process_state {
             P::Pending => {
-                if self.locked_by.is_some() || self.complete_by.is_none() {
-                    return bad("Pending must be unlocked and carry a pickup deadline".into());
+                // (Parked at its gate, it has no deadline: the leave before it sends it on.)
+                let parked = self
+                    .gate
+                    .as_ref()
+                    .is_some_and(|g| g.status == GateStatus::Parked);
+                if self.locked_by.is_some() || self.complete_by.is_none() != parked {
+                    return bad(
+                        "Pending must be unlocked and carry a pickup deadline, but parked at its gate"
+                            .into(),
+                    );
                 }
                 if current.map(|s| s.status) != Some(S::Pending) {
                     return bad("Pending must have its current step Pending".into());

@@ -485,6 +485,34 @@ pub(crate) async fn answer_step_with(
     .await
 }
 
+/// `record`'s task leaves its gate (held or in line) and the tasks then first in line are sent
+/// a work message each: their entry is the next admission (a task parked waits for it).
+async fn leave_gate(
+    ports: &TaskPorts,
+    record: &StateRecord,
+    hold: &crate::domain::state::GateHold,
+) -> Result<(), HandlerError> {
+    let place = crate::ports::GatePlace {
+        gate: &hold.gate,
+        task_id: record.task_id,
+        created_at: record.created_at,
+        limit: hold.limit,
+    };
+    let next = ports.store.leave(place).await?;
+    for id in &next {
+        send_json(
+            ports.queue.as_ref(),
+            &ports.work_queue_url,
+            "the next at its gate",
+            &SchedulerMessage::Work(crate::messages::WorkMessage::new(*id)),
+            Duration::ZERO,
+        )
+        .await?;
+    }
+    info!(gate = %hold.gate, next = ?next, "left its gate");
+    Ok(())
+}
+
 /// Publishes a status that does not go through the outbox: best effort, logged if it fails.
 pub(crate) async fn publish_status(
     queue: &dyn Queue,
@@ -535,6 +563,15 @@ pub async fn deliver_notice(ports: &TaskPorts, record: &StateRecord) -> Result<(
     }
     // A parent that ended for good will never undo its children: their retention starts.
     children::release_children(ports, record).await?;
+    // A task that ended leaves its gate, and sends on those then first in line, before its
+    // notice is cleared: a crash from here on leaves (idempotent) and sends them again.
+    if let Some(hold) = record
+        .gate
+        .as_ref()
+        .filter(|g| g.leave_owed(record.process_state))
+    {
+        leave_gate(ports, record, hold).await?;
+    }
     let Ok(t) = notice_delivered(record, clock.now(), store.retention()) else {
         return Ok(());
     };

@@ -254,6 +254,19 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
                 return Ok(());
             }
         };
+        // A task at its gate is admitted with its first claim, or parks there.
+        if let Some(hold) = record.gate.as_ref().filter(|g| g.waits()) {
+            match enter_gate(deps, &task, &record, hold, t.clone(), now).await? {
+                Gate::Admitted(admitted) => {
+                    super::count_outcome(&deps.ports.metrics, record.process_state, &admitted);
+                    tracing::Span::current().record("attempt", admitted.record.attempt);
+                    info!(gate = %hold.gate, "admitted at its gate and claimed");
+                    return run(deps, &task, &workflow, &admitted).await;
+                }
+                Gate::Parked => return Ok(()),
+                Gate::LostRace => continue,
+            }
+        }
         if !write(deps.ports.store.as_ref(), &t).await? {
             // Another write came first: another scheduler's claim (the claim read anew is
             // then refused and the message dropped), or a write that claims nothing (an event
@@ -265,10 +278,88 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         info!(step = t.record.current_step().unwrap_or("-"), state = %t.record.process_state, "claimed");
         return run(deps, &task, &workflow, &t).await;
     }
+    if record_gated(deps, w.task_id).await {
+        // Parked, it has no pickup deadline: the message comes back (SQS) instead.
+        return Err(crate::ports::StoreError::Unavailable(
+            "the task or its gate kept changing while it was admitted".into(),
+        )
+        .into());
+    }
     info!(
         "the task kept changing while it was claimed; work message dropped (its pickup deadline recovers it)"
     );
     Ok(())
+}
+
+/// Whether task `id` still waits at a gate (read anew).
+async fn record_gated(deps: &SchedulerDeps, id: crate::TaskId) -> bool {
+    matches!(
+        deps.ports.store.get_state(id).await,
+        Ok(Some(r)) if r.gate.as_ref().is_some_and(|g| g.waits())
+    )
+}
+
+/// What an entry at a gate came to.
+enum Gate {
+    /// Admitted: the claim is written.
+    Admitted(Box<Transition>),
+    /// Others hold the gate or wait before the task: it waits, parked, for the leave of one
+    /// before it to send it on.
+    Parked,
+    /// The record or the gate moved meanwhile: read again.
+    LostRace,
+}
+
+/// Enters `record`'s task at its gate with its first claim `t`: admitted (the claim written
+/// with it), or parked (written so: `Pending` with no deadline, the gate's line holding its
+/// place). A race lost on the record or the gate is read again.
+async fn enter_gate(
+    deps: &SchedulerDeps,
+    task: &crate::Task,
+    record: &StateRecord,
+    hold: &crate::domain::state::GateHold,
+    mut t: Transition,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Gate, HandlerError> {
+    use crate::domain::state::GateStatus;
+    use crate::ports::{GateAdmission, GateAnswer, GatePlace};
+    let place = GatePlace {
+        gate: &hold.gate,
+        task_id: task.id,
+        created_at: task.created_at,
+        limit: hold.limit,
+    };
+    if let Some(g) = t.record.gate.as_mut() {
+        g.status = GateStatus::Held;
+    }
+    let admission = GateAdmission {
+        place,
+        put: crate::ports::Guarded::new(&t.record, &t.condition),
+        now,
+    };
+    // Condition (the store's): the gate as read, the entry in line, and the record as the
+    // claim read it - keeps "at most the limit hold a gate, admitted in the order created".
+    match deps.ports.store.enter(admission).await {
+        Ok(GateAnswer::Admitted) => Ok(Gate::Admitted(Box::new(t))),
+        Ok(GateAnswer::Waiting(state)) => {
+            info!(gate = %hold.gate, holders = ?state.holders, ahead = ?state.ahead, "waits at its gate");
+            if hold.status == GateStatus::Parked {
+                return Ok(Gate::Parked);
+            }
+            let Ok(parked) = transition::park(record, now) else {
+                return Ok(Gate::Parked);
+            };
+            // Condition: the record as read - keeps "a parked task has no deadline only while
+            // its place in line holds it" (a leave before it sends it on).
+            Ok(if write(deps.ports.store.as_ref(), &parked).await? {
+                Gate::Parked
+            } else {
+                Gate::LostRace
+            })
+        }
+        Err(crate::ports::StoreError::ConditionFailed) => Ok(Gate::LostRace),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// How often a work message's claim is tried on the record read anew after losing a race.

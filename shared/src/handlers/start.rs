@@ -104,6 +104,16 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
         Ok(keys) => keys,
         Err(error) => return Err(StartError::Input { workflow, error }),
     };
+    // Its gate, under a concurrency limit: it takes its place in line with its creation.
+    let gate = match workflow
+        .concurrency
+        .as_ref()
+        .map(|k| k.gate(&workflow.name, &request.input).map(|g| (g, k.limit)))
+        .transpose()
+    {
+        Ok(gate) => gate,
+        Err(error) => return Err(StartError::Input { workflow, error }),
+    };
     let id = request
         .child
         .as_ref()
@@ -135,6 +145,13 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
     // Its input is kept by reference: its retention must delete it.
     record.payloads = task.has_large_input();
     record.parent = request.child.map(|c| c.parent);
+    record.gate = gate
+        .as_ref()
+        .map(|(g, limit)| crate::domain::state::GateHold {
+            gate: g.clone(),
+            limit: *limit,
+            status: crate::domain::state::GateStatus::InLine,
+        });
     // Keys are the caller's own: the same key from two callers names two tasks, and one
     // caller can neither block nor discover another's.
     let key = request.key.map(|key| IdempotencyRecord {
@@ -148,7 +165,12 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
         record: &record,
         key: key.as_ref(),
         turn: request.turn,
-        gate: None,
+        gate: gate.as_ref().map(|(g, limit)| crate::ports::GatePlace {
+            gate: g,
+            task_id: id,
+            created_at: task.created_at,
+            limit: *limit,
+        }),
     };
     match ports.store.create(new).await {
         Ok(CreateOutcome::Created) => {

@@ -223,12 +223,39 @@ impl Gates for DynamoStore {
             }));
         }
         let head = self.admit_head(&place, &read, now.timestamp_millis())?;
-        let (record, _) = self.guarded_record_put(put)?;
+        let (record, item) = self.guarded_record_put(put)?;
         // One transaction: the head (as read), the place in line left, the record (its
         // claim, under its own condition). Both or neither.
-        self.transact(vec![head, self.entry_delete(&place)?, record])
-            .await?;
-        Ok(GateAnswer::Admitted)
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(head)
+            .transact_items(self.entry_delete(&place)?)
+            .transact_items(record)
+            // A retry of a committed transaction (the SDK's) succeeds.
+            .client_request_token(uuid::Uuid::new_v4().to_string())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(GateAnswer::Admitted),
+            Err(err) => {
+                let reasons = cancellation_reasons(&err);
+                // The read-back (as `put_with_input`'s): the record already is the one this
+                // call wrote (an emulator that ignores the token, or a retry past its ten
+                // minutes), so the transaction committed, admission and all.
+                if reasons.last().and_then(|r| r.item()) == Some(&item) {
+                    Ok(GateAnswer::Admitted)
+                } else if any_condition_failed(reasons)
+                    || reasons
+                        .iter()
+                        .any(|r| r.code() == Some("TransactionConflict"))
+                {
+                    Err(StoreError::ConditionFailed)
+                } else {
+                    Err(unavailable(&err))
+                }
+            }
+        }
     }
 
     async fn leave(&self, place: GatePlace<'_>) -> Result<Vec<TaskId>, StoreError> {

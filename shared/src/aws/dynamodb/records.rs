@@ -394,6 +394,11 @@ pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
     {
         item.insert("Parent".to_owned(), s(json));
     }
+    if let Some(g) = &r.gate
+        && let Ok(json) = serde_json::to_string(g)
+    {
+        item.insert("Gate".to_owned(), s(json));
+    }
     // A run's ledger (a distributed forEach): one byte per element opened.
     if let Some(run) = &r.run
         && let Ok(json) = serde_json::to_string(run)
@@ -611,6 +616,12 @@ pub(super) fn record_of(
             .map(|json| {
                 serde_json::from_str(&json)
                     .map_err(|e| corrupt(format!("Parent is not a parent step: {e}")))
+            })
+            .transpose()?,
+        gate: opt_s(item, "Gate")
+            .map(|json| {
+                serde_json::from_str(&json)
+                    .map_err(|e| corrupt(format!("Gate is not a place at a gate: {e}")))
             })
             .transpose()?,
         run: opt_s(item, "Run")

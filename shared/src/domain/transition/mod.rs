@@ -33,5 +33,5 @@ pub use operator::{
 };
 pub use route::{EachPlan, Linear, Parallel, Route, RouteError, Router, TaskRouter, elements};
 pub use run::{apply_ends, new_run, recheck, undo_run};
-pub use running::{apply_callback, apply_reply, claim, expire, notice_delivered, resumed};
+pub use running::{apply_callback, apply_reply, claim, expire, notice_delivered, park, resumed};
 pub use waiting::{deliver, wake};

@@ -1151,6 +1151,10 @@ pub fn notice_delivered(
     let now = to_millis(now);
     let mut n = next(r, now);
     n.outbox.clear();
+    // Its final notice goes with its leave of its gate (made before this write).
+    if let Some(g) = n.gate.as_mut().filter(|g| g.leave_owed(r.process_state)) {
+        g.status = super::super::state::GateStatus::Left;
+    }
     if r.process_state.is_final() && r.payloads && !r.held_by_parent() {
         n.purge_at = retention.map(|keep| now + keep);
     }
@@ -1161,6 +1165,28 @@ pub fn notice_delivered(
         n,
         vec![],
     ))
+}
+
+/// A task whose gate is full, or before which others wait, parks there: `Pending` with no
+/// pickup deadline (so not due, and no work message comes back for it), until the leave of a
+/// task before it sends it on ([`crate::ports::Gates::leave`]).
+pub fn park(r: &StateRecord, now: DateTime<Utc>) -> Result<Transition, Rejection> {
+    use super::super::state::GateStatus;
+    let waits = r
+        .gate
+        .as_ref()
+        .is_some_and(|g| g.status == GateStatus::InLine);
+    if r.process_state != ProcessState::Pending || !waits {
+        return Err(Rejection::NotClaimable(r.process_state));
+    }
+    let mut n = next(r, to_millis(now));
+    if let Some(g) = n.gate.as_mut() {
+        g.status = GateStatus::Parked;
+    }
+    n.complete_by = None;
+    n.requeues = 0;
+    tidy(&mut n);
+    Ok(Transition::from(r, Condition::on(r, vec![]), n, vec![]))
 }
 
 /// The rejection of a message about step `step_index` while the record is at another.

@@ -96,6 +96,10 @@ impl WorkflowDoc {
             m
         });
         let keys = crate::domain::keys::KeyDefs::compile(self.keys.as_ref(), &mut c.problems);
+        let concurrency = self
+            .concurrency
+            .as_ref()
+            .and_then(|k| crate::domain::keys::KeyLimit::compile(&k.key, k.limit, &mut c.problems));
         if c.steps.len() > MAX_STEPS {
             c.problem(
                 "/steps",
@@ -124,6 +128,7 @@ impl WorkflowDoc {
                 deadline,
                 output,
                 keys,
+                concurrency,
                 doc: self,
                 element_views: Vec::new(),
             }

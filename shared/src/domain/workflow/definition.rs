@@ -320,6 +320,8 @@ pub struct Workflow {
     pub output: Option<Mapping>,
     /// The task's search keys, in slot order.
     pub keys: crate::domain::keys::KeyDefs,
+    /// At most so many tasks with one value of a key run at once.
+    pub concurrency: Option<crate::domain::keys::KeyLimit>,
     /// What each distributed forEach step's elements run ([`Workflow::element_view`]).
     pub(super) element_views: Vec<(usize, Arc<Workflow>)>,
 }

@@ -60,6 +60,17 @@ pub struct WorkflowDoc {
     /// The task's search keys: name → a query on its input (`customerId: $.input.customerId`),
     /// read when the task starts; a task is found by each (see [`crate::domain::keys`]).
     pub keys: Option<std::collections::BTreeMap<String, String>>,
+    /// At most `limit` tasks with one value of `key` (a query on the input) run at once; the
+    /// others wait in line, in the order they were created.
+    pub concurrency: Option<ConcurrencyDoc>,
+}
+
+/// A workflow's `concurrency`, as written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConcurrencyDoc {
+    pub key: String,
+    pub limit: u32,
 }
 
 /// One entry of a workflow's `steps`, as written: a step (it names a `service`), a choice
