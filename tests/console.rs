@@ -383,10 +383,12 @@ async fn triage_tasks(system: &System) -> [sas::TaskId; 2] {
     [processed, refused]
 }
 
-/// Publishes a workflow with a search key and starts three tasks, two of them with the key's
-/// value `a-browser`: the search the browser makes, `{"key", "found"}` (newest first).
+/// Publishes a workflow with a search key (one task at a time per key value) and starts three
+/// tasks, two of them with the key's value `a-browser`: the search the browser makes, `{"key",
+/// "found"}` (newest first; the newest waits at its gate behind the other).
 async fn keyed_tasks(system: &System) -> serde_json::Value {
     let posting = "name: ledger-posting\nkeys: {accountId: $.input.accountId}\n\
+                   concurrency: {key: $.input.accountId, limit: 1}\n\
                    steps:\n  - {name: post, service: payment, action: charge-payment}\n";
     system
         .publish(&[("posting.yaml".into(), posting.into())])

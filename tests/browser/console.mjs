@@ -181,6 +181,9 @@ try {
   assert.deepEqual(await rows().locator('td:first-child a').allInnerTexts(), search.found);
   await shot(page, 'search.png');
   await page.getByRole('link', { name: search.found[0] }).click();
+  // The newest waits at its gate (one at a time per account) behind the other.
+  const gate = page.locator('dt', { hasText: /^Gate$/ }).locator('xpath=following-sibling::dd[1]');
+  assert.match(await gate.innerText(), /\(InLine, limit 1\); 1 before it/);
   await page.getByRole('link', { name: search.key }).click();
   assert.equal(await heading(), `Tasks found by ${search.key}`);
   assert.equal(await rows().count(), search.found.length);

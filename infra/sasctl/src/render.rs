@@ -238,6 +238,16 @@ pub fn render_task(t: &TaskView) -> String {
         let keys: Vec<String> = t.keys.iter().map(|(k, v)| format!("{k}:{v}")).collect();
         ("keys", clean(&keys.join(" "), usize::MAX))
     }))
+    .chain(t.gate.as_ref().map(|g| {
+        let mut text = format!("{} ({}, limit {})", g.gate, g.status, g.limit);
+        if !g.holders.is_empty() {
+            text.push_str(&format!("; held by {}", g.holders.join(", ")));
+        }
+        if let Some(n) = g.ahead {
+            text.push_str(&format!("; {n} before it"));
+        }
+        ("gate", clean(&text, usize::MAX))
+    }))
     .chain(
         t.parent
             .as_ref()
@@ -1058,6 +1068,25 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             "-  Pending             step=-  failures=-  attempt=-\n"
         );
         assert_eq!(render_confirmation(&t), "task t1: Pending\n");
+    }
+
+    #[test]
+    fn a_task_waiting_at_its_gate_shows_its_keys_its_holder_and_its_place() {
+        let mut t = view();
+        t.keys = [("accountId".to_owned(), "a-77".to_owned())].into();
+        t.gate = Some(sas::api::views::GateView {
+            gate: "ledger#a-77".into(),
+            limit: 1,
+            status: "Parked".into(),
+            holders: vec!["t-0".into()],
+            ahead: Some(2),
+        });
+        let out = render_task(&t);
+        assert!(out.contains("keys:        accountId:a-77\n"), "{out}");
+        assert!(
+            out.contains("gate:        ledger#a-77 (Parked, limit 1); held by t-0; 2 before it\n"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -679,6 +679,24 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                 dt { "Task deadline" } dd { (when(&t["deadline"])) }
             }
             dt { "Caller" } dd { (text(t, "caller")) }
+            @if let Some(gate) = t["gate"].as_object() {
+                dt { "Gate" }
+                dd {
+                    (gate.get("gate").and_then(|g| g.as_str()).unwrap_or("-"))
+                    " (" (gate.get("status").and_then(|g| g.as_str()).unwrap_or("-"))
+                    ", limit " (gate.get("limit").map(ToString::to_string).unwrap_or_default()) ")"
+                    @if let Some(holders) = gate.get("holders").and_then(|h| h.as_array()).filter(|h| !h.is_empty()) {
+                        "; held by "
+                        @for h in holders {
+                            @let id = h.as_str().unwrap_or_default();
+                            a class="id" href=(href(&format!("/tasks/{}", segment(id)), &[])) { (id) } " "
+                        }
+                    }
+                    @if let Some(n) = gate.get("ahead").and_then(|n| n.as_u64()) {
+                        "; " (n) " before it"
+                    }
+                }
+            }
             @if let Some(keys) = t["keys"].as_object().filter(|k| !k.is_empty()) {
                 dt { "Keys" }
                 dd {
