@@ -67,22 +67,7 @@ async fn one_accounts_tasks_run_one_at_a_time_in_order(system: &System, n: usize
     let mut line = Vec::new();
     for i in 0..n {
         let input = json!({"accountId": account, "batchId": format!("{account}-b{i}")});
-        let (status, body) = task_api(
-            system,
-            &who,
-            http::Method::POST,
-            "/workflows/ledger-batch/tasks",
-            &input,
-        )
-        .await;
-        assert_eq!(status, 202, "{body}");
-        line.push(
-            body["taskId"]
-                .as_str()
-                .expect("id")
-                .parse::<TaskId>()
-                .expect("uuid"),
-        );
+        line.push(submit_to(system, &who, "ledger-batch", input).await);
         // Apart in time: the line is the order submitted.
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
@@ -90,22 +75,7 @@ async fn one_accounts_tasks_run_one_at_a_time_in_order(system: &System, n: usize
     for i in 0..5 {
         let input =
             json!({"accountId": format!("other-{i}-{account}"), "batchId": format!("x{i}")});
-        let (status, body) = task_api(
-            system,
-            &who,
-            http::Method::POST,
-            "/workflows/ledger-batch/tasks",
-            &input,
-        )
-        .await;
-        assert_eq!(status, 202, "{body}");
-        others.push(
-            body["taskId"]
-                .as_str()
-                .expect("id")
-                .parse::<TaskId>()
-                .expect("uuid"),
-        );
+        others.push(submit_to(system, &who, "ledger-batch", input).await);
     }
     // Every work message once (no agent runs yet): the first of the line is admitted, the
     // rest park.
@@ -227,11 +197,16 @@ async fn task_api(
 }
 
 async fn submit(system: &System, who: &Identity, input: Value) -> TaskId {
+    submit_to(system, who, "ledger-posting", input).await
+}
+
+/// Submits `input` to `workflow` as `who` (a `202`): the task's id.
+async fn submit_to(system: &System, who: &Identity, workflow: &str, input: Value) -> TaskId {
     let (status, body) = task_api(
         system,
         who,
         http::Method::POST,
-        "/workflows/ledger-posting/tasks",
+        &format!("/workflows/{workflow}/tasks"),
         &input,
     )
     .await;

@@ -117,6 +117,17 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// The summaries of the records an index holds now: with an index lag, a task is in the
+    /// caller and key indexes once its first write has arrived there, and its summary is the
+    /// record as the index has it (an eventually consistent read, as the DynamoDB store's).
+    fn indexed_summaries(&mut self, lag: Option<Duration>) -> HashMap<TaskId, Summary> {
+        self.indexed(lag)
+            .map(|r| (r.task_id, Summary::of(r)))
+            .collect()
+    }
+}
+
 impl MemoryStore {
     pub fn new(shards: u32) -> Self {
         Self {
@@ -338,13 +349,7 @@ impl TaskLists for MemoryStore {
     async fn list_by_caller(&self, caller: &Caller, page: Paging<'_>) -> Result<Page, StoreError> {
         let (limit, after) = (page.limit.clamp(1, 100), page.after);
         let mut inner = self.lock()?;
-        // With an index lag, a task is in the caller index once its first write has arrived
-        // there, and its summary is the record as the index has it (an eventually consistent
-        // read, as the DynamoDB store's).
-        let seen: HashMap<TaskId, Summary> = inner
-            .indexed(self.index_lag)
-            .map(|r| (r.task_id, Summary::of(r)))
-            .collect();
+        let seen = inner.indexed_summaries(self.index_lag);
         // The caller index's order: CreatedAt descending, ties by id (as every list's).
         let key = |ms: i64, id: &TaskId| Cursor::order_key(ms, *id);
         let mut rows: Vec<_> = inner
@@ -380,12 +385,7 @@ impl TaskLists for MemoryStore {
     async fn list_by_key(&self, q: KeyQuery<'_>, page: Paging<'_>) -> Result<Page, StoreError> {
         let (limit, after) = (page.limit.clamp(1, 100), page.after);
         let mut inner = self.lock()?;
-        // As the caller's list: a task is in the key indexes once its first write has
-        // arrived there, with its record as the index has it.
-        let seen: HashMap<TaskId, Summary> = inner
-            .indexed(self.index_lag)
-            .map(|r| (r.task_id, Summary::of(r)))
-            .collect();
+        let seen = inner.indexed_summaries(self.index_lag);
         let key = |ms: i64, id: &TaskId| Cursor::order_key(ms, *id);
         let start = after.map(|c| key(c.at_ms, &c.task_id));
         let mut rows: Vec<_> = inner
