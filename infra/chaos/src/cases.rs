@@ -9,11 +9,16 @@
 //!   deadline, one branch's service paused or slow: every record keeps its invariants, and an
 //!   operator's skip or retry never rewrites a step that was done.
 //!
+//! - `gates`: [`hot_gate`], one account's tasks at a concurrency gate of 1 while its service
+//!   is slow and refuses some: one at a time, in the order submitted, none stuck in line.
+//!
 //! `world` is what both share: the system, its failpoints and the operator API.
 
+mod gates;
 mod group_deadlines;
 mod schedules;
 mod world;
 
+pub use gates::{HotGate, HotGateReport, hot_gate};
 pub use group_deadlines::{GroupDeadlines, GroupDeadlinesReport, deadlines_at_groups};
 pub use schedules::{OverlappingRuns, OverlappingRunsReport, overlapping_runs};

@@ -10,8 +10,8 @@ pub mod harness;
 pub mod operator;
 
 pub use cases::{
-    GroupDeadlines, GroupDeadlinesReport, OverlappingRuns, OverlappingRunsReport,
-    deadlines_at_groups, overlapping_runs,
+    GroupDeadlines, GroupDeadlinesReport, HotGate, HotGateReport, OverlappingRuns,
+    OverlappingRunsReport, deadlines_at_groups, hot_gate, overlapping_runs,
 };
 pub use failpoints::{Chaos, Plan, Recorder, wrap};
 pub use harness::{
