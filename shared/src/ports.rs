@@ -115,6 +115,22 @@ pub struct GatePlace<'a> {
     pub limit: u32,
 }
 
+impl<'a> GatePlace<'a> {
+    /// The place of task `task_id` (created at `created_at`) at the gate its record holds.
+    pub fn of(
+        hold: &'a crate::domain::state::GateHold,
+        task_id: TaskId,
+        created_at: DateTime<Utc>,
+    ) -> Self {
+        Self {
+            gate: &hold.gate,
+            task_id,
+            created_at,
+            limit: hold.limit,
+        }
+    }
+}
+
 /// An admission at a gate ([`Gates::enter`]): the task's place, and the write of its record that
 /// goes with it (its claim).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

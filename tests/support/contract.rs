@@ -1860,6 +1860,21 @@ async fn gates_admit_in_line_and_hand_over(store: &dyn StateStore) {
         enter(store, &gate, 1, &b).await.expect("b"),
         GateAnswer::Admitted
     );
+    // Deep in line (past what a leave reads of the line first), E and then D leave, as
+    // cancelled tasks do: each its own place only.
+    let (d, _) = in_line(store, &gate, 1, start, 3).await;
+    let (e, _) = in_line(store, &gate, 1, start, 4).await;
+    assert_eq!(
+        store.leave(place_of(&gate, &e, 1)).await.expect("e leaves"),
+        vec![]
+    );
+    let state = |t: &Task| store.gate_state(place_of(&gate, t, 1));
+    assert_eq!(state(&e).await.expect("state").ahead, None, "e left");
+    assert_eq!(state(&d).await.expect("state").ahead, Some(1), "d stays");
+    assert_eq!(
+        store.leave(place_of(&gate, &d, 1)).await.expect("d leaves"),
+        vec![]
+    );
     // C, waiting, leaves (cancelled): the gate, held by B, names no one.
     assert_eq!(
         store.leave(place_of(&gate, &c, 1)).await.expect("c leaves"),

@@ -194,12 +194,7 @@ pub(super) async fn get_task(deps: &ApiDeps, caller: &Caller, id: &str, query: &
         if let (Some(hold), Some(shown)) =
             (record.gate.as_ref().filter(|g| g.waits()), view.gate.take())
         {
-            let place = crate::ports::GatePlace {
-                gate: &hold.gate,
-                task_id: task.id,
-                created_at: task.created_at,
-                limit: hold.limit,
-            };
+            let place = crate::ports::GatePlace::of(hold, task.id, task.created_at);
             view.gate = Some(match deps.ports.store.gate_state(place).await {
                 Ok(state) => shown.with_state(state),
                 Err(e) => {

@@ -492,12 +492,7 @@ async fn leave_gate(
     record: &StateRecord,
     hold: &crate::domain::state::GateHold,
 ) -> Result<(), HandlerError> {
-    let place = crate::ports::GatePlace {
-        gate: &hold.gate,
-        task_id: record.task_id,
-        created_at: record.created_at,
-        limit: hold.limit,
-    };
+    let place = crate::ports::GatePlace::of(hold, record.task_id, record.created_at);
     let next = ports.store.leave(place).await?;
     for id in &next {
         send_json(

@@ -228,8 +228,11 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         info!(%not_before, "long wait: work message sent on");
         return Ok(());
     }
+    // Whether the task waited at its gate when last read.
+    let mut gated = false;
     for _ in 0..CLAIM_TRIES {
         let (task, record, workflow) = load(deps, w.task_id).await?;
+        gated = record.gate.as_ref().is_some_and(|g| g.waits());
         let router = transition::TaskRouter {
             workflow: &workflow,
             task: &task,
@@ -256,7 +259,7 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         };
         // A task at its gate is admitted with its first claim, or parks there.
         if let Some(hold) = record.gate.as_ref().filter(|g| g.waits()) {
-            match enter_gate(deps, &task, &record, hold, t.clone(), now).await? {
+            match enter_gate(deps, &task, &record, hold, t, now).await? {
                 Gate::Admitted(admitted) => {
                     super::count_outcome(&deps.ports.metrics, record.process_state, &admitted);
                     tracing::Span::current().record("attempt", admitted.record.attempt);
@@ -278,7 +281,7 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         info!(step = t.record.current_step().unwrap_or("-"), state = %t.record.process_state, "claimed");
         return run(deps, &task, &workflow, &t).await;
     }
-    if record_gated(deps, w.task_id).await {
+    if gated {
         // Parked, it has no pickup deadline: the message comes back (SQS) instead.
         return Err(crate::ports::StoreError::Unavailable(
             "the task or its gate kept changing while it was admitted".into(),
@@ -289,14 +292,6 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         "the task kept changing while it was claimed; work message dropped (its pickup deadline recovers it)"
     );
     Ok(())
-}
-
-/// Whether task `id` still waits at a gate (read anew).
-async fn record_gated(deps: &SchedulerDeps, id: crate::TaskId) -> bool {
-    matches!(
-        deps.ports.store.get_state(id).await,
-        Ok(Some(r)) if r.gate.as_ref().is_some_and(|g| g.waits())
-    )
 }
 
 /// What an entry at a gate came to.
@@ -323,12 +318,7 @@ async fn enter_gate(
 ) -> Result<Gate, HandlerError> {
     use crate::domain::state::GateStatus;
     use crate::ports::{GateAdmission, GateAnswer, GatePlace};
-    let place = GatePlace {
-        gate: &hold.gate,
-        task_id: task.id,
-        created_at: task.created_at,
-        limit: hold.limit,
-    };
+    let place = GatePlace::of(hold, task.id, task.created_at);
     if let Some(g) = t.record.gate.as_mut() {
         g.status = GateStatus::Held;
     }

@@ -10,7 +10,7 @@
 //! the one before it ended for good) and in the order they were submitted; its gate is empty;
 //! and the run made the line real (tasks waited, the operator acted), else it proves nothing.
 
-use super::world::{CaseWorld, plan, settings};
+use super::world::{CaseWorld, ledger_services, plan, settings};
 use sas::auth::Identity;
 use sas::ports::GatePlace;
 use sas::remote::{Faults, seeded_unit};
@@ -70,10 +70,7 @@ const HOT: &str = "acct-hot";
 
 fn files() -> Vec<(String, String)> {
     vec![
-        (
-            "services.yaml".into(),
-            "services:\n  - {name: ledger, target: {type: simulated}}\n".into(),
-        ),
+        ledger_services(),
         (
             "posting.yaml".into(),
             "name: posting\nconcurrency: {key: $.input.account, limit: 1}\nsteps:\n  - {name: post, service: ledger, pivot: true, input: {account: $.input.account}}\n  - {name: settle, service: ledger, input: {account: $.input.account}}\n".into(),

@@ -12,7 +12,7 @@
 //! record keeps its invariants; and the run made overlaps likely (runs skipped, tasks in
 //! `Error` acted on), else it proves nothing.
 
-use super::world::{CaseWorld, plan, settings};
+use super::world::{CaseWorld, ledger_services, plan, settings};
 use sas::messages::{ScheduledRun, SchedulerMessage};
 use sas::ports::{Paging, StateStore};
 use sas::remote::{Faults, seeded_unit};
@@ -80,10 +80,7 @@ const SCHEDULE: &str = "reconcile-often";
 
 fn files() -> Vec<(String, String)> {
     vec![
-        (
-            "services.yaml".into(),
-            "services:\n  - {name: ledger, target: {type: simulated}}\n".into(),
-        ),
+        ledger_services(),
         (
             "reconcile.yaml".into(),
             "name: reconcile\nsteps:\n  - {name: post, service: ledger, pivot: true}\n  - {name: settle, service: ledger}\n".into(),

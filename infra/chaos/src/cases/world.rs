@@ -52,6 +52,15 @@ pub(super) fn settings(faults: Vec<(&str, Faults)>) -> Settings {
     s
 }
 
+/// The services file of the cases whose one service is `ledger` (simulated; its faults are the
+/// case's).
+pub(super) fn ledger_services() -> (String, String) {
+    (
+        "services.yaml".into(),
+        "services:\n  - {name: ledger, target: {type: simulated}}\n".into(),
+    )
+}
+
 /// The failpoints of a case: the main run's random crashes and message faults, and lost write
 /// responses and throttles (AWS's rough edges on the writes a case adds).
 pub(super) fn plan(seed: u64) -> Plan {

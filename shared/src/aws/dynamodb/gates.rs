@@ -100,6 +100,24 @@ impl DynamoStore {
         Ok(found.then_some(count))
     }
 
+    /// Whether `place`'s task has its entry in line (a strongly consistent query of that one
+    /// key: the gate's partition is what a function may query).
+    async fn in_line(&self, place: &GatePlace<'_>) -> Result<bool, StoreError> {
+        let out = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("pk = :pk AND sk = :mine")
+            .expression_attribute_values(":pk", s(gate_pk(place.gate)))
+            .expression_attribute_values(":mine", s(gate_entry_sk(place)))
+            .consistent_read(true)
+            .select(aws_sdk_dynamodb::types::Select::Count)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        Ok(out.count() > 0)
+    }
+
     /// The write of the head that admits `task` (`read.version`: the head as read).
     fn admit_head(
         &self,
@@ -168,7 +186,15 @@ impl DynamoStore {
             .build())
     }
 
-    async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<(), StoreError> {
+    /// Writes `items` in one transaction. A conditional failure or a conflict with another
+    /// transaction is a lost race ([`StoreError::ConditionFailed`]), but where `written` is the
+    /// last item's own write and the stored item already is it (an emulator that ignores the
+    /// token, or a retry past its ten minutes): then the transaction committed.
+    async fn transact(
+        &self,
+        items: Vec<TransactWriteItem>,
+        written: Option<&Item>,
+    ) -> Result<(), StoreError> {
         let result = self
             .client
             .transact_write_items()
@@ -177,19 +203,20 @@ impl DynamoStore {
             .client_request_token(uuid::Uuid::new_v4().to_string())
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(err) if any_condition_failed(cancellation_reasons(&err)) => {
-                Err(StoreError::ConditionFailed)
-            }
-            Err(err)
-                if cancellation_reasons(&err)
-                    .iter()
-                    .any(|r| r.code() == Some("TransactionConflict")) =>
-            {
-                Err(StoreError::ConditionFailed)
-            }
-            Err(err) => Err(unavailable(&err)),
+        let Err(err) = result else {
+            return Ok(());
+        };
+        let reasons = cancellation_reasons(&err);
+        if written.is_some() && reasons.last().and_then(|r| r.item()) == written {
+            Ok(())
+        } else if any_condition_failed(reasons)
+            || reasons
+                .iter()
+                .any(|r| r.code() == Some("TransactionConflict"))
+        {
+            Err(StoreError::ConditionFailed)
+        } else {
+            Err(unavailable(&err))
         }
     }
 }
@@ -225,37 +252,11 @@ impl Gates for DynamoStore {
         let head = self.admit_head(&place, &read, now.timestamp_millis())?;
         let (record, item) = self.guarded_record_put(put)?;
         // One transaction: the head (as read), the place in line left, the record (its
-        // claim, under its own condition). Both or neither.
-        let result = self
-            .client
-            .transact_write_items()
-            .transact_items(head)
-            .transact_items(self.entry_delete(&place)?)
-            .transact_items(record)
-            // A retry of a committed transaction (the SDK's) succeeds.
-            .client_request_token(uuid::Uuid::new_v4().to_string())
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(GateAnswer::Admitted),
-            Err(err) => {
-                let reasons = cancellation_reasons(&err);
-                // The read-back (as `put_with_input`'s): the record already is the one this
-                // call wrote (an emulator that ignores the token, or a retry past its ten
-                // minutes), so the transaction committed, admission and all.
-                if reasons.last().and_then(|r| r.item()) == Some(&item) {
-                    Ok(GateAnswer::Admitted)
-                } else if any_condition_failed(reasons)
-                    || reasons
-                        .iter()
-                        .any(|r| r.code() == Some("TransactionConflict"))
-                {
-                    Err(StoreError::ConditionFailed)
-                } else {
-                    Err(unavailable(&err))
-                }
-            }
-        }
+        // claim, under its own condition). Both or neither; the record read back (as
+        // `put_with_input`'s) when the answer is lost.
+        self.transact(vec![head, self.entry_delete(&place)?, record], Some(&item))
+            .await?;
+        Ok(GateAnswer::Admitted)
     }
 
     async fn leave(&self, place: GatePlace<'_>) -> Result<Vec<TaskId>, StoreError> {
@@ -293,13 +294,14 @@ impl Gates for DynamoStore {
                         .build(),
                 );
             }
-            let queued =
-                read.line.contains(&me) || (read.more && self.ahead(&place).await?.is_some());
+            // Past the line's first read, its own entry looked up by its key (not counted up
+            // to).
+            let queued = read.line.contains(&me) || (read.more && self.in_line(&place).await?);
             if queued {
                 writes.push(self.entry_delete(&place)?);
             }
             if !writes.is_empty() {
-                match self.transact(writes).await {
+                match self.transact(writes, None).await {
                     Ok(()) => {}
                     Err(StoreError::ConditionFailed) => continue,
                     Err(e) => return Err(e),
