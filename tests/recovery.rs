@@ -511,13 +511,15 @@ async fn a_deadline_timer_recovers_an_overrun_step_without_the_sweep() {
 #[tokio::test]
 async fn the_one_timer_of_a_task_is_armed_again_for_the_step_out_and_recovers_it() {
     let mut settings = manual_settings();
-    settings.policy.step_timeout = chrono::Duration::seconds(2);
+    // (Wide enough that the answer below is applied within the first step's time on a loaded
+    // machine: 0.5 s was not, on a fresh run beside the bootstraps' build.)
+    settings.policy.step_timeout = chrono::Duration::seconds(4);
     let (system, _clock) = aws_system("rearm", settings).await;
     let id = submit_to(&system, None).await;
     assert_eq!(system.pump_scheduler().await.expect("claims"), 1);
-    // The first step is answered a second and a half later: the second step's deadline comes
-    // after the timer the claim armed, so it arms none.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The first step is answered two and a half seconds later: the second step's deadline
+    // comes after the timer the claim armed, so it arms none.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     system.pump_agents().await.expect("agent");
     system.pump_scheduler().await.expect("reply");
     let r = state(&system, id).await;
