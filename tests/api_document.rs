@@ -203,6 +203,7 @@ fn every_operation_documents_its_answers_and_security() {
         "Idempotency-Key",
         "Reply-Queue-Url",
         "Start-At",
+        "Priority",
         "Event-Id",
         "Retry-After",
         "idempotent-replayed",

@@ -458,6 +458,7 @@ async fn a_token_whose_subject_is_a_schedule_is_refused() {
             start_at: None,
             turn: None,
             child: None,
+            priority: Default::default(),
         },
     )
     .await

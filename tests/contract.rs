@@ -78,6 +78,7 @@ async fn memory_queue_keeps_the_contract() {
             max_receive_count: Some(2),
             dead_letter_url: Some(dlq.clone()),
             fifo: false,
+            fair: Default::default(),
         },
     );
     contract::queue_contract(&q, &url, &dlq).await;

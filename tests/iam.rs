@@ -433,6 +433,11 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         ("reply-queue-url", client_queue.as_str()),
     ];
     let replying = [("reply-queue-url", client_queue.as_str())];
+    // The urgent lane: its work queue and agent queue (`Priority: urgent`).
+    let urgent = [
+        ("reply-queue-url", client_queue.as_str()),
+        ("priority", "urgent"),
+    ];
     // A caller: an order under a key (replayed), a read, its list, an unknown callback.
     let first = ROLE
         .scope(SUBMISSION, submit(&submitter, false, &keyed, &order))
@@ -471,12 +476,13 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     payment.set_faults(Faults::default());
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
     pump(&scheduler, &agent).await;
-    // ... and one refused at shipping and compensated.
+    // ... and one refused at shipping and compensated, an urgent one: the submission sends its
+    // work to the urgent lane, and the scheduler its steps and its compensation.
     shipping.set_faults(Faults {
         refuse_actions: vec!["arrange-shipping".to_owned()],
         ..Faults::default()
     });
-    ROLE.scope(SUBMISSION, submit(&submitter, false, &replying, &order))
+    ROLE.scope(SUBMISSION, submit(&submitter, false, &urgent, &order))
         .await;
     pump(&scheduler, &agent).await;
     shipping.set_faults(Faults::default());
@@ -493,15 +499,22 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         refuse_actions: vec!["ship".to_owned()],
         ..Faults::default()
     });
-    let (status, body) = task_api(
-        &submitter,
-        Method::POST,
-        "/workflows/iam-pivot/tasks",
-        &order,
-    )
-    .await;
-    assert_eq!(status, 202, "{body}");
-    let failed = body["taskId"].as_str().expect("taskId").to_owned();
+    // An urgent one: the operator's retry sends its work to the urgent lane.
+    let failed = ROLE
+        .scope(SUBMISSION, async {
+            let (status, body) = call(
+                &submitter,
+                false,
+                Method::POST,
+                "/workflows/iam-pivot/tasks",
+                &[("priority", "urgent")],
+                &order,
+            )
+            .await;
+            assert_eq!(status, 202, "{body}");
+            body["taskId"].as_str().expect("taskId").to_owned()
+        })
+        .await;
     pump(&scheduler, &agent).await;
     shipping.set_faults(Faults::default());
     // The new input is over the inline size: kept in the payload store by the operator.
@@ -581,18 +594,25 @@ async fn every_call_is_granted_and_every_grant_is_used() {
             operator_api(&operator, Method::PUT, &format!("/workflows/{name}"), &doc).await;
         assert_eq!(status, 201, "{body}");
     }
-    let (status, body) = task_api(
-        &submitter,
-        Method::POST,
-        "/workflows/iam-parent/tasks",
-        &json!({"pad": "p".repeat(sas::domain::payload::MESSAGE_INLINE_BYTES)}),
-    )
-    .await;
-    assert_eq!(status, 202, "{body}");
-    let parent: sas::TaskId = body["taskId"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .expect("taskId");
+    // An urgent parent: the agent sends its child's first work message to the urgent lane.
+    let parent: sas::TaskId = ROLE
+        .scope(SUBMISSION, async {
+            let (status, body) = call(
+                &submitter,
+                false,
+                Method::POST,
+                "/workflows/iam-parent/tasks",
+                &[("priority", "urgent")],
+                &json!({"pad": "p".repeat(sas::domain::payload::MESSAGE_INLINE_BYTES)}),
+            )
+            .await;
+            assert_eq!(status, 202, "{body}");
+            body["taskId"]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .expect("taskId")
+        })
+        .await;
     for _ in 0..20 {
         ROLE.scope(SCHEDULER, stalled.pump_scheduler())
             .await
@@ -862,10 +882,16 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         "the input and the result read"
     );
 
-    // A step that expires: claimed, its agent never runs.
+    // A step that expires: claimed, its agent never runs (and an urgent one's, which the
+    // supervisor hands back to the urgent lane).
     let late = ROLE
         .scope(SUBMISSION, submit(&submitter, false, &[], &order))
         .await;
+    ROLE.scope(
+        SUBMISSION,
+        submit(&submitter, false, &[("priority", "urgent")], &order),
+    )
+    .await;
     ROLE.scope(SCHEDULER, scheduler.pump_scheduler())
         .await
         .expect("claimed");
@@ -1192,6 +1218,12 @@ impl sas::ports::Queue for EndsDown {
         _: sas::ports::GroupedMessage<'_>,
     ) -> Result<(), sas::ports::QueueError> {
         Err(sas::ports::QueueError("the ends queue is down".into()))
+    }
+    async fn send_fair(
+        &self,
+        message: sas::ports::FairMessage<'_>,
+    ) -> Result<(), sas::ports::QueueError> {
+        self.0.send_fair(message).await
     }
     async fn send_dead_letter(
         &self,

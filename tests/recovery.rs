@@ -821,8 +821,8 @@ async fn a_wait_longer_than_sqs_allows_is_sent_on_until_it_is_due() {
     drain(&system, &system.resources.work_queue_url).await;
     let later = chrono::Utc::now() + chrono::Duration::minutes(40);
     let early = SchedulerMessage::Work(WorkMessage {
-        task_id: id,
         not_before: Some(later),
+        ..WorkMessage::new(id)
     });
     send_work(&system, &early).await;
     assert_eq!(system.pump_scheduler().await.expect("poll"), 1);
@@ -839,8 +839,8 @@ async fn a_wait_longer_than_sqs_allows_is_sent_on_until_it_is_due() {
     );
     // Once due, the same message claims the task.
     let due = SchedulerMessage::Work(WorkMessage {
-        task_id: id,
         not_before: Some(chrono::Utc::now() - chrono::Duration::seconds(1)),
+        ..WorkMessage::new(id)
     });
     send_work(&system, &due).await;
     system.pump_scheduler().await.expect("poll");

@@ -305,7 +305,8 @@ pub fn dynamo_store(sdk: &aws_config::SdkConfig) -> Result<crate::aws::DynamoSto
 
 /// What the API, scheduler and supervisor functions share ([`crate::handlers::TaskPorts`]):
 /// the [`dynamo_store`], SQS, the [`event_bus`], the [`payloads`], the system clock, the
-/// [`definitions`] over the store, `WORK_QUEUE_URL` and the EMF metrics.
+/// [`definitions`] over the store, `WORK_QUEUE_URL` (and the urgent lane's,
+/// `URGENT_WORK_QUEUE_URL`) and the EMF metrics.
 pub fn task_ports(sdk: &aws_config::SdkConfig) -> Result<crate::handlers::TaskPorts, ConfigError> {
     let store = Arc::new(dynamo_store(sdk)?);
     let clock: Arc<dyn crate::ports::Clock> = Arc::new(crate::ports::SystemClock);
@@ -327,6 +328,7 @@ pub fn task_ports(sdk: &aws_config::SdkConfig) -> Result<crate::handlers::TaskPo
         events: Arc::new(event_bus(sdk)?),
         clock,
         work_queue_url: required("WORK_QUEUE_URL")?,
+        urgent_work_queue_url: optional("URGENT_WORK_QUEUE_URL"),
         payloads,
         ends_queue_url: optional("ENDS_QUEUE_URL"),
         run_contexts: Default::default(),

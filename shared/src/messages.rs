@@ -48,13 +48,33 @@ pub struct WorkMessage {
     /// minutes, so the scheduler sends the message again for the rest of the wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before: Option<DateTime<Utc>>,
+    /// The task's lane and tenant, so a message sent on (a long wait's) goes the way it came
+    /// without reading the task (see [`crate::domain::lane`]).
+    #[serde(default, skip_serializing_if = "crate::domain::Priority::is_normal")]
+    pub priority: crate::domain::Priority,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 impl WorkMessage {
+    /// A work message of no lane but the normal one, in no tenant's group (a task that is not
+    /// read before it is sent: the next at a gate, a schedule's run).
     pub fn new(task_id: TaskId) -> Self {
         Self {
             task_id,
             not_before: None,
+            priority: crate::domain::Priority::Normal,
+            tenant: None,
+        }
+    }
+
+    /// The work message of `record`'s task: in its lane, in its tenant's group.
+    pub fn of(record: &crate::domain::StateRecord) -> Self {
+        Self {
+            task_id: record.task_id,
+            not_before: None,
+            priority: record.priority,
+            tenant: record.tenant.clone(),
         }
     }
 }
@@ -150,6 +170,9 @@ pub struct ChildRequest {
     pub caller: crate::domain::Caller,
     /// How deep the child is (1: a child of a task that is no child itself).
     pub depth: usize,
+    /// The parent's priority: the child's (a run's elements') too.
+    #[serde(default, skip_serializing_if = "crate::domain::Priority::is_normal")]
+    pub priority: crate::domain::Priority,
 }
 
 impl StepRequest {

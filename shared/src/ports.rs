@@ -865,6 +865,13 @@ pub trait Queue: Send + Sync {
     /// rewritten (a hashed id would hide which run a group is). A send whose `dedup_id` was
     /// sent within [`DEDUP_WINDOW`] is accepted and dropped: what makes a retried send safe.
     async fn send_grouped(&self, message: GroupedMessage<'_>) -> Result<(), QueueError>;
+    /// Sends `message` to a standard queue as its tenant's (SQS fair queues: a
+    /// `MessageGroupId` on a standard queue), after its delay. When consumers fall behind,
+    /// the queue delivers the messages of tenants with few in flight before a noisy tenant's
+    /// backlog. A FIFO queue refuses it (a FIFO message takes a deduplication id and no
+    /// delay); a message of no tenant is a plain [`Queue::send`]. The group follows
+    /// [`Queue::send_grouped`]'s rules.
+    async fn send_fair(&self, message: FairMessage<'_>) -> Result<(), QueueError>;
     /// Copies a poison message to a dead-letter queue with the reason it can never be
     /// processed (SQS: the message attribute `sas-reason`; the body stays as it was, so it can
     /// be redriven). By default, a plain send.
@@ -906,6 +913,16 @@ pub struct GroupedMessage<'a> {
     /// for another message (the queue compares ids, never bodies).
     pub dedup_id: &'a str,
     pub body: &'a str,
+}
+
+/// A tenant's message for a standard queue ([`Queue::send_fair`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FairMessage<'a> {
+    pub queue_url: &'a str,
+    /// SQS's `MessageGroupId` on a standard queue: the tenant (`None`: none).
+    pub group: Option<&'a str>,
+    pub body: &'a str,
+    pub delay: Duration,
 }
 
 /// How long a FIFO queue remembers a deduplication id ([`GroupedMessage::dedup_id`]): SQS's

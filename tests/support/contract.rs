@@ -2030,6 +2030,27 @@ pub async fn queue_contract(queue: &dyn Queue, url: &str, dlq_url: &str) {
         .await
         .expect("delete");
 
+    // A tenant's message (SQS fair queues: a group on a standard queue): delivered as any
+    // other, after its delay.
+    queue
+        .send_fair(sas::ports::FairMessage {
+            queue_url: url,
+            group: Some("0123456789abcdef"),
+            body: "fair",
+            delay: Duration::from_secs(1),
+        })
+        .await
+        .expect("a fair send");
+    assert_nothing_visible(queue, url, "a delayed fair send").await;
+    let fair = receive_within(queue, url, Duration::from_secs(5))
+        .await
+        .expect("the fair send delivered");
+    assert_eq!(fair.body, "fair");
+    queue
+        .delete(url, &fair.receipt_handle)
+        .await
+        .expect("delete");
+
     // Delayed delivery.
     queue
         .send(url, "later", Duration::from_secs(1))

@@ -542,10 +542,14 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
     // queue when the template names one.
     let agent_queue = Template::ref_of(t.env("SchedulerFunction", "AGENT_QUEUE_URL"));
     let agent_function = t.consumer_of(agent_queue);
+    let urgent_agent_queue = Template::ref_of(t.env("SchedulerFunction", "URGENT_AGENT_QUEUE_URL"));
+    let mut agent_queues = t.mapped_queues(agent_function);
+    agent_queues.sort_unstable();
+    let mut lanes = vec![agent_queue, urgent_agent_queue];
+    lanes.sort_unstable();
     assert_eq!(
-        t.mapped_queues(agent_function),
-        [agent_queue],
-        "{agent_function} consumes the agent queue only"
+        agent_queues, lanes,
+        "{agent_function} consumes the agent queues (both lanes) only"
     );
     let agent_env =
         &t.properties(agent_function, "AWS::Lambda::Function")["Environment"]["Variables"];
@@ -562,6 +566,7 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
         Template::ref_of(t.env("SubmissionFunction", "WORK_QUEUE_URL")),
         Template::ref_of(t.env("SchedulerFunction", "REPLY_QUEUE_URL")),
         Template::ref_of(t.env("SchedulerFunction", "ENDS_QUEUE_URL")),
+        Template::ref_of(t.env("SchedulerFunction", "URGENT_WORK_QUEUE_URL")),
     ];
     expected.sort_unstable();
     assert_eq!(consumed, expected, "the scheduler's event source mappings");
@@ -579,6 +584,20 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
     );
 
     let work_queue_url = url(t.env("SubmissionFunction", "WORK_QUEUE_URL"));
+    // Every function that sends work sends each lane's where the scheduler consumes it.
+    let urgent_work = url(t.env("SchedulerFunction", "URGENT_WORK_QUEUE_URL"));
+    for f in [
+        "SubmissionFunction",
+        "OperatorFunction",
+        "AgentFunction",
+        "SupervisorFunction",
+    ] {
+        assert_eq!(
+            url(t.env(f, "URGENT_WORK_QUEUE_URL")),
+            urgent_work,
+            "{f} sends urgent work elsewhere"
+        );
+    }
     assert_eq!(
         url(t.env("SupervisorFunction", "WORK_QUEUE_URL")),
         work_queue_url,
@@ -618,6 +637,8 @@ pub async fn provision(config: &aws_config::SdkConfig, stage: &str) -> Stack {
         reply_queue_url: url(t.env("SchedulerFunction", "REPLY_QUEUE_URL")),
         timer_queue_url: url(t.env("SchedulerFunction", "TIMER_QUEUE_URL")),
         agent_queue_url: queues[agent_queue].clone(),
+        urgent_work_queue_url: Some(url(t.env("SchedulerFunction", "URGENT_WORK_QUEUE_URL"))),
+        urgent_agent_queue_url: Some(url(t.env("SchedulerFunction", "URGENT_AGENT_QUEUE_URL"))),
         dead_letter_url: url(t.env("SchedulerFunction", "DEAD_LETTER_QUEUE_URL")),
         agent_dead_letter_url,
         bus_name,

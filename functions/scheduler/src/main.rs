@@ -12,6 +12,7 @@ async fn main() -> Result<(), Error> {
     let deps = SchedulerDeps {
         ports: config::task_ports(&sdk)?,
         agent_queue_url: config::required("AGENT_QUEUE_URL")?,
+        urgent_agent_queue_url: config::optional("URGENT_AGENT_QUEUE_URL"),
         reply_queue_url: config::required("REPLY_QUEUE_URL")?,
         // `DEADLINE_TIMERS=false`: no timers; the sweep alone finds deadlines.
         timer_queue_url: config::parsed("DEADLINE_TIMERS", true)?

@@ -567,13 +567,14 @@ impl Faults {
     ) -> Result<R, E> {
         // A grouped send (a FIFO queue's) meets the same faults but the delay: it has no
         // delay of its own to stretch, and its order within its group is what it is sent for.
-        let (queue_url, body, delay) = match call {
+        let (queue_url, body, delay, group) = match call {
             Call::Send {
                 queue_url,
                 body,
                 delay,
-            } => (queue_url, body, Some(delay)),
-            Call::SendGrouped(message) => (message.queue_url, message.body, None),
+                group,
+            } => (queue_url, body, Some(delay), group),
+            Call::SendGrouped(message) => (message.queue_url, message.body, None, None),
             _ => return next.run(call).await,
         };
         let role = self.roles.get(queue_url).copied().unwrap_or("client");
@@ -605,6 +606,7 @@ impl Faults {
                 queue_url,
                 body,
                 delay: self.delay(role, &task, n, delay),
+                group,
             },
             None => call,
         };

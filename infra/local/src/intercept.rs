@@ -16,10 +16,11 @@ use sas::domain::rate::Admission;
 use sas::domain::{BreakerRecord, Caller, PaceMark, StateRecord, Task, TaskId};
 use sas::ports::{
     Breakers, Catalog, Count, CreateOutcome, CurrentRun, DefinitionRef, DueEntry, DueIndex,
-    DueQuery, Entry, EventBus, GateAdmission, GateAnswer, GatePlace, Gates, GroupedMessage,
-    Guarded, InState, KeyQuery, Kind, LeaseClaim, Leases, NewTask, Page, Paging, Publication,
-    PublishError, Published, Queue, QueueError, RateLimits, RateRequest, ReceiveRequest,
-    ReceivedMessage, SlotAnswer, SlotRequest, Slots, StoreError, Stored, TaskLists, TaskStore,
+    DueQuery, Entry, EventBus, FairMessage, GateAdmission, GateAnswer, GatePlace, Gates,
+    GroupedMessage, Guarded, InState, KeyQuery, Kind, LeaseClaim, Leases, NewTask, Page, Paging,
+    Publication, PublishError, Published, Queue, QueueError, RateLimits, RateRequest,
+    ReceiveRequest, ReceivedMessage, SlotAnswer, SlotRequest, Slots, StoreError, Stored, TaskLists,
+    TaskStore,
 };
 use serde_json::Value;
 use std::any::Any;
@@ -115,10 +116,13 @@ pub enum Call<'a> {
         kind: Kind,
     },
     // Queue
+    /// A standard queue's send: a plain one ([`Queue::send`]) or a tenant's
+    /// ([`Queue::send_fair`], with its `group`).
     Send {
         queue_url: &'a str,
         body: &'a str,
         delay: Duration,
+        group: Option<&'a str>,
     },
     SendGrouped(GroupedMessage<'a>),
     Receive(ReceiveRequest<'a>),
@@ -460,7 +464,62 @@ impl<T: Catalog + ?Sized, H: Interceptor> Catalog for Intercepted<T, H> {
 #[async_trait]
 impl<T: Queue + ?Sized, H: Interceptor> Queue for Intercepted<T, H> {
     async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
-        forward!(self, Send { queue_url, body, delay } => send)
+        self.send_fair(FairMessage {
+            queue_url,
+            group: None,
+            body,
+            delay,
+        })
+        .await
+    }
+    // Both standard sends are one call, `Send`: an interceptor sees a tenant's send as any
+    // other (its faults, its counts), and the group goes on as it came.
+    async fn send_fair(&self, message: FairMessage<'_>) -> Result<(), QueueError> {
+        let FairMessage {
+            queue_url,
+            group,
+            body,
+            delay,
+        } = message;
+        let this = self;
+        this.hook
+            .around(Next::new(
+                Call::Send {
+                    queue_url,
+                    body,
+                    delay,
+                    group,
+                },
+                move |call| {
+                    Box::pin(async move {
+                        match call {
+                            Call::Send {
+                                queue_url,
+                                body,
+                                delay,
+                                group: None,
+                            } => this.inner.send(queue_url, body, delay).await,
+                            Call::Send {
+                                queue_url,
+                                body,
+                                delay,
+                                group,
+                            } => {
+                                this.inner
+                                    .send_fair(FairMessage {
+                                        queue_url,
+                                        group,
+                                        body,
+                                        delay,
+                                    })
+                                    .await
+                            }
+                            other => Err(misrouted(&other, "send")),
+                        }
+                    })
+                },
+            ))
+            .await
     }
     async fn send_grouped(&self, message: GroupedMessage<'_>) -> Result<(), QueueError> {
         forward!(self, SendGrouped(message) => send_grouped)

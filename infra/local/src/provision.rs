@@ -39,6 +39,9 @@ pub struct Resources {
     pub timer_queue_url: String,
     /// The agents' request queue (every service's steps).
     pub agent_queue_url: String,
+    /// The urgent lane's work and agent queues (`None`: urgent tasks take the normal lane).
+    pub urgent_work_queue_url: Option<String>,
+    pub urgent_agent_queue_url: Option<String>,
     /// Where the scheduler's poison messages go.
     pub dead_letter_url: String,
     /// Where the agents' poison messages go (`None`: `dead_letter_url`).
@@ -62,6 +65,13 @@ impl Resources {
             (self.dead_letter_url.clone(), "dlq"),
         ]);
         roles.insert(self.agent_queue_url.clone(), "agent");
+        // A lane's queue has the role of its kind.
+        if let Some(url) = &self.urgent_work_queue_url {
+            roles.insert(url.clone(), "work");
+        }
+        if let Some(url) = &self.urgent_agent_queue_url {
+            roles.insert(url.clone(), "agent");
+        }
         if let Some(url) = &self.agent_dead_letter_url {
             roles.insert(url.clone(), "dlq");
         }
@@ -108,6 +118,10 @@ pub async fn provision(
     let timer_queue_url =
         create_queue(&sqs, &format!("{prefix}-timers"), redrive, settings).await?;
     let agent_queue_url = create_queue(&sqs, &format!("{prefix}-agent"), redrive, settings).await?;
+    let urgent_work_queue_url =
+        create_queue(&sqs, &format!("{prefix}-work-urgent"), redrive, settings).await?;
+    let urgent_agent_queue_url =
+        create_queue(&sqs, &format!("{prefix}-agent-urgent"), redrive, settings).await?;
     let bus_name = format!("{prefix}-bus");
     match eb.create_event_bus().name(&bus_name).send().await {
         Ok(_) => {}
@@ -124,6 +138,8 @@ pub async fn provision(
         reply_queue_url,
         timer_queue_url,
         agent_queue_url,
+        urgent_work_queue_url: Some(urgent_work_queue_url),
+        urgent_agent_queue_url: Some(urgent_agent_queue_url),
         dead_letter_url,
         agent_dead_letter_url: None,
         bus_name,

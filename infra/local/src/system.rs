@@ -19,7 +19,9 @@ use sas::handlers::TaskPorts;
 use sas::handlers::agent::{self, AgentDeps};
 use sas::handlers::scheduler::{self, SchedulerDeps};
 use sas::handlers::supervisor::{self, SupervisorDeps, SweepReport};
-use sas::memory::{MemoryEventBus, MemoryPayloads, MemoryQueues, MemoryStore, QueueConfig};
+use sas::memory::{
+    FairShare, MemoryEventBus, MemoryPayloads, MemoryQueues, MemoryStore, QueueConfig,
+};
 use sas::messages::{ScheduledRun, SchedulerMessage};
 use sas::ports::{
     Catalog, Clock, EventBus, Payloads, Queue, ReceiveRequest, ReceivedMessage, RemoteService,
@@ -125,7 +127,7 @@ pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Port
                     .with_retention(settings.retention)
                     .with_index_lag(settings.index_lag),
             );
-            let (queues, events, resources) = memory_queues(visibility);
+            let (queues, events, resources) = memory_queues(visibility, settings.fair_share);
             Ports {
                 catalog: store.clone(),
                 store: store.clone(),
@@ -142,7 +144,7 @@ pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Port
                 settings.due_shards,
                 settings.retention,
             )?);
-            let (queues, events, resources) = memory_queues(visibility);
+            let (queues, events, resources) = memory_queues(visibility, settings.fair_share);
             Ports {
                 catalog: store.clone(),
                 store,
@@ -170,7 +172,10 @@ pub async fn ports(backend: Backend, settings: &Settings) -> anyhow::Result<Port
 
 /// In-memory queues (work, replies, timers, agent, with a dead-letter queue) and event bus,
 /// and the resources naming them.
-fn memory_queues(visibility: Duration) -> (Arc<MemoryQueues>, Arc<MemoryEventBus>, Resources) {
+fn memory_queues(
+    visibility: Duration,
+    fair: FairShare,
+) -> (Arc<MemoryQueues>, Arc<MemoryEventBus>, Resources) {
     let queues = Arc::new(MemoryQueues::new());
     let events = Arc::new(MemoryEventBus::default());
     let dlq = queues.create_queue("dlq", QueueConfig::default());
@@ -182,6 +187,7 @@ fn memory_queues(visibility: Duration) -> (Arc<MemoryQueues>, Arc<MemoryEventBus
                 max_receive_count: Some(5),
                 dead_letter_url: Some(dlq.clone()),
                 fifo: false,
+                fair,
             },
         )
     };
@@ -191,6 +197,8 @@ fn memory_queues(visibility: Duration) -> (Arc<MemoryQueues>, Arc<MemoryEventBus
         reply_queue_url: q("replies"),
         timer_queue_url: q("timers"),
         agent_queue_url: q("agent"),
+        urgent_work_queue_url: Some(q("work-urgent")),
+        urgent_agent_queue_url: Some(q("agent-urgent")),
         dead_letter_url: dlq.clone(),
         agent_dead_letter_url: None,
         bus_name: "memory".into(),
@@ -208,6 +216,7 @@ fn memory_queues(visibility: Duration) -> (Arc<MemoryQueues>, Arc<MemoryEventBus
                     },
                 )),
                 fifo: true,
+                fair: FairShare::default(),
             },
         )),
     };
@@ -260,6 +269,11 @@ pub struct Settings {
     pub service_share: Option<u32>,
     /// Pollers per scheduler queue.
     pub scheduler_concurrency: usize,
+    /// Pollers of each urgent lane's queue (the scheduler's and the agents'), beside the
+    /// normal lane's (as the template's urgent mappings have a concurrency of their own).
+    pub urgent_concurrency: usize,
+    /// When the in-memory queues count a tenant noisy (default: as SQS fair queues do).
+    pub fair_share: FairShare,
     /// How often the supervisor sweeps.
     pub supervisor_interval: Duration,
     /// Largest SQS batch handed to a handler.
@@ -361,6 +375,8 @@ impl Default for Settings {
             agent_concurrency: 8,
             service_share: None,
             scheduler_concurrency: 2,
+            urgent_concurrency: 1,
+            fair_share: FairShare::default(),
             supervisor_interval: Duration::from_secs(1),
             batch_size: 10,
             poll_wait: Duration::from_secs(1),
@@ -674,6 +690,7 @@ impl System {
             clock: clock.clone(),
             definitions: definitions.clone(),
             work_queue_url: resources.work_queue_url.clone(),
+            urgent_work_queue_url: resources.urgent_work_queue_url.clone(),
             payloads: payloads.clone(),
             ends_queue_url: resources.ends_queue_url.clone(),
             run_contexts: Default::default(),
@@ -768,6 +785,7 @@ impl System {
             scheduler: SchedulerDeps {
                 ports: ports.clone(),
                 agent_queue_url: resources.agent_queue_url.clone(),
+                urgent_agent_queue_url: resources.urgent_agent_queue_url.clone(),
                 reply_queue_url: resources.reply_queue_url.clone(),
                 timer_queue_url: settings
                     .deadline_timers
@@ -812,14 +830,31 @@ impl System {
     /// Starts the event-source mappings (queue pollers) and the supervisor's schedule.
     pub fn start(&mut self) {
         let s = &self.settings;
-        for url in [
-            self.resources.work_queue_url.clone(),
-            self.resources.reply_queue_url.clone(),
+        let r = &self.resources;
+        let scheduler_queues = [
+            (r.work_queue_url.clone(), s.scheduler_concurrency),
+            (r.reply_queue_url.clone(), s.scheduler_concurrency),
         ]
         .into_iter()
-        .chain(self.resources.ends_queue_url.clone())
-        {
-            for _ in 0..s.scheduler_concurrency.max(1) {
+        .chain(
+            r.ends_queue_url
+                .clone()
+                .map(|u| (u, s.scheduler_concurrency)),
+        )
+        .chain(
+            r.urgent_work_queue_url
+                .clone()
+                .map(|u| (u, s.urgent_concurrency)),
+        );
+        let agent_queues = std::iter::once((r.agent_queue_url.clone(), s.agent_concurrency)).chain(
+            r.urgent_agent_queue_url
+                .clone()
+                .map(|u| (u, s.urgent_concurrency)),
+        );
+        let (scheduler_queues, agent_queues): (Vec<_>, Vec<_>) =
+            (scheduler_queues.collect(), agent_queues.collect());
+        for (url, pollers) in scheduler_queues {
+            for _ in 0..pollers.max(1) {
                 let deps = self.scheduler.clone();
                 self.tasks.push(self.mapping(url.clone(), move |ev| {
                     let deps = deps.clone();
@@ -827,13 +862,14 @@ impl System {
                 }));
             }
         }
-        let url = self.resources.agent_queue_url.clone();
-        for _ in 0..s.agent_concurrency.max(1) {
-            let deps = self.agent.clone();
-            self.tasks.push(self.mapping(url.clone(), move |ev| {
-                let deps = deps.clone();
-                async move { agent::handle(&deps, ev).await }
-            }));
+        for (url, pollers) in agent_queues {
+            for _ in 0..pollers.max(1) {
+                let deps = self.agent.clone();
+                self.tasks.push(self.mapping(url.clone(), move |ev| {
+                    let deps = deps.clone();
+                    async move { agent::handle(&deps, ev).await }
+                }));
+            }
         }
         let deps = self.supervisor.clone();
         let timers = self.resources.timer_queue_url.clone();
@@ -941,6 +977,7 @@ impl System {
     pub async fn pump_scheduler(&self) -> anyhow::Result<usize> {
         let mut n = 0;
         for url in [
+            self.resources.urgent_work_queue_url.as_ref(),
             Some(&self.resources.work_queue_url),
             Some(&self.resources.reply_queue_url),
             self.resources.ends_queue_url.as_ref(),
@@ -955,12 +992,19 @@ impl System {
         Ok(n)
     }
 
-    /// One poll of the agent queue.
+    /// One poll of the agent queues (the urgent lane's first).
     pub async fn pump_agents(&self) -> anyhow::Result<usize> {
-        self.pump(&self.resources.agent_queue_url, |ev| {
-            agent::handle(&self.agent, ev)
-        })
-        .await
+        let mut n = 0;
+        for url in [
+            self.resources.urgent_agent_queue_url.as_ref(),
+            Some(&self.resources.agent_queue_url),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            n += self.pump(url, |ev| agent::handle(&self.agent, ev)).await?;
+        }
+        Ok(n)
     }
 
     /// One poll of the deadline-timer queue, handled by the supervisor.

@@ -384,6 +384,10 @@ pub struct SubmitArgs {
     /// An idempotency key: the same key gives the same task.
     #[arg(long, value_parser = parse_non_empty)]
     pub idempotency_key: Option<String>,
+    /// Submit it in the urgent lane (`Priority: urgent`): a backlog of normal tasks never
+    /// delays it.
+    #[arg(long)]
+    pub urgent: bool,
 }
 
 /// `console` arguments.
@@ -876,6 +880,7 @@ async fn dispatch(
                 workflow: &args.workflow,
                 input,
                 idempotency_key: args.idempotency_key.as_deref(),
+                urgent: args.urgent,
             };
             let raw = client.send(&request).await?;
             if cli.json {

@@ -171,6 +171,8 @@ pub enum Request<'a> {
         workflow: &'a str,
         input: &'a Value,
         idempotency_key: Option<&'a str>,
+        /// `Priority: urgent` (normal: no header).
+        urgent: bool,
     },
 }
 
@@ -417,11 +419,17 @@ impl Client {
             builder = builder.json(&body);
         }
         if let Request::Submit {
-            idempotency_key: Some(key),
+            idempotency_key,
+            urgent,
             ..
         } = request
         {
-            builder = builder.header("idempotency-key", *key);
+            if let Some(key) = idempotency_key {
+                builder = builder.header("idempotency-key", *key);
+            }
+            if *urgent {
+                builder = builder.header("priority", "urgent");
+            }
         }
         let mut prepared = builder
             .header(reqwest::header::ACCEPT, "application/json")

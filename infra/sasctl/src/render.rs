@@ -234,6 +234,7 @@ pub fn render_task(t: &TaskView) -> String {
         ("last error", opt(t.last_error.as_deref(), usize::MAX)),
     ]
     .into_iter()
+    .chain((!t.priority.is_normal()).then(|| ("priority", clean(t.priority.as_str(), usize::MAX))))
     .chain((!t.keys.is_empty()).then(|| {
         let keys: Vec<String> = t.keys.iter().map(|(k, v)| format!("{k}:{v}")).collect();
         ("keys", clean(&keys.join(" "), usize::MAX))
@@ -813,6 +814,7 @@ task-2   -                 CompensationFailed  -                     12  2025-01
             since: None,
             deadline: None,
             start_at: None,
+            priority: Default::default(),
             parent: None,
             run: None,
             element: None,
@@ -1037,6 +1039,7 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             since: None,
             deadline: None,
             start_at: None,
+            priority: Default::default(),
             parent: None,
             run: None,
             element: None,
@@ -1081,8 +1084,12 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             holders: vec!["t-0".into()],
             ahead: Some(2),
         });
+        t.priority = sas::domain::Priority::Urgent;
         let out = render_task(&t);
         assert!(out.contains("keys:        accountId:a-77\n"), "{out}");
+        assert!(out.contains("priority:    urgent\n"), "{out}");
+        t.priority = sas::domain::Priority::Normal;
+        assert!(!render_task(&t).contains("priority"), "normal goes unsaid");
         assert!(
             out.contains("gate:        ledger#a-77 (Parked, limit 1); held by t-0; 2 before it\n"),
             "{out}"

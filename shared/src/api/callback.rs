@@ -191,9 +191,16 @@ pub async fn callback(deps: &ApiDeps, id: &str, token: &str, body: &[u8]) -> Ans
     .map_err(ApiError::unavailable)?;
     let reply = SchedulerMessage::Reply(reply);
     let body = serde_json::to_string(&reply).map_err(ApiError::unavailable)?;
+    // To the work queue of the task's lane, in its tenant's group.
+    let message = crate::ports::FairMessage {
+        queue_url: deps.ports.work_queue(record.priority),
+        group: record.tenant.as_deref(),
+        body: &body,
+        delay: Duration::ZERO,
+    };
     deps.ports
         .queue
-        .send(&deps.ports.work_queue_url, &body, Duration::ZERO)
+        .send_fair(message)
         .await
         .map_err(ApiError::unavailable)?;
     info!(workflow = %record.workflow, attempt, step = %name, "callback accepted");

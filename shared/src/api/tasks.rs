@@ -77,6 +77,7 @@ pub(super) async fn submit(
     };
     let now = deps.ports.clock.now();
     let start_at = start_at(headers, now)?;
+    let priority = priority(headers)?;
     let input: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
     let request = StartRequest {
@@ -88,6 +89,7 @@ pub(super) async fn submit(
         start_at,
         turn: None,
         child: None,
+        priority,
     };
     let started = match start(&deps.ports, request).await {
         Ok(started) => started,
@@ -154,6 +156,20 @@ fn start_at(
         )));
     }
     Ok((t > now).then_some(t))
+}
+
+/// The header of a task's priority.
+pub const PRIORITY: &str = "priority";
+
+/// The task's priority (`Priority: urgent`; absent: `normal`): the lane its messages take.
+fn priority(headers: &HeaderMap) -> Result<crate::domain::Priority, ApiError> {
+    let Some(v) = headers.get(PRIORITY) else {
+        return Ok(crate::domain::Priority::Normal);
+    };
+    v.to_str()
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| ApiError::InvalidRequest("Priority: give `normal` or `urgent`".into()))
 }
 
 /// Reads a task for `caller`: the operator API reads any; the task API only the caller's own.

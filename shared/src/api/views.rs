@@ -99,6 +99,9 @@ pub struct TaskView<S = ProcessState> {
     /// A delayed start (`Start-At`): no step went out before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_at: Option<DateTime<Utc>>,
+    /// Its lane (left out: `normal`).
+    #[serde(default, skip_serializing_if = "crate::domain::Priority::is_normal")]
+    pub priority: crate::domain::Priority,
     /// A child task: the parent task and step it answers. (A distributed forEach's run: its
     /// task and step; an element: its run, and [`TaskView::element`] says more.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -372,6 +375,9 @@ pub struct CallerTaskView<S = ProcessState> {
     pub deadline: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_at: Option<DateTime<Utc>>,
+    /// Its lane (left out: `normal`).
+    #[serde(default, skip_serializing_if = "crate::domain::Priority::is_normal")]
+    pub priority: crate::domain::Priority,
     /// A child task: the parent task and step it answers (the caller started both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentView>,
@@ -827,6 +833,7 @@ impl TaskView {
             since: Some(r.since),
             deadline: r.deadline,
             start_at: r.start_at,
+            priority: r.priority,
             parent: ParentView::of(r),
             gate: r.gate.as_ref().map(GateView::of),
             run: RunView::of(r, 0),
@@ -1022,6 +1029,7 @@ impl CallerTaskView {
             since: Some(r.since),
             deadline: r.deadline,
             start_at: r.start_at,
+            priority: r.priority,
             parent: ParentView::of(r),
             last_error: public_errors.then(|| r.last_error.clone()),
         }

@@ -1,6 +1,6 @@
 use super::Described;
 use crate::ports::{
-    DeadLetter, GroupedMessage, Queue, QueueError, ReceiveRequest, ReceivedMessage,
+    DeadLetter, FairMessage, GroupedMessage, Queue, QueueError, ReceiveRequest, ReceivedMessage,
 };
 use async_trait::async_trait;
 use aws_sdk_sqs::types::MessageSystemAttributeName;
@@ -43,6 +43,20 @@ impl Queue for SqsQueue {
             .message_body(message.body)
             .message_group_id(message.group)
             .message_deduplication_id(message.dedup_id)
+            .send()
+            .await
+            .described(QueueError)?;
+        Ok(())
+    }
+
+    async fn send_fair(&self, message: FairMessage<'_>) -> Result<(), QueueError> {
+        let secs = message.delay.as_millis().div_ceil(1000).min(900) as i32;
+        self.client
+            .send_message()
+            .queue_url(message.queue_url)
+            .message_body(message.body)
+            .delay_seconds(secs)
+            .set_message_group_id(message.group.map(str::to_owned))
             .send()
             .await
             .described(QueueError)?;

@@ -432,6 +432,13 @@ pub struct StateRecord {
     /// A task of a workflow with a concurrency limit: its gate and where it stands there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<GateHold>,
+    /// The lane its messages take (see [`crate::domain::lane`]).
+    #[serde(default, skip_serializing_if = "crate::domain::Priority::is_normal")]
+    pub priority: crate::domain::Priority,
+    /// Its caller's tenant: its messages' group on the fair queues (`None`: a record written
+    /// before tenants, whose messages go in no group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     /// A distributed forEach's run: this record is the run, not a task (see [`RunState`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<RunState>,
@@ -784,6 +791,8 @@ impl StateRecord {
             purge_at: None,
             parent: None,
             gate: None,
+            priority: crate::domain::Priority::Normal,
+            tenant: None,
             run: None,
             task_id,
             workflow: workflow.name.clone(),

@@ -98,6 +98,7 @@ pub async fn start_child(
                 element: None,
             },
         }),
+        priority: child.priority,
     };
     match start(ports, start_request).await {
         Ok(started) => {

@@ -228,29 +228,52 @@ pub(crate) async fn write(store: &dyn StateStore, t: &Transition) -> Result<bool
 /// SQS `DelaySeconds` cannot exceed 15 minutes.
 pub const MAX_SQS_DELAY: Duration = Duration::from_secs(900);
 
-/// Puts a work message for `task_id` on the work queue, visible after `delay`. A delay over
-/// SQS's 15 minutes is sent as 15 minutes with `notBefore` set: the scheduler sends it again
-/// for the rest of the wait.
+/// Puts `message` on the work queue of its lane (`ports`'), in its tenant's group, visible
+/// after `delay`. A delay over SQS's 15 minutes is sent as 15 minutes with `notBefore` set:
+/// the scheduler sends it again for the rest of the wait.
 pub(crate) async fn enqueue(
-    queue: &dyn Queue,
-    work_queue_url: &str,
-    task_id: crate::TaskId,
+    ports: &TaskPorts,
+    mut message: WorkMessage,
     delay: chrono::Duration,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(), HandlerError> {
     let wanted = delay.to_std().unwrap_or_default();
-    let mut message = WorkMessage::new(task_id);
-    if wanted > MAX_SQS_DELAY {
-        message.not_before = Some(now + delay);
-    }
-    send_json(
-        queue,
-        work_queue_url,
+    message.not_before = (wanted > MAX_SQS_DELAY).then(|| now + delay);
+    let url = ports.work_queue(message.priority);
+    let group = message.tenant.clone();
+    send_fair_json(
+        ports.queue.as_ref(),
+        url,
+        group.as_deref(),
         "work message",
         &SchedulerMessage::Work(message),
         wanted.min(MAX_SQS_DELAY),
     )
     .await
+}
+
+/// Sends `message` (named `what` in the error) to the standard queue `url` as JSON after
+/// `delay`, in `group` (its task's tenant) if any; a message that does not serialize is
+/// poison.
+pub(crate) async fn send_fair_json(
+    queue: &dyn Queue,
+    url: &str,
+    group: Option<&str>,
+    what: &str,
+    message: &impl serde::Serialize,
+    delay: Duration,
+) -> Result<(), HandlerError> {
+    let body = serde_json::to_string(message)
+        .map_err(|e| HandlerError::Poison(format!("{what} does not serialize: {e}")))?;
+    queue
+        .send_fair(crate::ports::FairMessage {
+            queue_url: url,
+            group,
+            body: &body,
+            delay,
+        })
+        .await?;
+    Ok(())
 }
 
 /// Sends `message` (named `what` in the error) to `url` as JSON after `delay`; a message that
@@ -278,8 +301,12 @@ pub struct TaskPorts {
     pub clock: Arc<dyn Clock>,
     /// Each record's workflow version gives its steps and their policies.
     pub definitions: Arc<Definitions>,
-    /// The scheduler's work queue: new tasks, compensation and long waits are enqueued here.
+    /// The scheduler's work queue: new tasks, compensation and long waits are enqueued here
+    /// (the normal lane's)...
     pub work_queue_url: String,
+    /// ...and the urgent lane's, if the deployment has one (`None`: urgent tasks take the
+    /// normal lane).
+    pub urgent_work_queue_url: Option<String>,
     /// Where the handler's EMF metrics go.
     pub metrics: crate::metrics::Metrics,
     /// Where payloads too large for a task's items are kept (the stack's bucket).
@@ -293,6 +320,17 @@ pub struct TaskPorts {
 }
 
 impl TaskPorts {
+    /// The work queue of `priority`'s lane.
+    pub fn work_queue(&self, priority: crate::domain::Priority) -> &str {
+        match priority {
+            crate::domain::Priority::Urgent => self
+                .urgent_work_queue_url
+                .as_deref()
+                .unwrap_or(&self.work_queue_url),
+            crate::domain::Priority::Normal => &self.work_queue_url,
+        }
+    }
+
     /// Where a transition's effects go.
     pub(crate) fn outlets(&self) -> Outlets<'_> {
         Outlets {
@@ -300,7 +338,6 @@ impl TaskPorts {
             queue: self.queue.as_ref(),
             events: self.events.as_ref(),
             clock: self.clock.as_ref(),
-            work_queue_url: &self.work_queue_url,
             timer_queue_url: None,
         }
     }
@@ -313,8 +350,6 @@ pub(crate) struct Outlets<'a> {
     pub queue: &'a dyn Queue,
     pub events: &'a dyn EventBus,
     pub clock: &'a dyn Clock,
-    /// The work queue, for [`Effect::Enqueue`].
-    pub work_queue_url: &'a str,
     /// The deadline-timer queue, for [`Effect::Timer`] (`None`: the sweep finds the time).
     pub timer_queue_url: Option<&'a str>,
 }
@@ -351,14 +386,7 @@ where
             Effect::Publish(status) => publish_status(o.queue, o.events, &t.record, *status).await,
             Effect::Progress(status) => progress_status(o.queue, &t.record, *status).await,
             Effect::Enqueue { delay } => {
-                enqueue(
-                    o.queue,
-                    o.work_queue_url,
-                    t.record.task_id,
-                    *delay,
-                    o.clock.now(),
-                )
-                .await?
+                enqueue(o.ports, WorkMessage::of(&t.record), *delay, o.clock.now()).await?
             }
             Effect::Timer { step, attempt, at } => {
                 let now = o.clock.now();

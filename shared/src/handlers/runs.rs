@@ -226,6 +226,9 @@ pub async fn start_run(
     );
     // The kept list is the run's payload: its retention deletes it.
     record.payloads = true;
+    // Its task's lane and tenant, which its elements take.
+    record.priority = child.priority;
+    record.tenant = Some(crate::domain::lane::tenant(&child.caller));
     let task = Task {
         id,
         workflow: view.name.clone(),
@@ -377,6 +380,9 @@ async fn open_one(
         now + view.policies().at(0).pickup_timeout,
     );
     record.payloads = task.has_large_input();
+    // The run's lane and tenant (its task's): one caller's forEach is its own share.
+    record.priority = run.priority;
+    record.tenant = run.tenant.clone();
     record.parent = Some(ParentLink {
         task_id: run.task_id,
         step: link.step.clone(),
@@ -404,9 +410,8 @@ async fn open_one(
     };
     if send {
         super::enqueue(
-            ports.queue.as_ref(),
-            &ports.work_queue_url,
-            id,
+            ports,
+            crate::messages::WorkMessage::of(&record),
             chrono::Duration::zero(),
             now,
         )

@@ -25,8 +25,12 @@ pub struct SchedulerDeps {
     /// The store, queue, bus, clock, definitions, work queue (compensation and long waits
     /// re-enqueue work there) and metrics.
     pub ports: TaskPorts,
-    /// The agents' request queue (one queue; each request names its service).
+    /// The agents' request queue (one queue for every service; each request names its
+    /// service): the normal lane's...
     pub agent_queue_url: String,
+    /// ...and the urgent lane's, if the deployment has one (`None`: urgent tasks' steps take
+    /// the normal lane).
+    pub urgent_agent_queue_url: Option<String>,
     /// Where agents send their replies.
     pub reply_queue_url: String,
     /// Where deadline timers go (the supervisor's timer queue); `None`: no timers, the sweep
@@ -39,6 +43,19 @@ pub struct SchedulerDeps {
     /// The task API's base URL: callback steps' services complete them at
     /// `{base}/tasks/{id}/callbacks/{token}`. `None`: callback steps cannot run here.
     pub callback_base_url: Option<String>,
+}
+
+impl SchedulerDeps {
+    /// The agent queue of `priority`'s lane.
+    pub fn agent_queue(&self, priority: crate::domain::Priority) -> &str {
+        match priority {
+            crate::domain::Priority::Urgent => self
+                .urgent_agent_queue_url
+                .as_deref()
+                .unwrap_or(&self.agent_queue_url),
+            crate::domain::Priority::Normal => &self.agent_queue_url,
+        }
+    }
 }
 
 /// Handles one SQS batch from the work queue, the reply queue or the ends queue.
@@ -203,19 +220,11 @@ async fn load(
 /// Sends a task's work message on, to come back at `until` (SQS delays at most 15 minutes).
 async fn send_on(
     deps: &SchedulerDeps,
-    task_id: crate::TaskId,
+    w: &WorkMessage,
     until: chrono::DateTime<chrono::Utc>,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(), HandlerError> {
-    let ports = &deps.ports;
-    enqueue(
-        ports.queue.as_ref(),
-        &ports.work_queue_url,
-        task_id,
-        until - now,
-        now,
-    )
-    .await
+    enqueue(&deps.ports, w.clone(), until - now, now).await
 }
 
 async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerError> {
@@ -224,7 +233,7 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
         && not_before > now
     {
         // A wait longer than SQS's 15-minute delay: send it on for the rest.
-        send_on(deps, w.task_id, not_before, now).await?;
+        send_on(deps, &w, not_before, now).await?;
         info!(%not_before, "long wait: work message sent on");
         return Ok(());
     }
@@ -248,7 +257,7 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
             Err(transition::Rejection::TooEarly { until }) => {
                 // An undo whose step may still be in flight: the message came early (a stray,
                 // or clock skew); send it on for the rest of the wait.
-                send_on(deps, w.task_id, until, now).await?;
+                send_on(deps, &w, until, now).await?;
                 info!(%until, "undo not due yet: work message sent on");
                 return Ok(());
             }
@@ -765,12 +774,15 @@ async fn send_step_request(
                 version: step.child.as_ref().and_then(|c| c.version),
                 caller: task.caller.clone(),
                 depth: record.parent.as_ref().map_or(1, |p| p.depth + 1),
+                priority: record.priority,
             }
         }),
     };
-    send_json(
+    // The agents of its lane, in its tenant's group.
+    super::send_fair_json(
         deps.ports.queue.as_ref(),
-        &deps.agent_queue_url,
+        deps.agent_queue(record.priority),
+        record.tenant.as_deref(),
         "step request",
         &request,
         Duration::ZERO,

@@ -40,6 +40,8 @@ pub struct StartRequest<'a> {
     /// A sub-workflow step's child: its id (derived from the step's key, so the parent names
     /// it), the version the step pins (`None`: the newest), and the parent step it answers.
     pub child: Option<ChildStart>,
+    /// Its lane (a child's is its parent's).
+    pub priority: crate::domain::Priority,
 }
 
 /// How a sub-workflow step's child task starts.
@@ -145,6 +147,8 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
     // Its input is kept by reference: its retention must delete it.
     record.payloads = task.has_large_input();
     record.parent = request.child.map(|c| c.parent);
+    record.priority = request.priority;
+    record.tenant = Some(crate::domain::lane::tenant(request.caller));
     record.gate = gate
         .as_ref()
         .map(|(g, limit)| crate::domain::state::GateHold {
@@ -156,7 +160,7 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
     // caller can neither block nor discover another's.
     let key = request.key.map(|key| IdempotencyRecord {
         key: format!("{}#{key}", request.caller.digest()),
-        request_hash: request_hash(&task, record.start_at),
+        request_hash: request_hash(&task, record.start_at, record.priority),
         task_id: id,
         created_at: task.created_at,
     });
@@ -213,7 +217,7 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
         }
         _ => progress_status(ports.queue.as_ref(), &record, NoticeKind::Received).await,
     }
-    let work = SchedulerMessage::Work(WorkMessage::new(id));
+    let work = SchedulerMessage::Work(WorkMessage::of(&record));
     // A delayed start: its work message waits for it, if a message can wait that long; a later
     // one rides the due index (the supervisor enqueues it at its time).
     let delay = record
@@ -225,7 +229,13 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
         }
         Ok(body) => {
             let delay = delay.unwrap_or(Duration::ZERO);
-            if let Err(e) = ports.queue.send(&ports.work_queue_url, &body, delay).await {
+            let message = crate::ports::FairMessage {
+                queue_url: ports.work_queue(record.priority),
+                group: record.tenant.as_deref(),
+                body: &body,
+                delay,
+            };
+            if let Err(e) = ports.queue.send_fair(message).await {
                 error!(error = %e, "task stored but not enqueued; the supervisor will pick it up");
             }
         }
@@ -242,12 +252,20 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
 }
 
 /// SHA-256 of the request in canonical form (workflow, input, reply queue, and a delayed
-/// start's time if any): two bodies that differ only in whitespace or key order are the same
+/// start's time and priority if any): two bodies that differ only in whitespace or key order are the same
 /// request.
-fn request_hash(task: &Task, start_at: Option<DateTime<Utc>>) -> String {
+fn request_hash(
+    task: &Task,
+    start_at: Option<DateTime<Utc>>,
+    priority: crate::domain::Priority,
+) -> String {
     let mut request = json!({"workflow": task.workflow, "input": task.input, "replyQueueUrl": task.reply_queue_url});
     if let Some(s) = start_at {
         request["startAt"] = json!(s);
+    }
+    // (Normal: absent, so a request's hash is what it was before priorities.)
+    if !priority.is_normal() {
+        request["priority"] = json!(priority);
     }
     hex::encode(Sha256::digest(canonical(&request)))
 }
@@ -332,6 +350,7 @@ pub async fn run_schedule(
                 after: current.map(|c| c.task_id),
             }),
             child: None,
+            priority: crate::domain::Priority::Normal,
         };
         return match start(ports, request).await {
             Ok(started) => {

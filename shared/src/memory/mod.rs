@@ -10,5 +10,5 @@ mod store;
 
 pub use events::MemoryEventBus;
 pub use payloads::MemoryPayloads;
-pub use queue::{MemoryQueues, QueueConfig};
+pub use queue::{FairShare, MemoryQueues, QueueConfig};
 pub use store::MemoryStore;

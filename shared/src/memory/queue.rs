@@ -1,5 +1,5 @@
 use crate::ports::{
-    DEDUP_WINDOW, GroupedMessage, Queue, QueueError, ReceiveRequest, ReceivedMessage,
+    DEDUP_WINDOW, FairMessage, GroupedMessage, Queue, QueueError, ReceiveRequest, ReceivedMessage,
 };
 use async_trait::async_trait;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -19,6 +19,9 @@ pub struct QueueConfig {
     /// group's messages in flight to one consumer at a time, deduplicated. Its dead-letter
     /// queue must be FIFO too, as SQS requires.
     pub fifo: bool,
+    /// When a standard queue's tenant (the group its messages name, [`Queue::send_fair`]) is
+    /// noisy, as SQS fair queues tell.
+    pub fair: FairShare,
 }
 
 impl Default for QueueConfig {
@@ -28,8 +31,65 @@ impl Default for QueueConfig {
             max_receive_count: None,
             dead_letter_url: None,
             fifo: false,
+            fair: FairShare::default(),
         }
     }
+}
+
+/// When a tenant of a fair queue is noisy: it holds more than `percent`% of the messages in
+/// flight and at least `at_least` of them (SQS: 10% and 30, approximately). A noisy tenant's
+/// messages wait while a quiet tenant's are there; among noisy tenants, the one with the fewest
+/// in flight goes first. (SQS also counts a tenant noisy by its share of the consumers'
+/// processing time; memory, which does not see the consumers' time, counts messages only.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FairShare {
+    pub percent: u32,
+    pub at_least: usize,
+}
+
+impl Default for FairShare {
+    fn default() -> Self {
+        Self {
+            percent: 10,
+            at_least: 30,
+        }
+    }
+}
+
+/// The order in which a standard queue's messages are looked at for a receive: quiet tenants'
+/// (and messages of no tenant, each a tenant of its own) as sent, then the noisy tenants', the
+/// one with the fewest messages in flight first (see [`FairShare`]).
+fn fair_order(messages: &VecDeque<Message>, now: Instant, fair: FairShare) -> Vec<usize> {
+    let mut in_flight: HashMap<&str, usize> = HashMap::new();
+    let mut total = 0usize;
+    for m in messages {
+        if m.receipt.is_some() && m.visible_at > now {
+            total += 1;
+            if let Some(g) = &m.group {
+                *in_flight.entry(g.as_str()).or_default() += 1;
+            }
+        }
+    }
+    let noisy = |g: &str| {
+        let n = in_flight.get(g).copied().unwrap_or(0);
+        n >= fair.at_least && n * 100 > total * fair.percent as usize
+    };
+    let mut order: Vec<(usize, usize)> = messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let rank = match &m.group {
+                // Quiet: rank 0, in the order sent (the sort is stable).
+                Some(g) if noisy(g) => in_flight.get(g.as_str()).copied().unwrap_or(0),
+                _ => 0,
+            };
+            (rank, i)
+        })
+        .collect();
+    if order.iter().any(|(rank, _)| *rank > 0) {
+        order.sort_by_key(|(rank, _)| *rank);
+    }
+    order.into_iter().map(|(_, i)| i).collect()
 }
 
 /// Named queues with SQS standard-queue semantics: at-least-once delivery, a visibility
@@ -161,14 +221,11 @@ impl MemoryQueues {
         let q = queues
             .get_mut(url)
             .ok_or_else(|| QueueError(format!("no such queue: {url}")))?;
-        if q.config.fifo != group.is_some() {
-            return Err(if q.config.fifo {
-                QueueError(format!(
-                    "MissingParameter: {url} is a FIFO queue: a message needs a MessageGroupId"
-                ))
-            } else {
-                not_fifo(url)
-            });
+        // A standard queue takes a group too (a fair queue's tenant); a FIFO queue needs one.
+        if q.config.fifo && group.is_none() {
+            return Err(QueueError(format!(
+                "MissingParameter: {url} is a FIFO queue: a message needs a MessageGroupId"
+            )));
         }
         q.next_id += 1;
         q.messages.push_back(Message {
@@ -207,29 +264,36 @@ impl MemoryQueues {
         let config = q.config.clone();
         let mut out = Vec::new();
         let mut dead = Vec::new();
+        // The order messages are looked at: as sent, but on a standard queue whose messages
+        // name tenants, a quiet tenant's before a noisy one's (SQS fair queues).
+        let order = if config.fifo {
+            (0..q.messages.len()).collect()
+        } else {
+            fair_order(&q.messages, now, config.fair)
+        };
         // The groups of a FIFO queue that hold a message not visible (in flight): none of
         // their later messages is delivered before it is deleted, or comes back first.
         let mut held: HashSet<String> = HashSet::new();
-        let mut i = 0;
-        while i < q.messages.len() && out.len() < max as usize {
+        let mut gone = Vec::new();
+        for i in order {
+            if out.len() >= max as usize {
+                break;
+            }
             let m = &mut q.messages[i];
-            if let Some(group) = &m.group
+            if config.fifo
+                && let Some(group) = &m.group
                 && (held.contains(group) || m.visible_at > now)
             {
                 held.insert(group.clone());
-                i += 1;
                 continue;
             }
             if m.visible_at > now {
-                i += 1;
                 continue;
             }
             if let (Some(limit), Some(_)) = (config.max_receive_count, &config.dead_letter_url)
                 && m.receive_count >= limit
             {
-                if let Some(m) = q.messages.remove(i) {
-                    dead.push((m.group, m.body));
-                }
+                gone.push(i);
                 continue;
             }
             m.receive_count += 1;
@@ -242,7 +306,13 @@ impl MemoryQueues {
                 body: m.body.clone(),
                 receive_count: m.receive_count,
             });
-            i += 1;
+        }
+        // Latest first, so each index still points at its message.
+        gone.sort_unstable_by(|a, b| b.cmp(a));
+        for i in gone {
+            if let Some(m) = q.messages.remove(i) {
+                dead.push((m.group, m.body));
+            }
         }
         if let Some(dlq) = config.dead_letter_url {
             for (group, body) in dead {
@@ -333,6 +403,36 @@ impl Queue for MemoryQueues {
         Ok(())
     }
 
+    async fn send_fair(&self, message: FairMessage<'_>) -> Result<(), QueueError> {
+        let Some(group) = message.group else {
+            return self
+                .send(message.queue_url, message.body, message.delay)
+                .await;
+        };
+        check_size(message.body)?;
+        check_fifo_id("MessageGroupId", group)?;
+        {
+            let mut queues = self.lock()?;
+            let url = message.queue_url;
+            if queues.get(url).is_some_and(|q| q.config.fifo) {
+                return Err(QueueError(format!(
+                    "InvalidParameterValue: {url} is a FIFO queue: a fair send is a standard \
+                     queue's"
+                )));
+            }
+            let visible_at = Instant::now() + message.delay;
+            Self::push_to(
+                &mut queues,
+                url,
+                Some(group.to_owned()),
+                message.body.to_owned(),
+                visible_at,
+            )?;
+        }
+        self.arrived.notify_waiters();
+        Ok(())
+    }
+
     async fn receive(&self, ask: ReceiveRequest<'_>) -> Result<Vec<ReceivedMessage>, QueueError> {
         let deadline = Instant::now() + ask.wait;
         loop {
@@ -386,7 +486,117 @@ mod tests {
             max_receive_count,
             dead_letter_url,
             fifo: true,
+            fair: FairShare::default(),
         }
+    }
+
+    async fn fair_send(q: &MemoryQueues, url: &str, group: Option<&str>, body: &str) {
+        q.send_fair(FairMessage {
+            queue_url: url,
+            group,
+            body,
+            delay: Duration::ZERO,
+        })
+        .await
+        .expect("fair send");
+    }
+
+    #[tokio::test]
+    async fn a_fair_queue_serves_a_quiet_tenant_before_a_noisy_ones_backlog() {
+        let q = MemoryQueues::new();
+        let url = q.create_queue(
+            "work",
+            QueueConfig {
+                visibility_timeout: Duration::from_secs(60),
+                ..QueueConfig::default()
+            },
+        );
+        for i in 0..60 {
+            fair_send(&q, &url, Some("noisy"), &format!("n{i}")).await;
+        }
+        fair_send(&q, &url, Some("quiet"), "q0").await;
+        fair_send(&q, &url, None, "none").await;
+        fair_send(&q, &url, Some("quiet"), "q1").await;
+        // Until the noisy tenant holds 30 in flight it is not noisy: as sent.
+        for _ in 0..3 {
+            let got = bodies(&q, &url).await;
+            assert!(got.iter().all(|b| b.starts_with('n')), "{got:?}");
+        }
+        // Now it is (30 of 30 in flight): the quiet tenants' go first, then its own.
+        let got = bodies(&q, &url).await;
+        assert_eq!(got[..3], ["q0", "none", "q1"], "{got:?}");
+        assert_eq!(got[3..], ["n30", "n31", "n32", "n33", "n34", "n35", "n36"]);
+    }
+
+    #[tokio::test]
+    async fn among_noisy_tenants_the_one_with_fewer_in_flight_goes_first() {
+        let q = MemoryQueues::new();
+        let fair = FairShare {
+            percent: 10,
+            at_least: 2,
+        };
+        let url = q.create_queue(
+            "work",
+            QueueConfig {
+                visibility_timeout: Duration::from_secs(60),
+                fair,
+                ..QueueConfig::default()
+            },
+        );
+        for i in 0..6 {
+            fair_send(&q, &url, Some("a"), &format!("a{i}")).await;
+        }
+        for i in 0..4 {
+            fair_send(&q, &url, Some("b"), &format!("b{i}")).await;
+        }
+        let first = q
+            .receive(ReceiveRequest {
+                queue_url: &url,
+                max: 5,
+                wait: Duration::ZERO,
+            })
+            .await
+            .expect("receive");
+        assert_eq!(first.len(), 5, "a0..a4 as sent: no one in flight yet");
+        let first = q
+            .receive(ReceiveRequest {
+                queue_url: &url,
+                max: 2,
+                wait: Duration::ZERO,
+            })
+            .await
+            .expect("receive");
+        let got: Vec<_> = first.iter().map(|m| m.body.as_str()).collect();
+        assert_eq!(got, ["b0", "b1"], "a holds 5 in flight, b none: b's first");
+        let third = bodies(&q, &url).await;
+        assert_eq!(third, ["b2", "b3", "a5"], "b holds 2, a 5: b's first");
+    }
+
+    #[tokio::test]
+    async fn a_fair_send_is_a_standard_queues_and_a_grouped_one_a_fifos() {
+        let q = MemoryQueues::new();
+        let fifo_url = q.create_queue("ends", fifo(None, None));
+        let fair = q
+            .send_fair(FairMessage {
+                queue_url: &fifo_url,
+                group: Some("t"),
+                body: "x",
+                delay: Duration::ZERO,
+            })
+            .await;
+        assert!(fair.is_err(), "a FIFO queue refuses a fair send");
+        let url = q.create_queue("work", QueueConfig::default());
+        let bad_group = q
+            .send_fair(FairMessage {
+                queue_url: &url,
+                group: Some("a tenant"),
+                body: "x",
+                delay: Duration::ZERO,
+            })
+            .await;
+        assert!(bad_group.is_err(), "a group SQS does not take");
+        fair_send(&q, &url, Some("t"), "x").await;
+        assert_eq!(bodies(&q, &url).await, ["x"]);
     }
 
     async fn bodies(q: &MemoryQueues, url: &str) -> Vec<String> {

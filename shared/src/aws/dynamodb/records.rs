@@ -141,6 +141,10 @@ pub(super) struct Body<'a> {
     inbox: &'a crate::domain::inbox::Inbox,
     #[serde(skip_serializing_if = "Option::is_none")]
     timer_at: Option<chrono::DateTime<chrono::Utc>>,
+    #[serde(skip_serializing_if = "crate::domain::Priority::is_normal")]
+    priority: crate::domain::Priority,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenant: Option<&'a str>,
 }
 
 #[derive(serde::Deserialize)]
@@ -153,6 +157,10 @@ pub(super) struct OwnedBody {
     inbox: crate::domain::inbox::Inbox,
     #[serde(default)]
     timer_at: Option<chrono::DateTime<chrono::Utc>>,
+    #[serde(default)]
+    priority: crate::domain::Priority,
+    #[serde(default)]
+    tenant: Option<String>,
 }
 
 pub(super) fn pack_body(r: &StateRecord) -> Option<Vec<u8>> {
@@ -163,6 +171,8 @@ pub(super) fn pack_body(r: &StateRecord) -> Option<Vec<u8>> {
         fanout: r.fanout.as_ref(),
         inbox: &r.inbox,
         timer_at: r.timer_at,
+        priority: r.priority,
+        tenant: r.tenant.as_deref(),
     })
     .ok()?;
     let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
@@ -476,6 +486,8 @@ pub(super) fn parse_state(item: &Item) -> Result<StateRecord, StoreError> {
         }
         r.inbox = body.inbox;
         r.timer_at = body.timer_at;
+        r.priority = body.priority;
+        r.tenant = body.tenant;
         return Ok(r);
     }
     let steps = match item.get("Steps") {
@@ -618,6 +630,9 @@ pub(super) fn record_of(
                     .map_err(|e| corrupt(format!("Parent is not a parent step: {e}")))
             })
             .transpose()?,
+        // (In the body.)
+        priority: Default::default(),
+        tenant: None,
         gate: opt_s(item, "Gate")
             .map(|json| {
                 serde_json::from_str(&json)

@@ -1,0 +1,234 @@
+//! Priority and fairness (issue 43): when the agents are the bottleneck, an urgent task goes
+//! first through a lane of its own (its own queues and consumers), and within a lane callers
+//! share fairly: the fair queues (a tenant per caller) deliver a quiet caller's step before a
+//! noisy caller's backlog. On the running in-memory system (its pollers, as Lambda's event
+//! source mappings: messages in flight while their handler runs), with a service slow enough
+//! that the agents fall behind.
+//!
+//! The same burst with the fair share switched off (no tenant ever noisy) shows what the test
+//! measures: the quiet caller's task then waits behind the whole backlog.
+
+use sas::auth::Identity;
+use sas::memory::FairShare;
+use sas::{Caller, ProcessState, TaskId};
+use sas_local::System;
+use serde_json::{Value, json};
+
+const SERVICES: &str = "services:\n  - name: ledger\n    target: {type: simulated}\n";
+
+const POSTING: &str = r#"name: ledger-posting
+steps:
+  - {name: post, service: ledger}
+"#;
+
+/// The noisy caller's burst.
+const BURST: usize = 60;
+
+fn caller(name: &str) -> Identity {
+    Identity::Caller(Caller::new(name).expect("caller"))
+}
+
+/// Submits a posting as `who`, with `headers`: its id.
+async fn submit(system: &System, who: &Identity, headers: &[(&str, &str)]) -> TaskId {
+    let mut map = http::HeaderMap::new();
+    map.insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    for (k, v) in headers {
+        map.insert(
+            http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+            http::HeaderValue::from_str(v).expect("value"),
+        );
+    }
+    let resp = sas::api::handle(
+        &system.api,
+        who,
+        &http::Method::POST,
+        "/workflows/ledger-posting/tasks",
+        &map,
+        b"{}",
+    )
+    .await;
+    let body: Value = serde_json::from_str(resp.body()).unwrap_or(Value::Null);
+    assert_eq!(resp.status(), 202, "{body}");
+    body["taskId"].as_str().expect("id").parse().expect("uuid")
+}
+
+/// When the task ended (its history's Processed line), once it has.
+async fn ended_at(system: &System, id: TaskId) -> Option<chrono::DateTime<chrono::Utc>> {
+    let r = system.store.get_state(id).await.expect("read")?;
+    (r.process_state == ProcessState::Processed)
+        .then(|| r.history.iter().find(|h| h.to == ProcessState::Processed))
+        .flatten()
+        .map(|h| h.at)
+}
+
+/// What one burst measured: how many of the noisy caller's tasks ended while the quiet
+/// caller's waited (after it was submitted, before it ended), and while the urgent one did.
+struct Burst {
+    before_quiet: usize,
+    before_urgent: usize,
+}
+
+/// How many of `ends` fall after `task`'s submission and before its end.
+async fn passed(system: &System, task: TaskId, ends: &[chrono::DateTime<chrono::Utc>]) -> usize {
+    let r = sas_blackbox::state(system, task).await;
+    let end = ended_at(system, task).await.expect("it ended");
+    ends.iter()
+        .filter(|t| **t > r.created_at && **t < end)
+        .count()
+}
+
+/// The noisy caller submits [`BURST`] postings at once; then the quiet caller submits one, and
+/// the noisy caller one urgent posting. Three agents (and one of the urgent lane) call a
+/// service that takes 60 ms a call.
+async fn burst(fair_share: FairShare) -> Burst {
+    let settings = sas_local::Settings {
+        agent_concurrency: 3,
+        urgent_concurrency: 1,
+        batch_size: 2,
+        poll_wait: std::time::Duration::from_millis(50),
+        fair_share,
+        default_faults: sas::remote::Faults {
+            latency: std::time::Duration::from_millis(60),
+            ..Default::default()
+        },
+        ..sas_blackbox::manual_settings()
+    };
+    let mut system = sas_blackbox::memory_system(settings).await;
+    system
+        .publish(&[
+            ("services.yaml".into(), SERVICES.into()),
+            ("posting.yaml".into(), POSTING.into()),
+        ])
+        .await
+        .expect("publishes");
+    system.start();
+    let (noisy, quiet) = (caller("backfill"), caller("checkout"));
+    let mut backlog = Vec::new();
+    for _ in 0..BURST {
+        backlog.push(submit(&system, &noisy, &[]).await);
+    }
+    // The agents are busy with the burst's first steps (its tenant holds them all).
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    let calm = submit(&system, &quiet, &[]).await;
+    let urgent = submit(&system, &noisy, &[("priority", "urgent")]).await;
+    let mut ends = Vec::new();
+    for _ in 0..400 {
+        ends.clear();
+        for id in &backlog {
+            ends.push(ended_at(&system, *id).await);
+        }
+        if ends.iter().all(Option::is_some)
+            && ended_at(&system, calm).await.is_some()
+            && ended_at(&system, urgent).await.is_some()
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let ends: Vec<_> = ends.into_iter().flatten().collect();
+    assert_eq!(ends.len(), BURST, "the whole burst ends");
+    let r = sas_blackbox::state(&system, urgent).await;
+    assert_eq!(
+        r.priority,
+        sas::domain::Priority::Urgent,
+        "kept on its record"
+    );
+    let waits = Burst {
+        before_quiet: passed(&system, calm, &ends).await,
+        before_urgent: passed(&system, urgent, &ends).await,
+    };
+    let left = ends.iter().filter(|t| **t > r.created_at).count();
+    assert!(
+        left >= BURST / 2,
+        "a backlog was left to pass ({left} of {BURST} ended after the urgent task came)"
+    );
+    eprintln!(
+        "burst: {} passed the quiet task, {} the urgent one, {left} after the urgent one came",
+        waits.before_quiet, waits.before_urgent
+    );
+    system.shutdown().await;
+    waits
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_callers_task_and_an_urgent_one_pass_a_noisy_callers_backlog() {
+    // Noisy: at least 2 of the messages in flight (SQS counts 30, and Lambda's pollers hold
+    // that many; three agents here hold 6).
+    let fair = burst(FairShare {
+        percent: 10,
+        at_least: 2,
+    })
+    .await;
+    assert!(
+        fair.before_quiet < BURST / 4,
+        "the quiet caller's task waited behind {} of the noisy caller's {BURST}",
+        fair.before_quiet
+    );
+    assert!(
+        fair.before_urgent < BURST / 4,
+        "the urgent task waited behind {} of the backlog",
+        fair.before_urgent
+    );
+    // No tenant ever noisy: one queue in the order sent, the quiet task behind the backlog;
+    // the urgent lane still passes it.
+    let unfair = burst(FairShare {
+        percent: 100,
+        at_least: usize::MAX,
+    })
+    .await;
+    assert!(
+        unfair.before_quiet > BURST / 2,
+        "without fair sharing the quiet task waits behind the backlog ({} of {BURST})",
+        unfair.before_quiet
+    );
+    assert!(unfair.before_urgent < BURST / 4, "{}", unfair.before_urgent);
+}
+
+#[tokio::test]
+async fn an_unknown_priority_is_refused_naming_the_header() {
+    let system = sas_blackbox::memory_system(sas_blackbox::manual_settings()).await;
+    system
+        .publish(&[
+            ("services.yaml".into(), SERVICES.into()),
+            ("posting.yaml".into(), POSTING.into()),
+        ])
+        .await
+        .expect("publishes");
+    let mut map = http::HeaderMap::new();
+    map.insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    map.insert("priority", http::HeaderValue::from_static("high"));
+    let resp = sas::api::handle(
+        &system.api,
+        &caller("shop"),
+        &http::Method::POST,
+        "/workflows/ledger-posting/tasks",
+        &map,
+        b"{}",
+    )
+    .await;
+    assert_eq!(resp.status(), 400);
+    let body: Value = serde_json::from_str(resp.body()).expect("json");
+    assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("Priority")),
+        "{body}"
+    );
+    // An urgent task's view says so; a normal one's says nothing.
+    let urgent = submit(&system, &caller("shop"), &[("priority", "urgent")]).await;
+    let normal = submit(&system, &caller("shop"), &[]).await;
+    for (id, want) in [(urgent, json!("urgent")), (normal, Value::Null)] {
+        let (status, view) =
+            sas_blackbox::operator_call(&system, http::Method::GET, &format!("/tasks/{id}"), b"")
+                .await;
+        assert_eq!(status, 200, "{view}");
+        assert_eq!(view["priority"], want, "{view}");
+    }
+}
