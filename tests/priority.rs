@@ -7,6 +7,9 @@
 //!
 //! The same burst with the fair share switched off (no tenant ever noisy) shows what the test
 //! measures: the quiet caller's task then waits behind the whole backlog.
+//!
+//! And a tenant's share of a service (`perKey` limits): one account's calls at most one at a
+//! time, measured at the service, while another account's go at once.
 
 use sas::auth::Identity;
 use sas::memory::FairShare;
@@ -231,4 +234,106 @@ async fn an_unknown_priority_is_refused_naming_the_header() {
         assert_eq!(status, 200, "{view}");
         assert_eq!(view["priority"], want, "{view}");
     }
+}
+
+/// A bank that takes one call per account at a time, and a posting found by its account.
+const BANK: &str = r#"services:
+  - name: bank
+    target: {type: simulated}
+    limits: {concurrency: 10, perKey: {key: accountId, concurrency: 1}}
+"#;
+
+const TRANSFER: &str = r#"name: transfer
+keys: {accountId: $.input.accountId}
+steps:
+  - {name: debit, service: bank, input: {account: $.input.accountId}}
+  - {name: credit, service: bank, input: {account: $.input.accountId}}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_account_gets_its_share_of_a_service_and_waits_without_failing() {
+    let mut faults = std::collections::HashMap::new();
+    faults.insert(
+        "bank".to_owned(),
+        sas::remote::Faults {
+            latency: std::time::Duration::from_millis(40),
+            count_by: Some("/account".into()),
+            ..Default::default()
+        },
+    );
+    let settings = sas_local::Settings {
+        agent_concurrency: 4,
+        poll_wait: std::time::Duration::from_millis(50),
+        faults,
+        ..sas_blackbox::manual_settings()
+    };
+    let mut system = sas_blackbox::memory_system(settings).await;
+    system
+        .publish(&[
+            ("services.yaml".into(), BANK.into()),
+            ("transfer.yaml".into(), TRANSFER.into()),
+        ])
+        .await
+        .expect("publishes");
+    system.start();
+    let who = caller("payments");
+    let mut ids = Vec::new();
+    for account in ["a-1", "a-2"] {
+        for _ in 0..5 {
+            let resp = sas::api::handle(
+                &system.api,
+                &who,
+                &http::Method::POST,
+                "/workflows/transfer/tasks",
+                &{
+                    let mut m = http::HeaderMap::new();
+                    m.insert(
+                        "content-type",
+                        http::HeaderValue::from_static("application/json"),
+                    );
+                    m
+                },
+                json!({"accountId": account}).to_string().as_bytes(),
+            )
+            .await;
+            assert_eq!(resp.status(), 202, "{}", resp.body());
+            let body: Value = serde_json::from_str(resp.body()).expect("json");
+            ids.push(
+                body["taskId"]
+                    .as_str()
+                    .expect("id")
+                    .parse::<TaskId>()
+                    .expect("id"),
+            );
+        }
+    }
+    for _ in 0..300 {
+        let mut done = 0;
+        for id in &ids {
+            done += usize::from(ended_at(&system, *id).await.is_some());
+        }
+        if done == ids.len() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    for id in &ids {
+        let r = sas_blackbox::state(&system, *id).await;
+        assert_eq!(r.process_state, ProcessState::Processed, "{:?}", r.history);
+        assert_eq!(r.failure_count, 0, "a wait at a limit is no failure");
+    }
+    let stats = system.services.get("bank").stats();
+    assert_eq!(
+        stats.most_in_flight_by.get("a-1"),
+        Some(&1),
+        "one call of an account at a time: {:?}",
+        stats.most_in_flight_by
+    );
+    assert_eq!(stats.most_in_flight_by.get("a-2"), Some(&1));
+    assert!(
+        stats.most_calls_in_flight >= 2,
+        "the two accounts' calls went at once ({})",
+        stats.most_calls_in_flight
+    );
+    system.shutdown().await;
 }

@@ -783,6 +783,7 @@ async fn the_shared_breaker_opens_after_n_faults_stops_calls_half_opens_and_clos
         input: json!({}),
         deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
         callback: None,
+        limit_keys: Default::default(),
     };
     let before = payment.stats().calls;
     assert!(matches!(

@@ -157,6 +157,10 @@ pub struct StepRequest {
     /// A sub-workflow step's request (its service is sas itself, its action the workflow):
     /// how its child task starts.
     pub child: Option<ChildRequest>,
+    /// The value its service's `perKey` limit counts the call under (the task's caller's
+    /// tenant, or its search key of that name); empty when the service has none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub limit_keys: crate::domain::limits::CallKeys,
 }
 
 /// How the agent starts a sub-workflow step's child task.

@@ -969,6 +969,8 @@ pub struct RemoteCall {
     /// For a callback step: where and with what token the service completes it later. A 2xx
     /// answer then means "accepted", not "done".
     pub callback: Option<CallbackAddress>,
+    /// The values the service's per-key limits count this call under (the request's).
+    pub limit_keys: crate::domain::limits::CallKeys,
 }
 
 /// Where a callback step's service completes the step: `POST {url}` (the task API's

@@ -38,6 +38,7 @@ pub fn router(service: Arc<SimulatedService>) -> axum::Router {
             input: body.0,
             deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
             callback: None,
+            limit_keys: Default::default(),
         };
         match service.call(&call, Duration::from_secs(30)).await {
             Ok(v) => axum::Json(v).into_response(),
@@ -117,6 +118,7 @@ mod tests {
             input: serde_json::json!({"items": [], "amount": 3}),
             deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
             callback: None,
+            limit_keys: Default::default(),
         };
         let first = remote
             .call(&call, Duration::from_secs(5))

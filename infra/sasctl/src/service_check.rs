@@ -105,6 +105,7 @@ impl Plan {
                 .and_then(|t| chrono::Utc::now().checked_add_signed(t))
                 .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC),
             callback: None,
+            limit_keys: Default::default(),
         }
     }
 

@@ -34,7 +34,32 @@ pub struct ServiceLimits {
     /// Limits of one action's calls, kept besides the service's (a call takes both).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub actions: BTreeMap<String, Limit>,
+    /// Limits of each tenant's calls (each caller's, or each value of a search key): its
+    /// share of the service, kept besides the service's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_key: Option<PerKey>,
 }
+
+/// `perKey: {key, concurrency, rate}`: the limits each value of `key` has on its own. `key` is
+/// `caller` (each caller of sas: a team, an application) or the name of a search key of the
+/// calling task's workflow (each account, each customer). A call whose task has no value for
+/// it passes the service's own limits only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PerKey {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Rate>,
+}
+
+/// The name under which a call's keys ([`CallKeys`]) hold its task's caller (its tenant).
+pub const CALLER_KEY: &str = "caller";
+
+/// The values a call may be limited by (`perKey`): its task's search keys by name, and its
+/// caller's tenant under [`CALLER_KEY`].
+pub type CallKeys = BTreeMap<String, String>;
 
 /// One set of limits: calls in flight, calls a second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -103,6 +128,7 @@ impl ServiceLimits {
         service: &str,
         action: &str,
         share: Option<u32>,
+        keys: &CallKeys,
     ) -> Vec<Gate> {
         let all = this.map(Self::all).unwrap_or_default();
         let mut gates = vec![];
@@ -125,8 +151,29 @@ impl ServiceLimits {
                 shared: false,
             });
         }
+        // The tenant's share: a gate of its own per value.
+        if let Some(per) = this.and_then(|l| l.per_key.as_ref())
+            && (per.concurrency.is_some() || per.rate.is_some())
+            && let Some(value) = keys.get(&per.key)
+        {
+            gates.push(Gate {
+                key: tenant_key(service, &per.key, value),
+                concurrency: per.concurrency,
+                rate: per.rate.map(|r| r.as_limit()),
+                shared: false,
+            });
+        }
         gates
     }
+}
+
+/// The limiter key of one value of a service's `perKey`: `service#<name>@<key>#<digest>`, the
+/// value's digest (SHA-256, 16 hex digits) so a long value makes no long key, and apart from
+/// the action keys (`@` is no action's).
+pub fn tenant_key(service: &str, key: &str, value: &str) -> String {
+    use sha2::Digest;
+    let digest = hex::encode(sha2::Sha256::digest(value.as_bytes()));
+    format!("service#{service}@{key}#{}", &digest[..16])
 }
 
 /// The limiter key of a service (or one of its actions): `service#<name>[#<action>]`, apart
@@ -214,7 +261,10 @@ pub fn problems(at: &str, limits: &ServiceLimits, problems: &mut Vec<Problem>) {
         }
     };
     let all = limits.all();
-    if all.concurrency.is_some() || all.rate.is_some() || limits.actions.is_empty() {
+    if all.concurrency.is_some()
+        || all.rate.is_some()
+        || (limits.actions.is_empty() && limits.per_key.is_none())
+    {
         check(at.to_owned(), &all);
     }
     for (action, l) in &limits.actions {
@@ -225,6 +275,23 @@ pub fn problems(at: &str, limits: &ServiceLimits, problems: &mut Vec<Problem>) {
             ),
             l,
         );
+    }
+    if let Some(per) = &limits.per_key {
+        check(
+            format!("{at}/perKey"),
+            &Limit {
+                concurrency: per.concurrency,
+                rate: per.rate,
+            },
+        );
+        if per.key != CALLER_KEY
+            && let Some(why) = crate::domain::keys::name_problem(&per.key)
+        {
+            problems.push(Problem {
+                at: format!("{at}/perKey/key"),
+                message: format!("`{CALLER_KEY}`, or a search key's name: {why}"),
+            });
+        }
     }
 }
 
@@ -244,7 +311,7 @@ mod tests {
             "rate": {"perSecond": 20, "burst": 4},
             "actions": {"transfer": {"concurrency": 2}}
         }));
-        let gates = ServiceLimits::gates(Some(&l), "bank", "transfer", Some(10));
+        let gates = ServiceLimits::gates(Some(&l), "bank", "transfer", Some(10), &CallKeys::new());
         assert_eq!(gates.len(), 2);
         assert_eq!(gates[0].key, "service#bank");
         assert_eq!(
@@ -260,19 +327,19 @@ mod tests {
         assert_eq!(gates[1].concurrency, Some(2));
         // Another action: the service's gate only.
         assert_eq!(
-            ServiceLimits::gates(Some(&l), "bank", "hold", None).len(),
+            ServiceLimits::gates(Some(&l), "bank", "hold", None, &CallKeys::new()).len(),
             1
         );
         // No limits: the share alone, or nothing at all.
-        let shared = ServiceLimits::gates(None, "bank", "hold", Some(10));
+        let shared = ServiceLimits::gates(None, "bank", "hold", Some(10), &CallKeys::new());
         assert_eq!(shared.len(), 1);
         assert_eq!((shared[0].concurrency, shared[0].rate), (Some(10), None));
         assert!(shared[0].shared, "the share, not a declared limit");
         assert!(!gates[0].shared && !gates[1].shared, "declared limits");
-        assert!(ServiceLimits::gates(None, "bank", "hold", None).is_empty());
+        assert!(ServiceLimits::gates(None, "bank", "hold", None, &CallKeys::new()).is_empty());
         // A rate alone keeps the share as the concurrency.
         let rated = parse(json!({"rate": {"perSecond": 2}}));
-        let g = ServiceLimits::gates(Some(&rated), "bank", "hold", Some(10));
+        let g = ServiceLimits::gates(Some(&rated), "bank", "hold", Some(10), &CallKeys::new());
         assert_eq!(g[0].concurrency, Some(10));
         assert!(g[0].shared, "its concurrency is the share");
         assert_eq!(g[0].rate.map(|r| r.burst), Some(1), "burst defaults to 1");
@@ -289,6 +356,72 @@ mod tests {
         );
         // b's lease ran out (its agent died mid-call): its slot is free.
         assert_eq!(take_slot(held, 2, 300), SlotDecision::Take);
+    }
+
+    #[test]
+    fn a_tenant_passes_a_gate_of_its_own_besides_the_services() {
+        let l = parse(json!({
+            "concurrency": 10,
+            "perKey": {"key": "accountId", "concurrency": 1, "rate": {"perSecond": 2}}
+        }));
+        let keys = |pairs: &[(&str, &str)]| -> CallKeys {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let a = ServiceLimits::gates(
+            Some(&l),
+            "bank",
+            "pay",
+            None,
+            &keys(&[("accountId", "a-1")]),
+        );
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0].key, "service#bank");
+        assert_eq!(a[1].key, tenant_key("bank", "accountId", "a-1"));
+        assert!(
+            a[1].key.starts_with("service#bank@accountId#"),
+            "{}",
+            a[1].key
+        );
+        assert_eq!(a[1].concurrency, Some(1));
+        assert_eq!(a[1].rate.map(|r| r.per_second), Some(2.0));
+        let b = ServiceLimits::gates(
+            Some(&l),
+            "bank",
+            "pay",
+            None,
+            &keys(&[("accountId", "a-2")]),
+        );
+        assert_ne!(a[1].key, b[1].key, "each value its own gate");
+        let none = ServiceLimits::gates(Some(&l), "bank", "pay", None, &keys(&[("other", "x")]));
+        assert_eq!(
+            none.len(),
+            1,
+            "no value for the key: the service's own limits only"
+        );
+        let callers = parse(json!({"perKey": {"key": "caller", "concurrency": 3}}));
+        let c = ServiceLimits::gates(
+            Some(&callers),
+            "bank",
+            "pay",
+            None,
+            &keys(&[(CALLER_KEY, "0a1b")]),
+        );
+        assert_eq!(c.len(), 1, "{c:?}");
+        assert_eq!(c[0].concurrency, Some(3));
+        let mut p = vec![];
+        problems("/l", &callers, &mut p);
+        assert!(p.is_empty(), "perKey alone is limits enough: {p:?}");
+        let mut p = vec![];
+        problems(
+            "/l",
+            &parse(json!({"perKey": {"key": "1st", "concurrency": 0}})),
+            &mut p,
+        );
+        let at: Vec<&str> = p.iter().map(|p| p.at.as_str()).collect();
+        assert_eq!(at, ["/l/perKey/concurrency", "/l/perKey/key"], "{p:?}");
     }
 
     #[test]

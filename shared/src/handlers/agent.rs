@@ -117,6 +117,7 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
         input,
         deadline: request.complete_by,
         callback: request.callback.clone(),
+        limit_keys: request.limit_keys.clone(),
     };
     // Start to close: the step's timeout from now, within its deadline.
     let picked_up = deps.clock.now();

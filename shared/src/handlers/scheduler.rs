@@ -217,6 +217,40 @@ async fn load(
     Ok((task, record, workflow))
 }
 
+/// The value the call of `service` is limited by, if the service declares `perKey` and the
+/// task has one: its caller's tenant, or its search key of that name. Nothing otherwise (the
+/// request carries no keys it does not need).
+async fn limit_keys(
+    deps: &SchedulerDeps,
+    service: &str,
+    task: &crate::domain::Task,
+    record: &StateRecord,
+) -> Result<crate::domain::limits::CallKeys, HandlerError> {
+    let services = match deps.ports.definitions.services().await {
+        Ok(s) => s,
+        Err(crate::catalog::CatalogError::Store(e)) => return Err(e.into()),
+        Err(e) => return Err(HandlerError::Config(e.to_string())),
+    };
+    let Some(per) = services
+        .get(service)
+        .and_then(|s| s.limits.as_ref())
+        .and_then(|l| l.per_key.as_ref())
+    else {
+        return Ok(Default::default());
+    };
+    let value = if per.key == crate::domain::limits::CALLER_KEY {
+        record.tenant.clone()
+    } else {
+        task.keys
+            .iter()
+            .find(|k| k.key.name == per.key)
+            .map(|k| k.key.value.clone())
+    };
+    Ok(value
+        .map(|v| [(per.key.clone(), v)].into())
+        .unwrap_or_default())
+}
+
 /// Sends a task's work message on, to come back at `until` (SQS delays at most 15 minutes).
 async fn send_on(
     deps: &SchedulerDeps,
@@ -749,6 +783,7 @@ async fn send_step_request(
     // A large body is kept before the request that names it goes out.
     let (body, body_ref) =
         crate::payloads::packed_body(deps.ports.payloads.as_ref(), record.task_id, input.0).await?;
+    let limit_keys = limit_keys(deps, &step.service, task, record).await?;
     let request = StepRequest {
         task_id: record.task_id,
         workflow: workflow.name.clone(),
@@ -767,6 +802,7 @@ async fn send_step_request(
         input: body,
         input_ref: body_ref,
         callback: input.1,
+        limit_keys,
         // A child's caller is the task's, so the caller sees it; a run reads only the depth (its
         // elements belong to sas's own caller, `Caller::run`).
         child: (step.child.is_some() || step.run.is_some()).then(|| {

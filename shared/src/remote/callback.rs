@@ -228,6 +228,7 @@ mod tests {
                 token: url.into(),
                 url: url.into(),
             }),
+            limit_keys: Default::default(),
         }
     }
 

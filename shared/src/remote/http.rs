@@ -466,6 +466,7 @@ mod tests {
                 .expect("date")
                 .with_timezone(&chrono::Utc),
             callback: None,
+            limit_keys: Default::default(),
         }
     }
 

@@ -332,6 +332,7 @@ mod tests {
                 .expect("date")
                 .with_timezone(&chrono::Utc),
             callback: None,
+            limit_keys: Default::default(),
         }
     }
 

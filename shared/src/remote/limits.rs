@@ -206,6 +206,7 @@ impl RemoteService for LimitedRemote {
             &self.service,
             &call.action,
             self.share,
+            &call.limit_keys,
         );
         if gates.is_empty() {
             return self.inner.call(call, timeout).await;
@@ -330,6 +331,7 @@ mod tests {
             input: serde_json::json!({}),
             deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
             callback: None,
+            limit_keys: Default::default(),
         }
     }
 

@@ -540,6 +540,7 @@ mod tests {
             input: serde_json::json!({}),
             deadline: Utc::now() + chrono::Duration::seconds(30),
             callback: None,
+            limit_keys: Default::default(),
         }
     }
 

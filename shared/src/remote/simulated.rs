@@ -58,6 +58,10 @@ pub struct Faults {
     /// key, instead of at random: the same seed gives the same faults to the same calls,
     /// whatever the interleaving.
     pub seed: Option<u64>,
+    /// A JSON pointer (e.g. `/account`): the calls in the service at once are also counted per
+    /// the string their request holds there ([`SimStats::most_in_flight_by`]), what a per-key
+    /// limit keeps.
+    pub count_by: Option<String>,
 }
 
 impl Default for Faults {
@@ -78,6 +82,7 @@ impl Default for Faults {
             tombstones: true,
             oversized: 0.0,
             seed: None,
+            count_by: None,
         }
     }
 }
@@ -138,6 +143,9 @@ pub struct SimStats {
     /// The most calls in the service at once (from a call's arrival to its answer), whatever
     /// their keys: what a concurrency limit keeps.
     pub most_calls_in_flight: u32,
+    /// The most calls in the service at once per value at [`Faults::count_by`] in their
+    /// request.
+    pub most_in_flight_by: HashMap<String, u32>,
     /// When each call arrived (ms), in order: what a rate limit keeps
     /// ([`SimStats::most_calls_in_any_second`]).
     pub arrivals_ms: Vec<i64>,
@@ -185,22 +193,34 @@ struct SimState {
     elements_in_flight: HashMap<String, HashMap<String, u32>>,
     /// Calls in the service now.
     calls_now: u32,
+    /// ... per value at [`Faults::count_by`].
+    calls_now_by: HashMap<String, u32>,
     /// The first body of each element's key (see [`SimStats::rebodied`]).
     element_bodies: HashMap<String, serde_json::Value>,
 }
 
 /// A call in the service, from its arrival to its answer (see
 /// [`SimStats::most_calls_in_flight`]).
-struct Arrived(Arc<Mutex<SimState>>);
+struct Arrived(Arc<Mutex<SimState>>, Option<String>);
 
 impl Arrived {
-    fn at(state: &Arc<Mutex<SimState>>, now: DateTime<Utc>) -> Self {
+    /// A call arrives at `now`, counted under `by` too (its value at [`Faults::count_by`]).
+    fn at(state: &Arc<Mutex<SimState>>, now: DateTime<Utc>, by: Option<String>) -> Self {
         if let Ok(mut s) = state.lock() {
             s.calls_now += 1;
             s.stats.most_calls_in_flight = s.stats.most_calls_in_flight.max(s.calls_now);
             s.stats.arrivals_ms.push(now.timestamp_millis());
+            if let Some(by) = &by {
+                let now = {
+                    let n = s.calls_now_by.entry(by.clone()).or_default();
+                    *n += 1;
+                    *n
+                };
+                let most = s.stats.most_in_flight_by.entry(by.clone()).or_default();
+                *most = (*most).max(now);
+            }
         }
-        Self(state.clone())
+        Self(state.clone(), by)
     }
 }
 
@@ -208,6 +228,9 @@ impl Drop for Arrived {
     fn drop(&mut self) {
         if let Ok(mut s) = self.0.lock() {
             s.calls_now = s.calls_now.saturating_sub(1);
+            if let Some(n) = self.1.as_ref().and_then(|by| s.calls_now_by.get_mut(by)) {
+                *n = n.saturating_sub(1);
+            }
         }
     }
 }
@@ -462,7 +485,13 @@ impl RemoteService for SimulatedService {
         let faults = self.faults();
         let key = call.idempotency_key.as_str();
         let started = self.clock.now();
-        let _arrived = Arrived::at(&self.state, started);
+        let by = faults
+            .count_by
+            .as_deref()
+            .and_then(|at| call.input.pointer(at))
+            .and_then(|v| v.as_str())
+            .map(str::to_owned);
+        let _arrived = Arrived::at(&self.state, started, by);
 
         let n = self.with_state(|s| {
             s.stats.calls += 1;
@@ -633,6 +662,7 @@ mod tests {
             input: serde_json::json!({}),
             deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
             callback: None,
+            limit_keys: Default::default(),
         }
     }
 
@@ -685,6 +715,7 @@ mod tests {
             input: serde_json::json!({"n": key}),
             deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
             callback: None,
+            limit_keys: Default::default(),
         }
     }
 

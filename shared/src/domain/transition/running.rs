@@ -1064,8 +1064,10 @@ pub const LIMIT_WAIT_CAP: Duration = Duration::seconds(10);
 /// to Pending, to be tried again after `wait` (when the agent says a slot or a token is due)
 /// or, the more often it was turned away, longer (doubling from a quarter second, at most
 /// [`LIMIT_WAIT_CAP`], jittered per task): many steps waiting on one limit spread out instead
-/// of coming back together. Not the step's retry policy (nothing failed: no failure counted),
-/// and its deadline moves with the wait, as a start's does.
+/// of coming back together. An urgent task's step does not back off: it asks again within a
+/// quarter second each time, so it takes the next free slot before the normal steps that wait
+/// longer. Not the step's retry policy (nothing failed: no failure counted), and its deadline
+/// moves with the wait, as a start's does.
 fn defer_over_limit(
     r: &StateRecord,
     n: &mut StateRecord,
@@ -1074,7 +1076,11 @@ fn defer_over_limit(
     reason: String,
     wait: Duration,
 ) -> Vec<Effect> {
-    let grown = Duration::milliseconds(250) * (1i32 << r.deferrals.min(7));
+    let turned_away = match r.priority {
+        crate::domain::Priority::Urgent => 0,
+        crate::domain::Priority::Normal => r.deferrals.min(7),
+    };
+    let grown = Duration::milliseconds(250) * (1i32 << turned_away);
     let spread =
         grown.min(LIMIT_WAIT_CAP).num_milliseconds() as f64 * (0.5 + stable_jitter(r) / 2.0);
     let delay = wait.max(Duration::milliseconds(spread as i64));
@@ -1703,6 +1709,25 @@ mod tests {
         assert!(delays[4] > delays[0] * 4, "{delays:?}");
         assert!(delays.iter().all(|d| *d <= LIMIT_WAIT_CAP), "{delays:?}");
         assert!(*delays.last().unwrap() >= LIMIT_WAIT_CAP / 2, "{delays:?}");
+        // An urgent task's step never backs off: within a quarter second every time.
+        let mut urgent = fresh(now);
+        urgent.priority = crate::domain::Priority::Urgent;
+        run_to(&mut urgent, 1, now, &p);
+        for k in 0..12 {
+            let a = urgent.attempt;
+            if k > 0 {
+                apply(&mut urgent, |r| claim(r, "s", now, &p, &Linear));
+            }
+            let a = if k > 0 { a + 1 } else { a };
+            let t = apply(&mut urgent, |r| {
+                apply_reply(r, a, 1, false, &over(now), now, &p, &Linear)
+            });
+            let [Effect::Enqueue { delay }] = t.effects[..] else {
+                panic!("one enqueue: {:?}", t.effects)
+            };
+            assert!(delay <= Duration::milliseconds(250), "{k}: {delay:?}");
+        }
+        assert_eq!(urgent.failure_count, 0);
         // The agent's time, when later than the spread, is kept.
         let a = r.attempt;
         apply(&mut r, |r| claim(r, "s", now, &p, &Linear));
