@@ -433,7 +433,8 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         ("reply-queue-url", client_queue.as_str()),
     ];
     let replying = [("reply-queue-url", client_queue.as_str())];
-    // The urgent lane: its work queue and agent queue (`Priority: urgent`).
+    // The urgent lane: its work queue (work, and the agent's replies) and agent queue
+    // (`Priority: urgent`).
     let urgent = [
         ("reply-queue-url", client_queue.as_str()),
         ("priority", "urgent"),
@@ -594,25 +595,18 @@ async fn every_call_is_granted_and_every_grant_is_used() {
             operator_api(&operator, Method::PUT, &format!("/workflows/{name}"), &doc).await;
         assert_eq!(status, 201, "{body}");
     }
-    // An urgent parent: the agent sends its child's first work message to the urgent lane.
-    let parent: sas::TaskId = ROLE
-        .scope(SUBMISSION, async {
-            let (status, body) = call(
-                &submitter,
-                false,
-                Method::POST,
-                "/workflows/iam-parent/tasks",
-                &[("priority", "urgent")],
-                &json!({"pad": "p".repeat(sas::domain::payload::MESSAGE_INLINE_BYTES)}),
-            )
-            .await;
-            assert_eq!(status, 202, "{body}");
-            body["taskId"]
-                .as_str()
-                .and_then(|s| s.parse().ok())
-                .expect("taskId")
-        })
-        .await;
+    let (status, body) = task_api(
+        &submitter,
+        Method::POST,
+        "/workflows/iam-parent/tasks",
+        &json!({"pad": "p".repeat(sas::domain::payload::MESSAGE_INLINE_BYTES)}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let parent: sas::TaskId = body["taskId"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("taskId");
     for _ in 0..20 {
         ROLE.scope(SCHEDULER, stalled.pump_scheduler())
             .await

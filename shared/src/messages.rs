@@ -157,8 +157,8 @@ pub struct StepRequest {
     /// A sub-workflow step's request (its service is sas itself, its action the workflow):
     /// how its child task starts.
     pub child: Option<ChildRequest>,
-    /// The value its service's `perKey` limit counts the call under (the task's caller's
-    /// tenant, or its search key of that name); empty when the service has none.
+    /// The values its service's `perKey` limit may count the call under: the task's search
+    /// keys by name, and its caller's tenant under `caller`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub limit_keys: crate::domain::limits::CallKeys,
 }

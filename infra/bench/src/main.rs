@@ -4,6 +4,7 @@
 
 mod counting;
 mod distributed;
+mod fairness;
 mod groups;
 mod prices;
 mod scenarios;
@@ -58,8 +59,11 @@ struct Cli {
     /// Run only this section and print it (`distributed`: the distributed forEach; `costs`:
     /// the API calls and the cost per million tasks, on the emulator); the report is written
     /// whole, so not with `--write`.
-    #[arg(long, value_parser = ["distributed", "costs"])]
+    #[arg(long, value_parser = ["distributed", "costs", "fairness"])]
     only: Option<String>,
+    /// The noisy caller's burst in the fairness run.
+    #[arg(long, default_value_t = 20_000)]
+    fair_burst: usize,
     /// Where `sam build` left the bootstraps, for their sizes.
     #[arg(long, default_value = ".aws-sam/build")]
     sam_build: std::path::PathBuf,
@@ -96,6 +100,8 @@ async fn main() -> anyhow::Result<()> {
                 writes_table(&scenarios),
                 cost_table(&scenarios)
             );
+        } else if only == "fairness" {
+            print!("{}", fairness_section(&cli).await?);
         } else {
             print!("{}", distributed_section(&cli).await?);
         }
@@ -201,6 +207,8 @@ async fn main() -> anyhow::Result<()> {
 
     md.push_str(&distributed_section(&cli).await?);
 
+    md.push_str(&fairness_section(&cli).await?);
+
     eprintln!("sweep capacity…");
     writeln!(md, "## Sweep capacity (in memory, modeled latency)\n")?;
     writeln!(md, "{}", sweep_capacity(cli.sweep_tasks).await?)?;
@@ -244,6 +252,16 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// The noisy caller's section (see [`fairness`]).
+async fn fairness_section(cli: &Cli) -> anyhow::Result<String> {
+    eprintln!("a noisy caller's burst…");
+    let run = fairness::run(cli.fair_burst).await?;
+    Ok(format!(
+        "## A noisy caller's burst (in memory, modeled latency)\n\n{}",
+        fairness::table(&run)
+    ))
 }
 
 /// The distributed forEach's section (see [`distributed`]).

@@ -523,14 +523,13 @@ async fn leave_gate(
     let place = crate::ports::GatePlace::of(hold, record.task_id, record.created_at);
     let next = ports.store.leave(place).await?;
     for id in &next {
-        send_json(
-            ports.queue.as_ref(),
-            &ports.work_queue_url,
-            "the next at its gate",
-            &SchedulerMessage::Work(crate::messages::WorkMessage::new(*id)),
-            Duration::ZERO,
-        )
-        .await?;
+        // In its lane and its tenant's group (a read of its record; one that cannot be read
+        // goes in the normal lane: its claim reads it anyway).
+        let work = match ports.store.get_state(*id).await {
+            Ok(Some(r)) => WorkMessage::of(&r),
+            Ok(None) | Err(_) => WorkMessage::new(*id),
+        };
+        enqueue(ports, work, chrono::Duration::zero(), ports.clock.now()).await?;
     }
     info!(gate = %hold.gate, next = ?next, "left its gate");
     Ok(())

@@ -46,6 +46,16 @@ pub struct SchedulerDeps {
 }
 
 impl SchedulerDeps {
+    /// Where the agents reply for a task of `priority`: the reply queue, or for an urgent
+    /// task the urgent lane's work queue (the scheduler takes replies there too), so a backlog
+    /// of replies never delays it either.
+    pub fn reply_queue(&self, priority: crate::domain::Priority) -> &str {
+        match (priority, &self.ports.urgent_work_queue_url) {
+            (crate::domain::Priority::Urgent, Some(url)) => url,
+            _ => &self.reply_queue_url,
+        }
+    }
+
     /// The agent queue of `priority`'s lane.
     pub fn agent_queue(&self, priority: crate::domain::Priority) -> &str {
         match priority {
@@ -217,38 +227,19 @@ async fn load(
     Ok((task, record, workflow))
 }
 
-/// The value the call of `service` is limited by, if the service declares `perKey` and the
-/// task has one: its caller's tenant, or its search key of that name. Nothing otherwise (the
-/// request carries no keys it does not need).
-async fn limit_keys(
-    deps: &SchedulerDeps,
-    service: &str,
-    task: &crate::domain::Task,
-    record: &StateRecord,
-) -> Result<crate::domain::limits::CallKeys, HandlerError> {
-    let services = match deps.ports.definitions.services().await {
-        Ok(s) => s,
-        Err(crate::catalog::CatalogError::Store(e)) => return Err(e.into()),
-        Err(e) => return Err(HandlerError::Config(e.to_string())),
-    };
-    let Some(per) = services
-        .get(service)
-        .and_then(|s| s.limits.as_ref())
-        .and_then(|l| l.per_key.as_ref())
-    else {
-        return Ok(Default::default());
-    };
-    let value = if per.key == crate::domain::limits::CALLER_KEY {
-        record.tenant.clone()
-    } else {
-        task.keys
-            .iter()
-            .find(|k| k.key.name == per.key)
-            .map(|k| k.key.value.clone())
-    };
-    Ok(value
-        .map(|v| [(per.key.clone(), v)].into())
-        .unwrap_or_default())
+/// The values a call may be limited by (a service's `perKey`): the task's search keys, and
+/// its caller's tenant under `caller`. Every request carries them (a few dozen bytes), so the
+/// scheduler reads no service to know which one it needs.
+fn limit_keys(task: &crate::domain::Task, record: &StateRecord) -> crate::domain::limits::CallKeys {
+    let mut keys: crate::domain::limits::CallKeys = task
+        .keys
+        .iter()
+        .map(|k| (k.key.name.clone(), k.key.value.clone()))
+        .collect();
+    if let Some(tenant) = &record.tenant {
+        keys.insert(crate::domain::limits::CALLER_KEY.to_owned(), tenant.clone());
+    }
+    keys
 }
 
 /// Sends a task's work message on, to come back at `until` (SQS delays at most 15 minutes).
@@ -275,6 +266,8 @@ async fn on_work(deps: &SchedulerDeps, w: WorkMessage) -> Result<(), HandlerErro
     let mut gated = false;
     for _ in 0..CLAIM_TRIES {
         let (task, record, workflow) = load(deps, w.task_id).await?;
+        // The time of this try (a try after a lost race is later than the message's arrival).
+        let now = deps.ports.clock.now();
         gated = record.gate.as_ref().is_some_and(|g| g.waits());
         let router = transition::TaskRouter {
             workflow: &workflow,
@@ -783,7 +776,7 @@ async fn send_step_request(
     // A large body is kept before the request that names it goes out.
     let (body, body_ref) =
         crate::payloads::packed_body(deps.ports.payloads.as_ref(), record.task_id, input.0).await?;
-    let limit_keys = limit_keys(deps, &step.service, task, record).await?;
+    let limit_keys = limit_keys(task, record);
     let request = StepRequest {
         task_id: record.task_id,
         workflow: workflow.name.clone(),
@@ -798,7 +791,7 @@ async fn send_step_request(
         idempotency_key: Some(key),
         complete_by,
         timeout_ms: u64::try_from(step.policy.step_timeout.num_milliseconds()).ok(),
-        reply_queue_url: deps.reply_queue_url.clone(),
+        reply_queue_url: deps.reply_queue(record.priority).to_owned(),
         input: body,
         input_ref: body_ref,
         callback: input.1,

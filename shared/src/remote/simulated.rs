@@ -143,8 +143,11 @@ pub struct SimStats {
     /// The most calls in the service at once (from a call's arrival to its answer), whatever
     /// their keys: what a concurrency limit keeps.
     pub most_calls_in_flight: u32,
-    /// The most calls in the service at once per value at [`Faults::count_by`] in their
-    /// request.
+    /// The most tasks whose calls were in the service at once, per value at
+    /// [`Faults::count_by`] in their request: what a per-key limit (or a concurrency gate)
+    /// keeps. A call does work from its start to its key's first outcome (a duplicate of its
+    /// request still in a call, or a repeat answered later, is not work), and one task's calls
+    /// count once.
     pub most_in_flight_by: HashMap<String, u32>,
     /// When each call arrived (ms), in order: what a rate limit keeps
     /// ([`SimStats::most_calls_in_any_second`]).
@@ -193,34 +196,25 @@ struct SimState {
     elements_in_flight: HashMap<String, HashMap<String, u32>>,
     /// Calls in the service now.
     calls_now: u32,
-    /// ... per value at [`Faults::count_by`].
-    calls_now_by: HashMap<String, u32>,
+    /// The keys whose calls do work now, per value at [`Faults::count_by`]: each key's task
+    /// and calls (until the key's first outcome).
+    working_by: HashMap<String, HashMap<String, (String, u32)>>,
     /// The first body of each element's key (see [`SimStats::rebodied`]).
     element_bodies: HashMap<String, serde_json::Value>,
 }
 
 /// A call in the service, from its arrival to its answer (see
 /// [`SimStats::most_calls_in_flight`]).
-struct Arrived(Arc<Mutex<SimState>>, Option<String>);
+struct Arrived(Arc<Mutex<SimState>>);
 
 impl Arrived {
-    /// A call arrives at `now`, counted under `by` too (its value at [`Faults::count_by`]).
-    fn at(state: &Arc<Mutex<SimState>>, now: DateTime<Utc>, by: Option<String>) -> Self {
+    fn at(state: &Arc<Mutex<SimState>>, now: DateTime<Utc>) -> Self {
         if let Ok(mut s) = state.lock() {
             s.calls_now += 1;
             s.stats.most_calls_in_flight = s.stats.most_calls_in_flight.max(s.calls_now);
             s.stats.arrivals_ms.push(now.timestamp_millis());
-            if let Some(by) = &by {
-                let now = {
-                    let n = s.calls_now_by.entry(by.clone()).or_default();
-                    *n += 1;
-                    *n
-                };
-                let most = s.stats.most_in_flight_by.entry(by.clone()).or_default();
-                *most = (*most).max(now);
-            }
         }
-        Self(state.clone(), by)
+        Self(state.clone())
     }
 }
 
@@ -228,8 +222,45 @@ impl Drop for Arrived {
     fn drop(&mut self) {
         if let Ok(mut s) = self.0.lock() {
             s.calls_now = s.calls_now.saturating_sub(1);
-            if let Some(n) = self.1.as_ref().and_then(|by| s.calls_now_by.get_mut(by)) {
-                *n = n.saturating_sub(1);
+        }
+    }
+}
+
+/// A call doing work for its task under a value of [`Faults::count_by`], from its arrival to
+/// its answer (see [`SimStats::most_in_flight_by`]).
+struct Working {
+    state: Arc<Mutex<SimState>>,
+    value: String,
+    key: String,
+}
+
+impl Working {
+    fn start(state: &Arc<Mutex<SimState>>, value: String, key: &str, task: String) -> Self {
+        if let Ok(mut s) = state.lock() {
+            let keys = s.working_by.entry(value.clone()).or_default();
+            keys.entry(key.to_owned()).or_insert((task, 0)).1 += 1;
+            let tasks: HashSet<&String> = keys.values().map(|(t, _)| t).collect();
+            let now = u32::try_from(tasks.len()).unwrap_or(u32::MAX);
+            let most = s.stats.most_in_flight_by.entry(value.clone()).or_default();
+            *most = (*most).max(now);
+        }
+        Self {
+            state: state.clone(),
+            value,
+            key: key.to_owned(),
+        }
+    }
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.state.lock()
+            && let Some(keys) = s.working_by.get_mut(&self.value)
+            && let Some((_, n)) = keys.get_mut(&self.key)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                keys.remove(&self.key);
             }
         }
     }
@@ -335,6 +366,9 @@ impl SimState {
             if keys.is_empty() {
                 self.elements_in_flight.remove(group);
             }
+        }
+        for keys in self.working_by.values_mut() {
+            keys.remove(key);
         }
         outcome
     }
@@ -485,13 +519,7 @@ impl RemoteService for SimulatedService {
         let faults = self.faults();
         let key = call.idempotency_key.as_str();
         let started = self.clock.now();
-        let by = faults
-            .count_by
-            .as_deref()
-            .and_then(|at| call.input.pointer(at))
-            .and_then(|v| v.as_str())
-            .map(str::to_owned);
-        let _arrived = Arrived::at(&self.state, started, by);
+        let _arrived = Arrived::at(&self.state, started);
 
         let n = self.with_state(|s| {
             s.stats.calls += 1;
@@ -539,6 +567,15 @@ impl RemoteService for SimulatedService {
         let _element = (call.undoes.is_none() && !answered)
             .then(|| ElementCall::start(&self.state, key))
             .flatten();
+        let _working = faults
+            .count_by
+            .as_deref()
+            .filter(|_| !answered)
+            .and_then(|at| call.input.pointer(at))
+            .and_then(|v| v.as_str())
+            .map(|value| {
+                Working::start(&self.state, value.to_owned(), key, call.task_id.to_string())
+            });
         let in_flight = InFlight {
             state: self.state.clone(),
             key: key.to_owned(),
