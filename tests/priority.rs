@@ -33,6 +33,17 @@ fn caller(name: &str) -> Identity {
 
 /// Submits a posting as `who`, with `headers`: its id.
 async fn submit(system: &System, who: &Identity, headers: &[(&str, &str)]) -> TaskId {
+    submit_to(system, who, "ledger-posting", headers, &json!({})).await
+}
+
+/// Submits `input` to `workflow` as `who`, with `headers` (a `202`): the task's id.
+async fn submit_to(
+    system: &System,
+    who: &Identity,
+    workflow: &str,
+    headers: &[(&str, &str)],
+    input: &Value,
+) -> TaskId {
     let mut map = http::HeaderMap::new();
     map.insert(
         "content-type",
@@ -48,9 +59,9 @@ async fn submit(system: &System, who: &Identity, headers: &[(&str, &str)]) -> Ta
         &system.api,
         who,
         &http::Method::POST,
-        "/workflows/ledger-posting/tasks",
+        &format!("/workflows/{workflow}/tasks"),
         &map,
-        b"{}",
+        input.to_string().as_bytes(),
     )
     .await;
     let body: Value = serde_json::from_str(resp.body()).unwrap_or(Value::Null);
@@ -280,31 +291,8 @@ async fn each_account_gets_its_share_of_a_service_and_waits_without_failing() {
     let mut ids = Vec::new();
     for account in ["a-1", "a-2"] {
         for _ in 0..5 {
-            let resp = sas::api::handle(
-                &system.api,
-                &who,
-                &http::Method::POST,
-                "/workflows/transfer/tasks",
-                &{
-                    let mut m = http::HeaderMap::new();
-                    m.insert(
-                        "content-type",
-                        http::HeaderValue::from_static("application/json"),
-                    );
-                    m
-                },
-                json!({"accountId": account}).to_string().as_bytes(),
-            )
-            .await;
-            assert_eq!(resp.status(), 202, "{}", resp.body());
-            let body: Value = serde_json::from_str(resp.body()).expect("json");
-            ids.push(
-                body["taskId"]
-                    .as_str()
-                    .expect("id")
-                    .parse::<TaskId>()
-                    .expect("id"),
-            );
+            let input = json!({ "accountId": account });
+            ids.push(submit_to(&system, &who, "transfer", &[], &input).await);
         }
     }
     for _ in 0..300 {

@@ -135,6 +135,10 @@ pub async fn run(burst: usize) -> anyhow::Result<Fairness> {
         batch_size: 5,
         ..Settings::default()
     };
+    // The template's defaults: a step's request may wait 90 s for an agent, then has 60 s.
+    settings.policy.step_timeout = chrono::Duration::seconds(60);
+    settings.policy.start_within = chrono::Duration::seconds(90);
+    settings.policy.pickup_timeout = chrono::Duration::seconds(120);
     settings.definitions.extend(definitions());
     settings.faults.insert(
         SERVICE.to_owned(),
@@ -258,7 +262,7 @@ pub fn table(f: &Fairness) -> String {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "In memory, each store, queue and bus call taking {} ms; one service taking {SERVICE_MS} ms a call; pollers as deployed (20 schedulers a queue, 30 agents in batches of 5, 5 of each on the urgent lane); SQS fair queues' thresholds (a tenant is noisy past 10% of the messages in flight and 30 of them). The quiet caller submits a task a second, alone, then through a burst of {} tasks from the noisy caller ({:.1} s from its first submission to its last task done); {} s in, the noisy caller submits one urgent task.\n",
+        "In memory, each store, queue and bus call taking {} ms; one service taking {SERVICE_MS} ms a call; the template's default timeouts; pollers as deployed (20 schedulers a queue, 30 agents in batches of 5, 5 of each on the urgent lane); SQS fair queues' thresholds (a tenant is noisy past 10% of the messages in flight and 30 of them). The quiet caller submits a task a second, alone, then through a burst of {} tasks from the noisy caller ({:.1} s from its first submission to its last task done); {} s in, the noisy caller submits one urgent task.\n",
         crate::MODELED_CALL_MS,
         f.burst,
         f.burst_ms / 1e3,

@@ -498,8 +498,20 @@ impl RemoteService for SharedBreaker {
                 }
             },
         };
+        let started = std::time::Instant::now();
         let out = self.inner.call(call, timeout).await;
-        let fault = out.as_ref().err().filter(|f| f.is_unhealthy());
+        // A call cut off by a budget shorter than a slow call (its step's deadline was near:
+        // a request that waited long in a backlog) says nothing of the service. Counting it
+        // would let one caller's backlog open the breaker for every caller's steps.
+        let cut_short = timeout
+            < crate::domain::breaker::SLOW_CALL
+                .to_std()
+                .unwrap_or_default()
+            && started.elapsed() >= timeout;
+        let fault = out
+            .as_ref()
+            .err()
+            .filter(|f| f.is_unhealthy() && !(cut_short && matches!(f, RemoteFault::Transient(_))));
         self.record(base, fault, &call.task_id.to_string()).await;
         out
     }
@@ -526,6 +538,62 @@ mod tests {
         ) -> Result<serde_json::Value, RemoteFault> {
             self.0.fetch_add(1, Ordering::SeqCst);
             Ok(serde_json::json!({}))
+        }
+    }
+
+    /// A service that fails transiently: at once, or once the call's budget is spent.
+    struct Failing {
+        hangs: bool,
+    }
+
+    #[async_trait]
+    impl RemoteService for Failing {
+        async fn call(
+            &self,
+            _call: &RemoteCall,
+            timeout: Duration,
+        ) -> Result<serde_json::Value, RemoteFault> {
+            if self.hangs {
+                tokio::time::sleep(timeout).await;
+            }
+            Err(RemoteFault::Transient("no answer".into()))
+        }
+    }
+
+    /// Calls cut off by a budget shorter than a slow call (requests that waited in a backlog
+    /// until their deadline was near) do not open the breaker; the same failures within the
+    /// budget do.
+    #[tokio::test]
+    async fn calls_cut_off_by_a_short_budget_do_not_open_the_breaker() {
+        for hangs in [true, false] {
+            let store: Arc<dyn crate::ports::StateStore> = Arc::new(MemoryStore::new(1));
+            let clock = Arc::new(OffsetClock::default());
+            let policy = BreakerPolicy {
+                threshold: 2,
+                read_cache: chrono::Duration::zero(),
+                ..BreakerPolicy::default()
+            };
+            let agent = SharedBreaker::new(
+                "payment",
+                Arc::new(Failing { hangs }),
+                store.clone(),
+                policy,
+                clock.clone(),
+            );
+            for _ in 0..4 {
+                let _ = agent.call(&call(), Duration::from_millis(20)).await;
+            }
+            let b = store
+                .get_breaker("payment")
+                .await
+                .expect("read")
+                .unwrap_or_else(|| BreakerRecord::closed("payment"));
+            assert_eq!(
+                matches!(b.state, BreakerState::Closed { .. }),
+                hangs,
+                "hangs: {hangs}, breaker {:?}",
+                b.state
+            );
         }
     }
 
