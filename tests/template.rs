@@ -424,7 +424,7 @@ fn the_table_the_payloads_and_the_dead_letter_queues_outlive_the_stack_and_queue
         ]
     );
     let queues = t.of_type("AWS::SQS::Queue");
-    assert_eq!(queues.len(), 9, "{queues:?}");
+    assert_eq!(queues.len(), 11, "{queues:?}");
     for q in queues {
         assert_eq!(
             t.properties(q, "AWS::SQS::Queue")["MessageRetentionPeriod"],
@@ -512,11 +512,17 @@ fn the_dashboard_and_alarms_watch_what_the_code_emits() {
             "{name} is not emitted"
         );
     }
-    let sources: std::collections::BTreeSet<String> =
-        ["WorkQueue", "ReplyQueue", "AgentQueue", "TimerQueue"]
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+    let sources: std::collections::BTreeSet<String> = [
+        "WorkQueue",
+        "UrgentWorkQueue",
+        "ReplyQueue",
+        "AgentQueue",
+        "UrgentAgentQueue",
+        "TimerQueue",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
     assert_eq!(aged, sources, "an age alarm on every source queue");
 }
 

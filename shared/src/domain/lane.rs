@@ -76,50 +76,13 @@ pub fn tenant(caller: &Caller) -> String {
     digest
 }
 
-/// Where one task's message goes: the queue of its lane, and its group there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Route<'a> {
-    pub queue_url: &'a str,
-    /// The tenant (`None`: a message of no tenant, which SQS treats as a tenant of its own).
-    pub group: Option<&'a str>,
-}
-
-/// A function's queues of one kind (work or agent), one per lane: the normal lane's, and the
-/// urgent lane's if the deployment has one (else urgent tasks share the normal lane, still
-/// fairly by tenant).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Lanes {
-    pub normal: String,
-    pub urgent: Option<String>,
-}
-
-impl Lanes {
-    pub fn new(normal: impl Into<String>, urgent: Option<String>) -> Self {
-        Self {
-            normal: normal.into(),
-            urgent,
-        }
-    }
-
-    /// The queue of `priority`'s lane.
-    pub fn url(&self, priority: Priority) -> &str {
-        match priority {
-            Priority::Urgent => self.urgent.as_deref().unwrap_or(&self.normal),
-            Priority::Normal => &self.normal,
-        }
-    }
-
-    /// Where a message of a task with `priority` and `tenant` goes.
-    pub fn route<'a>(&'a self, priority: Priority, tenant: Option<&'a str>) -> Route<'a> {
-        Route {
-            queue_url: self.url(priority),
-            group: tenant,
-        }
-    }
-
-    /// Every lane's queue, the normal lane's first.
-    pub fn all(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.normal.as_str()).chain(self.urgent.as_deref())
+/// The queue of `priority`'s lane: `urgent` for an urgent task if the deployment has an
+/// urgent lane (else urgent tasks share the normal lane, still fairly by tenant), `normal`
+/// otherwise.
+pub fn lane<'a>(priority: Priority, normal: &'a str, urgent: Option<&'a str>) -> &'a str {
+    match (priority, urgent) {
+        (Priority::Urgent, Some(url)) => url,
+        _ => normal,
     }
 }
 
@@ -129,17 +92,16 @@ mod tests {
 
     #[test]
     fn an_urgent_task_takes_the_urgent_lane_when_there_is_one() {
-        let both = Lanes::new("work", Some("urgent-work".into()));
-        assert_eq!(both.url(Priority::Normal), "work");
-        assert_eq!(both.url(Priority::Urgent), "urgent-work");
-        assert_eq!(both.all().collect::<Vec<_>>(), ["work", "urgent-work"]);
-        let one = Lanes::new("work", None);
+        assert_eq!(lane(Priority::Normal, "work", Some("urgent-work")), "work");
         assert_eq!(
-            one.url(Priority::Urgent),
-            "work",
-            "no urgent lane: the normal one"
+            lane(Priority::Urgent, "work", Some("urgent-work")),
+            "urgent-work"
         );
-        assert_eq!(one.all().count(), 1);
+        assert_eq!(
+            lane(Priority::Urgent, "work", None),
+            "work",
+            "no urgent lane"
+        );
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub use backoff::Backoff;
 pub use breaker::{BreakerPolicy, BreakerRecord, BreakerState, Decision, Pace, PaceMark};
 pub use caller::Caller;
 pub use condition::{Condition, Guard, write_label};
-pub use lane::{Lanes, Priority};
+pub use lane::Priority;
 pub use mapping::{Mapping, MappingError};
 pub use payload::PayloadRef;
 pub use policy::{Policies, Policy};

@@ -322,13 +322,11 @@ pub struct TaskPorts {
 impl TaskPorts {
     /// The work queue of `priority`'s lane.
     pub fn work_queue(&self, priority: crate::domain::Priority) -> &str {
-        match priority {
-            crate::domain::Priority::Urgent => self
-                .urgent_work_queue_url
-                .as_deref()
-                .unwrap_or(&self.work_queue_url),
-            crate::domain::Priority::Normal => &self.work_queue_url,
-        }
+        crate::domain::lane::lane(
+            priority,
+            &self.work_queue_url,
+            self.urgent_work_queue_url.as_deref(),
+        )
     }
 
     /// Where a transition's effects go.

@@ -50,21 +50,20 @@ impl SchedulerDeps {
     /// task the urgent lane's work queue (the scheduler takes replies there too), so a backlog
     /// of replies never delays it either.
     pub fn reply_queue(&self, priority: crate::domain::Priority) -> &str {
-        match (priority, &self.ports.urgent_work_queue_url) {
-            (crate::domain::Priority::Urgent, Some(url)) => url,
-            _ => &self.reply_queue_url,
-        }
+        crate::domain::lane::lane(
+            priority,
+            &self.reply_queue_url,
+            self.ports.urgent_work_queue_url.as_deref(),
+        )
     }
 
     /// The agent queue of `priority`'s lane.
     pub fn agent_queue(&self, priority: crate::domain::Priority) -> &str {
-        match priority {
-            crate::domain::Priority::Urgent => self
-                .urgent_agent_queue_url
-                .as_deref()
-                .unwrap_or(&self.agent_queue_url),
-            crate::domain::Priority::Normal => &self.agent_queue_url,
-        }
+        crate::domain::lane::lane(
+            priority,
+            &self.agent_queue_url,
+            self.urgent_agent_queue_url.as_deref(),
+        )
     }
 }
 
