@@ -44,28 +44,10 @@ async fn submit_to(
     headers: &[(&str, &str)],
     input: &Value,
 ) -> TaskId {
-    let mut map = http::HeaderMap::new();
-    map.insert(
-        "content-type",
-        http::HeaderValue::from_static("application/json"),
-    );
-    for (k, v) in headers {
-        map.insert(
-            http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
-            http::HeaderValue::from_str(v).expect("value"),
-        );
-    }
-    let resp = sas::api::handle(
-        &system.api,
-        who,
-        &http::Method::POST,
-        &format!("/workflows/{workflow}/tasks"),
-        &map,
-        input.to_string().as_bytes(),
-    )
-    .await;
-    let body: Value = serde_json::from_str(resp.body()).unwrap_or(Value::Null);
-    assert_eq!(resp.status(), 202, "{body}");
+    let (status, _, body) =
+        sas_blackbox::post_task_as(system, who, workflow, headers, input.to_string().as_bytes())
+            .await;
+    assert_eq!(status, 202, "{body}");
     body["taskId"].as_str().expect("id").parse().expect("uuid")
 }
 

@@ -410,6 +410,24 @@ pub async fn post_task(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, http::HeaderMap, Value) {
+    post_task_as(
+        system,
+        &sas::auth::Identity::anonymous(),
+        workflow,
+        headers,
+        body,
+    )
+    .await
+}
+
+/// [`post_task`] as the caller `who`.
+pub async fn post_task_as(
+    system: &System,
+    who: &sas::auth::Identity,
+    workflow: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, http::HeaderMap, Value) {
     let mut map = http::HeaderMap::new();
     map.insert(
         "content-type",
@@ -423,7 +441,7 @@ pub async fn post_task(
     }
     let resp = sas::api::handle(
         &system.api,
-        &sas::auth::Identity::anonymous(),
+        who,
         &http::Method::POST,
         &format!("/workflows/{workflow}/tasks"),
         &map,

@@ -492,13 +492,8 @@ impl<T: Queue + ?Sized, H: Interceptor> Queue for Intercepted<T, H> {
                 },
                 move |call| {
                     Box::pin(async move {
+                        // (A send of no group is a plain send: `Queue::send_fair`.)
                         match call {
-                            Call::Send {
-                                queue_url,
-                                body,
-                                delay,
-                                group: None,
-                            } => this.inner.send(queue_url, body, delay).await,
                             Call::Send {
                                 queue_url,
                                 body,

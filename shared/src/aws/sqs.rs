@@ -21,17 +21,13 @@ impl SqsQueue {
 #[async_trait]
 impl Queue for SqsQueue {
     async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
-        // SQS delays are whole seconds up to 15 minutes: round up, never deliver early.
-        let secs = delay.as_millis().div_ceil(1000).min(900) as i32;
-        self.client
-            .send_message()
-            .queue_url(queue_url)
-            .message_body(body)
-            .delay_seconds(secs)
-            .send()
-            .await
-            .described(QueueError)?;
-        Ok(())
+        self.send_fair(FairMessage {
+            queue_url,
+            group: None,
+            body,
+            delay,
+        })
+        .await
     }
 
     async fn send_grouped(&self, message: GroupedMessage<'_>) -> Result<(), QueueError> {
@@ -50,6 +46,7 @@ impl Queue for SqsQueue {
     }
 
     async fn send_fair(&self, message: FairMessage<'_>) -> Result<(), QueueError> {
+        // SQS delays are whole seconds up to 15 minutes: round up, never deliver early.
         let secs = message.delay.as_millis().div_ceil(1000).min(900) as i32;
         self.client
             .send_message()

@@ -285,10 +285,7 @@ pub(crate) async fn send_json(
     message: &impl serde::Serialize,
     delay: Duration,
 ) -> Result<(), HandlerError> {
-    let body = serde_json::to_string(message)
-        .map_err(|e| HandlerError::Poison(format!("{what} does not serialize: {e}")))?;
-    queue.send(url, &body, delay).await?;
-    Ok(())
+    send_fair_json(queue, url, None, what, message, delay).await
 }
 
 /// What the handlers that move tasks (the API, the scheduler, the supervisor) all work with,

@@ -14,13 +14,12 @@ use crate::domain::schedule::Overlap;
 use crate::domain::transition::Effect;
 use crate::domain::workflow::InputError;
 use crate::domain::{Caller, NoticeKind, ProcessState, StateRecord, Task, TaskId, Workflow};
-use crate::messages::{ScheduledRun, SchedulerMessage, WorkMessage};
+use crate::messages::{ScheduledRun, WorkMessage};
 use crate::ports::{CreateOutcome, IdempotencyRecord, NewTask, Turn, canonical};
 use chrono::{DateTime, Timelike, Utc};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
-use std::time::Duration;
 use tracing::{error, info, warn};
 
 /// A task to start.
@@ -217,29 +216,15 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
         }
         _ => progress_status(ports.queue.as_ref(), &record, NoticeKind::Received).await,
     }
-    let work = SchedulerMessage::Work(WorkMessage::of(&record));
     // A delayed start: its work message waits for it, if a message can wait that long; a later
     // one rides the due index (the supervisor enqueues it at its time).
-    let delay = record
-        .start_at
-        .map(|s| (s - now).to_std().unwrap_or_default());
-    match serde_json::to_string(&work) {
-        Ok(_) if delay.is_some_and(|d| d > super::MAX_SQS_DELAY) => {
-            info!(start_at = ?record.start_at, "a delayed start: the supervisor enqueues it then");
-        }
-        Ok(body) => {
-            let delay = delay.unwrap_or(Duration::ZERO);
-            let message = crate::ports::FairMessage {
-                queue_url: ports.work_queue(record.priority),
-                group: record.tenant.as_deref(),
-                body: &body,
-                delay,
-            };
-            if let Err(e) = ports.queue.send_fair(message).await {
-                error!(error = %e, "task stored but not enqueued; the supervisor will pick it up");
-            }
-        }
-        Err(e) => error!(error = %e, "work message does not serialize"),
+    let delay = record.start_at.map_or(chrono::Duration::zero(), |s| {
+        (s - now).max(chrono::Duration::zero())
+    });
+    if delay.to_std().unwrap_or_default() > super::MAX_SQS_DELAY {
+        info!(start_at = ?record.start_at, "a delayed start: the supervisor enqueues it then");
+    } else if let Err(e) = super::enqueue(ports, WorkMessage::of(&record), delay, now).await {
+        error!(error = %e, "task stored but not enqueued; the supervisor will pick it up");
     }
     info!(version = workflow.version, "task accepted");
     Ok(Started {
