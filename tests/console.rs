@@ -385,7 +385,7 @@ async fn triage_tasks(system: &System) -> [sas::TaskId; 2] {
 
 /// Publishes a workflow with a search key (one task at a time per key value) and starts three
 /// tasks, two of them with the key's value `a-browser`: the search the browser makes, `{"key",
-/// "found"}` (newest first; the newest waits at its gate behind the other).
+/// "found"}` (newest first; the newest, urgent, waits at its gate behind the other).
 async fn keyed_tasks(system: &System) -> serde_json::Value {
     let posting = "name: ledger-posting\nkeys: {accountId: $.input.accountId}\n\
                    concurrency: {key: $.input.accountId, limit: 1}\n\
@@ -395,9 +395,29 @@ async fn keyed_tasks(system: &System) -> serde_json::Value {
         .await
         .expect("publishes");
     let mut found = Vec::new();
-    for account in ["a-browser", "a-other", "a-browser"] {
+    for (n, account) in ["a-browser", "a-other", "a-browser"]
+        .into_iter()
+        .enumerate()
+    {
         let input = serde_json::json!({ "accountId": account });
-        let id = sas_blackbox::submit_task(system, "ledger-posting", &input).await;
+        // The newest is urgent: the list and its page say so.
+        let headers: &[(&str, &str)] = if n == 2 {
+            &[("priority", "urgent")]
+        } else {
+            &[]
+        };
+        let (status, _, body) = sas_blackbox::post_task(
+            system,
+            "ledger-posting",
+            headers,
+            input.to_string().as_bytes(),
+        )
+        .await;
+        assert_eq!(status, 202, "{body}");
+        let id: sas::domain::TaskId = body["taskId"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .expect("a task id");
         if account == "a-browser" {
             found.push(id.to_string());
         }

@@ -184,9 +184,14 @@ try {
   // The newest waits at its gate (one at a time per account) behind the other.
   const gate = page.locator('dt', { hasText: /^Gate$/ }).locator('xpath=following-sibling::dd[1]');
   assert.match(await gate.innerText(), /\(InLine, limit 1\); 1 before it/);
+  // It was submitted urgent: its page says so; the other's says nothing of priority.
+  const priority = page.locator('dt', { hasText: /^Priority$/ }).locator('xpath=following-sibling::dd[1]');
+  assert.match(await priority.innerText(), /^urgent/);
   await page.getByRole('link', { name: search.key }).click();
   assert.equal(await heading(), `Tasks found by ${search.key}`);
   assert.equal(await rows().count(), search.found.length);
+  await page.getByRole('link', { name: search.found[1] }).click();
+  assert.equal(await page.locator('dt', { hasText: /^Priority$/ }).count(), 0, 'a normal task shows no priority');
   console.log('console browser test: ok');
 } finally {
   await browser.close();

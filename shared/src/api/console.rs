@@ -679,6 +679,10 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
                 dt { "Task deadline" } dd { (when(&t["deadline"])) }
             }
             dt { "Caller" } dd { (text(t, "caller")) }
+            // Its lane: shown only when it is not the normal one (the view leaves that out).
+            @if let Some(p) = t["priority"].as_str() {
+                dt { "Priority" } dd { (p) " (its steps go through the " (p) " queues)" }
+            }
             @if let Some(gate) = t["gate"].as_object() {
                 dt { "Gate" }
                 dd {
