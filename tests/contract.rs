@@ -31,6 +31,26 @@ async fn dynamodb_store_keeps_the_contract() {
     contract::store_contract(Arc::new(DynamoStore::new(client, table, 4))).await;
 }
 
+/// A gate's head that moves between an admission's read and its write (a holder leaves) fails
+/// the admission: its transaction is conditioned on the head's version as read. (On the other
+/// stores, an admission reads and writes under one lock: no write can come between.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamodb_admission_is_written_under_the_head_as_read() {
+    let (client, table) = fresh_table("gate-race").await;
+    let pause = contract::Pause::default();
+    let config = aws_sdk_dynamodb::config::Builder::from(&sdk_config().await)
+        .interceptor(pause.clone())
+        .build();
+    let racing = DynamoStore::new(
+        aws_sdk_dynamodb::Client::from_conf(config),
+        table.clone(),
+        4,
+    );
+    let plain = DynamoStore::new(client, table, 4);
+    contract::an_admission_is_written_under_the_head_as_read(Arc::new(racing), &plain, &pause)
+        .await;
+}
+
 /// With the indexes lagging writes by up to 300 ms, as DynamoDB's GSIs may: the contract reads
 /// its indexes eventually, never right after a write.
 #[tokio::test]

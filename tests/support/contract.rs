@@ -1903,6 +1903,137 @@ async fn gates_admit_in_line_and_hand_over(store: &dyn StateStore) {
     );
 }
 
+/// An admission is written under the gate's head as its store read it (the contract of
+/// [`sas::ports::Gates::enter`]): a head that moved between the read and the write (here a
+/// holder left, through `plain`) fails the admission, `ConditionFailed`, and the next try,
+/// reading the head again, admits. `racing` is the same store whose next write `paused` stops
+/// at (see [`Pause`]) until this test has moved the head.
+pub async fn an_admission_is_written_under_the_head_as_read(
+    racing: Arc<dyn StateStore>,
+    plain: &dyn StateStore,
+    paused: &Pause,
+) {
+    let gate = format!("ledger#a-{}", TaskId::new_random());
+    let limit = 2;
+    let start = to_millis(Utc::now());
+    let (h, _) = in_line(plain, &gate, limit, start, 0).await;
+    let (a, _) = in_line(plain, &gate, limit, start, 1).await;
+    assert_eq!(
+        enter(plain, &gate, limit, &h).await.expect("h"),
+        GateAnswer::Admitted
+    );
+    // A reads the head (H holds it, one place left, A first in line); its write stops.
+    let reached = paused.arm();
+    let entering = {
+        let (racing, gate, a) = (racing.clone(), gate.clone(), a.clone());
+        tokio::spawn(async move { enter(racing.as_ref(), &gate, limit, &a).await })
+    };
+    tokio::time::timeout(Duration::from_secs(30), reached)
+        .await
+        .expect("A's admission reached its write within 30 s")
+        .expect("A's admission reached its write");
+    // Meanwhile H leaves: the head moves.
+    plain
+        .leave(place_of(&gate, &h, limit))
+        .await
+        .expect("h leaves");
+    paused.release();
+    let first = entering.await.expect("the admission's task");
+    assert!(
+        matches!(first, Err(StoreError::ConditionFailed)),
+        "an admission read before the head moved is not written: {first:?}"
+    );
+    assert_eq!(
+        stored(plain, a.id).await.1.attempt,
+        0,
+        "A's claim was not written"
+    );
+    // Read again, A is admitted, alone.
+    assert_eq!(
+        enter(plain, &gate, limit, &a).await.expect("a"),
+        GateAnswer::Admitted
+    );
+    assert_eq!(
+        plain
+            .gate_state(place_of(&gate, &a, limit))
+            .await
+            .expect("state")
+            .holders,
+        vec![a.id]
+    );
+}
+
+/// Stops a store's next transaction before it is sent, until released: an SDK interceptor for
+/// the DynamoDB store (see [`an_admission_is_written_under_the_head_as_read`]). Armed, the next
+/// `TransactWriteItems` tells its arming that it got there, then waits for [`Pause::release`]
+/// (blocking its runtime worker: run the test on a multi-threaded runtime).
+#[derive(Clone, Default)]
+pub struct Pause(Arc<std::sync::Mutex<PauseState>>);
+
+#[derive(Default)]
+struct PauseState {
+    reached: Option<tokio::sync::oneshot::Sender<()>>,
+    release: Option<std::sync::mpsc::Receiver<()>>,
+    go: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl std::fmt::Debug for Pause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pause")
+    }
+}
+
+impl Pause {
+    /// Stops the next transaction: the answer says when it got there.
+    pub fn arm(&self) -> tokio::sync::oneshot::Receiver<()> {
+        let (reached, got_there) = tokio::sync::oneshot::channel();
+        let (go, release) = std::sync::mpsc::channel();
+        let mut s = self.0.lock().expect("pause");
+        *s = PauseState {
+            reached: Some(reached),
+            release: Some(release),
+            go: Some(go),
+        };
+        got_there
+    }
+
+    /// Lets the stopped transaction go on.
+    pub fn release(&self) {
+        if let Some(go) = self.0.lock().expect("pause").go.take() {
+            let _ = go.send(());
+        }
+    }
+}
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for Pause {
+    fn name(&self) -> &'static str {
+        "contract-pause"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _context: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
+        _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let transaction = cfg
+            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
+            .is_some_and(|m| m.name() == "TransactWriteItems");
+        if !transaction {
+            return Ok(());
+        }
+        let (reached, release) = {
+            let mut s = self.0.lock().expect("pause");
+            (s.reached.take(), s.release.take())
+        };
+        if let (Some(reached), Some(release)) = (reached, release) {
+            let _ = reached.send(());
+            let _ = release.recv_timeout(std::time::Duration::from_secs(30));
+        }
+        Ok(())
+    }
+}
+
 /// The condition of a record at `version` (what a claim of it is written under).
 fn guarded_at(version: u64) -> sas::domain::Condition {
     sas::domain::Condition::Matches {

@@ -8,6 +8,7 @@ mod fairness;
 mod groups;
 mod prices;
 mod scenarios;
+mod search;
 mod share;
 
 use clap::Parser;
@@ -57,10 +58,14 @@ struct Cli {
     #[arg(long, default_value_t = distributed::AT_ONCE)]
     distributed_at_once: usize,
     /// Run only this section and print it (`distributed`: the distributed forEach; `costs`:
-    /// the API calls and the cost per million tasks, on the emulator); the report is written
+    /// the API calls and the cost per million tasks, on the emulator; `fairness`: a noisy
+    /// caller's burst; `search`: a search by key, on the emulator); the report is written
     /// whole, so not with `--write`.
-    #[arg(long, value_parser = ["distributed", "costs", "fairness"])]
+    #[arg(long, value_parser = ["distributed", "costs", "fairness", "search"])]
     only: Option<String>,
+    /// The table sizes of the search-by-key run (each adds to the last).
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000, 10_000, 100_000])]
+    search_sizes: Vec<usize>,
     /// The noisy caller's burst in the fairness run.
     #[arg(long, default_value_t = 20_000)]
     fair_burst: usize,
@@ -102,6 +107,8 @@ async fn main() -> anyhow::Result<()> {
             );
         } else if only == "fairness" {
             print!("{}", fairness_section(&cli).await?);
+        } else if only == "search" {
+            print!("{}", search_section(&cli).await?);
         } else {
             print!("{}", distributed_section(&cli).await?);
         }
@@ -213,6 +220,10 @@ async fn main() -> anyhow::Result<()> {
     writeln!(md, "## Sweep capacity (in memory, modeled latency)\n")?;
     writeln!(md, "{}", sweep_capacity(cli.sweep_tasks).await?)?;
 
+    if !cli.no_emulator {
+        md.push_str(&search_section(&cli).await?);
+    }
+
     eprintln!("load per key…");
     writeln!(md, "## Load per key (in memory)\n")?;
     writeln!(md, "{}", key_load(cli.key_load_tasks).await?)?;
@@ -252,6 +263,25 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// The search-by-key section (see [`search`]), on the emulator.
+async fn search_section(cli: &Cli) -> anyhow::Result<String> {
+    eprintln!("a search by key on the emulator…");
+    let config = sas::aws::sdk_config().await;
+    // DynamoDB Local when `infra/bench.sh` started it (its indexes are real ones: moto scans
+    // the table for a query of an index, and writes a few dozen tasks a second).
+    let local = std::env::var("SAS_BENCH_DYNAMODB_LOCAL").ok();
+    let rows = search::run(&config, local.as_deref(), &cli.search_sizes).await?;
+    let engine = if local.is_some() {
+        "DynamoDB Local"
+    } else {
+        "moto"
+    };
+    Ok(format!(
+        "## A search by key (on the emulator)\n\n{}",
+        search::table(&rows, engine)
+    ))
 }
 
 /// The noisy caller's section (see [`fairness`]).
