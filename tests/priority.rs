@@ -16,6 +16,7 @@ use sas::memory::FairShare;
 use sas::{Caller, ProcessState, TaskId};
 use sas_local::System;
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 const SERVICES: &str = "services:\n  - name: ledger\n    target: {type: simulated}\n";
 
@@ -306,4 +307,84 @@ async fn each_account_gets_its_share_of_a_service_and_waits_without_failing() {
         stats.most_calls_in_flight
     );
     system.shutdown().await;
+}
+
+/// Records the group of every message sent to one queue.
+#[derive(Default)]
+struct Groups {
+    queue_url: std::sync::Mutex<String>,
+    seen: std::sync::Mutex<Vec<Option<String>>>,
+}
+
+#[async_trait::async_trait]
+impl sas_local::intercept::Interceptor for Groups {
+    async fn around<'a, R: sas_local::intercept::Reply, E: sas_local::intercept::Failure>(
+        &'a self,
+        next: sas_local::intercept::Next<'a, R, E>,
+    ) -> Result<R, E> {
+        let call = next.call();
+        if let sas_local::intercept::Call::Send {
+            queue_url, group, ..
+        } = call
+            && self.queue_url.lock().is_ok_and(|u| *u == queue_url)
+            && let Ok(mut seen) = self.seen.lock()
+        {
+            seen.push(group.map(str::to_owned));
+        }
+        next.run(call).await
+    }
+}
+
+/// A step's reply goes to the reply queue in its task's tenant's group, as its request went to
+/// the agents: one caller's replies do not hold back another's there either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_go_in_their_tasks_tenants_group() {
+    let settings = sas_local::Settings::default();
+    let mut ports = sas_local::system::ports(sas_local::Backend::Memory, &settings)
+        .await
+        .expect("ports");
+    let hook = Arc::new(Groups::default());
+    *hook.queue_url.lock().expect("url") = ports.resources.reply_queue_url.clone();
+    ports.queue = Arc::new(sas_local::intercept::Intercepted::new(
+        ports.queue.clone(),
+        hook.clone(),
+    ));
+    let mut system = System::from_ports(ports, settings, Arc::new(sas::ports::SystemClock));
+    system
+        .publish(&[
+            ("services.yaml".into(), SERVICES.into()),
+            ("posting.yaml".into(), POSTING.into()),
+        ])
+        .await
+        .expect("publishes");
+    system.start();
+    let (a, b) = (caller("team-a"), caller("team-b"));
+    let ids = [
+        submit(&system, &a, &[]).await,
+        submit(&system, &b, &[]).await,
+    ];
+    for id in ids {
+        let mut done = false;
+        for _ in 0..200 {
+            if ended_at(&system, id).await.is_some() {
+                done = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        assert!(done, "{id} ended");
+    }
+    system.shutdown().await;
+    let tenant = |who: &Identity| match who {
+        Identity::Caller(c) => Some(sas::domain::lane::tenant(c)),
+        _ => None,
+    };
+    let mut seen = hook.seen.lock().expect("seen").clone();
+    seen.sort();
+    let mut wanted = vec![tenant(&a), tenant(&b)];
+    wanted.sort();
+    assert_eq!(
+        seen, wanted,
+        "one reply per task, each in its caller's group"
+    );
 }

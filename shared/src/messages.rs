@@ -180,6 +180,14 @@ pub struct ChildRequest {
 }
 
 impl StepRequest {
+    /// Its task's tenant (its caller's digest, under [`crate::domain::limits::CALLER_KEY`]):
+    /// the group its reply is sent in, so that one caller's replies do not hold back another's.
+    pub fn tenant(&self) -> Option<&str> {
+        self.limit_keys
+            .get(crate::domain::limits::CALLER_KEY)
+            .map(String::as_str)
+    }
+
     /// The idempotency key the remote service sees: the same for every attempt of the same
     /// step of the same task, so a retried or re-run step takes effect once.
     pub fn idempotency_key(&self) -> String {

@@ -327,9 +327,12 @@ async fn reply(
     )
     .await?;
     let reply = SchedulerMessage::Reply(reply);
-    super::send_json(
+    // In its task's tenant's group, as the request came: a noisy caller's replies do not hold
+    // back a quiet one's on the reply queue (SQS fair queues).
+    super::send_fair_json(
         deps.queue.as_ref(),
         &request.reply_queue_url,
+        request.tenant(),
         "reply",
         &reply,
         Duration::ZERO,
