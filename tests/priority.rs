@@ -28,6 +28,17 @@ steps:
 /// The noisy caller's burst.
 const BURST: usize = 60;
 
+/// Publishes the ledger service and the posting workflow.
+async fn publish(system: &System) {
+    system
+        .publish(&[
+            ("services.yaml".into(), SERVICES.into()),
+            ("posting.yaml".into(), POSTING.into()),
+        ])
+        .await
+        .expect("publishes");
+}
+
 fn caller(name: &str) -> Identity {
     Identity::Caller(Caller::new(name).expect("caller"))
 }
@@ -94,13 +105,7 @@ async fn burst(fair_share: FairShare) -> Burst {
         ..sas_blackbox::manual_settings()
     };
     let mut system = sas_blackbox::memory_system(settings).await;
-    system
-        .publish(&[
-            ("services.yaml".into(), SERVICES.into()),
-            ("posting.yaml".into(), POSTING.into()),
-        ])
-        .await
-        .expect("publishes");
+    publish(&system).await;
     system.start();
     let (noisy, quiet) = (caller("backfill"), caller("checkout"));
     let mut backlog = Vec::new();
@@ -187,13 +192,7 @@ async fn a_quiet_callers_task_and_an_urgent_one_pass_a_noisy_callers_backlog() {
 #[tokio::test]
 async fn an_unknown_priority_is_refused_naming_the_header() {
     let system = sas_blackbox::memory_system(sas_blackbox::manual_settings()).await;
-    system
-        .publish(&[
-            ("services.yaml".into(), SERVICES.into()),
-            ("posting.yaml".into(), POSTING.into()),
-        ])
-        .await
-        .expect("publishes");
+    publish(&system).await;
     let mut map = http::HeaderMap::new();
     map.insert(
         "content-type",
@@ -350,13 +349,7 @@ async fn replies_go_in_their_tasks_tenants_group() {
         hook.clone(),
     ));
     let mut system = System::from_ports(ports, settings, Arc::new(sas::ports::SystemClock));
-    system
-        .publish(&[
-            ("services.yaml".into(), SERVICES.into()),
-            ("posting.yaml".into(), POSTING.into()),
-        ])
-        .await
-        .expect("publishes");
+    publish(&system).await;
     system.start();
     let (a, b) = (caller("team-a"), caller("team-b"));
     let ids = [
