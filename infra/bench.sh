@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the benchmarks and writes BENCHMARKS.md: throughput and latency in memory, AWS API calls
 # per task and the cost model on the moto emulator (started here, on a free loopback port),
-# recovery lag, handler init time, and the bootstrap sizes of the last `sam build`.
+# recovery lag, each function's cold-start init (its release binary, built here, started on a
+# stand-in Runtime API), and the bootstrap sizes of the last `sam build`.
 # Needs the moto virtualenv that ./infra/test.sh installs (.tools/moto); run that once first.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -34,4 +35,7 @@ if [ -n "$DDB_JAR_DIR" ]; then
   for _ in $(seq 300); do (echo >"/dev/tcp/127.0.0.1/$DDB_PORT") 2>/dev/null && break; sleep 0.1; done
   export SAS_BENCH_DYNAMODB_LOCAL="http://127.0.0.1:$DDB_PORT"
 fi
-cargo run --release -p sas-bench -- --write BENCHMARKS.md "$@"
+# The functions' release binaries, whose cold starts the bench times (it builds nothing itself).
+cargo build --release -p agent -p scheduler -p submission -p supervisor
+TARGET_DIR="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+cargo run --release -p sas-bench -- --write BENCHMARKS.md --functions-dir "$TARGET_DIR/release" "$@"

@@ -6,6 +6,7 @@ mod counting;
 mod distributed;
 mod fairness;
 mod groups;
+mod init;
 mod prices;
 mod scenarios;
 mod search;
@@ -59,9 +60,9 @@ struct Cli {
     distributed_at_once: usize,
     /// Run only this section and print it (`distributed`: the distributed forEach; `costs`:
     /// the API calls and the cost per million tasks, on the emulator; `fairness`: a noisy
-    /// caller's burst; `search`: a search by key, on the emulator); the report is written
-    /// whole, so not with `--write`.
-    #[arg(long, value_parser = ["distributed", "costs", "fairness", "search"])]
+    /// caller's burst; `search`: a search by key, on the emulator; `init`: each function's
+    /// cold-start init and binary sizes); the report is written whole, so not with `--write`.
+    #[arg(long, value_parser = ["distributed", "costs", "fairness", "search", "init"])]
     only: Option<String>,
     /// The table sizes of the search-by-key run (each adds to the last).
     #[arg(long, value_delimiter = ',', default_values_t = [1_000, 10_000, 100_000])]
@@ -72,6 +73,13 @@ struct Cli {
     /// Where `sam build` left the bootstraps, for their sizes.
     #[arg(long, default_value = ".aws-sam/build")]
     sam_build: std::path::PathBuf,
+    /// Where the functions' release binaries are (`cargo build --release -p agent -p scheduler
+    /// -p submission -p supervisor`), for their cold-start init; the bench builds nothing.
+    #[arg(long, default_value = "target/release")]
+    functions_dir: std::path::PathBuf,
+    /// Cold starts of each function.
+    #[arg(long, default_value_t = 20)]
+    init_runs: usize,
 }
 
 // Assumptions of the cost model (stated in the report).
@@ -109,6 +117,8 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", fairness_section(&cli).await?);
         } else if only == "search" {
             print!("{}", search_section(&cli).await?);
+        } else if only == "init" {
+            print!("{}", init_section(&cli).await?);
         } else {
             print!("{}", distributed_section(&cli).await?);
         }
@@ -253,9 +263,7 @@ async fn main() -> anyhow::Result<()> {
         sas_local::lag::timer_table(cli.timer_waits).await?
     )?;
 
-    eprintln!("init time…");
-    writeln!(md, "## Handler init and binary size\n")?;
-    writeln!(md, "{}", init_and_size(&cli.sam_build).await?)?;
+    md.push_str(&init_section(&cli).await?);
 
     print!("{md}");
     if let Some(path) = cli.write {
@@ -281,6 +289,15 @@ async fn search_section(cli: &Cli) -> anyhow::Result<String> {
     Ok(format!(
         "## A search by key (on the emulator)\n\n{}",
         search::table(&rows, engine)
+    ))
+}
+
+/// The section of each function's cold-start init and binary sizes (see [`init_and_size`]).
+async fn init_section(cli: &Cli) -> anyhow::Result<String> {
+    eprintln!("cold-start init per function…");
+    Ok(format!(
+        "## Handler init and binary size\n\n{}\n",
+        init_and_size(&cli.functions_dir, &cli.sam_build, cli.init_runs).await?
     ))
 }
 
@@ -1125,58 +1142,26 @@ Fixed monthly costs are left out: the supervisor's schedule (43,200 invocations 
     t
 }
 
-/// Handler init (configuration and SDK clients, in process) and the arm64 bootstrap sizes from
-/// the last `sam build`, if there is one.
-async fn init_and_size(build: &std::path::Path) -> anyhow::Result<String> {
-    let mut times = Vec::new();
-    for _ in 0..20 {
-        let t = Instant::now();
-        let sdk = sas::aws::sdk_config().await;
-        let store = sas::aws::DynamoStore::new(aws_sdk_dynamodb_client(&sdk), "tasks", 4);
-        let _ = (store, sas::config::policy()?, sas::config::backoff()?);
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    times.sort_by(f64::total_cmp);
-    let mut out = format!(
-        "Configuration and SDK client construction, in process (what a `main` does before it serves): median {:.1} ms, max {:.1} ms over 20 runs. (A Lambda cold start adds the runtime's own start and the binary's load.)\n\n",
-        quantile(&times, 0.5),
-        quantile(&times, 1.0)
-    );
-    let mut sizes = Vec::new();
-    if let Ok(dirs) = std::fs::read_dir(build) {
-        for d in dirs.flatten() {
-            let b = d.path().join("bootstrap");
-            if let Ok(m) = std::fs::metadata(&b) {
-                let built = m.modified().ok().map(chrono::DateTime::<chrono::Utc>::from);
-                sizes.push((d.file_name().to_string_lossy().into_owned(), m.len(), built));
-            }
-        }
-    }
-    sizes.sort();
-    if sizes.is_empty() {
-        out.push_str("No `.aws-sam/build` here: run `./infra/test.sh` (its `sam build` step) first for the sizes.\n");
-    } else {
-        // The build's time: a `sam build` older than the tree measured shows as such.
-        let built = sizes
-            .iter()
-            .filter_map(|s| s.2)
-            .max()
-            .map_or("at an unknown time".into(), |t| {
-                format!("at {}", t.format("%Y-%m-%d %H:%M UTC"))
-            });
-        out.push_str(&format!("arm64 `bootstrap` sizes from the `sam build` made {built} (cargo-lambda, release profile: opt-level s, fat LTO, stripped):\n\n| function | size |\n|---|---|\n"));
-        for (name, bytes, _) in sizes {
-            out.push_str(&format!(
-                "| {name} | {:.2} MiB |\n",
-                bytes as f64 / 1048576.0
-            ));
-        }
-    }
-    Ok(out)
-}
-
-fn aws_sdk_dynamodb_client(sdk: &aws_config::SdkConfig) -> aws_sdk_dynamodb::Client {
-    aws_sdk_dynamodb::Client::new(sdk)
+/// Each function's cold-start init, measured on its host binary in `functions_dir` (see
+/// [`init`]), beside its binary sizes: the host's and the arm64 `bootstrap` of the last `sam
+/// build` in `sam_build`, if there is one.
+async fn init_and_size(
+    functions_dir: &std::path::Path,
+    sam_build: &std::path::Path,
+    runs: usize,
+) -> anyhow::Result<String> {
+    let (dir, build) = (functions_dir.to_owned(), sam_build.to_owned());
+    // The starts are timed on threads of their own, away from this runtime's.
+    let rows = tokio::task::spawn_blocking(move || init::measure(&dir, &build, runs))
+        .await
+        .map_err(|e| anyhow::anyhow!("the cold starts' thread: {e}"))??;
+    Ok(init::report(
+        &rows,
+        runs,
+        functions_dir,
+        sam_build,
+        init::sam_built_at(sam_build),
+    ))
 }
 
 #[cfg(test)]
