@@ -31,6 +31,104 @@ async fn dynamodb_store_keeps_the_contract() {
     contract::store_contract(Arc::new(DynamoStore::new(client, table, 4))).await;
 }
 
+/// A task written before `Pending` and `Processing` shared their state-index entries (its
+/// entry under `Pending#<shard>`, by the time it entered its state) is still listed and
+/// counted in its state; its next write moves it to the shared entry.
+#[tokio::test]
+async fn dynamodb_lists_read_an_active_tasks_entry_as_written_before() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use sas::domain::transition;
+    use sas::ports::{InState, NewTask, Paging, TaskLists, TaskStore};
+    use sas::{Policies, Policy, ProcessState, StateRecord, Task, TaskId};
+    let (client, table) = fresh_table("old-entry").await;
+    let store = DynamoStore::new(client.clone(), table.clone(), 4);
+    let workflow = unique("old-entry");
+    let now = sas::domain::state::to_millis(chrono::Utc::now());
+    let definition = sas::domain::workflow::examples::ecommerce_order(&Policy::default());
+    let task = Task {
+        input_ref: None,
+        id: TaskId::new_random(),
+        workflow: workflow.clone(),
+        workflow_version: 1,
+        input: serde_json::json!({"customerId": "c-1"}),
+        input_revision: 0,
+        earlier_inputs: vec![],
+        reply_queue_url: None,
+        created_at: now,
+        caller: sas::Caller::new("arn:aws:iam::123456789012:role/shop").expect("caller"),
+        keys: vec![],
+    };
+    let mut record = StateRecord::new(
+        task.id,
+        &definition,
+        None,
+        now,
+        now + chrono::Duration::seconds(60),
+    );
+    record.workflow = workflow.clone();
+    store
+        .create(NewTask::new(&task, &record))
+        .await
+        .expect("created");
+    // The entry as the earlier layout wrote it.
+    let shard = sas::domain::state::due_shard(&task.id, 4);
+    client
+        .update_item()
+        .table_name(&table)
+        .key("pk", AttributeValue::S(format!("TASK#{}", task.id)))
+        .key("sk", AttributeValue::S("STATE".into()))
+        .update_expression("SET StateShard = :old")
+        .expression_attribute_values(":old", AttributeValue::S(format!("Pending#{shard}")))
+        .send()
+        .await
+        .expect("the earlier entry");
+    let listed = |state| {
+        let (store, workflow) = (&store, &workflow);
+        async move {
+            let of = InState {
+                state,
+                workflow: Some(workflow),
+            };
+            let page = store
+                .list(
+                    of,
+                    Paging {
+                        limit: 10,
+                        after: None,
+                    },
+                )
+                .await
+                .expect("list");
+            let count = store.count(of, 10).await.expect("count");
+            (
+                page.items.iter().map(|s| s.task_id).collect::<Vec<_>>(),
+                count.count,
+            )
+        }
+    };
+    let settle = std::time::Instant::now() + Duration::from_secs(10);
+    while listed(ProcessState::Pending).await != (vec![task.id], 1) {
+        assert!(
+            std::time::Instant::now() < settle,
+            "the earlier entry is not listed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(listed(ProcessState::Processing).await, (vec![], 0));
+    // A claim writes the record whole: its entry is the shared one now.
+    let policies = Policies::uniform(Policy::default());
+    let c = transition::claim(&record, "s", now, &policies, &transition::Linear).expect("claim");
+    store.put(&c.record, &c.condition).await.expect("claimed");
+    while listed(ProcessState::Processing).await != (vec![task.id], 1) {
+        assert!(
+            std::time::Instant::now() < settle,
+            "the claimed task is not listed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(listed(ProcessState::Pending).await, (vec![], 0));
+}
+
 /// A gate's head that moves between an admission's read and its write (a holder leaves) fails
 /// the admission: its transaction is conditioned on the head's version as read. (On the other
 /// stores, an admission reads and writes under one lock: no write can come between.)

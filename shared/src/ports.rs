@@ -737,7 +737,8 @@ pub struct Summary {
     pub attempt: u64,
     pub last_error: Option<String>,
     pub updated_at: DateTime<Utc>,
-    /// When the task entered its state: the state list's order.
+    /// The state list's order ([`StateRecord::listed_since`]): when the task entered its
+    /// state, or, while it is `Pending` or `Processing`, when it was created.
     pub since: DateTime<Utc>,
 }
 
@@ -752,7 +753,7 @@ impl Summary {
             attempt: r.attempt,
             last_error: r.last_error.clone(),
             updated_at: r.updated_at,
-            since: r.since,
+            since: r.listed_since(),
         }
     }
 }

@@ -185,6 +185,7 @@ pub async fn store_contract(store: Arc<dyn StateStore>) {
     a_services_pace_moves_only_forward_beside_its_breaker(store.as_ref()).await;
     state_index_filters_by_workflow(store.as_ref()).await;
     state_index_counts(store.as_ref()).await;
+    pending_and_processing_are_listed_apart_from_one_entry(store.as_ref()).await;
     a_new_input_lands_with_its_record_or_not_at_all(store.as_ref()).await;
     callers_list_their_own_tasks_newest_first(store.as_ref()).await;
     tasks_are_found_by_their_keys(store.as_ref()).await;
@@ -1203,6 +1204,77 @@ async fn state_index_counts(store: &dyn StateStore) {
         ensure!(all.count >= 3 && !all.capped, "{all:?}");
         Ok(())
     });
+}
+
+/// `Pending` and `Processing` share one state-index entry per task, ordered by when it was
+/// created (`StateRecord::listed_since`), so that a claim writes no index entry: each state's
+/// list and count still holds exactly its own tasks, newest first, in pages of any size, even
+/// where the other state's tasks come between them.
+async fn pending_and_processing_are_listed_apart_from_one_entry(store: &dyn StateStore) {
+    let workflow = format!("active-{}", TaskId::new_random());
+    let base = to_millis(Utc::now()) - Span::days(300);
+    let p = &uniform(&manual());
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        let mut t = task(base + Span::seconds(i));
+        t.workflow = workflow.clone();
+        let r = record(&t, base + Span::seconds(i), Span::seconds(60));
+        create_new(store, &t, &r).await;
+        // Every other one claimed, an hour later, newest first: the claims' order is not the
+        // creations'.
+        if i % 2 == 0 {
+            let at = base + Span::hours(1) + Span::seconds(10 - i);
+            let c = transition::claim(&r, "s", at, p, &transition::Linear).expect("claim");
+            store.put(&c.record, &c.condition).await.expect("claimed");
+        }
+        ids.push(t.id);
+    }
+    let pending: Vec<TaskId> = [5, 3, 1].iter().map(|&i| ids[i]).collect();
+    let processing: Vec<TaskId> = [6, 4, 2, 0].iter().map(|&i| ids[i]).collect();
+    eventually!("the active states listed apart", {
+        for (state, expected) in [
+            (ProcessState::Pending, &pending),
+            (ProcessState::Processing, &processing),
+        ] {
+            for limit in [1, 2, 10] {
+                let rows = every_page(store, state, Some(&workflow), limit).await?;
+                let got: Vec<TaskId> = rows.iter().map(|s| s.task_id).collect();
+                ensure!(
+                    &got == expected,
+                    "{state} by {limit}: {got:?}, expected {expected:?}"
+                );
+                ensure!(
+                    rows.iter().all(|s| s.process_state == state),
+                    "{state}: {rows:?}"
+                );
+            }
+            let count = |cap| {
+                store.count(
+                    InState {
+                        state,
+                        workflow: Some(&workflow),
+                    },
+                    cap,
+                )
+            };
+            let exact = count(100).await.map_err(err)?;
+            ensure!(
+                (exact.count, exact.capped) == (expected.len() as u64, false),
+                "{state}: {exact:?}"
+            );
+            let capped = count(2).await.map_err(err)?;
+            ensure!(
+                (capped.count, capped.capped) == (2, true),
+                "{state}: {capped:?}"
+            );
+        }
+        Ok(())
+    });
+    // Each record keeps the time it entered its own state.
+    let (_, claimed) = stored(store, ids[0]).await;
+    assert_eq!(claimed.process_state, ProcessState::Processing);
+    assert_eq!(claimed.since, base + Span::hours(1) + Span::seconds(10));
+    assert_eq!(claimed.listed_since(), claimed.created_at);
 }
 
 async fn create_is_atomic_and_reads_back(store: &dyn StateStore) {

@@ -394,7 +394,8 @@ impl StateRow {
                 UNLISTED
             },
             workflow: r.workflow.clone(),
-            since_ms: r.since.timestamp_millis(),
+            // The state list's order (`StateRecord::listed_since`).
+            since_ms: r.listed_since().timestamp_millis(),
             due_shard: due_ns.map(|_| i64::from(r.due_shard(shards))),
             due_ns,
         })
@@ -866,7 +867,7 @@ impl TaskLists for SqliteStore {
         let filter = state_filter(&of);
         let after = page.after.map(|c| (c.at_ms, c.task_id.to_string()));
         self.read(move |tx| {
-            // The list's order: when the task entered its state, newest first, ties by id.
+            // The list's order (`StateRecord::listed_since`), newest first, ties by id.
             let (at, id) = after.unwrap_or((i64::MAX, String::new()));
             let rows = summaries(
                 tx,

@@ -1019,6 +1019,19 @@ impl StateRecord {
             && self.parent.as_ref().is_some_and(|l| !l.released)
     }
 
+    /// The time the operator's lists order this record by: when it entered its state, but
+    /// while it is active (`Pending`, `Processing`) and listed, when it was created. The two
+    /// active states share one index entry keyed by this time, so that a claim, and a wait's or
+    /// a callback's return to `Pending`, move no entry (a move deletes one and writes another: 2
+    /// WRU); the lists of either state read the records' states. Every store orders by it.
+    pub fn listed_since(&self) -> DateTime<Utc> {
+        if self.process_state.is_active() && self.listed_by_state() {
+            self.created_at
+        } else {
+            self.since
+        }
+    }
+
     /// Whether the operator's state index lists this record (the lists and counts by state
     /// and workflow): every task's, but a distributed forEach's run and its elements only
     /// while they wait for an operator (`Error`, `CompensationFailed`). A run of 10,000

@@ -46,6 +46,12 @@ impl ProcessState {
         Self::Resolved,
     ];
 
+    /// Going forward: waiting for a claim or claimed. The two share one entry of the state
+    /// index (see [`StateRecord::listed_since`](super::StateRecord::listed_since)), so that a
+    /// claim, and a wait's or a callback's return to `Pending`, rewrite no index entry.
+    pub fn is_active(self) -> bool {
+        matches!(self, Self::Pending | Self::Processing)
+    }
     pub fn is_terminal(self) -> bool {
         matches!(
             self,

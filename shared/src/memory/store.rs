@@ -325,8 +325,9 @@ impl TaskLists for MemoryStore {
     async fn list(&self, of: InState<'_>, page: Paging<'_>) -> Result<Page, StoreError> {
         let (limit, after) = (page.limit.max(1), page.after);
         let mut inner = self.lock()?;
-        // The list's order: when the task entered its state, descending across shards, ties by id (which DynamoDB's
-        // index leaves unspecified and the DynamoDB store sorts by too).
+        // The list's order (`StateRecord::listed_since`, the summary's `since`), descending
+        // across shards, ties by id (which DynamoDB's index leaves unspecified and the
+        // DynamoDB store sorts by too).
         let rows: Vec<Summary> = inner
             .indexed(self.index_lag)
             .filter(|r| of.holds(r))

@@ -5,8 +5,8 @@ use super::item::*;
 use super::records::*;
 use super::store::*;
 use crate::domain::Caller;
-use crate::domain::TaskId;
 use crate::domain::keys::MAX_SEARCH_KEYS;
+use crate::domain::{ProcessState, TaskId};
 use crate::ports::StoreError;
 use crate::ports::{Count, Cursor, InState, KeyQuery, Page, Paging, Summary, TaskLists};
 use async_trait::async_trait;
@@ -16,79 +16,61 @@ use std::collections::HashMap;
 impl TaskLists for DynamoStore {
     async fn list(&self, of: InState<'_>, page: Paging<'_>) -> Result<Page, StoreError> {
         let (state, workflow) = (of.state, of.workflow);
-        let page = Paging {
-            limit: page.limit.clamp(1, 1000),
-            ..page
-        };
-        // The shards merged ([`DynamoStore::newest_first`]). The index projects only the task's
-        // id and workflow: the page's summaries are then read from the state records (one
-        // `BatchGetItem`), so a write within a state changes nothing in the index.
-        let parts = (0..self.shards)
-            .map(|shard| {
-                (
-                    STATE_INDEX.into(),
-                    "StateShard".into(),
-                    state_shard_key(state, shard),
+        let limit = page.limit.clamp(1, 1000);
+        let parts = self.state_partitions(state);
+        let mut items = Vec::new();
+        let mut after = page.after.cloned();
+        // `Pending` and `Processing` share their entries: a page of one of them reads the
+        // rows of both until it holds `limit` of its own, a few rounds at most (then it is
+        // short, with its cursor: a page may be).
+        for _ in 0..LIST_ROUNDS {
+            // The shards merged ([`DynamoStore::newest_first`]). The index projects only the
+            // task's id and workflow: the page's summaries are then read from the state
+            // records (one `BatchGetItem`), so a write within a state changes nothing in the
+            // index.
+            let (rows, next) = self
+                .newest_first(
+                    Partitions {
+                        parts: parts.clone(),
+                        sort: "StateSince",
+                        filters: workflow.map(|w| ("Workflow", w)).into_iter().collect(),
+                        lower: None,
+                        upper: None,
+                    },
+                    Paging {
+                        limit: limit - items.len(),
+                        after: after.as_ref(),
+                    },
                 )
-            })
-            .collect();
-        let (rows, next) = self
-            .newest_first(
-                Partitions {
-                    parts,
-                    sort: "StateSince",
-                    filters: workflow.map(|w| ("Workflow", w)).into_iter().collect(),
-                    lower: None,
-                    upper: None,
-                },
-                page,
-            )
-            .await?;
-        let mut found = self.summaries(rows.iter().map(|(_, id)| *id)).await?;
-        let items = rows
-            .iter()
-            .filter_map(|(ms, id)| {
+                .await?;
+            let mut found = self.summaries(rows.iter().map(|(_, id)| *id)).await?;
+            items.extend(rows.iter().filter_map(|(ms, id)| {
                 let mut summary = found.remove(id)?;
                 // The index lags the table: a record that has left the state since is left
                 // out; one that left and came back is listed where the index has it.
                 summary.since = time(*ms).ok()?;
                 (summary.process_state == state).then_some(summary)
-            })
-            .collect();
-        Ok(Page { items, next })
+            }));
+            after = next;
+            if after.is_none() || items.len() >= limit {
+                break;
+            }
+        }
+        Ok(Page { items, next: after })
     }
     async fn count(&self, of: InState<'_>, cap: u64) -> Result<Count, StoreError> {
-        let (state, workflow) = (of.state, of.workflow);
+        if of.state.is_active() {
+            return self.count_active(of, cap).await;
+        }
         let mut total = 0u64;
         for shard in 0..self.shards {
-            let mut start = None;
-            loop {
-                let mut query = self
-                    .client
-                    .query()
-                    .table_name(&self.table)
-                    .index_name(STATE_INDEX)
-                    .key_condition_expression("StateShard = :k")
-                    .expression_attribute_values(":k", s(state_shard_key(state, shard)))
-                    .select(aws_sdk_dynamodb::types::Select::Count)
-                    .set_exclusive_start_key(start.take());
-                if let Some(w) = workflow {
-                    query = query
-                        .filter_expression("Workflow = :w")
-                        .expression_attribute_values(":w", s(w));
-                }
-                let out = query.send().await.map_err(|e| unavailable(&e))?;
-                total += out.count().max(0) as u64;
-                if total > cap {
-                    return Ok(Count {
-                        count: cap,
-                        capped: true,
-                    });
-                }
-                match out.last_evaluated_key() {
-                    Some(k) if !k.is_empty() => start = Some(k.clone()),
-                    _ => break,
-                }
+            let key = state_shard_key(of.state, shard);
+            total += self.count_partition(&key, of.workflow, cap - total).await?;
+            if total > cap {
+                return Ok(Count {
+                    count: cap,
+                    capped: true,
+                });
             }
         }
         Ok(Count {
@@ -306,6 +288,139 @@ impl DynamoStore {
             .then(|| rows.last().map(|(ms, id)| Cursor::at(*ms, *id)))
             .flatten();
         Ok((rows, next))
+    }
+}
+
+/// How many rounds of rows a page of an active state reads at most ([`TaskLists::list`]).
+const LIST_ROUNDS: usize = 5;
+
+/// How many of the active states' shared entries a count reads at most, per unit of its cap:
+/// past them, the count is the lower bound it has found (`capped`).
+const ACTIVE_READS_PER_COUNTED: u64 = 4;
+
+impl DynamoStore {
+    /// The state index's partitions that hold the records in `state`: its shards, and for an
+    /// active state its shards as written before the two shared them (a record not written
+    /// since is still there).
+    fn state_partitions(&self, state: ProcessState) -> Vec<(String, String, String)> {
+        let mut keys: Vec<String> = (0..self.shards)
+            .map(|shard| state_shard_key(state, shard))
+            .collect();
+        if state.is_active() {
+            keys.extend((0..self.shards).map(|shard| per_state_shard_key(state, shard)));
+        }
+        keys.into_iter()
+            .map(|key| (STATE_INDEX.into(), "StateShard".into(), key))
+            .collect()
+    }
+
+    /// The entries of one state-index partition (of a workflow), counted up to just past
+    /// `cap`.
+    async fn count_partition(
+        &self,
+        key: &str,
+        workflow: Option<&str>,
+        cap: u64,
+    ) -> Result<u64, StoreError> {
+        let mut total = 0u64;
+        let mut start = None;
+        loop {
+            let mut query = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(STATE_INDEX)
+                .key_condition_expression("StateShard = :k")
+                .expression_attribute_values(":k", s(key))
+                .select(aws_sdk_dynamodb::types::Select::Count)
+                .set_exclusive_start_key(start.take());
+            if let Some(w) = workflow {
+                query = query
+                    .filter_expression("Workflow = :w")
+                    .expression_attribute_values(":w", s(w));
+            }
+            let out = query.send().await.map_err(|e| unavailable(&e))?;
+            total += out.count().max(0) as u64;
+            if total > cap {
+                return Ok(total);
+            }
+            match out.last_evaluated_key() {
+                Some(k) if !k.is_empty() => start = Some(k.clone()),
+                _ => return Ok(total),
+            }
+        }
+    }
+
+    /// [`TaskLists::count`] of `Pending` or `Processing`: their shared entries (`Active`) tell
+    /// only that a task is active, so each one's record is read for its state, a hundred at a
+    /// time; the entries written before the two shared them are counted as they are. At most
+    /// [`ACTIVE_READS_PER_COUNTED`] entries per unit of `cap` are read: past them, the count is
+    /// a lower bound (`capped`).
+    async fn count_active(&self, of: InState<'_>, cap: u64) -> Result<Count, StoreError> {
+        let (state, workflow) = (of.state, of.workflow);
+        let capped = |count| Count {
+            count,
+            capped: true,
+        };
+        let mut total = 0u64;
+        for shard in 0..self.shards {
+            let key = per_state_shard_key(state, shard);
+            total += self.count_partition(&key, workflow, cap - total).await?;
+            if total > cap {
+                return Ok(capped(cap));
+            }
+        }
+        let budget = cap.saturating_mul(ACTIVE_READS_PER_COUNTED).max(100);
+        let mut read = 0u64;
+        for shard in 0..self.shards {
+            let mut start = None;
+            loop {
+                let mut query = self
+                    .client
+                    .query()
+                    .table_name(&self.table)
+                    .index_name(STATE_INDEX)
+                    .key_condition_expression("StateShard = :k")
+                    .expression_attribute_values(":k", s(state_shard_key(state, shard)))
+                    .projection_expression("pk")
+                    .limit(100)
+                    .set_exclusive_start_key(start.take());
+                if let Some(w) = workflow {
+                    query = query
+                        .filter_expression("Workflow = :w")
+                        .expression_attribute_values(":w", s(w));
+                }
+                let out = query.send().await.map_err(|e| unavailable(&e))?;
+                let ids = out
+                    .items()
+                    .iter()
+                    .map(|item| {
+                        get_s(item, "pk")?
+                            .strip_prefix("TASK#")
+                            .ok_or_else(|| corrupt("state-index item is not a task's"))?
+                            .parse::<TaskId>()
+                            .map_err(|e| corrupt(e.to_string()))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                read += ids.len() as u64;
+                let found = self.summaries(ids.into_iter()).await?;
+                total += found.values().filter(|s| s.process_state == state).count() as u64;
+                if total > cap {
+                    return Ok(capped(cap));
+                }
+                match out.last_evaluated_key() {
+                    Some(k) if !k.is_empty() => start = Some(k.clone()),
+                    _ => break,
+                }
+                if read >= budget {
+                    return Ok(capped(total));
+                }
+            }
+        }
+        Ok(Count {
+            count: total,
+            capped: false,
+        })
     }
 }
 

@@ -301,13 +301,19 @@ pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
         ("Version".to_owned(), n(r.version)),
         ("CreatedAt".to_owned(), ms(r.created_at)),
         ("UpdatedAt".to_owned(), ms(r.updated_at)),
-        // The state index's sort key: changes with the state only.
-        ("StateSince".to_owned(), ms(r.since)),
+        // The state index's sort key (`StateRecord::listed_since`): changes with the state
+        // only, and not between `Pending` and `Processing`.
+        ("StateSince".to_owned(), ms(r.listed_since())),
     ]);
+    // The record's own `since` where the index's sort key is not it (an active task's).
+    if r.listed_since() != r.since {
+        item.insert("Since".to_owned(), ms(r.since));
+    }
     // The state index (the operator's list), by state, newest first: sparse, its partition key
     // written only on a record it lists (`StateRecord::listed_by_state`). Every state-record
     // write puts the whole item, so a write that moves a run or an element into Error adds it
-    // and the one moving it out removes it.
+    // and the one moving it out removes it. `Pending` and `Processing` share one partition
+    // (`Active`): a claim keeps the entry as it was, and costs the index nothing.
     if r.listed_by_state() {
         item.insert(
             "StateShard".to_owned(),
@@ -432,7 +438,23 @@ pub(super) fn shard_key(shard: u32) -> String {
 
 /// The state index's partition key: a state and a shard, so that no state's records all land on
 /// one GSI partition (every task passes through Processing).
+/// The state index's partition of a record in `state`: its state's, but one for both active
+/// states (`Active#<shard>`).
 pub(super) fn state_shard_key(state: ProcessState, shard: u32) -> String {
+    if state.is_active() {
+        format!("{ACTIVE}#{shard}")
+    } else {
+        per_state_shard_key(state, shard)
+    }
+}
+
+/// The state index's partition name shared by `Pending` and `Processing`.
+pub(super) const ACTIVE: &str = "Active";
+
+/// The partition of `state`'s own (`<state>#<shard>`): every state's but the active ones', and
+/// theirs as written before they shared one (a record not written since is still there, and
+/// the lists read it).
+pub(super) fn per_state_shard_key(state: ProcessState, shard: u32) -> String {
     format!("{state}#{shard}")
 }
 
@@ -649,9 +671,17 @@ pub(super) fn record_of(
     })
 }
 
-/// When the record entered its state (`StateSince`; a record written before it was stored:
-/// its last write).
+/// When the record entered its state (`Since` where the index's sort key is not it, else
+/// `StateSince`; a record written before either was stored: its last write).
 pub(super) fn since(item: &Item) -> Result<DateTime<Utc>, StoreError> {
+    match opt_n::<i64>(item, "Since")? {
+        Some(ms) => time(ms),
+        None => listed_since(item),
+    }
+}
+
+/// The time the lists order the record by (`StateSince`: [`StateRecord::listed_since`]).
+pub(super) fn listed_since(item: &Item) -> Result<DateTime<Utc>, StoreError> {
     match opt_n::<i64>(item, "StateSince")? {
         Some(ms) => time(ms),
         None => time(get_n(item, "UpdatedAt")?),
@@ -740,7 +770,7 @@ pub(super) fn parse_summary(item: &Item) -> Result<Summary, StoreError> {
         attempt: get_n(item, "Attempt")?,
         last_error: opt_s(item, "LastError"),
         updated_at: time(get_n(item, "UpdatedAt")?)?,
-        since: since(item)?,
+        since: listed_since(item)?,
     })
 }
 
@@ -801,6 +831,58 @@ mod tests {
 
     /// A distributed forEach's element carries the state index's key only in a state that needs
     /// an operator; a task always does. Read back, both are as written.
+    #[test]
+    fn a_claim_and_a_return_to_pending_keep_the_state_index_entry() {
+        let created = crate::domain::state::to_millis(Utc::now());
+        let pending = StateRecord::new(
+            TaskId::new_random(),
+            &examples::ecommerce_order(&crate::Policy::default()),
+            None,
+            created,
+            created + chrono::Duration::seconds(5),
+        );
+        let entry = |r: &StateRecord| {
+            let item = state_item(r, 4);
+            (
+                item.get("StateShard").cloned(),
+                item.get("StateSince").cloned(),
+            )
+        };
+        let at = |r: &StateRecord, state, later: i64| {
+            let mut r = r.clone();
+            r.process_state = state;
+            r.since = created + chrono::Duration::seconds(later);
+            r.updated_at = r.since;
+            r.version += 1;
+            r
+        };
+        let claimed = at(&pending, ProcessState::Processing, 1);
+        let waiting = at(&claimed, ProcessState::Pending, 2);
+        let done = at(&waiting, ProcessState::Processed, 3);
+        let shard = due_shard(&pending.task_id, 4);
+        assert_eq!(
+            entry(&pending),
+            (Some(s(format!("Active#{shard}"))), Some(ms(created)))
+        );
+        // The entry's key and sort key stay as they were: DynamoDB writes no index entry.
+        assert_eq!(entry(&claimed), entry(&pending));
+        assert_eq!(entry(&waiting), entry(&pending));
+        // Each record's own `since` survives beside the entry's time.
+        for r in [&pending, &claimed, &waiting, &done] {
+            assert_eq!(parse_state(&state_item(r, 4)).expect("parses"), *r);
+            let summary = parse_summary(&state_item(r, 4)).expect("summary");
+            assert_eq!(summary.since, r.listed_since(), "{}", r.process_state);
+        }
+        assert!(!state_item(&pending, 4).contains_key("Since"));
+        assert!(state_item(&claimed, 4).contains_key("Since"));
+        // Out of the active states, the entry moves to the state's own partition, by its time.
+        assert_eq!(
+            entry(&done),
+            (Some(s(format!("Processed#{shard}"))), Some(ms(done.since)))
+        );
+        assert!(!state_item(&done, 4).contains_key("Since"));
+    }
+
     #[test]
     fn an_element_is_in_the_state_index_only_while_it_needs_an_operator() {
         let now = crate::domain::state::to_millis(Utc::now());
