@@ -854,7 +854,17 @@ pub struct ReceivedMessage {
 /// A message queue (SQS semantics: at-least-once, visibility timeout, delayed delivery).
 #[async_trait]
 pub trait Queue: Send + Sync {
-    async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError>;
+    /// Sends `body` to a standard queue after `delay`: by default, a [`Queue::send_fair`] of no
+    /// tenant (a queue whose fair send goes through its plain send overrides this).
+    async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
+        self.send_fair(FairMessage {
+            queue_url,
+            group: None,
+            body,
+            delay,
+        })
+        .await
+    }
     /// Receives up to `ask.max` messages, waiting up to `ask.wait` for the first.
     async fn receive(&self, ask: ReceiveRequest<'_>) -> Result<Vec<ReceivedMessage>, QueueError>;
     async fn delete(&self, queue_url: &str, receipt_handle: &str) -> Result<(), QueueError>;

@@ -2038,7 +2038,7 @@ pub async fn an_admission_is_written_under_the_head_as_read(
 /// Stops a store's next transaction before it is sent, until released: an SDK interceptor for
 /// the DynamoDB store (see [`an_admission_is_written_under_the_head_as_read`]). Armed, the next
 /// `TransactWriteItems` tells its arming that it got there, then waits for [`Pause::release`]
-/// (blocking its runtime worker: run the test on a multi-threaded runtime).
+/// (in `block_in_place`: run the test on a multi-threaded runtime).
 #[derive(Clone, Default)]
 pub struct Pause(Arc<std::sync::Mutex<PauseState>>);
 
@@ -2100,7 +2100,17 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for Pause {
         };
         if let (Some(reached), Some(release)) = (reached, release) {
             let _ = reached.send(());
-            let _ = release.recv_timeout(std::time::Duration::from_secs(30));
+            // Waited for off the runtime's worker (`block_in_place` hands its queued tasks to
+            // another thread): a task this worker had woken, such as the HTTP connection the
+            // test's own next call waits on, would otherwise be stuck behind the wait. Not
+            // released in time, the transaction fails (a release after its write would prove
+            // nothing).
+            let waited = tokio::task::block_in_place(|| {
+                release.recv_timeout(std::time::Duration::from_secs(120))
+            });
+            if waited.is_err() {
+                return Err("the paused transaction was not released within 120 s".into());
+            }
         }
         Ok(())
     }

@@ -463,15 +463,6 @@ impl<T: Catalog + ?Sized, H: Interceptor> Catalog for Intercepted<T, H> {
 
 #[async_trait]
 impl<T: Queue + ?Sized, H: Interceptor> Queue for Intercepted<T, H> {
-    async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
-        self.send_fair(FairMessage {
-            queue_url,
-            group: None,
-            body,
-            delay,
-        })
-        .await
-    }
     // Both standard sends are one call, `Send`: an interceptor sees a tenant's send as any
     // other (its faults, its counts), and the group goes on as it came.
     async fn send_fair(&self, message: FairMessage<'_>) -> Result<(), QueueError> {

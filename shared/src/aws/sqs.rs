@@ -4,7 +4,6 @@ use crate::ports::{
 };
 use async_trait::async_trait;
 use aws_sdk_sqs::types::MessageSystemAttributeName;
-use std::time::Duration;
 
 /// SQS queues, addressed by the URLs SQS returns (never built by hand).
 #[derive(Debug, Clone)]
@@ -20,16 +19,6 @@ impl SqsQueue {
 
 #[async_trait]
 impl Queue for SqsQueue {
-    async fn send(&self, queue_url: &str, body: &str, delay: Duration) -> Result<(), QueueError> {
-        self.send_fair(FairMessage {
-            queue_url,
-            group: None,
-            body,
-            delay,
-        })
-        .await
-    }
-
     async fn send_grouped(&self, message: GroupedMessage<'_>) -> Result<(), QueueError> {
         // No `DelaySeconds`: SQS refuses a per-message delay on a FIFO queue. The ids go as
         // given: SQS refuses one it does not take, which the caller sees.
