@@ -334,16 +334,17 @@ impl sas_local::intercept::Interceptor for Groups {
     }
 }
 
-/// A step's reply goes to the reply queue in its task's tenant's group, as its request went to
-/// the agents: one caller's replies do not hold back another's there either.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replies_go_in_their_tasks_tenants_group() {
+/// The groups of the messages sent to one of the in-memory system's queues (`queue`) while
+/// a task of `team-a` and one of `team-b` run to their end, and the two callers' tenants.
+async fn groups_sent_to(
+    queue: impl Fn(&sas_local::provision::Resources) -> String,
+) -> (Vec<Option<String>>, [Option<String>; 2]) {
     let settings = sas_local::Settings::default();
     let mut ports = sas_local::system::ports(sas_local::Backend::Memory, &settings)
         .await
         .expect("ports");
     let hook = Arc::new(Groups::default());
-    *hook.queue_url.lock().expect("url") = ports.resources.reply_queue_url.clone();
+    *hook.queue_url.lock().expect("url") = queue(&ports.resources);
     ports.queue = Arc::new(sas_local::intercept::Intercepted::new(
         ports.queue.clone(),
         hook.clone(),
@@ -372,12 +373,38 @@ async fn replies_go_in_their_tasks_tenants_group() {
         Identity::Caller(c) => Some(sas::domain::lane::tenant(c)),
         _ => None,
     };
-    let mut seen = hook.seen.lock().expect("seen").clone();
+    let seen = hook.seen.lock().expect("seen").clone();
+    (seen, [tenant(&a), tenant(&b)])
+}
+
+/// A step's reply goes to the reply queue in its task's tenant's group, as its request went to
+/// the agents: one caller's replies do not hold back another's there either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_go_in_their_tasks_tenants_group() {
+    let (mut seen, tenants) = groups_sent_to(|r| r.reply_queue_url.clone()).await;
     seen.sort();
-    let mut wanted = vec![tenant(&a), tenant(&b)];
+    let mut wanted = tenants.to_vec();
     wanted.sort();
     assert_eq!(
         seen, wanted,
         "one reply per task, each in its caller's group"
     );
+}
+
+/// A step's deadline timer goes to the timer queue in its task's tenant's group: one caller's
+/// timers do not hold back another's recoveries at the supervisor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_timers_go_in_their_tasks_tenants_group() {
+    let (seen, tenants) = groups_sent_to(|r| r.timer_queue_url.clone()).await;
+    assert!(!seen.is_empty(), "the claims armed timers");
+    assert!(
+        seen.iter().all(|g| tenants.contains(g) && g.is_some()),
+        "every timer in its caller's group: {seen:?}"
+    );
+    for tenant in &tenants {
+        assert!(
+            seen.contains(tenant),
+            "{tenant:?}'s task armed a timer: {seen:?}"
+        );
+    }
 }

@@ -89,6 +89,10 @@ pub struct DeadlineTimer {
     pub attempt: u64,
     pub step_index: usize,
     pub complete_by: DateTime<Utc>,
+    /// Its task's tenant: the group it is sent in (and re-armed in), so that one caller's
+    /// timers do not hold back another's recoveries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 impl DeadlineTimer {
@@ -99,6 +103,7 @@ impl DeadlineTimer {
             attempt: record.attempt,
             step_index: record.step_index,
             complete_by,
+            tenant: record.tenant.clone(),
         }
     }
 }

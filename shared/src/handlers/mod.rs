@@ -392,6 +392,7 @@ where
                         attempt: *attempt,
                         step_index: *step,
                         complete_by: *at,
+                        tenant: t.record.tenant.clone(),
                     };
                     // Best effort, as a step's timer: the due index carries the wait to the
                     // sweep either way (and carries a longer wait alone: no timer per 15 min).

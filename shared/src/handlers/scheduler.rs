@@ -838,7 +838,8 @@ async fn send_step_request(
     Ok(())
 }
 
-/// Sends `timer` to arrive at its deadline (or after SQS's longest delay, to be re-armed).
+/// Sends `timer` to arrive at its deadline (or after SQS's longest delay, to be re-armed), in
+/// its task's tenant's group.
 pub(crate) async fn arm(
     queue: &dyn crate::ports::Queue,
     url: &str,
@@ -849,5 +850,5 @@ pub(crate) async fn arm(
         .to_std()
         .unwrap_or_default()
         .min(super::MAX_SQS_DELAY);
-    send_json(queue, url, "timer", timer, delay).await
+    super::send_fair_json(queue, url, timer.tenant.as_deref(), "timer", timer, delay).await
 }
