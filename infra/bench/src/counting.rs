@@ -5,7 +5,7 @@
 //! them, and the cost model adds them per message.
 
 use async_trait::async_trait;
-use sas::aws::{index_entry_sizes, state_record_size, stored_sizes};
+use sas::aws::{index_entry_sizes, state_index_key, state_record_size, stored_sizes};
 use sas::domain::TaskId;
 use sas::domain::payload::PayloadRef;
 use sas::domain::{StateRecord, Task};
@@ -272,12 +272,9 @@ impl Counter {
             self.meter
                 .key(format!("due-index due#{shard}"), units(d, 1024), 0.0);
         }
-        if let Some(state) = state {
-            self.meter.key(
-                format!("state-index {}#{shard}", record.process_state),
-                units(state, 1024),
-                0.0,
-            );
+        if let (Some(state), Some((partition, _))) = (state, state_index_key(record, self.shards)) {
+            self.meter
+                .key(format!("state-index {partition}"), units(state, 1024), 0.0);
         }
         // The caller's partition of its tasks' index, as the DynamoDB store files it (a run's
         // and its elements' task items make no entry).
@@ -341,10 +338,11 @@ impl Counter {
                 (Some(a), None) | (None, Some(a)) => units(a, 1024),
                 (None, None) => 0.0,
             };
-            // The state index's keys (`StateShard`, `StateSince`) change only with the state: then
-            // a delete and a put; its projected attributes (id, workflow) never change.
-            let state_moved = old.map(|o| (o.process_state, o.since))
-                != Some((record.process_state, record.since));
+            // The state index's entry moves (a delete and a put) when its key does, as the store
+            // writes it (`StateShard`, `StateSince`: with the state, but not between `Pending`
+            // and `Processing`); its projected attributes (id, workflow) never change.
+            let key = |r: &StateRecord| state_index_key(r, self.shards);
+            let state_moved = old.map(key) != Some(key(record));
             // An entry only for a record listed by state (a run's or an element's only while
             // it waits for an operator).
             let entry = |s: Option<usize>| s.map_or(0.0, |s| units(s, 1024));
@@ -360,13 +358,10 @@ impl Counter {
                     .key(format!("due-index due#{shard}"), w.due_index, 0.0);
             }
             if let Some(o) = old.filter(|_| w.state_index > 0.0) {
-                for (state, size) in [
-                    (o.process_state, old_state),
-                    (record.process_state, new_state),
-                ] {
-                    if size.is_some() {
+                for (r, size) in [(o, old_state), (record, new_state)] {
+                    if let (Some((partition, _)), Some(_)) = (key(r), size) {
                         self.meter
-                            .key(format!("state-index {state}#{shard}"), entry(size), 0.0);
+                            .key(format!("state-index {partition}"), entry(size), 0.0);
                     }
                 }
             }

@@ -17,7 +17,9 @@ pub use dynamodb::{
     STATE_INDEX_PROJECTION, key_attribute, key_index,
 };
 #[cfg(any(test, feature = "testkit"))]
-pub use dynamodb::{index_entry_sizes, item_size, state_record_size, stored_sizes};
+pub use dynamodb::{
+    index_entry_sizes, item_size, state_index_key, state_record_size, stored_sizes,
+};
 pub use eventbridge::EventBridgeBus;
 pub use s3::{PART_BYTES, S3Payloads, lines_calls, s3_client};
 pub use sdk::{Described, describe, sdk_config};

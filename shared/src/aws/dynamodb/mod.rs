@@ -51,7 +51,7 @@ mod tasks;
 pub use item::item_size;
 pub use records::key_attribute;
 #[cfg(any(test, feature = "testkit"))]
-pub use records::{index_entry_sizes, state_record_size, stored_sizes};
+pub use records::{index_entry_sizes, state_index_key, state_record_size, stored_sizes};
 pub use store::{
     CALLER_INDEX, DEFAULT_CALLER_SHARDS, DUE_INDEX, DynamoStore, KEY_INDEX_PROJECTION, STATE_INDEX,
     STATE_INDEX_PROJECTION, key_index,

@@ -473,6 +473,17 @@ pub fn stored_sizes(task: &Task, record: &StateRecord, shards: u32) -> (usize, u
     )
 }
 
+/// A record's state-index entry as the store writes it: its key (`StateShard`, `StateSince`),
+/// `None` where the record is not in that index. An entry is written again (a delete and a put)
+/// only when it changes.
+#[cfg(any(test, feature = "testkit"))]
+pub fn state_index_key(record: &StateRecord, shards: u32) -> Option<(String, String)> {
+    let item = state_item(record, shards);
+    let shard = opt_s(&item, "StateShard")?;
+    let since = opt_n::<i64>(&item, "StateSince").ok().flatten()?;
+    Some((shard, since.to_string()))
+}
+
 /// The size of a state record's entries in `due-index` and `state-index` (keys and projected
 /// attributes), `None` where the record is not in that index.
 #[cfg(any(test, feature = "testkit"))]
