@@ -314,6 +314,27 @@ impl DynamoStore {
             .collect()
     }
 
+    /// A query of the state-index partition `key` (of `workflow`'s tasks, if given).
+    fn state_query(
+        &self,
+        key: &str,
+        workflow: Option<&str>,
+    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+        let query = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(STATE_INDEX)
+            .key_condition_expression("StateShard = :k")
+            .expression_attribute_values(":k", s(key));
+        match workflow {
+            Some(w) => query
+                .filter_expression("Workflow = :w")
+                .expression_attribute_values(":w", s(w)),
+            None => query,
+        }
+    }
+
     /// The entries of one state-index partition (of a workflow), counted up to just past
     /// `cap`.
     async fn count_partition(
@@ -325,21 +346,13 @@ impl DynamoStore {
         let mut total = 0u64;
         let mut start = None;
         loop {
-            let mut query = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name(STATE_INDEX)
-                .key_condition_expression("StateShard = :k")
-                .expression_attribute_values(":k", s(key))
+            let out = self
+                .state_query(key, workflow)
                 .select(aws_sdk_dynamodb::types::Select::Count)
-                .set_exclusive_start_key(start.take());
-            if let Some(w) = workflow {
-                query = query
-                    .filter_expression("Workflow = :w")
-                    .expression_attribute_values(":w", s(w));
-            }
-            let out = query.send().await.map_err(|e| unavailable(&e))?;
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| unavailable(&e))?;
             total += out.count().max(0) as u64;
             if total > cap {
                 return Ok(total);
@@ -375,22 +388,14 @@ impl DynamoStore {
         for shard in 0..self.shards {
             let mut start = None;
             loop {
-                let mut query = self
-                    .client
-                    .query()
-                    .table_name(&self.table)
-                    .index_name(STATE_INDEX)
-                    .key_condition_expression("StateShard = :k")
-                    .expression_attribute_values(":k", s(state_shard_key(state, shard)))
+                let out = self
+                    .state_query(&state_shard_key(state, shard), workflow)
                     .projection_expression("pk")
                     .limit(100)
-                    .set_exclusive_start_key(start.take());
-                if let Some(w) = workflow {
-                    query = query
-                        .filter_expression("Workflow = :w")
-                        .expression_attribute_values(":w", s(w));
-                }
-                let out = query.send().await.map_err(|e| unavailable(&e))?;
+                    .set_exclusive_start_key(start.take())
+                    .send()
+                    .await
+                    .map_err(|e| unavailable(&e))?;
                 let ids = out
                     .items()
                     .iter()
