@@ -13,12 +13,11 @@
 
 use sas::auth::Identity;
 use sas::memory::FairShare;
-use sas::{Caller, ProcessState, TaskId};
+use sas::{ProcessState, TaskId};
+use sas_blackbox::caller;
 use sas_local::System;
 use serde_json::{Value, json};
 use std::sync::Arc;
-
-const SERVICES: &str = "services:\n  - name: ledger\n    target: {type: simulated}\n";
 
 const POSTING: &str = r#"name: ledger-posting
 steps:
@@ -30,17 +29,7 @@ const BURST: usize = 60;
 
 /// Publishes the ledger service and the posting workflow.
 async fn publish(system: &System) {
-    system
-        .publish(&[
-            ("services.yaml".into(), SERVICES.into()),
-            ("posting.yaml".into(), POSTING.into()),
-        ])
-        .await
-        .expect("publishes");
-}
-
-fn caller(name: &str) -> Identity {
-    Identity::Caller(Caller::new(name).expect("caller"))
+    sas_blackbox::publish_with_ledger(system, POSTING).await;
 }
 
 /// Submits a posting as `who`, with `headers`: its id.

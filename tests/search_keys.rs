@@ -5,13 +5,12 @@
 //! order they were submitted, parked without a deadline while they wait, while other accounts'
 //! run at once. On the in-memory system and on the stack's resources on the emulator.
 
+use sas::TaskId;
 use sas::auth::Identity;
-use sas::{Caller, TaskId};
+use sas_blackbox::caller;
 use sas_local::{Backend, System};
 use serde_json::{Value, json};
 use std::sync::Arc;
-
-const SERVICES: &str = "services:\n  - name: ledger\n    target: {type: simulated}\n";
 
 /// A workflow no example has: a ledger posting found by its account and its reference.
 const POSTING: &str = r#"name: ledger-posting
@@ -55,13 +54,7 @@ fn first_at(r: &sas::StateRecord, to: sas::ProcessState) -> chrono::DateTime<chr
 /// accounts go meanwhile; while they wait, the operator's view shows each parked behind the
 /// holder, with its place in line; every task is found by each of its keys.
 async fn one_accounts_tasks_run_one_at_a_time_in_order(system: &System, n: usize) {
-    system
-        .publish(&[
-            ("services.yaml".into(), SERVICES.into()),
-            ("batch.yaml".into(), BATCH.into()),
-        ])
-        .await
-        .expect("publishes");
+    sas_blackbox::publish_with_ledger(system, BATCH).await;
     let who = caller("ledger-app");
     let account = format!("a-{}", TaskId::new_random());
     let mut line = Vec::new();
@@ -160,17 +153,7 @@ async fn one_accounts_tasks_run_one_at_a_time_in_order(system: &System, n: usize
 }
 
 async fn publish(system: &System) {
-    system
-        .publish(&[
-            ("services.yaml".into(), SERVICES.into()),
-            ("posting.yaml".into(), POSTING.into()),
-        ])
-        .await
-        .expect("publishes");
-}
-
-fn caller(name: &str) -> Identity {
-    Identity::Caller(Caller::new(name).expect("caller"))
+    sas_blackbox::publish_with_ledger(system, POSTING).await;
 }
 
 /// Calls the task API as `who`: the status and JSON body.

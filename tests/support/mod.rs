@@ -366,7 +366,26 @@ pub const OPERATOR_ARN: &str = "arn:aws:iam::123456789012:user/operator";
 
 /// The identity of the tests' operator.
 pub fn operator() -> sas::auth::Identity {
-    sas::auth::Identity::Caller(sas::Caller::new(OPERATOR_ARN).expect("caller"))
+    caller(OPERATOR_ARN)
+}
+
+/// The identity of a caller named `name`.
+pub fn caller(name: &str) -> sas::auth::Identity {
+    sas::auth::Identity::Caller(sas::Caller::new(name).expect("caller"))
+}
+
+/// A simulated `ledger` service, which the ledger suites' workflows call.
+const LEDGER_SERVICE: &str = "services:\n  - name: ledger\n    target: {type: simulated}\n";
+
+/// Publishes the simulated `ledger` service and `workflow` (a definition's YAML) beside it.
+pub async fn publish_with_ledger(system: &System, workflow: &str) {
+    system
+        .publish(&[
+            ("services.yaml".into(), LEDGER_SERVICE.into()),
+            ("workflow.yaml".into(), workflow.into()),
+        ])
+        .await
+        .expect("publishes");
 }
 
 /// Calls the operator API (`/operator` + `path`) as [`operator`]; the status and JSON body.
