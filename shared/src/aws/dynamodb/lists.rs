@@ -59,12 +59,11 @@ impl TaskLists for DynamoStore {
         Ok(Page { items, next: after })
     }
     async fn count(&self, of: InState<'_>, cap: u64) -> Result<Count, StoreError> {
-        if of.state.is_active() {
-            return self.count_active(of, cap).await;
-        }
+        // The state's own partitions, counted as they are: every state's, and an active
+        // state's entries written before the two shared theirs.
         let mut total = 0u64;
         for shard in 0..self.shards {
-            let key = state_shard_key(of.state, shard);
+            let key = per_state_shard_key(of.state, shard);
             total += self.count_partition(&key, of.workflow, cap - total).await?;
             if total > cap {
                 return Ok(Count {
@@ -72,6 +71,9 @@ impl TaskLists for DynamoStore {
                     capped: true,
                 });
             }
+        }
+        if of.state.is_active() {
+            return self.count_active(of, cap, total).await;
         }
         Ok(Count {
             count: total,
@@ -364,25 +366,22 @@ impl DynamoStore {
         }
     }
 
-    /// [`TaskLists::count`] of `Pending` or `Processing`: their shared entries (`Active`) tell
-    /// only that a task is active, so each one's record is read for its state, a hundred at a
-    /// time; the entries written before the two shared them are counted as they are. At most
+    /// [`TaskLists::count`] of `Pending` or `Processing` on from `total` (what their own
+    /// partitions hold): their shared entries (`Active`) tell only that a task is active, so
+    /// each one's record is read for its state, a hundred at a time. At most
     /// [`ACTIVE_READS_PER_COUNTED`] entries per unit of `cap` are read: past them, the count is
     /// a lower bound (`capped`).
-    async fn count_active(&self, of: InState<'_>, cap: u64) -> Result<Count, StoreError> {
+    async fn count_active(
+        &self,
+        of: InState<'_>,
+        cap: u64,
+        mut total: u64,
+    ) -> Result<Count, StoreError> {
         let (state, workflow) = (of.state, of.workflow);
         let capped = |count| Count {
             count,
             capped: true,
         };
-        let mut total = 0u64;
-        for shard in 0..self.shards {
-            let key = per_state_shard_key(state, shard);
-            total += self.count_partition(&key, workflow, cap - total).await?;
-            if total > cap {
-                return Ok(capped(cap));
-            }
-        }
         let budget = cap.saturating_mul(ACTIVE_READS_PER_COUNTED).max(100);
         let mut read = 0u64;
         for shard in 0..self.shards {
@@ -399,13 +398,7 @@ impl DynamoStore {
                 let ids = out
                     .items()
                     .iter()
-                    .map(|item| {
-                        get_s(item, "pk")?
-                            .strip_prefix("TASK#")
-                            .ok_or_else(|| corrupt("state-index item is not a task's"))?
-                            .parse::<TaskId>()
-                            .map_err(|e| corrupt(e.to_string()))
-                    })
+                    .map(state_task_id)
                     .collect::<Result<Vec<_>, _>>()?;
                 read += ids.len() as u64;
                 let found = self.summaries(ids.into_iter()).await?;

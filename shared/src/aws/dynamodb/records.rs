@@ -282,6 +282,7 @@ pub(super) fn steps_list(r: &StateRecord) -> AttributeValue {
 }
 
 pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
+    let listed_since = r.listed_since();
     let mut item = HashMap::from([
         // The task's id is the key's (`TASK#<id>`): no attribute of its own (a write is billed
         // by the KB, and the index entries carry the key anyway).
@@ -303,10 +304,10 @@ pub(super) fn state_item(r: &StateRecord, shards: u32) -> Item {
         ("UpdatedAt".to_owned(), ms(r.updated_at)),
         // The state index's sort key (`StateRecord::listed_since`): changes with the state
         // only, and not between `Pending` and `Processing`.
-        ("StateSince".to_owned(), ms(r.listed_since())),
+        ("StateSince".to_owned(), ms(listed_since)),
     ]);
     // The record's own `since` where the index's sort key is not it (an active task's).
-    if r.listed_since() != r.since {
+    if listed_since != r.since {
         item.insert("Since".to_owned(), ms(r.since));
     }
     // The state index (the operator's list), by state, newest first: sparse, its partition key
@@ -436,10 +437,9 @@ pub(super) fn shard_key(shard: u32) -> String {
     format!("due#{shard}")
 }
 
-/// The state index's partition key: a state and a shard, so that no state's records all land on
-/// one GSI partition (every task passes through Processing).
-/// The state index's partition of a record in `state`: its state's, but one for both active
-/// states (`Active#<shard>`).
+/// The state index's partition key of a record in `state`: its state's and a shard, so that no
+/// state's records all land on one GSI partition (every task passes through Processing), but one
+/// for both active states (`Active#<shard>`).
 pub(super) fn state_shard_key(state: ProcessState, shard: u32) -> String {
     if state.is_active() {
         format!("{ACTIVE}#{shard}")
@@ -477,11 +477,11 @@ pub fn stored_sizes(task: &Task, record: &StateRecord, shards: u32) -> (usize, u
 /// `None` where the record is not in that index. An entry is written again (a delete and a put)
 /// only when it changes.
 #[cfg(any(test, feature = "testkit"))]
-pub fn state_index_key(record: &StateRecord, shards: u32) -> Option<(String, String)> {
+pub fn state_index_key(record: &StateRecord, shards: u32) -> Option<(String, i64)> {
     let item = state_item(record, shards);
     let shard = opt_s(&item, "StateShard")?;
     let since = opt_n::<i64>(&item, "StateSince").ok().flatten()?;
-    Some((shard, since.to_string()))
+    Some((shard, since))
 }
 
 /// The size of a state record's entries in `due-index` and `state-index` (keys and projected
@@ -840,8 +840,8 @@ mod tests {
         assert_eq!(parse_state(&item).expect("parses"), r);
     }
 
-    /// A distributed forEach's element carries the state index's key only in a state that needs
-    /// an operator; a task always does. Read back, both are as written.
+    /// A claim, and a return to `Pending`, leave the state-index entry's key and sort key as
+    /// they were (DynamoDB writes no index entry), and the record's own `since` round-trips.
     #[test]
     fn a_claim_and_a_return_to_pending_keep_the_state_index_entry() {
         let created = crate::domain::state::to_millis(Utc::now());
@@ -894,6 +894,8 @@ mod tests {
         assert!(!state_item(&done, 4).contains_key("Since"));
     }
 
+    /// A distributed forEach's element carries the state index's key only in a state that needs
+    /// an operator; a task always does. Read back, both are as written.
     #[test]
     fn an_element_is_in_the_state_index_only_while_it_needs_an_operator() {
         let now = crate::domain::state::to_millis(Utc::now());
