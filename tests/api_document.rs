@@ -409,6 +409,8 @@ fn a_runs_and_an_elements_views_match_the_schema() {
             max_concurrency: 10,
             tolerated: 0,
             undoable: true,
+            chunk: 1,
+            refused: 0,
             marks: format!("{}{}", "d".repeat(150), "o".repeat(10)),
             stop: Some(sas::domain::run::RunStop::Refused),
         },
@@ -418,6 +420,7 @@ fn a_runs_and_an_elements_views_match_the_schema() {
         index: 3,
         task_id: TaskId::new_random(),
         step_index: 1,
+        first: None,
     })));
     for (what, record) in [("run", &run), ("element", &element)] {
         let view = serde_json::to_value(sas::api::views::TaskView::of(&task, record, Some(&w)))

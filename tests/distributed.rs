@@ -452,6 +452,7 @@ fn done(indices: impl IntoIterator<Item = u32>) -> Vec<sas::domain::run::Element
             index,
             direction: sas::domain::run::Direction::Forward,
             ok: true,
+            refused: None,
         })
         .collect()
 }
@@ -804,4 +805,264 @@ steps:
         "{}",
         answer.body()
     );
+}
+
+/// The nightly workflow keeping its elements in chunks of 10, 12 at once (two chunks of 6),
+/// tolerating `tolerated` refused elements.
+fn chunked(tolerated: &str) -> String {
+    NIGHTLY
+        .replace("name: nightly", "name: nightly-chunks")
+        .replace(
+            "    maxConcurrency: 8\n",
+            &format!("    maxConcurrency: 12\n    chunk: 10\n    toleratedRefusals: {tolerated}\n"),
+        )
+}
+
+async fn chunked_system(faults: HashMap<String, sas::remote::Faults>, tolerated: &str) -> System {
+    let system = system(faults).await;
+    system
+        .publish(&[("nightly-chunks.yaml".into(), chunked(tolerated))])
+        .await
+        .expect("publishes");
+    system
+}
+
+/// The run of a `nightly-chunks` task.
+fn chunked_run_of(task: TaskId) -> TaskId {
+    run_id(&idempotency_key(task, "post", "post", 0))
+}
+
+#[tokio::test]
+async fn chunks_run_each_element_once_under_its_own_key_and_index_and_the_step_answers_in_order() {
+    let system = chunked_system(HashMap::new(), "0").await;
+    let id = sas_blackbox::submit_task(&system, "nightly-chunks", &invoices(45)).await;
+    sas_blackbox::pump_until_quiet(&system, 400).await;
+    let task = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        task.process_state,
+        ProcessState::Processed,
+        "{:?}",
+        task.history
+    );
+    let run = sas_blackbox::state(&system, chunked_run_of(id)).await;
+    let ledger = &run.run.as_ref().expect("a run").ledger;
+    // Five chunks (the last of 5), each one mark of the ledger.
+    assert_eq!(ledger.marks, "ddddd", "{ledger}");
+    assert_eq!(ledger.refused(), 0);
+    // Each chunk: a record of its own running its elements (its input) as an in-record forEach.
+    for c in 0..5u32 {
+        let (chunk_task, chunk) =
+            sas_blackbox::task_and_state(&system, element_id(run.task_id, c)).await;
+        assert_eq!(chunk.process_state, ProcessState::Processed);
+        let first = c * 10;
+        assert_eq!(
+            chunk.element_of().and_then(|e| e.first),
+            Some(first),
+            "chunk {c}"
+        );
+        let len = if c == 4 { 5 } else { 10 };
+        assert_eq!(
+            chunk_task.input,
+            json!(
+                (first..first + len)
+                    .map(|k| json!({"invoice": format!("inv-{k}")}))
+                    .collect::<Vec<_>>()
+            )
+        );
+        assert_eq!(chunk.steps[0].elements.len(), len as usize);
+    }
+    // No sixth record: the elements live in their chunks.
+    assert!(
+        system
+            .store
+            .get_state(element_id(run.task_id, 5))
+            .await
+            .expect("read")
+            .is_none()
+    );
+    // Every element called once, under the task's key for it, with its index in the list.
+    let effects = sas_blackbox::effects(&system, "ledger", id);
+    for k in 0..45u32 {
+        let key = format!("{id}:post#{k}:post");
+        assert_eq!(effects.get(&key), Some(&1), "{key}: {effects:?}");
+    }
+    let requests = sas_blackbox::requests(&system, "ledger", &id.to_string());
+    let seventeenth = requests
+        .iter()
+        .find(|(action, input)| action == "post" && input["at"] == json!(17))
+        .expect("element 17 called");
+    assert_eq!(
+        seventeenth.1,
+        json!({"invoice": {"invoice": "inv-17"}, "at": 17, "batch": "2026-11-29"})
+    );
+    // The step's result: every element's result in its place, which a later step read.
+    let result: Value =
+        serde_json::from_str(task.steps[0].result.as_deref().expect("a result")).expect("JSON");
+    let list = result.as_array().expect("a list");
+    assert_eq!(list.len(), 45);
+    for (k, r) in list.iter().enumerate() {
+        let chunk = sas_blackbox::state(&system, element_id(run.task_id, k as u32 / 10)).await;
+        let own: Value = serde_json::from_str(
+            chunk.steps[0].elements[k % 10]
+                .result
+                .as_deref()
+                .expect("done"),
+        )
+        .expect("JSON");
+        assert_eq!(r, &own, "element {k} in its place");
+    }
+    let report = requests
+        .iter()
+        .find(|(action, _)| action == "report")
+        .expect("report called");
+    assert_eq!(report.1, json!({"posted": result}));
+    // Released once the task ended for good, as elements are.
+    let last = sas_blackbox::state(&system, element_id(run.task_id, 4)).await;
+    assert!(last.parent.as_ref().is_some_and(|l| l.released));
+}
+
+/// 45 invoices, those at `disputed` marked so the service refuses them.
+fn disputed(disputed: &[usize]) -> Value {
+    json!({"batch": "2026-11-29", "items": (0..45).map(|i| json!({"invoice": format!("inv-{i}"), "disputed": disputed.contains(&i)})).collect::<Vec<_>>()})
+}
+
+fn refusing_disputed() -> HashMap<String, sas::remote::Faults> {
+    HashMap::from([(
+        "ledger".to_owned(),
+        sas::remote::Faults {
+            refuse_marked: Some("/invoice/disputed".into()),
+            ..sas::remote::Faults::default()
+        },
+    )])
+}
+
+#[tokio::test]
+async fn a_refused_element_counts_alone_against_the_tolerance_and_its_chunk_goes_on() {
+    let system = chunked_system(refusing_disputed(), "3").await;
+    let id = sas_blackbox::submit_task(&system, "nightly-chunks", &disputed(&[3, 17, 18])).await;
+    sas_blackbox::pump_until_quiet(&system, 400).await;
+    let task = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        task.process_state,
+        ProcessState::Processed,
+        "{:?}",
+        task.history
+    );
+    let run = sas_blackbox::state(&system, chunked_run_of(id)).await;
+    let ledger = &run.run.as_ref().expect("a run").ledger;
+    assert_eq!(ledger.refused(), 3, "{ledger}");
+    assert_eq!(ledger.marks, "ddddd", "{ledger}");
+    // The refused elements took no effect and answer null; every other one took effect once.
+    let net = sas_blackbox::net(&system, "ledger", id);
+    let result: Value =
+        serde_json::from_str(task.steps[0].result.as_deref().expect("a result")).expect("JSON");
+    for k in 0..45usize {
+        let refused = [3, 17, 18].contains(&k);
+        let key = format!("{id}:post#{k}:post");
+        assert_eq!(
+            net.get(&key).copied().unwrap_or(0),
+            i32::from(!refused),
+            "{key}"
+        );
+        assert_eq!(result[k].is_null(), refused, "element {k}: {}", result[k]);
+    }
+}
+
+#[tokio::test]
+async fn refusals_past_the_tolerance_undo_every_element_that_took_effect_chunk_by_chunk() {
+    let system = chunked_system(refusing_disputed(), "2").await;
+    let id = sas_blackbox::submit_task(&system, "nightly-chunks", &disputed(&[3, 17, 18])).await;
+    sas_blackbox::pump_until_quiet(&system, 800).await;
+    let task = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        task.process_state,
+        ProcessState::Refused,
+        "{:?}",
+        task.history
+    );
+    let run = sas_blackbox::state(&system, chunked_run_of(id)).await;
+    let ledger = &run.run.as_ref().expect("a run").ledger;
+    assert_eq!(run.process_state, ProcessState::Refused, "{ledger}");
+    assert!(ledger.refused() > 2, "{ledger}");
+    // The third refusal (element 18, in the second chunk) stopped the run: no chunk opened
+    // after those out, and each chunk that took effect was undone, element by element.
+    assert!(
+        !ledger.marks.contains('d') && !ledger.marks.contains('o'),
+        "{ledger}"
+    );
+    let net = sas_blackbox::net(&system, "ledger", id);
+    assert!(net.values().all(|n| *n == 0), "{net:?}");
+    let posted = sas_blackbox::effects(&system, "ledger", id)
+        .keys()
+        .filter(|k| k.ends_with(":post"))
+        .count();
+    assert!(posted > 0, "some elements took effect before the stop");
+    assert!(
+        posted < 42,
+        "the run stopped opening chunks: {posted} posted"
+    );
+}
+
+#[tokio::test]
+async fn an_element_that_fails_fails_its_chunk_which_is_undone_and_counts_every_element_refused() {
+    // Some posts answer more than a result may be (the element faults: it may have taken
+    // effect), others are refused with an oversized message; voids succeed.
+    let faults = HashMap::from([(
+        "ledger".to_owned(),
+        sas::remote::Faults {
+            oversized: 0.1,
+            seed: Some(11),
+            ..sas::remote::Faults::default()
+        },
+    )]);
+    let system = chunked_system(faults, "\"100%\"").await;
+    let id = sas_blackbox::submit_task(&system, "nightly-chunks", &invoices(100)).await;
+    sas_blackbox::pump_until_quiet(&system, 3000).await;
+    let task = sas_blackbox::state(&system, id).await;
+    assert_eq!(
+        task.process_state,
+        ProcessState::Processed,
+        "{:?}",
+        task.history
+    );
+    let run = sas_blackbox::state(&system, chunked_run_of(id)).await;
+    let ledger = &run.run.as_ref().expect("a run").ledger;
+    let result: Value =
+        serde_json::from_str(task.steps[0].result.as_deref().expect("a result")).expect("JSON");
+    let net = sas_blackbox::net(&system, "ledger", id);
+    let mut failed = 0;
+    let mut refused = 0;
+    for c in 0..10u32 {
+        let chunk = sas_blackbox::state(&system, element_id(run.task_id, c)).await;
+        let keys = (c * 10..c * 10 + 10).map(|k| format!("{id}:post#{k}:post"));
+        match chunk.process_state {
+            // An element failed (faulted): the chunk undid every element that took effect,
+            // and all ten count as refused, each answering null.
+            ProcessState::Compensated => {
+                failed += 1;
+                refused += 10;
+                assert_eq!(ledger.mark(c), Some(sas::domain::run::Mark::Failed));
+                for (k, key) in keys.enumerate() {
+                    assert_eq!(net.get(&key).copied().unwrap_or(0), 0, "{key}");
+                    assert!(result[c as usize * 10 + k].is_null());
+                }
+            }
+            ProcessState::Processed => {
+                for (k, (key, e)) in keys.zip(&chunk.steps[0].elements).enumerate() {
+                    let done = e.status == sas::StepStatus::Done;
+                    refused += u32::from(!done);
+                    assert_eq!(
+                        net.get(&key).copied().unwrap_or(0),
+                        i32::from(done),
+                        "{key}"
+                    );
+                    assert_eq!(result[c as usize * 10 + k].is_null(), !done);
+                }
+            }
+            other => panic!("chunk {c} is {other}: {:?}", chunk.history),
+        }
+    }
+    assert_eq!(ledger.refused(), refused, "{ledger}");
+    // (Decided per key: at 0.1 a tenth of the posts are oversized, half of them applied.)
+    assert!(failed > 0, "some chunk met a faulted element: {ledger}");
 }

@@ -233,6 +233,8 @@ async fn a_run_and_its_element_read_back(store: &dyn StateStore) {
             max_concurrency: 1_000,
             tolerated: 3,
             undoable: true,
+            chunk: 1,
+            refused: 0,
             marks: format!(
                 "{}{}{}",
                 "d".repeat(8_000),
@@ -250,6 +252,7 @@ async fn a_run_and_its_element_read_back(store: &dyn StateStore) {
         index: 9_999,
         task_id: TaskId::new_random(),
         step_index: 2,
+        first: None,
     })));
     create_new(store, &e, &element).await;
     assert_eq!(store.get_state(e.id).await.expect("read"), Some(element));
@@ -299,6 +302,8 @@ fn part_of(
                     max_concurrency: 2,
                     tolerated: 0,
                     undoable: true,
+                    chunk: 1,
+                    refused: 0,
                     marks: "do".into(),
                     stop: None,
                 },
@@ -309,6 +314,7 @@ fn part_of(
                 index: 1,
                 task_id: TaskId::new_random(),
                 step_index: 0,
+                first: None,
             })));
         }
     }

@@ -171,11 +171,21 @@ fn undo_cell(s: &StepView) -> String {
     }
 }
 
-/// A run's counts in a line: `40 of 100 done, 2 refused, 8 out` (the marks at zero left out).
+/// A run's counts in a line: `40 of 100 done, 2 refused, 8 out` (the marks at zero left out);
+/// in chunks, `4 of 10 chunks of 10 done, 2 elements refused, 1 out`.
 fn run_counts(c: &sas::api::views::RunCounts) -> String {
-    let mut line = format!("{} of {} done", c.done, c.total);
+    let chunk = c.chunk.filter(|k| *k > 1);
+    let mut line = match chunk {
+        Some(k) => format!("{} of {} chunks of {k} done", c.done, c.total.div_ceil(k)),
+        None => format!("{} of {} done", c.done, c.total),
+    };
+    let refused = if chunk.is_some() {
+        "elements refused"
+    } else {
+        "refused"
+    };
     for (n, label) in [
-        (c.refused, "refused"),
+        (c.refused, refused),
         (c.out, "out"),
         (c.undoing, "undoing"),
         (c.undone, "undone"),
@@ -268,8 +278,11 @@ pub fn render_task(t: &TaskView) -> String {
         (
             "element",
             format!(
-                "#{} of run {} (task {}, step {})",
+                "#{}{} of run {} (task {}, step {})",
                 e.index,
+                e.first
+                    .map(|f| format!(", a chunk from element #{f}"))
+                    .unwrap_or_default(),
                 clean(&e.run_id, usize::MAX),
                 clean(&e.task_id, usize::MAX),
                 clean(&e.step, usize::MAX)
@@ -1143,6 +1156,20 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             out.contains("\nstep 5 post\n  run:        r-1 (Processing): 100 of 300 done, 2 refused, 18 out\n"),
             "{out}"
         );
+        // A run in chunks counts chunks, and refused elements.
+        let chunks = RunCounts {
+            total: 300,
+            chunk: Some(25),
+            opened: 6,
+            done: 4,
+            refused: 3,
+            out: 2,
+            ..RunCounts::default()
+        };
+        assert_eq!(
+            run_counts(&chunks),
+            "4 of 12 chunks of 25 done, 3 elements refused, 2 out"
+        );
 
         let mut run = view();
         run.task_id = "r-1".into();
@@ -1199,6 +1226,7 @@ AT                    FROM     TO            STEP           ATTEMPT  BY         
             index: 7,
             task_id: "t-1".into(),
             step: "post".into(),
+            first: None,
         });
         let out = render_task(&element);
         assert!(

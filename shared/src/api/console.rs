@@ -712,7 +712,7 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
             }
             @if let Some(e) = t["element"].as_object().filter(|e| e.contains_key("runId")) {
                 // An element of a distributed forEach: its run, and the task it runs for.
-                dt { "Element" } dd { "#" (e["index"]) " of run " a class="id" href=(href(&format!("/tasks/{}", segment(text(&t["element"], "runId"))), &[])) { (text(&t["element"], "runId")) } }
+                dt { (if e.contains_key("first") { "Chunk" } else { "Element" }) } dd { "#" (e["index"]) @if let Some(first) = e.get("first") { " (from element #" (first) ")" } " of run " a class="id" href=(href(&format!("/tasks/{}", segment(text(&t["element"], "runId"))), &[])) { (text(&t["element"], "runId")) } }
                 dt { "Task" } dd { a class="id" href=(href(&format!("/tasks/{}", segment(text(&t["element"], "taskId"))), &[])) { (text(&t["element"], "taskId")) } " (step " (text(&t["element"], "step")) ")" }
             } @else if let Some(parent) = t["parent"]["taskId"].as_str() {
                 dt { (if t["run"].is_object() { "Run of" } else { "Parent" }) } dd { a class="id" href=(href(&format!("/tasks/{}", segment(parent)), &[])) { (parent) } " (step " (text(&t["parent"], "step")) ")" }
@@ -863,11 +863,25 @@ async fn task(api: &Api<'_>, id: &str, query: &str) -> Response<String> {
     )
 }
 
-/// A run's counts in a line: `40 of 100 done, 2 refused, 8 out`, the marks at zero left out.
+/// A run's counts in a line: `40 of 100 done, 2 refused, 8 out`, the marks at zero left out;
+/// in chunks, `4 of 10 chunks of 10 done, 2 elements refused, 1 out`.
 fn run_counts(c: &Value) -> String {
-    let mut line = format!("{} of {} done", c["done"], c["total"]);
+    let chunk = c["chunk"].as_u64().filter(|k| *k > 1);
+    let mut line = match chunk {
+        Some(k) => format!(
+            "{} of {} chunks of {k} done",
+            c["done"],
+            c["total"].as_u64().unwrap_or(0).div_ceil(k)
+        ),
+        None => format!("{} of {} done", c["done"], c["total"]),
+    };
+    let refused = if chunk.is_some() {
+        "elements refused"
+    } else {
+        "refused"
+    };
     for (key, label) in [
-        ("refused", "refused"),
+        ("refused", refused),
         ("out", "out"),
         ("undoing", "undoing"),
         ("undone", "undone"),

@@ -120,12 +120,16 @@ pub struct TaskView<S = ProcessState> {
 }
 
 /// How many of a run's elements bear each mark of its ledger
-/// ([`crate::domain::run::Mark`]).
+/// ([`crate::domain::run::Mark`]). A run in chunks marks chunks: its counts are then of
+/// chunks, but `total` and `refused`, which count elements.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RunCounts {
     /// The list's length.
     pub total: u32,
+    /// Elements kept in one record (a chunk), when over 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk: Option<u32>,
     /// Opened so far (every mark).
     #[serde(default)]
     pub opened: u32,
@@ -151,10 +155,11 @@ impl RunCounts {
     pub fn of(run: &Run) -> Self {
         Self {
             total: run.total,
+            chunk: (run.chunk > 1).then_some(run.chunk),
             // At most MAX_RUN_ELEMENTS marks: fits.
             opened: run.marks.len() as u32,
             done: run.count(Mark::Done),
-            refused: run.count(Mark::Failed),
+            refused: run.refused(),
             out: run.count(Mark::Out),
             undoing: run.count(Mark::Undoing),
             undone: run.count(Mark::Undone),
@@ -249,7 +254,8 @@ impl RunView {
     pub fn of(r: &StateRecord, from: u32) -> Option<Self> {
         let (run, link) = (r.run.as_ref()?, r.parent.as_ref()?);
         let ledger = &run.ledger;
-        let end = from.saturating_add(ELEMENTS_PAGE).min(ledger.total);
+        // A page of the ledger's units: elements, or chunks.
+        let end = from.saturating_add(ELEMENTS_PAGE).min(ledger.units());
         Some(Self {
             task_id: link.task_id.to_string(),
             step: link.step.clone(),
@@ -265,7 +271,7 @@ impl RunView {
                 })
                 .collect(),
             elements_from: from,
-            next_elements_from: (end < ledger.total).then_some(end),
+            next_elements_from: (end < ledger.units()).then_some(end),
         })
     }
 }
@@ -279,6 +285,9 @@ pub struct ElementView {
     pub index: u32,
     pub task_id: String,
     pub step: String,
+    /// A chunk: the index of its first element in the list (its elements' own follow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first: Option<u32>,
 }
 
 impl ElementView {
@@ -290,6 +299,7 @@ impl ElementView {
             index: e.index,
             task_id: e.task_id.to_string(),
             step: link.step.clone(),
+            first: e.first,
         })
     }
 }
@@ -936,7 +946,7 @@ fn elements_inputs(v: &mut StepView, w: &Workflow, task: &Task, r: &StateRecord,
             continue;
         };
         context["element"] = list.get(k).cloned().unwrap_or_default();
-        context["index"] = json!(k);
+        context["index"] = json!(r.element_of().map_or(k as u32, |e| e.element_index(k)));
         if es.sent || es.status != StepStatus::Pending {
             ev.input = Some(shown(step.input.render_lenient(&context, limit)));
         }
@@ -1301,6 +1311,8 @@ mod tests {
                 max_concurrency: 1_000,
                 tolerated: 5,
                 undoable: true,
+                chunk: 1,
+                refused: 0,
                 marks: format!("{}{}{}", "d".repeat(150), "f".repeat(2), "o".repeat(48)),
                 stop: None,
             },
@@ -1342,6 +1354,7 @@ mod tests {
             index: 42,
             task_id: owner,
             step_index: 2,
+            first: None,
         })));
         let e = TaskView::of(&task, &element, Some(&w));
         assert_eq!(
@@ -1351,6 +1364,7 @@ mod tests {
                 index: 42,
                 task_id: owner.to_string(),
                 step: "post".into(),
+                first: None,
             })
         );
         assert!(e.run.is_none());

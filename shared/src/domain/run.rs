@@ -8,6 +8,13 @@
 //! ended. The run's record holds only this ledger, one mark per element opened, so its size is
 //! bounded by the list's length (one byte per element) and never by the elements' results.
 //!
+//! A run may keep its elements in *chunks* ([`Run::chunk`] elements to a record, an in-record
+//! forEach that tolerates every refusal): the ledger's unit is then a chunk, one mark per chunk
+//! opened, and a chunk's end says how many of its elements were refused
+//! ([`ElementEnd::refused`]), so the step's tolerance still counts elements. A chunk that fails
+//! (an element past its retries) is undone by itself, and all its elements count as refused.
+//! With a chunk of 1, a unit is an element.
+//!
 //! The rules the ledger keeps (checked by [`Run::check`]):
 //! - elements open in order, and only while the run is not stopped;
 //! - at most `max_concurrency` elements are out at once, forward and undo together;
@@ -22,6 +29,17 @@ use std::fmt;
 pub const MAX_RUN_ELEMENTS: usize = 10_000;
 /// The most elements of a distributed forEach out at once.
 pub const MAX_RUN_CONCURRENCY: u32 = 1_000;
+/// The most elements of a distributed forEach kept in one record (a chunk): an in-record
+/// forEach's list (see [`crate::domain::transition`]'s `MAX_ELEMENTS`).
+pub const MAX_CHUNK: u32 = 100;
+
+/// How many elements each chunk of a run runs at once, with `max_concurrency` for the whole run
+/// and chunks of `chunk`: the run keeps `ceil(max_concurrency / chunk)` chunks out, which share
+/// `max_concurrency` evenly (at least 1 each).
+pub fn chunk_concurrency(max_concurrency: u32, chunk: u32) -> u32 {
+    let chunks = max_concurrency.div_ceil(chunk.max(1)).max(1);
+    (max_concurrency / chunks).max(1)
+}
 
 /// An S3 object holding a distributed forEach's list: `s3://bucket/key`, a JSON array, or
 /// JSON Lines (one element per line) when its key ends in `.jsonl` or `.ndjson` (as Step
@@ -189,7 +207,7 @@ impl fmt::Display for ObjectLocation {
     }
 }
 
-/// Where one element stands, as the run's ledger keeps it (one character each).
+/// Where one element (or chunk) stands, as the run's ledger keeps it (one character each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mark {
     /// Opened: its record exists and it runs forward.
@@ -254,10 +272,29 @@ pub struct Run {
     pub tolerated: u32,
     /// The step declares an undo: its elements that took effect are undone when it is.
     pub undoable: bool,
-    /// One mark per element opened so far, in the list's order (see [`Mark`]).
+    /// Elements kept in one record (a chunk, the ledger's unit); 1: each element its own.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub chunk: u32,
+    /// With chunks: how many elements ended with no effect so far (each chunk's end says how
+    /// many of its own). With a chunk of 1 the marks say it (`Failed`), and this stays 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refused: u32,
+    /// One mark per unit (element, or chunk) opened so far, in the list's order (see [`Mark`]).
     pub marks: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<RunStop>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Which way an element's end goes: its step, or its undo.
@@ -272,15 +309,21 @@ pub enum Direction {
     Stuck,
 }
 
-/// An element's end, as the run receives it.
+/// An element's (or a chunk's) end, as the run receives it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ElementEnd {
+    /// The unit's index in the ledger: the element's, or the chunk's.
     pub index: u32,
     pub direction: Direction,
-    /// Forward: the element took effect (`Processed`); otherwise it ended with none. Undo: the
-    /// element is undone; otherwise its undo was refused.
+    /// Forward: the element took effect (`Processed`; a chunk: at least one of its elements
+    /// did); otherwise it ended with none. Undo: the element is undone; otherwise its undo was
+    /// refused.
     pub ok: bool,
+    /// A chunk's forward end: how many of its elements ended with no effect (refused, or all
+    /// of them when the chunk failed and was undone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<u32>,
 }
 
 /// How a run ends: what it answers the task's step with.
@@ -322,6 +365,8 @@ pub enum RunError {
     TooManyElements(usize),
     #[error("maxConcurrency {0} is outside 1 to {MAX_RUN_CONCURRENCY}")]
     Concurrency(u32),
+    #[error("chunk {0} is outside 1 to {MAX_CHUNK}")]
+    Chunk(u32),
 }
 
 /// How a run starts: its list's length and the step's settings.
@@ -331,6 +376,8 @@ pub struct RunPlan {
     pub max_concurrency: u32,
     pub tolerated: u32,
     pub undoable: bool,
+    /// Elements per record (1: each element its own).
+    pub chunk: u32,
 }
 
 impl Run {
@@ -343,12 +390,17 @@ impl Run {
         if !(1..=MAX_RUN_CONCURRENCY).contains(&plan.max_concurrency) {
             return Err(RunError::Concurrency(plan.max_concurrency));
         }
+        if !(1..=MAX_CHUNK).contains(&plan.chunk) {
+            return Err(RunError::Chunk(plan.chunk));
+        }
         let mut run = Self {
             // Bounded by MAX_RUN_ELEMENTS above.
             total: plan.total as u32,
             max_concurrency: plan.max_concurrency,
             tolerated: plan.tolerated,
             undoable: plan.undoable,
+            chunk: plan.chunk,
+            refused: 0,
             marks: String::new(),
             stop: None,
         };
@@ -375,6 +427,32 @@ impl Run {
         self.marks.len() as u32
     }
 
+    /// How many units the ledger has: elements, or chunks.
+    pub fn units(&self) -> u32 {
+        self.total.div_ceil(self.chunk.max(1))
+    }
+
+    /// The elements unit `index` holds (one, or a chunk's), as indexes in the list.
+    pub fn elements_of(&self, index: u32) -> std::ops::Range<u32> {
+        let chunk = self.chunk.max(1);
+        let first = index.saturating_mul(chunk).min(self.total);
+        first..first.saturating_add(chunk).min(self.total)
+    }
+
+    /// How many units may be out at once: `max_concurrency` elements, in units.
+    fn at_once(&self) -> u32 {
+        self.max_concurrency.div_ceil(self.chunk.max(1))
+    }
+
+    /// How many elements ended with no effect so far.
+    pub fn refused(&self) -> u32 {
+        if self.chunk <= 1 {
+            self.count(Mark::Failed)
+        } else {
+            self.refused
+        }
+    }
+
     fn set(&mut self, index: u32, mark: Mark) {
         let i = index as usize;
         if i < self.marks.len() {
@@ -391,7 +469,7 @@ impl Run {
         }
         let failed_undo = self.marks.bytes().position(|b| b == b'!');
         match self.stop {
-            None if self.opened() == self.total => Some(RunEnd::Processed),
+            None if self.opened() == self.units() => Some(RunEnd::Processed),
             None => None,
             Some(stop) => {
                 // Every element that took effect is undone first, even past a refused undo:
@@ -404,7 +482,7 @@ impl Run {
                 }
                 Some(match stop {
                     RunStop::Refused => RunEnd::Refused {
-                        refused: self.count(Mark::Failed),
+                        refused: self.refused(),
                     },
                     RunStop::Undo => RunEnd::Undone,
                 })
@@ -421,6 +499,15 @@ impl Run {
             let Some(next) = self.after(end) else {
                 continue;
             };
+            if self.chunk > 1 && matches!(next, Mark::Done | Mark::Failed) {
+                let len = self.elements_of(end.index).len() as u32;
+                let refused = match (end.refused, next) {
+                    (Some(n), _) => n.min(len),
+                    (None, Mark::Failed) => len,
+                    (None, _) => 0,
+                };
+                self.refused = self.refused.saturating_add(refused);
+            }
             self.set(end.index, next);
         }
         // An element stuck with its effect: the run opens nothing more, undoes what took
@@ -433,7 +520,7 @@ impl Run {
             // can, by the rules above), never open or undo anything.
             return RunEffects::default();
         }
-        if self.stop.is_none() && self.count(Mark::Failed) > self.tolerated {
+        if self.stop.is_none() && self.refused() > self.tolerated {
             self.stop = Some(RunStop::Refused);
         }
         self.settle()
@@ -494,10 +581,10 @@ impl Run {
         let mut fx = RunEffects::default();
         let out = self.count(Mark::Out);
         let undoing = self.count(Mark::Undoing);
-        let room = self.max_concurrency.saturating_sub(out + undoing);
+        let room = self.at_once().saturating_sub(out + undoing);
         match self.stop {
             None => {
-                let open = room.min(self.total - self.opened());
+                let open = room.min(self.units() - self.opened());
                 for _ in 0..open {
                     fx.open.push(self.opened());
                     self.marks.push(Mark::Out.to_char());
@@ -530,21 +617,27 @@ impl Run {
         if self.total as usize > MAX_RUN_ELEMENTS {
             return bad(format!("{} elements", self.total));
         }
-        if self.opened() > self.total {
+        if !(1..=MAX_CHUNK).contains(&self.chunk) {
+            return bad(format!("chunks of {}", self.chunk));
+        }
+        if self.opened() > self.units() {
             return bad(format!(
-                "{} elements opened of {}",
+                "{} units opened of {}",
                 self.opened(),
-                self.total
+                self.units()
             ));
+        }
+        if self.chunk == 1 && self.refused > 0 {
+            return bad("a refused count kept without chunks".into());
         }
         if let Some(c) = self.marks.chars().find(|c| Mark::from_char(*c).is_none()) {
             return bad(format!("an unknown mark {c:?}"));
         }
         let (out, undoing) = (self.count(Mark::Out), self.count(Mark::Undoing));
-        if out + undoing > self.max_concurrency {
+        if out + undoing > self.at_once() {
             return bad(format!(
-                "{out} out and {undoing} undoing, over maxConcurrency {}",
-                self.max_concurrency
+                "{out} out and {undoing} undoing, over maxConcurrency {} (in units of {})",
+                self.max_concurrency, self.chunk
             ));
         }
         if out > 0 && undoing > 0 {
@@ -558,15 +651,15 @@ impl Run {
             return bad("an element is undone, but the step has no undo".into());
         }
         if self.stop.is_none()
-            && self.opened() < self.total
-            && out < self.max_concurrency
-            && self.count(Mark::Failed) <= self.tolerated
+            && self.opened() < self.units()
+            && out < self.at_once()
+            && self.refused() <= self.tolerated
         {
             return bad(format!(
-                "{} of {} elements opened with {out} of {} places taken",
+                "{} of {} units opened with {out} of {} places taken",
                 self.opened(),
-                self.total,
-                self.max_concurrency
+                self.units(),
+                self.at_once()
             ));
         }
         Ok(())
@@ -575,11 +668,19 @@ impl Run {
 
 impl fmt::Display for Run {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.chunk > 1 {
+            write!(
+                f,
+                "chunks of {} ({} elements refused); ",
+                self.chunk,
+                self.refused()
+            )?;
+        }
         write!(
             f,
             "{} of {} opened: {} out, {} done, {} failed, {} undoing, {} undone, {} undo refused",
             self.opened(),
-            self.total,
+            self.units(),
             self.count(Mark::Out),
             self.count(Mark::Done),
             self.count(Mark::Failed),
@@ -600,6 +701,7 @@ mod tests {
             max_concurrency,
             tolerated,
             undoable: true,
+            chunk: 1,
         }
     }
 
@@ -608,6 +710,7 @@ mod tests {
             index,
             direction: Direction::Forward,
             ok,
+            refused: None,
         }
     }
 
@@ -616,6 +719,7 @@ mod tests {
             index,
             direction: Direction::Undo,
             ok,
+            refused: None,
         }
     }
 
@@ -866,38 +970,53 @@ mod tests {
         use proptest::prelude::*;
         use std::collections::BTreeSet;
 
-        /// What the service does with element `i`: took effect or not, and whether its undo
-        /// would be refused.
+        /// What the service does with unit `i` (an element, or a chunk): took effect or not
+        /// (a chunk: how many of its elements were refused), and whether its undo would be
+        /// refused.
         #[derive(Debug, Clone, Copy)]
         struct Fate {
             ok: bool,
+            refused: u32,
             undo_refused: bool,
             /// Its step failed and its own undo was refused: its effect stays.
             stuck: bool,
         }
 
         proptest! {
-            /// Any order of ends (with duplicates), any undo of the step at any moment: the
-            /// ledger stays valid, never has more than maxConcurrency out, opens nothing past
-            /// a stop, undoes exactly the elements that took effect (each once, never while one
-            /// is out forward), and ends as the model says.
+            /// Any order of ends (with duplicates), any undo of the step at any moment, elements
+            /// alone or in chunks: the ledger stays valid, never has more than maxConcurrency
+            /// elements out, opens nothing past a stop, undoes exactly the units that took
+            /// effect (each once, never while one is out forward), counts refused elements,
+            /// and ends as the model says.
             #[test]
             fn a_run_ends_as_the_model_says(
                 total in 0usize..40,
                 max_concurrency in 1u32..6,
                 tolerated in 0u32..3,
                 undoable in any::<bool>(),
-                fates in prop::collection::vec((prop::bool::weighted(0.85), prop::bool::weighted(0.1), prop::bool::weighted(0.04)), 40),
+                chunk in prop::sample::select(vec![1u32, 1, 2, 3, 7]),
+                fates in prop::collection::vec((prop::bool::weighted(0.85), prop::bool::weighted(0.1), prop::bool::weighted(0.04), 0u32..8), 40),
                 picks in prop::collection::vec(any::<prop::sample::Index>(), 400),
                 undo_at in prop::option::of(0usize..60),
                 dup in prop::bool::weighted(0.3),
             ) {
-                let fates: Vec<Fate> = fates.into_iter().map(|(ok, undo_refused, stuck)| {
+                let (mut run, fx) = Run::start(RunPlan { total, max_concurrency, tolerated, undoable, chunk }).expect("start");
+                let fates: Vec<Fate> = fates.into_iter().enumerate().map(|(i, (ok, undo_refused, stuck, some))| {
                     // (Only an element with an undo can have its own undo refused.)
                     let stuck = stuck && undoable;
-                    Fate { ok: ok && !stuck, undo_refused, stuck }
+                    let ok = ok && !stuck;
+                    let len = run.elements_of(i as u32).len() as u32;
+                    // A chunk that took effect may have had some of its elements refused; one
+                    // that did not had all of them refused (or failed and undone).
+                    let refused = match (stuck, ok) {
+                        (true, _) => 0,
+                        (false, true) => some.min(len.saturating_sub(1)),
+                        (false, false) => len,
+                    };
+                    Fate { ok, refused, undo_refused, stuck }
                 }).collect();
-                let (mut run, fx) = Run::start(RunPlan { total, max_concurrency, tolerated, undoable }).expect("start");
+                let units = run.units() as usize;
+                let at_once = max_concurrency.div_ceil(chunk);
                 // Ends not yet delivered, as the queue holds them.
                 let mut pending: Vec<ElementEnd> = vec![];
                 let mut opened: BTreeSet<u32> = BTreeSet::new();
@@ -907,13 +1026,14 @@ mod tests {
                     for i in fx.open {
                         prop_assert!(opened.insert(i), "element {} opened twice", i);
                         let direction = if fates[i as usize].stuck { Direction::Stuck } else { Direction::Forward };
-                        pending.push(ElementEnd { index: i, direction, ok: fates[i as usize].ok });
+                        let refused = (chunk > 1 && direction == Direction::Forward).then_some(fates[i as usize].refused);
+                        pending.push(ElementEnd { index: i, direction, ok: fates[i as usize].ok, refused });
                     }
                     for i in fx.undo {
                         prop_assert!(!undos.contains(&i), "element {} undone twice", i);
                         prop_assert!(fates[i as usize].ok, "element {} undone with no effect", i);
                         undos.push(i);
-                        pending.push(ElementEnd { index: i, direction: Direction::Undo, ok: !fates[i as usize].undo_refused });
+                        pending.push(ElementEnd { index: i, direction: Direction::Undo, ok: !fates[i as usize].undo_refused, refused: None });
                     }
                     if let Some(e) = fx.end {
                         prop_assert!(end.is_none(), "the run ended twice");
@@ -946,7 +1066,9 @@ mod tests {
                     }
                     take(fx, &mut pending, &mut opened, &mut undos, &mut end)?;
                     prop_assert!(run.check().is_ok(), "{:?}: {}", run.check(), run);
-                    prop_assert!(run.count(Mark::Out) + run.count(Mark::Undoing) <= max_concurrency);
+                    prop_assert!(run.count(Mark::Out) + run.count(Mark::Undoing) <= at_once);
+                    // Elements out, as the chunks run them (each chunk its share at once).
+                    prop_assert!((run.count(Mark::Out) + run.count(Mark::Undoing)) * chunk_concurrency(max_concurrency, chunk).min(chunk) <= max_concurrency);
                     if let Some(at) = stopped_at {
                         prop_assert_eq!(opened.len(), at, "opened past the stop");
                     }
@@ -959,7 +1081,8 @@ mod tests {
                 }
                 let effected: BTreeSet<u32> = opened.iter().copied().filter(|i| fates[*i as usize].ok).collect();
                 let stuck: BTreeSet<u32> = opened.iter().copied().filter(|i| fates[*i as usize].stuck).collect();
-                let refused = opened.len() - effected.len() - stuck.len();
+                let refused: u32 = opened.iter().filter(|i| !stuck.contains(i)).map(|i| fates[*i as usize].refused).sum();
+                prop_assert_eq!(run.refused(), refused);
                 let stop = run.stop;
                 // The first element left with its effect: stuck, or its undo refused.
                 let left = |undone: bool| {
@@ -969,8 +1092,8 @@ mod tests {
                 };
                 let expected = match stop {
                     None => {
-                        prop_assert_eq!(opened.len(), total);
-                        prop_assert!(refused as u32 <= tolerated);
+                        prop_assert_eq!(opened.len(), units);
+                        prop_assert!(refused <= tolerated);
                         prop_assert!(stuck.is_empty(), "a stuck element stops the run");
                         RunEnd::Processed
                     }
@@ -980,19 +1103,19 @@ mod tests {
                         prop_assert_eq!(&undone, &effected);
                         match left(true) {
                             Some(index) => RunEnd::UndoFailed { index },
-                            None if stop == Some(RunStop::Refused) => RunEnd::Refused { refused: refused as u32 },
+                            None if stop == Some(RunStop::Refused) => RunEnd::Refused { refused },
                             None => RunEnd::Undone,
                         }
                     }
                     Some(stop) => match (left(false), stop) {
                         (Some(index), _) => RunEnd::UndoFailed { index },
-                        (None, RunStop::Refused) => RunEnd::Refused { refused: refused as u32 },
+                        (None, RunStop::Refused) => RunEnd::Refused { refused },
                         (None, RunStop::Undo) => RunEnd::Undone,
                     },
                 };
                 prop_assert_eq!(end, Some(expected), "{}", run);
                 if stop == Some(RunStop::Refused) {
-                    prop_assert!(refused as u32 > tolerated || !stuck.is_empty());
+                    prop_assert!(refused > tolerated || !stuck.is_empty());
                 }
             }
         }

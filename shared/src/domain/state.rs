@@ -655,11 +655,27 @@ pub struct ParentLink {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ElementOf {
+    /// Its unit in the run's ledger: the element's index in the list, or the chunk's.
     pub index: u32,
     /// The task whose step it is: its mappings read that task's input and earlier results,
     /// and its keys are made under that task's id.
     pub task_id: TaskId,
     pub step_index: usize,
+    /// A chunk of elements (an in-record forEach of them): its first element's index in the
+    /// list, so its element `k` is the list's element `first + k`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first: Option<u32>,
+}
+
+impl ElementOf {
+    /// The index in the whole list of the record's element `k` (its forEach's, for a chunk; an
+    /// element record's own, whatever `k`).
+    pub fn element_index(&self, k: usize) -> u32 {
+        match self.first {
+            Some(first) => first.saturating_add(u32::try_from(k).unwrap_or(u32::MAX)),
+            None => self.index,
+        }
+    }
 }
 
 /// A distributed forEach's run, kept in a record of its own (see [`super::run`]): held (locked
@@ -1786,6 +1802,7 @@ mod tests {
             index: 3,
             task_id: TaskId::new_random(),
             step_index: 0,
+            first: None,
         })));
         let mut run = task.clone();
         run.parent = Some(link(None));
@@ -1797,6 +1814,8 @@ mod tests {
                 max_concurrency: 1,
                 tolerated: 0,
                 undoable: false,
+                chunk: 1,
+                refused: 0,
                 marks: "d".into(),
                 stop: None,
             },

@@ -28,15 +28,22 @@ pub(crate) async fn workflow_of(
     record: &StateRecord,
 ) -> Result<std::sync::Arc<crate::Workflow>, HandlerError> {
     let w = catalog_workflow(definitions, &record.workflow, record.workflow_version).await?;
-    // A distributed forEach's run and its elements run the step's element view: one step.
+    // A distributed forEach's run and its elements run the step's element view: one step; a
+    // chunk of its elements, the chunk view (that step over the chunk's elements).
     let view_of = match (record.element_of(), &record.run, &record.parent) {
-        (Some(e), _, _) => Some(e.step_index),
-        (None, Some(_), Some(link)) => Some(link.step_index),
+        (Some(e), _, _) => Some((e.step_index, e.first.is_some())),
+        (None, Some(_), Some(link)) => Some((link.step_index, false)),
         _ => None,
     };
     match view_of {
         None => Ok(w),
-        Some(i) => w.element_view(i).ok_or_else(|| {
+        Some((i, true)) => w.chunk_view(i).ok_or_else(|| {
+            HandlerError::Config(format!(
+                "step {i} of workflow {} v{} keeps no chunks",
+                w.name, w.version
+            ))
+        }),
+        Some((i, false)) => w.element_view(i).ok_or_else(|| {
             HandlerError::Config(format!(
                 "step {i} of workflow {} v{} is no distributed forEach",
                 w.name, w.version

@@ -178,6 +178,7 @@ pub async fn start_run(
         max_concurrency: def.max_concurrency,
         tolerated,
         undoable: def.element.undo.is_some(),
+        chunk: def.chunk,
     }) {
         Ok(x) => x,
         Err(e) => return refused("list_invalid", e.to_string()),
@@ -315,17 +316,42 @@ async fn open(
             &read
         }
     };
-    let view = super::workflow_of(&ports.definitions, run).await?;
+    let ledger = &state.ledger;
+    let view = if ledger.chunk > 1 {
+        let w = super::catalog_workflow(&ports.definitions, &run.workflow, run.workflow_version)
+            .await?;
+        w.chunk_view(link.step_index).ok_or_else(|| {
+            HandlerError::Config(format!(
+                "step {} of workflow {} v{} keeps no chunks",
+                link.step_index, w.name, w.version
+            ))
+        })?
+    } else {
+        super::workflow_of(&ports.definitions, run).await?
+    };
     let now = ports.clock.now();
     let mut values = Vec::with_capacity(indices.len());
     for &k in indices {
-        let Some(value) = items.get(k as usize) else {
+        let range = ledger.elements_of(k);
+        let (Some(value), Some(slice)) = (
+            items.get(k as usize),
+            items.get(range.start as usize..range.end as usize),
+        ) else {
             return Err(HandlerError::Poison(format!(
                 "run {} has no element {k} in its list",
                 run.task_id
             )));
         };
-        values.push((k, value));
+        // A chunk runs its elements, in order: its input is their list.
+        let unit = if ledger.chunk > 1 {
+            Unit::Chunk {
+                first: range.start,
+                elements: Value::Array(slice.to_vec()),
+            }
+        } else {
+            Unit::Element(value.clone())
+        };
+        values.push((k, unit));
     }
     // A few at once: a window of hundreds opens within the agent's attempt.
     use futures::StreamExt;
@@ -333,7 +359,7 @@ async fn open(
     // lifetime, as the Lambda runtime's handlers must be.)
     let opens: Vec<_> = values
         .into_iter()
-        .map(|(k, value)| open_one(ports, run, link, &view, k, value, now))
+        .map(|(k, unit)| open_one(ports, run, link, &view, k, unit, now))
         .collect();
     let opened: Vec<Result<(), HandlerError>> = futures::stream::iter(opens)
         .buffer_unordered(OPENS_AT_ONCE)
@@ -347,7 +373,15 @@ async fn open(
 /// How many elements [`open`] opens at once.
 const OPENS_AT_ONCE: usize = 16;
 
-/// Opens element `k` of `run` (its list's `value`): its record, created on absence, and its
+/// What one of a run's records runs: an element, or a chunk of them.
+enum Unit {
+    /// The list's element.
+    Element(Value),
+    /// The elements from the list's `first` on, as a list.
+    Chunk { first: u32, elements: Value },
+}
+
+/// Opens unit `k` of `run` (an element, or a chunk): its record, created on absence, and its
 /// work message (again, for one that exists and still waits for its claim).
 async fn open_one(
     ports: &TaskPorts,
@@ -355,15 +389,19 @@ async fn open_one(
     link: &ParentLink,
     view: &Workflow,
     k: u32,
-    value: &Value,
+    unit: Unit,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(), HandlerError> {
     let id = element_id(run.task_id, k);
+    let (input, first) = match unit {
+        Unit::Element(value) => (value, None),
+        Unit::Chunk { first, elements } => (elements, Some(first)),
+    };
     let task = Task {
         id,
         workflow: view.name.clone(),
         workflow_version: view.version,
-        input: value.clone(),
+        input,
         input_ref: None,
         input_revision: 0,
         earlier_inputs: vec![],
@@ -396,6 +434,7 @@ async fn open_one(
             index: k,
             task_id: link.task_id,
             step_index: link.step_index,
+            first,
         }),
     });
     // Condition: absent (the store's create) - keeps "an element is opened once".
@@ -495,7 +534,20 @@ pub async fn answer_run(ports: &TaskPorts, record: &StateRecord) -> Result<(), H
         return Ok(());
     };
     use ProcessState as P;
+    // A chunk's elements that ended with no effect: those refused (the chunk tolerates every
+    // refusal), or all of them if the chunk itself failed and was undone.
+    let chunk = element.first.map(|_| {
+        let elements = record.steps.first().map_or(&[][..], |s| &s.elements[..]);
+        let refused = elements
+            .iter()
+            .filter(|e| e.status != crate::domain::StepStatus::Done)
+            .count();
+        (refused, elements.len())
+    });
     let (direction, ok) = match (link.undo_attempt.is_some(), record.process_state) {
+        (false, P::Processed) if chunk.is_some_and(|(refused, len)| refused == len) => {
+            (Direction::Forward, false)
+        }
         (false, P::Processed) => (Direction::Forward, true),
         // Refused, or failed and undone by itself: no effect left. Resolved by an operator:
         // what it settled is theirs; the run counts it as having none.
@@ -511,12 +563,20 @@ pub async fn answer_run(ports: &TaskPorts, record: &StateRecord) -> Result<(), H
             "an element ended, but this deployment has no ENDS_QUEUE_URL".into(),
         ));
     };
+    let refused = match (chunk, direction, record.process_state) {
+        (Some((refused, _)), Direction::Forward, P::Processed) => Some(refused),
+        // Failed and undone: none of its elements took effect. (A chunk's length is its
+        // input's, which a record that never ran its step has not listed yet.)
+        (Some(_), Direction::Forward, _) => Some(chunk_length(ports, record).await?),
+        _ => None,
+    };
     let message = SchedulerMessage::Ended(ElementsEnded {
         run_id: link.task_id,
         ends: vec![ElementEnd {
             index: element.index,
             direction,
             ok,
+            refused: refused.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
         }],
     });
     let body = serde_json::to_string(&message)
@@ -541,6 +601,17 @@ pub async fn answer_run(ports: &TaskPorts, record: &StateRecord) -> Result<(), H
         .await?;
     info!(run = %link.task_id, index = element.index, ?direction, ok, "the element's end sent to its run");
     Ok(())
+}
+
+/// How many elements chunk record `record` runs: its task's input's length.
+async fn chunk_length(ports: &TaskPorts, record: &StateRecord) -> Result<usize, HandlerError> {
+    let Some((task, _)) = ports.store.get(record.task_id).await? else {
+        return Err(HandlerError::Poison(format!(
+            "chunk {} has no task item",
+            record.task_id
+        )));
+    };
+    Ok(task.input.as_array().map_or(0, Vec::len))
 }
 
 /// The scheduler applies a batch of ends to their run: one conditional write, then what it
@@ -738,7 +809,7 @@ pub async fn answer_task(ports: &TaskPorts, record: &StateRecord) -> Result<(), 
             code: "elements_refused".into(),
             message: format!(
                 "{} of {} elements refused, more than the {} tolerated",
-                ledger.count(crate::domain::run::Mark::Failed),
+                ledger.refused(),
                 ledger.total,
                 ledger.tolerated
             ),
@@ -752,7 +823,7 @@ pub async fn answer_task(ports: &TaskPorts, record: &StateRecord) -> Result<(), 
                 "run {} stopped ({} of {} elements refused, more than the {} tolerated) and \
                  could not undo every element that took effect: {}",
                 record.task_id,
-                ledger.count(crate::domain::run::Mark::Failed),
+                ledger.refused(),
                 ledger.total,
                 ledger.tolerated,
                 record
@@ -795,22 +866,48 @@ async fn results(
     ledger: &Run,
 ) -> Result<Results, HandlerError> {
     use futures::StreamExt;
-    let mut lines = futures::stream::iter(0..ledger.total)
+    let parse = |r: Option<&str>| {
+        r.and_then(|r| serde_json::from_str(r).ok())
+            .unwrap_or(Value::Null)
+    };
+    let chunked = ledger.chunk > 1;
+    let mut lines = futures::stream::iter(0..ledger.units())
         .map(move |k| async move {
-            let value = match ports.store.get_state(element_id(run, k)).await? {
-                Some(e) if e.process_state == ProcessState::Processed => e
-                    .steps
-                    .first()
-                    .and_then(|s| s.result.as_deref())
-                    .and_then(|r| serde_json::from_str(r).ok())
-                    .unwrap_or(Value::Null),
-                _ => Value::Null,
+            let len = ledger.elements_of(k).len();
+            let values: Vec<Value> = match ports.store.get_state(element_id(run, k)).await? {
+                // A chunk: its elements' results, in order (`null` for one refused).
+                Some(e) if e.process_state == ProcessState::Processed && chunked => {
+                    let elements = e.steps.first().map_or(&[][..], |s| &s.elements[..]);
+                    (0..len)
+                        .map(|i| match elements.get(i) {
+                            Some(el) if el.status == crate::domain::StepStatus::Done => {
+                                parse(el.result.as_deref())
+                            }
+                            _ => Value::Null,
+                        })
+                        .collect()
+                }
+                Some(e) if e.process_state == ProcessState::Processed => {
+                    vec![parse(e.steps.first().and_then(|s| s.result.as_deref()))]
+                }
+                _ => vec![Value::Null; len],
             };
             // Compact: a line break within a string is escaped, so each is one line.
-            serde_json::to_vec(&value)
-                .map_err(|e| HandlerError::Poison(format!("an element's result: {e}")))
+            values
+                .iter()
+                .map(|v| {
+                    serde_json::to_vec(v)
+                        .map_err(|e| HandlerError::Poison(format!("an element's result: {e}")))
+                })
+                .collect::<Result<Vec<_>, _>>()
         })
         .buffered(READS_AT_ONCE)
+        .flat_map(|unit| {
+            futures::stream::iter(match unit {
+                Ok(lines) => lines.into_iter().map(Ok).collect::<Vec<_>>(),
+                Err(e) => vec![Err(e)],
+            })
+        })
         .boxed();
     let mut held: Vec<Vec<u8>> = Vec::new();
     // As a JSON array: its brackets and a comma between two elements.

@@ -664,8 +664,12 @@ async fn send_step_request(
     // are made under its task's id (`{task}:{step}#{index}:{action}`), as an element kept in the
     // task's record.
     let element_of = super::runs::element_context(&deps.ports, record, task, &step.name).await?;
+    // (A chunk's element: its index in the whole list.)
     let (key_owner, name) = match (&element_of, record.element_of()) {
-        (Some((_, owner)), Some(e)) => (*owner, format!("{}#{}", step.name, e.index)),
+        (Some((_, owner)), Some(e)) => (
+            *owner,
+            format!("{}#{}", step.name, e.element_index(element.unwrap_or(0))),
+        ),
         _ => (record.task_id, name),
     };
     let forward_key = idempotency_key(key_owner, &name, &step.action, state.generation);
@@ -698,7 +702,10 @@ async fn send_step_request(
         // The element and its index, for the mapping (`$.element`, `$.index`).
         let list = transition::elements(workflow, task, record, i).map_err(HandlerError::Poison)?;
         context["element"] = list.get(k).cloned().unwrap_or_default();
-        context["index"] = serde_json::json!(k);
+        context["index"] = match record.element_of() {
+            Some(e) => serde_json::json!(e.element_index(k)),
+            None => serde_json::json!(k),
+        };
     }
     // The undo of a step whose outcome is unknown (timed out, cancelled while out, or faulted)
     // has no result of the step to read: its mapping gets `null` there, and the service finds

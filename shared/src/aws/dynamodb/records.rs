@@ -920,6 +920,7 @@ mod tests {
                 index: 7,
                 task_id: TaskId::new_random(),
                 step_index: 0,
+                first: None,
             }),
         });
         for (state, listed) in [

@@ -251,6 +251,7 @@ mod tests {
             max_concurrency: max,
             tolerated: 0,
             undoable: true,
+            chunk: 1,
         })
         .expect("start");
         let now = Utc::now();
@@ -273,6 +274,7 @@ mod tests {
             index,
             direction: Direction::Forward,
             ok,
+            refused: None,
         }
     }
 
@@ -321,6 +323,7 @@ mod tests {
             index: i,
             direction: Direction::Undo,
             ok: true,
+            refused: None,
         };
         let (u, fx) = apply_ends(&u.record, &[undone(2), undone(1)], now).expect("applies");
         assert_eq!(fx.undo, vec![0]);
@@ -353,6 +356,7 @@ mod tests {
                 max_concurrency: 1,
                 tolerated: 0,
                 undoable: true,
+                chunk: 1,
             })
             .expect("empty")
             .0;

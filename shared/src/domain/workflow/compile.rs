@@ -24,7 +24,7 @@ use super::definition::{
 use super::doc::{StepDoc, WorkflowDoc};
 use super::schema::compile_input;
 use super::settings::{self, CallbackDoc, apply_settings, callback_policy};
-use crate::domain::run::MAX_RUN_CONCURRENCY;
+use crate::domain::run::{MAX_CHUNK, MAX_RUN_CONCURRENCY};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -505,6 +505,7 @@ impl Compiler<'_> {
             ("maxConcurrency", e.max_concurrency.is_some()),
             ("toleratedRefusals", e.tolerated_refusals.is_some()),
             ("distributed", e.distributed),
+            ("chunk", e.chunk.is_some()),
         ];
         for (field, set) in step_only {
             if set {
@@ -554,6 +555,18 @@ impl Compiler<'_> {
             self.problem(
                 format!("{at}/distributed"),
                 "`distributed` belongs to a forEach step",
+            );
+        }
+        let chunk = s.chunk.unwrap_or(1);
+        if s.chunk.is_some() && !(s.distributed && element) {
+            self.problem(
+                format!("{at}/chunk"),
+                "`chunk` belongs to a distributed forEach (`distributed: true`)",
+            );
+        } else if !(1..=MAX_CHUNK).contains(&chunk) {
+            self.problem(
+                format!("{at}/chunk"),
+                format!("chunk is 1 to {MAX_CHUNK} elements a record"),
             );
         }
         let for_each = s.for_each.as_ref().map(|q| self.for_each(s, q, at, reach));
@@ -606,7 +619,7 @@ impl Compiler<'_> {
             run: None,
         };
         let step = if s.distributed {
-            self.distributed(step, at)
+            self.distributed(step, chunk, at)
         } else {
             step
         };
@@ -669,6 +682,11 @@ impl Compiler<'_> {
                 "it belongs to a forEach",
             ),
             ("distributed", s.distributed, "it belongs to a forEach"),
+            (
+                "chunk",
+                s.chunk.is_some(),
+                "it belongs to a distributed forEach",
+            ),
         ];
         for (field, set, why) in not_here {
             if set {
@@ -769,7 +787,7 @@ impl Compiler<'_> {
     /// step on [`RUN_SERVICE`] whose body is the list (or its S3 location) and whose callback
     /// is its run's end; `step` itself, less its forEach, is what each element runs. Not in a
     /// parallel group's branch: a branch's elements join its group's fan-out, in the record.
-    fn distributed(&mut self, mut step: Step, at: &str) -> Step {
+    fn distributed(&mut self, mut step: Step, chunk: u32, at: &str) -> Step {
         if self.in_parallel > 0 {
             self.problem(
                 format!("{at}/distributed"),
@@ -802,6 +820,7 @@ impl Compiler<'_> {
             run: Some(RunDef {
                 max_concurrency: each.max_concurrency,
                 tolerated: each.tolerated,
+                chunk,
                 element: Box::new(element),
             }),
             ..step

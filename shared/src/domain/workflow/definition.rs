@@ -84,6 +84,9 @@ pub struct RunDef {
     /// The most elements out at once (up to [`crate::domain::run::MAX_RUN_CONCURRENCY`]).
     pub max_concurrency: u32,
     pub tolerated: Tolerated,
+    /// Elements kept in one record (a chunk: an in-record forEach of them, see
+    /// [`Workflow::chunk_view`]); 1: each element a record of its own.
+    pub chunk: u32,
     /// The step each element runs, as written: its service, action, input (reading
     /// `$.element` and `$.index`), undo and policy.
     pub element: Box<Step>,
@@ -192,7 +195,20 @@ impl Workflow {
         self.element_views
             .iter()
             .find(|(at, _)| *at == i)
-            .map(|(_, view)| view.clone())
+            .map(|(_, views)| views.element.clone())
+    }
+
+    /// What chunk records of distributed forEach step `i` run, when it keeps its elements in
+    /// chunks ([`RunDef::chunk`] over 1): the element view, its one step a forEach over the
+    /// chunk record's input (its elements, `$.input`) that tolerates every refusal (the run
+    /// counts them), at most its share of the step's `maxConcurrency` at once
+    /// ([`crate::domain::run::chunk_concurrency`]). Its elements' mappings still read the
+    /// task's context (the run's part of it), their element and their index in the whole list.
+    pub fn chunk_view(&self, i: usize) -> Option<Arc<Workflow>> {
+        self.element_views
+            .iter()
+            .find(|(at, _)| *at == i)
+            .and_then(|(_, views)| views.chunk.clone())
     }
 
     /// The element views of this version's distributed forEach steps.
@@ -208,7 +224,7 @@ impl Workflow {
                 element.parent = None;
                 element.when = None;
                 let view = Workflow {
-                    steps: vec![element],
+                    steps: vec![element.clone()],
                     groups: vec![],
                     pivot: None,
                     deadline: None,
@@ -216,7 +232,34 @@ impl Workflow {
                     element_views: Vec::new(),
                     ..self.clone()
                 };
-                Some((i, Arc::new(view)))
+                let chunk = (run.chunk > 1).then(|| {
+                    let mut each = element;
+                    let mut problems = vec![];
+                    let items = Mapping::compile(
+                        Value::String("$.input".into()),
+                        &super::super::mapping::MappingScope::default(),
+                        "",
+                        &mut problems,
+                    );
+                    each.for_each = Some(ForEach {
+                        items,
+                        max_concurrency: crate::domain::run::chunk_concurrency(
+                            run.max_concurrency,
+                            run.chunk,
+                        )
+                        .min(run.chunk),
+                        tolerated: Tolerated::Count(run.chunk),
+                    });
+                    Arc::new(Workflow {
+                        steps: vec![each],
+                        ..view.clone()
+                    })
+                });
+                let views = ElementViews {
+                    element: Arc::new(view),
+                    chunk,
+                };
+                Some((i, views))
             })
             .collect();
         self.element_views = views;
@@ -322,8 +365,16 @@ pub struct Workflow {
     pub keys: crate::domain::keys::KeyDefs,
     /// At most so many tasks with one value of a key run at once.
     pub concurrency: Option<crate::domain::keys::KeyLimit>,
-    /// What each distributed forEach step's elements run ([`Workflow::element_view`]).
-    pub(super) element_views: Vec<(usize, Arc<Workflow>)>,
+    /// What each distributed forEach step's elements run ([`Workflow::element_view`],
+    /// [`Workflow::chunk_view`]).
+    pub(super) element_views: Vec<(usize, ElementViews)>,
+}
+
+/// What a distributed forEach step's records run.
+#[derive(Debug, Clone)]
+pub(super) struct ElementViews {
+    element: Arc<Workflow>,
+    chunk: Option<Arc<Workflow>>,
 }
 
 impl Workflow {

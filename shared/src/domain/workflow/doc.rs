@@ -118,6 +118,8 @@ pub struct StepDoc {
     /// the input, an earlier result or an S3 object), rather than in the task's record.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub distributed: bool,
+    /// A distributed forEach's elements kept in one record (a chunk, 1 to 100; default 1).
+    pub chunk: Option<u32>,
     /// How many refused elements a forEach step tolerates: a count, or a share (`"10%"`).
     pub tolerated_refusals: Option<Value>,
     /// The cases of a choice: the first whose `when` holds runs.
