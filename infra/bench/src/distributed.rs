@@ -46,8 +46,12 @@ const SCHEDULER_POLLERS: usize = 8;
 const SCHEDULER_BATCH: u32 = 10;
 const POLL_WAIT: Duration = Duration::from_millis(200);
 
-/// The service and the workflow, as files to publish.
-fn definitions(at_once: usize) -> Vec<(String, String)> {
+/// The chunks the bench runs the list in, side by side: each element a record of its own,
+/// and chunks of 25 elements a record.
+pub const CHUNKS: [u32; 2] = [1, 25];
+
+/// The service and the workflow (its elements `chunk` to a record), as files to publish.
+fn definitions(at_once: usize, chunk: u32) -> Vec<(String, String)> {
     let services = json!({"services": [{
         "name": WIDE, "description": "the bench's, wide",
         "target": {"type": "simulated"},
@@ -57,7 +61,7 @@ fn definitions(at_once: usize) -> Vec<(String, String)> {
         "description": "One call per item, each item a record of its own, many at once.",
         "steps": [{
             "name": STEP, "service": WIDE, "forEach": "$.input.items",
-            "distributed": true, "maxConcurrency": at_once,
+            "distributed": true, "maxConcurrency": at_once, "chunk": chunk,
             "input": {"item": "$.element", "n": "$.index"},
             "undo": {"action": "undo-each", "input": {"id": format!("$.steps['{STEP}'].result.id"), "item": "$.element"}},
         }],
@@ -73,6 +77,8 @@ fn definitions(at_once: usize) -> Vec<(String, String)> {
 pub struct Distributed {
     pub elements: usize,
     pub at_once: usize,
+    /// Elements a record keeps (1: each its own).
+    pub chunk: u32,
     /// Submission to `Processed` (history timestamps), ms.
     pub ms: f64,
     /// The task's counts, as a scenario of the cost model (one task; its steps: the elements).
@@ -80,7 +86,7 @@ pub struct Distributed {
     pub task: String,
     pub run: String,
     pub run_id: TaskId,
-    /// The elements' record ids.
+    /// The elements' record ids (the chunks', in chunks).
     pub element_ids: HashSet<String>,
 }
 
@@ -143,7 +149,7 @@ macro_rules! mapping {
 /// One task of [`DISTRIBUTED`] over `elements` elements, `at_once` at once, in memory (see the
 /// module's text), run until it is `Processed` with its notice out and nothing moves. Every
 /// element's call must have taken effect once.
-pub async fn run(elements: usize, at_once: usize) -> anyhow::Result<Distributed> {
+pub async fn run(elements: usize, at_once: usize, chunk: u32) -> anyhow::Result<Distributed> {
     let mut settings = Settings {
         poll_wait: POLL_WAIT,
         // As the emulator's scenarios (the template's defaults): 30 s to run a step, 60 s to
@@ -162,7 +168,7 @@ pub async fn run(elements: usize, at_once: usize) -> anyhow::Result<Distributed>
         per_second: 1e6,
         burst: 1_000_000,
     });
-    settings.definitions = definitions(at_once);
+    settings.definitions = definitions(at_once, chunk);
     settings.faults.insert(
         WIDE.into(),
         Faults {
@@ -309,13 +315,14 @@ pub async fn run(elements: usize, at_once: usize) -> anyhow::Result<Distributed>
         "{applied} of {elements} elements' calls took effect, not each once"
     );
     let run = run_id(&idempotency_key(id, STEP, STEP, 0));
-    let element_ids = (0..elements as u32)
+    let element_ids = (0..(elements as u32).div_ceil(chunk))
         .map(|k| element_id(run, k).to_string())
         .collect();
     let scenario = scenario(elements, counts, spent.take(), effects);
     Ok(Distributed {
         elements,
         at_once,
+        chunk,
         ms,
         scenario,
         task: id.to_string(),
@@ -405,7 +412,7 @@ impl Distributed {
     pub fn floor_ms(&self) -> f64 {
         (self.elements.div_ceil(self.at_once.max(1)) as u64 * EACH_MS) as f64
     }
-    /// Ends sent to the run (one per element, today).
+    /// Ends sent to the run (one per element, or per chunk).
     pub fn ends(&self) -> u64 {
         self.messages("ends")
     }
@@ -462,7 +469,16 @@ pub fn table(d: &Distributed, usd: impl Fn(&Scenario) -> (f64, f64)) -> String {
     let [task, run, elements] = d.by_kind();
     let (one, full) = usd(&d.scenario);
     let m = 1e6;
-    let mut t = format!(
+    let mut t = String::new();
+    if d.chunk > 1 {
+        let _ = write!(
+            t,
+            "**In chunks of {}** (`chunk: {}`): each record keeps {} elements and runs them as an in-record forEach (its share of `maxConcurrency` at once), and its one end reaches the run; where the text below says an element's record, read a chunk's.\n\n",
+            d.chunk, d.chunk, d.chunk
+        );
+    }
+    let _ = write!(
+        t,
         "One task whose step is a distributed forEach (`{DISTRIBUTED}`: `distributed: true`) over {} elements, {} at once, each element a record of its own calling a service that takes {EACH_MS} ms (`{WIDE}`, without limits, in a deployment without the share, `SERVICE_SHARE=0`: a service's own concurrency is at most 200 and the share holds one without it to 10 calls at once, so no call takes a slot here); each element's end goes to the run through the FIFO ends queue, and the scheduler applies it to the run's ledger and opens the next element. In memory, every DynamoDB, SQS, EventBridge and S3 call taking {CALL_MS} ms; the bench's own event-source mappings ({SCHEDULER_POLLERS} scheduler pollers on each of the work, reply and ends queues, batches of {SCHEDULER_BATCH}; {AGENT_POLLERS} agent pollers, batches of {AGENT_BATCH}), each invocation's wall time measured for the cost model. The floor is {} waves of {EACH_MS} ms. *Conflicts*: state-record writes whose condition failed (on any record), per end the run applied; *created twice*: element records whose create found one there (an element opened twice). Write units and cost per element are the whole task's (its start, the run, every element's record and call, the slots, the ends, the answer, the releases) over its elements, priced as the cost table prices a task (one message per invocation, on demand; the ends queue at SQS FIFO's price); the handlers' times are wall times under the modeled calls, not the emulator's. Goals (issue 42): about 0 conflicts per end; at most $6.08 of orchestration per million elements (the in-record forEach's per-element cost when the goal was set: its table above, priced the same way); the task's item under 16 KB whatever the list's length. *Largest item*: the largest state record each wrote (the larger of the old and the new at each write, as billed); the task items (the input, or its reference in S3) are written once each, at the create, and are in the text below.\n\n| elements | at once | end-to-end | floor | over the floor | element requests | ends | conflicts | conflicts per end | created twice | WRU per element | orchestration per million elements | largest item: the task's | the run's | an element's |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         d.elements,
         d.at_once,
@@ -548,7 +564,8 @@ pub fn table(d: &Distributed, usd: impl Fn(&Scenario) -> (f64, f64)) -> String {
     let first = element_id(d.run_id, 0).to_string();
     let _ = write!(
         t,
-        "\nThe writes of one element (the first), in order, as the write-by-write table above:\n\n| # | write | item bytes | table | `due-index` | `state-index` | `caller-shard-index` | total |\n|---|---|---|---|---|---|---|---|\n"
+        "\nThe writes of one {} (the first), in order, as the write-by-write table above:\n\n| # | write | item bytes | table | `due-index` | `state-index` | `caller-shard-index` | total |\n|---|---|---|---|---|---|---|---|\n",
+        if d.chunk > 1 { "chunk" } else { "element" }
     );
     let mut sum = crate::counting::WriteUnits::default();
     for (i, w) in c.writes.iter().filter(|w| w.record == first).enumerate() {
@@ -603,7 +620,7 @@ mod tests {
     /// twice, the records told apart, and a table with its row.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_small_distributed_for_each_runs_and_is_tabled() {
-        let d = run(60, 8).await.expect("the run");
+        let d = run(60, 8, 1).await.expect("the run");
         assert_eq!(d.element_requests(), 60, "{:?}", d.counts().messages);
         assert_eq!(d.ends(), 60);
         assert_eq!(d.counts().create_conflicts, 0);
@@ -619,5 +636,27 @@ mod tests {
         assert!(t.contains("\n| 60 | 8 | "), "{t}");
         assert!(t.contains("| WRU in all |"), "{t}");
         println!("{t}");
+    }
+
+    /// In chunks of 10: every element called once, one end per chunk, six chunk records, and
+    /// fewer write units per element than each element a record of its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_in_chunks_ends_one_chunk_at_a_time_and_writes_less_per_element() {
+        let alone = run(60, 8, 1).await.expect("the run");
+        let d = run(60, 8, 10).await.expect("the run in chunks");
+        assert_eq!(d.element_requests(), 60, "{:?}", d.counts().messages);
+        assert_eq!(d.ends(), 6);
+        assert_eq!(d.element_ids.len(), 6);
+        assert_eq!(d.counts().create_conflicts, 0);
+        assert_eq!(d.other_records(), 0, "{:?}", d.counts().records.keys());
+        assert!(
+            d.counts().wru < alone.counts().wru,
+            "{} WRU in chunks, {} alone",
+            d.counts().wru,
+            alone.counts().wru
+        );
+        let t = table(&d, |_| (1e-3, 1e-3));
+        assert!(t.contains("**In chunks of 10**"), "{t}");
+        assert!(t.contains("The writes of one chunk"), "{t}");
     }
 }

@@ -58,6 +58,9 @@ struct Cli {
     distributed_elements: usize,
     #[arg(long, default_value_t = distributed::AT_ONCE)]
     distributed_at_once: usize,
+    /// Elements a record keeps, one run each (1: each element its own).
+    #[arg(long, value_delimiter = ',', default_values_t = distributed::CHUNKS)]
+    distributed_chunks: Vec<u32>,
     /// Run only this section and print it (`distributed`: the distributed forEach; `costs`:
     /// the API calls and the cost per million tasks, on the emulator; `fairness`: a noisy
     /// caller's burst; `search`: a search by key, on the emulator; `init`: each function's
@@ -313,17 +316,26 @@ async fn fairness_section(cli: &Cli) -> anyhow::Result<String> {
 
 /// The distributed forEach's section (see [`distributed`]).
 async fn distributed_section(cli: &Cli) -> anyhow::Result<String> {
-    eprintln!("distributed forEach…");
-    let d = distributed::run(cli.distributed_elements, cli.distributed_at_once).await?;
-    Ok(format!(
-        "### A distributed forEach: {} elements, {} at once (in memory, modeled latency)\n\n{}\n",
-        cli.distributed_elements,
-        cli.distributed_at_once,
-        distributed::table(&d, |s| (
-            cost(s).orchestration,
-            cost_with(s, AT_LOAD_BATCH).orchestration
-        ))
-    ))
+    let mut out = String::new();
+    for &chunk in &cli.distributed_chunks {
+        eprintln!("distributed forEach, chunks of {chunk}…");
+        let d = distributed::run(cli.distributed_elements, cli.distributed_at_once, chunk).await?;
+        out.push_str(&format!(
+            "### A distributed forEach: {} elements, {} at once{} (in memory, modeled latency)\n\n{}\n",
+            cli.distributed_elements,
+            cli.distributed_at_once,
+            if chunk > 1 {
+                format!(", in chunks of {chunk}")
+            } else {
+                String::new()
+            },
+            distributed::table(&d, |s| (
+                cost(s).orchestration,
+                cost_with(s, AT_LOAD_BATCH).orchestration
+            ))
+        ));
+    }
+    Ok(out)
 }
 
 /// The round trip each store, queue and bus call takes in the sweep-capacity run: DynamoDB's
