@@ -807,14 +807,14 @@ steps:
     );
 }
 
-/// The nightly workflow keeping its elements in chunks of 10, 12 at once (two chunks of 6),
-/// tolerating `tolerated` refused elements.
+/// The nightly workflow keeping its elements in chunks of 10, 4 chunks at once (each one
+/// element at a time), tolerating `tolerated` refused elements.
 fn chunked(tolerated: &str) -> String {
     NIGHTLY
         .replace("name: nightly", "name: nightly-chunks")
         .replace(
             "    maxConcurrency: 8\n",
-            &format!("    maxConcurrency: 12\n    chunk: 10\n    toleratedRefusals: {tolerated}\n"),
+            &format!("    maxConcurrency: 4\n    chunk: 10\n    toleratedRefusals: {tolerated}\n"),
         )
 }
 

@@ -9,11 +9,13 @@
 //! bounded by the list's length (one byte per element) and never by the elements' results.
 //!
 //! A run may keep its elements in *chunks* ([`Run::chunk`] elements to a record, an in-record
-//! forEach that tolerates every refusal): the ledger's unit is then a chunk, one mark per chunk
-//! opened, and a chunk's end says how many of its elements were refused
+//! forEach that runs them one at a time and tolerates every refusal): the ledger's unit is then
+//! a chunk, one mark per chunk opened, at most `max_concurrency` out (so as many elements in
+//! calls), and a chunk's end says how many of its elements were refused
 //! ([`ElementEnd::refused`]), so the step's tolerance still counts elements. A chunk that fails
 //! (an element past its retries) is undone by itself, and all its elements count as refused.
-//! With a chunk of 1, a unit is an element.
+//! A chunk is never longer than the list spread over `max_concurrency` chunks, so a short list
+//! still has that many in calls at once. With a chunk of 1, a unit is an element.
 //!
 //! The rules the ledger keeps (checked by [`Run::check`]):
 //! - elements open in order, and only while the run is not stopped;
@@ -32,14 +34,6 @@ pub const MAX_RUN_CONCURRENCY: u32 = 1_000;
 /// The most elements of a distributed forEach kept in one record (a chunk): an in-record
 /// forEach's list (see [`crate::domain::transition`]'s `MAX_ELEMENTS`).
 pub const MAX_CHUNK: u32 = 100;
-
-/// How many elements each chunk of a run runs at once, with `max_concurrency` for the whole run
-/// and chunks of `chunk`: the run keeps `ceil(max_concurrency / chunk)` chunks out, which share
-/// `max_concurrency` evenly (at least 1 each).
-pub fn chunk_concurrency(max_concurrency: u32, chunk: u32) -> u32 {
-    let chunks = max_concurrency.div_ceil(chunk.max(1)).max(1);
-    (max_concurrency / chunks).max(1)
-}
 
 /// An S3 object holding a distributed forEach's list: `s3://bucket/key`, a JSON array, or
 /// JSON Lines (one element per line) when its key ends in `.jsonl` or `.ndjson` (as Step
@@ -272,7 +266,9 @@ pub struct Run {
     pub tolerated: u32,
     /// The step declares an undo: its elements that took effect are undone when it is.
     pub undoable: bool,
-    /// Elements kept in one record (a chunk, the ledger's unit); 1: each element its own.
+    /// Elements kept in one record (a chunk, the ledger's unit, which runs them one at a time);
+    /// 1: each element its own. At most the step's `chunk`, and the list spread over
+    /// `max_concurrency` chunks ([`Run::start`]).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub chunk: u32,
     /// With chunks: how many elements ended with no effect so far (each chunk's end says how
@@ -376,7 +372,7 @@ pub struct RunPlan {
     pub max_concurrency: u32,
     pub tolerated: u32,
     pub undoable: bool,
-    /// Elements per record (1: each element its own).
+    /// Elements per record at most (1: each element its own).
     pub chunk: u32,
 }
 
@@ -399,7 +395,12 @@ impl Run {
             max_concurrency: plan.max_concurrency,
             tolerated: plan.tolerated,
             undoable: plan.undoable,
-            chunk: plan.chunk,
+            // No longer than the list spread over `max_concurrency` chunks (rounded down): at
+            // least that many chunks, so every place is taken while the list lasts.
+            chunk: plan
+                .chunk
+                .min(plan.total as u32 / plan.max_concurrency)
+                .max(1),
             refused: 0,
             marks: String::new(),
             stop: None,
@@ -439,9 +440,10 @@ impl Run {
         first..first.saturating_add(chunk).min(self.total)
     }
 
-    /// How many units may be out at once: `max_concurrency` elements, in units.
+    /// How many units may be out at once: a chunk runs one element at a time, so
+    /// `max_concurrency` of either.
     fn at_once(&self) -> u32 {
-        self.max_concurrency.div_ceil(self.chunk.max(1))
+        self.max_concurrency
     }
 
     /// How many elements ended with no effect so far.
@@ -1016,7 +1018,9 @@ mod tests {
                     Fate { ok, refused, undo_refused, stuck }
                 }).collect();
                 let units = run.units() as usize;
-                let at_once = max_concurrency.div_ceil(chunk);
+                prop_assert!(run.chunk <= chunk && (run.chunk == 1 || units as u32 >= max_concurrency.min(total as u32)));
+                let chunk = run.chunk;
+                let at_once = max_concurrency;
                 // Ends not yet delivered, as the queue holds them.
                 let mut pending: Vec<ElementEnd> = vec![];
                 let mut opened: BTreeSet<u32> = BTreeSet::new();
@@ -1066,9 +1070,8 @@ mod tests {
                     }
                     take(fx, &mut pending, &mut opened, &mut undos, &mut end)?;
                     prop_assert!(run.check().is_ok(), "{:?}: {}", run.check(), run);
+                    // (A chunk runs one element at a time: as many elements in calls.)
                     prop_assert!(run.count(Mark::Out) + run.count(Mark::Undoing) <= at_once);
-                    // Elements out, as the chunks run them (each chunk its share at once).
-                    prop_assert!((run.count(Mark::Out) + run.count(Mark::Undoing)) * chunk_concurrency(max_concurrency, chunk).min(chunk) <= max_concurrency);
                     if let Some(at) = stopped_at {
                         prop_assert_eq!(opened.len(), at, "opened past the stop");
                     }

@@ -201,8 +201,8 @@ impl Workflow {
     /// What chunk records of distributed forEach step `i` run, when it keeps its elements in
     /// chunks ([`RunDef::chunk`] over 1): the element view, its one step a forEach over the
     /// chunk record's input (its elements, `$.input`) that tolerates every refusal (the run
-    /// counts them), at most its share of the step's `maxConcurrency` at once
-    /// ([`crate::domain::run::chunk_concurrency`]). Its elements' mappings still read the
+    /// counts them), one element at a time: a reply never races another on the chunk's record,
+    /// and the run keeps `maxConcurrency` chunks out. Its elements' mappings still read the
     /// task's context (the run's part of it), their element and their index in the whole list.
     pub fn chunk_view(&self, i: usize) -> Option<Arc<Workflow>> {
         self.element_views
@@ -243,12 +243,8 @@ impl Workflow {
                     );
                     each.for_each = Some(ForEach {
                         items,
-                        max_concurrency: crate::domain::run::chunk_concurrency(
-                            run.max_concurrency,
-                            run.chunk,
-                        )
-                        .min(run.chunk),
-                        tolerated: Tolerated::Count(run.chunk),
+                        max_concurrency: 1,
+                        tolerated: Tolerated::Percent(100),
                     });
                     Arc::new(Workflow {
                         steps: vec![each],
