@@ -47,8 +47,8 @@ const SCHEDULER_BATCH: u32 = 10;
 const POLL_WAIT: Duration = Duration::from_millis(200);
 
 /// The chunks the bench runs the list in, side by side: each element a record of its own,
-/// and chunks of 25 elements a record.
-pub const CHUNKS: [u32; 2] = [1, 25];
+/// and chunks of 20 elements a record (the list over `maxConcurrency`).
+pub const CHUNKS: [u32; 2] = [1, 20];
 
 /// The service and the workflow (its elements `chunk` to a record), as files to publish.
 fn definitions(at_once: usize, chunk: u32) -> Vec<(String, String)> {
@@ -77,8 +77,10 @@ fn definitions(at_once: usize, chunk: u32) -> Vec<(String, String)> {
 pub struct Distributed {
     pub elements: usize,
     pub at_once: usize,
-    /// Elements a record keeps (1: each its own).
+    /// Elements a record keeps at most, as the step says (1: each its own).
     pub chunk: u32,
+    /// Elements a record kept: at most `chunk`, and the list over `at_once`.
+    pub chunk_used: u32,
     /// Submission to `Processed` (history timestamps), ms.
     pub ms: f64,
     /// The task's counts, as a scenario of the cost model (one task; its steps: the elements).
@@ -315,7 +317,12 @@ pub async fn run(elements: usize, at_once: usize, chunk: u32) -> anyhow::Result<
         "{applied} of {elements} elements' calls took effect, not each once"
     );
     let run = run_id(&idempotency_key(id, STEP, STEP, 0));
-    let element_ids = (0..(elements as u32).div_ceil(chunk))
+    let chunk_used = store
+        .get_state(run)
+        .await?
+        .and_then(|r| r.run.map(|s| s.ledger.chunk))
+        .unwrap_or(1);
+    let element_ids = (0..(elements as u32).div_ceil(chunk_used))
         .map(|k| element_id(run, k).to_string())
         .collect();
     let scenario = scenario(elements, counts, spent.take(), effects);
@@ -323,6 +330,7 @@ pub async fn run(elements: usize, at_once: usize, chunk: u32) -> anyhow::Result<
         elements,
         at_once,
         chunk,
+        chunk_used,
         ms,
         scenario,
         task: id.to_string(),
@@ -470,11 +478,11 @@ pub fn table(d: &Distributed, usd: impl Fn(&Scenario) -> (f64, f64)) -> String {
     let (one, full) = usd(&d.scenario);
     let m = 1e6;
     let mut t = String::new();
-    if d.chunk > 1 {
+    if d.chunk_used > 1 {
         let _ = write!(
             t,
-            "**In chunks of {}** (`chunk: {}`): each record keeps {} elements and runs them as an in-record forEach (its share of `maxConcurrency` at once), and its one end reaches the run; where the text below says an element's record, read a chunk's.\n\n",
-            d.chunk, d.chunk, d.chunk
+            "**In chunks of {}** (`chunk: {}`; a chunk is at most the list over `maxConcurrency`): each record keeps {} elements and runs them one at a time as an in-record forEach, {} chunks out at once, and its one end reaches the run; where the text below says an element's record, read a chunk's.\n\n",
+            d.chunk_used, d.chunk, d.chunk_used, d.at_once
         );
     }
     let _ = write!(
@@ -565,7 +573,7 @@ pub fn table(d: &Distributed, usd: impl Fn(&Scenario) -> (f64, f64)) -> String {
     let _ = write!(
         t,
         "\nThe writes of one {} (the first), in order, as the write-by-write table above:\n\n| # | write | item bytes | table | `due-index` | `state-index` | `caller-shard-index` | total |\n|---|---|---|---|---|---|---|---|\n",
-        if d.chunk > 1 { "chunk" } else { "element" }
+        if d.chunk_used > 1 { "chunk" } else { "element" }
     );
     let mut sum = crate::counting::WriteUnits::default();
     for (i, w) in c.writes.iter().filter(|w| w.record == first).enumerate() {
@@ -638,15 +646,17 @@ mod tests {
         println!("{t}");
     }
 
-    /// In chunks of 10: every element called once, one end per chunk, six chunk records, and
-    /// fewer write units per element than each element a record of its own.
+    /// In chunks: every element called once, one end per chunk, a record per chunk, and fewer
+    /// write units per element than each element a record of its own.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_run_in_chunks_ends_one_chunk_at_a_time_and_writes_less_per_element() {
         let alone = run(60, 8, 1).await.expect("the run");
+        // (60 over 8 at once: chunks of 7, at most, so that every place is taken.)
         let d = run(60, 8, 10).await.expect("the run in chunks");
+        assert_eq!(d.chunk_used, 7);
         assert_eq!(d.element_requests(), 60, "{:?}", d.counts().messages);
-        assert_eq!(d.ends(), 6);
-        assert_eq!(d.element_ids.len(), 6);
+        assert_eq!(d.ends(), 9);
+        assert_eq!(d.element_ids.len(), 9);
         assert_eq!(d.counts().create_conflicts, 0);
         assert_eq!(d.other_records(), 0, "{:?}", d.counts().records.keys());
         assert!(
@@ -656,7 +666,7 @@ mod tests {
             alone.counts().wru
         );
         let t = table(&d, |_| (1e-3, 1e-3));
-        assert!(t.contains("**In chunks of 10**"), "{t}");
+        assert!(t.contains("**In chunks of 7**"), "{t}");
         assert!(t.contains("The writes of one chunk"), "{t}");
     }
 }

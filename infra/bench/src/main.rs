@@ -324,8 +324,8 @@ async fn distributed_section(cli: &Cli) -> anyhow::Result<String> {
             "### A distributed forEach: {} elements, {} at once{} (in memory, modeled latency)\n\n{}\n",
             cli.distributed_elements,
             cli.distributed_at_once,
-            if chunk > 1 {
-                format!(", in chunks of {chunk}")
+            if d.chunk_used > 1 {
+                format!(", in chunks of {}", d.chunk_used)
             } else {
                 String::new()
             },
