@@ -1379,6 +1379,60 @@ mod tests {
         }
     }
 
+    /// A run in chunks pages its chunks and counts them, but its elements' total and those
+    /// refused; a chunk's view names the first element it holds.
+    #[test]
+    fn a_run_in_chunks_pages_its_chunks_and_counts_its_refused_elements() {
+        use crate::domain::state::{ElementOf, ParentLink, RunState};
+        let (task, r, w) = task_and_record();
+        let owner = TaskId::new_random();
+        let link = |element| ParentLink {
+            task_id: owner,
+            step: "post".into(),
+            step_index: 2,
+            generation: 0,
+            reply_queue_url: "https://sqs.example/q".into(),
+            depth: 1,
+            undo_attempt: None,
+            released: false,
+            element,
+        };
+        let mut run = r.clone();
+        run.parent = Some(link(None));
+        run.run = Some(RunState {
+            list: None,
+            context: None,
+            ledger: Run {
+                total: 1_005,
+                max_concurrency: 50,
+                tolerated: 5,
+                undoable: true,
+                chunk: 20,
+                refused: 3,
+                marks: format!("{}{}", "d".repeat(40), "o".repeat(11)),
+                stop: None,
+            },
+        });
+        let page = RunView::of(&run, 0).expect("a run's view");
+        let c = page.counts;
+        assert_eq!(
+            (c.total, c.chunk, c.opened, c.done, c.refused, c.out),
+            (1_005, Some(20), 51, 40, 3, 11)
+        );
+        // 51 chunks (the last of 5 elements): one page, all of them.
+        assert_eq!((page.elements.len(), page.next_elements_from), (51, None));
+        assert_eq!(page.elements[50].mark.as_deref(), Some("out"));
+        let mut chunk = r.clone();
+        chunk.parent = Some(link(Some(ElementOf {
+            index: 3,
+            task_id: owner,
+            step_index: 2,
+            first: Some(60),
+        })));
+        let e = TaskView::of(&task, &chunk, Some(&w));
+        assert_eq!(e.element.and_then(|e| e.first), Some(60));
+    }
+
     #[test]
     fn a_view_decodes_back_into_its_type() {
         for (task, r, w) in shapes() {
