@@ -1282,15 +1282,12 @@ mod tests {
         assert_eq!(ops["caller"], "alice");
     }
 
-    /// A run's view names its task and step and pages its elements (never more than
-    /// `ELEMENTS_PAGE`, each with its id and mark); an element's names its run, index and task;
-    /// an ordinary task's has neither.
-    #[test]
-    fn a_run_pages_its_elements_and_an_element_names_its_run_and_task() {
-        use crate::domain::state::{ElementOf, ParentLink, RunState};
-        let (task, r, w) = task_and_record();
-        let owner = TaskId::new_random();
-        let link = |element| ParentLink {
+    /// The link of a run (or, with `element`, of an element) to step `post` (2) of `owner`.
+    fn post_link(
+        owner: TaskId,
+        element: Option<crate::domain::state::ElementOf>,
+    ) -> crate::domain::state::ParentLink {
+        crate::domain::state::ParentLink {
             task_id: owner,
             step: "post".into(),
             step_index: 2,
@@ -1300,7 +1297,18 @@ mod tests {
             undo_attempt: None,
             released: false,
             element,
-        };
+        }
+    }
+
+    /// A run's view names its task and step and pages its elements (never more than
+    /// `ELEMENTS_PAGE`, each with its id and mark); an element's names its run, index and task;
+    /// an ordinary task's has neither.
+    #[test]
+    fn a_run_pages_its_elements_and_an_element_names_its_run_and_task() {
+        use crate::domain::state::{ElementOf, RunState};
+        let (task, r, w) = task_and_record();
+        let owner = TaskId::new_random();
+        let link = |element| post_link(owner, element);
         let mut run = r.clone();
         run.parent = Some(link(None));
         run.run = Some(RunState {
@@ -1383,20 +1391,10 @@ mod tests {
     /// refused; a chunk's view names the first element it holds.
     #[test]
     fn a_run_in_chunks_pages_its_chunks_and_counts_its_refused_elements() {
-        use crate::domain::state::{ElementOf, ParentLink, RunState};
+        use crate::domain::state::{ElementOf, RunState};
         let (task, r, w) = task_and_record();
         let owner = TaskId::new_random();
-        let link = |element| ParentLink {
-            task_id: owner,
-            step: "post".into(),
-            step_index: 2,
-            generation: 0,
-            reply_queue_url: "https://sqs.example/q".into(),
-            depth: 1,
-            undo_attempt: None,
-            released: false,
-            element,
-        };
+        let link = |element| post_link(owner, element);
         let mut run = r.clone();
         run.parent = Some(link(None));
         run.run = Some(RunState {

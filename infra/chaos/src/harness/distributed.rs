@@ -773,17 +773,7 @@ fn check_element_effects(
             check_chunk_effects(task, step, element, e, of, books, known, out);
             continue;
         }
-        let unit = format!("{}#{k}", step.name);
-        let key = idempotency_key(task, &unit, &element.action, state.generation);
-        known.insert(key.clone());
-        if let Some(undo) = &element.undo {
-            known.insert(idempotency_key(
-                task,
-                &unit,
-                &undo.action,
-                state.undo_generation,
-            ));
-        }
+        let key = known_keys(task, step, element, k, state, known);
         use ProcessState as P;
         let undone = e.parent.as_ref().is_some_and(|l| l.undo_attempt.is_some());
         let want: &[i32] = match (e.process_state, undone) {
@@ -807,6 +797,30 @@ fn check_element_effects(
     }
 }
 
+/// Element `k`'s keys (its step's and its undo's, under the generations of `state`, its own)
+/// added to `known`; its step's key.
+fn known_keys(
+    task: TaskId,
+    step: &sas::domain::workflow::Step,
+    element: &sas::domain::workflow::Step,
+    k: u32,
+    state: &sas::domain::state::StepState,
+    known: &mut BTreeSet<String>,
+) -> String {
+    let unit = format!("{}#{k}", step.name);
+    let key = idempotency_key(task, &unit, &element.action, state.generation);
+    known.insert(key.clone());
+    if let Some(undo) = &element.undo {
+        known.insert(idempotency_key(
+            task,
+            &unit,
+            &undo.action,
+            state.undo_generation,
+        ));
+    }
+    key
+}
+
 /// Each element of chunk record `e` (`of`): its keys known, and its net effect its own state's
 /// within the chunk's: a chunk `Processed` nets 1 for each element done and 0 for each refused;
 /// one undone (or failed and undone by itself) 0 for each; one whose undo of an element was
@@ -826,17 +840,7 @@ fn check_chunk_effects(
     use sas::StepStatus as S;
     let elements = e.steps.first().map_or(&[][..], |s| &s.elements[..]);
     for (j, el) in elements.iter().enumerate() {
-        let unit = format!("{}#{}", step.name, of.element_index(j));
-        let key = idempotency_key(task, &unit, &element.action, el.generation);
-        known.insert(key.clone());
-        if let Some(undo) = &element.undo {
-            known.insert(idempotency_key(
-                task,
-                &unit,
-                &undo.action,
-                el.undo_generation,
-            ));
-        }
+        let key = known_keys(task, step, element, of.element_index(j), el, known);
         let want: &[i32] = match (e.process_state, el.status, el.undo) {
             (_, S::Failed, _) | (_, S::Pending, _) => &[0],
             (_, _, Some(S::Done)) => &[0],
