@@ -27,7 +27,6 @@ pub(crate) async fn workflow_of(
     definitions: &Definitions,
     record: &StateRecord,
 ) -> Result<std::sync::Arc<crate::Workflow>, HandlerError> {
-    let w = catalog_workflow(definitions, &record.workflow, record.workflow_version).await?;
     // A distributed forEach's run and its elements run the step's element view: one step; a
     // chunk of its elements, the chunk view (that step over the chunk's elements).
     let view_of = match (record.element_of(), &record.run, &record.parent) {
@@ -36,20 +35,31 @@ pub(crate) async fn workflow_of(
         _ => None,
     };
     match view_of {
-        None => Ok(w),
-        Some((i, true)) => w.chunk_view(i).ok_or_else(|| {
-            HandlerError::Config(format!(
-                "step {i} of workflow {} v{} keeps no chunks",
-                w.name, w.version
-            ))
-        }),
-        Some((i, false)) => w.element_view(i).ok_or_else(|| {
-            HandlerError::Config(format!(
-                "step {i} of workflow {} v{} is no distributed forEach",
-                w.name, w.version
-            ))
-        }),
+        None => catalog_workflow(definitions, &record.workflow, record.workflow_version).await,
+        Some((i, chunk)) => step_view(definitions, record, i, chunk).await,
     }
+}
+
+/// What the records of distributed forEach step `i` of `record`'s workflow version run: its
+/// element view, or (`chunk`) its chunk view.
+pub(crate) async fn step_view(
+    definitions: &Definitions,
+    record: &StateRecord,
+    i: usize,
+    chunk: bool,
+) -> Result<std::sync::Arc<crate::Workflow>, HandlerError> {
+    let w = catalog_workflow(definitions, &record.workflow, record.workflow_version).await?;
+    let (view, missing) = if chunk {
+        (w.chunk_view(i), "keeps no chunks")
+    } else {
+        (w.element_view(i), "is no distributed forEach")
+    };
+    view.ok_or_else(|| {
+        HandlerError::Config(format!(
+            "step {i} of workflow {} v{} {missing}",
+            w.name, w.version
+        ))
+    })
 }
 
 /// A workflow version as the catalog holds it (whatever record runs on it).

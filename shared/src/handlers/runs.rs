@@ -317,39 +317,28 @@ async fn open(
         }
     };
     let ledger = &state.ledger;
-    let view = if ledger.chunk > 1 {
-        let w = super::catalog_workflow(&ports.definitions, &run.workflow, run.workflow_version)
-            .await?;
-        w.chunk_view(link.step_index).ok_or_else(|| {
-            HandlerError::Config(format!(
-                "step {} of workflow {} v{} keeps no chunks",
-                link.step_index, w.name, w.version
-            ))
-        })?
-    } else {
-        super::workflow_of(&ports.definitions, run).await?
-    };
+    let chunked = ledger.chunk > 1;
+    let view = super::step_view(&ports.definitions, run, link.step_index, chunked).await?;
     let now = ports.clock.now();
     let mut values = Vec::with_capacity(indices.len());
     for &k in indices {
         let range = ledger.elements_of(k);
-        let (Some(value), Some(slice)) = (
-            items.get(k as usize),
-            items.get(range.start as usize..range.end as usize),
-        ) else {
+        let Some(slice) = items
+            .get(range.start as usize..range.end as usize)
+            .filter(|s| !s.is_empty())
+        else {
             return Err(HandlerError::Poison(format!(
                 "run {} has no element {k} in its list",
                 run.task_id
             )));
         };
         // A chunk runs its elements, in order: its input is their list.
-        let unit = if ledger.chunk > 1 {
-            Unit::Chunk {
+        let unit = match slice {
+            [value] if !chunked => Unit::Element(value.clone()),
+            _ => Unit::Chunk {
                 first: range.start,
                 elements: Value::Array(slice.to_vec()),
-            }
-        } else {
-            Unit::Element(value.clone())
+            },
         };
         values.push((k, unit));
     }
