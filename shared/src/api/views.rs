@@ -946,7 +946,7 @@ fn elements_inputs(v: &mut StepView, w: &Workflow, task: &Task, r: &StateRecord,
             continue;
         };
         context["element"] = list.get(k).cloned().unwrap_or_default();
-        context["index"] = json!(r.element_of().map_or(k as u32, |e| e.element_index(k)));
+        context["index"] = json!(r.list_index(k));
         if es.sent || es.status != StepStatus::Pending {
             ev.input = Some(shown(step.input.render_lenient(&context, limit)));
         }

@@ -16,6 +16,7 @@
 //! stop and one aggregate cover a branch's elements too (the nesting is bounded: a parallel
 //! group holds no parallel group, and a forEach step holds no steps).
 
+use super::state::is_zero;
 use super::status::ProcessState;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -131,11 +132,6 @@ impl Fanout {
             e.step == br.step_index && e.within.as_ref().is_some_and(|w| w.branch == b && !w.done)
         })
     }
-}
-
-/// A count left out of the stored body when zero (read back as its default).
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
 
 /// One branch's cursor: the fields the record has for its main line.

@@ -24,6 +24,7 @@
 //! - undos begin last first, and only for elements that took effect;
 //! - an end that does not match its element's mark (a duplicate, or a late one) changes nothing.
 
+use super::state::is_zero;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -289,10 +290,6 @@ fn is_one(n: &u32) -> bool {
     *n == 1
 }
 
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
 /// Which way an element's end goes: its step, or its undo.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -440,12 +437,6 @@ impl Run {
         first..first.saturating_add(chunk).min(self.total)
     }
 
-    /// How many units may be out at once: a chunk runs one element at a time, so
-    /// `max_concurrency` of either.
-    fn at_once(&self) -> u32 {
-        self.max_concurrency
-    }
-
     /// How many elements ended with no effect so far.
     pub fn refused(&self) -> u32 {
         if self.chunk <= 1 {
@@ -583,7 +574,9 @@ impl Run {
         let mut fx = RunEffects::default();
         let out = self.count(Mark::Out);
         let undoing = self.count(Mark::Undoing);
-        let room = self.at_once().saturating_sub(out + undoing);
+        // (A chunk runs one element at a time: `max_concurrency` units out are as many
+        // elements in calls.)
+        let room = self.max_concurrency.saturating_sub(out + undoing);
         match self.stop {
             None => {
                 let open = room.min(self.units() - self.opened());
@@ -636,7 +629,7 @@ impl Run {
             return bad(format!("an unknown mark {c:?}"));
         }
         let (out, undoing) = (self.count(Mark::Out), self.count(Mark::Undoing));
-        if out + undoing > self.at_once() {
+        if out + undoing > self.max_concurrency {
             return bad(format!(
                 "{out} out and {undoing} undoing, over maxConcurrency {} (in units of {})",
                 self.max_concurrency, self.chunk
@@ -654,14 +647,14 @@ impl Run {
         }
         if self.stop.is_none()
             && self.opened() < self.units()
-            && out < self.at_once()
+            && out < self.max_concurrency
             && self.refused() <= self.tolerated
         {
             return bad(format!(
                 "{} of {} units opened with {out} of {} places taken",
                 self.opened(),
                 self.units(),
-                self.at_once()
+                self.max_concurrency
             ));
         }
         Ok(())
@@ -1020,7 +1013,6 @@ mod tests {
                 let units = run.units() as usize;
                 prop_assert!(run.chunk <= chunk && (run.chunk == 1 || units as u32 >= max_concurrency.min(total as u32)));
                 let chunk = run.chunk;
-                let at_once = max_concurrency;
                 // Ends not yet delivered, as the queue holds them.
                 let mut pending: Vec<ElementEnd> = vec![];
                 let mut opened: BTreeSet<u32> = BTreeSet::new();
@@ -1071,7 +1063,7 @@ mod tests {
                     take(fx, &mut pending, &mut opened, &mut undos, &mut end)?;
                     prop_assert!(run.check().is_ok(), "{:?}: {}", run.check(), run);
                     // (A chunk runs one element at a time: as many elements in calls.)
-                    prop_assert!(run.count(Mark::Out) + run.count(Mark::Undoing) <= at_once);
+                    prop_assert!(run.count(Mark::Out) + run.count(Mark::Undoing) <= max_concurrency);
                     if let Some(at) = stopped_at {
                         prop_assert_eq!(opened.len(), at, "opened past the stop");
                     }

@@ -81,7 +81,7 @@ pub struct StepState {
 
 // Defaults are left out of the stored body (it is billed by the KB): read back, they are
 // their defaults again.
-fn is_zero(n: &u32) -> bool {
+pub(crate) fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
@@ -893,6 +893,13 @@ impl StateRecord {
     /// A distributed forEach's element record: which element of which task's step it is.
     pub fn element_of(&self) -> Option<&ElementOf> {
         self.parent.as_ref()?.element.as_ref()
+    }
+
+    /// The index in its list of element `k` of this record's forEach: `k`, but in a chunk of a
+    /// distributed forEach its place in the whole list ([`ElementOf::element_index`]).
+    pub fn list_index(&self, k: usize) -> u32 {
+        self.element_of()
+            .map_or(u32::try_from(k).unwrap_or(u32::MAX), |e| e.element_index(k))
     }
 
     /// A distributed forEach's run or one of its elements: sas's own records, not tasks of a

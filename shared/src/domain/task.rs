@@ -2,8 +2,8 @@
 //! accepts; it is stored once, beside the task's state record, and never changes.
 
 use super::payload::PayloadRef;
-use super::state::StateRecord;
 pub use super::state::{MAX_RESULT_BYTES, MAX_RESULTS_BYTES};
+use super::state::{StateRecord, is_zero};
 pub use super::task_id::TaskId;
 pub use super::validation::ValidationError;
 use chrono::{DateTime, Utc};
@@ -151,10 +151,6 @@ pub struct Task {
     /// were when an operator's retry replaces the input.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub keys: Vec<super::keys::TaskKey>,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
 
 /// An input a task had before an operator's retry replaced it.

@@ -702,10 +702,7 @@ async fn send_step_request(
         // The element and its index, for the mapping (`$.element`, `$.index`).
         let list = transition::elements(workflow, task, record, i).map_err(HandlerError::Poison)?;
         context["element"] = list.get(k).cloned().unwrap_or_default();
-        context["index"] = match record.element_of() {
-            Some(e) => serde_json::json!(e.element_index(k)),
-            None => serde_json::json!(k),
-        };
+        context["index"] = serde_json::json!(record.list_index(k));
     }
     // The undo of a step whose outcome is unknown (timed out, cancelled while out, or faulted)
     // has no result of the step to read: its mapping gets `null` there, and the service finds
