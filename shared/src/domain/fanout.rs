@@ -16,7 +16,6 @@
 //! stop and one aggregate cover a branch's elements too (the nesting is bounded: a parallel
 //! group holds no parallel group, and a forEach step holds no steps).
 
-use super::state::is_zero;
 use super::status::ProcessState;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -241,4 +240,9 @@ pub enum StopKind {
     /// Its service answered as misconfigured at the threshold: Error for an operator, whatever
     /// the policy on compensation.
     Held,
+}
+
+/// A count left out of the stored body when zero (read back as its default).
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

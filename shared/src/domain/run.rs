@@ -24,7 +24,6 @@
 //! - undos begin last first, and only for elements that took effect;
 //! - an end that does not match its element's mark (a duplicate, or a late one) changes nothing.
 
-use super::state::is_zero;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -288,6 +287,10 @@ fn one() -> u32 {
 
 fn is_one(n: &u32) -> bool {
     *n == 1
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Which way an element's end goes: its step, or its undo.
