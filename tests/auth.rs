@@ -459,6 +459,7 @@ async fn a_token_whose_subject_is_a_schedule_is_refused() {
             turn: None,
             child: None,
             priority: Default::default(),
+            dispatch: None,
         },
     )
     .await

@@ -601,6 +601,134 @@ async fn a_submission_that_dies_before_enqueueing_is_recovered_by_the_supervisor
     assert_each_step_once(&system, id).await;
 }
 
+/// The task API claims a new task's first step itself: the record is created claimed (by the
+/// submission's instance, under attempt 1, with the step's deadline and the task's timer), the
+/// step's request is sent, and no work message is: the scheduler's first invocation and claim
+/// are saved. The task then runs as any other. A delayed start still takes the work message.
+#[tokio::test]
+async fn a_submission_claims_the_first_step_and_sends_its_request_with_no_work_message() {
+    let settings = sas_local::Settings {
+        dispatch_at_submission: true,
+        ..manual_settings()
+    };
+    let (system, _clock) = aws_system("firstclaim", settings).await;
+    let res = &system.resources;
+    let (status, body) = submit(&system, ECOMMERCE, None, &order_input()).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["processState"], "Processing", "{body}");
+    let id: TaskId = body["taskId"].as_str().expect("id").parse().expect("uuid");
+    let r = state(&system, id).await;
+    assert_eq!(r.process_state, ProcessState::Processing);
+    assert_eq!(r.attempt, 1);
+    assert!(
+        r.locked_by
+            .as_deref()
+            .is_some_and(|l| l.starts_with("local-submission-")),
+        "locked by the submission: {:?}",
+        r.locked_by
+    );
+    assert_eq!(r.steps[0].status, StepStatus::Running);
+    assert!(r.steps[0].sent, "its request went out");
+    assert_eq!(
+        r.timer_at, r.complete_by,
+        "the task's timer watches the step"
+    );
+    assert_valid(&system, &r).await;
+    assert!(
+        drain(&system, &res.work_queue_url).await.is_empty(),
+        "no work message"
+    );
+    let (raw, request) = one_step_request(&system, "the first step's request").await;
+    assert_eq!(
+        (request.task_id, request.step.as_str(), request.attempt),
+        (id, "reserve-inventory", 1)
+    );
+    assert_eq!(request.input, order_input(), "the mapped input");
+    system
+        .queue
+        .send(&res.agent_queue_url, &raw, Duration::ZERO)
+        .await
+        .expect("send it on");
+    pump_until_quiet(&system, 20).await;
+    assert_eq!(
+        state(&system, id).await.process_state,
+        ProcessState::Processed
+    );
+    assert_each_step_once(&system, id).await;
+
+    // A delayed start is claimed by the scheduler, at its time.
+    let later = (chrono::Utc::now() + chrono::Duration::minutes(5)).to_rfc3339();
+    let (status, _, body) = sas_blackbox::post_task(
+        &system,
+        ECOMMERCE,
+        &[("start-at", later.as_str())],
+        order_input().to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["processState"], "Pending", "{body}");
+    assert!(
+        drain(&system, &res.agent_queue_url).await.is_empty(),
+        "no request before its start"
+    );
+}
+
+/// A submission that dies after its create and before its first step's request (the agents'
+/// queue gone here): the record is claimed, with the step's deadline in the due index, and the
+/// supervisor takes it up at that deadline, as any step whose request went missing.
+#[tokio::test]
+async fn a_submission_that_dies_before_sending_its_first_request_is_recovered_at_the_deadline() {
+    let settings = sas_local::Settings {
+        dispatch_at_submission: true,
+        ..manual_settings()
+    };
+    let (mut system, clock) = aws_system("lostfirst", settings).await;
+    let dispatch = system.api.dispatch.as_deref().expect("dispatch").clone();
+    system.api.dispatch = Some(std::sync::Arc::new(
+        sas::handlers::scheduler::SchedulerDeps {
+            agent_queue_url: format!("{}-gone", system.resources.agent_queue_url),
+            ..dispatch
+        },
+    ));
+    let (status, body) = submit(&system, ECOMMERCE, None, &order_input()).await;
+    assert_eq!(status, 202, "stored, so accepted: {body}");
+    let id: TaskId = body["taskId"].as_str().expect("id").parse().expect("uuid");
+    assert_eq!(
+        state(&system, id).await.process_state,
+        ProcessState::Processing
+    );
+    assert!(
+        drain(&system, &system.resources.agent_queue_url)
+            .await
+            .is_empty()
+    );
+    assert!(
+        drain(&system, &system.resources.work_queue_url)
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        system.sweep().await.expect("sweep").retried,
+        0,
+        "not due yet"
+    );
+
+    clock.advance(chrono::Duration::seconds(31));
+    let report = system.sweep().await.expect("sweep");
+    assert_eq!(report.retried, 1, "{report:?}");
+    assert_eq!(
+        state(&system, id).await.failure_count,
+        1,
+        "a missed deadline"
+    );
+    pump_until_quiet(&system, 20).await;
+    assert_eq!(
+        state(&system, id).await.process_state,
+        ProcessState::Processed
+    );
+    assert_each_step_once(&system, id).await;
+}
+
 #[tokio::test]
 async fn the_same_work_message_and_the_same_reply_twice_take_effect_once() {
     let (system, _clock) = aws_system("dupes", manual_settings()).await;

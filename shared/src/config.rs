@@ -335,6 +335,41 @@ pub fn task_ports(sdk: &aws_config::SdkConfig) -> Result<crate::handlers::TaskPo
     })
 }
 
+/// What the scheduler sends with, over `ports`: the agents' queues (`AGENT_QUEUE_URL`, the
+/// urgent lane's `URGENT_AGENT_QUEUE_URL`), `REPLY_QUEUE_URL`, the deadline timers'
+/// `TIMER_QUEUE_URL` (none with `DEADLINE_TIMERS=false`: the sweep finds every deadline),
+/// `DEAD_LETTER_QUEUE_URL`, `CALLBACK_BASE_URL` and a new [`instance_id`] for `LockedBy`. The
+/// scheduler's, and the task API's for the first steps it claims.
+pub fn scheduler_deps(
+    ports: crate::handlers::TaskPorts,
+) -> Result<crate::handlers::scheduler::SchedulerDeps, ConfigError> {
+    Ok(crate::handlers::scheduler::SchedulerDeps {
+        ports,
+        agent_queue_url: required("AGENT_QUEUE_URL")?,
+        urgent_agent_queue_url: optional("URGENT_AGENT_QUEUE_URL"),
+        reply_queue_url: required("REPLY_QUEUE_URL")?,
+        timer_queue_url: parsed("DEADLINE_TIMERS", true)?
+            .then(|| optional("TIMER_QUEUE_URL"))
+            .flatten(),
+        dead_letter_url: optional("DEAD_LETTER_QUEUE_URL"),
+        // One id per execution environment: `LockedBy` tells which one holds a claim.
+        instance_id: instance_id(),
+        callback_base_url: optional("CALLBACK_BASE_URL"),
+    })
+}
+
+/// The task API's first-step claims (see [`crate::api::ApiDeps::dispatch`]):
+/// `DISPATCH_AT_SUBMISSION` (default true) with the [`scheduler_deps`] variables; `None` when
+/// it is false.
+pub fn dispatch(
+    ports: &crate::handlers::TaskPorts,
+) -> Result<Option<Arc<crate::handlers::scheduler::SchedulerDeps>>, ConfigError> {
+    if !parsed("DISPATCH_AT_SUBMISSION", true)? {
+        return Ok(None);
+    }
+    Ok(Some(Arc::new(scheduler_deps(ports.clone())?)))
+}
+
 /// The payload store: the S3 bucket `PAYLOAD_BUCKET`.
 pub fn payloads(sdk: &aws_config::SdkConfig) -> Result<crate::aws::S3Payloads, ConfigError> {
     payloads_in(&Vars::Process, sdk)

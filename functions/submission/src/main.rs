@@ -22,8 +22,15 @@ async fn main() -> Result<(), Error> {
     } else {
         config::parsed("API_AUTH", AuthMode::Iam)?
     };
+    let ports = config::task_ports(&sdk)?;
     let deps = ApiDeps {
-        ports: config::task_ports(&sdk)?,
+        // The task API claims a new task's first step itself; the operator API starts none.
+        dispatch: if operator_api {
+            None
+        } else {
+            config::dispatch(&ports)?
+        },
+        ports,
         operator_api,
         reply_queues: config::reply_queues()?,
         rate_limit: config::rate_limit()?,

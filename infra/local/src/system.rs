@@ -284,6 +284,9 @@ pub struct Settings {
     pub breaker: BreakerPolicy,
     /// Arm a deadline timer with every step request (off: only the sweep finds deadlines).
     pub deadline_timers: bool,
+    /// Whether the task API claims a new task's first step and sends its request itself (as
+    /// `DISPATCH_AT_SUBMISSION`; default true).
+    pub dispatch_at_submission: bool,
     /// The queues' visibility timeout (memory, and queues `Backend::Aws` creates); default 6×
     /// the step timeout, as for Lambda event sources.
     pub visibility_timeout: Option<Duration>,
@@ -390,6 +393,7 @@ impl Default for Settings {
                 read_cache: chrono::Duration::milliseconds(200),
             },
             deadline_timers: true,
+            dispatch_at_submission: true,
             visibility_timeout: None,
             callback_base_url: "http://sas-local.invalid".into(),
             callback_delay: Duration::from_millis(50),
@@ -457,6 +461,8 @@ impl Settings {
             rate_limit: config::rate_limit_in(vars, 0.0, 100)?,
             due_shards: vars.parsed("DUE_SHARDS", d.due_shards)?.max(1),
             deadline_timers: vars.parsed("DEADLINE_TIMERS", d.deadline_timers)?,
+            dispatch_at_submission: vars
+                .parsed("DISPATCH_AT_SUBMISSION", d.dispatch_at_submission)?,
             reply_queues: config::reply_queues_in(vars)?,
             sweep: config::sweep_settings_in(vars, lease_ttl, d.sweep)?,
             lease_ttl,
@@ -521,6 +527,10 @@ impl Settings {
             ),
             ("DUE_SHARDS", self.due_shards.to_string()),
             ("DEADLINE_TIMERS", self.deadline_timers.to_string()),
+            (
+                "DISPATCH_AT_SUBMISSION",
+                self.dispatch_at_submission.to_string(),
+            ),
             ("SWEEP_PAGE_SIZE", self.sweep.page_size.to_string()),
             ("SWEEP_CONCURRENCY", self.sweep.concurrency.to_string()),
             ("SWEEP_BUDGET_SECONDS", secs(self.sweep.budget)),
@@ -695,7 +705,27 @@ impl System {
             ends_queue_url: resources.ends_queue_url.clone(),
             run_contexts: Default::default(),
         };
+        let scheduler = SchedulerDeps {
+            ports: ports.clone(),
+            agent_queue_url: resources.agent_queue_url.clone(),
+            urgent_agent_queue_url: resources.urgent_agent_queue_url.clone(),
+            reply_queue_url: resources.reply_queue_url.clone(),
+            timer_queue_url: settings
+                .deadline_timers
+                .then(|| resources.timer_queue_url.clone()),
+            dead_letter_url: Some(resources.dead_letter_url.clone()),
+            instance_id: format!("local-{}", uuid::Uuid::new_v4()),
+            callback_base_url: Some(settings.callback_base_url.clone()),
+        };
         let api = ApiDeps {
+            // The task API claims first steps as the submission function does, with its own
+            // instance id.
+            dispatch: settings.dispatch_at_submission.then(|| {
+                Arc::new(SchedulerDeps {
+                    instance_id: format!("local-submission-{}", uuid::Uuid::new_v4()),
+                    ..scheduler.clone()
+                })
+            }),
             ports: ports.clone(),
             operator_api: false,
             reply_queues: settings
@@ -709,6 +739,7 @@ impl System {
         };
         let operator = ApiDeps {
             operator_api: true,
+            dispatch: None,
             ..api.clone()
         };
         let factory = {
@@ -782,18 +813,7 @@ impl System {
         Self {
             api,
             operator,
-            scheduler: SchedulerDeps {
-                ports: ports.clone(),
-                agent_queue_url: resources.agent_queue_url.clone(),
-                urgent_agent_queue_url: resources.urgent_agent_queue_url.clone(),
-                reply_queue_url: resources.reply_queue_url.clone(),
-                timer_queue_url: settings
-                    .deadline_timers
-                    .then(|| resources.timer_queue_url.clone()),
-                dead_letter_url: Some(resources.dead_letter_url.clone()),
-                instance_id: format!("local-{}", uuid::Uuid::new_v4()),
-                callback_base_url: Some(settings.callback_base_url.clone()),
-            },
+            scheduler,
             supervisor: SupervisorDeps {
                 ports,
                 // The sweep looks as far ahead as its interval, as in a deployment; not at all

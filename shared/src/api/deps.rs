@@ -23,4 +23,9 @@ pub struct ApiDeps {
     /// The agents' cap on the calls in flight of a service without its own `concurrency`
     /// (`SERVICE_SHARE`), shown with each service.
     pub service_share: Option<u32>,
+    /// The scheduler's outlets, with which the task API claims a new task's first step and
+    /// sends its request itself (`DISPATCH_AT_SUBMISSION`, on by default): no work message,
+    /// no scheduler invocation, no claim write. `None`: every new task goes through the work
+    /// queue (the operator API, which starts none).
+    pub dispatch: Option<Arc<crate::handlers::scheduler::SchedulerDeps>>,
 }

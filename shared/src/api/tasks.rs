@@ -90,6 +90,7 @@ pub(super) async fn submit(
         turn: None,
         child: None,
         priority,
+        dispatch: deps.dispatch.as_deref(),
     };
     let started = match start(&deps.ports, request).await {
         Ok(started) => started,

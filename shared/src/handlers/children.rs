@@ -99,6 +99,7 @@ pub async fn start_child(
             },
         }),
         priority: child.priority,
+        dispatch: None,
     };
     match start(ports, start_request).await {
         Ok(started) => {

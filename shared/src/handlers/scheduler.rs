@@ -45,6 +45,14 @@ pub struct SchedulerDeps {
     pub callback_base_url: Option<String>,
 }
 
+impl std::fmt::Debug for SchedulerDeps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedulerDeps")
+            .field("instance_id", &self.instance_id)
+            .finish_non_exhaustive()
+    }
+}
+
 impl SchedulerDeps {
     /// Where the agents reply for a task of `priority`: the reply queue, or for an urgent
     /// task the urgent lane's work queue (the scheduler takes replies there too), so a backlog
@@ -590,7 +598,9 @@ fn keepable_lines(record: &StateRecord, r: &crate::domain::PayloadRef) -> StepOu
     StepOutcome::Succeeded { result: None }
 }
 
-async fn run(
+/// Performs a written claim's (or other transition's) effects: its step requests through
+/// `deps`. The task API calls it too, for a first step it claimed at the task's creation.
+pub(crate) async fn run(
     deps: &SchedulerDeps,
     task: &Task,
     workflow: &Workflow,

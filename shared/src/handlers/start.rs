@@ -41,6 +41,11 @@ pub struct StartRequest<'a> {
     pub child: Option<ChildStart>,
     /// Its lane (a child's is its parent's).
     pub priority: crate::domain::Priority,
+    /// Where a new task's first step goes when this process claims it itself (the task API):
+    /// the record is created claimed and the step's request sent at once, with no work message
+    /// and no claim of the scheduler's. `None` (a child started by an agent, a schedule's run),
+    /// or a task this does not suit ([`first_claim`]): the work message.
+    pub dispatch: Option<&'a super::scheduler::SchedulerDeps>,
 }
 
 /// How a sub-workflow step's child task starts.
@@ -163,9 +168,14 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
         task_id: id,
         created_at: task.created_at,
     });
+    // Its first step claimed here, where that suits it: the create writes the claimed record.
+    let claimed = request
+        .dispatch
+        .and_then(|d| first_claim(d, &task, &record, &workflow, now).map(|t| (d, t)));
+    let written = claimed.as_ref().map_or(&record, |(_, t)| &t.record);
     let new = NewTask {
         task: &task,
-        record: &record,
+        record: written,
         key: key.as_ref(),
         turn: request.turn,
         gate: gate.as_ref().map(|(g, limit)| crate::ports::GatePlace {
@@ -208,13 +218,33 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
             return Err(StartError::Store(e));
         }
     }
-    // Crash point: the task is stored but not yet enqueued. Its pickup deadline is in the due
-    // index, so the supervisor re-enqueues it if this send never happens.
+    // Crash point: the task is stored but its work not yet sent. Its deadline (the pickup's, or
+    // the claimed step's) is in the due index, so the supervisor recovers it if the send below
+    // never happens.
     match workflow.policies().at(0).progress(NoticeKind::Received) {
         Effect::Publish(status) => {
-            publish_status(ports.queue.as_ref(), ports.events.as_ref(), &record, status).await
+            publish_status(ports.queue.as_ref(), ports.events.as_ref(), written, status).await
         }
-        _ => progress_status(ports.queue.as_ref(), &record, NoticeKind::Received).await,
+        _ => progress_status(ports.queue.as_ref(), written, NoticeKind::Received).await,
+    }
+    if let Some((d, t)) = &claimed {
+        tracing::Span::current().record("attempt", t.record.attempt);
+        info!(
+            step = t.record.current_step().unwrap_or("-"),
+            "claimed at submission"
+        );
+        // The claim's effects: its step's request (or a parallel group's), and the timer.
+        if let Err(e) = super::scheduler::run(d, &task, &workflow, t).await {
+            error!(error = %e, "task stored claimed but its request not sent; the supervisor will take it up at its deadline");
+        }
+        info!(version = workflow.version, "task accepted");
+        return Ok(Started {
+            task_id: id,
+            workflow: workflow.name.clone(),
+            workflow_version: workflow.version,
+            process_state: t.record.process_state,
+            replayed: false,
+        });
     }
     // A delayed start: its work message waits for it, if a message can wait that long; a later
     // one rides the due index (the supervisor enqueues it at its time).
@@ -234,6 +264,43 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
         process_state: record.process_state,
         replayed: false,
     })
+}
+
+/// The claim of a new task's first step, if the task API may make it with `dispatch` and write
+/// the record claimed in its creation: not for a task at a gate (its admission is a transaction
+/// with the claim), a delayed start, or a first transition that does more than send requests
+/// (a wait, an event's, a step answered without a call): those take the work message, and
+/// the scheduler's claim, as before. The claim is the scheduler's own transition; the record it
+/// writes is locked by `dispatch`'s instance, with the step's deadline in the due index.
+fn first_claim(
+    dispatch: &super::scheduler::SchedulerDeps,
+    task: &Task,
+    record: &StateRecord,
+    workflow: &Workflow,
+    now: DateTime<Utc>,
+) -> Option<crate::domain::Transition> {
+    if record.gate.is_some() || record.start_at.is_some() || dispatch.callback_base_url.is_none() {
+        return None;
+    }
+    let router = crate::domain::transition::TaskRouter { workflow, task };
+    let t = crate::domain::transition::claim(
+        record,
+        &dispatch.instance_id,
+        now,
+        &workflow.policies(),
+        &router,
+    )
+    .ok()?;
+    let sends_only = t.effects.iter().all(|e| {
+        matches!(
+            e,
+            Effect::SendStepRequest
+                | Effect::SendBranchStep(_)
+                | Effect::Progress(_)
+                | Effect::Publish(_)
+        )
+    });
+    (t.record.process_state == ProcessState::Processing && sends_only).then_some(t)
 }
 
 /// SHA-256 of the request in canonical form (workflow, input, reply queue, and a delayed
@@ -336,6 +403,7 @@ pub async fn run_schedule(
             }),
             child: None,
             priority: crate::domain::Priority::Normal,
+            dispatch: None,
         };
         return match start(ports, request).await {
             Ok(started) => {
