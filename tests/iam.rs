@@ -6,7 +6,7 @@
 //! (`support/iam.rs`) records every request under the function's logical id. The flows cover
 //! what each function does: submissions (with an idempotency key and its replay, a large
 //! input's replay by a caller and by the operator, whose object is deleted again, a reply
-//! queue, the rate limit), reads, a caller's list and cancel, an unknown callback; claims,
+//! queue, the rate limit, first steps claimed at submission in either lane), reads, a caller's list and cancel, an unknown callback; claims,
 //! replies and compensations; the agent's calls to a Lambda service, an HTTP service with a
 //! Secrets Manager token and one with an SSM API key, and its breakers; the supervisor's sweep
 //! (leases, an expired step, an owed outbox) and timers; the operator's list, reads,
@@ -385,6 +385,37 @@ async fn every_call_is_granted_and_every_grant_is_used() {
     )
     .await;
     assert_eq!(status, 202, "{body}");
+    // As deployed (`DispatchAtSubmission`): the task API claims a new task's first step and
+    // sends its request itself, to either lane's agents, with its deadline timer; a request it
+    // cannot build (the probe's) it refuses through the reply queue. (The submitter above runs
+    // with it off, as `false` deploys the same role: every new task through the work queues.)
+    let dispatching = f.system(
+        sas_local::Settings {
+            dispatch_at_submission: true,
+            ..settings.clone()
+        },
+        None,
+    );
+    ROLE.scope(SUBMISSION, async {
+        let order = json!({"customerId": "c-1", "items": [{"sku": "SKU-1", "quantity": 1}]});
+        for (path, headers, body) in [
+            ("/workflows/ecommerce-order/tasks", &[][..], &order),
+            (
+                "/workflows/ecommerce-order/tasks",
+                &[("priority", "urgent")][..],
+                &order,
+            ),
+            ("/workflows/iam-probe/tasks", &[][..], &json!({})),
+        ] {
+            let (status, body) = call(&dispatching, false, Method::POST, path, headers, body).await;
+            assert_eq!(status, 202, "{body}");
+            assert_eq!(
+                body["processState"], "Processing",
+                "claimed at once: {body}"
+            );
+        }
+    })
+    .await;
     // A large input under a key, and its replay, by a caller and by the operator: each
     // replay's input object (written before its transaction found the key taken) is deleted.
     let large = json!({"pad": "p".repeat(INLINE_PAYLOAD_BYTES + 100)});

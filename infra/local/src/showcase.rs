@@ -81,19 +81,21 @@ pub async fn tasks_in_every_state(
     .await?;
     made.insert(ProcessState::Error, vec![failed[0]]);
     made.insert(ProcessState::Resolved, vec![failed[1]]);
-    // Compensated: an order cancelled before any step went out.
-    let cancelled = submit(system, ORDER, order()).await?;
+    // Compensated: an order cancelled before any step went out (it was to start in an hour).
+    let cancelled = later(system).await?;
     operate(system, cancelled, "cancel", "ordered twice by mistake").await?;
     made.insert(ProcessState::Compensated, vec![cancelled]);
     // Compensating: an order cancelled while its payment is out (its undo waits for the
     // payment's deadline).
     let compensating = submit(system, ORDER, order()).await?;
-    system.pump_scheduler().await?; // claims, sends the reservation
+    // Claimed by the task API (or, with DISPATCH_AT_SUBMISSION=false, by the scheduler here),
+    // its reservation sent.
+    system.pump_scheduler().await?;
     system.pump_agents().await?; // reserves
     system.pump_scheduler().await?; // applies it, sends the payment
     operate(system, compensating, "cancel", "customer called to cancel").await?;
     made.insert(ProcessState::Compensating, vec![compensating]);
-    // Processing: claimed, its first request out.
+    // Processing: claimed (as above), its first request out.
     let processing = submit(system, LOAN, loan()).await?;
     system.pump_scheduler().await?;
     made.insert(ProcessState::Processing, vec![processing]);

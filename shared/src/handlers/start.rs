@@ -234,7 +234,8 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
             "claimed at submission"
         );
         // The claim's effects: its step's request (or a parallel group's), and the timer.
-        if let Err(e) = super::scheduler::run(d, &task, &workflow, t).await {
+        // (Boxed: a request's building is a large future, and `start` is inside every API call's.)
+        if let Err(e) = Box::pin(super::scheduler::run(d, &task, &workflow, t)).await {
             error!(error = %e, "task stored claimed but its request not sent; the supervisor will take it up at its deadline");
         }
         info!(version = workflow.version, "task accepted");
