@@ -1414,5 +1414,18 @@ mod tests {
             "a compensated order costs more than a clean one"
         );
         assert!(c(1) > c(0), "a 4-step loan costs more than a 3-step order");
+        // The task API's claim of the first step saves the work message (its send, receive and
+        // delete), a scheduler invocation and the claim's write.
+        let by_scheduler = s
+            .iter()
+            .find(|sc| sc.name == "clean e-commerce order (claimed by the scheduler)")
+            .expect("the variant");
+        let work = |sc: &scenarios::Scenario| sc.counts.messages.get("work").copied().unwrap_or(0);
+        assert_eq!((work(&s[0]), work(by_scheduler)), (0, 1));
+        assert!(
+            by_scheduler.counts.wru > s[0].counts.wru,
+            "the claim's write"
+        );
+        assert!(cost(by_scheduler).orchestration > c(0));
     }
 }

@@ -146,7 +146,7 @@ async fn build(
     step: chrono::Duration,
     timers: bool,
 ) -> anyhow::Result<Built> {
-    build_with(target, faults, step, timers, Services::Simulated).await
+    build_with(target, faults, step, timers, true, Services::Simulated).await
 }
 
 async fn build_with(
@@ -154,11 +154,14 @@ async fn build_with(
     faults: &[(&str, Faults)],
     step: chrono::Duration,
     timers: bool,
+    dispatch: bool,
     services: Services,
 ) -> anyhow::Result<Built> {
     let mut settings = Settings {
         // A deployment with `DeadlineTimers=false` arms none: the sweep alone finds deadlines.
         deadline_timers: timers,
+        // With `DispatchAtSubmission=false`, every new task goes through the work queue.
+        dispatch_at_submission: dispatch,
         ..Settings::default()
     };
     settings.policy.step_timeout = step;
@@ -477,7 +480,7 @@ async fn straight(
     plan: &Plan,
     faults: &[(&str, Faults)],
 ) -> anyhow::Result<Scenario> {
-    straight_with(target, plan, faults, true, Services::Simulated).await
+    straight_with(target, plan, faults, true, true, Services::Simulated).await
 }
 
 async fn straight_with(
@@ -485,6 +488,7 @@ async fn straight_with(
     plan: &Plan,
     faults: &[(&str, Faults)],
     timers: bool,
+    dispatch: bool,
     services: Services,
 ) -> anyhow::Result<Scenario> {
     let Built {
@@ -497,6 +501,7 @@ async fn straight_with(
         faults,
         chrono::Duration::seconds(30),
         timers,
+        dispatch,
         services,
     )
     .await?;
@@ -635,7 +640,15 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
         callbacks: 0,
         expect: ProcessState::Processed,
     };
-    out.push(straight_with(target, &plan, &[], false, Services::Simulated).await?);
+    out.push(straight_with(target, &plan, &[], false, true, Services::Simulated).await?);
+    // 6b. The same order in a deployment whose task API sends every new task through the work
+    // queue (`DispatchAtSubmission=false`): the work message, the scheduler's invocation and
+    // its claim, as before the submission claimed first steps.
+    let plan = Plan {
+        name: "clean e-commerce order (claimed by the scheduler)",
+        ..plan
+    };
+    out.push(straight_with(target, &plan, &[], true, false, Services::Simulated).await?);
 
     // 7. The bench's parallel group: three branches of one step each. The equivalent: a
     // Parallel state, its three Task states, NotifyProcessed, Done: 6 transitions.
@@ -761,7 +774,7 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
         callbacks: 0,
         expect: ProcessState::Processed,
     };
-    out.push(straight_with(target, &plan, &[], true, Services::Reporting).await?);
+    out.push(straight_with(target, &plan, &[], true, true, Services::Reporting).await?);
 
     // 17. The pair's two steps, the task found by two search keys: each an entry in a key
     // index, written with the task.
@@ -947,6 +960,7 @@ mod tests {
                 "order refused at step 3",
                 "loan refused at step 3",
                 "clean e-commerce order (no deadline timers)",
+                "clean e-commerce order (claimed by the scheduler)",
                 "3 parallel branches",
                 "the same 3 steps in a line",
                 "forEach: 100 elements, 10 at once",

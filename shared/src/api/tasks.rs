@@ -90,7 +90,10 @@ pub(super) async fn submit(
         turn: None,
         child: None,
         priority,
-        dispatch: deps.dispatch.as_deref(),
+        dispatch: deps
+            .dispatch
+            .as_deref()
+            .map(|d| d as &dyn crate::handlers::start::Dispatch),
     };
     let started = match start(&deps.ports, request).await {
         Ok(started) => started,

@@ -53,6 +53,27 @@ impl std::fmt::Debug for SchedulerDeps {
     }
 }
 
+/// The task API claims first steps with the scheduler's outlets.
+#[async_trait::async_trait]
+impl super::start::Dispatch for SchedulerDeps {
+    fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    fn calls_back(&self) -> bool {
+        self.callback_base_url.is_some()
+    }
+
+    async fn perform(
+        &self,
+        task: &Task,
+        workflow: &Workflow,
+        t: &Transition,
+    ) -> Result<(), HandlerError> {
+        run(self, task, workflow, t).await
+    }
+}
+
 impl SchedulerDeps {
     /// Where the agents reply for a task of `priority`: the reply queue, or for an urgent
     /// task the urgent lane's work queue (the scheduler takes replies there too), so a backlog
@@ -598,9 +619,9 @@ fn keepable_lines(record: &StateRecord, r: &crate::domain::PayloadRef) -> StepOu
     StepOutcome::Succeeded { result: None }
 }
 
-/// Performs a written claim's (or other transition's) effects: its step requests through
-/// `deps`. The task API calls it too, for a first step it claimed at the task's creation.
-pub(crate) async fn run(
+/// Performs a written transition's effects, its step requests through `deps` (the task API's
+/// first-step claims too, through [`super::start::Dispatch`]).
+async fn run(
     deps: &SchedulerDeps,
     task: &Task,
     workflow: &Workflow,

@@ -45,7 +45,24 @@ pub struct StartRequest<'a> {
     /// the record is created claimed and the step's request sent at once, with no work message
     /// and no claim of the scheduler's. `None` (a child started by an agent, a schedule's run),
     /// or a task this does not suit ([`first_claim`]): the work message.
-    pub dispatch: Option<&'a super::scheduler::SchedulerDeps>,
+    pub dispatch: Option<&'a dyn Dispatch>,
+}
+
+/// What claims a new task's first step at its creation and sends what the claim sends: the
+/// scheduler's outlets (`SchedulerDeps`), lent to the task API.
+#[async_trait::async_trait]
+pub trait Dispatch: Send + Sync + std::fmt::Debug {
+    /// The `LockedBy` of the claims it makes.
+    fn instance_id(&self) -> &str;
+    /// Whether it can build a callback step's request (it knows the task API's address).
+    fn calls_back(&self) -> bool;
+    /// Performs the written claim `t`'s effects: its step requests and the task's timer.
+    async fn perform(
+        &self,
+        task: &Task,
+        workflow: &Workflow,
+        t: &crate::domain::Transition,
+    ) -> Result<(), HandlerError>;
 }
 
 /// How a sub-workflow step's child task starts.
@@ -234,8 +251,7 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
             "claimed at submission"
         );
         // The claim's effects: its step's request (or a parallel group's), and the timer.
-        // (Boxed: a request's building is a large future, and `start` is inside every API call's.)
-        if let Err(e) = Box::pin(super::scheduler::run(d, &task, &workflow, t)).await {
+        if let Err(e) = d.perform(&task, &workflow, t).await {
             error!(error = %e, "task stored claimed but its request not sent; the supervisor will take it up at its deadline");
         }
         info!(version = workflow.version, "task accepted");
@@ -274,19 +290,19 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
 /// the scheduler's claim, as before. The claim is the scheduler's own transition; the record it
 /// writes is locked by `dispatch`'s instance, with the step's deadline in the due index.
 fn first_claim(
-    dispatch: &super::scheduler::SchedulerDeps,
+    dispatch: &dyn Dispatch,
     task: &Task,
     record: &StateRecord,
     workflow: &Workflow,
     now: DateTime<Utc>,
 ) -> Option<crate::domain::Transition> {
-    if record.gate.is_some() || record.start_at.is_some() || dispatch.callback_base_url.is_none() {
+    if record.gate.is_some() || record.start_at.is_some() || !dispatch.calls_back() {
         return None;
     }
     let router = crate::domain::transition::TaskRouter { workflow, task };
     let t = crate::domain::transition::claim(
         record,
-        &dispatch.instance_id,
+        dispatch.instance_id(),
         now,
         &workflow.policies(),
         &router,
