@@ -2,8 +2,8 @@
 runtime API emulator, no Docker) with the environment template.yaml gives it, against the AWS
 API emulator, and is invoked with its events/ samples through `cargo lambda invoke
 --data-file`. `sas-stack` publishes the example definitions to the catalog in the table; one
-loan application is walked through api -> scheduler -> agent (credit-bureau) ->
-scheduler -> agent (core-banking), then the supervisor sweeps. This exercises every main.rs:
+loan application is walked through api (which claims its first step) -> agent
+(credit-bureau) -> scheduler -> agent (core-banking), then the supervisor sweeps. This exercises every main.rs:
 configuration, client wiring, reading the catalog and the runtime glue.
 
 Run by infra/test.sh (which starts the emulator and sets SAS_TEST_ENDPOINT and
@@ -148,19 +148,15 @@ def main():
                     pathParameters={"taskId": task_id})
         get["requestContext"]["http"]["path"] = f"/tasks/{task_id}"
         got = w.invoke("submission", get)
-        check(got.get("statusCode") == 200 and json.loads(got["body"])["processState"] == "Pending",
-              "GET /tasks/{id} answers 200 Pending")
+        check(got.get("statusCode") == 200 and json.loads(got["body"])["processState"] == "Processing",
+              "GET /tasks/{id} answers 200 Processing (its first step claimed at submission)")
         bad = w.invoke("submission", event("api/post-task-invalid-json.json"))
         check(bad.get("statusCode") == 400 and json.loads(bad["body"])["error"]["code"] == "invalid_json",
               "bad JSON answers 400 invalid_json")
         lost = w.invoke("submission", event("api/unknown-route.json"))
         check(lost.get("statusCode") == 404, "an unknown route answers 404")
 
-    print("==> scheduler: the work message")
-    work = take_one(sqs, res["workQueueUrl"])
-    with Watch("SchedulerFunction") as w:
-        out = w.invoke("scheduler", sqs_event("scheduler/work-message.json", work))
-        check(out.get("batchItemFailures") == [], "the work message is processed")
+    print("==> the first step's request, sent by the submission")
     request = take_one(sqs, res["agentQueueUrl"])
     body = json.loads(request["Body"])
     check(body["attempt"] == 1 and body["service"] == "credit-bureau"

@@ -124,7 +124,8 @@ async fn tasks_started_before_a_restart_finish_after_it_each_step_once() {
     let dir = tempfile::tempdir().expect("a data folder");
     let (definitions, sims) = services().await;
 
-    // First life, never started: two tasks accepted, their work messages lost with it.
+    // First life, never started: two tasks accepted and claimed by the task API, their first
+    // requests lost with it.
     let first = on_data(dir.path(), &definitions).await;
     let mut waiting = Vec::new();
     for _ in 0..2 {
@@ -197,11 +198,13 @@ async fn tasks_started_before_a_restart_finish_after_it_each_step_once() {
         assert_eq!(effects.len(), 3, "{effects:?}");
         assert!(effects.values().all(|n| *n == 1), "{effects:?}");
     }
-    // How each was recovered: a lost work message at its pickup deadline, a step cut off at
+    // How each was recovered: a lost first request at its step's deadline, a step cut off at
     // its deadline (the payment then made again under the same key, once).
     for r in finals.iter().filter(|r| waiting.contains(&r.task_id)) {
         assert!(
-            reasons(r).contains(&"pickup deadline passed; re-enqueued"),
+            reasons(r)
+                .iter()
+                .any(|why| why.contains("reserve-inventory: no reply by")),
             "{:#?}",
             reasons(r)
         );

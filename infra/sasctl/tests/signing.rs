@@ -340,14 +340,14 @@ async fn sasctl_finds_the_operator_api_in_the_stacks_outputs() {
         v.extend(rest.iter().map(|s| (*s).to_owned()));
         v
     };
-    let (code, out, err) = run_cli(argv(&["list", "--state", "Pending", "--limit", "1"])).await;
+    let (code, out, err) = run_cli(argv(&["list", "--state", "Processing", "--limit", "1"])).await;
     assert_eq!(code, 0, "{err}");
     let hint = out
         .lines()
         .find_map(|l| l.strip_prefix("more: "))
         .unwrap_or_else(|| panic!("a paging hint: {out}"));
     assert!(
-        hint.starts_with(&format!("sasctl --stack {stack} list --state Pending")),
+        hint.starts_with(&format!("sasctl --stack {stack} list --state Processing")),
         "{hint}"
     );
     // A stack that does not exist: a transport-class error naming it, JSON under --json.
