@@ -6,7 +6,8 @@
 //! (`support/iam.rs`) records every request under the function's logical id. The flows cover
 //! what each function does: submissions (with an idempotency key and its replay, a large
 //! input's replay by a caller and by the operator, whose object is deleted again, a reply
-//! queue, the rate limit, first steps claimed at submission in either lane), reads, a caller's list and cancel, an unknown callback; claims,
+//! queue, the rate limit, first steps claimed at submission in either lane), reads, a caller's
+//! list and cancel, an unknown callback; claims,
 //! replies and compensations; the agent's calls to a Lambda service, an HTTP service with a
 //! Secrets Manager token and one with an SSM API key, and its breakers; the supervisor's sweep
 //! (leases, an expired step, an owed outbox) and timers; the operator's list, reads,
