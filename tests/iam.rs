@@ -220,6 +220,31 @@ async fn submit(
     body["taskId"].as_str().expect("id").to_owned()
 }
 
+/// Submissions to the task API of `dispatching` (which claims first steps), under the
+/// submission's role: an order in each lane, and a task whose first request cannot be built.
+async fn first_steps_claimed_at_submission(dispatching: &System) {
+    ROLE.scope(SUBMISSION, async {
+        let order = json!({"customerId": "c-1", "items": [{"sku": "SKU-1", "quantity": 1}]});
+        for (path, headers, body) in [
+            ("/workflows/ecommerce-order/tasks", &[][..], &order),
+            (
+                "/workflows/ecommerce-order/tasks",
+                &[("priority", "urgent")][..],
+                &order,
+            ),
+            ("/workflows/iam-probe/tasks", &[][..], &json!({})),
+        ] {
+            let (status, body) = call(dispatching, false, Method::POST, path, headers, body).await;
+            assert_eq!(status, 202, "{body}");
+            assert_eq!(
+                body["processState"], "Processing",
+                "claimed at once: {body}"
+            );
+        }
+    })
+    .await;
+}
+
 /// Pumps the scheduler and the agent (each under its role) until nothing moves.
 async fn pump(scheduler: &System, agent: &System) {
     let mut idle = 0;
@@ -238,6 +263,11 @@ async fn pump(scheduler: &System, agent: &System) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_is_granted_and_every_grant_is_used() {
+    // On the heap: the flows' one future is larger than a test thread's stack.
+    Box::pin(every_call_is_granted_and_every_grant_is_used_flows()).await;
+}
+
+async fn every_call_is_granted_and_every_grant_is_used_flows() {
     let config = sdk_config().await;
     let stage = unique("iam").replace("t-iam-", "iam");
     let stack = template::provision(&config, &stage).await;
@@ -397,26 +427,7 @@ async fn every_call_is_granted_and_every_grant_is_used() {
         },
         None,
     );
-    ROLE.scope(SUBMISSION, async {
-        let order = json!({"customerId": "c-1", "items": [{"sku": "SKU-1", "quantity": 1}]});
-        for (path, headers, body) in [
-            ("/workflows/ecommerce-order/tasks", &[][..], &order),
-            (
-                "/workflows/ecommerce-order/tasks",
-                &[("priority", "urgent")][..],
-                &order,
-            ),
-            ("/workflows/iam-probe/tasks", &[][..], &json!({})),
-        ] {
-            let (status, body) = call(&dispatching, false, Method::POST, path, headers, body).await;
-            assert_eq!(status, 202, "{body}");
-            assert_eq!(
-                body["processState"], "Processing",
-                "claimed at once: {body}"
-            );
-        }
-    })
-    .await;
+    Box::pin(first_steps_claimed_at_submission(&dispatching)).await;
     // A large input under a key, and its replay, by a caller and by the operator: each
     // replay's input object (written before its transaction found the key taken) is deleted.
     let large = json!({"pad": "p".repeat(INLINE_PAYLOAD_BYTES + 100)});
