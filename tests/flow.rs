@@ -690,9 +690,8 @@ async fn a_submission_that_dies_before_sending_its_first_request_is_recovered_at
             ..dispatch
         },
     ));
-    let (status, body) = submit(&system, ECOMMERCE, None, &order_input()).await;
-    assert_eq!(status, 202, "stored, so accepted: {body}");
-    let id: TaskId = body["taskId"].as_str().expect("id").parse().expect("uuid");
+    // Stored, so accepted.
+    let id = submit_ok(&system).await;
     assert_eq!(
         state(&system, id).await.process_state,
         ProcessState::Processing

@@ -95,8 +95,7 @@ pub(super) async fn submit(
             .as_deref()
             .map(|d| d as &dyn crate::handlers::start::Dispatch),
     };
-    // (Boxed: a start that claims the first step holds a record and its claim across awaits.)
-    let started = match Box::pin(start(&deps.ports, request)).await {
+    let started = match start(&deps.ports, request).await {
         Ok(started) => started,
         Err(StartError::WorkflowNotFound(name)) => {
             return Err(ApiError::WorkflowNotFound(format!(

@@ -254,31 +254,24 @@ pub async fn start(ports: &TaskPorts, request: StartRequest<'_>) -> Result<Start
         if let Err(e) = d.perform(&task, &workflow, t).await {
             error!(error = %e, "task stored claimed but its request not sent; the supervisor will take it up at its deadline");
         }
-        info!(version = workflow.version, "task accepted");
-        return Ok(Started {
-            task_id: id,
-            workflow: workflow.name.clone(),
-            workflow_version: workflow.version,
-            process_state: t.record.process_state,
-            replayed: false,
+    } else {
+        // A delayed start: its work message waits for it, if a message can wait that long; a
+        // later one rides the due index (the supervisor enqueues it at its time).
+        let delay = record.start_at.map_or(chrono::Duration::zero(), |s| {
+            (s - now).max(chrono::Duration::zero())
         });
-    }
-    // A delayed start: its work message waits for it, if a message can wait that long; a later
-    // one rides the due index (the supervisor enqueues it at its time).
-    let delay = record.start_at.map_or(chrono::Duration::zero(), |s| {
-        (s - now).max(chrono::Duration::zero())
-    });
-    if delay.to_std().unwrap_or_default() > super::MAX_SQS_DELAY {
-        info!(start_at = ?record.start_at, "a delayed start: the supervisor enqueues it then");
-    } else if let Err(e) = super::enqueue(ports, WorkMessage::of(&record), delay, now).await {
-        error!(error = %e, "task stored but not enqueued; the supervisor will pick it up");
+        if delay.to_std().unwrap_or_default() > super::MAX_SQS_DELAY {
+            info!(start_at = ?record.start_at, "a delayed start: the supervisor enqueues it then");
+        } else if let Err(e) = super::enqueue(ports, WorkMessage::of(&record), delay, now).await {
+            error!(error = %e, "task stored but not enqueued; the supervisor will pick it up");
+        }
     }
     info!(version = workflow.version, "task accepted");
     Ok(Started {
         task_id: id,
         workflow: workflow.name.clone(),
         workflow_version: workflow.version,
-        process_state: record.process_state,
+        process_state: written.process_state,
         replayed: false,
     })
 }
