@@ -217,7 +217,6 @@ async fn the_loan_runs_on_two_http_services_and_a_lambda_with_a_callback_through
         .await
         .expect("serves");
     let base = format!("http://{addr}");
-    system.scheduler.callback_base_url = Some(base.clone());
     system.start();
     let (_, _, bus) = system.memory.clone().expect("in memory");
 

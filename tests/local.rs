@@ -626,3 +626,90 @@ fn a_first_start_in_memory_is_clean_and_says_an_empty_folder_is_empty() {
         );
     }
 }
+
+/// A callback service over HTTP: it accepts every call (202) and keeps the callback URL each
+/// carries.
+async fn callback_service(urls: Arc<Mutex<Vec<String>>>) -> String {
+    async fn accept(State(urls): State<Arc<Mutex<Vec<String>>>>, req: Request) -> StatusCode {
+        if let Some(url) = req
+            .headers()
+            .get("sas-callback-url")
+            .and_then(|v| v.to_str().ok())
+        {
+            urls.lock().expect("lock").push(url.to_owned());
+        }
+        StatusCode::ACCEPTED
+    }
+    serve_loopback(axum::Router::new().fallback(accept).with_state(urls)).await
+}
+
+/// A served system's first step, claimed and sent at submission, tells its callback service the
+/// served address (the Python client example caught a placeholder host here), and the callback
+/// posted there finishes the task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_callback_step_sent_at_submission_calls_back_to_the_served_address() {
+    let urls = Arc::new(Mutex::new(Vec::new()));
+    let service = callback_service(urls.clone()).await;
+    let mut system = sas_blackbox::memory_system(Settings::default()).await;
+    system
+        .publish(&[
+            (
+                "services.yaml".into(),
+                format!("services:\n  - name: signer\n    target: {{type: http, baseUrl: \"{service}\"}}\n"),
+            ),
+            (
+                "workflow.yaml".into(),
+                "name: sign\nsteps:\n  - name: sign\n    service: signer\n    callback: {timeout: 1h}\n"
+                    .into(),
+            ),
+        ])
+        .await
+        .expect("publishes");
+    let addr = sas_blackbox::serve_system(&mut system).await;
+    system.start();
+    let http = reqwest::Client::new();
+    let started: Value = http
+        .post(format!("http://{addr}/workflows/sign/tasks"))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("submits")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        started["processState"], "Processing",
+        "claimed at submission: {started}"
+    );
+    let id = started["taskId"].as_str().expect("a task id").to_owned();
+    let mut url = None;
+    for _ in 0..200 {
+        url = urls.lock().expect("lock").first().cloned();
+        if url.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let url = url.expect("the service is called");
+    assert!(
+        url.starts_with(&format!("http://{addr}/tasks/{id}/callbacks/")),
+        "the callback URL is the served address's: {url}"
+    );
+    let answer = http
+        .post(&url)
+        .json(&json!({"status": "succeeded", "result": {"signed": true}}))
+        .send()
+        .await
+        .expect("calls back");
+    assert_eq!(answer.status(), StatusCode::ACCEPTED);
+    let mut task = Value::Null;
+    for _ in 0..200 {
+        task = sas_blackbox::get_json(&http, &format!("http://{addr}/tasks/{id}")).await;
+        if task["processState"] == "Processed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(task["processState"], "Processed", "{task}");
+    assert_eq!(task["steps"][0]["result"], json!({"signed": true}));
+}

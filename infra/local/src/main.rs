@@ -509,8 +509,6 @@ async fn serve(opts: &Opts, how: Serve, auth: &AuthOpts) -> anyhow::Result<()> {
         .serve(listen)
         .await
         .map_err(|e| listen_error(e, listen))?;
-    // A real callback step's service posts its callback here.
-    system.scheduler.callback_base_url = Some(format!("http://{bound}"));
     if showcase {
         let made = sas_local::showcase::tasks_in_every_state(&system)
             .await

@@ -956,10 +956,24 @@ impl System {
         })
     }
 
-    /// Serves the submission HTTP API on `addr` until shutdown; returns the bound address.
+    /// Callback steps' services post their callbacks below `base`: the scheduler's requests
+    /// and the first requests the task API sends at submission both carry it.
+    pub fn call_back_at(&mut self, base: String) {
+        self.scheduler.callback_base_url = Some(base);
+        if let Some(dispatch) = &self.api.dispatch {
+            self.api.dispatch = Some(Arc::new(SchedulerDeps {
+                callback_base_url: self.scheduler.callback_base_url.clone(),
+                ..(**dispatch).clone()
+            }));
+        }
+    }
+
+    /// Serves the submission HTTP API on `addr` until shutdown; returns the bound address,
+    /// where callback steps' services then post their callbacks ([`System::call_back_at`]).
     pub async fn serve(&mut self, addr: SocketAddr) -> anyhow::Result<SocketAddr> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let bound = listener.local_addr()?;
+        self.call_back_at(format!("http://{bound}"));
         let app = router(
             self.api.clone(),
             self.operator.clone(),
