@@ -245,6 +245,31 @@ async fn first_steps_claimed_at_submission(dispatching: &System) {
     .await;
 }
 
+/// Tasks of `workflow` submitted to the task API of `submitter` under the submission's role,
+/// one in each lane.
+async fn submit_each_lane(submitter: &System, workflow: &str) -> Vec<String> {
+    let path = format!("/workflows/{workflow}/tasks");
+    let mut waiting = vec![];
+    for headers in [&[][..], &[("priority", "urgent")][..]] {
+        let (status, body) = ROLE
+            .scope(
+                SUBMISSION,
+                call(
+                    submitter,
+                    false,
+                    Method::POST,
+                    &path,
+                    headers,
+                    &json!({"customerId": "c-1"}),
+                ),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        waiting.push(body["taskId"].as_str().expect("id").to_owned());
+    }
+    waiting
+}
+
 /// Pumps the scheduler and the agent (each under its role) until nothing moves.
 async fn pump(scheduler: &System, agent: &System) {
     let mut idle = 0;
@@ -261,10 +286,30 @@ async fn pump(scheduler: &System, agent: &System) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_call_is_granted_and_every_grant_is_used() {
-    // On the heap: the flows' one future is larger than a test thread's stack.
-    Box::pin(every_call_is_granted_and_every_grant_is_used_flows()).await;
+#[test]
+fn every_call_is_granted_and_every_grant_is_used() {
+    // The flows poll every function's handlers, nested as deep as a deployment never nests
+    // them (the sweep's claim sends a step's request), in one future of an unoptimised build:
+    // on a thread of their own with a larger stack than a test thread's 2 MiB, their future on
+    // the heap.
+    let flows = std::thread::Builder::new()
+        .name("iam-flows".into())
+        .stack_size(16 << 20)
+        .spawn(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_stack_size(16 << 20)
+                .enable_all()
+                .build()
+                .expect("a runtime")
+                .block_on(Box::pin(
+                    every_call_is_granted_and_every_grant_is_used_flows(),
+                ))
+        })
+        .expect("a thread for the flows");
+    if let Err(panic) = flows.join() {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 async fn every_call_is_granted_and_every_grant_is_used_flows() {
@@ -919,6 +964,16 @@ async fn every_call_is_granted_and_every_grant_is_used_flows() {
         "the input and the result read"
     );
 
+    // Waits whose end the supervisor's sweep below finds: it claims the step after each and
+    // sends its request to the agents, in the task's lane.
+    let wait = json!({"name": "iam-wait", "steps": [
+        {"name": "pause", "wait": "1m"},
+        {"name": "then", "service": "inventory", "input": {"customerId": "$.input.customerId"}}
+    ]});
+    let (status, body) = operator_api(&operator, Method::PUT, "/workflows/iam-wait", &wait).await;
+    assert_eq!(status, 201, "{body}");
+    let waiting = Box::pin(submit_each_lane(&submitter, "iam-wait")).await;
+
     // A step that expires: claimed, its agent never runs (and an urgent one's, which the
     // supervisor hands back to the urgent lane).
     let late = ROLE
@@ -959,6 +1014,23 @@ async fn every_call_is_granted_and_every_grant_is_used_flows() {
         r.outbox.is_empty(),
         "the supervisor delivered the owed notice: {r:?}"
     );
+    for id in &waiting {
+        let r = ROLE
+            .scope(
+                "test",
+                sas_blackbox::state(&supervisor, id.parse().expect("id")),
+            )
+            .await;
+        assert!(
+            r.process_state == sas::ProcessState::Processing
+                && r.step_index == 1
+                && r.locked_by
+                    .as_deref()
+                    .is_some_and(|l| l.starts_with("local-supervisor-")),
+            "the supervisor ended the wait and claimed the next step: {:#?}",
+            r.history
+        );
+    }
     // The child's end answered its parent's step; the parent goes on, fails, and undoes the
     // child as a unit.
     pump(&scheduler, &agent).await;

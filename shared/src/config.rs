@@ -370,6 +370,18 @@ pub fn dispatch(
     Ok(Some(Arc::new(scheduler_deps(ports.clone())?)))
 }
 
+/// The supervisor's claims of the step the end of a wait sends a task on to (see
+/// [`crate::handlers::supervisor::SupervisorDeps::dispatch`]): with the [`scheduler_deps`]
+/// variables, when `AGENT_QUEUE_URL` is set; `None` (the work message) when it is not.
+pub fn supervisor_dispatch(
+    ports: &crate::handlers::TaskPorts,
+) -> Result<Option<Arc<crate::handlers::scheduler::SchedulerDeps>>, ConfigError> {
+    if optional("AGENT_QUEUE_URL").is_none() {
+        return Ok(None);
+    }
+    Ok(Some(Arc::new(scheduler_deps(ports.clone())?)))
+}
+
 /// The payload store: the S3 bucket `PAYLOAD_BUCKET`.
 pub fn payloads(sdk: &aws_config::SdkConfig) -> Result<crate::aws::S3Payloads, ConfigError> {
     payloads_in(&Vars::Process, sdk)
@@ -403,14 +415,24 @@ pub fn timetable(
     ))
 }
 
-/// One id per execution environment (its log stream, `local` outside Lambda, and a UUID): a
-/// scheduler's `LockedBy`, a supervisor's shard leases.
+/// One id per execution environment: a scheduler's `LockedBy`, a supervisor's shard leases.
+/// In Lambda, its log stream's own id (what follows `]` in `AWS_LAMBDA_LOG_STREAM_NAME`: one
+/// stream per environment, so it finds the holder's logs) and 8 random hex digits (a runtime
+/// started again in the same environment is another holder); `local/` and a UUID elsewhere.
+/// Short: a claimed record holds it, and every write bills the record by the KB.
 pub fn instance_id() -> String {
-    format!(
-        "{}/{}",
-        std::env::var("AWS_LAMBDA_LOG_STREAM_NAME").unwrap_or_else(|_| "local".into()),
-        uuid::Uuid::new_v4()
-    )
+    instance_id_in(std::env::var("AWS_LAMBDA_LOG_STREAM_NAME").ok().as_deref())
+}
+
+fn instance_id_in(log_stream: Option<&str>) -> String {
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    match log_stream {
+        Some(stream) => {
+            let id = stream.rsplit(']').next().unwrap_or(stream);
+            format!("{id}/{}", &random[..8])
+        }
+        None => format!("local/{random}"),
+    }
 }
 
 /// How long a final task is kept: `RETENTION_DAYS` (default 90; 0: for good).
@@ -553,6 +575,17 @@ pub fn sweep_settings_in(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_instance_id_is_the_log_streams_id_and_a_random_suffix() {
+        let stream = "2026/12/02/[$LATEST]0123456789abcdef0123456789abcdef";
+        let (a, b) = (instance_id_in(Some(stream)), instance_id_in(Some(stream)));
+        assert!(a.starts_with("0123456789abcdef0123456789abcdef/"), "{a}");
+        assert_eq!(a.len(), 41, "{a}");
+        assert_ne!(a, b, "a runtime started again is another holder");
+        let local = instance_id_in(None);
+        assert!(local.starts_with("local/") && local.len() == 38, "{local}");
+    }
 
     #[test]
     fn the_payload_bucket_is_required_and_named_when_missing() {

@@ -622,6 +622,9 @@ impl Breakers for Offloading {
     async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
         self.inner.get_breaker(name).await
     }
+    async fn peek_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
+        self.inner.peek_breaker(name).await
+    }
     async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
         self.inner.put_breaker(record).await
     }

@@ -418,6 +418,13 @@ impl LeaseClaim<'_> {
 pub trait Breakers: Send + Sync {
     /// The shared circuit breaker of service `name`, if stored.
     async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError>;
+    /// The same as an eventually consistent read sees it: it may miss a write of the last
+    /// second or so, at half the read's price. For the check before a call, which the read
+    /// cache already lets lag; a decision that must see the latest write reads
+    /// [`Breakers::get_breaker`]. Defaults to it.
+    async fn peek_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
+        self.get_breaker(name).await
+    }
     /// Writes `record` if the stored breaker is still at `record.version - 1` (absent, for
     /// version 1). `false`: another agent moved it first.
     async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError>;

@@ -2471,6 +2471,17 @@ async fn put_breaker_anew(store: &dyn StateStore, b: &sas::domain::BreakerRecord
     );
 }
 
+/// What [`put_breaker_anew`] wrote, as the eventually consistent read sees it in the end.
+async fn peeked_in_the_end(store: &dyn StateStore, b: &sas::domain::BreakerRecord) {
+    for _ in 0..100 {
+        if store.peek_breaker(&b.name).await.expect("peek").as_ref() == Some(b) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("the peek never sees {b:?}");
+}
+
 async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
     use sas::domain::{BreakerRecord, BreakerState};
     let name = format!("svc-{}", TaskId::new_random());
@@ -2519,6 +2530,8 @@ async fn breakers_move_one_version_at_a_time(store: &dyn StateStore) {
         )
         .expect("pausable");
     put_breaker_anew(store, &paused, "v4").await;
+    // The eventually consistent read is the same breaker, in the end.
+    peeked_in_the_end(store, &paused).await;
     let resumed = paused.resume().expect("resumable");
     assert!(store.put_breaker(&resumed).await.expect("v5"));
     let read = store

@@ -12,8 +12,11 @@ async fn main() -> Result<(), Error> {
     sas::telemetry::init();
     let sdk = sas::aws::sdk_config().await;
     let lease_ttl = chrono::Duration::seconds(config::parsed("LEASE_SECONDS", 150i64)?);
+    let ports = config::task_ports(&sdk)?;
     let deps = SupervisorDeps {
-        ports: config::task_ports(&sdk)?,
+        // The end of a wait claims its next step here, as the scheduler would.
+        dispatch: config::supervisor_dispatch(&ports)?,
+        ports,
         sweep: config::sweep_settings(lease_ttl)?,
         timer_queue_url: config::optional("TIMER_QUEUE_URL"),
         dead_letter_url: config::optional("DEAD_LETTER_QUEUE_URL"),

@@ -552,6 +552,14 @@ impl Interceptor for Counter {
                 m.key(format!("BREAKER#{name}"), 0.0, 1.0);
                 next.run(call).await
             }
+            Call::PeekBreaker { name } => {
+                // The same Query, eventually consistent: half a read unit.
+                m.call("DynamoDB Query (breaker)");
+                m.io().await;
+                m.add(|c| c.rru += 0.5);
+                m.key(format!("BREAKER#{name}"), 0.0, 0.5);
+                next.run(call).await
+            }
             Call::PutBreaker { record } => {
                 m.call("DynamoDB PutItem (breaker)");
                 m.io().await;

@@ -86,6 +86,9 @@ pub enum Call<'a> {
     GetBreaker {
         name: &'a str,
     },
+    PeekBreaker {
+        name: &'a str,
+    },
     PutBreaker {
         record: &'a BreakerRecord,
     },
@@ -157,6 +160,7 @@ impl Call<'_> {
             Self::AcquireLease { .. } => "acquire_lease",
             Self::ReleaseLease { .. } => "release_lease",
             Self::GetBreaker { .. } => "get_breaker",
+            Self::PeekBreaker { .. } => "peek_breaker",
             Self::PutBreaker { .. } => "put_breaker",
             Self::MarkPace { .. } => "mark_pace",
             Self::Admit { .. } => "admit",
@@ -402,6 +406,9 @@ impl<T: Leases + ?Sized, H: Interceptor> Leases for Intercepted<T, H> {
 impl<T: Breakers + ?Sized, H: Interceptor> Breakers for Intercepted<T, H> {
     async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
         forward!(self, GetBreaker { name } => get_breaker)
+    }
+    async fn peek_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
+        forward!(self, PeekBreaker { name } => peek_breaker)
     }
     async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
         forward!(self, PutBreaker { record } => put_breaker)

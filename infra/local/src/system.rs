@@ -809,6 +809,10 @@ impl System {
             payloads,
             tasks: Some(Arc::new(ports.clone())),
         };
+        let supervisor_dispatch = Arc::new(SchedulerDeps {
+            instance_id: format!("local-supervisor-{}", uuid::Uuid::new_v4()),
+            ..scheduler.clone()
+        });
         let (shutdown, _) = watch::channel(false);
         Self {
             api,
@@ -831,6 +835,8 @@ impl System {
                 dead_letter_url: Some(resources.dead_letter_url.clone()),
                 instance_id: format!("local-supervisor-{}", uuid::Uuid::new_v4()),
                 lease_ttl: settings.lease_ttl,
+                // The end of a wait claims its next step here, as a deployed supervisor does.
+                dispatch: Some(supervisor_dispatch),
             },
             agent,
             services,
@@ -960,12 +966,14 @@ impl System {
     /// and the first requests the task API sends at submission both carry it.
     pub fn call_back_at(&mut self, base: String) {
         self.scheduler.callback_base_url = Some(base);
-        if let Some(dispatch) = &self.api.dispatch {
-            self.api.dispatch = Some(Arc::new(SchedulerDeps {
+        let rebuilt = |dispatch: &Arc<SchedulerDeps>| {
+            Arc::new(SchedulerDeps {
                 callback_base_url: self.scheduler.callback_base_url.clone(),
                 ..(**dispatch).clone()
-            }));
-        }
+            })
+        };
+        self.api.dispatch = self.api.dispatch.as_ref().map(rebuilt);
+        self.supervisor.dispatch = self.supervisor.dispatch.as_ref().map(rebuilt);
     }
 
     /// Serves the submission HTTP API on `addr` until shutdown; returns the bound address,

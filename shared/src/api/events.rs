@@ -80,7 +80,11 @@ pub async fn deliver(
         event_id,
         payload,
     };
-    let (kept, duplicate) = match deliver_event(&deps.ports, delivery).await {
+    let dispatch = deps
+        .dispatch
+        .as_deref()
+        .map(|d| d as &dyn crate::handlers::start::Dispatch);
+    let (kept, duplicate) = match deliver_event(&deps.ports, delivery, dispatch).await {
         Ok(Delivered::Taken { kept }) => (kept, false),
         Ok(Delivered::Duplicate) => (false, true),
         Err(EventError::TaskNotFound(id)) => return Err(ApiError::TaskNotFound(id)),

@@ -4,6 +4,7 @@
 //! task (or a branch) is in for the event ends with it; an event for a wait still to come is kept
 //! for it ([`crate::domain::transition::deliver`]).
 
+use super::start::Dispatch;
 use super::{HandlerError, TaskPorts, count_outcome, perform_no_step, write};
 use crate::domain::inbox::{Delivery, MAX_PAYLOAD_BYTES};
 use crate::domain::transition::{self, Rejection, TaskRouter};
@@ -73,10 +74,14 @@ pub enum EventError {
     Handler(#[from] HandlerError),
 }
 
-/// Delivers `d` to its task: one conditional write of the task's record.
+/// Delivers `d` to its task: one conditional write of the task's record. With `dispatch` (the
+/// scheduler's outlets: the task API's, the scheduler's own), an event that sends the task on
+/// at once takes the next step's claim in that write, and the step's request goes out from
+/// here: no work message.
 pub async fn deliver_event(
     ports: &TaskPorts,
     d: EventDelivery<'_>,
+    dispatch: Option<&dyn Dispatch>,
 ) -> Result<Delivered, EventError> {
     let text = d.payload.to_string();
     if text.len() > MAX_PAYLOAD_BYTES {
@@ -152,6 +157,20 @@ pub async fn deliver_event(
                 });
             }
         };
+        // An event that sends the task on at once takes the next step's claim with it, where
+        // this process has the scheduler's outlets.
+        let claimer = dispatch.filter(|d| d.calls_back());
+        let t = match claimer {
+            Some(c) => transition::claimed_in_place(
+                &record,
+                t,
+                c.instance_id(),
+                now,
+                &workflow.policies(),
+                &router,
+            ),
+            None => t,
+        };
         if !write(ports.store.as_ref(), &t).await? {
             // Another write came first (a reply, another event): read the task again.
             continue;
@@ -159,8 +178,15 @@ pub async fn deliver_event(
         count_outcome(&ports.metrics, record.process_state, &t);
         let kept = t.record.inbox.kept.len() > record.inbox.kept.len();
         info!(event = %d.name, kept, state = %t.record.process_state, "event taken");
-        if let Err(e) = perform_no_step(&ports.outlets(), &t).await {
-            // The write stands: a lost work message is re-enqueued at the pickup deadline.
+        let performed = match claimer.filter(|_| t.record.attempt > record.attempt) {
+            // Claimed here: the step's request and its timer go out as the scheduler sends them
+            // (a crash before leaves the claim to its deadline, in the due index).
+            Some(c) => c.perform(&task, &workflow, &t).await,
+            None => perform_no_step(&ports.outlets(), &t).await,
+        };
+        if let Err(e) = performed {
+            // The write stands: a lost work message is re-enqueued at the pickup deadline, a
+            // lost request at its step's deadline.
             error!(error = %e, "event written, effects left to the supervisor");
         }
         return Ok(Delivered::Taken { kept });
@@ -238,9 +264,13 @@ impl BusEvent {
 /// A bus event taken from the work queue: delivered; one that can never be (a task or a name
 /// unknown, refused, a bad payload) is a poison message, copied to the dead-letter queue with
 /// its reason; a store that failed leaves it for redelivery.
-pub async fn on_bus_event(ports: &TaskPorts, event: &BusEvent) -> Result<(), HandlerError> {
+pub async fn on_bus_event(
+    ports: &TaskPorts,
+    event: &BusEvent,
+    dispatch: Option<&dyn Dispatch>,
+) -> Result<(), HandlerError> {
     let delivery = event.delivery().map_err(HandlerError::Poison)?;
-    match deliver_event(ports, delivery).await {
+    match deliver_event(ports, delivery, dispatch).await {
         Ok(Delivered::Taken { kept }) => {
             info!(source = %event.source, kept, "an event from the bus taken");
             Ok(())

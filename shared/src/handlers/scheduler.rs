@@ -208,7 +208,7 @@ pub async fn on_message(deps: &SchedulerDeps, body: &str) -> RecordOutcome {
             return match super::events::BusEvent::parse(body) {
                 Some(Ok(event)) => {
                     let span = info_span!("bus_event", task_id = %event.detail.task_id, event = %event.detail.event, workflow = tracing::field::Empty);
-                    super::events::on_bus_event(&deps.ports, &event)
+                    super::events::on_bus_event(&deps.ports, &event, Some(deps))
                         .instrument(span)
                         .await
                         .into()
@@ -506,13 +506,14 @@ async fn apply_one(deps: &SchedulerDeps, r: &StepReply) -> Result<Applied, Handl
         workflow: &workflow,
         task: &task,
     };
+    let now = deps.ports.clock.now();
     let applied = match r.generation {
         Some(generation) => transition::apply_callback(
             &record,
             r.step_index,
             generation,
             &outcome,
-            deps.ports.clock.now(),
+            now,
             &workflow.policies(),
             &router,
         ),
@@ -522,7 +523,7 @@ async fn apply_one(deps: &SchedulerDeps, r: &StepReply) -> Result<Applied, Handl
             r.step_index,
             r.undo,
             &outcome,
-            deps.ports.clock.now(),
+            now,
             &workflow.policies(),
             &router,
         ),
@@ -544,6 +545,16 @@ async fn apply_one(deps: &SchedulerDeps, r: &StepReply) -> Result<Applied, Handl
             step.loaded = None;
         }
     }
+    // A reply that hands the task back at once (an event kept for the next step, say) takes
+    // that step's claim with it: no work message back to this scheduler.
+    let t = transition::claimed_in_place(
+        &record,
+        t,
+        &deps.instance_id,
+        now,
+        &workflow.policies(),
+        &router,
+    );
     if !write(deps.ports.store.as_ref(), &t).await? {
         info!("the record moved on meanwhile; reply dropped");
         return Ok(Applied::LostRace);

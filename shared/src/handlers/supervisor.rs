@@ -1,8 +1,9 @@
 //! The supervisor: finds records whose deadline passed (through the sparse due index, never a
 //! scan), and hands them back for retry, fails them, or re-delivers their notice.
 
+use super::start::Dispatch;
 use super::{HandlerError, TaskPorts, deliver_notice, perform_no_step, write};
-use crate::domain::transition;
+use crate::domain::transition::{self, Transition};
 use crate::domain::{NoticeKind, TaskId};
 use crate::messages::DeadlineTimer;
 use crate::ports::{DueQuery, LeaseClaim};
@@ -26,6 +27,10 @@ pub struct SupervisorDeps {
     /// How long a shard's sweep lease lasts: longer than one sweep takes, so a dead holder
     /// stops blocking that shard after at most this long.
     pub lease_ttl: chrono::Duration,
+    /// The scheduler's outlets, where the end of a wait claims the next step in the same write
+    /// and sends its request, as the task API claims first steps: no work message. `None`: the
+    /// work message.
+    pub dispatch: Option<std::sync::Arc<super::scheduler::SchedulerDeps>>,
 }
 
 /// How a sweep works through the due index.
@@ -345,6 +350,7 @@ async fn recover(
             return Ok(Recovered::Skipped);
         }
     };
+    let (t, claimed) = with_claim(deps, &record, &workflow, t).await?;
     if !write(deps.ports.store.as_ref(), &t).await? {
         info!("recovered by someone else first");
         return Ok(Recovered::Skipped);
@@ -380,8 +386,69 @@ async fn recover(
         info!("pickup deadline passed; work message re-enqueued");
         Recovered::Requeued
     };
-    perform_no_step(&deps.ports.outlets(), &t).await?;
+    match claimed {
+        // Claimed here: the step's request and its timer go out as the scheduler sends them (a
+        // crash before leaves the claim to its deadline, in the due index).
+        Some((dispatch, task)) => {
+            info!(
+                step = t.record.current_step().unwrap_or("-"),
+                "claimed by the supervisor"
+            );
+            dispatch.perform(&task, &workflow, &t).await?
+        }
+        None => perform_no_step(&deps.ports.outlets(), &t).await?,
+    }
     Ok(outcome)
+}
+
+/// `t` with the claim of the step it sends the task on to, where it hands the task back at
+/// once (the end of a wait) and the supervisor has the scheduler's outlets
+/// ([`transition::claimed_in_place`]); with the outlets and the task (the claim maps its
+/// input) when it was made. The task is read with the record, which must be the one `t` was
+/// made from (else `t` goes as it is).
+#[allow(clippy::type_complexity)]
+async fn with_claim(
+    deps: &SupervisorDeps,
+    record: &crate::StateRecord,
+    workflow: &crate::domain::Workflow,
+    t: Transition,
+) -> Result<
+    (
+        Transition,
+        Option<(
+            std::sync::Arc<super::scheduler::SchedulerDeps>,
+            crate::domain::Task,
+        )>,
+    ),
+    HandlerError,
+> {
+    let on = transition::goes_on_at_once(record, &t);
+    let Some(dispatch) = deps.dispatch.as_ref().filter(|d| on && d.calls_back()) else {
+        return Ok((t, None));
+    };
+    let Some((task, read)) = deps.ports.store.get(record.task_id).await? else {
+        return Ok((t, None));
+    };
+    if read.version != record.version {
+        return Ok((t, None));
+    }
+    let router = transition::TaskRouter {
+        workflow,
+        task: &task,
+    };
+    let t = transition::claimed_in_place(
+        record,
+        t,
+        dispatch.instance_id(),
+        deps.ports.clock.now(),
+        &workflow.policies(),
+        &router,
+    );
+    if t.record.attempt > record.attempt {
+        Ok((t, Some((dispatch.clone(), task))))
+    } else {
+        Ok((t, None))
+    }
 }
 
 /// A task's deadline timer came with a request still out whose deadline is later (the timer

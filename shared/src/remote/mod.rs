@@ -335,15 +335,31 @@ impl SharedBreaker {
         }
     }
 
-    /// The breaker: from the read cache if fresh, else read (strongly consistent). A cached
-    /// pause is read again: only an operator ends a pause, and a resume wakes the steps it
-    /// deferred at once, so a call just after it must see it (a stale pause would defer the
-    /// woken step for another [`PAUSE_RECHECK`](crate::domain::breaker::PAUSE_RECHECK)). Calls
-    /// are rare while paused (each deferred step looks once a recheck), so this costs little.
+    /// The breaker: from the read cache if fresh, else read. A cached pause is read again:
+    /// only an operator ends a pause, and a resume wakes the steps it deferred at once, so a
+    /// call just after it must see it (a stale pause would defer the woken step for another
+    /// [`PAUSE_RECHECK`](crate::domain::breaker::PAUSE_RECHECK)). Calls are rare while paused
+    /// (each deferred step looks once a recheck), so this costs little.
+    ///
+    /// The read is eventually consistent (half the price) while it finds the breaker closed:
+    /// lagging a write by a second is what the read cache allows anyway. Any other state is
+    /// read again strongly consistent before it defers a step, so a breaker just closed or
+    /// resumed is never seen open or paused from a stale read.
     async fn current(&self) -> Option<BreakerRecord> {
         match self.cached() {
             Some(b) if !matches!(b.state, BreakerState::Paused { .. }) => Some(b),
-            _ => self.fresh().await,
+            _ => match self.store.peek_breaker(&self.name).await {
+                Ok(b) => {
+                    let b = b.unwrap_or_else(|| BreakerRecord::closed(&self.name));
+                    if b.is_closed() {
+                        self.remember(Some(&b));
+                        Some(b)
+                    } else {
+                        self.fresh().await
+                    }
+                }
+                Err(_) => self.fresh().await,
+            },
         }
     }
 
@@ -522,7 +538,7 @@ mod tests {
     use super::*;
     use crate::domain::TaskId;
     use crate::memory::MemoryStore;
-    use crate::ports::OffsetClock;
+    use crate::ports::{OffsetClock, StoreError};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A service that always answers, counting its calls.
@@ -593,6 +609,75 @@ mod tests {
                 hangs,
                 "hangs: {hangs}, breaker {:?}",
                 b.state
+            );
+        }
+    }
+
+    /// A store whose eventually consistent read lags its writes: it still sees `peeked`.
+    /// Counts its strongly consistent reads.
+    struct Lagging {
+        inner: MemoryStore,
+        peeked: BreakerRecord,
+        strong_reads: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Breakers for Lagging {
+        async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
+            self.strong_reads.fetch_add(1, Ordering::SeqCst);
+            self.inner.get_breaker(name).await
+        }
+        async fn peek_breaker(&self, _: &str) -> Result<Option<BreakerRecord>, StoreError> {
+            Ok(Some(self.peeked.clone()))
+        }
+        async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
+            self.inner.put_breaker(record).await
+        }
+        async fn mark_pace(
+            &self,
+            name: &str,
+            mark: crate::domain::PaceMark,
+        ) -> Result<bool, StoreError> {
+            self.inner.mark_pace(name, mark).await
+        }
+    }
+
+    /// The read before a call is the cheap one while it finds the breaker closed; a breaker it
+    /// finds open is read again strongly consistent before a step is deferred, so a stale open
+    /// (the breaker closed a moment ago) still calls the service.
+    #[tokio::test]
+    async fn an_eventually_consistent_read_defers_no_call_on_a_stale_open_breaker() {
+        let open = BreakerRecord {
+            state: BreakerState::Open {
+                until: Utc::now() + chrono::Duration::minutes(5),
+            },
+            version: 1,
+            ..BreakerRecord::closed("payment")
+        };
+        for (peeked, strong_reads) in [(BreakerRecord::closed("payment"), 0), (open, 1)] {
+            let store = Arc::new(Lagging {
+                inner: MemoryStore::new(1),
+                peeked,
+                strong_reads: AtomicUsize::new(0),
+            });
+            let service = Arc::new(Counting::default());
+            let agent = SharedBreaker::new(
+                "payment",
+                service.clone(),
+                store.clone(),
+                BreakerPolicy {
+                    read_cache: chrono::Duration::zero(),
+                    ..BreakerPolicy::default()
+                },
+                Arc::new(OffsetClock::default()),
+            );
+            let answer = agent.call(&call(), Duration::from_millis(200)).await;
+            assert!(answer.is_ok(), "{answer:?}");
+            assert_eq!(service.0.load(Ordering::SeqCst), 1, "the service is called");
+            assert_eq!(
+                store.strong_reads.load(Ordering::SeqCst),
+                strong_reads,
+                "strongly consistent reads before the call"
             );
         }
     }

@@ -14,79 +14,12 @@ use std::collections::HashMap;
 #[async_trait]
 impl Breakers for DynamoStore {
     async fn get_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
-        // The breaker (`BREAKER`) and the service's pace (`PACE`) share a partition: one
-        // strongly consistent query reads both, at the price of one small read.
-        let out = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .key_condition_expression("pk = :pk")
-            .expression_attribute_values(":pk", s(format!("BREAKER#{name}")))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| unavailable(&e))?;
-        let of = |sk: &str| {
-            out.items().iter().find(|i| {
-                i.get("sk")
-                    .and_then(|v| v.as_s().ok())
-                    .is_some_and(|v| v == sk)
-            })
-        };
-        let pace = match of("PACE") {
-            Some(item) => Some(Pace {
-                fast_until: opt_n(item, "FastUntil")?.map(time).transpose()?,
-                slow_at: opt_n(item, "SlowAt")?.map(time).transpose()?,
-            }),
-            None => None,
-        };
-        let Some(item) = of("BREAKER") else {
-            return Ok(pace.map(|pace| BreakerRecord {
-                pace,
-                ..BreakerRecord::closed(name)
-            }));
-        };
-        let state = match get_s(item, "State")? {
-            "Closed" => BreakerState::Closed {
-                failures: get_n(item, "Failures")?,
-            },
-            "Open" => BreakerState::Open {
-                until: time(get_n(item, "Until")?)?,
-            },
-            "Paused" => BreakerState::Paused {
-                since: time(get_n(item, "Since")?)?,
-            },
-            "HalfOpen" => BreakerState::HalfOpen {
-                probes_left: get_n(item, "ProbesLeft")?,
-                until: time(get_n(item, "Until")?)?,
-            },
-            other => return Err(corrupt(format!("unknown breaker state {other:?}"))),
-        };
-        Ok(Some(BreakerRecord {
-            name: name.to_owned(),
-            state,
-            version: get_n(item, "Version")?,
-            note: item.get("Note").and_then(|v| v.as_s().ok()).cloned(),
-            open_since: match item.get("OpenSince") {
-                Some(_) => Some(time(get_n(item, "OpenSince")?)?),
-                None => None,
-            },
-            fault_keys: match item.get("FaultKeys") {
-                Some(v) => v
-                    .as_l()
-                    .map_err(|_| corrupt("FaultKeys is not a list"))?
-                    .iter()
-                    .map(|k| {
-                        k.as_s()
-                            .cloned()
-                            .map_err(|_| corrupt("FaultKeys holds a non-string"))
-                    })
-                    .collect::<Result<_, _>>()?,
-                None => Vec::new(),
-            },
-            pace: pace.unwrap_or_default(),
-        }))
+        self.read_breaker(name, true).await
     }
+    async fn peek_breaker(&self, name: &str) -> Result<Option<BreakerRecord>, StoreError> {
+        self.read_breaker(name, false).await
+    }
+
     async fn put_breaker(&self, record: &BreakerRecord) -> Result<bool, StoreError> {
         let mut item = HashMap::from([
             ("pk".to_owned(), s(format!("BREAKER#{}", record.name))),
@@ -175,5 +108,86 @@ impl Breakers for DynamoStore {
                 ),
         };
         Self::update_if(req).await
+    }
+}
+
+impl DynamoStore {
+    /// The breaker (`BREAKER`) and the service's pace (`PACE`) share a partition: one query
+    /// reads both, at the price of one small read (half of it eventually consistent).
+    async fn read_breaker(
+        &self,
+        name: &str,
+        consistent: bool,
+    ) -> Result<Option<BreakerRecord>, StoreError> {
+        let out = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("pk = :pk")
+            .expression_attribute_values(":pk", s(format!("BREAKER#{name}")))
+            .consistent_read(consistent)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let of = |sk: &str| {
+            out.items().iter().find(|i| {
+                i.get("sk")
+                    .and_then(|v| v.as_s().ok())
+                    .is_some_and(|v| v == sk)
+            })
+        };
+        let pace = match of("PACE") {
+            Some(item) => Some(Pace {
+                fast_until: opt_n(item, "FastUntil")?.map(time).transpose()?,
+                slow_at: opt_n(item, "SlowAt")?.map(time).transpose()?,
+            }),
+            None => None,
+        };
+        let Some(item) = of("BREAKER") else {
+            return Ok(pace.map(|pace| BreakerRecord {
+                pace,
+                ..BreakerRecord::closed(name)
+            }));
+        };
+        let state = match get_s(item, "State")? {
+            "Closed" => BreakerState::Closed {
+                failures: get_n(item, "Failures")?,
+            },
+            "Open" => BreakerState::Open {
+                until: time(get_n(item, "Until")?)?,
+            },
+            "Paused" => BreakerState::Paused {
+                since: time(get_n(item, "Since")?)?,
+            },
+            "HalfOpen" => BreakerState::HalfOpen {
+                probes_left: get_n(item, "ProbesLeft")?,
+                until: time(get_n(item, "Until")?)?,
+            },
+            other => return Err(corrupt(format!("unknown breaker state {other:?}"))),
+        };
+        Ok(Some(BreakerRecord {
+            name: name.to_owned(),
+            state,
+            version: get_n(item, "Version")?,
+            note: item.get("Note").and_then(|v| v.as_s().ok()).cloned(),
+            open_since: match item.get("OpenSince") {
+                Some(_) => Some(time(get_n(item, "OpenSince")?)?),
+                None => None,
+            },
+            fault_keys: match item.get("FaultKeys") {
+                Some(v) => v
+                    .as_l()
+                    .map_err(|_| corrupt("FaultKeys is not a list"))?
+                    .iter()
+                    .map(|k| {
+                        k.as_s()
+                            .cloned()
+                            .map_err(|_| corrupt("FaultKeys holds a non-string"))
+                    })
+                    .collect::<Result<_, _>>()?,
+                None => Vec::new(),
+            },
+            pace: pace.unwrap_or_default(),
+        }))
     }
 }

@@ -164,7 +164,6 @@ pub(super) struct OwnedBody {
 }
 
 pub(super) fn pack_body(r: &StateRecord) -> Option<Vec<u8>> {
-    use std::io::Write;
     let json = serde_json::to_vec(&Body {
         steps: &r.steps,
         history: &r.history,
@@ -175,9 +174,51 @@ pub(super) fn pack_body(r: &StateRecord) -> Option<Vec<u8>> {
         tenant: r.tenant.as_deref(),
     })
     .ok()?;
-    let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
-    z.write_all(&json).ok()?;
-    z.finish().ok()
+    deflate_body(&json)
+}
+
+/// The first byte of a body deflated against [`BODY_DICTIONARY`]. A deflate stream starts
+/// with its first block's header, and `0x06` is a block of the reserved type 3: no body
+/// deflated without the dictionary (the layout before it, still read) starts with it.
+const DICTIONARY_BODY: u8 = 0x06;
+
+/// What a body deflates against: the names and words every record repeats, laid out as a
+/// small record's body, so that even their first use in a body is a short back-reference
+/// (about 120 bytes less on a loan's record, which keeps it under the 1 KB a write unit
+/// bills). Stored bodies depend on these exact bytes: never change them (a test pins their
+/// digest); a new dictionary takes a new first byte.
+const BODY_DICTIONARY: &[u8] = br#"{"fanout":{"group":"","each":"","maxConcurrency":10,"tolerated":0,"refused":0,"elements":[],"branches":[{"start":0,"end":1,"processState":"Pending","stepIndex":0,"attempt":0,"lockedBy":"","completeBy":"}]},"inbox":{"kept":[{"payload":"resultRef":{"taskId":"","sha256":"","bytes":"sentUntil":"undo":"TimedOut","undo":"Failed","undo":"Running","undo":"Done","undoGeneration":1,"generation":1,"status":"Faulted","status":"Cancelled","status":"TimedOut","status":"Failed","waitingUntil":"","status":"Waiting","priority":"high","timed out; retry","misconfigured","the task's deadline passed","undone; every step undone","undone","refused","Compensating","Compensated","CompensationFailed","Error","Refused","Resolved","step done by its callback","step done; the group stops","event  came before it","event  kept for its step","accepted; waiting for its callback","waits until ","reason":"waited","{"steps":[{"name":"","status":"Pending"},{"name":"","status":"Running","sent":true},{"name":"","status":"Done","undoable":true,"finishedAttempt":1,"finishedAt":"","sent":true,"result":"{"id":""}],"history":[{"at":"","from":"Pending","to":"Pending","attempt":0,"reason":"received"},{"at":"","from":"Pending","to":"Processing","step":"","attempt":1,"reason":"claimed"},{"at":"","from":"Processing","to":"Processing","step":"","attempt":1,"reason":"step done"},{"at":"","from":"Processing","to":"Processed","step":"","attempt":1,"reason":"step done; every step done"}],"timer_at":"","tenant":""#;
+
+/// `json` deflated against [`BODY_DICTIONARY`], after [`DICTIONARY_BODY`]. The dictionary is
+/// deflated first and flushed to a byte boundary, and what it deflated to is dropped: what
+/// follows refers back into it as a preset dictionary would (the deflate backend has none).
+fn deflate_body(json: &[u8]) -> Option<Vec<u8>> {
+    use flate2::{Compress, Compression, FlushCompress, Status};
+    let mut z = Compress::new(Compression::best(), false);
+    let mut out = Vec::with_capacity(BODY_DICTIONARY.len() + json.len() + 64);
+    let status = z
+        .compress_vec(BODY_DICTIONARY, &mut out, FlushCompress::Sync)
+        .ok()?;
+    if status != Status::Ok || z.total_in() != BODY_DICTIONARY.len() as u64 {
+        return None;
+    }
+    let primed = out.len();
+    loop {
+        // Room for the rest: deflate grows incompressible input by a few bytes a block.
+        out.reserve(json.len() + 64);
+        let consumed = (z.total_in() as usize).saturating_sub(BODY_DICTIONARY.len());
+        match z
+            .compress_vec(&json[consumed..], &mut out, FlushCompress::Finish)
+            .ok()?
+        {
+            Status::StreamEnd => break,
+            Status::Ok | Status::BufError => continue,
+        }
+    }
+    let mut body = Vec::with_capacity(out.len() - primed + 1);
+    body.push(DICTIONARY_BODY);
+    body.extend_from_slice(&out[primed..]);
+    Some(body)
 }
 
 /// The most bytes a stored body may inflate to: far above what a record holds, so a corrupt
@@ -185,17 +226,43 @@ pub(super) fn pack_body(r: &StateRecord) -> Option<Vec<u8>> {
 pub(super) const MAX_BODY_BYTES: u64 = 4 << 20;
 
 pub(super) fn unpack_body(bytes: &[u8]) -> Result<OwnedBody, StoreError> {
+    let json = inflate_body(bytes)?;
+    serde_json::from_slice(&json)
+        .map_err(|e| corrupt(format!("Body is not steps and history: {e}")))
+}
+
+/// The JSON of a stored body: deflated against [`BODY_DICTIONARY`] (its first byte
+/// [`DICTIONARY_BODY`]), or without (the layout before it). The dictionary goes back in front
+/// as a stored block, so the two are one deflate stream; its bytes are then dropped.
+fn inflate_body(bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
     use std::io::Read;
+    let (stream, skip) = match bytes.split_first() {
+        Some((&DICTIONARY_BODY, rest)) => {
+            let len = BODY_DICTIONARY.len() as u16;
+            let mut stream = Vec::with_capacity(5 + BODY_DICTIONARY.len() + rest.len());
+            // A stored block, not the last: its header bits, then LEN and NLEN.
+            stream.push(0);
+            stream.extend_from_slice(&len.to_le_bytes());
+            stream.extend_from_slice(&(!len).to_le_bytes());
+            stream.extend_from_slice(BODY_DICTIONARY);
+            stream.extend_from_slice(rest);
+            (std::borrow::Cow::Owned(stream), BODY_DICTIONARY.len())
+        }
+        _ => (std::borrow::Cow::Borrowed(bytes), 0),
+    };
     let mut json = Vec::new();
-    flate2::read::DeflateDecoder::new(bytes)
-        .take(MAX_BODY_BYTES + 1)
+    flate2::read::DeflateDecoder::new(stream.as_ref())
+        .take(skip as u64 + MAX_BODY_BYTES + 1)
         .read_to_end(&mut json)
         .map_err(|e| corrupt(format!("Body does not inflate: {e}")))?;
+    if !json.starts_with(&BODY_DICTIONARY[..skip]) {
+        return Err(corrupt("Body does not inflate after its dictionary"));
+    }
+    json.drain(..skip);
     if json.len() as u64 > MAX_BODY_BYTES {
         return Err(corrupt("Body inflates past its limit"));
     }
-    serde_json::from_slice(&json)
-        .map_err(|e| corrupt(format!("Body is not steps and history: {e}")))
+    Ok(json)
 }
 
 pub(super) fn history_list(r: &StateRecord) -> AttributeValue {
@@ -986,6 +1053,45 @@ mod tests {
         );
         // An item written before `Body` reads the same.
         assert_eq!(parse_state(&plain).expect("parses"), r);
+        // So does a body deflated without the dictionary (the layout before it), which is
+        // larger: the dictionary saves most of the first use of each name.
+        let json = serde_json::to_vec(&Body {
+            steps: &r.steps,
+            history: &r.history,
+            fanout: None,
+            inbox: &r.inbox,
+            timer_at: r.timer_at,
+            priority: r.priority,
+            tenant: r.tenant.as_deref(),
+        })
+        .expect("serializes");
+        let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
+        std::io::Write::write_all(&mut z, &json).expect("deflates");
+        let before = z.finish().expect("deflates");
+        assert_ne!(before.first(), Some(&DICTIONARY_BODY));
+        let mut old = item.clone();
+        old.insert(
+            "Body".into(),
+            AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(before.clone())),
+        );
+        assert_eq!(parse_state(&old).map_err(|e| e.to_string()), Ok(r.clone()));
+        let now_body = deflate_body(&json).expect("deflates");
+        assert_eq!(now_body.first(), Some(&DICTIONARY_BODY));
+        assert!(
+            now_body.len() + 60 < before.len(),
+            "{} with the dictionary, {} without",
+            now_body.len(),
+            before.len()
+        );
+        // A dictionary body cut short is corrupt, not a shorter history.
+        let mut cut = item.clone();
+        cut.insert(
+            "Body".into(),
+            AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(
+                now_body[..now_body.len() / 2].to_vec(),
+            )),
+        );
+        assert!(matches!(parse_state(&cut), Err(StoreError::Corrupt(_))));
         // A blob that is not a deflated body is a corrupt record, not a panic or an empty
         // history.
         let mut bad = item.clone();
@@ -1028,5 +1134,19 @@ mod tests {
             ]
         );
         assert_eq!(e.values.get(":v0"), Some(&n(3)));
+    }
+
+    /// Stored bodies refer back into the dictionary's bytes: they never change (a new
+    /// dictionary takes a new first byte, and this one is still read).
+    #[test]
+    fn the_body_dictionary_is_the_one_stored_bodies_were_deflated_against() {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(BODY_DICTIONARY);
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            hex,
+            "66d8b7910b8e9b8dcb3dc7508ab292c2ebf7dde3bc627dcb69538ff70221527b"
+        );
+        assert!(BODY_DICTIONARY.len() <= usize::from(u16::MAX));
     }
 }

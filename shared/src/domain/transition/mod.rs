@@ -33,5 +33,8 @@ pub use operator::{
 };
 pub use route::{EachPlan, Linear, Parallel, Route, RouteError, Router, TaskRouter, elements};
 pub use run::{apply_ends, new_run, recheck, undo_run};
-pub use running::{apply_callback, apply_reply, claim, expire, notice_delivered, park, resumed};
+pub use running::{
+    apply_callback, apply_reply, claim, claimed_in_place, expire, goes_on_at_once,
+    notice_delivered, park, resumed,
+};
 pub use waiting::{deliver, wake};

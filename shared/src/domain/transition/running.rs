@@ -206,6 +206,68 @@ fn condition_failed(
     step_failed(n, i, attempt, StepStatus::Failed, error, now, p)
 }
 
+/// `t` with the claim its work message would bring, made in the same write. `t` hands the
+/// task back (`Pending`) with a work message due at once, which a scheduler would read and
+/// claim: the claim is made here on `t`'s record instead, and written with it under `t`'s
+/// condition, both history lines kept, `t`'s other effects first, then the claim's (its step's
+/// request, a wait's timer). One write instead of two, and no work message, read or scheduler
+/// invocation between them. A crash after the write leaves the step claimed with its deadline
+/// in the due index, as a claim whose request was lost.
+///
+/// Only the way forward is claimed so: the end of a wait (its time, or its event), an event
+/// kept for the next step. `t` goes as it is where it recovers something (a retry, a lost
+/// pickup, a deferral: its claim stays the scheduler's, after its delay), and where that claim
+/// is not what would come next, or would not leave the task running: a delayed work message, a
+/// task at its gate (its admission is a transaction of its own), a claim refused (the task's
+/// deadline passed, an undo not yet due), or one that ends the task (its notice is the
+/// scheduler's to deliver).
+pub fn claimed_in_place(
+    r: &StateRecord,
+    t: Transition,
+    instance: &str,
+    now: DateTime<Utc>,
+    p: &Policies,
+    router: &dyn Router,
+) -> Transition {
+    if !goes_on_at_once(r, &t) {
+        return t;
+    }
+    let Ok(c) = claim(&t.record, instance, now, p, router) else {
+        return t;
+    };
+    if c.record.process_state != ProcessState::Processing {
+        return t;
+    }
+    // One write: the version `t` would have written.
+    let mut record = c.record;
+    record.version = t.record.version;
+    let effects = t
+        .effects
+        .into_iter()
+        .filter(|e| !at_once(e))
+        .chain(c.effects)
+        .collect();
+    Transition::from(r, t.condition, record, effects)
+}
+
+/// A work message due now.
+fn at_once(e: &Effect) -> bool {
+    matches!(e, Effect::Enqueue { delay } if *delay <= Duration::zero())
+}
+
+/// Whether `t` (from `r`) sends the task on at once, the way forward and no recovery: what
+/// [`claimed_in_place`] may claim (a process reads the task for it only then).
+pub fn goes_on_at_once(r: &StateRecord, t: &Transition) -> bool {
+    let recovers = t.record.failure_count != r.failure_count
+        || t.record.round != r.round
+        || t.record.requeues != r.requeues
+        || t.record.deferrals != r.deferrals;
+    t.record.process_state == ProcessState::Pending
+        && !recovers
+        && t.effects.iter().any(at_once)
+        && !t.record.gate.as_ref().is_some_and(|g| g.waits())
+}
+
 /// An agent's reply arrived for (`attempt`, `step_index`); `undo` says whether it answers the
 /// step itself or its undo. Dispatches on the outcome: not now ([`deferred`]), out of time
 /// ([`hand_back`]), a callback step's acceptance or heartbeat ([`accepted`], [`heartbeat`]),

@@ -339,7 +339,7 @@ pub fn deliver(
 mod tests {
     use super::super::common::{Rejection, Transition};
     use super::super::testkit::*;
-    use super::super::{apply_reply, cancel, deliver, wake};
+    use super::super::{apply_reply, cancel, claimed_in_place, deliver, wake};
     use super::*;
     use crate::domain::state::{NoticeKind, ProcessState, StepStatus};
     use serde_json::json;
@@ -605,6 +605,95 @@ steps:
             let (p, now) = (self.p.clone(), self.now);
             self.apply(|r, router| deliver(r, d, now, &p, router))
         }
+    }
+
+    /// A reply that reaches a wait whose event came before it hands the task back with a work
+    /// message due at once; made in place, the claim that message brings goes in the same
+    /// write: the next step goes out, and nothing comes back to the work queue.
+    #[test]
+    fn a_reply_that_hands_the_task_back_at_once_takes_its_claim_in_the_same_write() {
+        let mut t = Harness::of(SIGN, json!({}), base());
+        t.deliver(&event("contract-signed", "e-1")).expect("kept");
+        t.claim();
+        let before = t.r.clone();
+        let (p, now) = (t.p.clone(), t.now);
+        let reached = t
+            .apply(|r, router| {
+                let back = apply_reply(r, before.attempt, 0, false, &ok(), now, &p, router)?;
+                assert_eq!(back.record.process_state, ProcessState::Pending);
+                assert!(back.effects.contains(&Effect::Enqueue {
+                    delay: Duration::zero()
+                }));
+                Ok(claimed_in_place(r, back, "scheduler-2", now, &p, router))
+            })
+            .expect("applies");
+        assert_eq!(t.r.process_state, ProcessState::Processing);
+        assert_eq!(t.r.steps[2].status, StepStatus::Running);
+        assert_eq!(t.r.locked_by.as_deref(), Some("scheduler-2"));
+        assert_eq!(
+            (t.r.version, t.r.attempt),
+            (before.version + 1, before.attempt + 1),
+            "one write, one claim"
+        );
+        assert_eq!(
+            t.r.since, before.since,
+            "as stored, it never left Processing"
+        );
+        assert!(reached.effects.contains(&Effect::SendStepRequest));
+        assert!(
+            !reached
+                .effects
+                .iter()
+                .any(|e| matches!(e, Effect::Enqueue { .. })),
+            "{:?}",
+            reached.effects
+        );
+        let reasons: Vec<&str> =
+            t.r.history
+                .iter()
+                .rev()
+                .take(2)
+                .map(|h| h.reason.as_str())
+                .collect();
+        assert_eq!(reasons[0], "claimed");
+        assert!(reasons[1].contains("came before it"), "{reasons:?}");
+        // A retry due at once is a recovery: its claim stays the scheduler's, from the work
+        // message.
+        let mut retry = Harness::of(
+            SIGN,
+            json!({}),
+            Policy {
+                retry_base_delay: Duration::zero(),
+                ..base()
+            },
+        );
+        retry.claim();
+        let (rp, rnow, ra) = (retry.p.clone(), retry.now, retry.r.attempt);
+        let timed_out = StepOutcome::TimedOut {
+            error: "no answer".into(),
+        };
+        retry
+            .apply(|r, router| {
+                let back = apply_reply(r, ra, 0, false, &timed_out, rnow, &rp, router)?;
+                assert!(back.effects.contains(&Effect::Enqueue {
+                    delay: Duration::zero()
+                }));
+                let same = claimed_in_place(r, back.clone(), "scheduler-2", rnow, &rp, router);
+                assert_eq!(same, back, "a retry is not claimed in place");
+                Ok(same)
+            })
+            .expect("applies");
+        assert_eq!(retry.r.process_state, ProcessState::Pending);
+        // A transition that does not hand the task back is left as it is.
+        let (p, now, a) = (t.p.clone(), t.now, t.r.attempt);
+        t.apply(|r, router| {
+            let done = apply_reply(r, a, 2, false, &ok(), now, &p, router)?;
+            let same = claimed_in_place(r, done.clone(), "scheduler-2", now, &p, router);
+            assert_eq!(same, done);
+            Ok(same)
+        })
+        .expect("applies");
+        assert_eq!(t.r.process_state, ProcessState::Processed);
     }
 
     #[test]
