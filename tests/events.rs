@@ -870,7 +870,7 @@ async fn check_message(system: &System, name: &str, body: &str, subject: &Subjec
             let context = sas::domain::context::context(&w, &task, &r, r.step_index)
                 .expect("the step's input");
             assert_eq!(
-                Some(q.input.clone()),
+                q.input.clone(),
                 step.input
                     .render(&context, sas::domain::task::MAX_REQUEST_BYTES)
                     .ok(),

@@ -1,6 +1,7 @@
 //! Payloads past the record's limits (issue 42): a workflow the code has never seen takes a
 //! 1 MB input (a quote with its lines), its first service answers a 1 MB report, and a later
-//! step's body carries both intact, byte for byte; the task's items stay small. At the end of
+//! step's body carries both intact, byte for byte; the task's items stay small, and the body
+//! names the two objects kept already rather than keeping a third. At the end of
 //! the task's retention its objects are deleted, then its items. On the in-memory system and on
 //! the stack's own resources on the emulator (S3 on moto).
 
@@ -78,7 +79,7 @@ steps:
   - name: file
     service: reports
     action: file-report
-    input: {quote: $.input, report: $.steps.fetch.result.report}
+    input: {quote: $.input, report: $.steps.fetch.result}
 "#;
     vec![
         ("services.yaml".into(), services),
@@ -107,7 +108,7 @@ async fn run(mut system: System, calls: &Calls, clock: &OffsetClock) {
         "the 1 MB input reached the body intact"
     );
     assert!(
-        filed[0]["report"].as_str() == Some(report().as_str()),
+        filed[0]["report"]["report"].as_str() == Some(report().as_str()),
         "the 1 MB result reached the body intact"
     );
 
@@ -141,6 +142,12 @@ async fn run(mut system: System, calls: &Calls, clock: &OffsetClock) {
     );
     let purge_at = purge_time(&system, id).await;
     let payloads = system.supervisor.ports.payloads.clone();
+    // The body passed both on whole: it went as two parts, the objects above, not as a third.
+    let body = PayloadRef::of(id, filed[0].to_string().as_bytes());
+    assert!(
+        matches!(payloads.get(&body).await, Err(PayloadError::NotFound(_))),
+        "the body is not kept again"
+    );
     for r in &kept {
         payloads
             .get(r)

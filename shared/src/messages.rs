@@ -148,15 +148,27 @@ pub struct StepRequest {
     /// the queue) is later. Absent in older requests: `complete_by` alone.
     pub timeout_ms: Option<u64>,
     pub reply_queue_url: String,
-    /// The request body, built by the step's input mapping (`null` when it travels by
-    /// reference).
-    pub input: serde_json::Value,
+    /// The request body, built by the step's input mapping: whole, or `null` when it travels
+    /// by reference; absent when it travels in parts ([`StepRequest::input_parts`]), so an
+    /// agent that knows no parts fails to read such a request rather than call its service
+    /// with a body that lacks them.
+    pub input: Option<serde_json::Value>,
     /// A body over [`MESSAGE_INLINE_BYTES`] travels by reference: the agent reads it from the
     /// payload store.
     ///
     /// [`MESSAGE_INLINE_BYTES`]: crate::domain::payload::MESSAGE_INLINE_BYTES
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_ref: Option<crate::domain::PayloadRef>,
+    /// The parts of a body over [`MESSAGE_INLINE_BYTES`] that are payloads kept already (the
+    /// task's input, a step's result): each travels by its reference and the agent puts it back
+    /// where it was, so a large result passed on is neither written nor stored twice.
+    ///
+    /// [`MESSAGE_INLINE_BYTES`]: crate::domain::payload::MESSAGE_INLINE_BYTES
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub input_parts: Vec<BodyPart>,
+    /// With parts: the body around them, each part's place `null` (absent when a part is the
+    /// whole body).
+    pub input_frame: Option<serde_json::Value>,
     /// For a callback step: where the service completes it later.
     pub callback: Option<crate::ports::CallbackAddress>,
     /// A sub-workflow step's request (its service is sas itself, its action the workflow):
@@ -166,6 +178,15 @@ pub struct StepRequest {
     /// keys by name, and its caller's tenant under `caller`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub limit_keys: crate::domain::limits::CallKeys,
+}
+
+/// A part of a step request's body kept by reference: the payload whose value the body holds
+/// at `at`, a JSON Pointer (RFC 6901; `""` is the whole body).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BodyPart {
+    pub at: String,
+    pub payload: crate::domain::PayloadRef,
 }
 
 /// How the agent starts a sub-workflow step's child task.

@@ -22,7 +22,7 @@ use crate::domain::run::ObjectLocation;
 use crate::domain::state::StepState;
 use crate::domain::transition::StepOutcome;
 use crate::domain::{BreakerRecord, Caller, StateRecord, Task, TaskId};
-use crate::messages::{StepReply, StepRequest};
+use crate::messages::{BodyPart, StepReply, StepRequest};
 use crate::ports::{
     Breakers, Clock, Count, CreateOutcome, CurrentRun, DueEntry, DueIndex, DueQuery, Guarded,
     InState, LeaseClaim, Leases, LineStream, NewTask, Page, Paging, PayloadError, Payloads,
@@ -419,33 +419,176 @@ pub async fn unpacked_reply(
     Ok(reply)
 }
 
-/// A step request's body as sent: inline when it is small, else kept in `payloads` and
-/// referenced (`null` inline).
-pub async fn packed_body(
-    payloads: &dyn Payloads,
-    task: TaskId,
-    body: serde_json::Value,
-) -> Result<(serde_json::Value, Option<PayloadRef>), StoreError> {
-    let text = body.to_string();
-    if text.len() <= MESSAGE_INLINE_BYTES {
-        return Ok((body, None));
-    }
-    let r = payloads
-        .put(task, text.as_bytes())
-        .await
-        .map_err(store_error)?;
-    Ok((serde_json::Value::Null, Some(r)))
+/// A step request's body as sent: inline when it is small; else, when what makes it large is
+/// payloads the task keeps already (its input, a step's result), the body around them inline
+/// and each of them by its reference ([`BodyPart`]), so a large result passed on is neither
+/// written nor stored again; else the whole body kept in `payloads` and referenced.
+pub struct PackedBody {
+    /// The body inline, or `null` when it travels by reference; `None` when it travels in parts.
+    pub input: Option<serde_json::Value>,
+    pub input_ref: Option<PayloadRef>,
+    pub parts: Vec<BodyPart>,
+    /// With parts: the body around them (`None` when a part is the whole body).
+    pub frame: Option<serde_json::Value>,
 }
 
-/// A step request's body: the inline one, or the one its reference names.
+/// See [`PackedBody`]. A part is written before the request that names it (free when this
+/// process read or wrote it: the payload store is [`Cached`]).
+pub async fn packed_body(
+    payloads: &dyn Payloads,
+    task: &Task,
+    record: &StateRecord,
+    body: serde_json::Value,
+) -> Result<PackedBody, StoreError> {
+    let text = body.to_string();
+    if text.len() <= MESSAGE_INLINE_BYTES {
+        return Ok(PackedBody {
+            input: Some(body),
+            input_ref: None,
+            parts: vec![],
+            frame: None,
+        });
+    }
+    let kept = kept_payloads(task, record);
+    let mut body = body;
+    let mut holes = vec![];
+    carve(&mut body, String::new(), &kept, &mut holes);
+    if !holes.is_empty() && body.to_string().len() <= MESSAGE_INLINE_BYTES {
+        let mut parts = Vec::with_capacity(holes.len());
+        let mut whole = false;
+        for (at, k) in holes {
+            let r = payloads
+                .put(task.id, kept[k].1.as_bytes())
+                .await
+                .map_err(store_error)?;
+            whole |= at.is_empty();
+            parts.push(BodyPart { at, payload: r });
+        }
+        return Ok(PackedBody {
+            input: None,
+            input_ref: None,
+            parts,
+            frame: (!whole).then_some(body),
+        });
+    }
+    let r = payloads
+        .put(task.id, text.as_bytes())
+        .await
+        .map_err(store_error)?;
+    Ok(PackedBody {
+        input: Some(serde_json::Value::Null),
+        input_ref: Some(r),
+        parts: vec![],
+        frame: None,
+    })
+}
+
+/// The payloads `task` keeps by reference, each as its value and its kept text: its input and
+/// every result (an element's too) over the inline size. JSON Lines results are not whole here.
+fn kept_payloads(task: &Task, record: &StateRecord) -> Vec<(serde_json::Value, String)> {
+    let mut kept: Vec<(serde_json::Value, String)> = vec![];
+    let input = task.input.to_string();
+    if !is_inline(input.len()) {
+        kept.push((task.input.clone(), input));
+    }
+    let results = record
+        .steps
+        .iter()
+        .flat_map(|s| std::iter::once(s).chain(s.elements.iter()))
+        .filter_map(|s| s.result.as_deref())
+        .filter(|t| !is_inline(t.len()));
+    for text in results {
+        // A result's text as the service sent it: kept under those bytes, put back as the
+        // value they parse to (the value the mapping read).
+        if kept.iter().any(|(_, t)| t == text) {
+            continue;
+        }
+        if let Ok(v) = serde_json::from_str(text) {
+            kept.push((v, text.to_owned()));
+        }
+    }
+    kept
+}
+
+/// Replaces each value of `v` equal to a kept payload with `null`, noting where (a JSON
+/// Pointer) and which; the first match from the top wins. Values of inline size are not
+/// looked into: no kept payload is that small.
+fn carve(
+    v: &mut serde_json::Value,
+    at: String,
+    kept: &[(serde_json::Value, String)],
+    holes: &mut Vec<(String, usize)>,
+) {
+    if let Some(k) = kept.iter().position(|(p, _)| p == v) {
+        *v = serde_json::Value::Null;
+        holes.push((at, k));
+        return;
+    }
+    match v {
+        serde_json::Value::Object(m) => {
+            for (key, child) in m.iter_mut() {
+                if large_value(child) {
+                    let at = format!("{at}/{}", key.replace('~', "~0").replace('/', "~1"));
+                    carve(child, at, kept, holes);
+                }
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for (i, child) in a.iter_mut().enumerate() {
+                if large_value(child) {
+                    carve(child, format!("{at}/{i}"), kept, holes);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Whether `v` may hold a kept payload: a container or string over the inline size.
+fn large_value(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::Object(_) | serde_json::Value::Array(_) => {
+            serde_json::to_vec(v).is_ok_and(|b| !is_inline(b.len()))
+        }
+        serde_json::Value::String(s) => !is_inline(s.len()),
+        _ => false,
+    }
+}
+
+/// A step request's body: the inline one, the one its reference names, or the inline one with
+/// its parts put back where they were. A part that is not its task's, or has no place in the
+/// body, makes the request corrupt.
 pub async fn request_body(
     payloads: &dyn Payloads,
     request: &StepRequest,
 ) -> Result<serde_json::Value, StoreError> {
-    match &request.input_ref {
-        Some(r) => parse(&read_text(payloads, r).await?, r),
-        None => Ok(request.input.clone()),
+    if let Some(r) = &request.input_ref {
+        return parse(&read_text(payloads, r).await?, r);
     }
+    if request.input_parts.is_empty() {
+        return Ok(request.input.clone().unwrap_or_default());
+    }
+    let mut body = request.input_frame.clone().unwrap_or_default();
+    for part in &request.input_parts {
+        let r = &part.payload;
+        if r.task_id != request.task_id || r.lines.is_some() {
+            return Err(StoreError::Corrupt(format!(
+                "body part {} of task {} names payload {}",
+                part.at,
+                request.task_id,
+                r.key()
+            )));
+        }
+        let value = parse(&read_text(payloads, r).await?, r)?;
+        let Some(place) = body.pointer_mut(&part.at) else {
+            return Err(StoreError::Corrupt(format!(
+                "body part {} of task {} has no place in its body",
+                part.at, request.task_id
+            )));
+        };
+        *place = value;
+    }
+    Ok(body)
 }
 
 /// The text `r` names.
@@ -1071,6 +1214,234 @@ mod tests {
         assert!(matches!(
             fresh.get_state(w.task.id).await,
             Err(StoreError::Corrupt(m)) if m.contains("not found")
+        ));
+    }
+
+    /// A step request of `w`'s task carrying `body` as packed.
+    fn request_of(w: &World, body: PackedBody) -> StepRequest {
+        let mut request: StepRequest = serde_json::from_value(serde_json::json!({
+            "taskId": w.task.id,
+            "workflow": w.task.workflow,
+            "workflowVersion": w.task.workflow_version,
+            "step": "report",
+            "stepIndex": 1,
+            "service": "reports",
+            "action": "file",
+            "attempt": 1,
+            "completeBy": Utc::now(),
+            "replyQueueUrl": "q",
+            "input": null,
+        }))
+        .expect("a request");
+        request.input = body.input;
+        request.input_ref = body.input_ref;
+        request.input_parts = body.parts;
+        request.input_frame = body.frame;
+        request
+    }
+
+    /// `request` as an agent reads it off the queue.
+    fn sent(request: &StepRequest) -> (String, StepRequest) {
+        let text = serde_json::to_string(request).expect("json");
+        let read = serde_json::from_str(&text).expect("reads back");
+        (text, read)
+    }
+
+    fn object_names(w: &World) -> Vec<String> {
+        let mut names: Vec<String> = w
+            .objects
+            .kept
+            .lock()
+            .expect("lock")
+            .keys()
+            .cloned()
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test]
+    async fn a_large_result_passed_on_travels_as_a_part_and_is_not_kept_again() {
+        let mut w = world(10).await;
+        let result = large(1024 * 1024);
+        w.put_result(Some(result.clone())).await;
+        let (task, record) = w
+            .store
+            .get(w.task.id)
+            .await
+            .expect("reads")
+            .expect("stored");
+        let value: serde_json::Value = serde_json::from_str(&result).expect("json");
+        let kept = PayloadRef::of(w.task.id, result.as_bytes());
+        // As the scheduler's process holds it: the result read from its reply.
+        let payloads = Cached::new(w.objects.clone());
+        payloads.get(&kept).await.expect("the result is kept");
+        let names = object_names(&w);
+        let puts = w.objects.puts.load(Ordering::SeqCst);
+
+        let body = serde_json::json!({"orderId": "o-1", "a/b~c": value.clone()});
+        let packed = packed_body(&payloads, &task, &record, body.clone())
+            .await
+            .expect("packs");
+        assert_eq!(packed.input, None, "no whole body");
+        assert_eq!(packed.input_ref, None, "no new object for the body");
+        assert_eq!(
+            packed.parts,
+            vec![BodyPart {
+                at: "/a~1b~0c".into(),
+                payload: kept.clone()
+            }]
+        );
+        assert_eq!(
+            packed.frame,
+            Some(serde_json::json!({"orderId": "o-1", "a/b~c": null}))
+        );
+        let request = request_of(&w, packed);
+        let (text, read) = sent(&request);
+        assert!(text.len() < 1024, "the message is small: {text}");
+        assert!(
+            !text.contains("\"input\""),
+            "no input an older agent could read: {text}"
+        );
+        assert_eq!(
+            request_body(&payloads, &read).await.expect("reads"),
+            body,
+            "the body whole again"
+        );
+
+        // The result as the whole body.
+        let packed = packed_body(&payloads, &task, &record, value.clone())
+            .await
+            .expect("packs");
+        assert_eq!((packed.parts.len(), packed.parts[0].at.as_str()), (1, ""));
+        assert_eq!(packed.frame, None);
+        let (_, read) = sent(&request_of(&w, packed));
+        assert_eq!(request_body(&payloads, &read).await.expect("reads"), value);
+
+        assert_eq!(object_names(&w), names, "no object written");
+        assert_eq!(w.objects.puts.load(Ordering::SeqCst), puts, "no write made");
+        // Older agents read `input` whole: a request in parts is one they cannot read.
+        #[derive(serde::Deserialize)]
+        #[allow(dead_code)]
+        struct OlderRequest {
+            input: serde_json::Value,
+        }
+        assert!(serde_json::from_str::<OlderRequest>(&text).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_large_body_of_new_bytes_is_kept_whole_and_a_small_one_travels_inline() {
+        let mut w = world(INLINE_PAYLOAD_BYTES + 10).await;
+        w.put_result(Some(large(20 * 1024))).await;
+        let (task, record) = w
+            .store
+            .get(w.task.id)
+            .await
+            .expect("reads")
+            .expect("stored");
+        let payloads = Cached::new(w.objects.clone());
+        // Large, but neither the input nor a result: kept whole.
+        let body = serde_json::json!({"summary": "s".repeat(MESSAGE_INLINE_BYTES)});
+        let packed = packed_body(&payloads, &task, &record, body.clone())
+            .await
+            .expect("packs");
+        assert!(packed.parts.is_empty());
+        assert_eq!(packed.input, Some(serde_json::Value::Null));
+        let r = packed.input_ref.clone().expect("by reference");
+        assert_eq!(r, PayloadRef::of(w.task.id, body.to_string().as_bytes()));
+        let (_, read) = sent(&request_of(&w, packed));
+        assert_eq!(request_body(&payloads, &read).await.expect("reads"), body);
+
+        // Large parts, but what is left is large too: kept whole.
+        let body = serde_json::json!({
+            "input": task.input.clone(),
+            "summary": "s".repeat(MESSAGE_INLINE_BYTES),
+        });
+        let packed = packed_body(&payloads, &task, &record, body.clone())
+            .await
+            .expect("packs");
+        assert!(packed.parts.is_empty() && packed.input_ref.is_some());
+
+        // The task's input passed on, the body under the message's size: inline.
+        let body = serde_json::json!({"input": task.input.clone()});
+        let packed = packed_body(&payloads, &task, &record, body.clone())
+            .await
+            .expect("packs");
+        assert_eq!((packed.input, packed.input_ref), (Some(body), None));
+        assert!(packed.parts.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_task_input_and_a_result_over_a_message_travel_as_two_parts() {
+        let mut w = world(MESSAGE_INLINE_BYTES).await;
+        let result = large(MESSAGE_INLINE_BYTES);
+        w.put_result(Some(result.clone())).await;
+        let (task, record) = w
+            .store
+            .get(w.task.id)
+            .await
+            .expect("reads")
+            .expect("stored");
+        let payloads = Cached::new(w.objects.clone());
+        let value: serde_json::Value = serde_json::from_str(&result).expect("json");
+        let body = serde_json::json!({"order": task.input.clone(), "lines": [1, value.clone()]});
+        let packed = packed_body(&payloads, &task, &record, body.clone())
+            .await
+            .expect("packs");
+        let at: Vec<&str> = packed.parts.iter().map(|p| p.at.as_str()).collect();
+        assert_eq!(at, ["/lines/1", "/order"]);
+        let (_, read) = sent(&request_of(&w, packed));
+        assert_eq!(request_body(&payloads, &read).await.expect("reads"), body);
+    }
+
+    #[tokio::test]
+    async fn an_older_request_reads_as_sent_and_a_part_out_of_place_is_corrupt() {
+        let mut w = world(10).await;
+        let payloads = Cached::new(w.objects.clone());
+        let older = request_of(
+            &w,
+            PackedBody {
+                input: Some(serde_json::Value::Null),
+                input_ref: None,
+                parts: vec![],
+                frame: None,
+            },
+        );
+        let (_, read) = sent(&older);
+        assert_eq!(
+            request_body(&payloads, &read).await.expect("reads"),
+            serde_json::Value::Null
+        );
+
+        let result = large(MESSAGE_INLINE_BYTES);
+        w.put_result(Some(result.clone())).await;
+        let own = PayloadRef::of(w.task.id, result.as_bytes());
+        let parted = |at: &str, payload: PayloadRef| PackedBody {
+            input: None,
+            input_ref: None,
+            parts: vec![BodyPart {
+                at: at.into(),
+                payload,
+            }],
+            frame: Some(serde_json::json!({"report": null})),
+        };
+        let (_, read) = sent(&request_of(&w, parted("/report", own.clone())));
+        assert!(request_body(&payloads, &read).await.is_ok());
+        // Another task's payload, though its bytes are there.
+        let other = PayloadRef {
+            task_id: TaskId::new_random(),
+            ..own.clone()
+        };
+        let (_, read) = sent(&request_of(&w, parted("/report", other)));
+        assert!(matches!(
+            request_body(&payloads, &read).await,
+            Err(StoreError::Corrupt(m)) if m.contains("names payload")
+        ));
+        // A place the frame does not have.
+        let (_, read) = sent(&request_of(&w, parted("/summary/0", own)));
+        assert!(matches!(
+            request_body(&payloads, &read).await,
+            Err(StoreError::Corrupt(m)) if m.contains("no place")
         ));
     }
 }

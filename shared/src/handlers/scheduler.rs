@@ -819,8 +819,8 @@ async fn send_step_request(
         }
     };
     // A large body is kept before the request that names it goes out.
-    let (body, body_ref) =
-        crate::payloads::packed_body(deps.ports.payloads.as_ref(), record.task_id, input.0).await?;
+    let body =
+        crate::payloads::packed_body(deps.ports.payloads.as_ref(), task, record, input.0).await?;
     let limit_keys = limit_keys(task, record);
     let request = StepRequest {
         task_id: record.task_id,
@@ -837,8 +837,10 @@ async fn send_step_request(
         complete_by,
         timeout_ms: u64::try_from(step.policy.step_timeout.num_milliseconds()).ok(),
         reply_queue_url: deps.reply_queue(record.priority).to_owned(),
-        input: body,
-        input_ref: body_ref,
+        input: body.input,
+        input_ref: body.input_ref,
+        input_parts: body.parts,
+        input_frame: body.frame,
         callback: input.1,
         limit_keys,
         // A child's caller is the task's, so the caller sees it; a run reads only the depth (its
