@@ -111,10 +111,14 @@ async fn main() -> anyhow::Result<()> {
         if only == "costs" {
             let scenarios = emulator_scenarios().await?;
             print!(
-                "## AWS API calls per task (on the emulator)\n\n{}\n## DynamoDB write units, write by write\n\n{}\n## Cost per million tasks\n\n{}",
+                "## AWS API calls per task (on the emulator)\n\n{}\n## DynamoDB write units, write by write\n\n{}\n## Cost per million tasks\n\n{}\n### A 1 MiB result passed to a later step (on the emulator)\n\n{}",
                 calls_table(&scenarios),
                 writes_table(&scenarios),
-                cost_table(&scenarios)
+                cost_table(&scenarios),
+                groups::mb_cost(&scenarios, |s| {
+                    let c = cost(s);
+                    (c.orchestration, c.s3_requests, c.s3_storage)
+                })
             );
         } else if only == "fairness" {
             print!("{}", fairness_section(&cli).await?);

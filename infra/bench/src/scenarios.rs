@@ -756,7 +756,7 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     // 15. The two steps, the first answering a 1 MiB result and the second's request carrying
     // it: the agent keeps the result in S3 and replies with its reference, the scheduler
     // reads it (its own cache is empty) and keeps only the reference in the record, and sends
-    // the second request's body by reference too, which the agent reads. A, C,
+    // the second request's body around it, the result a part by that reference. A, C,
     // NotifyProcessed, Done: 4 (Step Functions itself carries at most 256 KB between states).
     let plan = Plan {
         name: MB_SCENARIO,
@@ -1015,10 +1015,10 @@ mod tests {
         for i in [9, 10, 11, 12, 14] {
             assert_eq!(s[i].effects.len(), 2, "{}: {:?}", s[i].name, s[i].effects);
         }
-        // The 1 MiB result: two objects written (the result, by the agent; the second request's
-        // body, by the scheduler), each read once by the other function, and the result once
-        // more by the supervisor at the first pending timer; the record and the messages hold
-        // references only. Nothing else reaches S3.
+        // The 1 MiB result: one object written (the result, by the agent), read by the
+        // scheduler and by the supervisor at the first pending timer; the second request's body
+        // names it as a part, which the agent that kept it reads from its cache. The record and
+        // the messages hold references only. Nothing else reaches S3.
         let mb = &s[14];
         assert_eq!(mb.workflow, groups::MB);
         assert_eq!(agent(14), 2);
@@ -1027,11 +1027,11 @@ mod tests {
                 mb.counts.call("S3 PutObject"),
                 mb.counts.call("S3 GetObject")
             ),
-            (2, 3),
+            (1, 2),
             "{:?}",
             mb.counts.calls
         );
-        assert_eq!(mb.counts.objects.len(), 2, "{:?}", mb.counts.objects);
+        assert_eq!(mb.counts.objects.len(), 1, "{:?}", mb.counts.objects);
         assert!(
             mb.counts
                 .objects
