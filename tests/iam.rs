@@ -713,6 +713,69 @@ async fn every_call_is_granted_and_every_grant_is_used_flows() {
     assert_eq!(r.process_state, sas::ProcessState::Processed, "{r:?}");
     assert!(!r.outbox.is_empty(), "its end is owed: {r:?}");
 
+    // A child with no line to wait in, in each lane: the agent that starts it claims its first
+    // step as it creates it and sends that step's request (to the agent queue of its lane) and
+    // its deadline's timer, as the task API does at submission.
+    for (name, doc) in [
+        (
+            "iam-free-child",
+            json!({"name": "iam-free-child", "steps": [
+                {"name": "one", "service": "inventory", "input": {"customerId": "$.input.customerId"}}
+            ]}),
+        ),
+        (
+            "iam-free-parent",
+            json!({"name": "iam-free-parent", "steps": [
+                {"name": "sub", "workflow": "iam-free-child", "input": {"customerId": "$.input.customerId"}}
+            ]}),
+        ),
+    ] {
+        let (status, body) =
+            operator_api(&operator, Method::PUT, &format!("/workflows/{name}"), &doc).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let parents = Box::pin(submit_each_lane(&submitter, "iam-free-parent")).await;
+    let mut claimed = vec![];
+    for _ in 0..10 {
+        ROLE.scope(SCHEDULER, scheduler.pump_scheduler())
+            .await
+            .expect("poll");
+        ROLE.scope(AGENT, agent.pump_agents()).await.expect("poll");
+        for id in &parents {
+            let child = sas::handlers::children::child_id(&sas::messages::idempotency_key(
+                id.parse().expect("id"),
+                "sub",
+                "iam-free-child",
+                0,
+            ));
+            let r = ROLE
+                .scope("test", sas_blackbox::state(&supervisor, child))
+                .await;
+            if r.locked_by
+                .as_deref()
+                .is_some_and(|l| l.starts_with("local-agent-"))
+                && !claimed.contains(&child)
+            {
+                claimed.push(child);
+            }
+        }
+    }
+    assert_eq!(
+        claimed.len(),
+        parents.len(),
+        "each child's first step was claimed by the agent that started it"
+    );
+    pump(&scheduler, &agent).await;
+    for id in &parents {
+        let r = ROLE
+            .scope(
+                "test",
+                sas_blackbox::state(&supervisor, id.parse().expect("id")),
+            )
+            .await;
+        assert_eq!(r.process_state, sas::ProcessState::Processed, "{r:?}");
+    }
+
     // A distributed forEach over a list in the bucket the deployment names (ListBucketName):
     // the agent reads the list and keeps it (under the run, in the payload bucket), stores the
     // run and opens its first elements (records and work messages). A scheduler whose ends

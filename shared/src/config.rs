@@ -370,10 +370,12 @@ pub fn dispatch(
     Ok(Some(Arc::new(scheduler_deps(ports.clone())?)))
 }
 
-/// The supervisor's claims of the step the end of a wait sends a task on to (see
-/// [`crate::handlers::supervisor::SupervisorDeps::dispatch`]): with the [`scheduler_deps`]
+/// The scheduler's outlets lent to another function that claims steps: the supervisor's claims
+/// of the step the end of a wait sends a task on to
+/// ([`crate::handlers::supervisor::SupervisorDeps::dispatch`]), the agent's of a child task's
+/// first step ([`crate::handlers::agent::AgentDeps::dispatch`]). With the [`scheduler_deps`]
 /// variables, when `AGENT_QUEUE_URL` is set; `None` (the work message) when it is not.
-pub fn supervisor_dispatch(
+pub fn lent_outlets(
     ports: &crate::handlers::TaskPorts,
 ) -> Result<Option<Arc<crate::handlers::scheduler::SchedulerDeps>>, ConfigError> {
     if optional("AGENT_QUEUE_URL").is_none() {

@@ -922,6 +922,15 @@ mod tests {
     }
 
     impl World {
+        /// The task and its record as a handler reads them: whole.
+        async fn whole(&self) -> (Task, StateRecord) {
+            self.store
+                .get(self.task.id)
+                .await
+                .expect("reads")
+                .expect("stored")
+        }
+
         /// Writes the record with step 0's result set to `result`, from the version stored.
         async fn put_result(&mut self, result: Option<String>) {
             let mut next = self.record.clone();
@@ -1217,6 +1226,18 @@ mod tests {
         ));
     }
 
+    /// `body` packed for a request of `task`.
+    async fn pack(
+        payloads: &dyn Payloads,
+        task: &Task,
+        record: &StateRecord,
+        body: serde_json::Value,
+    ) -> PackedBody {
+        packed_body(payloads, task, record, body)
+            .await
+            .expect("packs")
+    }
+
     /// A step request of `w`'s task carrying `body` as packed.
     fn request_of(w: &World, body: PackedBody) -> StepRequest {
         let mut request: StepRequest = serde_json::from_value(serde_json::json!({
@@ -1265,12 +1286,7 @@ mod tests {
         let mut w = world(10).await;
         let result = large(1024 * 1024);
         w.put_result(Some(result.clone())).await;
-        let (task, record) = w
-            .store
-            .get(w.task.id)
-            .await
-            .expect("reads")
-            .expect("stored");
+        let (task, record) = w.whole().await;
         let value: serde_json::Value = serde_json::from_str(&result).expect("json");
         let kept = PayloadRef::of(w.task.id, result.as_bytes());
         // As the scheduler's process holds it: the result read from its reply.
@@ -1280,9 +1296,7 @@ mod tests {
         let puts = w.objects.puts.load(Ordering::SeqCst);
 
         let body = serde_json::json!({"orderId": "o-1", "a/b~c": value.clone()});
-        let packed = packed_body(&payloads, &task, &record, body.clone())
-            .await
-            .expect("packs");
+        let packed = pack(&payloads, &task, &record, body.clone()).await;
         assert_eq!(packed.input, None, "no whole body");
         assert_eq!(packed.input_ref, None, "no new object for the body");
         assert_eq!(
@@ -1310,9 +1324,7 @@ mod tests {
         );
 
         // The result as the whole body.
-        let packed = packed_body(&payloads, &task, &record, value.clone())
-            .await
-            .expect("packs");
+        let packed = pack(&payloads, &task, &record, value.clone()).await;
         assert_eq!((packed.parts.len(), packed.parts[0].at.as_str()), (1, ""));
         assert_eq!(packed.frame, None);
         let (_, read) = sent(&request_of(&w, packed));
@@ -1333,18 +1345,11 @@ mod tests {
     async fn a_large_body_of_new_bytes_is_kept_whole_and_a_small_one_travels_inline() {
         let mut w = world(INLINE_PAYLOAD_BYTES + 10).await;
         w.put_result(Some(large(20 * 1024))).await;
-        let (task, record) = w
-            .store
-            .get(w.task.id)
-            .await
-            .expect("reads")
-            .expect("stored");
+        let (task, record) = w.whole().await;
         let payloads = Cached::new(w.objects.clone());
         // Large, but neither the input nor a result: kept whole.
         let body = serde_json::json!({"summary": "s".repeat(MESSAGE_INLINE_BYTES)});
-        let packed = packed_body(&payloads, &task, &record, body.clone())
-            .await
-            .expect("packs");
+        let packed = pack(&payloads, &task, &record, body.clone()).await;
         assert!(packed.parts.is_empty());
         assert_eq!(packed.input, Some(serde_json::Value::Null));
         let r = packed.input_ref.clone().expect("by reference");
@@ -1357,16 +1362,12 @@ mod tests {
             "input": task.input.clone(),
             "summary": "s".repeat(MESSAGE_INLINE_BYTES),
         });
-        let packed = packed_body(&payloads, &task, &record, body.clone())
-            .await
-            .expect("packs");
+        let packed = pack(&payloads, &task, &record, body.clone()).await;
         assert!(packed.parts.is_empty() && packed.input_ref.is_some());
 
         // The task's input passed on, the body under the message's size: inline.
         let body = serde_json::json!({"input": task.input.clone()});
-        let packed = packed_body(&payloads, &task, &record, body.clone())
-            .await
-            .expect("packs");
+        let packed = pack(&payloads, &task, &record, body.clone()).await;
         assert_eq!((packed.input, packed.input_ref), (Some(body), None));
         assert!(packed.parts.is_empty());
     }
@@ -1376,18 +1377,11 @@ mod tests {
         let mut w = world(MESSAGE_INLINE_BYTES).await;
         let result = large(MESSAGE_INLINE_BYTES);
         w.put_result(Some(result.clone())).await;
-        let (task, record) = w
-            .store
-            .get(w.task.id)
-            .await
-            .expect("reads")
-            .expect("stored");
+        let (task, record) = w.whole().await;
         let payloads = Cached::new(w.objects.clone());
         let value: serde_json::Value = serde_json::from_str(&result).expect("json");
         let body = serde_json::json!({"order": task.input.clone(), "lines": [1, value.clone()]});
-        let packed = packed_body(&payloads, &task, &record, body.clone())
-            .await
-            .expect("packs");
+        let packed = pack(&payloads, &task, &record, body.clone()).await;
         let at: Vec<&str> = packed.parts.iter().map(|p| p.at.as_str()).collect();
         assert_eq!(at, ["/lines/1", "/order"]);
         let (_, read) = sent(&request_of(&w, packed));

@@ -58,6 +58,7 @@ async fn main() -> Result<(), Error> {
             ))
         })
     };
+    let tasks = config::task_ports(&sdk)?;
     let deps = AgentDeps {
         metrics: sas::metrics::Metrics::from_env(),
         name: config::optional("AGENT_NAME").unwrap_or_else(|| "agent".into()),
@@ -82,8 +83,10 @@ async fn main() -> Result<(), Error> {
         payloads: Arc::new(sas::payloads::Cached::new(Arc::new(config::payloads(
             &sdk,
         )?))),
-        // A sub-workflow step's call starts its child task (as a submission does).
-        tasks: Some(Arc::new(config::task_ports(&sdk)?)),
+        // A sub-workflow step's call starts its child task (as a submission does), and claims
+        // its first step there.
+        dispatch: config::lent_outlets(&tasks)?,
+        tasks: Some(Arc::new(tasks)),
     };
     let deps = &deps;
     run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {

@@ -15,7 +15,7 @@ async fn main() -> Result<(), Error> {
     let ports = config::task_ports(&sdk)?;
     let deps = SupervisorDeps {
         // The end of a wait claims its next step here, as the scheduler would.
-        dispatch: config::supervisor_dispatch(&ports)?,
+        dispatch: config::lent_outlets(&ports)?,
         ports,
         sweep: config::sweep_settings(lease_ttl)?,
         timer_queue_url: config::optional("TIMER_QUEUE_URL"),

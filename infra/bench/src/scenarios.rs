@@ -298,11 +298,18 @@ pub(crate) fn cache_per_function(
     }
     let (agent_store, agent_cache) = own();
     system.agent.payloads = agent_cache.clone();
-    // The agent starts a child task (a sub-workflow step) with its own cache too.
+    // The agent starts a child task (a sub-workflow step), and claims its first step, with
+    // its own cache too.
     if let Some(tasks) = &system.agent.tasks {
         let mut tasks = (**tasks).clone();
         tasks.store = agent_store;
         tasks.payloads = agent_cache;
+        if let Some(dispatch) = &system.agent.dispatch {
+            system.agent.dispatch = Some(Arc::new(sas::handlers::scheduler::SchedulerDeps {
+                ports: tasks.clone(),
+                ..(**dispatch).clone()
+            }));
+        }
         system.agent.tasks = Some(Arc::new(tasks));
     }
 }
@@ -740,7 +747,8 @@ pub async fn measure(target: &Target) -> anyhow::Result<Vec<Scenario>> {
     out.push(straight(target, &plan, &[]).await?);
 
     // 14. The two steps, the second run as a 1-step child task: the child's submission-like
-    // start (by the agent), its own claim, call and end, and its answer applied to the parent.
+    // start (by the agent, which claims its first step as the task API does), its call and
+    // end, and its answer applied to the parent.
     // The equivalent: A, a Task state starting the child (`startExecution.sync`),
     // NotifyProcessed, Done in the parent; C, Done in the child: 6.
     let plan = Plan {

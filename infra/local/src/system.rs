@@ -808,6 +808,11 @@ impl System {
             ),
             payloads,
             tasks: Some(Arc::new(ports.clone())),
+            // A child task's first step claimed as it starts, as a deployed agent does.
+            dispatch: Some(Arc::new(SchedulerDeps {
+                instance_id: format!("local-agent-{}", uuid::Uuid::new_v4()),
+                ..scheduler.clone()
+            })),
         };
         let supervisor_dispatch = Arc::new(SchedulerDeps {
             instance_id: format!("local-supervisor-{}", uuid::Uuid::new_v4()),
@@ -974,6 +979,7 @@ impl System {
         };
         self.api.dispatch = self.api.dispatch.as_ref().map(rebuilt);
         self.supervisor.dispatch = self.supervisor.dispatch.as_ref().map(rebuilt);
+        self.agent.dispatch = self.agent.dispatch.as_ref().map(rebuilt);
     }
 
     /// Serves the submission HTTP API on `addr` until shutdown; returns the bound address,

@@ -37,6 +37,10 @@ pub struct AgentDeps {
     /// What starts a sub-workflow step's child task (`None`: this agent starts none; such a
     /// step is refused).
     pub tasks: Option<Arc<super::TaskPorts>>,
+    /// The scheduler's outlets, lent to claim a child task's first step as it is created and
+    /// send its request (as the task API does at submission); `None`: the child's work message
+    /// and the scheduler's claim.
+    pub dispatch: Option<Arc<super::scheduler::SchedulerDeps>>,
 }
 
 /// Handles one SQS batch of step requests.
@@ -68,7 +72,11 @@ async fn perform(deps: &AgentDeps, request: &StepRequest) -> Result<(), HandlerE
             Some(ports) if request.undo => super::children::undo_child(ports, request).await?,
             Some(ports) => {
                 let input = crate::payloads::request_body(deps.payloads.as_ref(), request).await?;
-                super::children::start_child(ports, request, input).await
+                let dispatch = deps
+                    .dispatch
+                    .as_deref()
+                    .map(|d| d as &dyn super::start::Dispatch);
+                super::children::start_child(ports, dispatch, request, input).await
             }
             None => StepOutcome::Refused {
                 code: "sub_workflows_unavailable".into(),

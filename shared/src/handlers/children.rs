@@ -51,6 +51,7 @@ pub fn is_child_request(request: &StepRequest) -> bool {
 /// retried, under the same key: the same child).
 pub async fn start_child(
     ports: &TaskPorts,
+    dispatch: Option<&dyn super::start::Dispatch>,
     request: &StepRequest,
     input: serde_json::Value,
 ) -> StepOutcome {
@@ -99,7 +100,8 @@ pub async fn start_child(
             },
         }),
         priority: child.priority,
-        dispatch: None,
+        // Its first step claimed as it is created, where that suits it (as at submission).
+        dispatch,
     };
     match start(ports, start_request).await {
         Ok(started) => {
