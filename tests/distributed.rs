@@ -1027,9 +1027,33 @@ async fn an_element_that_fails_fails_its_chunk_which_is_undone_and_counts_every_
         },
     )]);
     let system = chunked_system(faults, "\"100%\"").await;
+    // The report on a service of its own: faults are decided per key, and the report's key
+    // holds the task's random id, so on the ledger a tenth of the runs would fault the report.
+    system
+        .publish(&[
+            (
+                "reports.yaml".into(),
+                "services:\n  - name: reports\n    target: {type: simulated}\n".into(),
+            ),
+            (
+                "nightly-chunks.yaml".into(),
+                chunked("\"100%\"", 4).replace(
+                    "  - name: report\n    service: ledger\n",
+                    "  - name: report\n    service: reports\n",
+                ),
+            ),
+        ])
+        .await
+        .expect("publishes");
     let id = sas_blackbox::submit_task(&system, "nightly-chunks", &invoices(100)).await;
     sas_blackbox::pump_until_quiet(&system, 3000).await;
     let task = sas_blackbox::state(&system, id).await;
+    assert!(
+        sas_blackbox::requests(&system, "ledger", &id.to_string())
+            .iter()
+            .all(|(action, _)| action != "report"),
+        "the report went to its own service"
+    );
     assert_eq!(
         task.process_state,
         ProcessState::Processed,
